@@ -1,0 +1,134 @@
+//! Control commands of the engine: partition targets, write-policy switches, flushes,
+//! dropping a VM, and invariant checking for tests.
+
+use crate::config::PartitionMode;
+use crate::engine::Engine;
+use crate::output::Output;
+use crate::replacement::Replacement;
+use crate::slot_table::{key_vm, FREE_KEY};
+use crate::write_policy::WritePolicy;
+use cachevisor_trace::VmId;
+
+impl Engine {
+    /// Sets `vm`'s target in slots. In static mode a shrink evicts the coldest blocks
+    /// (writing dirty ones back) until the VM is within its target; a grow lets later
+    /// misses claim free slots. In shared mode the target is only recorded.
+    pub fn set_target(&mut self, vm: VmId, slots: u64, out: &mut Output) {
+        out.clear();
+        self.ensure_vm(vm);
+        self.vms[vm as usize].target = slots;
+        if self.cfg.partition == PartitionMode::Shared {
+            return;
+        }
+        self.with_repl(vm, |r, _| r.set_capacity(slots));
+        while self.vms[vm as usize].used > slots {
+            let Some((s, _)) = self.evict_from(vm, false, out) else { break };
+            self.free.push_front(&mut self.slots, s);
+        }
+    }
+
+    /// Changes `vm`'s write policy; leaving write-back flushes its dirty blocks first.
+    pub fn set_write_policy(&mut self, vm: VmId, policy: WritePolicy, out: &mut Output) {
+        out.clear();
+        self.ensure_vm(vm);
+        if self.vms[vm as usize].write_policy == WritePolicy::Wb && policy != WritePolicy::Wb {
+            self.flush_into(Some(vm), out);
+        }
+        self.vms[vm as usize].write_policy = policy;
+    }
+
+    /// Writes back every dirty block of `vm` (all VMs when `None`); blocks stay cached clean.
+    pub fn flush(&mut self, vm: Option<VmId>, out: &mut Output) {
+        out.clear();
+        self.flush_into(vm, out);
+    }
+
+    fn flush_into(&mut self, vm: Option<VmId>, out: &mut Output) {
+        let spb = self.spb;
+        for s in 0..self.slots.len() as u32 {
+            let key = self.slots.keys[s as usize];
+            if key == FREE_KEY {
+                continue;
+            }
+            let owner = key_vm(key);
+            if vm.is_none_or(|v| v == owner) && self.vms[owner as usize].dirty_blocks > 0 {
+                self.writeback(owner, s, (0, spb), 0, false, out);
+            }
+        }
+    }
+
+    /// Flushes and forgets every block of `vm` and sets its target to 0.
+    pub fn drop_vm(&mut self, vm: VmId, out: &mut Output) {
+        out.clear();
+        self.ensure_vm(vm);
+        self.flush_into(Some(vm), out);
+        for s in 0..self.slots.len() as u32 {
+            let key = self.slots.keys[s as usize];
+            if key != FREE_KEY && key_vm(key) == vm {
+                self.with_repl(vm, |r, t| r.remove(t, s));
+                self.release(vm, s);
+            }
+        }
+        self.vms[vm as usize].target = 0;
+        if self.cfg.partition == PartitionMode::Static {
+            self.with_repl(vm, |r, _| r.set_capacity(0));
+        }
+    }
+
+    /// Checks every structural invariant; the error says which one broke. For tests.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut used = vec![0u64; self.vms.len()];
+        let mut dirty = vec![0u64; self.vms.len()];
+        for s in 0..self.slots.len() as u32 {
+            let key = self.slots.keys[s as usize];
+            if key == FREE_KEY {
+                if self.valid.any(s, (0, self.spb)) || self.dirty.any(s, (0, self.spb)) {
+                    return Err(format!("free slot {s} has valid or dirty sectors"));
+                }
+                continue;
+            }
+            if self.index.get(key, &self.slots.keys) != Some(s) {
+                return Err(format!("slot {s} is not found by its key"));
+            }
+            let vm = key_vm(key) as usize;
+            used[vm] += 1;
+            if self.dirty.any(s, (0, self.spb)) {
+                dirty[vm] += 1;
+            }
+            for sec in 0..self.spb {
+                if self.dirty.get(s, sec) && !self.valid.get(s, sec) {
+                    return Err(format!("slot {s} sector {sec} dirty but not valid"));
+                }
+            }
+            if !self.valid.any(s, (0, self.spb)) {
+                return Err(format!("resident slot {s} has no valid sector"));
+            }
+        }
+        let total: u64 = used.iter().sum();
+        if total + self.free.len() as u64 != self.slots.len() as u64 {
+            return Err(format!("{total} used + {} free != {} slots", self.free.len(), self.slots.len()));
+        }
+        for (vm, p) in self.vms.iter().enumerate() {
+            if p.used != used[vm] {
+                return Err(format!("vm {vm}: counted {} used slots, holds {}", p.used, used[vm]));
+            }
+            if p.dirty_blocks != dirty[vm] {
+                return Err(format!("vm {vm}: counted {} dirty blocks, holds {}", p.dirty_blocks, dirty[vm]));
+            }
+            if let Some(r) = &p.repl {
+                if r.len() as u64 != p.used {
+                    return Err(format!("vm {vm}: policy tracks {} slots, VM holds {}", r.len(), p.used));
+                }
+                if p.used > p.target {
+                    return Err(format!("vm {vm}: holds {} slots above its target {}", p.used, p.target));
+                }
+            }
+        }
+        if let Some(r) = &self.shared {
+            if r.len() as u64 != total {
+                return Err(format!("shared policy tracks {} slots, {total} are used", r.len()));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,438 @@
+//! The cache engine: a deterministic, sans-IO state machine over a global pool of SSD
+//! slots. See the crate documentation for the call order.
+
+use crate::block_index::BlockIndex;
+use crate::config::{EngineConfig, FillMode, PartitionMode, SECTOR};
+use crate::output::{BlockOutcome, DeviceOp, Evicted, OpKind, Output};
+use crate::replacement::{AnyReplacement, Replacement};
+use crate::sector_bits::{SectorBits, SectorRange};
+use crate::slot_table::{key_block, key_vm, pack_key, List, SlotTable, FREE_KEY};
+use crate::write_policy::WritePolicy;
+use cachevisor_trace::{Op, Request, VmId};
+
+/// One VM's share of the pool.
+#[derive(Debug, Clone)]
+pub(crate) struct Partition {
+    pub(crate) target: u64,
+    pub(crate) used: u64,
+    pub(crate) dirty_blocks: u64,
+    pub(crate) write_policy: WritePolicy,
+    pub(crate) repl: Option<AnyReplacement>,
+}
+
+/// A VM's partition as seen from outside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct PartitionInfo {
+    /// Slots the VM may hold (static partitioning; informational when shared).
+    pub target: u64,
+    /// Slots it holds.
+    pub used: u64,
+    /// Slots holding at least one dirty sector.
+    pub dirty_blocks: u64,
+    /// Its write policy.
+    pub write_policy: WritePolicy,
+}
+
+/// The engine.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    pub(crate) cfg: EngineConfig,
+    pub(crate) spb: u32,
+    shift: u32,
+    pub(crate) slots: SlotTable,
+    pub(crate) valid: SectorBits,
+    pub(crate) dirty: SectorBits,
+    pub(crate) index: BlockIndex,
+    pub(crate) free: List,
+    pub(crate) vms: Vec<Partition>,
+    pub(crate) shared: Option<AnyReplacement>,
+    runs: Vec<SectorRange>,
+    runs2: Vec<SectorRange>,
+    now_ms: u32,
+}
+
+/// Result of asking for a slot.
+struct Alloc {
+    slot: u32,
+    evicted: Option<Evicted>,
+    /// First phase the new block's own SSD ops may use.
+    phase: u8,
+}
+
+impl Engine {
+    /// Builds an engine; the error names the setting that is out of bounds.
+    pub fn new(cfg: EngineConfig) -> Result<Self, String> {
+        cfg.validate()?;
+        let n = cfg.slots as usize;
+        let spb = cfg.sectors_per_block();
+        let mut slots = SlotTable::new(n, cfg.track_last_access);
+        let mut free = List::default();
+        for s in 0..n as u32 {
+            free.push_back(&mut slots, s);
+        }
+        let shared = (cfg.partition == PartitionMode::Shared).then(|| cfg.replacement.build(cfg.slots));
+        Ok(Engine {
+            spb,
+            shift: cfg.block_size.trailing_zeros(),
+            valid: SectorBits::new(n, spb),
+            dirty: SectorBits::new(n, spb),
+            index: BlockIndex::new(n),
+            slots,
+            free,
+            vms: Vec::new(),
+            shared,
+            runs: Vec::new(),
+            runs2: Vec::new(),
+            now_ms: 0,
+            cfg,
+        })
+    }
+
+    // ----- getters -----
+
+    /// The configuration.
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+
+    /// VMs known so far (ids are dense from 0).
+    pub fn vm_count(&self) -> usize {
+        self.vms.len()
+    }
+
+    /// A VM's partition (a VM never seen has an empty one).
+    pub fn partition(&self, vm: VmId) -> PartitionInfo {
+        match self.vms.get(vm as usize) {
+            Some(p) => PartitionInfo { target: p.target, used: p.used, dirty_blocks: p.dirty_blocks, write_policy: p.write_policy },
+            None => PartitionInfo { target: 0, used: 0, dirty_blocks: 0, write_policy: self.cfg.write_policy },
+        }
+    }
+
+    /// Free slots.
+    pub fn free_slots(&self) -> u64 {
+        self.free.len() as u64
+    }
+
+    /// The slot holding (vm, block), if cached.
+    pub fn lookup(&self, vm: VmId, block: u64) -> Option<u32> {
+        self.index.get(pack_key(vm, block), &self.slots.keys)
+    }
+
+    /// Whether sector `s` of `slot` is valid / dirty.
+    pub fn sector_state(&self, slot: u32, s: u32) -> (bool, bool) {
+        (self.valid.get(slot, s), self.dirty.get(slot, s))
+    }
+
+    /// The policy byte of a slot (CLOCK's reference counter in bits 0–3).
+    pub fn slot_aux(&self, slot: u32) -> u8 {
+        self.slots.aux[slot as usize]
+    }
+
+    /// (vm, block) held by a slot.
+    pub fn slot_block(&self, slot: u32) -> Option<(VmId, u64)> {
+        let k = self.slots.keys[slot as usize];
+        (k != FREE_KEY).then(|| (key_vm(k), key_block(k)))
+    }
+
+    /// Last access of a slot in ms of the driver's clock, when tracked.
+    pub fn slot_last_access_ms(&self, slot: u32) -> Option<u32> {
+        self.slots.last_access_ms.get(slot as usize).copied()
+    }
+
+    /// Bytes of memory the per-slot metadata holds (slot table, bitmaps, index).
+    pub fn metadata_bytes(&self) -> usize {
+        self.slots.memory_bytes() + self.valid.memory_bytes() + self.dirty.memory_bytes() + self.index.memory_bytes()
+    }
+
+    /// Resident slots of a VM in eviction order (static partitions only).
+    pub fn dump_partition(&self, vm: VmId) -> Vec<u32> {
+        match (&self.shared, self.vms.get(vm as usize).and_then(|p| p.repl.as_ref())) {
+            (Some(r), _) => r.dump(&self.slots).into_iter().filter(|&s| key_vm(self.slots.keys[s as usize]) == vm).collect(),
+            (None, Some(r)) => r.dump(&self.slots),
+            _ => Vec::new(),
+        }
+    }
+
+    // ----- inputs -----
+
+    /// Makes sure `vm` has a partition (target 0 until set).
+    pub fn ensure_vm(&mut self, vm: VmId) {
+        while self.vms.len() <= vm as usize {
+            let repl = (self.cfg.partition == PartitionMode::Static).then(|| self.cfg.replacement.build(0));
+            self.vms.push(Partition { target: 0, used: 0, dirty_blocks: 0, write_policy: self.cfg.write_policy, repl });
+        }
+    }
+
+    /// Processes one request at driver time `now_ns`, filling `out` with per-block
+    /// outcomes and the device operations to perform.
+    pub fn access(&mut self, now_ns: u64, req: &Request, out: &mut Output) {
+        out.clear();
+        self.ensure_vm(req.vm);
+        self.now_ms = (now_ns / 1_000_000) as u32;
+        if req.len == 0 {
+            return;
+        }
+        let bs = self.cfg.block_size;
+        let (first, last) = (req.offset >> self.shift, (req.end() - 1) >> self.shift);
+        let aligned = (req.offset | req.len as u64) % SECTOR == 0;
+        for b in first..=last {
+            let start = b << self.shift;
+            let lo = req.offset.max(start) - start;
+            let hi = req.end().min(start + bs) - start;
+            let r = ((lo / SECTOR) as u32, hi.div_ceil(SECTOR) as u32);
+            match req.op {
+                Op::Read => self.read_block(req.vm, b, r, out),
+                Op::Write if aligned => self.write_block(req.vm, b, r, out),
+                Op::Write => self.write_unaligned(req.vm, b, lo, hi, out),
+            }
+        }
+    }
+
+    // ----- request paths -----
+
+    #[inline]
+    fn ssd(&self, kind: OpKind, vm: VmId, slot: u32, (lo, hi): SectorRange, phase: u8, sync: bool) -> DeviceOp {
+        let block = key_block(self.slots.keys[slot as usize]);
+        let disk_addr = (block << self.shift) + lo as u64 * SECTOR;
+        let ssd_addr = ((slot as u64) << self.shift) + lo as u64 * SECTOR;
+        DeviceOp { kind, vm, disk_addr, ssd_addr, len: (hi - lo) * SECTOR as u32, phase, sync }
+    }
+
+    #[inline]
+    fn backing(&self, kind: OpKind, vm: VmId, block: u64, (lo, hi): SectorRange, phase: u8, sync: bool) -> DeviceOp {
+        let disk_addr = (block << self.shift) + lo as u64 * SECTOR;
+        DeviceOp { kind, vm, disk_addr, ssd_addr: 0, len: (hi - lo) * SECTOR as u32, phase, sync }
+    }
+
+    fn read_block(&mut self, vm: VmId, b: u64, r: SectorRange, out: &mut Output) {
+        let key = pack_key(vm, b);
+        if let Some(s) = self.index.get(key, &self.slots.keys) {
+            self.touch(vm, s);
+            if self.valid.all(s, r) {
+                out.ops.push(self.ssd(OpKind::SsdRead, vm, s, r, 0, true));
+                out.blocks.push(BlockOutcome { block: b, hit: true, inserted: false, bypassed: false, evicted: None });
+                return;
+            }
+            // Partial hit: valid sectors from the SSD, the rest from backing, then filled.
+            let mut valid_runs = std::mem::take(&mut self.runs);
+            self.valid.runs(s, r, true, &mut valid_runs);
+            for &run in &valid_runs {
+                out.ops.push(self.ssd(OpKind::SsdRead, vm, s, run, 0, true));
+            }
+            self.runs = valid_runs;
+            let fill = if self.cfg.fill == FillMode::Block { (0, self.spb) } else { r };
+            self.fill(vm, b, s, fill, 0, out);
+            out.blocks.push(BlockOutcome { block: b, hit: false, inserted: false, bypassed: false, evicted: None });
+            return;
+        }
+        match self.allocate(vm, key, false, out) {
+            Some(a) => {
+                let fill = if self.cfg.fill == FillMode::Block { (0, self.spb) } else { r };
+                self.fill(vm, b, a.slot, fill, a.phase, out);
+                out.blocks.push(BlockOutcome { block: b, hit: false, inserted: true, bypassed: false, evicted: a.evicted });
+            }
+            None => {
+                out.ops.push(self.backing(OpKind::BackingRead, vm, b, r, 0, true));
+                out.blocks.push(BlockOutcome { block: b, hit: false, inserted: false, bypassed: true, evicted: None });
+            }
+        }
+    }
+
+    /// Reads the invalid sectors of `range` from backing (sync) and writes them into the
+    /// slot (async, from `phase` on, at least after the reads).
+    fn fill(&mut self, vm: VmId, b: u64, s: u32, range: SectorRange, phase: u8, out: &mut Output) {
+        let mut runs = std::mem::take(&mut self.runs2);
+        self.valid.runs(s, range, false, &mut runs);
+        for &run in &runs {
+            out.ops.push(self.backing(OpKind::BackingRead, vm, b, run, 0, true));
+        }
+        for &run in &runs {
+            out.ops.push(self.ssd(OpKind::SsdWrite, vm, s, run, phase.max(1), false));
+            self.valid.set(s, run);
+        }
+        self.runs2 = runs;
+    }
+
+    fn write_block(&mut self, vm: VmId, b: u64, r: SectorRange, out: &mut Output) {
+        let policy = self.vms[vm as usize].write_policy;
+        let key = pack_key(vm, b);
+        let resident = self.index.get(key, &self.slots.keys);
+        let allocate = matches!(policy, WritePolicy::Wb | WritePolicy::Wt);
+        let (slot, phase, inserted, evicted) = match (resident, policy) {
+            (_, WritePolicy::Ro) => {
+                out.ops.push(self.backing(OpKind::BackingWrite, vm, b, r, 0, true));
+                if let Some(s) = resident {
+                    self.invalidate(vm, s, r);
+                }
+                out.blocks.push(BlockOutcome { block: b, hit: false, inserted: false, bypassed: true, evicted: None });
+                return;
+            }
+            (Some(s), _) => {
+                self.touch(vm, s);
+                (Some(s), 0, false, None)
+            }
+            (None, _) if allocate => match self.allocate(vm, key, true, out) {
+                Some(a) => (Some(a.slot), a.phase, true, a.evicted),
+                None => (None, 0, false, None),
+            },
+            (None, _) => (None, 0, false, None),
+        };
+        let Some(s) = slot else {
+            out.ops.push(self.backing(OpKind::BackingWrite, vm, b, r, 0, true));
+            out.blocks.push(BlockOutcome { block: b, hit: false, inserted: false, bypassed: true, evicted: None });
+            return;
+        };
+        out.ops.push(self.ssd(OpKind::SsdWrite, vm, s, r, phase, true));
+        self.valid.set(s, r);
+        if policy == WritePolicy::Wb {
+            self.mark_dirty(vm, s, r);
+        } else {
+            out.ops.push(self.backing(OpKind::BackingWrite, vm, b, r, 0, true));
+            self.clear_dirty(vm, s, r);
+        }
+        out.blocks.push(BlockOutcome { block: b, hit: resident.is_some(), inserted, bypassed: false, evicted });
+    }
+
+    /// A write that does not cover whole sectors passes through to backing: dirty cached
+    /// sectors it touches are written back first, then the touched sectors are invalidated.
+    fn write_unaligned(&mut self, vm: VmId, b: u64, lo: u64, hi: u64, out: &mut Output) {
+        let r = ((lo / SECTOR) as u32, hi.div_ceil(SECTOR) as u32);
+        let mut phase = 0;
+        if let Some(s) = self.lookup(vm, b) {
+            if self.writeback(vm, s, r, 0, true, out) > 0 {
+                phase = 2;
+            }
+            self.invalidate(vm, s, r);
+        }
+        let disk_addr = (b << self.shift) + lo;
+        out.ops.push(DeviceOp { kind: OpKind::BackingWrite, vm, disk_addr, ssd_addr: 0, len: (hi - lo) as u32, phase, sync: true });
+        out.blocks.push(BlockOutcome { block: b, hit: false, inserted: false, bypassed: true, evicted: None });
+    }
+
+    // ----- slot bookkeeping -----
+
+    /// Runs `f` on the policy that orders `vm`'s blocks, with the slot table.
+    #[inline]
+    pub(crate) fn with_repl<R>(&mut self, vm: VmId, f: impl FnOnce(&mut AnyReplacement, &mut SlotTable) -> R) -> R {
+        let repl = match &mut self.shared {
+            Some(r) => r,
+            None => self.vms[vm as usize].repl.as_mut().expect("static partition has a policy"),
+        };
+        f(repl, &mut self.slots)
+    }
+
+    #[inline]
+    fn touch(&mut self, vm: VmId, s: u32) {
+        if !self.slots.last_access_ms.is_empty() {
+            self.slots.last_access_ms[s as usize] = self.now_ms;
+        }
+        self.with_repl(vm, |r, t| r.touch(t, s));
+    }
+
+    fn mark_dirty(&mut self, vm: VmId, s: u32, r: SectorRange) {
+        if !self.dirty.any(s, (0, self.spb)) {
+            self.vms[vm as usize].dirty_blocks += 1;
+        }
+        self.dirty.set(s, r);
+    }
+
+    fn clear_dirty(&mut self, vm: VmId, s: u32, r: SectorRange) {
+        let was = self.dirty.any(s, (0, self.spb));
+        self.dirty.clear(s, r);
+        if was && !self.dirty.any(s, (0, self.spb)) {
+            self.vms[vm as usize].dirty_blocks -= 1;
+        }
+    }
+
+    /// Drops sectors `r` of a slot; a slot left with no valid sector is freed.
+    fn invalidate(&mut self, vm: VmId, s: u32, r: SectorRange) {
+        self.clear_dirty(vm, s, r);
+        self.valid.clear(s, r);
+        if !self.valid.any(s, (0, self.spb)) {
+            self.with_repl(vm, |r, t| r.remove(t, s));
+            self.release(vm, s);
+        }
+    }
+
+    /// Writes back the dirty sectors of `r` in slot `s` (SSD read in `phase`, backing
+    /// write in `phase + 1`) and cleans them; returns the sectors written back.
+    pub(crate) fn writeback(&mut self, vm: VmId, s: u32, r: SectorRange, phase: u8, sync: bool, out: &mut Output) -> u32 {
+        let mut runs = std::mem::take(&mut self.runs);
+        self.dirty.runs(s, r, true, &mut runs);
+        let block = key_block(self.slots.keys[s as usize]);
+        let mut n = 0;
+        for &run in &runs {
+            out.ops.push(self.ssd(OpKind::SsdRead, vm, s, run, phase, sync));
+            out.ops.push(self.backing(OpKind::BackingWrite, vm, block, run, phase + 1, sync));
+            n += run.1 - run.0;
+        }
+        self.runs = runs;
+        if n > 0 {
+            self.clear_dirty(vm, s, r);
+        }
+        n
+    }
+
+    /// Returns a slot (already out of its policy) to the free list.
+    pub(crate) fn release(&mut self, vm: VmId, s: u32) {
+        let key = self.slots.keys[s as usize];
+        self.index.remove(key, s, &self.slots.keys);
+        self.slots.keys[s as usize] = FREE_KEY;
+        self.valid.clear_all(s);
+        self.dirty.clear_all(s);
+        self.vms[vm as usize].used -= 1;
+        self.free.push_front(&mut self.slots, s);
+    }
+
+    /// Takes a victim from `vm`'s policy (or the shared one), writes it back if dirty and
+    /// frees it. Returns the freed slot still unlinked from the free list.
+    pub(crate) fn evict_from(&mut self, vm: VmId, sync: bool, out: &mut Output) -> Option<(u32, Evicted)> {
+        let s = self.with_repl(vm, |r, t| r.evict(t))?;
+        let key = self.slots.keys[s as usize];
+        let owner = key_vm(key);
+        let dirty_sectors = self.writeback(owner, s, (0, self.spb), 0, sync, out);
+        self.release(owner, s);
+        self.free.unlink(&mut self.slots, s);
+        Some((s, Evicted { vm: owner, block: key_block(key), dirty_sectors }))
+    }
+
+    /// Finds a slot for a new block of `vm` and makes it resident; `None` = bypass.
+    fn allocate(&mut self, vm: VmId, key: u64, sync: bool, out: &mut Output) -> Option<Alloc> {
+        let p = &self.vms[vm as usize];
+        let (slot, evicted) = if self.shared.is_some() {
+            match self.free.front() {
+                Some(s) => {
+                    self.free.unlink(&mut self.slots, s);
+                    (s, None)
+                }
+                None => {
+                    let (s, e) = self.evict_from(vm, sync, out)?;
+                    (s, Some(e))
+                }
+            }
+        } else if p.target == 0 {
+            return None;
+        } else if p.used < p.target && !self.free.is_empty() {
+            let s = self.free.front().expect("non-empty free list");
+            self.free.unlink(&mut self.slots, s);
+            (s, None)
+        } else if p.used > 0 {
+            let (s, e) = self.evict_from(vm, sync, out)?;
+            (s, Some(e))
+        } else {
+            return None;
+        };
+        let phase = match evicted {
+            Some(e) if e.dirty_sectors > 0 => 2,
+            _ => 0,
+        };
+        self.slots.keys[slot as usize] = key;
+        self.index.insert(key, slot);
+        if !self.slots.last_access_ms.is_empty() {
+            self.slots.last_access_ms[slot as usize] = self.now_ms;
+        }
+        self.vms[vm as usize].used += 1;
+        self.with_repl(vm, |r, t| r.insert(t, slot));
+        Some(Alloc { slot, evicted, phase })
+    }
+}

@@ -1,0 +1,34 @@
+//! The cachevisor cache engine: a deterministic, sans-IO state machine that decides what
+//! a hypervisor-side SSD cache does, and nothing else. It owns no clock, thread, socket or
+//! file; the simulator and the daemon are drivers around it (quinn-proto style).
+//!
+//! # Method groups, in the order a driver uses them
+//! 1. **Build**: [`Engine::new`] with an [`EngineConfig`] (validated: block size, slots).
+//! 2. **Commands** (any time): [`Engine::set_target`] (partition size; shrinks evict the
+//!    coldest blocks and write dirty ones back), [`Engine::set_write_policy`] (leaving WB
+//!    flushes), [`Engine::flush`], [`Engine::drop_vm`].
+//! 3. **Inputs**: [`Engine::access`] for each request, with the driver's current time.
+//! 4. **Outputs**: every input and command fills an [`Output`]: per-block outcomes (hit,
+//!    inserted, bypassed, evicted) and the [`DeviceOp`]s the driver must perform, in a
+//!    safe sequential order with phases for parallelism (see [`output`]).
+//! 5. **Getters**: [`Engine::partition`], [`Engine::lookup`], [`Engine::metadata_bytes`],
+//!    [`Engine::check_invariants`] (tests).
+//!
+//! Blocks are split from requests here (not by trace readers). Valid and dirty state is
+//! tracked per 512-byte sector, so partial-block reads and writes are exact.
+
+pub mod block_index;
+mod commands;
+pub mod config;
+mod engine;
+pub mod output;
+pub mod replacement;
+pub mod sector_bits;
+pub mod slot_table;
+pub mod write_policy;
+
+pub use config::{EngineConfig, FillMode, PartitionMode};
+pub use engine::{Engine, PartitionInfo};
+pub use output::{BlockOutcome, DeviceOp, Evicted, OpKind, Output};
+pub use replacement::{ReplacementKind, Replacement};
+pub use write_policy::WritePolicy;

@@ -1,0 +1,32 @@
+//! First in, first out: hits change nothing, the victim is the oldest insertion.
+
+use super::Replacement;
+use crate::slot_table::{List, SlotTable};
+
+/// FIFO over one intrusive list.
+#[derive(Debug, Clone, Default)]
+pub struct Fifo {
+    list: List,
+}
+
+impl Replacement for Fifo {
+    #[inline]
+    fn insert(&mut self, t: &mut SlotTable, s: u32) {
+        self.list.push_front(t, s);
+    }
+    #[inline]
+    fn touch(&mut self, _t: &mut SlotTable, _s: u32) {}
+    fn remove(&mut self, t: &mut SlotTable, s: u32) {
+        self.list.unlink(t, s);
+    }
+    #[inline]
+    fn evict(&mut self, t: &mut SlotTable) -> Option<u32> {
+        self.list.pop_back(t)
+    }
+    fn len(&self) -> usize {
+        self.list.len() as usize
+    }
+    fn dump(&self, t: &SlotTable) -> Vec<u32> {
+        self.list.iter_from_back(t).collect()
+    }
+}

@@ -1,0 +1,34 @@
+//! Least recently used: a hit moves the block to the front, the victim is the back.
+
+use super::Replacement;
+use crate::slot_table::{List, SlotTable};
+
+/// LRU over one intrusive list.
+#[derive(Debug, Clone, Default)]
+pub struct Lru {
+    list: List,
+}
+
+impl Replacement for Lru {
+    #[inline]
+    fn insert(&mut self, t: &mut SlotTable, s: u32) {
+        self.list.push_front(t, s);
+    }
+    #[inline]
+    fn touch(&mut self, t: &mut SlotTable, s: u32) {
+        self.list.move_to_front(t, s);
+    }
+    fn remove(&mut self, t: &mut SlotTable, s: u32) {
+        self.list.unlink(t, s);
+    }
+    #[inline]
+    fn evict(&mut self, t: &mut SlotTable) -> Option<u32> {
+        self.list.pop_back(t)
+    }
+    fn len(&self) -> usize {
+        self.list.len() as usize
+    }
+    fn dump(&self, t: &SlotTable) -> Vec<u32> {
+        self.list.iter_from_back(t).collect()
+    }
+}

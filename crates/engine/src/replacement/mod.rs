@@ -1,0 +1,161 @@
+//! Replacement policies behind one trait, one file each, and the registry that builds
+//! them by name. A policy orders the resident slots of one partition (or of the whole
+//! pool when unpartitioned) and picks victims; it never touches keys, the index or bits.
+
+mod clock;
+mod fifo;
+mod lru;
+mod s3fifo;
+mod two_pool;
+
+pub use clock::Clock;
+pub use fifo::Fifo;
+pub use lru::Lru;
+pub use s3fifo::S3Fifo;
+pub use two_pool::TwoPool;
+
+use crate::slot_table::SlotTable;
+use std::fmt;
+use std::str::FromStr;
+
+/// The contract every replacement policy meets.
+///
+/// The engine calls `insert` once when a slot receives a block, `touch` on every later hit
+/// of that slot, `remove` when it drops the block for another reason (invalidation,
+/// VM drop), and `evict` when it needs a slot back. Between `insert` and `evict`/`remove`
+/// the slot is *resident*: `len` counts exactly the resident slots.
+pub trait Replacement {
+    /// Makes `s` resident. It must not be resident already.
+    fn insert(&mut self, t: &mut SlotTable, s: u32);
+    /// Records a hit on resident `s`.
+    fn touch(&mut self, t: &mut SlotTable, s: u32);
+    /// Forgets resident `s` without choosing it as a victim.
+    fn remove(&mut self, t: &mut SlotTable, s: u32);
+    /// Chooses a victim, forgets it and returns it; `None` only when nothing is resident.
+    fn evict(&mut self, t: &mut SlotTable) -> Option<u32>;
+    /// Resident slots.
+    fn len(&self) -> usize;
+    /// Whether nothing is resident.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The partition's capacity changed (policies with internal splits resize them).
+    fn set_capacity(&mut self, _slots: u64) {}
+    /// Resident slots in the order they would be evicted if nothing else happened
+    /// (for tests and debugging; may be approximate for CLOCK-like policies).
+    fn dump(&self, t: &SlotTable) -> Vec<u32>;
+}
+
+/// The names users pick from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReplacementKind {
+    /// Least recently used.
+    Lru,
+    /// First in, first out.
+    Fifo,
+    /// CLOCK with a 4-bit reference counter per block (S-CAVE §III, §V-D).
+    Clock,
+    /// Two-pool LRU: single-touch and multi-touch pools, 20/80 (Nutanix slides).
+    TwoPool,
+    /// S3-FIFO (Yang et al., SOSP'23).
+    S3fifo,
+}
+
+impl ReplacementKind {
+    /// Every policy, for registries and tests.
+    pub const ALL: [ReplacementKind; 5] =
+        [ReplacementKind::Lru, ReplacementKind::Fifo, ReplacementKind::Clock, ReplacementKind::TwoPool, ReplacementKind::S3fifo];
+
+    /// Command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReplacementKind::Lru => "lru",
+            ReplacementKind::Fifo => "fifo",
+            ReplacementKind::Clock => "clock",
+            ReplacementKind::TwoPool => "two-pool",
+            ReplacementKind::S3fifo => "s3fifo",
+        }
+    }
+
+    /// Builds the policy for a partition of `capacity` slots.
+    pub fn build(self, capacity: u64) -> AnyReplacement {
+        let mut r = match self {
+            ReplacementKind::Lru => AnyReplacement::Lru(Lru::default()),
+            ReplacementKind::Fifo => AnyReplacement::Fifo(Fifo::default()),
+            ReplacementKind::Clock => AnyReplacement::Clock(Clock::default()),
+            ReplacementKind::TwoPool => AnyReplacement::TwoPool(TwoPool::default()),
+            ReplacementKind::S3fifo => AnyReplacement::S3fifo(S3Fifo::default()),
+        };
+        r.set_capacity(capacity);
+        r
+    }
+}
+
+impl fmt::Display for ReplacementKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for ReplacementKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.to_ascii_lowercase();
+        ReplacementKind::ALL.into_iter().find(|k| k.name() == s || (s == "s3-fifo" && *k == ReplacementKind::S3fifo)).ok_or_else(|| {
+            format!("unknown replacement policy `{s}` (one of {})", ReplacementKind::ALL.map(|k| k.name()).join(", "))
+        })
+    }
+}
+
+/// Static dispatch over the policies (the hot path avoids virtual calls).
+#[derive(Debug, Clone)]
+#[allow(missing_docs)]
+pub enum AnyReplacement {
+    Lru(Lru),
+    Fifo(Fifo),
+    Clock(Clock),
+    TwoPool(TwoPool),
+    S3fifo(S3Fifo),
+}
+
+macro_rules! dispatch {
+    ($self:ident, $r:ident => $e:expr) => {
+        match $self {
+            AnyReplacement::Lru($r) => $e,
+            AnyReplacement::Fifo($r) => $e,
+            AnyReplacement::Clock($r) => $e,
+            AnyReplacement::TwoPool($r) => $e,
+            AnyReplacement::S3fifo($r) => $e,
+        }
+    };
+}
+
+impl Replacement for AnyReplacement {
+    #[inline]
+    fn insert(&mut self, t: &mut SlotTable, s: u32) {
+        dispatch!(self, r => r.insert(t, s))
+    }
+    #[inline]
+    fn touch(&mut self, t: &mut SlotTable, s: u32) {
+        dispatch!(self, r => r.touch(t, s))
+    }
+    #[inline]
+    fn remove(&mut self, t: &mut SlotTable, s: u32) {
+        dispatch!(self, r => r.remove(t, s))
+    }
+    #[inline]
+    fn evict(&mut self, t: &mut SlotTable) -> Option<u32> {
+        dispatch!(self, r => r.evict(t))
+    }
+    #[inline]
+    fn len(&self) -> usize {
+        dispatch!(self, r => r.len())
+    }
+    fn set_capacity(&mut self, slots: u64) {
+        dispatch!(self, r => r.set_capacity(slots))
+    }
+    fn dump(&self, t: &SlotTable) -> Vec<u32> {
+        dispatch!(self, r => r.dump(t))
+    }
+}

@@ -1,0 +1,150 @@
+//! Per-slot sector bitmaps (valid, dirty), packed: a slot of S sectors uses S bits, so a
+//! 4 KiB block of 512-byte sectors costs one byte per bitmap. Blocks of up to 64 sectors
+//! (32 KiB) share 64-bit words; larger blocks use whole words.
+
+/// A packed bitmap of `sectors` bits per slot.
+#[derive(Debug, Clone)]
+pub struct SectorBits {
+    words: Vec<u64>,
+    sectors: u32,
+    words_per_slot: usize,
+}
+
+/// A sector range `[lo, hi)` within a block.
+pub type SectorRange = (u32, u32);
+
+#[inline]
+fn pos(sectors: u32, words_per_slot: usize, slot: u32, s: u32) -> (usize, u32) {
+    if sectors >= 64 {
+        (slot as usize * words_per_slot + (s / 64) as usize, s % 64)
+    } else {
+        let bit = slot as u64 * sectors as u64 + s as u64;
+        ((bit / 64) as usize, (bit % 64) as u32)
+    }
+}
+
+impl SectorBits {
+    /// Zeroed bitmaps for `slots` slots of `sectors` sectors (a power of two).
+    pub fn new(slots: usize, sectors: u32) -> Self {
+        assert!(sectors.is_power_of_two());
+        let words_per_slot = (sectors as usize).div_ceil(64);
+        let words = if sectors >= 64 { slots * words_per_slot } else { (slots * sectors as usize).div_ceil(64) };
+        SectorBits { words: vec![0; words], sectors, words_per_slot }
+    }
+
+    /// (word index, bit shift) of sector `s` of `slot`.
+    #[inline]
+    fn pos(&self, slot: u32, s: u32) -> (usize, u32) {
+        pos(self.sectors, self.words_per_slot, slot, s)
+    }
+
+    /// The (word, mask) pieces covering sectors `[lo, hi)` of `slot`; borrows nothing.
+    #[inline]
+    fn pieces(&self, slot: u32, (lo, hi): SectorRange) -> impl Iterator<Item = (usize, u64)> {
+        let (sectors, wps) = (self.sectors, self.words_per_slot);
+        let mut s = lo;
+        std::iter::from_fn(move || {
+            if s >= hi {
+                return None;
+            }
+            let (w, sh) = pos(sectors, wps, slot, s);
+            let n = (hi - s).min(64 - sh);
+            let mask = if n == 64 { u64::MAX } else { ((1u64 << n) - 1) << sh };
+            s += n;
+            Some((w, mask))
+        })
+    }
+
+    /// Sets sectors `r` of `slot`.
+    #[inline]
+    pub fn set(&mut self, slot: u32, r: SectorRange) {
+        for (w, m) in self.pieces(slot, r) {
+            self.words[w] |= m;
+        }
+    }
+
+    /// Clears sectors `r` of `slot`.
+    #[inline]
+    pub fn clear(&mut self, slot: u32, r: SectorRange) {
+        for (w, m) in self.pieces(slot, r) {
+            self.words[w] &= !m;
+        }
+    }
+
+    /// Clears every sector of `slot`.
+    pub fn clear_all(&mut self, slot: u32) {
+        self.clear(slot, (0, self.sectors));
+    }
+
+    /// Whether every sector of `r` is set.
+    #[inline]
+    pub fn all(&self, slot: u32, r: SectorRange) -> bool {
+        self.pieces(slot, r).all(|(w, m)| self.words[w] & m == m)
+    }
+
+    /// Whether any sector of `r` is set.
+    #[inline]
+    pub fn any(&self, slot: u32, r: SectorRange) -> bool {
+        self.pieces(slot, r).any(|(w, m)| self.words[w] & m != 0)
+    }
+
+    /// Whether sector `s` of `slot` is set.
+    #[inline]
+    pub fn get(&self, slot: u32, s: u32) -> bool {
+        let (w, sh) = self.pos(slot, s);
+        self.words[w] >> sh & 1 == 1
+    }
+
+    /// Maximal runs within `r` whose bits equal `value`, in order.
+    pub fn runs(&self, slot: u32, (lo, hi): SectorRange, value: bool, out: &mut Vec<SectorRange>) {
+        out.clear();
+        let mut s = lo;
+        while s < hi {
+            while s < hi && self.get(slot, s) != value {
+                s += 1;
+            }
+            let start = s;
+            while s < hi && self.get(slot, s) == value {
+                s += 1;
+            }
+            if s > start {
+                out.push((start, s));
+            }
+        }
+    }
+
+    /// Bytes of memory held.
+    pub fn memory_bytes(&self) -> usize {
+        self.words.capacity() * 8
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn matches_a_bool_vector(sectors_log in 0u32..9, ops in prop::collection::vec((0u32..6, any::<bool>(), 0u32..256, 0u32..256), 1..60)) {
+            let sectors = 1u32 << sectors_log;
+            let slots = 6;
+            let mut bits = SectorBits::new(slots, sectors);
+            let mut model = vec![vec![false; sectors as usize]; slots];
+            let mut runs = Vec::new();
+            for (slot, set, a, b) in ops {
+                let (lo, hi) = ((a % sectors).min(b % sectors), (a % sectors).max(b % sectors) + 1);
+                if set { bits.set(slot, (lo, hi)) } else { bits.clear(slot, (lo, hi)) }
+                for s in lo..hi { model[slot as usize][s as usize] = set; }
+                for (i, m) in model.iter().enumerate() {
+                    for s in 0..sectors { prop_assert_eq!(bits.get(i as u32, s), m[s as usize]); }
+                    prop_assert_eq!(bits.all(i as u32, (0, sectors)), m.iter().all(|&x| x));
+                    prop_assert_eq!(bits.any(i as u32, (0, sectors)), m.iter().any(|&x| x));
+                }
+                bits.runs(slot, (0, sectors), true, &mut runs);
+                let covered: usize = runs.iter().map(|(l, h)| (h - l) as usize).sum();
+                prop_assert_eq!(covered, model[slot as usize].iter().filter(|&&x| x).count());
+            }
+        }
+    }
+}

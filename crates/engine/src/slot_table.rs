@@ -1,0 +1,194 @@
+//! Per-slot metadata of the global pool, stored column-wise so each field costs only its
+//! own bytes per slot: block key (owner VM in the top 16 bits, block number below),
+//! intrusive list links for the replacement policies, one byte of policy state (CLOCK's
+//! 4-bit reference counter, S3-FIFO's frequency, the pool bit), and an optional last
+//! access time. Valid/dirty sector bitmaps live in [`crate::sector_bits`].
+
+use cachevisor_trace::VmId;
+
+/// Marks a free slot's key and an absent link.
+pub const NIL: u32 = u32::MAX;
+/// Key of a free slot.
+pub const FREE_KEY: u64 = u64::MAX;
+/// Bits of a key that hold the block number (the rest is the VM id).
+pub const BLOCK_BITS: u32 = 48;
+
+/// Packs (vm, block) into one 64-bit key.
+#[inline]
+pub fn pack_key(vm: VmId, block: u64) -> u64 {
+    debug_assert!(block < 1 << BLOCK_BITS && vm < 1 << 16);
+    ((vm as u64) << BLOCK_BITS) | block
+}
+
+/// The VM of a key.
+#[inline]
+pub fn key_vm(key: u64) -> VmId {
+    (key >> BLOCK_BITS) as VmId
+}
+
+/// The block number of a key.
+#[inline]
+pub fn key_block(key: u64) -> u64 {
+    key & ((1 << BLOCK_BITS) - 1)
+}
+
+/// Column store of slot metadata.
+#[derive(Debug, Clone)]
+pub struct SlotTable {
+    /// Block key per slot, [`FREE_KEY`] when free.
+    pub keys: Vec<u64>,
+    /// Previous slot in the policy's list.
+    pub prev: Vec<u32>,
+    /// Next slot in the policy's list.
+    pub next: Vec<u32>,
+    /// Policy-owned state byte.
+    pub aux: Vec<u8>,
+    /// Last access per slot in milliseconds of the driver's clock (empty when not tracked).
+    pub last_access_ms: Vec<u32>,
+}
+
+impl SlotTable {
+    /// `n` free slots.
+    pub fn new(n: usize, track_last_access: bool) -> Self {
+        SlotTable {
+            keys: vec![FREE_KEY; n],
+            prev: vec![NIL; n],
+            next: vec![NIL; n],
+            aux: vec![0; n],
+            last_access_ms: if track_last_access { vec![0; n] } else { Vec::new() },
+        }
+    }
+
+    /// Number of slots.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Whether there are no slots.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// Bytes of memory held.
+    pub fn memory_bytes(&self) -> usize {
+        self.keys.capacity() * 8
+            + self.prev.capacity() * 4
+            + self.next.capacity() * 4
+            + self.aux.capacity()
+            + self.last_access_ms.capacity() * 4
+    }
+}
+
+/// A doubly linked list threaded through the slot table's links; front = most recent.
+#[derive(Debug, Clone, Copy)]
+pub struct List {
+    head: u32,
+    tail: u32,
+    len: u32,
+}
+
+impl Default for List {
+    fn default() -> Self {
+        List { head: NIL, tail: NIL, len: 0 }
+    }
+}
+
+impl List {
+    /// Entries.
+    #[inline]
+    pub fn len(&self) -> u32 {
+        self.len
+    }
+
+    /// Whether empty.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The front (most recently inserted) slot.
+    #[inline]
+    pub fn front(&self) -> Option<u32> {
+        (self.head != NIL).then_some(self.head)
+    }
+
+    /// The back (oldest) slot.
+    #[inline]
+    pub fn back(&self) -> Option<u32> {
+        (self.tail != NIL).then_some(self.tail)
+    }
+
+    /// Inserts `s` at the front.
+    #[inline]
+    pub fn push_front(&mut self, t: &mut SlotTable, s: u32) {
+        t.prev[s as usize] = NIL;
+        t.next[s as usize] = self.head;
+        if self.head != NIL {
+            t.prev[self.head as usize] = s;
+        } else {
+            self.tail = s;
+        }
+        self.head = s;
+        self.len += 1;
+    }
+
+    /// Inserts `s` at the back.
+    #[inline]
+    pub fn push_back(&mut self, t: &mut SlotTable, s: u32) {
+        t.next[s as usize] = NIL;
+        t.prev[s as usize] = self.tail;
+        if self.tail != NIL {
+            t.next[self.tail as usize] = s;
+        } else {
+            self.head = s;
+        }
+        self.tail = s;
+        self.len += 1;
+    }
+
+    /// Removes `s`, which must be in this list.
+    #[inline]
+    pub fn unlink(&mut self, t: &mut SlotTable, s: u32) {
+        let (p, n) = (t.prev[s as usize], t.next[s as usize]);
+        if p != NIL {
+            t.next[p as usize] = n;
+        } else {
+            self.head = n;
+        }
+        if n != NIL {
+            t.prev[n as usize] = p;
+        } else {
+            self.tail = p;
+        }
+        self.len -= 1;
+    }
+
+    /// Moves `s` (in this list) to the front.
+    #[inline]
+    pub fn move_to_front(&mut self, t: &mut SlotTable, s: u32) {
+        if self.head != s {
+            self.unlink(t, s);
+            self.push_front(t, s);
+        }
+    }
+
+    /// Removes and returns the back slot.
+    #[inline]
+    pub fn pop_back(&mut self, t: &mut SlotTable) -> Option<u32> {
+        let s = self.back()?;
+        self.unlink(t, s);
+        Some(s)
+    }
+
+    /// Slots from back (next victim) to front.
+    pub fn iter_from_back<'a>(&self, t: &'a SlotTable) -> impl Iterator<Item = u32> + 'a {
+        let mut cur = self.tail;
+        std::iter::from_fn(move || {
+            let s = cur;
+            (s != NIL).then(|| {
+                cur = t.prev[s as usize];
+                s
+            })
+        })
+    }
+}

@@ -190,18 +190,20 @@ impl Engine {
 
     // ----- request paths -----
 
+    /// An SSD op on sectors of a slot (the slot's key must already name its block).
     #[inline]
     fn ssd(&self, kind: OpKind, vm: VmId, slot: u32, (lo, hi): SectorRange, phase: u8, sync: bool) -> DeviceOp {
         let block = key_block(self.slots.keys[slot as usize]);
         let disk_addr = (block << self.shift) + lo as u64 * SECTOR;
         let ssd_addr = ((slot as u64) << self.shift) + lo as u64 * SECTOR;
-        DeviceOp { kind, vm, disk_addr, ssd_addr, len: (hi - lo) * SECTOR as u32, phase, sync }
+        DeviceOp { kind, vm, disk_addr, ssd_addr, len: (hi - lo) * SECTOR as u32, phase, sync, staged: false }
     }
 
+    /// A backing op on sectors of a block.
     #[inline]
     fn backing(&self, kind: OpKind, vm: VmId, block: u64, (lo, hi): SectorRange, phase: u8, sync: bool) -> DeviceOp {
         let disk_addr = (block << self.shift) + lo as u64 * SECTOR;
-        DeviceOp { kind, vm, disk_addr, ssd_addr: 0, len: (hi - lo) * SECTOR as u32, phase, sync }
+        DeviceOp { kind, vm, disk_addr, ssd_addr: 0, len: (hi - lo) * SECTOR as u32, phase, sync, staged: false }
     }
 
     fn read_block(&mut self, vm: VmId, b: u64, r: SectorRange, out: &mut Output) {
@@ -244,10 +246,10 @@ impl Engine {
         let mut runs = std::mem::take(&mut self.runs2);
         self.valid.runs(s, range, false, &mut runs);
         for &run in &runs {
-            out.ops.push(self.backing(OpKind::BackingRead, vm, b, run, 0, true));
+            out.ops.push(DeviceOp { staged: true, ..self.backing(OpKind::BackingRead, vm, b, run, 0, true) });
         }
         for &run in &runs {
-            out.ops.push(self.ssd(OpKind::SsdWrite, vm, s, run, phase.max(1), false));
+            out.ops.push(DeviceOp { staged: true, ..self.ssd(OpKind::SsdWrite, vm, s, run, phase.max(1), false) });
             self.valid.set(s, run);
         }
         self.runs2 = runs;
@@ -305,7 +307,7 @@ impl Engine {
             self.invalidate(vm, s, r);
         }
         let disk_addr = (b << self.shift) + lo;
-        out.ops.push(DeviceOp { kind: OpKind::BackingWrite, vm, disk_addr, ssd_addr: 0, len: (hi - lo) as u32, phase, sync: true });
+        out.ops.push(DeviceOp { kind: OpKind::BackingWrite, vm, disk_addr, ssd_addr: 0, len: (hi - lo) as u32, phase, sync: true, staged: false });
         out.blocks.push(BlockOutcome { block: b, hit: false, inserted: false, bypassed: true, evicted: None });
     }
 
@@ -362,8 +364,8 @@ impl Engine {
         let block = key_block(self.slots.keys[s as usize]);
         let mut n = 0;
         for &run in &runs {
-            out.ops.push(self.ssd(OpKind::SsdRead, vm, s, run, phase, sync));
-            out.ops.push(self.backing(OpKind::BackingWrite, vm, block, run, phase + 1, sync));
+            out.ops.push(DeviceOp { staged: true, ..self.ssd(OpKind::SsdRead, vm, s, run, phase, sync) });
+            out.ops.push(DeviceOp { staged: true, ..self.backing(OpKind::BackingWrite, vm, block, run, phase + 1, sync) });
             n += run.1 - run.0;
         }
         self.runs = runs;

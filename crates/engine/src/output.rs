@@ -2,17 +2,18 @@
 //! must perform, in an order that is safe to execute one after another.
 //!
 //! Each operation carries a `phase`: operations of one phase may run in parallel, and a
-//! phase starts when every operation of the previous phase has completed (within one
-//! request or command). `sync` operations are the ones the request waits for; the others
+//! phase starts when every operation of the previous phase of the same output has
+//! completed. The list order is a safe sequential order too (each block's operations
+//! appear in phase order; different blocks' operations are independent). `sync` operations are the ones the request waits for; the others
 //! (a read miss's fill of the SSD) only load the devices.
 //!
 //! Where data comes from, which a driver that moves real bytes must follow:
 //! - every op names the VM and the disk byte range its data belongs to (`disk_addr`);
-//! - a read request's data for each sector is what the read op (SSD or backing) covering
-//!   that sector of the VM's disk returns;
-//! - a write op whose disk range was read earlier in the same output writes that data
-//!   (write-back: SSD read then backing write; fill: backing read then SSD write);
-//!   otherwise it writes the client's data for that range.
+//! - a read request's data for each sector is what the last read op (SSD or backing)
+//!   covering that sector of the VM's disk returned;
+//! - a `staged` write op writes the data that the last `staged` read op of the same range
+//!   in the same output read (write-back: SSD read then backing write; fill: backing read
+//!   then SSD write); any other write op writes the client's data for its range.
 
 use cachevisor_trace::VmId;
 
@@ -57,6 +58,8 @@ pub struct DeviceOp {
     pub phase: u8,
     /// Whether the request's completion waits for it.
     pub sync: bool,
+    /// Part of a device-to-device copy (write-back or fill) rather than client data.
+    pub staged: bool,
 }
 
 /// A block that lost its slot.

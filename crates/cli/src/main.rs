@@ -1,0 +1,47 @@
+//! The `cachevisor` command line: trace tools, the simulator, the demo and benchmarks.
+
+mod bench_cmd;
+mod bundled;
+mod demo_cmd;
+mod input_args;
+mod progress;
+mod simulate_cmd;
+mod trace_cmd;
+
+use clap::{Parser, Subcommand};
+
+/// cachevisor — hypervisor-side SSD cache manager: trace tools, simulator, benchmarks.
+#[derive(Debug, Parser)]
+#[command(name = "cachevisor", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Simulate the bundled real traces with several policies and print the comparison.
+    Demo(demo_cmd::DemoArgs),
+    /// Inspect, convert and generate block I/O traces.
+    #[command(subcommand)]
+    Trace(trace_cmd::TraceCmd),
+    /// Replay traces through the cache engine in virtual time.
+    Simulate(Box<simulate_cmd::SimulateArgs>),
+    /// Measure speed and memory.
+    #[command(subcommand)]
+    Bench(bench_cmd::BenchCmd),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Demo(a) => demo_cmd::run(a),
+        Cmd::Trace(c) => trace_cmd::run(c),
+        Cmd::Simulate(a) => simulate_cmd::run(*a),
+        Cmd::Bench(c) => bench_cmd::run(c),
+    };
+    if let Err(e) = r {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

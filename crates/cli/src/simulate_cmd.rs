@@ -1,0 +1,229 @@
+//! `cachevisor simulate`: run a scenario (TOML and/or flags), optionally comparing several
+//! replacement policies, partition modes or write policies side by side.
+
+use crate::input_args::InputArgs;
+use crate::progress::Progress;
+use anyhow::Context;
+use cachevisor_engine::{PartitionMode, ReplacementKind, WritePolicy};
+use cachevisor_sim::scenario::{DeviceChoice, ReplayMode};
+use cachevisor_sim::{simulate, Scenario, SimResult};
+use clap::Args;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+/// Options of `simulate` (flags override the scenario file).
+#[derive(Debug, Clone, Args)]
+pub struct SimulateArgs {
+    /// Scenario file (TOML); flags below override it.
+    #[arg(long)]
+    pub scenario: Option<PathBuf>,
+    /// Trace files (replace the scenario's).
+    #[arg(long = "trace", num_args = 1..)]
+    pub traces: Vec<PathBuf>,
+    #[command(flatten)]
+    pub input: InputArgs,
+    /// Total cache size, e.g. 4GiB.
+    #[arg(long)]
+    pub cache_size: Option<String>,
+    /// Block size, e.g. 4KiB.
+    #[arg(long)]
+    pub block_size: Option<String>,
+    /// Replacement policies, comma-separated to compare (lru, fifo, clock, two-pool, s3fifo).
+    #[arg(long, value_delimiter = ',', value_parser = |s: &str| s.parse::<ReplacementKind>())]
+    pub replacement: Vec<ReplacementKind>,
+    /// Write policies, comma-separated to compare (wb, wt, wa, ro).
+    #[arg(long, value_delimiter = ',', value_parser = |s: &str| s.parse::<WritePolicy>())]
+    pub write_policy: Vec<WritePolicy>,
+    /// Partition modes, comma-separated to compare (static, shared).
+    #[arg(long, value_delimiter = ',', value_parser = ["static", "shared"])]
+    pub partition: Vec<String>,
+    /// SSD device preset.
+    #[arg(long)]
+    pub ssd: Option<String>,
+    /// Backing device preset.
+    #[arg(long)]
+    pub backing: Option<String>,
+    /// Replay mode.
+    #[arg(long, value_parser = ["open", "closed"])]
+    pub mode: Option<String>,
+    /// Open loop speed-up.
+    #[arg(long)]
+    pub speedup: Option<f64>,
+    /// Closed loop queue depth per VM.
+    #[arg(long)]
+    pub queue_depth: Option<u32>,
+    /// Stop after this many requests.
+    #[arg(long)]
+    pub max_requests: Option<u64>,
+    /// Output directory.
+    #[arg(long, default_value = "out/simulate")]
+    pub out: PathBuf,
+    /// Print the JSON result(s) instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The scenario that flags and file describe, before expanding comparisons.
+pub fn base_scenario(a: &SimulateArgs) -> anyhow::Result<Scenario> {
+    let mut sc = match &a.scenario {
+        Some(p) => Scenario::load(p).map_err(anyhow::Error::msg)?,
+        None => Scenario::default(),
+    };
+    if !a.traces.is_empty() {
+        sc.trace.files = a.traces.clone();
+    }
+    let ro = a.input.read_options()?;
+    if ro.format.is_some() {
+        sc.trace.format = ro.format;
+    }
+    if a.scenario.is_none() || a.input.vm_mode != "file" {
+        sc.trace.vm_mode = Some(ro.vm_mode);
+    }
+    sc.trace.skip_bad |= a.input.skip_bad;
+    if a.input.blkparse_action != "D" {
+        sc.trace.blkparse_action = Some(a.input.blkparse_action.clone());
+    }
+    if a.input.csv_columns.is_some() {
+        sc.trace.csv_columns = a.input.csv_columns.clone();
+    }
+    sc.trace.rename.extend(a.input.rename.iter().cloned());
+    if let Some(s) = &a.cache_size {
+        sc.cache.size = s.clone();
+    }
+    if let Some(s) = &a.block_size {
+        sc.cache.block_size = s.clone();
+    }
+    if let Some(s) = &a.ssd {
+        sc.devices.ssd = DeviceChoice::Preset(s.clone());
+    }
+    if let Some(s) = &a.backing {
+        sc.devices.backing = DeviceChoice::Preset(s.clone());
+    }
+    if let Some(m) = &a.mode {
+        sc.replay.mode = if m == "open" { ReplayMode::Open } else { ReplayMode::Closed };
+    }
+    if let Some(v) = a.speedup {
+        sc.replay.speedup = v;
+    }
+    if let Some(v) = a.queue_depth {
+        sc.replay.queue_depth = v;
+    }
+    if let Some(v) = a.max_requests {
+        sc.replay.max_requests = v;
+    }
+    Ok(sc)
+}
+
+/// Expands the comma-separated choices into one scenario per combination, with labels.
+pub fn expand(sc: &Scenario, a: &SimulateArgs) -> Vec<(String, Scenario)> {
+    let parts: Vec<PartitionMode> = if a.partition.is_empty() {
+        vec![sc.cache.partition]
+    } else {
+        a.partition.iter().map(|p| if p == "shared" { PartitionMode::Shared } else { PartitionMode::Static }).collect()
+    };
+    let repls = if a.replacement.is_empty() { vec![sc.cache.replacement] } else { a.replacement.clone() };
+    let wps = if a.write_policy.is_empty() { vec![sc.cache.write_policy] } else { a.write_policy.clone() };
+    let mut v = Vec::new();
+    for &p in &parts {
+        for &r in &repls {
+            for &w in &wps {
+                let mut s = sc.clone();
+                s.cache.partition = p;
+                s.cache.replacement = r;
+                s.cache.write_policy = w;
+                let pn = if p == PartitionMode::Shared { "shared" } else { "static" };
+                v.push((format!("{pn}-{r}-{w}"), s));
+            }
+        }
+    }
+    v
+}
+
+/// Runs each labelled scenario, writes its files under `out/<label>` and returns results.
+pub fn run_all(runs: &[(String, Scenario)], out: &Path) -> anyhow::Result<Vec<(String, SimResult)>> {
+    let mut results = Vec::new();
+    for (label, sc) in runs {
+        let mut p = Progress::new(&format!("simulating {label}"));
+        let t0 = std::time::Instant::now();
+        let r = simulate(sc, &mut |pr| p.update(pr.done, pr.total)).with_context(|| format!("run {label}"))?;
+        p.finish();
+        let dir = if runs.len() == 1 { out.to_path_buf() } else { out.join(label) };
+        r.write_files(&dir).with_context(|| format!("writing {}", dir.display()))?;
+        eprintln!(
+            "{label}: {} requests in {:.2} s wall ({:.2} M req/s), results in {}",
+            r.total.requests,
+            t0.elapsed().as_secs_f64(),
+            r.total.requests as f64 / t0.elapsed().as_secs_f64() / 1e6,
+            dir.display()
+        );
+        results.push((label.clone(), r));
+    }
+    Ok(results)
+}
+
+/// One row per run: total and per-VM hit ratios, latency, SSD writes.
+pub fn comparison_table(results: &[(String, SimResult)]) -> String {
+    let mut s = String::new();
+    let Some((_, first)) = results.first() else { return s };
+    let _ = write!(s, "{:<24} {:>7} {:>9} {:>9} {:>10}", "run", "hit%", "mean µs", "p99 µs", "SSD wr");
+    for v in &first.vms {
+        let name: String = v.vm.chars().take(16).collect();
+        let _ = write!(s, " {:>16}", format!("{name} hit%"));
+    }
+    s.push('\n');
+    for (label, r) in results {
+        let t = &r.total;
+        let _ = write!(
+            s,
+            "{:<24} {:>7.2} {:>9.1} {:>9.1} {:>10}",
+            label,
+            t.hit_ratio * 100.0,
+            t.latency.mean_us,
+            t.latency.p99_us,
+            cachevisor_trace::units::format_size(t.ssd_write_bytes)
+        );
+        for v in &r.vms {
+            let _ = write!(s, " {:>16.2}", v.hit_ratio * 100.0);
+        }
+        s.push('\n');
+    }
+    s
+}
+
+/// Writes `comparison.csv` of several runs.
+pub fn write_comparison(results: &[(String, SimResult)], out: &Path) -> anyhow::Result<()> {
+    let mut s = String::from("run,vm,requests,hit_ratio,read_hit_ratio,mean_us,p99_us,p999_us,ssd_write_bytes,backing_read_bytes\n");
+    for (label, r) in results {
+        for v in r.vms.iter().chain(std::iter::once(&r.total)) {
+            let _ = writeln!(
+                s,
+                "{label},{},{},{:.6},{:.6},{},{},{},{},{}",
+                v.vm, v.requests, v.hit_ratio, v.read_hit_ratio, v.latency.mean_us, v.latency.p99_us, v.latency.p999_us, v.ssd_write_bytes, v.backing_read_bytes
+            );
+        }
+    }
+    std::fs::create_dir_all(out)?;
+    std::fs::write(out.join("comparison.csv"), s)?;
+    Ok(())
+}
+
+/// `cachevisor simulate`.
+pub fn run(a: SimulateArgs) -> anyhow::Result<()> {
+    let sc = base_scenario(&a)?;
+    sc.resolve().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let runs = expand(&sc, &a);
+    let results = run_all(&runs, &a.out)?;
+    if a.json {
+        let all: Vec<_> = results.iter().map(|(_, r)| r).collect();
+        println!("{}", serde_json::to_string_pretty(&all)?);
+        return Ok(());
+    }
+    for (label, r) in &results {
+        println!("== {label}\n{}", r.table());
+    }
+    if results.len() > 1 {
+        write_comparison(&results, &a.out)?;
+        println!("== comparison\n{}", comparison_table(&results));
+    }
+    Ok(())
+}

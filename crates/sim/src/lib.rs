@@ -1,0 +1,17 @@
+//! The cachevisor simulator: a thin virtual-time driver around the engine. It replays a
+//! multi-VM trace (open loop at trace timestamps with a speed-up, or closed loop with a
+//! fixed queue depth per VM), executes the engine's device operations against SSD, HDD
+//! and link models with queueing, and reports hit ratios, latency percentiles
+//! (HdrHistogram), SSD endurance bytes and backing I/O per VM, in total and per window.
+//!
+//! Entry point: [`simulate`] with a [`Scenario`] (TOML, see [`scenario`]).
+
+pub mod device;
+pub mod metrics;
+pub mod report;
+pub mod scenario;
+mod simulator;
+
+pub use report::SimResult;
+pub use scenario::Scenario;
+pub use simulator::{open_inputs, simulate, Progress, SimError};

@@ -1,0 +1,200 @@
+//! Counters and latency histograms per VM, and the per-window time series.
+
+use cachevisor_engine::{OpKind, Output};
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+/// Latency histogram range: 1 ns .. 1 hour, 3 significant digits.
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000_000, 3).expect("valid histogram bounds")
+}
+
+/// Everything counted for one VM.
+#[derive(Debug, Clone)]
+pub struct VmStats {
+    /// Requests issued.
+    pub requests: u64,
+    /// Read requests.
+    pub reads: u64,
+    /// Blocks read.
+    pub read_blocks: u64,
+    /// Blocks read that hit.
+    pub read_hits: u64,
+    /// Blocks written.
+    pub write_blocks: u64,
+    /// Blocks written that were resident.
+    pub write_hits: u64,
+    /// Blocks that bypassed the cache.
+    pub bypassed: u64,
+    /// Blocks inserted.
+    pub inserted: u64,
+    /// This VM's blocks evicted.
+    pub evictions: u64,
+    /// Dirty extents of this VM written back (evictions, flushes, shrinks; one per block unless its dirty sectors are scattered).
+    pub writebacks: u64,
+    /// Bytes read from / written to the SSD for this VM.
+    pub ssd_read_bytes: u64,
+    /// See `ssd_read_bytes`.
+    pub ssd_write_bytes: u64,
+    /// Bytes read from / written to this VM's backing store.
+    pub backing_read_bytes: u64,
+    /// See `backing_read_bytes`.
+    pub backing_write_bytes: u64,
+    /// Request latency, all / reads / writes (ns).
+    pub lat: Histogram<u64>,
+    /// Read latency.
+    pub read_lat: Histogram<u64>,
+    /// Write latency.
+    pub write_lat: Histogram<u64>,
+}
+
+impl Default for VmStats {
+    fn default() -> Self {
+        VmStats {
+            requests: 0,
+            reads: 0,
+            read_blocks: 0,
+            read_hits: 0,
+            write_blocks: 0,
+            write_hits: 0,
+            bypassed: 0,
+            inserted: 0,
+            evictions: 0,
+            writebacks: 0,
+            ssd_read_bytes: 0,
+            ssd_write_bytes: 0,
+            backing_read_bytes: 0,
+            backing_write_bytes: 0,
+            lat: histogram(),
+            read_lat: histogram(),
+            write_lat: histogram(),
+        }
+    }
+}
+
+impl VmStats {
+    /// Adds `other` into `self` (for the total).
+    pub fn merge(&mut self, o: &VmStats) {
+        self.requests += o.requests;
+        self.reads += o.reads;
+        self.read_blocks += o.read_blocks;
+        self.read_hits += o.read_hits;
+        self.write_blocks += o.write_blocks;
+        self.write_hits += o.write_hits;
+        self.bypassed += o.bypassed;
+        self.inserted += o.inserted;
+        self.evictions += o.evictions;
+        self.writebacks += o.writebacks;
+        self.ssd_read_bytes += o.ssd_read_bytes;
+        self.ssd_write_bytes += o.ssd_write_bytes;
+        self.backing_read_bytes += o.backing_read_bytes;
+        self.backing_write_bytes += o.backing_write_bytes;
+        self.lat.add(&o.lat).expect("same bounds");
+        self.read_lat.add(&o.read_lat).expect("same bounds");
+        self.write_lat.add(&o.write_lat).expect("same bounds");
+    }
+}
+
+/// Per-VM, per-run accounting.
+#[derive(Debug, Clone, Default)]
+pub struct Metrics {
+    /// By VM id.
+    pub vms: Vec<VmStats>,
+    window: Vec<(u64, u64, u64)>,
+}
+
+/// One row of the time series.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WindowRow {
+    /// Window index.
+    pub window: u64,
+    /// End of the window, seconds of virtual time.
+    pub t_end_s: f64,
+    /// VM name.
+    pub vm: String,
+    /// Requests issued in the window.
+    pub requests: u64,
+    /// Block accesses in the window.
+    pub accesses: u64,
+    /// Block hit ratio in the window (0 when idle).
+    pub hit_ratio: f64,
+    /// Slots held at the window's end.
+    pub used_blocks: u64,
+    /// Target at the window's end.
+    pub target_blocks: u64,
+    /// Dirty blocks at the window's end.
+    pub dirty_blocks: u64,
+}
+
+impl Metrics {
+    fn vm(&mut self, vm: u32) -> &mut VmStats {
+        let v = vm as usize;
+        if self.vms.len() <= v {
+            self.vms.resize_with(v + 1, VmStats::default);
+            self.window.resize(v + 1, (0, 0, 0));
+        }
+        &mut self.vms[v]
+    }
+
+    /// Counts a request's outcome and latency.
+    pub fn request(&mut self, vm: u32, write: bool, out: &Output, latency_ns: u64) {
+        let s = self.vm(vm);
+        s.requests += 1;
+        let lat = latency_ns.max(1);
+        s.lat.saturating_record(lat);
+        let mut hits = 0;
+        for b in &out.blocks {
+            hits += b.hit as u64;
+            s.bypassed += b.bypassed as u64;
+            s.inserted += b.inserted as u64;
+        }
+        let n = out.blocks.len() as u64;
+        if write {
+            s.write_blocks += n;
+            s.write_hits += hits;
+            s.write_lat.saturating_record(lat);
+        } else {
+            s.reads += 1;
+            s.read_blocks += n;
+            s.read_hits += hits;
+            s.read_lat.saturating_record(lat);
+        }
+        let w = &mut self.window[vm as usize];
+        w.0 += 1;
+        w.1 += n;
+        w.2 += hits;
+        for b in &out.blocks {
+            if let Some(e) = b.evicted {
+                let o = self.vm(e.vm);
+                o.evictions += 1;
+            }
+        }
+        self.ops(out);
+    }
+
+    /// Counts device bytes and write-backs of any output (requests and commands).
+    pub fn ops(&mut self, out: &Output) {
+        for op in &out.ops {
+            let s = self.vm(op.vm);
+            let bytes = op.len as u64;
+            match op.kind {
+                OpKind::SsdRead => s.ssd_read_bytes += bytes,
+                OpKind::SsdWrite => s.ssd_write_bytes += bytes,
+                OpKind::BackingRead => s.backing_read_bytes += bytes,
+                OpKind::BackingWrite => {
+                    s.backing_write_bytes += bytes;
+                    // A staged backing write is the second half of a write-back.
+                    if op.staged {
+                        s.writebacks += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Takes the window counters (requests, accesses, hits) of `vm` and resets them.
+    pub fn take_window(&mut self, vm: u32) -> (u64, u64, u64) {
+        self.vm(vm);
+        std::mem::take(&mut self.window[vm as usize])
+    }
+}

@@ -1,0 +1,331 @@
+//! Results of a simulation: per-VM and total figures, the time series, and the scenario
+//! that produced them; written as JSON and CSV and printed as a table for people.
+
+use crate::device::Device;
+use crate::metrics::{Metrics, VmStats, WindowRow};
+use crate::scenario::{Resolved, Scenario};
+use cachevisor_engine::Engine;
+use cachevisor_trace::units::format_size;
+use cachevisor_trace::SourceCounts;
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use std::io::{self, Write};
+use std::path::Path;
+
+/// Latency summary in microseconds.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Latency {
+    /// Requests measured.
+    pub count: u64,
+    /// Mean.
+    pub mean_us: f64,
+    /// Median.
+    pub p50_us: f64,
+    /// 99th percentile.
+    pub p99_us: f64,
+    /// 99.9th percentile.
+    pub p999_us: f64,
+    /// 99.99th percentile.
+    pub p9999_us: f64,
+    /// Largest.
+    pub max_us: f64,
+}
+
+impl Latency {
+    fn of(h: &Histogram<u64>) -> Self {
+        let us = |ns: u64| (ns as f64 / 1e3 * 1000.0).round() / 1000.0;
+        if h.is_empty() {
+            return Latency { count: 0, mean_us: 0.0, p50_us: 0.0, p99_us: 0.0, p999_us: 0.0, p9999_us: 0.0, max_us: 0.0 };
+        }
+        Latency {
+            count: h.len(),
+            mean_us: (h.mean() / 1e3 * 1000.0).round() / 1000.0,
+            p50_us: us(h.value_at_quantile(0.5)),
+            p99_us: us(h.value_at_quantile(0.99)),
+            p999_us: us(h.value_at_quantile(0.999)),
+            p9999_us: us(h.value_at_quantile(0.9999)),
+            max_us: us(h.max()),
+        }
+    }
+}
+
+/// The figures of one VM (or of the total).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct VmReport {
+    /// VM name or `total`.
+    pub vm: String,
+    /// Requests.
+    pub requests: u64,
+    /// Read requests.
+    pub reads: u64,
+    /// Block hit ratio over reads and writes.
+    pub hit_ratio: f64,
+    /// Read block hit ratio.
+    pub read_hit_ratio: f64,
+    /// Write block hit ratio (block resident when written).
+    pub write_hit_ratio: f64,
+    /// Blocks accessed.
+    pub blocks: u64,
+    /// Blocks that bypassed the cache.
+    pub bypassed_blocks: u64,
+    /// Blocks inserted.
+    pub inserted_blocks: u64,
+    /// Blocks evicted.
+    pub evicted_blocks: u64,
+    /// Dirty extents written back.
+    pub writebacks: u64,
+    /// SSD bytes read.
+    pub ssd_read_bytes: u64,
+    /// SSD bytes written (endurance).
+    pub ssd_write_bytes: u64,
+    /// Backing bytes read.
+    pub backing_read_bytes: u64,
+    /// Backing bytes written.
+    pub backing_write_bytes: u64,
+    /// Slots held at the end.
+    pub final_used_blocks: u64,
+    /// Dirty blocks at the end.
+    pub final_dirty_blocks: u64,
+    /// Latency of all requests.
+    pub latency: Latency,
+    /// Latency of reads.
+    pub read_latency: Latency,
+    /// Latency of writes.
+    pub write_latency: Latency,
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
+    }
+}
+
+impl VmReport {
+    fn of(name: &str, s: &VmStats, used: u64, dirty: u64) -> Self {
+        VmReport {
+            vm: name.to_string(),
+            requests: s.requests,
+            reads: s.reads,
+            hit_ratio: ratio(s.read_hits + s.write_hits, s.read_blocks + s.write_blocks),
+            read_hit_ratio: ratio(s.read_hits, s.read_blocks),
+            write_hit_ratio: ratio(s.write_hits, s.write_blocks),
+            blocks: s.read_blocks + s.write_blocks,
+            bypassed_blocks: s.bypassed,
+            inserted_blocks: s.inserted,
+            evicted_blocks: s.evictions,
+            writebacks: s.writebacks,
+            ssd_read_bytes: s.ssd_read_bytes,
+            ssd_write_bytes: s.ssd_write_bytes,
+            backing_read_bytes: s.backing_read_bytes,
+            backing_write_bytes: s.backing_write_bytes,
+            final_used_blocks: used,
+            final_dirty_blocks: dirty,
+            latency: Latency::of(&s.lat),
+            read_latency: Latency::of(&s.read_lat),
+            write_latency: Latency::of(&s.write_lat),
+        }
+    }
+}
+
+/// Engine facts for the report.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EngineReport {
+    /// Slots.
+    pub slots: u64,
+    /// Block size.
+    pub block_size: u64,
+    /// Bytes of per-slot metadata.
+    pub metadata_bytes: u64,
+    /// Metadata bytes per slot.
+    pub bytes_per_slot: f64,
+}
+
+/// Device utilization.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DeviceReport {
+    /// Role and model.
+    pub device: String,
+    /// Busy time / virtual run time (can exceed 1 for multi-channel devices).
+    pub utilization: f64,
+}
+
+/// Counters of one trace input.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TraceCounts {
+    /// Requests read.
+    pub requests: u64,
+    /// Records without a request (headers, other actions, other SCSI commands).
+    pub ignored: u64,
+    /// Malformed records skipped.
+    pub skipped_bad: u64,
+}
+
+impl From<SourceCounts> for TraceCounts {
+    fn from(c: SourceCounts) -> Self {
+        TraceCounts { requests: c.requests, ignored: c.ignored, skipped_bad: c.skipped_bad }
+    }
+}
+
+/// Everything a run produced.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SimResult {
+    /// The scenario, as given.
+    pub scenario: Scenario,
+    /// Its resolved numbers.
+    pub resolved: Resolved,
+    /// Engine facts.
+    pub engine: EngineReport,
+    /// Virtual time from start to the last completion, seconds.
+    pub virtual_time_s: f64,
+    /// Per input.
+    pub traces: Vec<TraceCounts>,
+    /// Devices.
+    pub devices: Vec<DeviceReport>,
+    /// Per VM.
+    pub vms: Vec<VmReport>,
+    /// All VMs.
+    pub total: VmReport,
+    /// Time series.
+    pub windows: Vec<WindowRow>,
+}
+
+impl SimResult {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn build(
+        sc: &Scenario,
+        res: Resolved,
+        engine: &Engine,
+        m: &Metrics,
+        names: &[String],
+        windows: Vec<WindowRow>,
+        end_ns: u64,
+        traces: Vec<TraceCounts>,
+        ssd: &Device,
+        backing: &[Device],
+    ) -> Self {
+        let empty = VmStats::default();
+        let mut total = VmStats::default();
+        let (mut used, mut dirty) = (0, 0);
+        let vms = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let s = m.vms.get(i).unwrap_or(&empty);
+                total.merge(s);
+                let p = engine.partition(i as u32);
+                used += p.used;
+                dirty += p.dirty_blocks;
+                VmReport::of(n, s, p.used, p.dirty_blocks)
+            })
+            .collect();
+        let md = engine.metadata_bytes() as u64;
+        let util = |d: &Device| if end_ns == 0 { 0.0 } else { d.busy_ns() as f64 / end_ns as f64 };
+        let mut devices = vec![DeviceReport { device: format!("ssd {}", ssd.spec().name()), utilization: util(ssd) }];
+        for (i, d) in backing.iter().enumerate() {
+            let who = if backing.len() == 1 { "all".to_string() } else { names.get(i).cloned().unwrap_or_default() };
+            devices.push(DeviceReport { device: format!("backing {} ({who})", d.spec().name()), utilization: util(d) });
+        }
+        SimResult {
+            scenario: sc.clone(),
+            resolved: res,
+            engine: EngineReport {
+                slots: res.slots,
+                block_size: res.block_size,
+                metadata_bytes: md,
+                bytes_per_slot: md as f64 / res.slots as f64,
+            },
+            virtual_time_s: end_ns as f64 / 1e9,
+            traces,
+            devices,
+            vms,
+            total: VmReport::of("total", &total, used, dirty),
+            windows,
+        }
+    }
+
+    /// Pretty JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("results serialize")
+    }
+
+    /// Writes `result.json`, `vms.csv` and `windows.csv` into `dir`.
+    pub fn write_files(&self, dir: &Path) -> io::Result<()> {
+        std::fs::create_dir_all(dir)?;
+        std::fs::write(dir.join("result.json"), self.to_json())?;
+        let scenario = toml::to_string(&self.scenario).unwrap_or_default();
+        let header: String = scenario.lines().map(|l| format!("# {l}\n")).collect();
+        let mut f = io::BufWriter::new(std::fs::File::create(dir.join("vms.csv"))?);
+        f.write_all(header.as_bytes())?;
+        writeln!(f, "vm,requests,reads,hit_ratio,read_hit_ratio,write_hit_ratio,mean_us,p50_us,p99_us,p999_us,p9999_us,ssd_read_bytes,ssd_write_bytes,backing_read_bytes,backing_write_bytes,evicted_blocks,writebacks,final_used_blocks,final_dirty_blocks")?;
+        for v in self.vms.iter().chain(std::iter::once(&self.total)) {
+            let l = &v.latency;
+            writeln!(
+                f,
+                "{},{},{},{:.6},{:.6},{:.6},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+                v.vm, v.requests, v.reads, v.hit_ratio, v.read_hit_ratio, v.write_hit_ratio, l.mean_us, l.p50_us, l.p99_us,
+                l.p999_us, l.p9999_us, v.ssd_read_bytes, v.ssd_write_bytes, v.backing_read_bytes, v.backing_write_bytes,
+                v.evicted_blocks, v.writebacks, v.final_used_blocks, v.final_dirty_blocks
+            )?;
+        }
+        f.flush()?;
+        let mut f = io::BufWriter::new(std::fs::File::create(dir.join("windows.csv"))?);
+        f.write_all(header.as_bytes())?;
+        writeln!(f, "window,t_end_s,vm,requests,accesses,hit_ratio,used_blocks,target_blocks,dirty_blocks")?;
+        for w in &self.windows {
+            writeln!(
+                f,
+                "{},{},{},{},{},{:.6},{},{},{}",
+                w.window, w.t_end_s, w.vm, w.requests, w.accesses, w.hit_ratio, w.used_blocks, w.target_blocks, w.dirty_blocks
+            )?;
+        }
+        f.flush()
+    }
+
+    /// A table for people: one row per VM and the total.
+    pub fn table(&self) -> String {
+        let mut s = String::new();
+        let r = &self.resolved;
+        s.push_str(&format!(
+            "cache {} in {} blocks ({} slots), {} / {} / {}, metadata {:.1} B/slot, {:.2} s virtual\n",
+            format_size(r.cache_bytes),
+            format_size(r.block_size),
+            r.slots,
+            self.scenario.cache.replacement,
+            self.scenario.cache.write_policy,
+            serde_json::to_value(self.scenario.cache.partition).unwrap().as_str().unwrap_or(""),
+            self.engine.bytes_per_slot,
+            self.virtual_time_s
+        ));
+        s.push_str(&format!(
+            "{:<24} {:>9} {:>7} {:>7} {:>7} {:>9} {:>9} {:>9} {:>10} {:>10}\n",
+            "vm", "requests", "hit%", "rd hit%", "wr hit%", "mean µs", "p99 µs", "p99.9 µs", "SSD wr", "backing rd"
+        ));
+        for v in self.vms.iter().chain(std::iter::once(&self.total)) {
+            s.push_str(&format!(
+                "{:<24} {:>9} {:>7.2} {:>7.2} {:>7.2} {:>9.1} {:>9.1} {:>9.1} {:>10} {:>10}\n",
+                truncate(&v.vm, 24),
+                v.requests,
+                v.hit_ratio * 100.0,
+                v.read_hit_ratio * 100.0,
+                v.write_hit_ratio * 100.0,
+                v.latency.mean_us,
+                v.latency.p99_us,
+                v.latency.p999_us,
+                format_size(v.ssd_write_bytes),
+                format_size(v.backing_read_bytes)
+            ));
+        }
+        s
+    }
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        let t: String = s.chars().take(n - 1).collect();
+        format!("{t}…")
+    }
+}

@@ -177,8 +177,16 @@ impl<'a> Run<'a> {
         self.metrics.ops(out);
     }
 
+    /// Emits every window that ends at or before `now`.
     fn roll_windows(&mut self, now: u64) {
         while now >= self.window_end {
+            self.emit_window();
+        }
+    }
+
+    /// Emits the current window's rows and starts the next window.
+    fn emit_window(&mut self) {
+        {
             for vm in 0..self.names.len() {
                 let (requests, accesses, hits) = self.metrics.take_window(vm as VmId);
                 let p = self.engine.partition(vm as VmId);
@@ -217,7 +225,8 @@ impl<'a> Run<'a> {
             self.engine.flush(None, &mut cmd);
             self.background(end, &cmd);
         }
-        self.roll_windows(end.max(self.last_now) + 1);
+        self.roll_windows(self.last_now);
+        self.emit_window(); // the last, partial window
         SimResult::build(self.sc, self.res, &self.engine, &self.metrics, &self.names, self.windows, end, counts, &self.ssd, &self.backing)
     }
 }

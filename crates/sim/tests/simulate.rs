@@ -1,0 +1,128 @@
+//! End-to-end simulator tests on the bundled traces: determinism, scenario validation,
+//! replay modes and the accounting identities that must hold.
+
+use cachevisor_engine::{PartitionMode, ReplacementKind, WritePolicy};
+use cachevisor_sim::scenario::{ReplayMode, VmSection};
+use cachevisor_sim::{simulate, Scenario};
+use std::path::PathBuf;
+
+fn shared(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces").join(name)
+}
+
+fn scenario() -> Scenario {
+    let mut s = Scenario::default();
+    s.trace.files = vec![shared("websearch-small.mqsim.txt"), shared("tpcc-small.mqsim.txt"), shared("cloudPhysicsIO.vscsi")];
+    s.cache.size = "64MiB".into();
+    s.replay.max_requests = 40_000;
+    s
+}
+
+#[test]
+fn same_input_gives_identical_json() {
+    for mode in [ReplayMode::Open, ReplayMode::Closed] {
+        for kind in ReplacementKind::ALL {
+            let mut s = scenario();
+            s.replay.mode = mode;
+            s.replay.speedup = 50.0;
+            s.cache.replacement = kind;
+            let a = simulate(&s, &mut |_| {}).unwrap().to_json();
+            let b = simulate(&s, &mut |_| {}).unwrap().to_json();
+            assert_eq!(a, b, "{kind} {mode:?}");
+            assert!(a.contains("\"scenario\"") && a.contains("websearch-small.mqsim.txt"), "result carries its scenario");
+        }
+    }
+}
+
+#[test]
+fn accounting_identities_hold() {
+    let mut s = scenario();
+    s.replay.flush_at_end = true;
+    let r = simulate(&s, &mut |_| {}).unwrap();
+    assert_eq!(r.total.requests, 40_000);
+    assert_eq!(r.vms.iter().map(|v| v.requests).sum::<u64>(), 40_000);
+    assert_eq!(r.total.final_dirty_blocks, 0, "flushed at end");
+    // Static partitions: never more slots used than the cache has.
+    assert!(r.total.final_used_blocks <= r.resolved.slots);
+    // Every block access is a hit, an insertion, a bypass, or a partial hit.
+    assert!(r.total.hit_ratio > 0.0 && r.total.hit_ratio < 1.0);
+    // Latency percentiles are ordered.
+    let l = &r.total.latency;
+    assert!(l.p50_us <= l.p99_us && l.p99_us <= l.p999_us && l.p999_us <= l.p9999_us && l.p9999_us <= l.max_us);
+    // Windows cover every request.
+    assert_eq!(r.windows.iter().map(|w| w.requests).sum::<u64>(), 40_000);
+}
+
+#[test]
+fn bigger_cache_hits_more_and_shared_mode_runs() {
+    let mut small = scenario();
+    small.cache.size = "16MiB".into();
+    let mut big = scenario();
+    big.cache.size = "1GiB".into();
+    let (a, b) = (simulate(&small, &mut |_| {}).unwrap(), simulate(&big, &mut |_| {}).unwrap());
+    assert!(b.total.hit_ratio > a.total.hit_ratio, "{} vs {}", b.total.hit_ratio, a.total.hit_ratio);
+    big.cache.partition = PartitionMode::Shared;
+    let c = simulate(&big, &mut |_| {}).unwrap();
+    assert!(c.total.hit_ratio > 0.0);
+}
+
+#[test]
+fn read_only_vm_writes_less_to_the_ssd() {
+    let mut wb = scenario();
+    wb.trace.files = vec![shared("cloudPhysicsIO.vscsi")];
+    let mut ro = wb.clone();
+    ro.vm.push(VmSection { name: "cloudPhysicsIO".into(), weight: 1.0, write_policy: Some(WritePolicy::Ro) });
+    let (a, b) = (simulate(&wb, &mut |_| {}).unwrap(), simulate(&ro, &mut |_| {}).unwrap());
+    assert!(b.total.ssd_write_bytes < a.total.ssd_write_bytes);
+    assert_eq!(b.total.write_hit_ratio, 0.0);
+}
+
+#[test]
+fn open_loop_speedup_raises_latency_under_load() {
+    let mut slow = scenario();
+    slow.trace.files = vec![shared("websearch-small.mqsim.txt")];
+    slow.replay.mode = ReplayMode::Open;
+    let mut fast = slow.clone();
+    fast.replay.speedup = 20.0;
+    let (a, b) = (simulate(&slow, &mut |_| {}).unwrap(), simulate(&fast, &mut |_| {}).unwrap());
+    assert!(b.total.latency.mean_us > a.total.latency.mean_us);
+    assert!(b.virtual_time_s <= a.virtual_time_s);
+}
+
+#[test]
+fn bad_scenarios_name_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        ("[cache]\nsize = \"64 parsecs\"\n[trace]\nfiles=[\"x\"]\n", "cache.size"),
+        ("[cache]\nblock_size = \"3KiB\"\n[trace]\nfiles=[\"x\"]\n", "block_size"),
+        ("[cache]\nreplacement = \"mru\"\n", "mru"),
+        ("[replay]\nqueue_depth = 0\n[trace]\nfiles=[\"x\"]\n", "replay.queue_depth"),
+        ("[devices]\nssd = \"floppy\"\n[trace]\nfiles=[\"x\"]\n", "devices.ssd"),
+        ("[cache]\nsise = \"1GiB\"\n", "sise"),
+        ("[replay]\n", "trace.files"),
+    ];
+    for (text, want) in cases {
+        let p = dir.path().join("s.toml");
+        std::fs::write(&p, text).unwrap();
+        let err = match Scenario::load(&p) {
+            Err(e) => e,
+            Ok(s) => s.resolve().unwrap_err(),
+        };
+        assert!(err.contains(want), "`{err}` lacks `{want}`");
+    }
+}
+
+#[test]
+fn malformed_trace_stops_with_location() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("bad.mqsim.txt");
+    std::fs::write(&p, "1 0 8 8 1\n2 0 8 8 1\n3 0 x 8 1\n").unwrap();
+    let mut s = scenario();
+    s.trace.files = vec![p.clone()];
+    s.trace.format = Some(cachevisor_trace::Format::Mqsim);
+    let e = simulate(&s, &mut |_| {}).unwrap_err().to_string();
+    assert!(e.contains("bad.mqsim.txt") && e.contains("line 3") && e.contains("start_sector"), "{e}");
+    s.trace.skip_bad = true;
+    let r = simulate(&s, &mut |_| {}).unwrap();
+    assert_eq!((r.total.requests, r.traces[0].skipped_bad), (2, 1));
+}

@@ -1,9 +1,322 @@
-//! `cachevisor bench …` (placeholder replaced below).
+//! `cachevisor bench …`: speed and memory, measured side by side in one process with
+//! interleaved repetitions and reported as medians (the machines here are noisy).
+//!
+//! - `bench sim`: a Zipf trace of single-block reads (10 M requests over 1 M blocks by
+//!   default) in libCacheSim's oracleGeneral format, replayed end to end (read file +
+//!   cache) by cachevisor's LRU and, when the `libcachesim` Python package is installed,
+//!   by libCacheSim's LRU on the same file; then the engine alone and the full simulator
+//!   per replacement policy, and the bundled real traces through the full simulator.
+//! - `bench parse`: requests per second of every reader.
+//! - `bench memory`: fills an engine of the given cache size and reports metadata bytes
+//!   per slot and peak RSS.
+
+use crate::bundled::demo_traces;
+use crate::trace_cmd::write_source;
+use anyhow::Context;
+use cachevisor_engine::{Engine, EngineConfig, Output, PartitionMode, ReplacementKind};
+use cachevisor_sim::scenario::ReplayMode;
+use cachevisor_sim::{simulate, Scenario};
+use cachevisor_trace::units::{format_size, parse_size};
+use cachevisor_trace::zipf::ZipfSource;
+use cachevisor_trace::{open_trace, Format, Op, ReadOptions, Request, TraceSource, TraceWriter};
 use clap::Subcommand;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
 /// Bench subcommands.
 #[derive(Debug, Subcommand)]
-pub enum BenchCmd {}
+pub enum BenchCmd {
+    /// Simulator and engine speed against libCacheSim on a Zipf trace, and on the bundled traces.
+    Sim {
+        /// Requests in the Zipf trace.
+        #[arg(long, default_value_t = 10_000_000)]
+        requests: u64,
+        /// Distinct blocks.
+        #[arg(long, default_value_t = 1_000_000)]
+        blocks: u64,
+        /// Cache size in blocks.
+        #[arg(long, default_value_t = 100_000)]
+        cache_blocks: u64,
+        /// Zipf skew.
+        #[arg(long, default_value_t = 1.0)]
+        alpha: f64,
+        /// Interleaved repetitions.
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// Directory for the generated trace (kept for reuse).
+        #[arg(long, default_value = "out/bench")]
+        dir: PathBuf,
+    },
+    /// Parsing speed of every trace format.
+    Parse {
+        /// Requests per generated file.
+        #[arg(long, default_value_t = 2_000_000)]
+        requests: u64,
+        /// Interleaved repetitions.
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// Directory for the generated files.
+        #[arg(long, default_value = "out/bench")]
+        dir: PathBuf,
+    },
+    /// Metadata memory of a full cache of the given size.
+    Memory {
+        /// Cache size.
+        #[arg(long, default_value = "1TiB", value_parser = parse_size)]
+        cache_size: u64,
+        /// Block size.
+        #[arg(long, default_value = "4KiB", value_parser = parse_size)]
+        block_size: u64,
+        /// Track last-access times (4 more bytes per slot).
+        #[arg(long)]
+        last_access: bool,
+    },
+}
+
 /// Runs a bench.
 pub fn run(c: BenchCmd) -> anyhow::Result<()> {
-    match c {}
+    match c {
+        BenchCmd::Sim { requests, blocks, cache_blocks, alpha, reps, dir } => bench_sim(requests, blocks, cache_blocks, alpha, reps, &dir),
+        BenchCmd::Parse { requests, reps, dir } => bench_parse(requests, reps, &dir),
+        BenchCmd::Memory { cache_size, block_size, last_access } => bench_memory(cache_size, block_size, last_access),
+    }
+}
+
+/// Peak resident set size of this process, from /proc.
+pub fn peak_rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn zipf_file(dir: &Path, requests: u64, blocks: u64, alpha: f64) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join(format!("zipf-{alpha}-{requests}-{blocks}.oracleGeneral"));
+    if !path.exists() {
+        eprintln!("generating {} …", path.display());
+        let mut src = ZipfSource::new(requests, blocks, alpha, 4096, 1)?;
+        let tmp = path.with_extension("partial");
+        write_source(&mut src, Format::OracleGeneral, &tmp, 4096)?;
+        std::fs::rename(&tmp, &path)?;
+    }
+    Ok(path)
+}
+
+fn lru_engine(kind: ReplacementKind, slots: u64) -> Engine {
+    let cfg = EngineConfig { replacement: kind, ..EngineConfig::with_slots(slots) };
+    let mut e = Engine::new(cfg).expect("valid bench engine");
+    e.set_target(0, slots, &mut Output::default());
+    e
+}
+
+/// cachevisor end to end: read the oracleGeneral file and run the engine; (M req/s, hit ratio).
+fn ours_end_to_end(path: &Path, slots: u64) -> anyhow::Result<(f64, f64)> {
+    let t = Instant::now();
+    let mut src = open_trace(path, &ReadOptions { format: Some(Format::OracleGeneral), ..Default::default() })?;
+    let mut e = lru_engine(ReplacementKind::Lru, slots);
+    let mut out = Output::default();
+    let (mut n, mut hits) = (0u64, 0u64);
+    while let Some(r) = src.next_request()? {
+        e.access(r.time_ns, &r, &mut out);
+        hits += out.blocks[0].hit as u64;
+        n += 1;
+    }
+    Ok((n as f64 / t.elapsed().as_secs_f64() / 1e6, hits as f64 / n as f64))
+}
+
+const LCS_SCRIPT: &str = r#"
+import sys, time
+import libcachesim as lcs
+path, cache_bytes, algo = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+reader = lcs.TraceReader(path, lcs.TraceType.ORACLE_GENERAL_TRACE)
+cache = getattr(lcs, algo)(cache_size=cache_bytes)
+t = time.perf_counter()
+res = cache.process_trace(reader)
+dt = time.perf_counter() - t
+miss = res[0] if isinstance(res, (tuple, list)) else res
+print(dt, miss)
+"#;
+
+/// libCacheSim's Python binding on the same file; (M req/s, hit ratio), `None` if absent.
+fn libcachesim(path: &Path, slots: u64, requests: u64, algo: &str) -> Option<(f64, f64)> {
+    let out = Command::new("python3").arg("-c").arg(LCS_SCRIPT).arg(path).arg((slots * 4096).to_string()).arg(algo).output().ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut it = text.split_whitespace();
+    let dt: f64 = it.next()?.parse().ok()?;
+    let miss: f64 = it.next()?.parse().ok()?;
+    Some((requests as f64 / dt / 1e6, 1.0 - miss))
+}
+
+fn engine_alone(reqs: &[Request], kind: ReplacementKind, slots: u64) -> f64 {
+    let mut e = lru_engine(kind, slots);
+    let mut out = Output::default();
+    let t = Instant::now();
+    for r in reqs {
+        e.access(r.time_ns, r, &mut out);
+    }
+    reqs.len() as f64 / t.elapsed().as_secs_f64() / 1e6
+}
+
+fn full_sim(files: Vec<PathBuf>, format: Option<Format>, kind: ReplacementKind, cache: &str) -> anyhow::Result<(f64, f64)> {
+    let mut sc = Scenario::default();
+    sc.trace.files = files;
+    sc.trace.format = format;
+    sc.cache.size = cache.to_string();
+    sc.cache.replacement = kind;
+    sc.cache.partition = PartitionMode::Static;
+    sc.replay.mode = ReplayMode::Closed;
+    let t = Instant::now();
+    let r = simulate(&sc, &mut |_| {})?;
+    Ok((r.total.requests as f64 / t.elapsed().as_secs_f64() / 1e6, r.total.hit_ratio))
+}
+
+fn bench_sim(requests: u64, blocks: u64, slots: u64, alpha: f64, reps: usize, dir: &Path) -> anyhow::Result<()> {
+    let path = zipf_file(dir, requests, blocks, alpha)?;
+    println!("Zipf({alpha}) trace: {requests} single-block reads over {blocks} blocks, cache {slots} blocks; {reps} interleaved repetitions, medians");
+    let has_lcs = Command::new("python3").args(["-c", "import libcachesim"]).status().map(|s| s.success()).unwrap_or(false);
+    if !has_lcs {
+        println!("(libcachesim Python package not installed: `pip install libcachesim` to compare)");
+    }
+    let (mut ours, mut theirs, mut ours_clock, mut theirs_clock) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut hr_ours, mut hr_theirs) = (0.0, 0.0);
+    for _ in 0..reps {
+        let (s, h) = ours_end_to_end(&path, slots)?;
+        ours.push(s);
+        hr_ours = h;
+        if has_lcs {
+            if let Some((s, h)) = libcachesim(&path, slots, requests, "LRU") {
+                theirs.push(s);
+                hr_theirs = h;
+            }
+            if let Some((s, _)) = libcachesim(&path, slots, requests, "Clock") {
+                theirs_clock.push(s);
+            }
+        }
+        // CLOCK end to end through the engine alone on the parsed file, for the CLOCK ratio.
+        let t = Instant::now();
+        let mut src = open_trace(&path, &ReadOptions { format: Some(Format::OracleGeneral), ..Default::default() })?;
+        let mut e = lru_engine(ReplacementKind::Clock, slots);
+        let mut out = Output::default();
+        let mut n = 0u64;
+        while let Some(r) = src.next_request()? {
+            e.access(r.time_ns, &r, &mut out);
+            n += 1;
+        }
+        ours_clock.push(n as f64 / t.elapsed().as_secs_f64() / 1e6);
+    }
+    println!("\nend to end (read oracleGeneral file + cache), M requests/s:");
+    println!("  cachevisor LRU    {:>7.2}   hit ratio {:.6}", median(ours.clone()), hr_ours);
+    if !theirs.is_empty() {
+        println!("  libCacheSim LRU   {:>7.2}   hit ratio {:.6}   (Python binding)", median(theirs.clone()), hr_theirs);
+        println!("  ratio cachevisor / libCacheSim, LRU: {:.2}×", median(ours.clone()) / median(theirs.clone()));
+    }
+    println!("  cachevisor CLOCK  {:>7.2}", median(ours_clock.clone()));
+    if !theirs_clock.is_empty() {
+        println!("  libCacheSim Clock {:>7.2}", median(theirs_clock.clone()));
+        println!("  ratio cachevisor / libCacheSim, CLOCK: {:.2}×", median(ours_clock) / median(theirs_clock));
+    }
+    // Engine alone and full simulation, per policy.
+    let mut src = open_trace(&path, &ReadOptions { format: Some(Format::OracleGeneral), ..Default::default() })?;
+    let mut reqs = Vec::with_capacity(requests as usize);
+    while let Some(r) = src.next_request()? {
+        reqs.push(r);
+    }
+    println!("\nper replacement policy, M requests/s:            engine alone   full simulation (closed loop, devices, metrics)");
+    let cache = format!("{}B", slots * 4096);
+    for kind in ReplacementKind::ALL {
+        let mut alone = Vec::new();
+        let mut sim = Vec::new();
+        for _ in 0..reps {
+            alone.push(engine_alone(&reqs, kind, slots));
+            sim.push(full_sim(vec![path.clone()], Some(Format::OracleGeneral), kind, &cache)?.0);
+        }
+        println!("  {:<10} {:>36.2} {:>17.2}", kind.name(), median(alone), median(sim));
+    }
+    drop(reqs);
+    if let Ok(files) = demo_traces() {
+        println!("\nbundled real traces (3 VMs, 145,654 requests, 256 MiB cache), full simulation, M requests/s:");
+        for kind in ReplacementKind::ALL {
+            let runs: Vec<f64> = (0..reps).map(|_| full_sim(files.clone(), None, kind, "256MiB").map(|r| r.0)).collect::<Result<_, _>>()?;
+            println!("  {:<10} {:>7.2}", kind.name(), median(runs));
+        }
+    }
+    println!("\npeak RSS {}", format_size(peak_rss_bytes()));
+    Ok(())
+}
+
+fn bench_parse(requests: u64, reps: usize, dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let formats = [Format::Msr, Format::Csv, Format::CloudphysicsCsv, Format::Mqsim, Format::Blkparse, Format::Vscsi, Format::OracleGeneral];
+    let mut files = Vec::new();
+    for f in formats {
+        let path = dir.join(format!("parse-{requests}.{}", f.name()));
+        if !path.exists() {
+            let out = std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+            let mut w = TraceWriter::new(f, Box::new(std::io::BufWriter::with_capacity(1 << 20, out)), 4096)?;
+            let mut z = ZipfSource::new(requests, 1_000_000, 0.9, 4096, 7)?;
+            let mut i = 0u64;
+            while let Some(mut r) = z.next_request()? {
+                r.time_ns = 1_300_000_000_000_000_000 + i * 1_000_000_000;
+                r.op = if i % 3 == 0 { Op::Write } else { Op::Read };
+                w.write(&r, "hm_0")?;
+                i += 1;
+            }
+            w.finish()?;
+        }
+        files.push((f, path));
+    }
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); files.len()];
+    for _ in 0..reps {
+        for (i, (f, path)) in files.iter().enumerate() {
+            let t = Instant::now();
+            let mut s = open_trace(path, &ReadOptions { format: Some(*f), ..Default::default() })?;
+            let mut n = 0u64;
+            while s.next_request()?.is_some() {
+                n += 1;
+            }
+            rates[i].push(n as f64 / t.elapsed().as_secs_f64() / 1e6);
+        }
+    }
+    println!("parsing speed, {requests} requests per file, median of {reps}, M requests/s:");
+    for ((f, _), r) in files.iter().zip(rates) {
+        println!("  {:<18} {:>7.2}", f.name(), median(r));
+    }
+    Ok(())
+}
+
+fn bench_memory(cache: u64, block: u64, last_access: bool) -> anyhow::Result<()> {
+    let slots = cache / block;
+    let cfg = EngineConfig { block_size: block, track_last_access: last_access, ..EngineConfig::with_slots(slots) };
+    let t = Instant::now();
+    let mut e = Engine::new(cfg).map_err(anyhow::Error::msg)?;
+    let mut out = Output::default();
+    e.set_target(0, slots, &mut out);
+    for b in 0..slots {
+        let r = Request { time_ns: b, vm: 0, op: Op::Read, offset: b * block, len: block as u32 };
+        e.access(b, &r, &mut out);
+    }
+    let md = e.metadata_bytes() as f64;
+    println!(
+        "{} cache in {} blocks: {slots} slots filled in {:.1} s; metadata {} = {:.2} bytes/slot{}; peak RSS {}",
+        format_size(cache),
+        format_size(block),
+        t.elapsed().as_secs_f64(),
+        format_size(md as u64),
+        md / slots as f64,
+        if last_access { " (with last-access times)" } else { "" },
+        format_size(peak_rss_bytes())
+    );
+    Ok(())
 }

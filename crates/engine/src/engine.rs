@@ -244,7 +244,12 @@ impl Engine {
     /// slot (async, from `phase` on, at least after the reads).
     fn fill(&mut self, vm: VmId, b: u64, s: u32, range: SectorRange, phase: u8, out: &mut Output) {
         let mut runs = std::mem::take(&mut self.runs2);
-        self.valid.runs(s, range, false, &mut runs);
+        if self.valid.any(s, (0, self.spb)) {
+            self.valid.runs(s, range, false, &mut runs);
+        } else {
+            runs.clear();
+            runs.push(range);
+        }
         for &run in &runs {
             out.ops.push(DeviceOp { staged: true, ..self.backing(OpKind::BackingRead, vm, b, run, 0, true) });
         }
@@ -359,6 +364,9 @@ impl Engine {
     /// Writes back the dirty sectors of `r` in slot `s` (SSD read in `phase`, backing
     /// write in `phase + 1`) and cleans them; returns the sectors written back.
     pub(crate) fn writeback(&mut self, vm: VmId, s: u32, r: SectorRange, phase: u8, sync: bool, out: &mut Output) -> u32 {
+        if !self.dirty.any(s, r) {
+            return 0;
+        }
         let mut runs = std::mem::take(&mut self.runs);
         self.dirty.runs(s, r, true, &mut runs);
         let block = key_block(self.slots.keys[s as usize]);

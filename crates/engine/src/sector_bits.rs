@@ -98,6 +98,24 @@ impl SectorBits {
     /// Maximal runs within `r` whose bits equal `value`, in order.
     pub fn runs(&self, slot: u32, (lo, hi): SectorRange, value: bool, out: &mut Vec<SectorRange>) {
         out.clear();
+        if self.sectors <= 64 {
+            // One word holds the whole slot: find runs with bit tricks.
+            let (w, sh) = self.pos(slot, 0);
+            let all = if self.sectors == 64 { u64::MAX } else { (1u64 << self.sectors) - 1 };
+            let mut bits = (self.words[w] >> sh) & all;
+            if !value {
+                bits = !bits & all;
+            }
+            let range = if hi - lo == 64 { u64::MAX } else { ((1u64 << (hi - lo)) - 1) << lo };
+            let mut m = bits & range;
+            while m != 0 {
+                let start = m.trailing_zeros();
+                let len = (!(m >> start)).trailing_zeros();
+                out.push((start, start + len));
+                m &= if start + len >= 64 { 0 } else { u64::MAX << (start + len) };
+            }
+            return;
+        }
         let mut s = lo;
         while s < hi {
             while s < hi && self.get(slot, s) != value {

@@ -156,7 +156,18 @@ impl<P: RecordParser> TraceSource for RecordReader<P> {
         loop {
             let offset = self.index * len as u64;
             let at = Location::Record { offset, index: self.index };
-            // Fill one record, tolerating short reads from decompressors.
+            // Parse straight from the reader's buffer when a whole record is there; copy
+            // only records that straddle buffer refills (or short decompressor reads).
+            let buf = self.input.fill_buf().map_err(|source| TraceError::Io { file: self.common.file.clone(), source })?;
+            if buf.len() >= len {
+                let r = self.parser.parse(&buf[..len], &mut self.common.vms);
+                self.input.consume(len);
+                self.index += 1;
+                if let Some(req) = self.common.settle(r, at)? {
+                    return Ok(Some(req));
+                }
+                continue;
+            }
             let mut got = 0;
             while got < len {
                 let n = self

@@ -1,0 +1,112 @@
+//! The `cachevisor` binary as a user runs it: real files, real output, real exit codes.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_cachevisor"))
+}
+
+fn shared(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces").join(name).display().to_string()
+}
+
+fn run(args: &[&str]) -> Output {
+    bin().args(args).output().expect("binary runs")
+}
+
+fn ok(args: &[&str]) -> String {
+    let o = run(args);
+    assert!(o.status.success(), "{args:?} failed: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8(o.stdout).unwrap()
+}
+
+#[test]
+fn trace_info_profiles_each_vm_and_the_total() {
+    let out = ok(&["trace", "info", &shared("websearch-small.mqsim.txt"), &shared("cloudPhysicsIO.vscsi")]);
+    assert!(out.contains("websearch-small") && out.contains("cloudPhysicsIO") && out.contains("total"), "{out}");
+    assert!(out.contains("24783") && out.contains("113872"), "{out}");
+    let json = ok(&["trace", "info", "--json", "--vm-mode", "device", &shared("websearch-small.mqsim.txt")]);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 7, "6 devices and the total");
+}
+
+#[test]
+fn malformed_input_exits_1_naming_file_line_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("broken.csv");
+    std::fs::write(&p, "128166372003061629,hm,0,Write,7014912,4096,26\n128166372003061629,hm,0,Write,7014912,4x96,26\n").unwrap();
+    let o = run(&["trace", "info", "--format", "msr", p.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("broken.csv") && err.contains("line 2") && err.contains("`Size`"), "{err}");
+    let o = run(&["trace", "info", "--format", "msr", "--skip-bad", p.to_str().unwrap()]);
+    assert!(o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("skipped 1 malformed records, first at line 2"));
+}
+
+#[test]
+fn convert_and_generate_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("cp.csv");
+    ok(&["trace", "convert", &shared("cloudPhysicsIO.vscsi"), "--to", "csv", "-o", csv.to_str().unwrap()]);
+    let a = ok(&["trace", "info", "--json", &shared("cloudPhysicsIO.vscsi")]);
+    let b = ok(&["trace", "info", "--json", csv.to_str().unwrap()]);
+    let (a, b): (serde_json::Value, serde_json::Value) = (serde_json::from_str(&a).unwrap(), serde_json::from_str(&b).unwrap());
+    assert_eq!(a[0]["requests"], b[0]["requests"]);
+    assert_eq!(a[0]["wss_blocks"], b[0]["wss_blocks"]);
+    let fixture = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../trace/tests/fixtures/nutanix-example.yaml");
+    let (g1, g2) = (dir.path().join("g1.csv"), dir.path().join("g2.csv"));
+    for g in [&g1, &g2] {
+        ok(&["trace", "generate", fixture.to_str().unwrap(), "--seed", "7", "-o", g.to_str().unwrap()]);
+    }
+    assert_eq!(std::fs::read(&g1).unwrap(), std::fs::read(&g2).unwrap(), "same seed, same bytes");
+}
+
+#[test]
+fn simulate_compares_policies_and_writes_results() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("sim");
+    let text = ok(&[
+        "simulate",
+        "--trace",
+        &shared("tpcc-small.mqsim.txt"),
+        &shared("cloudPhysicsIO.vscsi"),
+        "--cache-size",
+        "32MiB",
+        "--replacement",
+        "lru,clock",
+        "--partition",
+        "static,shared",
+        "--max-requests",
+        "20000",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(text.contains("== comparison") && text.contains("shared-clock-wb") && text.contains("static-lru-wb"), "{text}");
+    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("static-clock-wb/result.json")).unwrap()).unwrap();
+    assert_eq!(r["total"]["requests"], 20000);
+    assert_eq!(r["scenario"]["cache"]["replacement"], "clock");
+    assert!(out.join("comparison.csv").is_file() && out.join("static-lru-wb/windows.csv").is_file());
+    let csv = std::fs::read_to_string(out.join("static-lru-wb/vms.csv")).unwrap();
+    assert!(csv.starts_with("# ") && csv.contains("# [cache]"), "CSV carries its scenario");
+}
+
+#[test]
+fn bad_options_are_explained() {
+    let o = run(&["simulate", "--trace", &shared("tpcc-small.mqsim.txt"), "--replacement", "mru"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("s3fifo"));
+    let o = run(&["simulate", "--trace", &shared("tpcc-small.mqsim.txt"), "--cache-size", "12 parsecs"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("cache.size"));
+}
+
+#[test]
+fn demo_runs_on_the_bundled_traces() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("demo");
+    let text = ok(&["demo", "--cache-size", "32MiB", "--out", out.to_str().unwrap()]);
+    assert!(text.contains("== comparison") && text.contains("static-s3fifo") && text.contains("shared-clock (unmanaged)"), "{text}");
+    assert!(out.join("comparison.csv").is_file());
+}

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 #[derive(Debug, Clone, Args)]
 pub struct DemoArgs {
     /// Total cache size.
-    #[arg(long, default_value = "64MiB")]
+    #[arg(long, default_value = "512MiB")]
     pub cache_size: String,
     /// Output directory.
     #[arg(long, default_value = "out/demo")]

@@ -269,7 +269,7 @@ fn bench_parse(requests: u64, reps: usize, dir: &Path) -> anyhow::Result<()> {
             let mut i = 0u64;
             while let Some(mut r) = z.next_request()? {
                 r.time_ns = 1_300_000_000_000_000_000 + i * 1_000_000_000;
-                r.op = if i % 3 == 0 { Op::Write } else { Op::Read };
+                r.op = if i.is_multiple_of(3) { Op::Write } else { Op::Read };
                 w.write(&r, "hm_0")?;
                 i += 1;
             }

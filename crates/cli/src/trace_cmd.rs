@@ -102,7 +102,7 @@ pub fn run(cmd: TraceCmd) -> anyhow::Result<()> {
                 let name = &trace.vm_names()[r.vm as usize];
                 w.write(&r, name).with_context(|| format!("writing {}", output.display()))?;
                 n += 1;
-                if n % 65_536 == 0 {
+                if n.is_multiple_of(65_536) {
                     p.update(n, None);
                 }
             }
@@ -158,7 +158,7 @@ fn info(files: &[PathBuf], input: &InputArgs, block: u64, json: bool) -> anyhow:
     while let Some(r) = trace.next_request()? {
         c.add(&r);
         n += 1;
-        if n % 65_536 == 0 {
+        if n.is_multiple_of(65_536) {
             p.update(n, None);
         }
     }

@@ -2,6 +2,8 @@
 //! trace of single-block reads (1 M requests over 100 K blocks, 10 K-block cache), and a
 //! mixed read/write multi-block workload under write-back.
 
+#![allow(missing_docs)]
+
 use cachevisor_engine::{Engine, EngineConfig, Output, ReplacementKind};
 use cachevisor_trace::zipf::ZipfSource;
 use cachevisor_trace::{Op, Request, TraceSource};

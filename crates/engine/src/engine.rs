@@ -174,7 +174,7 @@ impl Engine {
         }
         let bs = self.cfg.block_size;
         let (first, last) = (req.offset >> self.shift, (req.end() - 1) >> self.shift);
-        let aligned = (req.offset | req.len as u64) % SECTOR == 0;
+        let aligned = (req.offset | req.len as u64).is_multiple_of(SECTOR);
         for b in first..=last {
             let start = b << self.shift;
             let lo = req.offset.max(start) - start;

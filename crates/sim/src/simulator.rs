@@ -249,7 +249,7 @@ pub fn simulate(sc: &Scenario, progress: &mut dyn FnMut(Progress)) -> Result<Sim
                 }
                 end = end.max(run.issue(now, &req));
                 n += 1;
-                if n % 65_536 == 0 {
+                if n.is_multiple_of(65_536) {
                     progress(Progress { done: n, total: None });
                 }
             }

@@ -1,5 +1,7 @@
 //! Criterion bench: parsing speed of each text and binary format on generated input.
 
+#![allow(missing_docs)]
+
 use cachevisor_trace::{open_trace, Format, ReadOptions, Request, TraceWriter, Op};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::io::BufWriter;

@@ -17,7 +17,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     };
     let v: f64 = num.parse().map_err(|_| format!("`{s}` is not a size like 4KiB or 10GiB"))?;
     let bytes = v * mul as f64;
-    if !(bytes.is_finite() && bytes >= 0.0 && bytes < 1.8e19) || bytes.fract() != 0.0 {
+    if !(bytes.is_finite() && (0.0..1.8e19).contains(&bytes)) || bytes.fract() != 0.0 {
         return Err(format!("`{s}` is not a whole number of bytes"));
     }
     Ok(bytes as u64)

@@ -118,17 +118,25 @@ fn lru_engine(kind: ReplacementKind, slots: u64) -> Engine {
     e
 }
 
-/// cachevisor end to end: read the oracleGeneral file and run the engine; (M req/s, hit ratio).
-fn ours_end_to_end(path: &Path, slots: u64) -> anyhow::Result<(f64, f64)> {
+/// cachevisor end to end: read the oracleGeneral file (in batches of 4,096 requests) and
+/// run the engine; (M req/s, hit ratio).
+fn ours_end_to_end(path: &Path, kind: ReplacementKind, slots: u64) -> anyhow::Result<(f64, f64)> {
     let t = Instant::now();
     let mut src = open_trace(path, &ReadOptions { format: Some(Format::OracleGeneral), ..Default::default() })?;
-    let mut e = lru_engine(ReplacementKind::Lru, slots);
+    let mut e = lru_engine(kind, slots);
     let mut out = Output::default();
     let (mut n, mut hits) = (0u64, 0u64);
-    while let Some(r) = src.next_request()? {
-        e.access(r.time_ns, &r, &mut out);
-        hits += out.blocks[0].hit as u64;
-        n += 1;
+    let mut batch = Vec::with_capacity(4096);
+    loop {
+        batch.clear();
+        if src.next_batch(&mut batch, 4096)? == 0 {
+            break;
+        }
+        for r in &batch {
+            e.access(r.time_ns, r, &mut out);
+            hits += out.blocks[0].hit as u64;
+        }
+        n += batch.len() as u64;
     }
     Ok((n as f64 / t.elapsed().as_secs_f64() / 1e6, hits as f64 / n as f64))
 }
@@ -192,7 +200,7 @@ fn bench_sim(requests: u64, blocks: u64, slots: u64, alpha: f64, reps: usize, di
     let (mut ours, mut theirs, mut ours_clock, mut theirs_clock) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut hr_ours, mut hr_theirs) = (0.0, 0.0);
     for _ in 0..reps {
-        let (s, h) = ours_end_to_end(&path, slots)?;
+        let (s, h) = ours_end_to_end(&path, ReplacementKind::Lru, slots)?;
         ours.push(s);
         hr_ours = h;
         if has_lcs {
@@ -204,17 +212,7 @@ fn bench_sim(requests: u64, blocks: u64, slots: u64, alpha: f64, reps: usize, di
                 theirs_clock.push(s);
             }
         }
-        // CLOCK end to end through the engine alone on the parsed file, for the CLOCK ratio.
-        let t = Instant::now();
-        let mut src = open_trace(&path, &ReadOptions { format: Some(Format::OracleGeneral), ..Default::default() })?;
-        let mut e = lru_engine(ReplacementKind::Clock, slots);
-        let mut out = Output::default();
-        let mut n = 0u64;
-        while let Some(r) = src.next_request()? {
-            e.access(r.time_ns, &r, &mut out);
-            n += 1;
-        }
-        ours_clock.push(n as f64 / t.elapsed().as_secs_f64() / 1e6);
+        ours_clock.push(ours_end_to_end(&path, ReplacementKind::Clock, slots)?.0);
     }
     println!("\nend to end (read oracleGeneral file + cache), M requests/s:");
     println!("  cachevisor LRU    {:>7.2}   hit ratio {:.6}", median(ours.clone()), hr_ours);
@@ -282,9 +280,14 @@ fn bench_parse(requests: u64, reps: usize, dir: &Path) -> anyhow::Result<()> {
         for (i, (f, path)) in files.iter().enumerate() {
             let t = Instant::now();
             let mut s = open_trace(path, &ReadOptions { format: Some(*f), ..Default::default() })?;
-            let mut n = 0u64;
-            while s.next_request()?.is_some() {
-                n += 1;
+            let (mut n, mut batch) = (0u64, Vec::with_capacity(4096));
+            loop {
+                batch.clear();
+                let k = s.next_batch(&mut batch, 4096)? as u64;
+                if k == 0 {
+                    break;
+                }
+                n += k;
             }
             rates[i].push(n as f64 / t.elapsed().as_secs_f64() / 1e6);
         }

@@ -46,7 +46,7 @@ impl Engine {
     fn flush_into(&mut self, vm: Option<VmId>, out: &mut Output) {
         let spb = self.spb;
         for s in 0..self.slots.len() as u32 {
-            let key = self.slots.keys[s as usize];
+            let key = self.slots.key(s);
             if key == FREE_KEY {
                 continue;
             }
@@ -63,7 +63,7 @@ impl Engine {
         self.ensure_vm(vm);
         self.flush_into(Some(vm), out);
         for s in 0..self.slots.len() as u32 {
-            let key = self.slots.keys[s as usize];
+            let key = self.slots.key(s);
             if key != FREE_KEY && key_vm(key) == vm {
                 self.with_repl(vm, |r, t| r.remove(t, s));
                 self.release(vm, s);
@@ -80,14 +80,14 @@ impl Engine {
         let mut used = vec![0u64; self.vms.len()];
         let mut dirty = vec![0u64; self.vms.len()];
         for s in 0..self.slots.len() as u32 {
-            let key = self.slots.keys[s as usize];
+            let key = self.slots.key(s);
             if key == FREE_KEY {
                 if self.valid.any(s, (0, self.spb)) || self.dirty.any(s, (0, self.spb)) {
                     return Err(format!("free slot {s} has valid or dirty sectors"));
                 }
                 continue;
             }
-            if self.index.get(key, &self.slots.keys) != Some(s) {
+            if self.index.get(key, |x| self.slots.key(x)) != Some(s) {
                 return Err(format!("slot {s} is not found by its key"));
             }
             let vm = key_vm(key) as usize;

@@ -115,7 +115,7 @@ impl Engine {
 
     /// The slot holding (vm, block), if cached.
     pub fn lookup(&self, vm: VmId, block: u64) -> Option<u32> {
-        self.index.get(pack_key(vm, block), &self.slots.keys)
+        self.index.get(pack_key(vm, block), |x| self.slots.key(x))
     }
 
     /// Whether sector `s` of `slot` is valid / dirty.
@@ -130,7 +130,7 @@ impl Engine {
 
     /// (vm, block) held by a slot.
     pub fn slot_block(&self, slot: u32) -> Option<(VmId, u64)> {
-        let k = self.slots.keys[slot as usize];
+        let k = self.slots.key(slot);
         (k != FREE_KEY).then(|| (key_vm(k), key_block(k)))
     }
 
@@ -147,7 +147,7 @@ impl Engine {
     /// Resident slots of a VM in eviction order (static partitions only).
     pub fn dump_partition(&self, vm: VmId) -> Vec<u32> {
         match (&self.shared, self.vms.get(vm as usize).and_then(|p| p.repl.as_ref())) {
-            (Some(r), _) => r.dump(&self.slots).into_iter().filter(|&s| key_vm(self.slots.keys[s as usize]) == vm).collect(),
+            (Some(r), _) => r.dump(&self.slots).into_iter().filter(|&s| key_vm(self.slots.key(s)) == vm).collect(),
             (None, Some(r)) => r.dump(&self.slots),
             _ => Vec::new(),
         }
@@ -193,7 +193,7 @@ impl Engine {
     /// An SSD op on sectors of a slot (the slot's key must already name its block).
     #[inline]
     fn ssd(&self, kind: OpKind, vm: VmId, slot: u32, (lo, hi): SectorRange, phase: u8, sync: bool) -> DeviceOp {
-        let block = key_block(self.slots.keys[slot as usize]);
+        let block = key_block(self.slots.key(slot));
         let disk_addr = (block << self.shift) + lo as u64 * SECTOR;
         let ssd_addr = ((slot as u64) << self.shift) + lo as u64 * SECTOR;
         DeviceOp { kind, vm, disk_addr, ssd_addr, len: (hi - lo) * SECTOR as u32, phase, sync, staged: false }
@@ -208,7 +208,7 @@ impl Engine {
 
     fn read_block(&mut self, vm: VmId, b: u64, r: SectorRange, out: &mut Output) {
         let key = pack_key(vm, b);
-        if let Some(s) = self.index.get(key, &self.slots.keys) {
+        if let Some(s) = self.index.get(key, |x| self.slots.key(x)) {
             self.touch(vm, s);
             if self.valid.all(s, r) {
                 out.ops.push(self.ssd(OpKind::SsdRead, vm, s, r, 0, true));
@@ -263,7 +263,7 @@ impl Engine {
     fn write_block(&mut self, vm: VmId, b: u64, r: SectorRange, out: &mut Output) {
         let policy = self.vms[vm as usize].write_policy;
         let key = pack_key(vm, b);
-        let resident = self.index.get(key, &self.slots.keys);
+        let resident = self.index.get(key, |x| self.slots.key(x));
         let allocate = matches!(policy, WritePolicy::Wb | WritePolicy::Wt);
         let (slot, phase, inserted, evicted) = match (resident, policy) {
             (_, WritePolicy::Ro) => {
@@ -369,7 +369,7 @@ impl Engine {
         }
         let mut runs = std::mem::take(&mut self.runs);
         self.dirty.runs(s, r, true, &mut runs);
-        let block = key_block(self.slots.keys[s as usize]);
+        let block = key_block(self.slots.key(s));
         let mut n = 0;
         for &run in &runs {
             out.ops.push(DeviceOp { staged: true, ..self.ssd(OpKind::SsdRead, vm, s, run, phase, sync) });
@@ -383,26 +383,32 @@ impl Engine {
         n
     }
 
-    /// Returns a slot (already out of its policy) to the free list.
-    pub(crate) fn release(&mut self, vm: VmId, s: u32) {
-        let key = self.slots.keys[s as usize];
-        self.index.remove(key, s, &self.slots.keys);
-        self.slots.keys[s as usize] = FREE_KEY;
+    /// Forgets a slot's block (already out of its policy): index, bits, owner's count.
+    /// The slot is on no list afterwards; the caller reuses it or frees it.
+    fn forget(&mut self, vm: VmId, s: u32) {
+        let key = self.slots.key(s);
+        let slots = &self.slots;
+        self.index.remove(key, s, |x| slots.key(x));
+        self.slots.set_key(s, FREE_KEY);
         self.valid.clear_all(s);
         self.dirty.clear_all(s);
         self.vms[vm as usize].used -= 1;
+    }
+
+    /// Returns a slot (already out of its policy) to the free list.
+    pub(crate) fn release(&mut self, vm: VmId, s: u32) {
+        self.forget(vm, s);
         self.free.push_front(&mut self.slots, s);
     }
 
     /// Takes a victim from `vm`'s policy (or the shared one), writes it back if dirty and
-    /// frees it. Returns the freed slot still unlinked from the free list.
+    /// forgets it. Returns the slot, on no list, for the caller to reuse or free.
     pub(crate) fn evict_from(&mut self, vm: VmId, sync: bool, out: &mut Output) -> Option<(u32, Evicted)> {
         let s = self.with_repl(vm, |r, t| r.evict(t))?;
-        let key = self.slots.keys[s as usize];
+        let key = self.slots.key(s);
         let owner = key_vm(key);
         let dirty_sectors = self.writeback(owner, s, (0, self.spb), 0, sync, out);
-        self.release(owner, s);
-        self.free.unlink(&mut self.slots, s);
+        self.forget(owner, s);
         Some((s, Evicted { vm: owner, block: key_block(key), dirty_sectors }))
     }
 
@@ -436,7 +442,7 @@ impl Engine {
             Some(e) if e.dirty_sectors > 0 => 2,
             _ => 0,
         };
-        self.slots.keys[slot as usize] = key;
+        self.slots.set_key(slot, key);
         self.index.insert(key, slot);
         if !self.slots.last_access_ms.is_empty() {
             self.slots.last_access_ms[slot as usize] = self.now_ms;

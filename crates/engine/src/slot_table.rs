@@ -32,15 +32,24 @@ pub fn key_block(key: u64) -> u64 {
     key & ((1 << BLOCK_BITS) - 1)
 }
 
-/// Column store of slot metadata.
+/// The hot part of a slot's metadata, kept together so a lookup and a list update touch
+/// one cache line: the block key and the list links.
+#[derive(Debug, Clone, Copy)]
+#[repr(C)]
+pub struct SlotMeta {
+    /// Block key, [`FREE_KEY`] when free.
+    pub key: u64,
+    /// Previous slot in the list the slot is on.
+    pub prev: u32,
+    /// Next slot in the list the slot is on.
+    pub next: u32,
+}
+
+/// Slot metadata: the hot record per slot, then one column per cold field.
 #[derive(Debug, Clone)]
 pub struct SlotTable {
-    /// Block key per slot, [`FREE_KEY`] when free.
-    pub keys: Vec<u64>,
-    /// Previous slot in the policy's list.
-    pub prev: Vec<u32>,
-    /// Next slot in the policy's list.
-    pub next: Vec<u32>,
+    /// Key and links per slot.
+    pub meta: Vec<SlotMeta>,
     /// Policy-owned state byte.
     pub aux: Vec<u8>,
     /// Last access per slot in milliseconds of the driver's clock (empty when not tracked).
@@ -51,9 +60,7 @@ impl SlotTable {
     /// `n` free slots.
     pub fn new(n: usize, track_last_access: bool) -> Self {
         SlotTable {
-            keys: vec![FREE_KEY; n],
-            prev: vec![NIL; n],
-            next: vec![NIL; n],
+            meta: vec![SlotMeta { key: FREE_KEY, prev: NIL, next: NIL }; n],
             aux: vec![0; n],
             last_access_ms: if track_last_access { vec![0; n] } else { Vec::new() },
         }
@@ -61,19 +68,29 @@ impl SlotTable {
 
     /// Number of slots.
     pub fn len(&self) -> usize {
-        self.keys.len()
+        self.meta.len()
     }
 
     /// Whether there are no slots.
     pub fn is_empty(&self) -> bool {
-        self.keys.is_empty()
+        self.meta.is_empty()
+    }
+
+    /// The key of slot `s`.
+    #[inline]
+    pub fn key(&self, s: u32) -> u64 {
+        self.meta[s as usize].key
+    }
+
+    /// Sets the key of slot `s`.
+    #[inline]
+    pub fn set_key(&mut self, s: u32, key: u64) {
+        self.meta[s as usize].key = key;
     }
 
     /// Bytes of memory held.
     pub fn memory_bytes(&self) -> usize {
-        self.keys.capacity() * 8
-            + self.prev.capacity() * 4
-            + self.next.capacity() * 4
+        self.meta.capacity() * std::mem::size_of::<SlotMeta>()
             + self.aux.capacity()
             + self.last_access_ms.capacity() * 4
     }
@@ -121,10 +138,10 @@ impl List {
     /// Inserts `s` at the front.
     #[inline]
     pub fn push_front(&mut self, t: &mut SlotTable, s: u32) {
-        t.prev[s as usize] = NIL;
-        t.next[s as usize] = self.head;
+        t.meta[s as usize].prev = NIL;
+        t.meta[s as usize].next = self.head;
         if self.head != NIL {
-            t.prev[self.head as usize] = s;
+            t.meta[self.head as usize].prev = s;
         } else {
             self.tail = s;
         }
@@ -135,10 +152,10 @@ impl List {
     /// Inserts `s` at the back.
     #[inline]
     pub fn push_back(&mut self, t: &mut SlotTable, s: u32) {
-        t.next[s as usize] = NIL;
-        t.prev[s as usize] = self.tail;
+        t.meta[s as usize].next = NIL;
+        t.meta[s as usize].prev = self.tail;
         if self.tail != NIL {
-            t.next[self.tail as usize] = s;
+            t.meta[self.tail as usize].next = s;
         } else {
             self.head = s;
         }
@@ -149,14 +166,14 @@ impl List {
     /// Removes `s`, which must be in this list.
     #[inline]
     pub fn unlink(&mut self, t: &mut SlotTable, s: u32) {
-        let (p, n) = (t.prev[s as usize], t.next[s as usize]);
+        let (p, n) = (t.meta[s as usize].prev, t.meta[s as usize].next);
         if p != NIL {
-            t.next[p as usize] = n;
+            t.meta[p as usize].next = n;
         } else {
             self.head = n;
         }
         if n != NIL {
-            t.prev[n as usize] = p;
+            t.meta[n as usize].prev = p;
         } else {
             self.tail = p;
         }
@@ -186,7 +203,7 @@ impl List {
         std::iter::from_fn(move || {
             let s = cur;
             (s != NIL).then(|| {
-                cur = t.prev[s as usize];
+                cur = t.meta[s as usize].prev;
                 s
             })
         })

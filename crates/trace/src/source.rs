@@ -29,6 +29,21 @@ pub trait TraceSource: Send {
     fn vm_names(&self) -> &[String];
     /// Counters so far.
     fn counts(&self) -> SourceCounts;
+
+    /// Appends up to `max` requests to `out`; returns how many (0 only at the end).
+    /// Readers override it to amortize per-record overhead; the result is the same as
+    /// calling [`next_request`](Self::next_request) that many times.
+    fn next_batch(&mut self, out: &mut Vec<Request>, max: usize) -> Result<usize, TraceError> {
+        let mut n = 0;
+        while n < max {
+            match self.next_request()? {
+                Some(r) => out.push(r),
+                None => break,
+            }
+            n += 1;
+        }
+        Ok(n)
+    }
 }
 
 /// Parses one line of a text format.
@@ -151,6 +166,35 @@ impl<P: RecordParser> RecordReader<P> {
 }
 
 impl<P: RecordParser> TraceSource for RecordReader<P> {
+    fn next_batch(&mut self, out: &mut Vec<Request>, max: usize) -> Result<usize, TraceError> {
+        let len = self.rec.len();
+        let start = out.len();
+        while out.len() - start < max {
+            let buf = self.input.fill_buf().map_err(|source| TraceError::Io { file: self.common.file.clone(), source })?;
+            let whole = (buf.len() / len).min(max - (out.len() - start));
+            if whole == 0 {
+                // A record straddles the buffer's end, or the input ended.
+                match self.next_request()? {
+                    Some(r) => {
+                        out.push(r);
+                        continue;
+                    }
+                    None => break,
+                }
+            }
+            for rec in buf[..whole * len].chunks_exact(len) {
+                let at = Location::Record { offset: self.index * len as u64, index: self.index };
+                self.index += 1;
+                let r = self.parser.parse(rec, &mut self.common.vms);
+                if let Some(req) = self.common.settle(r, at)? {
+                    out.push(req);
+                }
+            }
+            self.input.consume(whole * len);
+        }
+        Ok(out.len() - start)
+    }
+
     fn next_request(&mut self) -> Result<Option<Request>, TraceError> {
         let len = self.rec.len();
         loop {

@@ -179,3 +179,16 @@ fn merge_orders_by_time_and_names_vms() {
     assert_eq!(m.vm_names(), ["db", "websearch-small"]);
     assert_eq!(n, [6_999, 24_783]);
 }
+
+#[test]
+fn batches_equal_single_reads() {
+    for name in ["cloudPhysicsIO.vscsi", "tpcc-small.mqsim.txt"] {
+        let mut a = open_trace(&shared_trace(name), &ReadOptions::default()).unwrap();
+        let one = read_all(&mut *a).unwrap();
+        let mut b = open_trace(&shared_trace(name), &ReadOptions::default()).unwrap();
+        let mut batched = Vec::new();
+        while b.next_batch(&mut batched, 777).unwrap() > 0 {}
+        assert_eq!(one, batched, "{name}");
+        assert_eq!(a.counts(), b.counts(), "{name}");
+    }
+}

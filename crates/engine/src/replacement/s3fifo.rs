@@ -52,7 +52,7 @@ impl S3Fifo {
 
 impl Replacement for S3Fifo {
     fn insert(&mut self, t: &mut SlotTable, s: u32) {
-        if self.ghost_take(t.keys[s as usize]) {
+        if self.ghost_take(t.key(s)) {
             t.aux[s as usize] = MAIN;
             self.main.push_front(t, s);
         } else {
@@ -82,7 +82,7 @@ impl Replacement for S3Fifo {
                     t.aux[s as usize] |= MAIN;
                     self.main.push_front(t, s);
                 } else {
-                    self.ghost_put(t.keys[s as usize]);
+                    self.ghost_put(t.key(s));
                     return Some(s);
                 }
             } else {

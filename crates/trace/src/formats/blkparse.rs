@@ -48,7 +48,7 @@ impl LineParser for BlkparseParser {
         if action != self.action.as_slice() {
             return Ok(None);
         }
-        let rwbs = f.next().ok_or(FieldError::missing("rwbs"))?;
+        let rwbs = f.next().ok_or_else(|| FieldError::missing("rwbs"))?;
         let op = if rwbs.contains(&b'W') {
             Op::Write
         } else if rwbs.contains(&b'R') {
@@ -65,7 +65,7 @@ impl LineParser for BlkparseParser {
             Some(other) => return Err(FieldError::invalid("+", other, "`+`")),
             None => return Err(FieldError::missing("nsectors")),
         }
-        let n = f.next().ok_or(FieldError::missing("nsectors"))?;
+        let n = f.next().ok_or_else(|| FieldError::missing("nsectors"))?;
         let n = parse_u64(n)
             .filter(|&v| v <= (u32::MAX / 512) as u64)
             .ok_or_else(|| FieldError::invalid("nsectors", n, "a sector count"))?;

@@ -27,17 +27,17 @@ impl LineParser for CloudPhysicsParser {
             return Ok(None);
         }
         let mut f = split_fields(line, b',');
-        let v = f.next().ok_or(FieldError::missing("version"))?;
+        let v = f.next().ok_or_else(|| FieldError::missing("version"))?;
         parse_u64(v).ok_or_else(|| FieldError::invalid("version", v, "a version number"))?;
-        let t = f.next().ok_or(FieldError::missing("time"))?;
+        let t = f.next().ok_or_else(|| FieldError::missing("time"))?;
         let secs = parse_u64(t).ok_or_else(|| FieldError::invalid("time", t, "whole seconds"))?;
-        let o = f.next().ok_or(FieldError::missing("op"))?;
+        let o = f.next().ok_or_else(|| FieldError::missing("op"))?;
         let cmd = parse_hex_u64(o).ok_or_else(|| FieldError::invalid("op", o, "a hex SCSI opcode"))?;
-        let s = f.next().ok_or(FieldError::missing("size"))?;
+        let s = f.next().ok_or_else(|| FieldError::missing("size"))?;
         let len = parse_u64(s)
             .filter(|&v| v <= u32::MAX as u64)
             .ok_or_else(|| FieldError::invalid("size", s, "a byte count"))?;
-        let l = f.next().ok_or(FieldError::missing("lbn"))?;
+        let l = f.next().ok_or_else(|| FieldError::missing("lbn"))?;
         let lbn = parse_u64(l).ok_or_else(|| FieldError::invalid("lbn", l, "a sector number"))?;
         if f.next().is_some() {
             return Err(FieldError::new("lbn", "extra fields after lbn"));

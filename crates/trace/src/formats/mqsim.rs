@@ -16,17 +16,17 @@ pub struct MqsimParser;
 impl LineParser for MqsimParser {
     fn parse(&mut self, line: &[u8], vms: &mut VmTable) -> Result<Option<Request>, FieldError> {
         let mut f = split_ws(line);
-        let t = f.next().ok_or(FieldError::missing("arrival_time"))?;
+        let t = f.next().ok_or_else(|| FieldError::missing("arrival_time"))?;
         let time_ns = parse_u64(t).ok_or_else(|| FieldError::invalid("arrival_time", t, "nanoseconds"))?;
-        let dev = f.next().ok_or(FieldError::missing("device_number"))?;
+        let dev = f.next().ok_or_else(|| FieldError::missing("device_number"))?;
         parse_u64(dev).ok_or_else(|| FieldError::invalid("device_number", dev, "a device number"))?;
-        let s = f.next().ok_or(FieldError::missing("start_sector"))?;
+        let s = f.next().ok_or_else(|| FieldError::missing("start_sector"))?;
         let sector = parse_u64(s).ok_or_else(|| FieldError::invalid("start_sector", s, "a sector number"))?;
-        let n = f.next().ok_or(FieldError::missing("size_in_sectors"))?;
+        let n = f.next().ok_or_else(|| FieldError::missing("size_in_sectors"))?;
         let n = parse_u64(n)
             .filter(|&v| v <= (u32::MAX / 512) as u64)
             .ok_or_else(|| FieldError::invalid("size_in_sectors", n, "a sector count"))?;
-        let ty = f.next().ok_or(FieldError::missing("type"))?;
+        let ty = f.next().ok_or_else(|| FieldError::missing("type"))?;
         let op = match ty {
             b"1" => Op::Read,
             b"0" => Op::Write,

@@ -23,7 +23,7 @@ pub struct MsrParser {
 impl LineParser for MsrParser {
     fn parse(&mut self, line: &[u8], vms: &mut VmTable) -> Result<Option<Request>, FieldError> {
         let mut f = split_fields(line, b',');
-        let ts = f.next().ok_or(FieldError::missing("Timestamp"))?;
+        let ts = f.next().ok_or_else(|| FieldError::missing("Timestamp"))?;
         let ticks = match parse_u64(ts) {
             Some(t) => t,
             None if ts.eq_ignore_ascii_case(b"Timestamp") => return Ok(None), // header
@@ -32,12 +32,12 @@ impl LineParser for MsrParser {
         let unix_ticks = ticks
             .checked_sub(FILETIME_UNIX_EPOCH)
             .ok_or_else(|| FieldError::new("Timestamp", format!("{ticks} is before 1970")))?;
-        let host = f.next().ok_or(FieldError::missing("Hostname"))?;
-        let disk = f.next().ok_or(FieldError::missing("DiskNumber"))?;
+        let host = f.next().ok_or_else(|| FieldError::missing("Hostname"))?;
+        let disk = f.next().ok_or_else(|| FieldError::missing("DiskNumber"))?;
         if parse_u64(disk).is_none() {
             return Err(FieldError::invalid("DiskNumber", disk, "a disk number"));
         }
-        let ty = f.next().ok_or(FieldError::missing("Type"))?;
+        let ty = f.next().ok_or_else(|| FieldError::missing("Type"))?;
         let op = if ty.eq_ignore_ascii_case(b"read") {
             Op::Read
         } else if ty.eq_ignore_ascii_case(b"write") {
@@ -45,9 +45,9 @@ impl LineParser for MsrParser {
         } else {
             return Err(FieldError::invalid("Type", ty, "`Read` or `Write`"));
         };
-        let off = f.next().ok_or(FieldError::missing("Offset"))?;
+        let off = f.next().ok_or_else(|| FieldError::missing("Offset"))?;
         let offset = parse_u64(off).ok_or_else(|| FieldError::invalid("Offset", off, "a byte offset"))?;
-        let sz = f.next().ok_or(FieldError::missing("Size"))?;
+        let sz = f.next().ok_or_else(|| FieldError::missing("Size"))?;
         let len = parse_u64(sz)
             .filter(|&v| v <= u32::MAX as u64)
             .ok_or_else(|| FieldError::invalid("Size", sz, "a byte count below 4 GiB"))?;

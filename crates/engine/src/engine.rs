@@ -156,7 +156,15 @@ impl Engine {
     // ----- inputs -----
 
     /// Makes sure `vm` has a partition (target 0 until set).
+    #[inline]
     pub fn ensure_vm(&mut self, vm: VmId) {
+        if vm as usize >= self.vms.len() {
+            self.add_vms(vm);
+        }
+    }
+
+    #[cold]
+    fn add_vms(&mut self, vm: VmId) {
         while self.vms.len() <= vm as usize {
             let repl = (self.cfg.partition == PartitionMode::Static).then(|| self.cfg.replacement.build(0));
             self.vms.push(Partition { target: 0, used: 0, dirty_blocks: 0, write_policy: self.cfg.write_policy, repl });
@@ -206,6 +214,7 @@ impl Engine {
         DeviceOp { kind, vm, disk_addr, ssd_addr: 0, len: (hi - lo) * SECTOR as u32, phase, sync, staged: false }
     }
 
+    #[inline]
     fn read_block(&mut self, vm: VmId, b: u64, r: SectorRange, out: &mut Output) {
         let key = pack_key(vm, b);
         if let Some(s) = self.index.get(key, |x| self.slots.key(x)) {
@@ -242,6 +251,7 @@ impl Engine {
 
     /// Reads the invalid sectors of `range` from backing (sync) and writes them into the
     /// slot (async, from `phase` on, at least after the reads).
+    #[inline]
     fn fill(&mut self, vm: VmId, b: u64, s: u32, range: SectorRange, phase: u8, out: &mut Output) {
         let mut runs = std::mem::take(&mut self.runs2);
         if self.valid.any(s, (0, self.spb)) {
@@ -260,6 +270,7 @@ impl Engine {
         self.runs2 = runs;
     }
 
+    #[inline]
     fn write_block(&mut self, vm: VmId, b: u64, r: SectorRange, out: &mut Output) {
         let policy = self.vms[vm as usize].write_policy;
         let key = pack_key(vm, b);
@@ -385,6 +396,7 @@ impl Engine {
 
     /// Forgets a slot's block (already out of its policy): index, bits, owner's count.
     /// The slot is on no list afterwards; the caller reuses it or frees it.
+    #[inline]
     fn forget(&mut self, vm: VmId, s: u32) {
         let key = self.slots.key(s);
         let slots = &self.slots;
@@ -403,6 +415,7 @@ impl Engine {
 
     /// Takes a victim from `vm`'s policy (or the shared one), writes it back if dirty and
     /// forgets it. Returns the slot, on no list, for the caller to reuse or free.
+    #[inline]
     pub(crate) fn evict_from(&mut self, vm: VmId, sync: bool, out: &mut Output) -> Option<(u32, Evicted)> {
         let s = self.with_repl(vm, |r, t| r.evict(t))?;
         let key = self.slots.key(s);
@@ -413,6 +426,7 @@ impl Engine {
     }
 
     /// Finds a slot for a new block of `vm` and makes it resident; `None` = bypass.
+    #[inline]
     fn allocate(&mut self, vm: VmId, key: u64, sync: bool, out: &mut Output) -> Option<Alloc> {
         let p = &self.vms[vm as usize];
         let (slot, evicted) = if self.shared.is_some() {

@@ -55,9 +55,23 @@ impl SectorBits {
         })
     }
 
+    /// (word, mask) of sectors `[lo, hi)` of `slot` when a slot fits in one word.
+    #[inline]
+    fn single(&self, slot: u32, (lo, hi): SectorRange) -> (usize, u64) {
+        let (w, sh) = self.pos(slot, lo);
+        let n = hi - lo;
+        let mask = if n >= 64 { u64::MAX } else { ((1u64 << n) - 1) << sh };
+        (w, mask)
+    }
+
     /// Sets sectors `r` of `slot`.
     #[inline]
     pub fn set(&mut self, slot: u32, r: SectorRange) {
+        if self.sectors <= 64 {
+            let (w, m) = self.single(slot, r);
+            self.words[w] |= m;
+            return;
+        }
         for (w, m) in self.pieces(slot, r) {
             self.words[w] |= m;
         }
@@ -66,12 +80,18 @@ impl SectorBits {
     /// Clears sectors `r` of `slot`.
     #[inline]
     pub fn clear(&mut self, slot: u32, r: SectorRange) {
+        if self.sectors <= 64 {
+            let (w, m) = self.single(slot, r);
+            self.words[w] &= !m;
+            return;
+        }
         for (w, m) in self.pieces(slot, r) {
             self.words[w] &= !m;
         }
     }
 
     /// Clears every sector of `slot`.
+    #[inline]
     pub fn clear_all(&mut self, slot: u32) {
         self.clear(slot, (0, self.sectors));
     }
@@ -79,12 +99,20 @@ impl SectorBits {
     /// Whether every sector of `r` is set.
     #[inline]
     pub fn all(&self, slot: u32, r: SectorRange) -> bool {
+        if self.sectors <= 64 {
+            let (w, m) = self.single(slot, r);
+            return self.words[w] & m == m;
+        }
         self.pieces(slot, r).all(|(w, m)| self.words[w] & m == m)
     }
 
     /// Whether any sector of `r` is set.
     #[inline]
     pub fn any(&self, slot: u32, r: SectorRange) -> bool {
+        if self.sectors <= 64 {
+            let (w, m) = self.single(slot, r);
+            return self.words[w] & m != 0;
+        }
         self.pieces(slot, r).any(|(w, m)| self.words[w] & m != 0)
     }
 

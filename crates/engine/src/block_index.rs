@@ -124,6 +124,11 @@ impl BlockIndex {
     pub fn memory_bytes(&self) -> usize {
         self.table.capacity() * 4 + self.dist.capacity()
     }
+
+    /// Entries, counted by a full scan (for invariant checks).
+    pub fn count(&self) -> usize {
+        self.table.iter().filter(|&&s| s != EMPTY).count()
+    }
 }
 
 #[cfg(test)]

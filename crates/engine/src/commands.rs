@@ -105,6 +105,9 @@ impl Engine {
             }
         }
         let total: u64 = used.iter().sum();
+        if self.index.count() as u64 != total {
+            return Err(format!("index holds {} entries for {total} resident slots", self.index.count()));
+        }
         if total + self.free.len() as u64 != self.slots.len() as u64 {
             return Err(format!("{total} used + {} free != {} slots", self.free.len(), self.slots.len()));
         }

@@ -1,0 +1,207 @@
+//! Histograms of stack distances and the miss-ratio curves they give.
+//!
+//! Counts are `f64` so sampled estimators (SHARDS) can weight and rescale them; exact
+//! histograms hold integers. A histogram may cap its bucket count: past the cap, pairs of
+//! buckets merge and the bucket width doubles, bounding memory for sampled estimates.
+
+use serde::Serialize;
+
+/// Counts of stack distances in buckets of `width` blocks, plus first accesses.
+#[derive(Debug, Clone, Default)]
+pub struct DistanceHistogram {
+    counts: Vec<f64>,
+    width: u64,
+    max_buckets: Option<usize>,
+    cold: f64,
+}
+
+impl DistanceHistogram {
+    /// Exact: one bucket per distance, unbounded.
+    pub fn exact() -> Self {
+        DistanceHistogram { counts: Vec::new(), width: 1, max_buckets: None, cold: 0.0 }
+    }
+
+    /// At most `max_buckets` buckets (≥ 2), widening as needed.
+    pub fn bounded(max_buckets: usize) -> Self {
+        DistanceHistogram { counts: Vec::new(), width: 1, max_buckets: Some(max_buckets.max(2)), cold: 0.0 }
+    }
+
+    /// Adds `weight` at distance `d` (in blocks), or a first access for `None`.
+    #[inline]
+    pub fn add(&mut self, d: Option<u64>, weight: f64) {
+        let Some(d) = d else {
+            self.cold += weight;
+            return;
+        };
+        let mut i = (d / self.width) as usize;
+        if let Some(max) = self.max_buckets {
+            while i >= max {
+                self.coarsen();
+                i = (d / self.width) as usize;
+            }
+        }
+        if i >= self.counts.len() {
+            self.counts.resize(i + 1, 0.0);
+        }
+        self.counts[i] += weight;
+    }
+
+    fn coarsen(&mut self) {
+        let merged: Vec<f64> = self.counts.chunks(2).map(|c| c.iter().sum()).collect();
+        self.counts = merged;
+        self.width *= 2;
+    }
+
+    /// Multiplies every count (SHARDS fixed-size rescaling).
+    pub fn scale(&mut self, f: f64) {
+        self.counts.iter_mut().for_each(|c| *c *= f);
+        self.cold *= f;
+    }
+
+    /// Adds `delta` to the smallest-distance bucket (SHARDS count correction).
+    pub fn adjust_first(&mut self, delta: f64) {
+        if self.counts.is_empty() {
+            self.counts.push(0.0);
+        }
+        self.counts[0] += delta;
+    }
+
+    /// Reuses (accesses with a finite distance).
+    pub fn reuses(&self) -> f64 {
+        self.counts.iter().sum()
+    }
+
+    /// All accesses.
+    pub fn total(&self) -> f64 {
+        self.reuses() + self.cold
+    }
+
+    /// First accesses.
+    pub fn cold(&self) -> f64 {
+        self.cold
+    }
+
+    /// Bucket width in blocks.
+    pub fn width(&self) -> u64 {
+        self.width
+    }
+
+    /// (bucket start in blocks, count) for non-empty buckets.
+    pub fn buckets(&self) -> impl Iterator<Item = (u64, f64)> + '_ {
+        self.counts.iter().enumerate().filter(|(_, &c)| c != 0.0).map(move |(i, &c)| (i as u64 * self.width, c))
+    }
+
+    /// Hits of an LRU cache of `c` blocks (interpolated inside a bucket wider than 1).
+    pub fn hits_at(&self, c: u64) -> f64 {
+        let full = (c / self.width) as usize;
+        let mut h: f64 = self.counts.iter().take(full).sum();
+        if let Some(&part) = self.counts.get(full) {
+            h += part * (c % self.width) as f64 / self.width as f64;
+        }
+        h
+    }
+
+    /// Miss ratio of an LRU cache of `c` blocks (1 for an empty histogram).
+    pub fn miss_ratio_at(&self, c: u64) -> f64 {
+        let t = self.total();
+        if t <= 0.0 {
+            return 1.0;
+        }
+        (1.0 - self.hits_at(c) / t).clamp(0.0, 1.0)
+    }
+
+    /// Largest finite distance seen (bucket end for wide buckets), if any.
+    pub fn max_distance(&self) -> Option<u64> {
+        let last = self.counts.iter().rposition(|&c| c > 0.0)?;
+        Some(last as u64 * self.width + self.width - 1)
+    }
+
+    /// Smallest cache (blocks) that hits at least `fraction` of the reuses: the distance
+    /// at that percentile of reuses, plus one.
+    pub fn size_covering_reuses(&self, fraction: f64) -> Option<u64> {
+        let want = self.reuses() * fraction.clamp(0.0, 1.0);
+        if self.reuses() <= 0.0 {
+            return None;
+        }
+        let mut acc = 0.0;
+        for (i, &c) in self.counts.iter().enumerate() {
+            acc += c;
+            if acc >= want - 1e-9 {
+                return Some((i as u64 + 1) * self.width);
+            }
+        }
+        self.max_distance().map(|d| d + 1)
+    }
+
+    /// Smallest cache (blocks) with a hit ratio of at least `h` over all accesses
+    /// (`None` when cold misses alone keep it below `h`).
+    pub fn size_for_hit_ratio(&self, h: f64) -> Option<u64> {
+        let t = self.total();
+        if t <= 0.0 {
+            return None;
+        }
+        let mut acc = 0.0;
+        for (i, &c) in self.counts.iter().enumerate() {
+            acc += c;
+            if acc / t >= h - 1e-12 {
+                return Some((i as u64 + 1) * self.width);
+            }
+        }
+        None
+    }
+
+    /// Bytes of memory held.
+    pub fn memory_bytes(&self) -> usize {
+        self.counts.capacity() * 8
+    }
+
+    /// The curve at `points` evenly spaced sizes up to `max_blocks`, plus size 0.
+    pub fn curve(&self, max_blocks: u64, points: usize) -> Vec<CurvePoint> {
+        let points = points.max(1) as u64;
+        let mut sizes: Vec<u64> = (0..=points).map(|i| max_blocks * i / points).collect();
+        sizes.dedup();
+        sizes.into_iter().map(|c| CurvePoint { blocks: c, miss_ratio: self.miss_ratio_at(c) }).collect()
+    }
+}
+
+/// One point of a miss-ratio curve.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct CurvePoint {
+    /// Cache size in blocks.
+    pub blocks: u64,
+    /// LRU miss ratio at that size.
+    pub miss_ratio: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn curve_and_sizes() {
+        let mut h = DistanceHistogram::exact();
+        for d in [None, None, Some(0), Some(1), Some(1), Some(3)] {
+            h.add(d, 1.0);
+        }
+        assert_eq!(h.miss_ratio_at(0), 1.0);
+        assert!((h.miss_ratio_at(1) - 5.0 / 6.0).abs() < 1e-12);
+        assert!((h.miss_ratio_at(2) - 3.0 / 6.0).abs() < 1e-12);
+        assert!((h.miss_ratio_at(4) - 2.0 / 6.0).abs() < 1e-12);
+        assert_eq!(h.max_distance(), Some(3));
+        assert_eq!(h.size_covering_reuses(1.0), Some(4));
+        assert_eq!(h.size_covering_reuses(0.5), Some(2));
+        assert_eq!(h.size_for_hit_ratio(0.5), Some(2));
+        assert_eq!(h.size_for_hit_ratio(0.8), None);
+    }
+
+    #[test]
+    fn bounded_histograms_widen() {
+        let mut h = DistanceHistogram::bounded(4);
+        for d in 0..64 {
+            h.add(Some(d), 1.0);
+        }
+        assert!(h.width() >= 16);
+        assert_eq!(h.reuses(), 64.0);
+        assert!((h.hits_at(32) - 32.0).abs() < 1e-9);
+    }
+}

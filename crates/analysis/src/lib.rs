@@ -1,0 +1,21 @@
+//! Demand estimation for cachevisor, pure and I/O-free: exact LRU stack distances
+//! ([`stack_distance`]), SHARDS-sampled distances ([`shards`]), histograms and the
+//! miss-ratio curves, percentile sizes and wss80 they give ([`histogram`]), and per-VM
+//! profiling of request streams by kind, including ECI-Cache's URD ([`profile`]).
+
+pub mod histogram;
+pub mod profile;
+pub mod shards;
+pub mod stack_distance;
+
+pub use histogram::{CurvePoint, DistanceHistogram};
+pub use profile::{Kind, Method, Profiler, VmCurves};
+pub use shards::Shards;
+pub use stack_distance::StackDistance;
+
+/// ELICA's ideal cache size (ELICA §3.2, Eq. 1): (SD + 1) × block size, where SD is a
+/// stack distance — the maximum reuse distance in the interval as the paper writes it, or
+/// a percentile of reuses (the maximum is usually unaffordable).
+pub fn elica_ideal_bytes(stack_distance: u64, block_size: u64) -> u64 {
+    (stack_distance + 1) * block_size
+}

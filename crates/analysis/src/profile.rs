@@ -1,0 +1,189 @@
+//! Per-VM miss-ratio profiling of a request stream: requests are split into cache blocks
+//! exactly as the engine splits them, every block access feeds one estimator per VM, and
+//! each access is also recorded by kind (all, read, write) so read-only and URD curves
+//! come from the same pass.
+//!
+//! **URD (useful reuse distance, ECI-Cache)** as defined here: the stack distance of a
+//! *read* access, measured over all accesses (reads and writes) since the previous access
+//! to the same block. Read-after-read and read-after-write reuses count (the cache can
+//! serve the read); write-after-read and write-after-write reuses do not (a write needs no
+//! cached copy, so keeping a block only to absorb a later write buys nothing), and a block
+//! that is written and never read again contributes no useful reuse at all. The URD
+//! curve is the read miss ratio versus cache size; the URD size is the smallest cache
+//! that serves a chosen fraction of useful reuses. The seed has only the abstract
+//! (../shared/seeds/eci-cache-abstract.txt); docs/analysis.md states the rule with examples.
+
+use crate::histogram::DistanceHistogram;
+use crate::shards::Shards;
+use crate::stack_distance::StackDistance;
+use cachevisor_trace::{Request, VmId};
+use serde::Serialize;
+
+/// How distances are estimated.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(tag = "method", rename_all = "kebab-case")]
+pub enum Method {
+    /// Every access, exact distances.
+    Exact,
+    /// SHARDS fixed-rate sampling.
+    ShardsRate {
+        /// Sampling rate R in (0, 1].
+        rate: f64,
+    },
+    /// SHARDS fixed-size sampling.
+    ShardsSize {
+        /// Most blocks tracked.
+        max_blocks: usize,
+    },
+}
+
+/// Which accesses a curve counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// Reads and writes.
+    All,
+    /// Reads only (distances still count blocks written in between): the URD curve.
+    Read,
+    /// Writes only.
+    Write,
+}
+
+/// One estimator per kind for one VM.
+#[derive(Debug, Clone)]
+enum Estimator {
+    Exact { stack: StackDistance, all: DistanceHistogram, read: DistanceHistogram, write: DistanceHistogram },
+    Sampled { all: Shards, read: Shards, write: Shards },
+}
+
+impl Estimator {
+    fn new(m: Method) -> Self {
+        let s = |m: Method| match m {
+            Method::ShardsRate { rate } => Shards::fixed_rate(rate),
+            Method::ShardsSize { max_blocks } => Shards::fixed_size(max_blocks),
+            Method::Exact => unreachable!(),
+        };
+        match m {
+            Method::Exact => Estimator::Exact {
+                stack: StackDistance::new(),
+                all: DistanceHistogram::exact(),
+                read: DistanceHistogram::exact(),
+                write: DistanceHistogram::exact(),
+            },
+            _ => Estimator::Sampled { all: s(m), read: s(m), write: s(m) },
+        }
+    }
+}
+
+/// Accumulated profile of one VM.
+#[derive(Debug, Clone)]
+pub struct VmCurves {
+    est: Estimator,
+    accesses: [u64; 3],
+}
+
+impl VmCurves {
+    /// Histogram of one kind.
+    pub fn histogram(&self, kind: Kind) -> DistanceHistogram {
+        match (&self.est, kind) {
+            (Estimator::Exact { all, .. }, Kind::All) => all.clone(),
+            (Estimator::Exact { read, .. }, Kind::Read) => read.clone(),
+            (Estimator::Exact { write, .. }, Kind::Write) => write.clone(),
+            (Estimator::Sampled { all, .. }, Kind::All) => all.histogram(),
+            (Estimator::Sampled { read, .. }, Kind::Read) => read.histogram(),
+            (Estimator::Sampled { write, .. }, Kind::Write) => write.histogram(),
+        }
+    }
+
+    /// Block accesses of a kind.
+    pub fn accesses(&self, kind: Kind) -> u64 {
+        self.accesses[kind as usize]
+    }
+
+    /// Distinct blocks (working-set size): exact, or estimated by sampling.
+    pub fn distinct_blocks(&self) -> u64 {
+        match &self.est {
+            Estimator::Exact { stack, .. } => stack.distinct() as u64,
+            Estimator::Sampled { all, .. } => all.estimated_distinct().round() as u64,
+        }
+    }
+
+    /// Bytes of estimator memory.
+    pub fn memory_bytes(&self) -> usize {
+        match &self.est {
+            Estimator::Exact { stack, all, read, write } => {
+                stack.memory_bytes() + all.memory_bytes() + read.memory_bytes() + write.memory_bytes()
+            }
+            Estimator::Sampled { all, read, write } => all.memory_bytes() + read.memory_bytes() + write.memory_bytes(),
+        }
+    }
+}
+
+/// Profiles a multi-VM stream.
+#[derive(Debug, Clone)]
+pub struct Profiler {
+    block_size: u64,
+    method: Method,
+    vms: Vec<VmCurves>,
+}
+
+impl Profiler {
+    /// Profiles at `block_size` bytes (a power of two) with `method`.
+    pub fn new(block_size: u64, method: Method) -> Self {
+        assert!(block_size.is_power_of_two(), "block size must be a power of two");
+        Profiler { block_size, method, vms: Vec::new() }
+    }
+
+    /// Block size in bytes.
+    pub fn block_size(&self) -> u64 {
+        self.block_size
+    }
+
+    /// Adds one request (split into blocks).
+    #[inline]
+    pub fn add(&mut self, r: &Request) {
+        if r.len == 0 {
+            return;
+        }
+        let v = r.vm as usize;
+        if v >= self.vms.len() {
+            let m = self.method;
+            self.vms.resize_with(v + 1, || VmCurves { est: Estimator::new(m), accesses: [0; 3] });
+        }
+        let write = r.op.is_write();
+        let shift = self.block_size.trailing_zeros();
+        let vm = &mut self.vms[v];
+        for b in r.offset >> shift..=(r.end() - 1) >> shift {
+            vm.accesses[Kind::All as usize] += 1;
+            vm.accesses[if write { Kind::Write } else { Kind::Read } as usize] += 1;
+            match &mut vm.est {
+                Estimator::Exact { stack, all, read, write: wr } => {
+                    let d = stack.access(b);
+                    all.add(d, 1.0);
+                    if write {
+                        wr.add(d, 1.0);
+                    } else {
+                        read.add(d, 1.0);
+                    }
+                }
+                Estimator::Sampled { all, read, write: wr } => {
+                    all.access(b);
+                    // Per-kind samplers see the whole stream (distances count every
+                    // block) but record only their kind.
+                    read.access_as(b, !write);
+                    wr.access_as(b, write);
+                }
+            }
+        }
+    }
+
+    /// Curves of each VM seen, by VM id.
+    pub fn vms(&self) -> &[VmCurves] {
+        &self.vms
+    }
+
+    /// Curves of one VM.
+    pub fn vm(&self, vm: VmId) -> Option<&VmCurves> {
+        self.vms.get(vm as usize)
+    }
+}

@@ -1,0 +1,71 @@
+//! SHARDS against exact curves: mean absolute error of the miss ratio over sizes up to the
+//! working set, on real and generated traces (FAST'15 reports ≈ 0.002–0.01 at R = 0.01).
+
+use cachevisor_analysis::{DistanceHistogram, Kind, Method, Profiler};
+use cachevisor_trace::zipf::ZipfSource;
+use cachevisor_trace::{open_trace, Op, ReadOptions, Request, TraceSource};
+use rand::{Rng, SeedableRng};
+use std::path::PathBuf;
+
+fn profile(reqs: &[Request], m: Method) -> DistanceHistogram {
+    let mut p = Profiler::new(4096, m);
+    reqs.iter().for_each(|r| p.add(r));
+    p.vm(0).unwrap().histogram(Kind::All)
+}
+
+fn mae(reqs: &[Request], m: Method) -> f64 {
+    let exact = profile(reqs, Method::Exact);
+    let est = profile(reqs, m);
+    let wss = exact.cold() as u64;
+    let points = 100u64;
+    (1..=points).map(|i| (exact.miss_ratio_at(wss * i / points) - est.miss_ratio_at(wss * i / points)).abs()).sum::<f64>() / points as f64
+}
+
+fn zipf(n: u64, blocks: u64, alpha: f64) -> Vec<Request> {
+    let mut z = ZipfSource::new(n, blocks, alpha, 4096, 3).unwrap();
+    std::iter::from_fn(|| z.next_request().unwrap()).collect()
+}
+
+fn scan_mix(n: u64, blocks: u64) -> Vec<Request> {
+    // Loops over a region interleaved with uniform random accesses.
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+    (0..n)
+        .map(|i| {
+            let b = if i % 2 == 0 { (i / 2) % (blocks / 4) } else { rng.gen_range(0..blocks) };
+            Request { time_ns: i, vm: 0, op: Op::Read, offset: b * 4096, len: 4096 }
+        })
+        .collect()
+}
+
+fn cloudphysics() -> Vec<Request> {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces/cloudPhysicsIO.vscsi");
+    let mut s = open_trace(&p, &ReadOptions::default()).unwrap();
+    std::iter::from_fn(|| s.next_request().unwrap()).collect()
+}
+
+#[test]
+fn fixed_rate_one_percent() {
+    // The scan's cliff needs enough sampled region blocks: a 1 M-block loop at R = 0.01.
+    for (name, reqs) in [("zipf", zipf(2_000_000, 200_000, 0.9)), ("scan+random", scan_mix(4_000_000, 4_000_000)), ("cloudphysics", cloudphysics())] {
+        let e = mae(&reqs, Method::ShardsRate { rate: 0.01 });
+        assert!(e <= 0.01, "{name}: MAE {e} at R = 0.01");
+    }
+}
+
+#[test]
+fn fixed_rate_one_per_mille() {
+    // R = 0.001 samples ~1,000 blocks of a 1 M-block working set: the smallest that is
+    // "large enough to sample" for the 0.02 bound (measured MAE 0.017–0.018 here).
+    for (name, reqs) in [("zipf", zipf(10_000_000, 1_000_000, 0.9)), ("scan+random", scan_mix(4_000_000, 4_000_000))] {
+        let e = mae(&reqs, Method::ShardsRate { rate: 0.001 });
+        assert!(e <= 0.02, "{name}: MAE {e} at R = 0.001");
+    }
+}
+
+#[test]
+fn fixed_size() {
+    let reqs = zipf(2_000_000, 200_000, 0.9);
+    let e = mae(&reqs, Method::ShardsSize { max_blocks: 8_192 });
+    assert!(e <= 0.01, "fixed-size MAE {e}");
+}
+

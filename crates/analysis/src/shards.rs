@@ -20,9 +20,9 @@ use std::collections::BinaryHeap;
 pub const MODULUS: u64 = 1 << 24;
 
 #[inline]
-fn spatial_hash(key: u64) -> u64 {
+fn spatial_hash(key: u64, seed: u64) -> u64 {
     // splitmix64 finalizer: uniform enough that sampled sets are unbiased.
-    let mut z = key.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = (key ^ seed.wrapping_mul(0xd6e8_feb8_6659_fd93)).wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     (z ^ (z >> 31)) % MODULUS
@@ -38,6 +38,7 @@ pub struct Shards {
     hist: DistanceHistogram,
     seen: u64,
     sampled: f64,
+    seed: u64,
 }
 
 impl Shards {
@@ -52,7 +53,14 @@ impl Shards {
             hist: DistanceHistogram::bounded(1 << 16),
             seen: 0,
             sampled: 0.0,
+            seed: 0,
         }
+    }
+
+    /// The same sampler with another hash seed (another, equally likely, sample set).
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
     }
 
     /// Fixed-size sampling tracking at most `max_blocks` blocks.
@@ -76,7 +84,7 @@ impl Shards {
     #[inline]
     pub fn access_as(&mut self, key: u64, count: bool) {
         self.seen += count as u64;
-        let h = spatial_hash(key);
+        let h = spatial_hash(key, self.seed);
         if h >= self.threshold {
             return;
         }

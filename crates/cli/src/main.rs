@@ -1,5 +1,6 @@
 //! The `cachevisor` command line: trace tools, the simulator, the demo and benchmarks.
 
+mod analyze_cmd;
 mod bench_cmd;
 mod bundled;
 mod demo_cmd;
@@ -27,6 +28,9 @@ enum Cmd {
     Trace(trace_cmd::TraceCmd),
     /// Replay traces through the cache engine in virtual time.
     Simulate(Box<simulate_cmd::SimulateArgs>),
+    /// Demand estimation: miss-ratio curves, working sets, URD.
+    #[command(subcommand)]
+    Analyze(analyze_cmd::AnalyzeCmd),
     /// Measure speed and memory.
     #[command(subcommand)]
     Bench(bench_cmd::BenchCmd),
@@ -38,6 +42,7 @@ fn main() {
         Cmd::Demo(a) => demo_cmd::run(a),
         Cmd::Trace(c) => trace_cmd::run(c),
         Cmd::Simulate(a) => simulate_cmd::run(*a),
+        Cmd::Analyze(c) => analyze_cmd::run(c),
         Cmd::Bench(c) => bench_cmd::run(c),
     };
     if let Err(e) = r {

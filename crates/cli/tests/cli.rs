@@ -110,3 +110,44 @@ fn demo_runs_on_the_bundled_traces() {
     assert!(text.contains("== comparison") && text.contains("static-s3fifo") && text.contains("shared-clock (unmanaged)"), "{text}");
     assert!(out.join("comparison.csv").is_file());
 }
+
+#[test]
+fn analyze_mrc_writes_curves_summary_and_plot() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("an");
+    let text = ok(&["analyze", "mrc", &shared("cloudPhysicsIO.vscsi"), &shared("tpcc-small.mqsim.txt"), "--out", out.to_str().unwrap()]);
+    assert!(text.contains("cloudPhysicsIO") && text.contains("URD p95"), "{text}");
+    let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(s["vms"][0]["wss_bytes"], 269_210u64 * 4096);
+    let csv = std::fs::read_to_string(out.join("mrc.csv")).unwrap();
+    assert!(csv.starts_with("size_bytes,size_blocks,cloudPhysicsIO,tpcc-small\n0,0,1.000000,1.000000\n"), "{}", &csv[..80]);
+    assert!(std::fs::read_to_string(out.join("mrc.svg")).unwrap().contains("miss ratio"));
+    let sh = ok(&["analyze", "mrc", &shared("cloudPhysicsIO.vscsi"), "--method", "shards", "--rate", "0.1", "--out", out.to_str().unwrap()]);
+    assert!(sh.contains("cloudPhysicsIO"));
+}
+
+#[test]
+fn analyze_bad_input_is_explained() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.mqsim.txt");
+    std::fs::write(&empty, "").unwrap();
+    for (args, want) in [
+        (vec!["--method", "shards", "--rate", "1.5"], "(0, 1]"),
+        (vec!["--block-size", "0"], "--block-size"),
+        (vec!["--method", "shards", "--max-blocks", "0"], "--max-blocks"),
+    ] {
+        let trace = shared_static();
+        let mut a = vec!["analyze", "mrc", trace.as_str()];
+        a.extend(args.iter().copied());
+        let o = run(&a);
+        assert_eq!(o.status.code(), Some(1), "{a:?}");
+        assert!(String::from_utf8_lossy(&o.stderr).contains(want), "{a:?}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    let o = run(&["analyze", "mrc", "--format", "mqsim", empty.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no requests"));
+}
+
+fn shared_static() -> String {
+    shared("tpcc-small.mqsim.txt")
+}

@@ -8,6 +8,7 @@
 
 pub mod device;
 pub mod metrics;
+pub mod plot;
 pub mod report;
 pub mod scenario;
 mod simulator;

@@ -1,0 +1,202 @@
+//! `cachevisor analyze mrc`: per-VM miss-ratio curves (exact or SHARDS), working sets,
+//! wss80, ELICA's ideal sizes and URD sizes, as CSV, JSON and an SVG plot.
+
+use crate::input_args::{report_skipped, InputArgs};
+use crate::progress::Progress;
+use anyhow::Context;
+use cachevisor_analysis::{elica_ideal_bytes, Kind, Method, Profiler};
+use cachevisor_sim::plot::{line_chart_svg, Series};
+use cachevisor_trace::units::{format_size, parse_size};
+use clap::{Args, Subcommand};
+use serde::Serialize;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+/// Analysis subcommands.
+#[derive(Debug, Subcommand)]
+pub enum AnalyzeCmd {
+    /// Miss-ratio curves per VM, with working set, wss80, ELICA ideal size and URD size.
+    Mrc(MrcArgs),
+}
+
+/// Options of `analyze mrc`.
+#[derive(Debug, Args)]
+pub struct MrcArgs {
+    /// Trace files.
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    #[command(flatten)]
+    input: InputArgs,
+    /// Cache block size.
+    #[arg(long, default_value = "4KiB", value_parser = parse_size)]
+    block_size: u64,
+    /// exact, or shards (with --rate or --max-blocks).
+    #[arg(long, default_value = "exact", value_parser = ["exact", "shards"])]
+    method: String,
+    /// SHARDS fixed-rate sampling rate, in (0, 1].
+    #[arg(long)]
+    rate: Option<f64>,
+    /// SHARDS fixed-size: most blocks tracked.
+    #[arg(long)]
+    max_blocks: Option<usize>,
+    /// Which accesses the curve counts: all, read, write, or urd (reads, useful reuses).
+    #[arg(long, default_value = "all", value_parser = ["all", "read", "write", "urd"])]
+    kind: String,
+    /// Percentile of reuses for ELICA's ideal size and the URD size.
+    #[arg(long, default_value_t = 0.95)]
+    percentile: f64,
+    /// Points per curve in the CSV and plot.
+    #[arg(long, default_value_t = 200)]
+    points: usize,
+    /// Output directory.
+    #[arg(long, default_value = "out/analyze")]
+    out: PathBuf,
+}
+
+/// Summary of one VM.
+#[derive(Debug, Serialize)]
+struct VmSummary {
+    vm: String,
+    block_accesses: u64,
+    read_accesses: u64,
+    wss_bytes: u64,
+    wss80_bytes: Option<u64>,
+    hit_ratio_at_wss: f64,
+    max_stack_distance: Option<u64>,
+    elica_ideal_max_bytes: Option<u64>,
+    elica_ideal_percentile_bytes: Option<u64>,
+    urd_size_bytes: Option<u64>,
+    estimator_memory_bytes: u64,
+}
+
+fn method(a: &MrcArgs) -> anyhow::Result<Method> {
+    match (a.method.as_str(), a.rate, a.max_blocks) {
+        ("exact", None, None) => Ok(Method::Exact),
+        ("exact", _, _) => anyhow::bail!("--rate and --max-blocks apply to --method shards"),
+        (_, Some(r), None) if r > 0.0 && r <= 1.0 => Ok(Method::ShardsRate { rate: r }),
+        (_, Some(r), None) => anyhow::bail!("--rate {r}: the sampling rate must be in (0, 1]"),
+        (_, None, Some(0)) => anyhow::bail!("--max-blocks must be at least 1"),
+        (_, None, Some(n)) => Ok(Method::ShardsSize { max_blocks: n }),
+        (_, None, None) => Ok(Method::ShardsRate { rate: 0.01 }),
+        (_, Some(_), Some(_)) => anyhow::bail!("give either --rate (fixed-rate) or --max-blocks (fixed-size), not both"),
+    }
+}
+
+/// Runs an analysis subcommand.
+pub fn run(cmd: AnalyzeCmd) -> anyhow::Result<()> {
+    let AnalyzeCmd::Mrc(a) = cmd;
+    if !a.block_size.is_power_of_two() || a.block_size < 512 {
+        anyhow::bail!("--block-size {}: must be a power of two of at least 512 B", a.block_size);
+    }
+    if !(0.0..=1.0).contains(&a.percentile) {
+        anyhow::bail!("--percentile {}: must be in [0, 1]", a.percentile);
+    }
+    let m = method(&a)?;
+    let kind = match a.kind.as_str() {
+        "read" | "urd" => Kind::Read,
+        "write" => Kind::Write,
+        _ => Kind::All,
+    };
+    let mut trace = a.input.open(&a.files, true)?;
+    let mut prof = Profiler::new(a.block_size, m);
+    let mut p = Progress::new("profiling");
+    let mut n = 0u64;
+    while let Some(r) = trace.next_request()? {
+        prof.add(&r);
+        n += 1;
+        if n % 65_536 == 0 {
+            p.update(n, None);
+        }
+    }
+    p.finish();
+    report_skipped(&a.files, &trace);
+    if n == 0 {
+        anyhow::bail!("{}: no requests in the trace", a.files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", "));
+    }
+    let names = trace.vm_names();
+    let bs = a.block_size;
+    let max_blocks = prof.vms().iter().map(|v| v.distinct_blocks()).max().unwrap_or(1).max(1);
+    let mut summaries = Vec::new();
+    let mut series = Vec::new();
+    let mut csv = String::from("size_bytes,size_blocks");
+    for (i, _) in prof.vms().iter().enumerate() {
+        let _ = write!(csv, ",{}", names[i].replace(',', "_"));
+    }
+    csv.push('\n');
+    let curves: Vec<_> = prof.vms().iter().map(|v| v.histogram(kind).curve(max_blocks, a.points)).collect();
+    for j in 0..curves.first().map_or(0, Vec::len) {
+        let blocks = curves[0][j].blocks;
+        let _ = write!(csv, "{},{}", blocks * bs, blocks);
+        for c in &curves {
+            let _ = write!(csv, ",{:.6}", c[j].miss_ratio);
+        }
+        csv.push('\n');
+    }
+    for (i, v) in prof.vms().iter().enumerate() {
+        let h = v.histogram(kind);
+        let all = v.histogram(Kind::All);
+        let urd = v.histogram(Kind::Read);
+        let wss = v.distinct_blocks();
+        let max_sd = all.max_distance();
+        summaries.push(VmSummary {
+            vm: names[i].clone(),
+            block_accesses: v.accesses(Kind::All),
+            read_accesses: v.accesses(Kind::Read),
+            wss_bytes: wss * bs,
+            wss80_bytes: all.size_for_hit_ratio(0.8).map(|b| b * bs),
+            hit_ratio_at_wss: 1.0 - all.miss_ratio_at(wss),
+            max_stack_distance: max_sd,
+            elica_ideal_max_bytes: max_sd.map(|sd| elica_ideal_bytes(sd, bs)),
+            elica_ideal_percentile_bytes: all.size_covering_reuses(a.percentile).map(|c| elica_ideal_bytes(c - 1, bs)),
+            urd_size_bytes: urd.size_covering_reuses(a.percentile).map(|c| c * bs),
+            estimator_memory_bytes: v.memory_bytes() as u64,
+        });
+        series.push(Series {
+            name: names[i].clone(),
+            points: h.curve(max_blocks, a.points).iter().map(|p| ((p.blocks * bs) as f64 / (1u64 << 30) as f64, p.miss_ratio)).collect(),
+        });
+    }
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    std::fs::write(a.out.join("mrc.csv"), csv)?;
+    #[derive(Serialize)]
+    struct Summary<'a> {
+        files: &'a [PathBuf],
+        block_size: u64,
+        method: Method,
+        kind: &'a str,
+        percentile: f64,
+        vms: &'a [VmSummary],
+    }
+    let json = serde_json::to_string_pretty(&Summary { files: &a.files, block_size: bs, method: m, kind: &a.kind, percentile: a.percentile, vms: &summaries })?;
+    std::fs::write(a.out.join("summary.json"), json)?;
+    let title = format!("LRU miss-ratio curves ({} accesses, {} blocks, {})", a.kind, format_size(bs), a.method);
+    let svg = line_chart_svg(&title, "cache size (GiB)", "miss ratio", &series, Some((0.0, 1.0))).map_err(anyhow::Error::msg)?;
+    std::fs::write(a.out.join("mrc.svg"), svg)?;
+    let opt = |v: Option<u64>| v.map_or("-".to_string(), format_size);
+    println!(
+        "{:<22} {:>10} {:>11} {:>11} {:>8} {:>14} {:>14} {:>11}",
+        "vm",
+        "accesses",
+        "WSS",
+        "wss80",
+        "hit@WSS",
+        "ELICA max SD",
+        format!("ELICA p{:.0}", a.percentile * 100.0),
+        format!("URD p{:.0}", a.percentile * 100.0)
+    );
+    for s in &summaries {
+        println!(
+            "{:<22} {:>10} {:>11} {:>11} {:>8.3} {:>14} {:>14} {:>11}",
+            s.vm,
+            s.block_accesses,
+            format_size(s.wss_bytes),
+            opt(s.wss80_bytes),
+            s.hit_ratio_at_wss,
+            opt(s.elica_ideal_max_bytes),
+            opt(s.elica_ideal_percentile_bytes),
+            opt(s.urd_size_bytes)
+        );
+    }
+    println!("wrote {0}/mrc.csv, {0}/summary.json, {0}/mrc.svg", a.out.display());
+    Ok(())
+}

@@ -124,6 +124,7 @@ impl VmCurves {
 pub struct Profiler {
     block_size: u64,
     method: Method,
+    per_kind: bool,
     vms: Vec<VmCurves>,
 }
 
@@ -131,7 +132,13 @@ impl Profiler {
     /// Profiles at `block_size` bytes (a power of two) with `method`.
     pub fn new(block_size: u64, method: Method) -> Self {
         assert!(block_size.is_power_of_two(), "block size must be a power of two");
-        Profiler { block_size, method, vms: Vec::new() }
+        Profiler { block_size, method, per_kind: true, vms: Vec::new() }
+    }
+
+    /// Only the all-accesses curve (read and write curves stay empty): the cheapest pass.
+    pub fn all_only(mut self) -> Self {
+        self.per_kind = false;
+        self
     }
 
     /// Block size in bytes.
@@ -151,6 +158,7 @@ impl Profiler {
             self.vms.resize_with(v + 1, || VmCurves { est: Estimator::new(m), accesses: [0; 3] });
         }
         let write = r.op.is_write();
+        let per_kind = self.per_kind;
         let shift = self.block_size.trailing_zeros();
         let vm = &mut self.vms[v];
         for b in r.offset >> shift..=(r.end() - 1) >> shift {
@@ -160,7 +168,8 @@ impl Profiler {
                 Estimator::Exact { stack, all, read, write: wr } => {
                     let d = stack.access(b);
                     all.add(d, 1.0);
-                    if write {
+                    if !per_kind {
+                    } else if write {
                         wr.add(d, 1.0);
                     } else {
                         read.add(d, 1.0);
@@ -170,8 +179,10 @@ impl Profiler {
                     all.access(b);
                     // Per-kind samplers see the whole stream (distances count every
                     // block) but record only their kind.
-                    read.access_as(b, !write);
-                    wr.access_as(b, write);
+                    if per_kind {
+                        read.access_as(b, !write);
+                        wr.access_as(b, write);
+                    }
                 }
             }
         }

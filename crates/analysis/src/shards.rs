@@ -16,6 +16,9 @@ use crate::histogram::DistanceHistogram;
 use crate::stack_distance::StackDistance;
 use std::collections::BinaryHeap;
 
+/// Most histogram buckets kept (they widen past this; bounded memory).
+pub const HISTOGRAM_BUCKETS: usize = 4096;
+
 /// Hash modulus P (2^24, as in the paper's implementation).
 pub const MODULUS: u64 = 1 << 24;
 
@@ -50,7 +53,7 @@ impl Shards {
             threshold,
             max_tracked: None,
             heap: BinaryHeap::new(),
-            hist: DistanceHistogram::bounded(1 << 16),
+            hist: DistanceHistogram::bounded(HISTOGRAM_BUCKETS),
             seen: 0,
             sampled: 0.0,
             seed: 0,

@@ -7,12 +7,15 @@
 //!   by libCacheSim's LRU on the same file; then the engine alone and the full simulator
 //!   per replacement policy, and the bundled real traces through the full simulator.
 //! - `bench parse`: requests per second of every reader.
+//! - `bench analyze`: exact and SHARDS miss-ratio curves against libCacheSim's LRU run
+//!   at several sizes on the same file.
 //! - `bench memory`: fills an engine of the given cache size and reports metadata bytes
 //!   per slot and peak RSS.
 
 use crate::bundled::demo_traces;
 use crate::trace_cmd::write_source;
 use anyhow::Context;
+use cachevisor_analysis::{DistanceHistogram, Kind, Method, Profiler};
 use cachevisor_engine::{Engine, EngineConfig, Output, PartitionMode, ReplacementKind};
 use cachevisor_sim::scenario::ReplayMode;
 use cachevisor_sim::{simulate, Scenario};
@@ -48,6 +51,24 @@ pub enum BenchCmd {
         #[arg(long, default_value = "out/bench")]
         dir: PathBuf,
     },
+    /// Miss-ratio-curve speed and memory: exact vs SHARDS vs libCacheSim LRU at several sizes.
+    Analyze {
+        /// Requests in the Zipf trace.
+        #[arg(long, default_value_t = 10_000_000)]
+        requests: u64,
+        /// Distinct blocks.
+        #[arg(long, default_value_t = 1_000_000)]
+        blocks: u64,
+        /// Zipf skew.
+        #[arg(long, default_value_t = 1.0)]
+        alpha: f64,
+        /// Interleaved repetitions.
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// Directory for the generated trace.
+        #[arg(long, default_value = "out/bench")]
+        dir: PathBuf,
+    },
     /// Parsing speed of every trace format.
     Parse {
         /// Requests per generated file.
@@ -79,6 +100,7 @@ pub fn run(c: BenchCmd) -> anyhow::Result<()> {
     match c {
         BenchCmd::Sim { requests, blocks, cache_blocks, alpha, reps, dir } => bench_sim(requests, blocks, cache_blocks, alpha, reps, &dir),
         BenchCmd::Parse { requests, reps, dir } => bench_parse(requests, reps, &dir),
+        BenchCmd::Analyze { requests, blocks, alpha, reps, dir } => bench_analyze(requests, blocks, alpha, reps, &dir),
         BenchCmd::Memory { cache_size, block_size, last_access } => bench_memory(cache_size, block_size, last_access),
     }
 }
@@ -321,5 +343,70 @@ fn bench_memory(cache: u64, block: u64, last_access: bool) -> anyhow::Result<()>
         if last_access { " (with last-access times)" } else { "" },
         format_size(peak_rss_bytes())
     );
+    Ok(())
+}
+
+/// Builds the curve of `reqs` with `m`; (M req/s, estimator bytes, histogram).
+fn profile_speed(reqs: &[Request], m: Method) -> (f64, u64, DistanceHistogram) {
+    let t = Instant::now();
+    let mut p = Profiler::new(4096, m).all_only();
+    for r in reqs {
+        p.add(r);
+    }
+    let rate = reqs.len() as f64 / t.elapsed().as_secs_f64() / 1e6;
+    let vm = &p.vms()[0];
+    (rate, vm.memory_bytes() as u64, vm.histogram(Kind::All))
+}
+
+fn bench_analyze(requests: u64, blocks: u64, alpha: f64, reps: usize, dir: &Path) -> anyhow::Result<()> {
+    let path = zipf_file(dir, requests, blocks, alpha)?;
+    let mut src = open_trace(&path, &ReadOptions { format: Some(Format::OracleGeneral), ..Default::default() })?;
+    let mut reqs = Vec::with_capacity(requests as usize);
+    while src.next_batch(&mut reqs, 1 << 16)? > 0 {}
+    println!("Zipf({alpha}) trace: {requests} single-block reads over {blocks} blocks; {reps} interleaved repetitions, medians");
+    let has_lcs = Command::new("python3").args(["-c", "import libcachesim"]).status().map(|s| s.success()).unwrap_or(false);
+    let sizes = [blocks / 100, blocks / 20, blocks / 10, blocks / 4, blocks / 2];
+    let (mut exact, mut shards, mut lcs) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut mem_exact, mut mem_shards) = (0, 0);
+    let (mut h_exact, mut h_shards) = (DistanceHistogram::exact(), DistanceHistogram::exact());
+    let mut lcs_hits = Vec::new();
+    for _ in 0..reps {
+        let (r, m, h) = profile_speed(&reqs, Method::Exact);
+        exact.push(r);
+        (mem_exact, h_exact) = (m, h);
+        let (r, m, h) = profile_speed(&reqs, Method::ShardsRate { rate: 0.01 });
+        shards.push(r);
+        (mem_shards, h_shards) = (m, h);
+        if has_lcs {
+            let mut total_s = 0.0;
+            lcs_hits.clear();
+            for &c in &sizes {
+                if let Some((rate, hr)) = libcachesim(&path, c, requests, "LRU") {
+                    total_s += requests as f64 / (rate * 1e6);
+                    lcs_hits.push(hr);
+                }
+            }
+            if lcs_hits.len() == sizes.len() {
+                lcs.push(requests as f64 / total_s / 1e6);
+            }
+        }
+    }
+    let (e, s) = (median(exact), median(shards));
+    let wss = h_exact.cold() as u64;
+    let mae = (1..=100u64).map(|i| (h_exact.miss_ratio_at(wss * i / 100) - h_shards.miss_ratio_at(wss * i / 100)).abs()).sum::<f64>() / 100.0;
+    println!("\nwhole LRU miss-ratio curve in one pass, M requests/s (estimator memory):");
+    println!("  exact (Fenwick stack distance)  {e:>7.2}   ({})", format_size(mem_exact));
+    println!("  SHARDS fixed-rate R = 0.01      {s:>7.2}   ({}), {:.1}× faster, memory {:.2}% of exact, MAE {mae:.4}", format_size(mem_shards), s / e, mem_shards as f64 * 100.0 / mem_exact as f64);
+    if !lcs.is_empty() {
+        let l = median(lcs);
+        println!("  libCacheSim LRU (Python), {} sizes, one replay each: {l:.2} M requests/s per size for the {} sizes together", sizes.len(), sizes.len());
+        println!("  ratio exact curve / libCacheSim for those sizes: {:.2}×", e / l);
+        for (c, hr) in sizes.iter().zip(&lcs_hits) {
+            println!("    {c:>8} blocks: libCacheSim hit ratio {hr:.6}, exact curve {:.6}", 1.0 - h_exact.miss_ratio_at(*c));
+        }
+    } else {
+        println!("  (libcachesim Python package not installed: `pip install libcachesim` to compare)");
+    }
+    println!("\npeak RSS {}", format_size(peak_rss_bytes()));
     Ok(())
 }

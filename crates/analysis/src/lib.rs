@@ -1,15 +1,18 @@
 //! Demand estimation for cachevisor, pure and I/O-free: exact LRU stack distances
 //! ([`stack_distance`]), SHARDS-sampled distances ([`shards`]), histograms and the
 //! miss-ratio curves, percentile sizes and wss80 they give ([`histogram`]), and per-VM
-//! profiling of request streams by kind, including ECI-Cache's URD ([`profile`]).
+//! profiling of request streams by kind, including ECI-Cache's URD ([`profile`]), and
+//! S-CAVE's sampled rECS over the engine's reference counters ([`recs`]).
 
 pub mod histogram;
 pub mod profile;
+pub mod recs;
 pub mod shards;
 pub mod stack_distance;
 
 pub use histogram::{CurvePoint, DistanceHistogram};
 pub use profile::{Kind, Method, Profiler, VmCurves};
+pub use recs::RecsEstimator;
 pub use shards::Shards;
 pub use stack_distance::StackDistance;
 

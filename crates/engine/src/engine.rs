@@ -128,6 +128,20 @@ impl Engine {
         self.slots.aux[slot as usize]
     }
 
+    /// Slots in the pool.
+    pub fn slot_count(&self) -> u64 {
+        self.slots.len() as u64
+    }
+
+    /// The owner of resident slot `s` and whether it has been referenced: bits 0–4 of its
+    /// policy byte are non-zero (CLOCK's counter, S3-FIFO's frequency, hits since
+    /// insertion for LRU and FIFO, the multi-touch bit of two-pool). This is the probe
+    /// S-CAVE's rECS scan reads (§IV-B); `None` for a free slot.
+    pub fn slot_referenced(&self, s: u32) -> Option<(VmId, bool)> {
+        let k = self.slots.key(s);
+        (k != FREE_KEY).then(|| (key_vm(k), self.slots.aux[s as usize] & 0x1f != 0))
+    }
+
     /// (vm, block) held by a slot.
     pub fn slot_block(&self, slot: u32) -> Option<(VmId, u64)> {
         let k = self.slots.key(slot);

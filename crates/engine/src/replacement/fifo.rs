@@ -1,6 +1,6 @@
 //! First in, first out: hits change nothing, the victim is the oldest insertion.
 
-use super::Replacement;
+use super::{bump_counter, Replacement};
 use crate::slot_table::{List, SlotTable};
 
 /// FIFO over one intrusive list.
@@ -12,10 +12,13 @@ pub struct Fifo {
 impl Replacement for Fifo {
     #[inline]
     fn insert(&mut self, t: &mut SlotTable, s: u32) {
+        t.aux[s as usize] = 0;
         self.list.push_front(t, s);
     }
     #[inline]
-    fn touch(&mut self, _t: &mut SlotTable, _s: u32) {}
+    fn touch(&mut self, t: &mut SlotTable, s: u32) {
+        bump_counter(t, s);
+    }
     fn remove(&mut self, t: &mut SlotTable, s: u32) {
         self.list.unlink(t, s);
     }

@@ -1,6 +1,6 @@
 //! Least recently used: a hit moves the block to the front, the victim is the back.
 
-use super::Replacement;
+use super::{bump_counter, Replacement};
 use crate::slot_table::{List, SlotTable};
 
 /// LRU over one intrusive list.
@@ -12,10 +12,12 @@ pub struct Lru {
 impl Replacement for Lru {
     #[inline]
     fn insert(&mut self, t: &mut SlotTable, s: u32) {
+        t.aux[s as usize] = 0;
         self.list.push_front(t, s);
     }
     #[inline]
     fn touch(&mut self, t: &mut SlotTable, s: u32) {
+        bump_counter(t, s);
         self.list.move_to_front(t, s);
     }
     fn remove(&mut self, t: &mut SlotTable, s: u32) {

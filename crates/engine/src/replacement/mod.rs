@@ -46,6 +46,16 @@ pub trait Replacement {
     fn dump(&self, t: &SlotTable) -> Vec<u32>;
 }
 
+/// Counts a hit in bits 0–3 of the policy byte, saturating at 15: the reference counter
+/// that policies without their own use of the byte keep for S-CAVE's rECS scan.
+#[inline]
+pub(crate) fn bump_counter(t: &mut SlotTable, s: u32) {
+    let a = &mut t.aux[s as usize];
+    if *a & 0x0f < 0x0f {
+        *a += 1;
+    }
+}
+
 /// The names users pick from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]

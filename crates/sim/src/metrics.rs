@@ -124,6 +124,10 @@ pub struct WindowRow {
     pub target_blocks: u64,
     /// Dirty blocks at the window's end.
     pub dirty_blocks: u64,
+    /// Block misses in the window: what reached the backing store (S-CAVE's AllocUnit).
+    pub miss_blocks: u64,
+    /// Smoothed rECS at the window's end (S-CAVE §IV-B sampled scan), if the VM held blocks.
+    pub recs: Option<f64>,
 }
 
 impl Metrics {

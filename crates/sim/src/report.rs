@@ -272,12 +272,13 @@ impl SimResult {
         f.flush()?;
         let mut f = io::BufWriter::new(std::fs::File::create(dir.join("windows.csv"))?);
         f.write_all(header.as_bytes())?;
-        writeln!(f, "window,t_end_s,vm,requests,accesses,hit_ratio,used_blocks,target_blocks,dirty_blocks")?;
+        writeln!(f, "window,t_end_s,vm,requests,accesses,hit_ratio,used_blocks,target_blocks,dirty_blocks,miss_blocks,recs")?;
         for w in &self.windows {
+            let recs = w.recs.map_or(String::new(), |r| format!("{r:.6}"));
             writeln!(
                 f,
-                "{},{},{},{},{},{:.6},{},{},{}",
-                w.window, w.t_end_s, w.vm, w.requests, w.accesses, w.hit_ratio, w.used_blocks, w.target_blocks, w.dirty_blocks
+                "{},{},{},{},{},{:.6},{},{},{},{},{recs}",
+                w.window, w.t_end_s, w.vm, w.requests, w.accesses, w.hit_ratio, w.used_blocks, w.target_blocks, w.dirty_blocks, w.miss_blocks
             )?;
         }
         f.flush()

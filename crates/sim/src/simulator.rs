@@ -6,6 +6,7 @@ use crate::device::Device;
 use crate::metrics::{Metrics, WindowRow};
 use crate::report::{SimResult, TraceCounts};
 use crate::scenario::{BackingLayout, ReplayMode, Resolved, Scenario};
+use cachevisor_analysis::recs::{self, RecsEstimator};
 use cachevisor_engine::{DeviceOp, Engine, EngineConfig, Output, PartitionMode};
 use cachevisor_trace::formats::generic_csv::CsvColumns;
 use cachevisor_trace::generator::{Generator, WorkloadConfig};
@@ -72,6 +73,7 @@ struct Run<'a> {
     window_end: u64,
     window_index: u64,
     last_now: u64,
+    recs: RecsEstimator,
 }
 
 impl<'a> Run<'a> {
@@ -102,6 +104,9 @@ impl<'a> Run<'a> {
             window_end: res.window_ns,
             window_index: 0,
             last_now: 0,
+            // S-CAVE §IV-B: 5 sampling periods per window, α = 0.8; each period scans
+            // 1/50 of the pool (at least 1,024 blocks).
+            recs: RecsEstimator::new(recs::ALPHA, 5, (res.slots / 50).max(1024), 1),
         })
     }
 
@@ -186,6 +191,8 @@ impl<'a> Run<'a> {
 
     /// Emits the current window's rows and starts the next window.
     fn emit_window(&mut self) {
+        let engine = &self.engine;
+        let recs = self.recs.sample_window(engine.slot_count(), |s| engine.slot_referenced(s as u32)).to_vec();
         {
             for vm in 0..self.names.len() {
                 let (requests, accesses, hits) = self.metrics.take_window(vm as VmId);
@@ -200,6 +207,8 @@ impl<'a> Run<'a> {
                     used_blocks: p.used,
                     target_blocks: p.target,
                     dirty_blocks: p.dirty_blocks,
+                    miss_blocks: accesses - hits,
+                    recs: recs.get(vm).copied().flatten(),
                 });
             }
             self.window_index += 1;

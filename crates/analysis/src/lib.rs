@@ -5,12 +5,14 @@
 //! S-CAVE's sampled rECS over the engine's reference counters ([`recs`]).
 
 pub mod histogram;
+pub mod online;
 pub mod profile;
 pub mod recs;
 pub mod shards;
 pub mod stack_distance;
 
 pub use histogram::{CurvePoint, DistanceHistogram};
+pub use online::{Decay, Interval, IntervalProfiler, IntervalRow};
 pub use profile::{Kind, Method, Profiler, VmCurves};
 pub use recs::RecsEstimator;
 pub use shards::Shards;

@@ -1,12 +1,13 @@
 //! `cachevisor analyze mrc`: per-VM miss-ratio curves (exact or SHARDS), working sets,
-//! wss80, ELICA's ideal sizes and URD sizes, as CSV, JSON and an SVG plot.
+//! wss80, ELICA's ideal sizes and URD sizes, as CSV, JSON and an SVG plot; and
+//! `cachevisor analyze windows`: the same estimators per interval, as CSV and SVG plots.
 
 use crate::input_args::{report_skipped, InputArgs};
 use crate::progress::Progress;
 use anyhow::Context;
-use cachevisor_analysis::{elica_ideal_bytes, Kind, Method, Profiler};
+use cachevisor_analysis::{elica_ideal_bytes, Decay, Interval, IntervalProfiler, IntervalRow, Kind, Method, Profiler};
 use cachevisor_sim::plot::{line_chart_svg, Series};
-use cachevisor_trace::units::{format_size, parse_size};
+use cachevisor_trace::units::{format_size, parse_duration_ns, parse_size};
 use clap::{Args, Subcommand};
 use serde::Serialize;
 use std::fmt::Write as _;
@@ -17,6 +18,36 @@ use std::path::PathBuf;
 pub enum AnalyzeCmd {
     /// Miss-ratio curves per VM, with working set, wss80, ELICA ideal size and URD size.
     Mrc(MrcArgs),
+    /// Per-interval series per VM: IOPS, WSS, hit ratio at given sizes, URD size, AllocUnit.
+    Windows(WindowsArgs),
+}
+
+/// Options of `analyze windows`.
+#[derive(Debug, Args)]
+pub struct WindowsArgs {
+    /// Trace files.
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    #[command(flatten)]
+    input: InputArgs,
+    /// Cache block size.
+    #[arg(long, default_value = "4KiB", value_parser = parse_size)]
+    block_size: u64,
+    /// Interval: a duration (`60s`, `10min`) of trace time, or a request count (`100000`).
+    #[arg(long, default_value = "60s")]
+    interval: String,
+    /// Cache sizes for the hit-ratio columns; the first also gives AllocUnit.
+    #[arg(long, value_delimiter = ',', default_value = "64MiB,256MiB,1GiB", value_parser = parse_size)]
+    sizes: Vec<u64>,
+    /// Past counts at each boundary: reset, keep, or a factor in (0, 1).
+    #[arg(long, default_value = "reset")]
+    decay: String,
+    /// Fraction of useful reuses the URD size covers.
+    #[arg(long, default_value_t = 0.95)]
+    percentile: f64,
+    /// Output directory.
+    #[arg(long, default_value = "out/windows")]
+    out: PathBuf,
 }
 
 /// Options of `analyze mrc`.
@@ -84,7 +115,100 @@ fn method(a: &MrcArgs) -> anyhow::Result<Method> {
 
 /// Runs an analysis subcommand.
 pub fn run(cmd: AnalyzeCmd) -> anyhow::Result<()> {
-    let AnalyzeCmd::Mrc(a) = cmd;
+    match cmd {
+        AnalyzeCmd::Mrc(a) => mrc(a),
+        AnalyzeCmd::Windows(a) => windows(a),
+    }
+}
+
+fn windows(a: WindowsArgs) -> anyhow::Result<()> {
+    if !a.block_size.is_power_of_two() || a.block_size < 512 {
+        anyhow::bail!("--block-size {}: must be a power of two of at least 512 B", a.block_size);
+    }
+    if a.sizes.is_empty() || a.sizes.iter().any(|&s| s < a.block_size) {
+        anyhow::bail!("--sizes: every size must be at least one block ({})", format_size(a.block_size));
+    }
+    let interval = if a.interval.chars().all(|c| c.is_ascii_digit()) {
+        let n: u64 = a.interval.parse()?;
+        if n == 0 {
+            anyhow::bail!("--interval 0: give a positive request count or a duration");
+        }
+        Interval::Requests(n)
+    } else {
+        let ns = parse_duration_ns(&a.interval).map_err(|e| anyhow::anyhow!("--interval: {e}"))?;
+        if ns == 0 {
+            anyhow::bail!("--interval must be longer than 0");
+        }
+        Interval::Time(ns)
+    };
+    let decay = match a.decay.as_str() {
+        "reset" => Decay::Reset,
+        "keep" => Decay::Keep,
+        f => match f.parse::<f64>() {
+            Ok(x) if x > 0.0 && x < 1.0 => Decay::Factor(x),
+            _ => anyhow::bail!("--decay {f}: use reset, keep, or a factor in (0, 1)"),
+        },
+    };
+    let blocks: Vec<u64> = a.sizes.iter().map(|s| s / a.block_size).collect();
+    let mut prof = IntervalProfiler::new(a.block_size, interval, decay, blocks, a.percentile);
+    let mut trace = a.input.open(&a.files, true)?;
+    let mut rows = Vec::new();
+    let mut n = 0u64;
+    let mut p = Progress::new("profiling intervals");
+    while let Some(r) = trace.next_request()? {
+        if let Some(closed) = prof.add(&r) {
+            rows.extend(closed);
+        }
+        n += 1;
+        if n % 65_536 == 0 {
+            p.update(n, None);
+        }
+    }
+    p.finish();
+    report_skipped(&a.files, &trace);
+    if n == 0 {
+        anyhow::bail!("no requests in the trace");
+    }
+    rows.extend(prof.close());
+    let names = trace.vm_names();
+    let bs = a.block_size;
+    let mut csv = String::from("interval,t_end_s,vm,requests,iops,wss_bytes");
+    for s in &a.sizes {
+        let _ = write!(csv, ",hit_ratio_{}", format_size(*s).replace(' ', "").replace(".00", ""));
+    }
+    csv.push_str(",urd_bytes,alloc_unit_blocks\n");
+    for r in &rows {
+        let _ = write!(csv, "{},{},{},{},{:.3},{}", r.interval, r.t_end_s, names[r.vm as usize].replace(',', "_"), r.requests, r.iops, r.wss_blocks * bs);
+        for h in &r.hit_ratio {
+            let _ = write!(csv, ",{h:.6}");
+        }
+        let _ = writeln!(csv, ",{},{}", r.urd_blocks.map_or(String::new(), |u| (u * bs).to_string()), r.alloc_unit_blocks);
+    }
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    std::fs::write(a.out.join("windows.csv"), csv)?;
+    let x_label = if matches!(interval, Interval::Time(_)) { "trace time (s)" } else { "trace time of the interval's last request (s)" };
+    let series = |f: &dyn Fn(&IntervalRow) -> f64| -> Vec<Series> {
+        (0..names.len())
+            .map(|vm| Series { name: names[vm].clone(), points: rows.iter().filter(|r| r.vm as usize == vm && r.requests > 0).map(|r| (r.t_end_s, f(r))).collect() })
+            .collect()
+    };
+    let last = a.sizes.len() - 1;
+    let charts = [
+        ("iops.svg", "requests per second per interval", "IOPS", series(&|r| r.iops), None),
+        ("wss.svg", "working set per interval", "WSS (MiB)", series(&|r| (r.wss_blocks * bs) as f64 / (1 << 20) as f64), None),
+        ("hit_ratio.svg", &*format!("LRU hit ratio at {}", format_size(a.sizes[last])), "hit ratio", series(&|r| r.hit_ratio[last]), Some((0.0, 1.0))),
+        ("alloc_unit.svg", &*format!("AllocUnit: block misses per interval at {}", format_size(a.sizes[0])), "blocks", series(&|r| r.alloc_unit_blocks as f64), None),
+    ];
+    for (file, title, y, s, range) in charts {
+        let svg = line_chart_svg(title, x_label, y, &s, range).map_err(anyhow::Error::msg)?;
+        std::fs::write(a.out.join(file), svg)?;
+    }
+    let intervals = rows.iter().map(|r| r.interval).max().map_or(0, |m| m + 1);
+    println!("{intervals} intervals × {} VMs; wrote {1}/windows.csv and {1}/{{iops,wss,hit_ratio,alloc_unit}}.svg", names.len(), a.out.display());
+    Ok(())
+}
+
+fn mrc(a: MrcArgs) -> anyhow::Result<()> {
     if !a.block_size.is_power_of_two() || a.block_size < 512 {
         anyhow::bail!("--block-size {}: must be a power of two of at least 512 B", a.block_size);
     }

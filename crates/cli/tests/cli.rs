@@ -151,3 +151,28 @@ fn analyze_bad_input_is_explained() {
 fn shared_static() -> String {
     shared("tpcc-small.mqsim.txt")
 }
+
+#[test]
+fn analyze_windows_writes_series_and_plots() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("w");
+    let text = ok(&["analyze", "windows", &shared("cloudPhysicsIO.vscsi"), "--interval", "10min", "--sizes", "16MiB,1GiB", "--out", out.to_str().unwrap()]);
+    assert!(text.starts_with("13 intervals × 1 VMs"), "{text}");
+    let csv = std::fs::read_to_string(out.join("windows.csv")).unwrap();
+    assert!(csv.starts_with("interval,t_end_s,vm,requests,iops,wss_bytes,hit_ratio_16MiB,hit_ratio_1GiB,urd_bytes,alloc_unit_blocks\n0,600,cloudPhysicsIO,"), "{csv}");
+    let total: u64 = csv.lines().skip(1).map(|l| l.split(',').nth(3).unwrap().parse::<u64>().unwrap()).sum();
+    assert_eq!(total, 113_872, "every request lands in one interval");
+    for f in ["iops.svg", "wss.svg", "hit_ratio.svg", "alloc_unit.svg"] {
+        assert!(out.join(f).is_file(), "{f}");
+    }
+    let by_count = ok(&["analyze", "windows", &shared("tpcc-small.mqsim.txt"), "--interval", "1000", "--decay", "0.5", "--out", out.to_str().unwrap()]);
+    assert!(by_count.starts_with("7 intervals"), "{by_count}");
+    for (args, want) in [(vec!["--interval", "0"], "--interval"), (vec!["--decay", "2"], "--decay"), (vec!["--sizes", "1b"], "--sizes")] {
+        let t = shared("tpcc-small.mqsim.txt");
+        let mut a = vec!["analyze", "windows", t.as_str()];
+        a.extend(args);
+        let o = run(&a);
+        assert_eq!(o.status.code(), Some(1));
+        assert!(String::from_utf8_lossy(&o.stderr).contains(want), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+}

@@ -2,8 +2,7 @@
 //! wss80, ELICA's ideal sizes and URD sizes, as CSV, JSON and an SVG plot; and
 //! `cachevisor analyze windows`: the same estimators per interval, as CSV and SVG plots.
 
-use crate::input_args::{report_skipped, InputArgs};
-use crate::progress::Progress;
+use crate::input_args::{drain, InputArgs};
 use anyhow::Context;
 use cachevisor_analysis::{elica_ideal_bytes, Decay, Interval, IntervalProfiler, IntervalRow, Kind, Method, Profiler};
 use cachevisor_sim::plot::{line_chart_svg, Series};
@@ -121,10 +120,15 @@ pub fn run(cmd: AnalyzeCmd) -> anyhow::Result<()> {
     }
 }
 
-fn windows(a: WindowsArgs) -> anyhow::Result<()> {
-    if !a.block_size.is_power_of_two() || a.block_size < 512 {
-        anyhow::bail!("--block-size {}: must be a power of two of at least 512 B", a.block_size);
+fn check_block_size(b: u64) -> anyhow::Result<()> {
+    if !b.is_power_of_two() || b < 512 {
+        anyhow::bail!("--block-size {b}: must be a power of two of at least 512 B");
     }
+    Ok(())
+}
+
+fn windows(a: WindowsArgs) -> anyhow::Result<()> {
+    check_block_size(a.block_size)?;
     if a.sizes.is_empty() || a.sizes.iter().any(|&s| s < a.block_size) {
         anyhow::bail!("--sizes: every size must be at least one block ({})", format_size(a.block_size));
     }
@@ -153,22 +157,7 @@ fn windows(a: WindowsArgs) -> anyhow::Result<()> {
     let mut prof = IntervalProfiler::new(a.block_size, interval, decay, blocks, a.percentile);
     let mut trace = a.input.open(&a.files, true)?;
     let mut rows = Vec::new();
-    let mut n = 0u64;
-    let mut p = Progress::new("profiling intervals");
-    while let Some(r) = trace.next_request()? {
-        if let Some(closed) = prof.add(&r) {
-            rows.extend(closed);
-        }
-        n += 1;
-        if n % 65_536 == 0 {
-            p.update(n, None);
-        }
-    }
-    p.finish();
-    report_skipped(&a.files, &trace);
-    if n == 0 {
-        anyhow::bail!("no requests in the trace");
-    }
+    drain(&mut trace, &a.files, "profiling intervals", |r| rows.extend(prof.add(r).into_iter().flatten()))?;
     rows.extend(prof.close());
     let names = trace.vm_names();
     let bs = a.block_size;
@@ -209,9 +198,7 @@ fn windows(a: WindowsArgs) -> anyhow::Result<()> {
 }
 
 fn mrc(a: MrcArgs) -> anyhow::Result<()> {
-    if !a.block_size.is_power_of_two() || a.block_size < 512 {
-        anyhow::bail!("--block-size {}: must be a power of two of at least 512 B", a.block_size);
-    }
+    check_block_size(a.block_size)?;
     if !(0.0..=1.0).contains(&a.percentile) {
         anyhow::bail!("--percentile {}: must be in [0, 1]", a.percentile);
     }
@@ -223,20 +210,7 @@ fn mrc(a: MrcArgs) -> anyhow::Result<()> {
     };
     let mut trace = a.input.open(&a.files, true)?;
     let mut prof = Profiler::new(a.block_size, m);
-    let mut p = Progress::new("profiling");
-    let mut n = 0u64;
-    while let Some(r) = trace.next_request()? {
-        prof.add(&r);
-        n += 1;
-        if n % 65_536 == 0 {
-            p.update(n, None);
-        }
-    }
-    p.finish();
-    report_skipped(&a.files, &trace);
-    if n == 0 {
-        anyhow::bail!("{}: no requests in the trace", a.files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", "));
-    }
+    drain(&mut trace, &a.files, "profiling", |r| prof.add(r))?;
     let names = trace.vm_names();
     let bs = a.block_size;
     let max_blocks = prof.vms().iter().map(|v| v.distinct_blocks()).max().unwrap_or(1).max(1);

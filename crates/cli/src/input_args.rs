@@ -1,7 +1,8 @@
 //! Command-line options shared by every command that reads traces.
 
 use cachevisor_trace::formats::generic_csv::CsvColumns;
-use cachevisor_trace::{Format, MergeOptions, MergedTrace, ReadOptions, VmMode};
+use crate::progress::Progress;
+use cachevisor_trace::{Format, MergeOptions, MergedTrace, ReadOptions, Request, VmMode};
 use clap::Args;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -61,4 +62,25 @@ pub fn report_skipped(files: &[PathBuf], trace: &MergedTrace) {
             eprintln!("warning: {}: skipped {} malformed records{at}", f.display(), c.skipped_bad);
         }
     }
+}
+
+/// Feeds every request of `trace` to `f` with a progress display, reports skipped
+/// records, and fails on a trace without requests; returns the request count.
+pub fn drain(trace: &mut MergedTrace, files: &[PathBuf], what: &str, mut f: impl FnMut(&Request)) -> anyhow::Result<u64> {
+    let mut p = Progress::new(what);
+    let mut n = 0u64;
+    while let Some(r) = trace.next_request()? {
+        f(&r);
+        n += 1;
+        if n.is_multiple_of(65_536) {
+            p.update(n, None);
+        }
+    }
+    p.finish();
+    report_skipped(files, trace);
+    if n == 0 {
+        let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+        anyhow::bail!("{}: no requests in the trace", names.join(", "));
+    }
+    Ok(n)
 }

@@ -1,6 +1,6 @@
 //! `cachevisor trace …`: characterize, convert, generate.
 
-use crate::input_args::{report_skipped, InputArgs};
+use crate::input_args::{drain, report_skipped, InputArgs};
 use crate::progress::Progress;
 use anyhow::Context;
 use cachevisor_trace::characterize::{Characterizer, VmProfile};
@@ -153,17 +153,7 @@ pub fn write_source(src: &mut dyn TraceSource, to: Format, output: &Path, block:
 fn info(files: &[PathBuf], input: &InputArgs, block: u64, json: bool) -> anyhow::Result<()> {
     let mut trace = input.open(files, true)?;
     let mut c = Characterizer::new(block);
-    let mut p = Progress::new("reading");
-    let mut n = 0u64;
-    while let Some(r) = trace.next_request()? {
-        c.add(&r);
-        n += 1;
-        if n.is_multiple_of(65_536) {
-            p.update(n, None);
-        }
-    }
-    p.finish();
-    report_skipped(files, &trace);
+    drain(&mut trace, files, "reading", |r| c.add(r))?;
     let profiles = c.finish(trace.vm_names());
     if json {
         println!("{}", serde_json::to_string_pretty(&profiles)?);

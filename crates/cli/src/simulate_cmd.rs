@@ -131,8 +131,7 @@ pub fn expand(sc: &Scenario, a: &SimulateArgs) -> Vec<(String, Scenario)> {
                 s.cache.partition = p;
                 s.cache.replacement = r;
                 s.cache.write_policy = w;
-                let pn = if p == PartitionMode::Shared { "shared" } else { "static" };
-                v.push((format!("{pn}-{r}-{w}"), s));
+                v.push((format!("{}-{r}-{w}", p.name()), s));
             }
         }
     }

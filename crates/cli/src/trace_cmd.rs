@@ -142,8 +142,7 @@ pub fn write_source(src: &mut dyn TraceSource, to: Format, output: &Path, block:
     let mut w = writer(to, output, block)?;
     let mut n = 0;
     while let Some(r) = src.next_request()? {
-        let name = src.vm_names()[r.vm as usize].clone();
-        w.write(&r, &name)?;
+        w.write(&r, &src.vm_names()[r.vm as usize])?;
         n += 1;
     }
     w.finish()?;

@@ -30,6 +30,16 @@ pub enum PartitionMode {
     Shared,
 }
 
+impl PartitionMode {
+    /// Command-line and report name.
+    pub fn name(self) -> &'static str {
+        match self {
+            PartitionMode::Static => "static",
+            PartitionMode::Shared => "shared",
+        }
+    }
+}
+
 /// What a read miss brings into the cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]

@@ -295,7 +295,7 @@ impl SimResult {
             r.slots,
             self.scenario.cache.replacement,
             self.scenario.cache.write_policy,
-            serde_json::to_value(self.scenario.cache.partition).unwrap().as_str().unwrap_or(""),
+            self.scenario.cache.partition.name(),
             self.engine.bytes_per_slot,
             self.virtual_time_s
         ));

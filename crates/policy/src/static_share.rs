@@ -1,0 +1,45 @@
+//! `static`: fixed shares of the cache in proportion to configured weights (equal shares
+//! when all weights are 1), the baseline every seed compares against. Minimums are met
+//! first; the rest is split by weight, rounding down, with the remainder going to VMs in
+//! order so the whole capacity is used.
+
+use crate::allocator::{Allocator, Decision, VmDemand};
+
+/// Weighted static shares.
+#[derive(Debug, Clone, Default)]
+pub struct StaticShare;
+
+/// Splits `capacity` by weight on top of each VM's minimum.
+pub fn weighted_split(capacity: u64, vms: &[VmDemand]) -> Vec<u64> {
+    let mins: u64 = vms.iter().map(|v| v.min_blocks).sum();
+    if mins >= capacity {
+        // Minimums do not fit: scale them down proportionally.
+        return vms.iter().map(|v| if mins == 0 { 0 } else { (v.min_blocks as u128 * capacity as u128 / mins as u128) as u64 }).collect();
+    }
+    let rest = capacity - mins;
+    let total_w: f64 = vms.iter().map(|v| v.weight.max(0.0)).sum();
+    let mut t: Vec<u64> = vms
+        .iter()
+        .map(|v| v.min_blocks + if total_w > 0.0 { (rest as f64 * v.weight.max(0.0) / total_w).floor() as u64 } else { rest / vms.len() as u64 })
+        .collect();
+    let mut left = capacity - t.iter().sum::<u64>().min(capacity);
+    let n = t.len();
+    for i in 0..n {
+        if left == 0 {
+            break;
+        }
+        t[i] += 1;
+        left -= 1;
+    }
+    t
+}
+
+impl Allocator for StaticShare {
+    fn name(&self) -> &'static str {
+        "static"
+    }
+
+    fn allocate(&mut self, capacity: u64, _unit: u64, vms: &[VmDemand]) -> Decision {
+        Decision { targets: weighted_split(capacity, vms), write_policies: vec![None; vms.len()] }
+    }
+}

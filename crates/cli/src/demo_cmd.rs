@@ -35,12 +35,16 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
         runs.push((format!("static-{r}"), s));
     }
     let mut s = base.clone();
+    s.cache.allocator = "optimal".into();
+    runs.push(("static-lru-optimal".into(), s));
+    let mut s = base.clone();
     s.cache.partition = PartitionMode::Shared;
     s.cache.replacement = ReplacementKind::Clock;
     runs.push(("shared-clock (unmanaged)".into(), s));
     println!(
         "cachevisor demo: {} VMs from the bundled traces, {} SSD cache (860 EVO model) in front of 7.2K HDDs,\n\
-         write-back, closed loop with 4 outstanding requests per VM; equal static partitions unless shared.\n",
+         write-back, closed loop with 4 outstanding requests per VM; equal static partitions, or the\n\
+         best static split from whole-trace LRU curves (optimal), or one shared pool.\n",
         base.trace.files.len(),
         a.cache_size
     );

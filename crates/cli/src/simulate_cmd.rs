@@ -34,6 +34,9 @@ pub struct SimulateArgs {
     /// Write policies, comma-separated to compare (wb, wt, wa, ro).
     #[arg(long, value_delimiter = ',', value_parser = |s: &str| s.parse::<WritePolicy>())]
     pub write_policy: Vec<WritePolicy>,
+    /// Allocation policies for static partitions, comma-separated to compare (static, optimal).
+    #[arg(long, value_delimiter = ',', value_parser = ["static", "optimal"])]
+    pub allocator: Vec<String>,
     /// Partition modes, comma-separated to compare (static, shared).
     #[arg(long, value_delimiter = ',', value_parser = ["static", "shared"])]
     pub partition: Vec<String>,
@@ -123,15 +126,22 @@ pub fn expand(sc: &Scenario, a: &SimulateArgs) -> Vec<(String, Scenario)> {
     };
     let repls = if a.replacement.is_empty() { vec![sc.cache.replacement] } else { a.replacement.clone() };
     let wps = if a.write_policy.is_empty() { vec![sc.cache.write_policy] } else { a.write_policy.clone() };
+    let allocs = if a.allocator.is_empty() { vec![sc.cache.allocator.clone()] } else { a.allocator.clone() };
     let mut v = Vec::new();
     for &p in &parts {
+        // The allocator only decides static partitions.
+        let allocs = if p == PartitionMode::Shared { &allocs[..1] } else { &allocs[..] };
         for &r in &repls {
             for &w in &wps {
-                let mut s = sc.clone();
-                s.cache.partition = p;
-                s.cache.replacement = r;
-                s.cache.write_policy = w;
-                v.push((format!("{}-{r}-{w}", p.name()), s));
+                for alloc in allocs {
+                    let mut s = sc.clone();
+                    s.cache.partition = p;
+                    s.cache.replacement = r;
+                    s.cache.write_policy = w;
+                    s.cache.allocator = alloc.clone();
+                    let suffix = if p == PartitionMode::Static && alloc != "static" { format!("-{alloc}") } else { String::new() };
+                    v.push((format!("{}-{r}-{w}{suffix}", p.name()), s));
+                }
             }
         }
     }

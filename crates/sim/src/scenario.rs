@@ -10,6 +10,7 @@
 //! write_policy = "wb"      # wb | wt | wa | ro (wi = ro)
 //! partition = "static"     # static (per-VM targets ∝ weight) | shared (unmanaged)
 //! fill = "block"           # block | request
+//! allocator = "static"     # static (weights) | optimal (whole-trace curves, pre-pass)
 //!
 //! [devices]
 //! ssd = "860-evo"          # preset name or an inline table (see DeviceSpec)
@@ -61,6 +62,9 @@ pub struct CacheSection {
     pub partition: PartitionMode,
     /// What a read miss fills.
     pub fill: FillMode,
+    /// Allocation policy for static partitions (see `cachevisor_policy::registry`):
+    /// `static` (weighted shares) or `optimal` (exact DP on whole-trace curves, a pre-pass).
+    pub allocator: String,
 }
 
 impl Default for CacheSection {
@@ -72,6 +76,7 @@ impl Default for CacheSection {
             write_policy: WritePolicy::Wb,
             partition: PartitionMode::Static,
             fill: FillMode::Block,
+            allocator: "static".into(),
         }
     }
 }
@@ -263,6 +268,7 @@ impl Scenario {
         let slots = cache_bytes.checked_div(block_size).unwrap_or(0);
         let engine = cachevisor_engine::EngineConfig { block_size, slots, ..cachevisor_engine::EngineConfig::with_slots(1) };
         engine.validate().map_err(|e| format!("cache: {e}"))?;
+        cachevisor_policy::registry::build(&self.cache.allocator).map_err(|e| format!("cache.allocator: {e}"))?;
         self.devices.ssd.resolve().map_err(|e| format!("devices.ssd: {e}"))?;
         self.devices.backing.resolve().map_err(|e| format!("devices.backing: {e}"))?;
         let r = &self.replay;

@@ -7,6 +7,8 @@ use crate::metrics::{Metrics, WindowRow};
 use crate::report::{SimResult, TraceCounts};
 use crate::scenario::{BackingLayout, ReplayMode, Resolved, Scenario};
 use cachevisor_analysis::recs::{self, RecsEstimator};
+use cachevisor_analysis::{Kind, Method, Profiler};
+use cachevisor_policy::{registry, Allocator, VmDemand};
 use cachevisor_engine::{DeviceOp, Engine, EngineConfig, Output, PartitionMode};
 use cachevisor_trace::formats::generic_csv::CsvColumns;
 use cachevisor_trace::generator::{Generator, WorkloadConfig};
@@ -74,6 +76,10 @@ struct Run<'a> {
     window_index: u64,
     last_now: u64,
     recs: RecsEstimator,
+    allocator: Box<dyn Allocator>,
+    /// Hit curves by VM id in steps of `unit` blocks, when the allocator needs them.
+    curves: Vec<Vec<f64>>,
+    unit: u64,
 }
 
 impl<'a> Run<'a> {
@@ -107,6 +113,9 @@ impl<'a> Run<'a> {
             // S-CAVE §IV-B: 5 sampling periods per window, α = 0.8; each period scans
             // 1/50 of the pool (at least 1,024 blocks).
             recs: RecsEstimator::new(recs::ALPHA, 5, (res.slots / 50).max(1024), 1),
+            allocator: registry::build(&sc.cache.allocator).map_err(SimError::Scenario)?,
+            curves: Vec::new(),
+            unit: (res.slots / CURVE_UNITS).max(1),
         })
     }
 
@@ -133,8 +142,19 @@ impl<'a> Run<'a> {
             }
         }
         if self.sc.cache.partition == PartitionMode::Static {
-            let total: f64 = (0..self.names.len()).map(|v| self.weight(v)).sum();
-            let targets: Vec<u64> = (0..self.names.len()).map(|v| (self.res.slots as f64 * self.weight(v) / total) as u64).collect();
+            let demands: Vec<VmDemand> = (0..self.names.len())
+                .map(|v| {
+                    let p = self.engine.partition(v as VmId);
+                    VmDemand {
+                        weight: self.weight(v),
+                        min_blocks: 0,
+                        target_blocks: p.target,
+                        used_blocks: p.used,
+                        hit_curve: self.curves.get(v).cloned().unwrap_or_default(),
+                    }
+                })
+                .collect();
+            let targets = self.allocator.allocate(self.res.slots, self.unit, &demands).targets;
             let mut order: Vec<usize> = (0..targets.len()).collect();
             order.sort_by_key(|&v| targets[v] > self.engine.partition(v as VmId).target); // shrinks first
             for v in order {
@@ -240,12 +260,43 @@ impl<'a> Run<'a> {
     }
 }
 
+/// Allocation units the hit curves are sampled at (the optimal DP's resolution).
+const CURVE_UNITS: u64 = 256;
+
+/// Pre-pass for allocators that need curves: exact whole-trace LRU hit curves per VM (in
+/// steps of `unit` blocks up to the cache size) and every VM name, in stream order.
+fn whole_trace_curves(sc: &Scenario, res: Resolved, unit: u64, limit: u64) -> Result<(Vec<Vec<f64>>, Vec<String>), SimError> {
+    let mut trace = open_inputs(sc)?;
+    let mut prof = Profiler::new(res.block_size, Method::Exact).all_only();
+    let mut n = 0;
+    while n < limit {
+        let Some(r) = trace.next_request()? else { break };
+        prof.add(&r);
+        n += 1;
+    }
+    let units = res.slots / unit;
+    let curves = prof
+        .vms()
+        .iter()
+        .map(|v| {
+            let h = v.histogram(Kind::All);
+            (0..=units).map(|k| h.hits_at(k * unit)).collect()
+        })
+        .collect();
+    Ok((curves, trace.vm_names().to_vec()))
+}
+
 /// Runs a scenario; `progress` is called every 65,536 requests.
 pub fn simulate(sc: &Scenario, progress: &mut dyn FnMut(Progress)) -> Result<SimResult, SimError> {
     let res = sc.resolve().map_err(SimError::Scenario)?;
-    let mut trace = open_inputs(sc)?;
     let mut run = Run::new(sc, res)?;
     let limit = if sc.replay.max_requests == 0 { u64::MAX } else { sc.replay.max_requests };
+    if sc.cache.partition == PartitionMode::Static && run.allocator.needs().hit_curves {
+        let (curves, names) = whole_trace_curves(sc, res, run.unit, limit)?;
+        run.curves = curves;
+        run.admit(&names, 0)?; // every VM from the start, so the split is the whole-trace optimum
+    }
+    let mut trace = open_inputs(sc)?;
     let end = match sc.replay.mode {
         ReplayMode::Open => {
             let mut n = 0u64;

@@ -126,3 +126,20 @@ fn malformed_trace_stops_with_location() {
     let r = simulate(&s, &mut |_| {}).unwrap();
     assert_eq!((r.total.requests, r.traces[0].skipped_bad), (2, 1));
 }
+
+#[test]
+fn optimal_static_split_beats_equal_shares() {
+    let mut equal = scenario();
+    equal.replay.max_requests = 0;
+    equal.cache.size = "512MiB".into();
+    let mut best = equal.clone();
+    best.cache.allocator = "optimal".into();
+    let (a, b) = (simulate(&equal, &mut |_| {}).unwrap(), simulate(&best, &mut |_| {}).unwrap());
+    assert!(b.total.hit_ratio > a.total.hit_ratio + 0.1, "optimal {} vs equal {}", b.total.hit_ratio, a.total.hit_ratio);
+    // The split follows the curves: the reuse-heavy VM gets most of the cache.
+    let cp = b.vms.iter().find(|v| v.vm == "cloudPhysicsIO").unwrap();
+    assert!(cp.final_used_blocks > b.resolved.slots / 2);
+    let mut bad = equal.clone();
+    bad.cache.allocator = "psychic".into();
+    assert!(simulate(&bad, &mut |_| {}).unwrap_err().to_string().contains("cache.allocator"));
+}

@@ -2,7 +2,7 @@
 //! wss80, ELICA's ideal sizes and URD sizes, as CSV, JSON and an SVG plot; and
 //! `cachevisor analyze windows`: the same estimators per interval, as CSV and SVG plots.
 
-use crate::input_args::{drain, InputArgs};
+use crate::input_args::{drain, BlockTraceArgs};
 use anyhow::Context;
 use cachevisor_analysis::{elica_ideal_bytes, Decay, Interval, IntervalProfiler, IntervalRow, Kind, Method, Profiler};
 use cachevisor_sim::plot::{line_chart_svg, Series};
@@ -24,14 +24,8 @@ pub enum AnalyzeCmd {
 /// Options of `analyze windows`.
 #[derive(Debug, Args)]
 pub struct WindowsArgs {
-    /// Trace files.
-    #[arg(required = true)]
-    files: Vec<PathBuf>,
     #[command(flatten)]
-    input: InputArgs,
-    /// Cache block size.
-    #[arg(long, default_value = "4KiB", value_parser = parse_size)]
-    block_size: u64,
+    trace: BlockTraceArgs,
     /// Interval: a duration (`60s`, `10min`) of trace time, or a request count (`100000`).
     #[arg(long, default_value = "60s")]
     interval: String,
@@ -52,14 +46,8 @@ pub struct WindowsArgs {
 /// Options of `analyze mrc`.
 #[derive(Debug, Args)]
 pub struct MrcArgs {
-    /// Trace files.
-    #[arg(required = true)]
-    files: Vec<PathBuf>,
     #[command(flatten)]
-    input: InputArgs,
-    /// Cache block size.
-    #[arg(long, default_value = "4KiB", value_parser = parse_size)]
-    block_size: u64,
+    trace: BlockTraceArgs,
     /// exact, or shards (with --rate or --max-blocks).
     #[arg(long, default_value = "exact", value_parser = ["exact", "shards"])]
     method: String,
@@ -128,9 +116,9 @@ fn check_block_size(b: u64) -> anyhow::Result<()> {
 }
 
 fn windows(a: WindowsArgs) -> anyhow::Result<()> {
-    check_block_size(a.block_size)?;
-    if a.sizes.is_empty() || a.sizes.iter().any(|&s| s < a.block_size) {
-        anyhow::bail!("--sizes: every size must be at least one block ({})", format_size(a.block_size));
+    check_block_size(a.trace.block_size)?;
+    if a.sizes.is_empty() || a.sizes.iter().any(|&s| s < a.trace.block_size) {
+        anyhow::bail!("--sizes: every size must be at least one block ({})", format_size(a.trace.block_size));
     }
     let interval = if a.interval.chars().all(|c| c.is_ascii_digit()) {
         let n: u64 = a.interval.parse()?;
@@ -153,14 +141,14 @@ fn windows(a: WindowsArgs) -> anyhow::Result<()> {
             _ => anyhow::bail!("--decay {f}: use reset, keep, or a factor in (0, 1)"),
         },
     };
-    let blocks: Vec<u64> = a.sizes.iter().map(|s| s / a.block_size).collect();
-    let mut prof = IntervalProfiler::new(a.block_size, interval, decay, blocks, a.percentile);
-    let mut trace = a.input.open(&a.files, true)?;
+    let blocks: Vec<u64> = a.sizes.iter().map(|s| s / a.trace.block_size).collect();
+    let mut prof = IntervalProfiler::new(a.trace.block_size, interval, decay, blocks, a.percentile);
+    let mut trace = a.trace.open()?;
     let mut rows = Vec::new();
-    drain(&mut trace, &a.files, "profiling intervals", |r| rows.extend(prof.add(r).into_iter().flatten()))?;
+    drain(&mut trace, &a.trace.files, "profiling intervals", |r| rows.extend(prof.add(r).into_iter().flatten()))?;
     rows.extend(prof.close());
     let names = trace.vm_names();
-    let bs = a.block_size;
+    let bs = a.trace.block_size;
     let mut csv = String::from("interval,t_end_s,vm,requests,iops,wss_bytes");
     for s in &a.sizes {
         let _ = write!(csv, ",hit_ratio_{}", format_size(*s).replace(' ', "").replace(".00", ""));
@@ -198,7 +186,7 @@ fn windows(a: WindowsArgs) -> anyhow::Result<()> {
 }
 
 fn mrc(a: MrcArgs) -> anyhow::Result<()> {
-    check_block_size(a.block_size)?;
+    check_block_size(a.trace.block_size)?;
     if !(0.0..=1.0).contains(&a.percentile) {
         anyhow::bail!("--percentile {}: must be in [0, 1]", a.percentile);
     }
@@ -208,11 +196,11 @@ fn mrc(a: MrcArgs) -> anyhow::Result<()> {
         "write" => Kind::Write,
         _ => Kind::All,
     };
-    let mut trace = a.input.open(&a.files, true)?;
-    let mut prof = Profiler::new(a.block_size, m);
-    drain(&mut trace, &a.files, "profiling", |r| prof.add(r))?;
+    let mut trace = a.trace.open()?;
+    let mut prof = Profiler::new(a.trace.block_size, m);
+    drain(&mut trace, &a.trace.files, "profiling", |r| prof.add(r))?;
     let names = trace.vm_names();
-    let bs = a.block_size;
+    let bs = a.trace.block_size;
     let max_blocks = prof.vms().iter().map(|v| v.distinct_blocks()).max().unwrap_or(1).max(1);
     let mut summaries = Vec::new();
     let mut series = Vec::new();
@@ -265,7 +253,7 @@ fn mrc(a: MrcArgs) -> anyhow::Result<()> {
         percentile: f64,
         vms: &'a [VmSummary],
     }
-    let json = serde_json::to_string_pretty(&Summary { files: &a.files, block_size: bs, method: m, kind: &a.kind, percentile: a.percentile, vms: &summaries })?;
+    let json = serde_json::to_string_pretty(&Summary { files: &a.trace.files, block_size: bs, method: m, kind: &a.kind, percentile: a.percentile, vms: &summaries })?;
     std::fs::write(a.out.join("summary.json"), json)?;
     let title = format!("LRU miss-ratio curves ({} accesses, {} blocks, {})", a.kind, format_size(bs), a.method);
     let svg = line_chart_svg(&title, "cache size (GiB)", "miss ratio", &series, Some((0.0, 1.0))).map_err(anyhow::Error::msg)?;

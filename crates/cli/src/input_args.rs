@@ -7,6 +7,26 @@ use clap::Args;
 use std::collections::HashMap;
 use std::path::PathBuf;
 
+/// Trace files, how to read them, and the cache block size: what every analysis reads.
+#[derive(Debug, Clone, Args)]
+pub struct BlockTraceArgs {
+    /// Trace files (several are merged by time, each trace its VMs).
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    #[command(flatten)]
+    pub input: InputArgs,
+    /// Cache block size.
+    #[arg(long, default_value = "4KiB", value_parser = cachevisor_trace::units::parse_size)]
+    pub block_size: u64,
+}
+
+impl BlockTraceArgs {
+    /// Opens and merges the files, each trace starting at time 0.
+    pub fn open(&self) -> anyhow::Result<MergedTrace> {
+        self.input.open(&self.files, true)
+    }
+}
+
 /// How to read trace files.
 #[derive(Debug, Clone, Args)]
 pub struct InputArgs {

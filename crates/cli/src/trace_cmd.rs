@@ -1,6 +1,6 @@
 //! `cachevisor trace …`: characterize, convert, generate.
 
-use crate::input_args::{drain, report_skipped, InputArgs};
+use crate::input_args::{drain, report_skipped, BlockTraceArgs, InputArgs};
 use crate::progress::Progress;
 use anyhow::Context;
 use cachevisor_trace::characterize::{Characterizer, VmProfile};
@@ -17,14 +17,8 @@ use std::path::{Path, PathBuf};
 pub enum TraceCmd {
     /// Per VM and total: requests, duration, IOPS, read/write mix, sizes, WSS, sequentiality, reuse.
     Info {
-        /// Trace files (several are merged by time, each trace its VMs).
-        #[arg(required = true)]
-        files: Vec<PathBuf>,
         #[command(flatten)]
-        input: InputArgs,
-        /// Block size for the working-set size.
-        #[arg(long, default_value = "4KiB", value_parser = parse_size)]
-        block_size: u64,
+        trace: BlockTraceArgs,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -92,7 +86,7 @@ pub enum TraceCmd {
 /// Runs a trace subcommand.
 pub fn run(cmd: TraceCmd) -> anyhow::Result<()> {
     match cmd {
-        TraceCmd::Info { files, input, block_size, json } => info(&files, &input, block_size, json),
+        TraceCmd::Info { trace, json } => info(&trace, json),
         TraceCmd::Convert { files, input, to, output, block_size, keep_time } => {
             let mut trace = input.open(&files, !keep_time)?;
             let mut w = writer(to, &output, block_size)?;
@@ -149,10 +143,11 @@ pub fn write_source(src: &mut dyn TraceSource, to: Format, output: &Path, block:
     Ok(n)
 }
 
-fn info(files: &[PathBuf], input: &InputArgs, block: u64, json: bool) -> anyhow::Result<()> {
-    let mut trace = input.open(files, true)?;
+fn info(args: &BlockTraceArgs, json: bool) -> anyhow::Result<()> {
+    let block = args.block_size;
+    let mut trace = args.open()?;
     let mut c = Characterizer::new(block);
-    drain(&mut trace, files, "reading", |r| c.add(r))?;
+    drain(&mut trace, &args.files, "reading", |r| c.add(r))?;
     let profiles = c.finish(trace.vm_names());
     if json {
         println!("{}", serde_json::to_string_pretty(&profiles)?);

@@ -101,6 +101,26 @@ impl DistanceHistogram {
         h
     }
 
+    /// Hits at sizes `0, unit, 2·unit, …, points·unit` blocks in one pass over the
+    /// buckets (what allocators read as a VM's hit curve).
+    pub fn hits_curve(&self, unit: u64, points: usize) -> Vec<f64> {
+        let unit = unit.max(1);
+        let mut out = Vec::with_capacity(points + 1);
+        let mut acc = 0.0; // hits of buckets fully below the current size
+        let mut next = 0usize; // first bucket not yet in `acc`
+        for k in 0..=points as u64 {
+            let c = k * unit;
+            let full = (c / self.width) as usize;
+            while next < full.min(self.counts.len()) {
+                acc += self.counts[next];
+                next += 1;
+            }
+            let part = self.counts.get(full).map_or(0.0, |&p| p * (c % self.width) as f64 / self.width as f64);
+            out.push(acc + part);
+        }
+        out
+    }
+
     /// Miss ratio of an LRU cache of `c` blocks (1 for an empty histogram).
     pub fn miss_ratio_at(&self, c: u64) -> f64 {
         let t = self.total();
@@ -192,6 +212,18 @@ mod tests {
         assert_eq!(h.size_covering_reuses(0.5), Some(2));
         assert_eq!(h.size_for_hit_ratio(0.5), Some(2));
         assert_eq!(h.size_for_hit_ratio(0.8), None);
+    }
+
+    #[test]
+    fn hits_curve_matches_hits_at() {
+        let mut h = DistanceHistogram::bounded(8);
+        for d in 0..100u64 {
+            h.add(Some(d * 7 % 61), 1.0);
+        }
+        let curve = h.hits_curve(5, 20);
+        for (k, &v) in curve.iter().enumerate() {
+            assert!((v - h.hits_at(k as u64 * 5)).abs() < 1e-9, "k {k}");
+        }
     }
 
     #[test]

@@ -150,6 +150,11 @@ impl IntervalProfiler {
         }
     }
 
+    /// The (decayed) histogram of all accesses of `vm` so far this interval.
+    pub fn histogram(&self, vm: u32) -> Option<&DistanceHistogram> {
+        self.vms.get(vm as usize).map(|s| &s.all)
+    }
+
     /// Ends the current interval: rows for every VM, then decay and counters reset.
     pub fn close(&mut self) -> Vec<IntervalRow> {
         let start = self.start_ns.unwrap_or(0);

@@ -37,6 +37,9 @@ pub struct SimulateArgs {
     /// Allocation policies for static partitions, comma-separated to compare (static, optimal).
     #[arg(long, value_delimiter = ',', value_parser = ["static", "optimal"])]
     pub allocator: Vec<String>,
+    /// Re-run the allocator every window on recent curves (not only when VMs arrive).
+    #[arg(long)]
+    pub reallocate: bool,
     /// Partition modes, comma-separated to compare (static, shared).
     #[arg(long, value_delimiter = ',', value_parser = ["static", "shared"])]
     pub partition: Vec<String>,
@@ -90,6 +93,7 @@ pub fn base_scenario(a: &SimulateArgs) -> anyhow::Result<Scenario> {
         sc.trace.csv_columns = a.input.csv_columns.clone();
     }
     sc.trace.rename.extend(a.input.rename.iter().cloned());
+    sc.cache.reallocate |= a.reallocate;
     if let Some(s) = &a.cache_size {
         sc.cache.size = s.clone();
     }

@@ -5,7 +5,8 @@
 //! With K units of capacity and n VMs, `best[i][k]` = most hits of the first i VMs using
 //! k units; O(n·K²) time, O(n·K) memory for the choice table. Minimums are honoured by
 //! starting each VM at its minimum unit count. Ties go to the smaller allocation of the
-//! earlier VM, so the result is deterministic.
+//! earlier VM, so the result is deterministic; capacity the curves do not gain from is
+//! then shared by weight rather than left idle.
 
 use crate::allocator::{Allocator, Decision, Needs, VmDemand};
 
@@ -77,7 +78,15 @@ impl Allocator for Optimal {
             crate::static_share::weighted_split(capacity, vms)
         } else {
             let curves: Vec<&[f64]> = vms.iter().map(|v| v.hit_curve.as_slice()).collect();
-            solve(units, &curves, &min_units).into_iter().map(|k| k as u64 * unit).collect()
+            let mut t: Vec<u64> = solve(units, &curves, &min_units).into_iter().map(|k| k as u64 * unit).collect();
+            // Space no curve gains from (saturated curves, or no information yet) is not
+            // left idle: it is shared by weight, which cannot lower any VM's hits.
+            let left = capacity - t.iter().sum::<u64>();
+            let shares: Vec<VmDemand> = vms.iter().map(|v| VmDemand { min_blocks: 0, ..v.clone() }).collect();
+            for (x, extra) in t.iter_mut().zip(crate::static_share::weighted_split(left, &shares)) {
+                *x += extra;
+            }
+            t
         };
         Decision { targets, write_policies: vec![None; vms.len()] }
     }

@@ -37,6 +37,18 @@ fn optimal_gives_space_where_hits_grow() {
     assert_eq!(solve(4, &[&a, &b], &[2, 0]), [2, 2]);
 }
 
+#[test]
+fn optimal_leaves_no_space_idle() {
+    let mut o = build("optimal").unwrap();
+    // No information yet (flat curves): weighted shares.
+    let d = o.allocate(100, 10, &[vm(1.0, 0, vec![0.0; 11]), vm(3.0, 0, vec![0.0; 11])]);
+    assert_eq!(d.targets, [25, 75]);
+    // VM 0 saturates at 2 units; the rest is split by weight on top of the optimum.
+    let a: Vec<f64> = (0..=10).map(|k| if k >= 2 { 50.0 } else { 25.0 * k as f64 }).collect();
+    let d = o.allocate(100, 10, &[vm(1.0, 0, a), vm(1.0, 0, vec![0.0; 11])]);
+    assert_eq!(d.targets, [20 + 40, 40]);
+}
+
 fn brute(units: usize, curves: &[Vec<f64>], mins: &[usize]) -> f64 {
     fn go(i: usize, left: usize, curves: &[Vec<f64>], mins: &[usize]) -> f64 {
         if i == curves.len() {

@@ -11,6 +11,7 @@
 //! partition = "static"     # static (per-VM targets ∝ weight) | shared (unmanaged)
 //! fill = "block"           # block | request
 //! allocator = "static"     # static (weights) | optimal (whole-trace curves, pre-pass)
+//! reallocate = false       # true: re-run the allocator every window on recent curves
 //!
 //! [devices]
 //! ssd = "860-evo"          # preset name or an inline table (see DeviceSpec)
@@ -65,6 +66,10 @@ pub struct CacheSection {
     /// Allocation policy for static partitions (see `cachevisor_policy::registry`):
     /// `static` (weighted shares) or `optimal` (exact DP on whole-trace curves, a pre-pass).
     pub allocator: String,
+    /// Re-run the allocator at every metrics window (`replay.window`) on each VM's recent
+    /// hit curve (exact distances, counts halved each window) instead of only when VMs
+    /// arrive. An online controller: it sees the past, not the coming window.
+    pub reallocate: bool,
 }
 
 impl Default for CacheSection {
@@ -77,6 +82,7 @@ impl Default for CacheSection {
             partition: PartitionMode::Static,
             fill: FillMode::Block,
             allocator: "static".into(),
+            reallocate: false,
         }
     }
 }

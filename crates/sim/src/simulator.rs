@@ -7,7 +7,7 @@ use crate::metrics::{Metrics, WindowRow};
 use crate::report::{SimResult, TraceCounts};
 use crate::scenario::{BackingLayout, ReplayMode, Resolved, Scenario};
 use cachevisor_analysis::recs::{self, RecsEstimator};
-use cachevisor_analysis::{Kind, Method, Profiler};
+use cachevisor_analysis::{Decay, Interval, IntervalProfiler, Kind, Method, Profiler};
 use cachevisor_policy::{registry, Allocator, VmDemand};
 use cachevisor_engine::{DeviceOp, Engine, EngineConfig, Output, PartitionMode};
 use cachevisor_trace::formats::generic_csv::CsvColumns;
@@ -80,6 +80,8 @@ struct Run<'a> {
     /// Hit curves by VM id in steps of `unit` blocks, when the allocator needs them.
     curves: Vec<Vec<f64>>,
     unit: u64,
+    /// Recent per-VM distances for reallocation every window.
+    online: Option<IntervalProfiler>,
 }
 
 impl<'a> Run<'a> {
@@ -116,6 +118,7 @@ impl<'a> Run<'a> {
             allocator: registry::build(&sc.cache.allocator).map_err(SimError::Scenario)?,
             curves: Vec::new(),
             unit: (res.slots / CURVE_UNITS).max(1),
+            online: None,
         })
     }
 
@@ -141,30 +144,36 @@ impl<'a> Run<'a> {
                 self.engine.set_write_policy(vm as VmId, p, &mut self.cmd);
             }
         }
-        if self.sc.cache.partition == PartitionMode::Static {
-            let demands: Vec<VmDemand> = (0..self.names.len())
-                .map(|v| {
-                    let p = self.engine.partition(v as VmId);
-                    VmDemand {
-                        weight: self.weight(v),
-                        min_blocks: 0,
-                        target_blocks: p.target,
-                        used_blocks: p.used,
-                        hit_curve: self.curves.get(v).cloned().unwrap_or_default(),
-                    }
-                })
-                .collect();
-            let targets = self.allocator.allocate(self.res.slots, self.unit, &demands).targets;
-            let mut order: Vec<usize> = (0..targets.len()).collect();
-            order.sort_by_key(|&v| targets[v] > self.engine.partition(v as VmId).target); // shrinks first
-            for v in order {
-                self.engine.set_target(v as VmId, targets[v], &mut self.cmd);
-                let cmd = std::mem::take(&mut self.cmd);
-                self.background(now, &cmd);
-                self.cmd = cmd;
-            }
-        }
+        self.reallocate(now);
         Ok(())
+    }
+
+    /// Asks the allocator for targets (static partitions only) and applies them, shrinks
+    /// before grows, as background work at `now`.
+    fn reallocate(&mut self, now: u64) {
+        if self.sc.cache.partition != PartitionMode::Static {
+            return;
+        }
+        let units = (self.res.slots / self.unit) as usize;
+        let demands: Vec<VmDemand> = (0..self.names.len())
+            .map(|v| {
+                let p = self.engine.partition(v as VmId);
+                let hit_curve = match &self.online {
+                    Some(o) => o.histogram(v as VmId).map(|h| h.hits_curve(self.unit, units)).unwrap_or_default(),
+                    None => self.curves.get(v).cloned().unwrap_or_default(),
+                };
+                VmDemand { weight: self.weight(v), min_blocks: 0, target_blocks: p.target, used_blocks: p.used, hit_curve }
+            })
+            .collect();
+        let targets = self.allocator.allocate(self.res.slots, self.unit, &demands).targets;
+        let mut order: Vec<usize> = (0..targets.len()).collect();
+        order.sort_by_key(|&v| targets[v] > self.engine.partition(v as VmId).target); // shrinks first
+        for v in order {
+            self.engine.set_target(v as VmId, targets[v], &mut self.cmd);
+            let cmd = std::mem::take(&mut self.cmd);
+            self.background(now, &cmd);
+            self.cmd = cmd;
+        }
     }
 
     fn device(&mut self, op: &DeviceOp) -> (&mut Device, u64) {
@@ -211,6 +220,12 @@ impl<'a> Run<'a> {
 
     /// Emits the current window's rows and starts the next window.
     fn emit_window(&mut self) {
+        if self.online.is_some() {
+            self.reallocate(self.window_end);
+            if let Some(o) = self.online.as_mut() {
+                o.close(); // halves the counts: the next decision weighs recent windows more
+            }
+        }
         let engine = &self.engine;
         let recs = self.recs.sample_window(engine.slot_count(), |s| engine.slot_referenced(s as u32)).to_vec();
         {
@@ -240,6 +255,9 @@ impl<'a> Run<'a> {
     fn issue(&mut self, now: u64, req: &Request) -> u64 {
         self.roll_windows(now);
         self.last_now = now;
+        if let Some(o) = self.online.as_mut() {
+            o.add(req);
+        }
         let mut out = std::mem::take(&mut self.out);
         self.engine.access(now, req, &mut out);
         let done = self.execute(now, &out.ops);
@@ -279,8 +297,7 @@ fn whole_trace_curves(sc: &Scenario, res: Resolved, unit: u64, limit: u64) -> Re
         .vms()
         .iter()
         .map(|v| {
-            let h = v.histogram(Kind::All);
-            (0..=units).map(|k| h.hits_at(k * unit)).collect()
+            v.histogram(Kind::All).hits_curve(unit, units as usize)
         })
         .collect();
     Ok((curves, trace.vm_names().to_vec()))
@@ -291,7 +308,9 @@ pub fn simulate(sc: &Scenario, progress: &mut dyn FnMut(Progress)) -> Result<Sim
     let res = sc.resolve().map_err(SimError::Scenario)?;
     let mut run = Run::new(sc, res)?;
     let limit = if sc.replay.max_requests == 0 { u64::MAX } else { sc.replay.max_requests };
-    if sc.cache.partition == PartitionMode::Static && run.allocator.needs().hit_curves {
+    if sc.cache.reallocate && sc.cache.partition == PartitionMode::Static && run.allocator.needs().hit_curves {
+        run.online = Some(IntervalProfiler::new(res.block_size, Interval::Requests(u64::MAX), Decay::Factor(0.5), Vec::new(), 0.95));
+    } else if sc.cache.partition == PartitionMode::Static && run.allocator.needs().hit_curves {
         let (curves, names) = whole_trace_curves(sc, res, run.unit, limit)?;
         run.curves = curves;
         run.admit(&names, 0)?; // every VM from the start, so the split is the whole-trace optimum

@@ -143,3 +143,24 @@ fn optimal_static_split_beats_equal_shares() {
     bad.cache.allocator = "psychic".into();
     assert!(simulate(&bad, &mut |_| {}).unwrap_err().to_string().contains("cache.allocator"));
 }
+
+#[test]
+fn reallocating_every_window_follows_recent_curves() {
+    let mut s = scenario();
+    s.replay.max_requests = 60_000;
+    s.cache.size = "512MiB".into();
+    s.cache.allocator = "optimal".into();
+    s.cache.reallocate = true;
+    let a = simulate(&s, &mut |_| {}).unwrap();
+    assert_eq!(a.to_json(), simulate(&s, &mut |_| {}).unwrap().to_json(), "deterministic");
+    // Targets move between windows and never exceed the cache.
+    let targets: std::collections::BTreeSet<u64> = a.windows.iter().filter(|w| w.vm == "cloudPhysicsIO").map(|w| w.target_blocks).collect();
+    assert!(targets.len() > 2, "{targets:?}");
+    for w in a.windows.chunks(3) {
+        assert!(w.iter().map(|r| r.target_blocks).sum::<u64>() <= a.resolved.slots);
+    }
+    let mut equal = s.clone();
+    equal.cache.allocator = "static".into();
+    let e = simulate(&equal, &mut |_| {}).unwrap();
+    assert!(a.total.hit_ratio > e.total.hit_ratio, "{} vs {}", a.total.hit_ratio, e.total.hit_ratio);
+}

@@ -158,7 +158,7 @@ fn engine(kind: ReplacementKind, slots: u64, partition: PartitionMode) -> Engine
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(ProptestConfig::with_cases(cases(64)))]
 
     #[test]
     fn each_policy_matches_its_model_per_partition(
@@ -253,4 +253,9 @@ fn clock_counters_saturate_at_four_bits() {
     let mut seen = HashSet::new();
     seen.insert(s);
     assert_eq!(seen.len(), 1);
+}
+
+/// Cases per property: `default`, or `PROPTEST_CASES` for longer hunts.
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }

@@ -177,7 +177,7 @@ fn run(steps: &[Step], partition: PartitionMode, fill: FillMode, kind: Replaceme
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(200))]
+    #![proptest_config(ProptestConfig::with_cases(cases(200)))]
 
     #[test]
     fn reads_never_return_stale_data(
@@ -223,4 +223,9 @@ fn read_only_policy_sends_writes_around_and_invalidates() {
     assert_eq!(e.lookup(0, 0), None, "fully overwritten block is invalidated");
     e.access(0, &Request { op: Op::Write, offset: 8192, ..rd }, &mut out);
     assert_eq!(e.partition(0).used, 0, "write misses are not allocated");
+}
+
+/// Cases per property: `default`, or `PROPTEST_CASES` for longer hunts.
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }

@@ -41,11 +41,22 @@ impl S3Fifo {
         self.generation += 1;
         self.ghost_gen.insert(key, self.generation);
         self.ghost.push_back((key, self.generation));
-        while self.ghost_gen.len() > self.ghost_cap || self.ghost.len() > 2 * self.ghost_cap + 16 {
-            let Some((k, g)) = self.ghost.pop_front() else { break };
-            if self.ghost_gen.get(&k) == Some(&g) {
+        // Drop stale entries (keys taken back or re-ghosted) at the front, and the oldest
+        // live keys while the ghost holds more than its capacity.
+        while let Some(&(k, g)) = self.ghost.front() {
+            let live = self.ghost_gen.get(&k) == Some(&g);
+            if live && self.ghost_gen.len() <= self.ghost_cap {
+                break;
+            }
+            self.ghost.pop_front();
+            if live {
                 self.ghost_gen.remove(&k);
             }
+        }
+        // Stale entries behind a live front: compact now and then so memory stays O(cap).
+        if self.ghost.len() > 2 * self.ghost_cap + 16 {
+            let gens = &self.ghost_gen;
+            self.ghost.retain(|(k, g)| gens.get(k) == Some(g));
         }
     }
 }

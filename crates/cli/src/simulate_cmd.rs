@@ -34,8 +34,8 @@ pub struct SimulateArgs {
     /// Write policies, comma-separated to compare (wb, wt, wa, ro).
     #[arg(long, value_delimiter = ',', value_parser = |s: &str| s.parse::<WritePolicy>())]
     pub write_policy: Vec<WritePolicy>,
-    /// Allocation policies for static partitions, comma-separated to compare (static, optimal).
-    #[arg(long, value_delimiter = ',', value_parser = ["static", "optimal"])]
+    /// Allocation policies for static partitions, comma-separated to compare.
+    #[arg(long, value_delimiter = ',', value_parser = cachevisor_policy::registry::NAMES)]
     pub allocator: Vec<String>,
     /// Re-run the allocator every window on recent curves (not only when VMs arrive).
     #[arg(long)]
@@ -178,7 +178,7 @@ pub fn run_all(runs: &[(String, Scenario)], out: &Path) -> anyhow::Result<Vec<(S
 pub fn comparison_table(results: &[(String, SimResult)]) -> String {
     let mut s = String::new();
     let Some((_, first)) = results.first() else { return s };
-    let _ = write!(s, "{:<24} {:>7} {:>9} {:>9} {:>10}", "run", "hit%", "mean µs", "p99 µs", "SSD wr");
+    let _ = write!(s, "{:<32} {:>7} {:>9} {:>9} {:>10}", "run", "hit%", "mean µs", "p99 µs", "SSD wr");
     for v in &first.vms {
         let name: String = v.vm.chars().take(16).collect();
         let _ = write!(s, " {:>16}", format!("{name} hit%"));
@@ -188,7 +188,7 @@ pub fn comparison_table(results: &[(String, SimResult)]) -> String {
         let t = &r.total;
         let _ = write!(
             s,
-            "{:<24} {:>7.2} {:>9.1} {:>9.1} {:>10}",
+            "{:<32} {:>7.2} {:>9.1} {:>9.1} {:>10}",
             label,
             t.hit_ratio * 100.0,
             t.latency.mean_us,

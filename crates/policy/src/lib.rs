@@ -3,11 +3,13 @@
 //! deterministic: drivers (the simulator's interval controller, the daemon) gather the
 //! demand estimates and apply the decisions through engine commands.
 //!
-//! Built so far: `static` (weighted shares) and `optimal` (exact DP upper bound).
+//! Built so far: `static` (weighted shares), `optimal` (exact DP upper bound) and
+//! `symflex-weighted` (weighted fair share with redistribution).
 
 pub mod allocator;
 pub mod optimal;
 pub mod registry;
 pub mod static_share;
+pub mod symflex_weighted;
 
 pub use allocator::{Allocator, Decision, Needs, VmDemand};

@@ -5,15 +5,17 @@
 use crate::allocator::Allocator;
 use crate::optimal::Optimal;
 use crate::static_share::StaticShare;
+use crate::symflex_weighted::SymflexWeighted;
 
 /// Names of every allocator.
-pub const NAMES: [&str; 2] = ["static", "optimal"];
+pub const NAMES: [&str; 3] = ["static", "optimal", "symflex-weighted"];
 
 /// Builds an allocator by name; the error lists the names.
 pub fn build(name: &str) -> Result<Box<dyn Allocator>, String> {
     match name {
         "static" => Ok(Box::new(StaticShare)),
         "optimal" => Ok(Box::new(Optimal)),
+        "symflex-weighted" => Ok(Box::new(SymflexWeighted)),
         _ => Err(format!("unknown allocation policy `{name}` (one of {})", NAMES.join(", "))),
     }
 }

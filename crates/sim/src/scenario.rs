@@ -10,7 +10,7 @@
 //! write_policy = "wb"      # wb | wt | wa | ro (wi = ro)
 //! partition = "static"     # static (per-VM targets ∝ weight) | shared (unmanaged)
 //! fill = "block"           # block | request
-//! allocator = "static"     # static (weights) | optimal (whole-trace curves, pre-pass)
+//! allocator = "static"     # static (weights) | optimal (exact DP) | symflex-weighted (fair share)
 //! reallocate = false       # true: re-run the allocator every window on recent curves
 //!
 //! [devices]
@@ -64,7 +64,9 @@ pub struct CacheSection {
     /// What a read miss fills.
     pub fill: FillMode,
     /// Allocation policy for static partitions (see `cachevisor_policy::registry`):
-    /// `static` (weighted shares) or `optimal` (exact DP on whole-trace curves, a pre-pass).
+    /// `static` (weighted shares), `optimal` (exact DP) or `symflex-weighted` (weighted
+    /// fair share with redistribution). Curve-driven policies get whole-trace curves from
+    /// a pre-pass, or recent curves every window with `reallocate`.
     pub allocator: String,
     /// Re-run the allocator at every metrics window (`replay.window`) on each VM's recent
     /// hit curve (exact distances, counts halved each window) instead of only when VMs

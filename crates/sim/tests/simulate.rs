@@ -139,6 +139,11 @@ fn optimal_static_split_beats_equal_shares() {
     // The split follows the curves: the reuse-heavy VM gets most of the cache.
     let cp = b.vms.iter().find(|v| v.vm == "cloudPhysicsIO").unwrap();
     assert!(cp.final_used_blocks > b.resolved.slots / 2);
+    // Weighted fair share gives what the streaming VMs cannot use to the others.
+    let mut fair = equal.clone();
+    fair.cache.allocator = "symflex-weighted".into();
+    let f = simulate(&fair, &mut |_| {}).unwrap();
+    assert!(f.total.hit_ratio > a.total.hit_ratio, "fair share {} vs equal {}", f.total.hit_ratio, a.total.hit_ratio);
     let mut bad = equal.clone();
     bad.cache.allocator = "psychic".into();
     assert!(simulate(&bad, &mut |_| {}).unwrap_err().to_string().contains("cache.allocator"));

@@ -17,7 +17,7 @@ use crate::stack_distance::StackDistance;
 use std::collections::BinaryHeap;
 
 /// Most histogram buckets kept (they widen past this; bounded memory).
-pub const HISTOGRAM_BUCKETS: usize = 4096;
+pub const HISTOGRAM_BUCKETS: usize = 1024;
 
 /// Hash modulus P (2^24, as in the paper's implementation).
 pub const MODULUS: u64 = 1 << 24;
@@ -49,7 +49,8 @@ impl Shards {
     pub fn fixed_rate(rate: f64) -> Self {
         let threshold = ((rate.clamp(0.0, 1.0) * MODULUS as f64).round() as u64).max(1);
         Shards {
-            stack: StackDistance::new(),
+            // The sampled stack is small: a short time axis keeps its memory small too.
+            stack: StackDistance::with_min_capacity(1024),
             threshold,
             max_tracked: None,
             heap: BinaryHeap::new(),

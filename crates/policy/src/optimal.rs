@@ -79,13 +79,8 @@ impl Allocator for Optimal {
         } else {
             let curves: Vec<&[f64]> = vms.iter().map(|v| v.hit_curve.as_slice()).collect();
             let mut t: Vec<u64> = solve(units, &curves, &min_units).into_iter().map(|k| k as u64 * unit).collect();
-            // Space no curve gains from (saturated curves, or no information yet) is not
-            // left idle: it is shared by weight, which cannot lower any VM's hits.
-            let left = capacity - t.iter().sum::<u64>();
-            let shares: Vec<VmDemand> = vms.iter().map(|v| VmDemand { min_blocks: 0, ..v.clone() }).collect();
-            for (x, extra) in t.iter_mut().zip(crate::static_share::weighted_split(left, &shares)) {
-                *x += extra;
-            }
+            // Space no curve gains from (saturated curves, or no information yet).
+            crate::static_share::share_leftover(&mut t, capacity, vms);
             t
         };
         Decision { targets, write_policies: vec![None; vms.len()] }

@@ -34,6 +34,19 @@ pub fn weighted_split(capacity: u64, vms: &[VmDemand]) -> Vec<u64> {
     t
 }
 
+/// Adds whatever `targets` leave of `capacity` to them, split by weight (minimums are
+/// already met), so no capacity sits idle; hits never fall when a VM gets more space.
+pub fn share_leftover(targets: &mut [u64], capacity: u64, vms: &[VmDemand]) {
+    let left = capacity.saturating_sub(targets.iter().sum::<u64>());
+    if left == 0 {
+        return;
+    }
+    let shares: Vec<VmDemand> = vms.iter().map(|v| VmDemand { min_blocks: 0, ..v.clone() }).collect();
+    for (t, extra) in targets.iter_mut().zip(weighted_split(left, &shares)) {
+        *t += extra;
+    }
+}
+
 impl Allocator for StaticShare {
     fn name(&self) -> &'static str {
         "static"

@@ -8,7 +8,7 @@
 //! weight so none sits idle.
 
 use crate::allocator::{Allocator, Decision, Needs, VmDemand};
-use crate::static_share::weighted_split;
+use crate::static_share::{share_leftover, weighted_split};
 
 /// Weighted fair share with redistribution.
 #[derive(Debug, Clone, Default)]
@@ -73,13 +73,7 @@ impl Allocator for SymflexWeighted {
         let caps: Vec<Option<u64>> = vms.iter().map(|v| saturation_blocks(&v.hit_curve, unit).map(|c| c.saturating_sub(v.min_blocks))).collect();
         let fair = water_fill(capacity - mins, &weights, &caps);
         let mut targets: Vec<u64> = vms.iter().zip(&fair).map(|(v, f)| v.min_blocks + f).collect();
-        let left = capacity - targets.iter().sum::<u64>();
-        if left > 0 {
-            let shares: Vec<VmDemand> = vms.iter().map(|v| VmDemand { min_blocks: 0, ..v.clone() }).collect();
-            for (t, extra) in targets.iter_mut().zip(weighted_split(left, &shares)) {
-                *t += extra;
-            }
-        }
+        share_leftover(&mut targets, capacity, vms);
         Decision { targets, write_policies: vec![None; vms.len()] }
     }
 }

@@ -12,24 +12,41 @@ pub struct DistanceHistogram {
     counts: Vec<f64>,
     width: u64,
     max_buckets: Option<usize>,
+    /// Distances at or beyond this count as misses at every size (coarse histograms).
+    horizon: Option<u64>,
     cold: f64,
 }
 
 impl DistanceHistogram {
     /// Exact: one bucket per distance, unbounded.
     pub fn exact() -> Self {
-        DistanceHistogram { counts: Vec::new(), width: 1, max_buckets: None, cold: 0.0 }
+        DistanceHistogram { counts: Vec::new(), width: 1, max_buckets: None, horizon: None, cold: 0.0 }
+    }
+
+    /// `buckets` buckets of `width` blocks: exact hits at multiples of `width` up to
+    /// `width · buckets` blocks, distances beyond that counted as misses. Constant size,
+    /// which is what allocators need every interval.
+    pub fn coarse(width: u64, buckets: usize) -> Self {
+        let width = width.max(1);
+        DistanceHistogram { counts: Vec::new(), width, max_buckets: None, horizon: Some(width * buckets as u64), cold: 0.0 }
+    }
+
+    /// An empty histogram with the same shape (width, bounds).
+    pub fn cleared(&self) -> Self {
+        // A bounded histogram restarts at width 1; a coarse one keeps its fixed width.
+        let width = if self.horizon.is_some() { self.width } else { 1 };
+        DistanceHistogram { counts: Vec::new(), width, max_buckets: self.max_buckets, horizon: self.horizon, cold: 0.0 }
     }
 
     /// At most `max_buckets` buckets (≥ 2), widening as needed.
     pub fn bounded(max_buckets: usize) -> Self {
-        DistanceHistogram { counts: Vec::new(), width: 1, max_buckets: Some(max_buckets.max(2)), cold: 0.0 }
+        DistanceHistogram { counts: Vec::new(), width: 1, max_buckets: Some(max_buckets.max(2)), horizon: None, cold: 0.0 }
     }
 
     /// Adds `weight` at distance `d` (in blocks), or a first access for `None`.
     #[inline]
     pub fn add(&mut self, d: Option<u64>, weight: f64) {
-        let Some(d) = d else {
+        let Some(d) = d.filter(|&d| self.horizon.is_none_or(|h| d < h)) else {
             self.cold += weight;
             return;
         };

@@ -2,12 +2,14 @@
 //! ([`stack_distance`]), SHARDS-sampled distances ([`shards`]), histograms and the
 //! miss-ratio curves, percentile sizes and wss80 they give ([`histogram`]), and per-VM
 //! profiling of request streams by kind, including ECI-Cache's URD ([`profile`]), and
-//! S-CAVE's sampled rECS over the engine's reference counters ([`recs`]).
+//! S-CAVE's sampled rECS over the engine's reference counters ([`recs`]), and the
+//! read/write kinds of reuse ECI-Cache's write-policy choice reads ([`reuse_mix`]).
 
 pub mod histogram;
 pub mod online;
 pub mod profile;
 pub mod recs;
+pub mod reuse_mix;
 pub mod shards;
 pub mod stack_distance;
 
@@ -15,6 +17,7 @@ pub use histogram::{CurvePoint, DistanceHistogram};
 pub use online::{Decay, Interval, IntervalProfiler, IntervalRow};
 pub use profile::{Kind, Method, Profiler, VmCurves};
 pub use recs::RecsEstimator;
+pub use reuse_mix::{ReuseMix, ReuseMixTracker};
 pub use shards::Shards;
 pub use stack_distance::StackDistance;
 

@@ -6,6 +6,7 @@
 //! past counts by f (exponential forgetting).
 
 use crate::histogram::DistanceHistogram;
+use crate::reuse_mix::{ReuseMix, ReuseMixTracker};
 use crate::stack_distance::StackDistance;
 use cachevisor_trace::Request;
 use rustc_hash::FxHashSet;
@@ -64,6 +65,7 @@ struct VmState {
     window: DistanceHistogram,
     touched: FxHashSet<u64>,
     requests: u64,
+    mix: Option<ReuseMixTracker>,
 }
 
 /// Per-interval profiler of a multi-VM stream (exact distances).
@@ -79,6 +81,9 @@ pub struct IntervalProfiler {
     start_ns: Option<u64>,
     last_ns: u64,
     count: u64,
+    /// Shape of the decayed histograms (exact unless [`Self::with_resolution`]).
+    shape: DistanceHistogram,
+    track_mix: bool,
 }
 
 impl IntervalProfiler {
@@ -97,7 +102,24 @@ impl IntervalProfiler {
             start_ns: None,
             last_ns: 0,
             count: 0,
+            shape: DistanceHistogram::exact(),
+            track_mix: false,
         }
+    }
+
+    /// Keeps the decayed histograms at a fixed resolution: `buckets` buckets of `width`
+    /// blocks (exact hit curves in steps of `width` up to `width · buckets`, constant work
+    /// per interval however long the history).
+    pub fn with_resolution(mut self, width: u64, buckets: usize) -> Self {
+        self.shape = DistanceHistogram::coarse(width, buckets);
+        self
+    }
+
+    /// Also counts reuses by read/write kind ([`Self::reuse_mix`]), decayed like the
+    /// histograms.
+    pub fn with_reuse_mix(mut self) -> Self {
+        self.track_mix = true;
+        self
     }
 
     /// Adds a request; returns the rows of an interval that this request closed.
@@ -125,13 +147,15 @@ impl IntervalProfiler {
         self.last_ns = self.last_ns.max(r.time_ns);
         let v = r.vm as usize;
         if v >= self.vms.len() {
+            let (shape, mix) = (&self.shape, self.track_mix);
             self.vms.resize_with(v + 1, || VmState {
                 stack: StackDistance::new(),
-                all: DistanceHistogram::exact(),
-                read: DistanceHistogram::exact(),
+                all: shape.cleared(),
+                read: shape.cleared(),
                 window: DistanceHistogram::exact(),
                 touched: FxHashSet::default(),
                 requests: 0,
+                mix: mix.then(ReuseMixTracker::default),
             });
         }
         let s = &mut self.vms[v];
@@ -146,6 +170,9 @@ impl IntervalProfiler {
             if !r.op.is_write() {
                 s.read.add(d, 1.0);
             }
+            if let Some(m) = s.mix.as_mut() {
+                m.access(b, r.op.is_write());
+            }
             s.touched.insert(b);
         }
     }
@@ -153,6 +180,16 @@ impl IntervalProfiler {
     /// The (decayed) histogram of all accesses of `vm` so far this interval.
     pub fn histogram(&self, vm: u32) -> Option<&DistanceHistogram> {
         self.vms.get(vm as usize).map(|s| &s.all)
+    }
+
+    /// The (decayed) histogram of the reads of `vm`: its useful reuses (URD).
+    pub fn read_histogram(&self, vm: u32) -> Option<&DistanceHistogram> {
+        self.vms.get(vm as usize).map(|s| &s.read)
+    }
+
+    /// The (decayed) reuse kinds of `vm`, when tracked.
+    pub fn reuse_mix(&self, vm: u32) -> Option<ReuseMix> {
+        self.vms.get(vm as usize).and_then(|s| s.mix.as_ref()).map(|m| m.mix)
     }
 
     /// Ends the current interval: rows for every VM, then decay and counters reset.
@@ -178,13 +215,19 @@ impl IntervalProfiler {
             });
             match self.decay {
                 Decay::Reset => {
-                    s.all = DistanceHistogram::exact();
-                    s.read = DistanceHistogram::exact();
+                    s.all = s.all.cleared();
+                    s.read = s.read.cleared();
+                    if let Some(m) = s.mix.as_mut() {
+                        m.mix = ReuseMix::default();
+                    }
                 }
                 Decay::Keep => {}
                 Decay::Factor(f) => {
                     s.all.scale(f);
                     s.read.scale(f);
+                    if let Some(m) = s.mix.as_mut() {
+                        m.mix.scale(f);
+                    }
                 }
             }
             s.window = DistanceHistogram::exact();
@@ -219,6 +262,20 @@ mod tests {
             assert_eq!(rows[1].alloc_unit_blocks, 2, "misses at size 2 in interval 1: first 3 and 1");
             assert_eq!(rows[1].wss_blocks, 2);
         }
+    }
+
+    #[test]
+    fn coarse_resolution_gives_the_same_curve_at_its_steps() {
+        let mut exact = IntervalProfiler::new(4096, Interval::Requests(u64::MAX), Decay::Keep, vec![], 1.0);
+        let mut coarse = IntervalProfiler::new(4096, Interval::Requests(u64::MAX), Decay::Keep, vec![], 1.0).with_resolution(4, 8);
+        for i in 0..2000u64 {
+            let r = req(i, (i * 7919) % 97 + (i % 5));
+            exact.add(&r);
+            coarse.add(&r);
+        }
+        let (e, c) = (exact.histogram(0).unwrap(), coarse.histogram(0).unwrap());
+        assert_eq!(e.hits_curve(4, 8), c.hits_curve(4, 8));
+        assert_eq!(e.total(), c.total());
     }
 
     #[test]

@@ -27,12 +27,13 @@ pub struct RecsEstimator {
     blocks_per_period: u64,
     rng: ChaCha8Rng,
     value: Vec<Option<f64>>,
+    sampled: Vec<Option<f64>>,
 }
 
 impl RecsEstimator {
     /// `periods` sampling periods per window, each scanning `blocks_per_period` blocks.
     pub fn new(alpha: f64, periods: u32, blocks_per_period: u64, seed: u64) -> Self {
-        RecsEstimator { alpha, periods: periods.max(1), blocks_per_period: blocks_per_period.max(1), rng: ChaCha8Rng::seed_from_u64(seed), value: Vec::new() }
+        RecsEstimator { alpha, periods: periods.max(1), blocks_per_period: blocks_per_period.max(1), rng: ChaCha8Rng::seed_from_u64(seed), value: Vec::new(), sampled: Vec::new() }
     }
 
     /// Runs one window's sampling over a pool of `slots` blocks. `probe(slot)` gives the
@@ -74,9 +75,12 @@ impl RecsEstimator {
         if self.value.len() < sum.len() {
             self.value.resize(sum.len(), None);
         }
+        self.sampled.clear();
+        self.sampled.resize(self.value.len(), None);
         for (v, (&s, &k)) in sum.iter().zip(&seen).enumerate() {
             if k > 0 {
                 let sampled = s / k as f64;
+                self.sampled[v] = Some(sampled);
                 self.value[v] = Some(match self.value[v] {
                     Some(old) => self.alpha * old + (1.0 - self.alpha) * sampled,
                     None => sampled,
@@ -84,6 +88,12 @@ impl RecsEstimator {
             }
         }
         &self.value
+    }
+
+    /// The last window's unsmoothed samples by VM id (`None` where no block was seen):
+    /// what S-CAVE's Algorithm 1 smooths itself (line 13).
+    pub fn sampled(&self) -> &[Option<f64>] {
+        &self.sampled
     }
 
     /// Current smoothed values by VM id.

@@ -5,6 +5,7 @@ use crate::input_args::InputArgs;
 use crate::progress::Progress;
 use anyhow::Context;
 use cachevisor_engine::{PartitionMode, ReplacementKind, WritePolicy};
+use cachevisor_policy::registry;
 use cachevisor_sim::scenario::{DeviceChoice, ReplayMode};
 use cachevisor_sim::{simulate, Scenario, SimResult};
 use clap::Args;
@@ -93,7 +94,9 @@ pub fn base_scenario(a: &SimulateArgs) -> anyhow::Result<Scenario> {
         sc.trace.csv_columns = a.input.csv_columns.clone();
     }
     sc.trace.rename.extend(a.input.rename.iter().cloned());
-    sc.cache.reallocate |= a.reallocate;
+    if a.reallocate {
+        sc.cache.reallocate = Some(true);
+    }
     if let Some(s) = &a.cache_size {
         sc.cache.size = s.clone();
     }
@@ -143,8 +146,13 @@ pub fn expand(sc: &Scenario, a: &SimulateArgs) -> Vec<(String, Scenario)> {
                     s.cache.replacement = r;
                     s.cache.write_policy = w;
                     s.cache.allocator = alloc.clone();
+                    // S-CAVE manages its pools with CLOCK (its cleaner reads the counters):
+                    // unless replacements were listed, it gets CLOCK.
+                    if a.replacement.is_empty() && p == PartitionMode::Static && registry::build(alloc).is_ok_and(|x| x.cleaner().is_some()) {
+                        s.cache.replacement = ReplacementKind::Clock;
+                    }
                     let suffix = if p == PartitionMode::Static && alloc != "static" { format!("-{alloc}") } else { String::new() };
-                    v.push((format!("{}-{r}-{w}{suffix}", p.name()), s));
+                    v.push((format!("{}-{}-{w}{suffix}", p.name(), s.cache.replacement), s));
                 }
             }
         }

@@ -49,6 +49,8 @@ pub struct Engine {
     runs: Vec<SectorRange>,
     runs2: Vec<SectorRange>,
     now_ms: u32,
+    /// Position of the global cleaner's scan (S-CAVE §V-B).
+    pub(crate) cleaner_hand: u32,
 }
 
 /// Result of asking for a slot.
@@ -84,6 +86,7 @@ impl Engine {
             runs: Vec::new(),
             runs2: Vec::new(),
             now_ms: 0,
+            cleaner_hand: 0,
             cfg,
         })
     }
@@ -411,7 +414,7 @@ impl Engine {
     /// Forgets a slot's block (already out of its policy): index, bits, owner's count.
     /// The slot is on no list afterwards; the caller reuses it or frees it.
     #[inline]
-    fn forget(&mut self, vm: VmId, s: u32) {
+    pub(crate) fn forget(&mut self, vm: VmId, s: u32) {
         let key = self.slots.key(s);
         let slots = &self.slots;
         self.index.remove(key, s, |x| slots.key(x));

@@ -21,6 +21,7 @@ pub mod block_index;
 mod commands;
 pub mod config;
 mod engine;
+mod global_cleaner;
 pub mod output;
 pub mod replacement;
 pub mod sector_bits;

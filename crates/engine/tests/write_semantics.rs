@@ -20,6 +20,7 @@ enum Step {
     Policy { vm: u32, policy: WritePolicy },
     Flush { vm: Option<u32> },
     Drop { vm: u32 },
+    Clean { free: u64 },
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -31,6 +32,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0u32..3, prop::sample::select(WritePolicy::ALL.to_vec())).prop_map(|(vm, policy)| Step::Policy { vm, policy }),
         1 => prop::option::of(0u32..3).prop_map(|vm| Step::Flush { vm }),
         1 => (0u32..3).prop_map(|vm| Step::Drop { vm }),
+        1 => (0u64..9).prop_map(|free| Step::Clean { free }),
     ]
 }
 
@@ -167,6 +169,15 @@ fn run(steps: &[Step], partition: PartitionMode, fill: FillMode, kind: Replaceme
                     return Err(ctx("dropped VM still holds slots".into()));
                 }
                 e.set_target(vm, 2, &mut out);
+            }
+            Step::Clean { free } => {
+                let before = e.free_slots();
+                let n = e.clean(free, &mut out);
+                w.execute(&out.ops, None).map_err(ctx)?;
+                let active = kind == ReplacementKind::Clock && partition == PartitionMode::Static;
+                if e.free_slots() != before + n || (active && e.free_slots() < free.min(8)) || (!active && n != 0) {
+                    return Err(ctx(format!("cleaner reclaimed {n}: free {before} → {}", e.free_slots())));
+                }
             }
         }
         e.check_invariants().map_err(ctx)?;

@@ -3,13 +3,22 @@
 //! deterministic: drivers (the simulator's interval controller, the daemon) gather the
 //! demand estimates and apply the decisions through engine commands.
 //!
-//! Built so far: `static` (weighted shares), `optimal` (exact DP upper bound) and
-//! `symflex-weighted` (weighted fair share with redistribution).
+//! Policies: `static` (weighted shares), `optimal` (exact DP upper bound),
+//! `symflex-weighted` (weighted fair share with redistribution), `symflex-proportional`
+//! (throughput ratios by feedback), `s-cave` (Algorithm 1 on rECS), `eci-cache` (URD
+//! sizing and per-VM write policy) and `centaur` (plain reuse-distance sizing, the
+//! baseline ECI-Cache compares with). `shared` is a partition mode, not an allocator.
 
 pub mod allocator;
+pub mod centaur;
+pub mod eci_cache;
+pub mod hull_greedy;
 pub mod optimal;
 pub mod registry;
+pub mod reuse_sizing;
+pub mod scave;
 pub mod static_share;
+pub mod symflex_proportional;
 pub mod symflex_weighted;
 
-pub use allocator::{Allocator, Decision, Needs, VmDemand};
+pub use allocator::{Allocator, Decision, Needs, Pool, ReuseMix, VmDemand, Watermarks};

@@ -8,7 +8,7 @@
 //! earlier VM, so the result is deterministic; capacity the curves do not gain from is
 //! then shared by weight rather than left idle.
 
-use crate::allocator::{Allocator, Decision, Needs, VmDemand};
+use crate::allocator::{Allocator, Decision, Needs, Pool, VmDemand};
 
 /// Exact DP over allocation units.
 #[derive(Debug, Clone, Default)]
@@ -22,6 +22,12 @@ fn hits(curve: &[f64], k: usize) -> f64 {
     }
 }
 
+/// First point at which a non-decreasing curve reaches its maximum.
+pub fn saturation_units(curve: &[f64]) -> usize {
+    let max = curve.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    curve.iter().position(|&h| h >= max - 1e-9).unwrap_or(0)
+}
+
 /// The optimal units per VM for curves in units, `units` of capacity, minimum units.
 pub fn solve(units: usize, curves: &[&[f64]], min_units: &[usize]) -> Vec<usize> {
     let n = curves.len();
@@ -30,12 +36,15 @@ pub fn solve(units: usize, curves: &[&[f64]], min_units: &[usize]) -> Vec<usize>
     best[0] = 0.0;
     let mut choice = vec![vec![0usize; units + 1]; n];
     for i in 0..n {
+        // Past its saturation point a curve gains nothing: never try more (exact, and
+        // what keeps 1,000-VM calls fast).
+        let sat = saturation_units(curves[i]).max(min_units[i]);
         let mut next = vec![neg; units + 1];
         for (used, &b) in best.iter().enumerate() {
             if b == neg {
                 continue;
             }
-            for k in min_units[i]..=units - used {
+            for k in min_units[i]..=(units - used).min(sat) {
                 let v = b + hits(curves[i], k);
                 if v > next[used + k] + 1e-12 {
                     next[used + k] = v;
@@ -67,11 +76,11 @@ impl Allocator for Optimal {
     }
 
     fn needs(&self) -> Needs {
-        Needs { hit_curves: true }
+        Needs { hit_curves: true, ..Needs::default() }
     }
 
-    fn allocate(&mut self, capacity: u64, unit: u64, vms: &[VmDemand]) -> Decision {
-        let unit = unit.max(1);
+    fn allocate(&mut self, pool: &Pool, vms: &[VmDemand]) -> Decision {
+        let (capacity, unit) = (pool.capacity, pool.unit.max(1));
         let units = (capacity / unit) as usize;
         let min_units: Vec<usize> = vms.iter().map(|v| v.min_blocks.div_ceil(unit) as usize).collect();
         let targets = if min_units.iter().sum::<usize>() > units {
@@ -83,6 +92,6 @@ impl Allocator for Optimal {
             crate::static_share::share_leftover(&mut t, capacity, vms);
             t
         };
-        Decision { targets, write_policies: vec![None; vms.len()] }
+        Decision::targets(targets)
     }
 }

@@ -3,19 +3,28 @@
 //! the whole SSD, the "unmanaged" baseline); drivers handle it through the engine.
 
 use crate::allocator::Allocator;
+use crate::centaur::Centaur;
+use crate::eci_cache::EciCache;
 use crate::optimal::Optimal;
+use crate::scave::Scave;
 use crate::static_share::StaticShare;
+use crate::symflex_proportional::SymflexProportional;
 use crate::symflex_weighted::SymflexWeighted;
 
 /// Names of every allocator.
-pub const NAMES: [&str; 3] = ["static", "optimal", "symflex-weighted"];
+pub const NAMES: [&str; 7] = ["static", "optimal", "symflex-weighted", "symflex-proportional", "s-cave", "eci-cache", "centaur"];
 
-/// Builds an allocator by name; the error lists the names.
+/// Builds an allocator by name with its seed's default parameters; the error lists the
+/// names.
 pub fn build(name: &str) -> Result<Box<dyn Allocator>, String> {
     match name {
         "static" => Ok(Box::new(StaticShare)),
         "optimal" => Ok(Box::new(Optimal)),
         "symflex-weighted" => Ok(Box::new(SymflexWeighted)),
+        "symflex-proportional" => Ok(Box::new(SymflexProportional::default())),
+        "s-cave" | "scave" => Ok(Box::new(Scave::default())),
+        "eci-cache" | "eci" => Ok(Box::new(EciCache::default())),
+        "centaur" => Ok(Box::new(Centaur)),
         _ => Err(format!("unknown allocation policy `{name}` (one of {})", NAMES.join(", "))),
     }
 }

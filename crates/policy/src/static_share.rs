@@ -3,7 +3,7 @@
 //! first; the rest is split by weight, rounding down, with the remainder going to VMs in
 //! order so the whole capacity is used.
 
-use crate::allocator::{Allocator, Decision, VmDemand};
+use crate::allocator::{Allocator, Decision, Pool, VmDemand};
 
 /// Weighted static shares.
 #[derive(Debug, Clone, Default)]
@@ -52,7 +52,7 @@ impl Allocator for StaticShare {
         "static"
     }
 
-    fn allocate(&mut self, capacity: u64, _unit: u64, vms: &[VmDemand]) -> Decision {
-        Decision { targets: weighted_split(capacity, vms), write_policies: vec![None; vms.len()] }
+    fn allocate(&mut self, pool: &Pool, vms: &[VmDemand]) -> Decision {
+        Decision::targets(weighted_split(pool.capacity, vms))
     }
 }

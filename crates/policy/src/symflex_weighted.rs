@@ -7,7 +7,7 @@
 //! curve). Minimums are met first. Space left after every demand is met is shared by
 //! weight so none sits idle.
 
-use crate::allocator::{Allocator, Decision, Needs, VmDemand};
+use crate::allocator::{Allocator, Decision, Needs, Pool, VmDemand};
 use crate::static_share::{share_leftover, weighted_split};
 
 /// Weighted fair share with redistribution.
@@ -16,12 +16,7 @@ pub struct SymflexWeighted;
 
 /// Blocks at which `curve` (hits per `unit` step) reaches its maximum; `None` if no curve.
 pub fn saturation_blocks(curve: &[f64], unit: u64) -> Option<u64> {
-    let max = curve.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    if curve.is_empty() || !max.is_finite() {
-        return None;
-    }
-    let k = curve.iter().position(|&h| h >= max - 1e-9).unwrap_or(curve.len() - 1);
-    Some(k as u64 * unit)
+    (!curve.is_empty()).then(|| crate::optimal::saturation_units(curve) as u64 * unit)
 }
 
 /// Max-min fair split of `capacity` by weight with per-VM caps (`None` = no cap).
@@ -61,20 +56,21 @@ impl Allocator for SymflexWeighted {
     }
 
     fn needs(&self) -> Needs {
-        Needs { hit_curves: true }
+        Needs { hit_curves: true, ..Needs::default() }
     }
 
-    fn allocate(&mut self, capacity: u64, unit: u64, vms: &[VmDemand]) -> Decision {
+    fn allocate(&mut self, pool: &Pool, vms: &[VmDemand]) -> Decision {
+        let (capacity, unit) = (pool.capacity, pool.unit);
         let mins: u64 = vms.iter().map(|v| v.min_blocks).sum();
         if mins >= capacity {
-            return Decision { targets: weighted_split(capacity, vms), write_policies: vec![None; vms.len()] };
+            return Decision::targets(weighted_split(capacity, vms));
         }
         let weights: Vec<f64> = vms.iter().map(|v| v.weight).collect();
         let caps: Vec<Option<u64>> = vms.iter().map(|v| saturation_blocks(&v.hit_curve, unit).map(|c| c.saturating_sub(v.min_blocks))).collect();
         let fair = water_fill(capacity - mins, &weights, &caps);
         let mut targets: Vec<u64> = vms.iter().zip(&fair).map(|(v, f)| v.min_blocks + f).collect();
         share_leftover(&mut targets, capacity, vms);
-        Decision { targets, write_policies: vec![None; vms.len()] }
+        Decision::targets(targets)
     }
 }
 

@@ -1,6 +1,6 @@
 //! Counters and latency histograms per VM, and the per-window time series.
 
-use cachevisor_engine::{OpKind, Output};
+use cachevisor_engine::{OpKind, Output, WritePolicy};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
@@ -118,6 +118,8 @@ pub struct WindowRow {
     pub accesses: u64,
     /// Block hit ratio in the window (0 when idle).
     pub hit_ratio: f64,
+    /// Blocks served from the cache per second (SymFlex's vSSD throughput).
+    pub hit_throughput: f64,
     /// Slots held at the window's end.
     pub used_blocks: u64,
     /// Target at the window's end.
@@ -128,6 +130,8 @@ pub struct WindowRow {
     pub miss_blocks: u64,
     /// Smoothed rECS at the window's end (S-CAVE §IV-B sampled scan), if the VM held blocks.
     pub recs: Option<f64>,
+    /// Write policy at the window's end.
+    pub write_policy: WritePolicy,
 }
 
 impl Metrics {

@@ -10,8 +10,9 @@
 //! write_policy = "wb"      # wb | wt | wa | ro (wi = ro)
 //! partition = "static"     # static (per-VM targets ∝ weight) | shared (unmanaged)
 //! fill = "block"           # block | request
-//! allocator = "static"     # static (weights) | optimal (exact DP) | symflex-weighted (fair share)
-//! reallocate = false       # true: re-run the allocator every window on recent curves
+//! allocator = "static"     # see `cachevisor_policy::registry::NAMES`
+//! reallocate = true        # re-run the allocator every window (default: the policy's own
+//!                          # choice — s-cave, eci-cache, centaur, symflex-proportional do)
 //!
 //! [devices]
 //! ssd = "860-evo"          # preset name or an inline table (see DeviceSpec)
@@ -35,7 +36,13 @@
 //! [[vm]]                   # per-VM settings by name
 //! name = "websearch-small"
 //! weight = 2.0
+//! ratio = 3.0              # target share of hit throughput (symflex-proportional)
+//! min = "16MiB"            # smallest allocation
 //! write_policy = "ro"
+//!
+//! [[phase]]                # settings that change at a point in virtual time
+//! at = "370s"
+//! vm = [{ name = "websearch-small", ratio = 4.0 }]
 //! ```
 
 use crate::device::DeviceSpec;
@@ -63,15 +70,15 @@ pub struct CacheSection {
     pub partition: PartitionMode,
     /// What a read miss fills.
     pub fill: FillMode,
-    /// Allocation policy for static partitions (see `cachevisor_policy::registry`):
-    /// `static` (weighted shares), `optimal` (exact DP) or `symflex-weighted` (weighted
-    /// fair share with redistribution). Curve-driven policies get whole-trace curves from
-    /// a pre-pass, or recent curves every window with `reallocate`.
+    /// Allocation policy for static partitions (`cachevisor_policy::registry::NAMES`).
+    /// Curve-driven policies get whole-trace curves from a pre-pass, or recent curves
+    /// every window when they reallocate.
     pub allocator: String,
     /// Re-run the allocator at every metrics window (`replay.window`) on each VM's recent
-    /// hit curve (exact distances, counts halved each window) instead of only when VMs
-    /// arrive. An online controller: it sees the past, not the coming window.
-    pub reallocate: bool,
+    /// estimates (exact distances, counts halved each window; rECS; miss and hit rates)
+    /// instead of only when VMs arrive. An online controller: it sees the past, not the
+    /// coming window. Unset: the policy's own default (`Allocator::every_interval`).
+    pub reallocate: Option<bool>,
 }
 
 impl Default for CacheSection {
@@ -84,7 +91,7 @@ impl Default for CacheSection {
             partition: PartitionMode::Static,
             fill: FillMode::Block,
             allocator: "static".into(),
-            reallocate: false,
+            reallocate: None,
         }
     }
 }
@@ -214,8 +221,39 @@ pub struct VmSection {
     /// Share of the cache relative to other VMs (static partitioning), > 0.
     #[serde(default = "one")]
     pub weight: f64,
+    /// Target share of hit throughput relative to other VMs (SymFlex §5.2 SLA ratio), > 0.
+    #[serde(default = "one")]
+    pub ratio: f64,
+    /// Smallest allocation (`16MiB`), honoured by every allocator when the minimums fit.
+    pub min: Option<String>,
     /// Write policy for this VM.
     pub write_policy: Option<WritePolicy>,
+}
+
+/// One VM's settings from a phase on: only the keys given change.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmChange {
+    /// VM name.
+    pub name: String,
+    /// New weight.
+    pub weight: Option<f64>,
+    /// New throughput ratio.
+    pub ratio: Option<f64>,
+    /// New write policy.
+    pub write_policy: Option<WritePolicy>,
+}
+
+/// `[[phase]]`: settings that change at a point in virtual time (e.g. SymFlex's new
+/// ratios at t = 370 min).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PhaseSection {
+    /// When (`370min`), virtual time from the start.
+    pub at: String,
+    /// Per-VM changes.
+    #[serde(default)]
+    pub vm: Vec<VmChange>,
 }
 
 fn one() -> f64 {
@@ -238,6 +276,8 @@ pub struct Scenario {
     pub synthetic: Vec<SyntheticSection>,
     /// Per-VM settings.
     pub vm: Vec<VmSection>,
+    /// Changes over time, in any order.
+    pub phase: Vec<PhaseSection>,
 }
 
 /// Numbers resolved from a scenario's strings.
@@ -296,10 +336,29 @@ impl Scenario {
         if let Some(c) = &self.trace.csv_columns {
             c.parse::<CsvColumns>().map_err(|e| format!("trace.csv_columns: {e}"))?;
         }
+        let positive = |x: f64| x > 0.0 && x.is_finite();
         for (i, v) in self.vm.iter().enumerate() {
-            if !(v.weight > 0.0 && v.weight.is_finite()) {
+            if !positive(v.weight) {
                 return Err(format!("vm[{i}] ({}): weight {} must be > 0", v.name, v.weight));
             }
+            if !positive(v.ratio) {
+                return Err(format!("vm[{i}] ({}): ratio {} must be > 0", v.name, v.ratio));
+            }
+            if let Some(m) = &v.min {
+                parse_size(m).map_err(|e| format!("vm[{i}] ({}).min: {e}", v.name))?;
+            }
+        }
+        for (i, p) in self.phase.iter().enumerate() {
+            parse_duration_ns(&p.at).map_err(|e| format!("phase[{i}].at: {e}"))?;
+            for c in &p.vm {
+                if c.weight.is_some_and(|w| !positive(w)) || c.ratio.is_some_and(|r| !positive(r)) {
+                    return Err(format!("phase[{i}] ({}): weight and ratio must be > 0", c.name));
+                }
+            }
+        }
+        let allocator = cachevisor_policy::registry::build(&self.cache.allocator).expect("checked above");
+        if allocator.cleaner().is_some() && self.cache.replacement != ReplacementKind::Clock && self.cache.partition == PartitionMode::Static {
+            return Err(format!("cache.replacement: `{}` uses S-CAVE's global cleaner, which reads CLOCK counters: set replacement = \"clock\"", self.cache.allocator));
         }
         Ok(Resolved { cache_bytes, block_size, slots, window_ns })
     }

@@ -7,11 +7,12 @@ use crate::metrics::{Metrics, WindowRow};
 use crate::report::{SimResult, TraceCounts};
 use crate::scenario::{BackingLayout, ReplayMode, Resolved, Scenario};
 use cachevisor_analysis::recs::{self, RecsEstimator};
-use cachevisor_analysis::{Decay, Interval, IntervalProfiler, Kind, Method, Profiler};
-use cachevisor_policy::{registry, Allocator, VmDemand};
+use cachevisor_analysis::{Decay, Interval, IntervalProfiler, Kind, Method, Profiler, ReuseMix, ReuseMixTracker};
+use cachevisor_policy::{registry, Allocator, Needs, Pool, VmDemand};
 use cachevisor_engine::{DeviceOp, Engine, EngineConfig, Output, PartitionMode};
 use cachevisor_trace::formats::generic_csv::CsvColumns;
 use cachevisor_trace::generator::{Generator, WorkloadConfig};
+use cachevisor_trace::units::{parse_duration_ns, parse_size};
 use cachevisor_trace::{open_trace, MergeOptions, MergedTrace, ReadOptions, Request, TraceSource, VmId, VmMode};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -60,6 +61,14 @@ pub fn open_inputs(sc: &Scenario) -> Result<MergedTrace, SimError> {
     Ok(MergedTrace::from_sources(sources, MergeOptions { rebase: true, rename }))
 }
 
+/// One VM's settings as they stand (scenario `[[vm]]`, then phases).
+#[derive(Debug, Clone, Copy)]
+struct VmSetting {
+    weight: f64,
+    ratio: f64,
+    min_blocks: u64,
+}
+
 /// Mutable state of one run.
 struct Run<'a> {
     sc: &'a Scenario,
@@ -69,6 +78,7 @@ struct Run<'a> {
     backing: Vec<Device>,
     metrics: Metrics,
     names: Vec<String>,
+    settings: Vec<VmSetting>,
     out: Output,
     cmd: Output,
     windows: Vec<WindowRow>,
@@ -77,12 +87,25 @@ struct Run<'a> {
     last_now: u64,
     recs: RecsEstimator,
     allocator: Box<dyn Allocator>,
-    /// Hit curves by VM id in steps of `unit` blocks, when the allocator needs them.
-    curves: Vec<Vec<f64>>,
+    needs: Needs,
+    /// Re-run the allocator every window.
+    dynamic: bool,
+    /// Global cleaner watermarks in free slots (low, high).
+    cleaner: Option<(u64, u64)>,
+    /// Whole-trace estimates by VM id (pre-pass), when the allocator needs curves once.
+    whole: Vec<WholeTrace>,
     unit: u64,
     /// Recent per-VM distances for reallocation every window.
     online: Option<IntervalProfiler>,
+    /// Phase changes by time, and the next to apply.
+    phases: Vec<(u64, usize)>,
+    next_phase: usize,
+    /// Missed blocks of each VM's last windows (S-CAVE's AllocUnit).
+    miss_history: Vec<std::collections::VecDeque<u64>>,
 }
+
+/// Windows S-CAVE's AllocUnit averages over ("recent time windows", §V-A).
+const ALLOC_UNIT_WINDOWS: usize = 3;
 
 impl<'a> Run<'a> {
     fn new(sc: &'a Scenario, res: Resolved) -> Result<Self, SimError> {
@@ -98,6 +121,18 @@ impl<'a> Run<'a> {
         };
         let engine = Engine::new(cfg).map_err(SimError::Scenario)?;
         let ssd = Device::new(sc.devices.ssd.resolve().map_err(SimError::Scenario)?);
+        let allocator = registry::build(&sc.cache.allocator).map_err(SimError::Scenario)?;
+        let managed = c.partition == PartitionMode::Static;
+        let dynamic = managed && c.reallocate.unwrap_or(allocator.every_interval());
+        let cleaner = allocator
+            .cleaner()
+            .filter(|_| managed)
+            .map(|w| (((w.low * res.slots as f64) as u64).max(1), ((w.high * res.slots as f64) as u64).max(1)));
+        let mut phases = Vec::new();
+        for (i, p) in sc.phase.iter().enumerate() {
+            phases.push((parse_duration_ns(&p.at).map_err(SimError::Scenario)?, i));
+        }
+        phases.sort();
         Ok(Run {
             sc,
             res,
@@ -106,6 +141,7 @@ impl<'a> Run<'a> {
             backing: Vec::new(),
             metrics: Metrics::default(),
             names: Vec::new(),
+            settings: Vec::new(),
             out: Output::default(),
             cmd: Output::default(),
             windows: Vec::new(),
@@ -115,19 +151,40 @@ impl<'a> Run<'a> {
             // S-CAVE §IV-B: 5 sampling periods per window, α = 0.8; each period scans
             // 1/50 of the pool (at least 1,024 blocks).
             recs: RecsEstimator::new(recs::ALPHA, 5, (res.slots / 50).max(1024), 1),
-            allocator: registry::build(&sc.cache.allocator).map_err(SimError::Scenario)?,
-            curves: Vec::new(),
+            needs: allocator.needs(),
+            allocator,
+            dynamic,
+            cleaner,
+            whole: Vec::new(),
             unit: (res.slots / CURVE_UNITS).max(1),
             online: None,
+            phases,
+            next_phase: 0,
+            miss_history: Vec::new(),
         })
     }
 
-    fn weight(&self, vm: usize) -> f64 {
-        self.sc.vm.iter().find(|v| v.name == self.names[vm]).map_or(1.0, |v| v.weight)
+    /// Applies every phase due at `now`; a changed write policy takes effect at once.
+    fn apply_phases(&mut self, now: u64) {
+        while let Some(&(at, i)) = self.phases.get(self.next_phase) {
+            if at > now {
+                break;
+            }
+            self.next_phase += 1;
+            for c in &self.sc.phase[i].vm {
+                let Some(vm) = self.names.iter().position(|n| *n == c.name) else { continue };
+                let s = &mut self.settings[vm];
+                s.weight = c.weight.unwrap_or(s.weight);
+                s.ratio = c.ratio.unwrap_or(s.ratio);
+                if let Some(p) = c.write_policy {
+                    self.command(now, |e, out| e.set_write_policy(vm as VmId, p, out));
+                }
+            }
+        }
     }
 
-    /// Registers VMs up to `names.len()`: backing devices, write policies, and (static
-    /// partitioning) targets ∝ weight among known VMs, shrinks before grows.
+    /// Registers VMs up to `names.len()`: backing devices, settings, write policies, then
+    /// a reallocation including them.
     fn admit(&mut self, names: &[String], now: u64) -> Result<(), SimError> {
         if names.len() <= self.names.len() {
             return Ok(());
@@ -140,39 +197,85 @@ impl<'a> Run<'a> {
                 self.backing.push(Device::new(spec.clone()));
             }
             self.engine.ensure_vm(vm as VmId);
-            if let Some(p) = self.sc.vm.iter().find(|v| v.name == names[vm]).and_then(|v| v.write_policy) {
-                self.engine.set_write_policy(vm as VmId, p, &mut self.cmd);
+            let conf = self.sc.vm.iter().find(|v| v.name == names[vm]);
+            let min_bytes = conf.and_then(|v| v.min.as_deref()).map(parse_size).transpose().map_err(SimError::Scenario)?.unwrap_or(0);
+            self.settings.push(VmSetting {
+                weight: conf.map_or(1.0, |v| v.weight),
+                ratio: conf.map_or(1.0, |v| v.ratio),
+                min_blocks: min_bytes.div_ceil(self.res.block_size),
+            });
+            self.miss_history.push(Default::default());
+            if let Some(p) = conf.and_then(|v| v.write_policy) {
+                self.command(now, |e, out| e.set_write_policy(vm as VmId, p, out));
             }
         }
-        self.reallocate(now);
+        self.apply_phases(now);
+        self.reallocate(now, &[], &[]);
         Ok(())
     }
 
-    /// Asks the allocator for targets (static partitions only) and applies them, shrinks
-    /// before grows, as background work at `now`.
-    fn reallocate(&mut self, now: u64) {
+    /// What the allocator knows about `vm`: settings, partition, and the estimates it
+    /// declared it needs. `window` = the last window's (requests, accesses, hits).
+    fn demand(&self, vm: usize, units: usize, window: Option<(u64, u64, u64)>, recs: Option<f64>) -> VmDemand {
+        let v = vm as VmId;
+        let p = self.engine.partition(v);
+        let set = self.settings[vm];
+        let mut d = VmDemand {
+            weight: set.weight,
+            throughput_ratio: set.ratio,
+            min_blocks: set.min_blocks,
+            target_blocks: p.target,
+            used_blocks: p.used,
+            recs,
+            ..Default::default()
+        };
+        let h = &self.miss_history[vm];
+        d.alloc_unit = if h.is_empty() { 0 } else { h.iter().sum::<u64>() / h.len() as u64 };
+        if let Some((_, _, hits)) = window {
+            d.hit_throughput = hits as f64 / (self.res.window_ns as f64 / 1e9);
+        }
+        let n = self.needs;
+        if let Some(o) = &self.online {
+            if n.hit_curves {
+                d.hit_curve = o.histogram(v).map(|h| h.hits_curve(self.unit, units)).unwrap_or_default();
+            }
+            if n.read_curves {
+                d.read_curve = o.read_histogram(v).map(|h| h.hits_curve(self.unit, units)).unwrap_or_default();
+            }
+            d.accesses = o.histogram(v).map_or(0.0, |h| h.total());
+            d.reuse_mix = o.reuse_mix(v).unwrap_or_default();
+        } else if let Some(w) = self.whole.get(vm) {
+            d.hit_curve = w.all.clone();
+            d.read_curve = w.read.clone();
+            d.accesses = w.accesses;
+            d.reuse_mix = w.mix;
+        }
+        d
+    }
+
+    /// Asks the allocator for targets and write policies (static partitions only) and
+    /// applies them, shrinks before grows, as background work at `now`.
+    fn reallocate(&mut self, now: u64, window: &[(u64, u64, u64)], recs: &[Option<f64>]) {
         if self.sc.cache.partition != PartitionMode::Static {
             return;
         }
         let units = (self.res.slots / self.unit) as usize;
-        let demands: Vec<VmDemand> = (0..self.names.len())
-            .map(|v| {
-                let p = self.engine.partition(v as VmId);
-                let hit_curve = match &self.online {
-                    Some(o) => o.histogram(v as VmId).map(|h| h.hits_curve(self.unit, units)).unwrap_or_default(),
-                    None => self.curves.get(v).cloned().unwrap_or_default(),
-                };
-                VmDemand { weight: self.weight(v), min_blocks: 0, target_blocks: p.target, used_blocks: p.used, hit_curve }
-            })
-            .collect();
-        let targets = self.allocator.allocate(self.res.slots, self.unit, &demands).targets;
+        let demands: Vec<VmDemand> =
+            (0..self.names.len()).map(|v| self.demand(v, units, window.get(v).copied(), recs.get(v).copied().flatten())).collect();
+        let pool = Pool { capacity: self.res.slots, unit: self.unit, free_blocks: self.engine.free_slots() };
+        let decision = self.allocator.allocate(&pool, &demands);
+        for (v, p) in decision.write_policies.iter().enumerate() {
+            if let Some(p) = *p {
+                if self.engine.partition(v as VmId).write_policy != p {
+                    self.command(now, |e, out| e.set_write_policy(v as VmId, p, out));
+                }
+            }
+        }
+        let targets = decision.targets;
         let mut order: Vec<usize> = (0..targets.len()).collect();
         order.sort_by_key(|&v| targets[v] > self.engine.partition(v as VmId).target); // shrinks first
         for v in order {
-            self.engine.set_target(v as VmId, targets[v], &mut self.cmd);
-            let cmd = std::mem::take(&mut self.cmd);
-            self.background(now, &cmd);
-            self.cmd = cmd;
+            self.command(now, |e, out| e.set_target(v as VmId, targets[v], out));
         }
     }
 
@@ -205,6 +308,14 @@ impl<'a> Run<'a> {
         done
     }
 
+    /// Runs an engine command and executes its ops as background work at `now`.
+    fn command(&mut self, now: u64, f: impl FnOnce(&mut Engine, &mut Output)) {
+        let mut cmd = std::mem::take(&mut self.cmd);
+        f(&mut self.engine, &mut cmd);
+        self.background(now, &cmd);
+        self.cmd = cmd;
+    }
+
     /// Executes a command's ops as background work and counts them.
     fn background(&mut self, now: u64, out: &Output) {
         self.execute(now, &out.ops);
@@ -218,42 +329,53 @@ impl<'a> Run<'a> {
         }
     }
 
-    /// Emits the current window's rows and starts the next window.
+    /// Emits the current window's rows and starts the next window: samples rECS, takes
+    /// the window's counters, and (dynamic policies) reallocates on them.
     fn emit_window(&mut self) {
-        if self.online.is_some() {
-            self.reallocate(self.window_end);
+        let engine = &self.engine;
+        let smoothed = self.recs.sample_window(engine.slot_count(), |s| engine.slot_referenced(s as u32)).to_vec();
+        let sampled = self.recs.sampled().to_vec();
+        let stats: Vec<(u64, u64, u64)> = (0..self.names.len()).map(|vm| self.metrics.take_window(vm as VmId)).collect();
+        for (h, &(_, accesses, hits)) in self.miss_history.iter_mut().zip(&stats) {
+            h.push_back(accesses - hits);
+            if h.len() > ALLOC_UNIT_WINDOWS {
+                h.pop_front();
+            }
+        }
+        if self.dynamic {
+            self.reallocate(self.window_end, &stats, &sampled);
             if let Some(o) = self.online.as_mut() {
                 o.close(); // halves the counts: the next decision weighs recent windows more
             }
         }
-        let engine = &self.engine;
-        let recs = self.recs.sample_window(engine.slot_count(), |s| engine.slot_referenced(s as u32)).to_vec();
-        {
-            for vm in 0..self.names.len() {
-                let (requests, accesses, hits) = self.metrics.take_window(vm as VmId);
-                let p = self.engine.partition(vm as VmId);
-                self.windows.push(WindowRow {
-                    window: self.window_index,
-                    t_end_s: self.window_end as f64 / 1e9,
-                    vm: self.names[vm].clone(),
-                    requests,
-                    accesses,
-                    hit_ratio: if accesses > 0 { hits as f64 / accesses as f64 } else { 0.0 },
-                    used_blocks: p.used,
-                    target_blocks: p.target,
-                    dirty_blocks: p.dirty_blocks,
-                    miss_blocks: accesses - hits,
-                    recs: recs.get(vm).copied().flatten(),
-                });
-            }
-            self.window_index += 1;
-            self.window_end += self.res.window_ns;
+        for (vm, &(requests, accesses, hits)) in stats.iter().enumerate() {
+            let p = self.engine.partition(vm as VmId);
+            self.windows.push(WindowRow {
+                window: self.window_index,
+                t_end_s: self.window_end as f64 / 1e9,
+                vm: self.names[vm].clone(),
+                requests,
+                accesses,
+                hit_ratio: if accesses > 0 { hits as f64 / accesses as f64 } else { 0.0 },
+                hit_throughput: hits as f64 / (self.res.window_ns as f64 / 1e9),
+                used_blocks: p.used,
+                target_blocks: p.target,
+                dirty_blocks: p.dirty_blocks,
+                miss_blocks: accesses - hits,
+                recs: smoothed.get(vm).copied().flatten(),
+                write_policy: p.write_policy,
+            });
         }
+        self.window_index += 1;
+        self.window_end += self.res.window_ns;
     }
 
     /// Issues one request at `now`; returns its completion time.
     fn issue(&mut self, now: u64, req: &Request) -> u64 {
         self.roll_windows(now);
+        if self.phases.get(self.next_phase).is_some_and(|&(at, _)| at <= now) {
+            self.apply_phases(now);
+        }
         self.last_now = now;
         if let Some(o) = self.online.as_mut() {
             o.add(req);
@@ -263,6 +385,13 @@ impl<'a> Run<'a> {
         let done = self.execute(now, &out.ops);
         self.metrics.request(req.vm, req.op.is_write(), &out, done - now);
         self.out = out;
+        if let Some((low, high)) = self.cleaner {
+            if self.engine.free_slots() < low {
+                self.command(now, |e, out| {
+                    e.clean(high, out);
+                });
+            }
+        }
         done
     }
 
@@ -281,26 +410,53 @@ impl<'a> Run<'a> {
 /// Allocation units the hit curves are sampled at (the optimal DP's resolution).
 const CURVE_UNITS: u64 = 256;
 
-/// Pre-pass for allocators that need curves: exact whole-trace LRU hit curves per VM (in
-/// steps of `unit` blocks up to the cache size) and every VM name, in stream order.
-fn whole_trace_curves(sc: &Scenario, res: Resolved, unit: u64, limit: u64) -> Result<(Vec<Vec<f64>>, Vec<String>), SimError> {
+/// One VM's whole-trace estimates from the pre-pass.
+#[derive(Debug, Clone, Default)]
+struct WholeTrace {
+    all: Vec<f64>,
+    read: Vec<f64>,
+    accesses: f64,
+    mix: ReuseMix,
+}
+
+/// Pre-pass for allocators that need estimates once: exact whole-trace LRU hit curves per
+/// VM (all accesses and reads, in steps of `unit` blocks up to the cache size), reuse
+/// kinds, and every VM name in stream order.
+fn whole_trace(sc: &Scenario, res: Resolved, unit: u64, limit: u64, needs: Needs) -> Result<(Vec<WholeTrace>, Vec<String>), SimError> {
     let mut trace = open_inputs(sc)?;
-    let mut prof = Profiler::new(res.block_size, Method::Exact).all_only();
+    let mut prof = Profiler::new(res.block_size, Method::Exact);
+    if !needs.read_curves {
+        prof = prof.all_only();
+    }
+    let mut mixes: Vec<ReuseMixTracker> = Vec::new();
+    let shift = res.block_size.trailing_zeros();
     let mut n = 0;
     while n < limit {
         let Some(r) = trace.next_request()? else { break };
         prof.add(&r);
+        if needs.reuse_mix && r.len > 0 {
+            if mixes.len() <= r.vm as usize {
+                mixes.resize_with(r.vm as usize + 1, Default::default);
+            }
+            for b in r.offset >> shift..=(r.end() - 1) >> shift {
+                mixes[r.vm as usize].access(b, r.op.is_write());
+            }
+        }
         n += 1;
     }
-    let units = res.slots / unit;
-    let curves = prof
+    let units = (res.slots / unit) as usize;
+    let whole = prof
         .vms()
         .iter()
-        .map(|v| {
-            v.histogram(Kind::All).hits_curve(unit, units as usize)
+        .enumerate()
+        .map(|(i, v)| WholeTrace {
+            all: v.histogram(Kind::All).hits_curve(unit, units),
+            read: if needs.read_curves { v.histogram(Kind::Read).hits_curve(unit, units) } else { Vec::new() },
+            accesses: v.accesses(Kind::All) as f64,
+            mix: mixes.get(i).map(|m| m.mix).unwrap_or_default(),
         })
         .collect();
-    Ok((curves, trace.vm_names().to_vec()))
+    Ok((whole, trace.vm_names().to_vec()))
 }
 
 /// Runs a scenario; `progress` is called every 65,536 requests.
@@ -308,12 +464,19 @@ pub fn simulate(sc: &Scenario, progress: &mut dyn FnMut(Progress)) -> Result<Sim
     let res = sc.resolve().map_err(SimError::Scenario)?;
     let mut run = Run::new(sc, res)?;
     let limit = if sc.replay.max_requests == 0 { u64::MAX } else { sc.replay.max_requests };
-    if sc.cache.reallocate && sc.cache.partition == PartitionMode::Static && run.allocator.needs().hit_curves {
-        run.online = Some(IntervalProfiler::new(res.block_size, Interval::Requests(u64::MAX), Decay::Factor(0.5), Vec::new(), 0.95));
-    } else if sc.cache.partition == PartitionMode::Static && run.allocator.needs().hit_curves {
-        let (curves, names) = whole_trace_curves(sc, res, run.unit, limit)?;
-        run.curves = curves;
-        run.admit(&names, 0)?; // every VM from the start, so the split is the whole-trace optimum
+    let n = run.needs;
+    let estimates = n.hit_curves || n.read_curves || n.reuse_mix;
+    if run.dynamic && estimates {
+        let units = (res.slots / run.unit) as usize;
+        let mut online = IntervalProfiler::new(res.block_size, Interval::Requests(u64::MAX), Decay::Factor(0.5), Vec::new(), 0.95).with_resolution(run.unit, units);
+        if n.reuse_mix {
+            online = online.with_reuse_mix();
+        }
+        run.online = Some(online);
+    } else if sc.cache.partition == PartitionMode::Static && estimates {
+        let (whole, names) = whole_trace(sc, res, run.unit, limit, n)?;
+        run.whole = whole;
+        run.admit(&names, 0)?; // every VM from the start, so the split is the whole-trace one
     }
     let mut trace = open_inputs(sc)?;
     let end = match sc.replay.mode {

@@ -71,7 +71,7 @@ fn read_only_vm_writes_less_to_the_ssd() {
     let mut wb = scenario();
     wb.trace.files = vec![shared("cloudPhysicsIO.vscsi")];
     let mut ro = wb.clone();
-    ro.vm.push(VmSection { name: "cloudPhysicsIO".into(), weight: 1.0, write_policy: Some(WritePolicy::Ro) });
+    ro.vm.push(VmSection { name: "cloudPhysicsIO".into(), weight: 1.0, ratio: 1.0, min: None, write_policy: Some(WritePolicy::Ro) });
     let (a, b) = (simulate(&wb, &mut |_| {}).unwrap(), simulate(&ro, &mut |_| {}).unwrap());
     assert!(b.total.ssd_write_bytes < a.total.ssd_write_bytes);
     assert_eq!(b.total.write_hit_ratio, 0.0);
@@ -155,7 +155,7 @@ fn reallocating_every_window_follows_recent_curves() {
     s.replay.max_requests = 60_000;
     s.cache.size = "512MiB".into();
     s.cache.allocator = "optimal".into();
-    s.cache.reallocate = true;
+    s.cache.reallocate = Some(true);
     let a = simulate(&s, &mut |_| {}).unwrap();
     assert_eq!(a.to_json(), simulate(&s, &mut |_| {}).unwrap().to_json(), "deterministic");
     // Targets move between windows and never exceed the cache.

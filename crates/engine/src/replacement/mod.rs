@@ -2,7 +2,7 @@
 //! them by name. A policy orders the resident slots of one partition (or of the whole
 //! pool when unpartitioned) and picks victims; it never touches keys, the index or bits.
 
-mod clock;
+pub(crate) mod clock;
 mod fifo;
 mod lru;
 mod s3fifo;

@@ -45,6 +45,8 @@ pub struct VmDemand {
     pub accesses: f64,
     /// Sampled rECS of the last window (S-CAVE §IV), `None` while it holds no blocks.
     pub recs: Option<f64>,
+    /// Block hit ratio of the last window, `None` before the first.
+    pub hit_ratio: Option<f64>,
     /// S-CAVE's AllocUnit (§V-A): blocks read from backing per window, recent average.
     pub alloc_unit: u64,
     /// Kinds of reuse, if [`Needs::reuse_mix`].

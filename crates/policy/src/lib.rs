@@ -7,7 +7,8 @@
 //! `symflex-weighted` (weighted fair share with redistribution), `symflex-proportional`
 //! (throughput ratios by feedback), `s-cave` (Algorithm 1 on rECS), `eci-cache` (URD
 //! sizing and per-VM write policy) and `centaur` (plain reuse-distance sizing, the
-//! baseline ECI-Cache compares with). `shared` is a partition mode, not an allocator.
+//! baseline ECI-Cache compares with), and `scave-recs` / `scave-hitratio` (S-CAVE's
+//! single-VM demand tracking of §VI-C). `shared` is a partition mode, not an allocator.
 
 pub mod allocator;
 pub mod centaur;
@@ -17,6 +18,7 @@ pub mod optimal;
 pub mod registry;
 pub mod reuse_sizing;
 pub mod scave;
+pub mod scave_tracker;
 pub mod static_share;
 pub mod symflex_proportional;
 pub mod symflex_weighted;

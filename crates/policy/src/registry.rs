@@ -7,12 +7,13 @@ use crate::centaur::Centaur;
 use crate::eci_cache::EciCache;
 use crate::optimal::Optimal;
 use crate::scave::Scave;
+use crate::scave_tracker::{Metric, ScaveTracker};
 use crate::static_share::StaticShare;
 use crate::symflex_proportional::SymflexProportional;
 use crate::symflex_weighted::SymflexWeighted;
 
 /// Names of every allocator.
-pub const NAMES: [&str; 7] = ["static", "optimal", "symflex-weighted", "symflex-proportional", "s-cave", "eci-cache", "centaur"];
+pub const NAMES: [&str; 9] = ["static", "optimal", "symflex-weighted", "symflex-proportional", "s-cave", "eci-cache", "centaur", "scave-recs", "scave-hitratio"];
 
 /// Builds an allocator by name with its seed's default parameters; the error lists the
 /// names.
@@ -25,6 +26,8 @@ pub fn build(name: &str) -> Result<Box<dyn Allocator>, String> {
         "s-cave" | "scave" => Ok(Box::new(Scave::default())),
         "eci-cache" | "eci" => Ok(Box::new(EciCache::default())),
         "centaur" => Ok(Box::new(Centaur)),
+        "scave-recs" => Ok(Box::new(ScaveTracker::new(Metric::Recs))),
+        "scave-hitratio" => Ok(Box::new(ScaveTracker::new(Metric::HitRatio))),
         _ => Err(format!("unknown allocation policy `{name}` (one of {})", NAMES.join(", "))),
     }
 }

@@ -92,6 +92,10 @@ pub struct VmReport {
     pub read_latency: Latency,
     /// Latency of writes.
     pub write_latency: Latency,
+    /// Complete passes over the VM's trace (closed loop; `replay.repeat_for` repeats it).
+    pub iterations: u64,
+    /// Virtual time at which the first pass completed, seconds.
+    pub first_iteration_s: Option<f64>,
 }
 
 fn ratio(a: u64, b: u64) -> f64 {
@@ -125,6 +129,8 @@ impl VmReport {
             latency: Latency::of(&s.lat),
             read_latency: Latency::of(&s.read_lat),
             write_latency: Latency::of(&s.write_lat),
+            iterations: 0,
+            first_iteration_s: None,
         }
     }
 }

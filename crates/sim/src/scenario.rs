@@ -25,6 +25,7 @@
 //! queue_depth = 4
 //! window = "1s"            # metrics window (virtual time)
 //! max_requests = 0         # 0 = whole trace
+//! repeat_for = "600s"      # closed loop: replay each VM's trace repeatedly this long
 //!
 //! [trace]
 //! files = ["../shared/traces/websearch-small.mqsim.txt"]
@@ -176,11 +177,14 @@ pub struct ReplaySection {
     pub max_requests: u64,
     /// Flush dirty blocks when the trace ends (background, counted).
     pub flush_at_end: bool,
+    /// Closed loop: replay each VM's trace again and again until this much virtual time
+    /// has passed (`600s`), counting passes (S-CAVE §VI-D's repeated runs). Unset: once.
+    pub repeat_for: Option<String>,
 }
 
 impl Default for ReplaySection {
     fn default() -> Self {
-        ReplaySection { mode: ReplayMode::Closed, speedup: 1.0, queue_depth: 4, window: "1s".into(), max_requests: 0, flush_at_end: false }
+        ReplaySection { mode: ReplayMode::Closed, speedup: 1.0, queue_depth: 4, window: "1s".into(), max_requests: 0, flush_at_end: false, repeat_for: None }
     }
 }
 
@@ -329,6 +333,12 @@ impl Scenario {
         let window_ns = parse_duration_ns(&r.window).map_err(|e| format!("replay.window: {e}"))?;
         if window_ns == 0 {
             return Err("replay.window: must be > 0".into());
+        }
+        if let Some(t) = &r.repeat_for {
+            parse_duration_ns(t).map_err(|e| format!("replay.repeat_for: {e}"))?;
+            if r.mode != ReplayMode::Closed {
+                return Err("replay.repeat_for: only the closed loop repeats traces (set mode = \"closed\")".into());
+            }
         }
         if self.trace.files.is_empty() && self.synthetic.is_empty() {
             return Err("trace.files: no trace given (and no [[synthetic]] workload)".into());

@@ -100,6 +100,8 @@ struct Run<'a> {
     /// Phase changes by time, and the next to apply.
     phases: Vec<(u64, usize)>,
     next_phase: usize,
+    /// Closed loop: (passes completed, end of the first) per VM.
+    passes: Vec<(u64, Option<u64>)>,
     /// Missed blocks of each VM's last windows (S-CAVE's AllocUnit).
     miss_history: Vec<std::collections::VecDeque<u64>>,
 }
@@ -161,6 +163,7 @@ impl<'a> Run<'a> {
             phases,
             next_phase: 0,
             miss_history: Vec::new(),
+            passes: Vec::new(),
         })
     }
 
@@ -231,8 +234,9 @@ impl<'a> Run<'a> {
         };
         let h = &self.miss_history[vm];
         d.alloc_unit = if h.is_empty() { 0 } else { h.iter().sum::<u64>() / h.len() as u64 };
-        if let Some((_, _, hits)) = window {
+        if let Some((_, accesses, hits)) = window {
             d.hit_throughput = hits as f64 / (self.res.window_ns as f64 / 1e9);
+            d.hit_ratio = (accesses > 0).then(|| hits as f64 / accesses as f64);
         }
         let n = self.needs;
         if let Some(o) = &self.online {
@@ -403,7 +407,12 @@ impl<'a> Run<'a> {
         }
         self.roll_windows(self.last_now);
         self.emit_window(); // the last, partial window
-        SimResult::build(self.sc, self.res, &self.engine, &self.metrics, &self.names, self.windows, end, counts, &self.ssd, &self.backing)
+        let mut r = SimResult::build(self.sc, self.res, &self.engine, &self.metrics, &self.names, self.windows, end, counts, &self.ssd, &self.backing);
+        for (v, &(passes, first)) in r.vms.iter_mut().zip(&self.passes) {
+            v.iterations = passes;
+            v.first_iteration_s = first.map(|t| t as f64 / 1e9);
+        }
+        r
     }
 }
 
@@ -498,17 +507,20 @@ pub fn simulate(sc: &Scenario, progress: &mut dyn FnMut(Progress)) -> Result<Sim
             end
         }
         ReplayMode::Closed => {
-            let mut per_vm: Vec<std::collections::VecDeque<Request>> = Vec::new();
+            let mut per_vm: Vec<Vec<Request>> = Vec::new();
             let mut total = 0u64;
             while total < limit {
                 let Some(req) = trace.next_request()? else { break };
                 if per_vm.len() <= req.vm as usize {
                     per_vm.resize_with(req.vm as usize + 1, Default::default);
                 }
-                per_vm[req.vm as usize].push_back(req);
+                per_vm[req.vm as usize].push(req);
                 total += 1;
             }
             run.admit(trace.vm_names(), 0)?;
+            let repeat_until = sc.replay.repeat_for.as_deref().map(parse_duration_ns).transpose().map_err(SimError::Scenario)?;
+            let mut cursor = vec![0usize; per_vm.len()];
+            run.passes = vec![(0, None); per_vm.len()];
             let mut ready: BinaryHeap<Reverse<(u64, VmId)>> = BinaryHeap::new();
             for vm in 0..per_vm.len() {
                 for _ in 0..sc.replay.queue_depth {
@@ -516,14 +528,35 @@ pub fn simulate(sc: &Scenario, progress: &mut dyn FnMut(Progress)) -> Result<Sim
                 }
             }
             let (mut n, mut end) = (0u64, 0u64);
+            let mut in_flight = vec![sc.replay.queue_depth as u64; per_vm.len()];
             while let Some(Reverse((now, vm))) = ready.pop() {
-                let Some(req) = per_vm[vm as usize].pop_front() else { continue };
+                let v = vm as usize;
+                if cursor[v] == per_vm[v].len() {
+                    // A pass ends when its last request completes (the last slot frees).
+                    in_flight[v] -= 1;
+                    if in_flight[v] > 0 || per_vm[v].is_empty() {
+                        continue;
+                    }
+                    let p = &mut run.passes[v];
+                    p.0 += 1;
+                    p.1.get_or_insert(now);
+                    if repeat_until.is_none_or(|t| now >= t) {
+                        continue;
+                    }
+                    cursor[v] = 0;
+                    in_flight[v] = sc.replay.queue_depth as u64;
+                    for _ in 1..sc.replay.queue_depth {
+                        ready.push(Reverse((now, vm)));
+                    }
+                }
+                let req = per_vm[v][cursor[v]];
+                cursor[v] += 1;
                 let done = run.issue(now, &req);
                 end = end.max(done);
                 ready.push(Reverse((done, vm)));
                 n += 1;
                 if n % 65_536 == 0 {
-                    progress(Progress { done: n, total: Some(total) });
+                    progress(Progress { done: n, total: repeat_until.is_none().then_some(total) });
                 }
             }
             end

@@ -4,6 +4,7 @@ mod analyze_cmd;
 mod bench_cmd;
 mod bundled;
 mod demo_cmd;
+mod experiment_cmd;
 mod input_args;
 mod progress;
 mod simulate_cmd;
@@ -31,6 +32,8 @@ enum Cmd {
     /// Demand estimation: miss-ratio curves, working sets, URD.
     #[command(subcommand)]
     Analyze(analyze_cmd::AnalyzeCmd),
+    /// Reproduce the seeds' experiments and write HTML reports.
+    Experiment(experiment_cmd::ExperimentArgs),
     /// Measure speed and memory.
     #[command(subcommand)]
     Bench(bench_cmd::BenchCmd),
@@ -43,6 +46,7 @@ fn main() {
         Cmd::Trace(c) => trace_cmd::run(c),
         Cmd::Simulate(a) => simulate_cmd::run(*a),
         Cmd::Analyze(c) => analyze_cmd::run(c),
+        Cmd::Experiment(a) => experiment_cmd::run(a),
         Cmd::Bench(c) => bench_cmd::run(c),
     };
     if let Err(e) = r {

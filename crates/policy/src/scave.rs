@@ -11,7 +11,10 @@
 //!   DCounter resets (lines 23–32);
 //! - whatever exceeds 95% of the pool is taken from every VM in equal parts (lines 34–39).
 //!
-//! Choices where the seed is silent, each named here: a cap leaving "no control" starts
+//! Choices where the seed is silent, each named here: once free space has fallen to 5%,
+//! control stays on while more than one VM runs (read literally, line 7 would lift every
+//! cap again as soon as the 95% cap, a shrink or the cleaner leaves just over 5% free,
+//! and the caps would flap every other window); a cap leaving "no control" starts
 //! from the blocks the VM holds; ties for max and min go to the lower VM index, and with
 //! two VMs of equal score the same VM is both VMmax and VMmin (Alg. 1 does not exclude
 //! it: it grows by AllocUnit, then shrinks by it); a VM without a sample keeps its E; a
@@ -48,12 +51,14 @@ pub struct Scave {
     params: ScaveParams,
     e_old: Vec<Option<f64>>,
     dcounter: Vec<u32>,
+    /// Control has started (free space fell to 5% once).
+    controlling: bool,
 }
 
 impl Scave {
     /// With explicit parameters.
     pub fn new(params: ScaveParams) -> Self {
-        Scave { params, e_old: Vec::new(), dcounter: Vec::new() }
+        Scave { params, e_old: Vec::new(), dcounter: Vec::new(), controlling: false }
     }
 
     /// Consecutive decreases per VM (for tests and reports).
@@ -96,7 +101,12 @@ impl Allocator for Scave {
                 e - old.unwrap_or(e)
             })
             .collect();
-        if n <= 1 || pool.free_blocks as f64 > p.free_threshold * pool.capacity as f64 {
+        if n <= 1 {
+            self.controlling = false;
+        } else if pool.free_blocks as f64 <= p.free_threshold * pool.capacity as f64 {
+            self.controlling = true;
+        }
+        if !self.controlling {
             return Decision { targets: vec![pool.capacity; n], write_policies, uncapped: true };
         }
         let limit = (p.cap * pool.capacity as f64).floor() as i128;

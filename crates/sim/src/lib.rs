@@ -11,6 +11,7 @@ pub mod metrics;
 pub mod plot;
 pub mod report;
 pub mod scenario;
+pub mod experiments;
 mod simulator;
 
 pub use report::SimResult;

@@ -23,7 +23,7 @@
 //! mode = "closed"          # open (trace timestamps / speedup) | closed (queue_depth per VM)
 //! speedup = 1.0
 //! queue_depth = 4
-//! window = "1s"            # metrics window (virtual time)
+//! window = "1s"            # metrics/allocation window: virtual time, or "128req" (requests)
 //! max_requests = 0         # 0 = whole trace
 //! repeat_for = "600s"      # closed loop: replay each VM's trace repeatedly this long
 //!
@@ -171,7 +171,7 @@ pub struct ReplaySection {
     pub speedup: f64,
     /// Closed loop: outstanding requests per VM (1 ..= 1024).
     pub queue_depth: u32,
-    /// Metrics window in virtual time (`1s`).
+    /// Metrics and allocation window: virtual time (`1s`) or a request count (`128req`).
     pub window: String,
     /// Stop after this many requests (0 = all).
     pub max_requests: u64,
@@ -214,6 +214,20 @@ pub struct TraceSection {
 pub struct SyntheticSection {
     /// Nutanix-schema YAML file.
     pub config: PathBuf,
+    /// Later workloads of the same VM: from `at`, the VM runs `config` instead (a working
+    /// set change, SymFlex §5.2's fourth window).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub then: Vec<WorkloadChange>,
+}
+
+/// A VM's workload from a point in time on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadChange {
+    /// Nutanix-schema YAML file.
+    pub config: PathBuf,
+    /// When it starts (`735s`), trace time from the VM's start.
+    pub at: String,
 }
 
 /// `[[vm]]`.
@@ -295,6 +309,8 @@ pub struct Resolved {
     pub slots: u64,
     /// Window ns.
     pub window_ns: u64,
+    /// Windows of this many requests instead (`window = "128req"`, S-CAVE §VI-C).
+    pub window_requests: Option<u64>,
 }
 
 impl Scenario {
@@ -309,7 +325,10 @@ impl Scenario {
             }
         };
         s.trace.files.iter_mut().for_each(fix);
-        s.synthetic.iter_mut().for_each(|x| fix(&mut x.config));
+        for x in s.synthetic.iter_mut() {
+            fix(&mut x.config);
+            x.then.iter_mut().for_each(|c| fix(&mut c.config));
+        }
         Ok(s)
     }
 
@@ -330,7 +349,11 @@ impl Scenario {
         if !(1..=1024).contains(&r.queue_depth) {
             return Err(format!("replay.queue_depth: {} is outside 1..=1024", r.queue_depth));
         }
-        let window_ns = parse_duration_ns(&r.window).map_err(|e| format!("replay.window: {e}"))?;
+        let window_requests = match r.window.trim().strip_suffix("req") {
+            Some(n) => Some(n.trim().parse::<u64>().ok().filter(|&n| n > 0).ok_or(format!("replay.window: `{}` is not a positive request count", r.window))?),
+            None => None,
+        };
+        let window_ns = if window_requests.is_some() { u64::MAX } else { parse_duration_ns(&r.window).map_err(|e| format!("replay.window: {e}"))? };
         if window_ns == 0 {
             return Err("replay.window: must be > 0".into());
         }
@@ -370,6 +393,6 @@ impl Scenario {
         if allocator.cleaner().is_some() && self.cache.replacement != ReplacementKind::Clock && self.cache.partition == PartitionMode::Static {
             return Err(format!("cache.replacement: `{}` uses S-CAVE's global cleaner, which reads CLOCK counters: set replacement = \"clock\"", self.cache.allocator));
         }
-        Ok(Resolved { cache_bytes, block_size, slots, window_ns })
+        Ok(Resolved { cache_bytes, block_size, slots, window_ns, window_requests })
     }
 }

@@ -13,6 +13,7 @@ use cachevisor_engine::{DeviceOp, Engine, EngineConfig, Output, PartitionMode};
 use cachevisor_trace::formats::generic_csv::CsvColumns;
 use cachevisor_trace::generator::{Generator, WorkloadConfig};
 use cachevisor_trace::units::{parse_duration_ns, parse_size};
+use cachevisor_trace::chain::Chained;
 use cachevisor_trace::{open_trace, MergeOptions, MergedTrace, ReadOptions, Request, TraceSource, VmId, VmMode};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -51,11 +52,23 @@ pub fn open_inputs(sc: &Scenario) -> Result<MergedTrace, SimError> {
     for f in &t.files {
         sources.push(open_trace(f, &read)?);
     }
+    let generator = |path: &std::path::Path| -> Result<Generator, SimError> {
+        let text = std::fs::read_to_string(path).map_err(|e| SimError::Scenario(format!("{}: {e}", path.display())))?;
+        let cfg = WorkloadConfig::from_yaml(&text, &path.display().to_string())?;
+        let w = cfg.validate().map_err(|e| SimError::Scenario(format!("{}: {e}", path.display())))?;
+        Ok(Generator::new(w))
+    };
     for s in &sc.synthetic {
-        let text = std::fs::read_to_string(&s.config).map_err(|e| SimError::Scenario(format!("{}: {e}", s.config.display())))?;
-        let cfg = WorkloadConfig::from_yaml(&text, &s.config.display().to_string())?;
-        let w = cfg.validate().map_err(|e| SimError::Scenario(format!("{}: {e}", s.config.display())))?;
-        sources.push(Box::new(Generator::new(w)));
+        if s.then.is_empty() {
+            sources.push(Box::new(generator(&s.config)?));
+            continue;
+        }
+        let mut parts: Vec<(Box<dyn TraceSource>, u64)> = vec![(Box::new(generator(&s.config)?), 0)];
+        for c in &s.then {
+            let at = parse_duration_ns(&c.at).map_err(|e| SimError::Scenario(format!("synthetic.then.at: {e}")))?;
+            parts.push((Box::new(generator(&c.config)?), at));
+        }
+        sources.push(Box::new(Chained::new(parts)));
     }
     let rename: HashMap<String, String> = t.rename.clone().into_iter().collect();
     Ok(MergedTrace::from_sources(sources, MergeOptions { rebase: true, rename }))
@@ -83,6 +96,9 @@ struct Run<'a> {
     cmd: Output,
     windows: Vec<WindowRow>,
     window_end: u64,
+    window_start: u64,
+    /// Requests issued (request-count windows).
+    issued: u64,
     window_index: u64,
     last_now: u64,
     recs: RecsEstimator,
@@ -148,6 +164,8 @@ impl<'a> Run<'a> {
             cmd: Output::default(),
             windows: Vec::new(),
             window_end: res.window_ns,
+            window_start: 0,
+            issued: 0,
             window_index: 0,
             last_now: 0,
             // S-CAVE §IV-B: 5 sampling periods per window, α = 0.8; each period scans
@@ -235,7 +253,7 @@ impl<'a> Run<'a> {
         let h = &self.miss_history[vm];
         d.alloc_unit = if h.is_empty() { 0 } else { h.iter().sum::<u64>() / h.len() as u64 };
         if let Some((_, accesses, hits)) = window {
-            d.hit_throughput = hits as f64 / (self.res.window_ns as f64 / 1e9);
+            d.hit_throughput = hits as f64 / self.window_secs();
             d.hit_ratio = (accesses > 0).then(|| hits as f64 / accesses as f64);
         }
         let n = self.needs;
@@ -326,6 +344,11 @@ impl<'a> Run<'a> {
         self.metrics.ops(out);
     }
 
+    /// Length of the current window in seconds (at least 1 ns).
+    fn window_secs(&self) -> f64 {
+        self.window_end.saturating_sub(self.window_start).max(1) as f64 / 1e9
+    }
+
     /// Emits every window that ends at or before `now`.
     fn roll_windows(&mut self, now: u64) {
         while now >= self.window_end {
@@ -361,7 +384,7 @@ impl<'a> Run<'a> {
                 requests,
                 accesses,
                 hit_ratio: if accesses > 0 { hits as f64 / accesses as f64 } else { 0.0 },
-                hit_throughput: hits as f64 / (self.res.window_ns as f64 / 1e9),
+                hit_throughput: hits as f64 / self.window_secs(),
                 used_blocks: p.used,
                 target_blocks: p.target,
                 dirty_blocks: p.dirty_blocks,
@@ -371,7 +394,8 @@ impl<'a> Run<'a> {
             });
         }
         self.window_index += 1;
-        self.window_end += self.res.window_ns;
+        self.window_start = self.window_end;
+        self.window_end = self.window_end.saturating_add(self.res.window_ns);
     }
 
     /// Issues one request at `now`; returns its completion time.
@@ -389,6 +413,11 @@ impl<'a> Run<'a> {
         let done = self.execute(now, &out.ops);
         self.metrics.request(req.vm, req.op.is_write(), &out, done - now);
         self.out = out;
+        self.issued += 1;
+        if self.res.window_requests.is_some_and(|n| self.issued.is_multiple_of(n)) {
+            self.window_end = now.max(self.window_start);
+            self.emit_window();
+        }
         if let Some((low, high)) = self.cleaner {
             if self.engine.free_slots() < low {
                 self.command(now, |e, out| {
@@ -406,6 +435,9 @@ impl<'a> Run<'a> {
             self.background(end, &cmd);
         }
         self.roll_windows(self.last_now);
+        if self.res.window_requests.is_some() {
+            self.window_end = self.last_now.max(self.window_start);
+        }
         self.emit_window(); // the last, partial window
         let mut r = SimResult::build(self.sc, self.res, &self.engine, &self.metrics, &self.names, self.windows, end, counts, &self.ssd, &self.backing);
         for (v, &(passes, first)) in r.vms.iter_mut().zip(&self.passes) {

@@ -6,6 +6,7 @@
 //! Readers hold constant memory and report malformed records with file, line or byte
 //! offset, and field ([`TraceError::Malformed`]); with `skip_bad` they count them instead.
 
+pub mod chain;
 pub mod characterize;
 pub mod error;
 pub mod format;

@@ -1,0 +1,50 @@
+//! `cachevisor experiment NAME|all`: runs the seeds' experiments on the simulator and
+//! writes each one's HTML report, JSON and CSVs (see `cachevisor_sim::experiments`).
+
+use crate::bundled;
+use anyhow::Context;
+use cachevisor_sim::experiments::{self, Options, Size};
+use clap::Args;
+use std::path::PathBuf;
+
+/// Arguments of `experiment`.
+#[derive(Debug, Args)]
+pub struct ExperimentArgs {
+    /// Experiment name, or `all`.
+    #[arg(value_parser = ["all", "scave-corun", "recs-tracking", "eci-endurance", "symflex-proportional", "policy-compare"])]
+    pub name: String,
+    /// Longer runs (more passes, longer phases).
+    #[arg(long, conflicts_with = "quick")]
+    pub full: bool,
+    /// The reduced size the test suite runs (seconds each).
+    #[arg(long)]
+    pub quick: bool,
+    /// Output directory; each experiment writes into DIR/NAME.
+    #[arg(long, default_value = "out/experiments")]
+    pub out: PathBuf,
+}
+
+/// Runs the command.
+pub fn run(a: ExperimentArgs) -> anyhow::Result<()> {
+    let size = if a.full {
+        Size::Full
+    } else if a.quick {
+        Size::Quick
+    } else {
+        Size::Default
+    };
+    let traces = bundled::traces_dir()?;
+    let names: Vec<&str> = if a.name == "all" { experiments::NAMES.to_vec() } else { vec![a.name.as_str()] };
+    for name in names {
+        let opts = Options { size, out: a.out.join(name), traces: traces.clone() };
+        eprintln!("== {name} ({})", size.name());
+        let t = std::time::Instant::now();
+        let report = experiments::run(name, &opts, &mut |line| eprintln!("  {line}")).map_err(anyhow::Error::msg).with_context(|| format!("experiment {name}"))?;
+        println!("{}: {} ({:.1} s)", name, report.title, t.elapsed().as_secs_f64());
+        for c in &report.claims {
+            println!("  [{}] {} — {}", if c.holds { "holds" } else { "DOES NOT HOLD" }, c.text, c.evidence);
+        }
+        println!("  report: {}", opts.out.join("report.html").display());
+    }
+    Ok(())
+}

@@ -35,3 +35,13 @@ fn scave_corun() {
 fn recs_tracking() {
     check("recs-tracking");
 }
+
+#[test]
+fn eci_endurance() {
+    check("eci-endurance");
+}
+
+#[test]
+fn symflex_proportional() {
+    check("symflex-proportional");
+}

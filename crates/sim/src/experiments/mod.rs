@@ -4,9 +4,11 @@
 //! seed's findings as claims and checks them on its own measurements; the test suite runs
 //! each at the quick size and asserts the claims marked `asserted`.
 
+pub mod eci_endurance;
 pub mod recs_tracking;
 pub mod report_html;
 pub mod scave_corun;
+pub mod symflex_proportional;
 
 use crate::report::SimResult;
 use crate::scenario::Scenario;
@@ -15,7 +17,7 @@ pub use report_html::{Claim, Report, Section, Table};
 use std::path::{Path, PathBuf};
 
 /// Every experiment.
-pub const NAMES: [&str; 2] = ["scave-corun", "recs-tracking"];
+pub const NAMES: [&str; 4] = ["scave-corun", "recs-tracking", "eci-endurance", "symflex-proportional"];
 
 /// How long an experiment runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -65,6 +67,8 @@ pub fn run(name: &str, opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Repo
     let report = match name {
         "scave-corun" => scave_corun::run(opts, log)?,
         "recs-tracking" => recs_tracking::run(opts, log)?,
+        "eci-endurance" => eci_endurance::run(opts, log)?,
+        "symflex-proportional" => symflex_proportional::run(opts, log)?,
                                         _ => return Err(format!("unknown experiment `{name}` (one of {})", NAMES.join(", "))),
     };
     report.write(&opts.out).map_err(|e| format!("{}: {e}", opts.out.display()))?;

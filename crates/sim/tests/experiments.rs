@@ -45,3 +45,8 @@ fn eci_endurance() {
 fn symflex_proportional() {
     check("symflex-proportional");
 }
+
+#[test]
+fn policy_compare() {
+    check("policy-compare");
+}

@@ -5,6 +5,7 @@
 //! each at the quick size and asserts the claims marked `asserted`.
 
 pub mod eci_endurance;
+pub mod policy_compare;
 pub mod recs_tracking;
 pub mod report_html;
 pub mod scave_corun;
@@ -17,7 +18,7 @@ pub use report_html::{Claim, Report, Section, Table};
 use std::path::{Path, PathBuf};
 
 /// Every experiment.
-pub const NAMES: [&str; 4] = ["scave-corun", "recs-tracking", "eci-endurance", "symflex-proportional"];
+pub const NAMES: [&str; 5] = ["scave-corun", "recs-tracking", "eci-endurance", "symflex-proportional", "policy-compare"];
 
 /// How long an experiment runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -69,6 +70,7 @@ pub fn run(name: &str, opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Repo
         "recs-tracking" => recs_tracking::run(opts, log)?,
         "eci-endurance" => eci_endurance::run(opts, log)?,
         "symflex-proportional" => symflex_proportional::run(opts, log)?,
+        "policy-compare" => policy_compare::run(opts, log)?,
                                         _ => return Err(format!("unknown experiment `{name}` (one of {})", NAMES.join(", "))),
     };
     report.write(&opts.out).map_err(|e| format!("{}: {e}", opts.out.display()))?;

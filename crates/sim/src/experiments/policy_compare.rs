@@ -1,0 +1,112 @@
+//! `policy-compare`: every allocation policy (and the unmanaged shared cache) at several
+//! cache sizes on one multi-VM mix — the bundled real traces plus generated VMs of strong
+//! and weak locality: total and per-VM hit ratio, mean and p99.9 latency, SSD writes, and
+//! each policy's gap to `optimal` (the exact DP over whole-trace curves, the best static
+//! partitioning of LRU caches).
+
+use super::{pct, real_trace, sim, workload, Claim, Options, Report, Section, Table};
+use crate::plot::{line_chart_svg, Series};
+use crate::report::SimResult;
+use crate::scenario::{ReplayMode, Scenario, SyntheticSection};
+use cachevisor_engine::{PartitionMode, ReplacementKind, WritePolicy};
+use cachevisor_trace::units::format_size;
+
+/// (label, allocator, partition, replacement) of every policy compared.
+const POLICIES: [(&str, &str, PartitionMode, ReplacementKind); 9] = [
+    ("static", "static", PartitionMode::Static, ReplacementKind::Lru),
+    ("shared-clock", "static", PartitionMode::Shared, ReplacementKind::Clock),
+    ("optimal", "optimal", PartitionMode::Static, ReplacementKind::Lru),
+    ("symflex-weighted", "symflex-weighted", PartitionMode::Static, ReplacementKind::Lru),
+    ("symflex-proportional", "symflex-proportional", PartitionMode::Static, ReplacementKind::Lru),
+    ("s-cave", "s-cave", PartitionMode::Static, ReplacementKind::Clock),
+    ("eci-cache", "eci-cache", PartitionMode::Static, ReplacementKind::Lru),
+    ("centaur", "centaur", PartitionMode::Static, ReplacementKind::Lru),
+    ("optimal-online", "optimal", PartitionMode::Static, ReplacementKind::Lru),
+];
+
+/// Runs the experiment.
+pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> {
+    let size = opts.size;
+    let sizes: &[u64] = size.pick(&[16, 64][..], &[16, 64, 256][..], &[16, 64, 256, 1024][..]);
+    let max = size.pick(60_000u64, 400_000, 0);
+    let strong = workload(opts, "strong", "strong", &[("duration", "60s")])?;
+    let weak = workload(opts, "weak", "weak", &[("duration", "60s")])?;
+    let mut base = Scenario::default();
+    base.replay.mode = ReplayMode::Closed;
+    base.replay.queue_depth = 4;
+    base.replay.max_requests = max;
+    base.cache.write_policy = WritePolicy::Wb;
+    base.trace.files = vec![real_trace(opts, "websearch-small.mqsim.txt")?, real_trace(opts, "tpcc-small.mqsim.txt")?, real_trace(opts, "cloudPhysicsIO.vscsi")?];
+    base.synthetic = vec![SyntheticSection { config: strong, then: Vec::new() }, SyntheticSection { config: weak, then: Vec::new() }];
+    let mut scenarios = Vec::new();
+    let mut results: Vec<(u64, &str, SimResult)> = Vec::new();
+    for &mib in sizes {
+        for (label, alloc, part, repl) in POLICIES {
+            let mut sc = base.clone();
+            sc.cache.size = format!("{mib}MiB");
+            sc.cache.allocator = alloc.into();
+            sc.cache.partition = part;
+            sc.cache.replacement = repl;
+            if label == "optimal-online" {
+                sc.cache.reallocate = Some(true); // the DP every window on recent curves
+            }
+            let r = sim(&format!("{mib} MiB {label}"), &sc, &mut scenarios, log)?;
+            results.push((mib, label, r));
+        }
+    }
+    let vms: Vec<String> = results[0].2.vms.iter().map(|v| v.vm.clone()).collect();
+    let mut cols: Vec<String> = ["cache", "policy", "hit %", "gap to optimal (pp)", "mean µs", "p99.9 µs", "SSD writes"].iter().map(|s| s.to_string()).collect();
+    cols.extend(vms.iter().map(|v| format!("{v} hit %")));
+    let mut table = Table { name: "compare".into(), columns: cols, rows: Vec::new() };
+    let best = |mib: u64| results.iter().find(|(m, l, _)| *m == mib && *l == "optimal").map(|x| x.2.total.hit_ratio).unwrap_or(0.0);
+    for (mib, label, r) in &results {
+        let mut row = vec![
+            format!("{mib} MiB"),
+            label.to_string(),
+            pct(r.total.hit_ratio),
+            format!("{:+.1}", (r.total.hit_ratio - best(*mib)) * 100.0),
+            format!("{:.0}", r.total.latency.mean_us),
+            format!("{:.0}", r.total.latency.p999_us),
+            format_size(r.total.ssd_write_bytes),
+        ];
+        row.extend(r.vms.iter().map(|v| pct(v.hit_ratio)));
+        table.rows.push(row);
+    }
+    let series: Vec<Series> = POLICIES
+        .iter()
+        .map(|p| Series { name: p.0.into(), points: results.iter().filter(|x| x.1 == p.0).map(|x| (x.0 as f64, x.2.total.hit_ratio * 100.0)).collect() })
+        .collect();
+    let figure = line_chart_svg("total hit ratio by cache size", "cache (MiB)", "hit %", &series, None)?;
+    let hit = |mib: u64, l: &str| results.iter().find(|x| x.0 == mib && x.1 == l).map(|x| x.2.total.hit_ratio).unwrap_or(0.0);
+    let statics_below: Vec<String> = sizes.iter().map(|&m| format!("{m} MiB: optimal {}% vs static {}%", pct(hit(m, "optimal")), pct(hit(m, "static")))).collect();
+    let claims = vec![
+        Claim {
+            text: "The offline optimum is an upper bound for static partitioning: optimal's hit ratio ≥ equal static shares at every size (within 0.1 pp of rounding to allocation units).".into(),
+            holds: sizes.iter().all(|&m| hit(m, "optimal") + 0.001 >= hit(m, "static")),
+            evidence: statics_below.join("; "),
+            asserted: true,
+        },
+        Claim {
+            text: "More cache never lowers the optimum's hit ratio.".into(),
+            holds: sizes.windows(2).all(|w| hit(w[1], "optimal") + 1e-9 >= hit(w[0], "optimal")),
+            evidence: sizes.iter().map(|&m| format!("{m} MiB {}%", pct(hit(m, "optimal")))).collect::<Vec<_>>().join(", "),
+            asserted: true,
+        },
+    ];
+    Ok(Report {
+        name: "policy-compare".into(),
+        title: "Every policy at several cache sizes".into(),
+        intro: format!(
+            "Five VMs — the bundled websearch, tpcc and CloudPhysics traces and two generated VMs (strong: 95% of I/O on 4% of 1 GiB; weak: uniform) — closed loop with 4 outstanding requests, 860 EVO cache over 7,200 rpm disks, write-back (S-CAVE runs its own write-through/write-around and ECI-Cache its per-VM choice), caches of {} MiB{}. Static partitions use LRU; shared-clock and S-CAVE use CLOCK. optimal-online re-runs the exact DP every 1 s window on decayed recent curves (an online controller, no future knowledge); optimal uses whole-trace curves. Gap = hit ratio − optimal's, percentage points (positive: better than the best static partitioning, possible for shared and dynamic policies).",
+            sizes.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", "),
+            if max > 0 { format!("; first {max} requests") } else { String::new() }
+        ),
+        size: size.name().into(),
+        claims,
+        sections: vec![
+            Section { heading: "Hit ratio by cache size".into(), text: String::new(), figure: Some(figure), table: None },
+            Section { heading: "All runs".into(), text: String::new(), figure: None, table: Some(table) },
+        ],
+        scenarios,
+    })
+}

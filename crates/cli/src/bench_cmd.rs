@@ -81,6 +81,18 @@ pub enum BenchCmd {
         #[arg(long, default_value = "out/bench")]
         dir: PathBuf,
     },
+    /// One allocator call per policy for many VMs (target: under 10 ms for 1,000 VMs).
+    Policy {
+        /// VMs.
+        #[arg(long, default_value_t = 1000)]
+        vms: usize,
+        /// Points per hit curve (allocation units of the pool).
+        #[arg(long, default_value_t = 256)]
+        units: u64,
+        /// Interleaved repetitions (median reported).
+        #[arg(long, default_value_t = 7)]
+        reps: usize,
+    },
     /// Metadata memory of a full cache of the given size.
     Memory {
         /// Cache size.
@@ -102,6 +114,7 @@ pub fn run(c: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Parse { requests, reps, dir } => bench_parse(requests, reps, &dir),
         BenchCmd::Analyze { requests, blocks, alpha, reps, dir } => bench_analyze(requests, blocks, alpha, reps, &dir),
         BenchCmd::Memory { cache_size, block_size, last_access } => bench_memory(cache_size, block_size, last_access),
+        BenchCmd::Policy { vms, units, reps } => bench_policy(vms, units, reps),
     }
 }
 
@@ -408,5 +421,70 @@ fn bench_analyze(requests: u64, blocks: u64, alpha: f64, reps: usize, dir: &Path
         println!("  (libcachesim Python package not installed: `pip install libcachesim` to compare)");
     }
     println!("\npeak RSS {}", format_size(peak_rss_bytes()));
+    Ok(())
+}
+
+/// Demands of `n` VMs with curves of `units` points: concave ones that saturate at their
+/// working set, and stepped (non-concave) ones, seeded so every run sees the same input.
+fn policy_demands(n: usize, units: u64, unit: u64) -> Vec<cachevisor_policy::VmDemand> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+    (0..n)
+        .map(|i| {
+            let total = rng.gen_range(1_000.0..100_000.0);
+            let wss = rng.gen_range(1..=units) as f64;
+            let curve: Vec<f64> = (0..=units)
+                .map(|k| {
+                    let k = k as f64;
+                    if i % 2 == 0 {
+                        total * (1.0 - (-3.0 * k / wss).exp()) * if k >= wss { 1.0 } else { 0.95 }
+                    } else if k >= wss {
+                        total * 0.8
+                    } else {
+                        total * 0.2 * k / wss
+                    }
+                })
+                .collect();
+            let curve: Vec<f64> = curve.iter().scan(0.0f64, |m, &h| { *m = m.max(h); Some(*m) }).collect();
+            cachevisor_policy::VmDemand {
+                weight: rng.gen_range(0.5..4.0),
+                min_blocks: 0,
+                target_blocks: unit * units / n as u64,
+                used_blocks: unit * units / n as u64,
+                read_curve: curve.iter().map(|h| h * 0.7).collect(),
+                hit_curve: curve,
+                accesses: total * 1.2,
+                recs: Some(rng.gen_range(0.0..1.0)),
+                hit_ratio: Some(rng.gen_range(0.0..1.0)),
+                alloc_unit: rng.gen_range(1..1000),
+                reuse_mix: cachevisor_policy::ReuseMix { read_after_read: rng.gen_range(0.0..100.0), read_after_write: rng.gen_range(0.0..30.0), ..Default::default() },
+                hit_throughput: rng.gen_range(0.0..5_000.0),
+                throughput_ratio: rng.gen_range(1.0..4.0),
+            }
+        })
+        .collect()
+}
+
+fn bench_policy(vms: usize, units: u64, reps: usize) -> anyhow::Result<()> {
+    use cachevisor_policy::{registry, Pool};
+    let unit = 65_536; // 256 units × 64 Ki blocks = a 64 GiB pool of 4 KiB blocks
+    let pool = Pool { capacity: unit * units, unit, free_blocks: 0 };
+    let demands = policy_demands(vms, units, unit);
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); registry::NAMES.len()];
+    let mut allocators: Vec<_> = registry::NAMES.iter().map(|n| registry::build(n).expect("registered")).collect();
+    for _ in 0..reps.max(1) {
+        for (i, a) in allocators.iter_mut().enumerate() {
+            let t = Instant::now();
+            let d = a.allocate(&pool, &demands);
+            times[i].push(t.elapsed().as_secs_f64() * 1e3);
+            std::hint::black_box(d);
+        }
+    }
+    println!("allocator call, {vms} VMs, {units}-point curves, median of {reps} (interleaved)");
+    println!("{:<22} {:>10} {:>8}", "policy", "ms/call", "< 10 ms");
+    for (n, t) in registry::NAMES.iter().zip(times) {
+        let m = median(t);
+        println!("{n:<22} {m:>10.3} {:>8}", if m < 10.0 { "yes" } else { "NO" });
+    }
     Ok(())
 }

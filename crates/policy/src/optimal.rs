@@ -29,41 +29,48 @@ pub fn saturation_units(curve: &[f64]) -> usize {
 }
 
 /// The optimal units per VM for curves in units, `units` of capacity, minimum units.
+///
+/// Layer i holds the best total of the first i VMs at every capacity used; each layer is
+/// a max-plus pass (`next[u + k] = max(next[u + k], best[u] + h(k))`) over slices, which
+/// vectorizes, and choices are recovered afterwards by walking the layers back (the
+/// largest k reproducing the optimum, so earlier VMs keep the smaller totals on ties).
 pub fn solve(units: usize, curves: &[&[f64]], min_units: &[usize]) -> Vec<usize> {
     let n = curves.len();
     let neg = f64::NEG_INFINITY;
-    let mut best = vec![neg; units + 1];
-    best[0] = 0.0;
-    let mut choice = vec![vec![0usize; units + 1]; n];
+    let mut layers: Vec<Vec<f64>> = Vec::with_capacity(n + 1);
+    let mut first = vec![neg; units + 1];
+    first[0] = 0.0;
+    layers.push(first);
+    let sats: Vec<usize> = (0..n).map(|i| saturation_units(curves[i]).max(min_units[i]).min(units)).collect();
     for i in 0..n {
         // Past its saturation point a curve gains nothing: never try more (exact, and
         // what keeps 1,000-VM calls fast).
-        let sat = saturation_units(curves[i]).max(min_units[i]);
+        let best = &layers[i];
         let mut next = vec![neg; units + 1];
-        for (used, &b) in best.iter().enumerate() {
-            if b == neg {
-                continue;
-            }
-            for k in min_units[i]..=(units - used).min(sat) {
-                let v = b + hits(curves[i], k);
-                if v > next[used + k] + 1e-12 {
-                    next[used + k] = v;
-                    choice[i][used + k] = k;
-                }
+        for k in min_units[i]..=sats[i] {
+            let h = hits(curves[i], k);
+            let lim = units - k;
+            for (d, &b) in next[k..].iter_mut().zip(&best[..=lim]) {
+                *d = d.max(b + h);
             }
         }
-        best = next;
+        layers.push(next);
     }
     // The best total over any used amount ≤ units (smallest on ties).
+    let last = &layers[n];
     let mut at = 0;
     for k in 0..=units {
-        if best[k] > best[at] + 1e-12 {
+        if last[k] > last[at] + 1e-12 {
             at = k;
         }
     }
     let mut out = vec![0; n];
     for i in (0..n).rev() {
-        let k = choice[i][at];
+        let target = layers[i + 1][at];
+        let k = (min_units[i]..=sats[i].min(at))
+            .rev()
+            .find(|&k| layers[i][at - k] + hits(curves[i], k) == target)
+            .expect("the optimum is reproduced by some choice");
         out[i] = k;
         at -= k;
     }

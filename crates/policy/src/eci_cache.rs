@@ -33,6 +33,14 @@ impl Default for EciCache {
 }
 
 impl EciCache {
+    /// With `raw_threshold` from `p` where given.
+    pub fn from_params(p: &crate::params::Params) -> Result<Self, String> {
+        let mut r = crate::params::ParamReader::new("eci-cache", p);
+        let raw_threshold = r.get("raw_threshold", RAW_THRESHOLD, 0.0, 1.0)?;
+        r.finish()?;
+        Ok(EciCache { raw_threshold })
+    }
+
     /// The write policy for a VM's reuse mix.
     pub fn write_policy(&self, v: &VmDemand) -> WritePolicy {
         match v.reuse_mix.raw_share() {

@@ -15,6 +15,7 @@ pub mod centaur;
 pub mod eci_cache;
 pub mod hull_greedy;
 pub mod optimal;
+pub mod params;
 pub mod registry;
 pub mod reuse_sizing;
 pub mod scave;

@@ -6,7 +6,8 @@ use crate::allocator::Allocator;
 use crate::centaur::Centaur;
 use crate::eci_cache::EciCache;
 use crate::optimal::Optimal;
-use crate::scave::Scave;
+use crate::params::{ParamReader, Params};
+use crate::scave::{Scave, ScaveParams};
 use crate::scave_tracker::{Metric, ScaveTracker};
 use crate::static_share::StaticShare;
 use crate::symflex_proportional::SymflexProportional;
@@ -18,16 +19,35 @@ pub const NAMES: [&str; 9] = ["static", "optimal", "symflex-weighted", "symflex-
 /// Builds an allocator by name with its seed's default parameters; the error lists the
 /// names.
 pub fn build(name: &str) -> Result<Box<dyn Allocator>, String> {
-    match name {
-        "static" => Ok(Box::new(StaticShare)),
-        "optimal" => Ok(Box::new(Optimal)),
-        "symflex-weighted" => Ok(Box::new(SymflexWeighted)),
-        "symflex-proportional" => Ok(Box::new(SymflexProportional::default())),
-        "s-cave" | "scave" => Ok(Box::new(Scave::default())),
-        "eci-cache" | "eci" => Ok(Box::new(EciCache::default())),
-        "centaur" => Ok(Box::new(Centaur)),
-        "scave-recs" => Ok(Box::new(ScaveTracker::new(Metric::Recs))),
-        "scave-hitratio" => Ok(Box::new(ScaveTracker::new(Metric::HitRatio))),
-        _ => Err(format!("unknown allocation policy `{name}` (one of {})", NAMES.join(", "))),
-    }
+    build_with(name, &Params::new())
+}
+
+/// Builds an allocator by name with `params` over its defaults; unknown names, unknown
+/// parameters and values out of range are errors that say which.
+pub fn build_with(name: &str, params: &Params) -> Result<Box<dyn Allocator>, String> {
+    let none = |policy: &'static str| ParamReader::new(policy, params).finish();
+    Ok(match name {
+        "static" => {
+            none("static")?;
+            Box::new(StaticShare)
+        }
+        "optimal" => {
+            none("optimal")?;
+            Box::new(Optimal)
+        }
+        "symflex-weighted" => {
+            none("symflex-weighted")?;
+            Box::new(SymflexWeighted)
+        }
+        "centaur" => {
+            none("centaur")?;
+            Box::new(Centaur)
+        }
+        "symflex-proportional" => Box::new(SymflexProportional::from_params(params)?),
+        "s-cave" | "scave" => Box::new(Scave::new(ScaveParams::from_params(params)?)),
+        "eci-cache" | "eci" => Box::new(EciCache::from_params(params)?),
+        "scave-recs" => Box::new(ScaveTracker::with_params(Metric::Recs, ScaveParams::from_params(params)?)),
+        "scave-hitratio" => Box::new(ScaveTracker::with_params(Metric::HitRatio, ScaveParams::from_params(params)?)),
+        _ => return Err(format!("unknown allocation policy `{name}` (one of {})", NAMES.join(", "))),
+    })
 }

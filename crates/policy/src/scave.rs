@@ -45,6 +45,27 @@ impl Default for ScaveParams {
     }
 }
 
+impl ScaveParams {
+    /// The defaults with `alpha`, `m`, `free_threshold`, `cap`, `cleaner_low` and
+    /// `cleaner_high` overridden where given.
+    pub fn from_params(p: &crate::params::Params) -> Result<Self, String> {
+        let d = ScaveParams::default();
+        let mut r = crate::params::ParamReader::new("s-cave", p);
+        let out = ScaveParams {
+            alpha: r.get("alpha", d.alpha, 0.0, 1.0)?,
+            m: r.get("m", d.m as f64, 0.0, 1000.0)? as u32,
+            free_threshold: r.get("free_threshold", d.free_threshold, 0.0, 1.0)?,
+            cap: r.get("cap", d.cap, 0.0, 1.0)?,
+            cleaner: Watermarks { low: r.get("cleaner_low", d.cleaner.low, 0.0, 1.0)?, high: r.get("cleaner_high", d.cleaner.high, 0.0, 1.0)? },
+        };
+        r.finish()?;
+        if out.cleaner.low > out.cleaner.high {
+            return Err(format!("s-cave: cleaner_low {} is above cleaner_high {}", out.cleaner.low, out.cleaner.high));
+        }
+        Ok(out)
+    }
+}
+
 /// S-CAVE's allocator with its per-VM state (E_old, DCounter).
 #[derive(Debug, Clone, Default)]
 pub struct Scave {

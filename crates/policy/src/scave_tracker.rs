@@ -32,7 +32,12 @@ pub struct ScaveTracker {
 impl ScaveTracker {
     /// A tracker on `metric` with S-CAVE's default parameters.
     pub fn new(metric: Metric) -> Self {
-        ScaveTracker { metric, params: ScaveParams::default(), e_old: Vec::new(), dcounter: Vec::new() }
+        Self::with_params(metric, ScaveParams::default())
+    }
+
+    /// A tracker with explicit parameters (`alpha` and `m` are read).
+    pub fn with_params(metric: Metric, params: ScaveParams) -> Self {
+        ScaveTracker { metric, params, e_old: Vec::new(), dcounter: Vec::new() }
     }
 }
 

@@ -32,6 +32,17 @@ impl Default for SymflexProportional {
     }
 }
 
+impl SymflexProportional {
+    /// With `gain`, `max_step` and `deadband` from `p` where given.
+    pub fn from_params(p: &crate::params::Params) -> Result<Self, String> {
+        let d = SymflexProportional::default();
+        let mut r = crate::params::ParamReader::new("symflex-proportional", p);
+        let out = SymflexProportional { gain: r.get("gain", d.gain, 0.01, 1.0)?, max_step: r.get("max_step", d.max_step, 1.0, 100.0)?, deadband: r.get("deadband", d.deadband, 0.0, 1.0)? };
+        r.finish()?;
+        Ok(out)
+    }
+}
+
 impl Allocator for SymflexProportional {
     fn name(&self) -> &'static str {
         "symflex-proportional"

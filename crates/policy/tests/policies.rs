@@ -18,6 +18,21 @@ fn registry_builds_every_policy_by_name() {
 }
 
 #[test]
+fn parameters_are_read_and_checked() {
+    use cachevisor_policy::registry::build_with;
+    let p = |kv: &[(&str, f64)]| kv.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+    assert!(build_with("s-cave", &p(&[("m", 3.0), ("alpha", 0.5)])).is_ok());
+    let e = build_with("s-cave", &p(&[("mm", 3.0)])).err().unwrap();
+    assert!(e.contains("`mm` is unknown") && e.contains("alpha"), "{e}");
+    let e = build_with("eci-cache", &p(&[("raw_threshold", 1.5)])).err().unwrap();
+    assert!(e.contains("raw_threshold") && e.contains("outside"), "{e}");
+    let e = build_with("static", &p(&[("gain", 1.0)])).err().unwrap();
+    assert!(e.contains("takes none"), "{e}");
+    let e = build_with("s-cave", &p(&[("cleaner_low", 0.2), ("cleaner_high", 0.1)])).err().unwrap();
+    assert!(e.contains("cleaner_low"), "{e}");
+}
+
+#[test]
 fn static_shares_follow_weights_and_use_everything() {
     let mut s = build("static").unwrap();
     let d = s.allocate(&Pool::new(100, 1), &[vm(1.0, 0, vec![]), vm(3.0, 0, vec![])]);

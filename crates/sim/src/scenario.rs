@@ -13,6 +13,8 @@
 //! allocator = "static"     # see `cachevisor_policy::registry::NAMES`
 //! reallocate = true        # re-run the allocator every window (default: the policy's own
 //!                          # choice — s-cave, eci-cache, centaur, symflex-proportional do)
+//! params = { m = 5 }       # the allocator's parameters over the seed's defaults
+//! lookahead = false        # oracle: allocate on the coming window's curves (open loop)
 //!
 //! [devices]
 //! ssd = "860-evo"          # preset name or an inline table (see DeviceSpec)
@@ -80,6 +82,15 @@ pub struct CacheSection {
     /// instead of only when VMs arrive. An online controller: it sees the past, not the
     /// coming window. Unset: the policy's own default (`Allocator::every_interval`).
     pub reallocate: Option<bool>,
+    /// The allocator's parameters over its seed's defaults (`[cache.params]`, e.g.
+    /// `m = 5`, `alpha = 0.8` for s-cave; `raw_threshold = 0.1` for eci-cache; `gain`,
+    /// `max_step`, `deadband` for symflex-proportional).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub params: BTreeMap<String, f64>,
+    /// Offline oracle: every window, the allocator reads the curves of the window to come
+    /// (exact, from a pre-pass) instead of the past — with `optimal`, the per-interval
+    /// upper bound. Open loop only (windows must map to trace time).
+    pub lookahead: bool,
 }
 
 impl Default for CacheSection {
@@ -93,6 +104,8 @@ impl Default for CacheSection {
             fill: FillMode::Block,
             allocator: "static".into(),
             reallocate: None,
+            params: BTreeMap::new(),
+            lookahead: false,
         }
     }
 }
@@ -340,6 +353,7 @@ impl Scenario {
         let engine = cachevisor_engine::EngineConfig { block_size, slots, ..cachevisor_engine::EngineConfig::with_slots(1) };
         engine.validate().map_err(|e| format!("cache: {e}"))?;
         cachevisor_policy::registry::build(&self.cache.allocator).map_err(|e| format!("cache.allocator: {e}"))?;
+        cachevisor_policy::registry::build_with(&self.cache.allocator, &self.cache.params).map_err(|e| format!("cache.params: {e}"))?;
         self.devices.ssd.resolve().map_err(|e| format!("devices.ssd: {e}"))?;
         self.devices.backing.resolve().map_err(|e| format!("devices.backing: {e}"))?;
         let r = &self.replay;
@@ -390,6 +404,9 @@ impl Scenario {
             }
         }
         let allocator = cachevisor_policy::registry::build(&self.cache.allocator).expect("checked above");
+        if self.cache.lookahead && (r.mode != ReplayMode::Open || window_requests.is_some()) {
+            return Err("cache.lookahead: needs replay.mode = \"open\" and a time window (closed-loop windows do not map to trace time)".into());
+        }
         if allocator.cleaner().is_some() && self.cache.replacement != ReplacementKind::Clock && self.cache.partition == PartitionMode::Static {
             return Err(format!("cache.replacement: `{}` uses S-CAVE's global cleaner, which reads CLOCK counters: set replacement = \"clock\"", self.cache.allocator));
         }

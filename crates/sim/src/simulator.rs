@@ -116,6 +116,8 @@ struct Run<'a> {
     /// Phase changes by time, and the next to apply.
     phases: Vec<(u64, usize)>,
     next_phase: usize,
+    /// Lookahead oracle: exact estimates of every window by window index, then VM id.
+    oracle: Vec<Vec<WholeTrace>>,
     /// Closed loop: (passes completed, end of the first) per VM.
     passes: Vec<(u64, Option<u64>)>,
     /// Missed blocks of each VM's last windows (S-CAVE's AllocUnit).
@@ -139,9 +141,9 @@ impl<'a> Run<'a> {
         };
         let engine = Engine::new(cfg).map_err(SimError::Scenario)?;
         let ssd = Device::new(sc.devices.ssd.resolve().map_err(SimError::Scenario)?);
-        let allocator = registry::build(&sc.cache.allocator).map_err(SimError::Scenario)?;
+        let allocator = registry::build_with(&sc.cache.allocator, &sc.cache.params).map_err(SimError::Scenario)?;
         let managed = c.partition == PartitionMode::Static;
-        let dynamic = managed && c.reallocate.unwrap_or(allocator.every_interval());
+        let dynamic = managed && (c.lookahead || c.reallocate.unwrap_or(allocator.every_interval()));
         let cleaner = allocator
             .cleaner()
             .filter(|_| managed)
@@ -182,6 +184,7 @@ impl<'a> Run<'a> {
             next_phase: 0,
             miss_history: Vec::new(),
             passes: Vec::new(),
+            oracle: Vec::new(),
         })
     }
 
@@ -257,7 +260,15 @@ impl<'a> Run<'a> {
             d.hit_ratio = (accesses > 0).then(|| hits as f64 / accesses as f64);
         }
         let n = self.needs;
-        if let Some(o) = &self.online {
+        if self.sc.cache.lookahead {
+            // The window about to start: `window_index` counts windows already emitted.
+            if let Some(w) = self.oracle.get(self.window_index as usize + window.is_some() as usize).and_then(|ws| ws.get(vm)) {
+                d.hit_curve = w.all.clone();
+                d.read_curve = w.read.clone();
+                d.accesses = w.accesses;
+                d.reuse_mix = w.mix;
+            }
+        } else if let Some(o) = &self.online {
             if n.hit_curves {
                 d.hit_curve = o.histogram(v).map(|h| h.hits_curve(self.unit, units)).unwrap_or_default();
             }
@@ -500,6 +511,61 @@ fn whole_trace(sc: &Scenario, res: Resolved, unit: u64, limit: u64, needs: Needs
     Ok((whole, trace.vm_names().to_vec()))
 }
 
+/// Pre-pass for the lookahead oracle: each window's own exact curves per VM (distances
+/// over the whole history, counts of that window only), windows by trace time ÷ speedup.
+fn window_curves(sc: &Scenario, res: Resolved, unit: u64, limit: u64) -> Result<Vec<Vec<WholeTrace>>, SimError> {
+    use cachevisor_analysis::{DistanceHistogram, StackDistance};
+    let mut trace = open_inputs(sc)?;
+    let units = (res.slots / unit) as usize;
+    let shift = res.block_size.trailing_zeros();
+    let mut stacks: Vec<StackDistance> = Vec::new();
+    let mut mixes: Vec<ReuseMixTracker> = Vec::new();
+    let mut cur: Vec<(DistanceHistogram, DistanceHistogram)> = Vec::new();
+    let mut out: Vec<Vec<WholeTrace>> = Vec::new();
+    let close = |cur: &mut Vec<(DistanceHistogram, DistanceHistogram)>, mixes: &mut Vec<ReuseMixTracker>, out: &mut Vec<Vec<WholeTrace>>| {
+        out.push(
+            cur.iter_mut()
+                .zip(mixes.iter_mut())
+                .map(|((a, r), m)| {
+                    let w = WholeTrace { all: a.hits_curve(unit, units), read: r.hits_curve(unit, units), accesses: a.total(), mix: m.mix };
+                    *a = a.cleared();
+                    *r = r.cleared();
+                    m.mix = ReuseMix::default();
+                    w
+                })
+                .collect(),
+        );
+    };
+    let mut n = 0;
+    while n < limit {
+        let Some(q) = trace.next_request()? else { break };
+        n += 1;
+        let w = ((q.time_ns as f64 / sc.replay.speedup) as u64 / res.window_ns) as usize;
+        while out.len() < w {
+            close(&mut cur, &mut mixes, &mut out);
+        }
+        let v = q.vm as usize;
+        if stacks.len() <= v {
+            stacks.resize_with(v + 1, StackDistance::new);
+            mixes.resize_with(v + 1, Default::default);
+            cur.resize_with(v + 1, || (DistanceHistogram::coarse(unit, units), DistanceHistogram::coarse(unit, units)));
+        }
+        if q.len == 0 {
+            continue;
+        }
+        for b in q.offset >> shift..=(q.end() - 1) >> shift {
+            let d = stacks[v].access(b);
+            cur[v].0.add(d, 1.0);
+            if !q.op.is_write() {
+                cur[v].1.add(d, 1.0);
+            }
+            mixes[v].access(b, q.op.is_write());
+        }
+    }
+    close(&mut cur, &mut mixes, &mut out);
+    Ok(out)
+}
+
 /// Runs a scenario; `progress` is called every 65,536 requests.
 pub fn simulate(sc: &Scenario, progress: &mut dyn FnMut(Progress)) -> Result<SimResult, SimError> {
     let res = sc.resolve().map_err(SimError::Scenario)?;
@@ -507,7 +573,9 @@ pub fn simulate(sc: &Scenario, progress: &mut dyn FnMut(Progress)) -> Result<Sim
     let limit = if sc.replay.max_requests == 0 { u64::MAX } else { sc.replay.max_requests };
     let n = run.needs;
     let estimates = n.hit_curves || n.read_curves || n.reuse_mix;
-    if run.dynamic && estimates {
+    if sc.cache.lookahead && run.dynamic {
+        run.oracle = window_curves(sc, res, run.unit, limit)?;
+    } else if run.dynamic && estimates {
         let units = (res.slots / run.unit) as usize;
         let mut online = IntervalProfiler::new(res.block_size, Interval::Requests(u64::MAX), Decay::Factor(0.5), Vec::new(), 0.95).with_resolution(run.unit, units);
         if n.reuse_mix {

@@ -1,0 +1,119 @@
+//! The interval controller: allocators every window, phases, S-CAVE's cleaner and
+//! write-policy decisions, request-count windows, repeated passes, and the lookahead
+//! oracle — end to end through `simulate`.
+
+use cachevisor_engine::{ReplacementKind, WritePolicy};
+use cachevisor_sim::scenario::{PhaseSection, ReplayMode, SyntheticSection, VmChange, VmSection, WorkloadChange};
+use cachevisor_sim::{simulate, Scenario};
+use std::path::{Path, PathBuf};
+
+/// Writes a generator config: `hot` is the hotspot list.
+fn workload(dir: &Path, name: &str, seed: u64, hot: &str, read_ratio: f64, secs: u64) -> PathBuf {
+    let p = dir.join(format!("{name}.yaml"));
+    std::fs::write(
+        &p,
+        format!(
+            "name: {name}\niops: {{randvar: normal, mean: 1000, stddev: 0}}\nsector: {{size: 512b}}\ncluster: {{size: {{min: 1, max: 1}}, stride: {{min: 1, max: 1}}}}\nhotspots: {hot}\niosizes:\n  - [100%, 4096b]\ndisk_size: 256MiB\nduration: {secs}s\nread_ratio: {read_ratio}\nseed: {seed}\n"
+        ),
+    )
+    .unwrap();
+    p
+}
+
+fn synthetic(p: PathBuf) -> SyntheticSection {
+    SyntheticSection { config: p, then: Vec::new() }
+}
+
+#[test]
+fn s_cave_needs_clock_and_runs_its_cleaner_and_write_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Scenario::default();
+    s.cache.size = "8MiB".into();
+    s.cache.allocator = "s-cave".into();
+    s.synthetic = vec![synthetic(workload(dir.path(), "a", 1, "[[4%, 95%]]", 0.9, 20)), synthetic(workload(dir.path(), "b", 2, "[[100%, 100%]]", 0.9, 20))];
+    let e = simulate(&s, &mut |_| {}).unwrap_err().to_string();
+    assert!(e.contains("replacement") && e.contains("clock"), "{e}");
+    s.cache.replacement = ReplacementKind::Clock;
+    let r = simulate(&s, &mut |_| {}).unwrap();
+    // Write-through with write-around misses for every VM (S-CAVE §V-C), so nothing dirty.
+    assert!(r.windows.iter().skip(2).all(|w| w.write_policy == WritePolicy::Wa && w.dirty_blocks == 0));
+    // Once the pool filled, allocations are capped at 95% in total.
+    let last = r.windows.iter().rev().take(2).map(|w| w.target_blocks).sum::<u64>();
+    assert!(last <= r.resolved.slots * 95 / 100, "{last} of {}", r.resolved.slots);
+    // The strong VM ends with more cache than the weak one.
+    let t = |vm: &str| r.windows.iter().rev().find(|w| w.vm == vm).unwrap().target_blocks;
+    assert!(t("a") > t("b"), "a {} b {}", t("a"), t("b"));
+}
+
+#[test]
+fn eci_cache_picks_write_policies_per_vm() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Scenario::default();
+    s.cache.size = "16MiB".into();
+    s.cache.allocator = "eci-cache".into();
+    s.synthetic = vec![synthetic(workload(dir.path(), "writer", 1, "[[4%, 95%]]", 0.3, 10)), synthetic(workload(dir.path(), "reader", 2, "[[4%, 95%]]", 0.99, 10))];
+    let r = simulate(&s, &mut |_| {}).unwrap();
+    let p = |vm: &str| r.windows.iter().rev().find(|w| w.vm == vm).unwrap().write_policy;
+    assert_eq!((p("writer"), p("reader")), (WritePolicy::Wb, WritePolicy::Ro));
+}
+
+#[test]
+fn phases_change_settings_at_their_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Scenario::default();
+    s.cache.size = "16MiB".into();
+    s.replay.mode = ReplayMode::Open;
+    s.synthetic = vec![synthetic(workload(dir.path(), "a", 1, "[[4%, 95%]]", 0.5, 10))];
+    s.vm = vec![VmSection { name: "a".into(), weight: 1.0, ratio: 1.0, min: None, write_policy: Some(WritePolicy::Wb) }];
+    s.phase = vec![PhaseSection { at: "5s".into(), vm: vec![VmChange { name: "a".into(), weight: None, ratio: None, write_policy: Some(WritePolicy::Ro) }] }];
+    let r = simulate(&s, &mut |_| {}).unwrap();
+    for w in &r.windows {
+        let want = if w.t_end_s <= 5.0 { WritePolicy::Wb } else { WritePolicy::Ro };
+        assert_eq!(w.write_policy, want, "window ending {}", w.t_end_s);
+    }
+    assert_eq!(r.windows.iter().rev().find(|w| w.requests > 0).unwrap().dirty_blocks, 0, "leaving write-back flushed");
+}
+
+#[test]
+fn request_count_windows_and_repeated_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Scenario::default();
+    s.cache.size = "16MiB".into();
+    s.replay.window = "128req".into();
+    s.replay.queue_depth = 1;
+    s.replay.repeat_for = Some("30s".into());
+    s.synthetic = vec![synthetic(workload(dir.path(), "a", 1, "[[4%, 95%]]", 1.0, 2))];
+    let r = simulate(&s, &mut |_| {}).unwrap();
+    let v = &r.vms[0];
+    assert!(v.iterations >= 2, "{} passes", v.iterations);
+    assert_eq!(v.requests, v.iterations * 2000);
+    assert!(r.windows[..r.windows.len() - 1].iter().all(|w| w.requests == 128));
+    assert!(v.first_iteration_s.unwrap() < r.virtual_time_s);
+    s.replay.window = "0req".into();
+    assert!(simulate(&s, &mut |_| {}).unwrap_err().to_string().contains("replay.window"));
+}
+
+#[test]
+fn lookahead_oracle_beats_the_online_controller_on_shifting_hot_sets() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (workload(dir.path(), "a", 1, "[[4%, 95%]]", 1.0, 20), workload(dir.path(), "b", 2, "[[4%, 95%]]", 1.0, 20));
+    let quiet = workload(dir.path(), "q", 3, "[[100%, 100%]]", 1.0, 20);
+    let mut s = Scenario::default();
+    s.cache.size = "12MiB".into();
+    s.cache.allocator = "optimal".into();
+    s.replay.mode = ReplayMode::Open;
+    s.replay.window = "2s".into();
+    // VM a is hot then quiet; VM b quiet then hot: a past-looking controller lags.
+    s.synthetic = vec![
+        SyntheticSection { config: a, then: vec![WorkloadChange { config: quiet.clone(), at: "10s".into() }] },
+        SyntheticSection { config: quiet, then: vec![WorkloadChange { config: b, at: "10s".into() }] },
+    ];
+    s.cache.reallocate = Some(true);
+    let online = simulate(&s, &mut |_| {}).unwrap().total.hit_ratio;
+    s.cache.lookahead = true;
+    let oracle = simulate(&s, &mut |_| {}).unwrap().total.hit_ratio;
+    eprintln!("hit ratio: oracle {oracle:.4}, online {online:.4}");
+    assert!(oracle > online, "oracle {oracle} online {online}");
+    s.replay.mode = ReplayMode::Closed;
+    assert!(simulate(&s, &mut |_| {}).unwrap_err().to_string().contains("lookahead"));
+}

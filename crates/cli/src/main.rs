@@ -7,6 +7,7 @@ mod demo_cmd;
 mod experiment_cmd;
 mod input_args;
 mod progress;
+mod serve_cmd;
 mod simulate_cmd;
 mod trace_cmd;
 
@@ -32,6 +33,8 @@ enum Cmd {
     /// Demand estimation: miss-ratio curves, working sets, URD.
     #[command(subcommand)]
     Analyze(analyze_cmd::AnalyzeCmd),
+    /// Serve VM disks over NBD with the managed SSD cache.
+    Serve(serve_cmd::ServeArgs),
     /// Reproduce the seeds' experiments and write HTML reports.
     Experiment(experiment_cmd::ExperimentArgs),
     /// Measure speed and memory.
@@ -47,6 +50,7 @@ fn main() {
         Cmd::Simulate(a) => simulate_cmd::run(*a),
         Cmd::Analyze(c) => analyze_cmd::run(c),
         Cmd::Experiment(a) => experiment_cmd::run(a),
+        Cmd::Serve(a) => serve_cmd::run(a),
         Cmd::Bench(c) => bench_cmd::run(c),
     };
     if let Err(e) = r {

@@ -1,0 +1,53 @@
+//! `cachevisor serve`: runs the daemon — VM disks over NBD with the managed SSD cache.
+//! Without `--config` it starts the embedded demo configuration under ./var and prints the
+//! NBD URIs to connect to. SIGINT/SIGTERM flush every dirty block before exiting.
+
+use anyhow::Context;
+use cachevisor_server::config::{Config, DEFAULT};
+use cachevisor_server::service;
+use clap::Args;
+use std::path::PathBuf;
+
+/// Arguments of `serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Configuration file (TOML); the embedded demo configuration when omitted.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// TCP address to listen on (overrides the config), e.g. 127.0.0.1:10809.
+    #[arg(long)]
+    pub tcp: Option<String>,
+    /// Unix socket to listen on (overrides the config).
+    #[arg(long)]
+    pub unix: Option<PathBuf>,
+    /// Print the embedded default configuration and exit.
+    #[arg(long)]
+    pub print_default_config: bool,
+}
+
+/// Runs the command.
+pub fn run(a: ServeArgs) -> anyhow::Result<()> {
+    if a.print_default_config {
+        print!("{DEFAULT}");
+        return Ok(());
+    }
+    let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into())).with_writer(std::io::stderr).try_init();
+    let mut cfg = match &a.config {
+        Some(p) => Config::load(p).map_err(anyhow::Error::msg)?,
+        None => Config::parse(DEFAULT, "embedded default config", std::path::Path::new(".")).map_err(anyhow::Error::msg)?,
+    };
+    if a.tcp.is_some() || a.unix.is_some() {
+        cfg.listen.tcp = a.tcp.clone();
+        cfg.listen.unix = a.unix.clone();
+    }
+    let running = service::start(&cfg).context("starting the daemon")?;
+    for u in running.uris() {
+        println!("{u}");
+    }
+    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM]).context("installing signal handlers")?;
+    if let Some(sig) = signals.forever().next() {
+        tracing::info!(sig, "stopping: flushing every vDisk");
+        running.daemon.flush_all().map_err(|e| anyhow::anyhow!("flush on stop: {e}"))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,226 @@
+//! The daemon's TOML configuration, validated with messages that name the key, and the
+//! embedded default that makes `cachevisor serve` alone start a working demo under ./var.
+//!
+//! ```toml
+//! [cache]
+//! path = "var/cache.img"   # cache store file (created, sized to `size`)
+//! size = "256MiB"
+//! block_size = "4KiB"
+//! replacement = "lru"
+//! write_policy = "wt"      # default per vDisk: wb | wt | wa | ro
+//! allocator = "static"     # partition sizes from weights (see cachevisor_policy)
+//!
+//! [listen]
+//! tcp = "127.0.0.1:10809"  # loopback (or a test namespace address)
+//! unix = "var/cachevisor.sock"
+//!
+//! [[vdisk]]
+//! name = "vm1"             # the NBD export name
+//! backing = "var/vm1.img"  # a file; created sparse with `size` when missing
+//! size = "1GiB"            # only to create a missing backing file
+//! weight = 1.0
+//! write_policy = "wb"
+//! ```
+
+use cachevisor_engine::{ReplacementKind, WritePolicy};
+use cachevisor_trace::units::parse_size;
+use serde::{Deserialize, Serialize};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// `[cache]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CacheConfig {
+    /// Cache store file.
+    pub path: PathBuf,
+    /// Size of the cache.
+    pub size: String,
+    /// Block size.
+    #[serde(default = "default_block")]
+    pub block_size: String,
+    /// Replacement policy.
+    #[serde(default = "default_replacement")]
+    pub replacement: ReplacementKind,
+    /// Write policy of vDisks that do not set one.
+    #[serde(default = "default_write_policy")]
+    pub write_policy: WritePolicy,
+    /// Allocation policy.
+    #[serde(default = "default_allocator")]
+    pub allocator: String,
+}
+
+fn default_block() -> String {
+    "4KiB".into()
+}
+fn default_replacement() -> ReplacementKind {
+    ReplacementKind::Lru
+}
+fn default_write_policy() -> WritePolicy {
+    WritePolicy::Wt
+}
+fn default_allocator() -> String {
+    "static".into()
+}
+fn one() -> f64 {
+    1.0
+}
+
+/// `[listen]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ListenConfig {
+    /// TCP address.
+    pub tcp: Option<String>,
+    /// Unix socket path.
+    pub unix: Option<PathBuf>,
+}
+
+/// `[[vdisk]]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VdiskConfig {
+    /// Export name.
+    pub name: String,
+    /// Backing file.
+    pub backing: PathBuf,
+    /// Size for a backing file that does not exist yet.
+    pub size: Option<String>,
+    /// Share of the cache.
+    #[serde(default = "one")]
+    pub weight: f64,
+    /// Write policy.
+    pub write_policy: Option<WritePolicy>,
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Cache.
+    pub cache: CacheConfig,
+    /// Listeners.
+    #[serde(default)]
+    pub listen: ListenConfig,
+    /// Exports.
+    #[serde(default)]
+    pub vdisk: Vec<VdiskConfig>,
+}
+
+/// The embedded default: a 256 MiB cache and two 1 GiB demo disks under ./var.
+pub const DEFAULT: &str = r#"
+[cache]
+path = "var/cache.img"
+size = "256MiB"
+block_size = "4KiB"
+write_policy = "wt"
+
+[listen]
+tcp = "127.0.0.1:10809"
+
+[[vdisk]]
+name = "vm1"
+backing = "var/vm1.img"
+size = "1GiB"
+
+[[vdisk]]
+name = "vm2"
+backing = "var/vm2.img"
+size = "1GiB"
+write_policy = "wb"
+"#;
+
+/// Numbers resolved from the strings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Resolved {
+    /// Cache bytes.
+    pub cache_bytes: u64,
+    /// Block bytes.
+    pub block_size: u64,
+    /// Slots.
+    pub slots: u64,
+}
+
+impl Config {
+    /// Parses TOML text (`origin` names it in errors); relative paths are relative to
+    /// `base`.
+    pub fn parse(text: &str, origin: &str, base: &Path) -> Result<Config, String> {
+        let mut c: Config = toml::from_str(text).map_err(|e| format!("{origin}: {e}"))?;
+        let fix = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        fix(&mut c.cache.path);
+        if let Some(u) = c.listen.unix.as_mut() {
+            fix(u);
+        }
+        c.vdisk.iter_mut().for_each(|v| fix(&mut v.backing));
+        Ok(c)
+    }
+
+    /// Reads a file.
+    pub fn load(path: &Path) -> Result<Config, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        Config::parse(&text, &path.display().to_string(), path.parent().unwrap_or(Path::new(".")))
+    }
+
+    /// Checks every value; the message names the key.
+    pub fn resolve(&self) -> Result<Resolved, String> {
+        let cache_bytes = parse_size(&self.cache.size).map_err(|e| format!("cache.size: {e}"))?;
+        let block_size = parse_size(&self.cache.block_size).map_err(|e| format!("cache.block_size: {e}"))?;
+        let slots = cache_bytes.checked_div(block_size).unwrap_or(0);
+        cachevisor_engine::EngineConfig { block_size, slots, ..cachevisor_engine::EngineConfig::with_slots(1) }.validate().map_err(|e| format!("cache: {e}"))?;
+        cachevisor_policy::registry::build(&self.cache.allocator).map_err(|e| format!("cache.allocator: {e}"))?;
+        if self.listen.tcp.is_none() && self.listen.unix.is_none() {
+            return Err("listen: give `tcp` and/or `unix`".into());
+        }
+        if let Some(t) = &self.listen.tcp {
+            t.parse::<SocketAddr>().map_err(|e| format!("listen.tcp: `{t}`: {e}"))?;
+        }
+        if self.vdisk.is_empty() {
+            return Err("vdisk: no [[vdisk]] to serve".into());
+        }
+        for (i, v) in self.vdisk.iter().enumerate() {
+            let at = format!("vdisk[{i}] ({})", v.name);
+            if v.name.is_empty() || v.name.len() > 4096 {
+                return Err(format!("{at}.name: must be 1 to 4096 bytes"));
+            }
+            if self.vdisk[..i].iter().any(|o| o.name == v.name) {
+                return Err(format!("{at}.name: used twice"));
+            }
+            if !(v.weight > 0.0 && v.weight.is_finite()) {
+                return Err(format!("{at}.weight: {} must be > 0", v.weight));
+            }
+            if let Some(s) = &v.size {
+                parse_size(s).map_err(|e| format!("{at}.size: {e}"))?;
+            }
+            if !v.backing.exists() && v.size.is_none() {
+                return Err(format!("{at}.backing: {} does not exist (give `size` to create it)", v.backing.display()));
+            }
+        }
+        Ok(Resolved { cache_bytes, block_size, slots })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_parses_and_errors_name_the_key() {
+        let c = Config::parse(DEFAULT, "default", Path::new("/tmp/x")).unwrap();
+        assert_eq!(c.vdisk.len(), 2);
+        assert_eq!(c.resolve().unwrap().slots, 65536);
+        let bad = DEFAULT.replace("size = \"256MiB\"", "size = \"256 potatoes\"");
+        assert!(Config::parse(&bad, "x", Path::new(".")).unwrap().resolve().unwrap_err().starts_with("cache.size"));
+        let bad = DEFAULT.replace("127.0.0.1:10809", "localhost");
+        assert!(Config::parse(&bad, "x", Path::new(".")).unwrap().resolve().unwrap_err().starts_with("listen.tcp"));
+        let bad = DEFAULT.replace("name = \"vm2\"", "name = \"vm1\"");
+        assert!(Config::parse(&bad, "x", Path::new(".")).unwrap().resolve().unwrap_err().contains("used twice"));
+        let e = Config::parse(&DEFAULT.replace("[listen]", "[listen]\nport = 1"), "cfg.toml", Path::new(".")).unwrap_err();
+        assert!(e.contains("cfg.toml") && e.contains("port"), "{e}");
+        let missing = "[cache]\npath = \"c\"\nsize = \"1MiB\"\n[listen]\ntcp = \"127.0.0.1:1\"\n[[vdisk]]\nname = \"a\"\nbacking = \"/nonexistent/a.img\"\n";
+        assert!(Config::parse(missing, "x", Path::new(".")).unwrap().resolve().unwrap_err().contains("does not exist"));
+    }
+}

@@ -1,0 +1,93 @@
+//! Executes the engine's device operations with real bytes, following the device-operation
+//! contract (docs/ARCHITECTURE.md; `cachevisor_engine::output`): ops run in list order (a
+//! safe sequential order); a `staged` write writes what the last `staged` read of a range
+//! containing it read (write-back: SSD → backing; fill: backing → SSD); any other write
+//! writes the client's data; a read request's bytes are what the last read op covering
+//! each sector returned.
+
+use cachevisor_engine::{DeviceOp, OpKind};
+use cachevisor_trace::VmId;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+
+/// Where ops go: the cache store and each VM's backing file.
+pub trait Devices {
+    /// The SSD cache store.
+    fn ssd(&self) -> &File;
+    /// The backing file of `vm`.
+    fn backing(&self, vm: VmId) -> &File;
+}
+
+/// The client side of a request: its VM, disk offset, and data (written by a WRITE, filled
+/// by a READ).
+pub enum Client<'a> {
+    /// A read into this buffer.
+    Read(VmId, u64, &'a mut [u8]),
+    /// A write of these bytes.
+    Write(VmId, u64, &'a [u8]),
+    /// A command (flush, resize): no client data.
+    None,
+}
+
+/// A device error with the op that failed.
+#[derive(Debug, thiserror::Error)]
+#[error("{kind:?} of {len} bytes for vm {vm} at disk {disk_addr} / ssd {ssd_addr}: {source}")]
+pub struct OpError {
+    /// Device and direction.
+    pub kind: OpKind,
+    /// VM.
+    pub vm: VmId,
+    /// Disk address.
+    pub disk_addr: u64,
+    /// SSD address.
+    pub ssd_addr: u64,
+    /// Bytes.
+    pub len: u32,
+    /// The I/O error.
+    pub source: io::Error,
+}
+
+/// Runs `ops` in order; `staging` is a reusable scratch list.
+pub fn execute(ops: &[DeviceOp], mut client: Client<'_>, dev: &dyn Devices, staging: &mut Vec<(VmId, u64, Vec<u8>)>) -> Result<(), OpError> {
+    staging.clear();
+    for op in ops {
+        let err = |source| OpError { kind: op.kind, vm: op.vm, disk_addr: op.disk_addr, ssd_addr: op.ssd_addr, len: op.len, source };
+        let (file, addr) = if op.kind.is_ssd() { (dev.ssd(), op.ssd_addr) } else { (dev.backing(op.vm), op.disk_addr) };
+        let len = op.len as usize;
+        if op.kind.is_write() {
+            let data: &[u8] = if op.staged {
+                let (_, start, buf) = staging
+                    .iter()
+                    .rev()
+                    .find(|(vm, start, buf)| *vm == op.vm && *start <= op.disk_addr && op.disk_addr + op.len as u64 <= *start + buf.len() as u64)
+                    .ok_or_else(|| err(io::Error::other("staged write without a staged read (engine contract broken)")))?;
+                let from = (op.disk_addr - start) as usize;
+                &buf[from..from + len]
+            } else {
+                match &client {
+                    Client::Write(vm, start, data) if *vm == op.vm && *start <= op.disk_addr => {
+                        let from = (op.disk_addr - start) as usize;
+                        data.get(from..from + len).ok_or_else(|| err(io::Error::other("client write op outside the request")))?
+                    }
+                    _ => return Err(err(io::Error::other("client write op without client data (engine contract broken)"))),
+                }
+            };
+            file.write_all_at(data, addr).map_err(err)?;
+        } else {
+            let mut buf = vec![0u8; len];
+            file.read_exact_at(&mut buf, addr).map_err(err)?;
+            if let Client::Read(vm, start, out) = &mut client {
+                // Copy the overlap with the request's range.
+                let (lo, hi) = (op.disk_addr.max(*start), (op.disk_addr + op.len as u64).min(*start + out.len() as u64));
+                if *vm == op.vm && lo < hi {
+                    out[(lo - *start) as usize..(hi - *start) as usize].copy_from_slice(&buf[(lo - op.disk_addr) as usize..(hi - op.disk_addr) as usize]);
+                }
+            }
+            if op.staged {
+                staging.push((op.vm, op.disk_addr, buf));
+            }
+        }
+    }
+    Ok(())
+}

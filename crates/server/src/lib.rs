@@ -1,0 +1,14 @@
+//! cachevisor's data plane: VM disks served over NBD (so QEMU, qemu-io, fio and libnbd use
+//! them unchanged) with the engine's managed SSD cache on real files. The engine decides;
+//! this crate executes its device operations with real bytes ([`executor`]), speaks the
+//! protocol ([`nbd`]), and owns files, locking and durability ([`daemon`]).
+
+pub mod config;
+pub mod daemon;
+pub mod executor;
+pub mod listener;
+pub mod nbd;
+pub mod service;
+
+pub use config::Config;
+pub use daemon::Daemon;

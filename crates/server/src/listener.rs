@@ -1,0 +1,53 @@
+//! Accept loops: TCP (loopback by default) and unix sockets, one thread per connection.
+//! A connection's failure (protocol violation, client vanishing) ends only that
+//! connection; the server keeps serving the others.
+
+use crate::daemon::Daemon;
+use crate::nbd::handshake::{negotiate, Negotiated};
+use crate::nbd::transmission::serve;
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::os::unix::net::UnixListener;
+use std::sync::Arc;
+
+/// Runs one connection to its end.
+pub fn connection<S: Read + Write>(mut s: S, d: &Daemon, peer: &str) {
+    match negotiate(&mut s, d) {
+        Ok(Negotiated::Export(vm)) => {
+            tracing::info!(peer, export = %d.exports()[vm as usize].name, "connected");
+            if let Err(e) = serve(&mut s, d, vm) {
+                tracing::info!(peer, %e, "connection ended");
+            }
+        }
+        Ok(Negotiated::Closed) => tracing::info!(peer, "negotiation ended without an export"),
+        Err(e) => tracing::info!(peer, %e, "negotiation failed"),
+    }
+}
+
+/// Accepts TCP connections forever.
+pub fn tcp(l: TcpListener, d: Arc<Daemon>) {
+    for s in l.incoming() {
+        match s {
+            Ok(s) => {
+                let _ = s.set_nodelay(true);
+                let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+                let d = d.clone();
+                std::thread::spawn(move || connection(s, &d, &peer));
+            }
+            Err(e) => tracing::warn!(%e, "accept failed"),
+        }
+    }
+}
+
+/// Accepts unix-socket connections forever.
+pub fn unix(l: UnixListener, d: Arc<Daemon>) {
+    for s in l.incoming() {
+        match s {
+            Ok(s) => {
+                let d = d.clone();
+                std::thread::spawn(move || connection(s, &d, "unix"));
+            }
+            Err(e) => tracing::warn!(%e, "accept failed"),
+        }
+    }
+}

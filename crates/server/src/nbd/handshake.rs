@@ -1,0 +1,115 @@
+//! Fixed-newstyle negotiation (NBD proto.md "Handshake"): the server greeting, client
+//! flags, and option haggling — EXPORT_NAME, GO, INFO, LIST, ABORT; STARTTLS is refused
+//! (loopback only) and every other option is answered "unsupported". A malformed or
+//! oversized option closes the connection after an error reply where the spec allows one.
+
+use super::proto::*;
+use crate::daemon::Daemon;
+use std::io::{self, Read, Write};
+
+/// Transmission flags of every export: flush, FUA and write-zeroes are honoured; several
+/// connections share one engine and a flush covers all of them, so multi-conn is safe.
+pub const TRANSMISSION_FLAGS: u16 = TFLAG_HAS_FLAGS | TFLAG_SEND_FLUSH | TFLAG_SEND_FUA | TFLAG_SEND_WRITE_ZEROES | TFLAG_CAN_MULTI_CONN;
+
+/// The outcome of negotiation.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Negotiated {
+    /// Enter transmission on this export (VM id).
+    Export(u32),
+    /// The client aborted or the handshake failed: close.
+    Closed,
+}
+
+fn read_u32(s: &mut impl Read) -> io::Result<u32> {
+    let mut b = [0u8; 4];
+    s.read_exact(&mut b)?;
+    Ok(u32::from_be_bytes(b))
+}
+
+/// Runs the handshake on `s`.
+pub fn negotiate<S: Read + Write>(s: &mut S, d: &Daemon) -> io::Result<Negotiated> {
+    let mut hello = Vec::with_capacity(18);
+    hello.extend_from_slice(&NBDMAGIC.to_be_bytes());
+    hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    hello.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+    s.write_all(&hello)?;
+    let cflags = read_u32(s)?;
+    if cflags & !CLIENT_FLAGS_KNOWN != 0 || cflags & FLAG_C_FIXED_NEWSTYLE == 0 {
+        tracing::warn!(cflags, "client flags unknown or not fixed-newstyle: closing");
+        return Ok(Negotiated::Closed);
+    }
+    let no_zeroes = cflags & FLAG_C_NO_ZEROES != 0;
+    loop {
+        let mut h = [0u8; 16];
+        s.read_exact(&mut h)?;
+        let magic = u64::from_be_bytes(h[0..8].try_into().expect("8 bytes"));
+        let opt = u32::from_be_bytes(h[8..12].try_into().expect("4 bytes"));
+        let len = u32::from_be_bytes(h[12..16].try_into().expect("4 bytes"));
+        if magic != IHAVEOPT {
+            tracing::warn!(magic, "bad option magic: closing");
+            return Ok(Negotiated::Closed);
+        }
+        if len > MAX_OPTION_LEN {
+            s.write_all(&option_reply(opt, REP_ERR_TOO_BIG, b"option data too large"))?;
+            return Ok(Negotiated::Closed);
+        }
+        let mut data = vec![0u8; len as usize];
+        s.read_exact(&mut data)?;
+        let find = |name: &str| d.exports().iter().position(|e| e.name == name);
+        match opt {
+            OPT_EXPORT_NAME => {
+                let Some(vm) = std::str::from_utf8(&data).ok().and_then(find) else {
+                    return Ok(Negotiated::Closed); // the only answer EXPORT_NAME allows
+                };
+                let mut b = Vec::with_capacity(10 + 124);
+                b.extend_from_slice(&d.exports()[vm].size.to_be_bytes());
+                b.extend_from_slice(&TRANSMISSION_FLAGS.to_be_bytes());
+                if !no_zeroes {
+                    b.extend_from_slice(&[0u8; 124]);
+                }
+                s.write_all(&b)?;
+                return Ok(Negotiated::Export(vm as u32));
+            }
+            OPT_ABORT => {
+                s.write_all(&option_reply(opt, REP_ACK, &[]))?;
+                return Ok(Negotiated::Closed);
+            }
+            OPT_LIST if len != 0 => s.write_all(&option_reply(opt, REP_ERR_INVALID, b"LIST takes no data"))?,
+            OPT_LIST => {
+                for e in d.exports() {
+                    let mut b = (e.name.len() as u32).to_be_bytes().to_vec();
+                    b.extend_from_slice(e.name.as_bytes());
+                    s.write_all(&option_reply(opt, REP_SERVER, &b))?;
+                }
+                s.write_all(&option_reply(opt, REP_ACK, &[]))?;
+            }
+            OPT_STARTTLS => s.write_all(&option_reply(opt, REP_ERR_POLICY, b"TLS is not offered (loopback only)"))?,
+            OPT_INFO | OPT_GO => {
+                let Some((name, infos)) = decode_info_request(&data) else {
+                    s.write_all(&option_reply(opt, REP_ERR_INVALID, b"malformed INFO/GO data"))?;
+                    continue;
+                };
+                let Some(vm) = find(&name) else {
+                    s.write_all(&option_reply(opt, REP_ERR_UNKNOWN, format!("no export named `{name}`").as_bytes()))?;
+                    continue;
+                };
+                let mut info = INFO_EXPORT.to_be_bytes().to_vec();
+                info.extend_from_slice(&d.exports()[vm].size.to_be_bytes());
+                info.extend_from_slice(&TRANSMISSION_FLAGS.to_be_bytes());
+                s.write_all(&option_reply(opt, REP_INFO, &info))?;
+                if infos.contains(&INFO_BLOCK_SIZE) {
+                    let mut b = INFO_BLOCK_SIZE.to_be_bytes().to_vec();
+                    b.extend_from_slice(&1u32.to_be_bytes()); // any alignment works
+                    b.extend_from_slice(&(d.block_size() as u32).to_be_bytes());
+                    b.extend_from_slice(&MAX_PAYLOAD.to_be_bytes());
+                    s.write_all(&option_reply(opt, REP_INFO, &b))?;
+                }
+                s.write_all(&option_reply(opt, REP_ACK, &[]))?;
+                if opt == OPT_GO {
+                    return Ok(Negotiated::Export(vm as u32));
+                }
+            }
+            _ => s.write_all(&option_reply(opt, REP_ERR_UNSUP, b"option not supported"))?,
+        }
+    }
+}

@@ -1,0 +1,6 @@
+//! The NBD front end: wire format ([`proto`]), negotiation ([`handshake`]) and the
+//! request loop ([`transmission`]).
+
+pub mod handshake;
+pub mod proto;
+pub mod transmission;

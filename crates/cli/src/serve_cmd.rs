@@ -1,6 +1,6 @@
 //! `cachevisor serve`: runs the daemon — VM disks over NBD with the managed SSD cache.
 //! Without `--config` it starts the embedded demo configuration under ./var and prints the
-//! NBD URIs to connect to. SIGINT/SIGTERM flush every dirty block before exiting.
+//! NBD URIs to connect to. SIGINT/SIGTERM stop cleanly: files fsynced and a metadata checkpoint written.
 
 use anyhow::Context;
 use cachevisor_server::config::{Config, DEFAULT};
@@ -47,7 +47,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM]).context("installing signal handlers")?;
     if let Some(sig) = signals.forever().next() {
         tracing::info!(sig, "stopping: flushing every vDisk");
-        running.daemon.flush_all().map_err(|e| anyhow::anyhow!("flush on stop: {e}"))?;
+        running.daemon.shutdown().map_err(|e| anyhow::anyhow!("clean stop: {e}"))?;
     }
     Ok(())
 }

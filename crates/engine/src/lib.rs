@@ -22,6 +22,7 @@ mod commands;
 pub mod config;
 mod engine;
 mod global_cleaner;
+mod restore;
 pub mod output;
 pub mod replacement;
 pub mod sector_bits;

@@ -9,6 +9,7 @@
 //! replacement = "lru"
 //! write_policy = "wt"      # default per vDisk: wb | wt | wa | ro
 //! allocator = "static"     # partition sizes from weights (see cachevisor_policy)
+//! metadata = "var/cache.img.meta"  # checkpoint + journal (this is the default)
 //!
 //! [listen]
 //! tcp = "127.0.0.1:10809"  # loopback (or a test namespace address)
@@ -48,6 +49,8 @@ pub struct CacheConfig {
     /// Allocation policy.
     #[serde(default = "default_allocator")]
     pub allocator: String,
+    /// Metadata directory (checkpoint and journal); default `PATH.meta` beside the store.
+    pub metadata: Option<PathBuf>,
 }
 
 fn default_block() -> String {
@@ -152,6 +155,9 @@ impl Config {
             }
         };
         fix(&mut c.cache.path);
+        if let Some(m) = c.cache.metadata.as_mut() {
+            fix(m);
+        }
         if let Some(u) = c.listen.unix.as_mut() {
             fix(u);
         }

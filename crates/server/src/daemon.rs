@@ -5,7 +5,10 @@
 //! safe first shape; a sharded or queue-based data path is the speed work to come.
 
 use crate::config::{Config, Resolved};
-use crate::executor::{execute, Client, Devices, OpError};
+use crate::executor::{execute_with, Client, Devices, OpError};
+use crate::persist::Persistence;
+use cachevisor_engine::slot_table::pack_key;
+use cachevisor_engine::OpKind;
 use cachevisor_engine::{Engine, EngineConfig, FillMode, Output, PartitionMode};
 use cachevisor_policy::{registry, Pool, VmDemand};
 use cachevisor_trace::{Op, Request, VmId};
@@ -59,6 +62,25 @@ struct Core {
     out: Output,
     staging: Vec<(VmId, u64, Vec<u8>)>,
     stats: Vec<ExportStats>,
+    persist: Persistence,
+    names: Vec<String>,
+}
+
+/// What a warm start found in the metadata.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Recovery {
+    /// Blocks back in the cache.
+    pub blocks: u64,
+    /// Of which dirty.
+    pub dirty_blocks: u64,
+    /// Journal records replayed after the checkpoint.
+    pub journal_records: usize,
+    /// The journal ended in a torn record (the previous run died while appending).
+    pub torn_tail: bool,
+}
+
+fn os_err(kind: OpKind, vm: VmId, source: std::io::Error) -> OpError {
+    OpError { kind, vm, disk_addr: 0, ssd_addr: 0, len: 0, source }
 }
 
 /// The daemon: exports and the locked core.
@@ -67,6 +89,7 @@ pub struct Daemon {
     block_size: u64,
     core: Mutex<Core>,
     start: Instant,
+    recovery: Recovery,
 }
 
 /// A failed start: which file or setting.
@@ -138,8 +161,47 @@ impl Daemon {
         for (i, t) in d.targets.iter().enumerate() {
             engine.set_target(i as VmId, (*t).min(r.slots), &mut out);
         }
+        // Warm start: put every block the metadata knows back into its slot.
+        let meta_dir = cfg.cache.metadata.clone().unwrap_or_else(|| {
+            let mut p = cfg.cache.path.clone().into_os_string();
+            p.push(".meta");
+            p.into()
+        });
+        let (mut persist, rec) = Persistence::open(&meta_dir, r.block_size, r.slots).map_err(StartError::Config)?;
+        let names: Vec<String> = cfg.vdisk.iter().map(|v| v.name.clone()).collect();
+        let mut recovery = Recovery { journal_records: rec.journal_records, torn_tail: rec.torn_tail, ..Recovery::default() };
+        let mut orphans: std::collections::BTreeMap<String, u64> = Default::default();
+        for (slot, name, block, valid, dirty) in &rec.slots {
+            let Some(vm) = names.iter().position(|n| n == name) else {
+                if dirty.iter().any(|&d| d) {
+                    *orphans.entry(name.clone()).or_default() += 1;
+                }
+                continue;
+            };
+            engine.restore_slot(*slot, vm as VmId, *block, valid, dirty).map_err(|e| StartError::Config(format!("{}: {e}", meta_dir.display())))?;
+            recovery.blocks += 1;
+            recovery.dirty_blocks += dirty.iter().any(|&d| d) as u64;
+        }
+        if let Some((name, n)) = orphans.iter().next() {
+            return Err(StartError::Config(format!(
+                "{}: vDisk `{name}` has {n} dirty cached blocks but is not in the config; add it back to write them to its backing file (or delete the metadata directory to discard them)",
+                meta_dir.display()
+            )));
+        }
+        persist.adopt(&engine);
+        let targets: Vec<u64> = (0..names.len()).map(|v| engine.partition(v as VmId).target).collect();
+        persist.checkpoint(&engine, &names, &targets, &ssd).map_err(|source| StartError::File { path: meta_dir.display().to_string(), source })?;
+        if recovery.blocks > 0 {
+            tracing::info!(blocks = recovery.blocks, dirty = recovery.dirty_blocks, journal_records = recovery.journal_records, torn_tail = recovery.torn_tail, "warm start");
+        }
         let stats = vec![ExportStats::default(); exports.len()];
-        Ok(Daemon { exports, block_size: r.block_size, core: Mutex::new(Core { engine, files: Files { ssd, backings }, out, staging: Vec::new(), stats }), start: Instant::now() })
+        let core = Core { engine, files: Files { ssd, backings }, out, staging: Vec::new(), stats, persist, names };
+        Ok(Daemon { exports, block_size: r.block_size, core: Mutex::new(core), start: Instant::now(), recovery })
+    }
+
+    /// What the warm start recovered.
+    pub fn recovery(&self) -> Recovery {
+        self.recovery
     }
 
     /// The exports, by VM id.
@@ -170,8 +232,12 @@ impl Daemon {
             Client::None => 0,
         };
         let req = Request { time_ns: self.start.elapsed().as_nanos() as u64, vm, op, offset, len: len as u32 };
+        let bs = self.block_size;
         let mut guard = self.lock();
-        let Core { engine, files, out, staging, stats } = &mut *guard;
+        let Core { engine, files, out, staging, stats, persist, .. } = &mut *guard;
+        // Slots the request's blocks held before: they may be freed or invalidated.
+        let blocks = if len == 0 { 0..0 } else { offset / bs..(offset + len as u64 - 1) / bs + 1 };
+        let mut touched: Vec<u32> = blocks.clone().filter_map(|b| engine.lookup(vm, b)).collect();
         engine.access(req.time_ns, &req, out);
         let s = &mut stats[vm as usize];
         s.blocks += out.blocks.len() as u64;
@@ -181,10 +247,43 @@ impl Daemon {
         } else {
             s.reads += 1;
         }
-        let r = execute(&out.ops, client, files, staging);
+        // Cache-store writes over data the synced metadata vouches for need a barrier.
+        let mut barrier: Vec<(u32, u64, (u32, u32))> = Vec::new();
+        for o in out.ops.iter() {
+            let slot = (o.ssd_addr / bs) as u32;
+            if o.kind.is_ssd() {
+                touched.push(slot);
+            }
+            if o.kind == OpKind::SsdWrite {
+                let first = ((o.ssd_addr % bs) / 512) as u32;
+                let range = (first, first + o.len / 512);
+                let new_key = engine.slot_block(slot).map_or(u64::MAX, |(v, b)| pack_key(v, b));
+                if persist.needs_barrier(slot, new_key, range) {
+                    barrier.push((slot, new_key, range));
+                }
+            }
+        }
+        touched.extend(blocks.filter_map(|b| engine.lookup(vm, b)));
+        let mut wrote_back: Vec<VmId> = Vec::new();
+        let mut pending = !barrier.is_empty();
+        let files_ref: &Files = files;
+        let r = execute_with(&out.ops, client, files_ref, staging, &mut |o| {
+            if o.kind == OpKind::BackingWrite && o.staged && !wrote_back.contains(&o.vm) {
+                wrote_back.push(o.vm);
+            }
+            if pending && o.kind == OpKind::SsdWrite {
+                pending = false;
+                let backs: Vec<&File> = wrote_back.iter().map(|&v| &files_ref.backings[v as usize]).collect();
+                persist.barrier(&barrier, &files_ref.ssd, &backs)?;
+            }
+            Ok(())
+        });
         if r.is_err() {
             s.errors += 1;
         }
+        touched.sort_unstable();
+        touched.dedup();
+        persist.record(engine, touched).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
         r
     }
 
@@ -202,28 +301,45 @@ impl Daemon {
         Ok(())
     }
 
-    /// Makes every write to export `vm` acknowledged so far durable: dirty blocks are
-    /// written back and the backing file (and cache store) fsynced.
+    /// Makes every write to export `vm` acknowledged so far durable: write-back data stays
+    /// cached (the cache store and the metadata journal are fsynced), write-through data
+    /// is fsynced on the backing file.
     pub fn flush(&self, vm: VmId) -> Result<(), OpError> {
         let mut guard = self.lock();
-        let Core { engine, files, out, staging, stats } = &mut *guard;
+        let Core { engine, files, stats, persist, names, .. } = &mut *guard;
         stats[vm as usize].flushes += 1;
+        persist.sync(&files.ssd).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
+        files.backings[vm as usize].sync_data().map_err(|e| os_err(OpKind::BackingWrite, vm, e))?;
+        if persist.wants_checkpoint() {
+            let targets: Vec<u64> = (0..names.len()).map(|v| engine.partition(v as VmId).target).collect();
+            persist.checkpoint(engine, names, &targets, &files.ssd).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
+        }
+        Ok(())
+    }
+
+    /// Writes every dirty block of export `vm` back to its backing file (blocks stay
+    /// cached, clean) and makes that durable.
+    pub fn destage(&self, vm: VmId) -> Result<(), OpError> {
+        let mut guard = self.lock();
+        let Core { engine, files, out, staging, persist, .. } = &mut *guard;
         engine.flush(Some(vm), out);
-        execute(&out.ops, Client::None, files, staging)?;
-        let sync = |f: &File, kind| {
-            f.sync_data().map_err(|source| OpError { kind, vm, disk_addr: 0, ssd_addr: 0, len: 0, source })
-        };
-        sync(&files.backings[vm as usize], cachevisor_engine::OpKind::BackingWrite)?;
-        sync(&files.ssd, cachevisor_engine::OpKind::SsdWrite)
+        execute_with(&out.ops, Client::None, &*files, staging, &mut |_| Ok(()))?;
+        files.backings[vm as usize].sync_data().map_err(|e| os_err(OpKind::BackingWrite, vm, e))?;
+        persist.record_all(engine).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
+        persist.sync(&files.ssd).map_err(|e| os_err(OpKind::SsdWrite, vm, e))
     }
 
     /// Sets export `vm`'s partition to `blocks` cache blocks (a shrink evicts its coldest
     /// blocks, writing dirty ones back first).
     pub fn resize(&self, vm: VmId, blocks: u64) -> Result<(), OpError> {
         let mut guard = self.lock();
-        let Core { engine, files, out, staging, .. } = &mut *guard;
+        let Core { engine, files, out, staging, persist, .. } = &mut *guard;
         engine.set_target(vm, blocks, out);
-        execute(&out.ops, Client::None, files, staging)
+        execute_with(&out.ops, Client::None, &*files, staging, &mut |_| Ok(()))?;
+        // Write-backs of the shrink reach the backing file before the metadata says clean.
+        files.backings[vm as usize].sync_data().map_err(|e| os_err(OpKind::BackingWrite, vm, e))?;
+        persist.record_all(engine).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
+        persist.record_target(vm as u16, blocks).map_err(|e| os_err(OpKind::SsdWrite, vm, e))
     }
 
     /// Blocks export `vm` holds in the cache and its dirty blocks.
@@ -232,8 +348,15 @@ impl Daemon {
         (p.used, p.dirty_blocks)
     }
 
-    /// Flushes every export (a clean stop).
-    pub fn flush_all(&self) -> Result<(), OpError> {
-        (0..self.exports.len()).try_for_each(|vm| self.flush(vm as VmId))
+    /// A clean stop: every backing file and the cache store fsynced and a checkpoint
+    /// written, so the next start is warm without replaying a journal.
+    pub fn shutdown(&self) -> Result<(), OpError> {
+        let mut guard = self.lock();
+        let Core { engine, files, persist, names, .. } = &mut *guard;
+        for (vm, b) in files.backings.iter().enumerate() {
+            b.sync_data().map_err(|e| os_err(OpKind::BackingWrite, vm as VmId, e))?;
+        }
+        let targets: Vec<u64> = (0..names.len()).map(|v| engine.partition(v as VmId).target).collect();
+        persist.checkpoint(engine, names, &targets, &files.ssd).map_err(|e| os_err(OpKind::SsdWrite, 0, e))
     }
 }

@@ -49,10 +49,23 @@ pub struct OpError {
 }
 
 /// Runs `ops` in order; `staging` is a reusable scratch list.
-pub fn execute(ops: &[DeviceOp], mut client: Client<'_>, dev: &dyn Devices, staging: &mut Vec<(VmId, u64, Vec<u8>)>) -> Result<(), OpError> {
+pub fn execute(ops: &[DeviceOp], client: Client<'_>, dev: &dyn Devices, staging: &mut Vec<(VmId, u64, Vec<u8>)>) -> Result<(), OpError> {
+    execute_with(ops, client, dev, staging, &mut |_| Ok(()))
+}
+
+/// Like [`execute`], calling `before(op)` ahead of each op (a driver's ordering barriers:
+/// metadata that must be durable before the cache store is overwritten).
+pub fn execute_with(
+    ops: &[DeviceOp],
+    mut client: Client<'_>,
+    dev: &dyn Devices,
+    staging: &mut Vec<(VmId, u64, Vec<u8>)>,
+    before: &mut dyn FnMut(&DeviceOp) -> io::Result<()>,
+) -> Result<(), OpError> {
     staging.clear();
     for op in ops {
         let err = |source| OpError { kind: op.kind, vm: op.vm, disk_addr: op.disk_addr, ssd_addr: op.ssd_addr, len: op.len, source };
+        before(op).map_err(err)?;
         let (file, addr) = if op.kind.is_ssd() { (dev.ssd(), op.ssd_addr) } else { (dev.backing(op.vm), op.disk_addr) };
         let len = op.len as usize;
         if op.kind.is_write() {

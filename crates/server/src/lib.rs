@@ -6,8 +6,10 @@
 pub mod config;
 pub mod daemon;
 pub mod executor;
+pub mod journal;
 pub mod listener;
 pub mod nbd;
+pub mod persist;
 pub mod service;
 
 pub use config::Config;

@@ -70,8 +70,10 @@ fn qemu_io_patterns_survive_misses_evictions_and_resizes() {
         r.daemon.resize(vm, 128).unwrap();
         qemu_io(&uri, &reads[2..].to_vec());
     }
-    // What the write-back disk holds on the backing file after a flush is the same data.
+    // Destaging writes the write-back disk's dirty blocks to its backing file.
     qemu_io(&format!("nbd://{addr}/wb"), &["flush".into()]);
+    r.daemon.destage(0).unwrap();
+    assert_eq!(r.daemon.occupancy(0).1, 0);
     let backing = std::fs::read(dir.path().join("wb.img")).unwrap();
     assert!(backing[2 * 128 * 1024..2 * 128 * 1024 + 65536].iter().all(|&b| b == 3));
     assert!(backing[131000..131700].iter().all(|&b| b == 0xee));

@@ -1,0 +1,261 @@
+//! The on-disk metadata format: records (vDisk names, slot states, frees, partition
+//! targets) each framed as `[len u32][type u8][payload][crc32 u32]`, in two files behind
+//! a header (the superblock: magic, version, geometry, generation):
+//! - `checkpoint`: the whole state at one moment, written to a temporary file, fsynced
+//!   and renamed over the old one;
+//! - `journal`: records appended since the checkpoint of the same generation.
+//!
+//! Reading stops at the first record that is truncated or fails its checksum (a torn
+//! tail after a crash); everything before it is intact. Integers are little-endian.
+
+use std::io::{self, Read, Write};
+
+/// Format version.
+pub const VERSION: u32 = 1;
+/// Magic of a checkpoint file.
+pub const CHECKPOINT_MAGIC: [u8; 8] = *b"CVCKPT01";
+/// Magic of a journal file.
+pub const JOURNAL_MAGIC: [u8; 8] = *b"CVJRNL01";
+/// Header bytes.
+pub const HEADER_LEN: usize = 8 + 4 + 8 + 8 + 8 + 4;
+
+/// Geometry and generation a metadata file belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// Cache block size.
+    pub block_size: u64,
+    /// Slots in the cache store.
+    pub slots: u64,
+    /// Checkpoint generation (a journal continues the checkpoint of its generation).
+    pub generation: u64,
+}
+
+impl Header {
+    /// Encodes with `magic`.
+    pub fn encode(&self, magic: [u8; 8]) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0..8].copy_from_slice(&magic);
+        b[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        b[12..20].copy_from_slice(&self.block_size.to_le_bytes());
+        b[20..28].copy_from_slice(&self.slots.to_le_bytes());
+        b[28..36].copy_from_slice(&self.generation.to_le_bytes());
+        let crc = crc32fast::hash(&b[..36]);
+        b[36..40].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    /// Decodes, checking magic, version and checksum; the error says which failed.
+    pub fn decode(b: &[u8; HEADER_LEN], magic: [u8; 8]) -> Result<Header, String> {
+        if b[0..8] != magic {
+            return Err(format!("bad magic {:?} (expected {:?})", String::from_utf8_lossy(&b[0..8]), String::from_utf8_lossy(&magic)));
+        }
+        if crc32fast::hash(&b[..36]) != u32::from_le_bytes(b[36..40].try_into().expect("4")) {
+            return Err("header checksum mismatch".into());
+        }
+        let version = u32::from_le_bytes(b[8..12].try_into().expect("4"));
+        if version != VERSION {
+            return Err(format!("format version {version}, this build reads {VERSION}"));
+        }
+        Ok(Header {
+            block_size: u64::from_le_bytes(b[12..20].try_into().expect("8")),
+            slots: u64::from_le_bytes(b[20..28].try_into().expect("8")),
+            generation: u64::from_le_bytes(b[28..36].try_into().expect("8")),
+        })
+    }
+}
+
+/// One metadata record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Record {
+    /// VM id `vm` is the vDisk named `name`.
+    Vdisk {
+        /// VM id.
+        vm: u16,
+        /// Export name.
+        name: String,
+    },
+    /// Slot `slot` holds `vm`'s `block` with these sector bitmaps (bit i = sector i).
+    Slot {
+        /// Slot.
+        slot: u32,
+        /// VM id.
+        vm: u16,
+        /// Block number.
+        block: u64,
+        /// Valid sectors.
+        valid: Vec<u64>,
+        /// Dirty sectors.
+        dirty: Vec<u64>,
+    },
+    /// Slot `slot` holds nothing.
+    Free {
+        /// Slot.
+        slot: u32,
+    },
+    /// `vm`'s partition target in blocks.
+    Target {
+        /// VM id.
+        vm: u16,
+        /// Blocks.
+        blocks: u64,
+    },
+}
+
+impl Record {
+    /// Appends the framed record to `out`.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        let start = out.len();
+        out.extend_from_slice(&[0u8; 4]);
+        match self {
+            Record::Vdisk { vm, name } => {
+                out.push(1);
+                out.extend_from_slice(&vm.to_le_bytes());
+                out.extend_from_slice(name.as_bytes());
+            }
+            Record::Slot { slot, vm, block, valid, dirty } => {
+                out.push(2);
+                out.extend_from_slice(&slot.to_le_bytes());
+                out.extend_from_slice(&vm.to_le_bytes());
+                out.extend_from_slice(&block.to_le_bytes());
+                out.extend_from_slice(&(valid.len() as u16).to_le_bytes());
+                for w in valid.iter().chain(dirty) {
+                    out.extend_from_slice(&w.to_le_bytes());
+                }
+            }
+            Record::Free { slot } => {
+                out.push(3);
+                out.extend_from_slice(&slot.to_le_bytes());
+            }
+            Record::Target { vm, blocks } => {
+                out.push(4);
+                out.extend_from_slice(&vm.to_le_bytes());
+                out.extend_from_slice(&blocks.to_le_bytes());
+            }
+        }
+        let len = (out.len() - start - 4) as u32;
+        out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+        let crc = crc32fast::hash(&out[start + 4..]);
+        out.extend_from_slice(&crc.to_le_bytes());
+    }
+
+    fn decode(body: &[u8]) -> Option<Record> {
+        let (&t, p) = body.split_first()?;
+        let u16_at = |i: usize| p.get(i..i + 2).map(|b| u16::from_le_bytes(b.try_into().expect("2")));
+        let u32_at = |i: usize| p.get(i..i + 4).map(|b| u32::from_le_bytes(b.try_into().expect("4")));
+        let u64_at = |i: usize| p.get(i..i + 8).map(|b| u64::from_le_bytes(b.try_into().expect("8")));
+        Some(match t {
+            1 => Record::Vdisk { vm: u16_at(0)?, name: String::from_utf8(p.get(2..)?.to_vec()).ok()? },
+            2 => {
+                let words = u16_at(14)? as usize;
+                if p.len() != 16 + 16 * words {
+                    return None;
+                }
+                let w = |i: usize| u64_at(16 + 8 * i);
+                Record::Slot {
+                    slot: u32_at(0)?,
+                    vm: u16_at(4)?,
+                    block: u64_at(6)?,
+                    valid: (0..words).map(w).collect::<Option<_>>()?,
+                    dirty: (words..2 * words).map(w).collect::<Option<_>>()?,
+                }
+            }
+            3 if p.len() == 4 => Record::Free { slot: u32_at(0)? },
+            4 if p.len() == 10 => Record::Target { vm: u16_at(0)?, blocks: u64_at(2)? },
+            _ => return None,
+        })
+    }
+}
+
+/// Reads records until the end or the first torn or corrupt one; returns them and
+/// whether the input ended cleanly.
+pub fn read_records(r: &mut impl Read) -> io::Result<(Vec<Record>, bool)> {
+    let mut out = Vec::new();
+    let mut all = Vec::new();
+    r.read_to_end(&mut all)?;
+    let mut at = 0;
+    while at < all.len() {
+        let Some(len) = all.get(at..at + 4).map(|b| u32::from_le_bytes(b.try_into().expect("4")) as usize) else { return Ok((out, false)) };
+        let Some(body) = all.get(at + 4..at + 4 + len) else { return Ok((out, false)) };
+        let Some(crc) = all.get(at + 4 + len..at + 8 + len).map(|b| u32::from_le_bytes(b.try_into().expect("4"))) else { return Ok((out, false)) };
+        if crc32fast::hash(body) != crc {
+            return Ok((out, false));
+        }
+        let Some(rec) = Record::decode(body) else { return Ok((out, false)) };
+        out.push(rec);
+        at += 8 + len;
+    }
+    Ok((out, true))
+}
+
+/// Writes `header` and `records` as a complete file at `path`: a temporary file, fsynced,
+/// renamed over `path`, directory fsynced.
+pub fn write_file_atomically(path: &std::path::Path, magic: [u8; 8], header: &Header, records: &[u8]) -> io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&header.encode(magic))?;
+        f.write_all(records)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn record() -> impl Strategy<Value = Record> {
+        prop_oneof![
+            (any::<u16>(), "[a-z0-9]{0,12}").prop_map(|(vm, name)| Record::Vdisk { vm, name }),
+            (any::<u32>(), any::<u16>(), any::<u64>(), prop::collection::vec(any::<u64>(), 1..4)).prop_map(|(slot, vm, block, v)| Record::Slot { slot, vm, block, dirty: v.iter().map(|x| x & 0xff).collect(), valid: v }),
+            any::<u32>().prop_map(|slot| Record::Free { slot }),
+            (any::<u16>(), any::<u64>()).prop_map(|(vm, blocks)| Record::Target { vm, blocks }),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn records_round_trip_and_a_torn_tail_keeps_the_prefix(recs in prop::collection::vec(record(), 0..20), cut in any::<prop::sample::Index>(), flip in any::<prop::sample::Index>()) {
+            let mut buf = Vec::new();
+            let mut ends = vec![0];
+            for r in &recs {
+                r.encode(&mut buf);
+                ends.push(buf.len());
+            }
+            let (got, clean) = read_records(&mut &buf[..]).unwrap();
+            prop_assert!(clean);
+            prop_assert_eq!(&got, &recs);
+            if !buf.is_empty() {
+                // Truncation anywhere: exactly the records that end before the cut survive.
+                let c = cut.index(buf.len());
+                let (got, _) = read_records(&mut &buf[..c]).unwrap();
+                let whole = ends.iter().filter(|&&e| e <= c).count() - 1;
+                prop_assert_eq!(&got[..], &recs[..whole]);
+                // A flipped byte: everything before the damaged record survives, nothing after.
+                let mut bad = buf.clone();
+                let i = flip.index(bad.len());
+                bad[i] ^= 0x5a;
+                let (got, _) = read_records(&mut &bad[..]).unwrap();
+                let damaged = ends.iter().position(|&e| e > i).unwrap() - 1;
+                prop_assert_eq!(&got[..damaged.min(got.len())], &recs[..damaged.min(got.len())]);
+                prop_assert!(got.len() <= damaged || got[..damaged] == recs[..damaged]);
+            }
+        }
+    }
+
+    #[test]
+    fn headers_check_magic_version_and_checksum() {
+        let h = Header { block_size: 4096, slots: 100, generation: 7 };
+        let b = h.encode(JOURNAL_MAGIC);
+        assert_eq!(Header::decode(&b, JOURNAL_MAGIC), Ok(h));
+        assert!(Header::decode(&b, CHECKPOINT_MAGIC).unwrap_err().contains("magic"));
+        let mut c = b;
+        c[21] ^= 1;
+        assert!(Header::decode(&c, JOURNAL_MAGIC).unwrap_err().contains("checksum"));
+    }
+}

@@ -41,9 +41,15 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         cfg.listen.unix = a.unix.clone();
     }
     let running = service::start(&cfg).context("starting the daemon")?;
+    let r = running.daemon.recovery();
+    if r.blocks > 0 {
+        println!("# warm start: {} blocks cached ({} dirty), {} journal records replayed{}", r.blocks, r.dirty_blocks, r.journal_records, if r.torn_tail { ", torn tail cut" } else { "" });
+    }
     for u in running.uris() {
         println!("{u}");
     }
+    use std::io::Write as _;
+    std::io::stdout().flush()?;
     let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM]).context("installing signal handlers")?;
     if let Some(sig) = signals.forever().next() {
         tracing::info!(sig, "stopping: flushing every vDisk");

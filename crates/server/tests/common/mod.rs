@@ -24,12 +24,6 @@ pub fn serve(cfg: &Config) -> Running {
     start(cfg).unwrap()
 }
 
-/// A raw NBD connection.
-pub struct Client {
-    pub s: TcpStream,
-    cookie: u64,
-}
-
 /// Reads the server greeting and sends client flags.
 pub fn greet(addr: SocketAddr, cflags: u32) -> TcpStream {
     let mut s = TcpStream::connect(addr).unwrap();
@@ -76,67 +70,43 @@ pub fn closed(s: &mut TcpStream) -> bool {
     matches!(s.read(&mut b), Ok(0) | Err(_))
 }
 
+/// The crate's client with test-friendly wrappers (panics on connection errors).
+pub struct Client {
+    pub s: std::net::TcpStream,
+    inner: cachevisor_server::nbd::client::Client,
+}
+
 impl Client {
-    /// Connects and negotiates `export` with GO; returns the client and the export size.
+    /// Connects and negotiates `export`; returns the client and the export size.
     pub fn connect(addr: SocketAddr, export: &str) -> (Client, u64) {
-        let mut s = greet(addr, FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES);
-        send_option(&mut s, OPT_GO, &go_data(export));
-        let mut size = 0;
-        loop {
-            let (_, kind, d) = read_option_reply(&mut s).unwrap();
-            match kind {
-                REP_INFO if u16::from_be_bytes([d[0], d[1]]) == INFO_EXPORT => size = u64::from_be_bytes(d[2..10].try_into().unwrap()),
-                REP_INFO => {}
-                REP_ACK => break,
-                k => panic!("GO refused: {k:#x} {}", String::from_utf8_lossy(&d)),
-            }
-        }
-        (Client { s, cookie: 0 }, size)
+        let inner = cachevisor_server::nbd::client::Client::connect(addr, export).unwrap();
+        inner.s.set_read_timeout(Some(std::time::Duration::from_secs(20))).unwrap();
+        let size = inner.size;
+        (Client { s: inner.s.try_clone().unwrap(), inner }, size)
     }
 
     /// Sends a request (and payload); returns its cookie.
     pub fn send(&mut self, kind: u16, flags: u16, offset: u64, length: u32, payload: &[u8]) -> u64 {
-        self.cookie += 1;
-        let mut b = encode_request(&Request { flags, kind, cookie: self.cookie, offset, length }).to_vec();
-        b.extend_from_slice(payload);
-        self.s.write_all(&b).unwrap();
-        self.cookie
+        self.inner.send(kind, flags, offset, length, payload).unwrap()
     }
 
     /// Reads a simple reply header: (error, cookie).
     pub fn reply(&mut self) -> std::io::Result<(u32, u64)> {
-        let mut h = [0u8; 16];
-        self.s.read_exact(&mut h)?;
-        assert_eq!(u32::from_be_bytes(h[0..4].try_into().unwrap()), SIMPLE_REPLY_MAGIC);
-        Ok((u32::from_be_bytes(h[4..8].try_into().unwrap()), u64::from_be_bytes(h[8..16].try_into().unwrap())))
+        self.inner.reply()
     }
 
-    /// Reads `len` bytes at `offset`; Err(errno) on an error reply.
+    /// Reads; Err(errno) on an error reply.
     pub fn read(&mut self, offset: u64, len: u32) -> Result<Vec<u8>, u32> {
-        let c = self.send(CMD_READ, 0, offset, len, &[]);
-        let (e, cookie) = self.reply().unwrap();
-        assert_eq!(cookie, c);
-        if e != 0 {
-            return Err(e);
-        }
-        let mut d = vec![0u8; len as usize];
-        self.s.read_exact(&mut d).unwrap();
-        Ok(d)
+        self.inner.read(offset, len).unwrap()
     }
 
     /// Writes; Err(errno) on an error reply.
     pub fn write(&mut self, offset: u64, data: &[u8], fua: bool) -> Result<(), u32> {
-        let c = self.send(CMD_WRITE, if fua { CMD_FLAG_FUA } else { 0 }, offset, data.len() as u32, data);
-        let (e, cookie) = self.reply().unwrap();
-        assert_eq!(cookie, c);
-        if e == 0 { Ok(()) } else { Err(e) }
+        self.inner.write(offset, data, fua).unwrap()
     }
 
     /// Flushes.
     pub fn flush(&mut self) -> Result<(), u32> {
-        let c = self.send(CMD_FLUSH, 0, 0, 0, &[]);
-        let (e, cookie) = self.reply().unwrap();
-        assert_eq!(cookie, c);
-        if e == 0 { Ok(()) } else { Err(e) }
+        self.inner.flush().unwrap()
     }
 }

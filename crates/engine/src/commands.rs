@@ -135,3 +135,17 @@ impl Engine {
         Ok(())
     }
 }
+
+impl Engine {
+    /// Drops sectors `lo..hi` of `vm`'s `block` from the cache, dirty or not (their bytes
+    /// in the cache store are no longer trustworthy: a failed device write or read). A
+    /// block left with no valid sector frees its slot. Returns whether the block was cached.
+    pub fn discard(&mut self, vm: VmId, block: u64, (lo, hi): (u32, u32)) -> bool {
+        let Some(s) = self.lookup(vm, block) else { return false };
+        let hi = hi.min(self.spb);
+        if lo < hi {
+            self.invalidate(vm, s, (lo, hi));
+        }
+        true
+    }
+}

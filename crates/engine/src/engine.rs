@@ -380,7 +380,7 @@ impl Engine {
     }
 
     /// Drops sectors `r` of a slot; a slot left with no valid sector is freed.
-    fn invalidate(&mut self, vm: VmId, s: u32, r: SectorRange) {
+    pub(crate) fn invalidate(&mut self, vm: VmId, s: u32, r: SectorRange) {
         self.clear_dirty(vm, s, r);
         self.valid.clear(s, r);
         if !self.valid.any(s, (0, self.spb)) {

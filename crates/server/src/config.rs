@@ -10,6 +10,7 @@
 //! write_policy = "wt"      # default per vDisk: wb | wt | wa | ro
 //! allocator = "static"     # partition sizes from weights (see cachevisor_policy)
 //! metadata = "var/cache.img.meta"  # checkpoint + journal (this is the default)
+//! error_threshold = 8      # device errors before a vDisk falls back to pass-through
 //!
 //! [listen]
 //! tcp = "127.0.0.1:10809"  # loopback (or a test namespace address)
@@ -51,6 +52,13 @@ pub struct CacheConfig {
     pub allocator: String,
     /// Metadata directory (checkpoint and journal); default `PATH.meta` beside the store.
     pub metadata: Option<PathBuf>,
+    /// Device errors after which a vDisk stops using the cache (pass-through).
+    #[serde(default = "default_error_threshold")]
+    pub error_threshold: u64,
+}
+
+fn default_error_threshold() -> u64 {
+    8
 }
 
 fn default_block() -> String {

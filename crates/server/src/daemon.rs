@@ -40,11 +40,15 @@ pub struct ExportStats {
     pub flushes: u64,
     /// Device errors returned as EIO.
     pub errors: u64,
+    /// The vDisk bypasses the cache after too many device errors.
+    pub passthrough: bool,
 }
 
 struct Files {
     ssd: File,
     backings: Vec<File>,
+    /// Injected fault: the cache-store write at which to fail (counting down).
+    fail_ssd_write_in: std::sync::atomic::AtomicU64,
 }
 
 impl Devices for Files {
@@ -53,6 +57,19 @@ impl Devices for Files {
     }
     fn backing(&self, vm: VmId) -> &File {
         &self.backings[vm as usize]
+    }
+    fn fault(&self, op: &cachevisor_engine::DeviceOp) -> std::io::Result<()> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if op.kind == OpKind::SsdWrite {
+            let n = self.fail_ssd_write_in.load(Relaxed);
+            if n > 0 {
+                self.fail_ssd_write_in.store(n - 1, Relaxed);
+                if n == 1 {
+                    return Err(std::io::Error::other("injected cache-store write failure"));
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -64,6 +81,9 @@ struct Core {
     stats: Vec<ExportStats>,
     persist: Persistence,
     names: Vec<String>,
+    /// Device errors after which a vDisk stops using the cache.
+    error_threshold: u64,
+    passthrough: Vec<bool>,
 }
 
 /// What a warm start found in the metadata.
@@ -195,7 +215,9 @@ impl Daemon {
             tracing::info!(blocks = recovery.blocks, dirty = recovery.dirty_blocks, journal_records = recovery.journal_records, torn_tail = recovery.torn_tail, "warm start");
         }
         let stats = vec![ExportStats::default(); exports.len()];
-        let core = Core { engine, files: Files { ssd, backings }, out, staging: Vec::new(), stats, persist, names };
+        let n = names.len();
+        let files = Files { ssd, backings, fail_ssd_write_in: 0.into() };
+        let core = Core { engine, files, out, staging: Vec::new(), stats, persist, names, error_threshold: cfg.cache.error_threshold, passthrough: vec![false; n] };
         Ok(Daemon { exports, block_size: r.block_size, core: Mutex::new(core), start: Instant::now(), recovery })
     }
 
@@ -234,7 +256,7 @@ impl Daemon {
         let req = Request { time_ns: self.start.elapsed().as_nanos() as u64, vm, op, offset, len: len as u32 };
         let bs = self.block_size;
         let mut guard = self.lock();
-        let Core { engine, files, out, staging, stats, persist, .. } = &mut *guard;
+        let Core { engine, files, out, staging, stats, persist, error_threshold, passthrough, .. } = &mut *guard;
         // Slots the request's blocks held before: they may be freed or invalidated.
         let blocks = if len == 0 { 0..0 } else { offset / bs..(offset + len as u64 - 1) / bs + 1 };
         let mut touched: Vec<u32> = blocks.clone().filter_map(|b| engine.lookup(vm, b)).collect();
@@ -278,13 +300,47 @@ impl Daemon {
             }
             Ok(())
         });
-        if r.is_err() {
+        if let Err(e) = &r {
             s.errors += 1;
+            tracing::error!(%e, vdisk = vm, errors = s.errors, "device error");
+            // The bytes of the slot the failed op touched are not trustworthy: drop them
+            // from the cache (the client gets EIO for this request).
+            if e.kind.is_ssd() {
+                let slot = (e.ssd_addr / bs) as u32;
+                let first = ((e.ssd_addr % bs) / 512) as u32;
+                if let Some((owner, block)) = engine.slot_block(slot) {
+                    engine.discard(owner, block, (first, first + e.len.div_ceil(512)));
+                    touched.push(slot);
+                }
+            }
+            if s.errors >= *error_threshold && !passthrough[vm as usize] {
+                passthrough[vm as usize] = true;
+                s.passthrough = true;
+                tracing::error!(vdisk = vm, errors = s.errors, "error threshold reached: the vDisk bypasses the cache from now on");
+                // Read-only (writes go around the cache), then no cache at all: dirty blocks
+                // are written back as they leave; failures there are logged, not fatal.
+                engine.set_write_policy(vm, cachevisor_engine::WritePolicy::Ro, out);
+                if let Err(e) = execute_with(&out.ops, Client::None, &*files, staging, &mut |_| Ok(())) {
+                    tracing::error!(%e, "write-back on entering pass-through failed");
+                }
+                engine.set_target(vm, 0, out);
+                if let Err(e) = execute_with(&out.ops, Client::None, &*files, staging, &mut |_| Ok(())) {
+                    tracing::error!(%e, "write-back on entering pass-through failed");
+                }
+                let _ = files.backings[vm as usize].sync_data();
+                persist.record_all(engine).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
+                persist.record_target(vm as u16, 0).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
+            }
         }
         touched.sort_unstable();
         touched.dedup();
         persist.record(engine, touched).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
         r
+    }
+
+    /// Fault injection for tests: the `n`-th cache-store write from now fails (0 = none).
+    pub fn fail_ssd_write_in(&self, n: u64) {
+        self.lock().files.fail_ssd_write_in.store(n, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Reads `buf.len()` bytes of export `vm` at `offset` (range already checked).

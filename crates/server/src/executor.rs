@@ -17,6 +17,10 @@ pub trait Devices {
     fn ssd(&self) -> &File;
     /// The backing file of `vm`.
     fn backing(&self, vm: VmId) -> &File;
+    /// Fault injection for tests: an error here fails `op` as if the device had.
+    fn fault(&self, _op: &DeviceOp) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// The client side of a request: its VM, disk offset, and data (written by a WRITE, filled
@@ -66,6 +70,7 @@ pub fn execute_with(
     for op in ops {
         let err = |source| OpError { kind: op.kind, vm: op.vm, disk_addr: op.disk_addr, ssd_addr: op.ssd_addr, len: op.len, source };
         before(op).map_err(err)?;
+        dev.fault(op).map_err(err)?;
         let (file, addr) = if op.kind.is_ssd() { (dev.ssd(), op.ssd_addr) } else { (dev.backing(op.vm), op.disk_addr) };
         let len = op.len as usize;
         if op.kind.is_write() {

@@ -1,0 +1,99 @@
+//! A failing cache store: the N-th write to the cache file fails, for every N in a sweep.
+//! The request that hit it gets EIO; every other write reads back exactly, before and
+//! after a warm restart; nothing stored earlier is lost. After the configured number of
+//! errors a vDisk falls back to pass-through and keeps serving correct data.
+
+mod common;
+use common::*;
+use cachevisor_server::nbd::proto::EIO;
+
+fn cfg(dir: &std::path::Path, threshold: u64) -> cachevisor_server::Config {
+    let mut c = config(dir, "64KiB", &[("wb", "1MiB", "wb"), ("wt", "1MiB", "wt")]);
+    c.cache.error_threshold = threshold;
+    c
+}
+
+fn block(tag: u8, i: u64) -> Vec<u8> {
+    vec![tag.wrapping_add(i as u8); 4096]
+}
+
+#[test]
+fn failing_the_nth_cache_write_fails_only_that_request() {
+    for n in 1..=24u64 {
+        for disk in ["wb", "wt"] {
+            let dir = tempfile::tempdir().unwrap();
+            let c = cfg(dir.path(), 1000);
+            let r = serve(&c);
+            let (mut cl, _) = Client::connect(r.tcp.unwrap(), disk);
+            for i in 0..8 {
+                cl.write(i * 4096, &block(10, i), false).unwrap();
+            }
+            cl.flush().unwrap();
+            r.daemon.fail_ssd_write_in(n);
+            let mut failed = None;
+            for i in 0..32 {
+                match cl.write(i * 4096, &block(100, i), false) {
+                    Ok(()) => {}
+                    Err(e) => {
+                        assert_eq!(e, EIO, "n={n}");
+                        assert!(failed.replace(i).is_none(), "n={n}: two failed writes");
+                    }
+                }
+                // Reads fill the cache too: a failing fill may also be the N-th write.
+                if let Err(e) = cl.read(((i * 7) % 64) * 4096, 4096) {
+                    assert_eq!(e, EIO, "n={n}");
+                }
+            }
+            cl.flush().unwrap();
+            let check = |cl: &mut Client, when: &str| {
+                for i in 0..64u64 {
+                    let got = cl.read(i * 4096, 4096).unwrap();
+                    let new = if i < 32 { block(100, i) } else { vec![0; 4096] };
+                    if Some(i) == failed {
+                        let old = if i < 8 { block(10, i) } else { vec![0; 4096] };
+                        assert!(got == new || got == old || got == vec![0; 4096], "n={n} {disk} {when}: failed block {i} holds other data");
+                    } else {
+                        assert_eq!(got, new, "n={n} {disk} {when}: block {i}");
+                    }
+                }
+            };
+            check(&mut cl, "live");
+            drop(cl);
+            let r2 = serve(&cfg(dir.path(), 1000));
+            let (mut cl, _) = Client::connect(r2.tcp.unwrap(), disk);
+            check(&mut cl, "after restart");
+        }
+    }
+}
+
+#[test]
+fn too_many_errors_switch_the_vdisk_to_pass_through() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = serve(&cfg(dir.path(), 3));
+    let (mut cl, _) = Client::connect(r.tcp.unwrap(), "wb");
+    for i in 0..8 {
+        cl.write(i * 4096, &block(1, i), false).unwrap();
+    }
+    cl.flush().unwrap();
+    let mut errors = 0;
+    for i in 8..16 {
+        r.daemon.fail_ssd_write_in(1);
+        if cl.write(i * 4096, &block(1, i), false).is_err() {
+            errors += 1;
+            cl.write(i * 4096, &block(1, i), false).ok(); // retried once the cache is bypassed
+        }
+    }
+    r.daemon.fail_ssd_write_in(0);
+    let s = r.daemon.stats(0);
+    assert!(s.passthrough && s.errors == 3 && errors == 3, "{s:?}, {errors} failed writes");
+    assert_eq!(r.daemon.occupancy(0), (0, 0), "no cache held, no dirty data left behind");
+    for i in 0..16 {
+        let got = cl.read(i * 4096, 4096).unwrap();
+        if i < 8 || i >= 8 + errors {
+            assert_eq!(got, block(1, i), "block {i}");
+        }
+    }
+    // The backing file has everything: the dirty blocks were written back on the way out.
+    let backing = std::fs::read(dir.path().join("wb.img")).unwrap();
+    assert_eq!(backing[..4096], block(1, 0)[..]);
+}

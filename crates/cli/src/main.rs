@@ -9,6 +9,7 @@ mod input_args;
 mod progress;
 mod serve_cmd;
 mod simulate_cmd;
+mod status_cmd;
 mod trace_cmd;
 
 use clap::{Parser, Subcommand};
@@ -35,6 +36,8 @@ enum Cmd {
     Analyze(analyze_cmd::AnalyzeCmd),
     /// Serve VM disks over NBD with the managed SSD cache.
     Serve(serve_cmd::ServeArgs),
+    /// Show a running daemon's vDisks (via its HTTP API).
+    Status(status_cmd::StatusArgs),
     /// Reproduce the seeds' experiments and write HTML reports.
     Experiment(experiment_cmd::ExperimentArgs),
     /// Measure speed and memory.
@@ -51,6 +54,7 @@ fn main() {
         Cmd::Analyze(c) => analyze_cmd::run(c),
         Cmd::Experiment(a) => experiment_cmd::run(a),
         Cmd::Serve(a) => serve_cmd::run(a),
+        Cmd::Status(a) => status_cmd::run(a),
         Cmd::Bench(c) => bench_cmd::run(c),
     };
     if let Err(e) = r {

@@ -48,11 +48,14 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     for u in running.uris() {
         println!("{u}");
     }
+    if let Some((addr, _)) = &running.api {
+        println!("# API: http://{addr}/vdisks and /metrics (token for changes in {})", running.daemon.metadata_dir().join("api-token").display());
+    }
     use std::io::Write as _;
     std::io::stdout().flush()?;
     let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM]).context("installing signal handlers")?;
     if let Some(sig) = signals.forever().next() {
-        tracing::info!(sig, "stopping: flushing every vDisk");
+        tracing::info!(sig, "stopping: fsync and checkpoint");
         running.daemon.shutdown().map_err(|e| anyhow::anyhow!("clean stop: {e}"))?;
     }
     Ok(())

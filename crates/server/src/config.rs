@@ -16,6 +16,11 @@
 //! tcp = "127.0.0.1:10809"  # loopback (or a test namespace address)
 //! unix = "var/cachevisor.sock"
 //!
+//! [api]                    # HTTP control API and /metrics (omit to disable)
+//! listen = "127.0.0.1:10810"
+//! token = "…"              # bearer token for mutating calls (random when omitted,
+//!                          # written to METADATA/api-token)
+//!
 //! [[vdisk]]
 //! name = "vm1"             # the NBD export name
 //! backing = "var/vm1.img"  # a file; created sparse with `size` when missing
@@ -87,6 +92,16 @@ pub struct ListenConfig {
     pub unix: Option<PathBuf>,
 }
 
+/// `[api]`: the HTTP control API.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiConfig {
+    /// Address (loopback).
+    pub listen: String,
+    /// Bearer token for mutating calls; a random one is generated when absent.
+    pub token: Option<String>,
+}
+
 /// `[[vdisk]]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -113,6 +128,8 @@ pub struct Config {
     /// Listeners.
     #[serde(default)]
     pub listen: ListenConfig,
+    /// HTTP API (off when absent).
+    pub api: Option<ApiConfig>,
     /// Exports.
     #[serde(default)]
     pub vdisk: Vec<VdiskConfig>,
@@ -128,6 +145,9 @@ write_policy = "wt"
 
 [listen]
 tcp = "127.0.0.1:10809"
+
+[api]
+listen = "127.0.0.1:10810"
 
 [[vdisk]]
 name = "vm1"
@@ -191,6 +211,12 @@ impl Config {
         }
         if let Some(t) = &self.listen.tcp {
             t.parse::<SocketAddr>().map_err(|e| format!("listen.tcp: `{t}`: {e}"))?;
+        }
+        if let Some(a) = &self.api {
+            a.listen.parse::<SocketAddr>().map_err(|e| format!("api.listen: `{}`: {e}", a.listen))?;
+            if a.token.as_ref().is_some_and(|t| t.len() < 16) {
+                return Err("api.token: use at least 16 characters".into());
+            }
         }
         if self.vdisk.is_empty() {
             return Err("vdisk: no [[vdisk]] to serve".into());

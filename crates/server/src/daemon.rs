@@ -25,8 +25,27 @@ pub struct ExportInfo {
     pub size: u64,
 }
 
+/// One vDisk's state and counters, as the API and metrics report it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct VdiskStatus {
+    /// Export name.
+    pub name: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Write policy.
+    pub write_policy: cachevisor_engine::WritePolicy,
+    /// Cache blocks held.
+    pub used_blocks: u64,
+    /// Partition target in blocks.
+    pub target_blocks: u64,
+    /// Dirty blocks.
+    pub dirty_blocks: u64,
+    /// Counters.
+    pub stats: ExportStats,
+}
+
 /// Per-export counters.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
 pub struct ExportStats {
     /// Read requests.
     pub reads: u64,
@@ -105,11 +124,13 @@ fn os_err(kind: OpKind, vm: VmId, source: std::io::Error) -> OpError {
 
 /// The daemon: exports and the locked core.
 pub struct Daemon {
+    metrics: crate::metrics::Metrics,
     exports: Vec<ExportInfo>,
     block_size: u64,
     core: Mutex<Core>,
     start: Instant,
     recovery: Recovery,
+    meta_dir: std::path::PathBuf,
 }
 
 /// A failed start: which file or setting.
@@ -218,7 +239,17 @@ impl Daemon {
         let n = names.len();
         let files = Files { ssd, backings, fail_ssd_write_in: 0.into() };
         let core = Core { engine, files, out, staging: Vec::new(), stats, persist, names, error_threshold: cfg.cache.error_threshold, passthrough: vec![false; n] };
-        Ok(Daemon { exports, block_size: r.block_size, core: Mutex::new(core), start: Instant::now(), recovery })
+        Ok(Daemon { metrics: Default::default(), exports, block_size: r.block_size, core: Mutex::new(core), start: Instant::now(), recovery, meta_dir })
+    }
+
+    /// Latency histograms (and the metrics exposition).
+    pub fn metrics(&self) -> &crate::metrics::Metrics {
+        &self.metrics
+    }
+
+    /// The metadata directory.
+    pub fn metadata_dir(&self) -> &std::path::Path {
+        &self.meta_dir
     }
 
     /// What the warm start recovered.
@@ -336,6 +367,35 @@ impl Daemon {
         touched.dedup();
         persist.record(engine, touched).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
         r
+    }
+
+    /// Every vDisk's state and counters.
+    pub fn status(&self) -> Vec<VdiskStatus> {
+        let core = self.lock();
+        self.exports
+            .iter()
+            .enumerate()
+            .map(|(vm, e)| {
+                let p = core.engine.partition(vm as VmId);
+                VdiskStatus { name: e.name.clone(), size: e.size, write_policy: p.write_policy, used_blocks: p.used, target_blocks: p.target, dirty_blocks: p.dirty_blocks, stats: core.stats[vm] }
+            })
+            .collect()
+    }
+
+    /// The VM id of export `name`.
+    pub fn vdisk(&self, name: &str) -> Option<VmId> {
+        self.exports.iter().position(|e| e.name == name).map(|v| v as VmId)
+    }
+
+    /// Switches export `vm`'s write policy online (leaving write-back writes its dirty
+    /// blocks back first).
+    pub fn set_write_policy(&self, vm: VmId, policy: cachevisor_engine::WritePolicy) -> Result<(), OpError> {
+        let mut guard = self.lock();
+        let Core { engine, files, out, staging, persist, .. } = &mut *guard;
+        engine.set_write_policy(vm, policy, out);
+        execute_with(&out.ops, Client::None, &*files, staging, &mut |_| Ok(()))?;
+        files.backings[vm as usize].sync_data().map_err(|e| os_err(OpKind::BackingWrite, vm, e))?;
+        persist.record_all(engine).map_err(|e| os_err(OpKind::SsdWrite, vm, e))
     }
 
     /// Fault injection for tests: the `n`-th cache-store write from now fails (0 = none).

@@ -3,10 +3,12 @@
 //! this crate executes its device operations with real bytes ([`executor`]), speaks the
 //! protocol ([`nbd`]), and owns files, locking and durability ([`daemon`]).
 
+pub mod api;
 pub mod config;
 pub mod daemon;
 pub mod executor;
 pub mod journal;
+pub mod metrics;
 pub mod listener;
 pub mod nbd;
 pub mod persist;

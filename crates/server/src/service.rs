@@ -17,6 +17,8 @@ pub struct Running {
     pub tcp: Option<SocketAddr>,
     /// Unix socket path.
     pub unix: Option<PathBuf>,
+    /// HTTP API address and its bearer token.
+    pub api: Option<(SocketAddr, String)>,
 }
 
 impl Running {
@@ -57,5 +59,27 @@ pub fn start(cfg: &Config) -> Result<Running, StartError> {
         let d = daemon.clone();
         std::thread::spawn(move || listener::unix(l, d));
     }
-    Ok(Running { daemon, tcp, unix })
+    let mut api = None;
+    if let Some(a) = &cfg.api {
+        let addr: SocketAddr = a.listen.parse().map_err(|e| StartError::Config(format!("api.listen: `{}`: {e}", a.listen)))?;
+        let token = match &a.token {
+            Some(t) => t.clone(),
+            None => {
+                let t = crate::api::random_token();
+                let path = daemon.metadata_dir().join("api-token");
+                write_private(&path, &t).map_err(|source| StartError::File { path: path.display().to_string(), source })?;
+                t
+            }
+        };
+        api = Some((crate::api::start(daemon.clone(), addr, token.clone())?, token));
+    }
+    Ok(Running { daemon, tcp, unix, api })
+}
+
+/// Writes `text` to `path` readable by the owner only.
+fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    f.write_all(text.as_bytes())
 }

@@ -14,6 +14,7 @@ const ZERO_CHUNK: usize = 1 << 20;
 /// Serves requests for export `vm` until the client disconnects.
 pub fn serve<S: Read + Write>(s: &mut S, d: &Daemon, vm: u32) -> io::Result<()> {
     let size = d.exports()[vm as usize].size;
+    let name = &d.exports()[vm as usize].name;
     let mut reply: Vec<u8> = Vec::new();
     loop {
         let mut h = [0u8; REQUEST_LEN];
@@ -30,6 +31,14 @@ pub fn serve<S: Read + Write>(s: &mut S, d: &Daemon, vm: u32) -> io::Result<()> 
             }
         };
         let known_flags = CMD_FLAG_FUA | CMD_FLAG_NO_HOLE;
+        let started = std::time::Instant::now();
+        let op = match r.kind {
+            CMD_READ => "read",
+            CMD_WRITE => "write",
+            CMD_FLUSH => "flush",
+            CMD_WRITE_ZEROES => "write_zeroes",
+            _ => "other",
+        };
         let error = |e: u32| simple_reply(e, r.cookie);
         match r.kind {
             CMD_READ => {
@@ -106,5 +115,6 @@ pub fn serve<S: Read + Write>(s: &mut S, d: &Daemon, vm: u32) -> io::Result<()> 
             CMD_DISC => return Ok(()),
             _ => s.write_all(&error(EINVAL))?,
         }
+        d.metrics().observe(name, op, started.elapsed().as_secs_f64());
     }
 }

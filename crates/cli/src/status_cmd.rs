@@ -1,0 +1,48 @@
+//! `cachevisor status`: asks a running daemon's HTTP API for its vDisks and prints them.
+
+use anyhow::Context;
+use cachevisor_trace::units::format_size;
+use clap::Args;
+
+/// Arguments of `status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// The daemon's API address.
+    #[arg(long, default_value = "127.0.0.1:10810")]
+    pub api: String,
+    /// Print the raw JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs the command.
+pub fn run(a: StatusArgs) -> anyhow::Result<()> {
+    let url = format!("http://{}/vdisks", a.api);
+    let body: serde_json::Value = ureq::get(&url).call().with_context(|| format!("asking {url} (is `cachevisor serve` running with an [api] section?)"))?.into_json()?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&body)?);
+        return Ok(());
+    }
+    println!("{:<12} {:>10} {:>6} {:>10} {:>10} {:>8} {:>7} {:>10} {:>10} {:>7} {:>6}", "vdisk", "size", "policy", "cached", "target", "dirty", "hit%", "reads", "writes", "errors", "bypass");
+    for v in body.as_array().context("unexpected answer")? {
+        let n = |k: &str| v[k].as_u64().unwrap_or(0);
+        let s = &v["stats"];
+        let sn = |k: &str| s[k].as_u64().unwrap_or(0);
+        let hit = if sn("blocks") > 0 { 100.0 * sn("hit_blocks") as f64 / sn("blocks") as f64 } else { 0.0 };
+        println!(
+            "{:<12} {:>10} {:>6} {:>10} {:>10} {:>8} {:>7.1} {:>10} {:>10} {:>7} {:>6}",
+            v["name"].as_str().unwrap_or("?"),
+            format_size(n("size")),
+            v["write_policy"].as_str().unwrap_or("?"),
+            n("used_blocks"),
+            n("target_blocks"),
+            n("dirty_blocks"),
+            hit,
+            sn("reads"),
+            sn("writes"),
+            sn("errors"),
+            if s["passthrough"].as_bool().unwrap_or(false) { "yes" } else { "no" }
+        );
+    }
+    Ok(())
+}

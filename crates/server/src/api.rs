@@ -1,0 +1,142 @@
+//! The HTTP control API on loopback (axum on its own thread): list vDisks with their
+//! state and counters, Prometheus `/metrics`, and mutating calls — resize a partition,
+//! change a write policy, destage one vDisk or all — that need `Authorization: Bearer
+//! TOKEN`. Without a configured token a random one is written, readable by the owner
+//! only, to `api-token` in the metadata directory.
+
+use crate::daemon::{Daemon, StartError};
+use crate::metrics::Metrics;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+#[derive(Clone)]
+struct Api {
+    daemon: Arc<Daemon>,
+    token: Arc<String>,
+}
+
+fn err(code: StatusCode, msg: impl Into<String>) -> Response {
+    (code, Json(serde_json::json!({ "error": msg.into() }))).into_response()
+}
+
+impl Api {
+    fn authorize(&self, h: &HeaderMap) -> Result<(), Response> {
+        let ok = h.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).is_some_and(|t| t == self.token.as_str());
+        if ok {
+            Ok(())
+        } else {
+            Err(err(StatusCode::UNAUTHORIZED, "mutating calls need `Authorization: Bearer TOKEN`"))
+        }
+    }
+
+    fn vdisk(&self, name: &str) -> Result<u32, Response> {
+        self.daemon.vdisk(name).ok_or_else(|| err(StatusCode::NOT_FOUND, format!("no vDisk named `{name}`")))
+    }
+}
+
+async fn list(State(a): State<Api>) -> Response {
+    Json(a.daemon.status()).into_response()
+}
+
+async fn metrics(State(a): State<Api>) -> Response {
+    ([("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], Metrics::render(&a.daemon)).into_response()
+}
+
+/// The common path of every mutating call: the token, the vDisk (when named), the change
+/// on a blocking thread (it does file I/O), then the new listing.
+async fn mutate(a: Api, h: &HeaderMap, name: Option<&str>, f: impl FnOnce(&Daemon, Option<u32>) -> Result<(), String> + Send + 'static) -> Response {
+    if let Err(r) = a.authorize(h) {
+        return r;
+    }
+    let vm = match name.map(|n| a.vdisk(n)).transpose() {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let d = a.daemon.clone();
+    match tokio::task::spawn_blocking(move || f(&d, vm)).await {
+        Ok(Ok(())) => list(State(a)).await,
+        Ok(Err(e)) => err(StatusCode::INTERNAL_SERVER_ERROR, e),
+        Err(e) => err(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Resize {
+    /// New target in cache blocks, or
+    blocks: Option<u64>,
+    /// in bytes with a unit (`64MiB`).
+    size: Option<String>,
+}
+
+async fn resize(State(a): State<Api>, h: HeaderMap, Path(name): Path<String>, Json(body): Json<Resize>) -> Response {
+    let blocks = match (body.blocks, body.size) {
+        (Some(b), None) => b,
+        (None, Some(s)) => match cachevisor_trace::units::parse_size(&s) {
+            Ok(bytes) => bytes / a.daemon.block_size(),
+            Err(e) => return err(StatusCode::BAD_REQUEST, format!("size: {e}")),
+        },
+        _ => return err(StatusCode::BAD_REQUEST, "give exactly one of `blocks` or `size`"),
+    };
+    mutate(a, &h, Some(&name), move |d, vm| d.resize(vm.expect("named"), blocks).map_err(|e| e.to_string())).await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PolicyBody {
+    policy: String,
+}
+
+async fn write_policy(State(a): State<Api>, h: HeaderMap, Path(name): Path<String>, Json(body): Json<PolicyBody>) -> Response {
+    let p = match body.policy.parse::<cachevisor_engine::WritePolicy>() {
+        Ok(p) => p,
+        Err(e) => return err(StatusCode::BAD_REQUEST, e),
+    };
+    mutate(a, &h, Some(&name), move |d, vm| d.set_write_policy(vm.expect("named"), p).map_err(|e| e.to_string())).await
+}
+
+async fn destage_one(State(a): State<Api>, h: HeaderMap, Path(name): Path<String>) -> Response {
+    mutate(a, &h, Some(&name), |d, vm| d.destage(vm.expect("named")).map_err(|e| e.to_string())).await
+}
+
+async fn destage_all(State(a): State<Api>, h: HeaderMap) -> Response {
+    mutate(a, &h, None, |d, _| (0..d.exports().len() as u32).try_for_each(|vm| d.destage(vm)).map_err(|e| e.to_string())).await
+}
+
+/// Starts the API on `addr` (port 0 = any); returns the bound address and the token.
+pub fn start(daemon: Arc<Daemon>, addr: SocketAddr, token: String) -> Result<SocketAddr, StartError> {
+    let l = std::net::TcpListener::bind(addr).map_err(|source| StartError::File { path: format!("api.listen {addr}"), source })?;
+    let bound = l.local_addr().map_err(|source| StartError::File { path: format!("api.listen {addr}"), source })?;
+    l.set_nonblocking(true).map_err(|source| StartError::File { path: format!("api.listen {addr}"), source })?;
+    let app = Router::new()
+        .route("/vdisks", get(list))
+        .route("/metrics", get(metrics))
+        .route("/vdisks/{name}/resize", post(resize))
+        .route("/vdisks/{name}/write-policy", post(write_policy))
+        .route("/vdisks/{name}/destage", post(destage_one))
+        .route("/destage", post(destage_all))
+        .with_state(Api { daemon, token: Arc::new(token) });
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
+        rt.block_on(async move {
+            let l = tokio::net::TcpListener::from_std(l).expect("listener");
+            if let Err(e) = axum::serve(l, app).await {
+                tracing::error!(%e, "API server stopped");
+            }
+        });
+    });
+    Ok(bound)
+}
+
+/// A fresh random token (hex).
+pub fn random_token() -> String {
+    use rand::Rng;
+    let mut r = rand::thread_rng();
+    (0..16).map(|_| format!("{:02x}", r.gen::<u8>())).collect()
+}

@@ -1,0 +1,87 @@
+//! Prometheus metrics (`/metrics`): per-vDisk request latency histograms by operation,
+//! observed as requests complete, and on every scrape the daemon's counters and gauges
+//! (requests, block hits and accesses, flushes, errors, cache held, target, dirty blocks,
+//! pass-through) read from its state by a collector, so there is one source of truth.
+
+use crate::daemon::Daemon;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use std::sync::Arc;
+
+/// Labels of the latency histogram.
+type OpLabels = Vec<(String, String)>;
+
+/// The daemon's metrics.
+#[derive(Debug)]
+pub struct Metrics {
+    latency: Family<OpLabels, Histogram>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics { latency: Family::new_with_constructor(|| Histogram::new(exponential_buckets(10e-6, 2.0, 18))) }
+    }
+}
+
+impl Metrics {
+    /// Records one request's service time.
+    pub fn observe(&self, vdisk: &str, op: &str, seconds: f64) {
+        self.latency.get_or_create(&vec![("vdisk".into(), vdisk.into()), ("op".into(), op.into())]).observe(seconds);
+    }
+
+    /// The text exposition of every metric of `daemon`.
+    pub fn render(daemon: &Arc<Daemon>) -> String {
+        let m = daemon.metrics();
+        let mut r = Registry::default();
+        r.register("cachevisor_request_duration_seconds", "Time to serve a request, by vDisk and operation", m.latency.clone());
+        r.register_collector(Box::new(StateCollector(Arc::downgrade(daemon))));
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &r).expect("writing to a String");
+        out
+    }
+}
+
+/// Reads the daemon's state on each scrape.
+#[derive(Debug)]
+struct StateCollector(std::sync::Weak<Daemon>);
+
+impl Collector for StateCollector {
+    fn encode(&self, mut enc: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let Some(d) = self.0.upgrade() else { return Ok(()) };
+        let status = d.status();
+        let counters: [(&str, &str, fn(&crate::daemon::VdiskStatus) -> u64); 6] = [
+            ("cachevisor_reads", "Read requests", |s| s.stats.reads),
+            ("cachevisor_writes", "Write requests", |s| s.stats.writes),
+            ("cachevisor_block_hits", "Block accesses served by the cache", |s| s.stats.hit_blocks),
+            ("cachevisor_blocks", "Block accesses", |s| s.stats.blocks),
+            ("cachevisor_flushes", "Flush requests", |s| s.stats.flushes),
+            ("cachevisor_errors", "Device errors returned as EIO", |s| s.stats.errors),
+        ];
+        for (name, help, f) in counters {
+            let c0 = ConstCounter::new(0u64);
+            let mut m = enc.encode_descriptor(name, help, None, c0.metric_type())?;
+            for s in &status {
+                ConstCounter::new(f(s)).encode(m.encode_family(&vec![("vdisk".to_string(), s.name.clone())])?)?;
+            }
+        }
+        let gauges: [(&str, &str, fn(&crate::daemon::VdiskStatus) -> i64); 4] = [
+            ("cachevisor_cached_blocks", "Cache blocks held", |s| s.used_blocks as i64),
+            ("cachevisor_target_blocks", "Partition target in blocks", |s| s.target_blocks as i64),
+            ("cachevisor_dirty_blocks", "Dirty cache blocks", |s| s.dirty_blocks as i64),
+            ("cachevisor_passthrough", "1 when the vDisk bypasses the cache after errors", |s| s.stats.passthrough as i64),
+        ];
+        for (name, help, f) in gauges {
+            let g0 = ConstGauge::new(0i64);
+            let mut m = enc.encode_descriptor(name, help, None, g0.metric_type())?;
+            for s in &status {
+                ConstGauge::new(f(s)).encode(m.encode_family(&vec![("vdisk".to_string(), s.name.clone())])?)?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -12,6 +12,7 @@
 
 pub mod allocator;
 pub mod centaur;
+pub mod controller;
 pub mod eci_cache;
 pub mod hull_greedy;
 pub mod optimal;

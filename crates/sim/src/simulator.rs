@@ -6,9 +6,9 @@ use crate::device::Device;
 use crate::metrics::{Metrics, WindowRow};
 use crate::report::{SimResult, TraceCounts};
 use crate::scenario::{BackingLayout, ReplayMode, Resolved, Scenario};
-use cachevisor_analysis::recs::{self, RecsEstimator};
-use cachevisor_analysis::{Decay, Interval, IntervalProfiler, Kind, Method, Profiler, ReuseMix, ReuseMixTracker};
-use cachevisor_policy::{registry, Allocator, Needs, Pool, VmDemand};
+use cachevisor_analysis::{Kind, Method, Profiler, ReuseMix, ReuseMixTracker};
+use cachevisor_policy::controller::{self, Controller, Estimates, VmSettings, WindowCounts};
+use cachevisor_policy::{registry, Needs};
 use cachevisor_engine::{DeviceOp, Engine, EngineConfig, Output, PartitionMode};
 use cachevisor_trace::formats::generic_csv::CsvColumns;
 use cachevisor_trace::generator::{Generator, WorkloadConfig};
@@ -74,14 +74,6 @@ pub fn open_inputs(sc: &Scenario) -> Result<MergedTrace, SimError> {
     Ok(MergedTrace::from_sources(sources, MergeOptions { rebase: true, rename }))
 }
 
-/// One VM's settings as they stand (scenario `[[vm]]`, then phases).
-#[derive(Debug, Clone, Copy)]
-struct VmSetting {
-    weight: f64,
-    ratio: f64,
-    min_blocks: u64,
-}
-
 /// Mutable state of one run.
 struct Run<'a> {
     sc: &'a Scenario,
@@ -91,7 +83,6 @@ struct Run<'a> {
     backing: Vec<Device>,
     metrics: Metrics,
     names: Vec<String>,
-    settings: Vec<VmSetting>,
     out: Output,
     cmd: Output,
     windows: Vec<WindowRow>,
@@ -101,31 +92,22 @@ struct Run<'a> {
     issued: u64,
     window_index: u64,
     last_now: u64,
-    recs: RecsEstimator,
-    allocator: Box<dyn Allocator>,
-    needs: Needs,
+    /// Estimates, allocator and decisions (shared with the daemon).
+    ctl: Controller,
     /// Re-run the allocator every window.
     dynamic: bool,
     /// Global cleaner watermarks in free slots (low, high).
     cleaner: Option<(u64, u64)>,
     /// Whole-trace estimates by VM id (pre-pass), when the allocator needs curves once.
-    whole: Vec<WholeTrace>,
-    unit: u64,
-    /// Recent per-VM distances for reallocation every window.
-    online: Option<IntervalProfiler>,
+    whole: Vec<Estimates>,
     /// Phase changes by time, and the next to apply.
     phases: Vec<(u64, usize)>,
     next_phase: usize,
     /// Lookahead oracle: exact estimates of every window by window index, then VM id.
-    oracle: Vec<Vec<WholeTrace>>,
+    oracle: Vec<Vec<Estimates>>,
     /// Closed loop: (passes completed, end of the first) per VM.
     passes: Vec<(u64, Option<u64>)>,
-    /// Missed blocks of each VM's last windows (S-CAVE's AllocUnit).
-    miss_history: Vec<std::collections::VecDeque<u64>>,
 }
-
-/// Windows S-CAVE's AllocUnit averages over ("recent time windows", §V-A).
-const ALLOC_UNIT_WINDOWS: usize = 3;
 
 impl<'a> Run<'a> {
     fn new(sc: &'a Scenario, res: Resolved) -> Result<Self, SimError> {
@@ -161,7 +143,6 @@ impl<'a> Run<'a> {
             backing: Vec::new(),
             metrics: Metrics::default(),
             names: Vec::new(),
-            settings: Vec::new(),
             out: Output::default(),
             cmd: Output::default(),
             windows: Vec::new(),
@@ -170,19 +151,12 @@ impl<'a> Run<'a> {
             issued: 0,
             window_index: 0,
             last_now: 0,
-            // S-CAVE §IV-B: 5 sampling periods per window, α = 0.8; each period scans
-            // 1/50 of the pool (at least 1,024 blocks).
-            recs: RecsEstimator::new(recs::ALPHA, 5, (res.slots / 50).max(1024), 1),
-            needs: allocator.needs(),
-            allocator,
+            ctl: Controller::new(allocator, res.slots, res.block_size, dynamic && !c.lookahead),
             dynamic,
             cleaner,
             whole: Vec::new(),
-            unit: (res.slots / CURVE_UNITS).max(1),
-            online: None,
             phases,
             next_phase: 0,
-            miss_history: Vec::new(),
             passes: Vec::new(),
             oracle: Vec::new(),
         })
@@ -197,7 +171,7 @@ impl<'a> Run<'a> {
             self.next_phase += 1;
             for c in &self.sc.phase[i].vm {
                 let Some(vm) = self.names.iter().position(|n| *n == c.name) else { continue };
-                let s = &mut self.settings[vm];
+                let s = self.ctl.settings_mut(vm);
                 s.weight = c.weight.unwrap_or(s.weight);
                 s.ratio = c.ratio.unwrap_or(s.ratio);
                 if let Some(p) = c.write_policy {
@@ -223,93 +197,39 @@ impl<'a> Run<'a> {
             self.engine.ensure_vm(vm as VmId);
             let conf = self.sc.vm.iter().find(|v| v.name == names[vm]);
             let min_bytes = conf.and_then(|v| v.min.as_deref()).map(parse_size).transpose().map_err(SimError::Scenario)?.unwrap_or(0);
-            self.settings.push(VmSetting {
+            self.ctl.add_vm(VmSettings {
                 weight: conf.map_or(1.0, |v| v.weight),
                 ratio: conf.map_or(1.0, |v| v.ratio),
                 min_blocks: min_bytes.div_ceil(self.res.block_size),
             });
-            self.miss_history.push(Default::default());
             if let Some(p) = conf.and_then(|v| v.write_policy) {
                 self.command(now, |e, out| e.set_write_policy(vm as VmId, p, out));
             }
         }
         self.apply_phases(now);
-        self.reallocate(now, &[], &[]);
+        self.reallocate(now, None, &[]);
         Ok(())
     }
 
-    /// What the allocator knows about `vm`: settings, partition, and the estimates it
-    /// declared it needs. `window` = the last window's (requests, accesses, hits).
-    fn demand(&self, vm: usize, units: usize, window: Option<(u64, u64, u64)>, recs: Option<f64>) -> VmDemand {
-        let v = vm as VmId;
-        let p = self.engine.partition(v);
-        let set = self.settings[vm];
-        let mut d = VmDemand {
-            weight: set.weight,
-            throughput_ratio: set.ratio,
-            min_blocks: set.min_blocks,
-            target_blocks: p.target,
-            used_blocks: p.used,
-            recs,
-            ..Default::default()
-        };
-        let h = &self.miss_history[vm];
-        d.alloc_unit = if h.is_empty() { 0 } else { h.iter().sum::<u64>() / h.len() as u64 };
-        if let Some((_, accesses, hits)) = window {
-            d.hit_throughput = hits as f64 / self.window_secs();
-            d.hit_ratio = (accesses > 0).then(|| hits as f64 / accesses as f64);
-        }
-        let n = self.needs;
-        if self.sc.cache.lookahead {
-            // The window about to start: `window_index` counts windows already emitted.
-            if let Some(w) = self.oracle.get(self.window_index as usize + window.is_some() as usize).and_then(|ws| ws.get(vm)) {
-                d.hit_curve = w.all.clone();
-                d.read_curve = w.read.clone();
-                d.accesses = w.accesses;
-                d.reuse_mix = w.mix;
-            }
-        } else if let Some(o) = &self.online {
-            if n.hit_curves {
-                d.hit_curve = o.histogram(v).map(|h| h.hits_curve(self.unit, units)).unwrap_or_default();
-            }
-            if n.read_curves {
-                d.read_curve = o.read_histogram(v).map(|h| h.hits_curve(self.unit, units)).unwrap_or_default();
-            }
-            d.accesses = o.histogram(v).map_or(0.0, |h| h.total());
-            d.reuse_mix = o.reuse_mix(v).unwrap_or_default();
-        } else if let Some(w) = self.whole.get(vm) {
-            d.hit_curve = w.all.clone();
-            d.read_curve = w.read.clone();
-            d.accesses = w.accesses;
-            d.reuse_mix = w.mix;
-        }
-        d
-    }
-
     /// Asks the allocator for targets and write policies (static partitions only) and
-    /// applies them, shrinks before grows, as background work at `now`.
-    fn reallocate(&mut self, now: u64, window: &[(u64, u64, u64)], recs: &[Option<f64>]) {
+    /// applies them, shrinks before grows, as background work at `now`. `window` = the
+    /// last window's counters (none when VMs arrive), `recs` = raw rECS samples.
+    fn reallocate(&mut self, now: u64, window: Option<&[WindowCounts]>, recs: &[Option<f64>]) {
         if self.sc.cache.partition != PartitionMode::Static {
             return;
         }
-        let units = (self.res.slots / self.unit) as usize;
-        let demands: Vec<VmDemand> =
-            (0..self.names.len()).map(|v| self.demand(v, units, window.get(v).copied(), recs.get(v).copied().flatten())).collect();
-        let pool = Pool { capacity: self.res.slots, unit: self.unit, free_blocks: self.engine.free_slots() };
-        let decision = self.allocator.allocate(&pool, &demands);
-        for (v, p) in decision.write_policies.iter().enumerate() {
-            if let Some(p) = *p {
-                if self.engine.partition(v as VmId).write_policy != p {
-                    self.command(now, |e, out| e.set_write_policy(v as VmId, p, out));
-                }
-            }
-        }
-        let targets = decision.targets;
-        let mut order: Vec<usize> = (0..targets.len()).collect();
-        order.sort_by_key(|&v| targets[v] > self.engine.partition(v as VmId).target); // shrinks first
-        for v in order {
-            self.command(now, |e, out| e.set_target(v as VmId, targets[v], out));
-        }
+        let estimates: Option<&[Estimates]> = if self.sc.cache.lookahead {
+            // The window about to start: `window_index` counts windows already emitted.
+            Some(self.oracle.get(self.window_index as usize + window.is_some() as usize).map_or(&[][..], |w| &w[..]))
+        } else if self.ctl.observes() {
+            None
+        } else {
+            Some(&self.whole)
+        };
+        let secs = self.window_secs();
+        let d = self.ctl.decide(&self.engine, window.map(|w| (w, secs)), recs, estimates);
+        let out = controller::apply(&mut self.engine, &d);
+        self.background(now, &out);
     }
 
     fn device(&mut self, op: &DeviceOp) -> (&mut Device, u64) {
@@ -370,23 +290,19 @@ impl<'a> Run<'a> {
     /// Emits the current window's rows and starts the next window: samples rECS, takes
     /// the window's counters, and (dynamic policies) reallocates on them.
     fn emit_window(&mut self) {
-        let engine = &self.engine;
-        let smoothed = self.recs.sample_window(engine.slot_count(), |s| engine.slot_referenced(s as u32)).to_vec();
-        let sampled = self.recs.sampled().to_vec();
-        let stats: Vec<(u64, u64, u64)> = (0..self.names.len()).map(|vm| self.metrics.take_window(vm as VmId)).collect();
-        for (h, &(_, accesses, hits)) in self.miss_history.iter_mut().zip(&stats) {
-            h.push_back(accesses - hits);
-            if h.len() > ALLOC_UNIT_WINDOWS {
-                h.pop_front();
-            }
-        }
+        let (smoothed, sampled) = self.ctl.sample_recs(&self.engine);
+        let stats: Vec<WindowCounts> = (0..self.names.len())
+            .map(|vm| {
+                let (requests, accesses, hits) = self.metrics.take_window(vm as VmId);
+                WindowCounts { requests, accesses, hits }
+            })
+            .collect();
+        self.ctl.end_window(&stats);
         if self.dynamic {
-            self.reallocate(self.window_end, &stats, &sampled);
-            if let Some(o) = self.online.as_mut() {
-                o.close(); // halves the counts: the next decision weighs recent windows more
-            }
+            self.reallocate(self.window_end, Some(&stats), &sampled);
+            self.ctl.next_window(); // halves the counts: the next decision weighs recent windows more
         }
-        for (vm, &(requests, accesses, hits)) in stats.iter().enumerate() {
+        for (vm, &WindowCounts { requests, accesses, hits }) in stats.iter().enumerate() {
             let p = self.engine.partition(vm as VmId);
             self.windows.push(WindowRow {
                 window: self.window_index,
@@ -416,9 +332,7 @@ impl<'a> Run<'a> {
             self.apply_phases(now);
         }
         self.last_now = now;
-        if let Some(o) = self.online.as_mut() {
-            o.add(req);
-        }
+        self.ctl.observe(req);
         let mut out = std::mem::take(&mut self.out);
         self.engine.access(now, req, &mut out);
         let done = self.execute(now, &out.ops);
@@ -459,22 +373,10 @@ impl<'a> Run<'a> {
     }
 }
 
-/// Allocation units the hit curves are sampled at (the optimal DP's resolution).
-const CURVE_UNITS: u64 = 256;
-
-/// One VM's whole-trace estimates from the pre-pass.
-#[derive(Debug, Clone, Default)]
-struct WholeTrace {
-    all: Vec<f64>,
-    read: Vec<f64>,
-    accesses: f64,
-    mix: ReuseMix,
-}
-
 /// Pre-pass for allocators that need estimates once: exact whole-trace LRU hit curves per
 /// VM (all accesses and reads, in steps of `unit` blocks up to the cache size), reuse
 /// kinds, and every VM name in stream order.
-fn whole_trace(sc: &Scenario, res: Resolved, unit: u64, limit: u64, needs: Needs) -> Result<(Vec<WholeTrace>, Vec<String>), SimError> {
+fn whole_trace(sc: &Scenario, res: Resolved, unit: u64, limit: u64, needs: Needs) -> Result<(Vec<Estimates>, Vec<String>), SimError> {
     let mut trace = open_inputs(sc)?;
     let mut prof = Profiler::new(res.block_size, Method::Exact);
     if !needs.read_curves {
@@ -501,7 +403,7 @@ fn whole_trace(sc: &Scenario, res: Resolved, unit: u64, limit: u64, needs: Needs
         .vms()
         .iter()
         .enumerate()
-        .map(|(i, v)| WholeTrace {
+        .map(|(i, v)| Estimates {
             all: v.histogram(Kind::All).hits_curve(unit, units),
             read: if needs.read_curves { v.histogram(Kind::Read).hits_curve(unit, units) } else { Vec::new() },
             accesses: v.accesses(Kind::All) as f64,
@@ -513,7 +415,7 @@ fn whole_trace(sc: &Scenario, res: Resolved, unit: u64, limit: u64, needs: Needs
 
 /// Pre-pass for the lookahead oracle: each window's own exact curves per VM (distances
 /// over the whole history, counts of that window only), windows by trace time ÷ speedup.
-fn window_curves(sc: &Scenario, res: Resolved, unit: u64, limit: u64) -> Result<Vec<Vec<WholeTrace>>, SimError> {
+fn window_curves(sc: &Scenario, res: Resolved, unit: u64, limit: u64) -> Result<Vec<Vec<Estimates>>, SimError> {
     use cachevisor_analysis::{DistanceHistogram, StackDistance};
     let mut trace = open_inputs(sc)?;
     let units = (res.slots / unit) as usize;
@@ -521,13 +423,13 @@ fn window_curves(sc: &Scenario, res: Resolved, unit: u64, limit: u64) -> Result<
     let mut stacks: Vec<StackDistance> = Vec::new();
     let mut mixes: Vec<ReuseMixTracker> = Vec::new();
     let mut cur: Vec<(DistanceHistogram, DistanceHistogram)> = Vec::new();
-    let mut out: Vec<Vec<WholeTrace>> = Vec::new();
-    let close = |cur: &mut Vec<(DistanceHistogram, DistanceHistogram)>, mixes: &mut Vec<ReuseMixTracker>, out: &mut Vec<Vec<WholeTrace>>| {
+    let mut out: Vec<Vec<Estimates>> = Vec::new();
+    let close = |cur: &mut Vec<(DistanceHistogram, DistanceHistogram)>, mixes: &mut Vec<ReuseMixTracker>, out: &mut Vec<Vec<Estimates>>| {
         out.push(
             cur.iter_mut()
                 .zip(mixes.iter_mut())
                 .map(|((a, r), m)| {
-                    let w = WholeTrace { all: a.hits_curve(unit, units), read: r.hits_curve(unit, units), accesses: a.total(), mix: m.mix };
+                    let w = Estimates { all: a.hits_curve(unit, units), read: r.hits_curve(unit, units), accesses: a.total(), mix: m.mix };
                     *a = a.cleared();
                     *r = r.cleared();
                     m.mix = ReuseMix::default();
@@ -571,19 +473,12 @@ pub fn simulate(sc: &Scenario, progress: &mut dyn FnMut(Progress)) -> Result<Sim
     let res = sc.resolve().map_err(SimError::Scenario)?;
     let mut run = Run::new(sc, res)?;
     let limit = if sc.replay.max_requests == 0 { u64::MAX } else { sc.replay.max_requests };
-    let n = run.needs;
+    let n = run.ctl.allocator().needs();
     let estimates = n.hit_curves || n.read_curves || n.reuse_mix;
     if sc.cache.lookahead && run.dynamic {
-        run.oracle = window_curves(sc, res, run.unit, limit)?;
-    } else if run.dynamic && estimates {
-        let units = (res.slots / run.unit) as usize;
-        let mut online = IntervalProfiler::new(res.block_size, Interval::Requests(u64::MAX), Decay::Factor(0.5), Vec::new(), 0.95).with_resolution(run.unit, units);
-        if n.reuse_mix {
-            online = online.with_reuse_mix();
-        }
-        run.online = Some(online);
-    } else if sc.cache.partition == PartitionMode::Static && estimates {
-        let (whole, names) = whole_trace(sc, res, run.unit, limit, n)?;
+        run.oracle = window_curves(sc, res, run.ctl.unit(), limit)?;
+    } else if !run.dynamic && sc.cache.partition == PartitionMode::Static && estimates {
+        let (whole, names) = whole_trace(sc, res, run.ctl.unit(), limit, n)?;
         run.whole = whole;
         run.admit(&names, 0)?; // every VM from the start, so the split is the whole-trace one
     }

@@ -1,0 +1,242 @@
+//! The interval controller, one piece of code for the simulator and the daemon: it keeps
+//! the per-VM estimates an allocator declared it needs (decayed online hit and read
+//! curves at the allocation unit, reuse kinds, sampled rECS, AllocUnit, hit throughput),
+//! builds each VM's [`VmDemand`] at a window's end, asks the allocator, and turns the
+//! decision into engine commands (write policies first, then targets, shrinks before
+//! grows). Sans-IO: drivers feed requests and window counters, and execute the device
+//! operations the commands return.
+
+use crate::allocator::{Allocator, Decision, Needs, Pool, ReuseMix, VmDemand};
+use cachevisor_analysis::recs::{self, RecsEstimator};
+use cachevisor_analysis::{Decay, Interval, IntervalProfiler};
+use cachevisor_engine::{Engine, Output};
+use cachevisor_trace::{Request, VmId};
+use std::collections::VecDeque;
+
+/// Allocation units the hit curves are sampled at (the resolution of the optimal DP).
+pub const CURVE_UNITS: u64 = 256;
+/// Windows S-CAVE's AllocUnit averages over ("recent time windows", §V-A).
+pub const ALLOC_UNIT_WINDOWS: usize = 3;
+
+/// One VM's configured settings (phases may change them).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct VmSettings {
+    /// Share relative to other VMs.
+    pub weight: f64,
+    /// Target share of hit throughput.
+    pub ratio: f64,
+    /// Smallest allocation in blocks.
+    pub min_blocks: u64,
+}
+
+impl Default for VmSettings {
+    fn default() -> Self {
+        VmSettings { weight: 1.0, ratio: 1.0, min_blocks: 0 }
+    }
+}
+
+/// Curves and reuse kinds of one VM from elsewhere (a whole-trace pre-pass, an oracle).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Estimates {
+    /// Hits of all accesses at sizes 0, unit, 2·unit, …
+    pub all: Vec<f64>,
+    /// Read hits at the same sizes.
+    pub read: Vec<f64>,
+    /// Block accesses behind the curves.
+    pub accesses: f64,
+    /// Reuse kinds.
+    pub mix: ReuseMix,
+}
+
+/// One VM's counters over the last window.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WindowCounts {
+    /// Requests.
+    pub requests: u64,
+    /// Block accesses.
+    pub accesses: u64,
+    /// Block accesses that hit.
+    pub hits: u64,
+}
+
+/// The controller of one cache pool.
+pub struct Controller {
+    allocator: Box<dyn Allocator>,
+    needs: Needs,
+    slots: u64,
+    unit: u64,
+    recs: RecsEstimator,
+    online: Option<IntervalProfiler>,
+    miss_history: Vec<VecDeque<u64>>,
+    settings: Vec<VmSettings>,
+}
+
+impl Controller {
+    /// A controller of `slots` blocks of `block_size` bytes. With `online`, the curves the
+    /// allocator needs are estimated from the requests it observes (exact distances,
+    /// counts halved each window); without, they must be passed to [`Self::decide`].
+    pub fn new(allocator: Box<dyn Allocator>, slots: u64, block_size: u64, online: bool) -> Self {
+        let needs = allocator.needs();
+        let unit = (slots / CURVE_UNITS).max(1);
+        let wants = needs.hit_curves || needs.read_curves || needs.reuse_mix;
+        let online = (online && wants).then(|| {
+            let p = IntervalProfiler::new(block_size, Interval::Requests(u64::MAX), Decay::Factor(0.5), Vec::new(), 0.95).with_resolution(unit, (slots / unit) as usize);
+            if needs.reuse_mix {
+                p.with_reuse_mix()
+            } else {
+                p
+            }
+        });
+        Controller {
+            allocator,
+            needs,
+            slots,
+            unit,
+            // S-CAVE §IV-B: 5 sampling periods per window, α = 0.8; each period scans 1/50
+            // of the pool (at least 1,024 blocks).
+            recs: RecsEstimator::new(recs::ALPHA, 5, (slots / 50).max(1024), 1),
+            online,
+            miss_history: Vec::new(),
+            settings: Vec::new(),
+        }
+    }
+
+    /// The allocator.
+    pub fn allocator(&self) -> &dyn Allocator {
+        self.allocator.as_ref()
+    }
+
+    /// Curve step in blocks.
+    pub fn unit(&self) -> u64 {
+        self.unit
+    }
+
+    /// Curve points past 0.
+    pub fn units(&self) -> usize {
+        (self.slots / self.unit) as usize
+    }
+
+    /// Registers the next VM id.
+    pub fn add_vm(&mut self, s: VmSettings) {
+        self.settings.push(s);
+        self.miss_history.push(VecDeque::new());
+    }
+
+    /// A VM's settings, to change (phases).
+    pub fn settings_mut(&mut self, vm: usize) -> &mut VmSettings {
+        &mut self.settings[vm]
+    }
+
+    /// Whether requests should be observed (online estimates are kept).
+    pub fn observes(&self) -> bool {
+        self.online.is_some()
+    }
+
+    /// Feeds one request to the online estimates.
+    #[inline]
+    pub fn observe(&mut self, r: &Request) {
+        if let Some(o) = self.online.as_mut() {
+            o.add(r);
+        }
+    }
+
+    /// Samples rECS over the pool: (smoothed, last window's raw samples) by VM id.
+    pub fn sample_recs(&mut self, e: &Engine) -> (Vec<Option<f64>>, Vec<Option<f64>>) {
+        let smoothed = self.recs.sample_window(e.slot_count(), |s| e.slot_referenced(s as u32)).to_vec();
+        (smoothed, self.recs.sampled().to_vec())
+    }
+
+    /// Takes a window's counters (AllocUnit history).
+    pub fn end_window(&mut self, counts: &[WindowCounts]) {
+        for (h, c) in self.miss_history.iter_mut().zip(counts) {
+            h.push_back(c.accesses - c.hits);
+            if h.len() > ALLOC_UNIT_WINDOWS {
+                h.pop_front();
+            }
+        }
+    }
+
+    /// Each VM's demand: settings, partition, and what the allocator needs — from
+    /// `estimates` when given, else the online estimates. `window` = the last window's
+    /// counters and its length in seconds; `recs` = raw rECS samples.
+    pub fn demands(&self, e: &Engine, window: Option<(&[WindowCounts], f64)>, recs: &[Option<f64>], estimates: Option<&[Estimates]>) -> Vec<VmDemand> {
+        let units = self.units();
+        (0..self.settings.len())
+            .map(|vm| {
+                let v = vm as VmId;
+                let p = e.partition(v);
+                let set = self.settings[vm];
+                let h = &self.miss_history[vm];
+                let mut d = VmDemand {
+                    weight: set.weight,
+                    throughput_ratio: set.ratio,
+                    min_blocks: set.min_blocks,
+                    target_blocks: p.target,
+                    used_blocks: p.used,
+                    recs: recs.get(vm).copied().flatten(),
+                    alloc_unit: if h.is_empty() { 0 } else { h.iter().sum::<u64>() / h.len() as u64 },
+                    ..Default::default()
+                };
+                if let Some((c, secs)) = window.and_then(|(w, s)| w.get(vm).map(|c| (c, s))) {
+                    d.hit_throughput = c.hits as f64 / secs.max(1e-9);
+                    d.hit_ratio = (c.accesses > 0).then(|| c.hits as f64 / c.accesses as f64);
+                }
+                if let Some(est) = estimates {
+                    if let Some(w) = est.get(vm) {
+                        d.hit_curve = w.all.clone();
+                        d.read_curve = w.read.clone();
+                        d.accesses = w.accesses;
+                        d.reuse_mix = w.mix;
+                    }
+                } else if let Some(o) = &self.online {
+                    if self.needs.hit_curves {
+                        d.hit_curve = o.histogram(v).map(|h| h.hits_curve(self.unit, units)).unwrap_or_default();
+                    }
+                    if self.needs.read_curves {
+                        d.read_curve = o.read_histogram(v).map(|h| h.hits_curve(self.unit, units)).unwrap_or_default();
+                    }
+                    d.accesses = o.histogram(v).map_or(0.0, |h| h.total());
+                    d.reuse_mix = o.reuse_mix(v).unwrap_or_default();
+                }
+                d
+            })
+            .collect()
+    }
+
+    /// Asks the allocator (see [`Self::demands`]).
+    pub fn decide(&mut self, e: &Engine, window: Option<(&[WindowCounts], f64)>, recs: &[Option<f64>], estimates: Option<&[Estimates]>) -> Decision {
+        let demands = self.demands(e, window, recs, estimates);
+        let pool = Pool { capacity: self.slots, unit: self.unit, free_blocks: e.free_slots() };
+        self.allocator.allocate(&pool, &demands)
+    }
+
+    /// Starts the next window of online estimates (past counts decay).
+    pub fn next_window(&mut self) {
+        if let Some(o) = self.online.as_mut() {
+            o.close();
+        }
+    }
+}
+
+/// Applies `d` through engine commands — changed write policies first (leaving write-back
+/// writes back), then targets, shrinks before grows — and returns every command's device
+/// operations, in a safe sequential order, for the driver to execute.
+pub fn apply(e: &mut Engine, d: &Decision) -> Output {
+    let mut all = Output::default();
+    let mut one = Output::default();
+    for (v, p) in d.write_policies.iter().enumerate() {
+        if let Some(p) = *p {
+            if e.partition(v as VmId).write_policy != p {
+                e.set_write_policy(v as VmId, p, &mut one);
+                all.ops.extend_from_slice(&one.ops);
+            }
+        }
+    }
+    let mut order: Vec<usize> = (0..d.targets.len()).collect();
+    order.sort_by_key(|&v| d.targets[v] > e.partition(v as VmId).target); // shrinks first
+    for v in order {
+        e.set_target(v as VmId, d.targets[v], &mut one);
+        all.ops.extend_from_slice(&one.ops);
+    }
+    all
+}

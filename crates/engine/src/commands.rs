@@ -27,6 +27,12 @@ impl Engine {
         }
     }
 
+    /// Sets `vm`'s sequential cutoff in bytes (0 = off; see `sequential_cutoff`).
+    pub fn set_sequential_cutoff(&mut self, vm: VmId, bytes: u64) {
+        self.ensure_vm(vm);
+        self.vms[vm as usize].seq.cutoff = bytes;
+    }
+
     /// Changes `vm`'s write policy; leaving write-back flushes its dirty blocks first.
     pub fn set_write_policy(&mut self, vm: VmId, policy: WritePolicy, out: &mut Output) {
         out.clear();

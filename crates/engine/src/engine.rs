@@ -13,6 +13,7 @@ use cachevisor_trace::{Op, Request, VmId};
 /// One VM's share of the pool.
 #[derive(Debug, Clone)]
 pub(crate) struct Partition {
+    pub(crate) seq: crate::sequential_cutoff::SequentialCutoff,
     pub(crate) target: u64,
     pub(crate) used: u64,
     pub(crate) dirty_blocks: u64,
@@ -49,6 +50,8 @@ pub struct Engine {
     runs: Vec<SectorRange>,
     runs2: Vec<SectorRange>,
     now_ms: u32,
+    /// This request takes no new slots (sequential cutoff).
+    no_insert: bool,
     /// Position of the global cleaner's scan (S-CAVE §V-B).
     pub(crate) cleaner_hand: u32,
 }
@@ -86,6 +89,7 @@ impl Engine {
             runs: Vec::new(),
             runs2: Vec::new(),
             now_ms: 0,
+            no_insert: false,
             cleaner_hand: 0,
             cfg,
         })
@@ -184,7 +188,7 @@ impl Engine {
     fn add_vms(&mut self, vm: VmId) {
         while self.vms.len() <= vm as usize {
             let repl = (self.cfg.partition == PartitionMode::Static).then(|| self.cfg.replacement.build(0));
-            self.vms.push(Partition { target: 0, used: 0, dirty_blocks: 0, write_policy: self.cfg.write_policy, repl });
+            self.vms.push(Partition { seq: Default::default(), target: 0, used: 0, dirty_blocks: 0, write_policy: self.cfg.write_policy, repl });
         }
     }
 
@@ -197,6 +201,7 @@ impl Engine {
         if req.len == 0 {
             return;
         }
+        self.no_insert = self.vms[req.vm as usize].seq.bypass(req.offset, req.len as u64);
         let bs = self.cfg.block_size;
         let (first, last) = (req.offset >> self.shift, (req.end() - 1) >> self.shift);
         let aligned = (req.offset | req.len as u64).is_multiple_of(SECTOR);
@@ -445,6 +450,9 @@ impl Engine {
     /// Finds a slot for a new block of `vm` and makes it resident; `None` = bypass.
     #[inline]
     fn allocate(&mut self, vm: VmId, key: u64, sync: bool, out: &mut Output) -> Option<Alloc> {
+        if self.no_insert {
+            return None;
+        }
         let p = &self.vms[vm as usize];
         let (slot, evicted) = if self.shared.is_some() {
             match self.free.front() {

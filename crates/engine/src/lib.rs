@@ -23,6 +23,7 @@ pub mod config;
 mod engine;
 mod global_cleaner;
 mod restore;
+pub mod sequential_cutoff;
 pub mod output;
 pub mod replacement;
 pub mod sector_bits;

@@ -21,6 +21,7 @@ enum Step {
     Flush { vm: Option<u32> },
     Drop { vm: u32 },
     Clean { free: u64 },
+    Cutoff { vm: u32, bytes: u64 },
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -33,6 +34,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => prop::option::of(0u32..3).prop_map(|vm| Step::Flush { vm }),
         1 => (0u32..3).prop_map(|vm| Step::Drop { vm }),
         1 => (0u64..9).prop_map(|free| Step::Clean { free }),
+        1 => (0u32..3, prop::sample::select(vec![0u64, 2048, 4096, 8192])).prop_map(|(vm, bytes)| Step::Cutoff { vm, bytes }),
     ]
 }
 
@@ -170,6 +172,7 @@ fn run(steps: &[Step], partition: PartitionMode, fill: FillMode, kind: Replaceme
                 }
                 e.set_target(vm, 2, &mut out);
             }
+            Step::Cutoff { vm, bytes } => e.set_sequential_cutoff(vm, bytes),
             Step::Clean { free } => {
                 let before = e.free_slots();
                 let n = e.clean(free, &mut out);

@@ -41,6 +41,7 @@
 //! weight = 2.0
 //! ratio = 3.0              # target share of hit throughput (symflex-proportional)
 //! min = "16MiB"            # smallest allocation
+//! sequential_cutoff = "4MiB" # contiguous runs longer than this bypass the cache
 //! write_policy = "ro"
 //!
 //! [[phase]]                # settings that change at a point in virtual time
@@ -257,6 +258,9 @@ pub struct VmSection {
     pub ratio: f64,
     /// Smallest allocation (`16MiB`), honoured by every allocator when the minimums fit.
     pub min: Option<String>,
+    /// Contiguous run (`4MiB`) after which the VM's stream stops taking cache slots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequential_cutoff: Option<String>,
     /// Write policy for this VM.
     pub write_policy: Option<WritePolicy>,
 }
@@ -393,6 +397,9 @@ impl Scenario {
             }
             if let Some(m) = &v.min {
                 parse_size(m).map_err(|e| format!("vm[{i}] ({}).min: {e}", v.name))?;
+            }
+            if let Some(m) = &v.sequential_cutoff {
+                parse_size(m).map_err(|e| format!("vm[{i}] ({}).sequential_cutoff: {e}", v.name))?;
             }
         }
         for (i, p) in self.phase.iter().enumerate() {

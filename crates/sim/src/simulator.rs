@@ -202,6 +202,10 @@ impl<'a> Run<'a> {
                 ratio: conf.map_or(1.0, |v| v.ratio),
                 min_blocks: min_bytes.div_ceil(self.res.block_size),
             });
+            if let Some(c) = conf.and_then(|v| v.sequential_cutoff.as_deref()) {
+                let bytes = parse_size(c).map_err(SimError::Scenario)?;
+                self.engine.set_sequential_cutoff(vm as VmId, bytes);
+            }
             if let Some(p) = conf.and_then(|v| v.write_policy) {
                 self.command(now, |e, out| e.set_write_policy(vm as VmId, p, out));
             }

@@ -64,7 +64,7 @@ fn phases_change_settings_at_their_time() {
     s.cache.size = "16MiB".into();
     s.replay.mode = ReplayMode::Open;
     s.synthetic = vec![synthetic(workload(dir.path(), "a", 1, "[[4%, 95%]]", 0.5, 10))];
-    s.vm = vec![VmSection { name: "a".into(), weight: 1.0, ratio: 1.0, min: None, write_policy: Some(WritePolicy::Wb) }];
+    s.vm = vec![VmSection { name: "a".into(), weight: 1.0, ratio: 1.0, min: None, sequential_cutoff: None, write_policy: Some(WritePolicy::Wb) }];
     s.phase = vec![PhaseSection { at: "5s".into(), vm: vec![VmChange { name: "a".into(), weight: None, ratio: None, write_policy: Some(WritePolicy::Ro) }] }];
     let r = simulate(&s, &mut |_| {}).unwrap();
     for w in &r.windows {
@@ -116,4 +116,18 @@ fn lookahead_oracle_beats_the_online_controller_on_shifting_hot_sets() {
     assert!(oracle > online, "oracle {oracle} online {online}");
     s.replay.mode = ReplayMode::Closed;
     assert!(simulate(&s, &mut |_| {}).unwrap_err().to_string().contains("lookahead"));
+}
+
+#[test]
+fn sequential_cutoff_keeps_long_streams_out_of_the_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("scan.yaml");
+    std::fs::write(&p, "name: scan\niops: {randvar: normal, mean: 1000, stddev: 0}\nsector: {size: 512b}\ncluster: {size: {min: 64, max: 64}, stride: {min: 8, max: 8}}\nhotspots: [[100%, 100%]]\niosizes:\n  - [100%, 4096b]\ndisk_size: 256MiB\nduration: 5s\nread_ratio: 1.0\nseed: 1\n").unwrap();
+    let mut s = Scenario::default();
+    s.cache.size = "16MiB".into();
+    s.synthetic = vec![synthetic(p)];
+    let plain = simulate(&s, &mut |_| {}).unwrap().total.inserted_blocks;
+    s.vm = vec![VmSection { name: "scan".into(), weight: 1.0, ratio: 1.0, min: None, sequential_cutoff: Some("16KiB".into()), write_policy: None }];
+    let cut = simulate(&s, &mut |_| {}).unwrap().total.inserted_blocks;
+    assert!(plain > 1000 && cut * 4 < plain, "inserted {cut} with the cutoff, {plain} without");
 }

@@ -71,7 +71,7 @@ fn read_only_vm_writes_less_to_the_ssd() {
     let mut wb = scenario();
     wb.trace.files = vec![shared("cloudPhysicsIO.vscsi")];
     let mut ro = wb.clone();
-    ro.vm.push(VmSection { name: "cloudPhysicsIO".into(), weight: 1.0, ratio: 1.0, min: None, write_policy: Some(WritePolicy::Ro) });
+    ro.vm.push(VmSection { name: "cloudPhysicsIO".into(), weight: 1.0, ratio: 1.0, min: None, sequential_cutoff: None, write_policy: Some(WritePolicy::Ro) });
     let (a, b) = (simulate(&wb, &mut |_| {}).unwrap(), simulate(&ro, &mut |_| {}).unwrap());
     assert!(b.total.ssd_write_bytes < a.total.ssd_write_bytes);
     assert_eq!(b.total.write_hit_ratio, 0.0);

@@ -41,7 +41,7 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
     sc.replay.mode = ReplayMode::Open;
     sc.replay.window = format!("{window_s}s");
     sc.synthetic = synthetic;
-    sc.vm = names.iter().zip(ratios[0]).map(|(n, r)| VmSection { name: n.to_string(), weight: 1.0, ratio: r, min: None, write_policy: None }).collect();
+    sc.vm = names.iter().zip(ratios[0]).map(|(n, r)| VmSection { name: n.to_string(), weight: 1.0, ratio: r, min: None, sequential_cutoff: None, write_policy: None }).collect();
     for p in 1..3 {
         sc.phase.push(PhaseSection {
             at: format!("{}s", p as u64 * phase_s),

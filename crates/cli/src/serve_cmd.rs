@@ -20,6 +20,12 @@ pub struct ServeArgs {
     /// Unix socket to listen on (overrides the config).
     #[arg(long)]
     pub unix: Option<PathBuf>,
+    /// Record every request to this trace file (replayable with `cachevisor simulate`).
+    #[arg(long)]
+    pub record: Option<PathBuf>,
+    /// Format of `--record` (csv keeps vDisk names; any writable trace format).
+    #[arg(long, default_value = "csv")]
+    pub record_format: String,
     /// Print the embedded default configuration and exit.
     #[arg(long)]
     pub print_default_config: bool,
@@ -41,6 +47,11 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         cfg.listen.unix = a.unix.clone();
     }
     let running = service::start(&cfg).context("starting the daemon")?;
+    if let Some(p) = &a.record {
+        let f: cachevisor_trace::Format = a.record_format.parse().map_err(anyhow::Error::msg)?;
+        running.daemon.record_to(p, f).with_context(|| format!("--record {}", p.display()))?;
+        println!("# recording every request to {} ({})", p.display(), a.record_format);
+    }
     let r = running.daemon.recovery();
     if r.blocks > 0 {
         println!("# warm start: {} blocks cached ({} dirty), {} journal records replayed{}", r.blocks, r.dirty_blocks, r.journal_records, if r.torn_tail { ", torn tail cut" } else { "" });

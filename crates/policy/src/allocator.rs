@@ -101,7 +101,7 @@ pub struct Watermarks {
 }
 
 /// A cache allocation policy: pure and deterministic (same inputs, same decision).
-pub trait Allocator {
+pub trait Allocator: Send {
     /// Registry name.
     fn name(&self) -> &'static str;
     /// Estimates it reads.

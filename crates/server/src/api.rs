@@ -1,6 +1,7 @@
 //! The HTTP control API on loopback (axum on its own thread): list vDisks with their
 //! state and counters, Prometheus `/metrics`, and mutating calls — resize a partition,
-//! change a write policy, destage one vDisk or all — that need `Authorization: Bearer
+//! change a write policy, destage one vDisk or all, switch the allocator — that need
+//! `Authorization: Bearer
 //! TOKEN`. Without a configured token a random one is written, readable by the owner
 //! only, to `api-token` in the metadata directory.
 
@@ -109,6 +110,25 @@ async fn destage_all(State(a): State<Api>, h: HeaderMap) -> Response {
     mutate(a, &h, None, |d, _| (0..d.exports().len() as u32).try_for_each(|vm| d.destage(vm)).map_err(|e| e.to_string())).await
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AllocatorBody {
+    name: String,
+    #[serde(default)]
+    params: cachevisor_policy::params::Params,
+}
+
+async fn get_allocator(State(a): State<Api>) -> Response {
+    Json(serde_json::json!({ "name": a.daemon.allocator_name() })).into_response()
+}
+
+async fn set_allocator(State(a): State<Api>, h: HeaderMap, Json(body): Json<AllocatorBody>) -> Response {
+    if let Err(e) = cachevisor_policy::registry::build_with(&body.name, &body.params) {
+        return err(StatusCode::BAD_REQUEST, e);
+    }
+    mutate(a, &h, None, move |d, _| d.set_allocator(&body.name, &body.params)).await
+}
+
 /// Starts the API on `addr` (port 0 = any); returns the bound address and the token.
 pub fn start(daemon: Arc<Daemon>, addr: SocketAddr, token: String) -> Result<SocketAddr, StartError> {
     let l = std::net::TcpListener::bind(addr).map_err(|source| StartError::File { path: format!("api.listen {addr}"), source })?;
@@ -121,6 +141,7 @@ pub fn start(daemon: Arc<Daemon>, addr: SocketAddr, token: String) -> Result<Soc
         .route("/vdisks/{name}/write-policy", post(write_policy))
         .route("/vdisks/{name}/destage", post(destage_one))
         .route("/destage", post(destage_all))
+        .route("/allocator", get(get_allocator).post(set_allocator))
         .with_state(Api { daemon, token: Arc::new(token) });
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");

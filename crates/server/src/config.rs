@@ -11,6 +11,8 @@
 //! allocator = "static"     # partition sizes from weights (see cachevisor_policy)
 //! metadata = "var/cache.img.meta"  # checkpoint + journal (this is the default)
 //! error_threshold = 8      # device errors before a vDisk falls back to pass-through
+//! interval = "1s"          # the allocator runs this often on live traffic
+//! params = { m = 5 }       # the allocator's parameters
 //!
 //! [listen]
 //! tcp = "127.0.0.1:10809"  # loopback (or a test namespace address)
@@ -26,6 +28,9 @@
 //! backing = "var/vm1.img"  # a file; created sparse with `size` when missing
 //! size = "1GiB"            # only to create a missing backing file
 //! weight = 1.0
+//! ratio = 1.0              # hit-throughput share (symflex-proportional)
+//! min = "16MiB"            # smallest cache share
+//! sequential_cutoff = "4MiB" # longer contiguous streams bypass the cache
 //! write_policy = "wb"
 //! ```
 
@@ -60,6 +65,16 @@ pub struct CacheConfig {
     /// Device errors after which a vDisk stops using the cache (pass-through).
     #[serde(default = "default_error_threshold")]
     pub error_threshold: u64,
+    /// How often the allocator runs on the traffic it has seen (`1s`).
+    #[serde(default = "default_interval")]
+    pub interval: String,
+    /// The allocator's parameters over its seed's defaults.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub params: std::collections::BTreeMap<String, f64>,
+}
+
+fn default_interval() -> String {
+    "1s".into()
 }
 
 fn default_error_threshold() -> u64 {
@@ -117,6 +132,13 @@ pub struct VdiskConfig {
     pub weight: f64,
     /// Write policy.
     pub write_policy: Option<WritePolicy>,
+    /// Target share of hit throughput (symflex-proportional).
+    #[serde(default = "one")]
+    pub ratio: f64,
+    /// Smallest cache share (`64MiB`).
+    pub min: Option<String>,
+    /// Contiguous run (`4MiB`) after which the stream stops taking cache slots.
+    pub sequential_cutoff: Option<String>,
 }
 
 /// The whole configuration.
@@ -170,6 +192,8 @@ pub struct Resolved {
     pub block_size: u64,
     /// Slots.
     pub slots: u64,
+    /// Allocation interval in ns.
+    pub interval_ns: u64,
 }
 
 impl Config {
@@ -206,6 +230,15 @@ impl Config {
         let slots = cache_bytes.checked_div(block_size).unwrap_or(0);
         cachevisor_engine::EngineConfig { block_size, slots, ..cachevisor_engine::EngineConfig::with_slots(1) }.validate().map_err(|e| format!("cache: {e}"))?;
         cachevisor_policy::registry::build(&self.cache.allocator).map_err(|e| format!("cache.allocator: {e}"))?;
+        cachevisor_policy::registry::build_with(&self.cache.allocator, &self.cache.params).map_err(|e| format!("cache.params: {e}"))?;
+        let alloc = cachevisor_policy::registry::build(&self.cache.allocator).expect("checked above");
+        if alloc.cleaner().is_some() && self.cache.replacement != ReplacementKind::Clock {
+            return Err(format!("cache.replacement: `{}` uses S-CAVE's global cleaner, which reads CLOCK counters: set replacement = \"clock\"", self.cache.allocator));
+        }
+        let interval = cachevisor_trace::units::parse_duration_ns(&self.cache.interval).map_err(|e| format!("cache.interval: {e}"))?;
+        if interval < 1_000_000 {
+            return Err("cache.interval: at least 1ms".into());
+        }
         if self.listen.tcp.is_none() && self.listen.unix.is_none() {
             return Err("listen: give `tcp` and/or `unix`".into());
         }
@@ -232,14 +265,19 @@ impl Config {
             if !(v.weight > 0.0 && v.weight.is_finite()) {
                 return Err(format!("{at}.weight: {} must be > 0", v.weight));
             }
-            if let Some(s) = &v.size {
-                parse_size(s).map_err(|e| format!("{at}.size: {e}"))?;
+            for (key, val) in [("size", &v.size), ("min", &v.min), ("sequential_cutoff", &v.sequential_cutoff)] {
+                if let Some(s) = val {
+                    parse_size(s).map_err(|e| format!("{at}.{key}: {e}"))?;
+                }
+            }
+            if !(v.ratio > 0.0 && v.ratio.is_finite()) {
+                return Err(format!("{at}.ratio: {} must be > 0", v.ratio));
             }
             if !v.backing.exists() && v.size.is_none() {
                 return Err(format!("{at}.backing: {} does not exist (give `size` to create it)", v.backing.display()));
             }
         }
-        Ok(Resolved { cache_bytes, block_size, slots })
+        Ok(Resolved { cache_bytes, block_size, slots, interval_ns: cachevisor_trace::units::parse_duration_ns(&self.cache.interval).expect("checked") })
     }
 }
 

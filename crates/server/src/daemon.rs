@@ -10,7 +10,9 @@ use crate::persist::Persistence;
 use cachevisor_engine::slot_table::pack_key;
 use cachevisor_engine::OpKind;
 use cachevisor_engine::{Engine, EngineConfig, FillMode, Output, PartitionMode};
-use cachevisor_policy::{registry, Pool, VmDemand};
+use cachevisor_policy::controller::{self, Controller, VmSettings, WindowCounts};
+use cachevisor_policy::registry;
+use cachevisor_trace::units::parse_size;
 use cachevisor_trace::{Op, Request, VmId};
 use std::fs::{File, OpenOptions};
 use std::sync::Mutex;
@@ -103,6 +105,13 @@ struct Core {
     /// Device errors after which a vDisk stops using the cache.
     error_threshold: u64,
     passthrough: Vec<bool>,
+    /// The interval controller (the same code the simulator runs).
+    ctl: Controller,
+    /// Counters at the last interval, and when it was.
+    last: Vec<ExportStats>,
+    last_tick: Instant,
+    /// Trace recording of every request.
+    recorder: Option<cachevisor_trace::TraceWriter>,
 }
 
 /// What a warm start found in the metadata.
@@ -196,12 +205,17 @@ impl Daemon {
                 engine.set_write_policy(i as VmId, p, &mut out);
             }
         }
-        let mut alloc = registry::build(&cfg.cache.allocator).map_err(StartError::Config)?;
-        let demands: Vec<VmDemand> = cfg.vdisk.iter().map(|v| VmDemand { weight: v.weight, throughput_ratio: 1.0, ..Default::default() }).collect();
-        let d = alloc.allocate(&Pool::new(r.slots, (r.slots / 256).max(1)), &demands);
-        for (i, t) in d.targets.iter().enumerate() {
-            engine.set_target(i as VmId, (*t).min(r.slots), &mut out);
+        let alloc = registry::build_with(&cfg.cache.allocator, &cfg.cache.params).map_err(StartError::Config)?;
+        let mut ctl = Controller::new(alloc, r.slots, r.block_size, true);
+        for (i, v) in cfg.vdisk.iter().enumerate() {
+            let min = v.min.as_deref().map(parse_size).transpose().map_err(StartError::Config)?.unwrap_or(0);
+            ctl.add_vm(VmSettings { weight: v.weight, ratio: v.ratio, min_blocks: min.div_ceil(r.block_size) });
+            if let Some(c) = &v.sequential_cutoff {
+                engine.set_sequential_cutoff(i as VmId, parse_size(c).map_err(StartError::Config)?);
+            }
         }
+        let first = ctl.decide(&engine, None, &[], None);
+        controller::apply(&mut engine, &first); // an empty cache: no device work
         // Warm start: put every block the metadata knows back into its slot.
         let meta_dir = cfg.cache.metadata.clone().unwrap_or_else(|| {
             let mut p = cfg.cache.path.clone().into_os_string();
@@ -238,7 +252,21 @@ impl Daemon {
         let stats = vec![ExportStats::default(); exports.len()];
         let n = names.len();
         let files = Files { ssd, backings, fail_ssd_write_in: 0.into() };
-        let core = Core { engine, files, out, staging: Vec::new(), stats, persist, names, error_threshold: cfg.cache.error_threshold, passthrough: vec![false; n] };
+        let core = Core {
+            engine,
+            files,
+            out,
+            staging: Vec::new(),
+            last: stats.clone(),
+            stats,
+            persist,
+            names,
+            error_threshold: cfg.cache.error_threshold,
+            passthrough: vec![false; n],
+            ctl,
+            last_tick: Instant::now(),
+            recorder: None,
+        };
         Ok(Daemon { metrics: Default::default(), exports, block_size: r.block_size, core: Mutex::new(core), start: Instant::now(), recovery, meta_dir })
     }
 
@@ -287,7 +315,16 @@ impl Daemon {
         let req = Request { time_ns: self.start.elapsed().as_nanos() as u64, vm, op, offset, len: len as u32 };
         let bs = self.block_size;
         let mut guard = self.lock();
-        let Core { engine, files, out, staging, stats, persist, error_threshold, passthrough, .. } = &mut *guard;
+        let Core { engine, files, out, staging, stats, persist, error_threshold, passthrough, ctl, recorder, names, .. } = &mut *guard;
+        if ctl.observes() {
+            ctl.observe(&req);
+        }
+        if let Some(w) = recorder.as_mut() {
+            if let Err(e) = w.write(&req, &names[vm as usize]) {
+                tracing::error!(%e, "trace recording failed: stopped");
+                *recorder = None;
+            }
+        }
         // Slots the request's blocks held before: they may be freed or invalidated.
         let blocks = if len == 0 { 0..0 } else { offset / bs..(offset + len as u64 - 1) / bs + 1 };
         let mut touched: Vec<u32> = blocks.clone().filter_map(|b| engine.lookup(vm, b)).collect();
@@ -366,7 +403,88 @@ impl Daemon {
         touched.sort_unstable();
         touched.dedup();
         persist.record(engine, touched).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
+        // S-CAVE's global cleaner keeps a reserve of free slots (§V-B).
+        if let Some(w) = ctl.allocator().cleaner() {
+            let slots = engine.slot_count() as f64;
+            if (engine.free_slots() as f64) < w.low * slots {
+                engine.clean((w.high * slots) as u64, out);
+                execute_with(&out.ops, Client::None, &*files, staging, &mut |_| Ok(()))?;
+                for b in &files.backings {
+                    b.sync_data().map_err(|e| os_err(OpKind::BackingWrite, vm, e))?;
+                }
+                persist.record_all(engine).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
+            }
+        }
         r
+    }
+
+    /// One allocation interval: the window's counters and rECS go to the controller, the
+    /// allocator decides (if it runs every interval), resizes and write-policy switches are
+    /// applied online, and their write-backs made durable before the metadata says clean.
+    pub fn tick(&self) -> Result<(), OpError> {
+        let mut guard = self.lock();
+        let Core { engine, files, out, staging, stats, persist, passthrough, ctl, last, last_tick, recorder, .. } = &mut *guard;
+        let secs = last_tick.elapsed().as_secs_f64();
+        *last_tick = Instant::now();
+        let counts: Vec<WindowCounts> = stats
+            .iter()
+            .zip(last.iter())
+            .map(|(s, l)| WindowCounts { requests: s.reads + s.writes - l.reads - l.writes, accesses: s.blocks - l.blocks, hits: s.hit_blocks - l.hit_blocks })
+            .collect();
+        last.clone_from(stats);
+        if let Some(w) = recorder.as_mut() {
+            let _ = w.flush();
+        }
+        let (_, sampled) = ctl.sample_recs(engine);
+        ctl.end_window(&counts);
+        if !ctl.allocator().every_interval() {
+            return Ok(());
+        }
+        let mut d = ctl.decide(engine, Some((&counts, secs)), &sampled, None);
+        for (vm, &p) in passthrough.iter().enumerate() {
+            if p {
+                d.targets[vm] = 0;
+                d.write_policies[vm] = None;
+            }
+        }
+        *out = controller::apply(engine, &d);
+        ctl.next_window();
+        execute_with(&out.ops, Client::None, &*files, staging, &mut |_| Ok(()))?;
+        for (vm, b) in files.backings.iter().enumerate() {
+            b.sync_data().map_err(|e| os_err(OpKind::BackingWrite, vm as VmId, e))?;
+        }
+        persist.record_all(engine).map_err(|e| os_err(OpKind::SsdWrite, 0, e))?;
+        for (vm, &t) in d.targets.iter().enumerate() {
+            persist.record_target(vm as u16, t).map_err(|e| os_err(OpKind::SsdWrite, vm as VmId, e))?;
+        }
+        Ok(())
+    }
+
+    /// Switches the allocation policy online (VM settings are kept).
+    pub fn set_allocator(&self, name: &str, params: &cachevisor_policy::params::Params) -> Result<(), String> {
+        let alloc = registry::build_with(name, params)?;
+        let mut guard = self.lock();
+        let Core { engine, ctl, .. } = &mut *guard;
+        let settings: Vec<VmSettings> = (0..self.exports.len()).map(|v| *ctl.settings_mut(v)).collect();
+        *ctl = Controller::new(alloc, engine.slot_count(), self.block_size, true);
+        for s in settings {
+            ctl.add_vm(s);
+        }
+        tracing::info!(allocator = name, "allocator switched");
+        Ok(())
+    }
+
+    /// The allocation policy's name.
+    pub fn allocator_name(&self) -> &'static str {
+        self.lock().ctl.allocator().name()
+    }
+
+    /// Records every request from now on to `path` in `format`.
+    pub fn record_to(&self, path: &std::path::Path, format: cachevisor_trace::Format) -> std::io::Result<()> {
+        let f = std::io::BufWriter::new(std::fs::File::create(path)?);
+        let w = cachevisor_trace::TraceWriter::new(format, Box::new(f), self.block_size)?;
+        self.lock().recorder = Some(w);
+        Ok(())
     }
 
     /// Every vDisk's state and counters.
@@ -468,7 +586,10 @@ impl Daemon {
     /// written, so the next start is warm without replaying a journal.
     pub fn shutdown(&self) -> Result<(), OpError> {
         let mut guard = self.lock();
-        let Core { engine, files, persist, names, .. } = &mut *guard;
+        let Core { engine, files, persist, names, recorder, .. } = &mut *guard;
+        if let Some(w) = recorder.take() {
+            w.finish().map_err(|e| os_err(OpKind::SsdWrite, 0, e))?;
+        }
         for (vm, b) in files.backings.iter().enumerate() {
             b.sync_data().map_err(|e| os_err(OpKind::BackingWrite, vm as VmId, e))?;
         }

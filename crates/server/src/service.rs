@@ -40,6 +40,16 @@ impl Running {
 /// Starts the daemon and its listeners.
 pub fn start(cfg: &Config) -> Result<Running, StartError> {
     let daemon = Arc::new(Daemon::start(cfg)?);
+    // The interval controller's clock.
+    let interval = std::time::Duration::from_nanos(cfg.resolve().map_err(StartError::Config)?.interval_ns);
+    let weak = Arc::downgrade(&daemon);
+    std::thread::spawn(move || loop {
+        std::thread::sleep(interval);
+        let Some(d) = weak.upgrade() else { return };
+        if let Err(e) = d.tick() {
+            tracing::error!(%e, "allocation interval failed");
+        }
+    });
     let mut tcp = None;
     if let Some(addr) = &cfg.listen.tcp {
         let addr: SocketAddr = addr.parse().map_err(|e| StartError::Config(format!("listen.tcp: `{addr}`: {e}")))?;

@@ -184,14 +184,14 @@ pub fn open_trace(path: &Path, opts: &ReadOptions) -> Result<Box<dyn TraceSource
 /// Writes requests in any format.
 pub struct TraceWriter {
     format: Format,
-    out: Box<dyn Write>,
+    out: Box<dyn Write + Send>,
     seq: u64,
     oracle: Option<OracleGeneralWriter>,
 }
 
 impl TraceWriter {
     /// A writer of `format` to `out`; `block` is the object size for oracleGeneral.
-    pub fn new(format: Format, mut out: Box<dyn Write>, block: u64) -> io::Result<Self> {
+    pub fn new(format: Format, mut out: Box<dyn Write + Send>, block: u64) -> io::Result<Self> {
         match format {
             Format::CloudphysicsCsv => writeln!(out, "{}", cloudphysics_csv::HEADER)?,
             Format::Csv => writeln!(out, "{}", generic_csv::CANONICAL_HEADER)?,
@@ -217,6 +217,12 @@ impl TraceWriter {
                 Ok(())
             }
         }
+    }
+
+    /// Pushes buffered records to the output (not for oracleGeneral, which is written
+    /// whole by `finish`).
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
     }
 
     /// Writes anything buffered and flushes.

@@ -1,0 +1,96 @@
+//! Policies live on real traffic: the interval controller resizes partitions and switches
+//! write policies while I/O runs; the sequential cutoff keeps streams out; a recorded
+//! trace replayed through the simulator gives the daemon's hit ratio (one engine).
+
+mod common;
+use cachevisor_engine::WritePolicy;
+use common::*;
+use std::time::Duration;
+
+#[test]
+fn eci_cache_resizes_and_picks_write_policies_online() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path(), "4MiB", &[("hot", "64MiB", "wb"), ("stream", "64MiB", "wb")]);
+    c.cache.allocator = "eci-cache".into();
+    c.cache.interval = "50ms".into();
+    let r = serve(&c);
+    let addr = r.tcp.unwrap();
+    let (mut hot, _) = Client::connect(addr, "hot");
+    let (mut stream, _) = Client::connect(addr, "stream");
+    // hot: re-reads 64 blocks; stream: reads new blocks only, and never re-reads.
+    for round in 0..40u64 {
+        for i in 0..64u64 {
+            hot.read(i * 4096, 4096).unwrap();
+            stream.read((round * 64 + i) * 4096, 4096).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(120));
+    let st = r.daemon.status();
+    let (h, s) = (&st[0], &st[1]);
+    assert!(h.target_blocks >= 64 && h.target_blocks > s.target_blocks, "hot {} stream {}", h.target_blocks, s.target_blocks);
+    // Neither has read-after-write reuse: read-only for both (ECI-Cache's endurance rule).
+    assert_eq!((h.write_policy, s.write_policy), (WritePolicy::Ro, WritePolicy::Ro));
+    // Switch the allocator online: static shares split the pool evenly again.
+    r.daemon.set_allocator("static", &Default::default()).unwrap();
+    assert_eq!(r.daemon.allocator_name(), "static");
+    for i in 0..64u64 {
+        assert_eq!(hot.read(i * 4096, 4096).unwrap(), vec![0; 4096]);
+    }
+}
+
+#[test]
+fn a_sequential_stream_past_the_cutoff_takes_no_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path(), "4MiB", &[("a", "64MiB", "wt")]);
+    c.vdisk[0].sequential_cutoff = Some("64KiB".into());
+    let r = serve(&c);
+    let (mut a, _) = Client::connect(r.tcp.unwrap(), "a");
+    for i in 0..256u64 {
+        a.write(i * 4096, &[i as u8; 4096], false).unwrap();
+    }
+    // Only the first 64 KiB of the stream was cached.
+    assert!(r.daemon.occupancy(0).0 <= 17, "{:?}", r.daemon.occupancy(0));
+    for i in 0..256u64 {
+        assert_eq!(a.read(i * 4096 + 1024 * 1024 * 8, 512).unwrap(), vec![0; 512]); // random jumps reset the run
+        assert_eq!(a.read(i * 4096, 4096).unwrap(), vec![i as u8; 4096]);
+    }
+}
+
+#[test]
+fn a_recorded_trace_replays_to_the_same_hit_ratio_in_the_simulator() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path(), "512KiB", &[("a", "16MiB", "wt"), ("b", "16MiB", "wb")]);
+    let r = serve(&c);
+    let rec = dir.path().join("rec.csv");
+    r.daemon.record_to(&rec, cachevisor_trace::Format::Csv).unwrap();
+    let (mut a, _) = Client::connect(r.tcp.unwrap(), "a");
+    let (mut b, _) = Client::connect(r.tcp.unwrap(), "b");
+    let mut x = 12345u64;
+    for _ in 0..4000 {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let (blk, len) = ((x >> 33) % 256, 4096 * (1 + (x >> 20) % 4) as usize);
+        let c = if (x >> 7) % 2 == 0 { &mut a } else { &mut b };
+        if (x >> 9) % 3 == 0 {
+            c.write(blk * 4096, &vec![1; len], false).unwrap();
+        } else {
+            c.read(blk * 4096, len as u32).unwrap();
+        }
+    }
+    r.daemon.shutdown().unwrap();
+    let live: Vec<f64> = r.daemon.status().iter().map(|v| v.stats.hit_blocks as f64 / v.stats.blocks as f64).collect();
+    // The same cache in the simulator, fed the recording in order.
+    let mut sc = cachevisor_sim::Scenario::default();
+    sc.cache.size = "512KiB".into();
+    sc.replay.queue_depth = 1;
+    sc.trace.files = vec![rec];
+    sc.trace.vm_mode = Some(cachevisor_trace::VmMode::Device);
+    sc.vm = ["a", "b"].iter().zip([WritePolicy::Wt, WritePolicy::Wb]).map(|(n, p)| cachevisor_sim::scenario::VmSection { name: n.to_string(), weight: 1.0, ratio: 1.0, min: None, sequential_cutoff: None, write_policy: Some(p) }).collect();
+    sc.replay.mode = cachevisor_sim::scenario::ReplayMode::Open;
+    let res = cachevisor_sim::simulate(&sc, &mut |_| {}).unwrap();
+    for (vm, want) in ["a", "b"].iter().zip(&live) {
+        let got = res.vms.iter().find(|v| v.vm == *vm).unwrap().hit_ratio;
+        eprintln!("{vm}: simulated {got:.4}, daemon {want:.4}");
+        assert!((got - want).abs() < 0.01, "{vm}: simulated {got:.4}, daemon {want:.4}");
+    }
+}

@@ -93,6 +93,21 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 7)]
         reps: usize,
     },
+    /// The daemon's hit path vs nbdkit's file plugin under fio (needs fio and nbdkit).
+    Serve {
+        /// Disk image size.
+        #[arg(long, default_value = "256MiB", value_parser = parse_size)]
+        disk_size: u64,
+        /// Interleaved rounds per iodepth.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Seconds per fio run.
+        #[arg(long, default_value_t = 5)]
+        secs: u32,
+        /// Working directory.
+        #[arg(long, default_value = "out/bench/serve")]
+        dir: PathBuf,
+    },
     /// Metadata memory of a full cache of the given size.
     Memory {
         /// Cache size.
@@ -115,6 +130,7 @@ pub fn run(c: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Analyze { requests, blocks, alpha, reps, dir } => bench_analyze(requests, blocks, alpha, reps, &dir),
         BenchCmd::Memory { cache_size, block_size, last_access } => bench_memory(cache_size, block_size, last_access),
         BenchCmd::Policy { vms, units, reps } => bench_policy(vms, units, reps),
+        BenchCmd::Serve { disk_size, rounds, secs, dir } => crate::bench_serve::run(disk_size, rounds, secs, &dir),
     }
 }
 

@@ -10,12 +10,34 @@ use std::net::TcpListener;
 use std::os::unix::net::UnixListener;
 use std::sync::Arc;
 
+/// A stream whose halves can be used apart (TCP and unix sockets).
+pub trait Split: Read + Write + Sized {
+    /// A second handle on the same connection.
+    fn split(&self) -> std::io::Result<Self>;
+}
+
+impl Split for std::net::TcpStream {
+    fn split(&self) -> std::io::Result<Self> {
+        self.try_clone()
+    }
+}
+
+impl Split for std::os::unix::net::UnixStream {
+    fn split(&self) -> std::io::Result<Self> {
+        self.try_clone()
+    }
+}
+
 /// Runs one connection to its end.
-pub fn connection<S: Read + Write>(mut s: S, d: &Daemon, peer: &str) {
+pub fn connection<S: Split>(mut s: S, d: &Daemon, peer: &str) {
     match negotiate(&mut s, d) {
         Ok(Negotiated::Export(vm)) => {
             tracing::info!(peer, export = %d.exports()[vm as usize].name, "connected");
-            if let Err(e) = serve(&mut s, d, vm) {
+            let writer = match s.split() {
+                Ok(w) => w,
+                Err(e) => return tracing::warn!(peer, %e, "cannot split the connection"),
+            };
+            if let Err(e) = serve(s, writer, d, vm) {
                 tracing::info!(peer, %e, "connection ended");
             }
         }

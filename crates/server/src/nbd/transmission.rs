@@ -11,14 +11,27 @@ use std::io::{self, Read, Write};
 /// Bytes zeroed per engine call by WRITE_ZEROES.
 const ZERO_CHUNK: usize = 1 << 20;
 
-/// Serves requests for export `vm` until the client disconnects.
-pub fn serve<S: Read + Write>(s: &mut S, d: &Daemon, vm: u32) -> io::Result<()> {
+/// Serves requests for export `vm` until the client disconnects. Requests are read
+/// through a buffer and replies batched until no further request is already buffered, so
+/// a pipelining client (iodepth > 1) costs few system calls per request.
+pub fn serve<R: Read, W: Write>(input: R, output: W, d: &Daemon, vm: u32) -> io::Result<()> {
+    let mut r = io::BufReader::with_capacity(1 << 18, input);
+    let mut s = io::BufWriter::with_capacity(1 << 18, output);
+    let res = serve_buffered(&mut r, &mut s, d, vm);
+    let _ = s.flush();
+    res
+}
+
+fn serve_buffered<R: Read, W: Write>(input: &mut io::BufReader<R>, s: &mut W, d: &Daemon, vm: u32) -> io::Result<()> {
     let size = d.exports()[vm as usize].size;
     let name = &d.exports()[vm as usize].name;
     let mut reply: Vec<u8> = Vec::new();
     loop {
+        if input.buffer().is_empty() {
+            s.flush()?; // nothing more pipelined: send the batched replies
+        }
         let mut h = [0u8; REQUEST_LEN];
-        match s.read_exact(&mut h) {
+        match input.read_exact(&mut h) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()), // client went away
             Err(e) => return Err(e),
@@ -64,7 +77,7 @@ pub fn serve<S: Read + Write>(s: &mut S, d: &Daemon, vm: u32) -> io::Result<()> 
                     return Ok(());
                 }
                 let mut data = vec![0u8; r.length as usize];
-                s.read_exact(&mut data)?;
+                input.read_exact(&mut data)?;
                 let res = check_range(&r, size).and_then(|()| if r.flags & !known_flags != 0 { Err(EINVAL) } else { Ok(()) });
                 let e = match res {
                     Err(e) => e,

@@ -52,6 +52,8 @@ pub struct Engine {
     now_ms: u32,
     /// This request takes no new slots (sequential cutoff).
     no_insert: bool,
+    /// Slots whose key or sector bits changed, when a driver asked for them.
+    changed: Option<Vec<u32>>,
     /// Position of the global cleaner's scan (S-CAVE §V-B).
     pub(crate) cleaner_hand: u32,
 }
@@ -90,6 +92,7 @@ impl Engine {
             runs2: Vec::new(),
             now_ms: 0,
             no_insert: false,
+            changed: None,
             cleaner_hand: 0,
             cfg,
         })
@@ -288,6 +291,7 @@ impl Engine {
         for &run in &runs {
             out.ops.push(DeviceOp { staged: true, ..self.ssd(OpKind::SsdWrite, vm, s, run, phase.max(1), false) });
             self.valid.set(s, run);
+            self.note(s);
         }
         self.runs2 = runs;
     }
@@ -324,6 +328,7 @@ impl Engine {
         };
         out.ops.push(self.ssd(OpKind::SsdWrite, vm, s, r, phase, true));
         self.valid.set(s, r);
+        self.note(s);
         if policy == WritePolicy::Wb {
             self.mark_dirty(vm, s, r);
         } else {
@@ -374,11 +379,13 @@ impl Engine {
             self.vms[vm as usize].dirty_blocks += 1;
         }
         self.dirty.set(s, r);
+        self.note(s);
     }
 
     fn clear_dirty(&mut self, vm: VmId, s: u32, r: SectorRange) {
         let was = self.dirty.any(s, (0, self.spb));
         self.dirty.clear(s, r);
+        self.note(s);
         if was && !self.dirty.any(s, (0, self.spb)) {
             self.vms[vm as usize].dirty_blocks -= 1;
         }
@@ -388,6 +395,7 @@ impl Engine {
     pub(crate) fn invalidate(&mut self, vm: VmId, s: u32, r: SectorRange) {
         self.clear_dirty(vm, s, r);
         self.valid.clear(s, r);
+        self.note(s);
         if !self.valid.any(s, (0, self.spb)) {
             self.with_repl(vm, |r, t| r.remove(t, s));
             self.release(vm, s);
@@ -416,6 +424,30 @@ impl Engine {
         n
     }
 
+    /// Notes a slot whose persisted state changed (when tracking).
+    #[inline]
+    pub(crate) fn note(&mut self, s: u32) {
+        if let Some(c) = self.changed.as_mut() {
+            c.push(s);
+        }
+    }
+
+    /// Starts (or stops) keeping the list of slots whose key or sector bits change, for a
+    /// driver that persists metadata ([`Self::take_changed`]).
+    pub fn track_changes(&mut self, on: bool) {
+        self.changed = on.then(Vec::new);
+    }
+
+    /// Moves the slots changed since the last call into `into` (sorted, unique).
+    pub fn take_changed(&mut self, into: &mut Vec<u32>) {
+        into.clear();
+        if let Some(c) = self.changed.as_mut() {
+            into.append(c);
+            into.sort_unstable();
+            into.dedup();
+        }
+    }
+
     /// Forgets a slot's block (already out of its policy): index, bits, owner's count.
     /// The slot is on no list afterwards; the caller reuses it or frees it.
     #[inline]
@@ -424,6 +456,7 @@ impl Engine {
         let slots = &self.slots;
         self.index.remove(key, s, |x| slots.key(x));
         self.slots.set_key(s, FREE_KEY);
+        self.note(s);
         self.valid.clear_all(s);
         self.dirty.clear_all(s);
         self.vms[vm as usize].used -= 1;
@@ -482,6 +515,7 @@ impl Engine {
             _ => 0,
         };
         self.slots.set_key(slot, key);
+        self.note(slot);
         self.index.insert(key, slot);
         if !self.slots.last_access_ms.is_empty() {
             self.slots.last_access_ms[slot as usize] = self.now_ms;

@@ -34,6 +34,7 @@ impl Engine {
         let key = pack_key(vm, block);
         self.free.unlink(&mut self.slots, slot);
         self.slots.set_key(slot, key);
+        self.note(slot);
         self.index.insert(key, slot);
         for (s, (&v, &d)) in valid.iter().zip(dirty).enumerate() {
             let r = (s as u32, s as u32 + 1);
@@ -85,5 +86,18 @@ mod tests {
         assert!(out.all_hit());
         e.flush(None, &mut out);
         assert_eq!(out.ops.iter().filter(|o| o.staged && o.kind == crate::OpKind::BackingWrite).map(|o| o.disk_addr).collect::<Vec<_>>(), [77 * 4096 + 2 * 512]);
+    }
+}
+
+impl Engine {
+    /// Empties `slot` whatever it holds (dirty sectors included): replaying metadata where
+    /// a later record supersedes an earlier one. Returns whether it held a block.
+    pub fn release_slot(&mut self, slot: u32) -> bool {
+        if slot as u64 >= self.slot_count() || self.slots.key(slot) == FREE_KEY {
+            return false;
+        }
+        let vm = crate::slot_table::key_vm(self.slots.key(slot));
+        self.invalidate(vm, slot, (0, self.spb));
+        true
     }
 }

@@ -106,14 +106,23 @@ impl World {
 fn run(steps: &[Step], partition: PartitionMode, fill: FillMode, kind: ReplacementKind) -> Result<(), String> {
     let cfg = EngineConfig { partition, fill, replacement: kind, ..EngineConfig::with_slots(8) };
     let mut e = Engine::new(cfg).unwrap();
+    e.track_changes(true);
     let mut out = Output::default();
     let mut w = World::default();
+    // Every slot whose key or sector bits change must be reported (persistence relies on it).
+    let snapshot = |e: &Engine| -> Vec<(Option<(u32, u64)>, Vec<(bool, bool)>)> {
+        (0..e.slot_count() as u32).map(|s| (e.slot_block(s), (0..8).map(|i| e.sector_state(s, i)).collect())).collect()
+    };
+    let mut changed = Vec::new();
     for vm in 0..3 {
         e.set_target(vm, 3, &mut out);
     }
     let mut version = 0;
     for (i, st) in steps.iter().enumerate() {
         let ctx = |m: String| format!("step {i} {st:?}: {m}");
+        let before = snapshot(&e);
+        e.take_changed(&mut changed);
+        changed.clear();
         match *st {
             Step::Io { vm, write, sector, count } => {
                 let req = Request { time_ns: i as u64, vm, op: if write { Op::Write } else { Op::Read }, offset: sector * 512, len: (count * 512) as u32 };
@@ -184,6 +193,12 @@ fn run(steps: &[Step], partition: PartitionMode, fill: FillMode, kind: Replaceme
             }
         }
         e.check_invariants().map_err(ctx)?;
+        e.take_changed(&mut changed);
+        for (s, (b, a)) in before.iter().zip(snapshot(&e)).enumerate() {
+            if *b != a && !changed.contains(&(s as u32)) {
+                return Err(ctx(format!("slot {s} changed without being reported")));
+            }
+        }
     }
     e.flush(None, &mut out);
     w.execute(&out.ops, None)?;

@@ -6,7 +6,7 @@
 
 use crate::config::{Config, Resolved};
 use crate::executor::{execute_with, Client, Devices, OpError};
-use crate::persist::Persistence;
+use crate::persist::{Persistence, Pre, Replay};
 use cachevisor_engine::slot_table::pack_key;
 use cachevisor_engine::OpKind;
 use cachevisor_engine::{Engine, EngineConfig, FillMode, Output, PartitionMode};
@@ -198,6 +198,7 @@ impl Daemon {
             track_last_access: false,
         };
         let mut engine = Engine::new(ecfg).map_err(StartError::Config)?;
+        engine.track_changes(true); // the metadata journal records exactly what changed
         let mut out = Output::default();
         for (i, v) in cfg.vdisk.iter().enumerate() {
             engine.ensure_vm(i as VmId);
@@ -222,30 +223,55 @@ impl Daemon {
             p.push(".meta");
             p.into()
         });
-        let (mut persist, rec) = Persistence::open(&meta_dir, r.block_size, r.slots).map_err(StartError::Config)?;
         let names: Vec<String> = cfg.vdisk.iter().map(|v| v.name.clone()).collect();
-        let mut recovery = Recovery { journal_records: rec.journal_records, torn_tail: rec.torn_tail, ..Recovery::default() };
-        let mut orphans: std::collections::BTreeMap<String, u64> = Default::default();
-        for (slot, name, block, valid, dirty) in &rec.slots {
-            let Some(vm) = names.iter().position(|n| n == name) else {
-                if dirty.iter().any(|&d| d) {
-                    *orphans.entry(name.clone()).or_default() += 1;
+        // Metadata VM ids → engine VM ids; vDisks no longer configured get ids past the
+        // configured ones, to be refused (dirty data) or dropped (clean) after the replay.
+        let mut ids: std::collections::HashMap<u16, VmId> = Default::default();
+        let mut orphans: Vec<String> = Vec::new();
+        let (mut persist, rec) = Persistence::open(&meta_dir, r.block_size, r.slots, &mut |rep| {
+            match rep {
+                Replay::Vdisk { vm, name } => {
+                    let id = names.iter().position(|n| *n == name).unwrap_or_else(|| {
+                        orphans.push(name);
+                        names.len() + orphans.len() - 1
+                    });
+                    ids.insert(vm, id as VmId);
                 }
-                continue;
-            };
-            engine.restore_slot(*slot, vm as VmId, *block, valid, dirty).map_err(|e| StartError::Config(format!("{}: {e}", meta_dir.display())))?;
-            recovery.blocks += 1;
-            recovery.dirty_blocks += dirty.iter().any(|&d| d) as u64;
+                Replay::Free { slot } => {
+                    engine.release_slot(slot);
+                }
+                Replay::Slot { slot, vm, block, valid, dirty } => {
+                    let id = *ids.get(&vm).ok_or(format!("slot {slot}: VM id {vm} has no vDisk name"))?;
+                    engine.release_slot(slot);
+                    if let Some(other) = engine.lookup(id, block) {
+                        engine.release_slot(other); // the block moved; the later record wins
+                    }
+                    engine.restore_slot(slot, id, block, &valid, &dirty)?;
+                }
+            }
+            Ok(())
+        })
+        .map_err(StartError::Config)?;
+        for (i, name) in orphans.iter().enumerate() {
+            let id = (names.len() + i) as VmId;
+            let p = engine.partition(id);
+            if p.dirty_blocks > 0 {
+                return Err(StartError::Config(format!(
+                    "{}: vDisk `{name}` has {} dirty cached blocks but is not in the config; add it back to write them to its backing file (or delete the metadata directory to discard them)",
+                    meta_dir.display(),
+                    p.dirty_blocks
+                )));
+            }
+            engine.drop_vm(id, &mut out); // clean blocks only: no device work
         }
-        if let Some((name, n)) = orphans.iter().next() {
-            return Err(StartError::Config(format!(
-                "{}: vDisk `{name}` has {n} dirty cached blocks but is not in the config; add it back to write them to its backing file (or delete the metadata directory to discard them)",
-                meta_dir.display()
-            )));
+        let mut recovery = Recovery { journal_records: rec.journal_records, torn_tail: rec.torn_tail, ..Recovery::default() };
+        for vm in 0..names.len() {
+            let p = engine.partition(vm as VmId);
+            recovery.blocks += p.used;
+            recovery.dirty_blocks += p.dirty_blocks;
         }
-        persist.adopt(&engine);
         let targets: Vec<u64> = (0..names.len()).map(|v| engine.partition(v as VmId).target).collect();
-        persist.checkpoint(&engine, &names, &targets, &ssd).map_err(|source| StartError::File { path: meta_dir.display().to_string(), source })?;
+        persist.checkpoint(&mut engine, &names, &targets, &ssd).map_err(|source| StartError::File { path: meta_dir.display().to_string(), source })?;
         if recovery.blocks > 0 {
             tracing::info!(blocks = recovery.blocks, dirty = recovery.dirty_blocks, journal_records = recovery.journal_records, torn_tail = recovery.torn_tail, "warm start");
         }
@@ -325,10 +351,18 @@ impl Daemon {
                 *recorder = None;
             }
         }
-        // Slots the request's blocks held before: they may be freed or invalidated.
+        // The journaled state of the slots the request's blocks hold: what a barrier must
+        // supersede if the request overwrites them.
         let blocks = if len == 0 { 0..0 } else { offset / bs..(offset + len as u64 - 1) / bs + 1 };
-        let mut touched: Vec<u32> = blocks.clone().filter_map(|b| engine.lookup(vm, b)).collect();
+        let mut pre: std::collections::HashMap<u32, Pre> =
+            blocks.clone().filter_map(|b| engine.lookup(vm, b)).map(|slot| (slot, Pre::State(persist.engine_state(engine, slot)))).collect();
         engine.access(req.time_ns, &req, out);
+        // Slots taken from another block: the evicted block's key was journaled there.
+        for (b, o) in blocks.clone().zip(out.blocks.iter()) {
+            if let (Some(ev), Some(slot)) = (o.evicted, engine.lookup(vm, b)) {
+                pre.entry(slot).or_insert(Pre::Key(pack_key(ev.vm, ev.block)));
+            }
+        }
         let s = &mut stats[vm as usize];
         s.blocks += out.blocks.len() as u64;
         s.hit_blocks += out.blocks.iter().filter(|b| b.hit).count() as u64;
@@ -338,22 +372,17 @@ impl Daemon {
             s.reads += 1;
         }
         // Cache-store writes over data the synced metadata vouches for need a barrier.
-        let mut barrier: Vec<(u32, u64, (u32, u32))> = Vec::new();
-        for o in out.ops.iter() {
+        let mut barrier: Vec<(u32, u64, (u32, u32), Pre)> = Vec::new();
+        for o in out.ops.iter().filter(|o| o.kind == OpKind::SsdWrite) {
             let slot = (o.ssd_addr / bs) as u32;
-            if o.kind.is_ssd() {
-                touched.push(slot);
-            }
-            if o.kind == OpKind::SsdWrite {
-                let first = ((o.ssd_addr % bs) / 512) as u32;
-                let range = (first, first + o.len / 512);
-                let new_key = engine.slot_block(slot).map_or(u64::MAX, |(v, b)| pack_key(v, b));
-                if persist.needs_barrier(slot, new_key, range) {
-                    barrier.push((slot, new_key, range));
-                }
+            let first = ((o.ssd_addr % bs) / 512) as u32;
+            let range = (first, first + o.len / 512);
+            let new_key = engine.slot_block(slot).map_or(u64::MAX, |(v, b)| pack_key(v, b));
+            let p = pre.get(&slot).cloned().unwrap_or(Pre::Free);
+            if persist.needs_barrier(slot, new_key, range, &p) {
+                barrier.push((slot, new_key, range, p));
             }
         }
-        touched.extend(blocks.filter_map(|b| engine.lookup(vm, b)));
         let mut wrote_back: Vec<VmId> = Vec::new();
         let mut pending = !barrier.is_empty();
         let files_ref: &Files = files;
@@ -378,7 +407,6 @@ impl Daemon {
                 let first = ((e.ssd_addr % bs) / 512) as u32;
                 if let Some((owner, block)) = engine.slot_block(slot) {
                     engine.discard(owner, block, (first, first + e.len.div_ceil(512)));
-                    touched.push(slot);
                 }
             }
             if s.errors >= *error_threshold && !passthrough[vm as usize] {
@@ -400,9 +428,7 @@ impl Daemon {
                 persist.record_target(vm as u16, 0).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
             }
         }
-        touched.sort_unstable();
-        touched.dedup();
-        persist.record(engine, touched).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
+        persist.record(engine, |slot| pre.get(&slot).cloned()).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
         // S-CAVE's global cleaner keeps a reserve of free slots (§V-B).
         if let Some(w) = ctl.allocator().cleaner() {
             let slots = engine.slot_count() as f64;

@@ -187,15 +187,15 @@ pub fn read_records(r: &mut impl Read) -> io::Result<(Vec<Record>, bool)> {
     Ok((out, true))
 }
 
-/// Writes `header` and `records` as a complete file at `path`: a temporary file, fsynced,
-/// renamed over `path`, directory fsynced.
-pub fn write_file_atomically(path: &std::path::Path, magic: [u8; 8], header: &Header, records: &[u8]) -> io::Result<()> {
+/// Writes `header` and what `records` writes as a complete file at `path`: a temporary
+/// file, fsynced, renamed over `path`, directory fsynced.
+pub fn write_file_atomically(path: &std::path::Path, magic: [u8; 8], header: &Header, records: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>) -> io::Result<()> {
     let tmp = path.with_extension("tmp");
     {
-        let mut f = std::fs::File::create(&tmp)?;
+        let mut f = io::BufWriter::new(std::fs::File::create(&tmp)?);
         f.write_all(&header.encode(magic))?;
-        f.write_all(records)?;
-        f.sync_all()?;
+        records(&mut f)?;
+        f.into_inner().map_err(|e| e.into_error())?.sync_all()?;
     }
     std::fs::rename(&tmp, path)?;
     if let Some(dir) = path.parent() {

@@ -15,8 +15,8 @@
 //! - a checkpoint (the whole state, written atomically) replaces the journal when it
 //!   grows past its limit and at a clean stop.
 //!
-//! Recovery reads the checkpoint and the journal of the same generation up to its first
-//! torn record. The cost of the barrier is one fsync pair per request that overwrites
+//! Recovery replays the checkpoint and the journal of the same generation, up to its first
+//! torn record, straight into the engine. The cost of the barrier is one fsync pair per request that overwrites
 //! synced data (a full cache's misses, write hits on clean blocks); batching victims into
 //! a durable free reserve would remove most of them and is the next step.
 
@@ -33,25 +33,51 @@ const JOURNAL_LIMIT: u64 = 64 << 20;
 
 /// One slot's persisted state.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct SlotState {
+pub struct SlotState {
     key: u64,
     valid: Vec<u64>,
     dirty: Vec<u64>,
 }
 
-/// What recovery found: per slot (VM name, block, valid, dirty) and partition targets.
+/// What recovery replayed.
 #[derive(Debug, Default)]
 pub struct Recovered {
-    /// Occupied slots.
-    pub slots: Vec<(u32, String, u64, Vec<bool>, Vec<bool>)>,
-    /// Targets by VM name.
-    pub targets: Vec<(String, u64)>,
     /// Journal records replayed after the checkpoint.
     pub journal_records: usize,
     /// Whether the journal ended in a torn record (a crash while appending).
     pub torn_tail: bool,
     /// Checkpoint generation.
     pub generation: u64,
+}
+
+/// One replayed record, with sector bitmaps expanded.
+#[derive(Debug)]
+pub enum Replay {
+    /// Metadata VM id `vm` is the vDisk `name`.
+    Vdisk {
+        /// Metadata VM id.
+        vm: u16,
+        /// Name.
+        name: String,
+    },
+    /// `slot` holds (vm, block) with these sectors.
+    Slot {
+        /// Slot.
+        slot: u32,
+        /// Metadata VM id.
+        vm: u16,
+        /// Block.
+        block: u64,
+        /// Valid sectors.
+        valid: Vec<bool>,
+        /// Dirty sectors.
+        dirty: Vec<bool>,
+    },
+    /// `slot` is free.
+    Free {
+        /// Slot.
+        slot: u32,
+    },
 }
 
 /// The metadata store of one cache.
@@ -62,10 +88,24 @@ pub struct Persistence {
     words: usize,
     journal: File,
     journal_len: u64,
-    mirror: Vec<SlotState>,
-    /// Synced state of slots changed since the last fsync.
-    pre_sync: HashMap<u32, SlotState>,
+    slots: u64,
+    /// Synced state of slots recorded since the last fsync (`None`: not known, treated as
+    /// vouching for other data).
+    pre_sync: HashMap<u32, Option<SlotState>>,
+    changed: Vec<u32>,
     buf: Vec<u8>,
+}
+
+/// A slot's journaled state just before a request, as the driver knows it: the engine
+/// state of the request's own cached blocks, the key of an evicted block, or free.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pre {
+    /// Free.
+    Free,
+    /// Held this key (sector bits not needed: a new key always needs a barrier).
+    Key(u64),
+    /// Exactly this state.
+    State(SlotState),
 }
 
 fn bits_to_bools(words: &[u64], n: u32) -> Vec<bool> {
@@ -77,17 +117,15 @@ fn io_err(path: &Path, e: std::io::Error) -> String {
 }
 
 impl Persistence {
-    /// Opens (or creates) the metadata in `dir` for a cache of this geometry and recovers
-    /// its state. A geometry mismatch is an error: the cached data cannot be interpreted.
-    pub fn open(dir: &Path, block_size: u64, slots: u64) -> Result<(Persistence, Recovered), String> {
+    /// Opens (or creates) the metadata in `dir` for a cache of this geometry and replays
+    /// it, record by record, into `apply` (checkpoint first, then the journal of the same
+    /// generation up to its first torn record); no copy of the slot table is built. A
+    /// geometry mismatch is an error: the cached data cannot be interpreted.
+    pub fn open(dir: &Path, block_size: u64, slots: u64, apply: &mut dyn FnMut(Replay) -> Result<(), String>) -> Result<(Persistence, Recovered), String> {
         std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
         let spb = (block_size / 512) as u32;
         let words = spb.div_ceil(64) as usize;
-        let empty = SlotState { key: FREE_KEY, valid: vec![0; words], dirty: vec![0; words] };
-        let mut mirror = vec![empty; slots as usize];
         let mut rec = Recovered::default();
-        let mut names: HashMap<u16, String> = HashMap::new();
-        let mut targets: HashMap<u16, u64> = HashMap::new();
         let geometry = |h: &Header, what: &Path| -> Result<(), String> {
             if h.block_size != block_size || h.slots != slots {
                 return Err(format!(
@@ -100,27 +138,16 @@ impl Persistence {
             }
             Ok(())
         };
-        let mut apply = |r: Record, mirror: &mut Vec<SlotState>| -> Result<(), String> {
+        let mut feed = |r: Record| -> Result<(), String> {
             match r {
-                Record::Vdisk { vm, name } => {
-                    names.insert(vm, name);
+                Record::Vdisk { vm, name } => apply(Replay::Vdisk { vm, name }),
+                Record::Target { .. } => Ok(()), // the configuration decides targets at start
+                Record::Free { slot } if (slot as u64) < slots => apply(Replay::Free { slot }),
+                Record::Slot { slot, vm, block, valid, dirty } if (slot as u64) < slots && valid.len() == words => {
+                    apply(Replay::Slot { slot, vm, block, valid: bits_to_bools(&valid, spb), dirty: bits_to_bools(&dirty, spb) })
                 }
-                Record::Target { vm, blocks } => {
-                    targets.insert(vm, blocks);
-                }
-                Record::Free { slot } => {
-                    let s = mirror.get_mut(slot as usize).ok_or(format!("record for slot {slot} beyond the pool"))?;
-                    *s = SlotState { key: FREE_KEY, valid: vec![0; words], dirty: vec![0; words] };
-                }
-                Record::Slot { slot, vm, block, valid, dirty } => {
-                    if valid.len() != words {
-                        return Err(format!("slot {slot}: record has {} bitmap words, expected {words}", valid.len()));
-                    }
-                    let s = mirror.get_mut(slot as usize).ok_or(format!("record for slot {slot} beyond the pool"))?;
-                    *s = SlotState { key: pack_key(vm as u32, block), valid, dirty };
-                }
+                r => Err(format!("record {r:?} does not fit a pool of {slots} slots of {block_size} bytes")),
             }
-            Ok(())
         };
         let ckpt = dir.join("checkpoint");
         let mut generation = 0;
@@ -135,7 +162,7 @@ impl Persistence {
                 return Err(format!("{}: checkpoint is damaged (it is written atomically, so this is not a crash: the file was altered)", ckpt.display()));
             }
             for r in records {
-                apply(r, &mut mirror).map_err(|e| format!("{}: {e}", ckpt.display()))?;
+                feed(r).map_err(|e| format!("{}: {e}", ckpt.display()))?;
             }
             generation = header.generation;
         }
@@ -152,30 +179,20 @@ impl Persistence {
                     rec.journal_records = records.len();
                     rec.torn_tail = !clean;
                     for r in records {
-                        apply(r, &mut mirror).map_err(|e| format!("{}: {e}", jpath.display()))?;
+                        feed(r).map_err(|e| format!("{}: {e}", jpath.display()))?;
                     }
                 }
             }
         }
-        for (slot, s) in mirror.iter().enumerate() {
-            if s.key == FREE_KEY || s.valid.iter().all(|&w| w == 0) {
-                continue;
-            }
-            let vm = key_vm(s.key) as u16;
-            let name = names.get(&vm).cloned().ok_or(format!("slot {slot}: VM id {vm} has no vDisk name in the metadata"))?;
-            rec.slots.push((slot as u32, name, key_block(s.key), bits_to_bools(&s.valid, spb), bits_to_bools(&s.dirty, spb)));
-        }
-        rec.targets = targets.into_iter().filter_map(|(vm, t)| names.get(&vm).map(|n| (n.clone(), t))).collect();
         rec.generation = generation;
         let header = Header { block_size, slots, generation };
         let journal = OpenOptions::new().create(true).append(true).open(&jpath).map_err(|e| io_err(&jpath, e))?;
-        let empty = SlotState { key: FREE_KEY, valid: vec![0; words], dirty: vec![0; words] };
-        let p = Persistence { dir: dir.to_path_buf(), header, spb, words, journal, journal_len: 0, mirror: vec![empty; slots as usize], pre_sync: HashMap::new(), buf: Vec::new() };
+        let p = Persistence { dir: dir.to_path_buf(), header, spb, words, journal, journal_len: 0, slots, pre_sync: HashMap::new(), changed: Vec::new(), buf: Vec::new() };
         Ok((p, rec))
     }
 
     /// The engine's state of `slot`.
-    fn engine_state(&self, e: &Engine, slot: u32) -> SlotState {
+    pub fn engine_state(&self, e: &Engine, slot: u32) -> SlotState {
         let mut s = SlotState { key: FREE_KEY, valid: vec![0; self.words], dirty: vec![0; self.words] };
         if let Some((vm, block)) = e.slot_block(slot) {
             s.key = pack_key(vm, block);
@@ -188,54 +205,59 @@ impl Persistence {
         s
     }
 
-    fn synced(&self, slot: u32) -> &SlotState {
-        self.pre_sync.get(&slot).unwrap_or(&self.mirror[slot as usize])
-    }
-
     /// Whether writing sectors `lo..hi` of `slot`, which will hold `new_key`, needs a
-    /// barrier first (see the module doc).
-    pub fn needs_barrier(&self, slot: u32, new_key: u64, (lo, hi): (u32, u32)) -> bool {
-        let s = self.synced(slot);
-        if s.key == FREE_KEY {
-            return false;
+    /// barrier first (see the module doc); `pre` = its journaled state before the request.
+    pub fn needs_barrier(&self, slot: u32, new_key: u64, (lo, hi): (u32, u32), pre: &Pre) -> bool {
+        let synced = match self.pre_sync.get(&slot) {
+            Some(None) => return true, // unknown: assume it vouches for other data
+            Some(Some(s)) => Pre::State(s.clone()),
+            None => pre.clone(),
+        };
+        match synced {
+            Pre::Free => false,
+            Pre::Key(k) => k != FREE_KEY,
+            Pre::State(s) if s.key == FREE_KEY => false,
+            Pre::State(s) if s.key != new_key => true,
+            Pre::State(s) => (lo..hi).any(|i| {
+                let (w, b) = ((i / 64) as usize, i % 64);
+                s.valid[w] >> b & 1 == 1 && s.dirty[w] >> b & 1 == 0
+            }),
         }
-        if s.key != new_key {
-            return true;
-        }
-        (lo..hi).any(|i| {
-            let (w, b) = ((i / 64) as usize, i % 64);
-            s.valid[w] >> b & 1 == 1 && s.dirty[w] >> b & 1 == 0
-        })
     }
 
-    fn append(&mut self, slot: u32, state: SlotState) {
-        let old = std::mem::replace(&mut self.mirror[slot as usize], state.clone());
-        self.pre_sync.entry(slot).or_insert(old);
+    fn append(&mut self, slot: u32, state: &SlotState, pre: Option<&Pre>) {
+        self.pre_sync.entry(slot).or_insert_with(|| match pre {
+            Some(Pre::State(s)) => Some(s.clone()),
+            Some(Pre::Free) => Some(SlotState { key: FREE_KEY, valid: vec![0; self.words], dirty: vec![0; self.words] }),
+            _ => None,
+        });
         if state.key == FREE_KEY || state.valid.iter().all(|&w| w == 0) {
             Record::Free { slot }.encode(&mut self.buf);
         } else {
-            Record::Slot { slot, vm: key_vm(state.key) as u16, block: key_block(state.key), valid: state.valid, dirty: state.dirty }.encode(&mut self.buf);
+            Record::Slot { slot, vm: key_vm(state.key) as u16, block: key_block(state.key), valid: state.valid.clone(), dirty: state.dirty.clone() }.encode(&mut self.buf);
         }
     }
 
-    /// Journals the barrier states of `writes` (slot, new key, sector range) and makes
-    /// them durable: `backings` and the cache store are fsynced, then the journal.
-    pub fn barrier(&mut self, writes: &[(u32, u64, (u32, u32))], ssd: &File, backings: &[&File]) -> std::io::Result<()> {
-        for &(slot, new_key, (lo, hi)) in writes {
-            let cur = self.mirror[slot as usize].clone();
-            let state = if cur.key != new_key {
-                SlotState { key: FREE_KEY, valid: vec![0; self.words], dirty: vec![0; self.words] }
-            } else {
-                let mut s = cur;
-                for i in lo..hi {
-                    let (w, b) = ((i / 64) as usize, i % 64);
-                    if s.dirty[w] >> b & 1 == 0 {
-                        s.valid[w] &= !(1 << b);
+    /// Journals the barrier states of `writes` (slot, new key, sector range, state before
+    /// the request) and makes them durable: `backings` and the cache store are fsynced,
+    /// then the journal.
+    pub fn barrier(&mut self, writes: &[(u32, u64, (u32, u32), Pre)], ssd: &File, backings: &[&File]) -> std::io::Result<()> {
+        for (slot, new_key, (lo, hi), pre) in writes {
+            let free = SlotState { key: FREE_KEY, valid: vec![0; self.words], dirty: vec![0; self.words] };
+            let state = match pre {
+                Pre::State(cur) if cur.key == *new_key => {
+                    let mut s = cur.clone();
+                    for i in *lo..*hi {
+                        let (w, b) = ((i / 64) as usize, i % 64);
+                        if s.dirty[w] >> b & 1 == 0 {
+                            s.valid[w] &= !(1 << b);
+                        }
                     }
+                    s
                 }
-                s
+                _ => free,
             };
-            self.append(slot, state);
+            self.append(*slot, &state, Some(pre));
         }
         for b in backings {
             b.sync_data()?;
@@ -243,21 +265,23 @@ impl Persistence {
         self.sync(ssd)
     }
 
-    /// Appends a record for every slot in `slots` whose engine state differs from the
-    /// journaled one, and writes them (one write, no fsync).
-    pub fn record(&mut self, e: &Engine, slots: impl IntoIterator<Item = u32>) -> std::io::Result<()> {
-        for slot in slots {
+    /// Journals the current state of every slot the engine reports changed since the last
+    /// call; `pre(slot)` gives a slot's state before the request where the driver knows it.
+    pub fn record(&mut self, e: &mut Engine, pre: impl Fn(u32) -> Option<Pre>) -> std::io::Result<()> {
+        let mut changed = std::mem::take(&mut self.changed);
+        e.take_changed(&mut changed);
+        for &slot in &changed {
             let now = self.engine_state(e, slot);
-            if now != self.mirror[slot as usize] {
-                self.append(slot, now);
-            }
+            let p = pre(slot);
+            self.append(slot, &now, p.as_ref());
         }
+        self.changed = changed;
         self.write_buffered()
     }
 
-    /// Records every slot that changed (after bulk commands).
-    pub fn record_all(&mut self, e: &Engine) -> std::io::Result<()> {
-        self.record(e, 0..self.mirror.len() as u32)
+    /// Journals every change after a bulk command (states before it are unknown).
+    pub fn record_all(&mut self, e: &mut Engine) -> std::io::Result<()> {
+        self.record(e, |_| None)
     }
 
     /// Journals a partition target.
@@ -286,42 +310,42 @@ impl Persistence {
 
     /// Whether the journal has grown past its limit.
     pub fn wants_checkpoint(&self) -> bool {
-        self.journal_len > JOURNAL_LIMIT.max(self.mirror.len() as u64 * 64)
+        self.journal_len > JOURNAL_LIMIT.max(self.slots * 64)
     }
 
     /// Writes the whole state (`names` by VM id, `targets`) as the next checkpoint and
-    /// starts an empty journal of its generation.
-    pub fn checkpoint(&mut self, e: &Engine, names: &[String], targets: &[u64], ssd: &File) -> std::io::Result<()> {
+    /// starts an empty journal of its generation. Streams from the engine: no copy of the
+    /// slot table is held.
+    pub fn checkpoint(&mut self, e: &mut Engine, names: &[String], targets: &[u64], ssd: &File) -> std::io::Result<()> {
         self.record_all(e)?;
         ssd.sync_data()?;
-        let mut body = Vec::new();
-        for (vm, n) in names.iter().enumerate() {
-            Record::Vdisk { vm: vm as u16, name: n.clone() }.encode(&mut body);
-        }
-        for (vm, &t) in targets.iter().enumerate() {
-            Record::Target { vm: vm as u16, blocks: t }.encode(&mut body);
-        }
-        for (slot, s) in self.mirror.iter().enumerate() {
-            if s.key != FREE_KEY {
-                Record::Slot { slot: slot as u32, vm: key_vm(s.key) as u16, block: key_block(s.key), valid: s.valid.clone(), dirty: s.dirty.clone() }.encode(&mut body);
-            }
-        }
         let header = Header { generation: self.header.generation + 1, ..self.header };
-        write_file_atomically(&self.dir.join("checkpoint"), CHECKPOINT_MAGIC, &header, &body)?;
+        write_file_atomically(&self.dir.join("checkpoint"), CHECKPOINT_MAGIC, &header, &mut |w| {
+            let mut b = Vec::new();
+            for (vm, n) in names.iter().enumerate() {
+                Record::Vdisk { vm: vm as u16, name: n.clone() }.encode(&mut b);
+            }
+            for (vm, &t) in targets.iter().enumerate() {
+                Record::Target { vm: vm as u16, blocks: t }.encode(&mut b);
+            }
+            for slot in 0..self.slots as u32 {
+                if e.slot_block(slot).is_some() {
+                    let s = self.engine_state(e, slot);
+                    Record::Slot { slot, vm: key_vm(s.key) as u16, block: key_block(s.key), valid: s.valid, dirty: s.dirty }.encode(&mut b);
+                }
+                if b.len() > 1 << 20 {
+                    w.write_all(&b)?;
+                    b.clear();
+                }
+            }
+            w.write_all(&b)
+        })?;
         let jpath = self.dir.join("journal");
-        write_file_atomically(&jpath, JOURNAL_MAGIC, &header, &[])?;
+        write_file_atomically(&jpath, JOURNAL_MAGIC, &header, &mut |_| Ok(()))?;
         self.journal = OpenOptions::new().append(true).open(&jpath)?;
         self.header = header;
         self.journal_len = 0;
         self.pre_sync.clear();
         Ok(())
-    }
-
-    /// Takes the engine's state as the journaled one (after recovery rebuilt it).
-    pub fn adopt(&mut self, e: &Engine) {
-        for slot in 0..self.mirror.len() as u32 {
-            self.mirror[slot as usize] = self.engine_state(e, slot);
-        }
-        self.pre_sync.clear();
     }
 }

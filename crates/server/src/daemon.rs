@@ -6,7 +6,8 @@
 
 use crate::config::{Config, Resolved};
 use crate::executor::{execute_with, Client, Devices, OpError};
-use crate::persist::{Persistence, Pre, Replay};
+use crate::journal::Record;
+use crate::persist::{bits_to_bools, Persistence, Pre};
 use cachevisor_engine::slot_table::pack_key;
 use cachevisor_engine::OpKind;
 use cachevisor_engine::{Engine, EngineConfig, FillMode, Output, PartitionMode};
@@ -230,24 +231,26 @@ impl Daemon {
         let mut orphans: Vec<String> = Vec::new();
         let (mut persist, rec) = Persistence::open(&meta_dir, r.block_size, r.slots, &mut |rep| {
             match rep {
-                Replay::Vdisk { vm, name } => {
+                Record::Vdisk { vm, name } => {
                     let id = names.iter().position(|n| *n == name).unwrap_or_else(|| {
                         orphans.push(name);
                         names.len() + orphans.len() - 1
                     });
                     ids.insert(vm, id as VmId);
                 }
-                Replay::Free { slot } => {
+                Record::Free { slot } => {
                     engine.release_slot(slot);
                 }
-                Replay::Slot { slot, vm, block, valid, dirty } => {
+                Record::Slot { slot, vm, block, valid, dirty } => {
                     let id = *ids.get(&vm).ok_or(format!("slot {slot}: VM id {vm} has no vDisk name"))?;
                     engine.release_slot(slot);
                     if let Some(other) = engine.lookup(id, block) {
                         engine.release_slot(other); // the block moved; the later record wins
                     }
-                    engine.restore_slot(slot, id, block, &valid, &dirty)?;
+                    let spb = (r.block_size / 512) as u32;
+                    engine.restore_slot(slot, id, block, &bits_to_bools(&valid, spb), &bits_to_bools(&dirty, spb))?;
                 }
+                Record::Target { .. } => {}
             }
             Ok(())
         })

@@ -50,36 +50,6 @@ pub struct Recovered {
     pub generation: u64,
 }
 
-/// One replayed record, with sector bitmaps expanded.
-#[derive(Debug)]
-pub enum Replay {
-    /// Metadata VM id `vm` is the vDisk `name`.
-    Vdisk {
-        /// Metadata VM id.
-        vm: u16,
-        /// Name.
-        name: String,
-    },
-    /// `slot` holds (vm, block) with these sectors.
-    Slot {
-        /// Slot.
-        slot: u32,
-        /// Metadata VM id.
-        vm: u16,
-        /// Block.
-        block: u64,
-        /// Valid sectors.
-        valid: Vec<bool>,
-        /// Dirty sectors.
-        dirty: Vec<bool>,
-    },
-    /// `slot` is free.
-    Free {
-        /// Slot.
-        slot: u32,
-    },
-}
-
 /// The metadata store of one cache.
 pub struct Persistence {
     dir: PathBuf,
@@ -108,7 +78,8 @@ pub enum Pre {
     State(SlotState),
 }
 
-fn bits_to_bools(words: &[u64], n: u32) -> Vec<bool> {
+/// Expands a sector bitmap into one flag per sector.
+pub fn bits_to_bools(words: &[u64], n: u32) -> Vec<bool> {
     (0..n).map(|s| words[(s / 64) as usize] >> (s % 64) & 1 == 1).collect()
 }
 
@@ -121,7 +92,7 @@ impl Persistence {
     /// it, record by record, into `apply` (checkpoint first, then the journal of the same
     /// generation up to its first torn record); no copy of the slot table is built. A
     /// geometry mismatch is an error: the cached data cannot be interpreted.
-    pub fn open(dir: &Path, block_size: u64, slots: u64, apply: &mut dyn FnMut(Replay) -> Result<(), String>) -> Result<(Persistence, Recovered), String> {
+    pub fn open(dir: &Path, block_size: u64, slots: u64, apply: &mut dyn FnMut(Record) -> Result<(), String>) -> Result<(Persistence, Recovered), String> {
         std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
         let spb = (block_size / 512) as u32;
         let words = spb.div_ceil(64) as usize;
@@ -140,11 +111,11 @@ impl Persistence {
         };
         let mut feed = |r: Record| -> Result<(), String> {
             match r {
-                Record::Vdisk { vm, name } => apply(Replay::Vdisk { vm, name }),
                 Record::Target { .. } => Ok(()), // the configuration decides targets at start
-                Record::Free { slot } if (slot as u64) < slots => apply(Replay::Free { slot }),
-                Record::Slot { slot, vm, block, valid, dirty } if (slot as u64) < slots && valid.len() == words => {
-                    apply(Replay::Slot { slot, vm, block, valid: bits_to_bools(&valid, spb), dirty: bits_to_bools(&dirty, spb) })
+                r @ Record::Vdisk { .. } => apply(r),
+                r @ Record::Free { slot } if (slot as u64) < slots => apply(r),
+                Record::Slot { slot, vm, block, valid, dirty } if (slot as u64) < slots && valid.len() == words && dirty.len() == words => {
+                    apply(Record::Slot { slot, vm, block, valid, dirty })
                 }
                 r => Err(format!("record {r:?} does not fit a pool of {slots} slots of {block_size} bytes")),
             }

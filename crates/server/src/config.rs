@@ -25,7 +25,8 @@
 //!
 //! [[vdisk]]
 //! name = "vm1"             # the NBD export name
-//! backing = "var/vm1.img"  # a file; created sparse with `size` when missing
+//! backing = "var/vm1.img"  # a file (created sparse with `size` when missing), or
+//!                          # another NBD server: "nbd://127.0.0.1:10900/export"
 //! size = "1GiB"            # only to create a missing backing file
 //! weight = 1.0
 //! ratio = 1.0              # hit-throughput share (symflex-proportional)
@@ -213,7 +214,7 @@ impl Config {
         if let Some(u) = c.listen.unix.as_mut() {
             fix(u);
         }
-        c.vdisk.iter_mut().for_each(|v| fix(&mut v.backing));
+        c.vdisk.iter_mut().filter(|v| !crate::backing::is_uri(&v.backing)).for_each(|v| fix(&mut v.backing));
         Ok(c)
     }
 
@@ -273,7 +274,7 @@ impl Config {
             if !(v.ratio > 0.0 && v.ratio.is_finite()) {
                 return Err(format!("{at}.ratio: {} must be > 0", v.ratio));
             }
-            if !v.backing.exists() && v.size.is_none() {
+            if !crate::backing::is_uri(&v.backing) && !v.backing.exists() && v.size.is_none() {
                 return Err(format!("{at}.backing: {} does not exist (give `size` to create it)", v.backing.display()));
             }
         }

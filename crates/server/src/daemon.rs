@@ -6,6 +6,7 @@
 
 use crate::config::{Config, Resolved};
 use crate::executor::{execute_with, Client, Devices, OpError};
+use crate::backing::Backing;
 use crate::journal::Record;
 use crate::persist::{bits_to_bools, Persistence, Pre};
 use cachevisor_engine::slot_table::pack_key;
@@ -15,7 +16,7 @@ use cachevisor_policy::controller::{self, Controller, VmSettings, WindowCounts};
 use cachevisor_policy::registry;
 use cachevisor_trace::units::parse_size;
 use cachevisor_trace::{Op, Request, VmId};
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -68,7 +69,7 @@ pub struct ExportStats {
 
 struct Files {
     ssd: File,
-    backings: Vec<File>,
+    backings: Vec<Backing>,
     /// Injected fault: the cache-store write at which to fail (counting down).
     fail_ssd_write_in: std::sync::atomic::AtomicU64,
 }
@@ -77,7 +78,7 @@ impl Devices for Files {
     fn ssd(&self) -> &File {
         &self.ssd
     }
-    fn backing(&self, vm: VmId) -> &File {
+    fn backing(&self, vm: VmId) -> &Backing {
         &self.backings[vm as usize]
     }
     fn fault(&self, op: &cachevisor_engine::DeviceOp) -> std::io::Result<()> {
@@ -159,35 +160,20 @@ pub enum StartError {
     },
 }
 
-fn open(path: &std::path::Path, create_size: Option<u64>) -> Result<File, StartError> {
-    let err = |source| StartError::File { path: path.display().to_string(), source };
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(err)?;
-    }
-    let exists = path.exists();
-    let f = OpenOptions::new().read(true).write(true).create(create_size.is_some()).truncate(false).open(path).map_err(err)?;
-    if let Some(size) = create_size {
-        if !exists || f.metadata().map_err(err)?.len() < size {
-            f.set_len(size).map_err(err)?;
-        }
-    }
-    Ok(f)
-}
-
 impl Daemon {
     /// Opens (creating where configured) the cache store and backing files and sets up
     /// the engine: one partition per vDisk sized by the configured allocator.
     pub fn start(cfg: &Config) -> Result<Daemon, StartError> {
         let r: Resolved = cfg.resolve().map_err(StartError::Config)?;
-        let ssd = open(&cfg.cache.path, Some(r.cache_bytes))?;
+        let ssd = crate::backing::open_file(&cfg.cache.path, Some(r.cache_bytes)).map_err(|source| StartError::File { path: cfg.cache.path.display().to_string(), source })?;
         let mut backings = Vec::new();
         let mut exports = Vec::new();
         for v in &cfg.vdisk {
             let size = v.size.as_deref().map(cachevisor_trace::units::parse_size).transpose().map_err(StartError::Config)?;
-            let f = open(&v.backing, if v.backing.exists() { None } else { size })?;
-            let len = f.metadata().map_err(|source| StartError::File { path: v.backing.display().to_string(), source })?.len();
-            exports.push(ExportInfo { name: v.name.clone(), size: len });
-            backings.push(f);
+            let err = |source| StartError::File { path: v.backing.display().to_string(), source };
+            let b = Backing::open(&v.backing, size).map_err(err)?;
+            exports.push(ExportInfo { name: v.name.clone(), size: b.size().map_err(err)? });
+            backings.push(b);
         }
         let ecfg = EngineConfig {
             block_size: r.block_size,
@@ -395,7 +381,7 @@ impl Daemon {
             }
             if pending && o.kind == OpKind::SsdWrite {
                 pending = false;
-                let backs: Vec<&File> = wrote_back.iter().map(|&v| &files_ref.backings[v as usize]).collect();
+                let backs: Vec<&Backing> = wrote_back.iter().map(|&v| &files_ref.backings[v as usize]).collect();
                 persist.barrier(&barrier, &files_ref.ssd, &backs)?;
             }
             Ok(())
@@ -426,7 +412,7 @@ impl Daemon {
                 if let Err(e) = execute_with(&out.ops, Client::None, &*files, staging, &mut |_| Ok(())) {
                     tracing::error!(%e, "write-back on entering pass-through failed");
                 }
-                let _ = files.backings[vm as usize].sync_data();
+                let _ = files.backings[vm as usize].sync();
                 persist.record_all(engine).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
                 persist.record_target(vm as u16, 0).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
             }
@@ -439,7 +425,7 @@ impl Daemon {
                 engine.clean((w.high * slots) as u64, out);
                 execute_with(&out.ops, Client::None, &*files, staging, &mut |_| Ok(()))?;
                 for b in &files.backings {
-                    b.sync_data().map_err(|e| os_err(OpKind::BackingWrite, vm, e))?;
+                    b.sync().map_err(|e| os_err(OpKind::BackingWrite, vm, e))?;
                 }
                 persist.record_all(engine).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
             }
@@ -480,7 +466,7 @@ impl Daemon {
         ctl.next_window();
         execute_with(&out.ops, Client::None, &*files, staging, &mut |_| Ok(()))?;
         for (vm, b) in files.backings.iter().enumerate() {
-            b.sync_data().map_err(|e| os_err(OpKind::BackingWrite, vm as VmId, e))?;
+            b.sync().map_err(|e| os_err(OpKind::BackingWrite, vm as VmId, e))?;
         }
         persist.record_all(engine).map_err(|e| os_err(OpKind::SsdWrite, 0, e))?;
         for (vm, &t) in d.targets.iter().enumerate() {
@@ -541,7 +527,7 @@ impl Daemon {
         let Core { engine, files, out, staging, persist, .. } = &mut *guard;
         engine.set_write_policy(vm, policy, out);
         execute_with(&out.ops, Client::None, &*files, staging, &mut |_| Ok(()))?;
-        files.backings[vm as usize].sync_data().map_err(|e| os_err(OpKind::BackingWrite, vm, e))?;
+        files.backings[vm as usize].sync().map_err(|e| os_err(OpKind::BackingWrite, vm, e))?;
         persist.record_all(engine).map_err(|e| os_err(OpKind::SsdWrite, vm, e))
     }
 
@@ -572,7 +558,7 @@ impl Daemon {
         let Core { engine, files, stats, persist, names, .. } = &mut *guard;
         stats[vm as usize].flushes += 1;
         persist.sync(&files.ssd).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
-        files.backings[vm as usize].sync_data().map_err(|e| os_err(OpKind::BackingWrite, vm, e))?;
+        files.backings[vm as usize].sync().map_err(|e| os_err(OpKind::BackingWrite, vm, e))?;
         if persist.wants_checkpoint() {
             let targets: Vec<u64> = (0..names.len()).map(|v| engine.partition(v as VmId).target).collect();
             persist.checkpoint(engine, names, &targets, &files.ssd).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
@@ -587,7 +573,7 @@ impl Daemon {
         let Core { engine, files, out, staging, persist, .. } = &mut *guard;
         engine.flush(Some(vm), out);
         execute_with(&out.ops, Client::None, &*files, staging, &mut |_| Ok(()))?;
-        files.backings[vm as usize].sync_data().map_err(|e| os_err(OpKind::BackingWrite, vm, e))?;
+        files.backings[vm as usize].sync().map_err(|e| os_err(OpKind::BackingWrite, vm, e))?;
         persist.record_all(engine).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
         persist.sync(&files.ssd).map_err(|e| os_err(OpKind::SsdWrite, vm, e))
     }
@@ -600,7 +586,7 @@ impl Daemon {
         engine.set_target(vm, blocks, out);
         execute_with(&out.ops, Client::None, &*files, staging, &mut |_| Ok(()))?;
         // Write-backs of the shrink reach the backing file before the metadata says clean.
-        files.backings[vm as usize].sync_data().map_err(|e| os_err(OpKind::BackingWrite, vm, e))?;
+        files.backings[vm as usize].sync().map_err(|e| os_err(OpKind::BackingWrite, vm, e))?;
         persist.record_all(engine).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
         persist.record_target(vm as u16, blocks).map_err(|e| os_err(OpKind::SsdWrite, vm, e))
     }
@@ -620,7 +606,7 @@ impl Daemon {
             w.finish().map_err(|e| os_err(OpKind::SsdWrite, 0, e))?;
         }
         for (vm, b) in files.backings.iter().enumerate() {
-            b.sync_data().map_err(|e| os_err(OpKind::BackingWrite, vm as VmId, e))?;
+            b.sync().map_err(|e| os_err(OpKind::BackingWrite, vm as VmId, e))?;
         }
         let targets: Vec<u64> = (0..names.len()).map(|v| engine.partition(v as VmId).target).collect();
         persist.checkpoint(engine, names, &targets, &files.ssd).map_err(|e| os_err(OpKind::SsdWrite, 0, e))

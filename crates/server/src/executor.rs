@@ -11,12 +11,12 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 
-/// Where ops go: the cache store and each VM's backing file.
+/// Where ops go: the cache store and each VM's backing store.
 pub trait Devices {
     /// The SSD cache store.
     fn ssd(&self) -> &File;
-    /// The backing file of `vm`.
-    fn backing(&self, vm: VmId) -> &File;
+    /// The backing store of `vm`.
+    fn backing(&self, vm: VmId) -> &crate::backing::Backing;
     /// Fault injection for tests: an error here fails `op` as if the device had.
     fn fault(&self, _op: &DeviceOp) -> io::Result<()> {
         Ok(())
@@ -71,7 +71,8 @@ pub fn execute_with(
         let err = |source| OpError { kind: op.kind, vm: op.vm, disk_addr: op.disk_addr, ssd_addr: op.ssd_addr, len: op.len, source };
         before(op).map_err(err)?;
         dev.fault(op).map_err(err)?;
-        let (file, addr) = if op.kind.is_ssd() { (dev.ssd(), op.ssd_addr) } else { (dev.backing(op.vm), op.disk_addr) };
+        let write = |data: &[u8]| if op.kind.is_ssd() { dev.ssd().write_all_at(data, op.ssd_addr) } else { dev.backing(op.vm).write_at(data, op.disk_addr) };
+        let read = |buf: &mut [u8]| if op.kind.is_ssd() { dev.ssd().read_exact_at(buf, op.ssd_addr) } else { dev.backing(op.vm).read_at(buf, op.disk_addr) };
         let len = op.len as usize;
         if op.kind.is_write() {
             let data: &[u8] = if op.staged {
@@ -91,10 +92,10 @@ pub fn execute_with(
                     _ => return Err(err(io::Error::other("client write op without client data (engine contract broken)"))),
                 }
             };
-            file.write_all_at(data, addr).map_err(err)?;
+            write(data).map_err(err)?;
         } else {
             let mut buf = vec![0u8; len];
-            file.read_exact_at(&mut buf, addr).map_err(err)?;
+            read(&mut buf).map_err(err)?;
             if let Client::Read(vm, start, out) = &mut client {
                 // Copy the overlap with the request's range.
                 let (lo, hi) = (op.disk_addr.max(*start), (op.disk_addr + op.len as u64).min(*start + out.len() as u64));

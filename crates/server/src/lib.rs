@@ -4,6 +4,7 @@
 //! protocol ([`nbd`]), and owns files, locking and durability ([`daemon`]).
 
 pub mod api;
+pub mod backing;
 pub mod config;
 pub mod daemon;
 pub mod executor;

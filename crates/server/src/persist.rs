@@ -212,7 +212,7 @@ impl Persistence {
     /// Journals the barrier states of `writes` (slot, new key, sector range, state before
     /// the request) and makes them durable: `backings` and the cache store are fsynced,
     /// then the journal.
-    pub fn barrier(&mut self, writes: &[(u32, u64, (u32, u32), Pre)], ssd: &File, backings: &[&File]) -> std::io::Result<()> {
+    pub fn barrier(&mut self, writes: &[(u32, u64, (u32, u32), Pre)], ssd: &File, backings: &[&crate::backing::Backing]) -> std::io::Result<()> {
         for (slot, new_key, (lo, hi), pre) in writes {
             let free = SlotState { key: FREE_KEY, valid: vec![0; self.words], dirty: vec![0; self.words] };
             let state = match pre {
@@ -231,7 +231,7 @@ impl Persistence {
             self.append(*slot, &state, Some(pre));
         }
         for b in backings {
-            b.sync_data()?;
+            b.sync()?;
         }
         self.sync(ssd)
     }

@@ -1,0 +1,91 @@
+//! A vDisk's backing store: a local file (or block device), or another NBD server given
+//! by URI (`nbd://HOST:PORT/EXPORT`) — so a deliberately slow backing (nbdkit with its
+//! delay filter, standing in for an HDD or a remote node) can sit behind the cache.
+
+use crate::nbd::client::Client;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Mutex;
+
+/// Where a vDisk's data lives.
+pub enum Backing {
+    /// A file or block device.
+    File(File),
+    /// An NBD export (one connection; requests serialized on it).
+    Nbd(Mutex<Client>),
+}
+
+/// Whether a backing spec is an NBD URI.
+pub fn is_uri(spec: &Path) -> bool {
+    spec.to_str().is_some_and(|s| s.starts_with("nbd://"))
+}
+
+fn nbd_err(e: u32) -> io::Error {
+    io::Error::other(format!("backing NBD server returned error {e}"))
+}
+
+/// Opens a file for reading and writing; when `create_size` is given, creates it (and its
+/// directory) if missing and makes it at least that large (sparse).
+pub fn open_file(path: &Path, create_size: Option<u64>) -> io::Result<File> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    let f = OpenOptions::new().read(true).write(true).create(create_size.is_some()).truncate(false).open(path)?;
+    if let Some(size) = create_size {
+        if f.metadata()?.len() < size {
+            f.set_len(size)?;
+        }
+    }
+    Ok(f)
+}
+
+impl Backing {
+    /// Opens `spec`: an `nbd://HOST:PORT/EXPORT` URI, or a file (created sparse with
+    /// `create_size` when missing).
+    pub fn open(spec: &Path, create_size: Option<u64>) -> io::Result<Backing> {
+        if let Some(rest) = spec.to_str().and_then(|s| s.strip_prefix("nbd://")) {
+            let (host, export) = rest.split_once('/').unwrap_or((rest, ""));
+            let addr = host.parse().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("`{host}` is not IP:PORT ({e})")))?;
+            return Ok(Backing::Nbd(Mutex::new(Client::connect(addr, export)?)));
+        }
+        Ok(Backing::File(open_file(spec, create_size)?))
+    }
+
+    /// Size in bytes.
+    pub fn size(&self) -> io::Result<u64> {
+        match self {
+            Backing::File(f) => Ok(f.metadata()?.len()),
+            Backing::Nbd(c) => Ok(c.lock().unwrap_or_else(|e| e.into_inner()).size),
+        }
+    }
+
+    /// Reads `buf.len()` bytes at `addr`.
+    pub fn read_at(&self, buf: &mut [u8], addr: u64) -> io::Result<()> {
+        match self {
+            Backing::File(f) => f.read_exact_at(buf, addr),
+            Backing::Nbd(c) => {
+                let d = c.lock().unwrap_or_else(|e| e.into_inner()).read(addr, buf.len() as u32)?.map_err(nbd_err)?;
+                buf.copy_from_slice(&d);
+                Ok(())
+            }
+        }
+    }
+
+    /// Writes `data` at `addr`.
+    pub fn write_at(&self, data: &[u8], addr: u64) -> io::Result<()> {
+        match self {
+            Backing::File(f) => f.write_all_at(data, addr),
+            Backing::Nbd(c) => c.lock().unwrap_or_else(|e| e.into_inner()).write(addr, data, false)?.map_err(nbd_err),
+        }
+    }
+
+    /// Makes completed writes durable (fdatasync, or NBD FLUSH).
+    pub fn sync(&self) -> io::Result<()> {
+        match self {
+            Backing::File(f) => f.sync_data(),
+            Backing::Nbd(c) => c.lock().unwrap_or_else(|e| e.into_inner()).flush()?.map_err(nbd_err),
+        }
+    }
+}

@@ -108,6 +108,28 @@ pub enum BenchCmd {
         #[arg(long, default_value = "out/bench/serve")]
         dir: PathBuf,
     },
+    /// A slow backing (nbdkit delay filter) alone and behind cachevisor, with the
+    /// simulator's hit ratio for the recorded run.
+    SlowBacking {
+        /// Delay per backing request in ms (nbdkit takes whole milliseconds).
+        #[arg(long, default_value_t = 5)]
+        delay_ms: u32,
+        /// Disk size in MiB.
+        #[arg(long, default_value_t = 256)]
+        disk_mib: u64,
+        /// Cache size in MiB.
+        #[arg(long, default_value_t = 32)]
+        cache_mib: u64,
+        /// Seconds per fio run.
+        #[arg(long, default_value_t = 10)]
+        secs: u32,
+        /// Rounds.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Working directory.
+        #[arg(long, default_value = "out/bench/slow")]
+        dir: PathBuf,
+    },
     /// Metadata memory of a full cache of the given size.
     Memory {
         /// Cache size.
@@ -131,6 +153,7 @@ pub fn run(c: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Memory { cache_size, block_size, last_access } => bench_memory(cache_size, block_size, last_access),
         BenchCmd::Policy { vms, units, reps } => bench_policy(vms, units, reps),
         BenchCmd::Serve { disk_size, rounds, secs, dir } => crate::bench_serve::run(disk_size, rounds, secs, &dir),
+        BenchCmd::SlowBacking { delay_ms, disk_mib, cache_mib, secs, rounds, dir } => crate::bench_serve::slow_backing(delay_ms, disk_mib, cache_mib, secs, rounds, &dir),
     }
 }
 

@@ -24,15 +24,27 @@ fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-fn start_cachevisor(dir: &Path, disk: &Path, size: &str) -> anyhow::Result<(Proc, String)> {
+fn start_cachevisor(dir: &Path, backing: &str, size: &str, record: Option<&Path>) -> anyhow::Result<(Proc, String)> {
+    start_cachevisor_api(dir, backing, size, record).map(|(p, u, _)| (p, u))
+}
+
+/// Starts `cachevisor serve` on `backing`; returns the process, the NBD URI and the API address.
+fn start_cachevisor_api(dir: &Path, backing: &str, size: &str, record: Option<&Path>) -> anyhow::Result<(Proc, String, String)> {
     let port = free_port()?;
+    let api = format!("127.0.0.1:{}", free_port()?);
     let cfg = dir.join("bench.toml");
     std::fs::write(
         &cfg,
-        format!("[cache]\npath = \"cache.img\"\nsize = \"{size}\"\nwrite_policy = \"wt\"\n[listen]\ntcp = \"127.0.0.1:{port}\"\n[[vdisk]]\nname = \"d\"\nbacking = \"{}\"\n", disk.display()),
+        format!("[cache]\npath = \"cache.img\"\nsize = \"{size}\"\nwrite_policy = \"wt\"\n[listen]\ntcp = \"127.0.0.1:{port}\"\n[api]\nlisten = \"{api}\"\n[[vdisk]]\nname = \"d\"\nbacking = \"{backing}\"\n"),
     )?;
+    let _ = std::fs::remove_file(dir.join("cache.img"));
     let _ = std::fs::remove_dir_all(dir.join("cache.img.meta"));
-    let mut c = Command::new(std::env::current_exe()?).args(["serve", "--config"]).arg(&cfg).env("RUST_LOG", "warn").stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn()?;
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.args(["serve", "--config"]).arg(&cfg).env("RUST_LOG", "warn");
+    if let Some(r) = record {
+        cmd.arg("--record").arg(r);
+    }
+    let mut c = cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn()?;
     let out = c.stdout.take().context("stdout")?;
     let mut lines = BufReader::new(out).lines();
     loop {
@@ -42,12 +54,12 @@ fn start_cachevisor(dir: &Path, disk: &Path, size: &str) -> anyhow::Result<(Proc
         }
     }
     std::thread::spawn(move || for _ in lines {});
-    Ok((Proc(c), format!("nbd://127.0.0.1:{port}/d")))
+    Ok((Proc(c), format!("nbd://127.0.0.1:{port}/d"), api))
 }
 
-fn start_nbdkit(disk: &Path) -> anyhow::Result<(Proc, String)> {
+fn start_nbdkit(args: &[&str]) -> anyhow::Result<(Proc, String)> {
     let port = free_port()?;
-    let c = Command::new("nbdkit").args(["-f", "-i", "127.0.0.1", "-p", &port.to_string(), "file"]).arg(disk).spawn().context("starting nbdkit (apt-get install nbdkit)")?;
+    let c = Command::new("nbdkit").args(["-f", "-i", "127.0.0.1", "-p", &port.to_string()]).args(args).spawn().context("starting nbdkit (apt-get install nbdkit)")?;
     for _ in 0..100 {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
             return Ok((Proc(c), format!("nbd://127.0.0.1:{port}/")));
@@ -59,8 +71,13 @@ fn start_nbdkit(disk: &Path) -> anyhow::Result<(Proc, String)> {
 
 /// Runs fio; returns read IOPS.
 fn fio(uri: &str, rw: &str, depth: u32, secs: u32, size: &str) -> anyhow::Result<f64> {
+    fio_with(uri, rw, depth, secs, size, &[])
+}
+
+fn fio_with(uri: &str, rw: &str, depth: u32, secs: u32, size: &str, extra: &[&str]) -> anyhow::Result<f64> {
     let o = Command::new("fio")
         .args(["--name=b", "--ioengine=nbd", &format!("--uri={uri}"), &format!("--rw={rw}"), "--bs=4k", &format!("--iodepth={depth}"), &format!("--size={size}")])
+        .args(extra)
         .args(if secs > 0 { vec![format!("--runtime={secs}"), "--time_based=1".into()] } else { vec![] })
         .arg("--output-format=json")
         .output()
@@ -91,9 +108,10 @@ pub fn run(disk_size: u64, rounds: usize, secs: u32, dir: &Path) -> anyhow::Resu
     }
     let size = format!("{}MiB", disk_size.div_ceil(1 << 20) * 2);
     let range = format!("{}MiB", disk_size >> 20);
-    let (cv, cv_uri) = start_cachevisor(dir, &disk, &size)?;
+    let (cv, cv_uri) = start_cachevisor(dir, &disk.display().to_string(), &size, None)?;
     fio(&cv_uri, "read", 8, 0, &range).context("warming the cache")?;
-    let (nk, nk_uri) = start_nbdkit(&disk)?;
+    let disk_arg = disk.display().to_string();
+    let (nk, nk_uri) = start_nbdkit(&["file", &disk_arg])?;
     println!("hit path: 4 KiB random reads over a {range} image held in cachevisor's cache vs nbdkit's file plugin, {secs} s per run, {rounds} interleaved rounds");
     println!("{:<10} {:>16} {:>16} {:>8}", "iodepth", "cachevisor IOPS", "nbdkit IOPS", "ratio");
     for depth in [1u32, 32] {
@@ -107,4 +125,66 @@ pub fn run(disk_size: u64, rounds: usize, secs: u32, dir: &Path) -> anyhow::Resu
     }
     drop((cv, nk));
     Ok(())
+}
+
+/// `bench slow-backing`: a skewed random-read workload against nbdkit with its delay filter
+/// (a slow backing standing in for an HDD) directly, and through cachevisor in front of it;
+/// the daemon records its requests, which are replayed in the simulator with the same cache
+/// to compare hit ratios.
+pub fn slow_backing(delay_ms: u32, disk_mib: u64, cache_mib: u64, secs: u32, rounds: usize, dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let delay = format!("{delay_ms}ms");
+    let kit_args = ["--filter=delay", "-t", "16", "memory", &format!("{disk_mib}M"), &format!("rdelay={delay}"), &format!("wdelay={delay}")];
+    let range = format!("{disk_mib}MiB");
+    let zipf = ["--random_distribution=zipf:1.2", "--norandommap"];
+    println!("slow backing: nbdkit memory {disk_mib} MiB with {delay} per request; fio 4 KiB random reads, zipf 1.2, iodepth 1, {secs} s per run, {rounds} rounds");
+    println!("{:<8} {:>14} {:>18} {:>8}", "round", "backing IOPS", "cachevisor IOPS", "speed-up");
+    let (mut direct, mut cached) = (Vec::new(), Vec::new());
+    let rec = dir.join("slow-run.csv");
+    let (mut live_hit, mut live) = (0.0, 0.0);
+    for round in 0..rounds.max(1) {
+        let (kit, kit_uri) = start_nbdkit(&kit_args)?;
+        direct.push(fio_with(&kit_uri, "randread", 1, secs, &range, &zipf)?);
+        let backing = kit_uri.trim_end_matches('/').to_string() + "/";
+        let (cv_proc, cv_uri, api) = start_cachevisor_api(dir, &backing, &format!("{cache_mib}MiB"), (round == 0).then_some(rec.as_path()))?;
+        let cv = (cv_proc, api);
+        cached.push(fio_with(&cv_uri, "randread", 1, secs, &range, &zipf)?);
+        if round == 0 {
+            let v: serde_json::Value = ureq::get(&format!("http://{}/vdisks", cv.1)).call()?.into_json()?;
+            let s = &v[0]["stats"];
+            live = s["hit_blocks"].as_f64().unwrap_or(0.0) / s["blocks"].as_f64().unwrap_or(1.0).max(1.0);
+            // A clean stop (SIGTERM) finishes the recording.
+            Command::new("kill").args(["-TERM", &cv.0 .0.id().to_string()]).status()?;
+            let mut cv = cv;
+            cv.0 .0.wait()?;
+        }
+        drop(kit);
+        println!("{round:<8} {:>14.0} {:>18.0} {:>8.2}", direct[round], cached[round], cached[round] / direct[round]);
+        if round == 0 {
+            live_hit = replay_hit_ratio(&rec, cache_mib)?;
+        }
+    }
+    let (d, c) = (median(direct), median(cached));
+    println!("median: backing {d:.0} IOPS, cachevisor {c:.0} IOPS, speed-up {:.2}x", c / d);
+    println!(
+        "hit ratio of round 0: daemon {:.2}%, simulator replaying its recording with the same cache {:.2}% (difference {:.2} points); 1/(1-h) = {:.1}x would be the speed-up with free hits",
+        live * 100.0,
+        live_hit * 100.0,
+        (live_hit - live).abs() * 100.0,
+        1.0 / (1.0 - live_hit).max(1e-9)
+    );
+    Ok(())
+}
+
+/// Hit ratio of the recorded run replayed through the simulator with the same cache.
+fn replay_hit_ratio(rec: &Path, cache_mib: u64) -> anyhow::Result<f64> {
+    let mut sc = cachevisor_sim::Scenario::default();
+    sc.cache.size = format!("{cache_mib}MiB");
+    sc.cache.write_policy = cachevisor_engine::WritePolicy::Wt;
+    sc.replay.mode = cachevisor_sim::scenario::ReplayMode::Open;
+    sc.trace.files = vec![rec.to_path_buf()];
+    sc.trace.vm_mode = Some(cachevisor_trace::VmMode::Device);
+    sc.trace.skip_bad = true; // the last line may be cut by the kill
+    let r = cachevisor_sim::simulate(&sc, &mut |_| {}).map_err(|e| anyhow::anyhow!("replaying {}: {e}", rec.display()))?;
+    Ok(r.total.hit_ratio)
 }

@@ -155,3 +155,53 @@ impl Engine {
         true
     }
 }
+
+impl Engine {
+    /// Writes back up to `max_blocks` dirty blocks, lowest backing address first (by VM,
+    /// then block), leaving them cached clean: one step of a rate-limited background
+    /// flusher. Returns the blocks written back. Scans the slot table (O(slots)).
+    pub fn destage_some(&mut self, max_blocks: u64, out: &mut Output) -> u64 {
+        out.clear();
+        if max_blocks == 0 || self.vms.iter().all(|p| p.dirty_blocks == 0) {
+            return 0;
+        }
+        let spb = self.spb;
+        let mut dirty: Vec<(u64, u32)> = (0..self.slots.len() as u32)
+            .filter(|&s| self.slots.key(s) != FREE_KEY && self.dirty.any(s, (0, spb)))
+            .map(|s| (self.slots.key(s), s))
+            .collect();
+        let n = (max_blocks as usize).min(dirty.len());
+        if n < dirty.len() {
+            dirty.select_nth_unstable(n);
+            dirty.truncate(n);
+        }
+        dirty.sort_unstable();
+        for &(key, s) in &dirty {
+            self.writeback(key_vm(key), s, (0, spb), 0, false, out);
+        }
+        dirty.len() as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Engine, EngineConfig, OpKind, Output};
+    use cachevisor_trace::{Op, Request};
+
+    #[test]
+    fn destaging_takes_the_lowest_addresses_first_and_leaves_blocks_cached() {
+        let mut e = Engine::new(EngineConfig::with_slots(16)).unwrap();
+        let mut out = Output::default();
+        e.set_target(0, 16, &mut out);
+        for b in [9u64, 3, 7, 1, 5] {
+            e.access(0, &Request { time_ns: 0, vm: 0, op: Op::Write, offset: b * 4096, len: 4096 }, &mut out);
+        }
+        assert_eq!(e.destage_some(2, &mut out), 2);
+        let written: Vec<u64> = out.ops.iter().filter(|o| o.kind == OpKind::BackingWrite).map(|o| o.disk_addr / 4096).collect();
+        assert_eq!(written, [1, 3]);
+        assert_eq!((e.partition(0).dirty_blocks, e.partition(0).used), (3, 5));
+        assert_eq!(e.destage_some(10, &mut out), 3);
+        assert_eq!(e.destage_some(10, &mut out), 0);
+        e.check_invariants().unwrap();
+    }
+}

@@ -12,6 +12,7 @@
 //! metadata = "var/cache.img.meta"  # checkpoint + journal (this is the default)
 //! error_threshold = 8      # device errors before a vDisk falls back to pass-through
 //! interval = "1s"          # the allocator runs this often on live traffic
+//! flush_rate = "16MiB"     # background destaging of dirty blocks per second (0 = off)
 //! params = { m = 5 }       # the allocator's parameters
 //!
 //! [listen]
@@ -66,12 +67,19 @@ pub struct CacheConfig {
     /// Device errors after which a vDisk stops using the cache (pass-through).
     #[serde(default = "default_error_threshold")]
     pub error_threshold: u64,
+    /// Background destaging of dirty blocks, bytes per second (`16MiB`; `0` = off).
+    #[serde(default = "default_flush_rate")]
+    pub flush_rate: String,
     /// How often the allocator runs on the traffic it has seen (`1s`).
     #[serde(default = "default_interval")]
     pub interval: String,
     /// The allocator's parameters over its seed's defaults.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub params: std::collections::BTreeMap<String, f64>,
+}
+
+fn default_flush_rate() -> String {
+    "16MiB".into()
 }
 
 fn default_interval() -> String {
@@ -195,6 +203,8 @@ pub struct Resolved {
     pub slots: u64,
     /// Allocation interval in ns.
     pub interval_ns: u64,
+    /// Background destaging in bytes per second (0 = off).
+    pub flush_rate: u64,
 }
 
 impl Config {
@@ -232,6 +242,7 @@ impl Config {
         cachevisor_engine::EngineConfig { block_size, slots, ..cachevisor_engine::EngineConfig::with_slots(1) }.validate().map_err(|e| format!("cache: {e}"))?;
         cachevisor_policy::registry::build(&self.cache.allocator).map_err(|e| format!("cache.allocator: {e}"))?;
         cachevisor_policy::registry::build_with(&self.cache.allocator, &self.cache.params).map_err(|e| format!("cache.params: {e}"))?;
+        parse_size(&self.cache.flush_rate).map_err(|e| format!("cache.flush_rate: {e}"))?;
         let alloc = cachevisor_policy::registry::build(&self.cache.allocator).expect("checked above");
         if alloc.cleaner().is_some() && self.cache.replacement != ReplacementKind::Clock {
             return Err(format!("cache.replacement: `{}` uses S-CAVE's global cleaner, which reads CLOCK counters: set replacement = \"clock\"", self.cache.allocator));
@@ -278,7 +289,7 @@ impl Config {
                 return Err(format!("{at}.backing: {} does not exist (give `size` to create it)", v.backing.display()));
             }
         }
-        Ok(Resolved { cache_bytes, block_size, slots, interval_ns: cachevisor_trace::units::parse_duration_ns(&self.cache.interval).expect("checked") })
+        Ok(Resolved { cache_bytes, block_size, slots, interval_ns: cachevisor_trace::units::parse_duration_ns(&self.cache.interval).expect("checked"), flush_rate: parse_size(&self.cache.flush_rate).expect("checked") })
     }
 }
 

@@ -433,6 +433,28 @@ impl Daemon {
         r
     }
 
+    /// One step of the background flusher: writes back up to `max_blocks` dirty blocks,
+    /// lowest backing address first, and makes that durable before the metadata says
+    /// clean. Holds the lock for one step only, so foreground I/O interleaves.
+    pub fn destage_step(&self, max_blocks: u64) -> Result<u64, OpError> {
+        let mut guard = self.lock();
+        let Core { engine, files, out, staging, persist, .. } = &mut *guard;
+        let n = engine.destage_some(max_blocks, out);
+        if n == 0 {
+            return Ok(0);
+        }
+        execute_with(&out.ops, Client::None, &*files, staging, &mut |_| Ok(()))?;
+        let mut synced: Vec<VmId> = Vec::new();
+        for o in &out.ops {
+            if o.kind == OpKind::BackingWrite && !synced.contains(&o.vm) {
+                synced.push(o.vm);
+                files.backings[o.vm as usize].sync().map_err(|e| os_err(OpKind::BackingWrite, o.vm, e))?;
+            }
+        }
+        persist.record_all(engine).map_err(|e| os_err(OpKind::SsdWrite, 0, e))?;
+        Ok(n)
+    }
+
     /// One allocation interval: the window's counters and rECS go to the controller, the
     /// allocator decides (if it runs every interval), resizes and write-policy switches are
     /// applied online, and their write-backs made durable before the metadata says clean.

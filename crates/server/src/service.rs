@@ -41,7 +41,20 @@ impl Running {
 pub fn start(cfg: &Config) -> Result<Running, StartError> {
     let daemon = Arc::new(Daemon::start(cfg)?);
     // The interval controller's clock.
-    let interval = std::time::Duration::from_nanos(cfg.resolve().map_err(StartError::Config)?.interval_ns);
+    let resolved = cfg.resolve().map_err(StartError::Config)?;
+    let interval = std::time::Duration::from_nanos(resolved.interval_ns);
+    // The background flusher: a step every 100 ms within the configured rate.
+    if resolved.flush_rate > 0 {
+        let per_step = (resolved.flush_rate / 10 / resolved.block_size).max(1);
+        let weak = Arc::downgrade(&daemon);
+        std::thread::spawn(move || loop {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            let Some(d) = weak.upgrade() else { return };
+            if let Err(e) = d.destage_step(per_step) {
+                tracing::error!(%e, "background destaging failed");
+            }
+        });
+    }
     let weak = Arc::downgrade(&daemon);
     std::thread::spawn(move || loop {
         std::thread::sleep(interval);

@@ -75,3 +75,25 @@ fn a_torn_journal_tail_is_cut_and_geometry_changes_are_refused() {
     let e = cachevisor_server::service::start(&config(dir.path(), "1MiB", &[("other", "8MiB", "wb")])).err().unwrap().to_string();
     assert!(e.contains("`wb`") && e.contains("dirty"), "{e}");
 }
+
+#[test]
+fn the_background_flusher_destages_within_its_rate() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path(), "1MiB", &[("wb", "8MiB", "wb")]);
+    c.cache.flush_rate = "4MiB".into(); // 100 blocks per 100 ms step
+    let r = serve(&c);
+    let (mut a, _) = Client::connect(r.tcp.unwrap(), "wb");
+    for i in 0..200u64 {
+        a.write(i * 4096, &[9; 4096], false).unwrap();
+    }
+    // Within about two steps everything is written back; blocks stay cached, clean.
+    let start = std::time::Instant::now();
+    while r.daemon.occupancy(0).1 > 0 && start.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(r.daemon.occupancy(0), (200, 0));
+    let backing = std::fs::read(dir.path().join("wb.img")).unwrap();
+    assert!(backing[..200 * 4096].iter().all(|&b| b == 9));
+    assert_eq!(a.read(0, 4096).unwrap(), vec![9; 4096]);
+    assert!(r.daemon.stats(0).hit_blocks > 0);
+}

@@ -12,7 +12,7 @@ use std::path::Path;
 
 /// A config with a `cache` of the given size and `(name, size, write policy)` exports.
 pub fn config(dir: &Path, cache: &str, disks: &[(&str, &str, &str)]) -> Config {
-    let mut t = format!("[cache]\npath = \"cache.img\"\nsize = \"{cache}\"\n[listen]\ntcp = \"127.0.0.1:0\"\n");
+    let mut t = format!("[cache]\npath = \"cache.img\"\nsize = \"{cache}\"\nflush_rate = \"0\"\n[listen]\ntcp = \"127.0.0.1:0\"\n");
     for (name, size, wp) in disks {
         t += &format!("[[vdisk]]\nname = \"{name}\"\nbacking = \"{name}.img\"\nsize = \"{size}\"\nwrite_policy = \"{wp}\"\n");
     }

@@ -5,6 +5,7 @@
 //! (loopback figures swing between identical runs), and the medians and their ratio are
 //! reported.
 
+use crate::bench_cmd::median;
 use anyhow::{bail, Context};
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -91,10 +92,6 @@ fn fio_with(uri: &str, rw: &str, depth: u32, secs: u32, size: &str, extra: &[&st
     Ok(v["jobs"][0]["read"]["iops"].as_f64().unwrap_or(0.0))
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
 
 /// Runs the bench.
 pub fn run(disk_size: u64, rounds: usize, secs: u32, dir: &Path) -> anyhow::Result<()> {

@@ -5,7 +5,7 @@
 //! safe first shape; a sharded or queue-based data path is the speed work to come.
 
 use crate::config::{Config, Resolved};
-use crate::executor::{execute_with, Client, Devices, OpError};
+use crate::executor::{execute, execute_with, Client, Devices, OpError};
 use crate::backing::Backing;
 use crate::journal::Record;
 use crate::persist::{bits_to_bools, Persistence, Pre};
@@ -343,8 +343,14 @@ impl Daemon {
         // The journaled state of the slots the request's blocks hold: what a barrier must
         // supersede if the request overwrites them.
         let blocks = if len == 0 { 0..0 } else { offset / bs..(offset + len as u64 - 1) / bs + 1 };
-        let mut pre: std::collections::HashMap<u32, Pre> =
-            blocks.clone().filter_map(|b| engine.lookup(vm, b)).map(|slot| (slot, Pre::State(persist.engine_state(engine, slot)))).collect();
+        // Only writes rewrite sectors a slot already vouches for; a read's cache writes are
+        // fills of invalid sectors or of slots taken from another block (keys below), so
+        // reads skip this capture (an unknown state is treated conservatively).
+        let mut pre: std::collections::HashMap<u32, Pre> = if op.is_write() {
+            blocks.clone().filter_map(|b| engine.lookup(vm, b)).map(|slot| (slot, Pre::State(persist.engine_state(engine, slot)))).collect()
+        } else {
+            Default::default()
+        };
         engine.access(req.time_ns, &req, out);
         // Slots taken from another block: the evicted block's key was journaled there.
         for (b, o) in blocks.clone().zip(out.blocks.iter()) {
@@ -405,11 +411,11 @@ impl Daemon {
                 // Read-only (writes go around the cache), then no cache at all: dirty blocks
                 // are written back as they leave; failures there are logged, not fatal.
                 engine.set_write_policy(vm, cachevisor_engine::WritePolicy::Ro, out);
-                if let Err(e) = execute_with(&out.ops, Client::None, &*files, staging, &mut |_| Ok(())) {
+                if let Err(e) = execute(&out.ops, Client::None, &*files, staging) {
                     tracing::error!(%e, "write-back on entering pass-through failed");
                 }
                 engine.set_target(vm, 0, out);
-                if let Err(e) = execute_with(&out.ops, Client::None, &*files, staging, &mut |_| Ok(())) {
+                if let Err(e) = execute(&out.ops, Client::None, &*files, staging) {
                     tracing::error!(%e, "write-back on entering pass-through failed");
                 }
                 let _ = files.backings[vm as usize].sync();
@@ -423,7 +429,7 @@ impl Daemon {
             let slots = engine.slot_count() as f64;
             if (engine.free_slots() as f64) < w.low * slots {
                 engine.clean((w.high * slots) as u64, out);
-                execute_with(&out.ops, Client::None, &*files, staging, &mut |_| Ok(()))?;
+                execute(&out.ops, Client::None, &*files, staging)?;
                 for b in &files.backings {
                     b.sync().map_err(|e| os_err(OpKind::BackingWrite, vm, e))?;
                 }
@@ -443,7 +449,7 @@ impl Daemon {
         if n == 0 {
             return Ok(0);
         }
-        execute_with(&out.ops, Client::None, &*files, staging, &mut |_| Ok(()))?;
+        execute(&out.ops, Client::None, &*files, staging)?;
         let mut synced: Vec<VmId> = Vec::new();
         for o in &out.ops {
             if o.kind == OpKind::BackingWrite && !synced.contains(&o.vm) {
@@ -486,7 +492,7 @@ impl Daemon {
         }
         *out = controller::apply(engine, &d);
         ctl.next_window();
-        execute_with(&out.ops, Client::None, &*files, staging, &mut |_| Ok(()))?;
+        execute(&out.ops, Client::None, &*files, staging)?;
         for (vm, b) in files.backings.iter().enumerate() {
             b.sync().map_err(|e| os_err(OpKind::BackingWrite, vm as VmId, e))?;
         }
@@ -548,7 +554,7 @@ impl Daemon {
         let mut guard = self.lock();
         let Core { engine, files, out, staging, persist, .. } = &mut *guard;
         engine.set_write_policy(vm, policy, out);
-        execute_with(&out.ops, Client::None, &*files, staging, &mut |_| Ok(()))?;
+        execute(&out.ops, Client::None, &*files, staging)?;
         files.backings[vm as usize].sync().map_err(|e| os_err(OpKind::BackingWrite, vm, e))?;
         persist.record_all(engine).map_err(|e| os_err(OpKind::SsdWrite, vm, e))
     }
@@ -594,7 +600,7 @@ impl Daemon {
         let mut guard = self.lock();
         let Core { engine, files, out, staging, persist, .. } = &mut *guard;
         engine.flush(Some(vm), out);
-        execute_with(&out.ops, Client::None, &*files, staging, &mut |_| Ok(()))?;
+        execute(&out.ops, Client::None, &*files, staging)?;
         files.backings[vm as usize].sync().map_err(|e| os_err(OpKind::BackingWrite, vm, e))?;
         persist.record_all(engine).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
         persist.sync(&files.ssd).map_err(|e| os_err(OpKind::SsdWrite, vm, e))
@@ -606,7 +612,7 @@ impl Daemon {
         let mut guard = self.lock();
         let Core { engine, files, out, staging, persist, .. } = &mut *guard;
         engine.set_target(vm, blocks, out);
-        execute_with(&out.ops, Client::None, &*files, staging, &mut |_| Ok(()))?;
+        execute(&out.ops, Client::None, &*files, staging)?;
         // Write-backs of the shrink reach the backing file before the metadata says clean.
         files.backings[vm as usize].sync().map_err(|e| os_err(OpKind::BackingWrite, vm, e))?;
         persist.record_all(engine).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;

@@ -46,8 +46,6 @@ pub struct Recovered {
     pub journal_records: usize,
     /// Whether the journal ended in a torn record (a crash while appending).
     pub torn_tail: bool,
-    /// Checkpoint generation.
-    pub generation: u64,
 }
 
 /// The metadata store of one cache.
@@ -155,7 +153,6 @@ impl Persistence {
                 }
             }
         }
-        rec.generation = generation;
         let header = Header { block_size, slots, generation };
         let journal = OpenOptions::new().create(true).append(true).open(&jpath).map_err(|e| io_err(&jpath, e))?;
         let p = Persistence { dir: dir.to_path_buf(), header, spb, words, journal, journal_len: 0, slots, pre_sync: HashMap::new(), changed: Vec::new(), buf: Vec::new() };

@@ -15,7 +15,7 @@ use crate::report::SimResult;
 use crate::scenario::Scenario;
 use crate::simulator::simulate;
 pub use report_html::{Claim, Report, Section, Table};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Every experiment.
 pub const NAMES: [&str; 5] = ["scave-corun", "recs-tracking", "eci-endurance", "symflex-proportional", "policy-compare"];
@@ -133,9 +133,4 @@ pub fn real_trace(opts: &Options, file: &str) -> Result<PathBuf, String> {
 /// Formats a ratio as a percentage with one decimal.
 pub fn pct(x: f64) -> String {
     format!("{:.1}", x * 100.0)
-}
-
-/// A path shown relative to the output directory.
-pub fn rel(opts: &Options, p: &Path) -> String {
-    p.strip_prefix(&opts.out).unwrap_or(p).display().to_string()
 }

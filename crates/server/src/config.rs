@@ -310,6 +310,20 @@ mod tests {
         assert!(Config::parse(&bad, "x", Path::new(".")).unwrap().resolve().unwrap_err().contains("used twice"));
         let e = Config::parse(&DEFAULT.replace("[listen]", "[listen]\nport = 1"), "cfg.toml", Path::new(".")).unwrap_err();
         assert!(e.contains("cfg.toml") && e.contains("port"), "{e}");
+        for (from, to, key) in [
+            ("write_policy = \"wt\"", "write_policy = \"wt\"\ninterval = \"often\"", "cache.interval"),
+            ("write_policy = \"wt\"", "write_policy = \"wt\"\nflush_rate = \"fast\"", "cache.flush_rate"),
+            ("write_policy = \"wt\"", "write_policy = \"wt\"\nallocator = \"s-cave\"", "cache.replacement"),
+            ("127.0.0.1:10810", "localhost:10810", "api.listen"),
+            ("listen = \"127.0.0.1:10810\"", "listen = \"127.0.0.1:10810\"\ntoken = \"short\"", "api.token"),
+            ("name = \"vm1\"", "name = \"vm1\"\nratio = 0.0", "vdisk[0] (vm1).ratio"),
+            ("name = \"vm1\"", "name = \"vm1\"\nmin = \"x\"", "vdisk[0] (vm1).min"),
+            ("name = \"vm1\"", "name = \"vm1\"\nsequential_cutoff = \"x\"", "vdisk[0] (vm1).sequential_cutoff"),
+        ] {
+            let bad = DEFAULT.replacen(from, to, 1);
+            let e = Config::parse(&bad, "x", Path::new(".")).unwrap().resolve().unwrap_err();
+            assert!(e.starts_with(key), "{key}: {e}");
+        }
         let missing = "[cache]\npath = \"c\"\nsize = \"1MiB\"\n[listen]\ntcp = \"127.0.0.1:1\"\n[[vdisk]]\nname = \"a\"\nbacking = \"/nonexistent/a.img\"\n";
         assert!(Config::parse(missing, "x", Path::new(".")).unwrap().resolve().unwrap_err().contains("does not exist"));
     }

@@ -68,6 +68,16 @@ fn a_torn_journal_tail_is_cut_and_geometry_changes_are_refused() {
     let (mut a, _) = Client::connect(r.tcp.unwrap(), "wb");
     assert_eq!(a.read(15 * 4096, 4096).unwrap(), vec![7; 4096]);
     drop(a);
+    // A checkpoint altered on disk: refused, naming it (nothing is guessed).
+    let ck = dir.path().join("cache.img.meta/checkpoint");
+    let good = std::fs::read(&ck).unwrap();
+    let mut bad = good.clone();
+    let last = bad.len() - 10;
+    bad[last] ^= 0xff;
+    std::fs::write(&ck, &bad).unwrap();
+    let e = cachevisor_server::service::start(&cfg).err().unwrap().to_string();
+    assert!(e.contains("checkpoint") && e.contains("damaged"), "{e}");
+    std::fs::write(&ck, &good).unwrap();
     // Another cache size: refused, naming the metadata and what to do.
     let e = cachevisor_server::service::start(&config(dir.path(), "2MiB", &[("wb", "8MiB", "wb")])).err().unwrap().to_string();
     assert!(e.contains("slots") && e.contains("delete"), "{e}");

@@ -131,3 +131,36 @@ fn sequential_cutoff_keeps_long_streams_out_of_the_cache() {
     let cut = simulate(&s, &mut |_| {}).unwrap().total.inserted_blocks;
     assert!(plain > 1000 && cut * 4 < plain, "inserted {cut} with the cutoff, {plain} without");
 }
+
+#[test]
+fn bad_controller_settings_name_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = || {
+        let mut s = Scenario::default();
+        s.synthetic = vec![synthetic(workload(dir.path(), "a", 1, "[[4%, 95%]]", 1.0, 1))];
+        s
+    };
+    let vm = |ratio: f64, min: Option<&str>, cut: Option<&str>| VmSection { name: "a".into(), weight: 1.0, ratio, min: min.map(Into::into), sequential_cutoff: cut.map(Into::into), write_policy: None };
+    let err = |s: Scenario| simulate(&s, &mut |_| {}).unwrap_err().to_string();
+    let mut s = base();
+    s.vm = vec![vm(0.0, None, None)];
+    assert!(err(s).contains("ratio"));
+    let mut s = base();
+    s.vm = vec![vm(1.0, Some("lots"), None)];
+    assert!(err(s).contains("vm[0] (a).min"));
+    let mut s = base();
+    s.vm = vec![vm(1.0, None, Some("-4MiB"))];
+    assert!(err(s).contains("sequential_cutoff"));
+    let mut s = base();
+    s.phase = vec![PhaseSection { at: "soon".into(), vm: vec![] }];
+    assert!(err(s).contains("phase[0].at"));
+    let mut s = base();
+    s.replay.mode = ReplayMode::Open;
+    s.replay.repeat_for = Some("10s".into());
+    assert!(err(s).contains("replay.repeat_for"));
+    let mut s = base();
+    s.cache.allocator = "s-cave".into();
+    s.cache.replacement = ReplacementKind::Clock;
+    s.cache.params = [("m".to_string(), -1.0)].into_iter().collect();
+    assert!(err(s).contains("cache.params"));
+}

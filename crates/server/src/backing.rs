@@ -81,6 +81,38 @@ impl Backing {
         }
     }
 
+    /// Tells the store that `len` bytes at `addr` are no longer needed (TRIM): a hole is
+    /// punched in a file or block device, an NBD backing gets TRIM if it accepts it.
+    /// Returns whether the store took the hint; a store that cannot is not an error.
+    pub fn discard(&self, addr: u64, len: u64) -> io::Result<bool> {
+        if len == 0 {
+            return Ok(false);
+        }
+        match self {
+            Backing::File(f) => {
+                use rustix::fs::FallocateFlags as F;
+                match rustix::fs::fallocate(f, F::PUNCH_HOLE | F::KEEP_SIZE, addr, len) {
+                    Ok(()) => Ok(true),
+                    Err(e) if e == rustix::io::Errno::OPNOTSUPP || e == rustix::io::Errno::NOSYS => Ok(false),
+                    Err(e) => Err(e.into()),
+                }
+            }
+            Backing::Nbd(c) => {
+                let mut c = c.lock().unwrap_or_else(|e| e.into_inner());
+                if c.flags & crate::nbd::proto::TFLAG_SEND_TRIM == 0 {
+                    return Ok(false);
+                }
+                let mut at = 0;
+                while at < len {
+                    let n = (len - at).min(1 << 30);
+                    c.trim(addr + at, n as u32)?.map_err(nbd_err)?;
+                    at += n;
+                }
+                Ok(true)
+            }
+        }
+    }
+
     /// Makes completed writes durable (fdatasync, or NBD FLUSH).
     pub fn sync(&self) -> io::Result<()> {
         match self {

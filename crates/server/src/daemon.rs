@@ -61,6 +61,8 @@ pub struct ExportStats {
     pub blocks: u64,
     /// Flushes.
     pub flushes: u64,
+    /// TRIM requests.
+    pub trims: u64,
     /// Device errors returned as EIO.
     pub errors: u64,
     /// The vDisk bypasses the cache after too many device errors.
@@ -590,6 +592,36 @@ impl Daemon {
         if persist.wants_checkpoint() {
             let targets: Vec<u64> = (0..names.len()).map(|v| engine.partition(v as VmId).target).collect();
             persist.checkpoint(engine, names, &targets, &files.ssd).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
+        }
+        Ok(())
+    }
+
+    /// TRIM (NBD_CMD_TRIM): the client no longer needs `len` bytes at `offset`. The whole
+    /// 512-byte sectors inside the range leave the cache, dirty ones without being written
+    /// back (their contents are undefined after a TRIM), so the cache neither holds nor
+    /// destages dead data; then the backing store is told (hole punched, or TRIM passed on)
+    /// where it can take the hint. Partial sectors at the ends are left alone.
+    pub fn trim(&self, vm: VmId, offset: u64, len: u64) -> Result<(), OpError> {
+        let (lo, hi) = (offset.div_ceil(512) * 512, (offset + len) / 512 * 512);
+        let mut guard = self.lock();
+        let Core { engine, files, stats, persist, passthrough, .. } = &mut *guard;
+        stats[vm as usize].trims += 1;
+        if lo >= hi {
+            return Ok(());
+        }
+        let bs = self.block_size;
+        for block in lo / bs..hi.div_ceil(bs) {
+            let start = block * bs;
+            let range = (((lo.max(start) - start) / 512) as u32, ((hi.min(start + bs) - start) / 512) as u32);
+            engine.discard(vm, block, range);
+        }
+        persist.record_all(engine).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
+        if !passthrough[vm as usize] {
+            match files.backings[vm as usize].discard(lo, hi - lo) {
+                Ok(taken) => tracing::trace!(vdisk = vm, offset = lo, len = hi - lo, taken, "trim"),
+                // The cache already dropped the range; a store refusing the hint loses nothing.
+                Err(e) => tracing::warn!(%e, vdisk = vm, "backing store refused a discard"),
+            }
         }
         Ok(())
     }

@@ -55,12 +55,13 @@ impl Collector for StateCollector {
     fn encode(&self, mut enc: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let Some(d) = self.0.upgrade() else { return Ok(()) };
         let status = d.status();
-        let counters: [(&str, &str, fn(&crate::daemon::VdiskStatus) -> u64); 6] = [
+        let counters: [(&str, &str, fn(&crate::daemon::VdiskStatus) -> u64); 7] = [
             ("cachevisor_reads", "Read requests", |s| s.stats.reads),
             ("cachevisor_writes", "Write requests", |s| s.stats.writes),
             ("cachevisor_block_hits", "Block accesses served by the cache", |s| s.stats.hit_blocks),
             ("cachevisor_blocks", "Block accesses", |s| s.stats.blocks),
             ("cachevisor_flushes", "Flush requests", |s| s.stats.flushes),
+            ("cachevisor_trims", "TRIM requests", |s| s.stats.trims),
             ("cachevisor_errors", "Device errors returned as EIO", |s| s.stats.errors),
         ];
         for (name, help, f) in counters {

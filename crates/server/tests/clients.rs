@@ -102,3 +102,36 @@ fn fio_verifies_random_io_on_two_exports_at_once() {
         assert!(s.reads > 0 && s.writes > 0 && s.errors == 0, "{s:?}");
     }
 }
+
+#[test]
+fn qemu_io_discard_drops_cached_sectors_and_punches_the_backing_file() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("wb.img"), vec![0xaau8; 1 << 20]).unwrap();
+    let cfg = config(dir.path(), "4MiB", &[("wb", "1MiB", "wb")]);
+    let check = |uri: &str| {
+        qemu_io(uri, &["read -P 0x55 0 4608".into(), "read -P 0 4608 28160".into(), "read -P 0x55 32768 32768".into(), "read -P 0xaa 65536 65536".into()]);
+    };
+    {
+        let r = serve(&cfg);
+        let uri = format!("nbd://{}/wb", r.tcp.unwrap());
+        qemu_io(&uri, &["write -P 0x55 0 64k".into()]);
+        assert_eq!(r.daemon.occupancy(0), (16, 16));
+        // Sectors 9..64: block 1 loses its last 7 sectors, blocks 2..8 leave the cache
+        // (dirty, never written back). The trimmed range then reads the punched backing.
+        qemu_io(&uri, &["discard 4608 28160".into(), "flush".into()]);
+        assert_eq!(r.daemon.occupancy(0), (10, 10));
+        // Unaligned ends are left alone: nothing of sector 0 is dropped.
+        qemu_io(&uri, &["discard 100 300".into()]);
+        assert_eq!(r.daemon.occupancy(0), (10, 10));
+        assert_eq!(r.daemon.stats(0).trims, 2);
+        // Abandoned without a shutdown: the journal carries the discard.
+    }
+    let r = serve(&cfg);
+    assert_eq!(r.daemon.occupancy(0), (10, 10));
+    let uri = format!("nbd://{}/wb", r.tcp.unwrap());
+    check(&uri);
+    r.daemon.destage(0).unwrap();
+    let b = std::fs::read(dir.path().join("wb.img")).unwrap();
+    assert!(b[..4608].iter().all(|&x| x == 0x55) && b[4608..32768].iter().all(|&x| x == 0) && b[32768..65536].iter().all(|&x| x == 0x55));
+    assert!(b[65536..].iter().all(|&x| x == 0xaa));
+}

@@ -12,6 +12,8 @@ pub struct Client {
     cookie: u64,
     /// Export size in bytes.
     pub size: u64,
+    /// The export's transmission flags (`TFLAG_*`).
+    pub flags: u16,
 }
 
 fn invalid(msg: String) -> io::Error {
@@ -37,6 +39,7 @@ impl Client {
         opt.extend_from_slice(&0u16.to_be_bytes());
         s.write_all(&opt)?;
         let mut size = None;
+        let mut flags = 0u16;
         loop {
             let mut h = [0u8; 20];
             s.read_exact(&mut h)?;
@@ -44,13 +47,16 @@ impl Client {
             let mut d = vec![0u8; u32::from_be_bytes(h[16..20].try_into().expect("4")) as usize];
             s.read_exact(&mut d)?;
             match kind {
-                REP_INFO if d.len() >= 10 && u16::from_be_bytes([d[0], d[1]]) == INFO_EXPORT => size = Some(u64::from_be_bytes(d[2..10].try_into().expect("8"))),
+                REP_INFO if d.len() >= 12 && u16::from_be_bytes([d[0], d[1]]) == INFO_EXPORT => {
+                    size = Some(u64::from_be_bytes(d[2..10].try_into().expect("8")));
+                    flags = u16::from_be_bytes([d[10], d[11]]);
+                }
                 REP_INFO => {}
                 REP_ACK => break,
                 k => return Err(invalid(format!("export `{export}` refused ({k:#x}): {}", String::from_utf8_lossy(&d)))),
             }
         }
-        Ok(Client { s, cookie: 0, size: size.ok_or_else(|| invalid("no export size".into()))? })
+        Ok(Client { s, cookie: 0, size: size.ok_or_else(|| invalid("no export size".into()))?, flags })
     }
 
     /// Sends a request and its payload; returns its cookie.
@@ -100,6 +106,12 @@ impl Client {
     /// Flushes.
     pub fn flush(&mut self) -> io::Result<Result<(), u32>> {
         let c = self.send(CMD_FLUSH, 0, 0, 0, &[])?;
+        self.done(c)
+    }
+
+    /// Discards `len` bytes at `offset` (TRIM).
+    pub fn trim(&mut self, offset: u64, len: u32) -> io::Result<Result<(), u32>> {
+        let c = self.send(CMD_TRIM, 0, offset, len, &[])?;
         self.done(c)
     }
 }

@@ -2,7 +2,7 @@
 //! executed one at a time per connection, each answered with a simple reply. A request
 //! past the export's end or of an unknown type gets EINVAL, a device failure EIO; a bad
 //! magic or an oversized WRITE payload (the stream cannot be resynchronized) closes the
-//! connection. Nothing is changed by a request that is refused.
+//! connection. TRIM drops the range from the cache and hints the backing store. Nothing is changed by a request that is refused.
 
 use super::proto::*;
 use crate::daemon::Daemon;
@@ -25,7 +25,7 @@ pub fn serve<R: Read, W: Write>(input: R, output: W, d: &Daemon, vm: u32) -> io:
 fn serve_buffered<R: Read, W: Write>(input: &mut io::BufReader<R>, s: &mut W, d: &Daemon, vm: u32) -> io::Result<()> {
     let size = d.exports()[vm as usize].size;
     let name = &d.exports()[vm as usize].name;
-    let latency = ["read", "write", "flush", "write_zeroes", "other"].map(|op| d.metrics().histogram(name, op));
+    let latency = ["read", "write", "flush", "write_zeroes", "trim", "other"].map(|op| d.metrics().histogram(name, op));
     let mut reply: Vec<u8> = Vec::new();
     loop {
         if input.buffer().is_empty() {
@@ -51,7 +51,8 @@ fn serve_buffered<R: Read, W: Write>(input: &mut io::BufReader<R>, s: &mut W, d:
             CMD_WRITE => 1,
             CMD_FLUSH => 2,
             CMD_WRITE_ZEROES => 3,
-            _ => 4,
+            CMD_TRIM => 4,
+            _ => 5,
         }];
         let error = |e: u32| simple_reply(e, r.cookie);
         match r.kind {
@@ -113,6 +114,19 @@ fn serve_buffered<R: Read, W: Write>(input: &mut io::BufReader<R>, s: &mut W, d:
                         }
                         e
                     }
+                };
+                s.write_all(&error(e))?;
+            }
+            CMD_TRIM => {
+                let e = match check_range(&r, size).and_then(|()| if r.flags & !CMD_FLAG_FUA != 0 { Err(EINVAL) } else { Ok(()) }) {
+                    Err(e) => e,
+                    Ok(()) => match d.trim(vm, r.offset, r.length as u64).and_then(|()| if r.flags & CMD_FLAG_FUA != 0 { d.flush(vm) } else { Ok(()) }) {
+                        Ok(()) => 0,
+                        Err(e) => {
+                            tracing::error!(%e, "trim failed");
+                            EIO
+                        }
+                    },
                 };
                 s.write_all(&error(e))?;
             }

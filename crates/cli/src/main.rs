@@ -5,6 +5,7 @@ mod bench_cmd;
 mod bench_serve;
 mod bundled;
 mod demo_cmd;
+mod destage_cmd;
 mod experiment_cmd;
 mod input_args;
 mod progress;
@@ -39,6 +40,8 @@ enum Cmd {
     Serve(serve_cmd::ServeArgs),
     /// Show a running daemon's vDisks (via its HTTP API).
     Status(status_cmd::StatusArgs),
+    /// Write a running daemon's dirty blocks back to their backing stores, with progress.
+    Destage(destage_cmd::DestageArgs),
     /// Reproduce the seeds' experiments and write HTML reports.
     Experiment(experiment_cmd::ExperimentArgs),
     /// Measure speed and memory.
@@ -56,6 +59,7 @@ fn main() {
         Cmd::Experiment(a) => experiment_cmd::run(a),
         Cmd::Serve(a) => serve_cmd::run(a),
         Cmd::Status(a) => status_cmd::run(a),
+        Cmd::Destage(a) => destage_cmd::run(a),
         Cmd::Bench(c) => bench_cmd::run(c),
     };
     if let Err(e) = r {

@@ -34,6 +34,9 @@ impl Progress {
             self.bar.set_draw_target(ProgressDrawTarget::stderr());
             self.bar.enable_steady_tick(Duration::from_millis(200));
         }
+        if let (true, Some(t)) = (self.shown, total) {
+            self.bar.set_length(t); // a total may grow (a destage while writes arrive)
+        }
         self.bar.set_position(done);
     }
 

@@ -60,7 +60,11 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         println!("{u}");
     }
     if let Some((addr, _)) = &running.api {
-        println!("# API: http://{addr}/vdisks and /metrics (token for changes in {})", running.daemon.metadata_dir().join("api-token").display());
+        let token = match cfg.api.as_ref().and_then(|a| a.token.as_ref()) {
+            Some(_) => "api.token in the config".to_string(),
+            None => running.daemon.metadata_dir().join("api-token").display().to_string(),
+        };
+        println!("# API: http://{addr}/vdisks and /metrics (token for changes in {token})");
     }
     use std::io::Write as _;
     std::io::stdout().flush()?;

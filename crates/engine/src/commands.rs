@@ -157,17 +157,22 @@ impl Engine {
 }
 
 impl Engine {
-    /// Writes back up to `max_blocks` dirty blocks, lowest backing address first (by VM,
-    /// then block), leaving them cached clean: one step of a rate-limited background
-    /// flusher. Returns the blocks written back. Scans the slot table (O(slots)).
-    pub fn destage_some(&mut self, max_blocks: u64, out: &mut Output) -> u64 {
+    /// Writes back up to `max_blocks` dirty blocks of `vm` (or of every VM), lowest
+    /// backing address first (by VM, then block), leaving them cached clean: one step of a
+    /// rate-limited background flusher or of a destage job. Returns the blocks written
+    /// back. Scans the slot table (O(slots)).
+    pub fn destage_some(&mut self, vm: Option<VmId>, max_blocks: u64, out: &mut Output) -> u64 {
         out.clear();
-        if max_blocks == 0 || self.vms.iter().all(|p| p.dirty_blocks == 0) {
+        let none_dirty = match vm {
+            Some(v) => self.vms.get(v as usize).map_or(true, |p| p.dirty_blocks == 0),
+            None => self.vms.iter().all(|p| p.dirty_blocks == 0),
+        };
+        if max_blocks == 0 || none_dirty {
             return 0;
         }
         let spb = self.spb;
         let mut dirty: Vec<(u64, u32)> = (0..self.slots.len() as u32)
-            .filter(|&s| self.slots.key(s) != FREE_KEY && self.dirty.any(s, (0, spb)))
+            .filter(|&s| self.slots.key(s) != FREE_KEY && vm.map_or(true, |v| key_vm(self.slots.key(s)) == v) && self.dirty.any(s, (0, spb)))
             .map(|s| (self.slots.key(s), s))
             .collect();
         let n = (max_blocks as usize).min(dirty.len());
@@ -192,16 +197,26 @@ mod tests {
     fn destaging_takes_the_lowest_addresses_first_and_leaves_blocks_cached() {
         let mut e = Engine::new(EngineConfig::with_slots(16)).unwrap();
         let mut out = Output::default();
-        e.set_target(0, 16, &mut out);
+        e.set_target(0, 8, &mut out);
+        e.set_target(1, 8, &mut out);
         for b in [9u64, 3, 7, 1, 5] {
             e.access(0, &Request { time_ns: 0, vm: 0, op: Op::Write, offset: b * 4096, len: 4096 }, &mut out);
         }
-        assert_eq!(e.destage_some(2, &mut out), 2);
+        for b in [4u64, 2] {
+            e.access(0, &Request { time_ns: 0, vm: 1, op: Op::Write, offset: b * 4096, len: 4096 }, &mut out);
+        }
+        // One VM's blocks only.
+        assert_eq!(e.destage_some(Some(1), 10, &mut out), 2);
+        let written: Vec<(u32, u64)> = out.ops.iter().filter(|o| o.kind == OpKind::BackingWrite).map(|o| (o.vm, o.disk_addr / 4096)).collect();
+        assert_eq!(written, [(1, 2), (1, 4)]);
+        assert_eq!((e.partition(0).dirty_blocks, e.partition(1).dirty_blocks), (5, 0));
+        assert_eq!(e.destage_some(Some(1), 10, &mut out), 0);
+        assert_eq!(e.destage_some(None, 2, &mut out), 2);
         let written: Vec<u64> = out.ops.iter().filter(|o| o.kind == OpKind::BackingWrite).map(|o| o.disk_addr / 4096).collect();
         assert_eq!(written, [1, 3]);
         assert_eq!((e.partition(0).dirty_blocks, e.partition(0).used), (3, 5));
-        assert_eq!(e.destage_some(10, &mut out), 3);
-        assert_eq!(e.destage_some(10, &mut out), 0);
+        assert_eq!(e.destage_some(None, 10, &mut out), 3);
+        assert_eq!(e.destage_some(None, 10, &mut out), 0);
         e.check_invariants().unwrap();
     }
 }

@@ -1,6 +1,7 @@
 //! The HTTP control API on loopback (axum on its own thread): list vDisks with their
 //! state and counters, Prometheus `/metrics`, and mutating calls — resize a partition,
-//! change a write policy, destage one vDisk or all, switch the allocator — that need
+//! change a write policy, start a destage job for one vDisk or all (progress at
+//! `GET /destage`), switch the allocator — that need
 //! `Authorization: Bearer
 //! TOKEN`. Without a configured token a random one is written, readable by the owner
 //! only, to `api-token` in the metadata directory.
@@ -102,12 +103,32 @@ async fn write_policy(State(a): State<Api>, h: HeaderMap, Path(name): Path<Strin
     mutate(a, &h, Some(&name), move |d, vm| d.set_write_policy(vm.expect("named"), p).map_err(|e| e.to_string())).await
 }
 
+/// Starts a destage job for `vm` (or every vDisk): 202 with its progress, 409 when one
+/// is already running.
+async fn start_destage(a: Api, h: &HeaderMap, name: Option<&str>) -> Response {
+    if let Err(r) = a.authorize(h) {
+        return r;
+    }
+    let vm = match name.map(|n| a.vdisk(n)).transpose() {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    match crate::destage_job::Job::start(&a.daemon, vm) {
+        Ok(p) => (StatusCode::ACCEPTED, Json(p)).into_response(),
+        Err(p) => (StatusCode::CONFLICT, Json(p)).into_response(),
+    }
+}
+
 async fn destage_one(State(a): State<Api>, h: HeaderMap, Path(name): Path<String>) -> Response {
-    mutate(a, &h, Some(&name), |d, vm| d.destage(vm.expect("named")).map_err(|e| e.to_string())).await
+    start_destage(a, &h, Some(&name)).await
 }
 
 async fn destage_all(State(a): State<Api>, h: HeaderMap) -> Response {
-    mutate(a, &h, None, |d, _| (0..d.exports().len() as u32).try_for_each(|vm| d.destage(vm)).map_err(|e| e.to_string())).await
+    start_destage(a, &h, None).await
+}
+
+async fn destage_progress(State(a): State<Api>) -> Response {
+    Json(a.daemon.destage_job().progress()).into_response()
 }
 
 #[derive(Deserialize)]
@@ -140,7 +161,7 @@ pub fn start(daemon: Arc<Daemon>, addr: SocketAddr, token: String) -> Result<Soc
         .route("/vdisks/{name}/resize", post(resize))
         .route("/vdisks/{name}/write-policy", post(write_policy))
         .route("/vdisks/{name}/destage", post(destage_one))
-        .route("/destage", post(destage_all))
+        .route("/destage", get(destage_progress).post(destage_all))
         .route("/allocator", get(get_allocator).post(set_allocator))
         .with_state(Api { daemon, token: Arc::new(token) });
     std::thread::spawn(move || {

@@ -144,6 +144,9 @@ pub struct Daemon {
     start: Instant,
     recovery: Recovery,
     meta_dir: std::path::PathBuf,
+    /// Blocks written back by the flusher and destage jobs since the start.
+    destaged: std::sync::atomic::AtomicU64,
+    job: crate::destage_job::Job,
 }
 
 /// A failed start: which file or setting.
@@ -284,7 +287,7 @@ impl Daemon {
             last_tick: Instant::now(),
             recorder: None,
         };
-        Ok(Daemon { metrics: Default::default(), exports, block_size: r.block_size, core: Mutex::new(core), start: Instant::now(), recovery, meta_dir })
+        Ok(Daemon { metrics: Default::default(), exports, block_size: r.block_size, core: Mutex::new(core), start: Instant::now(), recovery, meta_dir, destaged: 0.into(), job: Default::default() })
     }
 
     /// Latency histograms (and the metrics exposition).
@@ -441,26 +444,63 @@ impl Daemon {
         r
     }
 
-    /// One step of the background flusher: writes back up to `max_blocks` dirty blocks,
-    /// lowest backing address first, and makes that durable before the metadata says
-    /// clean. Holds the lock for one step only, so foreground I/O interleaves.
-    pub fn destage_step(&self, max_blocks: u64) -> Result<u64, OpError> {
+    /// One step of the background flusher or of a destage job: writes back up to
+    /// `max_blocks` dirty blocks of `vm` (or of every vDisk), lowest backing address first,
+    /// and makes that durable before the metadata says clean. Holds the lock for one step
+    /// only, so foreground I/O interleaves. Returns the blocks written back and the dirty
+    /// blocks left.
+    pub fn destage_step(&self, vm: Option<VmId>, max_blocks: u64) -> Result<(u64, u64), OpError> {
         let mut guard = self.lock();
         let Core { engine, files, out, staging, persist, .. } = &mut *guard;
-        let n = engine.destage_some(max_blocks, out);
-        if n == 0 {
-            return Ok(0);
+        let n = engine.destage_some(vm, max_blocks, out);
+        if n > 0 {
+            execute(&out.ops, Client::None, &*files, staging)?;
+            let mut synced: Vec<VmId> = Vec::new();
+            for o in &out.ops {
+                if o.kind == OpKind::BackingWrite && !synced.contains(&o.vm) {
+                    synced.push(o.vm);
+                    files.backings[o.vm as usize].sync().map_err(|e| os_err(OpKind::BackingWrite, o.vm, e))?;
+                }
+            }
+            persist.record_all(engine).map_err(|e| os_err(OpKind::SsdWrite, 0, e))?;
+            self.destaged.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
         }
-        execute(&out.ops, Client::None, &*files, staging)?;
-        let mut synced: Vec<VmId> = Vec::new();
-        for o in &out.ops {
-            if o.kind == OpKind::BackingWrite && !synced.contains(&o.vm) {
-                synced.push(o.vm);
-                files.backings[o.vm as usize].sync().map_err(|e| os_err(OpKind::BackingWrite, o.vm, e))?;
+        let left = match vm {
+            Some(v) => engine.partition(v).dirty_blocks,
+            None => (0..self.exports.len()).map(|v| engine.partition(v as VmId).dirty_blocks).sum(),
+        };
+        Ok((n, left))
+    }
+
+    /// Writes every dirty block of `vm` (or of every vDisk) back, in steps with the lock
+    /// released between them, calling `progress(done, done + left)` after each step; blocks
+    /// stay cached, clean. Ends when nothing is dirty (writes arriving meanwhile are
+    /// destaged too), then fsyncs the metadata.
+    pub fn destage_all(&self, vm: Option<VmId>, progress: &mut dyn FnMut(u64, u64)) -> Result<u64, OpError> {
+        const STEP_BLOCKS: u64 = 256;
+        let mut done = 0;
+        loop {
+            let (n, left) = self.destage_step(vm, STEP_BLOCKS)?;
+            done += n;
+            progress(done, done + left);
+            if n == 0 {
+                break;
             }
         }
-        persist.record_all(engine).map_err(|e| os_err(OpKind::SsdWrite, 0, e))?;
-        Ok(n)
+        let mut guard = self.lock();
+        let Core { files, persist, .. } = &mut *guard;
+        persist.sync(&files.ssd).map_err(|e| os_err(OpKind::SsdWrite, vm.unwrap_or(0), e))?;
+        Ok(done)
+    }
+
+    /// The destage job (progress of the running or last one).
+    pub fn destage_job(&self) -> &crate::destage_job::Job {
+        &self.job
+    }
+
+    /// Blocks written back by the flusher and destage jobs since the start.
+    pub fn destaged_blocks(&self) -> u64 {
+        self.destaged.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// One allocation interval: the window's counters and rECS go to the controller, the
@@ -543,6 +583,11 @@ impl Daemon {
                 VdiskStatus { name: e.name.clone(), size: e.size, write_policy: p.write_policy, used_blocks: p.used, target_blocks: p.target, dirty_blocks: p.dirty_blocks, stats: core.stats[vm] }
             })
             .collect()
+    }
+
+    /// The name of export `vm`.
+    pub fn export_name(&self, vm: VmId) -> String {
+        self.exports[vm as usize].name.clone()
     }
 
     /// The VM id of export `name`.
@@ -629,13 +674,7 @@ impl Daemon {
     /// Writes every dirty block of export `vm` back to its backing file (blocks stay
     /// cached, clean) and makes that durable.
     pub fn destage(&self, vm: VmId) -> Result<(), OpError> {
-        let mut guard = self.lock();
-        let Core { engine, files, out, staging, persist, .. } = &mut *guard;
-        engine.flush(Some(vm), out);
-        execute(&out.ops, Client::None, &*files, staging)?;
-        files.backings[vm as usize].sync().map_err(|e| os_err(OpKind::BackingWrite, vm, e))?;
-        persist.record_all(engine).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
-        persist.sync(&files.ssd).map_err(|e| os_err(OpKind::SsdWrite, vm, e))
+        self.destage_all(Some(vm), &mut |_, _| {}).map(|_| ())
     }
 
     /// Sets export `vm`'s partition to `blocks` cache blocks (a shrink evicts its coldest

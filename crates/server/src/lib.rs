@@ -7,6 +7,7 @@ pub mod api;
 pub mod backing;
 pub mod config;
 pub mod daemon;
+pub mod destage_job;
 pub mod executor;
 pub mod journal;
 pub mod metrics;

@@ -1,7 +1,7 @@
 //! Prometheus metrics (`/metrics`): per-vDisk request latency histograms by operation,
 //! observed as requests complete, and on every scrape the daemon's counters and gauges
 //! (requests, block hits and accesses, flushes, errors, cache held, target, dirty blocks,
-//! pass-through) read from its state by a collector, so there is one source of truth.
+//! pass-through, flusher and destage-job progress) read from its state by a collector, so there is one source of truth.
 
 use crate::daemon::Daemon;
 use prometheus_client::collector::Collector;
@@ -83,6 +83,18 @@ impl Collector for StateCollector {
             for s in &status {
                 ConstGauge::new(f(s)).encode(m.encode_family(&vec![("vdisk".to_string(), s.name.clone())])?)?;
             }
+        }
+        let destaged = ConstCounter::new(d.destaged_blocks());
+        destaged.encode(enc.encode_descriptor("cachevisor_destaged_blocks", "Dirty blocks written back by the flusher and destage jobs", None, destaged.metric_type())?)?;
+        let job = d.destage_job().progress();
+        let job_gauges = [
+            ("cachevisor_destage_job_running", "1 while a destage job runs", job.running as i64),
+            ("cachevisor_destage_job_done_blocks", "Blocks the current (or last) destage job wrote back", job.done_blocks as i64),
+            ("cachevisor_destage_job_total_blocks", "Blocks the current (or last) destage job has to write back in all", job.total_blocks as i64),
+        ];
+        for (name, help, v) in job_gauges {
+            let g = ConstGauge::new(v);
+            g.encode(enc.encode_descriptor(name, help, None, g.metric_type())?)?;
         }
         Ok(())
     }

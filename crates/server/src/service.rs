@@ -50,7 +50,7 @@ pub fn start(cfg: &Config) -> Result<Running, StartError> {
         std::thread::spawn(move || loop {
             std::thread::sleep(std::time::Duration::from_millis(100));
             let Some(d) = weak.upgrade() else { return };
-            if let Err(e) = d.destage_step(per_step) {
+            if let Err(e) = d.destage_step(None, per_step) {
                 tracing::error!(%e, "background destaging failed");
             }
         });

@@ -33,8 +33,15 @@ fn list_metrics_and_authorized_changes() {
     assert!(matches!(e, ureq::Error::Status(401, _)));
     assert_eq!(r.daemon.occupancy(0).1, 16);
     let auth = format!("Bearer {token}");
-    ureq::post(&format!("http://{api}/vdisks/a/destage")).set("Authorization", &auth).call().unwrap();
+    let started = ureq::post(&format!("http://{api}/vdisks/a/destage")).set("Authorization", &auth).call().unwrap();
+    assert_eq!(started.status(), 202);
+    let job = wait_for_destage(&api);
+    assert_eq!((job["done_blocks"].as_u64(), job["total_blocks"].as_u64(), job["vdisk"].as_str()), (Some(16), Some(16), Some("a")), "{job}");
     assert_eq!(r.daemon.occupancy(0).1, 0);
+    let m = ureq::get(&format!("http://{api}/metrics")).call().unwrap().into_string().unwrap();
+    for needle in ["cachevisor_destaged_blocks_total 16", "cachevisor_destage_job_done_blocks 16", "cachevisor_destage_job_running 0"] {
+        assert!(m.contains(needle), "metrics lack `{needle}`:\n{m}");
+    }
     ureq::post(&format!("http://{api}/vdisks/a/resize")).set("Authorization", &auth).send_json(serde_json::json!({"size": "32KiB"})).unwrap();
     assert!(r.daemon.occupancy(0).0 <= 8);
     ureq::post(&format!("http://{api}/vdisks/b/write-policy")).set("Authorization", &auth).send_json(serde_json::json!({"policy": "ro"})).unwrap();
@@ -46,4 +53,17 @@ fn list_metrics_and_authorized_changes() {
     assert!(matches!(e, ureq::Error::Status(404, _)));
     // Data is intact after all that.
     assert_eq!(c.read(0, 4096).unwrap(), vec![3; 4096]);
+}
+
+/// Polls `GET /destage` until the job has ended; returns its last progress.
+fn wait_for_destage(api: &std::net::SocketAddr) -> serde_json::Value {
+    for _ in 0..600 {
+        let p: serde_json::Value = ureq::get(&format!("http://{api}/destage")).call().unwrap().into_json().unwrap();
+        if p["running"] == false {
+            assert!(p["error"].is_null(), "{p}");
+            return p;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    panic!("the destage job did not end within 30 s");
 }

@@ -69,6 +69,8 @@ pub struct Controller {
     online: Option<IntervalProfiler>,
     miss_history: Vec<VecDeque<u64>>,
     settings: Vec<VmSettings>,
+    /// VMs that are gone (a removed vDisk): no share, no cache.
+    retired: Vec<bool>,
 }
 
 impl Controller {
@@ -98,6 +100,7 @@ impl Controller {
             online,
             miss_history: Vec::new(),
             settings: Vec::new(),
+            retired: Vec::new(),
         }
     }
 
@@ -120,6 +123,19 @@ impl Controller {
     pub fn add_vm(&mut self, s: VmSettings) {
         self.settings.push(s);
         self.miss_history.push(VecDeque::new());
+        self.retired.push(false);
+    }
+
+    /// Takes VM `vm` out of allocation for good (its id is not reused): weight 0, and every
+    /// decision gives it no cache and leaves its write policy alone.
+    pub fn retire_vm(&mut self, vm: usize) {
+        self.settings[vm] = VmSettings { weight: 0.0, min_blocks: 0, ..self.settings[vm] };
+        self.retired[vm] = true;
+    }
+
+    /// Whether VM `vm` is retired.
+    pub fn is_retired(&self, vm: usize) -> bool {
+        self.retired[vm]
     }
 
     /// A VM's settings, to change (phases).
@@ -207,7 +223,12 @@ impl Controller {
     pub fn decide(&mut self, e: &Engine, window: Option<(&[WindowCounts], f64)>, recs: &[Option<f64>], estimates: Option<&[Estimates]>) -> Decision {
         let demands = self.demands(e, window, recs, estimates);
         let pool = Pool { capacity: self.slots, unit: self.unit, free_blocks: e.free_slots() };
-        self.allocator.allocate(&pool, &demands)
+        let mut d = self.allocator.allocate(&pool, &demands);
+        for (vm, _) in self.retired.iter().enumerate().filter(|(_, &r)| r) {
+            d.targets[vm] = 0;
+            d.write_policies[vm] = None;
+        }
+        d
     }
 
     /// Starts the next window of online estimates (past counts decay).
@@ -239,4 +260,29 @@ pub fn apply(e: &mut Engine, d: &Decision) -> Output {
         all.ops.extend_from_slice(&one.ops);
     }
     all
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cachevisor_engine::EngineConfig;
+
+    #[test]
+    fn a_retired_vm_gets_no_cache_and_the_others_share_it() {
+        for name in crate::registry::NAMES {
+            let e = Engine::new(EngineConfig { replacement: cachevisor_engine::ReplacementKind::Clock, ..EngineConfig::with_slots(1024) }).unwrap();
+            let mut c = Controller::new(crate::registry::build(name).unwrap(), 1024, 4096, true);
+            for _ in 0..3 {
+                c.add_vm(VmSettings::default());
+            }
+            c.retire_vm(1);
+            assert!(c.is_retired(1) && !c.is_retired(0));
+            let d = c.decide(&e, None, &[], None);
+            assert_eq!(d.targets[1], 0, "{name}: {:?}", d.targets);
+            assert!(d.write_policies[1].is_none(), "{name}");
+            if name == "static" {
+                assert_eq!(d.targets[0] + d.targets[2], 1024, "{:?}", d.targets);
+            }
+        }
+    }
 }

@@ -1,5 +1,6 @@
 //! The HTTP control API on loopback (axum on its own thread): list vDisks with their
-//! state and counters, Prometheus `/metrics`, and mutating calls — resize a partition,
+//! state and counters, Prometheus `/metrics`, and mutating calls — add a vDisk
+//! (`POST /vdisks`) or remove one (`DELETE /vdisks/NAME`), resize a partition,
 //! change a write policy, start a destage job for one vDisk or all (progress at
 //! `GET /destage`), switch the allocator — that need
 //! `Authorization: Bearer
@@ -127,6 +128,51 @@ async fn destage_all(State(a): State<Api>, h: HeaderMap) -> Response {
     start_destage(a, &h, None).await
 }
 
+fn change_err(e: crate::daemon::ChangeError) -> Response {
+    use crate::daemon::ChangeError as C;
+    let code = match &e {
+        C::Invalid(_) => StatusCode::BAD_REQUEST,
+        C::Conflict(_) => StatusCode::CONFLICT,
+        C::NotFound(_) => StatusCode::NOT_FOUND,
+        C::Failed(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    err(code, e.to_string())
+}
+
+/// `POST /vdisks` with a `[[vdisk]]` table as JSON: 201 with the new listing.
+async fn add_vdisk(State(a): State<Api>, h: HeaderMap, body: Result<Json<crate::config::VdiskConfig>, axum::extract::rejection::JsonRejection>) -> Response {
+    if let Err(r) = a.authorize(&h) {
+        return r;
+    }
+    let Json(v) = match body {
+        Ok(v) => v,
+        Err(e) => return err(StatusCode::BAD_REQUEST, e.body_text()),
+    };
+    let d = a.daemon.clone();
+    match tokio::task::spawn_blocking(move || d.add_vdisk(v)).await {
+        Ok(Ok(_)) => (StatusCode::CREATED, Json(a.daemon.status())).into_response(),
+        Ok(Err(e)) => change_err(e),
+        Err(e) => err(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+/// `DELETE /vdisks/NAME`: writes its dirty blocks back, then removes it.
+async fn remove_vdisk(State(a): State<Api>, h: HeaderMap, Path(name): Path<String>) -> Response {
+    if let Err(r) = a.authorize(&h) {
+        return r;
+    }
+    let vm = match a.vdisk(&name) {
+        Ok(v) => v,
+        Err(r) => return r,
+    };
+    let d = a.daemon.clone();
+    match tokio::task::spawn_blocking(move || d.remove_vdisk(vm)).await {
+        Ok(Ok(())) => list(State(a)).await,
+        Ok(Err(e)) => change_err(e),
+        Err(e) => err(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
 async fn destage_progress(State(a): State<Api>) -> Response {
     Json(a.daemon.destage_job().progress()).into_response()
 }
@@ -156,7 +202,8 @@ pub fn start(daemon: Arc<Daemon>, addr: SocketAddr, token: String) -> Result<Soc
     let bound = l.local_addr().map_err(|source| StartError::File { path: format!("api.listen {addr}"), source })?;
     l.set_nonblocking(true).map_err(|source| StartError::File { path: format!("api.listen {addr}"), source })?;
     let app = Router::new()
-        .route("/vdisks", get(list))
+        .route("/vdisks", get(list).post(add_vdisk))
+        .route("/vdisks/{name}", axum::routing::delete(remove_vdisk))
         .route("/metrics", get(metrics))
         .route("/vdisks/{name}/resize", post(resize))
         .route("/vdisks/{name}/write-policy", post(write_policy))

@@ -15,6 +15,12 @@ pub enum Backing {
     File(File),
     /// An NBD export (one connection; requests serialized on it).
     Nbd(Mutex<Client>),
+    /// Closed: the vDisk was removed.
+    Removed,
+}
+
+fn removed() -> io::Error {
+    io::Error::new(io::ErrorKind::NotFound, "the vDisk was removed")
 }
 
 /// Whether a backing spec is an NBD URI.
@@ -58,6 +64,7 @@ impl Backing {
         match self {
             Backing::File(f) => Ok(f.metadata()?.len()),
             Backing::Nbd(c) => Ok(c.lock().unwrap_or_else(|e| e.into_inner()).size),
+            Backing::Removed => Err(removed()),
         }
     }
 
@@ -70,6 +77,7 @@ impl Backing {
                 buf.copy_from_slice(&d);
                 Ok(())
             }
+            Backing::Removed => Err(removed()),
         }
     }
 
@@ -78,6 +86,7 @@ impl Backing {
         match self {
             Backing::File(f) => f.write_all_at(data, addr),
             Backing::Nbd(c) => c.lock().unwrap_or_else(|e| e.into_inner()).write(addr, data, false)?.map_err(nbd_err),
+            Backing::Removed => Err(removed()),
         }
     }
 
@@ -110,6 +119,7 @@ impl Backing {
                 }
                 Ok(true)
             }
+            Backing::Removed => Err(removed()),
         }
     }
 
@@ -118,6 +128,7 @@ impl Backing {
         match self {
             Backing::File(f) => f.sync_data(),
             Backing::Nbd(c) => c.lock().unwrap_or_else(|e| e.into_inner()).flush()?.map_err(nbd_err),
+            Backing::Removed => Ok(()), // nothing left to make durable
         }
     }
 }

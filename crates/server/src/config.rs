@@ -150,6 +150,31 @@ pub struct VdiskConfig {
     pub sequential_cutoff: Option<String>,
 }
 
+impl VdiskConfig {
+    /// Checks every value; the message starts with `at` and names the key.
+    pub fn check(&self, at: &str) -> Result<(), String> {
+        let v = self;
+        if v.name.is_empty() || v.name.len() > 4096 {
+            return Err(format!("{at}.name: must be 1 to 4096 bytes"));
+        }
+        if !(v.weight > 0.0 && v.weight.is_finite()) {
+            return Err(format!("{at}.weight: {} must be > 0", v.weight));
+        }
+        for (key, val) in [("size", &v.size), ("min", &v.min), ("sequential_cutoff", &v.sequential_cutoff)] {
+            if let Some(s) = val {
+                parse_size(s).map_err(|e| format!("{at}.{key}: {e}"))?;
+            }
+        }
+        if !(v.ratio > 0.0 && v.ratio.is_finite()) {
+            return Err(format!("{at}.ratio: {} must be > 0", v.ratio));
+        }
+        if !crate::backing::is_uri(&v.backing) && !v.backing.exists() && v.size.is_none() {
+            return Err(format!("{at}.backing: {} does not exist (give `size` to create it)", v.backing.display()));
+        }
+        Ok(())
+    }
+}
+
 /// The whole configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -268,26 +293,10 @@ impl Config {
         }
         for (i, v) in self.vdisk.iter().enumerate() {
             let at = format!("vdisk[{i}] ({})", v.name);
-            if v.name.is_empty() || v.name.len() > 4096 {
-                return Err(format!("{at}.name: must be 1 to 4096 bytes"));
-            }
             if self.vdisk[..i].iter().any(|o| o.name == v.name) {
                 return Err(format!("{at}.name: used twice"));
             }
-            if !(v.weight > 0.0 && v.weight.is_finite()) {
-                return Err(format!("{at}.weight: {} must be > 0", v.weight));
-            }
-            for (key, val) in [("size", &v.size), ("min", &v.min), ("sequential_cutoff", &v.sequential_cutoff)] {
-                if let Some(s) = val {
-                    parse_size(s).map_err(|e| format!("{at}.{key}: {e}"))?;
-                }
-            }
-            if !(v.ratio > 0.0 && v.ratio.is_finite()) {
-                return Err(format!("{at}.ratio: {} must be > 0", v.ratio));
-            }
-            if !crate::backing::is_uri(&v.backing) && !v.backing.exists() && v.size.is_none() {
-                return Err(format!("{at}.backing: {} does not exist (give `size` to create it)", v.backing.display()));
-            }
+            v.check(&at)?;
         }
         Ok(Resolved { cache_bytes, block_size, slots, interval_ns: cachevisor_trace::units::parse_duration_ns(&self.cache.interval).expect("checked"), flush_rate: parse_size(&self.cache.flush_rate).expect("checked") })
     }

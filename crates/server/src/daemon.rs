@@ -17,12 +17,14 @@ use cachevisor_policy::registry;
 use cachevisor_trace::units::parse_size;
 use cachevisor_trace::{Op, Request, VmId};
 use std::fs::File;
-use std::sync::Mutex;
+use std::sync::{Mutex, RwLock};
 use std::time::Instant;
 
 /// One served vDisk.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExportInfo {
+    /// Its VM id in the engine.
+    pub id: VmId,
     /// Export name.
     pub name: String,
     /// Size in bytes.
@@ -135,11 +137,77 @@ fn os_err(kind: OpKind, vm: VmId, source: std::io::Error) -> OpError {
     OpError { kind, vm, disk_addr: 0, ssd_addr: 0, len: 0, source }
 }
 
+/// Sets up a new VM id for vDisk `v` in the engine (write policy, sequential cutoff) and
+/// the controller (weight, ratio, minimum). The partition is empty: no device work.
+fn enroll(engine: &mut Engine, ctl: &mut Controller, id: VmId, v: &crate::config::VdiskConfig, block_size: u64, out: &mut Output) -> Result<(), String> {
+    let min = v.min.as_deref().map(parse_size).transpose()?.unwrap_or(0);
+    let cutoff = v.sequential_cutoff.as_deref().map(parse_size).transpose()?;
+    engine.ensure_vm(id);
+    if let Some(p) = v.write_policy {
+        engine.set_write_policy(id, p, out);
+    }
+    if let Some(c) = cutoff {
+        engine.set_sequential_cutoff(id, c);
+    }
+    ctl.add_vm(VmSettings { weight: v.weight, ratio: v.ratio, min_blocks: min.div_ceil(block_size) });
+    Ok(())
+}
+
+/// Why adding or removing a vDisk was refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ChangeError {
+    /// Bad settings.
+    #[error("{0}")]
+    Invalid(String),
+    /// The name is taken, or the change would leave nothing to serve.
+    #[error("{0}")]
+    Conflict(String),
+    /// No such vDisk.
+    #[error("{0}")]
+    NotFound(String),
+    /// A device or metadata failure.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// The error of a request that raced with the removal of its vDisk.
+fn removed_err(vm: VmId) -> OpError {
+    os_err(OpKind::BackingRead, vm, std::io::Error::new(std::io::ErrorKind::NotFound, "the vDisk was removed"))
+}
+
+impl Core {
+    /// Applies an allocation decision online — vDisks in pass-through keep no cache —
+    /// and makes the write-backs it causes durable before the metadata says clean.
+    fn apply(&mut self, mut d: cachevisor_policy::allocator::Decision) -> Result<(), OpError> {
+        let Core { engine, files, out, staging, persist, passthrough, .. } = self;
+        for (vm, &p) in passthrough.iter().enumerate() {
+            if p {
+                d.targets[vm] = 0;
+                d.write_policies[vm] = None;
+            }
+        }
+        *out = controller::apply(engine, &d);
+        execute(&out.ops, Client::None, &*files, staging)?;
+        for (vm, b) in files.backings.iter().enumerate() {
+            b.sync().map_err(|e| os_err(OpKind::BackingWrite, vm as VmId, e))?;
+        }
+        persist.record_all(engine).map_err(|e| os_err(OpKind::SsdWrite, 0, e))?;
+        for (vm, &t) in d.targets.iter().enumerate() {
+            persist.record_target(vm as u16, t).map_err(|e| os_err(OpKind::SsdWrite, vm as VmId, e))?;
+        }
+        Ok(())
+    }
+}
+
 /// The daemon: exports and the locked core.
 pub struct Daemon {
     metrics: crate::metrics::Metrics,
-    exports: Vec<ExportInfo>,
+    /// By VM id; `None` once removed (ids are not reused while the daemon runs).
+    exports: RwLock<Vec<Option<ExportInfo>>>,
+    /// vDisks added and removed through the API (serializes those calls).
+    overlay: Mutex<crate::vdisk_overlay::Overlay>,
     block_size: u64,
+    resolved: Resolved,
     core: Mutex<Core>,
     start: Instant,
     recovery: Recovery,
@@ -169,6 +237,17 @@ impl Daemon {
     /// Opens (creating where configured) the cache store and backing files and sets up
     /// the engine: one partition per vDisk sized by the configured allocator.
     pub fn start(cfg: &Config) -> Result<Daemon, StartError> {
+        let meta_dir = cfg.cache.metadata.clone().unwrap_or_else(|| {
+            let mut p = cfg.cache.path.clone().into_os_string();
+            p.push(".meta");
+            p.into()
+        });
+        let overlay = crate::vdisk_overlay::Overlay::load(&meta_dir).map_err(StartError::Config)?;
+        let mut merged = cfg.clone();
+        for note in overlay.apply(&mut merged) {
+            tracing::info!("{note}");
+        }
+        let cfg = &merged;
         let r: Resolved = cfg.resolve().map_err(StartError::Config)?;
         let ssd = crate::backing::open_file(&cfg.cache.path, Some(r.cache_bytes)).map_err(|source| StartError::File { path: cfg.cache.path.display().to_string(), source })?;
         let mut backings = Vec::new();
@@ -177,7 +256,7 @@ impl Daemon {
             let size = v.size.as_deref().map(cachevisor_trace::units::parse_size).transpose().map_err(StartError::Config)?;
             let err = |source| StartError::File { path: v.backing.display().to_string(), source };
             let b = Backing::open(&v.backing, size).map_err(err)?;
-            exports.push(ExportInfo { name: v.name.clone(), size: b.size().map_err(err)? });
+            exports.push(Some(ExportInfo { id: exports.len() as VmId, name: v.name.clone(), size: b.size().map_err(err)? }));
             backings.push(b);
         }
         let ecfg = EngineConfig {
@@ -192,29 +271,14 @@ impl Daemon {
         let mut engine = Engine::new(ecfg).map_err(StartError::Config)?;
         engine.track_changes(true); // the metadata journal records exactly what changed
         let mut out = Output::default();
-        for (i, v) in cfg.vdisk.iter().enumerate() {
-            engine.ensure_vm(i as VmId);
-            if let Some(p) = v.write_policy {
-                engine.set_write_policy(i as VmId, p, &mut out);
-            }
-        }
         let alloc = registry::build_with(&cfg.cache.allocator, &cfg.cache.params).map_err(StartError::Config)?;
         let mut ctl = Controller::new(alloc, r.slots, r.block_size, true);
         for (i, v) in cfg.vdisk.iter().enumerate() {
-            let min = v.min.as_deref().map(parse_size).transpose().map_err(StartError::Config)?.unwrap_or(0);
-            ctl.add_vm(VmSettings { weight: v.weight, ratio: v.ratio, min_blocks: min.div_ceil(r.block_size) });
-            if let Some(c) = &v.sequential_cutoff {
-                engine.set_sequential_cutoff(i as VmId, parse_size(c).map_err(StartError::Config)?);
-            }
+            enroll(&mut engine, &mut ctl, i as VmId, v, r.block_size, &mut out).map_err(StartError::Config)?;
         }
         let first = ctl.decide(&engine, None, &[], None);
         controller::apply(&mut engine, &first); // an empty cache: no device work
         // Warm start: put every block the metadata knows back into its slot.
-        let meta_dir = cfg.cache.metadata.clone().unwrap_or_else(|| {
-            let mut p = cfg.cache.path.clone().into_os_string();
-            p.push(".meta");
-            p.into()
-        });
         let names: Vec<String> = cfg.vdisk.iter().map(|v| v.name.clone()).collect();
         // Metadata VM ids → engine VM ids; vDisks no longer configured get ids past the
         // configured ones, to be refused (dirty data) or dropped (clean) after the replay.
@@ -287,7 +351,7 @@ impl Daemon {
             last_tick: Instant::now(),
             recorder: None,
         };
-        Ok(Daemon { metrics: Default::default(), exports, block_size: r.block_size, core: Mutex::new(core), start: Instant::now(), recovery, meta_dir, destaged: 0.into(), job: Default::default() })
+        Ok(Daemon { metrics: Default::default(), exports: RwLock::new(exports), overlay: Mutex::new(overlay), block_size: r.block_size, resolved: r, core: Mutex::new(core), start: Instant::now(), recovery, meta_dir, destaged: 0.into(), job: Default::default() })
     }
 
     /// Latency histograms (and the metrics exposition).
@@ -305,9 +369,24 @@ impl Daemon {
         self.recovery
     }
 
-    /// The exports, by VM id.
-    pub fn exports(&self) -> &[ExportInfo] {
-        &self.exports
+    /// The vDisks being served, by VM id.
+    pub fn exports(&self) -> Vec<ExportInfo> {
+        self.exports.read().unwrap_or_else(|e| e.into_inner()).iter().flatten().cloned().collect()
+    }
+
+    /// vDisk `vm`, unless it was removed.
+    pub fn export(&self, vm: VmId) -> Option<ExportInfo> {
+        self.exports.read().unwrap_or_else(|e| e.into_inner()).get(vm as usize).cloned().flatten()
+    }
+
+    /// Whether vDisk `vm` is still served.
+    pub fn is_live(&self, vm: VmId) -> bool {
+        self.exports.read().unwrap_or_else(|e| e.into_inner()).get(vm as usize).is_some_and(|e| e.is_some())
+    }
+
+    /// The numbers the configuration resolved to (with the API's vDisk changes laid over).
+    pub fn resolved(&self) -> Resolved {
+        self.resolved
     }
 
     /// Cache block size.
@@ -336,6 +415,9 @@ impl Daemon {
         let bs = self.block_size;
         let mut guard = self.lock();
         let Core { engine, files, out, staging, stats, persist, error_threshold, passthrough, ctl, recorder, names, .. } = &mut *guard;
+        if ctl.is_retired(vm as usize) {
+            return Err(removed_err(vm));
+        }
         if ctl.observes() {
             ctl.observe(&req);
         }
@@ -467,7 +549,7 @@ impl Daemon {
         }
         let left = match vm {
             Some(v) => engine.partition(v).dirty_blocks,
-            None => (0..self.exports.len()).map(|v| engine.partition(v as VmId).dirty_blocks).sum(),
+            None => (0..files.backings.len()).map(|v| engine.partition(v as VmId).dirty_blocks).sum(),
         };
         Ok((n, left))
     }
@@ -508,7 +590,7 @@ impl Daemon {
     /// applied online, and their write-backs made durable before the metadata says clean.
     pub fn tick(&self) -> Result<(), OpError> {
         let mut guard = self.lock();
-        let Core { engine, files, out, staging, stats, persist, passthrough, ctl, last, last_tick, recorder, .. } = &mut *guard;
+        let Core { engine, stats, ctl, last, last_tick, recorder, .. } = &mut *guard;
         let secs = last_tick.elapsed().as_secs_f64();
         *last_tick = Instant::now();
         let counts: Vec<WindowCounts> = stats
@@ -525,23 +607,93 @@ impl Daemon {
         if !ctl.allocator().every_interval() {
             return Ok(());
         }
-        let mut d = ctl.decide(engine, Some((&counts, secs)), &sampled, None);
-        for (vm, &p) in passthrough.iter().enumerate() {
-            if p {
-                d.targets[vm] = 0;
-                d.write_policies[vm] = None;
-            }
-        }
-        *out = controller::apply(engine, &d);
+        let d = ctl.decide(engine, Some((&counts, secs)), &sampled, None);
         ctl.next_window();
-        execute(&out.ops, Client::None, &*files, staging)?;
-        for (vm, b) in files.backings.iter().enumerate() {
-            b.sync().map_err(|e| os_err(OpKind::BackingWrite, vm as VmId, e))?;
+        guard.apply(d)
+    }
+
+    /// Adds vDisk `v` while running: its backing store is opened (created when `size` is
+    /// given), the change is saved to the metadata directory's overlay (so it survives a
+    /// restart), the vDisk joins the engine and the controller, the allocator re-divides
+    /// the cache at once, and the export is offered to clients.
+    pub fn add_vdisk(&self, mut v: crate::config::VdiskConfig) -> Result<ExportInfo, ChangeError> {
+        let mut overlay = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
+        if self.vdisk(&v.name).is_some() {
+            return Err(ChangeError::Conflict(format!("a vDisk named `{}` is already served", v.name)));
         }
-        persist.record_all(engine).map_err(|e| os_err(OpKind::SsdWrite, 0, e))?;
-        for (vm, &t) in d.targets.iter().enumerate() {
-            persist.record_target(vm as u16, t).map_err(|e| os_err(OpKind::SsdWrite, vm as VmId, e))?;
+        if !crate::backing::is_uri(&v.backing) {
+            v.backing = std::path::absolute(&v.backing).map_err(|e| ChangeError::Invalid(format!("backing: {e}")))?;
         }
+        v.check("vdisk").map_err(ChangeError::Invalid)?;
+        let size = v.size.as_deref().map(parse_size).transpose().map_err(ChangeError::Invalid)?;
+        let failed = |e: std::io::Error| ChangeError::Invalid(format!("backing {}: {e}", v.backing.display()));
+        let b = Backing::open(&v.backing, size).map_err(failed)?;
+        let size = b.size().map_err(failed)?;
+        let mut next = overlay.clone();
+        next.add(v.clone());
+        next.save(&self.meta_dir).map_err(|e| ChangeError::Failed(format!("{}: {e}", crate::vdisk_overlay::path(&self.meta_dir).display())))?;
+        *overlay = next;
+        let mut guard = self.lock();
+        let core = &mut *guard;
+        let id = core.names.len() as VmId;
+        if id > u16::MAX as VmId {
+            return Err(ChangeError::Conflict("no VM ids left: restart the daemon to renumber".into()));
+        }
+        enroll(&mut core.engine, &mut core.ctl, id, &v, self.block_size, &mut core.out).map_err(ChangeError::Invalid)?;
+        core.files.backings.push(b);
+        core.stats.push(ExportStats::default());
+        core.last.push(ExportStats::default());
+        core.passthrough.push(false);
+        core.names.push(v.name.clone());
+        core.persist.record_vdisk(id as u16, &v.name).map_err(|e| ChangeError::Failed(format!("metadata journal: {e}")))?;
+        let d = core.ctl.decide(&core.engine, None, &[], None);
+        core.apply(d).map_err(|e| ChangeError::Failed(e.to_string()))?;
+        let info = ExportInfo { id, name: v.name.clone(), size };
+        self.exports.write().unwrap_or_else(|e| e.into_inner()).push(Some(info.clone()));
+        tracing::info!(vdisk = %v.name, id, size, backing = %v.backing.display(), "vDisk added");
+        Ok(info)
+    }
+
+    /// Removes vDisk `vm` while running: it stops being offered (open connections get
+    /// ESHUTDOWN at their next request), its dirty blocks are written back in steps and
+    /// made durable, its cache is released to the others at once, its backing store is
+    /// closed, and the removal is saved to the metadata directory's overlay. The last vDisk
+    /// cannot be removed.
+    pub fn remove_vdisk(&self, vm: VmId) -> Result<(), ChangeError> {
+        let mut overlay = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
+        let info = self.export(vm).ok_or_else(|| ChangeError::NotFound(format!("no vDisk with id {vm}")))?;
+        if self.exports().len() == 1 {
+            return Err(ChangeError::Conflict(format!("`{}` is the last vDisk: add another before removing it", info.name)));
+        }
+        self.exports.write().unwrap_or_else(|e| e.into_inner())[vm as usize] = None;
+        let restore = |e: String| {
+            self.exports.write().unwrap_or_else(|p| p.into_inner())[vm as usize] = Some(info.clone());
+            ChangeError::Failed(format!("`{}` is still served: {e}", info.name))
+        };
+        // Most of the write-back with the lock released between steps, so others go on.
+        self.destage_all(Some(vm), &mut |_, _| {}).map_err(|e| restore(e.to_string()))?;
+        let mut guard = self.lock();
+        let core = &mut *guard;
+        // What requests that were already past the check wrote meanwhile is written back here.
+        core.engine.drop_vm(vm, &mut core.out);
+        let Core { engine, files, out, staging, persist, ctl, names, .. } = core;
+        execute(&out.ops, Client::None, &*files, staging).map_err(|e| restore(e.to_string()))?;
+        files.backings[vm as usize].sync().map_err(|e| restore(e.to_string()))?;
+        ctl.retire_vm(vm as usize);
+        names[vm as usize].clear(); // a checkpoint maps no slots to it
+        let failed = |e: std::io::Error| ChangeError::Failed(format!("metadata journal: {e}"));
+        persist.record_all(engine).map_err(failed)?;
+        persist.record_target(vm as u16, 0).map_err(failed)?;
+        persist.sync(&files.ssd).map_err(failed)?;
+        files.backings[vm as usize] = Backing::Removed;
+        let d = core.ctl.decide(&core.engine, None, &[], None);
+        core.apply(d).map_err(|e| ChangeError::Failed(e.to_string()))?;
+        drop(guard);
+        let mut next = overlay.clone();
+        next.remove(&info.name);
+        next.save(&self.meta_dir).map_err(|e| ChangeError::Failed(format!("{}: {e}", crate::vdisk_overlay::path(&self.meta_dir).display())))?;
+        *overlay = next;
+        tracing::info!(vdisk = %info.name, id = vm, "vDisk removed");
         Ok(())
     }
 
@@ -549,11 +701,15 @@ impl Daemon {
     pub fn set_allocator(&self, name: &str, params: &cachevisor_policy::params::Params) -> Result<(), String> {
         let alloc = registry::build_with(name, params)?;
         let mut guard = self.lock();
-        let Core { engine, ctl, .. } = &mut *guard;
-        let settings: Vec<VmSettings> = (0..self.exports.len()).map(|v| *ctl.settings_mut(v)).collect();
+        let Core { engine, ctl, names, .. } = &mut *guard;
+        let n = names.len();
+        let settings: Vec<(VmSettings, bool)> = (0..n).map(|v| (*ctl.settings_mut(v), ctl.is_retired(v))).collect();
         *ctl = Controller::new(alloc, engine.slot_count(), self.block_size, true);
-        for s in settings {
+        for (v, (s, retired)) in settings.into_iter().enumerate() {
             ctl.add_vm(s);
+            if retired {
+                ctl.retire_vm(v);
+            }
         }
         tracing::info!(allocator = name, "allocator switched");
         Ok(())
@@ -574,25 +730,20 @@ impl Daemon {
 
     /// Every vDisk's state and counters.
     pub fn status(&self) -> Vec<VdiskStatus> {
+        let exports = self.exports();
         let core = self.lock();
-        self.exports
-            .iter()
-            .enumerate()
-            .map(|(vm, e)| {
-                let p = core.engine.partition(vm as VmId);
-                VdiskStatus { name: e.name.clone(), size: e.size, write_policy: p.write_policy, used_blocks: p.used, target_blocks: p.target, dirty_blocks: p.dirty_blocks, stats: core.stats[vm] }
+        exports
+            .into_iter()
+            .map(|e| {
+                let p = core.engine.partition(e.id);
+                VdiskStatus { name: e.name, size: e.size, write_policy: p.write_policy, used_blocks: p.used, target_blocks: p.target, dirty_blocks: p.dirty_blocks, stats: core.stats[e.id as usize] }
             })
             .collect()
     }
 
-    /// The name of export `vm`.
-    pub fn export_name(&self, vm: VmId) -> String {
-        self.exports[vm as usize].name.clone()
-    }
-
-    /// The VM id of export `name`.
+    /// The VM id of the served vDisk `name`.
     pub fn vdisk(&self, name: &str) -> Option<VmId> {
-        self.exports.iter().position(|e| e.name == name).map(|v| v as VmId)
+        self.exports().into_iter().find(|e| e.name == name).map(|e| e.id)
     }
 
     /// Switches export `vm`'s write policy online (leaving write-back writes its dirty
@@ -630,7 +781,10 @@ impl Daemon {
     /// is fsynced on the backing file.
     pub fn flush(&self, vm: VmId) -> Result<(), OpError> {
         let mut guard = self.lock();
-        let Core { engine, files, stats, persist, names, .. } = &mut *guard;
+        let Core { engine, files, stats, persist, names, ctl, .. } = &mut *guard;
+        if ctl.is_retired(vm as usize) {
+            return Err(removed_err(vm));
+        }
         stats[vm as usize].flushes += 1;
         persist.sync(&files.ssd).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
         files.backings[vm as usize].sync().map_err(|e| os_err(OpKind::BackingWrite, vm, e))?;
@@ -649,7 +803,10 @@ impl Daemon {
     pub fn trim(&self, vm: VmId, offset: u64, len: u64) -> Result<(), OpError> {
         let (lo, hi) = (offset.div_ceil(512) * 512, (offset + len) / 512 * 512);
         let mut guard = self.lock();
-        let Core { engine, files, stats, persist, passthrough, .. } = &mut *guard;
+        let Core { engine, files, stats, persist, passthrough, ctl, .. } = &mut *guard;
+        if ctl.is_retired(vm as usize) {
+            return Err(removed_err(vm));
+        }
         stats[vm as usize].trims += 1;
         if lo >= hi {
             return Ok(());

@@ -58,7 +58,7 @@ impl Job {
                 drop(g);
                 return Err(job.progress());
             }
-            let vdisk = vm.map(|v| daemon.export_name(v));
+            let vdisk = vm.and_then(|v| daemon.export(v)).map(|e| e.name);
             *g = (Progress { running: true, vdisk, block_size: daemon.block_size(), ..Progress::default() }, Some(Instant::now()));
         }
         let d = daemon.clone();

@@ -187,14 +187,22 @@ pub fn read_records(r: &mut impl Read) -> io::Result<(Vec<Record>, bool)> {
     Ok((out, true))
 }
 
-/// Writes `header` and what `records` writes as a complete file at `path`: a temporary
-/// file, fsynced, renamed over `path`, directory fsynced.
+/// Writes `header` and what `records` writes as a complete file at `path` (see
+/// [`replace_file`]).
 pub fn write_file_atomically(path: &std::path::Path, magic: [u8; 8], header: &Header, records: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>) -> io::Result<()> {
+    replace_file(path, &mut |w| {
+        w.write_all(&header.encode(magic))?;
+        records(w)
+    })
+}
+
+/// Replaces `path` with what `contents` writes, all or nothing: a temporary file, fsynced,
+/// renamed over `path`, directory fsynced.
+pub fn replace_file(path: &std::path::Path, contents: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>) -> io::Result<()> {
     let tmp = path.with_extension("tmp");
     {
         let mut f = io::BufWriter::new(std::fs::File::create(&tmp)?);
-        f.write_all(&header.encode(magic))?;
-        records(&mut f)?;
+        contents(&mut f)?;
         f.into_inner().map_err(|e| e.into_error())?.sync_all()?;
     }
     std::fs::rename(&tmp, path)?;

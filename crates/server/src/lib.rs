@@ -15,6 +15,7 @@ pub mod listener;
 pub mod nbd;
 pub mod persist;
 pub mod service;
+pub mod vdisk_overlay;
 
 pub use config::Config;
 pub use daemon::Daemon;

@@ -32,7 +32,7 @@ impl Split for std::os::unix::net::UnixStream {
 pub fn connection<S: Split>(mut s: S, d: &Daemon, peer: &str) {
     match negotiate(&mut s, d) {
         Ok(Negotiated::Export(vm)) => {
-            tracing::info!(peer, export = %d.exports()[vm as usize].name, "connected");
+            tracing::info!(peer, export = %d.export(vm).map_or(String::new(), |e| e.name), "connected");
             let writer = match s.split() {
                 Ok(w) => w,
                 Err(e) => return tracing::warn!(peer, %e, "cannot split the connection"),

@@ -253,6 +253,13 @@ impl Persistence {
     }
 
     /// Journals a partition target.
+    /// Journals that VM id `vm` is the vDisk `name` (a vDisk added while running).
+    pub fn record_vdisk(&mut self, vm: u16, name: &str) -> std::io::Result<()> {
+        Record::Vdisk { vm, name: name.to_string() }.encode(&mut self.buf);
+        self.write_buffered()
+    }
+
+    /// Journals VM `vm`'s partition target.
     pub fn record_target(&mut self, vm: u16, blocks: u64) -> std::io::Result<()> {
         Record::Target { vm, blocks }.encode(&mut self.buf);
         self.write_buffered()

@@ -41,7 +41,7 @@ impl Running {
 pub fn start(cfg: &Config) -> Result<Running, StartError> {
     let daemon = Arc::new(Daemon::start(cfg)?);
     // The interval controller's clock.
-    let resolved = cfg.resolve().map_err(StartError::Config)?;
+    let resolved = daemon.resolved();
     let interval = std::time::Duration::from_nanos(resolved.interval_ns);
     // The background flusher: a step every 100 ms within the configured rate.
     if resolved.flush_rate > 0 {

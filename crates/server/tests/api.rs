@@ -67,3 +67,83 @@ fn wait_for_destage(api: &std::net::SocketAddr) -> serde_json::Value {
     }
     panic!("the destage job did not end within 30 s");
 }
+
+#[test]
+fn vdisks_are_added_and_removed_online_and_that_survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = api_cfg(dir.path());
+    let r = serve(&cfg);
+    let (api, token) = r.api.clone().unwrap();
+    let auth = format!("Bearer {token}");
+    let url = format!("http://{api}/vdisks");
+    let c_img = dir.path().join("c.img");
+    let add = serde_json::json!({"name": "c", "backing": c_img, "size": "4MiB", "write_policy": "wb"});
+    // Refused without the token; bad bodies are 400 naming the problem; nothing changes.
+    assert!(matches!(ureq::post(&url).send_json(add.clone()).unwrap_err(), ureq::Error::Status(401, _)));
+    for (body, needle) in [
+        (serde_json::json!({"name": "c", "backing": c_img, "size": "4MiB", "speed": 1}), "speed"),
+        (serde_json::json!({"name": "c", "backing": dir.path().join("nope.img")}), "does not exist"),
+        (serde_json::json!({"name": "c", "backing": c_img, "size": "4MiB", "weight": -1}), "weight"),
+    ] {
+        match ureq::post(&url).set("Authorization", &auth).send_json(body).unwrap_err() {
+            ureq::Error::Status(400, resp) => {
+                let text = resp.into_string().unwrap();
+                assert!(text.contains(needle), "{text}");
+            }
+            e => panic!("{e}"),
+        }
+    }
+    assert!(matches!(ureq::post(&url).set("Authorization", &auth).send_json(serde_json::json!({"name": "a", "backing": c_img, "size": "4MiB"})).unwrap_err(), ureq::Error::Status(409, _)));
+    assert_eq!(r.daemon.exports().len(), 2);
+    let resp = ureq::post(&url).set("Authorization", &auth).send_json(add).unwrap();
+    assert_eq!(resp.status(), 201);
+    let list: serde_json::Value = resp.into_json().unwrap();
+    assert_eq!(list.as_array().unwrap().len(), 3);
+    // The allocator re-divided the cache at once (static: a third each).
+    let targets: Vec<u64> = list.as_array().unwrap().iter().map(|v| v["target_blocks"].as_u64().unwrap()).collect();
+    assert!(targets.iter().all(|&t| (85..=86).contains(&t)), "{targets:?}");
+    let (mut c, size) = Client::connect(r.tcp.unwrap(), "c");
+    assert_eq!(size, 4 << 20);
+    for i in 0..16u64 {
+        c.write(i * 4096, &[i as u8 + 40; 4096], false).unwrap();
+    }
+    c.flush().unwrap();
+    assert_eq!(r.daemon.occupancy(2).1, 16);
+    // Remove `a` while a client is connected to it and it holds dirty blocks.
+    let (mut a, _) = Client::connect(r.tcp.unwrap(), "a");
+    for i in 0..8u64 {
+        a.write(i * 4096, &[i as u8 + 7; 4096], false).unwrap();
+    }
+    assert!(matches!(ureq::delete(&format!("{url}/a")).call().unwrap_err(), ureq::Error::Status(401, _)));
+    let list: serde_json::Value = ureq::delete(&format!("{url}/a")).set("Authorization", &auth).call().unwrap().into_json().unwrap();
+    let names: Vec<&str> = list.as_array().unwrap().iter().map(|v| v["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["b", "c"]);
+    let targets: Vec<u64> = list.as_array().unwrap().iter().map(|v| v["target_blocks"].as_u64().unwrap()).collect();
+    assert_eq!(targets, [128, 128], "the others share the cache at once");
+    assert_eq!(a.read(0, 4096), Err(cachevisor_server::nbd::proto::ESHUTDOWN));
+    assert!(closed(&mut a.s));
+    let a_img = std::fs::read(dir.path().join("a.img")).unwrap();
+    for i in 0..8usize {
+        assert!(a_img[i * 4096..(i + 1) * 4096].iter().all(|&x| x == i as u8 + 7), "block {i} written back before the removal");
+    }
+    assert!(cachevisor_server::nbd::client::Client::connect(r.tcp.unwrap(), "a").is_err(), "no longer offered");
+    assert!(matches!(ureq::delete(&format!("{url}/a")).set("Authorization", &auth).call().unwrap_err(), ureq::Error::Status(404, _)));
+    ureq::delete(&format!("{url}/b")).set("Authorization", &auth).call().unwrap();
+    match ureq::delete(&format!("{url}/c")).set("Authorization", &auth).call().unwrap_err() {
+        ureq::Error::Status(409, resp) => assert!(resp.into_string().unwrap().contains("last vDisk")),
+        e => panic!("{e}"),
+    }
+    drop((c, r));
+    // A restart with the same config file serves what the API left: `c` (warm, dirty data
+    // intact), not `a` or `b`, whose backing files may be gone.
+    std::fs::remove_file(dir.path().join("a.img")).unwrap();
+    std::fs::remove_file(dir.path().join("b.img")).unwrap();
+    let r = serve(&cfg);
+    let names: Vec<String> = r.daemon.exports().into_iter().map(|e| e.name).collect();
+    assert_eq!(names, ["c"]);
+    let (mut c, _) = Client::connect(r.tcp.unwrap(), "c");
+    for i in 0..16u64 {
+        assert_eq!(c.read(i * 4096, 4096).unwrap(), vec![i as u8 + 40; 4096]);
+    }
+    assert_eq!(r.daemon.stats(0).hit_blocks, 16, "warm after the restart");
+}

@@ -55,20 +55,20 @@ pub fn negotiate<S: Read + Write>(s: &mut S, d: &Daemon) -> io::Result<Negotiate
         }
         let mut data = vec![0u8; len as usize];
         s.read_exact(&mut data)?;
-        let find = |name: &str| d.exports().iter().position(|e| e.name == name);
+        let find = |name: &str| d.exports().into_iter().find(|e| e.name == name);
         match opt {
             OPT_EXPORT_NAME => {
-                let Some(vm) = std::str::from_utf8(&data).ok().and_then(find) else {
+                let Some(e) = std::str::from_utf8(&data).ok().and_then(find) else {
                     return Ok(Negotiated::Closed); // the only answer EXPORT_NAME allows
                 };
                 let mut b = Vec::with_capacity(10 + 124);
-                b.extend_from_slice(&d.exports()[vm].size.to_be_bytes());
+                b.extend_from_slice(&e.size.to_be_bytes());
                 b.extend_from_slice(&TRANSMISSION_FLAGS.to_be_bytes());
                 if !no_zeroes {
                     b.extend_from_slice(&[0u8; 124]);
                 }
                 s.write_all(&b)?;
-                return Ok(Negotiated::Export(vm as u32));
+                return Ok(Negotiated::Export(e.id));
             }
             OPT_ABORT => {
                 s.write_all(&option_reply(opt, REP_ACK, &[]))?;
@@ -89,12 +89,12 @@ pub fn negotiate<S: Read + Write>(s: &mut S, d: &Daemon) -> io::Result<Negotiate
                     s.write_all(&option_reply(opt, REP_ERR_INVALID, b"malformed INFO/GO data"))?;
                     continue;
                 };
-                let Some(vm) = find(&name) else {
+                let Some(e) = find(&name) else {
                     s.write_all(&option_reply(opt, REP_ERR_UNKNOWN, format!("no export named `{name}`").as_bytes()))?;
                     continue;
                 };
                 let mut info = INFO_EXPORT.to_be_bytes().to_vec();
-                info.extend_from_slice(&d.exports()[vm].size.to_be_bytes());
+                info.extend_from_slice(&e.size.to_be_bytes());
                 info.extend_from_slice(&TRANSMISSION_FLAGS.to_be_bytes());
                 s.write_all(&option_reply(opt, REP_INFO, &info))?;
                 if infos.contains(&INFO_BLOCK_SIZE) {
@@ -106,7 +106,7 @@ pub fn negotiate<S: Read + Write>(s: &mut S, d: &Daemon) -> io::Result<Negotiate
                 }
                 s.write_all(&option_reply(opt, REP_ACK, &[]))?;
                 if opt == OPT_GO {
-                    return Ok(Negotiated::Export(vm as u32));
+                    return Ok(Negotiated::Export(e.id));
                 }
             }
             _ => s.write_all(&option_reply(opt, REP_ERR_UNSUP, b"option not supported"))?,

@@ -108,6 +108,8 @@ pub const ENOSPC: u32 = 28;
 pub const EOVERFLOW: u32 = 75;
 /// Not supported.
 pub const ENOTSUP: u32 = 95;
+/// The export is going away (a removed vDisk).
+pub const ESHUTDOWN: u32 = 108;
 
 /// Largest option payload accepted (the spec caps strings at 4096 bytes).
 pub const MAX_OPTION_LEN: u32 = 64 * 1024;

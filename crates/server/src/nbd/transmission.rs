@@ -2,7 +2,8 @@
 //! executed one at a time per connection, each answered with a simple reply. A request
 //! past the export's end or of an unknown type gets EINVAL, a device failure EIO; a bad
 //! magic or an oversized WRITE payload (the stream cannot be resynchronized) closes the
-//! connection. TRIM drops the range from the cache and hints the backing store. Nothing is changed by a request that is refused.
+//! connection. TRIM drops the range from the cache and hints the backing store. A request to
+//! a vDisk removed meanwhile gets ESHUTDOWN and the connection closes. Nothing is changed by a request that is refused.
 
 use super::proto::*;
 use crate::daemon::Daemon;
@@ -23,8 +24,8 @@ pub fn serve<R: Read, W: Write>(input: R, output: W, d: &Daemon, vm: u32) -> io:
 }
 
 fn serve_buffered<R: Read, W: Write>(input: &mut io::BufReader<R>, s: &mut W, d: &Daemon, vm: u32) -> io::Result<()> {
-    let size = d.exports()[vm as usize].size;
-    let name = &d.exports()[vm as usize].name;
+    let Some(export) = d.export(vm) else { return Ok(()) }; // removed meanwhile
+    let (size, name) = (export.size, &export.name);
     let latency = ["read", "write", "flush", "write_zeroes", "trim", "other"].map(|op| d.metrics().histogram(name, op));
     let mut reply: Vec<u8> = Vec::new();
     loop {
@@ -44,6 +45,11 @@ fn serve_buffered<R: Read, W: Write>(input: &mut io::BufReader<R>, s: &mut W, d:
                 return Ok(());
             }
         };
+        if !d.is_live(vm) {
+            tracing::info!(export = %name, "the vDisk was removed: closing");
+            s.write_all(&simple_reply(ESHUTDOWN, r.cookie))?;
+            return Ok(());
+        }
         let known_flags = CMD_FLAG_FUA | CMD_FLAG_NO_HOLE;
         let started = std::time::Instant::now();
         let hist = &latency[match r.kind {

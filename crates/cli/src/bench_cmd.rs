@@ -123,9 +123,12 @@ pub enum BenchCmd {
         /// Seconds per fio run.
         #[arg(long, default_value_t = 10)]
         secs: u32,
-        /// Rounds.
+        /// Rounds per iodepth.
         #[arg(long, default_value_t = 3)]
         rounds: usize,
+        /// fio iodepths, each run against both.
+        #[arg(long, value_delimiter = ',', default_value = "1,16")]
+        iodepth: Vec<u32>,
         /// Working directory.
         #[arg(long, default_value = "out/bench/slow")]
         dir: PathBuf,
@@ -153,7 +156,7 @@ pub fn run(c: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Memory { cache_size, block_size, last_access } => bench_memory(cache_size, block_size, last_access),
         BenchCmd::Policy { vms, units, reps } => bench_policy(vms, units, reps),
         BenchCmd::Serve { disk_size, rounds, secs, dir } => crate::bench_serve::run(disk_size, rounds, secs, &dir),
-        BenchCmd::SlowBacking { delay_ms, disk_mib, cache_mib, secs, rounds, dir } => crate::bench_serve::slow_backing(delay_ms, disk_mib, cache_mib, secs, rounds, &dir),
+        BenchCmd::SlowBacking { delay_ms, disk_mib, cache_mib, secs, rounds, iodepth, dir } => crate::bench_serve::slow_backing(delay_ms, disk_mib, cache_mib, secs, rounds, &iodepth, &dir),
     }
 }
 

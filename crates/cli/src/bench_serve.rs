@@ -128,43 +128,51 @@ pub fn run(disk_size: u64, rounds: usize, secs: u32, dir: &Path) -> anyhow::Resu
 /// (a slow backing standing in for an HDD) directly, and through cachevisor in front of it;
 /// the daemon records its requests, which are replayed in the simulator with the same cache
 /// to compare hit ratios.
-pub fn slow_backing(delay_ms: u32, disk_mib: u64, cache_mib: u64, secs: u32, rounds: usize, dir: &Path) -> anyhow::Result<()> {
+pub fn slow_backing(delay_ms: u32, disk_mib: u64, cache_mib: u64, secs: u32, rounds: usize, depths: &[u32], dir: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)?;
     let delay = format!("{delay_ms}ms");
     let kit_args = ["--filter=delay", "-t", "16", "memory", &format!("{disk_mib}M"), &format!("rdelay={delay}"), &format!("wdelay={delay}")];
     let range = format!("{disk_mib}MiB");
     let zipf = ["--random_distribution=zipf:1.2", "--norandommap"];
-    println!("slow backing: nbdkit memory {disk_mib} MiB with {delay} per request; fio 4 KiB random reads, zipf 1.2, iodepth 1, {secs} s per run, {rounds} rounds");
-    println!("{:<8} {:>14} {:>18} {:>8}", "round", "backing IOPS", "cachevisor IOPS", "speed-up");
-    let (mut direct, mut cached) = (Vec::new(), Vec::new());
+    println!("slow backing: nbdkit memory {disk_mib} MiB with {delay} per request (16 threads); fio 4 KiB random reads, zipf 1.2, {secs} s per run, {rounds} rounds per iodepth");
+    println!("{:<8} {:<8} {:>14} {:>18} {:>8}", "iodepth", "round", "backing IOPS", "cachevisor IOPS", "speed-up");
     let rec = dir.join("slow-run.csv");
     let (mut live_hit, mut live) = (0.0, 0.0);
-    for round in 0..rounds.max(1) {
-        let (kit, kit_uri) = start_nbdkit(&kit_args)?;
-        direct.push(fio_with(&kit_uri, "randread", 1, secs, &range, &zipf)?);
-        let backing = kit_uri.trim_end_matches('/').to_string() + "/";
-        let (cv_proc, cv_uri, api) = start_cachevisor_api(dir, &backing, &format!("{cache_mib}MiB"), (round == 0).then_some(rec.as_path()))?;
-        let cv = (cv_proc, api);
-        cached.push(fio_with(&cv_uri, "randread", 1, secs, &range, &zipf)?);
-        if round == 0 {
-            let v: serde_json::Value = ureq::get(&format!("http://{}/vdisks", cv.1)).call()?.into_json()?;
-            let s = &v[0]["stats"];
-            live = s["hit_blocks"].as_f64().unwrap_or(0.0) / s["blocks"].as_f64().unwrap_or(1.0).max(1.0);
-            // A clean stop (SIGTERM) finishes the recording.
-            Command::new("kill").args(["-TERM", &cv.0 .0.id().to_string()]).status()?;
-            let mut cv = cv;
-            cv.0 .0.wait()?;
+    let mut summary = Vec::new();
+    for (di, &depth) in depths.iter().enumerate() {
+        let (mut direct, mut cached) = (Vec::new(), Vec::new());
+        for round in 0..rounds.max(1) {
+            let first = di == 0 && round == 0;
+            let (kit, kit_uri) = start_nbdkit(&kit_args)?;
+            direct.push(fio_with(&kit_uri, "randread", depth, secs, &range, &zipf)?);
+            let backing = kit_uri.trim_end_matches('/').to_string() + "/";
+            let (cv_proc, cv_uri, api) = start_cachevisor_api(dir, &backing, &format!("{cache_mib}MiB"), first.then_some(rec.as_path()))?;
+            let cv = (cv_proc, api);
+            cached.push(fio_with(&cv_uri, "randread", depth, secs, &range, &zipf)?);
+            if first {
+                let v: serde_json::Value = ureq::get(&format!("http://{}/vdisks", cv.1)).call()?.into_json()?;
+                let s = &v[0]["stats"];
+                live = s["hit_blocks"].as_f64().unwrap_or(0.0) / s["blocks"].as_f64().unwrap_or(1.0).max(1.0);
+                // A clean stop (SIGTERM) finishes the recording.
+                Command::new("kill").args(["-TERM", &cv.0 .0.id().to_string()]).status()?;
+                let mut cv = cv;
+                cv.0 .0.wait()?;
+            } else {
+                drop(cv);
+            }
+            drop(kit);
+            println!("{depth:<8} {round:<8} {:>14.0} {:>18.0} {:>8.2}", direct[round], cached[round], cached[round] / direct[round]);
+            if first {
+                live_hit = replay_hit_ratio(&rec, cache_mib)?;
+            }
         }
-        drop(kit);
-        println!("{round:<8} {:>14.0} {:>18.0} {:>8.2}", direct[round], cached[round], cached[round] / direct[round]);
-        if round == 0 {
-            live_hit = replay_hit_ratio(&rec, cache_mib)?;
-        }
+        summary.push((depth, median(direct), median(cached)));
     }
-    let (d, c) = (median(direct), median(cached));
-    println!("median: backing {d:.0} IOPS, cachevisor {c:.0} IOPS, speed-up {:.2}x", c / d);
+    for (depth, d, c) in summary {
+        println!("median at iodepth {depth}: backing {d:.0} IOPS, cachevisor {c:.0} IOPS, speed-up {:.2}x", c / d);
+    }
     println!(
-        "hit ratio of round 0: daemon {:.2}%, simulator replaying its recording with the same cache {:.2}% (difference {:.2} points); 1/(1-h) = {:.1}x would be the speed-up with free hits",
+        "hit ratio of the first run: daemon {:.2}%, simulator replaying its recording with the same cache {:.2}% (difference {:.2} points); 1/(1-h) = {:.1}x would be the speed-up with free hits",
         live * 100.0,
         live_hit * 100.0,
         (live_hit - live).abs() * 100.0,

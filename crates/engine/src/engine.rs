@@ -128,6 +128,11 @@ impl Engine {
         self.index.get(pack_key(vm, block), |x| self.slots.key(x))
     }
 
+    /// Whether sectors `range` of (vm, block) are all cached (a read of them hits).
+    pub fn holds(&self, vm: VmId, block: u64, range: (u32, u32)) -> bool {
+        self.lookup(vm, block).is_some_and(|s| self.valid.all(s, range))
+    }
+
     /// Whether sector `s` of `slot` is valid / dirty.
     pub fn sector_state(&self, slot: u32, s: u32) -> (bool, bool) {
         (self.valid.get(slot, s), self.dirty.get(slot, s))

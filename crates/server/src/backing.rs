@@ -13,14 +13,55 @@ use std::sync::Mutex;
 pub enum Backing {
     /// A file or block device.
     File(File),
-    /// An NBD export (one connection; requests serialized on it).
-    Nbd(Mutex<Client>),
+    /// An NBD export (several connections when the server allows multi-conn).
+    Nbd(NbdPool),
     /// Closed: the vDisk was removed.
     Removed,
 }
 
 fn removed() -> io::Error {
     io::Error::new(io::ErrorKind::NotFound, "the vDisk was removed")
+}
+
+/// Connections to one NBD export: requests take an idle one (or wait for one), so reads
+/// ahead of the cache (see `prefetch`) wait on the server in parallel. More than one only
+/// when the server advertises CAN_MULTI_CONN, which makes a FLUSH on any connection cover
+/// writes completed on all of them.
+pub struct NbdPool {
+    conns: Vec<Mutex<Client>>,
+    next: std::sync::atomic::AtomicUsize,
+}
+
+/// Connections opened to an NBD backing that allows multi-conn.
+const NBD_CONNECTIONS: usize = 8;
+
+impl NbdPool {
+    fn connect(addr: std::net::SocketAddr, export: &str) -> io::Result<NbdPool> {
+        let first = Client::connect(addr, export)?;
+        let n = if first.flags & crate::nbd::proto::TFLAG_CAN_MULTI_CONN != 0 { NBD_CONNECTIONS } else { 1 };
+        let mut conns = vec![Mutex::new(first)];
+        for _ in 1..n {
+            conns.push(Mutex::new(Client::connect(addr, export)?));
+        }
+        Ok(NbdPool { conns, next: 0.into() })
+    }
+
+    /// Connections held.
+    pub fn connections(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// An idle connection, or the next one in turn when all are busy.
+    fn get(&self) -> std::sync::MutexGuard<'_, Client> {
+        let start = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let n = self.conns.len();
+        for i in 0..n {
+            if let Ok(c) = self.conns[(start + i) % n].try_lock() {
+                return c;
+            }
+        }
+        self.conns[start % n].lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// Whether a backing spec is an NBD URI.
@@ -54,7 +95,7 @@ impl Backing {
         if let Some(rest) = spec.to_str().and_then(|s| s.strip_prefix("nbd://")) {
             let (host, export) = rest.split_once('/').unwrap_or((rest, ""));
             let addr = host.parse().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("`{host}` is not IP:PORT ({e})")))?;
-            return Ok(Backing::Nbd(Mutex::new(Client::connect(addr, export)?)));
+            return Ok(Backing::Nbd(NbdPool::connect(addr, export)?));
         }
         Ok(Backing::File(open_file(spec, create_size)?))
     }
@@ -63,7 +104,7 @@ impl Backing {
     pub fn size(&self) -> io::Result<u64> {
         match self {
             Backing::File(f) => Ok(f.metadata()?.len()),
-            Backing::Nbd(c) => Ok(c.lock().unwrap_or_else(|e| e.into_inner()).size),
+            Backing::Nbd(c) => Ok(c.get().size),
             Backing::Removed => Err(removed()),
         }
     }
@@ -73,7 +114,7 @@ impl Backing {
         match self {
             Backing::File(f) => f.read_exact_at(buf, addr),
             Backing::Nbd(c) => {
-                let d = c.lock().unwrap_or_else(|e| e.into_inner()).read(addr, buf.len() as u32)?.map_err(nbd_err)?;
+                let d = c.get().read(addr, buf.len() as u32)?.map_err(nbd_err)?;
                 buf.copy_from_slice(&d);
                 Ok(())
             }
@@ -85,7 +126,7 @@ impl Backing {
     pub fn write_at(&self, data: &[u8], addr: u64) -> io::Result<()> {
         match self {
             Backing::File(f) => f.write_all_at(data, addr),
-            Backing::Nbd(c) => c.lock().unwrap_or_else(|e| e.into_inner()).write(addr, data, false)?.map_err(nbd_err),
+            Backing::Nbd(c) => c.get().write(addr, data, false)?.map_err(nbd_err),
             Backing::Removed => Err(removed()),
         }
     }
@@ -107,7 +148,7 @@ impl Backing {
                 }
             }
             Backing::Nbd(c) => {
-                let mut c = c.lock().unwrap_or_else(|e| e.into_inner());
+                let mut c = c.get();
                 if c.flags & crate::nbd::proto::TFLAG_SEND_TRIM == 0 {
                     return Ok(false);
                 }
@@ -127,7 +168,7 @@ impl Backing {
     pub fn sync(&self) -> io::Result<()> {
         match self {
             Backing::File(f) => f.sync_data(),
-            Backing::Nbd(c) => c.lock().unwrap_or_else(|e| e.into_inner()).flush()?.map_err(nbd_err),
+            Backing::Nbd(c) => c.get().flush()?.map_err(nbd_err),
             Backing::Removed => Ok(()), // nothing left to make durable
         }
     }

@@ -73,7 +73,10 @@ pub struct ExportStats {
 
 struct Files {
     ssd: File,
-    backings: Vec<Backing>,
+    /// Shared so a prefetch can read with the core lock released.
+    backings: Vec<std::sync::Arc<Backing>>,
+    /// Write versions of backing blocks (see `prefetch`).
+    versions: crate::prefetch::Versions,
     /// Injected fault: the cache-store write at which to fail (counting down).
     fail_ssd_write_in: std::sync::atomic::AtomicU64,
 }
@@ -97,6 +100,11 @@ impl Devices for Files {
             }
         }
         Ok(())
+    }
+    fn backing_write(&self, vm: VmId, data: &[u8], addr: u64) -> std::io::Result<()> {
+        let r = self.backings[vm as usize].write_at(data, addr);
+        self.versions.bump(vm, addr, data.len() as u64); // also after a failed write
+        r
     }
 }
 
@@ -257,7 +265,7 @@ impl Daemon {
             let err = |source| StartError::File { path: v.backing.display().to_string(), source };
             let b = Backing::open(&v.backing, size).map_err(err)?;
             exports.push(Some(ExportInfo { id: exports.len() as VmId, name: v.name.clone(), size: b.size().map_err(err)? }));
-            backings.push(b);
+            backings.push(std::sync::Arc::new(b));
         }
         let ecfg = EngineConfig {
             block_size: r.block_size,
@@ -335,7 +343,7 @@ impl Daemon {
         }
         let stats = vec![ExportStats::default(); exports.len()];
         let n = names.len();
-        let files = Files { ssd, backings, fail_ssd_write_in: 0.into() };
+        let files = Files { ssd, backings, versions: crate::prefetch::Versions::new(r.block_size), fail_ssd_write_in: 0.into() };
         let core = Core {
             engine,
             files,
@@ -405,7 +413,9 @@ impl Daemon {
         self.core.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn access(&self, vm: VmId, op: Op, offset: u64, client: Client<'_>) -> Result<(), OpError> {
+    /// Serves one read or write under the core lock (`guard`); backing reads covered by
+    /// `prefetch` (read with the lock released, still valid) are served from its bytes.
+    fn access(&self, mut guard: std::sync::MutexGuard<'_, Core>, vm: VmId, op: Op, offset: u64, client: Client<'_>, prefetch: Option<&crate::prefetch::Prefetch>) -> Result<(), OpError> {
         let len = match &client {
             Client::Read(_, _, b) => b.len(),
             Client::Write(_, _, b) => b.len(),
@@ -413,7 +423,6 @@ impl Daemon {
         };
         let req = Request { time_ns: self.start.elapsed().as_nanos() as u64, vm, op, offset, len: len as u32 };
         let bs = self.block_size;
-        let mut guard = self.lock();
         let Core { engine, files, out, staging, stats, persist, error_threshold, passthrough, ctl, recorder, names, .. } = &mut *guard;
         if ctl.is_retired(vm as usize) {
             return Err(removed_err(vm));
@@ -468,13 +477,18 @@ impl Daemon {
         let mut wrote_back: Vec<VmId> = Vec::new();
         let mut pending = !barrier.is_empty();
         let files_ref: &Files = files;
-        let r = execute_with(&out.ops, client, files_ref, staging, &mut |o| {
+        let with_prefetch = prefetch.map(|p| crate::prefetch::WithPrefetch { dev: files_ref, p });
+        let dev: &dyn Devices = match &with_prefetch {
+            Some(w) => w,
+            None => files_ref,
+        };
+        let r = execute_with(&out.ops, client, dev, staging, &mut |o| {
             if o.kind == OpKind::BackingWrite && o.staged && !wrote_back.contains(&o.vm) {
                 wrote_back.push(o.vm);
             }
             if pending && o.kind == OpKind::SsdWrite {
                 pending = false;
-                let backs: Vec<&Backing> = wrote_back.iter().map(|&v| &files_ref.backings[v as usize]).collect();
+                let backs: Vec<&Backing> = wrote_back.iter().map(|&v| &*files_ref.backings[v as usize]).collect();
                 persist.barrier(&barrier, &files_ref.ssd, &backs)?;
             }
             Ok(())
@@ -640,7 +654,7 @@ impl Daemon {
             return Err(ChangeError::Conflict("no VM ids left: restart the daemon to renumber".into()));
         }
         enroll(&mut core.engine, &mut core.ctl, id, &v, self.block_size, &mut core.out).map_err(ChangeError::Invalid)?;
-        core.files.backings.push(b);
+        core.files.backings.push(std::sync::Arc::new(b));
         core.stats.push(ExportStats::default());
         core.last.push(ExportStats::default());
         core.passthrough.push(false);
@@ -685,7 +699,7 @@ impl Daemon {
         persist.record_all(engine).map_err(failed)?;
         persist.record_target(vm as u16, 0).map_err(failed)?;
         persist.sync(&files.ssd).map_err(failed)?;
-        files.backings[vm as usize] = Backing::Removed;
+        files.backings[vm as usize] = std::sync::Arc::new(Backing::Removed);
         let d = core.ctl.decide(&core.engine, None, &[], None);
         core.apply(d).map_err(|e| ChangeError::Failed(e.to_string()))?;
         drop(guard);
@@ -763,13 +777,39 @@ impl Daemon {
     }
 
     /// Reads `buf.len()` bytes of export `vm` at `offset` (range already checked).
+    /// A read that misses reads its blocks from the backing store with the core lock
+    /// released (see `prefetch`), so hits and other misses go on meanwhile.
     pub fn read(&self, vm: VmId, offset: u64, buf: &mut [u8]) -> Result<(), OpError> {
-        self.access(vm, Op::Read, offset, Client::Read(vm, offset, buf))
+        let guard = self.lock();
+        let bs = self.block_size;
+        let len = buf.len() as u64;
+        let missing = if len == 0 || len > crate::prefetch::MAX_PREFETCH || guard.ctl.is_retired(vm as usize) {
+            None
+        } else {
+            let last = (offset + len - 1) / bs;
+            let needs = |b: u64| {
+                let start = b * bs;
+                let range = (((offset.max(start) - start) / 512) as u32, ((offset + len).min(start + bs) - start).div_ceil(512) as u32);
+                !guard.engine.holds(vm, b, range)
+            };
+            (offset / bs..=last).find(|&b| needs(b)).map(|first| first..(first..=last).rev().find(|&b| needs(b)).expect("first needs it") + 1)
+        };
+        let Some(blocks) = missing else {
+            return self.access(guard, vm, Op::Read, offset, Client::Read(vm, offset, buf), None);
+        };
+        let size = self.export(vm).map_or(0, |e| e.size);
+        let (mut p, noted) = crate::prefetch::Prefetch::plan(&guard.files.versions, vm, blocks, size);
+        let backing = guard.files.backings[vm as usize].clone();
+        drop(guard);
+        let read = backing.read_at(&mut p.data, p.start);
+        let guard = self.lock();
+        let valid = read.is_ok() && p.still_valid(&guard.files.versions, &noted);
+        self.access(guard, vm, Op::Read, offset, Client::Read(vm, offset, buf), valid.then_some(&p))
     }
 
     /// Writes `data` to export `vm` at `offset`; with `fua`, durable before returning.
     pub fn write(&self, vm: VmId, offset: u64, data: &[u8], fua: bool) -> Result<(), OpError> {
-        self.access(vm, Op::Write, offset, Client::Write(vm, offset, data))?;
+        self.access(self.lock(), vm, Op::Write, offset, Client::Write(vm, offset, data), None)?;
         if fua {
             self.flush(vm)?;
         }
@@ -819,7 +859,9 @@ impl Daemon {
         }
         persist.record_all(engine).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
         if !passthrough[vm as usize] {
-            match files.backings[vm as usize].discard(lo, hi - lo) {
+            let r = files.backings[vm as usize].discard(lo, hi - lo);
+            files.versions.bump(vm, lo, hi - lo);
+            match r {
                 Ok(taken) => tracing::trace!(vdisk = vm, offset = lo, len = hi - lo, taken, "trim"),
                 // The cache already dropped the range; a store refusing the hint loses nothing.
                 Err(e) => tracing::warn!(%e, vdisk = vm, "backing store refused a discard"),

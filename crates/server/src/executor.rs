@@ -21,6 +21,14 @@ pub trait Devices {
     fn fault(&self, _op: &DeviceOp) -> io::Result<()> {
         Ok(())
     }
+    /// Reads `buf.len()` bytes of `vm`'s backing store at `addr`.
+    fn backing_read(&self, vm: VmId, buf: &mut [u8], addr: u64) -> io::Result<()> {
+        self.backing(vm).read_at(buf, addr)
+    }
+    /// Writes `data` to `vm`'s backing store at `addr`.
+    fn backing_write(&self, vm: VmId, data: &[u8], addr: u64) -> io::Result<()> {
+        self.backing(vm).write_at(data, addr)
+    }
 }
 
 /// The client side of a request: its VM, disk offset, and data (written by a WRITE, filled
@@ -71,8 +79,8 @@ pub fn execute_with(
         let err = |source| OpError { kind: op.kind, vm: op.vm, disk_addr: op.disk_addr, ssd_addr: op.ssd_addr, len: op.len, source };
         before(op).map_err(err)?;
         dev.fault(op).map_err(err)?;
-        let write = |data: &[u8]| if op.kind.is_ssd() { dev.ssd().write_all_at(data, op.ssd_addr) } else { dev.backing(op.vm).write_at(data, op.disk_addr) };
-        let read = |buf: &mut [u8]| if op.kind.is_ssd() { dev.ssd().read_exact_at(buf, op.ssd_addr) } else { dev.backing(op.vm).read_at(buf, op.disk_addr) };
+        let write = |data: &[u8]| if op.kind.is_ssd() { dev.ssd().write_all_at(data, op.ssd_addr) } else { dev.backing_write(op.vm, data, op.disk_addr) };
+        let read = |buf: &mut [u8]| if op.kind.is_ssd() { dev.ssd().read_exact_at(buf, op.ssd_addr) } else { dev.backing_read(op.vm, buf, op.disk_addr) };
         let len = op.len as usize;
         if op.kind.is_write() {
             let data: &[u8] = if op.staged {

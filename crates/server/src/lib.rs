@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod listener;
 pub mod nbd;
 pub mod persist;
+pub mod prefetch;
 pub mod service;
 pub mod vdisk_overlay;
 

@@ -1,6 +1,7 @@
 //! Another NBD server as the backing store: nbdkit's memory plugin behind the cache.
 //! Writes through (and destaged write-back data) land on it; reads of data the cache does
-//! not hold come from it.
+//! not hold come from it — read ahead with the core lock released, on several connections,
+//! and never kept when a write got there first.
 
 mod common;
 use common::*;
@@ -14,10 +15,14 @@ impl Drop for Nbdkit {
     }
 }
 
-fn nbdkit() -> (Nbdkit, u16) {
+/// nbdkit's memory plugin with `filters` and their `params`.
+fn nbdkit(filters: &[&str], params: &[&str]) -> (Nbdkit, u16) {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let c = Command::new("nbdkit")
-        .args(["-f", "-i", "127.0.0.1", "-p", &port.to_string(), "memory", "16M"])
+        .args(["-f", "-i", "127.0.0.1", "-p", &port.to_string()])
+        .args(filters)
+        .args(["memory", "16M"])
+        .args(params)
         .stderr(Stdio::null())
         .spawn()
         .expect("nbdkit is not installed: apt-get install nbdkit (see .ci/run)");
@@ -32,7 +37,7 @@ fn nbdkit() -> (Nbdkit, u16) {
 
 #[test]
 fn an_nbd_server_behind_the_cache() {
-    let (_kit, port) = nbdkit();
+    let (_kit, port) = nbdkit(&[], &[]);
     let dir = tempfile::tempdir().unwrap();
     let t = format!("[cache]\npath = \"c.img\"\nsize = \"256KiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"wt\"\nbacking = \"nbd://127.0.0.1:{port}/\"\nwrite_policy = \"wt\"\n");
     let r = serve(&cachevisor_server::Config::parse(&t, "t", dir.path()).unwrap());
@@ -53,4 +58,59 @@ fn an_nbd_server_behind_the_cache() {
     for i in 0..256u64 {
         assert_eq!(c.read(i * 4096, 4096).unwrap(), vec![i as u8; 4096]);
     }
+}
+
+/// Reads that miss wait on a slow backing (1 ms per request) outside the core lock while a
+/// writer keeps writing around the cache (`wa`: each write goes to the backing and drops
+/// the cached copy). Every read must return at least the version whose write was
+/// acknowledged before the read was sent: a read-ahead that raced with a write must not
+/// be used, or it would put stale data in the cache.
+#[test]
+fn reads_ahead_of_the_cache_never_return_or_cache_stale_data() {
+    let (_kit, port) = nbdkit(&["--filter=delay"], &["rdelay=1ms"]);
+    let dir = tempfile::tempdir().unwrap();
+    let t = format!("[cache]\npath = \"c.img\"\nsize = \"1MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"d\"\nbacking = \"nbd://127.0.0.1:{port}/\"\nwrite_policy = \"wa\"\n");
+    let r = serve(&cachevisor_server::Config::parse(&t, "t", dir.path()).unwrap());
+    let addr = r.tcp.unwrap();
+    const BLOCKS: u64 = 8;
+    let acked: std::sync::Arc<Vec<std::sync::atomic::AtomicU64>> = std::sync::Arc::new((0..BLOCKS).map(|_| 0.into()).collect());
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    use std::sync::atomic::Ordering::SeqCst;
+    let writer = {
+        let (acked, stop) = (acked.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let (mut c, _) = Client::connect(addr, "d");
+            let mut v = 0u64;
+            while !stop.load(SeqCst) {
+                v += 1;
+                let b = v % BLOCKS;
+                let mut data = vec![0u8; 4096];
+                data[..8].copy_from_slice(&v.to_le_bytes());
+                c.write(b * 4096, &data, false).unwrap();
+                acked[b as usize].store(v, SeqCst);
+            }
+            v
+        })
+    };
+    let readers: Vec<_> = (0..4)
+        .map(|t| {
+            let acked = acked.clone();
+            std::thread::spawn(move || {
+                let (mut c, _) = Client::connect(addr, "d");
+                for i in 0..400u64 {
+                    let b = (i * 7 + t) % BLOCKS;
+                    let floor = acked[b as usize].load(SeqCst);
+                    let got = u64::from_le_bytes(c.read(b * 4096, 4096).unwrap()[..8].try_into().unwrap());
+                    assert!(got >= floor, "block {b}: read version {got} after version {floor} was acknowledged");
+                }
+            })
+        })
+        .collect();
+    for h in readers {
+        h.join().unwrap();
+    }
+    stop.store(true, SeqCst);
+    let writes = writer.join().unwrap();
+    let s = r.daemon.stats(0);
+    assert!(writes > 100 && s.reads == 1600 && s.blocks > s.hit_blocks, "{writes} writes, {s:?}");
 }

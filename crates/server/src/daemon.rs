@@ -776,25 +776,31 @@ impl Daemon {
         self.lock().files.fail_ssd_write_in.store(n, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Reads `buf.len()` bytes of export `vm` at `offset` (range already checked).
-    /// A read that misses reads its blocks from the backing store with the core lock
-    /// released (see `prefetch`), so hits and other misses go on meanwhile.
+    /// Whether a read can be served under the lock at once (hits, and reads too large
+    /// or otherwise not worth reading ahead), or which blocks it should read ahead from
+    /// the backing store with the lock released (see `prefetch`).
+    fn plan_read(&self, core: &Core, vm: VmId, offset: u64, len: u64) -> Option<std::ops::Range<u64>> {
+        if len == 0 || len > crate::prefetch::MAX_PREFETCH || core.ctl.is_retired(vm as usize) {
+            return None;
+        }
+        let bs = self.block_size;
+        let last = (offset + len - 1) / bs;
+        let needs = |b: u64| {
+            let start = b * bs;
+            let range = (((offset.max(start) - start) / 512) as u32, ((offset + len).min(start + bs) - start).div_ceil(512) as u32);
+            !core.engine.holds(vm, b, range)
+        };
+        let first = (offset / bs..=last).find(|&b| needs(b))?;
+        let end = (first..=last).rev().find(|&b| needs(b)).unwrap_or(first) + 1;
+        Some(first..end)
+    }
+
+    /// Reads `buf.len()` bytes of export `vm` at `offset` (range already checked). A read
+    /// that misses reads its blocks from the backing store with the core lock released
+    /// (see `prefetch`), so hits and other misses go on meanwhile.
     pub fn read(&self, vm: VmId, offset: u64, buf: &mut [u8]) -> Result<(), OpError> {
         let guard = self.lock();
-        let bs = self.block_size;
-        let len = buf.len() as u64;
-        let missing = if len == 0 || len > crate::prefetch::MAX_PREFETCH || guard.ctl.is_retired(vm as usize) {
-            None
-        } else {
-            let last = (offset + len - 1) / bs;
-            let needs = |b: u64| {
-                let start = b * bs;
-                let range = (((offset.max(start) - start) / 512) as u32, ((offset + len).min(start + bs) - start).div_ceil(512) as u32);
-                !guard.engine.holds(vm, b, range)
-            };
-            (offset / bs..=last).find(|&b| needs(b)).map(|first| first..(first..=last).rev().find(|&b| needs(b)).expect("first needs it") + 1)
-        };
-        let Some(blocks) = missing else {
+        let Some(blocks) = self.plan_read(&guard, vm, offset, buf.len() as u64) else {
             return self.access(guard, vm, Op::Read, offset, Client::Read(vm, offset, buf), None);
         };
         let size = self.export(vm).map_or(0, |e| e.size);
@@ -805,6 +811,17 @@ impl Daemon {
         let guard = self.lock();
         let valid = read.is_ok() && p.still_valid(&guard.files.versions, &noted);
         self.access(guard, vm, Op::Read, offset, Client::Read(vm, offset, buf), valid.then_some(&p))
+    }
+
+    /// Like [`Self::read`] when the read can be served at once (it hits); `None` when it
+    /// would wait on the backing store (nothing was done): the caller hands it to a thread
+    /// that may wait, and serves the next request meanwhile.
+    pub fn read_if_cached(&self, vm: VmId, offset: u64, buf: &mut [u8]) -> Option<Result<(), OpError>> {
+        let guard = self.lock();
+        match self.plan_read(&guard, vm, offset, buf.len() as u64) {
+            None => Some(self.access(guard, vm, Op::Read, offset, Client::Read(vm, offset, buf), None)),
+            Some(_) => None,
+        }
     }
 
     /// Writes `data` to export `vm` at `offset`; with `fua`, durable before returning.

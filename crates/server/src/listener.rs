@@ -29,7 +29,7 @@ impl Split for std::os::unix::net::UnixStream {
 }
 
 /// Runs one connection to its end.
-pub fn connection<S: Split>(mut s: S, d: &Daemon, peer: &str) {
+pub fn connection<S: Split + Send>(mut s: S, d: &Daemon, peer: &str) {
     match negotiate(&mut s, d) {
         Ok(Negotiated::Export(vm)) => {
             tracing::info!(peer, export = %d.export(vm).map_or(String::new(), |e| e.name), "connected");

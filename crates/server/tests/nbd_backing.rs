@@ -114,3 +114,35 @@ fn reads_ahead_of_the_cache_never_return_or_cache_stale_data() {
     let s = r.daemon.stats(0);
     assert!(writes > 100 && s.reads == 1600 && s.blocks > s.hit_blocks, "{writes} writes, {s:?}");
 }
+
+/// A read that waits on a slow backing (300 ms) does not hold up the requests behind it on
+/// the same connection: their replies come first (NBD matches replies by cookie). A read
+/// still in flight when the client disconnects is answered before the connection closes.
+#[test]
+fn a_slow_miss_does_not_hold_up_the_requests_behind_it() {
+    use cachevisor_server::nbd::proto::*;
+    let (_kit, port) = nbdkit(&["--filter=delay"], &["rdelay=300ms"]);
+    let dir = tempfile::tempdir().unwrap();
+    let t = format!("[cache]\npath = \"c.img\"\nsize = \"1MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"d\"\nbacking = \"nbd://127.0.0.1:{port}/\"\nwrite_policy = \"wb\"\n");
+    let r = serve(&cachevisor_server::Config::parse(&t, "t", dir.path()).unwrap());
+    let (mut c, _) = Client::connect(r.tcp.unwrap(), "d");
+    c.write(0, &[5; 4096], false).unwrap(); // cached: reads of block 0 hit
+    let miss = c.send(CMD_READ, 0, 1 << 20, 4096, &[]);
+    let hit = c.send(CMD_READ, 0, 0, 4096, &[]);
+    let write = c.send(CMD_WRITE, 0, 8192, 4096, &[6; 4096]);
+    let (e, first) = c.reply().unwrap();
+    assert_eq!((e, first), (0, hit), "the hit is answered first");
+    let mut data = vec![0u8; 4096];
+    std::io::Read::read_exact(&mut c.s, &mut data).unwrap();
+    assert_eq!(data, vec![5; 4096]);
+    assert_eq!(c.reply().unwrap(), (0, write));
+    assert_eq!(c.reply().unwrap(), (0, miss), "then the miss");
+    std::io::Read::read_exact(&mut c.s, &mut data).unwrap();
+    assert_eq!(data, vec![0; 4096]);
+    // A miss in flight at disconnect is still answered.
+    let last = c.send(CMD_READ, 0, 2 << 20, 4096, &[]);
+    c.send(CMD_DISC, 0, 0, 0, &[]);
+    assert_eq!(c.reply().unwrap(), (0, last));
+    std::io::Read::read_exact(&mut c.s, &mut data).unwrap();
+    assert!(closed(&mut c.s));
+}

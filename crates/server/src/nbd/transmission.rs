@@ -1,13 +1,25 @@
 //! The transmission phase (NBD proto.md "Transmission"): requests are read, checked and
-//! executed one at a time per connection, each answered with a simple reply. A request
-//! past the export's end or of an unknown type gets EINVAL, a device failure EIO; a bad
-//! magic or an oversized WRITE payload (the stream cannot be resynchronized) closes the
-//! connection. TRIM drops the range from the cache and hints the backing store. A request to
-//! a vDisk removed meanwhile gets ESHUTDOWN and the connection closes. Nothing is changed by a request that is refused.
+//! executed in order per connection, each answered with a simple reply — except reads that
+//! miss the cache, which are handed to the connection's miss threads (up to
+//! [`MISS_THREADS`]) and answered when their data arrives from the backing store, while
+//! the requests behind them go on (NBD lets replies come in any order; a client only
+//! relies on a reply to know its request is done). A request past the export's end or of
+//! an unknown type gets EINVAL, a device failure EIO; a bad magic or an oversized WRITE
+//! payload (the stream cannot be resynchronized) closes the connection. TRIM drops the
+//! range from the cache and hints the backing store. A request to a vDisk removed
+//! meanwhile gets ESHUTDOWN and the connection closes. Nothing is changed by a request that
+//! is refused. Requests in flight are finished before a connection closes.
 
 use super::proto::*;
 use crate::daemon::Daemon;
+use prometheus_client::metrics::histogram::Histogram;
 use std::io::{self, Read, Write};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Mutex};
+use std::time::Instant;
+
+/// Threads per connection serving reads that wait on the backing store.
+pub const MISS_THREADS: usize = 16;
 
 /// Bytes zeroed per engine call by WRITE_ZEROES.
 const ZERO_CHUNK: usize = 1 << 20;
@@ -15,17 +27,100 @@ const ZERO_CHUNK: usize = 1 << 20;
 /// Serves requests for export `vm` until the client disconnects. Requests are read
 /// through a buffer and replies batched until no further request is already buffered, so
 /// a pipelining client (iodepth > 1) costs few system calls per request.
-pub fn serve<R: Read, W: Write>(input: R, output: W, d: &Daemon, vm: u32) -> io::Result<()> {
+pub fn serve<R: Read, W: Write + Send>(input: R, output: W, d: &Daemon, vm: u32) -> io::Result<()> {
+    let Some(export) = d.export(vm) else { return Ok(()) }; // removed meanwhile
     let mut r = io::BufReader::with_capacity(1 << 18, input);
-    let mut s = io::BufWriter::with_capacity(1 << 18, output);
-    let res = serve_buffered(&mut r, &mut s, d, vm);
+    let s = Replies(Mutex::new(io::BufWriter::with_capacity(1 << 18, output)));
+    let (tx, rx) = mpsc::channel::<MissJob>();
+    let shared = MissShared { rx: Mutex::new(rx), in_flight: AtomicUsize::new(0), threads: AtomicUsize::new(0), latency: d.metrics().histogram(&export.name, "read") };
+    let res = std::thread::scope(|scope| {
+        let misses = Misses { scope, tx, shared: &shared, d, vm, s: &s };
+        serve_buffered(&mut r, &s, d, &export, &misses)
+        // `misses` (the sender) is dropped here; leaving the scope waits for the miss
+        // threads to answer every read in flight.
+    });
     let _ = s.flush();
     res
 }
 
-fn serve_buffered<R: Read, W: Write>(input: &mut io::BufReader<R>, s: &mut W, d: &Daemon, vm: u32) -> io::Result<()> {
-    let Some(export) = d.export(vm) else { return Ok(()) }; // removed meanwhile
-    let (size, name) = (export.size, &export.name);
+/// The connection's reply stream, shared with its miss threads.
+struct Replies<W: Write>(Mutex<io::BufWriter<W>>);
+
+impl<W: Write> Replies<W> {
+    fn send(&self, b: &[u8]) -> io::Result<()> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).write_all(b)
+    }
+    fn flush(&self) -> io::Result<()> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).flush()
+    }
+}
+
+/// A read handed to a miss thread.
+struct MissJob {
+    cookie: u64,
+    offset: u64,
+    length: u32,
+    started: Instant,
+}
+
+/// What the miss threads share.
+struct MissShared {
+    rx: Mutex<mpsc::Receiver<MissJob>>,
+    in_flight: AtomicUsize,
+    threads: AtomicUsize,
+    latency: Histogram,
+}
+
+/// The connection's miss threads, started as reads wait (at most [`MISS_THREADS`]).
+struct Misses<'scope, 'env, W: Write + Send> {
+    scope: &'scope std::thread::Scope<'scope, 'env>,
+    tx: mpsc::Sender<MissJob>,
+    shared: &'env MissShared,
+    d: &'env Daemon,
+    vm: u32,
+    s: &'env Replies<W>,
+}
+
+impl<W: Write + Send> Misses<'_, '_, W> {
+    /// Hands a read to a miss thread, starting one when all are busy.
+    fn submit(&self, job: MissJob) {
+        let sh = self.shared;
+        let busy = sh.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
+        if busy > sh.threads.load(Ordering::Acquire) && sh.threads.load(Ordering::Acquire) < MISS_THREADS {
+            sh.threads.fetch_add(1, Ordering::AcqRel);
+            let (d, vm, s) = (self.d, self.vm, self.s);
+            self.scope.spawn(move || miss_thread(sh, d, vm, s));
+        }
+        let _ = self.tx.send(job); // the receiver lives as long as the scope
+    }
+}
+
+/// Serves handed-over reads until the connection's sender is gone and the queue is empty.
+fn miss_thread<W: Write>(sh: &MissShared, d: &Daemon, vm: u32, s: &Replies<W>) {
+    let mut reply = Vec::new();
+    loop {
+        let job = sh.rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
+        let Ok(job) = job else { return };
+        reply.clear();
+        reply.extend_from_slice(&simple_reply(0, job.cookie));
+        reply.resize(16 + job.length as usize, 0);
+        let sent = match d.read(vm, job.offset, &mut reply[16..]) {
+            Ok(()) => s.send(&reply),
+            Err(e) => {
+                tracing::error!(%e, "read failed");
+                s.send(&simple_reply(EIO, job.cookie))
+            }
+        };
+        // The reader may be waiting on the socket: send now. A vanished client is noticed
+        // by the reader.
+        let _ = sent.and_then(|()| s.flush());
+        sh.latency.observe(job.started.elapsed().as_secs_f64());
+        sh.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn serve_buffered<R: Read, W: Write + Send>(input: &mut io::BufReader<R>, s: &Replies<W>, d: &Daemon, export: &crate::daemon::ExportInfo, misses: &Misses<'_, '_, W>) -> io::Result<()> {
+    let (vm, size, name) = (export.id, export.size, &export.name);
     let latency = ["read", "write", "flush", "write_zeroes", "trim", "other"].map(|op| d.metrics().histogram(name, op));
     let mut reply: Vec<u8> = Vec::new();
     loop {
@@ -47,7 +142,7 @@ fn serve_buffered<R: Read, W: Write>(input: &mut io::BufReader<R>, s: &mut W, d:
         };
         if !d.is_live(vm) {
             tracing::info!(export = %name, "the vDisk was removed: closing");
-            s.write_all(&simple_reply(ESHUTDOWN, r.cookie))?;
+            s.send(&simple_reply(ESHUTDOWN, r.cookie))?;
             return Ok(());
         }
         let known_flags = CMD_FLAG_FUA | CMD_FLAG_NO_HOLE;
@@ -64,24 +159,29 @@ fn serve_buffered<R: Read, W: Write>(input: &mut io::BufReader<R>, s: &mut W, d:
         match r.kind {
             CMD_READ => {
                 if let Err(e) = check_range(&r, size).and_then(|()| if r.flags & !known_flags != 0 { Err(EINVAL) } else { Ok(()) }) {
-                    s.write_all(&error(e))?;
+                    s.send(&error(e))?;
                     continue;
                 }
                 reply.clear();
                 reply.extend_from_slice(&simple_reply(0, r.cookie));
                 reply.resize(16 + r.length as usize, 0);
-                match d.read(vm, r.offset, &mut reply[16..]) {
-                    Ok(()) => s.write_all(&reply)?,
-                    Err(e) => {
+                match d.read_if_cached(vm, r.offset, &mut reply[16..]) {
+                    Some(Ok(())) => s.send(&reply)?,
+                    Some(Err(e)) => {
                         tracing::error!(%e, "read failed");
-                        s.write_all(&error(EIO))?;
+                        s.send(&error(EIO))?;
+                    }
+                    None => {
+                        // Waits on the backing store: answered by a miss thread.
+                        misses.submit(MissJob { cookie: r.cookie, offset: r.offset, length: r.length, started });
+                        continue;
                     }
                 }
             }
             CMD_WRITE => {
                 if r.length > MAX_PAYLOAD {
                     tracing::warn!(length = r.length, "write payload over the limit: closing");
-                    s.write_all(&error(EOVERFLOW))?;
+                    s.send(&error(EOVERFLOW))?;
                     return Ok(());
                 }
                 let mut data = vec![0u8; r.length as usize];
@@ -97,7 +197,7 @@ fn serve_buffered<R: Read, W: Write>(input: &mut io::BufReader<R>, s: &mut W, d:
                         |()| 0,
                     ),
                 };
-                s.write_all(&error(e))?;
+                s.send(&error(e))?;
             }
             CMD_WRITE_ZEROES => {
                 let e = match check_range(&r, size) {
@@ -121,7 +221,7 @@ fn serve_buffered<R: Read, W: Write>(input: &mut io::BufReader<R>, s: &mut W, d:
                         e
                     }
                 };
-                s.write_all(&error(e))?;
+                s.send(&error(e))?;
             }
             CMD_TRIM => {
                 let e = match check_range(&r, size).and_then(|()| if r.flags & !CMD_FLAG_FUA != 0 { Err(EINVAL) } else { Ok(()) }) {
@@ -134,7 +234,7 @@ fn serve_buffered<R: Read, W: Write>(input: &mut io::BufReader<R>, s: &mut W, d:
                         }
                     },
                 };
-                s.write_all(&error(e))?;
+                s.send(&error(e))?;
             }
             CMD_FLUSH => {
                 let e = d.flush(vm).map_or_else(
@@ -144,10 +244,10 @@ fn serve_buffered<R: Read, W: Write>(input: &mut io::BufReader<R>, s: &mut W, d:
                     },
                     |()| 0,
                 );
-                s.write_all(&error(e))?;
+                s.send(&error(e))?;
             }
             CMD_DISC => return Ok(()),
-            _ => s.write_all(&error(EINVAL))?,
+            _ => s.send(&error(EINVAL))?,
         }
         hist.observe(started.elapsed().as_secs_f64());
     }

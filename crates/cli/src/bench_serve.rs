@@ -1,9 +1,10 @@
 //! `cachevisor bench serve`: the daemon's hit path against a plain NBD server on the same
 //! data. A disk image is served by `cachevisor serve` with a cache large enough to hold
-//! it (warmed by one full read) and by nbdkit's file plugin; fio's nbd engine runs 4 KiB
-//! random reads at iodepth 1 and 32 against each, interleaved over several rounds
-//! (loopback figures swing between identical runs), and the medians and their ratio are
-//! reported.
+//! it (warmed by one full read) and by a plain server: through the page cache, cachevisor
+//! with `direct = "off"` against nbdkit's file plugin; with O_DIRECT, cachevisor with
+//! `direct = "on"` against qemu-nbd with `--cache=none`. fio's nbd engine runs 4 KiB random
+//! reads at iodepth 1 and 32 against each, interleaved over several rounds (loopback
+//! figures swing between identical runs), and the medians and their ratio are reported.
 
 use crate::bench_cmd::median;
 use anyhow::{bail, Context};
@@ -25,18 +26,18 @@ fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-fn start_cachevisor(dir: &Path, backing: &str, size: &str, record: Option<&Path>) -> anyhow::Result<(Proc, String)> {
-    start_cachevisor_api(dir, backing, size, record).map(|(p, u, _)| (p, u))
+fn start_cachevisor(dir: &Path, backing: &str, size: &str, direct: &str) -> anyhow::Result<(Proc, String)> {
+    start_cachevisor_api(dir, backing, size, None, direct).map(|(p, u, _)| (p, u))
 }
 
 /// Starts `cachevisor serve` on `backing`; returns the process, the NBD URI and the API address.
-fn start_cachevisor_api(dir: &Path, backing: &str, size: &str, record: Option<&Path>) -> anyhow::Result<(Proc, String, String)> {
+fn start_cachevisor_api(dir: &Path, backing: &str, size: &str, record: Option<&Path>, direct: &str) -> anyhow::Result<(Proc, String, String)> {
     let port = free_port()?;
     let api = format!("127.0.0.1:{}", free_port()?);
     let cfg = dir.join("bench.toml");
     std::fs::write(
         &cfg,
-        format!("[cache]\npath = \"cache.img\"\nsize = \"{size}\"\nwrite_policy = \"wt\"\n[listen]\ntcp = \"127.0.0.1:{port}\"\n[api]\nlisten = \"{api}\"\n[[vdisk]]\nname = \"d\"\nbacking = \"{backing}\"\n"),
+        format!("[cache]\npath = \"cache.img\"\nsize = \"{size}\"\nwrite_policy = \"wt\"\ndirect = \"{direct}\"\n[listen]\ntcp = \"127.0.0.1:{port}\"\n[api]\nlisten = \"{api}\"\n[[vdisk]]\nname = \"d\"\nbacking = \"{backing}\"\n"),
     )?;
     let _ = std::fs::remove_file(dir.join("cache.img"));
     let _ = std::fs::remove_dir_all(dir.join("cache.img.meta"));
@@ -105,23 +106,44 @@ pub fn run(disk_size: u64, rounds: usize, secs: u32, dir: &Path) -> anyhow::Resu
     }
     let size = format!("{}MiB", disk_size.div_ceil(1 << 20) * 2);
     let range = format!("{}MiB", disk_size >> 20);
-    let (cv, cv_uri) = start_cachevisor(dir, &disk.display().to_string(), &size, None)?;
-    fio(&cv_uri, "read", 8, 0, &range).context("warming the cache")?;
     let disk_arg = disk.display().to_string();
-    let (nk, nk_uri) = start_nbdkit(&["file", &disk_arg])?;
-    println!("hit path: 4 KiB random reads over a {range} image held in cachevisor's cache vs nbdkit's file plugin, {secs} s per run, {rounds} interleaved rounds");
-    println!("{:<10} {:>16} {:>16} {:>8}", "iodepth", "cachevisor IOPS", "nbdkit IOPS", "ratio");
-    for depth in [1u32, 32] {
-        let (mut a, mut b) = (Vec::new(), Vec::new());
-        for _ in 0..rounds.max(1) {
-            a.push(fio(&cv_uri, "randread", depth, secs, &range)?);
-            b.push(fio(&nk_uri, "randread", depth, secs, &range)?);
+    println!("hit path: 4 KiB random reads over a {range} image held in cachevisor's cache vs a plain NBD server on the same file, {secs} s per run, {rounds} interleaved rounds");
+    println!("{:<22} {:<8} {:>16} {:>16} {:>8}", "comparison", "iodepth", "cachevisor IOPS", "other IOPS", "ratio");
+    for (label, direct) in [("page cache vs nbdkit", "off"), ("O_DIRECT vs qemu-nbd", "on")] {
+        let sub = dir.join(direct);
+        std::fs::create_dir_all(&sub)?;
+        let (cv, cv_uri) = start_cachevisor(&sub, &disk_arg, &size, direct)?;
+        fio(&cv_uri, "read", 8, 0, &range).context("warming the cache")?;
+        let (other, other_uri) = if direct == "off" { start_nbdkit(&["file", &disk_arg])? } else { start_qemu_nbd(&disk_arg)? };
+        for depth in [1u32, 32] {
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            for _ in 0..rounds.max(1) {
+                a.push(fio(&cv_uri, "randread", depth, secs, &range)?);
+                b.push(fio(&other_uri, "randread", depth, secs, &range)?);
+            }
+            let (ma, mb) = (median(a.clone()), median(b.clone()));
+            println!("{label:<22} {depth:<8} {ma:>16.0} {mb:>16.0} {:>8.2}   (runs: {a:.0?} vs {b:.0?})", ma / mb);
         }
-        let (ma, mb) = (median(a.clone()), median(b.clone()));
-        println!("{depth:<10} {ma:>16.0} {mb:>16.0} {:>8.2}   (runs: {a:.0?} vs {b:.0?})", ma / mb);
+        drop((cv, other));
     }
-    drop((cv, nk));
     Ok(())
+}
+
+/// qemu-nbd serving `file` with O_DIRECT (`--cache=none`, native AIO).
+fn start_qemu_nbd(file: &str) -> anyhow::Result<(Proc, String)> {
+    let port = free_port()?;
+    let c = Command::new("qemu-nbd")
+        .args(["-f", "raw", "--cache=none", "--aio=native", "-b", "127.0.0.1", "-p", &port.to_string(), "-x", "d", "--persistent", "--shared=0", file])
+        .stderr(Stdio::null()) // it complains about the readiness probe's connection
+        .spawn()
+        .context("starting qemu-nbd (apt-get install qemu-utils)")?;
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok((Proc(c), format!("nbd://127.0.0.1:{port}/d")));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    bail!("qemu-nbd did not start listening")
 }
 
 /// `bench slow-backing`: a skewed random-read workload against nbdkit with its delay filter
@@ -146,7 +168,7 @@ pub fn slow_backing(delay_ms: u32, disk_mib: u64, cache_mib: u64, secs: u32, rou
             let (kit, kit_uri) = start_nbdkit(&kit_args)?;
             direct.push(fio_with(&kit_uri, "randread", depth, secs, &range, &zipf)?);
             let backing = kit_uri.trim_end_matches('/').to_string() + "/";
-            let (cv_proc, cv_uri, api) = start_cachevisor_api(dir, &backing, &format!("{cache_mib}MiB"), first.then_some(rec.as_path()))?;
+            let (cv_proc, cv_uri, api) = start_cachevisor_api(dir, &backing, &format!("{cache_mib}MiB"), first.then_some(rec.as_path()), "auto")?;
             let cv = (cv_proc, api);
             cached.push(fio_with(&cv_uri, "randread", depth, secs, &range, &zipf)?);
             if first {

@@ -88,6 +88,32 @@ pub fn open_file(path: &Path, create_size: Option<u64>) -> io::Result<File> {
     Ok(f)
 }
 
+/// Opens (creating and sizing) the cache store; with `direct` not `Off`, with O_DIRECT
+/// when the filesystem and device take 512-byte aligned I/O (probed with a read), which
+/// every cache-store op is. Returns the file and whether it is O_DIRECT.
+pub fn open_cache_store(path: &Path, size: u64, direct: crate::config::DirectIo) -> io::Result<(File, bool)> {
+    use crate::config::DirectIo;
+    let buffered = open_file(path, Some(size))?;
+    if direct == DirectIo::Off {
+        return Ok((buffered, false));
+    }
+    let probe = || -> io::Result<File> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let f = OpenOptions::new().read(true).write(true).custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32).open(path)?;
+        let mut b = crate::aligned_buf::AlignedBuf::default();
+        f.read_exact_at(&mut b.slice(4096)[..512], 512)?;
+        Ok(f)
+    };
+    match probe() {
+        Ok(f) => Ok((f, true)),
+        Err(e) if direct == DirectIo::Auto => {
+            tracing::info!(%e, path = %path.display(), "O_DIRECT not available on the cache store: buffered I/O");
+            Ok((buffered, false))
+        }
+        Err(e) => Err(io::Error::new(e.kind(), format!("O_DIRECT (cache.direct = \"on\"): {e}"))),
+    }
+}
+
 impl Backing {
     /// Opens `spec`: an `nbd://HOST:PORT/EXPORT` URI, or a file (created sparse with
     /// `create_size` when missing).

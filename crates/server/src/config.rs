@@ -13,6 +13,7 @@
 //! error_threshold = 8      # device errors before a vDisk falls back to pass-through
 //! interval = "1s"          # the allocator runs this often on live traffic
 //! flush_rate = "16MiB"     # background destaging of dirty blocks per second (0 = off)
+//! direct = "auto"          # O_DIRECT on the cache store where allowed | on | off
 //! params = { m = 5 }       # the allocator's parameters
 //!
 //! [listen]
@@ -76,6 +77,23 @@ pub struct CacheConfig {
     /// The allocator's parameters over its seed's defaults.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub params: std::collections::BTreeMap<String, f64>,
+    /// O_DIRECT on the cache store: `auto` (where the filesystem allows), `on` (fail
+    /// where it does not), `off` (through the page cache).
+    #[serde(default)]
+    pub direct: DirectIo,
+}
+
+/// Whether the cache store bypasses the page cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DirectIo {
+    /// O_DIRECT where the filesystem and device allow 512-byte aligned I/O.
+    #[default]
+    Auto,
+    /// O_DIRECT or refuse to start.
+    On,
+    /// Buffered I/O.
+    Off,
 }
 
 fn default_flush_rate() -> String {

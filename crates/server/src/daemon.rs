@@ -73,6 +73,8 @@ pub struct ExportStats {
 
 struct Files {
     ssd: File,
+    /// The cache store is O_DIRECT: its I/O goes through an aligned bounce buffer.
+    direct: Option<Mutex<crate::aligned_buf::AlignedBuf>>,
     /// Shared so a prefetch can read with the core lock released.
     backings: Vec<std::sync::Arc<Backing>>,
     /// Write versions of backing blocks (see `prefetch`).
@@ -100,6 +102,31 @@ impl Devices for Files {
             }
         }
         Ok(())
+    }
+    fn ssd_read(&self, buf: &mut [u8], addr: u64) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        match &self.direct {
+            None => self.ssd.read_exact_at(buf, addr),
+            Some(b) => {
+                let mut b = b.lock().unwrap_or_else(|e| e.into_inner());
+                let aligned = b.slice(buf.len());
+                self.ssd.read_exact_at(aligned, addr)?;
+                buf.copy_from_slice(aligned);
+                Ok(())
+            }
+        }
+    }
+    fn ssd_write(&self, data: &[u8], addr: u64) -> std::io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        match &self.direct {
+            None => self.ssd.write_all_at(data, addr),
+            Some(b) => {
+                let mut b = b.lock().unwrap_or_else(|e| e.into_inner());
+                let aligned = b.slice(data.len());
+                aligned.copy_from_slice(data);
+                self.ssd.write_all_at(aligned, addr)
+            }
+        }
     }
     fn backing_write(&self, vm: VmId, data: &[u8], addr: u64) -> std::io::Result<()> {
         let r = self.backings[vm as usize].write_at(data, addr);
@@ -257,7 +284,7 @@ impl Daemon {
         }
         let cfg = &merged;
         let r: Resolved = cfg.resolve().map_err(StartError::Config)?;
-        let ssd = crate::backing::open_file(&cfg.cache.path, Some(r.cache_bytes)).map_err(|source| StartError::File { path: cfg.cache.path.display().to_string(), source })?;
+        let (ssd, direct) = crate::backing::open_cache_store(&cfg.cache.path, r.cache_bytes, cfg.cache.direct).map_err(|source| StartError::File { path: cfg.cache.path.display().to_string(), source })?;
         let mut backings = Vec::new();
         let mut exports = Vec::new();
         for v in &cfg.vdisk {
@@ -343,7 +370,7 @@ impl Daemon {
         }
         let stats = vec![ExportStats::default(); exports.len()];
         let n = names.len();
-        let files = Files { ssd, backings, versions: crate::prefetch::Versions::new(r.block_size), fail_ssd_write_in: 0.into() };
+        let files = Files { ssd, direct: direct.then(Default::default), backings, versions: crate::prefetch::Versions::new(r.block_size), fail_ssd_write_in: 0.into() };
         let core = Core {
             engine,
             files,
@@ -370,6 +397,11 @@ impl Daemon {
     /// The metadata directory.
     pub fn metadata_dir(&self) -> &std::path::Path {
         &self.meta_dir
+    }
+
+    /// Whether the cache store is O_DIRECT.
+    pub fn direct_io(&self) -> bool {
+        self.lock().files.direct.is_some()
     }
 
     /// What the warm start recovered.

@@ -21,6 +21,14 @@ pub trait Devices {
     fn fault(&self, _op: &DeviceOp) -> io::Result<()> {
         Ok(())
     }
+    /// Reads `buf.len()` bytes of the cache store at `addr`.
+    fn ssd_read(&self, buf: &mut [u8], addr: u64) -> io::Result<()> {
+        self.ssd().read_exact_at(buf, addr)
+    }
+    /// Writes `data` to the cache store at `addr`.
+    fn ssd_write(&self, data: &[u8], addr: u64) -> io::Result<()> {
+        self.ssd().write_all_at(data, addr)
+    }
     /// Reads `buf.len()` bytes of `vm`'s backing store at `addr`.
     fn backing_read(&self, vm: VmId, buf: &mut [u8], addr: u64) -> io::Result<()> {
         self.backing(vm).read_at(buf, addr)
@@ -79,8 +87,8 @@ pub fn execute_with(
         let err = |source| OpError { kind: op.kind, vm: op.vm, disk_addr: op.disk_addr, ssd_addr: op.ssd_addr, len: op.len, source };
         before(op).map_err(err)?;
         dev.fault(op).map_err(err)?;
-        let write = |data: &[u8]| if op.kind.is_ssd() { dev.ssd().write_all_at(data, op.ssd_addr) } else { dev.backing_write(op.vm, data, op.disk_addr) };
-        let read = |buf: &mut [u8]| if op.kind.is_ssd() { dev.ssd().read_exact_at(buf, op.ssd_addr) } else { dev.backing_read(op.vm, buf, op.disk_addr) };
+        let write = |data: &[u8]| if op.kind.is_ssd() { dev.ssd_write(data, op.ssd_addr) } else { dev.backing_write(op.vm, data, op.disk_addr) };
+        let read = |buf: &mut [u8]| if op.kind.is_ssd() { dev.ssd_read(buf, op.ssd_addr) } else { dev.backing_read(op.vm, buf, op.disk_addr) };
         let len = op.len as usize;
         if op.kind.is_write() {
             let data: &[u8] = if op.staged {

@@ -3,6 +3,7 @@
 //! this crate executes its device operations with real bytes ([`executor`]), speaks the
 //! protocol ([`nbd`]), and owns files, locking and durability ([`daemon`]).
 
+pub mod aligned_buf;
 pub mod api;
 pub mod backing;
 pub mod config;

@@ -101,6 +101,12 @@ impl Devices for WithPrefetch<'_> {
     fn fault(&self, op: &cachevisor_engine::DeviceOp) -> io::Result<()> {
         self.dev.fault(op)
     }
+    fn ssd_read(&self, buf: &mut [u8], addr: u64) -> io::Result<()> {
+        self.dev.ssd_read(buf, addr)
+    }
+    fn ssd_write(&self, data: &[u8], addr: u64) -> io::Result<()> {
+        self.dev.ssd_write(data, addr)
+    }
     fn backing_read(&self, vm: VmId, buf: &mut [u8], addr: u64) -> io::Result<()> {
         let p = self.p;
         if vm == p.vm && addr >= p.start && addr + buf.len() as u64 <= p.start + p.data.len() as u64 {

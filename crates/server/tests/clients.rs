@@ -135,3 +135,35 @@ fn qemu_io_discard_drops_cached_sectors_and_punches_the_backing_file() {
     assert!(b[..4608].iter().all(|&x| x == 0x55) && b[4608..32768].iter().all(|&x| x == 0) && b[32768..65536].iter().all(|&x| x == 0x55));
     assert!(b[65536..].iter().all(|&x| x == 0xaa));
 }
+
+#[test]
+fn the_cache_store_is_o_direct_where_the_filesystem_allows_it() {
+    use cachevisor_server::config::DirectIo;
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let mut cfg = config(dir.path(), "1MiB", &[("d", "8MiB", "wb")]);
+    cfg.cache.direct = DirectIo::On;
+    let r = match cachevisor_server::service::start(&cfg) {
+        Ok(r) => r,
+        Err(e) => {
+            // tmpfs and some filesystems refuse O_DIRECT: `on` must say so, `auto` falls back.
+            assert!(e.to_string().contains("O_DIRECT"), "{e}");
+            cfg.cache.direct = DirectIo::Auto;
+            assert!(!serve(&cfg).daemon.direct_io());
+            eprintln!("O_DIRECT is not available under {}: checked the refusal and the fallback only", dir.path().display());
+            return;
+        }
+    };
+    assert!(r.daemon.direct_io());
+    let uri = format!("nbd://{}/d", r.tcp.unwrap());
+    // Sector-sized and sub-sector I/O through unaligned client buffers, hits and misses.
+    qemu_io(&uri, &["write -P 0x11 0 64k".into(), "write -P 0x22 1 5".into(), "write -P 0x33 4095 1026".into(), "write -P 0x44 1m 4k".into()]);
+    let reads = ["read -P 0x11 0 1".to_string(), "read -P 0x22 1 5".into(), "read -P 0x11 6 4089".into(), "read -P 0x33 4095 1026".into(), "read -P 0x11 5121 60415".into(), "read -P 0x44 1m 4k".into()];
+    qemu_io(&uri, &reads);
+    r.daemon.resize(0, 4).unwrap(); // evictions write back through the aligned buffers
+    qemu_io(&uri, &reads);
+    drop(r);
+    cfg.cache.direct = DirectIo::Off;
+    let r = serve(&cfg);
+    assert!(!r.daemon.direct_io());
+    qemu_io(&format!("nbd://{}/d", r.tcp.unwrap()), &reads);
+}

@@ -72,7 +72,11 @@ pub struct ExportStats {
 }
 
 struct Files {
-    ssd: File,
+    /// Shared so O_DIRECT hits can read with the core lock released.
+    ssd: std::sync::Arc<File>,
+    /// Write versions of cache-store blocks (see `prefetch`): O_DIRECT hits read without
+    /// the lock and check that no write began meanwhile.
+    ssd_versions: std::sync::Arc<crate::prefetch::Versions>,
     /// The cache store is O_DIRECT: its I/O goes through an aligned bounce buffer.
     direct: Option<Mutex<crate::aligned_buf::AlignedBuf>>,
     /// Shared so a prefetch can read with the core lock released.
@@ -118,7 +122,7 @@ impl Devices for Files {
     }
     fn ssd_write(&self, data: &[u8], addr: u64) -> std::io::Result<()> {
         use std::os::unix::fs::FileExt;
-        match &self.direct {
+        self.ssd_versions.around_write(0, addr, data.len() as u64, || match &self.direct {
             None => self.ssd.write_all_at(data, addr),
             Some(b) => {
                 let mut b = b.lock().unwrap_or_else(|e| e.into_inner());
@@ -126,7 +130,7 @@ impl Devices for Files {
                 aligned.copy_from_slice(data);
                 self.ssd.write_all_at(aligned, addr)
             }
-        }
+        })
     }
     fn backing_write(&self, vm: VmId, data: &[u8], addr: u64) -> std::io::Result<()> {
         let r = self.backings[vm as usize].write_at(data, addr);
@@ -237,6 +241,10 @@ impl Core {
 /// The daemon: exports and the locked core.
 pub struct Daemon {
     metrics: crate::metrics::Metrics,
+    /// The cache store is O_DIRECT.
+    direct: bool,
+    /// Test hook: microseconds to wait before a read done without the lock (widens races).
+    unlocked_delay_us: std::sync::atomic::AtomicU64,
     /// By VM id; `None` once removed (ids are not reused while the daemon runs).
     exports: RwLock<Vec<Option<ExportInfo>>>,
     /// vDisks added and removed through the API (serializes those calls).
@@ -370,7 +378,7 @@ impl Daemon {
         }
         let stats = vec![ExportStats::default(); exports.len()];
         let n = names.len();
-        let files = Files { ssd, direct: direct.then(Default::default), backings, versions: crate::prefetch::Versions::new(r.block_size), fail_ssd_write_in: 0.into() };
+        let files = Files { ssd: std::sync::Arc::new(ssd), ssd_versions: std::sync::Arc::new(crate::prefetch::Versions::new(r.block_size)), direct: direct.then(Default::default), backings, versions: crate::prefetch::Versions::new(r.block_size), fail_ssd_write_in: 0.into() };
         let core = Core {
             engine,
             files,
@@ -386,7 +394,7 @@ impl Daemon {
             last_tick: Instant::now(),
             recorder: None,
         };
-        Ok(Daemon { metrics: Default::default(), exports: RwLock::new(exports), overlay: Mutex::new(overlay), block_size: r.block_size, resolved: r, core: Mutex::new(core), start: Instant::now(), recovery, meta_dir, destaged: 0.into(), job: Default::default() })
+        Ok(Daemon { metrics: Default::default(), direct, unlocked_delay_us: 0.into(), exports: RwLock::new(exports), overlay: Mutex::new(overlay), block_size: r.block_size, resolved: r, core: Mutex::new(core), start: Instant::now(), recovery, meta_dir, destaged: 0.into(), job: Default::default() })
     }
 
     /// Latency histograms (and the metrics exposition).
@@ -401,7 +409,7 @@ impl Daemon {
 
     /// Whether the cache store is O_DIRECT.
     pub fn direct_io(&self) -> bool {
-        self.lock().files.direct.is_some()
+        self.direct
     }
 
     /// What the warm start recovered.
@@ -447,7 +455,14 @@ impl Daemon {
 
     /// Serves one read or write under the core lock (`guard`); backing reads covered by
     /// `prefetch` (read with the lock released, still valid) are served from its bytes.
-    fn access(&self, mut guard: std::sync::MutexGuard<'_, Core>, vm: VmId, op: Op, offset: u64, client: Client<'_>, prefetch: Option<&crate::prefetch::Prefetch>) -> Result<(), OpError> {
+    fn access(&self, guard: std::sync::MutexGuard<'_, Core>, vm: VmId, op: Op, offset: u64, client: Client<'_>, prefetch: Option<&crate::prefetch::Prefetch>) -> Result<(), OpError> {
+        self.access_once(guard, vm, op, offset, client, prefetch, true)
+    }
+
+    /// [`Self::access`]; with `first` false (a read retried after racing with a cache-store
+    /// write) the request is not observed, recorded or counted again.
+    #[allow(clippy::too_many_arguments)]
+    fn access_once(&self, mut guard: std::sync::MutexGuard<'_, Core>, vm: VmId, op: Op, offset: u64, client: Client<'_>, prefetch: Option<&crate::prefetch::Prefetch>, first: bool) -> Result<(), OpError> {
         let len = match &client {
             Client::Read(_, _, b) => b.len(),
             Client::Write(_, _, b) => b.len(),
@@ -459,10 +474,10 @@ impl Daemon {
         if ctl.is_retired(vm as usize) {
             return Err(removed_err(vm));
         }
-        if ctl.observes() {
+        if ctl.observes() && first {
             ctl.observe(&req);
         }
-        if let Some(w) = recorder.as_mut() {
+        if let Some(w) = recorder.as_mut().filter(|_| first) {
             if let Err(e) = w.write(&req, &names[vm as usize]) {
                 tracing::error!(%e, "trace recording failed: stopped");
                 *recorder = None;
@@ -487,12 +502,34 @@ impl Daemon {
             }
         }
         let s = &mut stats[vm as usize];
-        s.blocks += out.blocks.len() as u64;
-        s.hit_blocks += out.blocks.iter().filter(|b| b.hit).count() as u64;
-        if op.is_write() {
-            s.writes += 1;
-        } else {
-            s.reads += 1;
+        if first {
+            s.blocks += out.blocks.len() as u64;
+            s.hit_blocks += out.blocks.iter().filter(|b| b.hit).count() as u64;
+            if op.is_write() {
+                s.writes += 1;
+            } else {
+                s.reads += 1;
+            }
+        }
+        // An O_DIRECT hit waits on the device: read with the lock released, then check
+        // that no cache-store write began on those blocks meanwhile (else once more under
+        // the lock). Buffered hits are served from the page cache faster than the lock
+        // would be given up and taken again.
+        let device_hit = first && self.direct && matches!(client, Client::Read(..)) && !out.ops.is_empty() && out.ops.iter().all(|o| o.kind == OpKind::SsdRead && !o.staged);
+        if device_hit {
+            let Client::Read(_, _, buf) = client else { unreachable!("a read") };
+            let ops = out.ops.clone();
+            let noted: Vec<Vec<u64>> = ops.iter().map(|o| files.ssd_versions.snapshot_range(0, o.ssd_addr, o.len as u64)).collect();
+            let (ssd, versions) = (files.ssd.clone(), files.ssd_versions.clone());
+            persist.record(engine, |_| None).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
+            drop(guard);
+            self.unlocked_delay();
+            let dev = crate::prefetch::UnlockedSsd { ssd: &ssd, bounce: Default::default() };
+            let r = execute(&ops, Client::Read(vm, offset, &mut *buf), &dev, &mut Vec::new());
+            if r.is_ok() && ops.iter().zip(&noted).all(|(o, n)| versions.snapshot_range(0, o.ssd_addr, o.len as u64) == *n) {
+                return Ok(());
+            }
+            return self.access_once(self.lock(), vm, op, offset, Client::Read(vm, offset, buf), None, false);
         }
         // Cache-store writes over data the synced metadata vouches for need a barrier.
         let mut barrier: Vec<(u32, u64, (u32, u32), Pre)> = Vec::new();
@@ -803,6 +840,19 @@ impl Daemon {
         persist.record_all(engine).map_err(|e| os_err(OpKind::SsdWrite, vm, e))
     }
 
+    /// Test hook: every read done with the core lock released (O_DIRECT hits, read-ahead
+    /// of misses) first waits `us` microseconds, so races with writes become likely.
+    pub fn delay_unlocked_reads(&self, us: u64) {
+        self.unlocked_delay_us.store(us, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn unlocked_delay(&self) {
+        let us = self.unlocked_delay_us.load(std::sync::atomic::Ordering::Relaxed);
+        if us > 0 {
+            std::thread::sleep(std::time::Duration::from_micros(us));
+        }
+    }
+
     /// Fault injection for tests: the `n`-th cache-store write from now fails (0 = none).
     pub fn fail_ssd_write_in(&self, n: u64) {
         self.lock().files.fail_ssd_write_in.store(n, std::sync::atomic::Ordering::Relaxed);
@@ -839,6 +889,7 @@ impl Daemon {
         let (mut p, noted) = crate::prefetch::Prefetch::plan(&guard.files.versions, vm, blocks, size);
         let backing = guard.files.backings[vm as usize].clone();
         drop(guard);
+        self.unlocked_delay();
         let read = backing.read_at(&mut p.data, p.start);
         let guard = self.lock();
         let valid = read.is_ok() && p.still_valid(&guard.files.versions, &noted);

@@ -1,8 +1,8 @@
 //! The transmission phase (NBD proto.md "Transmission"): requests are read, checked and
 //! executed in order per connection, each answered with a simple reply — except reads that
-//! miss the cache, which are handed to the connection's miss threads (up to
-//! [`MISS_THREADS`]) and answered when their data arrives from the backing store, while
-//! the requests behind them go on (NBD lets replies come in any order; a client only
+//! miss the cache (and, with an O_DIRECT cache store, every read), which are handed to the
+//! connection's read threads (up to [`MISS_THREADS`]) and answered when their data arrives
+//! from the device, while the requests behind them go on (NBD lets replies come in any order; a client only
 //! relies on a reply to know its request is done). A request past the export's end or of
 //! an unknown type gets EINVAL, a device failure EIO; a bad magic or an oversized WRITE
 //! payload (the stream cannot be resynchronized) closes the connection. TRIM drops the
@@ -123,6 +123,7 @@ fn serve_buffered<R: Read, W: Write + Send>(input: &mut io::BufReader<R>, s: &Re
     let (vm, size, name) = (export.id, export.size, &export.name);
     let latency = ["read", "write", "flush", "write_zeroes", "trim", "other"].map(|op| d.metrics().histogram(name, op));
     let mut reply: Vec<u8> = Vec::new();
+    let direct = d.direct_io();
     loop {
         if input.buffer().is_empty() {
             s.flush()?; // nothing more pipelined: send the batched replies
@@ -160,6 +161,11 @@ fn serve_buffered<R: Read, W: Write + Send>(input: &mut io::BufReader<R>, s: &Re
             CMD_READ => {
                 if let Err(e) = check_range(&r, size).and_then(|()| if r.flags & !known_flags != 0 { Err(EINVAL) } else { Ok(()) }) {
                     s.send(&error(e))?;
+                    continue;
+                }
+                if direct {
+                    // Every read waits on a device: all go to the read threads.
+                    misses.submit(MissJob { cookie: r.cookie, offset: r.offset, length: r.length, started });
                     continue;
                 }
                 reply.clear();

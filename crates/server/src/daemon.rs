@@ -840,8 +840,9 @@ impl Daemon {
         persist.record_all(engine).map_err(|e| os_err(OpKind::SsdWrite, vm, e))
     }
 
-    /// Test hook: every read done with the core lock released (O_DIRECT hits, read-ahead
-    /// of misses) first waits `us` microseconds, so races with writes become likely.
+    /// Test hook: reads done with the core lock released wait `us` microseconds where a
+    /// racing write would do harm (before an O_DIRECT hit's read, after a read-ahead), so
+    /// races with writes become likely.
     pub fn delay_unlocked_reads(&self, us: u64) {
         self.unlocked_delay_us.store(us, std::sync::atomic::Ordering::Relaxed);
     }
@@ -889,8 +890,8 @@ impl Daemon {
         let (mut p, noted) = crate::prefetch::Prefetch::plan(&guard.files.versions, vm, blocks, size);
         let backing = guard.files.backings[vm as usize].clone();
         drop(guard);
-        self.unlocked_delay();
         let read = backing.read_at(&mut p.data, p.start);
+        self.unlocked_delay();
         let guard = self.lock();
         let valid = read.is_ok() && p.still_valid(&guard.files.versions, &noted);
         self.access(guard, vm, Op::Read, offset, Client::Read(vm, offset, buf), valid.then_some(&p))

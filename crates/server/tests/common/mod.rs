@@ -110,3 +110,55 @@ impl Client {
         self.inner.flush().unwrap()
     }
 }
+
+/// A writer rewrites `blocks` blocks of `export` round robin (each block carries its
+/// version, its number and a pattern) while four readers read `reads` blocks each and
+/// check that each read returns its own block, whole, in at least the version acknowledged
+/// before the read was sent. Returns the writes done.
+pub fn check_monotonic_reads(addr: SocketAddr, export: &str, blocks: u64, reads: u64) -> u64 {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+    use std::sync::Arc;
+    let acked: Arc<Vec<AtomicU64>> = Arc::new((0..blocks).map(|_| 0.into()).collect());
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (acked, stop, export) = (acked.clone(), stop.clone(), export.to_string());
+        std::thread::spawn(move || {
+            let (mut c, _) = Client::connect(addr, &export);
+            let mut v = 0u64;
+            while !stop.load(SeqCst) {
+                v += 1;
+                let b = (v * 5) % blocks;
+                let mut data = vec![(v % 251) as u8; 4096];
+                data[..8].copy_from_slice(&v.to_le_bytes());
+                data[8..16].copy_from_slice(&b.to_le_bytes());
+                c.write(b * 4096, &data, false).unwrap();
+                acked[b as usize].store(v, SeqCst);
+            }
+            v
+        })
+    };
+    let readers: Vec<_> = (0..4u64)
+        .map(|t| {
+            let (acked, export) = (acked.clone(), export.to_string());
+            std::thread::spawn(move || {
+                let (mut c, _) = Client::connect(addr, &export);
+                for i in 0..reads {
+                    let b = (i * 3 + t * 7) % blocks;
+                    let floor = acked[b as usize].load(SeqCst);
+                    let data = c.read(b * 4096, 4096).unwrap();
+                    let got = u64::from_le_bytes(data[..8].try_into().unwrap());
+                    assert!(got >= floor, "block {b}: version {got} read after version {floor} was acknowledged");
+                    if got > 0 {
+                        assert_eq!(u64::from_le_bytes(data[8..16].try_into().unwrap()), b, "block {b}: read another block's data (version {got})");
+                        assert!(data[16..].iter().all(|&x| x == (got % 251) as u8), "block {b}: torn read of version {got}");
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in readers {
+        h.join().unwrap();
+    }
+    stop.store(true, SeqCst);
+    writer.join().unwrap()
+}

@@ -85,7 +85,9 @@ fn a_slow_miss_does_not_hold_up_the_requests_behind_it() {
     use cachevisor_server::nbd::proto::*;
     let (_kit, port) = nbdkit(&["--filter=delay"], &["rdelay=300ms"]);
     let dir = tempfile::tempdir().unwrap();
-    let t = format!("[cache]\npath = \"c.img\"\nsize = \"1MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"d\"\nbacking = \"nbd://127.0.0.1:{port}/\"\nwrite_policy = \"wb\"\n");
+    // Buffered cache store: hits are answered in line, misses always by the read threads
+    // (with O_DIRECT a read alone on its connection is served in line).
+    let t = format!("[cache]\npath = \"c.img\"\nsize = \"1MiB\"\ndirect = \"off\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"d\"\nbacking = \"nbd://127.0.0.1:{port}/\"\nwrite_policy = \"wb\"\n");
     let r = serve(&cachevisor_server::Config::parse(&t, "t", dir.path()).unwrap());
     let (mut c, _) = Client::connect(r.tcp.unwrap(), "d");
     c.write(0, &[5; 4096], false).unwrap(); // cached: reads of block 0 hit

@@ -163,15 +163,19 @@ fn serve_buffered<R: Read, W: Write + Send>(input: &mut io::BufReader<R>, s: &Re
                     s.send(&error(e))?;
                     continue;
                 }
-                if direct {
-                    // Every read waits on a device: all go to the read threads.
+                // With O_DIRECT every read waits on a device: while others are in flight or
+                // pipelined behind it, it goes to the read threads; alone, it is served here
+                // (a hand-over would only add latency).
+                let busy = misses.shared.in_flight.load(Ordering::Acquire) > 0 || !input.buffer().is_empty();
+                if direct && busy {
                     misses.submit(MissJob { cookie: r.cookie, offset: r.offset, length: r.length, started });
                     continue;
                 }
                 reply.clear();
                 reply.extend_from_slice(&simple_reply(0, r.cookie));
                 reply.resize(16 + r.length as usize, 0);
-                match d.read_if_cached(vm, r.offset, &mut reply[16..]) {
+                let done = if direct { Some(d.read(vm, r.offset, &mut reply[16..])) } else { d.read_if_cached(vm, r.offset, &mut reply[16..]) };
+                match done {
                     Some(Ok(())) => s.send(&reply)?,
                     Some(Err(e)) => {
                         tracing::error!(%e, "read failed");

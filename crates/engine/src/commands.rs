@@ -157,34 +157,53 @@ impl Engine {
 }
 
 impl Engine {
-    /// Writes back up to `max_blocks` dirty blocks of `vm` (or of every VM), lowest
-    /// backing address first (by VM, then block), leaving them cached clean: one step of a
-    /// rate-limited background flusher or of a destage job. Returns the blocks written
-    /// back. Scans the slot table (O(slots)).
-    pub fn destage_some(&mut self, vm: Option<VmId>, max_blocks: u64, out: &mut Output) -> u64 {
-        out.clear();
+    /// Up to `max` dirty blocks of `vm` (or of every VM) as keys in backing-address order
+    /// (by VM, then block): the next batch for a flusher or destage job, found by scanning
+    /// the dirty bitmap from slot `cursor` on (wrapping around at most once, skipping clean
+    /// words); `cursor` moves past the last slot taken, so successive batches sweep the
+    /// whole cache.
+    pub fn dirty_batch(&self, vm: Option<VmId>, cursor: &mut u32, max: usize) -> Vec<u64> {
+        let n = self.slots.len() as u32;
         let none_dirty = match vm {
             Some(v) => self.vms.get(v as usize).map_or(true, |p| p.dirty_blocks == 0),
             None => self.vms.iter().all(|p| p.dirty_blocks == 0),
         };
-        if max_blocks == 0 || none_dirty {
-            return 0;
+        let mut keys = Vec::new();
+        if max == 0 || n == 0 || none_dirty {
+            return keys;
         }
-        let spb = self.spb;
-        let mut dirty: Vec<(u64, u32)> = (0..self.slots.len() as u32)
-            .filter(|&s| self.slots.key(s) != FREE_KEY && vm.map_or(true, |v| key_vm(self.slots.key(s)) == v) && self.dirty.any(s, (0, spb)))
-            .map(|s| (self.slots.key(s), s))
-            .collect();
-        let n = (max_blocks as usize).min(dirty.len());
-        if n < dirty.len() {
-            dirty.select_nth_unstable(n);
-            dirty.truncate(n);
+        let start = *cursor % n;
+        let mut at = start;
+        let mut wrapped = false;
+        loop {
+            let end = if wrapped { start } else { n };
+            let Some(s) = self.dirty.next_set_slot(at, end) else {
+                if wrapped || start == 0 {
+                    break;
+                }
+                (wrapped, at) = (true, 0);
+                continue;
+            };
+            let key = self.slots.key(s);
+            if key != FREE_KEY && vm.map_or(true, |v| key_vm(key) == v) {
+                keys.push(key);
+                if keys.len() == max {
+                    *cursor = (s + 1) % n;
+                    break;
+                }
+            }
+            at = s + 1;
         }
-        dirty.sort_unstable();
-        for &(key, s) in &dirty {
-            self.writeback(key_vm(key), s, (0, spb), 0, false, out);
-        }
-        dirty.len() as u64
+        keys.sort_unstable();
+        keys
+    }
+
+    /// Writes block `block` of `vm` back if it is cached dirty, leaving it cached clean
+    /// (one block of a [`Self::dirty_batch`]); returns the blocks written back (0 or 1).
+    pub fn destage_block(&mut self, vm: VmId, block: u64, out: &mut Output) -> u64 {
+        out.clear();
+        let Some(s) = self.lookup(vm, block) else { return 0 };
+        (self.writeback(vm, s, (0, self.spb), 0, false, out) > 0) as u64
     }
 }
 
@@ -194,7 +213,7 @@ mod tests {
     use cachevisor_trace::{Op, Request};
 
     #[test]
-    fn destaging_takes_the_lowest_addresses_first_and_leaves_blocks_cached() {
+    fn dirty_batches_sweep_the_cache_in_address_order_and_leave_blocks_cached() {
         let mut e = Engine::new(EngineConfig::with_slots(16)).unwrap();
         let mut out = Output::default();
         e.set_target(0, 8, &mut out);
@@ -205,18 +224,29 @@ mod tests {
         for b in [4u64, 2] {
             e.access(0, &Request { time_ns: 0, vm: 1, op: Op::Write, offset: b * 4096, len: 4096 }, &mut out);
         }
-        // One VM's blocks only.
-        assert_eq!(e.destage_some(Some(1), 10, &mut out), 2);
-        let written: Vec<(u32, u64)> = out.ops.iter().filter(|o| o.kind == OpKind::BackingWrite).map(|o| (o.vm, o.disk_addr / 4096)).collect();
+        let key = |vm: u32, b: u64| crate::slot_table::pack_key(vm, b);
+        // One VM's blocks only, sorted.
+        let mut cursor = 0;
+        assert_eq!(e.dirty_batch(Some(1), &mut cursor, 10), [key(1, 2), key(1, 4)]);
+        let mut written = Vec::new();
+        for k in e.dirty_batch(Some(1), &mut 0, 10) {
+            assert_eq!(e.destage_block(1, crate::slot_table::key_block(k), &mut out), 1);
+            written.extend(out.ops.iter().filter(|o| o.kind == OpKind::BackingWrite).map(|o| (o.vm, o.disk_addr / 4096)));
+        }
         assert_eq!(written, [(1, 2), (1, 4)]);
-        assert_eq!((e.partition(0).dirty_blocks, e.partition(1).dirty_blocks), (5, 0));
-        assert_eq!(e.destage_some(Some(1), 10, &mut out), 0);
-        assert_eq!(e.destage_some(None, 2, &mut out), 2);
-        let written: Vec<u64> = out.ops.iter().filter(|o| o.kind == OpKind::BackingWrite).map(|o| o.disk_addr / 4096).collect();
-        assert_eq!(written, [1, 3]);
-        assert_eq!((e.partition(0).dirty_blocks, e.partition(0).used), (3, 5));
-        assert_eq!(e.destage_some(None, 10, &mut out), 3);
-        assert_eq!(e.destage_some(None, 10, &mut out), 0);
+        assert_eq!((e.partition(0).dirty_blocks, e.partition(1).dirty_blocks, e.partition(1).used), (5, 0, 2));
+        assert!(e.dirty_batch(Some(1), &mut 0, 10).is_empty());
+        assert_eq!(e.destage_block(1, 2, &mut out), 0, "clean now: nothing to write");
+        // Batches of 2 from a moving cursor sweep every dirty block, then wrap around.
+        let mut cursor = 0;
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            seen.extend(e.dirty_batch(None, &mut cursor, 2));
+        }
+        assert_eq!(seen.len(), 6);
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen, [1u64, 3, 5, 7, 9].map(|b| key(0, b)));
         e.check_invariants().unwrap();
     }
 }

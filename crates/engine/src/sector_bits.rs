@@ -159,6 +159,28 @@ impl SectorBits {
         }
     }
 
+    /// The first slot at or after `from` (below `slots`) with any sector set, skipping
+    /// all-zero words (a slot of 8 sectors: 8 slots per word looked at).
+    pub fn next_set_slot(&self, from: u32, slots: u32) -> Option<u32> {
+        if from >= slots {
+            return None;
+        }
+        if self.sectors >= 64 {
+            return (from..slots).find(|&s| self.words[s as usize * self.words_per_slot..(s as usize + 1) * self.words_per_slot].iter().any(|&w| w != 0));
+        }
+        let start = from as u64 * self.sectors as u64;
+        let mut w = (start / 64) as usize;
+        let mut word = self.words.get(w)? & (u64::MAX << (start % 64));
+        loop {
+            if word != 0 {
+                let slot = ((w as u64 * 64 + word.trailing_zeros() as u64) / self.sectors as u64) as u32;
+                return (slot < slots).then_some(slot);
+            }
+            w += 1;
+            word = *self.words.get(w)?;
+        }
+    }
+
     /// Bytes of memory held.
     pub fn memory_bytes(&self) -> usize {
         self.words.capacity() * 8
@@ -186,6 +208,10 @@ mod tests {
                     for s in 0..sectors { prop_assert_eq!(bits.get(i as u32, s), m[s as usize]); }
                     prop_assert_eq!(bits.all(i as u32, (0, sectors)), m.iter().all(|&x| x));
                     prop_assert_eq!(bits.any(i as u32, (0, sectors)), m.iter().any(|&x| x));
+                }
+                for from in 0..=slots as u32 {
+                    let naive = (from..slots as u32).find(|&i| model[i as usize].iter().any(|&x| x));
+                    prop_assert_eq!(bits.next_set_slot(from, slots as u32), naive);
                 }
                 bits.runs(slot, (0, sectors), true, &mut runs);
                 let covered: usize = runs.iter().map(|(l, h)| (h - l) as usize).sum();

@@ -176,6 +176,33 @@ fn os_err(kind: OpKind, vm: VmId, source: std::io::Error) -> OpError {
     OpError { kind, vm, disk_addr: 0, ssd_addr: 0, len: 0, source }
 }
 
+/// Dirty blocks found by one scan (keys in backing-address order) waiting to be written
+/// back by a flusher or a destage job, and where the next scan starts.
+#[derive(Debug, Default)]
+pub struct DestageQueue {
+    vm: Option<VmId>,
+    keys: std::collections::VecDeque<u64>,
+    cursor: u32,
+}
+
+impl DestageQueue {
+    /// A queue for `vm`'s dirty blocks (or every vDisk's).
+    pub fn new(vm: Option<VmId>) -> Self {
+        DestageQueue { vm, ..Default::default() }
+    }
+}
+
+/// Dirty blocks a scan takes at once (64 MiB of 4 KiB blocks): the sweep is in address
+/// order within each batch.
+const DESTAGE_BATCH: usize = 16384;
+
+fn dirty_left(engine: &Engine, vm: Option<VmId>, vms: usize) -> u64 {
+    match vm {
+        Some(v) => engine.partition(v).dirty_blocks,
+        None => (0..vms).map(|v| engine.partition(v as VmId).dirty_blocks).sum(),
+    }
+}
+
 /// Sets up a new VM id for vDisk `v` in the engine (write policy, sequential cutoff) and
 /// the controller (weight, ratio, minimum). The partition is empty: no device work.
 fn enroll(engine: &mut Engine, ctl: &mut Controller, id: VmId, v: &crate::config::VdiskConfig, block_size: u64, out: &mut Output) -> Result<(), String> {
@@ -610,31 +637,48 @@ impl Daemon {
     }
 
     /// One step of the background flusher or of a destage job: writes back up to
-    /// `max_blocks` dirty blocks of `vm` (or of every vDisk), lowest backing address first,
-    /// and makes that durable before the metadata says clean. Holds the lock for one step
-    /// only, so foreground I/O interleaves. Returns the blocks written back and the dirty
-    /// blocks left.
-    pub fn destage_step(&self, vm: Option<VmId>, max_blocks: u64) -> Result<(u64, u64), OpError> {
-        let mut guard = self.lock();
-        let Core { engine, files, out, staging, persist, .. } = &mut *guard;
-        let n = engine.destage_some(vm, max_blocks, out);
-        if n > 0 {
-            execute(&out.ops, Client::None, &*files, staging)?;
-            let mut synced: Vec<VmId> = Vec::new();
-            for o in &out.ops {
-                if o.kind == OpKind::BackingWrite && !synced.contains(&o.vm) {
-                    synced.push(o.vm);
-                    files.backings[o.vm as usize].sync().map_err(|e| os_err(OpKind::BackingWrite, o.vm, e))?;
+    /// `max_blocks` dirty blocks taken from `q` (refilled by a scan of the dirty bitmap,
+    /// in backing-address order), and makes that durable before the metadata says clean.
+    /// The core lock is held for at most ~10 ms of write-back at a time (one block on a
+    /// very slow backing store), so foreground I/O interleaves. Returns the blocks written
+    /// back and the dirty blocks left.
+    pub fn destage_step(&self, q: &mut DestageQueue, max_blocks: u64) -> Result<(u64, u64), OpError> {
+        const HOLD: std::time::Duration = std::time::Duration::from_millis(10);
+        let mut done = 0;
+        loop {
+            let mut guard = self.lock();
+            let Core { engine, files, out, staging, persist, .. } = &mut *guard;
+            if done >= max_blocks {
+                return Ok((done, dirty_left(engine, q.vm, files.backings.len())));
+            }
+            if q.keys.is_empty() {
+                q.keys.extend(engine.dirty_batch(q.vm, &mut q.cursor, DESTAGE_BATCH));
+            }
+            if q.keys.is_empty() {
+                return Ok((done, dirty_left(engine, q.vm, files.backings.len())));
+            }
+            let held = Instant::now();
+            let mut touched: Vec<VmId> = Vec::new();
+            let mut n = 0;
+            while done + n < max_blocks && held.elapsed() < HOLD {
+                let Some(key) = q.keys.pop_front() else { break };
+                let (vm, block) = (cachevisor_engine::slot_table::key_vm(key), cachevisor_engine::slot_table::key_block(key));
+                if engine.destage_block(vm, block, out) == 0 {
+                    continue; // clean or gone since the scan
                 }
+                execute(&out.ops, Client::None, &*files, staging)?;
+                n += 1;
+                if !touched.contains(&vm) {
+                    touched.push(vm);
+                }
+            }
+            for &vm in &touched {
+                files.backings[vm as usize].sync().map_err(|e| os_err(OpKind::BackingWrite, vm, e))?;
             }
             persist.record_all(engine).map_err(|e| os_err(OpKind::SsdWrite, 0, e))?;
             self.destaged.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+            done += n;
         }
-        let left = match vm {
-            Some(v) => engine.partition(v).dirty_blocks,
-            None => (0..files.backings.len()).map(|v| engine.partition(v as VmId).dirty_blocks).sum(),
-        };
-        Ok((n, left))
     }
 
     /// Writes every dirty block of `vm` (or of every vDisk) back, in steps with the lock
@@ -643,12 +687,13 @@ impl Daemon {
     /// destaged too), then fsyncs the metadata.
     pub fn destage_all(&self, vm: Option<VmId>, progress: &mut dyn FnMut(u64, u64)) -> Result<u64, OpError> {
         const STEP_BLOCKS: u64 = 256;
+        let mut q = DestageQueue::new(vm);
         let mut done = 0;
         loop {
-            let (n, left) = self.destage_step(vm, STEP_BLOCKS)?;
+            let (n, left) = self.destage_step(&mut q, STEP_BLOCKS)?;
             done += n;
             progress(done, done + left);
-            if n == 0 {
+            if n == 0 || left == 0 {
                 break;
             }
         }

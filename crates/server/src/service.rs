@@ -47,11 +47,14 @@ pub fn start(cfg: &Config) -> Result<Running, StartError> {
     if resolved.flush_rate > 0 {
         let per_step = (resolved.flush_rate / 10 / resolved.block_size).max(1);
         let weak = Arc::downgrade(&daemon);
-        std::thread::spawn(move || loop {
-            std::thread::sleep(std::time::Duration::from_millis(100));
-            let Some(d) = weak.upgrade() else { return };
-            if let Err(e) = d.destage_step(None, per_step) {
-                tracing::error!(%e, "background destaging failed");
+        std::thread::spawn(move || {
+            let mut q = crate::daemon::DestageQueue::new(None);
+            loop {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                let Some(d) = weak.upgrade() else { return };
+                if let Err(e) = d.destage_step(&mut q, per_step) {
+                    tracing::error!(%e, "background destaging failed");
+                }
             }
         });
     }

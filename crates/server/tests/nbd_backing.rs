@@ -35,12 +35,18 @@ fn nbdkit(filters: &[&str], params: &[&str]) -> (Nbdkit, u16) {
     panic!("nbdkit did not start");
 }
 
+/// A daemon in `dir` with one vDisk `name` on nbdkit at `port`; `cache` is extra
+/// `[cache]` TOML (size and more).
+fn behind(dir: &tempfile::TempDir, port: u16, cache: &str, name: &str, write_policy: &str) -> cachevisor_server::service::Running {
+    let t = format!("[cache]\npath = \"c.img\"\n{cache}\n[listen]\ntcp = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"{name}\"\nbacking = \"nbd://127.0.0.1:{port}/\"\nwrite_policy = \"{write_policy}\"\n");
+    serve(&cachevisor_server::Config::parse(&t, "t", dir.path()).unwrap())
+}
+
 #[test]
 fn an_nbd_server_behind_the_cache() {
     let (_kit, port) = nbdkit(&[], &[]);
     let dir = tempfile::tempdir().unwrap();
-    let t = format!("[cache]\npath = \"c.img\"\nsize = \"256KiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"wt\"\nbacking = \"nbd://127.0.0.1:{port}/\"\nwrite_policy = \"wt\"\n");
-    let r = serve(&cachevisor_server::Config::parse(&t, "t", dir.path()).unwrap());
+    let r = behind(&dir, port, "size = \"256KiB\"", "wt", "wt");
     let (mut c, size) = Client::connect(r.tcp.unwrap(), "wt");
     assert_eq!(size, 16 << 20);
     for i in 0..256u64 {
@@ -69,8 +75,7 @@ fn an_nbd_server_behind_the_cache() {
 fn reads_ahead_of_the_cache_never_return_or_cache_stale_data() {
     let (_kit, port) = nbdkit(&["--filter=delay"], &["rdelay=1ms"]);
     let dir = tempfile::tempdir().unwrap();
-    let t = format!("[cache]\npath = \"c.img\"\nsize = \"1MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"d\"\nbacking = \"nbd://127.0.0.1:{port}/\"\nwrite_policy = \"wa\"\n");
-    let r = serve(&cachevisor_server::Config::parse(&t, "t", dir.path()).unwrap());
+    let r = behind(&dir, port, "size = \"1MiB\"", "d", "wa");
     r.daemon.delay_unlocked_reads(2000); // writes land while read-aheads are in flight
     let writes = check_monotonic_reads(r.tcp.unwrap(), "d", 8, 200);
     let s = r.daemon.stats(0);
@@ -87,8 +92,7 @@ fn a_slow_miss_does_not_hold_up_the_requests_behind_it() {
     let dir = tempfile::tempdir().unwrap();
     // Buffered cache store: hits are answered in line, misses always by the read threads
     // (with O_DIRECT a read alone on its connection is served in line).
-    let t = format!("[cache]\npath = \"c.img\"\nsize = \"1MiB\"\ndirect = \"off\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"d\"\nbacking = \"nbd://127.0.0.1:{port}/\"\nwrite_policy = \"wb\"\n");
-    let r = serve(&cachevisor_server::Config::parse(&t, "t", dir.path()).unwrap());
+    let r = behind(&dir, port, "size = \"1MiB\"\ndirect = \"off\"", "d", "wb");
     let (mut c, _) = Client::connect(r.tcp.unwrap(), "d");
     c.write(0, &[5; 4096], false).unwrap(); // cached: reads of block 0 hit
     let miss = c.send(CMD_READ, 0, 1 << 20, 4096, &[]);
@@ -115,4 +119,27 @@ fn a_slow_miss_does_not_hold_up_the_requests_behind_it() {
     assert_eq!(c.reply().unwrap(), (0, last));
     std::io::Read::read_exact(&mut c.s, &mut data).unwrap();
     assert!(closed(&mut c.s));
+}
+
+/// The background flusher writing back to a slow backing (10 ms per write) holds the core
+/// lock for one short chunk at a time: a hit is served while most of the dirty blocks are
+/// still waiting, not after the flusher's whole step.
+#[test]
+fn a_flusher_on_a_slow_backing_does_not_hold_up_hits() {
+    let (_kit, port) = nbdkit(&["--filter=delay"], &["wdelay=10ms"]);
+    let dir = tempfile::tempdir().unwrap();
+    let r = behind(&dir, port, "size = \"4MiB\"\nflush_rate = \"64MiB\"", "d", "wb");
+    let (mut c, _) = Client::connect(r.tcp.unwrap(), "d");
+    for i in 0..200u64 {
+        c.write(i * 4096, &[i as u8; 4096], false).unwrap();
+    }
+    // Wait for the flusher's first step to start (a step would cover all 200 blocks).
+    while r.daemon.occupancy(0).1 == 200 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(c.read(199 * 4096, 4096).unwrap(), vec![199u8; 4096]);
+    let dirty = r.daemon.occupancy(0).1;
+    assert!(dirty > 100, "the hit waited for {} write-backs", 200 - dirty);
+    r.daemon.destage(0).unwrap();
+    assert_eq!(r.daemon.occupancy(0).1, 0);
 }

@@ -61,6 +61,14 @@ pub struct ExportStats {
     pub hit_blocks: u64,
     /// Block accesses.
     pub blocks: u64,
+    /// Of the block accesses, by reads.
+    pub read_blocks: u64,
+    /// Of the hits, by reads.
+    pub read_hit_blocks: u64,
+    /// Bytes read by clients.
+    pub read_bytes: u64,
+    /// Bytes written by clients.
+    pub write_bytes: u64,
     /// Flushes.
     pub flushes: u64,
     /// TRIM requests.
@@ -530,12 +538,17 @@ impl Daemon {
         }
         let s = &mut stats[vm as usize];
         if first {
-            s.blocks += out.blocks.len() as u64;
-            s.hit_blocks += out.blocks.iter().filter(|b| b.hit).count() as u64;
+            let (blocks, hits) = (out.blocks.len() as u64, out.blocks.iter().filter(|b| b.hit).count() as u64);
+            s.blocks += blocks;
+            s.hit_blocks += hits;
             if op.is_write() {
                 s.writes += 1;
+                s.write_bytes += len as u64;
             } else {
                 s.reads += 1;
+                s.read_bytes += len as u64;
+                s.read_blocks += blocks;
+                s.read_hit_blocks += hits;
             }
         }
         // An O_DIRECT hit waits on the device: read with the lock released, then check

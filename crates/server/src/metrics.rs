@@ -1,6 +1,6 @@
 //! Prometheus metrics (`/metrics`): per-vDisk request latency histograms by operation,
 //! observed as requests complete, and on every scrape the daemon's counters and gauges
-//! (requests, block hits and accesses, flushes, errors, cache held, target, dirty blocks,
+//! (requests, block hits and misses and bytes by operation, flushes, trims, errors, cache held, target, dirty blocks,
 //! pass-through, flusher and destage-job progress) read from its state by a collector, so there is one source of truth.
 
 use crate::daemon::Daemon;
@@ -55,11 +55,9 @@ impl Collector for StateCollector {
     fn encode(&self, mut enc: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let Some(d) = self.0.upgrade() else { return Ok(()) };
         let status = d.status();
-        let counters: [(&str, &str, fn(&crate::daemon::VdiskStatus) -> u64); 7] = [
+        let counters: [(&str, &str, fn(&crate::daemon::VdiskStatus) -> u64); 5] = [
             ("cachevisor_reads", "Read requests", |s| s.stats.reads),
             ("cachevisor_writes", "Write requests", |s| s.stats.writes),
-            ("cachevisor_block_hits", "Block accesses served by the cache", |s| s.stats.hit_blocks),
-            ("cachevisor_blocks", "Block accesses", |s| s.stats.blocks),
             ("cachevisor_flushes", "Flush requests", |s| s.stats.flushes),
             ("cachevisor_trims", "TRIM requests", |s| s.stats.trims),
             ("cachevisor_errors", "Device errors returned as EIO", |s| s.stats.errors),
@@ -69,6 +67,21 @@ impl Collector for StateCollector {
             let mut m = enc.encode_descriptor(name, help, None, c0.metric_type())?;
             for s in &status {
                 ConstCounter::new(f(s)).encode(m.encode_family(&vec![("vdisk".to_string(), s.name.clone())])?)?;
+            }
+        }
+        // By operation: (read, write) values of each vDisk.
+        let by_op: [(&str, &str, fn(&crate::daemon::ExportStats) -> [u64; 2]); 3] = [
+            ("cachevisor_block_hits", "Block accesses served by the cache, by operation", |s| [s.read_hit_blocks, s.hit_blocks - s.read_hit_blocks]),
+            ("cachevisor_block_misses", "Block accesses the cache did not serve, by operation", |s| [s.read_blocks - s.read_hit_blocks, (s.blocks - s.read_blocks) - (s.hit_blocks - s.read_hit_blocks)]),
+            ("cachevisor_bytes", "Bytes read and written by clients", |s| [s.read_bytes, s.write_bytes]),
+        ];
+        for (name, help, f) in by_op {
+            let c0 = ConstCounter::new(0u64);
+            let mut m = enc.encode_descriptor(name, help, None, c0.metric_type())?;
+            for s in &status {
+                for (op, v) in ["read", "write"].into_iter().zip(f(&s.stats)) {
+                    ConstCounter::new(v).encode(m.encode_family(&vec![("vdisk".to_string(), s.name.clone()), ("op".to_string(), op.to_string())])?)?;
+                }
             }
         }
         let gauges: [(&str, &str, fn(&crate::daemon::VdiskStatus) -> i64); 4] = [

@@ -25,7 +25,7 @@ fn list_metrics_and_authorized_changes() {
     assert_eq!(list[0]["dirty_blocks"], 16);
     assert_eq!(list[0]["stats"]["hit_blocks"], 16);
     let m = ureq::get(&format!("http://{api}/metrics")).call().unwrap().into_string().unwrap();
-    for needle in ["cachevisor_block_hits_total{vdisk=\"a\"} 16", "cachevisor_dirty_blocks{vdisk=\"a\"} 16", "cachevisor_request_duration_seconds_count{vdisk=\"a\",op=\"read\"} 16"] {
+    for needle in ["cachevisor_block_hits_total{vdisk=\"a\",op=\"read\"} 16", "cachevisor_block_misses_total{vdisk=\"a\",op=\"read\"} 0", "cachevisor_block_misses_total{vdisk=\"a\",op=\"write\"} 16", "cachevisor_bytes_total{vdisk=\"a\",op=\"write\"} 65536", "cachevisor_dirty_blocks{vdisk=\"a\"} 16", "cachevisor_request_duration_seconds_count{vdisk=\"a\",op=\"read\"} 16"] {
         assert!(m.contains(needle), "metrics lack `{needle}`:\n{m}");
     }
     // Without the token: refused, nothing changes.

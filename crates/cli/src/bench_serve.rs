@@ -73,10 +73,20 @@ fn start_nbdkit(args: &[&str]) -> anyhow::Result<(Proc, String)> {
 
 /// Runs fio; returns read IOPS.
 fn fio(uri: &str, rw: &str, depth: u32, secs: u32, size: &str) -> anyhow::Result<f64> {
-    fio_with(uri, rw, depth, secs, size, &[])
+    Ok(fio_with(uri, rw, depth, secs, size, &[])?.iops)
 }
 
-fn fio_with(uri: &str, rw: &str, depth: u32, secs: u32, size: &str, extra: &[&str]) -> anyhow::Result<f64> {
+/// One fio run's reads.
+#[derive(Debug, Clone, Copy)]
+struct FioReads {
+    iops: f64,
+    /// Mean completion latency, µs.
+    mean_us: f64,
+    /// 99th percentile completion latency, µs.
+    p99_us: f64,
+}
+
+fn fio_with(uri: &str, rw: &str, depth: u32, secs: u32, size: &str, extra: &[&str]) -> anyhow::Result<FioReads> {
     let o = Command::new("fio")
         .args(["--name=b", "--ioengine=nbd", &format!("--uri={uri}"), &format!("--rw={rw}"), "--bs=4k", &format!("--iodepth={depth}"), &format!("--size={size}")])
         .args(extra)
@@ -90,7 +100,9 @@ fn fio_with(uri: &str, rw: &str, depth: u32, secs: u32, size: &str, extra: &[&st
     let text = String::from_utf8_lossy(&o.stdout);
     let json = text.find('{').map(|i| &text[i..]).context("no JSON in fio's output")?;
     let v: serde_json::Value = serde_json::from_str(json).context("fio JSON")?;
-    Ok(v["jobs"][0]["read"]["iops"].as_f64().unwrap_or(0.0))
+    let r = &v["jobs"][0]["read"];
+    let ns = |x: &serde_json::Value| x.as_f64().unwrap_or(0.0) / 1000.0;
+    Ok(FioReads { iops: r["iops"].as_f64().unwrap_or(0.0), mean_us: ns(&r["clat_ns"]["mean"]), p99_us: ns(&r["clat_ns"]["percentile"]["99.000000"]) })
 }
 
 
@@ -157,7 +169,7 @@ pub fn slow_backing(delay_ms: u32, disk_mib: u64, cache_mib: u64, secs: u32, rou
     let range = format!("{disk_mib}MiB");
     let zipf = ["--random_distribution=zipf:1.2", "--norandommap"];
     println!("slow backing: nbdkit memory {disk_mib} MiB with {delay} per request (16 threads); fio 4 KiB random reads, zipf 1.2, {secs} s per run, {rounds} rounds per iodepth");
-    println!("{:<8} {:<8} {:>14} {:>18} {:>8}", "iodepth", "round", "backing IOPS", "cachevisor IOPS", "speed-up");
+    println!("{:<8} {:<6} {:>13} {:>16} {:>9} {:>24} {:>24}", "iodepth", "round", "backing IOPS", "cachevisor IOPS", "speed-up", "mean µs backing/cached", "p99 µs backing/cached");
     let rec = dir.join("slow-run.csv");
     let (mut live_hit, mut live) = (0.0, 0.0);
     let mut summary = Vec::new();
@@ -183,15 +195,17 @@ pub fn slow_backing(delay_ms: u32, disk_mib: u64, cache_mib: u64, secs: u32, rou
                 drop(cv);
             }
             drop(kit);
-            println!("{depth:<8} {round:<8} {:>14.0} {:>18.0} {:>8.2}", direct[round], cached[round], cached[round] / direct[round]);
+            let (b, c): (FioReads, FioReads) = (direct[round], cached[round]);
+            println!("{depth:<8} {round:<6} {:>13.0} {:>16.0} {:>9.2} {:>24} {:>24}", b.iops, c.iops, c.iops / b.iops, format!("{:.0} / {:.0}", b.mean_us, c.mean_us), format!("{:.0} / {:.0}", b.p99_us, c.p99_us));
             if first {
                 live_hit = replay_hit_ratio(&rec, cache_mib)?;
             }
         }
-        summary.push((depth, median(direct), median(cached)));
+        let med = |v: &[FioReads], f: fn(&FioReads) -> f64| median(v.iter().map(f).collect());
+        summary.push((depth, med(&direct, |r| r.iops), med(&cached, |r| r.iops), med(&direct, |r| r.mean_us), med(&cached, |r| r.mean_us)));
     }
-    for (depth, d, c) in summary {
-        println!("median at iodepth {depth}: backing {d:.0} IOPS, cachevisor {c:.0} IOPS, speed-up {:.2}x", c / d);
+    for (depth, d, c, dl, cl) in summary {
+        println!("median at iodepth {depth}: backing {d:.0} IOPS, cachevisor {c:.0} IOPS, speed-up {:.2}x; mean latency {dl:.0} µs vs {cl:.0} µs ({:.2}x lower)", c / d, dl / cl);
     }
     println!(
         "hit ratio of the first run: daemon {:.2}%, simulator replaying its recording with the same cache {:.2}% (difference {:.2} points); 1/(1-h) = {:.1}x would be the speed-up with free hits",

@@ -33,7 +33,7 @@ pub struct NbdPool {
 }
 
 /// Connections opened to an NBD backing that allows multi-conn.
-const NBD_CONNECTIONS: usize = 8;
+const NBD_CONNECTIONS: usize = 16;
 
 impl NbdPool {
     fn connect(addr: std::net::SocketAddr, export: &str) -> io::Result<NbdPool> {

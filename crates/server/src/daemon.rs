@@ -90,7 +90,7 @@ struct Files {
     /// Shared so a prefetch can read with the core lock released.
     backings: Vec<std::sync::Arc<Backing>>,
     /// Write versions of backing blocks (see `prefetch`).
-    versions: crate::prefetch::Versions,
+    versions: std::sync::Arc<crate::prefetch::Versions>,
     /// Injected fault: the cache-store write at which to fail (counting down).
     fail_ssd_write_in: std::sync::atomic::AtomicU64,
 }
@@ -148,6 +148,10 @@ impl Devices for Files {
 }
 
 struct Core {
+    /// Blocks (keys) whose client write-through is still on its way to the backing store,
+    /// with the number of such writes: requests touching them wait for
+    /// [`Daemon::unfenced`].
+    fenced: std::collections::HashMap<u64, u32>,
     engine: Engine,
     files: Files,
     out: Output,
@@ -209,6 +213,12 @@ fn dirty_left(engine: &Engine, vm: Option<VmId>, vms: usize) -> u64 {
         Some(v) => engine.partition(v).dirty_blocks,
         None => (0..vms).map(|v| engine.partition(v as VmId).dirty_blocks).sum(),
     }
+}
+
+/// The sectors of block `b` (of `bs` bytes) that `len` bytes at `offset` touch.
+fn sectors_of(offset: u64, len: u64, bs: u64, b: u64) -> (u32, u32) {
+    let start = b * bs;
+    (((offset.max(start) - start) / 512) as u32, ((offset + len).min(start + bs) - start).div_ceil(512) as u32)
 }
 
 /// Sets up a new VM id for vDisk `v` in the engine (write policy, sequential cutoff) and
@@ -287,6 +297,8 @@ pub struct Daemon {
     block_size: u64,
     resolved: Resolved,
     core: Mutex<Core>,
+    /// Signalled when fenced blocks are released.
+    unfenced: std::sync::Condvar,
     start: Instant,
     recovery: Recovery,
     meta_dir: std::path::PathBuf,
@@ -413,8 +425,9 @@ impl Daemon {
         }
         let stats = vec![ExportStats::default(); exports.len()];
         let n = names.len();
-        let files = Files { ssd: std::sync::Arc::new(ssd), ssd_versions: std::sync::Arc::new(crate::prefetch::Versions::new(r.block_size)), direct: direct.then(Default::default), backings, versions: crate::prefetch::Versions::new(r.block_size), fail_ssd_write_in: 0.into() };
+        let files = Files { ssd: std::sync::Arc::new(ssd), ssd_versions: std::sync::Arc::new(crate::prefetch::Versions::new(r.block_size)), direct: direct.then(Default::default), backings, versions: std::sync::Arc::new(crate::prefetch::Versions::new(r.block_size)), fail_ssd_write_in: 0.into() };
         let core = Core {
+            fenced: Default::default(),
             engine,
             files,
             out,
@@ -429,7 +442,7 @@ impl Daemon {
             last_tick: Instant::now(),
             recorder: None,
         };
-        Ok(Daemon { metrics: Default::default(), direct, unlocked_delay_us: 0.into(), exports: RwLock::new(exports), overlay: Mutex::new(overlay), block_size: r.block_size, resolved: r, core: Mutex::new(core), start: Instant::now(), recovery, meta_dir, destaged: 0.into(), job: Default::default() })
+        Ok(Daemon { metrics: Default::default(), direct, unlocked_delay_us: 0.into(), exports: RwLock::new(exports), overlay: Mutex::new(overlay), block_size: r.block_size, resolved: r, core: Mutex::new(core), unfenced: Default::default(), start: Instant::now(), recovery, meta_dir, destaged: 0.into(), job: Default::default() })
     }
 
     /// Latency histograms (and the metrics exposition).
@@ -488,6 +501,19 @@ impl Daemon {
         self.core.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Waits (lock released meanwhile) until no write-through to the blocks of `len` bytes
+    /// at `offset` of `vm` is on its way to the backing store — for a read, only of blocks
+    /// it would miss (a hit returns the new data, which the cache already holds).
+    fn unfenced<'a>(&self, mut guard: std::sync::MutexGuard<'a, Core>, vm: VmId, offset: u64, len: u64, read: bool) -> std::sync::MutexGuard<'a, Core> {
+        let bs = self.block_size;
+        let blocks = offset / bs..(offset + len.max(1)).div_ceil(bs);
+        let waits = |core: &Core| !core.fenced.is_empty() && blocks.clone().any(|b| core.fenced.contains_key(&pack_key(vm, b)) && !(read && core.engine.holds(vm, b, sectors_of(offset, len, bs, b))));
+        while waits(&guard) {
+            guard = self.unfenced.wait(guard).unwrap_or_else(|e| e.into_inner());
+        }
+        guard
+    }
+
     /// Serves one read or write under the core lock (`guard`); backing reads covered by
     /// `prefetch` (read with the lock released, still valid) are served from its bytes.
     fn access(&self, guard: std::sync::MutexGuard<'_, Core>, vm: VmId, op: Op, offset: u64, client: Client<'_>, prefetch: Option<&crate::prefetch::Prefetch>) -> Result<(), OpError> {
@@ -505,7 +531,9 @@ impl Daemon {
         };
         let req = Request { time_ns: self.start.elapsed().as_nanos() as u64, vm, op, offset, len: len as u32 };
         let bs = self.block_size;
-        let Core { engine, files, out, staging, stats, persist, error_threshold, passthrough, ctl, recorder, names, .. } = &mut *guard;
+        let blocks = if len == 0 { 0..0 } else { offset / bs..(offset + len as u64 - 1) / bs + 1 };
+        guard = self.unfenced(guard, vm, offset, len as u64, !op.is_write());
+        let Core { engine, files, out, staging, stats, persist, error_threshold, passthrough, ctl, recorder, names, fenced, .. } = &mut *guard;
         if ctl.is_retired(vm as usize) {
             return Err(removed_err(vm));
         }
@@ -520,7 +548,6 @@ impl Daemon {
         }
         // The journaled state of the slots the request's blocks hold: what a barrier must
         // supersede if the request overwrites them.
-        let blocks = if len == 0 { 0..0 } else { offset / bs..(offset + len as u64 - 1) / bs + 1 };
         // Only writes rewrite sectors a slot already vouches for; a read's cache writes are
         // fills of invalid sectors or of slots taken from another block (keys below), so
         // reads skip this capture (an unknown state is treated conservatively).
@@ -583,6 +610,19 @@ impl Daemon {
                 barrier.push((slot, new_key, range, p));
             }
         }
+        // A client write's own backing writes (write-through, write-around) run after the
+        // lock is released, the blocks fenced meanwhile — unless a later op reads the
+        // backing store back.
+        let write_data = match &client {
+            Client::Write(_, _, d) => Some(*d),
+            _ => None,
+        };
+        let own_write = |o: &cachevisor_engine::DeviceOp| o.kind == OpKind::BackingWrite && !o.staged && o.vm == vm;
+        let defer = first
+            && write_data.is_some()
+            && out.ops.iter().position(own_write).is_some_and(|i| !out.ops[i..].iter().any(|o| o.kind == OpKind::BackingRead && o.vm == vm));
+        let deferred: Vec<cachevisor_engine::DeviceOp> = if defer { out.ops.iter().filter(|o| own_write(o)).cloned().collect() } else { Vec::new() };
+        out.ops.retain(|o| !(defer && own_write(o)));
         let mut wrote_back: Vec<VmId> = Vec::new();
         let mut pending = !barrier.is_empty();
         let files_ref: &Files = files;
@@ -602,6 +642,15 @@ impl Daemon {
             }
             Ok(())
         });
+        // The slots that will hold data the backing store does not have yet stay out of
+        // the journal until it does.
+        let held: Vec<(u32, u64)> = if defer && r.is_ok() { blocks.clone().filter_map(|b| engine.lookup(vm, b).map(|slot| (slot, pack_key(vm, b)))).collect() } else { Vec::new() };
+        if defer && r.is_ok() {
+            persist.withhold(&held);
+            for b in blocks.clone() {
+                *fenced.entry(pack_key(vm, b)).or_default() += 1;
+            }
+        }
         if let Err(e) = &r {
             s.errors += 1;
             tracing::error!(%e, vdisk = vm, errors = s.errors, "device error");
@@ -646,7 +695,47 @@ impl Daemon {
                 persist.record_all(engine).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
             }
         }
-        r
+        if !defer || r.is_err() {
+            return r;
+        }
+        let (backing, versions) = (files.backings[vm as usize].clone(), files.versions.clone());
+        drop(guard);
+        self.unlocked_delay();
+        let data = write_data.expect("a write");
+        let mut res = Ok(());
+        for o in &deferred {
+            let from = (o.disk_addr - offset) as usize;
+            let chunk = &data[from..from + o.len as usize];
+            if let Err(source) = versions.around_write(vm, o.disk_addr, o.len as u64, || backing.write_at(chunk, o.disk_addr)) {
+                res = Err(OpError { kind: o.kind, vm, disk_addr: o.disk_addr, ssd_addr: o.ssd_addr, len: o.len, source });
+                break;
+            }
+        }
+        let mut guard = self.lock();
+        let core = &mut *guard;
+        if let Err(e) = &res {
+            let s = &mut core.stats[vm as usize];
+            s.errors += 1;
+            tracing::error!(%e, vdisk = vm, errors = s.errors, "device error");
+            // The cache must not keep data the backing store did not take.
+            let spb = (bs / 512) as u32;
+            for b in blocks.clone() {
+                core.engine.discard(vm, b, (0, spb));
+            }
+        }
+        for b in blocks {
+            if let std::collections::hash_map::Entry::Occupied(mut e) = core.fenced.entry(pack_key(vm, b)) {
+                *e.get_mut() -= 1;
+                if *e.get() == 0 {
+                    e.remove();
+                }
+            }
+        }
+        let released = core.persist.release(&core.engine, &held);
+        drop(guard);
+        self.unfenced.notify_all();
+        released.map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
+        res
     }
 
     /// One step of the background flusher or of a destage job: writes back up to
@@ -926,11 +1015,7 @@ impl Daemon {
         }
         let bs = self.block_size;
         let last = (offset + len - 1) / bs;
-        let needs = |b: u64| {
-            let start = b * bs;
-            let range = (((offset.max(start) - start) / 512) as u32, ((offset + len).min(start + bs) - start).div_ceil(512) as u32);
-            !core.engine.holds(vm, b, range)
-        };
+        let needs = |b: u64| !core.engine.holds(vm, b, sectors_of(offset, len, bs, b));
         let first = (offset / bs..=last).find(|&b| needs(b))?;
         let end = (first..=last).rev().find(|&b| needs(b)).unwrap_or(first) + 1;
         Some(first..end)
@@ -950,9 +1035,16 @@ impl Daemon {
         drop(guard);
         let read = backing.read_at(&mut p.data, p.start);
         self.unlocked_delay();
-        let guard = self.lock();
+        let guard = self.unfenced(self.lock(), vm, offset, buf.len() as u64, true);
         let valid = read.is_ok() && p.still_valid(&guard.files.versions, &noted);
         self.access(guard, vm, Op::Read, offset, Client::Read(vm, offset, buf), valid.then_some(&p))
+    }
+
+    /// Whether writes to `vm` wait on its backing store (any write policy but write-back,
+    /// or pass-through).
+    pub fn writes_wait_on_backing(&self, vm: VmId) -> bool {
+        let core = self.lock();
+        core.passthrough.get(vm as usize).copied().unwrap_or(false) || core.engine.partition(vm).write_policy != cachevisor_engine::WritePolicy::Wb
     }
 
     /// Like [`Self::read`] when the read can be served at once (it hits); `None` when it
@@ -980,14 +1072,14 @@ impl Daemon {
     /// is fsynced on the backing file.
     pub fn flush(&self, vm: VmId) -> Result<(), OpError> {
         let mut guard = self.lock();
-        let Core { engine, files, stats, persist, names, ctl, .. } = &mut *guard;
+        let Core { engine, files, stats, persist, names, ctl, fenced, .. } = &mut *guard;
         if ctl.is_retired(vm as usize) {
             return Err(removed_err(vm));
         }
         stats[vm as usize].flushes += 1;
         persist.sync(&files.ssd).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
         files.backings[vm as usize].sync().map_err(|e| os_err(OpKind::BackingWrite, vm, e))?;
-        if persist.wants_checkpoint() {
+        if persist.wants_checkpoint() && fenced.is_empty() {
             let targets: Vec<u64> = (0..names.len()).map(|v| engine.partition(v as VmId).target).collect();
             persist.checkpoint(engine, names, &targets, &files.ssd).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
         }
@@ -1058,6 +1150,9 @@ impl Daemon {
     /// written, so the next start is warm without replaying a journal.
     pub fn shutdown(&self) -> Result<(), OpError> {
         let mut guard = self.lock();
+        while !guard.fenced.is_empty() {
+            guard = self.unfenced.wait(guard).unwrap_or_else(|e| e.into_inner());
+        }
         let Core { engine, files, persist, names, recorder, .. } = &mut *guard;
         if let Some(w) = recorder.take() {
             w.finish().map_err(|e| os_err(OpKind::SsdWrite, 0, e))?;

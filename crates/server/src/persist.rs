@@ -62,6 +62,10 @@ pub struct Persistence {
     pre_sync: HashMap<u32, Option<SlotState>>,
     changed: Vec<u32>,
     buf: Vec<u8>,
+    /// Slots not to journal while they hold the given key: a write-through whose backing
+    /// write is still on its way (the journal must not vouch for data the backing store
+    /// does not have yet).
+    withheld: HashMap<u32, u64>,
 }
 
 /// A slot's journaled state just before a request, as the driver knows it: the engine
@@ -155,7 +159,7 @@ impl Persistence {
         }
         let header = Header { block_size, slots, generation };
         let journal = OpenOptions::new().create(true).append(true).open(&jpath).map_err(|e| io_err(&jpath, e))?;
-        let p = Persistence { dir: dir.to_path_buf(), header, spb, words, journal, journal_len: 0, slots, pre_sync: HashMap::new(), changed: Vec::new(), buf: Vec::new() };
+        let p = Persistence { dir: dir.to_path_buf(), header, spb, words, journal, journal_len: 0, slots, pre_sync: HashMap::new(), changed: Vec::new(), buf: Vec::new(), withheld: HashMap::new() };
         Ok((p, rec))
     }
 
@@ -238,6 +242,9 @@ impl Persistence {
     pub fn record(&mut self, e: &mut Engine, pre: impl Fn(u32) -> Option<Pre>) -> std::io::Result<()> {
         let mut changed = std::mem::take(&mut self.changed);
         e.take_changed(&mut changed);
+        if !self.withheld.is_empty() {
+            changed.retain(|s| self.withheld.get(s).map_or(true, |&key| e.slot_block(*s).map(|(v, b)| pack_key(v, b)) != Some(key)));
+        }
         for &slot in &changed {
             let now = self.engine_state(e, slot);
             let p = pre(slot);
@@ -247,12 +254,27 @@ impl Persistence {
         self.write_buffered()
     }
 
+    /// Keeps `slots` (each holding `key`) out of the journal until [`Self::release`],
+    /// as long as they hold that key.
+    pub fn withhold(&mut self, slots: &[(u32, u64)]) {
+        self.withheld.extend(slots.iter().copied());
+    }
+
+    /// Journals the current state of withheld `slots` and stops withholding them.
+    pub fn release(&mut self, e: &Engine, slots: &[(u32, u64)]) -> std::io::Result<()> {
+        for &(slot, _) in slots {
+            self.withheld.remove(&slot);
+            let now = self.engine_state(e, slot);
+            self.append(slot, &now, None);
+        }
+        self.write_buffered()
+    }
+
     /// Journals every change after a bulk command (states before it are unknown).
     pub fn record_all(&mut self, e: &mut Engine) -> std::io::Result<()> {
         self.record(e, |_| None)
     }
 
-    /// Journals a partition target.
     /// Journals that VM id `vm` is the vDisk `name` (a vDisk added while running).
     pub fn record_vdisk(&mut self, vm: u16, name: &str) -> std::io::Result<()> {
         Record::Vdisk { vm, name: name.to_string() }.encode(&mut self.buf);

@@ -76,3 +76,26 @@ fn an_unlocked_hit_whose_slot_is_reused_is_redone() {
     assert_eq!(got, vec![7; 4096], "the hit read its own block");
     assert_eq!(c.read(0, 4096).unwrap(), vec![7; 4096]);
 }
+
+/// A write-through answers after its backing write, which runs with the lock released:
+/// its block is fenced meanwhile, so a read that misses (the cached copy was evicted)
+/// waits instead of caching what the backing store held before.
+#[test]
+fn a_write_through_on_its_way_fences_its_block() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let r = serve(&config(dir.path(), "16KiB", &[("d", "1MiB", "wt")]));
+    let (mut c, _) = Client::connect(r.tcp.unwrap(), "d");
+    c.write(0, &[1; 4096], false).unwrap();
+    r.daemon.delay_unlocked_reads(200_000); // the backing write of the next write waits 200 ms
+    let addr = r.tcp.unwrap();
+    let writer = std::thread::spawn(move || Client::connect(addr, "d").0.write(0, &[2; 4096], false).unwrap());
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    r.daemon.delay_unlocked_reads(0);
+    r.daemon.resize(0, 0).unwrap(); // drops the (clean) cached copy
+    r.daemon.resize(0, 4).unwrap();
+    let during = c.read(0, 4096).unwrap();
+    assert!(during == vec![1; 4096] || during == vec![2; 4096]);
+    writer.join().unwrap();
+    assert!(c.read(0, 4096).unwrap() == vec![2; 4096], "a read after the write was answered returns it");
+    assert!(std::fs::read(dir.path().join("d.img")).unwrap()[..4096].iter().all(|&x| x == 2));
+}

@@ -1,6 +1,7 @@
 //! The transmission phase (NBD proto.md "Transmission"): requests are read, checked and
 //! executed in order per connection, each answered with a simple reply — except reads that
-//! miss the cache (and, with an O_DIRECT cache store, every read), which are handed to the
+//! miss the cache (and, with an O_DIRECT cache store, every read), and writes that go to
+//! the backing store (write-through, write-around, pass-through), which are handed to the
 //! connection's read threads (up to [`MISS_THREADS`]) and answered when their data arrives
 //! from the device, while the requests behind them go on (NBD lets replies come in any order; a client only
 //! relies on a reply to know its request is done). A request past the export's end or of
@@ -32,7 +33,13 @@ pub fn serve<R: Read, W: Write + Send>(input: R, output: W, d: &Daemon, vm: u32)
     let mut r = io::BufReader::with_capacity(1 << 18, input);
     let s = Replies(Mutex::new(io::BufWriter::with_capacity(1 << 18, output)));
     let (tx, rx) = mpsc::channel::<MissJob>();
-    let shared = MissShared { rx: Mutex::new(rx), in_flight: AtomicUsize::new(0), threads: AtomicUsize::new(0), latency: d.metrics().histogram(&export.name, "read") };
+    let shared = MissShared {
+        rx: Mutex::new(rx),
+        in_flight: AtomicUsize::new(0),
+        threads: AtomicUsize::new(0),
+        read_latency: d.metrics().histogram(&export.name, "read"),
+        write_latency: d.metrics().histogram(&export.name, "write"),
+    };
     let res = std::thread::scope(|scope| {
         let misses = Misses { scope, tx, shared: &shared, d, vm, s: &s };
         serve_buffered(&mut r, &s, d, &export, &misses)
@@ -55,12 +62,14 @@ impl<W: Write> Replies<W> {
     }
 }
 
-/// A read handed to a miss thread.
+/// A request handed to a read thread: a read, or a write (with its payload and FUA)
+/// that waits on the backing store.
 struct MissJob {
     cookie: u64,
     offset: u64,
     length: u32,
     started: Instant,
+    write: Option<(Vec<u8>, bool)>,
 }
 
 /// What the miss threads share.
@@ -68,7 +77,8 @@ struct MissShared {
     rx: Mutex<mpsc::Receiver<MissJob>>,
     in_flight: AtomicUsize,
     threads: AtomicUsize,
-    latency: Histogram,
+    read_latency: Histogram,
+    write_latency: Histogram,
 }
 
 /// The connection's miss threads, started as reads wait (at most [`MISS_THREADS`]).
@@ -101,20 +111,32 @@ fn miss_thread<W: Write>(sh: &MissShared, d: &Daemon, vm: u32, s: &Replies<W>) {
     loop {
         let job = sh.rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
         let Ok(job) = job else { return };
-        reply.clear();
-        reply.extend_from_slice(&simple_reply(0, job.cookie));
-        reply.resize(16 + job.length as usize, 0);
-        let sent = match d.read(vm, job.offset, &mut reply[16..]) {
-            Ok(()) => s.send(&reply),
-            Err(e) => {
-                tracing::error!(%e, "read failed");
-                s.send(&simple_reply(EIO, job.cookie))
+        let sent = if let Some((data, fua)) = &job.write {
+            let e = d.write(vm, job.offset, data, *fua).map_or_else(
+                |e| {
+                    tracing::error!(%e, "write failed");
+                    EIO
+                },
+                |()| 0,
+            );
+            s.send(&simple_reply(e, job.cookie))
+        } else {
+            reply.clear();
+            reply.extend_from_slice(&simple_reply(0, job.cookie));
+            reply.resize(16 + job.length as usize, 0);
+            match d.read(vm, job.offset, &mut reply[16..]) {
+                Ok(()) => s.send(&reply),
+                Err(e) => {
+                    tracing::error!(%e, "read failed");
+                    s.send(&simple_reply(EIO, job.cookie))
+                }
             }
         };
         // The reader may be waiting on the socket: send now. A vanished client is noticed
         // by the reader.
         let _ = sent.and_then(|()| s.flush());
-        sh.latency.observe(job.started.elapsed().as_secs_f64());
+        let latency = if job.write.is_some() { &sh.write_latency } else { &sh.read_latency };
+        latency.observe(job.started.elapsed().as_secs_f64());
         sh.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
@@ -168,7 +190,7 @@ fn serve_buffered<R: Read, W: Write + Send>(input: &mut io::BufReader<R>, s: &Re
                 // (a hand-over would only add latency).
                 let busy = misses.shared.in_flight.load(Ordering::Acquire) > 0 || !input.buffer().is_empty();
                 if direct && busy {
-                    misses.submit(MissJob { cookie: r.cookie, offset: r.offset, length: r.length, started });
+                    misses.submit(MissJob { cookie: r.cookie, offset: r.offset, length: r.length, started, write: None });
                     continue;
                 }
                 reply.clear();
@@ -183,7 +205,7 @@ fn serve_buffered<R: Read, W: Write + Send>(input: &mut io::BufReader<R>, s: &Re
                     }
                     None => {
                         // Waits on the backing store: answered by a miss thread.
-                        misses.submit(MissJob { cookie: r.cookie, offset: r.offset, length: r.length, started });
+                        misses.submit(MissJob { cookie: r.cookie, offset: r.offset, length: r.length, started, write: None });
                         continue;
                     }
                 }
@@ -197,6 +219,11 @@ fn serve_buffered<R: Read, W: Write + Send>(input: &mut io::BufReader<R>, s: &Re
                 let mut data = vec![0u8; r.length as usize];
                 input.read_exact(&mut data)?;
                 let res = check_range(&r, size).and_then(|()| if r.flags & !known_flags != 0 { Err(EINVAL) } else { Ok(()) });
+                if res.is_ok() && d.writes_wait_on_backing(vm) {
+                    // Answered once on the backing store, by a read thread.
+                    misses.submit(MissJob { cookie: r.cookie, offset: r.offset, length: r.length, started, write: Some((data, r.flags & CMD_FLAG_FUA != 0)) });
+                    continue;
+                }
                 let e = match res {
                     Err(e) => e,
                     Ok(()) => d.write(vm, r.offset, &data, r.flags & CMD_FLAG_FUA != 0).map_or_else(

@@ -301,7 +301,12 @@ impl Persistence {
         self.write_buffered()?;
         ssd.sync_data()?;
         self.journal.sync_data()?;
-        self.pre_sync.clear();
+        // Clearing costs the table's capacity, which a burst can leave large.
+        if self.pre_sync.capacity() > 4096 {
+            self.pre_sync = HashMap::new();
+        } else {
+            self.pre_sync.clear();
+        }
         Ok(())
     }
 

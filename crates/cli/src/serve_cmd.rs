@@ -52,6 +52,14 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         running.daemon.record_to(p, f).with_context(|| format!("--record {}", p.display()))?;
         println!("# recording every request to {} ({})", p.display(), a.record_format);
     }
+    let d = &running.daemon;
+    println!(
+        "# cache: {} ({} in {} blocks, {})",
+        cfg.cache.path.display(),
+        cachevisor_trace::units::format_size(d.resolved().cache_bytes),
+        cachevisor_trace::units::format_size(d.block_size()),
+        if d.direct_io() { "O_DIRECT" } else { "through the page cache" }
+    );
     let r = running.daemon.recovery();
     if r.blocks > 0 {
         println!("# warm start: {} blocks cached ({} dirty), {} journal records replayed{}", r.blocks, r.dirty_blocks, r.journal_records, if r.torn_tail { ", torn tail cut" } else { "" });

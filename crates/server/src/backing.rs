@@ -36,12 +36,33 @@ pub struct NbdPool {
 const NBD_CONNECTIONS: usize = 16;
 
 impl NbdPool {
+    /// The first connection is retried for about 3 s (a server still starting); extra
+    /// connections stop at the first that is refused or slow (a server's connection
+    /// limit), keeping those made.
     fn connect(addr: std::net::SocketAddr, export: &str) -> io::Result<NbdPool> {
-        let first = Client::connect(addr, export)?;
+        let limit = std::time::Duration::from_secs(2);
+        let mut wait = std::time::Duration::from_millis(50);
+        let first = loop {
+            match Client::connect_within(addr, export, limit) {
+                Ok(c) => break c,
+                Err(e) if wait < std::time::Duration::from_secs(2) => {
+                    tracing::info!(%e, %addr, "NBD backing not reachable yet: retrying");
+                    std::thread::sleep(wait);
+                    wait *= 2;
+                }
+                Err(e) => return Err(e),
+            }
+        };
         let n = if first.flags & crate::nbd::proto::TFLAG_CAN_MULTI_CONN != 0 { NBD_CONNECTIONS } else { 1 };
         let mut conns = vec![Mutex::new(first)];
-        for _ in 1..n {
-            conns.push(Mutex::new(Client::connect(addr, export)?));
+        while conns.len() < n {
+            match Client::connect_within(addr, export, limit) {
+                Ok(c) => conns.push(Mutex::new(c)),
+                Err(e) => {
+                    tracing::info!(%e, %addr, connections = conns.len(), "NBD backing takes no more connections");
+                    break;
+                }
+            }
         }
         Ok(NbdPool { conns, next: 0.into() })
     }

@@ -143,3 +143,20 @@ fn a_flusher_on_a_slow_backing_does_not_hold_up_hits() {
     r.daemon.destage(0).unwrap();
     assert_eq!(r.daemon.occupancy(0).1, 0);
 }
+
+/// A backing server that takes only three clients (nbdkit's limit filter rejects the
+/// rest): the daemon keeps the connections it got instead of failing to start.
+#[test]
+fn a_backing_with_a_connection_limit_is_used_with_what_it_allows() {
+    let (_kit, port) = nbdkit(&["--filter=limit"], &["limit=3"]);
+    let dir = tempfile::tempdir().unwrap();
+    let r = behind(&dir, port, "size = \"1MiB\"", "d", "wt");
+    let (mut c, _) = Client::connect(r.tcp.unwrap(), "d");
+    for i in 0..64u64 {
+        c.write(i * 4096, &[i as u8 + 1; 4096], false).unwrap();
+    }
+    r.daemon.resize(0, 0).unwrap(); // every read below comes from the backing server
+    for i in 0..64u64 {
+        assert_eq!(c.read(i * 4096, 4096).unwrap(), vec![i as u8 + 1; 4096]);
+    }
+}

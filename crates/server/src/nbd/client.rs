@@ -23,7 +23,22 @@ fn invalid(msg: String) -> io::Error {
 impl Client {
     /// Connects to `addr` and negotiates `export` with NBD_OPT_GO.
     pub fn connect(addr: SocketAddr, export: &str) -> io::Result<Client> {
-        let mut s = TcpStream::connect(addr)?;
+        Self::negotiate(TcpStream::connect(addr)?, export)
+    }
+
+    /// Like [`Self::connect`], giving up when connecting or negotiating takes longer
+    /// than `limit` (a server that stops accepting after its connection limit).
+    pub fn connect_within(addr: SocketAddr, export: &str, limit: std::time::Duration) -> io::Result<Client> {
+        let s = TcpStream::connect_timeout(&addr, limit)?;
+        s.set_read_timeout(Some(limit))?;
+        s.set_write_timeout(Some(limit))?;
+        let c = Self::negotiate(s, export)?;
+        c.s.set_read_timeout(None)?;
+        c.s.set_write_timeout(None)?;
+        Ok(c)
+    }
+
+    fn negotiate(mut s: TcpStream, export: &str) -> io::Result<Client> {
         s.set_nodelay(true)?;
         let mut hello = [0u8; 18];
         s.read_exact(&mut hello)?;

@@ -24,6 +24,23 @@ impl AlignedBuf {
     }
 }
 
+/// Reads `buf.len()` bytes of `f` at `addr` through the aligned `bounce` (O_DIRECT).
+pub fn read_at(f: &std::fs::File, bounce: &mut AlignedBuf, buf: &mut [u8], addr: u64) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let aligned = bounce.slice(buf.len());
+    f.read_exact_at(aligned, addr)?;
+    buf.copy_from_slice(aligned);
+    Ok(())
+}
+
+/// Writes `data` to `f` at `addr` through the aligned `bounce` (O_DIRECT).
+pub fn write_at(f: &std::fs::File, bounce: &mut AlignedBuf, data: &[u8], addr: u64) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let aligned = bounce.slice(data.len());
+    aligned.copy_from_slice(data);
+    f.write_all_at(aligned, addr)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -67,11 +67,6 @@ impl NbdPool {
         Ok(NbdPool { conns, next: 0.into() })
     }
 
-    /// Connections held.
-    pub fn connections(&self) -> usize {
-        self.conns.len()
-    }
-
     /// An idle connection, or the next one in turn when all are busy.
     fn get(&self) -> std::sync::MutexGuard<'_, Client> {
         let start = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

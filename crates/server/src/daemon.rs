@@ -119,31 +119,18 @@ impl Devices for Files {
         use std::os::unix::fs::FileExt;
         match &self.direct {
             None => self.ssd.read_exact_at(buf, addr),
-            Some(b) => {
-                let mut b = b.lock().unwrap_or_else(|e| e.into_inner());
-                let aligned = b.slice(buf.len());
-                self.ssd.read_exact_at(aligned, addr)?;
-                buf.copy_from_slice(aligned);
-                Ok(())
-            }
+            Some(b) => crate::aligned_buf::read_at(&self.ssd, &mut b.lock().unwrap_or_else(|e| e.into_inner()), buf, addr),
         }
     }
     fn ssd_write(&self, data: &[u8], addr: u64) -> std::io::Result<()> {
         use std::os::unix::fs::FileExt;
         self.ssd_versions.around_write(0, addr, data.len() as u64, || match &self.direct {
             None => self.ssd.write_all_at(data, addr),
-            Some(b) => {
-                let mut b = b.lock().unwrap_or_else(|e| e.into_inner());
-                let aligned = b.slice(data.len());
-                aligned.copy_from_slice(data);
-                self.ssd.write_all_at(aligned, addr)
-            }
+            Some(b) => crate::aligned_buf::write_at(&self.ssd, &mut b.lock().unwrap_or_else(|e| e.into_inner()), data, addr),
         })
     }
     fn backing_write(&self, vm: VmId, data: &[u8], addr: u64) -> std::io::Result<()> {
-        let r = self.backings[vm as usize].write_at(data, addr);
-        self.versions.bump(vm, addr, data.len() as u64); // also after a failed write
-        r
+        self.versions.around_write(vm, addr, data.len() as u64, || self.backings[vm as usize].write_at(data, addr))
     }
 }
 
@@ -1110,9 +1097,7 @@ impl Daemon {
         }
         persist.record_all(engine).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
         if !passthrough[vm as usize] {
-            let r = files.backings[vm as usize].discard(lo, hi - lo);
-            files.versions.bump(vm, lo, hi - lo);
-            match r {
+            match files.versions.around_write(vm, lo, hi - lo, || files.backings[vm as usize].discard(lo, hi - lo)) {
                 Ok(taken) => tracing::trace!(vdisk = vm, offset = lo, len = hi - lo, taken, "trim"),
                 // The cache already dropped the range; a store refusing the hint loses nothing.
                 Err(e) => tracing::warn!(%e, vdisk = vm, "backing store refused a discard"),

@@ -3,7 +3,8 @@
 //! — hits above all — go on meanwhile and several misses wait on the store at once. The
 //! engine then runs under the lock as usual and its backing reads are served from those
 //! bytes, but only if no backing write touched the blocks in between: every backing write
-//! (always under the lock) bumps a version stripe of each block it covers once it is done,
+//! bumps a version stripe of each block it covers before and after (always under the lock
+//! but for fenced write-throughs, which keep readers of their blocks waiting),
 //! the prefetch notes the stripes' versions under the lock before reading, and its bytes
 //! count only if the versions are unchanged once the lock is held again (no write can be
 //! in flight then). A stale or failed prefetch is dropped and the engine's reads go to the
@@ -41,13 +42,6 @@ impl Versions {
 
     fn blocks(&self, addr: u64, len: u64) -> Range<u64> {
         addr / self.block_size..(addr + len.max(1)).div_ceil(self.block_size)
-    }
-
-    /// Notes a completed write (or discard) of `len` bytes at `addr` of `vm`'s store.
-    pub fn bump(&self, vm: VmId, addr: u64, len: u64) {
-        for b in self.blocks(addr, len) {
-            self.v[Self::stripe(vm, b)].fetch_add(1, Ordering::SeqCst);
-        }
     }
 
     /// Runs `write` (of `len` bytes at `addr` of `vm`'s store) between two bumps of each
@@ -163,12 +157,7 @@ impl Devices for UnlockedSsd<'_> {
         &NO_BACKING
     }
     fn ssd_read(&self, buf: &mut [u8], addr: u64) -> io::Result<()> {
-        use std::os::unix::fs::FileExt;
-        let mut b = self.bounce.borrow_mut();
-        let aligned = b.slice(buf.len());
-        self.ssd.read_exact_at(aligned, addr)?;
-        buf.copy_from_slice(aligned);
-        Ok(())
+        crate::aligned_buf::read_at(self.ssd, &mut self.bounce.borrow_mut(), buf, addr)
     }
     fn ssd_write(&self, _data: &[u8], _addr: u64) -> io::Result<()> {
         Err(io::Error::other("cache-store write without the core lock"))
@@ -185,11 +174,11 @@ mod tests {
         let (p, noted) = Prefetch::plan(&v, 3, 10..14, 1 << 20);
         assert_eq!((p.start, p.data.len()), (40960, 4 * 4096));
         assert!(p.still_valid(&v, &noted));
-        v.bump(3, 100 * 4096, 4096); // elsewhere (a stripe collision would only be pessimistic)
-        v.bump(2, 11 * 4096, 4096); // another vDisk
+        v.around_write(3, 100 * 4096, 4096, || ()); // elsewhere (a stripe collision would only be pessimistic)
+        v.around_write(2, 11 * 4096, 4096, || ()); // another vDisk
         let collides = Versions::stripe(3, 100) == Versions::stripe(3, 10) || (10..14).any(|b| Versions::stripe(2, 11) == Versions::stripe(3, b));
         assert_eq!(p.still_valid(&v, &noted), !collides);
-        v.bump(3, 13 * 4096 + 512, 512);
+        v.around_write(3, 13 * 4096 + 512, 512, || ());
         assert!(!p.still_valid(&v, &noted));
         // The disk's end clamps the buffer.
         let (p, _) = Prefetch::plan(&v, 0, 0..2, 5000);

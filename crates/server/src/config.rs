@@ -351,6 +351,8 @@ mod tests {
             let e = Config::parse(&bad, "x", Path::new(".")).unwrap().resolve().unwrap_err();
             assert!(e.starts_with(key), "{key}: {e}");
         }
+        let e = Config::parse(&DEFAULT.replacen("write_policy = \"wt\"", "write_policy = \"wt\"\ndirect = \"fast\"", 1), "cfg.toml", Path::new(".")).unwrap_err();
+        assert!(e.contains("cfg.toml") && e.contains("direct") && e.contains("auto"), "{e}");
         let missing = "[cache]\npath = \"c\"\nsize = \"1MiB\"\n[listen]\ntcp = \"127.0.0.1:1\"\n[[vdisk]]\nname = \"a\"\nbacking = \"/nonexistent/a.img\"\n";
         assert!(Config::parse(missing, "x", Path::new(".")).unwrap().resolve().unwrap_err().contains("does not exist"));
     }

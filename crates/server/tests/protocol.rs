@@ -94,6 +94,11 @@ fn bad_requests_get_errors_and_change_nothing() {
     assert_eq!(c.reply().unwrap(), (EINVAL, k));
     let k = c.send(CMD_READ, 1 << 9, 0, 512, &[]);
     assert_eq!(c.reply().unwrap(), (EINVAL, k), "unknown command flag");
+    // TRIM past the end or with an unknown flag: EINVAL, nothing dropped.
+    let k = c.send(CMD_TRIM, 0, size - 4096, 8192, &[]);
+    assert_eq!(c.reply().unwrap(), (EINVAL, k), "TRIM past the end");
+    let k = c.send(CMD_TRIM, CMD_FLAG_NO_HOLE, 8192, 8192, &[]);
+    assert_eq!(c.reply().unwrap(), (EINVAL, k), "TRIM with a flag it does not take");
     assert_eq!(c.read(8192, 8192).unwrap(), vec![7u8; 8192]);
     assert_eq!(c.read(size - 4096, 4096).unwrap(), vec![0u8; 4096]);
     // WRITE_ZEROES, with FUA.

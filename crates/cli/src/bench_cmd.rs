@@ -126,6 +126,9 @@ pub enum BenchCmd {
         /// Rounds per iodepth.
         #[arg(long, default_value_t = 3)]
         rounds: usize,
+        /// Share of reads in percent (below 100: fio randrw, writes through the cache).
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(0..=100))]
+        read_percent: u32,
         /// fio iodepths, each run against both.
         #[arg(long, value_delimiter = ',', default_value = "1,16")]
         iodepth: Vec<u32>,
@@ -156,7 +159,7 @@ pub fn run(c: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Memory { cache_size, block_size, last_access } => bench_memory(cache_size, block_size, last_access),
         BenchCmd::Policy { vms, units, reps } => bench_policy(vms, units, reps),
         BenchCmd::Serve { disk_size, rounds, secs, dir } => crate::bench_serve::run(disk_size, rounds, secs, &dir),
-        BenchCmd::SlowBacking { delay_ms, disk_mib, cache_mib, secs, rounds, iodepth, dir } => crate::bench_serve::slow_backing(delay_ms, disk_mib, cache_mib, secs, rounds, &iodepth, &dir),
+        BenchCmd::SlowBacking { delay_ms, disk_mib, cache_mib, secs, rounds, iodepth, read_percent, dir } => crate::bench_serve::slow_backing(delay_ms, disk_mib, cache_mib, secs, rounds, &iodepth, read_percent, &dir),
     }
 }
 

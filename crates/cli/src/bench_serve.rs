@@ -76,7 +76,7 @@ fn fio(uri: &str, rw: &str, depth: u32, secs: u32, size: &str) -> anyhow::Result
     Ok(fio_with(uri, rw, depth, secs, size, &[])?.iops)
 }
 
-/// One fio run's reads.
+/// One fio run: requests per second (reads and writes), and the reads' latency.
 #[derive(Debug, Clone, Copy)]
 struct FioReads {
     iops: f64,
@@ -102,7 +102,8 @@ fn fio_with(uri: &str, rw: &str, depth: u32, secs: u32, size: &str, extra: &[&st
     let v: serde_json::Value = serde_json::from_str(json).context("fio JSON")?;
     let r = &v["jobs"][0]["read"];
     let ns = |x: &serde_json::Value| x.as_f64().unwrap_or(0.0) / 1000.0;
-    Ok(FioReads { iops: r["iops"].as_f64().unwrap_or(0.0), mean_us: ns(&r["clat_ns"]["mean"]), p99_us: ns(&r["clat_ns"]["percentile"]["99.000000"]) })
+    let iops = r["iops"].as_f64().unwrap_or(0.0) + v["jobs"][0]["write"]["iops"].as_f64().unwrap_or(0.0);
+    Ok(FioReads { iops, mean_us: ns(&r["clat_ns"]["mean"]), p99_us: ns(&r["clat_ns"]["percentile"]["99.000000"]) })
 }
 
 
@@ -162,13 +163,16 @@ fn start_qemu_nbd(file: &str) -> anyhow::Result<(Proc, String)> {
 /// (a slow backing standing in for an HDD) directly, and through cachevisor in front of it;
 /// the daemon records its requests, which are replayed in the simulator with the same cache
 /// to compare hit ratios.
-pub fn slow_backing(delay_ms: u32, disk_mib: u64, cache_mib: u64, secs: u32, rounds: usize, depths: &[u32], dir: &Path) -> anyhow::Result<()> {
+#[allow(clippy::too_many_arguments)]
+pub fn slow_backing(delay_ms: u32, disk_mib: u64, cache_mib: u64, secs: u32, rounds: usize, depths: &[u32], read_percent: u32, dir: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)?;
     let delay = format!("{delay_ms}ms");
     let kit_args = ["--filter=delay", "-t", "16", "memory", &format!("{disk_mib}M"), &format!("rdelay={delay}"), &format!("wdelay={delay}")];
     let range = format!("{disk_mib}MiB");
-    let zipf = ["--random_distribution=zipf:1.2", "--norandommap"];
-    println!("slow backing: nbdkit memory {disk_mib} MiB with {delay} per request (16 threads); fio 4 KiB random reads, zipf 1.2, {secs} s per run, {rounds} rounds per iodepth");
+    let mix = format!("--rwmixread={read_percent}");
+    let zipf = ["--random_distribution=zipf:1.2", "--norandommap", mix.as_str()];
+    let rw = if read_percent >= 100 { "randread" } else { "randrw" };
+    println!("slow backing: nbdkit memory {disk_mib} MiB with {delay} per request (16 threads); fio 4 KiB random I/O, {read_percent}% reads, zipf 1.2, write-through, {secs} s per run, {rounds} rounds per iodepth; IOPS count reads and writes, latencies are the reads'");
     println!("{:<8} {:<6} {:>13} {:>16} {:>9} {:>24} {:>24}", "iodepth", "round", "backing IOPS", "cachevisor IOPS", "speed-up", "mean µs backing/cached", "p99 µs backing/cached");
     let rec = dir.join("slow-run.csv");
     let (mut live_hit, mut live) = (0.0, 0.0);
@@ -178,11 +182,11 @@ pub fn slow_backing(delay_ms: u32, disk_mib: u64, cache_mib: u64, secs: u32, rou
         for round in 0..rounds.max(1) {
             let first = di == 0 && round == 0;
             let (kit, kit_uri) = start_nbdkit(&kit_args)?;
-            direct.push(fio_with(&kit_uri, "randread", depth, secs, &range, &zipf)?);
+            direct.push(fio_with(&kit_uri, rw, depth, secs, &range, &zipf)?);
             let backing = kit_uri.trim_end_matches('/').to_string() + "/";
             let (cv_proc, cv_uri, api) = start_cachevisor_api(dir, &backing, &format!("{cache_mib}MiB"), first.then_some(rec.as_path()), "auto")?;
             let cv = (cv_proc, api);
-            cached.push(fio_with(&cv_uri, "randread", depth, secs, &range, &zipf)?);
+            cached.push(fio_with(&cv_uri, rw, depth, secs, &range, &zipf)?);
             if first {
                 let v: serde_json::Value = ureq::get(&format!("http://{}/vdisks", cv.1)).call()?.into_json()?;
                 let s = &v[0]["stats"];

@@ -29,6 +29,11 @@ pub struct ServeArgs {
     /// Print the embedded default configuration and exit.
     #[arg(long)]
     pub print_default_config: bool,
+    /// Drop this vDisk's dirty cached blocks when they cannot go back to the backing store
+    /// they belong to (its backing changed, or it left the config). Their data is lost:
+    /// only for an image that is gone for good. Repeat for several vDisks.
+    #[arg(long, value_name = "VDISK")]
+    pub discard_dirty: Vec<String>,
 }
 
 /// Runs the command.
@@ -40,13 +45,19 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into())).with_writer(std::io::stderr).try_init();
     let mut cfg = match &a.config {
         Some(p) => Config::load(p).map_err(anyhow::Error::msg)?,
-        None => Config::parse(DEFAULT, "embedded default config", std::path::Path::new(".")).map_err(anyhow::Error::msg)?,
+        None => {
+            // The demo keeps its files under ./var, created here (a config's own paths must
+            // exist: cachevisor does not create directories for them).
+            std::fs::create_dir_all("var").context("creating ./var for the embedded demo config")?;
+            Config::parse(DEFAULT, "embedded default config", std::path::Path::new(".")).map_err(anyhow::Error::msg)?
+        }
     };
     if a.tcp.is_some() || a.unix.is_some() {
         cfg.listen.tcp = a.tcp.clone();
         cfg.listen.unix = a.unix.clone();
     }
-    let running = service::start(&cfg).context("starting the daemon")?;
+    let opts = cachevisor_server::daemon::StartOptions { discard_dirty: a.discard_dirty.clone() };
+    let running = service::start_with(&cfg, &opts).context("starting the daemon")?;
     if let Some(p) = &a.record {
         let f: cachevisor_trace::Format = a.record_format.parse().map_err(anyhow::Error::msg)?;
         running.daemon.record_to(p, f).with_context(|| format!("--record {}", p.display()))?;

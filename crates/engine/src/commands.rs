@@ -43,6 +43,21 @@ impl Engine {
         self.vms[vm as usize].write_policy = policy;
     }
 
+    /// Takes `vm` out of the cache without losing data (a driver's pass-through after
+    /// device errors): from now on its writes go around the cache (read-only policy: they
+    /// go to the backing store and invalidate the cached sectors they overwrite) and its
+    /// misses take no slots, while its dirty blocks stay cached — reads still hit them —
+    /// until they are written back ([`Self::destage_block`]). No device work here. `false`
+    /// lets misses take slots again (the write policy stays what it is).
+    pub fn set_bypass(&mut self, vm: VmId, on: bool) {
+        self.ensure_vm(vm);
+        let p = &mut self.vms[vm as usize];
+        p.bypass = on;
+        if on {
+            p.write_policy = WritePolicy::Ro;
+        }
+    }
+
     /// Writes back every dirty block of `vm` (all VMs when `None`); blocks stay cached clean.
     pub fn flush(&mut self, vm: Option<VmId>, out: &mut Output) {
         out.clear();

@@ -19,6 +19,8 @@ pub(crate) struct Partition {
     pub(crate) dirty_blocks: u64,
     pub(crate) write_policy: WritePolicy,
     pub(crate) repl: Option<AnyReplacement>,
+    /// Misses take no slots (see [`Engine::set_bypass`]).
+    pub(crate) bypass: bool,
 }
 
 /// A VM's partition as seen from outside.
@@ -196,7 +198,7 @@ impl Engine {
     fn add_vms(&mut self, vm: VmId) {
         while self.vms.len() <= vm as usize {
             let repl = (self.cfg.partition == PartitionMode::Static).then(|| self.cfg.replacement.build(0));
-            self.vms.push(Partition { seq: Default::default(), target: 0, used: 0, dirty_blocks: 0, write_policy: self.cfg.write_policy, repl });
+            self.vms.push(Partition { seq: Default::default(), target: 0, used: 0, dirty_blocks: 0, write_policy: self.cfg.write_policy, repl, bypass: false });
         }
     }
 
@@ -209,7 +211,8 @@ impl Engine {
         if req.len == 0 {
             return;
         }
-        self.no_insert = self.vms[req.vm as usize].seq.bypass(req.offset, req.len as u64);
+        let p = &mut self.vms[req.vm as usize];
+        self.no_insert = p.seq.bypass(req.offset, req.len as u64) || p.bypass;
         let bs = self.cfg.block_size;
         let (first, last) = (req.offset >> self.shift, (req.end() - 1) >> self.shift);
         let aligned = (req.offset | req.len as u64).is_multiple_of(SECTOR);

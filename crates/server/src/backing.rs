@@ -85,31 +85,92 @@ pub fn is_uri(spec: &Path) -> bool {
     spec.to_str().is_some_and(|s| s.starts_with("nbd://"))
 }
 
+/// The NBD server's error as the errno it carries (ENOSPC stays ENOSPC up to the client).
 fn nbd_err(e: u32) -> io::Error {
-    io::Error::other(format!("backing NBD server returned error {e}"))
+    io::Error::from_raw_os_error(e as i32)
 }
 
-/// Opens a file for reading and writing; when `create_size` is given, creates it (and its
-/// directory) if missing and makes it at least that large (sparse).
-pub fn open_file(path: &Path, create_size: Option<u64>) -> io::Result<File> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)?;
+/// Opens an existing file (or block device) for reading and writing.
+pub fn open_file(path: &Path) -> io::Result<File> {
+    OpenOptions::new().read(true).write(true).open(path)
+}
+
+/// The size of an open file or block device.
+pub fn file_size(f: &File) -> io::Result<u64> {
+    let m = f.metadata()?;
+    if std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()) {
+        return Ok(rustix::fs::seek(f, rustix::fs::SeekFrom::End(0))?);
     }
-    let f = OpenOptions::new().read(true).write(true).create(create_size.is_some()).truncate(false).open(path)?;
-    if let Some(size) = create_size {
-        if f.metadata()?.len() < size {
-            f.set_len(size)?;
+    Ok(m.len())
+}
+
+/// Opens a vDisk's backing file for `at` (the config key it came from), checking its size
+/// against `size` from the config: a missing file is created with that size (sparse; its
+/// directory must exist); an existing one must have that size, unless `grow` allows making
+/// it larger (logged). cachevisor never shrinks a backing store. The file is locked
+/// exclusively (`flock`) so that a second process cannot cache it at the same time.
+pub fn open_backing_file(path: &Path, size: Option<u64>, grow: bool, at: &str) -> Result<File, String> {
+    let named = |e: io::Error| format!("{at}: {}: {e}", path.display());
+    let f = match OpenOptions::new().read(true).write(true).open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let Some(size) = size else { return Err(format!("{at}: {} does not exist (give `size` to create it)", path.display())) };
+            crate::owner_lock::parent_must_exist(path, &format!("{at}:"))?;
+            let f = OpenOptions::new().read(true).write(true).create_new(true).open(path).map_err(named)?;
+            f.set_len(size).map_err(named)?;
+            tracing::info!(path = %path.display(), size, "created the backing file (sparse)");
+            f
         }
+        Err(e) => return Err(named(e)),
+    };
+    match rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => {}
+        Err(e) if e == rustix::io::Errno::WOULDBLOCK => return Err(format!("{at}: {} is in use by another cachevisor (it holds the file locked); two caches in front of one image would overwrite each other's data", path.display())),
+        Err(e) => return Err(format!("{at}: {}: cannot lock: {e}", path.display())),
+    }
+    let have = file_size(&f).map_err(named)?;
+    match size {
+        Some(want) if want > have && grow => {
+            f.set_len(want).map_err(named)?;
+            tracing::warn!(path = %path.display(), from = have, to = want, "grew the backing file (grow = true)");
+        }
+        Some(want) if want > have => {
+            return Err(format!("{at}.size: {} is {have} bytes but `size` is {want}: set `grow = true` to grow it, or correct `size` (remove it to use the file as it is)", path.display()));
+        }
+        Some(want) if want < have => {
+            return Err(format!("{at}.size: {} is {have} bytes but `size` is {want}: cachevisor never shrinks a backing store; correct `size` (or remove it to use the file as it is)", path.display()));
+        }
+        _ => {}
     }
     Ok(f)
 }
 
-/// Opens (creating and sizing) the cache store; with `direct` not `Off`, with O_DIRECT
-/// when the filesystem and device take 512-byte aligned I/O (probed with a read), which
-/// every cache-store op is. Returns the file and whether it is O_DIRECT.
+/// Opens the cache store (its file already exists: the owner lock created it), sizes it and
+/// preallocates it (fallocate), so a file system without room for the whole cache is found
+/// at start, not as failed writes while serving. With `direct` not `Off`, the store is
+/// opened with O_DIRECT when the filesystem and device take 512-byte aligned I/O (probed
+/// with a read), which every cache-store op is. Returns the file and whether it is O_DIRECT.
 pub fn open_cache_store(path: &Path, size: u64, direct: crate::config::DirectIo) -> io::Result<(File, bool)> {
     use crate::config::DirectIo;
-    let buffered = open_file(path, Some(size))?;
+    let buffered = open_file(path)?;
+    let is_device = std::os::unix::fs::FileTypeExt::is_block_device(&buffered.metadata()?.file_type());
+    if is_device {
+        let have = file_size(&buffered)?;
+        if have < size {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("the block device has {have} bytes, the cache needs {size}")));
+        }
+    } else {
+        if file_size(&buffered)? != size {
+            buffered.set_len(size)?;
+        }
+        match rustix::fs::fallocate(&buffered, rustix::fs::FallocateFlags::empty(), 0, size) {
+            Ok(()) => {}
+            Err(e) if e == rustix::io::Errno::OPNOTSUPP || e == rustix::io::Errno::NOSYS => {
+                tracing::warn!(path = %path.display(), "the file system cannot preallocate the cache store: a full file system will show as failed cache writes")
+            }
+            Err(e) => return Err(io::Error::new(io::Error::from(e).kind(), format!("cannot reserve {size} bytes for the cache store: {e} (the cache file is preallocated so that a full file system is found at start)"))),
+        }
+    }
     if direct == DirectIo::Off {
         return Ok((buffered, false));
     }
@@ -131,21 +192,33 @@ pub fn open_cache_store(path: &Path, size: u64, direct: crate::config::DirectIo)
 }
 
 impl Backing {
-    /// Opens `spec`: an `nbd://HOST:PORT/EXPORT` URI, or a file (created sparse with
-    /// `create_size` when missing).
-    pub fn open(spec: &Path, create_size: Option<u64>) -> io::Result<Backing> {
-        if let Some(rest) = spec.to_str().and_then(|s| s.strip_prefix("nbd://")) {
-            let (host, export) = rest.split_once('/').unwrap_or((rest, ""));
-            let addr = host.parse().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("`{host}` is not IP:PORT ({e})")))?;
-            return Ok(Backing::Nbd(NbdPool::connect(addr, export)?));
+    /// Connects to the NBD backing `spec` (`nbd://HOST:PORT/EXPORT`).
+    pub fn connect(spec: &Path) -> io::Result<Backing> {
+        let s = spec.to_str().unwrap_or_default();
+        let rest = s.strip_prefix("nbd://").ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("`{s}` is not an nbd:// URI")))?;
+        let (host, export) = rest.split_once('/').unwrap_or((rest, ""));
+        let addr = host.parse().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("`{host}` is not IP:PORT ({e})")))?;
+        Ok(Backing::Nbd(NbdPool::connect(addr, export)?))
+    }
+
+    /// Opens `spec` for config key `at`: an NBD URI (whose export must have `size` bytes
+    /// when given), or a file (see [`open_backing_file`]).
+    pub fn open(spec: &Path, size: Option<u64>, grow: bool, at: &str) -> Result<Backing, String> {
+        if is_uri(spec) {
+            let b = Backing::connect(spec).map_err(|e| format!("{at}: {}: {e}", spec.display()))?;
+            let have = b.size().map_err(|e| format!("{at}: {}: {e}", spec.display()))?;
+            if let Some(want) = size.filter(|&w| w != have) {
+                return Err(format!("{at}.size: the NBD export {} has {have} bytes, not {want}", spec.display()));
+            }
+            return Ok(b);
         }
-        Ok(Backing::File(open_file(spec, create_size)?))
+        Ok(Backing::File(open_backing_file(spec, size, grow, at)?))
     }
 
     /// Size in bytes.
     pub fn size(&self) -> io::Result<u64> {
         match self {
-            Backing::File(f) => Ok(f.metadata()?.len()),
+            Backing::File(f) => file_size(f),
             Backing::Nbd(c) => Ok(c.get().size),
             Backing::Removed => Err(removed()),
         }

@@ -3,7 +3,8 @@
 //!
 //! ```toml
 //! [cache]
-//! path = "var/cache.img"   # cache store file (created, sized to `size`)
+//! path = "var/cache.img"   # cache store file (created and preallocated to `size`; its
+//!                          # directory must exist; one daemon at a time, locked)
 //! size = "256MiB"
 //! block_size = "4KiB"
 //! replacement = "lru"
@@ -27,9 +28,11 @@
 //!
 //! [[vdisk]]
 //! name = "vm1"             # the NBD export name
-//! backing = "var/vm1.img"  # a file (created sparse with `size` when missing), or
+//! backing = "var/vm1.img"  # a file (created sparse with `size` when missing; its
+//!                          # directory must exist; one vDisk per backing), or
 //!                          # another NBD server: "nbd://127.0.0.1:10900/export"
-//! size = "1GiB"            # only to create a missing backing file
+//! size = "1GiB"            # creates a missing backing file; an existing one must match
+//! grow = false             # true: an existing smaller backing file is grown to `size`
 //! weight = 1.0
 //! ratio = 1.0              # hit-throughput share (symflex-proportional)
 //! min = "16MiB"            # smallest cache share
@@ -152,8 +155,11 @@ pub struct VdiskConfig {
     pub name: String,
     /// Backing file.
     pub backing: PathBuf,
-    /// Size for a backing file that does not exist yet.
+    /// Size of the backing: creates a missing backing file; an existing one must have it.
     pub size: Option<String>,
+    /// Allow growing an existing backing file to `size` (never shrunk).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub grow: bool,
     /// Share of the cache.
     #[serde(default = "one")]
     pub weight: f64,

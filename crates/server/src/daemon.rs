@@ -20,6 +20,10 @@ use std::fs::File;
 use std::sync::{Mutex, RwLock};
 use std::time::Instant;
 
+mod start;
+mod undo;
+pub use start::StartOptions;
+
 /// One served vDisk.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExportInfo {
@@ -156,6 +160,10 @@ struct Core {
     last_tick: Instant,
     /// Trace recording of every request.
     recorder: Option<cachevisor_trace::TraceWriter>,
+    /// The daemon stopped serving ([`Daemon::stop_serving`]): no more device I/O.
+    stopped: bool,
+    /// Each vDisk's backing store by VM id (`None` once removed).
+    identities: Vec<Option<crate::backing_identity::Identity>>,
 }
 
 /// What a warm start found in the metadata.
@@ -172,7 +180,7 @@ pub struct Recovery {
 }
 
 fn os_err(kind: OpKind, vm: VmId, source: std::io::Error) -> OpError {
-    OpError { kind, vm, disk_addr: 0, ssd_addr: 0, len: 0, source }
+    OpError { kind, vm, disk_addr: 0, ssd_addr: 0, len: 0, source, at: usize::MAX }
 }
 
 /// Dirty blocks found by one scan (keys in backing-address order) waiting to be written
@@ -246,6 +254,32 @@ fn removed_err(vm: VmId) -> OpError {
     os_err(OpKind::BackingRead, vm, std::io::Error::new(std::io::ErrorKind::NotFound, "the vDisk was removed"))
 }
 
+/// The error of a request that arrives after [`Daemon::stop_serving`].
+fn stopped_err(vm: VmId) -> OpError {
+    os_err(OpKind::BackingRead, vm, std::io::Error::new(std::io::ErrorKind::NotConnected, "the daemon stopped serving"))
+}
+
+/// Runs background ops (write-backs, evictions) and makes their write-backs durable
+/// (backing stores of `sync_vm`, or of every VM that took one, fsynced). When an op fails
+/// or a sync does, what did not complete or is not durable is put back (see `undo`): the
+/// blocks stay dirty. The metadata is recorded by the caller.
+fn run_background(engine: &mut Engine, files: &Files, out: &Output, staging: &mut Vec<(VmId, u64, Vec<u8>)>, sync_vm: Option<VmId>) -> Result<(), OpError> {
+    if let Err(e) = execute(&out.ops, Client::None, files, staging) {
+        undo::undo(engine, &out.ops, e.at, &Default::default(), None);
+        return Err(e);
+    }
+    let mut vms: Vec<VmId> = out.ops.iter().filter(|o| o.kind == OpKind::BackingWrite).map(|o| o.vm).chain(sync_vm).collect();
+    vms.sort_unstable();
+    vms.dedup();
+    for vm in vms {
+        if let Err(e) = files.backings[vm as usize].sync() {
+            undo::undo(engine, &out.ops, out.ops.len(), &Default::default(), None);
+            return Err(os_err(OpKind::BackingWrite, vm, e));
+        }
+    }
+    Ok(())
+}
+
 impl Core {
     /// Applies an allocation decision online — vDisks in pass-through keep no cache —
     /// and makes the write-backs it causes durable before the metadata says clean.
@@ -253,15 +287,13 @@ impl Core {
         let Core { engine, files, out, staging, persist, passthrough, .. } = self;
         for (vm, &p) in passthrough.iter().enumerate() {
             if p {
-                d.targets[vm] = 0;
+                // Draining: its dirty blocks leave as the flusher writes them back (`tick`).
+                d.targets[vm] = engine.partition(vm as VmId).target;
                 d.write_policies[vm] = None;
             }
         }
         *out = controller::apply(engine, &d);
-        execute(&out.ops, Client::None, &*files, staging)?;
-        for (vm, b) in files.backings.iter().enumerate() {
-            b.sync().map_err(|e| os_err(OpKind::BackingWrite, vm as VmId, e))?;
-        }
+        run_background(engine, files, out, staging, None)?;
         persist.record_all(engine).map_err(|e| os_err(OpKind::SsdWrite, 0, e))?;
         for (vm, &t) in d.targets.iter().enumerate() {
             persist.record_target(vm as u16, t).map_err(|e| os_err(OpKind::SsdWrite, vm as VmId, e))?;
@@ -292,6 +324,8 @@ pub struct Daemon {
     /// Blocks written back by the flusher and destage jobs since the start.
     destaged: std::sync::atomic::AtomicU64,
     job: crate::destage_job::Job,
+    /// The exclusive lock on the cache store and metadata (released by `stop_serving`).
+    owner: Mutex<Option<crate::owner_lock::OwnerLock>>,
 }
 
 /// A failed start: which file or setting.
@@ -300,6 +334,10 @@ pub enum StartError {
     /// Bad configuration.
     #[error("config: {0}")]
     Config(String),
+    /// Starting would harm stored data (the cache is in use, dirty blocks are bound to
+    /// another backing store): the message says what to do.
+    #[error("{0}")]
+    Refused(String),
     /// A file could not be opened or created.
     #[error("{path}: {source}")]
     File {
@@ -311,127 +349,6 @@ pub enum StartError {
 }
 
 impl Daemon {
-    /// Opens (creating where configured) the cache store and backing files and sets up
-    /// the engine: one partition per vDisk sized by the configured allocator.
-    pub fn start(cfg: &Config) -> Result<Daemon, StartError> {
-        let meta_dir = cfg.cache.metadata.clone().unwrap_or_else(|| {
-            let mut p = cfg.cache.path.clone().into_os_string();
-            p.push(".meta");
-            p.into()
-        });
-        let overlay = crate::vdisk_overlay::Overlay::load(&meta_dir).map_err(StartError::Config)?;
-        let mut merged = cfg.clone();
-        for note in overlay.apply(&mut merged) {
-            tracing::info!("{note}");
-        }
-        let cfg = &merged;
-        let r: Resolved = cfg.resolve().map_err(StartError::Config)?;
-        let (ssd, direct) = crate::backing::open_cache_store(&cfg.cache.path, r.cache_bytes, cfg.cache.direct).map_err(|source| StartError::File { path: cfg.cache.path.display().to_string(), source })?;
-        let mut backings = Vec::new();
-        let mut exports = Vec::new();
-        for v in &cfg.vdisk {
-            let size = v.size.as_deref().map(cachevisor_trace::units::parse_size).transpose().map_err(StartError::Config)?;
-            let err = |source| StartError::File { path: v.backing.display().to_string(), source };
-            let b = Backing::open(&v.backing, size).map_err(err)?;
-            exports.push(Some(ExportInfo { id: exports.len() as VmId, name: v.name.clone(), size: b.size().map_err(err)? }));
-            backings.push(std::sync::Arc::new(b));
-        }
-        let ecfg = EngineConfig {
-            block_size: r.block_size,
-            slots: r.slots,
-            partition: PartitionMode::Static,
-            replacement: cfg.cache.replacement,
-            write_policy: cfg.cache.write_policy,
-            fill: FillMode::Block,
-            track_last_access: false,
-        };
-        let mut engine = Engine::new(ecfg).map_err(StartError::Config)?;
-        engine.track_changes(true); // the metadata journal records exactly what changed
-        let mut out = Output::default();
-        let alloc = registry::build_with(&cfg.cache.allocator, &cfg.cache.params).map_err(StartError::Config)?;
-        let mut ctl = Controller::new(alloc, r.slots, r.block_size, true);
-        for (i, v) in cfg.vdisk.iter().enumerate() {
-            enroll(&mut engine, &mut ctl, i as VmId, v, r.block_size, &mut out).map_err(StartError::Config)?;
-        }
-        let first = ctl.decide(&engine, None, &[], None);
-        controller::apply(&mut engine, &first); // an empty cache: no device work
-        // Warm start: put every block the metadata knows back into its slot.
-        let names: Vec<String> = cfg.vdisk.iter().map(|v| v.name.clone()).collect();
-        // Metadata VM ids → engine VM ids; vDisks no longer configured get ids past the
-        // configured ones, to be refused (dirty data) or dropped (clean) after the replay.
-        let mut ids: std::collections::HashMap<u16, VmId> = Default::default();
-        let mut orphans: Vec<String> = Vec::new();
-        let (mut persist, rec) = Persistence::open(&meta_dir, r.block_size, r.slots, &mut |rep| {
-            match rep {
-                Record::Vdisk { vm, name } => {
-                    let id = names.iter().position(|n| *n == name).unwrap_or_else(|| {
-                        orphans.push(name);
-                        names.len() + orphans.len() - 1
-                    });
-                    ids.insert(vm, id as VmId);
-                }
-                Record::Free { slot } => {
-                    engine.release_slot(slot);
-                }
-                Record::Slot { slot, vm, block, valid, dirty } => {
-                    let id = *ids.get(&vm).ok_or(format!("slot {slot}: VM id {vm} has no vDisk name"))?;
-                    engine.release_slot(slot);
-                    if let Some(other) = engine.lookup(id, block) {
-                        engine.release_slot(other); // the block moved; the later record wins
-                    }
-                    let spb = (r.block_size / 512) as u32;
-                    engine.restore_slot(slot, id, block, &bits_to_bools(&valid, spb), &bits_to_bools(&dirty, spb))?;
-                }
-                Record::Target { .. } => {}
-            }
-            Ok(())
-        })
-        .map_err(StartError::Config)?;
-        for (i, name) in orphans.iter().enumerate() {
-            let id = (names.len() + i) as VmId;
-            let p = engine.partition(id);
-            if p.dirty_blocks > 0 {
-                return Err(StartError::Config(format!(
-                    "{}: vDisk `{name}` has {} dirty cached blocks but is not in the config; add it back to write them to its backing file (or delete the metadata directory to discard them)",
-                    meta_dir.display(),
-                    p.dirty_blocks
-                )));
-            }
-            engine.drop_vm(id, &mut out); // clean blocks only: no device work
-        }
-        let mut recovery = Recovery { journal_records: rec.journal_records, torn_tail: rec.torn_tail, ..Recovery::default() };
-        for vm in 0..names.len() {
-            let p = engine.partition(vm as VmId);
-            recovery.blocks += p.used;
-            recovery.dirty_blocks += p.dirty_blocks;
-        }
-        let targets: Vec<u64> = (0..names.len()).map(|v| engine.partition(v as VmId).target).collect();
-        persist.checkpoint(&mut engine, &names, &targets, &ssd).map_err(|source| StartError::File { path: meta_dir.display().to_string(), source })?;
-        if recovery.blocks > 0 {
-            tracing::info!(blocks = recovery.blocks, dirty = recovery.dirty_blocks, journal_records = recovery.journal_records, torn_tail = recovery.torn_tail, "warm start");
-        }
-        let stats = vec![ExportStats::default(); exports.len()];
-        let n = names.len();
-        let files = Files { ssd: std::sync::Arc::new(ssd), ssd_versions: std::sync::Arc::new(crate::prefetch::Versions::new(r.block_size)), direct: direct.then(Default::default), backings, versions: std::sync::Arc::new(crate::prefetch::Versions::new(r.block_size)), fail_ssd_write_in: 0.into() };
-        let core = Core {
-            fenced: Default::default(),
-            engine,
-            files,
-            out,
-            staging: Vec::new(),
-            last: stats.clone(),
-            stats,
-            persist,
-            names,
-            error_threshold: cfg.cache.error_threshold,
-            passthrough: vec![false; n],
-            ctl,
-            last_tick: Instant::now(),
-            recorder: None,
-        };
-        Ok(Daemon { metrics: Default::default(), direct, unlocked_delay_us: 0.into(), exports: RwLock::new(exports), overlay: Mutex::new(overlay), block_size: r.block_size, resolved: r, core: Mutex::new(core), unfenced: Default::default(), start: Instant::now(), recovery, meta_dir, destaged: 0.into(), job: Default::default() })
-    }
-
     /// Latency histograms (and the metrics exposition).
     pub fn metrics(&self) -> &crate::metrics::Metrics {
         &self.metrics
@@ -520,7 +437,10 @@ impl Daemon {
         let bs = self.block_size;
         let blocks = if len == 0 { 0..0 } else { offset / bs..(offset + len as u64 - 1) / bs + 1 };
         guard = self.unfenced(guard, vm, offset, len as u64, !op.is_write());
-        let Core { engine, files, out, staging, stats, persist, error_threshold, passthrough, ctl, recorder, names, fenced, .. } = &mut *guard;
+        let Core { engine, files, out, staging, stats, persist, error_threshold, passthrough, ctl, recorder, names, fenced, stopped, .. } = &mut *guard;
+        if *stopped {
+            return Err(stopped_err(vm));
+        }
         if ctl.is_retired(vm as usize) {
             return Err(removed_err(vm));
         }
@@ -634,54 +554,47 @@ impl Daemon {
         let held: Vec<(u32, u64)> = if defer && r.is_ok() { blocks.clone().filter_map(|b| engine.lookup(vm, b).map(|slot| (slot, pack_key(vm, b)))).collect() } else { Vec::new() };
         if defer && r.is_ok() {
             persist.withhold(&held);
-            for b in blocks.clone() {
-                *fenced.entry(pack_key(vm, b)).or_default() += 1;
-            }
         }
         if let Err(e) = &r {
             s.errors += 1;
             tracing::error!(%e, vdisk = vm, errors = s.errors, "device error");
-            // The bytes of the slot the failed op touched are not trustworthy: drop them
-            // from the cache (the client gets EIO for this request).
-            if e.kind.is_ssd() {
-                let slot = (e.ssd_addr / bs) as u32;
-                let first = ((e.ssd_addr % bs) / 512) as u32;
-                if let Some((owner, block)) = engine.slot_block(slot) {
-                    engine.discard(owner, block, (first, first + e.len.div_ceil(512)));
-                }
-            }
+            let write = write_data.map(|d| (vm, offset, d.len() as u64));
+            undo::undo(engine, &out.ops, e.at, &pre, write);
             if s.errors >= *error_threshold && !passthrough[vm as usize] {
                 passthrough[vm as usize] = true;
                 s.passthrough = true;
-                tracing::error!(vdisk = vm, errors = s.errors, "error threshold reached: the vDisk bypasses the cache from now on");
-                // Read-only (writes go around the cache), then no cache at all: dirty blocks
-                // are written back as they leave; failures there are logged, not fatal.
-                engine.set_write_policy(vm, cachevisor_engine::WritePolicy::Ro, out);
-                if let Err(e) = execute(&out.ops, Client::None, &*files, staging) {
-                    tracing::error!(%e, "write-back on entering pass-through failed");
-                }
-                engine.set_target(vm, 0, out);
-                if let Err(e) = execute(&out.ops, Client::None, &*files, staging) {
-                    tracing::error!(%e, "write-back on entering pass-through failed");
-                }
-                let _ = files.backings[vm as usize].sync();
-                persist.record_all(engine).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
-                persist.record_target(vm as u16, 0).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
+                engine.set_bypass(vm, true);
+                let p = engine.partition(vm);
+                tracing::error!(vdisk = vm, errors = s.errors, cached = p.used, dirty = p.dirty_blocks, "error threshold reached: the vDisk passes through to its backing store from now on; its dirty blocks stay cached (reads of them hit) until they are written back");
             }
         }
-        persist.record(engine, |slot| pre.get(&slot).cloned()).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
-        // S-CAVE's global cleaner keeps a reserve of free slots (§V-B).
-        if let Some(w) = ctl.allocator().cleaner() {
-            let slots = engine.slot_count() as f64;
-            if (engine.free_slots() as f64) < w.low * slots {
-                engine.clean((w.high * slots) as u64, out);
-                execute(&out.ops, Client::None, &*files, staging)?;
-                for b in &files.backings {
-                    b.sync().map_err(|e| os_err(OpKind::BackingWrite, vm, e))?;
+        let post = (|| -> Result<(), OpError> {
+            persist.record(engine, |slot| pre.get(&slot).cloned()).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
+            // S-CAVE's global cleaner keeps a reserve of free slots (§V-B).
+            if let Some(w) = ctl.allocator().cleaner() {
+                let slots = engine.slot_count() as f64;
+                if (engine.free_slots() as f64) < w.low * slots {
+                    engine.clean((w.high * slots) as u64, out);
+                    run_background(engine, files, out, staging, None)?;
+                    persist.record_all(engine).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
                 }
-                persist.record_all(engine).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
+            }
+            Ok(())
+        })();
+        if defer && r.is_ok() {
+            if let Err(e) = post {
+                // The client gets the error; the cache must not keep what the backing store
+                // will not get.
+                persist.unwithhold(&held);
+                undo::undo(engine, &out.ops, out.ops.len(), &pre, write_data.map(|d| (vm, offset, d.len() as u64)));
+                return Err(e);
+            }
+            // Fenced only now that nothing can fail before the backing write is issued.
+            for b in blocks.clone() {
+                *fenced.entry(pack_key(vm, b)).or_default() += 1;
             }
         }
+        post?;
         if !defer || r.is_err() {
             return r;
         }
@@ -694,7 +607,7 @@ impl Daemon {
             let from = (o.disk_addr - offset) as usize;
             let chunk = &data[from..from + o.len as usize];
             if let Err(source) = versions.around_write(vm, o.disk_addr, o.len as u64, || backing.write_at(chunk, o.disk_addr)) {
-                res = Err(OpError { kind: o.kind, vm, disk_addr: o.disk_addr, ssd_addr: o.ssd_addr, len: o.len, source });
+                res = Err(OpError { kind: o.kind, vm, disk_addr: o.disk_addr, ssd_addr: o.ssd_addr, len: o.len, source, at: usize::MAX });
                 break;
             }
         }
@@ -736,6 +649,9 @@ impl Daemon {
         let mut done = 0;
         loop {
             let mut guard = self.lock();
+            if guard.stopped {
+                return Err(stopped_err(q.vm.unwrap_or(0)));
+            }
             let Core { engine, files, out, staging, persist, .. } = &mut *guard;
             if done >= max_blocks {
                 return Ok((done, dirty_left(engine, q.vm, files.backings.len())));
@@ -748,6 +664,8 @@ impl Daemon {
             }
             let held = Instant::now();
             let mut touched: Vec<VmId> = Vec::new();
+            let mut step_ops: Vec<cachevisor_engine::DeviceOp> = Vec::new();
+            let mut failed: Option<OpError> = None;
             let mut n = 0;
             while done + n < max_blocks && held.elapsed() < HOLD {
                 let Some(key) = q.keys.pop_front() else { break };
@@ -755,16 +673,31 @@ impl Daemon {
                 if engine.destage_block(vm, block, out) == 0 {
                     continue; // clean or gone since the scan
                 }
-                execute(&out.ops, Client::None, &*files, staging)?;
+                if let Err(e) = execute(&out.ops, Client::None, &*files, staging) {
+                    undo::undo(engine, &out.ops, e.at, &Default::default(), None);
+                    failed = Some(e);
+                    break;
+                }
+                step_ops.extend_from_slice(&out.ops);
                 n += 1;
                 if !touched.contains(&vm) {
                     touched.push(vm);
                 }
             }
             for &vm in &touched {
-                files.backings[vm as usize].sync().map_err(|e| os_err(OpKind::BackingWrite, vm, e))?;
+                if let Err(e) = files.backings[vm as usize].sync() {
+                    // Not durable: every write-back of this step stays dirty.
+                    undo::undo(engine, &step_ops, step_ops.len(), &Default::default(), None);
+                    n = 0;
+                    failed = failed.or(Some(os_err(OpKind::BackingWrite, vm, e)));
+                    break;
+                }
             }
             persist.record_all(engine).map_err(|e| os_err(OpKind::SsdWrite, 0, e))?;
+            if let Some(e) = failed {
+                self.destaged.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+                return Err(e);
+            }
             self.destaged.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
             done += n;
         }
@@ -806,7 +739,44 @@ impl Daemon {
     /// allocator decides (if it runs every interval), resizes and write-policy switches are
     /// applied online, and their write-backs made durable before the metadata says clean.
     pub fn tick(&self) -> Result<(), OpError> {
+        let allocated = self.tick_allocator();
+        self.drain_passthrough()?;
+        allocated
+    }
+
+    /// vDisks in pass-through write their dirty blocks back a step at a time (failures
+    /// leave them dirty, to be tried again next interval); once nothing is dirty their
+    /// clean blocks leave the cache.
+    fn drain_passthrough(&self) -> Result<(), OpError> {
+        let draining: Vec<(VmId, u64)> = {
+            let core = self.lock();
+            core.passthrough.iter().enumerate().filter(|(_, &p)| p).map(|(vm, _)| (vm as VmId, core.engine.partition(vm as VmId).dirty_blocks)).filter(|_| !core.stopped).collect()
+        };
+        for (vm, dirty) in draining {
+            if dirty > 0 {
+                self.destage_step(&mut DestageQueue::new(Some(vm)), 256)?;
+                continue;
+            }
+            let mut guard = self.lock();
+            let Core { engine, files, out, staging, persist, .. } = &mut *guard;
+            if engine.partition(vm).used == 0 {
+                continue;
+            }
+            engine.set_target(vm, 0, out);
+            let r = run_background(engine, files, out, staging, None);
+            persist.record_all(engine).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
+            persist.record_target(vm as u16, 0).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
+            r?;
+            tracing::info!(vdisk = vm, "pass-through: every dirty block is written back; the vDisk holds no cache now");
+        }
+        Ok(())
+    }
+
+    fn tick_allocator(&self) -> Result<(), OpError> {
         let mut guard = self.lock();
+        if guard.stopped {
+            return Err(stopped_err(0));
+        }
         let Core { engine, stats, ctl, last, last_tick, recorder, .. } = &mut *guard;
         let secs = last_tick.elapsed().as_secs_f64();
         *last_tick = Instant::now();
@@ -843,9 +813,21 @@ impl Daemon {
         }
         v.check("vdisk").map_err(ChangeError::Invalid)?;
         let size = v.size.as_deref().map(parse_size).transpose().map_err(ChangeError::Invalid)?;
+        let place = crate::backing_identity::Place::of(&v.backing).map_err(|e| ChangeError::Invalid(format!("backing {}: {e}", v.backing.display())))?;
+        {
+            let core = self.lock();
+            let served = self.exports();
+            if let Some(other) = served.iter().find(|e| core.identities.get(e.id as usize).cloned().flatten().is_some_and(|id| place.same(&crate::backing_identity::Place::Existing(id)))) {
+                return Err(ChangeError::Conflict(format!("backing {} is already the backing of vDisk `{}`: two vDisks on one backing store would overwrite each other's data", v.backing.display(), other.name)));
+            }
+        }
+        let b = Backing::open(&v.backing, size, v.grow, "vdisk").map_err(ChangeError::Invalid)?;
         let failed = |e: std::io::Error| ChangeError::Invalid(format!("backing {}: {e}", v.backing.display()));
-        let b = Backing::open(&v.backing, size).map_err(failed)?;
         let size = b.size().map_err(failed)?;
+        let identity = match place {
+            crate::backing_identity::Place::Uri(uri) => crate::backing_identity::Identity::Nbd { uri, size },
+            _ => crate::backing_identity::Identity::of_path(&v.backing).map_err(failed)?.ok_or_else(|| ChangeError::Invalid(format!("backing {} vanished", v.backing.display())))?,
+        };
         let mut next = overlay.clone();
         next.add(v.clone());
         next.save(&self.meta_dir).map_err(|e| ChangeError::Failed(format!("{}: {e}", crate::vdisk_overlay::path(&self.meta_dir).display())))?;
@@ -863,6 +845,8 @@ impl Daemon {
         core.passthrough.push(false);
         core.names.push(v.name.clone());
         core.persist.record_vdisk(id as u16, &v.name).map_err(|e| ChangeError::Failed(format!("metadata journal: {e}")))?;
+        core.persist.record_binding(id as u16, &identity).map_err(|e| ChangeError::Failed(format!("metadata journal: {e}")))?;
+        core.identities.push(Some(identity));
         let d = core.ctl.decide(&core.engine, None, &[], None);
         core.apply(d).map_err(|e| ChangeError::Failed(e.to_string()))?;
         let info = ExportInfo { id, name: v.name.clone(), size };
@@ -894,8 +878,10 @@ impl Daemon {
         // What requests that were already past the check wrote meanwhile is written back here.
         core.engine.drop_vm(vm, &mut core.out);
         let Core { engine, files, out, staging, persist, ctl, names, .. } = core;
-        execute(&out.ops, Client::None, &*files, staging).map_err(|e| restore(e.to_string()))?;
-        files.backings[vm as usize].sync().map_err(|e| restore(e.to_string()))?;
+        if let Err(e) = run_background(engine, files, out, staging, Some(vm)) {
+            let _ = persist.record_all(engine);
+            return Err(restore(e.to_string()));
+        }
         ctl.retire_vm(vm as usize);
         names[vm as usize].clear(); // a checkpoint maps no slots to it
         let failed = |e: std::io::Error| ChangeError::Failed(format!("metadata journal: {e}"));
@@ -903,6 +889,7 @@ impl Daemon {
         persist.record_target(vm as u16, 0).map_err(failed)?;
         persist.sync(&files.ssd).map_err(failed)?;
         files.backings[vm as usize] = std::sync::Arc::new(Backing::Removed);
+        core.identities[vm as usize] = None;
         let d = core.ctl.decide(&core.engine, None, &[], None);
         core.apply(d).map_err(|e| ChangeError::Failed(e.to_string()))?;
         drop(guard);
@@ -969,9 +956,9 @@ impl Daemon {
         let mut guard = self.lock();
         let Core { engine, files, out, staging, persist, .. } = &mut *guard;
         engine.set_write_policy(vm, policy, out);
-        execute(&out.ops, Client::None, &*files, staging)?;
-        files.backings[vm as usize].sync().map_err(|e| os_err(OpKind::BackingWrite, vm, e))?;
-        persist.record_all(engine).map_err(|e| os_err(OpKind::SsdWrite, vm, e))
+        let r = run_background(engine, files, out, staging, Some(vm));
+        persist.record_all(engine).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
+        r
     }
 
     /// Test hook: reads done with the core lock released wait `us` microseconds where a
@@ -1059,7 +1046,10 @@ impl Daemon {
     /// is fsynced on the backing file.
     pub fn flush(&self, vm: VmId) -> Result<(), OpError> {
         let mut guard = self.lock();
-        let Core { engine, files, stats, persist, names, ctl, fenced, .. } = &mut *guard;
+        let Core { engine, files, stats, persist, names, ctl, fenced, stopped, .. } = &mut *guard;
+        if *stopped {
+            return Err(stopped_err(vm));
+        }
         if ctl.is_retired(vm as usize) {
             return Err(removed_err(vm));
         }
@@ -1081,7 +1071,10 @@ impl Daemon {
     pub fn trim(&self, vm: VmId, offset: u64, len: u64) -> Result<(), OpError> {
         let (lo, hi) = (offset.div_ceil(512) * 512, (offset + len) / 512 * 512);
         let mut guard = self.lock();
-        let Core { engine, files, stats, persist, passthrough, ctl, .. } = &mut *guard;
+        let Core { engine, files, stats, persist, passthrough, ctl, stopped, .. } = &mut *guard;
+        if *stopped {
+            return Err(stopped_err(vm));
+        }
         if ctl.is_retired(vm as usize) {
             return Err(removed_err(vm));
         }
@@ -1118,10 +1111,10 @@ impl Daemon {
         let mut guard = self.lock();
         let Core { engine, files, out, staging, persist, .. } = &mut *guard;
         engine.set_target(vm, blocks, out);
-        execute(&out.ops, Client::None, &*files, staging)?;
         // Write-backs of the shrink reach the backing file before the metadata says clean.
-        files.backings[vm as usize].sync().map_err(|e| os_err(OpKind::BackingWrite, vm, e))?;
+        let r = run_background(engine, files, out, staging, Some(vm));
         persist.record_all(engine).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
+        r?;
         persist.record_target(vm as u16, blocks).map_err(|e| os_err(OpKind::SsdWrite, vm, e))
     }
 
@@ -1131,12 +1124,39 @@ impl Daemon {
         (p.used, p.dirty_blocks)
     }
 
+    /// Stops all device I/O at once, as if the process had died here (what dropping a
+    /// [`crate::service::Running`] does): every later request, flush, flusher step and
+    /// interval fails, the exports are withdrawn, the backing stores are closed and the
+    /// owner lock is released, so another daemon may take over the cache. Nothing is
+    /// written: the next start recovers from the metadata like after a SIGKILL.
+    pub fn stop_serving(&self) {
+        let mut core = self.lock();
+        core.stopped = true;
+        for b in core.files.backings.iter_mut() {
+            *b = std::sync::Arc::new(Backing::Removed);
+        }
+        drop(core);
+        self.exports.write().unwrap_or_else(|e| e.into_inner()).iter_mut().for_each(|e| *e = None);
+        self.owner.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+
     /// A clean stop: every backing file and the cache store fsynced and a checkpoint
     /// written, so the next start is warm without replaying a journal.
     pub fn shutdown(&self) -> Result<(), OpError> {
         let mut guard = self.lock();
+        // Client writes on their way to a backing store finish (or fail) on their own; a
+        // store that hangs must not hang the stop.
+        let deadline = Instant::now() + std::time::Duration::from_secs(30);
         while !guard.fenced.is_empty() {
-            guard = self.unfenced.wait(guard).unwrap_or_else(|e| e.into_inner());
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(os_err(OpKind::BackingWrite, 0, std::io::Error::new(std::io::ErrorKind::TimedOut, format!("{} client writes still waiting on their backing store after 30 s; their blocks are not journaled (the next start reads them from the backing store)", guard.fenced.len()))));
+            }
+            guard = self.unfenced.wait_timeout(guard, left).unwrap_or_else(|e| e.into_inner()).0;
+        }
+        let dirty: Vec<String> = guard.passthrough.iter().enumerate().filter(|(vm, &p)| p && guard.engine.partition(*vm as VmId).dirty_blocks > 0).map(|(vm, _)| format!("{} ({} dirty blocks)", guard.names[vm], guard.engine.partition(vm as VmId).dirty_blocks)).collect();
+        if !dirty.is_empty() {
+            tracing::warn!(vdisks = %dirty.join(", "), "stopping with vDisks in pass-through that still hold dirty blocks: they stay in the cache and are written back after the next start");
         }
         let Core { engine, files, persist, names, recorder, .. } = &mut *guard;
         if let Some(w) = recorder.take() {

@@ -66,6 +66,21 @@ pub struct OpError {
     pub len: u32,
     /// The I/O error.
     pub source: io::Error,
+    /// Index of the failed op in the list executed (`usize::MAX`: not an op of a list);
+    /// the ops from here on did not complete.
+    pub at: usize,
+}
+
+impl OpError {
+    /// The errno to give an NBD client: ENOSPC (and EDQUOT) when a device is full, so a
+    /// client such as QEMU with `werror=enospc` can pause the guest; EIO otherwise.
+    pub fn nbd_errno(&self) -> u32 {
+        match self.source.raw_os_error() {
+            Some(e) if e == rustix::io::Errno::NOSPC.raw_os_error() || e == rustix::io::Errno::DQUOT.raw_os_error() => crate::nbd::proto::ENOSPC,
+            _ if self.source.kind() == io::ErrorKind::StorageFull => crate::nbd::proto::ENOSPC,
+            _ => crate::nbd::proto::EIO,
+        }
+    }
 }
 
 /// Runs `ops` in order; `staging` is a reusable scratch list.
@@ -83,8 +98,8 @@ pub fn execute_with(
     before: &mut dyn FnMut(&DeviceOp) -> io::Result<()>,
 ) -> Result<(), OpError> {
     staging.clear();
-    for op in ops {
-        let err = |source| OpError { kind: op.kind, vm: op.vm, disk_addr: op.disk_addr, ssd_addr: op.ssd_addr, len: op.len, source };
+    for (at, op) in ops.iter().enumerate() {
+        let err = |source| OpError { kind: op.kind, vm: op.vm, disk_addr: op.disk_addr, ssd_addr: op.ssd_addr, len: op.len, source, at };
         before(op).map_err(err)?;
         dev.fault(op).map_err(err)?;
         let write = |data: &[u8]| if op.kind.is_ssd() { dev.ssd_write(data, op.ssd_addr) } else { dev.backing_write(op.vm, data, op.disk_addr) };

@@ -10,8 +10,8 @@
 
 use std::io::{self, Read, Write};
 
-/// Format version.
-pub const VERSION: u32 = 1;
+/// Format version written (2 added backing bindings; version 1 files are read too).
+pub const VERSION: u32 = 2;
 /// Magic of a checkpoint file.
 pub const CHECKPOINT_MAGIC: [u8; 8] = *b"CVCKPT01";
 /// Magic of a journal file.
@@ -53,8 +53,8 @@ impl Header {
             return Err("header checksum mismatch".into());
         }
         let version = u32::from_le_bytes(b[8..12].try_into().expect("4"));
-        if version != VERSION {
-            return Err(format!("format version {version}, this build reads {VERSION}"));
+        if !(1..=VERSION).contains(&version) {
+            return Err(format!("format version {version}, this build reads 1 to {VERSION}"));
         }
         Ok(Header {
             block_size: u64::from_le_bytes(b[12..20].try_into().expect("8")),
@@ -92,6 +92,13 @@ pub enum Record {
         /// Slot.
         slot: u32,
     },
+    /// VM id `vm`'s cached blocks belong to the backing store `identity`.
+    Binding {
+        /// VM id.
+        vm: u16,
+        /// The backing store.
+        identity: crate::backing_identity::Identity,
+    },
     /// `vm`'s partition target in blocks.
     Target {
         /// VM id.
@@ -125,6 +132,11 @@ impl Record {
             Record::Free { slot } => {
                 out.push(3);
                 out.extend_from_slice(&slot.to_le_bytes());
+            }
+            Record::Binding { vm, identity } => {
+                out.push(5);
+                out.extend_from_slice(&vm.to_le_bytes());
+                identity.encode(out);
             }
             Record::Target { vm, blocks } => {
                 out.push(4);
@@ -161,6 +173,7 @@ impl Record {
             }
             3 if p.len() == 4 => Record::Free { slot: u32_at(0)? },
             4 if p.len() == 10 => Record::Target { vm: u16_at(0)?, blocks: u64_at(2)? },
+            5 => Record::Binding { vm: u16_at(0)?, identity: crate::backing_identity::Identity::decode(p.get(2..)?)? },
             _ => return None,
         })
     }
@@ -223,6 +236,14 @@ mod tests {
             (any::<u32>(), any::<u16>(), any::<u64>(), prop::collection::vec(any::<u64>(), 1..4)).prop_map(|(slot, vm, block, v)| Record::Slot { slot, vm, block, dirty: v.iter().map(|x| x & 0xff).collect(), valid: v }),
             any::<u32>().prop_map(|slot| Record::Free { slot }),
             (any::<u16>(), any::<u64>()).prop_map(|(vm, blocks)| Record::Target { vm, blocks }),
+            (any::<u16>(), any::<u64>(), any::<u64>(), "[a-z0-9:/.]{0,20}").prop_map(|(vm, a, b, uri)| Record::Binding {
+                vm,
+                identity: match a % 3 {
+                    0 => crate::backing_identity::Identity::File { dev: a, ino: b, size: a ^ b },
+                    1 => crate::backing_identity::Identity::BlockDevice { rdev: b, size: a },
+                    _ => crate::backing_identity::Identity::Nbd { uri, size: b },
+                },
+            }),
         ]
     }
 

@@ -6,6 +6,7 @@
 pub mod aligned_buf;
 pub mod api;
 pub mod backing;
+pub mod backing_identity;
 pub mod config;
 pub mod daemon;
 pub mod destage_job;
@@ -14,6 +15,7 @@ pub mod journal;
 pub mod metrics;
 pub mod listener;
 pub mod nbd;
+pub mod owner_lock;
 pub mod persist;
 pub mod prefetch;
 pub mod service;

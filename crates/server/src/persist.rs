@@ -39,6 +39,18 @@ pub struct SlotState {
     dirty: Vec<u64>,
 }
 
+impl SlotState {
+    /// The packed key of the block it holds (`FREE_KEY` when free).
+    pub fn key(&self) -> u64 {
+        self.key
+    }
+
+    /// Whether sector `i` is dirty.
+    pub fn dirty_at(&self, i: u32) -> bool {
+        self.dirty[(i / 64) as usize] >> (i % 64) & 1 == 1
+    }
+}
+
 /// What recovery replayed.
 #[derive(Debug, Default)]
 pub struct Recovered {
@@ -56,6 +68,11 @@ pub struct Persistence {
     words: usize,
     journal: File,
     journal_len: u64,
+    /// The journal file's length after its last whole record (where a failed append is
+    /// cut back to).
+    journal_end: u64,
+    /// An append failed and the journal could not be cut back: nothing more is journaled.
+    poisoned: bool,
     slots: u64,
     /// Synced state of slots recorded since the last fsync (`None`: not known, treated as
     /// vouching for other data).
@@ -66,6 +83,8 @@ pub struct Persistence {
     /// write is still on its way (the journal must not vouch for data the backing store
     /// does not have yet).
     withheld: HashMap<u32, u64>,
+    /// Each VM id's backing store (written into every checkpoint).
+    bindings: Vec<Option<crate::backing_identity::Identity>>,
 }
 
 /// A slot's journaled state just before a request, as the driver knows it: the engine
@@ -114,7 +133,7 @@ impl Persistence {
         let mut feed = |r: Record| -> Result<(), String> {
             match r {
                 Record::Target { .. } => Ok(()), // the configuration decides targets at start
-                r @ Record::Vdisk { .. } => apply(r),
+                r @ (Record::Vdisk { .. } | Record::Binding { .. }) => apply(r),
                 r @ Record::Free { slot } if (slot as u64) < slots => apply(r),
                 Record::Slot { slot, vm, block, valid, dirty } if (slot as u64) < slots && valid.len() == words && dirty.len() == words => {
                     apply(Record::Slot { slot, vm, block, valid, dirty })
@@ -159,7 +178,8 @@ impl Persistence {
         }
         let header = Header { block_size, slots, generation };
         let journal = OpenOptions::new().create(true).append(true).open(&jpath).map_err(|e| io_err(&jpath, e))?;
-        let p = Persistence { dir: dir.to_path_buf(), header, spb, words, journal, journal_len: 0, slots, pre_sync: HashMap::new(), changed: Vec::new(), buf: Vec::new(), withheld: HashMap::new() };
+        let journal_end = journal.metadata().map_err(|e| io_err(&jpath, e))?.len();
+        let p = Persistence { dir: dir.to_path_buf(), header, spb, words, journal, journal_len: 0, journal_end, poisoned: false, slots, pre_sync: HashMap::new(), changed: Vec::new(), buf: Vec::new(), withheld: HashMap::new(), bindings: Vec::new() };
         Ok((p, rec))
     }
 
@@ -260,6 +280,13 @@ impl Persistence {
         self.withheld.extend(slots.iter().copied());
     }
 
+    /// Stops withholding `slots` without journaling them (their write was abandoned).
+    pub fn unwithhold(&mut self, slots: &[(u32, u64)]) {
+        for (slot, _) in slots {
+            self.withheld.remove(slot);
+        }
+    }
+
     /// Journals the current state of withheld `slots` and stops withholding them.
     pub fn release(&mut self, e: &Engine, slots: &[(u32, u64)]) -> std::io::Result<()> {
         for &(slot, _) in slots {
@@ -281,16 +308,39 @@ impl Persistence {
         self.write_buffered()
     }
 
+    /// Journals that VM id `vm`'s cached blocks belong to backing store `identity` (kept
+    /// for every later checkpoint).
+    pub fn record_binding(&mut self, vm: u16, identity: &crate::backing_identity::Identity) -> std::io::Result<()> {
+        if self.bindings.len() <= vm as usize {
+            self.bindings.resize(vm as usize + 1, None);
+        }
+        self.bindings[vm as usize] = Some(identity.clone());
+        Record::Binding { vm, identity: identity.clone() }.encode(&mut self.buf);
+        self.write_buffered()
+    }
+
     /// Journals VM `vm`'s partition target.
     pub fn record_target(&mut self, vm: u16, blocks: u64) -> std::io::Result<()> {
         Record::Target { vm, blocks }.encode(&mut self.buf);
         self.write_buffered()
     }
 
+    /// Appends the buffered records. When the append fails (a full file system), the
+    /// journal is cut back to its last whole record — a torn record would hide every later
+    /// one from recovery — and the records stay buffered for the next attempt, in order.
     fn write_buffered(&mut self) -> std::io::Result<()> {
+        if self.poisoned {
+            return Err(std::io::Error::other("the metadata journal could not be repaired after a failed append: restart the daemon"));
+        }
         if !self.buf.is_empty() {
-            self.journal.write_all(&self.buf)?;
+            if let Err(e) = self.journal.write_all(&self.buf) {
+                if self.journal.set_len(self.journal_end).is_err() {
+                    self.poisoned = true;
+                }
+                return Err(e);
+            }
             self.journal_len += self.buf.len() as u64;
+            self.journal_end += self.buf.len() as u64;
             self.buf.clear();
         }
         Ok(())
@@ -330,6 +380,11 @@ impl Persistence {
             for (vm, &t) in targets.iter().enumerate() {
                 Record::Target { vm: vm as u16, blocks: t }.encode(&mut b);
             }
+            for (vm, id) in self.bindings.iter().enumerate() {
+                if let Some(identity) = id.clone().filter(|_| names.get(vm).is_some_and(|n| !n.is_empty())) {
+                    Record::Binding { vm: vm as u16, identity }.encode(&mut b);
+                }
+            }
             for slot in 0..self.slots as u32 {
                 if e.slot_block(slot).is_some() {
                     let s = self.engine_state(e, slot);
@@ -345,6 +400,7 @@ impl Persistence {
         let jpath = self.dir.join("journal");
         write_file_atomically(&jpath, JOURNAL_MAGIC, &header, &mut |_| Ok(()))?;
         self.journal = OpenOptions::new().append(true).open(&jpath)?;
+        self.journal_end = self.journal.metadata()?.len();
         self.header = header;
         self.journal_len = 0;
         self.pre_sync.clear();

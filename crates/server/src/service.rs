@@ -21,6 +21,15 @@ pub struct Running {
     pub api: Option<(SocketAddr, String)>,
 }
 
+/// Dropping a running service stops it as a crash would ([`Daemon::stop_serving`]): no
+/// more device I/O, the cache's owner lock released. A clean stop calls
+/// [`Daemon::shutdown`] first.
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.daemon.stop_serving();
+    }
+}
+
 impl Running {
     /// One NBD URI per export and listener.
     pub fn uris(&self) -> Vec<String> {
@@ -39,7 +48,14 @@ impl Running {
 
 /// Starts the daemon and its listeners.
 pub fn start(cfg: &Config) -> Result<Running, StartError> {
-    let daemon = Arc::new(Daemon::start(cfg)?);
+    start_with(cfg, &crate::daemon::StartOptions::default())
+}
+
+/// Starts the daemon (with the operator's start options) and its listeners. The daemon
+/// takes its cache's owner lock first, so nothing here (the unix socket, the API token
+/// file) touches another running daemon's files.
+pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Running, StartError> {
+    let daemon = Arc::new(Daemon::start_with(cfg, opts)?);
     // The interval controller's clock.
     let resolved = daemon.resolved();
     let interval = std::time::Duration::from_nanos(resolved.interval_ns);
@@ -88,16 +104,13 @@ pub fn start(cfg: &Config) -> Result<Running, StartError> {
     let mut api = None;
     if let Some(a) = &cfg.api {
         let addr: SocketAddr = a.listen.parse().map_err(|e| StartError::Config(format!("api.listen: `{}`: {e}", a.listen)))?;
-        let token = match &a.token {
-            Some(t) => t.clone(),
-            None => {
-                let t = crate::api::random_token();
-                let path = daemon.metadata_dir().join("api-token");
-                write_private(&path, &t).map_err(|source| StartError::File { path: path.display().to_string(), source })?;
-                t
-            }
-        };
-        api = Some((crate::api::start(daemon.clone(), addr, token.clone())?, token));
+        let token = a.token.clone().unwrap_or_else(crate::api::random_token);
+        let bound = crate::api::start(daemon.clone(), addr, token.clone())?;
+        if a.token.is_none() {
+            let path = daemon.metadata_dir().join("api-token");
+            write_private(&path, &token).map_err(|source| StartError::File { path: path.display().to_string(), source })?;
+        }
+        api = Some((bound, token));
     }
     Ok(Running { daemon, tcp, unix, api })
 }

@@ -67,7 +67,7 @@ fn a_torn_journal_tail_is_cut_and_geometry_changes_are_refused() {
     assert!(rec.torn_tail && rec.blocks == 16 && rec.dirty_blocks == 16, "{rec:?}");
     let (mut a, _) = Client::connect(r.tcp.unwrap(), "wb");
     assert_eq!(a.read(15 * 4096, 4096).unwrap(), vec![7; 4096]);
-    drop(a);
+    drop((a, r));
     // A checkpoint altered on disk: refused, naming it (nothing is guessed).
     let ck = dir.path().join("cache.img.meta/checkpoint");
     let good = std::fs::read(&ck).unwrap();
@@ -83,7 +83,7 @@ fn a_torn_journal_tail_is_cut_and_geometry_changes_are_refused() {
     assert!(e.contains("slots") && e.contains("delete"), "{e}");
     // A vDisk with dirty cached blocks missing from the config: refused.
     let e = cachevisor_server::service::start(&config(dir.path(), "1MiB", &[("other", "8MiB", "wb")])).err().unwrap().to_string();
-    assert!(e.contains("`wb`") && e.contains("dirty"), "{e}");
+    assert!(e.contains("`wb`") && e.contains("dirty") && e.contains("--discard-dirty wb"), "{e}");
 }
 
 #[test]

@@ -5,7 +5,7 @@
 //! connection's read threads (up to [`MISS_THREADS`]) and answered when their data arrives
 //! from the device, while the requests behind them go on (NBD lets replies come in any order; a client only
 //! relies on a reply to know its request is done). A request past the export's end or of
-//! an unknown type gets EINVAL, a device failure EIO; a bad magic or an oversized WRITE
+//! an unknown type gets EINVAL, a device failure EIO (ENOSPC when a device is full); a bad magic or an oversized WRITE
 //! payload (the stream cannot be resynchronized) closes the connection. TRIM drops the
 //! range from the cache and hints the backing store. A request to a vDisk removed
 //! meanwhile gets ESHUTDOWN and the connection closes. Nothing is changed by a request that
@@ -115,7 +115,7 @@ fn miss_thread<W: Write>(sh: &MissShared, d: &Daemon, vm: u32, s: &Replies<W>) {
             let e = d.write(vm, job.offset, data, *fua).map_or_else(
                 |e| {
                     tracing::error!(%e, "write failed");
-                    EIO
+                    e.nbd_errno()
                 },
                 |()| 0,
             );
@@ -128,7 +128,7 @@ fn miss_thread<W: Write>(sh: &MissShared, d: &Daemon, vm: u32, s: &Replies<W>) {
                 Ok(()) => s.send(&reply),
                 Err(e) => {
                     tracing::error!(%e, "read failed");
-                    s.send(&simple_reply(EIO, job.cookie))
+                    s.send(&simple_reply(e.nbd_errno(), job.cookie))
                 }
             }
         };
@@ -201,7 +201,7 @@ fn serve_buffered<R: Read, W: Write + Send>(input: &mut io::BufReader<R>, s: &Re
                     Some(Ok(())) => s.send(&reply)?,
                     Some(Err(e)) => {
                         tracing::error!(%e, "read failed");
-                        s.send(&error(EIO))?;
+                        s.send(&error(e.nbd_errno()))?;
                     }
                     None => {
                         // Waits on the backing store: answered by a miss thread.
@@ -229,7 +229,7 @@ fn serve_buffered<R: Read, W: Write + Send>(input: &mut io::BufReader<R>, s: &Re
                     Ok(()) => d.write(vm, r.offset, &data, r.flags & CMD_FLAG_FUA != 0).map_or_else(
                         |e| {
                             tracing::error!(%e, "write failed");
-                            EIO
+                            e.nbd_errno()
                         },
                         |()| 0,
                     ),
@@ -247,13 +247,15 @@ fn serve_buffered<R: Read, W: Write + Send>(input: &mut io::BufReader<R>, s: &Re
                             let n = (r.length as u64 - at).min(ZERO_CHUNK as u64) as usize;
                             if let Err(err) = d.write(vm, r.offset + at, &zeros[..n], false) {
                                 tracing::error!(%err, "write-zeroes failed");
-                                e = EIO;
+                                e = err.nbd_errno();
                                 break;
                             }
                             at += n as u64;
                         }
-                        if e == 0 && r.flags & CMD_FLAG_FUA != 0 && d.flush(vm).is_err() {
-                            e = EIO;
+                        if e == 0 && r.flags & CMD_FLAG_FUA != 0 {
+                            if let Err(err) = d.flush(vm) {
+                                e = err.nbd_errno();
+                            }
                         }
                         e
                     }
@@ -267,7 +269,7 @@ fn serve_buffered<R: Read, W: Write + Send>(input: &mut io::BufReader<R>, s: &Re
                         Ok(()) => 0,
                         Err(e) => {
                             tracing::error!(%e, "trim failed");
-                            EIO
+                            e.nbd_errno()
                         }
                     },
                 };
@@ -277,7 +279,7 @@ fn serve_buffered<R: Read, W: Write + Send>(input: &mut io::BufReader<R>, s: &Re
                 let e = d.flush(vm).map_or_else(
                     |e| {
                         tracing::error!(%e, "flush failed");
-                        EIO
+                        e.nbd_errno()
                     },
                     |()| 0,
                 );

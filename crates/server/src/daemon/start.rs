@@ -1,0 +1,269 @@
+//! Starting the daemon without harming what is stored. The order is the point:
+//! 1. the owner lock on the cache store and its metadata directory (`owner_lock`), before
+//!    anything is read or written — a second daemon on the same cache stops here;
+//! 2. the configuration (with the API's overlay) and each vDisk's backing: where it points,
+//!    two vDisks on one store refused;
+//! 3. the metadata replayed into the engine (read only), then each vDisk's recorded backing
+//!    identity compared with the configured one (`backing_identity`): dirty blocks bound to
+//!    another store refuse the start (unless `--discard-dirty NAME`), clean ones are dropped;
+//! 4. only then are backing files created or opened (sizes checked), the cache store sized
+//!    and preallocated, and the first checkpoint written.
+
+use super::*;
+use crate::backing_identity::{Identity, Place};
+use crate::owner_lock::OwnerLock;
+
+/// Choices an operator makes when starting, beyond the config.
+#[derive(Debug, Clone, Default)]
+pub struct StartOptions {
+    /// vDisks whose dirty cached blocks may be dropped when they cannot be written back to
+    /// the backing store they belong to (it changed, or the vDisk left the config).
+    pub discard_dirty: Vec<String>,
+}
+
+/// Where each vDisk's backing points; two vDisks on one store are refused.
+fn places(cfg: &Config) -> Result<Vec<Place>, StartError> {
+    let mut out: Vec<Place> = Vec::new();
+    for (i, v) in cfg.vdisk.iter().enumerate() {
+        let at = format!("vdisk[{i}] ({}).backing", v.name);
+        let p = Place::of(&v.backing).map_err(|e| StartError::Config(format!("{at}: {}: {e}", v.backing.display())))?;
+        if let Some(j) = out.iter().position(|o| o.same(&p)) {
+            return Err(StartError::Config(format!(
+                "{at}: {} is also the backing of vdisk[{j}] ({}): two vDisks on one backing store would each cache their own copy and overwrite each other's data",
+                v.backing.display(),
+                cfg.vdisk[j].name
+            )));
+        }
+        out.push(p);
+    }
+    Ok(out)
+}
+
+/// Drops every cached block of `vm`, dirty ones included, without device work.
+fn forget_vm(engine: &mut Engine, vm: VmId) -> u64 {
+    let slots = engine.dump_partition(vm);
+    for &s in &slots {
+        engine.release_slot(s);
+    }
+    slots.len() as u64
+}
+
+impl Daemon {
+    /// [`Self::start_with`] with no operator overrides.
+    pub fn start(cfg: &Config) -> Result<Daemon, StartError> {
+        Daemon::start_with(cfg, &StartOptions::default())
+    }
+
+    /// Locks the cache, checks everything, then opens (creating where configured) the
+    /// cache store and backing stores and sets up the engine: one partition per vDisk sized
+    /// by the configured allocator, warm with the blocks the metadata holds.
+    pub fn start_with(cfg: &Config, opts: &StartOptions) -> Result<Daemon, StartError> {
+        let meta_dir = cfg.cache.metadata.clone().unwrap_or_else(|| {
+            let mut p = cfg.cache.path.clone().into_os_string();
+            p.push(".meta");
+            p.into()
+        });
+        let owner = OwnerLock::acquire(&cfg.cache.path, &meta_dir).map_err(StartError::Refused)?;
+        let overlay = crate::vdisk_overlay::Overlay::load(&meta_dir).map_err(StartError::Config)?;
+        let mut merged = cfg.clone();
+        for note in overlay.apply(&mut merged) {
+            tracing::info!("{note}");
+        }
+        let cfg = &merged;
+        let r: Resolved = cfg.resolve().map_err(StartError::Config)?;
+        let places = places(cfg)?;
+        let ecfg = EngineConfig {
+            block_size: r.block_size,
+            slots: r.slots,
+            partition: PartitionMode::Static,
+            replacement: cfg.cache.replacement,
+            write_policy: cfg.cache.write_policy,
+            fill: FillMode::Block,
+            track_last_access: false,
+        };
+        let mut engine = Engine::new(ecfg).map_err(StartError::Config)?;
+        engine.track_changes(true); // the metadata journal records exactly what changed
+        let mut out = Output::default();
+        let alloc = registry::build_with(&cfg.cache.allocator, &cfg.cache.params).map_err(StartError::Config)?;
+        let mut ctl = Controller::new(alloc, r.slots, r.block_size, true);
+        for (i, v) in cfg.vdisk.iter().enumerate() {
+            enroll(&mut engine, &mut ctl, i as VmId, v, r.block_size, &mut out).map_err(StartError::Config)?;
+        }
+        let first = ctl.decide(&engine, None, &[], None);
+        controller::apply(&mut engine, &first); // an empty cache: no device work
+        // Warm start: put every block the metadata knows back into its slot.
+        let names: Vec<String> = cfg.vdisk.iter().map(|v| v.name.clone()).collect();
+        // Metadata VM ids → engine VM ids; vDisks no longer configured get ids past the
+        // configured ones, to be refused (dirty data) or dropped (clean) after the replay.
+        let mut ids: std::collections::HashMap<u16, VmId> = Default::default();
+        let mut orphans: Vec<String> = Vec::new();
+        let mut bound: std::collections::HashMap<VmId, Identity> = Default::default();
+        let (mut persist, rec) = Persistence::open(&meta_dir, r.block_size, r.slots, &mut |rep| {
+            match rep {
+                Record::Vdisk { vm, name } => {
+                    let id = names.iter().position(|n| *n == name).unwrap_or_else(|| {
+                        orphans.push(name);
+                        names.len() + orphans.len() - 1
+                    });
+                    ids.insert(vm, id as VmId);
+                }
+                Record::Binding { vm, identity } => {
+                    let id = *ids.get(&vm).ok_or(format!("backing binding of VM id {vm}, which has no vDisk name"))?;
+                    bound.insert(id, identity);
+                }
+                Record::Free { slot } => {
+                    engine.release_slot(slot);
+                }
+                Record::Slot { slot, vm, block, valid, dirty } => {
+                    let id = *ids.get(&vm).ok_or(format!("slot {slot}: VM id {vm} has no vDisk name"))?;
+                    engine.release_slot(slot);
+                    if let Some(other) = engine.lookup(id, block) {
+                        engine.release_slot(other); // the block moved; the later record wins
+                    }
+                    let spb = (r.block_size / 512) as u32;
+                    engine.restore_slot(slot, id, block, &bits_to_bools(&valid, spb), &bits_to_bools(&dirty, spb))?;
+                }
+                Record::Target { .. } => {}
+            }
+            Ok(())
+        })
+        .map_err(StartError::Config)?;
+        let discard = |name: &str| opts.discard_dirty.iter().any(|n| n == name);
+        for (i, name) in orphans.iter().enumerate() {
+            let id = (names.len() + i) as VmId;
+            let dirty = engine.partition(id).dirty_blocks;
+            if dirty > 0 && !discard(name) {
+                return Err(StartError::Refused(format!(
+                    "{}: vDisk `{name}` has {dirty} dirty cached blocks but is not in the config. Add it back (same name and backing) so they are written back, or start with `--discard-dirty {name}` to drop them deliberately (the data they hold is lost). Nothing was changed.",
+                    meta_dir.display()
+                )));
+            }
+            let n = forget_vm(&mut engine, id);
+            if dirty > 0 {
+                tracing::warn!(vdisk = %name, blocks = n, dirty, "--discard-dirty: dropped the cached blocks of a vDisk that left the config, dirty ones included");
+            }
+        }
+        // Each vDisk's backing as it is now, before anything is created: a missing file that
+        // the cache was bound to is a mismatch too. NBD backings are connected to learn it.
+        let mut nbd: Vec<Option<Backing>> = (0..cfg.vdisk.len()).map(|_| None).collect();
+        for (i, v) in cfg.vdisk.iter().enumerate() {
+            let current = match &places[i] {
+                Place::Existing(id) => Some(id.clone()),
+                Place::NewFile(_) => None,
+                Place::Uri(uri) => {
+                    let size = v.size.as_deref().map(parse_size).transpose().map_err(StartError::Config)?;
+                    let b = Backing::open(&v.backing, size, v.grow, &format!("vdisk[{i}] ({})", v.name)).map_err(StartError::Config)?;
+                    let size = b.size().map_err(|source| StartError::File { path: uri.clone(), source })?;
+                    nbd[i] = Some(b);
+                    Some(Identity::Nbd { uri: uri.clone(), size })
+                }
+            };
+            let Some(recorded) = bound.get(&(i as VmId)) else { continue };
+            let why = match &current {
+                None => Some(format!("{} does not exist (the cache was bound to {})", v.backing.display(), recorded.describe())),
+                // The same store grown (e.g. `qemu-img resize` while stopped): still its blocks.
+                Some(c) if c.same_store(recorded) && c.size() >= recorded.size() => None,
+                Some(c) => c.differs_from(recorded),
+            };
+            let Some(why) = why else { continue };
+            let p = engine.partition(i as VmId);
+            if p.used == 0 {
+                continue;
+            }
+            if p.dirty_blocks > 0 && !discard(&v.name) {
+                return Err(StartError::Refused(format!(
+                    "vdisk `{}`: {} dirty cached blocks belong to another backing store than `backing = \"{}\"`: {why}. Point `backing` back at the image they belong to and restart (they are then written back), or start with `--discard-dirty {}` to drop them deliberately (the data they hold is lost). Nothing was changed.",
+                    v.name,
+                    p.dirty_blocks,
+                    v.backing.display(),
+                    v.name
+                )));
+            }
+            let n = forget_vm(&mut engine, i as VmId);
+            if p.dirty_blocks > 0 {
+                tracing::warn!(vdisk = %v.name, blocks = n, dirty = p.dirty_blocks, %why, "--discard-dirty: the backing store changed; dropped the vDisk's cached blocks, dirty ones included");
+            } else {
+                tracing::info!(vdisk = %v.name, blocks = n, %why, "the backing store changed; dropped the vDisk's clean cached blocks");
+            }
+        }
+        for name in &opts.discard_dirty {
+            if !names.contains(name) && !orphans.contains(name) {
+                tracing::warn!(vdisk = %name, "--discard-dirty names a vDisk the cache does not know");
+            }
+        }
+        // Every check passed: open and create what the config says.
+        let mut backings = Vec::new();
+        let mut exports = Vec::new();
+        let mut identities = Vec::new();
+        for (i, v) in cfg.vdisk.iter().enumerate() {
+            let at = format!("vdisk[{i}] ({})", v.name);
+            let b = match nbd[i].take() {
+                Some(b) => b,
+                None => {
+                    let size = v.size.as_deref().map(parse_size).transpose().map_err(StartError::Config)?;
+                    Backing::open(&v.backing, size, v.grow, &at).map_err(StartError::Config)?
+                }
+            };
+            let err = |source| StartError::File { path: v.backing.display().to_string(), source };
+            let size = b.size().map_err(err)?;
+            let identity = match &places[i] {
+                Place::Uri(uri) => Identity::Nbd { uri: uri.clone(), size },
+                _ => Identity::of_path(&v.backing).map_err(err)?.ok_or_else(|| StartError::Config(format!("{at}.backing: {} vanished while starting", v.backing.display())))?,
+            };
+            identities.push(Some(identity.clone()));
+            persist.record_binding(i as u16, &identity).map_err(|source| StartError::File { path: meta_dir.display().to_string(), source })?;
+            exports.push(Some(ExportInfo { id: i as VmId, name: v.name.clone(), size }));
+            backings.push(std::sync::Arc::new(b));
+        }
+        let (ssd, direct) = crate::backing::open_cache_store(&cfg.cache.path, r.cache_bytes, cfg.cache.direct).map_err(|source| StartError::File { path: cfg.cache.path.display().to_string(), source })?;
+        let mut recovery = Recovery { journal_records: rec.journal_records, torn_tail: rec.torn_tail, ..Recovery::default() };
+        for vm in 0..names.len() {
+            let p = engine.partition(vm as VmId);
+            recovery.blocks += p.used;
+            recovery.dirty_blocks += p.dirty_blocks;
+        }
+        let targets: Vec<u64> = (0..names.len()).map(|v| engine.partition(v as VmId).target).collect();
+        persist.checkpoint(&mut engine, &names, &targets, &ssd).map_err(|source| StartError::File { path: meta_dir.display().to_string(), source })?;
+        if recovery.blocks > 0 {
+            tracing::info!(blocks = recovery.blocks, dirty = recovery.dirty_blocks, journal_records = recovery.journal_records, torn_tail = recovery.torn_tail, "warm start");
+        }
+        let stats = vec![ExportStats::default(); exports.len()];
+        let n = names.len();
+        let files = Files { ssd: std::sync::Arc::new(ssd), ssd_versions: std::sync::Arc::new(crate::prefetch::Versions::new(r.block_size)), direct: direct.then(Default::default), backings, versions: std::sync::Arc::new(crate::prefetch::Versions::new(r.block_size)), fail_ssd_write_in: 0.into() };
+        let core = Core {
+            fenced: Default::default(),
+            engine,
+            files,
+            out,
+            staging: Vec::new(),
+            last: stats.clone(),
+            stats,
+            persist,
+            names,
+            error_threshold: cfg.cache.error_threshold,
+            passthrough: vec![false; n],
+            ctl,
+            last_tick: Instant::now(),
+            recorder: None,
+            stopped: false,
+            identities,
+        };
+        Ok(Daemon {
+            metrics: Default::default(),
+            direct,
+            unlocked_delay_us: 0.into(),
+            exports: RwLock::new(exports),
+            overlay: Mutex::new(overlay),
+            block_size: r.block_size,
+            resolved: r,
+            core: Mutex::new(core),
+            unfenced: Default::default(),
+            start: Instant::now(),
+            recovery,
+            meta_dir,
+            destaged: 0.into(),
+            job: Default::default(),
+            owner: Mutex::new(Some(owner)),
+        })
+    }
+}

@@ -1,0 +1,180 @@
+//! Data safety against an operator's ordinary mistakes and full disks, each reproduced with
+//! the real daemon process and checked with a real NBD client (qemu-io patterns): a second
+//! daemon on a running daemon's cache, a backing image swapped under dirty blocks, two
+//! vDisks on one image, typos in paths and sizes, and a backing store that fills up.
+
+mod common;
+use common::*;
+use std::path::Path;
+use std::time::Duration;
+
+const MIB: u64 = 1 << 20;
+
+/// A write-back config: a cache of `cache`, one vDisk `vm1` on `backing` with `size`.
+fn wb_config(dir: &Path, name: &str, cache: &str, backing: &str, size: Option<&str>, extra: &str) {
+    let size = size.map(|s| format!("size = \"{s}\"\n")).unwrap_or_default();
+    std::fs::write(
+        dir.join(name),
+        format!("[cache]\npath = \"cache.img\"\nsize = \"{cache}\"\nflush_rate = \"0\"\n{extra}[listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"vm1\"\nbacking = \"{backing}\"\n{size}write_policy = \"wb\"\n"),
+    )
+    .unwrap();
+}
+
+fn file_is(path: &Path, byte: u8, len: u64) -> bool {
+    let b = std::fs::read(path).unwrap();
+    b.len() as u64 >= len && b[..len as usize].iter().all(|&x| x == byte)
+}
+
+#[test]
+fn a_second_daemon_on_a_running_cache_is_refused_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    wb_config(d, "a.toml", "64MiB", "vm1.img", Some("64MiB"), "");
+    let mut a = Daemon::start(d, "a.toml", &[]).unwrap();
+    qemu_io_ok(&a.uri("vm1"), &["write -P 0x11 0 4M", "flush"]);
+    let meta = d.join("cache.img.meta");
+    let token = std::fs::read_to_string(meta.join("api-token")).unwrap();
+    let snapshot = |p: &Path| (std::fs::read(p).unwrap(), std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap()));
+    let (journal, checkpoint) = (snapshot(&meta.join("journal")), snapshot(&meta.join("checkpoint")));
+    // The same config again: refused at once, naming the running owner.
+    let e = Daemon::start(d, "a.toml", &[]).err().expect("a second daemon on the same cache must not start");
+    assert!(e.status.is_some_and(|s| !s.success()), "{e:?}");
+    assert!(e.output.contains("in use") && e.output.contains(&format!("pid {}", a.pid)), "{}", e.output);
+    // Another config on the same cache file (its own metadata directory), and another cache
+    // file with the same metadata directory: refused too, and nothing of theirs created.
+    wb_config(d, "b.toml", "64MiB", "b.img", Some("64MiB"), "metadata = \"b.meta\"\n");
+    let e = Daemon::start(d, "b.toml", &[]).err().expect("two daemons on one cache file");
+    assert!(e.output.contains("cache.img is in use"), "{}", e.output);
+    assert!(!d.join("b.meta").exists() && !d.join("b.img").exists());
+    std::fs::write(d.join("c.toml"), std::fs::read_to_string(d.join("a.toml")).unwrap().replace("path = \"cache.img\"", "path = \"c.img\"\nmetadata = \"cache.img.meta\"").replace("vm1.img", "c-vm1.img")).unwrap();
+    let e = Daemon::start(d, "c.toml", &[]).err().expect("two daemons on one metadata directory");
+    assert!(e.output.contains("cache.img.meta is in use"), "{}", e.output);
+    // The running daemon's files are untouched: same journal (not replaced), checkpoint, token.
+    assert_eq!(snapshot(&meta.join("journal")), journal);
+    assert_eq!(snapshot(&meta.join("checkpoint")), checkpoint);
+    assert_eq!(std::fs::read_to_string(meta.join("api-token")).unwrap(), token);
+    // ... and it goes on: 20 MiB more, flushed, survive a SIGKILL and restart.
+    qemu_io_ok(&a.uri("vm1"), &["write -P 0x22 4M 20M", "flush"]);
+    a.kill9();
+    // The dead owner's note is left behind; it does not block the restart.
+    assert!(std::fs::read_to_string(meta.join("owner")).unwrap().contains(&format!("pid {}", a.pid)));
+    let a = Daemon::start(d, "a.toml", &[]).unwrap();
+    assert!(a.banner.iter().any(|l| l.starts_with("# warm start: 6144 blocks cached (6144 dirty)")), "{:?}", a.banner);
+    qemu_io_ok(&a.uri("vm1"), &["read -P 0x11 0 4M", "read -P 0x22 4M 20M"]);
+    let (ok, out) = cachevisor(&["destage", "--api", a.api.as_deref().unwrap(), "--token-file", meta.join("api-token").to_str().unwrap()]);
+    assert!(ok && out.contains("destaged 6144 blocks"), "{out}");
+    assert!(file_is(&d.join("vm1.img"), 0x11, 4 * MIB));
+}
+
+#[test]
+fn dirty_blocks_never_go_to_another_backing_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("other.img"), vec![0x44u8; 16 * MIB as usize]).unwrap();
+    wb_config(d, "vm1.toml", "32MiB", "vm1.img", Some("16MiB"), "");
+    wb_config(d, "other.toml", "32MiB", "other.img", None, "");
+    let mut a = Daemon::start(d, "vm1.toml", &[]).unwrap();
+    qemu_io_ok(&a.uri("vm1"), &["write -P 0x33 0 1M", "flush"]);
+    assert!(a.term(Duration::from_secs(20)).is_some_and(|s| s.success()), "{}", a.log());
+    // Only `backing` changed: refused, saying what to do; neither image is touched.
+    let e = Daemon::start(d, "other.toml", &[]).err().expect("dirty blocks of vm1.img must not be served for other.img");
+    assert!(e.status.is_some_and(|s| !s.success()), "{e:?}");
+    assert!(e.output.contains("256 dirty cached blocks") && e.output.contains("--discard-dirty vm1") && e.output.contains("Point `backing` back"), "{}", e.output);
+    assert!(file_is(&d.join("other.img"), 0x44, 16 * MIB) && file_is(&d.join("vm1.img"), 0, 16 * MIB));
+    // The image deleted (the config would create it): refused, and not created.
+    std::fs::rename(d.join("vm1.img"), d.join("vm1.img.away")).unwrap();
+    let e = Daemon::start(d, "vm1.toml", &[]).err().expect("the bound image is gone");
+    assert!(e.output.contains("does not exist") && e.output.contains("dirty"), "{}", e.output);
+    assert!(!d.join("vm1.img").exists());
+    std::fs::rename(d.join("vm1.img.away"), d.join("vm1.img")).unwrap();
+    // Pointed back: warm, the data intact, destaged into its own image.
+    let mut a = Daemon::start(d, "vm1.toml", &[]).unwrap();
+    assert!(a.banner.iter().any(|l| l.contains("256 blocks cached (256 dirty)")), "{:?}", a.banner);
+    qemu_io_ok(&a.uri("vm1"), &["read -P 0x33 0 1M"]);
+    let (ok, out) = cachevisor(&["destage", "--api", a.api.as_deref().unwrap(), "--token-file", d.join("cache.img.meta/api-token").to_str().unwrap()]);
+    assert!(ok, "{out}");
+    assert!(file_is(&d.join("vm1.img"), 0x33, MIB));
+    assert!(a.term(Duration::from_secs(20)).is_some_and(|s| s.success()));
+    // Clean blocks only: the start goes on and drops them; reads see other.img, not vm1's data.
+    let mut b = Daemon::start(d, "other.toml", &[]).unwrap();
+    assert!(b.log().contains("dropped the vDisk's clean cached blocks"), "{}", b.log());
+    qemu_io_ok(&b.uri("vm1"), &["read -P 0x44 0 1M"]);
+    // Dirty data bound to other.img, then pointed at vm1.img with --discard-dirty: dropped
+    // deliberately, logged, and vm1.img keeps its own data.
+    qemu_io_ok(&b.uri("vm1"), &["write -P 0x55 0 1M", "flush"]);
+    b.kill9();
+    assert!(Daemon::start(d, "vm1.toml", &[]).is_err());
+    let a = Daemon::start(d, "vm1.toml", &["--discard-dirty", "vm1"]).unwrap();
+    assert!(a.log().contains("--discard-dirty") && a.log().contains("dirty ones included"), "{}", a.log());
+    qemu_io_ok(&a.uri("vm1"), &["read -P 0x33 0 1M"]);
+    assert!(file_is(&d.join("vm1.img"), 0x33, MIB) && file_is(&d.join("other.img"), 0x44, 16 * MIB));
+}
+
+#[test]
+fn two_vdisks_on_one_backing_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("a.img"), vec![0u8; 4 * MIB as usize]).unwrap();
+    std::fs::hard_link(d.join("a.img"), d.join("link.img")).unwrap();
+    let two = |second: &str| format!("[cache]\npath = \"cache.img\"\nsize = \"8MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"vm1\"\nbacking = \"a.img\"\n[[vdisk]]\nname = \"vm2\"\nbacking = \"{second}\"\n");
+    for second in ["a.img", "./a.img", "link.img"] {
+        std::fs::write(d.join("two.toml"), two(second)).unwrap();
+        let e = Daemon::start(d, "two.toml", &[]).err().unwrap_or_else(|| panic!("vm2 on {second} must be refused"));
+        assert!(e.output.contains("vdisk[1] (vm2).backing") && e.output.contains("also the backing of vdisk[0] (vm1)"), "{second}: {}", e.output);
+    }
+    // Added through the API onto a served vDisk's image: 409, nothing added.
+    wb_config(d, "one.toml", "8MiB", "a.img", None, "");
+    let a = Daemon::start(d, "one.toml", &[]).unwrap();
+    let token = std::fs::read_to_string(d.join("cache.img.meta/api-token")).unwrap();
+    let r = ureq::post(&format!("http://{}/vdisks", a.api.as_deref().unwrap()))
+        .set("Authorization", &format!("Bearer {token}"))
+        .send_json(serde_json::json!({"name": "vm2", "backing": d.join("link.img")}));
+    match r {
+        Err(ureq::Error::Status(409, resp)) => assert!(resp.into_string().unwrap().contains("already the backing of vDisk `vm1`")),
+        other => panic!("{other:?}"),
+    }
+    // Another daemon (its own cache) on the same image: refused while the first runs.
+    std::fs::write(d.join("second.toml"), std::fs::read_to_string(d.join("one.toml")).unwrap().replace("cache.img", "second.img")).unwrap();
+    let e = Daemon::start(d, "second.toml", &[]).err().expect("two caches in front of one image");
+    assert!(e.output.contains("a.img is in use by another cachevisor"), "{}", e.output);
+}
+
+#[test]
+fn typos_in_paths_and_sizes_are_errors_not_actions() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // Paths under a directory that does not exist: named, and not created.
+    let cfg = |cache: &str, backing: &str, size: &str, extra: &str| format!("[cache]\npath = \"{cache}\"\nsize = \"8MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"vm1\"\nbacking = \"{backing}\"\nsize = \"{size}\"\n{extra}");
+    std::fs::write(d.join("t.toml"), cfg("typo/cache.img", "vm1.img", "16MiB", "")).unwrap();
+    let e = Daemon::start(d, "t.toml", &[]).err().unwrap();
+    assert!(e.output.contains("typo") && e.output.contains("does not exist"), "{}", e.output);
+    std::fs::write(d.join("t.toml"), cfg("cache.img", "typo/vm1.img", "16MiB", "")).unwrap();
+    let e = Daemon::start(d, "t.toml", &[]).err().unwrap();
+    assert!(e.output.contains("typo/vm1.img") && e.output.contains("does not exist"), "{}", e.output);
+    assert!(!d.join("typo").exists());
+    // A size that differs from the existing backing file: an error, unless `grow = true`.
+    std::fs::write(d.join("vm1.img"), vec![7u8; 16 * MIB as usize]).unwrap();
+    std::fs::write(d.join("t.toml"), cfg("cache.img", "vm1.img", "32MiB", "")).unwrap();
+    let e = Daemon::start(d, "t.toml", &[]).err().unwrap();
+    assert!(e.output.contains("vdisk[0] (vm1).size") && e.output.contains("grow = true"), "{}", e.output);
+    std::fs::write(d.join("t.toml"), cfg("cache.img", "vm1.img", "8MiB", "")).unwrap();
+    let e = Daemon::start(d, "t.toml", &[]).err().unwrap();
+    assert!(e.output.contains("never shrinks"), "{}", e.output);
+    assert_eq!(std::fs::metadata(d.join("vm1.img")).unwrap().len(), 16 * MIB);
+    std::fs::write(d.join("t.toml"), cfg("cache.img", "vm1.img", "32MiB", "grow = true\n")).unwrap();
+    let a = Daemon::start(d, "t.toml", &[]).unwrap();
+    assert!(a.log().contains("grew the backing file"), "{}", a.log());
+    assert_eq!(std::fs::metadata(d.join("vm1.img")).unwrap().len(), 32 * MIB);
+    qemu_io_ok(&a.uri("vm1"), &["read -P 7 0 16M", "read -P 0 16M 16M"]);
+    drop(a);
+    // The cache store is preallocated: a file system without room for it fails the start.
+    let mut fs = SmallFs::new(&d.join("small"), "8m");
+    std::fs::write(d.join("small/big.toml"), cfg("fs/cache.img", "fs/vm1.img", "64MiB", "").replace("size = \"8MiB\"", "size = \"16MiB\"")).unwrap();
+    let e = fs.serve("big.toml", &[]).err().expect("a 16 MiB cache on an 8 MiB file system");
+    assert!(e.output.contains("fs/cache.img") && e.output.contains("cannot reserve") && e.output.contains("No space left"), "{}", e.output);
+    // A sparse backing on a full file system: the client gets ENOSPC, not EIO.
+    std::fs::write(d.join("small/wt.toml"), cfg("fs/cache.img", "fs/vm1.img", "64MiB", "write_policy = \"wt\"\n").replace("size = \"8MiB\"", "size = \"1MiB\"")).unwrap();
+    let a = fs.serve("wt.toml", &[]).unwrap();
+    let (ok, out) = qemu_io(&a.uri("vm1"), &["write -P 1 0 16M"]);
+    assert!(!ok && out.contains("No space left on device"), "{out}");
+}

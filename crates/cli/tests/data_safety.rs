@@ -178,3 +178,157 @@ fn typos_in_paths_and_sizes_are_errors_not_actions() {
     let (ok, out) = qemu_io(&a.uri("vm1"), &["write -P 1 0 16M"]);
     assert!(!ok && out.contains("No space left on device"), "{out}");
 }
+
+/// vm1's row of `GET /vdisks`: (cached blocks, dirty blocks, in pass-through).
+fn vdisk_state(api: &str) -> (u64, u64, bool) {
+    let v: serde_json::Value = ureq::get(&format!("http://{api}/vdisks")).call().unwrap().into_json().unwrap();
+    let r = &v[0];
+    (r["used_blocks"].as_u64().unwrap(), r["dirty_blocks"].as_u64().unwrap(), r["stats"]["passthrough"].as_bool().unwrap())
+}
+
+/// How the cache and the backing store share file systems in [`full_backing_store`].
+struct Layout {
+    mounts: &'static [(&'static str, &'static str)],
+    cache: &'static str,
+    backing: &'static str,
+    /// Shell commands: leave about 3 MiB for the backing store; make room for everything;
+    /// fill it up again; make room again.
+    fill: &'static str,
+    free: &'static str,
+    refill: &'static str,
+    free_again: &'static str,
+    /// Writes fail once it is full again, whatever they evict (the journal is on it too).
+    full_fails_every_write: bool,
+}
+
+/// The cache and its metadata on one file system, the backing store on another that fills
+/// up (an SSD in front of a full disk): write-backs and evictions fail, the journal works.
+#[test]
+fn a_full_backing_store_loses_no_acknowledged_write() {
+    full_backing_store(Layout {
+        mounts: &[("ssd", "40m"), ("hdd", "3m")],
+        cache: "ssd/cache.img",
+        backing: "hdd/vm1.img",
+        fill: "true",
+        free: "mount -o remount,size=128m hdd",
+        refill: "dd if=/dev/zero of=hdd/filler bs=1M 2>/dev/null; true",
+        free_again: "rm hdd/filler",
+        full_fails_every_write: false,
+    });
+}
+
+/// Cache, metadata and backing store on one small file system that fills up: the journal
+/// cannot grow either, so writes and flushes fail with ENOSPC while reads go on.
+#[test]
+fn a_full_shared_file_system_loses_no_acknowledged_write() {
+    full_backing_store(Layout {
+        mounts: &[("fs", "96m")],
+        cache: "fs/cache.img",
+        backing: "fs/vm1.img",
+        fill: "dd if=/dev/zero of=fs/filler bs=1M count=61 2>/dev/null",
+        free: "rm fs/filler",
+        refill: "dd if=/dev/zero of=fs/filler bs=1M 2>/dev/null; true",
+        free_again: "rm fs/filler",
+        full_fails_every_write: true,
+    });
+}
+
+fn full_backing_store(l: Layout) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut fs = SmallFs::with_mounts(dir.path(), l.mounts);
+    std::fs::write(
+        dir.path().join("full.toml"),
+        "[cache]\npath = \"CACHE\"\nsize = \"32MiB\"\nflush_rate = \"0\"\nerror_threshold = 1\ninterval = \"200ms\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\ntoken = \"full-disk-test-token\"\n[[vdisk]]\nname = \"vm1\"\nbacking = \"BACKING\"\nsize = \"64MiB\"\nwrite_policy = \"wb\"\n".replace("CACHE", l.cache).replace("BACKING", l.backing),
+    )
+    .unwrap();
+    let token = "full-disk-test-token";
+    let a = fs.serve("full.toml", &[]).unwrap();
+    let api = a.api.clone().unwrap();
+    // About 3 MiB left for the backing store.
+    assert_eq!(fs.run(l.fill), 0);
+    // Per 1 MiB chunk, the pattern acknowledged (and flushed) last.
+    let mut truth: Vec<Option<u8>> = vec![None; 64];
+    let write = |uri: &str, chunk: usize, p: u8| qemu_io(uri, &[&format!("write -P {p} {chunk}M 1M"), "flush"]);
+    for c in 0..16 {
+        qemu_io_ok(&a.uri("vm1"), &[&format!("write -P {} {c}M 1M", 0x10 + c), "flush"]);
+        truth[c] = Some(0x10 + c as u8);
+    }
+    let check = |uri: &str, truth: &[Option<u8>], when: &str| {
+        for (c, p) in truth.iter().enumerate() {
+            if let Some(p) = p {
+                let (ok, out) = qemu_io(uri, &[&format!("read -P {p} {c}M 1M")]);
+                assert!(ok, "{when}: chunk {c} should read {p:#x}:\n{out}\n{}", std::fs::read_dir(dir.path()).unwrap().filter_map(Result::ok).filter(|e| e.file_name().to_string_lossy().ends_with(".log")).map(|e| std::fs::read_to_string(e.path()).unwrap()).collect::<String>());
+            }
+        }
+    };
+    // Destaging into the full backing fails part-way; nothing leaves the cache unwritten.
+    let (ok, out) = cachevisor(&["destage", "--api", &api, "--token", token]);
+    assert!(!ok && out.contains("No space left"), "{out}");
+    let (used, dirty, _) = vdisk_state(&api);
+    assert!(dirty >= 3000 && used == 4096, "cached {used}, dirty {dirty}");
+    check(&a.uri("vm1"), &truth, "after a failed destage");
+    // More than the cache holds: evictions must write back and cannot; those writes fail
+    // with ENOSPC and past the threshold the vDisk passes through.
+    let mut failed = 0;
+    for c in 16..40 {
+        let (ok, out) = write(&a.uri("vm1"), c, 0x40 + c as u8);
+        if ok {
+            truth[c] = Some(0x40 + c as u8);
+        } else {
+            assert!(out.contains("No space left on device"), "chunk {c}: {out}");
+            failed += 1;
+        }
+    }
+    let (used, dirty, passthrough) = vdisk_state(&api);
+    eprintln!("{failed} of 24 writes failed with ENOSPC; in pass-through with {used} blocks cached, {dirty} dirty");
+    assert!(failed >= 1 && passthrough, "{failed} failed writes, pass-through {passthrough}");
+    assert!(dirty > 0 && used >= dirty, "pass-through keeps the dirty blocks: cached {used}, dirty {dirty}");
+    check(&a.uri("vm1"), &truth, "in pass-through on a full disk");
+    // Space freed: a chunk rewritten in pass-through and flushed wins over its older dirty
+    // copy in the cache, across a SIGKILL and restart.
+    assert_eq!(fs.run(l.free), 0);
+    let (ok, out) = write(&a.uri("vm1"), 0, 0xee);
+    assert!(ok, "{out}");
+    truth[0] = Some(0xee);
+    check(&a.uri("vm1"), &truth, "after the rewrite");
+    assert!(a.signal("KILL", Duration::from_secs(10)));
+    fs.run("wait");
+    let a = fs.serve("full.toml", &[]).unwrap();
+    assert!(a.banner.iter().any(|l| l.starts_with("# warm start")), "{:?}", a.banner);
+    check(&a.uri("vm1"), &truth, "after SIGKILL and restart");
+    // Full again: writes fail (on the shared file system all of them: the vDisk passes
+    // through again and its own writes wait on the full store; with the backing store
+    // alone full, those whose victims' blocks the store already holds succeed), and
+    // SIGTERM still ends the process: it does not hang.
+    assert_eq!(fs.run(l.refill), 0);
+    let mut after = 0;
+    for c in 40..64 {
+        let (ok, out) = write(&a.uri("vm1"), c, 0x40 + c as u8);
+        if ok {
+            truth[c] = Some(0x40 + c as u8);
+        } else {
+            assert!(out.contains("No space left on device"), "chunk {c}: {out}");
+        }
+        if vdisk_state(a.api.as_deref().unwrap()).2 {
+            after += 1;
+            if after == 3 {
+                break;
+            }
+        }
+    }
+    if l.full_fails_every_write {
+        assert_eq!(after, 3, "in pass-through again, with writes waiting on the full backing store: {:?}", &truth[40..64]);
+    }
+    check(&a.uri("vm1"), &truth, "full again");
+    assert!(a.signal("TERM", Duration::from_secs(45)), "SIGTERM did not stop the daemon:\n{}", a.log());
+    fs.run("wait");
+    assert_eq!(fs.run(l.free_again), 0);
+    let a = fs.serve("full.toml", &[]).unwrap();
+    check(&a.uri("vm1"), &truth, "after SIGTERM on a full disk and restart");
+    let (ok, out) = cachevisor(&["destage", "--api", a.api.as_deref().unwrap(), "--token", token]);
+    assert!(ok, "{out}");
+    assert_eq!(vdisk_state(a.api.as_deref().unwrap()).1, 0);
+    check(&a.uri("vm1"), &truth, "after destaging");
+    assert!(a.signal("TERM", Duration::from_secs(30)));
+    assert_eq!(fs.run("wait"), 0, "a clean stop exits 0");
+}

@@ -54,6 +54,8 @@ pub struct Engine {
     now_ms: u32,
     /// This request takes no new slots (sequential cutoff).
     no_insert: bool,
+    /// [`Self::access_no_insert`] is running.
+    force_no_insert: bool,
     /// Slots whose key or sector bits changed, when a driver asked for them.
     changed: Option<Vec<u32>>,
     /// Position of the global cleaner's scan (S-CAVE §V-B).
@@ -94,6 +96,7 @@ impl Engine {
             runs2: Vec::new(),
             now_ms: 0,
             no_insert: false,
+            force_no_insert: false,
             changed: None,
             cleaner_hand: 0,
             cfg,
@@ -202,6 +205,15 @@ impl Engine {
         }
     }
 
+    /// [`Self::access`], but misses take no slots (they are read from or written to the
+    /// backing store, bypassing the cache): a driver serving a read whose victim could not
+    /// be written back.
+    pub fn access_no_insert(&mut self, now_ns: u64, req: &Request, out: &mut Output) {
+        self.force_no_insert = true;
+        self.access(now_ns, req, out);
+        self.force_no_insert = false;
+    }
+
     /// Processes one request at driver time `now_ns`, filling `out` with per-block
     /// outcomes and the device operations to perform.
     pub fn access(&mut self, now_ns: u64, req: &Request, out: &mut Output) {
@@ -212,7 +224,7 @@ impl Engine {
             return;
         }
         let p = &mut self.vms[req.vm as usize];
-        self.no_insert = p.seq.bypass(req.offset, req.len as u64) || p.bypass;
+        self.no_insert = p.seq.bypass(req.offset, req.len as u64) || p.bypass || self.force_no_insert;
         let bs = self.cfg.block_size;
         let (first, last) = (req.offset >> self.shift, (req.end() - 1) >> self.shift);
         let aligned = (req.offset | req.len as u64).is_multiple_of(SECTOR);

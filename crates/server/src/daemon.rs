@@ -280,7 +280,27 @@ fn run_background(engine: &mut Engine, files: &Files, out: &Output, staging: &mu
     Ok(())
 }
 
+/// Counts a device error of `vm`; at the threshold the vDisk enters pass-through, keeping
+/// its dirty blocks cached until they are written back (`Engine::set_bypass`).
+fn count_error(engine: &mut Engine, s: &mut ExportStats, passthrough: &mut bool, threshold: u64, vm: VmId, e: &OpError) {
+    s.errors += 1;
+    tracing::error!(%e, vdisk = vm, errors = s.errors, "device error");
+    if s.errors >= threshold && !*passthrough {
+        *passthrough = true;
+        s.passthrough = true;
+        engine.set_bypass(vm, true);
+        let p = engine.partition(vm);
+        tracing::error!(vdisk = vm, errors = s.errors, cached = p.used, dirty = p.dirty_blocks, "error threshold reached: the vDisk passes through to its backing store from now on; its dirty blocks stay cached (reads of them hit) until they are written back");
+    }
+}
+
 impl Core {
+    /// Counts a device error of `vm` (see [`count_error`]).
+    fn device_error(&mut self, vm: VmId, e: &OpError) {
+        let Core { engine, stats, passthrough, error_threshold, .. } = self;
+        count_error(engine, &mut stats[vm as usize], &mut passthrough[vm as usize], *error_threshold, vm, e);
+    }
+
     /// Applies an allocation decision online — vDisks in pass-through keep no cache —
     /// and makes the write-backs it causes durable before the metadata says clean.
     fn apply(&mut self, mut d: cachevisor_policy::allocator::Decision) -> Result<(), OpError> {
@@ -495,7 +515,9 @@ impl Daemon {
             let ops = out.ops.clone();
             let noted: Vec<Vec<u64>> = ops.iter().map(|o| files.ssd_versions.snapshot_range(0, o.ssd_addr, o.len as u64)).collect();
             let (ssd, versions) = (files.ssd.clone(), files.ssd_versions.clone());
-            persist.record(engine, |_| None).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
+            // A read promises no durability: a journal that takes no appends (its records wait
+            // in memory, in order) does not fail it.
+            let _ = persist.record(engine, |_| None);
             drop(guard);
             self.unlocked_delay();
             let dev = crate::prefetch::UnlockedSsd { ssd: &ssd, bounce: Default::default() };
@@ -538,7 +560,8 @@ impl Daemon {
             Some(w) => w,
             None => files_ref,
         };
-        let r = execute_with(&out.ops, client, dev, staging, &mut |o| {
+        let mut client = client;
+        let r = execute_with(&out.ops, client.reborrow(), dev, staging, &mut |o| {
             if o.kind == OpKind::BackingWrite && o.staged && !wrote_back.contains(&o.vm) {
                 wrote_back.push(o.vm);
             }
@@ -556,20 +579,40 @@ impl Daemon {
             persist.withhold(&held);
         }
         if let Err(e) = &r {
-            s.errors += 1;
-            tracing::error!(%e, vdisk = vm, errors = s.errors, "device error");
             let write = write_data.map(|d| (vm, offset, d.len() as u64));
             undo::undo(engine, &out.ops, e.at, &pre, write);
-            if s.errors >= *error_threshold && !passthrough[vm as usize] {
-                passthrough[vm as usize] = true;
-                s.passthrough = true;
-                engine.set_bypass(vm, true);
-                let p = engine.partition(vm);
-                tracing::error!(vdisk = vm, errors = s.errors, cached = p.used, dirty = p.dirty_blocks, "error threshold reached: the vDisk passes through to its backing store from now on; its dirty blocks stay cached (reads of them hit) until they are written back");
-            }
+            count_error(engine, s, &mut passthrough[vm as usize], *error_threshold, vm, e);
         }
+        // A read whose new slot could not be had (the victim's write-back failed, e.g. a
+        // full backing store) is served without taking slots: hits from the cache, the
+        // rest from the backing store, which has it (the victim stays cached dirty).
+        let evicting = |e: &OpError| e.kind == OpKind::BackingWrite && out.ops.get(e.at).is_some_and(|o| o.staged);
+        let r = match r {
+            Err(e) if !op.is_write() && evicting(&e) => {
+                engine.access_no_insert(req.time_ns, &req, out);
+                // Fills of sectors missing from cached blocks are left out: not needed to
+                // answer, and their slots stay as they were.
+                for o in out.ops.iter().filter(|o| o.kind == OpKind::SsdWrite) {
+                    let bsz = engine.config().block_size;
+                    let first = ((o.ssd_addr % bsz) / 512) as u32;
+                    engine.discard(o.vm, o.disk_addr / bsz, (first, first + o.len / 512));
+                }
+                out.ops.retain(|o| o.kind != OpKind::SsdWrite);
+                execute(&out.ops, client.reborrow(), files_ref, staging).map_err(|e2| {
+                    undo::undo(engine, &out.ops, e2.at, &pre, None);
+                    e2
+                })
+            }
+            r => r,
+        };
         let post = (|| -> Result<(), OpError> {
-            persist.record(engine, |slot| pre.get(&slot).cloned()).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
+            if let Err(e) = persist.record(engine, |slot| pre.get(&slot).cloned()) {
+                // A read promises no durability: its records wait in memory (in order) for
+                // the journal to take them. A write fails: it cannot be made durable now.
+                if op.is_write() {
+                    return Err(os_err(OpKind::SsdWrite, vm, e));
+                }
+            }
             // S-CAVE's global cleaner keeps a reserve of free slots (§V-B).
             if let Some(w) = ctl.allocator().cleaner() {
                 let slots = engine.slot_count() as f64;
@@ -614,14 +657,10 @@ impl Daemon {
         let mut guard = self.lock();
         let core = &mut *guard;
         if let Err(e) = &res {
-            let s = &mut core.stats[vm as usize];
-            s.errors += 1;
-            tracing::error!(%e, vdisk = vm, errors = s.errors, "device error");
-            // The cache must not keep data the backing store did not take.
-            let spb = (bs / 512) as u32;
-            for b in blocks.clone() {
-                core.engine.discard(vm, b, (0, spb));
-            }
+            // The cache must not keep data the backing store did not take (dirty sectors
+            // outside what this write covered stay).
+            undo::drop_clean(&mut core.engine, vm, offset, data.len() as u64);
+            core.device_error(vm, e);
         }
         for b in blocks {
             if let std::collections::hash_map::Entry::Occupied(mut e) = core.fenced.entry(pack_key(vm, b)) {

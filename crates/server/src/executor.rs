@@ -50,6 +50,17 @@ pub enum Client<'a> {
     None,
 }
 
+impl Client<'_> {
+    /// The same client side, borrowed again (to execute a second list of ops).
+    pub fn reborrow(&mut self) -> Client<'_> {
+        match self {
+            Client::Read(vm, at, buf) => Client::Read(*vm, *at, buf),
+            Client::Write(vm, at, data) => Client::Write(*vm, *at, data),
+            Client::None => Client::None,
+        }
+    }
+}
+
 /// A device error with the op that failed.
 #[derive(Debug, thiserror::Error)]
 #[error("{kind:?} of {len} bytes for vm {vm} at disk {disk_addr} / ssd {ssd_addr}: {source}")]

@@ -73,6 +73,8 @@ pub struct Persistence {
     journal_end: u64,
     /// An append failed and the journal could not be cut back: nothing more is journaled.
     poisoned: bool,
+    /// Appends are failing (logged once when it starts and once when it ends).
+    failing: bool,
     slots: u64,
     /// Synced state of slots recorded since the last fsync (`None`: not known, treated as
     /// vouching for other data).
@@ -179,7 +181,7 @@ impl Persistence {
         let header = Header { block_size, slots, generation };
         let journal = OpenOptions::new().create(true).append(true).open(&jpath).map_err(|e| io_err(&jpath, e))?;
         let journal_end = journal.metadata().map_err(|e| io_err(&jpath, e))?.len();
-        let p = Persistence { dir: dir.to_path_buf(), header, spb, words, journal, journal_len: 0, journal_end, poisoned: false, slots, pre_sync: HashMap::new(), changed: Vec::new(), buf: Vec::new(), withheld: HashMap::new(), bindings: Vec::new() };
+        let p = Persistence { dir: dir.to_path_buf(), header, spb, words, journal, journal_len: 0, journal_end, poisoned: false, failing: false, slots, pre_sync: HashMap::new(), changed: Vec::new(), buf: Vec::new(), withheld: HashMap::new(), bindings: Vec::new() };
         Ok((p, rec))
     }
 
@@ -337,7 +339,15 @@ impl Persistence {
                 if self.journal.set_len(self.journal_end).is_err() {
                     self.poisoned = true;
                 }
+                if !self.failing {
+                    self.failing = true;
+                    tracing::error!(%e, dir = %self.dir.display(), "cannot append to the metadata journal: writes and flushes fail until it can (the records wait in memory, in order)");
+                }
                 return Err(e);
+            }
+            if self.failing {
+                self.failing = false;
+                tracing::info!(dir = %self.dir.display(), "the metadata journal takes appends again");
             }
             self.journal_len += self.buf.len() as u64;
             self.journal_end += self.buf.len() as u64;

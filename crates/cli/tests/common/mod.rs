@@ -157,7 +157,7 @@ pub fn cachevisor(args: &[&str]) -> (bool, String) {
 }
 
 /// A shell in a private mount namespace (through a user namespace, so root is not
-/// needed) with a tmpfs of a given size mounted at `DIR/fs`: what is on it is seen only
+/// needed) with small tmpfs mounts (`DIR/fs` by default): what is on them is seen only
 /// by processes started through [`Self::run`]. Daemons started there are ordinary
 /// processes of this PID namespace (their pids can be killed from the test) and share
 /// the network namespace (loopback).
@@ -165,18 +165,29 @@ pub struct SmallFs {
     shell: Child,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
-    /// The directory holding `fs` (visible to both sides; `fs` only inside).
+    /// The directory holding the mounts (visible to both sides; the mounts' contents only
+    /// inside).
     pub dir: PathBuf,
 }
 
 impl SmallFs {
     /// A tmpfs of `size` (e.g. "48m") at `dir/fs`.
     pub fn new(dir: &Path, size: &str) -> SmallFs {
-        std::fs::create_dir_all(dir.join("fs")).unwrap();
+        SmallFs::with_mounts(dir, &[("fs", size)])
+    }
+
+    /// A tmpfs per `(subdirectory of dir, size)`.
+    pub fn with_mounts(dir: &Path, mounts: &[(&str, &str)]) -> SmallFs {
+        let mut script = String::new();
+        for (sub, size) in mounts {
+            std::fs::create_dir_all(dir.join(sub)).unwrap();
+            script += &format!("mount -t tmpfs -o size={size} tmpfs \"$1/{sub}\" || exit 1; ");
+        }
+        script += "cd \"$1\"; echo ready; while read -r cmd; do eval \"$cmd\"; echo \"done $?\"; done";
         let mut shell = Command::new("unshare")
             .args(["--user", "--map-root-user", "--mount", "sh", "-c"])
-            .arg("mount -t tmpfs -o size=\"$1\" tmpfs \"$2/fs\" || exit 1; cd \"$2\"; echo ready; while read -r cmd; do eval \"$cmd\"; echo \"done $?\"; done")
-            .args(["sh", size, dir.to_str().unwrap()])
+            .arg(script)
+            .args(["sh", dir.to_str().unwrap()])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -269,6 +280,6 @@ impl NsDaemon {
 
 impl Drop for NsDaemon {
     fn drop(&mut self) {
-        let _ = Command::new("kill").args(["-KILL", &self.pid.to_string()]).status();
+        let _ = Command::new("kill").args(["-KILL", &self.pid.to_string()]).stderr(Stdio::null()).status();
     }
 }

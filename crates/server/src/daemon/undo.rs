@@ -125,3 +125,18 @@ pub(super) fn undo(e: &mut Engine, ops: &[DeviceOp], at: usize, pre: &HashMap<u3
     }
     restored
 }
+
+/// After a client write's backing write failed with the lock released: the sectors it
+/// covered leave the cache unless dirty (the backing store did not take the new data;
+/// dirty sectors are older acknowledged data the write did not replace in the cache).
+pub(super) fn drop_clean(e: &mut Engine, vm: VmId, offset: u64, len: u64) {
+    let bs = e.config().block_size;
+    if len == 0 {
+        return;
+    }
+    for b in offset / bs..(offset + len).div_ceil(bs) {
+        let Some(slot) = e.lookup(vm, b) else { continue };
+        let (lo, hi) = sectors_of(offset, len, bs, b);
+        recompose(e, slot, vm, b, |i, v, d| if (lo..hi).contains(&i) && !d { (false, false) } else { (v, d) });
+    }
+}

@@ -264,4 +264,34 @@ mod tests {
         assert_eq!(seen, [1u64, 3, 5, 7, 9].map(|b| key(0, b)));
         e.check_invariants().unwrap();
     }
+
+    #[test]
+    fn bypass_keeps_dirty_blocks_and_takes_no_slots() {
+        let mut e = Engine::new(EngineConfig::with_slots(16)).unwrap();
+        let mut out = Output::default();
+        e.set_target(0, 8, &mut out);
+        e.set_write_policy(0, crate::WritePolicy::Wb, &mut out);
+        let req = |op, b: u64| Request { time_ns: 0, vm: 0, op, offset: b * 4096, len: 4096 };
+        for b in 0..4 {
+            e.access(0, &req(Op::Write, b), &mut out);
+        }
+        e.set_bypass(0, true);
+        assert_eq!((e.partition(0).used, e.partition(0).dirty_blocks), (4, 4), "nothing written back, nothing dropped");
+        // A dirty block still hits; a miss reads the backing store and takes no slot.
+        e.access(0, &req(Op::Read, 1), &mut out);
+        assert!(out.all_hit());
+        e.access(0, &req(Op::Read, 9), &mut out);
+        assert!(out.ops.iter().all(|o| o.kind == OpKind::BackingRead) && e.lookup(0, 9).is_none());
+        // A write goes to the backing store and the cached copy of what it covers leaves.
+        e.access(0, &req(Op::Write, 2), &mut out);
+        assert!(out.ops.iter().all(|o| o.kind == OpKind::BackingWrite) && e.lookup(0, 2).is_none());
+        assert_eq!(e.partition(0).dirty_blocks, 3);
+        e.check_invariants().unwrap();
+        // A one-off read without insertion, outside bypass.
+        e.set_bypass(0, false);
+        e.access_no_insert(0, &req(Op::Read, 10), &mut out);
+        assert!(e.lookup(0, 10).is_none());
+        e.access(0, &req(Op::Read, 10), &mut out);
+        assert!(e.lookup(0, 10).is_some());
+    }
 }

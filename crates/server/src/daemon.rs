@@ -954,7 +954,25 @@ impl Daemon {
                 ctl.retire_vm(v);
             }
         }
+        drop(guard);
+        let mut overlay = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
+        let mut next = overlay.clone();
+        next.set_allocator(name, params);
+        next.save(&self.meta_dir).map_err(|e| format!("the allocator is switched but not saved for the next start: {}: {e}", crate::vdisk_overlay::path(&self.meta_dir).display()))?;
+        *overlay = next;
         tracing::info!(allocator = name, "allocator switched");
+        Ok(())
+    }
+
+    /// Applies the partition targets the API set before the last stop (from the overlay).
+    pub(crate) fn restore_api_targets(&self) -> Result<(), OpError> {
+        let targets = self.overlay.lock().unwrap_or_else(|e| e.into_inner()).target_blocks.clone();
+        for (name, blocks) in targets {
+            if let Some(vm) = self.vdisk(&name) {
+                tracing::info!(vdisk = %name, blocks, "partition target set through the API");
+                self.set_target_now(vm, blocks)?;
+            }
+        }
         Ok(())
     }
 
@@ -997,6 +1015,10 @@ impl Daemon {
         engine.set_write_policy(vm, policy, out);
         let r = run_background(engine, files, out, staging, Some(vm));
         persist.record_all(engine).map_err(|e| os_err(OpKind::SsdWrite, vm, e))?;
+        drop(guard);
+        // Saved even when some write-back failed: the policy is switched (what is still
+        // dirty stays cached and is written back later).
+        self.remember(vm, |o, name| o.set_write_policy(name, policy))?;
         r
     }
 
@@ -1147,6 +1169,23 @@ impl Daemon {
     /// Sets export `vm`'s partition to `blocks` cache blocks (a shrink evicts its coldest
     /// blocks, writing dirty ones back first).
     pub fn resize(&self, vm: VmId, blocks: u64) -> Result<(), OpError> {
+        self.set_target_now(vm, blocks)?;
+        self.remember(vm, |o, name| o.set_target(name, blocks))
+    }
+
+    /// Saves a change made through the API to the overlay (it survives restarts).
+    fn remember(&self, vm: VmId, change: impl FnOnce(&mut crate::vdisk_overlay::Overlay, &str)) -> Result<(), OpError> {
+        let Some(info) = self.export(vm) else { return Ok(()) };
+        let mut overlay = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
+        let mut next = overlay.clone();
+        change(&mut next, &info.name);
+        next.save(&self.meta_dir).map_err(|e| os_err(OpKind::SsdWrite, vm, std::io::Error::new(e.kind(), format!("{}: {e}", crate::vdisk_overlay::path(&self.meta_dir).display()))))?;
+        *overlay = next;
+        Ok(())
+    }
+
+    /// [`Self::resize`] without saving it (a target the overlay already holds).
+    fn set_target_now(&self, vm: VmId, blocks: u64) -> Result<(), OpError> {
         let mut guard = self.lock();
         let Core { engine, files, out, staging, persist, .. } = &mut *guard;
         engine.set_target(vm, blocks, out);

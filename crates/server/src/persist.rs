@@ -40,6 +40,22 @@ pub struct SlotState {
 }
 
 impl SlotState {
+    /// The engine's state of `slot`.
+    pub fn of(e: &Engine, slot: u32) -> SlotState {
+        let spb = (e.config().block_size / 512) as u32;
+        let words = spb.div_ceil(64) as usize;
+        let mut s = SlotState { key: FREE_KEY, valid: vec![0; words], dirty: vec![0; words] };
+        if let Some((vm, block)) = e.slot_block(slot) {
+            s.key = pack_key(vm, block);
+            for i in 0..spb {
+                let (v, d) = e.sector_state(slot, i);
+                s.valid[(i / 64) as usize] |= (v as u64) << (i % 64);
+                s.dirty[(i / 64) as usize] |= (d as u64) << (i % 64);
+            }
+        }
+        s
+    }
+
     /// The packed key of the block it holds (`FREE_KEY` when free).
     pub fn key(&self) -> u64 {
         self.key
@@ -64,7 +80,6 @@ pub struct Recovered {
 pub struct Persistence {
     dir: PathBuf,
     header: Header,
-    spb: u32,
     words: usize,
     journal: File,
     journal_len: u64,
@@ -181,22 +196,13 @@ impl Persistence {
         let header = Header { block_size, slots, generation };
         let journal = OpenOptions::new().create(true).append(true).open(&jpath).map_err(|e| io_err(&jpath, e))?;
         let journal_end = journal.metadata().map_err(|e| io_err(&jpath, e))?.len();
-        let p = Persistence { dir: dir.to_path_buf(), header, spb, words, journal, journal_len: 0, journal_end, poisoned: false, failing: false, slots, pre_sync: HashMap::new(), changed: Vec::new(), buf: Vec::new(), withheld: HashMap::new(), bindings: Vec::new() };
+        let p = Persistence { dir: dir.to_path_buf(), header, words, journal, journal_len: 0, journal_end, poisoned: false, failing: false, slots, pre_sync: HashMap::new(), changed: Vec::new(), buf: Vec::new(), withheld: HashMap::new(), bindings: Vec::new() };
         Ok((p, rec))
     }
 
     /// The engine's state of `slot`.
     pub fn engine_state(&self, e: &Engine, slot: u32) -> SlotState {
-        let mut s = SlotState { key: FREE_KEY, valid: vec![0; self.words], dirty: vec![0; self.words] };
-        if let Some((vm, block)) = e.slot_block(slot) {
-            s.key = pack_key(vm, block);
-            for i in 0..self.spb {
-                let (v, d) = e.sector_state(slot, i);
-                s.valid[(i / 64) as usize] |= (v as u64) << (i % 64);
-                s.dirty[(i / 64) as usize] |= (d as u64) << (i % 64);
-            }
-        }
-        s
+        SlotState::of(e, slot)
     }
 
     /// Whether writing sectors `lo..hi` of `slot`, which will hold `new_key`, needs a

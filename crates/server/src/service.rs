@@ -56,6 +56,7 @@ pub fn start(cfg: &Config) -> Result<Running, StartError> {
 /// file) touches another running daemon's files.
 pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Running, StartError> {
     let daemon = Arc::new(Daemon::start_with(cfg, opts)?);
+    daemon.restore_api_targets().map_err(|e| StartError::Config(format!("partition targets saved from the API: {e}")))?;
     // The interval controller's clock.
     let resolved = daemon.resolved();
     let interval = std::time::Duration::from_nanos(resolved.interval_ns);

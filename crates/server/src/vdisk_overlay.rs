@@ -1,7 +1,10 @@
-//! vDisks added and removed through the API, kept in `vdisks.toml` in the metadata
-//! directory (replaced atomically) so they survive restarts without the daemon rewriting
-//! the operator's config file. At start the overlay is laid over the config: removed names
-//! leave, added vDisks join (an added vDisk wins over a config entry of the same name).
+//! What the API changed, kept in `vdisks.toml` in the metadata directory (replaced
+//! atomically) so it survives restarts without the daemon rewriting the operator's config
+//! file: vDisks added and removed, write policies switched, partition targets set, the
+//! allocator switched. At start the overlay is laid over the config (each change logged):
+//! removed names leave, added vDisks join (an added vDisk wins over a config entry of the
+//! same name), write policies and the allocator replace the config's; targets are applied
+//! once the daemon runs.
 
 use crate::config::{Config, VdiskConfig};
 use serde::{Deserialize, Serialize};
@@ -14,9 +17,29 @@ pub struct Overlay {
     /// Configured vDisks removed through the API.
     #[serde(default)]
     pub removed: Vec<String>,
+    /// Allocation policy switched through the API.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocator: Option<AllocatorChoice>,
+    /// Write policies switched through the API, by vDisk name.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub write_policy: std::collections::BTreeMap<String, cachevisor_engine::WritePolicy>,
+    /// Partition targets set through the API, in cache blocks, by vDisk name.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub target_blocks: std::collections::BTreeMap<String, u64>,
     /// vDisks added through the API.
     #[serde(default)]
     pub vdisk: Vec<VdiskConfig>,
+}
+
+/// An allocator and its parameters.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AllocatorChoice {
+    /// Registry name.
+    pub name: String,
+    /// Parameters over its seed's defaults.
+    #[serde(default)]
+    pub params: cachevisor_policy::params::Params,
 }
 
 /// The overlay file in metadata directory `dir`.
@@ -59,11 +82,45 @@ impl Overlay {
             notes.push(format!("vDisk `{}` was added through the API", v.name));
             cfg.vdisk.push(v.clone());
         }
+        for v in cfg.vdisk.iter_mut() {
+            if let Some(&p) = self.write_policy.get(&v.name) {
+                notes.push(format!("vDisk `{}`: write policy {p:?} set through the API (over the config's)", v.name));
+                v.write_policy = Some(p);
+            }
+        }
+        if let Some(a) = &self.allocator {
+            notes.push(format!("allocator `{}` set through the API (over the config's `{}`)", a.name, cfg.cache.allocator));
+            cfg.cache.allocator = a.name.clone();
+            cfg.cache.params = a.params.clone();
+        }
         notes
+    }
+
+    /// Notes `name`'s write policy.
+    pub fn set_write_policy(&mut self, name: &str, p: cachevisor_engine::WritePolicy) {
+        self.write_policy.insert(name.to_string(), p);
+    }
+
+    /// Notes `name`'s partition target.
+    pub fn set_target(&mut self, name: &str, blocks: u64) {
+        self.target_blocks.insert(name.to_string(), blocks);
+    }
+
+    /// Notes the allocator (its decisions replace targets set before).
+    pub fn set_allocator(&mut self, name: &str, params: &cachevisor_policy::params::Params) {
+        self.allocator = Some(AllocatorChoice { name: name.to_string(), params: params.clone() });
+        self.target_blocks.clear();
+    }
+
+    /// Forgets what was set for `name` (it was removed, or added anew).
+    fn forget(&mut self, name: &str) {
+        self.write_policy.remove(name);
+        self.target_blocks.remove(name);
     }
 
     /// Notes that `v` was added.
     pub fn add(&mut self, v: VdiskConfig) {
+        self.forget(&v.name);
         self.removed.retain(|n| *n != v.name);
         self.vdisk.retain(|o| o.name != v.name);
         self.vdisk.push(v);
@@ -71,6 +128,7 @@ impl Overlay {
 
     /// Notes that `name` was removed.
     pub fn remove(&mut self, name: &str) {
+        self.forget(name);
         self.vdisk.retain(|o| o.name != name);
         if !self.removed.iter().any(|n| n == name) {
             self.removed.push(name.to_string());
@@ -105,6 +163,20 @@ mod tests {
         again.name = "vm1".into();
         o.add(again);
         assert_eq!((o.removed.clone(), o.vdisk.len()), (vec!["vm3".to_string()], 1));
+        // Settings made through the API lay over the config's; removing forgets them.
+        let mut o = Overlay::default();
+        o.set_write_policy("vm2", cachevisor_engine::WritePolicy::Ro);
+        o.set_target("vm2", 77);
+        o.set_allocator("s-cave", &[("m".to_string(), 3.0)].into_iter().collect());
+        o.set_target("vm1", 5);
+        o.save(dir.path()).unwrap();
+        let back = Overlay::load(dir.path()).unwrap();
+        assert_eq!(back, o);
+        let mut cfg = Config::parse(crate::config::DEFAULT, "default", dir.path()).unwrap();
+        back.apply(&mut cfg);
+        assert_eq!((cfg.vdisk[1].write_policy, cfg.cache.allocator.as_str(), cfg.cache.params.get("m")), (Some(cachevisor_engine::WritePolicy::Ro), "s-cave", Some(&3.0)));
+        o.remove("vm2");
+        assert!(o.write_policy.is_empty() && o.target_blocks.keys().collect::<Vec<_>>() == ["vm1"]);
         std::fs::write(path(dir.path()), "removed = 3").unwrap();
         assert!(Overlay::load(dir.path()).unwrap_err().contains("vdisks.toml"));
     }

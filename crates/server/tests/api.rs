@@ -53,6 +53,20 @@ fn list_metrics_and_authorized_changes() {
     assert!(matches!(e, ureq::Error::Status(404, _)));
     // Data is intact after all that.
     assert_eq!(c.read(0, 4096).unwrap(), vec![3; 4096]);
+    // What the API set survives a restart (the config file is not rewritten): the write
+    // policy and the target; then an allocator switch, which replaces saved targets.
+    drop((c, r));
+    let r = serve(&api_cfg(dir.path()));
+    let st = r.daemon.status();
+    assert_eq!((st[0].target_blocks, st[1].write_policy), (8, cachevisor_engine::WritePolicy::Ro), "{st:?}");
+    let (api, token) = r.api.clone().unwrap();
+    let auth = format!("Bearer {token}");
+    ureq::post(&format!("http://{api}/allocator")).set("Authorization", &auth).send_json(serde_json::json!({"name": "symflex-weighted", "params": {}})).unwrap();
+    drop(r);
+    let r = serve(&api_cfg(dir.path()));
+    assert_eq!(r.daemon.allocator_name(), "symflex-weighted");
+    assert_eq!(r.daemon.status()[1].write_policy, cachevisor_engine::WritePolicy::Ro);
+    assert!(!std::fs::read_to_string(dir.path().join("cache.img.meta/vdisks.toml")).unwrap().contains("target_blocks"));
 }
 
 /// Polls `GET /destage` until the job has ended; returns its last progress.

@@ -111,7 +111,9 @@ pub(super) fn undo(e: &mut Engine, ops: &[DeviceOp], at: usize, pre: &HashMap<u3
     for (j, op) in ops.iter().enumerate().filter(|(_, o)| o.kind == OpKind::BackingWrite && o.staged) {
         let Some((r, read)) = ops[..j].iter().enumerate().rev().find(|(_, o)| o.kind == OpKind::SsdRead && o.staged && o.vm == op.vm && o.disk_addr <= op.disk_addr && op.disk_addr + op.len as u64 <= o.disk_addr + o.len as u64) else { continue };
         let (slot, block, _) = ssd_place(read, bs);
-        if j < at && ops[r + 1..at].iter().any(|o| o.kind == OpKind::SsdWrite && ssd_place(o, bs).0 == slot) {
+        // Cache-store writes that ran after the read, the failed one included (it may have
+        // written part of its data).
+        if j < at && ops[r + 1..(at + 1).min(ops.len())].iter().any(|o| o.kind == OpKind::SsdWrite && ssd_place(o, bs).0 == slot) {
             continue; // the write-back completed and the slot holds other data now
         }
         let lo = ((op.disk_addr % bs) / 512) as u32;
@@ -140,3 +142,6 @@ pub(super) fn drop_clean(e: &mut Engine, vm: VmId, offset: u64, len: u64) {
         recompose(e, slot, vm, b, |i, v, d| if (lo..hi).contains(&i) && !d { (false, false) } else { (v, d) });
     }
 }
+
+#[cfg(test)]
+mod tests;

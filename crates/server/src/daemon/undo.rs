@@ -90,7 +90,11 @@ pub(super) fn undo(e: &mut Engine, ops: &[DeviceOp], at: usize, pre: &HashMap<u3
             let Pre::State(st) = p else { continue };
             let Some((pv, pb)) = (st.key() != cachevisor_engine::slot_table::FREE_KEY).then(|| (cachevisor_engine::slot_table::key_vm(st.key()), cachevisor_engine::slot_table::key_block(st.key()))) else { continue };
             let holds = e.slot_block(slot) == Some((pv, pb)) || (e.slot_block(slot).is_none() && e.lookup(pv, pb).is_none());
-            if !holds || pv != vm {
+            // The slot went to another block in this request and that block's data (maybe
+            // part of it, from the failed op) was written there: the block's bytes are gone
+            // from it (a dirty one was written back first).
+            let taken = ops[..(at + 1).min(ops.len())].iter().any(|o| o.kind == OpKind::SsdWrite && ssd_place(o, bs).0 == slot && (o.vm, ssd_place(o, bs).1) != (pv, pb));
+            if !holds || taken || pv != vm {
                 continue;
             }
             let (lo, hi) = sectors_of(offset, len, bs, pb);

@@ -203,7 +203,7 @@ fn run(steps: &[Step], fix: bool) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
 
     #[test]
     fn failed_ops_never_lose_or_mix_acknowledged_data(steps in prop::collection::vec(step(), 1..40)) {

@@ -249,6 +249,17 @@ fn full_backing_store(l: Layout) {
     // Per 1 MiB chunk, the pattern acknowledged (and flushed) last.
     let mut truth: Vec<Option<u8>> = vec![None; 64];
     let write = |uri: &str, chunk: usize, p: u8| qemu_io(uri, &[&format!("write -P {p} {chunk}M 1M"), "flush"]);
+    // Writes chunk `c` with its own pattern; acknowledged, it is the chunk's truth, else
+    // the client was told the disk is full. Returns whether it was acknowledged.
+    let attempt = |uri: &str, c: usize, truth: &mut [Option<u8>]| {
+        let (ok, out) = write(uri, c, 0x40 + c as u8);
+        if ok {
+            truth[c] = Some(0x40 + c as u8);
+        } else {
+            assert!(out.contains("No space left on device"), "chunk {c}: {out}");
+        }
+        ok
+    };
     for c in 0..16 {
         qemu_io_ok(&a.uri("vm1"), &[&format!("write -P {} {c}M 1M", 0x10 + c), "flush"]);
         truth[c] = Some(0x10 + c as u8);
@@ -271,11 +282,7 @@ fn full_backing_store(l: Layout) {
     // with ENOSPC and past the threshold the vDisk passes through.
     let mut failed = 0;
     for c in 16..40 {
-        let (ok, out) = write(&a.uri("vm1"), c, 0x40 + c as u8);
-        if ok {
-            truth[c] = Some(0x40 + c as u8);
-        } else {
-            assert!(out.contains("No space left on device"), "chunk {c}: {out}");
+        if !attempt(&a.uri("vm1"), c, &mut truth) {
             failed += 1;
         }
     }
@@ -303,12 +310,7 @@ fn full_backing_store(l: Layout) {
     assert_eq!(fs.run(l.refill), 0);
     let mut after = 0;
     for c in 40..64 {
-        let (ok, out) = write(&a.uri("vm1"), c, 0x40 + c as u8);
-        if ok {
-            truth[c] = Some(0x40 + c as u8);
-        } else {
-            assert!(out.contains("No space left on device"), "chunk {c}: {out}");
-        }
+        attempt(&a.uri("vm1"), c, &mut truth);
         if vdisk_state(a.api.as_deref().unwrap()).2 {
             after += 1;
             if after == 3 {

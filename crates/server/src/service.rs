@@ -66,11 +66,20 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
         let weak = Arc::downgrade(&daemon);
         std::thread::spawn(move || {
             let mut q = crate::daemon::DestageQueue::new(None);
+            // After a failure (a full or failing backing store) the flusher backs off, up to
+            // 5 s between attempts; what failed stays dirty and is tried again.
+            let mut pause = std::time::Duration::from_millis(100);
             loop {
-                std::thread::sleep(std::time::Duration::from_millis(100));
+                std::thread::sleep(pause);
                 let Some(d) = weak.upgrade() else { return };
-                if let Err(e) = d.destage_step(&mut q, per_step) {
-                    tracing::error!(%e, "background destaging failed");
+                match d.destage_step(&mut q, per_step) {
+                    Ok(_) => pause = std::time::Duration::from_millis(100),
+                    Err(e) => {
+                        if pause < std::time::Duration::from_secs(5) {
+                            tracing::error!(%e, "background destaging failed: the blocks stay dirty; retrying with back-off");
+                        }
+                        pause = (pause * 2).min(std::time::Duration::from_secs(5));
+                    }
                 }
             }
         });

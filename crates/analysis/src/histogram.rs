@@ -28,7 +28,13 @@ impl DistanceHistogram {
     /// which is what allocators need every interval.
     pub fn coarse(width: u64, buckets: usize) -> Self {
         let width = width.max(1);
-        DistanceHistogram { counts: Vec::new(), width, max_buckets: None, horizon: Some(width * buckets as u64), cold: 0.0 }
+        DistanceHistogram {
+            counts: Vec::new(),
+            width,
+            max_buckets: None,
+            horizon: Some(width * buckets as u64),
+            cold: 0.0,
+        }
     }
 
     /// An empty histogram with the same shape (width, bounds).
@@ -40,7 +46,13 @@ impl DistanceHistogram {
 
     /// At most `max_buckets` buckets (≥ 2), widening as needed.
     pub fn bounded(max_buckets: usize) -> Self {
-        DistanceHistogram { counts: Vec::new(), width: 1, max_buckets: Some(max_buckets.max(2)), horizon: None, cold: 0.0 }
+        DistanceHistogram {
+            counts: Vec::new(),
+            width: 1,
+            max_buckets: Some(max_buckets.max(2)),
+            horizon: None,
+            cold: 0.0,
+        }
     }
 
     /// Adds `weight` at distance `d` (in blocks), or a first access for `None`.

@@ -254,7 +254,8 @@ mod tests {
         let seq = [1, 2, 1, 2, 3, 3, 3, 1];
         for (decay, want1) in [(Decay::Reset, 2.0 / 4.0), (Decay::Keep, 4.0 / 8.0)] {
             let mut p = IntervalProfiler::new(4096, Interval::Requests(4), decay, vec![2], 1.0);
-            let rows: Vec<_> = seq.iter().enumerate().filter_map(|(i, &b)| p.add(&req(i as u64, b))).flatten().collect();
+            let rows: Vec<_> =
+                seq.iter().enumerate().filter_map(|(i, &b)| p.add(&req(i as u64, b))).flatten().collect();
             assert_eq!(rows.len(), 2);
             assert_eq!((rows[0].wss_blocks, rows[0].hit_ratio[0]), (2, 0.5));
             // Interval 1 at size 2: 3 3 hit, 3 hits, 1 misses (distance 2: blocks 2, 3).
@@ -267,7 +268,8 @@ mod tests {
     #[test]
     fn coarse_resolution_gives_the_same_curve_at_its_steps() {
         let mut exact = IntervalProfiler::new(4096, Interval::Requests(u64::MAX), Decay::Keep, vec![], 1.0);
-        let mut coarse = IntervalProfiler::new(4096, Interval::Requests(u64::MAX), Decay::Keep, vec![], 1.0).with_resolution(4, 8);
+        let mut coarse =
+            IntervalProfiler::new(4096, Interval::Requests(u64::MAX), Decay::Keep, vec![], 1.0).with_resolution(4, 8);
         for i in 0..2000u64 {
             let r = req(i, (i * 7919) % 97 + (i % 5));
             exact.add(&r);

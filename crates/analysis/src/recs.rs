@@ -33,7 +33,14 @@ pub struct RecsEstimator {
 impl RecsEstimator {
     /// `periods` sampling periods per window, each scanning `blocks_per_period` blocks.
     pub fn new(alpha: f64, periods: u32, blocks_per_period: u64, seed: u64) -> Self {
-        RecsEstimator { alpha, periods: periods.max(1), blocks_per_period: blocks_per_period.max(1), rng: ChaCha8Rng::seed_from_u64(seed), value: Vec::new(), sampled: Vec::new() }
+        RecsEstimator {
+            alpha,
+            periods: periods.max(1),
+            blocks_per_period: blocks_per_period.max(1),
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            value: Vec::new(),
+            sampled: Vec::new(),
+        }
     }
 
     /// Runs one window's sampling over a pool of `slots` blocks. `probe(slot)` gives the

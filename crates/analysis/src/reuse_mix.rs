@@ -70,7 +70,10 @@ mod tests {
         for (b, w) in [(1, false), (1, false), (1, true), (1, false), (1, true), (1, true), (2, true)] {
             t.access(b, w);
         }
-        assert_eq!(t.mix, ReuseMix { read_after_read: 1.0, read_after_write: 1.0, write_after_write: 1.0, write_after_read: 2.0 });
+        assert_eq!(
+            t.mix,
+            ReuseMix { read_after_read: 1.0, read_after_write: 1.0, write_after_write: 1.0, write_after_read: 2.0 }
+        );
         assert_eq!(t.mix.raw_share(), Some(0.5));
     }
 }

@@ -10,7 +10,13 @@ fn read(vm: u32, b: u64) -> Request {
 
 #[test]
 fn full_scan_counts_hit_blocks_per_vm() {
-    for kind in [ReplacementKind::Clock, ReplacementKind::Lru, ReplacementKind::Fifo, ReplacementKind::TwoPool, ReplacementKind::S3fifo] {
+    for kind in [
+        ReplacementKind::Clock,
+        ReplacementKind::Lru,
+        ReplacementKind::Fifo,
+        ReplacementKind::TwoPool,
+        ReplacementKind::S3fifo,
+    ] {
         let mut e = Engine::new(EngineConfig { replacement: kind, ..EngineConfig::with_slots(100) }).unwrap();
         let mut out = Output::default();
         e.set_target(0, 50, &mut out);

@@ -18,7 +18,10 @@ fn mae(reqs: &[Request], m: Method) -> f64 {
     let est = profile(reqs, m);
     let wss = exact.cold() as u64;
     let points = 100u64;
-    (1..=points).map(|i| (exact.miss_ratio_at(wss * i / points) - est.miss_ratio_at(wss * i / points)).abs()).sum::<f64>() / points as f64
+    (1..=points)
+        .map(|i| (exact.miss_ratio_at(wss * i / points) - est.miss_ratio_at(wss * i / points)).abs())
+        .sum::<f64>()
+        / points as f64
 }
 
 fn zipf(n: u64, blocks: u64, alpha: f64) -> Vec<Request> {
@@ -77,5 +80,3 @@ fn fixed_size() {
     let e = mae(&reqs, Method::ShardsSize { max_blocks: 8_192 });
     assert!(e <= 0.01, "fixed-size MAE {e}");
 }
-
-

@@ -96,7 +96,9 @@ fn method(a: &MrcArgs) -> anyhow::Result<Method> {
         (_, None, Some(0)) => anyhow::bail!("--max-blocks must be at least 1"),
         (_, None, Some(n)) => Ok(Method::ShardsSize { max_blocks: n }),
         (_, None, None) => Ok(Method::ShardsRate { rate: 0.01 }),
-        (_, Some(_), Some(_)) => anyhow::bail!("give either --rate (fixed-rate) or --max-blocks (fixed-size), not both"),
+        (_, Some(_), Some(_)) => {
+            anyhow::bail!("give either --rate (fixed-rate) or --max-blocks (fixed-size), not both")
+        }
     }
 }
 
@@ -155,33 +157,76 @@ fn windows(a: WindowsArgs) -> anyhow::Result<()> {
     }
     csv.push_str(",urd_bytes,alloc_unit_blocks\n");
     for r in &rows {
-        let _ = write!(csv, "{},{},{},{},{:.3},{}", r.interval, r.t_end_s, names[r.vm as usize].replace(',', "_"), r.requests, r.iops, r.wss_blocks * bs);
+        let _ = write!(
+            csv,
+            "{},{},{},{},{:.3},{}",
+            r.interval,
+            r.t_end_s,
+            names[r.vm as usize].replace(',', "_"),
+            r.requests,
+            r.iops,
+            r.wss_blocks * bs
+        );
         for h in &r.hit_ratio {
             let _ = write!(csv, ",{h:.6}");
         }
-        let _ = writeln!(csv, ",{},{}", r.urd_blocks.map_or(String::new(), |u| (u * bs).to_string()), r.alloc_unit_blocks);
+        let _ =
+            writeln!(csv, ",{},{}", r.urd_blocks.map_or(String::new(), |u| (u * bs).to_string()), r.alloc_unit_blocks);
     }
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     std::fs::write(a.out.join("windows.csv"), csv)?;
-    let x_label = if matches!(interval, Interval::Time(_)) { "trace time (s)" } else { "trace time of the interval's last request (s)" };
+    let x_label = if matches!(interval, Interval::Time(_)) {
+        "trace time (s)"
+    } else {
+        "trace time of the interval's last request (s)"
+    };
     let series = |f: &dyn Fn(&IntervalRow) -> f64| -> Vec<Series> {
         (0..names.len())
-            .map(|vm| Series { name: names[vm].clone(), points: rows.iter().filter(|r| r.vm as usize == vm && r.requests > 0).map(|r| (r.t_end_s, f(r))).collect() })
+            .map(|vm| Series {
+                name: names[vm].clone(),
+                points: rows
+                    .iter()
+                    .filter(|r| r.vm as usize == vm && r.requests > 0)
+                    .map(|r| (r.t_end_s, f(r)))
+                    .collect(),
+            })
             .collect()
     };
     let last = a.sizes.len() - 1;
     let charts = [
         ("iops.svg", "requests per second per interval", "IOPS", series(&|r| r.iops), None),
-        ("wss.svg", "working set per interval", "WSS (MiB)", series(&|r| (r.wss_blocks * bs) as f64 / (1 << 20) as f64), None),
-        ("hit_ratio.svg", &*format!("LRU hit ratio at {}", format_size(a.sizes[last])), "hit ratio", series(&|r| r.hit_ratio[last]), Some((0.0, 1.0))),
-        ("alloc_unit.svg", &*format!("AllocUnit: block misses per interval at {}", format_size(a.sizes[0])), "blocks", series(&|r| r.alloc_unit_blocks as f64), None),
+        (
+            "wss.svg",
+            "working set per interval",
+            "WSS (MiB)",
+            series(&|r| (r.wss_blocks * bs) as f64 / (1 << 20) as f64),
+            None,
+        ),
+        (
+            "hit_ratio.svg",
+            &*format!("LRU hit ratio at {}", format_size(a.sizes[last])),
+            "hit ratio",
+            series(&|r| r.hit_ratio[last]),
+            Some((0.0, 1.0)),
+        ),
+        (
+            "alloc_unit.svg",
+            &*format!("AllocUnit: block misses per interval at {}", format_size(a.sizes[0])),
+            "blocks",
+            series(&|r| r.alloc_unit_blocks as f64),
+            None,
+        ),
     ];
     for (file, title, y, s, range) in charts {
         let svg = line_chart_svg(title, x_label, y, &s, range).map_err(anyhow::Error::msg)?;
         std::fs::write(a.out.join(file), svg)?;
     }
     let intervals = rows.iter().map(|r| r.interval).max().map_or(0, |m| m + 1);
-    println!("{intervals} intervals × {} VMs; wrote {1}/windows.csv and {1}/{{iops,wss,hit_ratio,alloc_unit}}.svg", names.len(), a.out.display());
+    println!(
+        "{intervals} intervals × {} VMs; wrote {1}/windows.csv and {1}/{{iops,wss,hit_ratio,alloc_unit}}.svg",
+        names.len(),
+        a.out.display()
+    );
     Ok(())
 }
 
@@ -239,7 +284,11 @@ fn mrc(a: MrcArgs) -> anyhow::Result<()> {
         });
         series.push(Series {
             name: names[i].clone(),
-            points: h.curve(max_blocks, a.points).iter().map(|p| ((p.blocks * bs) as f64 / (1u64 << 30) as f64, p.miss_ratio)).collect(),
+            points: h
+                .curve(max_blocks, a.points)
+                .iter()
+                .map(|p| ((p.blocks * bs) as f64 / (1u64 << 30) as f64, p.miss_ratio))
+                .collect(),
         });
     }
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
@@ -253,10 +302,18 @@ fn mrc(a: MrcArgs) -> anyhow::Result<()> {
         percentile: f64,
         vms: &'a [VmSummary],
     }
-    let json = serde_json::to_string_pretty(&Summary { files: &a.trace.files, block_size: bs, method: m, kind: &a.kind, percentile: a.percentile, vms: &summaries })?;
+    let json = serde_json::to_string_pretty(&Summary {
+        files: &a.trace.files,
+        block_size: bs,
+        method: m,
+        kind: &a.kind,
+        percentile: a.percentile,
+        vms: &summaries,
+    })?;
     std::fs::write(a.out.join("summary.json"), json)?;
     let title = format!("LRU miss-ratio curves ({} accesses, {} blocks, {})", a.kind, format_size(bs), a.method);
-    let svg = line_chart_svg(&title, "cache size (GiB)", "miss ratio", &series, Some((0.0, 1.0))).map_err(anyhow::Error::msg)?;
+    let svg = line_chart_svg(&title, "cache size (GiB)", "miss ratio", &series, Some((0.0, 1.0)))
+        .map_err(anyhow::Error::msg)?;
     std::fs::write(a.out.join("mrc.svg"), svg)?;
     let opt = |v: Option<u64>| v.map_or("-".to_string(), format_size);
     println!(

@@ -153,13 +153,17 @@ pub enum BenchCmd {
 /// Runs a bench.
 pub fn run(c: BenchCmd) -> anyhow::Result<()> {
     match c {
-        BenchCmd::Sim { requests, blocks, cache_blocks, alpha, reps, dir } => bench_sim(requests, blocks, cache_blocks, alpha, reps, &dir),
+        BenchCmd::Sim { requests, blocks, cache_blocks, alpha, reps, dir } => {
+            bench_sim(requests, blocks, cache_blocks, alpha, reps, &dir)
+        }
         BenchCmd::Parse { requests, reps, dir } => bench_parse(requests, reps, &dir),
         BenchCmd::Analyze { requests, blocks, alpha, reps, dir } => bench_analyze(requests, blocks, alpha, reps, &dir),
         BenchCmd::Memory { cache_size, block_size, last_access } => bench_memory(cache_size, block_size, last_access),
         BenchCmd::Policy { vms, units, reps } => bench_policy(vms, units, reps),
         BenchCmd::Serve { disk_size, rounds, secs, dir } => crate::bench_serve::run(disk_size, rounds, secs, &dir),
-        BenchCmd::SlowBacking { delay_ms, disk_mib, cache_mib, secs, rounds, iodepth, read_percent, dir } => crate::bench_serve::slow_backing(delay_ms, disk_mib, cache_mib, secs, rounds, &iodepth, read_percent, &dir),
+        BenchCmd::SlowBacking { delay_ms, disk_mib, cache_mib, secs, rounds, iodepth, read_percent, dir } => {
+            crate::bench_serve::slow_backing(delay_ms, disk_mib, cache_mib, secs, rounds, &iodepth, read_percent, &dir)
+        }
     }
 }
 
@@ -237,7 +241,14 @@ print(dt, miss)
 
 /// libCacheSim's Python binding on the same file; (M req/s, hit ratio), `None` if absent.
 fn libcachesim(path: &Path, slots: u64, requests: u64, algo: &str) -> Option<(f64, f64)> {
-    let out = Command::new("python3").arg("-c").arg(LCS_SCRIPT).arg(path).arg((slots * 4096).to_string()).arg(algo).output().ok()?;
+    let out = Command::new("python3")
+        .arg("-c")
+        .arg(LCS_SCRIPT)
+        .arg(path)
+        .arg((slots * 4096).to_string())
+        .arg(algo)
+        .output()
+        .ok()?;
     if !out.status.success() {
         return None;
     }
@@ -258,7 +269,12 @@ fn engine_alone(reqs: &[Request], kind: ReplacementKind, slots: u64) -> f64 {
     reqs.len() as f64 / t.elapsed().as_secs_f64() / 1e6
 }
 
-fn full_sim(files: Vec<PathBuf>, format: Option<Format>, kind: ReplacementKind, cache: &str) -> anyhow::Result<(f64, f64)> {
+fn full_sim(
+    files: Vec<PathBuf>,
+    format: Option<Format>,
+    kind: ReplacementKind,
+    cache: &str,
+) -> anyhow::Result<(f64, f64)> {
     let mut sc = Scenario::default();
     sc.trace.files = files;
     sc.trace.format = format;
@@ -274,7 +290,8 @@ fn full_sim(files: Vec<PathBuf>, format: Option<Format>, kind: ReplacementKind, 
 fn bench_sim(requests: u64, blocks: u64, slots: u64, alpha: f64, reps: usize, dir: &Path) -> anyhow::Result<()> {
     let path = zipf_file(dir, requests, blocks, alpha)?;
     println!("Zipf({alpha}) trace: {requests} single-block reads over {blocks} blocks, cache {slots} blocks; {reps} interleaved repetitions, medians");
-    let has_lcs = Command::new("python3").args(["-c", "import libcachesim"]).status().map(|s| s.success()).unwrap_or(false);
+    let has_lcs =
+        Command::new("python3").args(["-c", "import libcachesim"]).status().map(|s| s.success()).unwrap_or(false);
     if !has_lcs {
         println!("(libcachesim Python package not installed: `pip install libcachesim` to compare)");
     }
@@ -327,7 +344,9 @@ fn bench_sim(requests: u64, blocks: u64, slots: u64, alpha: f64, reps: usize, di
     if let Ok(files) = demo_traces() {
         println!("\nbundled real traces (3 VMs, 145,654 requests, 256 MiB cache), full simulation, M requests/s:");
         for kind in ReplacementKind::ALL {
-            let runs: Vec<f64> = (0..reps).map(|_| full_sim(files.clone(), None, kind, "256MiB").map(|r| r.0)).collect::<Result<_, _>>()?;
+            let runs: Vec<f64> = (0..reps)
+                .map(|_| full_sim(files.clone(), None, kind, "256MiB").map(|r| r.0))
+                .collect::<Result<_, _>>()?;
             println!("  {:<10} {:>7.2}", kind.name(), median(runs));
         }
     }
@@ -337,7 +356,15 @@ fn bench_sim(requests: u64, blocks: u64, slots: u64, alpha: f64, reps: usize, di
 
 fn bench_parse(requests: u64, reps: usize, dir: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)?;
-    let formats = [Format::Msr, Format::Csv, Format::CloudphysicsCsv, Format::Mqsim, Format::Blkparse, Format::Vscsi, Format::OracleGeneral];
+    let formats = [
+        Format::Msr,
+        Format::Csv,
+        Format::CloudphysicsCsv,
+        Format::Mqsim,
+        Format::Blkparse,
+        Format::Vscsi,
+        Format::OracleGeneral,
+    ];
     let mut files = Vec::new();
     for f in formats {
         let path = dir.join(format!("parse-{requests}.{}", f.name()));
@@ -423,7 +450,8 @@ fn bench_analyze(requests: u64, blocks: u64, alpha: f64, reps: usize, dir: &Path
     let mut reqs = Vec::with_capacity(requests as usize);
     while src.next_batch(&mut reqs, 1 << 16)? > 0 {}
     println!("Zipf({alpha}) trace: {requests} single-block reads over {blocks} blocks; {reps} interleaved repetitions, medians");
-    let has_lcs = Command::new("python3").args(["-c", "import libcachesim"]).status().map(|s| s.success()).unwrap_or(false);
+    let has_lcs =
+        Command::new("python3").args(["-c", "import libcachesim"]).status().map(|s| s.success()).unwrap_or(false);
     let sizes = [blocks / 100, blocks / 20, blocks / 10, blocks / 4, blocks / 2];
     let (mut exact, mut shards, mut lcs) = (Vec::new(), Vec::new(), Vec::new());
     let (mut mem_exact, mut mem_shards) = (0, 0);
@@ -452,16 +480,27 @@ fn bench_analyze(requests: u64, blocks: u64, alpha: f64, reps: usize, dir: &Path
     }
     let (e, s) = (median(exact), median(shards));
     let wss = h_exact.cold() as u64;
-    let mae = (1..=100u64).map(|i| (h_exact.miss_ratio_at(wss * i / 100) - h_shards.miss_ratio_at(wss * i / 100)).abs()).sum::<f64>() / 100.0;
+    let mae = (1..=100u64)
+        .map(|i| (h_exact.miss_ratio_at(wss * i / 100) - h_shards.miss_ratio_at(wss * i / 100)).abs())
+        .sum::<f64>()
+        / 100.0;
     println!("\nwhole LRU miss-ratio curve in one pass, M requests/s (estimator memory):");
     println!("  exact (Fenwick stack distance)  {e:>7.2}   ({})", format_size(mem_exact));
-    println!("  SHARDS fixed-rate R = 0.01      {s:>7.2}   ({}), {:.1}× faster, memory {:.2}% of exact, MAE {mae:.4}", format_size(mem_shards), s / e, mem_shards as f64 * 100.0 / mem_exact as f64);
+    println!(
+        "  SHARDS fixed-rate R = 0.01      {s:>7.2}   ({}), {:.1}× faster, memory {:.2}% of exact, MAE {mae:.4}",
+        format_size(mem_shards),
+        s / e,
+        mem_shards as f64 * 100.0 / mem_exact as f64
+    );
     if !lcs.is_empty() {
         let l = median(lcs);
         println!("  libCacheSim LRU (Python), {} sizes, one replay each: {l:.2} M requests/s per size for the {} sizes together", sizes.len(), sizes.len());
         println!("  ratio exact curve / libCacheSim for those sizes: {:.2}×", e / l);
         for (c, hr) in sizes.iter().zip(&lcs_hits) {
-            println!("    {c:>8} blocks: libCacheSim hit ratio {hr:.6}, exact curve {:.6}", 1.0 - h_exact.miss_ratio_at(*c));
+            println!(
+                "    {c:>8} blocks: libCacheSim hit ratio {hr:.6}, exact curve {:.6}",
+                1.0 - h_exact.miss_ratio_at(*c)
+            );
         }
     } else {
         println!("  (libcachesim Python package not installed: `pip install libcachesim` to compare)");
@@ -491,7 +530,13 @@ fn policy_demands(n: usize, units: u64, unit: u64) -> Vec<cachevisor_policy::VmD
                     }
                 })
                 .collect();
-            let curve: Vec<f64> = curve.iter().scan(0.0f64, |m, &h| { *m = m.max(h); Some(*m) }).collect();
+            let curve: Vec<f64> = curve
+                .iter()
+                .scan(0.0f64, |m, &h| {
+                    *m = m.max(h);
+                    Some(*m)
+                })
+                .collect();
             cachevisor_policy::VmDemand {
                 weight: rng.gen_range(0.5..4.0),
                 min_blocks: 0,
@@ -503,7 +548,11 @@ fn policy_demands(n: usize, units: u64, unit: u64) -> Vec<cachevisor_policy::VmD
                 recs: Some(rng.gen_range(0.0..1.0)),
                 hit_ratio: Some(rng.gen_range(0.0..1.0)),
                 alloc_unit: rng.gen_range(1..1000),
-                reuse_mix: cachevisor_policy::ReuseMix { read_after_read: rng.gen_range(0.0..100.0), read_after_write: rng.gen_range(0.0..30.0), ..Default::default() },
+                reuse_mix: cachevisor_policy::ReuseMix {
+                    read_after_read: rng.gen_range(0.0..100.0),
+                    read_after_write: rng.gen_range(0.0..30.0),
+                    ..Default::default()
+                },
                 hit_throughput: rng.gen_range(0.0..5_000.0),
                 throughput_ratio: rng.gen_range(1.0..4.0),
             }

@@ -31,7 +31,13 @@ fn start_cachevisor(dir: &Path, backing: &str, size: &str, direct: &str) -> anyh
 }
 
 /// Starts `cachevisor serve` on `backing`; returns the process, the NBD URI and the API address.
-fn start_cachevisor_api(dir: &Path, backing: &str, size: &str, record: Option<&Path>, direct: &str) -> anyhow::Result<(Proc, String, String)> {
+fn start_cachevisor_api(
+    dir: &Path,
+    backing: &str,
+    size: &str,
+    record: Option<&Path>,
+    direct: &str,
+) -> anyhow::Result<(Proc, String, String)> {
     let port = free_port()?;
     let api = format!("127.0.0.1:{}", free_port()?);
     let cfg = dir.join("bench.toml");
@@ -61,7 +67,11 @@ fn start_cachevisor_api(dir: &Path, backing: &str, size: &str, record: Option<&P
 
 fn start_nbdkit(args: &[&str]) -> anyhow::Result<(Proc, String)> {
     let port = free_port()?;
-    let c = Command::new("nbdkit").args(["-f", "-i", "127.0.0.1", "-p", &port.to_string()]).args(args).spawn().context("starting nbdkit (apt-get install nbdkit)")?;
+    let c = Command::new("nbdkit")
+        .args(["-f", "-i", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .spawn()
+        .context("starting nbdkit (apt-get install nbdkit)")?;
     for _ in 0..100 {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
             return Ok((Proc(c), format!("nbd://127.0.0.1:{port}/")));
@@ -88,7 +98,15 @@ struct FioReads {
 
 fn fio_with(uri: &str, rw: &str, depth: u32, secs: u32, size: &str, extra: &[&str]) -> anyhow::Result<FioReads> {
     let o = Command::new("fio")
-        .args(["--name=b", "--ioengine=nbd", &format!("--uri={uri}"), &format!("--rw={rw}"), "--bs=4k", &format!("--iodepth={depth}"), &format!("--size={size}")])
+        .args([
+            "--name=b",
+            "--ioengine=nbd",
+            &format!("--uri={uri}"),
+            &format!("--rw={rw}"),
+            "--bs=4k",
+            &format!("--iodepth={depth}"),
+            &format!("--size={size}"),
+        ])
         .args(extra)
         .args(if secs > 0 { vec![format!("--runtime={secs}"), "--time_based=1".into()] } else { vec![] })
         .arg("--output-format=json")
@@ -105,7 +123,6 @@ fn fio_with(uri: &str, rw: &str, depth: u32, secs: u32, size: &str, extra: &[&st
     let iops = r["iops"].as_f64().unwrap_or(0.0) + v["jobs"][0]["write"]["iops"].as_f64().unwrap_or(0.0);
     Ok(FioReads { iops, mean_us: ns(&r["clat_ns"]["mean"]), p99_us: ns(&r["clat_ns"]["percentile"]["99.000000"]) })
 }
-
 
 /// Runs the bench.
 pub fn run(disk_size: u64, rounds: usize, secs: u32, dir: &Path) -> anyhow::Result<()> {
@@ -127,7 +144,8 @@ pub fn run(disk_size: u64, rounds: usize, secs: u32, dir: &Path) -> anyhow::Resu
         std::fs::create_dir_all(&sub)?;
         let (cv, cv_uri) = start_cachevisor(&sub, &disk_arg, &size, direct)?;
         fio(&cv_uri, "read", 8, 0, &range).context("warming the cache")?;
-        let (other, other_uri) = if direct == "off" { start_nbdkit(&["file", &disk_arg])? } else { start_qemu_nbd(&disk_arg)? };
+        let (other, other_uri) =
+            if direct == "off" { start_nbdkit(&["file", &disk_arg])? } else { start_qemu_nbd(&disk_arg)? };
         for depth in [1u32, 32] {
             let (mut a, mut b) = (Vec::new(), Vec::new());
             for _ in 0..rounds.max(1) {
@@ -146,7 +164,21 @@ pub fn run(disk_size: u64, rounds: usize, secs: u32, dir: &Path) -> anyhow::Resu
 fn start_qemu_nbd(file: &str) -> anyhow::Result<(Proc, String)> {
     let port = free_port()?;
     let c = Command::new("qemu-nbd")
-        .args(["-f", "raw", "--cache=none", "--aio=native", "-b", "127.0.0.1", "-p", &port.to_string(), "-x", "d", "--persistent", "--shared=0", file])
+        .args([
+            "-f",
+            "raw",
+            "--cache=none",
+            "--aio=native",
+            "-b",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-x",
+            "d",
+            "--persistent",
+            "--shared=0",
+            file,
+        ])
         .stderr(Stdio::null()) // it complains about the readiness probe's connection
         .spawn()
         .context("starting qemu-nbd (apt-get install qemu-utils)")?;
@@ -164,16 +196,42 @@ fn start_qemu_nbd(file: &str) -> anyhow::Result<(Proc, String)> {
 /// the daemon records its requests, which are replayed in the simulator with the same cache
 /// to compare hit ratios.
 #[allow(clippy::too_many_arguments)]
-pub fn slow_backing(delay_ms: u32, disk_mib: u64, cache_mib: u64, secs: u32, rounds: usize, depths: &[u32], read_percent: u32, dir: &Path) -> anyhow::Result<()> {
+pub fn slow_backing(
+    delay_ms: u32,
+    disk_mib: u64,
+    cache_mib: u64,
+    secs: u32,
+    rounds: usize,
+    depths: &[u32],
+    read_percent: u32,
+    dir: &Path,
+) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)?;
     let delay = format!("{delay_ms}ms");
-    let kit_args = ["--filter=delay", "-t", "16", "memory", &format!("{disk_mib}M"), &format!("rdelay={delay}"), &format!("wdelay={delay}")];
+    let kit_args = [
+        "--filter=delay",
+        "-t",
+        "16",
+        "memory",
+        &format!("{disk_mib}M"),
+        &format!("rdelay={delay}"),
+        &format!("wdelay={delay}"),
+    ];
     let range = format!("{disk_mib}MiB");
     let mix = format!("--rwmixread={read_percent}");
     let zipf = ["--random_distribution=zipf:1.2", "--norandommap", mix.as_str()];
     let rw = if read_percent >= 100 { "randread" } else { "randrw" };
     println!("slow backing: nbdkit memory {disk_mib} MiB with {delay} per request (16 threads); fio 4 KiB random I/O, {read_percent}% reads, zipf 1.2, write-through, {secs} s per run, {rounds} rounds per iodepth; IOPS count reads and writes, latencies are the reads'");
-    println!("{:<8} {:<6} {:>13} {:>16} {:>9} {:>24} {:>24}", "iodepth", "round", "backing IOPS", "cachevisor IOPS", "speed-up", "mean µs backing/cached", "p99 µs backing/cached");
+    println!(
+        "{:<8} {:<6} {:>13} {:>16} {:>9} {:>24} {:>24}",
+        "iodepth",
+        "round",
+        "backing IOPS",
+        "cachevisor IOPS",
+        "speed-up",
+        "mean µs backing/cached",
+        "p99 µs backing/cached"
+    );
     let rec = dir.join("slow-run.csv");
     let (mut live_hit, mut live) = (0.0, 0.0);
     let mut summary = Vec::new();
@@ -184,7 +242,13 @@ pub fn slow_backing(delay_ms: u32, disk_mib: u64, cache_mib: u64, secs: u32, rou
             let (kit, kit_uri) = start_nbdkit(&kit_args)?;
             direct.push(fio_with(&kit_uri, rw, depth, secs, &range, &zipf)?);
             let backing = kit_uri.trim_end_matches('/').to_string() + "/";
-            let (cv_proc, cv_uri, api) = start_cachevisor_api(dir, &backing, &format!("{cache_mib}MiB"), first.then_some(rec.as_path()), "auto")?;
+            let (cv_proc, cv_uri, api) = start_cachevisor_api(
+                dir,
+                &backing,
+                &format!("{cache_mib}MiB"),
+                first.then_some(rec.as_path()),
+                "auto",
+            )?;
             let cv = (cv_proc, api);
             cached.push(fio_with(&cv_uri, rw, depth, secs, &range, &zipf)?);
             if first {
@@ -200,13 +264,26 @@ pub fn slow_backing(delay_ms: u32, disk_mib: u64, cache_mib: u64, secs: u32, rou
             }
             drop(kit);
             let (b, c): (FioReads, FioReads) = (direct[round], cached[round]);
-            println!("{depth:<8} {round:<6} {:>13.0} {:>16.0} {:>9.2} {:>24} {:>24}", b.iops, c.iops, c.iops / b.iops, format!("{:.0} / {:.0}", b.mean_us, c.mean_us), format!("{:.0} / {:.0}", b.p99_us, c.p99_us));
+            println!(
+                "{depth:<8} {round:<6} {:>13.0} {:>16.0} {:>9.2} {:>24} {:>24}",
+                b.iops,
+                c.iops,
+                c.iops / b.iops,
+                format!("{:.0} / {:.0}", b.mean_us, c.mean_us),
+                format!("{:.0} / {:.0}", b.p99_us, c.p99_us)
+            );
             if first {
                 live_hit = replay_hit_ratio(&rec, cache_mib)?;
             }
         }
         let med = |v: &[FioReads], f: fn(&FioReads) -> f64| median(v.iter().map(f).collect());
-        summary.push((depth, med(&direct, |r| r.iops), med(&cached, |r| r.iops), med(&direct, |r| r.mean_us), med(&cached, |r| r.mean_us)));
+        summary.push((
+            depth,
+            med(&direct, |r| r.iops),
+            med(&cached, |r| r.iops),
+            med(&direct, |r| r.mean_us),
+            med(&cached, |r| r.mean_us),
+        ));
     }
     for (depth, d, c, dl, cl) in summary {
         println!("median at iodepth {depth}: backing {d:.0} IOPS, cachevisor {c:.0} IOPS, speed-up {:.2}x; mean latency {dl:.0} µs vs {cl:.0} µs ({:.2}x lower)", c / d, dl / cl);
@@ -230,6 +307,7 @@ fn replay_hit_ratio(rec: &Path, cache_mib: u64) -> anyhow::Result<f64> {
     sc.trace.files = vec![rec.to_path_buf()];
     sc.trace.vm_mode = Some(cachevisor_trace::VmMode::Device);
     sc.trace.skip_bad = true; // the last line may be cut by the kill
-    let r = cachevisor_sim::simulate(&sc, &mut |_| {}).map_err(|e| anyhow::anyhow!("replaying {}: {e}", rec.display()))?;
+    let r =
+        cachevisor_sim::simulate(&sc, &mut |_| {}).map_err(|e| anyhow::anyhow!("replaying {}: {e}", rec.display()))?;
     Ok(r.total.hit_ratio)
 }

@@ -25,5 +25,8 @@ pub fn traces_dir() -> anyhow::Result<PathBuf> {
 /// The three bundled real traces used by the demo and the benches.
 pub fn demo_traces() -> anyhow::Result<Vec<PathBuf>> {
     let d = traces_dir()?;
-    Ok(["websearch-small.mqsim.txt", "tpcc-small.mqsim.txt", "cloudPhysicsIO.vscsi"].iter().map(|f| d.join(f)).collect())
+    Ok(["websearch-small.mqsim.txt", "tpcc-small.mqsim.txt", "cloudPhysicsIO.vscsi"]
+        .iter()
+        .map(|f| d.join(f))
+        .collect())
 }

@@ -54,6 +54,10 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
     }
     println!("== comparison\n{}", comparison_table(&results));
     write_comparison(&results, &a.out)?;
-    println!("results: {}/<run>/result.json, vms.csv, windows.csv and {}/comparison.csv", a.out.display(), a.out.display());
+    println!(
+        "results: {}/<run>/result.json, vms.csv, windows.csv and {}/comparison.csv",
+        a.out.display(),
+        a.out.display()
+    );
     Ok(())
 }

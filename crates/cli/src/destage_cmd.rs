@@ -55,7 +55,10 @@ pub fn run(a: DestageArgs) -> anyhow::Result<()> {
         Ok(_) => {}
         Err(ureq::Error::Status(409, _)) => eprintln!("a destage job is already running: following it"),
         Err(ureq::Error::Status(code, r)) => bail!("{url}: {code}: {}", r.into_string().unwrap_or_default()),
-        Err(e) => return Err(e).with_context(|| format!("asking {url} (is `cachevisor serve` running with an [api] section?)")),
+        Err(e) => {
+            return Err(e)
+                .with_context(|| format!("asking {url} (is `cachevisor serve` running with an [api] section?)"))
+        }
     }
     if a.no_wait {
         println!("destage started");

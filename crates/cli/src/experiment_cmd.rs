@@ -39,7 +39,9 @@ pub fn run(a: ExperimentArgs) -> anyhow::Result<()> {
         let opts = Options { size, out: a.out.join(name), traces: traces.clone() };
         eprintln!("== {name} ({})", size.name());
         let t = std::time::Instant::now();
-        let report = experiments::run(name, &opts, &mut |line| eprintln!("  {line}")).map_err(anyhow::Error::msg).with_context(|| format!("experiment {name}"))?;
+        let report = experiments::run(name, &opts, &mut |line| eprintln!("  {line}"))
+            .map_err(anyhow::Error::msg)
+            .with_context(|| format!("experiment {name}"))?;
         println!("{}: {} ({:.1} s)", name, report.title, t.elapsed().as_secs_f64());
         for c in &report.claims {
             println!("  [{}] {} — {}", if c.holds { "holds" } else { "DOES NOT HOLD" }, c.text, c.evidence);

@@ -1,7 +1,7 @@
 //! Command-line options shared by every command that reads traces.
 
-use cachevisor_trace::formats::generic_csv::CsvColumns;
 use crate::progress::Progress;
+use cachevisor_trace::formats::generic_csv::CsvColumns;
 use cachevisor_trace::{Format, MergeOptions, MergedTrace, ReadOptions, Request, VmMode};
 use clap::Args;
 use std::collections::HashMap;
@@ -57,7 +57,8 @@ fn parse_rename(s: &str) -> Result<(String, String), String> {
 impl InputArgs {
     /// Reader options.
     pub fn read_options(&self) -> anyhow::Result<ReadOptions> {
-        let csv_columns = self.csv_columns.as_ref().map(|c| c.parse::<CsvColumns>()).transpose().map_err(anyhow::Error::msg)?;
+        let csv_columns =
+            self.csv_columns.as_ref().map(|c| c.parse::<CsvColumns>()).transpose().map_err(anyhow::Error::msg)?;
         Ok(ReadOptions {
             format: self.format,
             vm_mode: if self.vm_mode == "device" { VmMode::Device } else { VmMode::File },
@@ -86,7 +87,12 @@ pub fn report_skipped(files: &[PathBuf], trace: &MergedTrace) {
 
 /// Feeds every request of `trace` to `f` with a progress display, reports skipped
 /// records, and fails on a trace without requests; returns the request count.
-pub fn drain(trace: &mut MergedTrace, files: &[PathBuf], what: &str, mut f: impl FnMut(&Request)) -> anyhow::Result<u64> {
+pub fn drain(
+    trace: &mut MergedTrace,
+    files: &[PathBuf],
+    what: &str,
+    mut f: impl FnMut(&Request),
+) -> anyhow::Result<u64> {
     let mut p = Progress::new(what);
     let mut n = 0u64;
     while let Some(r) = trace.next_request()? {

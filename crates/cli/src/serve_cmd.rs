@@ -42,7 +42,10 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         print!("{DEFAULT}");
         return Ok(());
     }
-    let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into())).with_writer(std::io::stderr).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .try_init();
     let mut cfg = match &a.config {
         Some(p) => Config::load(p).map_err(anyhow::Error::msg)?,
         None => {
@@ -73,7 +76,13 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     );
     let r = running.daemon.recovery();
     if r.blocks > 0 {
-        println!("# warm start: {} blocks cached ({} dirty), {} journal records replayed{}", r.blocks, r.dirty_blocks, r.journal_records, if r.torn_tail { ", torn tail cut" } else { "" });
+        println!(
+            "# warm start: {} blocks cached ({} dirty), {} journal records replayed{}",
+            r.blocks,
+            r.dirty_blocks,
+            r.journal_records,
+            if r.torn_tail { ", torn tail cut" } else { "" }
+        );
     }
     for u in running.uris() {
         println!("{u}");
@@ -87,7 +96,8 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     }
     use std::io::Write as _;
     std::io::stdout().flush()?;
-    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM]).context("installing signal handlers")?;
+    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
+        .context("installing signal handlers")?;
     if let Some(sig) = signals.forever().next() {
         tracing::info!(sig, "stopping: fsync and checkpoint");
         running.daemon.shutdown().map_err(|e| anyhow::anyhow!("clean stop: {e}"))?;

@@ -148,10 +148,17 @@ pub fn expand(sc: &Scenario, a: &SimulateArgs) -> Vec<(String, Scenario)> {
                     s.cache.allocator = alloc.clone();
                     // S-CAVE manages its pools with CLOCK (its cleaner reads the counters):
                     // unless replacements were listed, it gets CLOCK.
-                    if a.replacement.is_empty() && p == PartitionMode::Static && registry::build(alloc).is_ok_and(|x| x.cleaner().is_some()) {
+                    if a.replacement.is_empty()
+                        && p == PartitionMode::Static
+                        && registry::build(alloc).is_ok_and(|x| x.cleaner().is_some())
+                    {
                         s.cache.replacement = ReplacementKind::Clock;
                     }
-                    let suffix = if p == PartitionMode::Static && alloc != "static" { format!("-{alloc}") } else { String::new() };
+                    let suffix = if p == PartitionMode::Static && alloc != "static" {
+                        format!("-{alloc}")
+                    } else {
+                        String::new()
+                    };
                     v.push((format!("{}-{}-{w}{suffix}", p.name(), s.cache.replacement), s));
                 }
             }
@@ -213,13 +220,23 @@ pub fn comparison_table(results: &[(String, SimResult)]) -> String {
 
 /// Writes `comparison.csv` of several runs.
 pub fn write_comparison(results: &[(String, SimResult)], out: &Path) -> anyhow::Result<()> {
-    let mut s = String::from("run,vm,requests,hit_ratio,read_hit_ratio,mean_us,p99_us,p999_us,ssd_write_bytes,backing_read_bytes\n");
+    let mut s = String::from(
+        "run,vm,requests,hit_ratio,read_hit_ratio,mean_us,p99_us,p999_us,ssd_write_bytes,backing_read_bytes\n",
+    );
     for (label, r) in results {
         for v in r.vms.iter().chain(std::iter::once(&r.total)) {
             let _ = writeln!(
                 s,
                 "{label},{},{},{:.6},{:.6},{},{},{},{},{}",
-                v.vm, v.requests, v.hit_ratio, v.read_hit_ratio, v.latency.mean_us, v.latency.p99_us, v.latency.p999_us, v.ssd_write_bytes, v.backing_read_bytes
+                v.vm,
+                v.requests,
+                v.hit_ratio,
+                v.read_hit_ratio,
+                v.latency.mean_us,
+                v.latency.p99_us,
+                v.latency.p999_us,
+                v.ssd_write_bytes,
+                v.backing_read_bytes
             );
         }
     }

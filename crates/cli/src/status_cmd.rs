@@ -18,12 +18,18 @@ pub struct StatusArgs {
 /// Runs the command.
 pub fn run(a: StatusArgs) -> anyhow::Result<()> {
     let url = format!("http://{}/vdisks", a.api);
-    let body: serde_json::Value = ureq::get(&url).call().with_context(|| format!("asking {url} (is `cachevisor serve` running with an [api] section?)"))?.into_json()?;
+    let body: serde_json::Value = ureq::get(&url)
+        .call()
+        .with_context(|| format!("asking {url} (is `cachevisor serve` running with an [api] section?)"))?
+        .into_json()?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&body)?);
         return Ok(());
     }
-    println!("{:<12} {:>10} {:>6} {:>10} {:>10} {:>8} {:>7} {:>10} {:>10} {:>7} {:>6}", "vdisk", "size", "policy", "cached", "target", "dirty", "hit%", "reads", "writes", "errors", "bypass");
+    println!(
+        "{:<12} {:>10} {:>6} {:>10} {:>10} {:>8} {:>7} {:>10} {:>10} {:>7} {:>6}",
+        "vdisk", "size", "policy", "cached", "target", "dirty", "hit%", "reads", "writes", "errors", "bypass"
+    );
     for v in body.as_array().context("unexpected answer")? {
         let n = |k: &str| v[k].as_u64().unwrap_or(0);
         let s = &v["stats"];

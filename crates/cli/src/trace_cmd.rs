@@ -160,7 +160,16 @@ fn info(args: &BlockTraceArgs, json: bool) -> anyhow::Result<()> {
 fn table(ps: &[VmProfile], block: u64) -> String {
     let mut s = format!(
         "{:<22} {:>9} {:>9} {:>8} {:>7} {:>6} {:>10} {:>11} {:>6} {:>6}\n",
-        "vm", "requests", "dur s", "avg IOPS", "peak", "read%", "avg size", format!("WSS@{}", format_size(block).replace(".00", "")), "seq%", "reuse%"
+        "vm",
+        "requests",
+        "dur s",
+        "avg IOPS",
+        "peak",
+        "read%",
+        "avg size",
+        format!("WSS@{}", format_size(block).replace(".00", "")),
+        "seq%",
+        "reuse%"
     );
     for p in ps {
         let bytes = p.read_bytes + p.write_bytes;

@@ -35,7 +35,11 @@ fn trace_info_profiles_each_vm_and_the_total() {
 fn malformed_input_exits_1_naming_file_line_and_field() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("broken.csv");
-    std::fs::write(&p, "128166372003061629,hm,0,Write,7014912,4096,26\n128166372003061629,hm,0,Write,7014912,4x96,26\n").unwrap();
+    std::fs::write(
+        &p,
+        "128166372003061629,hm,0,Write,7014912,4096,26\n128166372003061629,hm,0,Write,7014912,4x96,26\n",
+    )
+    .unwrap();
     let o = run(&["trace", "info", "--format", "msr", p.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1));
     let err = String::from_utf8_lossy(&o.stderr);
@@ -52,7 +56,8 @@ fn convert_and_generate_round_trip() {
     ok(&["trace", "convert", &shared("cloudPhysicsIO.vscsi"), "--to", "csv", "-o", csv.to_str().unwrap()]);
     let a = ok(&["trace", "info", "--json", &shared("cloudPhysicsIO.vscsi")]);
     let b = ok(&["trace", "info", "--json", csv.to_str().unwrap()]);
-    let (a, b): (serde_json::Value, serde_json::Value) = (serde_json::from_str(&a).unwrap(), serde_json::from_str(&b).unwrap());
+    let (a, b): (serde_json::Value, serde_json::Value) =
+        (serde_json::from_str(&a).unwrap(), serde_json::from_str(&b).unwrap());
     assert_eq!(a[0]["requests"], b[0]["requests"]);
     assert_eq!(a[0]["wss_blocks"], b[0]["wss_blocks"]);
     let fixture = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../trace/tests/fixtures/nutanix-example.yaml");
@@ -83,8 +88,12 @@ fn simulate_compares_policies_and_writes_results() {
         "--out",
         out.to_str().unwrap(),
     ]);
-    assert!(text.contains("== comparison") && text.contains("shared-clock-wb") && text.contains("static-lru-wb"), "{text}");
-    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("static-clock-wb/result.json")).unwrap()).unwrap();
+    assert!(
+        text.contains("== comparison") && text.contains("shared-clock-wb") && text.contains("static-lru-wb"),
+        "{text}"
+    );
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("static-clock-wb/result.json")).unwrap()).unwrap();
     assert_eq!(r["total"]["requests"], 20000);
     assert_eq!(r["scenario"]["cache"]["replacement"], "clock");
     assert!(out.join("comparison.csv").is_file() && out.join("static-lru-wb/windows.csv").is_file());
@@ -107,7 +116,10 @@ fn demo_runs_on_the_bundled_traces() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("demo");
     let text = ok(&["demo", "--cache-size", "32MiB", "--out", out.to_str().unwrap()]);
-    assert!(text.contains("== comparison") && text.contains("static-s3fifo") && text.contains("shared-clock (unmanaged)"), "{text}");
+    assert!(
+        text.contains("== comparison") && text.contains("static-s3fifo") && text.contains("shared-clock (unmanaged)"),
+        "{text}"
+    );
     assert!(out.join("comparison.csv").is_file());
 }
 
@@ -115,14 +127,36 @@ fn demo_runs_on_the_bundled_traces() {
 fn analyze_mrc_writes_curves_summary_and_plot() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("an");
-    let text = ok(&["analyze", "mrc", &shared("cloudPhysicsIO.vscsi"), &shared("tpcc-small.mqsim.txt"), "--out", out.to_str().unwrap()]);
+    let text = ok(&[
+        "analyze",
+        "mrc",
+        &shared("cloudPhysicsIO.vscsi"),
+        &shared("tpcc-small.mqsim.txt"),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
     assert!(text.contains("cloudPhysicsIO") && text.contains("URD p95"), "{text}");
-    let s: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
     assert_eq!(s["vms"][0]["wss_bytes"], 269_210u64 * 4096);
     let csv = std::fs::read_to_string(out.join("mrc.csv")).unwrap();
-    assert!(csv.starts_with("size_bytes,size_blocks,cloudPhysicsIO,tpcc-small\n0,0,1.000000,1.000000\n"), "{}", &csv[..80]);
+    assert!(
+        csv.starts_with("size_bytes,size_blocks,cloudPhysicsIO,tpcc-small\n0,0,1.000000,1.000000\n"),
+        "{}",
+        &csv[..80]
+    );
     assert!(std::fs::read_to_string(out.join("mrc.svg")).unwrap().contains("miss ratio"));
-    let sh = ok(&["analyze", "mrc", &shared("cloudPhysicsIO.vscsi"), "--method", "shards", "--rate", "0.1", "--out", out.to_str().unwrap()]);
+    let sh = ok(&[
+        "analyze",
+        "mrc",
+        &shared("cloudPhysicsIO.vscsi"),
+        "--method",
+        "shards",
+        "--rate",
+        "0.1",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
     assert!(sh.contains("cloudPhysicsIO"));
 }
 
@@ -156,7 +190,17 @@ fn shared_static() -> String {
 fn analyze_windows_writes_series_and_plots() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("w");
-    let text = ok(&["analyze", "windows", &shared("cloudPhysicsIO.vscsi"), "--interval", "10min", "--sizes", "16MiB,1GiB", "--out", out.to_str().unwrap()]);
+    let text = ok(&[
+        "analyze",
+        "windows",
+        &shared("cloudPhysicsIO.vscsi"),
+        "--interval",
+        "10min",
+        "--sizes",
+        "16MiB,1GiB",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
     assert!(text.starts_with("13 intervals × 1 VMs"), "{text}");
     let csv = std::fs::read_to_string(out.join("windows.csv")).unwrap();
     assert!(csv.starts_with("interval,t_end_s,vm,requests,iops,wss_bytes,hit_ratio_16MiB,hit_ratio_1GiB,urd_bytes,alloc_unit_blocks\n0,600,cloudPhysicsIO,"), "{csv}");
@@ -165,9 +209,21 @@ fn analyze_windows_writes_series_and_plots() {
     for f in ["iops.svg", "wss.svg", "hit_ratio.svg", "alloc_unit.svg"] {
         assert!(out.join(f).is_file(), "{f}");
     }
-    let by_count = ok(&["analyze", "windows", &shared("tpcc-small.mqsim.txt"), "--interval", "1000", "--decay", "0.5", "--out", out.to_str().unwrap()]);
+    let by_count = ok(&[
+        "analyze",
+        "windows",
+        &shared("tpcc-small.mqsim.txt"),
+        "--interval",
+        "1000",
+        "--decay",
+        "0.5",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
     assert!(by_count.starts_with("7 intervals"), "{by_count}");
-    for (args, want) in [(vec!["--interval", "0"], "--interval"), (vec!["--decay", "2"], "--decay"), (vec!["--sizes", "1b"], "--sizes")] {
+    for (args, want) in
+        [(vec!["--interval", "0"], "--interval"), (vec!["--decay", "2"], "--decay"), (vec!["--sizes", "1b"], "--sizes")]
+    {
         let t = shared("tpcc-small.mqsim.txt");
         let mut a = vec!["analyze", "windows", t.as_str()];
         a.extend(args);

@@ -7,7 +7,8 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 
 fn cachevisor(args: &[&str]) -> (bool, String) {
-    let o = Command::new(env!("CARGO_BIN_EXE_cachevisor")).args(args).env_remove("CACHEVISOR_API_TOKEN").output().unwrap();
+    let o =
+        Command::new(env!("CARGO_BIN_EXE_cachevisor")).args(args).env_remove("CACHEVISOR_API_TOKEN").output().unwrap();
     (o.status.success(), format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
 }
 
@@ -20,7 +21,14 @@ fn status_and_destage_talk_to_a_running_daemon() {
         "[cache]\npath = \"cache.img\"\nsize = \"4MiB\"\nflush_rate = \"0\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"wb\"\nbacking = \"wb.img\"\nsize = \"8MiB\"\nwrite_policy = \"wb\"\n",
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cachevisor")).args(["serve", "--config"]).arg(d.join("serve.toml")).env("RUST_LOG", "warn").stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cachevisor"))
+        .args(["serve", "--config"])
+        .arg(d.join("serve.toml"))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
     let pid = child.id();
     let guard = scopeguard(pid);
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();

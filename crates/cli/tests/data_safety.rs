@@ -34,7 +34,8 @@ fn a_second_daemon_on_a_running_cache_is_refused_and_changes_nothing() {
     qemu_io_ok(&a.uri("vm1"), &["write -P 0x11 0 4M", "flush"]);
     let meta = d.join("cache.img.meta");
     let token = std::fs::read_to_string(meta.join("api-token")).unwrap();
-    let snapshot = |p: &Path| (std::fs::read(p).unwrap(), std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap()));
+    let snapshot =
+        |p: &Path| (std::fs::read(p).unwrap(), std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap()));
     let (journal, checkpoint) = (snapshot(&meta.join("journal")), snapshot(&meta.join("checkpoint")));
     // The same config again: refused at once, naming the running owner.
     let e = Daemon::start(d, "a.toml", &[]).err().expect("a second daemon on the same cache must not start");
@@ -46,7 +47,14 @@ fn a_second_daemon_on_a_running_cache_is_refused_and_changes_nothing() {
     let e = Daemon::start(d, "b.toml", &[]).err().expect("two daemons on one cache file");
     assert!(e.output.contains("cache.img is in use"), "{}", e.output);
     assert!(!d.join("b.meta").exists() && !d.join("b.img").exists());
-    std::fs::write(d.join("c.toml"), std::fs::read_to_string(d.join("a.toml")).unwrap().replace("path = \"cache.img\"", "path = \"c.img\"\nmetadata = \"cache.img.meta\"").replace("vm1.img", "c-vm1.img")).unwrap();
+    std::fs::write(
+        d.join("c.toml"),
+        std::fs::read_to_string(d.join("a.toml"))
+            .unwrap()
+            .replace("path = \"cache.img\"", "path = \"c.img\"\nmetadata = \"cache.img.meta\"")
+            .replace("vm1.img", "c-vm1.img"),
+    )
+    .unwrap();
     let e = Daemon::start(d, "c.toml", &[]).err().expect("two daemons on one metadata directory");
     assert!(e.output.contains("cache.img.meta is in use"), "{}", e.output);
     // The running daemon's files are untouched: same journal (not replaced), checkpoint, token.
@@ -61,7 +69,13 @@ fn a_second_daemon_on_a_running_cache_is_refused_and_changes_nothing() {
     let a = Daemon::start(d, "a.toml", &[]).unwrap();
     assert!(a.banner.iter().any(|l| l.starts_with("# warm start: 6144 blocks cached (6144 dirty)")), "{:?}", a.banner);
     qemu_io_ok(&a.uri("vm1"), &["read -P 0x11 0 4M", "read -P 0x22 4M 20M"]);
-    let (ok, out) = cachevisor(&["destage", "--api", a.api.as_deref().unwrap(), "--token-file", meta.join("api-token").to_str().unwrap()]);
+    let (ok, out) = cachevisor(&[
+        "destage",
+        "--api",
+        a.api.as_deref().unwrap(),
+        "--token-file",
+        meta.join("api-token").to_str().unwrap(),
+    ]);
     assert!(ok && out.contains("destaged 6144 blocks"), "{out}");
     assert!(file_is(&d.join("vm1.img"), 0x11, 4 * MIB));
 }
@@ -77,9 +91,16 @@ fn dirty_blocks_never_go_to_another_backing_image() {
     qemu_io_ok(&a.uri("vm1"), &["write -P 0x33 0 1M", "flush"]);
     assert!(a.term(Duration::from_secs(20)).is_some_and(|s| s.success()), "{}", a.log());
     // Only `backing` changed: refused, saying what to do; neither image is touched.
-    let e = Daemon::start(d, "other.toml", &[]).err().expect("dirty blocks of vm1.img must not be served for other.img");
+    let e =
+        Daemon::start(d, "other.toml", &[]).err().expect("dirty blocks of vm1.img must not be served for other.img");
     assert!(e.status.is_some_and(|s| !s.success()), "{e:?}");
-    assert!(e.output.contains("256 dirty cached blocks") && e.output.contains("--discard-dirty vm1") && e.output.contains("Point `backing` back"), "{}", e.output);
+    assert!(
+        e.output.contains("256 dirty cached blocks")
+            && e.output.contains("--discard-dirty vm1")
+            && e.output.contains("Point `backing` back"),
+        "{}",
+        e.output
+    );
     assert!(file_is(&d.join("other.img"), 0x44, 16 * MIB) && file_is(&d.join("vm1.img"), 0, 16 * MIB));
     // The image deleted (the config would create it): refused, and not created.
     std::fs::rename(d.join("vm1.img"), d.join("vm1.img.away")).unwrap();
@@ -91,7 +112,13 @@ fn dirty_blocks_never_go_to_another_backing_image() {
     let mut a = Daemon::start(d, "vm1.toml", &[]).unwrap();
     assert!(a.banner.iter().any(|l| l.contains("256 blocks cached (256 dirty)")), "{:?}", a.banner);
     qemu_io_ok(&a.uri("vm1"), &["read -P 0x33 0 1M"]);
-    let (ok, out) = cachevisor(&["destage", "--api", a.api.as_deref().unwrap(), "--token-file", d.join("cache.img.meta/api-token").to_str().unwrap()]);
+    let (ok, out) = cachevisor(&[
+        "destage",
+        "--api",
+        a.api.as_deref().unwrap(),
+        "--token-file",
+        d.join("cache.img.meta/api-token").to_str().unwrap(),
+    ]);
     assert!(ok, "{out}");
     assert!(file_is(&d.join("vm1.img"), 0x33, MIB));
     assert!(a.term(Duration::from_secs(20)).is_some_and(|s| s.success()));
@@ -116,11 +143,17 @@ fn two_vdisks_on_one_backing_are_refused() {
     let d = dir.path();
     std::fs::write(d.join("a.img"), vec![0u8; 4 * MIB as usize]).unwrap();
     std::fs::hard_link(d.join("a.img"), d.join("link.img")).unwrap();
-    let two = |second: &str| format!("[cache]\npath = \"cache.img\"\nsize = \"8MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"vm1\"\nbacking = \"a.img\"\n[[vdisk]]\nname = \"vm2\"\nbacking = \"{second}\"\n");
+    let two = |second: &str| {
+        format!("[cache]\npath = \"cache.img\"\nsize = \"8MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"vm1\"\nbacking = \"a.img\"\n[[vdisk]]\nname = \"vm2\"\nbacking = \"{second}\"\n")
+    };
     for second in ["a.img", "./a.img", "link.img"] {
         std::fs::write(d.join("two.toml"), two(second)).unwrap();
         let e = Daemon::start(d, "two.toml", &[]).err().unwrap_or_else(|| panic!("vm2 on {second} must be refused"));
-        assert!(e.output.contains("vdisk[1] (vm2).backing") && e.output.contains("also the backing of vdisk[0] (vm1)"), "{second}: {}", e.output);
+        assert!(
+            e.output.contains("vdisk[1] (vm2).backing") && e.output.contains("also the backing of vdisk[0] (vm1)"),
+            "{second}: {}",
+            e.output
+        );
     }
     // Added through the API onto a served vDisk's image: 409, nothing added.
     wb_config(d, "one.toml", "8MiB", "a.img", None, "");
@@ -130,11 +163,17 @@ fn two_vdisks_on_one_backing_are_refused() {
         .set("Authorization", &format!("Bearer {token}"))
         .send_json(serde_json::json!({"name": "vm2", "backing": d.join("link.img")}));
     match r {
-        Err(ureq::Error::Status(409, resp)) => assert!(resp.into_string().unwrap().contains("already the backing of vDisk `vm1`")),
+        Err(ureq::Error::Status(409, resp)) => {
+            assert!(resp.into_string().unwrap().contains("already the backing of vDisk `vm1`"))
+        }
         other => panic!("{other:?}"),
     }
     // Another daemon (its own cache) on the same image: refused while the first runs.
-    std::fs::write(d.join("second.toml"), std::fs::read_to_string(d.join("one.toml")).unwrap().replace("cache.img", "second.img")).unwrap();
+    std::fs::write(
+        d.join("second.toml"),
+        std::fs::read_to_string(d.join("one.toml")).unwrap().replace("cache.img", "second.img"),
+    )
+    .unwrap();
     let e = Daemon::start(d, "second.toml", &[]).err().expect("two caches in front of one image");
     assert!(e.output.contains("a.img is in use by another cachevisor"), "{}", e.output);
 }
@@ -144,7 +183,9 @@ fn typos_in_paths_and_sizes_are_errors_not_actions() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     // Paths under a directory that does not exist: named, and not created.
-    let cfg = |cache: &str, backing: &str, size: &str, extra: &str| format!("[cache]\npath = \"{cache}\"\nsize = \"8MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"vm1\"\nbacking = \"{backing}\"\nsize = \"{size}\"\n{extra}");
+    let cfg = |cache: &str, backing: &str, size: &str, extra: &str| {
+        format!("[cache]\npath = \"{cache}\"\nsize = \"8MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"vm1\"\nbacking = \"{backing}\"\nsize = \"{size}\"\n{extra}")
+    };
     std::fs::write(d.join("t.toml"), cfg("typo/cache.img", "vm1.img", "16MiB", "")).unwrap();
     let e = Daemon::start(d, "t.toml", &[]).err().unwrap();
     assert!(e.output.contains("typo") && e.output.contains("does not exist"), "{}", e.output);
@@ -169,11 +210,24 @@ fn typos_in_paths_and_sizes_are_errors_not_actions() {
     drop(a);
     // The cache store is preallocated: a file system without room for it fails the start.
     let mut fs = SmallFs::new(&d.join("small"), "8m");
-    std::fs::write(d.join("small/big.toml"), cfg("fs/cache.img", "fs/vm1.img", "64MiB", "").replace("size = \"8MiB\"", "size = \"16MiB\"")).unwrap();
+    std::fs::write(
+        d.join("small/big.toml"),
+        cfg("fs/cache.img", "fs/vm1.img", "64MiB", "").replace("size = \"8MiB\"", "size = \"16MiB\""),
+    )
+    .unwrap();
     let e = fs.serve("big.toml", &[]).err().expect("a 16 MiB cache on an 8 MiB file system");
-    assert!(e.output.contains("fs/cache.img") && e.output.contains("cannot reserve") && e.output.contains("No space left"), "{}", e.output);
+    assert!(
+        e.output.contains("fs/cache.img") && e.output.contains("cannot reserve") && e.output.contains("No space left"),
+        "{}",
+        e.output
+    );
     // A sparse backing on a full file system: the client gets ENOSPC, not EIO.
-    std::fs::write(d.join("small/wt.toml"), cfg("fs/cache.img", "fs/vm1.img", "64MiB", "write_policy = \"wt\"\n").replace("size = \"8MiB\"", "size = \"1MiB\"")).unwrap();
+    std::fs::write(
+        d.join("small/wt.toml"),
+        cfg("fs/cache.img", "fs/vm1.img", "64MiB", "write_policy = \"wt\"\n")
+            .replace("size = \"8MiB\"", "size = \"1MiB\""),
+    )
+    .unwrap();
     let a = fs.serve("wt.toml", &[]).unwrap();
     let (ok, out) = qemu_io(&a.uri("vm1"), &["write -P 1 0 16M"]);
     assert!(!ok && out.contains("No space left on device"), "{out}");
@@ -183,7 +237,11 @@ fn typos_in_paths_and_sizes_are_errors_not_actions() {
 fn vdisk_state(api: &str) -> (u64, u64, bool) {
     let v: serde_json::Value = ureq::get(&format!("http://{api}/vdisks")).call().unwrap().into_json().unwrap();
     let r = &v[0];
-    (r["used_blocks"].as_u64().unwrap(), r["dirty_blocks"].as_u64().unwrap(), r["stats"]["passthrough"].as_bool().unwrap())
+    (
+        r["used_blocks"].as_u64().unwrap(),
+        r["dirty_blocks"].as_u64().unwrap(),
+        r["stats"]["passthrough"].as_bool().unwrap(),
+    )
 }
 
 /// How the cache and the backing store share file systems in [`full_backing_store`].
@@ -268,7 +326,16 @@ fn full_backing_store(l: Layout) {
         for (c, p) in truth.iter().enumerate() {
             if let Some(p) = p {
                 let (ok, out) = qemu_io(uri, &[&format!("read -P {p} {c}M 1M")]);
-                assert!(ok, "{when}: chunk {c} should read {p:#x}:\n{out}\n{}", std::fs::read_dir(dir.path()).unwrap().filter_map(Result::ok).filter(|e| e.file_name().to_string_lossy().ends_with(".log")).map(|e| std::fs::read_to_string(e.path()).unwrap()).collect::<String>());
+                assert!(
+                    ok,
+                    "{when}: chunk {c} should read {p:#x}:\n{out}\n{}",
+                    std::fs::read_dir(dir.path())
+                        .unwrap()
+                        .filter_map(Result::ok)
+                        .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
+                        .map(|e| std::fs::read_to_string(e.path()).unwrap())
+                        .collect::<String>()
+                );
             }
         }
     };
@@ -319,7 +386,12 @@ fn full_backing_store(l: Layout) {
         }
     }
     if l.full_fails_every_write {
-        assert_eq!(after, 3, "in pass-through again, with writes waiting on the full backing store: {:?}", &truth[40..64]);
+        assert_eq!(
+            after,
+            3,
+            "in pass-through again, with writes waiting on the full backing store: {:?}",
+            &truth[40..64]
+        );
     }
     check(&a.uri("vm1"), &truth, "full again");
     // (Nothing waits long here: the stop takes well under a second; 20 s is far below the

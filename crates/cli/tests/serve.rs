@@ -127,11 +127,17 @@ fn sigkill_at_random_points_loses_no_flushed_write_and_restarts_warm() {
         for b in 0..BLOCKS {
             let got = c.read(b * BLOCK as u64, BLOCK as u32).unwrap().unwrap();
             let v = u64::from_le_bytes(got[..8].try_into().unwrap());
-            let ok_versions: Vec<u64> = durable.get(&b).copied().into_iter().chain(since.get(&b).into_iter().flatten().copied()).collect();
+            let ok_versions: Vec<u64> =
+                durable.get(&b).copied().into_iter().chain(since.get(&b).into_iter().flatten().copied()).collect();
             if !durable.contains_key(&b) && got.iter().all(|&x| x == 0) {
                 continue; // never durably written: zeros are right
             }
-            assert!(ok_versions.contains(&v) && got == content(v), "round {round}: block {b} reads version {v}, durable {:?}, written since {:?}", durable.get(&b), since.get(&b));
+            assert!(
+                ok_versions.contains(&v) && got == content(v),
+                "round {round}: block {b} reads version {v}, durable {:?}, written since {:?}",
+                durable.get(&b),
+                since.get(&b)
+            );
             durable.insert(b, v);
         }
         since.clear();

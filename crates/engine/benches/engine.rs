@@ -29,7 +29,11 @@ fn bench(c: &mut Criterion) {
     let mixed: Vec<Request> = reads
         .iter()
         .enumerate()
-        .map(|(i, r)| Request { op: if i % 3 == 0 { Op::Write } else { Op::Read }, len: if i % 5 == 0 { 16384 } else { 4096 }, ..*r })
+        .map(|(i, r)| Request {
+            op: if i % 3 == 0 { Op::Write } else { Op::Read },
+            len: if i % 5 == 0 { 16384 } else { 4096 },
+            ..*r
+        })
         .collect();
     let mut g = c.benchmark_group("engine");
     g.sample_size(10);

@@ -246,7 +246,8 @@ mod tests {
         let mut written = Vec::new();
         for k in e.dirty_batch(Some(1), &mut 0, 10) {
             assert_eq!(e.destage_block(1, crate::slot_table::key_block(k), &mut out), 1);
-            written.extend(out.ops.iter().filter(|o| o.kind == OpKind::BackingWrite).map(|o| (o.vm, o.disk_addr / 4096)));
+            written
+                .extend(out.ops.iter().filter(|o| o.kind == OpKind::BackingWrite).map(|o| (o.vm, o.disk_addr / 4096)));
         }
         assert_eq!(written, [(1, 2), (1, 4)]);
         assert_eq!((e.partition(0).dirty_blocks, e.partition(1).dirty_blocks, e.partition(1).used), (5, 0, 2));

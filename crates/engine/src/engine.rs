@@ -118,7 +118,12 @@ impl Engine {
     /// A VM's partition (a VM never seen has an empty one).
     pub fn partition(&self, vm: VmId) -> PartitionInfo {
         match self.vms.get(vm as usize) {
-            Some(p) => PartitionInfo { target: p.target, used: p.used, dirty_blocks: p.dirty_blocks, write_policy: p.write_policy },
+            Some(p) => PartitionInfo {
+                target: p.target,
+                used: p.used,
+                dirty_blocks: p.dirty_blocks,
+                write_policy: p.write_policy,
+            },
             None => PartitionInfo { target: 0, used: 0, dirty_blocks: 0, write_policy: self.cfg.write_policy },
         }
     }
@@ -201,7 +206,15 @@ impl Engine {
     fn add_vms(&mut self, vm: VmId) {
         while self.vms.len() <= vm as usize {
             let repl = (self.cfg.partition == PartitionMode::Static).then(|| self.cfg.replacement.build(0));
-            self.vms.push(Partition { seq: Default::default(), target: 0, used: 0, dirty_blocks: 0, write_policy: self.cfg.write_policy, repl, bypass: false });
+            self.vms.push(Partition {
+                seq: Default::default(),
+                target: 0,
+                used: 0,
+                dirty_blocks: 0,
+                write_policy: self.cfg.write_policy,
+                repl,
+                bypass: false,
+            });
         }
     }
 
@@ -285,7 +298,13 @@ impl Engine {
             Some(a) => {
                 let fill = if self.cfg.fill == FillMode::Block { (0, self.spb) } else { r };
                 self.fill(vm, b, a.slot, fill, a.phase, out);
-                out.blocks.push(BlockOutcome { block: b, hit: false, inserted: true, bypassed: false, evicted: a.evicted });
+                out.blocks.push(BlockOutcome {
+                    block: b,
+                    hit: false,
+                    inserted: true,
+                    bypassed: false,
+                    evicted: a.evicted,
+                });
             }
             None => {
                 out.ops.push(self.backing(OpKind::BackingRead, vm, b, r, 0, true));
@@ -370,7 +389,16 @@ impl Engine {
             self.invalidate(vm, s, r);
         }
         let disk_addr = (b << self.shift) + lo;
-        out.ops.push(DeviceOp { kind: OpKind::BackingWrite, vm, disk_addr, ssd_addr: 0, len: (hi - lo) as u32, phase, sync: true, staged: false });
+        out.ops.push(DeviceOp {
+            kind: OpKind::BackingWrite,
+            vm,
+            disk_addr,
+            ssd_addr: 0,
+            len: (hi - lo) as u32,
+            phase,
+            sync: true,
+            staged: false,
+        });
         out.blocks.push(BlockOutcome { block: b, hit: false, inserted: false, bypassed: true, evicted: None });
     }
 
@@ -424,7 +452,15 @@ impl Engine {
 
     /// Writes back the dirty sectors of `r` in slot `s` (SSD read in `phase`, backing
     /// write in `phase + 1`) and cleans them; returns the sectors written back.
-    pub(crate) fn writeback(&mut self, vm: VmId, s: u32, r: SectorRange, phase: u8, sync: bool, out: &mut Output) -> u32 {
+    pub(crate) fn writeback(
+        &mut self,
+        vm: VmId,
+        s: u32,
+        r: SectorRange,
+        phase: u8,
+        sync: bool,
+        out: &mut Output,
+    ) -> u32 {
         if !self.dirty.any(s, r) {
             return 0;
         }
@@ -434,7 +470,8 @@ impl Engine {
         let mut n = 0;
         for &run in &runs {
             out.ops.push(DeviceOp { staged: true, ..self.ssd(OpKind::SsdRead, vm, s, run, phase, sync) });
-            out.ops.push(DeviceOp { staged: true, ..self.backing(OpKind::BackingWrite, vm, block, run, phase + 1, sync) });
+            out.ops
+                .push(DeviceOp { staged: true, ..self.backing(OpKind::BackingWrite, vm, block, run, phase + 1, sync) });
             n += run.1 - run.0;
         }
         self.runs = runs;

@@ -61,7 +61,8 @@ mod tests {
 
     #[test]
     fn reclaims_unreferenced_blocks_of_any_vm_and_keeps_hot_ones() {
-        let mut e = Engine::new(EngineConfig { replacement: ReplacementKind::Clock, ..EngineConfig::with_slots(20) }).unwrap();
+        let mut e =
+            Engine::new(EngineConfig { replacement: ReplacementKind::Clock, ..EngineConfig::with_slots(20) }).unwrap();
         let mut out = Output::default();
         e.set_target(0, 20, &mut out);
         e.set_target(1, 20, &mut out);

@@ -14,7 +14,14 @@ impl Engine {
     /// (one bool per sector; dirty implies valid). Errors name what is inconsistent: the
     /// slot taken or out of range, the block already cached, no valid sector, a sector
     /// count that is not the block's.
-    pub fn restore_slot(&mut self, slot: u32, vm: VmId, block: u64, valid: &[bool], dirty: &[bool]) -> Result<(), String> {
+    pub fn restore_slot(
+        &mut self,
+        slot: u32,
+        vm: VmId,
+        block: u64,
+        valid: &[bool],
+        dirty: &[bool],
+    ) -> Result<(), String> {
         if slot as u64 >= self.slot_count() {
             return Err(format!("slot {slot} is beyond the pool ({} slots)", self.slot_count()));
         }
@@ -85,7 +92,14 @@ mod tests {
         e.access(0, &Request { time_ns: 0, vm: 0, op: Op::Read, offset: 77 * 4096, len: 4096 }, &mut out);
         assert!(out.all_hit());
         e.flush(None, &mut out);
-        assert_eq!(out.ops.iter().filter(|o| o.staged && o.kind == crate::OpKind::BackingWrite).map(|o| o.disk_addr).collect::<Vec<_>>(), [77 * 4096 + 2 * 512]);
+        assert_eq!(
+            out.ops
+                .iter()
+                .filter(|o| o.staged && o.kind == crate::OpKind::BackingWrite)
+                .map(|o| o.disk_addr)
+                .collect::<Vec<_>>(),
+            [77 * 4096 + 2 * 512]
+        );
     }
 }
 

@@ -166,7 +166,11 @@ impl SectorBits {
             return None;
         }
         if self.sectors >= 64 {
-            return (from..slots).find(|&s| self.words[s as usize * self.words_per_slot..(s as usize + 1) * self.words_per_slot].iter().any(|&w| w != 0));
+            return (from..slots).find(|&s| {
+                self.words[s as usize * self.words_per_slot..(s as usize + 1) * self.words_per_slot]
+                    .iter()
+                    .any(|&w| w != 0)
+            });
         }
         let start = from as u64 * self.sectors as u64;
         let mut w = (start / 64) as usize;

@@ -65,7 +65,11 @@ impl Model for ClockModel {
 }
 
 /// Front = most recent.
-struct TwoPoolModel { single: VecDeque<u64>, multi: VecDeque<u64>, cap: usize }
+struct TwoPoolModel {
+    single: VecDeque<u64>,
+    multi: VecDeque<u64>,
+    cap: usize,
+}
 impl Model for TwoPoolModel {
     fn access(&mut self, k: u64) -> bool {
         if let Some(i) = self.multi.iter().position(|&x| x == k) {
@@ -93,7 +97,12 @@ impl Model for TwoPoolModel {
 }
 
 /// Queues with the head at the front.
-struct S3Model { s: VecDeque<(u64, u8)>, m: VecDeque<(u64, u8)>, g: VecDeque<u64>, cap: usize }
+struct S3Model {
+    s: VecDeque<(u64, u8)>,
+    m: VecDeque<(u64, u8)>,
+    g: VecDeque<u64>,
+    cap: usize,
+}
 impl Model for S3Model {
     fn access(&mut self, k: u64) -> bool {
         for e in self.s.iter_mut().chain(self.m.iter_mut()) {
@@ -144,7 +153,9 @@ fn model(kind: ReplacementKind, cap: usize) -> Box<dyn Model> {
         ReplacementKind::Fifo => Box::new(FifoModel(VecDeque::new(), cap)),
         ReplacementKind::Clock => Box::new(ClockModel(VecDeque::new(), cap)),
         ReplacementKind::TwoPool => Box::new(TwoPoolModel { single: VecDeque::new(), multi: VecDeque::new(), cap }),
-        ReplacementKind::S3fifo => Box::new(S3Model { s: VecDeque::new(), m: VecDeque::new(), g: VecDeque::new(), cap }),
+        ReplacementKind::S3fifo => {
+            Box::new(S3Model { s: VecDeque::new(), m: VecDeque::new(), g: VecDeque::new(), cap })
+        }
     }
 }
 

@@ -49,7 +49,11 @@ struct World {
 impl World {
     /// Executes `ops` in order. `client` is the version a write request carries for its
     /// own sectors. Returns what read ops delivered per (vm, disk sector).
-    fn execute(&mut self, ops: &[DeviceOp], client: Option<(u32, u64, u64, u64)>) -> Result<HashMap<(u32, u64), u64>, String> {
+    fn execute(
+        &mut self,
+        ops: &[DeviceOp],
+        client: Option<(u32, u64, u64, u64)>,
+    ) -> Result<HashMap<(u32, u64), u64>, String> {
         let mut read: HashMap<(u32, u64), u64> = HashMap::new();
         let mut staged: HashMap<(u32, u64), u64> = HashMap::new();
         for op in ops {
@@ -59,7 +63,8 @@ impl World {
                 let key = (op.vm, d0 + i);
                 match op.kind {
                     OpKind::SsdRead => {
-                        let (vm, ds, v) = *self.ssd.get(&(s0 + i)).ok_or(format!("{op:?} reads a never-written SSD sector"))?;
+                        let (vm, ds, v) =
+                            *self.ssd.get(&(s0 + i)).ok_or(format!("{op:?} reads a never-written SSD sector"))?;
                         if (vm, ds) != key {
                             return Err(format!("{op:?}: SSD sector holds vm {vm} sector {ds}, not {key:?}"));
                         }
@@ -125,7 +130,13 @@ fn run(steps: &[Step], partition: PartitionMode, fill: FillMode, kind: Replaceme
         changed.clear();
         match *st {
             Step::Io { vm, write, sector, count } => {
-                let req = Request { time_ns: i as u64, vm, op: if write { Op::Write } else { Op::Read }, offset: sector * 512, len: (count * 512) as u32 };
+                let req = Request {
+                    time_ns: i as u64,
+                    vm,
+                    op: if write { Op::Write } else { Op::Read },
+                    offset: sector * 512,
+                    len: (count * 512) as u32,
+                };
                 e.access(i as u64, &req, &mut out);
                 let blocks = (sector * 512 / BLOCK..=((sector + count) * 512 - 1) / BLOCK).count();
                 if out.blocks.len() != blocks {

@@ -26,6 +26,10 @@ impl Allocator for Centaur {
     }
 
     fn allocate(&mut self, pool: &Pool, vms: &[VmDemand]) -> Decision {
-        Decision { targets: size_by_reuse(pool, vms, |v| &v.hit_curve), write_policies: vec![Some(WritePolicy::Wb); vms.len()], uncapped: false }
+        Decision {
+            targets: size_by_reuse(pool, vms, |v| &v.hit_curve),
+            write_policies: vec![Some(WritePolicy::Wb); vms.len()],
+            uncapped: false,
+        }
     }
 }

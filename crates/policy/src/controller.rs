@@ -82,7 +82,9 @@ impl Controller {
         let unit = (slots / CURVE_UNITS).max(1);
         let wants = needs.hit_curves || needs.read_curves || needs.reuse_mix;
         let online = (online && wants).then(|| {
-            let p = IntervalProfiler::new(block_size, Interval::Requests(u64::MAX), Decay::Factor(0.5), Vec::new(), 0.95).with_resolution(unit, (slots / unit) as usize);
+            let p =
+                IntervalProfiler::new(block_size, Interval::Requests(u64::MAX), Decay::Factor(0.5), Vec::new(), 0.95)
+                    .with_resolution(unit, (slots / unit) as usize);
             if needs.reuse_mix {
                 p.with_reuse_mix()
             } else {
@@ -175,7 +177,13 @@ impl Controller {
     /// Each VM's demand: settings, partition, and what the allocator needs — from
     /// `estimates` when given, else the online estimates. `window` = the last window's
     /// counters and its length in seconds; `recs` = raw rECS samples.
-    pub fn demands(&self, e: &Engine, window: Option<(&[WindowCounts], f64)>, recs: &[Option<f64>], estimates: Option<&[Estimates]>) -> Vec<VmDemand> {
+    pub fn demands(
+        &self,
+        e: &Engine,
+        window: Option<(&[WindowCounts], f64)>,
+        recs: &[Option<f64>],
+        estimates: Option<&[Estimates]>,
+    ) -> Vec<VmDemand> {
         let units = self.units();
         (0..self.settings.len())
             .map(|vm| {
@@ -220,7 +228,13 @@ impl Controller {
     }
 
     /// Asks the allocator (see [`Self::demands`]).
-    pub fn decide(&mut self, e: &Engine, window: Option<(&[WindowCounts], f64)>, recs: &[Option<f64>], estimates: Option<&[Estimates]>) -> Decision {
+    pub fn decide(
+        &mut self,
+        e: &Engine,
+        window: Option<(&[WindowCounts], f64)>,
+        recs: &[Option<f64>],
+        estimates: Option<&[Estimates]>,
+    ) -> Decision {
         let demands = self.demands(e, window, recs, estimates);
         let pool = Pool { capacity: self.slots, unit: self.unit, free_blocks: e.free_slots() };
         let mut d = self.allocator.allocate(&pool, &demands);
@@ -270,7 +284,11 @@ mod tests {
     #[test]
     fn a_retired_vm_gets_no_cache_and_the_others_share_it() {
         for name in crate::registry::NAMES {
-            let e = Engine::new(EngineConfig { replacement: cachevisor_engine::ReplacementKind::Clock, ..EngineConfig::with_slots(1024) }).unwrap();
+            let e = Engine::new(EngineConfig {
+                replacement: cachevisor_engine::ReplacementKind::Clock,
+                ..EngineConfig::with_slots(1024)
+            })
+            .unwrap();
             let mut c = Controller::new(crate::registry::build(name).unwrap(), 1024, 4096, true);
             for _ in 0..3 {
                 c.add_vm(VmSettings::default());

@@ -57,7 +57,8 @@ pub fn solve(units: usize, curves: &[&[f64]], min_units: &[usize]) -> Vec<usize>
     let n = curves.len();
     let mut out: Vec<usize> = min_units.to_vec();
     let mut left = units.saturating_sub(out.iter().sum());
-    let hulls: Vec<Vec<usize>> = curves.iter().zip(min_units).map(|(c, &m)| if m < c.len() { upper_hull(c, m) } else { Vec::new() }).collect();
+    let hulls: Vec<Vec<usize>> =
+        curves.iter().zip(min_units).map(|(c, &m)| if m < c.len() { upper_hull(c, m) } else { Vec::new() }).collect();
     let mut next = vec![1usize; n]; // index into the hull of the segment's end point
     let mut heap = BinaryHeap::new();
     let slope = |i: usize, j: usize| {

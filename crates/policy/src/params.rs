@@ -34,7 +34,9 @@ impl<'a> ParamReader<'a> {
     pub fn finish(self) -> Result<(), String> {
         match self.params.keys().find(|k| !self.known.contains(&k.as_str())) {
             None => Ok(()),
-            Some(k) if self.known.is_empty() => Err(format!("{}: parameter `{k}` is unknown (this policy takes none)", self.policy)),
+            Some(k) if self.known.is_empty() => {
+                Err(format!("{}: parameter `{k}` is unknown (this policy takes none)", self.policy))
+            }
             Some(k) => Err(format!("{}: parameter `{k}` is unknown (it takes {})", self.policy, self.known.join(", "))),
         }
     }

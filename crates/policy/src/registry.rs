@@ -14,7 +14,17 @@ use crate::symflex_proportional::SymflexProportional;
 use crate::symflex_weighted::SymflexWeighted;
 
 /// Names of every allocator.
-pub const NAMES: [&str; 9] = ["static", "optimal", "symflex-weighted", "symflex-proportional", "s-cave", "eci-cache", "centaur", "scave-recs", "scave-hitratio"];
+pub const NAMES: [&str; 9] = [
+    "static",
+    "optimal",
+    "symflex-weighted",
+    "symflex-proportional",
+    "s-cave",
+    "eci-cache",
+    "centaur",
+    "scave-recs",
+    "scave-hitratio",
+];
 
 /// Builds an allocator by name with its seed's default parameters; the error lists the
 /// names.

@@ -30,11 +30,13 @@ pub fn size_by_reuse(pool: &Pool, vms: &[VmDemand], curve: impl Fn(&VmDemand) ->
     if min_units.iter().sum::<usize>() > units || vms.iter().all(|v| curve(v).is_empty()) {
         return weighted_split(pool.capacity, vms);
     }
-    let demand: Vec<usize> = vms.iter().zip(&min_units).map(|(v, &m)| saturation_units(curve(v)).min(units).max(m)).collect();
+    let demand: Vec<usize> =
+        vms.iter().zip(&min_units).map(|(v, &m)| saturation_units(curve(v)).min(units).max(m)).collect();
     let chosen = if demand.iter().sum::<usize>() <= units {
         demand
     } else {
-        let ratios: Vec<Vec<f64>> = vms.iter().map(|v| curve(v).iter().map(|h| h / v.accesses.max(1.0)).collect()).collect();
+        let ratios: Vec<Vec<f64>> =
+            vms.iter().map(|v| curve(v).iter().map(|h| h / v.accesses.max(1.0)).collect()).collect();
         let refs: Vec<&[f64]> = ratios.iter().map(|c| c.as_slice()).collect();
         let steps: usize = demand.iter().map(|&d| d * units).sum();
         if steps <= EXACT_BUDGET {

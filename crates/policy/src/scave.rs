@@ -56,7 +56,10 @@ impl ScaveParams {
             m: r.get("m", d.m as f64, 0.0, 1000.0)? as u32,
             free_threshold: r.get("free_threshold", d.free_threshold, 0.0, 1.0)?,
             cap: r.get("cap", d.cap, 0.0, 1.0)?,
-            cleaner: Watermarks { low: r.get("cleaner_low", d.cleaner.low, 0.0, 1.0)?, high: r.get("cleaner_high", d.cleaner.high, 0.0, 1.0)? },
+            cleaner: Watermarks {
+                low: r.get("cleaner_low", d.cleaner.low, 0.0, 1.0)?,
+                high: r.get("cleaner_high", d.cleaner.high, 0.0, 1.0)?,
+            },
         };
         r.finish()?;
         if out.cleaner.low > out.cleaner.high {
@@ -133,9 +136,16 @@ impl Allocator for Scave {
         let limit = (p.cap * pool.capacity as f64).floor() as i128;
         if vms.iter().map(|v| v.min_blocks as i128).sum::<i128>() > limit {
             // The minimums alone exceed the cap: they are scaled down to fit it.
-            return Decision { targets: crate::static_share::weighted_split(limit as u64, vms), write_policies, uncapped: false };
+            return Decision {
+                targets: crate::static_share::weighted_split(limit as u64, vms),
+                write_policies,
+                uncapped: false,
+            };
         }
-        let mut cache: Vec<i128> = vms.iter().map(|v| (if v.target_blocks >= pool.capacity { v.used_blocks } else { v.target_blocks }) as i128).collect();
+        let mut cache: Vec<i128> = vms
+            .iter()
+            .map(|v| (if v.target_blocks >= pool.capacity { v.used_blocks } else { v.target_blocks }) as i128)
+            .collect();
         let unit = |i: usize| vms[i].alloc_unit.max(1) as i128;
         let vmax = (0..n).fold(0, |b, i| if scores[i] > scores[b] { i } else { b });
         cache[vmax] += unit(vmax);
@@ -175,7 +185,14 @@ mod tests {
     use super::*;
 
     fn vm(target: u64, used: u64, recs: f64, unit: u64) -> VmDemand {
-        VmDemand { weight: 1.0, target_blocks: target, used_blocks: used, recs: Some(recs), alloc_unit: unit, ..Default::default() }
+        VmDemand {
+            weight: 1.0,
+            target_blocks: target,
+            used_blocks: used,
+            recs: Some(recs),
+            alloc_unit: unit,
+            ..Default::default()
+        }
     }
 
     fn full(capacity: u64) -> Pool {

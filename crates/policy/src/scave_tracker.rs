@@ -75,7 +75,11 @@ impl Allocator for ScaveTracker {
                 _ => 0.0,
             };
             let unit = v.alloc_unit.max(1);
-            let current = if v.target_blocks == 0 || v.target_blocks >= pool.capacity { start.max(v.min_blocks) } else { v.target_blocks };
+            let current = if v.target_blocks == 0 || v.target_blocks >= pool.capacity {
+                start.max(v.min_blocks)
+            } else {
+                v.target_blocks
+            };
             let t = if score > 0.0 {
                 self.dcounter[i] = 0;
                 current + unit
@@ -92,7 +96,8 @@ impl Allocator for ScaveTracker {
         }
         let sum: u64 = targets.iter().sum();
         if sum > pool.capacity {
-            let w: Vec<VmDemand> = vms.iter().zip(&targets).map(|(v, &t)| VmDemand { weight: t as f64, ..v.clone() }).collect();
+            let w: Vec<VmDemand> =
+                vms.iter().zip(&targets).map(|(v, &t)| VmDemand { weight: t as f64, ..v.clone() }).collect();
             targets = crate::static_share::weighted_split(pool.capacity, &w);
         }
         Decision::targets(targets)
@@ -104,7 +109,14 @@ mod tests {
     use super::*;
 
     fn vm(target: u64, recs: f64, hit: f64) -> VmDemand {
-        VmDemand { target_blocks: target, recs: Some(recs), hit_ratio: Some(hit), alloc_unit: 10, weight: 1.0, ..Default::default() }
+        VmDemand {
+            target_blocks: target,
+            recs: Some(recs),
+            hit_ratio: Some(hit),
+            alloc_unit: 10,
+            weight: 1.0,
+            ..Default::default()
+        }
     }
 
     #[test]

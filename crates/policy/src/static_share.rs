@@ -14,13 +14,23 @@ pub fn weighted_split(capacity: u64, vms: &[VmDemand]) -> Vec<u64> {
     let mins: u64 = vms.iter().map(|v| v.min_blocks).sum();
     if mins >= capacity {
         // Minimums do not fit: scale them down proportionally.
-        return vms.iter().map(|v| if mins == 0 { 0 } else { (v.min_blocks as u128 * capacity as u128 / mins as u128) as u64 }).collect();
+        return vms
+            .iter()
+            .map(|v| if mins == 0 { 0 } else { (v.min_blocks as u128 * capacity as u128 / mins as u128) as u64 })
+            .collect();
     }
     let rest = capacity - mins;
     let total_w: f64 = vms.iter().map(|v| v.weight.max(0.0)).sum();
     let mut t: Vec<u64> = vms
         .iter()
-        .map(|v| v.min_blocks + if total_w > 0.0 { (rest as f64 * v.weight.max(0.0) / total_w).floor() as u64 } else { rest / vms.len() as u64 })
+        .map(|v| {
+            v.min_blocks
+                + if total_w > 0.0 {
+                    (rest as f64 * v.weight.max(0.0) / total_w).floor() as u64
+                } else {
+                    rest / vms.len() as u64
+                }
+        })
         .collect();
     let mut left = capacity - t.iter().sum::<u64>().min(capacity);
     let n = t.len();

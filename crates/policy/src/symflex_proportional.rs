@@ -37,7 +37,11 @@ impl SymflexProportional {
     pub fn from_params(p: &crate::params::Params) -> Result<Self, String> {
         let d = SymflexProportional::default();
         let mut r = crate::params::ParamReader::new("symflex-proportional", p);
-        let out = SymflexProportional { gain: r.get("gain", d.gain, 0.01, 1.0)?, max_step: r.get("max_step", d.max_step, 1.0, 100.0)?, deadband: r.get("deadband", d.deadband, 0.0, 1.0)? };
+        let out = SymflexProportional {
+            gain: r.get("gain", d.gain, 0.01, 1.0)?,
+            max_step: r.get("max_step", d.max_step, 1.0, 100.0)?,
+            deadband: r.get("deadband", d.deadband, 0.0, 1.0)?,
+        };
         r.finish()?;
         Ok(out)
     }
@@ -62,7 +66,8 @@ impl Allocator for SymflexProportional {
         if total_x <= 0.0 || total_r <= 0.0 || vms.iter().all(|v| v.target_blocks == 0) {
             return Decision::targets(equal(vms));
         }
-        let errors: Vec<(f64, f64)> = vms.iter().map(|v| (v.throughput_ratio.max(0.0) / total_r, v.hit_throughput.max(0.0) / total_x)).collect();
+        let errors: Vec<(f64, f64)> =
+            vms.iter().map(|v| (v.throughput_ratio.max(0.0) / total_r, v.hit_throughput.max(0.0) / total_x)).collect();
         let settled = errors.iter().all(|(s, a)| (s - a).abs() < self.deadband);
         let raw: Vec<VmDemand> = vms
             .iter()
@@ -95,7 +100,13 @@ mod tests {
         let mut x = vec![0.0; ratios.len()];
         for _ in 0..windows {
             let vms: Vec<VmDemand> = (0..ratios.len())
-                .map(|i| VmDemand { target_blocks: t[i], hit_throughput: x[i], throughput_ratio: ratios[i], weight: 1.0, ..Default::default() })
+                .map(|i| VmDemand {
+                    target_blocks: t[i],
+                    hit_throughput: x[i],
+                    throughput_ratio: ratios[i],
+                    weight: 1.0,
+                    ..Default::default()
+                })
                 .collect();
             t = p.allocate(&pool, &vms).targets;
             assert_eq!(t.iter().sum::<u64>(), 10_000);

@@ -34,7 +34,8 @@ pub fn water_fill(capacity: u64, weights: &[f64], caps: &[Option<u64>]) -> Vec<u
             .filter(|&i| caps[i].is_some_and(|c| ((c - out[i]) as f64) <= left as f64 * weights[i].max(1e-12) / w))
             .collect();
         if capped.is_empty() {
-            let shares: Vec<VmDemand> = active.iter().map(|&i| VmDemand { weight: weights[i].max(1e-12), ..Default::default() }).collect();
+            let shares: Vec<VmDemand> =
+                active.iter().map(|&i| VmDemand { weight: weights[i].max(1e-12), ..Default::default() }).collect();
             for (&i, s) in active.iter().zip(weighted_split(left, &shares)) {
                 out[i] += s;
             }
@@ -66,7 +67,8 @@ impl Allocator for SymflexWeighted {
             return Decision::targets(weighted_split(capacity, vms));
         }
         let weights: Vec<f64> = vms.iter().map(|v| v.weight).collect();
-        let caps: Vec<Option<u64>> = vms.iter().map(|v| saturation_blocks(&v.hit_curve, unit).map(|c| c.saturating_sub(v.min_blocks))).collect();
+        let caps: Vec<Option<u64>> =
+            vms.iter().map(|v| saturation_blocks(&v.hit_curve, unit).map(|c| c.saturating_sub(v.min_blocks))).collect();
         let fair = water_fill(capacity - mins, &weights, &caps);
         let mut targets: Vec<u64> = vms.iter().zip(&fair).map(|(v, f)| v.min_blocks + f).collect();
         share_leftover(&mut targets, capacity, vms);

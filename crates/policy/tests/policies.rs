@@ -1,8 +1,8 @@
 //! Allocators on hand-built inputs, against exhaustive search, and under invariants.
 
+use cachevisor_engine::WritePolicy;
 use cachevisor_policy::registry::{build, NAMES};
 use cachevisor_policy::{hull_greedy, optimal::solve, Pool, ReuseMix, VmDemand};
-use cachevisor_engine::WritePolicy;
 use proptest::prelude::*;
 
 fn vm(weight: f64, min: u64, curve: Vec<f64>) -> VmDemand {
@@ -83,7 +83,12 @@ fn brute(units: usize, curves: &[Vec<f64>], mins: &[usize]) -> f64 {
 fn curve(len: usize) -> impl Strategy<Value = Vec<f64>> {
     prop::collection::vec(0u32..20, len).prop_map(|steps| {
         let mut acc = 0.0;
-        std::iter::once(0.0).chain(steps.into_iter().map(|s| { acc += s as f64; acc })).collect()
+        std::iter::once(0.0)
+            .chain(steps.into_iter().map(|s| {
+                acc += s as f64;
+                acc
+            }))
+            .collect()
     })
 }
 
@@ -168,8 +173,22 @@ fn eci_sizes_by_urd_when_it_fits_and_chooses_write_policies() {
     let r0: Vec<f64> = (0..=10).map(|k| (k.min(3) * 5) as f64).collect();
     let r1: Vec<f64> = (0..=10).map(|k| (k.min(1) * 9) as f64).collect();
     let vms = [
-        VmDemand { read_curve: r0, hit_curve: all.clone(), accesses: 100.0, reuse_mix: mix(80.0, 20.0), weight: 1.0, ..Default::default() },
-        VmDemand { read_curve: r1, hit_curve: all, accesses: 100.0, reuse_mix: mix(99.0, 1.0), weight: 1.0, ..Default::default() },
+        VmDemand {
+            read_curve: r0,
+            hit_curve: all.clone(),
+            accesses: 100.0,
+            reuse_mix: mix(80.0, 20.0),
+            weight: 1.0,
+            ..Default::default()
+        },
+        VmDemand {
+            read_curve: r1,
+            hit_curve: all,
+            accesses: 100.0,
+            reuse_mix: mix(99.0, 1.0),
+            weight: 1.0,
+            ..Default::default()
+        },
     ];
     let d = eci.allocate(&Pool::new(100, 10), &vms);
     assert_eq!(d.targets, [30, 10], "URD sizes, the rest left unallocated");
@@ -179,7 +198,10 @@ fn eci_sizes_by_urd_when_it_fits_and_chooses_write_policies() {
     assert_eq!(d.targets.iter().sum::<u64>(), 100);
     assert_eq!(d.write_policies, [Some(WritePolicy::Wb); 2]);
     // No useful reuse at all: read-only.
-    let d = eci.allocate(&Pool::new(100, 10), &[VmDemand { reuse_mix: ReuseMix { write_after_write: 50.0, ..Default::default() }, ..vms[0].clone() }]);
+    let d = eci.allocate(
+        &Pool::new(100, 10),
+        &[VmDemand { reuse_mix: ReuseMix { write_after_write: 50.0, ..Default::default() }, ..vms[0].clone() }],
+    );
     assert_eq!(d.write_policies, [Some(WritePolicy::Ro)]);
 }
 

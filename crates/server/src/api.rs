@@ -30,7 +30,11 @@ fn err(code: StatusCode, msg: impl Into<String>) -> Response {
 
 impl Api {
     fn authorize(&self, h: &HeaderMap) -> Result<(), Response> {
-        let ok = h.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).is_some_and(|t| t == self.token.as_str());
+        let ok = h
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .is_some_and(|t| t == self.token.as_str());
         if ok {
             Ok(())
         } else {
@@ -48,12 +52,18 @@ async fn list(State(a): State<Api>) -> Response {
 }
 
 async fn metrics(State(a): State<Api>) -> Response {
-    ([("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], Metrics::render(&a.daemon)).into_response()
+    ([("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], Metrics::render(&a.daemon))
+        .into_response()
 }
 
 /// The common path of every mutating call: the token, the vDisk (when named), the change
 /// on a blocking thread (it does file I/O), then the new listing.
-async fn mutate(a: Api, h: &HeaderMap, name: Option<&str>, f: impl FnOnce(&Daemon, Option<u32>) -> Result<(), String> + Send + 'static) -> Response {
+async fn mutate(
+    a: Api,
+    h: &HeaderMap,
+    name: Option<&str>,
+    f: impl FnOnce(&Daemon, Option<u32>) -> Result<(), String> + Send + 'static,
+) -> Response {
     if let Err(r) = a.authorize(h) {
         return r;
     }
@@ -96,7 +106,12 @@ struct PolicyBody {
     policy: String,
 }
 
-async fn write_policy(State(a): State<Api>, h: HeaderMap, Path(name): Path<String>, Json(body): Json<PolicyBody>) -> Response {
+async fn write_policy(
+    State(a): State<Api>,
+    h: HeaderMap,
+    Path(name): Path<String>,
+    Json(body): Json<PolicyBody>,
+) -> Response {
     let p = match body.policy.parse::<cachevisor_engine::WritePolicy>() {
         Ok(p) => p,
         Err(e) => return err(StatusCode::BAD_REQUEST, e),
@@ -140,7 +155,11 @@ fn change_err(e: crate::daemon::ChangeError) -> Response {
 }
 
 /// `POST /vdisks` with a `[[vdisk]]` table as JSON: 201 with the new listing.
-async fn add_vdisk(State(a): State<Api>, h: HeaderMap, body: Result<Json<crate::config::VdiskConfig>, axum::extract::rejection::JsonRejection>) -> Response {
+async fn add_vdisk(
+    State(a): State<Api>,
+    h: HeaderMap,
+    body: Result<Json<crate::config::VdiskConfig>, axum::extract::rejection::JsonRejection>,
+) -> Response {
     if let Err(r) = a.authorize(&h) {
         return r;
     }
@@ -198,7 +217,8 @@ async fn set_allocator(State(a): State<Api>, h: HeaderMap, Json(body): Json<Allo
 
 /// Starts the API on `addr` (port 0 = any); returns the bound address and the token.
 pub fn start(daemon: Arc<Daemon>, addr: SocketAddr, token: String) -> Result<SocketAddr, StartError> {
-    let l = std::net::TcpListener::bind(addr).map_err(|source| StartError::File { path: format!("api.listen {addr}"), source })?;
+    let l = std::net::TcpListener::bind(addr)
+        .map_err(|source| StartError::File { path: format!("api.listen {addr}"), source })?;
     let bound = l.local_addr().map_err(|source| StartError::File { path: format!("api.listen {addr}"), source })?;
     l.set_nonblocking(true).map_err(|source| StartError::File { path: format!("api.listen {addr}"), source })?;
     let app = Router::new()

@@ -114,7 +114,9 @@ pub fn open_backing_file(path: &Path, size: Option<u64>, grow: bool, at: &str) -
     let f = match OpenOptions::new().read(true).write(true).open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            let Some(size) = size else { return Err(format!("{at}: {} does not exist (give `size` to create it)", path.display())) };
+            let Some(size) = size else {
+                return Err(format!("{at}: {} does not exist (give `size` to create it)", path.display()));
+            };
             crate::owner_lock::parent_must_exist(path, &format!("{at}:"))?;
             let f = OpenOptions::new().read(true).write(true).create_new(true).open(path).map_err(named)?;
             f.set_len(size).map_err(named)?;
@@ -157,7 +159,10 @@ pub fn open_cache_store(path: &Path, size: u64, direct: crate::config::DirectIo)
     if is_device {
         let have = file_size(&buffered)?;
         if have < size {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("the block device has {have} bytes, the cache needs {size}")));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("the block device has {have} bytes, the cache needs {size}"),
+            ));
         }
     } else {
         if file_size(&buffered)? != size {
@@ -176,7 +181,11 @@ pub fn open_cache_store(path: &Path, size: u64, direct: crate::config::DirectIo)
     }
     let probe = || -> io::Result<File> {
         use std::os::unix::fs::OpenOptionsExt;
-        let f = OpenOptions::new().read(true).write(true).custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32).open(path)?;
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
+            .open(path)?;
         let mut b = crate::aligned_buf::AlignedBuf::default();
         f.read_exact_at(&mut b.slice(4096)[..512], 512)?;
         Ok(f)
@@ -195,9 +204,13 @@ impl Backing {
     /// Connects to the NBD backing `spec` (`nbd://HOST:PORT/EXPORT`).
     pub fn connect(spec: &Path) -> io::Result<Backing> {
         let s = spec.to_str().unwrap_or_default();
-        let rest = s.strip_prefix("nbd://").ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("`{s}` is not an nbd:// URI")))?;
+        let rest = s
+            .strip_prefix("nbd://")
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("`{s}` is not an nbd:// URI")))?;
         let (host, export) = rest.split_once('/').unwrap_or((rest, ""));
-        let addr = host.parse().map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("`{host}` is not IP:PORT ({e})")))?;
+        let addr = host
+            .parse()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("`{host}` is not IP:PORT ({e})")))?;
         Ok(Backing::Nbd(NbdPool::connect(addr, export)?))
     }
 

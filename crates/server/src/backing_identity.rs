@@ -76,7 +76,8 @@ impl Identity {
         if !self.same_store(recorded) {
             return Some(format!("it is now {}, the cache was bound to {}", self.describe(), recorded.describe()));
         }
-        (self.size() != recorded.size()).then(|| format!("its size changed from {} to {} bytes", recorded.size(), self.size()))
+        (self.size() != recorded.size())
+            .then(|| format!("its size changed from {} to {} bytes", recorded.size(), self.size()))
     }
 
     /// A short description for messages.
@@ -170,11 +171,17 @@ mod tests {
         std::fs::hard_link(&a, dir.path().join("link.img")).unwrap();
         assert!(Place::of(&dir.path().join("link.img")).unwrap().same(&Place::of(&a).unwrap()));
         assert!(!Place::of(&b).unwrap().same(&Place::of(&a).unwrap()));
-        assert!(Place::of(&dir.path().join("new.img")).unwrap().same(&Place::of(&dir.path().join(".").join("new.img")).unwrap()));
+        assert!(Place::of(&dir.path().join("new.img"))
+            .unwrap()
+            .same(&Place::of(&dir.path().join(".").join("new.img")).unwrap()));
         std::fs::write(&a, [0u8; 8192]).unwrap();
         assert!(Identity::of_path(&a).unwrap().unwrap().differs_from(&ia).unwrap().contains("size changed"));
         assert_eq!(Identity::of_path(&dir.path().join("none")).unwrap(), None);
-        for id in [ia, Identity::BlockDevice { rdev: 0x801, size: 1 << 30 }, Identity::Nbd { uri: "nbd://127.0.0.1:1/x".into(), size: 5 }] {
+        for id in [
+            ia,
+            Identity::BlockDevice { rdev: 0x801, size: 1 << 30 },
+            Identity::Nbd { uri: "nbd://127.0.0.1:1/x".into(), size: 5 },
+        ] {
             let mut buf = Vec::new();
             id.encode(&mut buf);
             assert_eq!(Identity::decode(&buf), Some(id));

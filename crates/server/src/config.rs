@@ -288,15 +288,19 @@ impl Config {
         let cache_bytes = parse_size(&self.cache.size).map_err(|e| format!("cache.size: {e}"))?;
         let block_size = parse_size(&self.cache.block_size).map_err(|e| format!("cache.block_size: {e}"))?;
         let slots = cache_bytes.checked_div(block_size).unwrap_or(0);
-        cachevisor_engine::EngineConfig { block_size, slots, ..cachevisor_engine::EngineConfig::with_slots(1) }.validate().map_err(|e| format!("cache: {e}"))?;
+        cachevisor_engine::EngineConfig { block_size, slots, ..cachevisor_engine::EngineConfig::with_slots(1) }
+            .validate()
+            .map_err(|e| format!("cache: {e}"))?;
         cachevisor_policy::registry::build(&self.cache.allocator).map_err(|e| format!("cache.allocator: {e}"))?;
-        cachevisor_policy::registry::build_with(&self.cache.allocator, &self.cache.params).map_err(|e| format!("cache.params: {e}"))?;
+        cachevisor_policy::registry::build_with(&self.cache.allocator, &self.cache.params)
+            .map_err(|e| format!("cache.params: {e}"))?;
         parse_size(&self.cache.flush_rate).map_err(|e| format!("cache.flush_rate: {e}"))?;
         let alloc = cachevisor_policy::registry::build(&self.cache.allocator).expect("checked above");
         if alloc.cleaner().is_some() && self.cache.replacement != ReplacementKind::Clock {
             return Err(format!("cache.replacement: `{}` uses S-CAVE's global cleaner, which reads CLOCK counters: set replacement = \"clock\"", self.cache.allocator));
         }
-        let interval = cachevisor_trace::units::parse_duration_ns(&self.cache.interval).map_err(|e| format!("cache.interval: {e}"))?;
+        let interval = cachevisor_trace::units::parse_duration_ns(&self.cache.interval)
+            .map_err(|e| format!("cache.interval: {e}"))?;
         if interval < 1_000_000 {
             return Err("cache.interval: at least 1ms".into());
         }
@@ -322,7 +326,13 @@ impl Config {
             }
             v.check(&at)?;
         }
-        Ok(Resolved { cache_bytes, block_size, slots, interval_ns: cachevisor_trace::units::parse_duration_ns(&self.cache.interval).expect("checked"), flush_rate: parse_size(&self.cache.flush_rate).expect("checked") })
+        Ok(Resolved {
+            cache_bytes,
+            block_size,
+            slots,
+            interval_ns: cachevisor_trace::units::parse_duration_ns(&self.cache.interval).expect("checked"),
+            flush_rate: parse_size(&self.cache.flush_rate).expect("checked"),
+        })
     }
 }
 
@@ -341,7 +351,8 @@ mod tests {
         assert!(Config::parse(&bad, "x", Path::new(".")).unwrap().resolve().unwrap_err().starts_with("listen.tcp"));
         let bad = DEFAULT.replace("name = \"vm2\"", "name = \"vm1\"");
         assert!(Config::parse(&bad, "x", Path::new(".")).unwrap().resolve().unwrap_err().contains("used twice"));
-        let e = Config::parse(&DEFAULT.replace("[listen]", "[listen]\nport = 1"), "cfg.toml", Path::new(".")).unwrap_err();
+        let e =
+            Config::parse(&DEFAULT.replace("[listen]", "[listen]\nport = 1"), "cfg.toml", Path::new(".")).unwrap_err();
         assert!(e.contains("cfg.toml") && e.contains("port"), "{e}");
         for (from, to, key) in [
             ("write_policy = \"wt\"", "write_policy = \"wt\"\ninterval = \"often\"", "cache.interval"),
@@ -357,7 +368,12 @@ mod tests {
             let e = Config::parse(&bad, "x", Path::new(".")).unwrap().resolve().unwrap_err();
             assert!(e.starts_with(key), "{key}: {e}");
         }
-        let e = Config::parse(&DEFAULT.replacen("write_policy = \"wt\"", "write_policy = \"wt\"\ndirect = \"fast\"", 1), "cfg.toml", Path::new(".")).unwrap_err();
+        let e = Config::parse(
+            &DEFAULT.replacen("write_policy = \"wt\"", "write_policy = \"wt\"\ndirect = \"fast\"", 1),
+            "cfg.toml",
+            Path::new("."),
+        )
+        .unwrap_err();
         assert!(e.contains("cfg.toml") && e.contains("direct") && e.contains("auto"), "{e}");
         let missing = "[cache]\npath = \"c\"\nsize = \"1MiB\"\n[listen]\ntcp = \"127.0.0.1:1\"\n[[vdisk]]\nname = \"a\"\nbacking = \"/nonexistent/a.img\"\n";
         assert!(Config::parse(missing, "x", Path::new(".")).unwrap().resolve().unwrap_err().contains("does not exist"));

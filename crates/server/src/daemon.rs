@@ -4,9 +4,9 @@
 //! state and the bytes on disk never disagree. Serializing on one lock is the simple,
 //! safe first shape; a sharded or queue-based data path is the speed work to come.
 
+use crate::backing::Backing;
 use crate::config::{Config, Resolved};
 use crate::executor::{execute, execute_with, Client, Devices, OpError};
-use crate::backing::Backing;
 use crate::journal::Record;
 use crate::persist::{bits_to_bools, Persistence, Pre};
 use cachevisor_engine::slot_table::pack_key;
@@ -123,14 +123,18 @@ impl Devices for Files {
         use std::os::unix::fs::FileExt;
         match &self.direct {
             None => self.ssd.read_exact_at(buf, addr),
-            Some(b) => crate::aligned_buf::read_at(&self.ssd, &mut b.lock().unwrap_or_else(|e| e.into_inner()), buf, addr),
+            Some(b) => {
+                crate::aligned_buf::read_at(&self.ssd, &mut b.lock().unwrap_or_else(|e| e.into_inner()), buf, addr)
+            }
         }
     }
     fn ssd_write(&self, data: &[u8], addr: u64) -> std::io::Result<()> {
         use std::os::unix::fs::FileExt;
         self.ssd_versions.around_write(0, addr, data.len() as u64, || match &self.direct {
             None => self.ssd.write_all_at(data, addr),
-            Some(b) => crate::aligned_buf::write_at(&self.ssd, &mut b.lock().unwrap_or_else(|e| e.into_inner()), data, addr),
+            Some(b) => {
+                crate::aligned_buf::write_at(&self.ssd, &mut b.lock().unwrap_or_else(|e| e.into_inner()), data, addr)
+            }
         })
     }
     fn backing_write(&self, vm: VmId, data: &[u8], addr: u64) -> std::io::Result<()> {
@@ -218,7 +222,14 @@ fn sectors_of(offset: u64, len: u64, bs: u64, b: u64) -> (u32, u32) {
 
 /// Sets up a new VM id for vDisk `v` in the engine (write policy, sequential cutoff) and
 /// the controller (weight, ratio, minimum). The partition is empty: no device work.
-fn enroll(engine: &mut Engine, ctl: &mut Controller, id: VmId, v: &crate::config::VdiskConfig, block_size: u64, out: &mut Output) -> Result<(), String> {
+fn enroll(
+    engine: &mut Engine,
+    ctl: &mut Controller,
+    id: VmId,
+    v: &crate::config::VdiskConfig,
+    block_size: u64,
+    out: &mut Output,
+) -> Result<(), String> {
     let min = v.min.as_deref().map(parse_size).transpose()?.unwrap_or(0);
     let cutoff = v.sequential_cutoff.as_deref().map(parse_size).transpose()?;
     engine.ensure_vm(id);
@@ -263,12 +274,19 @@ fn stopped_err(vm: VmId) -> OpError {
 /// (backing stores of `sync_vm`, or of every VM that took one, fsynced). When an op fails
 /// or a sync does, what did not complete or is not durable is put back (see `undo`): the
 /// blocks stay dirty. The metadata is recorded by the caller.
-fn run_background(engine: &mut Engine, files: &Files, out: &Output, staging: &mut Vec<(VmId, u64, Vec<u8>)>, sync_vm: Option<VmId>) -> Result<(), OpError> {
+fn run_background(
+    engine: &mut Engine,
+    files: &Files,
+    out: &Output,
+    staging: &mut Vec<(VmId, u64, Vec<u8>)>,
+    sync_vm: Option<VmId>,
+) -> Result<(), OpError> {
     if let Err(e) = execute(&out.ops, Client::None, files, staging) {
         undo::undo(engine, &out.ops, e.at, &Default::default(), None);
         return Err(e);
     }
-    let mut vms: Vec<VmId> = out.ops.iter().filter(|o| o.kind == OpKind::BackingWrite).map(|o| o.vm).chain(sync_vm).collect();
+    let mut vms: Vec<VmId> =
+        out.ops.iter().filter(|o| o.kind == OpKind::BackingWrite).map(|o| o.vm).chain(sync_vm).collect();
     vms.sort_unstable();
     vms.dedup();
     for vm in vms {
@@ -282,7 +300,14 @@ fn run_background(engine: &mut Engine, files: &Files, out: &Output, staging: &mu
 
 /// Counts a device error of `vm`; at the threshold the vDisk enters pass-through, keeping
 /// its dirty blocks cached until they are written back (`Engine::set_bypass`).
-fn count_error(engine: &mut Engine, s: &mut ExportStats, passthrough: &mut bool, threshold: u64, vm: VmId, e: &OpError) {
+fn count_error(
+    engine: &mut Engine,
+    s: &mut ExportStats,
+    passthrough: &mut bool,
+    threshold: u64,
+    vm: VmId,
+    e: &OpError,
+) {
     s.errors += 1;
     tracing::error!(%e, vdisk = vm, errors = s.errors, "device error");
     if s.errors >= threshold && !*passthrough {
@@ -428,10 +453,23 @@ impl Daemon {
     /// Waits (lock released meanwhile) until no write-through to the blocks of `len` bytes
     /// at `offset` of `vm` is on its way to the backing store — for a read, only of blocks
     /// it would miss (a hit returns the new data, which the cache already holds).
-    fn unfenced<'a>(&self, mut guard: std::sync::MutexGuard<'a, Core>, vm: VmId, offset: u64, len: u64, read: bool) -> std::sync::MutexGuard<'a, Core> {
+    fn unfenced<'a>(
+        &self,
+        mut guard: std::sync::MutexGuard<'a, Core>,
+        vm: VmId,
+        offset: u64,
+        len: u64,
+        read: bool,
+    ) -> std::sync::MutexGuard<'a, Core> {
         let bs = self.block_size;
         let blocks = offset / bs..(offset + len.max(1)).div_ceil(bs);
-        let waits = |core: &Core| !core.fenced.is_empty() && blocks.clone().any(|b| core.fenced.contains_key(&pack_key(vm, b)) && !(read && core.engine.holds(vm, b, sectors_of(offset, len, bs, b))));
+        let waits = |core: &Core| {
+            !core.fenced.is_empty()
+                && blocks.clone().any(|b| {
+                    core.fenced.contains_key(&pack_key(vm, b))
+                        && !(read && core.engine.holds(vm, b, sectors_of(offset, len, bs, b)))
+                })
+        };
         while waits(&guard) {
             guard = self.unfenced.wait(guard).unwrap_or_else(|e| e.into_inner());
         }
@@ -440,14 +478,31 @@ impl Daemon {
 
     /// Serves one read or write under the core lock (`guard`); backing reads covered by
     /// `prefetch` (read with the lock released, still valid) are served from its bytes.
-    fn access(&self, guard: std::sync::MutexGuard<'_, Core>, vm: VmId, op: Op, offset: u64, client: Client<'_>, prefetch: Option<&crate::prefetch::Prefetch>) -> Result<(), OpError> {
+    fn access(
+        &self,
+        guard: std::sync::MutexGuard<'_, Core>,
+        vm: VmId,
+        op: Op,
+        offset: u64,
+        client: Client<'_>,
+        prefetch: Option<&crate::prefetch::Prefetch>,
+    ) -> Result<(), OpError> {
         self.access_once(guard, vm, op, offset, client, prefetch, true)
     }
 
     /// [`Self::access`]; with `first` false (a read retried after racing with a cache-store
     /// write) the request is not observed, recorded or counted again.
     #[allow(clippy::too_many_arguments)]
-    fn access_once(&self, mut guard: std::sync::MutexGuard<'_, Core>, vm: VmId, op: Op, offset: u64, client: Client<'_>, prefetch: Option<&crate::prefetch::Prefetch>, first: bool) -> Result<(), OpError> {
+    fn access_once(
+        &self,
+        mut guard: std::sync::MutexGuard<'_, Core>,
+        vm: VmId,
+        op: Op,
+        offset: u64,
+        client: Client<'_>,
+        prefetch: Option<&crate::prefetch::Prefetch>,
+        first: bool,
+    ) -> Result<(), OpError> {
         let len = match &client {
             Client::Read(_, _, b) => b.len(),
             Client::Write(_, _, b) => b.len(),
@@ -457,7 +512,22 @@ impl Daemon {
         let bs = self.block_size;
         let blocks = if len == 0 { 0..0 } else { offset / bs..(offset + len as u64 - 1) / bs + 1 };
         guard = self.unfenced(guard, vm, offset, len as u64, !op.is_write());
-        let Core { engine, files, out, staging, stats, persist, error_threshold, passthrough, ctl, recorder, names, fenced, stopped, .. } = &mut *guard;
+        let Core {
+            engine,
+            files,
+            out,
+            staging,
+            stats,
+            persist,
+            error_threshold,
+            passthrough,
+            ctl,
+            recorder,
+            names,
+            fenced,
+            stopped,
+            ..
+        } = &mut *guard;
         if *stopped {
             return Err(stopped_err(vm));
         }
@@ -479,7 +549,11 @@ impl Daemon {
         // fills of invalid sectors or of slots taken from another block (keys below), so
         // reads skip this capture (an unknown state is treated conservatively).
         let mut pre: std::collections::HashMap<u32, Pre> = if op.is_write() {
-            blocks.clone().filter_map(|b| engine.lookup(vm, b)).map(|slot| (slot, Pre::State(persist.engine_state(engine, slot)))).collect()
+            blocks
+                .clone()
+                .filter_map(|b| engine.lookup(vm, b))
+                .map(|slot| (slot, Pre::State(persist.engine_state(engine, slot))))
+                .collect()
         } else {
             Default::default()
         };
@@ -509,11 +583,16 @@ impl Daemon {
         // that no cache-store write began on those blocks meanwhile (else once more under
         // the lock). Buffered hits are served from the page cache faster than the lock
         // would be given up and taken again.
-        let device_hit = first && self.direct && matches!(client, Client::Read(..)) && !out.ops.is_empty() && out.ops.iter().all(|o| o.kind == OpKind::SsdRead && !o.staged);
+        let device_hit = first
+            && self.direct
+            && matches!(client, Client::Read(..))
+            && !out.ops.is_empty()
+            && out.ops.iter().all(|o| o.kind == OpKind::SsdRead && !o.staged);
         if device_hit {
             let Client::Read(_, _, buf) = client else { unreachable!("a read") };
             let ops = out.ops.clone();
-            let noted: Vec<Vec<u64>> = ops.iter().map(|o| files.ssd_versions.snapshot_range(0, o.ssd_addr, o.len as u64)).collect();
+            let noted: Vec<Vec<u64>> =
+                ops.iter().map(|o| files.ssd_versions.snapshot_range(0, o.ssd_addr, o.len as u64)).collect();
             let (ssd, versions) = (files.ssd.clone(), files.ssd_versions.clone());
             // A read promises no durability: a journal that takes no appends (its records wait
             // in memory, in order) does not fail it.
@@ -522,7 +601,9 @@ impl Daemon {
             self.unlocked_delay();
             let dev = crate::prefetch::UnlockedSsd { ssd: &ssd, bounce: Default::default() };
             let r = execute(&ops, Client::Read(vm, offset, &mut *buf), &dev, &mut Vec::new());
-            if r.is_ok() && ops.iter().zip(&noted).all(|(o, n)| versions.snapshot_range(0, o.ssd_addr, o.len as u64) == *n) {
+            if r.is_ok()
+                && ops.iter().zip(&noted).all(|(o, n)| versions.snapshot_range(0, o.ssd_addr, o.len as u64) == *n)
+            {
                 return Ok(());
             }
             return self.access_once(self.lock(), vm, op, offset, Client::Read(vm, offset, buf), None, false);
@@ -549,8 +630,13 @@ impl Daemon {
         let own_write = |o: &cachevisor_engine::DeviceOp| o.kind == OpKind::BackingWrite && !o.staged && o.vm == vm;
         let defer = first
             && write_data.is_some()
-            && out.ops.iter().position(own_write).is_some_and(|i| !out.ops[i..].iter().any(|o| o.kind == OpKind::BackingRead && o.vm == vm));
-        let deferred: Vec<cachevisor_engine::DeviceOp> = if defer { out.ops.iter().filter(|o| own_write(o)).cloned().collect() } else { Vec::new() };
+            && out
+                .ops
+                .iter()
+                .position(own_write)
+                .is_some_and(|i| !out.ops[i..].iter().any(|o| o.kind == OpKind::BackingRead && o.vm == vm));
+        let deferred: Vec<cachevisor_engine::DeviceOp> =
+            if defer { out.ops.iter().filter(|o| own_write(o)).cloned().collect() } else { Vec::new() };
         out.ops.retain(|o| !(defer && own_write(o)));
         let mut wrote_back: Vec<VmId> = Vec::new();
         let mut pending = !barrier.is_empty();
@@ -574,7 +660,11 @@ impl Daemon {
         });
         // The slots that will hold data the backing store does not have yet stay out of
         // the journal until it does.
-        let held: Vec<(u32, u64)> = if defer && r.is_ok() { blocks.clone().filter_map(|b| engine.lookup(vm, b).map(|slot| (slot, pack_key(vm, b)))).collect() } else { Vec::new() };
+        let held: Vec<(u32, u64)> = if defer && r.is_ok() {
+            blocks.clone().filter_map(|b| engine.lookup(vm, b).map(|slot| (slot, pack_key(vm, b)))).collect()
+        } else {
+            Vec::new()
+        };
         if defer && r.is_ok() {
             persist.withhold(&held);
         }
@@ -649,8 +739,18 @@ impl Daemon {
         for o in &deferred {
             let from = (o.disk_addr - offset) as usize;
             let chunk = &data[from..from + o.len as usize];
-            if let Err(source) = versions.around_write(vm, o.disk_addr, o.len as u64, || backing.write_at(chunk, o.disk_addr)) {
-                res = Err(OpError { kind: o.kind, vm, disk_addr: o.disk_addr, ssd_addr: o.ssd_addr, len: o.len, source, at: usize::MAX });
+            if let Err(source) =
+                versions.around_write(vm, o.disk_addr, o.len as u64, || backing.write_at(chunk, o.disk_addr))
+            {
+                res = Err(OpError {
+                    kind: o.kind,
+                    vm,
+                    disk_addr: o.disk_addr,
+                    ssd_addr: o.ssd_addr,
+                    len: o.len,
+                    source,
+                    at: usize::MAX,
+                });
                 break;
             }
         }
@@ -708,7 +808,8 @@ impl Daemon {
             let mut n = 0;
             while done + n < max_blocks && held.elapsed() < HOLD {
                 let Some(key) = q.keys.pop_front() else { break };
-                let (vm, block) = (cachevisor_engine::slot_table::key_vm(key), cachevisor_engine::slot_table::key_block(key));
+                let (vm, block) =
+                    (cachevisor_engine::slot_table::key_vm(key), cachevisor_engine::slot_table::key_block(key));
                 if engine.destage_block(vm, block, out) == 0 {
                     continue; // clean or gone since the scan
                 }
@@ -789,7 +890,13 @@ impl Daemon {
     fn drain_passthrough(&self) -> Result<(), OpError> {
         let draining: Vec<(VmId, u64)> = {
             let core = self.lock();
-            core.passthrough.iter().enumerate().filter(|(_, &p)| p).map(|(vm, _)| (vm as VmId, core.engine.partition(vm as VmId).dirty_blocks)).filter(|_| !core.stopped).collect()
+            core.passthrough
+                .iter()
+                .enumerate()
+                .filter(|(_, &p)| p)
+                .map(|(vm, _)| (vm as VmId, core.engine.partition(vm as VmId).dirty_blocks))
+                .filter(|_| !core.stopped)
+                .collect()
         };
         for (vm, dirty) in draining {
             if dirty > 0 {
@@ -822,7 +929,11 @@ impl Daemon {
         let counts: Vec<WindowCounts> = stats
             .iter()
             .zip(last.iter())
-            .map(|(s, l)| WindowCounts { requests: s.reads + s.writes - l.reads - l.writes, accesses: s.blocks - l.blocks, hits: s.hit_blocks - l.hit_blocks })
+            .map(|(s, l)| WindowCounts {
+                requests: s.reads + s.writes - l.reads - l.writes,
+                accesses: s.blocks - l.blocks,
+                hits: s.hit_blocks - l.hit_blocks,
+            })
             .collect();
         last.clone_from(stats);
         if let Some(w) = recorder.as_mut() {
@@ -852,11 +963,18 @@ impl Daemon {
         }
         v.check("vdisk").map_err(ChangeError::Invalid)?;
         let size = v.size.as_deref().map(parse_size).transpose().map_err(ChangeError::Invalid)?;
-        let place = crate::backing_identity::Place::of(&v.backing).map_err(|e| ChangeError::Invalid(format!("backing {}: {e}", v.backing.display())))?;
+        let place = crate::backing_identity::Place::of(&v.backing)
+            .map_err(|e| ChangeError::Invalid(format!("backing {}: {e}", v.backing.display())))?;
         {
             let core = self.lock();
             let served = self.exports();
-            if let Some(other) = served.iter().find(|e| core.identities.get(e.id as usize).cloned().flatten().is_some_and(|id| place.same(&crate::backing_identity::Place::Existing(id)))) {
+            if let Some(other) = served.iter().find(|e| {
+                core.identities
+                    .get(e.id as usize)
+                    .cloned()
+                    .flatten()
+                    .is_some_and(|id| place.same(&crate::backing_identity::Place::Existing(id)))
+            }) {
                 return Err(ChangeError::Conflict(format!("backing {} is already the backing of vDisk `{}`: two vDisks on one backing store would overwrite each other's data", v.backing.display(), other.name)));
             }
         }
@@ -865,11 +983,15 @@ impl Daemon {
         let size = b.size().map_err(failed)?;
         let identity = match place {
             crate::backing_identity::Place::Uri(uri) => crate::backing_identity::Identity::Nbd { uri, size },
-            _ => crate::backing_identity::Identity::of_path(&v.backing).map_err(failed)?.ok_or_else(|| ChangeError::Invalid(format!("backing {} vanished", v.backing.display())))?,
+            _ => crate::backing_identity::Identity::of_path(&v.backing)
+                .map_err(failed)?
+                .ok_or_else(|| ChangeError::Invalid(format!("backing {} vanished", v.backing.display())))?,
         };
         let mut next = overlay.clone();
         next.add(v.clone());
-        next.save(&self.meta_dir).map_err(|e| ChangeError::Failed(format!("{}: {e}", crate::vdisk_overlay::path(&self.meta_dir).display())))?;
+        next.save(&self.meta_dir).map_err(|e| {
+            ChangeError::Failed(format!("{}: {e}", crate::vdisk_overlay::path(&self.meta_dir).display()))
+        })?;
         *overlay = next;
         let mut guard = self.lock();
         let core = &mut *guard;
@@ -877,14 +999,19 @@ impl Daemon {
         if id > u16::MAX as VmId {
             return Err(ChangeError::Conflict("no VM ids left: restart the daemon to renumber".into()));
         }
-        enroll(&mut core.engine, &mut core.ctl, id, &v, self.block_size, &mut core.out).map_err(ChangeError::Invalid)?;
+        enroll(&mut core.engine, &mut core.ctl, id, &v, self.block_size, &mut core.out)
+            .map_err(ChangeError::Invalid)?;
         core.files.backings.push(std::sync::Arc::new(b));
         core.stats.push(ExportStats::default());
         core.last.push(ExportStats::default());
         core.passthrough.push(false);
         core.names.push(v.name.clone());
-        core.persist.record_vdisk(id as u16, &v.name).map_err(|e| ChangeError::Failed(format!("metadata journal: {e}")))?;
-        core.persist.record_binding(id as u16, &identity).map_err(|e| ChangeError::Failed(format!("metadata journal: {e}")))?;
+        core.persist
+            .record_vdisk(id as u16, &v.name)
+            .map_err(|e| ChangeError::Failed(format!("metadata journal: {e}")))?;
+        core.persist
+            .record_binding(id as u16, &identity)
+            .map_err(|e| ChangeError::Failed(format!("metadata journal: {e}")))?;
         core.identities.push(Some(identity));
         let d = core.ctl.decide(&core.engine, None, &[], None);
         core.apply(d).map_err(|e| ChangeError::Failed(e.to_string()))?;
@@ -903,7 +1030,10 @@ impl Daemon {
         let mut overlay = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
         let info = self.export(vm).ok_or_else(|| ChangeError::NotFound(format!("no vDisk with id {vm}")))?;
         if self.exports().len() == 1 {
-            return Err(ChangeError::Conflict(format!("`{}` is the last vDisk: add another before removing it", info.name)));
+            return Err(ChangeError::Conflict(format!(
+                "`{}` is the last vDisk: add another before removing it",
+                info.name
+            )));
         }
         self.exports.write().unwrap_or_else(|e| e.into_inner())[vm as usize] = None;
         let restore = |e: String| {
@@ -934,7 +1064,9 @@ impl Daemon {
         drop(guard);
         let mut next = overlay.clone();
         next.remove(&info.name);
-        next.save(&self.meta_dir).map_err(|e| ChangeError::Failed(format!("{}: {e}", crate::vdisk_overlay::path(&self.meta_dir).display())))?;
+        next.save(&self.meta_dir).map_err(|e| {
+            ChangeError::Failed(format!("{}: {e}", crate::vdisk_overlay::path(&self.meta_dir).display()))
+        })?;
         *overlay = next;
         tracing::info!(vdisk = %info.name, id = vm, "vDisk removed");
         Ok(())
@@ -958,7 +1090,12 @@ impl Daemon {
         let mut overlay = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
         let mut next = overlay.clone();
         next.set_allocator(name, params);
-        next.save(&self.meta_dir).map_err(|e| format!("the allocator is switched but not saved for the next start: {}: {e}", crate::vdisk_overlay::path(&self.meta_dir).display()))?;
+        next.save(&self.meta_dir).map_err(|e| {
+            format!(
+                "the allocator is switched but not saved for the next start: {}: {e}",
+                crate::vdisk_overlay::path(&self.meta_dir).display()
+            )
+        })?;
         *overlay = next;
         tracing::info!(allocator = name, "allocator switched");
         Ok(())
@@ -997,7 +1134,15 @@ impl Daemon {
             .into_iter()
             .map(|e| {
                 let p = core.engine.partition(e.id);
-                VdiskStatus { name: e.name, size: e.size, write_policy: p.write_policy, used_blocks: p.used, target_blocks: p.target, dirty_blocks: p.dirty_blocks, stats: core.stats[e.id as usize] }
+                VdiskStatus {
+                    name: e.name,
+                    size: e.size,
+                    write_policy: p.write_policy,
+                    used_blocks: p.used,
+                    target_blocks: p.target,
+                    dirty_blocks: p.dirty_blocks,
+                    stats: core.stats[e.id as usize],
+                }
             })
             .collect()
     }
@@ -1079,7 +1224,8 @@ impl Daemon {
     /// or pass-through).
     pub fn writes_wait_on_backing(&self, vm: VmId) -> bool {
         let core = self.lock();
-        core.passthrough.get(vm as usize).copied().unwrap_or(false) || core.engine.partition(vm).write_policy != cachevisor_engine::WritePolicy::Wb
+        core.passthrough.get(vm as usize).copied().unwrap_or(false)
+            || core.engine.partition(vm).write_policy != cachevisor_engine::WritePolicy::Wb
     }
 
     /// Like [`Self::read`] when the read can be served at once (it hits); `None` when it
@@ -1179,7 +1325,13 @@ impl Daemon {
         let mut overlay = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
         let mut next = overlay.clone();
         change(&mut next, &info.name);
-        next.save(&self.meta_dir).map_err(|e| os_err(OpKind::SsdWrite, vm, std::io::Error::new(e.kind(), format!("{}: {e}", crate::vdisk_overlay::path(&self.meta_dir).display()))))?;
+        next.save(&self.meta_dir).map_err(|e| {
+            os_err(
+                OpKind::SsdWrite,
+                vm,
+                std::io::Error::new(e.kind(), format!("{}: {e}", crate::vdisk_overlay::path(&self.meta_dir).display())),
+            )
+        })?;
         *overlay = next;
         Ok(())
     }
@@ -1232,7 +1384,15 @@ impl Daemon {
             }
             guard = self.unfenced.wait_timeout(guard, left).unwrap_or_else(|e| e.into_inner()).0;
         }
-        let dirty: Vec<String> = guard.passthrough.iter().enumerate().filter(|(vm, &p)| p && guard.engine.partition(*vm as VmId).dirty_blocks > 0).map(|(vm, _)| format!("{} ({} dirty blocks)", guard.names[vm], guard.engine.partition(vm as VmId).dirty_blocks)).collect();
+        let dirty: Vec<String> = guard
+            .passthrough
+            .iter()
+            .enumerate()
+            .filter(|(vm, &p)| p && guard.engine.partition(*vm as VmId).dirty_blocks > 0)
+            .map(|(vm, _)| {
+                format!("{} ({} dirty blocks)", guard.names[vm], guard.engine.partition(vm as VmId).dirty_blocks)
+            })
+            .collect();
         if !dirty.is_empty() {
             tracing::warn!(vdisks = %dirty.join(", "), "stopping with vDisks in pass-through that still hold dirty blocks: they stay in the cache and are written back after the next start");
         }

@@ -59,7 +59,10 @@ impl Job {
                 return Err(job.progress());
             }
             let vdisk = vm.and_then(|v| daemon.export(v)).map(|e| e.name);
-            *g = (Progress { running: true, vdisk, block_size: daemon.block_size(), ..Progress::default() }, Some(Instant::now()));
+            *g = (
+                Progress { running: true, vdisk, block_size: daemon.block_size(), ..Progress::default() },
+                Some(Instant::now()),
+            );
         }
         let d = daemon.clone();
         std::thread::spawn(move || {

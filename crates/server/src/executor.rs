@@ -87,7 +87,9 @@ impl OpError {
     /// client such as QEMU with `werror=enospc` can pause the guest; EIO otherwise.
     pub fn nbd_errno(&self) -> u32 {
         match self.source.raw_os_error() {
-            Some(e) if e == rustix::io::Errno::NOSPC.raw_os_error() || e == rustix::io::Errno::DQUOT.raw_os_error() => crate::nbd::proto::ENOSPC,
+            Some(e) if e == rustix::io::Errno::NOSPC.raw_os_error() || e == rustix::io::Errno::DQUOT.raw_os_error() => {
+                crate::nbd::proto::ENOSPC
+            }
             _ if self.source.kind() == io::ErrorKind::StorageFull => crate::nbd::proto::ENOSPC,
             _ => crate::nbd::proto::EIO,
         }
@@ -95,7 +97,12 @@ impl OpError {
 }
 
 /// Runs `ops` in order; `staging` is a reusable scratch list.
-pub fn execute(ops: &[DeviceOp], client: Client<'_>, dev: &dyn Devices, staging: &mut Vec<(VmId, u64, Vec<u8>)>) -> Result<(), OpError> {
+pub fn execute(
+    ops: &[DeviceOp],
+    client: Client<'_>,
+    dev: &dyn Devices,
+    staging: &mut Vec<(VmId, u64, Vec<u8>)>,
+) -> Result<(), OpError> {
     execute_with(ops, client, dev, staging, &mut |_| Ok(()))
 }
 
@@ -110,28 +117,59 @@ pub fn execute_with(
 ) -> Result<(), OpError> {
     staging.clear();
     for (at, op) in ops.iter().enumerate() {
-        let err = |source| OpError { kind: op.kind, vm: op.vm, disk_addr: op.disk_addr, ssd_addr: op.ssd_addr, len: op.len, source, at };
+        let err = |source| OpError {
+            kind: op.kind,
+            vm: op.vm,
+            disk_addr: op.disk_addr,
+            ssd_addr: op.ssd_addr,
+            len: op.len,
+            source,
+            at,
+        };
         before(op).map_err(err)?;
         dev.fault(op).map_err(err)?;
-        let write = |data: &[u8]| if op.kind.is_ssd() { dev.ssd_write(data, op.ssd_addr) } else { dev.backing_write(op.vm, data, op.disk_addr) };
-        let read = |buf: &mut [u8]| if op.kind.is_ssd() { dev.ssd_read(buf, op.ssd_addr) } else { dev.backing_read(op.vm, buf, op.disk_addr) };
+        let write = |data: &[u8]| {
+            if op.kind.is_ssd() {
+                dev.ssd_write(data, op.ssd_addr)
+            } else {
+                dev.backing_write(op.vm, data, op.disk_addr)
+            }
+        };
+        let read = |buf: &mut [u8]| {
+            if op.kind.is_ssd() {
+                dev.ssd_read(buf, op.ssd_addr)
+            } else {
+                dev.backing_read(op.vm, buf, op.disk_addr)
+            }
+        };
         let len = op.len as usize;
         if op.kind.is_write() {
             let data: &[u8] = if op.staged {
                 let (_, start, buf) = staging
                     .iter()
                     .rev()
-                    .find(|(vm, start, buf)| *vm == op.vm && *start <= op.disk_addr && op.disk_addr + op.len as u64 <= *start + buf.len() as u64)
-                    .ok_or_else(|| err(io::Error::other("staged write without a staged read (engine contract broken)")))?;
+                    .find(|(vm, start, buf)| {
+                        *vm == op.vm
+                            && *start <= op.disk_addr
+                            && op.disk_addr + op.len as u64 <= *start + buf.len() as u64
+                    })
+                    .ok_or_else(|| {
+                        err(io::Error::other("staged write without a staged read (engine contract broken)"))
+                    })?;
                 let from = (op.disk_addr - start) as usize;
                 &buf[from..from + len]
             } else {
                 match &client {
                     Client::Write(vm, start, data) if *vm == op.vm && *start <= op.disk_addr => {
                         let from = (op.disk_addr - start) as usize;
-                        data.get(from..from + len).ok_or_else(|| err(io::Error::other("client write op outside the request")))?
+                        data.get(from..from + len)
+                            .ok_or_else(|| err(io::Error::other("client write op outside the request")))?
                     }
-                    _ => return Err(err(io::Error::other("client write op without client data (engine contract broken)"))),
+                    _ => {
+                        return Err(err(io::Error::other(
+                            "client write op without client data (engine contract broken)",
+                        )))
+                    }
                 }
             };
             write(data).map_err(err)?;
@@ -140,9 +178,11 @@ pub fn execute_with(
             read(&mut buf).map_err(err)?;
             if let Client::Read(vm, start, out) = &mut client {
                 // Copy the overlap with the request's range.
-                let (lo, hi) = (op.disk_addr.max(*start), (op.disk_addr + op.len as u64).min(*start + out.len() as u64));
+                let (lo, hi) =
+                    (op.disk_addr.max(*start), (op.disk_addr + op.len as u64).min(*start + out.len() as u64));
                 if *vm == op.vm && lo < hi {
-                    out[(lo - *start) as usize..(hi - *start) as usize].copy_from_slice(&buf[(lo - op.disk_addr) as usize..(hi - op.disk_addr) as usize]);
+                    out[(lo - *start) as usize..(hi - *start) as usize]
+                        .copy_from_slice(&buf[(lo - op.disk_addr) as usize..(hi - op.disk_addr) as usize]);
                 }
             }
             if op.staged {

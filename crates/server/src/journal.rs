@@ -47,7 +47,11 @@ impl Header {
     /// Decodes, checking magic, version and checksum; the error says which failed.
     pub fn decode(b: &[u8; HEADER_LEN], magic: [u8; 8]) -> Result<Header, String> {
         if b[0..8] != magic {
-            return Err(format!("bad magic {:?} (expected {:?})", String::from_utf8_lossy(&b[0..8]), String::from_utf8_lossy(&magic)));
+            return Err(format!(
+                "bad magic {:?} (expected {:?})",
+                String::from_utf8_lossy(&b[0..8]),
+                String::from_utf8_lossy(&magic)
+            ));
         }
         if crc32fast::hash(&b[..36]) != u32::from_le_bytes(b[36..40].try_into().expect("4")) {
             return Err("header checksum mismatch".into());
@@ -187,9 +191,14 @@ pub fn read_records(r: &mut impl Read) -> io::Result<(Vec<Record>, bool)> {
     r.read_to_end(&mut all)?;
     let mut at = 0;
     while at < all.len() {
-        let Some(len) = all.get(at..at + 4).map(|b| u32::from_le_bytes(b.try_into().expect("4")) as usize) else { return Ok((out, false)) };
+        let Some(len) = all.get(at..at + 4).map(|b| u32::from_le_bytes(b.try_into().expect("4")) as usize) else {
+            return Ok((out, false));
+        };
         let Some(body) = all.get(at + 4..at + 4 + len) else { return Ok((out, false)) };
-        let Some(crc) = all.get(at + 4 + len..at + 8 + len).map(|b| u32::from_le_bytes(b.try_into().expect("4"))) else { return Ok((out, false)) };
+        let Some(crc) = all.get(at + 4 + len..at + 8 + len).map(|b| u32::from_le_bytes(b.try_into().expect("4")))
+        else {
+            return Ok((out, false));
+        };
         if crc32fast::hash(body) != crc {
             return Ok((out, false));
         }
@@ -202,7 +211,12 @@ pub fn read_records(r: &mut impl Read) -> io::Result<(Vec<Record>, bool)> {
 
 /// Writes `header` and what `records` writes as a complete file at `path` (see
 /// [`replace_file`]).
-pub fn write_file_atomically(path: &std::path::Path, magic: [u8; 8], header: &Header, records: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>) -> io::Result<()> {
+pub fn write_file_atomically(
+    path: &std::path::Path,
+    magic: [u8; 8],
+    header: &Header,
+    records: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
+) -> io::Result<()> {
     replace_file(path, &mut |w| {
         w.write_all(&header.encode(magic))?;
         records(w)
@@ -211,7 +225,10 @@ pub fn write_file_atomically(path: &std::path::Path, magic: [u8; 8], header: &He
 
 /// Replaces `path` with what `contents` writes, all or nothing: a temporary file, fsynced,
 /// renamed over `path`, directory fsynced.
-pub fn replace_file(path: &std::path::Path, contents: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>) -> io::Result<()> {
+pub fn replace_file(
+    path: &std::path::Path,
+    contents: &mut dyn FnMut(&mut dyn Write) -> io::Result<()>,
+) -> io::Result<()> {
     let tmp = path.with_extension("tmp");
     {
         let mut f = io::BufWriter::new(std::fs::File::create(&tmp)?);
@@ -233,16 +250,26 @@ mod tests {
     fn record() -> impl Strategy<Value = Record> {
         prop_oneof![
             (any::<u16>(), "[a-z0-9]{0,12}").prop_map(|(vm, name)| Record::Vdisk { vm, name }),
-            (any::<u32>(), any::<u16>(), any::<u64>(), prop::collection::vec(any::<u64>(), 1..4)).prop_map(|(slot, vm, block, v)| Record::Slot { slot, vm, block, dirty: v.iter().map(|x| x & 0xff).collect(), valid: v }),
+            (any::<u32>(), any::<u16>(), any::<u64>(), prop::collection::vec(any::<u64>(), 1..4)).prop_map(
+                |(slot, vm, block, v)| Record::Slot {
+                    slot,
+                    vm,
+                    block,
+                    dirty: v.iter().map(|x| x & 0xff).collect(),
+                    valid: v
+                }
+            ),
             any::<u32>().prop_map(|slot| Record::Free { slot }),
             (any::<u16>(), any::<u64>()).prop_map(|(vm, blocks)| Record::Target { vm, blocks }),
-            (any::<u16>(), any::<u64>(), any::<u64>(), "[a-z0-9:/.]{0,20}").prop_map(|(vm, a, b, uri)| Record::Binding {
-                vm,
-                identity: match a % 3 {
-                    0 => crate::backing_identity::Identity::File { dev: a, ino: b, size: a ^ b },
-                    1 => crate::backing_identity::Identity::BlockDevice { rdev: b, size: a },
-                    _ => crate::backing_identity::Identity::Nbd { uri, size: b },
-                },
+            (any::<u16>(), any::<u64>(), any::<u64>(), "[a-z0-9:/.]{0,20}").prop_map(|(vm, a, b, uri)| {
+                Record::Binding {
+                    vm,
+                    identity: match a % 3 {
+                        0 => crate::backing_identity::Identity::File { dev: a, ino: b, size: a ^ b },
+                        1 => crate::backing_identity::Identity::BlockDevice { rdev: b, size: a },
+                        _ => crate::backing_identity::Identity::Nbd { uri, size: b },
+                    },
+                }
             }),
         ]
     }

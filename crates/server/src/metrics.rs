@@ -39,7 +39,11 @@ impl Metrics {
     pub fn render(daemon: &Arc<Daemon>) -> String {
         let m = daemon.metrics();
         let mut r = Registry::default();
-        r.register("cachevisor_request_duration_seconds", "Time to serve a request, by vDisk and operation", m.latency.clone());
+        r.register(
+            "cachevisor_request_duration_seconds",
+            "Time to serve a request, by vDisk and operation",
+            m.latency.clone(),
+        );
         r.register_collector(Box::new(StateCollector(Arc::downgrade(daemon))));
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &r).expect("writing to a String");
@@ -71,8 +75,12 @@ impl Collector for StateCollector {
         }
         // By operation: (read, write) values of each vDisk.
         let by_op: [(&str, &str, fn(&crate::daemon::ExportStats) -> [u64; 2]); 3] = [
-            ("cachevisor_block_hits", "Block accesses served by the cache, by operation", |s| [s.read_hit_blocks, s.hit_blocks - s.read_hit_blocks]),
-            ("cachevisor_block_misses", "Block accesses the cache did not serve, by operation", |s| [s.read_blocks - s.read_hit_blocks, (s.blocks - s.read_blocks) - (s.hit_blocks - s.read_hit_blocks)]),
+            ("cachevisor_block_hits", "Block accesses served by the cache, by operation", |s| {
+                [s.read_hit_blocks, s.hit_blocks - s.read_hit_blocks]
+            }),
+            ("cachevisor_block_misses", "Block accesses the cache did not serve, by operation", |s| {
+                [s.read_blocks - s.read_hit_blocks, (s.blocks - s.read_blocks) - (s.hit_blocks - s.read_hit_blocks)]
+            }),
             ("cachevisor_bytes", "Bytes read and written by clients", |s| [s.read_bytes, s.write_bytes]),
         ];
         for (name, help, f) in by_op {
@@ -80,7 +88,10 @@ impl Collector for StateCollector {
             let mut m = enc.encode_descriptor(name, help, None, c0.metric_type())?;
             for s in &status {
                 for (op, v) in ["read", "write"].into_iter().zip(f(&s.stats)) {
-                    ConstCounter::new(v).encode(m.encode_family(&vec![("vdisk".to_string(), s.name.clone()), ("op".to_string(), op.to_string())])?)?;
+                    ConstCounter::new(v).encode(m.encode_family(&vec![
+                        ("vdisk".to_string(), s.name.clone()),
+                        ("op".to_string(), op.to_string()),
+                    ])?)?;
                 }
             }
         }
@@ -88,7 +99,9 @@ impl Collector for StateCollector {
             ("cachevisor_cached_blocks", "Cache blocks held", |s| s.used_blocks as i64),
             ("cachevisor_target_blocks", "Partition target in blocks", |s| s.target_blocks as i64),
             ("cachevisor_dirty_blocks", "Dirty cache blocks", |s| s.dirty_blocks as i64),
-            ("cachevisor_passthrough", "1 when the vDisk bypasses the cache after errors", |s| s.stats.passthrough as i64),
+            ("cachevisor_passthrough", "1 when the vDisk bypasses the cache after errors", |s| {
+                s.stats.passthrough as i64
+            }),
         ];
         for (name, help, f) in gauges {
             let g0 = ConstGauge::new(0i64);
@@ -98,12 +111,25 @@ impl Collector for StateCollector {
             }
         }
         let destaged = ConstCounter::new(d.destaged_blocks());
-        destaged.encode(enc.encode_descriptor("cachevisor_destaged_blocks", "Dirty blocks written back by the flusher and destage jobs", None, destaged.metric_type())?)?;
+        destaged.encode(enc.encode_descriptor(
+            "cachevisor_destaged_blocks",
+            "Dirty blocks written back by the flusher and destage jobs",
+            None,
+            destaged.metric_type(),
+        )?)?;
         let job = d.destage_job().progress();
         let job_gauges = [
             ("cachevisor_destage_job_running", "1 while a destage job runs", job.running as i64),
-            ("cachevisor_destage_job_done_blocks", "Blocks the current (or last) destage job wrote back", job.done_blocks as i64),
-            ("cachevisor_destage_job_total_blocks", "Blocks the current (or last) destage job has to write back in all", job.total_blocks as i64),
+            (
+                "cachevisor_destage_job_done_blocks",
+                "Blocks the current (or last) destage job wrote back",
+                job.done_blocks as i64,
+            ),
+            (
+                "cachevisor_destage_job_total_blocks",
+                "Blocks the current (or last) destage job has to write back in all",
+                job.total_blocks as i64,
+            ),
         ];
         for (name, help, v) in job_gauges {
             let g = ConstGauge::new(v);

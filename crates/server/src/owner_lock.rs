@@ -34,7 +34,11 @@ pub fn parent_must_exist(path: &Path, what: &str) -> Result<(), String> {
     if parent.is_dir() {
         Ok(())
     } else {
-        Err(format!("{what} {}: directory {} does not exist (create it first; cachevisor does not create directories)", path.display(), parent.display()))
+        Err(format!(
+            "{what} {}: directory {} does not exist (create it first; cachevisor does not create directories)",
+            path.display(),
+            parent.display()
+        ))
     }
 }
 
@@ -63,7 +67,13 @@ impl OwnerLock {
     pub fn acquire(cache: &Path, meta_dir: &Path) -> Result<OwnerLock, String> {
         parent_must_exist(cache, "cache.path")?;
         parent_must_exist(meta_dir, "cache.metadata")?;
-        let cache_file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(cache).map_err(|e| format!("{}: {e}", cache.display()))?;
+        let cache_file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(cache)
+            .map_err(|e| format!("{}: {e}", cache.display()))?;
         lock(&cache_file, cache, meta_dir)?;
         match std::fs::create_dir(meta_dir) {
             Ok(()) => {}
@@ -79,7 +89,9 @@ impl OwnerLock {
 }
 
 fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_else(|_| "this host".into())
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "this host".into())
 }
 
 #[cfg(test)]

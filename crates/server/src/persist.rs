@@ -20,7 +20,9 @@
 //! synced data (a full cache's misses, write hits on clean blocks); batching victims into
 //! a durable free reserve would remove most of them and is the next step.
 
-use crate::journal::{read_records, write_file_atomically, Header, Record, CHECKPOINT_MAGIC, HEADER_LEN, JOURNAL_MAGIC};
+use crate::journal::{
+    read_records, write_file_atomically, Header, Record, CHECKPOINT_MAGIC, HEADER_LEN, JOURNAL_MAGIC,
+};
 use cachevisor_engine::slot_table::{key_block, key_vm, pack_key, FREE_KEY};
 use cachevisor_engine::Engine;
 use std::collections::HashMap;
@@ -130,7 +132,12 @@ impl Persistence {
     /// it, record by record, into `apply` (checkpoint first, then the journal of the same
     /// generation up to its first torn record); no copy of the slot table is built. A
     /// geometry mismatch is an error: the cached data cannot be interpreted.
-    pub fn open(dir: &Path, block_size: u64, slots: u64, apply: &mut dyn FnMut(Record) -> Result<(), String>) -> Result<(Persistence, Recovered), String> {
+    pub fn open(
+        dir: &Path,
+        block_size: u64,
+        slots: u64,
+        apply: &mut dyn FnMut(Record) -> Result<(), String>,
+    ) -> Result<(Persistence, Recovered), String> {
         std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
         let spb = (block_size / 512) as u32;
         let words = spb.div_ceil(64) as usize;
@@ -152,7 +159,9 @@ impl Persistence {
                 Record::Target { .. } => Ok(()), // the configuration decides targets at start
                 r @ (Record::Vdisk { .. } | Record::Binding { .. }) => apply(r),
                 r @ Record::Free { slot } if (slot as u64) < slots => apply(r),
-                Record::Slot { slot, vm, block, valid, dirty } if (slot as u64) < slots && valid.len() == words && dirty.len() == words => {
+                Record::Slot { slot, vm, block, valid, dirty }
+                    if (slot as u64) < slots && valid.len() == words && dirty.len() == words =>
+                {
                     apply(Record::Slot { slot, vm, block, valid, dirty })
                 }
                 r => Err(format!("record {r:?} does not fit a pool of {slots} slots of {block_size} bytes")),
@@ -196,7 +205,22 @@ impl Persistence {
         let header = Header { block_size, slots, generation };
         let journal = OpenOptions::new().create(true).append(true).open(&jpath).map_err(|e| io_err(&jpath, e))?;
         let journal_end = journal.metadata().map_err(|e| io_err(&jpath, e))?.len();
-        let p = Persistence { dir: dir.to_path_buf(), header, words, journal, journal_len: 0, journal_end, poisoned: false, failing: false, slots, pre_sync: HashMap::new(), changed: Vec::new(), buf: Vec::new(), withheld: HashMap::new(), bindings: Vec::new() };
+        let p = Persistence {
+            dir: dir.to_path_buf(),
+            header,
+            words,
+            journal,
+            journal_len: 0,
+            journal_end,
+            poisoned: false,
+            failing: false,
+            slots,
+            pre_sync: HashMap::new(),
+            changed: Vec::new(),
+            buf: Vec::new(),
+            withheld: HashMap::new(),
+            bindings: Vec::new(),
+        };
         Ok((p, rec))
     }
 
@@ -228,20 +252,34 @@ impl Persistence {
     fn append(&mut self, slot: u32, state: &SlotState, pre: Option<&Pre>) {
         self.pre_sync.entry(slot).or_insert_with(|| match pre {
             Some(Pre::State(s)) => Some(s.clone()),
-            Some(Pre::Free) => Some(SlotState { key: FREE_KEY, valid: vec![0; self.words], dirty: vec![0; self.words] }),
+            Some(Pre::Free) => {
+                Some(SlotState { key: FREE_KEY, valid: vec![0; self.words], dirty: vec![0; self.words] })
+            }
             _ => None,
         });
         if state.key == FREE_KEY || state.valid.iter().all(|&w| w == 0) {
             Record::Free { slot }.encode(&mut self.buf);
         } else {
-            Record::Slot { slot, vm: key_vm(state.key) as u16, block: key_block(state.key), valid: state.valid.clone(), dirty: state.dirty.clone() }.encode(&mut self.buf);
+            Record::Slot {
+                slot,
+                vm: key_vm(state.key) as u16,
+                block: key_block(state.key),
+                valid: state.valid.clone(),
+                dirty: state.dirty.clone(),
+            }
+            .encode(&mut self.buf);
         }
     }
 
     /// Journals the barrier states of `writes` (slot, new key, sector range, state before
     /// the request) and makes them durable: `backings` and the cache store are fsynced,
     /// then the journal.
-    pub fn barrier(&mut self, writes: &[(u32, u64, (u32, u32), Pre)], ssd: &File, backings: &[&crate::backing::Backing]) -> std::io::Result<()> {
+    pub fn barrier(
+        &mut self,
+        writes: &[(u32, u64, (u32, u32), Pre)],
+        ssd: &File,
+        backings: &[&crate::backing::Backing],
+    ) -> std::io::Result<()> {
         for (slot, new_key, (lo, hi), pre) in writes {
             let free = SlotState { key: FREE_KEY, valid: vec![0; self.words], dirty: vec![0; self.words] };
             let state = match pre {
@@ -271,7 +309,9 @@ impl Persistence {
         let mut changed = std::mem::take(&mut self.changed);
         e.take_changed(&mut changed);
         if !self.withheld.is_empty() {
-            changed.retain(|s| self.withheld.get(s).map_or(true, |&key| e.slot_block(*s).map(|(v, b)| pack_key(v, b)) != Some(key)));
+            changed.retain(|s| {
+                self.withheld.get(s).map_or(true, |&key| e.slot_block(*s).map(|(v, b)| pack_key(v, b)) != Some(key))
+            });
         }
         for &slot in &changed {
             let now = self.engine_state(e, slot);
@@ -338,7 +378,9 @@ impl Persistence {
     /// one from recovery — and the records stay buffered for the next attempt, in order.
     fn write_buffered(&mut self) -> std::io::Result<()> {
         if self.poisoned {
-            return Err(std::io::Error::other("the metadata journal could not be repaired after a failed append: restart the daemon"));
+            return Err(std::io::Error::other(
+                "the metadata journal could not be repaired after a failed append: restart the daemon",
+            ));
         }
         if !self.buf.is_empty() {
             if let Err(e) = self.journal.write_all(&self.buf) {
@@ -404,7 +446,14 @@ impl Persistence {
             for slot in 0..self.slots as u32 {
                 if e.slot_block(slot).is_some() {
                     let s = self.engine_state(e, slot);
-                    Record::Slot { slot, vm: key_vm(s.key) as u16, block: key_block(s.key), valid: s.valid, dirty: s.dirty }.encode(&mut b);
+                    Record::Slot {
+                        slot,
+                        vm: key_vm(s.key) as u16,
+                        block: key_block(s.key),
+                        valid: s.valid,
+                        dirty: s.dirty,
+                    }
+                    .encode(&mut b);
                 }
                 if b.len() > 1 << 20 {
                     w.write_all(&b)?;

@@ -176,7 +176,8 @@ mod tests {
         assert!(p.still_valid(&v, &noted));
         v.around_write(3, 100 * 4096, 4096, || ()); // elsewhere (a stripe collision would only be pessimistic)
         v.around_write(2, 11 * 4096, 4096, || ()); // another vDisk
-        let collides = Versions::stripe(3, 100) == Versions::stripe(3, 10) || (10..14).any(|b| Versions::stripe(2, 11) == Versions::stripe(3, b));
+        let collides = Versions::stripe(3, 100) == Versions::stripe(3, 10)
+            || (10..14).any(|b| Versions::stripe(2, 11) == Versions::stripe(3, b));
         assert_eq!(p.still_valid(&v, &noted), !collides);
         v.around_write(3, 13 * 4096 + 512, 512, || ());
         assert!(!p.still_valid(&v, &noted));

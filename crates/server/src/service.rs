@@ -56,7 +56,9 @@ pub fn start(cfg: &Config) -> Result<Running, StartError> {
 /// file) touches another running daemon's files.
 pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Running, StartError> {
     let daemon = Arc::new(Daemon::start_with(cfg, opts)?);
-    daemon.restore_api_targets().map_err(|e| StartError::Config(format!("partition targets saved from the API: {e}")))?;
+    daemon
+        .restore_api_targets()
+        .map_err(|e| StartError::Config(format!("partition targets saved from the API: {e}")))?;
     // The interval controller's clock.
     let resolved = daemon.resolved();
     let interval = std::time::Duration::from_nanos(resolved.interval_ns);
@@ -98,7 +100,8 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
         if !addr.ip().is_loopback() {
             tracing::warn!(%addr, "listening on a non-loopback address");
         }
-        let l = TcpListener::bind(addr).map_err(|source| StartError::File { path: format!("listen.tcp {addr}"), source })?;
+        let l = TcpListener::bind(addr)
+            .map_err(|source| StartError::File { path: format!("listen.tcp {addr}"), source })?;
         tcp = Some(l.local_addr().map_err(|source| StartError::File { path: format!("listen.tcp {addr}"), source })?);
         let d = daemon.clone();
         std::thread::spawn(move || listener::tcp(l, d));
@@ -113,12 +116,14 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
     }
     let mut api = None;
     if let Some(a) = &cfg.api {
-        let addr: SocketAddr = a.listen.parse().map_err(|e| StartError::Config(format!("api.listen: `{}`: {e}", a.listen)))?;
+        let addr: SocketAddr =
+            a.listen.parse().map_err(|e| StartError::Config(format!("api.listen: `{}`: {e}", a.listen)))?;
         let token = a.token.clone().unwrap_or_else(crate::api::random_token);
         let bound = crate::api::start(daemon.clone(), addr, token.clone())?;
         if a.token.is_none() {
             let path = daemon.metadata_dir().join("api-token");
-            write_private(&path, &token).map_err(|source| StartError::File { path: path.display().to_string(), source })?;
+            write_private(&path, &token)
+                .map_err(|source| StartError::File { path: path.display().to_string(), source })?;
         }
         api = Some((bound, token));
     }

@@ -89,7 +89,10 @@ impl Overlay {
             }
         }
         if let Some(a) = &self.allocator {
-            notes.push(format!("allocator `{}` set through the API (over the config's `{}`)", a.name, cfg.cache.allocator));
+            notes.push(format!(
+                "allocator `{}` set through the API (over the config's `{}`)",
+                a.name, cfg.cache.allocator
+            ));
             cfg.cache.allocator = a.name.clone();
             cfg.cache.params = a.params.clone();
         }
@@ -174,7 +177,10 @@ mod tests {
         assert_eq!(back, o);
         let mut cfg = Config::parse(crate::config::DEFAULT, "default", dir.path()).unwrap();
         back.apply(&mut cfg);
-        assert_eq!((cfg.vdisk[1].write_policy, cfg.cache.allocator.as_str(), cfg.cache.params.get("m")), (Some(cachevisor_engine::WritePolicy::Ro), "s-cave", Some(&3.0)));
+        assert_eq!(
+            (cfg.vdisk[1].write_policy, cfg.cache.allocator.as_str(), cfg.cache.params.get("m")),
+            (Some(cachevisor_engine::WritePolicy::Ro), "s-cave", Some(&3.0))
+        );
         o.remove("vm2");
         assert!(o.write_policy.is_empty() && o.target_blocks.keys().collect::<Vec<_>>() == ["vm1"]);
         std::fs::write(path(dir.path()), "removed = 3").unwrap();

@@ -25,7 +25,14 @@ fn list_metrics_and_authorized_changes() {
     assert_eq!(list[0]["dirty_blocks"], 16);
     assert_eq!(list[0]["stats"]["hit_blocks"], 16);
     let m = ureq::get(&format!("http://{api}/metrics")).call().unwrap().into_string().unwrap();
-    for needle in ["cachevisor_block_hits_total{vdisk=\"a\",op=\"read\"} 16", "cachevisor_block_misses_total{vdisk=\"a\",op=\"read\"} 0", "cachevisor_block_misses_total{vdisk=\"a\",op=\"write\"} 16", "cachevisor_bytes_total{vdisk=\"a\",op=\"write\"} 65536", "cachevisor_dirty_blocks{vdisk=\"a\"} 16", "cachevisor_request_duration_seconds_count{vdisk=\"a\",op=\"read\"} 16"] {
+    for needle in [
+        "cachevisor_block_hits_total{vdisk=\"a\",op=\"read\"} 16",
+        "cachevisor_block_misses_total{vdisk=\"a\",op=\"read\"} 0",
+        "cachevisor_block_misses_total{vdisk=\"a\",op=\"write\"} 16",
+        "cachevisor_bytes_total{vdisk=\"a\",op=\"write\"} 65536",
+        "cachevisor_dirty_blocks{vdisk=\"a\"} 16",
+        "cachevisor_request_duration_seconds_count{vdisk=\"a\",op=\"read\"} 16",
+    ] {
         assert!(m.contains(needle), "metrics lack `{needle}`:\n{m}");
     }
     // Without the token: refused, nothing changes.
@@ -36,18 +43,35 @@ fn list_metrics_and_authorized_changes() {
     let started = ureq::post(&format!("http://{api}/vdisks/a/destage")).set("Authorization", &auth).call().unwrap();
     assert_eq!(started.status(), 202);
     let job = wait_for_destage(&api);
-    assert_eq!((job["done_blocks"].as_u64(), job["total_blocks"].as_u64(), job["vdisk"].as_str()), (Some(16), Some(16), Some("a")), "{job}");
+    assert_eq!(
+        (job["done_blocks"].as_u64(), job["total_blocks"].as_u64(), job["vdisk"].as_str()),
+        (Some(16), Some(16), Some("a")),
+        "{job}"
+    );
     assert_eq!(r.daemon.occupancy(0).1, 0);
     let m = ureq::get(&format!("http://{api}/metrics")).call().unwrap().into_string().unwrap();
-    for needle in ["cachevisor_destaged_blocks_total 16", "cachevisor_destage_job_done_blocks 16", "cachevisor_destage_job_running 0"] {
+    for needle in [
+        "cachevisor_destaged_blocks_total 16",
+        "cachevisor_destage_job_done_blocks 16",
+        "cachevisor_destage_job_running 0",
+    ] {
         assert!(m.contains(needle), "metrics lack `{needle}`:\n{m}");
     }
-    ureq::post(&format!("http://{api}/vdisks/a/resize")).set("Authorization", &auth).send_json(serde_json::json!({"size": "32KiB"})).unwrap();
+    ureq::post(&format!("http://{api}/vdisks/a/resize"))
+        .set("Authorization", &auth)
+        .send_json(serde_json::json!({"size": "32KiB"}))
+        .unwrap();
     assert!(r.daemon.occupancy(0).0 <= 8);
-    ureq::post(&format!("http://{api}/vdisks/b/write-policy")).set("Authorization", &auth).send_json(serde_json::json!({"policy": "ro"})).unwrap();
+    ureq::post(&format!("http://{api}/vdisks/b/write-policy"))
+        .set("Authorization", &auth)
+        .send_json(serde_json::json!({"policy": "ro"}))
+        .unwrap();
     assert_eq!(r.daemon.status()[1].write_policy, cachevisor_engine::WritePolicy::Ro);
     // Bad input is a clear 4xx.
-    let e = ureq::post(&format!("http://{api}/vdisks/b/write-policy")).set("Authorization", &auth).send_json(serde_json::json!({"policy": "fast"})).unwrap_err();
+    let e = ureq::post(&format!("http://{api}/vdisks/b/write-policy"))
+        .set("Authorization", &auth)
+        .send_json(serde_json::json!({"policy": "fast"}))
+        .unwrap_err();
     assert!(matches!(e, ureq::Error::Status(400, _)));
     let e = ureq::post(&format!("http://{api}/vdisks/zz/destage")).set("Authorization", &auth).call().unwrap_err();
     assert!(matches!(e, ureq::Error::Status(404, _)));
@@ -61,7 +85,10 @@ fn list_metrics_and_authorized_changes() {
     assert_eq!((st[0].target_blocks, st[1].write_policy), (8, cachevisor_engine::WritePolicy::Ro), "{st:?}");
     let (api, token) = r.api.clone().unwrap();
     let auth = format!("Bearer {token}");
-    ureq::post(&format!("http://{api}/allocator")).set("Authorization", &auth).send_json(serde_json::json!({"name": "symflex-weighted", "params": {}})).unwrap();
+    ureq::post(&format!("http://{api}/allocator"))
+        .set("Authorization", &auth)
+        .send_json(serde_json::json!({"name": "symflex-weighted", "params": {}}))
+        .unwrap();
     drop(r);
     let r = serve(&api_cfg(dir.path()));
     assert_eq!(r.daemon.allocator_name(), "symflex-weighted");
@@ -107,7 +134,13 @@ fn vdisks_are_added_and_removed_online_and_that_survives_a_restart() {
             e => panic!("{e}"),
         }
     }
-    assert!(matches!(ureq::post(&url).set("Authorization", &auth).send_json(serde_json::json!({"name": "a", "backing": c_img, "size": "4MiB"})).unwrap_err(), ureq::Error::Status(409, _)));
+    assert!(matches!(
+        ureq::post(&url)
+            .set("Authorization", &auth)
+            .send_json(serde_json::json!({"name": "a", "backing": c_img, "size": "4MiB"}))
+            .unwrap_err(),
+        ureq::Error::Status(409, _)
+    ));
     assert_eq!(r.daemon.exports().len(), 2);
     let resp = ureq::post(&url).set("Authorization", &auth).send_json(add).unwrap();
     assert_eq!(resp.status(), 201);
@@ -129,7 +162,8 @@ fn vdisks_are_added_and_removed_online_and_that_survives_a_restart() {
         a.write(i * 4096, &[i as u8 + 7; 4096], false).unwrap();
     }
     assert!(matches!(ureq::delete(&format!("{url}/a")).call().unwrap_err(), ureq::Error::Status(401, _)));
-    let list: serde_json::Value = ureq::delete(&format!("{url}/a")).set("Authorization", &auth).call().unwrap().into_json().unwrap();
+    let list: serde_json::Value =
+        ureq::delete(&format!("{url}/a")).set("Authorization", &auth).call().unwrap().into_json().unwrap();
     let names: Vec<&str> = list.as_array().unwrap().iter().map(|v| v["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["b", "c"]);
     let targets: Vec<u64> = list.as_array().unwrap().iter().map(|v| v["target_blocks"].as_u64().unwrap()).collect();
@@ -138,10 +172,16 @@ fn vdisks_are_added_and_removed_online_and_that_survives_a_restart() {
     assert!(closed(&mut a.s));
     let a_img = std::fs::read(dir.path().join("a.img")).unwrap();
     for i in 0..8usize {
-        assert!(a_img[i * 4096..(i + 1) * 4096].iter().all(|&x| x == i as u8 + 7), "block {i} written back before the removal");
+        assert!(
+            a_img[i * 4096..(i + 1) * 4096].iter().all(|&x| x == i as u8 + 7),
+            "block {i} written back before the removal"
+        );
     }
     assert!(cachevisor_server::nbd::client::Client::connect(r.tcp.unwrap(), "a").is_err(), "no longer offered");
-    assert!(matches!(ureq::delete(&format!("{url}/a")).set("Authorization", &auth).call().unwrap_err(), ureq::Error::Status(404, _)));
+    assert!(matches!(
+        ureq::delete(&format!("{url}/a")).set("Authorization", &auth).call().unwrap_err(),
+        ureq::Error::Status(404, _)
+    ));
     ureq::delete(&format!("{url}/b")).set("Authorization", &auth).call().unwrap();
     match ureq::delete(&format!("{url}/c")).set("Authorization", &auth).call().unwrap_err() {
         ureq::Error::Status(409, resp) => assert!(resp.into_string().unwrap().contains("last vDisk")),

@@ -8,7 +8,12 @@ use common::*;
 use std::process::Command;
 
 fn tool(name: &str) -> Command {
-    let found = Command::new("sh").arg("-c").arg(format!("command -v {name}")).output().map(|o| o.status.success()).unwrap_or(false);
+    let found = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {name}"))
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
     assert!(found, "`{name}` is not installed: apt-get install qemu-utils fio (see .ci/run)");
     Command::new(name)
 }
@@ -45,7 +50,10 @@ fn qemu_io_patterns_survive_misses_evictions_and_resizes() {
         let reads: Vec<String> = (0..128).map(|i| format!("read -P {} {} 64k", i + 1, i * 128 * 1024)).collect();
         qemu_io(&uri, &reads);
         // Hits: re-read the last chunk twice.
-        qemu_io(&uri, &[format!("read -P 128 {} 64k", 127 * 128 * 1024), format!("read -P 128 {} 64k", 127 * 128 * 1024)]);
+        qemu_io(
+            &uri,
+            &[format!("read -P 128 {} 64k", 127 * 128 * 1024), format!("read -P 128 {} 64k", 127 * 128 * 1024)],
+        );
         let s = r.daemon.stats(vm);
         assert!(s.hit_blocks > 0 && s.hit_blocks < s.blocks, "{name}: {s:?}");
         // Unaligned and partial-block I/O over chunk boundaries.
@@ -88,7 +96,19 @@ fn fio_verifies_random_io_on_two_exports_at_once() {
         .iter()
         .map(|name| {
             tool("fio")
-                .args(["--name=verify", "--ioengine=nbd", &format!("--uri=nbd://{addr}/{name}"), "--rw=randrw", "--bs=4k", "--size=16m", "--iodepth=4", "--verify=crc32c", "--do_verify=1", "--verify_fatal=1", "--output-format=terse"])
+                .args([
+                    "--name=verify",
+                    "--ioengine=nbd",
+                    &format!("--uri=nbd://{addr}/{name}"),
+                    "--rw=randrw",
+                    "--bs=4k",
+                    "--size=16m",
+                    "--iodepth=4",
+                    "--verify=crc32c",
+                    "--do_verify=1",
+                    "--verify_fatal=1",
+                    "--output-format=terse",
+                ])
                 .stdout(std::process::Stdio::null())
                 .spawn()
                 .unwrap()
@@ -109,7 +129,15 @@ fn qemu_io_discard_drops_cached_sectors_and_punches_the_backing_file() {
     std::fs::write(dir.path().join("wb.img"), vec![0xaau8; 1 << 20]).unwrap();
     let cfg = config(dir.path(), "4MiB", &[("wb", "1MiB", "wb")]);
     let check = |uri: &str| {
-        qemu_io(uri, &["read -P 0x55 0 4608".into(), "read -P 0 4608 28160".into(), "read -P 0x55 32768 32768".into(), "read -P 0xaa 65536 65536".into()]);
+        qemu_io(
+            uri,
+            &[
+                "read -P 0x55 0 4608".into(),
+                "read -P 0 4608 28160".into(),
+                "read -P 0x55 32768 32768".into(),
+                "read -P 0xaa 65536 65536".into(),
+            ],
+        );
     };
     {
         let r = serve(&cfg);
@@ -132,7 +160,11 @@ fn qemu_io_discard_drops_cached_sectors_and_punches_the_backing_file() {
     check(&uri);
     r.daemon.destage(0).unwrap();
     let b = std::fs::read(dir.path().join("wb.img")).unwrap();
-    assert!(b[..4608].iter().all(|&x| x == 0x55) && b[4608..32768].iter().all(|&x| x == 0) && b[32768..65536].iter().all(|&x| x == 0x55));
+    assert!(
+        b[..4608].iter().all(|&x| x == 0x55)
+            && b[4608..32768].iter().all(|&x| x == 0)
+            && b[32768..65536].iter().all(|&x| x == 0x55)
+    );
     assert!(b[65536..].iter().all(|&x| x == 0xaa));
 }
 
@@ -149,15 +181,33 @@ fn the_cache_store_is_o_direct_where_the_filesystem_allows_it() {
             assert!(e.to_string().contains("O_DIRECT"), "{e}");
             cfg.cache.direct = DirectIo::Auto;
             assert!(!serve(&cfg).daemon.direct_io());
-            eprintln!("O_DIRECT is not available under {}: checked the refusal and the fallback only", dir.path().display());
+            eprintln!(
+                "O_DIRECT is not available under {}: checked the refusal and the fallback only",
+                dir.path().display()
+            );
             return;
         }
     };
     assert!(r.daemon.direct_io());
     let uri = format!("nbd://{}/d", r.tcp.unwrap());
     // Sector-sized and sub-sector I/O through unaligned client buffers, hits and misses.
-    qemu_io(&uri, &["write -P 0x11 0 64k".into(), "write -P 0x22 1 5".into(), "write -P 0x33 4095 1026".into(), "write -P 0x44 1m 4k".into()]);
-    let reads = ["read -P 0x11 0 1".to_string(), "read -P 0x22 1 5".into(), "read -P 0x11 6 4089".into(), "read -P 0x33 4095 1026".into(), "read -P 0x11 5121 60415".into(), "read -P 0x44 1m 4k".into()];
+    qemu_io(
+        &uri,
+        &[
+            "write -P 0x11 0 64k".into(),
+            "write -P 0x22 1 5".into(),
+            "write -P 0x33 4095 1026".into(),
+            "write -P 0x44 1m 4k".into(),
+        ],
+    );
+    let reads = [
+        "read -P 0x11 0 1".to_string(),
+        "read -P 0x22 1 5".into(),
+        "read -P 0x11 6 4089".into(),
+        "read -P 0x33 4095 1026".into(),
+        "read -P 0x11 5121 60415".into(),
+        "read -P 0x44 1m 4k".into(),
+    ];
     qemu_io(&uri, &reads);
     r.daemon.resize(0, 4).unwrap(); // evictions write back through the aligned buffers
     qemu_io(&uri, &reads);

@@ -12,7 +12,7 @@ fn monotonic_reads(write_policy: &str) {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let r = serve(&config(dir.path(), "16KiB", &[("d", "1MiB", write_policy)]));
     r.daemon.delay_unlocked_reads(1000); // writes land while reads are between lock and device
-    // 32 blocks, eight times the cache: slots are reused all the time.
+                                         // 32 blocks, eight times the cache: slots are reused all the time.
     let writes = check_monotonic_reads(r.tcp.unwrap(), "d", 32, 300);
     let s = r.daemon.stats(0);
     assert!(writes > 200 && s.hit_blocks > 0 && s.hit_blocks < s.blocks, "{writes} writes, {s:?}");
@@ -30,7 +30,12 @@ fn concurrent_reads_never_go_back_in_time_write_through() {
 
 /// Runs `read` on a thread, waits until it is inside its lock-free window (reads without
 /// the lock are held there for 200 ms), runs `meanwhile`, and returns what the read got.
-fn race(r: &cachevisor_server::service::Running, export: &str, block: u64, meanwhile: impl FnOnce(&mut Client)) -> Vec<u8> {
+fn race(
+    r: &cachevisor_server::service::Running,
+    export: &str,
+    block: u64,
+    meanwhile: impl FnOnce(&mut Client),
+) -> Vec<u8> {
     r.daemon.delay_unlocked_reads(200_000);
     let addr = r.tcp.unwrap();
     let export2 = export.to_string();

@@ -4,8 +4,8 @@
 //! errors a vDisk falls back to pass-through and keeps serving correct data.
 
 mod common;
-use common::*;
 use cachevisor_server::nbd::proto::EIO;
+use common::*;
 
 fn cfg(dir: &std::path::Path, threshold: u64) -> cachevisor_server::Config {
     let mut c = config(dir, "64KiB", &[("wb", "1MiB", "wb"), ("wt", "1MiB", "wt")]);
@@ -51,7 +51,10 @@ fn failing_the_nth_cache_write_fails_only_that_request() {
                     let new = if i < 32 { block(100, i) } else { vec![0; 4096] };
                     if Some(i) == failed {
                         let old = if i < 8 { block(10, i) } else { vec![0; 4096] };
-                        assert!(got == new || got == old || got == vec![0; 4096], "n={n} {disk} {when}: failed block {i} holds other data");
+                        assert!(
+                            got == new || got == old || got == vec![0; 4096],
+                            "n={n} {disk} {when}: failed block {i} holds other data"
+                        );
                     } else {
                         assert_eq!(got, new, "n={n} {disk} {when}: block {i}");
                     }
@@ -105,7 +108,11 @@ fn too_many_errors_switch_the_vdisk_to_pass_through() {
     assert_eq!(r.daemon.occupancy(0), (0, 0), "no cache held, no dirty data left behind");
     let backing = std::fs::read(dir.path().join("wb.img")).unwrap();
     for i in (0..8).chain(8 + errors..16) {
-        assert_eq!(backing[i as usize * 4096..(i as usize + 1) * 4096], block(1, i)[..], "block {i} on the backing file");
+        assert_eq!(
+            backing[i as usize * 4096..(i as usize + 1) * 4096],
+            block(1, i)[..],
+            "block {i} on the backing file"
+        );
     }
     for i in 0..16 {
         let got = cl.read(i * 4096, 4096).unwrap();

@@ -28,7 +28,12 @@ fn eci_cache_resizes_and_picks_write_policies_online() {
     std::thread::sleep(Duration::from_millis(120));
     let st = r.daemon.status();
     let (h, s) = (&st[0], &st[1]);
-    assert!(h.target_blocks >= 64 && h.target_blocks > s.target_blocks, "hot {} stream {}", h.target_blocks, s.target_blocks);
+    assert!(
+        h.target_blocks >= 64 && h.target_blocks > s.target_blocks,
+        "hot {} stream {}",
+        h.target_blocks,
+        s.target_blocks
+    );
     // Neither has read-after-write reuse: read-only for both (ECI-Cache's endurance rule).
     assert_eq!((h.write_policy, s.write_policy), (WritePolicy::Ro, WritePolicy::Ro));
     // Switch the allocator online: static shares split the pool evenly again.
@@ -85,7 +90,18 @@ fn a_recorded_trace_replays_to_the_same_hit_ratio_in_the_simulator() {
     sc.replay.queue_depth = 1;
     sc.trace.files = vec![rec];
     sc.trace.vm_mode = Some(cachevisor_trace::VmMode::Device);
-    sc.vm = ["a", "b"].iter().zip([WritePolicy::Wt, WritePolicy::Wb]).map(|(n, p)| cachevisor_sim::scenario::VmSection { name: n.to_string(), weight: 1.0, ratio: 1.0, min: None, sequential_cutoff: None, write_policy: Some(p) }).collect();
+    sc.vm = ["a", "b"]
+        .iter()
+        .zip([WritePolicy::Wt, WritePolicy::Wb])
+        .map(|(n, p)| cachevisor_sim::scenario::VmSection {
+            name: n.to_string(),
+            weight: 1.0,
+            ratio: 1.0,
+            min: None,
+            sequential_cutoff: None,
+            write_policy: Some(p),
+        })
+        .collect();
     sc.replay.mode = cachevisor_sim::scenario::ReplayMode::Open;
     let res = cachevisor_sim::simulate(&sc, &mut |_| {}).unwrap();
     for (vm, want) in ["a", "b"].iter().zip(&live) {

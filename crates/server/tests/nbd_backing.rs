@@ -37,7 +37,13 @@ fn nbdkit(filters: &[&str], params: &[&str]) -> (Nbdkit, u16) {
 
 /// A daemon in `dir` with one vDisk `name` on nbdkit at `port`; `cache` is extra
 /// `[cache]` TOML (size and more).
-fn behind(dir: &tempfile::TempDir, port: u16, cache: &str, name: &str, write_policy: &str) -> cachevisor_server::service::Running {
+fn behind(
+    dir: &tempfile::TempDir,
+    port: u16,
+    cache: &str,
+    name: &str,
+    write_policy: &str,
+) -> cachevisor_server::service::Running {
     let t = format!("[cache]\npath = \"c.img\"\n{cache}\n[listen]\ntcp = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"{name}\"\nbacking = \"nbd://127.0.0.1:{port}/\"\nwrite_policy = \"{write_policy}\"\n");
     serve(&cachevisor_server::Config::parse(&t, "t", dir.path()).unwrap())
 }
@@ -54,7 +60,8 @@ fn an_nbd_server_behind_the_cache() {
     }
     c.flush().unwrap();
     // Straight from nbdkit: everything written through is there.
-    let mut direct = cachevisor_server::nbd::client::Client::connect(format!("127.0.0.1:{port}").parse().unwrap(), "").unwrap();
+    let mut direct =
+        cachevisor_server::nbd::client::Client::connect(format!("127.0.0.1:{port}").parse().unwrap(), "").unwrap();
     for i in (0..256u64).step_by(17) {
         assert_eq!(direct.read(i * 4096, 4096).unwrap().unwrap(), vec![i as u8; 4096]);
     }
@@ -102,7 +109,10 @@ fn a_slow_miss_does_not_hold_up_the_requests_behind_it() {
     let mut first_two = Vec::new();
     for _ in 0..2 {
         let (e, cookie) = c.reply().unwrap();
-        assert!(e == 0 && (cookie == hit || cookie == write), "the hit and the write are answered before the miss (got cookie {cookie})");
+        assert!(
+            e == 0 && (cookie == hit || cookie == write),
+            "the hit and the write are answered before the miss (got cookie {cookie})"
+        );
         if cookie == hit {
             std::io::Read::read_exact(&mut c.s, &mut data).unwrap();
             assert_eq!(data, vec![5; 4096]);

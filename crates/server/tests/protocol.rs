@@ -105,13 +105,18 @@ fn bad_requests_get_errors_and_change_nothing() {
     let k = c.send(CMD_WRITE_ZEROES, CMD_FLAG_FUA, 8192 + 512, 1024, &[]);
     assert_eq!(c.reply().unwrap(), (0, k));
     let got = c.read(8192, 8192).unwrap();
-    assert!(got[..512].iter().all(|&b| b == 7) && got[512..1536].iter().all(|&b| b == 0) && got[1536..].iter().all(|&b| b == 7));
+    assert!(
+        got[..512].iter().all(|&b| b == 7)
+            && got[512..1536].iter().all(|&b| b == 0)
+            && got[1536..].iter().all(|&b| b == 7)
+    );
     // A bad request magic closes this connection only.
     c.s.write_all(&[0u8; REQUEST_LEN]).unwrap();
     assert!(closed(&mut c.s));
     // A client that vanishes halfway through a WRITE's payload changes nothing.
     let (mut c2, _) = Client::connect(addr, "a");
-    c2.s.write_all(&encode_request(&Request { flags: 0, kind: CMD_WRITE, cookie: 9, offset: 8192, length: 8192 })).unwrap();
+    c2.s.write_all(&encode_request(&Request { flags: 0, kind: CMD_WRITE, cookie: 9, offset: 8192, length: 8192 }))
+        .unwrap();
     c2.s.write_all(&[9u8; 100]).unwrap();
     drop(c2);
     // An oversized WRITE payload closes the connection with EOVERFLOW.

@@ -79,10 +79,16 @@ fn a_torn_journal_tail_is_cut_and_geometry_changes_are_refused() {
     assert!(e.contains("checkpoint") && e.contains("damaged"), "{e}");
     std::fs::write(&ck, &good).unwrap();
     // Another cache size: refused, naming the metadata and what to do.
-    let e = cachevisor_server::service::start(&config(dir.path(), "2MiB", &[("wb", "8MiB", "wb")])).err().unwrap().to_string();
+    let e = cachevisor_server::service::start(&config(dir.path(), "2MiB", &[("wb", "8MiB", "wb")]))
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("slots") && e.contains("delete"), "{e}");
     // A vDisk with dirty cached blocks missing from the config: refused.
-    let e = cachevisor_server::service::start(&config(dir.path(), "1MiB", &[("other", "8MiB", "wb")])).err().unwrap().to_string();
+    let e = cachevisor_server::service::start(&config(dir.path(), "1MiB", &[("other", "8MiB", "wb")]))
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("`wb`") && e.contains("dirty") && e.contains("--discard-dirty wb"), "{e}");
 }
 

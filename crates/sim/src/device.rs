@@ -170,7 +170,11 @@ impl Device {
                 } else {
                     // With seek = t2t + (full − t2t)·√d, a uniform d averages t2t + (full − t2t)·2/3.
                     let full = *seek_track_ns as f64 + (*seek_avg_ns - *seek_track_ns) as f64 * 1.5;
-                    let dist = if self.head == u64::MAX { 1.0 / 3.0 } else { addr.abs_diff(self.head) as f64 / *capacity_bytes as f64 };
+                    let dist = if self.head == u64::MAX {
+                        1.0 / 3.0
+                    } else {
+                        addr.abs_diff(self.head) as f64 / *capacity_bytes as f64
+                    };
                     let seek = *seek_track_ns as f64 + (full - *seek_track_ns as f64) * dist.min(1.0).sqrt();
                     let half_rotation = 30e9 / *rpm as f64;
                     (seek + half_rotation) as u64

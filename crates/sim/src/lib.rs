@@ -7,11 +7,11 @@
 //! Entry point: [`simulate`] with a [`Scenario`] (TOML, see [`scenario`]).
 
 pub mod device;
+pub mod experiments;
 pub mod metrics;
 pub mod plot;
 pub mod report;
 pub mod scenario;
-pub mod experiments;
 mod simulator;
 
 pub use report::SimResult;

@@ -13,7 +13,13 @@ pub struct Series {
 }
 
 /// A line chart of `series` as an SVG document.
-pub fn line_chart_svg(title: &str, x_label: &str, y_label: &str, series: &[Series], y_range: Option<(f64, f64)>) -> Result<String, String> {
+pub fn line_chart_svg(
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[Series],
+    y_range: Option<(f64, f64)>,
+) -> Result<String, String> {
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (900, 560)).into_drawing_area();

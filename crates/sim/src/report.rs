@@ -35,7 +35,15 @@ impl Latency {
     fn of(h: &Histogram<u64>) -> Self {
         let us = |ns: u64| (ns as f64 / 1e3 * 1000.0).round() / 1000.0;
         if h.is_empty() {
-            return Latency { count: 0, mean_us: 0.0, p50_us: 0.0, p99_us: 0.0, p999_us: 0.0, p9999_us: 0.0, max_us: 0.0 };
+            return Latency {
+                count: 0,
+                mean_us: 0.0,
+                p50_us: 0.0,
+                p99_us: 0.0,
+                p999_us: 0.0,
+                p9999_us: 0.0,
+                max_us: 0.0,
+            };
         }
         Latency {
             count: h.len(),
@@ -270,21 +278,49 @@ impl SimResult {
             writeln!(
                 f,
                 "{},{},{},{:.6},{:.6},{:.6},{},{},{},{},{},{},{},{},{},{},{},{},{}",
-                v.vm, v.requests, v.reads, v.hit_ratio, v.read_hit_ratio, v.write_hit_ratio, l.mean_us, l.p50_us, l.p99_us,
-                l.p999_us, l.p9999_us, v.ssd_read_bytes, v.ssd_write_bytes, v.backing_read_bytes, v.backing_write_bytes,
-                v.evicted_blocks, v.writebacks, v.final_used_blocks, v.final_dirty_blocks
+                v.vm,
+                v.requests,
+                v.reads,
+                v.hit_ratio,
+                v.read_hit_ratio,
+                v.write_hit_ratio,
+                l.mean_us,
+                l.p50_us,
+                l.p99_us,
+                l.p999_us,
+                l.p9999_us,
+                v.ssd_read_bytes,
+                v.ssd_write_bytes,
+                v.backing_read_bytes,
+                v.backing_write_bytes,
+                v.evicted_blocks,
+                v.writebacks,
+                v.final_used_blocks,
+                v.final_dirty_blocks
             )?;
         }
         f.flush()?;
         let mut f = io::BufWriter::new(std::fs::File::create(dir.join("windows.csv"))?);
         f.write_all(header.as_bytes())?;
-        writeln!(f, "window,t_end_s,vm,requests,accesses,hit_ratio,used_blocks,target_blocks,dirty_blocks,miss_blocks,recs")?;
+        writeln!(
+            f,
+            "window,t_end_s,vm,requests,accesses,hit_ratio,used_blocks,target_blocks,dirty_blocks,miss_blocks,recs"
+        )?;
         for w in &self.windows {
             let recs = w.recs.map_or(String::new(), |r| format!("{r:.6}"));
             writeln!(
                 f,
                 "{},{},{},{},{},{:.6},{},{},{},{},{recs}",
-                w.window, w.t_end_s, w.vm, w.requests, w.accesses, w.hit_ratio, w.used_blocks, w.target_blocks, w.dirty_blocks, w.miss_blocks
+                w.window,
+                w.t_end_s,
+                w.vm,
+                w.requests,
+                w.accesses,
+                w.hit_ratio,
+                w.used_blocks,
+                w.target_blocks,
+                w.dirty_blocks,
+                w.miss_blocks
             )?;
         }
         f.flush()

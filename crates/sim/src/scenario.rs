@@ -198,7 +198,15 @@ pub struct ReplaySection {
 
 impl Default for ReplaySection {
     fn default() -> Self {
-        ReplaySection { mode: ReplayMode::Closed, speedup: 1.0, queue_depth: 4, window: "1s".into(), max_requests: 0, flush_at_end: false, repeat_for: None }
+        ReplaySection {
+            mode: ReplayMode::Closed,
+            speedup: 1.0,
+            queue_depth: 4,
+            window: "1s".into(),
+            max_requests: 0,
+            flush_at_end: false,
+            repeat_for: None,
+        }
     }
 }
 
@@ -354,10 +362,12 @@ impl Scenario {
         let cache_bytes = parse_size(&self.cache.size).map_err(|e| format!("cache.size: {e}"))?;
         let block_size = parse_size(&self.cache.block_size).map_err(|e| format!("cache.block_size: {e}"))?;
         let slots = cache_bytes.checked_div(block_size).unwrap_or(0);
-        let engine = cachevisor_engine::EngineConfig { block_size, slots, ..cachevisor_engine::EngineConfig::with_slots(1) };
+        let engine =
+            cachevisor_engine::EngineConfig { block_size, slots, ..cachevisor_engine::EngineConfig::with_slots(1) };
         engine.validate().map_err(|e| format!("cache: {e}"))?;
         cachevisor_policy::registry::build(&self.cache.allocator).map_err(|e| format!("cache.allocator: {e}"))?;
-        cachevisor_policy::registry::build_with(&self.cache.allocator, &self.cache.params).map_err(|e| format!("cache.params: {e}"))?;
+        cachevisor_policy::registry::build_with(&self.cache.allocator, &self.cache.params)
+            .map_err(|e| format!("cache.params: {e}"))?;
         self.devices.ssd.resolve().map_err(|e| format!("devices.ssd: {e}"))?;
         self.devices.backing.resolve().map_err(|e| format!("devices.backing: {e}"))?;
         let r = &self.replay;
@@ -368,10 +378,20 @@ impl Scenario {
             return Err(format!("replay.queue_depth: {} is outside 1..=1024", r.queue_depth));
         }
         let window_requests = match r.window.trim().strip_suffix("req") {
-            Some(n) => Some(n.trim().parse::<u64>().ok().filter(|&n| n > 0).ok_or(format!("replay.window: `{}` is not a positive request count", r.window))?),
+            Some(n) => Some(
+                n.trim()
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .ok_or(format!("replay.window: `{}` is not a positive request count", r.window))?,
+            ),
             None => None,
         };
-        let window_ns = if window_requests.is_some() { u64::MAX } else { parse_duration_ns(&r.window).map_err(|e| format!("replay.window: {e}"))? };
+        let window_ns = if window_requests.is_some() {
+            u64::MAX
+        } else {
+            parse_duration_ns(&r.window).map_err(|e| format!("replay.window: {e}"))?
+        };
         if window_ns == 0 {
             return Err("replay.window: must be > 0".into());
         }
@@ -414,7 +434,10 @@ impl Scenario {
         if self.cache.lookahead && (r.mode != ReplayMode::Open || window_requests.is_some()) {
             return Err("cache.lookahead: needs replay.mode = \"open\" and a time window (closed-loop windows do not map to trace time)".into());
         }
-        if allocator.cleaner().is_some() && self.cache.replacement != ReplacementKind::Clock && self.cache.partition == PartitionMode::Static {
+        if allocator.cleaner().is_some()
+            && self.cache.replacement != ReplacementKind::Clock
+            && self.cache.partition == PartitionMode::Static
+        {
             return Err(format!("cache.replacement: `{}` uses S-CAVE's global cleaner, which reads CLOCK counters: set replacement = \"clock\"", self.cache.allocator));
         }
         Ok(Resolved { cache_bytes, block_size, slots, window_ns, window_requests })

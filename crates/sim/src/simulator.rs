@@ -7,13 +7,13 @@ use crate::metrics::{Metrics, WindowRow};
 use crate::report::{SimResult, TraceCounts};
 use crate::scenario::{BackingLayout, ReplayMode, Resolved, Scenario};
 use cachevisor_analysis::{Kind, Method, Profiler, ReuseMix, ReuseMixTracker};
+use cachevisor_engine::{DeviceOp, Engine, EngineConfig, Output, PartitionMode};
 use cachevisor_policy::controller::{self, Controller, Estimates, VmSettings, WindowCounts};
 use cachevisor_policy::{registry, Needs};
-use cachevisor_engine::{DeviceOp, Engine, EngineConfig, Output, PartitionMode};
+use cachevisor_trace::chain::Chained;
 use cachevisor_trace::formats::generic_csv::CsvColumns;
 use cachevisor_trace::generator::{Generator, WorkloadConfig};
 use cachevisor_trace::units::{parse_duration_ns, parse_size};
-use cachevisor_trace::chain::Chained;
 use cachevisor_trace::{open_trace, MergeOptions, MergedTrace, ReadOptions, Request, TraceSource, VmId, VmMode};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -196,7 +196,12 @@ impl<'a> Run<'a> {
             }
             self.engine.ensure_vm(vm as VmId);
             let conf = self.sc.vm.iter().find(|v| v.name == names[vm]);
-            let min_bytes = conf.and_then(|v| v.min.as_deref()).map(parse_size).transpose().map_err(SimError::Scenario)?.unwrap_or(0);
+            let min_bytes = conf
+                .and_then(|v| v.min.as_deref())
+                .map(parse_size)
+                .transpose()
+                .map_err(SimError::Scenario)?
+                .unwrap_or(0);
             self.ctl.add_vm(VmSettings {
                 weight: conf.map_or(1.0, |v| v.weight),
                 ratio: conf.map_or(1.0, |v| v.ratio),
@@ -368,7 +373,18 @@ impl<'a> Run<'a> {
             self.window_end = self.last_now.max(self.window_start);
         }
         self.emit_window(); // the last, partial window
-        let mut r = SimResult::build(self.sc, self.res, &self.engine, &self.metrics, &self.names, self.windows, end, counts, &self.ssd, &self.backing);
+        let mut r = SimResult::build(
+            self.sc,
+            self.res,
+            &self.engine,
+            &self.metrics,
+            &self.names,
+            self.windows,
+            end,
+            counts,
+            &self.ssd,
+            &self.backing,
+        );
         for (v, &(passes, first)) in r.vms.iter_mut().zip(&self.passes) {
             v.iterations = passes;
             v.first_iteration_s = first.map(|t| t as f64 / 1e9);
@@ -380,7 +396,13 @@ impl<'a> Run<'a> {
 /// Pre-pass for allocators that need estimates once: exact whole-trace LRU hit curves per
 /// VM (all accesses and reads, in steps of `unit` blocks up to the cache size), reuse
 /// kinds, and every VM name in stream order.
-fn whole_trace(sc: &Scenario, res: Resolved, unit: u64, limit: u64, needs: Needs) -> Result<(Vec<Estimates>, Vec<String>), SimError> {
+fn whole_trace(
+    sc: &Scenario,
+    res: Resolved,
+    unit: u64,
+    limit: u64,
+    needs: Needs,
+) -> Result<(Vec<Estimates>, Vec<String>), SimError> {
     let mut trace = open_inputs(sc)?;
     let mut prof = Profiler::new(res.block_size, Method::Exact);
     if !needs.read_curves {
@@ -428,12 +450,19 @@ fn window_curves(sc: &Scenario, res: Resolved, unit: u64, limit: u64) -> Result<
     let mut mixes: Vec<ReuseMixTracker> = Vec::new();
     let mut cur: Vec<(DistanceHistogram, DistanceHistogram)> = Vec::new();
     let mut out: Vec<Vec<Estimates>> = Vec::new();
-    let close = |cur: &mut Vec<(DistanceHistogram, DistanceHistogram)>, mixes: &mut Vec<ReuseMixTracker>, out: &mut Vec<Vec<Estimates>>| {
+    let close = |cur: &mut Vec<(DistanceHistogram, DistanceHistogram)>,
+                 mixes: &mut Vec<ReuseMixTracker>,
+                 out: &mut Vec<Vec<Estimates>>| {
         out.push(
             cur.iter_mut()
                 .zip(mixes.iter_mut())
                 .map(|((a, r), m)| {
-                    let w = Estimates { all: a.hits_curve(unit, units), read: r.hits_curve(unit, units), accesses: a.total(), mix: m.mix };
+                    let w = Estimates {
+                        all: a.hits_curve(unit, units),
+                        read: r.hits_curve(unit, units),
+                        accesses: a.total(),
+                        mix: m.mix,
+                    };
                     *a = a.cleared();
                     *r = r.cleared();
                     m.mix = ReuseMix::default();
@@ -517,7 +546,8 @@ pub fn simulate(sc: &Scenario, progress: &mut dyn FnMut(Progress)) -> Result<Sim
                 total += 1;
             }
             run.admit(trace.vm_names(), 0)?;
-            let repeat_until = sc.replay.repeat_for.as_deref().map(parse_duration_ns).transpose().map_err(SimError::Scenario)?;
+            let repeat_until =
+                sc.replay.repeat_for.as_deref().map(parse_duration_ns).transpose().map_err(SimError::Scenario)?;
             let mut cursor = vec![0usize; per_vm.len()];
             run.passes = vec![(0, None); per_vm.len()];
             let mut ready: BinaryHeap<Reverse<(u64, VmId)>> = BinaryHeap::new();

@@ -30,7 +30,10 @@ fn s_cave_needs_clock_and_runs_its_cleaner_and_write_policy() {
     let mut s = Scenario::default();
     s.cache.size = "8MiB".into();
     s.cache.allocator = "s-cave".into();
-    s.synthetic = vec![synthetic(workload(dir.path(), "a", 1, "[[4%, 95%]]", 0.9, 20)), synthetic(workload(dir.path(), "b", 2, "[[100%, 100%]]", 0.9, 20))];
+    s.synthetic = vec![
+        synthetic(workload(dir.path(), "a", 1, "[[4%, 95%]]", 0.9, 20)),
+        synthetic(workload(dir.path(), "b", 2, "[[100%, 100%]]", 0.9, 20)),
+    ];
     let e = simulate(&s, &mut |_| {}).unwrap_err().to_string();
     assert!(e.contains("replacement") && e.contains("clock"), "{e}");
     s.cache.replacement = ReplacementKind::Clock;
@@ -51,7 +54,10 @@ fn eci_cache_picks_write_policies_per_vm() {
     let mut s = Scenario::default();
     s.cache.size = "16MiB".into();
     s.cache.allocator = "eci-cache".into();
-    s.synthetic = vec![synthetic(workload(dir.path(), "writer", 1, "[[4%, 95%]]", 0.3, 10)), synthetic(workload(dir.path(), "reader", 2, "[[4%, 95%]]", 0.99, 10))];
+    s.synthetic = vec![
+        synthetic(workload(dir.path(), "writer", 1, "[[4%, 95%]]", 0.3, 10)),
+        synthetic(workload(dir.path(), "reader", 2, "[[4%, 95%]]", 0.99, 10)),
+    ];
     let r = simulate(&s, &mut |_| {}).unwrap();
     let p = |vm: &str| r.windows.iter().rev().find(|w| w.vm == vm).unwrap().write_policy;
     assert_eq!((p("writer"), p("reader")), (WritePolicy::Wb, WritePolicy::Ro));
@@ -64,8 +70,18 @@ fn phases_change_settings_at_their_time() {
     s.cache.size = "16MiB".into();
     s.replay.mode = ReplayMode::Open;
     s.synthetic = vec![synthetic(workload(dir.path(), "a", 1, "[[4%, 95%]]", 0.5, 10))];
-    s.vm = vec![VmSection { name: "a".into(), weight: 1.0, ratio: 1.0, min: None, sequential_cutoff: None, write_policy: Some(WritePolicy::Wb) }];
-    s.phase = vec![PhaseSection { at: "5s".into(), vm: vec![VmChange { name: "a".into(), weight: None, ratio: None, write_policy: Some(WritePolicy::Ro) }] }];
+    s.vm = vec![VmSection {
+        name: "a".into(),
+        weight: 1.0,
+        ratio: 1.0,
+        min: None,
+        sequential_cutoff: None,
+        write_policy: Some(WritePolicy::Wb),
+    }];
+    s.phase = vec![PhaseSection {
+        at: "5s".into(),
+        vm: vec![VmChange { name: "a".into(), weight: None, ratio: None, write_policy: Some(WritePolicy::Ro) }],
+    }];
     let r = simulate(&s, &mut |_| {}).unwrap();
     for w in &r.windows {
         let want = if w.t_end_s <= 5.0 { WritePolicy::Wb } else { WritePolicy::Ro };
@@ -96,7 +112,8 @@ fn request_count_windows_and_repeated_passes() {
 #[test]
 fn lookahead_oracle_beats_the_online_controller_on_shifting_hot_sets() {
     let dir = tempfile::tempdir().unwrap();
-    let (a, b) = (workload(dir.path(), "a", 1, "[[4%, 95%]]", 1.0, 20), workload(dir.path(), "b", 2, "[[4%, 95%]]", 1.0, 20));
+    let (a, b) =
+        (workload(dir.path(), "a", 1, "[[4%, 95%]]", 1.0, 20), workload(dir.path(), "b", 2, "[[4%, 95%]]", 1.0, 20));
     let quiet = workload(dir.path(), "q", 3, "[[100%, 100%]]", 1.0, 20);
     let mut s = Scenario::default();
     s.cache.size = "12MiB".into();
@@ -127,7 +144,14 @@ fn sequential_cutoff_keeps_long_streams_out_of_the_cache() {
     s.cache.size = "16MiB".into();
     s.synthetic = vec![synthetic(p)];
     let plain = simulate(&s, &mut |_| {}).unwrap().total.inserted_blocks;
-    s.vm = vec![VmSection { name: "scan".into(), weight: 1.0, ratio: 1.0, min: None, sequential_cutoff: Some("16KiB".into()), write_policy: None }];
+    s.vm = vec![VmSection {
+        name: "scan".into(),
+        weight: 1.0,
+        ratio: 1.0,
+        min: None,
+        sequential_cutoff: Some("16KiB".into()),
+        write_policy: None,
+    }];
     let cut = simulate(&s, &mut |_| {}).unwrap().total.inserted_blocks;
     assert!(plain > 1000 && cut * 4 < plain, "inserted {cut} with the cutoff, {plain} without");
 }
@@ -140,7 +164,14 @@ fn bad_controller_settings_name_the_key() {
         s.synthetic = vec![synthetic(workload(dir.path(), "a", 1, "[[4%, 95%]]", 1.0, 1))];
         s
     };
-    let vm = |ratio: f64, min: Option<&str>, cut: Option<&str>| VmSection { name: "a".into(), weight: 1.0, ratio, min: min.map(Into::into), sequential_cutoff: cut.map(Into::into), write_policy: None };
+    let vm = |ratio: f64, min: Option<&str>, cut: Option<&str>| VmSection {
+        name: "a".into(),
+        weight: 1.0,
+        ratio,
+        min: min.map(Into::into),
+        sequential_cutoff: cut.map(Into::into),
+        write_policy: None,
+    };
     let err = |s: Scenario| simulate(&s, &mut |_| {}).unwrap_err().to_string();
     let mut s = base();
     s.vm = vec![vm(0.0, None, None)];

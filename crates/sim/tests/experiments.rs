@@ -13,7 +13,10 @@ fn check(name: &str) {
     let opts = Options { size: Size::Quick, out: dir.path().to_path_buf(), traces: traces() };
     let report = run(name, &opts, &mut |_| {}).unwrap_or_else(|e| panic!("{name}: {e}"));
     let html = std::fs::read_to_string(dir.path().join("report.html")).unwrap();
-    assert!(html.contains("<svg") && html.contains("<table") && html.contains("Scenarios"), "{name}: report lacks a figure, table or scenarios");
+    assert!(
+        html.contains("<svg") && html.contains("<table") && html.contains("Scenarios"),
+        "{name}: report lacks a figure, table or scenarios"
+    );
     assert!(dir.path().join("report.json").is_file());
     assert!(report.claims.iter().any(|c| c.asserted), "{name}: no claim is checked");
     for c in report.claims.iter().filter(|c| c.asserted) {

@@ -12,7 +12,8 @@ fn shared(name: &str) -> PathBuf {
 
 fn scenario() -> Scenario {
     let mut s = Scenario::default();
-    s.trace.files = vec![shared("websearch-small.mqsim.txt"), shared("tpcc-small.mqsim.txt"), shared("cloudPhysicsIO.vscsi")];
+    s.trace.files =
+        vec![shared("websearch-small.mqsim.txt"), shared("tpcc-small.mqsim.txt"), shared("cloudPhysicsIO.vscsi")];
     s.cache.size = "64MiB".into();
     s.replay.max_requests = 40_000;
     s
@@ -29,7 +30,10 @@ fn same_input_gives_identical_json() {
             let a = simulate(&s, &mut |_| {}).unwrap().to_json();
             let b = simulate(&s, &mut |_| {}).unwrap().to_json();
             assert_eq!(a, b, "{kind} {mode:?}");
-            assert!(a.contains("\"scenario\"") && a.contains("websearch-small.mqsim.txt"), "result carries its scenario");
+            assert!(
+                a.contains("\"scenario\"") && a.contains("websearch-small.mqsim.txt"),
+                "result carries its scenario"
+            );
         }
     }
 }
@@ -71,7 +75,14 @@ fn read_only_vm_writes_less_to_the_ssd() {
     let mut wb = scenario();
     wb.trace.files = vec![shared("cloudPhysicsIO.vscsi")];
     let mut ro = wb.clone();
-    ro.vm.push(VmSection { name: "cloudPhysicsIO".into(), weight: 1.0, ratio: 1.0, min: None, sequential_cutoff: None, write_policy: Some(WritePolicy::Ro) });
+    ro.vm.push(VmSection {
+        name: "cloudPhysicsIO".into(),
+        weight: 1.0,
+        ratio: 1.0,
+        min: None,
+        sequential_cutoff: None,
+        write_policy: Some(WritePolicy::Ro),
+    });
     let (a, b) = (simulate(&wb, &mut |_| {}).unwrap(), simulate(&ro, &mut |_| {}).unwrap());
     assert!(b.total.ssd_write_bytes < a.total.ssd_write_bytes);
     assert_eq!(b.total.write_hit_ratio, 0.0);
@@ -135,7 +146,12 @@ fn optimal_static_split_beats_equal_shares() {
     let mut best = equal.clone();
     best.cache.allocator = "optimal".into();
     let (a, b) = (simulate(&equal, &mut |_| {}).unwrap(), simulate(&best, &mut |_| {}).unwrap());
-    assert!(b.total.hit_ratio > a.total.hit_ratio + 0.1, "optimal {} vs equal {}", b.total.hit_ratio, a.total.hit_ratio);
+    assert!(
+        b.total.hit_ratio > a.total.hit_ratio + 0.1,
+        "optimal {} vs equal {}",
+        b.total.hit_ratio,
+        a.total.hit_ratio
+    );
     // The split follows the curves: the reuse-heavy VM gets most of the cache.
     let cp = b.vms.iter().find(|v| v.vm == "cloudPhysicsIO").unwrap();
     assert!(cp.final_used_blocks > b.resolved.slots / 2);
@@ -159,7 +175,8 @@ fn reallocating_every_window_follows_recent_curves() {
     let a = simulate(&s, &mut |_| {}).unwrap();
     assert_eq!(a.to_json(), simulate(&s, &mut |_| {}).unwrap().to_json(), "deterministic");
     // Targets move between windows and never exceed the cache.
-    let targets: std::collections::BTreeSet<u64> = a.windows.iter().filter(|w| w.vm == "cloudPhysicsIO").map(|w| w.target_blocks).collect();
+    let targets: std::collections::BTreeSet<u64> =
+        a.windows.iter().filter(|w| w.vm == "cloudPhysicsIO").map(|w| w.target_blocks).collect();
     assert!(targets.len() > 2, "{targets:?}");
     for w in a.windows.chunks(3) {
         assert!(w.iter().map(|r| r.target_blocks).sum::<u64>() <= a.resolved.slots);

@@ -2,7 +2,7 @@
 
 #![allow(missing_docs)]
 
-use cachevisor_trace::{open_trace, Format, ReadOptions, Request, TraceWriter, Op};
+use cachevisor_trace::{open_trace, Format, Op, ReadOptions, Request, TraceWriter};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use std::io::BufWriter;
 
@@ -17,7 +17,13 @@ fn bench(c: &mut Criterion) {
         let mut w = TraceWriter::new(f, out, 4096).unwrap();
         for i in 0..n {
             let op = if i % 3 == 0 { Op::Write } else { Op::Read };
-            let r = Request { time_ns: 1_000_000_000 + i * 1_000_000, vm: 0, op, offset: (i * 7919 % 100_000) * 4096, len: 4096 };
+            let r = Request {
+                time_ns: 1_000_000_000 + i * 1_000_000,
+                vm: 0,
+                op,
+                offset: (i * 7919 % 100_000) * 4096,
+                len: 4096,
+            };
             w.write(&r, "hm_0").unwrap();
         }
         w.finish().unwrap();

@@ -5,8 +5,8 @@ use crate::error::TraceError;
 use crate::formats::blkparse::{write_blkparse, BlkparseParser};
 use crate::formats::cloudphysics_csv::{self, write_cloudphysics, CloudPhysicsParser};
 use crate::formats::generic_csv::{self, write_canonical, CsvColumns, GenericCsvParser};
-use crate::formats::msr::{write_msr, MsrParser};
 use crate::formats::mqsim::{write_mqsim, MqsimParser};
+use crate::formats::msr::{write_msr, MsrParser};
 use crate::formats::oracle_general::{OracleGeneralParser, OracleGeneralWriter};
 use crate::formats::vscsi::{write_vscsi_v1, VscsiParser, VscsiVersion};
 use crate::input::{open_decompressed, peek, trace_stem};
@@ -89,10 +89,14 @@ impl Format {
         } else if line.starts_with(generic_csv::CANONICAL_HEADER) {
             Some(Format::Csv)
         } else if comma.len() == 7
-            && (comma[0] == "Timestamp" || comma[3].eq_ignore_ascii_case("read") || comma[3].eq_ignore_ascii_case("write"))
+            && (comma[0] == "Timestamp"
+                || comma[3].eq_ignore_ascii_case("read")
+                || comma[3].eq_ignore_ascii_case("write"))
         {
             Some(Format::Msr)
-        } else if ws.len() >= 7 && ws[0].split_once(',').is_some_and(|(a, b)| a.parse::<u32>().is_ok() && b.parse::<u32>().is_ok()) {
+        } else if ws.len() >= 7
+            && ws[0].split_once(',').is_some_and(|(a, b)| a.parse::<u32>().is_ok() && b.parse::<u32>().is_ok())
+        {
             Some(Format::Blkparse)
         } else if ws.len() == 5 && ws.iter().all(|f| f.parse::<u64>().is_ok()) {
             Some(Format::Mqsim)
@@ -143,7 +147,13 @@ pub struct ReadOptions {
 
 impl Default for ReadOptions {
     fn default() -> Self {
-        ReadOptions { format: None, vm_mode: VmMode::Device, skip_bad: false, blkparse_action: "D".into(), csv_columns: None }
+        ReadOptions {
+            format: None,
+            vm_mode: VmMode::Device,
+            skip_bad: false,
+            blkparse_action: "D".into(),
+            csv_columns: None,
+        }
     }
 }
 

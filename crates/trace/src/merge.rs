@@ -46,7 +46,10 @@ impl MergedTrace {
 
     /// Merges already-open sources.
     pub fn from_sources(sources: Vec<Box<dyn TraceSource>>, opts: MergeOptions) -> Self {
-        let inputs = sources.into_iter().map(|source| Input { source, global: Vec::new(), origin: None, pending: None }).collect();
+        let inputs = sources
+            .into_iter()
+            .map(|source| Input { source, global: Vec::new(), origin: None, pending: None })
+            .collect();
         MergedTrace { inputs, heap: BinaryHeap::new(), names: Vec::new(), opts, started: false }
     }
 

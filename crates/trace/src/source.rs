@@ -161,7 +161,13 @@ impl<P: RecordParser> RecordReader<P> {
     /// Reads `input` (already decompressed) named `file` with `parser`.
     pub fn new(input: Box<dyn BufRead + Send>, file: String, parser: P, vms: VmTable, skip_bad: bool) -> Self {
         let rec = vec![0; parser.record_len()];
-        RecordReader { input, parser, rec, index: 0, common: Common { file, skip_bad, vms, counts: SourceCounts::default() } }
+        RecordReader {
+            input,
+            parser,
+            rec,
+            index: 0,
+            common: Common { file, skip_bad, vms, counts: SourceCounts::default() },
+        }
     }
 }
 
@@ -170,7 +176,8 @@ impl<P: RecordParser> TraceSource for RecordReader<P> {
         let len = self.rec.len();
         let start = out.len();
         while out.len() - start < max {
-            let buf = self.input.fill_buf().map_err(|source| TraceError::Io { file: self.common.file.clone(), source })?;
+            let buf =
+                self.input.fill_buf().map_err(|source| TraceError::Io { file: self.common.file.clone(), source })?;
             let whole = (buf.len() / len).min(max - (out.len() - start));
             if whole == 0 {
                 // A record straddles the buffer's end, or the input ended.
@@ -202,7 +209,8 @@ impl<P: RecordParser> TraceSource for RecordReader<P> {
             let at = Location::Record { offset, index: self.index };
             // Parse straight from the reader's buffer when a whole record is there; copy
             // only records that straddle buffer refills (or short decompressor reads).
-            let buf = self.input.fill_buf().map_err(|source| TraceError::Io { file: self.common.file.clone(), source })?;
+            let buf =
+                self.input.fill_buf().map_err(|source| TraceError::Io { file: self.common.file.clone(), source })?;
             if buf.len() >= len {
                 let r = self.parser.parse(&buf[..len], &mut self.common.vms);
                 self.input.consume(len);

@@ -41,7 +41,13 @@ impl TraceSource for ZipfSource {
         }
         self.left -= 1;
         let rank = self.dist.sample(&mut self.rng) as u64;
-        let r = Request { time_ns: self.i * 1000, vm: 0, op: Op::Read, offset: (rank - 1) * self.block as u64, len: self.block };
+        let r = Request {
+            time_ns: self.i * 1000,
+            vm: 0,
+            op: Op::Read,
+            offset: (rank - 1) * self.block as u64,
+            len: self.block,
+        };
         self.i += 1;
         Ok(Some(r))
     }

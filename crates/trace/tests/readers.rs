@@ -76,13 +76,18 @@ fn blkparse_keeps_one_action() {
 CPU1 (8,0):
  Reads Queued:           0,        0KiB\t Writes Queued:           1,        4KiB
 ";
-    let (r, names) = read_text("sda.blktrace.txt", text, &ReadOptions { format: Some(Format::Blkparse), ..Default::default() });
+    let (r, names) =
+        read_text("sda.blktrace.txt", text, &ReadOptions { format: Some(Format::Blkparse), ..Default::default() });
     let r = r.unwrap();
     assert_eq!(names, ["sda.blktrace:8,0"]);
     assert_eq!(r.len(), 2);
     assert_eq!((r[0].time_ns, r[0].op, r[0].offset, r[0].len), (131_062, Op::Write, 2048 * 512, 4096));
     assert_eq!(r[1].op, Op::Read);
-    let (r, _) = read_text("x.txt", text, &ReadOptions { format: Some(Format::Blkparse), blkparse_action: "Q".into(), ..Default::default() });
+    let (r, _) = read_text(
+        "x.txt",
+        text,
+        &ReadOptions { format: Some(Format::Blkparse), blkparse_action: "Q".into(), ..Default::default() },
+    );
     assert_eq!(r.unwrap().len(), 1);
 }
 
@@ -98,7 +103,12 @@ fn generic_csv_mapping() {
 
 /// (file name, format, bad text, expected fragments of the error)
 const MALFORMED: &[(&str, Format, &str, &[&str])] = &[
-    ("m.csv", Format::Msr, "128166372003061629,hm,0,Write,7014912,4096,26\n128166372016382155,hm,0,Erase,1,4096,1\n", &["m.csv", "line 2", "`Type`", "Erase"]),
+    (
+        "m.csv",
+        Format::Msr,
+        "128166372003061629,hm,0,Write,7014912,4096,26\n128166372016382155,hm,0,Erase,1,4096,1\n",
+        &["m.csv", "line 2", "`Type`", "Erase"],
+    ),
     ("m.csv", Format::Msr, "128166372003061629,hm,0,Write,70x4912,4096,26\n", &["line 1", "`Offset`"]),
     ("m.csv", Format::Msr, "128166372003061629,hm,0,Write\n", &["line 1", "`Offset`", "missing"]),
     ("q.txt", Format::Mqsim, "1 0 8 8 1\n2 0 8 eight 1\n", &["q.txt", "line 2", "`size_in_sectors`"]),

@@ -39,7 +39,10 @@ pub struct Failed {
 
 /// Reads the banner from `lines` until the NBD URIs (and the API line when `api` is
 /// expected) are out; `None` when the stream ends first.
-fn read_banner(lines: &mut dyn Iterator<Item = String>, want_api: bool) -> Option<(String, Option<String>, Vec<String>)> {
+fn read_banner(
+    lines: &mut dyn Iterator<Item = String>,
+    want_api: bool,
+) -> Option<(String, Option<String>, Vec<String>)> {
     let (mut nbd, mut api, mut banner) = (None, None, Vec::new());
     while nbd.is_none() || (want_api && api.is_none()) {
         let l = lines.next()?;
@@ -58,7 +61,10 @@ impl Daemon {
     /// returns how it failed.
     pub fn start(dir: &Path, config: &str, args: &[&str]) -> Result<Daemon, Failed> {
         let want_api = std::fs::read_to_string(dir.join(config)).unwrap().contains("[api]");
-        let log = dir.join(format!("{config}.{}.log", std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()));
+        let log = dir.join(format!(
+            "{config}.{}.log",
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+        ));
         let mut child = Command::new(bin())
             .current_dir(dir)
             .args(["serve", "--config", config])
@@ -196,7 +202,11 @@ impl SmallFs {
         let mut stdout = BufReader::new(shell.stdout.take().unwrap());
         let mut l = String::new();
         stdout.read_line(&mut l).unwrap();
-        assert_eq!(l.trim(), "ready", "could not mount a tmpfs in a private mount namespace (needs user namespaces or root)");
+        assert_eq!(
+            l.trim(),
+            "ready",
+            "could not mount a tmpfs in a private mount namespace (needs user namespaces or root)"
+        );
         SmallFs { shell, stdin, stdout, dir: dir.to_path_buf() }
     }
 
@@ -216,7 +226,13 @@ impl SmallFs {
         let n = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
         let (out, log) = (format!("serve.{n}.out"), format!("serve.{n}.log"));
         let extra: String = args.iter().map(|a| format!(" '{a}'")).collect();
-        assert_eq!(self.run(&format!("RUST_LOG=info '{}' serve --config '{config}'{extra} > {out} 2> {log} & echo $! > serve.pid", bin())), 0);
+        assert_eq!(
+            self.run(&format!(
+                "RUST_LOG=info '{}' serve --config '{config}'{extra} > {out} 2> {log} & echo $! > serve.pid",
+                bin()
+            )),
+            0
+        );
         let pid: u32 = std::fs::read_to_string(self.dir.join("serve.pid")).unwrap().trim().parse().unwrap();
         let end = Instant::now() + Duration::from_secs(30);
         loop {
@@ -225,10 +241,14 @@ impl SmallFs {
             if let Some((nbd, api, banner)) = read_banner(&mut lines, want_api) {
                 return Ok(NsDaemon { pid, nbd, api, banner, log: self.dir.join(&log) });
             }
-            let alive = Path::new(&format!("/proc/{pid}")).exists() && !std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default().contains(") Z");
+            let alive = Path::new(&format!("/proc/{pid}")).exists()
+                && !std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default().contains(") Z");
             if !alive || Instant::now() > end {
                 self.run("wait");
-                return Err(Failed { status: None, output: std::fs::read_to_string(self.dir.join(&log)).unwrap_or_default() });
+                return Err(Failed {
+                    status: None,
+                    output: std::fs::read_to_string(self.dir.join(&log)).unwrap_or_default(),
+                });
             }
             std::thread::sleep(Duration::from_millis(20));
         }

@@ -74,8 +74,13 @@ pub enum ReplacementKind {
 
 impl ReplacementKind {
     /// Every policy, for registries and tests.
-    pub const ALL: [ReplacementKind; 5] =
-        [ReplacementKind::Lru, ReplacementKind::Fifo, ReplacementKind::Clock, ReplacementKind::TwoPool, ReplacementKind::S3fifo];
+    pub const ALL: [ReplacementKind; 5] = [
+        ReplacementKind::Lru,
+        ReplacementKind::Fifo,
+        ReplacementKind::Clock,
+        ReplacementKind::TwoPool,
+        ReplacementKind::S3fifo,
+    ];
 
     /// Command-line name.
     pub fn name(self) -> &'static str {
@@ -112,9 +117,15 @@ impl FromStr for ReplacementKind {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         let s = s.to_ascii_lowercase();
-        ReplacementKind::ALL.into_iter().find(|k| k.name() == s || (s == "s3-fifo" && *k == ReplacementKind::S3fifo)).ok_or_else(|| {
-            format!("unknown replacement policy `{s}` (one of {})", ReplacementKind::ALL.map(|k| k.name()).join(", "))
-        })
+        ReplacementKind::ALL
+            .into_iter()
+            .find(|k| k.name() == s || (s == "s3-fifo" && *k == ReplacementKind::S3fifo))
+            .ok_or_else(|| {
+                format!(
+                    "unknown replacement policy `{s}` (one of {})",
+                    ReplacementKind::ALL.map(|k| k.name()).join(", ")
+                )
+            })
     }
 }
 

@@ -91,7 +91,7 @@ impl Daemon {
         }
         let first = ctl.decide(&engine, None, &[], None);
         controller::apply(&mut engine, &first); // an empty cache: no device work
-        // Warm start: put every block the metadata knows back into its slot.
+                                                // Warm start: put every block the metadata knows back into its slot.
         let names: Vec<String> = cfg.vdisk.iter().map(|v| v.name.clone()).collect();
         // Metadata VM ids → engine VM ids; vDisks no longer configured get ids past the
         // configured ones, to be refused (dirty data) or dropped (clean) after the replay.
@@ -152,7 +152,8 @@ impl Daemon {
                 Place::NewFile(_) => None,
                 Place::Uri(uri) => {
                     let size = v.size.as_deref().map(parse_size).transpose().map_err(StartError::Config)?;
-                    let b = Backing::open(&v.backing, size, v.grow, &format!("vdisk[{i}] ({})", v.name)).map_err(StartError::Config)?;
+                    let b = Backing::open(&v.backing, size, v.grow, &format!("vdisk[{i}] ({})", v.name))
+                        .map_err(StartError::Config)?;
                     let size = b.size().map_err(|source| StartError::File { path: uri.clone(), source })?;
                     nbd[i] = Some(b);
                     Some(Identity::Nbd { uri: uri.clone(), size })
@@ -160,7 +161,11 @@ impl Daemon {
             };
             let Some(recorded) = bound.get(&(i as VmId)) else { continue };
             let why = match &current {
-                None => Some(format!("{} does not exist (the cache was bound to {})", v.backing.display(), recorded.describe())),
+                None => Some(format!(
+                    "{} does not exist (the cache was bound to {})",
+                    v.backing.display(),
+                    recorded.describe()
+                )),
                 // The same store grown (e.g. `qemu-img resize` while stopped): still its blocks.
                 Some(c) if c.same_store(recorded) && c.size() >= recorded.size() => None,
                 Some(c) => c.differs_from(recorded),
@@ -208,28 +213,49 @@ impl Daemon {
             let size = b.size().map_err(err)?;
             let identity = match &places[i] {
                 Place::Uri(uri) => Identity::Nbd { uri: uri.clone(), size },
-                _ => Identity::of_path(&v.backing).map_err(err)?.ok_or_else(|| StartError::Config(format!("{at}.backing: {} vanished while starting", v.backing.display())))?,
+                _ => Identity::of_path(&v.backing).map_err(err)?.ok_or_else(|| {
+                    StartError::Config(format!("{at}.backing: {} vanished while starting", v.backing.display()))
+                })?,
             };
             identities.push(Some(identity.clone()));
-            persist.record_binding(i as u16, &identity).map_err(|source| StartError::File { path: meta_dir.display().to_string(), source })?;
+            persist
+                .record_binding(i as u16, &identity)
+                .map_err(|source| StartError::File { path: meta_dir.display().to_string(), source })?;
             exports.push(Some(ExportInfo { id: i as VmId, name: v.name.clone(), size }));
             backings.push(std::sync::Arc::new(b));
         }
-        let (ssd, direct) = crate::backing::open_cache_store(&cfg.cache.path, r.cache_bytes, cfg.cache.direct).map_err(|source| StartError::File { path: cfg.cache.path.display().to_string(), source })?;
-        let mut recovery = Recovery { journal_records: rec.journal_records, torn_tail: rec.torn_tail, ..Recovery::default() };
+        let (ssd, direct) = crate::backing::open_cache_store(&cfg.cache.path, r.cache_bytes, cfg.cache.direct)
+            .map_err(|source| StartError::File { path: cfg.cache.path.display().to_string(), source })?;
+        let mut recovery =
+            Recovery { journal_records: rec.journal_records, torn_tail: rec.torn_tail, ..Recovery::default() };
         for vm in 0..names.len() {
             let p = engine.partition(vm as VmId);
             recovery.blocks += p.used;
             recovery.dirty_blocks += p.dirty_blocks;
         }
         let targets: Vec<u64> = (0..names.len()).map(|v| engine.partition(v as VmId).target).collect();
-        persist.checkpoint(&mut engine, &names, &targets, &ssd).map_err(|source| StartError::File { path: meta_dir.display().to_string(), source })?;
+        persist
+            .checkpoint(&mut engine, &names, &targets, &ssd)
+            .map_err(|source| StartError::File { path: meta_dir.display().to_string(), source })?;
         if recovery.blocks > 0 {
-            tracing::info!(blocks = recovery.blocks, dirty = recovery.dirty_blocks, journal_records = recovery.journal_records, torn_tail = recovery.torn_tail, "warm start");
+            tracing::info!(
+                blocks = recovery.blocks,
+                dirty = recovery.dirty_blocks,
+                journal_records = recovery.journal_records,
+                torn_tail = recovery.torn_tail,
+                "warm start"
+            );
         }
         let stats = vec![ExportStats::default(); exports.len()];
         let n = names.len();
-        let files = Files { ssd: std::sync::Arc::new(ssd), ssd_versions: std::sync::Arc::new(crate::prefetch::Versions::new(r.block_size)), direct: direct.then(Default::default), backings, versions: std::sync::Arc::new(crate::prefetch::Versions::new(r.block_size)), fail_ssd_write_in: 0.into() };
+        let files = Files {
+            ssd: std::sync::Arc::new(ssd),
+            ssd_versions: std::sync::Arc::new(crate::prefetch::Versions::new(r.block_size)),
+            direct: direct.then(Default::default),
+            backings,
+            versions: std::sync::Arc::new(crate::prefetch::Versions::new(r.block_size)),
+            fail_ssd_write_in: 0.into(),
+        };
         let core = Core {
             fenced: Default::default(),
             engine,

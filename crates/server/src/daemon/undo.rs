@@ -38,14 +38,22 @@ fn ssd_place(op: &DeviceOp, bs: u64) -> (u32, u64, (u32, u32)) {
 fn recompose(e: &mut Engine, slot: u32, vm: VmId, block: u64, f: impl Fn(u32, bool, bool) -> (bool, bool)) -> bool {
     let spb = (e.config().block_size / 512) as u32;
     let here = e.slot_block(slot) == Some((vm, block));
-    let cur: Vec<(bool, bool)> = (0..spb).map(|i| if here { e.sector_state(slot, i) } else { (false, false) }).collect();
-    let new: Vec<(bool, bool)> = cur.iter().enumerate().map(|(i, &(v, d))| f(i as u32, v, d)).map(|(v, d)| (v || d, d)).collect();
+    let cur: Vec<(bool, bool)> =
+        (0..spb).map(|i| if here { e.sector_state(slot, i) } else { (false, false) }).collect();
+    let new: Vec<(bool, bool)> =
+        cur.iter().enumerate().map(|(i, &(v, d))| f(i as u32, v, d)).map(|(v, d)| (v || d, d)).collect();
     if here && new == cur {
         return true;
     }
     if let Some(other) = e.lookup(vm, block).filter(|&o| o != slot) {
         if (0..spb).any(|i| e.sector_state(other, i).1) {
-            tracing::error!(vm, block, slot, other, "a failed write-back's block is cached dirty elsewhere: that copy is kept");
+            tracing::error!(
+                vm,
+                block,
+                slot,
+                other,
+                "a failed write-back's block is cached dirty elsewhere: that copy is kept"
+            );
             return false;
         }
         e.release_slot(other); // a clean copy: the backing store (or this slot) has it
@@ -65,7 +73,13 @@ fn recompose(e: &mut Engine, slot: u32, vm: VmId, block: u64, f: impl Fn(u32, bo
 /// `at == ops.len()`: all ran but the write-backs among them are not durable, e.g. the
 /// backing store's sync failed). `pre` holds the states before the request of the slots a
 /// client write found cached, and `write` its range. Returns the blocks put back dirty.
-pub(super) fn undo(e: &mut Engine, ops: &[DeviceOp], at: usize, pre: &HashMap<u32, Pre>, write: Option<WriteRange>) -> u64 {
+pub(super) fn undo(
+    e: &mut Engine,
+    ops: &[DeviceOp],
+    at: usize,
+    pre: &HashMap<u32, Pre>,
+    write: Option<WriteRange>,
+) -> u64 {
     let bs = e.config().block_size;
     let spb = (bs / 512) as u32;
     let at = at.min(ops.len());
@@ -80,7 +94,13 @@ pub(super) fn undo(e: &mut Engine, ops: &[DeviceOp], at: usize, pre: &HashMap<u3
     if let Some(op) = ops.get(at).filter(|o| o.kind == OpKind::SsdRead) {
         let (slot, block, (lo, hi)) = ssd_place(op, bs);
         if e.slot_block(slot) == Some((op.vm, block)) {
-            recompose(e, slot, op.vm, block, |i, v, d| if (lo..hi).contains(&i) && !d { (false, false) } else { (v, d) });
+            recompose(
+                e,
+                slot,
+                op.vm,
+                block,
+                |i, v, d| if (lo..hi).contains(&i) && !d { (false, false) } else { (v, d) },
+            );
         }
     }
     // A failed client write: sectors it covered that were dirty stay dirty, the others
@@ -88,17 +108,30 @@ pub(super) fn undo(e: &mut Engine, ops: &[DeviceOp], at: usize, pre: &HashMap<u3
     if let Some((vm, offset, len)) = write {
         for (&slot, p) in pre {
             let Pre::State(st) = p else { continue };
-            let Some((pv, pb)) = (st.key() != cachevisor_engine::slot_table::FREE_KEY).then(|| (cachevisor_engine::slot_table::key_vm(st.key()), cachevisor_engine::slot_table::key_block(st.key()))) else { continue };
-            let holds = e.slot_block(slot) == Some((pv, pb)) || (e.slot_block(slot).is_none() && e.lookup(pv, pb).is_none());
+            let Some((pv, pb)) = (st.key() != cachevisor_engine::slot_table::FREE_KEY).then(|| {
+                (cachevisor_engine::slot_table::key_vm(st.key()), cachevisor_engine::slot_table::key_block(st.key()))
+            }) else {
+                continue;
+            };
+            let holds =
+                e.slot_block(slot) == Some((pv, pb)) || (e.slot_block(slot).is_none() && e.lookup(pv, pb).is_none());
             // The slot went to another block in this request and that block's data (maybe
             // part of it, from the failed op) was written there: the block's bytes are gone
             // from it (a dirty one was written back first).
-            let taken = ops[..(at + 1).min(ops.len())].iter().any(|o| o.kind == OpKind::SsdWrite && ssd_place(o, bs).0 == slot && (o.vm, ssd_place(o, bs).1) != (pv, pb));
+            let taken = ops[..(at + 1).min(ops.len())].iter().any(|o| {
+                o.kind == OpKind::SsdWrite && ssd_place(o, bs).0 == slot && (o.vm, ssd_place(o, bs).1) != (pv, pb)
+            });
             if !holds || taken || pv != vm {
                 continue;
             }
             let (lo, hi) = sectors_of(offset, len, bs, pb);
-            recompose(e, slot, pv, pb, |i, v, d| if (lo..hi).contains(&i) { (st.dirty_at(i), st.dirty_at(i)) } else { (v, d) });
+            recompose(
+                e,
+                slot,
+                pv,
+                pb,
+                |i, v, d| if (lo..hi).contains(&i) { (st.dirty_at(i), st.dirty_at(i)) } else { (v, d) },
+            );
         }
         // Blocks the write brought into the cache: nothing of the failed write stays.
         if len > 0 {
@@ -113,11 +146,23 @@ pub(super) fn undo(e: &mut Engine, ops: &[DeviceOp], at: usize, pre: &HashMap<u3
     // read from, unless a completed cache-store write replaced that slot's bytes since.
     let mut restored = 0;
     for (j, op) in ops.iter().enumerate().filter(|(_, o)| o.kind == OpKind::BackingWrite && o.staged) {
-        let Some((r, read)) = ops[..j].iter().enumerate().rev().find(|(_, o)| o.kind == OpKind::SsdRead && o.staged && o.vm == op.vm && o.disk_addr <= op.disk_addr && op.disk_addr + op.len as u64 <= o.disk_addr + o.len as u64) else { continue };
+        let Some((r, read)) = ops[..j].iter().enumerate().rev().find(|(_, o)| {
+            o.kind == OpKind::SsdRead
+                && o.staged
+                && o.vm == op.vm
+                && o.disk_addr <= op.disk_addr
+                && op.disk_addr + op.len as u64 <= o.disk_addr + o.len as u64
+        }) else {
+            continue;
+        };
         let (slot, block, _) = ssd_place(read, bs);
         // Cache-store writes that ran after the read, the failed one included (it may have
         // written part of its data).
-        if j < at && ops[r + 1..(at + 1).min(ops.len())].iter().any(|o| o.kind == OpKind::SsdWrite && ssd_place(o, bs).0 == slot) {
+        if j < at
+            && ops[r + 1..(at + 1).min(ops.len())]
+                .iter()
+                .any(|o| o.kind == OpKind::SsdWrite && ssd_place(o, bs).0 == slot)
+        {
             continue; // the write-back completed and the slot holds other data now
         }
         let lo = ((op.disk_addr % bs) / 512) as u32;

@@ -42,7 +42,9 @@ impl Client {
         s.set_nodelay(true)?;
         let mut hello = [0u8; 18];
         s.read_exact(&mut hello)?;
-        if u64::from_be_bytes(hello[0..8].try_into().expect("8")) != NBDMAGIC || u64::from_be_bytes(hello[8..16].try_into().expect("8")) != IHAVEOPT {
+        if u64::from_be_bytes(hello[0..8].try_into().expect("8")) != NBDMAGIC
+            || u64::from_be_bytes(hello[8..16].try_into().expect("8")) != IHAVEOPT
+        {
             return Err(invalid("not a fixed-newstyle NBD server".into()));
         }
         s.write_all(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes())?;
@@ -68,7 +70,9 @@ impl Client {
                 }
                 REP_INFO => {}
                 REP_ACK => break,
-                k => return Err(invalid(format!("export `{export}` refused ({k:#x}): {}", String::from_utf8_lossy(&d)))),
+                k => {
+                    return Err(invalid(format!("export `{export}` refused ({k:#x}): {}", String::from_utf8_lossy(&d))))
+                }
             }
         }
         Ok(Client { s, cookie: 0, size: size.ok_or_else(|| invalid("no export size".into()))?, flags })

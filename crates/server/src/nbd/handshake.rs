@@ -9,7 +9,12 @@ use std::io::{self, Read, Write};
 
 /// Transmission flags of every export: flush, FUA and write-zeroes are honoured; several
 /// connections share one engine and a flush covers all of them, so multi-conn is safe.
-pub const TRANSMISSION_FLAGS: u16 = TFLAG_HAS_FLAGS | TFLAG_SEND_FLUSH | TFLAG_SEND_FUA | TFLAG_SEND_WRITE_ZEROES | TFLAG_SEND_TRIM | TFLAG_CAN_MULTI_CONN;
+pub const TRANSMISSION_FLAGS: u16 = TFLAG_HAS_FLAGS
+    | TFLAG_SEND_FLUSH
+    | TFLAG_SEND_FUA
+    | TFLAG_SEND_WRITE_ZEROES
+    | TFLAG_SEND_TRIM
+    | TFLAG_CAN_MULTI_CONN;
 
 /// The outcome of negotiation.
 #[derive(Debug, PartialEq, Eq)]

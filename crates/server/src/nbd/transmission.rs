@@ -141,7 +141,13 @@ fn miss_thread<W: Write>(sh: &MissShared, d: &Daemon, vm: u32, s: &Replies<W>) {
     }
 }
 
-fn serve_buffered<R: Read, W: Write + Send>(input: &mut io::BufReader<R>, s: &Replies<W>, d: &Daemon, export: &crate::daemon::ExportInfo, misses: &Misses<'_, '_, W>) -> io::Result<()> {
+fn serve_buffered<R: Read, W: Write + Send>(
+    input: &mut io::BufReader<R>,
+    s: &Replies<W>,
+    d: &Daemon,
+    export: &crate::daemon::ExportInfo,
+    misses: &Misses<'_, '_, W>,
+) -> io::Result<()> {
     let (vm, size, name) = (export.id, export.size, &export.name);
     let latency = ["read", "write", "flush", "write_zeroes", "trim", "other"].map(|op| d.metrics().histogram(name, op));
     let mut reply: Vec<u8> = Vec::new();
@@ -181,7 +187,9 @@ fn serve_buffered<R: Read, W: Write + Send>(input: &mut io::BufReader<R>, s: &Re
         let error = |e: u32| simple_reply(e, r.cookie);
         match r.kind {
             CMD_READ => {
-                if let Err(e) = check_range(&r, size).and_then(|()| if r.flags & !known_flags != 0 { Err(EINVAL) } else { Ok(()) }) {
+                if let Err(e) =
+                    check_range(&r, size).and_then(|()| if r.flags & !known_flags != 0 { Err(EINVAL) } else { Ok(()) })
+                {
                     s.send(&error(e))?;
                     continue;
                 }
@@ -190,13 +198,23 @@ fn serve_buffered<R: Read, W: Write + Send>(input: &mut io::BufReader<R>, s: &Re
                 // (a hand-over would only add latency).
                 let busy = misses.shared.in_flight.load(Ordering::Acquire) > 0 || !input.buffer().is_empty();
                 if direct && busy {
-                    misses.submit(MissJob { cookie: r.cookie, offset: r.offset, length: r.length, started, write: None });
+                    misses.submit(MissJob {
+                        cookie: r.cookie,
+                        offset: r.offset,
+                        length: r.length,
+                        started,
+                        write: None,
+                    });
                     continue;
                 }
                 reply.clear();
                 reply.extend_from_slice(&simple_reply(0, r.cookie));
                 reply.resize(16 + r.length as usize, 0);
-                let done = if direct { Some(d.read(vm, r.offset, &mut reply[16..])) } else { d.read_if_cached(vm, r.offset, &mut reply[16..]) };
+                let done = if direct {
+                    Some(d.read(vm, r.offset, &mut reply[16..]))
+                } else {
+                    d.read_if_cached(vm, r.offset, &mut reply[16..])
+                };
                 match done {
                     Some(Ok(())) => s.send(&reply)?,
                     Some(Err(e)) => {
@@ -205,7 +223,13 @@ fn serve_buffered<R: Read, W: Write + Send>(input: &mut io::BufReader<R>, s: &Re
                     }
                     None => {
                         // Waits on the backing store: answered by a miss thread.
-                        misses.submit(MissJob { cookie: r.cookie, offset: r.offset, length: r.length, started, write: None });
+                        misses.submit(MissJob {
+                            cookie: r.cookie,
+                            offset: r.offset,
+                            length: r.length,
+                            started,
+                            write: None,
+                        });
                         continue;
                     }
                 }
@@ -218,10 +242,17 @@ fn serve_buffered<R: Read, W: Write + Send>(input: &mut io::BufReader<R>, s: &Re
                 }
                 let mut data = vec![0u8; r.length as usize];
                 input.read_exact(&mut data)?;
-                let res = check_range(&r, size).and_then(|()| if r.flags & !known_flags != 0 { Err(EINVAL) } else { Ok(()) });
+                let res =
+                    check_range(&r, size).and_then(|()| if r.flags & !known_flags != 0 { Err(EINVAL) } else { Ok(()) });
                 if res.is_ok() && d.writes_wait_on_backing(vm) {
                     // Answered once on the backing store, by a read thread.
-                    misses.submit(MissJob { cookie: r.cookie, offset: r.offset, length: r.length, started, write: Some((data, r.flags & CMD_FLAG_FUA != 0)) });
+                    misses.submit(MissJob {
+                        cookie: r.cookie,
+                        offset: r.offset,
+                        length: r.length,
+                        started,
+                        write: Some((data, r.flags & CMD_FLAG_FUA != 0)),
+                    });
                     continue;
                 }
                 let e = match res {
@@ -263,9 +294,21 @@ fn serve_buffered<R: Read, W: Write + Send>(input: &mut io::BufReader<R>, s: &Re
                 s.send(&error(e))?;
             }
             CMD_TRIM => {
-                let e = match check_range(&r, size).and_then(|()| if r.flags & !CMD_FLAG_FUA != 0 { Err(EINVAL) } else { Ok(()) }) {
+                let e = match check_range(&r, size).and_then(|()| {
+                    if r.flags & !CMD_FLAG_FUA != 0 {
+                        Err(EINVAL)
+                    } else {
+                        Ok(())
+                    }
+                }) {
                     Err(e) => e,
-                    Ok(()) => match d.trim(vm, r.offset, r.length as u64).and_then(|()| if r.flags & CMD_FLAG_FUA != 0 { d.flush(vm) } else { Ok(()) }) {
+                    Ok(()) => match d.trim(vm, r.offset, r.length as u64).and_then(|()| {
+                        if r.flags & CMD_FLAG_FUA != 0 {
+                            d.flush(vm)
+                        } else {
+                            Ok(())
+                        }
+                    }) {
                         Ok(()) => 0,
                         Err(e) => {
                             tracing::error!(%e, "trim failed");

@@ -12,9 +12,13 @@ use std::path::Path;
 
 /// A config with a `cache` of the given size and `(name, size, write policy)` exports.
 pub fn config(dir: &Path, cache: &str, disks: &[(&str, &str, &str)]) -> Config {
-    let mut t = format!("[cache]\npath = \"cache.img\"\nsize = \"{cache}\"\nflush_rate = \"0\"\n[listen]\ntcp = \"127.0.0.1:0\"\n");
+    let mut t = format!(
+        "[cache]\npath = \"cache.img\"\nsize = \"{cache}\"\nflush_rate = \"0\"\n[listen]\ntcp = \"127.0.0.1:0\"\n"
+    );
     for (name, size, wp) in disks {
-        t += &format!("[[vdisk]]\nname = \"{name}\"\nbacking = \"{name}.img\"\nsize = \"{size}\"\nwrite_policy = \"{wp}\"\n");
+        t += &format!(
+            "[[vdisk]]\nname = \"{name}\"\nbacking = \"{name}.img\"\nsize = \"{size}\"\nwrite_policy = \"{wp}\"\n"
+        );
     }
     Config::parse(&t, "test config", dir).unwrap()
 }
@@ -149,8 +153,15 @@ pub fn check_monotonic_reads(addr: SocketAddr, export: &str, blocks: u64, reads:
                     let got = u64::from_le_bytes(data[..8].try_into().unwrap());
                     assert!(got >= floor, "block {b}: version {got} read after version {floor} was acknowledged");
                     if got > 0 {
-                        assert_eq!(u64::from_le_bytes(data[8..16].try_into().unwrap()), b, "block {b}: read another block's data (version {got})");
-                        assert!(data[16..].iter().all(|&x| x == (got % 251) as u8), "block {b}: torn read of version {got}");
+                        assert_eq!(
+                            u64::from_le_bytes(data[8..16].try_into().unwrap()),
+                            b,
+                            "block {b}: read another block's data (version {got})"
+                        );
+                        assert!(
+                            data[16..].iter().all(|&x| x == (got % 251) as u8),
+                            "block {b}: torn read of version {got}"
+                        );
                     }
                 }
             })

@@ -39,10 +39,19 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
     base.replay.queue_depth = 4;
     base.replay.max_requests = max;
     base.replay.flush_at_end = false;
-    base.trace.files = vec![real_trace(opts, "tpcc-small.mqsim.txt")?, real_trace(opts, "cloudPhysicsIO.vscsi")?, real_trace(opts, "websearch-small.mqsim.txt")?];
-    base.synthetic = vec![SyntheticSection { config: rw, then: Vec::new() }, SyntheticSection { config: rd, then: Vec::new() }];
-    let runs: [(&str, &str, PartitionMode); 4] =
-        [("ECI-Cache", "eci-cache", PartitionMode::Static), ("Centaur-like", "centaur", PartitionMode::Static), ("static", "static", PartitionMode::Static), ("shared LRU", "static", PartitionMode::Shared)];
+    base.trace.files = vec![
+        real_trace(opts, "tpcc-small.mqsim.txt")?,
+        real_trace(opts, "cloudPhysicsIO.vscsi")?,
+        real_trace(opts, "websearch-small.mqsim.txt")?,
+    ];
+    base.synthetic =
+        vec![SyntheticSection { config: rw, then: Vec::new() }, SyntheticSection { config: rd, then: Vec::new() }];
+    let runs: [(&str, &str, PartitionMode); 4] = [
+        ("ECI-Cache", "eci-cache", PartitionMode::Static),
+        ("Centaur-like", "centaur", PartitionMode::Static),
+        ("static", "static", PartitionMode::Static),
+        ("shared LRU", "static", PartitionMode::Shared),
+    ];
     let mut scenarios = Vec::new();
     let mut rows = Vec::new();
     let mut alloc_series = Vec::new();
@@ -64,9 +73,18 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
             by_window.values().sum::<f64>() / by_window.len() as f64
         };
         if part == PartitionMode::Static {
-            alloc_series.push(Series { name: label.into(), points: by_window.iter().map(|(&i, &b)| (i as f64, b / (1 << 20) as f64)).collect() });
+            alloc_series.push(Series {
+                name: label.into(),
+                points: by_window.iter().map(|(&i, &b)| (i as f64, b / (1 << 20) as f64)).collect(),
+            });
         }
-        let last = r.windows.iter().rev().take(r.vms.len()).map(|w| format!("{} {}", w.vm, w.write_policy)).collect::<Vec<_>>();
+        let last = r
+            .windows
+            .iter()
+            .rev()
+            .take(r.vms.len())
+            .map(|w| format!("{} {}", w.vm, w.write_policy))
+            .collect::<Vec<_>>();
         rows.push(Row {
             label,
             hit: r.total.hit_ratio,
@@ -74,11 +92,27 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
             p999_us: r.total.latency.p999_us,
             ssd_writes: r.total.ssd_write_bytes,
             allocated_bytes: allocated,
-            policies: if alloc == "eci-cache" { last.into_iter().rev().collect::<Vec<_>>().join(", ") } else { "all wb".into() },
+            policies: if alloc == "eci-cache" {
+                last.into_iter().rev().collect::<Vec<_>>().join(", ")
+            } else {
+                "all wb".into()
+            },
         });
     }
     let perf_per_cost = |r: &Row| (1e6 / r.mean_us) / (r.allocated_bytes / (1u64 << 30) as f64);
-    let mut table = Table::new("eci", &["policy", "hit %", "mean latency (µs)", "p99.9 (µs)", "SSD writes", "cache allocated (mean)", "perf per cost (IOPS-equiv per GiB)", "write policies at the end"]);
+    let mut table = Table::new(
+        "eci",
+        &[
+            "policy",
+            "hit %",
+            "mean latency (µs)",
+            "p99.9 (µs)",
+            "SSD writes",
+            "cache allocated (mean)",
+            "perf per cost (IOPS-equiv per GiB)",
+            "write policies at the end",
+        ],
+    );
     for r in &rows {
         table.rows.push(vec![
             r.label.into(),
@@ -95,9 +129,16 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
     let perf = cen.mean_us / eci.mean_us - 1.0;
     let ppc = perf_per_cost(eci) / perf_per_cost(cen) - 1.0;
     let writes = 1.0 - eci.ssd_writes as f64 / cen.ssd_writes.max(1) as f64;
-    let mut vs = Table::new("eci_vs_seed", &["against the dynamic partitioning baseline", "ECI-Cache paper", "cachevisor (this run)"]);
+    let mut vs = Table::new(
+        "eci_vs_seed",
+        &["against the dynamic partitioning baseline", "ECI-Cache paper", "cachevisor (this run)"],
+    );
     vs.rows.push(vec!["performance (1 / mean latency)".into(), "+17%".into(), format!("{:+.1}%", perf * 100.0)]);
-    vs.rows.push(vec!["performance per cost (per GiB allocated)".into(), "+30%".into(), format!("{:+.1}%", ppc * 100.0)]);
+    vs.rows.push(vec![
+        "performance per cost (per GiB allocated)".into(),
+        "+30%".into(),
+        format!("{:+.1}%", ppc * 100.0),
+    ]);
     vs.rows.push(vec!["SSD writes".into(), "−65%".into(), format!("{:+.1}%", -writes * 100.0)]);
     let claims = vec![
         Claim {
@@ -119,7 +160,13 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
             asserted: false,
         },
     ];
-    let figure = line_chart_svg("cache allocated over time", "window (1 s)", "MiB allocated (sum of targets)", &alloc_series, None)?;
+    let figure = line_chart_svg(
+        "cache allocated over time",
+        "window (1 s)",
+        "MiB allocated (sum of targets)",
+        &alloc_series,
+        None,
+    )?;
     Ok(Report {
         name: "eci-endurance".into(),
         title: "ECI-Cache: URD sizing and per-VM write policy for SSD endurance".into(),

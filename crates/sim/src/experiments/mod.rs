@@ -18,7 +18,8 @@ pub use report_html::{Claim, Report, Section, Table};
 use std::path::PathBuf;
 
 /// Every experiment.
-pub const NAMES: [&str; 5] = ["scave-corun", "recs-tracking", "eci-endurance", "symflex-proportional", "policy-compare"];
+pub const NAMES: [&str; 5] =
+    ["scave-corun", "recs-tracking", "eci-endurance", "symflex-proportional", "policy-compare"];
 
 /// How long an experiment runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -71,7 +72,7 @@ pub fn run(name: &str, opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Repo
         "eci-endurance" => eci_endurance::run(opts, log)?,
         "symflex-proportional" => symflex_proportional::run(opts, log)?,
         "policy-compare" => policy_compare::run(opts, log)?,
-                                        _ => return Err(format!("unknown experiment `{name}` (one of {})", NAMES.join(", "))),
+        _ => return Err(format!("unknown experiment `{name}` (one of {})", NAMES.join(", "))),
     };
     report.write(&opts.out).map_err(|e| format!("{}: {e}", opts.out.display()))?;
     Ok(report)
@@ -112,10 +113,20 @@ pub fn workload(opts: &Options, kind: &str, name: &str, set: &[(&str, &str)]) ->
 }
 
 /// Runs one scenario, logging its label; the scenario's TOML is kept for the report.
-pub fn sim(label: &str, sc: &Scenario, scenarios: &mut Vec<(String, String)>, log: &mut dyn FnMut(&str)) -> Result<SimResult, String> {
+pub fn sim(
+    label: &str,
+    sc: &Scenario,
+    scenarios: &mut Vec<(String, String)>,
+    log: &mut dyn FnMut(&str),
+) -> Result<SimResult, String> {
     let t = std::time::Instant::now();
     let r = simulate(sc, &mut |_| {}).map_err(|e| format!("{label}: {e}"))?;
-    log(&format!("{label}: {} requests, {:.1} s virtual, {:.2} s wall", r.total.requests, r.virtual_time_s, t.elapsed().as_secs_f64()));
+    log(&format!(
+        "{label}: {} requests, {:.1} s virtual, {:.2} s wall",
+        r.total.requests,
+        r.virtual_time_s,
+        t.elapsed().as_secs_f64()
+    ));
     scenarios.push((label.to_string(), toml::to_string(sc).unwrap_or_default()));
     Ok(r)
 }

@@ -36,8 +36,15 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
     base.replay.queue_depth = 4;
     base.replay.max_requests = max;
     base.cache.write_policy = WritePolicy::Wb;
-    base.trace.files = vec![real_trace(opts, "websearch-small.mqsim.txt")?, real_trace(opts, "tpcc-small.mqsim.txt")?, real_trace(opts, "cloudPhysicsIO.vscsi")?];
-    base.synthetic = vec![SyntheticSection { config: strong, then: Vec::new() }, SyntheticSection { config: weak, then: Vec::new() }];
+    base.trace.files = vec![
+        real_trace(opts, "websearch-small.mqsim.txt")?,
+        real_trace(opts, "tpcc-small.mqsim.txt")?,
+        real_trace(opts, "cloudPhysicsIO.vscsi")?,
+    ];
+    base.synthetic = vec![
+        SyntheticSection { config: strong, then: Vec::new() },
+        SyntheticSection { config: weak, then: Vec::new() },
+    ];
     let mut scenarios = Vec::new();
     let mut results: Vec<(u64, &str, SimResult)> = Vec::new();
     for &mib in sizes {
@@ -55,10 +62,16 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
         }
     }
     let vms: Vec<String> = results[0].2.vms.iter().map(|v| v.vm.clone()).collect();
-    let mut cols: Vec<String> = ["cache", "policy", "hit %", "gap to optimal (pp)", "mean µs", "p99.9 µs", "SSD writes"].iter().map(|s| s.to_string()).collect();
+    let mut cols: Vec<String> =
+        ["cache", "policy", "hit %", "gap to optimal (pp)", "mean µs", "p99.9 µs", "SSD writes"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
     cols.extend(vms.iter().map(|v| format!("{v} hit %")));
     let mut table = Table { name: "compare".into(), columns: cols, rows: Vec::new() };
-    let best = |mib: u64| results.iter().find(|(m, l, _)| *m == mib && *l == "optimal").map(|x| x.2.total.hit_ratio).unwrap_or(0.0);
+    let best = |mib: u64| {
+        results.iter().find(|(m, l, _)| *m == mib && *l == "optimal").map(|x| x.2.total.hit_ratio).unwrap_or(0.0)
+    };
     for (mib, label, r) in &results {
         let mut row = vec![
             format!("{mib} MiB"),
@@ -74,11 +87,18 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
     }
     let series: Vec<Series> = POLICIES
         .iter()
-        .map(|p| Series { name: p.0.into(), points: results.iter().filter(|x| x.1 == p.0).map(|x| (x.0 as f64, x.2.total.hit_ratio * 100.0)).collect() })
+        .map(|p| Series {
+            name: p.0.into(),
+            points: results.iter().filter(|x| x.1 == p.0).map(|x| (x.0 as f64, x.2.total.hit_ratio * 100.0)).collect(),
+        })
         .collect();
     let figure = line_chart_svg("total hit ratio by cache size", "cache (MiB)", "hit %", &series, None)?;
-    let hit = |mib: u64, l: &str| results.iter().find(|x| x.0 == mib && x.1 == l).map(|x| x.2.total.hit_ratio).unwrap_or(0.0);
-    let statics_below: Vec<String> = sizes.iter().map(|&m| format!("{m} MiB: optimal {}% vs static {}%", pct(hit(m, "optimal")), pct(hit(m, "static")))).collect();
+    let hit =
+        |mib: u64, l: &str| results.iter().find(|x| x.0 == mib && x.1 == l).map(|x| x.2.total.hit_ratio).unwrap_or(0.0);
+    let statics_below: Vec<String> = sizes
+        .iter()
+        .map(|&m| format!("{m} MiB: optimal {}% vs static {}%", pct(hit(m, "optimal")), pct(hit(m, "static"))))
+        .collect();
     let claims = vec![
         Claim {
             text: "The offline optimum is an upper bound for static partitioning: optimal's hit ratio ≥ equal static shares at every size (within 0.1 pp of rounding to allocation units).".into(),

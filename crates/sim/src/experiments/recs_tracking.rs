@@ -67,7 +67,12 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
     let size = opts.size;
     let max = size.pick(20_000, 0, 0);
     let a = workload(opts, "strong", "shifting", &[("seed", "5"), ("disk_size", "1GiB"), ("duration", "30s")])?;
-    let b = workload(opts, "strong", "shifting-b", &[("seed", "6"), ("disk_size", "1GiB"), ("duration", "30s"), ("hotspots", "[[10%, 1%], [4%, 94%]]")])?;
+    let b = workload(
+        opts,
+        "strong",
+        "shifting-b",
+        &[("seed", "6"), ("disk_size", "1GiB"), ("duration", "30s"), ("hotspots", "[[10%, 1%], [4%, 94%]]")],
+    )?;
     let shifting = SyntheticSection { config: a, then: vec![WorkloadChange { config: b, at: "15s".into() }] };
     let workloads = vec![
         ("websearch-small", base(Some(real_trace(opts, "websearch-small.mqsim.txt")?), None, max)),
@@ -76,7 +81,19 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
     ];
     let policies = [("CLOCK", "static"), ("HitRatio", "scave-hitratio"), ("rECS", "scave-recs")];
     let mut scenarios = Vec::new();
-    let mut table = Table::new("tracking", &["workload", "policy", "mean allocated (MiB)", "mean optimal (MiB)", "allocated ÷ optimal", "mean over-allocation (MiB)", "mean |alloc − optimal| (MiB)", "hit %"]);
+    let mut table = Table::new(
+        "tracking",
+        &[
+            "workload",
+            "policy",
+            "mean allocated (MiB)",
+            "mean optimal (MiB)",
+            "allocated ÷ optimal",
+            "mean over-allocation (MiB)",
+            "mean |alloc − optimal| (MiB)",
+            "hit %",
+        ],
+    );
     let mut sections = Vec::new();
     let mut claims = Vec::new();
     for (wname, sc0) in workloads {
@@ -85,14 +102,21 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
         // A cache larger than the data set, so only demand (not capacity) limits it.
         let cache_mib = (dataset * block * 5 / 4).div_ceil(1 << 20).max(1);
         let mib = |blocks: f64| blocks * block as f64 / (1 << 20) as f64;
-        let mut series = vec![Series { name: "Optimal".into(), points: opt.iter().enumerate().map(|(i, &o)| (i as f64, mib(o as f64))).collect() }];
+        let mut series = vec![Series {
+            name: "Optimal".into(),
+            points: opt.iter().enumerate().map(|(i, &o)| (i as f64, mib(o as f64))).collect(),
+        }];
         let mut dist = Vec::new();
         for (pname, alloc) in policies {
             let mut sc = sc0.clone();
             sc.cache.size = format!("{cache_mib}MiB");
             sc.cache.allocator = alloc.into();
             let r: SimResult = sim(&format!("{wname} {pname}"), &sc, &mut scenarios, log)?;
-            let sizes: Vec<f64> = r.windows.iter().map(|w| if alloc == "static" { w.used_blocks } else { w.target_blocks } as f64).collect();
+            let sizes: Vec<f64> = r
+                .windows
+                .iter()
+                .map(|w| if alloc == "static" { w.used_blocks } else { w.target_blocks } as f64)
+                .collect();
             let n = sizes.len().min(opt.len()).max(1);
             let mean_alloc = sizes.iter().take(n).sum::<f64>() / n as f64;
             let mean_opt = opt.iter().take(n).sum::<u64>() as f64 / n as f64;
@@ -110,13 +134,23 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
                 pct(r.total.hit_ratio),
             ]);
             dist.push((pname, mad, r.total.hit_ratio, over));
-            series.push(Series { name: pname.into(), points: sizes.iter().enumerate().map(|(i, &s)| (i as f64, mib(s))).collect() });
+            series.push(Series {
+                name: pname.into(),
+                points: sizes.iter().enumerate().map(|(i, &s)| (i as f64, mib(s))).collect(),
+            });
         }
         let (clock, hit, recs) = (dist[0], dist[1], dist[2]);
         claims.push(Claim {
-            text: format!("{wname}: CLOCK leaves the most space under-utilized; rECS over-allocates less (S-CAVE §VI-C)."),
+            text: format!(
+                "{wname}: CLOCK leaves the most space under-utilized; rECS over-allocates less (S-CAVE §VI-C)."
+            ),
             holds: recs.3 < clock.3 && hit.3 <= clock.3,
-            evidence: format!("mean over-allocation {:.1} MiB (rECS), {:.1} MiB (HitRatio), {:.1} MiB (CLOCK)", mib(recs.3), mib(hit.3), mib(clock.3)),
+            evidence: format!(
+                "mean over-allocation {:.1} MiB (rECS), {:.1} MiB (HitRatio), {:.1} MiB (CLOCK)",
+                mib(recs.3),
+                mib(hit.3),
+                mib(clock.3)
+            ),
             asserted: true,
         });
         claims.push(Claim {
@@ -133,12 +167,29 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
         });
         sections.push(Section {
             heading: format!("{wname}: allocated cache over time"),
-            text: format!("Data set {:.1} MiB, cache {cache_mib} MiB. X axis: windows of {WINDOW} requests.", mib(dataset as f64)),
-            figure: Some(line_chart_svg(&format!("{wname}: allocation vs optimal"), &format!("window ({WINDOW} requests)"), "MiB", &series, None)?),
+            text: format!(
+                "Data set {:.1} MiB, cache {cache_mib} MiB. X axis: windows of {WINDOW} requests.",
+                mib(dataset as f64)
+            ),
+            figure: Some(line_chart_svg(
+                &format!("{wname}: allocation vs optimal"),
+                &format!("window ({WINDOW} requests)"),
+                "MiB",
+                &series,
+                None,
+            )?),
             table: None,
         });
     }
-    sections.insert(0, Section { heading: "Summary".into(), text: "Over-allocation = allocated ÷ optimal; distance = mean absolute gap per window.".into(), figure: None, table: Some(table) });
+    sections.insert(
+        0,
+        Section {
+            heading: "Summary".into(),
+            text: "Over-allocation = allocated ÷ optimal; distance = mean absolute gap per window.".into(),
+            figure: None,
+            table: Some(table),
+        },
+    );
     Ok(Report {
         name: "recs-tracking".into(),
         title: "rECS tracks a VM's cache demand (S-CAVE Fig. 4)".into(),

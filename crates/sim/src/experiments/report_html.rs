@@ -37,7 +37,8 @@ impl Table {
     }
 
     fn csv(&self) -> String {
-        let esc = |c: &str| if c.contains([',', '"']) { format!("\"{}\"", c.replace('"', "\"\"")) } else { c.to_string() };
+        let esc =
+            |c: &str| if c.contains([',', '"']) { format!("\"{}\"", c.replace('"', "\"\"")) } else { c.to_string() };
         let mut s = self.columns.iter().map(|c| esc(c)).collect::<Vec<_>>().join(",") + "\n";
         for r in &self.rows {
             s += &(r.iter().map(|c| esc(c)).collect::<Vec<_>>().join(",") + "\n");
@@ -105,7 +106,13 @@ impl Report {
         h += "<h2>Claims</h2><ul>";
         for c in &self.claims {
             let (cls, mark) = if c.holds { ("ok", "✔ holds") } else { ("no", "✘ does not hold") };
-            let _ = write!(h, "<li><b class=\"{cls}\">{mark}</b>{} — {}<br><small>{}</small></li>", if c.asserted { " (checked in CI)" } else { "" }, esc(&c.text), esc(&c.evidence));
+            let _ = write!(
+                h,
+                "<li><b class=\"{cls}\">{mark}</b>{} — {}<br><small>{}</small></li>",
+                if c.asserted { " (checked in CI)" } else { "" },
+                esc(&c.text),
+                esc(&c.evidence)
+            );
         }
         h += "</ul>";
         for s in &self.sections {

@@ -36,7 +36,9 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
     let pass = size.pick("5s", "20s", "20s");
     let repeat = size.pick("150s", "600s", "3600s");
     let mut wl: HashMap<&str, PathBuf> = HashMap::new();
-    for (name, kind, seed) in [("strong-a", "strong", "1"), ("strong-b", "strong", "2"), ("weak-a", "weak", "3"), ("weak-b", "weak", "4")] {
+    for (name, kind, seed) in
+        [("strong-a", "strong", "1"), ("strong-b", "strong", "2"), ("weak-a", "weak", "3"), ("weak-b", "weak", "4")]
+    {
         wl.insert(name, workload(opts, kind, name, &[("seed", seed), ("disk_size", disk), ("duration", pass)])?);
     }
     let mut scenarios = Vec::new();
@@ -46,12 +48,22 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
         let r = sim(&format!("alone {name}"), &scenario(disk, &[&wl[name]], "static", pass), &mut scenarios, log)?;
         alone.insert(name.into(), r.vms[0].first_iteration_s.unwrap_or(f64::NAN));
     }
-    let pairs = [("strong/strong", "strong-a", "strong-b"), ("strong/weak", "strong-a", "weak-a"), ("weak/weak", "weak-a", "weak-b")];
-    let mut table = Table::new("corun", &["pair", "policy", "VM", "passes", "first pass (s)", "alone (s)", "slowdown", "hit %"]);
+    let pairs = [
+        ("strong/strong", "strong-a", "strong-b"),
+        ("strong/weak", "strong-a", "weak-a"),
+        ("weak/weak", "weak-a", "weak-b"),
+    ];
+    let mut table =
+        Table::new("corun", &["pair", "policy", "VM", "passes", "first pass (s)", "alone (s)", "slowdown", "hit %"]);
     let mut results: HashMap<(String, String), SimResult> = HashMap::new();
     for (pair, a, b) in pairs {
         for policy in ["shared", "s-cave"] {
-            let r = sim(&format!("{pair} {policy}"), &scenario(cache, &[&wl[a], &wl[b]], policy, repeat), &mut scenarios, log)?;
+            let r = sim(
+                &format!("{pair} {policy}"),
+                &scenario(cache, &[&wl[a], &wl[b]], policy, repeat),
+                &mut scenarios,
+                log,
+            )?;
             for v in &r.vms {
                 let first = v.first_iteration_s.unwrap_or(f64::NAN);
                 table.rows.push(vec![
@@ -68,8 +80,12 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
             results.insert((pair.into(), policy.into()), r);
         }
     }
-    let get = |pair: &str, policy: &str, vm: &str| results[&(pair.to_string(), policy.to_string())].vms.iter().find(|v| v.vm == vm).cloned().expect("vm in run");
-    let passes = |pair: &str, policy: &str| results[&(pair.to_string(), policy.to_string())].vms.iter().map(|v| v.iterations).sum::<u64>();
+    let get = |pair: &str, policy: &str, vm: &str| {
+        results[&(pair.to_string(), policy.to_string())].vms.iter().find(|v| v.vm == vm).cloned().expect("vm in run")
+    };
+    let passes = |pair: &str, policy: &str| {
+        results[&(pair.to_string(), policy.to_string())].vms.iter().map(|v| v.iterations).sum::<u64>()
+    };
     let (sh, sc) = (get("strong/weak", "shared", "strong-a"), get("strong/weak", "s-cave", "strong-a"));
     let slow = |v: &crate::report::VmReport| v.first_iteration_s.unwrap_or(f64::NAN) / alone[&v.vm];
     let claims = vec![
@@ -102,7 +118,12 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
     for policy in ["shared", "s-cave"] {
         let r = &results[&("strong/weak".to_string(), policy.to_string())];
         for vm in ["strong-a", "weak-a"] {
-            let pts = r.windows.iter().filter(|w| w.vm == vm).map(|w| (w.t_end_s, w.used_blocks as f64 * r.resolved.block_size as f64 / (1 << 20) as f64)).collect();
+            let pts = r
+                .windows
+                .iter()
+                .filter(|w| w.vm == vm)
+                .map(|w| (w.t_end_s, w.used_blocks as f64 * r.resolved.block_size as f64 / (1 << 20) as f64))
+                .collect();
             series.push(Series { name: format!("{vm} ({policy})"), points: pts });
         }
     }

@@ -29,7 +29,15 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
             _ => None,
         };
         let then = match change {
-            Some(h) => vec![WorkloadChange { config: workload(opts, "hotcold", &format!("{n}-late"), &[("seed", &seed), ("duration", &total), ("hotspots", h)])?, at: format!("{}s", 3 * phase_s) }],
+            Some(h) => vec![WorkloadChange {
+                config: workload(
+                    opts,
+                    "hotcold",
+                    &format!("{n}-late"),
+                    &[("seed", &seed), ("duration", &total), ("hotspots", h)],
+                )?,
+                at: format!("{}s", 3 * phase_s),
+            }],
             None => Vec::new(),
         };
         synthetic.push(SyntheticSection { config: first, then });
@@ -41,24 +49,52 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
     sc.replay.mode = ReplayMode::Open;
     sc.replay.window = format!("{window_s}s");
     sc.synthetic = synthetic;
-    sc.vm = names.iter().zip(ratios[0]).map(|(n, r)| VmSection { name: n.to_string(), weight: 1.0, ratio: r, min: None, sequential_cutoff: None, write_policy: None }).collect();
+    sc.vm = names
+        .iter()
+        .zip(ratios[0])
+        .map(|(n, r)| VmSection {
+            name: n.to_string(),
+            weight: 1.0,
+            ratio: r,
+            min: None,
+            sequential_cutoff: None,
+            write_policy: None,
+        })
+        .collect();
     for p in 1..3 {
         sc.phase.push(PhaseSection {
             at: format!("{}s", p as u64 * phase_s),
-            vm: names.iter().zip(ratios[p]).map(|(n, r)| VmChange { name: n.to_string(), ratio: Some(r), weight: None, write_policy: None }).collect(),
+            vm: names
+                .iter()
+                .zip(ratios[p])
+                .map(|(n, r)| VmChange { name: n.to_string(), ratio: Some(r), weight: None, write_policy: None })
+                .collect(),
         });
     }
     let mut scenarios = Vec::new();
     let r = sim("symflex-proportional", &sc, &mut scenarios, log)?;
     // Achieved shares per window.
-    let windows: std::collections::BTreeMap<u64, Vec<&crate::metrics::WindowRow>> = r.windows.iter().fold(Default::default(), |mut m, w| {
-        m.entry(w.window).or_default().push(w);
-        m
-    });
-    let mut share: Vec<Series> = names.iter().map(|n| Series { name: format!("{n} achieved"), points: Vec::new() }).collect();
-    let mut target: Vec<Series> = names.iter().map(|n| Series { name: format!("{n} target"), points: Vec::new() }).collect();
+    let windows: std::collections::BTreeMap<u64, Vec<&crate::metrics::WindowRow>> =
+        r.windows.iter().fold(Default::default(), |mut m, w| {
+            m.entry(w.window).or_default().push(w);
+            m
+        });
+    let mut share: Vec<Series> =
+        names.iter().map(|n| Series { name: format!("{n} achieved"), points: Vec::new() }).collect();
+    let mut target: Vec<Series> =
+        names.iter().map(|n| Series { name: format!("{n} target"), points: Vec::new() }).collect();
     let mut alloc: Vec<Series> = names.iter().map(|n| Series { name: n.to_string(), points: Vec::new() }).collect();
-    let mut table = Table::new("phases", &["phase", "from (s)", "target ratios", "settled after (s)", "mean |share − target| second half (pp)", "achieved shares second half (%)"]);
+    let mut table = Table::new(
+        "phases",
+        &[
+            "phase",
+            "from (s)",
+            "target ratios",
+            "settled after (s)",
+            "mean |share − target| second half (pp)",
+            "achieved shares second half (%)",
+        ],
+    );
     let mut errors = vec![Vec::new(); 4];
     let mut settled: Vec<Option<f64>> = vec![None; 4];
     let mut second_half_shares = vec![vec![0.0; 4]; 4];
@@ -102,7 +138,10 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
     let mut mean_err = [0.0; 4];
     for p in 0..4 {
         mean_err[p] = errors[p].iter().sum::<f64>() / errors[p].len().max(1) as f64;
-        let shares: Vec<String> = second_half_shares[p].iter().map(|s| format!("{:.1}", s / second_half_n[p].max(1) as f64 * 100.0)).collect();
+        let shares: Vec<String> = second_half_shares[p]
+            .iter()
+            .map(|s| format!("{:.1}", s / second_half_n[p].max(1) as f64 * 100.0))
+            .collect();
         table.rows.push(vec![
             (p + 1).to_string(),
             (p as u64 * phase_s).to_string(),
@@ -120,17 +159,35 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
             asserted: p < 3,
         })
         .collect();
-    let shrink = |i: usize, p: usize| alloc[i].points.iter().filter(|(t, _)| *t > (p as u64 * phase_s) as f64 + phase_s as f64 / 2.0 && *t <= ((p + 1) as u64 * phase_s) as f64).map(|x| x.1).sum::<f64>();
+    let shrink = |i: usize, p: usize| {
+        alloc[i]
+            .points
+            .iter()
+            .filter(|(t, _)| {
+                *t > (p as u64 * phase_s) as f64 + phase_s as f64 / 2.0 && *t <= ((p + 1) as u64 * phase_s) as f64
+            })
+            .map(|x| x.1)
+            .sum::<f64>()
+    };
     let (vm3_before, vm3_after) = (shrink(2, 2), shrink(2, 3));
     claims.push(Claim {
         text: "After VM3's working set shrinks, it needs (and gets) less cache for the same share.".into(),
         holds: vm3_after < vm3_before,
-        evidence: format!("VM3's mean allocation over the second half of phase 3 vs phase 4: {:.0} vs {:.0} MiB·windows", vm3_before, vm3_after),
+        evidence: format!(
+            "VM3's mean allocation over the second half of phase 3 vs phase 4: {:.0} vs {:.0} MiB·windows",
+            vm3_before, vm3_after
+        ),
         asserted: false,
     });
     let mut both = share.clone();
     both.extend(target);
-    let f1 = line_chart_svg("hit-throughput share per VM: achieved and target", "virtual time (s)", "% of summed hit throughput", &both, Some((0.0, 100.0)))?;
+    let f1 = line_chart_svg(
+        "hit-throughput share per VM: achieved and target",
+        "virtual time (s)",
+        "% of summed hit throughput",
+        &both,
+        Some((0.0, 100.0)),
+    )?;
     let f2 = line_chart_svg("vSSD allocation per VM", "virtual time (s)", "MiB", &alloc, None)?;
     Ok(Report {
         name: "symflex-proportional".into(),

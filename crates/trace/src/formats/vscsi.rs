@@ -85,7 +85,8 @@ impl RecordParser for VscsiParser {
             return Err(FieldError::new("ver", format!("record version {} in a version {want} trace", ver >> 8)));
         }
         let Some(op) = scsi_op(cmd) else { return Ok(None) };
-        let offset = lbn.checked_mul(512).ok_or_else(|| FieldError::new("lbn", format!("{lbn} overflows a byte offset")))?;
+        let offset =
+            lbn.checked_mul(512).ok_or_else(|| FieldError::new("lbn", format!("{lbn} overflows a byte offset")))?;
         let time_ns = ts.checked_mul(1000).ok_or_else(|| FieldError::new("ts", format!("{ts} µs overflows")))?;
         Ok(Some(Request { time_ns, vm: vms.file_vm(), op, offset, len }))
     }

@@ -53,13 +53,23 @@ fn step() -> impl Strategy<Value = Step> {
 
 impl Model {
     fn new() -> Model {
-        Model { ssd: vec![vec![None; SPB as usize]; SLOTS as usize], backing: HashMap::new(), allowed: vec![BTreeSet::from([0]); (BLOCKS * SPB) as usize] }
+        Model {
+            ssd: vec![vec![None; SPB as usize]; SLOTS as usize],
+            backing: HashMap::new(),
+            allowed: vec![BTreeSet::from([0]); (BLOCKS * SPB) as usize],
+        }
     }
 
     /// Executes `ops` in order up to op `fail` (which fails, writing its data if `torn`);
     /// `version` is a client write's; returns what a client read got per sector and the
     /// index of the failed op.
-    fn execute(&mut self, ops: &[DeviceOp], version: u64, fail: Option<usize>, torn: bool) -> (HashMap<u64, Tag>, Option<usize>) {
+    fn execute(
+        &mut self,
+        ops: &[DeviceOp],
+        version: u64,
+        fail: Option<usize>,
+        torn: bool,
+    ) -> (HashMap<u64, Tag>, Option<usize>) {
         let mut staging: Vec<(u64, Vec<Tag>)> = Vec::new();
         let mut got = HashMap::new();
         for (i, op) in ops.iter().enumerate() {
@@ -72,7 +82,11 @@ impl Model {
                     return (got, Some(i));
                 }
                 let data: Vec<Tag> = if op.staged {
-                    let (start, buf) = staging.iter().rev().find(|(s, b)| *s <= first && first + n <= s + b.len() as u64).expect("a staged read before a staged write");
+                    let (start, buf) = staging
+                        .iter()
+                        .rev()
+                        .find(|(s, b)| *s <= first && first + n <= s + b.len() as u64)
+                        .expect("a staged read before a staged write");
                     buf[(first - start) as usize..(first - start + n) as usize].to_vec()
                 } else {
                     (0..n).map(|k| ((first + k) / SPB, version)).collect()
@@ -121,7 +135,14 @@ impl Model {
                 None => (b, self.backing.get(&sector).copied().unwrap_or(0)),
             };
             prop_assert_eq!(seen.0, b, "{}: sector {} reads another block's data", when, sector);
-            prop_assert!(self.allowed[sector as usize].contains(&seen.1), "{}: sector {} reads version {}, allowed {:?}", when, sector, seen.1, self.allowed[sector as usize]);
+            prop_assert!(
+                self.allowed[sector as usize].contains(&seen.1),
+                "{}: sector {} reads version {}, allowed {:?}",
+                when,
+                sector,
+                seen.1,
+                self.allowed[sector as usize]
+            );
         }
         e.check_invariants().map_err(TestCaseError::fail)?;
         Ok(())
@@ -129,7 +150,15 @@ impl Model {
 }
 
 fn engine() -> Engine {
-    let cfg = EngineConfig { block_size: BS, slots: SLOTS, partition: PartitionMode::Static, replacement: ReplacementKind::Lru, write_policy: WritePolicy::Wb, fill: cachevisor_engine::FillMode::Block, track_last_access: false };
+    let cfg = EngineConfig {
+        block_size: BS,
+        slots: SLOTS,
+        partition: PartitionMode::Static,
+        replacement: ReplacementKind::Lru,
+        write_policy: WritePolicy::Wb,
+        fill: cachevisor_engine::FillMode::Block,
+        track_last_access: false,
+    };
     let mut e = Engine::new(cfg).unwrap();
     e.set_target(0, SLOTS, &mut Output::default());
     e
@@ -150,9 +179,23 @@ fn run(steps: &[Step], fix: bool) -> Result<(), TestCaseError> {
         match st {
             Step::Io { write, at, sectors, fail, torn } => {
                 let (offset, len) = (at * 512, sectors * 512);
-                let req = Request { time_ns: 0, vm: 0, op: if *write { Op::Write } else { Op::Read }, offset, len: len as u32 };
+                let req = Request {
+                    time_ns: 0,
+                    vm: 0,
+                    op: if *write { Op::Write } else { Op::Read },
+                    offset,
+                    len: len as u32,
+                };
                 let blocks = offset / BS..(offset + len).div_ceil(BS);
-                let pre: HashMap<u32, Pre> = if *write { blocks.clone().filter_map(|b| e.lookup(0, b)).map(|s| (s, Pre::State(crate::persist::SlotState::of(&e, s)))).collect() } else { HashMap::new() };
+                let pre: HashMap<u32, Pre> = if *write {
+                    blocks
+                        .clone()
+                        .filter_map(|b| e.lookup(0, b))
+                        .map(|s| (s, Pre::State(crate::persist::SlotState::of(&e, s))))
+                        .collect()
+                } else {
+                    HashMap::new()
+                };
                 e.access(0, &req, &mut out);
                 let fail_at = fail.as_ref().filter(|_| !out.ops.is_empty()).map(|i| i.index(out.ops.len()));
                 let (got, failed) = m.execute(&out.ops, version, fail_at, *torn);
@@ -165,11 +208,20 @@ fn run(steps: &[Step], fix: bool) -> Result<(), TestCaseError> {
                             });
                         }
                     }
-                    None if *write => (*at..at + sectors).for_each(|s| m.allowed[s as usize] = BTreeSet::from([version])),
+                    None if *write => {
+                        (*at..at + sectors).for_each(|s| m.allowed[s as usize] = BTreeSet::from([version]))
+                    }
                     None => {
                         for s in *at..at + sectors {
                             let t = got.get(&s).copied().unwrap_or((u64::MAX, u64::MAX));
-                            prop_assert!(t.0 == s / SPB && m.allowed[s as usize].contains(&t.1), "step {}: read of sector {} got {:?}, allowed {:?}", n, s, t, m.allowed[s as usize]);
+                            prop_assert!(
+                                t.0 == s / SPB && m.allowed[s as usize].contains(&t.1),
+                                "step {}: read of sector {} got {:?}, allowed {:?}",
+                                n,
+                                s,
+                                t,
+                                m.allowed[s as usize]
+                            );
                         }
                     }
                 }
@@ -213,7 +265,11 @@ proptest! {
 
 #[test]
 fn without_undo_the_model_sees_data_lost() {
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases: 400, failure_persistence: None, ..ProptestConfig::default() });
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 400,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
     let lost = (0..400).any(|_| {
         let steps = prop::collection::vec(step(), 1..40).new_tree(&mut runner).unwrap().current();
         run(&steps, false).is_err()

@@ -135,7 +135,7 @@ impl IntervalProfiler {
         }
         self.record(r);
         if let Interval::Requests(n) = self.interval {
-            if n > 0 && self.count % n == 0 {
+            if n > 0 && self.count.is_multiple_of(n) {
                 closed = Some(self.close());
             }
         }

@@ -129,7 +129,7 @@ mod tests {
     #[test]
     fn sampled_periods_estimate_the_ratio() {
         // Every 4th slot referenced: rECS 0.25 whatever the start.
-        let probe = |s: u64| Some((0, s % 4 == 0));
+        let probe = |s: u64| Some((0, s.is_multiple_of(4)));
         let mut r = RecsEstimator::new(0.0, 5, 1000, 7);
         let v = r.sample_window(1_000_000, probe)[0].unwrap();
         assert!((v - 0.25).abs() < 0.002, "{v}");

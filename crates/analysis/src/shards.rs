@@ -10,6 +10,7 @@
 //! - **fixed-size** (§3.2): at most S tracked blocks; when a new sampled block would
 //!   exceed S, the tracked block with the largest hash is evicted and T drops to that
 //!   hash, and existing counts are rescaled by R_new/R_old.
+//!
 //! Memory is O(S) (or O(M·R)) for the stack plus a bounded histogram.
 
 use crate::histogram::DistanceHistogram;

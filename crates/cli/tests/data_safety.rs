@@ -318,9 +318,9 @@ fn full_backing_store(l: Layout) {
         }
         ok
     };
-    for c in 0..16 {
+    for (c, t) in truth.iter_mut().enumerate().take(16) {
         qemu_io_ok(&a.uri("vm1"), &[&format!("write -P {} {c}M 1M", 0x10 + c), "flush"]);
-        truth[c] = Some(0x10 + c as u8);
+        *t = Some(0x10 + c as u8);
     }
     let check = |uri: &str, truth: &[Option<u8>], when: &str| {
         for (c, p) in truth.iter().enumerate() {

@@ -180,7 +180,7 @@ impl Engine {
     pub fn dirty_batch(&self, vm: Option<VmId>, cursor: &mut u32, max: usize) -> Vec<u64> {
         let n = self.slots.len() as u32;
         let none_dirty = match vm {
-            Some(v) => self.vms.get(v as usize).map_or(true, |p| p.dirty_blocks == 0),
+            Some(v) => self.vms.get(v as usize).is_none_or(|p| p.dirty_blocks == 0),
             None => self.vms.iter().all(|p| p.dirty_blocks == 0),
         };
         let mut keys = Vec::new();
@@ -200,7 +200,7 @@ impl Engine {
                 continue;
             };
             let key = self.slots.key(s);
-            if key != FREE_KEY && vm.map_or(true, |v| key_vm(key) == v) {
+            if key != FREE_KEY && vm.is_none_or(|v| key_vm(key) == v) {
                 keys.push(key);
                 if keys.len() == max {
                     *cursor = (s + 1) % n;

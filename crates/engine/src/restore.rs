@@ -68,6 +68,19 @@ impl Engine {
     }
 }
 
+impl Engine {
+    /// Empties `slot` whatever it holds (dirty sectors included): replaying metadata where
+    /// a later record supersedes an earlier one. Returns whether it held a block.
+    pub fn release_slot(&mut self, slot: u32) -> bool {
+        if slot as u64 >= self.slot_count() || self.slots.key(slot) == FREE_KEY {
+            return false;
+        }
+        let vm = crate::slot_table::key_vm(self.slots.key(slot));
+        self.invalidate(vm, slot, (0, self.spb));
+        true
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::{Engine, EngineConfig, Output};
@@ -100,18 +113,5 @@ mod tests {
                 .collect::<Vec<_>>(),
             [77 * 4096 + 2 * 512]
         );
-    }
-}
-
-impl Engine {
-    /// Empties `slot` whatever it holds (dirty sectors included): replaying metadata where
-    /// a later record supersedes an earlier one. Returns whether it held a block.
-    pub fn release_slot(&mut self, slot: u32) -> bool {
-        if slot as u64 >= self.slot_count() || self.slots.key(slot) == FREE_KEY {
-            return false;
-        }
-        let vm = crate::slot_table::key_vm(self.slots.key(slot));
-        self.invalidate(vm, slot, (0, self.spb));
-        true
     }
 }

@@ -115,7 +115,7 @@ fn run(steps: &[Step], partition: PartitionMode, fill: FillMode, kind: Replaceme
     let mut out = Output::default();
     let mut w = World::default();
     // Every slot whose key or sector bits change must be reported (persistence relies on it).
-    let snapshot = |e: &Engine| -> Vec<(Option<(u32, u64)>, Vec<(bool, bool)>)> {
+    let snapshot = |e: &Engine| -> Vec<SlotView> {
         (0..e.slot_count() as u32).map(|s| (e.slot_block(s), (0..8).map(|i| e.sector_state(s, i)).collect())).collect()
     };
     let mut changed = Vec::new();
@@ -269,3 +269,6 @@ fn read_only_policy_sends_writes_around_and_invalidates() {
 fn cases(default: u32) -> u32 {
     std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
+
+/// A slot's block and its (valid, dirty) sectors.
+type SlotView = (Option<(u32, u64)>, Vec<(bool, bool)>);

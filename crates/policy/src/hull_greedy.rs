@@ -65,8 +65,8 @@ pub fn solve(units: usize, curves: &[&[f64]], min_units: &[usize]) -> Vec<usize>
         let (a, b) = (hulls[i][j - 1], hulls[i][j]);
         (curves[i][b] - curves[i][a]) / (b - a) as f64
     };
-    for i in 0..n {
-        if hulls[i].len() >= 2 {
+    for (i, h) in hulls.iter().enumerate().take(n) {
+        if h.len() >= 2 {
             heap.push(Segment { slope: slope(i, 1), vm: i });
         }
     }

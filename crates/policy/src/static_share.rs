@@ -33,12 +33,11 @@ pub fn weighted_split(capacity: u64, vms: &[VmDemand]) -> Vec<u64> {
         })
         .collect();
     let mut left = capacity - t.iter().sum::<u64>().min(capacity);
-    let n = t.len();
-    for i in 0..n {
+    for ti in t.iter_mut() {
         if left == 0 {
             break;
         }
-        t[i] += 1;
+        *ti += 1;
         left -= 1;
     }
     t

@@ -688,9 +688,8 @@ impl Daemon {
                     engine.discard(o.vm, o.disk_addr / bsz, (first, first + o.len / 512));
                 }
                 out.ops.retain(|o| o.kind != OpKind::SsdWrite);
-                execute(&out.ops, client.reborrow(), files_ref, staging).map_err(|e2| {
+                execute(&out.ops, client.reborrow(), files_ref, staging).inspect_err(|e2| {
                     undo::undo(engine, &out.ops, e2.at, &pre, None);
-                    e2
                 })
             }
             r => r,

@@ -55,11 +55,18 @@ impl Metrics {
 #[derive(Debug)]
 struct StateCollector(std::sync::Weak<Daemon>);
 
+/// A metric family: name, help, and how to read its value.
+type Metric<F> = (&'static str, &'static str, F);
+/// Reads a vDisk's counter.
+type ReadStatus<T> = fn(&crate::daemon::VdiskStatus) -> T;
+/// Reads a vDisk's (read, write) pair.
+type ReadByOp = fn(&crate::daemon::ExportStats) -> [u64; 2];
+
 impl Collector for StateCollector {
     fn encode(&self, mut enc: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let Some(d) = self.0.upgrade() else { return Ok(()) };
         let status = d.status();
-        let counters: [(&str, &str, fn(&crate::daemon::VdiskStatus) -> u64); 5] = [
+        let counters: [Metric<ReadStatus<u64>>; 5] = [
             ("cachevisor_reads", "Read requests", |s| s.stats.reads),
             ("cachevisor_writes", "Write requests", |s| s.stats.writes),
             ("cachevisor_flushes", "Flush requests", |s| s.stats.flushes),
@@ -74,7 +81,7 @@ impl Collector for StateCollector {
             }
         }
         // By operation: (read, write) values of each vDisk.
-        let by_op: [(&str, &str, fn(&crate::daemon::ExportStats) -> [u64; 2]); 3] = [
+        let by_op: [Metric<ReadByOp>; 3] = [
             ("cachevisor_block_hits", "Block accesses served by the cache, by operation", |s| {
                 [s.read_hit_blocks, s.hit_blocks - s.read_hit_blocks]
             }),
@@ -95,7 +102,7 @@ impl Collector for StateCollector {
                 }
             }
         }
-        let gauges: [(&str, &str, fn(&crate::daemon::VdiskStatus) -> i64); 4] = [
+        let gauges: [Metric<ReadStatus<i64>>; 4] = [
             ("cachevisor_cached_blocks", "Cache blocks held", |s| s.used_blocks as i64),
             ("cachevisor_target_blocks", "Partition target in blocks", |s| s.target_blocks as i64),
             ("cachevisor_dirty_blocks", "Dirty cache blocks", |s| s.dirty_blocks as i64),

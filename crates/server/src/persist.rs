@@ -310,7 +310,7 @@ impl Persistence {
         e.take_changed(&mut changed);
         if !self.withheld.is_empty() {
             changed.retain(|s| {
-                self.withheld.get(s).map_or(true, |&key| e.slot_block(*s).map(|(v, b)| pack_key(v, b)) != Some(key))
+                self.withheld.get(s).is_none_or(|&key| e.slot_block(*s).map(|(v, b)| pack_key(v, b)) != Some(key))
             });
         }
         for &slot in &changed {

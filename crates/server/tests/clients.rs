@@ -74,9 +74,9 @@ fn qemu_io_patterns_survive_misses_evictions_and_resizes() {
         // Shrink the partition to 8 blocks (dirty blocks written back), read everything, grow.
         r.daemon.resize(vm, 8).unwrap();
         assert!(r.daemon.occupancy(vm).0 <= 8);
-        qemu_io(&uri, &reads[2..].to_vec());
+        qemu_io(&uri, &reads[2..]);
         r.daemon.resize(vm, 128).unwrap();
-        qemu_io(&uri, &reads[2..].to_vec());
+        qemu_io(&uri, &reads[2..]);
     }
     // Destaging writes the write-back disk's dirty blocks to its backing file.
     qemu_io(&format!("nbd://{addr}/wb"), &["flush".into()]);

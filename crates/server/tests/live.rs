@@ -75,8 +75,8 @@ fn a_recorded_trace_replays_to_the_same_hit_ratio_in_the_simulator() {
     for _ in 0..4000 {
         x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         let (blk, len) = ((x >> 33) % 256, 4096 * (1 + (x >> 20) % 4) as usize);
-        let c = if (x >> 7) % 2 == 0 { &mut a } else { &mut b };
-        if (x >> 9) % 3 == 0 {
+        let c = if (x >> 7).is_multiple_of(2) { &mut a } else { &mut b };
+        if (x >> 9).is_multiple_of(3) {
             c.write(blk * 4096, &vec![1; len], false).unwrap();
         } else {
             c.read(blk * 4096, len as u32).unwrap();

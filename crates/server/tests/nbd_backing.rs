@@ -18,17 +18,19 @@ impl Drop for Nbdkit {
 /// nbdkit's memory plugin with `filters` and their `params`.
 fn nbdkit(filters: &[&str], params: &[&str]) -> (Nbdkit, u16) {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let c = Command::new("nbdkit")
-        .args(["-f", "-i", "127.0.0.1", "-p", &port.to_string()])
-        .args(filters)
-        .args(["memory", "16M"])
-        .args(params)
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("nbdkit is not installed: apt-get install nbdkit (see .ci/run)");
+    let c = Nbdkit(
+        Command::new("nbdkit")
+            .args(["-f", "-i", "127.0.0.1", "-p", &port.to_string()])
+            .args(filters)
+            .args(["memory", "16M"])
+            .args(params)
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nbdkit is not installed: apt-get install nbdkit (see .ci/run)"),
+    );
     for _ in 0..200 {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return (Nbdkit(c), port);
+            return (c, port);
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }

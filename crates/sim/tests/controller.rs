@@ -159,10 +159,9 @@ fn sequential_cutoff_keeps_long_streams_out_of_the_cache() {
 #[test]
 fn bad_controller_settings_name_the_key() {
     let dir = tempfile::tempdir().unwrap();
-    let base = || {
-        let mut s = Scenario::default();
-        s.synthetic = vec![synthetic(workload(dir.path(), "a", 1, "[[4%, 95%]]", 1.0, 1))];
-        s
+    let base = || Scenario {
+        synthetic: vec![synthetic(workload(dir.path(), "a", 1, "[[4%, 95%]]", 1.0, 1))],
+        ..Scenario::default()
     };
     let vm = |ratio: f64, min: Option<&str>, cut: Option<&str>| VmSection {
         name: "a".into(),

@@ -188,7 +188,7 @@ fn serve_buffered<R: Read, W: Write + Send>(
         match r.kind {
             CMD_READ => {
                 if let Err(e) =
-                    check_range(&r, size).and_then(|()| if r.flags & !known_flags != 0 { Err(EINVAL) } else { Ok(()) })
+                    check_range(&r, size).and(if r.flags & !known_flags != 0 { Err(EINVAL) } else { Ok(()) })
                 {
                     s.send(&error(e))?;
                     continue;
@@ -242,8 +242,7 @@ fn serve_buffered<R: Read, W: Write + Send>(
                 }
                 let mut data = vec![0u8; r.length as usize];
                 input.read_exact(&mut data)?;
-                let res =
-                    check_range(&r, size).and_then(|()| if r.flags & !known_flags != 0 { Err(EINVAL) } else { Ok(()) });
+                let res = check_range(&r, size).and(if r.flags & !known_flags != 0 { Err(EINVAL) } else { Ok(()) });
                 if res.is_ok() && d.writes_wait_on_backing(vm) {
                     // Answered once on the backing store, by a read thread.
                     misses.submit(MissJob {
@@ -294,7 +293,7 @@ fn serve_buffered<R: Read, W: Write + Send>(
                 s.send(&error(e))?;
             }
             CMD_TRIM => {
-                let e = match check_range(&r, size).and_then(|()| {
+                let e = match check_range(&r, size).and({
                     if r.flags & !CMD_FLAG_FUA != 0 {
                         Err(EINVAL)
                     } else {

@@ -61,12 +61,12 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
             write_policy: None,
         })
         .collect();
-    for p in 1..3 {
+    for (p, phase_ratios) in ratios.iter().enumerate().take(3).skip(1) {
         sc.phase.push(PhaseSection {
             at: format!("{}s", p as u64 * phase_s),
             vm: names
                 .iter()
-                .zip(ratios[p])
+                .zip(*phase_ratios)
                 .map(|(n, r)| VmChange { name: n.to_string(), ratio: Some(r), weight: None, write_policy: None })
                 .collect(),
         });

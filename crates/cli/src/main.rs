@@ -10,11 +10,12 @@ mod experiment_cmd;
 mod input_args;
 mod progress;
 mod serve_cmd;
+mod shell_cmd;
 mod simulate_cmd;
 mod status_cmd;
 mod trace_cmd;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// cachevisor — hypervisor-side SSD cache manager: trace tools, simulator, benchmarks.
 #[derive(Debug, Parser)]
@@ -47,6 +48,17 @@ enum Cmd {
     /// Measure speed and memory.
     #[command(subcommand)]
     Bench(bench_cmd::BenchCmd),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff), or write one page per command into a directory.
+    Man {
+        /// Directory for `cachevisor.1`, `cachevisor-serve.1`, … (printed to stdout when omitted).
+        #[arg(long)]
+        out: Option<std::path::PathBuf>,
+    },
 }
 
 fn main() {
@@ -61,6 +73,8 @@ fn main() {
         Cmd::Status(a) => status_cmd::run(a),
         Cmd::Destage(a) => destage_cmd::run(a),
         Cmd::Bench(c) => bench_cmd::run(c),
+        Cmd::Completions { shell } => shell_cmd::completions(shell, Cli::command()),
+        Cmd::Man { out } => shell_cmd::man(out, Cli::command()),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

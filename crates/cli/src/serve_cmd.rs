@@ -45,6 +45,8 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
+        // Colour only on a terminal: a log written to a file or a pipe stays plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
     let mut cfg = match &a.config {
         Some(p) => Config::load(p).map_err(anyhow::Error::msg)?,

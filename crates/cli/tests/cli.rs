@@ -232,3 +232,22 @@ fn analyze_windows_writes_series_and_plots() {
         assert!(String::from_utf8_lossy(&o.stderr).contains(want), "{}", String::from_utf8_lossy(&o.stderr));
     }
 }
+
+#[test]
+fn version_completions_and_manual_pages_come_from_the_clap_definitions() {
+    assert!(ok(&["--version"]).starts_with(&format!("cachevisor {}", env!("CARGO_PKG_VERSION"))));
+    for shell in ["bash", "zsh", "fish"] {
+        let script = ok(&["completions", shell]);
+        assert!(
+            script.contains("cachevisor") && script.contains("serve") && script.contains("discard-dirty"),
+            "{shell}"
+        );
+    }
+    assert!(!run(&["completions", "tcsh"]).status.success());
+    let page = ok(&["man"]);
+    assert!(page.contains(".TH cachevisor 1") && page.contains("serve"), "{page}");
+    let dir = tempfile::tempdir().unwrap();
+    ok(&["man", "--out", dir.path().to_str().unwrap()]);
+    let serve = std::fs::read_to_string(dir.path().join("cachevisor-serve.1")).unwrap();
+    assert!(serve.contains("discard\\-dirty"), "{serve}");
+}

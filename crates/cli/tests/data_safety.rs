@@ -41,6 +41,8 @@ fn a_second_daemon_on_a_running_cache_is_refused_and_changes_nothing() {
     let e = Daemon::start(d, "a.toml", &[]).err().expect("a second daemon on the same cache must not start");
     assert!(e.status.is_some_and(|s| !s.success()), "{e:?}");
     assert!(e.output.contains("in use") && e.output.contains(&format!("pid {}", a.pid)), "{}", e.output);
+    // Logs written to a file carry no colour codes.
+    assert!(!a.log().contains('\x1b') && !e.output.contains('\x1b'), "{}", a.log());
     // Another config on the same cache file (its own metadata directory), and another cache
     // file with the same metadata directory: refused too, and nothing of theirs created.
     wb_config(d, "b.toml", "64MiB", "b.img", Some("64MiB"), "metadata = \"b.meta\"\n");

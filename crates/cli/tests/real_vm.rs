@@ -62,9 +62,19 @@ fn initramfs(dir: &Path, kernel: &Path) -> PathBuf {
     let stage = dir.join("initramfs");
     std::fs::create_dir_all(stage.join("bin")).unwrap();
     std::fs::create_dir_all(stage.join("lib/modules")).unwrap();
-    let busybox = ["/bin/busybox", "/usr/bin/busybox"].into_iter().find(|p| Path::new(p).exists()).expect("busybox is not installed (Debian's busybox-static; scripts/test installs it)");
-    let ldd = Command::new("ldd").arg(busybox).output().map(|o| String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr)).unwrap_or_default();
-    assert!(ldd.contains("not a dynamic executable") || ldd.contains("statically linked"), "{busybox} must be static (Debian's busybox-static): {ldd}");
+    let busybox = ["/bin/busybox", "/usr/bin/busybox"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("busybox is not installed (Debian's busybox-static; scripts/test installs it)");
+    let ldd = Command::new("ldd")
+        .arg(busybox)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr))
+        .unwrap_or_default();
+    assert!(
+        ldd.contains("not a dynamic executable") || ldd.contains("statically linked"),
+        "{busybox} must be static (Debian's busybox-static): {ldd}"
+    );
     std::fs::copy(busybox, stage.join("bin/busybox")).unwrap();
     std::fs::write(stage.join("init"), INIT).unwrap();
     let mut mode = std::fs::metadata(stage.join("init")).unwrap().permissions();

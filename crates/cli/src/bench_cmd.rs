@@ -414,10 +414,15 @@ fn bench_memory(cache: u64, block: u64, last_access: bool) -> anyhow::Result<()>
     let mut e = Engine::new(cfg).map_err(anyhow::Error::msg)?;
     let mut out = Output::default();
     e.set_target(0, slots, &mut out);
+    let mut progress = crate::progress::Progress::new("filling the cache");
     for b in 0..slots {
         let r = Request { time_ns: b, vm: 0, op: Op::Read, offset: b * block, len: block as u32 };
         e.access(b, &r, &mut out);
+        if b % (1 << 16) == 0 {
+            progress.update(b, Some(slots));
+        }
     }
+    progress.finish();
     let md = e.metadata_bytes() as f64;
     println!(
         "{} cache in {} blocks: {slots} slots filled in {:.1} s; metadata {} = {:.2} bytes/slot{}; peak RSS {}",

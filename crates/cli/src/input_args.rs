@@ -42,7 +42,10 @@ pub struct InputArgs {
     /// blkparse action to keep.
     #[arg(long, default_value = "D")]
     pub blkparse_action: String,
-    /// Generic CSV column mapping, e.g. `time=0:us,vm=1,op=2,offset=3:sector,len=4`.
+    /// Generic CSV column mapping, e.g. `time=0:us,vm=1,op=2,offset=3:sector,len=4`
+    /// (0-based columns; also `header=yes|no|auto`, `sep=comma|tab|space|semicolon`,
+    /// `read=TOKEN`, `write=TOKEN`). With `header=auto`, the default, the first line is
+    /// skipped only when it does not parse as a record.
     #[arg(long)]
     pub csv_columns: Option<String>,
     /// Rename a VM: `old=new` (repeatable).

@@ -26,7 +26,8 @@ pub struct ServeArgs {
     /// Format of `--record` (csv keeps vDisk names; any writable trace format).
     #[arg(long, default_value = "csv")]
     pub record_format: String,
-    /// Print the embedded default configuration and exit.
+    /// Print the embedded default configuration, then every setting with its default and
+    /// range (commented), and exit.
     #[arg(long)]
     pub print_default_config: bool,
     /// Drop this vDisk's dirty cached blocks when they cannot go back to the backing store
@@ -39,7 +40,7 @@ pub struct ServeArgs {
 /// Runs the command.
 pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     if a.print_default_config {
-        print!("{DEFAULT}");
+        print!("{}", cachevisor_server::config::default_with_reference());
         return Ok(());
     }
     let _ = tracing_subscriber::fmt()
@@ -98,11 +99,20 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     }
     use std::io::Write as _;
     std::io::stdout().flush()?;
-    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
-        .context("installing signal handlers")?;
-    if let Some(sig) = signals.forever().next() {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals =
+        signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]).context("installing signal handlers")?;
+    for sig in signals.forever() {
+        if sig == SIGHUP {
+            // A hang-up (a closed terminal, a reflexive `kill -HUP`) must not stop a cache
+            // holding dirty data. Nothing is reloaded from the config file: live changes go
+            // through the API, which keeps them across restarts.
+            tracing::warn!("SIGHUP ignored: the config is read at start; change write policies, targets and the allocator through the API (they are kept across restarts)");
+            continue;
+        }
         tracing::info!(sig, "stopping: fsync and checkpoint");
         running.daemon.shutdown().map_err(|e| anyhow::anyhow!("clean stop: {e}"))?;
+        break;
     }
     Ok(())
 }

@@ -262,6 +262,9 @@ pub fn run(a: SimulateArgs) -> anyhow::Result<()> {
     if results.len() > 1 {
         write_comparison(&results, &a.out)?;
         println!("== comparison\n{}", comparison_table(&results));
+    } else {
+        // A single run must not sit beside an earlier run's comparison.
+        let _ = std::fs::remove_file(a.out.join("comparison.csv"));
     }
     Ok(())
 }

@@ -27,27 +27,34 @@ pub fn run(a: StatusArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!(
-        "{:<12} {:>10} {:>6} {:>10} {:>10} {:>8} {:>7} {:>10} {:>10} {:>7} {:>6}",
-        "vdisk", "size", "policy", "cached", "target", "dirty", "hit%", "reads", "writes", "errors", "bypass"
+        "{:<12} {:>10} {:>12} {:>10} {:>10} {:>10} {:>7} {:>10} {:>10} {:>7}",
+        "vdisk", "size", "policy", "cached", "target", "dirty", "hit%", "reads", "writes", "errors"
     );
+    // Sizes without a space, so each column is one word for scripts (`awk '{print $6}'`).
+    let size = |b: u64| format_size(b).replace(' ', "");
     for v in body.as_array().context("unexpected answer")? {
         let n = |k: &str| v[k].as_u64().unwrap_or(0);
         let s = &v["stats"];
         let sn = |k: &str| s[k].as_u64().unwrap_or(0);
         let hit = if sn("blocks") > 0 { 100.0 * sn("hit_blocks") as f64 / sn("blocks") as f64 } else { 0.0 };
+        let bs = n("block_size").max(1);
+        let policy = if s["passthrough"].as_bool().unwrap_or(false) {
+            "pass-through".to_string()
+        } else {
+            v["write_policy"].as_str().unwrap_or("?").to_string()
+        };
         println!(
-            "{:<12} {:>10} {:>6} {:>10} {:>10} {:>8} {:>7.1} {:>10} {:>10} {:>7} {:>6}",
+            "{:<12} {:>10} {:>12} {:>10} {:>10} {:>10} {:>7.1} {:>10} {:>10} {:>7}",
             v["name"].as_str().unwrap_or("?"),
-            format_size(n("size")),
-            v["write_policy"].as_str().unwrap_or("?"),
-            n("used_blocks"),
-            n("target_blocks"),
-            n("dirty_blocks"),
+            size(n("size")),
+            policy,
+            size(n("used_blocks") * bs),
+            size(n("target_blocks") * bs),
+            size(n("dirty_blocks") * bs),
             hit,
             sn("reads"),
             sn("writes"),
             sn("errors"),
-            if s["passthrough"].as_bool().unwrap_or(false) { "yes" } else { "no" }
         );
     }
     Ok(())

@@ -98,7 +98,20 @@ fn simulate_compares_policies_and_writes_results() {
     assert_eq!(r["scenario"]["cache"]["replacement"], "clock");
     assert!(out.join("comparison.csv").is_file() && out.join("static-lru-wb/windows.csv").is_file());
     let csv = std::fs::read_to_string(out.join("static-lru-wb/vms.csv")).unwrap();
-    assert!(csv.starts_with("# ") && csv.contains("# [cache]"), "CSV carries its scenario");
+    assert!(csv.starts_with("vm,requests,"), "plain CSV, one header row: {csv}");
+    let scenario = std::fs::read_to_string(out.join("static-lru-wb/scenario.toml")).unwrap();
+    assert!(scenario.contains("[cache]") && scenario.contains("replacement = \"lru\""), "{scenario}");
+    // One run into the same directory: no stale comparison of the earlier runs beside it.
+    ok(&[
+        "simulate",
+        "--trace",
+        &shared("tpcc-small.mqsim.txt"),
+        "--cache-size",
+        "32MiB",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(!out.join("comparison.csv").exists());
 }
 
 #[test]
@@ -250,4 +263,61 @@ fn version_completions_and_manual_pages_come_from_the_clap_definitions() {
     ok(&["man", "--out", dir.path().to_str().unwrap()]);
     let serve = std::fs::read_to_string(dir.path().join("cachevisor-serve.1")).unwrap();
     assert!(serve.contains("discard\\-dirty"), "{serve}");
+}
+
+#[test]
+fn new_users_are_told_what_is_going_on() {
+    // A trace shorter than a second keeps its own rate (6,999 requests in 0.136 s).
+    let info = ok(&["trace", "info", "--json", &shared("tpcc-small.mqsim.txt")]);
+    let v: serde_json::Value = serde_json::from_str(&info).unwrap();
+    assert!(v[0]["avg_iops"].as_f64().unwrap() > 50_000.0, "{info}");
+    // Open-loop replay faster than the disks serve: a warning names the bottleneck.
+    let dir = tempfile::tempdir().unwrap();
+    let out = ok(&[
+        "simulate",
+        "--trace",
+        &shared("cloudPhysicsIO.vscsi"),
+        "--cache-size",
+        "64MiB",
+        "--mode",
+        "open",
+        "--speedup",
+        "10",
+        "--max-requests",
+        "20000",
+        "--out",
+        dir.path().join("sat").to_str().unwrap(),
+    ]);
+    let warnings: Vec<&str> = out.lines().filter(|l| l.starts_with("warning:")).collect();
+    assert!(
+        warnings.len() == 1 && warnings[0].contains("backing hdd-7200") && warnings[0].contains("--speedup"),
+        "{out}"
+    );
+    // A headerless file mapped with --csv-columns loses no record (header=auto).
+    let tsv = dir.path().join("t.tsv");
+    std::fs::write(&tsv, "0\tvmA\tR\t8\t4096\n1000\tvmA\tW\t16\t4096\n").unwrap();
+    let info = ok(&[
+        "trace",
+        "info",
+        "--json",
+        "--csv-columns",
+        "time=0:us,vm=1,op=2,offset=3:sector,len=4,sep=tab",
+        tsv.to_str().unwrap(),
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&info).unwrap();
+    assert_eq!(v[0]["requests"], 2, "{info}");
+    std::fs::write(&tsv, "time\tvm\top\toffset\tlen\n0\tvmA\tR\t8\t4096\n").unwrap();
+    let info = ok(&[
+        "trace",
+        "info",
+        "--json",
+        "--csv-columns",
+        "time=0:us,vm=1,op=2,offset=3:sector,len=4,sep=tab",
+        tsv.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&info).unwrap()[0]["requests"],
+        1,
+        "the header row is skipped: {info}"
+    );
 }

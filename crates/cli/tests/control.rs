@@ -49,7 +49,7 @@ fn status_and_destage_talk_to_a_running_daemon() {
     let (ok, out) = cachevisor(&["status", "--api", &api]);
     assert!(ok, "{out}");
     let row = out.lines().find(|l| l.starts_with("wb ")).unwrap_or_else(|| panic!("no row for wb:\n{out}"));
-    assert_eq!(row.split_whitespace().nth(6), Some("600"), "dirty column: {row}");
+    assert_eq!(row.split_whitespace().nth(5), Some("2.34MiB"), "dirty column (600 blocks of 4 KiB): {row}");
     // Without the token: a clear refusal, nothing written back.
     let (ok, out) = cachevisor(&["destage", "--api", &api]);
     assert!(!ok && out.contains("API token"), "{out}");
@@ -60,7 +60,13 @@ fn status_and_destage_talk_to_a_running_daemon() {
     assert!(ok && out.contains("destaged 600 blocks"), "{out}");
     let (_, out) = cachevisor(&["status", "--api", &api]);
     let row = out.lines().find(|l| l.starts_with("wb ")).unwrap();
-    assert_eq!(row.split_whitespace().nth(6), Some("0"), "dirty column after destage: {row}");
+    assert_eq!(row.split_whitespace().nth(5), Some("0B"), "dirty column after destage: {row}");
+    // SIGHUP (a closed terminal) does not stop the daemon.
+    Command::new("kill").args(["-HUP", &pid.to_string()]).status().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(child.try_wait().unwrap().is_none(), "SIGHUP stopped the daemon");
+    let (ok, out) = cachevisor(&["status", "--api", &api]);
+    assert!(ok && out.contains("wb "), "{out}");
     let b = std::fs::read(d.join("wb.img")).unwrap();
     for i in 0..600usize {
         assert!(b[i * 4096..(i + 1) * 4096].iter().all(|&x| x == (i % 251) as u8 + 1), "block {i} on the backing file");
@@ -78,4 +84,37 @@ fn scopeguard(pid: u32) -> impl Drop {
         }
     }
     Kill(pid)
+}
+
+#[test]
+fn a_busy_port_is_one_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = busy.local_addr().unwrap().port();
+    std::fs::write(
+        dir.path().join("serve.toml"),
+        format!("[cache]\npath = \"cache.img\"\nsize = \"1MiB\"\n[listen]\ntcp = \"127.0.0.1:{port}\"\nunix = \"nbd.sock\"\n[[vdisk]]\nname = \"d\"\nbacking = \"d.img\"\nsize = \"1MiB\"\n"),
+    )
+    .unwrap();
+    let (ok, out) = cachevisor(&["serve", "--config", dir.path().join("serve.toml").to_str().unwrap()]);
+    assert!(!ok && out.contains(&format!("listen.tcp 127.0.0.1:{port}")), "{out}");
+    assert_eq!(out.matches("os error 98").count(), 1, "the reason once: {out}");
+    drop(busy);
+    // With the port free: the unix-socket URI is printed with an absolute path.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cachevisor"))
+        .current_dir(dir.path())
+        .args(["serve", "--config", "serve.toml"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _guard = scopeguard(child.id());
+    let line = BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .map_while(Result::ok)
+        .find(|l| l.starts_with("nbd+unix://"))
+        .unwrap();
+    assert!(line.contains(&format!("socket={}/nbd.sock", dir.path().display())), "{line}");
+    drop(_guard);
+    let _ = child.wait();
 }

@@ -218,9 +218,10 @@ async fn set_allocator(State(a): State<Api>, h: HeaderMap, Json(body): Json<Allo
 /// Starts the API on `addr` (port 0 = any); returns the bound address and the token.
 pub fn start(daemon: Arc<Daemon>, addr: SocketAddr, token: String) -> Result<SocketAddr, StartError> {
     let l = std::net::TcpListener::bind(addr)
-        .map_err(|source| StartError::File { path: format!("api.listen {addr}"), source })?;
-    let bound = l.local_addr().map_err(|source| StartError::File { path: format!("api.listen {addr}"), source })?;
-    l.set_nonblocking(true).map_err(|source| StartError::File { path: format!("api.listen {addr}"), source })?;
+        .map_err(|source| StartError::File { path: format!("api.listen {addr}"), error: source })?;
+    let bound =
+        l.local_addr().map_err(|source| StartError::File { path: format!("api.listen {addr}"), error: source })?;
+    l.set_nonblocking(true).map_err(|source| StartError::File { path: format!("api.listen {addr}"), error: source })?;
     let app = Router::new()
         .route("/vdisks", get(list).post(add_vdisk))
         .route("/vdisks/{name}", axum::routing::delete(remove_vdisk))

@@ -241,6 +241,55 @@ size = "1GiB"
 write_policy = "wb"
 "#;
 
+/// Every setting, with its default and range, as `--print-default-config` prints it
+/// after [`DEFAULT`] (each line commented out; a test parses it uncommented).
+pub const REFERENCE: &str = r#"[cache]
+path = "var/cache.img"        # cache store: a file (created and preallocated to `size`; its directory must exist) or a block device
+size = "256MiB"               # required; a multiple of block_size
+block_size = "4KiB"           # default 4KiB; a power of two, 512B to 1MiB; fixed for the cache's life (metadata refuses a change)
+replacement = "lru"           # default lru | fifo | clock | two-pool | s3fifo
+write_policy = "wt"           # default wt | wb | wa | ro: the policy of vDisks that set none
+allocator = "static"          # default static | optimal | symflex-weighted | symflex-proportional | s-cave | eci-cache | centaur | scave-recs | scave-hitratio
+metadata = "var/cache.img.meta" # default PATH.meta beside the cache store (its parent must exist)
+error_threshold = 8           # default 8; device errors after which a vDisk passes through (its dirty blocks stay cached until written back)
+interval = "1s"               # default 1s, at least 1ms: the allocator's interval on live traffic (and pass-through draining)
+flush_rate = "16MiB"          # default 16MiB per second of background write-back; "0" = off
+direct = "auto"               # default auto | on | off: O_DIRECT on the cache store
+params = {}                   # default {}: the allocator's parameters over its seed's defaults, e.g. { m = 5.0 } for s-cave (unknown keys are errors)
+
+[listen]                      # at least one of tcp and unix
+tcp = "127.0.0.1:10809"       # loopback, or a test namespace address
+unix = "var/cachevisor.sock"  # a unix socket (a stale one is replaced)
+
+[api]                         # the HTTP API and /metrics; omit the section to disable
+listen = "127.0.0.1:10810"
+token = "at-least-16-characters" # default: random, written to METADATA/api-token
+
+[[vdisk]]                     # one or more
+name = "vm1"                  # the NBD export name, 1 to 4096 bytes, unique
+backing = "var/vm1.img"       # a file or block device (one vDisk per backing), or "nbd://HOST:PORT/EXPORT"
+size = "1GiB"                 # creates a missing backing file (sparse); an existing one must have this size
+grow = false                  # default false; true lets an existing smaller backing file grow to `size` (never shrinks)
+weight = 1.0                  # default 1.0, > 0: share of the cache (static, symflex-weighted)
+ratio = 1.0                   # default 1.0, > 0: target share of hit throughput (symflex-proportional)
+min = "16MiB"                 # default 0: the smallest cache share
+sequential_cutoff = "4MiB"    # default off: longer contiguous runs bypass the cache
+write_policy = "wb"           # default: [cache] write_policy
+"#;
+
+/// [`DEFAULT`] followed by [`REFERENCE`] commented out: what `--print-default-config` prints.
+pub fn default_with_reference() -> String {
+    let mut s = format!("# cachevisor's embedded demo configuration (what `cachevisor serve` runs without --config):\n{DEFAULT}\n# Every setting, with its default and range:\n");
+    for l in REFERENCE.lines() {
+        s += if l.is_empty() { "#\n" } else { "# " };
+        if !l.is_empty() {
+            s += l;
+            s += "\n";
+        }
+    }
+    s
+}
+
 /// Numbers resolved from the strings.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Resolved {
@@ -339,6 +388,35 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_reference_lists_every_setting_and_parses() {
+        let text = default_with_reference();
+        let reference: String = text
+            .lines()
+            .skip_while(|l| !l.starts_with("# Every setting"))
+            .skip(1)
+            .map(|l| l.strip_prefix("# ").unwrap_or("").to_string() + "\n")
+            .collect();
+        let c = Config::parse(&reference, "reference", Path::new("/tmp")).unwrap();
+        c.resolve().unwrap();
+        assert_eq!(c.vdisk.len(), 1);
+        // Every key of every section is shown (serde would refuse an unknown one).
+        let keys = |t: &str| {
+            t.lines()
+                .filter_map(|l| l.split_once(" =").map(|(k, _)| k.trim().to_string()))
+                .filter(|k| !k.starts_with('['))
+                .collect::<Vec<_>>()
+        };
+        let shown = keys(&reference);
+        let full = toml::to_string(&c).unwrap();
+        for k in keys(&full) {
+            assert!(shown.contains(&k), "`{k}` is not in the reference");
+        }
+        for k in ["params", "metadata", "unix", "token", "min", "sequential_cutoff", "write_policy", "grow"] {
+            assert!(shown.iter().any(|s| s == k), "{k}");
+        }
+    }
 
     #[test]
     fn the_default_parses_and_errors_name_the_key() {

@@ -50,6 +50,8 @@ pub struct VdiskStatus {
     pub target_blocks: u64,
     /// Dirty blocks.
     pub dirty_blocks: u64,
+    /// Cache block size in bytes (the unit of the block counts).
+    pub block_size: u64,
     /// Counters.
     pub stats: ExportStats,
 }
@@ -383,13 +385,14 @@ pub enum StartError {
     /// another backing store): the message says what to do.
     #[error("{0}")]
     Refused(String),
-    /// A file could not be opened or created.
-    #[error("{path}: {source}")]
+    /// A file could not be opened or created (the reason is in the message, not chained
+    /// again as a source: `{:#}` would print it twice).
+    #[error("{path}: {error}")]
     File {
         /// The file.
         path: String,
         /// Why.
-        source: std::io::Error,
+        error: std::io::Error,
     },
 }
 
@@ -1140,6 +1143,7 @@ impl Daemon {
                     used_blocks: p.used,
                     target_blocks: p.target,
                     dirty_blocks: p.dirty_blocks,
+                    block_size: self.block_size,
                     stats: core.stats[e.id as usize],
                 }
             })

@@ -61,9 +61,9 @@ impl Client<'_> {
     }
 }
 
-/// A device error with the op that failed.
-#[derive(Debug, thiserror::Error)]
-#[error("{kind:?} of {len} bytes for vm {vm} at disk {disk_addr} / ssd {ssd_addr}: {source}")]
+/// A device error with the op that failed (or, outside an op list, the step: a flush of
+/// a backing store, a metadata append).
+#[derive(Debug)]
 pub struct OpError {
     /// Device and direction.
     pub kind: OpKind,
@@ -81,6 +81,33 @@ pub struct OpError {
     /// the ops from here on did not complete.
     pub at: usize,
 }
+
+impl std::fmt::Display for OpError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (vm, e) = (self.vm, &self.source);
+        if self.at == usize::MAX && self.len == 0 {
+            let what = match self.kind {
+                OpKind::SsdWrite => "cache metadata (journal, or syncing the cache store)",
+                OpKind::BackingWrite => "backing store (write or flush)",
+                OpKind::SsdRead | OpKind::BackingRead => "request",
+            };
+            return write!(f, "vDisk {vm}: {what}: {e}");
+        }
+        let (what, ssd) = match self.kind {
+            OpKind::SsdRead => ("cache-store read", true),
+            OpKind::SsdWrite => ("cache-store write", true),
+            OpKind::BackingRead => ("backing-store read", false),
+            OpKind::BackingWrite => ("backing-store write", false),
+        };
+        write!(f, "vDisk {vm}: {what} of {} bytes at disk offset {}", self.len, self.disk_addr)?;
+        if ssd {
+            write!(f, " (cache offset {})", self.ssd_addr)?;
+        }
+        write!(f, ": {e}")
+    }
+}
+
+impl std::error::Error for OpError {}
 
 impl OpError {
     /// The errno to give an NBD client: ENOSPC (and EDQUOT) when a device is full, so a

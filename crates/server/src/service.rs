@@ -39,6 +39,8 @@ impl Running {
                 v.push(format!("nbd://{a}/{}", e.name));
             }
             if let Some(p) = &self.unix {
+                // Absolute: the URI must work from any directory.
+                let p = std::path::absolute(p).unwrap_or_else(|_| p.clone());
                 v.push(format!("nbd+unix:///{}?socket={}", e.name, p.display()));
             }
         }
@@ -101,15 +103,18 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
             tracing::warn!(%addr, "listening on a non-loopback address");
         }
         let l = TcpListener::bind(addr)
-            .map_err(|source| StartError::File { path: format!("listen.tcp {addr}"), source })?;
-        tcp = Some(l.local_addr().map_err(|source| StartError::File { path: format!("listen.tcp {addr}"), source })?);
+            .map_err(|source| StartError::File { path: format!("listen.tcp {addr}"), error: source })?;
+        tcp = Some(
+            l.local_addr().map_err(|source| StartError::File { path: format!("listen.tcp {addr}"), error: source })?,
+        );
         let d = daemon.clone();
         std::thread::spawn(move || listener::tcp(l, d));
     }
     let mut unix = None;
     if let Some(p) = &cfg.listen.unix {
         let _ = std::fs::remove_file(p); // a stale socket from an earlier run
-        let l = UnixListener::bind(p).map_err(|source| StartError::File { path: p.display().to_string(), source })?;
+        let l = UnixListener::bind(p)
+            .map_err(|source| StartError::File { path: p.display().to_string(), error: source })?;
         unix = Some(p.clone());
         let d = daemon.clone();
         std::thread::spawn(move || listener::unix(l, d));
@@ -123,7 +128,7 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
         if a.token.is_none() {
             let path = daemon.metadata_dir().join("api-token");
             write_private(&path, &token)
-                .map_err(|source| StartError::File { path: path.display().to_string(), source })?;
+                .map_err(|source| StartError::File { path: path.display().to_string(), error: source })?;
         }
         api = Some((bound, token));
     }

@@ -137,6 +137,8 @@ pub struct Device {
     free_at: Vec<u64>,
     head: u64,
     busy_ns: u64,
+    /// Longest time an op waited in the queue before its service began.
+    max_wait_ns: u64,
 }
 
 fn transfer_ns(bytes: u32, mbps: f64) -> u64 {
@@ -150,7 +152,7 @@ impl Device {
             DeviceSpec::Ssd { channels, .. } | DeviceSpec::Link { channels, .. } => *channels as usize,
             DeviceSpec::Hdd { .. } => 1,
         };
-        Device { spec, free_at: vec![0; servers], head: u64::MAX, busy_ns: 0 }
+        Device { spec, free_at: vec![0; servers], head: u64::MAX, busy_ns: 0, max_wait_ns: 0 }
     }
 
     /// Time to serve one op, excluding queueing.
@@ -190,10 +192,21 @@ impl Device {
     pub fn submit(&mut self, at: u64, write: bool, addr: u64, len: u32) -> u64 {
         let (i, &free) = self.free_at.iter().enumerate().min_by_key(|(_, &f)| f).expect("a device has servers");
         let start = at.max(free);
+        self.max_wait_ns = self.max_wait_ns.max(start - at);
         let service = self.service_ns(write, addr, len);
         self.busy_ns += service;
         self.free_at[i] = start + service;
         start + service
+    }
+
+    /// The longest an op waited in the queue so far.
+    pub fn max_wait_ns(&self) -> u64 {
+        self.max_wait_ns
+    }
+
+    /// Requests it serves at once (SSD channels; 1 for an HDD).
+    pub fn servers(&self) -> usize {
+        self.free_at.len()
     }
 
     /// Total service time so far (for utilization).

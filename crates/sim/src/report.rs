@@ -163,7 +163,15 @@ pub struct DeviceReport {
     pub device: String,
     /// Busy time / virtual run time (can exceed 1 for multi-channel devices).
     pub utilization: f64,
+    /// Utilization per server (channel or head) over the whole run.
+    pub load: f64,
+    /// The longest an op waited in its queue, seconds: a device that was saturated, even
+    /// only in bursts, makes ops wait for whole seconds and latencies measure the queue.
+    pub max_queue_wait_s: f64,
 }
+
+/// Queue wait (seconds) from which a device counts as saturated.
+pub const SATURATED_WAIT_S: f64 = 1.0;
 
 /// Counters of one trace input.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -236,10 +244,16 @@ impl SimResult {
             .collect();
         let md = engine.metadata_bytes() as u64;
         let util = |d: &Device| if end_ns == 0 { 0.0 } else { d.busy_ns() as f64 / end_ns as f64 };
-        let mut devices = vec![DeviceReport { device: format!("ssd {}", ssd.spec().name()), utilization: util(ssd) }];
+        let report = |device: String, d: &Device| DeviceReport {
+            device,
+            utilization: util(d),
+            load: util(d) / d.servers() as f64,
+            max_queue_wait_s: d.max_wait_ns() as f64 / 1e9,
+        };
+        let mut devices = vec![report(format!("ssd {}", ssd.spec().name()), ssd)];
         for (i, d) in backing.iter().enumerate() {
             let who = if backing.len() == 1 { "all".to_string() } else { names.get(i).cloned().unwrap_or_default() };
-            devices.push(DeviceReport { device: format!("backing {} ({who})", d.spec().name()), utilization: util(d) });
+            devices.push(report(format!("backing {} ({who})", d.spec().name()), d));
         }
         SimResult {
             scenario: sc.clone(),
@@ -264,14 +278,18 @@ impl SimResult {
         serde_json::to_string_pretty(self).expect("results serialize")
     }
 
-    /// Writes `result.json`, `vms.csv` and `windows.csv` into `dir`.
+    /// Writes `result.json` (everything, the scenario included), `scenario.toml` (the
+    /// scenario that produced the run, to repeat it with `simulate --scenario`), and plain
+    /// CSV with one header row: `vms.csv` and `windows.csv`.
     pub fn write_files(&self, dir: &Path) -> io::Result<()> {
         std::fs::create_dir_all(dir)?;
         std::fs::write(dir.join("result.json"), self.to_json())?;
         let scenario = toml::to_string(&self.scenario).unwrap_or_default();
-        let header: String = scenario.lines().map(|l| format!("# {l}\n")).collect();
+        std::fs::write(
+            dir.join("scenario.toml"),
+            format!("# The scenario of this run: cachevisor simulate --scenario scenario.toml\n{scenario}"),
+        )?;
         let mut f = io::BufWriter::new(std::fs::File::create(dir.join("vms.csv"))?);
-        f.write_all(header.as_bytes())?;
         writeln!(f, "vm,requests,reads,hit_ratio,read_hit_ratio,write_hit_ratio,mean_us,p50_us,p99_us,p999_us,p9999_us,ssd_read_bytes,ssd_write_bytes,backing_read_bytes,backing_write_bytes,evicted_blocks,writebacks,final_used_blocks,final_dirty_blocks")?;
         for v in self.vms.iter().chain(std::iter::once(&self.total)) {
             let l = &v.latency;
@@ -301,7 +319,6 @@ impl SimResult {
         }
         f.flush()?;
         let mut f = io::BufWriter::new(std::fs::File::create(dir.join("windows.csv"))?);
-        f.write_all(header.as_bytes())?;
         writeln!(
             f,
             "window,t_end_s,vm,requests,accesses,hit_ratio,used_blocks,target_blocks,dirty_blocks,miss_blocks,recs"
@@ -360,7 +377,34 @@ impl SimResult {
                 format_size(v.backing_read_bytes)
             ));
         }
+        for w in self.saturation_warnings() {
+            s.push_str(&format!("warning: {w}\n"));
+        }
         s
+    }
+
+    /// A sentence per saturated device (an op waited [`SATURATED_WAIT_S`] or more in its
+    /// queue): the offered load exceeded what it serves, at least in bursts, and latencies
+    /// measure its queue.
+    pub fn saturation_warnings(&self) -> Vec<String> {
+        let open = self.scenario.replay.mode == crate::scenario::ReplayMode::Open;
+        // Ops reach a device after their request's earlier ops, so a device downstream of
+        // the bottleneck sees long waits too: name the busiest of those that waited.
+        self.devices
+            .iter()
+            .filter(|d| d.max_queue_wait_s >= SATURATED_WAIT_S)
+            .max_by(|a, b| a.load.total_cmp(&b.load))
+            .into_iter()
+            .map(|d| {
+                let advice = if open { "; lower the speed-up (--speedup) or replay closed-loop (--mode closed)" } else { "" };
+                format!(
+                    "{} is saturated: an op waited {:.1} s in its queue ({:.0}% busy per server over the run), so latencies measure the queue{advice}",
+                    d.device,
+                    d.max_queue_wait_s,
+                    d.load * 100.0
+                )
+            })
+            .collect()
     }
 }
 

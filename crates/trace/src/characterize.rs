@@ -60,7 +60,10 @@ impl Acc {
 
     fn report(&self, name: &str, block: u64) -> VmProfile {
         let duration_ns = self.last_ns - self.first_ns.unwrap_or(0);
-        let secs = (duration_ns as f64 / 1e9).max(1.0);
+        // The rate over the trace's own span, however short (a 0.136 s trace of 6,999
+        // requests runs at 51 k IOPS, not 6,999); a trace with one timestamp has no rate
+        // of its own and counts as one second.
+        let secs = if duration_ns > 0 { duration_ns as f64 / 1e9 } else { 1.0 };
         let unique = self.blocks.len() as u64;
         VmProfile {
             vm: name.to_string(),

@@ -154,7 +154,7 @@ impl Daemon {
                     let size = v.size.as_deref().map(parse_size).transpose().map_err(StartError::Config)?;
                     let b = Backing::open(&v.backing, size, v.grow, &format!("vdisk[{i}] ({})", v.name))
                         .map_err(StartError::Config)?;
-                    let size = b.size().map_err(|source| StartError::File { path: uri.clone(), source })?;
+                    let size = b.size().map_err(|source| StartError::File { path: uri.clone(), error: source })?;
                     nbd[i] = Some(b);
                     Some(Identity::Nbd { uri: uri.clone(), size })
                 }
@@ -209,7 +209,7 @@ impl Daemon {
                     Backing::open(&v.backing, size, v.grow, &at).map_err(StartError::Config)?
                 }
             };
-            let err = |source| StartError::File { path: v.backing.display().to_string(), source };
+            let err = |source| StartError::File { path: v.backing.display().to_string(), error: source };
             let size = b.size().map_err(err)?;
             let identity = match &places[i] {
                 Place::Uri(uri) => Identity::Nbd { uri: uri.clone(), size },
@@ -220,12 +220,12 @@ impl Daemon {
             identities.push(Some(identity.clone()));
             persist
                 .record_binding(i as u16, &identity)
-                .map_err(|source| StartError::File { path: meta_dir.display().to_string(), source })?;
+                .map_err(|source| StartError::File { path: meta_dir.display().to_string(), error: source })?;
             exports.push(Some(ExportInfo { id: i as VmId, name: v.name.clone(), size }));
             backings.push(std::sync::Arc::new(b));
         }
         let (ssd, direct) = crate::backing::open_cache_store(&cfg.cache.path, r.cache_bytes, cfg.cache.direct)
-            .map_err(|source| StartError::File { path: cfg.cache.path.display().to_string(), source })?;
+            .map_err(|source| StartError::File { path: cfg.cache.path.display().to_string(), error: source })?;
         let mut recovery =
             Recovery { journal_records: rec.journal_records, torn_tail: rec.torn_tail, ..Recovery::default() };
         for vm in 0..names.len() {
@@ -236,7 +236,7 @@ impl Daemon {
         let targets: Vec<u64> = (0..names.len()).map(|v| engine.partition(v as VmId).target).collect();
         persist
             .checkpoint(&mut engine, &names, &targets, &ssd)
-            .map_err(|source| StartError::File { path: meta_dir.display().to_string(), source })?;
+            .map_err(|source| StartError::File { path: meta_dir.display().to_string(), error: source })?;
         if recovery.blocks > 0 {
             tracing::info!(
                 blocks = recovery.blocks,

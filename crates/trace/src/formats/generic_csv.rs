@@ -3,10 +3,12 @@
 //!
 //! Mapping syntax (`--csv-columns`), comma-separated `key=value` items:
 //! `time=COL[:ns|us|ms|s]`, `vm=COL`, `op=COL`, `offset=COL[:byte|sector|KiB]`,
-//! `len=COL[:byte|sector|KiB]`, `header=yes|no`, `sep=comma|tab|space|semicolon`,
+//! `len=COL[:byte|sector|KiB]`, `header=yes|no|auto`, `sep=comma|tab|space|semicolon`,
 //! `read=TOKEN`, `write=TOKEN`. Columns are 0-based. Without `read`/`write`, an op field
 //! starting with `r`/`R` is a read and one starting with `w`/`W` a write.
-//! Example: `time=0:us,vm=1,op=2,offset=3:sector,len=4,header=no`.
+//! Example: `time=0:us,vm=1,op=2,offset=3:sector,len=4,header=no`. With `header=auto` (the
+//! default) the first line is skipped only when it does not parse as a record, so a file
+//! without a header loses no request.
 
 use crate::error::FieldError;
 use crate::numparse::{parse_u64, split_fields, split_ws};
@@ -32,8 +34,8 @@ pub struct CsvColumns {
     pub offset: (usize, u64),
     /// Column of the length, and bytes per unit.
     pub len: (usize, u64),
-    /// Whether the first line is a header to skip.
-    pub header: bool,
+    /// Whether the first line is a header to skip (`None`: only when it is not a record).
+    pub header: Option<bool>,
     /// Field separator (`None`: runs of whitespace).
     pub sep: Option<u8>,
     /// Exact read token, if set.
@@ -50,7 +52,7 @@ impl Default for CsvColumns {
             op: 2,
             offset: (3, 1),
             len: (4, 1),
-            header: true,
+            header: None,
             sep: Some(b','),
             read: None,
             write: None,
@@ -92,7 +94,14 @@ impl FromStr for CsvColumns {
                     c.len = col_unit(v, SIZE, k)?;
                     len = true
                 }
-                "header" => c.header = matches!(v, "yes" | "true" | "1"),
+                "header" => {
+                    c.header = match v {
+                        "yes" | "true" | "1" => Some(true),
+                        "no" | "false" | "0" => Some(false),
+                        "auto" => None,
+                        _ => return Err(format!("header: `{v}` (yes, no or auto)")),
+                    }
+                }
                 "sep" => {
                     c.sep = match v {
                         "comma" => Some(b','),
@@ -132,9 +141,20 @@ impl GenericCsvParser {
 
 impl LineParser for GenericCsvParser {
     fn parse(&mut self, line: &[u8], vms: &mut VmTable) -> Result<Option<Request>, FieldError> {
-        if std::mem::take(&mut self.first) && self.cols.header {
-            return Ok(None);
+        if std::mem::take(&mut self.first) {
+            match self.cols.header {
+                Some(true) => return Ok(None),
+                Some(false) => {}
+                // A first line that is not a record is a header; one that is, is data.
+                None => return Ok(self.record(line, vms).ok().flatten()),
+            }
         }
+        self.record(line, vms)
+    }
+}
+
+impl GenericCsvParser {
+    fn record(&mut self, line: &[u8], vms: &mut VmTable) -> Result<Option<Request>, FieldError> {
         self.fields.clear();
         let base = line.as_ptr() as usize;
         let mut push = |f: &[u8]| self.fields.push((f.as_ptr() as usize - base, f.len()));
@@ -203,7 +223,9 @@ mod tests {
         assert_eq!(c.time, Some((0, 1000)));
         assert_eq!(c.offset, (3, 512));
         assert_eq!(c.sep, Some(b'\t'));
-        assert!(!c.header);
+        assert_eq!(c.header, Some(false));
+        assert_eq!(CsvColumns::default().header, None);
+        assert!("op=1,offset=2,len=3,header=maybe".parse::<CsvColumns>().unwrap_err().contains("auto"));
         assert!("op=1,offset=2".parse::<CsvColumns>().unwrap_err().contains("len"));
         assert!("op=1,offset=2:parsec,len=3".parse::<CsvColumns>().unwrap_err().contains("parsec"));
         assert!("bogus=1".parse::<CsvColumns>().unwrap_err().contains("unknown key"));

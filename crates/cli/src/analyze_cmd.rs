@@ -189,10 +189,10 @@ fn windows(a: WindowsArgs) -> anyhow::Result<()> {
                     .filter(|r| r.vm as usize == vm && r.requests > 0)
                     .map(|r| (r.t_end_s, f(r)))
                     .collect(),
+                ..Default::default()
             })
             .collect()
     };
-    let last = a.sizes.len() - 1;
     let charts = [
         ("iops.svg", "requests per second per interval", "IOPS", series(&|r| r.iops), None),
         (
@@ -204,10 +204,20 @@ fn windows(a: WindowsArgs) -> anyhow::Result<()> {
         ),
         (
             "hit_ratio.svg",
-            &*format!("LRU hit ratio at {}", format_size(a.sizes[last])),
+            &*format!("LRU hit ratio at {}", a.sizes.iter().map(|&b| format_size(b)).collect::<Vec<_>>().join(", ")),
             "hit ratio",
-            series(&|r| r.hit_ratio[last]),
-            Some((0.0, 1.0)),
+            // One line per VM and size; a VM keeps its colour across sizes.
+            (0..a.sizes.len())
+                .flat_map(|k| {
+                    let size = format_size(a.sizes[k]);
+                    series(&|r: &IntervalRow| r.hit_ratio[k]).into_iter().enumerate().map(move |(vm, mut s)| {
+                        s.name = format!("{} @ {size}", s.name);
+                        s.color = Some(vm);
+                        s
+                    })
+                })
+                .collect(),
+            Some((0.0, 1.05)),
         ),
         (
             "alloc_unit.svg",
@@ -289,6 +299,7 @@ fn mrc(a: MrcArgs) -> anyhow::Result<()> {
                 .iter()
                 .map(|p| ((p.blocks * bs) as f64 / (1u64 << 30) as f64, p.miss_ratio))
                 .collect(),
+            ..Default::default()
         });
     }
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
@@ -312,7 +323,7 @@ fn mrc(a: MrcArgs) -> anyhow::Result<()> {
     })?;
     std::fs::write(a.out.join("summary.json"), json)?;
     let title = format!("LRU miss-ratio curves ({} accesses, {} blocks, {})", a.kind, format_size(bs), a.method);
-    let svg = line_chart_svg(&title, "cache size (GiB)", "miss ratio", &series, Some((0.0, 1.0)))
+    let svg = line_chart_svg(&title, "cache size (GiB)", "miss ratio", &series, Some((0.0, 1.05)))
         .map_err(anyhow::Error::msg)?;
     std::fs::write(a.out.join("mrc.svg"), svg)?;
     let opt = |v: Option<u64>| v.map_or("-".to_string(), format_size);

@@ -1,18 +1,78 @@
-//! Line charts as self-contained SVG for reports (miss-ratio curves, time series):
-//! readable axes with units, one coloured series per VM, and a legend.
+//! Charts as self-contained SVG for reports (miss-ratio curves, time series, comparisons):
+//! readable axes with compact tick labels, a colour-blind-safe palette with a marker shape
+//! per series (so lines that coincide stay distinguishable and a one-point series still
+//! shows), optional log x axis, vertical markers (phase boundaries) and bar charts.
 
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 /// One named line.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Series {
     /// Legend label.
     pub name: String,
     /// (x, y) points in drawing order.
     pub points: Vec<(f64, f64)>,
+    /// Palette index (default: the series' position), so related series share a colour.
+    pub color: Option<usize>,
+    /// Drawn thin and without markers: a reference line (a target) beside measured ones.
+    pub reference: bool,
 }
 
-/// A line chart of `series` as an SVG document.
+impl Series {
+    /// A series with default style.
+    pub fn new(name: impl Into<String>, points: Vec<(f64, f64)>) -> Series {
+        Series { name: name.into(), points, ..Series::default() }
+    }
+}
+
+/// How a chart is drawn beyond its data.
+#[derive(Debug, Clone, Default)]
+pub struct ChartOptions {
+    /// y range (default: 0 to 5% above the largest value).
+    pub y_range: Option<(f64, f64)>,
+    /// Logarithmic x axis (all x > 0).
+    pub log_x: bool,
+    /// Vertical lines at these x, with a label each (phase boundaries).
+    pub vlines: Vec<(f64, String)>,
+}
+
+/// Tableau 10 with its yellow moved last: distinct for colour-blind readers and in print.
+const PALETTE: [(u8, u8, u8); 10] = [
+    (78, 121, 167),
+    (242, 142, 43),
+    (225, 87, 89),
+    (118, 183, 178),
+    (89, 161, 79),
+    (176, 122, 161),
+    (255, 157, 167),
+    (156, 117, 95),
+    (186, 176, 172),
+    (237, 201, 72),
+];
+
+/// The palette colour `i` (wrapping).
+pub fn color(i: usize) -> RGBColor {
+    let (r, g, b) = PALETTE[i % PALETTE.len()];
+    RGBColor(r, g, b)
+}
+
+/// A tick label without noise: `500000` → `500k`, `0.25`, `12`, `1.5M`.
+pub fn tick(v: f64) -> String {
+    let a = v.abs();
+    let trim = |s: String| if s.contains('.') { s.trim_end_matches('0').trim_end_matches('.').to_string() } else { s };
+    if a >= 1e6 {
+        trim(format!("{:.2}", v / 1e6)) + "M"
+    } else if a >= 1e4 {
+        trim(format!("{:.1}", v / 1e3)) + "k"
+    } else if a >= 100.0 || v == v.round() {
+        format!("{v:.0}")
+    } else {
+        trim(format!("{v:.3}"))
+    }
+}
+
+/// A line chart of `series` as an SVG document (0 to the data's maximum on x).
 pub fn line_chart_svg(
     title: &str,
     x_label: &str,
@@ -20,44 +80,173 @@ pub fn line_chart_svg(
     series: &[Series],
     y_range: Option<(f64, f64)>,
 ) -> Result<String, String> {
+    chart_svg(title, x_label, y_label, series, &ChartOptions { y_range, ..ChartOptions::default() })
+}
+
+/// The outline of marker shape `k` around (0, 0), in pixels: octagon, triangle, square,
+/// diamond.
+fn shape_points(k: usize) -> Vec<(i32, i32)> {
+    match k % 4 {
+        0 => vec![(-2, -5), (2, -5), (5, -2), (5, 2), (2, 5), (-2, 5), (-5, 2), (-5, -2)],
+        1 => vec![(0, -6), (5, 4), (-5, 4)],
+        2 => vec![(-4, -4), (4, -4), (4, 4), (-4, 4)],
+        _ => vec![(0, -6), (6, 0), (0, 6), (-6, 0)],
+    }
+}
+
+/// A line chart of `series` with `opts`, as an SVG document.
+pub fn chart_svg(
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[Series],
+    opts: &ChartOptions,
+) -> Result<String, String> {
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (900, 560)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| e.to_string())?;
-        let xs = series.iter().flat_map(|s| s.points.iter().map(|p| p.0));
+        let xs = || series.iter().flat_map(|s| s.points.iter().map(|p| p.0));
         let ys = series.iter().flat_map(|s| s.points.iter().map(|p| p.1));
-        let x_max = xs.fold(0.0f64, f64::max).max(1e-9);
-        let (y_lo, y_hi) = y_range.unwrap_or_else(|| (0.0, ys.fold(0.0f64, f64::max).max(1e-9) * 1.05));
+        let x_max = xs().fold(0.0f64, f64::max).max(1e-9);
+        let (y_lo, y_hi) = opts.y_range.unwrap_or_else(|| (0.0, ys.fold(0.0f64, f64::max).max(1e-9) * 1.05));
+        let mut builder = ChartBuilder::on(&root);
+        builder.caption(title, ("sans-serif", 22)).margin(15).x_label_area_size(45).y_label_area_size(70);
+        let err = |e: &dyn std::fmt::Display| e.to_string();
+        macro_rules! draw {
+            ($chart:expr) => {{
+                let mut chart = $chart;
+                chart
+                    .configure_mesh()
+                    .x_desc(x_label)
+                    .y_desc(y_label)
+                    .x_label_formatter(&|v| tick(*v))
+                    .y_label_formatter(&|v| tick(*v))
+                    .axis_desc_style(("sans-serif", 16))
+                    .label_style(("sans-serif", 13))
+                    .draw()
+                    .map_err(|e| err(&e))?;
+                for (x, label) in &opts.vlines {
+                    let grey = RGBColor(120, 120, 120);
+                    chart
+                        .draw_series(std::iter::once(PathElement::new(
+                            vec![(*x, y_lo), (*x, y_hi)],
+                            grey.stroke_width(1),
+                        )))
+                        .map_err(|e| err(&e))?;
+                    chart
+                        .draw_series(std::iter::once(Text::new(
+                            label.clone(),
+                            (*x, y_hi),
+                            ("sans-serif", 12).into_font().color(&grey),
+                        )))
+                        .map_err(|e| err(&e))?;
+                }
+                for (i, s) in series.iter().enumerate() {
+                    let c = color(s.color.unwrap_or(i));
+                    let width = if s.reference { 1 } else { 2 };
+                    let shape = i;
+                    let a = chart
+                        .draw_series(LineSeries::new(s.points.iter().copied(), c.stroke_width(width)))
+                        .map_err(|e| err(&e))?;
+                    if s.reference {
+                        a.label(s.name.clone())
+                            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(1)));
+                    } else {
+                        // The legend shows the series' own marker shape.
+                        let legend_shape: Vec<(i32, i32)> =
+                            shape_points(shape).into_iter().map(|(dx, dy)| (dx + 9, dy)).collect();
+                        a.label(s.name.clone()).legend(move |(x, y)| {
+                            EmptyElement::at((x, y))
+                                + PathElement::new(vec![(0, 0), (18, 0)], c.stroke_width(2))
+                                + Polygon::new(legend_shape.clone(), c.filled())
+                        });
+                        // At most ~40 markers per series, evenly spaced.
+                        let step = s.points.len().div_ceil(40).max(1);
+                        let pts: Vec<(f64, f64)> = s.points.iter().copied().step_by(step).collect();
+                        let outline = shape_points(shape);
+                        chart
+                            .draw_series(
+                                pts.iter().map(|&p| EmptyElement::at(p) + Polygon::new(outline.clone(), c.filled())),
+                            )
+                            .map_err(|e| err(&e))?;
+                    }
+                }
+                chart
+                    .configure_series_labels()
+                    .background_style(WHITE.mix(0.85))
+                    .border_style(BLACK)
+                    .label_font(("sans-serif", 14))
+                    .draw()
+                    .map_err(|e| err(&e))?;
+            }};
+        }
+        if opts.log_x {
+            let x_min = xs().filter(|&x| x > 0.0).fold(f64::INFINITY, f64::min).min(x_max);
+            // Ticks at the data's own x values (cache sizes), when there are few.
+            let mut keys: Vec<f64> = xs().filter(|&x| x > 0.0).collect();
+            keys.sort_by(f64::total_cmp);
+            keys.dedup();
+            let range = (x_min * 0.8..x_max * 1.25).log_scale();
+            if keys.len() <= 12 {
+                draw!(builder.build_cartesian_2d(range.with_key_points(keys), y_lo..y_hi).map_err(|e| err(&e))?);
+            } else {
+                draw!(builder.build_cartesian_2d(range, y_lo..y_hi).map_err(|e| err(&e))?);
+            }
+        } else {
+            draw!(builder.build_cartesian_2d(0.0..x_max, y_lo..y_hi).map_err(|e| err(&e))?);
+        }
+        root.present().map_err(|e| e.to_string())?;
+    }
+    Ok(svg)
+}
+
+/// A bar chart (one bar per label, coloured by position) as an SVG document.
+pub fn bar_chart_svg(title: &str, y_label: &str, bars: &[(String, f64)]) -> Result<String, String> {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (900, 480)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        let y_max = bars.iter().map(|b| b.1).fold(0.0f64, f64::max).max(1e-9) * 1.15;
+        let n = bars.len().max(1) as u32;
         let mut chart = ChartBuilder::on(&root)
             .caption(title, ("sans-serif", 22))
             .margin(15)
             .x_label_area_size(45)
-            .y_label_area_size(60)
-            .build_cartesian_2d(0.0..x_max, y_lo..y_hi)
+            .y_label_area_size(70)
+            .build_cartesian_2d((0u32..n - 1).into_segmented(), 0.0..y_max)
             .map_err(|e| e.to_string())?;
+        let names: Vec<String> = bars.iter().map(|b| b.0.clone()).collect();
         chart
             .configure_mesh()
-            .x_desc(x_label)
+            .disable_x_mesh()
             .y_desc(y_label)
+            .y_label_formatter(&|v| tick(*v))
+            .x_label_formatter(&|v| match v {
+                SegmentValue::CenterOf(i) => names.get(*i as usize).cloned().unwrap_or_default(),
+                _ => String::new(),
+            })
             .axis_desc_style(("sans-serif", 16))
-            .label_style(("sans-serif", 13))
+            .label_style(("sans-serif", 14))
             .draw()
             .map_err(|e| e.to_string())?;
-        for (i, s) in series.iter().enumerate() {
-            let color = Palette99::pick(i).to_rgba();
+        let label = ("sans-serif", 15).into_font().into_text_style(&root).pos(Pos::new(HPos::Center, VPos::Bottom));
+        for (i, (_, v)) in bars.iter().enumerate() {
+            let i = i as u32;
+            let mut bar = Rectangle::new(
+                [(SegmentValue::Exact(i), 0.0), (SegmentValue::Exact(i + 1), *v)],
+                color(i as usize).filled(),
+            );
+            bar.set_margin(0, 0, 40, 40);
+            chart.draw_series(std::iter::once(bar)).map_err(|e| e.to_string())?;
             chart
-                .draw_series(LineSeries::new(s.points.iter().copied(), color.stroke_width(2)))
-                .map_err(|e| e.to_string())?
-                .label(s.name.clone())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+                .draw_series(std::iter::once(Text::new(
+                    tick(*v),
+                    (SegmentValue::CenterOf(i), *v + y_max * 0.01),
+                    label.clone(),
+                )))
+                .map_err(|e| e.to_string())?;
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 14))
-            .draw()
-            .map_err(|e| e.to_string())?;
         root.present().map_err(|e| e.to_string())?;
     }
     Ok(svg)
@@ -69,8 +258,25 @@ mod tests {
 
     #[test]
     fn draws_an_svg_with_labels() {
-        let s = Series { name: "vm-a".into(), points: vec![(0.0, 1.0), (1.0, 0.5), (2.0, 0.2)] };
-        let svg = line_chart_svg("MRC", "cache size (GiB)", "miss ratio", &[s], Some((0.0, 1.0))).unwrap();
+        let s = Series::new("vm-a", vec![(0.0, 1.0), (1.0, 0.5), (2.0, 0.2)]);
+        let one = Series::new("vm-b", vec![(1.0, 0.7)]);
+        let svg = line_chart_svg("MRC", "cache size (GiB)", "miss ratio", &[s.clone(), one], Some((0.0, 1.0))).unwrap();
         assert!(svg.starts_with("<svg") && svg.contains("vm-a") && svg.contains("cache size (GiB)"));
+        assert!(svg.contains("<polygon"), "markers are drawn (a one-point series shows)");
+        let opts = ChartOptions { log_x: true, vlines: vec![(1.0, "phase 2".into())], ..ChartOptions::default() };
+        let log =
+            chart_svg("t", "x", "y", &[Series::new("a", vec![(16.0, 1.0), (64.0, 2.0), (256.0, 3.0)])], &opts).unwrap();
+        assert!(log.contains("phase 2"));
+        let bars = bar_chart_svg("SSD writes", "GiB", &[("eci".into(), 3.8), ("centaur".into(), 4.4)]).unwrap();
+        assert!(bars.contains("eci") && bars.contains("4.4"));
+    }
+
+    #[test]
+    fn ticks_are_compact() {
+        assert_eq!(tick(500000.0), "500k");
+        assert_eq!(tick(1_500_000.0), "1.5M");
+        assert_eq!(tick(12.0), "12");
+        assert_eq!(tick(0.25), "0.25");
+        assert_eq!(tick(250.5), "250");
     }
 }

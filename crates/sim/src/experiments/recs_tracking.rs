@@ -105,6 +105,7 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
         let mut series = vec![Series {
             name: "Optimal".into(),
             points: opt.iter().enumerate().map(|(i, &o)| (i as f64, mib(o as f64))).collect(),
+            ..Default::default()
         }];
         let mut dist = Vec::new();
         for (pname, alloc) in policies {
@@ -137,6 +138,7 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
             series.push(Series {
                 name: pname.into(),
                 points: sizes.iter().enumerate().map(|(i, &s)| (i as f64, mib(s))).collect(),
+                ..Default::default()
             });
         }
         let (clock, hit, recs) = (dist[0], dist[1], dist[2]);

@@ -124,7 +124,7 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
                 .filter(|w| w.vm == vm)
                 .map(|w| (w.t_end_s, w.used_blocks as f64 * r.resolved.block_size as f64 / (1 << 20) as f64))
                 .collect();
-            series.push(Series { name: format!("{vm} ({policy})"), points: pts });
+            series.push(Series { name: format!("{vm} ({policy})"), points: pts, ..Default::default() });
         }
     }
     let figure = line_chart_svg("strong/weak: cache held per VM", "virtual time (s)", "MiB held", &series, None)?;

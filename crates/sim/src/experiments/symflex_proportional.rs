@@ -6,7 +6,7 @@
 //! and allocations over time, how fast each phase settles and how closely it tracks.
 
 use super::{sim, workload, Claim, Options, Report, Section, Table};
-use crate::plot::{line_chart_svg, Series};
+use crate::plot::Series;
 use crate::scenario::{PhaseSection, ReplayMode, Scenario, SyntheticSection, VmChange, VmSection, WorkloadChange};
 
 /// Share error (absolute, as a fraction) under which a phase counts as settled.
@@ -79,11 +79,19 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
             m.entry(w.window).or_default().push(w);
             m
         });
-    let mut share: Vec<Series> =
-        names.iter().map(|n| Series { name: format!("{n} achieved"), points: Vec::new() }).collect();
-    let mut target: Vec<Series> =
-        names.iter().map(|n| Series { name: format!("{n} target"), points: Vec::new() }).collect();
-    let mut alloc: Vec<Series> = names.iter().map(|n| Series { name: n.to_string(), points: Vec::new() }).collect();
+    let mut share: Vec<Series> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| Series { name: format!("{n} achieved"), color: Some(i), ..Default::default() })
+        .collect();
+    // The target of each VM in its VM's colour, drawn as a thin reference line.
+    let mut target: Vec<Series> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| Series { name: format!("{n} target"), color: Some(i), reference: true, ..Default::default() })
+        .collect();
+    let mut alloc: Vec<Series> =
+        names.iter().map(|n| Series { name: n.to_string(), points: Vec::new(), ..Default::default() }).collect();
     let mut table = Table::new(
         "phases",
         &[
@@ -181,14 +189,25 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
     });
     let mut both = share.clone();
     both.extend(target);
-    let f1 = line_chart_svg(
-        "hit-throughput share per VM: achieved and target",
+    let phases = crate::plot::ChartOptions {
+        y_range: Some((0.0, 100.0)),
+        vlines: (1..4).map(|p| ((p as u64 * phase_s) as f64, format!(" phase {}", p + 1))).collect(),
+        ..Default::default()
+    };
+    let f1 = crate::plot::chart_svg(
+        "hit-throughput share per VM: achieved (markers) and target (thin line)",
         "virtual time (s)",
         "% of summed hit throughput",
         &both,
-        Some((0.0, 100.0)),
+        &phases,
     )?;
-    let f2 = line_chart_svg("vSSD allocation per VM", "virtual time (s)", "MiB", &alloc, None)?;
+    let f2 = crate::plot::chart_svg(
+        "vSSD allocation per VM",
+        "virtual time (s)",
+        "MiB",
+        &alloc,
+        &crate::plot::ChartOptions { y_range: None, ..phases.clone() },
+    )?;
     Ok(Report {
         name: "symflex-proportional".into(),
         title: "SymFlex proportionate-throughput provisioning".into(),

@@ -303,6 +303,7 @@ fn run_background(
 /// Counts a device error of `vm`; at the threshold the vDisk enters pass-through, keeping
 /// its dirty blocks cached until they are written back (`Engine::set_bypass`).
 fn count_error(
+    name: &str,
     engine: &mut Engine,
     s: &mut ExportStats,
     passthrough: &mut bool,
@@ -311,21 +312,29 @@ fn count_error(
     e: &OpError,
 ) {
     s.errors += 1;
-    tracing::error!(%e, vdisk = vm, errors = s.errors, "device error");
+    tracing::error!(%e, vdisk = name, errors = s.errors, "device error");
     if s.errors >= threshold && !*passthrough {
         *passthrough = true;
         s.passthrough = true;
         engine.set_bypass(vm, true);
         let p = engine.partition(vm);
-        tracing::error!(vdisk = vm, errors = s.errors, cached = p.used, dirty = p.dirty_blocks, "error threshold reached: the vDisk passes through to its backing store from now on; its dirty blocks stay cached (reads of them hit) until they are written back");
+        tracing::error!(vdisk = name, errors = s.errors, cached = p.used, dirty = p.dirty_blocks, "error threshold reached: the vDisk passes through to its backing store from now on; its dirty blocks stay cached (reads of them hit) until they are written back");
     }
 }
 
 impl Core {
     /// Counts a device error of `vm` (see [`count_error`]).
     fn device_error(&mut self, vm: VmId, e: &OpError) {
-        let Core { engine, stats, passthrough, error_threshold, .. } = self;
-        count_error(engine, &mut stats[vm as usize], &mut passthrough[vm as usize], *error_threshold, vm, e);
+        let Core { engine, stats, passthrough, error_threshold, names, .. } = self;
+        count_error(
+            &names[vm as usize],
+            engine,
+            &mut stats[vm as usize],
+            &mut passthrough[vm as usize],
+            *error_threshold,
+            vm,
+            e,
+        );
     }
 
     /// Applies an allocation decision online — vDisks in pass-through keep no cache —
@@ -674,7 +683,7 @@ impl Daemon {
         if let Err(e) = &r {
             let write = write_data.map(|d| (vm, offset, d.len() as u64));
             undo::undo(engine, &out.ops, e.at, &pre, write);
-            count_error(engine, s, &mut passthrough[vm as usize], *error_threshold, vm, e);
+            count_error(&names[vm as usize], engine, s, &mut passthrough[vm as usize], *error_threshold, vm, e);
         }
         // A read whose new slot could not be had (the victim's write-back failed, e.g. a
         // full backing store) is served without taking slots: hits from the cache, the

@@ -373,6 +373,11 @@ impl Persistence {
         self.write_buffered()
     }
 
+    /// `e` with the metadata file it concerns (the kind is kept: ENOSPC stays StorageFull).
+    fn named(&self, e: std::io::Error, file: &str) -> std::io::Error {
+        std::io::Error::new(e.kind(), format!("{}: {e}", self.dir.join(file).display()))
+    }
+
     /// Appends the buffered records. When the append fails (a full file system), the
     /// journal is cut back to its last whole record — a torn record would hide every later
     /// one from recovery — and the records stay buffered for the next attempt, in order.
@@ -391,7 +396,7 @@ impl Persistence {
                     self.failing = true;
                     tracing::error!(%e, dir = %self.dir.display(), "cannot append to the metadata journal: writes and flushes fail until it can (the records wait in memory, in order)");
                 }
-                return Err(e);
+                return Err(self.named(e, "journal"));
             }
             if self.failing {
                 self.failing = false;
@@ -407,8 +412,8 @@ impl Persistence {
     /// Makes everything journaled so far durable: cache store data first, then journal.
     pub fn sync(&mut self, ssd: &File) -> std::io::Result<()> {
         self.write_buffered()?;
-        ssd.sync_data()?;
-        self.journal.sync_data()?;
+        ssd.sync_data().map_err(|e| std::io::Error::new(e.kind(), format!("syncing the cache store: {e}")))?;
+        self.journal.sync_data().map_err(|e| self.named(e, "journal"))?;
         // Clearing costs the table's capacity, which a burst can leave large.
         if self.pre_sync.capacity() > 4096 {
             self.pre_sync = HashMap::new();

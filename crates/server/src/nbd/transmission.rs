@@ -114,7 +114,7 @@ fn miss_thread<W: Write>(sh: &MissShared, d: &Daemon, vm: u32, s: &Replies<W>) {
         let sent = if let Some((data, fua)) = &job.write {
             let e = d.write(vm, job.offset, data, *fua).map_or_else(
                 |e| {
-                    tracing::error!(%e, "write failed");
+                    tracing::error!(%e, vdisk = %vdisk_name(d, vm), "write failed");
                     e.nbd_errno()
                 },
                 |()| 0,
@@ -127,7 +127,7 @@ fn miss_thread<W: Write>(sh: &MissShared, d: &Daemon, vm: u32, s: &Replies<W>) {
             match d.read(vm, job.offset, &mut reply[16..]) {
                 Ok(()) => s.send(&reply),
                 Err(e) => {
-                    tracing::error!(%e, "read failed");
+                    tracing::error!(%e, vdisk = %vdisk_name(d, vm), "read failed");
                     s.send(&simple_reply(e.nbd_errno(), job.cookie))
                 }
             }
@@ -218,7 +218,7 @@ fn serve_buffered<R: Read, W: Write + Send>(
                 match done {
                     Some(Ok(())) => s.send(&reply)?,
                     Some(Err(e)) => {
-                        tracing::error!(%e, "read failed");
+                        tracing::error!(%e, vdisk = %vdisk_name(d, vm), "read failed");
                         s.send(&error(e.nbd_errno()))?;
                     }
                     None => {
@@ -258,7 +258,7 @@ fn serve_buffered<R: Read, W: Write + Send>(
                     Err(e) => e,
                     Ok(()) => d.write(vm, r.offset, &data, r.flags & CMD_FLAG_FUA != 0).map_or_else(
                         |e| {
-                            tracing::error!(%e, "write failed");
+                            tracing::error!(%e, vdisk = %vdisk_name(d, vm), "write failed");
                             e.nbd_errno()
                         },
                         |()| 0,
@@ -276,7 +276,7 @@ fn serve_buffered<R: Read, W: Write + Send>(
                         while at < r.length as u64 {
                             let n = (r.length as u64 - at).min(ZERO_CHUNK as u64) as usize;
                             if let Err(err) = d.write(vm, r.offset + at, &zeros[..n], false) {
-                                tracing::error!(%err, "write-zeroes failed");
+                                tracing::error!(%err, vdisk = %vdisk_name(d, vm), "write-zeroes failed");
                                 e = err.nbd_errno();
                                 break;
                             }
@@ -310,7 +310,7 @@ fn serve_buffered<R: Read, W: Write + Send>(
                     }) {
                         Ok(()) => 0,
                         Err(e) => {
-                            tracing::error!(%e, "trim failed");
+                            tracing::error!(%e, vdisk = %vdisk_name(d, vm), "trim failed");
                             e.nbd_errno()
                         }
                     },
@@ -320,7 +320,7 @@ fn serve_buffered<R: Read, W: Write + Send>(
             CMD_FLUSH => {
                 let e = d.flush(vm).map_or_else(
                     |e| {
-                        tracing::error!(%e, "flush failed");
+                        tracing::error!(%e, vdisk = %vdisk_name(d, vm), "flush failed");
                         e.nbd_errno()
                     },
                     |()| 0,
@@ -332,4 +332,9 @@ fn serve_buffered<R: Read, W: Write + Send>(
         }
         hist.observe(started.elapsed().as_secs_f64());
     }
+}
+
+/// The export name of `vm`, for log lines.
+fn vdisk_name(d: &Daemon, vm: u32) -> String {
+    d.export(vm).map_or_else(|| format!("#{vm}"), |e| e.name)
 }

@@ -133,9 +133,12 @@ impl Allocator for Scave {
         if !self.controlling {
             return Decision { targets: vec![pool.capacity; n], write_policies, uncapped: true };
         }
-        let limit = (p.cap * pool.capacity as f64).floor() as i128;
-        if vms.iter().map(|v| v.min_blocks as i128).sum::<i128>() > limit {
-            // The minimums alone exceed the cap: they are scaled down to fit it.
+        // The cap (95%) applies above the minimums: minimums that fit in the pool are met
+        // even when together they exceed the cap (the allocator contract).
+        let mins_sum = vms.iter().map(|v| v.min_blocks as i128).sum::<i128>();
+        let limit = ((p.cap * pool.capacity as f64).floor() as i128).max(mins_sum.min(pool.capacity as i128));
+        if mins_sum > limit {
+            // The minimums alone exceed the pool: they are scaled down to fit it.
             return Decision {
                 targets: crate::static_share::weighted_split(limit as u64, vms),
                 write_policies,

@@ -83,6 +83,41 @@ pub fn line_chart_svg(
     chart_svg(title, x_label, y_label, series, &ChartOptions { y_range, ..ChartOptions::default() })
 }
 
+/// The corner of the plot with the fewest data points under where the legend would sit
+/// (the right or left 40% of the x range, the top or bottom 45% of the y range).
+fn legend_corner(series: &[Series], x_max: f64, log_x: bool, (y_lo, y_hi): (f64, f64)) -> SeriesLabelPosition {
+    let x_min = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.0))
+        .filter(|&x| !log_x || x > 0.0)
+        .fold(f64::INFINITY, f64::min);
+    let fx = |x: f64| {
+        if log_x {
+            (x.max(1e-12).ln() - x_min.ln()) / (x_max.ln() - x_min.ln()).max(1e-12)
+        } else {
+            x / x_max
+        }
+    };
+    let fy = |y: f64| (y - y_lo) / (y_hi - y_lo).max(1e-12);
+    let corners = [
+        (SeriesLabelPosition::UpperRight, true, true),
+        (SeriesLabelPosition::UpperLeft, false, true),
+        (SeriesLabelPosition::LowerRight, true, false),
+        (SeriesLabelPosition::LowerLeft, false, false),
+    ];
+    let count = |right: bool, top: bool| {
+        series
+            .iter()
+            .flat_map(|s| s.points.iter())
+            .filter(|p| {
+                let (x, y) = (fx(p.0), fy(p.1));
+                (if right { x >= 0.6 } else { x <= 0.4 }) && (if top { y >= 0.55 } else { y <= 0.45 })
+            })
+            .count()
+    };
+    corners.into_iter().min_by_key(|&(_, r, t)| count(r, t)).map(|c| c.0).unwrap_or(SeriesLabelPosition::UpperRight)
+}
+
 /// The outline of marker shape `k` around (0, 0), in pixels: octagon, triangle, square,
 /// diamond.
 fn shape_points(k: usize) -> Vec<(i32, i32)> {
@@ -174,6 +209,7 @@ pub fn chart_svg(
                 }
                 chart
                     .configure_series_labels()
+                    .position(legend_corner(series, x_max, opts.log_x, (y_lo, y_hi)))
                     .background_style(WHITE.mix(0.85))
                     .border_style(BLACK)
                     .label_font(("sans-serif", 14))

@@ -28,8 +28,15 @@ pub fn owner_file(meta_dir: &Path) -> PathBuf {
 }
 
 /// Fails with a message naming `path` when its parent directory does not exist (a typo in
-/// a path must not create directories).
+/// a path must not create directories), or when it names a missing device under /dev (a
+/// regular file would be created in a RAM file system instead of using a disk).
 pub fn parent_must_exist(path: &Path, what: &str) -> Result<(), String> {
+    if path.starts_with("/dev") && !path.exists() {
+        return Err(format!(
+            "{what} {}: no such device (cachevisor creates files, never device nodes)",
+            path.display()
+        ));
+    }
     let parent = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     if parent.is_dir() {
         Ok(())
@@ -113,6 +120,9 @@ mod tests {
         assert!(e.contains("c.img.meta is in use"), "{e}");
         drop(first);
         OwnerLock::acquire(&cache, &meta).unwrap();
+        let e = OwnerLock::acquire(Path::new("/dev/cachevisor-no-such-disk"), &meta).unwrap_err();
+        assert!(e.contains("no such device"), "{e}");
+        assert!(!Path::new("/dev/cachevisor-no-such-disk").exists());
         let e = OwnerLock::acquire(&dir.path().join("nope/c.img"), &meta).unwrap_err();
         assert!(e.contains("nope") && e.contains("does not exist"), "{e}");
         assert!(!dir.path().join("nope").exists());

@@ -104,6 +104,18 @@ pub enum BenchCmd {
         /// Seconds per fio run.
         #[arg(long, default_value_t = 5)]
         secs: u32,
+        /// fio patterns, comma-separated: randread, randwrite, randrw (70% reads), read, write.
+        #[arg(long, value_delimiter = ',', default_value = "randread")]
+        rw: Vec<String>,
+        /// Block size of the fio jobs (4k, 1M, …).
+        #[arg(long, default_value = "4k")]
+        bs: String,
+        /// Queue depths, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,32")]
+        iodepth: Vec<u32>,
+        /// cachevisor's write policy for the export (the cache holds the whole image).
+        #[arg(long, default_value = "wb")]
+        write_policy: String,
         /// Working directory.
         #[arg(long, default_value = "out/bench/serve")]
         dir: PathBuf,
@@ -160,7 +172,10 @@ pub fn run(c: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Analyze { requests, blocks, alpha, reps, dir } => bench_analyze(requests, blocks, alpha, reps, &dir),
         BenchCmd::Memory { cache_size, block_size, last_access } => bench_memory(cache_size, block_size, last_access),
         BenchCmd::Policy { vms, units, reps } => bench_policy(vms, units, reps),
-        BenchCmd::Serve { disk_size, rounds, secs, dir } => crate::bench_serve::run(disk_size, rounds, secs, &dir),
+        BenchCmd::Serve { disk_size, rounds, secs, rw, bs, iodepth, write_policy, dir } => {
+            let job = crate::bench_serve::Job { rw, bs, iodepth, write_policy };
+            crate::bench_serve::run(disk_size, rounds, secs, &job, &dir)
+        }
         BenchCmd::SlowBacking { delay_ms, disk_mib, cache_mib, secs, rounds, iodepth, read_percent, dir } => {
             crate::bench_serve::slow_backing(delay_ms, disk_mib, cache_mib, secs, rounds, &iodepth, read_percent, &dir)
         }

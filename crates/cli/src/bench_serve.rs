@@ -26,8 +26,14 @@ fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-fn start_cachevisor(dir: &Path, backing: &str, size: &str, direct: &str) -> anyhow::Result<(Proc, String)> {
-    start_cachevisor_api(dir, backing, size, None, direct).map(|(p, u, _)| (p, u))
+fn start_cachevisor(
+    dir: &Path,
+    backing: &str,
+    size: &str,
+    direct: &str,
+    policy: &str,
+) -> anyhow::Result<(Proc, String)> {
+    start_cachevisor_api(dir, backing, size, None, direct, policy).map(|(p, u, _)| (p, u))
 }
 
 /// Starts `cachevisor serve` on `backing`; returns the process, the NBD URI and the API address.
@@ -37,13 +43,14 @@ fn start_cachevisor_api(
     size: &str,
     record: Option<&Path>,
     direct: &str,
+    policy: &str,
 ) -> anyhow::Result<(Proc, String, String)> {
     let port = free_port()?;
     let api = format!("127.0.0.1:{}", free_port()?);
     let cfg = dir.join("bench.toml");
     std::fs::write(
         &cfg,
-        format!("[cache]\npath = \"cache.img\"\nsize = \"{size}\"\nwrite_policy = \"wt\"\ndirect = \"{direct}\"\n[listen]\ntcp = \"127.0.0.1:{port}\"\n[api]\nlisten = \"{api}\"\n[[vdisk]]\nname = \"d\"\nbacking = \"{backing}\"\n"),
+        format!("[cache]\npath = \"cache.img\"\nsize = \"{size}\"\nwrite_policy = \"{policy}\"\ndirect = \"{direct}\"\n[listen]\ntcp = \"127.0.0.1:{port}\"\n[api]\nlisten = \"{api}\"\n[[vdisk]]\nname = \"d\"\nbacking = \"{backing}\"\n"),
     )?;
     let _ = std::fs::remove_file(dir.join("cache.img"));
     let _ = std::fs::remove_dir_all(dir.join("cache.img.meta"));
@@ -103,7 +110,7 @@ fn fio_with(uri: &str, rw: &str, depth: u32, secs: u32, size: &str, extra: &[&st
             "--ioengine=nbd",
             &format!("--uri={uri}"),
             &format!("--rw={rw}"),
-            "--bs=4k",
+            "--bs=4k", // a --bs in `extra` comes later and wins
             &format!("--iodepth={depth}"),
             &format!("--size={size}"),
         ])
@@ -124,8 +131,23 @@ fn fio_with(uri: &str, rw: &str, depth: u32, secs: u32, size: &str, extra: &[&st
     Ok(FioReads { iops, mean_us: ns(&r["clat_ns"]["mean"]), p99_us: ns(&r["clat_ns"]["percentile"]["99.000000"]) })
 }
 
-/// Runs the bench.
-pub fn run(disk_size: u64, rounds: usize, secs: u32, dir: &Path) -> anyhow::Result<()> {
+/// What `bench serve` runs: fio patterns, block size, queue depths, and the export's
+/// write policy.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// fio `rw` values (`randrw` runs 70% reads).
+    pub rw: Vec<String>,
+    /// fio block size.
+    pub bs: String,
+    /// Queue depths.
+    pub iodepth: Vec<u32>,
+    /// cachevisor's write policy.
+    pub write_policy: String,
+}
+
+/// Runs the bench: for each pattern and queue depth, cachevisor (the image held in its
+/// cache) and a plain NBD server on the same file, in interleaved rounds; medians.
+pub fn run(disk_size: u64, rounds: usize, secs: u32, job: &Job, dir: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)?;
     let disk = dir.join("disk.img");
     {
@@ -137,26 +159,48 @@ pub fn run(disk_size: u64, rounds: usize, secs: u32, dir: &Path) -> anyhow::Resu
     let size = format!("{}MiB", disk_size.div_ceil(1 << 20) * 2);
     let range = format!("{}MiB", disk_size >> 20);
     let disk_arg = disk.display().to_string();
-    println!("hit path: 4 KiB random reads over a {range} image held in cachevisor's cache vs a plain NBD server on the same file, {secs} s per run, {rounds} interleaved rounds");
-    println!("{:<22} {:<8} {:>16} {:>16} {:>8}", "comparison", "iodepth", "cachevisor IOPS", "other IOPS", "ratio");
+    println!(
+        "fio {} with {} blocks at {} over a {range} image held in cachevisor's {} cache vs a plain NBD server on the same file, {secs} s per run, {rounds} interleaved rounds",
+        job.rw.join(","),
+        job.bs,
+        job.iodepth.iter().map(|d| format!("iodepth {d}")).collect::<Vec<_>>().join(", "),
+        job.write_policy
+    );
+    println!(
+        "{:<22} {:<10} {:<8} {:>16} {:>16} {:>8}",
+        "comparison", "rw", "iodepth", "cachevisor IOPS", "other IOPS", "ratio"
+    );
+    let bs = format!("--bs={}", job.bs);
+    let mut extra: Vec<&str> = vec![&bs];
     for (label, direct) in [("page cache vs nbdkit", "off"), ("O_DIRECT vs qemu-nbd", "on")] {
         let sub = dir.join(direct);
         std::fs::create_dir_all(&sub)?;
-        let (cv, cv_uri) = start_cachevisor(&sub, &disk_arg, &size, direct)?;
+        let (cv, cv_uri) = start_cachevisor(&sub, &disk_arg, &size, direct, &job.write_policy)?;
         fio(&cv_uri, "read", 8, 0, &range).context("warming the cache")?;
         let (other, other_uri) =
             if direct == "off" { start_nbdkit(&["file", &disk_arg])? } else { start_qemu_nbd(&disk_arg)? };
-        for depth in [1u32, 32] {
-            let (mut a, mut b) = (Vec::new(), Vec::new());
-            for _ in 0..rounds.max(1) {
-                a.push(fio(&cv_uri, "randread", depth, secs, &range)?);
-                b.push(fio(&other_uri, "randread", depth, secs, &range)?);
+        for rw in &job.rw {
+            let mix = "--rwmixread=70".to_string();
+            let mut args = extra.clone();
+            if rw.contains("rw") {
+                args.push(&mix);
             }
-            let (ma, mb) = (median(a.clone()), median(b.clone()));
-            println!("{label:<22} {depth:<8} {ma:>16.0} {mb:>16.0} {:>8.2}   (runs: {a:.0?} vs {b:.0?})", ma / mb);
+            for &depth in &job.iodepth {
+                let (mut a, mut b) = (Vec::new(), Vec::new());
+                for _ in 0..rounds.max(1) {
+                    a.push(fio_with(&cv_uri, rw, depth, secs, &range, &args)?.iops);
+                    b.push(fio_with(&other_uri, rw, depth, secs, &range, &args)?.iops);
+                }
+                let (ma, mb) = (median(a.clone()), median(b.clone()));
+                println!(
+                    "{label:<22} {rw:<10} {depth:<8} {ma:>16.0} {mb:>16.0} {:>8.2}   (runs: {a:.0?} vs {b:.0?})",
+                    ma / mb
+                );
+            }
         }
         drop((cv, other));
     }
+    extra.clear();
     Ok(())
 }
 
@@ -248,6 +292,7 @@ pub fn slow_backing(
                 &format!("{cache_mib}MiB"),
                 first.then_some(rec.as_path()),
                 "auto",
+                "wt",
             )?;
             let cv = (cv_proc, api);
             cached.push(fio_with(&cv_uri, rw, depth, secs, &range, &zipf)?);

@@ -123,6 +123,35 @@ impl OpError {
     }
 }
 
+/// Longest cache-store read run coalesced into one device read.
+const MAX_COALESCED: u64 = 4 << 20;
+
+/// The end (exclusive) of a run of at least two client cache-store reads starting at `at`
+/// that are contiguous on the cache store and on the disk (same VM, not staged), within
+/// [`MAX_COALESCED`] bytes; `None` when there is no such run.
+fn coalesced_read_run(ops: &[DeviceOp], at: usize) -> Option<usize> {
+    let first = &ops[at];
+    if first.kind != OpKind::SsdRead || first.staged {
+        return None;
+    }
+    let mut end = at + 1;
+    let mut total = first.len as u64;
+    while let Some(o) = ops.get(end) {
+        let prev = &ops[end - 1];
+        let contiguous = o.kind == OpKind::SsdRead
+            && !o.staged
+            && o.vm == first.vm
+            && o.ssd_addr == prev.ssd_addr + prev.len as u64
+            && o.disk_addr == prev.disk_addr + prev.len as u64;
+        if !contiguous || total + o.len as u64 > MAX_COALESCED {
+            break;
+        }
+        total += o.len as u64;
+        end += 1;
+    }
+    (end - at > 1).then_some(end)
+}
+
 /// Runs `ops` in order; `staging` is a reusable scratch list.
 pub fn execute(
     ops: &[DeviceOp],
@@ -143,7 +172,50 @@ pub fn execute_with(
     before: &mut dyn FnMut(&DeviceOp) -> io::Result<()>,
 ) -> Result<(), OpError> {
     staging.clear();
+    let mut skip_until = 0;
     for (at, op) in ops.iter().enumerate() {
+        if at < skip_until {
+            continue; // read as part of a coalesced run
+        }
+        // A run of client reads from consecutive cache-store addresses holding consecutive
+        // disk addresses (a large read of blocks in consecutive slots) is one device read.
+        if let Some(end) = coalesced_read_run(ops, at) {
+            let first = &ops[at];
+            let total: usize = ops[at..end].iter().map(|o| o.len as usize).sum();
+            for (i, o) in ops[at..end].iter().enumerate() {
+                let e = |source| OpError {
+                    kind: o.kind,
+                    vm: o.vm,
+                    disk_addr: o.disk_addr,
+                    ssd_addr: o.ssd_addr,
+                    len: o.len,
+                    source,
+                    at: at + i,
+                };
+                before(o).map_err(e)?;
+                dev.fault(o).map_err(e)?;
+            }
+            let mut buf = vec![0u8; total];
+            dev.ssd_read(&mut buf, first.ssd_addr).map_err(|source| OpError {
+                kind: first.kind,
+                vm: first.vm,
+                disk_addr: first.disk_addr,
+                ssd_addr: first.ssd_addr,
+                len: total as u32,
+                source,
+                at,
+            })?;
+            if let Client::Read(vm, start, out) = &mut client {
+                let (lo, hi) =
+                    (first.disk_addr.max(*start), (first.disk_addr + total as u64).min(*start + out.len() as u64));
+                if *vm == first.vm && lo < hi {
+                    out[(lo - *start) as usize..(hi - *start) as usize]
+                        .copy_from_slice(&buf[(lo - first.disk_addr) as usize..(hi - first.disk_addr) as usize]);
+                }
+            }
+            skip_until = end;
+            continue;
+        }
         let err = |source| OpError {
             kind: op.kind,
             vm: op.vm,
@@ -218,4 +290,72 @@ pub fn execute_with(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    struct Files(File, crate::backing::Backing);
+
+    impl Devices for Files {
+        fn ssd(&self) -> &File {
+            &self.0
+        }
+        fn backing(&self, _: VmId) -> &crate::backing::Backing {
+            &self.1
+        }
+    }
+
+    fn read(disk_addr: u64, slot: u64) -> DeviceOp {
+        DeviceOp {
+            kind: OpKind::SsdRead,
+            vm: 0,
+            disk_addr,
+            ssd_addr: slot * 4096,
+            len: 4096,
+            phase: 0,
+            sync: true,
+            staged: false,
+        }
+    }
+
+    #[test]
+    fn contiguous_cache_reads_are_one_device_read_and_land_where_they_belong() {
+        let mut ssd = tempfile::tempfile().unwrap();
+        for slot in 0..8u8 {
+            ssd.write_all(&[slot; 4096]).unwrap();
+        }
+        let dev = Files(ssd, crate::backing::Backing::File(tempfile::tempfile().unwrap()));
+        // Blocks 0..4 in slots 5, 6, 2, 3: two runs of two.
+        let ops = [read(0, 5), read(4096, 6), read(8192, 2), read(12288, 3)];
+        assert_eq!(
+            (coalesced_read_run(&ops, 0), coalesced_read_run(&ops, 2), coalesced_read_run(&ops, 1)),
+            (Some(2), Some(4), None)
+        );
+        let mut buf = vec![0u8; 16384];
+        execute(&ops, Client::Read(0, 0, &mut buf), &dev, &mut Vec::new()).unwrap();
+        for (i, slot) in [5u8, 6, 2, 3].into_iter().enumerate() {
+            assert!(
+                buf[i * 4096..(i + 1) * 4096].iter().all(|&b| b == slot),
+                "block {i} should hold slot {slot}'s bytes"
+            );
+        }
+        // Consecutive slots holding blocks that are not consecutive on the disk: two reads.
+        let ops = [read(0, 1), read(8192, 2)];
+        assert_eq!(coalesced_read_run(&ops, 0), None);
+        let mut buf = vec![9u8; 12288];
+        execute(&ops, Client::Read(0, 0, &mut buf), &dev, &mut Vec::new()).unwrap();
+        assert!(
+            buf[..4096].iter().all(|&b| b == 1)
+                && buf[4096..8192].iter().all(|&b| b == 9)
+                && buf[8192..].iter().all(|&b| b == 2)
+        );
+        // A request starting inside the run gets only its part.
+        let ops = [read(0, 5), read(4096, 6)];
+        let mut buf = vec![0u8; 4096];
+        execute(&ops, Client::Read(0, 2048, &mut buf), &dev, &mut Vec::new()).unwrap();
+        assert!(buf[..2048].iter().all(|&b| b == 5) && buf[2048..].iter().all(|&b| b == 6));
+    }
 }

@@ -1382,6 +1382,11 @@ impl Daemon {
         self.owner.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 
+    /// Whether [`Self::stop_serving`] ran (the background threads then end).
+    pub fn is_stopped(&self) -> bool {
+        self.lock().stopped
+    }
+
     /// A clean stop: every backing file and the cache store fsynced and a checkpoint
     /// written, so the next start is warm without replaying a journal.
     pub fn shutdown(&self) -> Result<(), OpError> {

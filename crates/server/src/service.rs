@@ -76,6 +76,9 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
             loop {
                 std::thread::sleep(pause);
                 let Some(d) = weak.upgrade() else { return };
+                if d.is_stopped() {
+                    return;
+                }
                 match d.destage_step(&mut q, per_step) {
                     Ok(_) => pause = std::time::Duration::from_millis(100),
                     Err(e) => {
@@ -92,6 +95,9 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
     std::thread::spawn(move || loop {
         std::thread::sleep(interval);
         let Some(d) = weak.upgrade() else { return };
+        if d.is_stopped() {
+            return;
+        }
         if let Err(e) = d.tick() {
             tracing::error!(%e, "allocation interval failed");
         }

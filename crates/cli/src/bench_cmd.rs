@@ -105,7 +105,7 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 5)]
         secs: u32,
         /// fio patterns, comma-separated: randread, randwrite, randrw (70% reads), read, write.
-        #[arg(long, value_delimiter = ',', default_value = "randread")]
+        #[arg(long, value_delimiter = ',', default_value = "randread", value_parser = ["randread", "randwrite", "randrw", "read", "write"])]
         rw: Vec<String>,
         /// Block size of the fio jobs (4k, 1M, …).
         #[arg(long, default_value = "4k")]
@@ -114,7 +114,7 @@ pub enum BenchCmd {
         #[arg(long, value_delimiter = ',', default_value = "1,32")]
         iodepth: Vec<u32>,
         /// cachevisor's write policy for the export (the cache holds the whole image).
-        #[arg(long, default_value = "wb")]
+        #[arg(long, default_value = "wb", value_parser = ["wb", "wt", "wa", "ro"])]
         write_policy: String,
         /// Working directory.
         #[arg(long, default_value = "out/bench/serve")]

@@ -171,7 +171,6 @@ pub fn run(disk_size: u64, rounds: usize, secs: u32, job: &Job, dir: &Path) -> a
         "comparison", "rw", "iodepth", "cachevisor IOPS", "other IOPS", "ratio"
     );
     let bs = format!("--bs={}", job.bs);
-    let mut extra: Vec<&str> = vec![&bs];
     for (label, direct) in [("page cache vs nbdkit", "off"), ("O_DIRECT vs qemu-nbd", "on")] {
         let sub = dir.join(direct);
         std::fs::create_dir_all(&sub)?;
@@ -180,10 +179,9 @@ pub fn run(disk_size: u64, rounds: usize, secs: u32, job: &Job, dir: &Path) -> a
         let (other, other_uri) =
             if direct == "off" { start_nbdkit(&["file", &disk_arg])? } else { start_qemu_nbd(&disk_arg)? };
         for rw in &job.rw {
-            let mix = "--rwmixread=70".to_string();
-            let mut args = extra.clone();
-            if rw.contains("rw") {
-                args.push(&mix);
+            let mut args = vec![bs.as_str()];
+            if rw == "randrw" {
+                args.push("--rwmixread=70");
             }
             for &depth in &job.iodepth {
                 let (mut a, mut b) = (Vec::new(), Vec::new());
@@ -200,7 +198,6 @@ pub fn run(disk_size: u64, rounds: usize, secs: u32, job: &Job, dir: &Path) -> a
         }
         drop((cv, other));
     }
-    extra.clear();
     Ok(())
 }
 

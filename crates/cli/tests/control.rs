@@ -2,15 +2,10 @@
 //! vDisks, `cachevisor destage` writes every dirty block back (following the job's progress
 //! through the API) and refuses to run without the token.
 
+mod common;
 use cachevisor_server::nbd::client::Client;
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
-
-fn cachevisor(args: &[&str]) -> (bool, String) {
-    let o =
-        Command::new(env!("CARGO_BIN_EXE_cachevisor")).args(args).env_remove("CACHEVISOR_API_TOKEN").output().unwrap();
-    (o.status.success(), format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)))
-}
+use common::*;
+use std::process::Command;
 
 #[test]
 fn status_and_destage_talk_to_a_running_daemon() {
@@ -21,27 +16,8 @@ fn status_and_destage_talk_to_a_running_daemon() {
         "[cache]\npath = \"cache.img\"\nsize = \"4MiB\"\nflush_rate = \"0\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"wb\"\nbacking = \"wb.img\"\nsize = \"8MiB\"\nwrite_policy = \"wb\"\n",
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cachevisor"))
-        .args(["serve", "--config"])
-        .arg(d.join("serve.toml"))
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    let guard = scopeguard(pid);
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let (mut nbd, mut api) = (None, None);
-    while api.is_none() {
-        let l = lines.next().expect("server exited early").unwrap();
-        if let Some(rest) = l.strip_prefix("nbd://") {
-            nbd = Some(rest.split('/').next().unwrap().to_string());
-        } else if let Some(rest) = l.strip_prefix("# API: http://") {
-            api = Some(rest.split('/').next().unwrap().to_string());
-        }
-    }
-    let (nbd, api) = (nbd.unwrap(), api.unwrap());
+    let mut daemon = Daemon::start(d, "serve.toml", &[]).unwrap();
+    let (nbd, api) = (daemon.nbd.clone(), daemon.api.clone().unwrap());
     let mut c = Client::connect(nbd.parse().unwrap(), "wb").unwrap();
     for i in 0..600u64 {
         c.write(i * 4096, &[(i % 251) as u8 + 1; 4096], false).unwrap().unwrap();
@@ -62,28 +38,15 @@ fn status_and_destage_talk_to_a_running_daemon() {
     let row = out.lines().find(|l| l.starts_with("wb ")).unwrap();
     assert_eq!(row.split_whitespace().nth(5), Some("0B"), "dirty column after destage: {row}");
     // SIGHUP (a closed terminal) does not stop the daemon.
-    Command::new("kill").args(["-HUP", &pid.to_string()]).status().unwrap();
+    Command::new("kill").args(["-HUP", &daemon.pid.to_string()]).status().unwrap();
     std::thread::sleep(std::time::Duration::from_millis(300));
-    assert!(child.try_wait().unwrap().is_none(), "SIGHUP stopped the daemon");
+    assert!(daemon.child.as_mut().unwrap().try_wait().unwrap().is_none(), "SIGHUP stopped the daemon");
     let (ok, out) = cachevisor(&["status", "--api", &api]);
     assert!(ok && out.contains("wb "), "{out}");
     let b = std::fs::read(d.join("wb.img")).unwrap();
     for i in 0..600usize {
         assert!(b[i * 4096..(i + 1) * 4096].iter().all(|&x| x == (i % 251) as u8 + 1), "block {i} on the backing file");
     }
-    drop(guard);
-    let _ = child.wait();
-}
-
-/// Kills the daemon (by PID) when the test ends, also on a failed assertion.
-fn scopeguard(pid: u32) -> impl Drop {
-    struct Kill(u32);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = Command::new("kill").args(["-KILL", &self.0.to_string()]).status();
-        }
-    }
-    Kill(pid)
 }
 
 #[test]
@@ -96,25 +59,17 @@ fn a_busy_port_is_one_clear_error() {
         format!("[cache]\npath = \"cache.img\"\nsize = \"1MiB\"\n[listen]\ntcp = \"127.0.0.1:{port}\"\nunix = \"nbd.sock\"\n[[vdisk]]\nname = \"d\"\nbacking = \"d.img\"\nsize = \"1MiB\"\n"),
     )
     .unwrap();
-    let (ok, out) = cachevisor(&["serve", "--config", dir.path().join("serve.toml").to_str().unwrap()]);
-    assert!(!ok && out.contains(&format!("listen.tcp 127.0.0.1:{port}")), "{out}");
-    assert_eq!(out.matches("os error 98").count(), 1, "the reason once: {out}");
+    let e = Daemon::start(dir.path(), "serve.toml", &[]).err().expect("the port is taken");
+    assert!(e.status.is_some_and(|s| !s.success()), "{e:?}");
+    assert!(e.output.contains(&format!("listen.tcp 127.0.0.1:{port}")), "{}", e.output);
+    assert_eq!(e.output.matches("os error 98").count(), 1, "the reason once: {}", e.output);
     drop(busy);
-    // With the port free: the unix-socket URI is printed with an absolute path.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cachevisor"))
-        .current_dir(dir.path())
-        .args(["serve", "--config", "serve.toml"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let _guard = scopeguard(child.id());
-    let line = BufReader::new(child.stdout.take().unwrap())
-        .lines()
-        .map_while(Result::ok)
-        .find(|l| l.starts_with("nbd+unix://"))
-        .unwrap();
+    // Listening on a unix socket: its URI is printed with an absolute path.
+    let text = std::fs::read_to_string(dir.path().join("serve.toml"))
+        .unwrap()
+        .replace(&format!("tcp = \"127.0.0.1:{port}\"\n"), "");
+    std::fs::write(dir.path().join("serve.toml"), text).unwrap();
+    let daemon = Daemon::start(dir.path(), "serve.toml", &[]).unwrap();
+    let line = daemon.banner.iter().find(|l| l.starts_with("nbd+unix://")).unwrap();
     assert!(line.contains(&format!("socket={}/nbd.sock", dir.path().display())), "{line}");
-    drop(_guard);
-    let _ = child.wait();
 }

@@ -71,13 +71,7 @@ fn a_second_daemon_on_a_running_cache_is_refused_and_changes_nothing() {
     let a = Daemon::start(d, "a.toml", &[]).unwrap();
     assert!(a.banner.iter().any(|l| l.starts_with("# warm start: 6144 blocks cached (6144 dirty)")), "{:?}", a.banner);
     qemu_io_ok(&a.uri("vm1"), &["read -P 0x11 0 4M", "read -P 0x22 4M 20M"]);
-    let (ok, out) = cachevisor(&[
-        "destage",
-        "--api",
-        a.api.as_deref().unwrap(),
-        "--token-file",
-        meta.join("api-token").to_str().unwrap(),
-    ]);
+    let (ok, out) = destage(a.api.as_deref().unwrap(), &meta.join("api-token"));
     assert!(ok && out.contains("destaged 6144 blocks"), "{out}");
     assert!(file_is(&d.join("vm1.img"), 0x11, 4 * MIB));
 }
@@ -114,13 +108,7 @@ fn dirty_blocks_never_go_to_another_backing_image() {
     let mut a = Daemon::start(d, "vm1.toml", &[]).unwrap();
     assert!(a.banner.iter().any(|l| l.contains("256 blocks cached (256 dirty)")), "{:?}", a.banner);
     qemu_io_ok(&a.uri("vm1"), &["read -P 0x33 0 1M"]);
-    let (ok, out) = cachevisor(&[
-        "destage",
-        "--api",
-        a.api.as_deref().unwrap(),
-        "--token-file",
-        d.join("cache.img.meta/api-token").to_str().unwrap(),
-    ]);
+    let (ok, out) = destage(a.api.as_deref().unwrap(), &d.join("cache.img.meta/api-token"));
     assert!(ok, "{out}");
     assert!(file_is(&d.join("vm1.img"), 0x33, MIB));
     assert!(a.term(Duration::from_secs(20)).is_some_and(|s| s.success()));
@@ -133,8 +121,14 @@ fn dirty_blocks_never_go_to_another_backing_image() {
     qemu_io_ok(&b.uri("vm1"), &["write -P 0x55 0 1M", "flush"]);
     b.kill9();
     assert!(Daemon::start(d, "vm1.toml", &[]).is_err());
-    let a = Daemon::start(d, "vm1.toml", &["--discard-dirty", "vm1"]).unwrap();
+    let a = Daemon::start(d, "vm1.toml", &["--discard-dirty", "vm1", "--discard-dirty", "vm9"]).unwrap();
     assert!(a.log().contains("--discard-dirty") && a.log().contains("dirty ones included"), "{}", a.log());
+    // A name the cache does not know (a typo) is said, not silently ignored.
+    assert!(
+        a.log().contains("--discard-dirty names a vDisk the cache does not know") && a.log().contains("vm9"),
+        "{}",
+        a.log()
+    );
     qemu_io_ok(&a.uri("vm1"), &["read -P 0x33 0 1M"]);
     assert!(file_is(&d.join("vm1.img"), 0x33, MIB) && file_is(&d.join("other.img"), 0x44, 16 * MIB));
 }

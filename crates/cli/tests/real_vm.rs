@@ -95,10 +95,6 @@ fn initramfs(dir: &Path, kernel: &Path) -> PathBuf {
     out
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// vDisk `guest`'s read hits since the daemon started (from the API).
 fn read_hits(api: &str) -> u64 {
     let v: serde_json::Value = ureq::get(&format!("http://{api}/vdisks")).call().unwrap().into_json().unwrap();

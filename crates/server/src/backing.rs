@@ -90,11 +90,6 @@ fn nbd_err(e: u32) -> io::Error {
     io::Error::from_raw_os_error(e as i32)
 }
 
-/// Opens an existing file (or block device) for reading and writing.
-pub fn open_file(path: &Path) -> io::Result<File> {
-    OpenOptions::new().read(true).write(true).open(path)
-}
-
 /// The size of an open file or block device.
 pub fn file_size(f: &File) -> io::Result<u64> {
     let m = f.metadata()?;
@@ -154,7 +149,7 @@ pub fn open_backing_file(path: &Path, size: Option<u64>, grow: bool, at: &str) -
 /// with a read), which every cache-store op is. Returns the file and whether it is O_DIRECT.
 pub fn open_cache_store(path: &Path, size: u64, direct: crate::config::DirectIo) -> io::Result<(File, bool)> {
     use crate::config::DirectIo;
-    let buffered = open_file(path)?;
+    let buffered = OpenOptions::new().read(true).write(true).open(path)?;
     let is_device = std::os::unix::fs::FileTypeExt::is_block_device(&buffered.metadata()?.file_type());
     if is_device {
         let have = file_size(&buffered)?;

@@ -1,44 +1,8 @@
 //! The daemon's TOML configuration, validated with messages that name the key, and the
 //! embedded default that makes `cachevisor serve` alone start a working demo under ./var.
 //!
-//! ```toml
-//! [cache]
-//! path = "var/cache.img"   # cache store file (created and preallocated to `size`; its
-//!                          # directory must exist; one daemon at a time, locked)
-//! size = "256MiB"
-//! block_size = "4KiB"
-//! replacement = "lru"
-//! write_policy = "wt"      # default per vDisk: wb | wt | wa | ro
-//! allocator = "static"     # partition sizes from weights (see cachevisor_policy)
-//! metadata = "var/cache.img.meta"  # checkpoint + journal (this is the default)
-//! error_threshold = 8      # device errors before a vDisk falls back to pass-through
-//! interval = "1s"          # the allocator runs this often on live traffic
-//! flush_rate = "16MiB"     # background destaging of dirty blocks per second (0 = off)
-//! direct = "auto"          # O_DIRECT on the cache store where allowed | on | off
-//! params = { m = 5 }       # the allocator's parameters
-//!
-//! [listen]
-//! tcp = "127.0.0.1:10809"  # loopback (or a test namespace address)
-//! unix = "var/cachevisor.sock"
-//!
-//! [api]                    # HTTP control API and /metrics (omit to disable)
-//! listen = "127.0.0.1:10810"
-//! token = "…"              # bearer token for mutating calls (random when omitted,
-//!                          # written to METADATA/api-token)
-//!
-//! [[vdisk]]
-//! name = "vm1"             # the NBD export name
-//! backing = "var/vm1.img"  # a file (created sparse with `size` when missing; its
-//!                          # directory must exist; one vDisk per backing), or
-//!                          # another NBD server: "nbd://127.0.0.1:10900/export"
-//! size = "1GiB"            # creates a missing backing file; an existing one must match
-//! grow = false             # true: an existing smaller backing file is grown to `size`
-//! weight = 1.0
-//! ratio = 1.0              # hit-throughput share (symflex-proportional)
-//! min = "16MiB"            # smallest cache share
-//! sequential_cutoff = "4MiB" # longer contiguous streams bypass the cache
-//! write_policy = "wb"
-//! ```
+//! Every setting, with its default and range, is in [`REFERENCE`] (tested to parse and to
+//! name every key), which `cachevisor serve --print-default-config` prints.
 
 use cachevisor_engine::{ReplacementKind, WritePolicy};
 use cachevisor_trace::units::parse_size;

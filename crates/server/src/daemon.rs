@@ -564,7 +564,7 @@ impl Daemon {
             blocks
                 .clone()
                 .filter_map(|b| engine.lookup(vm, b))
-                .map(|slot| (slot, Pre::State(persist.engine_state(engine, slot))))
+                .map(|slot| (slot, Pre::State(crate::persist::SlotState::of(engine, slot))))
                 .collect()
         } else {
             Default::default()
@@ -623,9 +623,7 @@ impl Daemon {
         // Cache-store writes over data the synced metadata vouches for need a barrier.
         let mut barrier: Vec<(u32, u64, (u32, u32), Pre)> = Vec::new();
         for o in out.ops.iter().filter(|o| o.kind == OpKind::SsdWrite) {
-            let slot = (o.ssd_addr / bs) as u32;
-            let first = ((o.ssd_addr % bs) / 512) as u32;
-            let range = (first, first + o.len / 512);
+            let (slot, _, range) = undo::ssd_place(o, bs);
             let new_key = engine.slot_block(slot).map_or(u64::MAX, |(v, b)| pack_key(v, b));
             let p = pre.get(&slot).cloned().unwrap_or(Pre::Free);
             if persist.needs_barrier(slot, new_key, range, &p) {
@@ -695,9 +693,8 @@ impl Daemon {
                 // Fills of sectors missing from cached blocks are left out: not needed to
                 // answer, and their slots stay as they were.
                 for o in out.ops.iter().filter(|o| o.kind == OpKind::SsdWrite) {
-                    let bsz = engine.config().block_size;
-                    let first = ((o.ssd_addr % bsz) / 512) as u32;
-                    engine.discard(o.vm, o.disk_addr / bsz, (first, first + o.len / 512));
+                    let (_, block, range) = undo::ssd_place(o, bs);
+                    engine.discard(o.vm, block, range);
                 }
                 out.ops.retain(|o| o.kind != OpKind::SsdWrite);
                 execute(&out.ops, client.reborrow(), files_ref, staging).inspect_err(|e2| {
@@ -998,12 +995,7 @@ impl Daemon {
                 .map_err(failed)?
                 .ok_or_else(|| ChangeError::Invalid(format!("backing {} vanished", v.backing.display())))?,
         };
-        let mut next = overlay.clone();
-        next.add(v.clone());
-        next.save(&self.meta_dir).map_err(|e| {
-            ChangeError::Failed(format!("{}: {e}", crate::vdisk_overlay::path(&self.meta_dir).display()))
-        })?;
-        *overlay = next;
+        overlay.change(&self.meta_dir, |o| o.add(v.clone())).map_err(ChangeError::Failed)?;
         let mut guard = self.lock();
         let core = &mut *guard;
         let id = core.names.len() as VmId;
@@ -1073,12 +1065,7 @@ impl Daemon {
         let d = core.ctl.decide(&core.engine, None, &[], None);
         core.apply(d).map_err(|e| ChangeError::Failed(e.to_string()))?;
         drop(guard);
-        let mut next = overlay.clone();
-        next.remove(&info.name);
-        next.save(&self.meta_dir).map_err(|e| {
-            ChangeError::Failed(format!("{}: {e}", crate::vdisk_overlay::path(&self.meta_dir).display()))
-        })?;
-        *overlay = next;
+        overlay.change(&self.meta_dir, |o| o.remove(&info.name)).map_err(ChangeError::Failed)?;
         tracing::info!(vdisk = %info.name, id = vm, "vDisk removed");
         Ok(())
     }
@@ -1098,16 +1085,11 @@ impl Daemon {
             }
         }
         drop(guard);
-        let mut overlay = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
-        let mut next = overlay.clone();
-        next.set_allocator(name, params);
-        next.save(&self.meta_dir).map_err(|e| {
-            format!(
-                "the allocator is switched but not saved for the next start: {}: {e}",
-                crate::vdisk_overlay::path(&self.meta_dir).display()
-            )
-        })?;
-        *overlay = next;
+        self.overlay
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .change(&self.meta_dir, |o| o.set_allocator(name, params))
+            .map_err(|e| format!("the allocator is switched but not saved for the next start: {e}"))?;
         tracing::info!(allocator = name, "allocator switched");
         Ok(())
     }
@@ -1335,17 +1317,9 @@ impl Daemon {
     fn remember(&self, vm: VmId, change: impl FnOnce(&mut crate::vdisk_overlay::Overlay, &str)) -> Result<(), OpError> {
         let Some(info) = self.export(vm) else { return Ok(()) };
         let mut overlay = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
-        let mut next = overlay.clone();
-        change(&mut next, &info.name);
-        next.save(&self.meta_dir).map_err(|e| {
-            os_err(
-                OpKind::SsdWrite,
-                vm,
-                std::io::Error::new(e.kind(), format!("{}: {e}", crate::vdisk_overlay::path(&self.meta_dir).display())),
-            )
-        })?;
-        *overlay = next;
-        Ok(())
+        overlay
+            .change(&self.meta_dir, |o| change(o, &info.name))
+            .map_err(|e| os_err(OpKind::SsdWrite, vm, std::io::Error::other(e)))
     }
 
     /// [`Self::resize`] without saving it (a target the overlay already holds).

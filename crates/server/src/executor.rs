@@ -51,6 +51,18 @@ pub enum Client<'a> {
 }
 
 impl Client<'_> {
+    /// A read request takes the part of `data` (read from `vm`'s disk at `disk_addr`) that
+    /// overlaps its range; other clients take nothing.
+    fn fill(&mut self, vm: VmId, disk_addr: u64, data: &[u8]) {
+        if let Client::Read(rvm, start, out) = self {
+            let (lo, hi) = (disk_addr.max(*start), (disk_addr + data.len() as u64).min(*start + out.len() as u64));
+            if *rvm == vm && lo < hi {
+                out[(lo - *start) as usize..(hi - *start) as usize]
+                    .copy_from_slice(&data[(lo - disk_addr) as usize..(hi - disk_addr) as usize]);
+            }
+        }
+    }
+
     /// The same client side, borrowed again (to execute a second list of ops).
     pub fn reborrow(&mut self) -> Client<'_> {
         match self {
@@ -205,14 +217,7 @@ pub fn execute_with(
                 source,
                 at,
             })?;
-            if let Client::Read(vm, start, out) = &mut client {
-                let (lo, hi) =
-                    (first.disk_addr.max(*start), (first.disk_addr + total as u64).min(*start + out.len() as u64));
-                if *vm == first.vm && lo < hi {
-                    out[(lo - *start) as usize..(hi - *start) as usize]
-                        .copy_from_slice(&buf[(lo - first.disk_addr) as usize..(hi - first.disk_addr) as usize]);
-                }
-            }
+            client.fill(first.vm, first.disk_addr, &buf);
             skip_until = end;
             continue;
         }
@@ -275,15 +280,7 @@ pub fn execute_with(
         } else {
             let mut buf = vec![0u8; len];
             read(&mut buf).map_err(err)?;
-            if let Client::Read(vm, start, out) = &mut client {
-                // Copy the overlap with the request's range.
-                let (lo, hi) =
-                    (op.disk_addr.max(*start), (op.disk_addr + op.len as u64).min(*start + out.len() as u64));
-                if *vm == op.vm && lo < hi {
-                    out[(lo - *start) as usize..(hi - *start) as usize]
-                        .copy_from_slice(&buf[(lo - op.disk_addr) as usize..(hi - op.disk_addr) as usize]);
-                }
-            }
+            client.fill(op.vm, op.disk_addr, &buf);
             if op.staged {
                 staging.push((op.vm, op.disk_addr, buf));
             }

@@ -84,9 +84,8 @@ pub struct Persistence {
     header: Header,
     words: usize,
     journal: File,
-    journal_len: u64,
-    /// The journal file's length after its last whole record (where a failed append is
-    /// cut back to).
+    /// The journal file's length after its last whole record: where a failed append is cut
+    /// back to, and what `wants_checkpoint` measures.
     journal_end: u64,
     /// An append failed and the journal could not be cut back: nothing more is journaled.
     poisoned: bool,
@@ -210,7 +209,6 @@ impl Persistence {
             header,
             words,
             journal,
-            journal_len: 0,
             journal_end,
             poisoned: false,
             failing: false,
@@ -222,11 +220,6 @@ impl Persistence {
             bindings: Vec::new(),
         };
         Ok((p, rec))
-    }
-
-    /// The engine's state of `slot`.
-    pub fn engine_state(&self, e: &Engine, slot: u32) -> SlotState {
-        SlotState::of(e, slot)
     }
 
     /// Whether writing sectors `lo..hi` of `slot`, which will hold `new_key`, needs a
@@ -314,7 +307,7 @@ impl Persistence {
             });
         }
         for &slot in &changed {
-            let now = self.engine_state(e, slot);
+            let now = SlotState::of(e, slot);
             let p = pre(slot);
             self.append(slot, &now, p.as_ref());
         }
@@ -339,7 +332,7 @@ impl Persistence {
     pub fn release(&mut self, e: &Engine, slots: &[(u32, u64)]) -> std::io::Result<()> {
         for &(slot, _) in slots {
             self.withheld.remove(&slot);
-            let now = self.engine_state(e, slot);
+            let now = SlotState::of(e, slot);
             self.append(slot, &now, None);
         }
         self.write_buffered()
@@ -402,7 +395,6 @@ impl Persistence {
                 self.failing = false;
                 tracing::info!(dir = %self.dir.display(), "the metadata journal takes appends again");
             }
-            self.journal_len += self.buf.len() as u64;
             self.journal_end += self.buf.len() as u64;
             self.buf.clear();
         }
@@ -425,7 +417,7 @@ impl Persistence {
 
     /// Whether the journal has grown past its limit.
     pub fn wants_checkpoint(&self) -> bool {
-        self.journal_len > JOURNAL_LIMIT.max(self.slots * 64)
+        self.journal_end > JOURNAL_LIMIT.max(self.slots * 64)
     }
 
     /// Writes the whole state (`names` by VM id, `targets`) as the next checkpoint and
@@ -450,7 +442,7 @@ impl Persistence {
             }
             for slot in 0..self.slots as u32 {
                 if e.slot_block(slot).is_some() {
-                    let s = self.engine_state(e, slot);
+                    let s = SlotState::of(e, slot);
                     Record::Slot {
                         slot,
                         vm: key_vm(s.key) as u16,
@@ -472,7 +464,6 @@ impl Persistence {
         self.journal = OpenOptions::new().append(true).open(&jpath)?;
         self.journal_end = self.journal.metadata()?.len();
         self.header = header;
-        self.journal_len = 0;
         self.pre_sync.clear();
         Ok(())
     }

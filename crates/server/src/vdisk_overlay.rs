@@ -68,6 +68,16 @@ impl Overlay {
         })
     }
 
+    /// Applies `change` and saves the result to metadata directory `dir`, all or nothing:
+    /// when saving fails the overlay is left as it was. The error names the file.
+    pub fn change(&mut self, dir: &Path, change: impl FnOnce(&mut Overlay)) -> Result<(), String> {
+        let mut next = self.clone();
+        change(&mut next);
+        next.save(dir).map_err(|e| format!("{}: {e}", path(dir).display()))?;
+        *self = next;
+        Ok(())
+    }
+
     /// Lays the overlay over `cfg`'s vDisks; returns a note per change for the log.
     pub fn apply(&self, cfg: &mut Config) -> Vec<String> {
         let mut notes = Vec::new();

@@ -20,7 +20,7 @@ pub fn bin() -> &'static str {
 pub struct Daemon {
     pub child: Option<Child>,
     pub pid: u32,
-    /// NBD address.
+    /// NBD TCP address (empty when it listens on a unix socket only).
     pub nbd: String,
     /// HTTP API address, when the config has one.
     pub api: Option<String>,
@@ -48,6 +48,8 @@ fn read_banner(
         let l = lines.next()?;
         if let Some(rest) = l.strip_prefix("nbd://") {
             nbd.get_or_insert_with(|| rest.split('/').next().unwrap().to_string());
+        } else if l.starts_with("nbd+unix://") {
+            nbd.get_or_insert_with(String::new); // a unix-socket-only daemon: no TCP address
         } else if let Some(rest) = l.strip_prefix("# API: http://") {
             api = Some(rest.split('/').next().unwrap().to_string());
         }
@@ -154,6 +156,16 @@ pub fn qemu_io(uri: &str, cmds: &[&str]) -> (bool, String) {
 pub fn qemu_io_ok(uri: &str, cmds: &[&str]) {
     let (ok, out) = qemu_io(uri, cmds);
     assert!(ok, "qemu-io {cmds:?} on {uri}:\n{out}");
+}
+
+/// `cachevisor destage` against the API at `api` with the token in `token_file`.
+pub fn destage(api: &str, token_file: &Path) -> (bool, String) {
+    cachevisor(&["destage", "--api", api, "--token-file", token_file.to_str().unwrap()])
+}
+
+/// A loopback TCP port free right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// `cachevisor ARGS…` to completion: (success, stdout + stderr).

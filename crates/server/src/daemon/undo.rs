@@ -24,8 +24,8 @@ use std::collections::HashMap;
 /// A client write's VM, offset and length, for undoing its effect.
 pub(super) type WriteRange = (VmId, u64, u64);
 
-/// The slot and sector range an SSD op touches.
-fn ssd_place(op: &DeviceOp, bs: u64) -> (u32, u64, (u32, u32)) {
+/// The slot, disk block and sector range an SSD op touches.
+pub(super) fn ssd_place(op: &DeviceOp, bs: u64) -> (u32, u64, (u32, u32)) {
     let slot = (op.ssd_addr / bs) as u32;
     let first = ((op.ssd_addr % bs) / 512) as u32;
     (slot, op.disk_addr / bs, (first, first + op.len.div_ceil(512)))

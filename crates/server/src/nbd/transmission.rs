@@ -72,6 +72,13 @@ struct MissJob {
     write: Option<(Vec<u8>, bool)>,
 }
 
+impl MissJob {
+    /// The read request `r`, received at `started`.
+    fn read(r: &Request, started: Instant) -> MissJob {
+        MissJob { cookie: r.cookie, offset: r.offset, length: r.length, started, write: None }
+    }
+}
+
 /// What the miss threads share.
 struct MissShared {
     rx: Mutex<mpsc::Receiver<MissJob>>,
@@ -198,13 +205,7 @@ fn serve_buffered<R: Read, W: Write + Send>(
                 // (a hand-over would only add latency).
                 let busy = misses.shared.in_flight.load(Ordering::Acquire) > 0 || !input.buffer().is_empty();
                 if direct && busy {
-                    misses.submit(MissJob {
-                        cookie: r.cookie,
-                        offset: r.offset,
-                        length: r.length,
-                        started,
-                        write: None,
-                    });
+                    misses.submit(MissJob::read(&r, started));
                     continue;
                 }
                 reply.clear();
@@ -223,13 +224,7 @@ fn serve_buffered<R: Read, W: Write + Send>(
                     }
                     None => {
                         // Waits on the backing store: answered by a miss thread.
-                        misses.submit(MissJob {
-                            cookie: r.cookie,
-                            offset: r.offset,
-                            length: r.length,
-                            started,
-                            write: None,
-                        });
+                        misses.submit(MissJob::read(&r, started));
                         continue;
                     }
                 }

@@ -11,7 +11,8 @@ use cachevisor_trace::VmId;
 
 impl Engine {
     /// Sets `vm`'s target in slots. In static mode a shrink evicts the coldest blocks
-    /// (writing dirty ones back) until the VM is within its target; a grow lets later
+    /// (writing dirty ones back) until the VM is within its target — blocks with ops in
+    /// flight stay until those end, then leave as a background job; a grow lets later
     /// misses claim free slots. In shared mode the target is only recorded.
     pub fn set_target(&mut self, vm: VmId, slots: u64, out: &mut Output) {
         out.clear();
@@ -72,7 +73,7 @@ impl Engine {
                 continue;
             }
             let owner = key_vm(key);
-            if vm.is_none_or(|v| v == owner) && self.vms[owner as usize].dirty_blocks > 0 {
+            if vm.is_none_or(|v| v == owner) && self.vms[owner as usize].dirty_blocks > 0 && !self.flight.pinned(s) {
                 self.writeback(owner, s, (0, spb), 0, false, out);
             }
         }
@@ -143,7 +144,7 @@ impl Engine {
                 if r.len() as u64 != p.used {
                     return Err(format!("vm {vm}: policy tracks {} slots, VM holds {}", r.len(), p.used));
                 }
-                if p.used > p.target {
+                if p.used > p.target && !self.flight.has_pins() {
                     return Err(format!("vm {vm}: holds {} slots above its target {}", p.used, p.target));
                 }
             }
@@ -217,7 +218,7 @@ impl Engine {
     /// (one block of a [`Self::dirty_batch`]); returns the blocks written back (0 or 1).
     pub fn destage_block(&mut self, vm: VmId, block: u64, out: &mut Output) -> u64 {
         out.clear();
-        let Some(s) = self.lookup(vm, block) else { return 0 };
+        let Some(s) = self.lookup(vm, block).filter(|&s| !self.flight.pinned(s)) else { return 0 };
         (self.writeback(vm, s, (0, self.spb), 0, false, out) > 0) as u64
     }
 }

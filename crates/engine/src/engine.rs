@@ -3,7 +3,7 @@
 
 use crate::block_index::BlockIndex;
 use crate::config::{EngineConfig, FillMode, PartitionMode, SECTOR};
-use crate::output::{BlockOutcome, DeviceOp, Evicted, OpKind, Output};
+use crate::output::{BlockOutcome, DeviceOp, Evicted, Location, OpId, OpKind, Output, NO_SLOT};
 use crate::replacement::{AnyReplacement, Replacement};
 use crate::sector_bits::{SectorBits, SectorRange};
 use crate::slot_table::{key_block, key_vm, pack_key, List, SlotTable, FREE_KEY};
@@ -60,6 +60,22 @@ pub struct Engine {
     changed: Option<Vec<u32>>,
     /// Position of the global cleaner's scan (S-CAVE §V-B).
     pub(crate) cleaner_hand: u32,
+    /// Id of the next device op emitted.
+    next_op: OpId,
+    /// The request being processed: (vm, first block, last block).
+    req_blocks: Option<(VmId, u64, u64)>,
+    /// Slots the request being processed has used so far: never its own victims (their
+    /// ops may run in the same phase as the eviction's).
+    req_slots: Vec<u32>,
+    /// Blocks of the request being processed that an earlier block of it evicted dirty,
+    /// with the phase after that write-back: their own ops start there.
+    req_evicted_dirty: Vec<(u64, u16)>,
+    /// Added to the phase of every op emitted (see `req_evicted_dirty`).
+    phase_base: u16,
+    /// Operations in flight and requests waiting for them (see `inflight.rs`).
+    pub(crate) flight: crate::inflight::Flight,
+    /// Interval, flusher and cleaner timers (see `timers.rs`).
+    pub(crate) timers: crate::timers::Timers,
 }
 
 /// Result of asking for a slot.
@@ -67,7 +83,7 @@ struct Alloc {
     slot: u32,
     evicted: Option<Evicted>,
     /// First phase the new block's own SSD ops may use.
-    phase: u8,
+    phase: u16,
 }
 
 impl Engine {
@@ -99,6 +115,13 @@ impl Engine {
             force_no_insert: false,
             changed: None,
             cleaner_hand: 0,
+            next_op: 1,
+            req_blocks: None,
+            req_slots: Vec::new(),
+            req_evicted_dirty: Vec::new(),
+            phase_base: 0,
+            flight: Default::default(),
+            timers: Default::default(),
             cfg,
         })
     }
@@ -240,8 +263,13 @@ impl Engine {
         self.no_insert = p.seq.bypass(req.offset, req.len as u64) || p.bypass || self.force_no_insert;
         let bs = self.cfg.block_size;
         let (first, last) = (req.offset >> self.shift, (req.end() - 1) >> self.shift);
+        self.req_blocks = Some((req.vm, first, last));
         let aligned = (req.offset | req.len as u64).is_multiple_of(SECTOR);
         for b in first..=last {
+            if !self.req_evicted_dirty.is_empty() {
+                let key = pack_key(req.vm, b);
+                self.phase_base = self.req_evicted_dirty.iter().find(|e| e.0 == key).map_or(0, |e| e.1);
+            }
             let start = b << self.shift;
             let lo = req.offset.max(start) - start;
             let hi = req.end().min(start + bs) - start;
@@ -252,24 +280,66 @@ impl Engine {
                 Op::Write => self.write_unaligned(req.vm, b, lo, hi, out),
             }
         }
+        self.req_blocks = None;
+        self.req_slots.clear();
+        self.req_evicted_dirty.clear();
+        self.phase_base = 0;
     }
 
     // ----- request paths -----
 
+    /// An op on sectors `lo..hi` of `block` (its id is given by [`Self::emit`]).
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    fn op(
+        &self,
+        kind: OpKind,
+        loc: Location,
+        vm: VmId,
+        block: u64,
+        slot: u32,
+        (lo, hi): SectorRange,
+        phase: u16,
+        sync: bool,
+    ) -> DeviceOp {
+        DeviceOp {
+            id: 0,
+            req: 0,
+            kind,
+            loc,
+            vm,
+            disk_addr: (block << self.shift) + lo as u64 * SECTOR,
+            slot,
+            len: (hi - lo) * SECTOR as u32,
+            phase,
+            sync,
+            staged: false,
+            client: false,
+            source: None,
+        }
+    }
+
     /// An SSD op on sectors of a slot (the slot's key must already name its block).
     #[inline]
-    fn ssd(&self, kind: OpKind, vm: VmId, slot: u32, (lo, hi): SectorRange, phase: u8, sync: bool) -> DeviceOp {
+    fn ssd(&self, kind: OpKind, vm: VmId, slot: u32, r: SectorRange, phase: u16, sync: bool) -> DeviceOp {
         let block = key_block(self.slots.key(slot));
-        let disk_addr = (block << self.shift) + lo as u64 * SECTOR;
-        let ssd_addr = ((slot as u64) << self.shift) + lo as u64 * SECTOR;
-        DeviceOp { kind, vm, disk_addr, ssd_addr, len: (hi - lo) * SECTOR as u32, phase, sync, staged: false }
+        self.op(kind, Location::Ssd(0), vm, block, slot, r, phase, sync)
     }
 
     /// A backing op on sectors of a block.
     #[inline]
-    fn backing(&self, kind: OpKind, vm: VmId, block: u64, (lo, hi): SectorRange, phase: u8, sync: bool) -> DeviceOp {
-        let disk_addr = (block << self.shift) + lo as u64 * SECTOR;
-        DeviceOp { kind, vm, disk_addr, ssd_addr: 0, len: (hi - lo) * SECTOR as u32, phase, sync, staged: false }
+    fn backing(&self, kind: OpKind, vm: VmId, block: u64, r: SectorRange, phase: u16, sync: bool) -> DeviceOp {
+        self.op(kind, Location::Backing(vm), vm, block, NO_SLOT, r, phase, sync)
+    }
+
+    /// Gives `op` the next id and appends it to `out`; returns the id.
+    #[inline]
+    pub(crate) fn emit(&mut self, out: &mut Output, mut op: DeviceOp) -> OpId {
+        op.id = self.next_op;
+        op.phase += self.phase_base;
+        self.next_op += 1;
+        out.ops.push(op);
+        op.id
     }
 
     #[inline]
@@ -278,7 +348,8 @@ impl Engine {
         if let Some(s) = self.index.get(key, |x| self.slots.key(x)) {
             self.touch(vm, s);
             if self.valid.all(s, r) {
-                out.ops.push(self.ssd(OpKind::SsdRead, vm, s, r, 0, true));
+                let op = DeviceOp { client: true, ..self.ssd(OpKind::SsdRead, vm, s, r, 0, true) };
+                self.emit(out, op);
                 out.blocks.push(BlockOutcome { block: b, hit: true, inserted: false, bypassed: false, evicted: None });
                 return;
             }
@@ -286,7 +357,8 @@ impl Engine {
             let mut valid_runs = std::mem::take(&mut self.runs);
             self.valid.runs(s, r, true, &mut valid_runs);
             for &run in &valid_runs {
-                out.ops.push(self.ssd(OpKind::SsdRead, vm, s, run, 0, true));
+                let op = DeviceOp { client: true, ..self.ssd(OpKind::SsdRead, vm, s, run, 0, true) };
+                self.emit(out, op);
             }
             self.runs = valid_runs;
             let fill = if self.cfg.fill == FillMode::Block { (0, self.spb) } else { r };
@@ -307,7 +379,8 @@ impl Engine {
                 });
             }
             None => {
-                out.ops.push(self.backing(OpKind::BackingRead, vm, b, r, 0, true));
+                let op = DeviceOp { client: true, ..self.backing(OpKind::BackingRead, vm, b, r, 0, true) };
+                self.emit(out, op);
                 out.blocks.push(BlockOutcome { block: b, hit: false, inserted: false, bypassed: true, evicted: None });
             }
         }
@@ -316,7 +389,7 @@ impl Engine {
     /// Reads the invalid sectors of `range` from backing (sync) and writes them into the
     /// slot (async, from `phase` on, at least after the reads).
     #[inline]
-    fn fill(&mut self, vm: VmId, b: u64, s: u32, range: SectorRange, phase: u8, out: &mut Output) {
+    fn fill(&mut self, vm: VmId, b: u64, s: u32, range: SectorRange, phase: u16, out: &mut Output) {
         let mut runs = std::mem::take(&mut self.runs2);
         if self.valid.any(s, (0, self.spb)) {
             self.valid.runs(s, range, false, &mut runs);
@@ -324,11 +397,14 @@ impl Engine {
             runs.clear();
             runs.push(range);
         }
+        let first = self.next_op;
         for &run in &runs {
-            out.ops.push(DeviceOp { staged: true, ..self.backing(OpKind::BackingRead, vm, b, run, 0, true) });
+            let op = DeviceOp { staged: true, client: true, ..self.backing(OpKind::BackingRead, vm, b, run, 0, true) };
+            self.emit(out, op);
         }
-        for &run in &runs {
-            out.ops.push(DeviceOp { staged: true, ..self.ssd(OpKind::SsdWrite, vm, s, run, phase.max(1), false) });
+        for (i, &run) in runs.iter().enumerate() {
+            let op = self.ssd(OpKind::SsdWrite, vm, s, run, phase.max(1), false);
+            self.emit(out, DeviceOp { staged: true, source: Some(first + i as u64), ..op });
             self.valid.set(s, run);
             self.note(s);
         }
@@ -343,7 +419,8 @@ impl Engine {
         let allocate = matches!(policy, WritePolicy::Wb | WritePolicy::Wt);
         let (slot, phase, inserted, evicted) = match (resident, policy) {
             (_, WritePolicy::Ro) => {
-                out.ops.push(self.backing(OpKind::BackingWrite, vm, b, r, 0, true));
+                let op = DeviceOp { client: true, ..self.backing(OpKind::BackingWrite, vm, b, r, 0, true) };
+                self.emit(out, op);
                 if let Some(s) = resident {
                     self.invalidate(vm, s, r);
                 }
@@ -361,17 +438,20 @@ impl Engine {
             (None, _) => (None, 0, false, None),
         };
         let Some(s) = slot else {
-            out.ops.push(self.backing(OpKind::BackingWrite, vm, b, r, 0, true));
+            let op = DeviceOp { client: true, ..self.backing(OpKind::BackingWrite, vm, b, r, 0, true) };
+            self.emit(out, op);
             out.blocks.push(BlockOutcome { block: b, hit: false, inserted: false, bypassed: true, evicted: None });
             return;
         };
-        out.ops.push(self.ssd(OpKind::SsdWrite, vm, s, r, phase, true));
+        let op = DeviceOp { client: true, ..self.ssd(OpKind::SsdWrite, vm, s, r, phase, true) };
+        self.emit(out, op);
         self.valid.set(s, r);
         self.note(s);
         if policy == WritePolicy::Wb {
             self.mark_dirty(vm, s, r);
         } else {
-            out.ops.push(self.backing(OpKind::BackingWrite, vm, b, r, 0, true));
+            let op = DeviceOp { client: true, ..self.backing(OpKind::BackingWrite, vm, b, r, 0, true) };
+            self.emit(out, op);
             self.clear_dirty(vm, s, r);
         }
         out.blocks.push(BlockOutcome { block: b, hit: resident.is_some(), inserted, bypassed: false, evicted });
@@ -389,16 +469,13 @@ impl Engine {
             self.invalidate(vm, s, r);
         }
         let disk_addr = (b << self.shift) + lo;
-        out.ops.push(DeviceOp {
-            kind: OpKind::BackingWrite,
-            vm,
+        let op = DeviceOp {
             disk_addr,
-            ssd_addr: 0,
             len: (hi - lo) as u32,
-            phase,
-            sync: true,
-            staged: false,
-        });
+            client: true,
+            ..self.backing(OpKind::BackingWrite, vm, b, (0, 0), phase, true)
+        };
+        self.emit(out, op);
         out.blocks.push(BlockOutcome { block: b, hit: false, inserted: false, bypassed: true, evicted: None });
     }
 
@@ -416,6 +493,7 @@ impl Engine {
 
     #[inline]
     fn touch(&mut self, vm: VmId, s: u32) {
+        self.req_slots.push(s);
         if !self.slots.last_access_ms.is_empty() {
             self.slots.last_access_ms[s as usize] = self.now_ms;
         }
@@ -457,7 +535,7 @@ impl Engine {
         vm: VmId,
         s: u32,
         r: SectorRange,
-        phase: u8,
+        phase: u16,
         sync: bool,
         out: &mut Output,
     ) -> u32 {
@@ -469,9 +547,9 @@ impl Engine {
         let block = key_block(self.slots.key(s));
         let mut n = 0;
         for &run in &runs {
-            out.ops.push(DeviceOp { staged: true, ..self.ssd(OpKind::SsdRead, vm, s, run, phase, sync) });
-            out.ops
-                .push(DeviceOp { staged: true, ..self.backing(OpKind::BackingWrite, vm, block, run, phase + 1, sync) });
+            let read = self.emit(out, DeviceOp { staged: true, ..self.ssd(OpKind::SsdRead, vm, s, run, phase, sync) });
+            let write = self.backing(OpKind::BackingWrite, vm, block, run, phase + 1, sync);
+            self.emit(out, DeviceOp { staged: true, source: Some(read), ..write });
             n += run.1 - run.0;
         }
         self.runs = runs;
@@ -496,12 +574,23 @@ impl Engine {
     }
 
     /// Moves the slots changed since the last call into `into` (sorted, unique).
+    /// Slots with ops in flight stay for a later call (their state is not settled: a
+    /// write-back marked clean may yet fail); they are noted again when their ops end.
     pub fn take_changed(&mut self, into: &mut Vec<u32>) {
         into.clear();
         if let Some(c) = self.changed.as_mut() {
             into.append(c);
             into.sort_unstable();
             into.dedup();
+            if self.flight.has_pins() {
+                into.retain(|&s| {
+                    let pinned = self.flight.pinned(s);
+                    if pinned {
+                        c.push(s);
+                    }
+                    !pinned
+                });
+            }
         }
     }
 
@@ -529,12 +618,51 @@ impl Engine {
     /// forgets it. Returns the slot, on no list, for the caller to reuse or free.
     #[inline]
     pub(crate) fn evict_from(&mut self, vm: VmId, sync: bool, out: &mut Output) -> Option<(u32, Evicted)> {
-        let s = self.with_repl(vm, |r, t| r.evict(t))?;
+        let s = self.unpinned_victim(vm)?;
         let key = self.slots.key(s);
         let owner = key_vm(key);
         let dirty_sectors = self.writeback(owner, s, (0, self.spb), 0, sync, out);
+        if dirty_sectors > 0
+            && self.req_blocks.is_some_and(|(vm, first, last)| owner == vm && (first..=last).contains(&key_block(key)))
+        {
+            self.req_evicted_dirty.push((key, self.phase_base + 2));
+        }
         self.forget(owner, s);
         Some((s, Evicted { vm: owner, block: key_block(key), dirty_sectors }))
+    }
+
+    /// The policy's next victim among slots with no ops in flight (pinned ones it offers
+    /// are put back: they are in use right now). `None` when every resident slot is pinned.
+    #[inline]
+    fn unpinned_victim(&mut self, vm: VmId) -> Option<u32> {
+        let s = self.with_repl(vm, |r, t| r.evict(t))?;
+        let pinned = |e: &Engine, s: u32| e.flight.pinned(s) || e.req_slots.contains(&s);
+        if !pinned(self, s) {
+            return Some(s);
+        }
+        let mut aside = vec![s];
+        let found = loop {
+            match self.with_repl(vm, |r, t| r.evict(t)) {
+                Some(s) if pinned(self, s) => aside.push(s),
+                other => break other,
+            }
+        };
+        for s in aside {
+            self.with_repl(vm, |r, t| r.insert(t, s));
+        }
+        found
+    }
+
+    /// Takes a free slot with no ops in flight (a slot freed while its write-back runs
+    /// is pinned until it ends).
+    #[inline]
+    fn take_free(&mut self) -> Option<u32> {
+        let s = match self.free.front() {
+            Some(s) if self.flight.pinned(s) => self.free.iter_from_back(&self.slots).find(|&s| !self.flight.pinned(s)),
+            other => other,
+        }?;
+        self.free.unlink(&mut self.slots, s);
+        Some(s)
     }
 
     /// Finds a slot for a new block of `vm` and makes it resident; `None` = bypass.
@@ -543,25 +671,20 @@ impl Engine {
         if self.no_insert {
             return None;
         }
-        let p = &self.vms[vm as usize];
+        let (used, target) = (self.vms[vm as usize].used, self.vms[vm as usize].target);
         let (slot, evicted) = if self.shared.is_some() {
-            match self.free.front() {
-                Some(s) => {
-                    self.free.unlink(&mut self.slots, s);
-                    (s, None)
-                }
+            match self.take_free() {
+                Some(s) => (s, None),
                 None => {
                     let (s, e) = self.evict_from(vm, sync, out)?;
                     (s, Some(e))
                 }
             }
-        } else if p.target == 0 {
+        } else if target == 0 {
             return None;
-        } else if p.used < p.target && !self.free.is_empty() {
-            let s = self.free.front().expect("non-empty free list");
-            self.free.unlink(&mut self.slots, s);
+        } else if let Some(s) = (used < target).then(|| self.take_free()).flatten() {
             (s, None)
-        } else if p.used > 0 {
+        } else if used > 0 {
             let (s, e) = self.evict_from(vm, sync, out)?;
             (s, Some(e))
         } else {
@@ -579,6 +702,7 @@ impl Engine {
         }
         self.vms[vm as usize].used += 1;
         self.with_repl(vm, |r, t| r.insert(t, slot));
+        self.req_slots.push(slot);
         Some(Alloc { slot, evicted, phase })
     }
 }

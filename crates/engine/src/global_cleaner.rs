@@ -31,7 +31,7 @@ impl Engine {
             let s = self.cleaner_hand;
             self.cleaner_hand = (s + 1) % n;
             let key = self.slots.key(s);
-            if key == FREE_KEY {
+            if key == FREE_KEY || self.flight.pinned(s) {
                 continue;
             }
             let counter = &mut self.slots.aux[s as usize];

@@ -14,6 +14,13 @@
 //! 5. **Getters**: [`Engine::partition`], [`Engine::lookup`], [`Engine::metadata_bytes`],
 //!    [`Engine::check_invariants`] (tests).
 //!
+//! # The asynchronous face (a driver with real devices, ops in flight)
+//! [`Engine::submit`] a request or [`Engine::submit_job`] a command, take ops with
+//! [`Engine::poll_op`], report each with [`Engine::handle_completion`] in any order, take
+//! [`Event`]s with [`Engine::poll_event`] (reply, retirement, interval); timers through
+//! [`Engine::poll_timeout`] / [`Engine::handle_timeout`]. The engine decides what waits on
+//! what and repairs its state after a failed op (see `inflight.rs`, `repair.rs`).
+//!
 //! Blocks are split from requests here (not by trace readers). Valid and dirty state is
 //! tracked per 512-byte sector, so partial-block reads and writes are exact.
 
@@ -22,16 +29,21 @@ mod commands;
 pub mod config;
 mod engine;
 mod global_cleaner;
+mod inflight;
 pub mod output;
+mod repair;
 pub mod replacement;
 mod restore;
 pub mod sector_bits;
 pub mod sequential_cutoff;
 pub mod slot_table;
+mod timers;
 pub mod write_policy;
 
 pub use config::{EngineConfig, FillMode, PartitionMode};
 pub use engine::{Engine, PartitionInfo};
-pub use output::{BlockOutcome, DeviceOp, Evicted, OpKind, Output};
+pub use inflight::{Event, Failure, ReqId};
+pub use output::{BlockOutcome, DeviceOp, Evicted, Location, OpId, OpKind, Output, NO_SLOT};
 pub use replacement::{Replacement, ReplacementKind};
+pub use timers::{Flusher, Schedule};
 pub use write_policy::WritePolicy;

@@ -11,11 +11,39 @@
 //! - every op names the VM and the disk byte range its data belongs to (`disk_addr`);
 //! - a read request's data for each sector is what the last read op (SSD or backing)
 //!   covering that sector of the VM's disk returned;
-//! - a `staged` write op writes the data that the last `staged` read op of the same range
-//!   in the same output read (write-back: SSD read then backing write; fill: backing read
-//!   then SSD write); any other write op writes the client's data for its range.
+//! - a `staged` write op writes the data that the read op named by its `source` read
+//!   (write-back: SSD read then backing write; fill: backing read then SSD write) — that
+//!   read is the last `staged` read of the same range in the same output; any other write
+//!   op writes the client's data for its range;
+//! - `client` ops move the request's own data: a read op's bytes (where they overlap the
+//!   request's range) are the reply, a write op's bytes come from the request.
+//!
+//! Every op has an id, unique in the engine's life, by which a driver reports its
+//! completion ([`crate::Engine::handle_completion`]) and a staged write names its source,
+//! and a [`Location`]: which device it runs on.
 
 use cachevisor_trace::VmId;
+
+/// An operation's id (unique for the engine's life, increasing in emission order).
+pub type OpId = u64;
+
+/// Where an operation runs: the device a driver must address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum Location {
+    /// A local cache store (SSD `n` of this node; one today: 0). SSD ops address slots.
+    Ssd(u16),
+    /// The backing store of a vDisk (the op's `vm`).
+    Backing(VmId),
+    /// The cache store of another node of a cluster (ELICA §3.1's remote cache); SSD ops
+    /// address slots of that node's pool. Not emitted before the cluster work.
+    Remote {
+        /// Node id in the cluster.
+        node: u16,
+    },
+}
+
+/// No slot: a backing-store op.
+pub const NO_SLOT: u32 = u32::MAX;
 
 /// Device an operation targets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
@@ -44,22 +72,55 @@ impl OpKind {
 /// One device operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct DeviceOp {
-    /// Which device and direction.
+    /// Its id.
+    pub id: OpId,
+    /// The request or background job it belongs to ([`crate::Engine::submit`],
+    /// [`crate::Engine::submit_job`]); 0 for ops of the synchronous calls.
+    pub req: u64,
+    /// Which kind of device (cache or backing) and direction.
     pub kind: OpKind,
+    /// The device it runs on.
+    pub loc: Location,
     /// The VM whose disk the data belongs to.
     pub vm: VmId,
     /// Byte offset on the VM's disk of the data moved.
     pub disk_addr: u64,
-    /// SSD ops: byte address in the cache store (`slot × block + sector × 512`); 0 otherwise.
-    pub ssd_addr: u64,
+    /// Cache ops: the slot (the sectors are those of `disk_addr..+len` inside the block);
+    /// [`NO_SLOT`] for backing ops.
+    pub slot: u32,
     /// Bytes.
     pub len: u32,
     /// Ordering phase (see the module doc).
-    pub phase: u8,
+    pub phase: u16,
     /// Whether the request's completion waits for it.
     pub sync: bool,
     /// Part of a device-to-device copy (write-back or fill) rather than client data.
     pub staged: bool,
+    /// Moves the request's own data (see the module doc).
+    pub client: bool,
+    /// Staged writes: the read op whose bytes they write.
+    pub source: Option<OpId>,
+}
+
+impl DeviceOp {
+    /// Cache ops: byte offset in the cache store with blocks of `block_size` bytes.
+    #[inline]
+    pub fn ssd_offset(&self, block_size: u64) -> u64 {
+        self.slot as u64 * block_size + self.disk_addr % block_size
+    }
+
+    /// The disk block it touches (ops never cross a block) with `block_size` bytes.
+    #[inline]
+    pub fn block(&self, block_size: u64) -> u64 {
+        self.disk_addr / block_size
+    }
+
+    /// The sectors of its block it touches, `lo..hi`, rounded out to whole sectors.
+    #[inline]
+    pub fn sectors(&self, block_size: u64) -> (u32, u32) {
+        let lo = self.disk_addr % block_size;
+        ((lo / 512) as u32, (lo + self.len as u64).div_ceil(512) as u32)
+    }
 }
 
 /// A block that lost its slot.

@@ -58,7 +58,7 @@ impl World {
         let mut staged: HashMap<(u32, u64), u64> = HashMap::new();
         for op in ops {
             let n = op.len as u64 / 512;
-            let (d0, s0) = (op.disk_addr / 512, op.ssd_addr / 512);
+            let (d0, s0) = (op.disk_addr / 512, op.ssd_offset(BLOCK) / 512);
             for i in 0..n {
                 let key = (op.vm, d0 + i);
                 match op.kind {
@@ -81,6 +81,9 @@ impl World {
                         }
                     }
                     OpKind::SsdWrite | OpKind::BackingWrite => {
+                        if op.staged && !ops.iter().any(|o| Some(o.id) == op.source && o.staged && !o.kind.is_write()) {
+                            return Err(format!("{op:?}: a staged write whose source is not a staged read"));
+                        }
                         let v = match (op.staged, staged.get(&key), client) {
                             (true, Some(&v), _) => v,
                             (false, _, Some((vm, lo, hi, v))) if vm == op.vm && (lo..hi).contains(&(d0 + i)) => v,
@@ -272,3 +275,30 @@ fn cases(default: u32) -> u32 {
 
 /// A slot's block and its (valid, dirty) sectors.
 type SlotView = (Option<(u32, u64)>, Vec<(bool, bool)>);
+
+#[test]
+fn a_request_that_evicts_its_own_later_blocks_writes_them_after_their_write_back() {
+    // FIFO partition of 4 holding dirty blocks 1..=4 (1 oldest); a write of blocks 0..=4:
+    // block 0 evicts block 1, block 1 (now a miss) evicts block 2, and so on.
+    let cfg = EngineConfig { replacement: ReplacementKind::Fifo, ..EngineConfig::with_slots(4) };
+    let mut e = Engine::new(cfg).unwrap();
+    let mut out = Output::default();
+    e.set_target(0, 4, &mut out);
+    for b in 1..=4u64 {
+        e.access(0, &Request { time_ns: 0, vm: 0, op: Op::Write, offset: b * BLOCK, len: BLOCK as u32 }, &mut out);
+    }
+    e.access(0, &Request { time_ns: 0, vm: 0, op: Op::Write, offset: 0, len: 5 * BLOCK as u32 }, &mut out);
+    for b in 1..=4u64 {
+        let at = |staged: bool| {
+            out.ops
+                .iter()
+                .filter(|o| o.disk_addr / BLOCK == b && o.staged == staged && o.kind.is_write())
+                .map(|o| o.phase)
+                .collect::<Vec<_>>()
+        };
+        let (writeback, client) = (at(true), at(false));
+        assert!(!writeback.is_empty() && !client.is_empty(), "block {b}: {:?}", out.ops);
+        assert!(client.iter().all(|c| writeback.iter().all(|w| c > w)), "block {b}: {writeback:?} then {client:?}");
+    }
+    e.check_invariants().unwrap();
+}

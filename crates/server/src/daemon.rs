@@ -99,6 +99,8 @@ struct Files {
     versions: std::sync::Arc<crate::prefetch::Versions>,
     /// Injected fault: the cache-store write at which to fail (counting down).
     fail_ssd_write_in: std::sync::atomic::AtomicU64,
+    /// The cache's block size.
+    bs: u64,
 }
 
 impl Devices for Files {
@@ -107,6 +109,9 @@ impl Devices for Files {
     }
     fn backing(&self, vm: VmId) -> &Backing {
         &self.backings[vm as usize]
+    }
+    fn block_size(&self) -> u64 {
+        self.bs
     }
     fn fault(&self, op: &cachevisor_engine::DeviceOp) -> std::io::Result<()> {
         use std::sync::atomic::Ordering::Relaxed;
@@ -603,18 +608,20 @@ impl Daemon {
         if device_hit {
             let Client::Read(_, _, buf) = client else { unreachable!("a read") };
             let ops = out.ops.clone();
-            let noted: Vec<Vec<u64>> =
-                ops.iter().map(|o| files.ssd_versions.snapshot_range(0, o.ssd_addr, o.len as u64)).collect();
-            let (ssd, versions) = (files.ssd.clone(), files.ssd_versions.clone());
+            let noted: Vec<Vec<u64>> = ops
+                .iter()
+                .map(|o| files.ssd_versions.snapshot_range(0, o.ssd_offset(files.bs), o.len as u64))
+                .collect();
+            let (ssd, versions, bs) = (files.ssd.clone(), files.ssd_versions.clone(), files.bs);
             // A read promises no durability: a journal that takes no appends (its records wait
             // in memory, in order) does not fail it.
             let _ = persist.record(engine, |_| None);
             drop(guard);
             self.unlocked_delay();
-            let dev = crate::prefetch::UnlockedSsd { ssd: &ssd, bounce: Default::default() };
+            let dev = crate::prefetch::UnlockedSsd { ssd: &ssd, bs, bounce: Default::default() };
             let r = execute(&ops, Client::Read(vm, offset, &mut *buf), &dev, &mut Vec::new());
             if r.is_ok()
-                && ops.iter().zip(&noted).all(|(o, n)| versions.snapshot_range(0, o.ssd_addr, o.len as u64) == *n)
+                && ops.iter().zip(&noted).all(|(o, n)| versions.snapshot_range(0, o.ssd_offset(bs), o.len as u64) == *n)
             {
                 return Ok(());
             }
@@ -754,7 +761,7 @@ impl Daemon {
                     kind: o.kind,
                     vm,
                     disk_addr: o.disk_addr,
-                    ssd_addr: o.ssd_addr,
+                    ssd_addr: 0,
                     len: o.len,
                     source,
                     at: usize::MAX,

@@ -17,6 +17,8 @@ pub trait Devices {
     fn ssd(&self) -> &File;
     /// The backing store of `vm`.
     fn backing(&self, vm: VmId) -> &crate::backing::Backing;
+    /// The cache's block size (cache-store offsets are slot × block size).
+    fn block_size(&self) -> u64;
     /// Fault injection for tests: an error here fails `op` as if the device had.
     fn fault(&self, _op: &DeviceOp) -> io::Result<()> {
         Ok(())
@@ -141,7 +143,7 @@ const MAX_COALESCED: u64 = 4 << 20;
 /// The end (exclusive) of a run of at least two client cache-store reads starting at `at`
 /// that are contiguous on the cache store and on the disk (same VM, not staged), within
 /// [`MAX_COALESCED`] bytes; `None` when there is no such run.
-fn coalesced_read_run(ops: &[DeviceOp], at: usize) -> Option<usize> {
+fn coalesced_read_run(ops: &[DeviceOp], at: usize, bs: u64) -> Option<usize> {
     let first = &ops[at];
     if first.kind != OpKind::SsdRead || first.staged {
         return None;
@@ -153,7 +155,7 @@ fn coalesced_read_run(ops: &[DeviceOp], at: usize) -> Option<usize> {
         let contiguous = o.kind == OpKind::SsdRead
             && !o.staged
             && o.vm == first.vm
-            && o.ssd_addr == prev.ssd_addr + prev.len as u64
+            && o.slot as u64 * bs + o.disk_addr % bs == prev.slot as u64 * bs + prev.disk_addr % bs + prev.len as u64
             && o.disk_addr == prev.disk_addr + prev.len as u64;
         if !contiguous || total + o.len as u64 > MAX_COALESCED {
             break;
@@ -184,6 +186,7 @@ pub fn execute_with(
     before: &mut dyn FnMut(&DeviceOp) -> io::Result<()>,
 ) -> Result<(), OpError> {
     staging.clear();
+    let bs = dev.block_size();
     let mut skip_until = 0;
     for (at, op) in ops.iter().enumerate() {
         if at < skip_until {
@@ -191,7 +194,7 @@ pub fn execute_with(
         }
         // A run of client reads from consecutive cache-store addresses holding consecutive
         // disk addresses (a large read of blocks in consecutive slots) is one device read.
-        if let Some(end) = coalesced_read_run(ops, at) {
+        if let Some(end) = coalesced_read_run(ops, at, bs) {
             let first = &ops[at];
             let total: usize = ops[at..end].iter().map(|o| o.len as usize).sum();
             for (i, o) in ops[at..end].iter().enumerate() {
@@ -199,7 +202,7 @@ pub fn execute_with(
                     kind: o.kind,
                     vm: o.vm,
                     disk_addr: o.disk_addr,
-                    ssd_addr: o.ssd_addr,
+                    ssd_addr: o.ssd_offset(bs),
                     len: o.len,
                     source,
                     at: at + i,
@@ -208,11 +211,11 @@ pub fn execute_with(
                 dev.fault(o).map_err(e)?;
             }
             let mut buf = vec![0u8; total];
-            dev.ssd_read(&mut buf, first.ssd_addr).map_err(|source| OpError {
+            dev.ssd_read(&mut buf, first.ssd_offset(bs)).map_err(|source| OpError {
                 kind: first.kind,
                 vm: first.vm,
                 disk_addr: first.disk_addr,
-                ssd_addr: first.ssd_addr,
+                ssd_addr: first.ssd_offset(bs),
                 len: total as u32,
                 source,
                 at,
@@ -225,7 +228,7 @@ pub fn execute_with(
             kind: op.kind,
             vm: op.vm,
             disk_addr: op.disk_addr,
-            ssd_addr: op.ssd_addr,
+            ssd_addr: op.ssd_offset(bs),
             len: op.len,
             source,
             at,
@@ -234,14 +237,14 @@ pub fn execute_with(
         dev.fault(op).map_err(err)?;
         let write = |data: &[u8]| {
             if op.kind.is_ssd() {
-                dev.ssd_write(data, op.ssd_addr)
+                dev.ssd_write(data, op.ssd_offset(bs))
             } else {
                 dev.backing_write(op.vm, data, op.disk_addr)
             }
         };
         let read = |buf: &mut [u8]| {
             if op.kind.is_ssd() {
-                dev.ssd_read(buf, op.ssd_addr)
+                dev.ssd_read(buf, op.ssd_offset(bs))
             } else {
                 dev.backing_read(op.vm, buf, op.disk_addr)
             }
@@ -303,18 +306,26 @@ mod tests {
         fn backing(&self, _: VmId) -> &crate::backing::Backing {
             &self.1
         }
+        fn block_size(&self) -> u64 {
+            4096
+        }
     }
 
     fn read(disk_addr: u64, slot: u64) -> DeviceOp {
         DeviceOp {
+            id: 0,
+            req: 0,
             kind: OpKind::SsdRead,
+            loc: cachevisor_engine::Location::Ssd(0),
             vm: 0,
             disk_addr,
-            ssd_addr: slot * 4096,
+            slot: slot as u32,
             len: 4096,
             phase: 0,
             sync: true,
             staged: false,
+            client: true,
+            source: None,
         }
     }
 
@@ -328,7 +339,7 @@ mod tests {
         // Blocks 0..4 in slots 5, 6, 2, 3: two runs of two.
         let ops = [read(0, 5), read(4096, 6), read(8192, 2), read(12288, 3)];
         assert_eq!(
-            (coalesced_read_run(&ops, 0), coalesced_read_run(&ops, 2), coalesced_read_run(&ops, 1)),
+            (coalesced_read_run(&ops, 0, 4096), coalesced_read_run(&ops, 2, 4096), coalesced_read_run(&ops, 1, 4096)),
             (Some(2), Some(4), None)
         );
         let mut buf = vec![0u8; 16384];
@@ -341,7 +352,7 @@ mod tests {
         }
         // Consecutive slots holding blocks that are not consecutive on the disk: two reads.
         let ops = [read(0, 1), read(8192, 2)];
-        assert_eq!(coalesced_read_run(&ops, 0), None);
+        assert_eq!(coalesced_read_run(&ops, 0, 4096), None);
         let mut buf = vec![9u8; 12288];
         execute(&ops, Client::Read(0, 0, &mut buf), &dev, &mut Vec::new()).unwrap();
         assert!(

@@ -114,6 +114,9 @@ impl Devices for WithPrefetch<'_> {
     fn backing(&self, vm: VmId) -> &crate::backing::Backing {
         self.dev.backing(vm)
     }
+    fn block_size(&self) -> u64 {
+        self.dev.block_size()
+    }
     fn fault(&self, op: &cachevisor_engine::DeviceOp) -> io::Result<()> {
         self.dev.fault(op)
     }
@@ -142,6 +145,8 @@ impl Devices for WithPrefetch<'_> {
 pub struct UnlockedSsd<'a> {
     /// The cache store.
     pub ssd: &'a File,
+    /// The cache's block size.
+    pub bs: u64,
     /// O_DIRECT: reads go through an aligned buffer.
     pub bounce: std::cell::RefCell<crate::aligned_buf::AlignedBuf>,
 }
@@ -155,6 +160,9 @@ impl Devices for UnlockedSsd<'_> {
     }
     fn backing(&self, _vm: VmId) -> &crate::backing::Backing {
         &NO_BACKING
+    }
+    fn block_size(&self) -> u64 {
+        self.bs
     }
     fn ssd_read(&self, buf: &mut [u8], addr: u64) -> io::Result<()> {
         crate::aligned_buf::read_at(self.ssd, &mut self.bounce.borrow_mut(), buf, addr)

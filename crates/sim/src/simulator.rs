@@ -243,7 +243,7 @@ impl<'a> Run<'a> {
 
     fn device(&mut self, op: &DeviceOp) -> (&mut Device, u64) {
         if op.kind.is_ssd() {
-            (&mut self.ssd, op.ssd_addr)
+            (&mut self.ssd, op.ssd_offset(self.engine.config().block_size))
         } else if self.sc.devices.backing_layout == BackingLayout::PerVm {
             (&mut self.backing[op.vm as usize], op.disk_addr)
         } else {

@@ -255,6 +255,7 @@ impl Daemon {
             backings,
             versions: std::sync::Arc::new(crate::prefetch::Versions::new(r.block_size)),
             fail_ssd_write_in: 0.into(),
+            bs: r.block_size,
         };
         let core = Core {
             fenced: Default::default(),

@@ -26,47 +26,9 @@ pub(super) type WriteRange = (VmId, u64, u64);
 
 /// The slot, disk block and sector range an SSD op touches.
 pub(super) fn ssd_place(op: &DeviceOp, bs: u64) -> (u32, u64, (u32, u32)) {
-    let slot = (op.ssd_addr / bs) as u32;
-    let first = ((op.ssd_addr % bs) / 512) as u32;
+    let slot = op.slot;
+    let first = ((op.disk_addr % bs) / 512) as u32;
     (slot, op.disk_addr / bs, (first, first + op.len.div_ceil(512)))
-}
-
-/// Sets `slot`'s sector states to what `f(sector, valid, dirty)` says, for `vm`'s `block`.
-/// A slot holding another block is emptied first (its bytes are not that block's); a slot
-/// left with no valid sector is freed. Returns false when the block is cached in another
-/// slot with dirty sectors (that copy is kept; nothing changes here).
-fn recompose(e: &mut Engine, slot: u32, vm: VmId, block: u64, f: impl Fn(u32, bool, bool) -> (bool, bool)) -> bool {
-    let spb = (e.config().block_size / 512) as u32;
-    let here = e.slot_block(slot) == Some((vm, block));
-    let cur: Vec<(bool, bool)> =
-        (0..spb).map(|i| if here { e.sector_state(slot, i) } else { (false, false) }).collect();
-    let new: Vec<(bool, bool)> =
-        cur.iter().enumerate().map(|(i, &(v, d))| f(i as u32, v, d)).map(|(v, d)| (v || d, d)).collect();
-    if here && new == cur {
-        return true;
-    }
-    if let Some(other) = e.lookup(vm, block).filter(|&o| o != slot) {
-        if (0..spb).any(|i| e.sector_state(other, i).1) {
-            tracing::error!(
-                vm,
-                block,
-                slot,
-                other,
-                "a failed write-back's block is cached dirty elsewhere: that copy is kept"
-            );
-            return false;
-        }
-        e.release_slot(other); // a clean copy: the backing store (or this slot) has it
-    }
-    e.release_slot(slot);
-    if new.iter().any(|&(v, _)| v) {
-        let (valid, dirty): (Vec<bool>, Vec<bool>) = new.into_iter().unzip();
-        if let Err(err) = e.restore_slot(slot, vm, block, &valid, &dirty) {
-            tracing::error!(%err, vm, block, slot, "cannot put a block back after a failed operation");
-            return false;
-        }
-    }
-    true
 }
 
 /// Corrects `e` after `ops` stopped at index `at` (ops from `at` on did not complete;
@@ -94,8 +56,7 @@ pub(super) fn undo(
     if let Some(op) = ops.get(at).filter(|o| o.kind == OpKind::SsdRead) {
         let (slot, block, (lo, hi)) = ssd_place(op, bs);
         if e.slot_block(slot) == Some((op.vm, block)) {
-            recompose(
-                e,
+            e.recompose(
                 slot,
                 op.vm,
                 block,
@@ -125,8 +86,7 @@ pub(super) fn undo(
                 continue;
             }
             let (lo, hi) = sectors_of(offset, len, bs, pb);
-            recompose(
-                e,
+            e.recompose(
                 slot,
                 pv,
                 pb,
@@ -167,7 +127,7 @@ pub(super) fn undo(
         }
         let lo = ((op.disk_addr % bs) / 512) as u32;
         let hi = (lo + op.len / 512).min(spb);
-        if recompose(e, slot, op.vm, block, |i, v, d| if (lo..hi).contains(&i) { (true, true) } else { (v, d) }) {
+        if e.recompose(slot, op.vm, block, |i, v, d| if (lo..hi).contains(&i) { (true, true) } else { (v, d) }) {
             restored += 1;
         }
     }
@@ -188,7 +148,7 @@ pub(super) fn drop_clean(e: &mut Engine, vm: VmId, offset: u64, len: u64) {
     for b in offset / bs..(offset + len).div_ceil(bs) {
         let Some(slot) = e.lookup(vm, b) else { continue };
         let (lo, hi) = sectors_of(offset, len, bs, b);
-        recompose(e, slot, vm, b, |i, v, d| if (lo..hi).contains(&i) && !d { (false, false) } else { (v, d) });
+        e.recompose(slot, vm, b, |i, v, d| if (lo..hi).contains(&i) && !d { (false, false) } else { (v, d) });
     }
 }
 

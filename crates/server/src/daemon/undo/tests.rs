@@ -76,7 +76,7 @@ impl Model {
             let first = op.disk_addr / 512;
             let n = (op.len / 512) as u64;
             let failed = fail == Some(i);
-            let ssd_at = |k: u64| ((op.ssd_addr / BS) as usize, ((op.ssd_addr % BS) / 512 + k) as usize);
+            let ssd_at = |k: u64| ((op.ssd_offset(BS) / BS) as usize, ((op.ssd_offset(BS) % BS) / 512 + k) as usize);
             if op.kind.is_write() {
                 if failed && !torn {
                     return (got, Some(i));

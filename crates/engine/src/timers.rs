@@ -1,0 +1,201 @@
+//! The engine's timers: the controller interval, the background flusher and the global
+//! cleaner's trigger, so every driver (simulator, daemon) runs the exact same sequence.
+//! A driver asks [`Engine::poll_timeout`] when the engine next needs it and calls
+//! [`Engine::handle_timeout`] at (or after) that time; the engine then emits
+//! [`Event::Interval`] for each interval that ended (the driver runs the policy
+//! controller on it) and submits the flusher's write-back as background jobs.
+//!
+//! The flusher keeps a dirty target like bcache's `writeback_percent`: it writes back
+//! only while more than `dirty_target` of the pool is dirty, so hot blocks that are
+//! rewritten often stay dirty (their rewrites cost no write-back and, in the daemon, no
+//! barrier), and at most `blocks_per_period` blocks per period (the configured rate).
+
+use crate::engine::Engine;
+use crate::inflight::Event;
+use crate::output::Output;
+use cachevisor_trace::VmId;
+
+/// When the engine needs its driver.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Schedule {
+    /// Controller interval in ns (0: no interval events).
+    pub interval_ns: u64,
+    /// Background write-back (`None`: off).
+    pub flusher: Option<Flusher>,
+}
+
+/// The background flusher's settings.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Flusher {
+    /// Time between steps in ns (> 0).
+    pub period_ns: u64,
+    /// Blocks written back per step at most (≥ 1).
+    pub blocks_per_period: u64,
+    /// Fraction of the pool's slots allowed to stay dirty (0 writes everything back).
+    pub dirty_target: f64,
+}
+
+/// Timer state inside [`Engine`].
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Timers {
+    schedule: Schedule,
+    next_interval: Option<u64>,
+    next_flush: Option<u64>,
+    /// Intervals ended so far.
+    intervals: u64,
+    /// Where the flusher's sweep of the dirty bitmap goes on.
+    flush_cursor: u32,
+    /// Global cleaner watermarks in free slots (low, high).
+    pub(crate) cleaner: Option<(u64, u64)>,
+}
+
+impl Engine {
+    /// Sets the timers, starting at driver time `now_ns` (the first interval ends one
+    /// interval later, the flusher's first step one period later).
+    pub fn set_schedule(&mut self, now_ns: u64, schedule: Schedule) {
+        let t = &mut self.timers;
+        t.next_interval = (schedule.interval_ns > 0).then(|| now_ns.saturating_add(schedule.interval_ns));
+        t.next_flush = schedule.flusher.map(|f| now_ns.saturating_add(f.period_ns.max(1)));
+        t.schedule = schedule;
+    }
+
+    /// Sets (or clears) the global cleaner's watermarks in free slots: when a request
+    /// leaves fewer than `low` free, the cleaner reclaims up to `high` (S-CAVE §V-B).
+    pub fn set_cleaner(&mut self, watermarks: Option<(u64, u64)>) {
+        self.timers.cleaner = watermarks;
+    }
+
+    /// The free-slot goal to clean to now, when the cleaner's low watermark is crossed.
+    pub fn cleaner_due(&self) -> Option<u64> {
+        self.timers.cleaner.filter(|&(low, _)| self.free_slots() < low).map(|(_, high)| high)
+    }
+
+    /// The next time the engine needs [`Self::handle_timeout`], if any.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        match (self.timers.next_interval, self.timers.next_flush) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Runs what is due at `now_ns`: one [`Event::Interval`] per interval that ended (in
+    /// order), and a flusher step (a background job) if its period passed.
+    pub fn handle_timeout(&mut self, now_ns: u64) {
+        while let Some(at) = self.timers.next_interval.filter(|&at| at <= now_ns) {
+            self.timers.intervals += 1;
+            self.timers.next_interval = Some(at.saturating_add(self.timers.schedule.interval_ns));
+            self.flight.push_event(Event::Interval { at_ns: at, index: self.timers.intervals - 1 });
+        }
+        if let (Some(at), Some(f)) = (self.timers.next_flush, self.timers.schedule.flusher) {
+            if at <= now_ns {
+                // One step however late the driver is: the rate is a ceiling, not a debt.
+                self.timers.next_flush = Some(now_ns.saturating_add(f.period_ns.max(1)));
+                self.flush_step(f);
+            }
+        }
+    }
+
+    /// Dirty blocks above the flusher's target, at most one step's worth, written back as
+    /// one background job (blocks with ops in flight are skipped; the sweep comes back).
+    fn flush_step(&mut self, f: Flusher) {
+        let dirty: u64 = (0..self.vm_count() as VmId).map(|vm| self.partition(vm).dirty_blocks).sum();
+        let allowed = (f.dirty_target.clamp(0.0, 1.0) * self.slot_count() as f64) as u64;
+        let n = dirty.saturating_sub(allowed).min(f.blocks_per_period.max(1));
+        if n == 0 {
+            return;
+        }
+        let mut cursor = self.timers.flush_cursor;
+        let keys = self.dirty_batch(None, &mut cursor, n as usize);
+        self.timers.flush_cursor = cursor;
+        self.submit_job(|e, out| {
+            let mut one = Output::default();
+            for k in keys {
+                e.destage_block(crate::slot_table::key_vm(k), crate::slot_table::key_block(k), &mut one);
+                out.ops.append(&mut one.ops);
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{EngineConfig, Event};
+    use cachevisor_trace::{Op, Request};
+
+    fn write(e: &mut Engine, b: u64) {
+        let mut out = Output::default();
+        e.access(0, &Request { time_ns: 0, vm: 0, op: Op::Write, offset: b * 4096, len: 4096 }, &mut out);
+    }
+
+    #[test]
+    fn intervals_fire_in_order_and_catch_up() {
+        let mut e = Engine::new(EngineConfig::with_slots(8)).unwrap();
+        assert_eq!(e.poll_timeout(), None);
+        e.set_schedule(100, Schedule { interval_ns: 1000, flusher: None });
+        assert_eq!(e.poll_timeout(), Some(1100));
+        e.handle_timeout(1099);
+        assert_eq!(e.poll_event(), None, "not due yet");
+        e.handle_timeout(3500);
+        let got: Vec<_> = std::iter::from_fn(|| e.poll_event()).collect();
+        assert_eq!(
+            got,
+            [
+                Event::Interval { at_ns: 1100, index: 0 },
+                Event::Interval { at_ns: 2100, index: 1 },
+                Event::Interval { at_ns: 3100, index: 2 }
+            ]
+        );
+        assert_eq!(e.poll_timeout(), Some(4100));
+    }
+
+    #[test]
+    fn the_flusher_keeps_its_dirty_target_and_rate() {
+        let mut e = Engine::new(EngineConfig::with_slots(10)).unwrap();
+        let mut out = Output::default();
+        e.set_target(0, 10, &mut out);
+        for b in 0..8 {
+            write(&mut e, b);
+        }
+        // 30% of 10 slots may stay dirty; 2 blocks per step.
+        let f = Flusher { period_ns: 10, blocks_per_period: 2, dirty_target: 0.3 };
+        e.set_schedule(0, Schedule { interval_ns: 0, flusher: Some(f) });
+        let mut steps = 0;
+        while e.partition(0).dirty_blocks > 3 {
+            let at = e.poll_timeout().unwrap();
+            e.handle_timeout(at);
+            steps += 1;
+            let mut written = 0;
+            while let Some(op) = e.poll_op() {
+                written += op.kind.is_write() as u64;
+                e.handle_completion(at, op.id, Ok(()));
+                while let Some(op) = e.poll_op() {
+                    written += op.kind.is_write() as u64;
+                    e.handle_completion(at, op.id, Ok(()));
+                }
+            }
+            assert!(written <= 2, "at most the rate per step");
+            assert!(steps < 10);
+        }
+        assert_eq!((e.partition(0).dirty_blocks, steps), (3, 3));
+        // At the target: further steps write nothing.
+        let at = e.poll_timeout().unwrap();
+        e.handle_timeout(at);
+        assert_eq!(e.poll_op(), None);
+        assert_eq!(e.partition(0).used, 8, "written back, still cached");
+        e.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn the_cleaner_is_due_below_its_low_watermark() {
+        let mut e = Engine::new(EngineConfig::with_slots(4)).unwrap();
+        let mut out = Output::default();
+        e.set_target(0, 4, &mut out);
+        e.set_cleaner(Some((2, 3)));
+        write(&mut e, 0);
+        write(&mut e, 1);
+        assert_eq!(e.cleaner_due(), None);
+        write(&mut e, 2);
+        assert_eq!(e.cleaner_due(), Some(3));
+    }
+}

@@ -1,0 +1,321 @@
+//! The engine's asynchronous face checked against a versioned model of the devices, with
+//! requests concurrent, device ops completed in random order, and random failures (torn
+//! writes included). Every sector carries the version of the client write that produced
+//! it. Checked: a read's reply holds, for each sector, the last acknowledged write's
+//! version (or one of the failed writes after it, whose data is undefined); the cache
+//! store never serves a sector of another block; a staged write writes what its source
+//! read returned; after everything retires and the cache is flushed, the backing stores
+//! hold every acknowledged write; structural invariants hold after every step.
+
+use cachevisor_engine::*;
+use cachevisor_trace::{Op, Request};
+use proptest::prelude::*;
+use std::collections::{BTreeSet, HashMap};
+
+const BLOCK: u64 = 4096;
+const SECTORS_PER_DISK: u64 = 64;
+
+#[derive(Debug, Clone)]
+enum Step {
+    /// A client request.
+    Io { vm: u32, write: bool, sector: u64, count: u64 },
+    /// Complete the `pick`-th op in flight (modulo), failing it when `fail`, tearing a
+    /// failed write after `torn` sectors.
+    Complete { pick: usize, fail: bool, torn: u64 },
+    /// A background job.
+    Job(JobKind),
+}
+
+#[derive(Debug, Clone, Copy)]
+enum JobKind {
+    Target { vm: u32, slots: u64 },
+    Flush { vm: Option<u32> },
+    Destage { vm: u32, block: u64 },
+    Clean { free: u64 },
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        6 => (0u32..3, any::<bool>(), 0..SECTORS_PER_DISK, 1u64..12).prop_map(|(vm, write, sector, count)| {
+            Step::Io { vm, write, sector, count: count.min(SECTORS_PER_DISK - sector) }
+        }),
+        10 => (any::<usize>(), prop::bool::weighted(0.08), 0u64..9)
+            .prop_map(|(pick, fail, torn)| Step::Complete { pick, fail, torn }),
+        1 => (0u32..3, 0u64..6).prop_map(|(vm, slots)| Step::Job(JobKind::Target { vm, slots })),
+        1 => prop::option::of(0u32..3).prop_map(|vm| Step::Job(JobKind::Flush { vm })),
+        1 => (0u32..3, 0..SECTORS_PER_DISK / 8).prop_map(|(vm, block)| Step::Job(JobKind::Destage { vm, block })),
+        1 => (0u64..9).prop_map(|free| Step::Job(JobKind::Clean { free })),
+    ]
+}
+
+/// One sector's data: (vm, disk sector, version).
+type Tag = (u32, u64, u64);
+
+#[derive(Default)]
+struct World {
+    ssd: HashMap<u64, Tag>,
+    backing: HashMap<(u32, u64), u64>,
+    /// Per disk sector: the versions a read may return (the last acknowledged write's,
+    /// and those of failed writes after it).
+    allowed: HashMap<(u32, u64), BTreeSet<u64>>,
+    /// Bytes each read op returned, with its request, kept until that retires.
+    bufs: HashMap<OpId, (ReqId, Vec<Tag>)>,
+    /// Request → (request, version for writes, per-sector data its client reads returned).
+    reqs: HashMap<ReqId, (Request, u64, HashMap<u64, u64>)>,
+}
+
+impl World {
+    fn allowed(&self, key: (u32, u64)) -> BTreeSet<u64> {
+        self.allowed.get(&key).cloned().unwrap_or_else(|| [0].into())
+    }
+
+    /// Runs `op` on the model devices; a failed op does nothing, or, for a write, writes
+    /// its first `torn` sectors.
+    fn execute(&mut self, op: &DeviceOp, fail: bool, torn: u64) -> Result<(), String> {
+        let n = op.len.div_ceil(512) as u64;
+        let d0 = op.disk_addr / 512;
+        let s0 = op.ssd_offset(BLOCK) / 512;
+        let req = op.req;
+        if !op.kind.is_write() {
+            if fail {
+                return Ok(());
+            }
+            let mut got = Vec::new();
+            for i in 0..n {
+                let key = (op.vm, d0 + i);
+                let tag = if op.kind.is_ssd() {
+                    let t = *self.ssd.get(&(s0 + i)).ok_or(format!("{op:?} reads a never-written cache sector"))?;
+                    if (t.0, t.1) != key {
+                        return Err(format!("{op:?}: cache sector holds vm {} sector {}, not {key:?}", t.0, t.1));
+                    }
+                    t
+                } else {
+                    (op.vm, d0 + i, self.backing.get(&key).copied().unwrap_or(0))
+                };
+                got.push(tag);
+            }
+            if op.client {
+                let (r, _, data) = self.reqs.get_mut(&req).ok_or(format!("{op:?}: client data for no request"))?;
+                for t in &got {
+                    if t.0 == r.vm && (r.offset / 512..r.end().div_ceil(512)).contains(&t.1) {
+                        data.insert(t.1, t.2);
+                    }
+                }
+            }
+            self.bufs.insert(op.id, (op.req, got));
+            return Ok(());
+        }
+        let count = if fail { torn.min(n) } else { n };
+        for i in 0..count {
+            let key = (op.vm, d0 + i);
+            let v = if op.staged {
+                let src = op.source.ok_or(format!("{op:?}: a staged write without a source"))?;
+                let buf = self.bufs.get(&src).ok_or(format!("{op:?}: source {src} never read (or failed)"))?;
+                let t = buf.1.iter().find(|t| (t.0, t.1) == key).ok_or(format!("{op:?}: source lacks {key:?}"))?;
+                t.2
+            } else {
+                let (r, v, _) = self.reqs.get(&req).ok_or(format!("{op:?}: client data for no request"))?;
+                if !op.client || r.vm != op.vm || !(r.offset / 512..r.end().div_ceil(512)).contains(&key.1) {
+                    return Err(format!("{op:?} writes sector {key:?} with no data source"));
+                }
+                *v
+            };
+            if op.kind.is_ssd() {
+                self.ssd.insert(s0 + i, (op.vm, key.1, v));
+            } else {
+                self.backing.insert(key, v);
+            }
+        }
+        Ok(())
+    }
+}
+
+struct Driver {
+    e: Engine,
+    w: World,
+    flying: Vec<DeviceOp>,
+    version: u64,
+}
+
+impl Driver {
+    /// Takes the engine's new ops and handles its events.
+    fn pump(&mut self) -> Result<(), String> {
+        while let Some(op) = self.e.poll_op() {
+            if std::env::var_os("TRACE").is_some() {
+                eprintln!("issue {op:?}");
+            }
+            self.flying.push(op);
+        }
+        while let Some(ev) = self.e.poll_event() {
+            if std::env::var_os("TRACE").is_some() {
+                eprintln!("event {ev:?}");
+            }
+            match ev {
+                Event::Reply { req, result, .. } => {
+                    let Some((r, v, data)) = self.w.reqs.get(&req) else { continue };
+                    let (lo, hi) = (r.offset / 512, r.end().div_ceil(512));
+                    if r.op == Op::Write {
+                        for s in lo..hi {
+                            let set = self.w.allowed.entry((r.vm, s)).or_insert_with(|| [0].into());
+                            if result.is_ok() {
+                                *set = [*v].into();
+                            } else {
+                                set.insert(*v);
+                            }
+                        }
+                    } else if result.is_ok() {
+                        for s in lo..hi {
+                            let allowed = self.w.allowed((r.vm, s));
+                            match data.get(&s) {
+                                Some(got) if allowed.contains(got) => {}
+                                Some(got) => {
+                                    return Err(format!(
+                                        "req {req}: sector {s} read version {got}, allowed {allowed:?}"
+                                    ))
+                                }
+                                None => return Err(format!("req {req}: sector {s} was not read by any op")),
+                            }
+                        }
+                    }
+                }
+                Event::Interval { .. } => {}
+                Event::Retired { req, .. } => {
+                    self.w.reqs.remove(&req);
+                    self.w.bufs.retain(|_, (r, _)| *r != req);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn submit(&mut self, now: u64, req: Request) -> ReqId {
+        let id = self.e.submit(now, &req);
+        if std::env::var_os("TRACE").is_some() {
+            eprintln!("submit {id} {req:?}");
+        }
+        let v = if req.op == Op::Write {
+            self.version += 1;
+            self.version
+        } else {
+            0
+        };
+        self.w.reqs.insert(id, (req, v, HashMap::new()));
+        id
+    }
+
+    fn complete(&mut self, now: u64, i: usize, fail: bool, torn: u64) -> Result<(), String> {
+        let op = self.flying.swap_remove(i);
+        if std::env::var_os("TRACE").is_some() {
+            eprintln!("complete {op:?} fail={fail}");
+        }
+        self.w.execute(&op, fail, torn)?;
+        self.e.handle_completion(now, op.id, if fail { Err(Failure::Io) } else { Ok(()) });
+        Ok(())
+    }
+}
+
+fn run(
+    steps: &[Step],
+    partition: PartitionMode,
+    fill: FillMode,
+    kind: ReplacementKind,
+    timers: bool,
+) -> Result<(), String> {
+    let cfg = EngineConfig { partition, fill, replacement: kind, ..EngineConfig::with_slots(8) };
+    let mut d = Driver { e: Engine::new(cfg).unwrap(), w: World::default(), flying: Vec::new(), version: 0 };
+    let mut out = Output::default();
+    for vm in 0..3 {
+        d.e.set_target(vm, 3, &mut out);
+    }
+    if timers {
+        // The flusher and the cleaner run as background jobs among the requests.
+        let flusher = Flusher { period_ns: 3000, blocks_per_period: 2, dirty_target: 0.2 };
+        d.e.set_schedule(0, Schedule { interval_ns: 5000, flusher: Some(flusher) });
+        d.e.set_cleaner(Some((1, 3)));
+    }
+    for (i, st) in steps.iter().enumerate() {
+        let now = i as u64 * 1000;
+        let ctx = |m: String| format!("step {i} {st:?}: {m}");
+        d.e.handle_timeout(now);
+        match *st {
+            Step::Io { vm, write, sector, count } => {
+                let op = if write { Op::Write } else { Op::Read };
+                let req = Request { time_ns: now, vm, op, offset: sector * 512, len: (count * 512) as u32 };
+                d.submit(now, req);
+            }
+            Step::Complete { pick, fail, torn } => {
+                if !d.flying.is_empty() {
+                    let n = d.flying.len();
+                    d.complete(now, pick % n, fail, torn).map_err(ctx)?;
+                }
+            }
+            Step::Job(j) => {
+                d.e.submit_job(|e, out| match j {
+                    JobKind::Target { vm, slots } => e.set_target(vm, slots, out),
+                    JobKind::Flush { vm } => e.flush(vm, out),
+                    JobKind::Destage { vm, block } => {
+                        e.destage_block(vm, block, out);
+                    }
+                    JobKind::Clean { free } => {
+                        e.clean(free, out);
+                    }
+                });
+            }
+        }
+        d.pump().map_err(ctx)?;
+        d.e.check_invariants().map_err(ctx)?;
+    }
+    // Everything completes (in a scrambled order), then the cache is flushed.
+    let mut k = 0usize;
+    for round in 0.. {
+        while !d.flying.is_empty() {
+            k = k.wrapping_mul(31).wrapping_add(7);
+            let n = d.flying.len();
+            d.complete(u64::MAX / 2, k % n, false, 0)?;
+            d.pump()?;
+        }
+        if d.e.in_flight() != 0 {
+            return Err(format!("{} requests or jobs still in flight with no op running", d.e.in_flight()));
+        }
+        if (0..3).all(|vm| d.e.partition(vm).dirty_blocks == 0) {
+            break;
+        }
+        if round > 3 {
+            return Err("dirty blocks left after flushing with nothing in flight".into());
+        }
+        d.e.submit_job(|e, out| e.flush(None, out));
+        d.pump()?;
+    }
+    d.e.check_invariants()?;
+    for (&(vm, s), allowed) in &d.w.allowed {
+        let got = d.w.backing.get(&(vm, s)).copied().unwrap_or(0);
+        if !allowed.contains(&got) {
+            return Err(format!(
+                "backing of vm {vm} sector {s} holds version {got} after the flush, allowed {allowed:?}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(cases(300)))]
+
+    #[test]
+    fn out_of_order_completions_and_failures_lose_no_acknowledged_write(
+        steps in prop::collection::vec(step(), 1..200),
+        shared in any::<bool>(),
+        fill_block in any::<bool>(),
+        kind in prop::sample::select(ReplacementKind::ALL.to_vec()),
+        timers in any::<bool>(),
+    ) {
+        let partition = if shared { PartitionMode::Shared } else { PartitionMode::Static };
+        let fill = if fill_block { FillMode::Block } else { FillMode::Request };
+        run(&steps, partition, fill, kind, timers).map_err(TestCaseError::fail)?;
+    }
+}
+
+/// Cases per property: `default`, or `PROPTEST_CASES` for longer hunts.
+fn cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}

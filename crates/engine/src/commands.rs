@@ -24,7 +24,7 @@ impl Engine {
         self.with_repl(vm, |r, _| r.set_capacity(slots));
         while self.vms[vm as usize].used > slots {
             let Some((s, _)) = self.evict_from(vm, false, out) else { break };
-            self.free.push_front(&mut self.slots, s);
+            self.free_slot(s);
         }
     }
 
@@ -130,8 +130,13 @@ impl Engine {
         if self.index.count() as u64 != total {
             return Err(format!("index holds {} entries for {total} resident slots", self.index.count()));
         }
-        if total + self.free.len() as u64 != self.slots.len() as u64 {
-            return Err(format!("{total} used + {} free != {} slots", self.free.len(), self.slots.len()));
+        let limbo = self.dur.limbo_len() as u64;
+        if total + self.free.len() as u64 + limbo != self.slots.len() as u64 {
+            return Err(format!(
+                "{total} used + {} free + {limbo} in limbo != {} slots",
+                self.free.len(),
+                self.slots.len()
+            ));
         }
         for (vm, p) in self.vms.iter().enumerate() {
             if p.used != used[vm] {

@@ -76,6 +76,8 @@ pub struct Engine {
     pub(crate) flight: crate::inflight::Flight,
     /// Interval, flusher and cleaner timers (see `timers.rs`).
     pub(crate) timers: crate::timers::Timers,
+    /// Persistent mode: commits, limbo, vouched slots (see `durability.rs`).
+    pub(crate) dur: crate::durability::Durability,
 }
 
 /// Result of asking for a slot.
@@ -122,6 +124,7 @@ impl Engine {
             phase_base: 0,
             flight: Default::default(),
             timers: Default::default(),
+            dur: Default::default(),
             cfg,
         })
     }
@@ -511,7 +514,10 @@ impl Engine {
     fn clear_dirty(&mut self, vm: VmId, s: u32, r: SectorRange) {
         let was = self.dirty.any(s, (0, self.spb));
         self.dirty.clear(s, r);
-        self.note(s);
+        // The flusher's write-backs leave the journal saying dirty (`durability.rs`).
+        if !self.dur.lazy_clean {
+            self.note(s);
+        }
         if was && !self.dirty.any(s, (0, self.spb)) {
             self.vms[vm as usize].dirty_blocks -= 1;
         }
@@ -599,6 +605,9 @@ impl Engine {
     #[inline]
     pub(crate) fn forget(&mut self, vm: VmId, s: u32) {
         let key = self.slots.key(s);
+        if self.dur.on && self.dur.is_vouched(s) {
+            self.dur.vouched_elsewhere.insert(key, s);
+        }
         let slots = &self.slots;
         self.index.remove(key, s, |x| slots.key(x));
         self.slots.set_key(s, FREE_KEY);
@@ -611,7 +620,7 @@ impl Engine {
     /// Returns a slot (already out of its policy) to the free list.
     pub(crate) fn release(&mut self, vm: VmId, s: u32) {
         self.forget(vm, s);
-        self.free.push_front(&mut self.slots, s);
+        self.free_slot(s);
     }
 
     /// Takes a victim from `vm`'s policy (or the shared one), writes it back if dirty and
@@ -636,7 +645,17 @@ impl Engine {
     #[inline]
     fn unpinned_victim(&mut self, vm: VmId) -> Option<u32> {
         let s = self.with_repl(vm, |r, t| r.evict(t))?;
-        let pinned = |e: &Engine, s: u32| e.flight.pinned(s) || e.req_slots.contains(&s);
+        // Persistent mode: no block of the request at all (one it evicted would reach the
+        // backing store before the commit freeing its old, vouched-for slot).
+        let pinned = |e: &Engine, s: u32| {
+            e.flight.pinned(s)
+                || e.req_slots.contains(&s)
+                || (e.dur.on
+                    && e.req_blocks.is_some_and(|(vm, first, last)| {
+                        let k = e.slots.key(s);
+                        key_vm(k) == vm && (first..=last).contains(&key_block(k))
+                    }))
+        };
         if !pinned(self, s) {
             return Some(s);
         }
@@ -665,6 +684,18 @@ impl Engine {
         Some(s)
     }
 
+    /// Evicts one of `vm`'s blocks (or the shared policy's) for a new block: its slot, or
+    /// in persistent mode a durable free one (the victim's goes to limbo); `None` when no
+    /// victim can be had, or no durable free slot is left (the block bypasses the cache).
+    fn victim_slot(&mut self, vm: VmId, sync: bool, out: &mut Output) -> Option<(u32, Option<Evicted>)> {
+        let (s, e) = self.evict_from(vm, sync, out)?;
+        if !self.dur.on {
+            return Some((s, Some(e)));
+        }
+        self.free_slot(s);
+        Some((self.take_free()?, Some(e)))
+    }
+
     /// Finds a slot for a new block of `vm` and makes it resident; `None` = bypass.
     #[inline]
     fn allocate(&mut self, vm: VmId, key: u64, sync: bool, out: &mut Output) -> Option<Alloc> {
@@ -675,23 +706,20 @@ impl Engine {
         let (slot, evicted) = if self.shared.is_some() {
             match self.take_free() {
                 Some(s) => (s, None),
-                None => {
-                    let (s, e) = self.evict_from(vm, sync, out)?;
-                    (s, Some(e))
-                }
+                None => self.victim_slot(vm, sync, out)?,
             }
         } else if target == 0 {
             return None;
         } else if let Some(s) = (used < target).then(|| self.take_free()).flatten() {
             (s, None)
         } else if used > 0 {
-            let (s, e) = self.evict_from(vm, sync, out)?;
-            (s, Some(e))
+            self.victim_slot(vm, sync, out)?
         } else {
             return None;
         };
+        // A dirty victim's slot is written after its write-back.
         let phase = match evicted {
-            Some(e) if e.dirty_sectors > 0 => 2,
+            Some(e) if e.dirty_sectors > 0 && !self.dur.on => 2,
             _ => 0,
         };
         self.slots.set_key(slot, key);

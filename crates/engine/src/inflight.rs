@@ -90,6 +90,8 @@ pub(crate) struct Job {
     replied: bool,
     failure: Option<Failure>,
     keys: Vec<u64>,
+    /// Persistent mode: no op is handed out until an intent commit is durable.
+    held: bool,
 }
 
 impl Job {
@@ -114,6 +116,8 @@ pub(crate) struct Flight {
     busy: HashMap<u64, u32>,
     /// Failed ops per VM.
     pub(crate) errors: Vec<u64>,
+    /// The persistent-mode reserve refill job running, if any.
+    pub(crate) refill_job: Option<ReqId>,
 }
 
 impl Flight {
@@ -133,7 +137,7 @@ impl Flight {
         !self.pins.is_empty()
     }
 
-    fn next_id(&mut self) -> ReqId {
+    pub(crate) fn new_id(&mut self) -> ReqId {
         self.next_req += 1;
         self.next_req
     }
@@ -144,7 +148,7 @@ impl Engine {
     /// [`Self::poll_op`], its reply from [`Self::poll_event`]. It waits (no ops yet) while
     /// a block it touches has ops in flight.
     pub fn submit(&mut self, now_ns: u64, req: &Request) -> ReqId {
-        let id = self.flight.next_id();
+        let id = self.flight.new_id();
         self.flight.waiting.push_back((id, *req));
         self.admit_waiting(now_ns);
         id
@@ -159,7 +163,7 @@ impl Engine {
         if out.ops.is_empty() {
             return None;
         }
-        let id = self.flight.next_id();
+        let id = self.flight.new_id();
         self.start(id, None, out, Vec::new());
         Some(id)
     }
@@ -191,6 +195,13 @@ impl Engine {
         let job = self.flight.jobs.get_mut(&req).expect("an op's job is admitted");
         let i = (id - job.ops[0].id) as usize;
         job.state[i] = if result.is_ok() { OpState::Done } else { OpState::Failed };
+        let op = job.ops[i];
+        // Any backing write, even a failed (maybe torn) one, is synced before the next
+        // commit: a fill may read those bytes and the journal call them clean.
+        if op.kind == crate::output::OpKind::BackingWrite {
+            self.note_write_back(op.vm);
+        }
+        let job = self.flight.jobs.get_mut(&req).expect("an op's job is admitted");
         if let Err(f) = result {
             job.failure.get_or_insert(f);
             let vm = job.ops[i].vm as usize;
@@ -222,9 +233,16 @@ impl Engine {
             }
             self.flight.waiting.remove(i);
             let pre = if req.op == Op::Write { self.pre_states(&req) } else { Vec::new() };
+            let before = if self.dur.on && req.op == Op::Write { self.vouched_before(&req) } else { Vec::new() };
             let mut out = Output::default();
             self.access(now_ns, &req, &mut out);
+            let intents = self.intents(&before, &out);
+            if !intents.is_empty() {
+                self.dur.intents.extend(intents);
+                self.dur.held.push((id, None));
+            }
             self.start(id, Some(req), out, pre);
+            self.refill_reserve(req.vm);
             // S-CAVE's global cleaner keeps a reserve of free slots (§V-B).
             if let Some(goal) = self.cleaner_due() {
                 self.submit_job(|e, out| {
@@ -241,6 +259,108 @@ impl Engine {
         }
         let bs = self.cfg.block_size;
         (req.offset / bs..=(req.end() - 1) / bs).map(|b| pack_key(req.vm, b)).collect()
+    }
+
+    /// Persistent mode: the slots a write would overwrite where the journal may record
+    /// valid clean sectors (they need an intent commit first; `durability.rs`).
+    fn vouched_before(&self, req: &Request) -> Vec<crate::durability::SlotRecord> {
+        self.request_keys(req)
+            .into_iter()
+            .filter_map(|key| self.lookup(req.vm, crate::slot_table::key_block(key)))
+            .filter(|&s| self.dur.is_vouched(s))
+            .map(|s| self.record_of(s))
+            .collect()
+    }
+
+    /// The intent records a write's ops need, from the vouched-for slots its blocks held
+    /// before the request (`before`) and the sectors the journal may record valid and clean
+    /// there: a client cache write into the same slot records those it overwrites valid and
+    /// dirty (their bytes are the old data until it lands; other sectors it makes valid are
+    /// not recorded: a crash before it lands leaves nothing of theirs); a client backing
+    /// write records those it covers invalid (a crash after it lands must not leave the old
+    /// bytes labelled clean in the cache). Dirty sectors stay dirty either way.
+    fn intents(&self, before: &[crate::durability::SlotRecord], out: &Output) -> Vec<crate::durability::SlotRecord> {
+        use crate::output::OpKind;
+        let bs = self.cfg.block_size;
+        let mut records: Vec<crate::durability::SlotRecord> = Vec::new();
+        let writes = out.ops.iter().filter(|o| o.client && o.kind == OpKind::SsdWrite);
+        let around = out.ops.iter().filter(|o| o.client && o.kind == OpKind::BackingWrite);
+        for op in writes.chain(around) {
+            let ssd = op.kind == OpKind::SsdWrite;
+            // The slot must still hold the block (one evicted by this request is recorded
+            // free instead, and its backing write waits for that: `hold_for_vouched`).
+            let Some(pre) = before.iter().find(|r| {
+                (!ssd || r.slot == op.slot)
+                    && r.block == Some((op.vm, op.block(bs)))
+                    && self.slot_block(r.slot) == r.block
+            }) else {
+                continue;
+            };
+            let r = match records.iter_mut().find(|r| r.slot == pre.slot) {
+                Some(r) => r,
+                None => {
+                    records.push(pre.clone());
+                    records.last_mut().expect("just pushed")
+                }
+            };
+            let (lo, hi) = op.sectors(bs);
+            let vouched = self.dur.vouched_sectors(pre.slot);
+            for i in lo..hi {
+                let (w, bit) = ((i / 64) as usize, 1u64 << (i % 64));
+                let journal_clean = vouched.get(w).is_some_and(|v| v & bit != 0);
+                if ssd && (journal_clean || r.valid[w] & bit != 0) {
+                    // Valid here (in the journal or in the record itself): never clean
+                    // while the write may land.
+                    r.valid[w] |= bit;
+                    r.dirty[w] |= bit;
+                } else if !ssd && r.dirty[w] & bit == 0 {
+                    // Clean here (in the journal or the record): not once the backing
+                    // store may hold newer bytes.
+                    r.valid[w] &= !bit;
+                }
+            }
+        }
+        records.retain(|r| before.iter().any(|p| p.slot == r.slot && (p.dirty != r.dirty || p.valid != r.valid)));
+        for r in records.iter_mut().filter(|r| r.valid.iter().all(|&w| w == 0)) {
+            r.block = None; // nothing valid left: the slot is free in the journal's eyes
+        }
+        records
+    }
+
+    /// Lets a job held for an intent commit go on (`Some(failure)`: the commit failed, the
+    /// job fails without running).
+    pub(crate) fn release_held(&mut self, id: ReqId, failure: Option<Failure>) {
+        let Some(job) = self.flight.jobs.get_mut(&id) else { return };
+        job.held = false;
+        if let Some(f) = failure {
+            job.failure.get_or_insert(f);
+        }
+        self.advance(id);
+    }
+
+    /// Persistent mode: a job writing a block to its backing store while the journal may
+    /// still record that block clean in a slot in limbo waits for the next commit (which
+    /// frees that slot). Returns whether it is held.
+    fn hold_for_vouched(&mut self, id: ReqId, backing_writes: &[(u64, (u32, u32))]) -> bool {
+        if self.dur.vouched_elsewhere.is_empty() {
+            return false;
+        }
+        let clean_in_limbo = |&(k, (lo, hi)): &(u64, (u32, u32))| {
+            self.dur.vouched_elsewhere.get(&k).is_some_and(|&s| {
+                let v = self.dur.vouched_sectors(s);
+                (lo..hi).any(|i| v.get((i / 64) as usize).is_some_and(|w| w >> (i % 64) & 1 == 1))
+            })
+        };
+        if !backing_writes.iter().any(clean_in_limbo) {
+            return false;
+        }
+        self.dur.held.push((id, None));
+        true
+    }
+
+    /// After a commit: requests may go on.
+    pub(crate) fn admit_after_commit(&mut self, now_ns: u64) {
+        self.admit_waiting(now_ns);
     }
 
     /// The dirty sectors of the slots a write's blocks hold now.
@@ -273,6 +393,12 @@ impl Engine {
             *self.flight.busy.entry(k).or_default() += 1;
         }
         let n = out.ops.len();
+        let out_keys: Vec<(u64, (u32, u32))> = out
+            .ops
+            .iter()
+            .filter(|o| o.kind == crate::output::OpKind::BackingWrite)
+            .map(|o| (pack_key(o.vm, o.block(bs)), o.sectors(bs)))
+            .collect();
         let job = Job {
             req,
             ops: out.ops,
@@ -282,6 +408,7 @@ impl Engine {
             replied: false,
             failure: None,
             keys,
+            held: self.hold_for_vouched(id, &out_keys) || self.dur.held.iter().any(|h| h.0 == id),
         };
         self.flight.jobs.insert(id, job);
         self.advance(id);
@@ -290,6 +417,9 @@ impl Engine {
     /// Hands out the next phase, replies, repairs and retires as the job's state allows.
     fn advance(&mut self, id: ReqId) {
         let job = self.flight.jobs.get_mut(&id).expect("admitted");
+        if job.held && job.failure.is_none() {
+            return;
+        }
         if job.failure.is_none() {
             let next = job.ops.iter().zip(&job.state).filter(|(_, &s)| s != OpState::Done).map(|(o, _)| o.phase).min();
             if let Some(phase) = next {
@@ -329,7 +459,6 @@ impl Engine {
                 *n -= 1;
                 if *n == 0 {
                     self.flight.pins.remove(&op.slot);
-                    self.note(op.slot);
                 }
             }
         }
@@ -340,7 +469,12 @@ impl Engine {
                 self.flight.busy.remove(k);
             }
         }
+        self.settle();
         self.flight.events.push_back(Event::Retired { req: id, failed: job.failure.is_some() });
+        if self.flight.refill_job == Some(id) {
+            self.flight.refill_job = None;
+            self.dur.refilling = false;
+        }
         self.finish_shrinks();
     }
 

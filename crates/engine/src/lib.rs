@@ -27,6 +27,7 @@
 pub mod block_index;
 mod commands;
 pub mod config;
+mod durability;
 mod engine;
 mod global_cleaner;
 mod inflight;
@@ -41,6 +42,7 @@ mod timers;
 pub mod write_policy;
 
 pub use config::{EngineConfig, FillMode, PartitionMode};
+pub use durability::{Commit, SlotRecord};
 pub use engine::{Engine, PartitionInfo};
 pub use inflight::{Event, Failure, ReqId};
 pub use output::{BlockOutcome, DeviceOp, Evicted, Location, OpId, OpKind, Output, NO_SLOT};

@@ -39,7 +39,14 @@ impl Engine {
             return Err(format!("vm {vm} block {block} is cached twice (slot {slot})"));
         }
         let key = pack_key(vm, block);
-        self.free.unlink(&mut self.slots, slot);
+        // Persistent mode: a slot freed moments ago (a repair puts its block back) is in
+        // limbo, not on the free list.
+        self.dur.vouched_elsewhere.retain(|_, &mut v| v != slot);
+        if let Some(i) = self.dur.limbo_new.iter().position(|&s| s == slot) {
+            self.dur.limbo_new.swap_remove(i);
+        } else if !self.dur.take_from_limbo(slot) {
+            self.free.unlink(&mut self.slots, slot);
+        }
         self.slots.set_key(slot, key);
         self.note(slot);
         self.index.insert(key, slot);
@@ -52,6 +59,13 @@ impl Engine {
                 self.dirty.set(slot, r);
             }
         }
+        // The journal may say clean: set (never cleared here — an older record may still
+        // say clean; only a durable commit clears it).
+        let mut bits = vec![0u64; valid.len().div_ceil(64)];
+        for (i, _) in valid.iter().zip(dirty).enumerate().filter(|(_, (&v, &d))| v && !d) {
+            bits[i / 64] |= 1 << (i % 64);
+        }
+        self.dur.vouch(slot, &bits, true);
         let p = &mut self.vms[vm as usize];
         p.used += 1;
         if dirty.iter().any(|&d| d) {

@@ -107,6 +107,7 @@ impl Engine {
         let mut cursor = self.timers.flush_cursor;
         let keys = self.dirty_batch(None, &mut cursor, n as usize);
         self.timers.flush_cursor = cursor;
+        self.dur.lazy_clean = self.dur.on;
         self.submit_job(|e, out| {
             let mut one = Output::default();
             for k in keys {
@@ -114,6 +115,7 @@ impl Engine {
                 out.ops.append(&mut one.ops);
             }
         });
+        self.dur.lazy_clean = false;
     }
 }
 

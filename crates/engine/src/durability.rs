@@ -1,0 +1,374 @@
+//! Crash consistency as part of the engine's protocol (persistent mode, the daemon): which
+//! metadata must be durable before which device write is decided here, so a driver that
+//! runs the engine's commits as told is crash-safe without rules of its own.
+//!
+//! A driver runs each [`Commit`] it polls ([`Engine::poll_commit`]) in this order: sync
+//! the backing stores it names, sync the cache store, append its records to the journal,
+//! sync the journal; then [`Engine::handle_commit`]. One commit is in flight at a time;
+//! everything that changes meanwhile goes into the next (group commit). Records are
+//! snapshots of slots (block, valid and dirty sectors); recovery replays them in order.
+//!
+//! The invariant: **the durable journal never vouches for bytes the cache store may not
+//! hold.** Three rules keep it, and none needs a sync in the common write path:
+//! - *data before metadata*: every commit syncs the cache store before its records are
+//!   written, and records describe settled slots only (`take_changed` holds back slots with
+//!   ops in flight), so a record never reaches the disk ahead of the bytes it describes;
+//! - *a durable free reserve*: a slot that loses its block (eviction, invalidation, a
+//!   shrink) goes to *limbo* and returns to the free list only once a commit recording it
+//!   free is durable; new blocks are only written into free-list slots, which no durable
+//!   record claims. Victims are evicted ahead in batches (`reserve` slots), so a miss
+//!   rarely waits: the reserve is refilled by a background job and the next commit;
+//! - *intent before overwrite*: a client write into sectors the journal may record as
+//!   valid and clean (the slot is *vouched*) waits for a commit that records them dirty
+//!   (a crash then leaves either the old bytes, which the backing store also has, or the
+//!   new ones, marked dirty — never new bytes labelled clean). Blocks cleaned by the
+//!   flusher are not journaled clean (the journal keeps saying dirty, a restart writes
+//!   them back once more), so a hot block the flusher cleaned is rewritten without a
+//!   commit; the flusher's dirty target keeps most hot blocks dirty anyway.
+//!
+//! Backing writes: a commit names every backing store written since the last one
+//! (write-backs, write-through and write-around writes, failed ones too), so a record that
+//! frees or cleans a written-back block, or calls a fill of those bytes clean, is durable
+//! only after the backing store holds them.
+
+use crate::engine::Engine;
+use crate::inflight::{Event, Failure, ReqId};
+use crate::slot_table::FREE_KEY;
+use cachevisor_trace::VmId;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+/// One slot's state as the journal records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotRecord {
+    /// The slot.
+    pub slot: u32,
+    /// (vm, block) it holds; `None` when free.
+    pub block: Option<(VmId, u64)>,
+    /// Valid sectors, one bit each (64 per word).
+    pub valid: Vec<u64>,
+    /// Dirty sectors.
+    pub dirty: Vec<u64>,
+}
+
+/// Work a driver must make durable, in the order given by the module doc. Its records
+/// replay in order (frees first), and any prefix of them is a consistent state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Commit {
+    /// Its epoch (increasing; reported back to [`Engine::handle_commit`]).
+    pub epoch: u64,
+    /// Backing stores to sync first (they took write-backs since the last commit).
+    pub sync_backings: Vec<VmId>,
+    /// Slot records to append after the cache store is synced.
+    pub records: Vec<SlotRecord>,
+}
+
+/// A commit handed to the driver: its epoch, records, slots leaving limbo, backings.
+type InFlightCommit = (u64, Vec<SlotRecord>, Vec<u32>, Vec<VmId>);
+
+/// Persistent-mode state inside [`Engine`].
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Durability {
+    pub(crate) on: bool,
+    /// Free slots kept durable ahead of need.
+    pub(crate) reserve: u64,
+    next_epoch: u64,
+    durable: u64,
+    /// The commit in flight.
+    in_flight: Option<InFlightCommit>,
+    /// The newest settled state of each slot that changed since the last commit took it.
+    settled: BTreeMap<u32, SlotRecord>,
+    /// Slots freed whose free record is not in a commit yet.
+    pub(crate) limbo_new: Vec<u32>,
+    /// (epoch, slot): free once that epoch is durable.
+    limbo: VecDeque<(u64, u32)>,
+    /// Per slot, the sectors the journal may record valid and clean (`words` u64 each).
+    vouched: Vec<u64>,
+    words: usize,
+    /// Intent records for the next commit: slots a held write will overwrite, with the
+    /// clean sectors it covers marked dirty and nothing else changed (pinned meanwhile).
+    pub(crate) intents: Vec<SlotRecord>,
+    /// Jobs held until an epoch is durable: (job, epoch; `None` = the next commit).
+    pub(crate) held: Vec<(ReqId, Option<u64>)>,
+    /// Flushes waiting: (request, epoch; `None` = the next commit).
+    flushes: Vec<(ReqId, Option<u64>)>,
+    /// Blocks whose old slot the journal may still record clean-valid (the slot is in
+    /// limbo): a backing write to them waits for the commit that frees that slot, or a
+    /// crash would leave the old bytes labelled clean beside newer ones in the backing.
+    pub(crate) vouched_elsewhere: std::collections::HashMap<u64, u32>,
+    /// VMs whose backing stores took write-backs since the last commit.
+    pub(crate) wrote_back: BTreeSet<VmId>,
+    /// The driver asked for a commit.
+    wanted: bool,
+    /// A reserve refill job is running.
+    pub(crate) refilling: bool,
+    /// Write-backs by the flusher do not journal their clean state.
+    pub(crate) lazy_clean: bool,
+}
+
+impl Durability {
+    /// Whether the journal may record some sector of slot `s` valid and clean.
+    pub(crate) fn is_vouched(&self, s: u32) -> bool {
+        self.vouched_sectors(s).iter().any(|&w| w != 0)
+    }
+
+    /// The sectors of slot `s` the journal may record valid and clean.
+    pub(crate) fn vouched_sectors(&self, s: u32) -> &[u64] {
+        let at = s as usize * self.words;
+        self.vouched.get(at..at + self.words).unwrap_or(&[])
+    }
+
+    /// Adds (`or`) or sets the vouched sectors of slot `s`.
+    pub(crate) fn vouch(&mut self, s: u32, bits: &[u64], or: bool) {
+        if self.words == 0 {
+            self.words = bits.len().max(1);
+        }
+        let at = s as usize * self.words;
+        if self.vouched.len() < at + self.words {
+            self.vouched.resize(at + self.words, 0);
+        }
+        for (w, b) in self.vouched[at..at + self.words].iter_mut().zip(bits) {
+            *w = if or { *w | b } else { *b };
+        }
+    }
+
+    /// Takes `slot` out of the committed part of limbo; false if it is not there.
+    pub(crate) fn take_from_limbo(&mut self, slot: u32) -> bool {
+        match self.limbo.iter().position(|&(_, s)| s == slot) {
+            Some(i) => {
+                self.limbo.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Limbo slots (freed, not yet durable as free).
+    pub(crate) fn limbo_len(&self) -> usize {
+        self.limbo_new.len() + self.limbo.len()
+    }
+}
+
+impl Engine {
+    /// Turns on persistent mode (after a warm restart's replay, before serving), keeping
+    /// `reserve` free slots durable ahead of need. Only the asynchronous face is
+    /// crash-consistent; the engine's slots that are free now are free in the journal.
+    pub fn set_persistent(&mut self, reserve: u64) {
+        self.dur.on = true;
+        self.dur.reserve = reserve.max(1);
+        self.dur.next_epoch = self.dur.next_epoch.max(1);
+        self.track_changes(true);
+    }
+
+    /// Whether persistent mode is on.
+    pub fn persistent(&self) -> bool {
+        self.dur.on
+    }
+
+    /// Asks for a commit of whatever changed (a driver's timer: keeps the journal close
+    /// to the cache's state so a restart is warm).
+    pub fn request_commit(&mut self) {
+        self.dur.wanted = true;
+    }
+
+    /// A flush: the reply comes once everything acknowledged before it is durable.
+    pub fn submit_flush(&mut self) -> ReqId {
+        let id = self.flight.new_id();
+        self.dur.flushes.push((id, None));
+        id
+    }
+
+    /// The next commit to run, if one is due and none is in flight.
+    pub fn poll_commit(&mut self) -> Option<Commit> {
+        // A flush joins the next commit: every write acknowledged before it has retired,
+        // so its slot's settled state is waiting there.
+        let ready = |f: &(ReqId, Option<u64>)| f.1.is_none();
+        let d = &self.dur;
+        let due = d.wanted
+            || !d.intents.is_empty()
+            || d.held.iter().any(|h| h.1.is_none())
+            || d.flushes.iter().any(ready)
+            || !d.limbo_new.is_empty()
+            || !d.wrote_back.is_empty();
+        if !d.on || d.in_flight.is_some() || !due {
+            return None;
+        }
+        let epoch = self.dur.next_epoch;
+        self.dur.next_epoch += 1;
+        self.dur.wanted = false;
+        self.settle();
+        let mut records: BTreeMap<u32, SlotRecord> = std::mem::take(&mut self.dur.settled);
+        // Intents: recorded ahead of the held writes they cover.
+        for r in std::mem::take(&mut self.dur.intents) {
+            records.insert(r.slot, r);
+        }
+        // Frees first: replaying any prefix of a commit never finds a block in two slots
+        // (a block that moved was freed from its old slot in the same or an earlier commit).
+        let (mut records, held): (Vec<SlotRecord>, Vec<SlotRecord>) =
+            records.into_values().partition(|r| r.block.is_none());
+        records.extend(held);
+        // Freed slots whose free record is in this commit leave limbo when it is durable.
+        let freed: BTreeSet<u32> = records.iter().filter(|r| r.block.is_none()).map(|r| r.slot).collect();
+        let (leaving, staying): (Vec<u32>, Vec<u32>) =
+            std::mem::take(&mut self.dur.limbo_new).into_iter().partition(|s| freed.contains(s));
+        self.dur.limbo_new = staying;
+        for h in self.dur.held.iter_mut() {
+            h.1.get_or_insert(epoch);
+        }
+        for f in self.dur.flushes.iter_mut() {
+            if ready(f) {
+                f.1 = Some(epoch);
+            }
+        }
+        let backings: Vec<VmId> = std::mem::take(&mut self.dur.wrote_back).into_iter().collect();
+        self.dur.limbo.extend(leaving.iter().map(|&s| (epoch, s)));
+        self.dur.in_flight = Some((epoch, records.clone(), leaving, backings.clone()));
+        Some(Commit { epoch, sync_backings: backings, records })
+    }
+
+    /// Reports the commit of `epoch` done (`Ok`: durable) or failed (its records are
+    /// tried again in the next commit; writes waiting on it fail, flushes fail).
+    pub fn handle_commit(&mut self, now_ns: u64, epoch: u64, result: Result<(), Failure>) {
+        let Some((e, records, leaving, backings)) = self.dur.in_flight.take() else { return };
+        debug_assert_eq!(e, epoch, "one commit in flight");
+        match result {
+            Ok(()) => {
+                self.dur.durable = epoch;
+                // The journal's newest word on these slots (unless a newer record waits).
+                for r in &records {
+                    if !self.dur.settled.contains_key(&r.slot) {
+                        self.dur.vouch(r.slot, &clean_valid_bits(r), false);
+                    }
+                }
+                while let Some(&(e, s)) = self.dur.limbo.front() {
+                    if e > epoch {
+                        break;
+                    }
+                    self.dur.limbo.pop_front();
+                    let none = vec![0; self.dur.words.max(1)];
+                    self.dur.vouch(s, &none, false);
+                    self.dur.vouched_elsewhere.retain(|_, &mut v| v != s);
+                    self.free.push_back(&mut self.slots, s);
+                }
+                let (done, rest): (Vec<_>, Vec<_>) =
+                    std::mem::take(&mut self.dur.flushes).into_iter().partition(|f| f.1.is_some_and(|e| e <= epoch));
+                self.dur.flushes = rest;
+                for (id, _) in done {
+                    self.flight.push_event(Event::Reply { req: id, result: Ok(()), blocks: Vec::new() });
+                    self.flight.push_event(Event::Retired { req: id, failed: false });
+                }
+                let (go, rest): (Vec<_>, Vec<_>) =
+                    std::mem::take(&mut self.dur.held).into_iter().partition(|h| h.1.is_some_and(|e| e <= epoch));
+                self.dur.held = rest;
+                for (id, _) in go {
+                    self.release_held(id, None);
+                }
+            }
+            Err(f) => {
+                for r in records {
+                    self.dur.settled.entry(r.slot).or_insert(r);
+                }
+                self.dur.limbo.retain(|&(e, _)| e != epoch);
+                self.dur.limbo_new.extend(leaving);
+                self.dur.wrote_back.extend(backings);
+                let (failed, rest): (Vec<_>, Vec<_>) =
+                    std::mem::take(&mut self.dur.flushes).into_iter().partition(|x| x.1 == Some(epoch));
+                self.dur.flushes = rest;
+                for (id, _) in failed {
+                    self.flight.push_event(Event::Reply { req: id, result: Err(f), blocks: Vec::new() });
+                    self.flight.push_event(Event::Retired { req: id, failed: true });
+                }
+                let (failed, rest): (Vec<_>, Vec<_>) =
+                    std::mem::take(&mut self.dur.held).into_iter().partition(|x| x.1 == Some(epoch));
+                self.dur.held = rest;
+                for (id, _) in failed {
+                    self.release_held(id, Some(f));
+                }
+            }
+        }
+        self.admit_after_commit(now_ns);
+    }
+
+    /// Whether any commit, held write or flush is outstanding (a driver's stop waits).
+    pub fn commit_pending(&self) -> bool {
+        let d = &self.dur;
+        d.in_flight.is_some() || !d.held.is_empty() || !d.flushes.is_empty() || !d.limbo_new.is_empty()
+    }
+
+    /// Persistent mode: snapshots the slots that changed and have no ops in flight (their
+    /// state is settled) for the next commit; a slot's newest snapshot replaces an older
+    /// one, so a later job on a slot never holds back the state an earlier flush needs.
+    pub(crate) fn settle(&mut self) {
+        if !self.dur.on {
+            return;
+        }
+        let mut slots = Vec::new();
+        self.take_changed(&mut slots);
+        for s in slots {
+            let r = self.record_of(s);
+            self.dur.vouch(s, &clean_valid_bits(&r), true);
+            self.dur.settled.insert(s, r);
+        }
+    }
+
+    /// The journal record of `slot` as the engine holds it now.
+    pub fn record_of(&self, slot: u32) -> SlotRecord {
+        let words = self.spb.div_ceil(64) as usize;
+        let mut r = SlotRecord { slot, block: self.slot_block(slot), valid: vec![0; words], dirty: vec![0; words] };
+        if self.slots.key(slot) != FREE_KEY {
+            for i in 0..self.spb {
+                let (v, d) = self.sector_state(slot, i);
+                r.valid[(i / 64) as usize] |= (v as u64) << (i % 64);
+                r.dirty[(i / 64) as usize] |= (d as u64) << (i % 64);
+            }
+        }
+        r
+    }
+
+    /// A slot that lost its block: the free list, or limbo in persistent mode.
+    pub(crate) fn free_slot(&mut self, s: u32) {
+        if self.dur.on {
+            self.dur.limbo_new.push(s);
+        } else {
+            self.free.push_front(&mut self.slots, s);
+        }
+    }
+
+    /// Persistent mode: evicts ahead into limbo when free and limbo slots together fall
+    /// below the reserve (one background job at a time), from `vm`'s partition (static) or
+    /// the shared policy.
+    pub(crate) fn refill_reserve(&mut self, vm: VmId) {
+        let d = &self.dur;
+        if !d.on || d.refilling || self.free.len() as u64 + d.limbo_len() as u64 >= d.reserve {
+            return;
+        }
+        // Static partitions: only a VM at its target needs victims (below it, it takes
+        // free slots as they come back from limbo).
+        if self.shared.is_none() && self.partition(vm).used < self.partition(vm).target {
+            return;
+        }
+        let want = d.reserve * 2 - self.free.len() as u64 - d.limbo_len() as u64;
+        let job = self.submit_job(|e, out| {
+            for _ in 0..want {
+                let Some((s, _)) = e.evict_from(vm, false, out) else { break };
+                e.free_slot(s);
+            }
+        });
+        self.dur.refilling = job.is_some();
+        if let Some(id) = job {
+            self.flight.refill_job = Some(id);
+        }
+    }
+
+    /// Notes a completed write-back to `vm`'s backing store (its sync goes in the next
+    /// commit).
+    pub(crate) fn note_write_back(&mut self, vm: VmId) {
+        if self.dur.on {
+            self.dur.wrote_back.insert(vm);
+        }
+    }
+}
+
+/// The sectors a record says are valid and clean.
+pub(crate) fn clean_valid_bits(r: &SlotRecord) -> Vec<u64> {
+    r.valid.iter().zip(&r.dirty).map(|(v, d)| if r.block.is_some() { v & !d } else { 0 }).collect()
+}

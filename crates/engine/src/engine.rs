@@ -62,11 +62,10 @@ pub struct Engine {
     pub(crate) cleaner_hand: u32,
     /// Id of the next device op emitted.
     next_op: OpId,
-    /// The request being processed: (vm, first block, last block).
-    req_blocks: Option<(VmId, u64, u64)>,
-    /// Slots the request being processed has used so far: never its own victims (their
-    /// ops may run in the same phase as the eviction's).
-    req_slots: Vec<u32>,
+    /// The request being processed: (vm, first block, last block, block being processed).
+    /// Blocks it used already (first..current) are never its own victims (their ops may
+    /// run in the same phase as the eviction's); blocks are processed in ascending order.
+    req_blocks: Option<(VmId, u64, u64, u64)>,
     /// Blocks of the request being processed that an earlier block of it evicted dirty,
     /// with the phase after that write-back: their own ops start there.
     req_evicted_dirty: Vec<(u64, u16)>,
@@ -119,7 +118,6 @@ impl Engine {
             cleaner_hand: 0,
             next_op: 1,
             req_blocks: None,
-            req_slots: Vec::new(),
             req_evicted_dirty: Vec::new(),
             phase_base: 0,
             flight: Default::default(),
@@ -266,9 +264,12 @@ impl Engine {
         self.no_insert = p.seq.bypass(req.offset, req.len as u64) || p.bypass || self.force_no_insert;
         let bs = self.cfg.block_size;
         let (first, last) = (req.offset >> self.shift, (req.end() - 1) >> self.shift);
-        self.req_blocks = Some((req.vm, first, last));
+        self.req_blocks = Some((req.vm, first, last, first));
         let aligned = (req.offset | req.len as u64).is_multiple_of(SECTOR);
         for b in first..=last {
+            if let Some(r) = self.req_blocks.as_mut() {
+                r.3 = b;
+            }
             if !self.req_evicted_dirty.is_empty() {
                 let key = pack_key(req.vm, b);
                 self.phase_base = self.req_evicted_dirty.iter().find(|e| e.0 == key).map_or(0, |e| e.1);
@@ -284,7 +285,6 @@ impl Engine {
             }
         }
         self.req_blocks = None;
-        self.req_slots.clear();
         self.req_evicted_dirty.clear();
         self.phase_base = 0;
     }
@@ -496,7 +496,6 @@ impl Engine {
 
     #[inline]
     fn touch(&mut self, vm: VmId, s: u32) {
-        self.req_slots.push(s);
         if !self.slots.last_access_ms.is_empty() {
             self.slots.last_access_ms[s as usize] = self.now_ms;
         }
@@ -632,7 +631,9 @@ impl Engine {
         let owner = key_vm(key);
         let dirty_sectors = self.writeback(owner, s, (0, self.spb), 0, sync, out);
         if dirty_sectors > 0
-            && self.req_blocks.is_some_and(|(vm, first, last)| owner == vm && (first..=last).contains(&key_block(key)))
+            && self
+                .req_blocks
+                .is_some_and(|(vm, first, last, _)| owner == vm && (first..=last).contains(&key_block(key)))
         {
             self.req_evicted_dirty.push((key, self.phase_base + 2));
         }
@@ -649,12 +650,11 @@ impl Engine {
         // backing store before the commit freeing its old, vouched-for slot).
         let pinned = |e: &Engine, s: u32| {
             e.flight.pinned(s)
-                || e.req_slots.contains(&s)
-                || (e.dur.on
-                    && e.req_blocks.is_some_and(|(vm, first, last)| {
-                        let k = e.slots.key(s);
-                        key_vm(k) == vm && (first..=last).contains(&key_block(k))
-                    }))
+                || e.req_blocks.is_some_and(|(vm, first, last, current)| {
+                    let k = e.slots.key(s);
+                    let end = if e.dur.on { last } else { current };
+                    key_vm(k) == vm && (first..=end).contains(&key_block(k))
+                })
         };
         if !pinned(self, s) {
             return Some(s);
@@ -730,7 +730,6 @@ impl Engine {
         }
         self.vms[vm as usize].used += 1;
         self.with_repl(vm, |r, t| r.insert(t, slot));
-        self.req_slots.push(slot);
         Some(Alloc { slot, evicted, phase })
     }
 }

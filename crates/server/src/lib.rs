@@ -9,6 +9,7 @@ pub mod backing;
 pub mod backing_identity;
 pub mod config;
 pub mod daemon;
+pub mod datapath;
 pub mod destage_job;
 pub mod executor;
 pub mod journal;

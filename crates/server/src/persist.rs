@@ -415,6 +415,40 @@ impl Persistence {
         Ok(())
     }
 
+    /// Runs one of the engine's commits (persistent mode, `cachevisor_engine::Commit`) in
+    /// the order its contract gives: sync the backing stores it names, sync the cache
+    /// store, append its records, sync the journal. On error the journal is cut back to its
+    /// last whole record (the engine retries the records in its next commit).
+    pub fn commit(
+        &mut self,
+        c: &cachevisor_engine::Commit,
+        ssd: &File,
+        backings: &[&crate::backing::Backing],
+    ) -> std::io::Result<()> {
+        for b in backings {
+            b.sync().map_err(|e| std::io::Error::new(e.kind(), format!("syncing a backing store: {e}")))?;
+        }
+        ssd.sync_data().map_err(|e| std::io::Error::new(e.kind(), format!("syncing the cache store: {e}")))?;
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.clear();
+        for r in &c.records {
+            match r.block {
+                Some((vm, block)) if r.valid.iter().any(|&w| w != 0) => {
+                    Record::Slot { slot: r.slot, vm: vm as u16, block, valid: r.valid.clone(), dirty: r.dirty.clone() }
+                        .encode(&mut buf)
+                }
+                _ => Record::Free { slot: r.slot }.encode(&mut buf),
+            }
+        }
+        self.buf = buf;
+        let r = self.write_buffered();
+        if r.is_err() {
+            self.buf.clear(); // the engine sends these records again
+        }
+        r?;
+        self.journal.sync_data().map_err(|e| self.named(e, "journal"))
+    }
+
     /// Whether the journal has grown past its limit.
     pub fn wants_checkpoint(&self) -> bool {
         self.journal_end > JOURNAL_LIMIT.max(self.slots * 64)

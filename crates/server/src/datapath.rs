@@ -1,0 +1,377 @@
+//! The daemon's data path on the engine's asynchronous face (issue 12, part 2; not yet
+//! behind the NBD front end): client threads submit requests and wait for their replies;
+//! a pool of device threads runs the engine's ops on the cache store and the backing
+//! stores with no lock held; one committer thread runs the engine's commits (persistent
+//! mode: group commit); a ticker runs the engine's timers. Every decision — what waits on
+//! what, what a failed op undoes, which metadata must be durable before which write — is
+//! the engine's (`inflight.rs`, `repair.rs`, `durability.rs`); this file moves bytes.
+//!
+//! Buffers: a read op's bytes are kept (shared) until its request retires — a staged
+//! write copies from them, a client read's reply is assembled from them; a write op
+//! writes a slice of its request's bytes or of its source read's.
+
+use crate::backing::Backing;
+use crate::persist::Persistence;
+use cachevisor_engine::{Commit, DeviceOp, Engine, Event, Failure, Location, OpId, OpKind, ReqId, Schedule};
+use cachevisor_trace::{Op, Request, VmId};
+use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Bytes and the disk address of their first byte.
+type Bytes = (Arc<Vec<u8>>, u64);
+
+/// A client request waiting for its reply.
+struct Waiting {
+    done: Option<Result<(), Failure>>,
+    /// A write's bytes (from its offset).
+    write: Option<Bytes>,
+    /// A read's bytes, as its client read ops return them.
+    reads: Vec<Bytes>,
+}
+
+/// One op for a device thread, with the bytes a write writes.
+struct Work {
+    op: DeviceOp,
+    data: Option<Bytes>,
+}
+
+struct Core {
+    engine: Engine,
+    waiting: HashMap<ReqId, Waiting>,
+    /// Read ops' bytes until their request retires: op → (request, bytes).
+    bufs: HashMap<OpId, (ReqId, Bytes)>,
+    work: VecDeque<Work>,
+    commit: Option<Commit>,
+    committing: bool,
+    stop: bool,
+}
+
+struct Shared {
+    core: Mutex<Core>,
+    /// Work for device threads, or a commit for the committer.
+    wake: Condvar,
+    /// Replies for client threads.
+    replied: Condvar,
+    ssd: File,
+    backings: Vec<Arc<Backing>>,
+    bs: u64,
+    start: Instant,
+}
+
+/// The data path: an engine in persistent mode driven by device, commit and timer threads.
+pub struct DataPath {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+fn failure(e: &std::io::Error) -> Failure {
+    if e.raw_os_error() == Some(libc_enospc()) {
+        Failure::NoSpace
+    } else {
+        Failure::Io
+    }
+}
+
+/// ENOSPC without a libc dependency (Linux).
+const fn libc_enospc() -> i32 {
+    28
+}
+
+impl Shared {
+    fn now(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Core> {
+        self.core.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Moves the engine's ready ops to the device queue, its events to the waiting
+    /// clients, and its next commit to the committer; wakes whoever has something to do.
+    fn pump(&self, core: &mut Core) {
+        let mut woke = false;
+        while let Some(op) = core.engine.poll_op() {
+            let data = if !op.kind.is_write() {
+                None
+            } else if op.staged {
+                op.source.and_then(|s| core.bufs.get(&s)).map(|(_, b)| b.clone())
+            } else {
+                core.waiting.get(&op.req).and_then(|w| w.write.clone())
+            };
+            core.work.push_back(Work { op, data });
+            woke = true;
+        }
+        let mut replied = false;
+        while let Some(ev) = core.engine.poll_event() {
+            match ev {
+                Event::Reply { req, result, .. } => {
+                    if let Some(w) = core.waiting.get_mut(&req) {
+                        w.done = Some(result);
+                        replied = true;
+                    }
+                }
+                Event::Retired { req, .. } => core.bufs.retain(|_, (r, _)| *r != req),
+                Event::Interval { .. } => {} // the policy controller joins with the daemon rebuild
+            }
+        }
+        if !core.committing {
+            if let Some(c) = core.engine.poll_commit() {
+                core.commit = Some(c);
+                core.committing = true;
+                woke = true;
+            }
+        }
+        if woke {
+            self.wake.notify_all();
+        }
+        if replied {
+            self.replied.notify_all();
+        }
+    }
+
+    /// Runs one op on its device; a read returns its bytes.
+    fn execute(&self, w: &Work) -> Result<Option<Vec<u8>>, Failure> {
+        let op = &w.op;
+        let len = op.len as usize;
+        let slice = || -> Result<&[u8], Failure> {
+            let (bytes, base) = w.data.as_ref().ok_or(Failure::Io)?;
+            let at = op.disk_addr.checked_sub(*base).ok_or(Failure::Io)? as usize;
+            bytes.get(at..at + len).ok_or(Failure::Io)
+        };
+        let r = match (op.loc, op.kind) {
+            (Location::Ssd(_), OpKind::SsdRead) => {
+                let mut buf = vec![0u8; len];
+                self.ssd.read_exact_at(&mut buf, op.ssd_offset(self.bs)).map(|()| Some(buf))
+            }
+            (Location::Ssd(_), OpKind::SsdWrite) => {
+                self.ssd.write_all_at(slice()?, op.ssd_offset(self.bs)).map(|()| None)
+            }
+            (Location::Backing(vm), OpKind::BackingRead) => {
+                let mut buf = vec![0u8; len];
+                self.backing(vm)?.read_at(&mut buf, op.disk_addr).map(|()| Some(buf))
+            }
+            (Location::Backing(vm), OpKind::BackingWrite) => {
+                self.backing(vm)?.write_at(slice()?, op.disk_addr).map(|()| None)
+            }
+            _ => return Err(Failure::Io), // remote caches arrive with the cluster work
+        };
+        r.map_err(|e| {
+            tracing::error!(?op, %e, "device operation failed");
+            failure(&e)
+        })
+    }
+
+    fn backing(&self, vm: VmId) -> Result<&Backing, Failure> {
+        self.backings.get(vm as usize).map(|b| &**b).ok_or(Failure::Io)
+    }
+
+    fn device_thread(&self) {
+        loop {
+            let w = {
+                let mut core = self.lock();
+                loop {
+                    if let Some(w) = core.work.pop_front() {
+                        break w;
+                    }
+                    if core.stop {
+                        return;
+                    }
+                    core = self.wake.wait(core).unwrap_or_else(|p| p.into_inner());
+                }
+            };
+            let r = self.execute(&w);
+            let mut core = self.lock();
+            let op = w.op;
+            let result = match r {
+                Ok(Some(buf)) => {
+                    let bytes: Bytes = (Arc::new(buf), op.disk_addr);
+                    if op.client {
+                        if let Some(wt) = core.waiting.get_mut(&op.req) {
+                            wt.reads.push(bytes.clone());
+                        }
+                    }
+                    core.bufs.insert(op.id, (op.req, bytes));
+                    Ok(())
+                }
+                Ok(None) => Ok(()),
+                Err(f) => Err(f),
+            };
+            let now = self.now();
+            core.engine.handle_completion(now, op.id, result);
+            self.pump(&mut core);
+        }
+    }
+
+    fn committer(&self, mut persist: Persistence) {
+        loop {
+            let c = {
+                let mut core = self.lock();
+                loop {
+                    if let Some(c) = core.commit.take() {
+                        break c;
+                    }
+                    if core.stop && !core.committing {
+                        return;
+                    }
+                    core = self.wake.wait(core).unwrap_or_else(|p| p.into_inner());
+                }
+            };
+            let backings: Vec<&Backing> =
+                c.sync_backings.iter().filter_map(|&vm| self.backings.get(vm as usize).map(|b| &**b)).collect();
+            let r = persist.commit(&c, &self.ssd, &backings);
+            if let Err(e) = &r {
+                tracing::error!(%e, epoch = c.epoch, "commit failed: its records are tried again");
+            }
+            let mut core = self.lock();
+            let now = self.now();
+            core.engine.handle_commit(now, c.epoch, r.map_err(|e| failure(&e)));
+            core.committing = false;
+            self.pump(&mut core);
+        }
+    }
+
+    fn ticker(&self, period: Duration) {
+        let mut last_commit = Instant::now();
+        loop {
+            std::thread::sleep(period);
+            let mut core = self.lock();
+            if core.stop {
+                return;
+            }
+            let now = self.now();
+            core.engine.handle_timeout(now);
+            // Keeps the journal close to the cache, so a restart after a crash is warm.
+            if last_commit.elapsed() >= Duration::from_secs(1) {
+                core.engine.request_commit();
+                last_commit = Instant::now();
+            }
+            self.pump(&mut core);
+        }
+    }
+
+    /// Submits `req` (a flush when `None`) and waits for its reply; returns the bytes its
+    /// client reads returned.
+    fn run(&self, req: Option<Request>, write: Option<Bytes>) -> Result<Vec<Bytes>, Failure> {
+        let mut core = self.lock();
+        let now = self.now();
+        let id = match req {
+            Some(mut r) => {
+                r.time_ns = now;
+                core.engine.submit(now, &r)
+            }
+            None => core.engine.submit_flush(),
+        };
+        core.waiting.insert(id, Waiting { done: None, write, reads: Vec::new() });
+        self.pump(&mut core);
+        loop {
+            if let Some(result) = core.waiting.get(&id).and_then(|w| w.done) {
+                let w = core.waiting.remove(&id).expect("waiting");
+                return result.map(|()| w.reads);
+            }
+            core = self.replied.wait(core).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+impl DataPath {
+    /// Starts the data path on `engine` (replayed from `persist`'s metadata), turning on
+    /// persistent mode with `reserve` free slots kept durable ahead, `threads` device
+    /// threads, and the engine's `schedule` (flusher, intervals) ticked every `tick`.
+    pub fn start(
+        mut engine: Engine,
+        persist: Persistence,
+        ssd: File,
+        backings: Vec<Arc<Backing>>,
+        threads: usize,
+        schedule: Schedule,
+        reserve: u64,
+    ) -> DataPath {
+        engine.set_persistent(reserve);
+        engine.set_schedule(0, schedule);
+        let bs = engine.config().block_size;
+        let core = Core {
+            engine,
+            waiting: HashMap::new(),
+            bufs: HashMap::new(),
+            work: VecDeque::new(),
+            commit: None,
+            committing: false,
+            stop: false,
+        };
+        let shared = Arc::new(Shared {
+            core: Mutex::new(core),
+            wake: Condvar::new(),
+            replied: Condvar::new(),
+            ssd,
+            backings,
+            bs,
+            start: Instant::now(),
+        });
+        let mut handles = Vec::new();
+        for _ in 0..threads.max(1) {
+            let s = shared.clone();
+            handles.push(std::thread::spawn(move || s.device_thread()));
+        }
+        let s = shared.clone();
+        handles.push(std::thread::spawn(move || s.committer(persist)));
+        let s = shared.clone();
+        handles.push(std::thread::spawn(move || s.ticker(Duration::from_millis(20))));
+        DataPath { shared, threads: handles }
+    }
+
+    /// Reads `buf.len()` bytes of `vm`'s disk at `offset` (sector-aligned).
+    pub fn read(&self, vm: VmId, offset: u64, buf: &mut [u8]) -> Result<(), Failure> {
+        let req = Request { time_ns: 0, vm, op: Op::Read, offset, len: buf.len() as u32 };
+        let end = offset + buf.len() as u64;
+        for (bytes, base) in self.shared.run(Some(req), None)? {
+            let (lo, hi) = (base.max(offset), (base + bytes.len() as u64).min(end));
+            if lo < hi {
+                buf[(lo - offset) as usize..(hi - offset) as usize]
+                    .copy_from_slice(&bytes[(lo - base) as usize..(hi - base) as usize]);
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `data` to `vm`'s disk at `offset`; with `fua`, durable before it returns.
+    pub fn write(&self, vm: VmId, offset: u64, data: &[u8], fua: bool) -> Result<(), Failure> {
+        let req = Request { time_ns: 0, vm, op: Op::Write, offset, len: data.len() as u32 };
+        self.shared.run(Some(req), Some((Arc::new(data.to_vec()), offset)))?;
+        if fua {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Makes every write acknowledged so far durable (cache store, journal, backings).
+    pub fn flush(&self) -> Result<(), Failure> {
+        self.shared.run(None, None).map(|_| ())
+    }
+
+    /// Runs `f` on the engine (status, tests).
+    pub fn with_engine<R>(&self, f: impl FnOnce(&Engine) -> R) -> R {
+        f(&self.shared.lock().engine)
+    }
+}
+
+impl Drop for DataPath {
+    /// Stops the threads after the work queued; nothing is flushed (a crash-like stop:
+    /// what was flushed is durable, the rest may or may not be).
+    fn drop(&mut self) {
+        {
+            let mut core = self.shared.lock();
+            core.stop = true;
+        }
+        self.shared.wake.notify_all();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

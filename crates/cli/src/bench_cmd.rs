@@ -148,6 +148,30 @@ pub enum BenchCmd {
         #[arg(long, default_value = "out/bench/slow")]
         dir: PathBuf,
     },
+    /// The engine's new data path (persistent mode, no NBD) against a plain file, in process.
+    Datapath {
+        /// Disk size.
+        #[arg(long, default_value = "256MiB", value_parser = parse_size)]
+        disk_size: u64,
+        /// Cache size.
+        #[arg(long, default_value = "512MiB", value_parser = parse_size)]
+        cache_size: u64,
+        /// Client threads, each run against both.
+        #[arg(long, value_delimiter = ',', default_value = "1,32")]
+        threads: Vec<usize>,
+        /// Workloads: randwrite, randread.
+        #[arg(long, value_delimiter = ',', default_value = "randwrite,randread", value_parser = ["randwrite", "randread"])]
+        rw: Vec<String>,
+        /// Seconds per timed run.
+        #[arg(long, default_value_t = 2.0)]
+        secs: f64,
+        /// Interleaved rounds.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Working directory.
+        #[arg(long, default_value = "out/bench/datapath")]
+        dir: PathBuf,
+    },
     /// Metadata memory of a full cache of the given size.
     Memory {
         /// Cache size.
@@ -171,6 +195,9 @@ pub fn run(c: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Parse { requests, reps, dir } => bench_parse(requests, reps, &dir),
         BenchCmd::Analyze { requests, blocks, alpha, reps, dir } => bench_analyze(requests, blocks, alpha, reps, &dir),
         BenchCmd::Memory { cache_size, block_size, last_access } => bench_memory(cache_size, block_size, last_access),
+        BenchCmd::Datapath { disk_size, cache_size, threads, rw, secs, rounds, dir } => {
+            crate::bench_datapath::run(disk_size, cache_size, &threads, &rw, secs, rounds, &dir)
+        }
         BenchCmd::Policy { vms, units, reps } => bench_policy(vms, units, reps),
         BenchCmd::Serve { disk_size, rounds, secs, rw, bs, iodepth, write_policy, dir } => {
             let job = crate::bench_serve::Job { rw, bs, iodepth, write_policy };

@@ -2,6 +2,7 @@
 
 mod analyze_cmd;
 mod bench_cmd;
+mod bench_datapath;
 mod bench_serve;
 mod bundled;
 mod demo_cmd;

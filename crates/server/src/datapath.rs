@@ -185,7 +185,14 @@ impl Shared {
             };
             let r = self.execute(&w);
             let mut core = self.lock();
-            let op = w.op;
+            self.complete(&mut core, w.op, r);
+        }
+    }
+
+    /// Records an op's outcome (a read's bytes kept for its request) and lets the engine
+    /// go on.
+    fn complete(&self, core: &mut Core, op: DeviceOp, r: Result<Option<Vec<u8>>, Failure>) {
+        {
             let result = match r {
                 Ok(Some(buf)) => {
                     let bytes: Bytes = (Arc::new(buf), op.disk_addr);
@@ -202,7 +209,7 @@ impl Shared {
             };
             let now = self.now();
             core.engine.handle_completion(now, op.id, result);
-            self.pump(&mut core);
+            self.pump(core);
         }
     }
 
@@ -272,6 +279,15 @@ impl Shared {
                 let w = core.waiting.remove(&id).expect("waiting");
                 return result.map(|()| w.reads);
             }
+            // The client thread runs queued ops itself rather than waiting for a device
+            // thread (no hand-off on the common path); device threads take the rest.
+            if let Some(w) = core.work.pop_front() {
+                drop(core);
+                let r = self.execute(&w);
+                core = self.lock();
+                self.complete(&mut core, w.op, r);
+                continue;
+            }
             core = self.replied.wait(core).unwrap_or_else(|p| p.into_inner());
         }
     }
@@ -321,6 +337,59 @@ impl DataPath {
         let s = shared.clone();
         handles.push(std::thread::spawn(move || s.ticker(Duration::from_millis(20))));
         DataPath { shared, threads: handles }
+    }
+
+    /// Opens (or creates) a cache of `cfg.slots` blocks in `dir` (`cache.img`, metadata in
+    /// `meta/`) in front of `vms` disk files `disk{N}.img` of `disk` bytes, replays the
+    /// metadata into a new engine, writes the first checkpoint and starts (for benches and
+    /// tests; the daemon keeps its own start with its checks).
+    #[allow(clippy::too_many_arguments)]
+    pub fn open_in(
+        dir: &std::path::Path,
+        cfg: cachevisor_engine::EngineConfig,
+        vms: u32,
+        disk: u64,
+        threads: usize,
+        schedule: Schedule,
+        reserve: u64,
+    ) -> Result<DataPath, String> {
+        let (bs, slots) = (cfg.block_size, cfg.slots);
+        let spb = (bs / 512) as u32;
+        let mut engine = Engine::new(cfg)?;
+        let (mut persist, _) = Persistence::open(&dir.join("meta"), bs, slots, &mut |r| {
+            match r {
+                crate::journal::Record::Free { slot } => {
+                    engine.release_slot(slot);
+                }
+                crate::journal::Record::Slot { slot, vm, block, valid, dirty } => {
+                    engine.release_slot(slot);
+                    let bools = |w: &[u64]| crate::persist::bits_to_bools(w, spb);
+                    engine.restore_slot(slot, vm as VmId, block, &bools(&valid), &bools(&dirty))?;
+                }
+                _ => {}
+            }
+            Ok(())
+        })?;
+        let file = |name: &str, len: u64| -> Result<File, String> {
+            let path = dir.join(name);
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            f.set_len(len).map_err(|e| format!("{}: {e}", path.display()))?;
+            Ok(f)
+        };
+        let ssd = file("cache.img", slots * bs)?;
+        let mut backings = Vec::new();
+        for v in 0..vms {
+            backings.push(Arc::new(Backing::File(file(&format!("disk{v}.img"), disk)?)));
+        }
+        let names: Vec<String> = (0..vms).map(|v| format!("vm{v}")).collect();
+        persist.checkpoint(&mut engine, &names, &vec![0; vms as usize], &ssd).map_err(|e| e.to_string())?;
+        Ok(DataPath::start(engine, persist, ssd, backings, threads, schedule, reserve))
     }
 
     /// Reads `buf.len()` bytes of `vm`'s disk at `offset` (sector-aligned).

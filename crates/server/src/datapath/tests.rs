@@ -3,8 +3,6 @@
 //! flushed write.
 
 use super::*;
-use crate::journal::Record;
-use crate::persist::bits_to_bools;
 use cachevisor_engine::{EngineConfig, Flusher, PartitionMode};
 use rand::{Rng, SeedableRng};
 use std::path::Path;
@@ -15,45 +13,7 @@ const BS: u64 = 4096;
 /// replayed into the engine when it exists.
 fn open(dir: &Path, slots: u64, vms: u32, disk: u64, schedule: Schedule) -> DataPath {
     let cfg = EngineConfig { partition: PartitionMode::Shared, ..EngineConfig::with_slots(slots) };
-    let mut engine = Engine::new(cfg).unwrap();
-    let spb = (BS / 512) as u32;
-    let (mut persist, _) = Persistence::open(&dir.join("meta"), BS, slots, &mut |r| {
-        match r {
-            Record::Free { slot } => {
-                engine.release_slot(slot);
-            }
-            Record::Slot { slot, vm, block, valid, dirty } => {
-                engine.release_slot(slot);
-                engine.restore_slot(
-                    slot,
-                    vm as VmId,
-                    block,
-                    &bits_to_bools(&valid, spb),
-                    &bits_to_bools(&dirty, spb),
-                )?;
-            }
-            _ => {}
-        }
-        Ok(())
-    })
-    .unwrap();
-    let file = |name: &str, len: u64| {
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(dir.join(name))
-            .unwrap();
-        f.set_len(len).unwrap();
-        f
-    };
-    let ssd = file("cache.img", slots * BS);
-    let backings = (0..vms).map(|v| Arc::new(Backing::File(file(&format!("disk{v}.img"), disk)))).collect();
-    // As the daemon's start does: a checkpoint (and an empty journal) before serving.
-    let names: Vec<String> = (0..vms).map(|v| format!("vm{v}")).collect();
-    persist.checkpoint(&mut engine, &names, &vec![0; vms as usize], &ssd).unwrap();
-    DataPath::start(engine, persist, ssd, backings, 4, schedule, 8)
+    DataPath::open_in(dir, cfg, vms, disk, 4, schedule, 8).unwrap()
 }
 
 /// A block's pattern: its VM, offset and version in every 8 bytes.

@@ -1,0 +1,106 @@
+//! `cachevisor bench datapath`: the new data path (the engine's asynchronous face in
+//! persistent mode, `cachevisor_server::datapath`) against the device it runs on, in one
+//! process: client threads issue 4 KiB random reads or writes through the data path, and
+//! the same number of threads issue them straight to a plain file of the same size
+//! (`pread`/`pwrite`, buffered: the ceiling any cache on this file system has). Rounds
+//! are interleaved; medians and their ratio are reported. No NBD in the loop: this
+//! measures the engine, its locking and its commits, before the NBD front end moves onto
+//! it.
+
+use cachevisor_engine::{EngineConfig, Flusher, PartitionMode, Schedule, WritePolicy};
+use cachevisor_server::datapath::DataPath;
+use rand::{Rng, SeedableRng};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const BS: u64 = 4096;
+
+/// One timed run: `threads` clients for `secs`, reads or writes; returns IOPS.
+fn timed(threads: usize, secs: f64, blocks: u64, op: impl Fn(u64, &mut [u8], bool) + Sync, write: bool) -> f64 {
+    let stop = AtomicBool::new(false);
+    let done = AtomicU64::new(0);
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let (stop, done, op) = (&stop, &done, &op);
+            s.spawn(move || {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(t as u64 + 1);
+                let mut buf = vec![0x5au8; BS as usize];
+                while !stop.load(Ordering::Relaxed) {
+                    op(rng.gen_range(0..blocks), &mut buf, write);
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+        std::thread::sleep(Duration::from_secs_f64(secs));
+        stop.store(true, Ordering::Relaxed);
+    });
+    done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
+/// Runs the bench.
+pub fn run(disk_size: u64, cache_size: u64, threads: &[usize], rws: &[String], secs: f64, rounds: usize, dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let blocks = disk_size / BS;
+    // The plain file: written once so reads find data, as the data path's disk does.
+    let raw_path = dir.join("raw.img");
+    let raw = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&raw_path)?;
+    raw.set_len(disk_size)?;
+    let dp_dir = dir.join("datapath");
+    let _ = std::fs::remove_dir_all(&dp_dir);
+    std::fs::create_dir_all(&dp_dir)?;
+    let cfg = EngineConfig {
+        partition: PartitionMode::Shared,
+        write_policy: WritePolicy::Wb,
+        ..EngineConfig::with_slots(cache_size / BS)
+    };
+    // The daemon's defaults: the flusher at 16 MiB/s, keeping up to 10% of the cache dirty.
+    let flusher = Flusher { period_ns: 100_000_000, blocks_per_period: (16 << 20) / 10 / BS, dirty_target: 0.1 };
+    let dp = Arc::new(
+        DataPath::open_in(&dp_dir, cfg, 1, disk_size, 32, Schedule { interval_ns: 0, flusher: Some(flusher) }, 1024)
+            .map_err(anyhow::Error::msg)?,
+    );
+    println!(
+        "data path (engine, persistent mode, {} device threads) vs a plain file, {} KiB random I/O, disk {} MiB, cache {} MiB, {rounds} interleaved rounds of {secs} s, medians",
+        32,
+        BS / 1024,
+        disk_size >> 20,
+        cache_size >> 20
+    );
+    println!("{:<12} {:>8} {:>14} {:>14} {:>7}", "rw", "threads", "datapath IOPS", "file IOPS", "ratio");
+    for rw in rws {
+        let write = rw == "randwrite";
+        for &t in threads {
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            for _ in 0..rounds {
+                a.push(timed(
+                    t,
+                    secs,
+                    blocks,
+                    |blk, buf, w| {
+                        let r = if w { dp.write(0, blk * BS, buf, false) } else { dp.read(0, blk * BS, buf) };
+                        r.expect("data path I/O");
+                    },
+                    write,
+                ));
+                b.push(timed(
+                    t,
+                    secs,
+                    blocks,
+                    |blk, buf, w| {
+                        let r = if w { raw.write_all_at(buf, blk * BS) } else { raw.read_exact_at(buf, blk * BS) };
+                        r.expect("file I/O");
+                    },
+                    write,
+                ));
+            }
+            let (ma, mb) = (crate::bench_cmd::median(a), crate::bench_cmd::median(b));
+            println!("{rw:<12} {t:>8} {ma:>14.0} {mb:>14.0} {:>6.2}×", ma / mb);
+        }
+    }
+    dp.flush().map_err(|f| anyhow::anyhow!("flush: {f:?}"))?;
+    Ok(())
+}

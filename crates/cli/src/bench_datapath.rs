@@ -42,7 +42,15 @@ fn timed(threads: usize, secs: f64, blocks: u64, op: impl Fn(u64, &mut [u8], boo
 }
 
 /// Runs the bench.
-pub fn run(disk_size: u64, cache_size: u64, threads: &[usize], rws: &[String], secs: f64, rounds: usize, dir: &Path) -> anyhow::Result<()> {
+pub fn run(
+    disk_size: u64,
+    cache_size: u64,
+    threads: &[usize],
+    rws: &[String],
+    secs: f64,
+    rounds: usize,
+    dir: &Path,
+) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)?;
     let blocks = disk_size / BS;
     // The plain file: written once so reads find data, as the data path's disk does.

@@ -22,7 +22,12 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Bytes and the disk address of their first byte.
-type Bytes = (Arc<Vec<u8>>, u64);
+pub type Bytes = (Arc<Vec<u8>>, u64);
+
+/// A reply callback: the request's outcome and, for a read, the bytes its client read ops
+/// returned (each with its disk address; together they cover the request). Called on some
+/// data-path thread with no lock held.
+pub type Done = Box<dyn FnOnce(Result<Vec<Bytes>, Failure>) + Send>;
 
 /// A client request waiting for its reply.
 struct Waiting {
@@ -31,6 +36,8 @@ struct Waiting {
     write: Option<Bytes>,
     /// A read's bytes, as its client read ops return them.
     reads: Vec<Bytes>,
+    /// Asynchronous submission: called instead of waking a waiting thread.
+    callback: Option<Done>,
 }
 
 /// One op for a device thread, with the bytes a write writes.
@@ -48,6 +55,8 @@ struct Core {
     commit: Option<Commit>,
     committing: bool,
     stop: bool,
+    /// Replies to deliver once the lock is released.
+    callbacks: Vec<(Done, Result<Vec<Bytes>, Failure>)>,
 }
 
 struct Shared {
@@ -109,7 +118,11 @@ impl Shared {
         while let Some(ev) = core.engine.poll_event() {
             match ev {
                 Event::Reply { req, result, .. } => {
-                    if let Some(w) = core.waiting.get_mut(&req) {
+                    if core.waiting.get(&req).is_some_and(|w| w.callback.is_some()) {
+                        let w = core.waiting.remove(&req).expect("waiting");
+                        let f = w.callback.expect("a callback");
+                        core.callbacks.push((f, result.map(|()| w.reads)));
+                    } else if let Some(w) = core.waiting.get_mut(&req) {
                         w.done = Some(result);
                         replied = true;
                     }
@@ -186,6 +199,16 @@ impl Shared {
             let r = self.execute(&w);
             let mut core = self.lock();
             self.complete(&mut core, w.op, r);
+            self.unlock(core);
+        }
+    }
+
+    /// Releases the lock, then delivers the replies of asynchronous submissions.
+    fn unlock(&self, mut core: MutexGuard<'_, Core>) {
+        let callbacks = std::mem::take(&mut core.callbacks);
+        drop(core);
+        for (f, r) in callbacks {
+            f(r);
         }
     }
 
@@ -238,6 +261,7 @@ impl Shared {
             core.engine.handle_commit(now, c.epoch, r.map_err(|e| failure(&e)));
             core.committing = false;
             self.pump(&mut core);
+            self.unlock(core);
         }
     }
 
@@ -257,6 +281,7 @@ impl Shared {
                 last_commit = Instant::now();
             }
             self.pump(&mut core);
+            self.unlock(core);
         }
     }
 
@@ -264,6 +289,33 @@ impl Shared {
     /// client reads returned.
     fn run(&self, req: Option<Request>, write: Option<Bytes>) -> Result<Vec<Bytes>, Failure> {
         let mut core = self.lock();
+        let id = self.enter(&mut core, req, write, None);
+        loop {
+            if let Some(result) = core.waiting.get(&id).and_then(|w| w.done) {
+                let w = core.waiting.remove(&id).expect("waiting");
+                self.unlock(core);
+                return result.map(|()| w.reads);
+            }
+            // The client thread runs queued ops itself rather than waiting for a device
+            // thread (no hand-off on the common path); device threads take the rest.
+            if let Some(w) = core.work.pop_front() {
+                self.unlock(core);
+                let r = self.execute(&w);
+                core = self.lock();
+                self.complete(&mut core, w.op, r);
+                continue;
+            }
+            if !core.callbacks.is_empty() {
+                self.unlock(core);
+                core = self.lock();
+                continue;
+            }
+            core = self.replied.wait(core).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Submits `req` (a flush when `None`) to the engine and queues what it can start.
+    fn enter(&self, core: &mut Core, req: Option<Request>, write: Option<Bytes>, callback: Option<Done>) -> ReqId {
         let now = self.now();
         let id = match req {
             Some(mut r) => {
@@ -272,24 +324,9 @@ impl Shared {
             }
             None => core.engine.submit_flush(),
         };
-        core.waiting.insert(id, Waiting { done: None, write, reads: Vec::new() });
-        self.pump(&mut core);
-        loop {
-            if let Some(result) = core.waiting.get(&id).and_then(|w| w.done) {
-                let w = core.waiting.remove(&id).expect("waiting");
-                return result.map(|()| w.reads);
-            }
-            // The client thread runs queued ops itself rather than waiting for a device
-            // thread (no hand-off on the common path); device threads take the rest.
-            if let Some(w) = core.work.pop_front() {
-                drop(core);
-                let r = self.execute(&w);
-                core = self.lock();
-                self.complete(&mut core, w.op, r);
-                continue;
-            }
-            core = self.replied.wait(core).unwrap_or_else(|p| p.into_inner());
-        }
+        core.waiting.insert(id, Waiting { done: None, write, reads: Vec::new(), callback });
+        self.pump(core);
+        id
     }
 }
 
@@ -317,6 +354,7 @@ impl DataPath {
             commit: None,
             committing: false,
             stop: false,
+            callbacks: Vec::new(),
         };
         let shared = Arc::new(Shared {
             core: Mutex::new(core),
@@ -414,6 +452,24 @@ impl DataPath {
             self.flush()?;
         }
         Ok(())
+    }
+
+    /// Submits a read (`data` = `None`, `len` bytes) or a write of `data` at `offset` of
+    /// `vm`'s disk, or a flush (`len` 0, no data, `flush`), without waiting: `done` is
+    /// called with the outcome on a data-path thread (the NBD front end's shape: replies
+    /// leave in completion order, matched by cookie).
+    pub fn submit(&self, vm: VmId, offset: u64, len: u32, data: Option<Vec<u8>>, flush: bool, done: Done) {
+        let req = (!flush).then(|| Request {
+            time_ns: 0,
+            vm,
+            op: if data.is_some() { Op::Write } else { Op::Read },
+            offset,
+            len: data.as_ref().map_or(len, |d| d.len() as u32),
+        });
+        let write = data.map(|d| (Arc::new(d), offset));
+        let mut core = self.shared.lock();
+        self.shared.enter(&mut core, req, write, Some(done));
+        self.shared.unlock(core);
     }
 
     /// Makes every write acknowledged so far durable (cache store, journal, backings).

@@ -113,3 +113,45 @@ fn after_a_crash_like_stop_every_flushed_write_is_read_back() {
         }
     }
 }
+
+#[test]
+fn asynchronous_submissions_reply_through_callbacks_in_the_engine_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let dp = open(dir.path(), 32, 1, 1 << 20, Schedule::default());
+    let (tx, rx) = std::sync::mpsc::channel::<(u64, Result<Vec<Bytes>, Failure>)>();
+    // 64 requests in flight from one thread: for each of 16 blocks a write, a read, a
+    // second write and a read; same-block requests run in arrival order, so each read
+    // returns the write submitted just before it.
+    let mut n = 0u64;
+    for round in 0..2u64 {
+        for b in 0..16u64 {
+            let (t1, t2) = (tx.clone(), tx.clone());
+            let version = round * 100 + b + 1;
+            dp.submit(
+                0,
+                b * BS,
+                0,
+                Some(pattern(0, b * BS, version, BS as usize)),
+                false,
+                Box::new(move |r| {
+                    t1.send((u64::MAX, r)).unwrap();
+                }),
+            );
+            dp.submit(0, b * BS, BS as u32, None, false, Box::new(move |r| t2.send((version, r)).unwrap()));
+            n += 2;
+        }
+    }
+    let t = tx.clone();
+    dp.submit(0, 0, 0, None, true, Box::new(move |r| t.send((u64::MAX - 1, r)).unwrap()));
+    n += 1;
+    for _ in 0..n {
+        let (version, r) = rx.recv_timeout(Duration::from_secs(30)).expect("every request replies");
+        let bytes = r.expect("no failure");
+        if version >= u64::MAX - 1 {
+            continue; // a write or the flush
+        }
+        let b = (version - 1) % 100;
+        let got: Vec<u8> = bytes.iter().flat_map(|(d, _)| d.iter().copied()).collect();
+        assert_eq!(got, pattern(0, b * BS, version, BS as usize), "block {b}: the read saw another version");
+    }
+}

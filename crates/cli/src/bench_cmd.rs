@@ -156,6 +156,9 @@ pub enum BenchCmd {
         /// Cache size.
         #[arg(long, default_value = "512MiB", value_parser = parse_size)]
         cache_size: u64,
+        /// I/O size.
+        #[arg(long, default_value = "4KiB", value_parser = parse_size)]
+        bs: u64,
         /// Client threads, each run against both.
         #[arg(long, value_delimiter = ',', default_value = "1,32")]
         threads: Vec<usize>,
@@ -195,8 +198,8 @@ pub fn run(c: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Parse { requests, reps, dir } => bench_parse(requests, reps, &dir),
         BenchCmd::Analyze { requests, blocks, alpha, reps, dir } => bench_analyze(requests, blocks, alpha, reps, &dir),
         BenchCmd::Memory { cache_size, block_size, last_access } => bench_memory(cache_size, block_size, last_access),
-        BenchCmd::Datapath { disk_size, cache_size, threads, rw, secs, rounds, dir } => {
-            crate::bench_datapath::run(disk_size, cache_size, &threads, &rw, secs, rounds, &dir)
+        BenchCmd::Datapath { disk_size, cache_size, bs, threads, rw, secs, rounds, dir } => {
+            crate::bench_datapath::run(disk_size, cache_size, bs, &threads, &rw, secs, rounds, &dir)
         }
         BenchCmd::Policy { vms, units, reps } => bench_policy(vms, units, reps),
         BenchCmd::Serve { disk_size, rounds, secs, rw, bs, iodepth, write_policy, dir } => {

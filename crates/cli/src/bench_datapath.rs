@@ -1,6 +1,6 @@
 //! `cachevisor bench datapath`: the new data path (the engine's asynchronous face in
 //! persistent mode, `cachevisor_server::datapath`) against the device it runs on, in one
-//! process: client threads issue 4 KiB random reads or writes through the data path, and
+//! process: client threads issue random reads or writes (`--bs`, 4 KiB by default) through the data path, and
 //! the same number of threads issue them straight to a plain file of the same size
 //! (`pread`/`pwrite`, buffered: the ceiling any cache on this file system has). Rounds
 //! are interleaved; medians and their ratio are reported. No NBD in the loop: this
@@ -18,8 +18,16 @@ use std::time::{Duration, Instant};
 
 const BS: u64 = 4096;
 
-/// One timed run: `threads` clients for `secs`, reads or writes; returns IOPS.
-fn timed(threads: usize, secs: f64, blocks: u64, op: impl Fn(u64, &mut [u8], bool) + Sync, write: bool) -> f64 {
+/// One timed run: `threads` clients for `secs`, reads or writes of `bs` bytes at random
+/// `bs`-aligned offsets below `blocks × bs`; returns IOPS.
+fn timed(
+    threads: usize,
+    secs: f64,
+    blocks: u64,
+    bs: u64,
+    op: impl Fn(u64, &mut [u8], bool) + Sync,
+    write: bool,
+) -> f64 {
     let stop = AtomicBool::new(false);
     let done = AtomicU64::new(0);
     let start = Instant::now();
@@ -28,7 +36,7 @@ fn timed(threads: usize, secs: f64, blocks: u64, op: impl Fn(u64, &mut [u8], boo
             let (stop, done, op) = (&stop, &done, &op);
             s.spawn(move || {
                 let mut rng = rand::rngs::StdRng::seed_from_u64(t as u64 + 1);
-                let mut buf = vec![0x5au8; BS as usize];
+                let mut buf = vec![0x5au8; bs as usize];
                 while !stop.load(Ordering::Relaxed) {
                     op(rng.gen_range(0..blocks), &mut buf, write);
                     done.fetch_add(1, Ordering::Relaxed);
@@ -42,17 +50,23 @@ fn timed(threads: usize, secs: f64, blocks: u64, op: impl Fn(u64, &mut [u8], boo
 }
 
 /// Runs the bench.
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     disk_size: u64,
     cache_size: u64,
+    bs: u64,
     threads: &[usize],
     rws: &[String],
     secs: f64,
     rounds: usize,
     dir: &Path,
 ) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        bs >= 512 && bs.is_multiple_of(512) && bs <= disk_size,
+        "--bs must be a multiple of 512 up to the disk size"
+    );
     std::fs::create_dir_all(dir)?;
-    let blocks = disk_size / BS;
+    let blocks = disk_size / bs;
     // The plain file: written once so reads find data, as the data path's disk does.
     let raw_path = dir.join("raw.img");
     let raw = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&raw_path)?;
@@ -74,7 +88,7 @@ pub fn run(
     println!(
         "data path (engine, persistent mode, {} device threads) vs a plain file, {} KiB random I/O, disk {} MiB, cache {} MiB, {rounds} interleaved rounds of {secs} s, medians",
         32,
-        BS / 1024,
+        bs / 1024,
         disk_size >> 20,
         cache_size >> 20
     );
@@ -88,8 +102,9 @@ pub fn run(
                     t,
                     secs,
                     blocks,
+                    bs,
                     |blk, buf, w| {
-                        let r = if w { dp.write(0, blk * BS, buf, false) } else { dp.read(0, blk * BS, buf) };
+                        let r = if w { dp.write(0, blk * bs, buf, false) } else { dp.read(0, blk * bs, buf) };
                         r.expect("data path I/O");
                     },
                     write,
@@ -98,8 +113,9 @@ pub fn run(
                     t,
                     secs,
                     blocks,
+                    bs,
                     |blk, buf, w| {
-                        let r = if w { raw.write_all_at(buf, blk * BS) } else { raw.read_exact_at(buf, blk * BS) };
+                        let r = if w { raw.write_all_at(buf, blk * bs) } else { raw.read_exact_at(buf, blk * bs) };
                         r.expect("file I/O");
                     },
                     write,

@@ -9,6 +9,11 @@
 //! Buffers: a read op's bytes are kept (shared) until its request retires — a staged
 //! write copies from them, a client read's reply is assembled from them; a write op
 //! writes a slice of its request's bytes or of its source read's.
+//!
+//! Large I/O: the engine emits one op per block; a thread taking work also takes the ops
+//! queued right behind that continue it on the same device (the next cache-store offset,
+//! or the next disk address of the same backing store), up to [`MAX_RUN`] bytes, and runs
+//! them as one read or write (a 1 MiB read of consecutive slots is one `pread`).
 
 use crate::backing::Backing;
 use crate::persist::Persistence;
@@ -40,6 +45,9 @@ struct Waiting {
     callback: Option<Done>,
 }
 
+/// Bytes a thread runs as one device call at most.
+const MAX_RUN: u64 = 1 << 20;
+
 /// One op for a device thread, with the bytes a write writes.
 struct Work {
     op: DeviceOp,
@@ -69,6 +77,8 @@ struct Shared {
     backings: Vec<Arc<Backing>>,
     bs: u64,
     start: Instant,
+    /// Device calls made (reads and writes, a coalesced run counting once).
+    calls: std::sync::atomic::AtomicU64,
 }
 
 /// The data path: an engine in persistent mode driven by device, commit and timer threads.
@@ -147,7 +157,7 @@ impl Shared {
     }
 
     /// Runs one op on its device; a read returns its bytes.
-    fn execute(&self, w: &Work) -> Result<Option<Vec<u8>>, Failure> {
+    fn execute(&self, w: &Work) -> Result<Option<Bytes>, Failure> {
         let op = &w.op;
         let len = op.len as usize;
         let slice = || -> Result<&[u8], Failure> {
@@ -172,7 +182,7 @@ impl Shared {
             }
             _ => return Err(Failure::Io), // remote caches arrive with the cluster work
         };
-        r.map_err(|e| {
+        r.map(|b| b.map(|buf| (Arc::new(buf), op.disk_addr))).map_err(|e| {
             tracing::error!(?op, %e, "device operation failed");
             failure(&e)
         })
@@ -184,11 +194,11 @@ impl Shared {
 
     fn device_thread(&self) {
         loop {
-            let w = {
+            let run = {
                 let mut core = self.lock();
                 loop {
-                    if let Some(w) = core.work.pop_front() {
-                        break w;
+                    if let Some(run) = self.pop_run(&mut core) {
+                        break run;
                     }
                     if core.stop {
                         return;
@@ -196,10 +206,105 @@ impl Shared {
                     core = self.wake.wait(core).unwrap_or_else(|p| p.into_inner());
                 }
             };
-            let r = self.execute(&w);
+            let results = self.execute_run(&run);
             let mut core = self.lock();
-            self.complete(&mut core, w.op, r);
+            for (w, r) in run.into_iter().zip(results) {
+                self.complete(&mut core, w.op, r);
+            }
             self.unlock(core);
+        }
+    }
+
+    /// The next queued op and those right behind it that continue it on its device.
+    fn pop_run(&self, core: &mut Core) -> Option<Vec<Work>> {
+        let first = core.work.pop_front()?;
+        let mut total = first.op.len as u64;
+        let mut run = vec![first];
+        while let Some(next) = core.work.front() {
+            let prev = &run[run.len() - 1].op;
+            let o = &next.op;
+            let follows = o.kind == prev.kind
+                && o.loc == prev.loc
+                && (o.kind.is_ssd() || matches!(self.backing(o.vm), Ok(Backing::File(_))))
+                && if o.kind.is_ssd() {
+                    o.ssd_offset(self.bs) == prev.ssd_offset(self.bs) + prev.len as u64
+                } else {
+                    o.vm == prev.vm && o.disk_addr == prev.disk_addr + prev.len as u64
+                };
+            if !follows || total + o.len as u64 > MAX_RUN {
+                break;
+            }
+            total += o.len as u64;
+            run.push(core.work.pop_front().expect("a front"));
+        }
+        Some(run)
+    }
+
+    /// Runs a run of ops as one device call (one op: as it is).
+    fn execute_run(&self, run: &[Work]) -> Vec<Result<Option<Bytes>, Failure>> {
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if run.len() == 1 {
+            return vec![self.execute(&run[0])];
+        }
+        let first = &run[0].op;
+        let total: usize = run.iter().map(|w| w.op.len as usize).sum();
+        let (ssd, write) = (first.kind.is_ssd(), first.kind.is_write());
+        let at = if ssd { first.ssd_offset(self.bs) } else { first.disk_addr };
+        let device = |f: &mut dyn FnMut(&dyn FileExt) -> std::io::Result<()>| -> std::io::Result<()> {
+            match first.loc {
+                Location::Ssd(_) => f(&self.ssd),
+                Location::Backing(vm) => match self.backing(vm) {
+                    Ok(Backing::File(file)) => f(file),
+                    _ => Err(std::io::Error::other("a run on a backing store that is not a file")),
+                },
+                Location::Remote { .. } => Err(std::io::Error::other("remote caches are not served yet")),
+            }
+        };
+        // Whether the run's disk addresses are contiguous too (sequential I/O): then one
+        // buffer serves every op with no copy.
+        let disk_contiguous = run.windows(2).all(|p| p[1].op.disk_addr == p[0].op.disk_addr + p[0].op.len as u64);
+        let r = if write {
+            let Some(((bytes, base), rest)) = run[0].data.as_ref().zip(Some(&run[1..])) else {
+                return vec![Err(Failure::Io); run.len()];
+            };
+            let same = disk_contiguous
+                && rest.iter().all(|w| w.data.as_ref().is_some_and(|(b, s)| Arc::ptr_eq(b, bytes) && s == base));
+            if same {
+                let from = (first.disk_addr - base) as usize;
+                device(&mut |f| f.write_all_at(&bytes[from..from + total], at)).map(|()| Vec::new())
+            } else {
+                let mut data = Vec::with_capacity(total);
+                for w in run {
+                    let Some((bytes, base)) = w.data.as_ref() else { return vec![Err(Failure::Io); run.len()] };
+                    let from = (w.op.disk_addr - base) as usize;
+                    data.extend_from_slice(&bytes[from..from + w.op.len as usize]);
+                }
+                device(&mut |f| f.write_all_at(&data, at)).map(|()| Vec::new())
+            }
+        } else {
+            let mut buf = vec![0u8; total];
+            device(&mut |f| f.read_exact_at(&mut buf, at)).map(|()| buf)
+        };
+        match r {
+            Err(e) => {
+                tracing::error!(op = ?first, ops = run.len(), %e, "device operation failed");
+                vec![Err(failure(&e)); run.len()]
+            }
+            Ok(_) if write => vec![Ok(None); run.len()],
+            Ok(buf) if disk_contiguous => {
+                let shared: Bytes = (Arc::new(buf), first.disk_addr);
+                run.iter().map(|_| Ok(Some(shared.clone()))).collect()
+            }
+            Ok(buf) => {
+                let mut at = 0;
+                run.iter()
+                    .map(|w| {
+                        let piece = buf[at..at + w.op.len as usize].to_vec();
+                        at += w.op.len as usize;
+                        Ok(Some((Arc::new(piece), w.op.disk_addr)))
+                    })
+                    .collect()
+            }
         }
     }
 
@@ -214,14 +319,16 @@ impl Shared {
 
     /// Records an op's outcome (a read's bytes kept for its request) and lets the engine
     /// go on.
-    fn complete(&self, core: &mut Core, op: DeviceOp, r: Result<Option<Vec<u8>>, Failure>) {
+    fn complete(&self, core: &mut Core, op: DeviceOp, r: Result<Option<Bytes>, Failure>) {
         {
             let result = match r {
-                Ok(Some(buf)) => {
-                    let bytes: Bytes = (Arc::new(buf), op.disk_addr);
+                Ok(Some(bytes)) => {
                     if op.client {
                         if let Some(wt) = core.waiting.get_mut(&op.req) {
-                            wt.reads.push(bytes.clone());
+                            // The ops of a coalesced run share one buffer: keep it once.
+                            if !wt.reads.last().is_some_and(|(b, _)| Arc::ptr_eq(b, &bytes.0)) {
+                                wt.reads.push(bytes.clone());
+                            }
                         }
                     }
                     core.bufs.insert(op.id, (op.req, bytes));
@@ -298,11 +405,13 @@ impl Shared {
             }
             // The client thread runs queued ops itself rather than waiting for a device
             // thread (no hand-off on the common path); device threads take the rest.
-            if let Some(w) = core.work.pop_front() {
+            if let Some(run) = self.pop_run(&mut core) {
                 self.unlock(core);
-                let r = self.execute(&w);
+                let results = self.execute_run(&run);
                 core = self.lock();
-                self.complete(&mut core, w.op, r);
+                for (w, r) in run.into_iter().zip(results) {
+                    self.complete(&mut core, w.op, r);
+                }
                 continue;
             }
             if !core.callbacks.is_empty() {
@@ -364,6 +473,7 @@ impl DataPath {
             backings,
             bs,
             start: Instant::now(),
+            calls: Default::default(),
         });
         let mut handles = Vec::new();
         for _ in 0..threads.max(1) {
@@ -433,14 +543,7 @@ impl DataPath {
     /// Reads `buf.len()` bytes of `vm`'s disk at `offset` (sector-aligned).
     pub fn read(&self, vm: VmId, offset: u64, buf: &mut [u8]) -> Result<(), Failure> {
         let req = Request { time_ns: 0, vm, op: Op::Read, offset, len: buf.len() as u32 };
-        let end = offset + buf.len() as u64;
-        for (bytes, base) in self.shared.run(Some(req), None)? {
-            let (lo, hi) = (base.max(offset), (base + bytes.len() as u64).min(end));
-            if lo < hi {
-                buf[(lo - offset) as usize..(hi - offset) as usize]
-                    .copy_from_slice(&bytes[(lo - base) as usize..(hi - base) as usize]);
-            }
-        }
+        copy_range(&self.shared.run(Some(req), None)?, offset, buf);
         Ok(())
     }
 
@@ -477,9 +580,28 @@ impl DataPath {
         self.shared.run(None, None).map(|_| ())
     }
 
+    /// Device calls made so far (a coalesced run of ops counts once).
+    pub fn device_calls(&self) -> u64 {
+        self.shared.calls.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Runs `f` on the engine (status, tests).
     pub fn with_engine<R>(&self, f: impl FnOnce(&Engine) -> R) -> R {
         f(&self.shared.lock().engine)
+    }
+}
+
+/// Copies what `parts` (a read's reply: pieces that may reach beyond the request, a
+/// coalesced run's buffer shared with other requests) hold of `offset..offset + buf.len()`
+/// into `buf`.
+pub fn copy_range(parts: &[Bytes], offset: u64, buf: &mut [u8]) {
+    let end = offset + buf.len() as u64;
+    for (bytes, base) in parts {
+        let (lo, hi) = ((*base).max(offset), (base + bytes.len() as u64).min(end));
+        if lo < hi {
+            buf[(lo - offset) as usize..(hi - offset) as usize]
+                .copy_from_slice(&bytes[(lo - base) as usize..(hi - base) as usize]);
+        }
     }
 }
 

@@ -310,6 +310,51 @@ impl Engine {
         }
     }
 
+    /// Holds (or resumes) admission: requests wait and commands are not run, so the work
+    /// in flight drains for a checkpoint ([`Self::quiescent`]). Commits go on.
+    pub fn hold_admission(&mut self, on: bool, now_ns: u64) {
+        self.flight.hold = on;
+        if !on {
+            self.admit_after_commit(now_ns);
+        }
+    }
+
+    /// Whether nothing is in flight: no admitted request or job, no commit (a checkpoint
+    /// may be written).
+    pub fn quiescent(&self) -> bool {
+        self.flight.jobs_in_flight() == 0 && self.dur.in_flight.is_none()
+    }
+
+    /// A checkpoint (persistent mode, [`Self::quiescent`]): the backing stores to sync
+    /// first, then every held slot's record for `f`; the driver then syncs the cache store
+    /// and replaces its metadata with them. From here the journal starts empty: slots in
+    /// limbo are free (the checkpoint does not hold them), and the vouched sectors are
+    /// exactly the clean valid ones.
+    pub fn checkpoint(&mut self, f: &mut dyn FnMut(SlotRecord)) -> Vec<VmId> {
+        debug_assert!(self.quiescent(), "a checkpoint needs nothing in flight");
+        let backings: Vec<VmId> = std::mem::take(&mut self.dur.wrote_back).into_iter().collect();
+        self.settle();
+        self.dur.settled.clear();
+        let none = vec![0u64; self.spb.div_ceil(64) as usize];
+        for s in 0..self.slots.len() as u32 {
+            if self.slots.key(s) == FREE_KEY {
+                self.dur.vouch(s, &none, false);
+                continue;
+            }
+            let r = self.record_of(s);
+            self.dur.vouch(s, &clean_valid_bits(&r), false);
+            f(r);
+        }
+        for s in std::mem::take(&mut self.dur.limbo_new) {
+            self.free.push_back(&mut self.slots, s);
+        }
+        while let Some((_, s)) = self.dur.limbo.pop_front() {
+            self.free.push_back(&mut self.slots, s);
+        }
+        self.dur.vouched_elsewhere.clear();
+        backings
+    }
+
     /// The journal record of `slot` as the engine holds it now.
     pub fn record_of(&self, slot: u32) -> SlotRecord {
         let words = self.spb.div_ceil(64) as usize;

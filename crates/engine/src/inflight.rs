@@ -118,6 +118,8 @@ pub(crate) struct Flight {
     pub(crate) errors: Vec<u64>,
     /// The persistent-mode reserve refill job running, if any.
     pub(crate) refill_job: Option<ReqId>,
+    /// Admission held (a checkpoint is waiting for work in flight to drain).
+    pub(crate) hold: bool,
 }
 
 impl Flight {
@@ -129,6 +131,11 @@ impl Flight {
 
     pub(crate) fn push_event(&mut self, e: Event) {
         self.events.push_back(e);
+    }
+
+    /// Requests and jobs admitted and not retired.
+    pub(crate) fn jobs_in_flight(&self) -> usize {
+        self.jobs.len()
     }
 
     /// Whether any slot is pinned.
@@ -158,6 +165,9 @@ impl Engine {
     /// a background job; pinned slots are skipped by every command, so a command never
     /// races a request. Returns the job's id, `None` when it emitted no op.
     pub fn submit_job(&mut self, f: impl FnOnce(&mut Engine, &mut Output)) -> Option<ReqId> {
+        if self.flight.hold {
+            return None; // not run while admission is held (timers try again)
+        }
         let mut out = Output::default();
         f(self, &mut out);
         if out.ops.is_empty() {
@@ -218,7 +228,7 @@ impl Engine {
     /// Admits waiting requests, in order, whose blocks are free; a request behind a waiting
     /// one on the same block keeps waiting too.
     fn admit_waiting(&mut self, now_ns: u64) {
-        if self.flight.waiting.is_empty() {
+        if self.flight.waiting.is_empty() || self.flight.hold {
             return;
         }
         let mut claimed: HashSet<u64> = HashSet::new();

@@ -36,6 +36,9 @@ enum Step {
     },
     RequestCommit,
     Tick,
+    /// Holds admission, drains what is in flight, and replaces the journal with a
+    /// checkpoint.
+    Checkpoint,
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -48,6 +51,7 @@ fn step() -> impl Strategy<Value = Step> {
         4 => prop::bool::weighted(0.05).prop_map(|fail| Step::Commit { fail }),
         1 => Just(Step::RequestCommit),
         1 => Just(Step::Tick),
+        1 => Just(Step::Checkpoint),
     ]
 }
 
@@ -292,6 +296,31 @@ fn run(steps: &[Step], shared: bool, seed: u64) -> Result<(), String> {
             }
             Step::Commit { fail } => d.commit_step(now, fail),
             Step::RequestCommit => d.e.request_commit(),
+            Step::Checkpoint => {
+                d.e.hold_admission(true, now);
+                let mut rounds = 0;
+                while !d.e.quiescent() {
+                    rounds += 1;
+                    if rounds > 10_000 {
+                        return Err(ctx("a checkpoint never found the engine quiescent".into()));
+                    }
+                    if let Some(op) = d.flying.pop() {
+                        d.m.execute(&op, false, 0).map_err(ctx)?;
+                        d.e.handle_completion(now, op.id, Ok(()));
+                    } else {
+                        d.commit_step(now, false);
+                    }
+                    d.pump().map_err(ctx)?;
+                }
+                let mut records = Vec::new();
+                let backings = d.e.checkpoint(&mut |r| records.push(r));
+                for vm in backings {
+                    d.m.backing.iter_mut().filter(|(k, _)| k.0 == vm).for_each(|(_, c)| c.sync());
+                }
+                d.m.cache.values_mut().for_each(Cell::sync);
+                d.m.journal = records;
+                d.e.hold_admission(false, now);
+            }
             Step::Tick => d.e.handle_timeout(now),
         }
         d.pump().map_err(ctx)?;

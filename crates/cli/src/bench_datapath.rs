@@ -82,8 +82,17 @@ pub fn run(
     // The daemon's defaults: the flusher at 16 MiB/s, keeping up to 10% of the cache dirty.
     let flusher = Flusher { period_ns: 100_000_000, blocks_per_period: (16 << 20) / 10 / BS, dirty_target: 0.1 };
     let dp = Arc::new(
-        DataPath::open_in(&dp_dir, cfg, 1, disk_size, 32, Schedule { interval_ns: 0, flusher: Some(flusher) }, 1024)
-            .map_err(anyhow::Error::msg)?,
+        DataPath::open_in(
+            &dp_dir,
+            cfg,
+            1,
+            disk_size,
+            32,
+            Schedule { interval_ns: 0, flusher: Some(flusher) },
+            1024,
+            None,
+        )
+        .map_err(anyhow::Error::msg)?,
     );
     println!(
         "data path (engine, persistent mode, {} device threads) vs a plain file, {} KiB random I/O, disk {} MiB, cache {} MiB, {rounds} interleaved rounds of {secs} s, medians",

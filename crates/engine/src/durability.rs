@@ -325,25 +325,36 @@ impl Engine {
         self.flight.jobs_in_flight() == 0 && self.dur.in_flight.is_none()
     }
 
-    /// A checkpoint (persistent mode, [`Self::quiescent`]): the backing stores to sync
-    /// first, then every held slot's record for `f`; the driver then syncs the cache store
-    /// and replaces its metadata with them. From here the journal starts empty: slots in
-    /// limbo are free (the checkpoint does not hold them), and the vouched sectors are
-    /// exactly the clean valid ones.
+    /// A checkpoint (persistent mode, [`Self::quiescent`], nothing may change until
+    /// [`Self::checkpoint_done`]): every held slot's record for `f`, and the backing stores
+    /// to sync before the checkpoint is made durable (with the cache store). Nothing in
+    /// the engine changes here: a checkpoint that fails leaves the old metadata in force.
     pub fn checkpoint(&mut self, f: &mut dyn FnMut(SlotRecord)) -> Vec<VmId> {
         debug_assert!(self.quiescent(), "a checkpoint needs nothing in flight");
-        let backings: Vec<VmId> = std::mem::take(&mut self.dur.wrote_back).into_iter().collect();
-        self.settle();
+        for s in 0..self.slots.len() as u32 {
+            if self.slots.key(s) != FREE_KEY {
+                f(self.record_of(s));
+            }
+        }
+        self.dur.wrote_back.iter().copied().collect()
+    }
+
+    /// The checkpoint taken by [`Self::checkpoint`] is durable and replaced the journal:
+    /// slots in limbo are free (it does not hold them), nothing is pending, and the vouched
+    /// sectors are exactly the clean valid ones.
+    pub fn checkpoint_done(&mut self) {
+        self.dur.wrote_back.clear();
+        let mut changed = Vec::new();
+        self.take_changed(&mut changed);
         self.dur.settled.clear();
         let none = vec![0u64; self.spb.div_ceil(64) as usize];
         for s in 0..self.slots.len() as u32 {
             if self.slots.key(s) == FREE_KEY {
                 self.dur.vouch(s, &none, false);
-                continue;
+            } else {
+                let r = self.record_of(s);
+                self.dur.vouch(s, &clean_valid_bits(&r), false);
             }
-            let r = self.record_of(s);
-            self.dur.vouch(s, &clean_valid_bits(&r), false);
-            f(r);
         }
         for s in std::mem::take(&mut self.dur.limbo_new) {
             self.free.push_back(&mut self.slots, s);
@@ -352,7 +363,6 @@ impl Engine {
             self.free.push_back(&mut self.slots, s);
         }
         self.dur.vouched_elsewhere.clear();
-        backings
     }
 
     /// The journal record of `slot` as the engine holds it now.

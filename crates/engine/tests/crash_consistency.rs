@@ -319,6 +319,7 @@ fn run(steps: &[Step], shared: bool, seed: u64) -> Result<(), String> {
                 }
                 d.m.cache.values_mut().for_each(Cell::sync);
                 d.m.journal = records;
+                d.e.checkpoint_done();
                 d.e.hold_admission(false, now);
             }
             Step::Tick => d.e.handle_timeout(now),

@@ -76,9 +76,13 @@ struct Shared {
     ssd: File,
     backings: Vec<Arc<Backing>>,
     bs: u64,
+    /// vDisk names by VM id (written into checkpoints).
+    names: Vec<String>,
     start: Instant,
     /// Device calls made (reads and writes, a coalesced run counting once).
     calls: std::sync::atomic::AtomicU64,
+    /// Checkpoints written.
+    checkpoints: std::sync::atomic::AtomicU64,
 }
 
 /// The data path: an engine in persistent mode driven by device, commit and timer threads.
@@ -344,6 +348,7 @@ impl Shared {
     }
 
     fn committer(&self, mut persist: Persistence) {
+        let mut checkpointing = false;
         loop {
             let c = {
                 let mut core = self.lock();
@@ -351,10 +356,23 @@ impl Shared {
                     if let Some(c) = core.commit.take() {
                         break c;
                     }
+                    if checkpointing && core.engine.quiescent() {
+                        self.checkpoint(&mut core, &mut persist);
+                        checkpointing = false;
+                        continue;
+                    }
                     if core.stop && !core.committing {
                         return;
                     }
-                    core = self.wake.wait(core).unwrap_or_else(|p| p.into_inner());
+                    if checkpointing {
+                        // Waiting for the work in flight to drain.
+                        core = self
+                            .wake
+                            .wait_timeout(core, Duration::from_millis(2))
+                            .map_or_else(|p| p.into_inner().0, |g| g.0);
+                    } else {
+                        core = self.wake.wait(core).unwrap_or_else(|p| p.into_inner());
+                    }
                 }
             };
             let backings: Vec<&Backing> =
@@ -367,9 +385,34 @@ impl Shared {
             let now = self.now();
             core.engine.handle_commit(now, c.epoch, r.map_err(|e| failure(&e)));
             core.committing = false;
+            // The journal past its limit: hold admission until nothing is in flight, then a
+            // checkpoint replaces it (commits go on meanwhile: held writes need them).
+            if !checkpointing && persist.wants_checkpoint() {
+                checkpointing = true;
+                core.engine.hold_admission(true, now);
+            }
             self.pump(&mut core);
             self.unlock(core);
         }
+    }
+
+    /// Writes a checkpoint of the quiescent engine and lets admission go on (a failed one
+    /// leaves the journal in force and is tried again after the next commit).
+    fn checkpoint(&self, core: &mut Core, persist: &mut Persistence) {
+        let targets = vec![0; self.names.len()];
+        let engine = &mut core.engine;
+        let r = persist
+            .checkpoint_records(&self.names, &targets, &self.ssd, &self.backings, &mut |emit| engine.checkpoint(emit));
+        match r {
+            Ok(()) => {
+                core.engine.checkpoint_done();
+                self.checkpoints.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            Err(e) => tracing::error!(%e, "checkpoint failed: the journal stays in force"),
+        }
+        let now = self.now();
+        core.engine.hold_admission(false, now);
+        self.pump(core);
     }
 
     fn ticker(&self, period: Duration) {
@@ -443,11 +486,13 @@ impl DataPath {
     /// Starts the data path on `engine` (replayed from `persist`'s metadata), turning on
     /// persistent mode with `reserve` free slots kept durable ahead, `threads` device
     /// threads, and the engine's `schedule` (flusher, intervals) ticked every `tick`.
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         mut engine: Engine,
         persist: Persistence,
         ssd: File,
         backings: Vec<Arc<Backing>>,
+        names: Vec<String>,
         threads: usize,
         schedule: Schedule,
         reserve: u64,
@@ -472,8 +517,10 @@ impl DataPath {
             ssd,
             backings,
             bs,
+            names,
             start: Instant::now(),
             calls: Default::default(),
+            checkpoints: Default::default(),
         });
         let mut handles = Vec::new();
         for _ in 0..threads.max(1) {
@@ -500,6 +547,7 @@ impl DataPath {
         threads: usize,
         schedule: Schedule,
         reserve: u64,
+        journal_limit: Option<u64>,
     ) -> Result<DataPath, String> {
         let (bs, slots) = (cfg.block_size, cfg.slots);
         let spb = (bs / 512) as u32;
@@ -537,7 +585,10 @@ impl DataPath {
         }
         let names: Vec<String> = (0..vms).map(|v| format!("vm{v}")).collect();
         persist.checkpoint(&mut engine, &names, &vec![0; vms as usize], &ssd).map_err(|e| e.to_string())?;
-        Ok(DataPath::start(engine, persist, ssd, backings, threads, schedule, reserve))
+        if let Some(limit) = journal_limit {
+            persist.set_journal_limit(limit);
+        }
+        Ok(DataPath::start(engine, persist, ssd, backings, names, threads, schedule, reserve))
     }
 
     /// Reads `buf.len()` bytes of `vm`'s disk at `offset` (sector-aligned).
@@ -578,6 +629,11 @@ impl DataPath {
     /// Makes every write acknowledged so far durable (cache store, journal, backings).
     pub fn flush(&self) -> Result<(), Failure> {
         self.shared.run(None, None).map(|_| ())
+    }
+
+    /// Checkpoints written so far (each replaced the journal).
+    pub fn checkpoints(&self) -> u64 {
+        self.shared.checkpoints.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Device calls made so far (a coalesced run of ops counts once).

@@ -78,6 +78,11 @@ pub struct Recovered {
     pub torn_tail: bool,
 }
 
+/// Streams an engine's checkpoint records into the given sink and returns the backing
+/// stores to sync first (`Engine::checkpoint`).
+pub type CheckpointSource<'a> =
+    dyn FnMut(&mut dyn FnMut(cachevisor_engine::SlotRecord)) -> Vec<cachevisor_trace::VmId> + 'a;
+
 /// The metadata store of one cache.
 pub struct Persistence {
     dir: PathBuf,
@@ -103,6 +108,8 @@ pub struct Persistence {
     withheld: HashMap<u32, u64>,
     /// Each VM id's backing store (written into every checkpoint).
     bindings: Vec<Option<crate::backing_identity::Identity>>,
+    /// Journal size past which a checkpoint is wanted (tests lower it).
+    limit: u64,
 }
 
 /// A slot's journaled state just before a request, as the driver knows it: the engine
@@ -218,6 +225,7 @@ impl Persistence {
             buf: Vec::new(),
             withheld: HashMap::new(),
             bindings: Vec::new(),
+            limit: JOURNAL_LIMIT.max(slots * 64),
         };
         Ok((p, rec))
     }
@@ -449,9 +457,73 @@ impl Persistence {
         self.journal.sync_data().map_err(|e| self.named(e, "journal"))
     }
 
+    /// Sets the journal size past which [`Self::wants_checkpoint`] says yes.
+    pub fn set_journal_limit(&mut self, bytes: u64) {
+        self.limit = bytes;
+    }
+
+    /// Writes a checkpoint from an engine in persistent mode (`records` streams every held
+    /// slot's record, as `Engine::checkpoint` does, and returns the backing stores to sync
+    /// first) and starts an empty journal of its generation. Order: backing stores, cache
+    /// store, checkpoint (atomic), journal.
+    pub fn checkpoint_records(
+        &mut self,
+        names: &[String],
+        targets: &[u64],
+        ssd: &File,
+        backings: &[std::sync::Arc<crate::backing::Backing>],
+        records: &mut CheckpointSource<'_>,
+    ) -> std::io::Result<()> {
+        let header = Header { generation: self.header.generation + 1, ..self.header };
+        let bindings = self.bindings.clone();
+        // Streamed in 1 MiB pieces (no copy of the slot table); the backing stores and the
+        // cache store are synced before the file is renamed into place.
+        write_file_atomically(&self.dir.join("checkpoint"), CHECKPOINT_MAGIC, &header, &mut |w| {
+            let mut b = Vec::new();
+            for (vm, n) in names.iter().enumerate() {
+                Record::Vdisk { vm: vm as u16, name: n.clone() }.encode(&mut b);
+            }
+            for (vm, &t) in targets.iter().enumerate() {
+                Record::Target { vm: vm as u16, blocks: t }.encode(&mut b);
+            }
+            for (vm, id) in bindings.iter().enumerate() {
+                if let Some(identity) = id.clone().filter(|_| names.get(vm).is_some_and(|n| !n.is_empty())) {
+                    Record::Binding { vm: vm as u16, identity }.encode(&mut b);
+                }
+            }
+            let mut failed: Option<std::io::Error> = None;
+            let sync = records(&mut |r| {
+                if let Some((vm, block)) = r.block {
+                    Record::Slot { slot: r.slot, vm: vm as u16, block, valid: r.valid, dirty: r.dirty }.encode(&mut b);
+                }
+                if b.len() > 1 << 20 && failed.is_none() {
+                    failed = w.write_all(&b).err();
+                    b.clear();
+                }
+            });
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            w.write_all(&b)?;
+            for vm in sync {
+                if let Some(back) = backings.get(vm as usize) {
+                    back.sync()?;
+                }
+            }
+            ssd.sync_data()
+        })?;
+        let jpath = self.dir.join("journal");
+        write_file_atomically(&jpath, JOURNAL_MAGIC, &header, &mut |_| Ok(()))?;
+        self.journal = OpenOptions::new().append(true).open(&jpath)?;
+        self.journal_end = self.journal.metadata()?.len();
+        self.header = header;
+        self.pre_sync.clear();
+        Ok(())
+    }
+
     /// Whether the journal has grown past its limit.
     pub fn wants_checkpoint(&self) -> bool {
-        self.journal_end > JOURNAL_LIMIT.max(self.slots * 64)
+        self.journal_end > self.limit
     }
 
     /// Writes the whole state (`names` by VM id, `targets`) as the next checkpoint and

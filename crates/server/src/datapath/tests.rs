@@ -12,8 +12,13 @@ const BS: u64 = 4096;
 /// A cache of `slots` blocks in front of `vms` disks of `disk` bytes, in `dir`; metadata
 /// replayed into the engine when it exists.
 fn open(dir: &Path, slots: u64, vms: u32, disk: u64, schedule: Schedule) -> DataPath {
+    open_limited(dir, slots, vms, disk, schedule, None)
+}
+
+/// [`open`] with a journal size past which checkpoints replace the journal.
+fn open_limited(dir: &Path, slots: u64, vms: u32, disk: u64, schedule: Schedule, limit: Option<u64>) -> DataPath {
     let cfg = EngineConfig { partition: PartitionMode::Shared, ..EngineConfig::with_slots(slots) };
-    DataPath::open_in(dir, cfg, vms, disk, 4, schedule, 8).unwrap()
+    DataPath::open_in(dir, cfg, vms, disk, 4, schedule, 8, limit).unwrap()
 }
 
 /// A block's pattern: its VM, offset and version in every 8 bytes.
@@ -71,11 +76,26 @@ fn concurrent_clients_read_their_own_writes_through_a_small_cache() {
 
 #[test]
 fn after_a_crash_like_stop_every_flushed_write_is_read_back() {
+    crash_like_stop(None);
+}
+
+#[test]
+fn checkpoints_replace_the_journal_and_lose_no_flushed_write() {
+    let (dir, checkpoints) = crash_like_stop(Some(2048));
+    assert!(checkpoints >= 3, "a 2 KiB journal limit makes checkpoints ({checkpoints})");
+    let journal = std::fs::metadata(dir.path().join("meta/journal")).unwrap().len();
+    assert!(journal < 16 << 10, "checkpoints keep the journal short ({journal} bytes)");
+}
+
+/// Random writes and flushes, a stop without a flush, a restart that replays the metadata:
+/// every flushed write (or a later one) is read back.
+fn crash_like_stop(limit: Option<u64>) -> (tempfile::TempDir, u64) {
     let dir = tempfile::tempdir().unwrap();
     let mut flushed: HashMap<(u32, u64), u64> = HashMap::new();
     let mut later: HashMap<(u32, u64), Vec<u64>> = HashMap::new();
+    let checkpoints;
     {
-        let dp = open(dir.path(), 32, 2, 1 << 20, Schedule::default());
+        let dp = open_limited(dir.path(), 32, 2, 1 << 20, Schedule::default(), limit);
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
         let mut pending: HashMap<(u32, u64), u64> = HashMap::new();
         for i in 1..=600u64 {
@@ -89,6 +109,7 @@ fn after_a_crash_like_stop_every_flushed_write_is_read_back() {
                 later.clear();
             }
         }
+        checkpoints = dp.checkpoints();
         // Dropped without a flush: what was not flushed may or may not be there.
     }
     let dp = open(dir.path(), 32, 2, 1 << 20, Schedule::default());
@@ -112,6 +133,7 @@ fn after_a_crash_like_stop_every_flushed_write_is_read_back() {
             assert!(ok.iter().any(|&v| matches(v)), "vm {vm} block {b}: none of the versions {ok:?}");
         }
     }
+    (dir, checkpoints)
 }
 
 #[test]

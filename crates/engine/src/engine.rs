@@ -407,7 +407,7 @@ impl Engine {
         }
         for (i, &run) in runs.iter().enumerate() {
             let op = self.ssd(OpKind::SsdWrite, vm, s, run, phase.max(1), false);
-            self.emit(out, DeviceOp { staged: true, source: Some(first + i as u64), ..op });
+            self.emit(out, DeviceOp { staged: true, source: std::num::NonZeroU64::new(first + i as u64), ..op });
             self.valid.set(s, run);
             self.note(s);
         }
@@ -554,7 +554,7 @@ impl Engine {
         for &run in &runs {
             let read = self.emit(out, DeviceOp { staged: true, ..self.ssd(OpKind::SsdRead, vm, s, run, phase, sync) });
             let write = self.backing(OpKind::BackingWrite, vm, block, run, phase + 1, sync);
-            self.emit(out, DeviceOp { staged: true, source: Some(read), ..write });
+            self.emit(out, DeviceOp { staged: true, source: std::num::NonZeroU64::new(read), ..write });
             n += run.1 - run.0;
         }
         self.runs = runs;

@@ -98,11 +98,18 @@ pub struct DeviceOp {
     pub staged: bool,
     /// Moves the request's own data (see the module doc).
     pub client: bool,
-    /// Staged writes: the read op whose bytes they write.
-    pub source: Option<OpId>,
+    /// Staged writes: the read op whose bytes they write ([`Self::source_id`]; non-zero
+    /// keeps the op small, op ids start at 1).
+    pub source: Option<std::num::NonZeroU64>,
 }
 
 impl DeviceOp {
+    /// Staged writes: the id of the read op whose bytes they write.
+    #[inline]
+    pub fn source_id(&self) -> Option<OpId> {
+        self.source.map(|s| s.get())
+    }
+
     /// Cache ops: byte offset in the cache store with blocks of `block_size` bytes.
     #[inline]
     pub fn ssd_offset(&self, block_size: u64) -> u64 {

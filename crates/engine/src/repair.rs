@@ -85,7 +85,7 @@ impl Engine {
             if op.kind != OpKind::BackingWrite || !op.staged || done(i) {
                 continue;
             }
-            let Some(read) = op.source.and_then(|src| job.ops.iter().find(|o| o.id == src)) else { continue };
+            let Some(read) = op.source_id().and_then(|src| job.ops.iter().find(|o| o.id == src)) else { continue };
             let (lo, hi) = op.sectors(bs);
             let (slot, vm, block) = (read.slot, op.vm, op.block(bs));
             self.recompose(slot, vm, block, |i, v, d| if (lo..hi).contains(&i) { (true, true) } else { (v, d) });

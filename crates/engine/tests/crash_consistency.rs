@@ -144,7 +144,7 @@ impl Machine {
         for i in 0..if fail { torn.min(n) } else { n } {
             let key = (op.vm, d0 + i);
             let v = if op.staged {
-                let src = op.source.ok_or("staged write without a source")?;
+                let src = op.source_id().ok_or("staged write without a source")?;
                 let (_, buf) = self.bufs.get(&src).ok_or(format!("{op:?}: source not read"))?;
                 buf.iter().find(|t| (t.0, t.1) == key).ok_or("source lacks the sector")?.2
             } else {

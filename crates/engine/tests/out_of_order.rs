@@ -109,7 +109,7 @@ impl World {
         for i in 0..count {
             let key = (op.vm, d0 + i);
             let v = if op.staged {
-                let src = op.source.ok_or(format!("{op:?}: a staged write without a source"))?;
+                let src = op.source_id().ok_or(format!("{op:?}: a staged write without a source"))?;
                 let buf = self.bufs.get(&src).ok_or(format!("{op:?}: source {src} never read (or failed)"))?;
                 let t = buf.1.iter().find(|t| (t.0, t.1) == key).ok_or(format!("{op:?}: source lacks {key:?}"))?;
                 t.2

@@ -81,7 +81,9 @@ impl World {
                         }
                     }
                     OpKind::SsdWrite | OpKind::BackingWrite => {
-                        if op.staged && !ops.iter().any(|o| Some(o.id) == op.source && o.staged && !o.kind.is_write()) {
+                        if op.staged
+                            && !ops.iter().any(|o| Some(o.id) == op.source_id() && o.staged && !o.kind.is_write())
+                        {
                             return Err(format!("{op:?}: a staged write whose source is not a staged read"));
                         }
                         let v = match (op.staged, staged.get(&key), client) {

@@ -121,7 +121,7 @@ impl Shared {
             let data = if !op.kind.is_write() {
                 None
             } else if op.staged {
-                op.source.and_then(|s| core.bufs.get(&s)).map(|(_, b)| b.clone())
+                op.source_id().and_then(|s| core.bufs.get(&s)).map(|(_, b)| b.clone())
             } else {
                 core.waiting.get(&op.req).and_then(|w| w.write.clone())
             };

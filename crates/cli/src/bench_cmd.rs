@@ -171,6 +171,9 @@ pub enum BenchCmd {
         /// Interleaved rounds.
         #[arg(long, default_value_t = 3)]
         rounds: usize,
+        /// O_DIRECT on both sides (the cache store; the plain file, as qemu-nbd --cache=none).
+        #[arg(long)]
+        direct: bool,
         /// Working directory.
         #[arg(long, default_value = "out/bench/datapath")]
         dir: PathBuf,
@@ -198,8 +201,8 @@ pub fn run(c: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Parse { requests, reps, dir } => bench_parse(requests, reps, &dir),
         BenchCmd::Analyze { requests, blocks, alpha, reps, dir } => bench_analyze(requests, blocks, alpha, reps, &dir),
         BenchCmd::Memory { cache_size, block_size, last_access } => bench_memory(cache_size, block_size, last_access),
-        BenchCmd::Datapath { disk_size, cache_size, bs, threads, rw, secs, rounds, dir } => {
-            crate::bench_datapath::run(disk_size, cache_size, bs, &threads, &rw, secs, rounds, &dir)
+        BenchCmd::Datapath { disk_size, cache_size, bs, threads, rw, secs, rounds, direct, dir } => {
+            crate::bench_datapath::run(disk_size, cache_size, bs, &threads, &rw, secs, rounds, direct, &dir)
         }
         BenchCmd::Policy { vms, units, reps } => bench_policy(vms, units, reps),
         BenchCmd::Serve { disk_size, rounds, secs, rw, bs, iodepth, write_policy, dir } => {

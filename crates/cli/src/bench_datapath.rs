@@ -18,6 +18,13 @@ use std::time::{Duration, Instant};
 
 const BS: u64 = 4096;
 
+use cachevisor_server::aligned_buf;
+
+thread_local! {
+    /// Each client thread's aligned buffer for the O_DIRECT plain file.
+    static BOUNCE: std::cell::RefCell<aligned_buf::AlignedBuf> = Default::default();
+}
+
 /// One timed run: `threads` clients for `secs`, reads or writes of `bs` bytes at random
 /// `bs`-aligned offsets below `blocks × bs`; returns IOPS.
 fn timed(
@@ -59,6 +66,7 @@ pub fn run(
     rws: &[String],
     secs: f64,
     rounds: usize,
+    direct: bool,
     dir: &Path,
 ) -> anyhow::Result<()> {
     anyhow::ensure!(
@@ -71,9 +79,21 @@ pub fn run(
     let raw_path = dir.join("raw.img");
     let raw = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&raw_path)?;
     raw.set_len(disk_size)?;
+    // With --direct both sides are O_DIRECT (the cache store, and the plain file as
+    // `qemu-nbd --cache=none` opens it).
+    let raw = if direct { aligned_buf::open_direct(&raw_path)? } else { raw };
     let dp_dir = dir.join("datapath");
     let _ = std::fs::remove_dir_all(&dp_dir);
     std::fs::create_dir_all(&dp_dir)?;
+    // Both disks hold data everywhere (a sparse file's holes read without I/O).
+    for path in [raw_path.clone(), dp_dir.join("disk0.img")] {
+        let f = std::fs::OpenOptions::new().write(true).create(true).truncate(false).open(&path)?;
+        let chunk = vec![0xa5u8; 1 << 20];
+        for at in (0..disk_size).step_by(1 << 20) {
+            f.write_all_at(&chunk[..(disk_size - at).min(1 << 20) as usize], at)?;
+        }
+        f.sync_all()?;
+    }
     let cfg = EngineConfig {
         partition: PartitionMode::Shared,
         write_policy: WritePolicy::Wb,
@@ -91,6 +111,7 @@ pub fn run(
             Schedule { interval_ns: 0, flusher: Some(flusher) },
             1024,
             None,
+            if direct { cachevisor_server::config::DirectIo::On } else { cachevisor_server::config::DirectIo::Off },
         )
         .map_err(anyhow::Error::msg)?,
     );
@@ -124,7 +145,16 @@ pub fn run(
                     blocks,
                     bs,
                     |blk, buf, w| {
-                        let r = if w { raw.write_all_at(buf, blk * bs) } else { raw.read_exact_at(buf, blk * bs) };
+                        let r = match (direct, w) {
+                            (true, true) => {
+                                BOUNCE.with(|b| aligned_buf::write_at(&raw, &mut b.borrow_mut(), buf, blk * bs))
+                            }
+                            (true, false) => {
+                                BOUNCE.with(|b| aligned_buf::read_at(&raw, &mut b.borrow_mut(), buf, blk * bs))
+                            }
+                            (false, true) => raw.write_all_at(buf, blk * bs),
+                            (false, false) => raw.read_exact_at(buf, blk * bs),
+                        };
                         r.expect("file I/O");
                     },
                     write,

@@ -24,6 +24,13 @@ impl AlignedBuf {
     }
 }
 
+/// Opens `path` for reading and writing with O_DIRECT (its I/O goes through
+/// [`read_at`] / [`write_at`]).
+pub fn open_direct(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new().read(true).write(true).custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32).open(path)
+}
+
 /// Reads `buf.len()` bytes of `f` at `addr` through the aligned `bounce` (O_DIRECT).
 pub fn read_at(f: &std::fs::File, bounce: &mut AlignedBuf, buf: &mut [u8], addr: u64) -> std::io::Result<()> {
     use std::os::unix::fs::FileExt;

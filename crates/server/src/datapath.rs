@@ -17,7 +17,7 @@
 
 use crate::backing::Backing;
 use crate::persist::Persistence;
-use cachevisor_engine::{Commit, DeviceOp, Engine, Event, Failure, Location, OpId, OpKind, ReqId, Schedule};
+use cachevisor_engine::{Commit, DeviceOp, Engine, Event, Failure, Location, OpId, ReqId, Schedule};
 use cachevisor_trace::{Op, Request, VmId};
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
@@ -43,6 +43,9 @@ struct Waiting {
     reads: Vec<Bytes>,
     /// Asynchronous submission: called instead of waking a waiting thread.
     callback: Option<Done>,
+    /// A blocking submission: its thread waits here (one condition per request, so a
+    /// reply wakes only its own client).
+    waiter: Option<Arc<Condvar>>,
 }
 
 /// Bytes a thread runs as one device call at most.
@@ -71,9 +74,11 @@ struct Shared {
     core: Mutex<Core>,
     /// Work for device threads, or a commit for the committer.
     wake: Condvar,
-    /// Replies for client threads.
-    replied: Condvar,
+    /// A commit, or a checkpoint's wait, for the committer.
+    commit_cv: Condvar,
     ssd: File,
+    /// The cache store was opened O_DIRECT (I/O through aligned buffers).
+    direct: bool,
     backings: Vec<Arc<Backing>>,
     bs: u64,
     /// vDisk names by VM id (written into checkpoints).
@@ -89,6 +94,15 @@ struct Shared {
 pub struct DataPath {
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
+}
+
+thread_local! {
+    /// Each thread's aligned buffer for an O_DIRECT cache store.
+    static BOUNCE: std::cell::RefCell<crate::aligned_buf::AlignedBuf> = Default::default();
+}
+
+fn no_device() -> std::io::Error {
+    std::io::Error::other("no such device (a removed vDisk, or a remote cache: not served yet)")
 }
 
 fn failure(e: &std::io::Error) -> Failure {
@@ -116,7 +130,7 @@ impl Shared {
     /// Moves the engine's ready ops to the device queue, its events to the waiting
     /// clients, and its next commit to the committer; wakes whoever has something to do.
     fn pump(&self, core: &mut Core) {
-        let mut woke = false;
+        let mut queued = 0usize;
         while let Some(op) = core.engine.poll_op() {
             let data = if !op.kind.is_write() {
                 None
@@ -126,9 +140,8 @@ impl Shared {
                 core.waiting.get(&op.req).and_then(|w| w.write.clone())
             };
             core.work.push_back(Work { op, data });
-            woke = true;
+            queued += 1;
         }
-        let mut replied = false;
         while let Some(ev) = core.engine.poll_event() {
             match ev {
                 Event::Reply { req, result, .. } => {
@@ -138,7 +151,9 @@ impl Shared {
                         core.callbacks.push((f, result.map(|()| w.reads)));
                     } else if let Some(w) = core.waiting.get_mut(&req) {
                         w.done = Some(result);
-                        replied = true;
+                        if let Some(cv) = &w.waiter {
+                            cv.notify_one();
+                        }
                     }
                 }
                 Event::Retired { req, .. } => core.bufs.retain(|_, (r, _)| *r != req),
@@ -149,14 +164,13 @@ impl Shared {
             if let Some(c) = core.engine.poll_commit() {
                 core.commit = Some(c);
                 core.committing = true;
-                woke = true;
+                self.commit_cv.notify_one();
             }
         }
-        if woke {
-            self.wake.notify_all();
-        }
-        if replied {
-            self.replied.notify_all();
+        // One device thread per queued op, not every thread on every change (on a small
+        // machine a herd of wakeups costs more than the I/O).
+        for _ in 0..queued.min(core.work.len()) {
+            self.wake.notify_one();
         }
     }
 
@@ -169,27 +183,42 @@ impl Shared {
             let at = op.disk_addr.checked_sub(*base).ok_or(Failure::Io)? as usize;
             bytes.get(at..at + len).ok_or(Failure::Io)
         };
-        let r = match (op.loc, op.kind) {
-            (Location::Ssd(_), OpKind::SsdRead) => {
-                let mut buf = vec![0u8; len];
-                self.ssd.read_exact_at(&mut buf, op.ssd_offset(self.bs)).map(|()| Some(buf))
-            }
-            (Location::Ssd(_), OpKind::SsdWrite) => {
-                self.ssd.write_all_at(slice()?, op.ssd_offset(self.bs)).map(|()| None)
-            }
-            (Location::Backing(vm), OpKind::BackingRead) => {
-                let mut buf = vec![0u8; len];
-                self.backing(vm)?.read_at(&mut buf, op.disk_addr).map(|()| Some(buf))
-            }
-            (Location::Backing(vm), OpKind::BackingWrite) => {
-                self.backing(vm)?.write_at(slice()?, op.disk_addr).map(|()| None)
-            }
-            _ => return Err(Failure::Io), // remote caches arrive with the cluster work
+        let at = if op.kind.is_ssd() { op.ssd_offset(self.bs) } else { op.disk_addr };
+        let r = if op.kind.is_write() {
+            self.dev_write(op.loc, slice()?, at).map(|()| None)
+        } else {
+            let mut buf = vec![0u8; len];
+            self.dev_read(op.loc, &mut buf, at).map(|()| Some(buf))
         };
         r.map(|b| b.map(|buf| (Arc::new(buf), op.disk_addr))).map_err(|e| {
             tracing::error!(?op, %e, "device operation failed");
             failure(&e)
         })
+    }
+
+    /// Reads `buf.len()` bytes at `at` of the device `loc` names (the cache store through
+    /// an aligned buffer when it is O_DIRECT).
+    fn dev_read(&self, loc: Location, buf: &mut [u8], at: u64) -> std::io::Result<()> {
+        match loc {
+            Location::Ssd(_) if self.direct => {
+                BOUNCE.with(|b| crate::aligned_buf::read_at(&self.ssd, &mut b.borrow_mut(), buf, at))
+            }
+            Location::Ssd(_) => self.ssd.read_exact_at(buf, at),
+            Location::Backing(vm) => self.backing(vm).map_err(|_| no_device())?.read_at(buf, at),
+            Location::Remote { .. } => Err(no_device()),
+        }
+    }
+
+    /// Writes `data` at `at` of the device `loc` names.
+    fn dev_write(&self, loc: Location, data: &[u8], at: u64) -> std::io::Result<()> {
+        match loc {
+            Location::Ssd(_) if self.direct => {
+                BOUNCE.with(|b| crate::aligned_buf::write_at(&self.ssd, &mut b.borrow_mut(), data, at))
+            }
+            Location::Ssd(_) => self.ssd.write_all_at(data, at),
+            Location::Backing(vm) => self.backing(vm).map_err(|_| no_device())?.write_at(data, at),
+            Location::Remote { .. } => Err(no_device()),
+        }
     }
 
     fn backing(&self, vm: VmId) -> Result<&Backing, Failure> {
@@ -229,7 +258,6 @@ impl Shared {
             let o = &next.op;
             let follows = o.kind == prev.kind
                 && o.loc == prev.loc
-                && (o.kind.is_ssd() || matches!(self.backing(o.vm), Ok(Backing::File(_))))
                 && if o.kind.is_ssd() {
                     o.ssd_offset(self.bs) == prev.ssd_offset(self.bs) + prev.len as u64
                 } else {
@@ -254,16 +282,6 @@ impl Shared {
         let total: usize = run.iter().map(|w| w.op.len as usize).sum();
         let (ssd, write) = (first.kind.is_ssd(), first.kind.is_write());
         let at = if ssd { first.ssd_offset(self.bs) } else { first.disk_addr };
-        let device = |f: &mut dyn FnMut(&dyn FileExt) -> std::io::Result<()>| -> std::io::Result<()> {
-            match first.loc {
-                Location::Ssd(_) => f(&self.ssd),
-                Location::Backing(vm) => match self.backing(vm) {
-                    Ok(Backing::File(file)) => f(file),
-                    _ => Err(std::io::Error::other("a run on a backing store that is not a file")),
-                },
-                Location::Remote { .. } => Err(std::io::Error::other("remote caches are not served yet")),
-            }
-        };
         // Whether the run's disk addresses are contiguous too (sequential I/O): then one
         // buffer serves every op with no copy.
         let disk_contiguous = run.windows(2).all(|p| p[1].op.disk_addr == p[0].op.disk_addr + p[0].op.len as u64);
@@ -275,7 +293,7 @@ impl Shared {
                 && rest.iter().all(|w| w.data.as_ref().is_some_and(|(b, s)| Arc::ptr_eq(b, bytes) && s == base));
             if same {
                 let from = (first.disk_addr - base) as usize;
-                device(&mut |f| f.write_all_at(&bytes[from..from + total], at)).map(|()| Vec::new())
+                self.dev_write(first.loc, &bytes[from..from + total], at).map(|()| Vec::new())
             } else {
                 let mut data = Vec::with_capacity(total);
                 for w in run {
@@ -283,11 +301,11 @@ impl Shared {
                     let from = (w.op.disk_addr - base) as usize;
                     data.extend_from_slice(&bytes[from..from + w.op.len as usize]);
                 }
-                device(&mut |f| f.write_all_at(&data, at)).map(|()| Vec::new())
+                self.dev_write(first.loc, &data, at).map(|()| Vec::new())
             }
         } else {
             let mut buf = vec![0u8; total];
-            device(&mut |f| f.read_exact_at(&mut buf, at)).map(|()| buf)
+            self.dev_read(first.loc, &mut buf, at).map(|()| buf)
         };
         match r {
             Err(e) => {
@@ -367,11 +385,11 @@ impl Shared {
                     if checkpointing {
                         // Waiting for the work in flight to drain.
                         core = self
-                            .wake
+                            .commit_cv
                             .wait_timeout(core, Duration::from_millis(2))
                             .map_or_else(|p| p.into_inner().0, |g| g.0);
                     } else {
-                        core = self.wake.wait(core).unwrap_or_else(|p| p.into_inner());
+                        core = self.commit_cv.wait(core).unwrap_or_else(|p| p.into_inner());
                     }
                 }
             };
@@ -439,7 +457,8 @@ impl Shared {
     /// client reads returned.
     fn run(&self, req: Option<Request>, write: Option<Bytes>) -> Result<Vec<Bytes>, Failure> {
         let mut core = self.lock();
-        let id = self.enter(&mut core, req, write, None);
+        let cv = Arc::new(Condvar::new());
+        let id = self.enter(&mut core, req, write, None, Some(cv.clone()));
         loop {
             if let Some(result) = core.waiting.get(&id).and_then(|w| w.done) {
                 let w = core.waiting.remove(&id).expect("waiting");
@@ -462,12 +481,19 @@ impl Shared {
                 core = self.lock();
                 continue;
             }
-            core = self.replied.wait(core).unwrap_or_else(|p| p.into_inner());
+            core = cv.wait(core).unwrap_or_else(|p| p.into_inner());
         }
     }
 
     /// Submits `req` (a flush when `None`) to the engine and queues what it can start.
-    fn enter(&self, core: &mut Core, req: Option<Request>, write: Option<Bytes>, callback: Option<Done>) -> ReqId {
+    fn enter(
+        &self,
+        core: &mut Core,
+        req: Option<Request>,
+        write: Option<Bytes>,
+        callback: Option<Done>,
+        waiter: Option<Arc<Condvar>>,
+    ) -> ReqId {
         let now = self.now();
         let id = match req {
             Some(mut r) => {
@@ -476,7 +502,7 @@ impl Shared {
             }
             None => core.engine.submit_flush(),
         };
-        core.waiting.insert(id, Waiting { done: None, write, reads: Vec::new(), callback });
+        core.waiting.insert(id, Waiting { done: None, write, reads: Vec::new(), callback, waiter });
         self.pump(core);
         id
     }
@@ -491,6 +517,7 @@ impl DataPath {
         mut engine: Engine,
         persist: Persistence,
         ssd: File,
+        direct: bool,
         backings: Vec<Arc<Backing>>,
         names: Vec<String>,
         threads: usize,
@@ -513,8 +540,9 @@ impl DataPath {
         let shared = Arc::new(Shared {
             core: Mutex::new(core),
             wake: Condvar::new(),
-            replied: Condvar::new(),
+            commit_cv: Condvar::new(),
             ssd,
+            direct,
             backings,
             bs,
             names,
@@ -548,6 +576,7 @@ impl DataPath {
         schedule: Schedule,
         reserve: u64,
         journal_limit: Option<u64>,
+        direct: crate::config::DirectIo,
     ) -> Result<DataPath, String> {
         let (bs, slots) = (cfg.block_size, cfg.slots);
         let spb = (bs / 512) as u32;
@@ -578,7 +607,10 @@ impl DataPath {
             f.set_len(len).map_err(|e| format!("{}: {e}", path.display()))?;
             Ok(f)
         };
-        let ssd = file("cache.img", slots * bs)?;
+        drop(file("cache.img", slots * bs)?);
+        let path = dir.join("cache.img");
+        let (ssd, direct) = crate::backing::open_cache_store(&path, slots * bs, direct)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
         let mut backings = Vec::new();
         for v in 0..vms {
             backings.push(Arc::new(Backing::File(file(&format!("disk{v}.img"), disk)?)));
@@ -588,7 +620,7 @@ impl DataPath {
         if let Some(limit) = journal_limit {
             persist.set_journal_limit(limit);
         }
-        Ok(DataPath::start(engine, persist, ssd, backings, names, threads, schedule, reserve))
+        Ok(DataPath::start(engine, persist, ssd, direct, backings, names, threads, schedule, reserve))
     }
 
     /// Reads `buf.len()` bytes of `vm`'s disk at `offset` (sector-aligned).
@@ -622,13 +654,18 @@ impl DataPath {
         });
         let write = data.map(|d| (Arc::new(d), offset));
         let mut core = self.shared.lock();
-        self.shared.enter(&mut core, req, write, Some(done));
+        self.shared.enter(&mut core, req, write, Some(done), None);
         self.shared.unlock(core);
     }
 
     /// Makes every write acknowledged so far durable (cache store, journal, backings).
     pub fn flush(&self) -> Result<(), Failure> {
         self.shared.run(None, None).map(|_| ())
+    }
+
+    /// Whether the cache store is O_DIRECT.
+    pub fn direct(&self) -> bool {
+        self.shared.direct
     }
 
     /// Checkpoints written so far (each replaced the journal).
@@ -670,6 +707,7 @@ impl Drop for DataPath {
             core.stop = true;
         }
         self.shared.wake.notify_all();
+        self.shared.commit_cv.notify_all();
         for t in self.threads.drain(..) {
             let _ = t.join();
         }

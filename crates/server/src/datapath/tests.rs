@@ -18,7 +18,7 @@ fn open(dir: &Path, slots: u64, vms: u32, disk: u64, schedule: Schedule) -> Data
 /// [`open`] with a journal size past which checkpoints replace the journal.
 fn open_limited(dir: &Path, slots: u64, vms: u32, disk: u64, schedule: Schedule, limit: Option<u64>) -> DataPath {
     let cfg = EngineConfig { partition: PartitionMode::Shared, ..EngineConfig::with_slots(slots) };
-    DataPath::open_in(dir, cfg, vms, disk, 4, schedule, 8, limit).unwrap()
+    DataPath::open_in(dir, cfg, vms, disk, 4, schedule, 8, limit, crate::config::DirectIo::Auto).unwrap()
 }
 
 /// A block's pattern: its VM, offset and version in every 8 bytes.

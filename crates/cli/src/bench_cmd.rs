@@ -174,6 +174,10 @@ pub enum BenchCmd {
         /// O_DIRECT on both sides (the cache store; the plain file, as qemu-nbd --cache=none).
         #[arg(long)]
         direct: bool,
+        /// The data path's device threads (client threads also run ops themselves; 0: one
+        /// per CPU).
+        #[arg(long, default_value_t = 0)]
+        device_threads: usize,
         /// Working directory.
         #[arg(long, default_value = "out/bench/datapath")]
         dir: PathBuf,
@@ -201,8 +205,19 @@ pub fn run(c: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Parse { requests, reps, dir } => bench_parse(requests, reps, &dir),
         BenchCmd::Analyze { requests, blocks, alpha, reps, dir } => bench_analyze(requests, blocks, alpha, reps, &dir),
         BenchCmd::Memory { cache_size, block_size, last_access } => bench_memory(cache_size, block_size, last_access),
-        BenchCmd::Datapath { disk_size, cache_size, bs, threads, rw, secs, rounds, direct, dir } => {
-            crate::bench_datapath::run(disk_size, cache_size, bs, &threads, &rw, secs, rounds, direct, &dir)
+        BenchCmd::Datapath { disk_size, cache_size, bs, threads, rw, secs, rounds, direct, device_threads, dir } => {
+            crate::bench_datapath::run(
+                disk_size,
+                cache_size,
+                bs,
+                &threads,
+                &rw,
+                secs,
+                rounds,
+                direct,
+                device_threads,
+                &dir,
+            )
         }
         BenchCmd::Policy { vms, units, reps } => bench_policy(vms, units, reps),
         BenchCmd::Serve { disk_size, rounds, secs, rw, bs, iodepth, write_policy, dir } => {

@@ -67,6 +67,7 @@ pub fn run(
     secs: f64,
     rounds: usize,
     direct: bool,
+    device_threads: usize,
     dir: &Path,
 ) -> anyhow::Result<()> {
     anyhow::ensure!(
@@ -74,6 +75,10 @@ pub fn run(
         "--bs must be a multiple of 512 up to the disk size"
     );
     std::fs::create_dir_all(dir)?;
+    let device_threads = match device_threads {
+        0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
+        n => n,
+    };
     let blocks = disk_size / bs;
     // The plain file: written once so reads find data, as the data path's disk does.
     let raw_path = dir.join("raw.img");
@@ -107,7 +112,7 @@ pub fn run(
             cfg,
             1,
             disk_size,
-            32,
+            device_threads,
             Schedule { interval_ns: 0, flusher: Some(flusher) },
             1024,
             None,
@@ -117,7 +122,7 @@ pub fn run(
     );
     println!(
         "data path (engine, persistent mode, {} device threads) vs a plain file, {} KiB random I/O, disk {} MiB, cache {} MiB, {rounds} interleaved rounds of {secs} s, medians",
-        32,
+        device_threads,
         bs / 1024,
         disk_size >> 20,
         cache_size >> 20

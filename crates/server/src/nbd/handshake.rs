@@ -4,8 +4,26 @@
 //! oversized option closes the connection after an error reply where the spec allows one.
 
 use super::proto::*;
-use crate::daemon::Daemon;
+use crate::daemon::{Daemon, ExportInfo};
 use std::io::{self, Read, Write};
+
+/// What the handshake needs of a server: its exports and their block size. The daemon is
+/// one; the data path on the engine's asynchronous face (`datapath.rs`) will be another.
+pub trait Exports {
+    /// The exports a client may ask for (by name).
+    fn exports(&self) -> Vec<ExportInfo>;
+    /// The preferred I/O size advertised (the cache's block size).
+    fn block_size(&self) -> u64;
+}
+
+impl Exports for Daemon {
+    fn exports(&self) -> Vec<ExportInfo> {
+        Daemon::exports(self)
+    }
+    fn block_size(&self) -> u64 {
+        Daemon::block_size(self)
+    }
+}
 
 /// Transmission flags of every export: flush, FUA and write-zeroes are honoured; several
 /// connections share one engine and a flush covers all of them, so multi-conn is safe.
@@ -32,7 +50,7 @@ fn read_u32(s: &mut impl Read) -> io::Result<u32> {
 }
 
 /// Runs the handshake on `s`.
-pub fn negotiate<S: Read + Write>(s: &mut S, d: &Daemon) -> io::Result<Negotiated> {
+pub fn negotiate<S: Read + Write>(s: &mut S, d: &(impl Exports + ?Sized)) -> io::Result<Negotiated> {
     let mut hello = Vec::with_capacity(18);
     hello.extend_from_slice(&NBDMAGIC.to_be_bytes());
     hello.extend_from_slice(&IHAVEOPT.to_be_bytes());

@@ -178,6 +178,10 @@ pub enum BenchCmd {
         /// per CPU).
         #[arg(long, default_value_t = 0)]
         device_threads: usize,
+        /// Through NBD with fio (iodepths = --threads) against qemu-nbd --cache=none
+        /// --aio=native on the plain file (needs fio and qemu-utils; use with --direct).
+        #[arg(long)]
+        nbd: bool,
         /// Working directory.
         #[arg(long, default_value = "out/bench/datapath")]
         dir: PathBuf,
@@ -205,20 +209,31 @@ pub fn run(c: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Parse { requests, reps, dir } => bench_parse(requests, reps, &dir),
         BenchCmd::Analyze { requests, blocks, alpha, reps, dir } => bench_analyze(requests, blocks, alpha, reps, &dir),
         BenchCmd::Memory { cache_size, block_size, last_access } => bench_memory(cache_size, block_size, last_access),
-        BenchCmd::Datapath { disk_size, cache_size, bs, threads, rw, secs, rounds, direct, device_threads, dir } => {
-            crate::bench_datapath::run(
-                disk_size,
-                cache_size,
-                bs,
-                &threads,
-                &rw,
-                secs,
-                rounds,
-                direct,
-                device_threads,
-                &dir,
-            )
-        }
+        BenchCmd::Datapath {
+            disk_size,
+            cache_size,
+            bs,
+            threads,
+            rw,
+            secs,
+            rounds,
+            direct,
+            device_threads,
+            nbd,
+            dir,
+        } => crate::bench_datapath::run(
+            disk_size,
+            cache_size,
+            bs,
+            &threads,
+            &rw,
+            secs,
+            rounds,
+            direct,
+            device_threads,
+            nbd,
+            &dir,
+        ),
         BenchCmd::Policy { vms, units, reps } => bench_policy(vms, units, reps),
         BenchCmd::Serve { disk_size, rounds, secs, rw, bs, iodepth, write_policy, dir } => {
             let job = crate::bench_serve::Job { rw, bs, iodepth, write_policy };

@@ -68,6 +68,7 @@ pub fn run(
     rounds: usize,
     direct: bool,
     device_threads: usize,
+    nbd: bool,
     dir: &Path,
 ) -> anyhow::Result<()> {
     anyhow::ensure!(
@@ -120,6 +121,9 @@ pub fn run(
         )
         .map_err(anyhow::Error::msg)?,
     );
+    if nbd {
+        return through_nbd(&dp, disk_size, bs, threads, rws, secs, rounds, &raw_path);
+    }
     println!(
         "data path (engine, persistent mode, {} device threads) vs a plain file, {} KiB random I/O, disk {} MiB, cache {} MiB, {rounds} interleaved rounds of {secs} s, medians",
         device_threads,
@@ -170,5 +174,74 @@ pub fn run(
         }
     }
     dp.flush().map_err(|f| anyhow::anyhow!("flush: {f:?}"))?;
+    Ok(())
+}
+
+/// The handshake's view of the bench's one export.
+struct OneExport(u64);
+
+impl cachevisor_server::nbd::handshake::Exports for OneExport {
+    fn exports(&self) -> Vec<cachevisor_server::daemon::ExportInfo> {
+        vec![cachevisor_server::daemon::ExportInfo { id: 0, name: "vm0".into(), size: self.0 }]
+    }
+    fn block_size(&self) -> u64 {
+        BS
+    }
+}
+
+/// `--nbd`: the data path served over NBD on loopback (in this process:
+/// `nbd::transmission_async`) against `qemu-nbd --cache=none --aio=native` on the plain
+/// file, both driven by fio's nbd engine (iodepth = the `--threads` values).
+#[allow(clippy::too_many_arguments)]
+fn through_nbd(
+    dp: &Arc<DataPath>,
+    disk_size: u64,
+    bs: u64,
+    depths: &[usize],
+    rws: &[String],
+    secs: f64,
+    rounds: usize,
+    raw_path: &Path,
+) -> anyhow::Result<()> {
+    use cachevisor_server::nbd::handshake::{negotiate, Negotiated};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let port = listener.local_addr()?.port();
+    let server = dp.clone();
+    std::thread::spawn(move || {
+        for s in listener.incoming() {
+            let Ok(mut s) = s else { continue };
+            let dp = server.clone();
+            std::thread::spawn(move || {
+                let _ = s.set_nodelay(true);
+                if let Ok(Negotiated::Export(vm)) = negotiate(&mut s, &OneExport(disk_size)) {
+                    if let Ok(out) = s.try_clone() {
+                        let _ = cachevisor_server::nbd::transmission_async::serve(s, out, &dp, vm, disk_size);
+                    }
+                }
+            });
+        }
+    });
+    let ours = format!("nbd://127.0.0.1:{port}/vm0");
+    let (_qemu, theirs) = crate::bench_serve::start_qemu_nbd(&raw_path.display().to_string())?;
+    let size = format!("{}M", disk_size >> 20);
+    let bs_arg = format!("--bs={bs}");
+    let secs = secs.ceil().max(1.0) as u32;
+    println!(
+        "data path over NBD (in process) vs qemu-nbd --cache=none --aio=native, fio nbd engine, {} KiB, disk {} MiB, {rounds} interleaved rounds of {secs} s, medians",
+        bs / 1024,
+        disk_size >> 20
+    );
+    println!("{:<12} {:>8} {:>14} {:>14} {:>7}", "rw", "iodepth", "datapath IOPS", "qemu-nbd IOPS", "ratio");
+    for rw in rws {
+        for &d in depths {
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            for _ in 0..rounds {
+                a.push(crate::bench_serve::fio_with(&ours, rw, d as u32, secs, &size, &[&bs_arg])?.iops);
+                b.push(crate::bench_serve::fio_with(&theirs, rw, d as u32, secs, &size, &[&bs_arg])?.iops);
+            }
+            let (ma, mb) = (crate::bench_cmd::median(a), crate::bench_cmd::median(b));
+            println!("{rw:<12} {d:>8} {ma:>14.0} {mb:>14.0} {:>6.2}×", ma / mb);
+        }
+    }
     Ok(())
 }

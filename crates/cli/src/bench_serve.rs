@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-struct Proc(Child);
+pub(crate) struct Proc(Child);
 
 impl Drop for Proc {
     fn drop(&mut self) {
@@ -95,15 +95,22 @@ fn fio(uri: &str, rw: &str, depth: u32, secs: u32, size: &str) -> anyhow::Result
 
 /// One fio run: requests per second (reads and writes), and the reads' latency.
 #[derive(Debug, Clone, Copy)]
-struct FioReads {
-    iops: f64,
+pub(crate) struct FioReads {
+    pub(crate) iops: f64,
     /// Mean completion latency, µs.
     mean_us: f64,
     /// 99th percentile completion latency, µs.
     p99_us: f64,
 }
 
-fn fio_with(uri: &str, rw: &str, depth: u32, secs: u32, size: &str, extra: &[&str]) -> anyhow::Result<FioReads> {
+pub(crate) fn fio_with(
+    uri: &str,
+    rw: &str,
+    depth: u32,
+    secs: u32,
+    size: &str,
+    extra: &[&str],
+) -> anyhow::Result<FioReads> {
     let o = Command::new("fio")
         .args([
             "--name=b",
@@ -202,7 +209,7 @@ pub fn run(disk_size: u64, rounds: usize, secs: u32, job: &Job, dir: &Path) -> a
 }
 
 /// qemu-nbd serving `file` with O_DIRECT (`--cache=none`, native AIO).
-fn start_qemu_nbd(file: &str) -> anyhow::Result<(Proc, String)> {
+pub(crate) fn start_qemu_nbd(file: &str) -> anyhow::Result<(Proc, String)> {
     let port = free_port()?;
     let c = Command::new("qemu-nbd")
         .args([

@@ -658,6 +658,23 @@ impl DataPath {
         self.shared.unlock(core);
     }
 
+    /// Runs queued ops on the calling thread until none is left (a submitter with nothing
+    /// else to do — an NBD reader whose input has no further request buffered — saves the
+    /// hand-off to a device thread).
+    pub fn run_queued(&self) {
+        let s = &self.shared;
+        let mut core = s.lock();
+        while let Some(run) = s.pop_run(&mut core) {
+            s.unlock(core);
+            let results = s.execute_run(&run);
+            core = s.lock();
+            for (w, r) in run.into_iter().zip(results) {
+                s.complete(&mut core, w.op, r);
+            }
+        }
+        s.unlock(core);
+    }
+
     /// Makes every write acknowledged so far durable (cache store, journal, backings).
     pub fn flush(&self) -> Result<(), Failure> {
         self.shared.run(None, None).map(|_| ())

@@ -172,6 +172,11 @@ pub fn serve<R: Read, W: Write + Send + 'static>(
                 }
                 _ => conn.reply(ENOTSUP, req.cookie, None),
             }
+            // No further request buffered: run the queued ops here rather than hand them
+            // to a device thread (at iodepth 1 the request never changes threads).
+            if r.buffer().is_empty() {
+                dp.run_queued();
+            }
         }
     })();
     conn.drain();

@@ -187,6 +187,9 @@ impl cachevisor_server::nbd::handshake::Exports for OneExport {
     fn block_size(&self) -> u64 {
         BS
     }
+    fn transmission_flags(&self) -> u16 {
+        cachevisor_server::nbd::transmission_async::TRANSMISSION_FLAGS
+    }
 }
 
 /// `--nbd`: the data path served over NBD on loopback (in this process:

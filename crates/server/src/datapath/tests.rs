@@ -223,6 +223,9 @@ impl crate::nbd::handshake::Exports for OneExport {
     fn block_size(&self) -> u64 {
         BS
     }
+    fn transmission_flags(&self) -> u16 {
+        crate::nbd::transmission_async::TRANSMISSION_FLAGS
+    }
 }
 
 #[test]
@@ -262,6 +265,8 @@ fn an_nbd_client_reads_its_writes_through_the_asynchronous_transmission() {
     // Out of range: an error reply, and the connection goes on.
     assert_eq!(c.read(size - 512, 4096).unwrap(), Err(crate::nbd::proto::EINVAL));
     assert!(c.read(0, 4096).unwrap().is_ok());
+    // TRIM is not advertised by this loop, and refused if sent anyway.
+    assert_eq!(c.trim(0, 4096).unwrap(), Err(crate::nbd::proto::ENOTSUP));
     drop(c);
     server.join().unwrap();
 }

@@ -3,8 +3,8 @@
 //! each reply is written by whichever data-path thread completes the request, in
 //! completion order (NBD matches replies by cookie), so no thread per request waits. A
 //! disconnect (or the client closing) waits for every reply in flight. TRIM is not served
-//! by the engine's asynchronous face yet: it is answered ENOTSUP (the export does not
-//! advertise it when served this way).
+//! by the engine's asynchronous face yet: it is answered ENOTSUP, and a server using this
+//! loop advertises [`TRANSMISSION_FLAGS`] (no TRIM) in its handshake.
 //!
 //! This is the NBD face the daemon moves to (issue 12, part 2); until then it serves a
 //! `DataPath` in tests and benches.
@@ -14,6 +14,10 @@ use crate::datapath::{copy_range, DataPath};
 use cachevisor_engine::Failure;
 use std::io::{self, Read, Write};
 use std::sync::{Arc, Condvar, Mutex};
+
+/// Transmission flags of an export served by this loop: flush, FUA, write-zeroes and
+/// multi-conn, not TRIM.
+pub const TRANSMISSION_FLAGS: u16 = super::handshake::TRANSMISSION_FLAGS & !TFLAG_SEND_TRIM;
 
 /// The errno a failure is reported with.
 fn errno(f: Failure) -> u32 {

@@ -177,21 +177,6 @@ pub fn run(
     Ok(())
 }
 
-/// The handshake's view of the bench's one export.
-struct OneExport(u64);
-
-impl cachevisor_server::nbd::handshake::Exports for OneExport {
-    fn exports(&self) -> Vec<cachevisor_server::daemon::ExportInfo> {
-        vec![cachevisor_server::daemon::ExportInfo { id: 0, name: "vm0".into(), size: self.0 }]
-    }
-    fn block_size(&self) -> u64 {
-        BS
-    }
-    fn transmission_flags(&self) -> u16 {
-        cachevisor_server::nbd::transmission_async::TRANSMISSION_FLAGS
-    }
-}
-
 /// `--nbd`: the data path served over NBD on loopback (in this process:
 /// `nbd::transmission_async`) against `qemu-nbd --cache=none --aio=native` on the plain
 /// file, both driven by fio's nbd engine (iodepth = the `--threads` values).
@@ -216,7 +201,10 @@ fn through_nbd(
             let dp = server.clone();
             std::thread::spawn(move || {
                 let _ = s.set_nodelay(true);
-                if let Ok(Negotiated::Export(vm)) = negotiate(&mut s, &OneExport(disk_size)) {
+                if let Ok(Negotiated::Export(vm)) = negotiate(
+                    &mut s,
+                    &cachevisor_server::nbd::transmission_async::SingleExport { size: disk_size, block_size: BS },
+                ) {
                     if let Ok(out) = s.try_clone() {
                         let _ = cachevisor_server::nbd::transmission_async::serve(s, out, &dp, vm, disk_size);
                     }

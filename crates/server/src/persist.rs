@@ -440,13 +440,7 @@ impl Persistence {
         let mut buf = std::mem::take(&mut self.buf);
         buf.clear();
         for r in &c.records {
-            match r.block {
-                Some((vm, block)) if r.valid.iter().any(|&w| w != 0) => {
-                    Record::Slot { slot: r.slot, vm: vm as u16, block, valid: r.valid.clone(), dirty: r.dirty.clone() }
-                        .encode(&mut buf)
-                }
-                _ => Record::Free { slot: r.slot }.encode(&mut buf),
-            }
+            slot_record(r).encode(&mut buf);
         }
         self.buf = buf;
         let r = self.write_buffered();
@@ -480,21 +474,11 @@ impl Persistence {
         // cache store are synced before the file is renamed into place.
         write_file_atomically(&self.dir.join("checkpoint"), CHECKPOINT_MAGIC, &header, &mut |w| {
             let mut b = Vec::new();
-            for (vm, n) in names.iter().enumerate() {
-                Record::Vdisk { vm: vm as u16, name: n.clone() }.encode(&mut b);
-            }
-            for (vm, &t) in targets.iter().enumerate() {
-                Record::Target { vm: vm as u16, blocks: t }.encode(&mut b);
-            }
-            for (vm, id) in bindings.iter().enumerate() {
-                if let Some(identity) = id.clone().filter(|_| names.get(vm).is_some_and(|n| !n.is_empty())) {
-                    Record::Binding { vm: vm as u16, identity }.encode(&mut b);
-                }
-            }
+            vdisk_records(names, targets, &bindings, &mut b);
             let mut failed: Option<std::io::Error> = None;
             let sync = records(&mut |r| {
-                if let Some((vm, block)) = r.block {
-                    Record::Slot { slot: r.slot, vm: vm as u16, block, valid: r.valid, dirty: r.dirty }.encode(&mut b);
+                if r.block.is_some() {
+                    slot_record(&r).encode(&mut b);
                 }
                 if b.len() > 1 << 20 && failed.is_none() {
                     failed = w.write_all(&b).err();
@@ -512,6 +496,11 @@ impl Persistence {
             }
             ssd.sync_data()
         })?;
+        self.start_journal(header)
+    }
+
+    /// Starts an empty journal of `header`'s generation (after its checkpoint is in place).
+    fn start_journal(&mut self, header: Header) -> std::io::Result<()> {
         let jpath = self.dir.join("journal");
         write_file_atomically(&jpath, JOURNAL_MAGIC, &header, &mut |_| Ok(()))?;
         self.journal = OpenOptions::new().append(true).open(&jpath)?;
@@ -535,17 +524,7 @@ impl Persistence {
         let header = Header { generation: self.header.generation + 1, ..self.header };
         write_file_atomically(&self.dir.join("checkpoint"), CHECKPOINT_MAGIC, &header, &mut |w| {
             let mut b = Vec::new();
-            for (vm, n) in names.iter().enumerate() {
-                Record::Vdisk { vm: vm as u16, name: n.clone() }.encode(&mut b);
-            }
-            for (vm, &t) in targets.iter().enumerate() {
-                Record::Target { vm: vm as u16, blocks: t }.encode(&mut b);
-            }
-            for (vm, id) in self.bindings.iter().enumerate() {
-                if let Some(identity) = id.clone().filter(|_| names.get(vm).is_some_and(|n| !n.is_empty())) {
-                    Record::Binding { vm: vm as u16, identity }.encode(&mut b);
-                }
-            }
+            vdisk_records(names, targets, &self.bindings, &mut b);
             for slot in 0..self.slots as u32 {
                 if e.slot_block(slot).is_some() {
                     let s = SlotState::of(e, slot);
@@ -565,12 +544,37 @@ impl Persistence {
             }
             w.write_all(&b)
         })?;
-        let jpath = self.dir.join("journal");
-        write_file_atomically(&jpath, JOURNAL_MAGIC, &header, &mut |_| Ok(()))?;
-        self.journal = OpenOptions::new().append(true).open(&jpath)?;
-        self.journal_end = self.journal.metadata()?.len();
-        self.header = header;
-        self.pre_sync.clear();
-        Ok(())
+        self.start_journal(header)
+    }
+}
+
+/// The records every checkpoint starts with: vDisk names and targets by VM id, and the
+/// backing store each named vDisk is bound to.
+fn vdisk_records(
+    names: &[String],
+    targets: &[u64],
+    bindings: &[Option<crate::backing_identity::Identity>],
+    b: &mut Vec<u8>,
+) {
+    for (vm, n) in names.iter().enumerate() {
+        Record::Vdisk { vm: vm as u16, name: n.clone() }.encode(b);
+    }
+    for (vm, &t) in targets.iter().enumerate() {
+        Record::Target { vm: vm as u16, blocks: t }.encode(b);
+    }
+    for (vm, id) in bindings.iter().enumerate() {
+        if let Some(identity) = id.clone().filter(|_| names.get(vm).is_some_and(|n| !n.is_empty())) {
+            Record::Binding { vm: vm as u16, identity }.encode(b);
+        }
+    }
+}
+
+/// The journal record of an engine slot record (free when it holds nothing valid).
+fn slot_record(r: &cachevisor_engine::SlotRecord) -> Record {
+    match r.block {
+        Some((vm, block)) if r.valid.iter().any(|&w| w != 0) => {
+            Record::Slot { slot: r.slot, vm: vm as u16, block, valid: r.valid.clone(), dirty: r.dirty.clone() }
+        }
+        _ => Record::Free { slot: r.slot },
     }
 }

@@ -213,21 +213,6 @@ fn large_reads_and_writes_run_as_few_device_calls_and_return_the_right_bytes() {
     dp.with_engine(|e| e.check_invariants()).unwrap();
 }
 
-/// The handshake's view of a data path serving one export.
-struct OneExport(u64);
-
-impl crate::nbd::handshake::Exports for OneExport {
-    fn exports(&self) -> Vec<crate::daemon::ExportInfo> {
-        vec![crate::daemon::ExportInfo { id: 0, name: "vm0".into(), size: self.0 }]
-    }
-    fn block_size(&self) -> u64 {
-        BS
-    }
-    fn transmission_flags(&self) -> u16 {
-        crate::nbd::transmission_async::TRANSMISSION_FLAGS
-    }
-}
-
 #[test]
 fn an_nbd_client_reads_its_writes_through_the_asynchronous_transmission() {
     use crate::nbd::handshake::{negotiate, Negotiated};
@@ -241,7 +226,10 @@ fn an_nbd_client_reads_its_writes_through_the_asynchronous_transmission() {
         std::thread::spawn(move || {
             let (mut s, _) = listener.accept().unwrap();
             s.set_nodelay(true).unwrap();
-            assert_eq!(negotiate(&mut s, &OneExport(size)).unwrap(), Negotiated::Export(0));
+            assert_eq!(
+                negotiate(&mut s, &crate::nbd::transmission_async::SingleExport { size, block_size: BS }).unwrap(),
+                Negotiated::Export(0)
+            );
             let out = s.try_clone().unwrap();
             crate::nbd::transmission_async::serve(s, out, &dp, 0, size).unwrap();
         })

@@ -19,6 +19,27 @@ use std::sync::{Arc, Condvar, Mutex};
 /// multi-conn, not TRIM.
 pub const TRANSMISSION_FLAGS: u16 = super::handshake::TRANSMISSION_FLAGS & !TFLAG_SEND_TRIM;
 
+/// One export, "vm0" (VM id 0) of `size` bytes with the cache's block size, as served
+/// by this loop (no TRIM): the handshake's view of a data path with one vDisk.
+pub struct SingleExport {
+    /// Export size in bytes.
+    pub size: u64,
+    /// The cache's block size.
+    pub block_size: u64,
+}
+
+impl super::handshake::Exports for SingleExport {
+    fn exports(&self) -> Vec<crate::daemon::ExportInfo> {
+        vec![crate::daemon::ExportInfo { id: 0, name: "vm0".into(), size: self.size }]
+    }
+    fn block_size(&self) -> u64 {
+        self.block_size
+    }
+    fn transmission_flags(&self) -> u16 {
+        TRANSMISSION_FLAGS
+    }
+}
+
 /// The errno a failure is reported with.
 fn errno(f: Failure) -> u32 {
     match f {

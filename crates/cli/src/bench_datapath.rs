@@ -173,7 +173,7 @@ pub fn run(
             println!("{rw:<12} {t:>8} {ma:>14.0} {mb:>14.0} {:>6.2}×", ma / mb);
         }
     }
-    dp.flush().map_err(|f| anyhow::anyhow!("flush: {f:?}"))?;
+    dp.flush(0).map_err(|f| anyhow::anyhow!("flush: {f:?}"))?;
     Ok(())
 }
 
@@ -206,7 +206,7 @@ fn through_nbd(
                     &cachevisor_server::nbd::transmission_async::SingleExport { size: disk_size, block_size: BS },
                 ) {
                     if let Ok(out) = s.try_clone() {
-                        let _ = cachevisor_server::nbd::transmission_async::serve(s, out, &dp, vm, disk_size);
+                        let _ = cachevisor_server::nbd::transmission_async::serve(s, out, &dp, vm, disk_size, None);
                     }
                 }
             });

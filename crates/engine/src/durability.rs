@@ -319,6 +319,12 @@ impl Engine {
         }
     }
 
+    /// Whether admission is held ([`Self::hold_admission`]): commands submitted as jobs
+    /// are not run meanwhile.
+    pub fn admission_held(&self) -> bool {
+        self.flight.hold
+    }
+
     /// Whether nothing is in flight: no admitted request or job, no commit (a checkpoint
     /// may be written).
     pub fn quiescent(&self) -> bool {

@@ -684,10 +684,24 @@ impl Engine {
         Some(s)
     }
 
+    /// Whether a free slot with no ops in flight is left.
+    fn free_available(&self) -> bool {
+        match self.free.front() {
+            None => false,
+            Some(s) if self.flight.pinned(s) => self.free.iter_from_back(&self.slots).any(|s| !self.flight.pinned(s)),
+            Some(_) => true,
+        }
+    }
+
     /// Evicts one of `vm`'s blocks (or the shared policy's) for a new block: its slot, or
     /// in persistent mode a durable free one (the victim's goes to limbo); `None` when no
-    /// victim can be had, or no durable free slot is left (the block bypasses the cache).
+    /// victim can be had, or no durable free slot is left — then nothing is evicted (the
+    /// partition keeps its blocks; only the new block bypasses the cache until the next
+    /// commit returns slots from limbo).
     fn victim_slot(&mut self, vm: VmId, sync: bool, out: &mut Output) -> Option<(u32, Option<Evicted>)> {
+        if self.dur.on && !self.free_available() {
+            return None;
+        }
         let (s, e) = self.evict_from(vm, sync, out)?;
         if !self.dur.on {
             return Some((s, Some(e)));

@@ -36,6 +36,9 @@ pub enum Failure {
     NoSpace,
     /// Any other I/O error.
     Io,
+    /// The device or vDisk is no longer served (a removed vDisk, a stopped daemon): the
+    /// client is told the export shut down.
+    Shutdown,
 }
 
 /// What the engine tells a driver.
@@ -120,6 +123,8 @@ pub(crate) struct Flight {
     pub(crate) refill_job: Option<ReqId>,
     /// Admission held (a checkpoint is waiting for work in flight to drain).
     pub(crate) hold: bool,
+    /// Waiting discard requests (TRIM): id → the byte range of whole sectors to drop.
+    discards: HashMap<ReqId, (u64, u64)>,
 }
 
 impl Flight {
@@ -159,6 +164,35 @@ impl Engine {
         self.flight.waiting.push_back((id, *req));
         self.admit_waiting(now_ns);
         id
+    }
+
+    /// Submits a discard (NBD TRIM) of `len` bytes of `vm` at `offset`: once no op is in
+    /// flight on its blocks (it waits in arrival order like a request), the whole 512-byte
+    /// sectors inside the range leave the cache, dirty ones without being written back
+    /// (their contents are undefined after a TRIM), and it replies at once (no device op;
+    /// the driver hints the backing store after the reply). In persistent mode the dropped
+    /// sectors are journaled by the next commit like any change.
+    pub fn submit_discard(&mut self, now_ns: u64, vm: VmId, offset: u64, len: u32) -> ReqId {
+        let id = self.flight.new_id();
+        let (lo, hi) = (offset.div_ceil(512) * 512, (offset + len as u64) / 512 * 512);
+        self.flight.discards.insert(id, (lo, hi));
+        let req = Request { time_ns: now_ns, vm, op: Op::Write, offset, len };
+        self.flight.waiting.push_back((id, req));
+        self.admit_waiting(now_ns);
+        id
+    }
+
+    /// Drops the whole sectors of `lo..hi` of `vm` (an admitted discard).
+    fn discard_range(&mut self, vm: VmId, (lo, hi): (u64, u64)) {
+        let bs = self.cfg.block_size;
+        if lo >= hi {
+            return;
+        }
+        for block in lo / bs..hi.div_ceil(bs) {
+            let start = block * bs;
+            let range = (((lo.max(start) - start) / 512) as u32, ((hi.min(start + bs) - start) / 512) as u32);
+            self.discard(vm, block, range);
+        }
     }
 
     /// Runs a command (`set_target`, `flush`, `destage_block`, `clean`, …) whose ops become
@@ -242,6 +276,11 @@ impl Engine {
                 continue;
             }
             self.flight.waiting.remove(i);
+            if let Some(range) = self.flight.discards.remove(&id) {
+                self.discard_range(req.vm, range);
+                self.start(id, Some(req), Output::default(), Vec::new());
+                continue;
+            }
             let pre = if req.op == Op::Write { self.pre_states(&req) } else { Vec::new() };
             let before = if self.dur.on && req.op == Op::Write { self.vouched_before(&req) } else { Vec::new() };
             let mut out = Output::default();

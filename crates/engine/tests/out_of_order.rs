@@ -24,6 +24,8 @@ enum Step {
     Complete { pick: usize, fail: bool, torn: u64 },
     /// A background job.
     Job(JobKind),
+    /// A discard (TRIM) of whole sectors.
+    Discard { vm: u32, sector: u64, count: u64 },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -45,11 +47,17 @@ fn step() -> impl Strategy<Value = Step> {
         1 => prop::option::of(0u32..3).prop_map(|vm| Step::Job(JobKind::Flush { vm })),
         1 => (0u32..3, 0..SECTORS_PER_DISK / 8).prop_map(|(vm, block)| Step::Job(JobKind::Destage { vm, block })),
         1 => (0u64..9).prop_map(|free| Step::Job(JobKind::Clean { free })),
+        1 => (0u32..3, 0..SECTORS_PER_DISK, 1u64..12).prop_map(|(vm, sector, count)| {
+            Step::Discard { vm, sector, count: count.min(SECTORS_PER_DISK - sector) }
+        }),
     ]
 }
 
 /// One sector's data: (vm, disk sector, version).
 type Tag = (u32, u64, u64);
+
+/// In an allowed set: any version (the sector was discarded; its contents are undefined).
+const ANY: u64 = u64::MAX;
 
 #[derive(Default)]
 struct World {
@@ -62,6 +70,8 @@ struct World {
     bufs: HashMap<OpId, (ReqId, Vec<Tag>)>,
     /// Request → (request, version for writes, per-sector data its client reads returned).
     reqs: HashMap<ReqId, (Request, u64, HashMap<u64, u64>)>,
+    /// Discards in flight.
+    discards: HashMap<ReqId, Request>,
 }
 
 impl World {
@@ -151,6 +161,14 @@ impl Driver {
                 eprintln!("event {ev:?}");
             }
             match ev {
+                Event::Reply { req, result, .. } if self.w.discards.contains_key(&req) => {
+                    let r = self.w.discards.remove(&req).expect("a discard");
+                    if result.is_ok() {
+                        for s in r.offset / 512..r.end() / 512 {
+                            self.w.allowed.insert((r.vm, s), [ANY].into());
+                        }
+                    }
+                }
                 Event::Reply { req, result, .. } => {
                     let Some((r, v, data)) = self.w.reqs.get(&req) else { continue };
                     let (lo, hi) = (r.offset / 512, r.end().div_ceil(512));
@@ -167,7 +185,7 @@ impl Driver {
                         for s in lo..hi {
                             let allowed = self.w.allowed((r.vm, s));
                             match data.get(&s) {
-                                Some(got) if allowed.contains(got) => {}
+                                Some(got) if allowed.contains(got) || allowed.contains(&ANY) => {}
                                 Some(got) => {
                                     return Err(format!(
                                         "req {req}: sector {s} read version {got}, allowed {allowed:?}"
@@ -243,6 +261,11 @@ fn run(
                 let req = Request { time_ns: now, vm, op, offset: sector * 512, len: (count * 512) as u32 };
                 d.submit(now, req);
             }
+            Step::Discard { vm, sector, count } => {
+                let req = Request { time_ns: now, vm, op: Op::Write, offset: sector * 512, len: (count * 512) as u32 };
+                let id = d.e.submit_discard(now, vm, req.offset, req.len);
+                d.w.discards.insert(id, req);
+            }
             Step::Complete { pick, fail, torn } => {
                 if !d.flying.is_empty() {
                     let n = d.flying.len();
@@ -289,7 +312,7 @@ fn run(
     d.e.check_invariants()?;
     for (&(vm, s), allowed) in &d.w.allowed {
         let got = d.w.backing.get(&(vm, s)).copied().unwrap_or(0);
-        if !allowed.contains(&got) {
+        if !allowed.contains(&got) && !allowed.contains(&ANY) {
             return Err(format!(
                 "backing of vm {vm} sector {s} holds version {got} after the flush, allowed {allowed:?}"
             ));

@@ -20,7 +20,7 @@ pub enum Backing {
 }
 
 fn removed() -> io::Error {
-    io::Error::new(io::ErrorKind::NotFound, "the vDisk was removed")
+    io::Error::new(io::ErrorKind::NotConnected, "the vDisk was removed")
 }
 
 /// Connections to one NBD export: requests take an idle one (or wait for one), so reads

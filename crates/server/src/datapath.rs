@@ -1,30 +1,34 @@
-//! The daemon's data path on the engine's asynchronous face (issue 12, part 2; not yet
-//! behind the NBD front end): client threads submit requests and wait for their replies;
-//! a pool of device threads runs the engine's ops on the cache store and the backing
-//! stores with no lock held; one committer thread runs the engine's commits (persistent
-//! mode: group commit); a ticker runs the engine's timers. Every decision — what waits on
-//! what, what a failed op undoes, which metadata must be durable before which write — is
-//! the engine's (`inflight.rs`, `repair.rs`, `durability.rs`); this file moves bytes.
+//! The daemon's data path on the engine's asynchronous face (issue 12, part 2): client
+//! threads submit requests and wait for their replies (or get a callback); a pool of
+//! device threads runs the engine's ops on the cache store and the backing stores with no
+//! lock held (`devices.rs`); one committer thread runs the engine's commits and
+//! checkpoints (`committer.rs`); a ticker runs the engine's timers and hands each ended
+//! interval to the policy hook. Commands (resizes, write-policy switches, destaging) run
+//! as background jobs a caller can wait for (`control.rs`). Every decision — what waits
+//! on what, what a failed op undoes, which metadata must be durable before which write —
+//! is the engine's (`inflight.rs`, `repair.rs`, `durability.rs`); this module moves bytes
+//! and keeps the counters.
 //!
 //! Buffers: a read op's bytes are kept (shared) until its request retires — a staged
 //! write copies from them, a client read's reply is assembled from them; a write op
 //! writes a slice of its request's bytes or of its source read's.
-//!
-//! Large I/O: the engine emits one op per block; a thread taking work also takes the ops
-//! queued right behind that continue it on the same device (the next cache-store offset,
-//! or the next disk address of the same backing store), up to [`MAX_RUN`] bytes, and runs
-//! them as one read or write (a 1 MiB read of consecutive slots is one `pread`).
 
 use crate::backing::Backing;
 use crate::persist::Persistence;
-use cachevisor_engine::{Commit, DeviceOp, Engine, Event, Failure, Location, OpId, ReqId, Schedule};
+use cachevisor_engine::{Commit, DeviceOp, Engine, Event, Failure, OpId, ReqId, Schedule};
 use cachevisor_trace::{Op, Request, VmId};
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
-use std::os::unix::fs::FileExt;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+mod committer;
+mod control;
+mod devices;
+mod stats;
+pub use stats::ExportStats;
 
 /// Bytes and the disk address of their first byte.
 pub type Bytes = (Arc<Vec<u8>>, u64);
@@ -34,8 +38,41 @@ pub type Bytes = (Arc<Vec<u8>>, u64);
 /// data-path thread with no lock held.
 pub type Done = Box<dyn FnOnce(Result<Vec<Bytes>, Failure>) + Send>;
 
+/// Called with each client request as it is submitted (the policy's observation), under
+/// the data path's lock.
+pub type ObserveHook = Box<dyn FnMut(&Request) + Send>;
+
+/// Called at the end of each controller interval with the engine and every vDisk's
+/// counters, under the data path's lock (the policy controller: it may submit jobs).
+pub type IntervalHook = Box<dyn FnMut(&mut Engine, &[ExportStats]) + Send>;
+
+/// A client command for [`DataPath::submit`].
+#[derive(Debug)]
+pub enum Cmd {
+    /// Read this many bytes.
+    Read(u32),
+    /// Write these bytes.
+    Write(Vec<u8>),
+    /// Make every acknowledged write durable.
+    Flush,
+    /// Discard (TRIM) this many bytes.
+    Discard(u32),
+}
+
+/// What a client asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Read,
+    Write,
+    Flush,
+    Discard,
+}
+
 /// A client request waiting for its reply.
 struct Waiting {
+    vm: VmId,
+    kind: Kind,
+    len: u64,
     done: Option<Result<(), Failure>>,
     /// A write's bytes (from its offset).
     write: Option<Bytes>,
@@ -48,13 +85,18 @@ struct Waiting {
     waiter: Option<Arc<Condvar>>,
 }
 
-/// Bytes a thread runs as one device call at most.
-const MAX_RUN: u64 = 1 << 20;
-
 /// One op for a device thread, with the bytes a write writes.
 struct Work {
     op: DeviceOp,
     data: Option<Bytes>,
+}
+
+/// A background job someone waits for: its condition and, once retired, whether it failed.
+struct JobWait {
+    cv: Arc<Condvar>,
+    failed: Option<bool>,
+    /// The first failure of one of its ops.
+    failure: Option<Failure>,
 }
 
 struct Core {
@@ -62,12 +104,34 @@ struct Core {
     waiting: HashMap<ReqId, Waiting>,
     /// Read ops' bytes until their request retires: op → (request, bytes).
     bufs: HashMap<OpId, (ReqId, Bytes)>,
+    /// Ops of client requests, run first.
     work: VecDeque<Work>,
+    /// Ops of background jobs (flusher, destaging, resizes), run by device threads when
+    /// no client op waits.
+    background: VecDeque<Work>,
     commit: Option<Commit>,
     committing: bool,
     stop: bool,
     /// Replies to deliver once the lock is released.
     callbacks: Vec<(Done, Result<Vec<Bytes>, Failure>)>,
+    /// vDisk names by VM id (written into checkpoints; empty once removed).
+    names: Vec<String>,
+    /// Counters by VM id.
+    stats: Vec<ExportStats>,
+    /// VM ids no longer served (requests get `Failure::Shutdown`).
+    removed: Vec<bool>,
+    /// Device errors after which a vDisk passes through to its backing store.
+    error_threshold: u64,
+    /// Metadata records (vDisk names, backing bindings) for the committer's next commit.
+    meta: Vec<crate::journal::Record>,
+    /// Jobs callers wait for.
+    jobs: HashMap<ReqId, JobWait>,
+    observe: Option<ObserveHook>,
+    on_interval: Option<IntervalHook>,
+    /// Trace recording of every request.
+    recorder: Option<cachevisor_trace::TraceWriter>,
+    /// A checkpoint was asked for ([`DataPath::checkpoint_now`]).
+    want_checkpoint: bool,
 }
 
 struct Shared {
@@ -79,43 +143,54 @@ struct Shared {
     ssd: File,
     /// The cache store was opened O_DIRECT (I/O through aligned buffers).
     direct: bool,
-    backings: Vec<Arc<Backing>>,
+    /// Backing stores by VM id (`Backing::Removed` once a vDisk is removed).
+    backings: RwLock<Vec<Arc<Backing>>>,
     bs: u64,
-    /// vDisk names by VM id (written into checkpoints).
-    names: Vec<String>,
     start: Instant,
     /// Device calls made (reads and writes, a coalesced run counting once).
-    calls: std::sync::atomic::AtomicU64,
+    calls: AtomicU64,
     /// Checkpoints written.
-    checkpoints: std::sync::atomic::AtomicU64,
+    checkpoints: AtomicU64,
+    /// Write-backs of dirty data completed (flusher, evictions, destaging).
+    written_back: AtomicU64,
+    /// Stopped as a crash would ([`DataPath::halt`]): no device I/O, no metadata written.
+    halted: AtomicBool,
+    /// Device calls and commits under way (a halt waits for them).
+    busy: AtomicUsize,
+    /// Fault injection: the cache-store write at which to fail (counting down; 0 = none).
+    fail_ssd_write_in: AtomicU64,
+    /// Test hook: microseconds each device read waits before it starts (widens races).
+    read_delay_us: AtomicU64,
+}
+
+/// Everything a data path starts from.
+pub struct Setup {
+    /// The engine, replayed from `persist`'s metadata.
+    pub engine: Engine,
+    /// The metadata (journal and checkpoints).
+    pub persist: Persistence,
+    /// The cache store.
+    pub ssd: File,
+    /// Whether `ssd` was opened O_DIRECT.
+    pub direct: bool,
+    /// Backing stores by VM id.
+    pub backings: Vec<Arc<Backing>>,
+    /// vDisk names by VM id.
+    pub names: Vec<String>,
+    /// Device threads.
+    pub threads: usize,
+    /// The engine's timers (flusher, intervals).
+    pub schedule: Schedule,
+    /// Free slots kept durable ahead (persistent mode).
+    pub reserve: u64,
+    /// Device errors after which a vDisk passes through (`u64::MAX`: never).
+    pub error_threshold: u64,
 }
 
 /// The data path: an engine in persistent mode driven by device, commit and timer threads.
 pub struct DataPath {
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
-}
-
-thread_local! {
-    /// Each thread's aligned buffer for an O_DIRECT cache store.
-    static BOUNCE: std::cell::RefCell<crate::aligned_buf::AlignedBuf> = Default::default();
-}
-
-fn no_device() -> std::io::Error {
-    std::io::Error::other("no such device (a removed vDisk, or a remote cache: not served yet)")
-}
-
-fn failure(e: &std::io::Error) -> Failure {
-    if e.raw_os_error() == Some(libc_enospc()) {
-        Failure::NoSpace
-    } else {
-        Failure::Io
-    }
-}
-
-/// ENOSPC without a libc dependency (Linux).
-const fn libc_enospc() -> i32 {
-    28
 }
 
 impl Shared {
@@ -128,36 +203,59 @@ impl Shared {
     }
 
     /// Moves the engine's ready ops to the device queue, its events to the waiting
-    /// clients, and its next commit to the committer; wakes whoever has something to do.
+    /// clients (and the policy hook), and its next commit to the committer; wakes whoever
+    /// has something to do.
     fn pump(&self, core: &mut Core) {
         let mut queued = 0usize;
-        while let Some(op) = core.engine.poll_op() {
-            let data = if !op.kind.is_write() {
-                None
-            } else if op.staged {
-                op.source_id().and_then(|s| core.bufs.get(&s)).map(|(_, b)| b.clone())
-            } else {
-                core.waiting.get(&op.req).and_then(|w| w.write.clone())
-            };
-            core.work.push_back(Work { op, data });
-            queued += 1;
-        }
-        while let Some(ev) = core.engine.poll_event() {
+        loop {
+            while let Some(op) = core.engine.poll_op() {
+                let data = if !op.kind.is_write() {
+                    None
+                } else if op.staged {
+                    op.source_id().and_then(|s| core.bufs.get(&s)).map(|(_, b)| b.clone())
+                } else {
+                    core.waiting.get(&op.req).and_then(|w| w.write.clone())
+                };
+                if core.waiting.contains_key(&op.req) {
+                    core.work.push_back(Work { op, data });
+                } else {
+                    core.background.push_back(Work { op, data });
+                }
+                queued += 1;
+            }
+            let Some(ev) = core.engine.poll_event() else { break };
             match ev {
-                Event::Reply { req, result, .. } => {
-                    if core.waiting.get(&req).is_some_and(|w| w.callback.is_some()) {
+                Event::Reply { req, result, blocks } => {
+                    let Some(w) = core.waiting.get(&req) else { continue };
+                    stats::count_reply(&mut core.stats, w.vm, w.kind, w.len, &blocks);
+                    if result.is_err() {
+                        self.count_errors(core);
+                    }
+                    let w = core.waiting.get_mut(&req).expect("waiting");
+                    if w.callback.is_some() {
                         let w = core.waiting.remove(&req).expect("waiting");
                         let f = w.callback.expect("a callback");
                         core.callbacks.push((f, result.map(|()| w.reads)));
-                    } else if let Some(w) = core.waiting.get_mut(&req) {
+                    } else {
                         w.done = Some(result);
                         if let Some(cv) = &w.waiter {
                             cv.notify_one();
                         }
                     }
                 }
-                Event::Retired { req, .. } => core.bufs.retain(|_, (r, _)| *r != req),
-                Event::Interval { .. } => {} // the policy controller joins with the daemon rebuild
+                Event::Retired { req, failed } => {
+                    if !core.bufs.is_empty() {
+                        core.bufs.retain(|_, (r, _)| *r != req);
+                    }
+                    if failed {
+                        self.count_errors(core);
+                    }
+                    if let Some(j) = core.jobs.get_mut(&req) {
+                        j.failed = Some(failed);
+                        j.cv.notify_all();
+                    }
+                }
+                Event::Interval { .. } => Self::interval(core),
             }
         }
         if !core.committing {
@@ -169,165 +267,104 @@ impl Shared {
         }
         // One device thread per queued op, not every thread on every change (on a small
         // machine a herd of wakeups costs more than the I/O).
-        for _ in 0..queued.min(core.work.len()) {
+        for _ in 0..queued.min(core.work.len() + core.background.len()) {
             self.wake.notify_one();
         }
     }
 
-    /// Runs one op on its device; a read returns its bytes.
-    fn execute(&self, w: &Work) -> Result<Option<Bytes>, Failure> {
-        let op = &w.op;
-        let len = op.len as usize;
-        let slice = || -> Result<&[u8], Failure> {
-            let (bytes, base) = w.data.as_ref().ok_or(Failure::Io)?;
-            let at = op.disk_addr.checked_sub(*base).ok_or(Failure::Io)? as usize;
-            bytes.get(at..at + len).ok_or(Failure::Io)
-        };
-        let at = if op.kind.is_ssd() { op.ssd_offset(self.bs) } else { op.disk_addr };
-        let r = if op.kind.is_write() {
-            self.dev_write(op.loc, slice()?, at).map(|()| None)
-        } else {
-            let mut buf = vec![0u8; len];
-            self.dev_read(op.loc, &mut buf, at).map(|()| Some(buf))
-        };
-        r.map(|b| b.map(|buf| (Arc::new(buf), op.disk_addr))).map_err(|e| {
-            tracing::error!(?op, %e, "device operation failed");
-            failure(&e)
-        })
-    }
-
-    /// Reads `buf.len()` bytes at `at` of the device `loc` names (the cache store through
-    /// an aligned buffer when it is O_DIRECT).
-    fn dev_read(&self, loc: Location, buf: &mut [u8], at: u64) -> std::io::Result<()> {
-        match loc {
-            Location::Ssd(_) if self.direct => {
-                BOUNCE.with(|b| crate::aligned_buf::read_at(&self.ssd, &mut b.borrow_mut(), buf, at))
-            }
-            Location::Ssd(_) => self.ssd.read_exact_at(buf, at),
-            Location::Backing(vm) => self.backing(vm).map_err(|_| no_device())?.read_at(buf, at),
-            Location::Remote { .. } => Err(no_device()),
+    /// The end of a controller interval: the policy hook runs, the trace recording's
+    /// buffered lines are written (so it can be followed).
+    fn interval(core: &mut Core) {
+        if let Some(mut hook) = core.on_interval.take() {
+            hook(&mut core.engine, &core.stats);
+            core.on_interval = Some(hook);
+        }
+        if let Some(w) = core.recorder.as_mut() {
+            let _ = w.flush();
         }
     }
 
-    /// Writes `data` at `at` of the device `loc` names.
-    fn dev_write(&self, loc: Location, data: &[u8], at: u64) -> std::io::Result<()> {
-        match loc {
-            Location::Ssd(_) if self.direct => {
-                BOUNCE.with(|b| crate::aligned_buf::write_at(&self.ssd, &mut b.borrow_mut(), data, at))
-            }
-            Location::Ssd(_) => self.ssd.write_all_at(data, at),
-            Location::Backing(vm) => self.backing(vm).map_err(|_| no_device())?.write_at(data, at),
-            Location::Remote { .. } => Err(no_device()),
+    /// Submits a client request (a flush when `req` is `None`) to the engine and queues
+    /// what it can start; `Err` when the vDisk or the data path is no longer served.
+    fn enter(
+        &self,
+        core: &mut Core,
+        kind: Kind,
+        req: Request,
+        write: Option<Bytes>,
+        callback: Option<Done>,
+        waiter: Option<Arc<Condvar>>,
+    ) -> Result<ReqId, (Failure, Option<Done>)> {
+        let vm = req.vm;
+        if self.halted.load(Relaxed) || (kind != Kind::Flush && core.removed.get(vm as usize) != Some(&false)) {
+            return Err((Failure::Shutdown, callback));
         }
-    }
-
-    fn backing(&self, vm: VmId) -> Result<&Backing, Failure> {
-        self.backings.get(vm as usize).map(|b| &**b).ok_or(Failure::Io)
-    }
-
-    fn device_thread(&self) {
-        loop {
-            let run = {
-                let mut core = self.lock();
-                loop {
-                    if let Some(run) = self.pop_run(&mut core) {
-                        break run;
-                    }
-                    if core.stop {
-                        return;
-                    }
-                    core = self.wake.wait(core).unwrap_or_else(|p| p.into_inner());
+        let now = self.now();
+        let req = Request { time_ns: now, ..req };
+        let id = match kind {
+            Kind::Read | Kind::Write => {
+                if let Some(f) = core.observe.as_mut() {
+                    f(&req);
                 }
-            };
+                if let Some(w) = core.recorder.as_mut() {
+                    if let Err(e) = w.write(&req, &core.names[vm as usize]) {
+                        tracing::error!(%e, "trace recording failed: stopped");
+                        core.recorder = None;
+                    }
+                }
+                core.engine.submit(now, &req)
+            }
+            Kind::Flush => core.engine.submit_flush(),
+            Kind::Discard => core.engine.submit_discard(now, vm, req.offset, req.len),
+        };
+        let len = req.len as u64;
+        core.waiting.insert(id, Waiting { vm, kind, len, done: None, write, reads: Vec::new(), callback, waiter });
+        self.pump(core);
+        Ok(id)
+    }
+
+    /// Submits a request and waits for its reply; returns the bytes its client reads
+    /// returned.
+    fn run(&self, kind: Kind, req: Request, write: Option<Bytes>) -> Result<Vec<Bytes>, Failure> {
+        let mut core = self.lock();
+        let cv = Arc::new(Condvar::new());
+        let id = self.enter(&mut core, kind, req, write, None, Some(cv.clone())).map_err(|(f, _)| f)?;
+        loop {
+            if let Some(result) = core.waiting.get(&id).and_then(|w| w.done) {
+                let w = core.waiting.remove(&id).expect("waiting");
+                self.unlock(core);
+                return result.map(|()| w.reads);
+            }
+            core = self.help_or_wait(core, &cv);
+        }
+    }
+
+    /// While waiting on `cv`: runs queued ops on this thread rather than waiting for a
+    /// device thread (no hand-off on the common path), delivers pending callbacks, or
+    /// sleeps until woken.
+    fn help_or_wait<'a>(&'a self, mut core: MutexGuard<'a, Core>, cv: &Condvar) -> MutexGuard<'a, Core> {
+        if let Some(run) = self.pop_run(&mut core, false) {
+            self.unlock(core);
             let results = self.execute_run(&run);
             let mut core = self.lock();
             for (w, r) in run.into_iter().zip(results) {
                 self.complete(&mut core, w.op, r);
             }
+            return core;
+        }
+        if !core.callbacks.is_empty() {
             self.unlock(core);
+            return self.lock();
         }
+        cv.wait_timeout(core, Duration::from_millis(50)).map_or_else(|p| p.into_inner().0, |g| g.0)
     }
 
-    /// The next queued op and those right behind it that continue it on its device.
-    fn pop_run(&self, core: &mut Core) -> Option<Vec<Work>> {
-        let first = core.work.pop_front()?;
-        let mut total = first.op.len as u64;
-        let mut run = vec![first];
-        while let Some(next) = core.work.front() {
-            let prev = &run[run.len() - 1].op;
-            let o = &next.op;
-            let follows = o.kind == prev.kind
-                && o.loc == prev.loc
-                && if o.kind.is_ssd() {
-                    o.ssd_offset(self.bs) == prev.ssd_offset(self.bs) + prev.len as u64
-                } else {
-                    o.vm == prev.vm && o.disk_addr == prev.disk_addr + prev.len as u64
-                };
-            if !follows || total + o.len as u64 > MAX_RUN {
-                break;
-            }
-            total += o.len as u64;
-            run.push(core.work.pop_front().expect("a front"));
+    /// [`Self::help_or_wait`] for a waiter nobody notifies: sleeps 1 ms at most.
+    fn help_or_wait_briefly<'a>(&'a self, core: MutexGuard<'a, Core>, cv: &Condvar) -> MutexGuard<'a, Core> {
+        if !core.work.is_empty() || !core.callbacks.is_empty() {
+            return self.help_or_wait(core, cv);
         }
-        Some(run)
-    }
-
-    /// Runs a run of ops as one device call (one op: as it is).
-    fn execute_run(&self, run: &[Work]) -> Vec<Result<Option<Bytes>, Failure>> {
-        self.calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if run.len() == 1 {
-            return vec![self.execute(&run[0])];
-        }
-        let first = &run[0].op;
-        let total: usize = run.iter().map(|w| w.op.len as usize).sum();
-        let (ssd, write) = (first.kind.is_ssd(), first.kind.is_write());
-        let at = if ssd { first.ssd_offset(self.bs) } else { first.disk_addr };
-        // Whether the run's disk addresses are contiguous too (sequential I/O): then one
-        // buffer serves every op with no copy.
-        let disk_contiguous = run.windows(2).all(|p| p[1].op.disk_addr == p[0].op.disk_addr + p[0].op.len as u64);
-        let r = if write {
-            let Some(((bytes, base), rest)) = run[0].data.as_ref().zip(Some(&run[1..])) else {
-                return vec![Err(Failure::Io); run.len()];
-            };
-            let same = disk_contiguous
-                && rest.iter().all(|w| w.data.as_ref().is_some_and(|(b, s)| Arc::ptr_eq(b, bytes) && s == base));
-            if same {
-                let from = (first.disk_addr - base) as usize;
-                self.dev_write(first.loc, &bytes[from..from + total], at).map(|()| Vec::new())
-            } else {
-                let mut data = Vec::with_capacity(total);
-                for w in run {
-                    let Some((bytes, base)) = w.data.as_ref() else { return vec![Err(Failure::Io); run.len()] };
-                    let from = (w.op.disk_addr - base) as usize;
-                    data.extend_from_slice(&bytes[from..from + w.op.len as usize]);
-                }
-                self.dev_write(first.loc, &data, at).map(|()| Vec::new())
-            }
-        } else {
-            let mut buf = vec![0u8; total];
-            self.dev_read(first.loc, &mut buf, at).map(|()| buf)
-        };
-        match r {
-            Err(e) => {
-                tracing::error!(op = ?first, ops = run.len(), %e, "device operation failed");
-                vec![Err(failure(&e)); run.len()]
-            }
-            Ok(_) if write => vec![Ok(None); run.len()],
-            Ok(buf) if disk_contiguous => {
-                let shared: Bytes = (Arc::new(buf), first.disk_addr);
-                run.iter().map(|_| Ok(Some(shared.clone()))).collect()
-            }
-            Ok(buf) => {
-                let mut at = 0;
-                run.iter()
-                    .map(|w| {
-                        let piece = buf[at..at + w.op.len as usize].to_vec();
-                        at += w.op.len as usize;
-                        Ok(Some((Arc::new(piece), w.op.disk_addr)))
-                    })
-                    .collect()
-            }
-        }
+        cv.wait_timeout(core, Duration::from_millis(1)).map_or_else(|p| p.into_inner().0, |g| g.0)
     }
 
     /// Releases the lock, then delivers the replies of asynchronous submissions.
@@ -338,204 +375,38 @@ impl Shared {
             f(r);
         }
     }
-
-    /// Records an op's outcome (a read's bytes kept for its request) and lets the engine
-    /// go on.
-    fn complete(&self, core: &mut Core, op: DeviceOp, r: Result<Option<Bytes>, Failure>) {
-        {
-            let result = match r {
-                Ok(Some(bytes)) => {
-                    if op.client {
-                        if let Some(wt) = core.waiting.get_mut(&op.req) {
-                            // The ops of a coalesced run share one buffer: keep it once.
-                            if !wt.reads.last().is_some_and(|(b, _)| Arc::ptr_eq(b, &bytes.0)) {
-                                wt.reads.push(bytes.clone());
-                            }
-                        }
-                    }
-                    core.bufs.insert(op.id, (op.req, bytes));
-                    Ok(())
-                }
-                Ok(None) => Ok(()),
-                Err(f) => Err(f),
-            };
-            let now = self.now();
-            core.engine.handle_completion(now, op.id, result);
-            self.pump(core);
-        }
-    }
-
-    fn committer(&self, mut persist: Persistence) {
-        let mut checkpointing = false;
-        loop {
-            let c = {
-                let mut core = self.lock();
-                loop {
-                    if let Some(c) = core.commit.take() {
-                        break c;
-                    }
-                    if checkpointing && core.engine.quiescent() {
-                        self.checkpoint(&mut core, &mut persist);
-                        checkpointing = false;
-                        continue;
-                    }
-                    if core.stop && !core.committing {
-                        return;
-                    }
-                    if checkpointing {
-                        // Waiting for the work in flight to drain.
-                        core = self
-                            .commit_cv
-                            .wait_timeout(core, Duration::from_millis(2))
-                            .map_or_else(|p| p.into_inner().0, |g| g.0);
-                    } else {
-                        core = self.commit_cv.wait(core).unwrap_or_else(|p| p.into_inner());
-                    }
-                }
-            };
-            let backings: Vec<&Backing> =
-                c.sync_backings.iter().filter_map(|&vm| self.backings.get(vm as usize).map(|b| &**b)).collect();
-            let r = persist.commit(&c, &self.ssd, &backings);
-            if let Err(e) = &r {
-                tracing::error!(%e, epoch = c.epoch, "commit failed: its records are tried again");
-            }
-            let mut core = self.lock();
-            let now = self.now();
-            core.engine.handle_commit(now, c.epoch, r.map_err(|e| failure(&e)));
-            core.committing = false;
-            // The journal past its limit: hold admission until nothing is in flight, then a
-            // checkpoint replaces it (commits go on meanwhile: held writes need them).
-            if !checkpointing && persist.wants_checkpoint() {
-                checkpointing = true;
-                core.engine.hold_admission(true, now);
-            }
-            self.pump(&mut core);
-            self.unlock(core);
-        }
-    }
-
-    /// Writes a checkpoint of the quiescent engine and lets admission go on (a failed one
-    /// leaves the journal in force and is tried again after the next commit).
-    fn checkpoint(&self, core: &mut Core, persist: &mut Persistence) {
-        let targets = vec![0; self.names.len()];
-        let engine = &mut core.engine;
-        let r = persist
-            .checkpoint_records(&self.names, &targets, &self.ssd, &self.backings, &mut |emit| engine.checkpoint(emit));
-        match r {
-            Ok(()) => {
-                core.engine.checkpoint_done();
-                self.checkpoints.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            }
-            Err(e) => tracing::error!(%e, "checkpoint failed: the journal stays in force"),
-        }
-        let now = self.now();
-        core.engine.hold_admission(false, now);
-        self.pump(core);
-    }
-
-    fn ticker(&self, period: Duration) {
-        let mut last_commit = Instant::now();
-        loop {
-            std::thread::sleep(period);
-            let mut core = self.lock();
-            if core.stop {
-                return;
-            }
-            let now = self.now();
-            core.engine.handle_timeout(now);
-            // Keeps the journal close to the cache, so a restart after a crash is warm.
-            if last_commit.elapsed() >= Duration::from_secs(1) {
-                core.engine.request_commit();
-                last_commit = Instant::now();
-            }
-            self.pump(&mut core);
-            self.unlock(core);
-        }
-    }
-
-    /// Submits `req` (a flush when `None`) and waits for its reply; returns the bytes its
-    /// client reads returned.
-    fn run(&self, req: Option<Request>, write: Option<Bytes>) -> Result<Vec<Bytes>, Failure> {
-        let mut core = self.lock();
-        let cv = Arc::new(Condvar::new());
-        let id = self.enter(&mut core, req, write, None, Some(cv.clone()));
-        loop {
-            if let Some(result) = core.waiting.get(&id).and_then(|w| w.done) {
-                let w = core.waiting.remove(&id).expect("waiting");
-                self.unlock(core);
-                return result.map(|()| w.reads);
-            }
-            // The client thread runs queued ops itself rather than waiting for a device
-            // thread (no hand-off on the common path); device threads take the rest.
-            if let Some(run) = self.pop_run(&mut core) {
-                self.unlock(core);
-                let results = self.execute_run(&run);
-                core = self.lock();
-                for (w, r) in run.into_iter().zip(results) {
-                    self.complete(&mut core, w.op, r);
-                }
-                continue;
-            }
-            if !core.callbacks.is_empty() {
-                self.unlock(core);
-                core = self.lock();
-                continue;
-            }
-            core = cv.wait(core).unwrap_or_else(|p| p.into_inner());
-        }
-    }
-
-    /// Submits `req` (a flush when `None`) to the engine and queues what it can start.
-    fn enter(
-        &self,
-        core: &mut Core,
-        req: Option<Request>,
-        write: Option<Bytes>,
-        callback: Option<Done>,
-        waiter: Option<Arc<Condvar>>,
-    ) -> ReqId {
-        let now = self.now();
-        let id = match req {
-            Some(mut r) => {
-                r.time_ns = now;
-                core.engine.submit(now, &r)
-            }
-            None => core.engine.submit_flush(),
-        };
-        core.waiting.insert(id, Waiting { done: None, write, reads: Vec::new(), callback, waiter });
-        self.pump(core);
-        id
-    }
 }
 
 impl DataPath {
-    /// Starts the data path on `engine` (replayed from `persist`'s metadata), turning on
-    /// persistent mode with `reserve` free slots kept durable ahead, `threads` device
-    /// threads, and the engine's `schedule` (flusher, intervals) ticked every `tick`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn start(
-        mut engine: Engine,
-        persist: Persistence,
-        ssd: File,
-        direct: bool,
-        backings: Vec<Arc<Backing>>,
-        names: Vec<String>,
-        threads: usize,
-        schedule: Schedule,
-        reserve: u64,
-    ) -> DataPath {
+    /// Starts the data path on `s.engine` (replayed from `s.persist`'s metadata), turning
+    /// on persistent mode, with device, commit and timer threads.
+    pub fn start(s: Setup) -> DataPath {
+        let Setup { mut engine, persist, ssd, direct, backings, names, threads, schedule, reserve, error_threshold } =
+            s;
         engine.set_persistent(reserve);
         engine.set_schedule(0, schedule);
         let bs = engine.config().block_size;
+        let n = names.len();
         let core = Core {
             engine,
             waiting: HashMap::new(),
             bufs: HashMap::new(),
             work: VecDeque::new(),
+            background: VecDeque::new(),
             commit: None,
             committing: false,
             stop: false,
             callbacks: Vec::new(),
+            removed: names.iter().map(|n| n.is_empty()).collect(),
+            names,
+            stats: vec![ExportStats::default(); n],
+            error_threshold,
+            meta: Vec::new(),
+            jobs: HashMap::new(),
+            observe: None,
+            on_interval: None,
+            recorder: None,
+            want_checkpoint: false,
         };
         let shared = Arc::new(Shared {
             core: Mutex::new(core),
@@ -543,12 +414,16 @@ impl DataPath {
             commit_cv: Condvar::new(),
             ssd,
             direct,
-            backings,
+            backings: RwLock::new(backings),
             bs,
-            names,
             start: Instant::now(),
             calls: Default::default(),
             checkpoints: Default::default(),
+            written_back: Default::default(),
+            halted: Default::default(),
+            busy: Default::default(),
+            fail_ssd_write_in: Default::default(),
+            read_delay_us: Default::default(),
         });
         let mut handles = Vec::new();
         for _ in 0..threads.max(1) {
@@ -565,7 +440,7 @@ impl DataPath {
     /// Opens (or creates) a cache of `cfg.slots` blocks in `dir` (`cache.img`, metadata in
     /// `meta/`) in front of `vms` disk files `disk{N}.img` of `disk` bytes, replays the
     /// metadata into a new engine, writes the first checkpoint and starts (for benches and
-    /// tests; the daemon keeps its own start with its checks).
+    /// tests; the daemon has its own start with its checks).
     #[allow(clippy::too_many_arguments)]
     pub fn open_in(
         dir: &std::path::Path,
@@ -620,42 +495,100 @@ impl DataPath {
         if let Some(limit) = journal_limit {
             persist.set_journal_limit(limit);
         }
-        Ok(DataPath::start(engine, persist, ssd, direct, backings, names, threads, schedule, reserve))
+        let error_threshold = u64::MAX;
+        Ok(DataPath::start(Setup {
+            engine,
+            persist,
+            ssd,
+            direct,
+            backings,
+            names,
+            threads,
+            schedule,
+            reserve,
+            error_threshold,
+        }))
     }
 
     /// Reads `buf.len()` bytes of `vm`'s disk at `offset` (sector-aligned).
     pub fn read(&self, vm: VmId, offset: u64, buf: &mut [u8]) -> Result<(), Failure> {
         let req = Request { time_ns: 0, vm, op: Op::Read, offset, len: buf.len() as u32 };
-        copy_range(&self.shared.run(Some(req), None)?, offset, buf);
+        copy_range(&self.shared.run(Kind::Read, req, None)?, offset, buf);
         Ok(())
     }
 
     /// Writes `data` to `vm`'s disk at `offset`; with `fua`, durable before it returns.
     pub fn write(&self, vm: VmId, offset: u64, data: &[u8], fua: bool) -> Result<(), Failure> {
         let req = Request { time_ns: 0, vm, op: Op::Write, offset, len: data.len() as u32 };
-        self.shared.run(Some(req), Some((Arc::new(data.to_vec()), offset)))?;
+        self.shared.run(Kind::Write, req, Some((Arc::new(data.to_vec()), offset)))?;
         if fua {
-            self.flush()?;
+            self.flush(vm)?;
         }
         Ok(())
     }
 
-    /// Submits a read (`data` = `None`, `len` bytes) or a write of `data` at `offset` of
-    /// `vm`'s disk, or a flush (`len` 0, no data, `flush`), without waiting: `done` is
-    /// called with the outcome on a data-path thread (the NBD front end's shape: replies
-    /// leave in completion order, matched by cookie).
-    pub fn submit(&self, vm: VmId, offset: u64, len: u32, data: Option<Vec<u8>>, flush: bool, done: Done) {
-        let req = (!flush).then(|| Request {
-            time_ns: 0,
-            vm,
-            op: if data.is_some() { Op::Write } else { Op::Read },
-            offset,
-            len: data.as_ref().map_or(len, |d| d.len() as u32),
-        });
+    /// Discards (TRIM) `len` bytes of `vm`'s disk at `offset`: the whole sectors inside
+    /// leave the cache (dirty ones unwritten), then the backing store is told where it can
+    /// take the hint (a store refusing it loses nothing: the cache already dropped them).
+    pub fn discard(&self, vm: VmId, offset: u64, len: u32) -> Result<(), Failure> {
+        let req = Request { time_ns: 0, vm, op: Op::Write, offset, len };
+        self.shared.run(Kind::Discard, req, None)?;
+        self.hint_discard(vm, offset, len);
+        Ok(())
+    }
+
+    /// Passes a discard of whole sectors on to `vm`'s backing store (unless it passes
+    /// through after errors: then the store is left alone).
+    fn hint_discard(&self, vm: VmId, offset: u64, len: u32) {
+        let (lo, hi) = (offset.div_ceil(512) * 512, (offset + len as u64) / 512 * 512);
+        if lo >= hi || self.stats(vm).passthrough {
+            return;
+        }
+        let Some(b) = self.shared.backings.read().unwrap_or_else(|p| p.into_inner()).get(vm as usize).cloned() else {
+            return;
+        };
+        match b.discard(lo, hi - lo) {
+            Ok(taken) => tracing::trace!(vdisk = vm, offset = lo, len = hi - lo, taken, "trim"),
+            Err(e) => tracing::warn!(%e, vdisk = vm, "backing store refused a discard"),
+        }
+    }
+
+    /// Submits `cmd` at `offset` of `vm`'s disk without waiting: `done` is called with
+    /// the outcome on a data-path thread (the NBD front end's shape: replies leave in
+    /// completion order, matched by cookie). A discard's reply comes after the backing
+    /// store was hinted.
+    pub fn submit(self: &Arc<Self>, vm: VmId, offset: u64, cmd: Cmd, done: Done) {
+        let (kind, len, data) = match cmd {
+            Cmd::Read(len) => (Kind::Read, len, None),
+            Cmd::Write(d) => (Kind::Write, d.len() as u32, Some(d)),
+            Cmd::Flush => (Kind::Flush, 0, None),
+            Cmd::Discard(len) => (Kind::Discard, len, None),
+        };
+        let done: Done = if kind == Kind::Discard {
+            let dp = self.clone();
+            Box::new(move |r| {
+                if r.is_ok() {
+                    dp.hint_discard(vm, offset, len);
+                }
+                done(r)
+            })
+        } else {
+            done
+        };
+        let op = if kind == Kind::Write { Op::Write } else { Op::Read };
+        let req = Request { time_ns: 0, vm, op, offset, len };
         let write = data.map(|d| (Arc::new(d), offset));
         let mut core = self.shared.lock();
-        self.shared.enter(&mut core, req, write, Some(done), None);
+        let refused = self.shared.enter(&mut core, kind, req, write, Some(done), None).err();
         self.shared.unlock(core);
+        if let Some((f, Some(done))) = refused {
+            done(Err(f));
+        }
+    }
+
+    /// Whether vDisk `vm` is served (not removed, not halted).
+    pub fn serves(&self, vm: VmId) -> bool {
+        !self.halted() && self.shared.lock().removed.get(vm as usize) == Some(&false)
     }
 
     /// Runs queued ops on the calling thread until none is left (a submitter with nothing
@@ -664,7 +597,7 @@ impl DataPath {
     pub fn run_queued(&self) {
         let s = &self.shared;
         let mut core = s.lock();
-        while let Some(run) = s.pop_run(&mut core) {
+        while let Some(run) = s.pop_run(&mut core, false) {
             s.unlock(core);
             let results = s.execute_run(&run);
             core = s.lock();
@@ -675,9 +608,11 @@ impl DataPath {
         s.unlock(core);
     }
 
-    /// Makes every write acknowledged so far durable (cache store, journal, backings).
-    pub fn flush(&self) -> Result<(), Failure> {
-        self.shared.run(None, None).map(|_| ())
+    /// Makes every write acknowledged so far durable (cache store, journal, backings);
+    /// counted as `vm`'s flush.
+    pub fn flush(&self, vm: VmId) -> Result<(), Failure> {
+        let req = Request { time_ns: 0, vm, op: Op::Read, offset: 0, len: 0 };
+        self.shared.run(Kind::Flush, req, None).map(|_| ())
     }
 
     /// Whether the cache store is O_DIRECT.
@@ -687,12 +622,12 @@ impl DataPath {
 
     /// Checkpoints written so far (each replaced the journal).
     pub fn checkpoints(&self) -> u64 {
-        self.shared.checkpoints.load(std::sync::atomic::Ordering::Relaxed)
+        self.shared.checkpoints.load(Relaxed)
     }
 
     /// Device calls made so far (a coalesced run of ops counts once).
     pub fn device_calls(&self) -> u64 {
-        self.shared.calls.load(std::sync::atomic::Ordering::Relaxed)
+        self.shared.calls.load(Relaxed)
     }
 
     /// Runs `f` on the engine (status, tests).

@@ -1,7 +1,7 @@
 //! cachevisor's data plane: VM disks served over NBD (so QEMU, qemu-io, fio and libnbd use
 //! them unchanged) with the engine's managed SSD cache on real files. The engine decides;
-//! this crate executes its device operations with real bytes ([`executor`]), speaks the
-//! protocol ([`nbd`]), and owns files, locking and durability ([`daemon`]).
+//! this crate executes its device operations with real bytes ([`datapath`]), speaks the
+//! protocol ([`nbd`]), and owns files, locking and durability ([`daemon`], [`persist`]).
 
 pub mod aligned_buf;
 pub mod api;
@@ -11,14 +11,12 @@ pub mod config;
 pub mod daemon;
 pub mod datapath;
 pub mod destage_job;
-pub mod executor;
 pub mod journal;
 pub mod listener;
 pub mod metrics;
 pub mod nbd;
 pub mod owner_lock;
 pub mod persist;
-pub mod prefetch;
 pub mod service;
 pub mod vdisk_overlay;
 

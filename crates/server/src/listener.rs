@@ -4,7 +4,7 @@
 
 use crate::daemon::Daemon;
 use crate::nbd::handshake::{negotiate, Negotiated};
-use crate::nbd::transmission::serve;
+use crate::nbd::transmission_async::{latency_of, serve};
 use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::os::unix::net::UnixListener;
@@ -29,7 +29,7 @@ impl Split for std::os::unix::net::UnixStream {
 }
 
 /// Runs one connection to its end.
-pub fn connection<S: Split + Send>(mut s: S, d: &Daemon, peer: &str) {
+pub fn connection<S: Split + Send + 'static>(mut s: S, d: &Daemon, peer: &str) {
     match negotiate(&mut s, d) {
         Ok(Negotiated::Export(vm)) => {
             tracing::info!(peer, export = %d.export(vm).map_or(String::new(), |e| e.name), "connected");
@@ -37,7 +37,9 @@ pub fn connection<S: Split + Send>(mut s: S, d: &Daemon, peer: &str) {
                 Ok(w) => w,
                 Err(e) => return tracing::warn!(peer, %e, "cannot split the connection"),
             };
-            if let Err(e) = serve(s, writer, d, vm) {
+            let Some(export) = d.export(vm) else { return }; // removed meanwhile
+            let latency = Some(latency_of(d.metrics(), &export.name));
+            if let Err(e) = serve(s, writer, d.datapath(), vm, export.size, latency) {
                 tracing::info!(peer, %e, "connection ended");
             }
         }

@@ -61,47 +61,8 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
     daemon
         .restore_api_targets()
         .map_err(|e| StartError::Config(format!("partition targets saved from the API: {e}")))?;
-    // The interval controller's clock.
-    let resolved = daemon.resolved();
-    let interval = std::time::Duration::from_nanos(resolved.interval_ns);
-    // The background flusher: a step every 100 ms within the configured rate.
-    if resolved.flush_rate > 0 {
-        let per_step = (resolved.flush_rate / 10 / resolved.block_size).max(1);
-        let weak = Arc::downgrade(&daemon);
-        std::thread::spawn(move || {
-            let mut q = crate::daemon::DestageQueue::new(None);
-            // After a failure (a full or failing backing store) the flusher backs off, up to
-            // 5 s between attempts; what failed stays dirty and is tried again.
-            let mut pause = std::time::Duration::from_millis(100);
-            loop {
-                std::thread::sleep(pause);
-                let Some(d) = weak.upgrade() else { return };
-                if d.is_stopped() {
-                    return;
-                }
-                match d.destage_step(&mut q, per_step) {
-                    Ok(_) => pause = std::time::Duration::from_millis(100),
-                    Err(e) => {
-                        if pause < std::time::Duration::from_secs(5) {
-                            tracing::error!(%e, "background destaging failed: the blocks stay dirty; retrying with back-off");
-                        }
-                        pause = (pause * 2).min(std::time::Duration::from_secs(5));
-                    }
-                }
-            }
-        });
-    }
-    let weak = Arc::downgrade(&daemon);
-    std::thread::spawn(move || loop {
-        std::thread::sleep(interval);
-        let Some(d) = weak.upgrade() else { return };
-        if d.is_stopped() {
-            return;
-        }
-        if let Err(e) = d.tick() {
-            tracing::error!(%e, "allocation interval failed");
-        }
-    });
+    // The interval controller and the background flusher run on the engine's timers
+    // (`Schedule`), driven by the data path's ticker.
     let mut tcp = None;
     if let Some(addr) = &cfg.listen.tcp {
         let addr: SocketAddr = addr.parse().map_err(|e| StartError::Config(format!("listen.tcp: `{addr}`: {e}")))?;

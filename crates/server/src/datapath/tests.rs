@@ -70,7 +70,7 @@ fn concurrent_clients_read_their_own_writes_through_a_small_cache() {
     for t in threads {
         t.join().unwrap();
     }
-    dp.flush().unwrap();
+    dp.flush(0).unwrap();
     dp.with_engine(|e| e.check_invariants()).unwrap();
 }
 
@@ -104,7 +104,7 @@ fn crash_like_stop(limit: Option<u64>) -> (tempfile::TempDir, u64) {
             pending.insert((vm, b), i);
             later.entry((vm, b)).or_default().push(i);
             if rng.gen_bool(0.1) {
-                dp.flush().unwrap();
+                dp.flush(0).unwrap();
                 flushed.extend(pending.drain());
                 later.clear();
             }
@@ -139,7 +139,7 @@ fn crash_like_stop(limit: Option<u64>) -> (tempfile::TempDir, u64) {
 #[test]
 fn asynchronous_submissions_reply_through_callbacks_in_the_engine_order() {
     let dir = tempfile::tempdir().unwrap();
-    let dp = open(dir.path(), 32, 1, 1 << 20, Schedule::default());
+    let dp = Arc::new(open(dir.path(), 32, 1, 1 << 20, Schedule::default()));
     let (tx, rx) = std::sync::mpsc::channel::<(u64, Result<Vec<Bytes>, Failure>)>();
     // 64 requests in flight from one thread: for each of 16 blocks a write, a read, a
     // second write and a read; same-block requests run in arrival order, so each read
@@ -152,19 +152,17 @@ fn asynchronous_submissions_reply_through_callbacks_in_the_engine_order() {
             dp.submit(
                 0,
                 b * BS,
-                0,
-                Some(pattern(0, b * BS, version, BS as usize)),
-                false,
+                Cmd::Write(pattern(0, b * BS, version, BS as usize)),
                 Box::new(move |r| {
                     t1.send((u64::MAX, r)).unwrap();
                 }),
             );
-            dp.submit(0, b * BS, BS as u32, None, false, Box::new(move |r| t2.send((version, r)).unwrap()));
+            dp.submit(0, b * BS, Cmd::Read(BS as u32), Box::new(move |r| t2.send((version, r)).unwrap()));
             n += 2;
         }
     }
     let t = tx.clone();
-    dp.submit(0, 0, 0, None, true, Box::new(move |r| t.send((u64::MAX - 1, r)).unwrap()));
+    dp.submit(0, 0, Cmd::Flush, Box::new(move |r| t.send((u64::MAX - 1, r)).unwrap()));
     n += 1;
     for _ in 0..n {
         let (version, r) = rx.recv_timeout(Duration::from_secs(30)).expect("every request replies");
@@ -209,7 +207,7 @@ fn large_reads_and_writes_run_as_few_device_calls_and_return_the_right_bytes() {
             assert!(buf == model[offset as usize..(offset + len) as usize], "step {i}: {len} bytes at {offset}");
         }
     }
-    dp.flush().unwrap();
+    dp.flush(0).unwrap();
     dp.with_engine(|e| e.check_invariants()).unwrap();
 }
 
@@ -231,7 +229,7 @@ fn an_nbd_client_reads_its_writes_through_the_asynchronous_transmission() {
                 Negotiated::Export(0)
             );
             let out = s.try_clone().unwrap();
-            crate::nbd::transmission_async::serve(s, out, &dp, 0, size).unwrap();
+            crate::nbd::transmission_async::serve(s, out, &dp, 0, size, None).unwrap();
         })
     };
     let mut c = crate::nbd::client::Client::connect(addr, "vm0").unwrap();
@@ -253,8 +251,12 @@ fn an_nbd_client_reads_its_writes_through_the_asynchronous_transmission() {
     // Out of range: an error reply, and the connection goes on.
     assert_eq!(c.read(size - 512, 4096).unwrap(), Err(crate::nbd::proto::EINVAL));
     assert!(c.read(0, 4096).unwrap().is_ok());
-    // TRIM is not advertised by this loop, and refused if sent anyway.
-    assert_eq!(c.trim(0, 4096).unwrap(), Err(crate::nbd::proto::ENOTSUP));
+    // TRIM: the range reads back as zeroes (the cache dropped it, the disk file punched
+    // a hole); an unknown command is refused and the connection goes on.
+    c.write(0, &pattern(0, 0, 999, 8192), false).unwrap().unwrap();
+    c.trim(0, 8192).unwrap().unwrap();
+    assert_eq!(c.read(0, 8192).unwrap().unwrap(), vec![0u8; 8192]);
+    assert_eq!(dp.stats(0).trims, 1);
     drop(c);
     server.join().unwrap();
 }

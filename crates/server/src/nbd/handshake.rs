@@ -7,17 +7,13 @@ use super::proto::*;
 use crate::daemon::{Daemon, ExportInfo};
 use std::io::{self, Read, Write};
 
-/// What the handshake needs of a server: its exports and their block size. The daemon is
-/// one; the data path on the engine's asynchronous face (`datapath.rs`) will be another.
+/// What the handshake needs of a server: its exports and their block size (the daemon,
+/// or a bare data path in tests and benches: `transmission_async::SingleExport`).
 pub trait Exports {
     /// The exports a client may ask for (by name).
     fn exports(&self) -> Vec<ExportInfo>;
     /// The preferred I/O size advertised (the cache's block size).
     fn block_size(&self) -> u64;
-    /// Transmission flags advertised (what the server's request loop honours).
-    fn transmission_flags(&self) -> u16 {
-        TRANSMISSION_FLAGS
-    }
 }
 
 impl Exports for Daemon {
@@ -90,7 +86,7 @@ pub fn negotiate<S: Read + Write>(s: &mut S, d: &(impl Exports + ?Sized)) -> io:
                 };
                 let mut b = Vec::with_capacity(10 + 124);
                 b.extend_from_slice(&e.size.to_be_bytes());
-                b.extend_from_slice(&d.transmission_flags().to_be_bytes());
+                b.extend_from_slice(&TRANSMISSION_FLAGS.to_be_bytes());
                 if !no_zeroes {
                     b.extend_from_slice(&[0u8; 124]);
                 }
@@ -122,7 +118,7 @@ pub fn negotiate<S: Read + Write>(s: &mut S, d: &(impl Exports + ?Sized)) -> io:
                 };
                 let mut info = INFO_EXPORT.to_be_bytes().to_vec();
                 info.extend_from_slice(&e.size.to_be_bytes());
-                info.extend_from_slice(&d.transmission_flags().to_be_bytes());
+                info.extend_from_slice(&TRANSMISSION_FLAGS.to_be_bytes());
                 s.write_all(&option_reply(opt, REP_INFO, &info))?;
                 if infos.contains(&INFO_BLOCK_SIZE) {
                     let mut b = INFO_BLOCK_SIZE.to_be_bytes().to_vec();

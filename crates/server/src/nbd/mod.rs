@@ -1,9 +1,7 @@
 //! The NBD front end: wire format ([`proto`]), negotiation ([`handshake`]) and the
-//! request loop ([`transmission`] on the daemon; [`transmission_async`] on the data path
-//! the daemon moves to).
+//! request loop ([`transmission_async`], on the data path's asynchronous API).
 
 pub mod client;
 pub mod handshake;
 pub mod proto;
-pub mod transmission;
 pub mod transmission_async;

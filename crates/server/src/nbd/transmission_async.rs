@@ -1,26 +1,26 @@
 //! NBD transmission (proto.md "Transmission") on the data path's asynchronous API
 //! (`datapath.rs`): the connection's reader thread decodes requests and submits them;
 //! each reply is written by whichever data-path thread completes the request, in
-//! completion order (NBD matches replies by cookie), so no thread per request waits. A
-//! disconnect (or the client closing) waits for every reply in flight. TRIM is not served
-//! by the engine's asynchronous face yet: it is answered ENOTSUP, and a server using this
-//! loop advertises [`TRANSMISSION_FLAGS`] (no TRIM) in its handshake.
+//! completion order (NBD matches replies by cookie), so no thread per request waits.
 //!
-//! This is the NBD face the daemon moves to (issue 12, part 2); until then it serves a
-//! `DataPath` in tests and benches.
+//! A request past the export's end, or with flags the command does not take, gets EINVAL;
+//! an unknown command EINVAL; a device failure EIO (ENOSPC when a device is full); a
+//! request to a vDisk removed meanwhile ESHUTDOWN, and the connection closes. A bad magic
+//! or an oversized WRITE payload (the stream cannot be resynchronized) closes the
+//! connection (EOVERFLOW first for the payload). TRIM drops the range from the cache and
+//! hints the backing store. Nothing is changed by a request that is refused. Every reply
+//! in flight is sent before a connection closes.
 
 use super::proto::*;
-use crate::datapath::{copy_range, DataPath};
+use crate::datapath::{copy_range, Cmd, DataPath};
 use cachevisor_engine::Failure;
+use prometheus_client::metrics::histogram::Histogram;
 use std::io::{self, Read, Write};
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
 
-/// Transmission flags of an export served by this loop: flush, FUA, write-zeroes and
-/// multi-conn, not TRIM.
-pub const TRANSMISSION_FLAGS: u16 = super::handshake::TRANSMISSION_FLAGS & !TFLAG_SEND_TRIM;
-
-/// One export, "vm0" (VM id 0) of `size` bytes with the cache's block size, as served
-/// by this loop (no TRIM): the handshake's view of a data path with one vDisk.
+/// One export, "vm0" (VM id 0) of `size` bytes with the cache's block size: the
+/// handshake's view of a bare data path with one vDisk (tests and benches).
 pub struct SingleExport {
     /// Export size in bytes.
     pub size: u64,
@@ -35,9 +35,6 @@ impl super::handshake::Exports for SingleExport {
     fn block_size(&self) -> u64 {
         self.block_size
     }
-    fn transmission_flags(&self) -> u16 {
-        TRANSMISSION_FLAGS
-    }
 }
 
 /// The errno a failure is reported with.
@@ -45,7 +42,16 @@ fn errno(f: Failure) -> u32 {
     match f {
         Failure::NoSpace => ENOSPC,
         Failure::Io => EIO,
+        Failure::Shutdown => ESHUTDOWN,
     }
+}
+
+/// Latency histograms by command: read, write, flush, write_zeroes, trim, other.
+pub type Latency = [Histogram; 6];
+
+/// The histograms of `name`'s commands in `m`.
+pub fn latency_of(m: &crate::metrics::Metrics, name: &str) -> Latency {
+    ["read", "write", "flush", "write_zeroes", "trim", "other"].map(|op| m.histogram(name, op))
 }
 
 /// Replies in flight and the connection's writer.
@@ -53,10 +59,12 @@ struct Conn<W> {
     out: Mutex<W>,
     in_flight: Mutex<usize>,
     drained: Condvar,
+    latency: Option<Latency>,
 }
 
 impl<W: Write> Conn<W> {
-    fn reply(&self, error: u32, cookie: u64, data: Option<&[u8]>) {
+    /// Sends a reply (with its data when it succeeded) and observes its latency.
+    fn reply(&self, error: u32, cookie: u64, data: Option<&[u8]>, timing: (usize, Instant)) {
         let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
         // A client that went away cannot be answered; the reader sees the close.
         let _ = out.write_all(&simple_reply(error, cookie));
@@ -65,6 +73,9 @@ impl<W: Write> Conn<W> {
         }
         let _ = out.flush();
         drop(out);
+        if let Some(l) = &self.latency {
+            l[timing.0].observe(timing.1.elapsed().as_secs_f64());
+        }
         self.end();
     }
 
@@ -89,16 +100,30 @@ impl<W: Write> Conn<W> {
     }
 }
 
-/// Serves export `vm` of `size` bytes from `dp` until the client disconnects.
+/// The histogram index of a command.
+fn slot_of(kind: u16) -> usize {
+    match kind {
+        CMD_READ => 0,
+        CMD_WRITE => 1,
+        CMD_FLUSH => 2,
+        CMD_WRITE_ZEROES => 3,
+        CMD_TRIM => 4,
+        _ => 5,
+    }
+}
+
+/// Serves export `vm` of `size` bytes from `dp` until the client disconnects, observing
+/// request latencies in `latency` when given.
 pub fn serve<R: Read, W: Write + Send + 'static>(
     input: R,
     output: W,
     dp: &Arc<DataPath>,
     vm: u32,
     size: u64,
+    latency: Option<Latency>,
 ) -> io::Result<()> {
     let mut r = io::BufReader::with_capacity(1 << 18, input);
-    let conn = Arc::new(Conn { out: Mutex::new(output), in_flight: Mutex::new(0), drained: Condvar::new() });
+    let conn = Arc::new(Conn { out: Mutex::new(output), in_flight: Mutex::new(0), drained: Condvar::new(), latency });
     let res = (|| -> io::Result<()> {
         loop {
             let mut h = [0u8; REQUEST_LEN];
@@ -107,43 +132,86 @@ pub fn serve<R: Read, W: Write + Send + 'static>(
                 Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
                 Err(e) => return Err(e),
             }
-            let req = decode_request(&h).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+            let req = match decode_request(&h) {
+                Ok(req) => req,
+                Err(e) => {
+                    tracing::warn!(%e, "closing connection");
+                    return Ok(());
+                }
+            };
+            let timing = (slot_of(req.kind), Instant::now());
             let mut payload = Vec::new();
             if req.kind == CMD_WRITE {
                 if req.length > MAX_PAYLOAD {
-                    return Err(io::Error::new(io::ErrorKind::InvalidData, "write payload over the limit"));
+                    tracing::warn!(length = req.length, "write payload over the limit: closing");
+                    conn.begin();
+                    conn.reply(EOVERFLOW, req.cookie, None, timing);
+                    return Ok(());
                 }
                 payload = vec![0u8; req.length as usize];
                 r.read_exact(&mut payload)?;
             }
             conn.begin();
-            if let Err(e) = check_range(&req, size) {
-                conn.reply(e, req.cookie, None);
+            if req.kind == CMD_DISC {
+                conn.end(); // not answered (the protocol's rule)
+                return Ok(());
+            }
+            if !dp.serves(vm) {
+                tracing::info!(vdisk = vm, "the vDisk is no longer served: closing");
+                conn.reply(ESHUTDOWN, req.cookie, None, timing);
+                return Ok(());
+            }
+            let allowed = match req.kind {
+                CMD_READ | CMD_WRITE => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE,
+                CMD_WRITE_ZEROES => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE,
+                CMD_TRIM => CMD_FLAG_FUA,
+                CMD_FLUSH => 0,
+                _ => 0,
+            };
+            let known = matches!(req.kind, CMD_READ | CMD_WRITE | CMD_WRITE_ZEROES | CMD_TRIM | CMD_FLUSH);
+            let range = if req.kind == CMD_FLUSH { Ok(()) } else { check_range(&req, size) };
+            if let Err(e) = range.and(if !known || req.flags & !allowed != 0 { Err(EINVAL) } else { Ok(()) }) {
+                conn.reply(e, req.cookie, None, timing);
                 continue;
             }
             let (c, cookie, fua) = (conn.clone(), req.cookie, req.flags & CMD_FLAG_FUA != 0);
+            // FUA: durable before the reply (a flush after the command).
+            let then_flush = move |dp: Arc<DataPath>, c: Arc<Conn<W>>| -> crate::datapath::Done {
+                Box::new(move |res| match (res, fua) {
+                    (Ok(_), true) => dp.clone().submit(
+                        vm,
+                        0,
+                        Cmd::Flush,
+                        Box::new(move |r| c.reply(r.map_or_else(errno, |_| 0), cookie, None, timing)),
+                    ),
+                    (Ok(_), false) => c.reply(0, cookie, None, timing),
+                    (Err(f), _) => c.reply(errno(f), cookie, None, timing),
+                })
+            };
             match req.kind {
                 CMD_READ => {
                     let (offset, len) = (req.offset, req.length);
-                    dp.submit(
-                        vm,
-                        offset,
-                        len,
-                        None,
-                        false,
-                        Box::new(move |res| match res {
-                            Ok(parts) => {
-                                let mut buf = vec![0u8; len as usize];
-                                copy_range(&parts, offset, &mut buf);
-                                c.reply(0, cookie, Some(&buf));
-                            }
-                            Err(f) => c.reply(errno(f), cookie, None),
-                        }),
-                    );
+                    let done = Box::new(move |res: Result<Vec<crate::datapath::Bytes>, Failure>| match res {
+                        Ok(parts) => {
+                            let mut buf = vec![0u8; len as usize];
+                            copy_range(&parts, offset, &mut buf);
+                            c.reply(0, cookie, Some(&buf), timing);
+                        }
+                        Err(f) => c.reply(errno(f), cookie, None, timing),
+                    });
+                    dp.submit(vm, offset, Cmd::Read(len), done);
                 }
-                CMD_WRITE_ZEROES => {
-                    // Zeroes in 1 MiB writes, waited for here (rare, and of any length).
-                    let chunk = vec![0u8; 1 << 20];
+                CMD_WRITE => dp.submit(vm, req.offset, Cmd::Write(payload), then_flush(dp.clone(), c)),
+                CMD_TRIM => dp.submit(vm, req.offset, Cmd::Discard(req.length), then_flush(dp.clone(), c)),
+                CMD_FLUSH => dp.submit(
+                    vm,
+                    0,
+                    Cmd::Flush,
+                    Box::new(move |r| c.reply(r.map_or_else(errno, |_| 0), cookie, None, timing)),
+                ),
+                _ => {
+                    // WRITE_ZEROES: zeroes in 1 MiB writes, waited for here (rare, any length).
+                    let chunk = vec![0u8; (1 << 20).min(req.length as usize)];
                     let mut at = req.offset;
                     let end = req.offset + req.length as u64;
                     let mut result = Ok(());
@@ -153,49 +221,10 @@ pub fn serve<R: Read, W: Write + Send + 'static>(
                         at += n as u64;
                     }
                     if result.is_ok() && fua {
-                        result = dp.flush();
+                        result = dp.flush(vm);
                     }
-                    conn.reply(result.map_or_else(errno, |()| 0), cookie, None);
+                    conn.reply(result.map_or_else(errno, |()| 0), cookie, None, timing);
                 }
-                CMD_WRITE => {
-                    let data = payload;
-                    let dp2 = dp.clone();
-                    dp.submit(
-                        vm,
-                        req.offset,
-                        0,
-                        Some(data),
-                        false,
-                        Box::new(move |res| match (res, fua) {
-                            (Ok(_), true) => {
-                                // FUA: durable before the reply (a flush after the write).
-                                dp2.submit(
-                                    vm,
-                                    0,
-                                    0,
-                                    None,
-                                    true,
-                                    Box::new(move |r| c.reply(r.map_or_else(errno, |_| 0), cookie, None)),
-                                );
-                            }
-                            (Ok(_), false) => c.reply(0, cookie, None),
-                            (Err(f), _) => c.reply(errno(f), cookie, None),
-                        }),
-                    );
-                }
-                CMD_FLUSH => dp.submit(
-                    vm,
-                    0,
-                    0,
-                    None,
-                    true,
-                    Box::new(move |r| c.reply(r.map_or_else(errno, |_| 0), cookie, None)),
-                ),
-                CMD_DISC => {
-                    conn.end(); // not answered (the protocol's rule)
-                    return Ok(());
-                }
-                _ => conn.reply(ENOTSUP, req.cookie, None),
             }
             // No further request buffered: run the queued ops here rather than hand them
             // to a device thread (at iodepth 1 the request never changes threads).

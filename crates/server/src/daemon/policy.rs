@@ -1,0 +1,147 @@
+//! The daemon's policy: the interval controller (the same code the simulator runs) fed
+//! by the data path's hooks — each request observed as it is submitted, each ended
+//! interval (the engine's timer, `Event::Interval`) turned into a decision applied as an
+//! engine job — and the drain of vDisks in pass-through.
+
+use crate::datapath::ExportStats;
+use cachevisor_engine::{Engine, Output};
+use cachevisor_policy::allocator::Decision;
+use cachevisor_policy::controller::{self, Controller, VmSettings, WindowCounts};
+use cachevisor_trace::units::parse_size;
+use cachevisor_trace::VmId;
+use std::time::Instant;
+
+/// Dirty blocks a vDisk in pass-through writes back per interval.
+const DRAIN_STEP: usize = 256;
+
+/// The controller and what it compares each interval with.
+pub(crate) struct Policy {
+    pub(crate) ctl: Controller,
+    /// Counters at the last interval, and when it was.
+    last: Vec<ExportStats>,
+    last_tick: Instant,
+    /// Where each pass-through vDisk's drain goes on.
+    drain_cursor: u32,
+}
+
+impl Policy {
+    pub(crate) fn new(ctl: Controller) -> Policy {
+        Policy { ctl, last: Vec::new(), last_tick: Instant::now(), drain_cursor: 0 }
+    }
+
+    /// One allocation interval: the window's counters and rECS go to the controller, the
+    /// allocator decides (if it runs every interval) and the decision is applied online as
+    /// an engine job; vDisks in pass-through drain.
+    pub(crate) fn interval(&mut self, engine: &mut Engine, stats: &[ExportStats]) {
+        let secs = self.last_tick.elapsed().as_secs_f64();
+        self.last_tick = Instant::now();
+        self.last.resize(stats.len(), ExportStats::default());
+        let counts: Vec<WindowCounts> = stats
+            .iter()
+            .zip(self.last.iter())
+            .map(|(s, l)| WindowCounts {
+                requests: s.reads + s.writes - l.reads - l.writes,
+                accesses: s.blocks - l.blocks,
+                hits: s.hit_blocks - l.hit_blocks,
+            })
+            .collect();
+        self.last = stats.to_vec();
+        let (_, sampled) = self.ctl.sample_recs(engine);
+        self.ctl.end_window(&counts);
+        if self.ctl.allocator().every_interval() {
+            let d = self.ctl.decide(engine, Some((&counts, secs)), &sampled, None);
+            self.ctl.next_window();
+            apply(engine, d, stats);
+        }
+        self.drain(engine, stats);
+    }
+
+    /// vDisks in pass-through write their dirty blocks back a step per interval (failures
+    /// leave them dirty, to be tried again); once nothing is dirty their clean blocks
+    /// leave the cache.
+    fn drain(&mut self, engine: &mut Engine, stats: &[ExportStats]) {
+        for (vm, s) in stats.iter().enumerate().filter(|(_, s)| s.passthrough) {
+            let vm = vm as VmId;
+            let p = engine.partition(vm);
+            if p.dirty_blocks > 0 {
+                let keys = engine.dirty_batch(Some(vm), &mut self.drain_cursor, DRAIN_STEP);
+                engine.submit_job(|e, out| {
+                    let mut one = Output::default();
+                    for k in keys {
+                        e.destage_block(vm, cachevisor_engine::slot_table::key_block(k), &mut one);
+                        out.ops.append(&mut one.ops);
+                    }
+                });
+            } else if p.used > 0 {
+                engine.submit_job(|e, out| e.set_target(vm, 0, out));
+                let _ = s;
+                tracing::info!(
+                    vdisk = vm,
+                    "pass-through: every dirty block is written back; the vDisk's cache is released"
+                );
+            }
+        }
+    }
+
+    /// Re-divides the cache now (a vDisk joined or left).
+    pub(crate) fn redivide(&mut self, engine: &mut Engine, stats: &[ExportStats]) {
+        let d = self.ctl.decide(engine, None, &[], None);
+        apply(engine, d, stats);
+    }
+}
+
+/// Applies an allocation decision online as an engine job — vDisks in pass-through keep
+/// what they have until drained (the persistent engine journals the write-backs before
+/// the metadata says clean).
+fn apply(engine: &mut Engine, mut d: Decision, stats: &[ExportStats]) {
+    for (vm, s) in stats.iter().enumerate() {
+        if s.passthrough && vm < d.targets.len() {
+            d.targets[vm] = engine.partition(vm as VmId).target;
+            d.write_policies[vm] = None;
+        }
+    }
+    engine.submit_job(|e, out| *out = controller::apply(e, &d));
+}
+
+/// Sets up VM id `id` for vDisk `v` in the engine (write policy, sequential cutoff) and
+/// the controller (weight, ratio, minimum). The partition is empty: no device work.
+pub(crate) fn enroll(
+    engine: &mut Engine,
+    ctl: &mut Controller,
+    id: VmId,
+    v: &crate::config::VdiskConfig,
+    block_size: u64,
+) -> Result<(), String> {
+    let min = v.min.as_deref().map(parse_size).transpose()?.unwrap_or(0);
+    let cutoff = v.sequential_cutoff.as_deref().map(parse_size).transpose()?;
+    engine.ensure_vm(id);
+    if let Some(p) = v.write_policy {
+        let mut out = Output::default();
+        engine.set_write_policy(id, p, &mut out);
+        debug_assert!(out.ops.is_empty(), "an empty partition has nothing to write back");
+    }
+    if let Some(c) = cutoff {
+        engine.set_sequential_cutoff(id, c);
+    }
+    ctl.add_vm(VmSettings { weight: v.weight, ratio: v.ratio, min_blocks: min.div_ceil(block_size) });
+    Ok(())
+}
+
+/// A new controller running `alloc` with the settings (and retirements) of `old`.
+pub(crate) fn rebuilt(
+    old: &mut Controller,
+    alloc: Box<dyn cachevisor_policy::allocator::Allocator>,
+    slots: u64,
+    bs: u64,
+    vms: usize,
+) -> Controller {
+    let settings: Vec<(VmSettings, bool)> = (0..vms).map(|v| (*old.settings_mut(v), old.is_retired(v))).collect();
+    let mut ctl = Controller::new(alloc, slots, bs, true);
+    for (v, (s, retired)) in settings.into_iter().enumerate() {
+        ctl.add_vm(s);
+        if retired {
+            ctl.retire_vm(v);
+        }
+    }
+    ctl
+}

@@ -1,0 +1,209 @@
+//! The operator's changes to a running daemon: vDisks added and removed, partition
+//! targets, write policies and the allocator switched, dirty blocks destaged. Each runs as
+//! engine jobs on the data path (requests go on beside them) and is saved to the metadata
+//! directory's overlay, so it survives a restart.
+
+use super::{policy, Daemon, ExportInfo, OpError};
+use crate::backing::Backing;
+use crate::backing_identity::{Identity, Place};
+use crate::journal::Record;
+use cachevisor_policy::registry;
+use cachevisor_trace::units::parse_size;
+use cachevisor_trace::VmId;
+
+/// Why adding or removing a vDisk was refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ChangeError {
+    /// Bad settings.
+    #[error("{0}")]
+    Invalid(String),
+    /// The name is taken, or the change would leave nothing to serve.
+    #[error("{0}")]
+    Conflict(String),
+    /// No such vDisk.
+    #[error("{0}")]
+    NotFound(String),
+    /// A device or metadata failure.
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl Daemon {
+    /// Adds vDisk `v` while running: its backing store is opened (created when `size` is
+    /// given), the change is saved to the metadata directory's overlay (so it survives a
+    /// restart), the vDisk's name and backing are journaled, it joins the engine and the
+    /// controller, the allocator re-divides the cache at once, and the export is offered.
+    pub fn add_vdisk(&self, mut v: crate::config::VdiskConfig) -> Result<ExportInfo, ChangeError> {
+        let mut overlay = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
+        if self.vdisk(&v.name).is_some() {
+            return Err(ChangeError::Conflict(format!("a vDisk named `{}` is already served", v.name)));
+        }
+        if !crate::backing::is_uri(&v.backing) {
+            v.backing = std::path::absolute(&v.backing).map_err(|e| ChangeError::Invalid(format!("backing: {e}")))?;
+        }
+        v.check("vdisk").map_err(ChangeError::Invalid)?;
+        let size = v.size.as_deref().map(parse_size).transpose().map_err(ChangeError::Invalid)?;
+        let place =
+            Place::of(&v.backing).map_err(|e| ChangeError::Invalid(format!("backing {}: {e}", v.backing.display())))?;
+        {
+            let identities = self.identities.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(other) = self.exports().iter().find(|e| {
+                identities.get(e.id as usize).cloned().flatten().is_some_and(|id| place.same(&Place::Existing(id)))
+            }) {
+                return Err(ChangeError::Conflict(format!("backing {} is already the backing of vDisk `{}`: two vDisks on one backing store would overwrite each other's data", v.backing.display(), other.name)));
+            }
+        }
+        let b = Backing::open(&v.backing, size, v.grow, "vdisk").map_err(ChangeError::Invalid)?;
+        let failed = |e: std::io::Error| ChangeError::Invalid(format!("backing {}: {e}", v.backing.display()));
+        let size = b.size().map_err(failed)?;
+        let identity = match place {
+            Place::Uri(uri) => Identity::Nbd { uri, size },
+            _ => Identity::of_path(&v.backing)
+                .map_err(failed)?
+                .ok_or_else(|| ChangeError::Invalid(format!("backing {} vanished", v.backing.display())))?,
+        };
+        let id = self.dp.next_vm();
+        if id > u16::MAX as VmId {
+            return Err(ChangeError::Conflict("no VM ids left: restart the daemon to renumber".into()));
+        }
+        overlay.change(&self.meta_dir, |o| o.add(v.clone())).map_err(ChangeError::Failed)?;
+        let bs = self.block_size;
+        self.dp
+            .with_engine_mut(|e| {
+                policy::enroll(e, &mut self.policy.lock().unwrap_or_else(|p| p.into_inner()).ctl, id, &v, bs)
+            })
+            .map_err(ChangeError::Invalid)?;
+        let meta = vec![
+            Record::Vdisk { vm: id as u16, name: v.name.clone() },
+            Record::Binding { vm: id as u16, identity: identity.clone() },
+        ];
+        let added = self.dp.add_vm(&v.name, std::sync::Arc::new(b), meta);
+        self.identities.lock().unwrap_or_else(|e| e.into_inner()).push(Some(identity));
+        added.map_err(|f| ChangeError::Failed(format!("journaling the new vDisk failed ({f:?}); see the log")))?;
+        self.redivide();
+        let info = ExportInfo { id, name: v.name.clone(), size };
+        self.exports.write().unwrap_or_else(|e| e.into_inner()).push(Some(info.clone()));
+        tracing::info!(vdisk = %v.name, id, size, backing = %v.backing.display(), "vDisk added");
+        Ok(info)
+    }
+
+    /// Removes vDisk `vm` while running: it stops being offered (open connections get
+    /// ESHUTDOWN at their next request), its dirty blocks are written back and made
+    /// durable, its cache is released to the others at once, its backing store is closed,
+    /// and the removal is saved to the metadata directory's overlay. The last vDisk cannot
+    /// be removed.
+    pub fn remove_vdisk(&self, vm: VmId) -> Result<(), ChangeError> {
+        let mut overlay = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
+        let info = self.export(vm).ok_or_else(|| ChangeError::NotFound(format!("no vDisk with id {vm}")))?;
+        if self.exports().len() == 1 {
+            return Err(ChangeError::Conflict(format!(
+                "`{}` is the last vDisk: add another before removing it",
+                info.name
+            )));
+        }
+        self.exports.write().unwrap_or_else(|e| e.into_inner())[vm as usize] = None;
+        if let Err(f) = self.dp.remove_vm(vm) {
+            self.exports.write().unwrap_or_else(|p| p.into_inner())[vm as usize] = Some(info.clone());
+            return Err(ChangeError::Failed(format!(
+                "`{}` is still served: writing its dirty blocks back failed ({f:?}); see the log",
+                info.name
+            )));
+        }
+        self.dp.with_engine_mut(|_| self.policy.lock().unwrap_or_else(|p| p.into_inner()).ctl.retire_vm(vm as usize));
+        self.identities.lock().unwrap_or_else(|e| e.into_inner())[vm as usize] = None;
+        self.redivide();
+        overlay.change(&self.meta_dir, |o| o.remove(&info.name)).map_err(ChangeError::Failed)?;
+        tracing::info!(vdisk = %info.name, id = vm, "vDisk removed");
+        Ok(())
+    }
+
+    /// The allocator re-divides the cache now (a vDisk joined or left).
+    fn redivide(&self) {
+        let stats: Vec<_> = (0..self.dp.next_vm()).map(|v| self.dp.stats(v)).collect();
+        self.dp.with_engine_mut(|e| self.policy.lock().unwrap_or_else(|p| p.into_inner()).redivide(e, &stats));
+    }
+
+    /// Switches the allocation policy online (VM settings are kept).
+    pub fn set_allocator(&self, name: &str, params: &cachevisor_policy::params::Params) -> Result<(), String> {
+        let alloc = registry::build_with(name, params)?;
+        let (bs, vms) = (self.block_size, self.dp.next_vm() as usize);
+        self.dp.with_engine_mut(|e| {
+            let mut p = self.policy.lock().unwrap_or_else(|p| p.into_inner());
+            p.ctl = policy::rebuilt(&mut p.ctl, alloc, e.slot_count(), bs, vms);
+        });
+        self.overlay
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .change(&self.meta_dir, |o| o.set_allocator(name, params))
+            .map_err(|e| format!("the allocator is switched but not saved for the next start: {e}"))?;
+        tracing::info!(allocator = name, "allocator switched");
+        Ok(())
+    }
+
+    /// Applies the partition targets the API set before the last stop (from the overlay).
+    pub(crate) fn restore_api_targets(&self) -> Result<(), OpError> {
+        let targets = self.overlay.lock().unwrap_or_else(|e| e.into_inner()).target_blocks.clone();
+        for (name, blocks) in targets {
+            if let Some(vm) = self.vdisk(&name) {
+                tracing::info!(vdisk = %name, blocks, "partition target set through the API");
+                self.set_target_now(vm, blocks)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Switches export `vm`'s write policy online (leaving write-back writes its dirty
+    /// blocks back first, made durable before this returns).
+    pub fn set_write_policy(&self, vm: VmId, policy: cachevisor_engine::WritePolicy) -> Result<(), OpError> {
+        let r = self.dp.run_job(|e, out| e.set_write_policy(vm, policy, out)).and_then(|_| self.dp.flush(vm));
+        // Saved even when some write-back failed: the policy is switched (what is still
+        // dirty stays cached and is written back later).
+        self.remember(vm, |o, name| o.set_write_policy(name, policy))?;
+        r.map_err(OpError::from)
+    }
+
+    /// Sets export `vm`'s partition to `blocks` cache blocks (a shrink evicts its coldest
+    /// blocks, writing dirty ones back first).
+    pub fn resize(&self, vm: VmId, blocks: u64) -> Result<(), OpError> {
+        self.set_target_now(vm, blocks)?;
+        self.remember(vm, |o, name| o.set_target(name, blocks))
+    }
+
+    /// [`Self::resize`] without saving it (a target the overlay already holds).
+    fn set_target_now(&self, vm: VmId, blocks: u64) -> Result<(), OpError> {
+        self.dp.run_job(|e, out| e.set_target(vm, blocks, out))?;
+        // Write-backs of the shrink reach the backing store before the metadata says clean.
+        self.dp.flush(vm).map_err(OpError::from)
+    }
+
+    /// Saves a change made through the API to the overlay (it survives restarts).
+    fn remember(&self, vm: VmId, change: impl FnOnce(&mut crate::vdisk_overlay::Overlay, &str)) -> Result<(), OpError> {
+        let Some(info) = self.export(vm) else { return Ok(()) };
+        let mut overlay = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
+        overlay.change(&self.meta_dir, |o| change(o, &info.name)).map_err(OpError::Unsaved)
+    }
+
+    /// Writes every dirty block of `vm` (or of every vDisk) back, in jobs with requests
+    /// going on beside them, calling `progress(done, done + left)` after each; blocks stay
+    /// cached, clean, and the result is durable.
+    pub fn destage_all(&self, vm: Option<VmId>, progress: &mut dyn FnMut(u64, u64)) -> Result<u64, OpError> {
+        Ok(self.dp.destage(vm, progress)?)
+    }
+
+    /// Writes every dirty block of export `vm` back to its backing store (blocks stay
+    /// cached, clean) and makes that durable.
+    pub fn destage(&self, vm: VmId) -> Result<(), OpError> {
+        self.destage_all(Some(vm), &mut |_, _| {}).map(|_| ())
+    }
+
+    /// The destage job (progress of the running or last one).
+    pub fn destage_job(&self) -> &crate::destage_job::Job {
+        &self.job
+    }
+
+    /// Blocks written back since the start: by the background flusher, evictions and
+    /// destage jobs.
+    pub fn destaged_blocks(&self) -> u64 {
+        self.dp.written_back()
+    }
+}

@@ -1,0 +1,136 @@
+//! The committer and the ticker. The committer runs the engine's commits in the order
+//! their contract gives (`Persistence::commit`: backing stores, cache store, records,
+//! journal), one at a time (group commit: what arrives meanwhile joins the next), with
+//! the metadata records the daemon adds (a vDisk's name and backing binding) appended
+//! first; past the journal limit (or when asked) it holds admission until nothing is in
+//! flight and writes a checkpoint. The ticker runs the engine's timers (flusher steps,
+//! interval events) and asks for a commit every second, so the journal stays close to
+//! the cache and a restart after a crash is warm.
+
+use super::{Core, Shared};
+use crate::journal::Record;
+use crate::persist::Persistence;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::time::{Duration, Instant};
+
+impl Shared {
+    pub(super) fn committer(&self, mut persist: Persistence) {
+        let mut checkpointing = false;
+        loop {
+            let (c, meta) = {
+                let mut core = self.lock();
+                loop {
+                    if self.halted.load(SeqCst) {
+                        return; // nothing more is written
+                    }
+                    if let Some(c) = core.commit.take() {
+                        self.busy.fetch_add(1, SeqCst);
+                        break (c, std::mem::take(&mut core.meta));
+                    }
+                    if core.want_checkpoint && !checkpointing {
+                        checkpointing = true;
+                        let now = self.now();
+                        core.engine.hold_admission(true, now);
+                    }
+                    if checkpointing && core.engine.quiescent() {
+                        self.checkpoint(&mut core, &mut persist);
+                        checkpointing = false;
+                        continue;
+                    }
+                    if core.stop && !core.committing {
+                        return;
+                    }
+                    if checkpointing {
+                        // Waiting for the work in flight to drain.
+                        core = self
+                            .commit_cv
+                            .wait_timeout(core, Duration::from_millis(2))
+                            .map_or_else(|p| p.into_inner().0, |g| g.0);
+                    } else {
+                        core = self.commit_cv.wait(core).unwrap_or_else(|p| p.into_inner());
+                    }
+                }
+            };
+            let backings: Vec<_> = c.sync_backings.iter().filter_map(|&vm| self.backing(vm).ok()).collect();
+            let backing_refs: Vec<&crate::backing::Backing> = backings.iter().map(|b| &**b).collect();
+            let r = append_meta(&mut persist, &meta).and_then(|()| persist.commit(&c, &self.ssd, &backing_refs));
+            self.busy.fetch_sub(1, SeqCst);
+            if let Err(e) = &r {
+                tracing::error!(%e, epoch = c.epoch, "commit failed: its records are tried again");
+            }
+            let mut core = self.lock();
+            if r.is_err() {
+                // Tried again first at the next commit (recording them twice is harmless).
+                let mut m = meta;
+                m.append(&mut core.meta);
+                core.meta = m;
+            }
+            let now = self.now();
+            core.engine.handle_commit(now, c.epoch, r.map_err(|e| super::devices::failure(&e)));
+            core.committing = false;
+            // The journal past its limit: hold admission until nothing is in flight, then a
+            // checkpoint replaces it (commits go on meanwhile: held writes need them).
+            if !checkpointing && persist.wants_checkpoint() {
+                checkpointing = true;
+                core.engine.hold_admission(true, now);
+            }
+            self.pump(&mut core);
+            self.unlock(core);
+        }
+    }
+
+    /// Writes a checkpoint of the quiescent engine and lets admission go on (a failed one
+    /// leaves the journal in force and is tried again after the next commit).
+    fn checkpoint(&self, core: &mut Core, persist: &mut Persistence) {
+        self.busy.fetch_add(1, SeqCst);
+        let Core { engine, names, .. } = core;
+        let targets: Vec<u64> = (0..names.len()).map(|v| engine.partition(v as u32).target).collect();
+        let backings = self.backings.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let r = persist.checkpoint_records(names, &targets, &self.ssd, &backings, &mut |emit| engine.checkpoint(emit));
+        self.busy.fetch_sub(1, SeqCst);
+        match r {
+            Ok(()) => {
+                core.engine.checkpoint_done();
+                self.checkpoints.fetch_add(1, Relaxed);
+            }
+            Err(e) => tracing::error!(%e, "checkpoint failed: the journal stays in force"),
+        }
+        core.want_checkpoint = false;
+        let now = self.now();
+        core.engine.hold_admission(false, now);
+        self.pump(core);
+    }
+
+    pub(super) fn ticker(&self, period: Duration) {
+        let mut last_commit = Instant::now();
+        loop {
+            std::thread::sleep(period);
+            let mut core = self.lock();
+            if core.stop || self.halted.load(SeqCst) {
+                return;
+            }
+            let now = self.now();
+            core.engine.handle_timeout(now);
+            if last_commit.elapsed() >= Duration::from_secs(1) {
+                core.engine.request_commit();
+                last_commit = Instant::now();
+            }
+            self.pump(&mut core);
+            self.unlock(core);
+        }
+    }
+}
+
+/// Appends the daemon's metadata records (before the commit's slot records, which may
+/// name the vDisk they introduce).
+fn append_meta(persist: &mut Persistence, meta: &[Record]) -> std::io::Result<()> {
+    for r in meta {
+        match r {
+            Record::Vdisk { vm, name } => persist.record_vdisk(*vm, name)?,
+            Record::Binding { vm, identity } => persist.record_binding(*vm, identity)?,
+            Record::Target { vm, blocks } => persist.record_target(*vm, *blocks)?,
+            Record::Slot { .. } | Record::Free { .. } => {}
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,312 @@
+//! Control of a running data path: commands run as engine jobs a caller waits for
+//! (resizes, write-policy switches, destaging), vDisks added and removed, the policy
+//! hooks, the trace recorder, a checkpoint on demand, a crash-like halt, and fault
+//! injection for tests.
+
+use super::{Core, DataPath, ExportStats, IntervalHook, JobWait, ObserveHook, Shared};
+use crate::backing::Backing;
+use crate::journal::Record;
+use cachevisor_engine::{Engine, Failure, Output};
+use cachevisor_trace::VmId;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::{Arc, Condvar};
+use std::time::{Duration, Instant};
+
+/// Dirty blocks a destage job takes per engine job.
+const DESTAGE_STEP: usize = 256;
+
+impl Shared {
+    /// Dirty blocks of `vm` (or of every vDisk).
+    fn dirty_left(core: &Core, vm: Option<VmId>) -> u64 {
+        match vm {
+            Some(v) => core.engine.partition(v).dirty_blocks,
+            None => (0..core.names.len()).map(|v| core.engine.partition(v as VmId).dirty_blocks).sum(),
+        }
+    }
+}
+
+impl DataPath {
+    /// Runs `f` on the engine (its ops, if any, become a background job: `Engine::
+    /// submit_job`) and waits until every op of it ended. `Ok(false)`: it emitted no op.
+    /// Waits while admission is held (a checkpoint draining), since commands are not run
+    /// then.
+    pub fn run_job(&self, f: impl FnOnce(&mut Engine, &mut Output)) -> Result<bool, Failure> {
+        let s = &self.shared;
+        let cv = Arc::new(Condvar::new());
+        let mut core = s.lock();
+        while core.engine.admission_held() && !s.halted.load(SeqCst) {
+            core = cv.wait_timeout(core, Duration::from_millis(2)).map_or_else(|p| p.into_inner().0, |g| g.0);
+        }
+        if s.halted.load(SeqCst) {
+            return Err(Failure::Shutdown);
+        }
+        let Some(id) = core.engine.submit_job(f) else {
+            s.pump(&mut core);
+            s.unlock(core);
+            return Ok(false);
+        };
+        core.jobs.insert(id, JobWait { cv: cv.clone(), failed: None, failure: None });
+        s.pump(&mut core);
+        loop {
+            if let Some(failed) = core.jobs.get(&id).and_then(|j| j.failed) {
+                let j = core.jobs.remove(&id).expect("waited for");
+                s.unlock(core);
+                return if failed { Err(j.failure.unwrap_or(Failure::Io)) } else { Ok(true) };
+            }
+            if s.halted.load(SeqCst) {
+                core.jobs.remove(&id);
+                return Err(Failure::Shutdown);
+            }
+            core = s.help_or_wait(core, &cv);
+        }
+    }
+
+    /// Runs `f` on the engine and starts what it submitted (policy decisions, settings).
+    pub fn with_engine_mut<R>(&self, f: impl FnOnce(&mut Engine) -> R) -> R {
+        let mut core = self.shared.lock();
+        let r = f(&mut core.engine);
+        self.shared.pump(&mut core);
+        self.shared.unlock(core);
+        r
+    }
+
+    /// Writes every dirty block of `vm` (or of every vDisk) back, a job of up to 256
+    /// blocks at a time (requests go on between and beside them), calling
+    /// `progress(done, done + left)` after each; blocks stay cached, clean. Ends when
+    /// nothing is dirty (writes arriving meanwhile are destaged too), then makes it
+    /// durable. Returns the blocks written back.
+    pub fn destage(&self, vm: Option<VmId>, progress: &mut dyn FnMut(u64, u64)) -> Result<u64, Failure> {
+        let mut cursor = 0u32;
+        let mut done = 0u64;
+        let mut stalled = 0;
+        loop {
+            let keys = {
+                let core = self.shared.lock();
+                if Shared::dirty_left(&core, vm) == 0 {
+                    break;
+                }
+                core.engine.dirty_batch(vm, &mut cursor, DESTAGE_STEP)
+            };
+            let mut n = 0u64;
+            self.run_job(|e, out| {
+                let mut one = Output::default();
+                for k in keys {
+                    let (v, b) =
+                        (cachevisor_engine::slot_table::key_vm(k), cachevisor_engine::slot_table::key_block(k));
+                    if e.destage_block(v, b, &mut one) > 0 {
+                        n += 1;
+                    }
+                    out.ops.append(&mut one.ops);
+                }
+            })?;
+            done += n;
+            let left = Shared::dirty_left(&self.shared.lock(), vm);
+            progress(done, done + left);
+            // Blocks with requests in flight are skipped; they come round again.
+            stalled = if n == 0 { stalled + 1 } else { 0 };
+            if stalled > 0 {
+                if stalled > 5000 {
+                    tracing::warn!(left, "destaging stalled: blocks stay dirty behind requests in flight");
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        self.flush(vm.unwrap_or(0))?;
+        Ok(done)
+    }
+
+    /// Sets the policy's hooks: each request as it is submitted, and each ended interval.
+    pub fn set_hooks(&self, observe: Option<ObserveHook>, on_interval: Option<IntervalHook>) {
+        let mut core = self.shared.lock();
+        core.observe = observe;
+        core.on_interval = on_interval;
+    }
+
+    /// Adds a vDisk: VM id `vm` (the next one) named `name` on `backing`, with `meta`
+    /// (its name and backing binding) journaled before this returns; the caller sets it
+    /// up in the engine first.
+    pub fn add_vm(&self, name: &str, backing: Arc<Backing>, meta: Vec<Record>) -> Result<VmId, Failure> {
+        let vm = {
+            let mut core = self.shared.lock();
+            let vm = core.names.len() as VmId;
+            self.shared.backings.write().unwrap_or_else(|p| p.into_inner()).push(backing);
+            core.names.push(name.to_string());
+            core.stats.push(ExportStats::default());
+            core.removed.push(false);
+            core.meta.extend(meta);
+            core.engine.request_commit();
+            vm
+        };
+        self.flush(vm)?;
+        Ok(vm)
+    }
+
+    /// The VM id the next [`Self::add_vm`] gives.
+    pub fn next_vm(&self) -> VmId {
+        self.shared.lock().names.len() as VmId
+    }
+
+    /// Journals `meta` (a backing binding, a target) at the next commit and waits for it.
+    pub fn record(&self, meta: Vec<Record>) -> Result<(), Failure> {
+        {
+            let mut core = self.shared.lock();
+            core.meta.extend(meta);
+            core.engine.request_commit();
+        }
+        self.flush(0)
+    }
+
+    /// Removes vDisk `vm`: its requests are refused from now on (those in flight end),
+    /// its dirty blocks are written back and made durable, then its cache is released and
+    /// its backing store closed. On error the vDisk is served again.
+    pub fn remove_vm(&self, vm: VmId) -> Result<(), Failure> {
+        self.shared.lock().removed[vm as usize] = true;
+        let r = (|| -> Result<(), Failure> {
+            self.destage(Some(vm), &mut |_, _| {})?;
+            // What requests already past the check wrote meanwhile is written back here;
+            // blocks with ops in flight are skipped and come round again.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while self.shared.lock().engine.partition(vm).used > 0 {
+                self.run_job(|e, out| e.drop_vm(vm, out))?;
+                if Instant::now() > deadline {
+                    return Err(Failure::Io);
+                }
+                if self.shared.lock().engine.partition(vm).used > 0 {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+            self.flush(vm)
+        })();
+        let mut core = self.shared.lock();
+        if r.is_err() {
+            core.removed[vm as usize] = false;
+            return r;
+        }
+        core.names[vm as usize].clear(); // a checkpoint maps no slot to it
+        self.shared.backings.write().unwrap_or_else(|p| p.into_inner())[vm as usize] = Arc::new(Backing::Removed);
+        Ok(())
+    }
+
+    /// `vm`'s counters.
+    pub fn stats(&self, vm: VmId) -> ExportStats {
+        self.shared.lock().stats.get(vm as usize).copied().unwrap_or_default()
+    }
+
+    /// Records every request from now on with `w` (`None` stops); returns the previous
+    /// recorder (to finish it).
+    pub fn set_recorder(&self, w: Option<cachevisor_trace::TraceWriter>) -> Option<cachevisor_trace::TraceWriter> {
+        std::mem::replace(&mut self.shared.lock().recorder, w)
+    }
+
+    /// Ends a controller interval now (the engine's timer ends them every interval).
+    pub fn interval_now(&self) {
+        let mut core = self.shared.lock();
+        Shared::interval(&mut core);
+        self.shared.pump(&mut core);
+        self.shared.unlock(core);
+    }
+
+    /// Waits (running queued ops meanwhile) until no request or job is in flight, at most
+    /// `limit`; returns whether that happened.
+    pub fn wait_idle(&self, limit: Duration) -> bool {
+        let s = &self.shared;
+        let deadline = Instant::now() + limit;
+        let cv = Condvar::new();
+        let mut core = s.lock();
+        while core.engine.in_flight() > 0 {
+            if Instant::now() > deadline || s.halted.load(SeqCst) {
+                s.unlock(core);
+                return false;
+            }
+            core = s.help_or_wait_briefly(core, &cv);
+        }
+        s.unlock(core);
+        true
+    }
+
+    /// Write-backs of dirty data completed so far (flusher, evictions, destaging).
+    pub fn written_back(&self) -> u64 {
+        self.shared.written_back.load(Relaxed)
+    }
+
+    /// Writes a checkpoint now (admission held until the work in flight drained): the
+    /// next start replays no journal. Fails after 30 s of work that does not drain.
+    pub fn checkpoint_now(&self) -> Result<(), String> {
+        let before = self.checkpoints();
+        {
+            let mut core = self.shared.lock();
+            core.want_checkpoint = true;
+            core.engine.request_commit();
+            self.shared.pump(&mut core);
+        }
+        self.shared.commit_cv.notify_all();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if self.checkpoints() > before {
+                return Ok(());
+            }
+            if !self.shared.lock().want_checkpoint && self.checkpoints() == before {
+                return Err("the checkpoint failed (see the log): the journal stays in force".into());
+            }
+            if Instant::now() > deadline || self.shared.halted.load(SeqCst) {
+                return Err("no checkpoint after 30 s: requests in flight did not drain".into());
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// Stops all device I/O and metadata writes at once, as if the process had died here:
+    /// every request in flight or later fails with `Failure::Shutdown`, and this returns
+    /// once no device call or commit is under way (at most 30 s), so another process may
+    /// take the files over. Nothing is written: a restart recovers like after a SIGKILL.
+    pub fn halt(&self) {
+        let s = &self.shared;
+        s.halted.store(true, SeqCst);
+        {
+            let mut core = s.lock();
+            let ids: Vec<_> = core.waiting.keys().copied().collect();
+            for id in ids {
+                let w = core.waiting.get_mut(&id).expect("waiting");
+                if w.callback.is_some() {
+                    let w = core.waiting.remove(&id).expect("waiting");
+                    core.callbacks.push((w.callback.expect("a callback"), Err(Failure::Shutdown)));
+                } else if w.done.is_none() {
+                    w.done = Some(Err(Failure::Shutdown));
+                    if let Some(cv) = &w.waiter {
+                        cv.notify_one();
+                    }
+                }
+            }
+            for j in core.jobs.values() {
+                j.cv.notify_all();
+            }
+            s.unlock(core);
+        }
+        s.wake.notify_all();
+        s.commit_cv.notify_all();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while s.busy.load(SeqCst) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        for b in s.backings.write().unwrap_or_else(|p| p.into_inner()).iter_mut() {
+            *b = Arc::new(Backing::Removed);
+        }
+    }
+
+    /// Whether [`Self::halt`] ran.
+    pub fn halted(&self) -> bool {
+        self.shared.halted.load(SeqCst)
+    }
+
+    /// Fault injection for tests: the `n`-th cache-store write from now fails (0 = none).
+    pub fn fail_ssd_write_in(&self, n: u64) {
+        self.shared.fail_ssd_write_in.store(n, Relaxed);
+    }
+
+    /// Test hook: every device read waits `us` microseconds before it starts, so races
+    /// with writes become likely.
+    pub fn delay_reads(&self, us: u64) {
+        self.shared.read_delay_us.store(us, Relaxed);
+    }
+}

@@ -1,0 +1,246 @@
+//! Device threads: ops taken from the queue run on the cache store or a backing store with
+//! no lock held, runs of ops contiguous on a device as one call (the next cache-store
+//! offset, or the next disk address of the same backing store, up to [`MAX_RUN`] bytes: a
+//! 1 MiB read of consecutive slots is one `pread`), and their completions go back to the
+//! engine. After a halt no op touches a device: each fails with `Failure::Shutdown`.
+
+use super::{Bytes, Core, Shared, Work};
+use crate::backing::Backing;
+use cachevisor_engine::{DeviceOp, Failure, Location, OpKind};
+use cachevisor_trace::VmId;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::Arc;
+
+/// Bytes a thread runs as one device call at most.
+const MAX_RUN: u64 = 1 << 20;
+
+thread_local! {
+    /// Each thread's aligned buffer for an O_DIRECT cache store.
+    static BOUNCE: std::cell::RefCell<crate::aligned_buf::AlignedBuf> = Default::default();
+}
+
+fn no_device() -> std::io::Error {
+    std::io::Error::other("no such device (a removed vDisk, or a remote cache: not served yet)")
+}
+
+/// The failure a driver reports for an I/O error.
+pub(super) fn failure(e: &std::io::Error) -> Failure {
+    // Errors wrapped with the file they concern keep their kind, not their errno.
+    if e.raw_os_error() == Some(ENOSPC) || e.kind() == std::io::ErrorKind::StorageFull {
+        Failure::NoSpace
+    } else if e.kind() == std::io::ErrorKind::NotConnected {
+        Failure::Shutdown
+    } else {
+        Failure::Io
+    }
+}
+
+/// ENOSPC without a libc dependency (Linux).
+const ENOSPC: i32 = 28;
+
+impl Shared {
+    /// Reads `buf.len()` bytes at `at` of the device `loc` names (the cache store through
+    /// an aligned buffer when it is O_DIRECT).
+    fn dev_read(&self, loc: Location, buf: &mut [u8], at: u64) -> std::io::Result<()> {
+        let us = self.read_delay_us.load(Relaxed);
+        if us > 0 {
+            std::thread::sleep(std::time::Duration::from_micros(us));
+        }
+        match loc {
+            Location::Ssd(_) if self.direct => {
+                BOUNCE.with(|b| crate::aligned_buf::read_at(&self.ssd, &mut b.borrow_mut(), buf, at))
+            }
+            Location::Ssd(_) => self.ssd.read_exact_at(buf, at),
+            Location::Backing(vm) => self.backing(vm)?.read_at(buf, at),
+            Location::Remote { .. } => Err(no_device()),
+        }
+    }
+
+    /// Writes `data` at `at` of the device `loc` names.
+    fn dev_write(&self, loc: Location, data: &[u8], at: u64) -> std::io::Result<()> {
+        match loc {
+            Location::Ssd(_) => {
+                let n = self.fail_ssd_write_in.load(Relaxed);
+                if n > 0 && self.fail_ssd_write_in.fetch_sub(1, Relaxed) == 1 {
+                    return Err(std::io::Error::other("injected cache-store write failure"));
+                }
+                if self.direct {
+                    BOUNCE.with(|b| crate::aligned_buf::write_at(&self.ssd, &mut b.borrow_mut(), data, at))
+                } else {
+                    self.ssd.write_all_at(data, at)
+                }
+            }
+            Location::Backing(vm) => self.backing(vm)?.write_at(data, at),
+            Location::Remote { .. } => Err(no_device()),
+        }
+    }
+
+    /// `vm`'s backing store.
+    pub(super) fn backing(&self, vm: VmId) -> std::io::Result<Arc<Backing>> {
+        self.backings.read().unwrap_or_else(|p| p.into_inner()).get(vm as usize).cloned().ok_or_else(no_device)
+    }
+
+    pub(super) fn device_thread(&self) {
+        loop {
+            let run = {
+                let mut core = self.lock();
+                loop {
+                    if let Some(run) = self.pop_run(&mut core, true) {
+                        break run;
+                    }
+                    if core.stop {
+                        return;
+                    }
+                    core = self.wake.wait(core).unwrap_or_else(|p| p.into_inner());
+                }
+            };
+            let results = self.execute_run(&run);
+            let mut core = self.lock();
+            for (w, r) in run.into_iter().zip(results) {
+                self.complete(&mut core, w.op, r);
+            }
+            self.unlock(core);
+        }
+    }
+
+    /// The next queued op — a client request's first; a background job's only with
+    /// `background` (device threads: a client thread helping out takes none, it would
+    /// wait behind a slow write-back) — and those right behind it that continue it on its
+    /// device.
+    pub(super) fn pop_run(&self, core: &mut Core, background: bool) -> Option<Vec<Work>> {
+        let queue = if !core.work.is_empty() {
+            &mut core.work
+        } else if background {
+            &mut core.background
+        } else {
+            return None;
+        };
+        let first = queue.pop_front()?;
+        let mut total = first.op.len as u64;
+        let mut run = vec![first];
+        while let Some(next) = queue.front() {
+            let prev = &run[run.len() - 1].op;
+            let o = &next.op;
+            let follows = o.kind == prev.kind
+                && o.loc == prev.loc
+                && if o.kind.is_ssd() {
+                    o.ssd_offset(self.bs) == prev.ssd_offset(self.bs) + prev.len as u64
+                } else {
+                    o.vm == prev.vm && o.disk_addr == prev.disk_addr + prev.len as u64
+                };
+            if !follows || total + o.len as u64 > MAX_RUN {
+                break;
+            }
+            total += o.len as u64;
+            run.push(queue.pop_front().expect("a front"));
+        }
+        Some(run)
+    }
+
+    /// Runs a run of ops as one device call (none after a halt: every op fails).
+    pub(super) fn execute_run(&self, run: &[Work]) -> Vec<Result<Option<Bytes>, Failure>> {
+        self.busy.fetch_add(1, SeqCst);
+        let r = if self.halted.load(SeqCst) {
+            vec![Err(Failure::Shutdown); run.len()]
+        } else {
+            self.calls.fetch_add(1, Relaxed);
+            self.device_call(run)
+        };
+        self.busy.fetch_sub(1, SeqCst);
+        r
+    }
+
+    fn device_call(&self, run: &[Work]) -> Vec<Result<Option<Bytes>, Failure>> {
+        let first = &run[0].op;
+        let total: usize = run.iter().map(|w| w.op.len as usize).sum();
+        let (ssd, write) = (first.kind.is_ssd(), first.kind.is_write());
+        let at = if ssd { first.ssd_offset(self.bs) } else { first.disk_addr };
+        // Whether the run's disk addresses are contiguous too (sequential I/O): then one
+        // buffer serves every op with no copy.
+        let disk_contiguous = run.windows(2).all(|p| p[1].op.disk_addr == p[0].op.disk_addr + p[0].op.len as u64);
+        let r = if write {
+            let Some((bytes, base)) = run[0].data.as_ref() else {
+                return vec![Err(Failure::Io); run.len()];
+            };
+            let same = disk_contiguous
+                && run.iter().all(|w| w.data.as_ref().is_some_and(|(b, s)| Arc::ptr_eq(b, bytes) && s == base));
+            if same && first.disk_addr >= *base && first.disk_addr - base + total as u64 <= bytes.len() as u64 {
+                let from = (first.disk_addr - base) as usize;
+                self.dev_write(first.loc, &bytes[from..from + total], at).map(|()| Vec::new())
+            } else {
+                let mut data = Vec::with_capacity(total);
+                for w in run {
+                    let piece = w.data.as_ref().and_then(|(bytes, base)| {
+                        let from = w.op.disk_addr.checked_sub(*base)? as usize;
+                        bytes.get(from..from + w.op.len as usize)
+                    });
+                    let Some(piece) = piece else { return vec![Err(Failure::Io); run.len()] };
+                    data.extend_from_slice(piece);
+                }
+                self.dev_write(first.loc, &data, at).map(|()| Vec::new())
+            }
+        } else {
+            let mut buf = vec![0u8; total];
+            self.dev_read(first.loc, &mut buf, at).map(|()| buf)
+        };
+        match r {
+            Err(e) => {
+                if e.kind() != std::io::ErrorKind::NotConnected {
+                    tracing::error!(op = ?first, ops = run.len(), %e, "device operation failed");
+                }
+                vec![Err(failure(&e)); run.len()]
+            }
+            Ok(_) if write => vec![Ok(None); run.len()],
+            Ok(buf) if disk_contiguous => {
+                let shared: Bytes = (Arc::new(buf), first.disk_addr);
+                run.iter().map(|_| Ok(Some(shared.clone()))).collect()
+            }
+            Ok(buf) => {
+                let mut at = 0;
+                run.iter()
+                    .map(|w| {
+                        let piece = buf[at..at + w.op.len as usize].to_vec();
+                        at += w.op.len as usize;
+                        Ok(Some((Arc::new(piece), w.op.disk_addr)))
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// Records an op's outcome (a read's bytes kept for its request) and lets the engine
+    /// go on.
+    pub(super) fn complete(&self, core: &mut Core, op: DeviceOp, r: Result<Option<Bytes>, Failure>) {
+        let result = match r {
+            Ok(Some(bytes)) => {
+                if op.client {
+                    if let Some(wt) = core.waiting.get_mut(&op.req) {
+                        // The ops of a coalesced run share one buffer: keep it once.
+                        if !wt.reads.last().is_some_and(|(b, _)| Arc::ptr_eq(b, &bytes.0)) {
+                            wt.reads.push(bytes.clone());
+                        }
+                    }
+                }
+                core.bufs.insert(op.id, (op.req, bytes));
+                Ok(())
+            }
+            Ok(None) => {
+                if op.staged && op.kind == OpKind::BackingWrite {
+                    self.written_back.fetch_add(1, Relaxed);
+                }
+                Ok(())
+            }
+            Err(f) => {
+                if let Some(j) = core.jobs.get_mut(&op.req) {
+                    j.failure.get_or_insert(f);
+                }
+                Err(f)
+            }
+        };
+        debug_assert!(op.kind != OpKind::SsdRead || result.is_err() || core.bufs.contains_key(&op.id));
+        let now = self.now();
+        core.engine.handle_completion(now, op.id, result);
+        self.pump(core);
+    }
+}

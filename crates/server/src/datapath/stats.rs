@@ -1,0 +1,85 @@
+//! Per-vDisk counters of the data path, counted as replies leave (one source of truth for
+//! the status API and the Prometheus collector), and the error threshold after which a
+//! vDisk passes through to its backing store.
+
+use super::{Core, Kind, Shared};
+use cachevisor_engine::BlockOutcome;
+use cachevisor_trace::VmId;
+
+/// Per-export counters.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct ExportStats {
+    /// Read requests.
+    pub reads: u64,
+    /// Write requests.
+    pub writes: u64,
+    /// Block accesses that hit.
+    pub hit_blocks: u64,
+    /// Block accesses.
+    pub blocks: u64,
+    /// Of the block accesses, by reads.
+    pub read_blocks: u64,
+    /// Of the hits, by reads.
+    pub read_hit_blocks: u64,
+    /// Bytes read by clients.
+    pub read_bytes: u64,
+    /// Bytes written by clients.
+    pub write_bytes: u64,
+    /// Flushes.
+    pub flushes: u64,
+    /// TRIM requests.
+    pub trims: u64,
+    /// Device errors returned as EIO.
+    pub errors: u64,
+    /// The vDisk bypasses the cache after too many device errors.
+    pub passthrough: bool,
+}
+
+/// Counts a reply to a request of `kind` of `len` bytes of `vm` with its block outcomes.
+pub(super) fn count_reply(stats: &mut [ExportStats], vm: VmId, kind: Kind, len: u64, blocks: &[BlockOutcome]) {
+    let Some(s) = stats.get_mut(vm as usize) else { return };
+    let (n, hits) = (blocks.len() as u64, blocks.iter().filter(|b| b.hit).count() as u64);
+    match kind {
+        Kind::Read => {
+            s.reads += 1;
+            s.read_bytes += len;
+            s.blocks += n;
+            s.hit_blocks += hits;
+            s.read_blocks += n;
+            s.read_hit_blocks += hits;
+        }
+        Kind::Write => {
+            s.writes += 1;
+            s.write_bytes += len;
+            s.blocks += n;
+            s.hit_blocks += hits;
+        }
+        Kind::Flush => s.flushes += 1,
+        Kind::Discard => s.trims += 1,
+    }
+}
+
+impl Shared {
+    /// Takes the engine's device-error counts into the counters; a vDisk reaching the
+    /// threshold passes through from now on, keeping its dirty blocks cached (reads of them
+    /// hit) until they are written back (`Engine::set_bypass`; the daemon's interval drains
+    /// them).
+    pub(super) fn count_errors(&self, core: &mut Core) {
+        for vm in 0..core.stats.len() {
+            let errors = core.engine.device_errors(vm as VmId);
+            let s = &mut core.stats[vm];
+            if errors == s.errors {
+                continue;
+            }
+            s.errors = errors;
+            let name = &core.names[vm];
+            tracing::error!(vdisk = %name, errors, "device error");
+            if errors >= core.error_threshold && !s.passthrough {
+                s.passthrough = true;
+                core.engine.set_bypass(vm as VmId, true);
+                let p = core.engine.partition(vm as VmId);
+                tracing::error!(vdisk = %name, errors, cached = p.used, dirty = p.dirty_blocks, "error threshold reached: the vDisk passes through to its backing store from now on; its dirty blocks stay cached (reads of them hit) until they are written back");
+            }
+        }
+    }
+}

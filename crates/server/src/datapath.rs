@@ -491,7 +491,7 @@ impl DataPath {
             backings.push(Arc::new(Backing::File(file(&format!("disk{v}.img"), disk)?)));
         }
         let names: Vec<String> = (0..vms).map(|v| format!("vm{v}")).collect();
-        persist.checkpoint(&mut engine, &names, &vec![0; vms as usize], &ssd).map_err(|e| e.to_string())?;
+        persist.checkpoint(&engine, &names, &vec![0; vms as usize], &ssd).map_err(|e| e.to_string())?;
         if let Some(limit) = journal_limit {
             persist.set_journal_limit(limit);
         }

@@ -3,71 +3,23 @@
 //! moment restarts warm — clean and dirty blocks still cached — and never serves a byte
 //! that is not the block's.
 //!
-//! Rules, with `synced` = the state the journal held at its last fsync:
-//! - every change of a slot is appended to the journal after the request's device ops
-//!   ran (no fsync: a process crash keeps it; FLUSH/FUA fsync the cache store, then the
-//!   journal, so what they cover survives power loss too);
-//! - before the cache store is written where the synced state says other data is, a
-//!   barrier makes the journal say so first: a slot taken by another block is recorded
-//!   free, clean sectors about to be overwritten are recorded invalid (dirty ones stay:
-//!   old or new, they are written back later), backing files that took write-backs in
-//!   this request are fsynced, the cache store is fsynced, and the journal is fsynced;
-//! - a checkpoint (the whole state, written atomically) replaces the journal when it
-//!   grows past its limit and at a clean stop.
-//!
-//! Recovery replays the checkpoint and the journal of the same generation, up to its first
-//! torn record, straight into the engine. The cost of the barrier is one fsync pair per request that overwrites
-//! synced data (a full cache's misses, write hits on clean blocks); batching victims into
-//! a durable free reserve would remove most of them and is the next step.
+//! The rules — which records must be durable before which write — are the engine's
+//! persistent mode (`cachevisor_engine::Commit`, `durability.rs`); this file runs its
+//! commits in their order (backing stores, cache store, records, journal), writes
+//! checkpoints (the whole state, atomically) that replace the journal, and replays
+//! checkpoint + journal of the same generation, up to the journal's first torn record,
+//! straight into an engine at start.
 
 use crate::journal::{
     read_records, write_file_atomically, Header, Record, CHECKPOINT_MAGIC, HEADER_LEN, JOURNAL_MAGIC,
 };
-use cachevisor_engine::slot_table::{key_block, key_vm, pack_key, FREE_KEY};
 use cachevisor_engine::Engine;
-use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 /// Journal size past which a checkpoint replaces it (and at least 64 bytes per slot).
 const JOURNAL_LIMIT: u64 = 64 << 20;
-
-/// One slot's persisted state.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SlotState {
-    key: u64,
-    valid: Vec<u64>,
-    dirty: Vec<u64>,
-}
-
-impl SlotState {
-    /// The engine's state of `slot`.
-    pub fn of(e: &Engine, slot: u32) -> SlotState {
-        let spb = (e.config().block_size / 512) as u32;
-        let words = spb.div_ceil(64) as usize;
-        let mut s = SlotState { key: FREE_KEY, valid: vec![0; words], dirty: vec![0; words] };
-        if let Some((vm, block)) = e.slot_block(slot) {
-            s.key = pack_key(vm, block);
-            for i in 0..spb {
-                let (v, d) = e.sector_state(slot, i);
-                s.valid[(i / 64) as usize] |= (v as u64) << (i % 64);
-                s.dirty[(i / 64) as usize] |= (d as u64) << (i % 64);
-            }
-        }
-        s
-    }
-
-    /// The packed key of the block it holds (`FREE_KEY` when free).
-    pub fn key(&self) -> u64 {
-        self.key
-    }
-
-    /// Whether sector `i` is dirty.
-    pub fn dirty_at(&self, i: u32) -> bool {
-        self.dirty[(i / 64) as usize] >> (i % 64) & 1 == 1
-    }
-}
 
 /// What recovery replayed.
 #[derive(Debug, Default)]
@@ -87,7 +39,6 @@ pub type CheckpointSource<'a> =
 pub struct Persistence {
     dir: PathBuf,
     header: Header,
-    words: usize,
     journal: File,
     /// The journal file's length after its last whole record: where a failed append is cut
     /// back to, and what `wants_checkpoint` measures.
@@ -97,31 +48,11 @@ pub struct Persistence {
     /// Appends are failing (logged once when it starts and once when it ends).
     failing: bool,
     slots: u64,
-    /// Synced state of slots recorded since the last fsync (`None`: not known, treated as
-    /// vouching for other data).
-    pre_sync: HashMap<u32, Option<SlotState>>,
-    changed: Vec<u32>,
     buf: Vec<u8>,
-    /// Slots not to journal while they hold the given key: a write-through whose backing
-    /// write is still on its way (the journal must not vouch for data the backing store
-    /// does not have yet).
-    withheld: HashMap<u32, u64>,
     /// Each VM id's backing store (written into every checkpoint).
     bindings: Vec<Option<crate::backing_identity::Identity>>,
     /// Journal size past which a checkpoint is wanted (tests lower it).
     limit: u64,
-}
-
-/// A slot's journaled state just before a request, as the driver knows it: the engine
-/// state of the request's own cached blocks, the key of an evicted block, or free.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Pre {
-    /// Free.
-    Free,
-    /// Held this key (sector bits not needed: a new key always needs a barrier).
-    Key(u64),
-    /// Exactly this state.
-    State(SlotState),
 }
 
 /// Expands a sector bitmap into one flag per sector.
@@ -214,141 +145,16 @@ impl Persistence {
         let p = Persistence {
             dir: dir.to_path_buf(),
             header,
-            words,
             journal,
             journal_end,
             poisoned: false,
             failing: false,
             slots,
-            pre_sync: HashMap::new(),
-            changed: Vec::new(),
             buf: Vec::new(),
-            withheld: HashMap::new(),
             bindings: Vec::new(),
             limit: JOURNAL_LIMIT.max(slots * 64),
         };
         Ok((p, rec))
-    }
-
-    /// Whether writing sectors `lo..hi` of `slot`, which will hold `new_key`, needs a
-    /// barrier first (see the module doc); `pre` = its journaled state before the request.
-    pub fn needs_barrier(&self, slot: u32, new_key: u64, (lo, hi): (u32, u32), pre: &Pre) -> bool {
-        let synced = match self.pre_sync.get(&slot) {
-            Some(None) => return true, // unknown: assume it vouches for other data
-            Some(Some(s)) => Pre::State(s.clone()),
-            None => pre.clone(),
-        };
-        match synced {
-            Pre::Free => false,
-            Pre::Key(k) => k != FREE_KEY,
-            Pre::State(s) if s.key == FREE_KEY => false,
-            Pre::State(s) if s.key != new_key => true,
-            Pre::State(s) => (lo..hi).any(|i| {
-                let (w, b) = ((i / 64) as usize, i % 64);
-                s.valid[w] >> b & 1 == 1 && s.dirty[w] >> b & 1 == 0
-            }),
-        }
-    }
-
-    fn append(&mut self, slot: u32, state: &SlotState, pre: Option<&Pre>) {
-        self.pre_sync.entry(slot).or_insert_with(|| match pre {
-            Some(Pre::State(s)) => Some(s.clone()),
-            Some(Pre::Free) => {
-                Some(SlotState { key: FREE_KEY, valid: vec![0; self.words], dirty: vec![0; self.words] })
-            }
-            _ => None,
-        });
-        if state.key == FREE_KEY || state.valid.iter().all(|&w| w == 0) {
-            Record::Free { slot }.encode(&mut self.buf);
-        } else {
-            Record::Slot {
-                slot,
-                vm: key_vm(state.key) as u16,
-                block: key_block(state.key),
-                valid: state.valid.clone(),
-                dirty: state.dirty.clone(),
-            }
-            .encode(&mut self.buf);
-        }
-    }
-
-    /// Journals the barrier states of `writes` (slot, new key, sector range, state before
-    /// the request) and makes them durable: `backings` and the cache store are fsynced,
-    /// then the journal.
-    pub fn barrier(
-        &mut self,
-        writes: &[(u32, u64, (u32, u32), Pre)],
-        ssd: &File,
-        backings: &[&crate::backing::Backing],
-    ) -> std::io::Result<()> {
-        for (slot, new_key, (lo, hi), pre) in writes {
-            let free = SlotState { key: FREE_KEY, valid: vec![0; self.words], dirty: vec![0; self.words] };
-            let state = match pre {
-                Pre::State(cur) if cur.key == *new_key => {
-                    let mut s = cur.clone();
-                    for i in *lo..*hi {
-                        let (w, b) = ((i / 64) as usize, i % 64);
-                        if s.dirty[w] >> b & 1 == 0 {
-                            s.valid[w] &= !(1 << b);
-                        }
-                    }
-                    s
-                }
-                _ => free,
-            };
-            self.append(*slot, &state, Some(pre));
-        }
-        for b in backings {
-            b.sync()?;
-        }
-        self.sync(ssd)
-    }
-
-    /// Journals the current state of every slot the engine reports changed since the last
-    /// call; `pre(slot)` gives a slot's state before the request where the driver knows it.
-    pub fn record(&mut self, e: &mut Engine, pre: impl Fn(u32) -> Option<Pre>) -> std::io::Result<()> {
-        let mut changed = std::mem::take(&mut self.changed);
-        e.take_changed(&mut changed);
-        if !self.withheld.is_empty() {
-            changed.retain(|s| {
-                self.withheld.get(s).is_none_or(|&key| e.slot_block(*s).map(|(v, b)| pack_key(v, b)) != Some(key))
-            });
-        }
-        for &slot in &changed {
-            let now = SlotState::of(e, slot);
-            let p = pre(slot);
-            self.append(slot, &now, p.as_ref());
-        }
-        self.changed = changed;
-        self.write_buffered()
-    }
-
-    /// Keeps `slots` (each holding `key`) out of the journal until [`Self::release`],
-    /// as long as they hold that key.
-    pub fn withhold(&mut self, slots: &[(u32, u64)]) {
-        self.withheld.extend(slots.iter().copied());
-    }
-
-    /// Stops withholding `slots` without journaling them (their write was abandoned).
-    pub fn unwithhold(&mut self, slots: &[(u32, u64)]) {
-        for (slot, _) in slots {
-            self.withheld.remove(slot);
-        }
-    }
-
-    /// Journals the current state of withheld `slots` and stops withholding them.
-    pub fn release(&mut self, e: &Engine, slots: &[(u32, u64)]) -> std::io::Result<()> {
-        for &(slot, _) in slots {
-            self.withheld.remove(&slot);
-            let now = SlotState::of(e, slot);
-            self.append(slot, &now, None);
-        }
-        self.write_buffered()
-    }
-
-    /// Journals every change after a bulk command (states before it are unknown).
-    pub fn record_all(&mut self, e: &mut Engine) -> std::io::Result<()> {
-        self.record(e, |_| None)
     }
 
     /// Journals that VM id `vm` is the vDisk `name` (a vDisk added while running).
@@ -405,20 +211,6 @@ impl Persistence {
             }
             self.journal_end += self.buf.len() as u64;
             self.buf.clear();
-        }
-        Ok(())
-    }
-
-    /// Makes everything journaled so far durable: cache store data first, then journal.
-    pub fn sync(&mut self, ssd: &File) -> std::io::Result<()> {
-        self.write_buffered()?;
-        ssd.sync_data().map_err(|e| std::io::Error::new(e.kind(), format!("syncing the cache store: {e}")))?;
-        self.journal.sync_data().map_err(|e| self.named(e, "journal"))?;
-        // Clearing costs the table's capacity, which a burst can leave large.
-        if self.pre_sync.capacity() > 4096 {
-            self.pre_sync = HashMap::new();
-        } else {
-            self.pre_sync.clear();
         }
         Ok(())
     }
@@ -506,7 +298,6 @@ impl Persistence {
         self.journal = OpenOptions::new().append(true).open(&jpath)?;
         self.journal_end = self.journal.metadata()?.len();
         self.header = header;
-        self.pre_sync.clear();
         Ok(())
     }
 
@@ -515,11 +306,10 @@ impl Persistence {
         self.journal_end > self.limit
     }
 
-    /// Writes the whole state (`names` by VM id, `targets`) as the next checkpoint and
-    /// starts an empty journal of its generation. Streams from the engine: no copy of the
-    /// slot table is held.
-    pub fn checkpoint(&mut self, e: &mut Engine, names: &[String], targets: &[u64], ssd: &File) -> std::io::Result<()> {
-        self.record_all(e)?;
+    /// Writes the whole state of an engine not serving yet (`names` by VM id, `targets`)
+    /// as the next checkpoint and starts an empty journal of its generation (at start,
+    /// after the replay). Streams from the engine: no copy of the slot table is held.
+    pub fn checkpoint(&mut self, e: &Engine, names: &[String], targets: &[u64], ssd: &File) -> std::io::Result<()> {
         ssd.sync_data()?;
         let header = Header { generation: self.header.generation + 1, ..self.header };
         write_file_atomically(&self.dir.join("checkpoint"), CHECKPOINT_MAGIC, &header, &mut |w| {
@@ -527,15 +317,7 @@ impl Persistence {
             vdisk_records(names, targets, &self.bindings, &mut b);
             for slot in 0..self.slots as u32 {
                 if e.slot_block(slot).is_some() {
-                    let s = SlotState::of(e, slot);
-                    Record::Slot {
-                        slot,
-                        vm: key_vm(s.key) as u16,
-                        block: key_block(s.key),
-                        valid: s.valid,
-                        dirty: s.dirty,
-                    }
-                    .encode(&mut b);
+                    slot_record(&e.record_of(slot)).encode(&mut b);
                 }
                 if b.len() > 1 << 20 {
                     w.write_all(&b)?;

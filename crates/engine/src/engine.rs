@@ -430,6 +430,18 @@ impl Engine {
                 out.blocks.push(BlockOutcome { block: b, hit: false, inserted: false, bypassed: true, evicted: None });
                 return;
             }
+            (Some(s), _) if self.relocates(policy, s, r) => {
+                // Persistent mode: a write-back write of a whole block the journal vouches
+                // clean moves to a durable free slot instead of waiting for an intent
+                // commit; the old slot, still the journal's copy until the commit that
+                // frees it, goes to limbo.
+                self.with_repl(vm, |rp, t| rp.remove(t, s));
+                self.release(vm, s);
+                match self.allocate(vm, key, true, out) {
+                    Some(a) => (Some(a.slot), a.phase, false, None),
+                    None => (None, 0, false, None),
+                }
+            }
             (Some(s), _) => {
                 self.touch(vm, s);
                 (Some(s), 0, false, None)
@@ -458,6 +470,27 @@ impl Engine {
             self.clear_dirty(vm, s, r);
         }
         out.blocks.push(BlockOutcome { block: b, hit: resident.is_some(), inserted, bypassed: false, evicted });
+    }
+
+    /// Whether a write of sectors `r` under `policy` to resident slot `s` moves the block
+    /// to a free slot (persistent mode, write-back, the whole block, a clean block some of
+    /// which the journal vouches clean, and a durable free slot to move to): the common
+    /// rewrite of clean cached data then needs no commit before its cache write
+    /// (`durability.rs`). The old slot goes to limbo; a crash before the new record is
+    /// durable finds the block clean in it or (its free record durable) not cached: the
+    /// backing store holds the same bytes either way.
+    #[inline]
+    fn relocates(&self, policy: WritePolicy, s: u32, r: SectorRange) -> bool {
+        self.dur.on
+            && policy == WritePolicy::Wb
+            && r == (0, self.spb)
+            && self.dur.is_vouched(s)
+            // A dirty sector's only copy is here: its slot must stay the journal's copy
+            // until the new slot's record is durable, which a free record committed first
+            // would break (the new write may still be in flight).
+            && !self.dirty.any(s, (0, self.spb))
+            && !self.flight.pinned(s)
+            && self.free_available()
     }
 
     /// A write that does not cover whole sectors passes through to backing: dirty cached

@@ -46,6 +46,8 @@ fn step() -> impl Strategy<Value = Step> {
         6 => (0..VMS, any::<bool>(), 0..SECTORS, 1u64..10).prop_map(|(vm, write, sector, count)| {
             Step::Io { vm, write, sector, count: count.min(SECTORS - sector) }
         }),
+        // Whole-block writes (a rewrite of a clean cached block moves it to a free slot).
+        3 => (0..VMS, 0..SECTORS / 8).prop_map(|(vm, b)| Step::Io { vm, write: true, sector: b * 8, count: 8 }),
         10 => (any::<usize>(), prop::bool::weighted(0.05)).prop_map(|(pick, fail)| Step::Complete { pick, fail }),
         1 => Just(Step::Flush),
         4 => prop::bool::weighted(0.05).prop_map(|fail| Step::Commit { fail }),

@@ -38,6 +38,11 @@ pub struct CacheConfig {
     /// Background destaging of dirty blocks, bytes per second (`16MiB`; `0` = off).
     #[serde(default = "default_flush_rate")]
     pub flush_rate: String,
+    /// Percent of the cache the flusher lets stay dirty (bcache's `writeback_percent`):
+    /// hot blocks rewritten often stay dirty and cost no write-back (`10`; `0` writes
+    /// everything back).
+    #[serde(default = "default_writeback_percent")]
+    pub writeback_percent: f64,
     /// How often the allocator runs on the traffic it has seen (`1s`).
     #[serde(default = "default_interval")]
     pub interval: String,
@@ -65,6 +70,10 @@ pub enum DirectIo {
 
 fn default_flush_rate() -> String {
     "16MiB".into()
+}
+
+fn default_writeback_percent() -> f64 {
+    10.0
 }
 
 fn default_interval() -> String {
@@ -218,6 +227,7 @@ metadata = "var/cache.img.meta" # default PATH.meta beside the cache store (its 
 error_threshold = 8           # default 8; device errors after which a vDisk passes through (its dirty blocks stay cached until written back)
 interval = "1s"               # default 1s, at least 1ms: the allocator's interval on live traffic (and pass-through draining)
 flush_rate = "16MiB"          # default 16MiB per second of background write-back; "0" = off
+writeback_percent = 10        # default 10, 0 to 100: share of the cache the flusher leaves dirty (hot blocks stay dirty)
 direct = "auto"               # default auto | on | off: O_DIRECT on the cache store
 params = {}                   # default {}: the allocator's parameters over its seed's defaults, e.g. { m = 5.0 } for s-cave (unknown keys are errors)
 
@@ -308,6 +318,12 @@ impl Config {
         cachevisor_policy::registry::build_with(&self.cache.allocator, &self.cache.params)
             .map_err(|e| format!("cache.params: {e}"))?;
         parse_size(&self.cache.flush_rate).map_err(|e| format!("cache.flush_rate: {e}"))?;
+        if !(0.0..=100.0).contains(&self.cache.writeback_percent) {
+            return Err(format!(
+                "cache.writeback_percent: {} is not a percentage (0 to 100)",
+                self.cache.writeback_percent
+            ));
+        }
         let alloc = cachevisor_policy::registry::build(&self.cache.allocator).expect("checked above");
         if alloc.cleaner().is_some() && self.cache.replacement != ReplacementKind::Clock {
             return Err(format!("cache.replacement: `{}` uses S-CAVE's global cleaner, which reads CLOCK counters: set replacement = \"clock\"", self.cache.allocator));
@@ -399,6 +415,7 @@ mod tests {
         for (from, to, key) in [
             ("write_policy = \"wt\"", "write_policy = \"wt\"\ninterval = \"often\"", "cache.interval"),
             ("write_policy = \"wt\"", "write_policy = \"wt\"\nflush_rate = \"fast\"", "cache.flush_rate"),
+            ("write_policy = \"wt\"", "write_policy = \"wt\"\nwriteback_percent = 150", "cache.writeback_percent"),
             ("write_policy = \"wt\"", "write_policy = \"wt\"\nallocator = \"s-cave\"", "cache.replacement"),
             ("127.0.0.1:10810", "localhost:10810", "api.listen"),
             ("listen = \"127.0.0.1:10810\"", "listen = \"127.0.0.1:10810\"\ntoken = \"short\"", "api.token"),

@@ -335,15 +335,20 @@ impl Shared {
                 self.unlock(core);
                 return result.map(|()| w.reads);
             }
-            core = self.help_or_wait(core, &cv);
+            core = self.help_or_wait(core, &cv, Some(devices::Own { req: id, ssd_only: false }));
         }
     }
 
     /// While waiting on `cv`: runs queued ops on this thread rather than waiting for a
     /// device thread (no hand-off on the common path), delivers pending callbacks, or
     /// sleeps until woken.
-    fn help_or_wait<'a>(&'a self, mut core: MutexGuard<'a, Core>, cv: &Condvar) -> MutexGuard<'a, Core> {
-        if let Some(run) = self.pop_run(&mut core, false) {
+    fn help_or_wait<'a>(
+        &'a self,
+        mut core: MutexGuard<'a, Core>,
+        cv: &Condvar,
+        own: Option<devices::Own>,
+    ) -> MutexGuard<'a, Core> {
+        if let Some(run) = self.pop_run(&mut core, false, own) {
             self.unlock(core);
             let results = self.execute_run(&run);
             let mut core = self.lock();
@@ -362,7 +367,7 @@ impl Shared {
     /// [`Self::help_or_wait`] for a waiter nobody notifies: sleeps 1 ms at most.
     fn help_or_wait_briefly<'a>(&'a self, core: MutexGuard<'a, Core>, cv: &Condvar) -> MutexGuard<'a, Core> {
         if !core.work.is_empty() || !core.callbacks.is_empty() {
-            return self.help_or_wait(core, cv);
+            return self.help_or_wait(core, cv, None);
         }
         cv.wait_timeout(core, Duration::from_millis(1)).map_or_else(|p| p.into_inner().0, |g| g.0)
     }
@@ -557,7 +562,7 @@ impl DataPath {
     /// the outcome on a data-path thread (the NBD front end's shape: replies leave in
     /// completion order, matched by cookie). A discard's reply comes after the backing
     /// store was hinted.
-    pub fn submit(self: &Arc<Self>, vm: VmId, offset: u64, cmd: Cmd, done: Done) {
+    pub fn submit(self: &Arc<Self>, vm: VmId, offset: u64, cmd: Cmd, done: Done) -> Option<ReqId> {
         let (kind, len, data) = match cmd {
             Cmd::Read(len) => (Kind::Read, len, None),
             Cmd::Write(d) => (Kind::Write, d.len() as u32, Some(d)),
@@ -579,10 +584,16 @@ impl DataPath {
         let req = Request { time_ns: 0, vm, op, offset, len };
         let write = data.map(|d| (Arc::new(d), offset));
         let mut core = self.shared.lock();
-        let refused = self.shared.enter(&mut core, kind, req, write, Some(done), None).err();
+        let entered = self.shared.enter(&mut core, kind, req, write, Some(done), None);
         self.shared.unlock(core);
-        if let Some((f, Some(done))) = refused {
-            done(Err(f));
+        match entered {
+            Ok(id) => Some(id),
+            Err((f, done)) => {
+                if let Some(done) = done {
+                    done(Err(f));
+                }
+                None
+            }
         }
     }
 
@@ -591,13 +602,15 @@ impl DataPath {
         !self.halted() && self.shared.lock().removed.get(vm as usize) == Some(&false)
     }
 
-    /// Runs queued ops on the calling thread until none is left (a submitter with nothing
-    /// else to do — an NBD reader whose input has no further request buffered — saves the
-    /// hand-off to a device thread).
-    pub fn run_queued(&self) {
+    /// Runs request `req`'s queued ops on the cache store on the calling thread until none
+    /// of them is left (a submitter with nothing else to do — an NBD reader whose input
+    /// has no further request buffered — saves the hand-off to a device thread; backing
+    /// store ops, which may be slow, and other requests' ops are left to the device
+    /// threads, so the reader goes on reading requests).
+    pub fn run_own(&self, req: ReqId) {
         let s = &self.shared;
         let mut core = s.lock();
-        while let Some(run) = s.pop_run(&mut core, false) {
+        while let Some(run) = s.pop_run(&mut core, false, Some(devices::Own { req, ssd_only: true })) {
             s.unlock(core);
             let results = s.execute_run(&run);
             core = s.lock();

@@ -97,6 +97,7 @@ fn the_background_flusher_destages_within_its_rate() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = config(dir.path(), "1MiB", &[("wb", "8MiB", "wb")]);
     c.cache.flush_rate = "4MiB".into(); // 100 blocks per 100 ms step
+    c.cache.writeback_percent = 0.0;
     let r = serve(&c);
     let (mut a, _) = Client::connect(r.tcp.unwrap(), "wb");
     for i in 0..200u64 {
@@ -112,4 +113,24 @@ fn the_background_flusher_destages_within_its_rate() {
     assert!(backing[..200 * 4096].iter().all(|&b| b == 9));
     assert_eq!(a.read(0, 4096).unwrap(), vec![9; 4096]);
     assert!(r.daemon.stats(0).hit_blocks > 0);
+}
+
+#[test]
+fn the_flusher_leaves_the_dirty_share_writeback_percent_allows() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path(), "1MiB", &[("wb", "8MiB", "wb")]);
+    c.cache.flush_rate = "4MiB".into();
+    c.cache.writeback_percent = 25.0; // 64 of the 256 slots may stay dirty
+    let r = serve(&c);
+    let (mut a, _) = Client::connect(r.tcp.unwrap(), "wb");
+    for i in 0..200u64 {
+        a.write(i * 4096, &[3; 4096], false).unwrap();
+    }
+    let start = std::time::Instant::now();
+    while r.daemon.occupancy(0).1 > 64 && start.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // Several more steps: the flusher stays at its target, it does not go on to zero.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert_eq!(r.daemon.occupancy(0), (200, 64));
 }

@@ -222,7 +222,7 @@ impl Daemon {
         }
         let targets: Vec<u64> = (0..names.len()).map(|v| engine.partition(v as VmId).target).collect();
         persist
-            .checkpoint(&mut engine, &names, &targets, &ssd)
+            .checkpoint(&engine, &names, &targets, &ssd)
             .map_err(|source| StartError::File { path: meta_dir.display().to_string(), error: source })?;
         if recovery.blocks > 0 {
             tracing::info!(
@@ -238,7 +238,7 @@ impl Daemon {
             flusher: (r.flush_rate > 0).then(|| cachevisor_engine::Flusher {
                 period_ns: 100_000_000,
                 blocks_per_period: (r.flush_rate / 10 / r.block_size).max(1),
-                dirty_target: 0.0,
+                dirty_target: cfg.cache.writeback_percent / 100.0,
             }),
         };
         // Enough device threads that misses on slow backing stores overlap.

@@ -15,6 +15,9 @@ use std::time::{Duration, Instant};
 /// Dirty blocks a destage job takes per engine job.
 const DESTAGE_STEP: usize = 256;
 
+/// Times a failed destage step is tried again before the destage gives up.
+const RETRIES: u32 = 3;
+
 impl Shared {
     /// Dirty blocks of `vm` (or of every vDisk).
     fn dirty_left(core: &Core, vm: Option<VmId>) -> u64 {
@@ -57,7 +60,7 @@ impl DataPath {
                 core.jobs.remove(&id);
                 return Err(Failure::Shutdown);
             }
-            core = s.help_or_wait(core, &cv);
+            core = s.help_or_wait(core, &cv, Some(super::devices::Own { req: id, ssd_only: false }));
         }
     }
 
@@ -71,7 +74,8 @@ impl DataPath {
     }
 
     /// Writes every dirty block of `vm` (or of every vDisk) back, a job of up to 256
-    /// blocks at a time (requests go on between and beside them), calling
+    /// blocks at a time (requests go on between and beside them; its write-backs run on
+    /// the device threads concurrently, contiguous ones coalesced), calling
     /// `progress(done, done + left)` after each; blocks stay cached, clean. Ends when
     /// nothing is dirty (writes arriving meanwhile are destaged too), then makes it
     /// durable. Returns the blocks written back.
@@ -79,16 +83,18 @@ impl DataPath {
         let mut cursor = 0u32;
         let mut done = 0u64;
         let mut stalled = 0;
+        let mut failures = 0;
         loop {
-            let keys = {
+            let (keys, before) = {
                 let core = self.shared.lock();
-                if Shared::dirty_left(&core, vm) == 0 {
+                let before = Shared::dirty_left(&core, vm);
+                if before == 0 {
                     break;
                 }
-                core.engine.dirty_batch(vm, &mut cursor, DESTAGE_STEP)
+                (core.engine.dirty_batch(vm, &mut cursor, DESTAGE_STEP), before)
             };
             let mut n = 0u64;
-            self.run_job(|e, out| {
+            let r = self.run_job(|e, out| {
                 let mut one = Output::default();
                 for k in keys {
                     let (v, b) =
@@ -98,9 +104,22 @@ impl DataPath {
                     }
                     out.ops.append(&mut one.ops);
                 }
-            })?;
-            done += n;
+            });
+            // A failed write-back leaves its block dirty; an I/O error may be transient (a
+            // backing store restarting, a network blip): tried again a few times with
+            // back-off before the destage gives up. A full store or a stop is final.
             let left = Shared::dirty_left(&self.shared.lock(), vm);
+            match r {
+                Err(_) if left < before => failures = 0, // some got through: go on
+                Err(Failure::Io) if failures < RETRIES => {
+                    failures += 1;
+                    tracing::warn!(attempt = failures, "write-back failed; trying again");
+                    std::thread::sleep(Duration::from_millis(100 << failures));
+                }
+                Err(f) => return Err(f),
+                Ok(_) => failures = 0,
+            }
+            done += n;
             progress(done, done + left);
             // Blocks with requests in flight are skipped; they come round again.
             stalled = if n == 0 { stalled + 1 } else { 0 };

@@ -6,11 +6,20 @@
 
 use super::{Bytes, Core, Shared, Work};
 use crate::backing::Backing;
-use cachevisor_engine::{DeviceOp, Failure, Location, OpKind};
+use cachevisor_engine::{DeviceOp, Failure, Location, OpKind, ReqId};
 use cachevisor_trace::VmId;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::Arc;
+
+/// Whose ops a client thread runs: its own request's (only those on the cache store with
+/// `ssd_only`: a backing store may be slow, and an NBD reader running a slow miss itself
+/// would read no further request meanwhile).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Own {
+    pub(super) req: ReqId,
+    pub(super) ssd_only: bool,
+}
 
 /// Bytes a thread runs as one device call at most.
 const MAX_RUN: u64 = 1 << 20;
@@ -86,7 +95,7 @@ impl Shared {
             let run = {
                 let mut core = self.lock();
                 loop {
-                    if let Some(run) = self.pop_run(&mut core, true) {
+                    if let Some(run) = self.pop_run(&mut core, true, None) {
                         break run;
                     }
                     if core.stop {
@@ -106,24 +115,35 @@ impl Shared {
 
     /// The next queued op — a client request's first; a background job's only with
     /// `background` (device threads: a client thread helping out takes none, it would
-    /// wait behind a slow write-back) — and those right behind it that continue it on its
-    /// device.
-    pub(super) fn pop_run(&self, core: &mut Core, background: bool) -> Option<Vec<Work>> {
-        let queue = if !core.work.is_empty() {
-            &mut core.work
-        } else if background {
-            &mut core.background
-        } else {
-            return None;
+    /// wait behind a slow write-back); with `only`, the first op of that request or job
+    /// (a client thread runs its own ops, never another request's slow miss) — and those
+    /// right behind it that continue it on its device.
+    pub(super) fn pop_run(&self, core: &mut Core, background: bool, only: Option<Own>) -> Option<Vec<Work>> {
+        let (queue, at) = match only {
+            Some(Own { req, ssd_only }) => {
+                let mine = |q: &std::collections::VecDeque<Work>| {
+                    q.iter().position(|w| w.op.req == req && (!ssd_only || w.op.kind.is_ssd()))
+                };
+                if let Some(i) = mine(&core.work) {
+                    (&mut core.work, i)
+                } else {
+                    let i = mine(&core.background)?;
+                    (&mut core.background, i)
+                }
+            }
+            None if !core.work.is_empty() => (&mut core.work, 0),
+            None if background => (&mut core.background, 0),
+            None => return None,
         };
-        let first = queue.pop_front()?;
+        let first = queue.remove(at)?;
         let mut total = first.op.len as u64;
         let mut run = vec![first];
-        while let Some(next) = queue.front() {
+        while let Some(next) = queue.get(at) {
             let prev = &run[run.len() - 1].op;
             let o = &next.op;
             let follows = o.kind == prev.kind
                 && o.loc == prev.loc
+                && only.is_none_or(|own| o.req == own.req)
                 && if o.kind.is_ssd() {
                     o.ssd_offset(self.bs) == prev.ssd_offset(self.bs) + prev.len as u64
                 } else {
@@ -133,7 +153,7 @@ impl Shared {
                 break;
             }
             total += o.len as u64;
-            run.push(queue.pop_front().expect("a front"));
+            run.push(queue.remove(at).expect("an op"));
         }
         Some(run)
     }

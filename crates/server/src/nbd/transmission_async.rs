@@ -63,14 +63,17 @@ struct Conn<W> {
 }
 
 impl<W: Write> Conn<W> {
-    /// Sends a reply (with its data when it succeeded) and observes its latency.
-    fn reply(&self, error: u32, cookie: u64, data: Option<&[u8]>, timing: (usize, Instant)) {
+    /// Sends a reply without data and observes its latency.
+    fn reply(&self, error: u32, cookie: u64, timing: (usize, Instant)) {
+        self.send(&simple_reply(error, cookie), timing);
+    }
+
+    /// Sends a whole reply message (header and data in one write) and observes its
+    /// latency.
+    fn send(&self, msg: &[u8], timing: (usize, Instant)) {
         let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
         // A client that went away cannot be answered; the reader sees the close.
-        let _ = out.write_all(&simple_reply(error, cookie));
-        if let Some(d) = data.filter(|_| error == 0) {
-            let _ = out.write_all(d);
-        }
+        let _ = out.write_all(msg);
         let _ = out.flush();
         drop(out);
         if let Some(l) = &self.latency {
@@ -145,7 +148,7 @@ pub fn serve<R: Read, W: Write + Send + 'static>(
                 if req.length > MAX_PAYLOAD {
                     tracing::warn!(length = req.length, "write payload over the limit: closing");
                     conn.begin();
-                    conn.reply(EOVERFLOW, req.cookie, None, timing);
+                    conn.reply(EOVERFLOW, req.cookie, timing);
                     return Ok(());
                 }
                 payload = vec![0u8; req.length as usize];
@@ -158,7 +161,7 @@ pub fn serve<R: Read, W: Write + Send + 'static>(
             }
             if !dp.serves(vm) {
                 tracing::info!(vdisk = vm, "the vDisk is no longer served: closing");
-                conn.reply(ESHUTDOWN, req.cookie, None, timing);
+                conn.reply(ESHUTDOWN, req.cookie, timing);
                 return Ok(());
             }
             let allowed = match req.kind {
@@ -171,35 +174,38 @@ pub fn serve<R: Read, W: Write + Send + 'static>(
             let known = matches!(req.kind, CMD_READ | CMD_WRITE | CMD_WRITE_ZEROES | CMD_TRIM | CMD_FLUSH);
             let range = if req.kind == CMD_FLUSH { Ok(()) } else { check_range(&req, size) };
             if let Err(e) = range.and(if !known || req.flags & !allowed != 0 { Err(EINVAL) } else { Ok(()) }) {
-                conn.reply(e, req.cookie, None, timing);
+                conn.reply(e, req.cookie, timing);
                 continue;
             }
             let (c, cookie, fua) = (conn.clone(), req.cookie, req.flags & CMD_FLAG_FUA != 0);
             // FUA: durable before the reply (a flush after the command).
             let then_flush = move |dp: Arc<DataPath>, c: Arc<Conn<W>>| -> crate::datapath::Done {
                 Box::new(move |res| match (res, fua) {
-                    (Ok(_), true) => dp.clone().submit(
-                        vm,
-                        0,
-                        Cmd::Flush,
-                        Box::new(move |r| c.reply(r.map_or_else(errno, |_| 0), cookie, None, timing)),
-                    ),
-                    (Ok(_), false) => c.reply(0, cookie, None, timing),
-                    (Err(f), _) => c.reply(errno(f), cookie, None, timing),
+                    (Ok(_), true) => {
+                        dp.clone().submit(
+                            vm,
+                            0,
+                            Cmd::Flush,
+                            Box::new(move |r| c.reply(r.map_or_else(errno, |_| 0), cookie, timing)),
+                        );
+                    }
+                    (Ok(_), false) => c.reply(0, cookie, timing),
+                    (Err(f), _) => c.reply(errno(f), cookie, timing),
                 })
             };
-            match req.kind {
+            let submitted = match req.kind {
                 CMD_READ => {
                     let (offset, len) = (req.offset, req.length);
                     let done = Box::new(move |res: Result<Vec<crate::datapath::Bytes>, Failure>| match res {
                         Ok(parts) => {
-                            let mut buf = vec![0u8; len as usize];
-                            copy_range(&parts, offset, &mut buf);
-                            c.reply(0, cookie, Some(&buf), timing);
+                            let mut msg = vec![0u8; 16 + len as usize];
+                            msg[..16].copy_from_slice(&simple_reply(0, cookie));
+                            copy_range(&parts, offset, &mut msg[16..]);
+                            c.send(&msg, timing);
                         }
-                        Err(f) => c.reply(errno(f), cookie, None, timing),
+                        Err(f) => c.reply(errno(f), cookie, timing),
                     });
-                    dp.submit(vm, offset, Cmd::Read(len), done);
+                    dp.submit(vm, offset, Cmd::Read(len), done)
                 }
                 CMD_WRITE => dp.submit(vm, req.offset, Cmd::Write(payload), then_flush(dp.clone(), c)),
                 CMD_TRIM => dp.submit(vm, req.offset, Cmd::Discard(req.length), then_flush(dp.clone(), c)),
@@ -207,7 +213,7 @@ pub fn serve<R: Read, W: Write + Send + 'static>(
                     vm,
                     0,
                     Cmd::Flush,
-                    Box::new(move |r| c.reply(r.map_or_else(errno, |_| 0), cookie, None, timing)),
+                    Box::new(move |r| c.reply(r.map_or_else(errno, |_| 0), cookie, timing)),
                 ),
                 _ => {
                     // WRITE_ZEROES: zeroes in 1 MiB writes, waited for here (rare, any length).
@@ -223,13 +229,14 @@ pub fn serve<R: Read, W: Write + Send + 'static>(
                     if result.is_ok() && fua {
                         result = dp.flush(vm);
                     }
-                    conn.reply(result.map_or_else(errno, |()| 0), cookie, None, timing);
+                    conn.reply(result.map_or_else(errno, |()| 0), cookie, timing);
+                    None
                 }
-            }
-            // No further request buffered: run the queued ops here rather than hand them
-            // to a device thread (at iodepth 1 the request never changes threads).
-            if r.buffer().is_empty() {
-                dp.run_queued();
+            };
+            // No further request buffered: run this request's ops here rather than hand
+            // them to a device thread (at iodepth 1 the request never changes threads).
+            if let Some(id) = submitted.filter(|_| r.buffer().is_empty()) {
+                dp.run_own(id);
             }
         }
     })();

@@ -132,6 +132,9 @@ struct Core {
     recorder: Option<cachevisor_trace::TraceWriter>,
     /// A checkpoint was asked for ([`DataPath::checkpoint_now`]).
     want_checkpoint: bool,
+    /// Ops queued with no device thread woken: the submitting thread runs its own first
+    /// and wakes threads for what is left ([`DataPath::submit`] with `here`).
+    quiet: bool,
 }
 
 struct Shared {
@@ -151,6 +154,8 @@ struct Shared {
     calls: AtomicU64,
     /// Checkpoints written.
     checkpoints: AtomicU64,
+    /// Device threads.
+    threads: usize,
     /// Write-backs of dirty data completed (flusher, evictions, destaging).
     written_back: AtomicU64,
     /// Stopped as a crash would ([`DataPath::halt`]): no device I/O, no metadata written.
@@ -267,7 +272,14 @@ impl Shared {
         }
         // One device thread per queued op, not every thread on every change (on a small
         // machine a herd of wakeups costs more than the I/O).
-        for _ in 0..queued.min(core.work.len() + core.background.len()) {
+        if !core.quiet {
+            self.wake_for(queued.min(core.work.len() + core.background.len()));
+        }
+    }
+
+    /// Wakes up to `n` device threads.
+    fn wake_for(&self, n: usize) {
+        for _ in 0..n.min(self.threads) {
             self.wake.notify_one();
         }
     }
@@ -372,6 +384,22 @@ impl Shared {
         cv.wait_timeout(core, Duration::from_millis(1)).map_or_else(|p| p.into_inner().0, |g| g.0)
     }
 
+    /// Runs request `req`'s queued ops on the cache store on this thread until none of
+    /// them is left; backing store ops (which may be slow: an NBD reader running a slow
+    /// miss itself would read no further request meanwhile) and other requests' ops are
+    /// left to the device threads.
+    fn run_own_locked<'a>(&'a self, mut core: MutexGuard<'a, Core>, req: ReqId) -> MutexGuard<'a, Core> {
+        while let Some(run) = self.pop_run(&mut core, false, Some(devices::Own { req, ssd_only: true })) {
+            self.unlock(core);
+            let results = self.execute_run(&run);
+            core = self.lock();
+            for (w, r) in run.into_iter().zip(results) {
+                self.complete(&mut core, w.op, r);
+            }
+        }
+        core
+    }
+
     /// Releases the lock, then delivers the replies of asynchronous submissions.
     fn unlock(&self, mut core: MutexGuard<'_, Core>) {
         let callbacks = std::mem::take(&mut core.callbacks);
@@ -412,6 +440,7 @@ impl DataPath {
             on_interval: None,
             recorder: None,
             want_checkpoint: false,
+            quiet: false,
         };
         let shared = Arc::new(Shared {
             core: Mutex::new(core),
@@ -424,6 +453,7 @@ impl DataPath {
             start: Instant::now(),
             calls: Default::default(),
             checkpoints: Default::default(),
+            threads: threads.max(1),
             written_back: Default::default(),
             halted: Default::default(),
             busy: Default::default(),
@@ -561,8 +591,10 @@ impl DataPath {
     /// Submits `cmd` at `offset` of `vm`'s disk without waiting: `done` is called with
     /// the outcome on a data-path thread (the NBD front end's shape: replies leave in
     /// completion order, matched by cookie). A discard's reply comes after the backing
-    /// store was hinted.
-    pub fn submit(self: &Arc<Self>, vm: VmId, offset: u64, cmd: Cmd, done: Done) -> Option<ReqId> {
+    /// store was hinted. With `here`, the calling thread first runs the request's ops on
+    /// the cache store itself (no device thread woken for them: a hit from the page cache
+    /// costs less than a wakeup) and leaves the rest to the device threads.
+    pub fn submit(self: &Arc<Self>, vm: VmId, offset: u64, cmd: Cmd, here: bool, done: Done) -> Option<ReqId> {
         let (kind, len, data) = match cmd {
             Cmd::Read(len) => (Kind::Read, len, None),
             Cmd::Write(d) => (Kind::Write, d.len() as u32, Some(d)),
@@ -583,9 +615,17 @@ impl DataPath {
         let op = if kind == Kind::Write { Op::Write } else { Op::Read };
         let req = Request { time_ns: 0, vm, op, offset, len };
         let write = data.map(|d| (Arc::new(d), offset));
-        let mut core = self.shared.lock();
-        let entered = self.shared.enter(&mut core, kind, req, write, Some(done), None);
-        self.shared.unlock(core);
+        let s = &self.shared;
+        let mut core = s.lock();
+        core.quiet = here;
+        let entered = s.enter(&mut core, kind, req, write, Some(done), None);
+        core.quiet = false;
+        if let (Ok(id), true) = (&entered, here) {
+            core = s.run_own_locked(core, *id);
+            let left = core.work.len() + core.background.len();
+            s.wake_for(left);
+        }
+        s.unlock(core);
         match entered {
             Ok(id) => Some(id),
             Err((f, done)) => {
@@ -600,25 +640,6 @@ impl DataPath {
     /// Whether vDisk `vm` is served (not removed, not halted).
     pub fn serves(&self, vm: VmId) -> bool {
         !self.halted() && self.shared.lock().removed.get(vm as usize) == Some(&false)
-    }
-
-    /// Runs request `req`'s queued ops on the cache store on the calling thread until none
-    /// of them is left (a submitter with nothing else to do — an NBD reader whose input
-    /// has no further request buffered — saves the hand-off to a device thread; backing
-    /// store ops, which may be slow, and other requests' ops are left to the device
-    /// threads, so the reader goes on reading requests).
-    pub fn run_own(&self, req: ReqId) {
-        let s = &self.shared;
-        let mut core = s.lock();
-        while let Some(run) = s.pop_run(&mut core, false, Some(devices::Own { req, ssd_only: true })) {
-            s.unlock(core);
-            let results = s.execute_run(&run);
-            core = s.lock();
-            for (w, r) in run.into_iter().zip(results) {
-                s.complete(&mut core, w.op, r);
-            }
-        }
-        s.unlock(core);
     }
 
     /// Makes every write acknowledged so far durable (cache store, journal, backings);

@@ -153,16 +153,17 @@ fn asynchronous_submissions_reply_through_callbacks_in_the_engine_order() {
                 0,
                 b * BS,
                 Cmd::Write(pattern(0, b * BS, version, BS as usize)),
+                false,
                 Box::new(move |r| {
                     t1.send((u64::MAX, r)).unwrap();
                 }),
             );
-            dp.submit(0, b * BS, Cmd::Read(BS as u32), Box::new(move |r| t2.send((version, r)).unwrap()));
+            dp.submit(0, b * BS, Cmd::Read(BS as u32), true, Box::new(move |r| t2.send((version, r)).unwrap()));
             n += 2;
         }
     }
     let t = tx.clone();
-    dp.submit(0, 0, Cmd::Flush, Box::new(move |r| t.send((u64::MAX - 1, r)).unwrap()));
+    dp.submit(0, 0, Cmd::Flush, false, Box::new(move |r| t.send((u64::MAX - 1, r)).unwrap()));
     n += 1;
     for _ in 0..n {
         let (version, r) = rx.recv_timeout(Duration::from_secs(30)).expect("every request replies");

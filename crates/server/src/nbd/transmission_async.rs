@@ -126,6 +126,7 @@ pub fn serve<R: Read, W: Write + Send + 'static>(
     latency: Option<Latency>,
 ) -> io::Result<()> {
     let mut r = io::BufReader::with_capacity(1 << 18, input);
+    let direct = dp.direct();
     let conn = Arc::new(Conn { out: Mutex::new(output), in_flight: Mutex::new(0), drained: Condvar::new(), latency });
     let res = (|| -> io::Result<()> {
         loop {
@@ -178,6 +179,10 @@ pub fn serve<R: Read, W: Write + Send + 'static>(
                 continue;
             }
             let (c, cookie, fua) = (conn.clone(), req.cookie, req.flags & CMD_FLAG_FUA != 0);
+            // This thread runs the request's cache-store ops itself when that costs less
+            // than a hand-off: always through the page cache; with O_DIRECT (real device
+            // waits) only when no further request is buffered (iodepth 1).
+            let here = !direct || r.buffer().is_empty();
             // FUA: durable before the reply (a flush after the command).
             let then_flush = move |dp: Arc<DataPath>, c: Arc<Conn<W>>| -> crate::datapath::Done {
                 Box::new(move |res| match (res, fua) {
@@ -186,6 +191,7 @@ pub fn serve<R: Read, W: Write + Send + 'static>(
                             vm,
                             0,
                             Cmd::Flush,
+                            false,
                             Box::new(move |r| c.reply(r.map_or_else(errno, |_| 0), cookie, timing)),
                         );
                     }
@@ -193,7 +199,7 @@ pub fn serve<R: Read, W: Write + Send + 'static>(
                     (Err(f), _) => c.reply(errno(f), cookie, timing),
                 })
             };
-            let submitted = match req.kind {
+            match req.kind {
                 CMD_READ => {
                     let (offset, len) = (req.offset, req.length);
                     let done = Box::new(move |res: Result<Vec<crate::datapath::Bytes>, Failure>| match res {
@@ -205,16 +211,23 @@ pub fn serve<R: Read, W: Write + Send + 'static>(
                         }
                         Err(f) => c.reply(errno(f), cookie, timing),
                     });
-                    dp.submit(vm, offset, Cmd::Read(len), done)
+                    dp.submit(vm, offset, Cmd::Read(len), here, done);
                 }
-                CMD_WRITE => dp.submit(vm, req.offset, Cmd::Write(payload), then_flush(dp.clone(), c)),
-                CMD_TRIM => dp.submit(vm, req.offset, Cmd::Discard(req.length), then_flush(dp.clone(), c)),
-                CMD_FLUSH => dp.submit(
-                    vm,
-                    0,
-                    Cmd::Flush,
-                    Box::new(move |r| c.reply(r.map_or_else(errno, |_| 0), cookie, timing)),
-                ),
+                CMD_WRITE => {
+                    dp.submit(vm, req.offset, Cmd::Write(payload), here, then_flush(dp.clone(), c));
+                }
+                CMD_TRIM => {
+                    dp.submit(vm, req.offset, Cmd::Discard(req.length), false, then_flush(dp.clone(), c));
+                }
+                CMD_FLUSH => {
+                    dp.submit(
+                        vm,
+                        0,
+                        Cmd::Flush,
+                        false,
+                        Box::new(move |r| c.reply(r.map_or_else(errno, |_| 0), cookie, timing)),
+                    );
+                }
                 _ => {
                     // WRITE_ZEROES: zeroes in 1 MiB writes, waited for here (rare, any length).
                     let chunk = vec![0u8; (1 << 20).min(req.length as usize)];
@@ -230,13 +243,7 @@ pub fn serve<R: Read, W: Write + Send + 'static>(
                         result = dp.flush(vm);
                     }
                     conn.reply(result.map_or_else(errno, |()| 0), cookie, timing);
-                    None
                 }
-            };
-            // No further request buffered: run this request's ops here rather than hand
-            // them to a device thread (at iodepth 1 the request never changes threads).
-            if let Some(id) = submitted.filter(|_| r.buffer().is_empty()) {
-                dp.run_own(id);
             }
         }
     })();

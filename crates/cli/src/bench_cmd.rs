@@ -116,6 +116,12 @@ pub enum BenchCmd {
         /// cachevisor's write policy for the export (the cache holds the whole image).
         #[arg(long, default_value = "wb", value_parser = ["wb", "wt", "wa", "ro"])]
         write_policy: String,
+        /// fio flushes after every N writes (a guest that flushes; 0 = never).
+        #[arg(long, default_value_t = 0)]
+        fsync: u32,
+        /// Which comparisons: `both`, `buffered` (vs nbdkit) or `direct` (O_DIRECT vs qemu-nbd).
+        #[arg(long, default_value = "both", value_parser = ["both", "buffered", "direct"])]
+        against: String,
         /// Working directory.
         #[arg(long, default_value = "out/bench/serve")]
         dir: PathBuf,
@@ -235,8 +241,8 @@ pub fn run(c: BenchCmd) -> anyhow::Result<()> {
             &dir,
         ),
         BenchCmd::Policy { vms, units, reps } => bench_policy(vms, units, reps),
-        BenchCmd::Serve { disk_size, rounds, secs, rw, bs, iodepth, write_policy, dir } => {
-            let job = crate::bench_serve::Job { rw, bs, iodepth, write_policy };
+        BenchCmd::Serve { disk_size, rounds, secs, rw, bs, iodepth, write_policy, fsync, against, dir } => {
+            let job = crate::bench_serve::Job { rw, bs, iodepth, write_policy, fsync, against };
             crate::bench_serve::run(disk_size, rounds, secs, &job, &dir)
         }
         BenchCmd::SlowBacking { delay_ms, disk_mib, cache_mib, secs, rounds, iodepth, read_percent, dir } => {

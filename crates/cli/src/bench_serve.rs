@@ -150,6 +150,10 @@ pub struct Job {
     pub iodepth: Vec<u32>,
     /// cachevisor's write policy.
     pub write_policy: String,
+    /// fio's `--fsync` (0: none).
+    pub fsync: u32,
+    /// `both`, `buffered` or `direct`.
+    pub against: String,
 }
 
 /// Runs the bench: for each pattern and queue depth, cachevisor (the image held in its
@@ -167,10 +171,11 @@ pub fn run(disk_size: u64, rounds: usize, secs: u32, job: &Job, dir: &Path) -> a
     let range = format!("{}MiB", disk_size >> 20);
     let disk_arg = disk.display().to_string();
     println!(
-        "fio {} with {} blocks at {} over a {range} image held in cachevisor's {} cache vs a plain NBD server on the same file, {secs} s per run, {rounds} interleaved rounds",
+        "fio {} with {} blocks at {}{} over a {range} image held in cachevisor's {} cache vs a plain NBD server on the same file, {secs} s per run, {rounds} interleaved rounds",
         job.rw.join(","),
         job.bs,
         job.iodepth.iter().map(|d| format!("iodepth {d}")).collect::<Vec<_>>().join(", "),
+        if job.fsync > 0 { format!(", a flush every {} writes", job.fsync) } else { String::new() },
         job.write_policy
     );
     println!(
@@ -178,7 +183,10 @@ pub fn run(disk_size: u64, rounds: usize, secs: u32, job: &Job, dir: &Path) -> a
         "comparison", "rw", "iodepth", "cachevisor IOPS", "other IOPS", "ratio"
     );
     let bs = format!("--bs={}", job.bs);
-    for (label, direct) in [("page cache vs nbdkit", "off"), ("O_DIRECT vs qemu-nbd", "on")] {
+    let fsync = format!("--fsync={}", job.fsync);
+    let sides = [("page cache vs nbdkit", "off"), ("O_DIRECT vs qemu-nbd", "on")];
+    let wanted = |direct: &str| job.against == "both" || (job.against == "direct") == (direct == "on");
+    for (label, direct) in sides.into_iter().filter(|(_, d)| wanted(d)) {
         let sub = dir.join(direct);
         std::fs::create_dir_all(&sub)?;
         let (cv, cv_uri) = start_cachevisor(&sub, &disk_arg, &size, direct, &job.write_policy)?;
@@ -187,6 +195,9 @@ pub fn run(disk_size: u64, rounds: usize, secs: u32, job: &Job, dir: &Path) -> a
             if direct == "off" { start_nbdkit(&["file", &disk_arg])? } else { start_qemu_nbd(&disk_arg)? };
         for rw in &job.rw {
             let mut args = vec![bs.as_str()];
+            if job.fsync > 0 {
+                args.push(&fsync);
+            }
             if rw == "randrw" {
                 args.push("--rwmixread=70");
             }

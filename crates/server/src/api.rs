@@ -8,7 +8,6 @@
 //! only, to `api-token` in the metadata directory.
 
 use crate::daemon::{Daemon, StartError};
-use crate::metrics::Metrics;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -52,7 +51,7 @@ async fn list(State(a): State<Api>) -> Response {
 }
 
 async fn metrics(State(a): State<Api>) -> Response {
-    ([("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], Metrics::render(&a.daemon))
+    ([("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")], a.daemon.render_metrics())
         .into_response()
 }
 
@@ -129,7 +128,7 @@ async fn start_destage(a: Api, h: &HeaderMap, name: Option<&str>) -> Response {
         Ok(v) => v,
         Err(r) => return r,
     };
-    match crate::destage_job::Job::start(&a.daemon, vm) {
+    match a.daemon.start_destage(vm) {
         Ok(p) => (StatusCode::ACCEPTED, Json(p)).into_response(),
         Err(p) => (StatusCode::CONFLICT, Json(p)).into_response(),
     }

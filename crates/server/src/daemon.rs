@@ -17,6 +17,7 @@ mod policy;
 mod start;
 mod vdisks;
 pub use crate::datapath::ExportStats;
+pub use crate::status::VdiskStatus;
 pub use start::StartOptions;
 pub use vdisks::ChangeError;
 
@@ -29,27 +30,6 @@ pub struct ExportInfo {
     pub name: String,
     /// Size in bytes.
     pub size: u64,
-}
-
-/// One vDisk's state and counters, as the API and metrics report it.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct VdiskStatus {
-    /// Export name.
-    pub name: String,
-    /// Size in bytes.
-    pub size: u64,
-    /// Write policy.
-    pub write_policy: cachevisor_engine::WritePolicy,
-    /// Cache blocks held.
-    pub used_blocks: u64,
-    /// Partition target in blocks.
-    pub target_blocks: u64,
-    /// Dirty blocks.
-    pub dirty_blocks: u64,
-    /// Cache block size in bytes (the unit of the block counts).
-    pub block_size: u64,
-    /// Counters.
-    pub stats: ExportStats,
 }
 
 /// What a warm start found in the metadata.
@@ -131,7 +111,7 @@ pub struct Daemon {
     identities: Mutex<Vec<Option<crate::backing_identity::Identity>>>,
     recovery: Recovery,
     meta_dir: std::path::PathBuf,
-    job: crate::destage_job::Job,
+    job: Arc<crate::destage_job::Job>,
     /// The exclusive lock on the cache store and metadata (released by `stop_serving`).
     owner: Mutex<Option<crate::owner_lock::OwnerLock>>,
 }
@@ -195,6 +175,16 @@ impl Daemon {
     /// The VM id of the served vDisk `name`.
     pub fn vdisk(&self, name: &str) -> Option<VmId> {
         self.exports().into_iter().find(|e| e.name == name).map(|e| e.id)
+    }
+
+    /// The metrics exposition (`/metrics`): latency histograms and the state now.
+    pub fn render_metrics(&self) -> String {
+        let state = crate::status::State {
+            vdisks: self.status(),
+            destaged_blocks: self.destaged_blocks(),
+            destage_job: self.job.progress(),
+        };
+        self.metrics.render(state)
     }
 
     /// Every vDisk's state and counters.

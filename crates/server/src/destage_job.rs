@@ -1,12 +1,15 @@
 //! Destaging everything (or one vDisk) as a background job with progress: the API starts
 //! it (`POST /destage`), `GET /destage` and `cachevisor destage` watch it, and `/metrics`
-//! exports it. The job runs [`Daemon::destage_all`]: steps of the same engine command the
-//! background flusher uses, with the lock released between steps so foreground I/O goes on.
+//! exports it. The daemon hands it the work (`Daemon::start_destage`: engine jobs of the
+//! same command the background flusher uses, requests going on beside them); this file
+//! only runs it on a thread and keeps its progress.
 
-use crate::daemon::Daemon;
-use cachevisor_trace::VmId;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
+
+/// A destage run: reports `(done, total)` blocks as it goes; the blocks written back, or
+/// why it stopped.
+pub type Work = Box<dyn FnOnce(&mut dyn FnMut(u64, u64)) -> Result<u64, String> + Send>;
 
 /// A destage job's progress.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq)]
@@ -48,26 +51,21 @@ impl Job {
         p
     }
 
-    /// Starts destaging `vm` (or every vDisk) on a thread; `Err` with the running job's
-    /// progress when one is already running.
-    pub fn start(daemon: &Arc<Daemon>, vm: Option<VmId>) -> Result<Progress, Progress> {
-        let job = daemon.destage_job();
+    /// Starts `work` (destaging `vdisk`, or every vDisk when `None`, in blocks of
+    /// `block_size` bytes) on a thread; `Err` with the running job's progress when one is
+    /// already running.
+    pub fn start(self: &Arc<Self>, vdisk: Option<String>, block_size: u64, work: Work) -> Result<Progress, Progress> {
         {
-            let mut g = job.lock();
+            let mut g = self.lock();
             if g.0.running {
                 drop(g);
-                return Err(job.progress());
+                return Err(self.progress());
             }
-            let vdisk = vm.and_then(|v| daemon.export(v)).map(|e| e.name);
-            *g = (
-                Progress { running: true, vdisk, block_size: daemon.block_size(), ..Progress::default() },
-                Some(Instant::now()),
-            );
+            *g = (Progress { running: true, vdisk, block_size, ..Progress::default() }, Some(Instant::now()));
         }
-        let d = daemon.clone();
+        let job = self.clone();
         std::thread::spawn(move || {
-            let job = d.destage_job();
-            let r = d.destage_all(vm, &mut |done, total| {
+            let r = work(&mut |done, total| {
                 let mut g = job.lock();
                 g.0.done_blocks = done;
                 g.0.total_blocks = total;
@@ -77,11 +75,11 @@ impl Job {
             g.0.elapsed_s = g.1.map_or(0.0, |t| t.elapsed().as_secs_f64());
             if let Err(e) = r {
                 tracing::error!(%e, "destage job failed");
-                g.0.error = Some(e.to_string());
+                g.0.error = Some(e);
             } else {
                 tracing::info!(blocks = g.0.done_blocks, seconds = g.0.elapsed_s, "destage job done");
             }
         });
-        Ok(job.progress())
+        Ok(self.progress())
     }
 }

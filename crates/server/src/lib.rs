@@ -18,6 +18,7 @@ pub mod nbd;
 pub mod owner_lock;
 pub mod persist;
 pub mod service;
+pub mod status;
 pub mod vdisk_overlay;
 
 pub use config::Config;

@@ -3,7 +3,7 @@
 //! (requests, block hits and misses and bytes by operation, flushes, trims, errors, cache held, target, dirty blocks,
 //! pass-through, flusher and destage-job progress) read from its state by a collector, so there is one source of truth.
 
-use crate::daemon::Daemon;
+use crate::status::{State, VdiskStatus};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -11,7 +11,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
-use std::sync::Arc;
 
 /// Labels of the latency histogram.
 type OpLabels = Vec<(String, String)>;
@@ -35,37 +34,35 @@ impl Metrics {
         self.latency.get_or_create(&vec![("vdisk".into(), vdisk.into()), ("op".into(), op.into())]).clone()
     }
 
-    /// The text exposition of every metric of `daemon`.
-    pub fn render(daemon: &Arc<Daemon>) -> String {
-        let m = daemon.metrics();
+    /// The text exposition of the latency histograms and of `state`.
+    pub fn render(&self, state: State) -> String {
         let mut r = Registry::default();
         r.register(
             "cachevisor_request_duration_seconds",
             "Time to serve a request, by vDisk and operation",
-            m.latency.clone(),
+            self.latency.clone(),
         );
-        r.register_collector(Box::new(StateCollector(Arc::downgrade(daemon))));
+        r.register_collector(Box::new(StateCollector(state)));
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &r).expect("writing to a String");
         out
     }
 }
 
-/// Reads the daemon's state on each scrape.
+/// The daemon's state taken for this scrape.
 #[derive(Debug)]
-struct StateCollector(std::sync::Weak<Daemon>);
+struct StateCollector(State);
 
 /// A metric family: name, help, and how to read its value.
 type Metric<F> = (&'static str, &'static str, F);
 /// Reads a vDisk's counter.
-type ReadStatus<T> = fn(&crate::daemon::VdiskStatus) -> T;
+type ReadStatus<T> = fn(&VdiskStatus) -> T;
 /// Reads a vDisk's (read, write) pair.
-type ReadByOp = fn(&crate::daemon::ExportStats) -> [u64; 2];
+type ReadByOp = fn(&crate::datapath::ExportStats) -> [u64; 2];
 
 impl Collector for StateCollector {
     fn encode(&self, mut enc: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
-        let Some(d) = self.0.upgrade() else { return Ok(()) };
-        let status = d.status();
+        let status = &self.0.vdisks;
         let counters: [Metric<ReadStatus<u64>>; 5] = [
             ("cachevisor_reads", "Read requests", |s| s.stats.reads),
             ("cachevisor_writes", "Write requests", |s| s.stats.writes),
@@ -76,7 +73,7 @@ impl Collector for StateCollector {
         for (name, help, f) in counters {
             let c0 = ConstCounter::new(0u64);
             let mut m = enc.encode_descriptor(name, help, None, c0.metric_type())?;
-            for s in &status {
+            for s in status {
                 ConstCounter::new(f(s)).encode(m.encode_family(&vec![("vdisk".to_string(), s.name.clone())])?)?;
             }
         }
@@ -93,7 +90,7 @@ impl Collector for StateCollector {
         for (name, help, f) in by_op {
             let c0 = ConstCounter::new(0u64);
             let mut m = enc.encode_descriptor(name, help, None, c0.metric_type())?;
-            for s in &status {
+            for s in status {
                 for (op, v) in ["read", "write"].into_iter().zip(f(&s.stats)) {
                     ConstCounter::new(v).encode(m.encode_family(&vec![
                         ("vdisk".to_string(), s.name.clone()),
@@ -113,18 +110,18 @@ impl Collector for StateCollector {
         for (name, help, f) in gauges {
             let g0 = ConstGauge::new(0i64);
             let mut m = enc.encode_descriptor(name, help, None, g0.metric_type())?;
-            for s in &status {
+            for s in status {
                 ConstGauge::new(f(s)).encode(m.encode_family(&vec![("vdisk".to_string(), s.name.clone())])?)?;
             }
         }
-        let destaged = ConstCounter::new(d.destaged_blocks());
+        let destaged = ConstCounter::new(self.0.destaged_blocks);
         destaged.encode(enc.encode_descriptor(
             "cachevisor_destaged_blocks",
-            "Dirty blocks written back by the flusher and destage jobs",
+            "Dirty blocks written back (flusher, evictions, destage jobs)",
             None,
             destaged.metric_type(),
         )?)?;
-        let job = d.destage_job().progress();
+        let job = &self.0.destage_job;
         let job_gauges = [
             ("cachevisor_destage_job_running", "1 while a destage job runs", job.running as i64),
             (

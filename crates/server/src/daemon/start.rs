@@ -241,8 +241,10 @@ impl Daemon {
                 dirty_target: cfg.cache.writeback_percent / 100.0,
             }),
         };
-        // Enough device threads that misses on slow backing stores overlap.
-        let threads = std::thread::available_parallelism().map_or(4, |n| n.get() * 2).clamp(4, 16);
+        // Device threads mostly wait on devices (O_DIRECT cache reads and writes, misses on
+        // slow backing stores): enough that 16 such waits overlap; idle ones cost nothing
+        // (one is woken per queued op).
+        let threads = 16;
         let dp = Arc::new(DataPath::start(crate::datapath::Setup {
             engine,
             persist,

@@ -201,6 +201,21 @@ impl Daemon {
         &self.job
     }
 
+    /// Starts destaging `vm` (or every vDisk) as the background job; `Err` with the
+    /// running job's progress when one is already running.
+    pub fn start_destage(
+        self: &std::sync::Arc<Self>,
+        vm: Option<VmId>,
+    ) -> Result<crate::destage_job::Progress, crate::destage_job::Progress> {
+        let vdisk = vm.and_then(|v| self.export(v)).map(|e| e.name);
+        let d = self.clone();
+        self.job.start(
+            vdisk,
+            self.block_size,
+            Box::new(move |progress| d.destage_all(vm, progress).map_err(|e| e.to_string())),
+        )
+    }
+
     /// Blocks written back since the start: by the background flusher, evictions and
     /// destage jobs.
     pub fn destaged_blocks(&self) -> u64 {

@@ -144,12 +144,18 @@ pub enum BenchCmd {
         /// Rounds per iodepth.
         #[arg(long, default_value_t = 3)]
         rounds: usize,
-        /// Share of reads in percent (below 100: fio randrw, writes through the cache).
+        /// Share of reads in percent (below 100: fio randrw; 0: randwrite).
         #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(0..=100))]
         read_percent: u32,
         /// fio iodepths, each run against both.
         #[arg(long, value_delimiter = ',', default_value = "1,16")]
         iodepth: Vec<u32>,
+        /// cachevisor's write policy (`wb`: writes absorbed by the cache).
+        #[arg(long, default_value = "wt", value_parser = ["wb", "wt", "wa", "ro"])]
+        write_policy: String,
+        /// cachevisor's background flusher rate (`0` = off).
+        #[arg(long, default_value = "16MiB")]
+        flush_rate: String,
         /// Working directory.
         #[arg(long, default_value = "out/bench/slow")]
         dir: PathBuf,
@@ -245,8 +251,20 @@ pub fn run(c: BenchCmd) -> anyhow::Result<()> {
             let job = crate::bench_serve::Job { rw, bs, iodepth, write_policy, fsync, against };
             crate::bench_serve::run(disk_size, rounds, secs, &job, &dir)
         }
-        BenchCmd::SlowBacking { delay_ms, disk_mib, cache_mib, secs, rounds, iodepth, read_percent, dir } => {
-            crate::bench_serve::slow_backing(delay_ms, disk_mib, cache_mib, secs, rounds, &iodepth, read_percent, &dir)
+        BenchCmd::SlowBacking {
+            delay_ms,
+            disk_mib,
+            cache_mib,
+            secs,
+            rounds,
+            iodepth,
+            read_percent,
+            write_policy,
+            flush_rate,
+            dir,
+        } => {
+            let cache = crate::bench_serve::SlowCache { mib: cache_mib, write_policy, flush_rate };
+            crate::bench_serve::slow_backing(delay_ms, disk_mib, &cache, secs, rounds, &iodepth, read_percent, &dir)
         }
     }
 }

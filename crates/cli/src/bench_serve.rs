@@ -33,7 +33,8 @@ fn start_cachevisor(
     direct: &str,
     policy: &str,
 ) -> anyhow::Result<(Proc, String)> {
-    start_cachevisor_api(dir, backing, size, None, direct, policy).map(|(p, u, _)| (p, u))
+    let extra = format!("write_policy = \"{policy}\"");
+    start_cachevisor_api(dir, backing, size, None, direct, &extra).map(|(p, u, _)| (p, u))
 }
 
 /// Starts `cachevisor serve` on `backing`; returns the process, the NBD URI and the API address.
@@ -43,14 +44,14 @@ fn start_cachevisor_api(
     size: &str,
     record: Option<&Path>,
     direct: &str,
-    policy: &str,
+    cache_extra: &str,
 ) -> anyhow::Result<(Proc, String, String)> {
     let port = free_port()?;
     let api = format!("127.0.0.1:{}", free_port()?);
     let cfg = dir.join("bench.toml");
     std::fs::write(
         &cfg,
-        format!("[cache]\npath = \"cache.img\"\nsize = \"{size}\"\nwrite_policy = \"{policy}\"\ndirect = \"{direct}\"\n[listen]\ntcp = \"127.0.0.1:{port}\"\n[api]\nlisten = \"{api}\"\n[[vdisk]]\nname = \"d\"\nbacking = \"{backing}\"\n"),
+        format!("[cache]\npath = \"cache.img\"\nsize = \"{size}\"\n{cache_extra}\ndirect = \"{direct}\"\n[listen]\ntcp = \"127.0.0.1:{port}\"\n[api]\nlisten = \"{api}\"\n[[vdisk]]\nname = \"d\"\nbacking = \"{backing}\"\n"),
     )?;
     let _ = std::fs::remove_file(dir.join("cache.img"));
     let _ = std::fs::remove_dir_all(dir.join("cache.img.meta"));
@@ -132,9 +133,11 @@ pub(crate) fn fio_with(
     let text = String::from_utf8_lossy(&o.stdout);
     let json = text.find('{').map(|i| &text[i..]).context("no JSON in fio's output")?;
     let v: serde_json::Value = serde_json::from_str(json).context("fio JSON")?;
-    let r = &v["jobs"][0]["read"];
+    let reads = &v["jobs"][0]["read"];
+    // Latencies are the reads', or the writes' when there are none.
+    let r = if reads["iops"].as_f64().unwrap_or(0.0) > 0.0 { reads } else { &v["jobs"][0]["write"] };
     let ns = |x: &serde_json::Value| x.as_f64().unwrap_or(0.0) / 1000.0;
-    let iops = r["iops"].as_f64().unwrap_or(0.0) + v["jobs"][0]["write"]["iops"].as_f64().unwrap_or(0.0);
+    let iops = reads["iops"].as_f64().unwrap_or(0.0) + v["jobs"][0]["write"]["iops"].as_f64().unwrap_or(0.0);
     Ok(FioReads { iops, mean_us: ns(&r["clat_ns"]["mean"]), p99_us: ns(&r["clat_ns"]["percentile"]["99.000000"]) })
 }
 
@@ -254,11 +257,22 @@ pub(crate) fn start_qemu_nbd(file: &str) -> anyhow::Result<(Proc, String)> {
 /// (a slow backing standing in for an HDD) directly, and through cachevisor in front of it;
 /// the daemon records its requests, which are replayed in the simulator with the same cache
 /// to compare hit ratios.
+/// The cache in front of the slow backing.
+#[derive(Debug, Clone)]
+pub struct SlowCache {
+    /// Size in MiB.
+    pub mib: u64,
+    /// Write policy.
+    pub write_policy: String,
+    /// Background flusher rate (`0`: off).
+    pub flush_rate: String,
+}
+
 #[allow(clippy::too_many_arguments)]
 pub fn slow_backing(
     delay_ms: u32,
     disk_mib: u64,
-    cache_mib: u64,
+    cache: &SlowCache,
     secs: u32,
     rounds: usize,
     depths: &[u32],
@@ -279,8 +293,14 @@ pub fn slow_backing(
     let range = format!("{disk_mib}MiB");
     let mix = format!("--rwmixread={read_percent}");
     let zipf = ["--random_distribution=zipf:1.2", "--norandommap", mix.as_str()];
-    let rw = if read_percent >= 100 { "randread" } else { "randrw" };
-    println!("slow backing: nbdkit memory {disk_mib} MiB with {delay} per request (16 threads); fio 4 KiB random I/O, {read_percent}% reads, zipf 1.2, write-through, {secs} s per run, {rounds} rounds per iodepth; IOPS count reads and writes, latencies are the reads'");
+    let rw = match read_percent {
+        100.. => "randread",
+        0 => "randwrite",
+        _ => "randrw",
+    };
+    let cache_mib = cache.mib;
+    let (wp, flush) = (&cache.write_policy, &cache.flush_rate);
+    println!("slow backing: nbdkit memory {disk_mib} MiB with {delay} per request (16 threads); fio 4 KiB random I/O, {read_percent}% reads, zipf 1.2, cachevisor {cache_mib} MiB {wp} with the flusher at {flush}/s, {secs} s per run, {rounds} rounds per iodepth; IOPS count reads and writes, latencies are the reads' (the writes' when there are none)");
     println!(
         "{:<8} {:<6} {:>13} {:>16} {:>9} {:>24} {:>24}",
         "iodepth",
@@ -307,7 +327,7 @@ pub fn slow_backing(
                 &format!("{cache_mib}MiB"),
                 first.then_some(rec.as_path()),
                 "auto",
-                "wt",
+                &format!("write_policy = \"{wp}\"\nflush_rate = \"{flush}\""),
             )?;
             let cv = (cv_proc, api);
             cached.push(fio_with(&cv_uri, rw, depth, secs, &range, &zipf)?);
@@ -333,7 +353,7 @@ pub fn slow_backing(
                 format!("{:.0} / {:.0}", b.p99_us, c.p99_us)
             );
             if first {
-                live_hit = replay_hit_ratio(&rec, cache_mib)?;
+                live_hit = replay_hit_ratio(&rec, cache_mib, wp.parse().map_err(anyhow::Error::msg)?)?;
             }
         }
         let med = |v: &[FioReads], f: fn(&FioReads) -> f64| median(v.iter().map(f).collect());
@@ -359,10 +379,10 @@ pub fn slow_backing(
 }
 
 /// Hit ratio of the recorded run replayed through the simulator with the same cache.
-fn replay_hit_ratio(rec: &Path, cache_mib: u64) -> anyhow::Result<f64> {
+fn replay_hit_ratio(rec: &Path, cache_mib: u64, policy: cachevisor_engine::WritePolicy) -> anyhow::Result<f64> {
     let mut sc = cachevisor_sim::Scenario::default();
     sc.cache.size = format!("{cache_mib}MiB");
-    sc.cache.write_policy = cachevisor_engine::WritePolicy::Wt;
+    sc.cache.write_policy = policy;
     sc.replay.mode = cachevisor_sim::scenario::ReplayMode::Open;
     sc.trace.files = vec![rec.to_path_buf()];
     sc.trace.vm_mode = Some(cachevisor_trace::VmMode::Device);

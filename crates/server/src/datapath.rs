@@ -109,6 +109,8 @@ struct Core {
     /// Ops of background jobs (flusher, destaging, resizes), run by device threads when
     /// no client op waits.
     background: VecDeque<Work>,
+    /// Device threads running background ops (at most half of them).
+    background_busy: usize,
     commit: Option<Commit>,
     committing: bool,
     stop: bool,
@@ -426,6 +428,7 @@ impl DataPath {
             bufs: HashMap::new(),
             work: VecDeque::new(),
             background: VecDeque::new(),
+            background_busy: 0,
             commit: None,
             committing: false,
             stop: false,

@@ -90,13 +90,22 @@ impl Shared {
         self.backings.read().unwrap_or_else(|p| p.into_inner()).get(vm as usize).cloned().ok_or_else(no_device)
     }
 
+    /// Runs queued ops until stopped: client ops first; background ops on at most half
+    /// the threads, so write-backs to a slow backing store never take every thread from
+    /// the clients' cache I/O.
     pub(super) fn device_thread(&self) {
         loop {
-            let run = {
+            let (run, background) = {
                 let mut core = self.lock();
                 loop {
-                    if let Some(run) = self.pop_run(&mut core, true, None) {
-                        break run;
+                    if let Some(run) = self.pop_run(&mut core, false, None) {
+                        break (run, false);
+                    }
+                    if core.background_busy < self.threads.div_ceil(2) {
+                        if let Some(run) = self.pop_run(&mut core, true, None) {
+                            core.background_busy += 1;
+                            break (run, true);
+                        }
                     }
                     if core.stop {
                         return;
@@ -106,6 +115,12 @@ impl Shared {
             };
             let results = self.execute_run(&run);
             let mut core = self.lock();
+            if background {
+                core.background_busy -= 1;
+                if !core.background.is_empty() {
+                    self.wake.notify_one(); // a thread held back may take the next one
+                }
+            }
             for (w, r) in run.into_iter().zip(results) {
                 self.complete(&mut core, w.op, r);
             }

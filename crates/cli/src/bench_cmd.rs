@@ -156,6 +156,10 @@ pub enum BenchCmd {
         /// cachevisor's background flusher rate (`0` = off).
         #[arg(long, default_value = "16MiB")]
         flush_rate: String,
+        /// After each cached run, destage every dirty block through the API and report
+        /// blocks/s against the backing's limit (16 connections / delay).
+        #[arg(long)]
+        destage: bool,
         /// Working directory.
         #[arg(long, default_value = "out/bench/slow")]
         dir: PathBuf,
@@ -261,9 +265,10 @@ pub fn run(c: BenchCmd) -> anyhow::Result<()> {
             read_percent,
             write_policy,
             flush_rate,
+            destage,
             dir,
         } => {
-            let cache = crate::bench_serve::SlowCache { mib: cache_mib, write_policy, flush_rate };
+            let cache = crate::bench_serve::SlowCache { mib: cache_mib, write_policy, flush_rate, destage };
             crate::bench_serve::slow_backing(delay_ms, disk_mib, &cache, secs, rounds, &iodepth, read_percent, &dir)
         }
     }

@@ -266,6 +266,8 @@ pub struct SlowCache {
     pub write_policy: String,
     /// Background flusher rate (`0`: off).
     pub flush_rate: String,
+    /// Destage after each cached run and report its rate.
+    pub destage: bool,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -331,6 +333,11 @@ pub fn slow_backing(
             )?;
             let cv = (cv_proc, api);
             cached.push(fio_with(&cv_uri, rw, depth, secs, &range, &zipf)?);
+            if cache.destage {
+                let (blocks, secs) = destage_through_api(dir, &cv.1)?;
+                let limit = 16.0 / (delay_ms as f64 / 1000.0);
+                println!("         destage: {blocks} dirty blocks written back in {secs:.2} s: {:.0} blocks/s, {:.2}x the backing's limit of {limit:.0} writes/s (16 connections, {delay} each)", blocks as f64 / secs, blocks as f64 / secs / limit);
+            }
             if first {
                 let v: serde_json::Value = ureq::get(&format!("http://{}/vdisks", cv.1)).call()?.into_json()?;
                 let s = &v[0]["stats"];
@@ -376,6 +383,24 @@ pub fn slow_backing(
         1.0 / (1.0 - live_hit).max(1e-9)
     );
     Ok(())
+}
+
+/// Starts a destage job of every vDisk through the daemon's API (token from the metadata
+/// directory) and waits for it; returns the blocks written back and the seconds taken.
+fn destage_through_api(dir: &Path, api: &str) -> anyhow::Result<(u64, f64)> {
+    let token = std::fs::read_to_string(dir.join("cache.img.meta").join("api-token")).context("API token")?;
+    let auth = format!("Bearer {}", token.trim());
+    ureq::post(&format!("http://{api}/destage")).set("authorization", &auth).call()?;
+    loop {
+        std::thread::sleep(Duration::from_millis(50));
+        let p: serde_json::Value = ureq::get(&format!("http://{api}/destage")).call()?.into_json()?;
+        if p["running"].as_bool() == Some(false) {
+            if let Some(e) = p["error"].as_str() {
+                bail!("destage failed: {e}");
+            }
+            return Ok((p["done_blocks"].as_u64().unwrap_or(0), p["elapsed_s"].as_f64().unwrap_or(0.0).max(1e-9)));
+        }
+    }
 }
 
 /// Hit ratio of the recorded run replayed through the simulator with the same cache.

@@ -242,9 +242,9 @@ impl Daemon {
             }),
         };
         // Device threads mostly wait on devices (O_DIRECT cache reads and writes, misses on
-        // slow backing stores): enough that 16 such waits overlap; idle ones cost nothing
-        // (one is woken per queued op).
-        let threads = 16;
+        // slow backing stores); idle ones cost nothing (one is woken per queued op). Half
+        // may run background write-backs: 16, an NBD backing's usual connection count.
+        let threads = 32;
         let dp = Arc::new(DataPath::start(crate::datapath::Setup {
             engine,
             persist,

@@ -109,6 +109,8 @@ fn the_background_flusher_destages_within_its_rate() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     assert_eq!(r.daemon.occupancy(0), (200, 0));
+    // Blocks count clean once their write-back is under way: wait for it to land.
+    assert!(r.daemon.datapath().wait_idle(std::time::Duration::from_secs(10)));
     let backing = std::fs::read(dir.path().join("wb.img")).unwrap();
     assert!(backing[..200 * 4096].iter().all(|&b| b == 9));
     assert_eq!(a.read(0, 4096).unwrap(), vec![9; 4096]);

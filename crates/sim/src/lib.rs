@@ -8,12 +8,16 @@
 
 pub mod device;
 pub mod experiments;
+mod inputs;
 pub mod metrics;
+mod node;
 pub mod plot;
+mod prepass;
 pub mod report;
 pub mod scenario;
 mod simulator;
 
+pub use inputs::{open_inputs, SimError};
 pub use report::SimResult;
 pub use scenario::Scenario;
-pub use simulator::{open_inputs, simulate, Progress, SimError};
+pub use simulator::{simulate, Progress};

@@ -1,22 +1,21 @@
-//! The simulation driver: replays a multi-VM request stream through the engine in virtual
-//! time, executes the engine's device operations against device models, and records
-//! metrics. Same scenario, same output, every run.
+//! The replay loop: a multi-VM request stream (`inputs.rs`) replayed in virtual time, open
+//! or closed loop, through a cache node (`node.rs`: engine, device models, metrics), with
+//! the interval controller (windows, phases, reallocation, the global cleaner) and the
+//! pre-passes some allocators need (`prepass.rs`). Same scenario, same output, every run.
 
-use crate::device::Device;
-use crate::metrics::{Metrics, WindowRow};
+use crate::inputs::{open_inputs, SimError};
+use crate::metrics::WindowRow;
+use crate::node::Node;
+use crate::prepass::{whole_trace, window_curves};
 use crate::report::{SimResult, TraceCounts};
-use crate::scenario::{BackingLayout, ReplayMode, Resolved, Scenario};
-use cachevisor_analysis::{Kind, Method, Profiler, ReuseMix, ReuseMixTracker};
-use cachevisor_engine::{DeviceOp, Engine, EngineConfig, Output, PartitionMode};
+use crate::scenario::{ReplayMode, Resolved, Scenario};
+use cachevisor_engine::{EngineConfig, PartitionMode};
 use cachevisor_policy::controller::{self, Controller, Estimates, VmSettings, WindowCounts};
-use cachevisor_policy::{registry, Needs};
-use cachevisor_trace::chain::Chained;
-use cachevisor_trace::formats::generic_csv::CsvColumns;
-use cachevisor_trace::generator::{Generator, WorkloadConfig};
+use cachevisor_policy::registry;
 use cachevisor_trace::units::{parse_duration_ns, parse_size};
-use cachevisor_trace::{open_trace, MergeOptions, MergedTrace, ReadOptions, Request, TraceSource, VmId, VmMode};
+use cachevisor_trace::{Request, VmId};
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 
 /// Progress of a run, for a driver's progress bar.
 #[derive(Debug, Clone, Copy)]
@@ -27,64 +26,13 @@ pub struct Progress {
     pub total: Option<u64>,
 }
 
-/// A failed simulation: bad scenario or bad trace.
-#[derive(Debug, thiserror::Error)]
-pub enum SimError {
-    /// The scenario is invalid.
-    #[error("scenario: {0}")]
-    Scenario(String),
-    /// A trace could not be read.
-    #[error(transparent)]
-    Trace(#[from] cachevisor_trace::TraceError),
-}
-
-/// Opens every input of a scenario as one merged stream.
-pub fn open_inputs(sc: &Scenario) -> Result<MergedTrace, SimError> {
-    let t = &sc.trace;
-    let read = ReadOptions {
-        format: t.format,
-        vm_mode: t.vm_mode.unwrap_or(VmMode::File),
-        skip_bad: t.skip_bad,
-        blkparse_action: t.blkparse_action.clone().unwrap_or_else(|| "D".into()),
-        csv_columns: t.csv_columns.as_ref().map(|c| c.parse::<CsvColumns>()).transpose().map_err(SimError::Scenario)?,
-    };
-    let mut sources: Vec<Box<dyn TraceSource>> = Vec::new();
-    for f in &t.files {
-        sources.push(open_trace(f, &read)?);
-    }
-    let generator = |path: &std::path::Path| -> Result<Generator, SimError> {
-        let text = std::fs::read_to_string(path).map_err(|e| SimError::Scenario(format!("{}: {e}", path.display())))?;
-        let cfg = WorkloadConfig::from_yaml(&text, &path.display().to_string())?;
-        let w = cfg.validate().map_err(|e| SimError::Scenario(format!("{}: {e}", path.display())))?;
-        Ok(Generator::new(w))
-    };
-    for s in &sc.synthetic {
-        if s.then.is_empty() {
-            sources.push(Box::new(generator(&s.config)?));
-            continue;
-        }
-        let mut parts: Vec<(Box<dyn TraceSource>, u64)> = vec![(Box::new(generator(&s.config)?), 0)];
-        for c in &s.then {
-            let at = parse_duration_ns(&c.at).map_err(|e| SimError::Scenario(format!("synthetic.then.at: {e}")))?;
-            parts.push((Box::new(generator(&c.config)?), at));
-        }
-        sources.push(Box::new(Chained::new(parts)));
-    }
-    let rename: HashMap<String, String> = t.rename.clone().into_iter().collect();
-    Ok(MergedTrace::from_sources(sources, MergeOptions { rebase: true, rename }))
-}
-
 /// Mutable state of one run.
 struct Run<'a> {
     sc: &'a Scenario,
     res: Resolved,
-    engine: Engine,
-    ssd: Device,
-    backing: Vec<Device>,
-    metrics: Metrics,
+    /// The cache node: engine, devices, metrics.
+    node: Node,
     names: Vec<String>,
-    out: Output,
-    cmd: Output,
     windows: Vec<WindowRow>,
     window_end: u64,
     window_start: u64,
@@ -121,8 +69,7 @@ impl<'a> Run<'a> {
             fill: c.fill,
             track_last_access: false,
         };
-        let engine = Engine::new(cfg).map_err(SimError::Scenario)?;
-        let ssd = Device::new(sc.devices.ssd.resolve().map_err(SimError::Scenario)?);
+        let node = Node::new(cfg, &sc.devices)?;
         let allocator = registry::build_with(&sc.cache.allocator, &sc.cache.params).map_err(SimError::Scenario)?;
         let managed = c.partition == PartitionMode::Static;
         let dynamic = managed && (c.lookahead || c.reallocate.unwrap_or(allocator.every_interval()));
@@ -138,13 +85,8 @@ impl<'a> Run<'a> {
         Ok(Run {
             sc,
             res,
-            engine,
-            ssd,
-            backing: Vec::new(),
-            metrics: Metrics::default(),
+            node,
             names: Vec::new(),
-            out: Output::default(),
-            cmd: Output::default(),
             windows: Vec::new(),
             window_end: res.window_ns,
             window_start: 0,
@@ -175,7 +117,7 @@ impl<'a> Run<'a> {
                 s.weight = c.weight.unwrap_or(s.weight);
                 s.ratio = c.ratio.unwrap_or(s.ratio);
                 if let Some(p) = c.write_policy {
-                    self.command(now, |e, out| e.set_write_policy(vm as VmId, p, out));
+                    self.node.command(now, |e, out| e.set_write_policy(vm as VmId, p, out));
                 }
             }
         }
@@ -187,14 +129,10 @@ impl<'a> Run<'a> {
         if names.len() <= self.names.len() {
             return Ok(());
         }
-        let spec = self.sc.devices.backing.resolve().map_err(SimError::Scenario)?;
         while self.names.len() < names.len() {
             let vm = self.names.len();
             self.names.push(names[vm].clone());
-            if self.sc.devices.backing_layout == BackingLayout::PerVm || self.backing.is_empty() {
-                self.backing.push(Device::new(spec.clone()));
-            }
-            self.engine.ensure_vm(vm as VmId);
+            self.node.add_vm(vm as VmId)?;
             let conf = self.sc.vm.iter().find(|v| v.name == names[vm]);
             let min_bytes = conf
                 .and_then(|v| v.min.as_deref())
@@ -209,10 +147,10 @@ impl<'a> Run<'a> {
             });
             if let Some(c) = conf.and_then(|v| v.sequential_cutoff.as_deref()) {
                 let bytes = parse_size(c).map_err(SimError::Scenario)?;
-                self.engine.set_sequential_cutoff(vm as VmId, bytes);
+                self.node.engine.set_sequential_cutoff(vm as VmId, bytes);
             }
             if let Some(p) = conf.and_then(|v| v.write_policy) {
-                self.command(now, |e, out| e.set_write_policy(vm as VmId, p, out));
+                self.node.command(now, |e, out| e.set_write_policy(vm as VmId, p, out));
             }
         }
         self.apply_phases(now);
@@ -236,52 +174,9 @@ impl<'a> Run<'a> {
             Some(&self.whole)
         };
         let secs = self.window_secs();
-        let d = self.ctl.decide(&self.engine, window.map(|w| (w, secs)), recs, estimates);
-        let out = controller::apply(&mut self.engine, &d);
-        self.background(now, &out);
-    }
-
-    fn device(&mut self, op: &DeviceOp) -> (&mut Device, u64) {
-        if op.kind.is_ssd() {
-            (&mut self.ssd, op.ssd_offset(self.engine.config().block_size))
-        } else if self.sc.devices.backing_layout == BackingLayout::PerVm {
-            (&mut self.backing[op.vm as usize], op.disk_addr)
-        } else {
-            (&mut self.backing[0], op.disk_addr.wrapping_add((op.vm as u64) << 40))
-        }
-    }
-
-    /// Runs ops phase by phase from `now`; returns when the last sync op completes.
-    fn execute(&mut self, now: u64, ops: &[DeviceOp]) -> u64 {
-        let max_phase = ops.iter().map(|o| o.phase).max().unwrap_or(0);
-        let (mut start, mut done) = (now, now);
-        for p in 0..=max_phase {
-            let mut end = start;
-            for op in ops.iter().filter(|o| o.phase == p) {
-                let (dev, addr) = self.device(op);
-                let c = dev.submit(start, op.kind.is_write(), addr, op.len);
-                end = end.max(c);
-                if op.sync {
-                    done = done.max(c);
-                }
-            }
-            start = end;
-        }
-        done
-    }
-
-    /// Runs an engine command and executes its ops as background work at `now`.
-    fn command(&mut self, now: u64, f: impl FnOnce(&mut Engine, &mut Output)) {
-        let mut cmd = std::mem::take(&mut self.cmd);
-        f(&mut self.engine, &mut cmd);
-        self.background(now, &cmd);
-        self.cmd = cmd;
-    }
-
-    /// Executes a command's ops as background work and counts them.
-    fn background(&mut self, now: u64, out: &Output) {
-        self.execute(now, &out.ops);
-        self.metrics.ops(out);
+        let d = self.ctl.decide(&self.node.engine, window.map(|w| (w, secs)), recs, estimates);
+        let out = controller::apply(&mut self.node.engine, &d);
+        self.node.background(now, &out);
     }
 
     /// Length of the current window in seconds (at least 1 ns).
@@ -299,10 +194,10 @@ impl<'a> Run<'a> {
     /// Emits the current window's rows and starts the next window: samples rECS, takes
     /// the window's counters, and (dynamic policies) reallocates on them.
     fn emit_window(&mut self) {
-        let (smoothed, sampled) = self.ctl.sample_recs(&self.engine);
+        let (smoothed, sampled) = self.ctl.sample_recs(&self.node.engine);
         let stats: Vec<WindowCounts> = (0..self.names.len())
             .map(|vm| {
-                let (requests, accesses, hits) = self.metrics.take_window(vm as VmId);
+                let (requests, accesses, hits) = self.node.metrics.take_window(vm as VmId);
                 WindowCounts { requests, accesses, hits }
             })
             .collect();
@@ -312,7 +207,7 @@ impl<'a> Run<'a> {
             self.ctl.next_window(); // halves the counts: the next decision weighs recent windows more
         }
         for (vm, &WindowCounts { requests, accesses, hits }) in stats.iter().enumerate() {
-            let p = self.engine.partition(vm as VmId);
+            let p = self.node.engine.partition(vm as VmId);
             self.windows.push(WindowRow {
                 window: self.window_index,
                 t_end_s: self.window_end as f64 / 1e9,
@@ -342,19 +237,15 @@ impl<'a> Run<'a> {
         }
         self.last_now = now;
         self.ctl.observe(req);
-        let mut out = std::mem::take(&mut self.out);
-        self.engine.access(now, req, &mut out);
-        let done = self.execute(now, &out.ops);
-        self.metrics.request(req.vm, req.op.is_write(), &out, done - now);
-        self.out = out;
+        let done = self.node.access(now, req);
         self.issued += 1;
         if self.res.window_requests.is_some_and(|n| self.issued.is_multiple_of(n)) {
             self.window_end = now.max(self.window_start);
             self.emit_window();
         }
         if let Some((low, high)) = self.cleaner {
-            if self.engine.free_slots() < low {
-                self.command(now, |e, out| {
+            if self.node.engine.free_slots() < low {
+                self.node.command(now, |e, out| {
                     e.clean(high, out);
                 });
             }
@@ -364,26 +255,25 @@ impl<'a> Run<'a> {
 
     fn finish(mut self, end: u64, counts: Vec<TraceCounts>) -> SimResult {
         if self.sc.replay.flush_at_end {
-            let mut cmd = Output::default();
-            self.engine.flush(None, &mut cmd);
-            self.background(end, &cmd);
+            self.node.command(end, |e, out| e.flush(None, out));
         }
         self.roll_windows(self.last_now);
         if self.res.window_requests.is_some() {
             self.window_end = self.last_now.max(self.window_start);
         }
         self.emit_window(); // the last, partial window
+        let node = &self.node;
         let mut r = SimResult::build(
             self.sc,
             self.res,
-            &self.engine,
-            &self.metrics,
+            &node.engine,
+            &node.metrics,
             &self.names,
             self.windows,
             end,
             counts,
-            &self.ssd,
-            &self.backing,
+            &node.ssd,
+            &node.backing,
         );
         for (v, &(passes, first)) in r.vms.iter_mut().zip(&self.passes) {
             v.iterations = passes;
@@ -391,114 +281,6 @@ impl<'a> Run<'a> {
         }
         r
     }
-}
-
-/// Pre-pass for allocators that need estimates once: exact whole-trace LRU hit curves per
-/// VM (all accesses and reads, in steps of `unit` blocks up to the cache size), reuse
-/// kinds, and every VM name in stream order.
-fn whole_trace(
-    sc: &Scenario,
-    res: Resolved,
-    unit: u64,
-    limit: u64,
-    needs: Needs,
-) -> Result<(Vec<Estimates>, Vec<String>), SimError> {
-    let mut trace = open_inputs(sc)?;
-    let mut prof = Profiler::new(res.block_size, Method::Exact);
-    if !needs.read_curves {
-        prof = prof.all_only();
-    }
-    let mut mixes: Vec<ReuseMixTracker> = Vec::new();
-    let shift = res.block_size.trailing_zeros();
-    let mut n = 0;
-    while n < limit {
-        let Some(r) = trace.next_request()? else { break };
-        prof.add(&r);
-        if needs.reuse_mix && r.len > 0 {
-            if mixes.len() <= r.vm as usize {
-                mixes.resize_with(r.vm as usize + 1, Default::default);
-            }
-            for b in r.offset >> shift..=(r.end() - 1) >> shift {
-                mixes[r.vm as usize].access(b, r.op.is_write());
-            }
-        }
-        n += 1;
-    }
-    let units = (res.slots / unit) as usize;
-    let whole = prof
-        .vms()
-        .iter()
-        .enumerate()
-        .map(|(i, v)| Estimates {
-            all: v.histogram(Kind::All).hits_curve(unit, units),
-            read: if needs.read_curves { v.histogram(Kind::Read).hits_curve(unit, units) } else { Vec::new() },
-            accesses: v.accesses(Kind::All) as f64,
-            mix: mixes.get(i).map(|m| m.mix).unwrap_or_default(),
-        })
-        .collect();
-    Ok((whole, trace.vm_names().to_vec()))
-}
-
-/// Pre-pass for the lookahead oracle: each window's own exact curves per VM (distances
-/// over the whole history, counts of that window only), windows by trace time ÷ speedup.
-fn window_curves(sc: &Scenario, res: Resolved, unit: u64, limit: u64) -> Result<Vec<Vec<Estimates>>, SimError> {
-    use cachevisor_analysis::{DistanceHistogram, StackDistance};
-    let mut trace = open_inputs(sc)?;
-    let units = (res.slots / unit) as usize;
-    let shift = res.block_size.trailing_zeros();
-    let mut stacks: Vec<StackDistance> = Vec::new();
-    let mut mixes: Vec<ReuseMixTracker> = Vec::new();
-    let mut cur: Vec<(DistanceHistogram, DistanceHistogram)> = Vec::new();
-    let mut out: Vec<Vec<Estimates>> = Vec::new();
-    let close = |cur: &mut Vec<(DistanceHistogram, DistanceHistogram)>,
-                 mixes: &mut Vec<ReuseMixTracker>,
-                 out: &mut Vec<Vec<Estimates>>| {
-        out.push(
-            cur.iter_mut()
-                .zip(mixes.iter_mut())
-                .map(|((a, r), m)| {
-                    let w = Estimates {
-                        all: a.hits_curve(unit, units),
-                        read: r.hits_curve(unit, units),
-                        accesses: a.total(),
-                        mix: m.mix,
-                    };
-                    *a = a.cleared();
-                    *r = r.cleared();
-                    m.mix = ReuseMix::default();
-                    w
-                })
-                .collect(),
-        );
-    };
-    let mut n = 0;
-    while n < limit {
-        let Some(q) = trace.next_request()? else { break };
-        n += 1;
-        let w = ((q.time_ns as f64 / sc.replay.speedup) as u64 / res.window_ns) as usize;
-        while out.len() < w {
-            close(&mut cur, &mut mixes, &mut out);
-        }
-        let v = q.vm as usize;
-        if stacks.len() <= v {
-            stacks.resize_with(v + 1, StackDistance::new);
-            mixes.resize_with(v + 1, Default::default);
-            cur.resize_with(v + 1, || (DistanceHistogram::coarse(unit, units), DistanceHistogram::coarse(unit, units)));
-        }
-        if q.len == 0 {
-            continue;
-        }
-        for b in q.offset >> shift..=(q.end() - 1) >> shift {
-            let d = stacks[v].access(b);
-            cur[v].0.add(d, 1.0);
-            if !q.op.is_write() {
-                cur[v].1.add(d, 1.0);
-            }
-            mixes[v].access(b, q.op.is_write());
-        }
-    }
-    close(&mut cur, &mut mixes, &mut out);
-    Ok(out)
 }
 
 /// Runs a scenario; `progress` is called every 65,536 requests.

@@ -6,10 +6,10 @@
 //! time and how far each policy sits above (over-allocation) or from the optimum.
 
 use super::{pct, real_trace, sim, workload, Claim, Options, Report, Section, Table};
+use crate::inputs::open_inputs;
 use crate::plot::{line_chart_svg, Series};
 use crate::report::SimResult;
 use crate::scenario::{ReplayMode, Scenario, SyntheticSection, WorkloadChange};
-use crate::simulator::open_inputs;
 use cachevisor_engine::ReplacementKind;
 use rustc_hash::FxHashMap;
 

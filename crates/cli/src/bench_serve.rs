@@ -160,7 +160,9 @@ pub struct Job {
 }
 
 /// Runs the bench: for each pattern and queue depth, cachevisor (the image held in its
-/// cache) and a plain NBD server on the same file, in interleaved rounds; medians.
+/// cache) and a plain NBD server on a copy of the same image (two servers writing one file,
+/// one buffered and one O_DIRECT, would corrupt it and make its fsyncs fail), in
+/// interleaved rounds; medians.
 pub fn run(disk_size: u64, rounds: usize, secs: u32, job: &Job, dir: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)?;
     let disk = dir.join("disk.img");
@@ -169,12 +171,14 @@ pub fn run(disk_size: u64, rounds: usize, secs: u32, job: &Job, dir: &Path) -> a
         let mut data = vec![0u8; disk_size as usize];
         rand::thread_rng().fill_bytes(&mut data);
         std::fs::write(&disk, &data)?;
+        std::fs::write(dir.join("peer.img"), &data)?;
     }
+    let peer_arg = dir.join("peer.img").display().to_string();
     let size = format!("{}MiB", disk_size.div_ceil(1 << 20) * 2);
     let range = format!("{}MiB", disk_size >> 20);
     let disk_arg = disk.display().to_string();
     println!(
-        "fio {} with {} blocks at {}{} over a {range} image held in cachevisor's {} cache vs a plain NBD server on the same file, {secs} s per run, {rounds} interleaved rounds",
+        "fio {} with {} blocks at {}{} over a {range} image held in cachevisor's {} cache vs a plain NBD server on a copy of it, {secs} s per run, {rounds} interleaved rounds",
         job.rw.join(","),
         job.bs,
         job.iodepth.iter().map(|d| format!("iodepth {d}")).collect::<Vec<_>>().join(", "),
@@ -195,7 +199,7 @@ pub fn run(disk_size: u64, rounds: usize, secs: u32, job: &Job, dir: &Path) -> a
         let (cv, cv_uri) = start_cachevisor(&sub, &disk_arg, &size, direct, &job.write_policy)?;
         fio(&cv_uri, "read", 8, 0, &range).context("warming the cache")?;
         let (other, other_uri) =
-            if direct == "off" { start_nbdkit(&["file", &disk_arg])? } else { start_qemu_nbd(&disk_arg)? };
+            if direct == "off" { start_nbdkit(&["file", &peer_arg])? } else { start_qemu_nbd(&peer_arg)? };
         for rw in &job.rw {
             let mut args = vec![bs.as_str()];
             if job.fsync > 0 {

@@ -189,59 +189,17 @@ impl Shared {
     fn device_call(&self, run: &[Work]) -> Vec<Result<Option<Bytes>, Failure>> {
         let first = &run[0].op;
         let total: usize = run.iter().map(|w| w.op.len as usize).sum();
-        let (ssd, write) = (first.kind.is_ssd(), first.kind.is_write());
-        let at = if ssd { first.ssd_offset(self.bs) } else { first.disk_addr };
-        // Whether the run's disk addresses are contiguous too (sequential I/O): then one
-        // buffer serves every op with no copy.
-        let disk_contiguous = run.windows(2).all(|p| p[1].op.disk_addr == p[0].op.disk_addr + p[0].op.len as u64);
-        let r = if write {
-            let Some((bytes, base)) = run[0].data.as_ref() else {
-                return vec![Err(Failure::Io); run.len()];
-            };
-            let same = disk_contiguous
-                && run.iter().all(|w| w.data.as_ref().is_some_and(|(b, s)| Arc::ptr_eq(b, bytes) && s == base));
-            if same && first.disk_addr >= *base && first.disk_addr - base + total as u64 <= bytes.len() as u64 {
-                let from = (first.disk_addr - base) as usize;
-                self.dev_write(first.loc, &bytes[from..from + total], at).map(|()| Vec::new())
-            } else {
-                let mut data = Vec::with_capacity(total);
-                for w in run {
-                    let piece = w.data.as_ref().and_then(|(bytes, base)| {
-                        let from = w.op.disk_addr.checked_sub(*base)? as usize;
-                        bytes.get(from..from + w.op.len as usize)
-                    });
-                    let Some(piece) = piece else { return vec![Err(Failure::Io); run.len()] };
-                    data.extend_from_slice(piece);
-                }
-                self.dev_write(first.loc, &data, at).map(|()| Vec::new())
+        let at = run_address(run, self.bs);
+        let r = if first.kind.is_write() {
+            match write_data(run) {
+                Some(data) => self.dev_write(first.loc, &data, at).map(|()| Vec::new()),
+                None => return vec![Err(Failure::Io); run.len()],
             }
         } else {
             let mut buf = vec![0u8; total];
             self.dev_read(first.loc, &mut buf, at).map(|()| buf)
         };
-        match r {
-            Err(e) => {
-                if e.kind() != std::io::ErrorKind::NotConnected {
-                    tracing::error!(op = ?first, ops = run.len(), %e, "device operation failed");
-                }
-                vec![Err(failure(&e)); run.len()]
-            }
-            Ok(_) if write => vec![Ok(None); run.len()],
-            Ok(buf) if disk_contiguous => {
-                let shared: Bytes = (Arc::new(buf), first.disk_addr);
-                run.iter().map(|_| Ok(Some(shared.clone()))).collect()
-            }
-            Ok(buf) => {
-                let mut at = 0;
-                run.iter()
-                    .map(|w| {
-                        let piece = buf[at..at + w.op.len as usize].to_vec();
-                        at += w.op.len as usize;
-                        Ok(Some((Arc::new(piece), w.op.disk_addr)))
-                    })
-                    .collect()
-            }
-        }
+        run_results(run, r)
     }
 
     /// Records an op's outcome (a read's bytes kept for its request) and lets the engine
@@ -277,5 +235,71 @@ impl Shared {
         let now = self.now();
         core.engine.handle_completion(now, op.id, result);
         self.pump(core);
+    }
+}
+
+/// The device address a run starts at (cache-store offset, or disk address).
+pub(super) fn run_address(run: &[Work], bs: u64) -> u64 {
+    let first = &run[0].op;
+    if first.kind.is_ssd() {
+        first.ssd_offset(bs)
+    } else {
+        first.disk_addr
+    }
+}
+
+/// Whether a run's disk addresses are contiguous too (sequential I/O): then one buffer
+/// serves every op with no copy.
+fn disk_contiguous(run: &[Work]) -> bool {
+    run.windows(2).all(|p| p[1].op.disk_addr == p[0].op.disk_addr + p[0].op.len as u64)
+}
+
+/// The bytes a write run writes, in device order (borrowed when one request's buffer
+/// holds them all); `None` when an op has no data for its range.
+pub(super) fn write_data(run: &[Work]) -> Option<std::borrow::Cow<'_, [u8]>> {
+    let first = &run[0].op;
+    let total: usize = run.iter().map(|w| w.op.len as usize).sum();
+    let (bytes, base) = run[0].data.as_ref()?;
+    let same = disk_contiguous(run)
+        && run.iter().all(|w| w.data.as_ref().is_some_and(|(b, s)| Arc::ptr_eq(b, bytes) && s == base));
+    if same && first.disk_addr >= *base && first.disk_addr - base + total as u64 <= bytes.len() as u64 {
+        let from = (first.disk_addr - base) as usize;
+        return Some(std::borrow::Cow::Borrowed(&bytes[from..from + total]));
+    }
+    let mut data = Vec::with_capacity(total);
+    for w in run {
+        let (bytes, base) = w.data.as_ref()?;
+        let from = w.op.disk_addr.checked_sub(*base)? as usize;
+        data.extend_from_slice(bytes.get(from..from + w.op.len as usize)?);
+    }
+    Some(std::borrow::Cow::Owned(data))
+}
+
+/// Each op's outcome from a run's device call: a write's, or a read's bytes (one shared
+/// buffer when the run is contiguous on the disk too, else a piece each).
+pub(super) fn run_results(run: &[Work], r: std::io::Result<Vec<u8>>) -> Vec<Result<Option<Bytes>, Failure>> {
+    let first = &run[0].op;
+    match r {
+        Err(e) => {
+            if e.kind() != std::io::ErrorKind::NotConnected {
+                tracing::error!(op = ?first, ops = run.len(), %e, "device operation failed");
+            }
+            vec![Err(failure(&e)); run.len()]
+        }
+        Ok(_) if first.kind.is_write() => vec![Ok(None); run.len()],
+        Ok(buf) if disk_contiguous(run) => {
+            let shared: Bytes = (Arc::new(buf), first.disk_addr);
+            run.iter().map(|_| Ok(Some(shared.clone()))).collect()
+        }
+        Ok(buf) => {
+            let mut at = 0;
+            run.iter()
+                .map(|w| {
+                    let piece = buf[at..at + w.op.len as usize].to_vec();
+                    at += w.op.len as usize;
+                    Ok(Some((Arc::new(piece), w.op.disk_addr)))
+                })
+                .collect()
+        }
     }
 }

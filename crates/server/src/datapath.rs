@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 mod committer;
 mod control;
 mod devices;
+mod ring;
 mod stats;
 pub use stats::ExportStats;
 
@@ -168,6 +169,10 @@ struct Shared {
     fail_ssd_write_in: AtomicU64,
     /// Test hook: microseconds each device read waits before it starts (widens races).
     read_delay_us: AtomicU64,
+    /// Cache-store ops run on the io_uring thread (`ring.rs`), not the device threads.
+    ring_on: AtomicBool,
+    /// Wakes the io_uring thread (cache-store ops queued, or room for more in flight).
+    ring_notify: tokio::sync::Notify,
 }
 
 /// Everything a data path starts from.
@@ -279,8 +284,15 @@ impl Shared {
         }
     }
 
-    /// Wakes up to `n` device threads.
+    /// Wakes up to `n` device threads (and the io_uring thread, which takes the
+    /// cache-store ops among them).
     fn wake_for(&self, n: usize) {
+        if n == 0 {
+            return;
+        }
+        if self.ring_on.load(Relaxed) {
+            self.ring_notify.notify_one();
+        }
         for _ in 0..n.min(self.threads) {
             self.wake.notify_one();
         }
@@ -462,11 +474,19 @@ impl DataPath {
             busy: Default::default(),
             fail_ssd_write_in: Default::default(),
             read_delay_us: Default::default(),
+            ring_on: Default::default(),
+            ring_notify: tokio::sync::Notify::new(),
         });
         let mut handles = Vec::new();
         for _ in 0..threads.max(1) {
             let s = shared.clone();
             handles.push(std::thread::spawn(move || s.device_thread()));
+        }
+        if direct {
+            if let Some(h) = ring::start(shared.clone()) {
+                shared.ring_on.store(true, Relaxed);
+                handles.push(h);
+            }
         }
         let s = shared.clone();
         handles.push(std::thread::spawn(move || s.committer(persist)));
@@ -697,6 +717,7 @@ impl Drop for DataPath {
         }
         self.shared.wake.notify_all();
         self.shared.commit_cv.notify_all();
+        self.shared.ring_notify.notify_one();
         for t in self.threads.drain(..) {
             let _ = t.join();
         }

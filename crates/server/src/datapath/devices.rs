@@ -146,11 +146,33 @@ impl Shared {
                     (&mut core.background, i)
                 }
             }
-            None if !core.work.is_empty() => (&mut core.work, 0),
-            None if background => (&mut core.background, 0),
-            None => return None,
+            None => {
+                // With the io_uring thread on, cache-store ops are its own.
+                let ring = self.ring_on.load(std::sync::atomic::Ordering::Relaxed);
+                let eligible =
+                    |q: &std::collections::VecDeque<Work>| q.iter().position(|w| !(ring && w.op.kind.is_ssd()));
+                if let Some(i) = eligible(&core.work) {
+                    (&mut core.work, i)
+                } else if background {
+                    let i = eligible(&core.background)?;
+                    (&mut core.background, i)
+                } else {
+                    return None;
+                }
+            }
         };
-        let first = queue.remove(at)?;
+        Some(self.take_run(queue, at, only))
+    }
+
+    /// The op at `at` of `queue` and those right behind it that continue it on its device
+    /// (of the same request with `only`), up to [`MAX_RUN`] bytes.
+    pub(super) fn take_run(
+        &self,
+        queue: &mut std::collections::VecDeque<Work>,
+        at: usize,
+        only: Option<Own>,
+    ) -> Vec<Work> {
+        let first = queue.remove(at).expect("an op at `at`");
         let mut total = first.op.len as u64;
         let mut run = vec![first];
         while let Some(next) = queue.get(at) {
@@ -170,7 +192,7 @@ impl Shared {
             total += o.len as u64;
             run.push(queue.remove(at).expect("an op"));
         }
-        Some(run)
+        run
     }
 
     /// Runs a run of ops as one device call (none after a halt: every op fails).

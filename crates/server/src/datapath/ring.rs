@@ -1,0 +1,137 @@
+//! Batched submission for an O_DIRECT cache store: one thread owns an io_uring (through
+//! tokio-uring's owned-buffer API, so no `unsafe` here) and keeps up to [`DEPTH`] runs of
+//! cache-store ops in flight, taken from the queues as they come (client ops first). With
+//! a thread per op, every O_DIRECT read or write cost a wakeup and a sleep on each side;
+//! here a burst of ops is one submission and its completions one pass. Written by hand
+//! over tokio-uring because the engine's ops, not a stream of futures, say what to run.
+//! Where io_uring is unavailable (an old kernel, a sandbox), the device threads run these
+//! ops as before.
+
+use super::devices::{run_address, run_results, write_data};
+use super::{Bytes, Core, Shared, Work};
+use crate::aligned_buf::ALIGN;
+use cachevisor_engine::Failure;
+use std::cell::Cell;
+use std::rc::Rc;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::Arc;
+use tokio_uring::buf::BoundedBuf;
+
+/// Cache-store runs in flight at most.
+const DEPTH: usize = 64;
+
+impl Shared {
+    /// The next run of cache-store ops for the ring (a client's first).
+    fn pop_ssd_run(&self, core: &mut Core) -> Option<Vec<Work>> {
+        let ssd = |q: &std::collections::VecDeque<Work>| q.iter().position(|w| w.op.kind.is_ssd());
+        if let Some(i) = ssd(&core.work) {
+            return Some(self.take_run(&mut core.work, i, None));
+        }
+        let i = ssd(&core.background)?;
+        Some(self.take_run(&mut core.background, i, None))
+    }
+
+    /// Runs one run of cache-store ops through the ring (none after a halt).
+    async fn ring_call(&self, f: &tokio_uring::fs::File, run: &[Work]) -> Vec<Result<Option<Bytes>, Failure>> {
+        if self.halted.load(SeqCst) {
+            return vec![Err(Failure::Shutdown); run.len()];
+        }
+        self.calls.fetch_add(1, Relaxed);
+        let total: usize = run.iter().map(|w| w.op.len as usize).sum();
+        let at = run_address(run, self.bs);
+        let mut v = vec![0u8; total + ALIGN];
+        let off = (ALIGN - v.as_ptr() as usize % ALIGN) % ALIGN;
+        let short = || std::io::Error::other("short transfer on the cache store");
+        let r = if run[0].op.kind.is_write() {
+            let n = self.fail_ssd_write_in.load(Relaxed);
+            if n > 0 && self.fail_ssd_write_in.fetch_sub(1, Relaxed) == 1 {
+                Err(std::io::Error::other("injected cache-store write failure"))
+            } else {
+                match write_data(run) {
+                    Some(d) => v[off..off + total].copy_from_slice(&d),
+                    None => return vec![Err(Failure::Io); run.len()],
+                }
+                let (res, _) = f.write_at(v.slice(off..off + total), at).submit().await;
+                res.and_then(|n| if n == total { Ok(Vec::new()) } else { Err(short()) })
+            }
+        } else {
+            let us = self.read_delay_us.load(Relaxed);
+            if us > 0 {
+                std::thread::sleep(std::time::Duration::from_micros(us)); // a test hook
+            }
+            let (res, buf) = f.read_at(v.slice(off..off + total), at).await;
+            let v = buf.into_inner();
+            res.and_then(|n| if n == total { Ok(v[off..off + total].to_vec()) } else { Err(short()) })
+        };
+        run_results(run, r)
+    }
+}
+
+/// Starts the ring thread for `shared`'s cache store; `None` (the device threads run the
+/// cache-store ops) when io_uring cannot be set up.
+pub(super) fn start(shared: Arc<Shared>) -> Option<std::thread::JoinHandle<()>> {
+    let file = shared.ssd.try_clone().ok()?;
+    let (tx, rx) = std::sync::mpsc::channel::<bool>();
+    let handle = std::thread::spawn(move || {
+        let started = tx.clone();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            tokio_uring::start(async move {
+                let _ = started.send(true);
+                ring_loop(shared, tokio_uring::fs::File::from_std(file)).await;
+            })
+        }));
+        if r.is_err() {
+            let _ = tx.send(false);
+        }
+    });
+    if rx.recv().unwrap_or(false) {
+        Some(handle)
+    } else {
+        let _ = handle.join();
+        tracing::warn!("io_uring is not available: the cache store's O_DIRECT I/O runs on device threads");
+        None
+    }
+}
+
+/// Takes cache-store runs as they are queued and keeps up to [`DEPTH`] in flight until
+/// the data path stops; each completes its ops when its I/O ends.
+async fn ring_loop(shared: Arc<Shared>, file: tokio_uring::fs::File) {
+    let file = Rc::new(file);
+    let in_flight = Rc::new(Cell::new(0usize));
+    loop {
+        let runs = {
+            let mut core = shared.lock();
+            if core.stop {
+                return;
+            }
+            let mut runs = Vec::new();
+            while in_flight.get() + runs.len() < DEPTH {
+                match shared.pop_ssd_run(&mut core) {
+                    Some(r) => runs.push(r),
+                    None => break,
+                }
+            }
+            runs
+        };
+        if runs.is_empty() {
+            shared.ring_notify.notified().await;
+            continue;
+        }
+        for run in runs {
+            in_flight.set(in_flight.get() + 1);
+            shared.busy.fetch_add(1, SeqCst);
+            let (s, f, n) = (shared.clone(), file.clone(), in_flight.clone());
+            tokio_uring::spawn(async move {
+                let results = s.ring_call(&f, &run).await;
+                n.set(n.get() - 1);
+                let mut core = s.lock();
+                for (w, r) in run.into_iter().zip(results) {
+                    s.complete(&mut core, w.op, r);
+                }
+                s.unlock(core);
+                s.busy.fetch_sub(1, SeqCst);
+                s.ring_notify.notify_one(); // room for more
+            });
+        }
+    }
+}

@@ -486,6 +486,7 @@ impl DataPath {
             if let Some(h) = ring::start(shared.clone()) {
                 shared.ring_on.store(true, Relaxed);
                 handles.push(h);
+                tracing::info!("cache store: O_DIRECT through io_uring");
             }
         }
         let s = shared.clone();

@@ -118,6 +118,7 @@ pub fn run(
             1024,
             None,
             if direct { cachevisor_server::config::DirectIo::On } else { cachevisor_server::config::DirectIo::Off },
+            true,
         )
         .map_err(anyhow::Error::msg)?,
     );

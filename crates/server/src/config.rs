@@ -53,6 +53,14 @@ pub struct CacheConfig {
     /// where it does not), `off` (through the page cache).
     #[serde(default)]
     pub direct: DirectIo,
+    /// An O_DIRECT cache store's I/O through io_uring where the kernel allows (`true`);
+    /// `false`: a pool of threads.
+    #[serde(default = "default_io_uring")]
+    pub io_uring: bool,
+}
+
+fn default_io_uring() -> bool {
+    true
 }
 
 /// Whether the cache store bypasses the page cache.
@@ -229,6 +237,7 @@ interval = "1s"               # default 1s, at least 1ms: the allocator's interv
 flush_rate = "16MiB"          # default 16MiB per second of background write-back; "0" = off
 writeback_percent = 10        # default 10, 0 to 100: share of the cache the flusher leaves dirty (hot blocks stay dirty)
 direct = "auto"               # default auto | on | off: O_DIRECT on the cache store
+io_uring = true               # default true: an O_DIRECT cache store's I/O through io_uring where the kernel allows; false: device threads
 params = {}                   # default {}: the allocator's parameters over its seed's defaults, e.g. { m = 5.0 } for s-cave (unknown keys are errors)
 
 [listen]                      # at least one of tcp and unix

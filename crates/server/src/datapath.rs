@@ -197,6 +197,9 @@ pub struct Setup {
     pub reserve: u64,
     /// Device errors after which a vDisk passes through (`u64::MAX`: never).
     pub error_threshold: u64,
+    /// An O_DIRECT cache store's I/O through io_uring where available (else device
+    /// threads).
+    pub io_uring: bool,
 }
 
 /// The data path: an engine in persistent mode driven by device, commit and timer threads.
@@ -428,8 +431,19 @@ impl DataPath {
     /// Starts the data path on `s.engine` (replayed from `s.persist`'s metadata), turning
     /// on persistent mode, with device, commit and timer threads.
     pub fn start(s: Setup) -> DataPath {
-        let Setup { mut engine, persist, ssd, direct, backings, names, threads, schedule, reserve, error_threshold } =
-            s;
+        let Setup {
+            mut engine,
+            persist,
+            ssd,
+            direct,
+            backings,
+            names,
+            threads,
+            schedule,
+            reserve,
+            error_threshold,
+            io_uring,
+        } = s;
         engine.set_persistent(reserve);
         engine.set_schedule(0, schedule);
         let bs = engine.config().block_size;
@@ -482,7 +496,7 @@ impl DataPath {
             let s = shared.clone();
             handles.push(std::thread::spawn(move || s.device_thread()));
         }
-        if direct {
+        if direct && io_uring {
             if let Some(h) = ring::start(shared.clone()) {
                 shared.ring_on.store(true, Relaxed);
                 handles.push(h);
@@ -511,6 +525,7 @@ impl DataPath {
         reserve: u64,
         journal_limit: Option<u64>,
         direct: crate::config::DirectIo,
+        io_uring: bool,
     ) -> Result<DataPath, String> {
         let (bs, slots) = (cfg.block_size, cfg.slots);
         let spb = (bs / 512) as u32;
@@ -566,6 +581,7 @@ impl DataPath {
             schedule,
             reserve,
             error_threshold,
+            io_uring,
         }))
     }
 

@@ -258,6 +258,7 @@ impl Daemon {
             // commit; a small share of the cache (0.4%, at most 4 MiB of 4 KiB blocks).
             reserve: (r.slots / 256).clamp(1, 1024),
             error_threshold: cfg.cache.error_threshold,
+            io_uring: cfg.cache.io_uring,
         }));
         let policy = Arc::new(Mutex::new(policy::Policy::new(ctl)));
         let (observing, interval) = (policy.clone(), policy.clone());

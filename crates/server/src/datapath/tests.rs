@@ -18,7 +18,7 @@ fn open(dir: &Path, slots: u64, vms: u32, disk: u64, schedule: Schedule) -> Data
 /// [`open`] with a journal size past which checkpoints replace the journal.
 fn open_limited(dir: &Path, slots: u64, vms: u32, disk: u64, schedule: Schedule, limit: Option<u64>) -> DataPath {
     let cfg = EngineConfig { partition: PartitionMode::Shared, ..EngineConfig::with_slots(slots) };
-    DataPath::open_in(dir, cfg, vms, disk, 4, schedule, 8, limit, crate::config::DirectIo::Auto).unwrap()
+    DataPath::open_in(dir, cfg, vms, disk, 4, schedule, 8, limit, crate::config::DirectIo::Auto, true).unwrap()
 }
 
 /// A block's pattern: its VM, offset and version in every 8 bytes.
@@ -28,9 +28,24 @@ fn pattern(vm: u32, offset: u64, version: u64, len: usize) -> Vec<u8> {
 
 #[test]
 fn concurrent_clients_read_their_own_writes_through_a_small_cache() {
+    concurrent_clients(true);
+}
+
+/// The same with the cache store's O_DIRECT I/O on device threads (where io_uring is
+/// missing, or `io_uring = false`).
+#[test]
+fn concurrent_clients_read_their_own_writes_without_io_uring() {
+    concurrent_clients(false);
+}
+
+fn concurrent_clients(io_uring: bool) {
     let dir = tempfile::tempdir().unwrap();
     let flusher = Flusher { period_ns: 5_000_000, blocks_per_period: 16, dirty_target: 0.25 };
-    let dp = Arc::new(open(dir.path(), 64, 2, 1 << 20, Schedule { interval_ns: 0, flusher: Some(flusher) }));
+    let schedule = Schedule { interval_ns: 0, flusher: Some(flusher) };
+    let cfg = EngineConfig { partition: PartitionMode::Shared, ..EngineConfig::with_slots(64) };
+    let dp =
+        DataPath::open_in(dir.path(), cfg, 2, 1 << 20, 4, schedule, 8, None, crate::config::DirectIo::Auto, io_uring);
+    let dp = Arc::new(dp.unwrap());
     let threads: Vec<_> = (0..8u64)
         .map(|t| {
             let dp = dp.clone();

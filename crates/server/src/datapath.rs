@@ -103,8 +103,8 @@ struct JobWait {
 struct Core {
     engine: Engine,
     waiting: HashMap<ReqId, Waiting>,
-    /// Read ops' bytes until their request retires: op → (request, bytes).
-    bufs: HashMap<OpId, (ReqId, Bytes)>,
+    /// Read ops' bytes until their request retires: request → op → bytes.
+    bufs: HashMap<ReqId, HashMap<OpId, Bytes>>,
     /// Ops of client requests, run first.
     work: VecDeque<Work>,
     /// Ops of background jobs (flusher, destaging, resizes), run by device threads when
@@ -227,7 +227,8 @@ impl Shared {
                 let data = if !op.kind.is_write() {
                     None
                 } else if op.staged {
-                    op.source_id().and_then(|s| core.bufs.get(&s)).map(|(_, b)| b.clone())
+                    // A staged write's source read is an op of the same request or job.
+                    op.source_id().and_then(|s| core.bufs.get(&op.req)?.get(&s)).cloned()
                 } else {
                     core.waiting.get(&op.req).and_then(|w| w.write.clone())
                 };
@@ -259,9 +260,7 @@ impl Shared {
                     }
                 }
                 Event::Retired { req, failed } => {
-                    if !core.bufs.is_empty() {
-                        core.bufs.retain(|_, (r, _)| *r != req);
-                    }
+                    core.bufs.remove(&req);
                     if failed {
                         self.count_errors(core);
                     }

@@ -60,7 +60,7 @@ impl Policy {
     /// leave them dirty, to be tried again); once nothing is dirty their clean blocks
     /// leave the cache.
     fn drain(&mut self, engine: &mut Engine, stats: &[ExportStats]) {
-        for (vm, s) in stats.iter().enumerate().filter(|(_, s)| s.passthrough) {
+        for (vm, _) in stats.iter().enumerate().filter(|(_, s)| s.passthrough) {
             let vm = vm as VmId;
             let p = engine.partition(vm);
             if p.dirty_blocks > 0 {
@@ -74,7 +74,6 @@ impl Policy {
                 });
             } else if p.used > 0 {
                 engine.submit_job(|e, out| e.set_target(vm, 0, out));
-                let _ = s;
                 tracing::info!(
                     vdisk = vm,
                     "pass-through: every dirty block is written back; the vDisk's cache is released"

@@ -237,7 +237,7 @@ impl Shared {
                         }
                     }
                 }
-                core.bufs.insert(op.id, (op.req, bytes));
+                core.bufs.entry(op.req).or_default().insert(op.id, bytes);
                 Ok(())
             }
             Ok(None) => {
@@ -253,7 +253,11 @@ impl Shared {
                 Err(f)
             }
         };
-        debug_assert!(op.kind != OpKind::SsdRead || result.is_err() || core.bufs.contains_key(&op.id));
+        debug_assert!(
+            op.kind != OpKind::SsdRead
+                || result.is_err()
+                || core.bufs.get(&op.req).is_some_and(|m| m.contains_key(&op.id))
+        );
         let now = self.now();
         core.engine.handle_completion(now, op.id, result);
         self.pump(core);

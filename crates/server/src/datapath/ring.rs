@@ -102,6 +102,11 @@ async fn ring_loop(shared: Arc<Shared>, file: tokio_uring::fs::File) {
         let runs = {
             let mut core = shared.lock();
             if core.stop {
+                drop(core);
+                // Nothing is left in the kernel's hands when the thread ends.
+                while in_flight.get() > 0 {
+                    shared.ring_notify.notified().await;
+                }
                 return;
             }
             let mut runs = Vec::new();

@@ -99,16 +99,16 @@ async fn ring_loop(shared: Arc<Shared>, file: tokio_uring::fs::File) {
     let file = Rc::new(file);
     let in_flight = Rc::new(Cell::new(0usize));
     loop {
+        let stop = shared.lock().stop;
+        if stop {
+            // Nothing is left in the kernel's hands when the thread ends.
+            while in_flight.get() > 0 {
+                shared.ring_notify.notified().await;
+            }
+            return;
+        }
         let runs = {
             let mut core = shared.lock();
-            if core.stop {
-                drop(core);
-                // Nothing is left in the kernel's hands when the thread ends.
-                while in_flight.get() > 0 {
-                    shared.ring_notify.notified().await;
-                }
-                return;
-            }
             let mut runs = Vec::new();
             while in_flight.get() + runs.len() < DEPTH {
                 match shared.pop_ssd_run(&mut core) {

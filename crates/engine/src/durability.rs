@@ -187,7 +187,9 @@ impl Engine {
             || !d.intents.is_empty()
             || d.held.iter().any(|h| h.1.is_none())
             || d.flushes.iter().any(ready)
-            || !d.limbo_new.is_empty()
+            // A freed slot with an op still in flight (a victim's write-back reading it)
+            // gets its free record once the op ends: committing before is empty work.
+            || d.limbo_new.iter().any(|&s| !self.flight.pinned(s))
             || !d.wrote_back.is_empty();
         if !d.on || d.in_flight.is_some() || !due {
             return None;

@@ -57,3 +57,64 @@ fn a_rewritten_clean_block_moves_and_its_old_slot_waits_for_the_commit() {
     }
     e.check_invariants().unwrap();
 }
+
+/// A slot freed while a victim's write-back still reads it makes no commit due until the
+/// read ends (before, the driver's committer ran empty commits back to back, two
+/// fdatasyncs each, for as long as the op was in flight — forever once a stopping driver
+/// left it unrun); then its free record goes in the next commit.
+#[test]
+fn a_freed_slot_still_being_read_makes_no_commit_due() {
+    let mut e = Engine::new(EngineConfig { partition: PartitionMode::Static, ..EngineConfig::with_slots(8) }).unwrap();
+    let mut out = Output::default();
+    e.set_target(0, 4, &mut out);
+    e.set_write_policy(0, WritePolicy::Wb, &mut out);
+    e.set_persistent(1);
+    // Dirty blocks fill the partition; every op runs but the write-backs' cache reads.
+    let mut held = Vec::new();
+    for b in 0..12 {
+        e.submit(0, &req(Op::Write, b));
+        for _ in 0..50 {
+            let mut progressed = false;
+            while let Some(op) = e.poll_op() {
+                progressed = true;
+                if op.kind == OpKind::SsdRead && !op.client {
+                    held.push(op);
+                } else {
+                    e.handle_completion(0, op.id, Ok(()));
+                }
+            }
+            if let Some(c) = e.poll_commit() {
+                progressed = true;
+                e.handle_commit(0, c.epoch, Ok(()));
+            }
+            while e.poll_event().is_some() {}
+            if !progressed {
+                break;
+            }
+        }
+        if !held.is_empty() {
+            break;
+        }
+    }
+    assert!(!held.is_empty(), "a dirty victim's write-back read is in flight");
+    // Settled: nothing due while the read is in flight, however often the driver asks.
+    for _ in 0..3 {
+        assert!(e.poll_commit().is_none(), "a commit is due while the only change is a slot still being read");
+    }
+    let slot = held[0].slot;
+    for op in held {
+        e.handle_completion(0, op.id, Ok(()));
+    }
+    let mut freed = false;
+    for _ in 0..10 {
+        while let Some(op) = e.poll_op() {
+            e.handle_completion(0, op.id, Ok(()));
+        }
+        while e.poll_event().is_some() {}
+        let Some(c) = e.poll_commit() else { break };
+        freed |= c.records.iter().any(|r| r.slot == slot && r.block.is_none());
+        e.handle_commit(0, c.epoch, Ok(()));
+    }
+    assert!(freed, "the slot's free record went in a commit once its read ended");
+    e.check_invariants().unwrap();
+}

@@ -60,7 +60,7 @@ pub struct CacheConfig {
 }
 
 fn default_io_uring() -> bool {
-    false
+    true
 }
 
 /// Whether the cache store bypasses the page cache.
@@ -237,7 +237,7 @@ interval = "1s"               # default 1s, at least 1ms: the allocator's interv
 flush_rate = "16MiB"          # default 16MiB per second of background write-back; "0" = off
 writeback_percent = 10        # default 10, 0 to 100: share of the cache the flusher leaves dirty (hot blocks stay dirty)
 direct = "auto"               # default auto | on | off: O_DIRECT on the cache store
-io_uring = false              # default false (a hang under a crash-like stop is being investigated): an O_DIRECT cache store's I/O through io_uring where the kernel allows; false: device threads
+io_uring = true               # default true: an O_DIRECT cache store's I/O through io_uring where the kernel allows; false: device threads
 params = {}                   # default {}: the allocator's parameters over its seed's defaults, e.g. { m = 5.0 } for s-cave (unknown keys are errors)
 
 [listen]                      # at least one of tcp and unix

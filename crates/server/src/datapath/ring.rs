@@ -99,15 +99,7 @@ async fn ring_loop(shared: Arc<Shared>, file: tokio_uring::fs::File) {
     let file = Rc::new(file);
     let in_flight = Rc::new(Cell::new(0usize));
     loop {
-        let stop = shared.lock().stop;
-        if stop {
-            // Nothing is left in the kernel's hands when the thread ends.
-            while in_flight.get() > 0 {
-                shared.ring_notify.notified().await;
-            }
-            return;
-        }
-        let runs = {
+        let (stop, runs) = {
             let mut core = shared.lock();
             let mut runs = Vec::new();
             while in_flight.get() + runs.len() < DEPTH {
@@ -116,9 +108,19 @@ async fn ring_loop(shared: Arc<Shared>, file: tokio_uring::fs::File) {
                     None => break,
                 }
             }
-            runs
+            (core.stop, runs)
         };
         if runs.is_empty() {
+            if stop && in_flight.get() == 0 {
+                // Like the device threads, the ring ends once its queue is empty and
+                // nothing is left in the kernel's hands; what a completion queues after
+                // that goes to the device threads still running.
+                let core = shared.lock();
+                shared.ring_on.store(false, SeqCst);
+                drop(core);
+                shared.wake.notify_all();
+                return;
+            }
             shared.ring_notify.notified().await;
             continue;
         }

@@ -12,13 +12,22 @@ const BS: u64 = 4096;
 /// A cache of `slots` blocks in front of `vms` disks of `disk` bytes, in `dir`; metadata
 /// replayed into the engine when it exists.
 fn open(dir: &Path, slots: u64, vms: u32, disk: u64, schedule: Schedule) -> DataPath {
-    open_limited(dir, slots, vms, disk, schedule, None)
+    open_limited(dir, slots, vms, disk, schedule, None, true)
 }
 
-/// [`open`] with a journal size past which checkpoints replace the journal.
-fn open_limited(dir: &Path, slots: u64, vms: u32, disk: u64, schedule: Schedule, limit: Option<u64>) -> DataPath {
+/// [`open`] with a journal size past which checkpoints replace the journal, and the
+/// cache store's O_DIRECT I/O through io_uring (the default) or device threads.
+fn open_limited(
+    dir: &Path,
+    slots: u64,
+    vms: u32,
+    disk: u64,
+    schedule: Schedule,
+    limit: Option<u64>,
+    io_uring: bool,
+) -> DataPath {
     let cfg = EngineConfig { partition: PartitionMode::Shared, ..EngineConfig::with_slots(slots) };
-    DataPath::open_in(dir, cfg, vms, disk, 4, schedule, 8, limit, crate::config::DirectIo::Auto, false).unwrap()
+    DataPath::open_in(dir, cfg, vms, disk, 4, schedule, 8, limit, crate::config::DirectIo::Auto, io_uring).unwrap()
 }
 
 /// A block's pattern: its VM, offset and version in every 8 bytes.
@@ -27,7 +36,6 @@ fn pattern(vm: u32, offset: u64, version: u64, len: usize) -> Vec<u8> {
 }
 
 #[test]
-#[ignore = "io_uring: a commit hung in fdatasync after a crash-like stop; off by default until understood"]
 fn concurrent_clients_read_their_own_writes_through_a_small_cache() {
     concurrent_clients(true);
 }
@@ -92,12 +100,20 @@ fn concurrent_clients(io_uring: bool) {
 
 #[test]
 fn after_a_crash_like_stop_every_flushed_write_is_read_back() {
-    crash_like_stop(None);
+    crash_like_stop(None, true);
+}
+
+/// The same with the cache store's I/O on device threads. (With io_uring, the ring once
+/// ended at the stop with cache-store ops still queued; their slots stayed pinned and the
+/// committer ran empty commits forever, so the stop never returned.)
+#[test]
+fn after_a_crash_like_stop_without_io_uring_every_flushed_write_is_read_back() {
+    crash_like_stop(None, false);
 }
 
 #[test]
 fn checkpoints_replace_the_journal_and_lose_no_flushed_write() {
-    let (dir, checkpoints) = crash_like_stop(Some(2048));
+    let (dir, checkpoints) = crash_like_stop(Some(2048), true);
     assert!(checkpoints >= 3, "a 2 KiB journal limit makes checkpoints ({checkpoints})");
     let journal = std::fs::metadata(dir.path().join("meta/journal")).unwrap().len();
     assert!(journal < 16 << 10, "checkpoints keep the journal short ({journal} bytes)");
@@ -105,13 +121,13 @@ fn checkpoints_replace_the_journal_and_lose_no_flushed_write() {
 
 /// Random writes and flushes, a stop without a flush, a restart that replays the metadata:
 /// every flushed write (or a later one) is read back.
-fn crash_like_stop(limit: Option<u64>) -> (tempfile::TempDir, u64) {
+fn crash_like_stop(limit: Option<u64>, io_uring: bool) -> (tempfile::TempDir, u64) {
     let dir = tempfile::tempdir().unwrap();
     let mut flushed: HashMap<(u32, u64), u64> = HashMap::new();
     let mut later: HashMap<(u32, u64), Vec<u64>> = HashMap::new();
     let checkpoints;
     {
-        let dp = open_limited(dir.path(), 32, 2, 1 << 20, Schedule::default(), limit);
+        let dp = open_limited(dir.path(), 32, 2, 1 << 20, Schedule::default(), limit, io_uring);
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
         let mut pending: HashMap<(u32, u64), u64> = HashMap::new();
         for i in 1..=600u64 {

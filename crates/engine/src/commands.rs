@@ -40,6 +40,15 @@ impl Engine {
         self.ensure_vm(vm);
         if self.vms[vm as usize].write_policy == WritePolicy::Wb && policy != WritePolicy::Wb {
             self.flush_into(Some(vm), out);
+            // Dirty blocks with ops in flight are written back once those end.
+            let spb = self.spb;
+            let left: Vec<u32> = (0..self.slots.len() as u32)
+                .filter(|&s| {
+                    let k = self.slots.key(s);
+                    k != FREE_KEY && key_vm(k) == vm && self.flight.pinned(s) && self.dirty.any(s, (0, spb))
+                })
+                .collect();
+            self.left_dirty.extend(left);
         }
         self.vms[vm as usize].write_policy = policy;
     }
@@ -131,10 +140,10 @@ impl Engine {
             return Err(format!("index holds {} entries for {total} resident slots", self.index.count()));
         }
         let limbo = self.dur.limbo_len() as u64;
-        if total + self.free.len() as u64 + limbo != self.slots.len() as u64 {
+        if total + self.free_slots() + limbo != self.slots.len() as u64 {
             return Err(format!(
                 "{total} used + {} free + {limbo} in limbo != {} slots",
-                self.free.len(),
+                self.free_slots(),
                 self.slots.len()
             ));
         }

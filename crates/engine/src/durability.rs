@@ -148,6 +148,12 @@ impl Durability {
     }
 }
 
+/// The durable reserve of free slots the daemon keeps for a cache of `slots` (and the
+/// simulator models): 1 per 256 slots, between 1 and 1,024.
+pub fn durable_reserve(slots: u64) -> u64 {
+    (slots / 256).clamp(1, 1024)
+}
+
 impl Engine {
     /// Turns on persistent mode (after a warm restart's replay, before serving), keeping
     /// `reserve` free slots durable ahead of need. Only the asynchronous face is
@@ -401,7 +407,7 @@ impl Engine {
     /// the shared policy.
     pub(crate) fn refill_reserve(&mut self, vm: VmId) {
         let d = &self.dur;
-        if !d.on || d.refilling || self.free.len() as u64 + d.limbo_len() as u64 >= d.reserve {
+        if !d.on || d.refilling || self.free_slots() + d.limbo_len() as u64 >= d.reserve {
             return;
         }
         // Static partitions: only a VM at its target needs victims (below it, it takes
@@ -409,7 +415,7 @@ impl Engine {
         if self.shared.is_none() && self.partition(vm).used < self.partition(vm).target {
             return;
         }
-        let want = d.reserve * 2 - self.free.len() as u64 - d.limbo_len() as u64;
+        let want = d.reserve * 2 - self.free_slots() - d.limbo_len() as u64;
         let job = self.submit_job(|e, out| {
             for _ in 0..want {
                 let Some((s, _)) = e.evict_from(vm, false, out) else { break };

@@ -36,6 +36,9 @@ pub struct PartitionInfo {
     pub write_policy: WritePolicy,
 }
 
+/// Pinned victims a miss passes over before it bypasses (`unpinned_victim`).
+const VICTIM_SCAN: usize = 64;
+
 /// The engine.
 #[derive(Debug, Clone)]
 pub struct Engine {
@@ -47,6 +50,13 @@ pub struct Engine {
     pub(crate) dirty: SectorBits,
     pub(crate) index: BlockIndex,
     pub(crate) free: List,
+    /// Free slots taken off the free list because ops were still in flight on them (a
+    /// victim's write-back reading it): they return when the ops' job retires, so taking
+    /// a free slot never scans past them.
+    pub(crate) parked: rustc_hash::FxHashSet<u32>,
+    /// Dirty slots a flush leaving write-back skipped (ops in flight on them): written
+    /// back once those ops end, so a partition that left write-back keeps nothing dirty.
+    pub(crate) left_dirty: Vec<u32>,
     pub(crate) vms: Vec<Partition>,
     pub(crate) shared: Option<AnyReplacement>,
     runs: Vec<SectorRange>,
@@ -107,6 +117,8 @@ impl Engine {
             index: BlockIndex::new(n),
             slots,
             free,
+            parked: Default::default(),
+            left_dirty: Vec::new(),
             vms: Vec::new(),
             shared,
             runs: Vec::new(),
@@ -154,7 +166,7 @@ impl Engine {
 
     /// Free slots.
     pub fn free_slots(&self) -> u64 {
-        self.free.len() as u64
+        self.free.len() as u64 + self.parked.len() as u64
     }
 
     /// The slot holding (vm, block), if cached.
@@ -480,7 +492,7 @@ impl Engine {
     /// durable finds the block clean in it or (its free record durable) not cached: the
     /// backing store holds the same bytes either way.
     #[inline]
-    fn relocates(&self, policy: WritePolicy, s: u32, r: SectorRange) -> bool {
+    fn relocates(&mut self, policy: WritePolicy, s: u32, r: SectorRange) -> bool {
         self.dur.on
             && policy == WritePolicy::Wb
             && r == (0, self.spb)
@@ -692,10 +704,17 @@ impl Engine {
         if !pinned(self, s) {
             return Some(s);
         }
+        // At most VICTIM_SCAN pinned victims are passed over: when more of the policy's
+        // coldest blocks have ops in flight (fills queued behind an overloaded backing
+        // store), the new block bypasses rather than every miss scanning them all.
         let mut aside = vec![s];
         let found = loop {
             match self.with_repl(vm, |r, t| r.evict(t)) {
-                Some(s) if pinned(self, s) => aside.push(s),
+                Some(s) if pinned(self, s) && aside.len() < VICTIM_SCAN => aside.push(s),
+                Some(s) if pinned(self, s) => {
+                    aside.push(s);
+                    break None;
+                }
                 other => break other,
             }
         };
@@ -709,20 +728,23 @@ impl Engine {
     /// is pinned until it ends).
     #[inline]
     fn take_free(&mut self) -> Option<u32> {
-        let s = match self.free.front() {
-            Some(s) if self.flight.pinned(s) => self.free.iter_from_back(&self.slots).find(|&s| !self.flight.pinned(s)),
-            other => other,
-        }?;
+        self.park_pinned_free();
+        let s = self.free.front()?;
         self.free.unlink(&mut self.slots, s);
         Some(s)
     }
 
     /// Whether a free slot with no ops in flight is left.
-    fn free_available(&self) -> bool {
-        match self.free.front() {
-            None => false,
-            Some(s) if self.flight.pinned(s) => self.free.iter_from_back(&self.slots).any(|s| !self.flight.pinned(s)),
-            Some(_) => true,
+    fn free_available(&mut self) -> bool {
+        self.park_pinned_free();
+        self.free.front().is_some()
+    }
+
+    /// Moves pinned slots at the front of the free list aside ([`Engine::parked`]).
+    fn park_pinned_free(&mut self) {
+        while let Some(s) = self.free.front().filter(|&s| self.flight.pinned(s)) {
+            self.free.unlink(&mut self.slots, s);
+            self.parked.insert(s);
         }
     }
 

@@ -26,7 +26,7 @@ impl Engine {
         let mut reclaimed = 0;
         // Counters are at most 15, so 16 passes age every block to 0.
         let mut budget = n as u64 * (MAX_COUNTER as u64 + 1);
-        while (self.free.len() as u64) < goal && budget > 0 {
+        while self.free_slots() < goal && budget > 0 {
             budget -= 1;
             let s = self.cleaner_hand;
             self.cleaner_hand = (s + 1) % n;

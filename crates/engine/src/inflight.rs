@@ -24,7 +24,8 @@ use crate::engine::Engine;
 use crate::output::{BlockOutcome, DeviceOp, OpId, Output, NO_SLOT};
 use crate::slot_table::pack_key;
 use cachevisor_trace::{Op, Request, VmId};
-use std::collections::{HashMap, HashSet, VecDeque};
+use rustc_hash::FxHashMap as HashMap;
+use std::collections::VecDeque;
 
 /// A request's or job's id (unique for the engine's life).
 pub type ReqId = u64;
@@ -95,11 +96,29 @@ pub(crate) struct Job {
     keys: Vec<u64>,
     /// Persistent mode: no op is handed out until an intent commit is durable.
     held: bool,
+    /// Op indices in phase order (empty: the ops are in phase order), and how many were
+    /// handed out: each completion costs O(1), not a scan of the job (a shrink's job can
+    /// hold thousands of ops).
+    order: Vec<u32>,
+    cursor: usize,
+    /// Ops handed out and not ended; sync ops not done; ops done.
+    issued: usize,
+    sync_left: usize,
+    done: usize,
+    /// Background jobs of several blocks: op indices by block key, and per key (first
+    /// index there, ops, ops not done). A block whose ops all succeeded is released at
+    /// once (its slots unpinned, its key free), not when the whole job retires: a shrink
+    /// or flush of thousands of blocks never holds the early ones (nor the requests that
+    /// want them) for its whole run. Repairs never touch a block whose ops all completed,
+    /// so releasing it early changes nothing they do; after a failure nothing more is
+    /// released early.
+    by_key: Vec<u32>,
+    groups: HashMap<u64, (u32, u32, u32)>,
 }
 
 impl Job {
     fn in_flight(&self) -> bool {
-        self.state.contains(&OpState::Issued)
+        self.issued > 0
     }
 }
 
@@ -110,7 +129,18 @@ pub(crate) struct Flight {
     jobs: HashMap<ReqId, Job>,
     /// Op id → its job.
     owner: HashMap<OpId, ReqId>,
-    waiting: VecDeque<(ReqId, Request)>,
+    /// Requests waiting for blocks (by id: arrival order), and per block key the waiting
+    /// requests on it in arrival order; a request goes once each of its blocks is free
+    /// and it heads each of their queues. Only requests that head a queue whose block was
+    /// just freed (or that just arrived) are looked at, so a long backlog on hot blocks
+    /// (an open-loop replay past the devices' speed) costs nothing per completion.
+    waiting: std::collections::BTreeMap<ReqId, Request>,
+    queues: HashMap<u64, VecDeque<ReqId>>,
+    /// Requests to look at in the next admission pass: arrived, or heading a queue whose
+    /// block was freed; `rescan`: all of them (admission resumed after a hold).
+    candidates: Vec<ReqId>,
+    freed: Vec<u64>,
+    rescan: bool,
     ready: VecDeque<DeviceOp>,
     events: VecDeque<Event>,
     /// Slot → ops of admitted jobs on it (jobs count once per op).
@@ -161,9 +191,26 @@ impl Engine {
     /// a block it touches has ops in flight.
     pub fn submit(&mut self, now_ns: u64, req: &Request) -> ReqId {
         let id = self.flight.new_id();
-        self.flight.waiting.push_back((id, *req));
+        self.enqueue(id, *req);
         self.admit_waiting(now_ns);
         id
+    }
+
+    /// The block range (vm, first, last) a request touches; `None` for an empty one.
+    fn block_span(&self, req: &Request) -> Option<(VmId, u64, u64)> {
+        let bs = self.cfg.block_size;
+        (req.len > 0).then(|| (req.vm, req.offset / bs, (req.end() - 1) / bs))
+    }
+
+    /// Puts a request in the waiting queues (admitted by the next admission pass).
+    fn enqueue(&mut self, id: ReqId, req: Request) {
+        if let Some((vm, lo, hi)) = self.block_span(&req) {
+            for b in lo..=hi {
+                self.flight.queues.entry(pack_key(vm, b)).or_default().push_back(id);
+            }
+        }
+        self.flight.waiting.insert(id, req);
+        self.flight.candidates.push(id);
     }
 
     /// Submits a discard (NBD TRIM) of `len` bytes of `vm` at `offset`: once no op is in
@@ -177,7 +224,7 @@ impl Engine {
         let (lo, hi) = (offset.div_ceil(512) * 512, (offset + len as u64) / 512 * 512);
         self.flight.discards.insert(id, (lo, hi));
         let req = Request { time_ns: now_ns, vm, op: Op::Write, offset, len };
-        self.flight.waiting.push_back((id, req));
+        self.enqueue(id, req);
         self.admit_waiting(now_ns);
         id
     }
@@ -239,6 +286,11 @@ impl Engine {
         let job = self.flight.jobs.get_mut(&req).expect("an op's job is admitted");
         let i = (id - job.ops[0].id) as usize;
         job.state[i] = if result.is_ok() { OpState::Done } else { OpState::Failed };
+        job.issued -= 1;
+        if result.is_ok() {
+            job.done += 1;
+            job.sync_left -= job.ops[i].sync as usize;
+        }
         let op = job.ops[i];
         // Any backing write, even a failed (maybe torn) one, is synced before the next
         // commit: a fill may read those bytes and the journal call them clean.
@@ -255,49 +307,144 @@ impl Engine {
             }
             errors[vm] += 1;
         }
-        self.advance(req);
-        self.admit_waiting(now_ns);
+        let released = result.is_ok() && self.release_block(req, op);
+        // Blocks are released when a job retires (or a background job's block is done):
+        // only then can a waiting request go.
+        if self.advance(req) || released {
+            self.admit_waiting(now_ns);
+        }
     }
 
-    /// Admits waiting requests, in order, whose blocks are free; a request behind a waiting
-    /// one on the same block keeps waiting too.
+    /// A background job's op on `op`'s block succeeded: once every op of that block did
+    /// (and nothing of the job failed), its slots are unpinned and its key freed.
+    fn release_block(&mut self, req: ReqId, op: DeviceOp) -> bool {
+        let bs = self.cfg.block_size;
+        let Some(job) = self.flight.jobs.get_mut(&req) else { return false };
+        if job.failure.is_some() || job.groups.is_empty() {
+            return false;
+        }
+        let key = pack_key(op.vm, op.block(bs));
+        let g = job.groups.get_mut(&key).expect("every op's block has a group");
+        g.2 -= 1;
+        if g.2 > 0 {
+            return false;
+        }
+        let (at, len) = (g.0 as usize, g.1 as usize);
+        let slots: Vec<u32> =
+            job.by_key[at..at + len].iter().map(|&i| job.ops[i as usize].slot).filter(|&s| s != NO_SLOT).collect();
+        for s in slots {
+            self.unpin(s);
+        }
+        self.unbusy(key);
+        true
+    }
+
+    /// One op on slot `s` ended for good: the slot is free of it (and back on the free
+    /// list if it was set aside there while pinned).
+    fn unpin(&mut self, s: u32) {
+        let n = self.flight.pins.get_mut(&s).expect("pinned");
+        *n -= 1;
+        if *n == 0 {
+            self.flight.pins.remove(&s);
+            if self.parked.remove(&s) {
+                self.free.push_back(&mut self.slots, s);
+            }
+        }
+    }
+
+    /// One job holding block key `k` let go of it.
+    fn unbusy(&mut self, k: u64) {
+        let n = self.flight.busy.get_mut(&k).expect("busy");
+        *n -= 1;
+        if *n == 0 {
+            self.flight.busy.remove(&k);
+            if self.flight.queues.contains_key(&k) {
+                self.flight.freed.push(k);
+            }
+        }
+    }
+
+    /// Admits waiting requests whose blocks are free, in arrival order on each block (a
+    /// request behind a waiting one on the same block keeps waiting too).
     fn admit_waiting(&mut self, now_ns: u64) {
-        if self.flight.waiting.is_empty() || self.flight.hold {
+        if self.flight.hold {
             return;
         }
-        let mut claimed: HashSet<u64> = HashSet::new();
-        let mut i = 0;
-        while i < self.flight.waiting.len() {
-            let (id, req) = self.flight.waiting[i];
-            let keys = self.request_keys(&req);
-            if keys.iter().any(|k| self.flight.busy.contains_key(k) || claimed.contains(k)) {
-                claimed.extend(keys);
-                i += 1;
-                continue;
-            }
-            self.flight.waiting.remove(i);
-            if let Some(range) = self.flight.discards.remove(&id) {
-                self.discard_range(req.vm, range);
-                self.start(id, Some(req), Output::default(), Vec::new());
-                continue;
-            }
-            let pre = if req.op == Op::Write { self.pre_states(&req) } else { Vec::new() };
-            let before = if self.dur.on && req.op == Op::Write { self.vouched_before(&req) } else { Vec::new() };
-            let mut out = Output::default();
-            self.access(now_ns, &req, &mut out);
-            let intents = self.intents(&before, &out);
-            if !intents.is_empty() {
-                self.dur.intents.extend(intents);
-                self.dur.held.push((id, None));
-            }
-            self.start(id, Some(req), out, pre);
-            self.refill_reserve(req.vm);
-            // S-CAVE's global cleaner keeps a reserve of free slots (§V-B).
-            if let Some(goal) = self.cleaner_due() {
-                self.submit_job(|e, out| {
-                    e.clean(goal, out);
+        if self.flight.waiting.is_empty() {
+            self.flight.candidates.clear();
+            self.flight.freed.clear();
+            self.flight.rescan = false;
+            return;
+        }
+        let mut cands: std::collections::BTreeSet<ReqId> =
+            std::mem::take(&mut self.flight.candidates).into_iter().collect();
+        if std::mem::take(&mut self.flight.rescan) {
+            cands.extend(self.flight.waiting.keys().copied());
+        }
+        self.take_freed(&mut cands);
+        while let Some(id) = cands.pop_first() {
+            let Some(&req) = self.flight.waiting.get(&id) else { continue };
+            let span = self.block_span(&req);
+            if let Some((vm, lo, hi)) = span {
+                let f = &self.flight;
+                let ready = (lo..=hi).all(|b| {
+                    let k = pack_key(vm, b);
+                    !f.busy.contains_key(&k) && f.queues.get(&k).and_then(|q| q.front()) == Some(&id)
                 });
+                if !ready {
+                    continue;
+                }
+                for b in lo..=hi {
+                    let k = pack_key(vm, b);
+                    let q = self.flight.queues.get_mut(&k).expect("queued");
+                    q.pop_front();
+                    if q.is_empty() {
+                        self.flight.queues.remove(&k);
+                    }
+                }
             }
+            self.flight.waiting.remove(&id);
+            self.admit(now_ns, id, req);
+            if self.flight.hold {
+                self.flight.rescan = true;
+                return;
+            }
+            self.take_freed(&mut cands);
+        }
+    }
+
+    /// Adds the requests heading the queues of blocks freed since the last look.
+    fn take_freed(&mut self, cands: &mut std::collections::BTreeSet<ReqId>) {
+        for k in std::mem::take(&mut self.flight.freed) {
+            if let Some(&id) = self.flight.queues.get(&k).and_then(|q| q.front()) {
+                cands.insert(id);
+            }
+        }
+    }
+
+    /// Runs an admitted request: its engine access (or discard), then its ops.
+    fn admit(&mut self, now_ns: u64, id: ReqId, req: Request) {
+        if let Some(range) = self.flight.discards.remove(&id) {
+            self.discard_range(req.vm, range);
+            self.start(id, Some(req), Output::default(), Vec::new());
+            return;
+        }
+        let pre = if req.op == Op::Write { self.pre_states(&req) } else { Vec::new() };
+        let before = if self.dur.on && req.op == Op::Write { self.vouched_before(&req) } else { Vec::new() };
+        let mut out = Output::default();
+        self.access(now_ns, &req, &mut out);
+        let intents = self.intents(&before, &out);
+        if !intents.is_empty() {
+            self.dur.intents.extend(intents);
+            self.dur.held.push((id, None));
+        }
+        self.start(id, Some(req), out, pre);
+        self.refill_reserve(req.vm);
+        // S-CAVE's global cleaner keeps a reserve of free slots (§V-B).
+        if let Some(goal) = self.cleaner_due() {
+            self.submit_job(|e, out| {
+                e.clean(goal, out);
+            });
         }
     }
 
@@ -409,6 +556,7 @@ impl Engine {
 
     /// After a commit: requests may go on.
     pub(crate) fn admit_after_commit(&mut self, now_ns: u64) {
+        self.flight.rescan = true;
         self.admit_waiting(now_ns);
     }
 
@@ -442,6 +590,29 @@ impl Engine {
             *self.flight.busy.entry(k).or_default() += 1;
         }
         let n = out.ops.len();
+        // Usually the ops come in phase order already; else an index in phase order
+        // (stable: arrival order inside a phase).
+        let order: Vec<u32> = if out.ops.is_sorted_by_key(|o| o.phase) {
+            Vec::new()
+        } else {
+            let mut order: Vec<u32> = (0..n as u32).collect();
+            order.sort_by_key(|&i| out.ops[i as usize].phase);
+            order
+        };
+        let sync_left = out.ops.iter().filter(|o| o.sync).count();
+        let (mut by_key, mut groups) = (Vec::new(), HashMap::default());
+        if req.is_none() && keys.len() > 1 {
+            let key = |i: u32| pack_key(out.ops[i as usize].vm, out.ops[i as usize].block(bs));
+            by_key = (0..n as u32).collect();
+            by_key.sort_by_key(|&i| key(i));
+            let mut at = 0;
+            while at < n {
+                let k = key(by_key[at]);
+                let len = by_key[at..].iter().take_while(|&&i| key(i) == k).count();
+                groups.insert(k, (at as u32, len as u32, len as u32));
+                at += len;
+            }
+        }
         let out_keys: Vec<(u64, (u32, u32))> = out
             .ops
             .iter()
@@ -458,37 +629,52 @@ impl Engine {
             failure: None,
             keys,
             held: self.hold_for_vouched(id, &out_keys) || self.dur.held.iter().any(|h| h.0 == id),
+            order,
+            cursor: 0,
+            issued: 0,
+            sync_left,
+            done: 0,
+            by_key,
+            groups,
         };
         self.flight.jobs.insert(id, job);
         self.advance(id);
     }
 
-    /// Hands out the next phase, replies, repairs and retires as the job's state allows.
-    fn advance(&mut self, id: ReqId) {
+    /// Hands out the next phase, replies, repairs and retires as the job's state allows;
+    /// whether it retired.
+    fn advance(&mut self, id: ReqId) -> bool {
         let job = self.flight.jobs.get_mut(&id).expect("admitted");
         if job.held && job.failure.is_none() {
-            return;
+            return false;
         }
         if job.failure.is_none() {
-            let next = job.ops.iter().zip(&job.state).filter(|(_, &s)| s != OpState::Done).map(|(o, _)| o.phase).min();
-            if let Some(phase) = next {
-                for (op, st) in job.ops.iter().zip(job.state.iter_mut()) {
-                    if op.phase == phase && *st == OpState::Pending {
-                        *st = OpState::Issued;
-                        self.flight.ready.push_back(*op);
+            // The phase handed out ended: the next one (the lowest with ops not done).
+            let at = |job: &Job, k: usize| if job.order.is_empty() { k } else { job.order[k] as usize };
+            if job.issued == 0 && job.cursor < job.ops.len() {
+                let phase = job.ops[at(job, job.cursor)].phase;
+                while job.cursor < job.ops.len() {
+                    let i = at(job, job.cursor);
+                    let op = job.ops[i];
+                    if op.phase != phase {
+                        break;
                     }
+                    job.state[i] = OpState::Issued;
+                    job.issued += 1;
+                    job.cursor += 1;
+                    self.flight.ready.push_back(op);
                 }
             }
-            let sync_done = job.ops.iter().zip(&job.state).all(|(o, &s)| !o.sync || s == OpState::Done);
-            if sync_done && !job.replied && job.req.is_some() {
+            if job.sync_left == 0 && !job.replied && job.req.is_some() {
                 job.replied = true;
-                self.flight.events.push_back(Event::Reply { req: id, result: Ok(()), blocks: job.blocks.clone() });
+                let blocks = std::mem::take(&mut job.blocks); // replied once
+                self.flight.events.push_back(Event::Reply { req: id, result: Ok(()), blocks });
             }
-            if job.state.iter().any(|&s| s != OpState::Done) {
-                return;
+            if job.done < job.ops.len() {
+                return false;
             }
         } else if job.in_flight() {
-            return;
+            return false;
         }
         let job = self.flight.jobs.remove(&id).expect("admitted");
         if let Some(f) = job.failure {
@@ -499,23 +685,19 @@ impl Engine {
             }
             self.repair(&job);
             if job.req.is_some() && !job.replied {
-                self.flight.events.push_back(Event::Reply { req: id, result: Err(f), blocks: job.blocks.clone() });
+                self.flight.events.push_back(Event::Reply { req: id, result: Err(f), blocks: job.blocks });
             }
         }
+        let bs = self.cfg.block_size;
+        let released = |k: u64| job.groups.get(&k).is_some_and(|g| g.2 == 0);
         for op in &job.ops {
-            if op.slot != NO_SLOT {
-                let n = self.flight.pins.get_mut(&op.slot).expect("pinned");
-                *n -= 1;
-                if *n == 0 {
-                    self.flight.pins.remove(&op.slot);
-                }
+            if op.slot != NO_SLOT && !released(pack_key(op.vm, op.block(bs))) {
+                self.unpin(op.slot);
             }
         }
-        for k in &job.keys {
-            let n = self.flight.busy.get_mut(k).expect("busy");
-            *n -= 1;
-            if *n == 0 {
-                self.flight.busy.remove(k);
+        for &k in &job.keys {
+            if !released(k) {
+                self.unbusy(k);
             }
         }
         self.settle();
@@ -525,11 +707,34 @@ impl Engine {
             self.dur.refilling = false;
         }
         self.finish_shrinks();
+        true
     }
 
     /// A shrink ([`Self::set_target`]) stops at slots with ops in flight; once ops end,
-    /// partitions still above their target give back the rest as a background job.
+    /// partitions still above their target give back the rest as a background job. Dirty
+    /// blocks a flush leaving write-back skipped are written back the same way.
     fn finish_shrinks(&mut self) {
+        if !self.left_dirty.is_empty() && !self.flight.hold {
+            let spb = self.spb;
+            let (ready, busy): (Vec<u32>, Vec<u32>) =
+                std::mem::take(&mut self.left_dirty).into_iter().partition(|&s| !self.flight.pinned(s));
+            self.left_dirty = busy;
+            if !ready.is_empty() {
+                self.submit_job(|e, out| {
+                    for s in ready {
+                        let k = e.slots.key(s);
+                        if k == crate::slot_table::FREE_KEY || !e.dirty.any(s, (0, spb)) {
+                            continue;
+                        }
+                        let vm = crate::slot_table::key_vm(k);
+                        let p = &e.vms[vm as usize];
+                        if p.write_policy != crate::WritePolicy::Wb && !p.bypass {
+                            e.writeback(vm, s, (0, spb), 0, false, out);
+                        }
+                    }
+                });
+            }
+        }
         if self.shared.is_some() {
             return;
         }

@@ -42,7 +42,7 @@ mod timers;
 pub mod write_policy;
 
 pub use config::{EngineConfig, FillMode, PartitionMode};
-pub use durability::{Commit, SlotRecord};
+pub use durability::{durable_reserve, Commit, SlotRecord};
 pub use engine::{Engine, PartitionInfo};
 pub use inflight::{Event, Failure, ReqId};
 pub use output::{BlockOutcome, DeviceOp, Evicted, Location, OpId, OpKind, Output, NO_SLOT};

@@ -65,6 +65,11 @@ impl Engine {
         self.timers.cleaner = watermarks;
     }
 
+    /// The global cleaner's watermarks (low, high) in free slots, if set.
+    pub fn cleaner(&self) -> Option<(u64, u64)> {
+        self.timers.cleaner
+    }
+
     /// The free-slot goal to clean to now, when the cleaner's low watermark is crossed.
     pub fn cleaner_due(&self) -> Option<u64> {
         self.timers.cleaner.filter(|&(low, _)| self.free_slots() < low).map(|(_, high)| high)

@@ -276,6 +276,15 @@ pub fn apply(e: &mut Engine, d: &Decision) -> Output {
     all
 }
 
+/// The global cleaner's watermarks in free slots (low, high) for an engine of `slots`
+/// running `allocator`, for [`Engine::set_cleaner`]; only static partitions (a shared
+/// cache has no targets to clean towards).
+pub fn cleaner_watermarks(allocator: &dyn Allocator, slots: u64, static_partitions: bool) -> Option<(u64, u64)> {
+    let w = allocator.cleaner().filter(|_| static_partitions)?;
+    let blocks = |f: f64| ((f * slots as f64) as u64).max(1);
+    Some((blocks(w.low), blocks(w.high)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

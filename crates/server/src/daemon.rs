@@ -305,5 +305,8 @@ fn first_controller(cfg: &Config, r: &Resolved, engine: &mut Engine) -> Result<C
     }
     let first = ctl.decide(engine, None, &[], None);
     controller::apply(engine, &first);
+    // S-CAVE's global cleaner runs in the engine as requests are admitted (§V-B), as in
+    // the simulator.
+    engine.set_cleaner(controller::cleaner_watermarks(ctl.allocator(), r.slots, true));
     Ok(ctl)
 }

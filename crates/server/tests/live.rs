@@ -87,6 +87,7 @@ fn a_recorded_trace_replays_to_the_same_hit_ratio_in_the_simulator() {
     // The same cache in the simulator, fed the recording in order.
     let mut sc = cachevisor_sim::Scenario::default();
     sc.cache.size = "512KiB".into();
+    sc.cache.persistent = true; // the daemon's mode: durable reserve, commits
     sc.replay.queue_depth = 1;
     sc.trace.files = vec![rec];
     sc.trace.vm_mode = Some(cachevisor_trace::VmMode::Device);
@@ -107,11 +108,36 @@ fn a_recorded_trace_replays_to_the_same_hit_ratio_in_the_simulator() {
     for (vm, want) in ["a", "b"].iter().zip(&live) {
         let got = res.vms.iter().find(|v| v.vm == *vm).unwrap().hit_ratio;
         eprintln!("{vm}: simulated {got:.4}, daemon {want:.4}");
-        // The daemon's engine runs in persistent mode: a few free slots are kept durable
-        // ahead (evicted early) and a miss finding none until the next commit bypasses
-        // the cache; the simulator does neither (issue 12: the simulator as a node on the
-        // asynchronous face models it). On this 128-block cache that moves the hit ratio
-        // by up to ~1.5 points either way; a policy or accounting difference moves it more.
-        assert!((got - want).abs() < 0.025, "{vm}: simulated {got:.4}, daemon {want:.4}");
+        // Both run the engine's asynchronous face in persistent mode (a durable reserve of
+        // free slots evicted ahead, a miss that finds none bypassing until a commit). What
+        // is left is timing: the simulator's devices are an SSD and a disk model, the
+        // daemon's are page-cached files with real fdatasyncs, so commits return slots
+        // from limbo at other moments relative to the requests. Measured over 12 runs: up
+        // to 2.7 points apart on this 128-block cache, the recording's own timing moving
+        // both; a policy or accounting difference moves it more.
+        assert!((got - want).abs() < 0.03, "{vm}: simulated {got:.4}, daemon {want:.4}");
     }
+}
+
+#[test]
+fn s_cave_runs_its_global_cleaner_in_the_daemon_and_stops_it_when_switched_away() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path(), "1MiB", &[("a", "16MiB", "wt")]);
+    c.cache.allocator = "s-cave".into();
+    c.cache.replacement = cachevisor_engine::ReplacementKind::Clock;
+    let r = serve(&c);
+    let dp = r.daemon.datapath();
+    let (low, high) = dp.with_engine(|e| e.cleaner()).expect("S-CAVE's cleaner is set");
+    assert!(0 < low && low <= high, "{low} {high}");
+    let (mut a, _) = Client::connect(r.tcp.unwrap(), "a");
+    // Far more distinct blocks than the 256-block cache: without the cleaner the free
+    // list would run dry; with it, the engine keeps reclaiming towards `high`.
+    for i in 0..2048u64 {
+        a.read(i * 4096, 4096).unwrap();
+    }
+    r.daemon.shutdown().unwrap();
+    let free = dp.with_engine(|e| e.free_slots());
+    assert!(free >= low, "the cleaner keeps at least {low} slots free ({free})");
+    r.daemon.set_allocator("static", &Default::default()).unwrap();
+    assert_eq!(dp.with_engine(|e| e.cleaner()), None, "static has no cleaner");
 }

@@ -1,6 +1,6 @@
 //! Counters and latency histograms per VM, and the per-window time series.
 
-use cachevisor_engine::{OpKind, Output, WritePolicy};
+use cachevisor_engine::{BlockOutcome, DeviceOp, OpKind, WritePolicy};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
@@ -145,18 +145,18 @@ impl Metrics {
     }
 
     /// Counts a request's outcome and latency.
-    pub fn request(&mut self, vm: u32, write: bool, out: &Output, latency_ns: u64) {
+    pub fn request(&mut self, vm: u32, write: bool, blocks: &[BlockOutcome], latency_ns: u64) {
         let s = self.vm(vm);
         s.requests += 1;
         let lat = latency_ns.max(1);
         s.lat.saturating_record(lat);
         let mut hits = 0;
-        for b in &out.blocks {
+        for b in blocks {
             hits += b.hit as u64;
             s.bypassed += b.bypassed as u64;
             s.inserted += b.inserted as u64;
         }
-        let n = out.blocks.len() as u64;
+        let n = blocks.len() as u64;
         if write {
             s.write_blocks += n;
             s.write_hits += hits;
@@ -168,33 +168,36 @@ impl Metrics {
             s.read_lat.saturating_record(lat);
         }
         let w = &mut self.window[vm as usize];
-        w.0 += 1;
         w.1 += n;
         w.2 += hits;
-        for b in &out.blocks {
+        for b in blocks {
             if let Some(e) = b.evicted {
                 let o = self.vm(e.vm);
                 o.evictions += 1;
             }
         }
-        self.ops(out);
     }
 
-    /// Counts device bytes and write-backs of any output (requests and commands).
-    pub fn ops(&mut self, out: &Output) {
-        for op in &out.ops {
-            let s = self.vm(op.vm);
-            let bytes = op.len as u64;
-            match op.kind {
-                OpKind::SsdRead => s.ssd_read_bytes += bytes,
-                OpKind::SsdWrite => s.ssd_write_bytes += bytes,
-                OpKind::BackingRead => s.backing_read_bytes += bytes,
-                OpKind::BackingWrite => {
-                    s.backing_write_bytes += bytes;
-                    // A staged backing write is the second half of a write-back.
-                    if op.staged {
-                        s.writebacks += 1;
-                    }
+    /// A request of `vm` issued: it counts in the window it was issued in (its blocks and
+    /// hits count when it completes).
+    pub fn issued(&mut self, vm: u32) {
+        self.vm(vm);
+        self.window[vm as usize].0 += 1;
+    }
+
+    /// Counts a device op's bytes (and write-backs), a request's or a background job's.
+    pub fn op(&mut self, op: &DeviceOp) {
+        let s = self.vm(op.vm);
+        let bytes = op.len as u64;
+        match op.kind {
+            OpKind::SsdRead => s.ssd_read_bytes += bytes,
+            OpKind::SsdWrite => s.ssd_write_bytes += bytes,
+            OpKind::BackingRead => s.backing_read_bytes += bytes,
+            OpKind::BackingWrite => {
+                s.backing_write_bytes += bytes;
+                // A staged backing write is the second half of a write-back.
+                if op.staged {
+                    s.writebacks += 1;
                 }
             }
         }

@@ -1,21 +1,43 @@
-//! One cache node of the simulator: the engine and the device models its ops run on (the
-//! cache SSD, one backing device per VM or one shared), with the metrics of what ran.
-//! The replay loop (`simulator.rs`) drives it request by request and feeds it the
-//! controller's decisions; a cluster simulator instantiates one per node.
+//! One cache node of the simulator: the engine on its asynchronous face (the one the
+//! daemon runs) and the device models its ops run on (the cache SSD, one backing device
+//! per VM or one shared), with the metrics of what ran. The replay loop (`simulator.rs`)
+//! submits requests and commands and moves virtual time forward through
+//! [`Node::advance_to`]; a cluster simulator instantiates one node per host.
 //!
-//! Timing: the engine's synchronous face — a request's ops run phase by phase from its
-//! issue time, each on its device's queueing model; a request completes when its last
-//! synchronous op does; background work (write-backs, resizes, cleaning) occupies the
-//! devices from the time it is issued.
+//! Timing: an op handed out at time t starts on its device's queueing model at t and
+//! completes when the model says; its completion goes back to the engine at that time,
+//! which hands out the next phase, replies, or admits a request that waited for the
+//! block (a read of a block being filled waits for the fill, as in the daemon). A
+//! request completes at its reply. In persistent mode (the daemon's, `cache.persistent`)
+//! the engine's commits are writes of their records to the cache SSD, so the durable
+//! reserve of free slots, intent commits and slots in limbo shape the run as they do live.
 
 use crate::device::Device;
 use crate::inputs::SimError;
 use crate::metrics::Metrics;
 use crate::scenario::{BackingLayout, DevicesSection};
-use cachevisor_engine::{DeviceOp, Engine, EngineConfig, Output};
+use cachevisor_engine::{DeviceOp, Engine, EngineConfig, Event, Output, ReqId};
 use cachevisor_trace::{Request, VmId};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 
-/// A cache node: engine, devices, metrics.
+/// Journal bytes per slot record in a modelled commit (slot, block, two sector bitmaps).
+const RECORD_BYTES: u64 = 32;
+
+/// What completes at a time in the node's queue: an op's id, or a commit's epoch with
+/// this bit set (op ids grow as ops are handed out, so equal times run in issue order).
+const COMMIT: u64 = 1 << 63;
+
+/// A client request in flight.
+#[derive(Debug, Clone, Copy)]
+struct InFlight {
+    vm: VmId,
+    write: bool,
+    issued: u64,
+    tag: u64,
+}
+
+/// A cache node: engine, devices, metrics, and what is in flight.
 pub(crate) struct Node {
     pub(crate) engine: Engine,
     pub(crate) ssd: Device,
@@ -24,23 +46,37 @@ pub(crate) struct Node {
     pub(crate) metrics: Metrics,
     layout: BackingLayout,
     backing_spec: crate::device::DeviceSpec,
-    /// Reused output buffers (requests, commands).
-    out: Output,
-    cmd: Output,
+    /// Ops and commits in flight by completion time, then id ([`COMMIT`]).
+    pending: BinaryHeap<Reverse<(u64, u64)>>,
+    requests: HashMap<ReqId, InFlight>,
+    /// Requests completed since the replay loop last took them: (tag, time).
+    done: Vec<(u64, u64)>,
+    /// The node's clock: the latest time anything happened.
+    now: u64,
+    /// The latest completion of a client request.
+    last_done: u64,
 }
 
 impl Node {
-    /// A node with an engine of `cfg` on the devices `devices` describes.
-    pub(crate) fn new(cfg: EngineConfig, devices: &DevicesSection) -> Result<Node, SimError> {
+    /// A node with an engine of `cfg` on the devices `devices` describes; `persistent`:
+    /// the daemon's crash-consistent mode with `reserve` durable free slots.
+    pub(crate) fn new(cfg: EngineConfig, devices: &DevicesSection, persistent: Option<u64>) -> Result<Node, SimError> {
+        let mut engine = Engine::new(cfg).map_err(SimError::Scenario)?;
+        if let Some(reserve) = persistent {
+            engine.set_persistent(reserve);
+        }
         Ok(Node {
-            engine: Engine::new(cfg).map_err(SimError::Scenario)?,
+            engine,
             ssd: Device::new(devices.ssd.resolve().map_err(SimError::Scenario)?),
             backing: Vec::new(),
             metrics: Metrics::default(),
             layout: devices.backing_layout,
             backing_spec: devices.backing.resolve().map_err(SimError::Scenario)?,
-            out: Output::default(),
-            cmd: Output::default(),
+            pending: BinaryHeap::new(),
+            requests: HashMap::new(),
+            done: Vec::new(),
+            now: 0,
+            last_done: 0,
         })
     }
 
@@ -53,28 +89,127 @@ impl Node {
         Ok(())
     }
 
-    /// Serves `req` issued at `now` and counts it; returns when it completes.
-    pub(crate) fn access(&mut self, now: u64, req: &Request) -> u64 {
-        let mut out = std::mem::take(&mut self.out);
-        self.engine.access(now, req, &mut out);
-        let done = self.execute(now, &out.ops);
-        self.metrics.request(req.vm, req.op.is_write(), &out, done - now);
-        self.out = out;
-        done
+    /// Submits `req` at `now` (after everything due before it ran: [`Self::advance_to`]);
+    /// its completion comes back from [`Self::take_done`] with `tag`.
+    pub(crate) fn submit(&mut self, now: u64, req: &Request, tag: u64) {
+        self.now = self.now.max(now);
+        self.metrics.issued(req.vm);
+        let id = self.engine.submit(self.now, req);
+        self.requests.insert(id, InFlight { vm: req.vm, write: req.op.is_write(), issued: self.now, tag });
+        self.pump();
     }
 
-    /// Runs an engine command and executes its ops as background work at `now`.
+    /// Runs an engine command at `now` as a background job (its ops queue on the devices
+    /// like the daemon's; slots with ops in flight are skipped by every command).
     pub(crate) fn command(&mut self, now: u64, f: impl FnOnce(&mut Engine, &mut Output)) {
-        let mut cmd = std::mem::take(&mut self.cmd);
-        f(&mut self.engine, &mut cmd); // engine commands clear `cmd` first
-        self.background(now, &cmd);
-        self.cmd = cmd;
+        self.now = self.now.max(now);
+        self.engine.submit_job(f);
+        self.pump();
     }
 
-    /// Executes a command's ops as background work and counts them.
-    pub(crate) fn background(&mut self, now: u64, out: &Output) {
-        self.execute(now, &out.ops);
-        self.metrics.ops(out);
+    /// When the next thing in flight completes or an engine timer fires, if anything is
+    /// pending.
+    pub(crate) fn next_time(&self) -> Option<u64> {
+        let op = self.pending.peek().map(|Reverse((t, _))| *t);
+        match (op, self.engine.poll_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Runs every completion and timer due at or before `t`, in time order.
+    pub(crate) fn advance_to(&mut self, t: u64) {
+        while let Some(next) = self.next_time() {
+            if next > t {
+                break;
+            }
+            self.step();
+        }
+    }
+
+    /// Runs everything still in flight to its end (the end of a replay); `None` timers
+    /// (a flusher) do not keep it going once no request or job is left.
+    pub(crate) fn drain(&mut self) {
+        while let Some(Reverse((t, c))) = self.pending.pop() {
+            self.complete(t, c);
+        }
+    }
+
+    /// The next completion or timer.
+    fn step(&mut self) {
+        let op = self.pending.peek().map(|Reverse((t, _))| *t);
+        let timer = self.engine.poll_timeout();
+        match (op, timer) {
+            (Some(a), Some(b)) if b < a => self.timer(b),
+            (None, Some(b)) => self.timer(b),
+            _ => {
+                let Reverse((t, c)) = self.pending.pop().expect("a completion is pending");
+                self.complete(t, c);
+            }
+        }
+    }
+
+    fn timer(&mut self, t: u64) {
+        self.now = self.now.max(t);
+        self.engine.handle_timeout(self.now);
+        self.pump();
+    }
+
+    fn complete(&mut self, t: u64, c: u64) {
+        self.now = self.now.max(t);
+        if c & COMMIT != 0 {
+            self.engine.handle_commit(self.now, c & !COMMIT, Ok(()));
+        } else {
+            self.engine.handle_completion(self.now, c, Ok(()));
+        }
+        self.pump();
+    }
+
+    /// Moves the requests completed since the last call, (tag, completion time), to `into`.
+    pub(crate) fn take_done(&mut self, into: &mut Vec<(u64, u64)>) {
+        into.append(&mut self.done);
+    }
+
+    /// Client requests submitted and not yet completed.
+    pub(crate) fn requests_in_flight(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// The latest completion of a client request so far.
+    pub(crate) fn last_done(&self) -> u64 {
+        self.last_done
+    }
+
+    /// Hands the engine's ops to the devices, its commits to the SSD, and takes its events.
+    fn pump(&mut self) {
+        loop {
+            let mut progressed = false;
+            while let Some(op) = self.engine.poll_op() {
+                progressed = true;
+                self.metrics.op(&op);
+                let now = self.now;
+                let (dev, addr) = self.device(&op);
+                let at = dev.submit(now, op.kind.is_write(), addr, op.len);
+                self.pending.push(Reverse((at, op.id)));
+            }
+            if let Some(c) = self.engine.poll_commit() {
+                progressed = true;
+                let bytes = (c.records.len() as u64 * RECORD_BYTES).max(4096);
+                let at = self.ssd.submit(self.now, true, 0, bytes as u32);
+                self.pending.push(Reverse((at, c.epoch | COMMIT)));
+            }
+            while let Some(ev) = self.engine.poll_event() {
+                if let Event::Reply { req, blocks, .. } = ev {
+                    let Some(r) = self.requests.remove(&req) else { continue };
+                    self.metrics.request(r.vm, r.write, &blocks, self.now - r.issued);
+                    self.done.push((r.tag, self.now));
+                    self.last_done = self.last_done.max(self.now);
+                }
+            }
+            if !progressed {
+                return;
+            }
+        }
     }
 
     /// The device an op runs on, and its address there.
@@ -86,24 +221,5 @@ impl Node {
         } else {
             (&mut self.backing[0], op.disk_addr.wrapping_add((op.vm as u64) << 40))
         }
-    }
-
-    /// Runs ops phase by phase from `now`; returns when the last sync op completes.
-    fn execute(&mut self, now: u64, ops: &[DeviceOp]) -> u64 {
-        let max_phase = ops.iter().map(|o| o.phase).max().unwrap_or(0);
-        let (mut start, mut done) = (now, now);
-        for p in 0..=max_phase {
-            let mut end = start;
-            for op in ops.iter().filter(|o| o.phase == p) {
-                let (dev, addr) = self.device(op);
-                let c = dev.submit(start, op.kind.is_write(), addr, op.len);
-                end = end.max(c);
-                if op.sync {
-                    done = done.max(c);
-                }
-            }
-            start = end;
-        }
-        done
     }
 }

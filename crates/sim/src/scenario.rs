@@ -92,6 +92,11 @@ pub struct CacheSection {
     /// (exact, from a pre-pass) instead of the past — with `optimal`, the per-interval
     /// upper bound. Open loop only (windows must map to trace time).
     pub lookahead: bool,
+    /// The daemon's crash-consistent mode: a durable reserve of free slots kept ahead of
+    /// need, a miss that finds none bypasses until the next commit, rewrites of
+    /// journaled blocks wait for intent commits, and commits are writes to the cache SSD.
+    /// Off: the engine as a cache that forgets everything at a restart.
+    pub persistent: bool,
 }
 
 impl Default for CacheSection {
@@ -107,6 +112,7 @@ impl Default for CacheSection {
             reallocate: None,
             params: BTreeMap::new(),
             lookahead: false,
+            persistent: false,
         }
     }
 }

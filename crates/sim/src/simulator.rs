@@ -44,8 +44,6 @@ struct Run<'a> {
     ctl: Controller,
     /// Re-run the allocator every window.
     dynamic: bool,
-    /// Global cleaner watermarks in free slots (low, high).
-    cleaner: Option<(u64, u64)>,
     /// Whole-trace estimates by VM id (pre-pass), when the allocator needs curves once.
     whole: Vec<Estimates>,
     /// Phase changes by time, and the next to apply.
@@ -69,14 +67,13 @@ impl<'a> Run<'a> {
             fill: c.fill,
             track_last_access: false,
         };
-        let node = Node::new(cfg, &sc.devices)?;
+        let persistent = c.persistent.then(|| cachevisor_engine::durable_reserve(res.slots));
+        let mut node = Node::new(cfg, &sc.devices, persistent)?;
         let allocator = registry::build_with(&sc.cache.allocator, &sc.cache.params).map_err(SimError::Scenario)?;
         let managed = c.partition == PartitionMode::Static;
         let dynamic = managed && (c.lookahead || c.reallocate.unwrap_or(allocator.every_interval()));
-        let cleaner = allocator
-            .cleaner()
-            .filter(|_| managed)
-            .map(|w| (((w.low * res.slots as f64) as u64).max(1), ((w.high * res.slots as f64) as u64).max(1)));
+        // S-CAVE's global cleaner runs in the engine, as requests are admitted (§V-B).
+        node.engine.set_cleaner(controller::cleaner_watermarks(allocator.as_ref(), res.slots, managed));
         let mut phases = Vec::new();
         for (i, p) in sc.phase.iter().enumerate() {
             phases.push((parse_duration_ns(&p.at).map_err(SimError::Scenario)?, i));
@@ -95,7 +92,6 @@ impl<'a> Run<'a> {
             last_now: 0,
             ctl: Controller::new(allocator, res.slots, res.block_size, dynamic && !c.lookahead),
             dynamic,
-            cleaner,
             whole: Vec::new(),
             phases,
             next_phase: 0,
@@ -175,8 +171,7 @@ impl<'a> Run<'a> {
         };
         let secs = self.window_secs();
         let d = self.ctl.decide(&self.node.engine, window.map(|w| (w, secs)), recs, estimates);
-        let out = controller::apply(&mut self.node.engine, &d);
-        self.node.background(now, &out);
+        self.node.command(now, |e, out| *out = controller::apply(e, &d));
     }
 
     /// Length of the current window in seconds (at least 1 ns).
@@ -229,31 +224,25 @@ impl<'a> Run<'a> {
         self.window_end = self.window_end.saturating_add(self.res.window_ns);
     }
 
-    /// Issues one request at `now`; returns its completion time.
-    fn issue(&mut self, now: u64, req: &Request) -> u64 {
+    /// Issues one request at `now` (its completion comes back from the node with `tag`).
+    fn issue(&mut self, now: u64, req: &Request, tag: u64) {
         self.roll_windows(now);
         if self.phases.get(self.next_phase).is_some_and(|&(at, _)| at <= now) {
             self.apply_phases(now);
         }
         self.last_now = now;
         self.ctl.observe(req);
-        let done = self.node.access(now, req);
+        self.node.submit(now, req, tag);
         self.issued += 1;
         if self.res.window_requests.is_some_and(|n| self.issued.is_multiple_of(n)) {
             self.window_end = now.max(self.window_start);
             self.emit_window();
         }
-        if let Some((low, high)) = self.cleaner {
-            if self.node.engine.free_slots() < low {
-                self.node.command(now, |e, out| {
-                    e.clean(high, out);
-                });
-            }
-        }
-        done
     }
 
-    fn finish(mut self, end: u64, counts: Vec<TraceCounts>) -> SimResult {
+    fn finish(mut self, counts: Vec<TraceCounts>) -> SimResult {
+        self.node.drain();
+        let end = self.node.last_done();
         if self.sc.replay.flush_at_end {
             self.node.command(end, |e, out| e.flush(None, out));
         }
@@ -298,23 +287,25 @@ pub fn simulate(sc: &Scenario, progress: &mut dyn FnMut(Progress)) -> Result<Sim
         run.admit(&names, 0)?; // every VM from the start, so the split is the whole-trace one
     }
     let mut trace = open_inputs(sc)?;
-    let end = match sc.replay.mode {
+    match sc.replay.mode {
         ReplayMode::Open => {
-            let mut n = 0u64;
-            let mut end = 0;
+            // Requests at their trace times; completions only free the devices.
+            let (mut n, mut done) = (0u64, Vec::new());
             while n < limit {
                 let Some(req) = trace.next_request()? else { break };
                 let now = (req.time_ns as f64 / sc.replay.speedup) as u64;
+                run.node.advance_to(now);
+                run.node.take_done(&mut done);
+                done.clear();
                 if req.vm as usize >= run.names.len() {
                     run.admit(trace.vm_names(), now)?;
                 }
-                end = end.max(run.issue(now, &req));
+                run.issue(now, &req, 0);
                 n += 1;
                 if n.is_multiple_of(65_536) {
                     progress(Progress { done: n, total: None });
                 }
             }
-            end
         }
         ReplayMode::Closed => {
             let mut per_vm: Vec<Vec<Request>> = Vec::new();
@@ -332,15 +323,29 @@ pub fn simulate(sc: &Scenario, progress: &mut dyn FnMut(Progress)) -> Result<Sim
                 sc.replay.repeat_for.as_deref().map(parse_duration_ns).transpose().map_err(SimError::Scenario)?;
             let mut cursor = vec![0usize; per_vm.len()];
             run.passes = vec![(0, None); per_vm.len()];
+            // Each VM's free queue slots, by the time they freed (its requests are tagged
+            // with the VM id).
             let mut ready: BinaryHeap<Reverse<(u64, VmId)>> = BinaryHeap::new();
             for vm in 0..per_vm.len() {
                 for _ in 0..sc.replay.queue_depth {
                     ready.push(Reverse((0, vm as VmId)));
                 }
             }
-            let (mut n, mut end) = (0u64, 0u64);
+            let (mut n, mut done) = (0u64, Vec::new());
             let mut in_flight = vec![sc.replay.queue_depth as u64; per_vm.len()];
-            while let Some(Reverse((now, vm))) = ready.pop() {
+            loop {
+                // Completions up to the next free slot's time run first: they free slots.
+                let next_ready = ready.peek().map(|r| r.0 .0);
+                if let Some(t) = run.node.next_time().filter(|&t| next_ready.is_none_or(|r| t <= r)) {
+                    if next_ready.is_none() && run.node.requests_in_flight() == 0 {
+                        break; // only background work is left (`finish` drains it)
+                    }
+                    run.node.advance_to(t);
+                    run.node.take_done(&mut done);
+                    ready.extend(done.drain(..).map(|(vm, at)| Reverse((at, vm as VmId))));
+                    continue;
+                }
+                let Some(Reverse((now, vm))) = ready.pop() else { break };
                 let v = vm as usize;
                 if cursor[v] == per_vm[v].len() {
                     // A pass ends when its last request completes (the last slot frees).
@@ -362,17 +367,14 @@ pub fn simulate(sc: &Scenario, progress: &mut dyn FnMut(Progress)) -> Result<Sim
                 }
                 let req = per_vm[v][cursor[v]];
                 cursor[v] += 1;
-                let done = run.issue(now, &req);
-                end = end.max(done);
-                ready.push(Reverse((done, vm)));
+                run.issue(now, &req, vm as u64);
                 n += 1;
                 if n % 65_536 == 0 {
                     progress(Progress { done: n, total: repeat_until.is_none().then_some(total) });
                 }
             }
-            end
         }
-    };
+    }
     let counts = trace.counts().into_iter().map(TraceCounts::from).collect();
-    Ok(run.finish(end, counts))
+    Ok(run.finish(counts))
 }

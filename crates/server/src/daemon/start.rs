@@ -256,7 +256,7 @@ impl Daemon {
             schedule,
             // Free slots kept durable ahead: writes that need a slot do not wait for a
             // commit; a small share of the cache (0.4%, at most 4 MiB of 4 KiB blocks).
-            reserve: (r.slots / 256).clamp(1, 1024),
+            reserve: cachevisor_engine::durable_reserve(r.slots),
             error_threshold: cfg.cache.error_threshold,
             io_uring: cfg.cache.io_uring,
         }));

@@ -130,6 +130,7 @@ impl Daemon {
         self.dp.with_engine_mut(|e| {
             let mut p = self.policy.lock().unwrap_or_else(|p| p.into_inner());
             p.ctl = policy::rebuilt(&mut p.ctl, alloc, e.slot_count(), bs, vms);
+            e.set_cleaner(cachevisor_policy::controller::cleaner_watermarks(p.ctl.allocator(), e.slot_count(), true));
         });
         self.overlay
             .lock()

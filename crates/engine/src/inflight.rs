@@ -191,9 +191,32 @@ impl Engine {
     /// a block it touches has ops in flight.
     pub fn submit(&mut self, now_ns: u64, req: &Request) -> ReqId {
         let id = self.flight.new_id();
-        self.enqueue(id, *req);
-        self.admit_waiting(now_ns);
+        if self.blocks_free(req) {
+            // Nothing holds or waits for its blocks: admitted at once.
+            self.admit(now_ns, id, *req);
+            if !self.flight.freed.is_empty() {
+                self.admit_waiting(now_ns);
+            }
+        } else {
+            self.enqueue(id, *req);
+            self.admit_waiting(now_ns);
+        }
         id
+    }
+
+    /// Whether admission is open and no job holds, and no request waits for, a block of
+    /// `req`.
+    fn blocks_free(&self, req: &Request) -> bool {
+        let f = &self.flight;
+        if f.hold {
+            return false;
+        }
+        let Some((vm, lo, hi)) = self.block_span(req) else { return true };
+        (f.busy.is_empty() && f.queues.is_empty())
+            || (lo..=hi).all(|b| {
+                let k = pack_key(vm, b);
+                !f.busy.contains_key(&k) && !f.queues.contains_key(&k)
+            })
     }
 
     /// The block range (vm, first, last) a request touches; `None` for an empty one.
@@ -374,6 +397,9 @@ impl Engine {
             self.flight.candidates.clear();
             self.flight.freed.clear();
             self.flight.rescan = false;
+            return;
+        }
+        if self.flight.candidates.is_empty() && self.flight.freed.is_empty() && !self.flight.rescan {
             return;
         }
         let mut cands: std::collections::BTreeSet<ReqId> =

@@ -369,7 +369,7 @@ impl Engine {
         *n -= 1;
         if *n == 0 {
             self.flight.pins.remove(&s);
-            if self.parked.remove(&s) {
+            if !self.parked.is_empty() && self.parked.remove(&s) {
                 self.free.push_back(&mut self.slots, s);
             }
         }

@@ -19,7 +19,8 @@ use crate::scenario::{BackingLayout, DevicesSection};
 use cachevisor_engine::{DeviceOp, Engine, EngineConfig, Event, Output, ReqId};
 use cachevisor_trace::{Request, VmId};
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use rustc_hash::FxHashMap as HashMap;
+use std::collections::BinaryHeap;
 
 /// Journal bytes per slot record in a modelled commit (slot, block, two sector bitmaps).
 const RECORD_BYTES: u64 = 32;
@@ -73,7 +74,7 @@ impl Node {
             layout: devices.backing_layout,
             backing_spec: devices.backing.resolve().map_err(SimError::Scenario)?,
             pending: BinaryHeap::new(),
-            requests: HashMap::new(),
+            requests: HashMap::default(),
             done: Vec::new(),
             now: 0,
             last_done: 0,

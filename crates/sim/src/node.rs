@@ -18,8 +18,8 @@ use crate::metrics::Metrics;
 use crate::scenario::{BackingLayout, DevicesSection};
 use cachevisor_engine::{DeviceOp, Engine, EngineConfig, Event, Output, ReqId};
 use cachevisor_trace::{Request, VmId};
-use std::cmp::Reverse;
 use rustc_hash::FxHashMap as HashMap;
+use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 /// Journal bytes per slot record in a modelled commit (slot, block, two sector bitmaps).

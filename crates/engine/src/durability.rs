@@ -189,6 +189,9 @@ impl Engine {
         // so its slot's settled state is waiting there.
         let ready = |f: &(ReqId, Option<u64>)| f.1.is_none();
         let d = &self.dur;
+        if !d.on || d.in_flight.is_some() {
+            return None;
+        }
         let due = d.wanted
             || !d.intents.is_empty()
             || d.held.iter().any(|h| h.1.is_none())

@@ -244,7 +244,9 @@ impl<'a> Run<'a> {
         self.node.drain();
         let end = self.node.last_done();
         if self.sc.replay.flush_at_end {
+            // Background work after the last request: counted, not part of the run's time.
             self.node.command(end, |e, out| e.flush(None, out));
+            self.node.drain();
         }
         self.roll_windows(self.last_now);
         if self.res.window_requests.is_some() {

@@ -126,7 +126,7 @@ impl Job {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Flight {
     next_req: ReqId,
-    jobs: HashMap<ReqId, Job>,
+    jobs: HashMap<ReqId, Box<Job>>,
     /// Op id → its job.
     owner: HashMap<OpId, ReqId>,
     /// Requests waiting for blocks (by id: arrival order), and per block key the waiting
@@ -663,7 +663,7 @@ impl Engine {
             by_key,
             groups,
         };
-        self.flight.jobs.insert(id, job);
+        self.flight.jobs.insert(id, Box::new(job));
         self.advance(id);
     }
 

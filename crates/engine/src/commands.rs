@@ -39,16 +39,9 @@ impl Engine {
         out.clear();
         self.ensure_vm(vm);
         if self.vms[vm as usize].write_policy == WritePolicy::Wb && policy != WritePolicy::Wb {
-            self.flush_into(Some(vm), out);
             // Dirty blocks with ops in flight are written back once those end.
-            let spb = self.spb;
-            let left: Vec<u32> = (0..self.slots.len() as u32)
-                .filter(|&s| {
-                    let k = self.slots.key(s);
-                    k != FREE_KEY && key_vm(k) == vm && self.flight.pinned(s) && self.dirty.any(s, (0, spb))
-                })
-                .collect();
-            self.left_dirty.extend(left);
+            let skipped = self.flush_into(Some(vm), out);
+            self.left_dirty.extend(skipped);
         }
         self.vms[vm as usize].write_policy = policy;
     }
@@ -74,18 +67,26 @@ impl Engine {
         self.flush_into(vm, out);
     }
 
-    fn flush_into(&mut self, vm: Option<VmId>, out: &mut Output) {
+    /// Writes back the dirty blocks of `vm` (or all) without ops in flight; returns the
+    /// dirty slots skipped because they had ops in flight.
+    fn flush_into(&mut self, vm: Option<VmId>, out: &mut Output) -> Vec<u32> {
         let spb = self.spb;
+        let mut skipped = Vec::new();
         for s in 0..self.slots.len() as u32 {
             let key = self.slots.key(s);
             if key == FREE_KEY {
                 continue;
             }
             let owner = key_vm(key);
-            if vm.is_none_or(|v| v == owner) && self.vms[owner as usize].dirty_blocks > 0 && !self.flight.pinned(s) {
-                self.writeback(owner, s, (0, spb), 0, false, out);
+            if vm.is_none_or(|v| v == owner) && self.vms[owner as usize].dirty_blocks > 0 {
+                if !self.flight.pinned(s) {
+                    self.writeback(owner, s, (0, spb), 0, false, out);
+                } else if self.dirty.any(s, (0, spb)) {
+                    skipped.push(s);
+                }
             }
         }
+        skipped
     }
 
     /// Flushes and forgets every block of `vm` and sets its target to 0.

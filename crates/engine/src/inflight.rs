@@ -353,10 +353,12 @@ impl Engine {
             return false;
         }
         let (at, len) = (g.0 as usize, g.1 as usize);
-        let slots: Vec<u32> =
-            job.by_key[at..at + len].iter().map(|&i| job.ops[i as usize].slot).filter(|&s| s != NO_SLOT).collect();
-        for s in slots {
-            self.unpin(s);
+        for k in at..at + len {
+            let job = &self.flight.jobs[&req];
+            let slot = job.ops[job.by_key[k] as usize].slot;
+            if slot != NO_SLOT {
+                self.unpin(slot);
+            }
         }
         self.unbusy(key);
         true
@@ -732,14 +734,14 @@ impl Engine {
             self.flight.refill_job = None;
             self.dur.refilling = false;
         }
-        self.finish_shrinks();
+        self.finish_commands();
         true
     }
 
     /// A shrink ([`Self::set_target`]) stops at slots with ops in flight; once ops end,
     /// partitions still above their target give back the rest as a background job. Dirty
     /// blocks a flush leaving write-back skipped are written back the same way.
-    fn finish_shrinks(&mut self) {
+    fn finish_commands(&mut self) {
         if !self.left_dirty.is_empty() && !self.flight.hold {
             let spb = self.spb;
             let (ready, busy): (Vec<u32>, Vec<u32>) =

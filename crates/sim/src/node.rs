@@ -128,8 +128,8 @@ impl Node {
         }
     }
 
-    /// Runs everything still in flight to its end (the end of a replay); `None` timers
-    /// (a flusher) do not keep it going once no request or job is left.
+    /// Runs every op and commit still in flight to its end (the end of a replay); engine
+    /// timers are not run here, so a periodic one (a flusher) cannot keep it going.
     pub(crate) fn drain(&mut self) {
         while let Some(Reverse((t, c))) = self.pending.pop() {
             self.complete(t, c);

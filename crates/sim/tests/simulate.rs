@@ -111,6 +111,7 @@ fn bad_scenarios_name_the_key() {
         ("[devices]\nssd = \"floppy\"\n[trace]\nfiles=[\"x\"]\n", "devices.ssd"),
         ("[cache]\nsise = \"1GiB\"\n", "sise"),
         ("[replay]\n", "trace.files"),
+        ("[cache]\npersistent = \"yes\"\n", "persistent"),
     ];
     for (text, want) in cases {
         let p = dir.path().join("s.toml");

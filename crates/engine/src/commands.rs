@@ -18,6 +18,7 @@ impl Engine {
         out.clear();
         self.ensure_vm(vm);
         self.vms[vm as usize].target = slots;
+        self.shrink_due = true;
         if self.cfg.partition == PartitionMode::Shared {
             return;
         }
@@ -102,6 +103,7 @@ impl Engine {
             }
         }
         self.vms[vm as usize].target = 0;
+        self.shrink_due = true;
         if self.cfg.partition == PartitionMode::Static {
             self.with_repl(vm, |r, _| r.set_capacity(0));
         }

@@ -87,8 +87,9 @@ pub(crate) struct Durability {
     /// Intent records for the next commit: slots a held write will overwrite, with the
     /// clean sectors it covers marked dirty and nothing else changed (pinned meanwhile).
     pub(crate) intents: Vec<SlotRecord>,
-    /// Jobs held until an epoch is durable: (job, epoch; `None` = the next commit).
-    pub(crate) held: Vec<(ReqId, Option<u64>)>,
+    /// Jobs held until an epoch is durable: ((id, job-table key), epoch; `None` = the next
+    /// commit).
+    pub(crate) held: Vec<((ReqId, usize), Option<u64>)>,
     /// Flushes waiting: (request, epoch; `None` = the next commit).
     flushes: Vec<(ReqId, Option<u64>)>,
     /// Blocks whose old slot the journal may still record clean-valid (the slot is in
@@ -184,7 +185,15 @@ impl Engine {
     }
 
     /// The next commit to run, if one is due and none is in flight.
+    #[inline]
     pub fn poll_commit(&mut self) -> Option<Commit> {
+        if !self.dur.on {
+            return None;
+        }
+        self.next_commit()
+    }
+
+    fn next_commit(&mut self) -> Option<Commit> {
         // A flush joins the next commit: every write acknowledged before it has retired,
         // so its slot's settled state is waiting there.
         let ready = |f: &(ReqId, Option<u64>)| f.1.is_none();
@@ -308,10 +317,14 @@ impl Engine {
     /// Persistent mode: snapshots the slots that changed and have no ops in flight (their
     /// state is settled) for the next commit; a slot's newest snapshot replaces an older
     /// one, so a later job on a slot never holds back the state an earlier flush needs.
+    #[inline]
     pub(crate) fn settle(&mut self) {
-        if !self.dur.on {
-            return;
+        if self.dur.on {
+            self.settle_changed();
         }
+    }
+
+    fn settle_changed(&mut self) {
         let mut slots = Vec::new();
         self.take_changed(&mut slots);
         for s in slots {
@@ -433,6 +446,7 @@ impl Engine {
 
     /// Notes a completed write-back to `vm`'s backing store (its sync goes in the next
     /// commit).
+    #[inline]
     pub(crate) fn note_write_back(&mut self, vm: VmId) {
         if self.dur.on {
             self.dur.wrote_back.insert(vm);

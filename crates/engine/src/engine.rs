@@ -44,7 +44,7 @@ const VICTIM_SCAN: usize = 64;
 pub struct Engine {
     pub(crate) cfg: EngineConfig,
     pub(crate) spb: u32,
-    shift: u32,
+    pub(crate) shift: u32,
     pub(crate) slots: SlotTable,
     pub(crate) valid: SectorBits,
     pub(crate) dirty: SectorBits,
@@ -57,6 +57,9 @@ pub struct Engine {
     /// Dirty slots a flush leaving write-back skipped (ops in flight on them): written
     /// back once those ops end, so a partition that left write-back keeps nothing dirty.
     pub(crate) left_dirty: Vec<u32>,
+    /// A partition may be above its target (a shrink stopped at slots with ops in
+    /// flight): checked when a job retires.
+    pub(crate) shrink_due: bool,
     pub(crate) vms: Vec<Partition>,
     pub(crate) shared: Option<AnyReplacement>,
     runs: Vec<SectorRange>,
@@ -119,6 +122,7 @@ impl Engine {
             free,
             parked: Default::default(),
             left_dirty: Vec::new(),
+            shrink_due: true,
             vms: Vec::new(),
             shared,
             runs: Vec::new(),
@@ -331,6 +335,7 @@ impl Engine {
             staged: false,
             client: false,
             source: None,
+            job: 0,
         }
     }
 

@@ -21,7 +21,7 @@
 //!   driver journals only settled states (never "clean" before a write-back completed).
 
 use crate::engine::Engine;
-use crate::output::{BlockOutcome, DeviceOp, OpId, Output, NO_SLOT};
+use crate::output::{BlockOutcome, DeviceOp, OpHandle, Output, NO_SLOT};
 use crate::slot_table::pack_key;
 use cachevisor_trace::{Op, Request, VmId};
 use rustc_hash::FxHashMap as HashMap;
@@ -83,14 +83,17 @@ pub(crate) enum OpState {
 /// An admitted request or background job.
 #[derive(Debug, Clone)]
 pub(crate) struct Job {
+    /// Its id.
+    id: ReqId,
     /// The client request (`None`: a background job).
     pub(crate) req: Option<Request>,
-    pub(crate) ops: Vec<DeviceOp>,
+    /// Its ops (`out.ops`) and, for a request, per-block outcomes (`out.blocks`).
+    pub(crate) out: Output,
     pub(crate) state: Vec<OpState>,
-    pub(crate) blocks: Vec<BlockOutcome>,
-    /// Write requests: (slot, block key, dirty flag per sector) of the slots the request's
-    /// blocks held before it, for repairs.
-    pub(crate) pre: Vec<(u32, u64, Vec<bool>)>,
+    /// Write requests: (slot, block key) of the slots the request's blocks held before
+    /// it, for repairs; their dirty flags, one per sector, are `pre_dirty[k * spb..]`.
+    pub(crate) pre: Vec<(u32, u64)>,
+    pub(crate) pre_dirty: Vec<bool>,
     replied: bool,
     failure: Option<Failure>,
     keys: Vec<u64>,
@@ -120,15 +123,70 @@ impl Job {
     fn in_flight(&self) -> bool {
         self.issued > 0
     }
+
+    /// A job to fill: recycled from `spare` (its buffers keep their capacity) or new.
+    #[allow(clippy::vec_box)] // jobs move between the table and the spares as pointers
+    fn recycled(spare: &mut Vec<Box<Job>>) -> Box<Job> {
+        spare.pop().unwrap_or_else(|| {
+            Box::new(Job {
+                id: 0,
+                req: None,
+                out: Output::default(),
+                state: Vec::new(),
+                pre: Vec::new(),
+                pre_dirty: Vec::new(),
+                replied: false,
+                failure: None,
+                keys: Vec::new(),
+                held: false,
+                order: Vec::new(),
+                cursor: 0,
+                issued: 0,
+                sync_left: 0,
+                done: 0,
+                by_key: Vec::new(),
+                groups: HashMap::default(),
+            })
+        })
+    }
+
+    /// Empties the job for reuse; `false` when it grew too large to keep (a shrink's).
+    fn reset(&mut self) -> bool {
+        if self.out.ops.capacity() > SPARE_OPS_MAX || self.keys.capacity() > SPARE_OPS_MAX {
+            return false;
+        }
+        self.out.clear();
+        self.state.clear();
+        self.pre.clear();
+        self.pre_dirty.clear();
+        self.keys.clear();
+        self.order.clear();
+        self.by_key.clear();
+        self.groups.clear();
+        (self.replied, self.failure, self.held) = (false, None, false);
+        (self.cursor, self.issued, self.sync_left, self.done) = (0, 0, 0, 0);
+        true
+    }
 }
+
+/// Retired jobs kept for reuse, and the largest op list one may keep: a replay admits and
+/// retires a job per request, and reusing them (with their buffers) keeps allocation off
+/// that path.
+const SPARE_JOBS: usize = 256;
+const SPARE_OPS_MAX: usize = 256;
 
 /// The in-flight state (inside [`Engine`]).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Flight {
     next_req: ReqId,
-    jobs: HashMap<ReqId, Box<Job>>,
-    /// Op id → its job.
-    owner: HashMap<OpId, ReqId>,
+    /// Admitted requests and jobs, by the key their ops carry ([`OpHandle`]): a completion
+    /// finds its job without a lookup by id.
+    jobs: slab::Slab<Box<Job>>,
+    /// Retired jobs for reuse ([`Job::recycled`]), and reply block lists handed back by
+    /// the driver ([`Engine::recycle`]).
+    #[allow(clippy::vec_box)] // jobs move between the table and the spares as pointers
+    spare: Vec<Box<Job>>,
+    spare_blocks: Vec<Vec<BlockOutcome>>,
     /// Requests waiting for blocks (by id: arrival order), and per block key the waiting
     /// requests on it in arrival order; a request goes once each of its blocks is free
     /// and it heads each of their queues. Only requests that head a queue whose block was
@@ -221,8 +279,8 @@ impl Engine {
 
     /// The block range (vm, first, last) a request touches; `None` for an empty one.
     fn block_span(&self, req: &Request) -> Option<(VmId, u64, u64)> {
-        let bs = self.cfg.block_size;
-        (req.len > 0).then(|| (req.vm, req.offset / bs, (req.end() - 1) / bs))
+        let sh = self.shift;
+        (req.len > 0).then(|| (req.vm, req.offset >> sh, (req.end() - 1) >> sh))
     }
 
     /// Puts a request in the waiting queues (admitted by the next admission pass).
@@ -272,14 +330,31 @@ impl Engine {
         if self.flight.hold {
             return None; // not run while admission is held (timers try again)
         }
-        let mut out = Output::default();
-        f(self, &mut out);
-        if out.ops.is_empty() {
+        let mut job = Job::recycled(&mut self.flight.spare);
+        f(self, &mut job.out);
+        if job.out.ops.is_empty() {
+            self.retire_job(job);
             return None;
         }
         let id = self.flight.new_id();
-        self.start(id, None, out, Vec::new());
+        self.start(id, None, job);
         Some(id)
+    }
+
+    /// Hands back a reply's block list (from [`Event::Reply`]) once read, so a later
+    /// request reuses its buffer (optional: a driver that keeps it loses nothing).
+    pub fn recycle(&mut self, mut blocks: Vec<BlockOutcome>) {
+        if self.flight.spare_blocks.len() < SPARE_JOBS && blocks.capacity() <= SPARE_OPS_MAX {
+            blocks.clear();
+            self.flight.spare_blocks.push(blocks);
+        }
+    }
+
+    /// Keeps a retired job for reuse, if it is small enough.
+    fn retire_job(&mut self, mut job: Box<Job>) {
+        if self.flight.spare.len() < SPARE_JOBS && job.reset() {
+            self.flight.spare.push(job);
+        }
     }
 
     /// The next device op to run, if any.
@@ -302,65 +377,74 @@ impl Engine {
         self.flight.errors.get(vm as usize).copied().unwrap_or(0)
     }
 
-    /// Reports that op `id` completed (`Ok`) or failed, at driver time `now_ns`. Unknown
-    /// ids (already reported) are ignored.
-    pub fn handle_completion(&mut self, now_ns: u64, id: OpId, result: Result<(), Failure>) {
-        let Some(req) = self.flight.owner.remove(&id) else { return };
-        let job = self.flight.jobs.get_mut(&req).expect("an op's job is admitted");
-        let i = (id - job.ops[0].id) as usize;
-        job.state[i] = if result.is_ok() { OpState::Done } else { OpState::Failed };
-        job.issued -= 1;
-        if result.is_ok() {
-            job.done += 1;
-            job.sync_left -= job.ops[i].sync as usize;
+    /// Reports that the op of handle `h` ([`DeviceOp::handle`]) completed (`Ok`) or
+    /// failed, at driver time `now_ns`. Ops not in flight (already reported, or unknown)
+    /// are ignored.
+    pub fn handle_completion(&mut self, now_ns: u64, h: OpHandle, result: Result<(), Failure>) {
+        let key = DeviceOp::job_of(h);
+        let Some(job) = self.flight.jobs.get_mut(key) else { return };
+        let Some(first) = job.out.ops.first() else { return };
+        let i = h.id.wrapping_sub(first.id) as usize;
+        if job.state.get(i) != Some(&OpState::Issued) {
+            return;
         }
-        let op = job.ops[i];
+        let op = job.out.ops[i];
+        job.issued -= 1;
+        match result {
+            Ok(()) => {
+                job.state[i] = OpState::Done;
+                job.done += 1;
+                job.sync_left -= op.sync as usize;
+            }
+            Err(f) => {
+                job.state[i] = OpState::Failed;
+                job.failure.get_or_insert(f);
+                let vm = op.vm as usize;
+                let errors = &mut self.flight.errors;
+                if errors.len() <= vm {
+                    errors.resize(vm + 1, 0);
+                }
+                errors[vm] += 1;
+            }
+        }
+        // Background jobs of several blocks release each block once its ops succeeded.
+        let by_block = job.failure.is_none() && !job.groups.is_empty();
         // Any backing write, even a failed (maybe torn) one, is synced before the next
         // commit: a fill may read those bytes and the journal call them clean.
         if op.kind == crate::output::OpKind::BackingWrite {
             self.note_write_back(op.vm);
         }
-        let job = self.flight.jobs.get_mut(&req).expect("an op's job is admitted");
-        if let Err(f) = result {
-            job.failure.get_or_insert(f);
-            let vm = job.ops[i].vm as usize;
-            let errors = &mut self.flight.errors;
-            if errors.len() <= vm {
-                errors.resize(vm + 1, 0);
-            }
-            errors[vm] += 1;
-        }
-        let released = result.is_ok() && self.release_block(req, op);
+        let released = by_block && self.release_block(key, op);
         // Blocks are released when a job retires (or a background job's block is done):
         // only then can a waiting request go.
-        if self.advance(req) || released {
+        if self.advance(key) || released {
             self.admit_waiting(now_ns);
         }
     }
 
     /// A background job's op on `op`'s block succeeded: once every op of that block did
     /// (and nothing of the job failed), its slots are unpinned and its key freed.
-    fn release_block(&mut self, req: ReqId, op: DeviceOp) -> bool {
+    fn release_block(&mut self, key: usize, op: DeviceOp) -> bool {
         let bs = self.cfg.block_size;
-        let Some(job) = self.flight.jobs.get_mut(&req) else { return false };
+        let job = &mut self.flight.jobs[key];
         if job.failure.is_some() || job.groups.is_empty() {
             return false;
         }
-        let key = pack_key(op.vm, op.block(bs));
-        let g = job.groups.get_mut(&key).expect("every op's block has a group");
+        let block = pack_key(op.vm, op.block(bs));
+        let g = job.groups.get_mut(&block).expect("every op's block has a group");
         g.2 -= 1;
         if g.2 > 0 {
             return false;
         }
         let (at, len) = (g.0 as usize, g.1 as usize);
         for k in at..at + len {
-            let job = &self.flight.jobs[&req];
-            let slot = job.ops[job.by_key[k] as usize].slot;
+            let job = &self.flight.jobs[key];
+            let slot = job.out.ops[job.by_key[k] as usize].slot;
             if slot != NO_SLOT {
                 self.unpin(slot);
             }
         }
-        self.unbusy(key);
+        self.unbusy(block);
         true
     }
 
@@ -452,21 +536,32 @@ impl Engine {
 
     /// Runs an admitted request: its engine access (or discard), then its ops.
     fn admit(&mut self, now_ns: u64, id: ReqId, req: Request) {
-        if let Some(range) = self.flight.discards.remove(&id) {
+        let mut job = Job::recycled(&mut self.flight.spare);
+        job.req = Some(req);
+        if job.out.blocks.capacity() == 0 {
+            if let Some(b) = self.flight.spare_blocks.pop() {
+                job.out.blocks = b;
+            }
+        }
+        let discard = if self.flight.discards.is_empty() { None } else { self.flight.discards.remove(&id) };
+        if let Some(range) = discard {
             self.discard_range(req.vm, range);
-            self.start(id, Some(req), Output::default(), Vec::new());
+            self.start(id, Some(req), job);
             return;
         }
-        let pre = if req.op == Op::Write { self.pre_states(&req) } else { Vec::new() };
-        let before = if self.dur.on && req.op == Op::Write { self.vouched_before(&req) } else { Vec::new() };
-        let mut out = Output::default();
-        self.access(now_ns, &req, &mut out);
-        let intents = self.intents(&before, &out);
-        if !intents.is_empty() {
-            self.dur.intents.extend(intents);
-            self.dur.held.push((id, None));
+        if req.op == Op::Write {
+            self.pre_states(&req, &mut job);
         }
-        self.start(id, Some(req), out, pre);
+        let before = if self.dur.on && req.op == Op::Write { self.vouched_before(&req) } else { Vec::new() };
+        self.access(now_ns, &req, &mut job.out);
+        if !before.is_empty() {
+            let intents = self.intents(&before, &job.out);
+            if !intents.is_empty() {
+                self.dur.intents.extend(intents);
+                job.held = true; // until the intent commit is durable (`start`)
+            }
+        }
+        self.start(id, Some(req), job);
         self.refill_reserve(req.vm);
         // S-CAVE's global cleaner keeps a reserve of free slots (§V-B).
         if let Some(goal) = self.cleaner_due() {
@@ -476,20 +571,17 @@ impl Engine {
         }
     }
 
-    /// The block keys a request touches.
-    fn request_keys(&self, req: &Request) -> Vec<u64> {
-        if req.len == 0 {
-            return Vec::new();
-        }
-        let bs = self.cfg.block_size;
-        (req.offset / bs..=(req.end() - 1) / bs).map(|b| pack_key(req.vm, b)).collect()
+    /// The block keys a request touches, in order.
+    fn request_keys(&self, req: &Request) -> impl Iterator<Item = u64> + use<> {
+        let (sh, vm) = (self.shift, req.vm);
+        let (lo, hi) = if req.len == 0 { (1, 0) } else { (req.offset >> sh, (req.end() - 1) >> sh) };
+        (lo..=hi).map(move |b| pack_key(vm, b))
     }
 
     /// Persistent mode: the slots a write would overwrite where the journal may record
     /// valid clean sectors (they need an intent commit first; `durability.rs`).
     fn vouched_before(&self, req: &Request) -> Vec<crate::durability::SlotRecord> {
         self.request_keys(req)
-            .into_iter()
             .filter_map(|key| self.lookup(req.vm, crate::slot_table::key_block(key)))
             .filter(|&s| self.dur.is_vouched(s))
             .map(|s| self.record_of(s))
@@ -553,33 +645,32 @@ impl Engine {
 
     /// Lets a job held for an intent commit go on (`Some(failure)`: the commit failed, the
     /// job fails without running).
-    pub(crate) fn release_held(&mut self, id: ReqId, failure: Option<Failure>) {
-        let Some(job) = self.flight.jobs.get_mut(&id) else { return };
+    pub(crate) fn release_held(&mut self, (id, key): (ReqId, usize), failure: Option<Failure>) {
+        let Some(job) = self.flight.jobs.get_mut(key).filter(|j| j.id == id && j.held) else { return };
         job.held = false;
         if let Some(f) = failure {
             job.failure.get_or_insert(f);
         }
-        self.advance(id);
+        self.advance(key);
     }
 
     /// Persistent mode: a job writing a block to its backing store while the journal may
     /// still record that block clean in a slot in limbo waits for the next commit (which
     /// frees that slot). Returns whether it is held.
-    fn hold_for_vouched(&mut self, id: ReqId, backing_writes: &[(u64, (u32, u32))]) -> bool {
+    fn hold_for_vouched(&self, ops: &[DeviceOp]) -> bool {
         if self.dur.vouched_elsewhere.is_empty() {
             return false;
         }
-        let clean_in_limbo = |&(k, (lo, hi)): &(u64, (u32, u32))| {
-            self.dur.vouched_elsewhere.get(&k).is_some_and(|&s| {
-                let v = self.dur.vouched_sectors(s);
-                (lo..hi).any(|i| v.get((i / 64) as usize).is_some_and(|w| w >> (i % 64) & 1 == 1))
-            })
+        let bs = self.cfg.block_size;
+        let clean_in_limbo = |op: &DeviceOp| {
+            let (k, (lo, hi)) = (pack_key(op.vm, op.block(bs)), op.sectors(bs));
+            op.kind == crate::output::OpKind::BackingWrite
+                && self.dur.vouched_elsewhere.get(&k).is_some_and(|&s| {
+                    let v = self.dur.vouched_sectors(s);
+                    (lo..hi).any(|i| v.get((i / 64) as usize).is_some_and(|w| w >> (i % 64) & 1 == 1))
+                })
         };
-        if !backing_writes.iter().any(clean_in_limbo) {
-            return false;
-        }
-        self.dur.held.push((id, None));
-        true
+        ops.iter().any(clean_in_limbo)
     }
 
     /// After a commit: requests may go on.
@@ -588,50 +679,52 @@ impl Engine {
         self.admit_waiting(now_ns);
     }
 
-    /// The dirty sectors of the slots a write's blocks hold now.
-    fn pre_states(&self, req: &Request) -> Vec<(u32, u64, Vec<bool>)> {
-        let mut pre = Vec::new();
+    /// Records in `job` the dirty sectors of the slots a write's blocks hold now.
+    fn pre_states(&self, req: &Request, job: &mut Job) {
         for key in self.request_keys(req) {
             let b = crate::slot_table::key_block(key);
             if let Some(s) = self.lookup(req.vm, b) {
-                pre.push((s, key, (0..self.spb).map(|i| self.dirty.get(s, i)).collect()));
+                job.pre.push((s, key));
+                job.pre_dirty.extend((0..self.spb).map(|i| self.dirty.get(s, i)));
             }
         }
-        pre
     }
 
-    /// Registers an admitted request's or job's ops: pins, busy keys, first phase.
-    fn start(&mut self, id: ReqId, req: Option<Request>, mut out: Output, pre: Vec<(u32, u64, Vec<bool>)>) {
+    /// Registers an admitted request's or job's ops (in `job.out`): pins, busy keys,
+    /// first phase.
+    fn start(&mut self, id: ReqId, req: Option<Request>, mut job: Box<Job>) {
         let bs = self.cfg.block_size;
-        let mut keys: Vec<u64> = req.map(|r| self.request_keys(&r)).unwrap_or_default();
-        for op in &mut out.ops {
+        job.req = req;
+        if let Some(r) = &req {
+            job.keys.extend(self.request_keys(r));
+        }
+        let key = self.flight.jobs.vacant_key(); // where it goes (nothing is inserted before)
+        for op in &mut job.out.ops {
             op.req = id;
-            keys.push(pack_key(op.vm, op.block(bs)));
+            op.job = key as u32;
+            job.keys.push(pack_key(op.vm, op.block(bs)));
             if op.slot != NO_SLOT {
                 *self.flight.pins.entry(op.slot).or_default() += 1;
             }
-            self.flight.owner.insert(op.id, id);
         }
-        keys.sort_unstable();
-        keys.dedup();
-        for &k in &keys {
+        job.keys.sort_unstable();
+        job.keys.dedup();
+        for &k in &job.keys {
             *self.flight.busy.entry(k).or_default() += 1;
         }
-        let n = out.ops.len();
+        let n = job.out.ops.len();
         // Usually the ops come in phase order already; else an index in phase order
         // (stable: arrival order inside a phase).
-        let order: Vec<u32> = if out.ops.is_sorted_by_key(|o| o.phase) {
-            Vec::new()
-        } else {
-            let mut order: Vec<u32> = (0..n as u32).collect();
+        if !job.out.ops.is_sorted_by_key(|o| o.phase) {
+            let Job { order, out, .. } = &mut *job;
+            order.extend(0..n as u32);
             order.sort_by_key(|&i| out.ops[i as usize].phase);
-            order
-        };
-        let sync_left = out.ops.iter().filter(|o| o.sync).count();
-        let (mut by_key, mut groups) = (Vec::new(), HashMap::default());
-        if req.is_none() && keys.len() > 1 {
+        }
+        job.sync_left = job.out.ops.iter().filter(|o| o.sync).count();
+        if req.is_none() && job.keys.len() > 1 {
+            let Job { by_key, groups, out, .. } = &mut *job;
             let key = |i: u32| pack_key(out.ops[i as usize].vm, out.ops[i as usize].block(bs));
-            by_key = (0..n as u32).collect();
+            by_key.extend(0..n as u32);
             by_key.sort_by_key(|&i| key(i));
             let mut at = 0;
             while at < n {
@@ -641,49 +734,34 @@ impl Engine {
                 at += len;
             }
         }
-        let out_keys: Vec<(u64, (u32, u32))> = out
-            .ops
-            .iter()
-            .filter(|o| o.kind == crate::output::OpKind::BackingWrite)
-            .map(|o| (pack_key(o.vm, o.block(bs)), o.sectors(bs)))
-            .collect();
-        let job = Job {
-            req,
-            ops: out.ops,
-            state: vec![OpState::Pending; n],
-            blocks: out.blocks,
-            pre,
-            replied: false,
-            failure: None,
-            keys,
-            held: self.hold_for_vouched(id, &out_keys) || self.dur.held.iter().any(|h| h.0 == id),
-            order,
-            cursor: 0,
-            issued: 0,
-            sync_left,
-            done: 0,
-            by_key,
-            groups,
-        };
-        self.flight.jobs.insert(id, Box::new(job));
-        self.advance(id);
+        job.state.resize(n, OpState::Pending);
+        job.id = id;
+        job.held |= self.hold_for_vouched(&job.out.ops);
+        if job.held {
+            self.dur.held.push(((id, key), None));
+        }
+        let at = self.flight.jobs.insert(job);
+        debug_assert_eq!(at, key);
+        self.advance(key);
     }
 
     /// Hands out the next phase, replies, repairs and retires as the job's state allows;
     /// whether it retired.
-    fn advance(&mut self, id: ReqId) -> bool {
-        let job = self.flight.jobs.get_mut(&id).expect("admitted");
+    fn advance(&mut self, key: usize) -> bool {
+        let job = &mut self.flight.jobs[key];
+        let id = job.id;
         if job.held && job.failure.is_none() {
             return false;
         }
         if job.failure.is_none() {
             // The phase handed out ended: the next one (the lowest with ops not done).
             let at = |job: &Job, k: usize| if job.order.is_empty() { k } else { job.order[k] as usize };
-            if job.issued == 0 && job.cursor < job.ops.len() {
-                let phase = job.ops[at(job, job.cursor)].phase;
-                while job.cursor < job.ops.len() {
+            let n = job.out.ops.len();
+            if job.issued == 0 && job.cursor < n {
+                let phase = job.out.ops[at(job, job.cursor)].phase;
+                while job.cursor < n {
                     let i = at(job, job.cursor);
-                    let op = job.ops[i];
+                    let op = job.out.ops[i];
                     if op.phase != phase {
                         break;
                     }
@@ -695,30 +773,26 @@ impl Engine {
             }
             if job.sync_left == 0 && !job.replied && job.req.is_some() {
                 job.replied = true;
-                let blocks = std::mem::take(&mut job.blocks); // replied once
+                let blocks = std::mem::take(&mut job.out.blocks); // replied once
                 self.flight.events.push_back(Event::Reply { req: id, result: Ok(()), blocks });
             }
-            if job.done < job.ops.len() {
+            if job.done < n {
                 return false;
             }
         } else if job.in_flight() {
             return false;
         }
-        let job = self.flight.jobs.remove(&id).expect("admitted");
+        let mut job = self.flight.jobs.remove(key);
         if let Some(f) = job.failure {
-            for (op, st) in job.ops.iter().zip(&job.state) {
-                if *st == OpState::Pending {
-                    self.flight.owner.remove(&op.id);
-                }
-            }
             self.repair(&job);
             if job.req.is_some() && !job.replied {
-                self.flight.events.push_back(Event::Reply { req: id, result: Err(f), blocks: job.blocks });
+                let blocks = std::mem::take(&mut job.out.blocks);
+                self.flight.events.push_back(Event::Reply { req: id, result: Err(f), blocks });
             }
         }
         let bs = self.cfg.block_size;
         let released = |k: u64| job.groups.get(&k).is_some_and(|g| g.2 == 0);
-        for op in &job.ops {
+        for op in &job.out.ops {
             if op.slot != NO_SLOT && !released(pack_key(op.vm, op.block(bs))) {
                 self.unpin(op.slot);
             }
@@ -730,6 +804,7 @@ impl Engine {
         }
         self.settle();
         self.flight.events.push_back(Event::Retired { req: id, failed: job.failure.is_some() });
+        self.retire_job(job);
         if self.flight.refill_job == Some(id) {
             self.flight.refill_job = None;
             self.dur.refilling = false;
@@ -763,7 +838,7 @@ impl Engine {
                 });
             }
         }
-        if self.shared.is_some() {
+        if self.shared.is_some() || !std::mem::take(&mut self.shrink_due) {
             return;
         }
         for vm in 0..self.vms.len() as VmId {
@@ -771,6 +846,7 @@ impl Engine {
             if p.used > p.target {
                 let target = p.target;
                 self.submit_job(|e, out| e.set_target(vm, target, out));
+                self.shrink_due = true; // until a pass finds every partition at its target
             }
         }
     }

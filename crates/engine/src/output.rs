@@ -101,31 +101,60 @@ pub struct DeviceOp {
     /// Staged writes: the read op whose bytes they write ([`Self::source_id`]; non-zero
     /// keeps the op small, op ids start at 1).
     pub source: Option<std::num::NonZeroU64>,
+    /// Where the engine keeps its job (the slab key in [`OpHandle`]).
+    #[serde(skip)]
+    pub(crate) job: u32,
+}
+
+/// What a driver keeps of an op in flight to report its completion
+/// ([`crate::Engine::handle_completion`]): ordered by op id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct OpHandle {
+    /// The op's id.
+    pub id: OpId,
+    /// Its job's place in the engine's job table (ids tell a stale handle apart).
+    job: u32,
 }
 
 impl DeviceOp {
+    /// The handle by which its completion is reported.
+    #[inline]
+    pub fn handle(&self) -> OpHandle {
+        OpHandle { id: self.id, job: self.job }
+    }
+
+    /// The job-table key of a handle (inside the engine).
+    #[inline]
+    pub(crate) fn job_of(h: OpHandle) -> usize {
+        h.job as usize
+    }
+
     /// Staged writes: the id of the read op whose bytes they write.
     #[inline]
     pub fn source_id(&self) -> Option<OpId> {
         self.source.map(|s| s.get())
     }
 
-    /// Cache ops: byte offset in the cache store with blocks of `block_size` bytes.
+    /// Cache ops: byte offset in the cache store with blocks of `block_size` bytes (a power
+    /// of two, as every block size is: these are shifts, not divisions).
     #[inline]
     pub fn ssd_offset(&self, block_size: u64) -> u64 {
-        self.slot as u64 * block_size + self.disk_addr % block_size
+        debug_assert!(block_size.is_power_of_two());
+        ((self.slot as u64) << block_size.trailing_zeros()) + (self.disk_addr & (block_size - 1))
     }
 
     /// The disk block it touches (ops never cross a block) with `block_size` bytes.
     #[inline]
     pub fn block(&self, block_size: u64) -> u64 {
-        self.disk_addr / block_size
+        debug_assert!(block_size.is_power_of_two());
+        self.disk_addr >> block_size.trailing_zeros()
     }
 
     /// The sectors of its block it touches, `lo..hi`, rounded out to whole sectors.
     #[inline]
     pub fn sectors(&self, block_size: u64) -> (u32, u32) {
-        let lo = self.disk_addr % block_size;
+        debug_assert!(block_size.is_power_of_two());
+        let lo = self.disk_addr & (block_size - 1);
         ((lo / 512) as u32, (lo + self.len as u64).div_ceil(512) as u32)
     }
 }

@@ -26,13 +26,13 @@ impl Engine {
         let done = |i: usize| job.state[i] == OpState::Done;
         let issued = |i: usize| matches!(job.state[i], OpState::Done | OpState::Failed);
         // Cache writes that did not complete: their sectors hold nothing.
-        for (i, op) in job.ops.iter().enumerate() {
+        for (i, op) in job.out.ops.iter().enumerate() {
             if op.kind == OpKind::SsdWrite && !done(i) && self.slot_block(op.slot) == Some((op.vm, op.block(bs))) {
                 self.discard(op.vm, op.block(bs), op.sectors(bs));
             }
         }
         // Failed cache reads: their clean sectors go.
-        for (i, op) in job.ops.iter().enumerate() {
+        for (i, op) in job.out.ops.iter().enumerate() {
             if op.kind == OpKind::SsdRead && job.state[i] == OpState::Failed {
                 let (lo, hi) = op.sectors(bs);
                 if self.slot_block(op.slot) == Some((op.vm, op.block(bs))) {
@@ -48,13 +48,15 @@ impl Engine {
         }
         // A failed client write: sectors it covered that were dirty stay dirty.
         if let Some(req) = job.req.filter(|r| r.op.is_write()) {
-            let client_failed = job.ops.iter().enumerate().any(|(i, o)| o.client && !done(i));
-            for (slot, key, dirty) in job.pre.iter().filter(|_| client_failed) {
+            let client_failed = job.out.ops.iter().enumerate().any(|(i, o)| o.client && !done(i));
+            let spb = self.spb as usize;
+            for (k, (slot, key)) in job.pre.iter().enumerate().filter(|_| client_failed) {
+                let dirty = &job.pre_dirty[k * spb..(k + 1) * spb];
                 let (vm, block) = (crate::slot_table::key_vm(*key), crate::slot_table::key_block(*key));
                 // The slot went to another block in this request whose data was written
                 // there: this block's bytes are gone from it (a dirty one was written back
                 // first, or the request would not have reached that write).
-                let taken = job.ops.iter().enumerate().any(|(i, o)| {
+                let taken = job.out.ops.iter().enumerate().any(|(i, o)| {
                     issued(i) && o.kind == OpKind::SsdWrite && o.slot == *slot && (o.vm, o.block(bs)) != (vm, block)
                 });
                 let holds = self.slot_block(*slot) == Some((vm, block))
@@ -81,11 +83,11 @@ impl Engine {
             }
         }
         // Write-backs that did not complete: dirty again where they were read from.
-        for (i, op) in job.ops.iter().enumerate() {
+        for (i, op) in job.out.ops.iter().enumerate() {
             if op.kind != OpKind::BackingWrite || !op.staged || done(i) {
                 continue;
             }
-            let Some(read) = op.source_id().and_then(|src| job.ops.iter().find(|o| o.id == src)) else { continue };
+            let Some(read) = op.source_id().and_then(|src| job.out.ops.iter().find(|o| o.id == src)) else { continue };
             let (lo, hi) = op.sectors(bs);
             let (slot, vm, block) = (read.slot, op.vm, op.block(bs));
             self.recompose(slot, vm, block, |i, v, d| if (lo..hi).contains(&i) { (true, true) } else { (v, d) });

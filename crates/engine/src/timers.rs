@@ -175,10 +175,10 @@ mod tests {
             let mut written = 0;
             while let Some(op) = e.poll_op() {
                 written += op.kind.is_write() as u64;
-                e.handle_completion(at, op.id, Ok(()));
+                e.handle_completion(at, op.handle(), Ok(()));
                 while let Some(op) = e.poll_op() {
                     written += op.kind.is_write() as u64;
-                    e.handle_completion(at, op.id, Ok(()));
+                    e.handle_completion(at, op.handle(), Ok(()));
                 }
             }
             assert!(written <= 2, "at most the rate per step");

@@ -289,7 +289,7 @@ fn run(steps: &[Step], shared: bool, seed: u64) -> Result<(), String> {
                     let op = d.flying.swap_remove(pick % d.flying.len());
                     trace(|| format!("complete {op:?} fail={fail}"));
                     d.m.execute(&op, fail, rng.gen_range(0..8)).map_err(ctx)?;
-                    d.e.handle_completion(now, op.id, if fail { Err(Failure::Io) } else { Ok(()) });
+                    d.e.handle_completion(now, op.handle(), if fail { Err(Failure::Io) } else { Ok(()) });
                 }
             }
             Step::Flush => {
@@ -308,7 +308,7 @@ fn run(steps: &[Step], shared: bool, seed: u64) -> Result<(), String> {
                     }
                     if let Some(op) = d.flying.pop() {
                         d.m.execute(&op, false, 0).map_err(ctx)?;
-                        d.e.handle_completion(now, op.id, Ok(()));
+                        d.e.handle_completion(now, op.handle(), Ok(()));
                     } else {
                         d.commit_step(now, false);
                     }

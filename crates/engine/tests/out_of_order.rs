@@ -227,7 +227,7 @@ impl Driver {
             eprintln!("complete {op:?} fail={fail}");
         }
         self.w.execute(&op, fail, torn)?;
-        self.e.handle_completion(now, op.id, if fail { Err(Failure::Io) } else { Ok(()) });
+        self.e.handle_completion(now, op.handle(), if fail { Err(Failure::Io) } else { Ok(()) });
         Ok(())
     }
 }

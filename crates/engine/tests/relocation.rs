@@ -12,7 +12,7 @@ fn run_all(e: &mut Engine) -> Vec<DeviceOp> {
     let mut ran = Vec::new();
     while let Some(op) = e.poll_op() {
         ran.push(op);
-        e.handle_completion(0, op.id, Ok(()));
+        e.handle_completion(0, op.handle(), Ok(()));
     }
     while e.poll_event().is_some() {}
     ran
@@ -80,7 +80,7 @@ fn a_freed_slot_still_being_read_makes_no_commit_due() {
                 if op.kind == OpKind::SsdRead && !op.client {
                     held.push(op);
                 } else {
-                    e.handle_completion(0, op.id, Ok(()));
+                    e.handle_completion(0, op.handle(), Ok(()));
                 }
             }
             if let Some(c) = e.poll_commit() {
@@ -103,12 +103,12 @@ fn a_freed_slot_still_being_read_makes_no_commit_due() {
     }
     let slot = held[0].slot;
     for op in held {
-        e.handle_completion(0, op.id, Ok(()));
+        e.handle_completion(0, op.handle(), Ok(()));
     }
     let mut freed = false;
     for _ in 0..10 {
         while let Some(op) = e.poll_op() {
-            e.handle_completion(0, op.id, Ok(()));
+            e.handle_completion(0, op.handle(), Ok(()));
         }
         while e.poll_event().is_some() {}
         let Some(c) = e.poll_commit() else { break };

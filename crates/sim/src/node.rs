@@ -16,7 +16,7 @@ use crate::device::Device;
 use crate::inputs::SimError;
 use crate::metrics::Metrics;
 use crate::scenario::{BackingLayout, DevicesSection};
-use cachevisor_engine::{DeviceOp, Engine, EngineConfig, Event, Output, ReqId};
+use cachevisor_engine::{DeviceOp, Engine, EngineConfig, Event, OpHandle, Output, ReqId};
 use cachevisor_trace::{Request, VmId};
 use rustc_hash::FxHashMap as HashMap;
 use std::cmp::Reverse;
@@ -25,9 +25,13 @@ use std::collections::BinaryHeap;
 /// Journal bytes per slot record in a modelled commit (slot, block, two sector bitmaps).
 const RECORD_BYTES: u64 = 32;
 
-/// What completes at a time in the node's queue: an op's id, or a commit's epoch with
-/// this bit set (op ids grow as ops are handed out, so equal times run in issue order).
-const COMMIT: u64 = 1 << 63;
+/// What completes at a time in the node's queue: an op, or a commit of an epoch. At equal
+/// times ops run first, in issue order (op ids grow as ops are handed out).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Completion {
+    Op(OpHandle),
+    Commit(u64),
+}
 
 /// A client request in flight.
 #[derive(Debug, Clone, Copy)]
@@ -47,8 +51,8 @@ pub(crate) struct Node {
     pub(crate) metrics: Metrics,
     layout: BackingLayout,
     backing_spec: crate::device::DeviceSpec,
-    /// Ops and commits in flight by completion time, then id ([`COMMIT`]).
-    pending: BinaryHeap<Reverse<(u64, u64)>>,
+    /// Ops and commits in flight by completion time, then [`Completion`] order.
+    pending: BinaryHeap<Reverse<(u64, Completion)>>,
     requests: HashMap<ReqId, InFlight>,
     /// Requests completed since the replay loop last took them: (tag, time).
     done: Vec<(u64, u64)>,
@@ -156,12 +160,11 @@ impl Node {
         self.pump();
     }
 
-    fn complete(&mut self, t: u64, c: u64) {
+    fn complete(&mut self, t: u64, c: Completion) {
         self.now = self.now.max(t);
-        if c & COMMIT != 0 {
-            self.engine.handle_commit(self.now, c & !COMMIT, Ok(()));
-        } else {
-            self.engine.handle_completion(self.now, c, Ok(()));
+        match c {
+            Completion::Op(h) => self.engine.handle_completion(self.now, h, Ok(())),
+            Completion::Commit(epoch) => self.engine.handle_commit(self.now, epoch, Ok(())),
         }
         self.pump();
     }
@@ -191,18 +194,19 @@ impl Node {
                 let now = self.now;
                 let (dev, addr) = self.device(&op);
                 let at = dev.submit(now, op.kind.is_write(), addr, op.len);
-                self.pending.push(Reverse((at, op.id)));
+                self.pending.push(Reverse((at, Completion::Op(op.handle()))));
             }
             if let Some(c) = self.engine.poll_commit() {
                 progressed = true;
                 let bytes = (c.records.len() as u64 * RECORD_BYTES).max(4096);
                 let at = self.ssd.submit(self.now, true, 0, bytes as u32);
-                self.pending.push(Reverse((at, c.epoch | COMMIT)));
+                self.pending.push(Reverse((at, Completion::Commit(c.epoch))));
             }
             while let Some(ev) = self.engine.poll_event() {
                 if let Event::Reply { req, blocks, .. } = ev {
                     let Some(r) = self.requests.remove(&req) else { continue };
                     self.metrics.request(r.vm, r.write, &blocks, self.now - r.issued);
+                    self.engine.recycle(blocks);
                     self.done.push((r.tag, self.now));
                     self.last_done = self.last_done.max(self.now);
                 }

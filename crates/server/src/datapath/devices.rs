@@ -259,7 +259,7 @@ impl Shared {
                 || core.bufs.get(&op.req).is_some_and(|m| m.contains_key(&op.id))
         );
         let now = self.now();
-        core.engine.handle_completion(now, op.id, result);
+        core.engine.handle_completion(now, op.handle(), result);
         self.pump(core);
     }
 }

@@ -57,8 +57,10 @@ impl RecsEstimator {
             let start = self.rng.gen_range(0..slots);
             let mut all: Vec<u64> = Vec::new();
             let mut eff: Vec<u64> = Vec::new();
-            for i in 0..n {
-                if let Some((vm, referenced)) = probe((start + i) % slots) {
+            // Slots start.. then from 0 (a wrap, not a division per probe).
+            let (head, tail) = (start..(start + n).min(slots), 0..(start + n).saturating_sub(slots));
+            for slot in head.chain(tail) {
+                if let Some((vm, referenced)) = probe(slot) {
                     let v = vm as usize;
                     if all.len() <= v {
                         all.resize(v + 1, 0);

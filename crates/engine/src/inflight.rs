@@ -695,19 +695,30 @@ impl Engine {
     fn start(&mut self, id: ReqId, req: Option<Request>, mut job: Box<Job>) {
         let bs = self.cfg.block_size;
         job.req = req;
-        if let Some(r) = &req {
-            job.keys.extend(self.request_keys(r));
-        }
+        // The request's own keys (ascending), then those of its ops outside them (victims
+        // written back; a background job's), which alone need sorting.
+        let own = match &req {
+            Some(r) => {
+                job.keys.extend(self.request_keys(r));
+                (job.keys.first().copied().unwrap_or(1), job.keys.last().copied().unwrap_or(0))
+            }
+            None => (1, 0),
+        };
         let key = self.flight.jobs.vacant_key(); // where it goes (nothing is inserted before)
         for op in &mut job.out.ops {
             op.req = id;
             op.job = key as u32;
-            job.keys.push(pack_key(op.vm, op.block(bs)));
+            let k = pack_key(op.vm, op.block(bs));
+            if !(own.0..=own.1).contains(&k) {
+                job.keys.push(k);
+            }
             if op.slot != NO_SLOT {
                 *self.flight.pins.entry(op.slot).or_default() += 1;
             }
         }
-        job.keys.sort_unstable();
+        if !job.keys.is_sorted() {
+            job.keys.sort_unstable();
+        }
         job.keys.dedup();
         for &k in &job.keys {
             *self.flight.busy.entry(k).or_default() += 1;
@@ -791,7 +802,7 @@ impl Engine {
             }
         }
         let bs = self.cfg.block_size;
-        let released = |k: u64| job.groups.get(&k).is_some_and(|g| g.2 == 0);
+        let released = |k: u64| !job.groups.is_empty() && job.groups.get(&k).is_some_and(|g| g.2 == 0);
         for op in &job.out.ops {
             if op.slot != NO_SLOT && !released(pack_key(op.vm, op.block(bs))) {
                 self.unpin(op.slot);

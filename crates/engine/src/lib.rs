@@ -45,7 +45,7 @@ pub use config::{EngineConfig, FillMode, PartitionMode};
 pub use durability::{durable_reserve, Commit, SlotRecord};
 pub use engine::{Engine, PartitionInfo};
 pub use inflight::{Event, Failure, ReqId};
-pub use output::{BlockOutcome, DeviceOp, Evicted, Location, OpHandle, OpId, OpKind, Output, NO_SLOT};
+pub use output::{BlockOutcome, DeviceOp, Evicted, Location, OpHandle, OpId, OpKind, Output, MAX_RUN_BYTES, NO_SLOT};
 pub use replacement::{Replacement, ReplacementKind};
 pub use timers::{Flusher, Schedule};
 pub use write_policy::WritePolicy;

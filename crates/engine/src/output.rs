@@ -42,6 +42,10 @@ pub enum Location {
     },
 }
 
+/// Bytes a driver runs as one device call at most ([`DeviceOp::continues`]): a 1 MiB read
+/// of consecutive slots is one call.
+pub const MAX_RUN_BYTES: u64 = 1 << 20;
+
 /// No slot: a backing-store op.
 pub const NO_SLOT: u32 = u32::MAX;
 
@@ -121,6 +125,22 @@ impl DeviceOp {
     #[inline]
     pub fn handle(&self) -> OpHandle {
         OpHandle { id: self.id, job: self.job }
+    }
+
+    /// Whether this op continues `prev` on its device, so a driver may run both as one
+    /// device call: same kind and device, and the next cache-store offset (cache ops) or
+    /// the next disk address of the same vDisk (backing ops). Runs stay within
+    /// [`MAX_RUN_BYTES`]. The daemon's device threads and the simulator's node coalesce by
+    /// this one rule.
+    #[inline]
+    pub fn continues(&self, prev: &DeviceOp, block_size: u64) -> bool {
+        self.kind == prev.kind
+            && self.loc == prev.loc
+            && if self.kind.is_ssd() {
+                self.ssd_offset(block_size) == prev.ssd_offset(block_size) + prev.len as u64
+            } else {
+                self.vm == prev.vm && self.disk_addr == prev.disk_addr + prev.len as u64
+            }
     }
 
     /// The job-table key of a handle (inside the engine).

@@ -1,12 +1,12 @@
 //! Device threads: ops taken from the queue run on the cache store or a backing store with
 //! no lock held, runs of ops contiguous on a device as one call (the next cache-store
-//! offset, or the next disk address of the same backing store, up to [`MAX_RUN`] bytes: a
+//! offset, or the next disk address of the same backing store, up to [`MAX_RUN_BYTES`]: a
 //! 1 MiB read of consecutive slots is one `pread`), and their completions go back to the
 //! engine. After a halt no op touches a device: each fails with `Failure::Shutdown`.
 
 use super::{Bytes, Core, Shared, Work};
 use crate::backing::Backing;
-use cachevisor_engine::{DeviceOp, Failure, Location, OpKind, ReqId};
+use cachevisor_engine::{DeviceOp, Failure, Location, OpKind, ReqId, MAX_RUN_BYTES};
 use cachevisor_trace::VmId;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
@@ -20,9 +20,6 @@ pub(super) struct Own {
     pub(super) req: ReqId,
     pub(super) ssd_only: bool,
 }
-
-/// Bytes a thread runs as one device call at most.
-const MAX_RUN: u64 = 1 << 20;
 
 thread_local! {
     /// Each thread's aligned buffer for an O_DIRECT cache store.
@@ -165,7 +162,7 @@ impl Shared {
     }
 
     /// The op at `at` of `queue` and those right behind it that continue it on its device
-    /// (of the same request with `only`), up to [`MAX_RUN`] bytes.
+    /// (of the same request with `only`), up to [`MAX_RUN_BYTES`].
     pub(super) fn take_run(
         &self,
         queue: &mut std::collections::VecDeque<Work>,
@@ -178,15 +175,8 @@ impl Shared {
         while let Some(next) = queue.get(at) {
             let prev = &run[run.len() - 1].op;
             let o = &next.op;
-            let follows = o.kind == prev.kind
-                && o.loc == prev.loc
-                && only.is_none_or(|own| o.req == own.req)
-                && if o.kind.is_ssd() {
-                    o.ssd_offset(self.bs) == prev.ssd_offset(self.bs) + prev.len as u64
-                } else {
-                    o.vm == prev.vm && o.disk_addr == prev.disk_addr + prev.len as u64
-                };
-            if !follows || total + o.len as u64 > MAX_RUN {
+            let follows = only.is_none_or(|own| o.req == own.req) && o.continues(prev, self.bs);
+            if !follows || total + o.len as u64 > MAX_RUN_BYTES {
                 break;
             }
             total += o.len as u64;

@@ -727,9 +727,17 @@ impl Engine {
         // Usually the ops come in phase order already; else an index in phase order
         // (stable: arrival order inside a phase).
         if !job.out.ops.is_sorted_by_key(|o| o.phase) {
+            // Few distinct phases: one pass per phase, lowest first (stable, no sort).
             let Job { order, out, .. } = &mut *job;
-            order.extend(0..n as u32);
-            order.sort_by_key(|&i| out.ops[i as usize].phase);
+            let mut phase = out.ops.iter().map(|o| o.phase).min().unwrap_or(0);
+            loop {
+                order.extend((0..n as u32).filter(|&i| out.ops[i as usize].phase == phase));
+                let next = out.ops.iter().map(|o| o.phase).filter(|&p| p > phase).min();
+                match next {
+                    Some(p) => phase = p,
+                    None => break,
+                }
+            }
         }
         job.sync_left = job.out.ops.iter().filter(|o| o.sync).count();
         if req.is_none() && job.keys.len() > 1 {

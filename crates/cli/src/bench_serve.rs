@@ -165,6 +165,8 @@ pub struct Job {
 /// interleaved rounds; medians.
 pub fn run(disk_size: u64, rounds: usize, secs: u32, job: &Job, dir: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)?;
+    // Absolute: the daemon resolves the config's paths against the config's directory.
+    let dir = &std::fs::canonicalize(dir)?;
     let disk = dir.join("disk.img");
     {
         use rand::RngCore;
@@ -286,6 +288,7 @@ pub fn slow_backing(
     dir: &Path,
 ) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)?;
+    let dir = &std::fs::canonicalize(dir)?; // absolute, as the config's paths must be
     let delay = format!("{delay_ms}ms");
     let kit_args = [
         "--filter=delay",

@@ -173,6 +173,9 @@ struct Shared {
     ring_on: AtomicBool,
     /// Wakes the io_uring thread (cache-store ops queued, or room for more in flight).
     ring_notify: tokio::sync::Notify,
+    /// Backing-store ops queued (with the ring on, the only ones device threads take: a
+    /// wakeup for a cache-store op would find nothing to do and sleep again).
+    backing_queued: AtomicUsize,
 }
 
 /// Everything a data path starts from.
@@ -221,7 +224,7 @@ impl Shared {
     /// clients (and the policy hook), and its next commit to the committer; wakes whoever
     /// has something to do.
     fn pump(&self, core: &mut Core) {
-        let mut queued = 0usize;
+        let (mut queued, mut queued_ssd) = (0usize, 0usize);
         loop {
             while let Some(op) = core.engine.poll_op() {
                 let data = if !op.kind.is_write() {
@@ -238,6 +241,11 @@ impl Shared {
                     core.background.push_back(Work { op, data });
                 }
                 queued += 1;
+                if op.kind.is_ssd() {
+                    queued_ssd += 1;
+                } else {
+                    self.backing_queued.fetch_add(1, Relaxed);
+                }
             }
             let Some(ev) = core.engine.poll_event() else { break };
             match ev {
@@ -282,20 +290,24 @@ impl Shared {
         // One device thread per queued op, not every thread on every change (on a small
         // machine a herd of wakeups costs more than the I/O).
         if !core.quiet {
-            self.wake_for(queued.min(core.work.len() + core.background.len()));
+            self.wake_for(core, queued_ssd, queued);
         }
     }
 
-    /// Wakes up to `n` device threads (and the io_uring thread, which takes the
-    /// cache-store ops among them).
-    fn wake_for(&self, n: usize) {
-        if n == 0 {
-            return;
-        }
-        if self.ring_on.load(Relaxed) {
+    /// Wakes whoever runs the `queued` ops just queued (`ssd` of them on the cache store):
+    /// the io_uring thread for cache-store ops when it runs them, and one device thread
+    /// per op left to device threads (at most as many as are still queued).
+    fn wake_for(&self, core: &Core, ssd: usize, queued: usize) {
+        let ring = self.ring_on.load(Relaxed);
+        if ring && ssd > 0 {
             self.ring_notify.notify_one();
         }
-        for _ in 0..n.min(self.threads) {
+        let (mine, left) = if ring {
+            (queued - ssd, self.backing_queued.load(Relaxed))
+        } else {
+            (queued, core.work.len() + core.background.len())
+        };
+        for _ in 0..mine.min(left).min(self.threads) {
             self.wake.notify_one();
         }
     }
@@ -489,11 +501,12 @@ impl DataPath {
             read_delay_us: Default::default(),
             ring_on: Default::default(),
             ring_notify: tokio::sync::Notify::new(),
+            backing_queued: Default::default(),
         });
         let mut handles = Vec::new();
-        for _ in 0..threads.max(1) {
+        for i in 0..threads.max(1) {
             let s = shared.clone();
-            handles.push(std::thread::spawn(move || s.device_thread()));
+            handles.push(named(format!("cv-device-{i}"), move || s.device_thread()));
         }
         if direct && io_uring {
             if let Some(h) = ring::start(shared.clone()) {
@@ -503,9 +516,9 @@ impl DataPath {
             }
         }
         let s = shared.clone();
-        handles.push(std::thread::spawn(move || s.committer(persist)));
+        handles.push(named("cv-committer".into(), move || s.committer(persist)));
         let s = shared.clone();
-        handles.push(std::thread::spawn(move || s.ticker(Duration::from_millis(20))));
+        handles.push(named("cv-ticker".into(), move || s.ticker(Duration::from_millis(20))));
         DataPath { shared, threads: handles }
     }
 
@@ -662,7 +675,8 @@ impl DataPath {
         if let (Ok(id), true) = (&entered, here) {
             core = s.run_own_locked(core, *id);
             let left = core.work.len() + core.background.len();
-            s.wake_for(left);
+            let backing = s.backing_queued.load(Relaxed).min(left);
+            s.wake_for(&core, left - backing, left);
         }
         s.unlock(core);
         match entered {
@@ -742,3 +756,11 @@ impl Drop for DataPath {
 
 #[cfg(test)]
 mod tests;
+
+/// Spawns a thread with a name (`top -H`, `perf --sort comm` and panics show it).
+pub(crate) fn named<T: Send + 'static>(
+    name: String,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::thread::JoinHandle<T> {
+    std::thread::Builder::new().name(name).spawn(f).expect("spawning a thread")
+}

@@ -56,7 +56,7 @@ pub fn tcp(l: TcpListener, d: Arc<Daemon>) {
                 let _ = s.set_nodelay(true);
                 let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
                 let d = d.clone();
-                std::thread::spawn(move || connection(s, &d, &peer));
+                crate::datapath::named(format!("cv-nbd {peer}"), move || connection(s, &d, &peer));
             }
             Err(e) => tracing::warn!(%e, "accept failed"),
         }
@@ -69,7 +69,7 @@ pub fn unix(l: UnixListener, d: Arc<Daemon>) {
         match s {
             Ok(s) => {
                 let d = d.clone();
-                std::thread::spawn(move || connection(s, &d, "unix"));
+                crate::datapath::named("cv-nbd unix".into(), move || connection(s, &d, "unix"));
             }
             Err(e) => tracing::warn!(%e, "accept failed"),
         }

@@ -170,6 +170,8 @@ impl Shared {
         only: Option<Own>,
     ) -> Vec<Work> {
         let first = queue.remove(at).expect("an op at `at`");
+        let backing = |w: &Work| !w.op.kind.is_ssd() as usize;
+        self.backing_queued.fetch_sub(backing(&first), Relaxed);
         let mut total = first.op.len as u64;
         let mut run = vec![first];
         while let Some(next) = queue.get(at) {
@@ -180,7 +182,9 @@ impl Shared {
                 break;
             }
             total += o.len as u64;
-            run.push(queue.remove(at).expect("an op"));
+            let next = queue.remove(at).expect("an op");
+            self.backing_queued.fetch_sub(backing(&next), Relaxed);
+            run.push(next);
         }
         run
     }

@@ -72,7 +72,7 @@ impl Shared {
 pub(super) fn start(shared: Arc<Shared>) -> Option<std::thread::JoinHandle<()>> {
     let file = shared.ssd.try_clone().ok()?;
     let (tx, rx) = std::sync::mpsc::channel::<bool>();
-    let handle = std::thread::spawn(move || {
+    let handle = super::named("cv-ring".into(), move || {
         let started = tx.clone();
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             tokio_uring::start(async move {

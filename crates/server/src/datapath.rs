@@ -32,7 +32,7 @@ mod stats;
 pub use stats::ExportStats;
 
 /// Bytes and the disk address of their first byte.
-pub type Bytes = (Arc<Vec<u8>>, u64);
+pub type Bytes = (bytes::Bytes, u64);
 
 /// A reply callback: the request's outcome and, for a read, the bytes its client read ops
 /// returned (each with its disk address; together they cover the request). Called on some
@@ -176,6 +176,8 @@ struct Shared {
     /// Backing-store ops queued (with the ring on, the only ones device threads take: a
     /// wakeup for a cache-store op would find nothing to do and sleep again).
     backing_queued: AtomicUsize,
+    /// The io_uring thread's I/O buffers (a read's goes out as its reply's bytes).
+    io_pool: Arc<crate::aligned_buf::IoPool>,
 }
 
 /// Everything a data path starts from.
@@ -502,6 +504,7 @@ impl DataPath {
             ring_on: Default::default(),
             ring_notify: tokio::sync::Notify::new(),
             backing_queued: Default::default(),
+            io_pool: Default::default(),
         });
         let mut handles = Vec::new();
         for i in 0..threads.max(1) {
@@ -607,7 +610,7 @@ impl DataPath {
     /// Writes `data` to `vm`'s disk at `offset`; with `fua`, durable before it returns.
     pub fn write(&self, vm: VmId, offset: u64, data: &[u8], fua: bool) -> Result<(), Failure> {
         let req = Request { time_ns: 0, vm, op: Op::Write, offset, len: data.len() as u32 };
-        self.shared.run(Kind::Write, req, Some((Arc::new(data.to_vec()), offset)))?;
+        self.shared.run(Kind::Write, req, Some((bytes::Bytes::copy_from_slice(data), offset)))?;
         if fua {
             self.flush(vm)?;
         }
@@ -666,7 +669,7 @@ impl DataPath {
         };
         let op = if kind == Kind::Write { Op::Write } else { Op::Read };
         let req = Request { time_ns: 0, vm, op, offset, len };
-        let write = data.map(|d| (Arc::new(d), offset));
+        let write = data.map(|d| (bytes::Bytes::from(d), offset));
         let s = &self.shared;
         let mut core = s.lock();
         core.quiet = here;

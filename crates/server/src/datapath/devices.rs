@@ -208,12 +208,12 @@ impl Shared {
         let at = run_address(run, self.bs);
         let r = if first.kind.is_write() {
             match write_data(run) {
-                Some(data) => self.dev_write(first.loc, &data, at).map(|()| Vec::new()),
+                Some(data) => self.dev_write(first.loc, &data, at).map(|()| bytes::Bytes::new()),
                 None => return vec![Err(Failure::Io); run.len()],
             }
         } else {
             let mut buf = vec![0u8; total];
-            self.dev_read(first.loc, &mut buf, at).map(|()| buf)
+            self.dev_read(first.loc, &mut buf, at).map(|()| bytes::Bytes::from(buf))
         };
         run_results(run, r)
     }
@@ -226,7 +226,8 @@ impl Shared {
                 if op.client {
                     if let Some(wt) = core.waiting.get_mut(&op.req) {
                         // The ops of a coalesced run share one buffer: keep it once.
-                        if !wt.reads.last().is_some_and(|(b, _)| Arc::ptr_eq(b, &bytes.0)) {
+                        let same = |b: &bytes::Bytes| b.as_ptr() == bytes.0.as_ptr() && b.len() == bytes.0.len();
+                        if !wt.reads.last().is_some_and(|(b, _)| same(b)) {
                             wt.reads.push(bytes.clone());
                         }
                     }
@@ -281,7 +282,9 @@ pub(super) fn write_data(run: &[Work]) -> Option<std::borrow::Cow<'_, [u8]>> {
     let total: usize = run.iter().map(|w| w.op.len as usize).sum();
     let (bytes, base) = run[0].data.as_ref()?;
     let same = disk_contiguous(run)
-        && run.iter().all(|w| w.data.as_ref().is_some_and(|(b, s)| Arc::ptr_eq(b, bytes) && s == base));
+        && run.iter().all(|w| {
+            w.data.as_ref().is_some_and(|(b, s)| b.as_ptr() == bytes.as_ptr() && b.len() == bytes.len() && s == base)
+        });
     if same && first.disk_addr >= *base && first.disk_addr - base + total as u64 <= bytes.len() as u64 {
         let from = (first.disk_addr - base) as usize;
         return Some(std::borrow::Cow::Borrowed(&bytes[from..from + total]));
@@ -297,7 +300,7 @@ pub(super) fn write_data(run: &[Work]) -> Option<std::borrow::Cow<'_, [u8]>> {
 
 /// Each op's outcome from a run's device call: a write's, or a read's bytes (one shared
 /// buffer when the run is contiguous on the disk too, else a piece each).
-pub(super) fn run_results(run: &[Work], r: std::io::Result<Vec<u8>>) -> Vec<Result<Option<Bytes>, Failure>> {
+pub(super) fn run_results(run: &[Work], r: std::io::Result<bytes::Bytes>) -> Vec<Result<Option<Bytes>, Failure>> {
     let first = &run[0].op;
     match r {
         Err(e) => {
@@ -308,16 +311,16 @@ pub(super) fn run_results(run: &[Work], r: std::io::Result<Vec<u8>>) -> Vec<Resu
         }
         Ok(_) if first.kind.is_write() => vec![Ok(None); run.len()],
         Ok(buf) if disk_contiguous(run) => {
-            let shared: Bytes = (Arc::new(buf), first.disk_addr);
+            let shared: Bytes = (buf, first.disk_addr);
             run.iter().map(|_| Ok(Some(shared.clone()))).collect()
         }
         Ok(buf) => {
             let mut at = 0;
             run.iter()
                 .map(|w| {
-                    let piece = buf[at..at + w.op.len as usize].to_vec();
+                    let piece = buf.slice(at..at + w.op.len as usize); // no copy
                     at += w.op.len as usize;
-                    Ok(Some((Arc::new(piece), w.op.disk_addr)))
+                    Ok(Some((piece, w.op.disk_addr)))
                 })
                 .collect()
         }

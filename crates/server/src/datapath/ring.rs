@@ -9,7 +9,7 @@
 
 use super::devices::{run_address, run_results, write_data};
 use super::{Bytes, Core, Shared, Work};
-use crate::aligned_buf::ALIGN;
+use crate::aligned_buf::aligned_offset;
 use cachevisor_engine::Failure;
 use std::cell::Cell;
 use std::rc::Rc;
@@ -39,8 +39,8 @@ impl Shared {
         self.calls.fetch_add(1, Relaxed);
         let total: usize = run.iter().map(|w| w.op.len as usize).sum();
         let at = run_address(run, self.bs);
-        let mut v = vec![0u8; total + ALIGN];
-        let off = (ALIGN - v.as_ptr() as usize % ALIGN) % ALIGN;
+        let mut v = self.io_pool.take(total);
+        let off = aligned_offset(&v);
         let short = || std::io::Error::other("short transfer on the cache store");
         let r = if run[0].op.kind.is_write() {
             let n = self.fail_ssd_write_in.load(Relaxed);
@@ -51,8 +51,9 @@ impl Shared {
                     Some(d) => v[off..off + total].copy_from_slice(&d),
                     None => return vec![Err(Failure::Io); run.len()],
                 }
-                let (res, _) = f.write_at(v.slice(off..off + total), at).submit().await;
-                res.and_then(|n| if n == total { Ok(Vec::new()) } else { Err(short()) })
+                let (res, buf) = f.write_at(v.slice(off..off + total), at).submit().await;
+                self.io_pool.give(buf.into_inner());
+                res.and_then(|n| if n == total { Ok(bytes::Bytes::new()) } else { Err(short()) })
             }
         } else {
             let us = self.read_delay_us.load(Relaxed);
@@ -61,7 +62,12 @@ impl Shared {
             }
             let (res, buf) = f.read_at(v.slice(off..off + total), at).await;
             let v = buf.into_inner();
-            res.and_then(|n| if n == total { Ok(v[off..off + total].to_vec()) } else { Err(short()) })
+            match res {
+                // The I/O buffer itself becomes the reply's bytes (back in the pool after).
+                Ok(n) if n == total => Ok(self.io_pool.freeze(v, off, total)),
+                Ok(_) => Err(short()),
+                Err(e) => Err(e),
+            }
         };
         run_results(run, r)
     }

@@ -296,11 +296,10 @@ pub fn serve<R: Read, W: Write + Send + 'static>(
 #[cfg(test)]
 mod tests {
     use super::in_order;
-    use std::sync::Arc;
 
     #[test]
     fn reply_pieces_come_in_disk_order_and_a_gap_falls_back_to_a_copy() {
-        let part = |base: u64, len: usize, byte: u8| (Arc::new(vec![byte; len]), base);
+        let part = |base: u64, len: usize, byte: u8| (bytes::Bytes::from(vec![byte; len]), base);
         // Completion order 8192, 0, 4096; the request is 1024..12000.
         let parts = vec![part(8192, 4096, 3), part(0, 4096, 1), part(4096, 4096, 2)];
         let pieces = in_order(&parts, 1024, 12000 - 1024).unwrap();

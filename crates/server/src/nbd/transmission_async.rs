@@ -57,7 +57,9 @@ pub fn latency_of(m: &crate::metrics::Metrics, name: &str) -> Latency {
 /// Replies in flight and the connection's writer.
 struct Conn<W> {
     out: Mutex<W>,
-    in_flight: Mutex<usize>,
+    /// Requests not yet answered, and whether [`Conn::drain`] waits for them (a condvar
+    /// notify is a syscall even with no waiter: at iodepth 1 it was one per request).
+    in_flight: Mutex<(usize, bool)>,
     drained: Condvar,
     latency: Option<Latency>,
 }
@@ -96,21 +98,23 @@ impl<W: Write> Conn<W> {
     /// A request ended (answered, or not answered by the protocol: DISC).
     fn end(&self) {
         let mut n = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
-        *n -= 1;
-        if *n == 0 {
+        n.0 -= 1;
+        if n.0 == 0 && n.1 {
             self.drained.notify_all();
         }
     }
 
     fn begin(&self) {
-        *self.in_flight.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        self.in_flight.lock().unwrap_or_else(|p| p.into_inner()).0 += 1;
     }
 
     fn drain(&self) {
         let mut n = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
-        while *n > 0 {
+        n.1 = true;
+        while n.0 > 0 {
             n = self.drained.wait(n).unwrap_or_else(|p| p.into_inner());
         }
+        n.1 = false;
     }
 }
 
@@ -159,7 +163,8 @@ pub fn serve<R: Read, W: Write + Send + 'static>(
 ) -> io::Result<()> {
     let mut r = io::BufReader::with_capacity(1 << 18, input);
     let direct = dp.direct();
-    let conn = Arc::new(Conn { out: Mutex::new(output), in_flight: Mutex::new(0), drained: Condvar::new(), latency });
+    let conn =
+        Arc::new(Conn { out: Mutex::new(output), in_flight: Mutex::new((0, false)), drained: Condvar::new(), latency });
     let res = (|| -> io::Result<()> {
         loop {
             let mut h = [0u8; REQUEST_LEN];

@@ -372,7 +372,8 @@ impl Engine {
         self.flight.jobs.len() + self.flight.waiting.len()
     }
 
-    /// Device ops that failed for `vm` so far.
+    /// Device ops that failed for `vm` so far (`Failure::Shutdown` ones not counted: they
+    /// never ran).
     pub fn device_errors(&self, vm: VmId) -> u64 {
         self.flight.errors.get(vm as usize).copied().unwrap_or(0)
     }
@@ -399,12 +400,15 @@ impl Engine {
             Err(f) => {
                 job.state[i] = OpState::Failed;
                 job.failure.get_or_insert(f);
-                let vm = op.vm as usize;
-                let errors = &mut self.flight.errors;
-                if errors.len() <= vm {
-                    errors.resize(vm + 1, 0);
+                // An op a stopping driver never ran (`Shutdown`) is not a device error.
+                if f != Failure::Shutdown {
+                    let vm = op.vm as usize;
+                    let errors = &mut self.flight.errors;
+                    if errors.len() <= vm {
+                        errors.resize(vm + 1, 0);
+                    }
+                    errors[vm] += 1;
                 }
-                errors[vm] += 1;
             }
         }
         // Background jobs of several blocks release each block once its ops succeeded.

@@ -293,3 +293,23 @@ fn an_nbd_client_reads_its_writes_through_the_asynchronous_transmission() {
     drop(c);
     server.join().unwrap();
 }
+
+#[test]
+fn a_halt_with_write_backs_under_way_counts_no_device_error() {
+    // A clean stop halts the data path while the flusher may still be writing back: the
+    // ops that then fail with `Shutdown` never reached a device and must not trip the
+    // error threshold (they did, logging "error threshold reached" at stops under load).
+    let dir = tempfile::tempdir().unwrap();
+    let dp = Arc::new(open(dir.path(), 64, 1, 1 << 20, Schedule::default()));
+    for b in 0..48u64 {
+        dp.write(0, b * BS, &pattern(0, b * BS, 1, BS as usize), false).unwrap();
+    }
+    dp.delay_reads(200_000); // the write-back reads (one coalesced run) wait 200 ms
+    let d = dp.clone();
+    let job = std::thread::spawn(move || d.run_job(|e, out| e.flush(None, out)));
+    std::thread::sleep(std::time::Duration::from_millis(60));
+    dp.halt();
+    let _ = job.join();
+    let s = dp.stats(0);
+    assert_eq!((s.errors, s.passthrough), (0, false), "a halt is not a device error");
+}

@@ -81,7 +81,7 @@ pub(crate) enum OpState {
 }
 
 /// An admitted request or background job.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Job {
     /// Its id.
     id: ReqId,
@@ -127,27 +127,7 @@ impl Job {
     /// A job to fill: recycled from `spare` (its buffers keep their capacity) or new.
     #[allow(clippy::vec_box)] // jobs move between the table and the spares as pointers
     fn recycled(spare: &mut Vec<Box<Job>>) -> Box<Job> {
-        spare.pop().unwrap_or_else(|| {
-            Box::new(Job {
-                id: 0,
-                req: None,
-                out: Output::default(),
-                state: Vec::new(),
-                pre: Vec::new(),
-                pre_dirty: Vec::new(),
-                replied: false,
-                failure: None,
-                keys: Vec::new(),
-                held: false,
-                order: Vec::new(),
-                cursor: 0,
-                issued: 0,
-                sync_left: 0,
-                done: 0,
-                by_key: Vec::new(),
-                groups: HashMap::default(),
-            })
-        })
+        spare.pop().unwrap_or_default()
     }
 
     /// Empties the job for reuse; `false` when it grew too large to keep (a shrink's).
@@ -382,7 +362,7 @@ impl Engine {
     /// failed, at driver time `now_ns`. Ops not in flight (already reported, or unknown)
     /// are ignored.
     pub fn handle_completion(&mut self, now_ns: u64, h: OpHandle, result: Result<(), Failure>) {
-        let key = DeviceOp::job_of(h);
+        let key = h.job();
         let Some(job) = self.flight.jobs.get_mut(key) else { return };
         let Some(first) = job.out.ops.first() else { return };
         let i = h.id.wrapping_sub(first.id) as usize;
@@ -426,14 +406,12 @@ impl Engine {
         }
     }
 
-    /// A background job's op on `op`'s block succeeded: once every op of that block did
-    /// (and nothing of the job failed), its slots are unpinned and its key freed.
+    /// A background job's op on `op`'s block succeeded: once every op of that block did,
+    /// its slots are unpinned and its key freed (the caller checked that the job releases
+    /// block by block and nothing of it failed).
     fn release_block(&mut self, key: usize, op: DeviceOp) -> bool {
         let bs = self.cfg.block_size;
         let job = &mut self.flight.jobs[key];
-        if job.failure.is_some() || job.groups.is_empty() {
-            return false;
-        }
         let block = pack_key(op.vm, op.block(bs));
         let g = job.groups.get_mut(&block).expect("every op's block has a group");
         g.2 -= 1;
@@ -541,7 +519,6 @@ impl Engine {
     /// Runs an admitted request: its engine access (or discard), then its ops.
     fn admit(&mut self, now_ns: u64, id: ReqId, req: Request) {
         let mut job = Job::recycled(&mut self.flight.spare);
-        job.req = Some(req);
         if job.out.blocks.capacity() == 0 {
             if let Some(b) = self.flight.spare_blocks.pop() {
                 job.out.blocks = b;

@@ -120,6 +120,14 @@ pub struct OpHandle {
     job: u32,
 }
 
+impl OpHandle {
+    /// The job-table key (inside the engine).
+    #[inline]
+    pub(crate) fn job(self) -> usize {
+        self.job as usize
+    }
+}
+
 impl DeviceOp {
     /// The handle by which its completion is reported.
     #[inline]
@@ -130,8 +138,8 @@ impl DeviceOp {
     /// Whether this op continues `prev` on its device, so a driver may run both as one
     /// device call: same kind and device, and the next cache-store offset (cache ops) or
     /// the next disk address of the same vDisk (backing ops). Runs stay within
-    /// [`MAX_RUN_BYTES`]. The daemon's device threads and the simulator's node coalesce by
-    /// this one rule.
+    /// [`MAX_RUN_BYTES`]. The daemon's device threads and its io_uring thread coalesce by
+    /// this rule (the simulator models each op on its own).
     #[inline]
     pub fn continues(&self, prev: &DeviceOp, block_size: u64) -> bool {
         self.kind == prev.kind
@@ -141,12 +149,6 @@ impl DeviceOp {
             } else {
                 self.vm == prev.vm && self.disk_addr == prev.disk_addr + prev.len as u64
             }
-    }
-
-    /// The job-table key of a handle (inside the engine).
-    #[inline]
-    pub(crate) fn job_of(h: OpHandle) -> usize {
-        h.job as usize
     }
 
     /// Staged writes: the id of the read op whose bytes they write.

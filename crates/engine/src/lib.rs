@@ -24,6 +24,7 @@
 //! Blocks are split from requests here (not by trace readers). Valid and dirty state is
 //! tracked per 512-byte sector, so partial-block reads and writes are exact.
 
+mod admission;
 pub mod block_index;
 mod commands;
 pub mod config;
@@ -31,6 +32,8 @@ mod durability;
 mod engine;
 mod global_cleaner;
 mod inflight;
+mod intents;
+mod jobs;
 pub mod output;
 mod repair;
 pub mod replacement;

@@ -1,0 +1,109 @@
+//! Persistent mode's *intent before overwrite* rule (`durability.rs`), at admission: a
+//! client write into sectors the journal may record valid and clean waits for a commit
+//! that records them dirty (or, for a write around the cache, invalid); a write-back of a
+//! block the journal still records clean in a slot in limbo waits for the commit that
+//! frees that slot.
+
+use crate::durability::SlotRecord;
+use crate::engine::Engine;
+use crate::inflight::{Failure, ReqId};
+use crate::output::{DeviceOp, Output};
+use crate::slot_table::pack_key;
+use cachevisor_trace::Request;
+
+impl Engine {
+    /// Persistent mode: the slots a write would overwrite where the journal may record
+    /// valid clean sectors (they need an intent commit first; `durability.rs`).
+    pub(crate) fn vouched_before(&self, req: &Request) -> Vec<SlotRecord> {
+        self.request_keys(req)
+            .filter_map(|key| self.lookup(req.vm, crate::slot_table::key_block(key)))
+            .filter(|&s| self.dur.is_vouched(s))
+            .map(|s| self.record_of(s))
+            .collect()
+    }
+
+    /// The intent records a write's ops need, from the vouched-for slots its blocks held
+    /// before the request (`before`) and the sectors the journal may record valid and clean
+    /// there: a client cache write into the same slot records those it overwrites valid and
+    /// dirty (their bytes are the old data until it lands; other sectors it makes valid are
+    /// not recorded: a crash before it lands leaves nothing of theirs); a client backing
+    /// write records those it covers invalid (a crash after it lands must not leave the old
+    /// bytes labelled clean in the cache). Dirty sectors stay dirty either way.
+    pub(crate) fn intents(&self, before: &[SlotRecord], out: &Output) -> Vec<SlotRecord> {
+        use crate::output::OpKind;
+        let bs = self.cfg.block_size;
+        let mut records: Vec<SlotRecord> = Vec::new();
+        let writes = out.ops.iter().filter(|o| o.client && o.kind == OpKind::SsdWrite);
+        let around = out.ops.iter().filter(|o| o.client && o.kind == OpKind::BackingWrite);
+        for op in writes.chain(around) {
+            let ssd = op.kind == OpKind::SsdWrite;
+            // The slot must still hold the block (one evicted by this request is recorded
+            // free instead, and its backing write waits for that: `hold_for_vouched`).
+            let Some(pre) = before.iter().find(|r| {
+                (!ssd || r.slot == op.slot)
+                    && r.block == Some((op.vm, op.block(bs)))
+                    && self.slot_block(r.slot) == r.block
+            }) else {
+                continue;
+            };
+            let r = match records.iter_mut().find(|r| r.slot == pre.slot) {
+                Some(r) => r,
+                None => {
+                    records.push(pre.clone());
+                    records.last_mut().expect("just pushed")
+                }
+            };
+            let (lo, hi) = op.sectors(bs);
+            let vouched = self.dur.vouched_sectors(pre.slot);
+            for i in lo..hi {
+                let (w, bit) = ((i / 64) as usize, 1u64 << (i % 64));
+                let journal_clean = vouched.get(w).is_some_and(|v| v & bit != 0);
+                if ssd && (journal_clean || r.valid[w] & bit != 0) {
+                    // Valid here (in the journal or in the record itself): never clean
+                    // while the write may land.
+                    r.valid[w] |= bit;
+                    r.dirty[w] |= bit;
+                } else if !ssd && r.dirty[w] & bit == 0 {
+                    // Clean here (in the journal or the record): not once the backing
+                    // store may hold newer bytes.
+                    r.valid[w] &= !bit;
+                }
+            }
+        }
+        records.retain(|r| before.iter().any(|p| p.slot == r.slot && (p.dirty != r.dirty || p.valid != r.valid)));
+        for r in records.iter_mut().filter(|r| r.valid.iter().all(|&w| w == 0)) {
+            r.block = None; // nothing valid left: the slot is free in the journal's eyes
+        }
+        records
+    }
+
+    /// Lets a job held for an intent commit go on (`Some(failure)`: the commit failed, the
+    /// job fails without running).
+    pub(crate) fn release_held(&mut self, (id, key): (ReqId, usize), failure: Option<Failure>) {
+        let Some(job) = self.flight.jobs.get_mut(key).filter(|j| j.id == id && j.held) else { return };
+        job.held = false;
+        if let Some(f) = failure {
+            job.failure.get_or_insert(f);
+        }
+        self.advance(key);
+    }
+
+    /// Persistent mode: a job writing a block to its backing store while the journal may
+    /// still record that block clean in a slot in limbo waits for the next commit (which
+    /// frees that slot). Returns whether it is held.
+    pub(crate) fn hold_for_vouched(&self, ops: &[DeviceOp]) -> bool {
+        if self.dur.vouched_elsewhere.is_empty() {
+            return false;
+        }
+        let bs = self.cfg.block_size;
+        let clean_in_limbo = |op: &DeviceOp| {
+            let (k, (lo, hi)) = (pack_key(op.vm, op.block(bs)), op.sectors(bs));
+            op.kind == crate::output::OpKind::BackingWrite
+                && self.dur.vouched_elsewhere.get(&k).is_some_and(|&s| {
+                    let v = self.dur.vouched_sectors(s);
+                    (lo..hi).any(|i| v.get((i / 64) as usize).is_some_and(|w| w >> (i % 64) & 1 == 1))
+                })
+        };
+        ops.iter().any(clean_in_limbo)
+    }
+}

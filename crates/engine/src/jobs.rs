@@ -1,0 +1,242 @@
+//! A job's life once admitted: its ops pin their slots and hold their blocks (`start`),
+//! phases are handed out in order as completions come back, the reply goes when every
+//! sync op is done, and at retirement (or, for a background job of many blocks, block by
+//! block) slots are unpinned and blocks freed for waiting requests. Shrinks and
+//! write-backs that had to skip pinned slots are finished here once those ops end.
+
+use crate::engine::Engine;
+use crate::inflight::{Event, Job, OpState, ReqId};
+use crate::output::{DeviceOp, NO_SLOT};
+use crate::slot_table::pack_key;
+use cachevisor_trace::{Request, VmId};
+
+impl Engine {
+    /// Registers an admitted request's or job's ops (in `job.out`): pins, busy keys,
+    /// first phase.
+    pub(crate) fn start(&mut self, id: ReqId, req: Option<Request>, mut job: Box<Job>) {
+        let bs = self.cfg.block_size;
+        job.req = req;
+        // The request's own keys (ascending), then those of its ops outside them (victims
+        // written back; a background job's), which alone need sorting.
+        let own = match &req {
+            Some(r) => {
+                job.keys.extend(self.request_keys(r));
+                (job.keys.first().copied().unwrap_or(1), job.keys.last().copied().unwrap_or(0))
+            }
+            None => (1, 0),
+        };
+        let key = self.flight.jobs.vacant_key(); // where it goes (nothing is inserted before)
+        for op in &mut job.out.ops {
+            op.req = id;
+            op.job = key as u32;
+            let k = pack_key(op.vm, op.block(bs));
+            if !(own.0..=own.1).contains(&k) {
+                job.keys.push(k);
+            }
+            if op.slot != NO_SLOT {
+                *self.flight.pins.entry(op.slot).or_default() += 1;
+            }
+        }
+        if !job.keys.is_sorted() {
+            job.keys.sort_unstable();
+        }
+        job.keys.dedup();
+        for &k in &job.keys {
+            *self.flight.busy.entry(k).or_default() += 1;
+        }
+        let n = job.out.ops.len();
+        // Usually the ops come in phase order already; else an index in phase order
+        // (stable: arrival order inside a phase).
+        if !job.out.ops.is_sorted_by_key(|o| o.phase) {
+            // Few distinct phases: one pass per phase, lowest first (stable, no sort).
+            let Job { order, out, .. } = &mut *job;
+            let mut phase = out.ops.iter().map(|o| o.phase).min().unwrap_or(0);
+            loop {
+                order.extend((0..n as u32).filter(|&i| out.ops[i as usize].phase == phase));
+                let next = out.ops.iter().map(|o| o.phase).filter(|&p| p > phase).min();
+                match next {
+                    Some(p) => phase = p,
+                    None => break,
+                }
+            }
+        }
+        job.sync_left = job.out.ops.iter().filter(|o| o.sync).count();
+        if req.is_none() && job.keys.len() > 1 {
+            let Job { by_key, groups, out, .. } = &mut *job;
+            let key = |i: u32| pack_key(out.ops[i as usize].vm, out.ops[i as usize].block(bs));
+            by_key.extend(0..n as u32);
+            by_key.sort_by_key(|&i| key(i));
+            let mut at = 0;
+            while at < n {
+                let k = key(by_key[at]);
+                let len = by_key[at..].iter().take_while(|&&i| key(i) == k).count();
+                groups.insert(k, (at as u32, len as u32, len as u32));
+                at += len;
+            }
+        }
+        job.state.resize(n, OpState::Pending);
+        job.id = id;
+        job.held |= self.hold_for_vouched(&job.out.ops);
+        if job.held {
+            self.dur.held.push(((id, key), None));
+        }
+        let at = self.flight.jobs.insert(job);
+        debug_assert_eq!(at, key);
+        self.advance(key);
+    }
+
+    /// Hands out the next phase, replies, repairs and retires as the job's state allows;
+    /// whether it retired.
+    pub(crate) fn advance(&mut self, key: usize) -> bool {
+        let job = &mut self.flight.jobs[key];
+        let id = job.id;
+        if job.held && job.failure.is_none() {
+            return false;
+        }
+        if job.failure.is_none() {
+            // The phase handed out ended: the next one (the lowest with ops not done).
+            let at = |job: &Job, k: usize| if job.order.is_empty() { k } else { job.order[k] as usize };
+            let n = job.out.ops.len();
+            if job.issued == 0 && job.cursor < n {
+                let phase = job.out.ops[at(job, job.cursor)].phase;
+                while job.cursor < n {
+                    let i = at(job, job.cursor);
+                    let op = job.out.ops[i];
+                    if op.phase != phase {
+                        break;
+                    }
+                    job.state[i] = OpState::Issued;
+                    job.issued += 1;
+                    job.cursor += 1;
+                    self.flight.ready.push_back(op);
+                }
+            }
+            if job.sync_left == 0 && !job.replied && job.req.is_some() {
+                job.replied = true;
+                let blocks = std::mem::take(&mut job.out.blocks); // replied once
+                self.flight.events.push_back(Event::Reply { req: id, result: Ok(()), blocks });
+            }
+            if job.done < n {
+                return false;
+            }
+        } else if job.in_flight() {
+            return false;
+        }
+        let mut job = self.flight.jobs.remove(key);
+        if let Some(f) = job.failure {
+            self.repair(&job);
+            if job.req.is_some() && !job.replied {
+                let blocks = std::mem::take(&mut job.out.blocks);
+                self.flight.events.push_back(Event::Reply { req: id, result: Err(f), blocks });
+            }
+        }
+        let bs = self.cfg.block_size;
+        let released = |k: u64| !job.groups.is_empty() && job.groups.get(&k).is_some_and(|g| g.2 == 0);
+        for op in &job.out.ops {
+            if op.slot != NO_SLOT && !released(pack_key(op.vm, op.block(bs))) {
+                self.unpin(op.slot);
+            }
+        }
+        for &k in &job.keys {
+            if !released(k) {
+                self.unbusy(k);
+            }
+        }
+        self.settle();
+        self.flight.events.push_back(Event::Retired { req: id, failed: job.failure.is_some() });
+        self.retire_job(job);
+        if self.flight.refill_job == Some(id) {
+            self.flight.refill_job = None;
+            self.dur.refilling = false;
+        }
+        self.finish_commands();
+        true
+    }
+
+    /// A background job's op on `op`'s block succeeded: once every op of that block did,
+    /// its slots are unpinned and its key freed (the caller checked that the job releases
+    /// block by block and nothing of it failed).
+    pub(crate) fn release_block(&mut self, key: usize, op: DeviceOp) -> bool {
+        let bs = self.cfg.block_size;
+        let job = &mut self.flight.jobs[key];
+        let block = pack_key(op.vm, op.block(bs));
+        let g = job.groups.get_mut(&block).expect("every op's block has a group");
+        g.2 -= 1;
+        if g.2 > 0 {
+            return false;
+        }
+        let (at, len) = (g.0 as usize, g.1 as usize);
+        for k in at..at + len {
+            let job = &self.flight.jobs[key];
+            let slot = job.out.ops[job.by_key[k] as usize].slot;
+            if slot != NO_SLOT {
+                self.unpin(slot);
+            }
+        }
+        self.unbusy(block);
+        true
+    }
+
+    /// One op on slot `s` ended for good: the slot is free of it (and back on the free
+    /// list if it was set aside there while pinned).
+    fn unpin(&mut self, s: u32) {
+        let n = self.flight.pins.get_mut(&s).expect("pinned");
+        *n -= 1;
+        if *n == 0 {
+            self.flight.pins.remove(&s);
+            if !self.parked.is_empty() && self.parked.remove(&s) {
+                self.free.push_back(&mut self.slots, s);
+            }
+        }
+    }
+
+    /// One job holding block key `k` let go of it.
+    fn unbusy(&mut self, k: u64) {
+        let n = self.flight.busy.get_mut(&k).expect("busy");
+        *n -= 1;
+        if *n == 0 {
+            self.flight.busy.remove(&k);
+            if self.flight.queues.contains_key(&k) {
+                self.flight.freed.push(k);
+            }
+        }
+    }
+
+    /// A shrink ([`Self::set_target`]) stops at slots with ops in flight; once ops end,
+    /// partitions still above their target give back the rest as a background job. Dirty
+    /// blocks a flush leaving write-back skipped are written back the same way.
+    fn finish_commands(&mut self) {
+        if !self.left_dirty.is_empty() && !self.flight.hold {
+            let spb = self.spb;
+            let (ready, busy): (Vec<u32>, Vec<u32>) =
+                std::mem::take(&mut self.left_dirty).into_iter().partition(|&s| !self.flight.pinned(s));
+            self.left_dirty = busy;
+            if !ready.is_empty() {
+                self.submit_job(|e, out| {
+                    for s in ready {
+                        let k = e.slots.key(s);
+                        if k == crate::slot_table::FREE_KEY || !e.dirty.any(s, (0, spb)) {
+                            continue;
+                        }
+                        let vm = crate::slot_table::key_vm(k);
+                        let p = &e.vms[vm as usize];
+                        if p.write_policy != crate::WritePolicy::Wb && !p.bypass {
+                            e.writeback(vm, s, (0, spb), 0, false, out);
+                        }
+                    }
+                });
+            }
+        }
+        if self.shared.is_some() || !std::mem::take(&mut self.shrink_due) {
+            return;
+        }
+        for vm in 0..self.vms.len() as VmId {
+            let p = &self.vms[vm as usize];
+            if p.used > p.target {
+                let target = p.target;
+                self.submit_job(|e, out| e.set_target(vm, target, out));
+                self.shrink_due = true; // until a pass finds every partition at its target
+            }
+        }
+    }
+}

@@ -3,12 +3,13 @@
 //!
 //! - `bench sim`: a Zipf trace of single-block reads (10 M requests over 1 M blocks by
 //!   default) in libCacheSim's oracleGeneral format, replayed end to end (read file +
-//!   cache) by cachevisor's LRU and, when the `libcachesim` Python package is installed,
-//!   by libCacheSim's LRU on the same file; then the engine alone and the full simulator
-//!   per replacement policy, and the bundled real traces through the full simulator.
+//!   cache) by cachevisor's LRU and CLOCK and, given `--cachesim PATH`, by libCacheSim's
+//!   `cachesim` (its C tool, built in Release from its source beside the project) on the
+//!   same file; then the engine alone and the full simulator per replacement policy, and
+//!   the bundled real traces through the full simulator.
 //! - `bench parse`: requests per second of every reader.
-//! - `bench analyze`: exact and SHARDS miss-ratio curves against libCacheSim's LRU run
-//!   at several sizes on the same file.
+//! - `bench analyze`: exact and SHARDS miss-ratio curves against libCacheSim's
+//!   `cachesim` LRU run at several sizes on the same file (`--cachesim PATH`).
 //! - `bench memory`: fills an engine of the given cache size and reports metadata bytes
 //!   per slot and peak RSS.
 
@@ -50,6 +51,12 @@ pub enum BenchCmd {
         /// Directory for the generated trace (kept for reuse).
         #[arg(long, default_value = "out/bench")]
         dir: PathBuf,
+        /// libCacheSim's `cachesim` binary (built in Release from its source) to compare with.
+        #[arg(long)]
+        cachesim: Option<PathBuf>,
+        /// Skip the bundled real traces.
+        #[arg(long)]
+        no_bundled: bool,
     },
     /// Miss-ratio-curve speed and memory: exact vs SHARDS vs libCacheSim LRU at several sizes.
     Analyze {
@@ -68,6 +75,9 @@ pub enum BenchCmd {
         /// Directory for the generated trace.
         #[arg(long, default_value = "out/bench")]
         dir: PathBuf,
+        /// libCacheSim's `cachesim` binary (built in Release from its source) to compare with.
+        #[arg(long)]
+        cachesim: Option<PathBuf>,
     },
     /// Parsing speed of every trace format.
     Parse {
@@ -219,11 +229,13 @@ pub enum BenchCmd {
 /// Runs a bench.
 pub fn run(c: BenchCmd) -> anyhow::Result<()> {
     match c {
-        BenchCmd::Sim { requests, blocks, cache_blocks, alpha, reps, dir } => {
-            bench_sim(requests, blocks, cache_blocks, alpha, reps, &dir)
+        BenchCmd::Sim { requests, blocks, cache_blocks, alpha, reps, dir, cachesim, no_bundled } => {
+            bench_sim(requests, blocks, cache_blocks, alpha, reps, &dir, cachesim.as_deref(), !no_bundled)
         }
         BenchCmd::Parse { requests, reps, dir } => bench_parse(requests, reps, &dir),
-        BenchCmd::Analyze { requests, blocks, alpha, reps, dir } => bench_analyze(requests, blocks, alpha, reps, &dir),
+        BenchCmd::Analyze { requests, blocks, alpha, reps, dir, cachesim } => {
+            bench_analyze(requests, blocks, alpha, reps, &dir, cachesim.as_deref())
+        }
         BenchCmd::Memory { cache_size, block_size, last_access } => bench_memory(cache_size, block_size, last_access),
         BenchCmd::Datapath {
             disk_size,
@@ -333,37 +345,26 @@ fn ours_end_to_end(path: &Path, kind: ReplacementKind, slots: u64) -> anyhow::Re
     Ok((n as f64 / t.elapsed().as_secs_f64() / 1e6, hits as f64 / n as f64))
 }
 
-const LCS_SCRIPT: &str = r#"
-import sys, time
-import libcachesim as lcs
-path, cache_bytes, algo = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-reader = lcs.TraceReader(path, lcs.TraceType.ORACLE_GENERAL_TRACE)
-cache = getattr(lcs, algo)(cache_size=cache_bytes)
-t = time.perf_counter()
-res = cache.process_trace(reader)
-dt = time.perf_counter() - t
-miss = res[0] if isinstance(res, (tuple, list)) else res
-print(dt, miss)
-"#;
-
-/// libCacheSim's Python binding on the same file; (M req/s, hit ratio), `None` if absent.
-fn libcachesim(path: &Path, slots: u64, requests: u64, algo: &str) -> Option<(f64, f64)> {
-    let out = Command::new("python3")
-        .arg("-c")
-        .arg(LCS_SCRIPT)
+/// libCacheSim's `cachesim` (C, single-threaded) on the same oracleGeneral file, end to
+/// end (process wall time: reading the file and the cache): (M req/s, hit ratio).
+fn cachesim(bin: &Path, path: &Path, slots: u64, requests: u64, algo: &str) -> anyhow::Result<(f64, f64)> {
+    let t = Instant::now();
+    let out = Command::new(bin)
         .arg(path)
-        .arg((slots * 4096).to_string())
-        .arg(algo)
+        .args(["oracleGeneral", algo, &(slots * 4096).to_string(), "--num-thread=1"])
         .output()
-        .ok()?;
-    if !out.status.success() {
-        return None;
-    }
+        .with_context(|| format!("running {}", bin.display()))?;
+    let secs = t.elapsed().as_secs_f64();
     let text = String::from_utf8_lossy(&out.stdout);
-    let mut it = text.split_whitespace();
-    let dt: f64 = it.next()?.parse().ok()?;
-    let miss: f64 = it.next()?.parse().ok()?;
-    Some((requests as f64 / dt / 1e6, 1.0 - miss))
+    anyhow::ensure!(out.status.success(), "{} failed: {}", bin.display(), String::from_utf8_lossy(&out.stderr));
+    // "… LRU cache size 781MiB, 3000000 req, miss ratio 0.1776, throughput 5.16 MQPS"
+    let miss = text
+        .split("miss ratio")
+        .nth(1)
+        .and_then(|t| t.trim_start().split(|c: char| c == ',' || c.is_whitespace()).next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .with_context(|| format!("no miss ratio in {}'s output: {text}", bin.display()))?;
+    Ok((requests as f64 / secs / 1e6, 1.0 - miss))
 }
 
 fn engine_alone(reqs: &[Request], kind: ReplacementKind, slots: u64) -> f64 {
@@ -394,13 +395,20 @@ fn full_sim(
     Ok((r.total.requests as f64 / t.elapsed().as_secs_f64() / 1e6, r.total.hit_ratio))
 }
 
-fn bench_sim(requests: u64, blocks: u64, slots: u64, alpha: f64, reps: usize, dir: &Path) -> anyhow::Result<()> {
+fn bench_sim(
+    requests: u64,
+    blocks: u64,
+    slots: u64,
+    alpha: f64,
+    reps: usize,
+    dir: &Path,
+    lcs: Option<&Path>,
+    bundled: bool,
+) -> anyhow::Result<()> {
     let path = zipf_file(dir, requests, blocks, alpha)?;
     println!("Zipf({alpha}) trace: {requests} single-block reads over {blocks} blocks, cache {slots} blocks; {reps} interleaved repetitions, medians");
-    let has_lcs =
-        Command::new("python3").args(["-c", "import libcachesim"]).status().map(|s| s.success()).unwrap_or(false);
-    if !has_lcs {
-        println!("(libcachesim Python package not installed: `pip install libcachesim` to compare)");
+    if lcs.is_none() {
+        println!("(no --cachesim PATH: libCacheSim's cachesim, built in Release from its source, to compare)");
     }
     let (mut ours, mut theirs, mut ours_clock, mut theirs_clock) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut hr_ours, mut hr_theirs) = (0.0, 0.0);
@@ -408,21 +416,22 @@ fn bench_sim(requests: u64, blocks: u64, slots: u64, alpha: f64, reps: usize, di
         let (s, h) = ours_end_to_end(&path, ReplacementKind::Lru, slots)?;
         ours.push(s);
         hr_ours = h;
-        if has_lcs {
-            if let Some((s, h)) = libcachesim(&path, slots, requests, "LRU") {
-                theirs.push(s);
-                hr_theirs = h;
-            }
-            if let Some((s, _)) = libcachesim(&path, slots, requests, "Clock") {
-                theirs_clock.push(s);
-            }
+        if let Some(bin) = lcs {
+            let (s, h) = cachesim(bin, &path, slots, requests, "LRU")?;
+            theirs.push(s);
+            hr_theirs = h;
+            theirs_clock.push(cachesim(bin, &path, slots, requests, "Clock")?.0);
         }
         ours_clock.push(ours_end_to_end(&path, ReplacementKind::Clock, slots)?.0);
     }
     println!("\nend to end (read oracleGeneral file + cache), M requests/s:");
     println!("  cachevisor LRU    {:>7.2}   hit ratio {:.6}", median(ours.clone()), hr_ours);
     if !theirs.is_empty() {
-        println!("  libCacheSim LRU   {:>7.2}   hit ratio {:.6}   (Python binding)", median(theirs.clone()), hr_theirs);
+        println!(
+            "  libCacheSim LRU   {:>7.2}   hit ratio {:.4}       (cachesim, which prints 4 decimals; process wall time)",
+            median(theirs.clone()),
+            hr_theirs
+        );
         println!("  ratio cachevisor / libCacheSim, LRU: {:.2}×", median(ours.clone()) / median(theirs.clone()));
     }
     println!("  cachevisor CLOCK  {:>7.2}", median(ours_clock.clone()));
@@ -448,7 +457,7 @@ fn bench_sim(requests: u64, blocks: u64, slots: u64, alpha: f64, reps: usize, di
         println!("  {:<10} {:>36.2} {:>17.2}", kind.name(), median(alone), median(sim));
     }
     drop(reqs);
-    if let Ok(files) = demo_traces() {
+    if let Some(files) = demo_traces().ok().filter(|_| bundled) {
         println!("\nbundled real traces (3 VMs, 145,654 requests, 256 MiB cache), full simulation, M requests/s:");
         for kind in ReplacementKind::ALL {
             let runs: Vec<f64> = (0..reps)
@@ -556,14 +565,19 @@ fn profile_speed(reqs: &[Request], m: Method) -> (f64, u64, DistanceHistogram) {
     (rate, vm.memory_bytes() as u64, vm.histogram(Kind::All))
 }
 
-fn bench_analyze(requests: u64, blocks: u64, alpha: f64, reps: usize, dir: &Path) -> anyhow::Result<()> {
+fn bench_analyze(
+    requests: u64,
+    blocks: u64,
+    alpha: f64,
+    reps: usize,
+    dir: &Path,
+    bin: Option<&Path>,
+) -> anyhow::Result<()> {
     let path = zipf_file(dir, requests, blocks, alpha)?;
     let mut src = open_trace(&path, &ReadOptions { format: Some(Format::OracleGeneral), ..Default::default() })?;
     let mut reqs = Vec::with_capacity(requests as usize);
     while src.next_batch(&mut reqs, 1 << 16)? > 0 {}
     println!("Zipf({alpha}) trace: {requests} single-block reads over {blocks} blocks; {reps} interleaved repetitions, medians");
-    let has_lcs =
-        Command::new("python3").args(["-c", "import libcachesim"]).status().map(|s| s.success()).unwrap_or(false);
     let sizes = [blocks / 100, blocks / 20, blocks / 10, blocks / 4, blocks / 2];
     let (mut exact, mut shards, mut lcs) = (Vec::new(), Vec::new(), Vec::new());
     let (mut mem_exact, mut mem_shards) = (0, 0);
@@ -576,18 +590,15 @@ fn bench_analyze(requests: u64, blocks: u64, alpha: f64, reps: usize, dir: &Path
         let (r, m, h) = profile_speed(&reqs, Method::ShardsRate { rate: 0.01 });
         shards.push(r);
         (mem_shards, h_shards) = (m, h);
-        if has_lcs {
+        if let Some(bin) = bin {
             let mut total_s = 0.0;
             lcs_hits.clear();
             for &c in &sizes {
-                if let Some((rate, hr)) = libcachesim(&path, c, requests, "LRU") {
-                    total_s += requests as f64 / (rate * 1e6);
-                    lcs_hits.push(hr);
-                }
+                let (rate, hr) = cachesim(bin, &path, c, requests, "LRU")?;
+                total_s += requests as f64 / (rate * 1e6);
+                lcs_hits.push(hr);
             }
-            if lcs_hits.len() == sizes.len() {
-                lcs.push(requests as f64 / total_s / 1e6);
-            }
+            lcs.push(requests as f64 / total_s / 1e6);
         }
     }
     let (e, s) = (median(exact), median(shards));
@@ -606,16 +617,16 @@ fn bench_analyze(requests: u64, blocks: u64, alpha: f64, reps: usize, dir: &Path
     );
     if !lcs.is_empty() {
         let l = median(lcs);
-        println!("  libCacheSim LRU (Python), {} sizes, one replay each: {l:.2} M requests/s per size for the {} sizes together", sizes.len(), sizes.len());
+        println!("  libCacheSim cachesim LRU, {} sizes, one replay each: {l:.2} M requests/s per size for the {} sizes together", sizes.len(), sizes.len());
         println!("  ratio exact curve / libCacheSim for those sizes: {:.2}×", e / l);
         for (c, hr) in sizes.iter().zip(&lcs_hits) {
             println!(
-                "    {c:>8} blocks: libCacheSim hit ratio {hr:.6}, exact curve {:.6}",
+                "    {c:>8} blocks: libCacheSim hit ratio {hr:.4} (4 decimals printed), exact curve {:.6}",
                 1.0 - h_exact.miss_ratio_at(*c)
             );
         }
     } else {
-        println!("  (libcachesim Python package not installed: `pip install libcachesim` to compare)");
+        println!("  (no --cachesim PATH: libCacheSim's cachesim, built in Release from its source, to compare)");
     }
     println!("\npeak RSS {}", format_size(peak_rss_bytes()));
     Ok(())

@@ -308,3 +308,43 @@ fn new_users_are_told_what_is_going_on() {
     assert_eq!(requests("0\tvmA\tR\t8\t4096\n1000\tvmA\tW\t16\t4096\n"), 2);
     assert_eq!(requests("time\tvm\top\toffset\tlen\n0\tvmA\tR\t8\t4096\n"), 1);
 }
+
+#[test]
+fn bench_sim_reads_cachesims_output_and_names_a_bad_peer() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display().to_string();
+    let script = |name: &str, body: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        p.display().to_string()
+    };
+    // A stand-in printing cachesim's result line: its miss ratio becomes the hit ratio shown.
+    let fake = script("cachesim", "echo \"$1 $3 cache size 1MiB, 20000 req, miss ratio 0.2500, throughput 1.00 MQPS\"");
+    let quick = ["bench", "sim", "--requests", "20000", "--blocks", "2000", "--cache-blocks", "200", "--reps", "1"];
+    let args = |peer: &str| -> Vec<String> {
+        quick
+            .iter()
+            .map(|s| s.to_string())
+            .chain(["--no-bundled", "--dir", &d, "--cachesim", peer].map(String::from))
+            .collect()
+    };
+    let run_args = |a: Vec<String>| bin().args(&a).output().unwrap();
+    let o = run_args(args(&fake));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(out.contains("hit ratio 0.7500       (cachesim"), "{out}");
+    assert!(out.contains("ratio cachevisor / libCacheSim, CLOCK"), "{out}");
+    assert!(!out.contains("bundled real traces"), "--no-bundled: {out}");
+    // A peer that is not there, or prints no result, is named.
+    let missing = dir.path().join("nowhere/cachesim").display().to_string();
+    let o = run_args(args(&missing));
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("nowhere/cachesim"), "{}", String::from_utf8_lossy(&o.stderr));
+    let mute = script("mute", "echo usage");
+    let o = run_args(args(&mute));
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("no miss ratio") && err.contains("mute"), "{err}");
+}

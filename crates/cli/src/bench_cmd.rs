@@ -230,7 +230,8 @@ pub enum BenchCmd {
 pub fn run(c: BenchCmd) -> anyhow::Result<()> {
     match c {
         BenchCmd::Sim { requests, blocks, cache_blocks, alpha, reps, dir, cachesim, no_bundled } => {
-            bench_sim(requests, blocks, cache_blocks, alpha, reps, &dir, cachesim.as_deref(), !no_bundled)
+            let zipf = Zipf { requests, blocks, alpha };
+            bench_sim(zipf, cache_blocks, reps, &dir, cachesim.as_deref(), !no_bundled)
         }
         BenchCmd::Parse { requests, reps, dir } => bench_parse(requests, reps, &dir),
         BenchCmd::Analyze { requests, blocks, alpha, reps, dir, cachesim } => {
@@ -395,11 +396,16 @@ fn full_sim(
     Ok((r.total.requests as f64 / t.elapsed().as_secs_f64() / 1e6, r.total.hit_ratio))
 }
 
-fn bench_sim(
+/// The generated Zipf trace of a bench.
+struct Zipf {
     requests: u64,
     blocks: u64,
-    slots: u64,
     alpha: f64,
+}
+
+fn bench_sim(
+    Zipf { requests, blocks, alpha }: Zipf,
+    slots: u64,
     reps: usize,
     dir: &Path,
     lcs: Option<&Path>,

@@ -109,13 +109,29 @@ fn one() -> f64 {
 }
 
 /// `[listen]`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ListenConfig {
     /// TCP address.
     pub tcp: Option<String>,
     /// Unix socket path.
     pub unix: Option<PathBuf>,
+    /// How long a connection's reader polls for the next request before it sleeps
+    /// (`nbd/polling.rs`; "0" never polls). Polling spares a client that sends request
+    /// after request the cost of waking a sleeping CPU; it stops for idle clients and at
+    /// most all CPUs but one poll at once. At most 1ms.
+    #[serde(default = "default_poll")]
+    pub poll: String,
+}
+
+impl Default for ListenConfig {
+    fn default() -> Self {
+        ListenConfig { tcp: None, unix: None, poll: default_poll() }
+    }
+}
+
+fn default_poll() -> String {
+    "50us".into()
 }
 
 /// `[api]`: the HTTP control API.
@@ -243,6 +259,7 @@ params = {}                   # default {}: the allocator's parameters over its 
 [listen]                      # at least one of tcp and unix
 tcp = "127.0.0.1:10809"       # loopback, or a test namespace address
 unix = "var/cachevisor.sock"  # a unix socket (a stale one is replaced)
+poll = "50us"                 # default 50us, 0 to 1ms: a connection polls this long for its next request before sleeping ("0": never)
 
 [api]                         # the HTTP API and /metrics; omit the section to disable
 listen = "127.0.0.1:10810"
@@ -286,6 +303,8 @@ pub struct Resolved {
     pub interval_ns: u64,
     /// Background destaging in bytes per second (0 = off).
     pub flush_rate: u64,
+    /// A connection reader's poll before it sleeps, ns (`listen.poll`).
+    pub poll_ns: u64,
 }
 
 impl Config {
@@ -348,6 +367,11 @@ impl Config {
         if let Some(t) = &self.listen.tcp {
             t.parse::<SocketAddr>().map_err(|e| format!("listen.tcp: `{t}`: {e}"))?;
         }
+        let poll_ns =
+            cachevisor_trace::units::parse_duration_ns(&self.listen.poll).map_err(|e| format!("listen.poll: {e}"))?;
+        if poll_ns > 1_000_000 {
+            return Err(format!("listen.poll: `{}` is over 1ms (polling longer wastes CPU)", self.listen.poll));
+        }
         if let Some(a) = &self.api {
             a.listen.parse::<SocketAddr>().map_err(|e| format!("api.listen: `{}`: {e}", a.listen))?;
             if a.token.as_ref().is_some_and(|t| t.len() < 16) {
@@ -370,6 +394,7 @@ impl Config {
             slots,
             interval_ns: cachevisor_trace::units::parse_duration_ns(&self.cache.interval).expect("checked"),
             flush_rate: parse_size(&self.cache.flush_rate).expect("checked"),
+            poll_ns,
         })
     }
 }
@@ -428,6 +453,8 @@ mod tests {
             ("write_policy = \"wt\"", "write_policy = \"wt\"\nallocator = \"s-cave\"", "cache.replacement"),
             ("127.0.0.1:10810", "localhost:10810", "api.listen"),
             ("listen = \"127.0.0.1:10810\"", "listen = \"127.0.0.1:10810\"\ntoken = \"short\"", "api.token"),
+            ("[listen]", "[listen]\npoll = \"2ms\"", "listen.poll"),
+            ("[listen]", "[listen]\npoll = \"soon\"", "listen.poll"),
             ("name = \"vm1\"", "name = \"vm1\"\nratio = 0.0", "vdisk[0] (vm1).ratio"),
             ("name = \"vm1\"", "name = \"vm1\"\nmin = \"x\"", "vdisk[0] (vm1).min"),
             ("name = \"vm1\"", "name = \"vm1\"\nsequential_cutoff = \"x\"", "vdisk[0] (vm1).sequential_cutoff"),

@@ -4,11 +4,22 @@
 
 use crate::daemon::Daemon;
 use crate::nbd::handshake::{negotiate, Negotiated};
+use crate::nbd::polling::{Pollers, PollingReader};
 use crate::nbd::transmission_async::{latency_of, serve};
 use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::os::unix::net::UnixListener;
 use std::sync::Arc;
+use std::time::Duration;
+
+/// How a server's connections poll for requests (`nbd/polling.rs`).
+#[derive(Debug, Clone)]
+pub struct Polling {
+    /// How long a reader polls before it sleeps (zero: never).
+    pub poll: Duration,
+    /// The readers that may poll at once.
+    pub pollers: Arc<Pollers>,
+}
 
 /// A stream whose halves can be used apart (TCP and unix sockets).
 pub trait Split: Read + Write + Sized {
@@ -29,7 +40,7 @@ impl Split for std::os::unix::net::UnixStream {
 }
 
 /// Runs one connection to its end.
-pub fn connection<S: Split + Send + 'static>(mut s: S, d: &Daemon, peer: &str) {
+pub fn connection<S: Split + std::os::fd::AsFd + Send + 'static>(mut s: S, d: &Daemon, peer: &str, p: &Polling) {
     match negotiate(&mut s, d) {
         Ok(Negotiated::Export(vm)) => {
             tracing::info!(peer, export = %d.export(vm).map_or(String::new(), |e| e.name), "connected");
@@ -39,7 +50,8 @@ pub fn connection<S: Split + Send + 'static>(mut s: S, d: &Daemon, peer: &str) {
             };
             let Some(export) = d.export(vm) else { return }; // removed meanwhile
             let latency = Some(latency_of(d.metrics(), &export.name));
-            if let Err(e) = serve(s, writer, d.datapath(), vm, export.size, latency) {
+            let reader = PollingReader::new(s, p.poll, p.pollers.clone());
+            if let Err(e) = serve(reader, writer, d.datapath(), vm, export.size, latency) {
                 tracing::info!(peer, %e, "connection ended");
             }
         }
@@ -49,14 +61,14 @@ pub fn connection<S: Split + Send + 'static>(mut s: S, d: &Daemon, peer: &str) {
 }
 
 /// Accepts TCP connections forever.
-pub fn tcp(l: TcpListener, d: Arc<Daemon>) {
+pub fn tcp(l: TcpListener, d: Arc<Daemon>, p: Polling) {
     for s in l.incoming() {
         match s {
             Ok(s) => {
                 let _ = s.set_nodelay(true);
                 let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
-                let d = d.clone();
-                crate::datapath::named(format!("cv-nbd {peer}"), move || connection(s, &d, &peer));
+                let (d, p) = (d.clone(), p.clone());
+                crate::datapath::named(format!("cv-nbd {peer}"), move || connection(s, &d, &peer, &p));
             }
             Err(e) => tracing::warn!(%e, "accept failed"),
         }
@@ -64,12 +76,12 @@ pub fn tcp(l: TcpListener, d: Arc<Daemon>) {
 }
 
 /// Accepts unix-socket connections forever.
-pub fn unix(l: UnixListener, d: Arc<Daemon>) {
+pub fn unix(l: UnixListener, d: Arc<Daemon>, p: Polling) {
     for s in l.incoming() {
         match s {
             Ok(s) => {
-                let d = d.clone();
-                crate::datapath::named("cv-nbd unix".into(), move || connection(s, &d, "unix"));
+                let (d, p) = (d.clone(), p.clone());
+                crate::datapath::named("cv-nbd unix".into(), move || connection(s, &d, "unix", &p));
             }
             Err(e) => tracing::warn!(%e, "accept failed"),
         }

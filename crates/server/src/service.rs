@@ -63,6 +63,11 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
         .map_err(|e| StartError::Config(format!("partition targets saved from the API: {e}")))?;
     // The interval controller and the background flusher run on the engine's timers
     // (`Schedule`), driven by the data path's ticker.
+    let poll = cfg.resolve().map_err(StartError::Config)?.poll_ns;
+    let polling = listener::Polling {
+        poll: std::time::Duration::from_nanos(poll),
+        pollers: crate::nbd::polling::Pollers::for_this_machine(),
+    };
     let mut tcp = None;
     if let Some(addr) = &cfg.listen.tcp {
         let addr: SocketAddr = addr.parse().map_err(|e| StartError::Config(format!("listen.tcp: `{addr}`: {e}")))?;
@@ -74,8 +79,8 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
         tcp = Some(
             l.local_addr().map_err(|source| StartError::File { path: format!("listen.tcp {addr}"), error: source })?,
         );
-        let d = daemon.clone();
-        std::thread::spawn(move || listener::tcp(l, d));
+        let (d, p) = (daemon.clone(), polling.clone());
+        std::thread::spawn(move || listener::tcp(l, d, p));
     }
     let mut unix = None;
     if let Some(p) = &cfg.listen.unix {
@@ -83,8 +88,8 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
         let l = UnixListener::bind(p)
             .map_err(|source| StartError::File { path: p.display().to_string(), error: source })?;
         unix = Some(p.clone());
-        let d = daemon.clone();
-        std::thread::spawn(move || listener::unix(l, d));
+        let (d, p) = (daemon.clone(), polling.clone());
+        std::thread::spawn(move || listener::unix(l, d, p));
     }
     let mut api = None;
     if let Some(a) = &cfg.api {

@@ -3,5 +3,6 @@
 
 pub mod client;
 pub mod handshake;
+pub mod polling;
 pub mod proto;
 pub mod transmission_async;

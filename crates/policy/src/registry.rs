@@ -14,12 +14,13 @@ use crate::symflex_proportional::SymflexProportional;
 use crate::symflex_weighted::SymflexWeighted;
 
 /// Names of every allocator.
-pub const NAMES: [&str; 9] = [
+pub const NAMES: [&str; 10] = [
     "static",
     "optimal",
     "symflex-weighted",
     "symflex-proportional",
     "s-cave",
+    "s-cave-literal",
     "eci-cache",
     "centaur",
     "scave-recs",
@@ -55,6 +56,7 @@ pub fn build_with(name: &str, params: &Params) -> Result<Box<dyn Allocator>, Str
         }
         "symflex-proportional" => Box::new(SymflexProportional::from_params(params)?),
         "s-cave" | "scave" => Box::new(Scave::new(ScaveParams::from_params(params)?)),
+        "s-cave-literal" => Box::new(Scave::literal(ScaveParams::from_params(params)?)),
         "eci-cache" | "eci" => Box::new(EciCache::from_params(params)?),
         "scave-recs" => Box::new(ScaveTracker::with_params(Metric::Recs, ScaveParams::from_params(params)?)),
         "scave-hitratio" => Box::new(ScaveTracker::with_params(Metric::HitRatio, ScaveParams::from_params(params)?)),

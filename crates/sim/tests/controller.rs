@@ -40,17 +40,25 @@ fn s_cave_needs_clock_and_runs_its_cleaner_and_write_policy() {
     let r = simulate(&s, &mut |_| {}).unwrap();
     // Write-through with write-around misses for every VM (S-CAVE §V-C), so nothing dirty.
     assert!(r.windows.iter().skip(2).all(|w| w.write_policy == WritePolicy::Wa && w.dirty_blocks == 0));
-    // Once the pool filled, allocations are capped at 95% in total.
-    let last = r.windows.iter().rev().take(2).map(|w| w.target_blocks).sum::<u64>();
-    assert!(last <= r.resolved.slots * 95 / 100, "{last} of {}", r.resolved.slots);
+    // Once the pool filled, control starts (Alg. 1 line 7); every capped window's
+    // allocations total at most 95% (lines 34–39).
+    let slots = r.resolved.slots;
+    let windows: Vec<u64> = (0..=r.windows.iter().map(|w| w.window).max().unwrap()).collect();
+    let targets = |i: u64| r.windows.iter().filter(|w| w.window == i).map(|w| w.target_blocks).collect::<Vec<_>>();
+    let capped: Vec<u64> = windows.iter().copied().filter(|&i| targets(i).iter().all(|&t| t < slots)).collect();
+    assert!(!capped.is_empty(), "control never started");
+    for i in capped {
+        let total = targets(i).iter().sum::<u64>();
+        assert!(total <= slots * 95 / 100, "window {i}: {total} of {slots}");
+    }
 }
 
-/// S-CAVE's intent: the VM with reuse ends with more cache than the one without. Since
-/// the simulator runs the engine's asynchronous face (ops in flight, the cleaner in the
-/// engine), this run's trajectory differs slightly, and from window 20 on the reusing
-/// VM's rECS dips (0.527 → 0.523), Algorithm 1's trend rule shrinks it, its hit ratio
-/// and rECS fall further, and it ends with 2 blocks against 1,318: the feedback spiral
-/// issue 13 ("why S-CAVE falls behind even equal partitions") is about.
+/// S-CAVE's intent: while both run, the VM with reuse holds more cache than the one
+/// without. Still open (issue 13): with `s-cave` the reusing VM's rECS dips around window
+/// 20, Algorithm 1's trend rule shrinks it, its hit ratio and rECS fall further, and it
+/// holds 599 blocks on average against 1,119 for the VM without reuse. `s-cave-literal`
+/// (caps lifted whenever more than 5% is free) passes this run but loses the seed's own
+/// co-run claims (`scave-corun`: strong VM 71.5% against shared CLOCK's 90.2%).
 #[test]
 #[ignore = "issue 13: S-CAVE's trend rule spirals the reusing VM down on this run"]
 fn s_cave_leaves_the_reusing_vm_more_cache() {
@@ -64,8 +72,15 @@ fn s_cave_leaves_the_reusing_vm_more_cache() {
         synthetic(workload(dir.path(), "b", 2, "[[100%, 100%]]", 0.9, 20)),
     ];
     let r = simulate(&s, &mut |_| {}).unwrap();
-    let t = |vm: &str| r.windows.iter().rev().find(|w| w.vm == vm).unwrap().target_blocks;
-    assert!(t("a") > t("b"), "a {} b {}", t("a"), t("b"));
+    let both: Vec<u64> = (0..=r.windows.iter().map(|w| w.window).max().unwrap())
+        .filter(|&i| r.windows.iter().filter(|w| w.window == i && w.accesses > 0).count() == 2)
+        .collect();
+    assert!(both.len() > 20, "both VMs run for {} windows", both.len());
+    let held = |vm: &str| {
+        r.windows.iter().filter(|w| w.vm == vm && both.contains(&w.window)).map(|w| w.used_blocks).sum::<u64>()
+            / both.len() as u64
+    };
+    assert!(held("a") > held("b"), "mean blocks held: a {} b {}", held("a"), held("b"));
 }
 
 #[test]

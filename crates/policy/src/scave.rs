@@ -244,17 +244,22 @@ mod tests {
         assert!(!d.uncapped);
     }
 
-    #[test]
-    fn literal_line_7_lifts_the_caps_whenever_more_than_5_percent_is_free() {
-        let mut s = Scave::literal(ScaveParams::default());
+    /// Two windows that start control, then one in which a shrink left 6% free.
+    fn capped_then_6_percent_free(s: &mut Scave) -> Decision {
         s.allocate(&full(1000), &[vm(1000, 500, 0.5, 10), vm(1000, 450, 0.5, 10)]);
         let d = s.allocate(&full(1000), &[vm(1000, 500, 0.4, 10), vm(1000, 450, 0.3, 10)]);
         assert!(!d.uncapped);
-        // A shrink freed 6%: the next window is uncapped although the caps total 95%.
-        let d = s.allocate(
+        s.allocate(
             &Pool { capacity: 1000, unit: 1, free_blocks: 60 },
             &[vm(d.targets[0], 490, 0.2, 10), vm(d.targets[1], 450, 0.1, 10)],
-        );
+        )
+    }
+
+    #[test]
+    fn literal_line_7_lifts_the_caps_whenever_more_than_5_percent_is_free() {
+        let mut s = Scave::literal(ScaveParams::default());
+        // A shrink freed 6%: the next window is uncapped although the caps total 95%.
+        let d = capped_then_6_percent_free(&mut s);
         assert!(d.uncapped && d.targets == [1000, 1000], "{d:?}");
         // Once the pool is full again, control resumes from what each VM holds: 560 + 10
         // and 440 − 10, then the 95% cap takes 25 from each.
@@ -266,14 +271,8 @@ mod tests {
     #[test]
     fn control_stays_on_until_the_caps_leave_the_pool_unallocated() {
         let mut s = Scave::default();
-        s.allocate(&full(1000), &[vm(1000, 500, 0.5, 10), vm(1000, 450, 0.5, 10)]);
-        let d = s.allocate(&full(1000), &[vm(1000, 500, 0.4, 10), vm(1000, 450, 0.3, 10)]);
-        assert!(!d.uncapped);
         // A shrink freed 6% but the caps still total 95%: control stays on (no flapping).
-        let d = s.allocate(
-            &Pool { capacity: 1000, unit: 1, free_blocks: 60 },
-            &[vm(d.targets[0], 490, 0.2, 10), vm(d.targets[1], 450, 0.1, 10)],
-        );
+        let d = capped_then_6_percent_free(&mut s);
         assert!(!d.uncapped, "{d:?}");
         // Caps that sank to 85% of the pool with 15% free: that space is free for good, so
         // line 7 lifts the caps (kept, idle VMs' targets sank to 0 and the pool emptied).

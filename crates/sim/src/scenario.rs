@@ -84,7 +84,7 @@ pub struct CacheSection {
     /// coming window. Unset: the policy's own default (`Allocator::every_interval`).
     pub reallocate: Option<bool>,
     /// The allocator's parameters over its seed's defaults (`[cache.params]`, e.g.
-    /// `m = 5`, `alpha = 0.8` for s-cave; `raw_threshold = 0.1` for eci-cache; `gain`,
+    /// `m = 5`, `alpha = 0.8` for s-cave; `raw_threshold = 0.1`, `raw_band = 0.03` for eci-cache; `gain`,
     /// `max_step`, `deadband` for symflex-proportional).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub params: BTreeMap<String, f64>,

@@ -118,7 +118,12 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
     let scave_vs_unmanaged: Vec<String> = sizes
         .iter()
         .map(|&m| {
-            format!("{m} MiB: s-cave {}% vs shared-clock-wa {}%", pct(hit(m, "s-cave")), pct(hit(m, "shared-clock-wa")))
+            format!(
+                "{m} MiB: s-cave {}% (s-cave-literal {}%) vs shared-clock-wa {}%",
+                pct(hit(m, "s-cave")),
+                pct(hit(m, "s-cave-literal")),
+                pct(hit(m, "shared-clock-wa"))
+            )
         })
         .collect();
     let claims = vec![

@@ -2,8 +2,8 @@
 //! slots. See the crate documentation for the call order.
 
 use crate::block_index::BlockIndex;
-use crate::config::{EngineConfig, FillMode, PartitionMode, SECTOR};
-use crate::output::{BlockOutcome, DeviceOp, Evicted, Location, OpId, OpKind, Output, NO_SLOT};
+use crate::config::{EngineConfig, PartitionMode, SECTOR};
+use crate::output::{DeviceOp, Evicted, Location, OpId, OpKind, Output, NO_SLOT};
 use crate::replacement::{AnyReplacement, Replacement};
 use crate::sector_bits::{SectorBits, SectorRange};
 use crate::slot_table::{key_block, key_vm, pack_key, List, SlotTable, FREE_KEY};
@@ -36,9 +36,6 @@ pub struct PartitionInfo {
     pub write_policy: WritePolicy,
 }
 
-/// Pinned victims a miss passes over before it bypasses (`unpinned_victim`).
-const VICTIM_SCAN: usize = 64;
-
 /// The engine.
 #[derive(Debug, Clone)]
 pub struct Engine {
@@ -62,28 +59,28 @@ pub struct Engine {
     pub(crate) shrink_due: bool,
     pub(crate) vms: Vec<Partition>,
     pub(crate) shared: Option<AnyReplacement>,
-    runs: Vec<SectorRange>,
-    runs2: Vec<SectorRange>,
-    now_ms: u32,
+    pub(crate) runs: Vec<SectorRange>,
+    pub(crate) runs2: Vec<SectorRange>,
+    pub(crate) now_ms: u32,
     /// This request takes no new slots (sequential cutoff).
-    no_insert: bool,
+    pub(crate) no_insert: bool,
     /// [`Self::access_no_insert`] is running.
-    force_no_insert: bool,
+    pub(crate) force_no_insert: bool,
     /// Slots whose key or sector bits changed, when a driver asked for them.
-    changed: Option<Vec<u32>>,
+    pub(crate) changed: Option<Vec<u32>>,
     /// Position of the global cleaner's scan (S-CAVE §V-B).
     pub(crate) cleaner_hand: u32,
     /// Id of the next device op emitted.
-    next_op: OpId,
+    pub(crate) next_op: OpId,
     /// The request being processed: (vm, first block, last block, block being processed).
     /// Blocks it used already (first..current) are never its own victims (their ops may
     /// run in the same phase as the eviction's); blocks are processed in ascending order.
-    req_blocks: Option<(VmId, u64, u64, u64)>,
+    pub(crate) req_blocks: Option<(VmId, u64, u64, u64)>,
     /// Blocks of the request being processed that an earlier block of it evicted dirty,
     /// with the phase after that write-back: their own ops start there.
-    req_evicted_dirty: Vec<(u64, u16)>,
+    pub(crate) req_evicted_dirty: Vec<(u64, u16)>,
     /// Added to the phase of every op emitted (see `req_evicted_dirty`).
-    phase_base: u16,
+    pub(crate) phase_base: u16,
     /// Operations in flight and requests waiting for them (see `inflight.rs`).
     pub(crate) flight: crate::inflight::Flight,
     /// Interval, flusher and cleaner timers (see `timers.rs`).
@@ -93,11 +90,11 @@ pub struct Engine {
 }
 
 /// Result of asking for a slot.
-struct Alloc {
-    slot: u32,
-    evicted: Option<Evicted>,
+pub(crate) struct Alloc {
+    pub(crate) slot: u32,
+    pub(crate) evicted: Option<Evicted>,
     /// First phase the new block's own SSD ops may use.
-    phase: u16,
+    pub(crate) phase: u16,
 }
 
 impl Engine {
@@ -341,14 +338,22 @@ impl Engine {
 
     /// An SSD op on sectors of a slot (the slot's key must already name its block).
     #[inline]
-    fn ssd(&self, kind: OpKind, vm: VmId, slot: u32, r: SectorRange, phase: u16, sync: bool) -> DeviceOp {
+    pub(crate) fn ssd(&self, kind: OpKind, vm: VmId, slot: u32, r: SectorRange, phase: u16, sync: bool) -> DeviceOp {
         let block = key_block(self.slots.key(slot));
         self.op(kind, Location::Ssd(0), vm, block, slot, r, phase, sync)
     }
 
     /// A backing op on sectors of a block.
     #[inline]
-    fn backing(&self, kind: OpKind, vm: VmId, block: u64, r: SectorRange, phase: u16, sync: bool) -> DeviceOp {
+    pub(crate) fn backing(
+        &self,
+        kind: OpKind,
+        vm: VmId,
+        block: u64,
+        r: SectorRange,
+        phase: u16,
+        sync: bool,
+    ) -> DeviceOp {
         self.op(kind, Location::Backing(vm), vm, block, NO_SLOT, r, phase, sync)
     }
 
@@ -362,178 +367,6 @@ impl Engine {
         op.id
     }
 
-    #[inline]
-    fn read_block(&mut self, vm: VmId, b: u64, r: SectorRange, out: &mut Output) {
-        let key = pack_key(vm, b);
-        if let Some(s) = self.index.get(key, |x| self.slots.key(x)) {
-            self.touch(vm, s);
-            if self.valid.all(s, r) {
-                let op = DeviceOp { client: true, ..self.ssd(OpKind::SsdRead, vm, s, r, 0, true) };
-                self.emit(out, op);
-                out.blocks.push(BlockOutcome { block: b, hit: true, inserted: false, bypassed: false, evicted: None });
-                return;
-            }
-            // Partial hit: valid sectors from the SSD, the rest from backing, then filled.
-            let mut valid_runs = std::mem::take(&mut self.runs);
-            self.valid.runs(s, r, true, &mut valid_runs);
-            for &run in &valid_runs {
-                let op = DeviceOp { client: true, ..self.ssd(OpKind::SsdRead, vm, s, run, 0, true) };
-                self.emit(out, op);
-            }
-            self.runs = valid_runs;
-            let fill = if self.cfg.fill == FillMode::Block { (0, self.spb) } else { r };
-            self.fill(vm, b, s, fill, 0, out);
-            out.blocks.push(BlockOutcome { block: b, hit: false, inserted: false, bypassed: false, evicted: None });
-            return;
-        }
-        match self.allocate(vm, key, false, out) {
-            Some(a) => {
-                let fill = if self.cfg.fill == FillMode::Block { (0, self.spb) } else { r };
-                self.fill(vm, b, a.slot, fill, a.phase, out);
-                out.blocks.push(BlockOutcome {
-                    block: b,
-                    hit: false,
-                    inserted: true,
-                    bypassed: false,
-                    evicted: a.evicted,
-                });
-            }
-            None => {
-                let op = DeviceOp { client: true, ..self.backing(OpKind::BackingRead, vm, b, r, 0, true) };
-                self.emit(out, op);
-                out.blocks.push(BlockOutcome { block: b, hit: false, inserted: false, bypassed: true, evicted: None });
-            }
-        }
-    }
-
-    /// Reads the invalid sectors of `range` from backing (sync) and writes them into the
-    /// slot (async, from `phase` on, at least after the reads).
-    #[inline]
-    fn fill(&mut self, vm: VmId, b: u64, s: u32, range: SectorRange, phase: u16, out: &mut Output) {
-        let mut runs = std::mem::take(&mut self.runs2);
-        if self.valid.any(s, (0, self.spb)) {
-            self.valid.runs(s, range, false, &mut runs);
-        } else {
-            runs.clear();
-            runs.push(range);
-        }
-        let first = self.next_op;
-        for &run in &runs {
-            let op = DeviceOp { staged: true, client: true, ..self.backing(OpKind::BackingRead, vm, b, run, 0, true) };
-            self.emit(out, op);
-        }
-        for (i, &run) in runs.iter().enumerate() {
-            let op = self.ssd(OpKind::SsdWrite, vm, s, run, phase.max(1), false);
-            self.emit(out, DeviceOp { staged: true, source: std::num::NonZeroU64::new(first + i as u64), ..op });
-            self.valid.set(s, run);
-            self.note(s);
-        }
-        self.runs2 = runs;
-    }
-
-    #[inline]
-    fn write_block(&mut self, vm: VmId, b: u64, r: SectorRange, out: &mut Output) {
-        let policy = self.vms[vm as usize].write_policy;
-        let key = pack_key(vm, b);
-        let resident = self.index.get(key, |x| self.slots.key(x));
-        let allocate = matches!(policy, WritePolicy::Wb | WritePolicy::Wt);
-        let (slot, phase, inserted, evicted) = match (resident, policy) {
-            (_, WritePolicy::Ro) => {
-                let op = DeviceOp { client: true, ..self.backing(OpKind::BackingWrite, vm, b, r, 0, true) };
-                self.emit(out, op);
-                if let Some(s) = resident {
-                    self.invalidate(vm, s, r);
-                }
-                out.blocks.push(BlockOutcome { block: b, hit: false, inserted: false, bypassed: true, evicted: None });
-                return;
-            }
-            (Some(s), _) if self.relocates(policy, s, r) => {
-                // Persistent mode: a write-back write of a whole block the journal vouches
-                // clean moves to a durable free slot instead of waiting for an intent
-                // commit; the old slot, still the journal's copy until the commit that
-                // frees it, goes to limbo.
-                self.with_repl(vm, |rp, t| rp.remove(t, s));
-                self.release(vm, s);
-                match self.allocate(vm, key, true, out) {
-                    Some(a) => (Some(a.slot), a.phase, false, None),
-                    None => (None, 0, false, None),
-                }
-            }
-            (Some(s), _) => {
-                self.touch(vm, s);
-                (Some(s), 0, false, None)
-            }
-            (None, _) if allocate => match self.allocate(vm, key, true, out) {
-                Some(a) => (Some(a.slot), a.phase, true, a.evicted),
-                None => (None, 0, false, None),
-            },
-            (None, _) => (None, 0, false, None),
-        };
-        let Some(s) = slot else {
-            let op = DeviceOp { client: true, ..self.backing(OpKind::BackingWrite, vm, b, r, 0, true) };
-            self.emit(out, op);
-            out.blocks.push(BlockOutcome { block: b, hit: false, inserted: false, bypassed: true, evicted: None });
-            return;
-        };
-        let op = DeviceOp { client: true, ..self.ssd(OpKind::SsdWrite, vm, s, r, phase, true) };
-        self.emit(out, op);
-        self.valid.set(s, r);
-        self.note(s);
-        if policy == WritePolicy::Wb {
-            self.mark_dirty(vm, s, r);
-        } else {
-            let op = DeviceOp { client: true, ..self.backing(OpKind::BackingWrite, vm, b, r, 0, true) };
-            self.emit(out, op);
-            self.clear_dirty(vm, s, r);
-        }
-        out.blocks.push(BlockOutcome { block: b, hit: resident.is_some(), inserted, bypassed: false, evicted });
-    }
-
-    /// Whether a write of sectors `r` under `policy` to resident slot `s` moves the block
-    /// to a free slot (persistent mode, write-back, the whole block, a clean block some of
-    /// which the journal vouches clean, and a durable free slot to move to): the common
-    /// rewrite of clean cached data then needs no commit before its cache write
-    /// (`durability.rs`). The old slot goes to limbo; a crash before the new record is
-    /// durable finds the block clean in it or (its free record durable) not cached: the
-    /// backing store holds the same bytes either way.
-    #[inline]
-    fn relocates(&mut self, policy: WritePolicy, s: u32, r: SectorRange) -> bool {
-        self.dur.on
-            && policy == WritePolicy::Wb
-            && r == (0, self.spb)
-            && self.dur.is_vouched(s)
-            // A dirty sector's only copy is here: its slot must stay the journal's copy
-            // until the new slot's record is durable, which a free record committed first
-            // would break (the new write may still be in flight).
-            && !self.dirty.any(s, (0, self.spb))
-            && !self.flight.pinned(s)
-            && self.free_available()
-    }
-
-    /// A write that does not cover whole sectors passes through to backing: dirty cached
-    /// sectors it touches are written back first, then the touched sectors are invalidated.
-    fn write_unaligned(&mut self, vm: VmId, b: u64, lo: u64, hi: u64, out: &mut Output) {
-        let r = ((lo / SECTOR) as u32, hi.div_ceil(SECTOR) as u32);
-        let mut phase = 0;
-        if let Some(s) = self.lookup(vm, b) {
-            if self.writeback(vm, s, r, 0, true, out) > 0 {
-                phase = 2;
-            }
-            self.invalidate(vm, s, r);
-        }
-        let disk_addr = (b << self.shift) + lo;
-        let op = DeviceOp {
-            disk_addr,
-            len: (hi - lo) as u32,
-            client: true,
-            ..self.backing(OpKind::BackingWrite, vm, b, (0, 0), phase, true)
-        };
-        self.emit(out, op);
-        out.blocks.push(BlockOutcome { block: b, hit: false, inserted: false, bypassed: true, evicted: None });
-    }
-
-    // ----- slot bookkeeping -----
-
     /// Runs `f` on the policy that orders `vm`'s blocks, with the slot table.
     #[inline]
     pub(crate) fn with_repl<R>(&mut self, vm: VmId, f: impl FnOnce(&mut AnyReplacement, &mut SlotTable) -> R) -> R {
@@ -542,76 +375,6 @@ impl Engine {
             None => self.vms[vm as usize].repl.as_mut().expect("static partition has a policy"),
         };
         f(repl, &mut self.slots)
-    }
-
-    #[inline]
-    fn touch(&mut self, vm: VmId, s: u32) {
-        if !self.slots.last_access_ms.is_empty() {
-            self.slots.last_access_ms[s as usize] = self.now_ms;
-        }
-        self.with_repl(vm, |r, t| r.touch(t, s));
-    }
-
-    fn mark_dirty(&mut self, vm: VmId, s: u32, r: SectorRange) {
-        if !self.dirty.any(s, (0, self.spb)) {
-            self.vms[vm as usize].dirty_blocks += 1;
-        }
-        self.dirty.set(s, r);
-        self.note(s);
-    }
-
-    fn clear_dirty(&mut self, vm: VmId, s: u32, r: SectorRange) {
-        let was = self.dirty.any(s, (0, self.spb));
-        self.dirty.clear(s, r);
-        // The flusher's write-backs leave the journal saying dirty (`durability.rs`).
-        if !self.dur.lazy_clean {
-            self.note(s);
-        }
-        if was && !self.dirty.any(s, (0, self.spb)) {
-            self.vms[vm as usize].dirty_blocks -= 1;
-        }
-    }
-
-    /// Drops sectors `r` of a slot; a slot left with no valid sector is freed.
-    pub(crate) fn invalidate(&mut self, vm: VmId, s: u32, r: SectorRange) {
-        self.clear_dirty(vm, s, r);
-        self.valid.clear(s, r);
-        self.note(s);
-        if !self.valid.any(s, (0, self.spb)) {
-            self.with_repl(vm, |r, t| r.remove(t, s));
-            self.release(vm, s);
-        }
-    }
-
-    /// Writes back the dirty sectors of `r` in slot `s` (SSD read in `phase`, backing
-    /// write in `phase + 1`) and cleans them; returns the sectors written back.
-    pub(crate) fn writeback(
-        &mut self,
-        vm: VmId,
-        s: u32,
-        r: SectorRange,
-        phase: u16,
-        sync: bool,
-        out: &mut Output,
-    ) -> u32 {
-        if !self.dirty.any(s, r) {
-            return 0;
-        }
-        let mut runs = std::mem::take(&mut self.runs);
-        self.dirty.runs(s, r, true, &mut runs);
-        let block = key_block(self.slots.key(s));
-        let mut n = 0;
-        for &run in &runs {
-            let read = self.emit(out, DeviceOp { staged: true, ..self.ssd(OpKind::SsdRead, vm, s, run, phase, sync) });
-            let write = self.backing(OpKind::BackingWrite, vm, block, run, phase + 1, sync);
-            self.emit(out, DeviceOp { staged: true, source: std::num::NonZeroU64::new(read), ..write });
-            n += run.1 - run.0;
-        }
-        self.runs = runs;
-        if n > 0 {
-            self.clear_dirty(vm, s, r);
-        }
-        n
     }
 
     /// Notes a slot whose persisted state changed (when tracking).
@@ -647,163 +410,5 @@ impl Engine {
                 });
             }
         }
-    }
-
-    /// Forgets a slot's block (already out of its policy): index, bits, owner's count.
-    /// The slot is on no list afterwards; the caller reuses it or frees it.
-    #[inline]
-    pub(crate) fn forget(&mut self, vm: VmId, s: u32) {
-        let key = self.slots.key(s);
-        if self.dur.on && self.dur.is_vouched(s) {
-            self.dur.vouched_elsewhere.insert(key, s);
-        }
-        let slots = &self.slots;
-        self.index.remove(key, s, |x| slots.key(x));
-        self.slots.set_key(s, FREE_KEY);
-        self.note(s);
-        self.valid.clear_all(s);
-        self.dirty.clear_all(s);
-        self.vms[vm as usize].used -= 1;
-    }
-
-    /// Returns a slot (already out of its policy) to the free list.
-    pub(crate) fn release(&mut self, vm: VmId, s: u32) {
-        self.forget(vm, s);
-        self.free_slot(s);
-    }
-
-    /// Takes a victim from `vm`'s policy (or the shared one), writes it back if dirty and
-    /// forgets it. Returns the slot, on no list, for the caller to reuse or free.
-    #[inline]
-    pub(crate) fn evict_from(&mut self, vm: VmId, sync: bool, out: &mut Output) -> Option<(u32, Evicted)> {
-        let s = self.unpinned_victim(vm)?;
-        let key = self.slots.key(s);
-        let owner = key_vm(key);
-        let dirty_sectors = self.writeback(owner, s, (0, self.spb), 0, sync, out);
-        if dirty_sectors > 0
-            && self
-                .req_blocks
-                .is_some_and(|(vm, first, last, _)| owner == vm && (first..=last).contains(&key_block(key)))
-        {
-            self.req_evicted_dirty.push((key, self.phase_base + 2));
-        }
-        self.forget(owner, s);
-        Some((s, Evicted { vm: owner, block: key_block(key), dirty_sectors }))
-    }
-
-    /// The policy's next victim among slots with no ops in flight (pinned ones it offers
-    /// are put back: they are in use right now). `None` when every resident slot is pinned.
-    #[inline]
-    fn unpinned_victim(&mut self, vm: VmId) -> Option<u32> {
-        let s = self.with_repl(vm, |r, t| r.evict(t))?;
-        // Persistent mode: no block of the request at all (one it evicted would reach the
-        // backing store before the commit freeing its old, vouched-for slot).
-        let pinned = |e: &Engine, s: u32| {
-            e.flight.pinned(s)
-                || e.req_blocks.is_some_and(|(vm, first, last, current)| {
-                    let k = e.slots.key(s);
-                    let end = if e.dur.on { last } else { current };
-                    key_vm(k) == vm && (first..=end).contains(&key_block(k))
-                })
-        };
-        if !pinned(self, s) {
-            return Some(s);
-        }
-        // At most VICTIM_SCAN pinned victims are passed over: when more of the policy's
-        // coldest blocks have ops in flight (fills queued behind an overloaded backing
-        // store), the new block bypasses rather than every miss scanning them all.
-        let mut aside = vec![s];
-        let found = loop {
-            match self.with_repl(vm, |r, t| r.evict(t)) {
-                Some(s) if pinned(self, s) && aside.len() < VICTIM_SCAN => aside.push(s),
-                Some(s) if pinned(self, s) => {
-                    aside.push(s);
-                    break None;
-                }
-                other => break other,
-            }
-        };
-        for s in aside {
-            self.with_repl(vm, |r, t| r.insert(t, s));
-        }
-        found
-    }
-
-    /// Takes a free slot with no ops in flight (a slot freed while its write-back runs
-    /// is pinned until it ends).
-    #[inline]
-    fn take_free(&mut self) -> Option<u32> {
-        self.park_pinned_free();
-        let s = self.free.front()?;
-        self.free.unlink(&mut self.slots, s);
-        Some(s)
-    }
-
-    /// Whether a free slot with no ops in flight is left.
-    fn free_available(&mut self) -> bool {
-        self.park_pinned_free();
-        self.free.front().is_some()
-    }
-
-    /// Moves pinned slots at the front of the free list aside ([`Engine::parked`]).
-    fn park_pinned_free(&mut self) {
-        while let Some(s) = self.free.front().filter(|&s| self.flight.pinned(s)) {
-            self.free.unlink(&mut self.slots, s);
-            self.parked.insert(s);
-        }
-    }
-
-    /// Evicts one of `vm`'s blocks (or the shared policy's) for a new block: its slot, or
-    /// in persistent mode a durable free one (the victim's goes to limbo); `None` when no
-    /// victim can be had, or no durable free slot is left — then nothing is evicted (the
-    /// partition keeps its blocks; only the new block bypasses the cache until the next
-    /// commit returns slots from limbo).
-    fn victim_slot(&mut self, vm: VmId, sync: bool, out: &mut Output) -> Option<(u32, Option<Evicted>)> {
-        if self.dur.on && !self.free_available() {
-            return None;
-        }
-        let (s, e) = self.evict_from(vm, sync, out)?;
-        if !self.dur.on {
-            return Some((s, Some(e)));
-        }
-        self.free_slot(s);
-        Some((self.take_free()?, Some(e)))
-    }
-
-    /// Finds a slot for a new block of `vm` and makes it resident; `None` = bypass.
-    #[inline]
-    fn allocate(&mut self, vm: VmId, key: u64, sync: bool, out: &mut Output) -> Option<Alloc> {
-        if self.no_insert {
-            return None;
-        }
-        let (used, target) = (self.vms[vm as usize].used, self.vms[vm as usize].target);
-        let (slot, evicted) = if self.shared.is_some() {
-            match self.take_free() {
-                Some(s) => (s, None),
-                None => self.victim_slot(vm, sync, out)?,
-            }
-        } else if target == 0 {
-            return None;
-        } else if let Some(s) = (used < target).then(|| self.take_free()).flatten() {
-            (s, None)
-        } else if used > 0 {
-            self.victim_slot(vm, sync, out)?
-        } else {
-            return None;
-        };
-        // A dirty victim's slot is written after its write-back.
-        let phase = match evicted {
-            Some(e) if e.dirty_sectors > 0 && !self.dur.on => 2,
-            _ => 0,
-        };
-        self.slots.set_key(slot, key);
-        self.note(slot);
-        self.index.insert(key, slot);
-        if !self.slots.last_access_ms.is_empty() {
-            self.slots.last_access_ms[slot as usize] = self.now_ms;
-        }
-        self.vms[vm as usize].used += 1;
-        self.with_repl(vm, |r, t| r.insert(t, slot));
-        Some(Alloc { slot, evicted, phase })
     }
 }

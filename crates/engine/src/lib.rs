@@ -26,6 +26,7 @@
 
 mod admission;
 pub mod block_index;
+mod block_ops;
 mod commands;
 pub mod config;
 mod durability;
@@ -40,6 +41,7 @@ pub mod replacement;
 mod restore;
 pub mod sector_bits;
 pub mod sequential_cutoff;
+mod slot_alloc;
 pub mod slot_table;
 mod timers;
 pub mod write_policy;

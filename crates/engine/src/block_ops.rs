@@ -1,0 +1,257 @@
+//! What a request does to one block, by write policy: a read hit or a miss and its fill,
+//! a write (in place, relocated away from vouched-for sectors, around the cache, or
+//! invalidating), unaligned writes, and the valid/dirty bookkeeping and write-backs
+//! they cause (the table in `write_policy.rs`).
+
+use crate::config::{FillMode, SECTOR};
+use crate::engine::Engine;
+use crate::output::{BlockOutcome, DeviceOp, OpKind, Output};
+use crate::replacement::Replacement;
+use crate::sector_bits::SectorRange;
+use crate::slot_table::{key_block, pack_key};
+use crate::write_policy::WritePolicy;
+use cachevisor_trace::VmId;
+
+impl Engine {
+    #[inline]
+    pub(crate) fn read_block(&mut self, vm: VmId, b: u64, r: SectorRange, out: &mut Output) {
+        let key = pack_key(vm, b);
+        if let Some(s) = self.index.get(key, |x| self.slots.key(x)) {
+            self.touch(vm, s);
+            if self.valid.all(s, r) {
+                let op = DeviceOp { client: true, ..self.ssd(OpKind::SsdRead, vm, s, r, 0, true) };
+                self.emit(out, op);
+                out.blocks.push(BlockOutcome { block: b, hit: true, inserted: false, bypassed: false, evicted: None });
+                return;
+            }
+            // Partial hit: valid sectors from the SSD, the rest from backing, then filled.
+            let mut valid_runs = std::mem::take(&mut self.runs);
+            self.valid.runs(s, r, true, &mut valid_runs);
+            for &run in &valid_runs {
+                let op = DeviceOp { client: true, ..self.ssd(OpKind::SsdRead, vm, s, run, 0, true) };
+                self.emit(out, op);
+            }
+            self.runs = valid_runs;
+            let fill = if self.cfg.fill == FillMode::Block { (0, self.spb) } else { r };
+            self.fill(vm, b, s, fill, 0, out);
+            out.blocks.push(BlockOutcome { block: b, hit: false, inserted: false, bypassed: false, evicted: None });
+            return;
+        }
+        match self.allocate(vm, key, false, out) {
+            Some(a) => {
+                let fill = if self.cfg.fill == FillMode::Block { (0, self.spb) } else { r };
+                self.fill(vm, b, a.slot, fill, a.phase, out);
+                out.blocks.push(BlockOutcome {
+                    block: b,
+                    hit: false,
+                    inserted: true,
+                    bypassed: false,
+                    evicted: a.evicted,
+                });
+            }
+            None => {
+                let op = DeviceOp { client: true, ..self.backing(OpKind::BackingRead, vm, b, r, 0, true) };
+                self.emit(out, op);
+                out.blocks.push(BlockOutcome { block: b, hit: false, inserted: false, bypassed: true, evicted: None });
+            }
+        }
+    }
+
+    /// Reads the invalid sectors of `range` from backing (sync) and writes them into the
+    /// slot (async, from `phase` on, at least after the reads).
+    #[inline]
+    fn fill(&mut self, vm: VmId, b: u64, s: u32, range: SectorRange, phase: u16, out: &mut Output) {
+        let mut runs = std::mem::take(&mut self.runs2);
+        if self.valid.any(s, (0, self.spb)) {
+            self.valid.runs(s, range, false, &mut runs);
+        } else {
+            runs.clear();
+            runs.push(range);
+        }
+        let first = self.next_op;
+        for &run in &runs {
+            let op = DeviceOp { staged: true, client: true, ..self.backing(OpKind::BackingRead, vm, b, run, 0, true) };
+            self.emit(out, op);
+        }
+        for (i, &run) in runs.iter().enumerate() {
+            let op = self.ssd(OpKind::SsdWrite, vm, s, run, phase.max(1), false);
+            self.emit(out, DeviceOp { staged: true, source: std::num::NonZeroU64::new(first + i as u64), ..op });
+            self.valid.set(s, run);
+            self.note(s);
+        }
+        self.runs2 = runs;
+    }
+
+    #[inline]
+    pub(crate) fn write_block(&mut self, vm: VmId, b: u64, r: SectorRange, out: &mut Output) {
+        let policy = self.vms[vm as usize].write_policy;
+        let key = pack_key(vm, b);
+        let resident = self.index.get(key, |x| self.slots.key(x));
+        let allocate = matches!(policy, WritePolicy::Wb | WritePolicy::Wt);
+        let (slot, phase, inserted, evicted) = match (resident, policy) {
+            (_, WritePolicy::Ro) => {
+                let op = DeviceOp { client: true, ..self.backing(OpKind::BackingWrite, vm, b, r, 0, true) };
+                self.emit(out, op);
+                if let Some(s) = resident {
+                    self.invalidate(vm, s, r);
+                }
+                out.blocks.push(BlockOutcome { block: b, hit: false, inserted: false, bypassed: true, evicted: None });
+                return;
+            }
+            (Some(s), _) if self.relocates(policy, s, r) => {
+                // Persistent mode: a write-back write of a whole block the journal vouches
+                // clean moves to a durable free slot instead of waiting for an intent
+                // commit; the old slot, still the journal's copy until the commit that
+                // frees it, goes to limbo.
+                self.with_repl(vm, |rp, t| rp.remove(t, s));
+                self.release(vm, s);
+                match self.allocate(vm, key, true, out) {
+                    Some(a) => (Some(a.slot), a.phase, false, None),
+                    None => (None, 0, false, None),
+                }
+            }
+            (Some(s), _) => {
+                self.touch(vm, s);
+                (Some(s), 0, false, None)
+            }
+            (None, _) if allocate => match self.allocate(vm, key, true, out) {
+                Some(a) => (Some(a.slot), a.phase, true, a.evicted),
+                None => (None, 0, false, None),
+            },
+            (None, _) => (None, 0, false, None),
+        };
+        let Some(s) = slot else {
+            let op = DeviceOp { client: true, ..self.backing(OpKind::BackingWrite, vm, b, r, 0, true) };
+            self.emit(out, op);
+            out.blocks.push(BlockOutcome { block: b, hit: false, inserted: false, bypassed: true, evicted: None });
+            return;
+        };
+        let op = DeviceOp { client: true, ..self.ssd(OpKind::SsdWrite, vm, s, r, phase, true) };
+        self.emit(out, op);
+        self.valid.set(s, r);
+        self.note(s);
+        if policy == WritePolicy::Wb {
+            self.mark_dirty(vm, s, r);
+        } else {
+            let op = DeviceOp { client: true, ..self.backing(OpKind::BackingWrite, vm, b, r, 0, true) };
+            self.emit(out, op);
+            self.clear_dirty(vm, s, r);
+        }
+        out.blocks.push(BlockOutcome { block: b, hit: resident.is_some(), inserted, bypassed: false, evicted });
+    }
+
+    /// Whether a write of sectors `r` under `policy` to resident slot `s` moves the block
+    /// to a free slot (persistent mode, write-back, the whole block, a clean block some of
+    /// which the journal vouches clean, and a durable free slot to move to): the common
+    /// rewrite of clean cached data then needs no commit before its cache write
+    /// (`durability.rs`). The old slot goes to limbo; a crash before the new record is
+    /// durable finds the block clean in it or (its free record durable) not cached: the
+    /// backing store holds the same bytes either way.
+    #[inline]
+    fn relocates(&mut self, policy: WritePolicy, s: u32, r: SectorRange) -> bool {
+        self.dur.on
+            && policy == WritePolicy::Wb
+            && r == (0, self.spb)
+            && self.dur.is_vouched(s)
+            // A dirty sector's only copy is here: its slot must stay the journal's copy
+            // until the new slot's record is durable, which a free record committed first
+            // would break (the new write may still be in flight).
+            && !self.dirty.any(s, (0, self.spb))
+            && !self.flight.pinned(s)
+            && self.free_available()
+    }
+
+    /// A write that does not cover whole sectors passes through to backing: dirty cached
+    /// sectors it touches are written back first, then the touched sectors are invalidated.
+    pub(crate) fn write_unaligned(&mut self, vm: VmId, b: u64, lo: u64, hi: u64, out: &mut Output) {
+        let r = ((lo / SECTOR) as u32, hi.div_ceil(SECTOR) as u32);
+        let mut phase = 0;
+        if let Some(s) = self.lookup(vm, b) {
+            if self.writeback(vm, s, r, 0, true, out) > 0 {
+                phase = 2;
+            }
+            self.invalidate(vm, s, r);
+        }
+        let disk_addr = (b << self.shift) + lo;
+        let op = DeviceOp {
+            disk_addr,
+            len: (hi - lo) as u32,
+            client: true,
+            ..self.backing(OpKind::BackingWrite, vm, b, (0, 0), phase, true)
+        };
+        self.emit(out, op);
+        out.blocks.push(BlockOutcome { block: b, hit: false, inserted: false, bypassed: true, evicted: None });
+    }
+
+    // ----- slot bookkeeping -----
+
+    #[inline]
+    pub(crate) fn touch(&mut self, vm: VmId, s: u32) {
+        if !self.slots.last_access_ms.is_empty() {
+            self.slots.last_access_ms[s as usize] = self.now_ms;
+        }
+        self.with_repl(vm, |r, t| r.touch(t, s));
+    }
+
+    fn mark_dirty(&mut self, vm: VmId, s: u32, r: SectorRange) {
+        if !self.dirty.any(s, (0, self.spb)) {
+            self.vms[vm as usize].dirty_blocks += 1;
+        }
+        self.dirty.set(s, r);
+        self.note(s);
+    }
+
+    fn clear_dirty(&mut self, vm: VmId, s: u32, r: SectorRange) {
+        let was = self.dirty.any(s, (0, self.spb));
+        self.dirty.clear(s, r);
+        // The flusher's write-backs leave the journal saying dirty (`durability.rs`).
+        if !self.dur.lazy_clean {
+            self.note(s);
+        }
+        if was && !self.dirty.any(s, (0, self.spb)) {
+            self.vms[vm as usize].dirty_blocks -= 1;
+        }
+    }
+
+    /// Drops sectors `r` of a slot; a slot left with no valid sector is freed.
+    pub(crate) fn invalidate(&mut self, vm: VmId, s: u32, r: SectorRange) {
+        self.clear_dirty(vm, s, r);
+        self.valid.clear(s, r);
+        self.note(s);
+        if !self.valid.any(s, (0, self.spb)) {
+            self.with_repl(vm, |r, t| r.remove(t, s));
+            self.release(vm, s);
+        }
+    }
+
+    /// Writes back the dirty sectors of `r` in slot `s` (SSD read in `phase`, backing
+    /// write in `phase + 1`) and cleans them; returns the sectors written back.
+    pub(crate) fn writeback(
+        &mut self,
+        vm: VmId,
+        s: u32,
+        r: SectorRange,
+        phase: u16,
+        sync: bool,
+        out: &mut Output,
+    ) -> u32 {
+        if !self.dirty.any(s, r) {
+            return 0;
+        }
+        let mut runs = std::mem::take(&mut self.runs);
+        self.dirty.runs(s, r, true, &mut runs);
+        let block = key_block(self.slots.key(s));
+        let mut n = 0;
+        for &run in &runs {
+            let read = self.emit(out, DeviceOp { staged: true, ..self.ssd(OpKind::SsdRead, vm, s, run, phase, sync) });
+            let write = self.backing(OpKind::BackingWrite, vm, block, run, phase + 1, sync);
+            self.emit(out, DeviceOp { staged: true, source: std::num::NonZeroU64::new(read), ..write });
+            n += run.1 - run.0;
+        }
+        self.runs = runs;
+        if n > 0 {
+            self.clear_dirty(vm, s, r);
+        }
+        n
+    }
+}

@@ -1,0 +1,172 @@
+//! Where a block's slot comes from: the free list (slots pinned by ops in flight set
+//! aside), else a victim of the VM's replacement policy (pinned ones passed over, dirty
+//! ones written back first), and how a slot is let go (forgotten, released, evicted).
+
+use crate::engine::{Alloc, Engine};
+use crate::output::{Evicted, Output};
+use crate::replacement::Replacement;
+use crate::slot_table::{key_block, key_vm, FREE_KEY};
+use cachevisor_trace::VmId;
+
+/// Pinned victims a miss passes over before it bypasses (`unpinned_victim`).
+const VICTIM_SCAN: usize = 64;
+
+impl Engine {
+    /// Forgets a slot's block (already out of its policy): index, bits, owner's count.
+    /// The slot is on no list afterwards; the caller reuses it or frees it.
+    #[inline]
+    pub(crate) fn forget(&mut self, vm: VmId, s: u32) {
+        let key = self.slots.key(s);
+        if self.dur.on && self.dur.is_vouched(s) {
+            self.dur.vouched_elsewhere.insert(key, s);
+        }
+        let slots = &self.slots;
+        self.index.remove(key, s, |x| slots.key(x));
+        self.slots.set_key(s, FREE_KEY);
+        self.note(s);
+        self.valid.clear_all(s);
+        self.dirty.clear_all(s);
+        self.vms[vm as usize].used -= 1;
+    }
+
+    /// Returns a slot (already out of its policy) to the free list.
+    pub(crate) fn release(&mut self, vm: VmId, s: u32) {
+        self.forget(vm, s);
+        self.free_slot(s);
+    }
+
+    /// Takes a victim from `vm`'s policy (or the shared one), writes it back if dirty and
+    /// forgets it. Returns the slot, on no list, for the caller to reuse or free.
+    #[inline]
+    pub(crate) fn evict_from(&mut self, vm: VmId, sync: bool, out: &mut Output) -> Option<(u32, Evicted)> {
+        let s = self.unpinned_victim(vm)?;
+        let key = self.slots.key(s);
+        let owner = key_vm(key);
+        let dirty_sectors = self.writeback(owner, s, (0, self.spb), 0, sync, out);
+        if dirty_sectors > 0
+            && self
+                .req_blocks
+                .is_some_and(|(vm, first, last, _)| owner == vm && (first..=last).contains(&key_block(key)))
+        {
+            self.req_evicted_dirty.push((key, self.phase_base + 2));
+        }
+        self.forget(owner, s);
+        Some((s, Evicted { vm: owner, block: key_block(key), dirty_sectors }))
+    }
+
+    /// The policy's next victim among slots with no ops in flight (pinned ones it offers
+    /// are put back: they are in use right now). `None` when every resident slot is pinned.
+    #[inline]
+    fn unpinned_victim(&mut self, vm: VmId) -> Option<u32> {
+        let s = self.with_repl(vm, |r, t| r.evict(t))?;
+        // Persistent mode: no block of the request at all (one it evicted would reach the
+        // backing store before the commit freeing its old, vouched-for slot).
+        let pinned = |e: &Engine, s: u32| {
+            e.flight.pinned(s)
+                || e.req_blocks.is_some_and(|(vm, first, last, current)| {
+                    let k = e.slots.key(s);
+                    let end = if e.dur.on { last } else { current };
+                    key_vm(k) == vm && (first..=end).contains(&key_block(k))
+                })
+        };
+        if !pinned(self, s) {
+            return Some(s);
+        }
+        // At most VICTIM_SCAN pinned victims are passed over: when more of the policy's
+        // coldest blocks have ops in flight (fills queued behind an overloaded backing
+        // store), the new block bypasses rather than every miss scanning them all.
+        let mut aside = vec![s];
+        let found = loop {
+            match self.with_repl(vm, |r, t| r.evict(t)) {
+                Some(s) if pinned(self, s) && aside.len() < VICTIM_SCAN => aside.push(s),
+                Some(s) if pinned(self, s) => {
+                    aside.push(s);
+                    break None;
+                }
+                other => break other,
+            }
+        };
+        for s in aside {
+            self.with_repl(vm, |r, t| r.insert(t, s));
+        }
+        found
+    }
+
+    /// Takes a free slot with no ops in flight (a slot freed while its write-back runs
+    /// is pinned until it ends).
+    #[inline]
+    fn take_free(&mut self) -> Option<u32> {
+        self.park_pinned_free();
+        let s = self.free.front()?;
+        self.free.unlink(&mut self.slots, s);
+        Some(s)
+    }
+
+    /// Whether a free slot with no ops in flight is left.
+    pub(crate) fn free_available(&mut self) -> bool {
+        self.park_pinned_free();
+        self.free.front().is_some()
+    }
+
+    /// Moves pinned slots at the front of the free list aside ([`Engine::parked`]).
+    fn park_pinned_free(&mut self) {
+        while let Some(s) = self.free.front().filter(|&s| self.flight.pinned(s)) {
+            self.free.unlink(&mut self.slots, s);
+            self.parked.insert(s);
+        }
+    }
+
+    /// Evicts one of `vm`'s blocks (or the shared policy's) for a new block: its slot, or
+    /// in persistent mode a durable free one (the victim's goes to limbo); `None` when no
+    /// victim can be had, or no durable free slot is left — then nothing is evicted (the
+    /// partition keeps its blocks; only the new block bypasses the cache until the next
+    /// commit returns slots from limbo).
+    fn victim_slot(&mut self, vm: VmId, sync: bool, out: &mut Output) -> Option<(u32, Option<Evicted>)> {
+        if self.dur.on && !self.free_available() {
+            return None;
+        }
+        let (s, e) = self.evict_from(vm, sync, out)?;
+        if !self.dur.on {
+            return Some((s, Some(e)));
+        }
+        self.free_slot(s);
+        Some((self.take_free()?, Some(e)))
+    }
+
+    /// Finds a slot for a new block of `vm` and makes it resident; `None` = bypass.
+    #[inline]
+    pub(crate) fn allocate(&mut self, vm: VmId, key: u64, sync: bool, out: &mut Output) -> Option<Alloc> {
+        if self.no_insert {
+            return None;
+        }
+        let (used, target) = (self.vms[vm as usize].used, self.vms[vm as usize].target);
+        let (slot, evicted) = if self.shared.is_some() {
+            match self.take_free() {
+                Some(s) => (s, None),
+                None => self.victim_slot(vm, sync, out)?,
+            }
+        } else if target == 0 {
+            return None;
+        } else if let Some(s) = (used < target).then(|| self.take_free()).flatten() {
+            (s, None)
+        } else if used > 0 {
+            self.victim_slot(vm, sync, out)?
+        } else {
+            return None;
+        };
+        // A dirty victim's slot is written after its write-back.
+        let phase = match evicted {
+            Some(e) if e.dirty_sectors > 0 && !self.dur.on => 2,
+            _ => 0,
+        };
+        self.slots.set_key(slot, key);
+        self.note(slot);
+        self.index.insert(key, slot);
+        if !self.slots.last_access_ms.is_empty() {
+            self.slots.last_access_ms[slot as usize] = self.now_ms;
+        }
+        self.vms[vm as usize].used += 1;
+        self.with_repl(vm, |r, t| r.insert(t, slot));
+        Some(Alloc { slot, evicted, phase })
+    }
+}

@@ -1,0 +1,233 @@
+//! The engine under the data path's lock: pumping its ops to the device threads and the
+//! io_uring thread, its commits to the committer and its events to the waiting clients
+//! (`pump`); entering a client request, and a client thread running its own request's
+//! cache-store ops or waiting for its reply (`enter`, `run`, `help_or_wait`).
+
+use super::*;
+
+impl Shared {
+    pub(super) fn now(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, Core> {
+        self.core.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Moves the engine's ready ops to the device queue, its events to the waiting
+    /// clients (and the policy hook), and its next commit to the committer; wakes whoever
+    /// has something to do.
+    pub(super) fn pump(&self, core: &mut Core) {
+        let (mut queued, mut queued_ssd) = (0usize, 0usize);
+        loop {
+            while let Some(op) = core.engine.poll_op() {
+                let data = if !op.kind.is_write() {
+                    None
+                } else if op.staged {
+                    // A staged write's source read is an op of the same request or job.
+                    op.source_id().and_then(|s| core.bufs.get(&op.req)?.get(&s)).cloned()
+                } else {
+                    core.waiting.get(&op.req).and_then(|w| w.write.clone())
+                };
+                if core.waiting.contains_key(&op.req) {
+                    core.work.push_back(Work { op, data });
+                } else {
+                    core.background.push_back(Work { op, data });
+                }
+                queued += 1;
+                if op.kind.is_ssd() {
+                    queued_ssd += 1;
+                } else {
+                    self.backing_queued.fetch_add(1, Relaxed);
+                }
+            }
+            let Some(ev) = core.engine.poll_event() else { break };
+            match ev {
+                Event::Reply { req, result, blocks } => {
+                    let Some(w) = core.waiting.get(&req) else { continue };
+                    stats::count_reply(&mut core.stats, w.vm, w.kind, w.len, &blocks);
+                    if result.is_err() {
+                        self.count_errors(core);
+                    }
+                    let w = core.waiting.get_mut(&req).expect("waiting");
+                    if w.callback.is_some() {
+                        let w = core.waiting.remove(&req).expect("waiting");
+                        let f = w.callback.expect("a callback");
+                        core.callbacks.push((f, result.map(|()| w.reads)));
+                    } else {
+                        w.done = Some(result);
+                        if let Some(cv) = &w.waiter {
+                            cv.notify_one();
+                        }
+                    }
+                }
+                Event::Retired { req, failed } => {
+                    core.bufs.remove(&req);
+                    if failed {
+                        self.count_errors(core);
+                    }
+                    if let Some(j) = core.jobs.get_mut(&req) {
+                        j.failed = Some(failed);
+                        j.cv.notify_all();
+                    }
+                }
+                Event::Interval { .. } => Self::interval(core),
+            }
+        }
+        if !core.committing {
+            if let Some(c) = core.engine.poll_commit() {
+                core.commit = Some(c);
+                core.committing = true;
+                self.commit_cv.notify_one();
+            }
+        }
+        // One device thread per queued op, not every thread on every change (on a small
+        // machine a herd of wakeups costs more than the I/O).
+        if !core.quiet {
+            self.wake_for(core, queued_ssd, queued);
+        }
+    }
+
+    /// Wakes whoever runs the `queued` ops just queued (`ssd` of them on the cache store):
+    /// the io_uring thread for cache-store ops when it runs them, and one device thread
+    /// per op left to device threads (at most as many as are still queued).
+    pub(super) fn wake_for(&self, core: &Core, ssd: usize, queued: usize) {
+        let ring = self.ring_on.load(Relaxed);
+        if ring && ssd > 0 {
+            self.ring_notify.notify_one();
+        }
+        let (mine, left) = if ring {
+            (queued - ssd, self.backing_queued.load(Relaxed))
+        } else {
+            (queued, core.work.len() + core.background.len())
+        };
+        for _ in 0..mine.min(left).min(self.threads) {
+            self.wake.notify_one();
+        }
+    }
+
+    /// The end of a controller interval: the policy hook runs, the trace recording's
+    /// buffered lines are written (so it can be followed).
+    pub(super) fn interval(core: &mut Core) {
+        if let Some(mut hook) = core.on_interval.take() {
+            hook(&mut core.engine, &core.stats);
+            core.on_interval = Some(hook);
+        }
+        if let Some(w) = core.recorder.as_mut() {
+            let _ = w.flush();
+        }
+    }
+
+    /// Submits a client request (a flush when `req` is `None`) to the engine and queues
+    /// what it can start; `Err` when the vDisk or the data path is no longer served.
+    pub(super) fn enter(
+        &self,
+        core: &mut Core,
+        kind: Kind,
+        req: Request,
+        write: Option<Bytes>,
+        callback: Option<Done>,
+        waiter: Option<Arc<Condvar>>,
+    ) -> Result<ReqId, (Failure, Option<Done>)> {
+        let vm = req.vm;
+        if self.halted.load(Relaxed) || (kind != Kind::Flush && core.removed.get(vm as usize) != Some(&false)) {
+            return Err((Failure::Shutdown, callback));
+        }
+        let now = self.now();
+        let req = Request { time_ns: now, ..req };
+        let id = match kind {
+            Kind::Read | Kind::Write => {
+                if let Some(f) = core.observe.as_mut() {
+                    f(&req);
+                }
+                if let Some(w) = core.recorder.as_mut() {
+                    if let Err(e) = w.write(&req, &core.names[vm as usize]) {
+                        tracing::error!(%e, "trace recording failed: stopped");
+                        core.recorder = None;
+                    }
+                }
+                core.engine.submit(now, &req)
+            }
+            Kind::Flush => core.engine.submit_flush(),
+            Kind::Discard => core.engine.submit_discard(now, vm, req.offset, req.len),
+        };
+        let len = req.len as u64;
+        core.waiting.insert(id, Waiting { vm, kind, len, done: None, write, reads: Vec::new(), callback, waiter });
+        self.pump(core);
+        Ok(id)
+    }
+
+    /// Submits a request and waits for its reply; returns the bytes its client reads
+    /// returned.
+    pub(super) fn run(&self, kind: Kind, req: Request, write: Option<Bytes>) -> Result<Vec<Bytes>, Failure> {
+        let mut core = self.lock();
+        let cv = Arc::new(Condvar::new());
+        let id = self.enter(&mut core, kind, req, write, None, Some(cv.clone())).map_err(|(f, _)| f)?;
+        loop {
+            if let Some(result) = core.waiting.get(&id).and_then(|w| w.done) {
+                let w = core.waiting.remove(&id).expect("waiting");
+                self.unlock(core);
+                return result.map(|()| w.reads);
+            }
+            core = self.help_or_wait(core, &cv, Some(devices::Own { req: id, ssd_only: false }));
+        }
+    }
+
+    /// While waiting on `cv`: runs queued ops on this thread rather than waiting for a
+    /// device thread (no hand-off on the common path), delivers pending callbacks, or
+    /// sleeps until woken.
+    pub(super) fn help_or_wait<'a>(
+        &'a self,
+        mut core: MutexGuard<'a, Core>,
+        cv: &Condvar,
+        own: Option<devices::Own>,
+    ) -> MutexGuard<'a, Core> {
+        if let Some(run) = self.pop_run(&mut core, false, own) {
+            self.unlock(core);
+            let results = self.execute_run(&run);
+            let mut core = self.lock();
+            for (w, r) in run.into_iter().zip(results) {
+                self.complete(&mut core, w.op, r);
+            }
+            return core;
+        }
+        if !core.callbacks.is_empty() {
+            self.unlock(core);
+            return self.lock();
+        }
+        cv.wait_timeout(core, Duration::from_millis(50)).map_or_else(|p| p.into_inner().0, |g| g.0)
+    }
+
+    /// [`Self::help_or_wait`] for a waiter nobody notifies: sleeps 1 ms at most.
+    pub(super) fn help_or_wait_briefly<'a>(&'a self, core: MutexGuard<'a, Core>, cv: &Condvar) -> MutexGuard<'a, Core> {
+        if !core.work.is_empty() || !core.callbacks.is_empty() {
+            return self.help_or_wait(core, cv, None);
+        }
+        cv.wait_timeout(core, Duration::from_millis(1)).map_or_else(|p| p.into_inner().0, |g| g.0)
+    }
+
+    /// Runs request `req`'s queued ops on the cache store on this thread until none of
+    /// them is left; backing store ops (which may be slow: an NBD reader running a slow
+    /// miss itself would read no further request meanwhile) and other requests' ops are
+    /// left to the device threads.
+    pub(super) fn run_own_locked<'a>(&'a self, mut core: MutexGuard<'a, Core>, req: ReqId) -> MutexGuard<'a, Core> {
+        while let Some(run) = self.pop_run(&mut core, false, Some(devices::Own { req, ssd_only: true })) {
+            self.unlock(core);
+            let results = self.execute_run(&run);
+            core = self.lock();
+            for (w, r) in run.into_iter().zip(results) {
+                self.complete(&mut core, w.op, r);
+            }
+        }
+        core
+    }
+
+    /// Releases the lock, then delivers the replies of asynchronous submissions.
+    pub(super) fn unlock(&self, mut core: MutexGuard<'_, Core>) {
+        let callbacks = std::mem::take(&mut core.callbacks);
+        drop(core);
+        for (f, r) in callbacks {
+            f(r);
+        }
+    }
+}

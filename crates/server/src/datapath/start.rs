@@ -1,0 +1,166 @@
+//! Starting a data path: its threads (device threads, the io_uring thread where it
+//! applies, the committer, the ticker) around an engine replayed from its metadata
+//! (`DataPath::start`), and a fresh one in a directory for tests and benches (`open_in`).
+
+use super::*;
+
+impl DataPath {
+    /// Starts the data path on `s.engine` (replayed from `s.persist`'s metadata), turning
+    /// on persistent mode, with device, commit and timer threads.
+    pub fn start(s: Setup) -> DataPath {
+        let Setup {
+            mut engine,
+            persist,
+            ssd,
+            direct,
+            backings,
+            names,
+            threads,
+            schedule,
+            reserve,
+            error_threshold,
+            io_uring,
+        } = s;
+        engine.set_persistent(reserve);
+        engine.set_schedule(0, schedule);
+        let bs = engine.config().block_size;
+        let n = names.len();
+        let core = Core {
+            engine,
+            waiting: HashMap::new(),
+            bufs: HashMap::new(),
+            work: VecDeque::new(),
+            background: VecDeque::new(),
+            background_busy: 0,
+            commit: None,
+            committing: false,
+            stop: false,
+            callbacks: Vec::new(),
+            removed: names.iter().map(|n| n.is_empty()).collect(),
+            names,
+            stats: vec![ExportStats::default(); n],
+            error_threshold,
+            meta: Vec::new(),
+            jobs: HashMap::new(),
+            observe: None,
+            on_interval: None,
+            recorder: None,
+            want_checkpoint: false,
+            quiet: false,
+        };
+        let shared = Arc::new(Shared {
+            core: Mutex::new(core),
+            wake: Condvar::new(),
+            commit_cv: Condvar::new(),
+            ssd,
+            direct,
+            backings: RwLock::new(backings),
+            bs,
+            start: Instant::now(),
+            calls: Default::default(),
+            checkpoints: Default::default(),
+            threads: threads.max(1),
+            written_back: Default::default(),
+            halted: Default::default(),
+            busy: Default::default(),
+            fail_ssd_write_in: Default::default(),
+            read_delay_us: Default::default(),
+            ring_on: Default::default(),
+            ring_notify: tokio::sync::Notify::new(),
+            backing_queued: Default::default(),
+            io_pool: Default::default(),
+        });
+        let mut handles = Vec::new();
+        for i in 0..threads.max(1) {
+            let s = shared.clone();
+            handles.push(named(format!("cv-device-{i}"), move || s.device_thread()));
+        }
+        if direct && io_uring {
+            if let Some(h) = ring::start(shared.clone()) {
+                shared.ring_on.store(true, Relaxed);
+                handles.push(h);
+                tracing::info!("cache store: O_DIRECT through io_uring");
+            }
+        }
+        let s = shared.clone();
+        handles.push(named("cv-committer".into(), move || s.committer(persist)));
+        let s = shared.clone();
+        handles.push(named("cv-ticker".into(), move || s.ticker(Duration::from_millis(20))));
+        DataPath { shared, threads: handles }
+    }
+
+    /// Opens (or creates) a cache of `cfg.slots` blocks in `dir` (`cache.img`, metadata in
+    /// `meta/`) in front of `vms` disk files `disk{N}.img` of `disk` bytes, replays the
+    /// metadata into a new engine, writes the first checkpoint and starts (for benches and
+    /// tests; the daemon has its own start with its checks).
+    #[allow(clippy::too_many_arguments)]
+    pub fn open_in(
+        dir: &std::path::Path,
+        cfg: cachevisor_engine::EngineConfig,
+        vms: u32,
+        disk: u64,
+        threads: usize,
+        schedule: Schedule,
+        reserve: u64,
+        journal_limit: Option<u64>,
+        direct: crate::config::DirectIo,
+        io_uring: bool,
+    ) -> Result<DataPath, String> {
+        let (bs, slots) = (cfg.block_size, cfg.slots);
+        let spb = (bs / 512) as u32;
+        let mut engine = Engine::new(cfg)?;
+        let (mut persist, _) = Persistence::open(&dir.join("meta"), bs, slots, &mut |r| {
+            match r {
+                crate::journal::Record::Free { slot } => {
+                    engine.release_slot(slot);
+                }
+                crate::journal::Record::Slot { slot, vm, block, valid, dirty } => {
+                    engine.release_slot(slot);
+                    let bools = |w: &[u64]| crate::persist::bits_to_bools(w, spb);
+                    engine.restore_slot(slot, vm as VmId, block, &bools(&valid), &bools(&dirty))?;
+                }
+                _ => {}
+            }
+            Ok(())
+        })?;
+        let file = |name: &str, len: u64| -> Result<File, String> {
+            let path = dir.join(name);
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            f.set_len(len).map_err(|e| format!("{}: {e}", path.display()))?;
+            Ok(f)
+        };
+        drop(file("cache.img", slots * bs)?);
+        let path = dir.join("cache.img");
+        let (ssd, direct) = crate::backing::open_cache_store(&path, slots * bs, direct)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut backings = Vec::new();
+        for v in 0..vms {
+            backings.push(Arc::new(Backing::File(file(&format!("disk{v}.img"), disk)?)));
+        }
+        let names: Vec<String> = (0..vms).map(|v| format!("vm{v}")).collect();
+        persist.checkpoint(&engine, &names, &vec![0; vms as usize], &ssd).map_err(|e| e.to_string())?;
+        if let Some(limit) = journal_limit {
+            persist.set_journal_limit(limit);
+        }
+        let error_threshold = u64::MAX;
+        Ok(DataPath::start(Setup {
+            engine,
+            persist,
+            ssd,
+            direct,
+            backings,
+            names,
+            threads,
+            schedule,
+            reserve,
+            error_threshold,
+            io_uring,
+        }))
+    }
+}

@@ -4,6 +4,7 @@ mod analyze_cmd;
 mod bench_cmd;
 mod bench_datapath;
 mod bench_serve;
+mod bench_sim;
 mod bundled;
 mod demo_cmd;
 mod destage_cmd;

@@ -2,8 +2,11 @@
 //! of its allocated blocks that were hit, estimated at run time by sampled scans of the
 //! blocks' reference counters.
 //!
-//! Each time window is split into sampling periods; a period starts at a random block of
-//! the global pool and scans a fixed number of consecutive blocks, counting per VM the
+//! Each time window is split into sampling periods spread over it (the seed: five 0.1 s
+//! periods in a 1 s window, footnote 3): a driver calls [`RecsEstimator::sample_due`] as
+//! time passes, and [`RecsEstimator::sample_window`] at the window's end takes the
+//! periods still missing. A period starts at a random block of the global pool and scans
+//! a fixed number of consecutive blocks, counting per VM the
 //! blocks it owns (N_all) and those whose reference counter is above zero (N_e). A VM's
 //! sampled rECS is the mean of N_e/N_all over the periods that saw its blocks, and the
 //! reported value is smoothed: rECS = α·rECS_old + (1 − α)·rECS_sampled, α = 0.8 (§IV-B).
@@ -28,6 +31,11 @@ pub struct RecsEstimator {
     rng: ChaCha8Rng,
     value: Vec<Option<f64>>,
     sampled: Vec<Option<f64>>,
+    /// This window's periods so far: per VM the sum of N_e/N_all and the periods that
+    /// saw its blocks, and how many periods ran.
+    sum: Vec<f64>,
+    seen: Vec<u32>,
+    taken: u32,
 }
 
 impl RecsEstimator {
@@ -40,47 +48,30 @@ impl RecsEstimator {
             rng: ChaCha8Rng::seed_from_u64(seed),
             value: Vec::new(),
             sampled: Vec::new(),
+            sum: Vec::new(),
+            seen: Vec::new(),
+            taken: 0,
         }
     }
 
-    /// Runs one window's sampling over a pool of `slots` blocks. `probe(slot)` gives the
-    /// owner VM of a resident slot and whether its reference counter is non-zero.
-    /// Returns the smoothed rECS by VM id (`None` for VMs never seen holding blocks).
-    pub fn sample_window(&mut self, slots: u64, probe: impl Fn(u64) -> Option<(u32, bool)>) -> &[Option<f64>] {
-        let mut sum: Vec<f64> = Vec::new();
-        let mut seen: Vec<u32> = Vec::new();
-        let n = self.blocks_per_period.min(slots);
-        for _ in 0..self.periods {
-            if slots == 0 {
-                break;
-            }
-            let start = self.rng.gen_range(0..slots);
-            let mut all: Vec<u64> = Vec::new();
-            let mut eff: Vec<u64> = Vec::new();
-            // Slots start.. then from 0 (a wrap, not a division per probe).
-            let (head, tail) = (start..(start + n).min(slots), 0..(start + n).saturating_sub(slots));
-            for slot in head.chain(tail) {
-                if let Some((vm, referenced)) = probe(slot) {
-                    let v = vm as usize;
-                    if all.len() <= v {
-                        all.resize(v + 1, 0);
-                        eff.resize(v + 1, 0);
-                    }
-                    all[v] += 1;
-                    eff[v] += referenced as u64;
-                }
-            }
-            for (v, (&a, &e)) in all.iter().zip(&eff).enumerate() {
-                if a > 0 {
-                    if sum.len() <= v {
-                        sum.resize(v + 1, 0.0);
-                        seen.resize(v + 1, 0);
-                    }
-                    sum[v] += e as f64 / a as f64;
-                    seen[v] += 1;
-                }
-            }
+    /// Runs the periods due by `elapsed` (the share of the window gone, 0 to 1): period k
+    /// of n is due at k/n, the last one at the window's end ([`Self::sample_window`]).
+    pub fn sample_due(&mut self, elapsed: f64, slots: u64, probe: impl Fn(u64) -> Option<(u32, bool)>) {
+        while self.taken + 1 < self.periods && f64::from(self.taken + 1) / f64::from(self.periods) <= elapsed {
+            self.sample_period(slots, &probe);
         }
+    }
+
+    /// Ends the window over a pool of `slots` blocks: runs the periods not yet run,
+    /// then averages them. `probe(slot)` gives the owner VM of a resident slot and
+    /// whether its reference counter is non-zero. Returns the smoothed rECS by VM id
+    /// (`None` for VMs never seen holding blocks).
+    pub fn sample_window(&mut self, slots: u64, probe: impl Fn(u64) -> Option<(u32, bool)>) -> &[Option<f64>] {
+        while self.taken < self.periods {
+            self.sample_period(slots, &probe);
+        }
+        let (sum, seen) = (std::mem::take(&mut self.sum), std::mem::take(&mut self.seen));
+        self.taken = 0;
         if self.value.len() < sum.len() {
             self.value.resize(sum.len(), None);
         }
@@ -99,6 +90,41 @@ impl RecsEstimator {
         &self.value
     }
 
+    /// One sampling period: a run of consecutive blocks from a random one.
+    fn sample_period(&mut self, slots: u64, probe: &impl Fn(u64) -> Option<(u32, bool)>) {
+        self.taken += 1;
+        if slots == 0 {
+            return;
+        }
+        let n = self.blocks_per_period.min(slots);
+        let start = self.rng.gen_range(0..slots);
+        let mut all: Vec<u64> = Vec::new();
+        let mut eff: Vec<u64> = Vec::new();
+        // Slots start.. then from 0 (a wrap, not a division per probe).
+        let (head, tail) = (start..(start + n).min(slots), 0..(start + n).saturating_sub(slots));
+        for slot in head.chain(tail) {
+            if let Some((vm, referenced)) = probe(slot) {
+                let v = vm as usize;
+                if all.len() <= v {
+                    all.resize(v + 1, 0);
+                    eff.resize(v + 1, 0);
+                }
+                all[v] += 1;
+                eff[v] += referenced as u64;
+            }
+        }
+        for (v, (&a, &e)) in all.iter().zip(&eff).enumerate() {
+            if a > 0 {
+                if self.sum.len() <= v {
+                    self.sum.resize(v + 1, 0.0);
+                    self.seen.resize(v + 1, 0);
+                }
+                self.sum[v] += e as f64 / a as f64;
+                self.seen[v] += 1;
+            }
+        }
+    }
+
     /// The last window's unsmoothed samples by VM id (`None` where no block was seen):
     /// what S-CAVE's Algorithm 1 smooths itself (line 13).
     pub fn sampled(&self) -> &[Option<f64>] {
@@ -114,6 +140,22 @@ impl RecsEstimator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn periods_run_when_due_and_the_window_end_takes_the_rest() {
+        // Two full-scan periods per window over 100 slots of VM 0.
+        let hot = |_: u64| Some((0, true));
+        let cold = |_: u64| Some((0, false));
+        let mut r = RecsEstimator::new(0.8, 2, 100, 1);
+        r.sample_due(0.3, 100, hot); // not due before half the window
+        r.sample_due(0.6, 100, hot); // period 1 of 2, on the state at 60%
+        r.sample_due(0.9, 100, hot); // the last is the window end's
+        r.sample_window(100, cold);
+        assert_eq!(r.sampled(), [Some(0.5)], "one period hot, one cold");
+        // Without calls during the window, both periods see the state at its end.
+        r.sample_window(100, hot);
+        assert_eq!(r.sampled(), [Some(1.0)]);
+    }
 
     #[test]
     fn full_scan_is_exact_and_smoothing_follows_the_formula() {

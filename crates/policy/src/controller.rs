@@ -164,6 +164,14 @@ impl Controller {
         (smoothed, self.recs.sampled().to_vec())
     }
 
+    /// rECS sampling periods due by now: `elapsed` of the window's `length` (any unit)
+    /// gone. Drivers call it as time passes, so the periods spread over the window as
+    /// S-CAVE's do (§IV-B, footnote 3); [`Self::sample_recs`] runs the rest at its end.
+    pub fn sample_recs_due(&mut self, elapsed: u64, length: u64, e: &Engine) {
+        let share = elapsed as f64 / length.max(1) as f64;
+        self.recs.sample_due(share, e.slot_count(), |s| e.slot_referenced(s as u32));
+    }
+
     /// Takes a window's counters (AllocUnit history).
     pub fn end_window(&mut self, counts: &[WindowCounts]) {
         for (h, c) in self.miss_history.iter_mut().zip(counts) {

@@ -49,6 +49,10 @@ pub type ObserveHook = Box<dyn FnMut(&Request) + Send>;
 /// counters, under the data path's lock (the policy controller: it may submit jobs).
 pub type IntervalHook = Box<dyn FnMut(&mut Engine, &[ExportStats]) + Send>;
 
+/// Called at every tick of the timer thread (every 20 ms) with the engine, under the
+/// data path's lock (the policy's rECS sampling periods, spread over the interval).
+pub type TickHook = Box<dyn FnMut(&Engine) + Send>;
+
 /// A client command for [`DataPath::submit`].
 #[derive(Debug)]
 pub enum Cmd {
@@ -133,6 +137,7 @@ struct Core {
     jobs: HashMap<ReqId, JobWait>,
     observe: Option<ObserveHook>,
     on_interval: Option<IntervalHook>,
+    on_tick: Option<TickHook>,
     /// Trace recording of every request.
     recorder: Option<cachevisor_trace::TraceWriter>,
     /// A checkpoint was asked for ([`DataPath::checkpoint_now`]).

@@ -227,6 +227,11 @@ impl<'a> Run<'a> {
     /// Issues one request at `now` (its completion comes back from the node with `tag`).
     fn issue(&mut self, now: u64, req: &Request, tag: u64) {
         self.roll_windows(now);
+        if self.res.window_requests.is_none() {
+            // rECS sampling periods spread over the window (S-CAVE §IV-B).
+            let len = self.window_end.saturating_sub(self.window_start);
+            self.ctl.sample_recs_due(now.saturating_sub(self.window_start), len, &self.node.engine);
+        }
         if self.phases.get(self.next_phase).is_some_and(|&(at, _)| at <= now) {
             self.apply_phases(now);
         }

@@ -56,7 +56,7 @@ fn s_cave_needs_clock_and_runs_its_cleaner_and_write_policy() {
 /// S-CAVE's intent: while both run, the VM with reuse holds more cache than the one
 /// without. Still open (issue 13): with `s-cave` the reusing VM's rECS dips around window
 /// 20, Algorithm 1's trend rule shrinks it, its hit ratio and rECS fall further, and it
-/// holds 599 blocks on average against 1,119 for the VM without reuse. `s-cave-literal`
+/// holds 647 blocks on average against 1,098 for the VM without reuse. `s-cave-literal`
 /// (caps lifted whenever more than 5% is free) passes this run but loses the seed's own
 /// co-run claims (`scave-corun`: strong VM 71.5% against shared CLOCK's 90.2%).
 #[test]

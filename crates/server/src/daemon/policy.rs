@@ -20,13 +20,22 @@ pub(crate) struct Policy {
     /// Counters at the last interval, and when it was.
     last: Vec<ExportStats>,
     last_tick: Instant,
+    /// The interval's length, ns.
+    interval_ns: u64,
     /// Where each pass-through vDisk's drain goes on.
     drain_cursor: u32,
 }
 
 impl Policy {
-    pub(crate) fn new(ctl: Controller) -> Policy {
-        Policy { ctl, last: Vec::new(), last_tick: Instant::now(), drain_cursor: 0 }
+    pub(crate) fn new(ctl: Controller, interval_ns: u64) -> Policy {
+        Policy { ctl, last: Vec::new(), last_tick: Instant::now(), interval_ns, drain_cursor: 0 }
+    }
+
+    /// A tick of the timer thread: the rECS sampling periods due so far in this interval
+    /// (spread over it as S-CAVE's are, §IV-B; the simulator does the same per request).
+    pub(crate) fn tick(&mut self, engine: &Engine) {
+        let elapsed = self.last_tick.elapsed().as_nanos() as u64;
+        self.ctl.sample_recs_due(elapsed, self.interval_ns, engine);
     }
 
     /// One allocation interval: the window's counters and rECS go to the controller, the

@@ -260,8 +260,8 @@ impl Daemon {
             error_threshold: cfg.cache.error_threshold,
             io_uring: cfg.cache.io_uring,
         }));
-        let policy = Arc::new(Mutex::new(policy::Policy::new(ctl)));
-        let (observing, interval) = (policy.clone(), policy.clone());
+        let policy = Arc::new(Mutex::new(policy::Policy::new(ctl, r.interval_ns)));
+        let (observing, interval, ticking) = (policy.clone(), policy.clone(), policy.clone());
         dp.set_hooks(
             Some(Box::new(move |req| {
                 let mut p = observing.lock().unwrap_or_else(|e| e.into_inner());
@@ -272,6 +272,7 @@ impl Daemon {
             Some(Box::new(move |engine, stats| {
                 interval.lock().unwrap_or_else(|e| e.into_inner()).interval(engine, stats)
             })),
+            Some(Box::new(move |engine| ticking.lock().unwrap_or_else(|e| e.into_inner()).tick(engine))),
         );
         Ok(Daemon {
             metrics: Default::default(),

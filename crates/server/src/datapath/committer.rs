@@ -4,7 +4,7 @@
 //! the metadata records the daemon adds (a vDisk's name and backing binding) appended
 //! first; past the journal limit (or when asked) it holds admission until nothing is in
 //! flight and writes a checkpoint. The ticker runs the engine's timers (flusher steps,
-//! interval events) and asks for a commit every second, so the journal stays close to
+//! interval events) and the policy's tick hook, and asks for a commit every second, so the journal stays close to
 //! the cache and a restart after a crash is warm.
 
 use super::{Core, Shared};
@@ -111,6 +111,10 @@ impl Shared {
             }
             let now = self.now();
             core.engine.handle_timeout(now);
+            if let Some(mut hook) = core.on_tick.take() {
+                hook(&core.engine);
+                core.on_tick = Some(hook);
+            }
             if last_commit.elapsed() >= Duration::from_secs(1) {
                 core.engine.request_commit();
                 last_commit = Instant::now();

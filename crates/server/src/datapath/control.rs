@@ -3,7 +3,7 @@
 //! hooks, the trace recorder, a checkpoint on demand, a crash-like halt, and fault
 //! injection for tests.
 
-use super::{Core, DataPath, ExportStats, IntervalHook, JobWait, ObserveHook, Shared};
+use super::{Core, DataPath, ExportStats, IntervalHook, JobWait, ObserveHook, Shared, TickHook};
 use crate::backing::Backing;
 use crate::journal::Record;
 use cachevisor_engine::{Engine, Failure, Output};
@@ -135,11 +135,18 @@ impl DataPath {
         Ok(done)
     }
 
-    /// Sets the policy's hooks: each request as it is submitted, and each ended interval.
-    pub fn set_hooks(&self, observe: Option<ObserveHook>, on_interval: Option<IntervalHook>) {
+    /// Sets the policy's hooks: each request as it is submitted, each ended interval, and
+    /// each tick of the timer thread.
+    pub fn set_hooks(
+        &self,
+        observe: Option<ObserveHook>,
+        on_interval: Option<IntervalHook>,
+        on_tick: Option<TickHook>,
+    ) {
         let mut core = self.shared.lock();
         core.observe = observe;
         core.on_interval = on_interval;
+        core.on_tick = on_tick;
     }
 
     /// Adds a vDisk: VM id `vm` (the next one) named `name` on `backing`, with `meta`

@@ -44,6 +44,7 @@ impl DataPath {
             jobs: HashMap::new(),
             observe: None,
             on_interval: None,
+            on_tick: None,
             recorder: None,
             want_checkpoint: false,
             quiet: false,

@@ -313,3 +313,20 @@ fn a_halt_with_write_backs_under_way_counts_no_device_error() {
     let s = dp.stats(0);
     assert_eq!((s.errors, s.passthrough), (0, false), "a halt is not a device error");
 }
+
+#[test]
+fn the_timer_thread_ticks_the_policy_with_the_engine() {
+    // The policy's tick hook (rECS sampling periods spread over the interval) runs on the
+    // timer thread every 20 ms, with the engine of this data path.
+    let dir = tempfile::tempdir().unwrap();
+    let dp = open(dir.path(), 64, 1, 1 << 20, Schedule { interval_ns: 1_000_000_000, flusher: None });
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s = seen.clone();
+    dp.set_hooks(None, None, Some(Box::new(move |e: &Engine| s.lock().unwrap().push(e.slot_count()))));
+    let start = std::time::Instant::now();
+    while seen.lock().unwrap().len() < 3 && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let seen = seen.lock().unwrap().clone();
+    assert!(seen.len() >= 3 && seen.iter().all(|&n| n == 64), "{seen:?}");
+}

@@ -429,6 +429,8 @@ fn policy_demands(n: usize, units: u64, unit: u64) -> Vec<cachevisor_policy::VmD
                 min_blocks: 0,
                 target_blocks: unit * units / n as u64,
                 used_blocks: unit * units / n as u64,
+                dirty_blocks: rng.gen_range(0..=unit * units / n as u64),
+                window_requests: rng.gen_range(1..10_000),
                 read_curve: curve.iter().map(|h| h * 0.7).collect(),
                 hit_curve: curve,
                 accesses: total * 1.2,

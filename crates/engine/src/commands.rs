@@ -18,6 +18,7 @@ impl Engine {
         out.clear();
         self.ensure_vm(vm);
         self.vms[vm as usize].target = slots;
+        self.vms[vm as usize].paced = false;
         self.shrink_due = true;
         if self.cfg.partition == PartitionMode::Shared {
             return;
@@ -27,6 +28,27 @@ impl Engine {
             let Some((s, _)) = self.evict_from(vm, false, out) else { break };
             self.free_slot(s);
         }
+    }
+
+    /// Sets `vm`'s target in slots with a paced shrink (static mode): no block leaves now;
+    /// while the VM holds more than its target, each miss of a VM below its own target
+    /// that finds no free slot takes one of this VM's blocks (its policy's victim, written
+    /// back first when dirty) instead of one of its own. A shrink's write-backs so spread
+    /// over the misses that need the space, as in a shared cache, instead of queueing at
+    /// the VM's disk at once. The VM's own misses above its target replace its own blocks.
+    pub fn set_target_paced(&mut self, vm: VmId, slots: u64) {
+        self.ensure_vm(vm);
+        let p = &mut self.vms[vm as usize];
+        let listed = p.paced && p.used > p.target; // already on `over_target`
+        p.target = slots;
+        if self.cfg.partition == PartitionMode::Shared {
+            return;
+        }
+        p.paced = true;
+        if p.used > slots && !listed {
+            self.over_target.push(vm);
+        }
+        self.with_repl(vm, |r, _| r.set_capacity(slots));
     }
 
     /// Sets `vm`'s sequential cutoff in bytes (0 = off; see `sequential_cutoff`).
@@ -161,7 +183,7 @@ impl Engine {
                 if r.len() as u64 != p.used {
                     return Err(format!("vm {vm}: policy tracks {} slots, VM holds {}", r.len(), p.used));
                 }
-                if p.used > p.target && !self.flight.has_pins() {
+                if p.used > p.target && !p.paced && !self.flight.has_pins() {
                     return Err(format!("vm {vm}: holds {} slots above its target {}", p.used, p.target));
                 }
             }

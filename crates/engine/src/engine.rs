@@ -21,6 +21,9 @@ pub(crate) struct Partition {
     pub(crate) repl: Option<AnyReplacement>,
     /// Misses take no slots (see [`Engine::set_bypass`]).
     pub(crate) bypass: bool,
+    /// Its last shrink is paced ([`Engine::set_target_paced`]): above its target, it gives
+    /// a block up each time a VM below its own target misses with no free slot.
+    pub(crate) paced: bool,
 }
 
 /// A VM's partition as seen from outside.
@@ -57,6 +60,12 @@ pub struct Engine {
     /// A partition may be above its target (a shrink stopped at slots with ops in
     /// flight): checked when a job retires.
     pub(crate) shrink_due: bool,
+    /// VMs given a paced shrink, to take blocks from while they stay above their targets
+    /// (entries go stale as they reach them; skipped then).
+    pub(crate) over_target: Vec<VmId>,
+    /// Dirty blocks a steal from a paced shrink passed over: written back as a background
+    /// job once no op is in flight on them, so the next steal finds them clean.
+    pub(crate) clean_ahead: Vec<u32>,
     pub(crate) vms: Vec<Partition>,
     pub(crate) shared: Option<AnyReplacement>,
     pub(crate) runs: Vec<SectorRange>,
@@ -120,6 +129,8 @@ impl Engine {
             parked: Default::default(),
             left_dirty: Vec::new(),
             shrink_due: true,
+            over_target: Vec::new(),
+            clean_ahead: Vec::new(),
             vms: Vec::new(),
             shared,
             runs: Vec::new(),
@@ -251,6 +262,7 @@ impl Engine {
                 write_policy: self.cfg.write_policy,
                 repl,
                 bypass: false,
+                paced: false,
             });
         }
     }

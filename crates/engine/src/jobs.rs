@@ -202,37 +202,48 @@ impl Engine {
         }
     }
 
+    /// Writes back, as one background job, the dirty blocks of `list` with no op in flight
+    /// whose partition still `wants` it (blocks gone or clean by now are dropped); returns
+    /// the ones with ops in flight, to try again.
+    fn write_back_listed(&mut self, list: Vec<u32>, wants: fn(&crate::engine::Partition) -> bool) -> Vec<u32> {
+        let spb = self.spb;
+        let (ready, busy): (Vec<u32>, Vec<u32>) = list.into_iter().partition(|&s| !self.flight.pinned(s));
+        if !ready.is_empty() {
+            self.submit_job(|e, out| {
+                for s in ready {
+                    let k = e.slots.key(s);
+                    if k == crate::slot_table::FREE_KEY || !e.dirty.any(s, (0, spb)) {
+                        continue;
+                    }
+                    let vm = crate::slot_table::key_vm(k);
+                    if wants(&e.vms[vm as usize]) {
+                        e.writeback(vm, s, (0, spb), 0, false, out);
+                    }
+                }
+            });
+        }
+        busy
+    }
+
     /// A shrink ([`Self::set_target`]) stops at slots with ops in flight; once ops end,
     /// partitions still above their target give back the rest as a background job. Dirty
-    /// blocks a flush leaving write-back skipped are written back the same way.
+    /// blocks a flush leaving write-back skipped, and those a steal from a paced shrink
+    /// passed over, are written back the same way.
     fn finish_commands(&mut self) {
         if !self.left_dirty.is_empty() && !self.flight.hold {
-            let spb = self.spb;
-            let (ready, busy): (Vec<u32>, Vec<u32>) =
-                std::mem::take(&mut self.left_dirty).into_iter().partition(|&s| !self.flight.pinned(s));
-            self.left_dirty = busy;
-            if !ready.is_empty() {
-                self.submit_job(|e, out| {
-                    for s in ready {
-                        let k = e.slots.key(s);
-                        if k == crate::slot_table::FREE_KEY || !e.dirty.any(s, (0, spb)) {
-                            continue;
-                        }
-                        let vm = crate::slot_table::key_vm(k);
-                        let p = &e.vms[vm as usize];
-                        if p.write_policy != crate::WritePolicy::Wb && !p.bypass {
-                            e.writeback(vm, s, (0, spb), 0, false, out);
-                        }
-                    }
-                });
-            }
+            let list = std::mem::take(&mut self.left_dirty);
+            self.left_dirty = self.write_back_listed(list, |p| p.write_policy != crate::WritePolicy::Wb && !p.bypass);
+        }
+        if !self.clean_ahead.is_empty() && !self.flight.hold {
+            let list = std::mem::take(&mut self.clean_ahead);
+            self.clean_ahead = self.write_back_listed(list, |p| p.paced && p.used > p.target);
         }
         if self.shared.is_some() || !std::mem::take(&mut self.shrink_due) {
             return;
         }
         for vm in 0..self.vms.len() as VmId {
             let p = &self.vms[vm as usize];
-            if p.used > p.target {
+            if p.used > p.target && !p.paced {
                 let target = p.target;
                 self.submit_job(|e, out| e.set_target(vm, target, out));
                 self.shrink_due = true; // until a pass finds every partition at its target

@@ -8,8 +8,11 @@ use crate::replacement::Replacement;
 use crate::slot_table::{key_block, key_vm, FREE_KEY};
 use cachevisor_trace::VmId;
 
-/// Pinned victims a miss passes over before it bypasses (`unpinned_victim`).
+/// Pinned victims a miss passes over before it bypasses (`unpinned_victim`), and dirty
+/// ones a steal from a paced shrink passes over looking for a clean one (`steal_from`).
 const VICTIM_SCAN: usize = 64;
+/// Dirty blocks of paced shrinks queued for write-back at most ([`Engine::clean_ahead`]).
+const CLEAN_AHEAD_MAX: usize = 4096;
 
 impl Engine {
     /// Forgets a slot's block (already out of its policy): index, bits, owner's count.
@@ -122,15 +125,67 @@ impl Engine {
     /// partition keeps its blocks; only the new block bypasses the cache until the next
     /// commit returns slots from limbo).
     fn victim_slot(&mut self, vm: VmId, sync: bool, out: &mut Output) -> Option<(u32, Option<Evicted>)> {
+        self.place_victim(out, |e, out| e.evict_from(vm, sync, out))
+    }
+
+    /// [`Self::victim_slot`] with the victim from `evict`.
+    #[inline]
+    fn place_victim(
+        &mut self,
+        out: &mut Output,
+        evict: impl FnOnce(&mut Engine, &mut Output) -> Option<(u32, Evicted)>,
+    ) -> Option<(u32, Option<Evicted>)> {
         if self.dur.on && !self.free_available() {
             return None;
         }
-        let (s, e) = self.evict_from(vm, sync, out)?;
+        let (s, e) = evict(self, out)?;
         if !self.dur.on {
             return Some((s, Some(e)));
         }
         self.free_slot(s);
         Some((self.take_free()?, Some(e)))
+    }
+
+    /// Takes a block from `donor`, a VM above its target after a paced shrink, for another
+    /// VM's miss: the first clean one among its policy's next [`VICTIM_SCAN`] victims, so
+    /// the miss waits for no write-back to the donor's disk; dirty ones passed over stay
+    /// cached and are queued for a background write-back ([`Engine::clean_ahead`]) that
+    /// leaves them clean for later misses. With none clean, the victim is written back first as usual.
+    fn steal_from(&mut self, donor: VmId, sync: bool, out: &mut Output) -> Option<(u32, Evicted)> {
+        let spb = self.spb;
+        let mut passed = Vec::new();
+        let mut found = None;
+        while passed.len() < VICTIM_SCAN {
+            let Some(s) = self.unpinned_victim(donor) else { break };
+            if !self.dirty.any(s, (0, spb)) {
+                found = Some(s);
+                break;
+            }
+            passed.push(s);
+        }
+        for &s in &passed {
+            self.with_repl(donor, |r, t| r.insert(t, s));
+        }
+        let room = CLEAN_AHEAD_MAX.saturating_sub(self.clean_ahead.len());
+        self.clean_ahead.extend(passed.into_iter().take(room));
+        let Some(s) = found else { return self.evict_from(donor, sync, out) };
+        let key = self.slots.key(s);
+        self.forget(key_vm(key), s);
+        Some((s, Evicted { vm: key_vm(key), block: key_block(key), dirty_sectors: 0 }))
+    }
+
+    /// A VM above its target after a paced shrink, to take a block from
+    /// ([`Engine::set_target_paced`]); stale entries are dropped on the way.
+    #[inline]
+    fn paced_donor(&mut self) -> Option<VmId> {
+        while let Some(&o) = self.over_target.last() {
+            let p = &self.vms[o as usize];
+            if p.paced && p.used > p.target {
+                return Some(o);
+            }
+            self.over_target.pop();
+        }
+        None
     }
 
     /// Finds a slot for a new block of `vm` and makes it resident; `None` = bypass.
@@ -149,6 +204,8 @@ impl Engine {
             return None;
         } else if let Some(s) = (used < target).then(|| self.take_free()).flatten() {
             (s, None)
+        } else if let Some(o) = (used < target).then(|| self.paced_donor()).flatten() {
+            self.place_victim(out, |e, out| e.steal_from(o, sync, out))?
         } else if used > 0 {
             self.victim_slot(vm, sync, out)?
         } else {

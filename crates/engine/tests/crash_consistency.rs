@@ -39,6 +39,11 @@ enum Step {
     /// Holds admission, drains what is in flight, and replaces the journal with a
     /// checkpoint.
     Checkpoint,
+    /// A paced target (`set_target_paced`): the other VM's misses take this VM's blocks.
+    PacedTarget {
+        vm: u32,
+        slots: u64,
+    },
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -54,6 +59,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => Just(Step::RequestCommit),
         1 => Just(Step::Tick),
         1 => Just(Step::Checkpoint),
+        1 => (0..VMS, 0u64..7).prop_map(|(vm, slots)| Step::PacedTarget { vm, slots }),
     ]
 }
 
@@ -298,6 +304,7 @@ fn run(steps: &[Step], shared: bool, seed: u64) -> Result<(), String> {
             }
             Step::Commit { fail } => d.commit_step(now, fail),
             Step::RequestCommit => d.e.request_commit(),
+            Step::PacedTarget { vm, slots } => d.e.set_target_paced(vm, slots),
             Step::Checkpoint => {
                 d.e.hold_admission(true, now);
                 let mut rounds = 0;

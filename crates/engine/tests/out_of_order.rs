@@ -30,10 +30,25 @@ enum Step {
 
 #[derive(Debug, Clone, Copy)]
 enum JobKind {
-    Target { vm: u32, slots: u64 },
-    Flush { vm: Option<u32> },
-    Destage { vm: u32, block: u64 },
-    Clean { free: u64 },
+    Target {
+        vm: u32,
+        slots: u64,
+    },
+    /// A paced shrink or grow (`set_target_paced`): other VMs' misses take its blocks.
+    PacedTarget {
+        vm: u32,
+        slots: u64,
+    },
+    Flush {
+        vm: Option<u32>,
+    },
+    Destage {
+        vm: u32,
+        block: u64,
+    },
+    Clean {
+        free: u64,
+    },
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -44,6 +59,7 @@ fn step() -> impl Strategy<Value = Step> {
         10 => (any::<usize>(), prop::bool::weighted(0.08), 0u64..9)
             .prop_map(|(pick, fail, torn)| Step::Complete { pick, fail, torn }),
         1 => (0u32..3, 0u64..6).prop_map(|(vm, slots)| Step::Job(JobKind::Target { vm, slots })),
+        1 => (0u32..3, 0u64..6).prop_map(|(vm, slots)| Step::Job(JobKind::PacedTarget { vm, slots })),
         1 => prop::option::of(0u32..3).prop_map(|vm| Step::Job(JobKind::Flush { vm })),
         1 => (0u32..3, 0..SECTORS_PER_DISK / 8).prop_map(|(vm, block)| Step::Job(JobKind::Destage { vm, block })),
         1 => (0u64..9).prop_map(|free| Step::Job(JobKind::Clean { free })),
@@ -275,6 +291,7 @@ fn run(
             Step::Job(j) => {
                 d.e.submit_job(|e, out| match j {
                     JobKind::Target { vm, slots } => e.set_target(vm, slots, out),
+                    JobKind::PacedTarget { vm, slots } => e.set_target_paced(vm, slots),
                     JobKind::Flush { vm } => e.flush(vm, out),
                     JobKind::Destage { vm, block } => {
                         e.destage_block(vm, block, out);

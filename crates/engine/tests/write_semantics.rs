@@ -17,6 +17,7 @@ const SECTORS_PER_DISK: u64 = 64; // 8 blocks per VM keeps collisions frequent
 enum Step {
     Io { vm: u32, write: bool, sector: u64, count: u64 },
     Target { vm: u32, slots: u64 },
+    PacedTarget { vm: u32, slots: u64 },
     Policy { vm: u32, policy: WritePolicy },
     Flush { vm: Option<u32> },
     Drop { vm: u32 },
@@ -30,6 +31,7 @@ fn step() -> impl Strategy<Value = Step> {
             Step::Io { vm, write, sector, count: count.min(SECTORS_PER_DISK - sector) }
         }),
         1 => (0u32..3, 0u64..6).prop_map(|(vm, slots)| Step::Target { vm, slots }),
+        1 => (0u32..3, 0u64..6).prop_map(|(vm, slots)| Step::PacedTarget { vm, slots }),
         1 => (0u32..3, prop::sample::select(WritePolicy::ALL.to_vec())).prop_map(|(vm, policy)| Step::Policy { vm, policy }),
         1 => prop::option::of(0u32..3).prop_map(|vm| Step::Flush { vm }),
         1 => (0u32..3).prop_map(|vm| Step::Drop { vm }),
@@ -172,6 +174,7 @@ fn run(steps: &[Step], partition: PartitionMode, fill: FillMode, kind: Replaceme
                     return Err(ctx("VM above its target after shrink".into()));
                 }
             }
+            Step::PacedTarget { vm, slots } => e.set_target_paced(vm, slots),
             Step::Policy { vm, policy } => {
                 let was_wb = e.partition(vm).write_policy == WritePolicy::Wb;
                 e.set_write_policy(vm, policy, &mut out);

@@ -35,6 +35,10 @@ pub struct VmDemand {
     pub target_blocks: u64,
     /// Blocks it holds.
     pub used_blocks: u64,
+    /// Dirty blocks among them (what shrinking it writes back).
+    pub dirty_blocks: u64,
+    /// Requests it issued in the last window (0 when the call is not at a window's end).
+    pub window_requests: u64,
     /// Estimated hits of all accesses at sizes `0, unit, 2·unit, …` blocks
     /// (non-decreasing), if [`Needs::hit_curves`].
     pub hit_curve: Vec<f64>,
@@ -68,6 +72,9 @@ pub struct Needs {
     pub read_curves: bool,
     /// Per-VM reuse kinds (`VmDemand::reuse_mix`).
     pub reuse_mix: bool,
+    /// Half-life of the online curves' counts in windows (0 or 1: each window halves the
+    /// past, the default); longer keeps demand seen long ago in the curves.
+    pub curve_half_life: u32,
 }
 
 /// A decision for one interval.
@@ -80,13 +87,16 @@ pub struct Decision {
     /// No control this interval: every target is the whole pool and VMs grow freely into
     /// free slots (S-CAVE Alg. 1 lines 2–10, "Cache(VMi) = ∞").
     pub uncapped: bool,
+    /// Shrinks are paced ([`cachevisor_engine::Engine::set_target_paced`]): a VM above its
+    /// new target gives blocks up as other VMs' misses need them, not all at once.
+    pub paced_shrinks: bool,
 }
 
 impl Decision {
     /// Targets only, write policies untouched.
     pub fn targets(targets: Vec<u64>) -> Self {
         let n = targets.len();
-        Decision { targets, write_policies: vec![None; n], uncapped: false }
+        Decision { targets, write_policies: vec![None; n], uncapped: false, paced_shrinks: false }
     }
 }
 

@@ -30,6 +30,7 @@ impl Allocator for Centaur {
             targets: size_by_reuse(pool, vms, |v| &v.hit_curve),
             write_policies: vec![Some(WritePolicy::Wb); vms.len()],
             uncapped: false,
+            paced_shrinks: false,
         }
     }
 }

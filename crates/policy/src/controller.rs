@@ -76,15 +76,15 @@ pub struct Controller {
 impl Controller {
     /// A controller of `slots` blocks of `block_size` bytes. With `online`, the curves the
     /// allocator needs are estimated from the requests it observes (exact distances,
-    /// counts halved each window); without, they must be passed to [`Self::decide`].
+    /// counts halved each window, or at the half-life the allocator asks for); without, they must be passed to [`Self::decide`].
     pub fn new(allocator: Box<dyn Allocator>, slots: u64, block_size: u64, online: bool) -> Self {
         let needs = allocator.needs();
         let unit = (slots / CURVE_UNITS).max(1);
         let wants = needs.hit_curves || needs.read_curves || needs.reuse_mix;
         let online = (online && wants).then(|| {
-            let p =
-                IntervalProfiler::new(block_size, Interval::Requests(u64::MAX), Decay::Factor(0.5), Vec::new(), 0.95)
-                    .with_resolution(unit, (slots / unit) as usize);
+            let decay = Decay::Factor(0.5f64.powf(1.0 / needs.curve_half_life.max(1) as f64));
+            let p = IntervalProfiler::new(block_size, Interval::Requests(u64::MAX), decay, Vec::new(), 0.95)
+                .with_resolution(unit, (slots / unit) as usize);
             if needs.reuse_mix {
                 p.with_reuse_mix()
             } else {
@@ -205,12 +205,14 @@ impl Controller {
                     min_blocks: set.min_blocks,
                     target_blocks: p.target,
                     used_blocks: p.used,
+                    dirty_blocks: p.dirty_blocks,
                     recs: recs.get(vm).copied().flatten(),
                     alloc_unit: if h.is_empty() { 0 } else { h.iter().sum::<u64>() / h.len() as u64 },
                     ..Default::default()
                 };
                 if let Some((c, secs)) = window.and_then(|(w, s)| w.get(vm).map(|c| (c, s))) {
                     d.hit_throughput = c.hits as f64 / secs.max(1e-9);
+                    d.window_requests = c.requests;
                     d.hit_ratio = (c.accesses > 0).then(|| c.hits as f64 / c.accesses as f64);
                 }
                 if let Some(est) = estimates {
@@ -262,7 +264,8 @@ impl Controller {
 }
 
 /// Applies `d` through engine commands — changed write policies first (leaving write-back
-/// writes back), then targets, shrinks before grows — and returns every command's device
+/// writes back), then targets, shrinks before grows (paced ones when the decision asks) —
+/// and returns every command's device
 /// operations, in a safe sequential order, for the driver to execute.
 pub fn apply(e: &mut Engine, d: &Decision) -> Output {
     let mut all = Output::default();
@@ -278,8 +281,12 @@ pub fn apply(e: &mut Engine, d: &Decision) -> Output {
     let mut order: Vec<usize> = (0..d.targets.len()).collect();
     order.sort_by_key(|&v| d.targets[v] > e.partition(v as VmId).target); // shrinks first
     for v in order {
-        e.set_target(v as VmId, d.targets[v], &mut one);
-        all.ops.extend_from_slice(&one.ops);
+        if d.paced_shrinks {
+            e.set_target_paced(v as VmId, d.targets[v]);
+        } else {
+            e.set_target(v as VmId, d.targets[v], &mut one);
+            all.ops.extend_from_slice(&one.ops);
+        }
     }
     all
 }

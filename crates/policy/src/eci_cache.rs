@@ -88,7 +88,7 @@ impl Allocator for EciCache {
             self.current[i] = Some(self.write_policy(v, self.current[i]));
         }
         let write_policies = self.current.clone();
-        Decision { targets, write_policies, uncapped: false }
+        Decision { targets, write_policies, uncapped: false, paced_shrinks: false }
     }
 }
 

@@ -8,8 +8,11 @@
 //! (throughput ratios by feedback), `s-cave` (Algorithm 1 on rECS), `eci-cache` (URD
 //! sizing and per-VM write policy) and `centaur` (plain reuse-distance sizing, the
 //! baseline ECI-Cache compares with), and `scave-recs` / `scave-hitratio` (S-CAVE's
-//! single-VM demand tracking of §VI-C). `shared` is a partition mode, not an allocator.
+//! single-VM demand tracking of §VI-C), and `adaptive`, ours: the exact split on
+//! long-memory curves with hysteresis and paced shrinks. `shared` is a partition mode,
+//! not an allocator.
 
+pub mod adaptive;
 pub mod allocator;
 pub mod centaur;
 pub mod controller;

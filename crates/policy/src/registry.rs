@@ -2,6 +2,7 @@
 //! CLI and tests. `shared` is not an allocator but a partition mode (one replacement over
 //! the whole SSD, the "unmanaged" baseline); drivers handle it through the engine.
 
+use crate::adaptive::Adaptive;
 use crate::allocator::Allocator;
 use crate::centaur::Centaur;
 use crate::eci_cache::EciCache;
@@ -14,8 +15,9 @@ use crate::symflex_proportional::SymflexProportional;
 use crate::symflex_weighted::SymflexWeighted;
 
 /// Names of every allocator.
-pub const NAMES: [&str; 10] = [
+pub const NAMES: [&str; 11] = [
     "static",
+    "adaptive",
     "optimal",
     "symflex-weighted",
     "symflex-proportional",
@@ -54,6 +56,7 @@ pub fn build_with(name: &str, params: &Params) -> Result<Box<dyn Allocator>, Str
             none("centaur")?;
             Box::new(Centaur)
         }
+        "adaptive" => Box::new(Adaptive::from_params(params)?),
         "symflex-proportional" => Box::new(SymflexProportional::from_params(params)?),
         "s-cave" | "scave" => Box::new(Scave::new(ScaveParams::from_params(params)?)),
         "s-cave-literal" => Box::new(Scave::literal(ScaveParams::from_params(params)?)),

@@ -160,7 +160,7 @@ impl Allocator for Scave {
             (true, false) => limited || (self.controlling && !unallocated),
         };
         if !self.controlling {
-            return Decision { targets: vec![pool.capacity; n], write_policies, uncapped: true };
+            return Decision { targets: vec![pool.capacity; n], write_policies, uncapped: true, paced_shrinks: false };
         }
         // The cap (95%) applies above the minimums: minimums that fit in the pool are met
         // even when together they exceed the cap (the allocator contract).
@@ -172,6 +172,7 @@ impl Allocator for Scave {
                 targets: crate::static_share::weighted_split(limit as u64, vms),
                 write_policies,
                 uncapped: false,
+                paced_shrinks: false,
             };
         }
         let mut cache: Vec<i128> = vms
@@ -208,7 +209,12 @@ impl Allocator for Scave {
                 deficit -= take;
             }
         }
-        Decision { targets: cache.into_iter().map(|c| c.max(0) as u64).collect(), write_policies, uncapped: false }
+        Decision {
+            targets: cache.into_iter().map(|c| c.max(0) as u64).collect(),
+            write_policies,
+            uncapped: false,
+            paced_shrinks: false,
+        }
     }
 }
 

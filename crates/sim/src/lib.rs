@@ -9,6 +9,7 @@
 pub mod device;
 pub mod experiments;
 mod inputs;
+mod lookahead;
 pub mod metrics;
 mod node;
 pub mod plot;

@@ -1,9 +1,9 @@
-//! Pre-passes over a scenario's inputs before the replay: whole-trace estimates for
-//! allocators that decide once, and each window's exact curves for the lookahead oracle.
+//! The pre-pass over a scenario's inputs before the replay for allocators that decide
+//! once: whole-trace estimates (the lookahead oracle's curves are in `lookahead.rs`).
 
 use crate::inputs::{open_inputs, SimError};
 use crate::scenario::{Resolved, Scenario};
-use cachevisor_analysis::{Kind, Method, Profiler, ReuseMix, ReuseMixTracker};
+use cachevisor_analysis::{Kind, Method, Profiler, ReuseMixTracker};
 use cachevisor_policy::controller::Estimates;
 use cachevisor_policy::Needs;
 
@@ -51,71 +51,4 @@ pub(crate) fn whole_trace(
         })
         .collect();
     Ok((whole, trace.vm_names().to_vec()))
-}
-
-/// Pre-pass for the lookahead oracle: each window's own exact curves per VM (distances
-/// over the whole history, counts of that window only), windows by trace time ÷ speedup.
-pub(crate) fn window_curves(
-    sc: &Scenario,
-    res: Resolved,
-    unit: u64,
-    limit: u64,
-) -> Result<Vec<Vec<Estimates>>, SimError> {
-    use cachevisor_analysis::{DistanceHistogram, StackDistance};
-    let mut trace = open_inputs(sc)?;
-    let units = (res.slots / unit) as usize;
-    let shift = res.block_size.trailing_zeros();
-    let mut stacks: Vec<StackDistance> = Vec::new();
-    let mut mixes: Vec<ReuseMixTracker> = Vec::new();
-    let mut cur: Vec<(DistanceHistogram, DistanceHistogram)> = Vec::new();
-    let mut out: Vec<Vec<Estimates>> = Vec::new();
-    let close = |cur: &mut Vec<(DistanceHistogram, DistanceHistogram)>,
-                 mixes: &mut Vec<ReuseMixTracker>,
-                 out: &mut Vec<Vec<Estimates>>| {
-        out.push(
-            cur.iter_mut()
-                .zip(mixes.iter_mut())
-                .map(|((a, r), m)| {
-                    let w = Estimates {
-                        all: a.hits_curve(unit, units),
-                        read: r.hits_curve(unit, units),
-                        accesses: a.total(),
-                        mix: m.mix,
-                    };
-                    *a = a.cleared();
-                    *r = r.cleared();
-                    m.mix = ReuseMix::default();
-                    w
-                })
-                .collect(),
-        );
-    };
-    let mut n = 0;
-    while n < limit {
-        let Some(q) = trace.next_request()? else { break };
-        n += 1;
-        let w = ((q.time_ns as f64 / sc.replay.speedup) as u64 / res.window_ns) as usize;
-        while out.len() < w {
-            close(&mut cur, &mut mixes, &mut out);
-        }
-        let v = q.vm as usize;
-        if stacks.len() <= v {
-            stacks.resize_with(v + 1, StackDistance::new);
-            mixes.resize_with(v + 1, Default::default);
-            cur.resize_with(v + 1, || (DistanceHistogram::coarse(unit, units), DistanceHistogram::coarse(unit, units)));
-        }
-        if q.len == 0 {
-            continue;
-        }
-        for b in q.offset >> shift..=(q.end() - 1) >> shift {
-            let d = stacks[v].access(b);
-            cur[v].0.add(d, 1.0);
-            if !q.op.is_write() {
-                cur[v].1.add(d, 1.0);
-            }
-            mixes[v].access(b, q.op.is_write());
-        }
-    }
-    close(&mut cur, &mut mixes, &mut out);
-    Ok(out)
 }

@@ -14,7 +14,8 @@
 //! reallocate = true        # re-run the allocator every window (default: the policy's own
 //!                          # choice — s-cave, eci-cache, centaur, symflex-proportional do)
 //! params = { m = 5 }       # the allocator's parameters over the seed's defaults
-//! lookahead = false        # oracle: allocate on the coming window's curves (open loop)
+//! lookahead = false        # oracle: allocate on the coming window's curves (open loop:
+//!                          # by trace time; closed: each VM's next requests, at its pace)
 //!
 //! [devices]
 //! ssd = "860-evo"          # preset name or an inline table (see DeviceSpec)
@@ -437,8 +438,14 @@ impl Scenario {
             }
         }
         let allocator = cachevisor_policy::registry::build(&self.cache.allocator).expect("checked above");
-        if self.cache.lookahead && (r.mode != ReplayMode::Open || window_requests.is_some()) {
-            return Err("cache.lookahead: needs replay.mode = \"open\" and a time window (closed-loop windows do not map to trace time)".into());
+        if self.cache.lookahead && r.mode == ReplayMode::Open && window_requests.is_some() {
+            return Err("cache.lookahead: open loop needs a time window (the oracle cuts the trace by time)".into());
+        }
+        if self.cache.lookahead && r.mode == ReplayMode::Closed && r.repeat_for.is_some() {
+            return Err(
+                "cache.lookahead: not with replay.repeat_for (the closed-loop oracle reads each VM's trace once)"
+                    .into(),
+            );
         }
         if allocator.cleaner().is_some()
             && self.cache.replacement != ReplacementKind::Clock

@@ -4,9 +4,10 @@
 //! pre-passes some allocators need (`prepass.rs`). Same scenario, same output, every run.
 
 use crate::inputs::{open_inputs, SimError};
+use crate::lookahead::{window_curves, ClosedLookahead, FIRST_WINDOW_REQUESTS};
 use crate::metrics::WindowRow;
 use crate::node::Node;
-use crate::prepass::{whole_trace, window_curves};
+use crate::prepass::whole_trace;
 use crate::report::{SimResult, TraceCounts};
 use crate::scenario::{ReplayMode, Resolved, Scenario};
 use cachevisor_engine::{EngineConfig, PartitionMode};
@@ -49,8 +50,13 @@ struct Run<'a> {
     /// Phase changes by time, and the next to apply.
     phases: Vec<(u64, usize)>,
     next_phase: usize,
-    /// Lookahead oracle: exact estimates of every window by window index, then VM id.
+    /// Lookahead oracle, open loop: exact estimates of every window by window index, then
+    /// VM id.
     oracle: Vec<Vec<Estimates>>,
+    /// Lookahead oracle, closed loop: distances of every VM's requests.
+    closed_oracle: Option<ClosedLookahead>,
+    /// Closed loop: each VM's next request.
+    cursors: Vec<usize>,
     /// Closed loop: (passes completed, end of the first) per VM.
     passes: Vec<(u64, Option<u64>)>,
 }
@@ -97,6 +103,8 @@ impl<'a> Run<'a> {
             next_phase: 0,
             passes: Vec::new(),
             oracle: Vec::new(),
+            closed_oracle: None,
+            cursors: Vec::new(),
         })
     }
 
@@ -161,7 +169,16 @@ impl<'a> Run<'a> {
         if self.sc.cache.partition != PartitionMode::Static {
             return;
         }
-        let estimates: Option<&[Estimates]> = if self.sc.cache.lookahead {
+        let ahead: Vec<Estimates>;
+        let estimates: Option<&[Estimates]> = if let Some(o) = self.closed_oracle.as_ref() {
+            // Each VM's next requests, as many as it issued in the window just ended.
+            let counts: Vec<u64> = match window {
+                Some(w) => w.iter().map(|c| c.requests).collect(),
+                None => vec![FIRST_WINDOW_REQUESTS; self.names.len()],
+            };
+            ahead = o.curves(&self.cursors, &counts);
+            Some(&ahead)
+        } else if self.sc.cache.lookahead {
             // The window about to start: `window_index` counts windows already emitted.
             Some(self.oracle.get(self.window_index as usize + window.is_some() as usize).map_or(&[][..], |w| &w[..]))
         } else if self.ctl.observes() {
@@ -286,7 +303,7 @@ pub fn simulate(sc: &Scenario, progress: &mut dyn FnMut(Progress)) -> Result<Sim
     let limit = if sc.replay.max_requests == 0 { u64::MAX } else { sc.replay.max_requests };
     let n = run.ctl.allocator().needs();
     let estimates = n.hit_curves || n.read_curves || n.reuse_mix;
-    if sc.cache.lookahead && run.dynamic {
+    if sc.cache.lookahead && run.dynamic && sc.replay.mode == ReplayMode::Open {
         run.oracle = window_curves(sc, res, run.ctl.unit(), limit)?;
     } else if !run.dynamic && sc.cache.partition == PartitionMode::Static && estimates {
         let (whole, names) = whole_trace(sc, res, run.ctl.unit(), limit, n)?;
@@ -325,10 +342,14 @@ pub fn simulate(sc: &Scenario, progress: &mut dyn FnMut(Progress)) -> Result<Sim
                 per_vm[req.vm as usize].push(req);
                 total += 1;
             }
+            if sc.cache.lookahead && run.dynamic {
+                let (unit, units) = (run.ctl.unit(), run.ctl.units());
+                run.closed_oracle = Some(ClosedLookahead::new(&per_vm, res.block_size, unit, units));
+            }
+            run.cursors = vec![0; per_vm.len()];
             run.admit(trace.vm_names(), 0)?;
             let repeat_until =
                 sc.replay.repeat_for.as_deref().map(parse_duration_ns).transpose().map_err(SimError::Scenario)?;
-            let mut cursor = vec![0usize; per_vm.len()];
             run.passes = vec![(0, None); per_vm.len()];
             // Each VM's free queue slots, by the time they freed (its requests are tagged
             // with the VM id).
@@ -354,7 +375,7 @@ pub fn simulate(sc: &Scenario, progress: &mut dyn FnMut(Progress)) -> Result<Sim
                 }
                 let Some(Reverse((now, vm))) = ready.pop() else { break };
                 let v = vm as usize;
-                if cursor[v] == per_vm[v].len() {
+                if run.cursors[v] == per_vm[v].len() {
                     // A pass ends when its last request completes (the last slot frees).
                     in_flight[v] -= 1;
                     if in_flight[v] > 0 || per_vm[v].is_empty() {
@@ -366,14 +387,14 @@ pub fn simulate(sc: &Scenario, progress: &mut dyn FnMut(Progress)) -> Result<Sim
                     if repeat_until.is_none_or(|t| now >= t) {
                         continue;
                     }
-                    cursor[v] = 0;
+                    run.cursors[v] = 0;
                     in_flight[v] = sc.replay.queue_depth as u64;
                     for _ in 1..sc.replay.queue_depth {
                         ready.push(Reverse((now, vm)));
                     }
                 }
-                let req = per_vm[v][cursor[v]];
-                cursor[v] += 1;
+                let req = per_vm[v][run.cursors[v]];
+                run.cursors[v] += 1;
                 run.issue(now, &req, vm as u64);
                 n += 1;
                 if n % 65_536 == 0 {

@@ -166,8 +166,16 @@ fn lookahead_oracle_beats_the_online_controller_on_shifting_hot_sets() {
     let oracle = simulate(&s, &mut |_| {}).unwrap().total.hit_ratio;
     eprintln!("hit ratio: oracle {oracle:.4}, online {online:.4}");
     assert!(oracle > online, "oracle {oracle} online {online}");
+    // Closed loop: the oracle reads each VM's next requests at its pace.
     s.replay.mode = ReplayMode::Closed;
-    assert!(simulate(&s, &mut |_| {}).unwrap_err().to_string().contains("lookahead"));
+    let oracle = simulate(&s, &mut |_| {}).unwrap().total.hit_ratio;
+    s.cache.lookahead = false;
+    let online = simulate(&s, &mut |_| {}).unwrap().total.hit_ratio;
+    eprintln!("closed loop hit ratio: oracle {oracle:.4}, online {online:.4}");
+    assert!(oracle > online, "closed loop: oracle {oracle} online {online}");
+    s.cache.lookahead = true;
+    s.replay.repeat_for = Some("30s".into());
+    assert!(simulate(&s, &mut |_| {}).unwrap_err().to_string().contains("repeat_for"));
 }
 
 #[test]

@@ -5,6 +5,7 @@
 //! each at the quick size and asserts the claims marked `asserted`.
 
 pub mod eci_endurance;
+pub mod heldout_mixes;
 pub mod policy_compare;
 pub mod recs_tracking;
 pub mod report_html;

@@ -419,22 +419,30 @@ impl Engine {
     }
 
     /// Persistent mode: evicts ahead into limbo when free and limbo slots together fall
-    /// below the reserve (one background job at a time), from `vm`'s partition (static) or
-    /// the shared policy.
+    /// below the reserve (one background job at a time), from `vm`'s partition (static;
+    /// from a paced shrink's VM when `vm` is below its target) or the shared policy.
     pub(crate) fn refill_reserve(&mut self, vm: VmId) {
         let d = &self.dur;
         if !d.on || d.refilling || self.free_slots() + d.limbo_len() as u64 >= d.reserve {
             return;
         }
-        // Static partitions: only a VM at its target needs victims (below it, it takes
-        // free slots as they come back from limbo).
-        if self.shared.is_none() && self.partition(vm).used < self.partition(vm).target {
-            return;
-        }
+        // Static partitions: a VM at its target evicts ahead from its own blocks; below
+        // it, from a VM above its target after a paced shrink, or else none is needed (it
+        // takes free slots as they come back from limbo).
         let want = d.reserve * 2 - self.free_slots() - d.limbo_len() as u64;
+        let from = if self.shared.is_some() || self.partition(vm).used >= self.partition(vm).target {
+            vm
+        } else if let Some(donor) = self.paced_donor() {
+            donor
+        } else {
+            return;
+        };
         let job = self.submit_job(|e, out| {
             for _ in 0..want {
-                let Some((s, _)) = e.evict_from(vm, false, out) else { break };
+                if from != vm && e.partition(from).used <= e.partition(from).target {
+                    break;
+                }
+                let Some((s, _)) = e.evict_from(from, false, out) else { break };
                 e.free_slot(s);
             }
         });

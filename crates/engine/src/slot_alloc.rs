@@ -177,7 +177,7 @@ impl Engine {
     /// A VM above its target after a paced shrink, to take a block from
     /// ([`Engine::set_target_paced`]); stale entries are dropped on the way.
     #[inline]
-    fn paced_donor(&mut self) -> Option<VmId> {
+    pub(crate) fn paced_donor(&mut self) -> Option<VmId> {
         while let Some(&o) = self.over_target.last() {
             let p = &self.vms[o as usize];
             if p.paced && p.used > p.target {

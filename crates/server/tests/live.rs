@@ -141,3 +141,46 @@ fn s_cave_runs_its_global_cleaner_in_the_daemon_and_stops_it_when_switched_away(
     r.daemon.set_allocator("static", &Default::default()).unwrap();
     assert_eq!(dp.with_engine(|e| e.cleaner()), None, "static has no cleaner");
 }
+
+#[test]
+fn adaptive_moves_an_idle_vms_cache_with_paced_shrinks_and_loses_none_of_its_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path(), "2MiB", &[("a", "64MiB", "wb"), ("b", "64MiB", "wb")]);
+    c.cache.allocator = "adaptive".into();
+    c.cache.interval = "50ms".into();
+    let r = serve(&c);
+    let addr = r.tcp.unwrap();
+    let (mut a, _) = Client::connect(addr, "a");
+    let (mut b, _) = Client::connect(addr, "b");
+    let data = |i: u64| vec![(i as u8) ^ 0x5a; 4096];
+    // a writes 200 blocks (write-back: dirty in the cache) and re-reads them, then goes
+    // quiet; b re-reads a 400-block hot set, more than an equal share of the 512 slots.
+    for _ in 0..3 {
+        for i in 0..200u64 {
+            a.write(i * 4096, &data(i), false).unwrap();
+            a.read(i * 4096, 4096).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(60));
+    }
+    let before = r.daemon.status();
+    assert!(before[0].dirty_blocks > 0, "a has dirty blocks to lose: {:?}", before[0].dirty_blocks);
+    for _ in 0..30 {
+        for i in 0..400u64 {
+            b.read(i * 4096, 4096).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let st = r.daemon.status();
+    let (sa, sb) = (&st[0], &st[1]);
+    eprintln!(
+        "a: target {} used {} dirty {}; b: target {} used {}",
+        sa.target_blocks, sa.used_blocks, sa.dirty_blocks, sb.target_blocks, sb.used_blocks
+    );
+    assert!(sb.target_blocks >= 400 && sb.used_blocks >= 350, "b did not get the idle VM's cache: {sb:?}");
+    assert!(sa.used_blocks < 150, "a kept its blocks: {sa:?}");
+    // Every write a was told is written reads back, from the cache or its disk.
+    for i in 0..200u64 {
+        assert_eq!(a.read(i * 4096, 4096).unwrap(), data(i), "block {i}");
+    }
+    r.daemon.shutdown().unwrap();
+}

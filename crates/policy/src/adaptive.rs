@@ -27,7 +27,7 @@
 //!   their recent accesses (by weight when none is).
 
 use crate::allocator::{Allocator, Decision, Needs, Pool, VmDemand};
-use crate::optimal::solve;
+use crate::optimal::{hits, solve};
 use crate::params::{ParamReader, Params};
 use crate::static_share::{share_leftover, weighted_split};
 
@@ -86,12 +86,6 @@ impl Adaptive {
     }
 }
 
-/// Hits of `curve` at `blocks` (whole units; the last point beyond the curve's end).
-fn hits_at(curve: &[f64], blocks: u64, unit: u64) -> f64 {
-    let k = (blocks / unit) as usize;
-    curve.get(k).or(curve.last()).copied().unwrap_or(0.0)
-}
-
 impl Allocator for Adaptive {
     fn name(&self) -> &'static str {
         "adaptive"
@@ -123,7 +117,7 @@ impl Allocator for Adaptive {
         let valid = current.iter().sum::<u64>() <= capacity
             && current.iter().any(|&t| t > 0)
             && vms.iter().zip(&current).all(|(v, &t)| t >= v.min_blocks);
-        let total = |t: &[u64]| -> f64 { curves.iter().zip(t).map(|(c, &b)| hits_at(c, b, unit)).sum() };
+        let total = |t: &[u64]| -> f64 { curves.iter().zip(t).map(|(c, &b)| hits(c, (b / unit) as usize)).sum() };
         let accesses: f64 = vms.iter().zip(&idle).filter(|(_, &i)| !i).map(|(v, _)| v.accesses).sum();
         let keep = valid && total(&ideal) - total(&current) <= self.hysteresis * accesses;
         let mut targets = if keep { current } else { ideal };

@@ -15,7 +15,7 @@ use crate::allocator::{Allocator, Decision, Needs, Pool, VmDemand};
 pub struct Optimal;
 
 /// Hits of `curve` at `k` units (the last point beyond the curve's end).
-fn hits(curve: &[f64], k: usize) -> f64 {
+pub(crate) fn hits(curve: &[f64], k: usize) -> f64 {
     match curve.get(k) {
         Some(&h) => h,
         None => curve.last().copied().unwrap_or(0.0),

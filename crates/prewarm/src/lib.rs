@@ -1,0 +1,24 @@
+//! Prewarming a cold cache from another cache's state (the Nutanix prewarming study,
+//! `../shared/seeds/nutanix-cache-prewarming-slides.txt`), as pure code: no clocks,
+//! threads, sockets or files — time is passed in, reads go out, outcomes come back.
+//!
+//! - [`snapshot`]: a cache-state snapshot (a bitmap per vDisk or metadata-object set) and
+//!   its checksummed, versioned file format;
+//! - [`scores`]: k-Recent / k-Frequent / k-Frerecent (LNR, QDR) over a history of
+//!   snapshots, and the prewarm set under a size limit;
+//! - [`plan`]: the set turned into reads, most important first, neighbours coalesced;
+//! - [`pacer`]: the prewarm rate, with a guaranteed minimum while the disk is busy;
+//! - [`loader`]: the reads handed out in order, paced, yielding to client I/O, with
+//!   progress.
+
+pub mod loader;
+pub mod pacer;
+pub mod plan;
+pub mod scores;
+pub mod snapshot;
+
+pub use loader::{Loader, LoaderConfig, Progress, ReadOutcome};
+pub use pacer::{PaceConfig, Pacer};
+pub use plan::{plan, Run};
+pub use scores::{Heuristic, ObjectId, Ranking};
+pub use snapshot::{Snapshot, SnapshotError};

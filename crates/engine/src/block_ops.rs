@@ -33,14 +33,14 @@ impl Engine {
             }
             self.runs = valid_runs;
             let fill = if self.cfg.fill == FillMode::Block { (0, self.spb) } else { r };
-            self.fill(vm, b, s, fill, 0, out);
+            self.fill(vm, b, s, fill, 0, true, out);
             out.blocks.push(BlockOutcome { block: b, hit: false, inserted: false, bypassed: false, evicted: None });
             return;
         }
         match self.allocate(vm, key, false, out) {
             Some(a) => {
                 let fill = if self.cfg.fill == FillMode::Block { (0, self.spb) } else { r };
-                self.fill(vm, b, a.slot, fill, a.phase, out);
+                self.fill(vm, b, a.slot, fill, a.phase, true, out);
                 out.blocks.push(BlockOutcome {
                     block: b,
                     hit: false,
@@ -58,9 +58,20 @@ impl Engine {
     }
 
     /// Reads the invalid sectors of `range` from backing (sync) and writes them into the
-    /// slot (async, from `phase` on, at least after the reads).
+    /// slot (async, from `phase` on, at least after the reads); `client`: the backing
+    /// reads serve a client request (else a background job's, a prewarm load).
     #[inline]
-    fn fill(&mut self, vm: VmId, b: u64, s: u32, range: SectorRange, phase: u16, out: &mut Output) {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn fill(
+        &mut self,
+        vm: VmId,
+        b: u64,
+        s: u32,
+        range: SectorRange,
+        phase: u16,
+        client: bool,
+        out: &mut Output,
+    ) {
         let mut runs = std::mem::take(&mut self.runs2);
         if self.valid.any(s, (0, self.spb)) {
             self.valid.runs(s, range, false, &mut runs);
@@ -70,7 +81,7 @@ impl Engine {
         }
         let first = self.next_op;
         for &run in &runs {
-            let op = DeviceOp { staged: true, client: true, ..self.backing(OpKind::BackingRead, vm, b, run, 0, true) };
+            let op = DeviceOp { staged: true, client, ..self.backing(OpKind::BackingRead, vm, b, run, 0, true) };
             self.emit(out, op);
         }
         for (i, &run) in runs.iter().enumerate() {

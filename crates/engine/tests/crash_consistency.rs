@@ -44,6 +44,12 @@ enum Step {
         vm: u32,
         slots: u64,
     },
+    /// A prewarm load of `len` blocks from `block`, as a background job.
+    Prewarm {
+        vm: u32,
+        block: u64,
+        len: u32,
+    },
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -60,6 +66,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => Just(Step::Tick),
         1 => Just(Step::Checkpoint),
         1 => (0..VMS, 0u64..7).prop_map(|(vm, slots)| Step::PacedTarget { vm, slots }),
+        2 => (0..VMS, 0..SECTORS / 8, 1u32..5).prop_map(|(vm, block, len)| Step::Prewarm { vm, block, len }),
     ]
 }
 
@@ -305,6 +312,11 @@ fn run(steps: &[Step], shared: bool, seed: u64) -> Result<(), String> {
             Step::Commit { fail } => d.commit_step(now, fail),
             Step::RequestCommit => d.e.request_commit(),
             Step::PacedTarget { vm, slots } => d.e.set_target_paced(vm, slots),
+            Step::Prewarm { vm, block, len } => {
+                d.e.submit_job(|e, out| {
+                    e.prewarm_load(vm, block, len, out);
+                });
+            }
             Step::Checkpoint => {
                 d.e.hold_admission(true, now);
                 let mut rounds = 0;

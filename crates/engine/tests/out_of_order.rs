@@ -49,6 +49,12 @@ enum JobKind {
     Clean {
         free: u64,
     },
+    /// A prewarm load (`prewarm_load`) of `len` blocks from `block`.
+    Prewarm {
+        vm: u32,
+        block: u64,
+        len: u32,
+    },
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -63,6 +69,8 @@ fn step() -> impl Strategy<Value = Step> {
         1 => prop::option::of(0u32..3).prop_map(|vm| Step::Job(JobKind::Flush { vm })),
         1 => (0u32..3, 0..SECTORS_PER_DISK / 8).prop_map(|(vm, block)| Step::Job(JobKind::Destage { vm, block })),
         1 => (0u64..9).prop_map(|free| Step::Job(JobKind::Clean { free })),
+        2 => (0u32..3, 0..SECTORS_PER_DISK / 8, 1u32..5)
+            .prop_map(|(vm, block, len)| Step::Job(JobKind::Prewarm { vm, block, len })),
         1 => (0u32..3, 0..SECTORS_PER_DISK, 1u64..12).prop_map(|(vm, sector, count)| {
             Step::Discard { vm, sector, count: count.min(SECTORS_PER_DISK - sector) }
         }),
@@ -298,6 +306,9 @@ fn run(
                     }
                     JobKind::Clean { free } => {
                         e.clean(free, out);
+                    }
+                    JobKind::Prewarm { vm, block, len } => {
+                        e.prewarm_load(vm, block, len, out);
                     }
                 });
             }

@@ -2,6 +2,7 @@
 //! `../shared/seeds/nutanix-cache-prewarming-slides.txt`), as pure code: no clocks,
 //! threads, sockets or files — time is passed in, reads go out, outcomes come back.
 //!
+//! - [`capture`]: a snapshot of a live engine;
 //! - [`snapshot`]: a cache-state snapshot (a bitmap per vDisk or metadata-object set) and
 //!   its checksummed, versioned file format;
 //! - [`scores`]: k-Recent / k-Frequent / k-Frerecent (LNR, QDR) over a history of
@@ -11,12 +12,14 @@
 //! - [`loader`]: the reads handed out in order, paced, yielding to client I/O, with
 //!   progress.
 
+pub mod capture;
 pub mod loader;
 pub mod pacer;
 pub mod plan;
 pub mod scores;
 pub mod snapshot;
 
+pub use capture::capture;
 pub use loader::{Loader, LoaderConfig, Progress, ReadOutcome};
 pub use pacer::{PaceConfig, Pacer};
 pub use plan::{plan, Run};

@@ -50,8 +50,8 @@ pub struct Progress {
     /// When loading ended (ns): the last read completed with the plan exhausted, or the
     /// cache filled up.
     pub finished_ns: Option<u64>,
-    /// Loading stopped early because the cache had no room.
-    pub cache_full: bool,
+    /// Sets whose loading stopped early because their share of the cache had no room.
+    pub sets_full: u32,
 }
 
 /// One read's outcome, from the engine.
@@ -61,7 +61,7 @@ pub struct ReadOutcome {
     pub loaded: u32,
     /// Objects already cached (not read).
     pub skipped: u32,
-    /// The cache had no room for the rest (loading stops).
+    /// The set's share of the cache had no room for the rest (its loading stops).
     pub no_room: bool,
 }
 
@@ -112,7 +112,7 @@ impl Loader {
 
     /// Whether nothing is left to hand out or wait for.
     pub fn finished(&self) -> bool {
-        self.progress.finished_ns.is_some() || (self.runs.is_empty() && !self.stopped)
+        self.progress.finished_ns.is_some() || (self.pending.is_empty() && self.in_flight.iter().all(|&n| n == 0))
     }
 
     /// The next read allowed at `now_ns`, if any; `busy(set)` says whether that set's disk
@@ -160,6 +160,12 @@ impl Loader {
         later.map_or(Scan::Nothing, Scan::Later)
     }
 
+    /// Stops handing out reads (those in flight still complete).
+    pub fn stop(&mut self) {
+        self.stopped = true;
+        self.pending.clear();
+    }
+
     /// A read handed out ended at `now_ns` with `outcome`.
     pub fn complete(&mut self, run: Run, now_ns: u64, outcome: ReadOutcome) {
         let n = &mut self.in_flight[run.set as usize];
@@ -169,9 +175,11 @@ impl Loader {
         p.skipped += outcome.skipped as u64;
         p.bytes_read += outcome.loaded as u64 * self.cfg.block_size;
         if outcome.no_room {
-            p.cache_full = true;
-            self.stopped = true;
-            self.pending.clear();
+            // This set's share of the cache is full: its other reads are dropped (in a
+            // shared pool every set finds that on its next read).
+            p.sets_full += 1;
+            let runs = &self.runs;
+            self.pending.retain(|&i| runs[i].set != run.set);
         }
         if self.pending.is_empty() && self.in_flight.iter().all(|&n| n == 0) {
             p.finished_ns.get_or_insert(now_ns);
@@ -218,23 +226,31 @@ mod tests {
         let p = l.progress();
         assert!(l.finished());
         assert_eq!((p.issued, p.loaded, p.skipped, p.bytes_read), (5, 4, 1, 4 * 4096));
-        assert_eq!((p.started_ns, p.finished_ns, p.cache_full), (Some(0), Some(40), false));
+        assert_eq!((p.started_ns, p.finished_ns, p.sets_full), (Some(0), Some(40), 0));
     }
 
     #[test]
     fn paced_reads_wait_for_their_tokens_and_a_full_cache_stops_loading() {
         // 8 kB/s, reads of 4 kB, burst one read: one now, the next 0.5 s later.
-        let mut l = Loader::new(cfg(Some(8192)), vec![run(0, 0, 1), run(0, 1, 1), run(0, 2, 1)]);
+        let mut l = Loader::new(cfg(Some(8192)), vec![run(0, 0, 1), run(0, 1, 1), run(0, 2, 1), run(1, 0, 1)]);
         assert_eq!(l.poll_read(0, |_| false), Some(run(0, 0, 1)));
         assert_eq!(l.poll_read(0, |_| false), None);
         assert_eq!(l.poll_timeout(0, |_| false), Some(500_000_000));
         assert_eq!(l.poll_read(500_000_000, |_| false), Some(run(0, 1, 1)));
         l.complete(run(0, 0, 1), 600_000_000, ReadOutcome { loaded: 1, ..ReadOutcome::default() });
         l.complete(run(0, 1, 1), 700_000_000, ReadOutcome { loaded: 0, skipped: 0, no_room: true });
-        assert_eq!(l.poll_read(2_000_000_000, |_| false), None);
+        // Set 0 is full: its last run is dropped; set 1's still goes.
+        assert_eq!(l.poll_read(2_000_000_000, |_| false), Some(run(1, 0, 1)));
         assert_eq!(l.poll_timeout(2_000_000_000, |_| false), None);
+        assert!(!l.finished());
+        l.complete(run(1, 0, 1), 2_100_000_000, ReadOutcome { loaded: 1, ..ReadOutcome::default() });
         let p = l.progress();
-        assert!(l.finished() && p.cache_full);
-        assert_eq!((p.issued, p.loaded, p.finished_ns), (2, 1, Some(700_000_000)));
+        assert!(l.finished());
+        assert_eq!((p.issued, p.loaded, p.sets_full, p.finished_ns), (3, 2, 1, Some(2_100_000_000)));
+        // A stopped loader hands out nothing more.
+        let mut l = Loader::new(cfg(None), vec![run(0, 0, 1), run(0, 1, 1)]);
+        l.stop();
+        assert_eq!(l.poll_read(0, |_| false), None);
+        assert!(l.finished());
     }
 }

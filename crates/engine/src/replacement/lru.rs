@@ -15,6 +15,12 @@ impl Replacement for Lru {
         t.aux[s as usize] = 0;
         self.list.push_front(t, s);
     }
+    /// At the cold end: behind the blocks prewarmed before it (more important) and every
+    /// block a request brought in.
+    fn insert_prewarmed(&mut self, t: &mut SlotTable, s: u32) {
+        t.aux[s as usize] = 0;
+        self.list.push_back(t, s);
+    }
     #[inline]
     fn touch(&mut self, t: &mut SlotTable, s: u32) {
         bump_counter(t, s);

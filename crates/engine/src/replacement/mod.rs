@@ -27,6 +27,12 @@ use std::str::FromStr;
 pub trait Replacement {
     /// Makes `s` resident. It must not be resident already.
     fn insert(&mut self, t: &mut SlotTable, s: u32);
+    /// Makes `s` resident as a prewarmed block (loaded ahead of any request). Prewarm
+    /// loads most important first, so a policy with an order puts each one *behind* the
+    /// ones loaded before it: the first loaded stays longest. Default: as [`Self::insert`].
+    fn insert_prewarmed(&mut self, t: &mut SlotTable, s: u32) {
+        self.insert(t, s);
+    }
     /// Records a hit on resident `s`.
     fn touch(&mut self, t: &mut SlotTable, s: u32);
     /// Forgets resident `s` without choosing it as a victim.
@@ -156,6 +162,9 @@ impl Replacement for AnyReplacement {
     #[inline]
     fn insert(&mut self, t: &mut SlotTable, s: u32) {
         dispatch!(self, r => r.insert(t, s))
+    }
+    fn insert_prewarmed(&mut self, t: &mut SlotTable, s: u32) {
+        dispatch!(self, r => r.insert_prewarmed(t, s))
     }
     #[inline]
     fn touch(&mut self, t: &mut SlotTable, s: u32) {

@@ -30,6 +30,17 @@ impl Replacement for TwoPool {
         t.aux[s as usize] = 0;
         self.single.push_front(t, s);
     }
+    /// Prewarming (the slides' "Cache mechanics: prewarming"): into the multi-touch pool
+    /// until it is full, then the single-touch pool; behind the blocks loaded before it.
+    fn insert_prewarmed(&mut self, t: &mut SlotTable, s: u32) {
+        if (self.multi.len() as u64) < self.multi_cap {
+            t.aux[s as usize] = MULTI;
+            self.multi.push_back(t, s);
+        } else {
+            t.aux[s as usize] = 0;
+            self.single.push_back(t, s);
+        }
+    }
     fn touch(&mut self, t: &mut SlotTable, s: u32) {
         if t.aux[s as usize] & MULTI != 0 {
             self.multi.move_to_front(t, s);

@@ -1,0 +1,142 @@
+//! Prewarm loads: blocks read from a VM's backing store into free cache slots ahead of any
+//! request (Nutanix prewarming slides, "Cache mechanics: prewarming": skip what is cached,
+//! stop when the cache is full). The `prewarm` crate decides what and when; this is the
+//! engine's half, run as a background job so its ops are ordinary device ops the drivers
+//! already execute, and so a client request on a block being loaded waits for the load
+//! (the job holds the block) and then acts on the loaded block: a write during prewarm
+//! wins.
+
+use crate::engine::Engine;
+use crate::output::Output;
+use crate::replacement::Replacement;
+use crate::slot_table::pack_key;
+use cachevisor_trace::VmId;
+
+/// What one prewarm load did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrewarmOutcome {
+    /// Blocks read from backing into the cache.
+    pub loaded: u32,
+    /// Blocks not loaded: cached already, or with a client request in flight on them.
+    pub skipped: u32,
+    /// The VM's share of the cache had no free slot for the rest (nothing was evicted).
+    pub no_room: bool,
+}
+
+impl Engine {
+    /// Loads blocks `first..first + len` of `vm` into free slots, as a background job's
+    /// body (`submit_job(|e, out| outcome = e.prewarm_load(vm, first, len, out))`).
+    ///
+    /// A block already cached, or one a client request is working on right now (a
+    /// write-around in flight would otherwise be overtaken by the old data), is skipped.
+    /// Slots come from the free list only, within the VM's target in partitioned modes:
+    /// prewarming never evicts. Loaded blocks enter the replacement policy through
+    /// [`Replacement::insert_prewarmed`], in load order. A VM in pass-through takes none.
+    pub fn prewarm_load(&mut self, vm: VmId, first: u64, len: u32, out: &mut Output) -> PrewarmOutcome {
+        out.clear();
+        self.ensure_vm(vm);
+        let mut o = PrewarmOutcome::default();
+        if self.vms[vm as usize].bypass {
+            o.no_room = true;
+            return o;
+        }
+        let spb = self.spb;
+        let saved = std::mem::replace(&mut self.no_insert, false);
+        for b in first..first.saturating_add(len as u64) {
+            let key = pack_key(vm, b);
+            if self.lookup(vm, b).is_some() || self.flight.busy.contains_key(&key) {
+                o.skipped += 1;
+                continue;
+            }
+            let p = &self.vms[vm as usize];
+            let room = (self.shared.is_some() || p.used < p.target) && self.free_available();
+            if !room {
+                o.no_room = true;
+                break;
+            }
+            let Some(a) = self.allocate(vm, key, false, out) else {
+                o.no_room = true;
+                break;
+            };
+            debug_assert!(a.evicted.is_none(), "prewarm evicts nothing");
+            self.with_repl(vm, |r, t| {
+                r.remove(t, a.slot);
+                r.insert_prewarmed(t, a.slot);
+            });
+            self.fill(vm, b, a.slot, (0, spb), a.phase, false, out);
+            o.loaded += 1;
+        }
+        self.no_insert = saved;
+        o
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Engine, EngineConfig, OpKind, Output, ReplacementKind};
+    use cachevisor_trace::{Op, Request};
+
+    fn engine(slots: u64, replacement: ReplacementKind) -> Engine {
+        let mut cfg = EngineConfig::with_slots(slots);
+        cfg.replacement = replacement;
+        Engine::new(cfg).unwrap()
+    }
+
+    #[test]
+    fn loads_free_slots_only_skips_cached_blocks_and_stops_at_the_target() {
+        let mut e = engine(16, ReplacementKind::Lru);
+        let mut out = Output::default();
+        e.set_target(0, 4, &mut out);
+        e.set_target(1, 12, &mut out);
+        e.access(0, &Request { time_ns: 0, vm: 0, op: Op::Read, offset: 2 * 4096, len: 4096 }, &mut out);
+        let o = e.prewarm_load(0, 0, 8, &mut out);
+        assert_eq!((o.loaded, o.skipped, o.no_room), (3, 1, true), "blocks 0, 1, 3 fill the target of 4");
+        let reads: Vec<_> =
+            out.ops.iter().filter(|op| op.kind == OpKind::BackingRead).map(|op| op.disk_addr / 4096).collect();
+        assert_eq!(reads, [0, 1, 3]);
+        assert!(out.ops.iter().all(|op| !op.client), "background reads");
+        assert_eq!(out.ops.iter().filter(|op| op.kind == OpKind::SsdWrite).count(), 3);
+        assert_eq!(e.partition(0).used, 4);
+        // Nothing evicted: block 2 (the VM's own) is still cached.
+        assert!(e.lookup(0, 2).is_some());
+        e.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn prewarmed_blocks_go_behind_in_load_order_so_the_most_important_stays_longest() {
+        let mut e = engine(8, ReplacementKind::Lru);
+        let mut out = Output::default();
+        e.set_target(0, 8, &mut out);
+        e.access(0, &Request { time_ns: 0, vm: 0, op: Op::Read, offset: 100 * 4096, len: 4096 }, &mut out);
+        for b in [7u64, 3, 5] {
+            assert_eq!(e.prewarm_load(0, b, 1, &mut out).loaded, 1);
+        }
+        let order: Vec<u64> = e.dump_partition(0).iter().map(|&s| e.slot_block(s).unwrap().1).collect();
+        assert_eq!(order, [5, 3, 7, 100], "eviction order: least important prewarmed first, the request's block last");
+    }
+
+    #[test]
+    fn two_pool_prewarm_fills_the_multi_touch_pool_first() {
+        let mut e = engine(10, ReplacementKind::TwoPool);
+        let mut out = Output::default();
+        e.set_target(0, 10, &mut out);
+        assert_eq!(e.prewarm_load(0, 0, 10, &mut out).loaded, 10);
+        // The multi-touch pool holds 80%: blocks 0..8; 8 and 9 went to single-touch.
+        let multi: Vec<u64> = (0..10u64).filter(|&b| e.slot_aux(e.lookup(0, b).unwrap()) & (1 << 4) != 0).collect();
+        assert_eq!(multi, (0..8).collect::<Vec<_>>());
+        let order: Vec<u64> = e.dump_partition(0).iter().map(|&s| e.slot_block(s).unwrap().1).collect();
+        assert_eq!(order, [9, 8, 7, 6, 5, 4, 3, 2, 1, 0]);
+    }
+
+    #[test]
+    fn shared_mode_loads_into_any_free_slot_and_pass_through_takes_none() {
+        let mut cfg = EngineConfig::with_slots(4);
+        cfg.partition = crate::PartitionMode::Shared;
+        let mut e = Engine::new(cfg).unwrap();
+        let mut out = Output::default();
+        let o = e.prewarm_load(3, 10, 6, &mut out);
+        assert_eq!((o.loaded, o.no_room), (4, true));
+        e.set_bypass(3, true);
+        assert_eq!(e.prewarm_load(3, 50, 1, &mut out).loaded, 0);
+    }
+}

@@ -14,7 +14,7 @@
 //! offer one (governor, leaky-bucket) read a clock or sleep, which a sans-IO core may not.
 
 /// Bytes per second, per direction of pacing.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct PaceConfig {
     /// The prewarm rate ceiling, bytes/s (`None`: unlimited).
     pub rate: Option<u64>,

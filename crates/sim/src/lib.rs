@@ -8,12 +8,14 @@
 
 pub mod device;
 pub mod experiments;
+pub mod failover;
 mod inputs;
 mod lookahead;
 pub mod metrics;
 mod node;
 pub mod plot;
 mod prepass;
+mod prewarming;
 pub mod report;
 pub mod scenario;
 mod simulator;

@@ -15,6 +15,7 @@
 use crate::device::Device;
 use crate::inputs::SimError;
 use crate::metrics::Metrics;
+use crate::prewarming::Prewarming;
 use crate::scenario::{BackingLayout, DevicesSection};
 use cachevisor_engine::{DeviceOp, Engine, EngineConfig, Event, OpHandle, Output, ReqId};
 use cachevisor_trace::{Request, VmId};
@@ -58,6 +59,10 @@ pub(crate) struct Node {
     done: Vec<(u64, u64)>,
     /// The node's clock: the latest time anything happened.
     now: u64,
+    /// Client requests in flight per VM (a VM's disk is busy while it has some).
+    vm_busy: Vec<u32>,
+    /// Prewarming after a failover, if this node does it.
+    pub(crate) prewarm: Option<Prewarming>,
     /// The latest completion of a client request.
     last_done: u64,
 }
@@ -82,6 +87,8 @@ impl Node {
             done: Vec::new(),
             now: 0,
             last_done: 0,
+            vm_busy: Vec::new(),
+            prewarm: None,
         })
     }
 
@@ -99,6 +106,10 @@ impl Node {
     pub(crate) fn submit(&mut self, now: u64, req: &Request, tag: u64) {
         self.now = self.now.max(now);
         self.metrics.issued(req.vm);
+        if self.vm_busy.len() <= req.vm as usize {
+            self.vm_busy.resize(req.vm as usize + 1, 0);
+        }
+        self.vm_busy[req.vm as usize] += 1;
         let id = self.engine.submit(self.now, req);
         self.requests.insert(id, InFlight { vm: req.vm, write: req.op.is_write(), issued: self.now, tag });
         self.pump();
@@ -116,10 +127,13 @@ impl Node {
     /// pending.
     pub(crate) fn next_time(&self) -> Option<u64> {
         let op = self.pending.peek().map(|Reverse((t, _))| *t);
-        match (op, self.engine.poll_timeout()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [op, self.timer_due()].into_iter().flatten().min()
+    }
+
+    /// The next engine timer or prewarm read due, if any.
+    fn timer_due(&self) -> Option<u64> {
+        let prewarm = self.prewarm.as_ref().and_then(|p| p.due(self.now, &self.vm_busy));
+        [self.engine.poll_timeout(), prewarm].into_iter().flatten().min()
     }
 
     /// Runs every completion and timer due at or before `t`, in time order.
@@ -143,7 +157,7 @@ impl Node {
     /// The next completion or timer.
     fn step(&mut self) {
         let op = self.pending.peek().map(|Reverse((t, _))| *t);
-        let timer = self.engine.poll_timeout();
+        let timer = self.timer_due();
         match (op, timer) {
             (Some(a), Some(b)) if b < a => self.timer(b),
             (None, Some(b)) => self.timer(b),
@@ -157,7 +171,7 @@ impl Node {
     fn timer(&mut self, t: u64) {
         self.now = self.now.max(t);
         self.engine.handle_timeout(self.now);
-        self.pump();
+        self.pump(); // prewarm reads due go out at its end
     }
 
     fn complete(&mut self, t: u64, c: Completion) {
@@ -172,6 +186,13 @@ impl Node {
     /// Moves the requests completed since the last call, (tag, completion time), to `into`.
     pub(crate) fn take_done(&mut self, into: &mut Vec<(u64, u64)>) {
         into.append(&mut self.done);
+    }
+
+    /// Takes over the completions `old` (a failed node, drained) has not handed out, with
+    /// times no earlier than `now` (a request in flight at a failover ends there).
+    pub(crate) fn take_done_from(&mut self, old: &mut Node, now: u64) {
+        self.done.extend(old.done.drain(..).map(|(tag, t)| (tag, t.max(now))));
+        self.now = self.now.max(now);
     }
 
     /// Client requests submitted and not yet completed.
@@ -203,16 +224,32 @@ impl Node {
                 self.pending.push(Reverse((at, Completion::Commit(c.epoch))));
             }
             while let Some(ev) = self.engine.poll_event() {
-                if let Event::Reply { req, blocks, .. } = ev {
-                    let Some(r) = self.requests.remove(&req) else { continue };
-                    self.metrics.request(r.vm, r.write, &blocks, self.now - r.issued);
-                    self.engine.recycle(blocks);
-                    self.done.push((r.tag, self.now));
-                    self.last_done = self.last_done.max(self.now);
+                match ev {
+                    Event::Reply { req, blocks, .. } => {
+                        let Some(r) = self.requests.remove(&req) else { continue };
+                        self.vm_busy[r.vm as usize] -= 1;
+                        self.metrics.request(r.vm, r.write, &blocks, self.now - r.issued);
+                        self.engine.recycle(blocks);
+                        self.done.push((r.tag, self.now));
+                        self.last_done = self.last_done.max(self.now);
+                    }
+                    Event::Retired { req, failed } => {
+                        if let Some(p) = self.prewarm.as_mut() {
+                            p.retired(self.now, req, failed);
+                        }
+                    }
+                    _ => {}
                 }
             }
             if !progressed {
-                return;
+                // Prewarm reads pacing allows now (their ops go round the loop).
+                let issued = match self.prewarm.as_mut() {
+                    Some(p) => p.issue(self.now, &mut self.engine, &self.vm_busy),
+                    None => false,
+                };
+                if !issued {
+                    return;
+                }
             }
         }
     }

@@ -211,6 +211,10 @@ pub struct SimResult {
     pub total: VmReport,
     /// Time series.
     pub windows: Vec<WindowRow>,
+    /// Failover and prewarming figures (`[failover]` scenarios; the other figures are
+    /// then the destination node's, or the source's in `warm` mode).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failover: Option<crate::failover::FailoverReport>,
 }
 
 impl SimResult {
@@ -270,6 +274,7 @@ impl SimResult {
             vms,
             total: VmReport::of("total", &total, used, dirty),
             windows,
+            failover: None,
         }
     }
 

@@ -45,6 +45,9 @@
 //! sequential_cutoff = "4MiB" # contiguous runs longer than this bypass the cache
 //! write_policy = "ro"
 //!
+//! [failover]               # the node fails and the VMs resume on a cold, prewarmed
+//! at = "30min"             # node: see `failover.rs` for every key
+//!
 //! [[phase]]                # settings that change at a point in virtual time
 //! at = "370s"
 //! vm = [{ name = "websearch-small", ratio = 4.0 }]
@@ -328,6 +331,9 @@ pub struct Scenario {
     pub vm: Vec<VmSection>,
     /// Changes over time, in any order.
     pub phase: Vec<PhaseSection>,
+    /// A node failure with prewarming on the destination (`failover.rs`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failover: Option<crate::failover::FailoverSection>,
 }
 
 /// Numbers resolved from a scenario's strings.
@@ -452,6 +458,18 @@ impl Scenario {
             && self.cache.partition == PartitionMode::Static
         {
             return Err(format!("cache.replacement: `{}` uses S-CAVE's global cleaner, which reads CLOCK counters: set replacement = \"clock\"", self.cache.allocator));
+        }
+        if let Some(f) = &self.failover {
+            let plan = f.resolve(block_size)?;
+            if window_requests.is_none() && !plan.at_ns.is_multiple_of(window_ns) {
+                return Err(format!(
+                    "failover.at: `{}` must fall on a window boundary (replay.window = `{}`), so no window mixes the two nodes",
+                    f.at, r.window
+                ));
+            }
+            if self.cache.lookahead {
+                return Err("failover: not with cache.lookahead (the oracle reads one node's future)".into());
+            }
         }
         Ok(Resolved { cache_bytes, block_size, slots, window_ns, window_requests })
     }

@@ -3,16 +3,19 @@
 //! the interval controller (windows, phases, reallocation, the global cleaner) and the
 //! pre-passes some allocators need (`prepass.rs`). Same scenario, same output, every run.
 
+use crate::failover::{FailoverMode, FailoverPlan, FailoverReport, History};
 use crate::inputs::{open_inputs, SimError};
 use crate::lookahead::{window_curves, ClosedLookahead, FIRST_WINDOW_REQUESTS};
 use crate::metrics::WindowRow;
 use crate::node::Node;
 use crate::prepass::whole_trace;
+use crate::prewarming::Prewarming;
 use crate::report::{SimResult, TraceCounts};
 use crate::scenario::{ReplayMode, Resolved, Scenario};
 use cachevisor_engine::{EngineConfig, PartitionMode};
 use cachevisor_policy::controller::{self, Controller, Estimates, VmSettings, WindowCounts};
 use cachevisor_policy::registry;
+use cachevisor_prewarm::{plan, Loader, Ranking, Snapshot};
 use cachevisor_trace::units::{parse_duration_ns, parse_size};
 use cachevisor_trace::{Request, VmId};
 use std::cmp::Reverse;
@@ -59,6 +62,21 @@ struct Run<'a> {
     cursors: Vec<usize>,
     /// Closed loop: (passes completed, end of the first) per VM.
     passes: Vec<(u64, Option<u64>)>,
+    /// The engine's configuration (a failover's destination node gets the same).
+    cfg: EngineConfig,
+    /// `[failover]`: the plan, the source's snapshots, and what the failover did.
+    failover: Option<Failover>,
+}
+
+/// A failover's state in a run.
+struct Failover {
+    plan: FailoverPlan,
+    history: History,
+    /// The failure happened.
+    done: bool,
+    /// Objects in the prewarm set and reads planned.
+    set: u64,
+    reads: u64,
 }
 
 impl<'a> Run<'a> {
@@ -74,7 +92,7 @@ impl<'a> Run<'a> {
             track_last_access: false,
         };
         let persistent = c.persistent.then(|| cachevisor_engine::durable_reserve(res.slots));
-        let mut node = Node::new(cfg, &sc.devices, persistent)?;
+        let mut node = Node::new(cfg.clone(), &sc.devices, persistent)?;
         let allocator = registry::build_with(&sc.cache.allocator, &sc.cache.params).map_err(SimError::Scenario)?;
         let managed = c.partition == PartitionMode::Static;
         let dynamic = managed && (c.lookahead || c.reallocate.unwrap_or(allocator.every_interval()));
@@ -105,6 +123,17 @@ impl<'a> Run<'a> {
             oracle: Vec::new(),
             closed_oracle: None,
             cursors: Vec::new(),
+            cfg,
+            failover: match &sc.failover {
+                Some(f) => Some(Failover {
+                    plan: f.resolve(res.block_size).map_err(SimError::Scenario)?,
+                    history: History::default(),
+                    done: false,
+                    set: 0,
+                    reads: 0,
+                }),
+                None => None,
+            },
         })
     }
 
@@ -241,9 +270,52 @@ impl<'a> Run<'a> {
         self.window_end = self.window_end.saturating_add(self.res.window_ns);
     }
 
+    /// The source node fails at `now`: the VMs move to a fresh node with the same cache
+    /// and devices (targets set again by the allocator), which prewarms from the source's
+    /// snapshots in `prewarm` mode. Requests in flight on the source finish there (their
+    /// completions still reach the replay loop).
+    fn fail_over(&mut self, now: u64) -> Result<(), SimError> {
+        let f = self.failover.as_mut().expect("a failover is planned");
+        f.done = true;
+        if f.plan.mode == FailoverMode::Warm {
+            return Ok(());
+        }
+        let persistent = self.sc.cache.persistent.then(|| cachevisor_engine::durable_reserve(self.res.slots));
+        let mut dest = Node::new(self.cfg.clone(), &self.sc.devices, persistent)?;
+        for vm in 0..self.names.len() {
+            dest.add_vm(vm as VmId)?;
+        }
+        dest.engine.set_cleaner(self.node.engine.cleaner());
+        let mut source = std::mem::replace(&mut self.node, dest);
+        source.drain();
+        self.node.take_done_from(&mut source, now);
+        self.reallocate(now, None, &[]);
+        let f = self.failover.as_mut().expect("a failover is planned");
+        if f.plan.mode != FailoverMode::Prewarm {
+            return Ok(());
+        }
+        let history: Vec<&Snapshot> = f.history.snapshots.iter().collect();
+        let ranking = Ranking::new(&history, f.plan.heuristic);
+        let limit = (f.plan.limit * self.res.slots as f64).floor() as u64;
+        let set_vm: Vec<Option<VmId>> =
+            ranking.sets.iter().map(|n| self.names.iter().position(|m| m == n).map(|v| v as VmId)).collect();
+        let chosen = ranking.prewarm_set(limit);
+        let runs: Vec<_> =
+            plan(chosen, f.plan.max_run).into_iter().filter(|r| set_vm[r.set as usize].is_some()).collect();
+        f.set = chosen.len() as u64;
+        f.reads = runs.len() as u64;
+        let loader = Loader::new(f.plan.loader(self.res.block_size), runs);
+        self.node.prewarm = Some(Prewarming::new(loader, set_vm));
+        self.node.advance_to(now); // the first reads go out before the VMs' I/O resumes
+        Ok(())
+    }
+
     /// Issues one request at `now` (its completion comes back from the node with `tag`).
-    fn issue(&mut self, now: u64, req: &Request, tag: u64) {
+    fn issue(&mut self, now: u64, req: &Request, tag: u64) -> Result<(), SimError> {
         self.roll_windows(now);
+        if self.failover.as_ref().is_some_and(|f| !f.done && now >= f.plan.at_ns) {
+            self.fail_over(now)?;
+        }
         if self.res.window_requests.is_none() {
             // rECS sampling periods spread over the window (S-CAVE §IV-B).
             let len = self.window_end.saturating_sub(self.window_start);
@@ -255,11 +327,15 @@ impl<'a> Run<'a> {
         self.last_now = now;
         self.ctl.observe(req);
         self.node.submit(now, req, tag);
+        if let Some(f) = self.failover.as_mut().filter(|f| !f.done) {
+            f.history.observe(&f.plan, now, &self.node.engine, &self.names);
+        }
         self.issued += 1;
         if self.res.window_requests.is_some_and(|n| self.issued.is_multiple_of(n)) {
             self.window_end = now.max(self.window_start);
             self.emit_window();
         }
+        Ok(())
     }
 
     fn finish(mut self, counts: Vec<TraceCounts>) -> SimResult {
@@ -291,6 +367,10 @@ impl<'a> Run<'a> {
         for (v, &(passes, first)) in r.vms.iter_mut().zip(&self.passes) {
             v.iterations = passes;
             v.first_iteration_s = first.map(|t| t as f64 / 1e9);
+        }
+        if let Some(f) = &self.failover {
+            let progress = node.prewarm.as_ref().map(|p| p.progress());
+            r.failover = Some(FailoverReport::build(&f.plan, &r.windows, f.history.taken(), f.set, f.reads, progress));
         }
         r
     }
@@ -324,7 +404,7 @@ pub fn simulate(sc: &Scenario, progress: &mut dyn FnMut(Progress)) -> Result<Sim
                 if req.vm as usize >= run.names.len() {
                     run.admit(trace.vm_names(), now)?;
                 }
-                run.issue(now, &req, 0);
+                run.issue(now, &req, 0)?;
                 n += 1;
                 if n.is_multiple_of(65_536) {
                     progress(Progress { done: n, total: None });
@@ -395,7 +475,7 @@ pub fn simulate(sc: &Scenario, progress: &mut dyn FnMut(Progress)) -> Result<Sim
                 }
                 let req = per_vm[v][run.cursors[v]];
                 run.cursors[v] += 1;
-                run.issue(now, &req, vm as u64);
+                run.issue(now, &req, vm as u64)?;
                 n += 1;
                 if n % 65_536 == 0 {
                     progress(Progress { done: n, total: repeat_until.is_none().then_some(total) });

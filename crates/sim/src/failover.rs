@@ -1,0 +1,328 @@
+//! Failover with prewarming (Nutanix prewarming slides, "Experiment Scenario"): the VMs
+//! run on a source node whose cache state is snapshotted every n requests or t seconds;
+//! at `at` the node fails and the VMs resume at once on an idle destination node with a
+//! cold cache, prewarmed from the source's last snapshots before their I/O resumes.
+//! Baselines: `cold` (no prewarming) and `warm` (the VMs keep their cache, as if nothing
+//! failed). The snapshots, scores, plan and pacing are the `prewarm` crate's; this file is
+//! the scenario section, the source's snapshot history and the figures the slides report.
+//!
+//! ```toml
+//! [failover]
+//! at = "30min"               # trace time of the failure
+//! mode = "prewarm"           # prewarm | cold | warm
+//! snapshot_every = "100000req" # or a duration ("60s")
+//! snapshots_kept = 5         # m, the history the scores read
+//! heuristic = "k-recent"     # k-recent | k-frequent | k-frerecent-lnr | k-frerecent-qdr
+//! limit = "50%"              # prewarm set size, of the destination cache
+//! rate = "100MiB"            # per second; "unlimited"
+//! busy_rate = "16MiB"        # per second while the VM's disk serves it (default rate / 4)
+//! max_read = "128KiB"        # neighbouring blocks coalesced into reads up to this size
+//! minute = "60s"             # the slides' minute (5/15/30-minute averages), scaled runs
+//! ```
+
+use crate::metrics::WindowRow;
+use cachevisor_engine::Engine;
+use cachevisor_prewarm::{capture, Heuristic, LoaderConfig, PaceConfig, Progress, Snapshot};
+use cachevisor_trace::units::{parse_duration_ns, parse_percent, parse_size};
+use serde::{Deserialize, Serialize};
+use std::collections::VecDeque;
+
+/// What happens to the VMs' caches at the failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FailoverMode {
+    /// A cold destination cache, prewarmed from the source's snapshots.
+    #[default]
+    Prewarm,
+    /// A cold destination cache, not prewarmed (the lower bracket).
+    Cold,
+    /// No failure: the VMs keep their cache (the upper bracket).
+    Warm,
+}
+
+/// `[failover]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FailoverSection {
+    /// Trace time of the failure.
+    pub at: String,
+    /// Prewarm, cold or warm.
+    pub mode: FailoverMode,
+    /// Snapshot rate: `"100000req"` (requests) or a duration.
+    pub snapshot_every: String,
+    /// Snapshots kept (the history scored).
+    pub snapshots_kept: usize,
+    /// Scoring heuristic.
+    pub heuristic: Heuristic,
+    /// Prewarm set size limit, percent of the destination cache.
+    pub limit: String,
+    /// Prewarm rate per second (`"unlimited"`).
+    pub rate: String,
+    /// Rate per second while a VM's disk serves its requests (default: rate / 4, or
+    /// 64 MiB with an unlimited rate).
+    pub busy_rate: Option<String>,
+    /// Largest coalesced read.
+    pub max_read: String,
+    /// How long the slides' "minute" lasts in this run (their 5-, 15- and 30-minute
+    /// averages), for runs scaled down in time.
+    pub minute: String,
+}
+
+impl Default for FailoverSection {
+    fn default() -> Self {
+        FailoverSection {
+            at: "30min".into(),
+            mode: FailoverMode::Prewarm,
+            snapshot_every: "100000req".into(),
+            snapshots_kept: 5,
+            heuristic: Heuristic::Recent,
+            limit: "100%".into(),
+            rate: "unlimited".into(),
+            busy_rate: None,
+            max_read: "128KiB".into(),
+            minute: "60s".into(),
+        }
+    }
+}
+
+/// When snapshots are taken.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub enum SnapshotEvery {
+    /// Every this many requests.
+    Requests(u64),
+    /// Every this many ns of virtual time.
+    Nanos(u64),
+}
+
+/// `[failover]` with its strings resolved.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct FailoverPlan {
+    /// Failure time, ns.
+    pub at_ns: u64,
+    /// Mode.
+    pub mode: FailoverMode,
+    /// Snapshot rate.
+    pub every: SnapshotEvery,
+    /// History length.
+    pub kept: usize,
+    /// Heuristic.
+    pub heuristic: Heuristic,
+    /// Size limit as a fraction of the destination cache.
+    pub limit: f64,
+    /// Pacing.
+    pub pace: PaceConfig,
+    /// Largest read, blocks.
+    pub max_run: u32,
+    /// The slides' minute, s.
+    pub minute_s: f64,
+}
+
+impl FailoverSection {
+    /// Checks every value; the message names the key.
+    pub fn resolve(&self, block_size: u64) -> Result<FailoverPlan, String> {
+        let at_ns = parse_duration_ns(&self.at).map_err(|e| format!("failover.at: {e}"))?;
+        let every = match self.snapshot_every.trim().strip_suffix("req") {
+            Some(n) => SnapshotEvery::Requests(n.trim().parse::<u64>().ok().filter(|&n| n > 0).ok_or(format!(
+                "failover.snapshot_every: `{}` is not a positive request count",
+                self.snapshot_every
+            ))?),
+            None => SnapshotEvery::Nanos(parse_duration_ns(&self.snapshot_every).ok().filter(|&n| n > 0).ok_or(
+                format!("failover.snapshot_every: `{}` is neither `<n>req` nor a duration > 0", self.snapshot_every),
+            )?),
+        };
+        if self.snapshots_kept == 0 {
+            return Err("failover.snapshots_kept: must be ≥ 1".into());
+        }
+        let limit = parse_percent(&self.limit).map_err(|e| format!("failover.limit: {e}"))?;
+        if !(0.0..=1.0).contains(&limit) {
+            return Err(format!("failover.limit: `{}` is outside 0%..=100%", self.limit));
+        }
+        let per_sec = |key: &str, s: &str| -> Result<Option<u64>, String> {
+            let s = s.trim().trim_end_matches("/s");
+            if matches!(s, "unlimited" | "inf" | "∞") {
+                return Ok(None);
+            }
+            let b = parse_size(s).map_err(|e| format!("failover.{key}: {e} (a size per second, or \"unlimited\")"))?;
+            if b == 0 {
+                return Err(format!("failover.{key}: must be > 0 (or \"unlimited\")"));
+            }
+            Ok(Some(b))
+        };
+        let rate = per_sec("rate", &self.rate)?;
+        let busy_rate = match &self.busy_rate {
+            Some(b) => per_sec("busy_rate", b)?.unwrap_or(u64::MAX),
+            None => rate.map_or(64 << 20, |r| (r / 4).max(block_size)),
+        };
+        let max_read = parse_size(&self.max_read).map_err(|e| format!("failover.max_read: {e}"))?;
+        if max_read < block_size {
+            return Err(format!("failover.max_read: `{}` is smaller than a cache block", self.max_read));
+        }
+        let pace = PaceConfig { rate, busy_rate, burst: max_read };
+        let max_run = (max_read / block_size).min(u32::MAX as u64) as u32;
+        let minute = parse_duration_ns(&self.minute).map_err(|e| format!("failover.minute: {e}"))?;
+        if minute == 0 {
+            return Err("failover.minute: must be > 0".into());
+        }
+        Ok(FailoverPlan {
+            at_ns,
+            mode: self.mode,
+            every,
+            kept: self.snapshots_kept,
+            heuristic: self.heuristic,
+            limit,
+            pace,
+            max_run,
+            minute_s: minute as f64 / 1e9,
+        })
+    }
+}
+
+impl FailoverPlan {
+    /// The loader's settings for `block_size`-byte blocks.
+    pub(crate) fn loader(&self, block_size: u64) -> LoaderConfig {
+        LoaderConfig { pace: self.pace, block_size, busy_depth: 1, idle_depth: 4 }
+    }
+}
+
+/// The source node's snapshot history.
+#[derive(Debug, Default)]
+pub(crate) struct History {
+    pub(crate) snapshots: VecDeque<Snapshot>,
+    taken: u64,
+    requests: u64,
+    next_at_ns: u64,
+}
+
+impl History {
+    /// Counts a request issued at `now`, and takes a snapshot of `engine` when one is due.
+    pub(crate) fn observe(&mut self, plan: &FailoverPlan, now: u64, engine: &Engine, names: &[String]) {
+        self.requests += 1;
+        let due = match plan.every {
+            SnapshotEvery::Requests(n) => self.requests.is_multiple_of(n),
+            SnapshotEvery::Nanos(t) => {
+                if self.next_at_ns == 0 {
+                    self.next_at_ns = t;
+                }
+                now >= self.next_at_ns && {
+                    self.next_at_ns = now - now % t + t;
+                    true
+                }
+            }
+        };
+        if due {
+            self.taken += 1;
+            self.snapshots.push_back(capture(engine, self.taken, self.requests, names));
+            while self.snapshots.len() > plan.kept {
+                self.snapshots.pop_front();
+            }
+        }
+    }
+
+    /// Snapshots taken in all.
+    pub(crate) fn taken(&self) -> u64 {
+        self.taken
+    }
+}
+
+/// What the failover did and the hit ratios after it (the slides' metrics).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FailoverReport {
+    /// Mode.
+    pub mode: FailoverMode,
+    /// Failure time, s.
+    pub at_s: f64,
+    /// Snapshots the source took before failing.
+    pub snapshots_taken: u64,
+    /// Objects in the prewarm set.
+    pub prewarm_set: u64,
+    /// Reads planned (after coalescing).
+    pub prewarm_reads: u64,
+    /// The loader's progress (blocks loaded, skipped, bytes, start and end).
+    pub loaded_blocks: u64,
+    /// Blocks found cached already.
+    pub skipped_blocks: u64,
+    /// Bytes read from backing for prewarming (the extra backing reads).
+    pub prewarm_bytes: u64,
+    /// Seconds from the failure to the end of prewarming, if it ended.
+    pub prewarm_seconds: Option<f64>,
+    /// Block hit ratio of the source over the span before the failure as long as the
+    /// longest average below (or all of it).
+    pub source_hit_ratio: f64,
+    /// Hit ratio in the first second after the failure.
+    pub instant_hit_ratio: f64,
+    /// Averages over the first 5, 15 and 30 minutes (scaled by `minute_s`).
+    pub avg_hit_ratio: [f64; 3],
+    /// Seconds a "minute" lasts in this run (60 unless durations are scaled down).
+    pub minute_s: f64,
+    /// Seconds from the failure until a 10-second hit ratio first reaches 90% of the
+    /// source's, if it does.
+    pub to_90pct_s: Option<f64>,
+}
+
+impl FailoverReport {
+    /// The figures from the run's windows (all VMs summed per window).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn build(
+        plan: &FailoverPlan,
+        windows: &[WindowRow],
+        snapshots_taken: u64,
+        prewarm_set: u64,
+        prewarm_reads: u64,
+        progress: Option<Progress>,
+    ) -> FailoverReport {
+        let minute_s = plan.minute_s;
+        let at = plan.at_ns as f64 / 1e9;
+        // (end time, accesses, hits) per window, VMs summed.
+        let mut per: Vec<(f64, u64, u64)> = Vec::new();
+        for w in windows {
+            let hits = (w.hit_ratio * w.accesses as f64).round() as u64;
+            match per.last_mut() {
+                Some(last) if last.0 == w.t_end_s => {
+                    last.1 += w.accesses;
+                    last.2 += hits;
+                }
+                _ => per.push((w.t_end_s, w.accesses, hits)),
+            }
+        }
+        let ratio_in = |from: f64, to: f64| {
+            let (a, h) = per
+                .iter()
+                .filter(|w| w.0 > from + 1e-9 && w.0 <= to + 1e-9)
+                .fold((0, 0), |(a, h), w| (a + w.1, h + w.2));
+            if a == 0 {
+                0.0
+            } else {
+                h as f64 / a as f64
+            }
+        };
+        let longest = 30.0 * minute_s;
+        let source = ratio_in((at - longest).max(0.0), at);
+        let after: Vec<&(f64, u64, u64)> = per.iter().filter(|w| w.0 > at + 1e-9).collect();
+        let mut to_90 = None;
+        for (i, w) in after.iter().enumerate() {
+            let span: Vec<_> = after[..=i].iter().filter(|x| x.0 > w.0 - 10.0 + 1e-9).collect();
+            let (a, h) = span.iter().fold((0, 0), |(a, h), x| (a + x.1, h + x.2));
+            if a > 0 && h as f64 / a as f64 >= 0.9 * source {
+                to_90 = Some(w.0 - at);
+                break;
+            }
+        }
+        let p = progress.unwrap_or_default();
+        FailoverReport {
+            mode: plan.mode,
+            at_s: at,
+            snapshots_taken,
+            prewarm_set,
+            prewarm_reads,
+            loaded_blocks: p.loaded,
+            skipped_blocks: p.skipped,
+            prewarm_bytes: p.bytes_read,
+            prewarm_seconds: p.finished_ns.map(|t| t.saturating_sub(plan.at_ns) as f64 / 1e9),
+            source_hit_ratio: source,
+            instant_hit_ratio: ratio_in(at, at + 1.0),
+            avg_hit_ratio: [5.0, 15.0, 30.0].map(|m| ratio_in(at, at + m * minute_s)),
+            minute_s,
+            to_90pct_s: to_90,
+        }
+    }
+}

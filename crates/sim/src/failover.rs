@@ -11,6 +11,7 @@
 //! at = "30min"               # trace time of the failure
 //! mode = "prewarm"           # prewarm | cold | warm
 //! snapshot_every = "100000req" # or a duration ("60s")
+//! snapshot_max_gap = "5min"  # with a request rate: also after this long without one
 //! snapshots_kept = 5         # m, the history the scores read
 //! heuristic = "k-recent"     # k-recent | k-frequent | k-frerecent-lnr | k-frerecent-qdr
 //! limit = "50%"              # prewarm set size, of the destination cache
@@ -50,6 +51,9 @@ pub struct FailoverSection {
     pub mode: FailoverMode,
     /// Snapshot rate: `"100000req"` (requests) or a duration.
     pub snapshot_every: String,
+    /// With a request-count rate, also take a snapshot when this much virtual time passed
+    /// since the last (a set with few requests still gets a history); none by default.
+    pub snapshot_max_gap: Option<String>,
     /// Snapshots kept (the history scored).
     pub snapshots_kept: usize,
     /// Scoring heuristic.
@@ -74,6 +78,7 @@ impl Default for FailoverSection {
             at: "30min".into(),
             mode: FailoverMode::Prewarm,
             snapshot_every: "100000req".into(),
+            snapshot_max_gap: None,
             snapshots_kept: 5,
             heuristic: Heuristic::Recent,
             limit: "100%".into(),
@@ -103,6 +108,8 @@ pub struct FailoverPlan {
     pub mode: FailoverMode,
     /// Snapshot rate.
     pub every: SnapshotEvery,
+    /// Longest time between snapshots, ns (with a request-count rate).
+    pub max_gap_ns: Option<u64>,
     /// History length.
     pub kept: usize,
     /// Heuristic.
@@ -129,6 +136,15 @@ impl FailoverSection {
             None => SnapshotEvery::Nanos(parse_duration_ns(&self.snapshot_every).ok().filter(|&n| n > 0).ok_or(
                 format!("failover.snapshot_every: `{}` is neither `<n>req` nor a duration > 0", self.snapshot_every),
             )?),
+        };
+        let max_gap_ns = match &self.snapshot_max_gap {
+            Some(g) => Some(
+                parse_duration_ns(g)
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .ok_or(format!("failover.snapshot_max_gap: `{g}` is not a duration > 0"))?,
+            ),
+            None => None,
         };
         if self.snapshots_kept == 0 {
             return Err("failover.snapshots_kept: must be ≥ 1".into());
@@ -167,6 +183,7 @@ impl FailoverSection {
             at_ns,
             mode: self.mode,
             every,
+            max_gap_ns,
             kept: self.snapshots_kept,
             heuristic: self.heuristic,
             limit,
@@ -191,6 +208,7 @@ pub(crate) struct History {
     taken: u64,
     requests: u64,
     next_at_ns: u64,
+    last_at_ns: u64,
 }
 
 impl History {
@@ -198,7 +216,9 @@ impl History {
     pub(crate) fn observe(&mut self, plan: &FailoverPlan, now: u64, engine: &Engine, names: &[String]) {
         self.requests += 1;
         let due = match plan.every {
-            SnapshotEvery::Requests(n) => self.requests.is_multiple_of(n),
+            SnapshotEvery::Requests(n) => {
+                self.requests.is_multiple_of(n) || plan.max_gap_ns.is_some_and(|g| now >= self.last_at_ns + g)
+            }
             SnapshotEvery::Nanos(t) => {
                 if self.next_at_ns == 0 {
                     self.next_at_ns = t;
@@ -210,6 +230,7 @@ impl History {
             }
         };
         if due {
+            self.last_at_ns = now;
             self.taken += 1;
             self.snapshots.push_back(capture(engine, self.taken, self.requests, names));
             while self.snapshots.len() > plan.kept {

@@ -1,5 +1,6 @@
 //! A scenario's inputs as one merged request stream: trace files (any format the trace
-//! crate reads), synthetic generators (chained phases), VM renames.
+//! crate reads), synthetic generators (chained phases), VM renames; in the DSF object
+//! model, each request's metadata-object lookups instead (`dsf_objects.rs`).
 
 use cachevisor_trace::chain::Chained;
 use cachevisor_trace::formats::generic_csv::CsvColumns;
@@ -8,7 +9,9 @@ use cachevisor_trace::units::parse_duration_ns;
 use cachevisor_trace::{open_trace, MergeOptions, MergedTrace, ReadOptions, TraceSource, VmMode};
 use std::collections::HashMap;
 
-use crate::scenario::Scenario;
+use crate::dsf_objects::{self, DsfObjects};
+use crate::scenario::{ObjectModel, Scenario};
+use cachevisor_trace::{Request, SourceCounts, TraceError};
 
 /// A failed simulation: bad scenario or bad trace.
 #[derive(Debug, thiserror::Error)]
@@ -21,8 +24,48 @@ pub enum SimError {
     Trace(#[from] cachevisor_trace::TraceError),
 }
 
+/// A scenario's request stream.
+pub struct Inputs {
+    merged: MergedTrace,
+    /// The DSF object model's lookups, when the cache holds objects.
+    dsf: Option<DsfObjects>,
+    /// Object VM names (`hm3`, then the vDisks').
+    names: Vec<String>,
+}
+
+impl Inputs {
+    /// The next request (or object lookup), in time order.
+    pub fn next_request(&mut self) -> Result<Option<Request>, TraceError> {
+        let Some(d) = self.dsf.as_mut() else { return self.merged.next_request() };
+        loop {
+            if let Some(r) = d.next_lookup() {
+                return Ok(Some(r));
+            }
+            let Some(r) = self.merged.next_request()? else { return Ok(None) };
+            if self.names.len() != self.merged.vm_names().len() + 1 {
+                self.names = dsf_objects::names(self.merged.vm_names());
+            }
+            d.expand(&r);
+        }
+    }
+
+    /// VM names by id, as far as seen.
+    pub fn vm_names(&self) -> &[String] {
+        if self.dsf.is_some() {
+            &self.names
+        } else {
+            self.merged.vm_names()
+        }
+    }
+
+    /// Per-input counts (requests of the VMs, not object lookups).
+    pub fn counts(&self) -> Vec<SourceCounts> {
+        self.merged.counts()
+    }
+}
+
 /// Opens every input of a scenario as one merged stream.
-pub fn open_inputs(sc: &Scenario) -> Result<MergedTrace, SimError> {
+pub fn open_inputs(sc: &Scenario) -> Result<Inputs, SimError> {
     let t = &sc.trace;
     let read = ReadOptions {
         format: t.format,
@@ -54,5 +97,7 @@ pub fn open_inputs(sc: &Scenario) -> Result<MergedTrace, SimError> {
         sources.push(Box::new(Chained::new(parts)));
     }
     let rename: HashMap<String, String> = t.rename.clone().into_iter().collect();
-    Ok(MergedTrace::from_sources(sources, MergeOptions { rebase: true, rename }))
+    let merged = MergedTrace::from_sources(sources, MergeOptions { rebase: true, rename });
+    let dsf = (sc.cache.objects == ObjectModel::NutanixDsf).then(DsfObjects::default);
+    Ok(Inputs { merged, dsf, names: Vec::new() })
 }

@@ -7,6 +7,7 @@
 //! Entry point: [`simulate`] with a [`Scenario`] (TOML, see [`scenario`]).
 
 pub mod device;
+pub mod dsf_objects;
 pub mod experiments;
 pub mod failover;
 mod inputs;
@@ -20,7 +21,7 @@ pub mod report;
 pub mod scenario;
 mod simulator;
 
-pub use inputs::{open_inputs, SimError};
+pub use inputs::{open_inputs, Inputs, SimError};
 pub use report::SimResult;
 pub use scenario::Scenario;
 pub use simulator::{simulate, Progress};

@@ -14,6 +14,7 @@
 //! reallocate = true        # re-run the allocator every window (default: the policy's own
 //!                          # choice — s-cave, eci-cache, centaur, symflex-proportional do)
 //! params = { m = 5 }       # the allocator's parameters over the seed's defaults
+//! objects = "blocks"       # blocks | nutanix-dsf (HM1/HM3 metadata objects, open loop)
 //! lookahead = false        # oracle: allocate on the coming window's curves (open loop:
 //!                          # by trace time; closed: each VM's next requests, at its pace)
 //!
@@ -101,6 +102,20 @@ pub struct CacheSection {
     /// journaled blocks wait for intent commits, and commits are writes to the cache SSD.
     /// Off: the engine as a cache that forgets everything at a restart.
     pub persistent: bool,
+    /// What the cache holds: data blocks, or the Nutanix DSF metadata objects
+    /// (`dsf_objects.rs`: HM1 and HM3 lookups per 1 MiB vBlock; open loop only).
+    pub objects: ObjectModel,
+}
+
+/// What a simulated cache holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ObjectModel {
+    /// Blocks of the VMs' data.
+    #[default]
+    Blocks,
+    /// Nutanix DSF metadata objects (the prewarming study's cache).
+    NutanixDsf,
 }
 
 impl Default for CacheSection {
@@ -117,6 +132,7 @@ impl Default for CacheSection {
             params: BTreeMap::new(),
             lookahead: false,
             persistent: false,
+            objects: ObjectModel::Blocks,
         }
     }
 }
@@ -374,7 +390,14 @@ impl Scenario {
     pub fn resolve(&self) -> Result<Resolved, String> {
         let cache_bytes = parse_size(&self.cache.size).map_err(|e| format!("cache.size: {e}"))?;
         let block_size = parse_size(&self.cache.block_size).map_err(|e| format!("cache.block_size: {e}"))?;
-        let slots = cache_bytes.checked_div(block_size).unwrap_or(0);
+        let slots = match self.cache.objects {
+            ObjectModel::Blocks => cache_bytes.checked_div(block_size).unwrap_or(0),
+            // Objects a cache of this size holds (`dsf_objects.rs`).
+            ObjectModel::NutanixDsf => {
+                cache_bytes / (1 << 20) * crate::dsf_objects::OBJECTS_PER_MIB
+                    + cache_bytes % (1 << 20) * crate::dsf_objects::OBJECTS_PER_MIB / (1 << 20)
+            }
+        };
         let engine =
             cachevisor_engine::EngineConfig { block_size, slots, ..cachevisor_engine::EngineConfig::with_slots(1) };
         engine.validate().map_err(|e| format!("cache: {e}"))?;
@@ -458,6 +481,18 @@ impl Scenario {
             && self.cache.partition == PartitionMode::Static
         {
             return Err(format!("cache.replacement: `{}` uses S-CAVE's global cleaner, which reads CLOCK counters: set replacement = \"clock\"", self.cache.allocator));
+        }
+        if self.cache.objects == ObjectModel::NutanixDsf {
+            if r.mode != ReplayMode::Open {
+                return Err(
+                    "cache.objects: the DSF object model replays open loop only (set replay.mode = \"open\")".into()
+                );
+            }
+            if block_size != 4096 {
+                return Err(
+                    "cache.objects: the DSF object model reads 4 KiB objects (set cache.block_size = \"4KiB\")".into(),
+                );
+            }
         }
         if let Some(f) = &self.failover {
             let plan = f.resolve(block_size)?;

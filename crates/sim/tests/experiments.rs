@@ -26,7 +26,7 @@ fn check(name: &str) {
 
 #[test]
 fn every_experiment_is_registered() {
-    assert_eq!(NAMES.len(), 5);
+    assert_eq!(NAMES.len(), 6);
 }
 
 #[test]
@@ -52,4 +52,9 @@ fn symflex_proportional() {
 #[test]
 fn policy_compare() {
     check("policy-compare");
+}
+
+#[test]
+fn prewarm_failover() {
+    check("prewarm-failover");
 }

@@ -7,6 +7,7 @@
 pub mod eci_endurance;
 pub mod heldout_mixes;
 pub mod policy_compare;
+pub mod prewarm_failover;
 pub mod recs_tracking;
 pub mod report_html;
 pub mod scave_corun;
@@ -19,8 +20,8 @@ pub use report_html::{Claim, Report, Section, Table};
 use std::path::PathBuf;
 
 /// Every experiment.
-pub const NAMES: [&str; 5] =
-    ["scave-corun", "recs-tracking", "eci-endurance", "symflex-proportional", "policy-compare"];
+pub const NAMES: [&str; 6] =
+    ["scave-corun", "recs-tracking", "eci-endurance", "symflex-proportional", "policy-compare", "prewarm-failover"];
 
 /// How long an experiment runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -73,6 +74,7 @@ pub fn run(name: &str, opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Repo
         "eci-endurance" => eci_endurance::run(opts, log)?,
         "symflex-proportional" => symflex_proportional::run(opts, log)?,
         "policy-compare" => policy_compare::run(opts, log)?,
+        "prewarm-failover" => prewarm_failover::run(opts, log)?,
         _ => return Err(format!("unknown experiment `{name}` (one of {})", NAMES.join(", "))),
     };
     report.write(&opts.out).map_err(|e| format!("{}: {e}", opts.out.display()))?;
@@ -80,11 +82,12 @@ pub fn run(name: &str, opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Repo
 }
 
 /// The generator config templates, by file name.
-const TEMPLATES: [(&str, &str); 4] = [
+const TEMPLATES: [(&str, &str); 5] = [
     ("strong", include_str!("../../experiments/strong.yaml")),
     ("weak", include_str!("../../experiments/weak.yaml")),
     ("hotcold", include_str!("../../experiments/hotcold.yaml")),
     ("mixed-rw", include_str!("../../experiments/mixed-rw.yaml")),
+    ("nutanix-syn", include_str!("../../experiments/nutanix-syn.yaml")),
 ];
 
 /// Writes a variant of template `kind` as `out/workloads/NAME.yaml`: `name` set and each

@@ -5,9 +5,10 @@
 //! dump by page id (one sequential sweep, but the hottest pages may come last) and
 //! Percona's LRU dump coalesced contiguous pages. We keep the importance order and
 //! coalesce: each read starts at the most important block not yet planned and takes the
-//! set's other blocks contiguous with it (below and above, up to `max_run` blocks), since
-//! they are in the set anyway and one seek serves them all. Every block of the set is
-//! planned exactly once.
+//! set's blocks of the same score contiguous with it (below and above, up to `max_run`
+//! blocks) — one seek serves them all, and no less important block is pulled ahead of a
+//! more important one (with a large limit, neighbours of lower score would otherwise
+//! delay the hottest blocks). Every block of the set is planned exactly once.
 
 use crate::scores::ObjectId;
 use roaring::RoaringTreemap;
@@ -26,16 +27,30 @@ pub struct Run {
 /// Turns a prewarm set (most important first) into runs of at most `max_run` objects.
 pub fn plan(set: &[(ObjectId, u64)], max_run: u32) -> Vec<Run> {
     let max_run = max_run.max(1) as u64;
-    let sets = set.iter().map(|(o, _)| o.set as usize + 1).max().unwrap_or(0);
+    let mut runs = Vec::new();
+    // The set comes by descending score: one score tier at a time, each with its own
+    // pending bitmaps, so a run only joins blocks of its head's score.
+    let mut at = 0;
+    while at < set.len() {
+        let score = set[at].1;
+        let len = set[at..].iter().take_while(|x| x.1 == score).count();
+        plan_tier(&set[at..at + len], max_run, &mut runs);
+        at += len;
+    }
+    runs
+}
+
+/// Plans one tier of equal scores (in its given order) into `runs`.
+fn plan_tier(tier: &[(ObjectId, u64)], max_run: u64, runs: &mut Vec<Run>) {
+    let sets = tier.iter().map(|(o, _)| o.set as usize + 1).max().unwrap_or(0);
     let mut pending = vec![RoaringTreemap::new(); sets];
-    for (o, _) in set {
+    for (o, _) in tier {
         pending[o.set as usize].insert(o.id);
     }
-    let mut runs = Vec::new();
-    for &(o, _) in set {
+    for &(o, _) in tier {
         let left = &mut pending[o.set as usize];
         if !left.remove(o.id) {
-            continue; // planned with a more important neighbour
+            continue; // planned with a neighbour earlier in the tier
         }
         let (mut lo, mut hi) = (o.id, o.id);
         while hi - lo + 1 < max_run && hi < u64::MAX && left.remove(hi + 1) {
@@ -46,7 +61,6 @@ pub fn plan(set: &[(ObjectId, u64)], max_run: u32) -> Vec<Run> {
         }
         runs.push(Run { set: o.set, first: lo, len: (hi - lo + 1) as u32 });
     }
-    runs
 }
 
 #[cfg(test)]
@@ -56,6 +70,17 @@ mod tests {
 
     fn obj(set: u32, id: u64) -> (ObjectId, u64) {
         (ObjectId { set, id }, 0)
+    }
+
+    #[test]
+    fn a_run_joins_only_neighbours_of_its_heads_score() {
+        let s = |set, id, score| (ObjectId { set, id }, score);
+        // Block 5 (score 9) has neighbours 4 (9) and 6 (2): 6 waits for its own tier.
+        let set = [s(0, 5, 9), s(0, 4, 9), s(0, 20, 9), s(0, 6, 2), s(0, 7, 2)];
+        assert_eq!(
+            plan(&set, 8),
+            [Run { set: 0, first: 4, len: 2 }, Run { set: 0, first: 20, len: 1 }, Run { set: 0, first: 6, len: 2 }]
+        );
     }
 
     #[test]
@@ -80,22 +105,28 @@ mod tests {
     }
 
     proptest! {
-        /// Every object of the set is read exactly once, no run is longer than allowed or
-        /// reads outside the set, and the runs start in the order of their most
-        /// important object.
+        /// Every object of the set is read exactly once, no run is longer than allowed,
+        /// reads outside the set or mixes scores, and the runs start in the order of
+        /// their most important object.
         #[test]
         fn every_object_once_in_importance_order(
             ids in prop::collection::btree_set((0u32..3, 0u64..60), 0..80),
             seed in any::<u64>(),
             max_run in 1u32..10,
+            tiers in 1u64..4,
         ) {
             let mut set: Vec<(ObjectId, u64)> = ids.iter().map(|&(s, i)| obj(s, i)).collect();
-            // A shuffled importance order.
+            // A shuffled importance order, then scores falling in `tiers` steps along it.
             let mut x = seed | 1;
             for i in (1..set.len()).rev() {
                 x ^= x << 13; x ^= x >> 7; x ^= x << 17;
                 set.swap(i, (x % (i as u64 + 1)) as usize);
             }
+            let n = set.len() as u64;
+            for (k, e) in set.iter_mut().enumerate() {
+                e.1 = tiers - (k as u64 * tiers) / n.max(1);
+            }
+            let score = |s: u32, i: u64| set.iter().find(|(o, _)| o.set == s && o.id == i).unwrap().1;
             let runs = plan(&set, max_run);
             let mut seen = std::collections::BTreeSet::new();
             let rank = |s: u32, i: u64| set.iter().position(|(o, _)| o.set == s && o.id == i).unwrap();
@@ -105,6 +136,7 @@ mod tests {
                 let mut best = usize::MAX;
                 for id in r.first..r.first + r.len as u64 {
                     prop_assert!(ids.contains(&(r.set, id)), "run reads {} outside the set", id);
+                    prop_assert_eq!(score(r.set, id), score(r.set, r.first), "a run mixes scores");
                     prop_assert!(seen.insert((r.set, id)), "{} read twice", id);
                     best = best.min(rank(r.set, id));
                 }

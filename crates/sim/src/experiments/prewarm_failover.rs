@@ -546,8 +546,11 @@ fn recovery_figure(runs: &[(String, SimResult)], minute: f64) -> Result<Section,
             .collect();
         series.push(Series::new(name.clone(), pts));
     }
+    // The y axis from the lowest point's tenth down, so the gaps between curves show.
+    let low = series.iter().flat_map(|s| s.points.iter().map(|p| p.1)).fold(1.0f64, f64::min);
+    let y = ((low * 10.0).floor() / 10.0, 1.0);
     let figure =
-        line_chart_svg("Syn6GB after the failure", "minutes since the failure", "hit ratio (10 s)", &series, None)?;
+        line_chart_svg("Syn6GB after the failure", "minutes since the failure", "hit ratio (10 s)", &series, Some(y))?;
     Ok(Section {
         heading: "Recovery after the failure (Syn6GB)".into(),
         text: "The destination's hit ratio, averaged over 10-second spans: cold, kept its state, and prewarmed (100K snapshots, 50% limit, 100 MB/s, k-Recent).".into(),

@@ -42,11 +42,7 @@ struct Job {
 
 /// Runs the command.
 pub fn run(a: DestageArgs) -> anyhow::Result<()> {
-    let token = match (&a.token, &a.token_file) {
-        (Some(t), _) => t.clone(),
-        (None, Some(f)) => std::fs::read_to_string(f).with_context(|| format!("reading the API token from {}", f.display()))?.trim().to_string(),
-        (None, None) => bail!("destaging needs the API token: --token, CACHEVISOR_API_TOKEN, or --token-file (the daemon prints where it keeps it)"),
-    };
+    let token = crate::api_token::resolve(&a.token, &a.token_file, "destaging")?;
     let url = match &a.vdisk {
         Some(v) => format!("http://{}/vdisks/{v}/destage", a.api),
         None => format!("http://{}/destage", a.api),

@@ -1,6 +1,7 @@
 //! The `cachevisor` command line: trace tools, the simulator, the demo and benchmarks.
 
 mod analyze_cmd;
+mod api_token;
 mod bench_cmd;
 mod bench_datapath;
 mod bench_serve;
@@ -10,6 +11,7 @@ mod demo_cmd;
 mod destage_cmd;
 mod experiment_cmd;
 mod input_args;
+mod prewarm_cmd;
 mod progress;
 mod serve_cmd;
 mod shell_cmd;
@@ -45,6 +47,8 @@ enum Cmd {
     Status(status_cmd::StatusArgs),
     /// Write a running daemon's dirty blocks back to their backing stores, with progress.
     Destage(destage_cmd::DestageArgs),
+    /// Prewarm a running daemon's cache from snapshots, or follow a prewarm, with progress.
+    Prewarm(prewarm_cmd::PrewarmArgs),
     /// Reproduce the seeds' experiments and write HTML reports.
     Experiment(experiment_cmd::ExperimentArgs),
     /// Measure speed and memory.
@@ -74,6 +78,7 @@ fn main() {
         Cmd::Serve(a) => serve_cmd::run(a),
         Cmd::Status(a) => status_cmd::run(a),
         Cmd::Destage(a) => destage_cmd::run(a),
+        Cmd::Prewarm(a) => prewarm_cmd::run(a),
         Cmd::Bench(c) => bench_cmd::run(c),
         Cmd::Completions { shell } => shell_cmd::completions(shell, Cli::command()),
         Cmd::Man { out } => shell_cmd::man(out, Cli::command()),

@@ -35,6 +35,11 @@ pub struct ServeArgs {
     /// only for an image that is gone for good. Repeat for several vDisks.
     #[arg(long, value_name = "VDISK")]
     pub discard_dirty: Vec<String>,
+    /// Prewarm the cache from another cache's snapshot directory (its
+    /// `prewarm.snapshot_dir`); VM I/O is served throughout. Follow it with
+    /// `cachevisor prewarm status`.
+    #[arg(long, value_name = "DIR")]
+    pub prewarm_from: Option<PathBuf>,
 }
 
 /// Runs the command.
@@ -62,7 +67,10 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         cfg.listen.tcp = a.tcp.clone();
         cfg.listen.unix = a.unix.clone();
     }
-    let opts = cachevisor_server::daemon::StartOptions { discard_dirty: a.discard_dirty.clone() };
+    let opts = cachevisor_server::daemon::StartOptions {
+        discard_dirty: a.discard_dirty.clone(),
+        prewarm_from: a.prewarm_from.clone(),
+    };
     let running = service::start_with(&cfg, &opts).context("starting the daemon")?;
     if let Some(p) = &a.record {
         let f: cachevisor_trace::Format = a.record_format.parse().map_err(anyhow::Error::msg)?;
@@ -86,6 +94,20 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             r.journal_records,
             if r.torn_tail { ", torn tail cut" } else { "" }
         );
+    }
+    println!(
+        "# cache snapshots (for prewarming elsewhere): {} every {}",
+        d.snapshot_dir().display(),
+        cfg.prewarm.snapshot_every
+    );
+    let p = d.prewarm_job().progress();
+    if p.running {
+        println!(
+            "# prewarming from {} ({} blocks planned): follow with `cachevisor prewarm status`",
+            p.from, p.planned_blocks
+        );
+    } else if let Some(e) = &p.error {
+        println!("# prewarm refused, starting cold: {e}");
     }
     for u in running.uris() {
         println!("{u}");

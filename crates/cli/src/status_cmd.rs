@@ -57,5 +57,25 @@ pub fn run(a: StatusArgs) -> anyhow::Result<()> {
             sn("errors"),
         );
     }
+    // The running (or last) prewarm, when there was one.
+    let url = format!("http://{}/prewarm", a.api);
+    if let Ok(p) =
+        ureq::get(&url).call().map_err(anyhow::Error::from).and_then(|r| Ok(r.into_json::<serde_json::Value>()?))
+    {
+        let n = |k: &str| p[k].as_u64().unwrap_or(0);
+        if let Some(from) = p["from"].as_str().filter(|f| !f.is_empty()) {
+            let state = match (p["running"].as_bool().unwrap_or(false), p["error"].as_str()) {
+                (true, _) => "running".to_string(),
+                (false, Some(e)) => format!("stopped: {e}"),
+                (false, None) => "done".to_string(),
+            };
+            println!(
+                "prewarm from {from}: {state}; {} of {} blocks loaded, {} already cached",
+                n("loaded_blocks"),
+                n("planned_blocks"),
+                n("skipped_blocks")
+            );
+        }
+    }
     Ok(())
 }

@@ -8,6 +8,7 @@
 //! - [`scores`]: k-Recent / k-Frequent / k-Frerecent (LNR, QDR) over a history of
 //!   snapshots, and the prewarm set under a size limit;
 //! - [`plan`]: the set turned into reads, most important first, neighbours coalesced;
+//! - [`settings`]: the operator's limit, rate, busy rate and read size, checked;
 //! - [`pacer`]: the prewarm rate, with a guaranteed minimum while the disk is busy;
 //! - [`loader`]: the reads handed out in order, paced, yielding to client I/O, with
 //!   progress.
@@ -17,6 +18,7 @@ pub mod loader;
 pub mod pacer;
 pub mod plan;
 pub mod scores;
+pub mod settings;
 pub mod snapshot;
 
 pub use capture::capture;
@@ -24,4 +26,5 @@ pub use loader::{Loader, LoaderConfig, Progress, ReadOutcome};
 pub use pacer::{PaceConfig, Pacer};
 pub use plan::{plan, Run};
 pub use scores::{Heuristic, ObjectId, Ranking};
+pub use settings::Pacing;
 pub use snapshot::{Snapshot, SnapshotError};

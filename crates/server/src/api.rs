@@ -2,7 +2,8 @@
 //! state and counters, Prometheus `/metrics`, and mutating calls — add a vDisk
 //! (`POST /vdisks`) or remove one (`DELETE /vdisks/NAME`), resize a partition,
 //! change a write policy, start a destage job for one vDisk or all (progress at
-//! `GET /destage`), switch the allocator — that need
+//! `GET /destage`), prewarm from a snapshot directory (`POST /prewarm`, progress at
+//! `GET /prewarm`), switch the allocator — that need
 //! `Authorization: Bearer
 //! TOKEN`. Without a configured token a random one is written, readable by the owner
 //! only, to `api-token` in the metadata directory.
@@ -195,6 +196,40 @@ async fn destage_progress(State(a): State<Api>) -> Response {
     Json(a.daemon.destage_job().progress()).into_response()
 }
 
+async fn prewarm_progress(State(a): State<Api>) -> Response {
+    Json(a.daemon.prewarm_job().progress()).into_response()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PrewarmBody {
+    /// A snapshot directory readable by this daemon.
+    from: std::path::PathBuf,
+}
+
+/// `POST /prewarm` with `{"from": DIR}`: 202 with the progress, 409 when one runs, 400
+/// when the snapshots cannot be read (the message names the file).
+async fn start_prewarm(
+    State(a): State<Api>,
+    h: HeaderMap,
+    body: Result<Json<PrewarmBody>, axum::extract::rejection::JsonRejection>,
+) -> Response {
+    if let Err(r) = a.authorize(&h) {
+        return r;
+    }
+    let Json(b) = match body {
+        Ok(v) => v,
+        Err(e) => return err(StatusCode::BAD_REQUEST, e.body_text()),
+    };
+    let d = a.daemon.clone();
+    match tokio::task::spawn_blocking(move || d.start_prewarm(&b.from)).await {
+        Ok(Ok(p)) => (StatusCode::ACCEPTED, Json(p)).into_response(),
+        Ok(Err(p)) if p.running => (StatusCode::CONFLICT, Json(p)).into_response(),
+        Ok(Err(p)) => err(StatusCode::BAD_REQUEST, p.error.unwrap_or_default()),
+        Err(e) => err(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct AllocatorBody {
@@ -229,6 +264,7 @@ pub fn start(daemon: Arc<Daemon>, addr: SocketAddr, token: String) -> Result<Soc
         .route("/vdisks/{name}/write-policy", post(write_policy))
         .route("/vdisks/{name}/destage", post(destage_one))
         .route("/destage", get(destage_progress).post(destage_all))
+        .route("/prewarm", get(prewarm_progress).post(start_prewarm))
         .route("/allocator", get(get_allocator).post(set_allocator))
         .with_state(Api { daemon, token: Arc::new(token) });
     std::thread::spawn(move || {

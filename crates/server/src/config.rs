@@ -210,6 +210,77 @@ pub struct Config {
     /// Exports.
     #[serde(default)]
     pub vdisk: Vec<VdiskConfig>,
+    /// Cache-state snapshots and prewarming (defaults when absent).
+    #[serde(default)]
+    pub prewarm: PrewarmConfig,
+}
+
+/// `[prewarm]`: snapshots of the cache's state on a schedule and at shutdown, and
+/// prewarming a cold cache from another cache's snapshots (the Nutanix study; see
+/// `docs/prewarm.md`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PrewarmConfig {
+    /// Where this daemon writes its snapshots (default METADATA/snapshots).
+    pub snapshot_dir: Option<PathBuf>,
+    /// Time between snapshots (`60s`); `0` = at shutdown only.
+    pub snapshot_every: String,
+    /// Snapshots kept (the history a prewarm scores).
+    pub snapshots_kept: usize,
+    /// Prewarm at start from another cache's snapshot directory (`serve --prewarm-from`).
+    pub from: Option<PathBuf>,
+    /// Scoring heuristic.
+    pub heuristic: cachevisor_prewarm::Heuristic,
+    /// Prewarm set size limit, percent of this cache.
+    pub limit: String,
+    /// Prewarm rate per second (`unlimited` allowed).
+    pub rate: String,
+    /// Rate while a vDisk serves its clients (default: rate / 4).
+    pub busy_rate: Option<String>,
+    /// Largest coalesced read.
+    pub max_read: String,
+}
+
+impl Default for PrewarmConfig {
+    fn default() -> Self {
+        PrewarmConfig {
+            snapshot_dir: None,
+            snapshot_every: "60s".into(),
+            snapshots_kept: 10,
+            from: None,
+            heuristic: cachevisor_prewarm::Heuristic::Recent,
+            limit: "100%".into(),
+            rate: "64MiB".into(),
+            busy_rate: None,
+            max_read: "128KiB".into(),
+        }
+    }
+}
+
+impl PrewarmConfig {
+    /// The snapshot period in ns (0: at shutdown only) and the pacing, checked.
+    pub fn resolve(&self, block_size: u64) -> Result<(u64, cachevisor_prewarm::Pacing), String> {
+        let every = cachevisor_trace::units::parse_duration_ns(&self.snapshot_every)
+            .map_err(|e| format!("prewarm.snapshot_every: {e}"))?;
+        if every != 0 && every < 1_000_000_000 {
+            return Err(format!(
+                "prewarm.snapshot_every: `{}` is under 1s (or 0: at shutdown only)",
+                self.snapshot_every
+            ));
+        }
+        if self.snapshots_kept == 0 {
+            return Err("prewarm.snapshots_kept: at least 1".into());
+        }
+        let p = cachevisor_prewarm::settings::resolve(
+            "prewarm",
+            &self.limit,
+            &self.rate,
+            self.busy_rate.as_deref(),
+            &self.max_read,
+            block_size,
+        )?;
+        Ok((every, p))
+    }
 }
 
 /// The embedded default: a 256 MiB cache and two 1 GiB demo disks under ./var.
@@ -264,6 +335,17 @@ poll = "50us"                 # default 50us, 0 to 1ms: a connection polls this 
 [api]                         # the HTTP API and /metrics; omit the section to disable
 listen = "127.0.0.1:10810"
 token = "at-least-16-characters" # default: random, written to METADATA/api-token
+
+[prewarm]                     # cache-state snapshots and prewarming (defaults when absent)
+snapshot_dir = "var/cache.img.meta/snapshots" # default METADATA/snapshots
+snapshot_every = "60s"        # default 60s, at least 1s; "0" = at shutdown only
+snapshots_kept = 10           # default 10: the history a prewarm scores
+from = "var/other.meta/snapshots" # default none: prewarm at start from another cache's snapshots (serve --prewarm-from)
+heuristic = "k-recent"        # default k-recent | k-frequent | k-frerecent-lnr | k-frerecent-qdr
+limit = "100%"                # default 100%: the prewarm set's size, of this cache
+rate = "64MiB"                # default 64MiB per second; "unlimited"
+busy_rate = "16MiB"           # default rate / 4: the rate while a vDisk serves its clients (never 0)
+max_read = "128KiB"           # default 128KiB: neighbouring blocks coalesced into reads up to this size
 
 [[vdisk]]                     # one or more
 name = "vm1"                  # the NBD export name, 1 to 4096 bytes, unique
@@ -324,6 +406,12 @@ impl Config {
         if let Some(u) = c.listen.unix.as_mut() {
             fix(u);
         }
+        if let Some(d) = c.prewarm.snapshot_dir.as_mut() {
+            fix(d);
+        }
+        if let Some(d) = c.prewarm.from.as_mut() {
+            fix(d);
+        }
         c.vdisk.iter_mut().filter(|v| !crate::backing::is_uri(&v.backing)).for_each(|v| fix(&mut v.backing));
         Ok(c)
     }
@@ -381,6 +469,7 @@ impl Config {
         if self.vdisk.is_empty() {
             return Err("vdisk: no [[vdisk]] to serve".into());
         }
+        self.prewarm.resolve(block_size)?;
         for (i, v) in self.vdisk.iter().enumerate() {
             let at = format!("vdisk[{i}] ({})", v.name);
             if self.vdisk[..i].iter().any(|o| o.name == v.name) {

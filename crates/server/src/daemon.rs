@@ -14,6 +14,7 @@ use cachevisor_trace::VmId;
 use std::sync::{Arc, Mutex, RwLock};
 
 mod policy;
+mod prewarming;
 mod start;
 mod vdisks;
 pub use crate::datapath::ExportStats;
@@ -112,6 +113,10 @@ pub struct Daemon {
     recovery: Recovery,
     meta_dir: std::path::PathBuf,
     job: Arc<crate::destage_job::Job>,
+    /// The prewarm job (`prewarming.rs`).
+    prewarm: Arc<crate::prewarm_job::Job>,
+    /// Where snapshots go (`prewarming.rs`).
+    snapshots: Mutex<prewarming::Snapshots>,
     /// The exclusive lock on the cache store and metadata (released by `stop_serving`).
     owner: Mutex<Option<crate::owner_lock::OwnerLock>>,
 }
@@ -183,6 +188,7 @@ impl Daemon {
             vdisks: self.status(),
             destaged_blocks: self.destaged_blocks(),
             destage_job: self.job.progress(),
+            prewarm: self.prewarm.progress(),
         };
         self.metrics.render(state)
     }
@@ -278,7 +284,25 @@ impl Daemon {
             w.finish().map_err(|e| OpError::Other(format!("trace recording: {e}")))?;
         }
         self.dp.flush(0)?;
-        self.dp.checkpoint_now().map_err(OpError::Other)
+        self.dp.checkpoint_now().map_err(OpError::Other)?;
+        // The cache's state for a later prewarm elsewhere; the stop itself is done.
+        if let Err(e) = self.take_snapshot() {
+            tracing::warn!(error = %e, "no cache snapshot at shutdown");
+        }
+        Ok(())
+    }
+
+    /// Starts the periodic snapshots (`prewarm.snapshot_every`; none when 0) on a thread
+    /// that ends with the daemon.
+    pub fn start_snapshots(self: &Arc<Self>) {
+        let every = self.snapshots.lock().unwrap_or_else(|e| e.into_inner()).config.resolve(self.block_size);
+        if let Some(ns) = every.ok().map(|(ns, _)| ns).filter(|&ns| ns > 0) {
+            let d = Arc::downgrade(self);
+            std::thread::Builder::new()
+                .name("snapshots".into())
+                .spawn(move || prewarming::snapshot_loop(d, std::time::Duration::from_nanos(ns)))
+                .expect("spawning the snapshot thread");
+        }
     }
 }
 

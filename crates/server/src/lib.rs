@@ -17,7 +17,9 @@ pub mod metrics;
 pub mod nbd;
 pub mod owner_lock;
 pub mod persist;
+pub mod prewarm_job;
 pub mod service;
+pub mod snapshot_files;
 pub mod status;
 pub mod vdisk_overlay;
 

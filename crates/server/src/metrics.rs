@@ -135,7 +135,31 @@ impl Collector for StateCollector {
                 job.total_blocks as i64,
             ),
         ];
-        for (name, help, v) in job_gauges {
+        let pw = &self.0.prewarm;
+        let prewarm_gauges = [
+            ("cachevisor_prewarm_running", "1 while a prewarm runs", pw.running as i64),
+            (
+                "cachevisor_prewarm_planned_blocks",
+                "Blocks in the current (or last) prewarm set",
+                pw.planned_blocks as i64,
+            ),
+            (
+                "cachevisor_prewarm_loaded_blocks",
+                "Blocks the current (or last) prewarm loaded",
+                pw.loaded_blocks as i64,
+            ),
+            (
+                "cachevisor_prewarm_skipped_blocks",
+                "Blocks the current (or last) prewarm found cached or in use",
+                pw.skipped_blocks as i64,
+            ),
+            (
+                "cachevisor_prewarm_read_bytes",
+                "Bytes the current (or last) prewarm read from backing",
+                pw.read_bytes as i64,
+            ),
+        ];
+        for (name, help, v) in job_gauges.into_iter().chain(prewarm_gauges) {
             let g = ConstGauge::new(v);
             g.encode(enc.encode_descriptor(name, help, None, g.metric_type())?)?;
         }

@@ -104,6 +104,12 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
         }
         api = Some((bound, token));
     }
+    daemon.start_snapshots();
+    if let Some(from) = opts.prewarm_from.as_ref().or(cfg.prewarm.from.as_ref()) {
+        // A refused prewarm (missing or corrupt snapshots) is logged and shown in the
+        // status; the daemon serves on with a cold cache.
+        let _ = daemon.start_prewarm(from);
+    }
     Ok(Running { daemon, tcp, unix, api })
 }
 

@@ -34,4 +34,6 @@ pub struct State {
     pub destaged_blocks: u64,
     /// The running (or last) destage job.
     pub destage_job: crate::destage_job::Progress,
+    /// The running (or last) prewarm.
+    pub prewarm: crate::prewarm_job::Progress,
 }

@@ -5,18 +5,6 @@
 
 mod common;
 use common::*;
-use std::process::Command;
-
-fn tool(name: &str) -> Command {
-    let found = Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {name}"))
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    assert!(found, "`{name}` is not installed: apt-get install qemu-utils fio (see .ci/run)");
-    Command::new(name)
-}
 
 /// Runs qemu-io commands against `uri`; fails on a non-zero exit or a failed verification.
 fn qemu_io(uri: &str, cmds: &[String]) -> String {

@@ -5,37 +5,6 @@
 
 mod common;
 use common::*;
-use std::process::{Command, Stdio};
-
-struct Nbdkit(std::process::Child);
-impl Drop for Nbdkit {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// nbdkit's memory plugin with `filters` and their `params`.
-fn nbdkit(filters: &[&str], params: &[&str]) -> (Nbdkit, u16) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let c = Nbdkit(
-        Command::new("nbdkit")
-            .args(["-f", "-i", "127.0.0.1", "-p", &port.to_string()])
-            .args(filters)
-            .args(["memory", "16M"])
-            .args(params)
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("nbdkit is not installed: apt-get install nbdkit (see .ci/run)"),
-    );
-    for _ in 0..200 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return (c, port);
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    panic!("nbdkit did not start");
-}
 
 /// A daemon in `dir` with one vDisk `name` on nbdkit at `port`; `cache` is extra
 /// `[cache]` TOML (size and more).

@@ -24,7 +24,7 @@
 use crate::metrics::WindowRow;
 use cachevisor_engine::Engine;
 use cachevisor_prewarm::{capture, Heuristic, LoaderConfig, PaceConfig, Progress, Snapshot};
-use cachevisor_trace::units::{parse_duration_ns, parse_percent, parse_size};
+use cachevisor_trace::units::parse_duration_ns;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 
@@ -149,32 +149,15 @@ impl FailoverSection {
         if self.snapshots_kept == 0 {
             return Err("failover.snapshots_kept: must be ≥ 1".into());
         }
-        let limit = parse_percent(&self.limit).map_err(|e| format!("failover.limit: {e}"))?;
-        if !(0.0..=1.0).contains(&limit) {
-            return Err(format!("failover.limit: `{}` is outside 0%..=100%", self.limit));
-        }
-        let per_sec = |key: &str, s: &str| -> Result<Option<u64>, String> {
-            let s = s.trim().trim_end_matches("/s");
-            if matches!(s, "unlimited" | "inf" | "∞") {
-                return Ok(None);
-            }
-            let b = parse_size(s).map_err(|e| format!("failover.{key}: {e} (a size per second, or \"unlimited\")"))?;
-            if b == 0 {
-                return Err(format!("failover.{key}: must be > 0 (or \"unlimited\")"));
-            }
-            Ok(Some(b))
-        };
-        let rate = per_sec("rate", &self.rate)?;
-        let busy_rate = match &self.busy_rate {
-            Some(b) => per_sec("busy_rate", b)?.unwrap_or(u64::MAX),
-            None => rate.map_or(64 << 20, |r| (r / 4).max(block_size)),
-        };
-        let max_read = parse_size(&self.max_read).map_err(|e| format!("failover.max_read: {e}"))?;
-        if max_read < block_size {
-            return Err(format!("failover.max_read: `{}` is smaller than a cache block", self.max_read));
-        }
-        let pace = PaceConfig { rate, busy_rate, burst: max_read };
-        let max_run = (max_read / block_size).min(u32::MAX as u64) as u32;
+        let p = cachevisor_prewarm::settings::resolve(
+            "failover",
+            &self.limit,
+            &self.rate,
+            self.busy_rate.as_deref(),
+            &self.max_read,
+            block_size,
+        )?;
+        let (limit, pace, max_run) = (p.limit, p.pace, p.max_run);
         let minute = parse_duration_ns(&self.minute).map_err(|e| format!("failover.minute: {e}"))?;
         if minute == 0 {
             return Err("failover.minute: must be > 0".into());

@@ -23,6 +23,8 @@ pub struct StartOptions {
     /// vDisks whose dirty cached blocks may be dropped when they cannot be written back to
     /// the backing store they belong to (it changed, or the vDisk left the config).
     pub discard_dirty: Vec<String>,
+    /// Prewarm the cache at start from this snapshot directory (over `prewarm.from`).
+    pub prewarm_from: Option<std::path::PathBuf>,
 }
 
 /// Where each vDisk's backing points; two vDisks on one store are refused.
@@ -274,6 +276,8 @@ impl Daemon {
             })),
             Some(Box::new(move |engine| ticking.lock().unwrap_or_else(|e| e.into_inner()).tick(engine))),
         );
+        let snapshots = super::prewarming::Snapshots::new(&cfg.prewarm, &meta_dir)
+            .map_err(|error| StartError::File { path: "prewarm.snapshot_dir".into(), error })?;
         Ok(Daemon {
             metrics: Default::default(),
             exports: RwLock::new(exports),
@@ -286,6 +290,8 @@ impl Daemon {
             recovery,
             meta_dir,
             job: Default::default(),
+            prewarm: Default::default(),
+            snapshots: Mutex::new(snapshots),
             owner: Mutex::new(Some(owner)),
         })
     }

@@ -173,3 +173,46 @@ pub fn check_monotonic_reads(addr: SocketAddr, export: &str, blocks: u64, reads:
     stop.store(true, SeqCst);
     writer.join().unwrap()
 }
+
+/// A command-line tool the tests drive (Debian packages `.ci/run` installs).
+pub fn tool(name: &str) -> std::process::Command {
+    let found = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {name}"))
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    assert!(found, "`{name}` is not installed: apt-get install qemu-utils fio nbdkit (see .ci/run)");
+    std::process::Command::new(name)
+}
+
+/// An nbdkit server, killed when dropped.
+pub struct Nbdkit(pub std::process::Child);
+impl Drop for Nbdkit {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// nbdkit's memory plugin (16 MiB) with `filters` and their `params`, on a free port.
+pub fn nbdkit(filters: &[&str], params: &[&str]) -> (Nbdkit, u16) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let c = Nbdkit(
+        tool("nbdkit")
+            .args(["-f", "-i", "127.0.0.1", "-p", &port.to_string()])
+            .args(filters)
+            .args(["memory", "16M"])
+            .args(params)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("starting nbdkit"),
+    );
+    for _ in 0..200 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return (c, port);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    panic!("nbdkit did not start");
+}

@@ -1,0 +1,215 @@
+//! The daemon's snapshots and prewarming (issue 14; `docs/prewarm.md`): a snapshot of the
+//! cache's state (a bitmap of cached blocks per vDisk, the `prewarm` crate's capture)
+//! taken on the configured schedule and at shutdown into the snapshot directory, and a
+//! prewarm of this cache from another cache's snapshots — scored, limited and planned by
+//! the `prewarm` crate, each read an engine job (`Engine::prewarm_load`) that loads free
+//! slots only, paced by the crate's loader while the vDisks' own I/O goes on beside it.
+
+use super::{Daemon, OpError};
+use crate::config::PrewarmConfig;
+use crate::prewarm_job::{Progress, Report};
+use crate::snapshot_files;
+use cachevisor_engine::{Failure, PrewarmOutcome};
+use cachevisor_prewarm::{capture, plan, Loader, LoaderConfig, Ranking, ReadOutcome};
+use cachevisor_trace::VmId;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A vDisk counts as busy for this long after its request counters last moved.
+const BUSY_FOR: Duration = Duration::from_millis(20);
+/// Longest sleep of the prewarm loop between reads.
+const MAX_NAP: Duration = Duration::from_millis(50);
+
+/// Where snapshots go and which comes next.
+#[derive(Debug)]
+pub(crate) struct Snapshots {
+    pub(crate) dir: PathBuf,
+    pub(crate) kept: usize,
+    pub(crate) next_seq: u64,
+    pub(crate) config: PrewarmConfig,
+}
+
+impl Snapshots {
+    /// The state for `cfg`, snapshots under `meta_dir/snapshots` unless configured.
+    pub(crate) fn new(cfg: &PrewarmConfig, meta_dir: &Path) -> std::io::Result<Snapshots> {
+        let dir = cfg.snapshot_dir.clone().unwrap_or_else(|| meta_dir.join("snapshots"));
+        let next_seq = snapshot_files::next_seq(&dir)?;
+        Ok(Snapshots { dir, kept: cfg.snapshots_kept, next_seq, config: cfg.clone() })
+    }
+}
+
+impl Daemon {
+    /// The directory this daemon writes its snapshots to.
+    pub fn snapshot_dir(&self) -> PathBuf {
+        self.snapshots.lock().unwrap_or_else(|e| e.into_inner()).dir.clone()
+    }
+
+    /// Takes a snapshot of the cache's state now and writes it, crash-safe; the oldest
+    /// beyond `snapshots_kept` are removed. Returns its path.
+    pub fn take_snapshot(&self) -> Result<PathBuf, OpError> {
+        let names: Vec<String> = {
+            let exports = self.exports.read().unwrap_or_else(|e| e.into_inner());
+            exports
+                .iter()
+                .enumerate()
+                .map(|(i, e)| e.as_ref().map_or(format!("(removed vDisk {i})"), |e| e.name.clone()))
+                .collect()
+        };
+        let requests: u64 = (0..names.len() as VmId).map(|vm| self.dp.stats(vm)).map(|s| s.reads + s.writes).sum();
+        let mut st = self.snapshots.lock().unwrap_or_else(|e| e.into_inner());
+        let seq = st.next_seq;
+        let snap = self.dp.with_engine(|e| capture(e, seq, requests, &names));
+        let path = snapshot_files::write(&st.dir, &snap, st.kept)
+            .map_err(|e| OpError::Other(format!("snapshot into {}: {e}", st.dir.display())))?;
+        st.next_seq += 1;
+        tracing::debug!(path = %path.display(), blocks = snap.objects(), "cache snapshot written");
+        Ok(path)
+    }
+
+    /// The prewarm job (progress of the running or last one).
+    pub fn prewarm_job(&self) -> &crate::prewarm_job::Job {
+        &self.prewarm
+    }
+
+    /// Starts prewarming this cache from the snapshots in `from` (another cache's, or
+    /// this one's from an earlier life) on a thread. Snapshots that cannot be read — a
+    /// corrupt or truncated file — refuse the prewarm with an error naming the file (the
+    /// daemon goes on cold); `Err` also when a prewarm is already running.
+    pub fn start_prewarm(self: &Arc<Self>, from: &Path) -> Result<Progress, Progress> {
+        let cfg = self.snapshots.lock().unwrap_or_else(|e| e.into_inner()).config.clone();
+        let label = from.display().to_string();
+        let prepared = self.prepare_prewarm(&cfg, from);
+        let (loader, set_vm, snapshots) = match prepared {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(error = %e, "prewarm refused; the cache starts cold");
+                if !self.prewarm.progress().running {
+                    self.prewarm.refused(&label, e);
+                }
+                return Err(self.prewarm.progress());
+            }
+        };
+        let d = self.clone();
+        self.prewarm.start(&label, Box::new(move |report| d.run_prewarm(loader, &set_vm, snapshots, report)))
+    }
+
+    /// The loader for a prewarm from `from`: the history read, scored, limited to this
+    /// cache's share for vDisks served here, planned.
+    fn prepare_prewarm(&self, cfg: &PrewarmConfig, from: &Path) -> Result<(Loader, Vec<Option<VmId>>, usize), String> {
+        let (_, pacing) = cfg.resolve(self.block_size)?;
+        let history = snapshot_files::read_history(from, cfg.snapshots_kept)?;
+        if let Some(s) = history.iter().find(|s| s.block_size as u64 != self.block_size) {
+            return Err(format!(
+                "{}: snapshot {} has {}-byte blocks, this cache {}-byte ones",
+                from.display(),
+                s.seq,
+                s.block_size,
+                self.block_size
+            ));
+        }
+        let refs: Vec<_> = history.iter().collect();
+        let ranking = Ranking::new(&refs, cfg.heuristic);
+        let set_vm: Vec<Option<VmId>> = ranking.sets.iter().map(|n| self.vdisk(n)).collect();
+        let limit = (pacing.limit * self.resolved.slots as f64).floor() as usize;
+        let served: Vec<_> =
+            ranking.objects.iter().filter(|(o, _)| set_vm[o.set as usize].is_some()).take(limit).copied().collect();
+        let runs = plan(&served, pacing.max_run);
+        let lc = LoaderConfig { pace: pacing.pace, block_size: self.block_size, busy_depth: 1, idle_depth: 1 };
+        tracing::info!(from = %from.display(), snapshots = history.len(), blocks = served.len(), reads = runs.len(), "prewarming");
+        Ok((Loader::new(lc, runs), set_vm, history.len()))
+    }
+
+    /// Runs the loader to its end: each read an engine job, at most one at a time (its
+    /// ops run on the device threads behind client ops), paced; a vDisk with requests in
+    /// the last [`BUSY_FOR`] counts as busy (the loader's busy rate).
+    fn run_prewarm(
+        &self,
+        mut loader: Loader,
+        set_vm: &[Option<VmId>],
+        snapshots: usize,
+        report: Report,
+    ) -> Result<(), String> {
+        let t0 = Instant::now();
+        let mut seen: Vec<(u64, Instant)> = vec![(0, t0); set_vm.len()];
+        let progress = |l: &Loader| {
+            let p = l.progress();
+            Progress {
+                snapshots,
+                planned_blocks: p.planned,
+                loaded_blocks: p.loaded,
+                skipped_blocks: p.skipped,
+                read_bytes: p.bytes_read,
+                full_vdisks: p.sets_full,
+                elapsed_s: t0.elapsed().as_secs_f64(),
+                ..Progress::default()
+            }
+        };
+        report(&progress(&loader));
+        loop {
+            if self.is_stopped() {
+                return Err("the daemon stopped".into());
+            }
+            let now = Instant::now();
+            for (set, vm) in set_vm.iter().enumerate() {
+                if let Some(vm) = *vm {
+                    let s = self.dp.stats(vm);
+                    if s.reads + s.writes != seen[set].0 {
+                        seen[set] = (s.reads + s.writes, now);
+                    }
+                }
+            }
+            let busy = |set: u32| set_vm[set as usize].is_some() && now.duration_since(seen[set as usize].1) < BUSY_FOR;
+            let ns = now.duration_since(t0).as_nanos() as u64;
+            let Some(run) = loader.poll_read(ns, busy) else {
+                if loader.finished() {
+                    report(&progress(&loader));
+                    return Ok(());
+                }
+                let wake =
+                    loader.poll_timeout(ns, busy).map_or(MAX_NAP, |t| Duration::from_nanos(t.saturating_sub(ns)));
+                std::thread::sleep(wake.min(MAX_NAP));
+                continue;
+            };
+            let vm = set_vm[run.set as usize].expect("only served vDisks are planned");
+            let mut o = PrewarmOutcome::default();
+            let r = if self.is_live(vm) {
+                self.dp.run_job(|e, out| o = e.prewarm_load(vm, run.first, run.len, out))
+            } else {
+                o.no_room = true; // removed meanwhile: its reads stop
+                Ok(false)
+            };
+            let done = t0.elapsed().as_nanos() as u64;
+            match r {
+                Err(Failure::Shutdown) => return Err("the daemon stopped".into()),
+                Err(f) => {
+                    tracing::warn!(vdisk = vm, first = run.first, blocks = run.len, error = ?f, "a prewarm read failed; going on");
+                    loader.complete(run, done, ReadOutcome { loaded: 0, skipped: o.skipped, no_room: o.no_room });
+                }
+                Ok(_) => {
+                    loader.complete(run, done, ReadOutcome { loaded: o.loaded, skipped: o.skipped, no_room: o.no_room })
+                }
+            }
+            report(&progress(&loader));
+        }
+    }
+}
+
+/// Takes a snapshot every `every` until the daemon stops (a thread per daemon).
+pub(crate) fn snapshot_loop(d: std::sync::Weak<Daemon>, every: Duration) {
+    let mut next = Instant::now() + every;
+    loop {
+        std::thread::sleep(Duration::from_millis(200).min(every));
+        let Some(d) = d.upgrade() else { return };
+        if d.is_stopped() {
+            return;
+        }
+        if Instant::now() < next {
+            continue;
+        }
+        next = Instant::now() + every;
+        if let Err(e) = d.take_snapshot() {
+            tracing::warn!(error = %e, "periodic cache snapshot failed");
+        }
+    }
+}

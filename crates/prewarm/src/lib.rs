@@ -25,6 +25,7 @@ pub use capture::capture;
 pub use loader::{Loader, LoaderConfig, Progress, ReadOutcome};
 pub use pacer::{PaceConfig, Pacer};
 pub use plan::{plan, Run};
+pub use roaring::RoaringTreemap;
 pub use scores::{Heuristic, ObjectId, Ranking};
 pub use settings::Pacing;
 pub use snapshot::{Snapshot, SnapshotError};

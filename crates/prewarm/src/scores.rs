@@ -21,15 +21,18 @@ use std::str::FromStr;
 
 /// How an object's importance is scored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
 pub enum Heuristic {
     /// k-Recent: the last snapshot holding the object.
+    #[serde(rename = "k-recent")]
     Recent,
     /// k-Frequent: snapshots holding it.
+    #[serde(rename = "k-frequent")]
     Frequent,
     /// k-Frerecent with linear weights (snapshot *i* weighs *i*).
+    #[serde(rename = "k-frerecent-lnr")]
     FrerecentLinear,
     /// k-Frerecent with quadratic weights (snapshot *i* weighs *i²*).
+    #[serde(rename = "k-frerecent-qdr")]
     FrerecentQuadratic,
 }
 
@@ -216,6 +219,13 @@ mod tests {
         assert_eq!(r.prewarm_set(100).len(), 3);
         for h in Heuristic::ALL {
             assert_eq!(h.name().parse::<Heuristic>(), Ok(h));
+            // Configs spell it as `name()` too.
+            #[derive(serde::Deserialize)]
+            struct C {
+                h: Heuristic,
+            }
+            let c: C = serde_json::from_str(&format!("{{\"h\": \"{}\"}}", h.name())).unwrap();
+            assert_eq!(c.h, h);
         }
         assert!("k-lru".parse::<Heuristic>().unwrap_err().contains("k-recent, k-frequent"));
     }

@@ -231,6 +231,16 @@ fn a_write_during_a_prewarm_wins_in_every_write_policy() {
             c.write(blk * 4096, &[2u8; 4096], false).unwrap();
         }
         assert!(pre.daemon.prewarm_job().progress().running, "{wp}: the writes raced the prewarm");
+        // A snapshot taken mid-prewarm holds the whole prewarm set, not only what is
+        // loaded so far: a partial load never shrinks the next snapshot.
+        let mid = pre.daemon.take_snapshot().unwrap();
+        let s = cachevisor_prewarm::Snapshot::read_from(std::fs::File::open(&mid).unwrap()).unwrap();
+        let loaded = pre.daemon.prewarm_job().progress().loaded_blocks;
+        assert!(
+            loaded < 512 && (0..512).all(|b| s.sets["vm1"].contains(b)),
+            "{wp}: {loaded} loaded, snapshot {}",
+            s.sets["vm1"].len()
+        );
         let p = prewarm_done(&pre);
         assert!(p.error.is_none() && p.loaded_blocks > 0, "{wp}: {p:?}");
         for blk in 0..512u64 {

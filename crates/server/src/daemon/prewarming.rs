@@ -10,8 +10,9 @@ use crate::config::PrewarmConfig;
 use crate::prewarm_job::{Progress, Report};
 use crate::snapshot_files;
 use cachevisor_engine::{Failure, PrewarmOutcome};
-use cachevisor_prewarm::{capture, plan, Loader, LoaderConfig, Ranking, ReadOutcome};
+use cachevisor_prewarm::{capture, plan, Loader, LoaderConfig, Ranking, ReadOutcome, RoaringTreemap};
 use cachevisor_trace::VmId;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,6 +29,10 @@ pub(crate) struct Snapshots {
     pub(crate) kept: usize,
     pub(crate) next_seq: u64,
     pub(crate) config: PrewarmConfig,
+    /// The running prewarm's whole set by vDisk name: every snapshot taken while it runs
+    /// holds it, so a partial load never shrinks the next snapshot (InnoDB's MDEV-11454:
+    /// a dump taken mid-load lost what the load had not reached yet).
+    pub(crate) pending: BTreeMap<String, RoaringTreemap>,
 }
 
 impl Snapshots {
@@ -35,8 +40,17 @@ impl Snapshots {
     pub(crate) fn new(cfg: &PrewarmConfig, meta_dir: &Path) -> std::io::Result<Snapshots> {
         let dir = cfg.snapshot_dir.clone().unwrap_or_else(|| meta_dir.join("snapshots"));
         let next_seq = snapshot_files::next_seq(&dir)?;
-        Ok(Snapshots { dir, kept: cfg.snapshots_kept, next_seq, config: cfg.clone() })
+        Ok(Snapshots { dir, kept: cfg.snapshots_kept, next_seq, config: cfg.clone(), pending: BTreeMap::new() })
     }
+}
+
+/// A prewarm ready to run: its loader, the VM of each of its sets, the snapshots read,
+/// and its whole set by vDisk name.
+struct Prepared {
+    loader: Loader,
+    set_vm: Vec<Option<VmId>>,
+    snapshots: usize,
+    pending: BTreeMap<String, RoaringTreemap>,
 }
 
 impl Daemon {
@@ -59,7 +73,10 @@ impl Daemon {
         let requests: u64 = (0..names.len() as VmId).map(|vm| self.dp.stats(vm)).map(|s| s.reads + s.writes).sum();
         let mut st = self.snapshots.lock().unwrap_or_else(|e| e.into_inner());
         let seq = st.next_seq;
-        let snap = self.dp.with_engine(|e| capture(e, seq, requests, &names));
+        let mut snap = self.dp.with_engine(|e| capture(e, seq, requests, &names));
+        for (name, blocks) in &st.pending {
+            *snap.sets.entry(name.clone()).or_default() |= blocks;
+        }
         let path = snapshot_files::write(&st.dir, &snap, st.kept)
             .map_err(|e| OpError::Other(format!("snapshot into {}: {e}", st.dir.display())))?;
         st.next_seq += 1;
@@ -80,7 +97,7 @@ impl Daemon {
         let cfg = self.snapshots.lock().unwrap_or_else(|e| e.into_inner()).config.clone();
         let label = from.display().to_string();
         let prepared = self.prepare_prewarm(&cfg, from);
-        let (loader, set_vm, snapshots) = match prepared {
+        let Prepared { loader, set_vm, snapshots, pending } = match prepared {
             Ok(p) => p,
             Err(e) => {
                 tracing::error!(error = %e, "prewarm refused; the cache starts cold");
@@ -91,12 +108,20 @@ impl Daemon {
             }
         };
         let d = self.clone();
-        self.prewarm.start(&label, Box::new(move |report| d.run_prewarm(loader, &set_vm, snapshots, report)))
+        self.prewarm.start(
+            &label,
+            Box::new(move |report| {
+                d.snapshots.lock().unwrap_or_else(|e| e.into_inner()).pending = pending;
+                let r = d.run_prewarm(loader, &set_vm, snapshots, report);
+                d.snapshots.lock().unwrap_or_else(|e| e.into_inner()).pending.clear();
+                r
+            }),
+        )
     }
 
     /// The loader for a prewarm from `from`: the history read, scored, limited to this
     /// cache's share for vDisks served here, planned.
-    fn prepare_prewarm(&self, cfg: &PrewarmConfig, from: &Path) -> Result<(Loader, Vec<Option<VmId>>, usize), String> {
+    fn prepare_prewarm(&self, cfg: &PrewarmConfig, from: &Path) -> Result<Prepared, String> {
         let (_, pacing) = cfg.resolve(self.block_size)?;
         let history = snapshot_files::read_history(from, cfg.snapshots_kept)?;
         if let Some(s) = history.iter().find(|s| s.block_size as u64 != self.block_size) {
@@ -115,9 +140,13 @@ impl Daemon {
         let served: Vec<_> =
             ranking.objects.iter().filter(|(o, _)| set_vm[o.set as usize].is_some()).take(limit).copied().collect();
         let runs = plan(&served, pacing.max_run);
+        let mut pending: BTreeMap<String, RoaringTreemap> = BTreeMap::new();
+        for (o, _) in &served {
+            pending.entry(ranking.sets[o.set as usize].clone()).or_default().insert(o.id);
+        }
         let lc = LoaderConfig { pace: pacing.pace, block_size: self.block_size, busy_depth: 1, idle_depth: 1 };
         tracing::info!(from = %from.display(), snapshots = history.len(), blocks = served.len(), reads = runs.len(), "prewarming");
-        Ok((Loader::new(lc, runs), set_vm, history.len()))
+        Ok(Prepared { loader: Loader::new(lc, runs), set_vm, snapshots: history.len(), pending })
     }
 
     /// Runs the loader to its end: each read an engine job, at most one at a time (its

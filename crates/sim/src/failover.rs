@@ -19,6 +19,9 @@
 //! busy_rate = "16MiB"        # per second while the VM's disk serves it (default rate / 4)
 //! max_read = "128KiB"        # neighbouring blocks coalesced into reads up to this size
 //! minute = "60s"             # the slides' minute (5/15/30-minute averages), scaled runs
+//! yield_to_clients = true    # prewarm reads yield to the VMs' I/O (false: to compare)
+//! depth = 1                  # prewarm reads in flight on an idle VM's disk (more: faster
+//!                            # loads on parallel stores, longer waits on a disk)
 //! ```
 
 use crate::metrics::WindowRow;
@@ -70,6 +73,13 @@ pub struct FailoverSection {
     /// How long the slides' "minute" lasts in this run (their 5-, 15- and 30-minute
     /// averages), for runs scaled down in time.
     pub minute: String,
+    /// Prewarm reads yield to the VMs' own I/O: at most one in flight on a busy disk, at
+    /// `busy_rate`. `false`: four in flight on any disk at the full rate (to measure what
+    /// yielding buys).
+    pub yield_to_clients: bool,
+    /// Prewarm reads in flight on a disk whose VM is idle (on a busy one: 1 when
+    /// yielding).
+    pub depth: u32,
 }
 
 impl Default for FailoverSection {
@@ -86,6 +96,8 @@ impl Default for FailoverSection {
             busy_rate: None,
             max_read: "128KiB".into(),
             minute: "60s".into(),
+            yield_to_clients: true,
+            depth: 1,
         }
     }
 }
@@ -122,6 +134,10 @@ pub struct FailoverPlan {
     pub max_run: u32,
     /// The slides' minute, s.
     pub minute_s: f64,
+    /// Prewarm reads yield to client I/O.
+    pub yields: bool,
+    /// Reads in flight on an idle VM's disk.
+    pub depth: u32,
 }
 
 impl FailoverSection {
@@ -146,6 +162,9 @@ impl FailoverSection {
             ),
             None => None,
         };
+        if !(1..=64).contains(&self.depth) {
+            return Err(format!("failover.depth: {} is outside 1..=64", self.depth));
+        }
         if self.snapshots_kept == 0 {
             return Err("failover.snapshots_kept: must be ≥ 1".into());
         }
@@ -173,6 +192,8 @@ impl FailoverSection {
             pace,
             max_run,
             minute_s: minute as f64 / 1e9,
+            yields: self.yield_to_clients,
+            depth: self.depth,
         })
     }
 }
@@ -180,7 +201,12 @@ impl FailoverSection {
 impl FailoverPlan {
     /// The loader's settings for `block_size`-byte blocks.
     pub(crate) fn loader(&self, block_size: u64) -> LoaderConfig {
-        LoaderConfig { pace: self.pace, block_size, busy_depth: 1, idle_depth: 4 }
+        if self.yields {
+            LoaderConfig { pace: self.pace, block_size, busy_depth: 1, idle_depth: self.depth }
+        } else {
+            let pace = PaceConfig { busy_rate: self.pace.rate.unwrap_or(u64::MAX), ..self.pace };
+            LoaderConfig { pace, block_size, busy_depth: self.depth, idle_depth: self.depth }
+        }
     }
 }
 
@@ -261,6 +287,15 @@ pub struct FailoverReport {
     /// Seconds from the failure until a 10-second hit ratio first reaches 90% of the
     /// source's, if it does.
     pub to_90pct_s: Option<f64>,
+    /// Client requests completed in the first minute after the failure, and their mean,
+    /// 99th and 99.9th percentile latency (ms): what prewarming costs the VMs.
+    pub first_minute_requests: u64,
+    /// Mean latency in the first minute, ms.
+    pub first_minute_mean_ms: f64,
+    /// 99th percentile latency in the first minute, ms.
+    pub first_minute_p99_ms: f64,
+    /// 99.9th percentile latency in the first minute, ms.
+    pub first_minute_p999_ms: f64,
 }
 
 impl FailoverReport {
@@ -273,6 +308,7 @@ impl FailoverReport {
         prewarm_set: u64,
         prewarm_reads: u64,
         progress: Option<Progress>,
+        first_minute: Option<&hdrhistogram::Histogram<u64>>,
     ) -> FailoverReport {
         let minute_s = plan.minute_s;
         let at = plan.at_ns as f64 / 1e9;
@@ -327,6 +363,10 @@ impl FailoverReport {
             avg_hit_ratio: [5.0, 15.0, 30.0].map(|m| ratio_in(at, at + m * minute_s)),
             minute_s,
             to_90pct_s: to_90,
+            first_minute_requests: first_minute.map_or(0, |h| h.len()),
+            first_minute_mean_ms: first_minute.map_or(0.0, |h| h.mean() / 1e6),
+            first_minute_p99_ms: first_minute.map_or(0.0, |h| h.value_at_quantile(0.99) as f64 / 1e6),
+            first_minute_p999_ms: first_minute.map_or(0.0, |h| h.value_at_quantile(0.999) as f64 / 1e6),
         }
     }
 }

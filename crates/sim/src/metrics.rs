@@ -5,7 +5,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 /// Latency histogram range: 1 ns .. 1 hour, 3 significant digits.
-fn histogram() -> Histogram<u64> {
+pub(crate) fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 3_600_000_000_000, 3).expect("valid histogram bounds")
 }
 

@@ -63,6 +63,9 @@ pub(crate) struct Node {
     vm_busy: Vec<u32>,
     /// Prewarming after a failover, if this node does it.
     pub(crate) prewarm: Option<Prewarming>,
+    /// Latencies of client requests completed in a span of virtual time (after a
+    /// failover: the first minute), when asked for.
+    pub(crate) span_latency: Option<(u64, u64, hdrhistogram::Histogram<u64>)>,
     /// The latest completion of a client request.
     last_done: u64,
 }
@@ -89,6 +92,7 @@ impl Node {
             last_done: 0,
             vm_busy: Vec::new(),
             prewarm: None,
+            span_latency: None,
         })
     }
 
@@ -229,6 +233,11 @@ impl Node {
                         let Some(r) = self.requests.remove(&req) else { continue };
                         self.vm_busy[r.vm as usize] -= 1;
                         self.metrics.request(r.vm, r.write, &blocks, self.now - r.issued);
+                        if let Some((from, to, h)) = self.span_latency.as_mut() {
+                            if (*from..*to).contains(&self.now) {
+                                h.saturating_record((self.now - r.issued).max(1));
+                            }
+                        }
                         self.engine.recycle(blocks);
                         self.done.push((r.tag, self.now));
                         self.last_done = self.last_done.max(self.now);

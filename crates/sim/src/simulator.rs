@@ -277,7 +277,10 @@ impl<'a> Run<'a> {
     fn fail_over(&mut self, now: u64) -> Result<(), SimError> {
         let f = self.failover.as_mut().expect("a failover is planned");
         f.done = true;
+        let minute = (f.plan.minute_s * 1e9) as u64;
+        let span = Some((now, now + minute, crate::metrics::histogram()));
         if f.plan.mode == FailoverMode::Warm {
+            self.node.span_latency = span;
             return Ok(());
         }
         let persistent = self.sc.cache.persistent.then(|| cachevisor_engine::durable_reserve(self.res.slots));
@@ -289,6 +292,7 @@ impl<'a> Run<'a> {
         let mut source = std::mem::replace(&mut self.node, dest);
         source.drain();
         self.node.take_done_from(&mut source, now);
+        self.node.span_latency = span;
         self.reallocate(now, None, &[]);
         let f = self.failover.as_mut().expect("a failover is planned");
         if f.plan.mode != FailoverMode::Prewarm {
@@ -370,7 +374,16 @@ impl<'a> Run<'a> {
         }
         if let Some(f) = &self.failover {
             let progress = node.prewarm.as_ref().map(|p| p.progress());
-            r.failover = Some(FailoverReport::build(&f.plan, &r.windows, f.history.taken(), f.set, f.reads, progress));
+            let first_minute = node.span_latency.as_ref().map(|s| &s.2);
+            r.failover = Some(FailoverReport::build(
+                &f.plan,
+                &r.windows,
+                f.history.taken(),
+                f.set,
+                f.reads,
+                progress,
+                first_minute,
+            ));
         }
         r
     }

@@ -8,6 +8,8 @@ pub mod eci_endurance;
 pub mod heldout_mixes;
 pub mod policy_compare;
 pub mod prewarm_failover;
+mod prewarm_load;
+mod prewarm_sets;
 pub mod recs_tracking;
 pub mod report_html;
 pub mod scave_corun;

@@ -9,12 +9,15 @@
 //!   snapshots, and the prewarm set under a size limit;
 //! - [`plan`]: the set turned into reads, most important first, neighbours coalesced;
 //! - [`settings`]: the operator's limit, rate, busy rate and read size, checked;
+//! - [`online`]: whether, how much and how fast to prewarm each vDisk, from what the
+//!   source saw (hit ratio, IOPS, working set);
 //! - [`pacer`]: the prewarm rate, with a guaranteed minimum while the disk is busy;
 //! - [`loader`]: the reads handed out in order, paced, yielding to client I/O, with
 //!   progress.
 
 pub mod capture;
 pub mod loader;
+pub mod online;
 pub mod pacer;
 pub mod plan;
 pub mod scores;

@@ -24,7 +24,17 @@ fn list_metrics_and_authorized_changes() {
     assert_eq!(list[0]["name"], "a");
     assert_eq!(list[0]["dirty_blocks"], 16);
     assert_eq!(list[0]["stats"]["hit_blocks"], 16);
-    let m = ureq::get(&format!("http://{api}/metrics")).call().unwrap().into_string().unwrap();
+    // A request's latency is recorded once its reply is written, so the client can see
+    // its last reply a moment before the histogram counts it: wait for the count.
+    let scrape = || ureq::get(&format!("http://{api}/metrics")).call().unwrap().into_string().unwrap();
+    let t = std::time::Instant::now();
+    let mut m = scrape();
+    while !m.contains("cachevisor_request_duration_seconds_count{vdisk=\"a\",op=\"read\"} 16")
+        && t.elapsed() < std::time::Duration::from_secs(5)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        m = scrape();
+    }
     for needle in [
         "cachevisor_block_hits_total{vdisk=\"a\",op=\"read\"} 16",
         "cachevisor_block_misses_total{vdisk=\"a\",op=\"read\"} 0",

@@ -19,6 +19,7 @@
 //! busy_rate = "16MiB"        # per second while the VM's disk serves it (default rate / 4)
 //! max_read = "128KiB"        # neighbouring blocks coalesced into reads up to this size
 //! minute = "60s"             # the slides' minute (5/15/30-minute averages), scaled runs
+//! online = false             # per vDisk: whether, how much, how fast (prewarm::online)
 //! yield_to_clients = true    # prewarm reads yield to the VMs' I/O (false: to compare)
 //! depth = 1                  # prewarm reads in flight on an idle VM's disk (more: faster
 //!                            # loads on parallel stores, longer waits on a disk)
@@ -26,7 +27,7 @@
 
 use crate::metrics::WindowRow;
 use cachevisor_engine::Engine;
-use cachevisor_prewarm::{capture, Heuristic, LoaderConfig, PaceConfig, Progress, Snapshot};
+use cachevisor_prewarm::{capture, online, Heuristic, LoaderConfig, ObjectId, PaceConfig, Progress, Ranking, Snapshot};
 use cachevisor_trace::units::parse_duration_ns;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
@@ -80,6 +81,9 @@ pub struct FailoverSection {
     /// Prewarm reads in flight on a disk whose VM is idle (on a busy one: 1 when
     /// yielding).
     pub depth: u32,
+    /// Decide per vDisk whether, how much and how fast from what the source saw
+    /// (`prewarm::online`), instead of `limit` and `rate`.
+    pub online: bool,
 }
 
 impl Default for FailoverSection {
@@ -98,6 +102,7 @@ impl Default for FailoverSection {
             minute: "60s".into(),
             yield_to_clients: true,
             depth: 1,
+            online: false,
         }
     }
 }
@@ -138,6 +143,8 @@ pub struct FailoverPlan {
     pub yields: bool,
     /// Reads in flight on an idle VM's disk.
     pub depth: u32,
+    /// Online parameters.
+    pub online: bool,
 }
 
 impl FailoverSection {
@@ -194,6 +201,7 @@ impl FailoverSection {
             minute_s: minute as f64 / 1e9,
             yields: self.yield_to_clients,
             depth: self.depth,
+            online: self.online,
         })
     }
 }
@@ -296,6 +304,9 @@ pub struct FailoverReport {
     pub first_minute_p99_ms: f64,
     /// 99.9th percentile latency in the first minute, ms.
     pub first_minute_p999_ms: f64,
+    /// Sets the online parameters did not prewarm (their working set comes back by
+    /// itself within a minute).
+    pub online_skipped: Vec<String>,
 }
 
 impl FailoverReport {
@@ -367,6 +378,71 @@ impl FailoverReport {
             first_minute_mean_ms: first_minute.map_or(0.0, |h| h.mean() / 1e6),
             first_minute_p99_ms: first_minute.map_or(0.0, |h| h.value_at_quantile(0.99) as f64 / 1e6),
             first_minute_p999_ms: first_minute.map_or(0.0, |h| h.value_at_quantile(0.999) as f64 / 1e6),
+            online_skipped: Vec::new(),
         }
     }
+}
+
+/// What the online parameters chose.
+pub(crate) struct OnlineChoice {
+    /// The prewarm set, most important first.
+    pub(crate) chosen: Vec<(ObjectId, u64)>,
+    /// The total prewarm rate, bytes/s.
+    pub(crate) rate: u64,
+    /// Sets left out.
+    pub(crate) skipped: Vec<String>,
+}
+
+/// The prewarm set and rate from the online parameters (`prewarm::online`): each set's
+/// hit ratio, IOPS and blocks per request over the source's windows ending after
+/// `from_s`, its working set from the last snapshot, a minute lasting `minute_s`; at most
+/// `limit` objects in all.
+pub(crate) fn online_choice(
+    ranking: &Ranking,
+    last: Option<&Snapshot>,
+    windows: &[WindowRow],
+    from_s: f64,
+    minute_s: f64,
+    block_size: u64,
+    limit: u64,
+) -> OnlineChoice {
+    let span = windows.iter().filter(|w| w.t_end_s > from_s).map(|w| w.t_end_s).fold(0.0f64, f64::max) - from_s;
+    let mut decisions = Vec::new();
+    let mut skipped = Vec::new();
+    let mut rate = 0u64;
+    for name in &ranking.sets {
+        let (mut req, mut acc, mut hits) = (0u64, 0u64, 0.0f64);
+        for w in windows.iter().filter(|w| w.t_end_s > from_s && &w.vm == name) {
+            req += w.requests;
+            acc += w.accesses;
+            hits += w.hit_ratio * w.accesses as f64;
+        }
+        let obs = online::Observation {
+            hit_ratio: if acc > 0 { hits / acc as f64 } else { 0.0 },
+            iops: if span > 0.0 { req as f64 / span } else { 0.0 },
+            blocks_per_request: if req > 0 { acc as f64 / req as f64 } else { 1.0 },
+            wss_blocks: last.and_then(|s| s.sets.get(name)).map_or(0, |b| b.len()),
+        };
+        let d = online::decide(&obs, block_size, minute_s);
+        if d.prewarm {
+            rate = rate.saturating_add(d.rate);
+        } else {
+            skipped.push(name.clone());
+        }
+        decisions.push(d);
+    }
+    let mut taken = vec![0u64; decisions.len()];
+    let chosen = ranking
+        .objects
+        .iter()
+        .filter(|(o, _)| {
+            let i = o.set as usize;
+            let keep = decisions[i].prewarm && taken[i] < decisions[i].limit_blocks;
+            taken[i] += keep as u64;
+            keep
+        })
+        .take(limit as usize)
+        .copied()
+        .collect();
+    OnlineChoice { chosen, rate, skipped }
 }

@@ -3,7 +3,7 @@
 //! the interval controller (windows, phases, reallocation, the global cleaner) and the
 //! pre-passes some allocators need (`prepass.rs`). Same scenario, same output, every run.
 
-use crate::failover::{FailoverMode, FailoverPlan, FailoverReport, History};
+use crate::failover::{online_choice, FailoverMode, FailoverPlan, FailoverReport, History};
 use crate::inputs::{open_inputs, SimError};
 use crate::lookahead::{window_curves, ClosedLookahead, FIRST_WINDOW_REQUESTS};
 use crate::metrics::WindowRow;
@@ -77,6 +77,8 @@ struct Failover {
     /// Objects in the prewarm set and reads planned.
     set: u64,
     reads: u64,
+    /// Sets the online parameters left out (they re-warm by themselves).
+    online_skipped: Vec<String>,
 }
 
 impl<'a> Run<'a> {
@@ -131,6 +133,7 @@ impl<'a> Run<'a> {
                     done: false,
                     set: 0,
                     reads: 0,
+                    online_skipped: Vec::new(),
                 }),
                 None => None,
             },
@@ -303,12 +306,24 @@ impl<'a> Run<'a> {
         let limit = (f.plan.limit * self.res.slots as f64).floor() as u64;
         let set_vm: Vec<Option<VmId>> =
             ranking.sets.iter().map(|n| self.names.iter().position(|m| m == n).map(|v| v as VmId)).collect();
-        let chosen = ranking.prewarm_set(limit);
+        let mut lc = f.plan.loader(self.res.block_size);
+        let chosen: Vec<_> = if f.plan.online {
+            // Per vDisk, from what the source saw over its last five minutes.
+            let from = f.plan.at_ns as f64 / 1e9 - 5.0 * f.plan.minute_s;
+            let last = history.last().copied();
+            let o = online_choice(&ranking, last, &self.windows, from, f.plan.minute_s, self.res.block_size, limit);
+            lc.pace.rate = Some(o.rate.max(1));
+            lc.pace.busy_rate = (o.rate / 4).max(self.res.block_size);
+            f.online_skipped = o.skipped;
+            o.chosen
+        } else {
+            ranking.prewarm_set(limit).to_vec()
+        };
         let runs: Vec<_> =
-            plan(chosen, f.plan.max_run).into_iter().filter(|r| set_vm[r.set as usize].is_some()).collect();
+            plan(&chosen, f.plan.max_run).into_iter().filter(|r| set_vm[r.set as usize].is_some()).collect();
         f.set = chosen.len() as u64;
         f.reads = runs.len() as u64;
-        let loader = Loader::new(f.plan.loader(self.res.block_size), runs);
+        let loader = Loader::new(lc, runs);
         self.node.prewarm = Some(Prewarming::new(loader, set_vm));
         self.node.advance_to(now); // the first reads go out before the VMs' I/O resumes
         Ok(())
@@ -375,15 +390,10 @@ impl<'a> Run<'a> {
         if let Some(f) = &self.failover {
             let progress = node.prewarm.as_ref().map(|p| p.progress());
             let first_minute = node.span_latency.as_ref().map(|s| &s.2);
-            r.failover = Some(FailoverReport::build(
-                &f.plan,
-                &r.windows,
-                f.history.taken(),
-                f.set,
-                f.reads,
-                progress,
-                first_minute,
-            ));
+            let mut rep =
+                FailoverReport::build(&f.plan, &r.windows, f.history.taken(), f.set, f.reads, progress, first_minute);
+            rep.online_skipped = f.online_skipped.clone();
+            r.failover = Some(rep);
         }
         r
     }

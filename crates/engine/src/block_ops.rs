@@ -198,6 +198,9 @@ impl Engine {
 
     #[inline]
     pub(crate) fn touch(&mut self, vm: VmId, s: u32) {
+        if !self.protected.is_empty() {
+            self.protected.remove(&s); // a prewarmed block's first touch ends its protection
+        }
         if !self.slots.last_access_ms.is_empty() {
             self.slots.last_access_ms[s as usize] = self.now_ms;
         }

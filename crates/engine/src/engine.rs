@@ -66,6 +66,11 @@ pub struct Engine {
     /// Dirty blocks a steal from a paced shrink passed over: written back as a background
     /// job once no op is in flight on them, so the next steal finds them clean.
     pub(crate) clean_ahead: Vec<u32>,
+    /// Prewarmed blocks not touched yet, protected from eviction until their deadline
+    /// (slot → ms; `prewarm_load.rs`), when protection is on.
+    pub(crate) protected: rustc_hash::FxHashMap<u32, u32>,
+    /// How long a prewarmed block is protected, ms (`None`: not at all).
+    pub(crate) protect_ms: Option<u32>,
     pub(crate) vms: Vec<Partition>,
     pub(crate) shared: Option<AnyReplacement>,
     pub(crate) runs: Vec<SectorRange>,
@@ -131,6 +136,8 @@ impl Engine {
             shrink_due: true,
             over_target: Vec::new(),
             clean_ahead: Vec::new(),
+            protected: Default::default(),
+            protect_ms: None,
             vms: Vec::new(),
             shared,
             runs: Vec::new(),

@@ -24,6 +24,18 @@ pub struct PrewarmOutcome {
 }
 
 impl Engine {
+    /// Protects each block a prewarm loads from now on for `ms` milliseconds or until
+    /// its first touch, whichever comes first (`None`: no protection). The slides leave
+    /// it as future work ("prewarm set objects are given proper priority when evictions
+    /// happen"); PostgreSQL's pg_prewarm gives none. A protected victim is passed over
+    /// for the next unprotected one (at most 64 looked at; all protected: it goes).
+    pub fn set_prewarm_protection(&mut self, ms: Option<u32>) {
+        self.protect_ms = ms;
+        if ms.is_none() {
+            self.protected.clear();
+        }
+    }
+
     /// Loads blocks `first..first + len` of `vm` into free slots, as a background job's
     /// body (`submit_job(|e, out| outcome = e.prewarm_load(vm, first, len, out))`).
     ///
@@ -63,6 +75,9 @@ impl Engine {
                 r.remove(t, a.slot);
                 r.insert_prewarmed(t, a.slot);
             });
+            if let Some(ms) = self.protect_ms {
+                self.protected.insert(a.slot, self.now_ms.saturating_add(ms));
+            }
             self.fill(vm, b, a.slot, (0, spb), a.phase, false, out);
             o.loaded += 1;
         }
@@ -126,6 +141,58 @@ mod tests {
         assert_eq!(multi, (0..8).collect::<Vec<_>>());
         let order: Vec<u64> = e.dump_partition(0).iter().map(|&s| e.slot_block(s).unwrap().1).collect();
         assert_eq!(order, [9, 8, 7, 6, 5, 4, 3, 2, 1, 0]);
+    }
+
+    #[test]
+    fn protected_prewarmed_blocks_outlive_request_blocks_until_touched_or_their_deadline() {
+        let read = |e: &mut Engine, t_ms: u64, b: u64| {
+            let mut out = Output::default();
+            e.access(
+                t_ms * 1_000_000,
+                &Request { time_ns: 0, vm: 0, op: Op::Read, offset: b * 4096, len: 4096 },
+                &mut out,
+            );
+            out.blocks[0].hit
+        };
+        for protect in [None, Some(1000)] {
+            let mut e = engine(4, ReplacementKind::Lru);
+            let mut out = Output::default();
+            e.set_target(0, 4, &mut out);
+            e.set_prewarm_protection(protect);
+            assert_eq!(e.prewarm_load(0, 10, 2, &mut out).loaded, 2); // 10, 11 at the cold end
+                                                                      // Four misses of one-touch blocks at t = 1 ms fill and evict.
+            for b in [20u64, 21, 22, 23] {
+                assert!(!read(&mut e, 1, b));
+            }
+            let kept: Vec<bool> = [10u64, 11].iter().map(|&b| e.lookup(0, b).is_some()).collect();
+            match protect {
+                None => assert_eq!(kept, [false, false], "no protection: the prewarmed blocks went first"),
+                Some(_) => {
+                    assert_eq!(kept, [true, true], "protected: the request blocks went instead");
+                    // Touched: protection ends, it ages like any block.
+                    assert!(read(&mut e, 2, 10));
+                    assert!(!e.protected.contains_key(&e.lookup(0, 10).unwrap()));
+                    // Past the deadline (t = 1,000 ms) block 11 is evictable again.
+                    for b in [30u64, 31, 32, 33] {
+                        read(&mut e, 1001, b);
+                    }
+                    assert!(e.lookup(0, 11).is_none(), "expired protection");
+                }
+            }
+            e.check_invariants().unwrap();
+        }
+    }
+
+    #[test]
+    fn protection_never_makes_a_miss_bypass() {
+        let mut e = engine(2, ReplacementKind::Lru);
+        let mut out = Output::default();
+        e.set_target(0, 2, &mut out);
+        e.set_prewarm_protection(Some(u32::MAX));
+        assert_eq!(e.prewarm_load(0, 0, 2, &mut out).loaded, 2);
+        e.access(0, &Request { time_ns: 0, vm: 0, op: Op::Read, offset: 9 * 4096, len: 4096 }, &mut out);
+        assert!(out.blocks[0].inserted, "all protected: one of them goes");
+        e.check_invariants().unwrap();
     }
 
     #[test]

@@ -30,6 +30,9 @@ impl Engine {
         self.valid.clear_all(s);
         self.dirty.clear_all(s);
         self.vms[vm as usize].used -= 1;
+        if !self.protected.is_empty() {
+            self.protected.remove(&s);
+        }
     }
 
     /// Returns a slot (already out of its policy) to the free list.
@@ -42,7 +45,10 @@ impl Engine {
     /// forgets it. Returns the slot, on no list, for the caller to reuse or free.
     #[inline]
     pub(crate) fn evict_from(&mut self, vm: VmId, sync: bool, out: &mut Output) -> Option<(u32, Evicted)> {
-        let s = self.unpinned_victim(vm)?;
+        let mut s = self.unpinned_victim(vm)?;
+        if !self.protected.is_empty() && self.is_protected(s) {
+            s = self.unprotected_victim(vm, s);
+        }
         let key = self.slots.key(s);
         let owner = key_vm(key);
         let dirty_sectors = self.writeback(owner, s, (0, self.spb), 0, sync, out);
@@ -55,6 +61,37 @@ impl Engine {
         }
         self.forget(owner, s);
         Some((s, Evicted { vm: owner, block: key_block(key), dirty_sectors }))
+    }
+
+    /// Whether slot `s` holds a prewarmed block still protected now.
+    #[inline]
+    fn is_protected(&self, s: u32) -> bool {
+        self.protected.get(&s).is_some_and(|&deadline| self.now_ms < deadline)
+    }
+
+    /// `first` is a protected prewarmed block: the next victims (at most [`VICTIM_SCAN`])
+    /// are tried for one that is not; the protected ones passed over go back to their
+    /// policy as if just used (their protection is that priority). All protected: `first`
+    /// is taken after all — protection never makes a miss bypass the cache.
+    fn unprotected_victim(&mut self, vm: VmId, first: u32) -> u32 {
+        let mut aside = vec![first];
+        let mut found = None;
+        while aside.len() < VICTIM_SCAN {
+            let Some(x) = self.unpinned_victim(vm) else { break };
+            if !self.is_protected(x) {
+                found = Some(x);
+                break;
+            }
+            aside.push(x);
+        }
+        let taken = match found {
+            Some(x) => x,
+            None => aside.remove(0),
+        };
+        for x in aside {
+            self.with_repl(vm, |r, t| r.insert(t, x));
+        }
+        taken
     }
 
     /// The policy's next victim among slots with no ops in flight (pinned ones it offers

@@ -262,9 +262,12 @@ fn run(
     fill: FillMode,
     kind: ReplacementKind,
     timers: bool,
+    protect: bool,
 ) -> Result<(), String> {
     let cfg = EngineConfig { partition, fill, replacement: kind, ..EngineConfig::with_slots(8) };
     let mut d = Driver { e: Engine::new(cfg).unwrap(), w: World::default(), flying: Vec::new(), version: 0 };
+    // Prewarmed blocks protected from eviction for 50 steps (or until touched).
+    d.e.set_prewarm_protection(protect.then_some(50));
     let mut out = Output::default();
     for vm in 0..3 {
         d.e.set_target(vm, 3, &mut out);
@@ -359,10 +362,11 @@ proptest! {
         fill_block in any::<bool>(),
         kind in prop::sample::select(ReplacementKind::ALL.to_vec()),
         timers in any::<bool>(),
+        protect in any::<bool>(),
     ) {
         let partition = if shared { PartitionMode::Shared } else { PartitionMode::Static };
         let fill = if fill_block { FillMode::Block } else { FillMode::Request };
-        run(&steps, partition, fill, kind, timers).map_err(TestCaseError::fail)?;
+        run(&steps, partition, fill, kind, timers, protect).map_err(TestCaseError::fail)?;
     }
 }
 

@@ -20,6 +20,7 @@
 //! max_read = "128KiB"        # neighbouring blocks coalesced into reads up to this size
 //! minute = "60s"             # the slides' minute (5/15/30-minute averages), scaled runs
 //! online = false             # per vDisk: whether, how much, how fast (prewarm::online)
+//! protect = "5min"           # prewarmed blocks kept until first touch or this long
 //! yield_to_clients = true    # prewarm reads yield to the VMs' I/O (false: to compare)
 //! depth = 1                  # prewarm reads in flight on an idle VM's disk (more: faster
 //!                            # loads on parallel stores, longer waits on a disk)
@@ -84,6 +85,9 @@ pub struct FailoverSection {
     /// Decide per vDisk whether, how much and how fast from what the source saw
     /// (`prewarm::online`), instead of `limit` and `rate`.
     pub online: bool,
+    /// Protect each prewarmed block from eviction until its first touch or this long
+    /// after it is loaded (`"5min"`); none when absent.
+    pub protect: Option<String>,
 }
 
 impl Default for FailoverSection {
@@ -103,6 +107,7 @@ impl Default for FailoverSection {
             yield_to_clients: true,
             depth: 1,
             online: false,
+            protect: None,
         }
     }
 }
@@ -145,6 +150,8 @@ pub struct FailoverPlan {
     pub depth: u32,
     /// Online parameters.
     pub online: bool,
+    /// Protection of prewarmed blocks, ms.
+    pub protect_ms: Option<u32>,
 }
 
 impl FailoverSection {
@@ -166,6 +173,13 @@ impl FailoverSection {
                     .ok()
                     .filter(|&n| n > 0)
                     .ok_or(format!("failover.snapshot_max_gap: `{g}` is not a duration > 0"))?,
+            ),
+            None => None,
+        };
+        let protect_ms = match &self.protect {
+            Some(p) => Some(
+                (parse_duration_ns(p).map_err(|e| format!("failover.protect: {e}"))? / 1_000_000).min(u32::MAX as u64)
+                    as u32,
             ),
             None => None,
         };
@@ -202,6 +216,7 @@ impl FailoverSection {
             yields: self.yield_to_clients,
             depth: self.depth,
             online: self.online,
+            protect_ms,
         })
     }
 }

@@ -324,6 +324,7 @@ impl<'a> Run<'a> {
         f.set = chosen.len() as u64;
         f.reads = runs.len() as u64;
         let loader = Loader::new(lc, runs);
+        self.node.engine.set_prewarm_protection(f.plan.protect_ms);
         self.node.prewarm = Some(Prewarming::new(loader, set_vm));
         self.node.advance_to(now); // the first reads go out before the VMs' I/O resumes
         Ok(())

@@ -119,8 +119,8 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
         table: Some(blocks),
     });
     let mut claims = claims(&claims_data);
-    let (load_section, load_claims) = super::prewarm_load::run(opts, scale, &mut scenarios, log)?;
-    sections.push(load_section);
+    let (load_sections, load_claims) = super::prewarm_load::run(opts, scale, &mut scenarios, log)?;
+    sections.extend(load_sections);
     claims.extend(load_claims);
     Ok(Report {
         name: "prewarm-failover".into(),

@@ -32,6 +32,9 @@ pub enum PrewarmCmd {
         /// The snapshot directory (as the daemon sees it).
         #[arg(long)]
         from: PathBuf,
+        /// Only this vDisk (default: every vDisk the snapshots name that is served).
+        #[arg(long)]
+        vdisk: Option<String>,
         /// The API token (also from CACHEVISOR_API_TOKEN).
         #[arg(long, env = "CACHEVISOR_API_TOKEN", hide_env_values = true)]
         token: Option<String>,
@@ -58,9 +61,9 @@ struct Job {
 /// Runs the command.
 pub fn run(a: PrewarmArgs) -> anyhow::Result<()> {
     let url = format!("http://{}/prewarm", a.api);
-    if let PrewarmCmd::Start { from, token, token_file } = &a.cmd {
+    if let PrewarmCmd::Start { from, vdisk, token, token_file } = &a.cmd {
         let token = crate::api_token::resolve(token, token_file, "prewarming")?;
-        let body = serde_json::json!({ "from": from });
+        let body = serde_json::json!({ "from": from, "vdisk": vdisk });
         match ureq::post(&url).set("Authorization", &format!("Bearer {token}")).send_json(body) {
             Ok(_) => {}
             Err(ureq::Error::Status(409, _)) => eprintln!("a prewarm is already running: following it"),

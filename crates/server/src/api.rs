@@ -205,10 +205,14 @@ async fn prewarm_progress(State(a): State<Api>) -> Response {
 struct PrewarmBody {
     /// A snapshot directory readable by this daemon.
     from: std::path::PathBuf,
+    /// Only this vDisk (default: every vDisk the snapshots name).
+    #[serde(default)]
+    vdisk: Option<String>,
 }
 
-/// `POST /prewarm` with `{"from": DIR}`: 202 with the progress, 409 when one runs, 400
-/// when the snapshots cannot be read (the message names the file).
+/// `POST /prewarm` with `{"from": DIR}` (and `"vdisk": NAME` for one vDisk): 202 with
+/// the progress, 409 when one runs, 400 when the snapshots cannot be read (the message
+/// names the file) or the vDisk is not served.
 async fn start_prewarm(
     State(a): State<Api>,
     h: HeaderMap,
@@ -222,7 +226,7 @@ async fn start_prewarm(
         Err(e) => return err(StatusCode::BAD_REQUEST, e.body_text()),
     };
     let d = a.daemon.clone();
-    match tokio::task::spawn_blocking(move || d.start_prewarm(&b.from)).await {
+    match tokio::task::spawn_blocking(move || d.start_prewarm_of(&b.from, b.vdisk.as_deref())).await {
         Ok(Ok(p)) => (StatusCode::ACCEPTED, Json(p)).into_response(),
         Ok(Err(p)) if p.running => (StatusCode::CONFLICT, Json(p)).into_response(),
         Ok(Err(p)) => err(StatusCode::BAD_REQUEST, p.error.unwrap_or_default()),

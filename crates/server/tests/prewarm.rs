@@ -261,3 +261,44 @@ fn a_write_during_a_prewarm_wins_in_every_write_policy() {
         }
     }
 }
+
+#[test]
+fn the_api_prewarms_one_vdisk_and_refuses_what_it_cannot() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let two = |dir: &Path, backing_dir: &Path| {
+        let t = format!(
+            "[cache]\npath = \"cache.img\"\nsize = \"4MiB\"\nflush_rate = \"0\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\ntoken = \"0123456789abcdef0123\"\n[prewarm]\nsnapshot_every = \"0\"\n[[vdisk]]\nname = \"vm1\"\nbacking = \"{0}/vm1.img\"\nsize = \"16MiB\"\n[[vdisk]]\nname = \"vm2\"\nbacking = \"{0}/vm2.img\"\nsize = \"16MiB\"\n",
+            backing_dir.display()
+        );
+        start(&Config::parse(&t, "test config", dir).unwrap()).unwrap()
+    };
+    // A reads 1 MiB of each vDisk and stops, leaving its snapshot.
+    let r = two(a.path(), a.path());
+    for name in ["vm1", "vm2"] {
+        let (mut c, _) = Client::connect(r.tcp.unwrap(), name);
+        c.read(0, 1 << 20).unwrap();
+    }
+    r.daemon.shutdown().unwrap();
+    let snaps = r.daemon.snapshot_dir();
+    drop(r);
+    let pre = two(b.path(), a.path());
+    let (addr, token) = pre.api.clone().unwrap();
+    let url = format!("http://{addr}/prewarm");
+    let auth = format!("Bearer {token}");
+    let body = |vdisk: &str| serde_json::json!({ "from": snaps, "vdisk": vdisk });
+    // No token: refused.
+    assert!(matches!(ureq::post(&url).send_json(body("vm2")).unwrap_err(), ureq::Error::Status(401, _)));
+    // A vDisk not served: 400 naming it.
+    match ureq::post(&url).set("Authorization", &auth).send_json(body("nope")).unwrap_err() {
+        ureq::Error::Status(400, r) => assert!(r.into_string().unwrap().contains("nope")),
+        e => panic!("{e}"),
+    }
+    // vm2 only.
+    let r = ureq::post(&url).set("Authorization", &auth).send_json(body("vm2")).unwrap();
+    assert_eq!(r.status(), 202);
+    let p = prewarm_done(&pre);
+    assert_eq!((p.loaded_blocks, p.error), (256, None));
+    assert_eq!((pre.daemon.occupancy(0).0, pre.daemon.occupancy(1).0), (0, 256));
+    let shown: serde_json::Value = ureq::get(&url).call().unwrap().into_json().unwrap();
+    assert_eq!(shown["loaded_blocks"], 256);
+}

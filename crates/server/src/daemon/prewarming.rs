@@ -94,9 +94,20 @@ impl Daemon {
     /// corrupt or truncated file — refuse the prewarm with an error naming the file (the
     /// daemon goes on cold); `Err` also when a prewarm is already running.
     pub fn start_prewarm(self: &Arc<Self>, from: &Path) -> Result<Progress, Progress> {
+        self.start_prewarm_of(from, None)
+    }
+
+    /// [`Self::start_prewarm`] of one vDisk only (`Some(name)`), or of all.
+    pub fn start_prewarm_of(self: &Arc<Self>, from: &Path, vdisk: Option<&str>) -> Result<Progress, Progress> {
         let cfg = self.snapshots.lock().unwrap_or_else(|e| e.into_inner()).config.clone();
-        let label = from.display().to_string();
-        let prepared = self.prepare_prewarm(&cfg, from);
+        let label = match vdisk {
+            Some(v) => format!("{} (vDisk {v})", from.display()),
+            None => from.display().to_string(),
+        };
+        let prepared = match vdisk {
+            Some(v) if self.vdisk(v).is_none() => Err(format!("no vDisk `{v}` is served here")),
+            _ => self.prepare_prewarm(&cfg, from, vdisk),
+        };
         let Prepared { loader, set_vm, snapshots, pending } = match prepared {
             Ok(p) => p,
             Err(e) => {
@@ -121,7 +132,7 @@ impl Daemon {
 
     /// The loader for a prewarm from `from`: the history read, scored, limited to this
     /// cache's share for vDisks served here, planned.
-    fn prepare_prewarm(&self, cfg: &PrewarmConfig, from: &Path) -> Result<Prepared, String> {
+    fn prepare_prewarm(&self, cfg: &PrewarmConfig, from: &Path, only: Option<&str>) -> Result<Prepared, String> {
         let (_, pacing) = cfg.resolve(self.block_size)?;
         let history = snapshot_files::read_history(from, cfg.snapshots_kept)?;
         if let Some(s) = history.iter().find(|s| s.block_size as u64 != self.block_size) {
@@ -135,7 +146,8 @@ impl Daemon {
         }
         let refs: Vec<_> = history.iter().collect();
         let ranking = Ranking::new(&refs, cfg.heuristic);
-        let set_vm: Vec<Option<VmId>> = ranking.sets.iter().map(|n| self.vdisk(n)).collect();
+        let set_vm: Vec<Option<VmId>> =
+            ranking.sets.iter().map(|n| self.vdisk(n).filter(|_| only.is_none_or(|o| o == n))).collect();
         let limit = (pacing.limit * self.resolved.slots as f64).floor() as usize;
         let served: Vec<_> =
             ranking.objects.iter().filter(|(o, _)| set_vm[o.set as usize].is_some()).take(limit).copied().collect();

@@ -1,0 +1,11 @@
+//! The hyperconverged (HCI) cluster of ELICA (`../shared/seeds/elica-hci-cache.md`) as
+//! pure code — no clocks, threads, sockets or files: the cluster logic decides, the
+//! drivers (the simulator now, the daemons later) execute, as with the engine.
+//!
+//! - [`ownership`]: the global stripe ownership map (which node caches which stripe of
+//!   which vDisk), O(1) lookup, versioned so every change is an explicit, ordered update
+//!   (ELICA §3.1).
+
+pub mod ownership;
+
+pub use ownership::{ApplyError, NodeId, OwnershipMap, StaleVersion, Update};

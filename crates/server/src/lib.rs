@@ -11,6 +11,7 @@ pub mod config;
 pub mod daemon;
 pub mod datapath;
 pub mod destage_job;
+pub mod job_slot;
 pub mod journal;
 pub mod listener;
 pub mod metrics;

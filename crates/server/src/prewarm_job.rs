@@ -4,8 +4,8 @@
 //! the `prewarm` crate's loader, each read an engine job); this file only runs it on a
 //! thread and keeps its progress.
 
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use crate::job_slot::JobSlot;
+use std::sync::Arc;
 
 /// A prewarm job's progress.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq)]
@@ -38,69 +38,47 @@ pub type Report<'a> = &'a mut dyn FnMut(&Progress);
 /// A prewarm run: reports its progress; `Err` says why it stopped.
 pub type Work = Box<dyn FnOnce(Report) -> Result<(), String> + Send>;
 
+crate::job_progress!(Progress);
+
 /// The daemon's one prewarm job (the last one's result stays readable).
 #[derive(Debug, Default)]
-pub struct Job {
-    state: Mutex<(Progress, Option<Instant>)>,
-}
+pub struct Job(Arc<JobSlot<Progress>>);
 
 impl Job {
-    fn lock(&self) -> std::sync::MutexGuard<'_, (Progress, Option<Instant>)> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// The current (or last) job's progress.
     pub fn progress(&self) -> Progress {
-        let g = self.lock();
-        let mut p = g.0.clone();
-        if let (true, Some(t)) = (p.running, g.1) {
-            p.elapsed_s = t.elapsed().as_secs_f64();
-        }
-        p
+        self.0.progress()
     }
 
     /// Records a job that could not start (bad or corrupt snapshots): the daemon goes on
     /// cold and the reason is what `progress` shows.
     pub fn refused(&self, from: &str, error: String) {
-        *self.lock() = (Progress { from: from.into(), error: Some(error), ..Progress::default() }, None);
+        self.0.set(Progress { from: from.into(), error: Some(error), ..Progress::default() });
     }
 
     /// Starts `work` on a thread; `Err` with the running job's progress when one runs.
-    pub fn start(self: &Arc<Self>, from: &str, work: Work) -> Result<Progress, Progress> {
-        {
-            let mut g = self.lock();
-            if g.0.running {
-                drop(g);
-                return Err(self.progress());
-            }
-            *g = (Progress { running: true, from: from.into(), ..Progress::default() }, Some(Instant::now()));
-        }
-        let job = self.clone();
-        std::thread::Builder::new()
-            .name("prewarm".into())
-            .spawn(move || {
-                let r = work(&mut |p: &Progress| {
-                    let mut g = job.lock();
-                    let from = std::mem::take(&mut g.0.from);
-                    g.0 = Progress { running: true, from, ..p.clone() };
-                });
-                let mut g = job.lock();
-                g.0.running = false;
-                g.0.elapsed_s = g.1.map_or(0.0, |t| t.elapsed().as_secs_f64());
-                match r {
-                    Err(e) => {
-                        tracing::error!(%e, "prewarm stopped");
-                        g.0.error = Some(e);
-                    }
-                    Ok(()) => tracing::info!(
-                        loaded = g.0.loaded_blocks,
-                        skipped = g.0.skipped_blocks,
-                        seconds = g.0.elapsed_s,
-                        "prewarm done"
-                    ),
-                }
-            })
-            .expect("spawning the prewarm thread");
-        Ok(self.progress())
+    pub fn start(&self, from: &str, work: Work) -> Result<Progress, Progress> {
+        let initial = Progress { from: from.into(), ..Progress::default() };
+        self.0.start(
+            "prewarm",
+            initial,
+            move |update| {
+                work(&mut |p: &Progress| {
+                    update(&mut |cur: &mut Progress| {
+                        let from = std::mem::take(&mut cur.from);
+                        *cur = Progress { running: true, from, ..p.clone() };
+                    })
+                })
+            },
+            |p| match &p.error {
+                Some(e) => tracing::error!(%e, "prewarm stopped"),
+                None => tracing::info!(
+                    loaded = p.loaded_blocks,
+                    skipped = p.skipped_blocks,
+                    seconds = p.elapsed_s,
+                    "prewarm done"
+                ),
+            },
+        )
     }
 }

@@ -338,18 +338,7 @@ impl FailoverReport {
     ) -> FailoverReport {
         let minute_s = plan.minute_s;
         let at = plan.at_ns as f64 / 1e9;
-        // (end time, accesses, hits) per window, VMs summed.
-        let mut per: Vec<(f64, u64, u64)> = Vec::new();
-        for w in windows {
-            let hits = (w.hit_ratio * w.accesses as f64).round() as u64;
-            match per.last_mut() {
-                Some(last) if last.0 == w.t_end_s => {
-                    last.1 += w.accesses;
-                    last.2 += hits;
-                }
-                _ => per.push((w.t_end_s, w.accesses, hits)),
-            }
-        }
+        let per = summed_windows(windows);
         let ratio_in = |from: f64, to: f64| {
             let (a, h) = per
                 .iter()
@@ -396,6 +385,22 @@ impl FailoverReport {
             online_skipped: Vec::new(),
         }
     }
+}
+
+/// (end time s, block accesses, hits) of each window, all VMs summed, in time order.
+pub fn summed_windows(windows: &[WindowRow]) -> Vec<(f64, u64, u64)> {
+    let mut per: Vec<(f64, u64, u64)> = Vec::new();
+    for w in windows {
+        let hits = (w.hit_ratio * w.accesses as f64).round() as u64;
+        match per.last_mut() {
+            Some(last) if last.0 == w.t_end_s => {
+                last.1 += w.accesses;
+                last.2 += hits;
+            }
+            _ => per.push((w.t_end_s, w.accesses, hits)),
+        }
+    }
+    per
 }
 
 /// What the online parameters chose.

@@ -20,7 +20,7 @@
 use super::prewarm_sets::{sets, slides, write_workloads, Config, Sweep, WorkloadSet};
 use super::{pct, sim, Claim, Options, Report, Section, Table};
 use crate::dsf_objects::{DsfObjects, OBJECTS_PER_MIB};
-use crate::failover::{FailoverMode, FailoverReport, FailoverSection};
+use crate::failover::{summed_windows, FailoverMode, FailoverReport, FailoverSection};
 use crate::plot::{line_chart_svg, Series};
 use crate::report::SimResult;
 use crate::scenario::{DeviceChoice, ObjectModel, ReplayMode, Scenario, SyntheticSection};
@@ -338,17 +338,7 @@ fn recovery_figure(runs: &[(String, SimResult)], minute: f64) -> Result<Section,
     let mut series = Vec::new();
     for (name, r) in runs {
         let Some(f) = &r.failover else { continue };
-        let mut per: Vec<(f64, u64, u64)> = Vec::new();
-        for w in r.windows.iter().filter(|w| w.t_end_s > f.at_s) {
-            let hits = (w.hit_ratio * w.accesses as f64).round() as u64;
-            match per.last_mut() {
-                Some(l) if l.0 == w.t_end_s => {
-                    l.1 += w.accesses;
-                    l.2 += hits;
-                }
-                _ => per.push((w.t_end_s, w.accesses, hits)),
-            }
-        }
+        let per: Vec<_> = summed_windows(&r.windows).into_iter().filter(|w| w.0 > f.at_s).collect();
         let pts = per
             .chunks(10)
             .map(|c| {

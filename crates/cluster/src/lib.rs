@@ -4,8 +4,11 @@
 //!
 //! - [`ownership`]: the global stripe ownership map (which node caches which stripe of
 //!   which vDisk), O(1) lookup, versioned so every change is an explicit, ordered update
-//!   (ELICA §3.1).
+//!   (ELICA §3.1);
+//! - [`model`]: latencies (Table 3), the ideal size per VM (Eq. 1), the per-node fit check
+//!   (Eq. 2), a VM's average latency with local and remote cache (Eq. 3).
 
+pub mod model;
 pub mod ownership;
 
 pub use ownership::{ApplyError, NodeId, OwnershipMap, StaleVersion, Update};

@@ -24,7 +24,7 @@ pub mod scores;
 pub mod settings;
 pub mod snapshot;
 
-pub use capture::capture;
+pub use capture::{capture, Capture};
 pub use loader::{Loader, LoaderConfig, Progress, ReadOutcome};
 pub use pacer::{PaceConfig, Pacer};
 pub use plan::{plan, Run};

@@ -10,7 +10,7 @@ use crate::config::PrewarmConfig;
 use crate::prewarm_job::{Progress, Report};
 use crate::snapshot_files;
 use cachevisor_engine::{Failure, PrewarmOutcome};
-use cachevisor_prewarm::{capture, plan, Loader, LoaderConfig, Ranking, ReadOutcome, RoaringTreemap};
+use cachevisor_prewarm::{plan, Capture, Loader, LoaderConfig, Ranking, ReadOutcome, RoaringTreemap};
 use cachevisor_trace::VmId;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -19,6 +19,8 @@ use std::time::{Duration, Instant};
 
 /// A vDisk counts as busy for this long after its request counters last moved.
 const BUSY_FOR: Duration = Duration::from_millis(20);
+/// Slots a snapshot reads per hold of the engine's lock.
+const CAPTURE_STEP: u32 = 1 << 16;
 /// Longest sleep of the prewarm loop between reads.
 const MAX_NAP: Duration = Duration::from_millis(50);
 
@@ -73,7 +75,13 @@ impl Daemon {
         let requests: u64 = (0..names.len() as VmId).map(|vm| self.dp.stats(vm)).map(|s| s.reads + s.writes).sum();
         let mut st = self.snapshots.lock().unwrap_or_else(|e| e.into_inner());
         let seq = st.next_seq;
-        let mut snap = self.dp.with_engine(|e| capture(e, seq, requests, &names));
+        // A range of slots at a time under the engine's lock, so requests go on between.
+        let slots = self.resolved.slots as u32;
+        let mut c = Capture::default();
+        for start in (0..slots).step_by(CAPTURE_STEP as usize) {
+            self.dp.with_engine(|e| c.add_slots(e, start..start.saturating_add(CAPTURE_STEP)));
+        }
+        let mut snap = c.finish(seq, requests, self.block_size as u32, &names);
         for (name, blocks) in &st.pending {
             *snap.sets.entry(name.clone()).or_default() |= blocks;
         }

@@ -6,9 +6,13 @@
 //!   which vDisk), O(1) lookup, versioned so every change is an explicit, ordered update
 //!   (ELICA §3.1);
 //! - [`model`]: latencies (Table 3), the ideal size per VM (Eq. 1), the per-node fit check
-//!   (Eq. 2), a VM's average latency with local and remote cache (Eq. 3).
+//!   (Eq. 2), a VM's average latency with local and remote cache (Eq. 3);
+//! - [`traffic`]: ELICA-Traffic's sequential-run detector (§3.4);
+//! - [`load`]: ELICA-Load's chunk exchange between the busiest and the idlest node (§3.5).
 
+pub mod load;
 pub mod model;
 pub mod ownership;
+pub mod traffic;
 
 pub use ownership::{ApplyError, NodeId, OwnershipMap, StaleVersion, Update};

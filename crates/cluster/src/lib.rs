@@ -7,11 +7,14 @@
 //!   (ELICA §3.1);
 //! - [`model`]: latencies (Table 3), the ideal size per VM (Eq. 1), the per-node fit check
 //!   (Eq. 2), a VM's average latency with local and remote cache (Eq. 3);
+//! - [`allocation`]: Eq. 4 — sizes and local/remote parts minimizing the summed average
+//!   latency; the exact reference solver;
 //! - [`traffic`]: ELICA-Traffic's sequential-run detector (§3.4);
 //! - [`load`]: ELICA-Load's chunk exchange between the busiest and the idlest node (§3.5);
 //! - [`migration`]: Gradual and Instant Migration of a chunk as per-block states, with
 //!   §3.7's coherency and update-safety rules.
 
+pub mod allocation;
 pub mod load;
 pub mod migration;
 pub mod model;

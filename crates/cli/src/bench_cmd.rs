@@ -11,6 +11,8 @@
 //! - `bench analyze`: exact and SHARDS miss-ratio curves against libCacheSim's
 //!   `cachesim` LRU run at several sizes on the same file (`--cachesim PATH`;
 //!   `bench_sim.rs`).
+//! - `bench cluster`: ELICA's Eq. 4 allocation, exact and ILP solvers side by side
+//!   (`bench_cluster.rs`).
 //! - `bench memory`: fills an engine of the given cache size and reports metadata bytes
 //!   per slot and peak RSS.
 
@@ -99,6 +101,18 @@ pub enum BenchCmd {
         /// Interleaved repetitions (median reported).
         #[arg(long, default_value_t = 7)]
         reps: usize,
+    },
+    /// ELICA's cluster allocation (Eq. 4): exact and ILP solvers, 10 to 500 VMs on 3 to 16 nodes.
+    Cluster {
+        /// Units per VM curve (its ideal size).
+        #[arg(long, default_value_t = 8)]
+        levels: usize,
+        /// Interleaved repetitions (median reported).
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+        /// Run the exact reference solver up to this many VMs (its tables grow fast).
+        #[arg(long, default_value_t = 250)]
+        exact_vms: usize,
     },
     /// The daemon's hit path vs nbdkit's file plugin under fio (needs fio and nbdkit).
     Serve {
@@ -261,6 +275,7 @@ pub fn run(c: BenchCmd) -> anyhow::Result<()> {
             &dir,
         ),
         BenchCmd::Policy { vms, units, reps } => bench_policy(vms, units, reps),
+        BenchCmd::Cluster { levels, reps, exact_vms } => crate::bench_cluster::run(levels, reps, exact_vms),
         BenchCmd::Serve { disk_size, rounds, secs, rw, bs, iodepth, write_policy, fsync, against, dir } => {
             let job = crate::bench_serve::Job { rw, bs, iodepth, write_policy, fsync, against };
             crate::bench_serve::run(disk_size, rounds, secs, &job, &dir)

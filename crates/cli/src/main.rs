@@ -2,6 +2,7 @@
 
 mod analyze_cmd;
 mod api_token;
+mod bench_cluster;
 mod bench_cmd;
 mod bench_datapath;
 mod bench_serve;

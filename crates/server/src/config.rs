@@ -223,7 +223,8 @@ pub struct Config {
 pub struct PrewarmConfig {
     /// Where this daemon writes its snapshots (default METADATA/snapshots).
     pub snapshot_dir: Option<PathBuf>,
-    /// Time between snapshots (`60s`); `0` = at shutdown only.
+    /// Time between snapshots (`60s`), or requests served between them (`100000req`);
+    /// `0` = at shutdown only.
     pub snapshot_every: String,
     /// Snapshots kept (the history a prewarm scores).
     pub snapshots_kept: usize,
@@ -257,17 +258,39 @@ impl Default for PrewarmConfig {
     }
 }
 
+/// When the daemon snapshots its cache's state (besides at a clean shutdown).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SnapshotSchedule {
+    /// Only at shutdown.
+    AtShutdown,
+    /// Every this many ns.
+    Every(u64),
+    /// Every this many requests served (the slides' "every n requests").
+    Requests(u64),
+}
+
 impl PrewarmConfig {
-    /// The snapshot period in ns (0: at shutdown only) and the pacing, checked.
-    pub fn resolve(&self, block_size: u64) -> Result<(u64, cachevisor_prewarm::Pacing), String> {
-        let every = cachevisor_trace::units::parse_duration_ns(&self.snapshot_every)
-            .map_err(|e| format!("prewarm.snapshot_every: {e}"))?;
-        if every != 0 && every < 1_000_000_000 {
-            return Err(format!(
-                "prewarm.snapshot_every: `{}` is under 1s (or 0: at shutdown only)",
-                self.snapshot_every
-            ));
-        }
+    /// The snapshot schedule and the pacing, checked.
+    pub fn resolve(&self, block_size: u64) -> Result<(SnapshotSchedule, cachevisor_prewarm::Pacing), String> {
+        let every = self.snapshot_every.trim();
+        let schedule = match every.strip_suffix("req") {
+            Some(n) => SnapshotSchedule::Requests(
+                n.trim()
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .ok_or(format!("prewarm.snapshot_every: `{every}` is not a positive request count"))?,
+            ),
+            None => match cachevisor_trace::units::parse_duration_ns(every)
+                .map_err(|e| format!("prewarm.snapshot_every: {e} (or `<n>req`)"))?
+            {
+                0 => SnapshotSchedule::AtShutdown,
+                ns if ns < 1_000_000_000 => {
+                    return Err(format!("prewarm.snapshot_every: `{every}` is under 1s (or 0: at shutdown only)"))
+                }
+                ns => SnapshotSchedule::Every(ns),
+            },
+        };
         if self.snapshots_kept == 0 {
             return Err("prewarm.snapshots_kept: at least 1".into());
         }
@@ -279,7 +302,7 @@ impl PrewarmConfig {
             &self.max_read,
             block_size,
         )?;
-        Ok((every, p))
+        Ok((schedule, p))
     }
 }
 
@@ -338,7 +361,7 @@ token = "at-least-16-characters" # default: random, written to METADATA/api-toke
 
 [prewarm]                     # cache-state snapshots and prewarming (defaults when absent)
 snapshot_dir = "var/cache.img.meta/snapshots" # default METADATA/snapshots
-snapshot_every = "60s"        # default 60s, at least 1s; "0" = at shutdown only
+snapshot_every = "60s"        # default 60s, at least 1s, or "100000req" (requests served); "0" = at shutdown only
 snapshots_kept = 10           # default 10: the history a prewarm scores
 from = "var/other.meta/snapshots" # default none: prewarm at start from another cache's snapshots (serve --prewarm-from)
 heuristic = "k-recent"        # default k-recent | k-frequent | k-frerecent-lnr | k-frerecent-qdr

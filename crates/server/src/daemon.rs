@@ -296,11 +296,12 @@ impl Daemon {
     /// that ends with the daemon.
     pub fn start_snapshots(self: &Arc<Self>) {
         let every = self.snapshots.lock().unwrap_or_else(|e| e.into_inner()).config.resolve(self.block_size);
-        if let Some(ns) = every.ok().map(|(ns, _)| ns).filter(|&ns| ns > 0) {
+        let schedule = every.map_or(crate::config::SnapshotSchedule::AtShutdown, |(s, _)| s);
+        if schedule != crate::config::SnapshotSchedule::AtShutdown {
             let d = Arc::downgrade(self);
             std::thread::Builder::new()
                 .name("snapshots".into())
-                .spawn(move || prewarming::snapshot_loop(d, std::time::Duration::from_nanos(ns)))
+                .spawn(move || prewarming::snapshot_loop(d, schedule))
                 .expect("spawning the snapshot thread");
         }
     }

@@ -302,3 +302,37 @@ fn the_api_prewarms_one_vdisk_and_refuses_what_it_cannot() {
     let shown: serde_json::Value = ureq::get(&url).call().unwrap().into_json().unwrap();
     assert_eq!(shown["loaded_blocks"], 256);
 }
+
+#[test]
+fn snapshots_every_n_requests_and_bad_schedules_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let backing = dir.path().join("vm1.img").display().to_string();
+    let mut config = cfg(dir.path(), "2MiB", &backing, "wt", "");
+    config.prewarm.snapshot_every = "50req".into();
+    let r = start(&config).unwrap();
+    let (mut c, _) = Client::connect(r.tcp.unwrap(), "vm1");
+    let snaps = r.daemon.snapshot_dir();
+    let count = || std::fs::read_dir(&snaps).map_or(0, |d| d.count());
+    for i in 0..60u64 {
+        c.read(i * 4096, 4096).unwrap();
+    }
+    let t = Instant::now();
+    while count() < 1 && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(count(), 1, "one snapshot after 60 requests (every 50)");
+    for i in 60..110u64 {
+        c.read(i * 4096, 4096).unwrap();
+    }
+    let t = Instant::now();
+    while count() < 2 && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(count(), 2, "a second after 50 more");
+    for bad in ["0req", "xreq", "500ms"] {
+        let e = cfg(dir.path(), "2MiB", &backing, "wt", "").prewarm.clone();
+        let c = cachevisor_server::config::PrewarmConfig { snapshot_every: bad.into(), ..e };
+        let err = c.resolve(4096).unwrap_err();
+        assert!(err.starts_with("prewarm.snapshot_every"), "{bad}: {err}");
+    }
+}

@@ -6,7 +6,7 @@
 //! slots only, paced by the crate's loader while the vDisks' own I/O goes on beside it.
 
 use super::{Daemon, OpError};
-use crate::config::PrewarmConfig;
+use crate::config::{PrewarmConfig, SnapshotSchedule};
 use crate::prewarm_job::{Progress, Report};
 use crate::snapshot_files;
 use cachevisor_engine::{Failure, PrewarmOutcome};
@@ -72,7 +72,7 @@ impl Daemon {
                 .map(|(i, e)| e.as_ref().map_or(format!("(removed vDisk {i})"), |e| e.name.clone()))
                 .collect()
         };
-        let requests: u64 = (0..names.len() as VmId).map(|vm| self.dp.stats(vm)).map(|s| s.reads + s.writes).sum();
+        let requests = self.requests_served();
         let mut st = self.snapshots.lock().unwrap_or_else(|e| e.into_inner());
         let seq = st.next_seq;
         // A range of slots at a time under the engine's lock, so requests go on between.
@@ -90,6 +90,12 @@ impl Daemon {
         st.next_seq += 1;
         tracing::debug!(path = %path.display(), blocks = snap.objects(), "cache snapshot written");
         Ok(path)
+    }
+
+    /// Requests served so far over every vDisk (reads and writes).
+    pub fn requests_served(&self) -> u64 {
+        let n = self.exports.read().unwrap_or_else(|e| e.into_inner()).len() as VmId;
+        (0..n).map(|vm| self.dp.stats(vm)).map(|s| s.reads + s.writes).sum()
     }
 
     /// The prewarm job (progress of the running or last one).
@@ -244,21 +250,47 @@ impl Daemon {
     }
 }
 
-/// Takes a snapshot every `every` until the daemon stops (a thread per daemon).
-pub(crate) fn snapshot_loop(d: std::sync::Weak<Daemon>, every: Duration) {
-    let mut next = Instant::now() + every;
+/// Takes a snapshot on `schedule` until the daemon stops (a thread per daemon): every so
+/// long, or every so many requests served (checked five times a second).
+pub(crate) fn snapshot_loop(d: std::sync::Weak<Daemon>, schedule: SnapshotSchedule) {
+    let tick = Duration::from_millis(200);
+    let mut next_at = Instant::now();
+    let mut next_requests = 0u64;
+    if let Some(d) = d.upgrade() {
+        match schedule {
+            SnapshotSchedule::Every(ns) => next_at += Duration::from_nanos(ns),
+            SnapshotSchedule::Requests(n) => next_requests = d.requests_served() + n,
+            SnapshotSchedule::AtShutdown => return,
+        }
+    }
     loop {
-        std::thread::sleep(Duration::from_millis(200).min(every));
+        std::thread::sleep(tick);
         let Some(d) = d.upgrade() else { return };
         if d.is_stopped() {
             return;
         }
-        if Instant::now() < next {
-            continue;
-        }
-        next = Instant::now() + every;
-        if let Err(e) = d.take_snapshot() {
-            tracing::warn!(error = %e, "periodic cache snapshot failed");
+        let due = match schedule {
+            SnapshotSchedule::Every(ns) => {
+                let due = Instant::now() >= next_at;
+                if due {
+                    next_at = Instant::now() + Duration::from_nanos(ns);
+                }
+                due
+            }
+            SnapshotSchedule::Requests(n) => {
+                let served = d.requests_served();
+                let due = served >= next_requests;
+                if due {
+                    next_requests = served + n;
+                }
+                due
+            }
+            SnapshotSchedule::AtShutdown => return,
+        };
+        if due {
+            if let Err(e) = d.take_snapshot() {
+                tracing::warn!(error = %e, "periodic cache snapshot failed");
+            }
         }
     }
 }

@@ -37,8 +37,11 @@ pub struct ChartOptions {
     pub vlines: Vec<(f64, String)>,
 }
 
-/// Tableau 10 with its yellow moved last: distinct for colour-blind readers and in print.
-const PALETTE: [(u8, u8, u8); 10] = [
+/// Tableau 10 with its yellow moved last: distinct for colour-blind readers and in print;
+/// then three darker tones (teal, indigo, olive) so a report of up to 13 series (the
+/// policy comparison's) repeats no colour. With the four marker shapes, a (colour, shape)
+/// pair repeats only after 52 series.
+const PALETTE: [(u8, u8, u8); 13] = [
     (78, 121, 167),
     (242, 142, 43),
     (225, 87, 89),
@@ -49,6 +52,9 @@ const PALETTE: [(u8, u8, u8); 10] = [
     (156, 117, 95),
     (186, 176, 172),
     (237, 201, 72),
+    (0, 109, 119),
+    (68, 51, 136),
+    (128, 128, 0),
 ];
 
 /// The palette colour `i` (wrapping).
@@ -314,5 +320,23 @@ mod tests {
         assert_eq!(tick(12.0), "12");
         assert_eq!(tick(0.25), "0.25");
         assert_eq!(tick(250.5), "250");
+    }
+}
+
+#[cfg(test)]
+mod palette_tests {
+    use super::*;
+
+    #[test]
+    fn thirteen_series_get_thirteen_colours() {
+        let mut seen: Vec<(u8, u8, u8)> = (0..13)
+            .map(|i| {
+                let c = color(i);
+                (c.0, c.1, c.2)
+            })
+            .collect();
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen.len(), 13);
     }
 }

@@ -235,11 +235,32 @@ pub fn solve_exact(p: &Problem) -> Allocation {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    const LAT: Latencies = Latencies { ssd_local_us: 100.0, ssd_remote_us: 100.0, network_us: 60.0, hdd_us: 5000.0 };
+    pub(crate) const LAT: Latencies =
+        Latencies { ssd_local_us: 100.0, ssd_remote_us: 100.0, network_us: 60.0, hdd_us: 5000.0 };
+
+    /// A problem from proptest values: per VM (home, positive hit gains per unit), each
+    /// made a monotone hit-ratio curve; homes wrap to the nodes there are.
+    pub(crate) fn problem_from_gains(capacity: Vec<u64>, vms: Vec<(u16, Vec<u32>)>) -> Problem {
+        let n = capacity.len() as u16;
+        let vms = vms
+            .into_iter()
+            .map(|(home, gains)| {
+                let total: u32 = gains.iter().sum::<u32>() + 20;
+                let mut hr = vec![0.0];
+                let mut acc = 0;
+                for g in gains {
+                    acc += g;
+                    hr.push(acc as f64 / total as f64);
+                }
+                VmCurve { home: home % n, hit_ratio: hr }
+            })
+            .collect();
+        Problem { lat: LAT, capacity, vms }
+    }
 
     /// A VM's local units and remote units by lending node.
     type VmOption = (u64, Vec<(NodeId, u64)>);
@@ -331,16 +352,7 @@ mod tests {
             caps in prop::collection::vec(0u64..4, 2..=3),
             vms in prop::collection::vec((0u16..3, prop::collection::vec(1u32..100, 1..=3)), 1..=3),
         ) {
-            let n = caps.len() as u16;
-            let vms: Vec<VmCurve> = vms.into_iter().map(|(home, gains)| {
-                // A monotone hit-ratio curve from positive gains.
-                let total: u32 = gains.iter().sum::<u32>() + 20;
-                let mut hr = vec![0.0];
-                let mut acc = 0;
-                for g in gains { acc += g; hr.push(acc as f64 / total as f64); }
-                VmCurve { home: home % n, hit_ratio: hr }
-            }).collect();
-            let p = Problem { lat: LAT, capacity: caps, vms };
+            let p = problem_from_gains(caps, vms);
             let a = solve_exact(&p);
             let got = p.check(&a);
             prop_assert!(got.is_ok(), "{:?}", got);

@@ -86,11 +86,9 @@ pub fn solve_ilp(p: &Problem) -> Result<Allocation, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::allocation::{solve_exact, VmCurve};
-    use crate::model::Latencies;
+    use crate::allocation::solve_exact;
+    use crate::allocation::tests::problem_from_gains;
     use proptest::prelude::*;
-
-    const LAT: Latencies = Latencies { ssd_local_us: 100.0, ssd_remote_us: 100.0, network_us: 60.0, hdd_us: 5000.0 };
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
@@ -100,15 +98,7 @@ mod tests {
             caps in prop::collection::vec(0u64..5, 2..=3),
             vms in prop::collection::vec((0u16..3, prop::collection::vec(1u32..100, 1..=4)), 1..=4),
         ) {
-            let n = caps.len() as u16;
-            let vms: Vec<VmCurve> = vms.into_iter().map(|(home, gains)| {
-                let total: u32 = gains.iter().sum::<u32>() + 20;
-                let mut hr = vec![0.0];
-                let mut acc = 0;
-                for g in gains { acc += g; hr.push(acc as f64 / total as f64); }
-                VmCurve { home: home % n, hit_ratio: hr }
-            }).collect();
-            let p = Problem { lat: LAT, capacity: caps, vms };
+            let p = problem_from_gains(caps, vms);
             let exact = solve_exact(&p);
             let ilp = solve_ilp(&p).unwrap();
             prop_assert!((ilp.total_avl - exact.total_avl).abs() < 1e-6 * exact.total_avl.max(1.0),

@@ -288,6 +288,14 @@ fn the_api_prewarms_one_vdisk_and_refuses_what_it_cannot() {
     let body = |vdisk: &str| serde_json::json!({ "from": snaps, "vdisk": vdisk });
     // No token: refused.
     assert!(matches!(ureq::post(&url).send_json(body("vm2")).unwrap_err(), ureq::Error::Status(401, _)));
+    // Not JSON, or an unknown field: 400, nothing started.
+    for body in ["{\"from\": ", "{\"from\": \"/x\", \"speed\": 3}"] {
+        match ureq::post(&url).set("Authorization", &auth).set("Content-Type", "application/json").send_string(body) {
+            Err(ureq::Error::Status(400, _)) => {}
+            r => panic!("{body}: {r:?}"),
+        }
+    }
+    assert_eq!(pre.daemon.prewarm_job().progress().from, "");
     // A vDisk not served: 400 naming it.
     match ureq::post(&url).set("Authorization", &auth).send_json(body("nope")).unwrap_err() {
         ureq::Error::Status(400, r) => assert!(r.into_string().unwrap().contains("nope")),

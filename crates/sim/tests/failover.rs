@@ -90,6 +90,9 @@ fn heuristics_and_limits_change_the_set_and_bad_values_are_named() {
     let small = run(&s).failover.unwrap();
     assert_eq!(small.prewarm_set, 16384 * 5 / 100);
     for (key, set, want) in [
+        ("depth", "0", "failover.depth"),
+        ("protect", "soon", "failover.protect"),
+        ("snapshot_max_gap", "0s", "failover.snapshot_max_gap"),
         ("limit", "150%", "failover.limit"),
         ("rate", "fast", "failover.rate"),
         ("snapshot_every", "0req", "failover.snapshot_every"),
@@ -99,6 +102,9 @@ fn heuristics_and_limits_change_the_set_and_bad_values_are_named() {
         let mut bad = scenario(dir.path(), FailoverMode::Prewarm);
         let f = bad.failover.as_mut().unwrap();
         match key {
+            "depth" => f.depth = set.parse().unwrap(),
+            "protect" => f.protect = Some(set.into()),
+            "snapshot_max_gap" => f.snapshot_max_gap = Some(set.into()),
             "limit" => f.limit = set.into(),
             "rate" => f.rate = set.into(),
             "snapshot_every" => f.snapshot_every = set.into(),
@@ -108,6 +114,12 @@ fn heuristics_and_limits_change_the_set_and_bad_values_are_named() {
         let e = simulate(&bad, &mut |_| {}).unwrap_err().to_string();
         assert!(e.contains(want), "{key} = {set}: {e}");
     }
+    // The DSF object model replays open loop only, on 4 KiB objects.
+    let mut closed = scenario(dir.path(), FailoverMode::Cold);
+    closed.cache.objects = cachevisor_sim::scenario::ObjectModel::NutanixDsf;
+    closed.replay.mode = ReplayMode::Closed;
+    let e = simulate(&closed, &mut |_| {}).unwrap_err().to_string();
+    assert!(e.contains("cache.objects") && e.contains("open"), "{e}");
     // An unknown key in the TOML is named.
     let e = toml::from_str::<Scenario>("[failover]\nat = \"60s\"\nspeed = 3\n").unwrap_err().to_string();
     assert!(e.contains("speed"), "{e}");

@@ -3,8 +3,10 @@
 //! miss-ratio curves, percentile sizes and wss80 they give ([`histogram`]), and per-VM
 //! profiling of request streams by kind, including ECI-Cache's URD ([`profile`]), and
 //! S-CAVE's sampled rECS over the engine's reference counters ([`recs`]), and the
-//! read/write kinds of reuse ECI-Cache's write-policy choice reads ([`reuse_mix`]).
+//! read/write kinds of reuse ECI-Cache's write-policy choice reads ([`reuse_mix`]), and
+//! concave hulls of hit curves for the allocators exact on concave ones ([`concave`]).
 
+pub mod concave;
 pub mod histogram;
 pub mod online;
 pub mod profile;

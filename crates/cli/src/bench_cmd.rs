@@ -102,7 +102,7 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 7)]
         reps: usize,
     },
-    /// ELICA's cluster allocation (Eq. 4): exact and ILP solvers, 10 to 500 VMs on 3 to 16 nodes.
+    /// ELICA's cluster allocation (Eq. 4): exact, ILP and fast solvers, 10 to 500 VMs on 3 to 16 nodes.
     Cluster {
         /// Units per VM curve (its ideal size).
         #[arg(long, default_value_t = 8)]
@@ -113,6 +113,9 @@ pub enum BenchCmd {
         /// Run the exact reference solver up to this many VMs (its tables grow fast).
         #[arg(long, default_value_t = 250)]
         exact_vms: usize,
+        /// Run the ILP up to this many VMs.
+        #[arg(long, default_value_t = 500)]
+        ilp_vms: usize,
     },
     /// The daemon's hit path vs nbdkit's file plugin under fio (needs fio and nbdkit).
     Serve {
@@ -275,7 +278,9 @@ pub fn run(c: BenchCmd) -> anyhow::Result<()> {
             &dir,
         ),
         BenchCmd::Policy { vms, units, reps } => bench_policy(vms, units, reps),
-        BenchCmd::Cluster { levels, reps, exact_vms } => crate::bench_cluster::run(levels, reps, exact_vms),
+        BenchCmd::Cluster { levels, reps, exact_vms, ilp_vms } => {
+            crate::bench_cluster::run(levels, reps, exact_vms, ilp_vms)
+        }
         BenchCmd::Serve { disk_size, rounds, secs, rw, bs, iodepth, write_policy, fsync, against, dir } => {
             let job = crate::bench_serve::Job { rw, bs, iodepth, write_policy, fsync, against };
             crate::bench_serve::run(disk_size, rounds, secs, &job, &dir)

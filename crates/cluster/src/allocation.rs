@@ -89,6 +89,29 @@ impl Problem {
     }
 }
 
+/// The solvers of Eq. 4, behind one interface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Solver {
+    /// The exact reference: per-node and pool tables ([`solve_exact`]); small clusters.
+    Exact,
+    /// The ILP as written, through `good_lp` / `microlp` ([`crate::ilp::solve_ilp`]).
+    Ilp,
+    /// The Lagrangian price with exact per-node DPs ([`crate::fast::solve_fast`]).
+    Fast,
+}
+
+impl Solver {
+    /// Solves `p`; `Err` only if the ILP library fails.
+    pub fn solve(self, p: &Problem) -> Result<Allocation, String> {
+        match self {
+            Solver::Exact => Ok(solve_exact(p)),
+            Solver::Ilp => crate::ilp::solve_ilp(p),
+            Solver::Fast => Ok(crate::fast::solve_fast(p)),
+        }
+    }
+}
+
 /// The least-cost allocation (exact on the units).
 pub fn solve_exact(p: &Problem) -> Allocation {
     let n = p.capacity.len();
@@ -202,7 +225,16 @@ pub fn solve_exact(p: &Problem) -> Allocation {
             r -= rv as usize;
         }
     }
-    // Lending: each borrower's units from the other nodes' spare, largest spare first.
+    let mut a = lend(p, local, &borrowed);
+    a.total_avl = p.check(&a).expect("the solver's allocation meets the constraints");
+    a
+}
+
+/// An allocation from each VM's local units and remote units to borrow: each borrower's
+/// units from the other nodes' spare, largest spare first (which node lends does not
+/// change Eq. 3: one remote latency). `total_avl` is left 0 for the caller's check.
+pub(crate) fn lend(p: &Problem, mut local: Vec<u64>, borrowed: &[u64]) -> Allocation {
+    let n = p.capacity.len();
     let mut spare: Vec<u64> = p.capacity.clone();
     for (v, vm) in p.vms.iter().enumerate() {
         spare[vm.home as usize] -= local[v];
@@ -229,9 +261,7 @@ pub fn solve_exact(p: &Problem) -> Allocation {
             local[v] += take;
         }
     }
-    let mut a = Allocation { local, remote, total_avl: 0.0 };
-    a.total_avl = p.check(&a).expect("the solver's allocation meets the constraints");
-    a
+    Allocation { local, remote, total_avl: 0.0 }
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 //!   (Eq. 2), a VM's average latency with local and remote cache (Eq. 3);
 //! - [`allocation`]: Eq. 4 — sizes and local/remote parts minimizing the summed average
 //!   latency; the exact reference solver;
+//! - [`fast`]: Eq. 4 fast — a price on the cluster's capacity, an exact DP per node;
 //! - [`ilp`]: Eq. 4 as written, an ILP on size levels through `good_lp` / `microlp`;
 //! - [`traffic`]: ELICA-Traffic's sequential-run detector (§3.4);
 //! - [`load`]: ELICA-Load's chunk exchange between the busiest and the idlest node (§3.5);
@@ -16,6 +17,7 @@
 //!   §3.7's coherency and update-safety rules.
 
 pub mod allocation;
+pub mod fast;
 pub mod ilp;
 pub mod load;
 pub mod migration;

@@ -14,13 +14,16 @@
 //! - [`traffic`]: ELICA-Traffic's sequential-run detector (§3.4);
 //! - [`load`]: ELICA-Load's chunk exchange between the busiest and the idlest node (§3.5);
 //! - [`migration`]: Gradual and Instant Migration of a chunk as per-block states, with
-//!   §3.7's coherency and update-safety rules.
+//!   §3.7's coherency and update-safety rules;
+//! - [`migration_plan`]: when migrations start (rate limit) and how (GM when the network
+//!   is congested, IM otherwise; §3.6.3), and their cost (time, reserved capacity, bytes).
 
 pub mod allocation;
 pub mod fast;
 pub mod ilp;
 pub mod load;
 pub mod migration;
+pub mod migration_plan;
 pub mod model;
 pub mod ownership;
 pub mod traffic;

@@ -115,14 +115,14 @@ impl Engine {
     /// Builds an engine; the error names the setting that is out of bounds.
     pub fn new(cfg: EngineConfig) -> Result<Self, String> {
         cfg.validate()?;
-        let n = cfg.slots as usize;
+        let n = cfg.total_slots() as usize;
         let spb = cfg.sectors_per_block();
         let mut slots = SlotTable::new(n, cfg.track_last_access);
         let mut free = List::default();
         for s in 0..n as u32 {
             free.push_back(&mut slots, s);
         }
-        let shared = (cfg.partition == PartitionMode::Shared).then(|| cfg.replacement.build(cfg.slots));
+        let shared = (cfg.partition == PartitionMode::Shared).then(|| cfg.replacement.build(cfg.total_slots()));
         Ok(Engine {
             spb,
             shift: cfg.block_size.trailing_zeros(),
@@ -355,11 +355,13 @@ impl Engine {
         }
     }
 
-    /// An SSD op on sectors of a slot (the slot's key must already name its block).
+    /// A cache op on sectors of a slot (the slot's key must already name its block), on
+    /// the local store or the lender's its slot is in.
     #[inline]
     pub(crate) fn ssd(&self, kind: OpKind, vm: VmId, slot: u32, r: SectorRange, phase: u16, sync: bool) -> DeviceOp {
         let block = key_block(self.slots.key(slot));
-        self.op(kind, Location::Ssd(0), vm, block, slot, r, phase, sync)
+        let loc = if (slot as u64) < self.cfg.slots { Location::Ssd(0) } else { self.cfg.slot_location(slot).0 };
+        self.op(kind, loc, vm, block, slot, r, phase, sync)
     }
 
     /// A backing op on sectors of a block.

@@ -47,7 +47,7 @@ pub mod slot_table;
 mod timers;
 pub mod write_policy;
 
-pub use config::{EngineConfig, FillMode, PartitionMode};
+pub use config::{EngineConfig, FillMode, PartitionMode, RemoteRegion};
 pub use durability::{durable_reserve, Commit, SlotRecord};
 pub use engine::{Engine, PartitionInfo};
 pub use inflight::{Event, Failure, ReqId};

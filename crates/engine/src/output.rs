@@ -35,7 +35,8 @@ pub enum Location {
     /// The backing store of a vDisk (the op's `vm`).
     Backing(VmId),
     /// The cache store of another node of a cluster (ELICA §3.1's remote cache); SSD ops
-    /// address slots of that node's pool. Not emitted before the cluster work.
+    /// address the region that node lent this engine ([`crate::RemoteRegion`],
+    /// [`DeviceOp::cache_offset`]).
     Remote {
         /// Node id in the cluster.
         node: u16,
@@ -157,12 +158,21 @@ impl DeviceOp {
         self.source.map(|s| s.get())
     }
 
-    /// Cache ops: byte offset in the cache store with blocks of `block_size` bytes (a power
-    /// of two, as every block size is: these are shifts, not divisions).
+    /// Cache ops on an engine with no lent regions: byte offset in the cache store with
+    /// blocks of `block_size` bytes (a power of two, as every block size is: these are
+    /// shifts, not divisions).
     #[inline]
     pub fn ssd_offset(&self, block_size: u64) -> u64 {
         debug_assert!(block_size.is_power_of_two());
         ((self.slot as u64) << block_size.trailing_zeros()) + (self.disk_addr & (block_size - 1))
+    }
+
+    /// Cache ops: byte offset in the store `loc` names — the local cache store, or the
+    /// region a lender gave this engine (`cfg.remote`) — under `cfg`'s slots.
+    #[inline]
+    pub fn cache_offset(&self, cfg: &crate::EngineConfig) -> u64 {
+        let index = if (self.slot as u64) < cfg.slots { self.slot as u64 } else { cfg.slot_location(self.slot).1 };
+        (index << cfg.block_size.trailing_zeros()) + (self.disk_addr & (cfg.block_size - 1))
     }
 
     /// The disk block it touches (ops never cross a block) with `block_size` bytes.

@@ -12,7 +12,6 @@ use cachevisor_trace::{Op, Request};
 use proptest::prelude::*;
 use std::collections::{BTreeSet, HashMap};
 
-const BLOCK: u64 = 4096;
 const SECTORS_PER_DISK: u64 = 64;
 
 #[derive(Debug, Clone)]
@@ -83,9 +82,28 @@ type Tag = (u32, u64, u64);
 /// In an allowed set: any version (the sector was discarded; its contents are undefined).
 const ANY: u64 = u64::MAX;
 
+/// The engine's config, with a default for `World`'s.
+struct Cfg(EngineConfig);
+
+impl Default for Cfg {
+    fn default() -> Self {
+        Cfg(EngineConfig::with_slots(1))
+    }
+}
+
+impl std::ops::Deref for Cfg {
+    type Target = EngineConfig;
+    fn deref(&self) -> &EngineConfig {
+        &self.0
+    }
+}
+
 #[derive(Default)]
 struct World {
-    ssd: HashMap<u64, Tag>,
+    /// The engine's config (where its slots live).
+    cfg: Cfg,
+    /// Cache sectors by store (local, or a lender's region) and sector there.
+    ssd: HashMap<(Location, u64), Tag>,
     backing: HashMap<(u32, u64), u64>,
     /// Per disk sector: the versions a read may return (the last acknowledged write's,
     /// and those of failed writes after it).
@@ -108,7 +126,10 @@ impl World {
     fn execute(&mut self, op: &DeviceOp, fail: bool, torn: u64) -> Result<(), String> {
         let n = op.len.div_ceil(512) as u64;
         let d0 = op.disk_addr / 512;
-        let s0 = op.ssd_offset(BLOCK) / 512;
+        let s0 = if op.kind.is_ssd() { op.cache_offset(&self.cfg) / 512 } else { 0 };
+        if op.kind.is_ssd() && op.loc != self.cfg.slot_location(op.slot).0 {
+            return Err(format!("{op:?}: slot {} is at {:?}", op.slot, self.cfg.slot_location(op.slot).0));
+        }
         let req = op.req;
         if !op.kind.is_write() {
             if fail {
@@ -118,7 +139,8 @@ impl World {
             for i in 0..n {
                 let key = (op.vm, d0 + i);
                 let tag = if op.kind.is_ssd() {
-                    let t = *self.ssd.get(&(s0 + i)).ok_or(format!("{op:?} reads a never-written cache sector"))?;
+                    let t =
+                        *self.ssd.get(&(op.loc, s0 + i)).ok_or(format!("{op:?} reads a never-written cache sector"))?;
                     if (t.0, t.1) != key {
                         return Err(format!("{op:?}: cache sector holds vm {} sector {}, not {key:?}", t.0, t.1));
                     }
@@ -155,7 +177,7 @@ impl World {
                 *v
             };
             if op.kind.is_ssd() {
-                self.ssd.insert(s0 + i, (op.vm, key.1, v));
+                self.ssd.insert((op.loc, s0 + i), (op.vm, key.1, v));
             } else {
                 self.backing.insert(key, v);
             }
@@ -263,9 +285,17 @@ fn run(
     kind: ReplacementKind,
     timers: bool,
     protect: bool,
+    remote: bool,
 ) -> Result<(), String> {
-    let cfg = EngineConfig { partition, fill, replacement: kind, ..EngineConfig::with_slots(8) };
-    let mut d = Driver { e: Engine::new(cfg).unwrap(), w: World::default(), flying: Vec::new(), version: 0 };
+    // With `remote`, half the 8 slots are lent by two other nodes of a cluster (ELICA).
+    let (slots, lent) = if remote {
+        (4, vec![RemoteRegion { node: 1, slots: 2 }, RemoteRegion { node: 3, slots: 2 }])
+    } else {
+        (8, Vec::new())
+    };
+    let cfg = EngineConfig { partition, fill, replacement: kind, remote: lent, ..EngineConfig::with_slots(slots) };
+    let w = World { cfg: Cfg(cfg.clone()), ..World::default() };
+    let mut d = Driver { e: Engine::new(cfg).unwrap(), w, flying: Vec::new(), version: 0 };
     // Prewarmed blocks protected from eviction for 50 steps (or until touched).
     d.e.set_prewarm_protection(protect.then_some(50));
     let mut out = Output::default();
@@ -363,10 +393,11 @@ proptest! {
         kind in prop::sample::select(ReplacementKind::ALL.to_vec()),
         timers in any::<bool>(),
         protect in any::<bool>(),
+        remote in any::<bool>(),
     ) {
         let partition = if shared { PartitionMode::Shared } else { PartitionMode::Static };
         let fill = if fill_block { FillMode::Block } else { FillMode::Request };
-        run(&steps, partition, fill, kind, timers, protect).map_err(TestCaseError::fail)?;
+        run(&steps, partition, fill, kind, timers, protect, remote).map_err(TestCaseError::fail)?;
     }
 }
 

@@ -89,8 +89,21 @@ pub fn line_chart_svg(
     chart_svg(title, x_label, y_label, series, &ChartOptions { y_range, ..ChartOptions::default() })
 }
 
+/// Plot area of a chart (900 × 560 less margins, axis label areas and caption), pixels.
+const PLOT_PX: (f64, f64) = (800.0, 455.0);
+
+/// The share of the plot area's width and height the legend box takes: a row of ~20 px
+/// per series, ~8 px per character of the longest label plus the sample line.
+fn legend_box(series: &[Series]) -> (f64, f64) {
+    let chars = series.iter().map(|s| s.name.chars().count()).max().unwrap_or(0) as f64;
+    let w = (40.0 + 8.0 * chars) / PLOT_PX.0;
+    let h = (10.0 + 20.0 * series.len() as f64) / PLOT_PX.1;
+    (w.clamp(0.1, 1.0), h.clamp(0.1, 1.0))
+}
+
 /// The corner of the plot with the fewest data points under where the legend would sit
-/// (the right or left 40% of the x range, the top or bottom 45% of the y range).
+/// (a box as large as the legend itself, [`legend_box`]: a 13-series legend covers over
+/// half the plot's height, so a fixed quadrant would miss points it hides).
 fn legend_corner(series: &[Series], x_max: f64, log_x: bool, (y_lo, y_hi): (f64, f64)) -> SeriesLabelPosition {
     let x_min = series
         .iter()
@@ -111,13 +124,14 @@ fn legend_corner(series: &[Series], x_max: f64, log_x: bool, (y_lo, y_hi): (f64,
         (SeriesLabelPosition::LowerRight, true, false),
         (SeriesLabelPosition::LowerLeft, false, false),
     ];
+    let (w, h) = legend_box(series);
     let count = |right: bool, top: bool| {
         series
             .iter()
             .flat_map(|s| s.points.iter())
             .filter(|p| {
                 let (x, y) = (fx(p.0), fy(p.1));
-                (if right { x >= 0.6 } else { x <= 0.4 }) && (if top { y >= 0.55 } else { y <= 0.45 })
+                (if right { x >= 1.0 - w } else { x <= w }) && (if top { y >= 1.0 - h } else { y <= h })
             })
             .count()
     };
@@ -311,6 +325,19 @@ mod tests {
         assert!(log.contains("phase 2"));
         let bars = bar_chart_svg("SSD writes", "GiB", &[("eci".into(), 3.8), ("centaur".into(), 4.4)]).unwrap();
         assert!(bars.contains("eci") && bars.contains("4.4"));
+    }
+
+    #[test]
+    fn a_tall_legend_avoids_points_a_quadrant_would_miss() {
+        // 13 series: the legend is over half the plot tall. Three points at mid-height on
+        // the right (under a right-hand legend, top or bottom), one near the top left.
+        let mut series: Vec<Series> = (0..12).map(|i| Series::new(format!("policy-{i}"), Vec::new())).collect();
+        series.push(Series::new("points", vec![(0.05, 0.95), (0.95, 0.5), (0.96, 0.5), (0.97, 0.5)]));
+        let at = legend_corner(&series, 1.0, false, (0.0, 1.0));
+        assert!(matches!(at, SeriesLabelPosition::LowerLeft), "{at:?}");
+        // One series: a small box in the empty upper right.
+        let one = [Series::new("a", vec![(0.05, 0.95), (0.95, 0.5)])];
+        assert!(matches!(legend_corner(&one, 1.0, false, (0.0, 1.0)), SeriesLabelPosition::UpperRight));
     }
 
     #[test]

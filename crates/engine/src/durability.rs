@@ -160,6 +160,9 @@ impl Engine {
     /// `reserve` free slots durable ahead of need. Only the asynchronous face is
     /// crash-consistent; the engine's slots that are free now are free in the journal.
     pub fn set_persistent(&mut self, reserve: u64) {
+        // Recovery knows the local cache store only: lent regions are the driver's to
+        // refuse with it (the cluster simulator does).
+        assert!(self.cfg.remote.is_empty(), "persistent mode with regions lent by other nodes");
         self.dur.on = true;
         self.dur.reserve = reserve.max(1);
         self.dur.next_epoch = self.dur.next_epoch.max(1);
@@ -267,7 +270,7 @@ impl Engine {
                     let none = vec![0; self.dur.words.max(1)];
                     self.dur.vouch(s, &none, false);
                     self.dur.vouched_elsewhere.retain(|_, &mut v| v != s);
-                    self.free.push_back(&mut self.slots, s);
+                    self.free_push_back(s);
                 }
                 let (done, rest): (Vec<_>, Vec<_>) =
                     std::mem::take(&mut self.dur.flushes).into_iter().partition(|f| f.1.is_some_and(|e| e <= epoch));
@@ -387,10 +390,10 @@ impl Engine {
             }
         }
         for s in std::mem::take(&mut self.dur.limbo_new) {
-            self.free.push_back(&mut self.slots, s);
+            self.free_push_back(s);
         }
         while let Some((_, s)) = self.dur.limbo.pop_front() {
-            self.free.push_back(&mut self.slots, s);
+            self.free_push_back(s);
         }
         self.dur.vouched_elsewhere.clear();
     }
@@ -414,7 +417,7 @@ impl Engine {
         if self.dur.on {
             self.dur.limbo_new.push(s);
         } else {
-            self.free.push_front(&mut self.slots, s);
+            self.free_push_front(s);
         }
     }
 

@@ -24,7 +24,18 @@ pub(crate) struct Partition {
     /// Its last shrink is paced ([`Engine::set_target_paced`]): above its target, it gives
     /// a block up each time a VM below its own target misses with no free slot.
     pub(crate) paced: bool,
+    /// Of its target, slots in regions other nodes lent ([`Engine::set_remote_target`]).
+    pub(crate) remote_target: u64,
+    /// Of its used slots, those in lent regions.
+    pub(crate) remote_used: u64,
+    /// ELICA-Traffic's run detector (§3.4): a request continuing a run of at least
+    /// [`TRAFFIC_RUN`] bytes is sequential.
+    pub(crate) traffic: crate::sequential_cutoff::SequentialCutoff,
 }
+
+/// ELICA-Traffic's threshold (§3.4): a contiguous run of this many bytes is sequential
+/// and takes local cache; shorter or scattered requests take lent cache first.
+pub const TRAFFIC_RUN: u64 = 64 << 10;
 
 /// A VM's partition as seen from outside.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -37,6 +48,10 @@ pub struct PartitionInfo {
     pub dirty_blocks: u64,
     /// Its write policy.
     pub write_policy: WritePolicy,
+    /// Of its target, slots in regions other nodes lent ([`Engine::set_remote_target`]).
+    pub remote_target: u64,
+    /// Of the slots it holds, those in lent regions.
+    pub remote_used: u64,
 }
 
 /// The engine.
@@ -50,6 +65,11 @@ pub struct Engine {
     pub(crate) dirty: SectorBits,
     pub(crate) index: BlockIndex,
     pub(crate) free: List,
+    /// Free slots of the regions other nodes lent (`EngineConfig::remote`).
+    pub(crate) free_remote: List,
+    /// The request being served continues a sequential run (ELICA-Traffic): its new
+    /// blocks take local slots first.
+    pub(crate) req_sequential: bool,
     /// Free slots taken off the free list because ops were still in flight on them (a
     /// victim's write-back reading it): they return when the ops' job retires, so taking
     /// a free slot never scans past them.
@@ -119,8 +139,13 @@ impl Engine {
         let spb = cfg.sectors_per_block();
         let mut slots = SlotTable::new(n, cfg.track_last_access);
         let mut free = List::default();
+        let mut free_remote = List::default();
         for s in 0..n as u32 {
-            free.push_back(&mut slots, s);
+            if (s as u64) < cfg.slots {
+                free.push_back(&mut slots, s);
+            } else {
+                free_remote.push_back(&mut slots, s);
+            }
         }
         let shared = (cfg.partition == PartitionMode::Shared).then(|| cfg.replacement.build(cfg.total_slots()));
         Ok(Engine {
@@ -131,6 +156,8 @@ impl Engine {
             index: BlockIndex::new(n),
             slots,
             free,
+            free_remote,
+            req_sequential: false,
             parked: Default::default(),
             left_dirty: Vec::new(),
             shrink_due: true,
@@ -178,14 +205,23 @@ impl Engine {
                 used: p.used,
                 dirty_blocks: p.dirty_blocks,
                 write_policy: p.write_policy,
+                remote_target: p.remote_target,
+                remote_used: p.remote_used,
             },
-            None => PartitionInfo { target: 0, used: 0, dirty_blocks: 0, write_policy: self.cfg.write_policy },
+            None => PartitionInfo {
+                target: 0,
+                used: 0,
+                dirty_blocks: 0,
+                write_policy: self.cfg.write_policy,
+                remote_target: 0,
+                remote_used: 0,
+            },
         }
     }
 
     /// Free slots.
     pub fn free_slots(&self) -> u64 {
-        self.free.len() as u64 + self.parked.len() as u64
+        self.free.len() as u64 + self.free_remote.len() as u64 + self.parked.len() as u64
     }
 
     /// The slot holding (vm, block), if cached.
@@ -270,6 +306,10 @@ impl Engine {
                 repl,
                 bypass: false,
                 paced: false,
+                remote_target: 0,
+                remote_used: 0,
+                // `bypass` is "run above the cutoff": sequential from TRAFFIC_RUN bytes on.
+                traffic: crate::sequential_cutoff::SequentialCutoff::new(TRAFFIC_RUN - 1),
             });
         }
     }
@@ -294,6 +334,7 @@ impl Engine {
         }
         let p = &mut self.vms[req.vm as usize];
         self.no_insert = p.seq.bypass(req.offset, req.len as u64) || p.bypass || self.force_no_insert;
+        self.req_sequential = p.traffic.bypass(req.offset, req.len as u64);
         let bs = self.cfg.block_size;
         let (first, last) = (req.offset >> self.shift, (req.end() - 1) >> self.shift);
         self.req_blocks = Some((req.vm, first, last, first));

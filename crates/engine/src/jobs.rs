@@ -185,7 +185,7 @@ impl Engine {
         if *n == 0 {
             self.flight.pins.remove(&s);
             if !self.parked.is_empty() && self.parked.remove(&s) {
-                self.free.push_back(&mut self.slots, s);
+                self.free_push_back(s);
             }
         }
     }

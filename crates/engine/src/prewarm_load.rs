@@ -61,7 +61,11 @@ impl Engine {
                 continue;
             }
             let p = &self.vms[vm as usize];
-            let room = (self.shared.is_some() || p.used < p.target) && self.free_available();
+            let room = if self.shared.is_some() {
+                self.free_available()
+            } else {
+                p.used < p.target && self.free_kind_for(vm).is_some()
+            };
             if !room {
                 o.no_room = true;
                 break;

@@ -45,7 +45,7 @@ impl Engine {
         if let Some(i) = self.dur.limbo_new.iter().position(|&s| s == slot) {
             self.dur.limbo_new.swap_remove(i);
         } else if !self.dur.take_from_limbo(slot) && !self.parked.remove(&slot) {
-            self.free.unlink(&mut self.slots, slot);
+            self.free_unlink(slot);
         }
         self.slots.set_key(slot, key);
         self.note(slot);
@@ -66,8 +66,12 @@ impl Engine {
             bits[i / 64] |= 1 << (i % 64);
         }
         self.dur.vouch(slot, &bits, true);
+        let remote = self.is_remote(slot);
         let p = &mut self.vms[vm as usize];
         p.used += 1;
+        if remote {
+            p.remote_used += 1;
+        }
         if dirty.iter().any(|&d| d) {
             p.dirty_blocks += 1;
         }

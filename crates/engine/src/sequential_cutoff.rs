@@ -14,6 +14,11 @@ pub struct SequentialCutoff {
 }
 
 impl SequentialCutoff {
+    /// A detector whose runs count as long once above `cutoff` bytes.
+    pub fn new(cutoff: u64) -> Self {
+        SequentialCutoff { cutoff, ..Default::default() }
+    }
+
     /// Accounts a request of `len` bytes at `offset`; returns whether it bypasses the cache
     /// for new blocks.
     #[inline]

@@ -301,6 +301,10 @@ fn run(
     let mut out = Output::default();
     for vm in 0..3 {
         d.e.set_target(vm, 3, &mut out);
+        if remote {
+            // VM v has v of its 3 slots lent (ELICA's remote share).
+            d.e.set_remote_target(vm, vm as u64);
+        }
     }
     if timers {
         // The flusher and the cleaner run as background jobs among the requests.

@@ -1,0 +1,86 @@
+//! Cache other nodes lend (ELICA's remote cache): a VM's remote share, ELICA-Traffic's
+//! choice of local or lent slots, and VMs with no share kept off lent slots.
+
+use cachevisor_engine::*;
+use cachevisor_trace::{Op, Request};
+
+const BS: u64 = 4096;
+
+/// 4 local slots and 4 lent by node 1.
+fn engine() -> Engine {
+    let remote = vec![RemoteRegion { node: 1, slots: 4 }];
+    Engine::new(EngineConfig { remote, ..EngineConfig::with_slots(4) }).unwrap()
+}
+
+fn write(e: &mut Engine, vm: u32, block: u64, len: u64) -> Vec<DeviceOp> {
+    let mut out = Output::default();
+    let req = Request { time_ns: 0, vm, op: Op::Write, offset: block * BS, len: len as u32 };
+    e.access(0, &req, &mut out);
+    out.ops.clone()
+}
+
+fn remote_slots(ops: &[DeviceOp]) -> usize {
+    ops.iter().filter(|o| o.kind.is_ssd() && matches!(o.loc, Location::Remote { node: 1 })).count()
+}
+
+#[test]
+fn random_blocks_take_the_remote_share_first_then_local() {
+    let mut e = engine();
+    let mut out = Output::default();
+    e.set_target(0, 6, &mut out);
+    e.set_remote_target(0, 3);
+    // Scattered single-block writes: the remote share first (ELICA-Traffic: random → lent).
+    let lent: Vec<usize> = [0u64, 10, 20, 30, 40, 50].iter().map(|&b| remote_slots(&write(&mut e, 0, b, BS))).collect();
+    assert_eq!(lent, [1, 1, 1, 0, 0, 0], "three lent, then local once the share is used");
+    let p = e.partition(0);
+    assert_eq!((p.used, p.remote_used, p.remote_target), (6, 3, 3));
+    e.check_invariants().unwrap();
+}
+
+#[test]
+fn a_sequential_run_takes_local_slots() {
+    let mut e = engine();
+    let mut out = Output::default();
+    e.set_target(0, 8, &mut out);
+    e.set_remote_target(0, 4);
+    // 64 KiB as 16 contiguous 4 KiB writes: below the threshold a run is not recognized
+    // (lent slots), from 64 KiB on it is sequential (local) — at most the 4 local slots.
+    let ops: Vec<Vec<DeviceOp>> = (0..16).map(|b| write(&mut e, 0, 100 + b, BS)).collect();
+    let lent: Vec<usize> = ops.iter().map(|o| remote_slots(o)).collect();
+    assert_eq!(&lent[..4], [1, 1, 1, 1], "the run's first blocks are random");
+    let p = e.partition(0);
+    assert_eq!((p.used, p.remote_used), (8, 4));
+    // One 64 KiB write is sequential at once: a fresh engine puts its blocks local first.
+    let mut e = engine();
+    e.set_target(0, 8, &mut out);
+    e.set_remote_target(0, 4);
+    let ops = write(&mut e, 0, 0, 64 << 10);
+    let local = ops.iter().filter(|o| o.kind.is_ssd() && o.loc == Location::Ssd(0)).count();
+    assert_eq!(local, 4, "the 4 local slots first, the rest lent");
+    assert_eq!(remote_slots(&ops), 4);
+    e.check_invariants().unwrap();
+}
+
+#[test]
+fn a_vm_with_no_remote_share_never_takes_lent_slots() {
+    let mut e = engine();
+    let mut out = Output::default();
+    e.set_target(0, 4, &mut out);
+    e.set_target(1, 4, &mut out);
+    e.set_remote_target(0, 4);
+    for b in 0..3 {
+        write(&mut e, 1, b * 10, BS); // VM 1: three local slots
+    }
+    for b in 0..4 {
+        write(&mut e, 0, b * 10, BS); // VM 0: its four lent slots
+    }
+    // VM 1's fourth block: one local slot left, then its own blocks are replaced — the
+    // free lent slots stay free.
+    for b in 3..8 {
+        assert_eq!(remote_slots(&write(&mut e, 1, b * 10, BS)), 0);
+    }
+    let p1 = e.partition(1);
+    assert_eq!((p1.used, p1.remote_used), (4, 0));
+    assert_eq!(e.partition(0).remote_used, 4);
+    e.check_invariants().unwrap();
+}

@@ -189,6 +189,23 @@ pub fn run_all(runs: &[(String, Scenario)], out: &Path) -> anyhow::Result<Vec<(S
     Ok(results)
 }
 
+/// A cluster scenario (`[[node]]`, ELICA): one run, its tables, `cluster.json` in `out`.
+fn run_cluster(sc: &Scenario, a: &SimulateArgs) -> anyhow::Result<()> {
+    let mut p = Progress::new("simulating the cluster");
+    let r = cachevisor_sim::cluster_sim::simulate_cluster(sc, &mut |n| p.update(n, None))?;
+    p.finish();
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let json = serde_json::to_string_pretty(&r)?;
+    let path = a.out.join("cluster.json");
+    std::fs::write(&path, &json).with_context(|| format!("writing {}", path.display()))?;
+    if a.json {
+        println!("{json}");
+    } else {
+        println!("{}", r.table());
+    }
+    Ok(())
+}
+
 /// One row per run: total and per-VM hit ratios, latency, SSD writes.
 pub fn comparison_table(results: &[(String, SimResult)]) -> String {
     let mut s = String::new();
@@ -248,6 +265,9 @@ pub fn write_comparison(results: &[(String, SimResult)], out: &Path) -> anyhow::
 /// `cachevisor simulate`.
 pub fn run(a: SimulateArgs) -> anyhow::Result<()> {
     let sc = base_scenario(&a)?;
+    if !sc.node.is_empty() {
+        return run_cluster(&sc, &a);
+    }
     sc.resolve().map_err(|e| anyhow::anyhow!("{e}"))?;
     let runs = expand(&sc, &a);
     let results = run_all(&runs, &a.out)?;

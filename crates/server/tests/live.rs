@@ -101,6 +101,7 @@ fn a_recorded_trace_replays_to_the_same_hit_ratio_in_the_simulator() {
             min: None,
             sequential_cutoff: None,
             write_policy: Some(p),
+            node: None,
         })
         .collect();
     sc.replay.mode = cachevisor_sim::scenario::ReplayMode::Open;

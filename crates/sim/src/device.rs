@@ -130,6 +130,10 @@ impl DeviceSpec {
     }
 }
 
+/// A device several drivers queue on (a cluster node's SSD, which its borrowers reach
+/// too); the simulator is single-threaded.
+pub type SharedDevice = std::rc::Rc<std::cell::RefCell<Device>>;
+
 /// A device in a simulation: spec plus queue state.
 #[derive(Debug, Clone)]
 pub struct Device {
@@ -139,6 +143,9 @@ pub struct Device {
     busy_ns: u64,
     /// Longest time an op waited in the queue before its service began.
     max_wait_ns: u64,
+    /// Bytes written and read through it (an SSD's wear; a link's traffic).
+    written: u64,
+    read: u64,
 }
 
 fn transfer_ns(bytes: u32, mbps: f64) -> u64 {
@@ -152,7 +159,7 @@ impl Device {
             DeviceSpec::Ssd { channels, .. } | DeviceSpec::Link { channels, .. } => *channels as usize,
             DeviceSpec::Hdd { .. } => 1,
         };
-        Device { spec, free_at: vec![0; servers], head: u64::MAX, busy_ns: 0, max_wait_ns: 0 }
+        Device { spec, free_at: vec![0; servers], head: u64::MAX, busy_ns: 0, max_wait_ns: 0, written: 0, read: 0 }
     }
 
     /// Time to serve one op, excluding queueing.
@@ -195,8 +202,27 @@ impl Device {
         self.max_wait_ns = self.max_wait_ns.max(start - at);
         let service = self.service_ns(write, addr, len);
         self.busy_ns += service;
+        *(if write { &mut self.written } else { &mut self.read }) += len as u64;
         self.free_at[i] = start + service;
         start + service
+    }
+
+    /// Bytes written through it so far.
+    pub fn bytes_written(&self) -> u64 {
+        self.written
+    }
+
+    /// Bytes read through it so far.
+    pub fn bytes_read(&self) -> u64 {
+        self.read
+    }
+
+    /// The time one op of `len` bytes takes on an idle device, on average over random
+    /// addresses (Eq. 3's latencies for ELICA's allocation).
+    pub fn nominal_ns(spec: &DeviceSpec, write: bool, len: u32) -> u64 {
+        let mut d = Device::new(spec.clone());
+        d.head = u64::MAX; // an HDD's first op: a seek of average distance
+        d.service_ns(write, 0, len)
     }
 
     /// The longest an op waited in the queue so far.

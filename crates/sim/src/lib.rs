@@ -6,6 +6,7 @@
 //!
 //! Entry point: [`simulate`] with a [`Scenario`] (TOML, see [`scenario`]).
 
+pub mod cluster_sim;
 pub mod device;
 pub mod dsf_objects;
 pub mod experiments;

@@ -1,6 +1,6 @@
 //! Counters and latency histograms per VM, and the per-window time series.
 
-use cachevisor_engine::{BlockOutcome, DeviceOp, OpKind, WritePolicy};
+use cachevisor_engine::{BlockOutcome, DeviceOp, Location, OpKind, WritePolicy};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
@@ -36,6 +36,15 @@ pub struct VmStats {
     pub ssd_read_bytes: u64,
     /// See `ssd_read_bytes`.
     pub ssd_write_bytes: u64,
+    /// Of the SSD bytes, those read from / written to caches other nodes lent (ELICA).
+    pub remote_read_bytes: u64,
+    /// See `remote_read_bytes`.
+    pub remote_write_bytes: u64,
+    /// Cache ops moving the client's own data (hits served, writes taken), and of those
+    /// the ones on lent caches: the share of cache accesses served remotely.
+    pub cache_client_ops: u64,
+    /// See `cache_client_ops`.
+    pub cache_client_ops_remote: u64,
     /// Bytes read from / written to this VM's backing store.
     pub backing_read_bytes: u64,
     /// See `backing_read_bytes`.
@@ -63,6 +72,10 @@ impl Default for VmStats {
             writebacks: 0,
             ssd_read_bytes: 0,
             ssd_write_bytes: 0,
+            remote_read_bytes: 0,
+            remote_write_bytes: 0,
+            cache_client_ops: 0,
+            cache_client_ops_remote: 0,
             backing_read_bytes: 0,
             backing_write_bytes: 0,
             lat: histogram(),
@@ -87,6 +100,10 @@ impl VmStats {
         self.writebacks += o.writebacks;
         self.ssd_read_bytes += o.ssd_read_bytes;
         self.ssd_write_bytes += o.ssd_write_bytes;
+        self.remote_read_bytes += o.remote_read_bytes;
+        self.remote_write_bytes += o.remote_write_bytes;
+        self.cache_client_ops += o.cache_client_ops;
+        self.cache_client_ops_remote += o.cache_client_ops_remote;
         self.backing_read_bytes += o.backing_read_bytes;
         self.backing_write_bytes += o.backing_write_bytes;
         self.lat.add(&o.lat).expect("same bounds");
@@ -189,6 +206,16 @@ impl Metrics {
     pub fn op(&mut self, op: &DeviceOp) {
         let s = self.vm(op.vm);
         let bytes = op.len as u64;
+        let remote = matches!(op.loc, Location::Remote { .. });
+        if op.kind.is_ssd() {
+            if remote {
+                *(if op.kind.is_write() { &mut s.remote_write_bytes } else { &mut s.remote_read_bytes }) += bytes;
+            }
+            if op.client {
+                s.cache_client_ops += 1;
+                s.cache_client_ops_remote += remote as u64;
+            }
+        }
         match op.kind {
             OpKind::SsdRead => s.ssd_read_bytes += bytes,
             OpKind::SsdWrite => s.ssd_write_bytes += bytes,

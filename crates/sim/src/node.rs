@@ -12,12 +12,12 @@
 //! the engine's commits are writes of their records to the cache SSD, so the durable
 //! reserve of free slots, intent commits and slots in limbo shape the run as they do live.
 
-use crate::device::Device;
+use crate::device::{Device, SharedDevice};
 use crate::inputs::SimError;
 use crate::metrics::Metrics;
 use crate::prewarming::Prewarming;
 use crate::scenario::{BackingLayout, DevicesSection};
-use cachevisor_engine::{DeviceOp, Engine, EngineConfig, Event, OpHandle, Output, ReqId};
+use cachevisor_engine::{DeviceOp, Engine, EngineConfig, Event, Location, OpHandle, Output, ReqId};
 use cachevisor_trace::{Request, VmId};
 use rustc_hash::FxHashMap as HashMap;
 use std::cmp::Reverse;
@@ -46,7 +46,12 @@ struct InFlight {
 /// A cache node: engine, devices, metrics, and what is in flight.
 pub(crate) struct Node {
     pub(crate) engine: Engine,
-    pub(crate) ssd: Device,
+    /// Its cache SSD (shared: in a cluster, borrowers' remote ops queue on it too).
+    pub(crate) ssd: SharedDevice,
+    /// In a cluster: the other nodes' SSDs by node id (its lenders), and its network
+    /// link, which every remote op crosses before the lender's SSD serves it.
+    pub(crate) peers: Vec<Option<SharedDevice>>,
+    pub(crate) nic: Option<SharedDevice>,
     /// Backing devices: one per VM, or one shared (`BackingLayout`).
     pub(crate) backing: Vec<Device>,
     pub(crate) metrics: Metrics,
@@ -80,7 +85,11 @@ impl Node {
         }
         Ok(Node {
             engine,
-            ssd: Device::new(devices.ssd.resolve().map_err(SimError::Scenario)?),
+            ssd: std::rc::Rc::new(std::cell::RefCell::new(Device::new(
+                devices.ssd.resolve().map_err(SimError::Scenario)?,
+            ))),
+            peers: Vec::new(),
+            nic: None,
             backing: Vec::new(),
             metrics: Metrics::default(),
             layout: devices.backing_layout,
@@ -216,15 +225,13 @@ impl Node {
             while let Some(op) = self.engine.poll_op() {
                 progressed = true;
                 self.metrics.op(&op);
-                let now = self.now;
-                let (dev, addr) = self.device(&op);
-                let at = dev.submit(now, op.kind.is_write(), addr, op.len);
+                let at = self.run_op(&op);
                 self.pending.push(Reverse((at, Completion::Op(op.handle()))));
             }
             if let Some(c) = self.engine.poll_commit() {
                 progressed = true;
                 let bytes = (c.records.len() as u64 * RECORD_BYTES).max(4096);
-                let at = self.ssd.submit(self.now, true, 0, bytes as u32);
+                let at = self.ssd.borrow_mut().submit(self.now, true, 0, bytes as u32);
                 self.pending.push(Reverse((at, Completion::Commit(c.epoch))));
             }
             while let Some(ev) = self.engine.poll_event() {
@@ -263,14 +270,35 @@ impl Node {
         }
     }
 
-    /// The device an op runs on, and its address there.
-    fn device(&mut self, op: &DeviceOp) -> (&mut Device, u64) {
-        if op.kind.is_ssd() {
-            (&mut self.ssd, op.ssd_offset(self.engine.config().block_size))
-        } else if self.layout == BackingLayout::PerVm {
-            (&mut self.backing[op.vm as usize], op.disk_addr)
-        } else {
-            (&mut self.backing[0], op.disk_addr.wrapping_add((op.vm as u64) << 40))
+    /// Starts `op` on its device now; returns its completion time. A remote op (a region
+    /// another node lent) crosses this node's link, then queues on the lender's SSD.
+    fn run_op(&mut self, op: &DeviceOp) -> u64 {
+        let (now, write) = (self.now, op.kind.is_write());
+        match op.loc {
+            Location::Ssd(_) => {
+                let addr = op.ssd_offset(self.engine.config().block_size);
+                self.ssd.borrow_mut().submit(now, write, addr, op.len)
+            }
+            Location::Remote { node } => {
+                let addr = op.cache_offset(self.engine.config());
+                let nic = self.nic.as_ref().expect("a node with lent regions has a link");
+                let arrived = nic.borrow_mut().submit(now, write, 0, op.len);
+                let lender = self.peers.get(node as usize).and_then(|p| p.as_ref()).expect("the lender's SSD");
+                lender.borrow_mut().submit(arrived, write, addr, op.len)
+            }
+            Location::Backing(_) => {
+                let dev = if self.layout == BackingLayout::PerVm {
+                    &mut self.backing[op.vm as usize]
+                } else {
+                    &mut self.backing[0]
+                };
+                let addr = if self.layout == BackingLayout::PerVm {
+                    op.disk_addr
+                } else {
+                    op.disk_addr.wrapping_add((op.vm as u64) << 40)
+                };
+                dev.submit(now, write, addr, op.len)
+            }
         }
     }
 }

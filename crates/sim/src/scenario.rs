@@ -297,6 +297,9 @@ pub struct VmSection {
     pub sequential_cutoff: Option<String>,
     /// Write policy for this VM.
     pub write_policy: Option<WritePolicy>,
+    /// Cluster mode: the `[[node]]` it runs on (by name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// One VM's settings from a phase on: only the keys given change.
@@ -350,6 +353,12 @@ pub struct Scenario {
     /// A node failure with prewarming on the destination (`failover.rs`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failover: Option<crate::failover::FailoverSection>,
+    /// Cluster mode: the nodes (`cluster_sim.rs`); none = one host.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub node: Vec<crate::cluster_sim::NodeSection>,
+    /// Cluster mode: how cache is shared across the nodes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<crate::cluster_sim::ClusterSection>,
 }
 
 /// Numbers resolved from a scenario's strings.

@@ -382,7 +382,7 @@ impl<'a> Run<'a> {
             self.windows,
             end,
             counts,
-            &node.ssd,
+            &node.ssd.borrow(),
             &node.backing,
         );
         for (v, &(passes, first)) in r.vms.iter_mut().zip(&self.passes) {
@@ -403,6 +403,12 @@ impl<'a> Run<'a> {
 
 /// Runs a scenario; `progress` is called every 65,536 requests.
 pub fn simulate(sc: &Scenario, progress: &mut dyn FnMut(Progress)) -> Result<SimResult, SimError> {
+    if !sc.node.is_empty() || sc.cluster.is_some() {
+        return Err(SimError::Scenario(
+            "node: a cluster scenario ([[node]], [cluster]) runs in cluster mode (`cluster_sim::simulate_cluster`)"
+                .into(),
+        ));
+    }
     let res = sc.resolve().map_err(SimError::Scenario)?;
     let mut run = Run::new(sc, res)?;
     let limit = if sc.replay.max_requests == 0 { u64::MAX } else { sc.replay.max_requests };

@@ -112,6 +112,7 @@ fn phases_change_settings_at_their_time() {
         min: None,
         sequential_cutoff: None,
         write_policy: Some(WritePolicy::Wb),
+        node: None,
     }];
     s.phase = vec![PhaseSection {
         at: "5s".into(),
@@ -194,6 +195,7 @@ fn sequential_cutoff_keeps_long_streams_out_of_the_cache() {
         min: None,
         sequential_cutoff: Some("16KiB".into()),
         write_policy: None,
+        node: None,
     }];
     let cut = simulate(&s, &mut |_| {}).unwrap().total.inserted_blocks;
     assert!(plain > 1000 && cut * 4 < plain, "inserted {cut} with the cutoff, {plain} without");
@@ -213,6 +215,7 @@ fn bad_controller_settings_name_the_key() {
         min: min.map(Into::into),
         sequential_cutoff: cut.map(Into::into),
         write_policy: None,
+        node: None,
     };
     let err = |s: Scenario| simulate(&s, &mut |_| {}).unwrap_err().to_string();
     let mut s = base();

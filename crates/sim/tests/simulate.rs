@@ -82,6 +82,7 @@ fn read_only_vm_writes_less_to_the_ssd() {
         min: None,
         sequential_cutoff: None,
         write_policy: Some(WritePolicy::Ro),
+        node: None,
     });
     let (a, b) = (simulate(&wb, &mut |_| {}).unwrap(), simulate(&ro, &mut |_| {}).unwrap());
     assert!(b.total.ssd_write_bytes < a.total.ssd_write_bytes);

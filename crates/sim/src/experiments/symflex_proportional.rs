@@ -65,6 +65,7 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
             min: None,
             sequential_cutoff: None,
             write_policy: None,
+            node: None,
         })
         .collect();
     for (p, phase_ratios) in ratios.iter().enumerate().take(3).skip(1) {

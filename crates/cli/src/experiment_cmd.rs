@@ -11,7 +11,7 @@ use std::path::PathBuf;
 #[derive(Debug, Args)]
 pub struct ExperimentArgs {
     /// Experiment name, or `all`.
-    #[arg(value_parser = ["all", "scave-corun", "recs-tracking", "eci-endurance", "symflex-proportional", "policy-compare", "prewarm-failover"])]
+    #[arg(value_parser = ["all", "scave-corun", "recs-tracking", "eci-endurance", "symflex-proportional", "policy-compare", "prewarm-failover", "elica"])]
     pub name: String,
     /// Longer runs (more passes, longer phases).
     #[arg(long, conflicts_with = "quick")]

@@ -26,7 +26,7 @@ fn check(name: &str) {
 
 #[test]
 fn every_experiment_is_registered() {
-    assert_eq!(NAMES.len(), 6);
+    assert_eq!(NAMES.len(), 7);
 }
 
 #[test]
@@ -57,4 +57,9 @@ fn policy_compare() {
 #[test]
 fn prewarm_failover() {
     check("prewarm-failover");
+}
+
+#[test]
+fn elica() {
+    check("elica");
 }

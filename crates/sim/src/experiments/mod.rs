@@ -5,6 +5,7 @@
 //! each at the quick size and asserts the claims marked `asserted`.
 
 pub mod eci_endurance;
+pub mod elica;
 pub mod heldout_mixes;
 pub mod policy_compare;
 pub mod prewarm_failover;
@@ -22,8 +23,15 @@ pub use report_html::{Claim, Report, Section, Table};
 use std::path::PathBuf;
 
 /// Every experiment.
-pub const NAMES: [&str; 6] =
-    ["scave-corun", "recs-tracking", "eci-endurance", "symflex-proportional", "policy-compare", "prewarm-failover"];
+pub const NAMES: [&str; 7] = [
+    "scave-corun",
+    "recs-tracking",
+    "eci-endurance",
+    "symflex-proportional",
+    "policy-compare",
+    "prewarm-failover",
+    "elica",
+];
 
 /// How long an experiment runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -77,6 +85,7 @@ pub fn run(name: &str, opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Repo
         "symflex-proportional" => symflex_proportional::run(opts, log)?,
         "policy-compare" => policy_compare::run(opts, log)?,
         "prewarm-failover" => prewarm_failover::run(opts, log)?,
+        "elica" => elica::run(opts, log)?,
         _ => return Err(format!("unknown experiment `{name}` (one of {})", NAMES.join(", "))),
     };
     report.write(&opts.out).map_err(|e| format!("{}: {e}", opts.out.display()))?;

@@ -117,6 +117,28 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 500)]
         ilp_vms: usize,
     },
+    /// ELICA's cluster simulator at scale: VMs on nodes replayed for simulated time, with
+    /// wall time and peak memory (issue 15's scale run: 500 VMs, 16 nodes, one hour).
+    ClusterSim {
+        /// VMs.
+        #[arg(long, default_value_t = 500)]
+        vms: usize,
+        /// Nodes.
+        #[arg(long, default_value_t = 16)]
+        nodes: usize,
+        /// Simulated time, seconds.
+        #[arg(long, default_value_t = 3600)]
+        secs: u64,
+        /// Requests per second per VM.
+        #[arg(long, default_value_t = 10.0)]
+        iops: f64,
+        /// Cache per node.
+        #[arg(long, default_value = "64MiB")]
+        cache: String,
+        /// `elica` or `local`.
+        #[arg(long, default_value = "elica")]
+        mode: String,
+    },
     /// The daemon's hit path vs nbdkit's file plugin under fio (needs fio and nbdkit).
     Serve {
         /// Disk image size.
@@ -280,6 +302,9 @@ pub fn run(c: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Policy { vms, units, reps } => bench_policy(vms, units, reps),
         BenchCmd::Cluster { levels, reps, exact_vms, ilp_vms } => {
             crate::bench_cluster::run(levels, reps, exact_vms, ilp_vms)
+        }
+        BenchCmd::ClusterSim { vms, nodes, secs, iops, cache, mode } => {
+            crate::bench_cluster::run_sim(vms, nodes, secs, iops, &cache, &mode)
         }
         BenchCmd::Serve { disk_size, rounds, secs, rw, bs, iodepth, write_policy, fsync, against, dir } => {
             let job = crate::bench_serve::Job { rw, bs, iodepth, write_policy, fsync, against };

@@ -302,6 +302,21 @@ pub struct VmSection {
     pub node: Option<String>,
 }
 
+impl VmSection {
+    /// A VM's section with every setting at its default.
+    pub fn named(name: &str) -> VmSection {
+        VmSection {
+            name: name.into(),
+            weight: 1.0,
+            ratio: 1.0,
+            min: None,
+            sequential_cutoff: None,
+            write_policy: None,
+            node: None,
+        }
+    }
+}
+
 /// One VM's settings from a phase on: only the keys given change.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

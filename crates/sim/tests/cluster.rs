@@ -22,15 +22,7 @@ fn workload(dir: &Path, name: &str, seed: u64, hot: &str, secs: u64) -> PathBuf 
 }
 
 fn vm(name: &str, node: &str) -> VmSection {
-    VmSection {
-        name: name.into(),
-        weight: 1.0,
-        ratio: 1.0,
-        min: None,
-        sequential_cutoff: None,
-        write_policy: None,
-        node: Some(node.into()),
-    }
+    VmSection { node: Some(node.into()), ..VmSection::named(name) }
 }
 
 /// Node n0 (4 MiB) runs two VMs with ~6 MiB hot sets each; n1 (16 MiB) one VM with ~1 MiB.

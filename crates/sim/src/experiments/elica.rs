@@ -71,15 +71,7 @@ fn scenario(opts: &Options, mode: ClusterMode, scale: f64, secs: u64, cache: &st
             ],
         )?;
         sc.synthetic.push(SyntheticSection { config: path, then: Vec::new() });
-        sc.vm.push(VmSection {
-            name: name.into(),
-            weight: 1.0,
-            ratio: 1.0,
-            min: None,
-            sequential_cutoff: None,
-            write_policy: None,
-            node: Some(format!("N{node}")),
-        });
+        sc.vm.push(VmSection { node: Some(format!("N{node}")), ..VmSection::named(name) });
     }
     sc.node =
         (0..3).map(|i| NodeSection { name: format!("N{i}"), cache: cache.into(), ssd: None, link: None }).collect();

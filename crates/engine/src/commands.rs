@@ -30,17 +30,6 @@ impl Engine {
         }
     }
 
-    /// Sets how many of `vm`'s target slots are in regions other nodes lent (ELICA's
-    /// remote cache, Eq. 4's c_remote; at most its target — the rest are local). A VM
-    /// below its target takes a free slot of the kind still below its share, and of
-    /// ELICA-Traffic's choice when both are (§3.4: a sequential run local, the rest
-    /// lent); at its target its misses replace its own blocks, of either kind. A lower
-    /// share is reached as blocks leave; a region is emptied before it is taken back.
-    pub fn set_remote_target(&mut self, vm: VmId, slots: u64) {
-        self.ensure_vm(vm);
-        self.vms[vm as usize].remote_target = slots;
-    }
-
     /// Sets `vm`'s target in slots with a paced shrink (static mode): no block leaves now;
     /// while the VM holds more than its target, each miss of a VM below its own target
     /// that finds no free slot takes one of this VM's blocks (its policy's victim, written
@@ -146,7 +135,7 @@ impl Engine {
     pub fn check_invariants(&self) -> Result<(), String> {
         let mut used = vec![0u64; self.vms.len()];
         let mut dirty = vec![0u64; self.vms.len()];
-        let mut remote = vec![0u64; self.vms.len()];
+        let mut remote = vec![vec![0u64; self.cfg.remote.len()]; self.vms.len()];
         for s in 0..self.slots.len() as u32 {
             let key = self.slots.key(s);
             if key == FREE_KEY {
@@ -160,8 +149,8 @@ impl Engine {
             }
             let vm = key_vm(key) as usize;
             used[vm] += 1;
-            if self.is_remote(s) {
-                remote[vm] += 1;
+            if let Some(r) = self.region_of(s) {
+                remote[vm][r] += 1;
             }
             if self.dirty.any(s, (0, self.spb)) {
                 dirty[vm] += 1;
@@ -191,8 +180,11 @@ impl Engine {
             if p.used != used[vm] {
                 return Err(format!("vm {vm}: counted {} used slots, holds {}", p.used, used[vm]));
             }
-            if p.remote_used != remote[vm] {
-                return Err(format!("vm {vm}: counted {} lent slots used, holds {}", p.remote_used, remote[vm]));
+            if p.remote_used_by != remote[vm] || p.remote_used != remote[vm].iter().sum::<u64>() {
+                return Err(format!(
+                    "vm {vm}: counted {} lent slots used ({:?} by region), holds {:?}",
+                    p.remote_used, p.remote_used_by, remote[vm]
+                ));
             }
             if p.dirty_blocks != dirty[vm] {
                 return Err(format!("vm {vm}: counted {} dirty blocks, holds {}", p.dirty_blocks, dirty[vm]));

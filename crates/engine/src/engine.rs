@@ -24,10 +24,13 @@ pub(crate) struct Partition {
     /// Its last shrink is paced ([`Engine::set_target_paced`]): above its target, it gives
     /// a block up each time a VM below its own target misses with no free slot.
     pub(crate) paced: bool,
-    /// Of its target, slots in regions other nodes lent ([`Engine::set_remote_target`]).
+    /// Of its target, slots in regions other nodes lent ([`Engine::set_remote_shares`]):
+    /// in all, and per region.
     pub(crate) remote_target: u64,
-    /// Of its used slots, those in lent regions.
+    pub(crate) remote_shares: Vec<u64>,
+    /// Of its used slots, those in lent regions: in all, and per region.
     pub(crate) remote_used: u64,
+    pub(crate) remote_used_by: Vec<u64>,
     /// ELICA-Traffic's run detector (§3.4): a request continuing a run of at least
     /// [`TRAFFIC_RUN`] bytes is sequential.
     pub(crate) traffic: crate::sequential_cutoff::SequentialCutoff,
@@ -65,8 +68,10 @@ pub struct Engine {
     pub(crate) dirty: SectorBits,
     pub(crate) index: BlockIndex,
     pub(crate) free: List,
-    /// Free slots of the regions other nodes lent (`EngineConfig::remote`).
-    pub(crate) free_remote: List,
+    /// Free slots of each region other nodes lent (`EngineConfig::remote`), and each
+    /// region's first slot.
+    pub(crate) free_remote: Vec<List>,
+    pub(crate) region_starts: Vec<u64>,
     /// The request being served continues a sequential run (ELICA-Traffic): its new
     /// blocks take local slots first.
     pub(crate) req_sequential: bool,
@@ -139,13 +144,19 @@ impl Engine {
         let spb = cfg.sectors_per_block();
         let mut slots = SlotTable::new(n, cfg.track_last_access);
         let mut free = List::default();
-        let mut free_remote = List::default();
-        for s in 0..n as u32 {
-            if (s as u64) < cfg.slots {
-                free.push_back(&mut slots, s);
-            } else {
-                free_remote.push_back(&mut slots, s);
+        for s in 0..cfg.slots as u32 {
+            free.push_back(&mut slots, s);
+        }
+        let (mut free_remote, mut region_starts) = (Vec::new(), Vec::new());
+        let mut start = cfg.slots;
+        for r in &cfg.remote {
+            let mut list = List::default();
+            for s in start..start + r.slots {
+                list.push_back(&mut slots, s as u32);
             }
+            free_remote.push(list);
+            region_starts.push(start);
+            start += r.slots;
         }
         let shared = (cfg.partition == PartitionMode::Shared).then(|| cfg.replacement.build(cfg.total_slots()));
         Ok(Engine {
@@ -157,6 +168,7 @@ impl Engine {
             slots,
             free,
             free_remote,
+            region_starts,
             req_sequential: false,
             parked: Default::default(),
             left_dirty: Vec::new(),
@@ -221,7 +233,7 @@ impl Engine {
 
     /// Free slots.
     pub fn free_slots(&self) -> u64 {
-        self.free.len() as u64 + self.free_remote.len() as u64 + self.parked.len() as u64
+        self.free.len() as u64 + self.free_remote.iter().map(|l| l.len() as u64).sum::<u64>() + self.parked.len() as u64
     }
 
     /// The slot holding (vm, block), if cached.
@@ -307,7 +319,9 @@ impl Engine {
                 bypass: false,
                 paced: false,
                 remote_target: 0,
+                remote_shares: vec![0; self.cfg.remote.len()],
                 remote_used: 0,
+                remote_used_by: vec![0; self.cfg.remote.len()],
                 // `bypass` is "run above the cutoff": sequential from TRAFFIC_RUN bytes on.
                 traffic: crate::sequential_cutoff::SequentialCutoff::new(TRAFFIC_RUN - 1),
             });

@@ -37,6 +37,7 @@ mod intents;
 mod jobs;
 pub mod output;
 mod prewarm_load;
+mod remote_regions;
 mod repair;
 pub mod replacement;
 mod restore;

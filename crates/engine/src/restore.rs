@@ -66,12 +66,9 @@ impl Engine {
             bits[i / 64] |= 1 << (i % 64);
         }
         self.dur.vouch(slot, &bits, true);
-        let remote = self.is_remote(slot);
+        self.count_store(vm, slot, 1);
         let p = &mut self.vms[vm as usize];
         p.used += 1;
-        if remote {
-            p.remote_used += 1;
-        }
         if dirty.iter().any(|&d| d) {
             p.dirty_blocks += 1;
         }

@@ -30,9 +30,7 @@ impl Engine {
         self.valid.clear_all(s);
         self.dirty.clear_all(s);
         self.vms[vm as usize].used -= 1;
-        if self.is_remote(s) {
-            self.vms[vm as usize].remote_used -= 1;
-        }
+        self.count_store(vm, s, -1);
         if !self.protected.is_empty() {
             self.protected.remove(&s);
         }
@@ -135,85 +133,6 @@ impl Engine {
         found
     }
 
-    /// Whether slot `s` is in a region another node lent (`EngineConfig::remote`).
-    #[inline]
-    pub(crate) fn is_remote(&self, s: u32) -> bool {
-        s as u64 >= self.cfg.slots
-    }
-
-    /// Puts a free slot at the back of its free list (local or lent).
-    pub(crate) fn free_push_back(&mut self, s: u32) {
-        let list = if self.is_remote(s) { &mut self.free_remote } else { &mut self.free };
-        list.push_back(&mut self.slots, s);
-    }
-
-    /// Puts a free slot at the front of its free list (local or lent).
-    pub(crate) fn free_push_front(&mut self, s: u32) {
-        let list = if self.is_remote(s) { &mut self.free_remote } else { &mut self.free };
-        list.push_front(&mut self.slots, s);
-    }
-
-    /// Takes a slot off its free list.
-    pub(crate) fn free_unlink(&mut self, s: u32) {
-        let list = if self.is_remote(s) { &mut self.free_remote } else { &mut self.free };
-        list.unlink(&mut self.slots, s);
-    }
-
-    /// Takes a free slot with no ops in flight (a slot freed while its write-back runs
-    /// is pinned until it ends): a local one first, else a lent one.
-    #[inline]
-    fn take_free(&mut self) -> Option<u32> {
-        self.take_free_of(false).or_else(|| self.take_free_of(true))
-    }
-
-    /// Takes a free slot of one kind: lent by another node (`remote`) or local.
-    #[inline]
-    fn take_free_of(&mut self, remote: bool) -> Option<u32> {
-        self.park_pinned_free();
-        let list = if remote { &mut self.free_remote } else { &mut self.free };
-        let s = list.front()?;
-        list.unlink(&mut self.slots, s);
-        Some(s)
-    }
-
-    /// Whether a free slot with no ops in flight is left.
-    pub(crate) fn free_available(&mut self) -> bool {
-        self.park_pinned_free();
-        self.free.front().is_some() || self.free_remote.front().is_some()
-    }
-
-    /// Moves pinned slots at the front of the free lists aside ([`Engine::parked`]).
-    fn park_pinned_free(&mut self) {
-        while let Some(s) = self.free.front().filter(|&s| self.flight.pinned(s)) {
-            self.free.unlink(&mut self.slots, s);
-            self.parked.insert(s);
-        }
-        while let Some(s) = self.free_remote.front().filter(|&s| self.flight.pinned(s)) {
-            self.free_remote.unlink(&mut self.slots, s);
-            self.parked.insert(s);
-        }
-    }
-
-    /// Which kind of slot a new block of `vm` should take while the VM is below its
-    /// target: lent (`true`) or local. Without a remote target, local. Otherwise the kind
-    /// still below its share, and when both are, ELICA-Traffic's (§3.4): a sequential
-    /// run local, the rest lent.
-    fn wants_remote(&self, vm: VmId) -> bool {
-        let p = &self.vms[vm as usize];
-        let remote_share = p.remote_target.min(p.target);
-        if remote_share == 0 {
-            return false;
-        }
-        let local_used = p.used - p.remote_used;
-        if local_used >= p.target - remote_share {
-            return true;
-        }
-        if p.remote_used >= remote_share {
-            return false;
-        }
-        !self.req_sequential
-    }
-
     /// Evicts one of `vm`'s blocks (or the shared policy's) for a new block: its slot, or
     /// in persistent mode a durable free one (the victim's goes to limbo); `None` when no
     /// victim can be had, or no durable free slot is left — then nothing is evicted (the
@@ -269,39 +188,6 @@ impl Engine {
         Some((s, Evicted { vm: key_vm(key), block: key_block(key), dirty_sectors: 0 }))
     }
 
-    /// The kind of free slot (lent: `true`) a VM below its target takes now, if one is
-    /// free: of the kind [`Self::wants_remote`] says, else of the other kind if the VM is
-    /// below its share of that one too (a VM with no remote target takes local slots
-    /// only: lent ones are for the VMs they were lent to).
-    pub(crate) fn free_kind_for(&mut self, vm: VmId) -> Option<bool> {
-        self.park_pinned_free();
-        if self.cfg.remote.is_empty() {
-            return self.free.front().map(|_| false);
-        }
-        let has = |e: &Engine, remote: bool| {
-            if remote {
-                e.free_remote.front().is_some()
-            } else {
-                e.free.front().is_some()
-            }
-        };
-        let want = self.wants_remote(vm);
-        if has(self, want) {
-            return Some(want);
-        }
-        let p = &self.vms[vm as usize];
-        let remote_share = p.remote_target.min(p.target);
-        let other_open =
-            if want { p.used - p.remote_used < p.target - remote_share } else { p.remote_used < remote_share };
-        (other_open && has(self, !want)).then_some(!want)
-    }
-
-    /// A free slot for a VM below its target ([`Self::free_kind_for`]).
-    fn take_free_below_target(&mut self, vm: VmId) -> Option<u32> {
-        let kind = self.free_kind_for(vm)?;
-        self.take_free_of(kind)
-    }
-
     /// A VM above its target after a paced shrink, to take a block from
     /// ([`Engine::set_target_paced`]); stale entries are dropped on the way.
     #[inline]
@@ -351,9 +237,7 @@ impl Engine {
             self.slots.last_access_ms[slot as usize] = self.now_ms;
         }
         self.vms[vm as usize].used += 1;
-        if self.is_remote(slot) {
-            self.vms[vm as usize].remote_used += 1;
-        }
+        self.count_store(vm, slot, 1);
         self.with_repl(vm, |r, t| r.insert(t, slot));
         Some(Alloc { slot, evicted, phase })
     }

@@ -302,8 +302,14 @@ fn run(
     for vm in 0..3 {
         d.e.set_target(vm, 3, &mut out);
         if remote {
-            // VM v has v of its 3 slots lent (ELICA's remote share).
-            d.e.set_remote_target(vm, vm as u64);
+            // VM v has v of its 3 slots lent (ELICA's remote share): VM 1 by node 3 only,
+            // VM 2 one slot by each lender.
+            let shares: &[(u16, u64)] = match vm {
+                0 => &[],
+                1 => &[(3, 1)],
+                _ => &[(1, 1), (3, 1)],
+            };
+            d.e.set_remote_shares(vm, shares).unwrap();
         }
     }
     if timers {

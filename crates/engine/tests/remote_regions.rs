@@ -84,3 +84,35 @@ fn a_vm_with_no_remote_share_never_takes_lent_slots() {
     assert_eq!(e.partition(0).remote_used, 4);
     e.check_invariants().unwrap();
 }
+
+#[test]
+fn shares_by_lender_keep_each_vm_in_its_lenders_regions() {
+    // 2 local slots; node 1 lends 3, node 5 lends 3.
+    let remote = vec![RemoteRegion { node: 1, slots: 3 }, RemoteRegion { node: 5, slots: 3 }];
+    let mut e = Engine::new(EngineConfig { remote, ..EngineConfig::with_slots(2) }).unwrap();
+    let mut out = Output::default();
+    e.set_target(0, 4, &mut out);
+    e.set_target(1, 3, &mut out);
+    e.set_remote_shares(0, &[(5, 2)]).unwrap(); // two from node 5, two local
+    e.set_remote_shares(1, &[(1, 2), (5, 1)]).unwrap(); // all three lent
+    let lender =
+        |ops: &[DeviceOp]| -> Vec<Location> { ops.iter().filter(|o| o.kind.is_ssd()).map(|o| o.loc).collect() };
+    let mut seen0 = Vec::new();
+    for b in 0..4 {
+        seen0.extend(lender(&write(&mut e, 0, b * 10, BS)));
+    }
+    let mut seen1 = Vec::new();
+    for b in 0..3 {
+        seen1.extend(lender(&write(&mut e, 1, b * 10, BS)));
+    }
+    let count = |v: &[Location], l: Location| v.iter().filter(|&&x| x == l).count();
+    assert_eq!(count(&seen0, Location::Remote { node: 5 }), 2, "{seen0:?}");
+    assert_eq!(count(&seen0, Location::Ssd(0)), 2);
+    assert_eq!(count(&seen0, Location::Remote { node: 1 }), 0, "VM 0 has no share of node 1's region");
+    assert_eq!(count(&seen1, Location::Remote { node: 1 }), 2, "{seen1:?}");
+    assert_eq!(count(&seen1, Location::Remote { node: 5 }), 1);
+    let (p0, p1) = (e.partition(0), e.partition(1));
+    assert_eq!((p0.remote_target, p0.remote_used, p1.remote_target, p1.remote_used), (2, 2, 3, 3));
+    e.check_invariants().unwrap();
+    assert!(e.set_remote_shares(0, &[(9, 1)]).unwrap_err().contains("node 9"));
+}

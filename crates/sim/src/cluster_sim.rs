@@ -5,268 +5,42 @@
 //! the fast solver by default) gives each VM local and remote cache, applied as engine
 //! targets and remote shares. Open loop (trace times) or closed loop (`queue_depth`
 //! requests in flight per VM), as `[replay]` says. A node's engine is built with a region lent by each other
-//! node (as large as that node's cache: the allocation, not the region, bounds what is
-//! used); a remote op crosses the borrower's link and queues on the lender's SSD, so a
+//! node (as large as that node's cache: the per-lender shares, not the region, bound
+//! what is used); a remote op crosses the borrower's link and queues on the lender's SSD, so a
 //! lender's own VMs feel its borrowers' load. `mode = "local"` is the baseline ELICA
 //! compares with (ECI-like: each node allocates only its own cache, Eq. 4 per node).
 //! Every node runs in one virtual time, one instant at a time in global order.
 //!
-//! Not yet (docs/cluster.md): regions lent and taken back at run time with GM/IM
-//! migration, ELICA-Load's exchanges, repeated passes, per-lender accounting of lent
-//! slots in use.
+//! Each VM's remote share is set per lender, as Eq. 4's solution splits it, so a
+//! lender's SSD holds what the allocation lent from it. Not yet (docs/cluster.md):
+//! migration on reallocation (GM/IM), ELICA-Load's exchanges, repeated passes.
 
+use crate::cluster_report::result;
+pub use crate::cluster_report::{ClusterNodeStats, ClusterResult, ClusterVm};
+use crate::cluster_scenario::{plan, Plan};
+pub use crate::cluster_scenario::{ClusterMode, ClusterSection, NodeSection};
 use crate::device::{Device, DeviceSpec, SharedDevice};
 use crate::inputs::{open_inputs, SimError};
-use crate::metrics::VmStats;
 use crate::node::Node;
-use crate::scenario::{DeviceChoice, ReplayMode, Scenario};
+use crate::scenario::{ReplayMode, Scenario};
 use cachevisor_analysis::{DistanceHistogram, StackDistance};
-use cachevisor_cluster::allocation::{Problem, Solver, VmCurve};
-use cachevisor_cluster::model::{ideal_blocks, IdealForm, Latencies};
+use cachevisor_cluster::allocation::{Problem, VmCurve};
+use cachevisor_cluster::model::{ideal_blocks, IdealForm};
 use cachevisor_engine::{EngineConfig, PartitionMode, RemoteRegion};
 use cachevisor_policy::controller;
 use cachevisor_policy::Decision;
-use cachevisor_trace::units::{parse_duration_ns, parse_size};
 use cachevisor_trace::{Request, VmId};
-use serde::{Deserialize, Serialize};
 use std::cell::RefCell;
 use std::rc::Rc;
 
-/// One node of a cluster scenario.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NodeSection {
-    /// Its name (VMs name it in `node = …`).
-    pub name: String,
-    /// Its SSD cache (`256MiB`).
-    pub cache: String,
-    /// Its SSD model (default: `[devices] ssd`).
-    #[serde(default)]
-    pub ssd: Option<DeviceChoice>,
-    /// Its network link (default: the `remote` preset, 10 GbE: 150 µs round trip,
-    /// 1,250 MB/s).
-    #[serde(default)]
-    pub link: Option<DeviceChoice>,
-}
-
-/// How a cluster shares cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "kebab-case")]
-pub enum ClusterMode {
-    /// ELICA: Eq. 4 across the nodes, remote cache where a node is short.
-    #[default]
-    Elica,
-    /// Each node its own cache only (the ECI-like baseline of ELICA §4).
-    Local,
-}
-
-/// `[cluster]`: the allocation's settings.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ClusterSection {
-    /// ELICA or local-only.
-    pub mode: ClusterMode,
-    /// Which Eq. 4 solver.
-    pub solver: Solver,
-    /// Allocation unit (`1MiB`), a multiple of the block size.
-    pub unit: String,
-    /// Eq. 1's ideal size: the distance covering this fraction of a window's reuses
-    /// (1 = the maximum distance, Eq. 1 as written).
-    pub ideal: f64,
-}
-
-impl Default for ClusterSection {
-    fn default() -> Self {
-        ClusterSection { mode: ClusterMode::Elica, solver: Solver::Fast, unit: "1MiB".into(), ideal: 0.99 }
-    }
-}
-
-/// A VM's figures at the end of a cluster run.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ClusterVm {
-    /// Its name.
-    pub name: String,
-    /// Its node.
-    pub node: String,
-    /// Requests completed.
-    pub requests: u64,
-    /// Block hit ratio.
-    pub hit_ratio: f64,
-    /// Share of its cache accesses served by lent caches.
-    pub remote_share: f64,
-    /// Mean and 99.9th-percentile request latency, µs.
-    pub mean_us: f64,
-    /// See `mean_us`.
-    pub p999_us: f64,
-    /// Its last allocation: local and remote blocks.
-    pub local_blocks: u64,
-    /// See `local_blocks`.
-    pub remote_blocks: u64,
-}
-
-/// A node's figures at the end of a cluster run.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ClusterNodeStats {
-    /// Its name.
-    pub name: String,
-    /// Its cache, blocks.
-    pub cache_blocks: u64,
-    /// Bytes written to its SSD (its VMs' and its borrowers': wear, ELICA Fig. 16/17).
-    pub ssd_written_bytes: u64,
-    /// Bytes its link carried for remote ops.
-    pub link_bytes: u64,
-}
-
-/// What a cluster run measured.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ClusterResult {
-    /// ELICA or local-only.
-    pub mode: ClusterMode,
-    /// Per VM.
-    pub vms: Vec<ClusterVm>,
-    /// Per node.
-    pub nodes: Vec<ClusterNodeStats>,
-    /// All VMs: block hit ratio, share served remotely, mean and p99.9 latency (µs).
-    pub hit_ratio: f64,
-    /// See `hit_ratio`.
-    pub remote_share: f64,
-    /// See `hit_ratio`.
-    pub mean_us: f64,
-    /// See `hit_ratio`.
-    pub p999_us: f64,
-    /// Cache allocated to the VMs, averaged over the allocations (blocks; ELICA Fig. 9),
-    /// and of it the blocks on lent caches (Fig. 11's remote share).
-    pub mean_allocated_blocks: f64,
-    /// See `mean_allocated_blocks`.
-    pub mean_remote_blocks: f64,
-    /// Allocations run, and the solver's total time (s).
-    pub allocations: u64,
-    /// See `allocations`.
-    pub solve_s: f64,
-}
-
-impl ClusterResult {
-    /// The per-VM and per-node tables, as `cachevisor simulate` prints them.
-    pub fn table(&self) -> String {
-        use std::fmt::Write;
-        let mut s = String::new();
-        let _ = writeln!(
-            s,
-            "{:<16} {:<8} {:>9} {:>7} {:>8} {:>10} {:>11} {:>11} {:>11}",
-            "vm", "node", "requests", "hit%", "remote%", "mean µs", "p99.9 µs", "local blks", "remote blks"
-        );
-        for v in &self.vms {
-            let _ = writeln!(
-                s,
-                "{:<16} {:<8} {:>9} {:>7.2} {:>8.1} {:>10.1} {:>11.1} {:>11} {:>11}",
-                v.name,
-                v.node,
-                v.requests,
-                v.hit_ratio * 100.0,
-                v.remote_share * 100.0,
-                v.mean_us,
-                v.p999_us,
-                v.local_blocks,
-                v.remote_blocks
-            );
-        }
-        let _ = writeln!(
-            s,
-            "{:<16} {:<8} {:>9} {:>7.2} {:>8.1} {:>10.1} {:>11.1}",
-            "all",
-            "",
-            self.vms.iter().map(|v| v.requests).sum::<u64>(),
-            self.hit_ratio * 100.0,
-            self.remote_share * 100.0,
-            self.mean_us,
-            self.p999_us
-        );
-        let _ = writeln!(s, "\n{:<16} {:>12} {:>14} {:>14}", "node", "cache blks", "SSD written", "link bytes");
-        for n in &self.nodes {
-            let _ = writeln!(
-                s,
-                "{:<16} {:>12} {:>14} {:>14}",
-                n.name,
-                n.cache_blocks,
-                cachevisor_trace::units::format_size(n.ssd_written_bytes),
-                cachevisor_trace::units::format_size(n.link_bytes)
-            );
-        }
-        let _ = write!(s, "\n{} allocations ({:?}), solver time {:.3} s", self.allocations, self.mode, self.solve_s);
-        s
-    }
-}
-
-/// A cluster scenario's settings, checked.
-struct Plan {
-    cl: ClusterSection,
-    block: u64,
-    unit_blocks: u64,
-    window_ns: u64,
-    slots: Vec<u64>,
-    lat: Latencies,
-}
-
-fn plan(sc: &Scenario) -> Result<Plan, String> {
-    let res = sc.resolve()?;
-    let cl = sc.cluster.clone().unwrap_or_default();
-    if sc.node.is_empty() {
-        return Err("node: a cluster needs at least one [[node]]".into());
-    }
-    if sc.cache.partition != PartitionMode::Static || sc.cache.persistent || sc.failover.is_some() {
-        return Err("cache: cluster mode needs static partitions, no persistent mode and no [failover]".into());
-    }
-    if sc.replay.repeat_for.is_some() {
-        return Err("replay.repeat_for: cluster mode replays each trace once".into());
-    }
-    if res.window_requests.is_some() {
-        return Err("replay.window: cluster mode windows by time (`60s`)".into());
-    }
-    let block = res.block_size;
-    let unit = parse_size(&cl.unit).map_err(|e| format!("cluster.unit: {e}"))?;
-    if unit == 0 || unit % block != 0 {
-        return Err(format!("cluster.unit: {} is not a multiple of the block size ({block} B)", cl.unit));
-    }
-    if !(cl.ideal > 0.0 && cl.ideal <= 1.0) {
-        return Err(format!("cluster.ideal: {} is not a fraction of reuses in (0, 1]", cl.ideal));
-    }
-    let mut slots = Vec::new();
-    for (i, n) in sc.node.iter().enumerate() {
-        if sc.node[..i].iter().any(|m| m.name == n.name) {
-            return Err(format!("node[{i}]: the name `{}` is taken", n.name));
-        }
-        let bytes = parse_size(&n.cache).map_err(|e| format!("node[{i}] ({}).cache: {e}", n.name))?;
-        if bytes < block {
-            return Err(format!("node[{i}] ({}).cache: {} holds no block", n.name, n.cache));
-        }
-        slots.push(bytes / block);
-        for d in [&n.ssd, &n.link].into_iter().flatten() {
-            d.resolve().map_err(|e| format!("node[{i}] ({}): {e}", n.name))?;
-        }
-    }
-    for v in &sc.vm {
-        match &v.node {
-            Some(n) if sc.node.iter().any(|m| m.name == *n) => {}
-            Some(n) => return Err(format!("vm {}: no [[node]] is named `{n}`", v.name)),
-            None => return Err(format!("vm {}: cluster mode needs its node (node = \"…\")", v.name)),
-        }
-    }
-    let ssd = sc.devices.ssd.resolve()?;
-    let link = DeviceSpec::preset("remote")?;
-    let hdd = sc.devices.backing.resolve()?;
-    let us = |spec: &DeviceSpec| Device::nominal_ns(spec, false, block as u32) as f64 / 1e3;
-    let lat = Latencies { ssd_local_us: us(&ssd), ssd_remote_us: us(&ssd), network_us: us(&link), hdd_us: us(&hdd) };
-    let window_ns = parse_duration_ns(&sc.replay.window)?;
-    Ok(Plan { unit_blocks: unit / block, cl, block, window_ns, slots, lat })
-}
-
 /// A VM of the run.
-struct Vm {
-    node: usize,
-    local_id: VmId,
+pub(crate) struct Vm {
+    pub(crate) node: usize,
+    pub(crate) local_id: VmId,
     sd: StackDistance,
     hist: DistanceHistogram,
-    alloc: (u64, u64),
+    /// Its last allocation: local and remote blocks.
+    pub(crate) alloc: (u64, u64),
 }
 
 /// A cluster run's state.
@@ -531,12 +305,13 @@ fn allocate(p: &Plan, nodes: &mut [Node], vms: &mut [Vm], now: u64, total_units:
         .collect();
     let capacity: Vec<u64> = p.slots.iter().map(|s| s / p.unit_blocks).collect();
     let mut local = vec![0u64; vms.len()];
-    let mut remote = vec![0u64; vms.len()];
+    // Units each VM borrows, by lending node (Eq. 4's split, enforced per region).
+    let mut lent: Vec<Vec<(u16, u64)>> = vec![Vec::new(); vms.len()];
     let mut solve = |prob: &Problem, ids: &[usize]| {
         let a = p.cl.solver.solve(prob).unwrap_or_else(|_| cachevisor_cluster::fast::solve_fast(prob));
         for (j, &v) in ids.iter().enumerate() {
             local[v] = a.local[j];
-            remote[v] = a.remote[j].iter().map(|r| r.1).sum();
+            lent[v] = a.remote[j].clone();
         }
     };
     match p.cl.mode {
@@ -558,88 +333,21 @@ fn allocate(p: &Plan, nodes: &mut [Node], vms: &mut [Vm], now: u64, total_units:
         let mut shares = Vec::new();
         for &v in &mine {
             let lid = vms[v].local_id as usize;
-            targets[lid] = (local[v] + remote[v]) * p.unit_blocks;
-            shares.push((vms[v].local_id, remote[v] * p.unit_blocks));
-            vms[v].alloc = (local[v] * p.unit_blocks, remote[v] * p.unit_blocks);
+            let remote: u64 = lent[v].iter().map(|r| r.1).sum();
+            targets[lid] = (local[v] + remote) * p.unit_blocks;
+            let by_lender: Vec<(u16, u64)> = lent[v].iter().map(|&(k, u)| (k, u * p.unit_blocks)).collect();
+            shares.push((vms[v].local_id, by_lender));
+            vms[v].alloc = (local[v] * p.unit_blocks, remote * p.unit_blocks);
         }
         let d = Decision { paced_shrinks: true, ..Decision::targets(targets) };
         node.command(now, |e, out| {
-            for &(vm, r) in &shares {
-                e.set_remote_target(vm, r);
+            for (vm, by_lender) in &shares {
+                e.set_remote_shares(*vm, by_lender).expect("every other node lends this engine a region");
             }
             *out = controller::apply(e, &d);
         });
     }
     for v in vms.iter_mut() {
         v.hist = v.hist.cleared();
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn result(
-    sc: &Scenario,
-    p: &Plan,
-    nodes: &[Node],
-    vms: &[Vm],
-    names: &[String],
-    ssds: &[SharedDevice],
-    links: &[SharedDevice],
-    allocations: u64,
-    solve_s: f64,
-) -> ClusterResult {
-    let mut all = VmStats::default();
-    let empty = VmStats::default();
-    let figures = |s: &VmStats| {
-        let blocks = s.read_blocks + s.write_blocks;
-        let hits = s.read_hits + s.write_hits;
-        let hr = if blocks > 0 { hits as f64 / blocks as f64 } else { 0.0 };
-        let rs =
-            if s.cache_client_ops > 0 { s.cache_client_ops_remote as f64 / s.cache_client_ops as f64 } else { 0.0 };
-        (hr, rs, s.lat.mean() / 1e3, s.lat.value_at_quantile(0.999) as f64 / 1e3)
-    };
-    let out_vms = vms
-        .iter()
-        .zip(names)
-        .map(|(v, name)| {
-            let s = nodes[v.node].metrics.vms.get(v.local_id as usize).unwrap_or(&empty);
-            all.merge(s);
-            let (hit_ratio, remote_share, mean_us, p999_us) = figures(s);
-            ClusterVm {
-                name: name.clone(),
-                node: sc.node[v.node].name.clone(),
-                requests: s.requests,
-                hit_ratio,
-                remote_share,
-                mean_us,
-                p999_us,
-                local_blocks: v.alloc.0,
-                remote_blocks: v.alloc.1,
-            }
-        })
-        .collect();
-    let out_nodes = sc
-        .node
-        .iter()
-        .enumerate()
-        .map(|(i, n)| ClusterNodeStats {
-            name: n.name.clone(),
-            cache_blocks: p.slots[i],
-            ssd_written_bytes: ssds[i].borrow().bytes_written(),
-            link_bytes: links[i].borrow().bytes_written() + links[i].borrow().bytes_read(),
-        })
-        .collect();
-    let (hit_ratio, remote_share, mean_us, p999_us) = figures(&all);
-    ClusterResult {
-        mode: p.cl.mode,
-        vms: out_vms,
-        nodes: out_nodes,
-        hit_ratio,
-        remote_share,
-        mean_us,
-        p999_us,
-        mean_allocated_blocks: 0.0,
-        mean_remote_blocks: 0.0,
-        allocations,
-        solve_s,
     }
 }

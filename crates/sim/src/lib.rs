@@ -6,6 +6,8 @@
 //!
 //! Entry point: [`simulate`] with a [`Scenario`] (TOML, see [`scenario`]).
 
+mod cluster_report;
+mod cluster_scenario;
 pub mod cluster_sim;
 pub mod device;
 pub mod dsf_objects;

@@ -370,10 +370,10 @@ pub struct Scenario {
     pub failover: Option<crate::failover::FailoverSection>,
     /// Cluster mode: the nodes (`cluster_sim.rs`); none = one host.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub node: Vec<crate::cluster_sim::NodeSection>,
+    pub node: Vec<crate::cluster_scenario::NodeSection>,
     /// Cluster mode: how cache is shared across the nodes.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub cluster: Option<crate::cluster_sim::ClusterSection>,
+    pub cluster: Option<crate::cluster_scenario::ClusterSection>,
 }
 
 /// Numbers resolved from a scenario's strings.

@@ -1,0 +1,179 @@
+//! Cache other nodes of a cluster lend this engine (ELICA §3.1, `EngineConfig::remote`):
+//! which region a slot is in, a free list per store (the local one and each lent region),
+//! each VM's share of each lender's region (Eq. 4's c_remote, split by lender), and which
+//! free slot a VM below its target takes: local or a region where it is below its share,
+//! ELICA-Traffic's choice when both are (§3.4: a sequential run local, the rest lent).
+//!
+//! A VM with no share of a region never takes its slots (they are for the VMs they were
+//! lent to); at its target a VM's misses replace its own blocks of any kind, so its
+//! shares hold. Hand-written: bookkeeping over the engine's own slot lists.
+
+use crate::engine::Engine;
+use crate::slot_table::List;
+use cachevisor_trace::VmId;
+
+/// Where a slot lives: `None` the local cache store, `Some(r)` lent region `r`.
+pub(crate) type Store = Option<usize>;
+
+impl Engine {
+    /// The lent region slot `s` is in (`None`: local).
+    #[inline]
+    pub(crate) fn region_of(&self, s: u32) -> Store {
+        let s = s as u64;
+        if s < self.cfg.slots {
+            return None;
+        }
+        Some(self.region_starts.partition_point(|&start| start <= s) - 1)
+    }
+
+    fn list(&mut self, store: Store) -> &mut List {
+        match store {
+            None => &mut self.free,
+            Some(r) => &mut self.free_remote[r],
+        }
+    }
+
+    /// Puts a free slot at the back of its store's free list.
+    pub(crate) fn free_push_back(&mut self, s: u32) {
+        let store = self.region_of(s);
+        let mut list = std::mem::take(self.list(store));
+        list.push_back(&mut self.slots, s);
+        *self.list(store) = list;
+    }
+
+    /// Puts a free slot at the front of its store's free list.
+    pub(crate) fn free_push_front(&mut self, s: u32) {
+        let store = self.region_of(s);
+        let mut list = std::mem::take(self.list(store));
+        list.push_front(&mut self.slots, s);
+        *self.list(store) = list;
+    }
+
+    /// Takes a slot off its store's free list.
+    pub(crate) fn free_unlink(&mut self, s: u32) {
+        let store = self.region_of(s);
+        let mut list = std::mem::take(self.list(store));
+        list.unlink(&mut self.slots, s);
+        *self.list(store) = list;
+    }
+
+    /// Takes a free slot with no ops in flight (a slot freed while its write-back runs is
+    /// pinned until it ends): a local one first, else a lent one (shared mode).
+    #[inline]
+    pub(crate) fn take_free(&mut self) -> Option<u32> {
+        if let Some(s) = self.take_free_of(None) {
+            return Some(s);
+        }
+        (0..self.free_remote.len()).find_map(|r| self.take_free_of(Some(r)))
+    }
+
+    /// Takes a free slot of `store`.
+    #[inline]
+    pub(crate) fn take_free_of(&mut self, store: Store) -> Option<u32> {
+        self.park_pinned_free();
+        let mut list = std::mem::take(self.list(store));
+        let s = list.front();
+        if let Some(s) = s {
+            list.unlink(&mut self.slots, s);
+        }
+        *self.list(store) = list;
+        s
+    }
+
+    /// Whether a free slot with no ops in flight is left.
+    pub(crate) fn free_available(&mut self) -> bool {
+        self.park_pinned_free();
+        self.free.front().is_some() || self.free_remote.iter().any(|l| l.front().is_some())
+    }
+
+    /// Moves pinned slots at the front of the free lists aside ([`Engine::parked`]).
+    pub(crate) fn park_pinned_free(&mut self) {
+        while let Some(s) = self.free.front().filter(|&s| self.flight.pinned(s)) {
+            self.free.unlink(&mut self.slots, s);
+            self.parked.insert(s);
+        }
+        for r in 0..self.free_remote.len() {
+            while let Some(s) = self.free_remote[r].front().filter(|&s| self.flight.pinned(s)) {
+                self.free_remote[r].unlink(&mut self.slots, s);
+                self.parked.insert(s);
+            }
+        }
+    }
+
+    /// The store whose free slot a VM below its target takes now, if one is free: local
+    /// while its local part is below its share, a lent region while it is below its share
+    /// there; when both are open, ELICA-Traffic's choice (a sequential run local).
+    pub(crate) fn free_kind_for(&mut self, vm: VmId) -> Option<Store> {
+        self.park_pinned_free();
+        if self.cfg.remote.is_empty() {
+            return self.free.front().map(|_| None);
+        }
+        let p = &self.vms[vm as usize];
+        let remote_total = p.remote_target.min(p.target);
+        let local_ok = p.used - p.remote_used < p.target - remote_total && self.free.front().is_some();
+        let region = (p.remote_used < remote_total)
+            .then(|| {
+                (0..self.free_remote.len())
+                    .find(|&r| p.remote_used_by[r] < p.remote_shares[r] && self.free_remote[r].front().is_some())
+            })
+            .flatten();
+        match (local_ok, region) {
+            (true, Some(r)) => Some(if self.req_sequential { None } else { Some(r) }),
+            (true, None) => Some(None),
+            (false, Some(r)) => Some(Some(r)),
+            (false, None) => None,
+        }
+    }
+
+    /// A free slot for a VM below its target ([`Self::free_kind_for`]).
+    pub(crate) fn take_free_below_target(&mut self, vm: VmId) -> Option<u32> {
+        let store = self.free_kind_for(vm)?;
+        self.take_free_of(store)
+    }
+
+    /// Counts slot `s` in or out of `vm`'s lent slots (`delta` ±1).
+    #[inline]
+    pub(crate) fn count_store(&mut self, vm: VmId, s: u32, delta: i64) {
+        if let Some(r) = self.region_of(s) {
+            let p = &mut self.vms[vm as usize];
+            p.remote_used = p.remote_used.wrapping_add_signed(delta);
+            p.remote_used_by[r] = p.remote_used_by[r].wrapping_add_signed(delta);
+        }
+    }
+
+    /// Sets `vm`'s shares of the regions other nodes lent, by lender node id (ELICA's
+    /// c_remote split by lender; at most its target in all — the rest of it is local). A
+    /// lender this engine has no region of is refused by name; lenders not listed get 0.
+    pub fn set_remote_shares(&mut self, vm: VmId, shares: &[(u16, u64)]) -> Result<(), String> {
+        let mut by_region = vec![0u64; self.cfg.remote.len()];
+        for &(node, slots) in shares {
+            let r = self.cfg.remote.iter().position(|x| x.node == node);
+            let r = r.ok_or_else(|| format!("no region lent by node {node}"))?;
+            by_region[r] += slots;
+        }
+        self.ensure_vm(vm);
+        let p = &mut self.vms[vm as usize];
+        p.remote_target = by_region.iter().sum();
+        p.remote_shares = by_region;
+        Ok(())
+    }
+
+    /// Sets how many of `vm`'s target slots are lent ones, from any lender: the regions'
+    /// shares filled in order, each up to its size. A VM below its target takes a free slot
+    /// of the kind still below its share ([`Self::free_kind_for`]); a lower share is reached
+    /// as blocks leave.
+    pub fn set_remote_target(&mut self, vm: VmId, slots: u64) {
+        let mut left = slots;
+        let shares: Vec<(u16, u64)> = self
+            .cfg
+            .remote
+            .iter()
+            .map(|r| {
+                let take = left.min(r.slots);
+                left -= take;
+                (r.node, take)
+            })
+            .collect();
+        self.set_remote_shares(vm, &shares).expect("every region's lender is known");
+    }
+}

@@ -1,0 +1,195 @@
+//! What a cluster run measured (ELICA, issue 15): per VM, per node and in all, and the
+//! tables `cachevisor simulate` prints for a cluster scenario.
+
+use crate::cluster_scenario::{ClusterMode, Plan};
+use crate::cluster_sim::Vm;
+use crate::device::SharedDevice;
+use crate::metrics::VmStats;
+use crate::node::Node;
+use crate::scenario::Scenario;
+use serde::Serialize;
+
+/// A VM's figures at the end of a cluster run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ClusterVm {
+    /// Its name.
+    pub name: String,
+    /// Its node.
+    pub node: String,
+    /// Requests completed.
+    pub requests: u64,
+    /// Block hit ratio.
+    pub hit_ratio: f64,
+    /// Share of its cache accesses served by lent caches.
+    pub remote_share: f64,
+    /// Mean and 99.9th-percentile request latency, µs.
+    pub mean_us: f64,
+    /// See `mean_us`.
+    pub p999_us: f64,
+    /// Its last allocation: local and remote blocks.
+    pub local_blocks: u64,
+    /// See `local_blocks`.
+    pub remote_blocks: u64,
+}
+
+/// A node's figures at the end of a cluster run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ClusterNodeStats {
+    /// Its name.
+    pub name: String,
+    /// Its cache, blocks.
+    pub cache_blocks: u64,
+    /// Bytes written to its SSD (its VMs' and its borrowers': wear, ELICA Fig. 16/17).
+    pub ssd_written_bytes: u64,
+    /// Bytes its link carried for remote ops.
+    pub link_bytes: u64,
+}
+
+/// What a cluster run measured.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ClusterResult {
+    /// ELICA or local-only.
+    pub mode: ClusterMode,
+    /// Per VM.
+    pub vms: Vec<ClusterVm>,
+    /// Per node.
+    pub nodes: Vec<ClusterNodeStats>,
+    /// All VMs: block hit ratio, share served remotely, mean and p99.9 latency (µs).
+    pub hit_ratio: f64,
+    /// See `hit_ratio`.
+    pub remote_share: f64,
+    /// See `hit_ratio`.
+    pub mean_us: f64,
+    /// See `hit_ratio`.
+    pub p999_us: f64,
+    /// Cache allocated to the VMs, averaged over the allocations (blocks; ELICA Fig. 9),
+    /// and of it the blocks on lent caches (Fig. 11's remote share).
+    pub mean_allocated_blocks: f64,
+    /// See `mean_allocated_blocks`.
+    pub mean_remote_blocks: f64,
+    /// Allocations run, and the solver's total time (s).
+    pub allocations: u64,
+    /// See `allocations`.
+    pub solve_s: f64,
+}
+
+impl ClusterResult {
+    /// The per-VM and per-node tables, as `cachevisor simulate` prints them.
+    pub fn table(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "{:<16} {:<8} {:>9} {:>7} {:>8} {:>10} {:>11} {:>11} {:>11}",
+            "vm", "node", "requests", "hit%", "remote%", "mean µs", "p99.9 µs", "local blks", "remote blks"
+        );
+        for v in &self.vms {
+            let _ = writeln!(
+                s,
+                "{:<16} {:<8} {:>9} {:>7.2} {:>8.1} {:>10.1} {:>11.1} {:>11} {:>11}",
+                v.name,
+                v.node,
+                v.requests,
+                v.hit_ratio * 100.0,
+                v.remote_share * 100.0,
+                v.mean_us,
+                v.p999_us,
+                v.local_blocks,
+                v.remote_blocks
+            );
+        }
+        let _ = writeln!(
+            s,
+            "{:<16} {:<8} {:>9} {:>7.2} {:>8.1} {:>10.1} {:>11.1}",
+            "all",
+            "",
+            self.vms.iter().map(|v| v.requests).sum::<u64>(),
+            self.hit_ratio * 100.0,
+            self.remote_share * 100.0,
+            self.mean_us,
+            self.p999_us
+        );
+        let _ = writeln!(s, "\n{:<16} {:>12} {:>14} {:>14}", "node", "cache blks", "SSD written", "link bytes");
+        for n in &self.nodes {
+            let _ = writeln!(
+                s,
+                "{:<16} {:>12} {:>14} {:>14}",
+                n.name,
+                n.cache_blocks,
+                cachevisor_trace::units::format_size(n.ssd_written_bytes),
+                cachevisor_trace::units::format_size(n.link_bytes)
+            );
+        }
+        let _ = write!(s, "\n{} allocations ({:?}), solver time {:.3} s", self.allocations, self.mode, self.solve_s);
+        s
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn result(
+    sc: &Scenario,
+    p: &Plan,
+    nodes: &[Node],
+    vms: &[Vm],
+    names: &[String],
+    ssds: &[SharedDevice],
+    links: &[SharedDevice],
+    allocations: u64,
+    solve_s: f64,
+) -> ClusterResult {
+    let mut all = VmStats::default();
+    let empty = VmStats::default();
+    let figures = |s: &VmStats| {
+        let blocks = s.read_blocks + s.write_blocks;
+        let hits = s.read_hits + s.write_hits;
+        let hr = if blocks > 0 { hits as f64 / blocks as f64 } else { 0.0 };
+        let rs =
+            if s.cache_client_ops > 0 { s.cache_client_ops_remote as f64 / s.cache_client_ops as f64 } else { 0.0 };
+        (hr, rs, s.lat.mean() / 1e3, s.lat.value_at_quantile(0.999) as f64 / 1e3)
+    };
+    let out_vms = vms
+        .iter()
+        .zip(names)
+        .map(|(v, name)| {
+            let s = nodes[v.node].metrics.vms.get(v.local_id as usize).unwrap_or(&empty);
+            all.merge(s);
+            let (hit_ratio, remote_share, mean_us, p999_us) = figures(s);
+            ClusterVm {
+                name: name.clone(),
+                node: sc.node[v.node].name.clone(),
+                requests: s.requests,
+                hit_ratio,
+                remote_share,
+                mean_us,
+                p999_us,
+                local_blocks: v.alloc.0,
+                remote_blocks: v.alloc.1,
+            }
+        })
+        .collect();
+    let out_nodes = sc
+        .node
+        .iter()
+        .enumerate()
+        .map(|(i, n)| ClusterNodeStats {
+            name: n.name.clone(),
+            cache_blocks: p.slots[i],
+            ssd_written_bytes: ssds[i].borrow().bytes_written(),
+            link_bytes: links[i].borrow().bytes_written() + links[i].borrow().bytes_read(),
+        })
+        .collect();
+    let (hit_ratio, remote_share, mean_us, p999_us) = figures(&all);
+    ClusterResult {
+        mode: p.cl.mode,
+        vms: out_vms,
+        nodes: out_nodes,
+        hit_ratio,
+        remote_share,
+        mean_us,
+        p999_us,
+        mean_allocated_blocks: 0.0,
+        mean_remote_blocks: 0.0,
+        allocations,
+        solve_s,
+    }
+}

@@ -1,0 +1,123 @@
+//! Cluster scenarios (ELICA, issue 15): the `[[node]]` and `[cluster]` sections a
+//! scenario gains, and the checked settings the cluster simulator (`cluster_sim.rs`) runs
+//! on — every bad value refused with the key named.
+
+use crate::device::{Device, DeviceSpec};
+use crate::scenario::{DeviceChoice, Scenario};
+use cachevisor_cluster::allocation::Solver;
+use cachevisor_cluster::model::Latencies;
+use cachevisor_engine::PartitionMode;
+use cachevisor_trace::units::{parse_duration_ns, parse_size};
+use serde::{Deserialize, Serialize};
+
+/// One node of a cluster scenario.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeSection {
+    /// Its name (VMs name it in `node = …`).
+    pub name: String,
+    /// Its SSD cache (`256MiB`).
+    pub cache: String,
+    /// Its SSD model (default: `[devices] ssd`).
+    #[serde(default)]
+    pub ssd: Option<DeviceChoice>,
+    /// Its network link (default: the `remote` preset, 10 GbE: 150 µs round trip,
+    /// 1,250 MB/s).
+    #[serde(default)]
+    pub link: Option<DeviceChoice>,
+}
+
+/// How a cluster shares cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClusterMode {
+    /// ELICA: Eq. 4 across the nodes, remote cache where a node is short.
+    #[default]
+    Elica,
+    /// Each node its own cache only (the ECI-like baseline of ELICA §4).
+    Local,
+}
+
+/// `[cluster]`: the allocation's settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterSection {
+    /// ELICA or local-only.
+    pub mode: ClusterMode,
+    /// Which Eq. 4 solver.
+    pub solver: Solver,
+    /// Allocation unit (`1MiB`), a multiple of the block size.
+    pub unit: String,
+    /// Eq. 1's ideal size: the distance covering this fraction of a window's reuses
+    /// (1 = the maximum distance, Eq. 1 as written).
+    pub ideal: f64,
+}
+
+impl Default for ClusterSection {
+    fn default() -> Self {
+        ClusterSection { mode: ClusterMode::Elica, solver: Solver::Fast, unit: "1MiB".into(), ideal: 0.99 }
+    }
+}
+
+/// A cluster scenario's settings, checked.
+pub(crate) struct Plan {
+    pub(crate) cl: ClusterSection,
+    pub(crate) block: u64,
+    pub(crate) unit_blocks: u64,
+    pub(crate) window_ns: u64,
+    pub(crate) slots: Vec<u64>,
+    pub(crate) lat: Latencies,
+}
+
+pub(crate) fn plan(sc: &Scenario) -> Result<Plan, String> {
+    let res = sc.resolve()?;
+    let cl = sc.cluster.clone().unwrap_or_default();
+    if sc.node.is_empty() {
+        return Err("node: a cluster needs at least one [[node]]".into());
+    }
+    if sc.cache.partition != PartitionMode::Static || sc.cache.persistent || sc.failover.is_some() {
+        return Err("cache: cluster mode needs static partitions, no persistent mode and no [failover]".into());
+    }
+    if sc.replay.repeat_for.is_some() {
+        return Err("replay.repeat_for: cluster mode replays each trace once".into());
+    }
+    if res.window_requests.is_some() {
+        return Err("replay.window: cluster mode windows by time (`60s`)".into());
+    }
+    let block = res.block_size;
+    let unit = parse_size(&cl.unit).map_err(|e| format!("cluster.unit: {e}"))?;
+    if unit == 0 || unit % block != 0 {
+        return Err(format!("cluster.unit: {} is not a multiple of the block size ({block} B)", cl.unit));
+    }
+    if !(cl.ideal > 0.0 && cl.ideal <= 1.0) {
+        return Err(format!("cluster.ideal: {} is not a fraction of reuses in (0, 1]", cl.ideal));
+    }
+    let mut slots = Vec::new();
+    for (i, n) in sc.node.iter().enumerate() {
+        if sc.node[..i].iter().any(|m| m.name == n.name) {
+            return Err(format!("node[{i}]: the name `{}` is taken", n.name));
+        }
+        let bytes = parse_size(&n.cache).map_err(|e| format!("node[{i}] ({}).cache: {e}", n.name))?;
+        if bytes < block {
+            return Err(format!("node[{i}] ({}).cache: {} holds no block", n.name, n.cache));
+        }
+        slots.push(bytes / block);
+        for d in [&n.ssd, &n.link].into_iter().flatten() {
+            d.resolve().map_err(|e| format!("node[{i}] ({}): {e}", n.name))?;
+        }
+    }
+    for v in &sc.vm {
+        match &v.node {
+            Some(n) if sc.node.iter().any(|m| m.name == *n) => {}
+            Some(n) => return Err(format!("vm {}: no [[node]] is named `{n}`", v.name)),
+            None => return Err(format!("vm {}: cluster mode needs its node (node = \"…\")", v.name)),
+        }
+    }
+    let ssd = sc.devices.ssd.resolve()?;
+    let link = DeviceSpec::preset("remote")?;
+    let hdd = sc.devices.backing.resolve()?;
+    let us = |spec: &DeviceSpec| Device::nominal_ns(spec, false, block as u32) as f64 / 1e3;
+    let lat = Latencies { ssd_local_us: us(&ssd), ssd_remote_us: us(&ssd), network_us: us(&link), hdd_us: us(&hdd) };
+    let window_ns = parse_duration_ns(&sc.replay.window)?;
+    Ok(Plan { unit_blocks: unit / block, cl, block, window_ns, slots, lat })
+}

@@ -75,6 +75,8 @@ pub struct Engine {
     /// The request being served continues a sequential run (ELICA-Traffic): its new
     /// blocks take local slots first.
     pub(crate) req_sequential: bool,
+    /// ELICA-Traffic's local-first choice for sequential runs ([`Engine::set_traffic_aware`]).
+    pub(crate) traffic_aware: bool,
     /// Free slots taken off the free list because ops were still in flight on them (a
     /// victim's write-back reading it): they return when the ops' job retires, so taking
     /// a free slot never scans past them.
@@ -170,6 +172,7 @@ impl Engine {
             free_remote,
             region_starts,
             req_sequential: false,
+            traffic_aware: true,
             parked: Default::default(),
             left_dirty: Vec::new(),
             shrink_due: true,

@@ -118,7 +118,7 @@ impl Engine {
             })
             .flatten();
         match (local_ok, region) {
-            (true, Some(r)) => Some(if self.req_sequential { None } else { Some(r) }),
+            (true, Some(r)) => Some(if self.req_sequential && self.traffic_aware { None } else { Some(r) }),
             (true, None) => Some(None),
             (false, Some(r)) => Some(Some(r)),
             (false, None) => None,
@@ -139,6 +139,12 @@ impl Engine {
             p.remote_used = p.remote_used.wrapping_add_signed(delta);
             p.remote_used_by[r] = p.remote_used_by[r].wrapping_add_signed(delta);
         }
+    }
+
+    /// Whether ELICA-Traffic's choice is on (default): a sequential run takes local slots
+    /// first when both kinds are open; off (ELICA-Load), lent ones first like the rest.
+    pub fn set_traffic_aware(&mut self, on: bool) {
+        self.traffic_aware = on;
     }
 
     /// Sets `vm`'s shares of the regions other nodes lent, by lender node id (ELICA's

@@ -43,6 +43,8 @@ pub struct ClusterNodeStats {
     pub ssd_written_bytes: u64,
     /// Bytes its link carried for remote ops.
     pub link_bytes: u64,
+    /// Its SSD's busy time per channel, seconds (its load, ELICA-Load's signal).
+    pub ssd_busy_s: f64,
 }
 
 /// What a cluster run measured.
@@ -176,6 +178,7 @@ pub(crate) fn result(
             cache_blocks: p.slots[i],
             ssd_written_bytes: ssds[i].borrow().bytes_written(),
             link_bytes: links[i].borrow().bytes_written() + links[i].borrow().bytes_read(),
+            ssd_busy_s: ssds[i].borrow().busy_ns() as f64 / 1e9 / ssds[i].borrow().servers() as f64,
         })
         .collect();
     let (hit_ratio, remote_share, mean_us, p999_us) = figures(&all);

@@ -31,9 +31,15 @@ pub struct NodeSection {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "kebab-case")]
 pub enum ClusterMode {
-    /// ELICA: Eq. 4 across the nodes, remote cache where a node is short.
+    /// ELICA-Traffic (§3.4): Eq. 4 across the nodes, remote cache where a node is short,
+    /// sequential runs kept local.
     #[default]
     Elica,
+    /// ELICA-Load (§3.5): Eq. 4 across the nodes, then every window `load_chunks` units
+    /// exchanged between the busiest VM of the node whose SSD is busiest and the idlest
+    /// VM of the least busy node (each VM's capacity unchanged); no local preference for
+    /// sequential runs.
+    ElicaLoad,
     /// Each node its own cache only (the ECI-like baseline of ELICA §4).
     Local,
 }
@@ -51,11 +57,21 @@ pub struct ClusterSection {
     /// Eq. 1's ideal size: the distance covering this fraction of a window's reuses
     /// (1 = the maximum distance, Eq. 1 as written).
     pub ideal: f64,
+    /// ELICA-Load: units exchanged per window (the seed's n, which it does not give: 4
+    /// units of 1 MiB move a few percent of a busy VM's cache per window, so a VM's data
+    /// moves gradually rather than all at once).
+    pub load_chunks: u64,
 }
 
 impl Default for ClusterSection {
     fn default() -> Self {
-        ClusterSection { mode: ClusterMode::Elica, solver: Solver::Fast, unit: "1MiB".into(), ideal: 0.99 }
+        ClusterSection {
+            mode: ClusterMode::Elica,
+            solver: Solver::Fast,
+            unit: "1MiB".into(),
+            ideal: 0.99,
+            load_chunks: 4,
+        }
     }
 }
 

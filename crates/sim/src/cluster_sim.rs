@@ -25,6 +25,7 @@ use crate::node::Node;
 use crate::scenario::{ReplayMode, Scenario};
 use cachevisor_analysis::{DistanceHistogram, StackDistance};
 use cachevisor_cluster::allocation::{Problem, VmCurve};
+use cachevisor_cluster::load::{choose, Chunk};
 use cachevisor_cluster::model::{ideal_blocks, IdealForm};
 use cachevisor_engine::{EngineConfig, PartitionMode, RemoteRegion};
 use cachevisor_policy::controller;
@@ -58,6 +59,9 @@ struct Cluster<'a> {
     solve_s: f64,
     /// Sums over allocations of the blocks allocated and of those remote.
     allocated: (f64, f64),
+    /// Each node's SSD busy time at the last window's end (its load over a window is the
+    /// busy time since, per channel: ELICA-Load's queue-depth signal).
+    busy_last: Vec<u64>,
     /// Completions taken from the nodes: (global VM id, time).
     done: Vec<(u64, u64)>,
 }
@@ -81,7 +85,7 @@ impl<'a> Cluster<'a> {
         let mut nodes = Vec::new();
         for i in 0..n {
             let remote = match p.cl.mode {
-                ClusterMode::Elica => {
+                ClusterMode::Elica | ClusterMode::ElicaLoad => {
                     (0..n).filter(|&k| k != i).map(|k| RemoteRegion { node: k as u16, slots: p.slots[k] }).collect()
                 }
                 ClusterMode::Local => Vec::new(),
@@ -97,6 +101,7 @@ impl<'a> Cluster<'a> {
                 remote,
             };
             let mut node = Node::new(cfg, &sc.devices, None)?;
+            node.engine.set_traffic_aware(p.cl.mode != ClusterMode::ElicaLoad);
             node.ssd = ssds[i].clone();
             node.peers = (0..n).map(|k| (k != i).then(|| ssds[k].clone())).collect();
             node.nic = Some(links[i].clone());
@@ -116,6 +121,7 @@ impl<'a> Cluster<'a> {
             allocations: 0,
             solve_s: 0.0,
             allocated: (0.0, 0.0),
+            busy_last: vec![0; n],
             done: Vec::new(),
         })
     }
@@ -124,8 +130,18 @@ impl<'a> Cluster<'a> {
     fn advance_to(&mut self, now: u64) {
         advance(&mut self.nodes, now, &mut self.done);
         while now >= self.window_end {
+            let load: Vec<f64> = self
+                .ssds
+                .iter()
+                .zip(self.busy_last.iter_mut())
+                .map(|(d, last)| {
+                    let d = d.borrow();
+                    let busy = d.busy_ns() - std::mem::replace(last, d.busy_ns());
+                    busy as f64 / (self.p.window_ns as f64 * d.servers() as f64)
+                })
+                .collect();
             let t = std::time::Instant::now();
-            allocate(&self.p, &mut self.nodes, &mut self.vms, self.window_end, self.total_units);
+            allocate(&self.p, &mut self.nodes, &mut self.vms, self.window_end, self.total_units, &load);
             self.solve_s += t.elapsed().as_secs_f64();
             self.allocated.0 += self.vms.iter().map(|v| (v.alloc.0 + v.alloc.1) as f64).sum::<f64>();
             self.allocated.1 += self.vms.iter().map(|v| v.alloc.1 as f64).sum::<f64>();
@@ -272,6 +288,44 @@ fn advance(nodes: &mut [Node], now: u64, done: &mut Vec<(u64, u64)>) {
     }
 }
 
+/// ELICA-Load (§3.5, `cluster::load`): the allocation's units as chunks — each drawing its
+/// VM's accesses of the window spread evenly over its units — and one exchange of
+/// `load_chunks` of them between the busiest VM of the node whose SSD was busiest and
+/// the idlest VM of the least busy node, applied to the VMs' local and per-lender parts
+/// (each VM's capacity, and each node's, unchanged).
+fn balance_load(p: &Plan, vms: &[Vm], node_load: &[f64], local: &mut [u64], lent: &mut [Vec<(u16, u64)>]) {
+    let mut chunks = Vec::new();
+    for (v, vm) in vms.iter().enumerate() {
+        let units = local[v] + lent[v].iter().map(|r| r.1).sum::<u64>();
+        if units == 0 {
+            continue;
+        }
+        let load = vm.hist.total() / units as f64;
+        let at = std::iter::repeat_n(vm.node as u16, local[v] as usize)
+            .chain(lent[v].iter().flat_map(|&(k, u)| std::iter::repeat_n(k, u as usize)));
+        chunks.extend(at.map(|node| Chunk { vm: v as VmId, node, load }));
+    }
+    let Some(x) = choose(node_load, &chunks, p.cl.load_chunks as usize) else { return };
+    let mut shift = |v: usize, from: u16, to: u16| {
+        for (node, delta) in [(from, -1i64), (to, 1)] {
+            if node as usize == vms[v].node {
+                local[v] = local[v].wrapping_add_signed(delta);
+            } else if let Some(r) = lent[v].iter_mut().find(|r| r.0 == node) {
+                r.1 = r.1.wrapping_add_signed(delta);
+            } else {
+                lent[v].push((node, 1));
+            }
+        }
+        lent[v].retain(|r| r.1 > 0);
+    };
+    for &i in &x.to_idle {
+        shift(chunks[i].vm as usize, x.busy, x.idle);
+    }
+    for &i in &x.to_busy {
+        shift(chunks[i].vm as usize, x.idle, x.busy);
+    }
+}
+
 /// Before the first allocation: a node's cache split evenly among its VMs, all local.
 fn split_evenly(node: &mut Node, now: u64) {
     let k = node.engine.vm_count() as u64;
@@ -285,7 +339,7 @@ fn split_evenly(node: &mut Node, now: u64) {
 /// eager shrinks wrote a window's evicted dirty blocks back at once and, on the `elica`
 /// experiment, doubled the mean latency and took p99.9 from 29 ms to 2–4 s); the
 /// windows' histograms start again.
-fn allocate(p: &Plan, nodes: &mut [Node], vms: &mut [Vm], now: u64, total_units: u64) {
+fn allocate(p: &Plan, nodes: &mut [Node], vms: &mut [Vm], now: u64, total_units: u64, node_load: &[f64]) {
     if vms.is_empty() {
         return;
     }
@@ -315,7 +369,7 @@ fn allocate(p: &Plan, nodes: &mut [Node], vms: &mut [Vm], now: u64, total_units:
         }
     };
     match p.cl.mode {
-        ClusterMode::Elica => {
+        ClusterMode::Elica | ClusterMode::ElicaLoad => {
             let ids: Vec<usize> = (0..vms.len()).collect();
             solve(&Problem { lat: p.lat, capacity, vms: curves }, &ids);
         }
@@ -326,6 +380,9 @@ fn allocate(p: &Plan, nodes: &mut [Node], vms: &mut [Vm], now: u64, total_units:
                 solve(&Problem { lat: p.lat, capacity: vec![cap], vms: own }, &ids);
             }
         }
+    }
+    if p.cl.mode == ClusterMode::ElicaLoad {
+        balance_load(p, vms, node_load, &mut local, &mut lent);
     }
     for (i, node) in nodes.iter_mut().enumerate() {
         let mine: Vec<usize> = (0..vms.len()).filter(|&v| vms[v].node == i).collect();

@@ -5,8 +5,8 @@
 //! ELICA-Traffic (Eq. 4 across the nodes every window, the fast solver, ELICA-Traffic's
 //! local/lent choice in the engine), with the seed's figures beside ours: cache
 //! allocated (Fig. 9), hit ratio (Fig. 10), remote share (Fig. 11), average and p99.9
-//! latency (Fig. 12), SSD writes per node (Fig. 16/17). ELICA-Load and GM/IM migration
-//! are not built yet (`docs/cluster.md`); their claims say so.
+//! latency (Fig. 12), SSD writes per node (Fig. 16/17); ELICA-Load (§3.5) as a third
+//! configuration. GM/IM migration is not built yet (`docs/cluster.md`); its claim says so.
 
 use super::{pct, workload, Claim, Options, Report, Section, Table};
 use crate::cluster_sim::{simulate_cluster, ClusterMode, ClusterResult, ClusterSection, NodeSection};
@@ -102,32 +102,71 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
     let cache = size.pick("8MiB", "32MiB", "128MiB");
     let local_sc = scenario(opts, ClusterMode::Local, scale, secs, cache)?;
     let elica_sc = scenario(opts, ClusterMode::Elica, scale, secs, cache)?;
+    let load_sc = scenario(opts, ClusterMode::ElicaLoad, scale, secs, cache)?;
     let local = run_one("ECI-like (local only)", &local_sc, log)?;
     let elica = run_one("ELICA-Traffic", &elica_sc, log)?;
+    let load = run_one("ELICA-Load", &load_sc, log)?;
     let scenarios = vec![
         ("local".to_string(), toml::to_string(&local_sc).unwrap_or_default()),
-        ("elica".to_string(), toml::to_string(&elica_sc).unwrap_or_default()),
+        ("elica-traffic".to_string(), toml::to_string(&elica_sc).unwrap_or_default()),
+        ("elica-load".to_string(), toml::to_string(&load_sc).unwrap_or_default()),
     ];
     let mut per_vm = Table::new(
         "elica_vms",
-        &["VM", "node", "hit % (ECI)", "hit % (ELICA)", "mean ms (ECI)", "mean ms (ELICA)", "remote % (ELICA)"],
+        &[
+            "VM",
+            "node",
+            "hit % (ECI)",
+            "hit % (Traffic)",
+            "hit % (Load)",
+            "mean ms (ECI)",
+            "mean ms (Traffic)",
+            "mean ms (Load)",
+            "remote % (Traffic)",
+            "remote % (Load)",
+        ],
     );
-    for (l, e) in local.vms.iter().zip(&elica.vms) {
+    for ((l, e), d) in local.vms.iter().zip(&elica.vms).zip(&load.vms) {
         per_vm.rows.push(vec![
             l.name.clone(),
             l.node.clone(),
             pct(l.hit_ratio),
             pct(e.hit_ratio),
+            pct(d.hit_ratio),
             format!("{:.2}", l.mean_us / 1e3),
             format!("{:.2}", e.mean_us / 1e3),
+            format!("{:.2}", d.mean_us / 1e3),
             pct(e.remote_share),
+            pct(d.remote_share),
         ]);
     }
-    let mut nodes =
-        Table::new("elica_nodes", &["node", "SSD writes (ECI)", "SSD writes (ELICA)", "link bytes (ELICA)"]);
-    for (l, e) in local.nodes.iter().zip(&elica.nodes) {
+    let mut nodes = Table::new(
+        "elica_nodes",
+        &[
+            "node",
+            "SSD writes (ECI)",
+            "SSD writes (Traffic)",
+            "SSD writes (Load)",
+            "SSD busy s (ECI)",
+            "SSD busy s (Traffic)",
+            "SSD busy s (Load)",
+            "link (Traffic)",
+            "link (Load)",
+        ],
+    );
+    for ((l, e), d) in local.nodes.iter().zip(&elica.nodes).zip(&load.nodes) {
         let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1 << 20) as f64);
-        nodes.rows.push(vec![l.name.clone(), mib(l.ssd_written_bytes), mib(e.ssd_written_bytes), mib(e.link_bytes)]);
+        nodes.rows.push(vec![
+            l.name.clone(),
+            mib(l.ssd_written_bytes),
+            mib(e.ssd_written_bytes),
+            mib(d.ssd_written_bytes),
+            format!("{:.2}", l.ssd_busy_s),
+            format!("{:.2}", e.ssd_busy_s),
+            format!("{:.2}", d.ssd_busy_s),
+            mib(e.link_bytes),
+            mib(d.link_bytes),
+        ]);
     }
     let bars: Vec<(String, f64)> = local
         .nodes
@@ -147,13 +186,23 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
     let avg_gain = local.mean_us / elica.mean_us.max(1e-9);
     let p999_cut = 1.0 - elica.p999_us / local.p999_us.max(1e-9);
     let remote = elica.mean_remote_blocks / elica.mean_allocated_blocks.max(1.0);
-    let mut summary = Table::new("elica_summary", &["figure", "seed (MSR)", "ECI-like", "ELICA-Traffic", "ours"]);
+    let load_remote = load.mean_remote_blocks / load.mean_allocated_blocks.max(1.0);
+    let load_avg = local.mean_us / load.mean_us.max(1e-9);
+    let busy_skew = |r: &ClusterResult| {
+        let b: Vec<f64> = r.nodes.iter().map(|n| n.ssd_busy_s).collect();
+        b.iter().cloned().fold(0.0, f64::max) / (b.iter().sum::<f64>() / b.len() as f64).max(1e-12)
+    };
+    let mut summary = Table::new(
+        "elica_summary",
+        &["figure", "seed (MSR)", "ECI-like", "ELICA-Traffic", "ELICA-Load", "ours (Traffic)"],
+    );
     summary.rows = vec![
         vec![
             "cache allocated (Fig. 9)".into(),
             format!("{SEED_ALLOC}× ECI"),
             format!("{:.0} blocks", local.mean_allocated_blocks),
             format!("{:.0} blocks", elica.mean_allocated_blocks),
+            format!("{:.0} blocks", load.mean_allocated_blocks),
             format!("{alloc_ratio:.2}×"),
         ],
         vec![
@@ -161,13 +210,15 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
             format!("+{:.0}%", SEED_HIT * 100.0),
             pct(local.hit_ratio),
             pct(elica.hit_ratio),
+            pct(load.hit_ratio),
             format!("{:+.0}%", hit_gain * 100.0),
         ],
         vec![
             "average latency (Fig. 12a)".into(),
-            format!("{SEED_AVG}× lower"),
+            format!("{SEED_AVG}× (Traffic), 2.76× (Load) lower"),
             format!("{:.2} ms", local.mean_us / 1e3),
             format!("{:.2} ms", elica.mean_us / 1e3),
+            format!("{:.2} ms", load.mean_us / 1e3),
             format!("{avg_gain:.2}× lower"),
         ],
         vec![
@@ -175,13 +226,15 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
             format!("−{:.0}%", SEED_P999 * 100.0),
             format!("{:.1} ms", local.p999_us / 1e3),
             format!("{:.1} ms", elica.p999_us / 1e3),
+            format!("{:.1} ms", load.p999_us / 1e3),
             format!("{:+.0}%", -p999_cut * 100.0),
         ],
         vec![
             "remote share of the allocation (Fig. 11)".into(),
-            format!("{:.0}%", SEED_REMOTE * 100.0),
+            format!("{:.0}% (Traffic), 37% (Load)", SEED_REMOTE * 100.0),
             "0%".into(),
             pct(remote),
+            pct(load_remote),
             pct(remote),
         ],
         vec![
@@ -189,6 +242,15 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
             "more even".into(),
             format!("{:.2}", wear_skew(&local)),
             format!("{:.2}", wear_skew(&elica)),
+            format!("{:.2}", wear_skew(&load)),
+            String::new(),
+        ],
+        vec![
+            "SSD busy time, busiest node ÷ mean (§3.5)".into(),
+            "Load balances it".into(),
+            format!("{:.2}", busy_skew(&local)),
+            format!("{:.2}", busy_skew(&elica)),
+            format!("{:.2}", busy_skew(&load)),
             String::new(),
         ],
     ];
@@ -196,7 +258,10 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
         Claim {
             text: format!("ELICA allocates more cache than local-only management (seed: {SEED_ALLOC}× on MSR)."),
             holds: alloc_ratio > 1.0,
-            evidence: format!("{alloc_ratio:.2}× ({:.0} vs {:.0} blocks on average)", elica.mean_allocated_blocks, local.mean_allocated_blocks),
+            evidence: format!(
+                "{alloc_ratio:.2}× ({:.0} vs {:.0} blocks on average)",
+                elica.mean_allocated_blocks, local.mean_allocated_blocks
+            ),
             asserted: true,
         },
         Claim {
@@ -214,13 +279,25 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
         Claim {
             text: format!("ELICA lowers the p99.9 latency (seed: −{:.0}%).", SEED_P999 * 100.0),
             holds: p999_cut > 0.0,
-            evidence: format!("{:.1} → {:.1} ms ({:+.0}%)", local.p999_us / 1e3, elica.p999_us / 1e3, -p999_cut * 100.0),
+            evidence: format!(
+                "{:.1} → {:.1} ms ({:+.0}%)",
+                local.p999_us / 1e3,
+                elica.p999_us / 1e3,
+                -p999_cut * 100.0
+            ),
             asserted: false,
         },
         Claim {
-            text: format!("ELICA-Traffic allocates about {:.0}% of the cache remotely (within 10 points).", SEED_REMOTE * 100.0),
+            text: format!(
+                "ELICA-Traffic allocates about {:.0}% of the cache remotely (within 10 points).",
+                SEED_REMOTE * 100.0
+            ),
             holds: (remote - SEED_REMOTE).abs() <= 0.10,
-            evidence: format!("{} of the allocation remote; {} of cache accesses served remotely", pct(remote), pct(elica.remote_share)),
+            evidence: format!(
+                "{} of the allocation remote; {} of cache accesses served remotely",
+                pct(remote),
+                pct(elica.remote_share)
+            ),
             asserted: false,
         },
         Claim {
@@ -230,9 +307,41 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
             asserted: false,
         },
         Claim {
-            text: "ELICA-Load, and GM vs IM migration (IM ~7× faster at ~31× the bandwidth), are compared.".into(),
+            text: "ELICA-Load allocates more of the cache remotely than ELICA-Traffic (seed: 37% vs 31%).".into(),
+            holds: load_remote > remote,
+            evidence: format!(
+                "{} (Load) vs {} (Traffic) of the allocation; {} vs {} of cache accesses",
+                pct(load_remote),
+                pct(remote),
+                pct(load.remote_share),
+                pct(elica.remote_share)
+            ),
+            asserted: false,
+        },
+        Claim {
+            text: "ELICA-Traffic lowers the average latency more than ELICA-Load (seed: 3.37× vs 2.76×).".into(),
+            holds: elica.mean_us < load.mean_us,
+            evidence: format!(
+                "{avg_gain:.2}× (Traffic) vs {load_avg:.2}× (Load): {:.2} vs {:.2} ms",
+                elica.mean_us / 1e3,
+                load.mean_us / 1e3
+            ),
+            asserted: false,
+        },
+        Claim {
+            text: "ELICA-Load spreads the SSD load more evenly than ELICA-Traffic (§3.5's aim).".into(),
+            holds: busy_skew(&load) < busy_skew(&elica),
+            evidence: format!(
+                "busiest node's SSD busy time ÷ mean: {:.2} (Load) vs {:.2} (Traffic)",
+                busy_skew(&load),
+                busy_skew(&elica)
+            ),
+            asserted: false,
+        },
+        Claim {
+            text: "GM vs IM migration (IM ~7× faster at ~31× the bandwidth, Fig. 20a) is compared.".into(),
             holds: false,
-            evidence: "not built yet: reallocation does not migrate blocks and ELICA-Load is not wired into the simulator (docs/cluster.md)".into(),
+            evidence: "not built yet: a reallocation does not migrate blocks (docs/cluster.md)".into(),
             asserted: false,
         },
     ];
@@ -240,7 +349,7 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
         name: "elica".into(),
         title: "ELICA: cache shared across the nodes of an HCI cluster".into(),
         intro: format!(
-            "Three nodes with a {cache} SSD cache each (860 EVO model, 4 KiB blocks, write-back, LRU) in front of per-VM 7,200 rpm disks, linked by 10 GbE (150 µs round trip). Twenty VMs placed as in ELICA's Table 2 (MSR): 4 on N0, 6 on N1, 10 on N2. Each VM is a generated workload with its table row's request count × {scale} over {secs} s at a steady rate, its write share, 80% of accesses on 20% of a disk sized to its request count (generator configs under workloads/). Every {} s each VM's stack distances give its curve and ideal size (99% of reuses); the ECI-like baseline solves Eq. 4 per node with local cache only, ELICA-Traffic across the nodes (the fast solver), with sequential runs kept local.",
+            "Three nodes with a {cache} SSD cache each (860 EVO model, 4 KiB blocks, write-back, LRU) in front of per-VM 7,200 rpm disks, linked by 10 GbE (150 µs round trip). Twenty VMs placed as in ELICA's Table 2 (MSR): 4 on N0, 6 on N1, 10 on N2. Each VM is a generated workload with its table row's request count × {scale} over {secs} s at a steady rate, its write share, 80% of accesses on 20% of a disk sized to its request count (generator configs under workloads/). Every {} s each VM's stack distances give its curve and ideal size (99% of reuses); the ECI-like baseline solves Eq. 4 per node with local cache only, ELICA-Traffic across the nodes (the fast solver), with sequential runs kept local; ELICA-Load solves the same and then exchanges 4 units a window between the busiest VM of the node whose SSD was busiest and the idlest VM of the least busy one.",
             (secs / 12).max(1)
         ),
         size: size.name().into(),

@@ -37,6 +37,11 @@ const TABLE2: [(usize, &str, f64, u32); 20] = [
     (2, "web_0", 2e6, 70),
 ];
 
+/// Runs of consecutive 4 KiB requests (stride 8 sectors) for the heavy VMs, single
+/// requests for the rest.
+const SEQUENTIAL: &str = "{size: {min: 16, max: 64}, stride: {min: 8, max: 8}}";
+const RANDOM: &str = "{size: {min: 1, max: 1}, stride: {min: 1, max: 1}}";
+
 /// The seed's reported figures (MSR, ELICA-Traffic unless named).
 const SEED_ALLOC: f64 = 2.7;
 const SEED_HIT: f64 = 0.33;
@@ -68,6 +73,10 @@ fn scenario(opts: &Options, mode: ClusterMode, scale: f64, secs: u64, cache: &st
                 ("disk_size", &format!("{disk_mib}MiB")),
                 ("read_ratio", &format!("{:.2}", 1.0 - write as f64 / 100.0)),
                 ("hotspots", "[[20%, 80%]]"),
+                // The heavy VMs (≥ 10 M requests: MSR's src, proj, prn, usr volumes) read
+                // and write in sequential runs of 16–64 requests (64–256 KiB), which
+                // ELICA-Traffic keeps local; the others are random.
+                ("cluster", if requests >= 10e6 { SEQUENTIAL } else { RANDOM }),
             ],
         )?;
         sc.synthetic.push(SyntheticSection { config: path, then: Vec::new() });
@@ -308,7 +317,7 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
         },
         Claim {
             text: "ELICA-Load allocates more of the cache remotely than ELICA-Traffic (seed: 37% vs 31%).".into(),
-            holds: load_remote > remote,
+            holds: load_remote > remote + 0.01, // a point at least: smaller is noise
             evidence: format!(
                 "{} (Load) vs {} (Traffic) of the allocation; {} vs {} of cache accesses",
                 pct(load_remote),
@@ -320,7 +329,7 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
         },
         Claim {
             text: "ELICA-Traffic lowers the average latency more than ELICA-Load (seed: 3.37× vs 2.76×).".into(),
-            holds: elica.mean_us < load.mean_us,
+            holds: elica.mean_us < load.mean_us * 0.98, // 2% at least
             evidence: format!(
                 "{avg_gain:.2}× (Traffic) vs {load_avg:.2}× (Load): {:.2} vs {:.2} ms",
                 elica.mean_us / 1e3,
@@ -330,7 +339,7 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
         },
         Claim {
             text: "ELICA-Load spreads the SSD load more evenly than ELICA-Traffic (§3.5's aim).".into(),
-            holds: busy_skew(&load) < busy_skew(&elica),
+            holds: busy_skew(&load) < busy_skew(&elica) - 0.02,
             evidence: format!(
                 "busiest node's SSD busy time ÷ mean: {:.2} (Load) vs {:.2} (Traffic)",
                 busy_skew(&load),
@@ -349,7 +358,7 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
         name: "elica".into(),
         title: "ELICA: cache shared across the nodes of an HCI cluster".into(),
         intro: format!(
-            "Three nodes with a {cache} SSD cache each (860 EVO model, 4 KiB blocks, write-back, LRU) in front of per-VM 7,200 rpm disks, linked by 10 GbE (150 µs round trip). Twenty VMs placed as in ELICA's Table 2 (MSR): 4 on N0, 6 on N1, 10 on N2. Each VM is a generated workload with its table row's request count × {scale} over {secs} s at a steady rate, its write share, 80% of accesses on 20% of a disk sized to its request count (generator configs under workloads/). Every {} s each VM's stack distances give its curve and ideal size (99% of reuses); the ECI-like baseline solves Eq. 4 per node with local cache only, ELICA-Traffic across the nodes (the fast solver), with sequential runs kept local; ELICA-Load solves the same and then exchanges 4 units a window between the busiest VM of the node whose SSD was busiest and the idlest VM of the least busy one.",
+            "Three nodes with a {cache} SSD cache each (860 EVO model, 4 KiB blocks, write-back, LRU) in front of per-VM 7,200 rpm disks, linked by 10 GbE (150 µs round trip). Twenty VMs placed as in ELICA's Table 2 (MSR): 4 on N0, 6 on N1, 10 on N2. Each VM is a generated workload with its table row's request count × {scale} over {secs} s at a steady rate, its write share, 80% of accesses on 20% of a disk sized to its request count; the heavy VMs (≥ 10 M requests in the table) issue sequential runs of 16–64 requests, the others random ones (generator configs under workloads/). Every {} s each VM's stack distances give its curve and ideal size (99% of reuses); the ECI-like baseline solves Eq. 4 per node with local cache only, ELICA-Traffic across the nodes (the fast solver), with sequential runs kept local; ELICA-Load solves the same and then exchanges 4 units a window between the busiest VM of the node whose SSD was busiest and the idlest VM of the least busy one.",
             (secs / 12).max(1)
         ),
         size: size.name().into(),

@@ -32,6 +32,25 @@ pub struct ClusterVm {
     pub remote_blocks: u64,
 }
 
+/// One VM's window in a cluster run (a row of `ClusterResult::windows`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ClusterWindow {
+    /// End of the window, seconds of virtual time.
+    pub t_end_s: f64,
+    /// The VM's name.
+    pub vm: String,
+    /// Its node.
+    pub node: String,
+    /// Block accesses in the window, and the hit ratio over them (0 when idle).
+    pub accesses: u64,
+    /// See `accesses`.
+    pub hit_ratio: f64,
+    /// The allocation made at the window's end: local and remote blocks.
+    pub local_blocks: u64,
+    /// See `local_blocks`.
+    pub remote_blocks: u64,
+}
+
 /// A node's figures at the end of a cluster run.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ClusterNodeStats {
@@ -69,6 +88,8 @@ pub struct ClusterResult {
     pub mean_allocated_blocks: f64,
     /// See `mean_allocated_blocks`.
     pub mean_remote_blocks: f64,
+    /// Per VM per window: accesses, hit ratio, the allocation made at its end.
+    pub windows: Vec<ClusterWindow>,
     /// Allocations run, and the solver's total time (s).
     pub allocations: u64,
     /// See `allocations`.
@@ -192,6 +213,7 @@ pub(crate) fn result(
         p999_us,
         mean_allocated_blocks: 0.0,
         mean_remote_blocks: 0.0,
+        windows: Vec::new(),
         allocations,
         solve_s,
     }

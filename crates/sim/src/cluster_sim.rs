@@ -16,7 +16,7 @@
 //! migration on reallocation (GM/IM), ELICA-Load's exchanges, repeated passes.
 
 use crate::cluster_report::result;
-pub use crate::cluster_report::{ClusterNodeStats, ClusterResult, ClusterVm};
+pub use crate::cluster_report::{ClusterNodeStats, ClusterResult, ClusterVm, ClusterWindow};
 use crate::cluster_scenario::{plan, Plan};
 pub use crate::cluster_scenario::{ClusterMode, ClusterSection, NodeSection};
 use crate::device::{Device, DeviceSpec, SharedDevice};
@@ -59,6 +59,8 @@ struct Cluster<'a> {
     solve_s: f64,
     /// Sums over allocations of the blocks allocated and of those remote.
     allocated: (f64, f64),
+    /// Per VM per window (`ClusterResult::windows`).
+    windows: Vec<ClusterWindow>,
     /// Each node's SSD busy time at the last window's end (its load over a window is the
     /// busy time since, per channel: ELICA-Load's queue-depth signal).
     busy_last: Vec<u64>,
@@ -121,6 +123,7 @@ impl<'a> Cluster<'a> {
             allocations: 0,
             solve_s: 0.0,
             allocated: (0.0, 0.0),
+            windows: Vec::new(),
             busy_last: vec![0; n],
             done: Vec::new(),
         })
@@ -145,6 +148,18 @@ impl<'a> Cluster<'a> {
             self.solve_s += t.elapsed().as_secs_f64();
             self.allocated.0 += self.vms.iter().map(|v| (v.alloc.0 + v.alloc.1) as f64).sum::<f64>();
             self.allocated.1 += self.vms.iter().map(|v| v.alloc.1 as f64).sum::<f64>();
+            for (v, name) in self.vms.iter().zip(&self.names) {
+                let (_, accesses, hits) = self.nodes[v.node].metrics.take_window(v.local_id);
+                self.windows.push(ClusterWindow {
+                    t_end_s: self.window_end as f64 / 1e9,
+                    vm: name.clone(),
+                    node: self.sc.node[v.node].name.clone(),
+                    accesses,
+                    hit_ratio: if accesses > 0 { hits as f64 / accesses as f64 } else { 0.0 },
+                    local_blocks: v.alloc.0,
+                    remote_blocks: v.alloc.1,
+                });
+            }
             self.allocations += 1;
             self.window_end = self.window_end.saturating_add(self.p.window_ns);
         }
@@ -269,6 +284,7 @@ pub fn simulate_cluster(sc: &Scenario, progress: &mut dyn FnMut(u64)) -> Result<
     let mut r = result(sc, &c.p, &c.nodes, &c.vms, &c.names, &c.ssds, &c.links, c.allocations, c.solve_s);
     let n = c.allocations.max(1) as f64;
     (r.mean_allocated_blocks, r.mean_remote_blocks) = (c.allocated.0 / n, c.allocated.1 / n);
+    r.windows = c.windows;
     Ok(r)
 }
 

@@ -121,16 +121,13 @@ impl Allocator for Adaptive {
         let accesses: f64 = vms.iter().zip(&idle).filter(|(_, &i)| !i).map(|(v, _)| v.accesses).sum();
         let keep = valid && total(&ideal) - total(&current) <= self.hysteresis * accesses;
         let mut targets = if keep { current } else { ideal };
-        // Space no curve gains from: to the VMs active in the last window.
-        let active: Vec<VmDemand> = vms
-            .iter()
-            .zip(&idle)
-            .map(|(v, &i)| VmDemand { weight: if i { 0.0 } else { v.accesses.max(0.0) }, ..v.clone() })
-            .collect();
-        if active.iter().any(|v| v.weight > 0.0) {
+        // Space no curve gains from: to the VMs active in the last window, by their
+        // accesses (weights only: no VM's curves are copied).
+        let active: Vec<f64> = vms.iter().zip(&idle).map(|(v, &i)| if i { 0.0 } else { v.accesses.max(0.0) }).collect();
+        if active.iter().any(|&w| w > 0.0) {
             share_leftover(&mut targets, capacity, &active);
         } else {
-            share_leftover(&mut targets, capacity, vms);
+            share_leftover(&mut targets, capacity, &vms.iter().map(|v| v.weight).collect::<Vec<_>>());
         }
         Decision { paced_shrinks: true, ..Decision::targets(targets) }
     }

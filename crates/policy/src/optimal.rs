@@ -96,7 +96,8 @@ impl Allocator for Optimal {
             let curves: Vec<&[f64]> = vms.iter().map(|v| v.hit_curve.as_slice()).collect();
             let mut t: Vec<u64> = solve(units, &curves, &min_units).into_iter().map(|k| k as u64 * unit).collect();
             // Space no curve gains from (saturated curves, or no information yet).
-            crate::static_share::share_leftover(&mut t, capacity, vms);
+            let weights: Vec<f64> = vms.iter().map(|v| v.weight).collect();
+            crate::static_share::share_leftover(&mut t, capacity, &weights);
             t
         };
         Decision::targets(targets)

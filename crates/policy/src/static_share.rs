@@ -11,25 +11,33 @@ pub struct StaticShare;
 
 /// Splits `capacity` by weight on top of each VM's minimum.
 pub fn weighted_split(capacity: u64, vms: &[VmDemand]) -> Vec<u64> {
-    let mins: u64 = vms.iter().map(|v| v.min_blocks).sum();
-    if mins >= capacity {
+    let weights: Vec<f64> = vms.iter().map(|v| v.weight).collect();
+    let mins: Vec<u64> = vms.iter().map(|v| v.min_blocks).collect();
+    split_by_weight(capacity, &weights, &mins)
+}
+
+/// Splits `capacity` by `weights` on top of `mins` (minimums that do not fit are scaled
+/// down proportionally; the rounding remainder goes to VMs in order).
+pub fn split_by_weight(capacity: u64, weights: &[f64], mins: &[u64]) -> Vec<u64> {
+    let total_min: u64 = mins.iter().sum();
+    if total_min >= capacity {
         // Minimums do not fit: scale them down proportionally.
-        return vms
+        return mins
             .iter()
-            .map(|v| if mins == 0 { 0 } else { (v.min_blocks as u128 * capacity as u128 / mins as u128) as u64 })
+            .map(|&m| if total_min == 0 { 0 } else { (m as u128 * capacity as u128 / total_min as u128) as u64 })
             .collect();
     }
-    let rest = capacity - mins;
-    let total_w: f64 = vms.iter().map(|v| v.weight.max(0.0)).sum();
-    let mut t: Vec<u64> = vms
+    let rest = capacity - total_min;
+    let total_w: f64 = weights.iter().map(|w| w.max(0.0)).sum();
+    let mut t: Vec<u64> = weights
         .iter()
-        .map(|v| {
-            v.min_blocks
-                + if total_w > 0.0 {
-                    (rest as f64 * v.weight.max(0.0) / total_w).floor() as u64
-                } else {
-                    rest / vms.len() as u64
-                }
+        .zip(mins)
+        .map(|(w, &m)| {
+            m + if total_w > 0.0 {
+                (rest as f64 * w.max(0.0) / total_w).floor() as u64
+            } else {
+                rest / weights.len() as u64
+            }
         })
         .collect();
     let mut left = capacity - t.iter().sum::<u64>().min(capacity);
@@ -43,15 +51,14 @@ pub fn weighted_split(capacity: u64, vms: &[VmDemand]) -> Vec<u64> {
     t
 }
 
-/// Adds whatever `targets` leave of `capacity` to them, split by weight (minimums are
+/// Adds whatever `targets` leave of `capacity` to them, split by `weights` (minimums are
 /// already met), so no capacity sits idle; hits never fall when a VM gets more space.
-pub fn share_leftover(targets: &mut [u64], capacity: u64, vms: &[VmDemand]) {
+pub fn share_leftover(targets: &mut [u64], capacity: u64, weights: &[f64]) {
     let left = capacity.saturating_sub(targets.iter().sum::<u64>());
     if left == 0 {
         return;
     }
-    let shares: Vec<VmDemand> = vms.iter().map(|v| VmDemand { min_blocks: 0, ..v.clone() }).collect();
-    for (t, extra) in targets.iter_mut().zip(weighted_split(left, &shares)) {
+    for (t, extra) in targets.iter_mut().zip(split_by_weight(left, weights, &vec![0; weights.len()])) {
         *t += extra;
     }
 }

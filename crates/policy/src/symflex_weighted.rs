@@ -71,7 +71,7 @@ impl Allocator for SymflexWeighted {
             vms.iter().map(|v| saturation_blocks(&v.hit_curve, unit).map(|c| c.saturating_sub(v.min_blocks))).collect();
         let fair = water_fill(capacity - mins, &weights, &caps);
         let mut targets: Vec<u64> = vms.iter().zip(&fair).map(|(v, f)| v.min_blocks + f).collect();
-        share_leftover(&mut targets, capacity, vms);
+        share_leftover(&mut targets, capacity, &vms.iter().map(|v| v.weight).collect::<Vec<_>>());
         Decision::targets(targets)
     }
 }

@@ -418,7 +418,10 @@ impl Engine {
     #[inline]
     pub(crate) fn ssd(&self, kind: OpKind, vm: VmId, slot: u32, r: SectorRange, phase: u16, sync: bool) -> DeviceOp {
         let block = key_block(self.slots.key(slot));
-        let loc = if (slot as u64) < self.cfg.slots { Location::Ssd(0) } else { self.cfg.slot_location(slot).0 };
+        let loc = match self.region_of(slot) {
+            None => Location::Ssd(0),
+            Some(r) => Location::Remote { node: self.cfg.remote[r].node },
+        };
         self.op(kind, loc, vm, block, slot, r, phase, sync)
     }
 

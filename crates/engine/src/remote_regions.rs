@@ -9,7 +9,7 @@
 //! shares hold. Hand-written: bookkeeping over the engine's own slot lists.
 
 use crate::engine::Engine;
-use crate::slot_table::List;
+use crate::slot_table::{List, SlotTable};
 use cachevisor_trace::VmId;
 
 /// Where a slot lives: `None` the local cache store, `Some(r)` lent region `r`.
@@ -26,35 +26,31 @@ impl Engine {
         Some(self.region_starts.partition_point(|&start| start <= s) - 1)
     }
 
-    fn list(&mut self, store: Store) -> &mut List {
-        match store {
+    /// `store`'s free list, with the slot table its links live in.
+    fn list(&mut self, store: Store) -> (&mut List, &mut SlotTable) {
+        let list = match store {
             None => &mut self.free,
             Some(r) => &mut self.free_remote[r],
-        }
+        };
+        (list, &mut self.slots)
     }
 
     /// Puts a free slot at the back of its store's free list.
     pub(crate) fn free_push_back(&mut self, s: u32) {
-        let store = self.region_of(s);
-        let mut list = std::mem::take(self.list(store));
-        list.push_back(&mut self.slots, s);
-        *self.list(store) = list;
+        let (list, slots) = self.list(self.region_of(s));
+        list.push_back(slots, s);
     }
 
     /// Puts a free slot at the front of its store's free list.
     pub(crate) fn free_push_front(&mut self, s: u32) {
-        let store = self.region_of(s);
-        let mut list = std::mem::take(self.list(store));
-        list.push_front(&mut self.slots, s);
-        *self.list(store) = list;
+        let (list, slots) = self.list(self.region_of(s));
+        list.push_front(slots, s);
     }
 
     /// Takes a slot off its store's free list.
     pub(crate) fn free_unlink(&mut self, s: u32) {
-        let store = self.region_of(s);
-        let mut list = std::mem::take(self.list(store));
-        list.unlink(&mut self.slots, s);
-        *self.list(store) = list;
+        let (list, slots) = self.list(self.region_of(s));
+        list.unlink(slots, s);
     }
 
     /// Takes a free slot with no ops in flight (a slot freed while its write-back runs is
@@ -71,13 +67,10 @@ impl Engine {
     #[inline]
     pub(crate) fn take_free_of(&mut self, store: Store) -> Option<u32> {
         self.park_pinned_free();
-        let mut list = std::mem::take(self.list(store));
-        let s = list.front();
-        if let Some(s) = s {
-            list.unlink(&mut self.slots, s);
-        }
-        *self.list(store) = list;
-        s
+        let (list, slots) = self.list(store);
+        let s = list.front()?;
+        list.unlink(slots, s);
+        Some(s)
     }
 
     /// Whether a free slot with no ops in flight is left.

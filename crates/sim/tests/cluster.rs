@@ -107,6 +107,25 @@ fn cluster_scenario_errors_are_named() {
     s.node[1].name = "n0".into();
     assert!(err(&s).contains("node[1]: the name `n0` is taken"), "{}", err(&s));
     let mut s = scenario(dir.path(), ClusterMode::Elica);
+    s.cluster.as_mut().unwrap().ideal = 1.5;
+    assert!(err(&s).contains("cluster.ideal"), "{}", err(&s));
+    let mut s = scenario(dir.path(), ClusterMode::Elica);
+    s.node[0].cache = "4MB?".into();
+    assert!(err(&s).contains("node[0] (n0).cache"), "{}", err(&s));
+    let mut s = scenario(dir.path(), ClusterMode::Elica);
+    s.node[1].cache = "1KiB".into();
+    assert!(err(&s).contains("node[1] (n1).cache: 1KiB holds no block"), "{}", err(&s));
+    // A scenario file: a misspelt mode and an unknown key are named by the TOML reader.
+    for (bad, key) in [
+        ("[cluster]\nmode = \"elica-trafic\"\n", "mode"),
+        ("[[node]]\nname = \"n0\"\ncache = \"4MiB\"\nssd_size = 1\n", "ssd_size"),
+    ] {
+        let path = dir.path().join("bad.toml");
+        std::fs::write(&path, bad).unwrap();
+        let e = Scenario::load(&path).unwrap_err();
+        assert!(e.contains("bad.toml") && e.contains(key), "{e}");
+    }
+    let mut s = scenario(dir.path(), ClusterMode::Elica);
     s.vm.pop();
     assert!(err(&s).contains("vm c: no [[vm]] entry places it on a node"), "{}", err(&s));
 }

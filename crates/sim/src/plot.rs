@@ -103,8 +103,9 @@ fn legend_box(series: &[Series]) -> (f64, f64) {
 
 /// The corner of the plot with the fewest data points under where the legend would sit
 /// (a box as large as the legend itself, [`legend_box`]: a 13-series legend covers over
-/// half the plot's height, so a fixed quadrant would miss points it hides).
-fn legend_corner(series: &[Series], x_max: f64, log_x: bool, (y_lo, y_hi): (f64, f64)) -> SeriesLabelPosition {
+/// half the plot's height, so a fixed quadrant would miss points it hides), and how
+/// many points it would hide there.
+fn legend_corner(series: &[Series], x_max: f64, log_x: bool, (y_lo, y_hi): (f64, f64)) -> (SeriesLabelPosition, usize) {
     let x_min = series
         .iter()
         .flat_map(|s| s.points.iter().map(|p| p.0))
@@ -135,7 +136,31 @@ fn legend_corner(series: &[Series], x_max: f64, log_x: bool, (y_lo, y_hi): (f64,
             })
             .count()
     };
-    corners.into_iter().min_by_key(|&(_, r, t)| count(r, t)).map(|c| c.0).unwrap_or(SeriesLabelPosition::UpperRight)
+    corners
+        .into_iter()
+        .map(|(pos, r, t)| (pos, count(r, t)))
+        .min_by_key(|c| c.1)
+        .unwrap_or((SeriesLabelPosition::UpperRight, 0))
+}
+
+/// The y range and legend corner of a chart: where every corner would hide points and
+/// the range is automatic, the top of the range is raised until the legend fits above
+/// the data (so no point sits under it).
+fn legend_layout(
+    series: &[Series],
+    x_max: f64,
+    log_x: bool,
+    (y_lo, y_hi): (f64, f64),
+    auto: bool,
+) -> ((f64, f64), SeriesLabelPosition) {
+    let (pos, hidden) = legend_corner(series, x_max, log_x, (y_lo, y_hi));
+    if hidden == 0 || !auto {
+        return ((y_lo, y_hi), pos);
+    }
+    let (_, h) = legend_box(series);
+    let raised = y_lo + (y_hi - y_lo) / (1.0 - h - 0.03).max(0.2);
+    let (pos, _) = legend_corner(series, x_max, log_x, (y_lo, raised));
+    ((y_lo, raised), pos)
 }
 
 /// The outline of marker shape `k` around (0, 0), in pixels: octagon, triangle, square,
@@ -164,7 +189,8 @@ pub fn chart_svg(
         let xs = || series.iter().flat_map(|s| s.points.iter().map(|p| p.0));
         let ys = series.iter().flat_map(|s| s.points.iter().map(|p| p.1));
         let x_max = xs().fold(0.0f64, f64::max).max(1e-9);
-        let (y_lo, y_hi) = opts.y_range.unwrap_or_else(|| (0.0, ys.fold(0.0f64, f64::max).max(1e-9) * 1.05));
+        let auto = opts.y_range.unwrap_or_else(|| (0.0, ys.fold(0.0f64, f64::max).max(1e-9) * 1.05));
+        let ((y_lo, y_hi), legend_at) = legend_layout(series, x_max, opts.log_x, auto, opts.y_range.is_none());
         let mut builder = ChartBuilder::on(&root);
         builder.caption(title, ("sans-serif", 22)).margin(15).x_label_area_size(45).y_label_area_size(70);
         let err = |e: &dyn std::fmt::Display| e.to_string();
@@ -229,7 +255,7 @@ pub fn chart_svg(
                 }
                 chart
                     .configure_series_labels()
-                    .position(legend_corner(series, x_max, opts.log_x, (y_lo, y_hi)))
+                    .position(legend_at)
                     .background_style(WHITE.mix(0.85))
                     .border_style(BLACK)
                     .label_font(("sans-serif", 14))
@@ -333,11 +359,18 @@ mod tests {
         // the right (under a right-hand legend, top or bottom), one near the top left.
         let mut series: Vec<Series> = (0..12).map(|i| Series::new(format!("policy-{i}"), Vec::new())).collect();
         series.push(Series::new("points", vec![(0.05, 0.95), (0.95, 0.5), (0.96, 0.5), (0.97, 0.5)]));
-        let at = legend_corner(&series, 1.0, false, (0.0, 1.0));
+        let (at, _) = legend_corner(&series, 1.0, false, (0.0, 1.0));
         assert!(matches!(at, SeriesLabelPosition::LowerLeft), "{at:?}");
         // One series: a small box in the empty upper right.
         let one = [Series::new("a", vec![(0.05, 0.95), (0.95, 0.5)])];
-        assert!(matches!(legend_corner(&one, 1.0, false, (0.0, 1.0)), SeriesLabelPosition::UpperRight));
+        assert!(matches!(legend_corner(&one, 1.0, false, (0.0, 1.0)).0, SeriesLabelPosition::UpperRight));
+        // Points in every corner: the automatic range is raised until the legend hides none.
+        let mut crowded: Vec<Series> = (0..12).map(|i| Series::new(format!("policy-{i}"), Vec::new())).collect();
+        crowded.push(Series::new("pts", vec![(0.05, 0.9), (0.95, 0.9), (0.05, 0.1), (0.95, 0.1)]));
+        let ((lo, hi), at) = legend_layout(&crowded, 1.0, false, (0.0, 1.0), true);
+        assert!(hi > 1.0 && lo == 0.0);
+        assert_eq!(legend_corner(&crowded, 1.0, false, (lo, hi)).1, 0, "{at:?} still hides points");
+        assert_eq!(legend_layout(&crowded, 1.0, false, (0.0, 1.0), false).0, (0.0, 1.0), "a fixed range stays");
     }
 
     #[test]

@@ -205,6 +205,9 @@ impl Engine {
             self.slots.last_access_ms[s as usize] = self.now_ms;
         }
         self.with_repl(vm, |r, t| r.touch(t, s));
+        if self.migrating > 0 {
+            self.note_hit_for_migration(vm, s);
+        }
     }
 
     fn mark_dirty(&mut self, vm: VmId, s: u32, r: SectorRange) {

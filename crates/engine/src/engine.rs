@@ -34,6 +34,11 @@ pub(crate) struct Partition {
     /// ELICA-Traffic's run detector (§3.4): a request continuing a run of at least
     /// [`TRAFFIC_RUN`] bytes is sequential.
     pub(crate) traffic: crate::sequential_cutoff::SequentialCutoff,
+    /// How its blocks move when its shares change (`migration.rs`), blocks moved so far,
+    /// and where Instant Migration's scan of the slots resumes.
+    pub(crate) migration: crate::migration::MigrationScheme,
+    pub(crate) moved: u64,
+    pub(crate) migration_cursor: u64,
 }
 
 /// ELICA-Traffic's threshold (§3.4): a contiguous run of this many bytes is sequential
@@ -128,6 +133,12 @@ pub struct Engine {
     pub(crate) timers: crate::timers::Timers,
     /// Persistent mode: commits, limbo, vouched slots (see `durability.rs`).
     pub(crate) dur: crate::durability::Durability,
+    /// VMs whose migration scheme is not `Off`; block keys hits queued for a move; slots
+    /// moves and promotions let go of, freed once the ops being built are complete
+    /// (`migration.rs`).
+    pub(crate) migrating: u32,
+    pub(crate) gm_due: Vec<u64>,
+    pub(crate) deferred_free: Vec<u32>,
 }
 
 /// Result of asking for a slot.
@@ -196,6 +207,9 @@ impl Engine {
             flight: Default::default(),
             timers: Default::default(),
             dur: Default::default(),
+            migrating: 0,
+            gm_due: Vec::new(),
+            deferred_free: Vec::new(),
             cfg,
         })
     }
@@ -327,6 +341,9 @@ impl Engine {
                 remote_used_by: vec![0; self.cfg.remote.len()],
                 // `bypass` is "run above the cutoff": sequential from TRAFFIC_RUN bytes on.
                 traffic: crate::sequential_cutoff::SequentialCutoff::new(TRAFFIC_RUN - 1),
+                migration: Default::default(),
+                moved: 0,
+                migration_cursor: 0,
             });
         }
     }
@@ -377,6 +394,9 @@ impl Engine {
         self.req_blocks = None;
         self.req_evicted_dirty.clear();
         self.phase_base = 0;
+        if !self.deferred_free.is_empty() {
+            self.free_deferred();
+        }
     }
 
     // ----- request paths -----

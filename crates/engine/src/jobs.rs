@@ -238,6 +238,9 @@ impl Engine {
             let list = std::mem::take(&mut self.clean_ahead);
             self.clean_ahead = self.write_back_listed(list, |p| p.paced && p.used > p.target);
         }
+        if !self.gm_due.is_empty() && !self.flight.hold {
+            self.run_gradual_moves();
+        }
         if self.shared.is_some() || !std::mem::take(&mut self.shrink_due) {
             return;
         }

@@ -12,7 +12,9 @@
 //!   failed write) and drops the others — an acknowledged dirty sector is never dropped;
 //! - a write-back that did not complete leaves its sectors dirty in the slot they were
 //!   read from: no later write to that slot ran (it would be in a later phase), so the
-//!   block is put back there, dirty, displacing a block the request had put in its place.
+//!   block is put back there, dirty, displacing a block the request had put in its place;
+//! - a move between cache stores (migration) that did not complete puts the block back in
+//!   the slot it was copied from, which nothing reused while the copy was in flight.
 
 use crate::engine::Engine;
 use crate::inflight::{Job, OpState};
@@ -25,6 +27,27 @@ impl Engine {
         let bs = self.cfg.block_size;
         let done = |i: usize| job.state[i] == OpState::Done;
         let issued = |i: usize| matches!(job.state[i], OpState::Done | OpState::Failed);
+        // Moves between cache stores (`migration.rs`) that did not complete: the block goes
+        // back to the slot it was copied from, with its sectors as they are now (nothing
+        // changed them: the job held the block), before the rule below would drop them.
+        for op in &job.out.ops {
+            if op.kind != OpKind::SsdWrite || !op.staged {
+                continue;
+            }
+            let Some(read) = op.source_id().and_then(|src| job.out.ops.iter().find(|o| o.id == src)) else { continue };
+            let (vm, block) = (op.vm, op.block(bs));
+            let copied = job.out.ops.iter().enumerate().all(|(k, o)| {
+                !(o.slot == op.slot || o.slot == read.slot) || (o.vm, o.block(bs)) != (vm, block) || done(k)
+            });
+            if read.kind != OpKind::SsdRead || copied || self.slot_block(op.slot) != Some((vm, block)) {
+                continue;
+            }
+            let spb = self.spb;
+            let (valid, dirty): (Vec<bool>, Vec<bool>) = (0..spb).map(|k| self.sector_state(op.slot, k)).unzip();
+            self.release_slot(op.slot);
+            self.restore_slot(read.slot, vm, block, &valid, &dirty).expect("a move's source slot waits for it");
+            self.vms[vm as usize].moved -= 1;
+        }
         // Cache writes that did not complete: their sectors hold nothing.
         for (i, op) in job.out.ops.iter().enumerate() {
             if op.kind == OpKind::SsdWrite && !done(i) && self.slot_block(op.slot) == Some((op.vm, op.block(bs))) {

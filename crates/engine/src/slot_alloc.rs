@@ -221,7 +221,12 @@ impl Engine {
         } else if let Some(o) = (used < target).then(|| self.paced_donor()).flatten() {
             self.place_victim(out, |e, out| e.steal_from(o, sync, out))?
         } else if used > 0 {
-            self.victim_slot(vm, sync, out)?
+            let (s, evicted) = self.victim_slot(vm, sync, out)?;
+            if self.migrating > 0 && self.vms[vm as usize].migration != crate::MigrationScheme::Off {
+                (self.promote_to_destination(vm, s), evicted)
+            } else {
+                (s, evicted)
+            }
         } else {
             return None;
         };

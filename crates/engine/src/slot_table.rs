@@ -189,6 +189,24 @@ impl List {
         }
     }
 
+    /// Puts `new` (on no list) where `old` (in this list) is, and takes `old` off: a block
+    /// moved to another slot keeps its place in the order (migration, `migration.rs`).
+    pub fn replace(&mut self, t: &mut SlotTable, old: u32, new: u32) {
+        let (p, n) = (t.meta[old as usize].prev, t.meta[old as usize].next);
+        t.meta[new as usize].prev = p;
+        t.meta[new as usize].next = n;
+        if p != NIL {
+            t.meta[p as usize].next = new;
+        } else {
+            self.head = new;
+        }
+        if n != NIL {
+            t.meta[n as usize].prev = new;
+        } else {
+            self.tail = new;
+        }
+    }
+
     /// Removes and returns the back slot.
     #[inline]
     pub fn pop_back(&mut self, t: &mut SlotTable) -> Option<u32> {

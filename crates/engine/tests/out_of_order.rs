@@ -54,7 +54,22 @@ enum JobKind {
         block: u64,
         len: u32,
     },
+    /// Lent-region cases: `vm`'s remote shares become `shares[pick]` and its migration
+    /// scheme `scheme` (ELICA §3.6: blocks at a store above its share move).
+    Shares {
+        vm: u32,
+        pick: usize,
+        scheme: MigrationScheme,
+    },
+    /// Lent-region cases: Instant Migration's bulk copy of up to `max` blocks.
+    Migrate {
+        vm: u32,
+        max: u64,
+    },
 }
+
+/// Remote shares a `Shares` step picks from (of a VM's 3 slots; lenders 1 and 3).
+const SHARES: [&[(u16, u64)]; 5] = [&[], &[(1, 2)], &[(3, 1)], &[(1, 1), (3, 1)], &[(1, 2), (3, 1)]];
 
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
@@ -70,6 +85,9 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0u64..9).prop_map(|free| Step::Job(JobKind::Clean { free })),
         2 => (0u32..3, 0..SECTORS_PER_DISK / 8, 1u32..5)
             .prop_map(|(vm, block, len)| Step::Job(JobKind::Prewarm { vm, block, len })),
+        1 => (0u32..3, 0..SHARES.len(), prop::sample::select(vec![MigrationScheme::Off, MigrationScheme::Gradual, MigrationScheme::Instant]))
+            .prop_map(|(vm, pick, scheme)| Step::Job(JobKind::Shares { vm, pick, scheme })),
+        2 => (0u32..3, 1u64..4).prop_map(|(vm, max)| Step::Job(JobKind::Migrate { vm, max })),
         1 => (0u32..3, 0..SECTORS_PER_DISK, 1u64..12).prop_map(|(vm, sector, count)| {
             Step::Discard { vm, sector, count: count.min(SECTORS_PER_DISK - sector) }
         }),
@@ -339,8 +357,17 @@ fn run(
                     d.complete(now, pick % n, fail, torn).map_err(ctx)?;
                 }
             }
+            Step::Job(JobKind::Shares { .. } | JobKind::Migrate { .. })
+                if !remote || partition != PartitionMode::Static => {}
             Step::Job(j) => {
                 d.e.submit_job(|e, out| match j {
+                    JobKind::Shares { vm, pick, scheme } => {
+                        e.set_remote_shares(vm, SHARES[pick]).unwrap();
+                        e.set_migration(vm, scheme);
+                    }
+                    JobKind::Migrate { vm, max } => {
+                        e.migrate_some(vm, max, out);
+                    }
                     JobKind::Target { vm, slots } => e.set_target(vm, slots, out),
                     JobKind::PacedTarget { vm, slots } => e.set_target_paced(vm, slots),
                     JobKind::Flush { vm } => e.flush(vm, out),

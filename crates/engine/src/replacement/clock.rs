@@ -37,6 +37,10 @@ impl Replacement for Clock {
     fn remove(&mut self, t: &mut SlotTable, s: u32) {
         self.ring.unlink(t, s);
     }
+    fn replace(&mut self, t: &mut SlotTable, old: u32, new: u32) {
+        t.aux[new as usize] = t.aux[old as usize];
+        self.ring.replace(t, old, new);
+    }
     fn evict(&mut self, t: &mut SlotTable) -> Option<u32> {
         loop {
             let s = self.ring.back()?;

@@ -22,6 +22,10 @@ impl Replacement for Fifo {
     fn remove(&mut self, t: &mut SlotTable, s: u32) {
         self.list.unlink(t, s);
     }
+    fn replace(&mut self, t: &mut SlotTable, old: u32, new: u32) {
+        t.aux[new as usize] = t.aux[old as usize];
+        self.list.replace(t, old, new);
+    }
     #[inline]
     fn evict(&mut self, t: &mut SlotTable) -> Option<u32> {
         self.list.pop_back(t)

@@ -37,6 +37,10 @@ pub trait Replacement {
     fn touch(&mut self, t: &mut SlotTable, s: u32);
     /// Forgets resident `s` without choosing it as a victim.
     fn remove(&mut self, t: &mut SlotTable, s: u32);
+    /// Makes `new` (not resident) resident in `old`'s place — its position, its policy
+    /// byte — and forgets `old`: the block in `old` moved to `new` (migration between
+    /// cache stores, ELICA §3.6) without changing what is evicted next.
+    fn replace(&mut self, t: &mut SlotTable, old: u32, new: u32);
     /// Chooses a victim, forgets it and returns it; `None` only when nothing is resident.
     fn evict(&mut self, t: &mut SlotTable) -> Option<u32>;
     /// Resident slots.
@@ -173,6 +177,9 @@ impl Replacement for AnyReplacement {
     #[inline]
     fn remove(&mut self, t: &mut SlotTable, s: u32) {
         dispatch!(self, r => r.remove(t, s))
+    }
+    fn replace(&mut self, t: &mut SlotTable, old: u32, new: u32) {
+        dispatch!(self, r => r.replace(t, old, new))
     }
     #[inline]
     fn evict(&mut self, t: &mut SlotTable) -> Option<u32> {

@@ -85,6 +85,14 @@ impl Replacement for S3Fifo {
             self.small.unlink(t, s);
         }
     }
+    fn replace(&mut self, t: &mut SlotTable, old: u32, new: u32) {
+        t.aux[new as usize] = t.aux[old as usize];
+        if t.aux[old as usize] & MAIN != 0 {
+            self.main.replace(t, old, new);
+        } else {
+            self.small.replace(t, old, new);
+        }
+    }
     fn evict(&mut self, t: &mut SlotTable) -> Option<u32> {
         loop {
             if !self.small.is_empty() && (self.small.len() as u64 >= self.small_cap || self.main.is_empty()) {

@@ -57,6 +57,14 @@ impl Replacement for TwoPool {
             self.single.unlink(t, s);
         }
     }
+    fn replace(&mut self, t: &mut SlotTable, old: u32, new: u32) {
+        t.aux[new as usize] = t.aux[old as usize];
+        if t.aux[old as usize] & MULTI != 0 {
+            self.multi.replace(t, old, new);
+        } else {
+            self.single.replace(t, old, new);
+        }
+    }
     fn evict(&mut self, t: &mut SlotTable) -> Option<u32> {
         while self.multi.len() as u64 > self.multi_cap {
             let s = self.multi.pop_back(t)?;

@@ -1,0 +1,395 @@
+//! Cache migration between stores (ELICA §3.6): when a VM's shares change — less of its
+//! target local and more on a lender, or from one lender to another — the blocks it holds
+//! where it is now above its share move to a store where it is below, instead of waiting
+//! to be replaced. A move is an SSD→SSD staged copy (the source slot read, the
+//! destination written with those bytes), emitted as a background job:
+//!
+//! - the block's index points at the destination when the copy is emitted and the source
+//!   slot is freed; the job holds the block (`inflight.rs`), so a request touching it
+//!   waits until the copy landed — §3.7's update safety: data is never moved while being
+//!   updated, and a write arriving during the transfer is applied after it, to the
+//!   destination; the source slot stays pinned (never reused) until its read ended;
+//! - a copy that fails puts the block back in its source slot with its valid and dirty
+//!   sectors (`repair.rs`), as a failed write-back does: the source bytes were never
+//!   overwritten, so nothing a client was told is written is lost;
+//! - the block keeps its place in its replacement order ([`Replacement::replace`]).
+//!
+//! Schemes (per VM, [`Engine::set_migration`]): **Gradual** (§3.6.1) moves a block after
+//! an access that hit it at a store where its VM is above its share (the copy reads the
+//! source once more — the seed reuses the access's own read; ours keeps every copy a job
+//! of its own, so coherency has one rule), and a miss of such a VM whose victim frees a
+//! slot at a store above its share lands in a free slot of a store below it (promotion to
+//! the destination). **Instant** (§3.6.2) does the same and, as the driver asks
+//! ([`Engine::migrate_some`]), copies the VM's misplaced blocks in the order of the source
+//! store's slots (sequential reads of the source SSD). **Off**: blocks stay until replaced.
+//! Hand-written: bookkeeping over the engine's own slot table and free lists.
+
+use crate::engine::Engine;
+use crate::output::{DeviceOp, OpKind, Output};
+use crate::remote_regions::Store;
+use crate::replacement::Replacement;
+use crate::slot_table::{key_vm, pack_key, FREE_KEY};
+use cachevisor_trace::VmId;
+
+/// How a VM's misplaced blocks move (ELICA §3.6).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MigrationScheme {
+    /// Blocks above a share stay until replaced (no copies).
+    #[default]
+    Off,
+    /// Gradual Migration (§3.6.1): a block moves when accessed; misses land at the
+    /// destination.
+    Gradual,
+    /// Instant Migration (§3.6.2): Gradual's routing plus a bulk copy the driver paces.
+    Instant,
+}
+
+/// A VM's migration counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct MigrationStats {
+    /// Blocks moved so far (copies emitted and not undone by a failure).
+    pub moved: u64,
+    /// Blocks now at a store where the VM is above its share that a store where it is
+    /// below could take: what is still to move (ELICA's reserved capacity, in blocks).
+    pub misplaced: u64,
+}
+
+impl Engine {
+    /// Sets how `vm`'s blocks move when its shares change.
+    pub fn set_migration(&mut self, vm: VmId, scheme: MigrationScheme) {
+        self.ensure_vm(vm);
+        let p = &mut self.vms[vm as usize];
+        let was = p.migration != MigrationScheme::Off;
+        p.migration = scheme;
+        let now = scheme != MigrationScheme::Off;
+        self.migrating = self.migrating + now as u32 - was as u32;
+    }
+
+    /// `vm`'s migration counters.
+    pub fn migration_stats(&self, vm: VmId) -> MigrationStats {
+        let Some(p) = self.vms.get(vm as usize) else { return MigrationStats::default() };
+        let (mut over, mut under) = (0u64, 0u64);
+        for store in self.stores() {
+            let (used, share) = self.held_and_share(vm, store);
+            over += used.saturating_sub(share);
+            under += share.saturating_sub(used);
+        }
+        MigrationStats { moved: p.moved, misplaced: over.min(under) }
+    }
+
+    /// Every store: local, then each lent region.
+    fn stores(&self) -> impl Iterator<Item = Store> {
+        std::iter::once(None).chain((0..self.cfg.remote.len()).map(Some))
+    }
+
+    /// Slots `vm` holds at `store`, and its share there (local: its target less its remote
+    /// shares).
+    fn held_and_share(&self, vm: VmId, store: Store) -> (u64, u64) {
+        let p = &self.vms[vm as usize];
+        match store {
+            None => (p.used - p.remote_used, p.target - p.remote_target.min(p.target)),
+            Some(r) => (p.remote_used_by[r], p.remote_shares[r]),
+        }
+    }
+
+    /// Whether `vm` holds more than its share at `store`.
+    fn above_share(&self, vm: VmId, store: Store) -> bool {
+        let (used, share) = self.held_and_share(vm, store);
+        used > share
+    }
+
+    /// A store where `vm` holds less than its share and a free slot is left (local first).
+    fn store_below_share(&mut self, vm: VmId) -> Option<Store> {
+        self.park_pinned_free();
+        self.stores().collect::<Vec<_>>().into_iter().find(|&st| {
+            let (used, share) = self.held_and_share(vm, st);
+            let free = match st {
+                None => self.free.front(),
+                Some(r) => self.free_remote[r].front(),
+            };
+            used < share && free.is_some()
+        })
+    }
+
+    /// Moves `vm`'s block in slot `s` (at a store where `vm` is above its share, no op in
+    /// flight on it) to a free slot of a store where it is below: the staged copy's ops go
+    /// to `out`, the index points at the new slot, `s` is freed once `out` is complete
+    /// ([`Self::free_deferred`]). Returns whether it moved.
+    pub(crate) fn move_block(&mut self, vm: VmId, s: u32, out: &mut Output) -> bool {
+        debug_assert!(!self.dur.on, "persistent mode has no lent regions");
+        let Some(store) = self.store_below_share(vm) else { return false };
+        let Some(d) = self.take_free_of(store) else { return false };
+        let key = self.slots.key(s);
+        let spb = self.spb;
+        let mut runs = std::mem::take(&mut self.runs);
+        self.valid.runs(s, (0, spb), true, &mut runs);
+        let first = self.next_op;
+        for &run in &runs {
+            let read = DeviceOp { staged: true, ..self.ssd(OpKind::SsdRead, vm, s, run, 0, false) };
+            self.emit(out, read);
+        }
+        // The destination now names the block (its ops are built from its key).
+        self.slots.set_key(d, key);
+        for (i, &run) in runs.iter().enumerate() {
+            let write = self.ssd(OpKind::SsdWrite, vm, d, run, 1, false);
+            self.emit(out, DeviceOp { staged: true, source: std::num::NonZeroU64::new(first + i as u64), ..write });
+        }
+        self.runs = runs;
+        // Metadata follows the bytes: sector bits, index, place in the order, counts.
+        for i in 0..spb {
+            let (v, dirty) = (self.valid.get(s, i), self.dirty.get(s, i));
+            if v {
+                self.valid.set(d, (i, i + 1));
+            }
+            if dirty {
+                self.dirty.set(d, (i, i + 1));
+            }
+        }
+        self.valid.clear_all(s);
+        self.dirty.clear_all(s);
+        let slots = &self.slots;
+        self.index.remove(key, s, |x| slots.key(x));
+        self.index.insert(key, d);
+        self.with_repl(vm, |r, t| r.replace(t, s, d));
+        self.slots.set_key(s, FREE_KEY);
+        if !self.slots.last_access_ms.is_empty() {
+            self.slots.last_access_ms[d as usize] = self.slots.last_access_ms[s as usize];
+        }
+        if !self.protected.is_empty() {
+            if let Some(until) = self.protected.remove(&s) {
+                self.protected.insert(d, until);
+            }
+        }
+        self.count_store(vm, s, -1);
+        self.count_store(vm, d, 1);
+        self.note(s);
+        self.note(d);
+        self.deferred_free.push(s);
+        self.vms[vm as usize].moved += 1;
+        true
+    }
+
+    /// Frees the slots moves and promotions let go of while building one request's or
+    /// job's ops: only now, so no later block of the same ops takes a slot an earlier op
+    /// still reads (the job pins it when it starts; a pinned free slot is set aside).
+    pub(crate) fn free_deferred(&mut self) {
+        while let Some(s) = self.deferred_free.pop() {
+            self.free_slot(s);
+        }
+    }
+
+    /// Gradual and Instant Migration's routing of a miss (§3.6.1): `vm`'s victim freed
+    /// slot `s` at a store where `vm` is (still) at or above its share; if a store where
+    /// it is below its share has a free slot, the new block goes there and `s` is freed
+    /// with the request's ops. Returns the slot to use.
+    pub(crate) fn promote_to_destination(&mut self, vm: VmId, s: u32) -> u32 {
+        let st = self.region_of(s);
+        let (used, share) = self.held_and_share(vm, st);
+        if used < share {
+            return s;
+        }
+        match self.store_below_share(vm).and_then(|to| self.take_free_of(to)) {
+            Some(d) => {
+                self.deferred_free.push(s);
+                d
+            }
+            None => s,
+        }
+    }
+
+    /// A hit on `vm`'s block in slot `s` (Gradual/Instant): queued to move once the
+    /// request is done, if `vm` is above its share at `s`'s store.
+    #[inline]
+    pub(crate) fn note_hit_for_migration(&mut self, vm: VmId, s: u32) {
+        if self.vms[vm as usize].migration != MigrationScheme::Off
+            && self.gm_due.len() < GM_DUE_MAX
+            && self.above_share(vm, self.region_of(s))
+        {
+            self.gm_due.push(self.slots.key(s));
+        }
+    }
+
+    /// Moves the blocks hits queued ([`Self::note_hit_for_migration`]) that are still
+    /// misplaced and free (no op in flight, no request holding or waiting for them), as
+    /// one background job; the others are dropped (their next hit queues them again).
+    pub(crate) fn run_gradual_moves(&mut self) {
+        let due = std::mem::take(&mut self.gm_due);
+        self.submit_job(|e, out| {
+            for key in due {
+                let Some(s) = e.index.get(key, |x| e.slots.key(x)) else { continue };
+                let vm = key_vm(key);
+                let free = !e.flight.pinned(s)
+                    && !e.flight.busy.contains_key(&key)
+                    && !e.flight.queues.contains_key(&key)
+                    && !e.req_keys_in(out, key);
+                if free && e.above_share(vm, e.region_of(s)) {
+                    e.move_block(vm, s, out);
+                }
+            }
+            e.free_deferred();
+        });
+    }
+
+    /// Whether `out` already has an op on block `key` (one move per block per job).
+    fn req_keys_in(&self, out: &Output, key: u64) -> bool {
+        let bs = self.cfg.block_size;
+        out.ops.iter().any(|o| pack_key(o.vm, o.block(bs)) == key)
+    }
+
+    /// Instant Migration's bulk copy (§3.6.2): moves up to `max` of `vm`'s misplaced
+    /// blocks — those at stores where it is above its share, with no op in flight and no
+    /// request holding or waiting for them — to stores where it is below, in slot order
+    /// from where the last call stopped (sequential reads of the source store). Returns
+    /// the blocks moved (0: nothing movable now).
+    pub fn migrate_some(&mut self, vm: VmId, max: u64, out: &mut Output) -> u64 {
+        self.ensure_vm(vm);
+        let total = self.slot_count();
+        if total == 0 || max == 0 {
+            return 0;
+        }
+        let mut moved = 0;
+        let start = self.vms[vm as usize].migration_cursor % total;
+        let mut at = start;
+        let mut seen = 0u64;
+        while seen < total && moved < max {
+            let s = at as u32;
+            let key = self.slots.key(s);
+            if key != FREE_KEY
+                && key_vm(key) == vm
+                && !self.flight.pinned(s)
+                && !self.flight.busy.contains_key(&key)
+                && !self.flight.queues.contains_key(&key)
+                && self.above_share(vm, self.region_of(s))
+            {
+                if self.store_below_share(vm).is_none() {
+                    break;
+                }
+                if self.move_block(vm, s, out) {
+                    moved += 1;
+                }
+            }
+            at = (at + 1) % total;
+            seen += 1;
+        }
+        self.vms[vm as usize].migration_cursor = at;
+        self.free_deferred();
+        moved
+    }
+}
+
+/// Hits queued for a Gradual move at most between two retirements.
+const GM_DUE_MAX: usize = 4096;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::PartitionMode;
+    use crate::{EngineConfig, RemoteRegion};
+    use cachevisor_trace::{Op, Request};
+
+    fn engine() -> Engine {
+        let cfg = EngineConfig {
+            partition: PartitionMode::Static,
+            remote: vec![RemoteRegion { node: 1, slots: 8 }],
+            ..EngineConfig::with_slots(8)
+        };
+        Engine::new(cfg).unwrap()
+    }
+
+    fn write(e: &mut Engine, block: u64) -> Output {
+        let mut out = Output::default();
+        e.access(0, &Request { time_ns: 0, vm: 0, op: Op::Write, offset: block * 4096, len: 4096 }, &mut out);
+        out
+    }
+
+    #[test]
+    fn instant_migration_moves_misplaced_blocks_in_slot_order_and_keeps_them_dirty() {
+        let mut e = engine();
+        let mut out = Output::default();
+        e.set_target(0, 6, &mut out);
+        for b in 0..6 {
+            write(&mut e, b);
+        }
+        assert_eq!(e.partition(0).remote_used, 0);
+        // Four of its six slots now come from node 1: four local blocks are misplaced.
+        e.set_remote_shares(0, &[(1, 4)]).unwrap();
+        e.set_migration(0, MigrationScheme::Instant);
+        assert_eq!(e.migration_stats(0).misplaced, 4);
+        let mut out = Output::default();
+        assert_eq!(e.migrate_some(0, 3, &mut out), 3);
+        // Each move: a staged read of the local slot, then a staged write to node 1's.
+        let reads: Vec<_> = out.ops.iter().filter(|o| o.kind == OpKind::SsdRead).collect();
+        let writes: Vec<_> = out.ops.iter().filter(|o| o.kind == OpKind::SsdWrite).collect();
+        assert_eq!((reads.len(), writes.len()), (3, 3));
+        assert!(reads.iter().all(|o| o.loc == crate::Location::Ssd(0) && o.staged && o.phase == 0));
+        assert!(writes.iter().all(|o| o.loc == crate::Location::Remote { node: 1 } && o.source.is_some()));
+        let order: Vec<u32> = reads.iter().map(|o| o.slot).collect();
+        assert!(order.is_sorted(), "source slots in order: {order:?}");
+        assert_eq!(e.migration_stats(0), MigrationStats { moved: 3, misplaced: 1 });
+        assert_eq!(e.partition(0).remote_used, 3);
+        assert_eq!(e.partition(0).dirty_blocks, 6);
+        e.check_invariants().unwrap();
+        let mut out = Output::default();
+        assert_eq!(e.migrate_some(0, 8, &mut out), 1);
+        assert_eq!(e.migrate_some(0, 8, &mut Output::default()), 0);
+        assert_eq!(e.migration_stats(0).misplaced, 0);
+        // Every block still hits, dirty, and a flush writes all six back.
+        for b in 0..6 {
+            assert!(e.holds(0, b, (0, 8)));
+        }
+        let mut out = Output::default();
+        e.flush(None, &mut out);
+        assert_eq!(out.ops.iter().filter(|o| o.kind == OpKind::BackingWrite).count(), 6);
+        e.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_moved_block_keeps_its_place_in_the_lru_order() {
+        let mut e = engine();
+        e.set_target(0, 4, &mut Output::default());
+        for b in 0..4 {
+            write(&mut e, b);
+        }
+        let before: Vec<u64> = e.dump_partition(0).iter().map(|&s| e.slot_block(s).unwrap().1).collect();
+        e.set_remote_shares(0, &[(1, 4)]).unwrap();
+        e.set_migration(0, MigrationScheme::Instant);
+        assert_eq!(e.migrate_some(0, 8, &mut Output::default()), 4);
+        let after: Vec<u64> = e.dump_partition(0).iter().map(|&s| e.slot_block(s).unwrap().1).collect();
+        assert_eq!(before, after);
+        assert!(e.dump_partition(0).iter().all(|&s| s >= 8), "all in node 1's region");
+    }
+
+    #[test]
+    fn gradual_migration_routes_misses_to_the_destination_and_moves_hit_blocks() {
+        let mut e = engine();
+        e.set_target(0, 4, &mut Output::default());
+        for b in 0..4 {
+            write(&mut e, b);
+        }
+        e.set_remote_shares(0, &[(1, 2)]).unwrap();
+        e.set_migration(0, MigrationScheme::Gradual);
+        // A miss at its target: the victim's local slot is freed, the block lands lent.
+        let out = write(&mut e, 10);
+        let w = out.ops.iter().find(|o| o.kind == OpKind::SsdWrite && o.client).unwrap();
+        assert_eq!(w.loc, crate::Location::Remote { node: 1 });
+        assert_eq!(e.partition(0).remote_used, 1);
+        assert_eq!(e.free_slots(), 5 + 7, "the victim's local slot is free again");
+        e.check_invariants().unwrap();
+        // A hit on a local block queues it; the move runs as a job once requests end.
+        let mut out = Output::default();
+        e.access(0, &Request { time_ns: 0, vm: 0, op: Op::Read, offset: 3 * 4096, len: 4096 }, &mut out);
+        assert_eq!(e.gm_due.len(), 1);
+        e.run_gradual_moves();
+        let read = e.poll_op().unwrap();
+        assert_eq!((read.kind, read.loc, e.poll_op()), (OpKind::SsdRead, crate::Location::Ssd(0), None));
+        e.handle_completion(0, read.handle(), Ok(()));
+        let write = e.poll_op().unwrap();
+        assert_eq!((write.kind, write.loc), (OpKind::SsdWrite, crate::Location::Remote { node: 1 }));
+        e.handle_completion(0, write.handle(), Ok(()));
+        assert_eq!(e.in_flight(), 0);
+        e.check_invariants().unwrap();
+        assert_eq!(e.partition(0).remote_used, 2);
+        assert_eq!(e.migration_stats(0).misplaced, 0);
+    }
+}

@@ -94,6 +94,27 @@ pub struct ClusterResult {
     pub allocations: u64,
     /// See `allocations`.
     pub solve_s: f64,
+    /// What migrations cost (§3.6), when migration is on.
+    pub migration: Option<ClusterMigrationResult>,
+}
+
+/// Migration's figures in a cluster run (ELICA §3.6: time, reserved capacity, bandwidth).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ClusterMigrationResult {
+    /// The planner's account: migrations started and finished per scheme, their summed
+    /// durations, reserved capacity (block-seconds, peak blocks), bytes moved.
+    pub cost: cachevisor_cluster::migration_plan::MigrationCost,
+    /// Blocks copied between stores.
+    pub moved_blocks: u64,
+}
+
+impl ClusterMigrationResult {
+    /// Mean migration time of finished Gradual and Instant migrations, seconds.
+    pub fn mean_times_s(&self) -> (Option<f64>, Option<f64>) {
+        let c = &self.cost;
+        let mean = |t: u64, n: u64| (n > 0).then(|| t as f64 / n as f64 / 1e6);
+        (mean(c.time_gradual_us, c.finished_gradual), mean(c.time_instant_us, c.finished_instant))
+    }
 }
 
 impl ClusterResult {
@@ -141,6 +162,25 @@ impl ClusterResult {
                 n.cache_blocks,
                 cachevisor_trace::units::format_size(n.ssd_written_bytes),
                 cachevisor_trace::units::format_size(n.link_bytes)
+            );
+        }
+        if let Some(m) = &self.migration {
+            let c = &m.cost;
+            let (g, i) = m.mean_times_s();
+            let secs = |t: Option<f64>| t.map_or("-".to_string(), |t| format!("{t:.2} s"));
+            let _ = writeln!(
+                s,
+                "\nmigrations: {} gradual, {} instant started, {} finished (mean time gradual {}, instant {}); \
+                 {} blocks moved ({}), reserved capacity {:.0} block-s (peak {} blocks)",
+                c.started_gradual,
+                c.started_instant,
+                c.finished,
+                secs(g),
+                secs(i),
+                m.moved_blocks,
+                cachevisor_trace::units::format_size(c.bytes_moved),
+                c.reserved_block_s,
+                c.reserved_peak
             );
         }
         let _ = write!(s, "\n{} allocations ({:?}), solver time {:.3} s", self.allocations, self.mode, self.solve_s);
@@ -216,5 +256,6 @@ pub(crate) fn result(
         windows: Vec::new(),
         allocations,
         solve_s,
+        migration: None,
     }
 }

@@ -5,6 +5,7 @@
 use crate::device::{Device, DeviceSpec};
 use crate::scenario::{DeviceChoice, Scenario};
 use cachevisor_cluster::allocation::Solver;
+use cachevisor_cluster::migration_plan::{PlanSettings, SchemeChoice};
 use cachevisor_cluster::model::Latencies;
 use cachevisor_engine::PartitionMode;
 use cachevisor_trace::units::{parse_duration_ns, parse_size};
@@ -61,6 +62,70 @@ pub struct ClusterSection {
     /// units of 1 MiB move a few percent of a busy VM's cache per window, so a VM's data
     /// moves gradually rather than all at once).
     pub load_chunks: u64,
+    /// Migration when an allocation moves a VM's cache between nodes (§3.6).
+    pub migration: MigrationSection,
+}
+
+/// Which migration scheme moves a VM's blocks when its shares change (ELICA §3.6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum MigrationChoice {
+    /// Latency-aware (§3.6.3): Gradual while the links are congested, else Instant.
+    #[default]
+    Auto,
+    /// Always Gradual Migration (§3.6.1).
+    Gradual,
+    /// Always Instant Migration (§3.6.2).
+    Instant,
+    /// No migration: blocks at a store above the VM's share stay until replaced.
+    Off,
+}
+
+/// `[cluster.migration]`: how and how fast caches move between nodes (§3.6, §3.6.3).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MigrationSection {
+    /// The scheme.
+    pub scheme: MigrationChoice,
+    /// Migrations that may start per second (rate-limited migration, §3.6.3).
+    pub rate: f64,
+    /// Migrations that may start at once after a quiet spell.
+    pub burst: u32,
+    /// Link utilization (0..=1) at or above which `auto` picks Gradual.
+    pub congested: f64,
+    /// Instant Migration: blocks per copy job (one job in flight per VM).
+    pub batch: u64,
+}
+
+impl Default for MigrationSection {
+    fn default() -> Self {
+        let p = PlanSettings::default();
+        MigrationSection {
+            scheme: MigrationChoice::Auto,
+            rate: p.rate,
+            burst: p.burst,
+            congested: p.congested,
+            batch: 64,
+        }
+    }
+}
+
+impl MigrationSection {
+    /// The planner's settings (`None`: migration off); the error names the key.
+    pub(crate) fn settings(&self) -> Result<Option<PlanSettings>, String> {
+        let scheme = match self.scheme {
+            MigrationChoice::Off => return Ok(None),
+            MigrationChoice::Auto => None,
+            MigrationChoice::Gradual => Some(SchemeChoice::Gradual),
+            MigrationChoice::Instant => Some(SchemeChoice::Instant),
+        };
+        let s = PlanSettings { rate: self.rate, burst: self.burst, congested: self.congested, scheme };
+        s.validate().map_err(|e| format!("cluster.{e}"))?;
+        if self.batch == 0 {
+            return Err("cluster.migration.batch must be at least 1 block".into());
+        }
+        Ok(Some(s))
+    }
 }
 
 impl Default for ClusterSection {
@@ -71,6 +136,7 @@ impl Default for ClusterSection {
             unit: "1MiB".into(),
             ideal: 0.99,
             load_chunks: 4,
+            migration: MigrationSection::default(),
         }
     }
 }
@@ -83,6 +149,8 @@ pub(crate) struct Plan {
     pub(crate) window_ns: u64,
     pub(crate) slots: Vec<u64>,
     pub(crate) lat: Latencies,
+    /// Migration's planner settings (`None`: off, or a local-only cluster).
+    pub(crate) migration: Option<PlanSettings>,
 }
 
 pub(crate) fn plan(sc: &Scenario) -> Result<Plan, String> {
@@ -135,5 +203,6 @@ pub(crate) fn plan(sc: &Scenario) -> Result<Plan, String> {
     let us = |spec: &DeviceSpec| Device::nominal_ns(spec, false, block as u32) as f64 / 1e3;
     let lat = Latencies { ssd_local_us: us(&ssd), ssd_remote_us: us(&ssd), network_us: us(&link), hdd_us: us(&hdd) };
     let window_ns = parse_duration_ns(&sc.replay.window)?;
-    Ok(Plan { unit_blocks: unit / block, cl, block, window_ns, slots, lat })
+    let migration = cl.migration.settings()?.filter(|_| cl.mode != ClusterMode::Local);
+    Ok(Plan { unit_blocks: unit / block, cl, block, window_ns, slots, lat, migration })
 }

@@ -12,15 +12,18 @@
 //! Every node runs in one virtual time, one instant at a time in global order.
 //!
 //! Each VM's remote share is set per lender, as Eq. 4's solution splits it, so a
-//! lender's SSD holds what the allocation lent from it. Not yet (docs/cluster.md):
-//! migration on reallocation (GM/IM), ELICA-Load's exchanges, repeated passes.
+//! lender's SSD holds what the allocation lent from it. When an allocation moves a VM's
+//! cache between stores, its blocks migrate (§3.6, `cluster_migration.rs`: Gradual or
+//! Instant, rate-limited; `[cluster.migration]`). Not yet: repeated passes.
 
+use crate::cluster_migration::ClusterMigrations;
 use crate::cluster_report::result;
-pub use crate::cluster_report::{ClusterNodeStats, ClusterResult, ClusterVm, ClusterWindow};
+pub use crate::cluster_report::{ClusterMigrationResult, ClusterNodeStats, ClusterResult, ClusterVm, ClusterWindow};
 use crate::cluster_scenario::{plan, Plan};
-pub use crate::cluster_scenario::{ClusterMode, ClusterSection, NodeSection};
+pub use crate::cluster_scenario::{ClusterMode, ClusterSection, MigrationChoice, MigrationSection, NodeSection};
 use crate::device::{Device, DeviceSpec, SharedDevice};
 use crate::inputs::{open_inputs, SimError};
+use crate::instant_copies::InstantCopies;
 use crate::node::Node;
 use crate::scenario::{ReplayMode, Scenario};
 use cachevisor_analysis::{DistanceHistogram, StackDistance};
@@ -66,6 +69,8 @@ struct Cluster<'a> {
     busy_last: Vec<u64>,
     /// Completions taken from the nodes: (global VM id, time).
     done: Vec<(u64, u64)>,
+    /// Migration on reallocation (§3.6), unless off.
+    migrations: Option<ClusterMigrations>,
 }
 
 impl<'a> Cluster<'a> {
@@ -107,10 +112,13 @@ impl<'a> Cluster<'a> {
             node.ssd = ssds[i].clone();
             node.peers = (0..n).map(|k| (k != i).then(|| ssds[k].clone())).collect();
             node.nic = Some(links[i].clone());
+            node.copies = InstantCopies::new(p.cl.migration.batch);
             nodes.push(node);
         }
         let window_end = p.window_ns;
+        let migrations = p.migration.map(|s| ClusterMigrations::new(s, p.block, n));
         Ok(Cluster {
+            migrations,
             sc,
             p,
             nodes,
@@ -131,6 +139,13 @@ impl<'a> Cluster<'a> {
 
     /// Runs every node up to `now` ([`advance`]) and every allocation due by then.
     fn advance_to(&mut self, now: u64) {
+        if let Some(m) = self.migrations.as_mut() {
+            while m.next_tick() <= now {
+                let t = m.next_tick();
+                advance(&mut self.nodes, t, &mut self.done);
+                m.tick(t, &mut self.nodes, &self.vms, &self.links);
+            }
+        }
         advance(&mut self.nodes, now, &mut self.done);
         while now >= self.window_end {
             let load: Vec<f64> = self
@@ -146,6 +161,9 @@ impl<'a> Cluster<'a> {
             let t = std::time::Instant::now();
             allocate(&self.p, &mut self.nodes, &mut self.vms, self.window_end, self.total_units, &load);
             self.solve_s += t.elapsed().as_secs_f64();
+            if let Some(m) = self.migrations.as_mut() {
+                m.after_allocation(self.window_end, &self.nodes, &self.vms);
+            }
             self.allocated.0 += self.vms.iter().map(|v| (v.alloc.0 + v.alloc.1) as f64).sum::<f64>();
             self.allocated.1 += self.vms.iter().map(|v| v.alloc.1 as f64).sum::<f64>();
             for (v, name) in self.vms.iter().zip(&self.names) {
@@ -285,6 +303,10 @@ pub fn simulate_cluster(sc: &Scenario, progress: &mut dyn FnMut(u64)) -> Result<
     let n = c.allocations.max(1) as f64;
     (r.mean_allocated_blocks, r.mean_remote_blocks) = (c.allocated.0 / n, c.allocated.1 / n);
     r.windows = c.windows;
+    if let Some(m) = c.migrations.as_mut() {
+        let end = c.nodes.iter().map(|n| n.last_done()).max().unwrap_or(0);
+        r.migration = Some(ClusterMigrationResult { cost: m.cost(end), moved_blocks: m.moved_blocks });
+    }
     Ok(r)
 }
 

@@ -6,6 +6,7 @@
 //!
 //! Entry point: [`simulate`] with a [`Scenario`] (TOML, see [`scenario`]).
 
+mod cluster_migration;
 mod cluster_report;
 mod cluster_scenario;
 pub mod cluster_sim;
@@ -14,6 +15,7 @@ pub mod dsf_objects;
 pub mod experiments;
 pub mod failover;
 mod inputs;
+mod instant_copies;
 mod lookahead;
 pub mod metrics;
 mod node;

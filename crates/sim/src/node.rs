@@ -73,6 +73,8 @@ pub(crate) struct Node {
     pub(crate) span_latency: Option<(u64, u64, hdrhistogram::Histogram<u64>)>,
     /// The latest completion of a client request.
     last_done: u64,
+    /// Instant Migration's bulk copies (cluster mode).
+    pub(crate) copies: crate::instant_copies::InstantCopies,
 }
 
 impl Node {
@@ -99,6 +101,7 @@ impl Node {
             done: Vec::new(),
             now: 0,
             last_done: 0,
+            copies: Default::default(),
             vm_busy: Vec::new(),
             prewarm: None,
             span_latency: None,
@@ -133,6 +136,13 @@ impl Node {
     pub(crate) fn command(&mut self, now: u64, f: impl FnOnce(&mut Engine, &mut Output)) {
         self.now = self.now.max(now);
         self.engine.submit_job(f);
+        self.pump();
+    }
+
+    /// Hands out at `now` what the engine has ready (background work a driver just
+    /// allowed, such as the next bulk copies of a migration).
+    pub(crate) fn kick(&mut self, now: u64) {
+        self.now = self.now.max(now);
         self.pump();
     }
 
@@ -253,6 +263,7 @@ impl Node {
                         if let Some(p) = self.prewarm.as_mut() {
                             p.retired(self.now, req, failed);
                         }
+                        self.copies.retired(req);
                     }
                     _ => {}
                 }
@@ -262,7 +273,7 @@ impl Node {
                 let issued = match self.prewarm.as_mut() {
                     Some(p) => p.issue(self.now, &mut self.engine, &self.vm_busy),
                     None => false,
-                };
+                } | self.copies.issue(&mut self.engine);
                 if !issued {
                     return;
                 }

@@ -115,10 +115,17 @@ fn cluster_scenario_errors_are_named() {
     let mut s = scenario(dir.path(), ClusterMode::Elica);
     s.node[1].cache = "1KiB".into();
     assert!(err(&s).contains("node[1] (n1).cache: 1KiB holds no block"), "{}", err(&s));
+    let mut s = scenario(dir.path(), ClusterMode::Elica);
+    s.cluster.as_mut().unwrap().migration.rate = 0.0;
+    assert!(err(&s).contains("cluster.migration.rate"), "{}", err(&s));
+    let mut s = scenario(dir.path(), ClusterMode::Elica);
+    s.cluster.as_mut().unwrap().migration.batch = 0;
+    assert!(err(&s).contains("cluster.migration.batch"), "{}", err(&s));
     // A scenario file: a misspelt mode and an unknown key are named by the TOML reader.
     for (bad, key) in [
         ("[cluster]\nmode = \"elica-trafic\"\n", "mode"),
         ("[[node]]\nname = \"n0\"\ncache = \"4MiB\"\nssd_size = 1\n", "ssd_size"),
+        ("[cluster.migration]\nscheme = \"instantly\"\n", "scheme"),
     ] {
         let path = dir.path().join("bad.toml");
         std::fs::write(&path, bad).unwrap();
@@ -128,4 +135,41 @@ fn cluster_scenario_errors_are_named() {
     let mut s = scenario(dir.path(), ClusterMode::Elica);
     s.vm.pop();
     assert!(err(&s).contains("vm c: no [[vm]] entry places it on a node"), "{}", err(&s));
+}
+
+/// Migration on reallocation (§3.6): Gradual, Instant and none on the same run. Measured:
+/// hit ratio 0.837 (none) / 0.862 (GM) / 0.866 (IM); IM's 5 migrations all finished, 0.14 s
+/// each on average (the 100 ms tick is the resolution), GM finished 1 of 3 (72 s); reserved
+/// capacity 613 vs 45,581 block-seconds; blocks copied 4,350 vs 3,716.
+#[test]
+fn gradual_and_instant_migration_move_misplaced_blocks() {
+    use cachevisor_sim::cluster_sim::MigrationChoice;
+    let dir = tempfile::tempdir().unwrap();
+    let run = |scheme| {
+        let mut s = scenario(dir.path(), ClusterMode::Elica);
+        s.cluster.as_mut().unwrap().migration.scheme = scheme;
+        simulate_cluster(&s, &mut |_| {}).unwrap()
+    };
+    let (off, gm, im) = (run(MigrationChoice::Off), run(MigrationChoice::Gradual), run(MigrationChoice::Instant));
+    assert!(off.migration.is_none());
+    let (g, i) = (gm.migration.clone().unwrap(), im.migration.clone().unwrap());
+    // Each scheme as forced; every Instant migration finished, faster than Gradual's.
+    assert!(g.cost.started_gradual > 0 && g.cost.started_instant == 0, "{g:?}");
+    assert!(i.cost.started_instant > 0 && i.cost.started_gradual == 0, "{i:?}");
+    assert_eq!(i.cost.finished, i.cost.started_instant, "{i:?}");
+    let (_, im_time) = i.mean_times_s();
+    let (gm_time, _) = g.mean_times_s();
+    assert!(gm_time.is_none_or(|t| t > 10.0 * im_time.unwrap()), "{g:?}\n{i:?}");
+    // Instant holds far less capacity at the sources; Gradual copies fewer blocks.
+    assert!(i.cost.reserved_block_s * 10.0 < g.cost.reserved_block_s, "{g:?}\n{i:?}");
+    assert!(g.moved_blocks > 0 && g.moved_blocks < i.moved_blocks, "{g:?}\n{i:?}");
+    assert_eq!(i.cost.bytes_moved, i.moved_blocks * 4096);
+    // Blocks left where a VM lost its share keep other VMs from theirs: both schemes hit more.
+    assert!(
+        gm.hit_ratio > off.hit_ratio && im.hit_ratio > off.hit_ratio,
+        "{} {} {}",
+        off.hit_ratio,
+        gm.hit_ratio,
+        im.hit_ratio
+    );
 }

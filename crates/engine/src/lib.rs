@@ -29,6 +29,7 @@ pub mod block_index;
 mod block_ops;
 mod commands;
 pub mod config;
+pub mod data_model;
 mod durability;
 mod engine;
 mod global_cleaner;

@@ -7,10 +7,10 @@
 //! read returned; after everything retires and the cache is flushed, the backing stores
 //! hold every acknowledged write; structural invariants hold after every step.
 
+use cachevisor_engine::data_model::DataModel;
 use cachevisor_engine::*;
 use cachevisor_trace::{Op, Request};
 use proptest::prelude::*;
-use std::collections::{BTreeSet, HashMap};
 
 const SECTORS_PER_DISK: u64 = 64;
 
@@ -94,121 +94,10 @@ fn step() -> impl Strategy<Value = Step> {
     ]
 }
 
-/// One sector's data: (vm, disk sector, version).
-type Tag = (u32, u64, u64);
-
-/// In an allowed set: any version (the sector was discarded; its contents are undefined).
-const ANY: u64 = u64::MAX;
-
-/// The engine's config, with a default for `World`'s.
-struct Cfg(EngineConfig);
-
-impl Default for Cfg {
-    fn default() -> Self {
-        Cfg(EngineConfig::with_slots(1))
-    }
-}
-
-impl std::ops::Deref for Cfg {
-    type Target = EngineConfig;
-    fn deref(&self) -> &EngineConfig {
-        &self.0
-    }
-}
-
-#[derive(Default)]
-struct World {
-    /// The engine's config (where its slots live).
-    cfg: Cfg,
-    /// Cache sectors by store (local, or a lender's region) and sector there.
-    ssd: HashMap<(Location, u64), Tag>,
-    backing: HashMap<(u32, u64), u64>,
-    /// Per disk sector: the versions a read may return (the last acknowledged write's,
-    /// and those of failed writes after it).
-    allowed: HashMap<(u32, u64), BTreeSet<u64>>,
-    /// Bytes each read op returned, with its request, kept until that retires.
-    bufs: HashMap<OpId, (ReqId, Vec<Tag>)>,
-    /// Request → (request, version for writes, per-sector data its client reads returned).
-    reqs: HashMap<ReqId, (Request, u64, HashMap<u64, u64>)>,
-    /// Discards in flight.
-    discards: HashMap<ReqId, Request>,
-}
-
-impl World {
-    fn allowed(&self, key: (u32, u64)) -> BTreeSet<u64> {
-        self.allowed.get(&key).cloned().unwrap_or_else(|| [0].into())
-    }
-
-    /// Runs `op` on the model devices; a failed op does nothing, or, for a write, writes
-    /// its first `torn` sectors.
-    fn execute(&mut self, op: &DeviceOp, fail: bool, torn: u64) -> Result<(), String> {
-        let n = op.len.div_ceil(512) as u64;
-        let d0 = op.disk_addr / 512;
-        let s0 = if op.kind.is_ssd() { op.cache_offset(&self.cfg) / 512 } else { 0 };
-        if op.kind.is_ssd() && op.loc != self.cfg.slot_location(op.slot).0 {
-            return Err(format!("{op:?}: slot {} is at {:?}", op.slot, self.cfg.slot_location(op.slot).0));
-        }
-        let req = op.req;
-        if !op.kind.is_write() {
-            if fail {
-                return Ok(());
-            }
-            let mut got = Vec::new();
-            for i in 0..n {
-                let key = (op.vm, d0 + i);
-                let tag = if op.kind.is_ssd() {
-                    let t =
-                        *self.ssd.get(&(op.loc, s0 + i)).ok_or(format!("{op:?} reads a never-written cache sector"))?;
-                    if (t.0, t.1) != key {
-                        return Err(format!("{op:?}: cache sector holds vm {} sector {}, not {key:?}", t.0, t.1));
-                    }
-                    t
-                } else {
-                    (op.vm, d0 + i, self.backing.get(&key).copied().unwrap_or(0))
-                };
-                got.push(tag);
-            }
-            if op.client {
-                let (r, _, data) = self.reqs.get_mut(&req).ok_or(format!("{op:?}: client data for no request"))?;
-                for t in &got {
-                    if t.0 == r.vm && (r.offset / 512..r.end().div_ceil(512)).contains(&t.1) {
-                        data.insert(t.1, t.2);
-                    }
-                }
-            }
-            self.bufs.insert(op.id, (op.req, got));
-            return Ok(());
-        }
-        let count = if fail { torn.min(n) } else { n };
-        for i in 0..count {
-            let key = (op.vm, d0 + i);
-            let v = if op.staged {
-                let src = op.source_id().ok_or(format!("{op:?}: a staged write without a source"))?;
-                let buf = self.bufs.get(&src).ok_or(format!("{op:?}: source {src} never read (or failed)"))?;
-                let t = buf.1.iter().find(|t| (t.0, t.1) == key).ok_or(format!("{op:?}: source lacks {key:?}"))?;
-                t.2
-            } else {
-                let (r, v, _) = self.reqs.get(&req).ok_or(format!("{op:?}: client data for no request"))?;
-                if !op.client || r.vm != op.vm || !(r.offset / 512..r.end().div_ceil(512)).contains(&key.1) {
-                    return Err(format!("{op:?} writes sector {key:?} with no data source"));
-                }
-                *v
-            };
-            if op.kind.is_ssd() {
-                self.ssd.insert((op.loc, s0 + i), (op.vm, key.1, v));
-            } else {
-                self.backing.insert(key, v);
-            }
-        }
-        Ok(())
-    }
-}
-
 struct Driver {
     e: Engine,
-    w: World,
+    w: DataModel,
     flying: Vec<DeviceOp>,
-    version: u64,
 }
 
 impl Driver {
@@ -224,48 +113,7 @@ impl Driver {
             if std::env::var_os("TRACE").is_some() {
                 eprintln!("event {ev:?}");
             }
-            match ev {
-                Event::Reply { req, result, .. } if self.w.discards.contains_key(&req) => {
-                    let r = self.w.discards.remove(&req).expect("a discard");
-                    if result.is_ok() {
-                        for s in r.offset / 512..r.end() / 512 {
-                            self.w.allowed.insert((r.vm, s), [ANY].into());
-                        }
-                    }
-                }
-                Event::Reply { req, result, .. } => {
-                    let Some((r, v, data)) = self.w.reqs.get(&req) else { continue };
-                    let (lo, hi) = (r.offset / 512, r.end().div_ceil(512));
-                    if r.op == Op::Write {
-                        for s in lo..hi {
-                            let set = self.w.allowed.entry((r.vm, s)).or_insert_with(|| [0].into());
-                            if result.is_ok() {
-                                *set = [*v].into();
-                            } else {
-                                set.insert(*v);
-                            }
-                        }
-                    } else if result.is_ok() {
-                        for s in lo..hi {
-                            let allowed = self.w.allowed((r.vm, s));
-                            match data.get(&s) {
-                                Some(got) if allowed.contains(got) || allowed.contains(&ANY) => {}
-                                Some(got) => {
-                                    return Err(format!(
-                                        "req {req}: sector {s} read version {got}, allowed {allowed:?}"
-                                    ))
-                                }
-                                None => return Err(format!("req {req}: sector {s} was not read by any op")),
-                            }
-                        }
-                    }
-                }
-                Event::Interval { .. } => {}
-                Event::Retired { req, .. } => {
-                    self.w.reqs.remove(&req);
-                    self.w.bufs.retain(|_, (r, _)| *r != req);
-                }
-            }
+            self.w.event(&ev)?;
         }
         Ok(())
     }
@@ -275,13 +123,7 @@ impl Driver {
         if std::env::var_os("TRACE").is_some() {
             eprintln!("submit {id} {req:?}");
         }
-        let v = if req.op == Op::Write {
-            self.version += 1;
-            self.version
-        } else {
-            0
-        };
-        self.w.reqs.insert(id, (req, v, HashMap::new()));
+        self.w.submitted(id, req);
         id
     }
 
@@ -312,8 +154,8 @@ fn run(
         (8, Vec::new())
     };
     let cfg = EngineConfig { partition, fill, replacement: kind, remote: lent, ..EngineConfig::with_slots(slots) };
-    let w = World { cfg: Cfg(cfg.clone()), ..World::default() };
-    let mut d = Driver { e: Engine::new(cfg).unwrap(), w, flying: Vec::new(), version: 0 };
+    let w = DataModel::new(cfg.clone());
+    let mut d = Driver { e: Engine::new(cfg).unwrap(), w, flying: Vec::new() };
     // Prewarmed blocks protected from eviction for 50 steps (or until touched).
     d.e.set_prewarm_protection(protect.then_some(50));
     let mut out = Output::default();
@@ -349,7 +191,7 @@ fn run(
             Step::Discard { vm, sector, count } => {
                 let req = Request { time_ns: now, vm, op: Op::Write, offset: sector * 512, len: (count * 512) as u32 };
                 let id = d.e.submit_discard(now, vm, req.offset, req.len);
-                d.w.discards.insert(id, req);
+                d.w.discard_submitted(id, req);
             }
             Step::Complete { pick, fail, torn } => {
                 if !d.flying.is_empty() {
@@ -408,14 +250,7 @@ fn run(
         d.pump()?;
     }
     d.e.check_invariants()?;
-    for (&(vm, s), allowed) in &d.w.allowed {
-        let got = d.w.backing.get(&(vm, s)).copied().unwrap_or(0);
-        if !allowed.contains(&got) && !allowed.contains(&ANY) {
-            return Err(format!(
-                "backing of vm {vm} sector {s} holds version {got} after the flush, allowed {allowed:?}"
-            ));
-        }
-    }
+    d.w.check_backing()?;
     Ok(())
 }
 

@@ -96,6 +96,19 @@ pub struct ClusterResult {
     pub solve_s: f64,
     /// What migrations cost (§3.6), when migration is on.
     pub migration: Option<ClusterMigrationResult>,
+    /// The data check's outcome, when `cluster.verify_data` is on.
+    pub data_check: Option<DataCheckResult>,
+}
+
+/// What the data check found (`cluster.verify_data`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DataCheckResult {
+    /// Sectors of read replies checked against the last acknowledged write.
+    pub sectors_checked: u64,
+    /// Disk sectors whose final backing version was checked after the flush.
+    pub sectors_flushed: u64,
+    /// Stale or corrupt data found (the first error per node), empty when none.
+    pub errors: Vec<String>,
 }
 
 /// Migration's figures in a cluster run (ELICA §3.6: time, reserved capacity, bandwidth).
@@ -183,6 +196,15 @@ impl ClusterResult {
                 c.reserved_peak
             );
         }
+        if let Some(d) = &self.data_check {
+            let _ = writeln!(
+                s,
+                "\ndata check: {} sectors read and {} flushed checked, {}",
+                d.sectors_checked,
+                d.sectors_flushed,
+                if d.errors.is_empty() { "no stale or corrupt data".to_string() } else { d.errors.join("; ") }
+            );
+        }
         let _ = write!(s, "\n{} allocations ({:?}), solver time {:.3} s", self.allocations, self.mode, self.solve_s);
         s
     }
@@ -257,5 +279,6 @@ pub(crate) fn result(
         allocations,
         solve_s,
         migration: None,
+        data_check: None,
     }
 }

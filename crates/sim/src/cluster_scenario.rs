@@ -64,6 +64,10 @@ pub struct ClusterSection {
     pub load_chunks: u64,
     /// Migration when an allocation moves a VM's cache between nodes (§3.6).
     pub migration: MigrationSection,
+    /// Check every byte's version through a model of the devices (every reply against
+    /// the last acknowledged write; the backing stores after a final flush): ELICA's
+    /// coherency check (Table 5). Costs memory per sector touched.
+    pub verify_data: bool,
 }
 
 /// Which migration scheme moves a VM's blocks when its shares change (ELICA §3.6).
@@ -137,6 +141,7 @@ impl Default for ClusterSection {
             ideal: 0.99,
             load_chunks: 4,
             migration: MigrationSection::default(),
+            verify_data: false,
         }
     }
 }

@@ -18,13 +18,15 @@
 
 use crate::cluster_migration::ClusterMigrations;
 use crate::cluster_report::result;
-pub use crate::cluster_report::{ClusterMigrationResult, ClusterNodeStats, ClusterResult, ClusterVm, ClusterWindow};
+pub use crate::cluster_report::{
+    ClusterMigrationResult, ClusterNodeStats, ClusterResult, ClusterVm, ClusterWindow, DataCheckResult,
+};
 use crate::cluster_scenario::{plan, Plan};
 pub use crate::cluster_scenario::{ClusterMode, ClusterSection, MigrationChoice, MigrationSection, NodeSection};
 use crate::device::{Device, DeviceSpec, SharedDevice};
 use crate::inputs::{open_inputs, SimError};
 use crate::instant_copies::InstantCopies;
-use crate::node::Node;
+use crate::node::{DataCheck, Node};
 use crate::scenario::{ReplayMode, Scenario};
 use cachevisor_analysis::{DistanceHistogram, StackDistance};
 use cachevisor_cluster::allocation::{Problem, VmCurve};
@@ -113,6 +115,9 @@ impl<'a> Cluster<'a> {
             node.peers = (0..n).map(|k| (k != i).then(|| ssds[k].clone())).collect();
             node.nic = Some(links[i].clone());
             node.copies = InstantCopies::new(p.cl.migration.batch);
+            if p.cl.verify_data {
+                node.data = Some(DataCheck::new(node.engine.config().clone()));
+            }
             nodes.push(node);
         }
         let window_end = p.window_ns;
@@ -299,15 +304,52 @@ pub fn simulate_cluster(sc: &Scenario, progress: &mut dyn FnMut(u64)) -> Result<
     for node in c.nodes.iter_mut() {
         node.drain();
     }
+    let data_check = c.p.cl.verify_data.then(|| verify_after_flush(&mut c.nodes));
     let mut r = result(sc, &c.p, &c.nodes, &c.vms, &c.names, &c.ssds, &c.links, c.allocations, c.solve_s);
     let n = c.allocations.max(1) as f64;
     (r.mean_allocated_blocks, r.mean_remote_blocks) = (c.allocated.0 / n, c.allocated.1 / n);
     r.windows = c.windows;
+    r.data_check = data_check;
     if let Some(m) = c.migrations.as_mut() {
         let end = c.nodes.iter().map(|n| n.last_done()).max().unwrap_or(0);
         r.migration = Some(ClusterMigrationResult { cost: m.cost(end), moved_blocks: m.moved_blocks });
     }
     Ok(r)
+}
+
+/// The data check's end (`cluster.verify_data`): each node's cache flushed (a few rounds,
+/// with nothing in flight between), its engine's invariants checked, and its backing
+/// stores compared with the last acknowledged writes.
+fn verify_after_flush(nodes: &mut [Node]) -> DataCheckResult {
+    let mut out = DataCheckResult { sectors_checked: 0, sectors_flushed: 0, errors: Vec::new() };
+    for (i, node) in nodes.iter_mut().enumerate() {
+        let end = node.last_done();
+        for _ in 0..4 {
+            let vms = node.engine.vm_count() as VmId;
+            if (0..vms).all(|vm| node.engine.partition(vm).dirty_blocks == 0) {
+                break;
+            }
+            node.command(end, |e, out| e.flush(None, out));
+            node.drain();
+        }
+        let d = node.data.as_ref().expect("the data check is on");
+        let checks = [
+            d.error.clone().map_or(Ok(()), Err),
+            node.engine.check_invariants(),
+            d.model.check_backing(),
+            if (0..node.engine.vm_count() as VmId).all(|vm| node.engine.partition(vm).dirty_blocks == 0) {
+                Ok(())
+            } else {
+                Err("dirty blocks left after flushing".into())
+            },
+        ];
+        if let Some(Err(e)) = checks.into_iter().find(|c| c.is_err()) {
+            out.errors.push(format!("node {i}: {e}"));
+        }
+        out.sectors_checked += d.model.sectors_checked;
+        out.sectors_flushed += d.model.sectors_written();
+    }
+    out
 }
 
 /// Runs every node's completions and timers up to `now`, one instant at a time in

@@ -17,6 +17,7 @@ use crate::inputs::SimError;
 use crate::metrics::Metrics;
 use crate::prewarming::Prewarming;
 use crate::scenario::{BackingLayout, DevicesSection};
+use cachevisor_engine::data_model::DataModel;
 use cachevisor_engine::{DeviceOp, Engine, EngineConfig, Event, Location, OpHandle, Output, ReqId};
 use cachevisor_trace::{Request, VmId};
 use rustc_hash::FxHashMap as HashMap;
@@ -75,6 +76,29 @@ pub(crate) struct Node {
     last_done: u64,
     /// Instant Migration's bulk copies (cluster mode).
     pub(crate) copies: crate::instant_copies::InstantCopies,
+    /// The data check, when on: every op executed on a versioned model of the devices
+    /// when it completes, every reply checked (`cachevisor_engine::data_model`).
+    pub(crate) data: Option<DataCheck>,
+}
+
+/// A node's data check: the model, the ops in flight by id, the first error found.
+#[derive(Debug, Clone)]
+pub(crate) struct DataCheck {
+    pub(crate) model: DataModel,
+    ops: HashMap<u64, DeviceOp>,
+    pub(crate) error: Option<String>,
+}
+
+impl DataCheck {
+    pub(crate) fn new(cfg: EngineConfig) -> Self {
+        DataCheck { model: DataModel::new(cfg), ops: HashMap::default(), error: None }
+    }
+
+    fn fail(&mut self, r: Result<(), String>) {
+        if let (Err(e), None) = (r, &self.error) {
+            self.error = Some(e);
+        }
+    }
 }
 
 impl Node {
@@ -102,6 +126,7 @@ impl Node {
             now: 0,
             last_done: 0,
             copies: Default::default(),
+            data: None,
             vm_busy: Vec::new(),
             prewarm: None,
             span_latency: None,
@@ -127,6 +152,9 @@ impl Node {
         }
         self.vm_busy[req.vm as usize] += 1;
         let id = self.engine.submit(self.now, req);
+        if let Some(d) = self.data.as_mut() {
+            d.model.submitted(id, *req);
+        }
         self.requests.insert(id, InFlight { vm: req.vm, write: req.op.is_write(), issued: self.now, tag });
         self.pump();
     }
@@ -200,7 +228,14 @@ impl Node {
     fn complete(&mut self, t: u64, c: Completion) {
         self.now = self.now.max(t);
         match c {
-            Completion::Op(h) => self.engine.handle_completion(self.now, h, Ok(())),
+            Completion::Op(h) => {
+                if let Some(d) = self.data.as_mut() {
+                    let op = d.ops.remove(&h.id).expect("an op in flight");
+                    let r = d.model.execute(&op, false, 0);
+                    d.fail(r);
+                }
+                self.engine.handle_completion(self.now, h, Ok(()))
+            }
             Completion::Commit(epoch) => self.engine.handle_commit(self.now, epoch, Ok(())),
         }
         self.pump();
@@ -235,6 +270,9 @@ impl Node {
             while let Some(op) = self.engine.poll_op() {
                 progressed = true;
                 self.metrics.op(&op);
+                if let Some(d) = self.data.as_mut() {
+                    d.ops.insert(op.id, op);
+                }
                 let at = self.run_op(&op);
                 self.pending.push(Reverse((at, Completion::Op(op.handle()))));
             }
@@ -245,6 +283,10 @@ impl Node {
                 self.pending.push(Reverse((at, Completion::Commit(c.epoch))));
             }
             while let Some(ev) = self.engine.poll_event() {
+                if let Some(d) = self.data.as_mut() {
+                    let r = d.model.event(&ev);
+                    d.fail(r);
+                }
                 match ev {
                     Event::Reply { req, blocks, .. } => {
                         let Some(r) = self.requests.remove(&req) else { continue };

@@ -35,6 +35,8 @@ pub struct DataModel {
     allowed: HashMap<(VmId, u64), BTreeSet<u64>>,
     /// Bytes each read op returned, with its request, kept until that retires.
     bufs: HashMap<OpId, (ReqId, Vec<Tag>)>,
+    /// The read ops of each request or job with a buffer in `bufs`.
+    bufs_of: HashMap<ReqId, Vec<OpId>>,
     /// Request → (request, version for writes, per-sector data its client reads returned).
     reqs: HashMap<ReqId, (Request, u64, HashMap<u64, u64>)>,
     /// Discards in flight.
@@ -54,6 +56,7 @@ impl DataModel {
             backing: HashMap::new(),
             allowed: HashMap::new(),
             bufs: HashMap::new(),
+            bufs_of: HashMap::new(),
             reqs: HashMap::new(),
             discards: HashMap::new(),
             version: 0,
@@ -100,8 +103,10 @@ impl DataModel {
             for i in 0..n {
                 let key = (op.vm, d0 + i);
                 let tag = if op.kind.is_ssd() {
-                    let t =
-                        *self.ssd.get(&(op.loc, s0 + i)).ok_or(format!("{op:?} reads a never-written cache sector"))?;
+                    let t = *self
+                        .ssd
+                        .get(&(op.loc, s0 + i))
+                        .ok_or_else(|| format!("{op:?} reads a never-written cache sector"))?;
                     if (t.0, t.1) != key {
                         return Err(format!("{op:?}: cache sector holds vm {} sector {}, not {key:?}", t.0, t.1));
                     }
@@ -112,7 +117,8 @@ impl DataModel {
                 got.push(tag);
             }
             if op.client {
-                let (r, _, data) = self.reqs.get_mut(&req).ok_or(format!("{op:?}: client data for no request"))?;
+                let (r, _, data) =
+                    self.reqs.get_mut(&req).ok_or_else(|| format!("{op:?}: client data for no request"))?;
                 for t in &got {
                     if t.0 == r.vm && (r.offset / 512..r.end().div_ceil(512)).contains(&t.1) {
                         data.insert(t.1, t.2);
@@ -120,18 +126,20 @@ impl DataModel {
                 }
             }
             self.bufs.insert(op.id, (op.req, got));
+            self.bufs_of.entry(op.req).or_default().push(op.id);
             return Ok(());
         }
         let count = if fail { torn.min(n) } else { n };
         for i in 0..count {
             let key = (op.vm, d0 + i);
             let v = if op.staged {
-                let src = op.source_id().ok_or(format!("{op:?}: a staged write without a source"))?;
-                let buf = self.bufs.get(&src).ok_or(format!("{op:?}: source {src} never read (or failed)"))?;
-                let t = buf.1.iter().find(|t| (t.0, t.1) == key).ok_or(format!("{op:?}: source lacks {key:?}"))?;
+                let src = op.source_id().ok_or_else(|| format!("{op:?}: a staged write without a source"))?;
+                let buf = self.bufs.get(&src).ok_or_else(|| format!("{op:?}: source {src} never read (or failed)"))?;
+                let t =
+                    buf.1.iter().find(|t| (t.0, t.1) == key).ok_or_else(|| format!("{op:?}: source lacks {key:?}"))?;
                 t.2
             } else {
-                let (r, v, _) = self.reqs.get(&req).ok_or(format!("{op:?}: client data for no request"))?;
+                let (r, v, _) = self.reqs.get(&req).ok_or_else(|| format!("{op:?}: client data for no request"))?;
                 if !op.client || r.vm != op.vm || !(r.offset / 512..r.end().div_ceil(512)).contains(&key.1) {
                     return Err(format!("{op:?} writes sector {key:?} with no data source"));
                 }
@@ -187,7 +195,9 @@ impl DataModel {
             Event::Interval { .. } => {}
             Event::Retired { req, .. } => {
                 self.reqs.remove(req);
-                self.bufs.retain(|_, (r, _)| r != req);
+                for id in self.bufs_of.remove(req).unwrap_or_default() {
+                    self.bufs.remove(&id);
+                }
             }
         }
         Ok(())

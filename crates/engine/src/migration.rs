@@ -112,14 +112,82 @@ impl Engine {
         })
     }
 
+    /// A slot for `vm` at a store where it is below its share: a free one, else one
+    /// reclaimed from another VM above its share there ([`Self::reclaim_at`]).
+    fn destination_slot(&mut self, vm: VmId) -> Option<u32> {
+        if let Some(store) = self.store_below_share(vm) {
+            return self.take_free_of(store);
+        }
+        let below: Vec<Store> = self
+            .stores()
+            .filter(|&st| {
+                let (used, share) = self.held_and_share(vm, st);
+                used < share
+            })
+            .collect();
+        below.into_iter().find_map(|st| self.reclaim_at(st, vm))
+    }
+
+    /// Makes room at `store` for `vm` (ELICA §3.6.2: the destination's space is allocated
+    /// first): a clean block of another VM above its share there but not above its target
+    /// (a VM whose cache is moving elsewhere, not one shrinking — a paced shrink gives its
+    /// blocks up through steals, clean ones first, `slot_alloc.rs`), with no op in flight
+    /// and no request holding it, is dropped (the backing store has it) and its slot
+    /// returned, on no list. Dirty ones met on the way are queued for write-back, so a later call
+    /// finds them clean. Scans at most [`RECLAIM_SCAN`] slots from where it stopped last.
+    /// Without this, two VMs each waiting for the other's store to free a slot (one
+    /// moving local → lent, the other lent → local) would wait until misses evicted their
+    /// blocks.
+    fn reclaim_at(&mut self, store: Store, vm: VmId) -> Option<u32> {
+        let (start, len) = match store {
+            None => (0, self.cfg.slots),
+            Some(r) => (self.region_starts[r], self.cfg.remote[r].slots),
+        };
+        if len == 0 {
+            return None;
+        }
+        let i = store.map_or(0, |r| r + 1);
+        if self.reclaim_cursor.len() <= i {
+            self.reclaim_cursor.resize(i + 1, 0);
+        }
+        for _ in 0..RECLAIM_SCAN.min(len) {
+            let at = self.reclaim_cursor[i] % len;
+            self.reclaim_cursor[i] = at + 1;
+            let s = (start + at) as u32;
+            let key = self.slots.key(s);
+            if key == FREE_KEY {
+                continue;
+            }
+            let owner = key_vm(key);
+            if owner == vm
+                || self.flight.pinned(s)
+                || self.flight.busy.contains_key(&key)
+                || self.flight.queues.contains_key(&key)
+                || !self.above_share(owner, store)
+                || self.vms[owner as usize].used > self.vms[owner as usize].target
+            {
+                continue;
+            }
+            if self.dirty.any(s, (0, self.spb)) {
+                if self.reclaim_dirty.len() < RECLAIM_DIRTY_MAX {
+                    self.reclaim_dirty.push(s);
+                }
+                continue;
+            }
+            self.with_repl(owner, |r, t| r.remove(t, s));
+            self.forget(owner, s);
+            return Some(s);
+        }
+        None
+    }
+
     /// Moves `vm`'s block in slot `s` (at a store where `vm` is above its share, no op in
-    /// flight on it) to a free slot of a store where it is below: the staged copy's ops go
-    /// to `out`, the index points at the new slot, `s` is freed once `out` is complete
-    /// ([`Self::free_deferred`]). Returns whether it moved.
+    /// flight on it) to a slot of a store where it is below ([`Self::destination_slot`]):
+    /// the staged copy's ops go to `out`, the index points at the new slot, `s` is freed
+    /// once `out` is complete ([`Self::free_deferred`]). Returns whether it moved.
     pub(crate) fn move_block(&mut self, vm: VmId, s: u32, out: &mut Output) -> bool {
         debug_assert!(!self.dur.on, "persistent mode has no lent regions");
-        let Some(store) = self.store_below_share(vm) else { return false };
-        let Some(d) = self.take_free_of(store) else { return false };
+        let Some(d) = self.destination_slot(vm) else { return false };
         let key = self.slots.key(s);
         let spb = self.spb;
         let mut runs = std::mem::take(&mut self.runs);
@@ -262,11 +330,10 @@ impl Engine {
                 && !self.flight.queues.contains_key(&key)
                 && self.above_share(vm, self.region_of(s))
             {
-                if self.store_below_share(vm).is_none() {
-                    break;
-                }
                 if self.move_block(vm, s, out) {
                     moved += 1;
+                } else {
+                    break; // no room where it should go (yet)
                 }
             }
             at = (at + 1) % total;
@@ -280,6 +347,11 @@ impl Engine {
 
 /// Hits queued for a Gradual move at most between two retirements.
 const GM_DUE_MAX: usize = 4096;
+/// Dirty blocks [`Engine::reclaim_at`] queues for write-back at most: a few at a time,
+/// so the write-backs never queue ahead of the VMs' misses on their disks in a burst.
+const RECLAIM_DIRTY_MAX: usize = 16;
+/// Slots [`Engine::reclaim_at`] looks at per call.
+const RECLAIM_SCAN: u64 = 256;
 
 #[cfg(test)]
 mod tests {
@@ -391,5 +463,45 @@ mod tests {
         e.check_invariants().unwrap();
         assert_eq!(e.partition(0).remote_used, 2);
         assert_eq!(e.migration_stats(0).misplaced, 0);
+    }
+
+    #[test]
+    fn two_vms_trading_stores_make_room_for_each_other() {
+        // VM 0 holds all 8 local slots, VM 1 all 8 lent ones; the allocation swaps them.
+        let mut e = engine();
+        e.set_target(0, 8, &mut Output::default());
+        e.set_target(1, 8, &mut Output::default());
+        e.set_remote_shares(1, &[(1, 8)]).unwrap();
+        for b in 0..8 {
+            for vm in 0..2 {
+                let mut out = Output::default();
+                let r = Request { time_ns: 0, vm, op: Op::Read, offset: b * 4096, len: 4096 };
+                e.access(0, &r, &mut out);
+            }
+        }
+        assert_eq!((e.partition(0).remote_used, e.partition(1).remote_used), (0, 8));
+        e.set_remote_shares(0, &[(1, 8)]).unwrap();
+        e.set_remote_shares(1, &[]).unwrap();
+        for vm in 0..2 {
+            e.set_migration(vm, MigrationScheme::Instant);
+        }
+        assert_eq!(e.free_slots(), 0);
+        // No free slot anywhere: VM 0's first move takes a clean block VM 1 holds above its
+        // share in the lent region; its own source slot then lets VM 1 move, and so on.
+        let mut rounds = 0;
+        while e.migration_stats(0).misplaced + e.migration_stats(1).misplaced > 0 {
+            rounds += 1;
+            assert!(rounds < 20, "stuck: {:?} {:?}", e.migration_stats(0), e.migration_stats(1));
+            for vm in 0..2 {
+                e.migrate_some(vm, 4, &mut Output::default());
+            }
+            e.check_invariants().unwrap();
+        }
+        assert_eq!((e.partition(0).remote_used, e.partition(1).remote_used), (8, 0));
+        let kept =
+            (0..8).filter(|&b| e.holds(0, b, (0, 8))).count() + (0..8).filter(|&b| e.holds(1, b, (0, 8))).count();
+        // What breaks the deadlock: VM 0's first batch (4) drops as many of VM 1's clean
+        // blocks; every later move finds the slot the other VM's last batch freed.
+        assert_eq!(kept, 12, "one batch of the other VM's blocks dropped");
     }
 }

@@ -143,9 +143,9 @@ fn cluster_scenario_errors_are_named() {
 }
 
 /// Migration on reallocation (§3.6): Gradual, Instant and none on the same run. Measured:
-/// hit ratio 0.837 (none) / 0.862 (GM) / 0.866 (IM); IM's 5 migrations all finished, 0.14 s
-/// each on average (the 100 ms tick is the resolution), GM finished 1 of 3 (72 s); reserved
-/// capacity 613 vs 45,581 block-seconds; blocks copied 4,350 vs 3,716.
+/// hit ratio 0.837 (none) / 0.851 (GM) / 0.864 (IM); IM's 5 migrations 0.26 s each on
+/// average (the 100 ms tick is the resolution), GM's 3 54.4 s; reserved capacity 461 vs
+/// 22,671 block-seconds; blocks copied 4,102 vs 2,930.
 #[test]
 fn gradual_and_instant_migration_move_misplaced_blocks() {
     use cachevisor_sim::cluster_sim::MigrationChoice;

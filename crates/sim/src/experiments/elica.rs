@@ -6,10 +6,15 @@
 //! local/lent choice in the engine), with the seed's figures beside ours: cache
 //! allocated (Fig. 9), hit ratio (Fig. 10), remote share (Fig. 11), average and p99.9
 //! latency (Fig. 12), SSD writes per node (Fig. 16/17); ELICA-Load (§3.5) as a third
-//! configuration. GM/IM migration is not built yet (`docs/cluster.md`); its claim says so.
+//! configuration. Migration (§3.6): ELICA-Traffic again with Gradual, Instant and no
+//! migration forced (Fig. 20a: time, bandwidth, reserved capacity), and the coherency
+//! check of Table 5 — a write-heavy run whose allocations move caches every few seconds,
+//! under GM and under IM, every byte's version checked through a model of the devices.
 
 use super::{pct, workload, Claim, Options, Report, Section, Table};
-use crate::cluster_sim::{simulate_cluster, ClusterMode, ClusterResult, ClusterSection, NodeSection};
+use crate::cluster_sim::{
+    simulate_cluster, ClusterMigrationResult, ClusterMode, ClusterResult, ClusterSection, MigrationChoice, NodeSection,
+};
 use crate::plot::{line_chart_svg, Series};
 use crate::scenario::{DeviceChoice, ReplayMode, Scenario, SyntheticSection, VmSection};
 use cachevisor_engine::{ReplacementKind, WritePolicy};
@@ -89,12 +94,88 @@ fn scenario(opts: &Options, mode: ClusterMode, scale: f64, secs: u64, cache: &st
     Ok(sc)
 }
 
+/// The scenario with `scheme` forced (and, for the coherency check, the data check on).
+fn with_migration(sc: &Scenario, scheme: MigrationChoice) -> Scenario {
+    let mut sc = sc.clone();
+    sc.cluster.as_mut().expect("a cluster scenario").migration.scheme = scheme;
+    sc
+}
+
+/// The coherency check's scenario (ELICA Table 5): every VM writes at least 70% of its
+/// requests, allocations every `window_s` seconds move caches often, migrations start
+/// at up to 100 per second, and every byte's version is checked.
+fn coherency_scenario(
+    sc: &Scenario,
+    opts: &Options,
+    window_s: u64,
+    scheme: MigrationChoice,
+) -> Result<Scenario, String> {
+    let mut sc = with_migration(sc, scheme);
+    sc.replay.window = format!("{window_s}s");
+    for (i, syn) in sc.synthetic.iter_mut().enumerate() {
+        let text = std::fs::read_to_string(&syn.config).map_err(|e| format!("{}: {e}", syn.config.display()))?;
+        let text: String = text
+            .lines()
+            .map(|l| match l.strip_prefix("read_ratio: ").and_then(|r| r.trim().parse::<f64>().ok()) {
+                Some(r) => format!("read_ratio: {:.2}\n", r.min(0.3)),
+                None => format!("{l}\n"),
+            })
+            .collect();
+        let path = opts.out.join("workloads").join(format!("coherency_{i}.yaml"));
+        std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+        syn.config = path;
+    }
+    let cl = sc.cluster.as_mut().expect("a cluster scenario");
+    cl.migration.rate = 100.0;
+    cl.migration.burst = 32;
+    cl.verify_data = true;
+    Ok(sc)
+}
+
+/// A migration row of the GM-vs-IM table.
+fn migration_row(label: &str, r: &ClusterResult) -> Vec<String> {
+    let m = r.migration.clone();
+    let secs = |t: Option<f64>| t.map_or("–".to_string(), |t| format!("{t:.2}"));
+    let (started, finished, time, moved, mib, reserved, peak) = match &m {
+        Some(m) => {
+            let (g, i) = m.mean_times_s();
+            (
+                (m.cost.started_gradual + m.cost.started_instant).to_string(),
+                m.cost.finished.to_string(),
+                secs(g.or(i)),
+                m.moved_blocks.to_string(),
+                format!("{:.1}", m.cost.bytes_moved as f64 / (1 << 20) as f64),
+                format!("{:.0}", m.cost.reserved_block_s),
+                m.cost.reserved_peak.to_string(),
+            )
+        }
+        None => ("–".into(), "–".into(), "–".into(), "0".into(), "0".into(), "–".into(), "–".into()),
+    };
+    vec![
+        label.into(),
+        started,
+        finished,
+        time,
+        moved,
+        mib,
+        reserved,
+        peak,
+        pct(r.hit_ratio),
+        format!("{:.2}", r.mean_us / 1e3),
+        format!("{:.1}", r.p999_us / 1e3),
+    ]
+}
+
 fn run_one(label: &str, sc: &Scenario, log: &mut dyn FnMut(&str)) -> Result<ClusterResult, String> {
     let t = std::time::Instant::now();
     let r = simulate_cluster(sc, &mut |_| {}).map_err(|e| format!("{label}: {e}"))?;
     let requests: u64 = r.vms.iter().map(|v| v.requests).sum();
     log(&format!("{label}: {requests} requests, {:.2} s wall", t.elapsed().as_secs_f64()));
     Ok(r)
+}
+
+fn empty_migration() -> ClusterMigrationResult {
+    ClusterMigrationResult { cost: Default::default(), moved_blocks: 0 }
 }
 
 /// Max ÷ mean of the nodes' SSD writes (1 = perfectly even wear).
@@ -116,6 +197,15 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
     let local = run_one("ECI-like (local only)", &local_sc, log)?;
     let elica = run_one("ELICA-Traffic", &elica_sc, log)?;
     let load = run_one("ELICA-Load", &load_sc, log)?;
+    let gm = run_one("ELICA-Traffic, Gradual Migration", &with_migration(&elica_sc, MigrationChoice::Gradual), log)?;
+    let im = run_one("ELICA-Traffic, Instant Migration", &with_migration(&elica_sc, MigrationChoice::Instant), log)?;
+    let no_mig = run_one("ELICA-Traffic, no migration", &with_migration(&elica_sc, MigrationChoice::Off), log)?;
+    let window_s = size.pick(2, 2, 2);
+    let mut coherency = Vec::new();
+    for (label, scheme) in [("GM", MigrationChoice::Gradual), ("IM", MigrationChoice::Instant)] {
+        let sc = coherency_scenario(&elica_sc, opts, window_s, scheme)?;
+        coherency.push((label, run_one(&format!("coherency check, {label}"), &sc, log)?));
+    }
     let scenarios = vec![
         ("local".to_string(), toml::to_string(&local_sc).unwrap_or_default()),
         ("elica-traffic".to_string(), toml::to_string(&elica_sc).unwrap_or_default()),
@@ -291,6 +381,70 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
             String::new(),
         ],
     ];
+    let mut migration = Table::new(
+        "elica_migration",
+        &[
+            "ELICA-Traffic with",
+            "migrations started",
+            "finished",
+            "mean time s",
+            "blocks copied",
+            "MiB moved",
+            "reserved block-s",
+            "reserved peak blocks",
+            "hit %",
+            "mean ms",
+            "p99.9 ms",
+        ],
+    );
+    migration.rows = vec![
+        migration_row("Gradual Migration (GM)", &gm),
+        migration_row("Instant Migration (IM)", &im),
+        migration_row("latency-aware choice (default)", &elica),
+        migration_row("no migration", &no_mig),
+    ];
+    let (gmm, imm) =
+        (gm.migration.clone().unwrap_or_else(empty_migration), im.migration.clone().unwrap_or_else(empty_migration));
+    let gm_time = gmm.mean_times_s().0;
+    let im_time = imm.mean_times_s().1;
+    let bw_ratio = imm.cost.bytes_moved as f64 / (gmm.cost.bytes_moved as f64).max(1.0);
+    let mut coherency_table = Table::new(
+        "elica_coherency",
+        &[
+            "scheme",
+            "migrations started",
+            "blocks copied",
+            "sectors read and checked",
+            "sectors checked after the flush",
+            "stale or corrupt",
+        ],
+    );
+    for (label, r) in &coherency {
+        let m = r.migration.clone().unwrap_or_else(empty_migration);
+        let d = r.data_check.clone().unwrap_or(crate::cluster_sim::DataCheckResult {
+            sectors_checked: 0,
+            sectors_flushed: 0,
+            errors: vec!["not run".into()],
+        });
+        coherency_table.rows.push(vec![
+            label.to_string(),
+            (m.cost.started_gradual + m.cost.started_instant).to_string(),
+            m.moved_blocks.to_string(),
+            d.sectors_checked.to_string(),
+            d.sectors_flushed.to_string(),
+            if d.errors.is_empty() { "0".into() } else { d.errors.join("; ") },
+        ]);
+    }
+    let coherent = coherency
+        .iter()
+        .all(|(_, r)| r.data_check.as_ref().is_some_and(|d| d.errors.is_empty() && d.sectors_checked > 0));
+    let coherency_migrations: u64 = coherency
+        .iter()
+        .filter_map(|(_, r)| r.migration.as_ref())
+        .map(|m| m.cost.started_gradual + m.cost.started_instant)
+        .sum();
+    let coherency_blocks: u64 =
+        coherency.iter().filter_map(|(_, r)| r.migration.as_ref()).map(|m| m.moved_blocks).sum();
     let claims = vec![
         Claim {
             text: format!("ELICA allocates more cache than local-only management (seed: {SEED_ALLOC}× on MSR)."),
@@ -376,10 +530,48 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
             asserted: false,
         },
         Claim {
-            text: "GM vs IM migration (IM ~7× faster at ~31× the bandwidth, Fig. 20a) is compared.".into(),
-            holds: false,
-            evidence: "not built yet: a reallocation does not migrate blocks (docs/cluster.md)".into(),
+            text: "Instant Migration finishes a migration faster than Gradual (seed: ~7×, Fig. 20a).".into(),
+            holds: match (gm_time, im_time) {
+                (Some(g), Some(i)) => g > i,
+                (None, Some(_)) => gmm.cost.started_gradual > 0, // GM finished none in the run
+                _ => false,
+            },
+            evidence: format!(
+                "mean time GM {} s ({} of {} finished), IM {} s ({} of {}){}",
+                gm_time.map_or("–".into(), |t| format!("{t:.2}")),
+                gmm.cost.finished_gradual,
+                gmm.cost.started_gradual,
+                im_time.map_or("–".into(), |t| format!("{t:.2}")),
+                imm.cost.finished_instant,
+                imm.cost.started_instant,
+                match (gm_time, im_time) {
+                    (Some(g), Some(i)) if i > 0.0 => format!(": {:.0}× faster", g / i),
+                    _ => String::new(),
+                }
+            ),
             asserted: false,
+        },
+        Claim {
+            text: "Instant Migration moves more data than Gradual (seed: ~31× the bandwidth, Fig. 20a).".into(),
+            holds: imm.cost.bytes_moved > gmm.cost.bytes_moved,
+            evidence: format!(
+                "IM {:.1} MiB vs GM {:.1} MiB copied ({bw_ratio:.2}×); reserved capacity {:.0} vs {:.0} block-s",
+                imm.cost.bytes_moved as f64 / (1 << 20) as f64,
+                gmm.cost.bytes_moved as f64 / (1 << 20) as f64,
+                imm.cost.reserved_block_s,
+                gmm.cost.reserved_block_s
+            ),
+            asserted: false,
+        },
+        Claim {
+            text: "No stale or corrupt data across migrations, GM and IM (Table 5: 10,000 migrations, 0 corrupt).".into(),
+            holds: coherent,
+            evidence: format!(
+                "{coherency_migrations} VM cache migrations ({coherency_blocks} blocks copied) under ≥ 70% writes; {} sectors read and checked; errors: {}",
+                coherency.iter().filter_map(|(_, r)| r.data_check.as_ref()).map(|d| d.sectors_checked).sum::<u64>(),
+                coherency.iter().filter_map(|(_, r)| r.data_check.as_ref()).map(|d| d.errors.len()).sum::<usize>()
+            ),
+            asserted: true,
         },
     ];
     Ok(Report {
@@ -398,6 +590,18 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
                 text: "Each node's VMs' allocation (local + remote) at every window's end. Local-only management leaves N0's spare cache unused and N2's VMs short; ELICA lends N0's cache to N1's and N2's VMs.".into(),
                 figure: Some(alloc_fig),
                 table: None,
+            },
+            Section {
+                heading: "Migration: Gradual vs Instant (Fig. 20a)".into(),
+                text: "ELICA-Traffic again with each migration scheme forced, and with none (blocks where a VM lost its share stay until replaced, keeping other VMs from theirs). A migration starts when an allocation leaves a VM's blocks at a store above its share (rate-limited, §3.6.3) and ends when none is left; reserved capacity = blocks still at the sources, integrated over time. Times are read every 100 ms.".into(),
+                figure: None,
+                table: Some(migration),
+            },
+            Section {
+                heading: "Coherency check (Table 5)".into(),
+                text: format!("The same cluster with every VM writing at least 70% of its requests, allocations every {window_s} s, migrations starting at up to 100 per second; every device op executed on a versioned model of the devices when its device model completes it, every read reply checked against the last acknowledged write, and each node's backing stores checked after a final flush."),
+                figure: None,
+                table: Some(coherency_table),
             },
             Section { heading: "Per VM".into(), text: "Remote % = share of the VM's cache accesses served by lent caches.".into(), figure: None, table: Some(per_vm) },
             Section { heading: "Per node".into(), text: "SSD writes include the borrowers' writes to a lender's SSD (wear; the seed's Fig. 16/17).".into(), figure: Some(wear), table: Some(nodes) },

@@ -11,7 +11,6 @@
 //!   latency; the exact reference solver;
 //! - [`fast`]: Eq. 4 fast — a price on the cluster's capacity, an exact DP per node;
 //! - [`ilp`]: Eq. 4 as written, an ILP on size levels through `good_lp` / `microlp`;
-//! - [`traffic`]: ELICA-Traffic's sequential-run detector (§3.4);
 //! - [`load`]: ELICA-Load's chunk exchange between the busiest and the idlest node (§3.5);
 //! - [`migration`]: Gradual and Instant Migration of a chunk as per-block states, with
 //!   §3.7's coherency and update-safety rules;
@@ -26,6 +25,5 @@ pub mod migration;
 pub mod migration_plan;
 pub mod model;
 pub mod ownership;
-pub mod traffic;
 
 pub use ownership::{ApplyError, NodeId, OwnershipMap, StaleVersion, Update};

@@ -139,10 +139,8 @@ pub struct Engine {
     pub(crate) migrating: u32,
     pub(crate) gm_due: Vec<u64>,
     pub(crate) deferred_free: Vec<u32>,
-    /// Where `reclaim_at` resumes in each store (local, then each region), and the dirty
-    /// blocks it passed over, to write back (`migration.rs`).
+    /// Where `reclaim_at` resumes in each store (local, then each region; `migration.rs`).
     pub(crate) reclaim_cursor: Vec<u64>,
-    pub(crate) reclaim_dirty: Vec<u32>,
 }
 
 /// Result of asking for a slot.
@@ -215,7 +213,6 @@ impl Engine {
             gm_due: Vec::new(),
             deferred_free: Vec::new(),
             reclaim_cursor: Vec::new(),
-            reclaim_dirty: Vec::new(),
             cfg,
         })
     }

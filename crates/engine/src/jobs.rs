@@ -238,10 +238,6 @@ impl Engine {
             let list = std::mem::take(&mut self.clean_ahead);
             self.clean_ahead = self.write_back_listed(list, |p| p.paced && p.used > p.target);
         }
-        if !self.reclaim_dirty.is_empty() && !self.flight.hold {
-            let list = std::mem::take(&mut self.reclaim_dirty);
-            self.reclaim_dirty = self.write_back_listed(list, |_| true);
-        }
         if !self.gm_due.is_empty() && !self.flight.hold {
             self.run_gradual_moves();
         }

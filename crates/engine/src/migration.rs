@@ -133,8 +133,9 @@ impl Engine {
     /// (a VM whose cache is moving elsewhere, not one shrinking — a paced shrink gives its
     /// blocks up through steals, clean ones first, `slot_alloc.rs`), with no op in flight
     /// and no request holding it, is dropped (the backing store has it) and its slot
-    /// returned, on no list. Dirty ones met on the way are queued for write-back, so a later call
-    /// finds them clean. Scans at most [`RECLAIM_SCAN`] slots from where it stopped last.
+    /// returned, on no list. Dirty ones are passed over: writing them back to make room
+    /// put HDD writes ahead of their VMs' misses (Azure placement, Instant Migration:
+    /// p99.99 33 ms → 251 ms); they leave as their VMs' misses replace them. Scans at most [`RECLAIM_SCAN`] slots from where it stopped last.
     /// Without this, two VMs each waiting for the other's store to free a slot (one
     /// moving local → lent, the other lent → local) would wait until misses evicted their
     /// blocks.
@@ -169,9 +170,6 @@ impl Engine {
                 continue;
             }
             if self.dirty.any(s, (0, self.spb)) {
-                if self.reclaim_dirty.len() < RECLAIM_DIRTY_MAX {
-                    self.reclaim_dirty.push(s);
-                }
                 continue;
             }
             self.with_repl(owner, |r, t| r.remove(t, s));
@@ -347,9 +345,6 @@ impl Engine {
 
 /// Hits queued for a Gradual move at most between two retirements.
 const GM_DUE_MAX: usize = 4096;
-/// Dirty blocks [`Engine::reclaim_at`] queues for write-back at most: a few at a time,
-/// so the write-backs never queue ahead of the VMs' misses on their disks in a burst.
-const RECLAIM_DIRTY_MAX: usize = 16;
 /// Slots [`Engine::reclaim_at`] looks at per call.
 const RECLAIM_SCAN: u64 = 256;
 

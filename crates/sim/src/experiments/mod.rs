@@ -6,6 +6,8 @@
 
 pub mod eci_endurance;
 pub mod elica;
+mod elica_setup;
+mod elica_summary;
 pub mod heldout_mixes;
 pub mod policy_compare;
 pub mod prewarm_failover;

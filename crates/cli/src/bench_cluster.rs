@@ -150,5 +150,19 @@ pub fn run_sim(vms: usize, nodes: usize, secs: u64, iops: f64, cache: &str, mode
         r.mean_us / 1e3,
         r.p999_us / 1e3
     );
+    if let Some(m) = &r.migration {
+        let c = &m.cost;
+        let (g, i) = m.mean_times_s();
+        let secs = |t: Option<f64>| t.map_or("-".to_string(), |t| format!("{t:.1} s"));
+        println!(
+            "migrations: {} gradual and {} instant started, {} finished (mean {} / {}), {} blocks copied",
+            c.started_gradual,
+            c.started_instant,
+            c.finished,
+            secs(g),
+            secs(i),
+            m.moved_blocks
+        );
+    }
     Ok(())
 }

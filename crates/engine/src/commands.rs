@@ -51,6 +51,28 @@ impl Engine {
         self.with_repl(vm, |r, _| r.set_capacity(slots));
     }
 
+    /// Gives back up to `n` slots held above their targets by VMs given a paced shrink
+    /// ([`Self::set_target_paced`]) and frees them: clean blocks first (dropped: the
+    /// backing store has them), then at most `dirty` written back first in `out` (a few
+    /// per call, so the write-backs never queue ahead of the donors' misses on their disks
+    /// in a burst); returns how many. For space a driver must hand to someone the
+    /// engine does not see: in a cluster, the blocks its borrowers may put in the region
+    /// this node lent them (ELICA §3.1: a lender's own VMs and its borrowers share one
+    /// SSD).
+    pub fn give_back(&mut self, n: u64, dirty: u64, out: &mut Output) -> u64 {
+        let (mut freed, mut written) = (0, 0);
+        while freed < n {
+            let Some(donor) = self.paced_donor() else { break };
+            let ops = out.ops.len();
+            let Some(s) = self.take_from_paced(donor, written < dirty, out) else { break };
+            written += (out.ops.len() > ops) as u64;
+            self.deferred_free.push(s);
+            freed += 1;
+        }
+        self.free_deferred();
+        freed
+    }
+
     /// Sets `vm`'s sequential cutoff in bytes (0 = off; see `sequential_cutoff`).
     pub fn set_sequential_cutoff(&mut self, vm: VmId, bytes: u64) {
         self.ensure_vm(vm);

@@ -76,6 +76,13 @@ pub struct Engine {
     /// Free slots of each region other nodes lent (`EngineConfig::remote`), and each
     /// region's first slot.
     pub(crate) free_remote: Vec<List>,
+    /// Per lent region: slots in use (every VM's), and the cap a driver set
+    /// (`set_region_limit`).
+    pub(crate) region_used: Vec<u64>,
+    pub(crate) region_limit: Vec<u64>,
+    /// Slots in use in the local store, and the cap a driver set (`set_local_limit`).
+    pub(crate) local_used: u64,
+    pub(crate) local_limit: u64,
     pub(crate) region_starts: Vec<u64>,
     /// The request being served continues a sequential run (ELICA-Traffic): its new
     /// blocks take local slots first.
@@ -182,6 +189,10 @@ impl Engine {
             index: BlockIndex::new(n),
             slots,
             free,
+            local_used: 0,
+            local_limit: u64::MAX,
+            region_used: vec![0; free_remote.len()],
+            region_limit: vec![u64::MAX; free_remote.len()],
             free_remote,
             region_starts,
             req_sequential: false,

@@ -105,8 +105,8 @@ impl Engine {
         self.stores().collect::<Vec<_>>().into_iter().find(|&st| {
             let (used, share) = self.held_and_share(vm, st);
             let free = match st {
-                None => self.free.front(),
-                Some(r) => self.free_remote[r].front(),
+                None => self.free.front().filter(|_| self.local_used < self.local_limit),
+                Some(r) => self.free_remote[r].front().filter(|_| self.region_open(r)),
             };
             used < share && free.is_some()
         })

@@ -103,11 +103,16 @@ impl Engine {
         }
         let p = &self.vms[vm as usize];
         let remote_total = p.remote_target.min(p.target);
-        let local_ok = p.used - p.remote_used < p.target - remote_total && self.free.front().is_some();
+        let local_ok = p.used - p.remote_used < p.target - remote_total
+            && self.free.front().is_some()
+            && self.local_used < self.local_limit;
         let region = (p.remote_used < remote_total)
             .then(|| {
-                (0..self.free_remote.len())
-                    .find(|&r| p.remote_used_by[r] < p.remote_shares[r] && self.free_remote[r].front().is_some())
+                (0..self.free_remote.len()).find(|&r| {
+                    p.remote_used_by[r] < p.remote_shares[r]
+                        && self.free_remote[r].front().is_some()
+                        && self.region_used[r] < self.region_limit[r]
+                })
             })
             .flatten();
         match (local_ok, region) {
@@ -127,11 +132,64 @@ impl Engine {
     /// Counts slot `s` in or out of `vm`'s lent slots (`delta` ±1).
     #[inline]
     pub(crate) fn count_store(&mut self, vm: VmId, s: u32, delta: i64) {
-        if let Some(r) = self.region_of(s) {
-            let p = &mut self.vms[vm as usize];
-            p.remote_used = p.remote_used.wrapping_add_signed(delta);
-            p.remote_used_by[r] = p.remote_used_by[r].wrapping_add_signed(delta);
+        match self.region_of(s) {
+            Some(r) => {
+                let p = &mut self.vms[vm as usize];
+                p.remote_used = p.remote_used.wrapping_add_signed(delta);
+                p.remote_used_by[r] = p.remote_used_by[r].wrapping_add_signed(delta);
+                self.region_used[r] = self.region_used[r].wrapping_add_signed(delta);
+            }
+            None => self.local_used = self.local_used.wrapping_add_signed(delta),
         }
+    }
+
+    /// Slots in use in the local store (every VM's).
+    pub fn used_local(&self) -> u64 {
+        self.local_used
+    }
+
+    /// Caps the slots this engine's VMs may hold in the local store: in a cluster, the
+    /// node's SSD less what its borrowers hold in the regions it lent them (`u64::MAX`: no
+    /// cap, the default). A VM below its target at the cap takes a block from a VM above
+    /// its own (paced) or replaces one of its own, as with no free slot.
+    pub fn set_local_limit(&mut self, slots: u64) {
+        self.local_limit = slots;
+    }
+
+    /// Slots in use in the region `lender` lent this engine (every VM's; 0 when it lent
+    /// none): what this engine holds on that node's SSD.
+    pub fn used_in_region(&self, lender: u16) -> u64 {
+        self.region_index(lender).map_or(0, |r| self.region_used[r])
+    }
+
+    /// Slots the VMs' shares of `lender`'s region still lack (their shares less what they
+    /// hold there, summed over the VMs below theirs).
+    pub fn region_shortfall(&self, lender: u16) -> u64 {
+        match self.region_index(lender) {
+            Some(r) => self.vms.iter().map(|p| p.remote_shares[r].saturating_sub(p.remote_used_by[r])).sum(),
+            None => 0,
+        }
+    }
+
+    /// Caps the slots this engine may hold in `lender`'s region (every VM's together): the
+    /// space that node has free for it now. A driver that shares one SSD between a
+    /// lender's own VMs and its borrowers sets it, so the two never hold more than the
+    /// SSD (`u64::MAX`: no cap, the default). Slots held above a lowered cap stay; new
+    /// blocks stop taking free ones.
+    pub fn set_region_limit(&mut self, lender: u16, slots: u64) {
+        if let Some(r) = self.region_index(lender) {
+            self.region_limit[r] = slots;
+        }
+    }
+
+    fn region_index(&self, lender: u16) -> Option<usize> {
+        self.cfg.remote.iter().position(|x| x.node == lender)
+    }
+
+    /// Whether region `r` is below its cap ([`Self::set_region_limit`]).
+    #[inline]
+    pub(crate) fn region_open(&self, r: usize) -> bool {
+        self.region_used[r] < self.region_limit[r]
     }
 
     /// Whether ELICA-Traffic's choice is on (default): a sequential run takes local slots

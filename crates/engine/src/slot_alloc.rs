@@ -166,6 +166,33 @@ impl Engine {
     /// cached and are queued for a background write-back ([`Engine::clean_ahead`]) that
     /// leaves them clean for later misses. With none clean, the victim is written back first as usual.
     fn steal_from(&mut self, donor: VmId, sync: bool, out: &mut Output) -> Option<(u32, Evicted)> {
+        let (found, passed) = self.clean_victim(donor);
+        let room = CLEAN_AHEAD_MAX.saturating_sub(self.clean_ahead.len());
+        self.clean_ahead.extend(passed.into_iter().take(room));
+        let Some(s) = found else { return self.evict_from(donor, sync, out) };
+        let key = self.slots.key(s);
+        self.forget(key_vm(key), s);
+        Some((s, Evicted { vm: key_vm(key), block: key_block(key), dirty_sectors: 0 }))
+    }
+
+    /// A block of paced donor `donor` given back ([`Engine::give_back`]): a clean one among
+    /// its next [`VICTIM_SCAN`] victims (the dirty ones passed over stay, queued for
+    /// nothing), else — when `dirty_ok` — its victim, written back in `out` first.
+    pub(crate) fn take_from_paced(&mut self, donor: VmId, dirty_ok: bool, out: &mut Output) -> Option<u32> {
+        let (found, _) = self.clean_victim(donor);
+        match found {
+            Some(s) => {
+                self.forget(donor, s);
+                Some(s)
+            }
+            None if dirty_ok => self.evict_from(donor, false, out).map(|(s, _)| s),
+            None => None,
+        }
+    }
+
+    /// The first clean block among `donor`'s next [`VICTIM_SCAN`] victims, out of its
+    /// policy (`None`: none clean), and the dirty ones passed over (put back, as recent).
+    fn clean_victim(&mut self, donor: VmId) -> (Option<u32>, Vec<u32>) {
         let spb = self.spb;
         let mut passed = Vec::new();
         let mut found = None;
@@ -180,12 +207,7 @@ impl Engine {
         for &s in &passed {
             self.with_repl(donor, |r, t| r.insert(t, s));
         }
-        let room = CLEAN_AHEAD_MAX.saturating_sub(self.clean_ahead.len());
-        self.clean_ahead.extend(passed.into_iter().take(room));
-        let Some(s) = found else { return self.evict_from(donor, sync, out) };
-        let key = self.slots.key(s);
-        self.forget(key_vm(key), s);
-        Some((s, Evicted { vm: key_vm(key), block: key_block(key), dirty_sectors: 0 }))
+        (found, passed)
     }
 
     /// A VM above its target after a paced shrink, to take a block from

@@ -116,3 +116,51 @@ fn shares_by_lender_keep_each_vm_in_its_lenders_regions() {
     e.check_invariants().unwrap();
     assert!(e.set_remote_shares(0, &[(9, 1)]).unwrap_err().contains("node 9"));
 }
+
+/// One SSD for a lender's own VMs and its borrowers (the cluster simulator's use): caps on
+/// the local store and on a lent region stop new blocks at the cap; they replace their
+/// own instead.
+#[test]
+fn local_and_region_caps_hold_new_blocks_back() {
+    let mut e = engine();
+    let mut out = Output::default();
+    e.set_target(0, 8, &mut out);
+    e.set_remote_target(0, 4);
+    e.set_local_limit(2);
+    e.set_region_limit(1, 1);
+    for b in 0..8 {
+        write(&mut e, 0, b * 10, BS);
+    }
+    assert_eq!((e.used_local(), e.used_in_region(1)), (2, 1), "capped: 2 local, 1 lent");
+    assert_eq!(e.partition(0).used, 3, "later misses replaced the VM's own blocks");
+    assert_eq!(e.region_shortfall(1), 3, "three lent slots of its share still lacking");
+    e.set_region_limit(1, u64::MAX);
+    write(&mut e, 0, 100, BS);
+    assert_eq!(e.used_in_region(1), 2, "the cap lifted, the next miss takes a lent slot");
+    e.check_invariants().unwrap();
+}
+
+/// A lender gives back what its own VMs hold above their paced targets: clean blocks
+/// first (dropped), then at most the dirty budget, each written back first.
+#[test]
+fn give_back_frees_clean_blocks_first_and_caps_dirty_ones() {
+    let mut e = Engine::new(EngineConfig::with_slots(8)).unwrap();
+    let mut out = Output::default();
+    e.set_target(0, 8, &mut out);
+    for b in 0..4 {
+        write(&mut e, 0, b, BS); // dirty (write-back)
+    }
+    for b in 4..8 {
+        let mut out = Output::default();
+        e.access(0, &Request { time_ns: 0, vm: 0, op: Op::Read, offset: b * BS, len: BS as u32 }, &mut out);
+    }
+    e.set_target_paced(0, 2);
+    let mut out = Output::default();
+    assert_eq!(e.give_back(5, 1, &mut out), 5, "four clean and one dirty");
+    assert_eq!(out.ops.iter().filter(|o| o.kind == OpKind::BackingWrite).count(), 1, "one write-back");
+    assert_eq!((e.partition(0).used, e.partition(0).dirty_blocks, e.free_slots()), (3, 3, 5));
+    let mut out = Output::default();
+    assert_eq!(e.give_back(5, 0, &mut out), 0, "only dirty ones left, no budget");
+    assert!(out.ops.is_empty());
+    e.check_invariants().unwrap();
+}

@@ -17,9 +17,6 @@ use cachevisor_cluster::migration::Scheme;
 use cachevisor_cluster::migration_plan::{MigrationCost, MigrationPlanner, PlanSettings};
 use cachevisor_engine::MigrationScheme;
 
-/// How often progress is read and waiting migrations may start (virtual time).
-pub(crate) const TICK_NS: u64 = 100_000_000;
-
 /// A VM's migration.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum State {
@@ -38,7 +35,6 @@ pub(crate) struct ClusterMigrations {
     planner: MigrationPlanner,
     state: Vec<State>,
     block: u64,
-    next_tick: u64,
     /// Each link's busy time at the last tick (its utilization since is the congestion
     /// signal).
     link_busy: Vec<u64>,
@@ -53,16 +49,10 @@ impl ClusterMigrations {
             planner: MigrationPlanner::new(settings).expect("settings checked with the scenario"),
             state: Vec::new(),
             block,
-            next_tick: TICK_NS,
             link_busy: vec![0; links],
             last_tick: 0,
             moved_blocks: 0,
         }
-    }
-
-    /// When the next tick is due.
-    pub(crate) fn next_tick(&self) -> u64 {
-        self.next_tick
     }
 
     /// After an allocation at `now`: every VM with misplaced blocks and no migration
@@ -93,7 +83,6 @@ impl ClusterMigrations {
             utilization = utilization.max(busy as f64 / (dt as f64 * l.servers() as f64));
         }
         self.last_tick = now;
-        self.next_tick = now + TICK_NS;
         let us = now / 1000;
         while let Some(start) = self.planner.poll(us, utilization) {
             let v = start.id as usize;

@@ -73,7 +73,23 @@ struct Cluster<'a> {
     done: Vec<(u64, u64)>,
     /// Migration on reallocation (§3.6), unless off.
     migrations: Option<ClusterMigrations>,
+    /// The next tick (every [`TICK_NS`]): migrations progress, SSD occupancy sampled.
+    next_tick: u64,
+    /// Per node: blocks held on its SSD beyond its size (its VMs' local blocks and its
+    /// borrowers' blocks in the regions it lent) — the most at a tick, and integrated
+    /// over time (block-seconds).
+    overcommit: Vec<(u64, f64)>,
 }
+
+/// How often migrations progress, lenders make room and SSD occupancy is sampled
+/// (virtual time).
+const TICK_NS: u64 = 100_000_000;
+/// Blocks a lender gives back per tick at most (1 MiB at 4 KiB blocks: 10 MiB/s of its
+/// own VMs' cache turned over for its borrowers).
+const GIVE_BACK_PER_TICK: u64 = 256;
+/// Of those, blocks written back first at most (the rest clean): 40 writes a second
+/// spread over the lender's VMs' disks.
+const GIVE_BACK_DIRTY_PER_TICK: u64 = 0;
 
 impl<'a> Cluster<'a> {
     fn new(sc: &'a Scenario) -> Result<Self, SimError> {
@@ -124,6 +140,8 @@ impl<'a> Cluster<'a> {
         let migrations = p.migration.map(|s| ClusterMigrations::new(s, p.block, n));
         Ok(Cluster {
             migrations,
+            next_tick: TICK_NS,
+            overcommit: vec![(0, 0.0); n],
             sc,
             p,
             nodes,
@@ -144,12 +162,15 @@ impl<'a> Cluster<'a> {
 
     /// Runs every node up to `now` ([`advance`]) and every allocation due by then.
     fn advance_to(&mut self, now: u64) {
-        if let Some(m) = self.migrations.as_mut() {
-            while m.next_tick() <= now {
-                let t = m.next_tick();
-                advance(&mut self.nodes, t, &mut self.done);
+        while self.next_tick <= now {
+            let t = self.next_tick;
+            advance(&mut self.nodes, t, &mut self.done);
+            if let Some(m) = self.migrations.as_mut() {
                 m.tick(t, &mut self.nodes, &self.vms, &self.links);
             }
+            self.share_lenders_ssds(t);
+            self.sample_occupancy();
+            self.next_tick += TICK_NS;
         }
         advance(&mut self.nodes, now, &mut self.done);
         while now >= self.window_end {
@@ -185,6 +206,56 @@ impl<'a> Cluster<'a> {
             }
             self.allocations += 1;
             self.window_end = self.window_end.saturating_add(self.p.window_ns);
+        }
+    }
+
+    /// One SSD per node holds its own VMs' blocks and its borrowers' (ELICA §3.1): each
+    /// tick a lender whose borrowers lack part of their shares and has not the room gives
+    /// back up to [`GIVE_BACK_PER_TICK`] blocks its own VMs hold above their (paced)
+    /// targets — clean ones first, a few dirty ones written back —, its own VMs may hold
+    /// no more than the SSD less what its borrowers hold (`Engine::set_local_limit`), and
+    /// each borrower may fill its region only up to its part of the room left
+    /// (`Engine::set_region_limit`), in proportion to what it lacks. So the SSD holds no
+    /// more than its size, but for what a tick lets through (`overcommit_*`).
+    fn share_lenders_ssds(&mut self, now: u64) {
+        let n = self.nodes.len();
+        for k in 0..n {
+            let lender = k as u16;
+            let lent: u64 = (0..n).filter(|&i| i != k).map(|i| self.nodes[i].engine.used_in_region(lender)).sum();
+            let short: Vec<u64> =
+                (0..n).map(|i| if i == k { 0 } else { self.nodes[i].engine.region_shortfall(lender) }).collect();
+            let want: u64 = short.iter().sum();
+            let room = |node: &Node| self.p.slots[k].saturating_sub(node.engine.used_local() + lent);
+            if want > room(&self.nodes[k]) {
+                let need = (want - room(&self.nodes[k])).min(GIVE_BACK_PER_TICK);
+                self.nodes[k].command(now, |e, out| {
+                    e.give_back(need, GIVE_BACK_DIRTY_PER_TICK, out);
+                });
+            }
+            let room = room(&self.nodes[k]);
+            let lender_cap = self.p.slots[k].saturating_sub(lent);
+            self.nodes[k].engine.set_local_limit(lender_cap);
+            for i in (0..n).filter(|&i| i != k) {
+                let part = if want == 0 { 0 } else { (room as u128 * short[i] as u128 / want as u128) as u64 };
+                let used = self.nodes[i].engine.used_in_region(lender);
+                self.nodes[i].engine.set_region_limit(lender, used + part);
+            }
+        }
+    }
+
+    /// Each SSD's occupancy now: the node's own VMs' local blocks and its borrowers'
+    /// blocks in the regions it lent them, beyond its size (the allocation keeps its own
+    /// VMs' local targets plus what it lends within it, but a paced shrink gives blocks
+    /// up only as others need them, so for a while both can hold the same space).
+    fn sample_occupancy(&mut self) {
+        for k in 0..self.nodes.len() {
+            let own = self.nodes[k].engine.used_local();
+            let lent: u64 =
+                (0..self.nodes.len()).filter(|&i| i != k).map(|i| self.nodes[i].engine.used_in_region(k as u16)).sum();
+            let over = (own + lent).saturating_sub(self.p.slots[k]);
+            let o = &mut self.overcommit[k];
+            o.0 = o.0.max(over);
+            o.1 += over as f64 * TICK_NS as f64 / 1e9;
         }
     }
 
@@ -309,6 +380,9 @@ pub fn simulate_cluster(sc: &Scenario, progress: &mut dyn FnMut(u64)) -> Result<
     let n = c.allocations.max(1) as f64;
     (r.mean_allocated_blocks, r.mean_remote_blocks) = (c.allocated.0 / n, c.allocated.1 / n);
     r.windows = c.windows;
+    for (n, &(peak, block_s)) in r.nodes.iter_mut().zip(&c.overcommit) {
+        (n.overcommit_peak_blocks, n.overcommit_block_s) = (peak, block_s);
+    }
     r.data_check = data_check;
     if let Some(m) = c.migrations.as_mut() {
         let end = c.nodes.iter().map(|n| n.last_done()).max().unwrap_or(0);

@@ -44,6 +44,8 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
     let gm = run_one("ELICA-Traffic, Gradual Migration", &with_migration(&elica_sc, MigrationChoice::Gradual), log)?;
     let im = run_one("ELICA-Traffic, Instant Migration", &with_migration(&elica_sc, MigrationChoice::Instant), log)?;
     let no_mig = run_one("ELICA-Traffic, no migration", &with_migration(&elica_sc, MigrationChoice::Off), log)?;
+    let load_gm = run_one("ELICA-Load, Gradual Migration", &with_migration(&load_sc, MigrationChoice::Gradual), log)?;
+    let load_im = run_one("ELICA-Load, Instant Migration", &with_migration(&load_sc, MigrationChoice::Instant), log)?;
     // Full size: allocations every 250 ms, for ELICA's 10,000 migrations per scheme (at
     // 500 ms: 7,546 GM and 9,796 IM).
     let window = size.pick("2s", "2s", "250ms");
@@ -174,7 +176,7 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
     let mut migration = Table::new(
         "elica_migration",
         &[
-            "ELICA-Traffic with",
+            "ELICA with",
             "migrations started",
             "finished",
             "mean time s",
@@ -188,10 +190,13 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
         ],
     );
     migration.rows = vec![
-        migration_row("Gradual Migration (GM)", &gm),
-        migration_row("Instant Migration (IM)", &im),
-        migration_row("latency-aware choice (default)", &elica),
-        migration_row("no migration", &no_mig),
+        migration_row("Traffic, Gradual Migration (GM)", &gm),
+        migration_row("Traffic, Instant Migration (IM)", &im),
+        migration_row("Traffic, latency-aware choice (default)", &elica),
+        migration_row("Traffic, no migration", &no_mig),
+        migration_row("Load, Gradual Migration (GM)", &load_gm),
+        migration_row("Load, Instant Migration (IM)", &load_im),
+        migration_row("Load, latency-aware choice (default)", &load),
     ];
     let (gmm, imm) =
         (gm.migration.clone().unwrap_or_else(empty_migration), im.migration.clone().unwrap_or_else(empty_migration));
@@ -354,7 +359,7 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
             },
             Section {
                 heading: "Migration: Gradual vs Instant (Fig. 20a)".into(),
-                text: "ELICA-Traffic again with each migration scheme forced, and with none (blocks where a VM lost its share stay until replaced, keeping other VMs from theirs). A migration starts when an allocation leaves a VM's blocks at a store above its share (rate-limited, §3.6.3) and ends when none is left; reserved capacity = blocks still at the sources, integrated over time. Times are read every 100 ms.".into(),
+                text: "ELICA-Traffic and ELICA-Load again with each migration scheme forced (and Traffic with none (blocks where a VM lost its share stay until replaced, keeping other VMs from theirs)). A migration starts when an allocation leaves a VM's blocks at a store above its share (rate-limited, §3.6.3) and ends when none is left; reserved capacity = blocks still at the sources, integrated over time. Times are read every 100 ms.".into(),
                 figure: None,
                 table: Some(migration),
             },

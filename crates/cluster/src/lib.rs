@@ -15,7 +15,9 @@
 //! - [`migration`]: Gradual and Instant Migration of a chunk as per-block states, with
 //!   §3.7's coherency and update-safety rules;
 //! - [`migration_plan`]: when migrations start (rate limit) and how (GM when the network
-//!   is congested, IM otherwise; §3.6.3), and their cost (time, reserved capacity, bytes).
+//!   is congested, IM otherwise; §3.6.3), and their cost (time, reserved capacity, bytes);
+//! - [`ssd_sharing`]: one SSD shared by a lender's own VMs and its borrowers — what the
+//!   lender gives back and the caps each side fills to, each period (§3.1).
 
 pub mod allocation;
 pub mod fast;
@@ -25,5 +27,6 @@ pub mod migration;
 pub mod migration_plan;
 pub mod model;
 pub mod ownership;
+pub mod ssd_sharing;
 
 pub use ownership::{ApplyError, NodeId, OwnershipMap, StaleVersion, Update};

@@ -32,6 +32,7 @@ use cachevisor_analysis::{DistanceHistogram, StackDistance};
 use cachevisor_cluster::allocation::{Problem, VmCurve};
 use cachevisor_cluster::load::{choose, Chunk};
 use cachevisor_cluster::model::{ideal_blocks, IdealForm};
+use cachevisor_cluster::ssd_sharing::Holdings;
 use cachevisor_engine::{EngineConfig, PartitionMode, RemoteRegion};
 use cachevisor_policy::controller;
 use cachevisor_policy::Decision;
@@ -210,35 +211,36 @@ impl<'a> Cluster<'a> {
     }
 
     /// One SSD per node holds its own VMs' blocks and its borrowers' (ELICA §3.1): each
-    /// tick a lender whose borrowers lack part of their shares and has not the room gives
-    /// back up to [`GIVE_BACK_PER_TICK`] blocks its own VMs hold above their (paced)
-    /// targets — clean ones first, a few dirty ones written back —, its own VMs may hold
-    /// no more than the SSD less what its borrowers hold (`Engine::set_local_limit`), and
-    /// each borrower may fill its region only up to its part of the room left
-    /// (`Engine::set_region_limit`), in proportion to what it lacks. So the SSD holds no
-    /// more than its size, but for what a tick lets through (`overcommit_*`).
+    /// tick `cluster::ssd_sharing` decides, per lender, what its own VMs above their
+    /// (paced) targets give back (at most [`GIVE_BACK_PER_TICK`], clean ones), the cap on
+    /// its own VMs' blocks (`Engine::set_local_limit`) and each borrower's in its region
+    /// (`Engine::set_region_limit`). So the SSD holds no more than its size, but for what
+    /// a tick lets through (`overcommit_*`).
     fn share_lenders_ssds(&mut self, now: u64) {
         let n = self.nodes.len();
         for k in 0..n {
             let lender = k as u16;
-            let lent: u64 = (0..n).filter(|&i| i != k).map(|i| self.nodes[i].engine.used_in_region(lender)).sum();
-            let short: Vec<u64> =
-                (0..n).map(|i| if i == k { 0 } else { self.nodes[i].engine.region_shortfall(lender) }).collect();
-            let want: u64 = short.iter().sum();
-            let room = |node: &Node| self.p.slots[k].saturating_sub(node.engine.used_local() + lent);
-            if want > room(&self.nodes[k]) {
-                let need = (want - room(&self.nodes[k])).min(GIVE_BACK_PER_TICK);
+            let others: Vec<usize> = (0..n).filter(|&i| i != k).collect();
+            let h = Holdings {
+                capacity: self.p.slots[k],
+                own: self.nodes[k].engine.used_local(),
+                borrowers: others
+                    .iter()
+                    .map(|&i| {
+                        (self.nodes[i].engine.used_in_region(lender), self.nodes[i].engine.region_shortfall(lender))
+                    })
+                    .collect(),
+            };
+            let back = h.wanted_back(GIVE_BACK_PER_TICK);
+            if back > 0 {
                 self.nodes[k].command(now, |e, out| {
-                    e.give_back(need, GIVE_BACK_DIRTY_PER_TICK, out);
+                    e.give_back(back, GIVE_BACK_DIRTY_PER_TICK, out);
                 });
             }
-            let room = room(&self.nodes[k]);
-            let lender_cap = self.p.slots[k].saturating_sub(lent);
-            self.nodes[k].engine.set_local_limit(lender_cap);
-            for i in (0..n).filter(|&i| i != k) {
-                let part = if want == 0 { 0 } else { (room as u128 * short[i] as u128 / want as u128) as u64 };
-                let used = self.nodes[i].engine.used_in_region(lender);
-                self.nodes[i].engine.set_region_limit(lender, used + part);
+            let s = h.share(self.nodes[k].engine.used_local());
+            self.nodes[k].engine.set_local_limit(s.local_limit);
+            for (&i, &limit) in others.iter().zip(&s.region_limits) {
+                self.nodes[i].engine.set_region_limit(lender, limit);
             }
         }
     }

@@ -86,8 +86,23 @@ pub fn run(levels: usize, reps: usize, exact_vms: usize, ilp_vms: usize) -> anyh
 /// the others round-robin —, `iops` each for `secs` of simulated time, open loop, 60 s
 /// windows, 1 MiB allocation units; prints requests, wall time, simulated ÷ wall,
 /// allocations and solver time, and the process's peak RSS.
-pub fn run_sim(vms: usize, nodes: usize, secs: u64, iops: f64, cache: &str, mode: &str) -> anyhow::Result<()> {
-    use cachevisor_sim::cluster_sim::{simulate_cluster, ClusterMode, ClusterSection, NodeSection};
+pub fn run_sim(
+    vms: usize,
+    nodes: usize,
+    secs: u64,
+    iops: f64,
+    cache: &str,
+    mode: &str,
+    migration: &str,
+) -> anyhow::Result<()> {
+    let scheme = match migration {
+        "auto" => MigrationChoice::Auto,
+        "gradual" => MigrationChoice::Gradual,
+        "instant" => MigrationChoice::Instant,
+        "off" => MigrationChoice::Off,
+        m => anyhow::bail!("--migration: `{m}` is not auto, gradual, instant or off"),
+    };
+    use cachevisor_sim::cluster_sim::{simulate_cluster, ClusterMode, ClusterSection, MigrationChoice, NodeSection};
     use cachevisor_sim::scenario::{DeviceChoice, ReplayMode, SyntheticSection, VmSection};
     let mode = match mode {
         "elica" => ClusterMode::Elica,
@@ -125,7 +140,9 @@ pub fn run_sim(vms: usize, nodes: usize, secs: u64, iops: f64, cache: &str, mode
     }
     sc.node =
         (0..nodes).map(|i| NodeSection { name: format!("n{i}"), cache: cache.into(), ssd: None, link: None }).collect();
-    sc.cluster = Some(ClusterSection { mode, ..ClusterSection::default() });
+    let mut cl = ClusterSection { mode, ..ClusterSection::default() };
+    cl.migration.scheme = scheme;
+    sc.cluster = Some(cl);
     let mut bar = crate::progress::Progress::new("simulating the cluster");
     let t = Instant::now();
     let r = simulate_cluster(&sc, &mut |n| bar.update(n, None))?;

@@ -138,6 +138,9 @@ pub enum BenchCmd {
         /// `elica` or `local`.
         #[arg(long, default_value = "elica")]
         mode: String,
+        /// Migration on reallocation: `auto`, `gradual`, `instant` or `off`.
+        #[arg(long, default_value = "auto")]
+        migration: String,
     },
     /// The daemon's hit path vs nbdkit's file plugin under fio (needs fio and nbdkit).
     Serve {
@@ -303,8 +306,8 @@ pub fn run(c: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Cluster { levels, reps, exact_vms, ilp_vms } => {
             crate::bench_cluster::run(levels, reps, exact_vms, ilp_vms)
         }
-        BenchCmd::ClusterSim { vms, nodes, secs, iops, cache, mode } => {
-            crate::bench_cluster::run_sim(vms, nodes, secs, iops, &cache, &mode)
+        BenchCmd::ClusterSim { vms, nodes, secs, iops, cache, mode, migration } => {
+            crate::bench_cluster::run_sim(vms, nodes, secs, iops, &cache, &mode, &migration)
         }
         BenchCmd::Serve { disk_size, rounds, secs, rw, bs, iodepth, write_policy, fsync, against, dir } => {
             let job = crate::bench_serve::Job { rw, bs, iodepth, write_policy, fsync, against };

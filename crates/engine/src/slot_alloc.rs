@@ -175,6 +175,29 @@ impl Engine {
         Some((s, Evicted { vm: key_vm(key), block: key_block(key), dirty_sectors: 0 }))
     }
 
+    /// `vm`'s own victim for its miss (routed to a store below its share when it migrates).
+    fn own_victim(&mut self, vm: VmId, sync: bool, out: &mut Output) -> Option<(u32, Option<Evicted>)> {
+        let (s, evicted) = self.victim_slot(vm, sync, out)?;
+        if self.migrating > 0 && self.vms[vm as usize].migration != crate::MigrationScheme::Off {
+            Some((self.promote_to_destination(vm, s), evicted))
+        } else {
+            Some((s, evicted))
+        }
+    }
+
+    /// A clean block of paced donor `donor` for another VM's miss, the dirty ones passed
+    /// over queued for a background write-back; `None` when none of its next victims is
+    /// clean.
+    fn steal_clean(&mut self, donor: VmId, _out: &mut Output) -> Option<(u32, Evicted)> {
+        let (found, passed) = self.clean_victim(donor);
+        let room = CLEAN_AHEAD_MAX.saturating_sub(self.clean_ahead.len());
+        self.clean_ahead.extend(passed.into_iter().take(room));
+        let s = found?;
+        let key = self.slots.key(s);
+        self.forget(key_vm(key), s);
+        Some((s, Evicted { vm: key_vm(key), block: key_block(key), dirty_sectors: 0 }))
+    }
+
     /// A block of paced donor `donor` given back ([`Engine::give_back`]): a clean one among
     /// its next [`VICTIM_SCAN`] victims (the dirty ones passed over stay, queued for
     /// nothing), else — when `dirty_ok` — its victim, written back in `out` first.
@@ -241,14 +264,17 @@ impl Engine {
         } else if let Some(s) = (used < target).then(|| self.take_free_below_target(vm)).flatten() {
             (s, None)
         } else if let Some(o) = (used < target).then(|| self.paced_donor()).flatten() {
-            self.place_victim(out, |e, out| e.steal_from(o, sync, out))?
-        } else if used > 0 {
-            let (s, evicted) = self.victim_slot(vm, sync, out)?;
-            if self.migrating > 0 && self.vms[vm as usize].migration != crate::MigrationScheme::Off {
-                (self.promote_to_destination(vm, s), evicted)
-            } else {
-                (s, evicted)
+            // A clean block of the donor; with none among its next victims, the VM's own
+            // victim (it grows when the donor's queued write-backs left blocks clean,
+            // instead of writing one back on this miss's path); a VM with nothing of its
+            // own takes the donor's victim, written back first.
+            match self.place_victim(out, |e, out| e.steal_clean(o, out)) {
+                Some(x) => x,
+                None if used > 0 => self.own_victim(vm, sync, out)?,
+                None => self.place_victim(out, |e, out| e.steal_from(o, sync, out))?,
             }
+        } else if used > 0 {
+            self.own_victim(vm, sync, out)?
         } else {
             return None;
         };

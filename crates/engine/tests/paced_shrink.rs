@@ -83,3 +83,36 @@ fn a_paced_shrink_gives_clean_blocks_first_and_writes_dirty_ones_back_in_the_bac
     assert_eq!((e.partition(0).used, e.partition(1).used), (2, 6));
     e.check_invariants().unwrap();
 }
+
+/// A steal that finds no clean block among the donor's next victims replaces the stealing
+/// VM's own block instead of writing the donor's back on its miss's path; the donor's
+/// dirty blocks are written back in the background, and the next misses take them clean.
+#[test]
+fn a_steal_finding_only_dirty_blocks_replaces_the_stealers_own() {
+    let cfg = EngineConfig { replacement: ReplacementKind::Lru, ..EngineConfig::with_slots(8) };
+    let mut e = Engine::new(cfg).unwrap();
+    let mut out = Output::default();
+    e.set_target(0, 6, &mut out);
+    e.set_target(1, 2, &mut out);
+    for b in 0..6 {
+        io(&mut e, 0, Op::Write, b); // all of VM 0's blocks dirty
+    }
+    for b in 0..2 {
+        io(&mut e, 1, Op::Read, 100 + b);
+    }
+    e.set_target_paced(0, 2);
+    e.set_target(1, 6, &mut out);
+    // VM 1's first miss: no clean block of VM 0 to take, so it replaces its own (its
+    // request runs no op for VM 0); VM 0's dirty blocks go to its disk in the background.
+    let (own, background) = io(&mut e, 1, Op::Read, 102);
+    assert!(own.iter().all(|op| op.vm == 1), "VM 1's miss ran an op for VM 0: {own:?}");
+    assert_eq!(e.partition(1).used, 2, "VM 1 replaced its own block");
+    assert!(background.iter().any(|op| op.vm == 0 && op.kind == OpKind::BackingWrite), "{background:?}");
+    // Now VM 0's blocks are clean: VM 1's next misses take them and it grows.
+    for b in 103..107 {
+        let (own, _) = io(&mut e, 1, Op::Read, b);
+        assert!(own.iter().all(|op| op.vm == 1), "{own:?}");
+    }
+    assert_eq!((e.partition(0).used, e.partition(1).used), (2, 6));
+    e.check_invariants().unwrap();
+}

@@ -138,8 +138,8 @@ pub enum BenchCmd {
         /// `elica` or `local`.
         #[arg(long, default_value = "elica")]
         mode: String,
-        /// Migration on reallocation: `auto`, `gradual`, `instant` or `off`.
-        #[arg(long, default_value = "auto")]
+        /// Migration on reallocation.
+        #[arg(long, default_value = "auto", value_parser = ["auto", "gradual", "instant", "off"])]
         migration: String,
     },
     /// The daemon's hit path vs nbdkit's file plugin under fio (needs fio and nbdkit).

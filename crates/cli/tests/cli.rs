@@ -119,6 +119,9 @@ fn bad_options_are_explained() {
     let o = run(&["bench", "serve", "--rw", "randomly"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("randrw"), "names the choices");
+    let o = run(&["bench", "cluster-sim", "--migration", "instantly"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("gradual"), "names the choices");
     let o = run(&["simulate", "--trace", &shared("tpcc-small.mqsim.txt"), "--replacement", "mru"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("s3fifo"));

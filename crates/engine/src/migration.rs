@@ -28,7 +28,7 @@ use crate::engine::Engine;
 use crate::output::{DeviceOp, OpKind, Output};
 use crate::remote_regions::Store;
 use crate::replacement::Replacement;
-use crate::slot_table::{key_vm, pack_key, FREE_KEY};
+use crate::slot_table::{key_vm, FREE_KEY};
 use cachevisor_trace::VmId;
 
 /// How a VM's misplaced blocks move (ELICA §3.6).
@@ -102,7 +102,7 @@ impl Engine {
     /// A store where `vm` holds less than its share and a free slot is left (local first).
     fn store_below_share(&mut self, vm: VmId) -> Option<Store> {
         self.park_pinned_free();
-        self.stores().collect::<Vec<_>>().into_iter().find(|&st| {
+        self.stores().find(|&st| {
             let (used, share) = self.held_and_share(vm, st);
             let free = match st {
                 None => self.free.front().filter(|_| self.local_used < self.local_limit),
@@ -281,26 +281,22 @@ impl Engine {
     /// one background job; the others are dropped (their next hit queues them again).
     pub(crate) fn run_gradual_moves(&mut self) {
         let due = std::mem::take(&mut self.gm_due);
+        let mut seen = rustc_hash::FxHashSet::default(); // one move per block per job
         self.submit_job(|e, out| {
             for key in due {
+                if !seen.insert(key) {
+                    continue;
+                }
                 let Some(s) = e.index.get(key, |x| e.slots.key(x)) else { continue };
                 let vm = key_vm(key);
-                let free = !e.flight.pinned(s)
-                    && !e.flight.busy.contains_key(&key)
-                    && !e.flight.queues.contains_key(&key)
-                    && !e.req_keys_in(out, key);
+                let free =
+                    !e.flight.pinned(s) && !e.flight.busy.contains_key(&key) && !e.flight.queues.contains_key(&key);
                 if free && e.above_share(vm, e.region_of(s)) {
                     e.move_block(vm, s, out);
                 }
             }
             e.free_deferred();
         });
-    }
-
-    /// Whether `out` already has an op on block `key` (one move per block per job).
-    fn req_keys_in(&self, out: &Output, key: u64) -> bool {
-        let bs = self.cfg.block_size;
-        out.ops.iter().any(|o| pack_key(o.vm, o.block(bs)) == key)
     }
 
     /// Instant Migration's bulk copy (§3.6.2): moves up to `max` of `vm`'s misplaced

@@ -204,8 +204,7 @@ impl Engine {
     pub fn set_remote_shares(&mut self, vm: VmId, shares: &[(u16, u64)]) -> Result<(), String> {
         let mut by_region = vec![0u64; self.cfg.remote.len()];
         for &(node, slots) in shares {
-            let r = self.cfg.remote.iter().position(|x| x.node == node);
-            let r = r.ok_or_else(|| format!("no region lent by node {node}"))?;
+            let r = self.region_index(node).ok_or_else(|| format!("no region lent by node {node}"))?;
             by_region[r] += slots;
         }
         self.ensure_vm(vm);

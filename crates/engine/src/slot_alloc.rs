@@ -188,7 +188,7 @@ impl Engine {
     /// A clean block of paced donor `donor` for another VM's miss, the dirty ones passed
     /// over queued for a background write-back; `None` when none of its next victims is
     /// clean.
-    fn steal_clean(&mut self, donor: VmId, _out: &mut Output) -> Option<(u32, Evicted)> {
+    fn steal_clean(&mut self, donor: VmId) -> Option<(u32, Evicted)> {
         let (found, passed) = self.clean_victim(donor);
         let room = CLEAN_AHEAD_MAX.saturating_sub(self.clean_ahead.len());
         self.clean_ahead.extend(passed.into_iter().take(room));
@@ -268,7 +268,7 @@ impl Engine {
             // victim (it grows when the donor's queued write-backs left blocks clean,
             // instead of writing one back on this miss's path); a VM with nothing of its
             // own takes the donor's victim, written back first.
-            match self.place_victim(out, |e, out| e.steal_clean(o, out)) {
+            match self.place_victim(out, |e, _| e.steal_clean(o)) {
                 Some(x) => x,
                 None if used > 0 => self.own_victim(vm, sync, out)?,
                 None => self.place_victim(out, |e, out| e.steal_from(o, sync, out))?,

@@ -10,7 +10,7 @@
 //! its scheme goes back to off. The decisions are the planner's and the engine's; this
 //! only runs them in virtual time.
 
-use crate::cluster_sim::Vm;
+use crate::cluster_sim::{busy_fraction, Vm};
 use crate::device::SharedDevice;
 use crate::node::Node;
 use cachevisor_cluster::migration::Scheme;
@@ -39,7 +39,7 @@ pub(crate) struct ClusterMigrations {
     /// signal).
     link_busy: Vec<u64>,
     last_tick: u64,
-    /// Migrations started per scheme, and blocks moved, in all.
+    /// Blocks copied between stores, in all.
     pub(crate) moved_blocks: u64,
 }
 
@@ -76,12 +76,11 @@ impl ClusterMigrations {
     pub(crate) fn tick(&mut self, now: u64, nodes: &mut [Node], vms: &[Vm], links: &[SharedDevice]) {
         self.state.resize(vms.len(), State::Idle);
         let dt = now.saturating_sub(self.last_tick).max(1);
-        let mut utilization = 0.0f64;
-        for (l, last) in links.iter().zip(self.link_busy.iter_mut()) {
-            let l = l.borrow();
-            let busy = l.busy_ns() - std::mem::replace(last, l.busy_ns());
-            utilization = utilization.max(busy as f64 / (dt as f64 * l.servers() as f64));
-        }
+        let utilization = links
+            .iter()
+            .zip(self.link_busy.iter_mut())
+            .map(|(l, last)| busy_fraction(l, last, dt))
+            .fold(0.0f64, f64::max);
         self.last_tick = now;
         let us = now / 1000;
         while let Some(start) = self.planner.poll(us, utilization) {
@@ -96,9 +95,8 @@ impl ClusterMigrations {
             if scheme == MigrationScheme::Instant {
                 node.copies.start(vm.local_id);
             }
-            let misplaced = node.engine.migration_stats(vm.local_id).misplaced;
-            let moved = node.engine.migration_stats(vm.local_id).moved;
-            self.state[v] = State::Active { held: misplaced, moved };
+            let stats = node.engine.migration_stats(vm.local_id);
+            self.state[v] = State::Active { held: stats.misplaced, moved: stats.moved };
         }
         for (v, vm) in vms.iter().enumerate() {
             let State::Active { held, moved } = self.state[v] else { continue };

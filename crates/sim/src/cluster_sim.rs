@@ -179,11 +179,7 @@ impl<'a> Cluster<'a> {
                 .ssds
                 .iter()
                 .zip(self.busy_last.iter_mut())
-                .map(|(d, last)| {
-                    let d = d.borrow();
-                    let busy = d.busy_ns() - std::mem::replace(last, d.busy_ns());
-                    busy as f64 / (self.p.window_ns as f64 * d.servers() as f64)
-                })
+                .map(|(d, last)| busy_fraction(d, last, self.p.window_ns))
                 .collect();
             let t = std::time::Instant::now();
             allocate(&self.p, &mut self.nodes, &mut self.vms, self.window_end, self.total_units, &load);
@@ -426,6 +422,14 @@ fn verify_after_flush(nodes: &mut [Node]) -> DataCheckResult {
         out.sectors_flushed += d.model.sectors_written();
     }
     out
+}
+
+/// The share of the last `span_ns` a device was busy, per channel, from its busy time now
+/// and at the last look (`last`, updated).
+pub(crate) fn busy_fraction(d: &SharedDevice, last: &mut u64, span_ns: u64) -> f64 {
+    let d = d.borrow();
+    let busy = d.busy_ns() - std::mem::replace(last, d.busy_ns());
+    busy as f64 / (span_ns as f64 * d.servers() as f64)
 }
 
 /// Runs every node's completions and timers up to `now`, one instant at a time in

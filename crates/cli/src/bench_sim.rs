@@ -8,6 +8,7 @@ use anyhow::Context;
 use cachevisor_analysis::{DistanceHistogram, Kind, Method, Profiler};
 use cachevisor_engine::{Engine, EngineConfig, Output, PartitionMode, ReplacementKind};
 use cachevisor_sim::scenario::ReplayMode;
+use cachevisor_sim::scenario::DEFAULT_WRITEBACK_AHEAD;
 use cachevisor_sim::{simulate, Scenario};
 use cachevisor_trace::units::format_size;
 use cachevisor_trace::{open_trace, Format, ReadOptions, Request};
@@ -82,8 +83,10 @@ fn full_sim(
     format: Option<Format>,
     kind: ReplacementKind,
     cache: &str,
+    writeback_ahead: u32,
 ) -> anyhow::Result<(f64, f64)> {
     let mut sc = Scenario::default();
+    sc.cache.writeback_ahead = writeback_ahead;
     sc.trace.files = files;
     sc.trace.format = format;
     sc.cache.size = cache.to_string();
@@ -157,18 +160,24 @@ pub(crate) fn bench_sim(
         let mut sim = Vec::new();
         for _ in 0..reps {
             alone.push(engine_alone(&reqs, kind, slots));
-            sim.push(full_sim(vec![path.clone()], Some(Format::OracleGeneral), kind, &cache)?.0);
+            sim.push(
+                full_sim(vec![path.clone()], Some(Format::OracleGeneral), kind, &cache, DEFAULT_WRITEBACK_AHEAD)?.0,
+            );
         }
         println!("  {:<10} {:>36.2} {:>17.2}", kind.name(), median(alone), median(sim));
     }
     drop(reqs);
     if let Some(files) = demo_traces().ok().filter(|_| bundled) {
-        println!("\nbundled real traces (3 VMs, 145,654 requests, 256 MiB cache), full simulation, M requests/s:");
+        println!("\nbundled real traces (3 VMs, 145,654 requests, 256 MiB cache, write-back), full simulation, M requests/s,");
+        println!("with write-back ahead of eviction ({DEFAULT_WRITEBACK_AHEAD} victims, the default) and without, interleaved:");
         for kind in ReplacementKind::ALL {
-            let runs: Vec<f64> = (0..reps)
-                .map(|_| full_sim(files.clone(), None, kind, "256MiB").map(|r| r.0))
-                .collect::<Result<_, _>>()?;
-            println!("  {:<10} {:>7.2}", kind.name(), median(runs));
+            let (mut on, mut off) = (Vec::new(), Vec::new());
+            for _ in 0..reps {
+                on.push(full_sim(files.clone(), None, kind, "256MiB", DEFAULT_WRITEBACK_AHEAD)?.0);
+                off.push(full_sim(files.clone(), None, kind, "256MiB", 0)?.0);
+            }
+            let (on, off) = (median(on), median(off));
+            println!("  {:<10} {:>7.2} {:>7.2}   ratio {:.3}×", kind.name(), on, off, on / off);
         }
     }
     println!("\npeak RSS {}", format_size(peak_rss_bytes()));

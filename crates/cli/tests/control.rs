@@ -13,7 +13,7 @@ fn status_and_destage_talk_to_a_running_daemon() {
     let d = dir.path();
     std::fs::write(
         d.join("serve.toml"),
-        "[cache]\npath = \"cache.img\"\nsize = \"4MiB\"\nflush_rate = \"0\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"wb\"\nbacking = \"wb.img\"\nsize = \"8MiB\"\nwrite_policy = \"wb\"\n",
+        "[cache]\npath = \"cache.img\"\nsize = \"4MiB\"\nflush_rate = \"0\"\nwriteback_ahead = 0\n[listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"wb\"\nbacking = \"wb.img\"\nsize = \"8MiB\"\nwrite_policy = \"wb\"\n",
     )
     .unwrap();
     let mut daemon = Daemon::start(d, "serve.toml", &[]).unwrap();

@@ -15,7 +15,7 @@ fn wb_config(dir: &Path, name: &str, cache: &str, backing: &str, size: Option<&s
     let size = size.map(|s| format!("size = \"{s}\"\n")).unwrap_or_default();
     std::fs::write(
         dir.join(name),
-        format!("[cache]\npath = \"cache.img\"\nsize = \"{cache}\"\nflush_rate = \"0\"\n{extra}[listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"vm1\"\nbacking = \"{backing}\"\n{size}write_policy = \"wb\"\n"),
+        format!("[cache]\npath = \"cache.img\"\nsize = \"{cache}\"\nflush_rate = \"0\"\nwriteback_ahead = 0\n{extra}[listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"vm1\"\nbacking = \"{backing}\"\n{size}write_policy = \"wb\"\n"),
     )
     .unwrap();
 }
@@ -410,4 +410,61 @@ fn full_backing_store(l: Layout) {
     check(&a.uri("vm1"), &truth, "after destaging");
     assert!(a.signal("TERM", Duration::from_secs(20)));
     assert_eq!(fs.run(&format!("wait {}", a.pid)), 0, "a clean stop exits 0");
+}
+
+/// The daemon's `/metrics` counter `name` (a plain HTTP GET on the API address).
+fn metric(api: &str, name: &str) -> u64 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(api).unwrap();
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: {api}\r\n\r\n").unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    body.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("no {name} in /metrics:\n{body}"))
+}
+
+#[test]
+fn blocks_written_back_ahead_then_rewritten_survive_a_sigkill() {
+    // Write-back ahead of eviction on (every block of the cache in its window): while the
+    // disk is idle the daemon writes dirty blocks back and leaves them cached clean, but
+    // the journal still calls them dirty (the flusher's rule). Rewrites of those blocks,
+    // evictions of them and a SIGKILL must lose nothing.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    wb_config(d, "a.toml", "4MiB", "vm1.img", Some("8MiB"), "");
+    let text =
+        std::fs::read_to_string(d.join("a.toml")).unwrap().replace("writeback_ahead = 0", "writeback_ahead = 4096");
+    std::fs::write(d.join("a.toml"), text).unwrap();
+    let mut a = Daemon::start(d, "a.toml", &[]).unwrap();
+    let api = a.api.clone().unwrap();
+    qemu_io_ok(&a.uri("vm1"), &["write -P 0x11 0 4M", "flush"]);
+    // The disk idle: the 1,024 dirty blocks are written back ahead, one at a time.
+    let t = std::time::Instant::now();
+    while metric(&api, "cachevisor_written_back_ahead_blocks_total") < 1000 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "write-back ahead stalled at {}",
+            metric(&api, "cachevisor_written_back_ahead_blocks_total")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(file_is(&d.join("vm1.img"), 0x11, 3 * MIB), "written back ahead: on the backing file");
+    // Rewrite a quarter (cached clean, journaled dirty), then misses that evict others.
+    qemu_io_ok(&a.uri("vm1"), &["write -P 0x22 0 1M", "write -P 0x33 4M 2M", "flush"]);
+    a.kill9();
+    let a = Daemon::start(d, "a.toml", &[]).unwrap();
+    qemu_io_ok(&a.uri("vm1"), &["read -P 0x22 0 1M", "read -P 0x11 1M 3M", "read -P 0x33 4M 2M"]);
+    let (ok, out) = destage(a.api.as_deref().unwrap(), &d.join("cache.img.meta/api-token"));
+    assert!(ok, "{out}");
+    let b = std::fs::read(d.join("vm1.img")).unwrap();
+    let want = |at: usize| match at >> 20 {
+        0 => 0x22,
+        1..=3 => 0x11,
+        4 | 5 => 0x33,
+        _ => 0,
+    };
+    for at in (0..6 << 20).step_by(4096) {
+        assert!(b[at..at + 4096].iter().all(|&x| x == want(at)), "backing block at {at} after destage");
+    }
 }

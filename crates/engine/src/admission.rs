@@ -25,6 +25,10 @@ impl Engine {
             self.enqueue(id, *req);
             self.admit_waiting(now_ns);
         }
+        if self.ahead.window > 0 {
+            self.ahead_look_at(req.vm);
+            self.run_writeback_ahead();
+        }
         id
     }
 

@@ -105,6 +105,8 @@ pub struct Engine {
     /// Dirty blocks a steal from a paced shrink passed over: written back as a background
     /// job once no op is in flight on them, so the next steal finds them clean.
     pub(crate) clean_ahead: Vec<u32>,
+    /// Write-back ahead of eviction in backing stores' idle time (`writeback_ahead.rs`).
+    pub(crate) ahead: crate::writeback_ahead::Ahead,
     /// Prewarmed blocks not touched yet, protected from eviction until their deadline
     /// (slot → ms; `prewarm_load.rs`), when protection is on.
     pub(crate) protected: rustc_hash::FxHashMap<u32, u32>,
@@ -202,6 +204,7 @@ impl Engine {
             shrink_due: true,
             over_target: Vec::new(),
             clean_ahead: Vec::new(),
+            ahead: Default::default(),
             protected: Default::default(),
             protect_ms: None,
             vms: Vec::new(),

@@ -291,6 +291,7 @@ impl Engine {
         }
         let op = job.out.ops[i];
         job.issued -= 1;
+        self.ahead.completed(&op);
         match result {
             Ok(()) => {
                 job.state[i] = OpState::Done;
@@ -324,5 +325,6 @@ impl Engine {
         if self.advance(key) || released {
             self.admit_waiting(now_ns);
         }
+        self.run_writeback_ahead();
     }
 }

@@ -108,6 +108,7 @@ impl Engine {
                     job.state[i] = OpState::Issued;
                     job.issued += 1;
                     job.cursor += 1;
+                    self.ahead.issued(&op);
                     self.flight.ready.push_back(op);
                 }
             }
@@ -144,6 +145,11 @@ impl Engine {
         }
         self.settle();
         self.flight.events.push_back(Event::Retired { req: id, failed: job.failure.is_some() });
+        match job.req {
+            None => self.ahead_retired(id),
+            // Its blocks are unpinned now: they may be next victims to write back.
+            Some(r) => self.ahead_look_at(r.vm),
+        }
         self.retire_job(job);
         if self.flight.refill_job == Some(id) {
             self.flight.refill_job = None;

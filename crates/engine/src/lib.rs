@@ -49,6 +49,7 @@ mod slot_alloc;
 pub mod slot_table;
 mod timers;
 pub mod write_policy;
+mod writeback_ahead;
 
 pub use config::{EngineConfig, FillMode, PartitionMode, RemoteRegion};
 pub use durability::{durable_reserve, Commit, SlotRecord};
@@ -60,3 +61,4 @@ pub use prewarm_load::PrewarmOutcome;
 pub use replacement::{Replacement, ReplacementKind};
 pub use timers::{Flusher, Schedule};
 pub use write_policy::WritePolicy;
+pub use writeback_ahead::MAX_WRITEBACK_AHEAD;

@@ -167,8 +167,7 @@ impl Engine {
     /// leaves them clean for later misses. With none clean, the victim is written back first as usual.
     fn steal_from(&mut self, donor: VmId, sync: bool, out: &mut Output) -> Option<(u32, Evicted)> {
         let (found, passed) = self.clean_victim(donor);
-        let room = CLEAN_AHEAD_MAX.saturating_sub(self.clean_ahead.len());
-        self.clean_ahead.extend(passed.into_iter().take(room));
+        self.queue_clean_ahead(donor, passed, found.is_some());
         let Some(s) = found else { return self.evict_from(donor, sync, out) };
         let key = self.slots.key(s);
         self.forget(key_vm(key), s);
@@ -190,12 +189,25 @@ impl Engine {
     /// clean.
     fn steal_clean(&mut self, donor: VmId) -> Option<(u32, Evicted)> {
         let (found, passed) = self.clean_victim(donor);
-        let room = CLEAN_AHEAD_MAX.saturating_sub(self.clean_ahead.len());
-        self.clean_ahead.extend(passed.into_iter().take(room));
+        self.queue_clean_ahead(donor, passed, found.is_some());
         let s = found?;
         let key = self.slots.key(s);
         self.forget(key_vm(key), s);
         Some((s, Evicted { vm: key_vm(key), block: key_block(key), dirty_sectors: 0 }))
+    }
+
+    /// Dirty blocks a steal from paced donor `donor` passed over: when write-back ahead of
+    /// eviction is on and the steal found a clean block, left to it (the donor's idle
+    /// time keeps its next victims clean); else — the donor's disk too busy for that, or
+    /// ahead off — queued for a background write-back ([`Engine::clean_ahead`]), so
+    /// the shrink goes on. Measured both ways in docs/policies.md.
+    fn queue_clean_ahead(&mut self, donor: VmId, passed: Vec<u32>, found: bool) {
+        if self.ahead.window > 0 && found {
+            self.ahead_look_at(donor);
+            return;
+        }
+        let room = CLEAN_AHEAD_MAX.saturating_sub(self.clean_ahead.len());
+        self.clean_ahead.extend(passed.into_iter().take(room));
     }
 
     /// A block of paced donor `donor` given back ([`Engine::give_back`]): a clean one among

@@ -112,15 +112,24 @@ impl Engine {
         let mut cursor = self.timers.flush_cursor;
         let keys = self.dirty_batch(None, &mut cursor, n as usize);
         self.timers.flush_cursor = cursor;
+        self.destage_job(&keys);
+    }
+
+    /// Writes back the dirty blocks of `keys` (block keys) as one background job, leaving
+    /// them cached clean (pinned ones skipped); in persistent mode their clean state is
+    /// not journaled (the flusher's rule, `durability.rs`). The flusher and write-back
+    /// ahead of eviction use it. Returns the job, `None` when nothing was written.
+    pub(crate) fn destage_job(&mut self, keys: &[u64]) -> Option<crate::ReqId> {
         self.dur.lazy_clean = self.dur.on;
-        self.submit_job(|e, out| {
+        let id = self.submit_job(|e, out| {
             let mut one = Output::default();
-            for k in keys {
+            for &k in keys {
                 e.destage_block(crate::slot_table::key_vm(k), crate::slot_table::key_block(k), &mut one);
                 out.ops.append(&mut one.ops);
             }
         });
         self.dur.lazy_clean = false;
+        id
     }
 }
 

@@ -261,7 +261,7 @@ fn config(shared: bool) -> EngineConfig {
     EngineConfig { partition, replacement: ReplacementKind::Lru, ..EngineConfig::with_slots(8) }
 }
 
-fn run(steps: &[Step], shared: bool, seed: u64) -> Result<(), String> {
+fn run(steps: &[Step], shared: bool, seed: u64, ahead: u32) -> Result<(), String> {
     let mut d = Driver {
         e: Engine::new(config(shared)).unwrap(),
         m: Machine::default(),
@@ -274,6 +274,7 @@ fn run(steps: &[Step], shared: bool, seed: u64) -> Result<(), String> {
         d.e.set_target(vm, 4, &mut out);
     }
     d.e.set_persistent(2);
+    d.e.set_writeback_ahead(ahead);
     let flusher = Flusher { period_ns: 5000, blocks_per_period: 2, dirty_target: 0.25 };
     d.e.set_schedule(0, Schedule { interval_ns: 0, flusher: Some(flusher) });
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
@@ -414,8 +415,9 @@ proptest! {
         steps in prop::collection::vec(step(), 1..250),
         shared in any::<bool>(),
         seed in any::<u64>(),
+        ahead in prop::sample::select(vec![0u32, 2, 8]),
     ) {
-        run(&steps, shared, seed).map_err(TestCaseError::fail)?;
+        run(&steps, shared, seed, ahead).map_err(TestCaseError::fail)?;
     }
 }
 

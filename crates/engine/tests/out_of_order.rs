@@ -138,15 +138,21 @@ impl Driver {
     }
 }
 
-fn run(
-    steps: &[Step],
+/// One case's engine settings.
+#[derive(Debug, Clone, Copy)]
+struct Setup {
     partition: PartitionMode,
     fill: FillMode,
     kind: ReplacementKind,
     timers: bool,
     protect: bool,
     remote: bool,
-) -> Result<(), String> {
+    /// Write-back ahead of eviction's window (0: off).
+    ahead: u32,
+}
+
+fn run(steps: &[Step], setup: Setup) -> Result<(), String> {
+    let Setup { partition, fill, kind, timers, protect, remote, ahead } = setup;
     // With `remote`, half the 8 slots are lent by two other nodes of a cluster (ELICA).
     let (slots, lent) = if remote {
         (4, vec![RemoteRegion { node: 1, slots: 2 }, RemoteRegion { node: 3, slots: 2 }])
@@ -156,6 +162,9 @@ fn run(
     let cfg = EngineConfig { partition, fill, replacement: kind, remote: lent, ..EngineConfig::with_slots(slots) };
     let w = DataModel::new(cfg.clone());
     let mut d = Driver { e: Engine::new(cfg).unwrap(), w, flying: Vec::new() };
+    // Write-back ahead of eviction: its jobs start as backing stores go idle, among the
+    // random completions and failures.
+    d.e.set_writeback_ahead(ahead);
     // Prewarmed blocks protected from eviction for 50 steps (or until touched).
     d.e.set_prewarm_protection(protect.then_some(50));
     let mut out = Output::default();
@@ -266,10 +275,11 @@ proptest! {
         timers in any::<bool>(),
         protect in any::<bool>(),
         remote in any::<bool>(),
+        ahead in prop::sample::select(vec![0u32, 2, 8]),
     ) {
         let partition = if shared { PartitionMode::Shared } else { PartitionMode::Static };
         let fill = if fill_block { FillMode::Block } else { FillMode::Request };
-        run(&steps, partition, fill, kind, timers, protect, remote).map_err(TestCaseError::fail)?;
+        run(&steps, Setup { partition, fill, kind, timers, protect, remote, ahead }).map_err(TestCaseError::fail)?;
     }
 }
 

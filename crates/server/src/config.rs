@@ -43,6 +43,11 @@ pub struct CacheConfig {
     /// everything back).
     #[serde(default = "default_writeback_percent")]
     pub writeback_percent: f64,
+    /// Write-back ahead of eviction: the dirty blocks among each vDisk's next this many
+    /// victims are written back, one at a time, while nothing else of the vDisk is on its
+    /// backing store (`32`; `0` = off).
+    #[serde(default = "default_writeback_ahead")]
+    pub writeback_ahead: u32,
     /// How often the allocator runs on the traffic it has seen (`1s`).
     #[serde(default = "default_interval")]
     pub interval: String,
@@ -82,6 +87,10 @@ fn default_flush_rate() -> String {
 
 fn default_writeback_percent() -> f64 {
     10.0
+}
+
+fn default_writeback_ahead() -> u32 {
+    32
 }
 
 fn default_interval() -> String {
@@ -346,6 +355,7 @@ error_threshold = 8           # default 8; device errors after which a vDisk pas
 interval = "1s"               # default 1s, at least 1ms: the allocator's interval on live traffic (and pass-through draining)
 flush_rate = "16MiB"          # default 16MiB per second of background write-back; "0" = off
 writeback_percent = 10        # default 10, 0 to 100: share of the cache the flusher leaves dirty (hot blocks stay dirty)
+writeback_ahead = 32          # default 32, 0 to 4096: dirty blocks among each vDisk's next this many victims are written back while its backing store is idle; 0 = off
 direct = "auto"               # default auto | on | off: O_DIRECT on the cache store
 io_uring = true               # default true: an O_DIRECT cache store's I/O through io_uring where the kernel allows; false: device threads
 params = {}                   # default {}: the allocator's parameters over its seed's defaults, e.g. { m = 5.0 } for s-cave (unknown keys are errors)
@@ -463,6 +473,13 @@ impl Config {
                 self.cache.writeback_percent
             ));
         }
+        if self.cache.writeback_ahead > cachevisor_engine::MAX_WRITEBACK_AHEAD {
+            return Err(format!(
+                "cache.writeback_ahead: {} victims is more than {} (0 turns it off)",
+                self.cache.writeback_ahead,
+                cachevisor_engine::MAX_WRITEBACK_AHEAD
+            ));
+        }
         let alloc = cachevisor_policy::registry::build(&self.cache.allocator).expect("checked above");
         if alloc.cleaner().is_some() && self.cache.replacement != ReplacementKind::Clock {
             return Err(format!("cache.replacement: `{}` uses S-CAVE's global cleaner, which reads CLOCK counters: set replacement = \"clock\"", self.cache.allocator));
@@ -562,6 +579,7 @@ mod tests {
             ("write_policy = \"wt\"", "write_policy = \"wt\"\ninterval = \"often\"", "cache.interval"),
             ("write_policy = \"wt\"", "write_policy = \"wt\"\nflush_rate = \"fast\"", "cache.flush_rate"),
             ("write_policy = \"wt\"", "write_policy = \"wt\"\nwriteback_percent = 150", "cache.writeback_percent"),
+            ("write_policy = \"wt\"", "write_policy = \"wt\"\nwriteback_ahead = 5000", "cache.writeback_ahead"),
             ("write_policy = \"wt\"", "write_policy = \"wt\"\nallocator = \"s-cave\"", "cache.replacement"),
             ("127.0.0.1:10810", "localhost:10810", "api.listen"),
             ("listen = \"127.0.0.1:10810\"", "listen = \"127.0.0.1:10810\"\ntoken = \"short\"", "api.token"),

@@ -187,6 +187,7 @@ impl Daemon {
         let state = crate::status::State {
             vdisks: self.status(),
             destaged_blocks: self.destaged_blocks(),
+            written_back_ahead: self.written_back_ahead(),
             destage_job: self.job.progress(),
             prewarm: self.prewarm.progress(),
         };

@@ -121,6 +121,13 @@ impl Collector for StateCollector {
             None,
             destaged.metric_type(),
         )?)?;
+        let ahead = ConstCounter::new(self.0.written_back_ahead);
+        ahead.encode(enc.encode_descriptor(
+            "cachevisor_written_back_ahead_blocks",
+            "Dirty blocks written back ahead of eviction while their backing store was idle",
+            None,
+            ahead.metric_type(),
+        )?)?;
         let job = &self.0.destage_job;
         let job_gauges = [
             ("cachevisor_destage_job_running", "1 while a destage job runs", job.running as i64),

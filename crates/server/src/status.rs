@@ -32,6 +32,9 @@ pub struct State {
     pub vdisks: Vec<VdiskStatus>,
     /// Blocks written back since the start (flusher, evictions, destage jobs).
     pub destaged_blocks: u64,
+    /// Of those, blocks written back ahead of eviction while their backing store was idle
+    /// (`cache.writeback_ahead`).
+    pub written_back_ahead: u64,
     /// The running (or last) destage job.
     pub destage_job: crate::destage_job::Progress,
     /// The running (or last) prewarm.

@@ -126,7 +126,7 @@ impl<'a> Cluster<'a> {
                 track_last_access: false,
                 remote,
             };
-            let mut node = Node::new(cfg, &sc.devices, None)?;
+            let mut node = Node::new(cfg, &sc.devices, None, sc.cache.writeback_ahead)?;
             node.engine.set_traffic_aware(p.cl.mode != ClusterMode::ElicaLoad);
             node.ssd = ssds[i].clone();
             node.peers = (0..n).map(|k| (k != i).then(|| ssds[k].clone())).collect();

@@ -103,9 +103,16 @@ impl DataCheck {
 
 impl Node {
     /// A node with an engine of `cfg` on the devices `devices` describes; `persistent`:
-    /// the daemon's crash-consistent mode with `reserve` durable free slots.
-    pub(crate) fn new(cfg: EngineConfig, devices: &DevicesSection, persistent: Option<u64>) -> Result<Node, SimError> {
+    /// the daemon's crash-consistent mode with `reserve` durable free slots;
+    /// `writeback_ahead`: victims looked at by write-back ahead of eviction (0: off).
+    pub(crate) fn new(
+        cfg: EngineConfig,
+        devices: &DevicesSection,
+        persistent: Option<u64>,
+        writeback_ahead: u32,
+    ) -> Result<Node, SimError> {
         let mut engine = Engine::new(cfg).map_err(SimError::Scenario)?;
+        engine.set_writeback_ahead(writeback_ahead);
         if let Some(reserve) = persistent {
             engine.set_persistent(reserve);
         }

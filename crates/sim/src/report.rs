@@ -154,6 +154,9 @@ pub struct EngineReport {
     pub metadata_bytes: u64,
     /// Metadata bytes per slot.
     pub bytes_per_slot: f64,
+    /// Dirty blocks written back ahead of eviction, in backing stores' idle time
+    /// (`cache.writeback_ahead`).
+    pub written_back_ahead: u64,
 }
 
 /// Device utilization.
@@ -267,6 +270,7 @@ impl SimResult {
                 block_size: res.block_size,
                 metadata_bytes: md,
                 bytes_per_slot: md as f64 / res.slots as f64,
+                written_back_ahead: engine.written_back_ahead(),
             },
             virtual_time_s: end_ns as f64 / 1e9,
             traces,
@@ -353,7 +357,7 @@ impl SimResult {
         let mut s = String::new();
         let r = &self.resolved;
         s.push_str(&format!(
-            "cache {} in {} blocks ({} slots), {} / {} / {}, metadata {:.1} B/slot, {:.2} s virtual\n",
+            "cache {} in {} blocks ({} slots), {} / {} / {}, metadata {:.1} B/slot, {} blocks written back ahead of eviction, {:.2} s virtual\n",
             format_size(r.cache_bytes),
             format_size(r.block_size),
             r.slots,
@@ -361,6 +365,7 @@ impl SimResult {
             self.scenario.cache.write_policy,
             self.scenario.cache.partition.name(),
             self.engine.bytes_per_slot,
+            self.engine.written_back_ahead,
             self.virtual_time_s
         ));
         s.push_str(&format!(

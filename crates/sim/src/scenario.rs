@@ -63,6 +63,10 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+/// Victims looked at by write-back ahead of eviction unless `cache.writeback_ahead` says
+/// otherwise (measured in docs/policies.md "Write-back ahead of eviction").
+pub const DEFAULT_WRITEBACK_AHEAD: u32 = 32;
+
 /// `[cache]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -102,6 +106,10 @@ pub struct CacheSection {
     /// journaled blocks wait for intent commits, and commits are writes to the cache SSD.
     /// Off: the engine as a cache that forgets everything at a restart.
     pub persistent: bool,
+    /// Write-back ahead of eviction: the dirty blocks among each VM's next this many
+    /// victims are written back, one at a time, while nothing else of the VM is on its
+    /// backing store (the engine's `set_writeback_ahead`); 0 turns it off.
+    pub writeback_ahead: u32,
     /// What the cache holds: data blocks, or the Nutanix DSF metadata objects
     /// (`dsf_objects.rs`: HM1 and HM3 lookups per 1 MiB vBlock; open loop only).
     pub objects: ObjectModel,
@@ -132,6 +140,7 @@ impl Default for CacheSection {
             params: BTreeMap::new(),
             lookahead: false,
             persistent: false,
+            writeback_ahead: DEFAULT_WRITEBACK_AHEAD,
             objects: ObjectModel::Blocks,
         }
     }
@@ -491,6 +500,13 @@ impl Scenario {
             }
         }
         let allocator = cachevisor_policy::registry::build(&self.cache.allocator).expect("checked above");
+        if self.cache.writeback_ahead > cachevisor_engine::MAX_WRITEBACK_AHEAD {
+            return Err(format!(
+                "cache.writeback_ahead: {} victims is more than {} (0 turns it off)",
+                self.cache.writeback_ahead,
+                cachevisor_engine::MAX_WRITEBACK_AHEAD
+            ));
+        }
         if self.cache.lookahead && r.mode == ReplayMode::Open && window_requests.is_some() {
             return Err("cache.lookahead: open loop needs a time window (the oracle cuts the trace by time)".into());
         }

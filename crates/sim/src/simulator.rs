@@ -95,7 +95,7 @@ impl<'a> Run<'a> {
             remote: Vec::new(),
         };
         let persistent = c.persistent.then(|| cachevisor_engine::durable_reserve(res.slots));
-        let mut node = Node::new(cfg.clone(), &sc.devices, persistent)?;
+        let mut node = Node::new(cfg.clone(), &sc.devices, persistent, c.writeback_ahead)?;
         let allocator = registry::build_with(&sc.cache.allocator, &sc.cache.params).map_err(SimError::Scenario)?;
         let managed = c.partition == PartitionMode::Static;
         let dynamic = managed && (c.lookahead || c.reallocate.unwrap_or(allocator.every_interval()));
@@ -288,7 +288,7 @@ impl<'a> Run<'a> {
             return Ok(());
         }
         let persistent = self.sc.cache.persistent.then(|| cachevisor_engine::durable_reserve(self.res.slots));
-        let mut dest = Node::new(self.cfg.clone(), &self.sc.devices, persistent)?;
+        let mut dest = Node::new(self.cfg.clone(), &self.sc.devices, persistent, self.sc.cache.writeback_ahead)?;
         for vm in 0..self.names.len() {
             dest.add_vm(vm as VmId)?;
         }

@@ -60,4 +60,7 @@ impl Replacement for Clock {
     fn dump(&self, t: &SlotTable) -> Vec<u32> {
         self.ring.iter_from_back(t).collect()
     }
+    fn peek_victims(&self, t: &SlotTable, k: usize, out: &mut Vec<u32>) {
+        out.extend(self.ring.iter_from_back(t).take(4 * k).filter(|&s| t.aux[s as usize] == 0).take(k));
+    }
 }

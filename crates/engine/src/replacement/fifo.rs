@@ -36,4 +36,7 @@ impl Replacement for Fifo {
     fn dump(&self, t: &SlotTable) -> Vec<u32> {
         self.list.iter_from_back(t).collect()
     }
+    fn peek_victims(&self, t: &SlotTable, k: usize, out: &mut Vec<u32>) {
+        out.extend(self.list.iter_from_back(t).take(k));
+    }
 }

@@ -54,6 +54,11 @@ pub trait Replacement {
     /// Resident slots in the order they would be evicted if nothing else happened
     /// (for tests and debugging; may be approximate for CLOCK-like policies).
     fn dump(&self, t: &SlotTable) -> Vec<u32>;
+    /// Up to `k` resident slots that are evicted soonest if nothing else happens, soonest
+    /// first, pushed to `out`, without changing anything (write-back ahead of eviction,
+    /// `writeback_ahead.rs`). Exact for list policies; for CLOCK-like ones the blocks the
+    /// hand would take without another pass (counter 0), among the next `4·k` looked at.
+    fn peek_victims(&self, t: &SlotTable, k: usize, out: &mut Vec<u32>);
 }
 
 /// Counts a hit in bits 0–3 of the policy byte, saturating at 15: the reference counter
@@ -194,5 +199,8 @@ impl Replacement for AnyReplacement {
     }
     fn dump(&self, t: &SlotTable) -> Vec<u32> {
         dispatch!(self, r => r.dump(t))
+    }
+    fn peek_victims(&self, t: &SlotTable, k: usize, out: &mut Vec<u32>) {
+        dispatch!(self, r => r.peek_victims(t, k, out))
     }
 }

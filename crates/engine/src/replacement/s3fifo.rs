@@ -126,4 +126,11 @@ impl Replacement for S3Fifo {
     fn dump(&self, t: &SlotTable) -> Vec<u32> {
         self.small.iter_from_back(t).chain(self.main.iter_from_back(t)).collect()
     }
+    /// The small queue's blocks that leave without promotion, then the main queue's with
+    /// no frequency left.
+    fn peek_victims(&self, t: &SlotTable, k: usize, out: &mut Vec<u32>) {
+        let small = self.small.iter_from_back(t).take(4 * k).filter(|&s| t.aux[s as usize] & FREQ <= 1);
+        let main = self.main.iter_from_back(t).take(4 * k).filter(|&s| t.aux[s as usize] & FREQ == 0);
+        out.extend(small.chain(main).take(k));
+    }
 }

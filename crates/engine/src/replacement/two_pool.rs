@@ -85,4 +85,9 @@ impl Replacement for TwoPool {
     fn dump(&self, t: &SlotTable) -> Vec<u32> {
         self.single.iter_from_back(t).chain(self.multi.iter_from_back(t)).collect()
     }
+    /// The single-touch pool's coldest, then the multi-touch pool's (demotions of an
+    /// over-full multi pool are not foreseen).
+    fn peek_victims(&self, t: &SlotTable, k: usize, out: &mut Vec<u32>) {
+        out.extend(self.single.iter_from_back(t).chain(self.multi.iter_from_back(t)).take(k));
+    }
 }

@@ -79,6 +79,7 @@ impl Daemon {
         let r: Resolved = cfg.resolve().map_err(StartError::Config)?;
         let places = places(cfg)?;
         let mut engine = Engine::new(engine_config(cfg, &r)).map_err(StartError::Config)?;
+        engine.set_writeback_ahead(cfg.cache.writeback_ahead);
         let ctl = first_controller(cfg, &r, &mut engine).map_err(StartError::Config)?;
         // Warm start: put every block the metadata knows back into its slot.
         let names: Vec<String> = cfg.vdisk.iter().map(|v| v.name.clone()).collect();

@@ -10,10 +10,11 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 
-/// A config with a `cache` of the given size and `(name, size, write policy)` exports.
+/// A config with a `cache` of the given size and `(name, size, write policy)` exports; no
+/// background write-back (flusher and write-back ahead off), so tests can count dirty blocks.
 pub fn config(dir: &Path, cache: &str, disks: &[(&str, &str, &str)]) -> Config {
     let mut t = format!(
-        "[cache]\npath = \"cache.img\"\nsize = \"{cache}\"\nflush_rate = \"0\"\n[listen]\ntcp = \"127.0.0.1:0\"\n"
+        "[cache]\npath = \"cache.img\"\nsize = \"{cache}\"\nflush_rate = \"0\"\nwriteback_ahead = 0\n[listen]\ntcp = \"127.0.0.1:0\"\n"
     );
     for (name, size, wp) in disks {
         t += &format!(

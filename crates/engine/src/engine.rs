@@ -89,6 +89,8 @@ pub struct Engine {
     pub(crate) req_sequential: bool,
     /// ELICA-Traffic's local-first choice for sequential runs ([`Engine::set_traffic_aware`]).
     pub(crate) traffic_aware: bool,
+    /// ... and at a full partition too ([`Engine::set_traffic_turnover`]).
+    pub(crate) traffic_turnover: bool,
     /// Free slots taken off the free list because ops were still in flight on them (a
     /// victim's write-back reading it): they return when the ops' job retires, so taking
     /// a free slot never scans past them.
@@ -107,6 +109,8 @@ pub struct Engine {
     pub(crate) clean_ahead: Vec<u32>,
     /// Write-back ahead of eviction in backing stores' idle time (`writeback_ahead.rs`).
     pub(crate) ahead: crate::writeback_ahead::Ahead,
+    /// Scratch for `peek_victims` on the miss path (ELICA-Traffic's victim choice).
+    pub(crate) peek_buf: Vec<u32>,
     /// Prewarmed blocks not touched yet, protected from eviction until their deadline
     /// (slot → ms; `prewarm_load.rs`), when protection is on.
     pub(crate) protected: rustc_hash::FxHashMap<u32, u32>,
@@ -199,12 +203,14 @@ impl Engine {
             region_starts,
             req_sequential: false,
             traffic_aware: true,
+            traffic_turnover: false,
             parked: Default::default(),
             left_dirty: Vec::new(),
             shrink_due: true,
             over_target: Vec::new(),
             clean_ahead: Vec::new(),
             ahead: Default::default(),
+            peek_buf: Vec::new(),
             protected: Default::default(),
             protect_ms: None,
             vms: Vec::new(),

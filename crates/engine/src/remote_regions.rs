@@ -198,6 +198,14 @@ impl Engine {
         self.traffic_aware = on;
     }
 
+    /// Whether ELICA-Traffic's choice also applies as a full partition turns over (off by
+    /// default): a sequential miss then replaces the VM's coldest local block, a random
+    /// one its coldest lent block, among its next 8 victims, instead of the policy's
+    /// victim wherever it is (docs/cluster.md measures both).
+    pub fn set_traffic_turnover(&mut self, on: bool) {
+        self.traffic_turnover = on;
+    }
+
     /// Sets `vm`'s shares of the regions other nodes lent, by lender node id (ELICA's
     /// c_remote split by lender; at most its target in all — the rest of it is local). A
     /// lender this engine has no region of is refused by name; lenders not listed get 0.

@@ -11,6 +11,9 @@ use cachevisor_trace::VmId;
 /// Pinned victims a miss passes over before it bypasses (`unpinned_victim`), and dirty
 /// ones a steal from a paced shrink passes over looking for a clean one (`steal_from`).
 const VICTIM_SCAN: usize = 64;
+/// Next victims ELICA-Traffic looks at for one of the store a miss wants
+/// ([`Engine::traffic_victim`]).
+const TRAFFIC_SCAN: usize = 8;
 /// Dirty blocks of paced shrinks queued for write-back at most ([`Engine::clean_ahead`]).
 const CLEAN_AHEAD_MAX: usize = 4096;
 
@@ -46,7 +49,10 @@ impl Engine {
     /// forgets it. Returns the slot, on no list, for the caller to reuse or free.
     #[inline]
     pub(crate) fn evict_from(&mut self, vm: VmId, sync: bool, out: &mut Output) -> Option<(u32, Evicted)> {
-        let mut s = self.unpinned_victim(vm)?;
+        let mut s = match self.traffic_victim(vm) {
+            Some(s) => s,
+            None => self.unpinned_victim(vm)?,
+        };
         if !self.protected.is_empty() && self.is_protected(s) {
             s = self.unprotected_victim(vm, s);
         }
@@ -95,6 +101,51 @@ impl Engine {
         taken
     }
 
+    /// ELICA-Traffic at a full partition (§3.4): a sequential run's miss takes the VM's
+    /// coldest *local* block, a random one its coldest *lent* block, among its next
+    /// [`TRAFFIC_SCAN`] victims (`peek_victims`: the others keep their places), so
+    /// sequential data stays local and random data goes remote as the partition turns
+    /// over, not only while it fills. `None` (take the policy's victim as usual): not a
+    /// VM with both stores, traffic-aware turnover off ([`Engine::set_traffic_turnover`]),
+    /// or none of the wanted store that close to eviction.
+    fn traffic_victim(&mut self, vm: VmId) -> Option<u32> {
+        if !(self.traffic_aware && self.traffic_turnover)
+            || self.shared.is_some()
+            || self.vms[vm as usize].remote_used == 0
+        {
+            return None;
+        }
+        let p = &self.vms[vm as usize];
+        if p.remote_used == p.used {
+            return None;
+        }
+        let want_local = self.req_sequential;
+        let mut peeked = std::mem::take(&mut self.peek_buf);
+        peeked.clear();
+        self.vms[vm as usize].repl.as_ref()?.peek_victims(&self.slots, TRAFFIC_SCAN, &mut peeked);
+        let found = peeked.iter().copied().find(|&s| {
+            self.region_of(s).is_none() == want_local
+                && !self.victim_pinned(s)
+                && (self.protected.is_empty() || !self.is_protected(s))
+        });
+        self.peek_buf = peeked;
+        let s = found?;
+        self.with_repl(vm, |r, t| r.remove(t, s));
+        Some(s)
+    }
+
+    /// Whether slot `s` may not be a victim now: ops in flight on it, or (persistent mode:
+    /// any; else one already handled) a block of the request being served.
+    #[inline]
+    fn victim_pinned(&self, s: u32) -> bool {
+        self.flight.pinned(s)
+            || self.req_blocks.is_some_and(|(vm, first, last, current)| {
+                let k = self.slots.key(s);
+                let end = if self.dur.on { last } else { current };
+                key_vm(k) == vm && (first..=end).contains(&key_block(k))
+            })
+    }
+
     /// The policy's next victim among slots with no ops in flight (pinned ones it offers
     /// are put back: they are in use right now). `None` when every resident slot is pinned.
     #[inline]
@@ -102,14 +153,7 @@ impl Engine {
         let s = self.with_repl(vm, |r, t| r.evict(t))?;
         // Persistent mode: no block of the request at all (one it evicted would reach the
         // backing store before the commit freeing its old, vouched-for slot).
-        let pinned = |e: &Engine, s: u32| {
-            e.flight.pinned(s)
-                || e.req_blocks.is_some_and(|(vm, first, last, current)| {
-                    let k = e.slots.key(s);
-                    let end = if e.dur.on { last } else { current };
-                    key_vm(k) == vm && (first..=end).contains(&key_block(k))
-                })
-        };
+        let pinned = |e: &Engine, s: u32| e.victim_pinned(s);
         if !pinned(self, s) {
             return Some(s);
         }

@@ -149,10 +149,12 @@ struct Setup {
     remote: bool,
     /// Write-back ahead of eviction's window (0: off).
     ahead: u32,
+    /// ELICA-Traffic's choice at a full partition too (lent-region cases).
+    turnover: bool,
 }
 
 fn run(steps: &[Step], setup: Setup) -> Result<(), String> {
-    let Setup { partition, fill, kind, timers, protect, remote, ahead } = setup;
+    let Setup { partition, fill, kind, timers, protect, remote, ahead, turnover } = setup;
     // With `remote`, half the 8 slots are lent by two other nodes of a cluster (ELICA).
     let (slots, lent) = if remote {
         (4, vec![RemoteRegion { node: 1, slots: 2 }, RemoteRegion { node: 3, slots: 2 }])
@@ -165,6 +167,7 @@ fn run(steps: &[Step], setup: Setup) -> Result<(), String> {
     // Write-back ahead of eviction: its jobs start as backing stores go idle, among the
     // random completions and failures.
     d.e.set_writeback_ahead(ahead);
+    d.e.set_traffic_turnover(turnover);
     // Prewarmed blocks protected from eviction for 50 steps (or until touched).
     d.e.set_prewarm_protection(protect.then_some(50));
     let mut out = Output::default();
@@ -276,10 +279,11 @@ proptest! {
         protect in any::<bool>(),
         remote in any::<bool>(),
         ahead in prop::sample::select(vec![0u32, 2, 8]),
+        turnover in any::<bool>(),
     ) {
         let partition = if shared { PartitionMode::Shared } else { PartitionMode::Static };
         let fill = if fill_block { FillMode::Block } else { FillMode::Request };
-        run(&steps, Setup { partition, fill, kind, timers, protect, remote, ahead }).map_err(TestCaseError::fail)?;
+        run(&steps, Setup { partition, fill, kind, timers, protect, remote, ahead, turnover }).map_err(TestCaseError::fail)?;
     }
 }
 

@@ -62,6 +62,43 @@ fn a_sequential_run_takes_local_slots() {
 }
 
 #[test]
+fn at_a_full_partition_turnover_keeps_sequential_data_local_and_random_data_lent() {
+    for turnover in [false, true] {
+        // 16 local slots and 4 lent; VM 0 holds all 20, 4 of them lent.
+        let remote = vec![RemoteRegion { node: 1, slots: 4 }];
+        let mut e = Engine::new(EngineConfig { remote, ..EngineConfig::with_slots(16) }).unwrap();
+        e.set_traffic_turnover(turnover);
+        let mut out = Output::default();
+        e.set_target(0, 20, &mut out);
+        e.set_remote_target(0, 4);
+        // Random blocks fill the lent share, a sequential run (64 KiB) the local one: in LRU
+        // order the lent blocks are the coldest.
+        for b in [0u64, 10, 20, 30] {
+            write(&mut e, 0, b, BS);
+        }
+        write(&mut e, 0, 100, 16 * BS);
+        assert_eq!((e.partition(0).used, e.partition(0).remote_used), (20, 4));
+        // Full: a new sequential run.
+        write(&mut e, 0, 200, 16 * BS);
+        let p = e.partition(0);
+        assert_eq!((p.used, p.remote_used), (20, 4), "shares kept");
+        let random_kept = [0u64, 10, 20, 30].iter().filter(|&&b| e.lookup(0, b).is_some()).count();
+        if turnover {
+            // Among its next 8 victims there is always a local one: the run replaced the
+            // old run's local blocks and left the random ones lent.
+            assert_eq!(random_kept, 4, "turnover: the run stays local");
+            // A random miss replaces a lent block, though local ones are as cold.
+            write(&mut e, 0, 500, BS);
+            let kept = [0u64, 10, 20, 30].iter().filter(|&&b| e.lookup(0, b).is_some()).count();
+            assert_eq!(kept, 3);
+        } else {
+            assert_eq!(random_kept, 0, "the policy's victims: the lent random blocks first");
+        }
+        e.check_invariants().unwrap();
+    }
+}
+
+#[test]
 fn a_vm_with_no_remote_share_never_takes_lent_slots() {
     let mut e = engine();
     let mut out = Output::default();

@@ -62,6 +62,9 @@ pub struct ClusterSection {
     /// units of 1 MiB move a few percent of a busy VM's cache per window, so a VM's data
     /// moves gradually rather than all at once).
     pub load_chunks: u64,
+    /// ELICA-Traffic's local/lent choice also as a full partition turns over
+    /// (`Engine::set_traffic_turnover`); off: only while a VM's parts fill.
+    pub traffic_turnover: bool,
     /// Migration when an allocation moves a VM's cache between nodes (§3.6).
     pub migration: MigrationSection,
     /// Check every byte's version through a model of the devices (every reply against
@@ -140,6 +143,7 @@ impl Default for ClusterSection {
             unit: "1MiB".into(),
             ideal: 0.99,
             load_chunks: 4,
+            traffic_turnover: false,
             migration: MigrationSection::default(),
             verify_data: false,
         }

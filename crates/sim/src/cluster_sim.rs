@@ -128,6 +128,7 @@ impl<'a> Cluster<'a> {
             };
             let mut node = Node::new(cfg, &sc.devices, None, sc.cache.writeback_ahead)?;
             node.engine.set_traffic_aware(p.cl.mode != ClusterMode::ElicaLoad);
+            node.engine.set_traffic_turnover(p.cl.traffic_turnover);
             node.ssd = ssds[i].clone();
             node.peers = (0..n).map(|k| (k != i).then(|| ssds[k].clone())).collect();
             node.nic = Some(links[i].clone());

@@ -26,7 +26,7 @@ impl Engine {
             self.admit_waiting(now_ns);
         }
         if self.ahead.window > 0 {
-            self.ahead_look_at(req.vm);
+            self.ahead_client_request(req.vm);
             self.run_writeback_ahead();
         }
         id

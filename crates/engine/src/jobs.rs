@@ -146,7 +146,7 @@ impl Engine {
         self.settle();
         self.flight.events.push_back(Event::Retired { req: id, failed: job.failure.is_some() });
         match job.req {
-            None => self.ahead_retired(id),
+            None => self.ahead_retired(id, job.failure.is_some()),
             // Its blocks are unpinned now: they may be next victims to write back.
             Some(r) => self.ahead_look_at(r.vm),
         }

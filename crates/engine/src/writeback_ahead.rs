@@ -46,6 +46,10 @@ pub(crate) struct Ahead {
     /// VMs to look at, each once (`queued`).
     check: Vec<VmId>,
     queued: Vec<bool>,
+    /// Per VM: its last job failed (a backing store refusing writes); no new one until
+    /// a client request of the VM arrives, so a failing store is retried at the clients'
+    /// pace, never in a loop of failures.
+    paused: Vec<bool>,
     /// Blocks written back ahead so far.
     pub(crate) written: u64,
 }
@@ -57,6 +61,7 @@ impl Ahead {
             self.backing_ops.resize(n, 0);
             self.running.resize(n, None);
             self.queued.resize(n, false);
+            self.paused.resize(n, false);
         }
     }
 
@@ -118,12 +123,24 @@ impl Engine {
         }
     }
 
-    /// A job retired: if it was a VM's write-back-ahead job, that VM may start another.
+    /// A client request of `vm` arrived: write-back ahead paused by a failure resumes.
     #[inline]
-    pub(crate) fn ahead_retired(&mut self, id: ReqId) {
+    pub(crate) fn ahead_client_request(&mut self, vm: VmId) {
+        if self.ahead.window > 0 {
+            self.ahead.grow(vm);
+            self.ahead.paused[vm as usize] = false;
+            self.ahead.queue(vm);
+        }
+    }
+
+    /// A job retired: if it was a VM's write-back-ahead job, that VM may start another
+    /// (after a failed one, only once a client request of the VM comes).
+    #[inline]
+    pub(crate) fn ahead_retired(&mut self, id: ReqId, failed: bool) {
         if let Some(i) = self.ahead.jobs.iter().position(|&(j, _)| j == id) {
             let (_, vm) = self.ahead.jobs.swap_remove(i);
             self.ahead.running[vm as usize] = None;
+            self.ahead.paused[vm as usize] |= failed;
             self.ahead.queue(vm);
         }
     }
@@ -139,7 +156,7 @@ impl Engine {
         for &vm in &check {
             self.ahead.queued[vm as usize] = false;
             let v = vm as usize;
-            let idle = self.ahead.backing_ops[v] == 0 && self.ahead.running[v].is_none();
+            let idle = self.ahead.backing_ops[v] == 0 && self.ahead.running[v].is_none() && !self.ahead.paused[v];
             if !idle || self.vms.get(v).is_none_or(|p| p.dirty_blocks == 0) {
                 continue;
             }

@@ -128,6 +128,33 @@ fn a_burst_of_writes_is_written_back_once_it_retired() {
 }
 
 #[test]
+fn a_failing_backing_store_is_retried_at_the_clients_pace_not_in_a_loop() {
+    let mut e = full_of_dirty_blocks(4);
+    e.submit(0, &req(0, Op::Read, 7)); // a hit: write-back ahead starts
+    let mut failed = 0;
+    let mut ops = 0;
+    while let Some(op) = e.poll_op() {
+        ops += 1;
+        assert!(ops < 100, "write-back ahead loops on a failing store");
+        let result = if op.kind == OpKind::BackingWrite {
+            failed += 1;
+            Err(Failure::Io)
+        } else {
+            Ok(())
+        };
+        e.handle_completion(0, op.handle(), result);
+        while e.poll_event().is_some() {}
+    }
+    assert_eq!(failed, 1, "one failed write, then it waits");
+    assert_eq!(e.partition(0).dirty_blocks, 8, "the failed block is dirty again");
+    e.check_invariants().unwrap();
+    // A client request: one more try.
+    e.submit(0, &req(0, Op::Read, 6));
+    let again = settle(&mut e).iter().filter(|o| o.kind == OpKind::BackingWrite).count();
+    assert!(again > 0, "a client request resumes write-back ahead");
+}
+
+#[test]
 fn write_back_ahead_off_writes_nothing_ahead() {
     let mut e = full_of_dirty_blocks(0);
     e.submit(0, &req(0, Op::Read, 0));

@@ -167,6 +167,12 @@ pub fn run_sim(
         r.mean_us / 1e3,
         r.p999_us / 1e3
     );
+    // One SSD per node: what its own VMs and its borrowers held beyond it at once.
+    let peak = r.nodes.iter().map(|n| n.overcommit_peak_blocks).max().unwrap_or(0);
+    let block_s: f64 = r.nodes.iter().map(|n| n.overcommit_block_s).sum();
+    println!(
+        "over-commit (a node's SSD holding more than it has): peak {peak} blocks, {block_s:.0} block-seconds in all"
+    );
     if let Some(m) = &r.migration {
         let c = &m.cost;
         let (g, i) = m.mean_times_s();

@@ -412,16 +412,17 @@ fn full_backing_store(l: Layout) {
     assert_eq!(fs.run(&format!("wait {}", a.pid)), 0, "a clean stop exits 0");
 }
 
-/// The daemon's `/metrics` counter `name` (a plain HTTP GET on the API address).
-fn metric(api: &str, name: &str) -> u64 {
+/// The daemon's `/metrics` value of `series` (name and labels; a plain HTTP GET on the API
+/// address).
+fn metric(api: &str, series: &str) -> u64 {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(api).unwrap();
     write!(s, "GET /metrics HTTP/1.0\r\nHost: {api}\r\n\r\n").unwrap();
     let mut body = String::new();
     s.read_to_string(&mut body).unwrap();
     body.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
-        .unwrap_or_else(|| panic!("no {name} in /metrics:\n{body}"))
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("no {series} in /metrics:\n{body}"))
 }
 
 #[test]
@@ -441,11 +442,11 @@ fn blocks_written_back_ahead_then_rewritten_survive_a_sigkill() {
     qemu_io_ok(&a.uri("vm1"), &["write -P 0x11 0 4M", "flush"]);
     // The disk idle: the 1,024 dirty blocks are written back ahead, one at a time.
     let t = std::time::Instant::now();
-    while metric(&api, "cachevisor_written_back_ahead_blocks_total") < 1000 {
+    while metric(&api, "cachevisor_written_back_ahead_blocks_total{vdisk=\"vm1\"}") < 1000 {
         assert!(
             t.elapsed() < Duration::from_secs(10),
             "write-back ahead stalled at {}",
-            metric(&api, "cachevisor_written_back_ahead_blocks_total")
+            metric(&api, "cachevisor_written_back_ahead_blocks_total{vdisk=\"vm1\"}")
         );
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -50,8 +50,9 @@ pub(crate) struct Ahead {
     /// a client request of the VM arrives, so a failing store is retried at the clients'
     /// pace, never in a loop of failures.
     paused: Vec<bool>,
-    /// Blocks written back ahead so far.
+    /// Blocks written back ahead so far, and per VM.
     pub(crate) written: u64,
+    written_by: Vec<u64>,
 }
 
 impl Ahead {
@@ -62,6 +63,7 @@ impl Ahead {
             self.running.resize(n, None);
             self.queued.resize(n, false);
             self.paused.resize(n, false);
+            self.written_by.resize(n, 0);
         }
     }
 
@@ -111,6 +113,11 @@ impl Engine {
     /// Blocks written back ahead of eviction so far.
     pub fn written_back_ahead(&self) -> u64 {
         self.ahead.written
+    }
+
+    /// Blocks of `vm` written back ahead of eviction so far.
+    pub fn written_back_ahead_of(&self, vm: VmId) -> u64 {
+        self.ahead.written_by.get(vm as usize).copied().unwrap_or(0)
     }
 
     /// `vm`'s next victims may have changed without its backing store doing anything (a
@@ -186,6 +193,7 @@ impl Engine {
             }
             if let Some(id) = self.destage_job(&chosen[..n]) {
                 self.ahead.written += n as u64;
+                self.ahead.written_by[v] += n as u64;
                 self.ahead.running[v] = Some(id);
                 self.ahead.jobs.push((id, vm));
             }

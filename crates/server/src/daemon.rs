@@ -187,7 +187,6 @@ impl Daemon {
         let state = crate::status::State {
             vdisks: self.status(),
             destaged_blocks: self.destaged_blocks(),
-            written_back_ahead: self.written_back_ahead(),
             destage_job: self.job.progress(),
             prewarm: self.prewarm.progress(),
         };
@@ -197,11 +196,13 @@ impl Daemon {
     /// Every vDisk's state and counters.
     pub fn status(&self) -> Vec<VdiskStatus> {
         let exports = self.exports();
-        let parts: Vec<_> = self.dp.with_engine(|e| exports.iter().map(|x| e.partition(x.id)).collect());
+        let parts: Vec<_> = self
+            .dp
+            .with_engine(|e| exports.iter().map(|x| (e.partition(x.id), e.written_back_ahead_of(x.id))).collect());
         exports
             .into_iter()
             .zip(parts)
-            .map(|(e, p)| VdiskStatus {
+            .map(|(e, (p, ahead))| VdiskStatus {
                 stats: self.dp.stats(e.id),
                 name: e.name,
                 size: e.size,
@@ -209,6 +210,7 @@ impl Daemon {
                 used_blocks: p.used,
                 target_blocks: p.target,
                 dirty_blocks: p.dirty_blocks,
+                written_back_ahead: ahead,
                 block_size: self.block_size,
             })
             .collect()

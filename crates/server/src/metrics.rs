@@ -63,12 +63,17 @@ type ReadByOp = fn(&crate::datapath::ExportStats) -> [u64; 2];
 impl Collector for StateCollector {
     fn encode(&self, mut enc: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let status = &self.0.vdisks;
-        let counters: [Metric<ReadStatus<u64>>; 5] = [
+        let counters: [Metric<ReadStatus<u64>>; 6] = [
             ("cachevisor_reads", "Read requests", |s| s.stats.reads),
             ("cachevisor_writes", "Write requests", |s| s.stats.writes),
             ("cachevisor_flushes", "Flush requests", |s| s.stats.flushes),
             ("cachevisor_trims", "TRIM requests", |s| s.stats.trims),
             ("cachevisor_errors", "Device errors returned as EIO", |s| s.stats.errors),
+            (
+                "cachevisor_written_back_ahead_blocks",
+                "Dirty blocks written back ahead of eviction while the backing store was idle",
+                |s| s.written_back_ahead,
+            ),
         ];
         for (name, help, f) in counters {
             let c0 = ConstCounter::new(0u64);
@@ -120,13 +125,6 @@ impl Collector for StateCollector {
             "Dirty blocks written back (flusher, evictions, destage jobs)",
             None,
             destaged.metric_type(),
-        )?)?;
-        let ahead = ConstCounter::new(self.0.written_back_ahead);
-        ahead.encode(enc.encode_descriptor(
-            "cachevisor_written_back_ahead_blocks",
-            "Dirty blocks written back ahead of eviction while their backing store was idle",
-            None,
-            ahead.metric_type(),
         )?)?;
         let job = &self.0.destage_job;
         let job_gauges = [

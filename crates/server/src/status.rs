@@ -19,6 +19,8 @@ pub struct VdiskStatus {
     pub target_blocks: u64,
     /// Dirty blocks.
     pub dirty_blocks: u64,
+    /// Dirty blocks written back ahead of eviction while the backing store was idle.
+    pub written_back_ahead: u64,
     /// Cache block size in bytes (the unit of the block counts).
     pub block_size: u64,
     /// Counters.
@@ -32,9 +34,6 @@ pub struct State {
     pub vdisks: Vec<VdiskStatus>,
     /// Blocks written back since the start (flusher, evictions, destage jobs).
     pub destaged_blocks: u64,
-    /// Of those, blocks written back ahead of eviction while their backing store was idle
-    /// (`cache.writeback_ahead`).
-    pub written_back_ahead: u64,
     /// The running (or last) destage job.
     pub destage_job: crate::destage_job::Progress,
     /// The running (or last) prewarm.

@@ -222,9 +222,4 @@ impl Daemon {
     pub fn destaged_blocks(&self) -> u64 {
         self.dp.written_back()
     }
-
-    /// Of those, blocks written back ahead of eviction in their backing store's idle time.
-    pub fn written_back_ahead(&self) -> u64 {
-        self.dp.with_engine(|e| e.written_back_ahead())
-    }
 }

@@ -109,7 +109,7 @@ pub struct Engine {
     pub(crate) clean_ahead: Vec<u32>,
     /// Write-back ahead of eviction in backing stores' idle time (`writeback_ahead.rs`).
     pub(crate) ahead: crate::writeback_ahead::Ahead,
-    /// Scratch for `peek_victims` on the miss path (ELICA-Traffic's victim choice).
+    /// Scratch for `peek_victims` (ELICA-Traffic's victim choice, write-back ahead).
     pub(crate) peek_buf: Vec<u32>,
     /// Prewarmed blocks not touched yet, protected from eviction until their deadline
     /// (slot → ms; `prewarm_load.rs`), when protection is on.

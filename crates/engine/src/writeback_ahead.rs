@@ -159,7 +159,7 @@ impl Engine {
             return;
         }
         let check = std::mem::take(&mut self.ahead.check);
-        let mut peeked = Vec::new();
+        let mut peeked = std::mem::take(&mut self.peek_buf);
         for &vm in &check {
             self.ahead.queued[vm as usize] = false;
             let v = vm as usize;
@@ -198,6 +198,7 @@ impl Engine {
                 self.ahead.jobs.push((id, vm));
             }
         }
+        self.peek_buf = peeked;
         if self.ahead.check.is_empty() {
             self.ahead.check = check;
             self.ahead.check.clear();

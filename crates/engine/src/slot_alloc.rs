@@ -109,14 +109,10 @@ impl Engine {
     /// VM with both stores, traffic-aware turnover off ([`Engine::set_traffic_turnover`]),
     /// or none of the wanted store that close to eviction.
     fn traffic_victim(&mut self, vm: VmId) -> Option<u32> {
-        if !(self.traffic_aware && self.traffic_turnover)
-            || self.shared.is_some()
-            || self.vms[vm as usize].remote_used == 0
-        {
-            return None;
-        }
         let p = &self.vms[vm as usize];
-        if p.remote_used == p.used {
+        // Only a VM holding blocks in both stores has a choice.
+        let both = p.remote_used > 0 && p.remote_used < p.used;
+        if !(self.traffic_aware && self.traffic_turnover) || self.shared.is_some() || !both {
             return None;
         }
         let want_local = self.req_sequential;
@@ -153,8 +149,7 @@ impl Engine {
         let s = self.with_repl(vm, |r, t| r.evict(t))?;
         // Persistent mode: no block of the request at all (one it evicted would reach the
         // backing store before the commit freeing its old, vouched-for slot).
-        let pinned = |e: &Engine, s: u32| e.victim_pinned(s);
-        if !pinned(self, s) {
+        if !self.victim_pinned(s) {
             return Some(s);
         }
         // At most VICTIM_SCAN pinned victims are passed over: when more of the policy's
@@ -163,8 +158,8 @@ impl Engine {
         let mut aside = vec![s];
         let found = loop {
             match self.with_repl(vm, |r, t| r.evict(t)) {
-                Some(s) if pinned(self, s) && aside.len() < VICTIM_SCAN => aside.push(s),
-                Some(s) if pinned(self, s) => {
+                Some(s) if self.victim_pinned(s) && aside.len() < VICTIM_SCAN => aside.push(s),
+                Some(s) if self.victim_pinned(s) => {
                     aside.push(s);
                     break None;
                 }

@@ -39,8 +39,8 @@ pub(crate) struct Ahead {
     pub(crate) window: u32,
     /// Per VM: backing ops handed out and not completed.
     backing_ops: Vec<u32>,
-    /// Per VM: its write-back-ahead job, while one runs.
-    running: Vec<Option<ReqId>>,
+    /// Per VM: whether its write-back-ahead job runs.
+    running: Vec<bool>,
     /// Jobs running (to find a retiring one's VM without a scan of every VM).
     jobs: Vec<(ReqId, VmId)>,
     /// VMs to look at, each once (`queued`).
@@ -50,9 +50,8 @@ pub(crate) struct Ahead {
     /// a client request of the VM arrives, so a failing store is retried at the clients'
     /// pace, never in a loop of failures.
     paused: Vec<bool>,
-    /// Blocks written back ahead so far, and per VM.
-    pub(crate) written: u64,
-    written_by: Vec<u64>,
+    /// Per VM: blocks written back ahead so far.
+    written: Vec<u64>,
 }
 
 impl Ahead {
@@ -60,10 +59,10 @@ impl Ahead {
         let n = vm as usize + 1;
         if self.backing_ops.len() < n {
             self.backing_ops.resize(n, 0);
-            self.running.resize(n, None);
+            self.running.resize(n, false);
             self.queued.resize(n, false);
             self.paused.resize(n, false);
-            self.written_by.resize(n, 0);
+            self.written.resize(n, 0);
         }
     }
 
@@ -112,12 +111,12 @@ impl Engine {
 
     /// Blocks written back ahead of eviction so far.
     pub fn written_back_ahead(&self) -> u64 {
-        self.ahead.written
+        self.ahead.written.iter().sum()
     }
 
     /// Blocks of `vm` written back ahead of eviction so far.
     pub fn written_back_ahead_of(&self, vm: VmId) -> u64 {
-        self.ahead.written_by.get(vm as usize).copied().unwrap_or(0)
+        self.ahead.written.get(vm as usize).copied().unwrap_or(0)
     }
 
     /// `vm`'s next victims may have changed without its backing store doing anything (a
@@ -146,7 +145,7 @@ impl Engine {
     pub(crate) fn ahead_retired(&mut self, id: ReqId, failed: bool) {
         if let Some(i) = self.ahead.jobs.iter().position(|&(j, _)| j == id) {
             let (_, vm) = self.ahead.jobs.swap_remove(i);
-            self.ahead.running[vm as usize] = None;
+            self.ahead.running[vm as usize] = false;
             self.ahead.paused[vm as usize] |= failed;
             self.ahead.queue(vm);
         }
@@ -163,7 +162,7 @@ impl Engine {
         for &vm in &check {
             self.ahead.queued[vm as usize] = false;
             let v = vm as usize;
-            let idle = self.ahead.backing_ops[v] == 0 && self.ahead.running[v].is_none() && !self.ahead.paused[v];
+            let idle = self.ahead.backing_ops[v] == 0 && !self.ahead.running[v] && !self.ahead.paused[v];
             if !idle || self.vms.get(v).is_none_or(|p| p.dirty_blocks == 0) {
                 continue;
             }
@@ -192,9 +191,8 @@ impl Engine {
                 continue;
             }
             if let Some(id) = self.destage_job(&chosen[..n]) {
-                self.ahead.written += n as u64;
-                self.ahead.written_by[v] += n as u64;
-                self.ahead.running[v] = Some(id);
+                self.ahead.written[v] += n as u64;
+                self.ahead.running[v] = true;
                 self.ahead.jobs.push((id, vm));
             }
         }

@@ -78,6 +78,22 @@ pub fn tick(v: f64) -> String {
     }
 }
 
+/// A value printed over a bar: three significant digits (`29.7`, `268`, `0.125`), large
+/// values as [`tick`] writes them.
+pub fn bar_value(v: f64) -> String {
+    let a = v.abs();
+    if a >= 1e4 || a == 0.0 {
+        return tick(v);
+    }
+    let decimals = (2 - a.log10().floor() as i32).max(0) as usize;
+    let s = format!("{v:.decimals$}");
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
+    }
+}
+
 /// A line chart of `series` as an SVG document (0 to the data's maximum on x).
 pub fn line_chart_svg(
     title: &str,
@@ -323,7 +339,7 @@ pub fn bar_chart_svg(title: &str, y_label: &str, bars: &[(String, f64)]) -> Resu
             chart.draw_series(std::iter::once(bar)).map_err(|e| e.to_string())?;
             chart
                 .draw_series(std::iter::once(Text::new(
-                    tick(*v),
+                    bar_value(*v),
                     (SegmentValue::CenterOf(i), *v + y_max * 0.01),
                     label.clone(),
                 )))
@@ -380,6 +396,12 @@ mod tests {
         assert_eq!(tick(12.0), "12");
         assert_eq!(tick(0.25), "0.25");
         assert_eq!(tick(250.5), "250");
+        assert_eq!(bar_value(29.738), "29.7");
+        assert_eq!(bar_value(268.3), "268");
+        assert_eq!(bar_value(3.84), "3.84");
+        assert_eq!(bar_value(0.125), "0.125");
+        assert_eq!(bar_value(2.0), "2");
+        assert_eq!(bar_value(123456.0), "123.5k");
     }
 }
 

@@ -132,6 +132,8 @@ fn cluster_scenario_errors_are_named() {
         ("[cluster]\nmode = \"elica-trafic\"\n", "mode"),
         ("[[node]]\nname = \"n0\"\ncache = \"4MiB\"\nssd_size = 1\n", "ssd_size"),
         ("[cluster.migration]\nscheme = \"instantly\"\n", "scheme"),
+        ("[cluster]\ntraffic_turnover = \"yes\"\n", "traffic_turnover"),
+        ("[cache]\nwriteback_ahead = -1\n", "writeback_ahead"),
     ] {
         let path = dir.path().join("bad.toml");
         std::fs::write(&path, bad).unwrap();

@@ -163,6 +163,9 @@ impl IntervalProfiler {
         if r.len == 0 {
             return;
         }
+        if let Some(m) = s.mix.as_mut().filter(|_| r.op.is_write()) {
+            m.write_request();
+        }
         for b in r.offset >> self.shift..=(r.end() - 1) >> self.shift {
             let d = s.stack.access(b);
             s.all.add(d, 1.0);

@@ -478,6 +478,8 @@ fn policy_demands(n: usize, units: u64, unit: u64) -> Vec<cachevisor_policy::VmD
                 target_blocks: unit * units / n as u64,
                 used_blocks: unit * units / n as u64,
                 dirty_blocks: rng.gen_range(0..=unit * units / n as u64),
+                write_policy: Some(cachevisor_engine::WritePolicy::Wb),
+                backing_busy: Some(rng.gen_range(0.0..1.0)),
                 window_requests: rng.gen_range(1..10_000),
                 read_curve: curve.iter().map(|h| h * 0.7).collect(),
                 hit_curve: curve,
@@ -488,6 +490,9 @@ fn policy_demands(n: usize, units: u64, unit: u64) -> Vec<cachevisor_policy::VmD
                 reuse_mix: cachevisor_policy::ReuseMix {
                     read_after_read: rng.gen_range(0.0..100.0),
                     read_after_write: rng.gen_range(0.0..30.0),
+                    write_after_write: rng.gen_range(0.0..50.0),
+                    writes: rng.gen_range(50.0..200.0),
+                    write_requests: rng.gen_range(10.0..100.0),
                     ..Default::default()
                 },
                 hit_throughput: rng.gen_range(0.0..5_000.0),

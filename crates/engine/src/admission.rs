@@ -14,6 +14,7 @@ impl Engine {
     /// [`Self::poll_op`], its reply from [`Self::poll_event`]. It waits (no ops yet) while
     /// a block it touches has ops in flight.
     pub fn submit(&mut self, now_ns: u64, req: &Request) -> ReqId {
+        self.ahead.now_ns = self.ahead.now_ns.max(now_ns);
         let id = self.flight.new_id();
         if self.blocks_free(req) {
             // Nothing holds or waits for its blocks: admitted at once.

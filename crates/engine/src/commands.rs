@@ -91,6 +91,20 @@ impl Engine {
         self.vms[vm as usize].write_policy = policy;
     }
 
+    /// Changes `vm`'s write policy like [`Self::set_write_policy`], but leaving write-back
+    /// flushes nothing: the dirty blocks stay cached and dirty until they leave as they
+    /// would under write-back — written back when evicted, or ahead of eviction in the
+    /// backing store's idle time (`writeback_ahead.rs`) — or a [`Self::flush`]; reads hit
+    /// them, a write through one cleans the sectors it writes. No device work here. The
+    /// allocators' decisions use it (`controller::apply`): a flush at the switch put all
+    /// of a VM's dirty blocks on its disk at once (CloudPhysics's in policy-compare:
+    /// 92 s of queue), and paced in the background it slowed every miss while it lasted
+    /// (docs/policies.md).
+    pub fn set_write_policy_lazy(&mut self, vm: VmId, policy: WritePolicy) {
+        self.ensure_vm(vm);
+        self.vms[vm as usize].write_policy = policy;
+    }
+
     /// Takes `vm` out of the cache without losing data (a driver's pass-through after
     /// device errors): from now on its writes go around the cache (read-only policy: they
     /// go to the backing store and invalidate the cached sectors they overwrite) and its

@@ -104,9 +104,9 @@ pub struct Engine {
     /// VMs given a paced shrink, to take blocks from while they stay above their targets
     /// (entries go stale as they reach them; skipped then).
     pub(crate) over_target: Vec<VmId>,
-    /// Dirty blocks a steal from a paced shrink passed over: written back as a background
-    /// job once no op is in flight on them, so the next steal finds them clean.
-    pub(crate) clean_ahead: Vec<u32>,
+    /// Dirty blocks a steal from a paced shrink passed over, written back in background
+    /// jobs paced per donor, so the next steals find them clean (`paced_clean.rs`).
+    pub(crate) paced_clean: crate::paced_clean::PacedClean,
     /// Write-back ahead of eviction in backing stores' idle time (`writeback_ahead.rs`).
     pub(crate) ahead: crate::writeback_ahead::Ahead,
     /// Scratch for `peek_victims` (ELICA-Traffic's victim choice, write-back ahead).
@@ -208,7 +208,7 @@ impl Engine {
             left_dirty: Vec::new(),
             shrink_due: true,
             over_target: Vec::new(),
-            clean_ahead: Vec::new(),
+            paced_clean: Default::default(),
             ahead: Default::default(),
             peek_buf: Vec::new(),
             protected: Default::default(),

@@ -233,17 +233,14 @@ impl Engine {
 
     /// A shrink ([`Self::set_target`]) stops at slots with ops in flight; once ops end,
     /// partitions still above their target give back the rest as a background job. Dirty
-    /// blocks a flush leaving write-back skipped, and those a steal from a paced shrink
-    /// passed over, are written back the same way.
+    /// blocks a flush leaving write-back skipped are written back the same way; those a
+    /// steal from a paced shrink passed over, paced per donor (`paced_clean.rs`).
     fn finish_commands(&mut self) {
         if !self.left_dirty.is_empty() && !self.flight.hold {
             let list = std::mem::take(&mut self.left_dirty);
             self.left_dirty = self.write_back_listed(list, |p| p.write_policy != crate::WritePolicy::Wb && !p.bypass);
         }
-        if !self.clean_ahead.is_empty() && !self.flight.hold {
-            let list = std::mem::take(&mut self.clean_ahead);
-            self.clean_ahead = self.write_back_listed(list, |p| p.paced && p.used > p.target);
-        }
+        self.run_paced_clean();
         if !self.gm_due.is_empty() && !self.flight.hold {
             self.run_gradual_moves();
         }

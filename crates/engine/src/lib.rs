@@ -38,6 +38,7 @@ mod intents;
 mod jobs;
 mod migration;
 pub mod output;
+mod paced_clean;
 mod prewarm_load;
 mod remote_regions;
 mod repair;

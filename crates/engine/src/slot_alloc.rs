@@ -14,8 +14,6 @@ const VICTIM_SCAN: usize = 64;
 /// Next victims ELICA-Traffic looks at for one of the store a miss wants
 /// ([`Engine::traffic_victim`]).
 const TRAFFIC_SCAN: usize = 8;
-/// Dirty blocks of paced shrinks queued for write-back at most ([`Engine::clean_ahead`]).
-const CLEAN_AHEAD_MAX: usize = 4096;
 
 impl Engine {
     /// Forgets a slot's block (already out of its policy): index, bits, owner's count.
@@ -202,7 +200,7 @@ impl Engine {
     /// Takes a block from `donor`, a VM above its target after a paced shrink, for another
     /// VM's miss: the first clean one among its policy's next [`VICTIM_SCAN`] victims, so
     /// the miss waits for no write-back to the donor's disk; dirty ones passed over stay
-    /// cached and are queued for a background write-back ([`Engine::clean_ahead`]) that
+    /// cached and are queued for a background write-back ([`Engine::run_paced_clean`]) that
     /// leaves them clean for later misses. With none clean, the victim is written back first as usual.
     fn steal_from(&mut self, donor: VmId, sync: bool, out: &mut Output) -> Option<(u32, Evicted)> {
         let (found, passed) = self.clean_victim(donor);
@@ -238,15 +236,14 @@ impl Engine {
     /// Dirty blocks a steal from paced donor `donor` passed over: when write-back ahead of
     /// eviction is on and the steal found a clean block, left to it (the donor's idle
     /// time keeps its next victims clean); else — the donor's disk too busy for that, or
-    /// ahead off — queued for a background write-back ([`Engine::clean_ahead`]), so
+    /// ahead off — queued for a background write-back ([`Engine::run_paced_clean`]), so
     /// the shrink goes on. Measured both ways in docs/policies.md.
     fn queue_clean_ahead(&mut self, donor: VmId, passed: Vec<u32>, found: bool) {
         if self.ahead.window > 0 && found {
             self.ahead_look_at(donor);
             return;
         }
-        let room = CLEAN_AHEAD_MAX.saturating_sub(self.clean_ahead.len());
-        self.clean_ahead.extend(passed.into_iter().take(room));
+        self.paced_clean.queue(donor, passed);
     }
 
     /// A block of paced donor `donor` given back ([`Engine::give_back`]): a clean one among

@@ -52,6 +52,13 @@ pub(crate) struct Ahead {
     paused: Vec<bool>,
     /// Per VM: blocks written back ahead so far.
     written: Vec<u64>,
+    /// The driver's time as of the last call that passed one (submit, completion).
+    pub(crate) now_ns: u64,
+    /// Per VM: when its backing store last went from idle to busy.
+    busy_since: Vec<u64>,
+    /// Per VM: time its backing store had ops of this engine in flight, idle periods
+    /// ended so far.
+    busy_ns: Vec<u64>,
 }
 
 impl Ahead {
@@ -63,33 +70,54 @@ impl Ahead {
             self.queued.resize(n, false);
             self.paused.resize(n, false);
             self.written.resize(n, 0);
+            self.busy_since.resize(n, 0);
+            self.busy_ns.resize(n, 0);
         }
     }
 
-    /// An op is handed out: a backing store's count of ops in flight grows.
+    /// An op is handed out: a backing store's count of ops in flight grows (an idle one
+    /// starts a busy period).
     #[inline]
     pub(crate) fn issued(&mut self, op: &DeviceOp) {
-        if self.window > 0 {
-            if let Location::Backing(vm) = op.loc {
-                self.grow(vm);
-                self.backing_ops[vm as usize] += 1;
+        if let Location::Backing(vm) = op.loc {
+            self.grow(vm);
+            let v = vm as usize;
+            if self.backing_ops[v] == 0 {
+                self.busy_since[v] = self.now_ns;
             }
+            self.backing_ops[v] += 1;
         }
     }
 
-    /// An op handed out ended: a backing store left with nothing in flight is looked at.
+    /// An op handed out ended: a backing store left with nothing in flight ends its busy
+    /// period and is looked at.
     #[inline]
     pub(crate) fn completed(&mut self, op: &DeviceOp) {
-        if self.window > 0 {
-            if let Location::Backing(vm) = op.loc {
-                if let Some(n) = self.backing_ops.get_mut(vm as usize).filter(|n| **n > 0) {
-                    *n -= 1;
-                    if *n == 0 {
+        if let Location::Backing(vm) = op.loc {
+            let v = vm as usize;
+            if let Some(n) = self.backing_ops.get_mut(v).filter(|n| **n > 0) {
+                *n -= 1;
+                if *n == 0 {
+                    self.busy_ns[v] += self.now_ns.saturating_sub(self.busy_since[v]);
+                    if self.window > 0 {
                         self.queue(vm);
                     }
                 }
             }
         }
+    }
+
+    /// Whether `vm`'s one background write-back job (write-back ahead's, or a paced
+    /// clean job's, `paced_clean.rs`) runs.
+    pub(crate) fn job_running(&self, vm: VmId) -> bool {
+        self.running.get(vm as usize).copied().unwrap_or(false)
+    }
+
+    /// `vm`'s background write-back job `id` started; [`Engine::ahead_retired`] ends it.
+    pub(crate) fn job_started(&mut self, vm: VmId, id: ReqId) {
+        self.grow(vm);
+        self.running[vm as usize] = true;
+        self.jobs.push((id, vm));
     }
 
     fn queue(&mut self, vm: VmId) {
@@ -107,6 +135,19 @@ impl Engine {
     /// At most [`MAX_WRITEBACK_AHEAD`] (larger values are clamped; configs refuse them).
     pub fn set_writeback_ahead(&mut self, window: u32) {
         self.ahead.window = window.min(MAX_WRITEBACK_AHEAD);
+    }
+
+    /// Time `vm`'s backing store has had ops of this engine in flight so far, in the
+    /// driver's time (ns, as passed to `submit` and `handle_completion`): how busy this
+    /// engine keeps it (`adaptive`'s write-policy choice reads it per window).
+    pub fn backing_busy_ns(&self, vm: VmId) -> u64 {
+        let a = &self.ahead;
+        let v = vm as usize;
+        let ongoing = match a.backing_ops.get(v) {
+            Some(&n) if n > 0 => a.now_ns.saturating_sub(a.busy_since[v]),
+            _ => 0,
+        };
+        a.busy_ns.get(v).copied().unwrap_or(0) + ongoing
     }
 
     /// Blocks written back ahead of eviction so far.
@@ -139,8 +180,9 @@ impl Engine {
         }
     }
 
-    /// A job retired: if it was a VM's write-back-ahead job, that VM may start another
-    /// (after a failed one, only once a client request of the VM comes).
+    /// A job retired: if it was a VM's background write-back job (write-back ahead's or a
+    /// paced clean job), that VM may start another (write-back ahead, after a failed one,
+    /// only once a client request of the VM comes).
     #[inline]
     pub(crate) fn ahead_retired(&mut self, id: ReqId, failed: bool) {
         if let Some(i) = self.ahead.jobs.iter().position(|&(j, _)| j == id) {
@@ -192,8 +234,7 @@ impl Engine {
             }
             if let Some(id) = self.destage_job(&chosen[..n]) {
                 self.ahead.written[v] += n as u64;
-                self.ahead.running[v] = true;
-                self.ahead.jobs.push((id, vm));
+                self.ahead.job_started(vm, id);
             }
         }
         self.peek_buf = peeked;

@@ -38,6 +38,11 @@ enum JobKind {
         vm: u32,
         slots: u64,
     },
+    /// A lazy write-policy change (`set_write_policy_lazy`): dirty blocks stay dirty.
+    LazyPolicy {
+        vm: u32,
+        policy: WritePolicy,
+    },
     Flush {
         vm: Option<u32>,
     },
@@ -80,6 +85,8 @@ fn step() -> impl Strategy<Value = Step> {
             .prop_map(|(pick, fail, torn)| Step::Complete { pick, fail, torn }),
         1 => (0u32..3, 0u64..6).prop_map(|(vm, slots)| Step::Job(JobKind::Target { vm, slots })),
         1 => (0u32..3, 0u64..6).prop_map(|(vm, slots)| Step::Job(JobKind::PacedTarget { vm, slots })),
+        1 => (0u32..3, prop::sample::select(WritePolicy::ALL.to_vec()))
+            .prop_map(|(vm, policy)| Step::Job(JobKind::LazyPolicy { vm, policy })),
         1 => prop::option::of(0u32..3).prop_map(|vm| Step::Job(JobKind::Flush { vm })),
         1 => (0u32..3, 0..SECTORS_PER_DISK / 8).prop_map(|(vm, block)| Step::Job(JobKind::Destage { vm, block })),
         1 => (0u64..9).prop_map(|free| Step::Job(JobKind::Clean { free })),
@@ -224,6 +231,7 @@ fn run(steps: &[Step], setup: Setup) -> Result<(), String> {
                     }
                     JobKind::Target { vm, slots } => e.set_target(vm, slots, out),
                     JobKind::PacedTarget { vm, slots } => e.set_target_paced(vm, slots),
+                    JobKind::LazyPolicy { vm, policy } => e.set_write_policy_lazy(vm, policy),
                     JobKind::Flush { vm } => e.flush(vm, out),
                     JobKind::Destage { vm, block } => {
                         e.destage_block(vm, block, out);

@@ -116,3 +116,84 @@ fn a_steal_finding_only_dirty_blocks_replaces_the_stealers_own() {
     assert_eq!((e.partition(0).used, e.partition(1).used), (2, 6));
     e.check_invariants().unwrap();
 }
+
+/// The dirty blocks a steal passed over are written back paced: one background job of
+/// at most 4 blocks in flight for the donor at a time, not all at once (an HDD would
+/// serve them all ahead of the donor's next miss).
+#[test]
+fn dirty_blocks_a_steal_passed_over_are_written_back_a_batch_at_a_time() {
+    let cfg = EngineConfig { replacement: ReplacementKind::Lru, ..EngineConfig::with_slots(64) };
+    let mut e = Engine::new(cfg).unwrap();
+    let mut out = Output::default();
+    e.set_target(0, 64, &mut out);
+    // VM 0: 40 dirty blocks, the coldest, then 24 clean ones.
+    for b in 0..64 {
+        io(&mut e, 0, if b < 40 { Op::Write } else { Op::Read }, b);
+    }
+    e.set_target_paced(0, 0);
+    e.set_target(1, 64, &mut out);
+    // VM 1's miss takes a clean block past the 40 dirty ones, which are queued.
+    let id = e.submit(0, &Request { time_ns: 0, vm: 1, op: Op::Read, offset: 1000 * BLOCK, len: BLOCK as u32 });
+    let (mut most, mut written) = (0, HashSet::new());
+    loop {
+        let mut held = Vec::new();
+        while let Some(op) = e.poll_op() {
+            if op.req == id {
+                e.handle_completion(0, op.handle(), Ok(()));
+            } else {
+                held.push(op);
+            }
+        }
+        while e.poll_event().is_some() {}
+        let writes = held.iter().filter(|op| op.kind == OpKind::BackingWrite).count();
+        most = most.max(writes);
+        if held.is_empty() {
+            break;
+        }
+        for op in held {
+            if op.kind == OpKind::BackingWrite {
+                assert_eq!(op.vm, 0);
+                written.insert(op.disk_addr / BLOCK);
+            }
+            e.handle_completion(0, op.handle(), Ok(()));
+        }
+    }
+    assert_eq!(e.in_flight(), 0);
+    assert_eq!(written, (0..40).collect::<HashSet<u64>>(), "every passed-over block written back once");
+    assert!(most <= 4, "{most} write-backs in flight at once");
+    assert_eq!(e.partition(0).dirty_blocks, 0);
+    e.check_invariants().unwrap();
+}
+
+/// `set_write_policy_lazy` off write-back writes nothing back: the dirty blocks stay
+/// cached and dirty, reads hit them, a write through one cleans it, an eviction writes
+/// one back first, and a flush writes back the rest.
+#[test]
+fn a_lazy_switch_to_write_through_keeps_dirty_blocks_until_they_leave() {
+    let cfg = EngineConfig { replacement: ReplacementKind::Lru, ..EngineConfig::with_slots(4) };
+    let mut e = Engine::new(cfg).unwrap();
+    let mut out = Output::default();
+    e.set_target(0, 4, &mut out);
+    for b in 0..4 {
+        io(&mut e, 0, Op::Write, b);
+    }
+    e.set_write_policy_lazy(0, WritePolicy::Wt);
+    assert_eq!(e.in_flight(), 0, "no device work at the switch");
+    assert_eq!((e.partition(0).write_policy, e.partition(0).dirty_blocks), (WritePolicy::Wt, 4));
+    // A read of a dirty block is a hit from the SSD.
+    let (own, _) = io(&mut e, 0, Op::Read, 1);
+    assert!(own.iter().all(|op| op.kind == OpKind::SsdRead), "{own:?}");
+    // A write through block 1 writes both copies and leaves it clean.
+    let (own, _) = io(&mut e, 0, Op::Write, 1);
+    assert!(own.iter().any(|op| op.kind == OpKind::BackingWrite) && own.iter().any(|op| op.kind == OpKind::SsdWrite));
+    assert_eq!(e.partition(0).dirty_blocks, 3);
+    // A miss evicts the coldest block, 0, dirty: written back on the way.
+    let (own, background) = io(&mut e, 0, Op::Read, 10);
+    let wrote_0 = own.iter().chain(&background).any(|op| op.kind == OpKind::BackingWrite && op.disk_addr / BLOCK == 0);
+    assert!(wrote_0, "{own:?} {background:?}");
+    assert_eq!(e.partition(0).dirty_blocks, 2);
+    e.flush(Some(0), &mut out);
+    assert_eq!(out.ops.iter().filter(|op| op.kind == OpKind::BackingWrite).count(), 2);
+    assert_eq!(e.partition(0).dirty_blocks, 0);
+    e.check_invariants().unwrap();
+}

@@ -15,14 +15,42 @@ const SECTORS_PER_DISK: u64 = 64; // 8 blocks per VM keeps collisions frequent
 
 #[derive(Debug, Clone)]
 enum Step {
-    Io { vm: u32, write: bool, sector: u64, count: u64 },
-    Target { vm: u32, slots: u64 },
-    PacedTarget { vm: u32, slots: u64 },
-    Policy { vm: u32, policy: WritePolicy },
-    Flush { vm: Option<u32> },
-    Drop { vm: u32 },
-    Clean { free: u64 },
-    Cutoff { vm: u32, bytes: u64 },
+    Io {
+        vm: u32,
+        write: bool,
+        sector: u64,
+        count: u64,
+    },
+    Target {
+        vm: u32,
+        slots: u64,
+    },
+    PacedTarget {
+        vm: u32,
+        slots: u64,
+    },
+    Policy {
+        vm: u32,
+        policy: WritePolicy,
+    },
+    /// `set_write_policy_lazy`: leaving write-back keeps the dirty blocks.
+    LazyPolicy {
+        vm: u32,
+        policy: WritePolicy,
+    },
+    Flush {
+        vm: Option<u32>,
+    },
+    Drop {
+        vm: u32,
+    },
+    Clean {
+        free: u64,
+    },
+    Cutoff {
+        vm: u32,
+        bytes: u64,
+    },
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -33,6 +61,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0u32..3, 0u64..6).prop_map(|(vm, slots)| Step::Target { vm, slots }),
         1 => (0u32..3, 0u64..6).prop_map(|(vm, slots)| Step::PacedTarget { vm, slots }),
         1 => (0u32..3, prop::sample::select(WritePolicy::ALL.to_vec())).prop_map(|(vm, policy)| Step::Policy { vm, policy }),
+        1 => (0u32..3, prop::sample::select(WritePolicy::ALL.to_vec())).prop_map(|(vm, policy)| Step::LazyPolicy { vm, policy }),
         1 => prop::option::of(0u32..3).prop_map(|vm| Step::Flush { vm }),
         1 => (0u32..3).prop_map(|vm| Step::Drop { vm }),
         1 => (0u64..9).prop_map(|free| Step::Clean { free }),
@@ -184,6 +213,13 @@ fn run(steps: &[Step], partition: PartitionMode, fill: FillMode, kind: Replaceme
                         return Err(ctx("dirty blocks left after leaving write-back".into()));
                     }
                     w.check_backing(Some(vm)).map_err(ctx)?;
+                }
+            }
+            Step::LazyPolicy { vm, policy } => {
+                let dirty = e.partition(vm).dirty_blocks;
+                e.set_write_policy_lazy(vm, policy);
+                if e.partition(vm).dirty_blocks != dirty {
+                    return Err(ctx("a lazy policy change wrote back or dropped dirty blocks".into()));
                 }
             }
             Step::Flush { vm } => {

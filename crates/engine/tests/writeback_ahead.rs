@@ -180,3 +180,42 @@ fn peeked_victims_are_the_ones_evicted_next_for_list_policies() {
         assert_eq!(peeked, evicted, "{kind}");
     }
 }
+
+/// `backing_busy_ns`: the time a VM's backing store had this engine's ops in flight, in
+/// the driver's time — overlapping ops counted once, idle gaps not at all, a busy period
+/// still open counted up to the driver's last call.
+#[test]
+fn backing_busy_time_counts_overlapping_ops_once_and_idle_gaps_not_at_all() {
+    let cfg = EngineConfig { replacement: ReplacementKind::Lru, ..EngineConfig::with_slots(8) };
+    let mut e = Engine::new(cfg).unwrap();
+    e.set_target(0, 8, &mut Output::default());
+    let ms = 1_000_000;
+    // Two read misses at 0 ms: their backing reads end at 3 and 5 ms.
+    e.submit(0, &req(0, Op::Read, 0));
+    e.submit(0, &req(0, Op::Read, 1));
+    let mut reads = Vec::new();
+    while let Some(op) = e.poll_op() {
+        if op.kind == OpKind::BackingRead {
+            reads.push(op);
+        } else {
+            e.handle_completion(0, op.handle(), Ok(()));
+        }
+    }
+    assert_eq!(reads.len(), 2);
+    e.handle_completion(3 * ms, reads[0].handle(), Ok(()));
+    assert_eq!(e.backing_busy_ns(0), 3 * ms, "a busy period still open counts up to now");
+    e.handle_completion(5 * ms, reads[1].handle(), Ok(()));
+    while let Some(op) = e.poll_op() {
+        assert_ne!(op.kind, OpKind::BackingRead);
+        e.handle_completion(5 * ms, op.handle(), Ok(()));
+    }
+    assert_eq!(e.backing_busy_ns(0), 5 * ms);
+    // Idle until 10 ms; a miss then, done at 12 ms.
+    e.submit(10 * ms, &req(0, Op::Read, 2));
+    while let Some(op) = e.poll_op() {
+        let at = if op.kind == OpKind::BackingRead { 12 * ms } else { 10 * ms };
+        e.handle_completion(at, op.handle(), Ok(()));
+    }
+    assert_eq!(e.backing_busy_ns(0), 7 * ms);
+    assert_eq!(e.backing_busy_ns(1), 0, "a VM never seen");
+}

@@ -55,6 +55,11 @@ pub struct VmDemand {
     pub alloc_unit: u64,
     /// Kinds of reuse, if [`Needs::reuse_mix`].
     pub reuse_mix: ReuseMix,
+    /// Its write policy now (`None`: not known to the caller).
+    pub write_policy: Option<WritePolicy>,
+    /// Share of the last window its backing store had ops of this cache in flight
+    /// (`None`: not known, or not at a window's end).
+    pub backing_busy: Option<f64>,
     /// Requests served from the cache per second in the last window (SymFlex's vSSD
     /// throughput).
     pub hit_throughput: f64,

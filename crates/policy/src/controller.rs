@@ -71,6 +71,9 @@ pub struct Controller {
     settings: Vec<VmSettings>,
     /// VMs that are gone (a removed vDisk): no share, no cache.
     retired: Vec<bool>,
+    /// Per VM: its backing store's busy time (`Engine::backing_busy_ns`) at the last
+    /// decision, to tell each window's share.
+    busy_seen: Vec<u64>,
 }
 
 impl Controller {
@@ -103,6 +106,7 @@ impl Controller {
             miss_history: Vec::new(),
             settings: Vec::new(),
             retired: Vec::new(),
+            busy_seen: Vec::new(),
         }
     }
 
@@ -206,11 +210,14 @@ impl Controller {
                     target_blocks: p.target,
                     used_blocks: p.used,
                     dirty_blocks: p.dirty_blocks,
+                    write_policy: Some(p.write_policy),
                     recs: recs.get(vm).copied().flatten(),
                     alloc_unit: if h.is_empty() { 0 } else { h.iter().sum::<u64>() / h.len() as u64 },
                     ..Default::default()
                 };
                 if let Some((c, secs)) = window.and_then(|(w, s)| w.get(vm).map(|c| (c, s))) {
+                    let busy = e.backing_busy_ns(v).saturating_sub(self.busy_seen.get(vm).copied().unwrap_or(0));
+                    d.backing_busy = (secs > 0.0).then(|| (busy as f64 / (secs * 1e9)).min(1.0));
                     d.hit_throughput = c.hits as f64 / secs.max(1e-9);
                     d.window_requests = c.requests;
                     d.hit_ratio = (c.accesses > 0).then(|| c.hits as f64 / c.accesses as f64);
@@ -246,6 +253,9 @@ impl Controller {
         estimates: Option<&[Estimates]>,
     ) -> Decision {
         let demands = self.demands(e, window, recs, estimates);
+        if window.is_some() {
+            self.busy_seen = (0..self.settings.len()).map(|vm| e.backing_busy_ns(vm as VmId)).collect();
+        }
         let pool = Pool { capacity: self.slots, unit: self.unit, free_blocks: e.free_slots() };
         let mut d = self.allocator.allocate(&pool, &demands);
         for (vm, _) in self.retired.iter().enumerate().filter(|(_, &r)| r) {
@@ -264,17 +274,21 @@ impl Controller {
 }
 
 /// Applies `d` through engine commands — changed write policies first (leaving write-back
-/// writes back), then targets, shrinks before grows (paced ones when the decision asks) —
-/// and returns every command's device
-/// operations, in a safe sequential order, for the driver to execute.
+/// writes back at once; with the decision's paced shrinks, lazily), then targets,
+/// shrinks before grows (paced ones when the decision asks) — and returns every
+/// command's device operations, in a safe sequential order, for the driver to execute.
 pub fn apply(e: &mut Engine, d: &Decision) -> Output {
     let mut all = Output::default();
     let mut one = Output::default();
     for (v, p) in d.write_policies.iter().enumerate() {
         if let Some(p) = *p {
             if e.partition(v as VmId).write_policy != p {
-                e.set_write_policy(v as VmId, p, &mut one);
-                all.ops.extend_from_slice(&one.ops);
+                if d.paced_shrinks {
+                    e.set_write_policy_lazy(v as VmId, p);
+                } else {
+                    e.set_write_policy(v as VmId, p, &mut one);
+                    all.ops.extend_from_slice(&one.ops);
+                }
             }
         }
     }

@@ -144,6 +144,9 @@ pub(crate) fn window_curves(
         if q.len == 0 {
             continue;
         }
+        if q.op.is_write() {
+            mixes[v].write_request();
+        }
         for b in q.offset >> shift..=(q.end() - 1) >> shift {
             let d = stacks[v].access(b);
             cur[v].0.add(d, 1.0);

@@ -32,8 +32,12 @@ pub(crate) fn whole_trace(
             if mixes.len() <= r.vm as usize {
                 mixes.resize_with(r.vm as usize + 1, Default::default);
             }
+            let m = &mut mixes[r.vm as usize];
+            if r.op.is_write() {
+                m.write_request();
+            }
             for b in r.offset >> shift..=(r.end() - 1) >> shift {
-                mixes[r.vm as usize].access(b, r.op.is_write());
+                m.access(b, r.op.is_write());
             }
         }
         n += 1;

@@ -51,7 +51,10 @@ pub fn solve(units: usize, curves: &[&[f64]], min_units: &[usize]) -> Vec<usize>
             let h = hits(curves[i], k);
             let lim = units - k;
             for (d, &b) in next[k..].iter_mut().zip(&best[..=lim]) {
-                *d = d.max(b + h);
+                // A plain compare-select, not `f64::max` (whose NaN rule costs extra
+                // instructions per lane): the values are never NaN (−∞ + finite = −∞).
+                let x = b + h;
+                *d = if x > *d { x } else { *d };
             }
         }
         layers.push(next);

@@ -99,7 +99,7 @@ impl Engine {
                         }
                     });
                     if let Some(id) = id {
-                        self.ahead.job_started(vm, id);
+                        self.ahead.job_started(vm, id, 0);
                     }
                 }
             }

@@ -41,8 +41,9 @@ pub(crate) struct Ahead {
     backing_ops: Vec<u32>,
     /// Per VM: whether its write-back-ahead job runs.
     running: Vec<bool>,
-    /// Jobs running (to find a retiring one's VM without a scan of every VM).
-    jobs: Vec<(ReqId, VmId)>,
+    /// Jobs running (to find a retiring one's VM without a scan of every VM), with the
+    /// blocks each writes back ahead (0 for a paced clean job).
+    jobs: Vec<(ReqId, VmId, u32)>,
     /// VMs to look at, each once (`queued`).
     check: Vec<VmId>,
     queued: Vec<bool>,
@@ -50,7 +51,8 @@ pub(crate) struct Ahead {
     /// a client request of the VM arrives, so a failing store is retried at the clients'
     /// pace, never in a loop of failures.
     paused: Vec<bool>,
-    /// Per VM: blocks written back ahead so far.
+    /// Per VM: blocks written back ahead so far (counted as their job retires without a
+    /// failure: on the backing store by then).
     written: Vec<u64>,
     /// The driver's time as of the last call that passed one (submit, completion).
     pub(crate) now_ns: u64,
@@ -113,11 +115,12 @@ impl Ahead {
         self.running.get(vm as usize).copied().unwrap_or(false)
     }
 
-    /// `vm`'s background write-back job `id` started; [`Engine::ahead_retired`] ends it.
-    pub(crate) fn job_started(&mut self, vm: VmId, id: ReqId) {
+    /// `vm`'s background write-back job `id` started, writing `ahead` blocks back ahead of
+    /// eviction (0: a paced clean job); [`Engine::ahead_retired`] ends it.
+    pub(crate) fn job_started(&mut self, vm: VmId, id: ReqId, ahead: u32) {
         self.grow(vm);
         self.running[vm as usize] = true;
-        self.jobs.push((id, vm));
+        self.jobs.push((id, vm, ahead));
     }
 
     fn queue(&mut self, vm: VmId) {
@@ -185,8 +188,11 @@ impl Engine {
     /// only once a client request of the VM comes).
     #[inline]
     pub(crate) fn ahead_retired(&mut self, id: ReqId, failed: bool) {
-        if let Some(i) = self.ahead.jobs.iter().position(|&(j, _)| j == id) {
-            let (_, vm) = self.ahead.jobs.swap_remove(i);
+        if let Some(i) = self.ahead.jobs.iter().position(|&(j, _, _)| j == id) {
+            let (_, vm, ahead) = self.ahead.jobs.swap_remove(i);
+            if !failed {
+                self.ahead.written[vm as usize] += ahead as u64;
+            }
             self.ahead.running[vm as usize] = false;
             self.ahead.paused[vm as usize] |= failed;
             self.ahead.queue(vm);
@@ -233,8 +239,7 @@ impl Engine {
                 continue;
             }
             if let Some(id) = self.destage_job(&chosen[..n]) {
-                self.ahead.written[v] += n as u64;
-                self.ahead.job_started(vm, id);
+                self.ahead.job_started(vm, id, n as u32);
             }
         }
         self.peek_buf = peeked;

@@ -146,6 +146,7 @@ fn a_failing_backing_store_is_retried_at_the_clients_pace_not_in_a_loop() {
         while e.poll_event().is_some() {}
     }
     assert_eq!(failed, 1, "one failed write, then it waits");
+    assert_eq!(e.written_back_ahead(), 0, "a failed write-back is not counted as written");
     assert_eq!(e.partition(0).dirty_blocks, 8, "the failed block is dirty again");
     e.check_invariants().unwrap();
     // A client request: one more try.

@@ -38,10 +38,10 @@ pub struct ChartOptions {
 }
 
 /// Tableau 10 with its yellow moved last: distinct for colour-blind readers and in print;
-/// then three darker tones (teal, indigo, olive) so a report of up to 13 series (the
+/// then four darker tones (teal, indigo, olive, wine) so a report of up to 14 series (the
 /// policy comparison's) repeats no colour. With the four marker shapes, a (colour, shape)
-/// pair repeats only after 52 series.
-const PALETTE: [(u8, u8, u8); 13] = [
+/// pair repeats only after 56 series.
+const PALETTE: [(u8, u8, u8); 14] = [
     (78, 121, 167),
     (242, 142, 43),
     (225, 87, 89),
@@ -55,6 +55,7 @@ const PALETTE: [(u8, u8, u8); 13] = [
     (0, 109, 119),
     (68, 51, 136),
     (128, 128, 0),
+    (136, 34, 85),
 ];
 
 /// The palette colour `i` (wrapping).
@@ -410,8 +411,8 @@ mod palette_tests {
     use super::*;
 
     #[test]
-    fn thirteen_series_get_thirteen_colours() {
-        let mut seen: Vec<(u8, u8, u8)> = (0..13)
+    fn fourteen_series_get_fourteen_colours() {
+        let mut seen: Vec<(u8, u8, u8)> = (0..14)
             .map(|i| {
                 let c = color(i);
                 (c.0, c.1, c.2)
@@ -419,6 +420,6 @@ mod palette_tests {
             .collect();
         seen.sort();
         seen.dedup();
-        assert_eq!(seen.len(), 13);
+        assert_eq!(seen.len(), 14);
     }
 }

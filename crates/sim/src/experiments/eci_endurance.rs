@@ -23,8 +23,10 @@ struct Row {
     policies: String,
 }
 
-/// Runs the experiment.
-pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> {
+/// The experiment's mix: the three bundled traces and a write-heavy and a read-heavy
+/// generated VM, closed loop, on ECI-Cache's devices (policy-compare's shipped mixes run
+/// it too).
+pub(super) fn mix(opts: &Options) -> Result<Scenario, String> {
     let size = opts.size;
     let cache = size.pick("32MiB", "128MiB", "128MiB");
     let max = size.pick(60_000u64, 0, 0);
@@ -46,6 +48,14 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
     ];
     base.synthetic =
         vec![SyntheticSection { config: rw, then: Vec::new() }, SyntheticSection { config: rd, then: Vec::new() }];
+    Ok(base)
+}
+
+/// Runs the experiment.
+pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> {
+    let size = opts.size;
+    let base = mix(opts)?;
+    let (cache, max) = (base.cache.size.clone(), base.replay.max_requests);
     let runs: [(&str, &str, PartitionMode); 4] = [
         ("ECI-Cache", "eci-cache", PartitionMode::Static),
         ("Centaur-like", "centaur", PartitionMode::Static),

@@ -15,11 +15,16 @@ use crate::scenario::{PhaseSection, ReplayMode, Scenario, SyntheticSection, VmCh
 /// counts hits when requests complete, as the daemon does).
 const IOPS: &str = "{randvar: normal, mean: 200, stddev: 0}";
 
+/// SLA ratios of the four VMs in each phase (SymFlex §5.2's 1:2:3:3, then 4:2:3:3, 4:2:1:1).
+const RATIOS: [[f64; 4]; 4] = [[1.0, 2.0, 3.0, 3.0], [4.0, 2.0, 3.0, 3.0], [4.0, 2.0, 1.0, 1.0], [4.0, 2.0, 1.0, 1.0]];
+
 /// Share error (absolute, as a fraction) under which a phase counts as settled.
 const SETTLED: f64 = 0.05;
 
-/// Runs the experiment.
-pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> {
+/// The experiment's scenario: four hot/cold VMs in open loop, their SLA ratios changing
+/// by phase and two working sets changing in the last (policy-compare's shipped mixes
+/// run it too, with other allocators).
+pub(super) fn mix(opts: &Options) -> Result<Scenario, String> {
     let size = opts.size;
     let phase_s: u64 = size.pick(60, 150, 370);
     let window_s: u64 = size.pick(3, 5, 10);
@@ -48,7 +53,7 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
         };
         synthetic.push(SyntheticSection { config: first, then });
     }
-    let ratios = [[1.0, 2.0, 3.0, 3.0], [4.0, 2.0, 3.0, 3.0], [4.0, 2.0, 1.0, 1.0], [4.0, 2.0, 1.0, 1.0]];
+    let ratios = RATIOS;
     let mut sc = Scenario::default();
     sc.cache.size = "128MiB".into();
     sc.cache.allocator = "symflex-proportional".into();
@@ -78,6 +83,17 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
                 .collect(),
         });
     }
+    Ok(sc)
+}
+
+/// Runs the experiment.
+pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> {
+    let size = opts.size;
+    let phase_s: u64 = size.pick(60, 150, 370);
+    let window_s: u64 = size.pick(3, 5, 10);
+    let names = ["vm1", "vm2", "vm3", "vm4"];
+    let ratios = RATIOS;
+    let sc = mix(opts)?;
     let mut scenarios = Vec::new();
     let r = sim("symflex-proportional", &sc, &mut scenarios, log)?;
     // Achieved shares per window.

@@ -79,11 +79,15 @@ impl Engine {
         self.vms[vm as usize].seq.cutoff = bytes;
     }
 
-    /// Changes `vm`'s write policy; leaving write-back flushes its dirty blocks first.
+    /// Changes `vm`'s write policy; to any policy but write-back, its dirty blocks are
+    /// flushed first.
     pub fn set_write_policy(&mut self, vm: VmId, policy: WritePolicy, out: &mut Output) {
         out.clear();
         self.ensure_vm(vm);
-        if self.vms[vm as usize].write_policy == WritePolicy::Wb && policy != WritePolicy::Wb {
+        // Any dirty block goes, not only write-back's: a lazy switch to write-through
+        // ([`Self::set_write_policy_lazy`]) leaves some (found by the crash-consistency
+        // model: write-through → read-only kept them, and read-only writes around them).
+        if policy != WritePolicy::Wb && self.vms[vm as usize].dirty_blocks > 0 {
             // Dirty blocks with ops in flight are written back once those end.
             let skipped = self.flush_into(Some(vm), out);
             self.left_dirty.extend(skipped);
@@ -92,7 +96,7 @@ impl Engine {
     }
 
     /// Changes `vm`'s write policy like [`Self::set_write_policy`], but leaving write-back
-    /// flushes nothing: the dirty blocks stay cached and dirty until they leave as they
+    /// for write-through flushes nothing: the dirty blocks stay cached and dirty until they leave as they
     /// would under write-back — written back when evicted, or ahead of eviction in the
     /// backing store's idle time (`writeback_ahead.rs`) — or a [`Self::flush`]; reads hit
     /// them, a write through one cleans the sectors it writes. No device work here. The
@@ -100,9 +104,20 @@ impl Engine {
     /// of a VM's dirty blocks on its disk at once (CloudPhysics's in policy-compare:
     /// 92 s of queue), and paced in the background it slowed every miss while it lasted
     /// (docs/policies.md).
-    pub fn set_write_policy_lazy(&mut self, vm: VmId, policy: WritePolicy) {
+    ///
+    /// Only between write-back and write-through (what `adaptive` chooses between):
+    /// another policy, or a VM on another one, is left as it is and `false` returned — a
+    /// read-only or write-around partition with dirty blocks is a state the engine keeps
+    /// only for a bypassed vDisk ([`Self::set_bypass`]); use [`Self::set_write_policy`].
+    pub fn set_write_policy_lazy(&mut self, vm: VmId, policy: WritePolicy) -> bool {
         self.ensure_vm(vm);
-        self.vms[vm as usize].write_policy = policy;
+        let lazy = |p: WritePolicy| matches!(p, WritePolicy::Wb | WritePolicy::Wt);
+        let p = &mut self.vms[vm as usize];
+        if !lazy(policy) || !lazy(p.write_policy) {
+            return false;
+        }
+        p.write_policy = policy;
+        true
     }
 
     /// Takes `vm` out of the cache without losing data (a driver's pass-through after

@@ -44,6 +44,12 @@ enum Step {
         vm: u32,
         slots: u64,
     },
+    /// A lazy change between write-back and write-through (`set_write_policy_lazy`, as
+    /// `adaptive`'s decisions apply them): leaving write-back keeps the dirty blocks dirty.
+    LazyPolicy {
+        vm: u32,
+        policy: WritePolicy,
+    },
     /// A prewarm load of `len` blocks from `block`, as a background job.
     Prewarm {
         vm: u32,
@@ -66,6 +72,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => Just(Step::Tick),
         1 => Just(Step::Checkpoint),
         1 => (0..VMS, 0u64..7).prop_map(|(vm, slots)| Step::PacedTarget { vm, slots }),
+        1 => (0..VMS, prop::sample::select(vec![WritePolicy::Wb, WritePolicy::Wt])).prop_map(|(vm, policy)| Step::LazyPolicy { vm, policy }),
         2 => (0..VMS, 0..SECTORS / 8, 1u32..5).prop_map(|(vm, block, len)| Step::Prewarm { vm, block, len }),
     ]
 }
@@ -313,6 +320,9 @@ fn run(steps: &[Step], shared: bool, seed: u64, ahead: u32) -> Result<(), String
             Step::Commit { fail } => d.commit_step(now, fail),
             Step::RequestCommit => d.e.request_commit(),
             Step::PacedTarget { vm, slots } => d.e.set_target_paced(vm, slots),
+            Step::LazyPolicy { vm, policy } => {
+                d.e.set_write_policy_lazy(vm, policy);
+            }
             Step::Prewarm { vm, block, len } => {
                 d.e.submit_job(|e, out| {
                     e.prewarm_load(vm, block, len, out);

@@ -231,7 +231,9 @@ fn run(steps: &[Step], setup: Setup) -> Result<(), String> {
                     }
                     JobKind::Target { vm, slots } => e.set_target(vm, slots, out),
                     JobKind::PacedTarget { vm, slots } => e.set_target_paced(vm, slots),
-                    JobKind::LazyPolicy { vm, policy } => e.set_write_policy_lazy(vm, policy),
+                    JobKind::LazyPolicy { vm, policy } => {
+                        e.set_write_policy_lazy(vm, policy);
+                    }
                     JobKind::Flush { vm } => e.flush(vm, out),
                     JobKind::Destage { vm, block } => {
                         e.destage_block(vm, block, out);

@@ -177,7 +177,8 @@ fn a_lazy_switch_to_write_through_keeps_dirty_blocks_until_they_leave() {
     for b in 0..4 {
         io(&mut e, 0, Op::Write, b);
     }
-    e.set_write_policy_lazy(0, WritePolicy::Wt);
+    assert!(!e.set_write_policy_lazy(0, WritePolicy::Ro), "only write-back ↔ write-through is lazy");
+    assert!(e.set_write_policy_lazy(0, WritePolicy::Wt));
     assert_eq!(e.in_flight(), 0, "no device work at the switch");
     assert_eq!((e.partition(0).write_policy, e.partition(0).dirty_blocks), (WritePolicy::Wt, 4));
     // A read of a dirty block is a hit from the SSD.

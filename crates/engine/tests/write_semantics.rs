@@ -216,10 +216,14 @@ fn run(steps: &[Step], partition: PartitionMode, fill: FillMode, kind: Replaceme
                 }
             }
             Step::LazyPolicy { vm, policy } => {
-                let dirty = e.partition(vm).dirty_blocks;
-                e.set_write_policy_lazy(vm, policy);
-                if e.partition(vm).dirty_blocks != dirty {
-                    return Err(ctx("a lazy policy change wrote back or dropped dirty blocks".into()));
+                let (dirty, was) = (e.partition(vm).dirty_blocks, e.partition(vm).write_policy);
+                let done = e.set_write_policy_lazy(vm, policy);
+                let lazy = |p: WritePolicy| matches!(p, WritePolicy::Wb | WritePolicy::Wt);
+                if done != (lazy(policy) && lazy(was)) || e.partition(vm).dirty_blocks != dirty {
+                    return Err(ctx(format!(
+                        "lazy change {was} → {policy}: done {done}, dirty {dirty} → {}",
+                        e.partition(vm).dirty_blocks
+                    )));
                 }
             }
             Step::Flush { vm } => {

@@ -274,7 +274,8 @@ impl Controller {
 }
 
 /// Applies `d` through engine commands — changed write policies first (leaving write-back
-/// writes back at once; with the decision's paced shrinks, lazily), then targets,
+/// writes back at once; with the decision's paced shrinks, between write-back and
+/// write-through lazily), then targets,
 /// shrinks before grows (paced ones when the decision asks) — and returns every
 /// command's device operations, in a safe sequential order, for the driver to execute.
 pub fn apply(e: &mut Engine, d: &Decision) -> Output {
@@ -282,13 +283,10 @@ pub fn apply(e: &mut Engine, d: &Decision) -> Output {
     let mut one = Output::default();
     for (v, p) in d.write_policies.iter().enumerate() {
         if let Some(p) = *p {
-            if e.partition(v as VmId).write_policy != p {
-                if d.paced_shrinks {
-                    e.set_write_policy_lazy(v as VmId, p);
-                } else {
-                    e.set_write_policy(v as VmId, p, &mut one);
-                    all.ops.extend_from_slice(&one.ops);
-                }
+            let lazy = |e: &mut Engine| d.paced_shrinks && e.set_write_policy_lazy(v as VmId, p);
+            if e.partition(v as VmId).write_policy != p && !lazy(e) {
+                e.set_write_policy(v as VmId, p, &mut one);
+                all.ops.extend_from_slice(&one.ops);
             }
         }
     }

@@ -101,17 +101,7 @@ impl Engine {
         let allocate = matches!(policy, WritePolicy::Wb | WritePolicy::Wt);
         let (slot, phase, inserted, evicted) = match (resident, policy) {
             (_, WritePolicy::Ro) => {
-                // Persistent mode, dirty cached sectors under the write (a bypassed vDisk
-                // keeps its dirty blocks): they are written back first, as an unaligned
-                // write does. Invalidated at once instead, the slot — no op of this
-                // request on it — could be journaled invalid before this backing write is
-                // synced, and a crash then would lose data a flush had made durable
-                // (found by the crash-consistency model with pass-through drawn).
-                let phase = match resident {
-                    Some(s) if self.dur.on && self.writeback(vm, s, r, 0, true, out) > 0 => 2,
-                    _ => 0,
-                };
-                let op = DeviceOp { client: true, ..self.backing(OpKind::BackingWrite, vm, b, r, phase, true) };
+                let op = DeviceOp { client: true, ..self.backing(OpKind::BackingWrite, vm, b, r, 0, true) };
                 self.emit(out, op);
                 if let Some(s) = resident {
                     self.invalidate(vm, s, r);

@@ -118,31 +118,3 @@ fn a_freed_slot_still_being_read_makes_no_commit_due() {
     assert!(freed, "the slot's free record went in a commit once its read ended");
     e.check_invariants().unwrap();
 }
-
-/// Persistent mode, a bypassed vDisk (read-only, its dirty blocks kept): a write over a
-/// dirty cached block writes the dirty sectors back before its own backing write, so the
-/// block's invalidation — journaled by any commit, since no op of the write is on its
-/// slot — never leaves the backing store older than a flush promised. (The crash model
-/// found the loss with pass-through drawn; see the issue 13 note.)
-#[test]
-fn a_bypassed_write_over_a_dirty_block_writes_the_dirty_data_back_first() {
-    let mut e = Engine::new(EngineConfig { partition: PartitionMode::Static, ..EngineConfig::with_slots(8) }).unwrap();
-    let mut out = Output::default();
-    e.set_target(0, 6, &mut out);
-    e.set_persistent(1);
-    e.submit(0, &req(Op::Write, 0));
-    run_all(&mut e);
-    commit(&mut e);
-    let slot = e.lookup(0, 0).expect("cached");
-    assert_eq!(e.partition(0).dirty_blocks, 1);
-    e.set_bypass(0, true);
-    e.submit(0, &req(Op::Write, 0));
-    let ops = run_all(&mut e);
-    let read = ops.iter().find(|o| o.kind == OpKind::SsdRead && o.slot == slot).expect("the dirty block read back");
-    let back = ops.iter().find(|o| o.kind == OpKind::BackingWrite && o.staged).expect("written back");
-    let client = ops.iter().find(|o| o.kind == OpKind::BackingWrite && o.client).expect("the write around");
-    assert_eq!(back.source_id(), Some(read.id));
-    assert!(read.phase < back.phase && back.phase < client.phase, "{ops:?}");
-    assert_eq!(e.lookup(0, 0), None, "invalidated");
-    e.check_invariants().unwrap();
-}

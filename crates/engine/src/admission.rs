@@ -177,6 +177,12 @@ impl Engine {
         if !before.is_empty() {
             let intents = self.intents(&before, &job.out);
             if !intents.is_empty() {
+                // A state settled before this intent is older than it: the intent wins;
+                // one settled after it (the slot freed or changed meanwhile) is newer and
+                // wins at the commit (`next_commit`).
+                for r in &intents {
+                    self.dur.settled.remove(&r.slot);
+                }
                 self.dur.intents.extend(intents);
                 job.held = true; // until the intent commit is durable (`start`)
             }

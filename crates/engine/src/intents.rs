@@ -33,6 +33,7 @@ impl Engine {
         use crate::output::OpKind;
         let bs = self.cfg.block_size;
         let mut records: Vec<SlotRecord> = Vec::new();
+        let mut needed: Vec<u32> = Vec::new();
         let writes = out.ops.iter().filter(|o| o.client && o.kind == OpKind::SsdWrite);
         let around = out.ops.iter().filter(|o| o.client && o.kind == OpKind::BackingWrite);
         for op in writes.chain(around) {
@@ -58,6 +59,12 @@ impl Engine {
             for i in lo..hi {
                 let (w, bit) = ((i / 64) as usize, 1u64 << (i % 64));
                 let journal_clean = vouched.get(w).is_some_and(|v| v & bit != 0);
+                if journal_clean && !needed.contains(&pre.slot) {
+                    // The journal may call it clean whatever memory says now (a repair may
+                    // have dropped it without a commit yet): the intent goes even when it
+                    // changes nothing here.
+                    needed.push(pre.slot);
+                }
                 if ssd && (journal_clean || r.valid[w] & bit != 0) {
                     // Valid here (in the journal or in the record itself): never clean
                     // while the write may land.
@@ -70,7 +77,10 @@ impl Engine {
                 }
             }
         }
-        records.retain(|r| before.iter().any(|p| p.slot == r.slot && (p.dirty != r.dirty || p.valid != r.valid)));
+        records.retain(|r| {
+            needed.contains(&r.slot)
+                || before.iter().any(|p| p.slot == r.slot && (p.dirty != r.dirty || p.valid != r.valid))
+        });
         for r in records.iter_mut().filter(|r| r.valid.iter().all(|&w| w == 0)) {
             r.block = None; // nothing valid left: the slot is free in the journal's eyes
         }

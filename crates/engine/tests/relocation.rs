@@ -118,3 +118,68 @@ fn a_freed_slot_still_being_read_makes_no_commit_due() {
     assert!(freed, "the slot's free record went in a commit once its read ended");
     e.check_invariants().unwrap();
 }
+
+/// Persistent mode: a write around (read-only policy) over sectors the journal still
+/// calls clean waits for a commit recording them invalid — also when memory already
+/// dropped them (a failed cache read's repair does, without a commit), so the intent
+/// changes nothing in memory. Without the wait, the write lands while the journal still
+/// vouches the old bytes: a crash then serves them (found by the crash-consistency model
+/// with the read-only policy drawn).
+#[test]
+fn a_write_around_waits_for_the_journal_even_when_memory_already_dropped_the_sectors() {
+    let mut e = Engine::new(EngineConfig { partition: PartitionMode::Static, ..EngineConfig::with_slots(8) }).unwrap();
+    let mut out = Output::default();
+    e.set_target(0, 6, &mut out);
+    e.set_persistent(1);
+    // Block 0 read into the cache and journaled clean.
+    e.submit(0, &req(Op::Read, 0));
+    run_all(&mut e);
+    commit(&mut e);
+    assert!(e.lookup(0, 0).is_some());
+    // A read of sectors 0..7 whose cache read fails: memory drops them, no commit yet.
+    e.submit(0, &Request { time_ns: 0, vm: 0, op: Op::Read, offset: 0, len: 7 * 512 });
+    while let Some(op) = e.poll_op() {
+        let r = if op.kind == OpKind::SsdRead { Err(Failure::Io) } else { Ok(()) };
+        e.handle_completion(0, op.handle(), r);
+    }
+    while e.poll_event().is_some() {}
+    // Read-only now; a write around sectors 4..6.
+    e.set_write_policy(0, WritePolicy::Ro, &mut out);
+    assert!(out.ops.is_empty());
+    e.submit(0, &Request { time_ns: 0, vm: 0, op: Op::Write, offset: 4 * 512, len: 2 * 512 });
+    assert_eq!(e.poll_op(), None, "the write around went before a commit recorded its sectors invalid");
+    commit(&mut e);
+    e.check_invariants().unwrap();
+}
+
+/// Persistent mode: an intent taken for a held write around is older than a state the
+/// slot settles into afterwards (here the slot is evicted while the write waits): the
+/// commit carries that newer state — the slot free — not the intent. (The intent used to
+/// win: the free record was lost, the slot stayed in limbo, and the held write went on
+/// by a commit that never freed it — the crash-consistency model with read-only drawn.)
+#[test]
+fn a_slot_freed_after_its_intent_is_committed_free() {
+    let mut e = Engine::new(EngineConfig { partition: PartitionMode::Static, ..EngineConfig::with_slots(8) }).unwrap();
+    let mut out = Output::default();
+    e.set_target(0, 6, &mut out);
+    e.set_persistent(1);
+    e.submit(0, &req(Op::Read, 0));
+    run_all(&mut e);
+    commit(&mut e);
+    let slot = e.lookup(0, 0).expect("cached");
+    e.set_write_policy(0, WritePolicy::Ro, &mut out);
+    // A write around half of block 0: held for an intent commit.
+    e.submit(0, &Request { time_ns: 0, vm: 0, op: Op::Write, offset: 0, len: 4 * 512 });
+    assert_eq!(e.poll_op(), None, "held for its intent");
+    // The slot is evicted meanwhile (a shrink): its state is now free.
+    e.set_target(0, 0, &mut out);
+    run_all(&mut e);
+    assert_eq!(e.lookup(0, 0), None);
+    e.request_commit();
+    let c = e.poll_commit().expect("a commit");
+    let r = c.records.iter().find(|r| r.slot == slot).expect("the slot's record");
+    assert_eq!(r.block, None, "the stale intent went instead of the free record: {r:?}");
+    e.handle_commit(0, c.epoch, Ok(()));
+    run_all(&mut e);
+    e.check_invariants().unwrap();
+}

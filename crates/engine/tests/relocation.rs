@@ -30,16 +30,22 @@ fn req(op: Op, block: u64) -> Request {
     Request { time_ns: 0, vm: 0, op, offset: block * BS, len: BS as u32 }
 }
 
-#[test]
-fn a_rewritten_clean_block_moves_and_its_old_slot_waits_for_the_commit() {
+/// A persistent engine (8 slots, VM 0's target 6) with block 0 read into the cache and
+/// journaled clean.
+fn block_0_journaled_clean() -> (Engine, Output) {
     let mut e = Engine::new(EngineConfig { partition: PartitionMode::Static, ..EngineConfig::with_slots(8) }).unwrap();
     let mut out = Output::default();
     e.set_target(0, 6, &mut out);
     e.set_persistent(1);
-    // Block 0 read into the cache and journaled clean.
     e.submit(0, &req(Op::Read, 0));
     run_all(&mut e);
     commit(&mut e);
+    (e, out)
+}
+
+#[test]
+fn a_rewritten_clean_block_moves_and_its_old_slot_waits_for_the_commit() {
+    let (mut e, _) = block_0_journaled_clean();
     let old = e.lookup(0, 0).expect("cached");
     // Rewritten whole: the cache write is handed out at once, into another slot.
     e.submit(0, &req(Op::Write, 0));
@@ -127,14 +133,7 @@ fn a_freed_slot_still_being_read_makes_no_commit_due() {
 /// with the read-only policy drawn).
 #[test]
 fn a_write_around_waits_for_the_journal_even_when_memory_already_dropped_the_sectors() {
-    let mut e = Engine::new(EngineConfig { partition: PartitionMode::Static, ..EngineConfig::with_slots(8) }).unwrap();
-    let mut out = Output::default();
-    e.set_target(0, 6, &mut out);
-    e.set_persistent(1);
-    // Block 0 read into the cache and journaled clean.
-    e.submit(0, &req(Op::Read, 0));
-    run_all(&mut e);
-    commit(&mut e);
+    let (mut e, mut out) = block_0_journaled_clean();
     assert!(e.lookup(0, 0).is_some());
     // A read of sectors 0..7 whose cache read fails: memory drops them, no commit yet.
     e.submit(0, &Request { time_ns: 0, vm: 0, op: Op::Read, offset: 0, len: 7 * 512 });
@@ -159,13 +158,7 @@ fn a_write_around_waits_for_the_journal_even_when_memory_already_dropped_the_sec
 /// by a commit that never freed it — the crash-consistency model with read-only drawn.)
 #[test]
 fn a_slot_freed_after_its_intent_is_committed_free() {
-    let mut e = Engine::new(EngineConfig { partition: PartitionMode::Static, ..EngineConfig::with_slots(8) }).unwrap();
-    let mut out = Output::default();
-    e.set_target(0, 6, &mut out);
-    e.set_persistent(1);
-    e.submit(0, &req(Op::Read, 0));
-    run_all(&mut e);
-    commit(&mut e);
+    let (mut e, mut out) = block_0_journaled_clean();
     let slot = e.lookup(0, 0).expect("cached");
     e.set_write_policy(0, WritePolicy::Ro, &mut out);
     // A write around half of block 0: held for an intent commit.

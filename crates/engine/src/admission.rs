@@ -14,7 +14,7 @@ impl Engine {
     /// [`Self::poll_op`], its reply from [`Self::poll_event`]. It waits (no ops yet) while
     /// a block it touches has ops in flight.
     pub fn submit(&mut self, now_ns: u64, req: &Request) -> ReqId {
-        self.ahead.now_ns = self.ahead.now_ns.max(now_ns);
+        self.ahead.at(now_ns);
         let id = self.flight.new_id();
         if self.blocks_free(req) {
             // Nothing holds or waits for its blocks: admitted at once.
@@ -177,12 +177,6 @@ impl Engine {
         if !before.is_empty() {
             let intents = self.intents(&before, &job.out);
             if !intents.is_empty() {
-                // A state settled before this intent is older than it: the intent wins;
-                // one settled after it (the slot freed or changed meanwhile) is newer and
-                // wins at the commit (`next_commit`).
-                for r in &intents {
-                    self.dur.settled.remove(&r.slot);
-                }
                 self.dur.intents.extend(intents);
                 job.held = true; // until the intent commit is durable (`start`)
             }

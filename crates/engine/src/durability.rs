@@ -76,7 +76,7 @@ pub(crate) struct Durability {
     /// The commit in flight.
     in_flight: Option<InFlightCommit>,
     /// The newest settled state of each slot that changed since the last commit took it.
-    pub(crate) settled: BTreeMap<u32, SlotRecord>,
+    settled: BTreeMap<u32, SlotRecord>,
     /// Slots freed whose free record is not in a commit yet.
     pub(crate) limbo_new: Vec<u32>,
     /// (epoch, slot): free once that epoch is durable.
@@ -219,12 +219,11 @@ impl Engine {
         self.dur.next_epoch += 1;
         self.dur.wanted = false;
         self.settle();
-        // Intents: recorded ahead of the held writes they cover — unless the slot's state
-        // settled after the intent was taken (freed or changed meanwhile): that newer
-        // record goes instead.
-        let mut records: BTreeMap<u32, SlotRecord> =
-            std::mem::take(&mut self.dur.intents).into_iter().map(|r| (r.slot, r)).collect();
-        records.extend(std::mem::take(&mut self.dur.settled));
+        let mut records: BTreeMap<u32, SlotRecord> = std::mem::take(&mut self.dur.settled);
+        // Intents: recorded ahead of the held writes they cover.
+        for r in std::mem::take(&mut self.dur.intents) {
+            records.insert(r.slot, r);
+        }
         // Frees first: replaying any prefix of a commit never finds a block in two slots
         // (a block that moved was freed from its old slot in the same or an earlier commit).
         let (mut records, held): (Vec<SlotRecord>, Vec<SlotRecord>) =

@@ -282,7 +282,7 @@ impl Engine {
     /// failed, at driver time `now_ns`. Ops not in flight (already reported, or unknown)
     /// are ignored.
     pub fn handle_completion(&mut self, now_ns: u64, h: OpHandle, result: Result<(), Failure>) {
-        self.ahead.now_ns = self.ahead.now_ns.max(now_ns);
+        self.ahead.at(now_ns);
         let key = h.job();
         let Some(job) = self.flight.jobs.get_mut(key) else { return };
         let Some(first) = job.out.ops.first() else { return };

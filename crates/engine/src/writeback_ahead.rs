@@ -55,7 +55,7 @@ pub(crate) struct Ahead {
     /// failure: on the backing store by then).
     written: Vec<u64>,
     /// The driver's time as of the last call that passed one (submit, completion).
-    pub(crate) now_ns: u64,
+    now_ns: u64,
     /// Per VM: when its backing store last went from idle to busy.
     busy_since: Vec<u64>,
     /// Per VM: time its backing store had ops of this engine in flight, idle periods
@@ -121,6 +121,13 @@ impl Ahead {
         self.grow(vm);
         self.running[vm as usize] = true;
         self.jobs.push((id, vm, ahead));
+    }
+
+    /// The driver's time `now_ns` passed in (submit, completion, timeout): busy periods
+    /// are measured against it (it never goes back).
+    #[inline]
+    pub(crate) fn at(&mut self, now_ns: u64) {
+        self.now_ns = self.now_ns.max(now_ns);
     }
 
     fn queue(&mut self, vm: VmId) {

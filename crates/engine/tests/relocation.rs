@@ -150,29 +150,3 @@ fn a_write_around_waits_for_the_journal_even_when_memory_already_dropped_the_sec
     commit(&mut e);
     e.check_invariants().unwrap();
 }
-
-/// Persistent mode: an intent taken for a held write around is older than a state the
-/// slot settles into afterwards (here the slot is evicted while the write waits): the
-/// commit carries that newer state — the slot free — not the intent. (The intent used to
-/// win: the free record was lost, the slot stayed in limbo, and the held write went on
-/// by a commit that never freed it — the crash-consistency model with read-only drawn.)
-#[test]
-fn a_slot_freed_after_its_intent_is_committed_free() {
-    let (mut e, mut out) = block_0_journaled_clean();
-    let slot = e.lookup(0, 0).expect("cached");
-    e.set_write_policy(0, WritePolicy::Ro, &mut out);
-    // A write around half of block 0: held for an intent commit.
-    e.submit(0, &Request { time_ns: 0, vm: 0, op: Op::Write, offset: 0, len: 4 * 512 });
-    assert_eq!(e.poll_op(), None, "held for its intent");
-    // The slot is evicted meanwhile (a shrink): its state is now free.
-    e.set_target(0, 0, &mut out);
-    run_all(&mut e);
-    assert_eq!(e.lookup(0, 0), None);
-    e.request_commit();
-    let c = e.poll_commit().expect("a commit");
-    let r = c.records.iter().find(|r| r.slot == slot).expect("the slot's record");
-    assert_eq!(r.block, None, "the stale intent went instead of the free record: {r:?}");
-    e.handle_commit(0, c.epoch, Ok(()));
-    run_all(&mut e);
-    e.check_invariants().unwrap();
-}

@@ -220,9 +220,14 @@ impl Engine {
         self.dur.wanted = false;
         self.settle();
         let mut records: BTreeMap<u32, SlotRecord> = std::mem::take(&mut self.dur.settled);
-        // Intents: recorded ahead of the held writes they cover.
+        // Intents: recorded ahead of the held writes they cover. A slot freed after its
+        // intent was taken keeps its free record (it vouches for nothing, and a write
+        // held for that slot's block waits for exactly that record: `hold_for_vouched`);
+        // a slot freed before cannot have one (an intent needs the block still there).
         for r in std::mem::take(&mut self.dur.intents) {
-            records.insert(r.slot, r);
+            if records.get(&r.slot).is_none_or(|s| s.block.is_some()) {
+                records.insert(r.slot, r);
+            }
         }
         // Frees first: replaying any prefix of a commit never finds a block in two slots
         // (a block that moved was freed from its old slot in the same or an earlier commit).

@@ -38,12 +38,21 @@ impl Engine {
         let around = out.ops.iter().filter(|o| o.client && o.kind == OpKind::BackingWrite);
         for op in writes.chain(around) {
             let ssd = op.kind == OpKind::SsdWrite;
-            // The slot must still hold the block (one evicted by this request is recorded
-            // free instead, and its backing write waits for that: `hold_for_vouched`).
+            // The slot must still hold the block, or have been emptied by this request
+            // while its own write-back of the block's dirty sectors keeps it pinned (a
+            // write around: `drop_cached_for_write`; its free record settles only after
+            // the write, so the commit this write waits for needs the intent). One
+            // evicted by this request is recorded free instead, and its backing write
+            // waits for that (`hold_for_vouched`).
             let Some(pre) = before.iter().find(|r| {
+                let block = Some((op.vm, op.block(bs)));
+                let emptied_pinned = || {
+                    self.slot_block(r.slot).is_none()
+                        && out.ops.iter().any(|o| o.slot == r.slot && Some((o.vm, o.block(bs))) == block)
+                };
                 (!ssd || r.slot == op.slot)
-                    && r.block == Some((op.vm, op.block(bs)))
-                    && self.slot_block(r.slot) == r.block
+                    && r.block == block
+                    && (self.slot_block(r.slot) == block || emptied_pinned())
             }) else {
                 continue;
             };

@@ -50,6 +50,19 @@ enum Step {
         vm: u32,
         policy: WritePolicy,
     },
+    /// A switch of write policy (`set_write_policy`, as an operator's or `eci-cache`'s):
+    /// leaving write-back flushes the dirty blocks; read-only and write-around write
+    /// around the cache.
+    Policy {
+        vm: u32,
+        policy: WritePolicy,
+    },
+    /// Pass-through on or off (`set_bypass`: read-only, misses take no slots, the dirty
+    /// blocks stay cached).
+    Bypass {
+        vm: u32,
+        on: bool,
+    },
     /// A prewarm load of `len` blocks from `block`, as a background job.
     Prewarm {
         vm: u32,
@@ -73,6 +86,8 @@ fn step() -> impl Strategy<Value = Step> {
         1 => Just(Step::Checkpoint),
         1 => (0..VMS, 0u64..7).prop_map(|(vm, slots)| Step::PacedTarget { vm, slots }),
         1 => (0..VMS, prop::sample::select(vec![WritePolicy::Wb, WritePolicy::Wt])).prop_map(|(vm, policy)| Step::LazyPolicy { vm, policy }),
+        1 => (0..VMS, prop::sample::select(WritePolicy::ALL.to_vec())).prop_map(|(vm, policy)| Step::Policy { vm, policy }),
+        1 => (0..VMS, any::<bool>()).prop_map(|(vm, on)| Step::Bypass { vm, on }),
         2 => (0..VMS, 0..SECTORS / 8, 1u32..5).prop_map(|(vm, block, len)| Step::Prewarm { vm, block, len }),
     ]
 }
@@ -269,6 +284,7 @@ fn config(shared: bool) -> EngineConfig {
 }
 
 fn run(steps: &[Step], shared: bool, seed: u64, ahead: u32) -> Result<(), String> {
+    trace(|| format!("run shared={shared} seed={seed} ahead={ahead}"));
     let mut d = Driver {
         e: Engine::new(config(shared)).unwrap(),
         m: Machine::default(),
@@ -288,6 +304,7 @@ fn run(steps: &[Step], shared: bool, seed: u64, ahead: u32) -> Result<(), String
     for (i, st) in steps.iter().enumerate() {
         let now = i as u64 * 1000;
         let ctx = |m: String| format!("step {i} {st:?}: {m}");
+        trace(|| format!("step {i} {st:?}"));
         match *st {
             Step::Io { vm, write, sector, count } => {
                 let op = if write { Op::Write } else { Op::Read };
@@ -322,6 +339,12 @@ fn run(steps: &[Step], shared: bool, seed: u64, ahead: u32) -> Result<(), String
             Step::PacedTarget { vm, slots } => d.e.set_target_paced(vm, slots),
             Step::LazyPolicy { vm, policy } => {
                 d.e.set_write_policy_lazy(vm, policy);
+            }
+            Step::Policy { vm, policy } => {
+                d.e.submit_job(|e, out| e.set_write_policy(vm, policy, out));
+            }
+            Step::Bypass { vm, on } => {
+                d.e.submit_job(|e, _| e.set_bypass(vm, on));
             }
             Step::Prewarm { vm, block, len } => {
                 d.e.submit_job(|e, out| {

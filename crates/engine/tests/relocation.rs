@@ -1,6 +1,9 @@
-//! Persistent mode's relocation of a rewritten clean block: the write goes to a durable
-//! free slot at once (no commit first), and the slot it left — still the journal's copy of
-//! the block — is not reused until a commit recording it free is durable.
+//! Persistent mode's relocation of a rewritten clean block (the write goes to a durable
+//! free slot at once, no commit first, and the slot it left — still the journal's copy
+//! of the block — is not reused until a commit recording it free is durable), and the
+//! journal's rules for writes around the cache (read-only, pass-through): intents, free
+//! records and write-backs ordered so a crash never finds old bytes labelled clean nor a
+//! flushed write lost.
 
 use cachevisor_engine::*;
 use cachevisor_trace::{Op, Request};
@@ -30,13 +33,18 @@ fn req(op: Op, block: u64) -> Request {
     Request { time_ns: 0, vm: 0, op, offset: block * BS, len: BS as u32 }
 }
 
-/// A persistent engine (8 slots, VM 0's target 6) with block 0 read into the cache and
-/// journaled clean.
-fn block_0_journaled_clean() -> (Engine, Output) {
+/// A persistent engine: 8 slots, VM 0's target 6 (write-back).
+fn persistent_engine() -> (Engine, Output) {
     let mut e = Engine::new(EngineConfig { partition: PartitionMode::Static, ..EngineConfig::with_slots(8) }).unwrap();
     let mut out = Output::default();
     e.set_target(0, 6, &mut out);
     e.set_persistent(1);
+    (e, out)
+}
+
+/// [`persistent_engine`] with block 0 read into the cache and journaled clean.
+fn block_0_journaled_clean() -> (Engine, Output) {
+    let (mut e, out) = persistent_engine();
     e.submit(0, &req(Op::Read, 0));
     run_all(&mut e);
     commit(&mut e);
@@ -147,6 +155,128 @@ fn a_write_around_waits_for_the_journal_even_when_memory_already_dropped_the_sec
     assert!(out.ops.is_empty());
     e.submit(0, &Request { time_ns: 0, vm: 0, op: Op::Write, offset: 4 * 512, len: 2 * 512 });
     assert_eq!(e.poll_op(), None, "the write around went before a commit recorded its sectors invalid");
+    commit(&mut e);
+    e.check_invariants().unwrap();
+}
+
+/// Persistent mode: an intent taken for a held write around is older than a state the
+/// slot settles into afterwards (here the slot is evicted while the write waits): the
+/// commit carries that newer state — the slot free — not the intent. (The intent used to
+/// win: the free record was lost, the slot stayed in limbo, and the held write went on
+/// by a commit that never freed it — the crash-consistency model with read-only drawn.)
+#[test]
+fn a_slot_freed_after_its_intent_is_committed_free() {
+    let (mut e, mut out) = block_0_journaled_clean();
+    let slot = e.lookup(0, 0).expect("cached");
+    e.set_write_policy(0, WritePolicy::Ro, &mut out);
+    // A write around half of block 0: held for an intent commit.
+    e.submit(0, &Request { time_ns: 0, vm: 0, op: Op::Write, offset: 0, len: 4 * 512 });
+    assert_eq!(e.poll_op(), None, "held for its intent");
+    // The slot is evicted meanwhile (a shrink): its state is now free.
+    e.set_target(0, 0, &mut out);
+    run_all(&mut e);
+    assert_eq!(e.lookup(0, 0), None);
+    e.request_commit();
+    let c = e.poll_commit().expect("a commit");
+    let r = c.records.iter().find(|r| r.slot == slot).expect("the slot's record");
+    assert_eq!(r.block, None, "the stale intent went instead of the free record: {r:?}");
+    e.handle_commit(0, c.epoch, Ok(()));
+    run_all(&mut e);
+    e.check_invariants().unwrap();
+}
+
+/// Persistent mode: a write around (read-only policy) over a block whose dirty sectors a
+/// flush made durable: until the write's backing write has landed, no commit journals
+/// those sectors invalid or the slot free (a crash would find neither the cached copy
+/// nor the data on the backing store). The dirty sectors are written back first, pinning
+/// the slot, and the write's own backing write goes after them.
+#[test]
+fn a_write_around_over_dirty_sectors_keeps_them_in_the_journal_until_it_lands() {
+    let (mut e, _) = persistent_engine();
+    // Block 0 written (write-back: dirty) and flushed: the journal records it dirty.
+    e.submit(0, &req(Op::Write, 0));
+    run_all(&mut e);
+    let flush = e.submit_flush();
+    let c = e.poll_commit().expect("the flush's commit");
+    e.handle_commit(0, c.epoch, Ok(()));
+    let mut flushed = false;
+    while let Some(ev) = e.poll_event() {
+        flushed |= matches!(ev, Event::Reply { req, result: Ok(()), .. } if req == flush);
+    }
+    assert!(flushed, "the flush replied once its commit was durable");
+    let slot = e.lookup(0, 0).expect("cached");
+    // Read-only without a flush of the partition (as a bypassed vDisk keeps its dirty
+    // blocks): the write around covers the whole dirty block.
+    e.set_bypass(0, true);
+    e.submit(0, &req(Op::Write, 0));
+    let mut landed = None; // the write around's backing write, once completed
+    let mut ops = Vec::new();
+    for round in 0..20 {
+        // Commits run while the write is in flight: none may drop the dirty sectors
+        // before the write around has completed.
+        e.request_commit();
+        if let Some(c) = e.poll_commit() {
+            for r in c.records.iter().filter(|r| r.slot == slot) {
+                assert!(
+                    landed.is_some() && r.block.is_none() || r.dirty == r.valid && r.valid[0] == 0xff,
+                    "round {round}: the slot journaled {r:?} before the write around landed"
+                );
+            }
+            e.handle_commit(0, c.epoch, Ok(()));
+        }
+        let Some(op) = e.poll_op() else { continue };
+        ops.push(op);
+        e.handle_completion(0, op.handle(), Ok(()));
+        if op.client && op.kind == OpKind::BackingWrite {
+            landed = Some(op);
+        }
+        while e.poll_event().is_some() {}
+    }
+    let client = landed.expect("the write around ran");
+    let back = ops.iter().find(|o| o.kind == OpKind::BackingWrite && o.staged).expect("the dirty sectors written back");
+    assert!(back.phase < client.phase, "the old data after the new: {ops:?}");
+    assert_eq!(e.lookup(0, 0), None, "invalidated");
+    commit(&mut e);
+    e.check_invariants().unwrap();
+}
+
+/// Persistent mode: a write around emptying a slot the journal calls part dirty, part
+/// clean: its write-back of the dirty part pins the slot (the free record waits for the
+/// write), so the commit the write waits for carries an intent instead — the clean
+/// sectors invalid, the dirty ones still dirty. Without it the write went on while the
+/// journal still called the old bytes clean.
+#[test]
+fn a_write_around_emptying_a_part_dirty_slot_waits_for_an_intent() {
+    let (mut e, _) = block_0_journaled_clean();
+    let slot = e.lookup(0, 0).expect("cached");
+    // Sectors 0..4 rewritten (write-back) and journaled dirty; 4..8 stay journaled clean.
+    e.submit(0, &Request { time_ns: 0, vm: 0, op: Op::Write, offset: 0, len: 4 * 512 });
+    commit(&mut e);
+    commit(&mut e);
+    e.set_bypass(0, true);
+    e.submit(0, &req(Op::Write, 0));
+    // The journal's word on the slot, commit by commit, until the write around is issued.
+    let mut journal = None;
+    for _ in 0..20 {
+        e.request_commit();
+        if let Some(c) = e.poll_commit() {
+            if let Some(r) = c.records.iter().find(|r| r.slot == slot) {
+                journal = Some(r.clone());
+            }
+            e.handle_commit(0, c.epoch, Ok(()));
+        }
+        let Some(op) = e.poll_op() else { continue };
+        if op.client && op.kind == OpKind::BackingWrite {
+            let r = journal.as_ref().expect("a record of the slot before the write around");
+            let clean = if r.block.is_some() { r.valid[0] & !r.dirty[0] } else { 0 };
+            assert_eq!(clean, 0, "the write around went while the journal called sectors clean: {r:?}");
+            assert_eq!(r.dirty[0], 0x0f, "the dirty sectors stay dirty until it lands: {r:?}");
+            break;
+        }
+        e.handle_completion(0, op.handle(), Ok(()));
+        while e.poll_event().is_some() {}
+    }
+    run_all(&mut e);
     commit(&mut e);
     e.check_invariants().unwrap();
 }

@@ -24,9 +24,10 @@ impl Engine {
 
     /// The intent records a write's ops need, from the vouched-for slots its blocks held
     /// before the request (`before`) and the sectors the journal may record valid and clean
-    /// there: a client cache write into the same slot records those it overwrites valid and
-    /// dirty (their bytes are the old data until it lands; other sectors it makes valid are
-    /// not recorded: a crash before it lands leaves nothing of theirs); a client backing
+    /// there: a client cache write into the same slot records the valid sectors it
+    /// overwrites valid and dirty (their bytes are the old data until it lands; other
+    /// sectors it makes valid are recorded invalid: a crash before it lands leaves nothing
+    /// of theirs); a client backing
     /// write records those it covers invalid (a crash after it lands must not leave the old
     /// bytes labelled clean in the cache). Dirty sectors stay dirty either way.
     pub(crate) fn intents(&self, before: &[SlotRecord], out: &Output) -> Vec<SlotRecord> {
@@ -74,9 +75,14 @@ impl Engine {
                     // changes nothing here.
                     needed.push(pre.slot);
                 }
-                if ssd && (journal_clean || r.valid[w] & bit != 0) {
-                    // Valid here (in the journal or in the record itself): never clean
-                    // while the write may land.
+                if ssd && r.valid[w] & bit != 0 {
+                    // Valid here: never clean while the write may land. A sector valid
+                    // only in the journal's eyes stays invalid: the journal may call it
+                    // clean, or may have dropped it already (the vouched bits are a
+                    // superset until a newer record is committed) while the backing
+                    // store took newer bytes — recorded dirty, a crash before the write
+                    // lands would serve the cache's old bytes as the newest (found by the
+                    // crash-consistency model: a write-through write after a write around).
                     r.valid[w] |= bit;
                     r.dirty[w] |= bit;
                 } else if !ssd && r.dirty[w] & bit == 0 {

@@ -90,7 +90,7 @@ fn full_sim(
     sc.trace.files = files;
     sc.trace.format = format;
     sc.cache.size = cache.to_string();
-    sc.cache.replacement = kind;
+    sc.cache.replacement = Some(kind);
     sc.cache.partition = PartitionMode::Static;
     sc.replay.mode = ReplayMode::Closed;
     let t = Instant::now();

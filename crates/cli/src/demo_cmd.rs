@@ -31,7 +31,7 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
     let mut runs = Vec::new();
     for r in ReplacementKind::ALL {
         let mut s = base.clone();
-        s.cache.replacement = r;
+        s.cache.replacement = Some(r);
         runs.push((format!("static-{r}"), s));
     }
     let mut s = base.clone();
@@ -39,7 +39,7 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
     runs.push(("static-lru-optimal".into(), s));
     let mut s = base.clone();
     s.cache.partition = PartitionMode::Shared;
-    s.cache.replacement = ReplacementKind::Clock;
+    s.cache.replacement = Some(ReplacementKind::Clock);
     runs.push(("shared-clock (unmanaged)".into(), s));
     println!(
         "cachevisor demo: {} VMs from the bundled traces, {} SSD cache (860 EVO model) in front of 7.2K HDDs,\n\

@@ -131,7 +131,12 @@ pub fn expand(sc: &Scenario, a: &SimulateArgs) -> Vec<(String, Scenario)> {
     } else {
         a.partition.iter().map(|p| if p == "shared" { PartitionMode::Shared } else { PartitionMode::Static }).collect()
     };
-    let repls = if a.replacement.is_empty() { vec![sc.cache.replacement] } else { a.replacement.clone() };
+    // Unset in the scenario and not listed: each allocator's own (`Allocator::replacement`).
+    let repls: Vec<Option<ReplacementKind>> = if a.replacement.is_empty() {
+        vec![sc.cache.replacement]
+    } else {
+        a.replacement.iter().copied().map(Some).collect()
+    };
     let wps = if a.write_policy.is_empty() { vec![sc.cache.write_policy] } else { a.write_policy.clone() };
     let allocs = if a.allocator.is_empty() { vec![sc.cache.allocator.clone()] } else { a.allocator.clone() };
     let mut v = Vec::new();
@@ -152,14 +157,14 @@ pub fn expand(sc: &Scenario, a: &SimulateArgs) -> Vec<(String, Scenario)> {
                         && p == PartitionMode::Static
                         && registry::build(alloc).is_ok_and(|x| x.cleaner().is_some())
                     {
-                        s.cache.replacement = ReplacementKind::Clock;
+                        s.cache.replacement = Some(ReplacementKind::Clock);
                     }
                     let suffix = if p == PartitionMode::Static && alloc != "static" {
                         format!("-{alloc}")
                     } else {
                         String::new()
                     };
-                    v.push((format!("{}-{}-{w}{suffix}", p.name(), s.cache.replacement), s));
+                    v.push((format!("{}-{}-{w}{suffix}", p.name(), s.cache.replacement()), s));
                 }
             }
         }

@@ -167,6 +167,14 @@ impl Allocator for Adaptive {
         true
     }
 
+    /// S3-FIFO: over LRU partitions the unmanaged shared CLOCK cache beats adaptive on
+    /// the shipped ECI-endurance and SymFlex mixes by its replacement alone (shared LRU is
+    /// at adaptive-over-LRU's level); over S3-FIFO adaptive is above it on every mix
+    /// measured (docs/policies.md).
+    fn replacement(&self) -> cachevisor_engine::ReplacementKind {
+        cachevisor_engine::ReplacementKind::S3fifo
+    }
+
     fn needs(&self) -> Needs {
         Needs { hit_curves: true, reuse_mix: self.write_choice, curve_half_life: self.half_life, ..Needs::default() }
     }

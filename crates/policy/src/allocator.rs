@@ -132,6 +132,15 @@ pub trait Allocator: Send {
     fn cleaner(&self) -> Option<Watermarks> {
         None
     }
+    /// The replacement policy its partitions use when the configuration names none:
+    /// CLOCK for a policy whose cleaner reads CLOCK counters (S-CAVE), else LRU.
+    fn replacement(&self) -> cachevisor_engine::ReplacementKind {
+        if self.cleaner().is_some() {
+            cachevisor_engine::ReplacementKind::Clock
+        } else {
+            cachevisor_engine::ReplacementKind::Lru
+        }
+    }
     /// Decides targets for `vms` sharing the pool. Unless `uncapped`, the sum of targets
     /// does not exceed the capacity, and every VM gets at least its `min_blocks` when the
     /// minimums fit.

@@ -18,6 +18,21 @@ fn registry_builds_every_policy_by_name() {
 }
 
 #[test]
+fn each_policy_names_the_replacement_its_partitions_use_by_default() {
+    use cachevisor_engine::ReplacementKind;
+    for n in NAMES {
+        let a = build(n).unwrap();
+        let want = match n {
+            "adaptive" => ReplacementKind::S3fifo,
+            _ if a.cleaner().is_some() => ReplacementKind::Clock,
+            _ => ReplacementKind::Lru,
+        };
+        assert_eq!(a.replacement(), want, "{n}");
+    }
+    assert_eq!(build("s-cave").unwrap().replacement(), ReplacementKind::Clock);
+}
+
+#[test]
 fn parameters_are_read_and_checked() {
     use cachevisor_policy::registry::build_with;
     let p = |kv: &[(&str, f64)]| kv.iter().map(|(k, v)| (k.to_string(), *v)).collect();

@@ -21,9 +21,9 @@ pub struct CacheConfig {
     /// Block size.
     #[serde(default = "default_block")]
     pub block_size: String,
-    /// Replacement policy.
-    #[serde(default = "default_replacement")]
-    pub replacement: ReplacementKind,
+    /// Replacement policy. Unset: the allocator's own ([`CacheConfig::replacement`]).
+    #[serde(default)]
+    pub replacement: Option<ReplacementKind>,
     /// Write policy of vDisks that do not set one.
     #[serde(default = "default_write_policy")]
     pub write_policy: WritePolicy,
@@ -97,15 +97,23 @@ fn default_interval() -> String {
     "1s".into()
 }
 
+impl CacheConfig {
+    /// The replacement policy in force: the one set, else the allocator's own
+    /// (`Allocator::replacement`; LRU for a name the registry does not know, which
+    /// validation reports).
+    pub fn replacement(&self) -> ReplacementKind {
+        self.replacement.unwrap_or_else(|| {
+            cachevisor_policy::registry::build(&self.allocator).map_or(ReplacementKind::Lru, |a| a.replacement())
+        })
+    }
+}
+
 fn default_error_threshold() -> u64 {
     8
 }
 
 fn default_block() -> String {
     "4KiB".into()
-}
-fn default_replacement() -> ReplacementKind {
-    ReplacementKind::Lru
 }
 fn default_write_policy() -> WritePolicy {
     WritePolicy::Wt
@@ -347,9 +355,9 @@ pub const REFERENCE: &str = r#"[cache]
 path = "var/cache.img"        # cache store: a file (created and preallocated to `size`; its directory must exist) or a block device
 size = "256MiB"               # required; a multiple of block_size
 block_size = "4KiB"           # default 4KiB; a power of two, 512B to 1MiB; fixed for the cache's life (metadata refuses a change)
-replacement = "lru"           # default lru | fifo | clock | two-pool | s3fifo
+replacement = "lru"           # lru | fifo | clock | two-pool | s3fifo; default the allocator's own: s3fifo for adaptive, clock for s-cave, lru otherwise
 write_policy = "wt"           # default wt | wb | wa | ro: the policy of vDisks that set none
-allocator = "static"          # default static | optimal | symflex-weighted | symflex-proportional | s-cave | eci-cache | centaur | scave-recs | scave-hitratio
+allocator = "static"          # default static | adaptive | optimal | symflex-weighted | symflex-proportional | s-cave | s-cave-literal | eci-cache | centaur | scave-recs | scave-hitratio
 metadata = "var/cache.img.meta" # default PATH.meta beside the cache store (its parent must exist)
 error_threshold = 8           # default 8; device errors after which a vDisk passes through (its dirty blocks stay cached until written back)
 interval = "1s"               # default 1s, at least 1ms: the allocator's interval on live traffic (and pass-through draining)
@@ -481,7 +489,7 @@ impl Config {
             ));
         }
         let alloc = cachevisor_policy::registry::build(&self.cache.allocator).expect("checked above");
-        if alloc.cleaner().is_some() && self.cache.replacement != ReplacementKind::Clock {
+        if alloc.cleaner().is_some() && self.cache.replacement() != ReplacementKind::Clock {
             return Err(format!("cache.replacement: `{}` uses S-CAVE's global cleaner, which reads CLOCK counters: set replacement = \"clock\"", self.cache.allocator));
         }
         let interval = cachevisor_trace::units::parse_duration_ns(&self.cache.interval)
@@ -580,7 +588,11 @@ mod tests {
             ("write_policy = \"wt\"", "write_policy = \"wt\"\nflush_rate = \"fast\"", "cache.flush_rate"),
             ("write_policy = \"wt\"", "write_policy = \"wt\"\nwriteback_percent = 150", "cache.writeback_percent"),
             ("write_policy = \"wt\"", "write_policy = \"wt\"\nwriteback_ahead = 5000", "cache.writeback_ahead"),
-            ("write_policy = \"wt\"", "write_policy = \"wt\"\nallocator = \"s-cave\"", "cache.replacement"),
+            (
+                "write_policy = \"wt\"",
+                "write_policy = \"wt\"\nallocator = \"s-cave\"\nreplacement = \"lru\"",
+                "cache.replacement",
+            ),
             ("127.0.0.1:10810", "localhost:10810", "api.listen"),
             ("listen = \"127.0.0.1:10810\"", "listen = \"127.0.0.1:10810\"\ntoken = \"short\"", "api.token"),
             ("[listen]", "[listen]\npoll = \"2ms\"", "listen.poll"),
@@ -592,6 +604,22 @@ mod tests {
             let bad = DEFAULT.replacen(from, to, 1);
             let e = Config::parse(&bad, "x", Path::new(".")).unwrap().resolve().unwrap_err();
             assert!(e.starts_with(key), "{key}: {e}");
+        }
+        // Unset, the replacement is the allocator's own; set, it is what is set.
+        for (alloc, set, want) in [
+            ("static", "", ReplacementKind::Lru),
+            ("adaptive", "", ReplacementKind::S3fifo),
+            ("s-cave", "", ReplacementKind::Clock),
+            ("adaptive", "\nreplacement = \"lru\"", ReplacementKind::Lru),
+        ] {
+            let t = DEFAULT.replacen(
+                "write_policy = \"wt\"",
+                &format!("write_policy = \"wt\"\nallocator = \"{alloc}\"{set}"),
+                1,
+            );
+            let c = Config::parse(&t, "x", Path::new(".")).unwrap();
+            c.resolve().unwrap();
+            assert_eq!(c.cache.replacement(), want, "{alloc}{set}");
         }
         // A wrong type is a parse error naming the file, the line and the key.
         let e = Config::parse(

@@ -316,7 +316,7 @@ fn engine_config(cfg: &Config, r: &Resolved) -> EngineConfig {
         block_size: r.block_size,
         slots: r.slots,
         partition: PartitionMode::Static,
-        replacement: cfg.cache.replacement,
+        replacement: cfg.cache.replacement(),
         write_policy: cfg.cache.write_policy,
         fill: FillMode::Block,
         track_last_access: false,

@@ -125,7 +125,7 @@ fn s_cave_runs_its_global_cleaner_in_the_daemon_and_stops_it_when_switched_away(
     let dir = tempfile::tempdir().unwrap();
     let mut c = config(dir.path(), "1MiB", &[("a", "16MiB", "wt")]);
     c.cache.allocator = "s-cave".into();
-    c.cache.replacement = cachevisor_engine::ReplacementKind::Clock;
+    c.cache.replacement = Some(cachevisor_engine::ReplacementKind::Clock);
     let r = serve(&c);
     let dp = r.daemon.datapath();
     let (low, high) = dp.with_engine(|e| e.cleaner()).expect("S-CAVE's cleaner is set");

@@ -120,7 +120,7 @@ impl<'a> Cluster<'a> {
                 block_size: p.block,
                 slots: p.slots[i],
                 partition: PartitionMode::Static,
-                replacement: sc.cache.replacement,
+                replacement: sc.cache.replacement(),
                 write_policy: sc.cache.write_policy,
                 fill: sc.cache.fill,
                 track_last_access: false,

@@ -361,7 +361,7 @@ impl SimResult {
             format_size(r.cache_bytes),
             format_size(r.block_size),
             r.slots,
-            self.scenario.cache.replacement,
+            self.scenario.cache.replacement(),
             self.scenario.cache.write_policy,
             self.scenario.cache.partition.name(),
             self.engine.bytes_per_slot,

@@ -6,7 +6,7 @@
 //! [cache]
 //! size = "256MiB"          # total SSD cache
 //! block_size = "4KiB"      # 512B ..= 1MiB, power of two
-//! replacement = "clock"    # lru | fifo | clock | two-pool | s3fifo
+//! replacement = "clock"    # lru | fifo | clock | two-pool | s3fifo; unset: the allocator's own
 //! write_policy = "wb"      # wb | wt | wa | ro (wi = ro)
 //! partition = "static"     # static (per-VM targets ∝ weight) | shared (unmanaged)
 //! fill = "block"           # block | request
@@ -75,8 +75,11 @@ pub struct CacheSection {
     pub size: String,
     /// Block size (`4KiB`).
     pub block_size: String,
-    /// Replacement policy.
-    pub replacement: ReplacementKind,
+    /// Replacement policy of the partitions (or the shared pool). Unset: the allocator's
+    /// own ([`CacheSection::replacement`]; `Allocator::replacement`: S3-FIFO for
+    /// `adaptive`, CLOCK for S-CAVE, LRU otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replacement: Option<ReplacementKind>,
     /// Default write policy.
     pub write_policy: WritePolicy,
     /// Static partitions or one shared pool.
@@ -126,12 +129,22 @@ pub enum ObjectModel {
     NutanixDsf,
 }
 
+impl CacheSection {
+    /// The replacement policy in force: the one set, else the allocator's own (LRU for an
+    /// allocator name the registry does not know; validation reports that).
+    pub fn replacement(&self) -> ReplacementKind {
+        self.replacement.unwrap_or_else(|| {
+            cachevisor_policy::registry::build(&self.allocator).map_or(ReplacementKind::Lru, |a| a.replacement())
+        })
+    }
+}
+
 impl Default for CacheSection {
     fn default() -> Self {
         CacheSection {
             size: "256MiB".into(),
             block_size: "4KiB".into(),
-            replacement: ReplacementKind::Lru,
+            replacement: None,
             write_policy: WritePolicy::Wb,
             partition: PartitionMode::Static,
             fill: FillMode::Block,
@@ -517,7 +530,7 @@ impl Scenario {
             );
         }
         if allocator.cleaner().is_some()
-            && self.cache.replacement != ReplacementKind::Clock
+            && self.cache.replacement() != ReplacementKind::Clock
             && self.cache.partition == PartitionMode::Static
         {
             return Err(format!("cache.replacement: `{}` uses S-CAVE's global cleaner, which reads CLOCK counters: set replacement = \"clock\"", self.cache.allocator));

@@ -88,7 +88,7 @@ impl<'a> Run<'a> {
             block_size: res.block_size,
             slots: res.slots,
             partition: c.partition,
-            replacement: c.replacement,
+            replacement: c.replacement(),
             write_policy: c.write_policy,
             fill: c.fill,
             track_last_access: false,

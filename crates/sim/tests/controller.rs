@@ -34,9 +34,12 @@ fn s_cave_needs_clock_and_runs_its_cleaner_and_write_policy() {
         synthetic(workload(dir.path(), "a", 1, "[[4%, 95%]]", 0.9, 20)),
         synthetic(workload(dir.path(), "b", 2, "[[100%, 100%]]", 0.9, 20)),
     ];
+    // Another replacement named is refused; none named is S-CAVE's own, CLOCK.
+    s.cache.replacement = Some(ReplacementKind::Lru);
     let e = simulate(&s, &mut |_| {}).unwrap_err().to_string();
     assert!(e.contains("replacement") && e.contains("clock"), "{e}");
-    s.cache.replacement = ReplacementKind::Clock;
+    s.cache.replacement = None;
+    assert_eq!(s.cache.replacement(), ReplacementKind::Clock);
     let r = simulate(&s, &mut |_| {}).unwrap();
     // Write-through with write-around misses for every VM (S-CAVE §V-C), so nothing dirty.
     assert!(r.windows.iter().skip(2).all(|w| w.write_policy == WritePolicy::Wa && w.dirty_blocks == 0));
@@ -66,7 +69,7 @@ fn s_cave_leaves_the_reusing_vm_more_cache() {
     let mut s = Scenario::default();
     s.cache.size = "8MiB".into();
     s.cache.allocator = "s-cave".into();
-    s.cache.replacement = ReplacementKind::Clock;
+    s.cache.replacement = Some(ReplacementKind::Clock);
     s.synthetic = vec![
         synthetic(workload(dir.path(), "a", 1, "[[4%, 95%]]", 0.9, 20)),
         synthetic(workload(dir.path(), "b", 2, "[[100%, 100%]]", 0.9, 20)),
@@ -236,7 +239,7 @@ fn bad_controller_settings_name_the_key() {
     assert!(err(s).contains("replay.repeat_for"));
     let mut s = base();
     s.cache.allocator = "s-cave".into();
-    s.cache.replacement = ReplacementKind::Clock;
+    s.cache.replacement = Some(ReplacementKind::Clock);
     s.cache.params = [("m".to_string(), -1.0)].into_iter().collect();
     assert!(err(s).contains("cache.params"));
 }

@@ -28,7 +28,7 @@ fn scenario(dir: &Path, mode: FailoverMode) -> Scenario {
         s.synthetic.push(SyntheticSection { config: p, then: Vec::new() });
     }
     s.cache.size = "64MiB".into();
-    s.cache.replacement = ReplacementKind::TwoPool;
+    s.cache.replacement = Some(ReplacementKind::TwoPool);
     s.cache.partition = PartitionMode::Shared;
     s.devices.backing = cachevisor_sim::scenario::DeviceChoice::Preset("remote".into());
     s.replay.mode = ReplayMode::Open;

@@ -26,7 +26,7 @@ fn same_input_gives_identical_json() {
             let mut s = scenario();
             s.replay.mode = mode;
             s.replay.speedup = 50.0;
-            s.cache.replacement = kind;
+            s.cache.replacement = Some(kind);
             let a = simulate(&s, &mut |_| {}).unwrap().to_json();
             let b = simulate(&s, &mut |_| {}).unwrap().to_json();
             assert_eq!(a, b, "{kind} {mode:?}");
@@ -123,6 +123,32 @@ fn bad_scenarios_name_the_key() {
             Ok(s) => s.resolve().unwrap_err(),
         };
         assert!(err.contains(want), "`{err}` lacks `{want}`");
+    }
+}
+
+/// A scenario that names no replacement gets the allocator's own: S3-FIFO for adaptive,
+/// CLOCK for S-CAVE (no "set replacement" error), LRU for the rest; one named wins, and
+/// S-CAVE over another is refused naming the key.
+#[test]
+fn an_unset_replacement_is_the_allocators_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("s.toml");
+    for (cache, want) in [
+        ("", Some(ReplacementKind::Lru)),
+        ("allocator = \"adaptive\"", Some(ReplacementKind::S3fifo)),
+        ("allocator = \"s-cave\"", Some(ReplacementKind::Clock)),
+        ("allocator = \"adaptive\"\nreplacement = \"two-pool\"", Some(ReplacementKind::TwoPool)),
+        ("allocator = \"s-cave\"\nreplacement = \"lru\"", None),
+    ] {
+        std::fs::write(&p, format!("[cache]\n{cache}\n[trace]\nfiles=[\"x\"]\n")).unwrap();
+        let s = Scenario::load(&p).unwrap();
+        match want {
+            Some(kind) => {
+                s.resolve().unwrap();
+                assert_eq!(s.cache.replacement(), kind, "{cache}");
+            }
+            None => assert!(s.resolve().unwrap_err().starts_with("cache.replacement"), "{cache}"),
+        }
     }
 }
 

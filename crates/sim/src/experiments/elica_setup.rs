@@ -143,7 +143,7 @@ pub(super) fn scenario(
     cache: &str,
 ) -> Result<Scenario, String> {
     let mut sc = Scenario::default();
-    sc.cache.replacement = ReplacementKind::Lru;
+    sc.cache.replacement = Some(ReplacementKind::Lru);
     sc.cache.write_policy = WritePolicy::Wb; // ELICA §3.7
     sc.devices.backing = DeviceChoice::Preset("hdd-7200".into());
     sc.replay.mode = ReplayMode::Open;

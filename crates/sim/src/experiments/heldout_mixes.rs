@@ -17,8 +17,8 @@ const POLICIES: [(&str, &str, PartitionMode, ReplacementKind, bool); 5] = [
     ("static", "static", PartitionMode::Static, ReplacementKind::Lru, false),
     ("shared-clock", "static", PartitionMode::Shared, ReplacementKind::Clock, false),
     ("lookahead-oracle", "optimal", PartitionMode::Static, ReplacementKind::Lru, true),
-    ("adaptive", "adaptive", PartitionMode::Static, ReplacementKind::Lru, false),
-    ("adaptive-s3fifo", "adaptive", PartitionMode::Static, ReplacementKind::S3fifo, false),
+    ("adaptive-lru", "adaptive", PartitionMode::Static, ReplacementKind::Lru, false),
+    ("adaptive", "adaptive", PartitionMode::Static, ReplacementKind::S3fifo, false),
 ];
 
 /// Seed of the first mix (held out: never used while tuning).
@@ -82,7 +82,7 @@ fn run_policies(
         sc.cache.size = format!("{mib}MiB");
         sc.cache.allocator = alloc.into();
         sc.cache.partition = part;
-        sc.cache.replacement = repl;
+        sc.cache.replacement = Some(repl);
         sc.cache.lookahead = lookahead;
         let result = sim(&format!("mix {name} {mib} MiB {label}"), &sc, scenarios, log)?;
         runs.push(Run { mix: name.to_string(), mib, policy: label, result });

@@ -158,7 +158,7 @@ fn scenario(set: &WorkloadSet, files: &[PathBuf], key: RunKey, scale: f64, objec
         sc.cache.objects = ObjectModel::NutanixDsf;
     }
     sc.cache.size = format!("{}MiB", (set.cache_gb * 1024.0 / scale).round() as u64);
-    sc.cache.replacement = ReplacementKind::TwoPool;
+    sc.cache.replacement = Some(ReplacementKind::TwoPool);
     sc.cache.partition = PartitionMode::Shared;
     sc.devices.backing = DeviceChoice::Preset("remote".into());
     sc.replay.mode = ReplayMode::Open;

@@ -69,7 +69,7 @@ fn scenario_with(
 ) -> Scenario {
     let mut sc = Scenario::default();
     sc.cache.size = format!("{}MiB", (CACHE_MIB as f64 / scale).round() as u64);
-    sc.cache.replacement = replacement;
+    sc.cache.replacement = Some(replacement);
     sc.cache.partition = PartitionMode::Shared;
     sc.devices.backing = DeviceChoice::Preset("hdd-7200".into());
     sc.replay.mode = ReplayMode::Open;

@@ -52,7 +52,7 @@ fn optimal_sizes(sc: &Scenario, block_size: u64, limit: u64) -> Result<(Vec<u64>
 
 fn base(vm_trace: Option<std::path::PathBuf>, synthetic: Option<SyntheticSection>, max: u64) -> Scenario {
     let mut sc = Scenario::default();
-    sc.cache.replacement = ReplacementKind::Clock;
+    sc.cache.replacement = Some(ReplacementKind::Clock);
     sc.replay.mode = ReplayMode::Closed;
     sc.replay.queue_depth = 1;
     sc.replay.window = format!("{WINDOW}req");

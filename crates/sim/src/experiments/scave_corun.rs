@@ -15,7 +15,7 @@ use std::path::PathBuf;
 fn scenario(cache: &str, vms: &[&PathBuf], policy: &str, repeat: &str) -> Scenario {
     let mut sc = Scenario::default();
     sc.cache.size = cache.into();
-    sc.cache.replacement = ReplacementKind::Clock;
+    sc.cache.replacement = Some(ReplacementKind::Clock);
     sc.cache.write_policy = WritePolicy::Wa; // S-CAVE §V-C
     match policy {
         "shared" => sc.cache.partition = PartitionMode::Shared,

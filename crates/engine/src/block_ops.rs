@@ -192,14 +192,13 @@ impl Engine {
     /// back first when `write_back` (always for a write not covering whole sectors: the
     /// rest of a sector is theirs). Returns the phase the write's own backing write goes
     /// in (after that write-back). The write-back is what keeps a flushed write in
-    /// persistent mode: its
-    /// cache read pins the slot, so the slot's record — invalid or free now — settles only
-    /// once the write has landed, and the commit that journals it syncs the backing store
-    /// first; dropped with no op on the slot, the dirty sectors could be journaled invalid
-    /// before the write reached the disk, and a crash would leave the backing store older
-    /// than a flush had promised (found by the crash-consistency model with the read-only
-    /// policy drawn). An intent keeps the sectors dirty in the journal meanwhile
-    /// (`intents.rs`).
+    /// persistent mode: its cache read pins the slot, so the slot's record — invalid or
+    /// free now — settles only once the write has landed, and the commit that journals it
+    /// syncs the backing store first; dropped with no op on the slot, the dirty sectors
+    /// could be journaled invalid before the write reached the disk, and a crash would
+    /// leave the backing store older than a flush had promised (found by the
+    /// crash-consistency model with the read-only policy drawn). An intent keeps the
+    /// sectors dirty in the journal meanwhile (`intents.rs`).
     fn drop_cached_for_write(&mut self, vm: VmId, b: u64, r: SectorRange, write_back: bool, out: &mut Output) -> u16 {
         let Some(s) = self.lookup(vm, b) else { return 0 };
         let phase = if write_back && self.writeback(vm, s, r, 0, true, out) > 0 { 2 } else { 0 };

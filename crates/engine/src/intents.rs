@@ -27,9 +27,9 @@ impl Engine {
     /// there: a client cache write into the same slot records the valid sectors it
     /// overwrites valid and dirty (their bytes are the old data until it lands; other
     /// sectors it makes valid are recorded invalid: a crash before it lands leaves nothing
-    /// of theirs); a client backing
-    /// write records those it covers invalid (a crash after it lands must not leave the old
-    /// bytes labelled clean in the cache). Dirty sectors stay dirty either way.
+    /// of theirs); a client backing write records those it covers invalid (a crash after
+    /// it lands must not leave the old bytes labelled clean in the cache). Dirty sectors
+    /// stay dirty either way.
     pub(crate) fn intents(&self, before: &[SlotRecord], out: &Output) -> Vec<SlotRecord> {
         use crate::output::OpKind;
         let bs = self.cfg.block_size;

@@ -46,6 +46,7 @@
 //!   is under static's on all of them and on the bundled mix at every size, at the cost
 //!   of slower writes for VMs like the strong one (ratio 1.7–1.9: 20 ms instead of 0.4
 //!   when its disk is busy) — docs/policies.md.
+
 use crate::allocator::{Allocator, Decision, Needs, Pool, ReuseMix, VmDemand};
 use crate::optimal::{hits, solve};
 use crate::params::{ParamReader, Params};
@@ -207,11 +208,10 @@ impl Allocator for Adaptive {
         // would get none, and its misses would bypass the cache for that window while the
         // cold disks queue.
         let active_vms = idle.iter().filter(|&&i| !i).count().max(1);
-        let floors: Vec<usize> = vms
+        let floors: Vec<usize> = min_units
             .iter()
-            .zip(&min_units)
             .zip(self.measured.iter().zip(&idle))
-            .map(|((_, &m), (&seen, &idle))| if seen || idle { m } else { m.max(units / active_vms) })
+            .map(|(&m, (&seen, &idle))| if seen || idle { m } else { m.max(units / active_vms) })
             .collect();
         let floors = if floors.iter().sum::<usize>() <= units { floors } else { min_units };
         let ideal: Vec<u64> = solve(units, &curves, &floors).into_iter().map(|k| k as u64 * unit).collect();

@@ -37,14 +37,19 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
     let mut s = base.clone();
     s.cache.allocator = "optimal".into();
     runs.push(("static-lru-optimal".into(), s));
+    // Ours: the allocator every window on recent curves, over its own S3-FIFO partitions.
+    let mut s = base.clone();
+    s.cache.allocator = "adaptive".into();
+    runs.push(("adaptive (s3fifo)".into(), s));
     let mut s = base.clone();
     s.cache.partition = PartitionMode::Shared;
     s.cache.replacement = Some(ReplacementKind::Clock);
     runs.push(("shared-clock (unmanaged)".into(), s));
     println!(
         "cachevisor demo: {} VMs from the bundled traces, {} SSD cache (860 EVO model) in front of 7.2K HDDs,\n\
-         write-back, closed loop with 4 outstanding requests per VM; equal static partitions, or the\n\
-         best static split from whole-trace LRU curves (optimal), or one shared pool.\n",
+         write-back, closed loop with 4 outstanding requests per VM; equal static partitions, the\n\
+         best static split from whole-trace LRU curves (optimal), ours (adaptive: the split every\n\
+         window from recent curves, write-back or write-through per VM), or one shared pool.\n",
         base.trace.files.len(),
         a.cache_size
     );

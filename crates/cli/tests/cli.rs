@@ -136,7 +136,10 @@ fn demo_runs_on_the_bundled_traces() {
     let out = dir.path().join("demo");
     let text = ok(&["demo", "--cache-size", "32MiB", "--out", out.to_str().unwrap()]);
     assert!(
-        text.contains("== comparison") && text.contains("static-s3fifo") && text.contains("shared-clock (unmanaged)"),
+        text.contains("== comparison")
+            && text.contains("static-s3fifo")
+            && text.contains("adaptive (s3fifo)")
+            && text.contains("shared-clock (unmanaged)"),
         "{text}"
     );
     assert!(out.join("comparison.csv").is_file());

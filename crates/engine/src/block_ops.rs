@@ -102,7 +102,7 @@ impl Engine {
         let (slot, phase, inserted, evicted) = match (resident, policy) {
             (_, WritePolicy::Ro) => {
                 // Whole sectors: the dirty ones need writing back only for the journal.
-                let phase = self.drop_cached_for_write(vm, b, r, self.dur.on, out);
+                let phase = self.drop_cached_for_write(vm, resident, r, self.dur.on, out);
                 let op = DeviceOp { client: true, ..self.backing(OpKind::BackingWrite, vm, b, r, phase, true) };
                 self.emit(out, op);
                 out.blocks.push(BlockOutcome { block: b, hit: false, inserted: false, bypassed: true, evicted: None });
@@ -175,7 +175,7 @@ impl Engine {
     /// sectors it touches are written back first, then the touched sectors are invalidated.
     pub(crate) fn write_unaligned(&mut self, vm: VmId, b: u64, lo: u64, hi: u64, out: &mut Output) {
         let r = ((lo / SECTOR) as u32, hi.div_ceil(SECTOR) as u32);
-        let phase = self.drop_cached_for_write(vm, b, r, true, out);
+        let phase = self.drop_cached_for_write(vm, self.lookup(vm, b), r, true, out);
         let disk_addr = (b << self.shift) + lo;
         let op = DeviceOp {
             disk_addr,
@@ -188,9 +188,9 @@ impl Engine {
     }
 
     /// Before a write around the cache (the read-only policy's, or one not covering whole
-    /// sectors): the cached sectors `r` of block `b` are dropped, the dirty ones written
-    /// back first when `write_back` (always for a write not covering whole sectors: the
-    /// rest of a sector is theirs). Returns the phase the write's own backing write goes
+    /// sectors): the sectors `r` of the block cached in `slot` (if it is) are dropped, the
+    /// dirty ones written back first when `write_back` (always for a write not covering
+    /// whole sectors: the rest of a sector is theirs). Returns the phase the write's own backing write goes
     /// in (after that write-back). The write-back is what keeps a flushed write in
     /// persistent mode: its cache read pins the slot, so the slot's record — invalid or
     /// free now — settles only once the write has landed, and the commit that journals it
@@ -199,8 +199,15 @@ impl Engine {
     /// leave the backing store older than a flush had promised (found by the
     /// crash-consistency model with the read-only policy drawn). An intent keeps the
     /// sectors dirty in the journal meanwhile (`intents.rs`).
-    fn drop_cached_for_write(&mut self, vm: VmId, b: u64, r: SectorRange, write_back: bool, out: &mut Output) -> u16 {
-        let Some(s) = self.lookup(vm, b) else { return 0 };
+    fn drop_cached_for_write(
+        &mut self,
+        vm: VmId,
+        slot: Option<u32>,
+        r: SectorRange,
+        write_back: bool,
+        out: &mut Output,
+    ) -> u16 {
+        let Some(s) = slot else { return 0 };
         let phase = if write_back && self.writeback(vm, s, r, 0, true, out) > 0 { 2 } else { 0 };
         self.invalidate(vm, s, r);
         phase

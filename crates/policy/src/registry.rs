@@ -29,6 +29,13 @@ pub const NAMES: [&str; 11] = [
     "scave-hitratio",
 ];
 
+/// The replacement policy a configuration that names none gets with allocator `name`
+/// (`Allocator::replacement`); LRU for a name the registry does not know (validation
+/// reports that).
+pub fn replacement_for(name: &str) -> cachevisor_engine::ReplacementKind {
+    build(name).map_or(cachevisor_engine::ReplacementKind::Lru, |a| a.replacement())
+}
+
 /// Builds an allocator by name with its seed's default parameters; the error lists the
 /// names.
 pub fn build(name: &str) -> Result<Box<dyn Allocator>, String> {

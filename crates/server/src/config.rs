@@ -102,9 +102,7 @@ impl CacheConfig {
     /// (`Allocator::replacement`; LRU for a name the registry does not know, which
     /// validation reports).
     pub fn replacement(&self) -> ReplacementKind {
-        self.replacement.unwrap_or_else(|| {
-            cachevisor_policy::registry::build(&self.allocator).map_or(ReplacementKind::Lru, |a| a.replacement())
-        })
+        self.replacement.unwrap_or_else(|| cachevisor_policy::registry::replacement_for(&self.allocator))
     }
 }
 

@@ -133,9 +133,7 @@ impl CacheSection {
     /// The replacement policy in force: the one set, else the allocator's own (LRU for an
     /// allocator name the registry does not know; validation reports that).
     pub fn replacement(&self) -> ReplacementKind {
-        self.replacement.unwrap_or_else(|| {
-            cachevisor_policy::registry::build(&self.allocator).map_or(ReplacementKind::Lru, |a| a.replacement())
-        })
+        self.replacement.unwrap_or_else(|| cachevisor_policy::registry::replacement_for(&self.allocator))
     }
 }
 

@@ -5,17 +5,22 @@
 //! runs the request's engine access and hands its job to `jobs.rs`.
 
 use crate::engine::Engine;
-use crate::inflight::{Job, ReqId};
+use crate::inflight::{Event, Failure, Job, ReqId};
 use crate::slot_table::pack_key;
 use cachevisor_trace::{Op, Request, VmId};
 
 impl Engine {
     /// Submits a client request at driver time `now_ns`; its ops come from
     /// [`Self::poll_op`], its reply from [`Self::poll_event`]. It waits (no ops yet) while
-    /// a block it touches has ops in flight.
+    /// a block it touches has ops in flight. A request outside its vDisk
+    /// ([`Self::check_range`]) is answered at once with [`Failure::OutOfRange`] and
+    /// touches nothing.
     pub fn submit(&mut self, now_ns: u64, req: &Request) -> ReqId {
         self.ahead.at(now_ns);
         let id = self.flight.new_id();
+        if self.refuse_out_of_range(id, req.vm, req.offset, req.len) {
+            return id;
+        }
         if self.blocks_free(req) {
             // Nothing holds or waits for its blocks: admitted at once.
             self.admit(now_ns, id, *req);
@@ -31,6 +36,18 @@ impl Engine {
             self.run_writeback_ahead();
         }
         id
+    }
+
+    /// Answers request `id` with [`Failure::OutOfRange`] (a reply, then its retirement)
+    /// when its range is outside its vDisk; whether it did.
+    fn refuse_out_of_range(&mut self, id: ReqId, vm: VmId, offset: u64, len: u32) -> bool {
+        if self.check_range(vm, offset, len as u64).is_ok() {
+            return false;
+        }
+        let f = &mut self.flight;
+        f.push_event(Event::Reply { req: id, result: Err(Failure::OutOfRange), blocks: Vec::new() });
+        f.push_event(Event::Retired { req: id, failed: false });
+        true
     }
 
     /// Whether admission is open and no job holds, and no request waits for, a block of
@@ -73,6 +90,9 @@ impl Engine {
     /// sectors are journaled by the next commit like any change.
     pub fn submit_discard(&mut self, now_ns: u64, vm: VmId, offset: u64, len: u32) -> ReqId {
         let id = self.flight.new_id();
+        if self.refuse_out_of_range(id, vm, offset, len) {
+            return id;
+        }
         let (lo, hi) = (offset.div_ceil(512) * 512, (offset + len as u64) / 512 * 512);
         self.flight.discards.insert(id, (lo, hi));
         let req = Request { time_ns: now_ns, vm, op: Op::Write, offset, len };

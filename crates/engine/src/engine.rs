@@ -39,6 +39,8 @@ pub(crate) struct Partition {
     pub(crate) migration: crate::migration::MigrationScheme,
     pub(crate) moved: u64,
     pub(crate) migration_cursor: u64,
+    /// The vDisk's size in bytes: blocks past it are refused (`disk_range.rs`).
+    pub(crate) disk_end: u64,
 }
 
 /// ELICA-Traffic's threshold (§3.4): a contiguous run of this many bytes is sequential
@@ -291,6 +293,11 @@ impl Engine {
         (self.valid.get(slot, s), self.dirty.get(slot, s))
     }
 
+    /// Whether any sector of `slot` is dirty.
+    pub fn slot_dirty(&self, slot: u32) -> bool {
+        self.dirty.any(slot, (0, self.spb))
+    }
+
     /// The policy byte of a slot (CLOCK's reference counter in bits 0–3).
     pub fn slot_aux(&self, slot: u32) -> u8 {
         self.slots.aux[slot as usize]
@@ -347,6 +354,7 @@ impl Engine {
 
     #[cold]
     fn add_vms(&mut self, vm: VmId) {
+        assert!(vm < crate::config::MAX_VMS, "vm id {vm} does not fit a block key (checked where requests enter)");
         while self.vms.len() <= vm as usize {
             let repl = (self.cfg.partition == PartitionMode::Static).then(|| self.cfg.replacement.build(0));
             self.vms.push(Partition {
@@ -367,6 +375,7 @@ impl Engine {
                 migration: Default::default(),
                 moved: 0,
                 migration_cursor: 0,
+                disk_end: crate::disk_range::key_range_bytes(self.shift),
             });
         }
     }
@@ -382,8 +391,13 @@ impl Engine {
 
     /// Processes one request at driver time `now_ns`, filling `out` with per-block
     /// outcomes and the device operations to perform.
+    ///
+    /// A request outside its vDisk ([`Self::check_range`]) does nothing.
     pub fn access(&mut self, now_ns: u64, req: &Request, out: &mut Output) {
         out.clear();
+        if self.check_range(req.vm, req.offset, req.len as u64).is_err() {
+            return;
+        }
         self.ensure_vm(req.vm);
         self.now_ms = (now_ns / 1_000_000) as u32;
         if req.len == 0 {

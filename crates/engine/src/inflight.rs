@@ -39,6 +39,9 @@ pub enum Failure {
     /// The device or vDisk is no longer served (a removed vDisk, a stopped daemon): the
     /// client is told the export shut down.
     Shutdown,
+    /// The request reaches past its vDisk's end or names no vDisk (`disk_range.rs`):
+    /// refused before it touched anything; not a device error.
+    OutOfRange,
 }
 
 /// What the engine tells a driver.

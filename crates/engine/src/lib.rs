@@ -30,6 +30,7 @@ mod block_ops;
 mod commands;
 pub mod config;
 pub mod data_model;
+mod disk_range;
 mod durability;
 mod engine;
 mod global_cleaner;
@@ -53,6 +54,7 @@ pub mod write_policy;
 mod writeback_ahead;
 
 pub use config::{EngineConfig, FillMode, PartitionMode, RemoteRegion};
+pub use disk_range::{check_disk_size, RangeError, MAX_DISK_BLOCKS};
 pub use durability::{durable_reserve, Commit, SlotRecord};
 pub use engine::{Engine, PartitionInfo};
 pub use inflight::{Event, Failure, ReqId};

@@ -19,6 +19,9 @@ pub struct PrewarmOutcome {
     pub loaded: u32,
     /// Blocks not loaded: cached already, or with a client request in flight on them.
     pub skipped: u32,
+    /// Blocks not loaded because they are past the vDisk's end (a snapshot of a larger
+    /// disk, a hostile one): never read, never a device error.
+    pub out_of_range: u32,
     /// The VM's share of the cache had no free slot for the rest (nothing was evicted).
     pub no_room: bool,
 }
@@ -46,15 +49,22 @@ impl Engine {
     /// [`Replacement::insert_prewarmed`], in load order. A VM in pass-through takes none.
     pub fn prewarm_load(&mut self, vm: VmId, first: u64, len: u32, out: &mut Output) -> PrewarmOutcome {
         out.clear();
-        self.ensure_vm(vm);
         let mut o = PrewarmOutcome::default();
+        if self.check_blocks(vm, 0, 0).is_err() {
+            o.out_of_range = len;
+            return o;
+        }
+        // Only blocks within the vDisk: the rest are counted, never read.
+        let end = first.saturating_add(len as u64).min(self.disk_blocks(vm)).max(first);
+        o.out_of_range = (first.saturating_add(len as u64) - end) as u32;
+        self.ensure_vm(vm);
         if self.vms[vm as usize].bypass {
             o.no_room = true;
             return o;
         }
         let spb = self.spb;
         let saved = std::mem::replace(&mut self.no_insert, false);
-        for b in first..first.saturating_add(len as u64) {
+        for b in first..end {
             let key = pack_key(vm, b);
             if self.lookup(vm, b).is_some() || self.flight.busy.contains_key(&key) {
                 o.skipped += 1;

@@ -12,7 +12,7 @@ use cachevisor_trace::VmId;
 impl Engine {
     /// Puts `vm`'s `block` into free slot `slot` with the given valid and dirty sectors
     /// (one bool per sector; dirty implies valid). Errors name what is inconsistent: the
-    /// slot taken or out of range, the block already cached, no valid sector, a sector
+    /// block past its vDisk's end (`disk_range.rs`), the slot taken or out of range, the block already cached, no valid sector, a sector
     /// count that is not the block's.
     pub fn restore_slot(
         &mut self,
@@ -22,6 +22,7 @@ impl Engine {
         valid: &[bool],
         dirty: &[bool],
     ) -> Result<(), String> {
+        self.check_blocks(vm, block, 1).map_err(|e| format!("slot {slot}: {e}"))?;
         if slot as u64 >= self.slot_count() {
             return Err(format!("slot {slot} is beyond the pool ({} slots)", self.slot_count()));
         }

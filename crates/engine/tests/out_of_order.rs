@@ -6,6 +6,12 @@
 //! store never serves a sector of another block; a staged write writes what its source
 //! read returned; after everything retires and the cache is flushed, the backing stores
 //! hold every acknowledged write; structural invariants hold after every step.
+//!
+//! Isolation (`disk_range.rs`): VM 0's disk is 64 sectors, VM 1's ends inside its last
+//! block, VM 2's has no size (the block key's range); `Wild` steps draw block ids across
+//! the whole u64 range (2^48 + a small block would alias another VM's block in a key),
+//! and requests, discards and prewarm loads with them are refused or clipped — a read of
+//! one VM never returns a sector another VM wrote (the model checks every cache read).
 
 use cachevisor_engine::data_model::DataModel;
 use cachevisor_engine::*;
@@ -25,6 +31,20 @@ enum Step {
     Job(JobKind),
     /// A discard (TRIM) of whole sectors.
     Discard { vm: u32, sector: u64, count: u64 },
+    /// A request, discard or prewarm at a block drawn across the u64 range.
+    Wild { vm: u32, what: u8, block: u64, sector: u64, count: u64 },
+}
+
+/// Block ids across the u64 range: those that alias small blocks in a 48-bit key, the key
+/// range's edge, the top of u64, and anything.
+fn wild_block() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        (0u64..8).prop_map(|b| (1 << 48) + b),
+        (0u64..8).prop_map(|b| (1 << 48) - 1 - b),
+        (0u64..8).prop_map(|b| (u64::MAX >> 12) - b),
+        (0u64..8).prop_map(|b| u64::MAX - b),
+        any::<u64>(),
+    ]
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -98,6 +118,8 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0u32..3, 0..SECTORS_PER_DISK, 1u64..12).prop_map(|(vm, sector, count)| {
             Step::Discard { vm, sector, count: count.min(SECTORS_PER_DISK - sector) }
         }),
+        2 => (0u32..3, 0u8..4, wild_block(), 0u64..8, 1u64..12)
+            .prop_map(|(vm, what, block, sector, count)| Step::Wild { vm, what, block, sector, count }),
     ]
 }
 
@@ -132,6 +154,35 @@ impl Driver {
         }
         self.w.submitted(id, req);
         id
+    }
+
+    /// Submits `req` (a discard when `discard`) through the model, or — outside its vDisk
+    /// — checks that the engine refuses it at once, touching nothing.
+    fn submit_checked(&mut self, now: u64, req: Request, discard: bool) -> Result<(), String> {
+        if self.e.check_range(req.vm, req.offset, req.len as u64).is_ok() {
+            if discard {
+                let id = self.e.submit_discard(now, req.vm, req.offset, req.len);
+                self.w.discard_submitted(id, req);
+            } else {
+                self.submit(now, req);
+            }
+            return Ok(());
+        }
+        self.pump()?;
+        let before = self.flying.len();
+        let id =
+            if discard { self.e.submit_discard(now, req.vm, req.offset, req.len) } else { self.e.submit(now, &req) };
+        let refused = self.e.poll_event();
+        let retired = self.e.poll_event();
+        let want = Some(Event::Reply { req: id, result: Err(Failure::OutOfRange), blocks: Vec::new() });
+        if refused != want || retired != Some(Event::Retired { req: id, failed: false }) {
+            return Err(format!("{req:?} outside its vDisk: {refused:?}, {retired:?}"));
+        }
+        self.pump()?;
+        if self.flying.len() != before {
+            return Err(format!("{req:?} outside its vDisk started device ops"));
+        }
+        Ok(())
     }
 
     fn complete(&mut self, now: u64, i: usize, fail: bool, torn: u64) -> Result<(), String> {
@@ -178,6 +229,8 @@ fn run(steps: &[Step], setup: Setup) -> Result<(), String> {
     // Prewarmed blocks protected from eviction for 50 steps (or until touched).
     d.e.set_prewarm_protection(protect.then_some(50));
     let mut out = Output::default();
+    d.e.set_disk_size(0, SECTORS_PER_DISK * 512).unwrap();
+    d.e.set_disk_size(1, SECTORS_PER_DISK * 512 - 700).unwrap();
     for vm in 0..3 {
         d.e.set_target(vm, 3, &mut out);
         if remote {
@@ -205,12 +258,29 @@ fn run(steps: &[Step], setup: Setup) -> Result<(), String> {
             Step::Io { vm, write, sector, count } => {
                 let op = if write { Op::Write } else { Op::Read };
                 let req = Request { time_ns: now, vm, op, offset: sector * 512, len: (count * 512) as u32 };
-                d.submit(now, req);
+                d.submit_checked(now, req, false).map_err(ctx)?;
             }
             Step::Discard { vm, sector, count } => {
                 let req = Request { time_ns: now, vm, op: Op::Write, offset: sector * 512, len: (count * 512) as u32 };
-                let id = d.e.submit_discard(now, vm, req.offset, req.len);
-                d.w.discard_submitted(id, req);
+                d.submit_checked(now, req, true).map_err(ctx)?;
+            }
+            Step::Wild { vm, what, block, sector, count } => {
+                let offset = block.wrapping_mul(4096).wrapping_add(sector * 512);
+                let op = if what == 1 { Op::Write } else { Op::Read };
+                let req = Request { time_ns: now, vm, op, offset, len: (count * 512) as u32 };
+                match what {
+                    0 | 1 => d.submit_checked(now, req, false).map_err(ctx)?,
+                    2 => d.submit_checked(now, req, true).map_err(ctx)?,
+                    _ => {
+                        let (blocks, len) = (d.e.disk_blocks(vm), count as u32);
+                        let mut o = PrewarmOutcome::default();
+                        d.e.submit_job(|e, out| o = e.prewarm_load(vm, block, len, out));
+                        let past = block.saturating_add(len as u64).saturating_sub(blocks.max(block));
+                        if o.out_of_range as u64 != past.min(len as u64) {
+                            return Err(ctx(format!("{o:?}: {past} blocks past the end of {blocks}")));
+                        }
+                    }
+                }
             }
             Step::Complete { pick, fail, torn } => {
                 if !d.flying.is_empty() {

@@ -17,6 +17,9 @@ pub struct Pacing {
     pub max_run: u32,
 }
 
+/// Largest coalesced read a prewarm may issue (a read is one burst of the pacer).
+pub const MAX_READ: u64 = 64 << 20;
+
 /// Busy rate when none is set and the rate is unlimited, bytes/s.
 pub const UNLIMITED_BUSY_RATE: u64 = 64 << 20;
 
@@ -56,6 +59,11 @@ pub fn resolve(
     if max_read_b < block_size {
         return Err(format!("{section}.max_read: `{max_read}` is smaller than a cache block"));
     }
+    if max_read_b > MAX_READ {
+        return Err(format!(
+            "{section}.max_read: `{max_read}` is over 64MiB (one read is one burst on the backing store)"
+        ));
+    }
     Ok(Pacing {
         limit: limit_f,
         pace: PaceConfig { rate: rate_b, busy_rate: busy, burst: max_read_b },
@@ -82,6 +90,7 @@ mod tests {
             (("5%", "0", None, "4KiB"), "failover.rate: must be > 0"),
             (("5%", "1MiB", Some("x"), "4KiB"), "failover.busy_rate"),
             (("5%", "1MiB", None, "1KiB"), "failover.max_read"),
+            (("5%", "1MiB", None, "1TiB"), "failover.max_read: `1TiB` is over 64MiB"),
         ] {
             let e = resolve("failover", args.0, args.1, args.2, args.3, 4096).unwrap_err();
             assert!(e.starts_with(want), "{e}");

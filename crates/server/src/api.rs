@@ -8,9 +8,10 @@
 //! TOKEN`. Without a configured token a random one is written, readable by the owner
 //! only, to `api-token` in the metadata directory.
 
+use crate::conn_limits::{ConnLimit, LimitedListener, API_CONNECTIONS};
 use crate::daemon::{Daemon, StartError};
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -21,7 +22,6 @@ use std::sync::Arc;
 #[derive(Clone)]
 struct Api {
     daemon: Arc<Daemon>,
-    token: Arc<String>,
 }
 
 fn err(code: StatusCode, msg: impl Into<String>) -> Response {
@@ -29,19 +29,6 @@ fn err(code: StatusCode, msg: impl Into<String>) -> Response {
 }
 
 impl Api {
-    fn authorize(&self, h: &HeaderMap) -> Result<(), Response> {
-        let ok = h
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .is_some_and(|t| t == self.token.as_str());
-        if ok {
-            Ok(())
-        } else {
-            Err(err(StatusCode::UNAUTHORIZED, "mutating calls need `Authorization: Bearer TOKEN`"))
-        }
-    }
-
     fn vdisk(&self, name: &str) -> Result<u32, Response> {
         self.daemon.vdisk(name).ok_or_else(|| err(StatusCode::NOT_FOUND, format!("no vDisk named `{name}`")))
     }
@@ -56,17 +43,43 @@ async fn metrics(State(a): State<Api>) -> Response {
         .into_response()
 }
 
-/// The common path of every mutating call: the token, the vDisk (when named), the change
-/// on a blocking thread (it does file I/O), then the new listing.
+/// Every call but a read passes the token check first (`api_auth.rs`): nothing of an
+/// anonymous request — its body, its vDisk's name — is looked at or answered.
+async fn require_token(
+    State(guard): State<Arc<crate::api_auth::Guard>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    use crate::api_auth::Refusal;
+    if req.method() == axum::http::Method::GET || req.method() == axum::http::Method::HEAD {
+        return next.run(req).await;
+    }
+    let header = req.headers().get("authorization").map(|v| v.as_bytes());
+    match guard.check(header, std::time::Instant::now()) {
+        Ok(()) => next.run(req).await,
+        Err(Refusal::Unauthorized) => {
+            err(StatusCode::UNAUTHORIZED, "mutating calls need `Authorization: Bearer TOKEN`")
+        }
+        Err(Refusal::LockedOut(wait)) => {
+            let secs = wait.as_secs_f64().ceil() as u64;
+            let mut r = err(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!("too many wrong tokens: mutating calls are locked out for {secs} s"),
+            );
+            r.headers_mut().insert("retry-after", secs.into());
+            r
+        }
+    }
+}
+
+/// The common path of every mutating call (the token was checked by `require_token`):
+/// the vDisk (when named), the change on a blocking thread (it does file I/O), then the
+/// new listing.
 async fn mutate(
     a: Api,
-    h: &HeaderMap,
     name: Option<&str>,
-    f: impl FnOnce(&Daemon, Option<u32>) -> Result<(), String> + Send + 'static,
+    f: impl FnOnce(&Daemon, Option<u32>) -> Result<(), Response> + Send + 'static,
 ) -> Response {
-    if let Err(r) = a.authorize(h) {
-        return r;
-    }
     let vm = match name.map(|n| a.vdisk(n)).transpose() {
         Ok(v) => v,
         Err(r) => return r,
@@ -74,9 +87,18 @@ async fn mutate(
     let d = a.daemon.clone();
     match tokio::task::spawn_blocking(move || f(&d, vm)).await {
         Ok(Ok(())) => list(State(a)).await,
-        Ok(Err(e)) => err(StatusCode::INTERNAL_SERVER_ERROR, e),
+        Ok(Err(r)) => r,
         Err(e) => err(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
+}
+
+/// An operation's error as a response: a request that is not valid is 400.
+fn op_err(e: crate::daemon::OpError) -> Response {
+    let code = match e {
+        crate::daemon::OpError::Invalid(_) => StatusCode::BAD_REQUEST,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    err(code, e.to_string())
 }
 
 #[derive(Deserialize)]
@@ -88,7 +110,7 @@ struct Resize {
     size: Option<String>,
 }
 
-async fn resize(State(a): State<Api>, h: HeaderMap, Path(name): Path<String>, Json(body): Json<Resize>) -> Response {
+async fn resize(State(a): State<Api>, Path(name): Path<String>, Json(body): Json<Resize>) -> Response {
     let blocks = match (body.blocks, body.size) {
         (Some(b), None) => b,
         (None, Some(s)) => match cachevisor_trace::units::parse_size(&s) {
@@ -97,7 +119,7 @@ async fn resize(State(a): State<Api>, h: HeaderMap, Path(name): Path<String>, Js
         },
         _ => return err(StatusCode::BAD_REQUEST, "give exactly one of `blocks` or `size`"),
     };
-    mutate(a, &h, Some(&name), move |d, vm| d.resize(vm.expect("named"), blocks).map_err(|e| e.to_string())).await
+    mutate(a, Some(&name), move |d, vm| d.resize(vm.expect("named"), blocks).map_err(op_err)).await
 }
 
 #[derive(Deserialize)]
@@ -106,25 +128,17 @@ struct PolicyBody {
     policy: String,
 }
 
-async fn write_policy(
-    State(a): State<Api>,
-    h: HeaderMap,
-    Path(name): Path<String>,
-    Json(body): Json<PolicyBody>,
-) -> Response {
+async fn write_policy(State(a): State<Api>, Path(name): Path<String>, Json(body): Json<PolicyBody>) -> Response {
     let p = match body.policy.parse::<cachevisor_engine::WritePolicy>() {
         Ok(p) => p,
         Err(e) => return err(StatusCode::BAD_REQUEST, e),
     };
-    mutate(a, &h, Some(&name), move |d, vm| d.set_write_policy(vm.expect("named"), p).map_err(|e| e.to_string())).await
+    mutate(a, Some(&name), move |d, vm| d.set_write_policy(vm.expect("named"), p).map_err(op_err)).await
 }
 
 /// Starts a destage job for `vm` (or every vDisk): 202 with its progress, 409 when one
 /// is already running.
-async fn start_destage(a: Api, h: &HeaderMap, name: Option<&str>) -> Response {
-    if let Err(r) = a.authorize(h) {
-        return r;
-    }
+async fn start_destage(a: Api, name: Option<&str>) -> Response {
     let vm = match name.map(|n| a.vdisk(n)).transpose() {
         Ok(v) => v,
         Err(r) => return r,
@@ -135,12 +149,12 @@ async fn start_destage(a: Api, h: &HeaderMap, name: Option<&str>) -> Response {
     }
 }
 
-async fn destage_one(State(a): State<Api>, h: HeaderMap, Path(name): Path<String>) -> Response {
-    start_destage(a, &h, Some(&name)).await
+async fn destage_one(State(a): State<Api>, Path(name): Path<String>) -> Response {
+    start_destage(a, Some(&name)).await
 }
 
-async fn destage_all(State(a): State<Api>, h: HeaderMap) -> Response {
-    start_destage(a, &h, None).await
+async fn destage_all(State(a): State<Api>) -> Response {
+    start_destage(a, None).await
 }
 
 fn change_err(e: crate::daemon::ChangeError) -> Response {
@@ -157,12 +171,8 @@ fn change_err(e: crate::daemon::ChangeError) -> Response {
 /// `POST /vdisks` with a `[[vdisk]]` table as JSON: 201 with the new listing.
 async fn add_vdisk(
     State(a): State<Api>,
-    h: HeaderMap,
     body: Result<Json<crate::config::VdiskConfig>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
-    if let Err(r) = a.authorize(&h) {
-        return r;
-    }
     let Json(v) = match body {
         Ok(v) => v,
         Err(e) => return err(StatusCode::BAD_REQUEST, e.body_text()),
@@ -176,10 +186,7 @@ async fn add_vdisk(
 }
 
 /// `DELETE /vdisks/NAME`: writes its dirty blocks back, then removes it.
-async fn remove_vdisk(State(a): State<Api>, h: HeaderMap, Path(name): Path<String>) -> Response {
-    if let Err(r) = a.authorize(&h) {
-        return r;
-    }
+async fn remove_vdisk(State(a): State<Api>, Path(name): Path<String>) -> Response {
     let vm = match a.vdisk(&name) {
         Ok(v) => v,
         Err(r) => return r,
@@ -215,12 +222,8 @@ struct PrewarmBody {
 /// names the file) or the vDisk is not served.
 async fn start_prewarm(
     State(a): State<Api>,
-    h: HeaderMap,
     body: Result<Json<PrewarmBody>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
-    if let Err(r) = a.authorize(&h) {
-        return r;
-    }
     let Json(b) = match body {
         Ok(v) => v,
         Err(e) => return err(StatusCode::BAD_REQUEST, e.body_text()),
@@ -246,11 +249,8 @@ async fn get_allocator(State(a): State<Api>) -> Response {
     Json(serde_json::json!({ "name": a.daemon.allocator_name() })).into_response()
 }
 
-async fn set_allocator(State(a): State<Api>, h: HeaderMap, Json(body): Json<AllocatorBody>) -> Response {
-    if let Err(e) = cachevisor_policy::registry::build_with(&body.name, &body.params) {
-        return err(StatusCode::BAD_REQUEST, e);
-    }
-    mutate(a, &h, None, move |d, _| d.set_allocator(&body.name, &body.params)).await
+async fn set_allocator(State(a): State<Api>, Json(body): Json<AllocatorBody>) -> Response {
+    mutate(a, None, move |d, _| d.set_allocator(&body.name, &body.params).map_err(change_err)).await
 }
 
 /// Starts the API on `addr` (port 0 = any); returns the bound address and the token.
@@ -260,6 +260,8 @@ pub fn start(daemon: Arc<Daemon>, addr: SocketAddr, token: String) -> Result<Soc
     let bound =
         l.local_addr().map_err(|source| StartError::File { path: format!("api.listen {addr}"), error: source })?;
     l.set_nonblocking(true).map_err(|source| StartError::File { path: format!("api.listen {addr}"), error: source })?;
+    let guards = daemon.guards.clone();
+    let guard = crate::api_auth::Guard::new(token, daemon.guards.clone());
     let app = Router::new()
         .route("/vdisks", get(list).post(add_vdisk))
         .route("/vdisks/{name}", axum::routing::delete(remove_vdisk))
@@ -270,12 +272,14 @@ pub fn start(daemon: Arc<Daemon>, addr: SocketAddr, token: String) -> Result<Soc
         .route("/destage", get(destage_progress).post(destage_all))
         .route("/prewarm", get(prewarm_progress).post(start_prewarm))
         .route("/allocator", get(get_allocator).post(set_allocator))
-        .with_state(Api { daemon, token: Arc::new(token) });
+        .layer(axum::middleware::from_fn_with_state(Arc::new(guard), require_token))
+        .with_state(Api { daemon });
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
         rt.block_on(async move {
-            let l = tokio::net::TcpListener::from_std(l).expect("listener");
-            if let Err(e) = axum::serve(l, app).await {
+            let inner = tokio::net::TcpListener::from_std(l).expect("listener");
+            let limit = ConnLimit::new("api", API_CONNECTIONS, guards);
+            if let Err(e) = axum::serve(LimitedListener { inner, limit }, app).await {
                 tracing::error!(%e, "API server stopped");
             }
         });

@@ -1,6 +1,17 @@
 //! A vDisk's backing store: a local file (or block device), or another NBD server given
 //! by URI (`nbd://HOST:PORT/EXPORT`) — so a deliberately slow backing (nbdkit with its
 //! delay filter, standing in for an HDD or a remote node) can sit behind the cache.
+//!
+//! A vDisk's size is its store's length rounded up to a whole 512-byte sector — QEMU's own
+//! view of such an image (`qemu-img info` of a 1,000,000-byte raw file says 1,000,448), and
+//! what QEMU's NBD client needs: it reads a partial last sector as a whole one. Images need
+//! not be a multiple of the block size (ISO and cloud images): the engine's ops on the
+//! last, partial block cover the whole block, so a read is served from the bytes the store
+//! holds and zeros past them (up to the rounded size, and past it), and a write writes only
+//! the bytes within the vDisk — a file grows into its last sector if that is written; an
+//! NBD backing, which cannot grow, refuses a write past its end (ENOSPC), never drops it.
+//! An op that starts at or past the vDisk's end is an error (the engine's range checks
+//! never make one).
 
 use crate::nbd::client::Client;
 use std::fs::{File, OpenOptions};
@@ -11,8 +22,9 @@ use std::sync::Mutex;
 
 /// Where a vDisk's data lives.
 pub enum Backing {
-    /// A file or block device.
-    File(File),
+    /// A file or block device, and the vDisk's size (its length when opened, rounded up to
+    /// a sector).
+    File(File, u64),
     /// An NBD export (several connections when the server allows multi-conn).
     Nbd(NbdPool),
     /// Closed: the vDisk was removed.
@@ -29,6 +41,8 @@ fn removed() -> io::Error {
 /// writes completed on all of them.
 pub struct NbdPool {
     conns: Vec<Mutex<Client>>,
+    /// The export's size.
+    size: u64,
     next: std::sync::atomic::AtomicUsize,
 }
 
@@ -64,7 +78,8 @@ impl NbdPool {
                 }
             }
         }
-        Ok(NbdPool { conns, next: 0.into() })
+        let size = conns[0].get_mut().unwrap_or_else(|e| e.into_inner()).size;
+        Ok(NbdPool { conns, size, next: 0.into() })
     }
 
     /// An idle connection, or the next one in turn when all are busy.
@@ -78,6 +93,14 @@ impl NbdPool {
         }
         self.conns[start % n].lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// A sector: the unit a vDisk's size is rounded up to.
+const SECTOR: u64 = 512;
+
+/// The size of a vDisk whose store holds `len` bytes (see the top comment).
+pub fn vdisk_size(len: u64) -> u64 {
+    len.next_multiple_of(SECTOR)
 }
 
 /// Whether a backing spec is an NBD URI.
@@ -113,7 +136,8 @@ pub fn open_backing_file(path: &Path, size: Option<u64>, grow: bool, at: &str) -
                 return Err(format!("{at}: {} does not exist (give `size` to create it)", path.display()));
             };
             crate::owner_lock::parent_must_exist(path, &format!("{at}:"))?;
-            let f = OpenOptions::new().read(true).write(true).create_new(true).open(path).map_err(named)?;
+            let f =
+                crate::private_files::options().read(true).write(true).create_new(true).open(path).map_err(named)?;
             f.set_len(size).map_err(named)?;
             tracing::info!(path = %path.display(), size, "created the backing file (sparse)");
             f
@@ -220,23 +244,65 @@ impl Backing {
             }
             return Ok(b);
         }
-        Ok(Backing::File(open_backing_file(spec, size, grow, at)?))
+        Backing::file(open_backing_file(spec, size, grow, at)?).map_err(|e| format!("{at}: {}: {e}", spec.display()))
+    }
+
+    /// A file or block device as it is now.
+    pub fn file(f: File) -> io::Result<Backing> {
+        let size = file_size(&f)?;
+        Ok(Backing::File(f, vdisk_size(size)))
     }
 
     /// Size in bytes.
+    /// The vDisk's size: the store's length rounded up to a sector (see the top comment).
     pub fn size(&self) -> io::Result<u64> {
         match self {
-            Backing::File(f) => file_size(f),
-            Backing::Nbd(c) => Ok(c.get().size),
+            Backing::File(_, size) => Ok(*size),
+            Backing::Nbd(c) => Ok(vdisk_size(c.size)),
             Backing::Removed => Err(removed()),
         }
     }
 
-    /// Reads `buf.len()` bytes at `addr`.
+    /// How many of `len` bytes at `addr` exist (the rest are past the end); an error when
+    /// none do.
+    fn existing(&self, addr: u64, len: usize) -> io::Result<usize> {
+        let end = self.size()?;
+        if addr >= end && len > 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{len} bytes at {addr}: past the end of the backing store ({end} bytes)"),
+            ));
+        }
+        Ok((end - addr).min(len as u64) as usize)
+    }
+
+    /// Reads `buf.len()` bytes at `addr`: the bytes the store holds, zeros past its end.
     pub fn read_at(&self, buf: &mut [u8], addr: u64) -> io::Result<()> {
+        let n = self.existing(addr, buf.len())?;
+        let (buf, past) = buf.split_at_mut(n);
+        past.fill(0);
         match self {
-            Backing::File(f) => f.read_exact_at(buf, addr),
+            Backing::File(f, _) => {
+                // Short at the file's end (its last, partial sector): the rest is zeros.
+                let mut got = 0;
+                while got < buf.len() {
+                    match f.read_at(&mut buf[got..], addr + got as u64) {
+                        Ok(0) => break,
+                        Ok(k) => got += k,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                buf[got..].fill(0);
+                Ok(())
+            }
             Backing::Nbd(c) => {
+                let held = c.size.saturating_sub(addr).min(buf.len() as u64) as usize;
+                let (buf, past) = buf.split_at_mut(held);
+                past.fill(0);
+                if buf.is_empty() {
+                    return Ok(());
+                }
                 let d = c.get().read(addr, buf.len() as u32)?.map_err(nbd_err)?;
                 buf.copy_from_slice(&d);
                 Ok(())
@@ -245,11 +311,20 @@ impl Backing {
         }
     }
 
-    /// Writes `data` at `addr`.
+    /// Writes `data` at `addr`: the bytes within the vDisk (nothing past its end).
     pub fn write_at(&self, data: &[u8], addr: u64) -> io::Result<()> {
+        let data = &data[..self.existing(addr, data.len())?];
         match self {
-            Backing::File(f) => f.write_all_at(data, addr),
-            Backing::Nbd(c) => c.get().write(addr, data, false)?.map_err(nbd_err),
+            Backing::File(f, _) => f.write_all_at(data, addr),
+            Backing::Nbd(c) => {
+                if addr + data.len() as u64 > c.size {
+                    return Err(io::Error::new(
+                        io::ErrorKind::StorageFull,
+                        format!("{} bytes at {addr}: past the end of the NBD backing ({} bytes), which cannot grow into its last sector", data.len(), c.size),
+                    ));
+                }
+                c.get().write(addr, data, false)?.map_err(nbd_err)
+            }
             Backing::Removed => Err(removed()),
         }
     }
@@ -261,8 +336,12 @@ impl Backing {
         if len == 0 {
             return Ok(false);
         }
+        let len = self.size()?.saturating_sub(addr).min(len);
+        if len == 0 {
+            return Ok(false);
+        }
         match self {
-            Backing::File(f) => {
+            Backing::File(f, _) => {
                 use rustix::fs::FallocateFlags as F;
                 match rustix::fs::fallocate(f, F::PUNCH_HOLE | F::KEEP_SIZE, addr, len) {
                     Ok(()) => Ok(true),
@@ -290,7 +369,7 @@ impl Backing {
     /// Makes completed writes durable (fdatasync, or NBD FLUSH).
     pub fn sync(&self) -> io::Result<()> {
         match self {
-            Backing::File(f) => f.sync_data(),
+            Backing::File(f, _) => f.sync_data(),
             Backing::Nbd(c) => c.get().flush()?.map_err(nbd_err),
             Backing::Removed => Ok(()), // nothing left to make durable
         }

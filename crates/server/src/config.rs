@@ -137,12 +137,33 @@ pub struct ListenConfig {
     /// most all CPUs but one poll at once. At most 1ms.
     #[serde(default = "default_poll")]
     pub poll: String,
+    /// NBD connections at once (each is a thread): 1 to 65536, default 1024; more are
+    /// closed at once (logged, counted).
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// How long a client has to finish the NBD handshake: 100ms to 10min, default 10s.
+    #[serde(default = "default_handshake_timeout")]
+    pub handshake_timeout: String,
 }
 
 impl Default for ListenConfig {
     fn default() -> Self {
-        ListenConfig { tcp: None, unix: None, poll: default_poll() }
+        ListenConfig {
+            tcp: None,
+            unix: None,
+            poll: default_poll(),
+            max_connections: default_max_connections(),
+            handshake_timeout: default_handshake_timeout(),
+        }
     }
+}
+
+fn default_max_connections() -> usize {
+    1024
+}
+
+fn default_handshake_timeout() -> String {
+    "10s".into()
 }
 
 fn default_poll() -> String {
@@ -187,8 +208,9 @@ pub struct VdiskConfig {
 }
 
 impl VdiskConfig {
-    /// Checks every value; the message starts with `at` and names the key.
-    pub fn check(&self, at: &str) -> Result<(), String> {
+    /// Checks every value for a cache of `block_size` blocks; the message starts with `at`
+    /// and names the key.
+    pub fn check(&self, at: &str, block_size: u64) -> Result<(), String> {
         let v = self;
         if v.name.is_empty() || v.name.len() > 4096 {
             return Err(format!("{at}.name: must be 1 to 4096 bytes"));
@@ -201,6 +223,12 @@ impl VdiskConfig {
                 parse_size(s).map_err(|e| format!("{at}.{key}: {e}"))?;
             }
         }
+        if let Some(size) = v.size.as_deref().map(parse_size).transpose()? {
+            if size == 0 || !size.is_multiple_of(512) {
+                return Err(format!("{at}.size: {size} bytes is not a positive multiple of 512 (a sector)"));
+            }
+            cachevisor_engine::check_disk_size(size, block_size).map_err(|e| format!("{at}.size: {e}"))?;
+        }
         if !(v.ratio > 0.0 && v.ratio.is_finite()) {
             return Err(format!("{at}.ratio: {} must be > 0", v.ratio));
         }
@@ -209,6 +237,22 @@ impl VdiskConfig {
         }
         Ok(())
     }
+}
+
+/// Checks an allocator, its parameters, and that it works over the cache's `replacement`
+/// — the one check the config and the API's `POST /allocator` share; the message names
+/// the key.
+pub fn check_allocator(
+    name: &str,
+    params: &cachevisor_policy::params::Params,
+    replacement: ReplacementKind,
+) -> Result<(), String> {
+    let alloc = cachevisor_policy::registry::build(name).map_err(|e| format!("cache.allocator: {e}"))?;
+    cachevisor_policy::registry::build_with(name, params).map_err(|e| format!("cache.params: {e}"))?;
+    if alloc.cleaner().is_some() && replacement != ReplacementKind::Clock {
+        return Err(format!("cache.replacement: `{name}` uses S-CAVE's global cleaner, which reads CLOCK counters, and this cache's replacement is `{}`: set replacement = \"clock\" (a restart)", replacement.name()));
+    }
+    Ok(())
 }
 
 /// The whole configuration.
@@ -253,8 +297,8 @@ pub struct PrewarmConfig {
     pub rate: String,
     /// Rate while a vDisk serves its clients (default: rate / 4).
     pub busy_rate: Option<String>,
-    /// Largest coalesced read.
-    pub max_read: String,
+    /// Largest coalesced read (default 128KiB, or one block if blocks are larger).
+    pub max_read: Option<String>,
 }
 
 impl Default for PrewarmConfig {
@@ -268,7 +312,7 @@ impl Default for PrewarmConfig {
             limit: "100%".into(),
             rate: "64MiB".into(),
             busy_rate: None,
-            max_read: "128KiB".into(),
+            max_read: None,
         }
     }
 }
@@ -306,15 +350,15 @@ impl PrewarmConfig {
                 ns => SnapshotSchedule::Every(ns),
             },
         };
-        if self.snapshots_kept == 0 {
-            return Err("prewarm.snapshots_kept: at least 1".into());
+        if !(1..=10_000).contains(&self.snapshots_kept) {
+            return Err(format!("prewarm.snapshots_kept: {} is outside 1 to 10000", self.snapshots_kept));
         }
         let p = cachevisor_prewarm::settings::resolve(
             "prewarm",
             &self.limit,
             &self.rate,
             self.busy_rate.as_deref(),
-            &self.max_read,
+            self.max_read.as_deref().unwrap_or(if block_size > 128 << 10 { "1MiB" } else { "128KiB" }),
             block_size,
         )?;
         Ok((schedule, p))
@@ -351,13 +395,13 @@ write_policy = "wb"
 /// after [`DEFAULT`] (each line commented out; a test parses it uncommented).
 pub const REFERENCE: &str = r#"[cache]
 path = "var/cache.img"        # cache store: a file (created and preallocated to `size`; its directory must exist) or a block device
-size = "256MiB"               # required; a multiple of block_size
+size = "256MiB"               # required; a multiple of block_size (the file is created 0600; one other users can read refuses the start)
 block_size = "4KiB"           # default 4KiB; a power of two, 512B to 1MiB; fixed for the cache's life (metadata refuses a change)
 replacement = "lru"           # lru | fifo | clock | two-pool | s3fifo; default the allocator's own: s3fifo for adaptive, clock for s-cave, lru otherwise
 write_policy = "wt"           # default wt | wb | wa | ro: the policy of vDisks that set none
 allocator = "static"          # default static | adaptive | optimal | symflex-weighted | symflex-proportional | s-cave | s-cave-literal | eci-cache | centaur | scave-recs | scave-hitratio
 metadata = "var/cache.img.meta" # default PATH.meta beside the cache store (its parent must exist)
-error_threshold = 8           # default 8; device errors after which a vDisk passes through (its dirty blocks stay cached until written back)
+error_threshold = 8           # default 8, 1 to 1000000; device errors after which a vDisk passes through (its dirty blocks stay cached until written back)
 interval = "1s"               # default 1s, at least 1ms: the allocator's interval on live traffic (and pass-through draining)
 flush_rate = "16MiB"          # default 16MiB per second of background write-back; "0" = off
 writeback_percent = 10        # default 10, 0 to 100: share of the cache the flusher leaves dirty (hot blocks stay dirty)
@@ -370,30 +414,32 @@ params = {}                   # default {}: the allocator's parameters over its 
 tcp = "127.0.0.1:10809"       # loopback, or a test namespace address
 unix = "var/cachevisor.sock"  # a unix socket (a stale one is replaced)
 poll = "50us"                 # default 50us, 0 to 1ms: a connection polls this long for its next request before sleeping ("0": never)
+max_connections = 1024        # default 1024, 1 to 65536: NBD connections at once (more are closed at once; logged, counted)
+handshake_timeout = "10s"     # default 10s, 100ms to 10min: a client that has not finished the NBD handshake by then is closed
 
 [api]                         # the HTTP API and /metrics; omit the section to disable
 listen = "127.0.0.1:10810"
-token = "at-least-16-characters" # default: random, written to METADATA/api-token
+token = "at-least-16-characters" # default: random, written to METADATA/api-token; 16 to 4096 visible ASCII characters. Mutating calls need it (5 wrong ones in a row lock them out for 1 s, doubling to 60 s)
 
 [prewarm]                     # cache-state snapshots and prewarming (defaults when absent)
-snapshot_dir = "var/cache.img.meta/snapshots" # default METADATA/snapshots
+snapshot_dir = "var/cache.img.meta/snapshots" # default METADATA/snapshots (its parent must exist; created 0700)
 snapshot_every = "60s"        # default 60s, at least 1s, or "100000req" (requests served); "0" = at shutdown only
-snapshots_kept = 10           # default 10: the history a prewarm scores
+snapshots_kept = 10           # default 10, 1 to 10000: the history a prewarm scores
 from = "var/other.meta/snapshots" # default none: prewarm at start from another cache's snapshots (serve --prewarm-from)
 heuristic = "k-recent"        # default k-recent | k-frequent | k-frerecent-lnr | k-frerecent-qdr
 limit = "100%"                # default 100%: the prewarm set's size, of this cache
 rate = "64MiB"                # default 64MiB per second; "unlimited"
 busy_rate = "16MiB"           # default rate / 4: the rate while a vDisk serves its clients (never 0)
-max_read = "128KiB"           # default 128KiB: neighbouring blocks coalesced into reads up to this size
+max_read = "128KiB"           # default 128KiB (one block if blocks are larger), at most 64MiB: neighbouring blocks coalesced into reads up to this size
 
 [[vdisk]]                     # one or more
 name = "vm1"                  # the NBD export name, 1 to 4096 bytes, unique
 backing = "var/vm1.img"       # a file or block device (one vDisk per backing), or "nbd://HOST:PORT/EXPORT"
-size = "1GiB"                 # creates a missing backing file (sparse); an existing one must have this size
+size = "1GiB"                 # a multiple of 512; creates a missing backing file (sparse, 0600); an existing one must have this size (without `size` an image of any length is served rounded up to a whole 512-byte sector)
 grow = false                  # default false; true lets an existing smaller backing file grow to `size` (never shrinks)
 weight = 1.0                  # default 1.0, > 0: share of the cache (static, symflex-weighted)
 ratio = 1.0                   # default 1.0, > 0: target share of hit throughput (symflex-proportional)
-min = "16MiB"                 # default 0: the smallest cache share
+min = "16MiB"                 # default 0: the smallest cache share (all vDisks' together at most the cache)
 sequential_cutoff = "4MiB"    # default off: longer contiguous runs bypass the cache
 write_policy = "wb"           # default: [cache] write_policy
 "#;
@@ -426,6 +472,8 @@ pub struct Resolved {
     pub flush_rate: u64,
     /// A connection reader's poll before it sleeps, ns (`listen.poll`).
     pub poll_ns: u64,
+    /// `listen.handshake_timeout`, ns.
+    pub handshake_timeout_ns: u64,
 }
 
 impl Config {
@@ -466,13 +514,21 @@ impl Config {
         let cache_bytes = parse_size(&self.cache.size).map_err(|e| format!("cache.size: {e}"))?;
         let block_size = parse_size(&self.cache.block_size).map_err(|e| format!("cache.block_size: {e}"))?;
         let slots = cache_bytes.checked_div(block_size).unwrap_or(0);
+        if block_size > 0 && !cache_bytes.is_multiple_of(block_size) {
+            return Err(format!(
+                "cache.size: {cache_bytes} bytes is not a multiple of block_size ({block_size}): use {} or {}",
+                cache_bytes / block_size * block_size,
+                cache_bytes.div_ceil(block_size) * block_size
+            ));
+        }
         cachevisor_engine::EngineConfig { block_size, slots, ..cachevisor_engine::EngineConfig::with_slots(1) }
             .validate()
             .map_err(|e| format!("cache: {e}"))?;
-        cachevisor_policy::registry::build(&self.cache.allocator).map_err(|e| format!("cache.allocator: {e}"))?;
-        cachevisor_policy::registry::build_with(&self.cache.allocator, &self.cache.params)
-            .map_err(|e| format!("cache.params: {e}"))?;
+        check_allocator(&self.cache.allocator, &self.cache.params, self.cache.replacement())?;
         parse_size(&self.cache.flush_rate).map_err(|e| format!("cache.flush_rate: {e}"))?;
+        if !(1..=1_000_000).contains(&self.cache.error_threshold) {
+            return Err(format!("cache.error_threshold: {} is outside 1 to 1000000", self.cache.error_threshold));
+        }
         if !(0.0..=100.0).contains(&self.cache.writeback_percent) {
             return Err(format!(
                 "cache.writeback_percent: {} is not a percentage (0 to 100)",
@@ -485,10 +541,6 @@ impl Config {
                 self.cache.writeback_ahead,
                 cachevisor_engine::MAX_WRITEBACK_AHEAD
             ));
-        }
-        let alloc = cachevisor_policy::registry::build(&self.cache.allocator).expect("checked above");
-        if alloc.cleaner().is_some() && self.cache.replacement() != ReplacementKind::Clock {
-            return Err(format!("cache.replacement: `{}` uses S-CAVE's global cleaner, which reads CLOCK counters: set replacement = \"clock\"", self.cache.allocator));
         }
         let interval = cachevisor_trace::units::parse_duration_ns(&self.cache.interval)
             .map_err(|e| format!("cache.interval: {e}"))?;
@@ -506,10 +558,23 @@ impl Config {
         if poll_ns > 1_000_000 {
             return Err(format!("listen.poll: `{}` is over 1ms (polling longer wastes CPU)", self.listen.poll));
         }
+        if !(1..=65_536).contains(&self.listen.max_connections) {
+            return Err(format!("listen.max_connections: {} is outside 1 to 65536", self.listen.max_connections));
+        }
+        let handshake_ns = cachevisor_trace::units::parse_duration_ns(&self.listen.handshake_timeout)
+            .map_err(|e| format!("listen.handshake_timeout: {e}"))?;
+        if !(100_000_000..=600_000_000_000).contains(&handshake_ns) {
+            return Err(format!(
+                "listen.handshake_timeout: `{}` is outside 100ms to 10min",
+                self.listen.handshake_timeout
+            ));
+        }
         if let Some(a) = &self.api {
             a.listen.parse::<SocketAddr>().map_err(|e| format!("api.listen: `{}`: {e}", a.listen))?;
-            if a.token.as_ref().is_some_and(|t| t.len() < 16) {
-                return Err("api.token: use at least 16 characters".into());
+            if let Some(t) = &a.token {
+                if !(16..=4096).contains(&t.len()) || !t.bytes().all(|b| b.is_ascii_graphic()) {
+                    return Err("api.token: use 16 to 4096 visible ASCII characters (no spaces, tabs or newlines: clients send it in a header)".into());
+                }
             }
         }
         if self.vdisk.is_empty() {
@@ -521,7 +586,18 @@ impl Config {
             if self.vdisk[..i].iter().any(|o| o.name == v.name) {
                 return Err(format!("{at}.name: used twice"));
             }
-            v.check(&at)?;
+            v.check(&at, block_size)?;
+            if let Some(min) = v.min.as_deref().map(parse_size).transpose()? {
+                if min > cache_bytes {
+                    return Err(format!("{at}.min: {min} bytes is more than the cache ({cache_bytes} bytes)"));
+                }
+            }
+        }
+        let mins: u64 = self.vdisk.iter().filter_map(|v| v.min.as_deref().and_then(|m| parse_size(m).ok())).sum();
+        if mins > cache_bytes {
+            return Err(format!(
+                "vdisk.min: the minimums add up to {mins} bytes, more than the cache ({cache_bytes} bytes)"
+            ));
         }
         Ok(Resolved {
             cache_bytes,
@@ -530,6 +606,7 @@ impl Config {
             interval_ns: cachevisor_trace::units::parse_duration_ns(&self.cache.interval).expect("checked"),
             flush_rate: parse_size(&self.cache.flush_rate).expect("checked"),
             poll_ns,
+            handshake_timeout_ns: handshake_ns,
         })
     }
 }
@@ -598,11 +675,27 @@ mod tests {
             ("name = \"vm1\"", "name = \"vm1\"\nratio = 0.0", "vdisk[0] (vm1).ratio"),
             ("name = \"vm1\"", "name = \"vm1\"\nmin = \"x\"", "vdisk[0] (vm1).min"),
             ("name = \"vm1\"", "name = \"vm1\"\nsequential_cutoff = \"x\"", "vdisk[0] (vm1).sequential_cutoff"),
+            // Issue 30: every key has a range.
+            ("write_policy = \"wt\"", "write_policy = \"wt\"\nerror_threshold = 0", "cache.error_threshold"),
+            ("size = \"256MiB\"\nblock_size = \"4KiB\"", "size = \"10001KiB\"\nblock_size = \"8KiB\"", "cache.size"),
+            ("name = \"vm1\"", "name = \"vm1\"\nmin = \"512MiB\"", "vdisk[0] (vm1).min"),
+            ("write_policy = \"wb\"", "write_policy = \"wb\"\nmin = \"200MiB\"\n[[vdisk]]\nname = \"vm3\"\nbacking = \"var/vm3.img\"\nsize = \"1GiB\"\nmin = \"100MiB\"", "vdisk.min"),
+            ("size = \"1GiB\"", "size = \"16778241B\"", "vdisk[0] (vm1).size"),
+            ("listen = \"127.0.0.1:10810\"", "listen = \"127.0.0.1:10810\"\ntoken = \"                \"", "api.token"),
+            ("listen = \"127.0.0.1:10810\"", "listen = \"127.0.0.1:10810\"\ntoken = \"0123456789\\nabcdefgh\"", "api.token"),
+            ("[listen]", "[listen]\nmax_connections = 0", "listen.max_connections"),
+            ("[listen]", "[listen]\nhandshake_timeout = \"1ms\"", "listen.handshake_timeout"),
+            ("[listen]", "[listen]\nhandshake_timeout = \"1h\"", "listen.handshake_timeout"),
+            ("[[vdisk]]", "[prewarm]\nmax_read = \"1TiB\"\n[[vdisk]]", "prewarm.max_read"),
+            ("[[vdisk]]", "[prewarm]\nsnapshots_kept = 0\n[[vdisk]]", "prewarm.snapshots_kept"),
         ] {
             let bad = DEFAULT.replacen(from, to, 1);
             let e = Config::parse(&bad, "x", Path::new(".")).unwrap().resolve().unwrap_err();
             assert!(e.starts_with(key), "{key}: {e}");
         }
+        // The largest block size works with the default prewarm read (one block).
+        let big = DEFAULT.replacen("block_size = \"4KiB\"", "block_size = \"1MiB\"", 1);
+        Config::parse(&big, "x", Path::new(".")).unwrap().resolve().unwrap();
         // Unset, the replacement is the allocator's own; set, it is what is set.
         for (alloc, set, want) in [
             ("static", "", ReplacementKind::Lru),

@@ -52,9 +52,12 @@ pub enum OpError {
     /// A device operation failed (the log names the device and the error).
     #[error("{}", describe(*.0))]
     Device(Failure),
-    /// The change took effect but could not be saved for the next start.
-    #[error("{0}")]
+    /// The change could not be saved for the next start, so it was not made.
+    #[error("not changed: saving it for the next start failed: {0}")]
     Unsaved(String),
+    /// The request is not valid (the message names what).
+    #[error("{0}")]
+    Invalid(String),
     /// Anything else.
     #[error("{0}")]
     Other(String),
@@ -66,6 +69,7 @@ fn describe(f: Failure) -> &'static str {
         Failure::NoSpace => "No space left on device: a backing store or the cache's file system is full (the log names it); nothing acknowledged was dropped",
         Failure::Io => "I/O error on a device (the log names it); what did not complete stays as it was",
         Failure::Shutdown => "the vDisk or the daemon is no longer served",
+        Failure::OutOfRange => "the range reaches past the vDisk's end",
     }
 }
 
@@ -119,6 +123,8 @@ pub struct Daemon {
     snapshots: Mutex<prewarming::Snapshots>,
     /// The exclusive lock on the cache store and metadata (released by `stop_serving`).
     owner: Mutex<Option<crate::owner_lock::OwnerLock>>,
+    /// What the daemon's limits refused (`/metrics`).
+    pub guards: Arc<crate::status::Guards>,
 }
 
 impl Daemon {
@@ -189,6 +195,7 @@ impl Daemon {
             destaged_blocks: self.destaged_blocks(),
             destage_job: self.job.progress(),
             prewarm: self.prewarm.progress(),
+            guards: crate::status::GuardCounts { commit_failures: self.dp.commit_failures(), ..self.guards.read() },
         };
         self.metrics.render(state)
     }
@@ -236,7 +243,7 @@ impl Daemon {
 
     /// Records every request from now on to `path` in `format`.
     pub fn record_to(&self, path: &std::path::Path, format: cachevisor_trace::Format) -> std::io::Result<()> {
-        let f = std::io::BufWriter::new(std::fs::File::create(path)?);
+        let f = std::io::BufWriter::new(crate::private_files::create(path)?);
         let w = cachevisor_trace::TraceWriter::new(format, Box::new(f), self.block_size)?;
         if let Some(old) = self.dp.set_recorder(Some(w)) {
             old.finish()?;

@@ -164,6 +164,8 @@ struct Shared {
     calls: AtomicU64,
     /// Checkpoints written.
     checkpoints: AtomicU64,
+    /// Commits that failed (each retried after a pause: `committer.rs`).
+    commit_failures: AtomicU64,
     /// Device threads.
     threads: usize,
     /// Write-backs of dirty data completed (flusher, evictions, destaging).

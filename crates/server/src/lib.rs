@@ -5,9 +5,11 @@
 
 pub mod aligned_buf;
 pub mod api;
+pub mod api_auth;
 pub mod backing;
 pub mod backing_identity;
 pub mod config;
+pub mod conn_limits;
 pub mod daemon;
 pub mod datapath;
 pub mod destage_job;
@@ -19,6 +21,7 @@ pub mod nbd;
 pub mod owner_lock;
 pub mod persist;
 pub mod prewarm_job;
+pub mod private_files;
 pub mod service;
 pub mod snapshot_files;
 pub mod status;
@@ -26,3 +29,9 @@ pub mod vdisk_overlay;
 
 pub use config::Config;
 pub use daemon::Daemon;
+
+/// `s` with control characters (a NUL, a newline) and non-printing ones escaped, for a
+/// log line or a message that quotes what a client or a file named.
+pub fn log_safe(s: &str) -> String {
+    s.escape_debug().to_string()
+}

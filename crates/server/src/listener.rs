@@ -1,7 +1,10 @@
-//! Accept loops: TCP (loopback by default) and unix sockets, one thread per connection.
-//! A connection's failure (protocol violation, client vanishing) ends only that
-//! connection; the server keeps serving the others.
+//! Accept loops: TCP (loopback by default) and unix sockets, one thread per connection,
+//! at most `listen.max_connections` at once, each handshake done within
+//! `listen.handshake_timeout` (`conn_limits.rs`). A connection's failure (protocol
+//! violation, client vanishing) ends only that connection; the server keeps serving the
+//! others.
 
+use crate::conn_limits::{is_timeout, ConnLimit, Deadline, Timed};
 use crate::daemon::Daemon;
 use crate::nbd::handshake::{negotiate, Negotiated};
 use crate::nbd::polling::{Pollers, PollingReader};
@@ -10,15 +13,19 @@ use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::os::unix::net::UnixListener;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// How a server's connections poll for requests (`nbd/polling.rs`).
+/// How a server's connections poll for requests (`nbd/polling.rs`), and its limits.
 #[derive(Debug, Clone)]
 pub struct Polling {
     /// How long a reader polls before it sleeps (zero: never).
     pub poll: Duration,
     /// The readers that may poll at once.
     pub pollers: Arc<Pollers>,
+    /// Connections at once (TCP and unix together).
+    pub limit: Arc<ConnLimit>,
+    /// How long a client has to finish the handshake.
+    pub handshake_timeout: Duration,
 }
 
 /// A stream whose halves can be used apart (TCP and unix sockets).
@@ -40,8 +47,17 @@ impl Split for std::os::unix::net::UnixStream {
 }
 
 /// Runs one connection to its end.
-pub fn connection<S: Split + std::os::fd::AsFd + Send + 'static>(mut s: S, d: &Daemon, peer: &str, p: &Polling) {
-    match negotiate(&mut s, d) {
+pub fn connection<S: Split + Timed + std::os::fd::AsFd + Send + 'static>(
+    mut s: S,
+    d: &Daemon,
+    peer: &str,
+    p: &Polling,
+) {
+    let negotiated = negotiate(&mut Deadline { s: &mut s, deadline: Instant::now() + p.handshake_timeout }, d);
+    if let Err(e) = s.set_timeouts(None) {
+        return tracing::warn!(peer, %e, "cannot clear the handshake's timeout");
+    }
+    match negotiated {
         Ok(Negotiated::Export(vm)) => {
             tracing::info!(peer, export = %d.export(vm).map_or(String::new(), |e| e.name), "connected");
             let writer = match s.split() {
@@ -56,6 +72,10 @@ pub fn connection<S: Split + std::os::fd::AsFd + Send + 'static>(mut s: S, d: &D
             }
         }
         Ok(Negotiated::Closed) => tracing::info!(peer, "negotiation ended without an export"),
+        Err(e) if is_timeout(&e) => {
+            d.guards.handshake_timeouts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::info!(peer, timeout = ?p.handshake_timeout, "handshake not finished in time: closed");
+        }
         Err(e) => tracing::info!(peer, %e, "negotiation failed"),
     }
 }
@@ -65,10 +85,14 @@ pub fn tcp(l: TcpListener, d: Arc<Daemon>, p: Polling) {
     for s in l.incoming() {
         match s {
             Ok(s) => {
+                let Some(slot) = p.limit.enter() else { continue }; // dropped: closed
                 let _ = s.set_nodelay(true);
                 let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
                 let (d, p) = (d.clone(), p.clone());
-                crate::datapath::named(format!("cv-nbd {peer}"), move || connection(s, &d, &peer, &p));
+                crate::datapath::named(format!("cv-nbd {peer}"), move || {
+                    connection(s, &d, &peer, &p);
+                    drop(slot);
+                });
             }
             Err(e) => tracing::warn!(%e, "accept failed"),
         }
@@ -80,8 +104,12 @@ pub fn unix(l: UnixListener, d: Arc<Daemon>, p: Polling) {
     for s in l.incoming() {
         match s {
             Ok(s) => {
+                let Some(slot) = p.limit.enter() else { continue };
                 let (d, p) = (d.clone(), p.clone());
-                crate::datapath::named("cv-nbd unix".into(), move || connection(s, &d, "unix", &p));
+                crate::datapath::named("cv-nbd unix".into(), move || {
+                    connection(s, &d, "unix", &p);
+                    drop(slot);
+                });
             }
             Err(e) => tracing::warn!(%e, "accept failed"),
         }

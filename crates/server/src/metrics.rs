@@ -168,6 +168,30 @@ impl Collector for StateCollector {
             let g = ConstGauge::new(v);
             g.encode(enc.encode_descriptor(name, help, None, g.metric_type())?)?;
         }
+        let gd = &self.0.guards;
+        let guard_counters = [
+            ("cachevisor_api_auth_failures", "API calls refused for a missing or wrong token", gd.api_auth_failures),
+            ("cachevisor_api_lockouts", "API lockouts after repeated wrong tokens", gd.api_lockouts),
+            (
+                "cachevisor_connections_refused",
+                "NBD or API connections refused at the connection limit",
+                gd.connections_refused,
+            ),
+            (
+                "cachevisor_handshake_timeouts",
+                "NBD connections closed for not finishing the handshake in time",
+                gd.handshake_timeouts,
+            ),
+            (
+                "cachevisor_commit_failures",
+                "Metadata commits that failed and were retried (a full file system)",
+                gd.commit_failures,
+            ),
+        ];
+        for (name, help, v) in guard_counters {
+            let c = ConstCounter::new(v);
+            c.encode(enc.encode_descriptor(name, help, None, c.metric_type())?)?;
+        }
         Ok(())
     }
 }

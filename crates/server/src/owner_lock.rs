@@ -11,8 +11,7 @@
 //! backing opened twice) neither take nor drop it.
 
 use rustix::fs::{flock, FlockOperation};
-use std::fs::{File, OpenOptions};
-use std::io;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 
 /// The locks held by the running owner of a cache (released when dropped).
@@ -74,7 +73,7 @@ impl OwnerLock {
     pub fn acquire(cache: &Path, meta_dir: &Path) -> Result<OwnerLock, String> {
         parent_must_exist(cache, "cache.path")?;
         parent_must_exist(meta_dir, "cache.metadata")?;
-        let cache_file = OpenOptions::new()
+        let cache_file = crate::private_files::options()
             .read(true)
             .write(true)
             .create(true)
@@ -82,15 +81,14 @@ impl OwnerLock {
             .open(cache)
             .map_err(|e| format!("{}: {e}", cache.display()))?;
         lock(&cache_file, cache, meta_dir)?;
-        match std::fs::create_dir(meta_dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && meta_dir.is_dir() => {}
-            Err(e) => return Err(format!("{}: {e}", meta_dir.display())),
-        }
+        crate::private_files::check_cache_mode(cache, "cache.path")?;
+        crate::private_files::ensure_dir(meta_dir).map_err(|e| format!("{}: {e}", meta_dir.display()))?;
         let meta = File::open(meta_dir).map_err(|e| format!("{}: {e}", meta_dir.display()))?;
         lock(&meta, meta_dir, meta_dir)?;
         let note = format!("pid {} on {}, cache {}\n", std::process::id(), hostname(), cache.display());
-        std::fs::write(owner_file(meta_dir), note).map_err(|e| format!("{}: {e}", owner_file(meta_dir).display()))?;
+        crate::private_files::create(&owner_file(meta_dir))
+            .and_then(|mut f| std::io::Write::write_all(&mut f, note.as_bytes()))
+            .map_err(|e| format!("{}: {e}", owner_file(meta_dir).display()))?;
         Ok(OwnerLock { _cache: cache_file, _meta: meta })
     }
 }

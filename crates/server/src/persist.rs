@@ -75,7 +75,7 @@ impl Persistence {
         slots: u64,
         apply: &mut dyn FnMut(Record) -> Result<(), String>,
     ) -> Result<(Persistence, Recovered), String> {
-        std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
+        crate::private_files::ensure_dir(dir).map_err(|e| io_err(dir, e))?;
         let spb = (block_size / 512) as u32;
         let words = spb.div_ceil(64) as usize;
         let mut rec = Recovered::default();
@@ -140,7 +140,8 @@ impl Persistence {
             }
         }
         let header = Header { block_size, slots, generation };
-        let journal = OpenOptions::new().create(true).append(true).open(&jpath).map_err(|e| io_err(&jpath, e))?;
+        let journal =
+            crate::private_files::options().create(true).append(true).open(&jpath).map_err(|e| io_err(&jpath, e))?;
         let journal_end = journal.metadata().map_err(|e| io_err(&jpath, e))?.len();
         let p = Persistence {
             dir: dir.to_path_buf(),

@@ -26,6 +26,16 @@ pub struct Progress {
     pub read_bytes: u64,
     /// vDisks whose share of the cache filled before their part of the set was loaded.
     pub full_vdisks: u32,
+    /// vDisks served here that the snapshots name (their sets are prewarmed).
+    #[serde(default)]
+    pub matched_vdisks: Vec<String>,
+    /// Sets in the snapshots that name no vDisk served here (skipped).
+    #[serde(default)]
+    pub unmatched_sets: Vec<String>,
+    /// Blocks the snapshots name past the end of their vDisk (a larger disk's snapshot, or
+    /// a damaged one): skipped, never read.
+    #[serde(default)]
+    pub out_of_range_blocks: u64,
     /// Seconds since the job started (until it ended).
     pub elapsed_s: f64,
     /// Why the job did not run or stopped early.
@@ -56,9 +66,9 @@ impl Job {
         self.0.set(Progress { from: from.into(), error: Some(error), ..Progress::default() });
     }
 
-    /// Starts `work` on a thread; `Err` with the running job's progress when one runs.
-    pub fn start(&self, from: &str, work: Work) -> Result<Progress, Progress> {
-        let initial = Progress { from: from.into(), ..Progress::default() };
+    /// Starts `work` on a thread, showing `initial` (what was planned) until it reports;
+    /// `Err` with the running job's progress when one runs.
+    pub fn start(&self, initial: Progress, work: Work) -> Result<Progress, Progress> {
         self.0.start(
             "prewarm",
             initial,

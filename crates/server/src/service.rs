@@ -63,10 +63,12 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
         .map_err(|e| StartError::Config(format!("partition targets saved from the API: {e}")))?;
     // The interval controller and the background flusher run on the engine's timers
     // (`Schedule`), driven by the data path's ticker.
-    let poll = cfg.resolve().map_err(StartError::Config)?.poll_ns;
+    let r = cfg.resolve().map_err(StartError::Config)?;
     let polling = listener::Polling {
-        poll: std::time::Duration::from_nanos(poll),
+        poll: std::time::Duration::from_nanos(r.poll_ns),
         pollers: crate::nbd::polling::Pollers::for_this_machine(),
+        limit: crate::conn_limits::ConnLimit::new("nbd", cfg.listen.max_connections, daemon.guards.clone()),
+        handshake_timeout: std::time::Duration::from_nanos(r.handshake_timeout_ns),
     };
     let mut tcp = None;
     if let Some(addr) = &cfg.listen.tcp {
@@ -109,6 +111,9 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
         // A refused prewarm (missing or corrupt snapshots) is logged and shown in the
         // status; the daemon serves on with a cold cache.
         let _ = daemon.start_prewarm(from);
+    } else if let Some(pending) = daemon.interrupted_prewarm() {
+        tracing::info!(from = %pending.display(), "resuming the prewarm the last run did not finish");
+        let _ = daemon.start_prewarm(&pending);
     }
     Ok(Running { daemon, tcp, unix, api })
 }

@@ -49,13 +49,14 @@ pub fn next_seq(dir: &Path) -> io::Result<u64> {
     Ok(list(dir)?.last().map_or(1, |(s, _)| s + 1))
 }
 
-/// Writes `snap` as snapshot `snap.seq` of `dir` (created if missing), crash-safe, then
+/// Writes `snap` as snapshot `snap.seq` of `dir` (created 0700 if missing; its parent must
+/// exist), crash-safe (a 0600 file), then
 /// removes all but the newest `keep`. Returns its path.
 pub fn write(dir: &Path, snap: &Snapshot, keep: usize) -> io::Result<PathBuf> {
-    std::fs::create_dir_all(dir)?;
+    crate::private_files::ensure_dir(dir)?;
     let path = dir.join(file_name(snap.seq));
     let tmp = dir.join(format!(".{}.tmp", file_name(snap.seq)));
-    let f = std::fs::File::create(&tmp)?;
+    let f = crate::private_files::create(&tmp)?;
     let mut w = BufWriter::new(f);
     let written = snap.write_to(&mut w).and_then(|_| w.flush()).and_then(|_| w.get_ref().sync_all());
     if let Err(e) = written {
@@ -72,6 +73,18 @@ pub fn write(dir: &Path, snap: &Snapshot, keep: usize) -> io::Result<PathBuf> {
     Ok(path)
 }
 
+/// Opens `p` for reading if it is a regular file: opened non-blocking, so a FIFO or a
+/// device named like a snapshot is refused at once instead of blocking the caller (the
+/// start-up, an API thread) until someone writes to it.
+fn open_regular(p: &Path) -> io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new().read(true).custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32).open(p)?;
+    if !f.metadata()?.is_file() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a regular file"));
+    }
+    Ok(f)
+}
+
 /// The newest `keep` snapshots of `dir`, oldest first. Any of them unreadable: an error
 /// naming the file (the caller goes on cold rather than prewarm from a partial history).
 pub fn read_history(dir: &Path, keep: usize) -> Result<Vec<Snapshot>, String> {
@@ -81,7 +94,7 @@ pub fn read_history(dir: &Path, keep: usize) -> Result<Vec<Snapshot>, String> {
     }
     let mut out = Vec::new();
     for (_, p) in all.iter().skip(all.len().saturating_sub(keep.max(1))) {
-        let f = std::fs::File::open(p).map_err(|e| format!("{}: {e}", p.display()))?;
+        let f = open_regular(p).map_err(|e| format!("{}: {e}", crate::log_safe(&p.display().to_string())))?;
         let s = Snapshot::read_from(io::BufReader::new(f)).map_err(|e| format!("{}: {e}", p.display()))?;
         out.push(s);
     }
@@ -116,6 +129,24 @@ mod tests {
         std::fs::write(d.join("notes.txt"), "x").unwrap();
         assert_eq!(std::fs::read_dir(&d).unwrap().count(), 4);
         assert_eq!(list(&d).unwrap().len(), 3);
+    }
+
+    #[test]
+    fn a_fifo_named_like_a_snapshot_is_refused_at_once() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join(file_name(3));
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &p,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR,
+            0,
+        )
+        .unwrap();
+        let t = std::time::Instant::now();
+        let e = read_history(d.path(), 4).unwrap_err();
+        assert!(e.contains("not a regular file") && e.contains(&file_name(3)), "{e}");
+        assert!(t.elapsed() < std::time::Duration::from_secs(2));
     }
 
     #[test]

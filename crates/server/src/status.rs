@@ -38,4 +38,51 @@ pub struct State {
     pub destage_job: crate::destage_job::Progress,
     /// The running (or last) prewarm.
     pub prewarm: crate::prewarm_job::Progress,
+    /// What the daemon refused or gave up on to protect itself.
+    pub guards: GuardCounts,
+}
+
+/// Counts of what the daemon's limits refused (issue 30): API calls with a wrong token
+/// and lockouts, NBD connections over the limit or that did not finish their handshake in
+/// time, metadata commits that failed (a full file system) and were retried.
+#[derive(Debug, Default)]
+pub struct Guards {
+    /// API calls with a missing or wrong token.
+    pub api_auth_failures: std::sync::atomic::AtomicU64,
+    /// API lockouts begun.
+    pub api_lockouts: std::sync::atomic::AtomicU64,
+    /// NBD or API connections refused at the connection limit.
+    pub connections_refused: std::sync::atomic::AtomicU64,
+    /// NBD connections closed for not finishing the handshake in time.
+    pub handshake_timeouts: std::sync::atomic::AtomicU64,
+}
+
+/// A reading of [`Guards`].
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+pub struct GuardCounts {
+    /// See [`Guards`].
+    pub api_auth_failures: u64,
+    /// See [`Guards`].
+    pub api_lockouts: u64,
+    /// See [`Guards`].
+    pub connections_refused: u64,
+    /// See [`Guards`].
+    pub handshake_timeouts: u64,
+    /// Metadata commits that failed (and were retried after a pause; the data path's
+    /// count).
+    pub commit_failures: u64,
+}
+
+impl Guards {
+    /// The counts now.
+    pub fn read(&self) -> GuardCounts {
+        use std::sync::atomic::Ordering::Relaxed;
+        GuardCounts {
+            api_auth_failures: self.api_auth_failures.load(Relaxed),
+            api_lockouts: self.api_lockouts.load(Relaxed),
+            connections_refused: self.connections_refused.load(Relaxed),
+            handshake_timeouts: self.handshake_timeouts.load(Relaxed),
+            commit_failures: 0,
+        }
+    }
 }

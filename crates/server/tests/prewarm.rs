@@ -20,19 +20,6 @@ fn cfg(dir: &Path, cache: &str, backing: &str, wp: &str, prewarm: &str) -> Confi
     Config::parse(&t, "test config", dir).unwrap()
 }
 
-/// Waits until the daemon's prewarm ended; its progress.
-fn prewarm_done(r: &Running) -> cachevisor_server::prewarm_job::Progress {
-    let t = Instant::now();
-    loop {
-        let p = r.daemon.prewarm_job().progress();
-        if !p.running {
-            return p;
-        }
-        assert!(t.elapsed() < Duration::from_secs(60), "prewarm did not end: {p:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// fio's zipf read mix on `vm1` of `r` (the same sequence each time: fixed seed).
 fn fio_zipf(r: &Running, ios: u32) {
     let out = tool("fio")
@@ -343,4 +330,39 @@ fn snapshots_every_n_requests_and_bad_schedules_are_named() {
         let err = c.resolve(4096).unwrap_err();
         assert!(err.starts_with("prewarm.snapshot_every"), "{bad}: {err}");
     }
+}
+
+/// Issue 30: a crash in the middle of a prewarm neither loses the prewarm nor shrinks the
+/// snapshot history to what was loaded — the next start resumes it from the set it saved,
+/// and snapshots taken meanwhile hold the whole set.
+#[test]
+fn a_prewarm_a_crash_interrupted_resumes_and_its_set_stays_in_the_snapshots() {
+    let dir = tempfile::tempdir().unwrap();
+    let backing = dir.path().join("vm1.img").display().to_string();
+    let snaps = dir.path().join("from");
+    std::fs::create_dir(&snaps).unwrap();
+    let mut s = cachevisor_prewarm::Snapshot::new(1, 0, 4096);
+    s.sets.insert("vm1".into(), (0..2048u64).collect());
+    cachevisor_server::snapshot_files::write(&snaps, &s, 4).unwrap();
+    let slow = "rate = \"2MiB\"\nbusy_rate = \"2MiB\"\nmax_read = \"64KiB\"\nsnapshots_kept = 4";
+    let c = cfg(dir.path(), "16MiB", &backing, "wt", slow);
+    let r = start(&c).unwrap();
+    std::sync::Arc::clone(&r.daemon).start_prewarm(&snaps).unwrap();
+    let t = Instant::now();
+    // Past the first second: a commit (once a second) has journaled some loaded blocks.
+    while r.daemon.prewarm_job().progress().loaded_blocks < 768 {
+        assert!(t.elapsed() < Duration::from_secs(20));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(r); // as a SIGKILL would: no clean stop
+    let r = start(&c).unwrap();
+    let p = r.daemon.prewarm_job().progress();
+    assert!(p.from.contains("prewarm-pending") && p.planned_blocks == 2048, "resumed: {p:?}");
+    let path = r.daemon.take_snapshot().unwrap();
+    let taken = cachevisor_server::snapshot_files::read_history(path.parent().unwrap(), 1).unwrap();
+    assert_eq!(taken[0].sets["vm1"].len(), 2048, "the snapshot holds the whole set, not what was loaded");
+    let p = prewarm_done(&r);
+    assert!(p.error.is_none() && p.loaded_blocks + p.skipped_blocks == 2048, "{p:?}");
+    assert!(p.skipped_blocks > 0, "what the first run loaded (and journaled) is cached: {p:?}");
+    assert!(r.daemon.interrupted_prewarm().is_none(), "done: nothing left to resume");
 }

@@ -287,8 +287,14 @@ impl<'a> Cluster<'a> {
 
     /// Issues `req` (global VM id) at `now` on its VM's node; its completion comes back
     /// tagged with the global id.
-    fn issue(&mut self, now: u64, req: &Request) {
+    /// A request outside what the cache addresses is an error naming it (`index`: its
+    /// 1-based position in the trace).
+    fn issue(&mut self, now: u64, req: &Request, index: u64) -> Result<(), SimError> {
         let v = &mut self.vms[req.vm as usize];
+        if let Err(why) = self.nodes[v.node].engine.check_range(v.local_id, req.offset, req.len as u64) {
+            let vm = self.names.get(req.vm as usize).cloned().unwrap_or_else(|| req.vm.to_string());
+            return Err(SimError::OutOfRange { index, vm, why });
+        }
         let block = self.p.block;
         let (first, last) = (req.offset / block, (req.end().max(req.offset + 1) - 1) / block);
         for b in first..=last {
@@ -297,6 +303,7 @@ impl<'a> Cluster<'a> {
         }
         let local = Request { vm: v.local_id, ..*req };
         self.nodes[v.node].submit(now, &local, req.vm as u64);
+        Ok(())
     }
 
     fn in_flight(&self) -> usize {
@@ -323,7 +330,7 @@ pub fn simulate_cluster(sc: &Scenario, progress: &mut dyn FnMut(u64)) -> Result<
                 c.advance_to(now);
                 c.done.clear();
                 c.admit(trace.vm_names(), now)?;
-                c.issue(now, &req);
+                c.issue(now, &req, count + 1)?;
                 count += 1;
                 if count.is_multiple_of(65_536) {
                     progress(count);
@@ -363,7 +370,7 @@ pub fn simulate_cluster(sc: &Scenario, progress: &mut dyn FnMut(u64)) -> Result<
                 let Some(req) = per_vm[vm].pop_front() else { continue };
                 c.advance_to(now);
                 ready.extend(c.done.drain(..).map(|(v, at)| std::cmp::Reverse((at, v as usize))));
-                c.issue(now, &req);
+                c.issue(now, &req, issued + 1)?;
                 issued += 1;
                 if issued.is_multiple_of(65_536) {
                     progress(issued);

@@ -94,30 +94,55 @@ impl DeviceSpec {
     }
 
     /// Checks the parameters; the message names the field.
+    ///
+    /// Every value has a range, so that one op's service time stays far below the
+    /// virtual clock's 2^64 ns (a bandwidth near 0 made it saturate and wrap to a
+    /// near-free device): bandwidths from [`MIN_MBPS`] to [`MAX_MBPS`], latencies and
+    /// seeks at most [`MAX_LATENCY_NS`], channels at most [`MAX_CHANNELS`].
     pub fn validate(&self) -> Result<(), String> {
-        let pos = |v: f64, f: &str| if v > 0.0 && v.is_finite() { Ok(()) } else { Err(format!("{f} must be > 0")) };
+        let mbps = |v: f64, f: &str| {
+            if (MIN_MBPS..=MAX_MBPS).contains(&v) {
+                Ok(())
+            } else {
+                Err(format!("{f}: {v} is outside {MIN_MBPS} to {MAX_MBPS} MB/s"))
+            }
+        };
+        let ns = |v: u64, f: &str| {
+            if v <= MAX_LATENCY_NS {
+                Ok(())
+            } else {
+                Err(format!("{f}: {v} ns is over {MAX_LATENCY_NS} ns (1000 s)"))
+            }
+        };
+        let channels = |c: u32| {
+            if (1..=MAX_CHANNELS).contains(&c) {
+                Ok(())
+            } else {
+                Err(format!("channels: {c} is outside 1 to {MAX_CHANNELS}"))
+            }
+        };
         match self {
-            DeviceSpec::Ssd { channels, read_mbps, write_mbps, .. } => {
-                if *channels == 0 {
-                    return Err("channels must be ≥ 1".into());
-                }
-                pos(*read_mbps, "read_mbps")?;
-                pos(*write_mbps, "write_mbps")
+            DeviceSpec::Ssd { channels: c, read_ns, write_ns, read_mbps, write_mbps, .. } => {
+                channels(*c)?;
+                ns(*read_ns, "read_ns")?;
+                ns(*write_ns, "write_ns")?;
+                mbps(*read_mbps, "read_mbps")?;
+                mbps(*write_mbps, "write_mbps")
             }
             DeviceSpec::Hdd { rpm, seek_track_ns, seek_avg_ns, transfer_mbps, capacity_bytes, .. } => {
-                if *rpm == 0 || *capacity_bytes == 0 {
-                    return Err("rpm and capacity_bytes must be > 0".into());
+                if !(1..=1_000_000).contains(rpm) || *capacity_bytes == 0 {
+                    return Err("rpm (1 to 1000000) and capacity_bytes (> 0) out of range".into());
                 }
                 if seek_avg_ns < seek_track_ns {
                     return Err("seek_avg_ns must be ≥ seek_track_ns".into());
                 }
-                pos(*transfer_mbps, "transfer_mbps")
+                ns(*seek_avg_ns, "seek_avg_ns")?;
+                mbps(*transfer_mbps, "transfer_mbps")
             }
-            DeviceSpec::Link { channels, mbps, .. } => {
-                if *channels == 0 {
-                    return Err("channels must be ≥ 1".into());
-                }
-                pos(*mbps, "mbps")
+            DeviceSpec::Link { channels: c, latency_ns, mbps: m, .. } => {
+                channels(*c)?;
+                ns(*latency_ns, "latency_ns")?;
+                mbps(*m, "mbps")
             }
         }
     }
@@ -148,6 +173,16 @@ pub struct Device {
     read: u64,
 }
 
+/// Slowest bandwidth a device model takes, MB/s (1 KB/s).
+pub const MIN_MBPS: f64 = 0.001;
+/// Fastest, MB/s (1 PB/s).
+pub const MAX_MBPS: f64 = 1e9;
+/// Longest fixed latency or seek, ns (1000 s).
+pub const MAX_LATENCY_NS: u64 = 1_000_000_000_000;
+/// Most channels.
+pub const MAX_CHANNELS: u32 = 65_536;
+
+/// Time to move `bytes` at `mbps` (saturating: a validated device never gets near it).
 fn transfer_ns(bytes: u32, mbps: f64) -> u64 {
     (bytes as f64 * 1000.0 / mbps) as u64
 }
@@ -167,9 +202,9 @@ impl Device {
         match &self.spec {
             DeviceSpec::Ssd { read_ns, write_ns, read_mbps, write_mbps, .. } => {
                 if write {
-                    write_ns + transfer_ns(len, *write_mbps)
+                    write_ns.saturating_add(transfer_ns(len, *write_mbps))
                 } else {
-                    read_ns + transfer_ns(len, *read_mbps)
+                    read_ns.saturating_add(transfer_ns(len, *read_mbps))
                 }
             }
             DeviceSpec::Hdd { rpm, seek_track_ns, seek_avg_ns, transfer_mbps, capacity_bytes, .. } => {
@@ -188,10 +223,10 @@ impl Device {
                     let half_rotation = 30e9 / *rpm as f64;
                     (seek + half_rotation) as u64
                 };
-                self.head = addr + len as u64;
-                positioning + xfer
+                self.head = addr.saturating_add(len as u64);
+                positioning.saturating_add(xfer)
             }
-            DeviceSpec::Link { latency_ns, mbps, .. } => latency_ns + transfer_ns(len, *mbps),
+            DeviceSpec::Link { latency_ns, mbps, .. } => latency_ns.saturating_add(transfer_ns(len, *mbps)),
         }
     }
 
@@ -201,10 +236,11 @@ impl Device {
         let start = at.max(free);
         self.max_wait_ns = self.max_wait_ns.max(start - at);
         let service = self.service_ns(write, addr, len);
-        self.busy_ns += service;
+        self.busy_ns = self.busy_ns.saturating_add(service);
         *(if write { &mut self.written } else { &mut self.read }) += len as u64;
-        self.free_at[i] = start + service;
-        start + service
+        // Saturates rather than wraps: a completion at the end of time is late, never early.
+        self.free_at[i] = start.saturating_add(service);
+        self.free_at[i]
     }
 
     /// Bytes written through it so far.

@@ -22,6 +22,17 @@ pub enum SimError {
     /// A trace could not be read.
     #[error(transparent)]
     Trace(#[from] cachevisor_trace::TraceError),
+    /// A trace request lies outside what the cache can address (`Engine::check_range`):
+    /// its blocks would alias another VM's.
+    #[error("request {index} of the merged trace (vm `{vm}`): {why}")]
+    OutOfRange {
+        /// 1-based position in the merged request stream.
+        index: u64,
+        /// The VM's name.
+        vm: String,
+        /// What is wrong.
+        why: cachevisor_engine::RangeError,
+    },
 }
 
 /// A scenario's request stream.

@@ -472,8 +472,10 @@ impl Scenario {
         } else {
             parse_duration_ns(&r.window).map_err(|e| format!("replay.window: {e}"))?
         };
-        if window_ns == 0 {
-            return Err("replay.window: must be > 0".into());
+        if window_ns < 1_000_000 {
+            // Each window runs the controller and writes a row: a trace of minutes in
+            // windows of nanoseconds would never finish.
+            return Err(format!("replay.window: `{}` is under 1ms (or give a request count: \"1000req\")", r.window));
         }
         if let Some(t) = &r.repeat_for {
             parse_duration_ns(t).map_err(|e| format!("replay.repeat_for: {e}"))?;

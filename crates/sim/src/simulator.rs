@@ -346,6 +346,10 @@ impl<'a> Run<'a> {
             self.apply_phases(now);
         }
         self.last_now = now;
+        if let Err(why) = self.node.engine.check_range(req.vm, req.offset, req.len as u64) {
+            let vm = self.names.get(req.vm as usize).cloned().unwrap_or_else(|| req.vm.to_string());
+            return Err(SimError::OutOfRange { index: self.issued + 1, vm, why });
+        }
         self.ctl.observe(req);
         self.node.submit(now, req, tag);
         if let Some(f) = self.failover.as_mut().filter(|f| !f.done) {

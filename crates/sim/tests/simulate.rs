@@ -114,6 +114,16 @@ fn bad_scenarios_name_the_key() {
         ("[replay]\n", "trace.files"),
         ("[cache]\npersistent = \"yes\"\n", "persistent"),
         ("[cache]\nwriteback_ahead = 5000\n[trace]\nfiles=[\"x\"]\n", "cache.writeback_ahead"),
+        // Issue 30: a window that would never finish, a link so slow its times saturate.
+        ("[replay]\nwindow = \"1ns\"\n[trace]\nfiles=[\"x\"]\n", "replay.window"),
+        (
+            "[devices]\nbacking = { kind = \"link\", name = \"l\", channels = 1, latency_ns = 1, mbps = 1e-12 }\n[trace]\nfiles=[\"x\"]\n",
+            "mbps: 0.000000000001 is outside",
+        ),
+        (
+            "[devices]\nssd = { kind = \"ssd\", name = \"s\", channels = 1, read_ns = 18446744073709551615, write_ns = 1, read_mbps = 1, write_mbps = 1 }\n[trace]\nfiles=[\"x\"]\n",
+            "read_ns",
+        ),
     ];
     for (text, want) in cases {
         let p = dir.path().join("s.toml");
@@ -150,6 +160,29 @@ fn an_unset_replacement_is_the_allocators_own() {
             None => assert!(s.resolve().unwrap_err().starts_with("cache.replacement"), "{cache}"),
         }
     }
+}
+
+/// Issue 30: a trace offset whose block needs more than a key's 48 bits (another VM's
+/// block in a key), or whose end passes 2^64, stops the run naming where it is — never a
+/// hit on another VM's data.
+#[test]
+fn trace_offsets_past_the_key_range_stop_with_location() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("far.csv");
+    // Two VMs of one CSV trace: vm 0 writes block 5; vm 1 would then read its block
+    // 2^48 + 5 (block 5 of the next VM in a 48-bit key).
+    let far = ((1u64 << 48) + 5) * 4096;
+    std::fs::write(&p, format!("0,0,W,{},4096\n1,1,R,{far},4096\n", 5 * 4096)).unwrap();
+    let mut s = scenario();
+    s.trace.files = vec![p.clone()];
+    s.trace.format = Some(cachevisor_trace::Format::Csv);
+    let e = simulate(&s, &mut |_| {}).unwrap_err().to_string();
+    assert!(e.contains("request 2") && e.contains("reach past its end"), "{e}");
+    let wrap = dir.path().join("wrap.csv");
+    std::fs::write(&wrap, format!("0,0,R,{},4096\n", u64::MAX - 100)).unwrap();
+    s.trace.files = vec![wrap];
+    let e = simulate(&s, &mut |_| {}).unwrap_err().to_string();
+    assert!(e.contains("wrap.csv") && e.contains("line 1") && e.contains("2^64"), "{e}");
 }
 
 #[test]

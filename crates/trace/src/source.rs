@@ -70,7 +70,15 @@ struct Common {
 
 impl Common {
     /// Applies the outcome of one record; `Ok(Some)` to emit, `Ok(None)` to continue.
+    /// A request whose byte range passes 2^64 is malformed (its end would wrap).
     fn settle(&mut self, r: Result<Option<Request>, FieldError>, at: Location) -> Result<Option<Request>, TraceError> {
+        let r = match r {
+            Ok(Some(req)) if req.offset.checked_add(req.len as u64).is_none() => Err(FieldError::new(
+                "offset",
+                format!("{} bytes at offset {} reach past the largest byte address (2^64)", req.len, req.offset),
+            )),
+            r => r,
+        };
         match r {
             Ok(Some(req)) if req.len > 0 => {
                 self.counts.requests += 1;

@@ -113,6 +113,8 @@ const MALFORMED: &[(&str, Format, &str, &[&str])] = &[
     ("m.csv", Format::Msr, "128166372003061629,hm,0,Write\n", &["line 1", "`Offset`", "missing"]),
     ("q.txt", Format::Mqsim, "1 0 8 8 1\n2 0 8 eight 1\n", &["q.txt", "line 2", "`size_in_sectors`"]),
     ("q.txt", Format::Mqsim, "1 0 8 8 3\n", &["line 1", "`type`"]),
+    // Issue 30: a range whose end would wrap past 2^64.
+    ("w.csv", Format::Csv, "0,0,R,18446744073709551515,4096\n", &["w.csv", "line 1", "`offset`", "2^64"]),
     ("c.csv", Format::CloudphysicsCsv, "version,time,op,size,lbn\n1,5,2a,512,zz\n", &["line 2", "`lbn`"]),
     ("b.txt", Format::Blkparse, "  8,0 1 1 0.1 4211 D W 2048 + x [k]\n", &["line 1", "`nsectors`"]),
     ("b.txt", Format::Blkparse, "  8,0 1 1 0.1x 4211 D W 2048 + 8 [k]\n", &["line 1", "`time`"]),

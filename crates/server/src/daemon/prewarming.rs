@@ -4,6 +4,12 @@
 //! prewarm of this cache from another cache's snapshots — scored, limited and planned by
 //! the `prewarm` crate, each read an engine job (`Engine::prewarm_load`) that loads free
 //! slots only, paced by the crate's loader while the vDisks' own I/O goes on beside it.
+//!
+//! A running prewarm's whole set is also written, crash-safe, as a snapshot directory of
+//! its own in the metadata directory (`prewarm-pending/`), removed when the prewarm ends:
+//! after a crash the next start resumes the prewarm from it (blocks already loaded are
+//! cached and skipped), and every snapshot taken meanwhile holds it — a crash mid-prewarm
+//! neither loses the prewarm nor shrinks the history to what was loaded.
 
 use super::{Daemon, OpError};
 use crate::config::{PrewarmConfig, SnapshotSchedule};
@@ -39,8 +45,14 @@ pub(crate) struct Snapshots {
 
 impl Snapshots {
     /// The state for `cfg`, snapshots under `meta_dir/snapshots` unless configured.
+    /// A configured directory's parent must exist (a mistyped path is refused, never
+    /// built).
     pub(crate) fn new(cfg: &PrewarmConfig, meta_dir: &Path) -> std::io::Result<Snapshots> {
         let dir = cfg.snapshot_dir.clone().unwrap_or_else(|| meta_dir.join("snapshots"));
+        if !dir.is_dir() {
+            crate::owner_lock::parent_must_exist(&dir, "prewarm.snapshot_dir")
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::NotFound, e))?;
+        }
         let next_seq = snapshot_files::next_seq(&dir)?;
         Ok(Snapshots { dir, kept: cfg.snapshots_kept, next_seq, config: cfg.clone(), pending: BTreeMap::new() })
     }
@@ -51,11 +63,23 @@ impl Snapshots {
 struct Prepared {
     loader: Loader,
     set_vm: Vec<Option<VmId>>,
-    snapshots: usize,
     pending: BTreeMap<String, RoaringTreemap>,
+    /// What is known before the first read: snapshots, planned blocks, what matched.
+    planned: Progress,
+}
+
+/// The running prewarm's set, under the metadata directory.
+pub(crate) fn pending_dir(meta_dir: &Path) -> PathBuf {
+    meta_dir.join("prewarm-pending")
 }
 
 impl Daemon {
+    /// A prewarm a crash interrupted, to resume: its pending set's directory.
+    pub fn interrupted_prewarm(&self) -> Option<PathBuf> {
+        let dir = pending_dir(&self.meta_dir);
+        snapshot_files::list(&dir).ok().filter(|l| !l.is_empty()).map(|_| dir)
+    }
+
     /// The directory this daemon writes its snapshots to.
     pub fn snapshot_dir(&self) -> PathBuf {
         self.snapshots.lock().unwrap_or_else(|e| e.into_inner()).dir.clone()
@@ -122,7 +146,7 @@ impl Daemon {
             Some(v) if self.vdisk(v).is_none() => Err(format!("no vDisk `{v}` is served here")),
             _ => self.prepare_prewarm(&cfg, from, vdisk),
         };
-        let Prepared { loader, set_vm, snapshots, pending } = match prepared {
+        let Prepared { loader, set_vm, pending, planned } = match prepared {
             Ok(p) => p,
             Err(e) => {
                 tracing::error!(error = %e, "prewarm refused; the cache starts cold");
@@ -132,12 +156,29 @@ impl Daemon {
                 return Err(self.prewarm.progress());
             }
         };
+        if self.prewarm.progress().running {
+            return Err(self.prewarm.progress());
+        }
+        // Snapshots hold the whole set from now on (taken before the job's thread runs
+        // too), and it is durable before the first read (a crash resumes from it).
+        self.snapshots.lock().unwrap_or_else(|e| e.into_inner()).pending = pending.clone();
+        let mut snap = cachevisor_prewarm::Snapshot::new(1, 0, self.block_size as u32);
+        snap.sets = pending.clone();
+        let keep = pending_dir(&self.meta_dir);
+        if let Err(e) = snapshot_files::write(&keep, &snap, 1) {
+            tracing::warn!(dir = %keep.display(), error = %e, "the prewarm set could not be saved: a crash would not resume it");
+        }
         let d = self.clone();
         self.prewarm.start(
-            &label,
+            Progress { from: label, ..planned.clone() },
             Box::new(move |report| {
-                d.snapshots.lock().unwrap_or_else(|e| e.into_inner()).pending = pending;
-                let r = d.run_prewarm(loader, &set_vm, snapshots, report);
+                let r = d.run_prewarm(loader, &set_vm, planned, report);
+                if r.is_ok() {
+                    // Done: nothing to resume. (Stopped: kept for the next start.)
+                    if let Err(e) = std::fs::remove_dir_all(&keep) {
+                        tracing::warn!(dir = %keep.display(), error = %e, "the finished prewarm's set could not be removed");
+                    }
+                }
                 d.snapshots.lock().unwrap_or_else(|e| e.into_inner()).pending.clear();
                 r
             }),
@@ -162,17 +203,56 @@ impl Daemon {
         let ranking = Ranking::new(&refs, cfg.heuristic);
         let set_vm: Vec<Option<VmId>> =
             ranking.sets.iter().map(|n| self.vdisk(n).filter(|_| only.is_none_or(|o| o == n))).collect();
+        // Each set's vDisk size in blocks: entries past it are skipped and counted, never
+        // read (a larger disk's snapshot, or a damaged one; `disk_range.rs` refuses them
+        // in the engine too).
+        let blocks: Vec<u64> =
+            set_vm.iter().map(|vm| vm.map_or(0, |vm| self.dp.with_engine(|e| e.disk_blocks(vm)))).collect();
+        let out_of_range = ranking
+            .objects
+            .iter()
+            .filter(|(o, _)| set_vm[o.set as usize].is_some() && o.id >= blocks[o.set as usize])
+            .count() as u64;
         let limit = (pacing.limit * self.resolved.slots as f64).floor() as usize;
-        let served: Vec<_> =
-            ranking.objects.iter().filter(|(o, _)| set_vm[o.set as usize].is_some()).take(limit).copied().collect();
+        let served: Vec<_> = ranking
+            .objects
+            .iter()
+            .filter(|(o, _)| set_vm[o.set as usize].is_some() && o.id < blocks[o.set as usize])
+            .take(limit)
+            .copied()
+            .collect();
         let runs = plan(&served, pacing.max_run);
         let mut pending: BTreeMap<String, RoaringTreemap> = BTreeMap::new();
         for (o, _) in &served {
             pending.entry(ranking.sets[o.set as usize].clone()).or_default().insert(o.id);
         }
+        let (mut matched_vdisks, mut unmatched_sets) = (Vec::new(), Vec::new());
+        for (name, vm) in ranking.sets.iter().zip(&set_vm) {
+            let list = if vm.is_some() { &mut matched_vdisks } else { &mut unmatched_sets };
+            list.push(crate::log_safe(name));
+        }
+        if matched_vdisks.is_empty() {
+            tracing::warn!(from = %from.display(), sets = ?unmatched_sets, "prewarm: no set in the snapshots names a vDisk served here; nothing to load");
+        } else if !unmatched_sets.is_empty() {
+            tracing::info!(sets = ?unmatched_sets, "prewarm: sets naming no vDisk served here are skipped");
+        }
+        if out_of_range > 0 {
+            tracing::warn!(
+                blocks = out_of_range,
+                "prewarm: the snapshots name blocks past the end of their vDisk; skipped"
+            );
+        }
         let lc = LoaderConfig { pace: pacing.pace, block_size: self.block_size, busy_depth: 1, idle_depth: 1 };
-        tracing::info!(from = %from.display(), snapshots = history.len(), blocks = served.len(), reads = runs.len(), "prewarming");
-        Ok(Prepared { loader: Loader::new(lc, runs), set_vm, snapshots: history.len(), pending })
+        tracing::info!(from = %from.display(), snapshots = history.len(), blocks = served.len(), reads = runs.len(), matched = ?matched_vdisks, "prewarming");
+        let planned = Progress {
+            snapshots: history.len(),
+            planned_blocks: served.len() as u64,
+            matched_vdisks,
+            unmatched_sets,
+            out_of_range_blocks: out_of_range,
+            ..Progress::default()
+        };
+        Ok(Prepared { loader: Loader::new(lc, runs), set_vm, pending, planned })
     }
 
     /// Runs the loader to its end: each read an engine job, at most one at a time (its
@@ -182,7 +262,7 @@ impl Daemon {
         &self,
         mut loader: Loader,
         set_vm: &[Option<VmId>],
-        snapshots: usize,
+        planned: Progress,
         report: Report,
     ) -> Result<(), String> {
         let t0 = Instant::now();
@@ -190,14 +270,13 @@ impl Daemon {
         let progress = |l: &Loader| {
             let p = l.progress();
             Progress {
-                snapshots,
                 planned_blocks: p.planned,
                 loaded_blocks: p.loaded,
                 skipped_blocks: p.skipped,
                 read_bytes: p.bytes_read,
                 full_vdisks: p.sets_full,
                 elapsed_s: t0.elapsed().as_secs_f64(),
-                ..Progress::default()
+                ..planned.clone()
             }
         };
         report(&progress(&loader));
@@ -239,11 +318,17 @@ impl Daemon {
                 Err(Failure::Shutdown) => return Err("the daemon stopped".into()),
                 Err(f) => {
                     tracing::warn!(vdisk = vm, first = run.first, blocks = run.len, error = ?f, "a prewarm read failed; going on");
-                    loader.complete(run, done, ReadOutcome { loaded: 0, skipped: o.skipped, no_room: o.no_room });
+                    loader.complete(
+                        run,
+                        done,
+                        ReadOutcome { loaded: 0, skipped: o.skipped + o.out_of_range, no_room: o.no_room },
+                    );
                 }
-                Ok(_) => {
-                    loader.complete(run, done, ReadOutcome { loaded: o.loaded, skipped: o.skipped, no_room: o.no_room })
-                }
+                Ok(_) => loader.complete(
+                    run,
+                    done,
+                    ReadOutcome { loaded: o.loaded, skipped: o.skipped + o.out_of_range, no_room: o.no_room },
+                ),
             }
             report(&progress(&loader));
         }

@@ -54,6 +54,30 @@ fn forget_vm(engine: &mut Engine, vm: VmId) -> u64 {
     slots.len() as u64
 }
 
+/// Drops `vm`'s cached blocks past its disk's end (metadata of a larger disk, or written
+/// by hand); dirty ones refuse the start unless `discard`.
+fn drop_past_end(engine: &mut Engine, vm: VmId, name: &str, discard: bool) -> Result<(), StartError> {
+    let end = engine.disk_blocks(vm);
+    let past: Vec<u32> = engine
+        .dump_partition(vm)
+        .into_iter()
+        .filter(|&s| engine.slot_block(s).is_some_and(|(_, b)| b >= end))
+        .collect();
+    let dirty = past.iter().filter(|&&s| engine.slot_dirty(s)).count();
+    if dirty > 0 && !discard {
+        return Err(StartError::Refused(format!(
+            "vdisk `{name}`: the metadata holds {dirty} dirty blocks past the end of its backing store ({end} blocks): it is smaller than the disk they were written to. Point `backing` at that disk, or start with `--discard-dirty {name}` to drop them deliberately (the data they hold is lost). Nothing was changed."
+        )));
+    }
+    for &s in &past {
+        engine.release_slot(s);
+    }
+    if !past.is_empty() {
+        tracing::warn!(vdisk = %name, blocks = past.len(), dirty, "dropped cached blocks past the end of the vDisk");
+    }
+    Ok(())
+}
+
 impl Daemon {
     /// [`Self::start_with`] with no operator overrides.
     pub fn start(cfg: &Config) -> Result<Daemon, StartError> {
@@ -149,6 +173,18 @@ impl Daemon {
                     Some(Identity::Nbd { uri: uri.clone(), size })
                 }
             };
+            // The vDisk's size as the engine checks every block against (`disk_range.rs`):
+            // one whose blocks do not fit a block key is refused here, before anything is
+            // created; blocks the metadata holds past its end are dropped (clean) or refuse
+            // the start (dirty).
+            let size = match &current {
+                Some(c) => crate::backing::vdisk_size(c.size()),
+                None => v.size.as_deref().map(parse_size).transpose().map_err(StartError::Config)?.unwrap_or(0),
+            };
+            engine
+                .set_disk_size(i as VmId, size)
+                .map_err(|e| StartError::Config(format!("vdisk[{i}] ({}): {}: {e}", v.name, v.backing.display())))?;
+            drop_past_end(&mut engine, i as VmId, &v.name, discard(&v.name))?;
             let Some(recorded) = bound.get(&(i as VmId)) else { continue };
             let why = match &current {
                 None => Some(format!(
@@ -294,6 +330,7 @@ impl Daemon {
             prewarm: Default::default(),
             snapshots: Mutex::new(snapshots),
             owner: Mutex::new(Some(owner)),
+            guards: Default::default(),
         })
     }
 }

@@ -41,7 +41,7 @@ impl Daemon {
         if !crate::backing::is_uri(&v.backing) {
             v.backing = std::path::absolute(&v.backing).map_err(|e| ChangeError::Invalid(format!("backing: {e}")))?;
         }
-        v.check("vdisk").map_err(ChangeError::Invalid)?;
+        v.check("vdisk", self.block_size).map_err(ChangeError::Invalid)?;
         let size = v.size.as_deref().map(parse_size).transpose().map_err(ChangeError::Invalid)?;
         let place =
             Place::of(&v.backing).map_err(|e| ChangeError::Invalid(format!("backing {}: {e}", v.backing.display())))?;
@@ -56,6 +56,8 @@ impl Daemon {
         let b = Backing::open(&v.backing, size, v.grow, "vdisk").map_err(ChangeError::Invalid)?;
         let failed = |e: std::io::Error| ChangeError::Invalid(format!("backing {}: {e}", v.backing.display()));
         let size = b.size().map_err(failed)?;
+        cachevisor_engine::check_disk_size(size, self.block_size)
+            .map_err(|e| ChangeError::Invalid(format!("backing {}: {e}", v.backing.display())))?;
         let identity = match place {
             Place::Uri(uri) => Identity::Nbd { uri, size },
             _ => Identity::of_path(&v.backing)
@@ -70,6 +72,7 @@ impl Daemon {
         let bs = self.block_size;
         self.dp
             .with_engine_mut(|e| {
+                e.set_disk_size(id, size).map_err(|e| e.to_string())?;
                 policy::enroll(e, &mut self.policy.lock().unwrap_or_else(|p| p.into_inner()).ctl, id, &v, bs)
             })
             .map_err(ChangeError::Invalid)?;
@@ -124,19 +127,24 @@ impl Daemon {
     }
 
     /// Switches the allocation policy online (VM settings are kept).
-    pub fn set_allocator(&self, name: &str, params: &cachevisor_policy::params::Params) -> Result<(), String> {
-        let alloc = registry::build_with(name, params)?;
+    ///
+    /// Checked as the config is (`config::check_allocator`), then saved, then applied: a
+    /// change that cannot be saved is not made.
+    pub fn set_allocator(&self, name: &str, params: &cachevisor_policy::params::Params) -> Result<(), ChangeError> {
+        let replacement = self.dp.with_engine(|e| e.config().replacement);
+        crate::config::check_allocator(name, params, replacement).map_err(ChangeError::Invalid)?;
+        let alloc = registry::build_with(name, params).map_err(ChangeError::Invalid)?;
+        self.overlay
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .change(&self.meta_dir, |o| o.set_allocator(name, params))
+            .map_err(|e| ChangeError::Failed(format!("not switched: saving it for the next start failed: {e}")))?;
         let (bs, vms) = (self.block_size, self.dp.next_vm() as usize);
         self.dp.with_engine_mut(|e| {
             let mut p = self.policy.lock().unwrap_or_else(|p| p.into_inner());
             p.ctl = policy::rebuilt(&mut p.ctl, alloc, e.slot_count(), bs, vms);
             e.set_cleaner(cachevisor_policy::controller::cleaner_watermarks(p.ctl.allocator(), e.slot_count(), true));
         });
-        self.overlay
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .change(&self.meta_dir, |o| o.set_allocator(name, params))
-            .map_err(|e| format!("the allocator is switched but not saved for the next start: {e}"))?;
         tracing::info!(allocator = name, "allocator switched");
         Ok(())
     }
@@ -155,19 +163,28 @@ impl Daemon {
 
     /// Switches export `vm`'s write policy online (leaving write-back writes its dirty
     /// blocks back first, made durable before this returns).
+    ///
+    /// Saved first: a change that cannot be saved is not made.
     pub fn set_write_policy(&self, vm: VmId, policy: cachevisor_engine::WritePolicy) -> Result<(), OpError> {
-        let r = self.dp.run_job(|e, out| e.set_write_policy(vm, policy, out)).and_then(|_| self.dp.flush(vm));
-        // Saved even when some write-back failed: the policy is switched (what is still
-        // dirty stays cached and is written back later).
         self.remember(vm, |o, name| o.set_write_policy(name, policy))?;
-        r.map_err(OpError::from)
+        Ok(self.dp.run_job(|e, out| e.set_write_policy(vm, policy, out)).and_then(|_| self.dp.flush(vm))?)
     }
 
     /// Sets export `vm`'s partition to `blocks` cache blocks (a shrink evicts its coldest
     /// blocks, writing dirty ones back first).
+    ///
+    /// A target above the cache is refused; the change is saved first (one that cannot be
+    /// saved is not made).
     pub fn resize(&self, vm: VmId, blocks: u64) -> Result<(), OpError> {
-        self.set_target_now(vm, blocks)?;
-        self.remember(vm, |o, name| o.set_target(name, blocks))
+        let slots = self.resolved.slots;
+        if blocks > slots {
+            return Err(OpError::Invalid(format!(
+                "blocks: {blocks} is more than the cache holds ({slots} blocks of {} bytes)",
+                self.block_size
+            )));
+        }
+        self.remember(vm, |o, name| o.set_target(name, blocks))?;
+        self.set_target_now(vm, blocks)
     }
 
     /// [`Self::resize`] without saving it (a target the overlay already holds).

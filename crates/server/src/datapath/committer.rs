@@ -6,6 +6,12 @@
 //! flight and writes a checkpoint. The ticker runs the engine's timers (flusher steps,
 //! interval events) and the policy's tick hook, and asks for a commit every second, so the journal stays close to
 //! the cache and a restart after a crash is warm.
+//!
+//! A failed commit (a full metadata file system) is handed to the engine at once (writes
+//! and flushes waiting on it fail with ENOSPC; nothing acknowledged is dropped), then the
+//! committer pauses before the next one — 10 ms, doubling to at most 1 s while commits
+//! keep failing — so a full disk costs neither a core nor the log: the first failure and
+//! the recovery are logged once each, every failure is counted (`/metrics`).
 
 use super::{Core, Shared};
 use crate::journal::Record;
@@ -16,6 +22,8 @@ use std::time::{Duration, Instant};
 impl Shared {
     pub(super) fn committer(&self, mut persist: Persistence) {
         let mut checkpointing = false;
+        // Commits failed in a row (the pause before the next grows with them).
+        let mut failing = 0u32;
         loop {
             let (c, meta) = {
                 let mut core = self.lock();
@@ -55,8 +63,19 @@ impl Shared {
             let backing_refs: Vec<&crate::backing::Backing> = backings.iter().map(|b| &**b).collect();
             let r = append_meta(&mut persist, &meta).and_then(|()| persist.commit(&c, &self.ssd, &backing_refs));
             self.busy.fetch_sub(1, SeqCst);
-            if let Err(e) = &r {
-                tracing::error!(%e, epoch = c.epoch, "commit failed: its records are tried again");
+            match &r {
+                Err(e) => {
+                    self.commit_failures.fetch_add(1, Relaxed);
+                    if failing == 0 {
+                        tracing::error!(%e, epoch = c.epoch, "commit failed: its records are tried again, with pauses up to 1 s, until one succeeds (counted in cachevisor_commit_failures_total)");
+                    }
+                    failing += 1;
+                }
+                Ok(()) if failing > 0 => {
+                    tracing::info!(failures = failing, "commits succeed again");
+                    failing = 0;
+                }
+                Ok(()) => {}
             }
             let mut core = self.lock();
             if r.is_err() {
@@ -76,6 +95,13 @@ impl Shared {
             }
             self.pump(&mut core);
             self.unlock(core);
+            if failing > 0 {
+                let pause = Duration::from_millis(10u64 << failing.min(7)).min(Duration::from_secs(1));
+                let until = Instant::now() + pause;
+                while Instant::now() < until && !self.halted.load(SeqCst) {
+                    std::thread::sleep(Duration::from_millis(10).min(pause));
+                }
+            }
         }
     }
 

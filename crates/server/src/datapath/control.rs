@@ -320,6 +320,11 @@ impl DataPath {
         }
     }
 
+    /// Metadata commits that failed so far (each retried after a pause).
+    pub fn commit_failures(&self) -> u64 {
+        self.shared.commit_failures.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Whether [`Self::halt`] ran.
     pub fn halted(&self) -> bool {
         self.shared.halted.load(SeqCst)

@@ -60,6 +60,7 @@ impl DataPath {
             start: Instant::now(),
             calls: Default::default(),
             checkpoints: Default::default(),
+            commit_failures: Default::default(),
             threads: threads.max(1),
             written_back: Default::default(),
             halted: Default::default(),
@@ -142,7 +143,8 @@ impl DataPath {
             .map_err(|e| format!("{}: {e}", path.display()))?;
         let mut backings = Vec::new();
         for v in 0..vms {
-            backings.push(Arc::new(Backing::File(file(&format!("disk{v}.img"), disk)?)));
+            let f = file(&format!("disk{v}.img"), disk)?;
+            backings.push(Arc::new(Backing::file(f).map_err(|e| e.to_string())?));
         }
         let names: Vec<String> = (0..vms).map(|v| format!("vm{v}")).collect();
         persist.checkpoint(&engine, &names, &vec![0; vms as usize], &ssd).map_err(|e| e.to_string())?;

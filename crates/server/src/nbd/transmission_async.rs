@@ -43,6 +43,7 @@ fn errno(f: Failure) -> u32 {
         Failure::NoSpace => ENOSPC,
         Failure::Io => EIO,
         Failure::Shutdown => ESHUTDOWN,
+        Failure::OutOfRange => EINVAL,
     }
 }
 

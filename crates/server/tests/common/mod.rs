@@ -217,3 +217,16 @@ pub fn nbdkit(filters: &[&str], params: &[&str]) -> (Nbdkit, u16) {
     }
     panic!("nbdkit did not start");
 }
+
+/// Waits until the daemon's prewarm ended; its progress.
+pub fn prewarm_done(r: &Running) -> cachevisor_server::prewarm_job::Progress {
+    let t = std::time::Instant::now();
+    loop {
+        let p = r.daemon.prewarm_job().progress();
+        if !p.running {
+            return p;
+        }
+        assert!(t.elapsed() < std::time::Duration::from_secs(60), "prewarm did not end: {p:?}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

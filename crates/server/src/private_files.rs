@@ -1,0 +1,79 @@
+//! Files and directories that hold VM data or describe it — the cache store (every VM's
+//! dirty blocks), its metadata directory, journals and checkpoints, snapshots, backing
+//! images cachevisor creates, recorded traces — are created readable by the daemon's user
+//! only (0600 files, 0700 directories), whatever the umask; and a cache store file other
+//! users can read refuses the start, naming the `chmod` that fixes it. The standard
+//! library's `OpenOptionsExt::mode` and `DirBuilderExt::mode` do the work; this file is
+//! only the one place that says which mode.
+
+use std::fs::{DirBuilder, OpenOptions};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+
+/// Mode of a file cachevisor creates.
+pub const FILE_MODE: u32 = 0o600;
+/// Mode of a directory cachevisor creates.
+pub const DIR_MODE: u32 = 0o700;
+
+/// `OpenOptions` whose `create` makes a 0600 file.
+pub fn options() -> OpenOptions {
+    let mut o = OpenOptions::new();
+    o.mode(FILE_MODE);
+    o
+}
+
+/// Creates (truncating) a 0600 file for writing.
+pub fn create(path: &Path) -> io::Result<std::fs::File> {
+    options().write(true).create(true).truncate(true).open(path)
+}
+
+/// Creates directory `path` (0700); its parent must exist.
+pub fn create_dir(path: &Path) -> io::Result<()> {
+    DirBuilder::new().mode(DIR_MODE).create(path)
+}
+
+/// Creates directory `path` (0700) unless it is one already; its parent must exist
+/// (a mistyped path is refused, never built).
+pub fn ensure_dir(path: &Path) -> io::Result<()> {
+    match create_dir(path) {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists && path.is_dir() => Ok(()),
+        r => r,
+    }
+}
+
+/// Refuses a cache store that is a regular file other users may read or write (a block
+/// device's access is the system's udev rules' business). `at` names the config key.
+pub fn check_cache_mode(path: &Path, at: &str) -> Result<(), String> {
+    let m = std::fs::metadata(path).map_err(|e| format!("{at}: {}: {e}", path.display()))?;
+    let mode = m.permissions().mode() & 0o777;
+    if m.is_file() && mode & 0o077 != 0 {
+        return Err(format!(
+            "{at}: {} has mode {mode:04o}: other users can read the cached data of every vDisk (dirty blocks included). Run `chmod 600 {}` and start again",
+            path.display(),
+            path.display()
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_and_directories_are_private_whatever_the_umask() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("f");
+        drop(create(&f).unwrap());
+        assert_eq!(std::fs::metadata(&f).unwrap().permissions().mode() & 0o777, 0o600);
+        ensure_dir(&d.path().join("m")).unwrap();
+        ensure_dir(&d.path().join("m")).unwrap();
+        assert_eq!(std::fs::metadata(d.path().join("m")).unwrap().permissions().mode() & 0o777, 0o700);
+        assert!(ensure_dir(&d.path().join("no/such")).is_err(), "missing parents are not created");
+        check_cache_mode(&f, "cache.path").unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = check_cache_mode(&f, "cache.path").unwrap_err();
+        assert!(e.contains("0644") && e.contains("chmod 600"), "{e}");
+    }
+}

@@ -1,0 +1,139 @@
+//! Issue 30, access and resource limits, with real clients (curl, raw sockets, qemu-io):
+//! - the API authenticates before it looks at a body, locks out after repeated wrong
+//!   tokens (even the right token waits), and counts it;
+//! - the API refuses what the config refuses (S-CAVE over LRU), a target above the
+//!   cache, and changes nothing in memory or on disk when it refuses;
+//! - NBD clients that never finish the handshake are closed at the deadline, and
+//!   connections past `listen.max_connections` are closed at once while a served client
+//!   goes on;
+//! - the cache store, metadata and snapshots are private (0600/0700), and a cache store
+//!   other users can read refuses the start, naming the `chmod`.
+
+mod common;
+use common::*;
+use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
+use std::time::{Duration, Instant};
+
+fn api_cfg(dir: &std::path::Path) -> cachevisor_server::Config {
+    let mut c = config(dir, "1MiB", &[("a", "4MiB", "wb")]);
+    c.api = Some(cachevisor_server::config::ApiConfig { listen: "127.0.0.1:0".into(), token: None });
+    c
+}
+
+/// curl's status code and body for `method` on `url` with `token` (if any) and `body`.
+fn curl(method: &str, url: &str, token: Option<&str>, body: &str) -> (u16, String) {
+    let mut c = tool("curl");
+    c.args(["-s", "-o", "-", "-w", "\n%{http_code}", "-X", method, url, "-H", "content-type: application/json"]);
+    if let Some(t) = token {
+        c.args(["-H", &format!("Authorization: Bearer {t}")]);
+    }
+    if !body.is_empty() {
+        c.args(["-d", body]);
+    }
+    let o = c.output().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout).to_string();
+    let (body, code) = text.rsplit_once('\n').unwrap();
+    (code.parse().unwrap(), body.to_string())
+}
+
+#[test]
+fn the_api_authenticates_first_locks_out_and_applies_only_what_is_valid_and_saved() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = serve(&api_cfg(dir.path()));
+    let (api, token) = r.api.clone().unwrap();
+    let url = |p: &str| format!("http://{api}{p}");
+    // Anonymous callers learn nothing of the body's rules (no allocator list, no 400).
+    let (code, body) = curl("POST", &url("/allocator"), None, r#"{"name":"nonsense"}"#);
+    assert_eq!(code, 401, "{body}");
+    assert!(!body.contains("s-cave"), "{body}");
+    assert_eq!(curl("POST", &url("/vdisks/a/resize"), None, "not json").0, 401);
+    // S-CAVE over this cache's LRU: refused as the config refuses it; nothing saved.
+    let (code, body) = curl("POST", &url("/allocator"), Some(&token), r#"{"name":"s-cave"}"#);
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("replacement") && body.contains("clock"), "{body}");
+    assert_eq!(r.daemon.allocator_name(), "static");
+    let overlay = dir.path().join("cache.img.meta/vdisks.toml");
+    let saved = std::fs::read_to_string(&overlay).unwrap_or_default();
+    assert!(!saved.contains("s-cave"), "{saved}");
+    // A target above the cache (or u64::MAX): 400, not applied, not saved.
+    let before = r.daemon.status()[0].target_blocks;
+    for blocks in ["257", &u64::MAX.to_string()] {
+        let (code, body) = curl("POST", &url("/vdisks/a/resize"), Some(&token), &format!(r#"{{"blocks":{blocks}}}"#));
+        assert_eq!(code, 400, "{body}");
+        assert!(body.contains("more than the cache holds"), "{body}");
+    }
+    assert_eq!(r.daemon.status()[0].target_blocks, before);
+    assert!(!std::fs::read_to_string(&overlay).unwrap_or_default().contains("target"));
+    // Wrong tokens: after five the API locks out, even the right token gets 429.
+    for _ in 0..5 {
+        assert_eq!(curl("POST", &url("/vdisks/a/destage"), Some("0000000000000000"), "").0, 401);
+    }
+    let (code, body) = curl("POST", &url("/vdisks/a/destage"), Some(&token), "");
+    assert_eq!(code, 429, "{body}");
+    assert_eq!(curl("GET", &url("/vdisks"), None, "").0, 200, "reads go on");
+    std::thread::sleep(Duration::from_millis(1100));
+    assert_eq!(curl("POST", &url("/vdisks/a/destage"), Some(&token), "").0, 202, "the lockout ended");
+    let m = curl("GET", &url("/metrics"), None, "").1;
+    for needle in ["cachevisor_api_auth_failures_total 7", "cachevisor_api_lockouts_total 1"] {
+        assert!(m.contains(needle), "metrics lack `{needle}`");
+    }
+}
+
+#[test]
+fn idle_and_surplus_nbd_connections_are_closed_while_clients_are_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path(), "1MiB", &[("a", "4MiB", "wb")]);
+    cfg.listen.max_connections = 8;
+    cfg.listen.handshake_timeout = "500ms".into();
+    let r = serve(&cfg);
+    let addr = r.tcp.unwrap();
+    let (mut served, _) = Client::connect(addr, "a");
+    // Seven more connections that never send a byte fill the limit; the ninth is closed.
+    let idle: Vec<_> = (0..7).map(|_| std::net::TcpStream::connect(addr).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(100));
+    let mut ninth = std::net::TcpStream::connect(addr).unwrap();
+    ninth.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert_eq!(ninth.read(&mut [0u8; 18]).unwrap_or(0), 0, "closed at once, no greeting");
+    served.write(0, &[1; 4096], true).unwrap();
+    // The idle ones are closed at the handshake deadline: the slots come back.
+    let t = Instant::now();
+    for mut s in idle {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut buf = [0u8; 64];
+        while s.read(&mut buf).is_ok_and(|n| n > 0) {}
+    }
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    let o = tool("qemu-io").args(["-f", "raw", "-c", "read -P 1 0 4096", &format!("nbd://{addr}/a")]).output().unwrap();
+    assert!(o.status.success() && !String::from_utf8_lossy(&o.stdout).contains("fail"), "{o:?}");
+    assert!(served.read(0, 4096).unwrap() == vec![1; 4096]);
+    let m = r.daemon.render_metrics();
+    assert!(m.contains("cachevisor_connections_refused_total 1"), "{m}");
+    assert!(m.contains("cachevisor_handshake_timeouts_total 7"), "{m}");
+}
+
+#[test]
+fn files_holding_vm_data_are_private_and_a_readable_cache_refuses_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "1MiB", &[("a", "4MiB", "wb")]);
+    let r = serve(&cfg);
+    r.daemon.take_snapshot().unwrap();
+    r.daemon.shutdown().unwrap();
+    drop(r);
+    let mode = |p: &str| std::fs::metadata(dir.path().join(p)).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode("cache.img"), 0o600);
+    assert_eq!(mode("a.img"), 0o600);
+    assert_eq!(mode("cache.img.meta"), 0o700);
+    assert_eq!(mode("cache.img.meta/snapshots"), 0o700);
+    for f in std::fs::read_dir(dir.path().join("cache.img.meta")).unwrap() {
+        let f = f.unwrap();
+        let m = f.metadata().unwrap().permissions().mode() & 0o777;
+        assert!(m == 0o600 || m == 0o700, "{}: {m:o}", f.path().display());
+    }
+    for f in std::fs::read_dir(dir.path().join("cache.img.meta/snapshots")).unwrap() {
+        assert_eq!(f.unwrap().metadata().unwrap().permissions().mode() & 0o777, 0o600);
+    }
+    std::fs::set_permissions(dir.path().join("cache.img"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let e = cachevisor_server::service::start(&cfg).err().unwrap().to_string();
+    assert!(e.contains("0644") && e.contains("chmod 600"), "{e}");
+}

@@ -88,9 +88,10 @@ fn open_regular(p: &Path) -> io::Result<std::fs::File> {
 /// The newest `keep` snapshots of `dir`, oldest first. Any of them unreadable: an error
 /// naming the file (the caller goes on cold rather than prewarm from a partial history).
 pub fn read_history(dir: &Path, keep: usize) -> Result<Vec<Snapshot>, String> {
-    let all = list(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let shown = crate::log_safe(&dir.display().to_string());
+    let all = list(dir).map_err(|e| format!("{shown}: {e}"))?;
     if all.is_empty() {
-        return Err(format!("{}: no snapshots (snapshot-*.cvsnap) there", dir.display()));
+        return Err(format!("{shown}: no snapshots (snapshot-*.cvsnap) there"));
     }
     let mut out = Vec::new();
     for (_, p) in all.iter().skip(all.len().saturating_sub(keep.max(1))) {
@@ -129,6 +130,12 @@ mod tests {
         std::fs::write(d.join("notes.txt"), "x").unwrap();
         assert_eq!(std::fs::read_dir(&d).unwrap().count(), 4);
         assert_eq!(list(&d).unwrap().len(), 3);
+    }
+
+    #[test]
+    fn a_nul_or_newline_in_a_path_is_escaped_in_the_message() {
+        let e = read_history(Path::new("/nonexistent/a\nb\u{0}c"), 4).unwrap_err();
+        assert!(!e.contains('\n') && !e.contains('\u{0}') && e.contains("a\\nb\\0c"), "{e}");
     }
 
     #[test]

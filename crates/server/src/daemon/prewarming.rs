@@ -139,8 +139,8 @@ impl Daemon {
     pub fn start_prewarm_of(self: &Arc<Self>, from: &Path, vdisk: Option<&str>) -> Result<Progress, Progress> {
         let cfg = self.snapshots.lock().unwrap_or_else(|e| e.into_inner()).config.clone();
         let label = match vdisk {
-            Some(v) => format!("{} (vDisk {v})", from.display()),
-            None => from.display().to_string(),
+            Some(v) => crate::log_safe(&format!("{} (vDisk {v})", from.display())),
+            None => crate::log_safe(&from.display().to_string()),
         };
         let prepared = match vdisk {
             Some(v) if self.vdisk(v).is_none() => Err(format!("no vDisk `{v}` is served here")),
@@ -193,7 +193,7 @@ impl Daemon {
         if let Some(s) = history.iter().find(|s| s.block_size as u64 != self.block_size) {
             return Err(format!(
                 "{}: snapshot {} has {}-byte blocks, this cache {}-byte ones",
-                from.display(),
+                crate::log_safe(&from.display().to_string()),
                 s.seq,
                 s.block_size,
                 self.block_size
@@ -232,7 +232,7 @@ impl Daemon {
             list.push(crate::log_safe(name));
         }
         if matched_vdisks.is_empty() {
-            tracing::warn!(from = %from.display(), sets = ?unmatched_sets, "prewarm: no set in the snapshots names a vDisk served here; nothing to load");
+            tracing::warn!(from = %crate::log_safe(&from.display().to_string()), sets = ?unmatched_sets, "prewarm: no set in the snapshots names a vDisk served here; nothing to load");
         } else if !unmatched_sets.is_empty() {
             tracing::info!(sets = ?unmatched_sets, "prewarm: sets naming no vDisk served here are skipped");
         }
@@ -243,7 +243,7 @@ impl Daemon {
             );
         }
         let lc = LoaderConfig { pace: pacing.pace, block_size: self.block_size, busy_depth: 1, idle_depth: 1 };
-        tracing::info!(from = %from.display(), snapshots = history.len(), blocks = served.len(), reads = runs.len(), matched = ?matched_vdisks, "prewarming");
+        tracing::info!(from = %crate::log_safe(&from.display().to_string()), snapshots = history.len(), blocks = served.len(), reads = runs.len(), matched = ?matched_vdisks, "prewarming");
         let planned = Progress {
             snapshots: history.len(),
             planned_blocks: served.len() as u64,

@@ -177,6 +177,8 @@ mod tests {
         assert!(e.restore_slot(0, 1, 245, &v, &d).is_err());
         e.restore_slot(0, 1, 244, &v, &d).unwrap();
         assert_eq!(e.lookup(0, 244), None, "vm 0's block 244 is not vm 1's");
+        assert_eq!(e.lookup(1, 244), Some(0));
+        assert_eq!(e.lookup(0, (1 << 48) + 244), None, "a lookup past the key's range never aliases");
         // A prewarm of a larger disk's blocks loads the ones that exist and counts the rest.
         let o = e.prewarm_load(1, 243, 10, &mut Output::default());
         assert_eq!(o.out_of_range, 8);

@@ -278,8 +278,12 @@ impl Engine {
         self.free.len() as u64 + self.free_remote.iter().map(|l| l.len() as u64).sum::<u64>() + self.parked.len() as u64
     }
 
-    /// The slot holding (vm, block), if cached.
+    /// The slot holding (vm, block), if cached. A block no key can name (2^48 or more, a
+    /// VM id past 2^16) is never cached: `None`, never another VM's block.
     pub fn lookup(&self, vm: VmId, block: u64) -> Option<u32> {
+        if block >= crate::disk_range::MAX_DISK_BLOCKS || vm >= crate::config::MAX_VMS {
+            return None;
+        }
         self.index.get(pack_key(vm, block), |x| self.slots.key(x))
     }
 

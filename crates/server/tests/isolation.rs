@@ -221,3 +221,36 @@ fn a_prewarm_from_a_larger_disk_skips_what_is_past_the_end_and_keeps_the_cache_o
     c.read(252 * 4096, 4 * 4096).unwrap();
     assert_eq!(r.daemon.stats(0).hit_blocks, 4, "the prewarmed blocks hit: the cache is on");
 }
+
+/// A journal record naming a block past its vDisk (written by hand, or by a bug): one past
+/// the key's range refuses the start naming the slot; one past the disk's end is dropped
+/// when clean and refuses the start when dirty — never another vDisk's block.
+#[test]
+fn a_journal_record_past_a_vdisks_end_is_refused_or_dropped_never_aliased() {
+    use cachevisor_server::journal::Record;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "1MiB", &[("vm1", "1MiB", "wt"), ("vm2", "1MiB", "wt")]);
+    let r = serve(&cfg);
+    let (mut c, _) = Client::connect(r.tcp.unwrap(), "vm2");
+    c.write(5 * 4096, &[0xa5; 4096], true).unwrap();
+    r.daemon.shutdown().unwrap();
+    drop((c, r));
+    let j = dir.path().join("cache.img.meta/journal");
+    let clean = std::fs::read(&j).unwrap();
+    let with = |block: u64, dirty: u64| {
+        let mut b = clean.clone();
+        Record::Slot { slot: 200, vm: 0, block, valid: vec![0xff], dirty: vec![dirty] }.encode(&mut b);
+        std::fs::write(&j, b).unwrap();
+    };
+    with((1 << 48) + 5, 0);
+    let e = start(&cfg).err().unwrap().to_string();
+    assert!(e.contains("slot 200") && e.contains("past its last block"), "{e}");
+    with(300, 0xff);
+    let e = start(&cfg).err().unwrap().to_string();
+    assert!(e.contains("vm1") && e.contains("past the end") && e.contains("--discard-dirty vm1"), "{e}");
+    with(300, 0);
+    let r = start(&cfg).unwrap();
+    let (mut c, _) = Client::connect(r.tcp.unwrap(), "vm2");
+    assert!(c.read(5 * 4096, 4096).unwrap() == vec![0xa5; 4096]);
+    assert_eq!(r.daemon.occupancy(0).0, 0, "vm1's record past its end was dropped");
+}

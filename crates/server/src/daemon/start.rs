@@ -176,10 +176,14 @@ impl Daemon {
             // The vDisk's size as the engine checks every block against (`disk_range.rs`):
             // one whose blocks do not fit a block key is refused here, before anything is
             // created; blocks the metadata holds past its end are dropped (clean) or refuse
-            // the start (dirty).
-            let size = match &current {
-                Some(c) => crate::backing::vdisk_size(c.size()),
-                None => v.size.as_deref().map(parse_size).transpose().map_err(StartError::Config)?.unwrap_or(0),
+            // the start (dirty). It is the size the store has once opened: the configured
+            // `size` when given (an existing store must have it, or grow to it with
+            // `grow = true`; opening refuses anything else), else the store's own.
+            let configured = v.size.as_deref().map(parse_size).transpose().map_err(StartError::Config)?;
+            let size = match (configured, &current) {
+                (Some(s), _) => crate::backing::vdisk_size(s),
+                (None, Some(c)) => crate::backing::vdisk_size(c.size()),
+                (None, None) => 0, // refused when opened: a missing store needs `size`
             };
             engine
                 .set_disk_size(i as VmId, size)
@@ -237,6 +241,7 @@ impl Daemon {
             };
             let err = |source| StartError::File { path: v.backing.display().to_string(), error: source };
             let size = b.size().map_err(err)?;
+            debug_assert_eq!(size, engine.disk_size(i as VmId), "the size checked above is the store's");
             let identity = match &places[i] {
                 Place::Uri(uri) => Identity::Nbd { uri: uri.clone(), size },
                 _ => Identity::of_path(&v.backing).map_err(err)?.ok_or_else(|| {

@@ -103,7 +103,7 @@ impl Engine {
         self.disk_size(vm).div_ceil(self.cfg.block_size).min(MAX_DISK_BLOCKS)
     }
 
-    fn check_vm(vm: VmId) -> Result<(), RangeError> {
+    pub(crate) fn check_vm(vm: VmId) -> Result<(), RangeError> {
         if vm >= MAX_VMS {
             return Err(RangeError::VmId { vm });
         }

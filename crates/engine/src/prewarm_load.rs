@@ -50,7 +50,7 @@ impl Engine {
     pub fn prewarm_load(&mut self, vm: VmId, first: u64, len: u32, out: &mut Output) -> PrewarmOutcome {
         out.clear();
         let mut o = PrewarmOutcome::default();
-        if self.check_blocks(vm, 0, 0).is_err() {
+        if Self::check_vm(vm).is_err() {
             o.out_of_range = len;
             return o;
         }

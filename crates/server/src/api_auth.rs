@@ -103,7 +103,7 @@ mod tests {
         }
         assert_eq!(g.check(good, t1), Err(Refusal::LockedOut(Duration::from_secs(2))), "doubled");
         assert_eq!(g.check(good, t1 + Duration::from_secs(2)), Ok(()));
-        let c = g.counts.read();
+        let c = g.counts.read(0);
         assert_eq!((c.api_auth_failures, c.api_lockouts), (10, 2));
         // Reset: the next lockout is 1 s again.
         for _ in 0..5 {

@@ -28,7 +28,8 @@ pub struct Slot(Arc<ConnLimit>);
 impl Drop for Slot {
     fn drop(&mut self) {
         let l = &self.0;
-        if l.active.fetch_sub(1, Relaxed) <= l.max && l.at_limit.swap(false, Relaxed) {
+        l.active.fetch_sub(1, Relaxed);
+        if l.at_limit.swap(false, Relaxed) {
             tracing::info!(what = l.what, max = l.max, "below the connection limit again");
         }
     }
@@ -205,7 +206,7 @@ mod tests {
         let l = ConnLimit::new("nbd", 2, Default::default());
         let (a, b) = (l.enter().unwrap(), l.enter().unwrap());
         assert!(l.enter().is_none());
-        assert_eq!(l.counts.read().connections_refused, 1);
+        assert_eq!(l.counts.read(0).connections_refused, 1);
         drop(a);
         let c = l.enter().unwrap();
         assert_eq!(l.active(), 2);

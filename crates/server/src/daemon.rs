@@ -195,7 +195,7 @@ impl Daemon {
             destaged_blocks: self.destaged_blocks(),
             destage_job: self.job.progress(),
             prewarm: self.prewarm.progress(),
-            guards: crate::status::GuardCounts { commit_failures: self.dp.commit_failures(), ..self.guards.read() },
+            guards: self.guards.read(self.dp.commit_failures()),
         };
         self.metrics.render(state)
     }

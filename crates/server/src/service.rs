@@ -101,7 +101,8 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
         let bound = crate::api::start(daemon.clone(), addr, token.clone())?;
         if a.token.is_none() {
             let path = daemon.metadata_dir().join("api-token");
-            write_private(&path, &token)
+            crate::private_files::create(&path)
+                .and_then(|mut f| std::io::Write::write_all(&mut f, token.as_bytes()))
                 .map_err(|source| StartError::File { path: path.display().to_string(), error: source })?;
         }
         api = Some((bound, token));
@@ -116,12 +117,4 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
         let _ = daemon.start_prewarm(&pending);
     }
     Ok(Running { daemon, tcp, unix, api })
-}
-
-/// Writes `text` to `path` readable by the owner only.
-fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
-    f.write_all(text.as_bytes())
 }

@@ -74,15 +74,15 @@ pub struct GuardCounts {
 }
 
 impl Guards {
-    /// The counts now.
-    pub fn read(&self) -> GuardCounts {
+    /// The counts now, with the data path's count of failed commits.
+    pub fn read(&self, commit_failures: u64) -> GuardCounts {
         use std::sync::atomic::Ordering::Relaxed;
         GuardCounts {
             api_auth_failures: self.api_auth_failures.load(Relaxed),
             api_lockouts: self.api_lockouts.load(Relaxed),
             connections_refused: self.connections_refused.load(Relaxed),
             handshake_timeouts: self.handshake_timeouts.load(Relaxed),
-            commit_failures: 0,
+            commit_failures,
         }
     }
 }

@@ -16,7 +16,6 @@ use cachevisor_server::config::Config;
 use cachevisor_server::service::start;
 use common::*;
 use std::path::Path;
-use std::time::Duration;
 
 /// Writes a snapshot holding `sets` (vDisk name → blocks) of 4 KiB blocks into `dir`.
 fn snapshot(dir: &Path, sets: &[(&str, &[u64])]) {
@@ -27,18 +26,26 @@ fn snapshot(dir: &Path, sets: &[(&str, &[u64])]) {
     cachevisor_server::snapshot_files::write(dir, &s, 4).unwrap();
 }
 
-#[test]
-fn a_snapshot_block_past_the_key_range_never_becomes_another_vdisks_block() {
-    let dir = tempfile::tempdir().unwrap();
-    // Write-through, so the data is on the images when the cache is deleted.
-    let cfg = config(dir.path(), "1MiB", &[("vm1", "1MiB", "wt"), ("vm2", "1MiB", "wt")]);
+/// A config of two write-through vDisks (so the data is on the images even without the
+/// cache) served once: vm2's block 5 written 0xa5 and, with `vm1_too`, vm1's block 7
+/// written 0x17; then a clean stop.
+fn two_vdisks_written(dir: &Path, vm1_too: bool) -> Config {
+    let cfg = config(dir, "1MiB", &[("vm1", "1MiB", "wt"), ("vm2", "1MiB", "wt")]);
     let r = serve(&cfg);
     let (mut c, _) = Client::connect(r.tcp.unwrap(), "vm2");
     c.write(5 * 4096, &[0xa5; 4096], true).unwrap();
-    let (mut c1, _) = Client::connect(r.tcp.unwrap(), "vm1");
-    c1.write(7 * 4096, &[0x17; 4096], true).unwrap();
+    if vm1_too {
+        let (mut c1, _) = Client::connect(r.tcp.unwrap(), "vm1");
+        c1.write(7 * 4096, &[0x17; 4096], true).unwrap();
+    }
     r.daemon.shutdown().unwrap();
-    drop((c, c1, r));
+    cfg
+}
+
+#[test]
+fn a_snapshot_block_past_the_key_range_never_becomes_another_vdisks_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = two_vdisks_written(dir.path(), true);
     // A fresh cache over the same images (vm2's block 5 is on its backing store only).
     std::fs::remove_file(dir.path().join("cache.img")).unwrap();
     std::fs::remove_dir_all(dir.path().join("cache.img.meta")).unwrap();
@@ -164,12 +171,12 @@ fn a_vdisk_with_more_blocks_than_a_key_names_is_refused_at_start() {
         );
         Config::parse(&t, "t", dir.path()).unwrap()
     };
-    let (kit, port) = nbdkit_sized("256P");
+    let (kit, port) = nbdkit_memory("256P", &[], &[]);
     let e = start(&nbd_cfg(port)).err().unwrap().to_string();
     assert!(e.contains("big") && e.contains("larger block size"), "{e}");
     drop(kit);
     // 128 PiB fits: served, and its last block works.
-    let (_kit, port) = nbdkit_sized("128P");
+    let (_kit, port) = nbdkit_memory("128P", &[], &[]);
     let r = start(&nbd_cfg(port)).unwrap();
     let (mut c, size) = Client::connect(r.tcp.unwrap(), "big");
     assert_eq!(size, 1 << 57);
@@ -177,25 +184,6 @@ fn a_vdisk_with_more_blocks_than_a_key_names_is_refused_at_start() {
     assert!(c.read((1 << 57) - 512, 512).unwrap() == [3; 512]);
     assert_eq!(r.daemon.stats(0).errors, 0);
     assert!(r.daemon.status().iter().all(|v| v.used_blocks <= 2048), "no underflow in the vDisk list");
-}
-
-/// nbdkit's sparse memory plugin of `size` on a free port.
-fn nbdkit_sized(size: &str) -> (Nbdkit, u16) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let c = Nbdkit(
-        tool("nbdkit")
-            .args(["-f", "-i", "127.0.0.1", "-p", &port.to_string(), "memory", size])
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    for _ in 0..200 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return (c, port);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    panic!("nbdkit did not start");
 }
 
 #[test]
@@ -229,12 +217,7 @@ fn a_prewarm_from_a_larger_disk_skips_what_is_past_the_end_and_keeps_the_cache_o
 fn a_journal_record_past_a_vdisks_end_is_refused_or_dropped_never_aliased() {
     use cachevisor_server::journal::Record;
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(dir.path(), "1MiB", &[("vm1", "1MiB", "wt"), ("vm2", "1MiB", "wt")]);
-    let r = serve(&cfg);
-    let (mut c, _) = Client::connect(r.tcp.unwrap(), "vm2");
-    c.write(5 * 4096, &[0xa5; 4096], true).unwrap();
-    r.daemon.shutdown().unwrap();
-    drop((c, r));
+    let cfg = two_vdisks_written(dir.path(), false);
     let j = dir.path().join("cache.img.meta/journal");
     let clean = std::fs::read(&j).unwrap();
     let with = |block: u64, dirty: u64| {

@@ -198,12 +198,18 @@ impl Drop for Nbdkit {
 
 /// nbdkit's memory plugin (16 MiB) with `filters` and their `params`, on a free port.
 pub fn nbdkit(filters: &[&str], params: &[&str]) -> (Nbdkit, u16) {
+    nbdkit_memory("16M", filters, params)
+}
+
+/// nbdkit's (sparse) memory plugin of `size` with `filters` and their `params`, on a free
+/// port.
+pub fn nbdkit_memory(size: &str, filters: &[&str], params: &[&str]) -> (Nbdkit, u16) {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let c = Nbdkit(
         tool("nbdkit")
             .args(["-f", "-i", "127.0.0.1", "-p", &port.to_string()])
             .args(filters)
-            .args(["memory", "16M"])
+            .args(["memory", size])
             .args(params)
             .stderr(std::process::Stdio::null())
             .spawn()

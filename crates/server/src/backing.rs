@@ -22,8 +22,8 @@ use std::sync::Mutex;
 
 /// Where a vDisk's data lives.
 pub enum Backing {
-    /// A file or block device, and the vDisk's size (its length when opened, rounded up to
-    /// a sector).
+    /// A file or block device, and its length when opened (the vDisk's size is that
+    /// rounded up to a sector).
     File(File, u64),
     /// An NBD export (several connections when the server allows multi-conn).
     Nbd(NbdPool),
@@ -250,14 +250,14 @@ impl Backing {
     /// A file or block device as it is now.
     pub fn file(f: File) -> io::Result<Backing> {
         let size = file_size(&f)?;
-        Ok(Backing::File(f, vdisk_size(size)))
+        Ok(Backing::File(f, size))
     }
 
     /// Size in bytes.
     /// The vDisk's size: the store's length rounded up to a sector (see the top comment).
     pub fn size(&self) -> io::Result<u64> {
         match self {
-            Backing::File(_, size) => Ok(*size),
+            Backing::File(_, len) => Ok(vdisk_size(*len)),
             Backing::Nbd(c) => Ok(vdisk_size(c.size)),
             Backing::Removed => Err(removed()),
         }
@@ -282,8 +282,10 @@ impl Backing {
         let (buf, past) = buf.split_at_mut(n);
         past.fill(0);
         match self {
-            Backing::File(f, _) => {
-                // Short at the file's end (its last, partial sector): the rest is zeros.
+            Backing::File(f, len) => {
+                // Short at the file's end (its last, partial sector): the rest is zeros. A
+                // file shorter than when it was opened (truncated behind our back) is an
+                // error, never zeros.
                 let mut got = 0;
                 while got < buf.len() {
                     match f.read_at(&mut buf[got..], addr + got as u64) {
@@ -292,6 +294,15 @@ impl Backing {
                         Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                         Err(e) => return Err(e),
                     }
+                }
+                if got < buf.len() && addr + (got as u64) < *len {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        format!(
+                            "the backing file ends at {} bytes, shorter than the {len} it had when opened",
+                            addr + got as u64
+                        ),
+                    ));
                 }
                 buf[got..].fill(0);
                 Ok(())
@@ -373,5 +384,31 @@ impl Backing {
             Backing::Nbd(c) => c.get().flush()?.map_err(nbd_err),
             Backing::Removed => Ok(()), // nothing left to make durable
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_partial_last_sector_reads_as_zeros_and_a_truncated_file_is_an_error() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("img");
+        std::fs::write(&p, vec![7u8; 1000]).unwrap();
+        let f = OpenOptions::new().read(true).write(true).open(&p).unwrap();
+        let b = Backing::file(f.try_clone().unwrap()).unwrap();
+        assert_eq!(b.size().unwrap(), 1024, "rounded up to a sector");
+        let mut buf = vec![1u8; 1024];
+        b.read_at(&mut buf, 0).unwrap();
+        assert!(buf[..1000].iter().all(|&x| x == 7) && buf[1000..].iter().all(|&x| x == 0));
+        assert!(b.read_at(&mut [0u8; 512], 1024).is_err(), "starts past the end");
+        // A write into the last sector grows the file; nothing past the vDisk is written.
+        b.write_at(&[9u8; 512], 512).unwrap();
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), 1024);
+        // Truncated behind the daemon's back: an error, not zeros.
+        f.set_len(500).unwrap();
+        let e = b.read_at(&mut [0u8; 512], 0).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof, "{e}");
     }
 }

@@ -684,6 +684,11 @@ mod tests {
             ("listen = \"127.0.0.1:10810\"", "listen = \"127.0.0.1:10810\"\ntoken = \"                \"", "api.token"),
             ("listen = \"127.0.0.1:10810\"", "listen = \"127.0.0.1:10810\"\ntoken = \"0123456789\\nabcdefgh\"", "api.token"),
             ("[listen]", "[listen]\nmax_connections = 0", "listen.max_connections"),
+            ("[listen]", "[listen]\nmax_connections = 65537", "listen.max_connections"),
+            ("write_policy = \"wt\"", "write_policy = \"wt\"\nerror_threshold = 1000001", "cache.error_threshold"),
+            ("[[vdisk]]", "[prewarm]\nsnapshots_kept = 10001\n[[vdisk]]", "prewarm.snapshots_kept"),
+            ("[[vdisk]]", "[prewarm]\nmax_read = \"65MiB\"\n[[vdisk]]", "prewarm.max_read"),
+            ("size = \"1GiB\"", "size = \"0B\"", "vdisk[0] (vm1).size"),
             ("[listen]", "[listen]\nhandshake_timeout = \"1ms\"", "listen.handshake_timeout"),
             ("[listen]", "[listen]\nhandshake_timeout = \"1h\"", "listen.handshake_timeout"),
             ("[[vdisk]]", "[prewarm]\nmax_read = \"1TiB\"\n[[vdisk]]", "prewarm.max_read"),
@@ -692,6 +697,19 @@ mod tests {
             let bad = DEFAULT.replacen(from, to, 1);
             let e = Config::parse(&bad, "x", Path::new(".")).unwrap().resolve().unwrap_err();
             assert!(e.starts_with(key), "{key}: {e}");
+        }
+        // Each range's ends are accepted.
+        for (from, to) in [
+            ("[listen]", "[listen]\nmax_connections = 1\nhandshake_timeout = \"100ms\""),
+            ("[listen]", "[listen]\nmax_connections = 65536\nhandshake_timeout = \"10min\""),
+            ("write_policy = \"wt\"", "write_policy = \"wt\"\nerror_threshold = 1000000"),
+            ("write_policy = \"wt\"", "write_policy = \"wt\"\nerror_threshold = 1"),
+            ("[[vdisk]]", "[prewarm]\nsnapshots_kept = 10000\nmax_read = \"64MiB\"\n[[vdisk]]"),
+            ("name = \"vm1\"", "name = \"vm1\"\nmin = \"256MiB\""),
+            ("size = \"1GiB\"", "size = \"512B\""),
+        ] {
+            let ok = DEFAULT.replacen(from, to, 1);
+            Config::parse(&ok, "x", Path::new(".")).unwrap().resolve().unwrap_or_else(|e| panic!("{to}: {e}"));
         }
         // The largest block size works with the default prewarm read (one block).
         let big = DEFAULT.replacen("block_size = \"4KiB\"", "block_size = \"1MiB\"", 1);

@@ -65,6 +65,9 @@ fn the_api_authenticates_first_locks_out_and_applies_only_what_is_valid_and_save
     }
     assert_eq!(r.daemon.status()[0].target_blocks, before);
     assert!(!std::fs::read_to_string(&overlay).unwrap_or_default().contains("target"));
+    // The whole cache (256 blocks) is a valid target: applied and saved.
+    assert_eq!(curl("POST", &url("/vdisks/a/resize"), Some(&token), r#"{"blocks":256}"#).0, 200);
+    assert_eq!(r.daemon.status()[0].target_blocks, 256);
     // Wrong tokens: after five the API locks out, even the right token gets 429.
     for _ in 0..5 {
         assert_eq!(curl("POST", &url("/vdisks/a/destage"), Some("0000000000000000"), "").0, 401);

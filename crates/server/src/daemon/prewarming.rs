@@ -163,7 +163,7 @@ impl Daemon {
         // too), and it is durable before the first read (a crash resumes from it).
         self.snapshots.lock().unwrap_or_else(|e| e.into_inner()).pending = pending.clone();
         let mut snap = cachevisor_prewarm::Snapshot::new(1, 0, self.block_size as u32);
-        snap.sets = pending.clone();
+        snap.sets = pending;
         let keep = pending_dir(&self.meta_dir);
         if let Err(e) = snapshot_files::write(&keep, &snap, 1) {
             tracing::warn!(dir = %keep.display(), error = %e, "the prewarm set could not be saved: a crash would not resume it");

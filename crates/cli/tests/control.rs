@@ -73,3 +73,51 @@ fn a_busy_port_is_one_clear_error() {
     let line = daemon.banner.iter().find(|l| l.starts_with("nbd+unix://")).unwrap();
     assert!(line.contains(&format!("socket={}/nbd.sock", dir.path().display())), "{line}");
 }
+
+/// The prewarm's progress from the API, as JSON.
+fn prewarm_progress(api: &str) -> serde_json::Value {
+    ureq::get(&format!("http://{api}/prewarm")).call().unwrap().into_json().unwrap()
+}
+
+/// Issue 30: a daemon process SIGKILLed in the middle of a prewarm resumes it at its next
+/// start from the set it saved, and what it had loaded (and journaled) is not read again;
+/// `cachevisor prewarm status` follows the resumed prewarm to its end.
+#[test]
+fn a_prewarm_interrupted_by_sigkill_resumes_at_the_next_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("serve.toml"),
+        "[cache]\npath = \"cache.img\"\nsize = \"16MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n\
+         [prewarm]\nrate = \"2MiB\"\nbusy_rate = \"2MiB\"\nmax_read = \"64KiB\"\n\
+         [[vdisk]]\nname = \"vm1\"\nbacking = \"vm1.img\"\nsize = \"16MiB\"\nwrite_policy = \"wt\"\n",
+    )
+    .unwrap();
+    std::fs::create_dir(d.join("from")).unwrap();
+    let mut s = cachevisor_prewarm::Snapshot::new(1, 0, 4096);
+    s.sets.insert("vm1".into(), (0..2048u64).collect());
+    cachevisor_server::snapshot_files::write(&d.join("from"), &s, 4).unwrap();
+    let mut daemon = Daemon::start(d, "serve.toml", &["--prewarm-from", "from"]).unwrap();
+    let t = std::time::Instant::now();
+    // Past the first second: a commit (once a second) has journaled some loaded blocks.
+    while prewarm_progress(daemon.api.as_ref().unwrap())["loaded_blocks"].as_u64().unwrap() < 768 {
+        assert!(t.elapsed().as_secs() < 30, "the prewarm does not move: {}", daemon.log());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    daemon.kill9();
+    let daemon = Daemon::start(d, "serve.toml", &[]).unwrap();
+    let api = daemon.api.clone().unwrap();
+    let p = prewarm_progress(&api);
+    assert!(p["from"].as_str().unwrap().contains("prewarm-pending"), "resumed from its saved set: {p}");
+    assert_eq!(p["planned_blocks"], 2048, "{p}");
+    let (ok, out) = cachevisor(&["prewarm", "--api", &api, "status"]);
+    assert!(ok && out.contains("done") && out.contains("of 2048 blocks loaded"), "{out}");
+    let p = prewarm_progress(&api);
+    let (loaded, skipped) = (p["loaded_blocks"].as_u64().unwrap(), p["skipped_blocks"].as_u64().unwrap());
+    assert_eq!(loaded + skipped, 2048, "{p}");
+    assert!(skipped > 0, "what the killed process loaded and journaled is not read again: {p}");
+    // Done: a third start has nothing to resume.
+    drop(daemon);
+    let daemon = Daemon::start(d, "serve.toml", &[]).unwrap();
+    assert_eq!(prewarm_progress(daemon.api.as_ref().unwrap())["from"], "", "nothing left to resume");
+}

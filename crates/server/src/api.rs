@@ -18,6 +18,7 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 #[derive(Clone)]
 struct Api {
@@ -253,8 +254,9 @@ async fn set_allocator(State(a): State<Api>, Json(body): Json<AllocatorBody>) ->
     mutate(a, None, move |d, _| d.set_allocator(&body.name, &body.params).map_err(change_err)).await
 }
 
-/// Starts the API on `addr` (port 0 = any); returns the bound address and the token.
-pub fn start(daemon: Arc<Daemon>, addr: SocketAddr, token: String) -> Result<SocketAddr, StartError> {
+/// Starts the API on `addr` (port 0 = any), closing connections idle for `idle`;
+/// returns the bound address.
+pub fn start(daemon: Arc<Daemon>, addr: SocketAddr, token: String, idle: Duration) -> Result<SocketAddr, StartError> {
     let l = std::net::TcpListener::bind(addr)
         .map_err(|source| StartError::File { path: format!("api.listen {addr}"), error: source })?;
     let bound =
@@ -279,7 +281,7 @@ pub fn start(daemon: Arc<Daemon>, addr: SocketAddr, token: String) -> Result<Soc
         rt.block_on(async move {
             let inner = tokio::net::TcpListener::from_std(l).expect("listener");
             let limit = ConnLimit::new("api", API_CONNECTIONS, guards);
-            if let Err(e) = axum::serve(LimitedListener { inner, limit }, app).await {
+            if let Err(e) = axum::serve(LimitedListener { inner, limit, idle }, app).await {
                 tracing::error!(%e, "API server stopped");
             }
         });

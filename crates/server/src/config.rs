@@ -178,6 +178,20 @@ pub struct ApiConfig {
     pub listen: String,
     /// Bearer token for mutating calls; a random one is generated when absent.
     pub token: Option<String>,
+    /// A connection that sends and receives nothing for this long is closed.
+    #[serde(default = "default_api_idle_timeout")]
+    pub idle_timeout: String,
+}
+
+impl ApiConfig {
+    /// The API on `listen` with the defaults (a random token).
+    pub fn on(listen: &str) -> ApiConfig {
+        ApiConfig { listen: listen.into(), token: None, idle_timeout: default_api_idle_timeout() }
+    }
+}
+
+fn default_api_idle_timeout() -> String {
+    "30s".into()
 }
 
 /// `[[vdisk]]`.
@@ -420,6 +434,7 @@ handshake_timeout = "10s"     # default 10s, 100ms to 10min: a client that has n
 [api]                         # the HTTP API and /metrics; omit the section to disable
 listen = "127.0.0.1:10810"
 token = "at-least-16-characters" # default: random, written to METADATA/api-token; 16 to 4096 visible ASCII characters. Mutating calls need it (5 wrong ones in a row lock them out for 1 s, doubling to 60 s)
+idle_timeout = "30s"          # default 30s, 1s to 1h: a connection that sends and receives nothing this long is closed (at most 64 are open at once)
 
 [prewarm]                     # cache-state snapshots and prewarming (defaults when absent)
 snapshot_dir = "var/cache.img.meta/snapshots" # default METADATA/snapshots (its parent must exist; created 0700)
@@ -474,6 +489,8 @@ pub struct Resolved {
     pub poll_ns: u64,
     /// `listen.handshake_timeout`, ns.
     pub handshake_timeout_ns: u64,
+    /// `api.idle_timeout`, ns (0 without an `[api]` section).
+    pub api_idle_timeout_ns: u64,
 }
 
 impl Config {
@@ -569,8 +586,14 @@ impl Config {
                 self.listen.handshake_timeout
             ));
         }
+        let mut api_idle_ns = 0;
         if let Some(a) = &self.api {
             a.listen.parse::<SocketAddr>().map_err(|e| format!("api.listen: `{}`: {e}", a.listen))?;
+            api_idle_ns = cachevisor_trace::units::parse_duration_ns(&a.idle_timeout)
+                .map_err(|e| format!("api.idle_timeout: {e}"))?;
+            if !(1_000_000_000..=3_600_000_000_000).contains(&api_idle_ns) {
+                return Err(format!("api.idle_timeout: `{}` is outside 1s to 1h", a.idle_timeout));
+            }
             if let Some(t) = &a.token {
                 if !(16..=4096).contains(&t.len()) || !t.bytes().all(|b| b.is_ascii_graphic()) {
                     return Err("api.token: use 16 to 4096 visible ASCII characters (no spaces, tabs or newlines: clients send it in a header)".into());
@@ -607,6 +630,7 @@ impl Config {
             flush_rate: parse_size(&self.cache.flush_rate).expect("checked"),
             poll_ns,
             handshake_timeout_ns: handshake_ns,
+            api_idle_timeout_ns: api_idle_ns,
         })
     }
 }
@@ -693,6 +717,8 @@ mod tests {
             ("[listen]", "[listen]\nhandshake_timeout = \"1h\"", "listen.handshake_timeout"),
             ("[[vdisk]]", "[prewarm]\nmax_read = \"1TiB\"\n[[vdisk]]", "prewarm.max_read"),
             ("[[vdisk]]", "[prewarm]\nsnapshots_kept = 0\n[[vdisk]]", "prewarm.snapshots_kept"),
+            ("listen = \"127.0.0.1:10810\"", "listen = \"127.0.0.1:10810\"\nidle_timeout = \"999ms\"", "api.idle_timeout"),
+            ("listen = \"127.0.0.1:10810\"", "listen = \"127.0.0.1:10810\"\nidle_timeout = \"61min\"", "api.idle_timeout"),
         ] {
             let bad = DEFAULT.replacen(from, to, 1);
             let e = Config::parse(&bad, "x", Path::new(".")).unwrap().resolve().unwrap_err();
@@ -707,6 +733,8 @@ mod tests {
             ("[[vdisk]]", "[prewarm]\nsnapshots_kept = 10000\nmax_read = \"64MiB\"\n[[vdisk]]"),
             ("name = \"vm1\"", "name = \"vm1\"\nmin = \"256MiB\""),
             ("size = \"1GiB\"", "size = \"512B\""),
+            ("listen = \"127.0.0.1:10810\"", "listen = \"127.0.0.1:10810\"\nidle_timeout = \"1s\""),
+            ("listen = \"127.0.0.1:10810\"", "listen = \"127.0.0.1:10810\"\nidle_timeout = \"1h\""),
         ] {
             let ok = DEFAULT.replacen(from, to, 1);
             Config::parse(&ok, "x", Path::new(".")).unwrap().resolve().unwrap_or_else(|e| panic!("{to}: {e}"));

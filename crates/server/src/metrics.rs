@@ -183,6 +183,11 @@ impl Collector for StateCollector {
                 gd.handshake_timeouts,
             ),
             (
+                "cachevisor_api_idle_closes",
+                "API connections closed after moving no byte for api.idle_timeout",
+                gd.api_idle_closes,
+            ),
+            (
                 "cachevisor_commit_failures",
                 "Metadata commits that failed and were retried (a full file system)",
                 gd.commit_failures,

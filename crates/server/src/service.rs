@@ -98,7 +98,12 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
         let addr: SocketAddr =
             a.listen.parse().map_err(|e| StartError::Config(format!("api.listen: `{}`: {e}", a.listen)))?;
         let token = a.token.clone().unwrap_or_else(crate::api::random_token);
-        let bound = crate::api::start(daemon.clone(), addr, token.clone())?;
+        let bound = crate::api::start(
+            daemon.clone(),
+            addr,
+            token.clone(),
+            std::time::Duration::from_nanos(r.api_idle_timeout_ns),
+        )?;
         if a.token.is_none() {
             let path = daemon.metadata_dir().join("api-token");
             crate::private_files::create(&path)

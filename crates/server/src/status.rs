@@ -55,6 +55,8 @@ pub struct Guards {
     pub connections_refused: std::sync::atomic::AtomicU64,
     /// NBD connections closed for not finishing the handshake in time.
     pub handshake_timeouts: std::sync::atomic::AtomicU64,
+    /// API connections closed after moving no byte for `api.idle_timeout`.
+    pub api_idle_closes: std::sync::atomic::AtomicU64,
 }
 
 /// A reading of [`Guards`].
@@ -68,6 +70,8 @@ pub struct GuardCounts {
     pub connections_refused: u64,
     /// See [`Guards`].
     pub handshake_timeouts: u64,
+    /// See [`Guards`].
+    pub api_idle_closes: u64,
     /// Metadata commits that failed (and were retried after a pause; the data path's
     /// count).
     pub commit_failures: u64,
@@ -82,6 +86,7 @@ impl Guards {
             api_lockouts: self.api_lockouts.load(Relaxed),
             connections_refused: self.connections_refused.load(Relaxed),
             handshake_timeouts: self.handshake_timeouts.load(Relaxed),
+            api_idle_closes: self.api_idle_closes.load(Relaxed),
             commit_failures,
         }
     }

@@ -5,7 +5,7 @@ use common::*;
 
 fn api_cfg(dir: &std::path::Path) -> cachevisor_server::Config {
     let mut c = config(dir, "1MiB", &[("a", "4MiB", "wb"), ("b", "4MiB", "wt")]);
-    c.api = Some(cachevisor_server::config::ApiConfig { listen: "127.0.0.1:0".into(), token: None });
+    c.api = Some(cachevisor_server::config::ApiConfig::on("127.0.0.1:0"));
     c
 }
 

@@ -6,6 +6,8 @@
 //! - NBD clients that never finish the handshake are closed at the deadline, and
 //!   connections past `listen.max_connections` are closed at once while a served client
 //!   goes on;
+//! - API connections that move no byte for `api.idle_timeout` are closed (their slots come
+//!   back), one that keeps talking stays open, and one past the limit is closed at once;
 //! - the cache store, metadata and snapshots are private (0600/0700), and a cache store
 //!   other users can read refuses the start, naming the `chmod`.
 
@@ -17,7 +19,7 @@ use std::time::{Duration, Instant};
 
 fn api_cfg(dir: &std::path::Path) -> cachevisor_server::Config {
     let mut c = config(dir, "1MiB", &[("a", "4MiB", "wb")]);
-    c.api = Some(cachevisor_server::config::ApiConfig { listen: "127.0.0.1:0".into(), token: None });
+    c.api = Some(cachevisor_server::config::ApiConfig::on("127.0.0.1:0"));
     c
 }
 
@@ -81,6 +83,55 @@ fn the_api_authenticates_first_locks_out_and_applies_only_what_is_valid_and_save
     for needle in ["cachevisor_api_auth_failures_total 7", "cachevisor_api_lockouts_total 1"] {
         assert!(m.contains(needle), "metrics lack `{needle}`");
     }
+}
+
+/// An HTTP/1.1 GET of `path` on the open connection `s`; true when a 200 came back.
+fn get_on(s: &mut std::net::TcpStream, path: &str) -> bool {
+    use std::io::Write;
+    if s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes()).is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 4096];
+    matches!(s.read(&mut buf), Ok(n) if buf[..n].starts_with(b"HTTP/1.1 200"))
+}
+
+/// Reads until the peer closes; how long that took.
+fn closed_within(s: &mut std::net::TcpStream) -> Duration {
+    let t = Instant::now();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut buf = [0u8; 4096];
+    while s.read(&mut buf).is_ok_and(|n| n > 0) {}
+    t.elapsed()
+}
+
+#[test]
+fn idle_api_connections_are_closed_and_their_slots_come_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = api_cfg(dir.path());
+    cfg.api.as_mut().unwrap().idle_timeout = "1s".into();
+    let r = serve(&cfg);
+    let api = r.api.clone().unwrap().0;
+    // A client that keeps talking (every 400 ms, 2.4 s in all) is never idle.
+    let mut talker = std::net::TcpStream::connect(api).unwrap();
+    talker.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert!(get_on(&mut talker, "/vdisks"));
+    // 63 more that never send a byte fill the 64 slots; the next is closed at once.
+    let mut idle: Vec<_> = (0..63).map(|_| std::net::TcpStream::connect(api).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut surplus = std::net::TcpStream::connect(api).unwrap();
+    assert!(closed_within(&mut surplus) < Duration::from_millis(900), "closed at once");
+    for _ in 0..6 {
+        std::thread::sleep(Duration::from_millis(400));
+        assert!(get_on(&mut talker, "/vdisks"), "a connection in use is not idle");
+    }
+    // The idle ones were closed after a second (the test took longer: each is gone now).
+    for s in &mut idle {
+        assert!(closed_within(s) < Duration::from_secs(2));
+    }
+    assert!(get_on(&mut std::net::TcpStream::connect(api).unwrap(), "/vdisks"), "the slots came back");
+    let m = r.daemon.render_metrics();
+    assert!(m.contains("cachevisor_api_idle_closes_total 63"), "{m}");
+    assert!(m.contains("cachevisor_connections_refused_total 1"), "{m}");
 }
 
 #[test]

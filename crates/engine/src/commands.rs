@@ -186,7 +186,8 @@ impl Engine {
     pub fn check_invariants(&self) -> Result<(), String> {
         let mut used = vec![0u64; self.vms.len()];
         let mut dirty = vec![0u64; self.vms.len()];
-        let mut remote = vec![vec![0u64; self.cfg.remote.len()]; self.vms.len()];
+        let mut held = vec![vec![0u64; self.stores.rows.len()]; self.vms.len()];
+        let mut store_used = vec![0u64; self.stores.rows.len()];
         for s in 0..self.slots.len() as u32 {
             let key = self.slots.key(s);
             if key == FREE_KEY {
@@ -200,9 +201,8 @@ impl Engine {
             }
             let vm = key_vm(key) as usize;
             used[vm] += 1;
-            if let Some(r) = self.region_of(s) {
-                remote[vm][r] += 1;
-            }
+            held[vm][self.store_of(s) as usize] += 1;
+            store_used[self.store_of(s) as usize] += 1;
             if self.dirty.any(s, (0, self.spb)) {
                 dirty[vm] += 1;
             }
@@ -227,15 +227,17 @@ impl Engine {
                 self.slots.len()
             ));
         }
+        for (st, row) in self.stores.rows.iter().enumerate() {
+            if row.used != store_used[st] {
+                return Err(format!("store {st}: counted {} slots in use, holds {}", row.used, store_used[st]));
+            }
+        }
         for (vm, p) in self.vms.iter().enumerate() {
             if p.used != used[vm] {
                 return Err(format!("vm {vm}: counted {} used slots, holds {}", p.used, used[vm]));
             }
-            if p.remote_used_by != remote[vm] || p.remote_used != remote[vm].iter().sum::<u64>() {
-                return Err(format!(
-                    "vm {vm}: counted {} lent slots used ({:?} by region), holds {:?}",
-                    p.remote_used, p.remote_used_by, remote[vm]
-                ));
+            if p.held != held[vm] {
+                return Err(format!("vm {vm}: counted {:?} slots by store, holds {:?}", p.held, held[vm]));
             }
             if p.dirty_blocks != dirty[vm] {
                 return Err(format!("vm {vm}: counted {} dirty blocks, holds {}", p.dirty_blocks, dirty[vm]));

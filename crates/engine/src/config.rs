@@ -1,8 +1,8 @@
 //! Engine configuration: every tunable with its minimum, maximum and default, validated
 //! when the engine is built.
 
-use crate::output::Location;
 use crate::replacement::ReplacementKind;
+use crate::stores::StoreLayout;
 use crate::write_policy::WritePolicy;
 use serde::{Deserialize, Serialize};
 
@@ -52,16 +52,37 @@ pub enum FillMode {
     Request,
 }
 
-/// Cache another node of a cluster lends this engine (ELICA §3.1's remote cache): its
-/// slots follow the local ones and the previous regions', and their ops carry
-/// [`Location::Remote`] with the lender's node id.
+/// What kind of store a row of the engine's store table is (`stores.rs`): where its
+/// slots live, so a driver knows which device runs an op on them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase", tag = "kind")]
+pub enum StoreKind {
+    /// This node's own cache store (the table's first row, store 0).
+    Local,
+    /// Cache another node of a cluster lends this engine (ELICA §3.1's remote cache),
+    /// reached over the network.
+    Lent {
+        /// The lending node's id in the cluster.
+        node: u16,
+    },
+}
+
+/// A store after the local one (`EngineConfig::stores`): its kind and its slots, which
+/// follow the local ones and the previous stores'.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RemoteRegion {
-    /// The lending node's id in the cluster.
-    pub node: u16,
-    /// Slots lent.
+pub struct StoreSpec {
+    /// What it is.
+    #[serde(flatten)]
+    pub kind: StoreKind,
+    /// Slots in it.
     pub slots: u64,
+}
+
+impl StoreSpec {
+    /// `slots` slots lent by node `node`.
+    pub fn lent(node: u16, slots: u64) -> StoreSpec {
+        StoreSpec { kind: StoreKind::Lent { node }, slots }
+    }
 }
 
 /// Engine settings.
@@ -82,10 +103,10 @@ pub struct EngineConfig {
     pub fill: FillMode,
     /// Keep a last-access time per slot (4 bytes per slot).
     pub track_last_access: bool,
-    /// Cache lent by other nodes of a cluster, after the `slots` local ones (none on a
-    /// single host).
+    /// The stores after the local one (`slots` slots): regions other nodes of a cluster
+    /// lend (none on a single host). Their slots follow the local ones, in this order.
     #[serde(default)]
-    pub remote: Vec<RemoteRegion>,
+    pub stores: Vec<StoreSpec>,
 }
 
 impl EngineConfig {
@@ -99,7 +120,7 @@ impl EngineConfig {
             write_policy: WritePolicy::Wb,
             fill: FillMode::Block,
             track_last_access: false,
-            remote: Vec::new(),
+            stores: Vec::new(),
         }
     }
 
@@ -111,103 +132,40 @@ impl EngineConfig {
         if self.slots == 0 || self.slots > MAX_SLOTS {
             return Err(format!("slots: {} is outside 1..={MAX_SLOTS} (cache size / block size)", self.slots));
         }
-        if let Some(r) = self.remote.iter().find(|r| r.slots == 0) {
-            return Err(format!("remote: the region lent by node {} has no slots", r.node));
+        if let Some(r) = self.stores.iter().find(|r| r.slots == 0) {
+            return Err(format!("stores: the store {:?} has no slots", r.kind));
         }
-        let total = self.remote.iter().try_fold(self.slots, |t, r| t.checked_add(r.slots));
+        if self.stores.iter().any(|r| r.kind == StoreKind::Local) {
+            return Err("stores: the local store is the first, given by `slots`".into());
+        }
+        if let Some((i, r)) =
+            self.stores.iter().enumerate().find(|(i, r)| self.stores[..*i].iter().any(|o| o.kind == r.kind))
+        {
+            return Err(format!("stores: store {} ({:?}) is given twice", i + 1, r.kind));
+        }
+        if self.stores.len() >= u16::MAX as usize {
+            return Err(format!("stores: {} stores, at most {}", self.stores.len() + 1, u16::MAX));
+        }
+        let total = self.stores.iter().try_fold(self.slots, |t, r| t.checked_add(r.slots));
         if total.is_none_or(|t| t > MAX_SLOTS) {
-            return Err(format!("remote: local and lent slots together exceed {MAX_SLOTS}"));
+            return Err(format!("stores: the stores' slots together exceed {MAX_SLOTS}"));
         }
         Ok(())
     }
 
-    /// Every slot the engine manages: its own, then the lent regions'.
+    /// Every slot the engine manages: the local store's, then the other stores'.
     pub fn total_slots(&self) -> u64 {
-        self.slots + self.remote.iter().map(|r| r.slots).sum::<u64>()
+        self.slots + self.stores.iter().map(|r| r.slots).sum::<u64>()
     }
 
-    /// Where slot `slot` lives — the local cache store or a lender's — and its index
-    /// there (a driver's byte offset is that index × the block size).
-    #[inline]
-    pub fn slot_location(&self, slot: u32) -> (Location, u64) {
-        let mut at = slot as u64;
-        if at < self.slots {
-            return (Location::Ssd(0), at);
-        }
-        at -= self.slots;
-        for r in &self.remote {
-            if at < r.slots {
-                return (Location::Remote { node: r.node }, at);
-            }
-            at -= r.slots;
-        }
-        panic!("slot {slot} is past the engine's {} slots", self.total_slots())
+    /// Where each store's slots are ([`StoreLayout`]), what a driver looks an op's store
+    /// and offset up in.
+    pub fn layout(&self) -> StoreLayout {
+        StoreLayout::new(self)
     }
 
     /// Sectors per block.
     pub fn sectors_per_block(&self) -> u32 {
         (self.block_size / SECTOR) as u32
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::{Engine, Output};
-    use cachevisor_trace::{Op, Request};
-
-    fn lent() -> EngineConfig {
-        let remote = vec![RemoteRegion { node: 2, slots: 3 }, RemoteRegion { node: 5, slots: 1 }];
-        EngineConfig { remote, partition: PartitionMode::Shared, ..EngineConfig::with_slots(2) }
-    }
-
-    #[test]
-    fn lent_regions_follow_the_local_slots() {
-        let c = lent();
-        assert_eq!(c.total_slots(), 6);
-        let at: Vec<_> = (0..6).map(|s| c.slot_location(s)).collect();
-        assert_eq!(
-            at,
-            [
-                (Location::Ssd(0), 0),
-                (Location::Ssd(0), 1),
-                (Location::Remote { node: 2 }, 0),
-                (Location::Remote { node: 2 }, 1),
-                (Location::Remote { node: 2 }, 2),
-                (Location::Remote { node: 5 }, 0),
-            ]
-        );
-    }
-
-    #[test]
-    fn ops_on_lent_slots_go_to_the_lender_at_their_offset_there() {
-        let c = lent();
-        let mut e = Engine::new(c.clone()).unwrap();
-        let mut out = Output::default();
-        // Six blocks written through (write-back): every slot filled once, each write an op
-        // on the slot's store at its index there.
-        let mut seen = Vec::new();
-        for b in 0..6u64 {
-            let req = Request { time_ns: 0, vm: 0, op: Op::Write, offset: b * 4096 + 512, len: 512 };
-            e.access(0, &req, &mut out);
-            for op in out.ops.iter().filter(|o| o.kind.is_ssd()) {
-                assert_eq!(op.loc, c.slot_location(op.slot).0);
-                seen.push((op.loc, op.cache_offset(&c)));
-            }
-        }
-        assert_eq!(seen.len(), 6);
-        for s in 0..6u32 {
-            let (loc, index) = c.slot_location(s);
-            assert!(seen.contains(&(loc, index * 4096 + 512)), "slot {s} at {loc:?} {index} in {seen:?}");
-        }
-    }
-
-    #[test]
-    fn bad_regions_are_named() {
-        let zero = EngineConfig { remote: vec![RemoteRegion { node: 4, slots: 0 }], ..EngineConfig::with_slots(2) };
-        assert!(zero.validate().unwrap_err().contains("node 4 has no slots"));
-        let big =
-            EngineConfig { remote: vec![RemoteRegion { node: 1, slots: MAX_SLOTS }], ..EngineConfig::with_slots(2) };
-        assert!(big.validate().unwrap_err().contains("exceed"));
     }
 }

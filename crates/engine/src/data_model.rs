@@ -27,7 +27,7 @@ pub const ANY: u64 = u64::MAX;
 /// The model (see the top comment).
 #[derive(Debug, Clone)]
 pub struct DataModel {
-    cfg: EngineConfig,
+    layout: crate::stores::StoreLayout,
     /// Cache sectors by store (local, or a lender's region) and sector there.
     ssd: HashMap<(Location, u64), Tag>,
     backing: HashMap<(VmId, u64), u64>,
@@ -51,7 +51,7 @@ impl DataModel {
     /// at version 0).
     pub fn new(cfg: EngineConfig) -> Self {
         DataModel {
-            cfg,
+            layout: cfg.layout(),
             ssd: HashMap::new(),
             backing: HashMap::new(),
             allowed: HashMap::new(),
@@ -90,10 +90,10 @@ impl DataModel {
     pub fn execute(&mut self, op: &DeviceOp, fail: bool, torn: u64) -> Result<(), String> {
         let n = op.len.div_ceil(512) as u64;
         let d0 = op.disk_addr / 512;
-        let s0 = if op.kind.is_ssd() { op.cache_offset(&self.cfg) / 512 } else { 0 };
-        if op.kind.is_ssd() && op.loc != self.cfg.slot_location(op.slot).0 {
-            return Err(format!("{op:?}: slot {} is at {:?}", op.slot, self.cfg.slot_location(op.slot).0));
+        if op.kind.is_ssd() && op.loc != Location::Cache(self.layout.store_of(op.slot)) {
+            return Err(format!("{op:?}: slot {} is in store {}", op.slot, self.layout.store_of(op.slot)));
         }
+        let s0 = if op.kind.is_ssd() { self.layout.offset(op) / 512 } else { 0 };
         let req = op.req;
         if !op.kind.is_write() {
             if fail {

@@ -34,6 +34,7 @@
 use crate::engine::Engine;
 use crate::inflight::{Event, Failure, ReqId};
 use crate::slot_table::FREE_KEY;
+use crate::stores::StoreId;
 use cachevisor_trace::VmId;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -58,12 +59,32 @@ pub struct Commit {
     pub epoch: u64,
     /// Backing stores to sync first (they took write-backs since the last commit).
     pub sync_backings: Vec<VmId>,
-    /// Slot records to append after the cache store is synced.
+    /// Cache stores to sync next (rows of the store table that took cache writes since
+    /// the last commit, failed ones too). A driver may sync more, never fewer.
+    pub sync_stores: Vec<StoreId>,
+    /// Slot records to append after the cache stores are synced.
     pub records: Vec<SlotRecord>,
 }
 
-/// A commit handed to the driver: its epoch, records, slots leaving limbo, backings.
-type InFlightCommit = (u64, Vec<SlotRecord>, Vec<u32>, Vec<VmId>);
+/// The stores a checkpoint must sync before it is made durable ([`Engine::checkpoint`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Syncs {
+    /// Backing stores that took write-backs since the last commit.
+    pub backings: Vec<VmId>,
+    /// Cache stores that took cache writes since the last commit.
+    pub stores: Vec<StoreId>,
+}
+
+/// A commit handed to the driver: its epoch, records, slots leaving limbo, and what it
+/// syncs (put back for the next commit if it fails).
+#[derive(Debug, Clone)]
+struct InFlightCommit {
+    epoch: u64,
+    records: Vec<SlotRecord>,
+    leaving: Vec<u32>,
+    backings: Vec<VmId>,
+    stores: Vec<StoreId>,
+}
 
 /// Persistent-mode state inside [`Engine`].
 #[derive(Debug, Clone, Default)]
@@ -98,6 +119,8 @@ pub(crate) struct Durability {
     pub(crate) vouched_elsewhere: std::collections::HashMap<u64, u32>,
     /// VMs whose backing stores took write-backs since the last commit.
     pub(crate) wrote_back: BTreeSet<VmId>,
+    /// Cache stores that took cache writes since the last commit.
+    pub(crate) wrote_stores: BTreeSet<StoreId>,
     /// The driver asked for a commit.
     wanted: bool,
     /// A reserve refill job is running.
@@ -160,9 +183,6 @@ impl Engine {
     /// `reserve` free slots durable ahead of need. Only the asynchronous face is
     /// crash-consistent; the engine's slots that are free now are free in the journal.
     pub fn set_persistent(&mut self, reserve: u64) {
-        // Recovery knows the local cache store only: lent regions are the driver's to
-        // refuse with it (the cluster simulator does).
-        assert!(self.cfg.remote.is_empty(), "persistent mode with regions lent by other nodes");
         self.dur.on = true;
         self.dur.reserve = reserve.max(1);
         self.dur.next_epoch = self.dur.next_epoch.max(1);
@@ -248,15 +268,24 @@ impl Engine {
             }
         }
         let backings: Vec<VmId> = std::mem::take(&mut self.dur.wrote_back).into_iter().collect();
+        let stores: Vec<StoreId> = std::mem::take(&mut self.dur.wrote_stores).into_iter().collect();
         self.dur.limbo.extend(leaving.iter().map(|&s| (epoch, s)));
-        self.dur.in_flight = Some((epoch, records.clone(), leaving, backings.clone()));
-        Some(Commit { epoch, sync_backings: backings, records })
+        self.dur.in_flight = Some(InFlightCommit {
+            epoch,
+            records: records.clone(),
+            leaving,
+            backings: backings.clone(),
+            stores: stores.clone(),
+        });
+        Some(Commit { epoch, sync_backings: backings, sync_stores: stores, records })
     }
 
     /// Reports the commit of `epoch` done (`Ok`: durable) or failed (its records are
     /// tried again in the next commit; writes waiting on it fail, flushes fail).
     pub fn handle_commit(&mut self, now_ns: u64, epoch: u64, result: Result<(), Failure>) {
-        let Some((e, records, leaving, backings)) = self.dur.in_flight.take() else { return };
+        let Some(InFlightCommit { epoch: e, records, leaving, backings, stores }) = self.dur.in_flight.take() else {
+            return;
+        };
         debug_assert_eq!(e, epoch, "one commit in flight");
         match result {
             Ok(()) => {
@@ -298,6 +327,7 @@ impl Engine {
                 self.dur.limbo.retain(|&(e, _)| e != epoch);
                 self.dur.limbo_new.extend(leaving);
                 self.dur.wrote_back.extend(backings);
+                self.dur.wrote_stores.extend(stores);
                 let (failed, rest): (Vec<_>, Vec<_>) =
                     std::mem::take(&mut self.dur.flushes).into_iter().partition(|x| x.1 == Some(epoch));
                 self.dur.flushes = rest;
@@ -364,17 +394,20 @@ impl Engine {
     }
 
     /// A checkpoint (persistent mode, [`Self::quiescent`], nothing may change until
-    /// [`Self::checkpoint_done`]): every held slot's record for `f`, and the backing stores
-    /// to sync before the checkpoint is made durable (with the cache store). Nothing in
-    /// the engine changes here: a checkpoint that fails leaves the old metadata in force.
-    pub fn checkpoint(&mut self, f: &mut dyn FnMut(SlotRecord)) -> Vec<VmId> {
+    /// [`Self::checkpoint_done`]): every held slot's record for `f`, and the backing and
+    /// cache stores to sync before the checkpoint is made durable. Nothing in the engine
+    /// changes here: a checkpoint that fails leaves the old metadata in force.
+    pub fn checkpoint(&mut self, f: &mut dyn FnMut(SlotRecord)) -> Syncs {
         debug_assert!(self.quiescent(), "a checkpoint needs nothing in flight");
         for s in 0..self.slots.len() as u32 {
             if self.slots.key(s) != FREE_KEY {
                 f(self.record_of(s));
             }
         }
-        self.dur.wrote_back.iter().copied().collect()
+        Syncs {
+            backings: self.dur.wrote_back.iter().copied().collect(),
+            stores: self.dur.wrote_stores.iter().copied().collect(),
+        }
     }
 
     /// The checkpoint taken by [`Self::checkpoint`] is durable and replaced the journal:
@@ -382,6 +415,7 @@ impl Engine {
     /// sectors are exactly the clean valid ones.
     pub fn checkpoint_done(&mut self) {
         self.dur.wrote_back.clear();
+        self.dur.wrote_stores.clear();
         let mut changed = Vec::new();
         self.take_changed(&mut changed);
         self.dur.settled.clear();
@@ -457,6 +491,15 @@ impl Engine {
         self.dur.refilling = job.is_some();
         if let Some(id) = job {
             self.flight.refill_job = Some(id);
+        }
+    }
+
+    /// Notes a cache write to store `st` that ended (failed ones too: torn bytes must be
+    /// synced before a record calls anything there valid).
+    #[inline]
+    pub(crate) fn note_cache_write(&mut self, st: StoreId) {
+        if self.dur.on {
+            self.dur.wrote_stores.insert(st);
         }
     }
 

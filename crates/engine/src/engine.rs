@@ -6,7 +6,7 @@ use crate::config::{EngineConfig, PartitionMode, SECTOR};
 use crate::output::{DeviceOp, Evicted, Location, OpId, OpKind, Output, NO_SLOT};
 use crate::replacement::{AnyReplacement, Replacement};
 use crate::sector_bits::{SectorBits, SectorRange};
-use crate::slot_table::{key_block, key_vm, pack_key, List, SlotTable, FREE_KEY};
+use crate::slot_table::{key_block, key_vm, pack_key, SlotTable, FREE_KEY};
 use crate::write_policy::WritePolicy;
 use cachevisor_trace::{Op, Request, VmId};
 
@@ -24,13 +24,13 @@ pub(crate) struct Partition {
     /// Its last shrink is paced ([`Engine::set_target_paced`]): above its target, it gives
     /// a block up each time a VM below its own target misses with no free slot.
     pub(crate) paced: bool,
-    /// Of its target, slots in regions other nodes lent ([`Engine::set_remote_shares`]):
-    /// in all, and per region.
+    /// Of its target, slots in stores other than the local one
+    /// ([`Engine::set_remote_shares`]): in all, and per store (`shares[0]`, the local
+    /// store's, is 0: the local part is the target less the others).
     pub(crate) remote_target: u64,
-    pub(crate) remote_shares: Vec<u64>,
-    /// Of its used slots, those in lent regions: in all, and per region.
-    pub(crate) remote_used: u64,
-    pub(crate) remote_used_by: Vec<u64>,
+    pub(crate) shares: Vec<u64>,
+    /// Of its used slots, those in each store (`stores.rs`).
+    pub(crate) held: Vec<u64>,
     /// ELICA-Traffic's run detector (§3.4): a request continuing a run of at least
     /// [`TRAFFIC_RUN`] bytes is sequential.
     pub(crate) traffic: crate::sequential_cutoff::SequentialCutoff,
@@ -74,18 +74,8 @@ pub struct Engine {
     pub(crate) valid: SectorBits,
     pub(crate) dirty: SectorBits,
     pub(crate) index: BlockIndex,
-    pub(crate) free: List,
-    /// Free slots of each region other nodes lent (`EngineConfig::remote`), and each
-    /// region's first slot.
-    pub(crate) free_remote: Vec<List>,
-    /// Per lent region: slots in use (every VM's), and the cap a driver set
-    /// (`set_region_limit`).
-    pub(crate) region_used: Vec<u64>,
-    pub(crate) region_limit: Vec<u64>,
-    /// Slots in use in the local store, and the cap a driver set (`set_local_limit`).
-    pub(crate) local_used: u64,
-    pub(crate) local_limit: u64,
-    pub(crate) region_starts: Vec<u64>,
+    /// The store table: each cache store's slots, free list, use and cap (`stores.rs`).
+    pub(crate) stores: crate::stores::Stores,
     /// The request being served continues a sequential run (ELICA-Traffic): its new
     /// blocks take local slots first.
     pub(crate) req_sequential: bool,
@@ -154,8 +144,6 @@ pub struct Engine {
     pub(crate) migrating: u32,
     pub(crate) gm_due: Vec<u64>,
     pub(crate) deferred_free: Vec<u32>,
-    /// Where `reclaim_at` resumes in each store (local, then each region; `migration.rs`).
-    pub(crate) reclaim_cursor: Vec<u64>,
 }
 
 /// Result of asking for a slot.
@@ -173,21 +161,7 @@ impl Engine {
         let n = cfg.total_slots() as usize;
         let spb = cfg.sectors_per_block();
         let mut slots = SlotTable::new(n, cfg.track_last_access);
-        let mut free = List::default();
-        for s in 0..cfg.slots as u32 {
-            free.push_back(&mut slots, s);
-        }
-        let (mut free_remote, mut region_starts) = (Vec::new(), Vec::new());
-        let mut start = cfg.slots;
-        for r in &cfg.remote {
-            let mut list = List::default();
-            for s in start..start + r.slots {
-                list.push_back(&mut slots, s as u32);
-            }
-            free_remote.push(list);
-            region_starts.push(start);
-            start += r.slots;
-        }
+        let stores = crate::stores::Stores::new(&cfg, &mut slots);
         let shared = (cfg.partition == PartitionMode::Shared).then(|| cfg.replacement.build(cfg.total_slots()));
         Ok(Engine {
             spb,
@@ -196,13 +170,7 @@ impl Engine {
             dirty: SectorBits::new(n, spb),
             index: BlockIndex::new(n),
             slots,
-            free,
-            local_used: 0,
-            local_limit: u64::MAX,
-            region_used: vec![0; free_remote.len()],
-            region_limit: vec![u64::MAX; free_remote.len()],
-            free_remote,
-            region_starts,
+            stores,
             req_sequential: false,
             traffic_aware: true,
             traffic_turnover: false,
@@ -234,7 +202,6 @@ impl Engine {
             migrating: 0,
             gm_due: Vec::new(),
             deferred_free: Vec::new(),
-            reclaim_cursor: Vec::new(),
             cfg,
         })
     }
@@ -260,7 +227,7 @@ impl Engine {
                 dirty_blocks: p.dirty_blocks,
                 write_policy: p.write_policy,
                 remote_target: p.remote_target,
-                remote_used: p.remote_used,
+                remote_used: p.used - p.held[0],
             },
             None => PartitionInfo {
                 target: 0,
@@ -275,7 +242,7 @@ impl Engine {
 
     /// Free slots.
     pub fn free_slots(&self) -> u64 {
-        self.free.len() as u64 + self.free_remote.iter().map(|l| l.len() as u64).sum::<u64>() + self.parked.len() as u64
+        self.stores.free_len() + self.parked.len() as u64
     }
 
     /// The slot holding (vm, block), if cached. A block no key can name (2^48 or more, a
@@ -371,9 +338,8 @@ impl Engine {
                 bypass: false,
                 paced: false,
                 remote_target: 0,
-                remote_shares: vec![0; self.cfg.remote.len()],
-                remote_used: 0,
-                remote_used_by: vec![0; self.cfg.remote.len()],
+                shares: vec![0; self.stores.rows.len()],
+                held: vec![0; self.stores.rows.len()],
                 // `bypass` is "run above the cutoff": sequential from TRAFFIC_RUN bytes on.
                 traffic: crate::sequential_cutoff::SequentialCutoff::new(TRAFFIC_RUN - 1),
                 migration: Default::default(),
@@ -475,15 +441,11 @@ impl Engine {
     }
 
     /// A cache op on sectors of a slot (the slot's key must already name its block), on
-    /// the local store or the lender's its slot is in.
+    /// the store its slot is in.
     #[inline]
     pub(crate) fn ssd(&self, kind: OpKind, vm: VmId, slot: u32, r: SectorRange, phase: u16, sync: bool) -> DeviceOp {
         let block = key_block(self.slots.key(slot));
-        let loc = match self.region_of(slot) {
-            None => Location::Ssd(0),
-            Some(r) => Location::Remote { node: self.cfg.remote[r].node },
-        };
-        self.op(kind, loc, vm, block, slot, r, phase, sync)
+        self.op(kind, Location::Cache(self.store_of(slot)), vm, block, slot, r, phase, sync)
     }
 
     /// A backing op on sectors of a block.

@@ -320,8 +320,10 @@ impl Engine {
         let by_block = job.failure.is_none() && !job.groups.is_empty();
         // Any backing write, even a failed (maybe torn) one, is synced before the next
         // commit: a fill may read those bytes and the journal call them clean.
-        if op.kind == crate::output::OpKind::BackingWrite {
-            self.note_write_back(op.vm);
+        match (op.kind, op.loc) {
+            (crate::output::OpKind::BackingWrite, _) => self.note_write_back(op.vm),
+            (crate::output::OpKind::SsdWrite, crate::output::Location::Cache(st)) => self.note_cache_write(st),
+            _ => {}
         }
         let released = by_block && self.release_block(key, op);
         // Blocks are released when a job retires (or a background job's block is done):

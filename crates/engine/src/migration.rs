@@ -26,9 +26,9 @@
 
 use crate::engine::Engine;
 use crate::output::{DeviceOp, OpKind, Output};
-use crate::remote_regions::Store;
 use crate::replacement::Replacement;
 use crate::slot_table::{key_vm, FREE_KEY};
+use crate::stores::{StoreId, LOCAL};
 use cachevisor_trace::VmId;
 
 /// How a VM's misplaced blocks move (ELICA §3.6).
@@ -70,7 +70,7 @@ impl Engine {
     pub fn migration_stats(&self, vm: VmId) -> MigrationStats {
         let Some(p) = self.vms.get(vm as usize) else { return MigrationStats::default() };
         let (mut over, mut under) = (0u64, 0u64);
-        for store in self.stores() {
+        for store in self.stores.ids() {
             let (used, share) = self.held_and_share(vm, store);
             over += used.saturating_sub(share);
             under += share.saturating_sub(used);
@@ -78,37 +78,28 @@ impl Engine {
         MigrationStats { moved: p.moved, misplaced: over.min(under) }
     }
 
-    /// Every store: local, then each lent region.
-    fn stores(&self) -> impl Iterator<Item = Store> {
-        std::iter::once(None).chain((0..self.cfg.remote.len()).map(Some))
-    }
-
     /// Slots `vm` holds at `store`, and its share there (local: its target less its remote
     /// shares).
-    fn held_and_share(&self, vm: VmId, store: Store) -> (u64, u64) {
+    fn held_and_share(&self, vm: VmId, store: StoreId) -> (u64, u64) {
         let p = &self.vms[vm as usize];
         match store {
-            None => (p.used - p.remote_used, p.target - p.remote_target.min(p.target)),
-            Some(r) => (p.remote_used_by[r], p.remote_shares[r]),
+            LOCAL => (p.held[0], p.target - p.remote_target.min(p.target)),
+            r => (p.held[r as usize], p.shares[r as usize]),
         }
     }
 
     /// Whether `vm` holds more than its share at `store`.
-    fn above_share(&self, vm: VmId, store: Store) -> bool {
+    fn above_share(&self, vm: VmId, store: StoreId) -> bool {
         let (used, share) = self.held_and_share(vm, store);
         used > share
     }
 
     /// A store where `vm` holds less than its share and a free slot is left (local first).
-    fn store_below_share(&mut self, vm: VmId) -> Option<Store> {
+    fn store_below_share(&mut self, vm: VmId) -> Option<StoreId> {
         self.park_pinned_free();
-        self.stores().find(|&st| {
+        self.stores.ids().find(|&st| {
             let (used, share) = self.held_and_share(vm, st);
-            let free = match st {
-                None => self.free.front().filter(|_| self.local_used < self.local_limit),
-                Some(r) => self.free_remote[r].front().filter(|_| self.region_open(r)),
-            };
-            used < share && free.is_some()
+            used < share && self.stores.open(st)
         })
     }
 
@@ -118,8 +109,9 @@ impl Engine {
         if let Some(store) = self.store_below_share(vm) {
             return self.take_free_of(store);
         }
-        let below: Vec<Store> = self
-            .stores()
+        let below: Vec<StoreId> = self
+            .stores
+            .ids()
             .filter(|&st| {
                 let (used, share) = self.held_and_share(vm, st);
                 used < share
@@ -139,21 +131,15 @@ impl Engine {
     /// Without this, two VMs each waiting for the other's store to free a slot (one
     /// moving local → lent, the other lent → local) would wait until misses evicted their
     /// blocks.
-    fn reclaim_at(&mut self, store: Store, vm: VmId) -> Option<u32> {
-        let (start, len) = match store {
-            None => (0, self.cfg.slots),
-            Some(r) => (self.region_starts[r], self.cfg.remote[r].slots),
-        };
+    fn reclaim_at(&mut self, store: StoreId, vm: VmId) -> Option<u32> {
+        let (start, len) = self.stores.layout.range(store);
         if len == 0 {
             return None;
         }
-        let i = store.map_or(0, |r| r + 1);
-        if self.reclaim_cursor.len() <= i {
-            self.reclaim_cursor.resize(i + 1, 0);
-        }
+        let i = store as usize;
         for _ in 0..RECLAIM_SCAN.min(len) {
-            let at = self.reclaim_cursor[i] % len;
-            self.reclaim_cursor[i] = at + 1;
+            let at = self.stores.rows[i].reclaim_cursor % len;
+            self.stores.rows[i].reclaim_cursor = at + 1;
             let s = (start + at) as u32;
             let key = self.slots.key(s);
             if key == FREE_KEY {
@@ -250,7 +236,7 @@ impl Engine {
     /// it is below its share has a free slot, the new block goes there and `s` is freed
     /// with the request's ops. Returns the slot to use.
     pub(crate) fn promote_to_destination(&mut self, vm: VmId, s: u32) -> u32 {
-        let st = self.region_of(s);
+        let st = self.store_of(s);
         let (used, share) = self.held_and_share(vm, st);
         if used < share {
             return s;
@@ -270,7 +256,7 @@ impl Engine {
     pub(crate) fn note_hit_for_migration(&mut self, vm: VmId, s: u32) {
         if self.vms[vm as usize].migration != MigrationScheme::Off
             && self.gm_due.len() < GM_DUE_MAX
-            && self.above_share(vm, self.region_of(s))
+            && self.above_share(vm, self.store_of(s))
         {
             self.gm_due.push(self.slots.key(s));
         }
@@ -291,7 +277,7 @@ impl Engine {
                 let vm = key_vm(key);
                 let free =
                     !e.flight.pinned(s) && !e.flight.busy.contains_key(&key) && !e.flight.queues.contains_key(&key);
-                if free && e.above_share(vm, e.region_of(s)) {
+                if free && e.above_share(vm, e.store_of(s)) {
                     e.move_block(vm, s, out);
                 }
             }
@@ -322,7 +308,7 @@ impl Engine {
                 && !self.flight.pinned(s)
                 && !self.flight.busy.contains_key(&key)
                 && !self.flight.queues.contains_key(&key)
-                && self.above_share(vm, self.region_of(s))
+                && self.above_share(vm, self.store_of(s))
             {
                 if self.move_block(vm, s, out) {
                     moved += 1;
@@ -348,13 +334,13 @@ const RECLAIM_SCAN: u64 = 256;
 mod tests {
     use super::*;
     use crate::config::PartitionMode;
-    use crate::{EngineConfig, RemoteRegion};
+    use crate::{EngineConfig, StoreSpec};
     use cachevisor_trace::{Op, Request};
 
     fn engine() -> Engine {
         let cfg = EngineConfig {
             partition: PartitionMode::Static,
-            remote: vec![RemoteRegion { node: 1, slots: 8 }],
+            stores: vec![StoreSpec::lent(1, 8)],
             ..EngineConfig::with_slots(8)
         };
         Engine::new(cfg).unwrap()
@@ -385,8 +371,8 @@ mod tests {
         let reads: Vec<_> = out.ops.iter().filter(|o| o.kind == OpKind::SsdRead).collect();
         let writes: Vec<_> = out.ops.iter().filter(|o| o.kind == OpKind::SsdWrite).collect();
         assert_eq!((reads.len(), writes.len()), (3, 3));
-        assert!(reads.iter().all(|o| o.loc == crate::Location::Ssd(0) && o.staged && o.phase == 0));
-        assert!(writes.iter().all(|o| o.loc == crate::Location::Remote { node: 1 } && o.source.is_some()));
+        assert!(reads.iter().all(|o| o.loc == crate::Location::Cache(0) && o.staged && o.phase == 0));
+        assert!(writes.iter().all(|o| o.loc == crate::Location::Cache(1) && o.source.is_some()));
         let order: Vec<u32> = reads.iter().map(|o| o.slot).collect();
         assert!(order.is_sorted(), "source slots in order: {order:?}");
         assert_eq!(e.migration_stats(0), MigrationStats { moved: 3, misplaced: 1 });
@@ -435,7 +421,7 @@ mod tests {
         // A miss at its target: the victim's local slot is freed, the block lands lent.
         let out = write(&mut e, 10);
         let w = out.ops.iter().find(|o| o.kind == OpKind::SsdWrite && o.client).unwrap();
-        assert_eq!(w.loc, crate::Location::Remote { node: 1 });
+        assert_eq!(w.loc, crate::Location::Cache(1));
         assert_eq!(e.partition(0).remote_used, 1);
         assert_eq!(e.free_slots(), 5 + 7, "the victim's local slot is free again");
         e.check_invariants().unwrap();
@@ -445,10 +431,10 @@ mod tests {
         assert_eq!(e.gm_due.len(), 1);
         e.run_gradual_moves();
         let read = e.poll_op().unwrap();
-        assert_eq!((read.kind, read.loc, e.poll_op()), (OpKind::SsdRead, crate::Location::Ssd(0), None));
+        assert_eq!((read.kind, read.loc, e.poll_op()), (OpKind::SsdRead, crate::Location::Cache(0), None));
         e.handle_completion(0, read.handle(), Ok(()));
         let write = e.poll_op().unwrap();
-        assert_eq!((write.kind, write.loc), (OpKind::SsdWrite, crate::Location::Remote { node: 1 }));
+        assert_eq!((write.kind, write.loc), (OpKind::SsdWrite, crate::Location::Cache(1)));
         e.handle_completion(0, write.handle(), Ok(()));
         assert_eq!(e.in_flight(), 0);
         e.check_invariants().unwrap();

@@ -30,17 +30,13 @@ pub type OpId = u64;
 /// Where an operation runs: the device a driver must address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 pub enum Location {
-    /// A local cache store (SSD `n` of this node; one today: 0). SSD ops address slots.
-    Ssd(u16),
+    /// A cache store: a row of the engine's store table (`stores.rs`; 0 the local SSD,
+    /// the others as `EngineConfig::stores` lists them — what kind each is,
+    /// [`crate::StoreLayout::kind`]). Cache ops address its slots
+    /// ([`crate::StoreLayout::offset`]).
+    Cache(crate::stores::StoreId),
     /// The backing store of a vDisk (the op's `vm`).
     Backing(VmId),
-    /// The cache store of another node of a cluster (ELICA §3.1's remote cache); SSD ops
-    /// address the region that node lent this engine ([`crate::RemoteRegion`],
-    /// [`DeviceOp::cache_offset`]).
-    Remote {
-        /// Node id in the cluster.
-        node: u16,
-    },
 }
 
 /// Bytes a driver runs as one device call at most ([`DeviceOp::continues`]): a 1 MiB read
@@ -146,7 +142,7 @@ impl DeviceOp {
         self.kind == prev.kind
             && self.loc == prev.loc
             && if self.kind.is_ssd() {
-                self.ssd_offset(block_size) == prev.ssd_offset(block_size) + prev.len as u64
+                self.pool_offset(block_size) == prev.pool_offset(block_size) + prev.len as u64
             } else {
                 self.vm == prev.vm && self.disk_addr == prev.disk_addr + prev.len as u64
             }
@@ -158,21 +154,13 @@ impl DeviceOp {
         self.source.map(|s| s.get())
     }
 
-    /// Cache ops on an engine with no lent regions: byte offset in the cache store with
-    /// blocks of `block_size` bytes (a power of two, as every block size is: these are
-    /// shifts, not divisions).
+    /// Cache ops: byte offset over every store's slots in turn (slot × block), only for
+    /// comparing ops of one store ([`Self::continues`]); a device's offset is
+    /// [`crate::StoreLayout::offset`].
     #[inline]
-    pub fn ssd_offset(&self, block_size: u64) -> u64 {
+    fn pool_offset(&self, block_size: u64) -> u64 {
         debug_assert!(block_size.is_power_of_two());
         ((self.slot as u64) << block_size.trailing_zeros()) + (self.disk_addr & (block_size - 1))
-    }
-
-    /// Cache ops: byte offset in the store `loc` names — the local cache store, or the
-    /// region a lender gave this engine (`cfg.remote`) — under `cfg`'s slots.
-    #[inline]
-    pub fn cache_offset(&self, cfg: &crate::EngineConfig) -> u64 {
-        let index = if (self.slot as u64) < cfg.slots { self.slot as u64 } else { cfg.slot_location(self.slot).1 };
-        (index << cfg.block_size.trailing_zeros()) + (self.disk_addr & (cfg.block_size - 1))
     }
 
     /// The disk block it touches (ops never cross a block) with `block_size` bytes.

@@ -109,7 +109,7 @@ impl Engine {
     fn traffic_victim(&mut self, vm: VmId) -> Option<u32> {
         let p = &self.vms[vm as usize];
         // Only a VM holding blocks in both stores has a choice.
-        let both = p.remote_used > 0 && p.remote_used < p.used;
+        let both = p.held[0] > 0 && p.held[0] < p.used;
         if !(self.traffic_aware && self.traffic_turnover) || self.shared.is_some() || !both {
             return None;
         }
@@ -118,7 +118,7 @@ impl Engine {
         peeked.clear();
         self.vms[vm as usize].repl.as_ref()?.peek_victims(&self.slots, TRAFFIC_SCAN, &mut peeked);
         let found = peeked.iter().copied().find(|&s| {
-            self.region_of(s).is_none() == want_local
+            (self.store_of(s) == crate::stores::LOCAL) == want_local
                 && !self.victim_pinned(s)
                 && (self.protected.is_empty() || !self.is_protected(s))
         });

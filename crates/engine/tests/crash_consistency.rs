@@ -5,7 +5,9 @@
 //! At the end the machine crashes mid-flight (in-flight writes torn at random); a new
 //! engine replays the journal, and every sector of every disk is read back through it:
 //! the cache store never serves another block's bytes, and each sector holds a version no
-//! older than the last write acknowledged before a completed flush.
+//! older than the last write acknowledged before a completed flush. With `lent`, the
+//! engine has a second cache store (a region node 1 lends, ELICA §3.1) beside the local
+//! one, and a commit syncs only the stores it names (`Commit::sync_stores`).
 
 use cachevisor_engine::*;
 use cachevisor_trace::{Op, Request};
@@ -13,7 +15,6 @@ use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeSet, HashMap};
 
-const BLOCK: u64 = 4096;
 const SECTORS: u64 = 48;
 const VMS: u32 = 2;
 
@@ -125,9 +126,11 @@ impl<T: Clone> Cell<T> {
 /// (vm, disk sector, version).
 type Tag = (u32, u64, u64);
 
-#[derive(Default)]
 struct Machine {
-    cache: HashMap<u64, Cell<Tag>>,
+    /// Where the engine's cache stores' slots are.
+    layout: StoreLayout,
+    /// Cache sectors by (store, sector in that store).
+    cache: HashMap<(StoreId, u64), Cell<Tag>>,
     backing: HashMap<(u32, u64), Cell<u64>>,
     journal: Vec<SlotRecord>,
     bufs: HashMap<OpId, (ReqId, Vec<Tag>)>,
@@ -145,9 +148,33 @@ struct Machine {
 }
 
 impl Machine {
+    fn new(layout: StoreLayout) -> Machine {
+        Machine {
+            layout,
+            cache: HashMap::new(),
+            backing: HashMap::new(),
+            journal: Vec::new(),
+            bufs: HashMap::new(),
+            reqs: HashMap::new(),
+            acked: HashMap::new(),
+            written: HashMap::new(),
+            floor: HashMap::new(),
+            flushes: HashMap::new(),
+        }
+    }
+
+    /// Syncs the cache stores `stores`.
+    fn sync_stores(&mut self, stores: &[StoreId]) {
+        self.cache.iter_mut().filter(|(k, _)| stores.contains(&k.0)).for_each(|(_, c)| c.sync());
+    }
+
     fn execute(&mut self, op: &DeviceOp, fail: bool, torn: u64) -> Result<(), String> {
         let n = op.len.div_ceil(512) as u64;
-        let (d0, s0) = (op.disk_addr / 512, op.ssd_offset(BLOCK) / 512);
+        let d0 = op.disk_addr / 512;
+        let (st, s0) = match op.loc {
+            Location::Cache(st) if op.kind.is_ssd() => (st, self.layout.offset(op) / 512),
+            _ => (0, 0),
+        };
         if !op.kind.is_write() {
             if fail {
                 return Ok(());
@@ -156,7 +183,7 @@ impl Machine {
             for i in 0..n {
                 let key = (op.vm, d0 + i);
                 let tag = if op.kind.is_ssd() {
-                    let t = self.cache.get(&(s0 + i)).and_then(|c| c.read()).ok_or(format!("{op:?}: unwritten"))?;
+                    let t = self.cache.get(&(st, s0 + i)).and_then(|c| c.read()).ok_or(format!("{op:?}: unwritten"))?;
                     if (t.0, t.1) != key {
                         return Err(format!("{op:?}: cache sector holds {t:?}, not {key:?}"));
                     }
@@ -188,7 +215,7 @@ impl Machine {
                 self.reqs.get(&op.req).ok_or(format!("{op:?}: no request"))?.1
             };
             if op.kind.is_ssd() {
-                self.cache.entry(s0 + i).or_default().pending.push((op.vm, key.1, v));
+                self.cache.entry((st, s0 + i)).or_default().pending.push((op.vm, key.1, v));
             } else {
                 self.backing.entry(key).or_default().pending.push(v);
             }
@@ -256,12 +283,12 @@ impl Driver {
             None => {
                 if let Some(c) = self.e.poll_commit() {
                     trace(|| format!("commit {c:?} fail={fail}"));
-                    // The syncs: backing stores named, then the cache store.
+                    // The syncs: backing stores named, then the cache stores named.
                     if !fail {
                         for &vm in &c.sync_backings {
                             self.m.backing.iter_mut().filter(|(k, _)| k.0 == vm).for_each(|(_, c)| c.sync());
                         }
-                        self.m.cache.values_mut().for_each(Cell::sync);
+                        self.m.sync_stores(&c.sync_stores);
                     }
                     self.commit = Some((c, fail));
                 }
@@ -278,24 +305,29 @@ impl Driver {
     }
 }
 
-fn config(shared: bool, replacement: ReplacementKind) -> EngineConfig {
+/// 8 local slots, and with `lent` 4 more in a region node 1 lends.
+fn config(shared: bool, replacement: ReplacementKind, lent: bool) -> EngineConfig {
     let partition = if shared { PartitionMode::Shared } else { PartitionMode::Static };
-    EngineConfig { partition, replacement, ..EngineConfig::with_slots(8) }
+    let stores = if lent { vec![StoreSpec::lent(1, 4)] } else { Vec::new() };
+    EngineConfig { partition, replacement, stores, ..EngineConfig::with_slots(8) }
 }
 
-fn run(steps: &[Step], shared: bool, seed: u64, ahead: u32, repl: ReplacementKind) -> Result<(), String> {
-    trace(|| format!("run shared={shared} seed={seed} ahead={ahead} replacement={repl:?}"));
-    let mut d = Driver {
-        e: Engine::new(config(shared, repl)).unwrap(),
-        m: Machine::default(),
-        flying: vec![],
-        commit: None,
-        version: 0,
-    };
-    let mut out = Output::default();
+/// Targets of 4 slots per VM, half of them lent when there is a lent store.
+fn set_targets(e: &mut Engine, lent: bool, out: &mut Output) {
     for vm in 0..VMS {
-        d.e.set_target(vm, 4, &mut out);
+        e.set_target(vm, 4, out);
+        if lent {
+            e.set_remote_shares(vm, &[(1, 2)]).unwrap();
+        }
     }
+}
+
+fn run(steps: &[Step], shared: bool, seed: u64, ahead: u32, repl: ReplacementKind, lent: bool) -> Result<(), String> {
+    trace(|| format!("run shared={shared} seed={seed} ahead={ahead} replacement={repl:?} lent={lent}"));
+    let e = Engine::new(config(shared, repl, lent)).unwrap();
+    let mut d = Driver { m: Machine::new(e.layout().clone()), e, flying: vec![], commit: None, version: 0 };
+    let mut out = Output::default();
+    set_targets(&mut d.e, lent, &mut out);
     d.e.set_persistent(2);
     d.e.set_writeback_ahead(ahead);
     let flusher = Flusher { period_ns: 5000, blocks_per_period: 2, dirty_target: 0.25 };
@@ -368,11 +400,11 @@ fn run(steps: &[Step], shared: bool, seed: u64, ahead: u32, repl: ReplacementKin
                     d.pump().map_err(ctx)?;
                 }
                 let mut records = Vec::new();
-                let backings = d.e.checkpoint(&mut |r| records.push(r));
-                for vm in backings {
+                let syncs = d.e.checkpoint(&mut |r| records.push(r));
+                for vm in syncs.backings {
                     d.m.backing.iter_mut().filter(|(k, _)| k.0 == vm).for_each(|(_, c)| c.sync());
                 }
-                d.m.cache.values_mut().for_each(Cell::sync);
+                d.m.sync_stores(&syncs.stores);
                 d.m.journal = records;
                 d.e.checkpoint_done();
                 d.e.hold_admission(false, now);
@@ -391,10 +423,8 @@ fn run(steps: &[Step], shared: bool, seed: u64, ahead: u32, repl: ReplacementKin
     d.m.cache.values_mut().for_each(|c| c.crash(&mut rng));
     d.m.backing.values_mut().for_each(|c| c.crash(&mut rng));
     // Recovery: the journal replayed into a new engine.
-    let mut e = Engine::new(config(shared, repl)).unwrap();
-    for vm in 0..VMS {
-        e.set_target(vm, 4, &mut out);
-    }
+    let mut e = Engine::new(config(shared, repl, lent)).unwrap();
+    set_targets(&mut e, lent, &mut out);
     for r in &d.m.journal {
         e.release_slot(r.slot);
         if let Some((vm, block)) = r.block {
@@ -409,7 +439,8 @@ fn run(steps: &[Step], shared: bool, seed: u64, ahead: u32, repl: ReplacementKin
         let Some((vm, block)) = e.slot_block(slot) else { continue };
         for i in 0..8u64 {
             if e.sector_state(slot, i as u32) == (true, false) {
-                let cached = d.m.cache.get(&(slot as u64 * 8 + i)).and_then(|c| c.synced);
+                let (st, index) = d.m.layout.index_of(slot);
+                let cached = d.m.cache.get(&(st, index * 8 + i)).and_then(|c| c.synced);
                 let backing = d.m.backing.get(&(vm, block * 8 + i)).and_then(|c| c.synced).unwrap_or(0);
                 if cached.map(|t| t.2) != Some(backing) {
                     return Err(format!("after the crash slot {slot} (vm {vm} block {block}) sector {i} is clean but holds {cached:?}, the backing store {backing}"));
@@ -449,8 +480,9 @@ proptest! {
         shared in any::<bool>(),
         seed in any::<u64>(),
         ahead in prop::sample::select(vec![0u32, 2, 8]),
+        lent in any::<bool>(),
     ) {
-        run(&steps, shared, seed, ahead, ReplacementKind::Lru).map_err(TestCaseError::fail)?;
+        run(&steps, shared, seed, ahead, ReplacementKind::Lru, lent).map_err(TestCaseError::fail)?;
     }
 
     /// The same under the other replacement policies (`adaptive`'s partitions use
@@ -462,8 +494,9 @@ proptest! {
         seed in any::<u64>(),
         ahead in prop::sample::select(vec![0u32, 2, 8]),
         repl in prop::sample::select(vec![ReplacementKind::S3fifo, ReplacementKind::Clock, ReplacementKind::TwoPool, ReplacementKind::Fifo]),
+        lent in any::<bool>(),
     ) {
-        run(&steps, shared, seed, ahead, repl).map_err(TestCaseError::fail)?;
+        run(&steps, shared, seed, ahead, repl, lent).map_err(TestCaseError::fail)?;
     }
 }
 

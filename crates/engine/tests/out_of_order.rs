@@ -214,12 +214,8 @@ struct Setup {
 fn run(steps: &[Step], setup: Setup) -> Result<(), String> {
     let Setup { partition, fill, kind, timers, protect, remote, ahead, turnover } = setup;
     // With `remote`, half the 8 slots are lent by two other nodes of a cluster (ELICA).
-    let (slots, lent) = if remote {
-        (4, vec![RemoteRegion { node: 1, slots: 2 }, RemoteRegion { node: 3, slots: 2 }])
-    } else {
-        (8, Vec::new())
-    };
-    let cfg = EngineConfig { partition, fill, replacement: kind, remote: lent, ..EngineConfig::with_slots(slots) };
+    let (slots, lent) = if remote { (4, vec![StoreSpec::lent(1, 2), StoreSpec::lent(3, 2)]) } else { (8, Vec::new()) };
+    let cfg = EngineConfig { partition, fill, replacement: kind, stores: lent, ..EngineConfig::with_slots(slots) };
     let w = DataModel::new(cfg.clone());
     let mut d = Driver { e: Engine::new(cfg).unwrap(), w, flying: Vec::new() };
     // Write-back ahead of eviction: its jobs start as backing stores go idle, among the

@@ -8,8 +8,8 @@ const BS: u64 = 4096;
 
 /// 4 local slots and 4 lent by node 1.
 fn engine() -> Engine {
-    let remote = vec![RemoteRegion { node: 1, slots: 4 }];
-    Engine::new(EngineConfig { remote, ..EngineConfig::with_slots(4) }).unwrap()
+    let remote = vec![StoreSpec::lent(1, 4)];
+    Engine::new(EngineConfig { stores: remote, ..EngineConfig::with_slots(4) }).unwrap()
 }
 
 fn write(e: &mut Engine, vm: u32, block: u64, len: u64) -> Vec<DeviceOp> {
@@ -20,7 +20,7 @@ fn write(e: &mut Engine, vm: u32, block: u64, len: u64) -> Vec<DeviceOp> {
 }
 
 fn remote_slots(ops: &[DeviceOp]) -> usize {
-    ops.iter().filter(|o| o.kind.is_ssd() && matches!(o.loc, Location::Remote { node: 1 })).count()
+    ops.iter().filter(|o| o.kind.is_ssd() && matches!(o.loc, Location::Cache(1))).count()
 }
 
 #[test]
@@ -55,7 +55,7 @@ fn a_sequential_run_takes_local_slots() {
     e.set_target(0, 8, &mut out);
     e.set_remote_target(0, 4);
     let ops = write(&mut e, 0, 0, 64 << 10);
-    let local = ops.iter().filter(|o| o.kind.is_ssd() && o.loc == Location::Ssd(0)).count();
+    let local = ops.iter().filter(|o| o.kind.is_ssd() && o.loc == Location::Cache(0)).count();
     assert_eq!(local, 4, "the 4 local slots first, the rest lent");
     assert_eq!(remote_slots(&ops), 4);
     e.check_invariants().unwrap();
@@ -65,8 +65,8 @@ fn a_sequential_run_takes_local_slots() {
 fn at_a_full_partition_turnover_keeps_sequential_data_local_and_random_data_lent() {
     for turnover in [false, true] {
         // 16 local slots and 4 lent; VM 0 holds all 20, 4 of them lent.
-        let remote = vec![RemoteRegion { node: 1, slots: 4 }];
-        let mut e = Engine::new(EngineConfig { remote, ..EngineConfig::with_slots(16) }).unwrap();
+        let remote = vec![StoreSpec::lent(1, 4)];
+        let mut e = Engine::new(EngineConfig { stores: remote, ..EngineConfig::with_slots(16) }).unwrap();
         e.set_traffic_turnover(turnover);
         let mut out = Output::default();
         e.set_target(0, 20, &mut out);
@@ -125,8 +125,8 @@ fn a_vm_with_no_remote_share_never_takes_lent_slots() {
 #[test]
 fn shares_by_lender_keep_each_vm_in_its_lenders_regions() {
     // 2 local slots; node 1 lends 3, node 5 lends 3.
-    let remote = vec![RemoteRegion { node: 1, slots: 3 }, RemoteRegion { node: 5, slots: 3 }];
-    let mut e = Engine::new(EngineConfig { remote, ..EngineConfig::with_slots(2) }).unwrap();
+    let remote = vec![StoreSpec::lent(1, 3), StoreSpec::lent(5, 3)];
+    let mut e = Engine::new(EngineConfig { stores: remote, ..EngineConfig::with_slots(2) }).unwrap();
     let mut out = Output::default();
     e.set_target(0, 4, &mut out);
     e.set_target(1, 3, &mut out);
@@ -143,11 +143,11 @@ fn shares_by_lender_keep_each_vm_in_its_lenders_regions() {
         seen1.extend(lender(&write(&mut e, 1, b * 10, BS)));
     }
     let count = |v: &[Location], l: Location| v.iter().filter(|&&x| x == l).count();
-    assert_eq!(count(&seen0, Location::Remote { node: 5 }), 2, "{seen0:?}");
-    assert_eq!(count(&seen0, Location::Ssd(0)), 2);
-    assert_eq!(count(&seen0, Location::Remote { node: 1 }), 0, "VM 0 has no share of node 1's region");
-    assert_eq!(count(&seen1, Location::Remote { node: 1 }), 2, "{seen1:?}");
-    assert_eq!(count(&seen1, Location::Remote { node: 5 }), 1);
+    assert_eq!(count(&seen0, Location::Cache(2)), 2, "{seen0:?}");
+    assert_eq!(count(&seen0, Location::Cache(0)), 2);
+    assert_eq!(count(&seen0, Location::Cache(1)), 0, "VM 0 has no share of node 1's region");
+    assert_eq!(count(&seen1, Location::Cache(1)), 2, "{seen1:?}");
+    assert_eq!(count(&seen1, Location::Cache(2)), 1);
     let (p0, p1) = (e.partition(0), e.partition(1));
     assert_eq!((p0.remote_target, p0.remote_used, p1.remote_target, p1.remote_used), (2, 2, 3, 3));
     e.check_invariants().unwrap();

@@ -11,6 +11,10 @@ use proptest::prelude::*;
 use std::collections::HashMap;
 
 const BLOCK: u64 = 4096;
+
+/// The local cache store's layout (every engine here has only that store).
+static LAYOUT: std::sync::LazyLock<StoreLayout> =
+    std::sync::LazyLock::new(|| EngineConfig { block_size: BLOCK, ..EngineConfig::with_slots(1) }.layout());
 const SECTORS_PER_DISK: u64 = 64; // 8 blocks per VM keeps collisions frequent
 
 #[derive(Debug, Clone)]
@@ -89,7 +93,7 @@ impl World {
         let mut staged: HashMap<(u32, u64), u64> = HashMap::new();
         for op in ops {
             let n = op.len as u64 / 512;
-            let (d0, s0) = (op.disk_addr / 512, op.ssd_offset(BLOCK) / 512);
+            let (d0, s0) = (op.disk_addr / 512, if op.kind.is_ssd() { LAYOUT.offset(op) / 512 } else { 0 });
             for i in 0..n {
                 let key = (op.vm, d0 + i);
                 match op.kind {

@@ -327,7 +327,7 @@ fn engine_config(cfg: &Config, r: &Resolved) -> EngineConfig {
         write_policy: cfg.cache.write_policy,
         fill: FillMode::Block,
         track_last_access: false,
-        remote: Vec::new(),
+        stores: Vec::new(),
     }
 }
 

@@ -159,6 +159,8 @@ struct Shared {
     /// Backing stores by VM id (`Backing::Removed` once a vDisk is removed).
     backings: RwLock<Vec<Arc<Backing>>>,
     bs: u64,
+    /// Where the engine's cache stores' slots are (one store: the local cache file).
+    layout: cachevisor_engine::StoreLayout,
     start: Instant,
     /// Device calls made (reads and writes, a coalesced run counting once).
     calls: AtomicU64,

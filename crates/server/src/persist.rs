@@ -33,7 +33,7 @@ pub struct Recovered {
 /// Streams an engine's checkpoint records into the given sink and returns the backing
 /// stores to sync first (`Engine::checkpoint`).
 pub type CheckpointSource<'a> =
-    dyn FnMut(&mut dyn FnMut(cachevisor_engine::SlotRecord)) -> Vec<cachevisor_trace::VmId> + 'a;
+    dyn FnMut(&mut dyn FnMut(cachevisor_engine::SlotRecord)) -> cachevisor_engine::Syncs + 'a;
 
 /// The metadata store of one cache.
 pub struct Persistence {
@@ -282,7 +282,8 @@ impl Persistence {
                 return Err(e);
             }
             w.write_all(&b)?;
-            for vm in sync {
+            // The daemon's one cache store is synced whatever the engine names.
+            for vm in sync.backings {
                 if let Some(back) = backings.get(vm as usize) {
                     back.sync()?;
                 }

@@ -33,7 +33,7 @@ use cachevisor_cluster::allocation::{Problem, VmCurve};
 use cachevisor_cluster::load::{choose, Chunk};
 use cachevisor_cluster::model::{ideal_blocks, IdealForm};
 use cachevisor_cluster::ssd_sharing::Holdings;
-use cachevisor_engine::{EngineConfig, PartitionMode, RemoteRegion};
+use cachevisor_engine::{EngineConfig, PartitionMode, StoreSpec};
 use cachevisor_policy::controller;
 use cachevisor_policy::Decision;
 use cachevisor_trace::{Request, VmId};
@@ -112,7 +112,7 @@ impl<'a> Cluster<'a> {
         for i in 0..n {
             let remote = match p.cl.mode {
                 ClusterMode::Elica | ClusterMode::ElicaLoad => {
-                    (0..n).filter(|&k| k != i).map(|k| RemoteRegion { node: k as u16, slots: p.slots[k] }).collect()
+                    (0..n).filter(|&k| k != i).map(|k| StoreSpec::lent(k as u16, p.slots[k])).collect()
                 }
                 ClusterMode::Local => Vec::new(),
             };
@@ -124,7 +124,7 @@ impl<'a> Cluster<'a> {
                 write_policy: sc.cache.write_policy,
                 fill: sc.cache.fill,
                 track_last_access: false,
-                remote,
+                stores: remote,
             };
             let mut node = Node::new(cfg, &sc.devices, None, sc.cache.writeback_ahead)?;
             node.engine.set_traffic_aware(p.cl.mode != ClusterMode::ElicaLoad);

@@ -75,14 +75,14 @@ impl InstantCopies {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cachevisor_engine::{EngineConfig, MigrationScheme, Output, PartitionMode, RemoteRegion};
+    use cachevisor_engine::{EngineConfig, MigrationScheme, Output, PartitionMode, StoreSpec};
     use cachevisor_trace::{Op, Request};
 
     #[test]
     fn one_batch_in_flight_per_vm_until_nothing_is_left() {
         let cfg = EngineConfig {
             partition: PartitionMode::Static,
-            remote: vec![RemoteRegion { node: 1, slots: 16 }],
+            stores: vec![StoreSpec::lent(1, 16)],
             ..EngineConfig::with_slots(16)
         };
         let mut e = Engine::new(cfg).unwrap();

@@ -206,7 +206,7 @@ impl Metrics {
     pub fn op(&mut self, op: &DeviceOp) {
         let s = self.vm(op.vm);
         let bytes = op.len as u64;
-        let remote = matches!(op.loc, Location::Remote { .. });
+        let remote = matches!(op.loc, Location::Cache(st) if st != cachevisor_engine::LOCAL);
         if op.kind.is_ssd() {
             if remote {
                 *(if op.kind.is_write() { &mut s.remote_write_bytes } else { &mut s.remote_read_bytes }) += bytes;

@@ -18,7 +18,7 @@ use crate::metrics::Metrics;
 use crate::prewarming::Prewarming;
 use crate::scenario::{BackingLayout, DevicesSection};
 use cachevisor_engine::data_model::DataModel;
-use cachevisor_engine::{DeviceOp, Engine, EngineConfig, Event, Location, OpHandle, Output, ReqId};
+use cachevisor_engine::{DeviceOp, Engine, EngineConfig, Event, Location, OpHandle, Output, ReqId, StoreKind};
 use cachevisor_trace::{Request, VmId};
 use rustc_hash::FxHashMap as HashMap;
 use std::cmp::Reverse;
@@ -335,16 +335,18 @@ impl Node {
     fn run_op(&mut self, op: &DeviceOp) -> u64 {
         let (now, write) = (self.now, op.kind.is_write());
         match op.loc {
-            Location::Ssd(_) => {
-                let addr = op.ssd_offset(self.engine.config().block_size);
-                self.ssd.borrow_mut().submit(now, write, addr, op.len)
-            }
-            Location::Remote { node } => {
-                let addr = op.cache_offset(self.engine.config());
-                let nic = self.nic.as_ref().expect("a node with lent regions has a link");
-                let arrived = nic.borrow_mut().submit(now, write, 0, op.len);
-                let lender = self.peers.get(node as usize).and_then(|p| p.as_ref()).expect("the lender's SSD");
-                lender.borrow_mut().submit(arrived, write, addr, op.len)
+            Location::Cache(st) => {
+                let layout = self.engine.layout();
+                let addr = layout.offset(op);
+                match layout.kind(st) {
+                    StoreKind::Local => self.ssd.borrow_mut().submit(now, write, addr, op.len),
+                    StoreKind::Lent { node } => {
+                        let nic = self.nic.as_ref().expect("a node with lent regions has a link");
+                        let arrived = nic.borrow_mut().submit(now, write, 0, op.len);
+                        let lender = self.peers.get(node as usize).and_then(|p| p.as_ref()).expect("the lender's SSD");
+                        lender.borrow_mut().submit(arrived, write, addr, op.len)
+                    }
+                }
             }
             Location::Backing(_) => {
                 let dev = if self.layout == BackingLayout::PerVm {

@@ -92,7 +92,7 @@ impl<'a> Run<'a> {
             write_policy: c.write_policy,
             fill: c.fill,
             track_last_access: false,
-            remote: Vec::new(),
+            stores: Vec::new(),
         };
         let persistent = c.persistent.then(|| cachevisor_engine::durable_reserve(res.slots));
         let mut node = Node::new(cfg.clone(), &sc.devices, persistent, c.writeback_ahead)?;

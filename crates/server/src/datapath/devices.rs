@@ -6,7 +6,7 @@
 
 use super::{Bytes, Core, Shared, Work};
 use crate::backing::Backing;
-use cachevisor_engine::{DeviceOp, Failure, Location, OpKind, ReqId, MAX_RUN_BYTES};
+use cachevisor_engine::{DeviceOp, Failure, Location, OpKind, ReqId, LOCAL, MAX_RUN_BYTES};
 use cachevisor_trace::VmId;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
@@ -54,19 +54,19 @@ impl Shared {
             std::thread::sleep(std::time::Duration::from_micros(us));
         }
         match loc {
-            Location::Ssd(_) if self.direct => {
+            Location::Cache(LOCAL) if self.direct => {
                 BOUNCE.with(|b| crate::aligned_buf::read_at(&self.ssd, &mut b.borrow_mut(), buf, at))
             }
-            Location::Ssd(_) => self.ssd.read_exact_at(buf, at),
+            Location::Cache(LOCAL) => self.ssd.read_exact_at(buf, at),
             Location::Backing(vm) => self.backing(vm)?.read_at(buf, at),
-            Location::Remote { .. } => Err(no_device()),
+            Location::Cache(_) => Err(no_device()),
         }
     }
 
     /// Writes `data` at `at` of the device `loc` names.
     fn dev_write(&self, loc: Location, data: &[u8], at: u64) -> std::io::Result<()> {
         match loc {
-            Location::Ssd(_) => {
+            Location::Cache(LOCAL) => {
                 let n = self.fail_ssd_write_in.load(Relaxed);
                 if n > 0 && self.fail_ssd_write_in.fetch_sub(1, Relaxed) == 1 {
                     return Err(std::io::Error::other("injected cache-store write failure"));
@@ -78,7 +78,7 @@ impl Shared {
                 }
             }
             Location::Backing(vm) => self.backing(vm)?.write_at(data, at),
-            Location::Remote { .. } => Err(no_device()),
+            Location::Cache(_) => Err(no_device()),
         }
     }
 
@@ -205,7 +205,7 @@ impl Shared {
     fn device_call(&self, run: &[Work]) -> Vec<Result<Option<Bytes>, Failure>> {
         let first = &run[0].op;
         let total: usize = run.iter().map(|w| w.op.len as usize).sum();
-        let at = run_address(run, self.bs);
+        let at = run_address(run, &self.layout);
         let r = if first.kind.is_write() {
             match write_data(run) {
                 Some(data) => self.dev_write(first.loc, &data, at).map(|()| bytes::Bytes::new()),
@@ -260,10 +260,10 @@ impl Shared {
 }
 
 /// The device address a run starts at (cache-store offset, or disk address).
-pub(super) fn run_address(run: &[Work], bs: u64) -> u64 {
+pub(super) fn run_address(run: &[Work], layout: &cachevisor_engine::StoreLayout) -> u64 {
     let first = &run[0].op;
     if first.kind.is_ssd() {
-        first.ssd_offset(bs)
+        layout.offset(first)
     } else {
         first.disk_addr
     }

@@ -24,6 +24,7 @@ impl DataPath {
         engine.set_persistent(reserve);
         engine.set_schedule(0, schedule);
         let bs = engine.config().block_size;
+        let layout = engine.layout().clone();
         let n = names.len();
         let core = Core {
             engine,
@@ -57,6 +58,7 @@ impl DataPath {
             direct,
             backings: RwLock::new(backings),
             bs,
+            layout,
             start: Instant::now(),
             calls: Default::default(),
             checkpoints: Default::default(),

@@ -1,0 +1,327 @@
+//! The engine's store table: one row per cache store — the local SSD (store 0), then each
+//! store of `EngineConfig::stores` (a region another node lends, ELICA §3.1) — with its
+//! kind, its slot range, its free list, the slots in use and the cap a driver set. Every
+//! slot belongs to exactly one store: a slot id is global, `StoreLayout` says which store
+//! it is in and its index there, once, for the engine and for drivers alike (a cache op
+//! names its store in `Location::Cache`, and its byte offset there is
+//! [`StoreLayout::offset`]). Per VM, the slots held and the share wanted in each store
+//! live in its partition (`Partition::held`, `Partition::shares`), indexed by store.
+//!
+//! Adding a store kind is a [`StoreKind`] variant and a device a driver runs its ops on;
+//! the bookkeeping here is the same for every kind. Hand-written: bookkeeping over the
+//! engine's own slot lists.
+
+use crate::config::{EngineConfig, StoreKind};
+use crate::engine::Engine;
+use crate::output::{DeviceOp, Location};
+use crate::slot_table::{List, SlotTable};
+use cachevisor_trace::VmId;
+
+/// A store's index in the engine's store table (0: the local cache store).
+pub type StoreId = u16;
+
+/// The local cache store's id.
+pub const LOCAL: StoreId = 0;
+
+/// Where each store's slots are: what the engine and its drivers look a slot's store and
+/// an op's offset up in (cheap to clone: a driver's device threads keep a copy).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreLayout {
+    kinds: Vec<StoreKind>,
+    /// First slot of each store, then the total.
+    starts: Vec<u64>,
+    shift: u32,
+}
+
+impl StoreLayout {
+    /// The layout of `cfg`'s stores: the local one, then `cfg.stores` in order.
+    pub fn new(cfg: &EngineConfig) -> StoreLayout {
+        let mut kinds = vec![StoreKind::Local];
+        let mut starts = vec![0, cfg.slots];
+        for s in &cfg.stores {
+            kinds.push(s.kind);
+            starts.push(starts.last().unwrap() + s.slots);
+        }
+        StoreLayout { kinds, starts, shift: cfg.block_size.trailing_zeros() }
+    }
+
+    /// Stores in the table.
+    pub fn len(&self) -> usize {
+        self.kinds.len()
+    }
+
+    /// Whether the table is empty (never: the local store is always there).
+    pub fn is_empty(&self) -> bool {
+        self.kinds.is_empty()
+    }
+
+    /// Store `id`'s kind.
+    pub fn kind(&self, id: StoreId) -> StoreKind {
+        self.kinds[id as usize]
+    }
+
+    /// Store `id`'s slots: the first, and how many.
+    pub fn range(&self, id: StoreId) -> (u64, u64) {
+        let i = id as usize;
+        (self.starts[i], self.starts[i + 1] - self.starts[i])
+    }
+
+    /// The store of `kind`, if the table has one.
+    pub fn find(&self, kind: StoreKind) -> Option<StoreId> {
+        self.kinds.iter().position(|&k| k == kind).map(|i| i as StoreId)
+    }
+
+    /// The store slot `slot` is in.
+    #[inline]
+    pub fn store_of(&self, slot: u32) -> StoreId {
+        let s = slot as u64;
+        if s < self.starts[1] {
+            return LOCAL;
+        }
+        debug_assert!(s < *self.starts.last().unwrap(), "slot {slot} past every store");
+        (self.starts.partition_point(|&start| start <= s) - 1) as StoreId
+    }
+
+    /// Slot `slot`'s store and its index there (a byte offset is that index × the block).
+    #[inline]
+    pub fn index_of(&self, slot: u32) -> (StoreId, u64) {
+        let st = self.store_of(slot);
+        (st, slot as u64 - self.starts[st as usize])
+    }
+
+    /// A cache op's byte offset in its store: its slot's index there × the block size,
+    /// plus the op's offset inside its block.
+    #[inline]
+    pub fn offset(&self, op: &DeviceOp) -> u64 {
+        let Location::Cache(st) = op.loc else { panic!("a backing op has no cache offset: {op:?}") };
+        let index = op.slot as u64 - self.starts[st as usize];
+        (index << self.shift) + (op.disk_addr & ((1u64 << self.shift) - 1))
+    }
+}
+
+/// One row of the engine's store table: the state that changes as slots are taken.
+#[derive(Debug, Clone)]
+pub(crate) struct Store {
+    /// Free slots (pinned ones set aside in `Engine::parked`).
+    pub(crate) free: List,
+    /// Slots in use (every VM's).
+    pub(crate) used: u64,
+    /// The cap a driver set (`set_store_limit`; `u64::MAX`: none).
+    pub(crate) limit: u64,
+    /// Where migration's reclaim scan resumes (`migration.rs`).
+    pub(crate) reclaim_cursor: u64,
+}
+
+/// The store table: the layout and a row per store.
+#[derive(Debug, Clone)]
+pub(crate) struct Stores {
+    pub(crate) layout: StoreLayout,
+    pub(crate) rows: Vec<Store>,
+}
+
+impl Stores {
+    /// Every store of `cfg` with all its slots free.
+    pub(crate) fn new(cfg: &EngineConfig, slots: &mut SlotTable) -> Stores {
+        let layout = cfg.layout();
+        let rows = (0..layout.len())
+            .map(|i| {
+                let (first, n) = layout.range(i as StoreId);
+                let mut free = List::default();
+                for s in first..first + n {
+                    free.push_back(slots, s as u32);
+                }
+                Store { free, used: 0, limit: u64::MAX, reclaim_cursor: 0 }
+            })
+            .collect();
+        Stores { layout, rows }
+    }
+
+    /// Every store's id.
+    pub(crate) fn ids(&self) -> impl Iterator<Item = StoreId> {
+        0..self.rows.len() as StoreId
+    }
+
+    /// Free slots in every store (pinned ones set aside not counted).
+    pub(crate) fn free_len(&self) -> u64 {
+        self.rows.iter().map(|r| r.free.len() as u64).sum()
+    }
+
+    /// Whether store `st` has a free slot and is below its cap.
+    #[inline]
+    pub(crate) fn open(&self, st: StoreId) -> bool {
+        let r = &self.rows[st as usize];
+        r.free.front().is_some() && r.used < r.limit
+    }
+}
+
+impl Engine {
+    /// The store table's layout: where each store's slots are.
+    pub fn layout(&self) -> &StoreLayout {
+        &self.stores.layout
+    }
+
+    /// The store slot `s` is in.
+    #[inline]
+    pub(crate) fn store_of(&self, s: u32) -> StoreId {
+        self.stores.layout.store_of(s)
+    }
+
+    /// `st`'s free list, with the slot table its links live in.
+    fn free_list(&mut self, st: StoreId) -> (&mut List, &mut SlotTable) {
+        (&mut self.stores.rows[st as usize].free, &mut self.slots)
+    }
+
+    /// Puts a free slot at the back of its store's free list.
+    pub(crate) fn free_push_back(&mut self, s: u32) {
+        let (list, slots) = self.free_list(self.store_of(s));
+        list.push_back(slots, s);
+    }
+
+    /// Puts a free slot at the front of its store's free list.
+    pub(crate) fn free_push_front(&mut self, s: u32) {
+        let (list, slots) = self.free_list(self.store_of(s));
+        list.push_front(slots, s);
+    }
+
+    /// Takes a slot off its store's free list.
+    pub(crate) fn free_unlink(&mut self, s: u32) {
+        let (list, slots) = self.free_list(self.store_of(s));
+        list.unlink(slots, s);
+    }
+
+    /// Takes a free slot with no ops in flight (a slot freed while its write-back runs is
+    /// pinned until it ends): the local store's first, else the other stores' in order
+    /// (shared mode).
+    #[inline]
+    pub(crate) fn take_free(&mut self) -> Option<u32> {
+        (0..self.stores.rows.len() as StoreId).find_map(|st| self.take_free_of(st))
+    }
+
+    /// Takes a free slot of store `st`.
+    #[inline]
+    pub(crate) fn take_free_of(&mut self, st: StoreId) -> Option<u32> {
+        self.park_pinned_free();
+        let (list, slots) = self.free_list(st);
+        let s = list.front()?;
+        list.unlink(slots, s);
+        Some(s)
+    }
+
+    /// Whether a free slot with no ops in flight is left.
+    pub(crate) fn free_available(&mut self) -> bool {
+        self.park_pinned_free();
+        self.stores.rows.iter().any(|r| r.free.front().is_some())
+    }
+
+    /// Moves pinned slots at the front of the free lists aside ([`Engine::parked`]).
+    pub(crate) fn park_pinned_free(&mut self) {
+        for r in self.stores.rows.iter_mut() {
+            while let Some(s) = r.free.front().filter(|&s| self.flight.pinned(s)) {
+                r.free.unlink(&mut self.slots, s);
+                self.parked.insert(s);
+            }
+        }
+    }
+
+    /// Counts slot `s` in or out of `vm`'s slots in its store (`delta` ±1).
+    #[inline]
+    pub(crate) fn count_store(&mut self, vm: VmId, s: u32, delta: i64) {
+        let st = self.store_of(s) as usize;
+        let p = &mut self.vms[vm as usize];
+        p.held[st] = p.held[st].wrapping_add_signed(delta);
+        let row = &mut self.stores.rows[st];
+        row.used = row.used.wrapping_add_signed(delta);
+    }
+
+    /// Slots in use in store `st` (every VM's).
+    pub fn store_used(&self, st: StoreId) -> u64 {
+        self.stores.rows.get(st as usize).map_or(0, |r| r.used)
+    }
+
+    /// Caps the slots this engine's VMs may hold in store `st` (`u64::MAX`: no cap, the
+    /// default). The local store's cap is, in a cluster, the node's SSD less what its
+    /// borrowers hold in the regions it lent them; a lent store's is the space the lender
+    /// has free for this engine now. A VM below its target at the cap takes a block from
+    /// a VM above its own (paced) or replaces one of its own, as with no free slot; slots
+    /// held above a lowered cap stay.
+    pub fn set_store_limit(&mut self, st: StoreId, slots: u64) {
+        if let Some(r) = self.stores.rows.get_mut(st as usize) {
+            r.limit = slots;
+        }
+    }
+
+    /// Slots in use in the local store (every VM's).
+    pub fn used_local(&self) -> u64 {
+        self.store_used(LOCAL)
+    }
+
+    /// [`Self::set_store_limit`] of the local store.
+    pub fn set_local_limit(&mut self, slots: u64) {
+        self.set_store_limit(LOCAL, slots);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{PartitionMode, StoreSpec, MAX_SLOTS};
+    use crate::Output;
+    use cachevisor_trace::{Op, Request};
+
+    fn lent() -> EngineConfig {
+        let stores = vec![StoreSpec::lent(2, 3), StoreSpec::lent(5, 1)];
+        EngineConfig { stores, partition: PartitionMode::Shared, ..EngineConfig::with_slots(2) }
+    }
+
+    #[test]
+    fn every_slot_is_in_one_store_after_the_local_ones() {
+        let l = lent().layout();
+        assert_eq!(lent().total_slots(), 6);
+        let at: Vec<_> = (0..6).map(|s| l.index_of(s)).collect();
+        assert_eq!(at, [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2), (2, 0)]);
+        assert_eq!(l.kind(2), StoreKind::Lent { node: 5 });
+        assert_eq!(l.find(StoreKind::Lent { node: 2 }), Some(1));
+        assert_eq!(l.find(StoreKind::Lent { node: 9 }), None);
+    }
+
+    #[test]
+    fn ops_on_a_store_s_slots_go_to_it_at_their_offset_there() {
+        let c = lent();
+        let mut e = Engine::new(c.clone()).unwrap();
+        let l = e.layout().clone();
+        let mut out = Output::default();
+        // Six blocks written (write-back): every slot filled once, each write an op on the
+        // slot's store at its index there.
+        let mut seen = Vec::new();
+        for b in 0..6u64 {
+            let req = Request { time_ns: 0, vm: 0, op: Op::Write, offset: b * 4096 + 512, len: 512 };
+            e.access(0, &req, &mut out);
+            for op in out.ops.iter().filter(|o| o.kind.is_ssd()) {
+                assert_eq!(op.loc, Location::Cache(l.store_of(op.slot)));
+                seen.push((op.loc, l.offset(op)));
+            }
+        }
+        assert_eq!(seen.len(), 6);
+        for s in 0..6u32 {
+            let (st, index) = l.index_of(s);
+            assert!(seen.contains(&(Location::Cache(st), index * 4096 + 512)), "slot {s} at {st} {index} in {seen:?}");
+        }
+        assert_eq!((e.store_used(0), e.store_used(1), e.store_used(2)), (2, 3, 1));
+    }
+
+    #[test]
+    fn bad_stores_are_named() {
+        let zero = EngineConfig { stores: vec![StoreSpec::lent(4, 0)], ..EngineConfig::with_slots(2) };
+        assert!(zero.validate().unwrap_err().contains("no slots"), "{:?}", zero.validate());
+        let big = EngineConfig { stores: vec![StoreSpec::lent(1, MAX_SLOTS)], ..EngineConfig::with_slots(2) };
+        assert!(big.validate().unwrap_err().contains("exceed"));
+        let twice =
+            EngineConfig { stores: vec![StoreSpec::lent(1, 2), StoreSpec::lent(1, 3)], ..EngineConfig::with_slots(2) };
+        assert!(twice.validate().unwrap_err().contains("given twice"));
+        let local = EngineConfig {
+            stores: vec![StoreSpec { kind: StoreKind::Local, slots: 2 }],
+            ..EngineConfig::with_slots(2)
+        };
+        assert!(local.validate().unwrap_err().contains("local store"));
+    }
+}

@@ -118,7 +118,7 @@ pub enum BenchCmd {
         ilp_vms: usize,
     },
     /// ELICA's cluster simulator at scale: VMs on nodes replayed for simulated time, with
-    /// wall time and peak memory (issue 15's scale run: 500 VMs, 16 nodes, one hour).
+    /// wall time and peak memory (the scale run: 500 VMs, 16 nodes, one hour of simulated time).
     ClusterSim {
         /// VMs.
         #[arg(long, default_value_t = 500)]

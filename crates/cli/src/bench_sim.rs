@@ -47,11 +47,15 @@ fn ours_end_to_end(path: &Path, kind: ReplacementKind, slots: u64) -> anyhow::Re
 }
 
 /// libCacheSim's `cachesim` (C, single-threaded) on the same oracleGeneral file, end to
-/// end (process wall time: reading the file and the cache): (M req/s, hit ratio).
+/// end (process wall time: reading the file and the cache): (M req/s, hit ratio). It runs
+/// in the trace's directory, where it leaves its `TRACE.cachesim` result file.
 fn cachesim(bin: &Path, path: &Path, slots: u64, requests: u64, algo: &str) -> anyhow::Result<(f64, f64)> {
+    let path = path.canonicalize().with_context(|| format!("{}", path.display()))?;
+    let bin = &bin.canonicalize().with_context(|| format!("{}", bin.display()))?;
     let t = Instant::now();
     let out = Command::new(bin)
-        .arg(path)
+        .current_dir(path.parent().unwrap_or(Path::new("/")))
+        .arg(&path)
         .args(["oracleGeneral", algo, &(slots * 4096).to_string(), "--num-thread=1"])
         .output()
         .with_context(|| format!("running {}", bin.display()))?;

@@ -1,15 +1,16 @@
-//! What a request does to one block, by write policy: a read hit or a miss and its fill,
-//! a write (in place, relocated away from vouched-for sectors, around the cache, or
-//! invalidating), unaligned writes, and the valid/dirty bookkeeping and write-backs
-//! they cause (the table in `write_policy.rs`).
+//! What a request does to one block, by the mode decided for it (`mode.rs`): a read hit or
+//! a miss and its fill; a write by its handler — passing through, invalidating (dirty
+//! sectors written back first when needed), write-through or write-back (in place, or
+//! relocated away from vouched-for sectors) — and the valid/dirty bookkeeping and
+//! write-backs they cause (the policies' table in `write_policy.rs`).
 
 use crate::config::{FillMode, SECTOR};
 use crate::engine::Engine;
+use crate::mode::WriteMode;
 use crate::output::{BlockOutcome, DeviceOp, OpKind, Output};
 use crate::replacement::Replacement;
 use crate::sector_bits::SectorRange;
 use crate::slot_table::{key_block, pack_key};
-use crate::write_policy::WritePolicy;
 use cachevisor_trace::VmId;
 
 impl Engine {
@@ -93,22 +94,47 @@ impl Engine {
         self.runs2 = runs;
     }
 
+    /// A write of bytes `lo..hi` of block `b`, by the request's mode (`mode.rs`).
     #[inline]
-    pub(crate) fn write_block(&mut self, vm: VmId, b: u64, r: SectorRange, out: &mut Output) {
-        let policy = self.vms[vm as usize].write_policy;
+    pub(crate) fn write_block(&mut self, vm: VmId, b: u64, (lo, hi): (u64, u64), out: &mut Output) {
+        let r = ((lo / SECTOR) as u32, hi.div_ceil(SECTOR) as u32);
+        match self.mode.write {
+            WriteMode::Invalidate { write_back } => self.write_invalidating(vm, b, (lo, hi), write_back, out),
+            WriteMode::Through { allocate } => self.write_cached(vm, b, r, false, allocate, out),
+            WriteMode::Back => self.write_cached(vm, b, r, true, true, out),
+        }
+    }
+
+    /// The pass-through handler: bytes `lo..hi` of block `b` to the backing store only,
+    /// from `phase` on.
+    fn write_passing(&mut self, vm: VmId, b: u64, (lo, hi): (u64, u64), phase: u16, out: &mut Output) {
+        let op = DeviceOp {
+            disk_addr: (b << self.shift) + lo,
+            len: (hi - lo) as u32,
+            client: true,
+            ..self.backing(OpKind::BackingWrite, vm, b, (0, 0), phase, true)
+        };
+        self.emit(out, op);
+        out.blocks.push(BlockOutcome { block: b, hit: false, inserted: false, bypassed: true, evicted: None });
+    }
+
+    /// The invalidating handler (read-only / write-invalidate, and writes not covering
+    /// whole sectors): the cached copy of the sectors written is dropped — their dirty
+    /// sectors written back first when `write_back` — then the write passes through.
+    fn write_invalidating(&mut self, vm: VmId, b: u64, (lo, hi): (u64, u64), write_back: bool, out: &mut Output) {
+        let r = ((lo / SECTOR) as u32, hi.div_ceil(SECTOR) as u32);
+        let phase = self.drop_cached_for_write(vm, self.lookup(vm, b), r, write_back, out);
+        self.write_passing(vm, b, (lo, hi), phase, out);
+    }
+
+    /// The write-through (`dirty` false) and write-back (`dirty` true) handlers: the
+    /// cached copy is written — a miss takes a slot when `allocate` and the request's mode
+    /// inserts, else the write passes through — and, write-through, the backing store too.
+    fn write_cached(&mut self, vm: VmId, b: u64, r: SectorRange, dirty: bool, allocate: bool, out: &mut Output) {
         let key = pack_key(vm, b);
         let resident = self.index.get(key, |x| self.slots.key(x));
-        let allocate = matches!(policy, WritePolicy::Wb | WritePolicy::Wt);
-        let (slot, phase, inserted, evicted) = match (resident, policy) {
-            (_, WritePolicy::Ro) => {
-                // Whole sectors: the dirty ones need writing back only for the journal.
-                let phase = self.drop_cached_for_write(vm, resident, r, self.dur.on, out);
-                let op = DeviceOp { client: true, ..self.backing(OpKind::BackingWrite, vm, b, r, phase, true) };
-                self.emit(out, op);
-                out.blocks.push(BlockOutcome { block: b, hit: false, inserted: false, bypassed: true, evicted: None });
-                return;
-            }
-            (Some(s), _) if self.relocates(policy, s, r) => {
+        let (slot, phase, inserted, evicted) = match resident {
+            Some(s) if dirty && self.relocates(s, r) => {
                 // Persistent mode: a write-back write of a whole block the journal vouches
                 // clean moves to a durable free slot instead of waiting for an intent
                 // commit; the old slot, still the journal's copy until the commit that
@@ -120,27 +146,24 @@ impl Engine {
                     None => (None, 0, false, None),
                 }
             }
-            (Some(s), _) => {
+            Some(s) => {
                 self.touch(vm, s);
                 (Some(s), 0, false, None)
             }
-            (None, _) if allocate => match self.allocate(vm, key, true, out) {
+            None if allocate => match self.allocate(vm, key, true, out) {
                 Some(a) => (Some(a.slot), a.phase, true, a.evicted),
                 None => (None, 0, false, None),
             },
-            (None, _) => (None, 0, false, None),
+            None => (None, 0, false, None),
         };
         let Some(s) = slot else {
-            let op = DeviceOp { client: true, ..self.backing(OpKind::BackingWrite, vm, b, r, 0, true) };
-            self.emit(out, op);
-            out.blocks.push(BlockOutcome { block: b, hit: false, inserted: false, bypassed: true, evicted: None });
-            return;
+            return self.write_passing(vm, b, (r.0 as u64 * SECTOR, r.1 as u64 * SECTOR), 0, out);
         };
         let op = DeviceOp { client: true, ..self.ssd(OpKind::SsdWrite, vm, s, r, phase, true) };
         self.emit(out, op);
         self.valid.set(s, r);
         self.note(s);
-        if policy == WritePolicy::Wb {
+        if dirty {
             self.mark_dirty(vm, s, r);
         } else {
             let op = DeviceOp { client: true, ..self.backing(OpKind::BackingWrite, vm, b, r, 0, true) };
@@ -150,17 +173,16 @@ impl Engine {
         out.blocks.push(BlockOutcome { block: b, hit: resident.is_some(), inserted, bypassed: false, evicted });
     }
 
-    /// Whether a write of sectors `r` under `policy` to resident slot `s` moves the block
-    /// to a free slot (persistent mode, write-back, the whole block, a clean block some of
+    /// Whether a write-back write of sectors `r` to resident slot `s` moves the block
+    /// to a free slot (persistent mode, the whole block, a clean block some of
     /// which the journal vouches clean, and a durable free slot to move to): the common
     /// rewrite of clean cached data then needs no commit before its cache write
     /// (`durability.rs`). The old slot goes to limbo; a crash before the new record is
     /// durable finds the block clean in it or (its free record durable) not cached: the
     /// backing store holds the same bytes either way.
     #[inline]
-    fn relocates(&mut self, policy: WritePolicy, s: u32, r: SectorRange) -> bool {
+    fn relocates(&mut self, s: u32, r: SectorRange) -> bool {
         self.dur.on
-            && policy == WritePolicy::Wb
             && r == (0, self.spb)
             && self.dur.is_vouched(s)
             // A dirty sector's only copy is here: its slot must stay the journal's copy
@@ -169,22 +191,6 @@ impl Engine {
             && !self.dirty.any(s, (0, self.spb))
             && !self.flight.pinned(s)
             && self.free_available()
-    }
-
-    /// A write that does not cover whole sectors passes through to backing: dirty cached
-    /// sectors it touches are written back first, then the touched sectors are invalidated.
-    pub(crate) fn write_unaligned(&mut self, vm: VmId, b: u64, lo: u64, hi: u64, out: &mut Output) {
-        let r = ((lo / SECTOR) as u32, hi.div_ceil(SECTOR) as u32);
-        let phase = self.drop_cached_for_write(vm, self.lookup(vm, b), r, true, out);
-        let disk_addr = (b << self.shift) + lo;
-        let op = DeviceOp {
-            disk_addr,
-            len: (hi - lo) as u32,
-            client: true,
-            ..self.backing(OpKind::BackingWrite, vm, b, (0, 0), phase, true)
-        };
-        self.emit(out, op);
-        out.blocks.push(BlockOutcome { block: b, hit: false, inserted: false, bypassed: true, evicted: None });
     }
 
     /// Before a write around the cache (the read-only policy's, or one not covering whole

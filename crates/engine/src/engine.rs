@@ -113,10 +113,12 @@ pub struct Engine {
     pub(crate) runs: Vec<SectorRange>,
     pub(crate) runs2: Vec<SectorRange>,
     pub(crate) now_ms: u32,
-    /// This request takes no new slots (sequential cutoff).
-    pub(crate) no_insert: bool,
+    /// The request's mode (`mode.rs`): whether its misses take slots, what its writes do.
+    pub(crate) mode: crate::mode::Mode,
     /// [`Self::access_no_insert`] is running.
     pub(crate) force_no_insert: bool,
+    /// Device errors after which a VM passes through ([`Self::set_error_threshold`]).
+    pub(crate) error_threshold: u64,
     /// Slots whose key or sector bits changed, when a driver asked for them.
     pub(crate) changed: Option<Vec<u32>>,
     /// Position of the global cleaner's scan (S-CAVE §V-B).
@@ -188,8 +190,9 @@ impl Engine {
             runs: Vec::new(),
             runs2: Vec::new(),
             now_ms: 0,
-            no_insert: false,
+            mode: crate::mode::Mode::FILL,
             force_no_insert: false,
+            error_threshold: u64::MAX,
             changed: None,
             cleaner_hand: 0,
             next_op: 1,
@@ -373,13 +376,11 @@ impl Engine {
         if req.len == 0 {
             return;
         }
-        let p = &mut self.vms[req.vm as usize];
-        self.no_insert = p.seq.bypass(req.offset, req.len as u64) || p.bypass || self.force_no_insert;
-        self.req_sequential = p.traffic.bypass(req.offset, req.len as u64);
+        self.mode = self.decide_mode(req);
+        self.req_sequential = self.vms[req.vm as usize].traffic.bypass(req.offset, req.len as u64);
         let bs = self.cfg.block_size;
         let (first, last) = (req.offset >> self.shift, (req.end() - 1) >> self.shift);
         self.req_blocks = Some((req.vm, first, last, first));
-        let aligned = (req.offset | req.len as u64).is_multiple_of(SECTOR);
         for b in first..=last {
             if let Some(r) = self.req_blocks.as_mut() {
                 r.3 = b;
@@ -394,8 +395,7 @@ impl Engine {
             let r = ((lo / SECTOR) as u32, hi.div_ceil(SECTOR) as u32);
             match req.op {
                 Op::Read => self.read_block(req.vm, b, r, out),
-                Op::Write if aligned => self.write_block(req.vm, b, r, out),
-                Op::Write => self.write_unaligned(req.vm, b, lo, hi, out),
+                Op::Write => self.write_block(req.vm, b, (lo, hi), out),
             }
         }
         self.req_blocks = None;

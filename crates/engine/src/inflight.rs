@@ -296,6 +296,7 @@ impl Engine {
         let op = job.out.ops[i];
         job.issued -= 1;
         self.ahead.completed(&op);
+        let mut device_error = false;
         match result {
             Ok(()) => {
                 job.state[i] = OpState::Done;
@@ -306,18 +307,14 @@ impl Engine {
                 job.state[i] = OpState::Failed;
                 job.failure.get_or_insert(f);
                 // An op a stopping driver never ran (`Shutdown`) is not a device error.
-                if f != Failure::Shutdown {
-                    let vm = op.vm as usize;
-                    let errors = &mut self.flight.errors;
-                    if errors.len() <= vm {
-                        errors.resize(vm + 1, 0);
-                    }
-                    errors[vm] += 1;
-                }
+                device_error = f != Failure::Shutdown;
             }
         }
         // Background jobs of several blocks release each block once its ops succeeded.
         let by_block = job.failure.is_none() && !job.groups.is_empty();
+        if device_error {
+            self.count_device_error(op.vm);
+        }
         // Any backing write, even a failed (maybe torn) one, is synced before the next
         // commit: a fill may read those bytes and the journal call them clean.
         match (op.kind, op.loc) {

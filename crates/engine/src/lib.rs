@@ -38,6 +38,7 @@ mod inflight;
 mod intents;
 mod jobs;
 mod migration;
+mod mode;
 pub mod output;
 mod paced_clean;
 mod prewarm_load;

@@ -63,7 +63,7 @@ impl Engine {
             return o;
         }
         let spb = self.spb;
-        let saved = std::mem::replace(&mut self.no_insert, false);
+        let saved = std::mem::replace(&mut self.mode, crate::mode::Mode::FILL);
         for b in first..end {
             let key = pack_key(vm, b);
             if self.lookup(vm, b).is_some() || self.flight.busy.contains_key(&key) {
@@ -95,7 +95,7 @@ impl Engine {
             self.fill(vm, b, a.slot, (0, spb), a.phase, false, out);
             o.loaded += 1;
         }
-        self.no_insert = saved;
+        self.mode = saved;
         o
     }
 }

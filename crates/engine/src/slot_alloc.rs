@@ -298,7 +298,7 @@ impl Engine {
     /// Finds a slot for a new block of `vm` and makes it resident; `None` = bypass.
     #[inline]
     pub(crate) fn allocate(&mut self, vm: VmId, key: u64, sync: bool, out: &mut Output) -> Option<Alloc> {
-        if self.no_insert {
+        if !self.mode.insert {
             return None;
         }
         let (used, target) = (self.vms[vm as usize].used, self.vms[vm as usize].target);

@@ -129,8 +129,6 @@ struct Core {
     stats: Vec<ExportStats>,
     /// VM ids no longer served (requests get `Failure::Shutdown`).
     removed: Vec<bool>,
-    /// Device errors after which a vDisk passes through to its backing store.
-    error_threshold: u64,
     /// Metadata records (vDisk names, backing bindings) for the committer's next commit.
     meta: Vec<crate::journal::Record>,
     /// Jobs callers wait for.

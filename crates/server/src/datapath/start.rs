@@ -23,6 +23,7 @@ impl DataPath {
         } = s;
         engine.set_persistent(reserve);
         engine.set_schedule(0, schedule);
+        engine.set_error_threshold(error_threshold);
         let bs = engine.config().block_size;
         let layout = engine.layout().clone();
         let n = names.len();
@@ -40,7 +41,6 @@ impl DataPath {
             removed: names.iter().map(|n| n.is_empty()).collect(),
             names,
             stats: vec![ExportStats::default(); n],
-            error_threshold,
             meta: Vec::new(),
             jobs: HashMap::new(),
             observe: None,

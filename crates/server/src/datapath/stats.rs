@@ -60,10 +60,10 @@ pub(super) fn count_reply(stats: &mut [ExportStats], vm: VmId, kind: Kind, len: 
 }
 
 impl Shared {
-    /// Takes the engine's device-error counts into the counters; a vDisk reaching the
-    /// threshold passes through from now on, keeping its dirty blocks cached (reads of them
-    /// hit) until they are written back (`Engine::set_bypass`; the daemon's interval drains
-    /// them).
+    /// Takes the engine's device-error counts into the counters and logs a vDisk the
+    /// engine switched to pass-through at its error threshold
+    /// (`Engine::set_error_threshold`): it keeps its dirty blocks cached (reads of them
+    /// hit) until they are written back (the daemon's interval drains them).
     pub(super) fn count_errors(&self, core: &mut Core) {
         for vm in 0..core.stats.len() {
             let errors = core.engine.device_errors(vm as VmId);
@@ -74,9 +74,8 @@ impl Shared {
             s.errors = errors;
             let name = &core.names[vm];
             tracing::error!(vdisk = %name, errors, "device error");
-            if errors >= core.error_threshold && !s.passthrough {
+            if core.engine.bypassed(vm as VmId) && !s.passthrough {
                 s.passthrough = true;
-                core.engine.set_bypass(vm as VmId, true);
                 let p = core.engine.partition(vm as VmId);
                 tracing::error!(vdisk = %name, errors, cached = p.used, dirty = p.dirty_blocks, "error threshold reached: the vDisk passes through to its backing store from now on; its dirty blocks stay cached (reads of them hit) until they are written back");
             }

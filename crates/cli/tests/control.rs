@@ -121,3 +121,63 @@ fn a_prewarm_interrupted_by_sigkill_resumes_at_the_next_start() {
     let daemon = Daemon::start(d, "serve.toml", &[]).unwrap();
     assert_eq!(prewarm_progress(daemon.api.as_ref().unwrap())["from"], "", "nothing left to resume");
 }
+
+/// A counter of the daemon's `/metrics` text (the sum over its label sets that contain
+/// `labels`).
+fn metric(text: &str, name: &str, labels: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l.contains(labels))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Issue 31: the simulator runs what the daemon runs. A write-back daemon with its
+/// default settings serves a write-heavy fio job (Zipf, 60% reads) while recording it;
+/// the recording replayed by `simulate` (open loop, the same cache, persistent mode,
+/// devices as fast as this machine's files) gives the same read hit ratio and writes the
+/// same dirty blocks back — the daemon's background flusher and write-back ahead run in
+/// the simulator too (before, it wrote back 49 blocks where the daemon wrote 8,890).
+/// Measured at 12 s: within 1% over five runs; checked here at 3% (a loaded CI machine).
+#[test]
+fn the_simulator_replaying_a_recording_writes_back_what_the_daemon_did() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("serve.toml"),
+        "[cache]\npath = \"cache.img\"\nsize = \"32MiB\"\nwrite_policy = \"wb\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"vm1\"\nbacking = \"vm1.img\"\nsize = \"128MiB\"\n",
+    )
+    .unwrap();
+    let mut daemon = Daemon::start(d, "serve.toml", &["--record", "rec.csv"]).unwrap();
+    let o = std::process::Command::new("fio")
+        .args(["--name=w", "--ioengine=nbd", &format!("--uri={}", daemon.uri("vm1")), "--rw=randrw"])
+        .args(["--rwmixread=60", "--random_distribution=zipf:1.1", "--bs=4k", "--iodepth=4", "--size=128M"])
+        .args(["--runtime=8", "--time_based=1", "--output-format=terse"])
+        .output()
+        .expect("fio (apt-get install fio)");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let m =
+        ureq::get(&format!("http://{}/metrics", daemon.api.as_ref().unwrap())).call().unwrap().into_string().unwrap();
+    assert!(daemon.term(std::time::Duration::from_secs(30)).is_some_and(|s| s.success()), "{}", daemon.log());
+    let (hits, misses) = (
+        metric(&m, "cachevisor_block_hits_total", "op=\"read\""),
+        metric(&m, "cachevisor_block_misses_total", "op=\"read\""),
+    );
+    let (live_hit, live_back) = (hits / (hits + misses), metric(&m, "cachevisor_destaged_blocks_total", ""));
+    std::fs::write(
+        d.join("sim.toml"),
+        "[cache]\nsize = \"32MiB\"\nwrite_policy = \"wb\"\npersistent = true\n[devices]\nssd = \"nvme\"\nbacking = \"nvme\"\n[replay]\nmode = \"open\"\nwindow = \"1s\"\n[trace]\nfiles = [\"rec.csv\"]\nformat = \"csv\"\n",
+    )
+    .unwrap();
+    let sim = d.join("sim.toml");
+    let out = d.join("simout");
+    let (ok, text) = cachevisor(&["simulate", "--scenario", sim.to_str().unwrap(), "--out", out.to_str().unwrap()]);
+    assert!(ok, "{text}");
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("result.json")).unwrap()).unwrap();
+    let (sim_hit, sim_back) =
+        (r["total"]["read_hit_ratio"].as_f64().unwrap(), r["total"]["writebacks"].as_f64().unwrap());
+    eprintln!("daemon: read hit {live_hit:.4}, written back {live_back}; simulator: {sim_hit:.4}, {sim_back}");
+    assert!(live_back > 1000.0, "a write-heavy job writes back: {live_back}");
+    assert!((live_hit - sim_hit).abs() < 0.005, "read hit ratio {live_hit} live, {sim_hit} simulated");
+    assert!((sim_back / live_back - 1.0).abs() < 0.03, "written back {live_back} live, {sim_back} simulated");
+}

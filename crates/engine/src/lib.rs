@@ -27,6 +27,7 @@
 mod admission;
 pub mod block_index;
 mod block_ops;
+pub mod cache_settings;
 mod commands;
 pub mod config;
 pub mod data_model;

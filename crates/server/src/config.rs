@@ -36,17 +36,17 @@ pub struct CacheConfig {
     #[serde(default = "default_error_threshold")]
     pub error_threshold: u64,
     /// Background destaging of dirty blocks, bytes per second (`16MiB`; `0` = off).
-    #[serde(default = "default_flush_rate")]
+    #[serde(default = "cachevisor_engine::cache_settings::default_flush_rate")]
     pub flush_rate: String,
     /// Percent of the cache the flusher lets stay dirty (bcache's `writeback_percent`):
     /// hot blocks rewritten often stay dirty and cost no write-back (`10`; `0` writes
     /// everything back).
-    #[serde(default = "default_writeback_percent")]
+    #[serde(default = "cachevisor_engine::cache_settings::default_writeback_percent")]
     pub writeback_percent: f64,
     /// Write-back ahead of eviction: the dirty blocks among each vDisk's next this many
     /// victims are written back, one at a time, while nothing else of the vDisk is on its
     /// backing store (`32`; `0` = off).
-    #[serde(default = "default_writeback_ahead")]
+    #[serde(default = "cachevisor_engine::cache_settings::default_writeback_ahead")]
     pub writeback_ahead: u32,
     /// How often the allocator runs on the traffic it has seen (`1s`).
     #[serde(default = "default_interval")]
@@ -79,18 +79,6 @@ pub enum DirectIo {
     On,
     /// Buffered I/O.
     Off,
-}
-
-fn default_flush_rate() -> String {
-    "16MiB".into()
-}
-
-fn default_writeback_percent() -> f64 {
-    10.0
-}
-
-fn default_writeback_ahead() -> u32 {
-    32
 }
 
 fn default_interval() -> String {
@@ -483,8 +471,9 @@ pub struct Resolved {
     pub slots: u64,
     /// Allocation interval in ns.
     pub interval_ns: u64,
-    /// Background destaging in bytes per second (0 = off).
-    pub flush_rate: u64,
+    /// Background write-back: the flusher and write-back ahead (checked once, shared with
+    /// the simulator: `cachevisor_engine::cache_settings`).
+    pub writeback: cachevisor_engine::cache_settings::Writeback,
     /// A connection reader's poll before it sleeps, ns (`listen.poll`).
     pub poll_ns: u64,
     /// `listen.handshake_timeout`, ns.
@@ -542,22 +531,13 @@ impl Config {
             .validate()
             .map_err(|e| format!("cache: {e}"))?;
         check_allocator(&self.cache.allocator, &self.cache.params, self.cache.replacement())?;
-        parse_size(&self.cache.flush_rate).map_err(|e| format!("cache.flush_rate: {e}"))?;
+        let writeback = cachevisor_engine::cache_settings::Writeback::check(
+            &self.cache.flush_rate,
+            self.cache.writeback_percent,
+            self.cache.writeback_ahead,
+        )?;
         if !(1..=1_000_000).contains(&self.cache.error_threshold) {
             return Err(format!("cache.error_threshold: {} is outside 1 to 1000000", self.cache.error_threshold));
-        }
-        if !(0.0..=100.0).contains(&self.cache.writeback_percent) {
-            return Err(format!(
-                "cache.writeback_percent: {} is not a percentage (0 to 100)",
-                self.cache.writeback_percent
-            ));
-        }
-        if self.cache.writeback_ahead > cachevisor_engine::MAX_WRITEBACK_AHEAD {
-            return Err(format!(
-                "cache.writeback_ahead: {} victims is more than {} (0 turns it off)",
-                self.cache.writeback_ahead,
-                cachevisor_engine::MAX_WRITEBACK_AHEAD
-            ));
         }
         let interval = cachevisor_trace::units::parse_duration_ns(&self.cache.interval)
             .map_err(|e| format!("cache.interval: {e}"))?;
@@ -627,7 +607,7 @@ impl Config {
             block_size,
             slots,
             interval_ns: cachevisor_trace::units::parse_duration_ns(&self.cache.interval).expect("checked"),
-            flush_rate: parse_size(&self.cache.flush_rate).expect("checked"),
+            writeback,
             poll_ns,
             handshake_timeout_ns: handshake_ns,
             api_idle_timeout_ns: api_idle_ns,

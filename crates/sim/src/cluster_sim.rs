@@ -126,7 +126,7 @@ impl<'a> Cluster<'a> {
                 track_last_access: false,
                 stores: remote,
             };
-            let mut node = Node::new(cfg, &sc.devices, None, sc.cache.writeback_ahead)?;
+            let mut node = Node::new(cfg, &sc.devices, None, &sc.cache.writeback().map_err(SimError::Scenario)?)?;
             node.engine.set_traffic_aware(p.cl.mode != ClusterMode::ElicaLoad);
             node.engine.set_traffic_turnover(p.cl.traffic_turnover);
             node.ssd = ssds[i].clone();

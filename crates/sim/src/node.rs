@@ -17,8 +17,11 @@ use crate::inputs::SimError;
 use crate::metrics::Metrics;
 use crate::prewarming::Prewarming;
 use crate::scenario::{BackingLayout, DevicesSection};
+use cachevisor_engine::cache_settings::Writeback;
 use cachevisor_engine::data_model::DataModel;
-use cachevisor_engine::{DeviceOp, Engine, EngineConfig, Event, Location, OpHandle, Output, ReqId, StoreKind};
+use cachevisor_engine::{
+    DeviceOp, Engine, EngineConfig, Event, Location, OpHandle, Output, ReqId, Schedule, StoreKind,
+};
 use cachevisor_trace::{Request, VmId};
 use rustc_hash::FxHashMap as HashMap;
 use std::cmp::Reverse;
@@ -104,15 +107,18 @@ impl DataCheck {
 impl Node {
     /// A node with an engine of `cfg` on the devices `devices` describes; `persistent`:
     /// the daemon's crash-consistent mode with `reserve` durable free slots;
-    /// `writeback_ahead`: victims looked at by write-back ahead of eviction (0: off).
+    /// `writeback`: write-back ahead of eviction and the background flusher, as the
+    /// daemon runs them (the engine's timers, from virtual time 0).
     pub(crate) fn new(
         cfg: EngineConfig,
         devices: &DevicesSection,
         persistent: Option<u64>,
-        writeback_ahead: u32,
+        writeback: &Writeback,
     ) -> Result<Node, SimError> {
+        let block_size = cfg.block_size;
         let mut engine = Engine::new(cfg).map_err(SimError::Scenario)?;
-        engine.set_writeback_ahead(writeback_ahead);
+        engine.set_writeback_ahead(writeback.writeback_ahead);
+        engine.set_schedule(0, Schedule { interval_ns: 0, flusher: writeback.flusher(block_size) });
         if let Some(reserve) = persistent {
             engine.set_persistent(reserve);
         }

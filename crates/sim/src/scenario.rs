@@ -63,9 +63,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-/// Victims looked at by write-back ahead of eviction unless `cache.writeback_ahead` says
-/// otherwise (measured in docs/policies.md "Write-back ahead of eviction").
-pub const DEFAULT_WRITEBACK_AHEAD: u32 = 32;
+pub use cachevisor_engine::cache_settings::DEFAULT_WRITEBACK_AHEAD;
 
 /// `[cache]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -113,6 +111,11 @@ pub struct CacheSection {
     /// victims are written back, one at a time, while nothing else of the VM is on its
     /// backing store (the engine's `set_writeback_ahead`); 0 turns it off.
     pub writeback_ahead: u32,
+    /// The background flusher, as the daemon's (`cachevisor_engine::cache_settings`):
+    /// bytes per second written back at most, in 100 ms steps (`16MiB`; `0` = off).
+    pub flush_rate: String,
+    /// Percent of the cache the flusher leaves dirty (`10`, as the daemon's).
+    pub writeback_percent: f64,
     /// What the cache holds: data blocks, or the Nutanix DSF metadata objects
     /// (`dsf_objects.rs`: HM1 and HM3 lookups per 1 MiB vBlock; open loop only).
     pub objects: ObjectModel,
@@ -130,6 +133,15 @@ pub enum ObjectModel {
 }
 
 impl CacheSection {
+    /// The background write-back settings, checked as the daemon checks them.
+    pub fn writeback(&self) -> Result<cachevisor_engine::cache_settings::Writeback, String> {
+        cachevisor_engine::cache_settings::Writeback::check(
+            &self.flush_rate,
+            self.writeback_percent,
+            self.writeback_ahead,
+        )
+    }
+
     /// The replacement policy in force: the one set, else the allocator's own (LRU for an
     /// allocator name the registry does not know; validation reports that).
     pub fn replacement(&self) -> ReplacementKind {
@@ -152,6 +164,8 @@ impl Default for CacheSection {
             lookahead: false,
             persistent: false,
             writeback_ahead: DEFAULT_WRITEBACK_AHEAD,
+            flush_rate: cachevisor_engine::cache_settings::default_flush_rate(),
+            writeback_percent: cachevisor_engine::cache_settings::DEFAULT_WRITEBACK_PERCENT,
             objects: ObjectModel::Blocks,
         }
     }
@@ -513,13 +527,7 @@ impl Scenario {
             }
         }
         let allocator = cachevisor_policy::registry::build(&self.cache.allocator).expect("checked above");
-        if self.cache.writeback_ahead > cachevisor_engine::MAX_WRITEBACK_AHEAD {
-            return Err(format!(
-                "cache.writeback_ahead: {} victims is more than {} (0 turns it off)",
-                self.cache.writeback_ahead,
-                cachevisor_engine::MAX_WRITEBACK_AHEAD
-            ));
-        }
+        self.cache.writeback()?;
         if self.cache.lookahead && r.mode == ReplayMode::Open && window_requests.is_some() {
             return Err("cache.lookahead: open loop needs a time window (the oracle cuts the trace by time)".into());
         }

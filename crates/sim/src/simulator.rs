@@ -95,7 +95,7 @@ impl<'a> Run<'a> {
             stores: Vec::new(),
         };
         let persistent = c.persistent.then(|| cachevisor_engine::durable_reserve(res.slots));
-        let mut node = Node::new(cfg.clone(), &sc.devices, persistent, c.writeback_ahead)?;
+        let mut node = Node::new(cfg.clone(), &sc.devices, persistent, &c.writeback().map_err(SimError::Scenario)?)?;
         let allocator = registry::build_with(&sc.cache.allocator, &sc.cache.params).map_err(SimError::Scenario)?;
         let managed = c.partition == PartitionMode::Static;
         let dynamic = managed && (c.lookahead || c.reallocate.unwrap_or(allocator.every_interval()));
@@ -288,7 +288,8 @@ impl<'a> Run<'a> {
             return Ok(());
         }
         let persistent = self.sc.cache.persistent.then(|| cachevisor_engine::durable_reserve(self.res.slots));
-        let mut dest = Node::new(self.cfg.clone(), &self.sc.devices, persistent, self.sc.cache.writeback_ahead)?;
+        let writeback = self.sc.cache.writeback().map_err(SimError::Scenario)?;
+        let mut dest = Node::new(self.cfg.clone(), &self.sc.devices, persistent, &writeback)?;
         for vm in 0..self.names.len() {
             dest.add_vm(vm as VmId)?;
         }

@@ -277,14 +277,8 @@ impl Daemon {
                 "warm start"
             );
         }
-        let schedule = cachevisor_engine::Schedule {
-            interval_ns: r.interval_ns,
-            flusher: (r.flush_rate > 0).then(|| cachevisor_engine::Flusher {
-                period_ns: 100_000_000,
-                blocks_per_period: (r.flush_rate / 10 / r.block_size).max(1),
-                dirty_target: cfg.cache.writeback_percent / 100.0,
-            }),
-        };
+        let schedule =
+            cachevisor_engine::Schedule { interval_ns: r.interval_ns, flusher: r.writeback.flusher(r.block_size) };
         // Device threads mostly wait on devices (O_DIRECT cache reads and writes, misses on
         // slow backing stores); idle ones cost nothing (one is woken per queued op). Half
         // may run background write-backs: 16, an NBD backing's usual connection count.

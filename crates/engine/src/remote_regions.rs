@@ -113,13 +113,11 @@ impl Engine {
             .cfg
             .stores
             .iter()
-            .filter_map(|r| match r.kind {
-                StoreKind::Lent { node } => {
-                    let take = left.min(r.slots);
-                    left -= take;
-                    Some((node, take))
-                }
-                StoreKind::Local => None,
+            .filter_map(|r| {
+                let StoreKind::Lent { node } = r.kind else { return None };
+                let take = left.min(r.slots);
+                left -= take;
+                Some((node, take))
             })
             .collect();
         self.set_remote_shares(vm, &shares).expect("every region's lender is known");

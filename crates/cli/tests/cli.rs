@@ -354,3 +354,46 @@ fn bench_sim_reads_cachesims_output_and_names_a_bad_peer() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("no miss ratio") && err.contains("mute"), "{err}");
 }
+
+/// Issue 31: the `[cache]` keys the daemon's config and the simulator's scenario share
+/// have one default and one error text: the same bad value gives the same message in
+/// both, and an unset key the same setting.
+#[test]
+fn the_daemon_and_the_simulator_read_shared_cache_keys_alike() {
+    let dir = tempfile::tempdir().unwrap();
+    let daemon = |extra: &str| -> Result<cachevisor_server::config::Resolved, String> {
+        let text = format!("[cache]\npath = \"c.img\"\nsize = \"64MiB\"\n{extra}\n[listen]\ntcp = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"a\"\nbacking = \"a.img\"\nsize = \"1GiB\"\n");
+        cachevisor_server::Config::parse(&text, "daemon", dir.path())?.resolve()
+    };
+    let sim = |extra: &str| -> Result<cachevisor_sim::scenario::Resolved, String> {
+        let p = dir.path().join("s.toml");
+        std::fs::write(
+            &p,
+            format!(
+                "[cache]\nsize = \"64MiB\"\n{extra}\n[trace]\nfiles = [\"{}\"]\n",
+                shared("websearch-small.mqsim.txt")
+            ),
+        )
+        .unwrap();
+        cachevisor_sim::scenario::Scenario::load(&p)?.resolve()
+    };
+    for bad in [
+        "flush_rate = \"fast\"",
+        "writeback_percent = 150",
+        "writeback_percent = -1",
+        "writeback_ahead = 100000",
+        "allocator = \"nope\"",
+        "allocator = \"s-cave\"\nreplacement = \"lru\"",
+        "allocator = \"static\"\nparams = { m = 5.0 }",
+    ] {
+        let (d, s) = (daemon(bad).unwrap_err(), sim(bad).unwrap_err());
+        assert_eq!(d, s, "`{bad}`: the daemon says `{d}`, the simulator `{s}`");
+    }
+    // S-CAVE over LRU is fine on a shared pool (no cleaner runs there), in both.
+    daemon("allocator = \"s-cave\"\nreplacement = \"lru\"\npartition = \"shared\"").unwrap();
+    sim("allocator = \"s-cave\"\nreplacement = \"lru\"\npartition = \"shared\"").unwrap();
+    // Unset, the write-back keys are the same settings.
+    let d = daemon("").unwrap().writeback;
+    let s = cachevisor_sim::scenario::Scenario::default().cache.writeback().unwrap();
+    assert_eq!(d, s);
+}

@@ -36,6 +36,28 @@ pub fn replacement_for(name: &str) -> cachevisor_engine::ReplacementKind {
     build(name).map_or(cachevisor_engine::ReplacementKind::Lru, |a| a.replacement())
 }
 
+/// Checks a cache's policy keys as the daemon's config, its API and the simulator's
+/// scenario all do (one rule, one text per key): the allocator is known
+/// (`cache.allocator`), its parameters are (`cache.params`), and an allocator with S-CAVE's
+/// global cleaner runs on CLOCK (`cache.replacement`) — over static partitions; a shared
+/// pool runs no allocator's cleaner.
+pub fn check_cache_policy(
+    name: &str,
+    params: &Params,
+    replacement: cachevisor_engine::ReplacementKind,
+    partition: cachevisor_engine::PartitionMode,
+) -> Result<(), String> {
+    let alloc = build(name).map_err(|e| format!("cache.allocator: {e}"))?;
+    build_with(name, params).map_err(|e| format!("cache.params: {e}"))?;
+    if alloc.cleaner().is_some()
+        && replacement != cachevisor_engine::ReplacementKind::Clock
+        && partition == cachevisor_engine::PartitionMode::Static
+    {
+        return Err(format!("cache.replacement: `{name}` uses S-CAVE's global cleaner, which reads CLOCK counters, and this cache's replacement is `{}`: set replacement = \"clock\"", replacement.name()));
+    }
+    Ok(())
+}
+
 /// Builds an allocator by name with its seed's default parameters; the error lists the
 /// names.
 pub fn build(name: &str) -> Result<Box<dyn Allocator>, String> {

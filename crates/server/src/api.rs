@@ -137,6 +137,15 @@ async fn write_policy(State(a): State<Api>, Path(name): Path<String>, Json(body)
     mutate(a, Some(&name), move |d, vm| d.set_write_policy(vm.expect("named"), p).map_err(op_err)).await
 }
 
+/// `POST /vdisks/{name}/share` with `{"weight": w}`, `{"ratio": r}` or both.
+async fn share(
+    State(a): State<Api>,
+    Path(name): Path<String>,
+    Json(body): Json<crate::vdisk_overlay::Share>,
+) -> Response {
+    mutate(a, Some(&name), move |d, vm| d.set_share(vm.expect("named"), body).map_err(op_err)).await
+}
+
 /// Starts a destage job for `vm` (or every vDisk): 202 with its progress, 409 when one
 /// is already running.
 async fn start_destage(a: Api, name: Option<&str>) -> Response {
@@ -270,6 +279,7 @@ pub fn start(daemon: Arc<Daemon>, addr: SocketAddr, token: String, idle: Duratio
         .route("/metrics", get(metrics))
         .route("/vdisks/{name}/resize", post(resize))
         .route("/vdisks/{name}/write-policy", post(write_policy))
+        .route("/vdisks/{name}/share", post(share))
         .route("/vdisks/{name}/destage", post(destage_one))
         .route("/destage", get(destage_progress).post(destage_all))
         .route("/prewarm", get(prewarm_progress).post(start_prewarm))

@@ -27,6 +27,10 @@ pub struct CacheConfig {
     /// Write policy of vDisks that do not set one.
     #[serde(default = "default_write_policy")]
     pub write_policy: WritePolicy,
+    /// Per-vDisk partitions the allocator sizes (`static`), or one shared pool with no
+    /// targets (`shared`: the unmanaged baseline; no allocator runs).
+    #[serde(default)]
+    pub partition: cachevisor_engine::PartitionMode,
     /// Allocation policy.
     #[serde(default = "default_allocator")]
     pub allocator: String,
@@ -241,22 +245,6 @@ impl VdiskConfig {
     }
 }
 
-/// Checks an allocator, its parameters, and that it works over the cache's `replacement`
-/// — the one check the config and the API's `POST /allocator` share; the message names
-/// the key.
-pub fn check_allocator(
-    name: &str,
-    params: &cachevisor_policy::params::Params,
-    replacement: ReplacementKind,
-) -> Result<(), String> {
-    let alloc = cachevisor_policy::registry::build(name).map_err(|e| format!("cache.allocator: {e}"))?;
-    cachevisor_policy::registry::build_with(name, params).map_err(|e| format!("cache.params: {e}"))?;
-    if alloc.cleaner().is_some() && replacement != ReplacementKind::Clock {
-        return Err(format!("cache.replacement: `{name}` uses S-CAVE's global cleaner, which reads CLOCK counters, and this cache's replacement is `{}`: set replacement = \"clock\" (a restart)", replacement.name()));
-    }
-    Ok(())
-}
-
 /// The whole configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -401,6 +389,7 @@ size = "256MiB"               # required; a multiple of block_size (the file is 
 block_size = "4KiB"           # default 4KiB; a power of two, 512B to 1MiB; fixed for the cache's life (metadata refuses a change)
 replacement = "lru"           # lru | fifo | clock | two-pool | s3fifo; default the allocator's own: s3fifo for adaptive, clock for s-cave, lru otherwise
 write_policy = "wt"           # default wt | wb | wa | ro: the policy of vDisks that set none
+partition = "static"          # default static | shared: per-vDisk partitions the allocator sizes, or one pool all vDisks share (no targets, no allocator)
 allocator = "static"          # default static | adaptive | optimal | symflex-weighted | symflex-proportional | s-cave | s-cave-literal | eci-cache | centaur | scave-recs | scave-hitratio
 metadata = "var/cache.img.meta" # default PATH.meta beside the cache store (its parent must exist)
 error_threshold = 8           # default 8, 1 to 1000000; device errors after which a vDisk passes through (its dirty blocks stay cached until written back)
@@ -530,7 +519,12 @@ impl Config {
         cachevisor_engine::EngineConfig { block_size, slots, ..cachevisor_engine::EngineConfig::with_slots(1) }
             .validate()
             .map_err(|e| format!("cache: {e}"))?;
-        check_allocator(&self.cache.allocator, &self.cache.params, self.cache.replacement())?;
+        cachevisor_policy::registry::check_cache_policy(
+            &self.cache.allocator,
+            &self.cache.params,
+            self.cache.replacement(),
+            self.cache.partition,
+        )?;
         let writeback = cachevisor_engine::cache_settings::Writeback::check(
             &self.cache.flush_rate,
             self.cache.writeback_percent,

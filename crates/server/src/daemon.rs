@@ -206,10 +206,17 @@ impl Daemon {
         let parts: Vec<_> = self
             .dp
             .with_engine(|e| exports.iter().map(|x| (e.partition(x.id), e.written_back_ahead_of(x.id))).collect());
+        let shares: Vec<_> = {
+            let mut p = self.policy.lock().unwrap_or_else(|p| p.into_inner());
+            exports.iter().map(|x| *p.ctl.settings_mut(x.id as usize)).collect()
+        };
         exports
             .into_iter()
             .zip(parts)
-            .map(|(e, (p, ahead))| VdiskStatus {
+            .zip(shares)
+            .map(|((e, (p, ahead)), share)| VdiskStatus {
+                weight: share.weight,
+                ratio: share.ratio,
                 stats: self.dp.stats(e.id),
                 name: e.name,
                 size: e.size,
@@ -322,7 +329,7 @@ fn engine_config(cfg: &Config, r: &Resolved) -> EngineConfig {
     EngineConfig {
         block_size: r.block_size,
         slots: r.slots,
-        partition: PartitionMode::Static,
+        partition: cfg.cache.partition,
         replacement: cfg.cache.replacement(),
         write_policy: cfg.cache.write_policy,
         fill: FillMode::Block,
@@ -343,6 +350,10 @@ fn first_controller(cfg: &Config, r: &Resolved, engine: &mut Engine) -> Result<C
     controller::apply(engine, &first);
     // S-CAVE's global cleaner runs in the engine as requests are admitted (§V-B), as in
     // the simulator.
-    engine.set_cleaner(controller::cleaner_watermarks(ctl.allocator(), r.slots, true));
+    engine.set_cleaner(controller::cleaner_watermarks(
+        ctl.allocator(),
+        r.slots,
+        cfg.cache.partition == PartitionMode::Static,
+    ));
     Ok(ctl)
 }

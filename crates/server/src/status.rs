@@ -17,6 +17,10 @@ pub struct VdiskStatus {
     pub used_blocks: u64,
     /// Partition target in blocks.
     pub target_blocks: u64,
+    /// Share of the cache relative to the others (static, symflex-weighted).
+    pub weight: f64,
+    /// Target share of hit throughput (symflex-proportional).
+    pub ratio: f64,
     /// Dirty blocks.
     pub dirty_blocks: u64,
     /// Dirty blocks written back ahead of eviction while the backing store was idle.

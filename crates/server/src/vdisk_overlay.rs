@@ -1,9 +1,10 @@
 //! What the API changed, kept in `vdisks.toml` in the metadata directory (replaced
 //! atomically) so it survives restarts without the daemon rewriting the operator's config
-//! file: vDisks added and removed, write policies switched, partition targets set, the
-//! allocator switched. At start the overlay is laid over the config (each change logged):
+//! file: vDisks added and removed, write policies switched, partition targets, weights
+//! and ratios set, the allocator switched. At start the overlay is laid over the config (each change logged):
 //! removed names leave, added vDisks join (an added vDisk wins over a config entry of the
-//! same name), write policies and the allocator replace the config's; targets are applied
+//! same name), write policies, weights, ratios and the allocator replace the config's;
+//! targets are applied
 //! once the daemon runs.
 
 use crate::config::{Config, VdiskConfig};
@@ -26,6 +27,9 @@ pub struct Overlay {
     /// Partition targets set through the API, in cache blocks, by vDisk name.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub target_blocks: std::collections::BTreeMap<String, u64>,
+    /// Weights and ratios set through the API, by vDisk name.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub share: std::collections::BTreeMap<String, Share>,
     /// vDisks added through the API.
     #[serde(default)]
     pub vdisk: Vec<VdiskConfig>,
@@ -40,6 +44,19 @@ pub struct AllocatorChoice {
     /// Parameters over its seed's defaults.
     #[serde(default)]
     pub params: cachevisor_policy::params::Params,
+}
+
+/// A vDisk's share settings set through the API (SymFlex's phases, live): what is not set
+/// stays the config's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Share {
+    /// Share of the cache relative to the others (static, symflex-weighted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<f64>,
+    /// Target share of hit throughput (symflex-proportional).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ratio: Option<f64>,
 }
 
 /// The overlay file in metadata directory `dir`.
@@ -97,6 +114,14 @@ impl Overlay {
                 notes.push(format!("vDisk `{}`: write policy {p:?} set through the API (over the config's)", v.name));
                 v.write_policy = Some(p);
             }
+            if let Some(s) = self.share.get(&v.name) {
+                v.weight = s.weight.unwrap_or(v.weight);
+                v.ratio = s.ratio.unwrap_or(v.ratio);
+                notes.push(format!(
+                    "vDisk `{}`: weight {} and ratio {} set through the API (over the config's)",
+                    v.name, v.weight, v.ratio
+                ));
+            }
         }
         if let Some(a) = &self.allocator {
             notes.push(format!(
@@ -119,6 +144,13 @@ impl Overlay {
         self.target_blocks.insert(name.to_string(), blocks);
     }
 
+    /// Notes `name`'s weight and/or ratio (what is `None` keeps its earlier value).
+    pub fn set_share(&mut self, name: &str, share: Share) {
+        let s = self.share.entry(name.to_string()).or_default();
+        s.weight = share.weight.or(s.weight);
+        s.ratio = share.ratio.or(s.ratio);
+    }
+
     /// Notes the allocator (its decisions replace targets set before).
     pub fn set_allocator(&mut self, name: &str, params: &cachevisor_policy::params::Params) {
         self.allocator = Some(AllocatorChoice { name: name.to_string(), params: params.clone() });
@@ -129,6 +161,7 @@ impl Overlay {
     fn forget(&mut self, name: &str) {
         self.write_policy.remove(name);
         self.target_blocks.remove(name);
+        self.share.remove(name);
     }
 
     /// Notes that `v` was added.

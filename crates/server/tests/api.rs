@@ -212,3 +212,86 @@ fn vdisks_are_added_and_removed_online_and_that_survives_a_restart() {
     }
     assert_eq!(r.daemon.stats(0).hit_blocks, 16, "warm after the restart");
 }
+
+/// `POST` of `body` to `url` with `token` (if any): the status and the body.
+fn post(url: &str, token: Option<&str>, body: serde_json::Value) -> (u16, String) {
+    let mut r = ureq::post(url);
+    if let Some(t) = token {
+        r = r.set("Authorization", &format!("Bearer {t}"));
+    }
+    match r.send_json(body) {
+        Ok(x) => (x.status(), x.into_string().unwrap()),
+        Err(ureq::Error::Status(c, x)) => (c, x.into_string().unwrap()),
+        Err(e) => panic!("{url}: {e}"),
+    }
+}
+
+/// A vDisk's row of `GET /vdisks`.
+fn row(api: &std::net::SocketAddr, name: &str) -> serde_json::Value {
+    let list: serde_json::Value = ureq::get(&format!("http://{api}/vdisks")).call().unwrap().into_json().unwrap();
+    list.as_array().unwrap().iter().find(|v| v["name"] == name).cloned().unwrap()
+}
+
+/// Issue 31: SymFlex's phases live — a vDisk's weight (or ratio) set through the API
+/// re-divides the cache at once (the static allocator), survives a restart, and bad values
+/// change nothing.
+#[test]
+fn weights_set_through_the_api_redivide_the_cache_and_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = api_cfg(dir.path());
+    let r = serve(&cfg);
+    let (api, token) = r.api.clone().unwrap();
+    let url = format!("http://{api}/vdisks/a/share");
+    assert_eq!(
+        (row(&api, "a")["target_blocks"].as_u64(), row(&api, "b")["target_blocks"].as_u64()),
+        (Some(128), Some(128))
+    );
+    assert_eq!(post(&url, None, serde_json::json!({"weight": 3.0})).0, 401);
+    for bad in [serde_json::json!({"weight": 0.0}), serde_json::json!({"ratio": -1.0}), serde_json::json!({})] {
+        let (code, body) = post(&url, Some(&token), bad.clone());
+        assert_eq!(code, 400, "{bad}: {body}");
+    }
+    assert_eq!(post(&url, Some(&token), serde_json::json!({"weight": 3.0, "speed": 1})).0 / 100, 4, "unknown keys");
+    assert_eq!(row(&api, "a")["weight"], 1.0, "refused changes change nothing");
+    let (code, body) = post(&url, Some(&token), serde_json::json!({"weight": 3.0}));
+    assert_eq!(code, 200, "{body}");
+    let (a, b) = (row(&api, "a"), row(&api, "b"));
+    assert_eq!(
+        (a["weight"].as_f64(), a["target_blocks"].as_u64(), b["target_blocks"].as_u64()),
+        (Some(3.0), Some(192), Some(64))
+    );
+    assert_eq!(post(&format!("http://{api}/vdisks/b/share"), Some(&token), serde_json::json!({"ratio": 2.5})).0, 200);
+    drop(r);
+    let r = serve(&cfg);
+    let api = r.api.clone().unwrap().0;
+    let (a, b) = (row(&api, "a"), row(&api, "b"));
+    assert_eq!((a["weight"].as_f64(), a["target_blocks"].as_u64()), (Some(3.0), Some(192)), "after a restart: {a}");
+    assert_eq!((b["ratio"].as_f64(), b["weight"].as_f64()), (Some(2.5), Some(1.0)), "{b}");
+}
+
+/// Issue 31: `cache.partition = "shared"` serves every vDisk from one pool (the
+/// unmanaged baseline the simulator has): one vDisk may fill the cache, and what has no
+/// meaning there (targets, the allocator) is refused with the reason.
+#[test]
+fn a_shared_cache_lets_one_vdisk_fill_it_and_refuses_targets() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = api_cfg(dir.path());
+    cfg.cache.partition = cachevisor_engine::PartitionMode::Shared;
+    let r = serve(&cfg);
+    let (api, token) = r.api.clone().unwrap();
+    let (mut c, _) = Client::connect(r.tcp.unwrap(), "a");
+    for i in 0..240u64 {
+        c.write(i * 4096, &[(i % 200) as u8 + 1; 4096], false).unwrap();
+    }
+    c.flush().unwrap();
+    let used = row(&api, "a")["used_blocks"].as_u64().unwrap();
+    assert!(used > 200, "one vDisk holds most of a shared 256-block cache: {used}");
+    for i in 0..240u64 {
+        assert_eq!(c.read(i * 4096, 4096).unwrap(), vec![(i % 200) as u8 + 1; 4096], "block {i}");
+    }
+    let (code, body) = post(&format!("http://{api}/vdisks/a/resize"), Some(&token), serde_json::json!({"blocks": 10}));
+    assert!(code == 400 && body.contains("shared pool"), "{code} {body}");
+    let (code, body) = post(&format!("http://{api}/allocator"), Some(&token), serde_json::json!({"name": "optimal"}));
+    assert!(code == 400 && body.contains("shared"), "{code} {body}");
+    assert_eq!(row(&api, "a")["used_blocks"].as_u64(), Some(used), "refusals change nothing");
+}

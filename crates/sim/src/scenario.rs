@@ -459,9 +459,12 @@ impl Scenario {
         let engine =
             cachevisor_engine::EngineConfig { block_size, slots, ..cachevisor_engine::EngineConfig::with_slots(1) };
         engine.validate().map_err(|e| format!("cache: {e}"))?;
-        cachevisor_policy::registry::build(&self.cache.allocator).map_err(|e| format!("cache.allocator: {e}"))?;
-        cachevisor_policy::registry::build_with(&self.cache.allocator, &self.cache.params)
-            .map_err(|e| format!("cache.params: {e}"))?;
+        cachevisor_policy::registry::check_cache_policy(
+            &self.cache.allocator,
+            &self.cache.params,
+            self.cache.replacement(),
+            self.cache.partition,
+        )?;
         self.devices.ssd.resolve().map_err(|e| format!("devices.ssd: {e}"))?;
         self.devices.backing.resolve().map_err(|e| format!("devices.backing: {e}"))?;
         let r = &self.replay;
@@ -526,7 +529,6 @@ impl Scenario {
                 }
             }
         }
-        let allocator = cachevisor_policy::registry::build(&self.cache.allocator).expect("checked above");
         self.cache.writeback()?;
         if self.cache.lookahead && r.mode == ReplayMode::Open && window_requests.is_some() {
             return Err("cache.lookahead: open loop needs a time window (the oracle cuts the trace by time)".into());
@@ -536,12 +538,6 @@ impl Scenario {
                 "cache.lookahead: not with replay.repeat_for (the closed-loop oracle reads each VM's trace once)"
                     .into(),
             );
-        }
-        if allocator.cleaner().is_some()
-            && self.cache.replacement() != ReplacementKind::Clock
-            && self.cache.partition == PartitionMode::Static
-        {
-            return Err(format!("cache.replacement: `{}` uses S-CAVE's global cleaner, which reads CLOCK counters: set replacement = \"clock\"", self.cache.allocator));
         }
         if self.cache.objects == ObjectModel::NutanixDsf {
             if r.mode != ReplayMode::Open {

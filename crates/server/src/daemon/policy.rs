@@ -24,11 +24,14 @@ pub(crate) struct Policy {
     interval_ns: u64,
     /// Where each pass-through vDisk's drain goes on.
     drain_cursor: u32,
+    /// Static partitions: the allocator runs (a shared pool has no targets; the simulator
+    /// runs none there either).
+    managed: bool,
 }
 
 impl Policy {
-    pub(crate) fn new(ctl: Controller, interval_ns: u64) -> Policy {
-        Policy { ctl, last: Vec::new(), last_tick: Instant::now(), interval_ns, drain_cursor: 0 }
+    pub(crate) fn new(ctl: Controller, interval_ns: u64, managed: bool) -> Policy {
+        Policy { ctl, last: Vec::new(), last_tick: Instant::now(), interval_ns, drain_cursor: 0, managed }
     }
 
     /// A tick of the timer thread: the rECS sampling periods due so far in this interval
@@ -57,7 +60,7 @@ impl Policy {
         self.last = stats.to_vec();
         let (_, sampled) = self.ctl.sample_recs(engine);
         self.ctl.end_window(&counts);
-        if self.ctl.allocator().every_interval() {
+        if self.managed && self.ctl.allocator().every_interval() {
             let d = self.ctl.decide(engine, Some((&counts, secs)), &sampled, None);
             self.ctl.next_window();
             apply(engine, d, stats);

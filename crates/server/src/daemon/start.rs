@@ -298,7 +298,11 @@ impl Daemon {
             error_threshold: cfg.cache.error_threshold,
             io_uring: cfg.cache.io_uring,
         }));
-        let policy = Arc::new(Mutex::new(policy::Policy::new(ctl, r.interval_ns)));
+        let policy = Arc::new(Mutex::new(policy::Policy::new(
+            ctl,
+            r.interval_ns,
+            cfg.cache.partition == cachevisor_engine::PartitionMode::Static,
+        )));
         let (observing, interval, ticking) = (policy.clone(), policy.clone(), policy.clone());
         dp.set_hooks(
             Some(Box::new(move |req| {

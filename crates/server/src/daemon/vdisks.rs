@@ -131,8 +131,14 @@ impl Daemon {
     /// Checked as the config is (`config::check_allocator`), then saved, then applied: a
     /// change that cannot be saved is not made.
     pub fn set_allocator(&self, name: &str, params: &cachevisor_policy::params::Params) -> Result<(), ChangeError> {
-        let replacement = self.dp.with_engine(|e| e.config().replacement);
-        crate::config::check_allocator(name, params, replacement).map_err(ChangeError::Invalid)?;
+        let (replacement, partition) = self.dp.with_engine(|e| (e.config().replacement, e.config().partition));
+        if partition == cachevisor_engine::PartitionMode::Shared {
+            return Err(ChangeError::Invalid(
+                "allocator: this cache is one shared pool (cache.partition = \"shared\"): no allocator runs".into(),
+            ));
+        }
+        cachevisor_policy::registry::check_cache_policy(name, params, replacement, partition)
+            .map_err(|e| ChangeError::Invalid(format!("{e} (a restart)")))?;
         let alloc = registry::build_with(name, params).map_err(ChangeError::Invalid)?;
         self.overlay
             .lock()
@@ -144,6 +150,7 @@ impl Daemon {
             let mut p = self.policy.lock().unwrap_or_else(|p| p.into_inner());
             p.ctl = policy::rebuilt(&mut p.ctl, alloc, e.slot_count(), bs, vms);
             e.set_cleaner(cachevisor_policy::controller::cleaner_watermarks(p.ctl.allocator(), e.slot_count(), true));
+            // (static partitions: a shared pool refused the switch above)
         });
         tracing::info!(allocator = name, "allocator switched");
         Ok(())
@@ -176,6 +183,11 @@ impl Daemon {
     /// A target above the cache is refused; the change is saved first (one that cannot be
     /// saved is not made).
     pub fn resize(&self, vm: VmId, blocks: u64) -> Result<(), OpError> {
+        if self.dp.with_engine(|e| e.config().partition) == cachevisor_engine::PartitionMode::Shared {
+            return Err(OpError::Invalid(
+                "this cache is one shared pool (cache.partition = \"shared\"): vDisks have no targets to set".into(),
+            ));
+        }
         let slots = self.resolved.slots;
         if blocks > slots {
             return Err(OpError::Invalid(format!(
@@ -185,6 +197,33 @@ impl Daemon {
         }
         self.remember(vm, |o, name| o.set_target(name, blocks))?;
         self.set_target_now(vm, blocks)
+    }
+
+    /// Sets export `vm`'s weight and/or ratio online (SymFlex's phases: the weighted and
+    /// proportional-throughput policies read them at their next decision; an allocator
+    /// that does not run every interval re-divides now). Each must be a finite number
+    /// above 0; saved first (a change that cannot be saved is not made).
+    pub fn set_share(&self, vm: VmId, share: crate::vdisk_overlay::Share) -> Result<(), OpError> {
+        for (key, v) in [("weight", share.weight), ("ratio", share.ratio)] {
+            if v.is_some_and(|v| !(v > 0.0 && v.is_finite())) {
+                return Err(OpError::Invalid(format!("{key}: {} must be a number above 0", v.unwrap_or(0.0))));
+            }
+        }
+        if share.weight.is_none() && share.ratio.is_none() {
+            return Err(OpError::Invalid("give `weight`, `ratio` or both".into()));
+        }
+        self.remember(vm, |o, name| o.set_share(name, share))?;
+        let every_interval = {
+            let mut p = self.policy.lock().unwrap_or_else(|p| p.into_inner());
+            let s = p.ctl.settings_mut(vm as usize);
+            s.weight = share.weight.unwrap_or(s.weight);
+            s.ratio = share.ratio.unwrap_or(s.ratio);
+            p.ctl.allocator().every_interval()
+        };
+        if !every_interval {
+            self.redivide();
+        }
+        Ok(())
     }
 
     /// [`Self::resize`] without saving it (a target the overlay already holds).

@@ -137,7 +137,7 @@ fn metric(text: &str, name: &str, labels: &str) -> f64 {
 /// devices as fast as this machine's files) gives the same read hit ratio and writes the
 /// same dirty blocks back — the daemon's background flusher and write-back ahead run in
 /// the simulator too (before, it wrote back 49 blocks where the daemon wrote 8,890).
-/// Measured at 12 s: within 1% over five runs; checked here at 3% (a loaded CI machine).
+/// Measured at 12 s: within 0.1% over three runs; checked here at 3% (a loaded CI machine).
 #[test]
 fn the_simulator_replaying_a_recording_writes_back_what_the_daemon_did() {
     let dir = tempfile::tempdir().unwrap();

@@ -37,6 +37,9 @@ pub const AHEAD_BATCH: usize = 1;
 pub(crate) struct Ahead {
     /// Next victims looked at per VM (0: off).
     pub(crate) window: u32,
+    /// The background flusher runs (`timers.rs`): its jobs go through the same per-VM
+    /// slot, in the backing stores' idle time.
+    pub(crate) flushing: bool,
     /// Per VM: backing ops handed out and not completed.
     backing_ops: Vec<u32>,
     /// Per VM: whether its write-back-ahead job runs.
@@ -101,7 +104,7 @@ impl Ahead {
                 *n -= 1;
                 if *n == 0 {
                     self.busy_ns[v] += self.now_ns.saturating_sub(self.busy_since[v]);
-                    if self.window > 0 {
+                    if self.window > 0 || self.flushing {
                         self.queue(vm);
                     }
                 }
@@ -130,7 +133,7 @@ impl Ahead {
         self.now_ns = self.now_ns.max(now_ns);
     }
 
-    fn queue(&mut self, vm: VmId) {
+    pub(crate) fn queue(&mut self, vm: VmId) {
         self.grow(vm);
         if !std::mem::replace(&mut self.queued[vm as usize], true) {
             self.check.push(vm);
@@ -175,7 +178,7 @@ impl Engine {
     /// took one of its blocks).
     #[inline]
     pub(crate) fn ahead_look_at(&mut self, vm: VmId) {
-        if self.ahead.window > 0 {
+        if self.ahead.window > 0 || self.ahead.flushing {
             self.ahead.queue(vm);
         }
     }
@@ -183,7 +186,7 @@ impl Engine {
     /// A client request of `vm` arrived: write-back ahead paused by a failure resumes.
     #[inline]
     pub(crate) fn ahead_client_request(&mut self, vm: VmId) {
-        if self.ahead.window > 0 {
+        if self.ahead.window > 0 || self.ahead.flushing {
             self.ahead.grow(vm);
             self.ahead.paused[vm as usize] = false;
             self.ahead.queue(vm);
@@ -207,7 +210,8 @@ impl Engine {
     }
 
     /// Starts a write-back-ahead job for each VM looked at whose backing store is idle,
-    /// that runs none yet and has dirty blocks among its next victims.
+    /// that runs none yet and has dirty blocks among its next victims — or, with none
+    /// there, the flusher's job for it (`Engine::flush_job_for`).
     pub(crate) fn run_writeback_ahead(&mut self) {
         if self.ahead.check.is_empty() || self.flight.hold {
             return;
@@ -223,6 +227,10 @@ impl Engine {
             }
             peeked.clear();
             let window = self.ahead.window as usize;
+            if window == 0 {
+                self.flush_job_for(vm);
+                continue;
+            }
             let repl = match &self.shared {
                 Some(r) => Some(r),
                 None => self.vms[v].repl.as_ref(),
@@ -243,6 +251,8 @@ impl Engine {
                 }
             }
             if n == 0 {
+                // Nothing near eviction: the flusher's turn, if it has one.
+                self.flush_job_for(vm);
                 continue;
             }
             if let Some(id) = self.destage_job(&chosen[..n]) {

@@ -254,8 +254,7 @@ fn writing_back_ahead_of_eviction_in_idle_time_cuts_the_tail_and_changes_no_hit(
     // Two write-heavy VMs at a pace their HDDs serve with idle time between requests
     // (open loop): a miss's dirty victim can be written back before
     // the miss comes. The background flusher is off here, to measure write-back ahead
-    // alone (with the daemon's flusher on, it keeps 90% of the cache clean and leaves
-    // write-back ahead little to do: the next test).
+    // alone (the flusher's jobs share its per-vDisk slot and idle time).
     let dir = tempfile::tempdir().unwrap();
     let mut s = Scenario::default();
     s.cache.flush_rate = "0".into();

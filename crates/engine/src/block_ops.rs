@@ -26,13 +26,13 @@ impl Engine {
                 return;
             }
             // Partial hit: valid sectors from the SSD, the rest from backing, then filled.
-            let mut valid_runs = std::mem::take(&mut self.runs);
+            let mut valid_runs = std::mem::take(&mut self.scratch.runs);
             self.valid.runs(s, r, true, &mut valid_runs);
             for &run in &valid_runs {
                 let op = DeviceOp { client: true, ..self.ssd(OpKind::SsdRead, vm, s, run, 0, true) };
                 self.emit(out, op);
             }
-            self.runs = valid_runs;
+            self.scratch.runs = valid_runs;
             let fill = if self.cfg.fill == FillMode::Block { (0, self.spb) } else { r };
             self.fill(vm, b, s, fill, 0, true, out);
             out.blocks.push(BlockOutcome { block: b, hit: false, inserted: false, bypassed: false, evicted: None });
@@ -73,7 +73,7 @@ impl Engine {
         client: bool,
         out: &mut Output,
     ) {
-        let mut runs = std::mem::take(&mut self.runs2);
+        let mut runs = std::mem::take(&mut self.scratch.runs2);
         if self.valid.any(s, (0, self.spb)) {
             self.valid.runs(s, range, false, &mut runs);
         } else {
@@ -91,14 +91,14 @@ impl Engine {
             self.valid.set(s, run);
             self.note(s);
         }
-        self.runs2 = runs;
+        self.scratch.runs2 = runs;
     }
 
     /// A write of bytes `lo..hi` of block `b`, by the request's mode (`mode.rs`).
     #[inline]
     pub(crate) fn write_block(&mut self, vm: VmId, b: u64, (lo, hi): (u64, u64), out: &mut Output) {
         let r = ((lo / SECTOR) as u32, hi.div_ceil(SECTOR) as u32);
-        match self.mode.write {
+        match self.req.mode.write {
             WriteMode::Invalidate { write_back } => self.write_invalidating(vm, b, (lo, hi), write_back, out),
             WriteMode::Through { allocate } => self.write_cached(vm, b, r, false, allocate, out),
             WriteMode::Back => self.write_cached(vm, b, r, true, true, out),
@@ -223,14 +223,14 @@ impl Engine {
 
     #[inline]
     pub(crate) fn touch(&mut self, vm: VmId, s: u32) {
-        if !self.protected.is_empty() {
-            self.protected.remove(&s); // a prewarmed block's first touch ends its protection
+        if !self.prewarmed.protected.is_empty() {
+            self.prewarmed.protected.remove(&s); // a prewarmed block's first touch ends its protection
         }
         if !self.slots.last_access_ms.is_empty() {
             self.slots.last_access_ms[s as usize] = self.now_ms;
         }
         self.with_repl(vm, |r, t| r.touch(t, s));
-        if self.migrating > 0 {
+        if self.moving.migrating > 0 {
             self.note_hit_for_migration(vm, s);
         }
     }
@@ -280,7 +280,7 @@ impl Engine {
         if !self.dirty.any(s, r) {
             return 0;
         }
-        let mut runs = std::mem::take(&mut self.runs);
+        let mut runs = std::mem::take(&mut self.scratch.runs);
         self.dirty.runs(s, r, true, &mut runs);
         let block = key_block(self.slots.key(s));
         let mut n = 0;
@@ -290,7 +290,7 @@ impl Engine {
             self.emit(out, DeviceOp { staged: true, source: std::num::NonZeroU64::new(read), ..write });
             n += run.1 - run.0;
         }
-        self.runs = runs;
+        self.scratch.runs = runs;
         if n > 0 {
             self.clear_dirty(vm, s, r);
         }

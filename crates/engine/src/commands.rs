@@ -66,7 +66,7 @@ impl Engine {
             let ops = out.ops.len();
             let Some(s) = self.take_from_paced(donor, written < dirty, out) else { break };
             written += (out.ops.len() > ops) as u64;
-            self.deferred_free.push(s);
+            self.moving.deferred_free.push(s);
             freed += 1;
         }
         self.free_deferred();

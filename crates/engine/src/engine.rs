@@ -76,9 +76,6 @@ pub struct Engine {
     pub(crate) index: BlockIndex,
     /// The store table: each cache store's slots, free list, use and cap (`stores.rs`).
     pub(crate) stores: crate::stores::Stores,
-    /// The request being served continues a sequential run (ELICA-Traffic): its new
-    /// blocks take local slots first.
-    pub(crate) req_sequential: bool,
     /// ELICA-Traffic's local-first choice for sequential runs ([`Engine::set_traffic_aware`]).
     pub(crate) traffic_aware: bool,
     /// ... and at a full partition too ([`Engine::set_traffic_turnover`]).
@@ -101,22 +98,9 @@ pub struct Engine {
     pub(crate) paced_clean: crate::paced_clean::PacedClean,
     /// Write-back ahead of eviction in backing stores' idle time (`writeback_ahead.rs`).
     pub(crate) ahead: crate::writeback_ahead::Ahead,
-    /// Scratch for `peek_victims` (ELICA-Traffic's victim choice, write-back ahead).
-    pub(crate) peek_buf: Vec<u32>,
-    /// Prewarmed blocks not touched yet, protected from eviction until their deadline
-    /// (slot → ms; `prewarm_load.rs`), when protection is on.
-    pub(crate) protected: rustc_hash::FxHashMap<u32, u32>,
-    /// How long a prewarmed block is protected, ms (`None`: not at all).
-    pub(crate) protect_ms: Option<u32>,
     pub(crate) vms: Vec<Partition>,
     pub(crate) shared: Option<AnyReplacement>,
-    pub(crate) runs: Vec<SectorRange>,
-    pub(crate) runs2: Vec<SectorRange>,
     pub(crate) now_ms: u32,
-    /// The request's mode (`mode.rs`): whether its misses take slots, what its writes do.
-    pub(crate) mode: crate::mode::Mode,
-    /// [`Self::access_no_insert`] is running.
-    pub(crate) force_no_insert: bool,
     /// Device errors after which a VM passes through ([`Self::set_error_threshold`]).
     pub(crate) error_threshold: u64,
     /// Slots whose key or sector bits changed, when a driver asked for them.
@@ -125,27 +109,51 @@ pub struct Engine {
     pub(crate) cleaner_hand: u32,
     /// Id of the next device op emitted.
     pub(crate) next_op: OpId,
-    /// The request being processed: (vm, first block, last block, block being processed).
-    /// Blocks it used already (first..current) are never its own victims (their ops may
-    /// run in the same phase as the eviction's); blocks are processed in ascending order.
-    pub(crate) req_blocks: Option<(VmId, u64, u64, u64)>,
-    /// Blocks of the request being processed that an earlier block of it evicted dirty,
-    /// with the phase after that write-back: their own ops start there.
-    pub(crate) req_evicted_dirty: Vec<(u64, u16)>,
-    /// Added to the phase of every op emitted (see `req_evicted_dirty`).
-    pub(crate) phase_base: u16,
     /// Operations in flight and requests waiting for them (see `inflight.rs`).
     pub(crate) flight: crate::inflight::Flight,
     /// Interval, flusher and cleaner timers (see `timers.rs`).
     pub(crate) timers: crate::timers::Timers,
     /// Persistent mode: commits, limbo, vouched slots (see `durability.rs`).
     pub(crate) dur: crate::durability::Durability,
-    /// VMs whose migration scheme is not `Off`; block keys hits queued for a move; slots
-    /// moves and promotions let go of, freed once the ops being built are complete
-    /// (`migration.rs`).
-    pub(crate) migrating: u32,
-    pub(crate) gm_due: Vec<u64>,
-    pub(crate) deferred_free: Vec<u32>,
+    /// The request being processed (its blocks, mode, phases).
+    pub(crate) req: InRequest,
+    /// Reused buffers.
+    pub(crate) scratch: Scratch,
+    /// Migration between stores (`migration.rs`).
+    pub(crate) moving: crate::migration::Moving,
+    /// Prewarmed blocks' protection (`prewarm_load.rs`).
+    pub(crate) prewarmed: crate::prewarm_load::Protection,
+}
+
+/// The request `Engine::access` is processing.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct InRequest {
+    /// (vm, first block, last block, block being processed). Blocks it used already
+    /// (first..current) are never its own victims (their ops may run in the same phase
+    /// as the eviction's); blocks are processed in ascending order.
+    pub(crate) blocks: Option<(VmId, u64, u64, u64)>,
+    /// Blocks an earlier block of it evicted dirty, with the phase after that
+    /// write-back: their own ops start there.
+    pub(crate) evicted_dirty: Vec<(u64, u16)>,
+    /// Added to the phase of every op emitted (see `evicted_dirty`).
+    pub(crate) phase_base: u16,
+    /// It continues a sequential run (ELICA-Traffic): its new blocks take local slots
+    /// first.
+    pub(crate) sequential: bool,
+    /// Its mode (`mode.rs`): whether its misses take slots, what its writes do.
+    pub(crate) mode: crate::mode::Mode,
+    /// [`Engine::access_no_insert`] is running.
+    pub(crate) force_no_insert: bool,
+}
+
+/// Buffers reused from call to call (no allocation per request).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Scratch {
+    /// Sector runs of a slot (valid, dirty), two at once.
+    pub(crate) runs: Vec<SectorRange>,
+    pub(crate) runs2: Vec<SectorRange>,
+    /// For `peek_victims` (ELICA-Traffic's victim choice, write-back ahead).
+    pub(crate) peek_buf: Vec<u32>,
 }
 
 /// Result of asking for a slot.
@@ -173,7 +181,6 @@ impl Engine {
             index: BlockIndex::new(n),
             slots,
             stores,
-            req_sequential: false,
             traffic_aware: true,
             traffic_turnover: false,
             parked: Default::default(),
@@ -182,29 +189,20 @@ impl Engine {
             over_target: Vec::new(),
             paced_clean: Default::default(),
             ahead: Default::default(),
-            peek_buf: Vec::new(),
-            protected: Default::default(),
-            protect_ms: None,
             vms: Vec::new(),
             shared,
-            runs: Vec::new(),
-            runs2: Vec::new(),
             now_ms: 0,
-            mode: crate::mode::Mode::FILL,
-            force_no_insert: false,
             error_threshold: u64::MAX,
             changed: None,
             cleaner_hand: 0,
             next_op: 1,
-            req_blocks: None,
-            req_evicted_dirty: Vec::new(),
-            phase_base: 0,
             flight: Default::default(),
             timers: Default::default(),
             dur: Default::default(),
-            migrating: 0,
-            gm_due: Vec::new(),
-            deferred_free: Vec::new(),
+            req: InRequest::default(),
+            scratch: Scratch::default(),
+            moving: Default::default(),
+            prewarmed: Default::default(),
             cfg,
         })
     }
@@ -357,9 +355,9 @@ impl Engine {
     /// backing store, bypassing the cache): a driver serving a read whose victim could not
     /// be written back.
     pub fn access_no_insert(&mut self, now_ns: u64, req: &Request, out: &mut Output) {
-        self.force_no_insert = true;
+        self.req.force_no_insert = true;
         self.access(now_ns, req, out);
-        self.force_no_insert = false;
+        self.req.force_no_insert = false;
     }
 
     /// Processes one request at driver time `now_ns`, filling `out` with per-block
@@ -376,18 +374,18 @@ impl Engine {
         if req.len == 0 {
             return;
         }
-        self.mode = self.decide_mode(req);
-        self.req_sequential = self.vms[req.vm as usize].traffic.bypass(req.offset, req.len as u64);
+        self.req.mode = self.decide_mode(req);
+        self.req.sequential = self.vms[req.vm as usize].traffic.bypass(req.offset, req.len as u64);
         let bs = self.cfg.block_size;
         let (first, last) = (req.offset >> self.shift, (req.end() - 1) >> self.shift);
-        self.req_blocks = Some((req.vm, first, last, first));
+        self.req.blocks = Some((req.vm, first, last, first));
         for b in first..=last {
-            if let Some(r) = self.req_blocks.as_mut() {
+            if let Some(r) = self.req.blocks.as_mut() {
                 r.3 = b;
             }
-            if !self.req_evicted_dirty.is_empty() {
+            if !self.req.evicted_dirty.is_empty() {
                 let key = pack_key(req.vm, b);
-                self.phase_base = self.req_evicted_dirty.iter().find(|e| e.0 == key).map_or(0, |e| e.1);
+                self.req.phase_base = self.req.evicted_dirty.iter().find(|e| e.0 == key).map_or(0, |e| e.1);
             }
             let start = b << self.shift;
             let lo = req.offset.max(start) - start;
@@ -398,10 +396,10 @@ impl Engine {
                 Op::Write => self.write_block(req.vm, b, (lo, hi), out),
             }
         }
-        self.req_blocks = None;
-        self.req_evicted_dirty.clear();
-        self.phase_base = 0;
-        if !self.deferred_free.is_empty() {
+        self.req.blocks = None;
+        self.req.evicted_dirty.clear();
+        self.req.phase_base = 0;
+        if !self.moving.deferred_free.is_empty() {
             self.free_deferred();
         }
     }
@@ -466,7 +464,7 @@ impl Engine {
     #[inline]
     pub(crate) fn emit(&mut self, out: &mut Output, mut op: DeviceOp) -> OpId {
         op.id = self.next_op;
-        op.phase += self.phase_base;
+        op.phase += self.req.phase_base;
         self.next_op += 1;
         out.ops.push(op);
         op.id

@@ -241,7 +241,7 @@ impl Engine {
             self.left_dirty = self.write_back_listed(list, |p| p.write_policy != crate::WritePolicy::Wb && !p.bypass);
         }
         self.run_paced_clean();
-        if !self.gm_due.is_empty() && !self.flight.hold {
+        if !self.moving.gm_due.is_empty() && !self.flight.hold {
             self.run_gradual_moves();
         }
         if self.shared.is_some() || !std::mem::take(&mut self.shrink_due) {

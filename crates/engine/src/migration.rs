@@ -55,6 +55,17 @@ pub struct MigrationStats {
     pub misplaced: u64,
 }
 
+/// Migration's state inside the engine.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Moving {
+    /// VMs whose migration scheme is not `Off`.
+    pub(crate) migrating: u32,
+    /// Block keys hits queued for a move (Gradual).
+    pub(crate) gm_due: Vec<u64>,
+    /// Slots moves and promotions let go of, freed once the ops being built are complete.
+    pub(crate) deferred_free: Vec<u32>,
+}
+
 impl Engine {
     /// Sets how `vm`'s blocks move when its shares change.
     pub fn set_migration(&mut self, vm: VmId, scheme: MigrationScheme) {
@@ -63,7 +74,7 @@ impl Engine {
         let was = p.migration != MigrationScheme::Off;
         p.migration = scheme;
         let now = scheme != MigrationScheme::Off;
-        self.migrating = self.migrating + now as u32 - was as u32;
+        self.moving.migrating = self.moving.migrating + now as u32 - was as u32;
     }
 
     /// `vm`'s migration counters.
@@ -174,7 +185,7 @@ impl Engine {
         let Some(d) = self.destination_slot(vm) else { return false };
         let key = self.slots.key(s);
         let spb = self.spb;
-        let mut runs = std::mem::take(&mut self.runs);
+        let mut runs = std::mem::take(&mut self.scratch.runs);
         self.valid.runs(s, (0, spb), true, &mut runs);
         let first = self.next_op;
         for &run in &runs {
@@ -187,7 +198,7 @@ impl Engine {
             let write = self.ssd(OpKind::SsdWrite, vm, d, run, 1, false);
             self.emit(out, DeviceOp { staged: true, source: std::num::NonZeroU64::new(first + i as u64), ..write });
         }
-        self.runs = runs;
+        self.scratch.runs = runs;
         // Metadata follows the bytes: sector bits, index, place in the order, counts.
         for i in 0..spb {
             let (v, dirty) = (self.valid.get(s, i), self.dirty.get(s, i));
@@ -208,16 +219,16 @@ impl Engine {
         if !self.slots.last_access_ms.is_empty() {
             self.slots.last_access_ms[d as usize] = self.slots.last_access_ms[s as usize];
         }
-        if !self.protected.is_empty() {
-            if let Some(until) = self.protected.remove(&s) {
-                self.protected.insert(d, until);
+        if !self.prewarmed.protected.is_empty() {
+            if let Some(until) = self.prewarmed.protected.remove(&s) {
+                self.prewarmed.protected.insert(d, until);
             }
         }
         self.count_store(vm, s, -1);
         self.count_store(vm, d, 1);
         self.note(s);
         self.note(d);
-        self.deferred_free.push(s);
+        self.moving.deferred_free.push(s);
         self.vms[vm as usize].moved += 1;
         true
     }
@@ -226,7 +237,7 @@ impl Engine {
     /// job's ops: only now, so no later block of the same ops takes a slot an earlier op
     /// still reads (the job pins it when it starts; a pinned free slot is set aside).
     pub(crate) fn free_deferred(&mut self) {
-        while let Some(s) = self.deferred_free.pop() {
+        while let Some(s) = self.moving.deferred_free.pop() {
             self.free_slot(s);
         }
     }
@@ -243,7 +254,7 @@ impl Engine {
         }
         match self.store_below_share(vm).and_then(|to| self.take_free_of(to)) {
             Some(d) => {
-                self.deferred_free.push(s);
+                self.moving.deferred_free.push(s);
                 d
             }
             None => s,
@@ -255,10 +266,10 @@ impl Engine {
     #[inline]
     pub(crate) fn note_hit_for_migration(&mut self, vm: VmId, s: u32) {
         if self.vms[vm as usize].migration != MigrationScheme::Off
-            && self.gm_due.len() < GM_DUE_MAX
+            && self.moving.gm_due.len() < GM_DUE_MAX
             && self.above_share(vm, self.store_of(s))
         {
-            self.gm_due.push(self.slots.key(s));
+            self.moving.gm_due.push(self.slots.key(s));
         }
     }
 
@@ -266,7 +277,7 @@ impl Engine {
     /// misplaced and free (no op in flight, no request holding or waiting for them), as
     /// one background job; the others are dropped (their next hit queues them again).
     pub(crate) fn run_gradual_moves(&mut self) {
-        let due = std::mem::take(&mut self.gm_due);
+        let due = std::mem::take(&mut self.moving.gm_due);
         let mut seen = rustc_hash::FxHashSet::default(); // one move per block per job
         self.submit_job(|e, out| {
             for key in due {
@@ -428,7 +439,7 @@ mod tests {
         // A hit on a local block queues it; the move runs as a job once requests end.
         let mut out = Output::default();
         e.access(0, &Request { time_ns: 0, vm: 0, op: Op::Read, offset: 3 * 4096, len: 4096 }, &mut out);
-        assert_eq!(e.gm_due.len(), 1);
+        assert_eq!(e.moving.gm_due.len(), 1);
         e.run_gradual_moves();
         let read = e.poll_op().unwrap();
         assert_eq!((read.kind, read.loc, e.poll_op()), (OpKind::SsdRead, crate::Location::Cache(0), None));

@@ -31,6 +31,12 @@ pub(crate) struct Mode {
     pub(crate) write: WriteMode,
 }
 
+impl Default for Mode {
+    fn default() -> Mode {
+        Mode::FILL
+    }
+}
+
 impl Mode {
     /// Before any request: misses take slots, writes by write-back (a prewarm's loads
     /// and other jobs run with it).
@@ -67,7 +73,7 @@ impl Engine {
         let static_target_0 = self.cfg.partition == PartitionMode::Static && self.vms[vm as usize].target == 0;
         let p = &mut self.vms[vm as usize];
         let sequential = p.seq.bypass(req.offset, req.len as u64);
-        let insert = !(sequential || p.bypass || self.force_no_insert || static_target_0);
+        let insert = !(sequential || p.bypass || self.req.force_no_insert || static_target_0);
         let whole_sectors = (req.offset | req.len as u64).is_multiple_of(SECTOR);
         let write =
             if !whole_sectors { WriteMode::Invalidate { write_back: true } } else { self.policy_write_mode(vm) };

@@ -26,6 +26,16 @@ pub struct PrewarmOutcome {
     pub no_room: bool,
 }
 
+/// Prewarmed blocks' protection inside the engine.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Protection {
+    /// Prewarmed blocks not touched yet, protected from eviction until their deadline
+    /// (slot → ms), when protection is on.
+    pub(crate) protected: rustc_hash::FxHashMap<u32, u32>,
+    /// How long a prewarmed block is protected, ms (`None`: not at all).
+    pub(crate) protect_ms: Option<u32>,
+}
+
 impl Engine {
     /// Protects each block a prewarm loads from now on for `ms` milliseconds or until
     /// its first touch, whichever comes first (`None`: no protection). The slides leave
@@ -33,9 +43,9 @@ impl Engine {
     /// happen"); PostgreSQL's pg_prewarm gives none. A protected victim is passed over
     /// for the next unprotected one (at most 64 looked at; all protected: it goes).
     pub fn set_prewarm_protection(&mut self, ms: Option<u32>) {
-        self.protect_ms = ms;
+        self.prewarmed.protect_ms = ms;
         if ms.is_none() {
-            self.protected.clear();
+            self.prewarmed.protected.clear();
         }
     }
 
@@ -63,7 +73,7 @@ impl Engine {
             return o;
         }
         let spb = self.spb;
-        let saved = std::mem::replace(&mut self.mode, crate::mode::Mode::FILL);
+        let saved = std::mem::replace(&mut self.req.mode, crate::mode::Mode::FILL);
         for b in first..end {
             let key = pack_key(vm, b);
             if self.lookup(vm, b).is_some() || self.flight.busy.contains_key(&key) {
@@ -89,13 +99,13 @@ impl Engine {
                 r.remove(t, a.slot);
                 r.insert_prewarmed(t, a.slot);
             });
-            if let Some(ms) = self.protect_ms {
-                self.protected.insert(a.slot, self.now_ms.saturating_add(ms));
+            if let Some(ms) = self.prewarmed.protect_ms {
+                self.prewarmed.protected.insert(a.slot, self.now_ms.saturating_add(ms));
             }
             self.fill(vm, b, a.slot, (0, spb), a.phase, false, out);
             o.loaded += 1;
         }
-        self.mode = saved;
+        self.req.mode = saved;
         o
     }
 }
@@ -185,7 +195,7 @@ mod tests {
                     assert_eq!(kept, [true, true], "protected: the request blocks went instead");
                     // Touched: protection ends, it ages like any block.
                     assert!(read(&mut e, 2, 10));
-                    assert!(!e.protected.contains_key(&e.lookup(0, 10).unwrap()));
+                    assert!(!e.prewarmed.protected.contains_key(&e.lookup(0, 10).unwrap()));
                     // Past the deadline (t = 1,000 ms) block 11 is evictable again.
                     for b in [30u64, 31, 32, 33] {
                         read(&mut e, 1001, b);

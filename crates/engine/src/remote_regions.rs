@@ -29,7 +29,7 @@ impl Engine {
             .then(|| (1..self.stores.rows.len()).find(|&r| p.held[r] < p.shares[r] && self.stores.open(r as StoreId)))
             .flatten();
         match (local_ok, region) {
-            (true, Some(r)) => Some(if self.req_sequential && self.traffic_aware { LOCAL } else { r as StoreId }),
+            (true, Some(r)) => Some(if self.req.sequential && self.traffic_aware { LOCAL } else { r as StoreId }),
             (true, None) => Some(LOCAL),
             (false, Some(r)) => Some(r as StoreId),
             (false, None) => None,

@@ -32,8 +32,8 @@ impl Engine {
         self.dirty.clear_all(s);
         self.vms[vm as usize].used -= 1;
         self.count_store(vm, s, -1);
-        if !self.protected.is_empty() {
-            self.protected.remove(&s);
+        if !self.prewarmed.protected.is_empty() {
+            self.prewarmed.protected.remove(&s);
         }
     }
 
@@ -51,7 +51,7 @@ impl Engine {
             Some(s) => s,
             None => self.unpinned_victim(vm)?,
         };
-        if !self.protected.is_empty() && self.is_protected(s) {
+        if !self.prewarmed.protected.is_empty() && self.is_protected(s) {
             s = self.unprotected_victim(vm, s);
         }
         let key = self.slots.key(s);
@@ -59,10 +59,11 @@ impl Engine {
         let dirty_sectors = self.writeback(owner, s, (0, self.spb), 0, sync, out);
         if dirty_sectors > 0
             && self
-                .req_blocks
+                .req
+                .blocks
                 .is_some_and(|(vm, first, last, _)| owner == vm && (first..=last).contains(&key_block(key)))
         {
-            self.req_evicted_dirty.push((key, self.phase_base + 2));
+            self.req.evicted_dirty.push((key, self.req.phase_base + 2));
         }
         self.forget(owner, s);
         Some((s, Evicted { vm: owner, block: key_block(key), dirty_sectors }))
@@ -71,7 +72,7 @@ impl Engine {
     /// Whether slot `s` holds a prewarmed block still protected now.
     #[inline]
     fn is_protected(&self, s: u32) -> bool {
-        self.protected.get(&s).is_some_and(|&deadline| self.now_ms < deadline)
+        self.prewarmed.protected.get(&s).is_some_and(|&deadline| self.now_ms < deadline)
     }
 
     /// `first` is a protected prewarmed block: the next victims (at most [`VICTIM_SCAN`])
@@ -113,16 +114,16 @@ impl Engine {
         if !(self.traffic_aware && self.traffic_turnover) || self.shared.is_some() || !both {
             return None;
         }
-        let want_local = self.req_sequential;
-        let mut peeked = std::mem::take(&mut self.peek_buf);
+        let want_local = self.req.sequential;
+        let mut peeked = std::mem::take(&mut self.scratch.peek_buf);
         peeked.clear();
         self.vms[vm as usize].repl.as_ref()?.peek_victims(&self.slots, TRAFFIC_SCAN, &mut peeked);
         let found = peeked.iter().copied().find(|&s| {
             (self.store_of(s) == crate::stores::LOCAL) == want_local
                 && !self.victim_pinned(s)
-                && (self.protected.is_empty() || !self.is_protected(s))
+                && (self.prewarmed.protected.is_empty() || !self.is_protected(s))
         });
-        self.peek_buf = peeked;
+        self.scratch.peek_buf = peeked;
         let s = found?;
         self.with_repl(vm, |r, t| r.remove(t, s));
         Some(s)
@@ -133,7 +134,7 @@ impl Engine {
     #[inline]
     fn victim_pinned(&self, s: u32) -> bool {
         self.flight.pinned(s)
-            || self.req_blocks.is_some_and(|(vm, first, last, current)| {
+            || self.req.blocks.is_some_and(|(vm, first, last, current)| {
                 let k = self.slots.key(s);
                 let end = if self.dur.on { last } else { current };
                 key_vm(k) == vm && (first..=end).contains(&key_block(k))
@@ -214,7 +215,7 @@ impl Engine {
     /// `vm`'s own victim for its miss (routed to a store below its share when it migrates).
     fn own_victim(&mut self, vm: VmId, sync: bool, out: &mut Output) -> Option<(u32, Option<Evicted>)> {
         let (s, evicted) = self.victim_slot(vm, sync, out)?;
-        if self.migrating > 0 && self.vms[vm as usize].migration != crate::MigrationScheme::Off {
+        if self.moving.migrating > 0 && self.vms[vm as usize].migration != crate::MigrationScheme::Off {
             Some((self.promote_to_destination(vm, s), evicted))
         } else {
             Some((s, evicted))
@@ -298,7 +299,7 @@ impl Engine {
     /// Finds a slot for a new block of `vm` and makes it resident; `None` = bypass.
     #[inline]
     pub(crate) fn allocate(&mut self, vm: VmId, key: u64, sync: bool, out: &mut Output) -> Option<Alloc> {
-        if !self.mode.insert {
+        if !self.req.mode.insert {
             return None;
         }
         let (used, target) = (self.vms[vm as usize].used, self.vms[vm as usize].target);

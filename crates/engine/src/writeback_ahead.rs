@@ -217,7 +217,7 @@ impl Engine {
             return;
         }
         let check = std::mem::take(&mut self.ahead.check);
-        let mut peeked = std::mem::take(&mut self.peek_buf);
+        let mut peeked = std::mem::take(&mut self.scratch.peek_buf);
         for &vm in &check {
             self.ahead.queued[vm as usize] = false;
             let v = vm as usize;
@@ -259,7 +259,7 @@ impl Engine {
                 self.ahead.job_started(vm, id, n as u32);
             }
         }
-        self.peek_buf = peeked;
+        self.scratch.peek_buf = peeked;
         if self.ahead.check.is_empty() {
             self.ahead.check = check;
             self.ahead.check.clear();

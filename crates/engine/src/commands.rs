@@ -9,6 +9,20 @@ use crate::slot_table::{key_vm, FREE_KEY};
 use crate::write_policy::WritePolicy;
 use cachevisor_trace::VmId;
 
+/// Shrinks the engine finishes later.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Shrinks {
+    /// Dirty slots a flush leaving write-back skipped (ops in flight on them): written
+    /// back once those ops end, so a partition that left write-back keeps nothing dirty.
+    pub(crate) left_dirty: Vec<u32>,
+    /// A partition may be above its target (a shrink stopped at slots with ops in
+    /// flight): checked when a job retires.
+    pub(crate) due: bool,
+    /// VMs given a paced shrink, to take blocks from while they stay above their targets
+    /// (entries go stale as they reach them; skipped then).
+    pub(crate) over_target: Vec<VmId>,
+}
+
 impl Engine {
     /// Sets `vm`'s target in slots. In static mode a shrink evicts the coldest blocks
     /// (writing dirty ones back) until the VM is within its target — blocks with ops in
@@ -19,7 +33,7 @@ impl Engine {
         self.ensure_vm(vm);
         self.vms[vm as usize].target = slots;
         self.vms[vm as usize].paced = false;
-        self.shrink_due = true;
+        self.shrink.due = true;
         if self.cfg.partition == PartitionMode::Shared {
             return;
         }
@@ -46,7 +60,7 @@ impl Engine {
         }
         p.paced = true;
         if p.used > slots && !listed {
-            self.over_target.push(vm);
+            self.shrink.over_target.push(vm);
         }
         self.with_repl(vm, |r, _| r.set_capacity(slots));
     }
@@ -90,7 +104,7 @@ impl Engine {
         if policy != WritePolicy::Wb && self.vms[vm as usize].dirty_blocks > 0 {
             // Dirty blocks with ops in flight are written back once those end.
             let skipped = self.flush_into(Some(vm), out);
-            self.left_dirty.extend(skipped);
+            self.shrink.left_dirty.extend(skipped);
         }
         self.vms[vm as usize].write_policy = policy;
     }
@@ -176,7 +190,7 @@ impl Engine {
             }
         }
         self.vms[vm as usize].target = 0;
-        self.shrink_due = true;
+        self.shrink.due = true;
         if self.cfg.partition == PartitionMode::Static {
             self.with_repl(vm, |r, _| r.set_capacity(0));
         }

@@ -76,23 +76,10 @@ pub struct Engine {
     pub(crate) index: BlockIndex,
     /// The store table: each cache store's slots, free list, use and cap (`stores.rs`).
     pub(crate) stores: crate::stores::Stores,
-    /// ELICA-Traffic's local-first choice for sequential runs ([`Engine::set_traffic_aware`]).
-    pub(crate) traffic_aware: bool,
-    /// ... and at a full partition too ([`Engine::set_traffic_turnover`]).
-    pub(crate) traffic_turnover: bool,
-    /// Free slots taken off the free list because ops were still in flight on them (a
-    /// victim's write-back reading it): they return when the ops' job retires, so taking
-    /// a free slot never scans past them.
-    pub(crate) parked: rustc_hash::FxHashSet<u32>,
-    /// Dirty slots a flush leaving write-back skipped (ops in flight on them): written
-    /// back once those ops end, so a partition that left write-back keeps nothing dirty.
-    pub(crate) left_dirty: Vec<u32>,
-    /// A partition may be above its target (a shrink stopped at slots with ops in
-    /// flight): checked when a job retires.
-    pub(crate) shrink_due: bool,
-    /// VMs given a paced shrink, to take blocks from while they stay above their targets
-    /// (entries go stale as they reach them; skipped then).
-    pub(crate) over_target: Vec<VmId>,
+    /// ELICA-Traffic's choices (`remote_regions.rs`).
+    pub(crate) traffic: crate::remote_regions::Traffic,
+    /// Shrinks still to finish (`commands.rs`).
+    pub(crate) shrink: crate::commands::Shrinks,
     /// Dirty blocks a steal from a paced shrink passed over, written back in background
     /// jobs paced per donor, so the next steals find them clean (`paced_clean.rs`).
     pub(crate) paced_clean: crate::paced_clean::PacedClean,
@@ -101,8 +88,6 @@ pub struct Engine {
     pub(crate) vms: Vec<Partition>,
     pub(crate) shared: Option<AnyReplacement>,
     pub(crate) now_ms: u32,
-    /// Device errors after which a VM passes through ([`Self::set_error_threshold`]).
-    pub(crate) error_threshold: u64,
     /// Slots whose key or sector bits changed, when a driver asked for them.
     pub(crate) changed: Option<Vec<u32>>,
     /// Position of the global cleaner's scan (S-CAVE §V-B).
@@ -181,18 +166,13 @@ impl Engine {
             index: BlockIndex::new(n),
             slots,
             stores,
-            traffic_aware: true,
-            traffic_turnover: false,
-            parked: Default::default(),
-            left_dirty: Vec::new(),
-            shrink_due: true,
-            over_target: Vec::new(),
+            traffic: crate::remote_regions::Traffic { aware: true, turnover: false },
+            shrink: crate::commands::Shrinks { due: true, ..Default::default() },
             paced_clean: Default::default(),
             ahead: Default::default(),
             vms: Vec::new(),
             shared,
             now_ms: 0,
-            error_threshold: u64::MAX,
             changed: None,
             cleaner_hand: 0,
             next_op: 1,
@@ -243,7 +223,7 @@ impl Engine {
 
     /// Free slots.
     pub fn free_slots(&self) -> u64 {
-        self.stores.free_len() + self.parked.len() as u64
+        self.stores.free_len() + self.stores.parked.len() as u64
     }
 
     /// The slot holding (vm, block), if cached. A block no key can name (2^48 or more, a

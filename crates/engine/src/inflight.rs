@@ -161,6 +161,9 @@ pub(crate) const SPARE_OPS_MAX: usize = 256;
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Flight {
     pub(crate) next_req: ReqId,
+    /// Device errors after which a VM passes through ([`Engine::set_error_threshold`];
+    /// `None`: never).
+    pub(crate) error_threshold: Option<u64>,
     /// Admitted requests and jobs, by the key their ops carry ([`OpHandle`]): a completion
     /// finds its job without a lookup by id.
     pub(crate) jobs: slab::Slab<Box<Job>>,

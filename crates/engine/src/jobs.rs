@@ -190,7 +190,7 @@ impl Engine {
         *n -= 1;
         if *n == 0 {
             self.flight.pins.remove(&s);
-            if !self.parked.is_empty() && self.parked.remove(&s) {
+            if !self.stores.parked.is_empty() && self.stores.parked.remove(&s) {
                 self.free_push_back(s);
             }
         }
@@ -236,15 +236,16 @@ impl Engine {
     /// blocks a flush leaving write-back skipped are written back the same way; those a
     /// steal from a paced shrink passed over, paced per donor (`paced_clean.rs`).
     fn finish_commands(&mut self) {
-        if !self.left_dirty.is_empty() && !self.flight.hold {
-            let list = std::mem::take(&mut self.left_dirty);
-            self.left_dirty = self.write_back_listed(list, |p| p.write_policy != crate::WritePolicy::Wb && !p.bypass);
+        if !self.shrink.left_dirty.is_empty() && !self.flight.hold {
+            let list = std::mem::take(&mut self.shrink.left_dirty);
+            self.shrink.left_dirty =
+                self.write_back_listed(list, |p| p.write_policy != crate::WritePolicy::Wb && !p.bypass);
         }
         self.run_paced_clean();
         if !self.moving.gm_due.is_empty() && !self.flight.hold {
             self.run_gradual_moves();
         }
-        if self.shared.is_some() || !std::mem::take(&mut self.shrink_due) {
+        if self.shared.is_some() || !std::mem::take(&mut self.shrink.due) {
             return;
         }
         for vm in 0..self.vms.len() as VmId {
@@ -252,7 +253,7 @@ impl Engine {
             if p.used > p.target && !p.paced {
                 let target = p.target;
                 self.submit_job(|e, out| e.set_target(vm, target, out));
-                self.shrink_due = true; // until a pass finds every partition at its target
+                self.shrink.due = true; // until a pass finds every partition at its target
             }
         }
     }

@@ -96,7 +96,7 @@ impl Engine {
     /// Passes `vm` through once its device errors reach `errors` (`u64::MAX`, the
     /// default: never): checked as ops complete ([`Self::set_bypass`]).
     pub fn set_error_threshold(&mut self, errors: u64) {
-        self.error_threshold = errors.max(1);
+        self.flight.error_threshold = Some(errors.max(1));
     }
 
     /// Whether `vm` passes through ([`Self::set_bypass`], or its errors reached the
@@ -112,7 +112,7 @@ impl Engine {
             errors.resize(vm as usize + 1, 0);
         }
         errors[vm as usize] += 1;
-        if errors[vm as usize] >= self.error_threshold && !self.bypassed(vm) {
+        if self.flight.error_threshold.is_some_and(|t| errors[vm as usize] >= t) && !self.bypassed(vm) {
             self.set_bypass(vm, true);
         }
     }

@@ -13,6 +13,15 @@ use crate::engine::Engine;
 use crate::stores::{StoreId, LOCAL};
 use cachevisor_trace::VmId;
 
+/// ELICA-Traffic's choices (§3.4).
+#[derive(Debug, Clone)]
+pub(crate) struct Traffic {
+    /// A sequential run takes local slots first ([`Engine::set_traffic_aware`]).
+    pub(crate) aware: bool,
+    /// ... and at a full partition too ([`Engine::set_traffic_turnover`]).
+    pub(crate) turnover: bool,
+}
+
 impl Engine {
     /// The store whose free slot a VM below its target takes now, if one is free: local
     /// while its local part is below its share, a lent region while it is below its share
@@ -29,7 +38,7 @@ impl Engine {
             .then(|| (1..self.stores.rows.len()).find(|&r| p.held[r] < p.shares[r] && self.stores.open(r as StoreId)))
             .flatten();
         match (local_ok, region) {
-            (true, Some(r)) => Some(if self.req.sequential && self.traffic_aware { LOCAL } else { r as StoreId }),
+            (true, Some(r)) => Some(if self.req.sequential && self.traffic.aware { LOCAL } else { r as StoreId }),
             (true, None) => Some(LOCAL),
             (false, Some(r)) => Some(r as StoreId),
             (false, None) => None,
@@ -76,7 +85,7 @@ impl Engine {
     /// Whether ELICA-Traffic's choice is on (default): a sequential run takes local slots
     /// first when both kinds are open; off (ELICA-Load), lent ones first like the rest.
     pub fn set_traffic_aware(&mut self, on: bool) {
-        self.traffic_aware = on;
+        self.traffic.aware = on;
     }
 
     /// Whether ELICA-Traffic's choice also applies as a full partition turns over (off by
@@ -84,7 +93,7 @@ impl Engine {
     /// one its coldest lent block, among its next 8 victims, instead of the policy's
     /// victim wherever it is (docs/cluster.md measures both).
     pub fn set_traffic_turnover(&mut self, on: bool) {
-        self.traffic_turnover = on;
+        self.traffic.turnover = on;
     }
 
     /// Sets `vm`'s shares of the regions other nodes lent, by lender node id (ELICA's

@@ -111,7 +111,7 @@ impl Engine {
         let p = &self.vms[vm as usize];
         // Only a VM holding blocks in both stores has a choice.
         let both = p.held[0] > 0 && p.held[0] < p.used;
-        if !(self.traffic_aware && self.traffic_turnover) || self.shared.is_some() || !both {
+        if !(self.traffic.aware && self.traffic.turnover) || self.shared.is_some() || !both {
             return None;
         }
         let want_local = self.req.sequential;
@@ -286,12 +286,12 @@ impl Engine {
     /// ([`Engine::set_target_paced`]); stale entries are dropped on the way.
     #[inline]
     pub(crate) fn paced_donor(&mut self) -> Option<VmId> {
-        while let Some(&o) = self.over_target.last() {
+        while let Some(&o) = self.shrink.over_target.last() {
             let p = &self.vms[o as usize];
             if p.paced && p.used > p.target {
                 return Some(o);
             }
-            self.over_target.pop();
+            self.shrink.over_target.pop();
         }
         None
     }

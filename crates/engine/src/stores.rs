@@ -117,6 +117,10 @@ pub(crate) struct Store {
 pub(crate) struct Stores {
     pub(crate) layout: StoreLayout,
     pub(crate) rows: Vec<Store>,
+    /// Free slots taken off their free list because ops were still in flight on them (a
+    /// victim's write-back reading it): they return when the ops' job retires, so taking
+    /// a free slot never scans past them.
+    pub(crate) parked: rustc_hash::FxHashSet<u32>,
 }
 
 impl Stores {
@@ -133,7 +137,7 @@ impl Stores {
                 Store { free, used: 0, limit: u64::MAX, reclaim_cursor: 0 }
             })
             .collect();
-        Stores { layout, rows }
+        Stores { layout, rows, parked: Default::default() }
     }
 
     /// Every store's id.
@@ -218,7 +222,7 @@ impl Engine {
         for r in self.stores.rows.iter_mut() {
             while let Some(s) = r.free.front().filter(|&s| self.flight.pinned(s)) {
                 r.free.unlink(&mut self.slots, s);
-                self.parked.insert(s);
+                self.stores.parked.insert(s);
             }
         }
     }

@@ -389,6 +389,31 @@ fn the_daemon_and_the_simulator_read_shared_cache_keys_alike() {
         let (d, s) = (daemon(bad).unwrap_err(), sim(bad).unwrap_err());
         assert_eq!(d, s, "`{bad}`: the daemon says `{d}`, the simulator `{s}`");
     }
+    // A VM's weight and ratio: one range, (0, 1e6], in both (two at f64::MAX would sum to
+    // infinity in an allocator).
+    let vm_sim = |w: &str| -> Result<cachevisor_sim::scenario::Resolved, String> {
+        let p = dir.path().join("w.toml");
+        std::fs::write(
+            &p,
+            format!(
+                "[cache]\nsize = \"64MiB\"\n[trace]\nfiles = [\"{}\"]\n[[vm]]\nname = \"a\"\nweight = {w}\n",
+                shared("websearch-small.mqsim.txt")
+            ),
+        )
+        .unwrap();
+        cachevisor_sim::scenario::Scenario::load(&p)?.resolve()
+    };
+    let vm_daemon = |w: &str| -> Result<cachevisor_server::config::Resolved, String> {
+        let text = format!("[cache]\npath = \"c.img\"\nsize = \"64MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"a\"\nbacking = \"a.img\"\nsize = \"1GiB\"\nweight = {w}\n");
+        cachevisor_server::Config::parse(&text, "daemon", dir.path())?.resolve()
+    };
+    for bad in ["0.0", "-1.0", "1000000.5", "1e308"] {
+        let (d, s) = (vm_daemon(bad).unwrap_err(), vm_sim(bad).unwrap_err());
+        assert!(d.contains(".weight: ") && d.contains("outside (0, 1000000]"), "{d}");
+        assert_eq!(d.rsplit(").").next(), s.rsplit(").").next(), "`{bad}`: `{d}` vs `{s}`");
+    }
+    vm_daemon("1000000.0").unwrap();
+    vm_sim("1000000.0").unwrap();
     // S-CAVE over LRU is fine on a shared pool (no cleaner runs there), in both.
     daemon("allocator = \"s-cave\"\nreplacement = \"lru\"\npartition = \"shared\"").unwrap();
     sim("allocator = \"s-cave\"\nreplacement = \"lru\"\npartition = \"shared\"").unwrap();

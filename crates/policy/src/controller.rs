@@ -303,6 +303,19 @@ pub fn apply(e: &mut Engine, d: &Decision) -> Output {
     all
 }
 
+/// Largest weight or ratio: the allocators sum them (two at `f64::MAX` would overflow).
+pub const MAX_SHARE: f64 = 1e6;
+
+/// Checks a VM's weight or ratio (`key` names it): above 0, at most [`MAX_SHARE`] — one
+/// rule for the daemon's config and API and the simulator's scenario and phases.
+pub fn check_share(key: &str, v: f64) -> Result<(), String> {
+    if v > 0.0 && v <= MAX_SHARE {
+        Ok(())
+    } else {
+        Err(format!("{key}: {v} is outside (0, {MAX_SHARE}]"))
+    }
+}
+
 /// The global cleaner's watermarks in free slots (low, high) for an engine of `slots`
 /// running `allocator`, for [`Engine::set_cleaner`]; only static partitions (a shared
 /// cache has no targets to clean towards).

@@ -221,9 +221,7 @@ impl VdiskConfig {
         if v.name.is_empty() || v.name.len() > 4096 {
             return Err(format!("{at}.name: must be 1 to 4096 bytes"));
         }
-        if !(v.weight > 0.0 && v.weight.is_finite()) {
-            return Err(format!("{at}.weight: {} must be > 0", v.weight));
-        }
+        check_share(&format!("{at}.weight"), v.weight)?;
         for (key, val) in [("size", &v.size), ("min", &v.min), ("sequential_cutoff", &v.sequential_cutoff)] {
             if let Some(s) = val {
                 parse_size(s).map_err(|e| format!("{at}.{key}: {e}"))?;
@@ -235,15 +233,15 @@ impl VdiskConfig {
             }
             cachevisor_engine::check_disk_size(size, block_size).map_err(|e| format!("{at}.size: {e}"))?;
         }
-        if !(v.ratio > 0.0 && v.ratio.is_finite()) {
-            return Err(format!("{at}.ratio: {} must be > 0", v.ratio));
-        }
+        check_share(&format!("{at}.ratio"), v.ratio)?;
         if !crate::backing::is_uri(&v.backing) && !v.backing.exists() && v.size.is_none() {
             return Err(format!("{at}.backing: {} does not exist (give `size` to create it)", v.backing.display()));
         }
         Ok(())
     }
 }
+
+pub use cachevisor_policy::controller::{check_share, MAX_SHARE};
 
 /// The whole configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -682,6 +680,8 @@ mod tests {
             ("listen = \"127.0.0.1:10810\"", "listen = \"127.0.0.1:10810\"\ntoken = \"                \"", "api.token"),
             ("listen = \"127.0.0.1:10810\"", "listen = \"127.0.0.1:10810\"\ntoken = \"0123456789\\nabcdefgh\"", "api.token"),
             ("[listen]", "[listen]\nmax_connections = 0", "listen.max_connections"),
+            ("name = \"vm1\"", "name = \"vm1\"\nweight = 1000000.5", "vdisk[0] (vm1).weight"),
+            ("name = \"vm1\"", "name = \"vm1\"\nratio = 1e308", "vdisk[0] (vm1).ratio"),
             ("[listen]", "[listen]\nmax_connections = 65537", "listen.max_connections"),
             ("write_policy = \"wt\"", "write_policy = \"wt\"\nerror_threshold = 1000001", "cache.error_threshold"),
             ("[[vdisk]]", "[prewarm]\nsnapshots_kept = 10001\n[[vdisk]]", "prewarm.snapshots_kept"),
@@ -707,6 +707,7 @@ mod tests {
             ("[[vdisk]]", "[prewarm]\nsnapshots_kept = 10000\nmax_read = \"64MiB\"\n[[vdisk]]"),
             ("name = \"vm1\"", "name = \"vm1\"\nmin = \"256MiB\""),
             ("size = \"1GiB\"", "size = \"512B\""),
+            ("name = \"vm1\"", "name = \"vm1\"\nweight = 1000000.0\nratio = 1000000.0"),
             ("listen = \"127.0.0.1:10810\"", "listen = \"127.0.0.1:10810\"\nidle_timeout = \"1s\""),
             ("listen = \"127.0.0.1:10810\"", "listen = \"127.0.0.1:10810\"\nidle_timeout = \"1h\""),
         ] {

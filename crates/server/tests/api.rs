@@ -247,7 +247,13 @@ fn weights_set_through_the_api_redivide_the_cache_and_survive_a_restart() {
         (Some(128), Some(128))
     );
     assert_eq!(post(&url, None, serde_json::json!({"weight": 3.0})).0, 401);
-    for bad in [serde_json::json!({"weight": 0.0}), serde_json::json!({"ratio": -1.0}), serde_json::json!({})] {
+    for bad in [
+        serde_json::json!({"weight": 0.0}),
+        serde_json::json!({"ratio": -1.0}),
+        serde_json::json!({"weight": 1e308}),
+        serde_json::json!({"ratio": 1000001.0}),
+        serde_json::json!({}),
+    ] {
         let (code, body) = post(&url, Some(&token), bad.clone());
         assert_eq!(code, 400, "{bad}: {body}");
     }

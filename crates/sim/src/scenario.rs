@@ -506,14 +506,10 @@ impl Scenario {
         if let Some(c) = &self.trace.csv_columns {
             c.parse::<CsvColumns>().map_err(|e| format!("trace.csv_columns: {e}"))?;
         }
-        let positive = |x: f64| x > 0.0 && x.is_finite();
+        use cachevisor_policy::controller::check_share;
         for (i, v) in self.vm.iter().enumerate() {
-            if !positive(v.weight) {
-                return Err(format!("vm[{i}] ({}): weight {} must be > 0", v.name, v.weight));
-            }
-            if !positive(v.ratio) {
-                return Err(format!("vm[{i}] ({}): ratio {} must be > 0", v.name, v.ratio));
-            }
+            check_share(&format!("vm[{i}] ({}).weight", v.name), v.weight)?;
+            check_share(&format!("vm[{i}] ({}).ratio", v.name), v.ratio)?;
             if let Some(m) = &v.min {
                 parse_size(m).map_err(|e| format!("vm[{i}] ({}).min: {e}", v.name))?;
             }
@@ -524,8 +520,10 @@ impl Scenario {
         for (i, p) in self.phase.iter().enumerate() {
             parse_duration_ns(&p.at).map_err(|e| format!("phase[{i}].at: {e}"))?;
             for c in &p.vm {
-                if c.weight.is_some_and(|w| !positive(w)) || c.ratio.is_some_and(|r| !positive(r)) {
-                    return Err(format!("phase[{i}] ({}): weight and ratio must be > 0", c.name));
+                for (key, v) in [("weight", c.weight), ("ratio", c.ratio)] {
+                    if let Some(v) = v {
+                        check_share(&format!("phase[{i}] ({}).{key}", c.name), v)?;
+                    }
                 }
             }
         }

@@ -201,12 +201,12 @@ impl Daemon {
 
     /// Sets export `vm`'s weight and/or ratio online (SymFlex's phases: the weighted and
     /// proportional-throughput policies read them at their next decision; an allocator
-    /// that does not run every interval re-divides now). Each must be a finite number
-    /// above 0; saved first (a change that cannot be saved is not made).
+    /// that does not run every interval re-divides now). Each is checked as the config
+    /// checks it (`config::check_share`); saved first (a change that cannot be saved is not made).
     pub fn set_share(&self, vm: VmId, share: crate::vdisk_overlay::Share) -> Result<(), OpError> {
         for (key, v) in [("weight", share.weight), ("ratio", share.ratio)] {
-            if v.is_some_and(|v| !(v > 0.0 && v.is_finite())) {
-                return Err(OpError::Invalid(format!("{key}: {} must be a number above 0", v.unwrap_or(0.0))));
+            if let Some(v) = v {
+                crate::config::check_share(key, v).map_err(OpError::Invalid)?;
             }
         }
         if share.weight.is_none() && share.ratio.is_none() {

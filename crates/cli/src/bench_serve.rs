@@ -5,6 +5,8 @@
 //! `direct = "on"` against qemu-nbd with `--cache=none`. fio's nbd engine runs 4 KiB random
 //! reads at iodepth 1 and 32 against each, interleaved over several rounds (loopback
 //! figures swing between identical runs), and the medians and their ratio are reported.
+//! Cache and images share one disk, so after each of cachevisor's runs the bench waits
+//! until its flusher went quiet before the peer's run, and reports the wait.
 
 use crate::bench_cmd::median;
 use anyhow::{bail, Context};
@@ -32,9 +34,35 @@ fn start_cachevisor(
     size: &str,
     direct: &str,
     policy: &str,
-) -> anyhow::Result<(Proc, String)> {
+) -> anyhow::Result<(Proc, String, String)> {
     let extra = format!("write_policy = \"{policy}\"");
-    start_cachevisor_api(dir, backing, size, None, direct, &extra).map(|(p, u, _)| (p, u))
+    start_cachevisor_api(dir, backing, size, None, direct, &extra)
+}
+
+/// Waits until the daemon at `api` has written back what its flusher will (its
+/// `cachevisor_destaged_blocks` counter unchanged for 1.5 s, longer than the flusher's
+/// idle test and its slowest rate's step), so a peer's run that follows shares the disk
+/// with nobody; returns the wait (write-back cachevisor owed when its run ended). Gives
+/// up after 300 s.
+fn wait_for_writeback(api: &str) -> anyhow::Result<Duration> {
+    let start = std::time::Instant::now();
+    let read = || -> anyhow::Result<u64> {
+        let text = ureq::get(&format!("http://{api}/metrics")).call()?.into_string()?;
+        let line = text.lines().find(|l| l.starts_with("cachevisor_destaged_blocks_total "));
+        Ok(line.and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap_or(0))
+    };
+    let (mut last, mut still_since) = (read()?, std::time::Instant::now());
+    while still_since.elapsed() < Duration::from_millis(1500) {
+        if start.elapsed() > Duration::from_secs(300) {
+            bail!("cachevisor was still writing back after 300 s");
+        }
+        std::thread::sleep(Duration::from_millis(250));
+        let now = read()?;
+        if now != last {
+            (last, still_since) = (now, std::time::Instant::now());
+        }
+    }
+    Ok(start.elapsed().saturating_sub(Duration::from_millis(1500)))
 }
 
 /// Starts `cachevisor serve` on `backing`; returns the process, the NBD URI and the API address.
@@ -198,7 +226,7 @@ pub fn run(disk_size: u64, rounds: usize, secs: u32, job: &Job, dir: &Path) -> a
     for (label, direct) in sides.into_iter().filter(|(_, d)| wanted(d)) {
         let sub = dir.join(direct);
         std::fs::create_dir_all(&sub)?;
-        let (cv, cv_uri) = start_cachevisor(&sub, &disk_arg, &size, direct, &job.write_policy)?;
+        let (cv, cv_uri, api) = start_cachevisor(&sub, &disk_arg, &size, direct, &job.write_policy)?;
         fio(&cv_uri, "read", 8, 0, &range).context("warming the cache")?;
         let (other, other_uri) =
             if direct == "off" { start_nbdkit(&["file", &peer_arg])? } else { start_qemu_nbd(&peer_arg)? };
@@ -211,14 +239,16 @@ pub fn run(disk_size: u64, rounds: usize, secs: u32, job: &Job, dir: &Path) -> a
                 args.push("--rwmixread=70");
             }
             for &depth in &job.iodepth {
-                let (mut a, mut b) = (Vec::new(), Vec::new());
+                let (mut a, mut b, mut owed) = (Vec::new(), Vec::new(), Vec::new());
                 for _ in 0..rounds.max(1) {
                     a.push(fio_with(&cv_uri, rw, depth, secs, &range, &args)?.iops);
+                    // The peer runs on the same disk: not while cachevisor writes back.
+                    owed.push(wait_for_writeback(&api)?.as_secs_f64());
                     b.push(fio_with(&other_uri, rw, depth, secs, &range, &args)?.iops);
                 }
                 let (ma, mb) = (median(a.clone()), median(b.clone()));
                 println!(
-                    "{label:<22} {rw:<10} {depth:<8} {ma:>16.0} {mb:>16.0} {:>8.2}   (runs: {a:.0?} vs {b:.0?})",
+                    "{label:<22} {rw:<10} {depth:<8} {ma:>16.0} {mb:>16.0} {:>8.2}   (runs: {a:.0?} vs {b:.0?}; write-back after each run: {owed:.1?} s)",
                     ma / mb
                 );
             }

@@ -351,6 +351,7 @@ impl Engine {
         }
         self.ensure_vm(req.vm);
         self.now_ms = (now_ns / 1_000_000) as u32;
+        self.timers.requests += 1;
         if req.len == 0 {
             return;
         }

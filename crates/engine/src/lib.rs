@@ -34,6 +34,7 @@ pub mod data_model;
 mod disk_range;
 mod durability;
 mod engine;
+pub mod flush_rate;
 mod global_cleaner;
 mod inflight;
 mod intents;

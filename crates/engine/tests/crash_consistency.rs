@@ -330,7 +330,8 @@ fn run(steps: &[Step], shared: bool, seed: u64, ahead: u32, repl: ReplacementKin
     set_targets(&mut d.e, lent, &mut out);
     d.e.set_persistent(2);
     d.e.set_writeback_ahead(ahead);
-    let flusher = Flusher { period_ns: 5000, blocks_per_period: 2, dirty_target: 0.25 };
+    // A dirty target of 0: the flusher writes at its full rate among the requests.
+    let flusher = Flusher { period_ns: 5000, blocks_per_period: 2, dirty_target: 0.0 };
     d.e.set_schedule(0, Schedule { interval_ns: 0, flusher: Some(flusher) });
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     for (i, st) in steps.iter().enumerate() {

@@ -193,6 +193,7 @@ impl Daemon {
         let state = crate::status::State {
             vdisks: self.status(),
             destaged_blocks: self.destaged_blocks(),
+            flush_rate_bytes: self.dp.flush_rate_bytes(),
             destage_job: self.job.progress(),
             prewarm: self.prewarm.progress(),
             guards: self.guards.read(self.dp.commit_failures()),

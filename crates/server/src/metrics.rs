@@ -126,6 +126,13 @@ impl Collector for StateCollector {
             None,
             destaged.metric_type(),
         )?)?;
+        let rate = ConstGauge::new(self.0.flush_rate_bytes as i64);
+        rate.encode(enc.encode_descriptor(
+            "cachevisor_flush_rate_bytes_per_second",
+            "The background flusher's write-back rate now (its PI controller's choice, at most cache.flush_rate)",
+            None,
+            rate.metric_type(),
+        )?)?;
         let job = &self.0.destage_job;
         let job_gauges = [
             ("cachevisor_destage_job_running", "1 while a destage job runs", job.running as i64),

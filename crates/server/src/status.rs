@@ -38,6 +38,8 @@ pub struct State {
     pub vdisks: Vec<VdiskStatus>,
     /// Blocks written back since the start (flusher, evictions, destage jobs).
     pub destaged_blocks: u64,
+    /// The background flusher's rate now, bytes per second.
+    pub flush_rate_bytes: u64,
     /// The running (or last) destage job.
     pub destage_job: crate::destage_job::Progress,
     /// The running (or last) prewarm.

@@ -251,6 +251,13 @@ impl DataPath {
         true
     }
 
+    /// The background flusher's rate at its last step in bytes per second (its PI
+    /// controller's choice, `engine/src/flush_rate.rs`; 0 without a flusher).
+    pub fn flush_rate_bytes(&self) -> u64 {
+        let core = self.shared.lock();
+        (core.engine.flush_rate() * core.engine.config().block_size as f64) as u64
+    }
+
     /// Write-backs of dirty data completed so far (flusher, evictions, destaging).
     pub fn written_back(&self) -> u64 {
         self.shared.written_back.load(Relaxed)

@@ -31,6 +31,7 @@ pub mod cache_settings;
 mod commands;
 pub mod config;
 pub mod data_model;
+pub mod device;
 mod disk_range;
 mod durability;
 mod engine;
@@ -58,6 +59,7 @@ pub mod write_policy;
 mod writeback_ahead;
 
 pub use config::{EngineConfig, FillMode, PartitionMode, StoreKind, StoreSpec};
+pub use device::{Device, Io, Unserved};
 pub use disk_range::{check_disk_size, RangeError, MAX_DISK_BLOCKS};
 pub use durability::{durable_reserve, Commit, SlotRecord, Syncs};
 pub use engine::{Engine, PartitionInfo};

@@ -31,6 +31,7 @@ mod engine_loop;
 mod ring;
 mod start;
 mod stats;
+mod store_devices;
 pub use stats::ExportStats;
 
 /// Bytes and the disk address of their first byte.
@@ -151,9 +152,11 @@ struct Shared {
     wake: Condvar,
     /// A commit, or a checkpoint's wait, for the committer.
     commit_cv: Condvar,
-    ssd: File,
-    /// The cache store was opened O_DIRECT (I/O through aligned buffers).
+    ssd: Arc<File>,
+    /// The cache file was opened O_DIRECT (I/O through aligned buffers).
     direct: bool,
+    /// One device per row of the engine's store table (`store_devices.rs`).
+    stores: Vec<store_devices::StoreDevice>,
     /// Backing stores by VM id (`Backing::Removed` once a vDisk is removed).
     backings: RwLock<Vec<Arc<Backing>>>,
     bs: u64,
@@ -182,8 +185,9 @@ struct Shared {
     ring_on: AtomicBool,
     /// Wakes the io_uring thread (cache-store ops queued, or room for more in flight).
     ring_notify: tokio::sync::Notify,
-    /// Backing-store ops queued (with the ring on, the only ones device threads take: a
-    /// wakeup for a cache-store op would find nothing to do and sleep again).
+    /// Ops queued that are not on the cache file — backing stores' and other cache
+    /// stores' (with the ring on, the only ones device threads take: a wakeup for a
+    /// cache-file op would find nothing to do and sleep again).
     backing_queued: AtomicUsize,
     /// The io_uring thread's I/O buffers (a read's goes out as its reply's bytes).
     io_pool: Arc<crate::aligned_buf::IoPool>,

@@ -218,18 +218,18 @@ impl Persistence {
 
     /// Runs one of the engine's commits (persistent mode, `cachevisor_engine::Commit`) in
     /// the order its contract gives: sync the backing stores it names, sync the cache
-    /// store, append its records, sync the journal. On error the journal is cut back to its
+    /// stores (`sync_cache`), append its records, sync the journal. On error the journal is cut back to its
     /// last whole record (the engine retries the records in its next commit).
     pub fn commit(
         &mut self,
         c: &cachevisor_engine::Commit,
-        ssd: &File,
+        sync_cache: &dyn Fn() -> std::io::Result<()>,
         backings: &[&crate::backing::Backing],
     ) -> std::io::Result<()> {
         for b in backings {
             b.sync().map_err(|e| std::io::Error::new(e.kind(), format!("syncing a backing store: {e}")))?;
         }
-        ssd.sync_data().map_err(|e| std::io::Error::new(e.kind(), format!("syncing the cache store: {e}")))?;
+        sync_cache().map_err(|e| std::io::Error::new(e.kind(), format!("syncing the cache store: {e}")))?;
         let mut buf = std::mem::take(&mut self.buf);
         buf.clear();
         for r in &c.records {
@@ -252,12 +252,12 @@ impl Persistence {
     /// Writes a checkpoint from an engine in persistent mode (`records` streams every held
     /// slot's record, as `Engine::checkpoint` does, and returns the backing stores to sync
     /// first) and starts an empty journal of its generation. Order: backing stores, cache
-    /// store, checkpoint (atomic), journal.
+    /// stores (`sync_cache`), checkpoint (atomic), journal.
     pub fn checkpoint_records(
         &mut self,
         names: &[String],
         targets: &[u64],
-        ssd: &File,
+        sync_cache: &dyn Fn() -> std::io::Result<()>,
         backings: &[std::sync::Arc<crate::backing::Backing>],
         records: &mut CheckpointSource<'_>,
     ) -> std::io::Result<()> {
@@ -282,13 +282,13 @@ impl Persistence {
                 return Err(e);
             }
             w.write_all(&b)?;
-            // The daemon's one cache store is synced whatever the engine names.
+            // Every cache store is synced whatever the engine names.
             for vm in sync.backings {
                 if let Some(back) = backings.get(vm as usize) {
                     back.sync()?;
                 }
             }
-            ssd.sync_data()
+            sync_cache()
         })?;
         self.start_journal(header)
     }

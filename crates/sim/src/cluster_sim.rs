@@ -129,9 +129,8 @@ impl<'a> Cluster<'a> {
             let mut node = Node::new(cfg, &sc.devices, None, &sc.cache.writeback().map_err(SimError::Scenario)?)?;
             node.engine.set_traffic_aware(p.cl.mode != ClusterMode::ElicaLoad);
             node.engine.set_traffic_turnover(p.cl.traffic_turnover);
-            node.ssd = ssds[i].clone();
-            node.peers = (0..n).map(|k| (k != i).then(|| ssds[k].clone())).collect();
-            node.nic = Some(links[i].clone());
+            let peers: Vec<_> = (0..n).map(|k| (k != i).then(|| ssds[k].clone())).collect();
+            node.attach(ssds[i].clone(), &peers, links[i].clone());
             node.copies = InstantCopies::new(p.cl.migration.batch);
             if p.cl.verify_data {
                 node.data = Some(DataCheck::new(node.engine.config().clone()));

@@ -25,6 +25,7 @@ mod prewarming;
 pub mod report;
 pub mod scenario;
 mod simulator;
+mod store_devices;
 
 pub use inputs::{open_inputs, Inputs, SimError};
 pub use report::SimResult;

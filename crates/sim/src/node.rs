@@ -19,9 +19,7 @@ use crate::prewarming::Prewarming;
 use crate::scenario::{BackingLayout, DevicesSection};
 use cachevisor_engine::cache_settings::Writeback;
 use cachevisor_engine::data_model::DataModel;
-use cachevisor_engine::{
-    DeviceOp, Engine, EngineConfig, Event, Location, OpHandle, Output, ReqId, Schedule, StoreKind,
-};
+use cachevisor_engine::{DeviceOp, Engine, EngineConfig, Event, Location, OpHandle, Output, ReqId, Schedule};
 use cachevisor_trace::{Request, VmId};
 use rustc_hash::FxHashMap as HashMap;
 use std::cmp::Reverse;
@@ -52,10 +50,9 @@ pub(crate) struct Node {
     pub(crate) engine: Engine,
     /// Its cache SSD (shared: in a cluster, borrowers' remote ops queue on it too).
     pub(crate) ssd: SharedDevice,
-    /// In a cluster: the other nodes' SSDs by node id (its lenders), and its network
-    /// link, which every remote op crosses before the lender's SSD serves it.
-    pub(crate) peers: Vec<Option<SharedDevice>>,
-    pub(crate) nic: Option<SharedDevice>,
+    /// One device per row of the engine's store table (`store_devices.rs`): a cache
+    /// op runs on its store's.
+    stores: Vec<Box<dyn cachevisor_engine::Device>>,
     /// Backing devices: one per VM, or one shared (`BackingLayout`).
     pub(crate) backing: Vec<Device>,
     pub(crate) metrics: Metrics,
@@ -122,13 +119,12 @@ impl Node {
         if let Some(reserve) = persistent {
             engine.set_persistent(reserve);
         }
+        let ssd: SharedDevice =
+            std::rc::Rc::new(std::cell::RefCell::new(Device::new(devices.ssd.resolve().map_err(SimError::Scenario)?)));
         Ok(Node {
+            stores: crate::store_devices::store_devices(engine.layout(), block_size, &ssd, &[], None),
             engine,
-            ssd: std::rc::Rc::new(std::cell::RefCell::new(Device::new(
-                devices.ssd.resolve().map_err(SimError::Scenario)?,
-            ))),
-            peers: Vec::new(),
-            nic: None,
+            ssd,
             backing: Vec::new(),
             metrics: Metrics::default(),
             layout: devices.backing_layout,
@@ -336,22 +332,26 @@ impl Node {
         }
     }
 
-    /// Starts `op` on its device now; returns its completion time. A remote op (a region
-    /// another node lent) crosses this node's link, then queues on the lender's SSD.
+    /// Puts the node on its cluster's devices: its SSD `ssd`, the other nodes' SSDs by
+    /// node id (its lenders) and its network link, which every op on a lent region
+    /// crosses before the lender's SSD serves it.
+    pub(crate) fn attach(&mut self, ssd: SharedDevice, peers: &[Option<SharedDevice>], nic: SharedDevice) {
+        let block = self.engine.config().block_size;
+        self.stores = crate::store_devices::store_devices(self.engine.layout(), block, &ssd, peers, Some(&nic));
+        self.ssd = ssd;
+    }
+
+    /// Starts `op` on its device now; returns its completion time. A cache op runs on
+    /// its store's device (`store_devices.rs`).
     fn run_op(&mut self, op: &DeviceOp) -> u64 {
         let (now, write) = (self.now, op.kind.is_write());
         match op.loc {
             Location::Cache(st) => {
-                let layout = self.engine.layout();
-                let addr = layout.offset(op);
-                match layout.kind(st) {
-                    StoreKind::Local => self.ssd.borrow_mut().submit(now, write, addr, op.len),
-                    StoreKind::Lent { node } => {
-                        let nic = self.nic.as_ref().expect("a node with lent regions has a link");
-                        let arrived = nic.borrow_mut().submit(now, write, 0, op.len);
-                        let lender = self.peers.get(node as usize).and_then(|p| p.as_ref()).expect("the lender's SSD");
-                        lender.borrow_mut().submit(arrived, write, addr, op.len)
-                    }
+                let at = self.engine.layout().offset(op);
+                let io = cachevisor_engine::Io::Model { write, len: op.len };
+                match self.stores[st as usize].submit(now, at, io) {
+                    Ok(done) => done,
+                    Err(e) => panic!("the simulation's store {st}: {e}"),
                 }
             }
             Location::Backing(_) => {

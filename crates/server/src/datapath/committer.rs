@@ -61,7 +61,8 @@ impl Shared {
             };
             let backings: Vec<_> = c.sync_backings.iter().filter_map(|&vm| self.backing(vm).ok()).collect();
             let backing_refs: Vec<&crate::backing::Backing> = backings.iter().map(|b| &**b).collect();
-            let r = append_meta(&mut persist, &meta).and_then(|()| persist.commit(&c, &self.ssd, &backing_refs));
+            let r = append_meta(&mut persist, &meta)
+                .and_then(|()| persist.commit(&c, &|| self.sync_stores(), &backing_refs));
             self.busy.fetch_sub(1, SeqCst);
             match &r {
                 Err(e) => {
@@ -112,7 +113,9 @@ impl Shared {
         let Core { engine, names, .. } = core;
         let targets: Vec<u64> = (0..names.len()).map(|v| engine.partition(v as u32).target).collect();
         let backings = self.backings.read().unwrap_or_else(|p| p.into_inner()).clone();
-        let r = persist.checkpoint_records(names, &targets, &self.ssd, &backings, &mut |emit| engine.checkpoint(emit));
+        let r = persist.checkpoint_records(names, &targets, &|| self.sync_stores(), &backings, &mut |emit| {
+            engine.checkpoint(emit)
+        });
         self.busy.fetch_sub(1, SeqCst);
         match r {
             Ok(()) => {

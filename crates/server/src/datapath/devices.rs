@@ -4,11 +4,11 @@
 //! 1 MiB read of consecutive slots is one `pread`), and their completions go back to the
 //! engine. After a halt no op touches a device: each fails with `Failure::Shutdown`.
 
+use super::store_devices::on_the_cache_file;
 use super::{Bytes, Core, Shared, Work};
 use crate::backing::Backing;
-use cachevisor_engine::{DeviceOp, Failure, Location, OpKind, ReqId, LOCAL, MAX_RUN_BYTES};
+use cachevisor_engine::{DeviceOp, Failure, Io, Location, OpKind, ReqId, MAX_RUN_BYTES};
 use cachevisor_trace::VmId;
-use std::os::unix::fs::FileExt;
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::Arc;
 
@@ -21,13 +21,8 @@ pub(super) struct Own {
     pub(super) ssd_only: bool,
 }
 
-thread_local! {
-    /// Each thread's aligned buffer for an O_DIRECT cache store.
-    static BOUNCE: std::cell::RefCell<crate::aligned_buf::AlignedBuf> = Default::default();
-}
-
 fn no_device() -> std::io::Error {
-    std::io::Error::other("no such device (a removed vDisk, or a remote cache: not served yet)")
+    std::io::Error::other("no such device (a removed vDisk)")
 }
 
 /// The failure a driver reports for an I/O error.
@@ -46,40 +41,45 @@ pub(super) fn failure(e: &std::io::Error) -> Failure {
 const ENOSPC: i32 = 28;
 
 impl Shared {
-    /// Reads `buf.len()` bytes at `at` of the device `loc` names (the cache store through
-    /// an aligned buffer when it is O_DIRECT).
+    /// Reads `buf.len()` bytes at `at` of the device `loc` names: a cache store's
+    /// device (`store_devices.rs`) or a vDisk's backing store.
     fn dev_read(&self, loc: Location, buf: &mut [u8], at: u64) -> std::io::Result<()> {
         let us = self.read_delay_us.load(Relaxed);
         if us > 0 {
             std::thread::sleep(std::time::Duration::from_micros(us));
         }
         match loc {
-            Location::Cache(LOCAL) if self.direct => {
-                BOUNCE.with(|b| crate::aligned_buf::read_at(&self.ssd, &mut b.borrow_mut(), buf, at))
-            }
-            Location::Cache(LOCAL) => self.ssd.read_exact_at(buf, at),
+            Location::Cache(st) => self.store(st)?.submit(0, at, Io::Read(buf)).map(drop),
             Location::Backing(vm) => self.backing(vm)?.read_at(buf, at),
-            Location::Cache(_) => Err(no_device()),
         }
     }
 
     /// Writes `data` at `at` of the device `loc` names.
     fn dev_write(&self, loc: Location, data: &[u8], at: u64) -> std::io::Result<()> {
         match loc {
-            Location::Cache(LOCAL) => {
+            Location::Cache(st) => {
                 let n = self.fail_ssd_write_in.load(Relaxed);
                 if n > 0 && self.fail_ssd_write_in.fetch_sub(1, Relaxed) == 1 {
                     return Err(std::io::Error::other("injected cache-store write failure"));
                 }
-                if self.direct {
-                    BOUNCE.with(|b| crate::aligned_buf::write_at(&self.ssd, &mut b.borrow_mut(), data, at))
-                } else {
-                    self.ssd.write_all_at(data, at)
-                }
+                self.store(st)?.submit(0, at, Io::Write(data)).map(drop)
             }
             Location::Backing(vm) => self.backing(vm)?.write_at(data, at),
-            Location::Cache(_) => Err(no_device()),
         }
+    }
+
+    /// Makes every cache store's completed writes durable (each store's device, named
+    /// in the error: today the cache file; a store the daemon does not serve has none).
+    pub(super) fn sync_stores(&self) -> std::io::Result<()> {
+        for d in &self.stores {
+            d.sync().map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", d.describe())))?;
+        }
+        Ok(())
+    }
+
+    /// Cache store `st`'s device.
+    fn store(&self, st: cachevisor_engine::StoreId) -> std::io::Result<&super::store_devices::StoreDevice> {
+        self.stores.get(st as usize).ok_or_else(|| std::io::Error::other(format!("no cache store {st}")))
     }
 
     /// `vm`'s backing store.
@@ -134,7 +134,7 @@ impl Shared {
         let (queue, at) = match only {
             Some(Own { req, ssd_only }) => {
                 let mine = |q: &std::collections::VecDeque<Work>| {
-                    q.iter().position(|w| w.op.req == req && (!ssd_only || w.op.kind.is_ssd()))
+                    q.iter().position(|w| w.op.req == req && (!ssd_only || on_the_cache_file(&w.op)))
                 };
                 if let Some(i) = mine(&core.work) {
                     (&mut core.work, i)
@@ -147,7 +147,7 @@ impl Shared {
                 // With the io_uring thread on, cache-store ops are its own.
                 let ring = self.ring_on.load(std::sync::atomic::Ordering::Relaxed);
                 let eligible =
-                    |q: &std::collections::VecDeque<Work>| q.iter().position(|w| !(ring && w.op.kind.is_ssd()));
+                    |q: &std::collections::VecDeque<Work>| q.iter().position(|w| !(ring && on_the_cache_file(&w.op)));
                 if let Some(i) = eligible(&core.work) {
                     (&mut core.work, i)
                 } else if background {
@@ -170,7 +170,7 @@ impl Shared {
         only: Option<Own>,
     ) -> Vec<Work> {
         let first = queue.remove(at).expect("an op at `at`");
-        let backing = |w: &Work| !w.op.kind.is_ssd() as usize;
+        let backing = |w: &Work| !on_the_cache_file(&w.op) as usize;
         self.backing_queued.fetch_sub(backing(&first), Relaxed);
         let mut total = first.op.len as u64;
         let mut run = vec![first];

@@ -35,7 +35,9 @@ impl Shared {
                     core.background.push_back(Work { op, data });
                 }
                 queued += 1;
-                if op.kind.is_ssd() {
+                // The ring's (the cache file's), or the device threads' (a backing
+                // store's or another cache store's).
+                if super::store_devices::on_the_cache_file(&op) {
                     queued_ssd += 1;
                 } else {
                     self.backing_queued.fetch_add(1, Relaxed);

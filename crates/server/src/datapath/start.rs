@@ -26,6 +26,7 @@ impl DataPath {
         engine.set_error_threshold(error_threshold);
         let bs = engine.config().block_size;
         let layout = engine.layout().clone();
+        let ssd = Arc::new(ssd);
         let n = names.len();
         let core = Core {
             engine,
@@ -54,6 +55,7 @@ impl DataPath {
             core: Mutex::new(core),
             wake: Condvar::new(),
             commit_cv: Condvar::new(),
+            stores: store_devices::store_devices(&layout, bs, &ssd, direct),
             ssd,
             direct,
             backings: RwLock::new(backings),

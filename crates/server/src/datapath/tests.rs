@@ -331,3 +331,53 @@ fn the_timer_thread_ticks_the_policy_with_the_engine() {
     let seen = seen.lock().unwrap().clone();
     assert!(seen.len() >= 3 && seen.iter().all(|&n| n == 64), "{seen:?}");
 }
+
+/// Issue 31: a cache store the daemon has no device for (a region another node lends,
+/// before the cluster's NBD client exists) fails the ops placed on it — the client's
+/// write gets an I/O error — and none of them lands in the cache file: with the
+/// io_uring thread, which once took every cache-store op and would have written a lent
+/// slot's data over the local slot at the same offset, and without it.
+#[test]
+fn ops_on_a_store_with_no_device_fail_and_never_touch_the_cache_file() {
+    for io_uring in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg =
+            EngineConfig { stores: vec![cachevisor_engine::StoreSpec::lent(1, 16)], ..EngineConfig::with_slots(16) };
+        let schedule = Schedule { interval_ns: 0, flusher: None };
+        let dp = DataPath::open_in(
+            dir.path(),
+            cfg,
+            1,
+            1 << 20,
+            2,
+            schedule,
+            2,
+            None,
+            crate::config::DirectIo::Auto,
+            io_uring,
+        )
+        .unwrap();
+        dp.with_engine_mut(|e| {
+            e.set_target(0, 32, &mut cachevisor_engine::Output::default());
+            e.set_remote_shares(0, &[(1, 16)]).unwrap();
+        });
+        let (mut acked, mut refused) = (Vec::new(), 0);
+        for b in 0..32u64 {
+            match dp.write(0, b * BS, &pattern(0, b * BS, 1, BS as usize), false) {
+                Ok(()) => acked.push(b),
+                Err(f) => {
+                    assert_eq!(f, Failure::Io, "block {b}");
+                    refused += 1;
+                }
+            }
+        }
+        assert!(refused > 0 && !acked.is_empty(), "io_uring {io_uring}: {refused} refused, {} acked", acked.len());
+        for &b in &acked {
+            let mut buf = vec![0u8; BS as usize];
+            dp.read(0, b * BS, &mut buf).unwrap();
+            assert!(buf == pattern(0, b * BS, 1, BS as usize), "io_uring {io_uring}: block {b} is not what was acked");
+        }
+        dp.flush(0).unwrap();
+        dp.with_engine(|e| e.check_invariants()).unwrap();
+    }
+}

@@ -1,0 +1,122 @@
+//! The daemon's devices behind the engine's store table (issue 31): each row gets a
+//! [`cachevisor_engine::Device`] — the cache file for the local store, an [`Unserved`]
+//! device for a region another node lends until the daemon has the cluster's NBD client
+//! (issue 34) — and a device thread runs a cache op on its store's device, the committer
+//! syncs every store's. A new store kind is a row kind in the engine and one `Device`
+//! here. (The io_uring thread serves the local store's file only.)
+
+use cachevisor_engine::{Device, Io, StoreKind, StoreLayout, Unserved};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+
+/// A store's device in the daemon (device threads share it).
+pub(super) type StoreDevice = Box<dyn Device + Send + Sync>;
+
+thread_local! {
+    /// Each thread's aligned buffer for an O_DIRECT cache file.
+    static BOUNCE: std::cell::RefCell<crate::aligned_buf::AlignedBuf> = Default::default();
+}
+
+/// The local store: the cache file, O_DIRECT through aligned buffers when it was
+/// opened so.
+pub(super) struct CacheFile {
+    file: Arc<File>,
+    direct: bool,
+    size: u64,
+}
+
+impl Device for CacheFile {
+    fn submit(&self, now_ns: u64, at: u64, io: Io<'_>) -> std::io::Result<u64> {
+        match io {
+            Io::Read(buf) if self.direct => {
+                BOUNCE.with(|b| crate::aligned_buf::read_at(&self.file, &mut b.borrow_mut(), buf, at))
+            }
+            Io::Read(buf) => self.file.read_exact_at(buf, at),
+            Io::Write(data) if self.direct => {
+                BOUNCE.with(|b| crate::aligned_buf::write_at(&self.file, &mut b.borrow_mut(), data, at))
+            }
+            Io::Write(data) => self.file.write_all_at(data, at),
+            Io::Model { .. } => {
+                Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "a model's op (no data) on the cache file"))
+            }
+        }?;
+        Ok(now_ns)
+    }
+
+    fn sync(&self) -> std::io::Result<()> {
+        self.file.sync_data()
+    }
+
+    fn queue_depth(&self) -> u32 {
+        1
+    }
+
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn describe(&self) -> String {
+        format!("the cache file{}", if self.direct { " (O_DIRECT)" } else { "" })
+    }
+}
+
+/// Whether `op` runs on the cache file (the local store): the io_uring thread's ops
+/// when it runs, every other store's going to the device threads.
+#[inline]
+pub(super) fn on_the_cache_file(op: &cachevisor_engine::DeviceOp) -> bool {
+    op.loc == cachevisor_engine::Location::Cache(cachevisor_engine::LOCAL)
+}
+
+/// One device per row of `layout` (blocks of `block` bytes): `ssd` (a handle of the
+/// cache file, `direct` when O_DIRECT) for the local store.
+pub(super) fn store_devices(layout: &StoreLayout, block: u64, ssd: &Arc<File>, direct: bool) -> Vec<StoreDevice> {
+    (0..layout.len())
+        .map(|i| {
+            let id = i as cachevisor_engine::StoreId;
+            let size = layout.range(id).1 * block;
+            match layout.kind(id) {
+                StoreKind::Local => Box::new(CacheFile { file: ssd.clone(), direct, size }) as StoreDevice,
+                StoreKind::Lent { node } => Box::new(Unserved {
+                    what: format!("a cache region node {node} lends (the daemon serves no cluster yet)"),
+                    size,
+                }),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cachevisor_engine::{EngineConfig, StoreSpec};
+
+    #[test]
+    fn the_local_row_is_the_cache_file_and_a_lent_row_refuses_naming_its_lender() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.path().join("c"))
+            .unwrap();
+        f.set_len(48 * 4096).unwrap();
+        let cfg = EngineConfig { stores: vec![StoreSpec::lent(3, 16)], ..EngineConfig::with_slots(32) };
+        let f = Arc::new(f);
+        let devs = store_devices(&StoreLayout::new(&cfg), 4096, &f, false);
+        assert_eq!((devs.len(), devs[0].size(), devs[1].size()), (2, 32 * 4096, 16 * 4096));
+        assert_eq!(devs[0].submit(7, 8192, Io::Write(&[5u8; 4096])).unwrap(), 7);
+        let mut back = [0u8; 4096];
+        devs[0].submit(8, 8192, Io::Read(&mut back)).unwrap();
+        assert_eq!(back, [5u8; 4096]);
+        devs[0].sync().unwrap();
+        assert!(devs[0].submit(0, 0, Io::Model { write: false, len: 4096 }).is_err());
+        let e = devs[1].submit(0, 0, Io::Write(&[1u8; 4096])).unwrap_err();
+        assert!(e.to_string().contains("node 3"), "{e}");
+        // Nothing of the refused write reached the cache file.
+        let mut all = vec![0u8; 48 * 4096];
+        f.read_exact_at(&mut all, 0).unwrap();
+        assert!(all.iter().enumerate().all(|(i, &b)| b == if (8192..12288).contains(&i) { 5 } else { 0 }));
+    }
+}

@@ -64,11 +64,6 @@ pub(crate) struct Ahead {
     /// Per VM: time its backing store had ops of this engine in flight, idle periods
     /// ended so far.
     busy_ns: Vec<u64>,
-    /// Client ops on the cache stores in flight, since when there have been some, and
-    /// the time there were some since the flusher last asked (`take_cache_busy_ns`).
-    cache_ops: u32,
-    cache_busy_since: u64,
-    cache_busy_ns: u64,
 }
 
 impl Ahead {
@@ -89,12 +84,6 @@ impl Ahead {
     /// starts a busy period).
     #[inline]
     pub(crate) fn issued(&mut self, op: &DeviceOp) {
-        if op.client && matches!(op.loc, Location::Cache(_)) {
-            if self.cache_ops == 0 {
-                self.cache_busy_since = self.now_ns;
-            }
-            self.cache_ops += 1;
-        }
         if let Location::Backing(vm) = op.loc {
             self.grow(vm);
             let v = vm as usize;
@@ -109,12 +98,6 @@ impl Ahead {
     /// period and is looked at.
     #[inline]
     pub(crate) fn completed(&mut self, op: &DeviceOp) {
-        if op.client && matches!(op.loc, Location::Cache(_)) && self.cache_ops > 0 {
-            self.cache_ops -= 1;
-            if self.cache_ops == 0 {
-                self.cache_busy_ns += self.now_ns.saturating_sub(self.cache_busy_since);
-            }
-        }
         if let Location::Backing(vm) = op.loc {
             let v = vm as usize;
             if let Some(n) = self.backing_ops.get_mut(v).filter(|n| **n > 0) {
@@ -127,16 +110,6 @@ impl Ahead {
                 }
             }
         }
-    }
-
-    /// Time the cache stores had client ops in flight since the last call (up to the
-    /// driver's time now): the flusher's measure of how busy the cache is.
-    pub(crate) fn take_cache_busy_ns(&mut self) -> u64 {
-        if self.cache_ops > 0 {
-            self.cache_busy_ns += self.now_ns.saturating_sub(self.cache_busy_since);
-            self.cache_busy_since = self.now_ns;
-        }
-        std::mem::take(&mut self.cache_busy_ns)
     }
 
     /// Whether `vm`'s one background write-back job (write-back ahead's, or a paced

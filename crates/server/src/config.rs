@@ -40,8 +40,8 @@ pub struct CacheConfig {
     #[serde(default = "default_error_threshold")]
     pub error_threshold: u64,
     /// Background destaging of dirty blocks, bytes per second at most (`16MiB`; `0` =
-    /// off): the rate while the cache device has time to spare; while clients keep it
-    /// busy bcache's controller writes less (`engine/src/flush_rate.rs`).
+    /// off): the rate once no client request came for 1 s, or with a `writeback_percent`
+    /// of 0; under load bcache's controller writes less (`engine/src/flush_rate.rs`).
     #[serde(default = "cachevisor_engine::cache_settings::default_flush_rate")]
     pub flush_rate: String,
     /// Percent of the cache the flusher lets stay dirty (bcache's `writeback_percent`):
@@ -394,7 +394,7 @@ allocator = "static"          # default static | adaptive | optimal | symflex-we
 metadata = "var/cache.img.meta" # default PATH.meta beside the cache store (its parent must exist)
 error_threshold = 8           # default 8, 1 to 1000000; device errors after which a vDisk passes through (its dirty blocks stay cached until written back)
 interval = "1s"               # default 1s, at least 1ms: the allocator's interval on live traffic (and pass-through draining)
-flush_rate = "16MiB"          # default 16MiB per second at most of background write-back, in each backing store's idle time (while clients keep the cache device busy: the dirty data over writeback_percent / 40 s, bcache's controller); "0" = off
+flush_rate = "16MiB"          # default 16MiB per second at most of background write-back, in each backing store's idle time (under load: the dirty data over writeback_percent / 40 s, bcache's controller; this rate once idle 1 s); "0" = off
 writeback_percent = 10        # default 10, 0 to 100: share of the cache the flusher leaves dirty (hot blocks stay dirty)
 writeback_ahead = 32          # default 32, 0 to 4096: dirty blocks among each vDisk's next this many victims are written back while its backing store is idle; 0 = off
 direct = "auto"               # default auto | on | off: O_DIRECT on the cache store

@@ -137,64 +137,40 @@ fn the_flusher_leaves_the_dirty_share_writeback_percent_allows() {
     assert_eq!(r.daemon.occupancy(0), (200, 64));
 }
 
-/// Issue 31: the flusher's rate follows bcache's PI controller while client ops keep
-/// the cache device busy — a cache a little over its dirty target is written back a
-/// little at a time (the error over 40 s, not the configured rate) — and runs at the
-/// configured rate once the device has time to spare, clients still reading;
-/// `cachevisor_flush_rate_bytes_per_second` says which.
+/// Issue 31: the flusher's rate follows bcache's PI controller — under client load a
+/// cache a little over its dirty target is written back a little at a time (the error
+/// over 40 s, not the configured rate), and once no client request came for 1 s at the
+/// configured rate; `cachevisor_flush_rate_bytes_per_second` says which.
 #[test]
-fn the_flusher_trickles_while_the_cache_is_busy_and_runs_at_its_rate_when_it_is_not() {
+fn the_flusher_trickles_under_load_and_runs_at_its_rate_when_idle() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = config(dir.path(), "1MiB", &[("wb", "8MiB", "wb")]);
     c.cache.flush_rate = "4MiB".into(); // 102 blocks per 100 ms step at most
     c.cache.writeback_percent = 25.0; // 64 of the 256 slots may stay dirty
     let r = serve(&c);
-    let addr = r.tcp.unwrap();
-    let (mut a, _) = Client::connect(addr, "wb");
+    let (mut a, _) = Client::connect(r.tcp.unwrap(), "wb");
     for i in 0..200u64 {
-        a.read(i * 4096, 4096).unwrap(); // cached clean (the image is zeros)
+        a.write(i * 4096, &[5; 4096], false).unwrap();
     }
     let rate = |r: &cachevisor_server::service::Running| -> u64 {
         let m = r.daemon.render_metrics();
         let line = m.lines().find(|l| l.starts_with("cachevisor_flush_rate_bytes_per_second ")).expect(&m);
         line.split_whitespace().nth(1).unwrap().parse().unwrap()
     };
-    // 8 clients reading (hits) back to back, each read held 2 ms on the device (a slow
-    // cache device; also on a loaded CI machine): the cache device always has a client
-    // op in flight. Meanwhile the 200 blocks are rewritten: 136 blocks over target is 3.4
-    // blocks/s.
-    r.daemon.datapath().delay_reads(2000);
+    // 1.5 s of reads (hits), one every 20 ms: 136 blocks over target is 3.4 blocks/s.
     let start = std::time::Instant::now();
-    let busy: Vec<_> = (0..8u64)
-        .map(|t| {
-            std::thread::spawn(move || {
-                let (mut c, _) = Client::connect(addr, "wb");
-                let mut i = t * 25;
-                while start.elapsed() < std::time::Duration::from_millis(1800) {
-                    let got = c.read(4096 * (i % 200), 4096).unwrap();
-                    assert!(got == vec![0; 4096] || got == vec![5; 4096]);
-                    i += 1;
-                }
-            })
-        })
-        .collect();
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    for i in 0..200u64 {
-        a.write(i * 4096, &[5; 4096], false).unwrap();
-    }
-    busy.into_iter().for_each(|t| t.join().unwrap());
-    let (under_load, dirty) = (rate(&r), r.daemon.occupancy(0).1);
-    r.daemon.datapath().delay_reads(0);
-    assert!((4096..=8 * 4096).contains(&under_load), "{under_load} bytes/s while the cache was busy");
-    assert!(dirty >= 190, "{dirty} dirty after 1.5 s of load: more than a trickle was written");
-    // One client reading every 20 ms: the device has time to spare, the configured rate
-    // writes down to the target while it reads.
-    let start = std::time::Instant::now();
-    while r.daemon.occupancy(0).1 > 64 && start.elapsed() < std::time::Duration::from_secs(10) {
+    while start.elapsed() < std::time::Duration::from_millis(1500) {
         assert_eq!(a.read(4096 * (start.elapsed().as_millis() as u64 % 200), 4096).unwrap(), vec![5; 4096]);
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    assert!(start.elapsed() < std::time::Duration::from_secs(3), "{:?}: not at the configured rate", start.elapsed());
+    let (under_load, dirty) = (rate(&r), r.daemon.occupancy(0).1);
+    assert!((4096..=8 * 4096).contains(&under_load), "{under_load} bytes/s under load");
+    assert!(dirty >= 190, "{dirty} dirty after 1.5 s of load: more than a trickle was written");
+    // Idle: within about a second it runs at the configured rate, down to the target.
+    let start = std::time::Instant::now();
+    while r.daemon.occupancy(0).1 > 64 && start.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     assert_eq!(r.daemon.occupancy(0), (200, 64));
-    assert!(rate(&r) >= 4_000_000, "{} bytes/s with time to spare", rate(&r));
+    assert!(rate(&r) >= 4_000_000, "{} bytes/s once idle", rate(&r));
 }

@@ -17,6 +17,19 @@ pub const DEFAULT_WRITEBACK_AHEAD: u32 = 32;
 /// The flusher's step (the daemon's ticker period).
 pub const FLUSH_STEP_NS: u64 = 100_000_000;
 
+/// `cache.size` and `cache.block_size` read the same way by the daemon and the
+/// simulator: the block size first (a power of two, 512 B to 1 MiB), then the size.
+/// Returns (cache bytes, block size); the error names the key.
+pub fn cache_geometry(size: &str, block_size: &str) -> Result<(u64, u64), String> {
+    use cachevisor_trace::units::parse_size;
+    let block = parse_size(block_size).map_err(|e| format!("cache.block_size: {e}"))?;
+    if !block.is_power_of_two() || !(crate::config::MIN_BLOCK..=crate::config::MAX_BLOCK).contains(&block) {
+        return Err(format!("cache.block_size: {block} is not a power of two between 512 B and 1 MiB"));
+    }
+    let bytes = parse_size(size).map_err(|e| format!("cache.size: {e}"))?;
+    Ok((bytes, block))
+}
+
 /// Serde default of `cache.flush_rate`.
 pub fn default_flush_rate() -> String {
     DEFAULT_FLUSH_RATE.into()

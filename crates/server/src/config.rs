@@ -506,10 +506,11 @@ impl Config {
 
     /// Checks every value; the message names the key.
     pub fn resolve(&self) -> Result<Resolved, String> {
-        let cache_bytes = parse_size(&self.cache.size).map_err(|e| format!("cache.size: {e}"))?;
-        let block_size = parse_size(&self.cache.block_size).map_err(|e| format!("cache.block_size: {e}"))?;
-        let slots = cache_bytes.checked_div(block_size).unwrap_or(0);
-        if block_size > 0 && !cache_bytes.is_multiple_of(block_size) {
+        let (cache_bytes, block_size) =
+            cachevisor_engine::cache_settings::cache_geometry(&self.cache.size, &self.cache.block_size)?;
+        let slots = cache_bytes / block_size;
+        // The cache file is whole blocks (the simulator rounds a size down).
+        if !cache_bytes.is_multiple_of(block_size) {
             return Err(format!(
                 "cache.size: {cache_bytes} bytes is not a multiple of block_size ({block_size}): use {} or {}",
                 cache_bytes / block_size * block_size,

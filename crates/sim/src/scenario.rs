@@ -446,10 +446,10 @@ impl Scenario {
 
     /// Checks every value; the message names the key.
     pub fn resolve(&self) -> Result<Resolved, String> {
-        let cache_bytes = parse_size(&self.cache.size).map_err(|e| format!("cache.size: {e}"))?;
-        let block_size = parse_size(&self.cache.block_size).map_err(|e| format!("cache.block_size: {e}"))?;
+        let (cache_bytes, block_size) =
+            cachevisor_engine::cache_settings::cache_geometry(&self.cache.size, &self.cache.block_size)?;
         let slots = match self.cache.objects {
-            ObjectModel::Blocks => cache_bytes.checked_div(block_size).unwrap_or(0),
+            ObjectModel::Blocks => cache_bytes / block_size,
             // Objects a cache of this size holds (`dsf_objects.rs`).
             ObjectModel::NutanixDsf => {
                 cache_bytes / (1 << 20) * crate::dsf_objects::OBJECTS_PER_MIB

@@ -59,6 +59,15 @@ pub struct WindowCounts {
     pub hits: u64,
 }
 
+/// What an interval's end gave ([`Controller::end_interval`]).
+#[derive(Debug, Clone)]
+pub struct IntervalEnd {
+    /// Smoothed rECS per VM (`None`: not sampled).
+    pub recs: Vec<Option<f64>>,
+    /// The allocator's decision, when it ran.
+    pub decision: Option<Decision>,
+}
+
 /// The controller of one cache pool.
 pub struct Controller {
     allocator: Box<dyn Allocator>,
@@ -163,7 +172,7 @@ impl Controller {
     }
 
     /// Samples rECS over the pool: (smoothed, last window's raw samples) by VM id.
-    pub fn sample_recs(&mut self, e: &Engine) -> (Vec<Option<f64>>, Vec<Option<f64>>) {
+    fn sample_recs(&mut self, e: &Engine) -> (Vec<Option<f64>>, Vec<Option<f64>>) {
         let smoothed = self.recs.sample_window(e.slot_count(), |s| e.slot_referenced(s as u32)).to_vec();
         (smoothed, self.recs.sampled().to_vec())
     }
@@ -176,8 +185,32 @@ impl Controller {
         self.recs.sample_due(share, e.slot_count(), |s| e.slot_referenced(s as u32));
     }
 
+    /// The interval sequence both drivers run when an interval (a window) ends, in its
+    /// one order: rECS sampled over the pool (S-CAVE §IV-B), the window's counters taken
+    /// (AllocUnit's miss history, §IV-C), and with `allocate` the allocator's decision on
+    /// the window (`secs` long; `estimates` as in [`Self::decide`]) after which the next
+    /// window of online estimates starts (past counts decay). The driver applies the
+    /// decision ([`apply`]) its own way. Returns the smoothed rECS per VM and the decision.
+    pub fn end_interval(
+        &mut self,
+        e: &Engine,
+        counts: &[WindowCounts],
+        secs: f64,
+        allocate: bool,
+        estimates: Option<&[Estimates]>,
+    ) -> IntervalEnd {
+        let (recs, sampled) = self.sample_recs(e);
+        self.end_window(counts);
+        let decision = allocate.then(|| {
+            let d = self.decide(e, Some((counts, secs)), &sampled, estimates);
+            self.next_window();
+            d
+        });
+        IntervalEnd { recs, decision }
+    }
+
     /// Takes a window's counters (AllocUnit history).
-    pub fn end_window(&mut self, counts: &[WindowCounts]) {
+    fn end_window(&mut self, counts: &[WindowCounts]) {
         for (h, c) in self.miss_history.iter_mut().zip(counts) {
             h.push_back(c.accesses - c.hits);
             if h.len() > ALLOC_UNIT_WINDOWS {
@@ -266,7 +299,7 @@ impl Controller {
     }
 
     /// Starts the next window of online estimates (past counts decay).
-    pub fn next_window(&mut self) {
+    fn next_window(&mut self) {
         if let Some(o) = self.online.as_mut() {
             o.close();
         }

@@ -191,36 +191,38 @@ impl<'a> Run<'a> {
             }
         }
         self.apply_phases(now);
-        self.reallocate(now, None, &[]);
+        self.allocate_first(now);
         Ok(())
     }
 
-    /// Asks the allocator for targets and write policies (static partitions only) and
-    /// applies them, shrinks before grows, as background work at `now`. `window` = the
-    /// last window's counters (none when VMs arrive), `recs` = raw rECS samples.
-    fn reallocate(&mut self, now: u64, window: Option<&[WindowCounts]>, recs: &[Option<f64>]) {
-        if self.sc.cache.partition != PartitionMode::Static {
-            return;
-        }
-        let ahead: Vec<Estimates>;
-        let estimates: Option<&[Estimates]> = if let Some(o) = self.closed_oracle.as_ref() {
-            // Each VM's next requests, as many as it issued in the window just ended.
+    /// The allocator's estimates for the window about to start (`window`: the one that
+    /// just ended, `None` before the first): the closed-loop oracle's (each VM's next
+    /// requests, as many as it issued in the window), the lookahead pre-pass's, the
+    /// whole trace's, or `None` (the controller's online ones).
+    fn estimates(&self, window: Option<&[WindowCounts]>) -> Option<Vec<Estimates>> {
+        if let Some(o) = self.closed_oracle.as_ref() {
             let counts: Vec<u64> = match window {
                 Some(w) => w.iter().map(|c| c.requests).collect(),
                 None => vec![FIRST_WINDOW_REQUESTS; self.names.len()],
             };
-            ahead = o.curves(&self.cursors, &counts);
-            Some(&ahead)
+            Some(o.curves(&self.cursors, &counts))
         } else if self.sc.cache.lookahead {
             // The window about to start: `window_index` counts windows already emitted.
-            Some(self.oracle.get(self.window_index as usize + window.is_some() as usize).map_or(&[][..], |w| &w[..]))
+            Some(self.oracle.get(self.window_index as usize + window.is_some() as usize).cloned().unwrap_or_default())
         } else if self.ctl.observes() {
             None
         } else {
-            Some(&self.whole)
-        };
-        let secs = self.window_secs();
-        let d = self.ctl.decide(&self.node.engine, window.map(|w| (w, secs)), recs, estimates);
+            Some(self.whole.clone())
+        }
+    }
+
+    /// The first allocation, before any window: the allocator on its estimates.
+    fn allocate_first(&mut self, now: u64) {
+        if self.sc.cache.partition != PartitionMode::Static {
+            return;
+        }
+        let estimates = self.estimates(None);
+        let d = self.ctl.decide(&self.node.engine, None, &[], estimates.as_deref());
         self.node.command(now, |e, out| *out = controller::apply(e, &d));
     }
 
@@ -239,17 +241,20 @@ impl<'a> Run<'a> {
     /// Emits the current window's rows and starts the next window: samples rECS, takes
     /// the window's counters, and (dynamic policies) reallocates on them.
     fn emit_window(&mut self) {
-        let (smoothed, sampled) = self.ctl.sample_recs(&self.node.engine);
         let stats: Vec<WindowCounts> = (0..self.names.len())
             .map(|vm| {
                 let (requests, accesses, hits) = self.node.metrics.take_window(vm as VmId);
                 WindowCounts { requests, accesses, hits }
             })
             .collect();
-        self.ctl.end_window(&stats);
-        if self.dynamic {
-            self.reallocate(self.window_end, Some(&stats), &sampled);
-            self.ctl.next_window(); // halves the counts: the next decision weighs recent windows more
+        // Dynamic policies decide on the window (static partitions apply it; the next
+        // window of online estimates starts either way: past counts decay).
+        let estimates = if self.dynamic { self.estimates(Some(&stats)) } else { None };
+        let end =
+            self.ctl.end_interval(&self.node.engine, &stats, self.window_secs(), self.dynamic, estimates.as_deref());
+        let smoothed = end.recs;
+        if let (Some(d), PartitionMode::Static) = (end.decision, self.sc.cache.partition) {
+            self.node.command(self.window_end, |e, out| *out = controller::apply(e, &d));
         }
         for (vm, &WindowCounts { requests, accesses, hits }) in stats.iter().enumerate() {
             let p = self.node.engine.partition(vm as VmId);
@@ -298,7 +303,7 @@ impl<'a> Run<'a> {
         source.drain();
         self.node.take_done_from(&mut source, now);
         self.node.span_latency = span;
-        self.reallocate(now, None, &[]);
+        self.allocate_first(now);
         let f = self.failover.as_mut().expect("a failover is planned");
         if f.plan.mode != FailoverMode::Prewarm {
             return Ok(());

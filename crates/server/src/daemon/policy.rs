@@ -58,11 +58,8 @@ impl Policy {
             })
             .collect();
         self.last = stats.to_vec();
-        let (_, sampled) = self.ctl.sample_recs(engine);
-        self.ctl.end_window(&counts);
-        if self.managed && self.ctl.allocator().every_interval() {
-            let d = self.ctl.decide(engine, Some((&counts, secs)), &sampled, None);
-            self.ctl.next_window();
+        let allocate = self.managed && self.ctl.allocator().every_interval();
+        if let Some(d) = self.ctl.end_interval(engine, &counts, secs, allocate, None).decision {
             apply(engine, d, stats);
         }
         self.drain(engine, stats);

@@ -601,7 +601,7 @@ impl Config {
             cache_bytes,
             block_size,
             slots,
-            interval_ns: cachevisor_trace::units::parse_duration_ns(&self.cache.interval).expect("checked"),
+            interval_ns: interval,
             writeback,
             poll_ns,
             handshake_timeout_ns: handshake_ns,

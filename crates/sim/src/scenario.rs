@@ -423,6 +423,8 @@ pub struct Resolved {
     pub window_ns: u64,
     /// Windows of this many requests instead (`window = "128req"`, S-CAVE §VI-C).
     pub window_requests: Option<u64>,
+    /// `replay.repeat_for` in ns (closed loop: replay each VM's trace this long).
+    pub repeat_for_ns: Option<u64>,
 }
 
 impl Scenario {
@@ -494,12 +496,16 @@ impl Scenario {
             // windows of nanoseconds would never finish.
             return Err(format!("replay.window: `{}` is under 1ms (or give a request count: \"1000req\")", r.window));
         }
-        if let Some(t) = &r.repeat_for {
-            parse_duration_ns(t).map_err(|e| format!("replay.repeat_for: {e}"))?;
-            if r.mode != ReplayMode::Closed {
-                return Err("replay.repeat_for: only the closed loop repeats traces (set mode = \"closed\")".into());
+        let repeat_for_ns = match &r.repeat_for {
+            Some(t) => {
+                let ns = parse_duration_ns(t).map_err(|e| format!("replay.repeat_for: {e}"))?;
+                if r.mode != ReplayMode::Closed {
+                    return Err("replay.repeat_for: only the closed loop repeats traces (set mode = \"closed\")".into());
+                }
+                Some(ns)
             }
-        }
+            None => None,
+        };
         if self.trace.files.is_empty() && self.synthetic.is_empty() {
             return Err("trace.files: no trace given (and no [[synthetic]] workload)".into());
         }
@@ -561,6 +567,6 @@ impl Scenario {
                 return Err("failover: not with cache.lookahead (the oracle reads one node's future)".into());
             }
         }
-        Ok(Resolved { cache_bytes, block_size, slots, window_ns, window_requests })
+        Ok(Resolved { cache_bytes, block_size, slots, window_ns, window_requests, repeat_for_ns })
     }
 }

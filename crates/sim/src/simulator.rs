@@ -469,8 +469,7 @@ pub fn simulate(sc: &Scenario, progress: &mut dyn FnMut(Progress)) -> Result<Sim
             }
             run.cursors = vec![0; per_vm.len()];
             run.admit(trace.vm_names(), 0)?;
-            let repeat_until =
-                sc.replay.repeat_for.as_deref().map(parse_duration_ns).transpose().map_err(SimError::Scenario)?;
+            let repeat_until = res.repeat_for_ns;
             run.passes = vec![(0, None); per_vm.len()];
             // Each VM's free queue slots, by the time they freed (its requests are tagged
             // with the VM id).

@@ -446,6 +446,17 @@ impl Scenario {
         Ok(s)
     }
 
+    /// Each `[[phase]]`'s start in ns with its index, in time order; the error names
+    /// the phase (`phase[2].at: …`). The check and the simulator both read them here.
+    pub fn phase_times(&self) -> Result<Vec<(u64, usize)>, String> {
+        let mut t = Vec::with_capacity(self.phase.len());
+        for (i, p) in self.phase.iter().enumerate() {
+            t.push((parse_duration_ns(&p.at).map_err(|e| format!("phase[{i}].at: {e}"))?, i));
+        }
+        t.sort();
+        Ok(t)
+    }
+
     /// Checks every value; the message names the key.
     pub fn resolve(&self) -> Result<Resolved, String> {
         let (cache_bytes, block_size) =
@@ -523,8 +534,8 @@ impl Scenario {
                 parse_size(m).map_err(|e| format!("vm[{i}] ({}).sequential_cutoff: {e}", v.name))?;
             }
         }
+        self.phase_times()?;
         for (i, p) in self.phase.iter().enumerate() {
-            parse_duration_ns(&p.at).map_err(|e| format!("phase[{i}].at: {e}"))?;
             for c in &p.vm {
                 for (key, v) in [("weight", c.weight), ("ratio", c.ratio)] {
                     if let Some(v) = v {

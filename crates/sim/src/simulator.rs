@@ -16,7 +16,7 @@ use cachevisor_engine::{EngineConfig, PartitionMode};
 use cachevisor_policy::controller::{self, Controller, Estimates, VmSettings, WindowCounts};
 use cachevisor_policy::registry;
 use cachevisor_prewarm::{plan, Loader, Ranking, Snapshot};
-use cachevisor_trace::units::{parse_duration_ns, parse_size};
+use cachevisor_trace::units::parse_size;
 use cachevisor_trace::{Request, VmId};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -101,11 +101,7 @@ impl<'a> Run<'a> {
         let dynamic = managed && (c.lookahead || c.reallocate.unwrap_or(allocator.every_interval()));
         // S-CAVE's global cleaner runs in the engine, as requests are admitted (§V-B).
         node.engine.set_cleaner(controller::cleaner_watermarks(allocator.as_ref(), res.slots, managed));
-        let mut phases = Vec::new();
-        for (i, p) in sc.phase.iter().enumerate() {
-            phases.push((parse_duration_ns(&p.at).map_err(SimError::Scenario)?, i));
-        }
-        phases.sort();
+        let phases = sc.phase_times().map_err(SimError::Scenario)?;
         Ok(Run {
             sc,
             res,

@@ -8,17 +8,41 @@
 //!
 //! `flock` (not `fcntl` locks) because its lock belongs to the open file description:
 //! other descriptors of the same file in this process (the O_DIRECT cache store, a
-//! backing opened twice) neither take nor drop it.
+//! backing opened twice) neither take nor drop it. The same property means a child this
+//! process forks (a `Command` between its fork and its exec) shares the description for
+//! a moment: a lock this process has just dropped can still be held by such a child. So
+//! a refusal whose note names this very process, on a path no live [`OwnerLock`] of it
+//! holds, is retried for up to [`FORKED_CHILD_GRACE`] (the child's exec closes it).
 
 use rustix::fs::{flock, FlockOperation};
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How long a lock that only a forked, not yet exec'd child of this process can hold is
+/// waited for.
+pub const FORKED_CHILD_GRACE: Duration = Duration::from_secs(5);
+
+/// The paths the live [`OwnerLock`]s of this process hold.
+static HELD: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
 /// The locks held by the running owner of a cache (released when dropped).
 #[derive(Debug)]
 pub struct OwnerLock {
     _cache: File,
     _meta: File,
+    paths: [PathBuf; 2],
+}
+
+impl Drop for OwnerLock {
+    fn drop(&mut self) {
+        HELD.lock().unwrap_or_else(|e| e.into_inner()).retain(|p| !self.paths.contains(p));
+    }
+}
+
+fn held_here(path: &Path) -> bool {
+    HELD.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|p| p == path)
 }
 
 /// The note naming the owner, in the metadata directory.
@@ -57,12 +81,28 @@ fn in_use(path: &Path, meta_dir: &Path) -> String {
     format!("{} is in use by {who}; stop it first, or give this daemon its own cache file and metadata directory. Nothing was changed.", path.display())
 }
 
-/// Takes `path` exclusively through `f`, or says who holds it.
+/// Whether the owner note names this process.
+fn noted_as_this_process(meta_dir: &Path) -> bool {
+    let note = std::fs::read_to_string(owner_file(meta_dir)).unwrap_or_default();
+    note.starts_with(&format!("pid {} ", std::process::id()))
+}
+
+/// Takes `path` exclusively through `f`, or says who holds it (after waiting out a forked
+/// child of this process that still shares a dropped lock, see the top comment).
 fn lock(f: &File, path: &Path, meta_dir: &Path) -> Result<(), String> {
-    match flock(f, FlockOperation::NonBlockingLockExclusive) {
-        Ok(()) => Ok(()),
-        Err(e) if e == rustix::io::Errno::WOULDBLOCK => Err(in_use(path, meta_dir)),
-        Err(e) => Err(format!("{}: cannot lock: {e}", path.display())),
+    let start = Instant::now();
+    loop {
+        match flock(f, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => return Ok(()),
+            Err(e) if e == rustix::io::Errno::WOULDBLOCK => {
+                let forked_child = !held_here(path) && noted_as_this_process(meta_dir);
+                if !forked_child || start.elapsed() >= FORKED_CHILD_GRACE {
+                    return Err(in_use(path, meta_dir));
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => return Err(format!("{}: cannot lock: {e}", path.display())),
+        }
     }
 }
 
@@ -85,11 +125,13 @@ impl OwnerLock {
         crate::private_files::ensure_dir(meta_dir).map_err(|e| format!("{}: {e}", meta_dir.display()))?;
         let meta = File::open(meta_dir).map_err(|e| format!("{}: {e}", meta_dir.display()))?;
         lock(&meta, meta_dir, meta_dir)?;
+        let paths = [cache.to_path_buf(), meta_dir.to_path_buf()];
+        HELD.lock().unwrap_or_else(|e| e.into_inner()).extend(paths.iter().cloned());
         let note = format!("pid {} on {}, cache {}\n", std::process::id(), hostname(), cache.display());
         crate::private_files::create(&owner_file(meta_dir))
             .and_then(|mut f| std::io::Write::write_all(&mut f, note.as_bytes()))
             .map_err(|e| format!("{}: {e}", owner_file(meta_dir).display()))?;
-        Ok(OwnerLock { _cache: cache_file, _meta: meta })
+        Ok(OwnerLock { _cache: cache_file, _meta: meta, paths })
     }
 }
 
@@ -124,5 +166,28 @@ mod tests {
         let e = OwnerLock::acquire(&dir.path().join("nope/c.img"), &meta).unwrap_err();
         assert!(e.contains("nope") && e.contains("does not exist"), "{e}");
         assert!(!dir.path().join("nope").exists());
+    }
+
+    /// A child forked while the lock was held keeps a share of it until its exec; the
+    /// lock dropped meanwhile is taken again once the child lets go (seen in CI: a
+    /// parallel test's `qemu-img` made a daemon restarted in the same process fail to
+    /// start). The child here holds the share on its stdin for 0.4 s, a slow exec.
+    #[test]
+    fn a_lock_a_forked_child_still_shares_is_taken_once_the_child_lets_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cache, meta) = (dir.path().join("c.img"), dir.path().join("c.img.meta"));
+        let first = OwnerLock::acquire(&cache, &meta).unwrap();
+        let share = first._meta.try_clone().unwrap();
+        let mut child = std::process::Command::new("sleep").arg("0.4").stdin(share).spawn().unwrap();
+        drop(first);
+        let t = Instant::now();
+        let again = OwnerLock::acquire(&cache, &meta);
+        child.wait().unwrap();
+        assert!(again.is_ok(), "{again:?}");
+        assert!(t.elapsed() >= Duration::from_millis(100), "the child held it: {:?}", t.elapsed());
+        // The lock held by a live OwnerLock of this process is still refused at once.
+        let t = Instant::now();
+        assert!(OwnerLock::acquire(&cache, &meta).is_err());
+        assert!(t.elapsed() < FORKED_CHILD_GRACE);
     }
 }

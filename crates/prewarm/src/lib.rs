@@ -31,4 +31,4 @@ pub use plan::{plan, Run};
 pub use roaring::RoaringTreemap;
 pub use scores::{Heuristic, ObjectId, Ranking};
 pub use settings::Pacing;
-pub use snapshot::{Snapshot, SnapshotError};
+pub use snapshot::{Activity, Snapshot, SnapshotError};

@@ -26,6 +26,9 @@ pub const RATE_FACTOR: f64 = 4.0;
 /// The smallest prewarm rate for a vDisk that is prewarmed, bytes/s.
 pub const MIN_RATE: u64 = 1 << 20;
 
+use crate::scores::{ObjectId, Ranking};
+use crate::snapshot::{Activity, Snapshot};
+
 /// What the source saw of one vDisk before the failure.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Observation {
@@ -50,6 +53,74 @@ pub struct Decision {
     pub limit_blocks: u64,
     /// Bytes per second for it.
     pub rate: u64,
+}
+
+impl Observation {
+    /// The observation of `a` (a stretch of a vDisk's activity) with a working set of
+    /// `wss_blocks`.
+    pub fn of(a: &Activity, wss_blocks: u64) -> Observation {
+        let span_s = a.span_ns as f64 / 1e9;
+        Observation {
+            hit_ratio: if a.accesses > 0 { a.hits as f64 / a.accesses as f64 } else { 0.0 },
+            iops: if span_s > 0.0 { a.requests as f64 / span_s } else { 0.0 },
+            blocks_per_request: if a.requests > 0 { a.accesses as f64 / a.requests as f64 } else { 1.0 },
+            wss_blocks,
+        }
+    }
+}
+
+/// What the source saw of `set` over the newest snapshots of `history` (oldest first)
+/// that together cover at least `span_ns` (all of them when they cover less), and its
+/// working set in the newest; `None` when no snapshot of the history knows the set's
+/// activity (version 1 files, a simulator's in-memory history).
+pub fn observe(history: &[&Snapshot], set: &str, span_ns: u64) -> Option<Observation> {
+    let mut sum = Activity::default();
+    let mut known = false;
+    for s in history.iter().rev() {
+        if sum.span_ns >= span_ns {
+            break;
+        }
+        if let Some(a) = s.activity.get(set) {
+            sum = sum.plus(*a);
+            known = true;
+        }
+    }
+    let wss = history.last().and_then(|s| s.sets.get(set)).map_or(0, |b| b.len());
+    known.then(|| Observation::of(&sum, wss))
+}
+
+/// The prewarm set and total rate of an online prewarm.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OnlineChoice {
+    /// The objects to load, best first.
+    pub chosen: Vec<(ObjectId, u64)>,
+    /// The total prewarm rate, bytes/s (the sum over the sets prewarmed).
+    pub rate: u64,
+    /// Sets left out, by name.
+    pub skipped: Vec<String>,
+}
+
+/// The objects of `ranking` that `decisions` (one per set of `ranking.sets`, in its
+/// order) prewarm — each set's best up to its own limit — at most `limit` in all, and
+/// the sum of their rates.
+pub fn choose(ranking: &Ranking, decisions: &[Decision], limit: u64) -> OnlineChoice {
+    assert_eq!(ranking.sets.len(), decisions.len(), "one decision per set");
+    let mut taken = vec![0u64; decisions.len()];
+    let chosen = ranking
+        .objects
+        .iter()
+        .filter(|(o, _)| {
+            let i = o.set as usize;
+            let keep = decisions[i].prewarm && taken[i] < decisions[i].limit_blocks;
+            taken[i] += keep as u64;
+            keep
+        })
+        .take(limit as usize)
+        .copied()
+        .collect();
+    let rate = decisions.iter().filter(|d| d.prewarm).fold(0u64, |r, d| r.saturating_add(d.rate));
+    let skipped = ranking.sets.iter().zip(decisions).filter(|(_, d)| !d.prewarm).map(|(n, _)| n.clone()).collect();
+    OnlineChoice { chosen, rate, skipped }
 }
 
 /// The decision for `o` with `block_size`-byte blocks; a working set back by itself
@@ -99,5 +170,48 @@ mod tests {
         // The horizon is the caller's: a scaled-down run's minute of 10 s prewarms the
         // mail server that a real minute skips.
         assert!(decide(&mail, 4096, 10.0).prewarm);
+    }
+
+    fn snap(seq: u64, blocks: u64, a: Option<Activity>) -> Snapshot {
+        let mut s = Snapshot::new(seq, 0, 4096);
+        s.sets.insert("a".into(), (0..blocks).collect());
+        if let Some(a) = a {
+            s.activity.insert("a".into(), a);
+        }
+        s
+    }
+
+    #[test]
+    fn the_observation_sums_the_newest_snapshots_covering_the_span() {
+        let a = |req: u64, s: u64| Activity { requests: req, accesses: 2 * req, hits: req, span_ns: s * 1_000_000_000 };
+        let h = [snap(1, 10, Some(a(1000, 60))), snap(2, 20, Some(a(600, 60))), snap(3, 30, Some(a(300, 60)))];
+        let refs: Vec<&Snapshot> = h.iter().collect();
+        // 100 s: the newest two (120 s), 900 requests.
+        let o = observe(&refs, "a", 100_000_000_000).unwrap();
+        assert_eq!(o, Observation { hit_ratio: 0.5, iops: 900.0 / 120.0, blocks_per_request: 2.0, wss_blocks: 30 });
+        // More than they cover: all three.
+        assert!((observe(&refs, "a", u64::MAX).unwrap().iops - 1900.0 / 180.0).abs() < 1e-9);
+        // Unknown set or no activity anywhere: None.
+        assert_eq!(observe(&refs, "b", 1), None);
+        let old = [snap(1, 10, None)];
+        assert_eq!(observe(&old.iter().collect::<Vec<_>>(), "a", 1), None);
+    }
+
+    #[test]
+    fn choose_takes_each_prewarmed_set_s_best_up_to_its_limit() {
+        let mut s = Snapshot::new(1, 0, 4096);
+        s.sets.insert("a".into(), (0..5u64).collect());
+        s.sets.insert("b".into(), (0..5u64).collect());
+        s.sets.insert("c".into(), (0..5u64).collect());
+        let r = Ranking::new(&[&s], crate::Heuristic::Recent);
+        let d = |p: bool, limit: u64, rate: u64| Decision { prewarm: p, self_rewarm_s: 0.0, limit_blocks: limit, rate };
+        let c = choose(&r, &[d(true, 2, 10), d(false, 0, 0), d(true, 5, 5)], 6);
+        let per_set = |set: u32| c.chosen.iter().filter(|(o, _)| o.set == set).count();
+        assert_eq!((per_set(0), per_set(1), per_set(2), c.chosen.len()), (2, 0, 4, 6));
+        assert_eq!((c.rate, c.skipped.clone()), (15, vec!["b".to_string()]));
+        // Brute force: every chosen object is of a prewarmed set, within its limit, in
+        // ranking order.
+        let pos: Vec<usize> = c.chosen.iter().map(|x| r.objects.iter().position(|y| y == x).unwrap()).collect();
+        assert!(pos.windows(2).all(|w| w[0] < w[1]));
     }
 }

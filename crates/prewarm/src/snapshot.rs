@@ -4,13 +4,19 @@
 //! snapshot was taken", and its on-disk form.
 //!
 //! The bitmaps are roaring treemaps (the `roaring` crate; 64-bit ids, so a vDisk of any
-//! size fits). The file format, version 1, little-endian:
+//! size fits). The file format, version 2, little-endian:
 //!
 //! ```text
 //! magic "CVPWSNAP" | version u32 | seq u64 | requests u64 | block_size u32 | sets u32
 //! per set: name_len u16 | name (UTF-8) | objects u64 | bitmap_len u64 | bitmap (roaring's portable format)
+//!          | requests u64 | accesses u64 | hits u64 | span_ns u64      (version 2 only)
 //! crc32 (IEEE) of every byte before it, u32
 //! ```
+//!
+//! Version 2 adds each set's [`Activity`] since the source's previous snapshot (all zero:
+//! not known), what the online prewarm parameters are decided from (`online.rs`, the
+//! slides' "Online Estimation of Parameters"). Version 1 files are still read (no
+//! activity).
 //!
 //! Writing streams each bitmap straight into the writer (nothing is buffered whole, so no
 //! allocation grows with the cache). Reading checks the checksum over the whole stream
@@ -23,8 +29,10 @@ use std::io::{self, Read, Seek, SeekFrom, Write};
 
 /// First bytes of every snapshot file.
 pub const MAGIC: &[u8; 8] = b"CVPWSNAP";
-/// The format version this code writes and reads.
-pub const VERSION: u32 = 1;
+/// The format version this code writes (and the newest it reads).
+pub const VERSION: u32 = 2;
+/// The oldest format version this code reads.
+pub const OLDEST_VERSION: u32 = 1;
 /// Longest set name accepted.
 const MAX_NAME: usize = 4096;
 /// Most sets accepted in one snapshot.
@@ -37,7 +45,7 @@ pub enum SnapshotError {
     #[error("not a cachevisor snapshot (bad magic)")]
     BadMagic,
     /// Written by another version of the format.
-    #[error("snapshot format version {0}; this build reads version {VERSION}")]
+    #[error("snapshot format version {0}; this build reads versions {OLDEST_VERSION} to {VERSION}")]
     Version(u32),
     /// The stream ends early.
     #[error("truncated: the snapshot ends before its {0}")]
@@ -74,12 +82,40 @@ pub struct Snapshot {
     pub block_size: u32,
     /// Object set name → cached objects.
     pub sets: BTreeMap<String, RoaringTreemap>,
+    /// Object set name → what its source saw since the previous snapshot (sets with none
+    /// known are absent; only sets in `sets` are written).
+    pub activity: BTreeMap<String, Activity>,
+}
+
+/// What the source saw of one object set (a vDisk) over `span_ns` before a snapshot.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Activity {
+    /// Requests served.
+    pub requests: u64,
+    /// Block accesses of those requests.
+    pub accesses: u64,
+    /// Of the accesses, hits.
+    pub hits: u64,
+    /// How long, ns (0: nothing known).
+    pub span_ns: u64,
+}
+
+impl Activity {
+    /// The sum of two stretches of activity.
+    pub fn plus(self, o: Activity) -> Activity {
+        Activity {
+            requests: self.requests.saturating_add(o.requests),
+            accesses: self.accesses.saturating_add(o.accesses),
+            hits: self.hits.saturating_add(o.hits),
+            span_ns: self.span_ns.saturating_add(o.span_ns),
+        }
+    }
 }
 
 impl Snapshot {
     /// An empty snapshot.
     pub fn new(seq: u64, requests: u64, block_size: u32) -> Snapshot {
-        Snapshot { seq, requests, block_size, sets: BTreeMap::new() }
+        Snapshot { seq, requests, block_size, sets: BTreeMap::new(), activity: BTreeMap::new() }
     }
 
     /// Objects cached, over every set.
@@ -110,6 +146,10 @@ impl Snapshot {
             w.write_all(&bits.len().to_le_bytes())?;
             w.write_all(&(bits.serialized_size() as u64).to_le_bytes())?;
             bits.serialize_into(&mut w)?;
+            let a = self.activity.get(name).copied().unwrap_or_default();
+            for v in [a.requests, a.accesses, a.hits, a.span_ns] {
+                w.write_all(&v.to_le_bytes())?;
+            }
         }
         let crc = w.hasher.clone().finalize();
         w.inner.write_all(&crc.to_le_bytes())?;
@@ -140,7 +180,7 @@ impl Snapshot {
         r.seek(SeekFrom::Start(8))?;
         let mut p = Parser { r: (&mut r).take(len - 4 - 8), at: 8 };
         let version = p.u32("version")?;
-        if version != VERSION {
+        if !(OLDEST_VERSION..=VERSION).contains(&version) {
             return Err(SnapshotError::Version(version));
         }
         let mut s = Snapshot::new(p.u64("sequence number")?, p.u64("request count")?, p.u32("block size")?);
@@ -174,6 +214,20 @@ impl Snapshot {
                     at,
                     what: format!("set `{name}` holds {} objects, its header says {objects}", bits.len()),
                 });
+            }
+            if version >= 2 {
+                let a = Activity {
+                    requests: p.u64("activity")?,
+                    accesses: p.u64("activity")?,
+                    hits: p.u64("activity")?,
+                    span_ns: p.u64("activity")?,
+                };
+                if a.hits > a.accesses {
+                    return Err(p.corrupt(format!("set `{name}` has {} hits of {} accesses", a.hits, a.accesses)));
+                }
+                if a.span_ns > 0 {
+                    s.activity.insert(name.clone(), a);
+                }
             }
             if s.sets.insert(name.clone(), bits).is_some() {
                 return Err(p.corrupt(format!("set `{name}` appears twice")));
@@ -256,6 +310,7 @@ mod tests {
         s.sets.insert("vm-a".into(), (0..1000u64).chain([1 << 40, u64::MAX]).collect());
         s.sets.insert("vm-b".into(), [3u64, 5, 8].into_iter().collect());
         s.sets.insert("empty".into(), RoaringTreemap::new());
+        s.activity.insert("vm-a".into(), Activity { requests: 500, accesses: 800, hits: 600, span_ns: 60_000_000_000 });
         s
     }
 
@@ -304,12 +359,12 @@ mod tests {
         assert!(Snapshot::read_from(Cursor::new(&flipped)).unwrap_err().to_string().starts_with("checksum mismatch"));
         // A version this build does not know, with a valid checksum: named as such.
         let mut newer = v[..v.len() - 4].to_vec();
-        newer[8..12].copy_from_slice(&2u32.to_le_bytes());
+        newer[8..12].copy_from_slice(&3u32.to_le_bytes());
         let crc = crc32fast::hash(&newer);
         newer.extend_from_slice(&crc.to_le_bytes());
         assert_eq!(
             Snapshot::read_from(Cursor::new(&newer)).unwrap_err().to_string(),
-            "snapshot format version 2; this build reads version 1"
+            "snapshot format version 3; this build reads versions 1 to 2"
         );
         // A header that claims more objects than its bitmap holds, checksummed.
         let mut lying = Vec::new();
@@ -323,5 +378,34 @@ mod tests {
         lying.extend_from_slice(&crc.to_le_bytes());
         let e = Snapshot::read_from(Cursor::new(&lying)).unwrap_err().to_string();
         assert!(e.contains("set `x` holds 1 objects, its header says 5"), "{e}");
+        // More hits than accesses, checksummed: refused, naming the set.
+        let mut hits = Vec::new();
+        one.activity.insert("x".into(), Activity { requests: 1, accesses: 2, hits: 3, span_ns: 1 });
+        one.write_to(&mut hits).unwrap();
+        assert!(Snapshot::read_from(Cursor::new(&hits)).unwrap_err().to_string().contains("set `x` has 3 hits of 2 accesses"));
+    }
+
+    /// Version 1, as the previous build wrote it: read with no activity.
+    #[test]
+    fn a_version_1_snapshot_reads_with_no_activity() {
+        let mut s = sample();
+        let mut v1 = Vec::new();
+        v1.extend_from_slice(MAGIC);
+        v1.extend_from_slice(&1u32.to_le_bytes());
+        v1.extend_from_slice(&s.seq.to_le_bytes());
+        v1.extend_from_slice(&s.requests.to_le_bytes());
+        v1.extend_from_slice(&s.block_size.to_le_bytes());
+        v1.extend_from_slice(&(s.sets.len() as u32).to_le_bytes());
+        for (name, bits) in &s.sets {
+            v1.extend_from_slice(&(name.len() as u16).to_le_bytes());
+            v1.extend_from_slice(name.as_bytes());
+            v1.extend_from_slice(&bits.len().to_le_bytes());
+            v1.extend_from_slice(&(bits.serialized_size() as u64).to_le_bytes());
+            bits.serialize_into(&mut v1).unwrap();
+        }
+        let crc = crc32fast::hash(&v1);
+        v1.extend_from_slice(&crc.to_le_bytes());
+        s.activity.clear();
+        assert_eq!(Snapshot::read_from(Cursor::new(&v1)).unwrap(), s);
     }
 }

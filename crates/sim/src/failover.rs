@@ -28,7 +28,7 @@
 
 use crate::metrics::WindowRow;
 use cachevisor_engine::Engine;
-use cachevisor_prewarm::{capture, online, Heuristic, LoaderConfig, ObjectId, PaceConfig, Progress, Ranking, Snapshot};
+use cachevisor_prewarm::{capture, online, Activity, Heuristic, LoaderConfig, PaceConfig, Progress, Ranking, Snapshot};
 use cachevisor_trace::units::parse_duration_ns;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
@@ -403,16 +403,6 @@ pub fn summed_windows(windows: &[WindowRow]) -> Vec<(f64, u64, u64)> {
     per
 }
 
-/// What the online parameters chose.
-pub(crate) struct OnlineChoice {
-    /// The prewarm set, most important first.
-    pub(crate) chosen: Vec<(ObjectId, u64)>,
-    /// The total prewarm rate, bytes/s.
-    pub(crate) rate: u64,
-    /// Sets left out.
-    pub(crate) skipped: Vec<String>,
-}
-
 /// The prewarm set and rate from the online parameters (`prewarm::online`): each set's
 /// hit ratio, IOPS and blocks per request over the source's windows ending after
 /// `from_s`, its working set from the last snapshot, a minute lasting `minute_s`; at most
@@ -425,44 +415,27 @@ pub(crate) fn online_choice(
     minute_s: f64,
     block_size: u64,
     limit: u64,
-) -> OnlineChoice {
+) -> online::OnlineChoice {
     let span = windows.iter().filter(|w| w.t_end_s > from_s).map(|w| w.t_end_s).fold(0.0f64, f64::max) - from_s;
-    let mut decisions = Vec::new();
-    let mut skipped = Vec::new();
-    let mut rate = 0u64;
-    for name in &ranking.sets {
-        let (mut req, mut acc, mut hits) = (0u64, 0u64, 0.0f64);
-        for w in windows.iter().filter(|w| w.t_end_s > from_s && &w.vm == name) {
-            req += w.requests;
-            acc += w.accesses;
-            hits += w.hit_ratio * w.accesses as f64;
-        }
-        let obs = online::Observation {
-            hit_ratio: if acc > 0 { hits / acc as f64 } else { 0.0 },
-            iops: if span > 0.0 { req as f64 / span } else { 0.0 },
-            blocks_per_request: if req > 0 { acc as f64 / req as f64 } else { 1.0 },
-            wss_blocks: last.and_then(|s| s.sets.get(name)).map_or(0, |b| b.len()),
-        };
-        let d = online::decide(&obs, block_size, minute_s);
-        if d.prewarm {
-            rate = rate.saturating_add(d.rate);
-        } else {
-            skipped.push(name.clone());
-        }
-        decisions.push(d);
-    }
-    let mut taken = vec![0u64; decisions.len()];
-    let chosen = ranking
-        .objects
+    let decisions: Vec<_> = ranking
+        .sets
         .iter()
-        .filter(|(o, _)| {
-            let i = o.set as usize;
-            let keep = decisions[i].prewarm && taken[i] < decisions[i].limit_blocks;
-            taken[i] += keep as u64;
-            keep
+        .map(|name| {
+            let (mut req, mut acc, mut hits) = (0u64, 0u64, 0.0f64);
+            for w in windows.iter().filter(|w| w.t_end_s > from_s && &w.vm == name) {
+                req += w.requests;
+                acc += w.accesses;
+                hits += w.hit_ratio * w.accesses as f64;
+            }
+            let seen = Activity {
+                requests: req,
+                accesses: acc,
+                hits: (hits.round() as u64).min(acc),
+                span_ns: (span.max(0.0) * 1e9) as u64,
+            };
+            let wss = last.and_then(|s| s.sets.get(name)).map_or(0, |b| b.len());
+            online::decide(&online::Observation::of(&seen, wss), block_size, minute_s)
         })
-        .take(limit as usize)
-        .copied()
         .collect();
-    OnlineChoice { chosen, rate, skipped }
+    online::choose(ranking, &decisions, limit)
 }

@@ -340,6 +340,13 @@ impl Engine {
         self.req.force_no_insert = false;
     }
 
+    /// Tells the engine the driver's time before a background job runs (a request's
+    /// [`Self::access`] does this itself): what a prewarm load's protection deadline is
+    /// counted from.
+    pub fn set_clock(&mut self, now_ns: u64) {
+        self.now_ms = (now_ns / 1_000_000) as u32;
+    }
+
     /// Processes one request at driver time `now_ns`, filling `out` with per-block
     /// outcomes and the device operations to perform.
     ///

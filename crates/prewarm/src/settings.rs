@@ -71,9 +71,46 @@ pub fn resolve(
     })
 }
 
+/// `protect` (how long a prewarmed block is kept from eviction before its first touch,
+/// `"5min"`) in ms, checked; `None` when absent. `section` prefixes the key.
+pub fn protect_ms(section: &str, protect: Option<&str>) -> Result<Option<u32>, String> {
+    let Some(p) = protect else { return Ok(None) };
+    let ns = cachevisor_trace::units::parse_duration_ns(p).map_err(|e| format!("{section}.protect: {e}"))?;
+    if ns < 1_000_000 {
+        return Err(format!("{section}.protect: `{p}` is under 1ms (leave the key out for no protection)"));
+    }
+    Ok(Some((ns / 1_000_000).min(u32::MAX as u64) as u32))
+}
+
+/// `minute` (how long the prewarming slides' minute lasts in a run, `"60s"`) in
+/// seconds, checked: at least 1 ms. `section` prefixes the key.
+pub fn minute_s(section: &str, minute: &str) -> Result<f64, String> {
+    let ns = cachevisor_trace::units::parse_duration_ns(minute).map_err(|e| format!("{section}.minute: {e}"))?;
+    if ns < 1_000_000 {
+        return Err(format!("{section}.minute: `{minute}` is under 1ms"));
+    }
+    Ok(ns as f64 / 1e9)
+}
+
+/// The pacing of an online prewarm whose sets together want `rate` bytes/s: that rate,
+/// and a quarter of it (at least a block) while a vDisk serves its clients.
+pub fn online_pace(base: PaceConfig, rate: u64, block_size: u64) -> PaceConfig {
+    PaceConfig { rate: Some(rate.max(1)), busy_rate: (rate / 4).max(block_size), ..base }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn protect_is_a_duration_of_at_least_a_millisecond() {
+        assert_eq!(protect_ms("prewarm", None), Ok(None));
+        assert_eq!(protect_ms("prewarm", Some("5min")), Ok(Some(300_000)));
+        assert!(protect_ms("failover", Some("soon")).unwrap_err().starts_with("failover.protect: "));
+        assert!(protect_ms("prewarm", Some("0")).unwrap_err().starts_with("prewarm.protect: `0` is under 1ms"));
+        assert_eq!(minute_s("prewarm", "2s"), Ok(2.0));
+        assert!(minute_s("failover", "0").unwrap_err().starts_with("failover.minute: `0` is under 1ms"));
+    }
 
     #[test]
     fn settings_resolve_and_bad_ones_name_their_key() {

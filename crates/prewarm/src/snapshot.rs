@@ -382,7 +382,10 @@ mod tests {
         let mut hits = Vec::new();
         one.activity.insert("x".into(), Activity { requests: 1, accesses: 2, hits: 3, span_ns: 1 });
         one.write_to(&mut hits).unwrap();
-        assert!(Snapshot::read_from(Cursor::new(&hits)).unwrap_err().to_string().contains("set `x` has 3 hits of 2 accesses"));
+        assert!(Snapshot::read_from(Cursor::new(&hits))
+            .unwrap_err()
+            .to_string()
+            .contains("set `x` has 3 hits of 2 accesses"));
     }
 
     /// Version 1, as the previous build wrote it: read with no activity.

@@ -289,6 +289,16 @@ pub struct PrewarmConfig {
     pub busy_rate: Option<String>,
     /// Largest coalesced read (default 128KiB, or one block if blocks are larger).
     pub max_read: Option<String>,
+    /// Decide per vDisk whether, how much and how fast from the activity the source's
+    /// snapshots carry (`prewarm::online`), instead of `limit` and `rate`.
+    pub online: bool,
+    /// Keep each prewarmed block from eviction until its first touch or this long after
+    /// it is loaded (`"5min"`); none when absent.
+    pub protect: Option<String>,
+    /// How long the slides' minute lasts for `online` (`60s`): a working set back by
+    /// itself within one is not prewarmed, and the source's last five are looked at.
+    /// Shorter for scaled-down demos and tests, as the simulator's `failover.minute`.
+    pub minute: String,
 }
 
 impl Default for PrewarmConfig {
@@ -303,6 +313,9 @@ impl Default for PrewarmConfig {
             rate: "64MiB".into(),
             busy_rate: None,
             max_read: None,
+            online: false,
+            protect: None,
+            minute: "60s".into(),
         }
     }
 }
@@ -351,7 +364,19 @@ impl PrewarmConfig {
             self.max_read.as_deref().unwrap_or(if block_size > 128 << 10 { "1MiB" } else { "128KiB" }),
             block_size,
         )?;
+        self.protect_ms()?;
+        self.minute_s()?;
         Ok((schedule, p))
+    }
+
+    /// `minute` in seconds, checked.
+    pub fn minute_s(&self) -> Result<f64, String> {
+        cachevisor_prewarm::settings::minute_s("prewarm", &self.minute)
+    }
+
+    /// `protect` in ms, checked (`None`: no protection).
+    pub fn protect_ms(&self) -> Result<Option<u32>, String> {
+        cachevisor_prewarm::settings::protect_ms("prewarm", self.protect.as_deref())
     }
 }
 
@@ -423,6 +448,9 @@ limit = "100%"                # default 100%: the prewarm set's size, of this ca
 rate = "64MiB"                # default 64MiB per second; "unlimited"
 busy_rate = "16MiB"           # default rate / 4: the rate while a vDisk serves its clients (never 0)
 max_read = "128KiB"           # default 128KiB (one block if blocks are larger), at most 64MiB: neighbouring blocks coalesced into reads up to this size
+online = false                # default false; true: per vDisk, whether, how much and how fast from what the source saw in its last 5 minutes (its snapshots' activity): a vDisk whose own traffic re-warms it within a minute, or that hit under 10%, is skipped; the rest load their working set at 4x their block traffic (at least 1MiB/s); limit still caps the set, rate and busy_rate are replaced
+minute = "60s"                # default 60s, at least 1ms: how long online's minute lasts (shorter for scaled-down demos)
+protect = "5min"              # default none, at least 1ms: a prewarmed block is kept from eviction until its first touch or this long after it is loaded
 
 [[vdisk]]                     # one or more
 name = "vm1"                  # the NBD export name, 1 to 4096 bytes, unique

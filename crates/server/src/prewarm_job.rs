@@ -40,6 +40,16 @@ pub struct Progress {
     pub elapsed_s: f64,
     /// Why the job did not run or stopped early.
     pub error: Option<String>,
+    /// `prewarm.online`: whether the online parameters chose the set and rate (`false`:
+    /// the snapshots carried no activity, so `limit` and `rate` did); absent when off.
+    pub online: Option<bool>,
+    /// vDisks the online parameters left out (their own traffic re-warms them soon, or
+    /// they hardly reused their cache).
+    pub online_skipped: Vec<String>,
+    /// The prewarm rate, bytes/s (`None`: unlimited).
+    pub rate_bytes: Option<u64>,
+    /// How long a prewarmed block is kept from eviction before its first touch, ms.
+    pub protect_ms: Option<u32>,
 }
 
 /// What a job's work reports as it goes.

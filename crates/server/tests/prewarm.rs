@@ -366,3 +366,99 @@ fn a_prewarm_a_crash_interrupted_resumes_and_its_set_stays_in_the_snapshots() {
     assert!(p.skipped_blocks > 0, "what the first run loaded (and journaled) is cached: {p:?}");
     assert!(r.daemon.interrupted_prewarm().is_none(), "done: nothing left to resume");
 }
+
+/// Three vDisks on one daemon (4 MiB cache, `prewarm` lines added), backing files in
+/// `backing_dir`.
+fn three(dir: &Path, backing_dir: &Path, prewarm: &str) -> Running {
+    let mut t = format!(
+        "[cache]\npath = \"cache.img\"\nsize = \"4MiB\"\nflush_rate = \"0\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[prewarm]\nsnapshot_every = \"0\"\n{prewarm}\n"
+    );
+    for vm in ["hot", "scan", "big"] {
+        t += &format!(
+            "[[vdisk]]\nname = \"{vm}\"\nbacking = \"{}/{vm}.img\"\nsize = \"16MiB\"\n",
+            backing_dir.display()
+        );
+    }
+    start(&Config::parse(&t, "test config", dir).unwrap()).unwrap()
+}
+
+/// The source of the online tests: `hot` rereads 64 blocks 40 times (its own traffic
+/// re-warms it at once), `scan` reads 512 blocks once (no reuse), `big` reads 256 blocks
+/// twice over ≥ 3 s (50% hits; at its block rate it needs about half the span to come
+/// back by itself, over a 1 s "minute"). Its snapshot directory.
+fn online_source(dir: &Path) -> PathBuf {
+    let r = three(dir, dir, "");
+    let t = Instant::now();
+    let addr = r.tcp.unwrap();
+    let (mut hot, _) = Client::connect(addr, "hot");
+    for _ in 0..40 {
+        hot.read(0, 64 * 4096).unwrap();
+    }
+    let (mut scan, _) = Client::connect(addr, "scan");
+    for b in 0..512u64 {
+        scan.read(b * 4096, 4096).unwrap();
+    }
+    let (mut big, _) = Client::connect(addr, "big");
+    for pass in 0..2 {
+        for b in 0..256u64 {
+            big.read(b * 4096, 4096).unwrap();
+        }
+        if pass == 0 {
+            std::thread::sleep(Duration::from_secs(3).saturating_sub(t.elapsed()));
+        }
+    }
+    r.daemon.shutdown().unwrap();
+    let snaps = r.daemon.snapshot_dir();
+    drop(r);
+    snaps
+}
+
+#[test]
+fn online_parameters_skip_what_re_warms_itself_or_never_reused_and_pace_the_rest_by_its_traffic() {
+    let (a, b, c) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let snaps = online_source(a.path());
+    let from = format!("from = \"{}\"\nminute = \"1s\"", snaps.display());
+    // Online: only `big` is prewarmed, at 4x its block traffic (over 1 MiB/s).
+    let r = three(b.path(), a.path(), &format!("{from}\nonline = true"));
+    let p = prewarm_done(&r);
+    assert_eq!(p.online, Some(true), "{p:?}");
+    assert_eq!(p.online_skipped, ["hot", "scan"], "{p:?}");
+    assert_eq!((p.planned_blocks, p.loaded_blocks, p.error.as_deref()), (256, 256, None), "{p:?}");
+    let rate = p.rate_bytes.unwrap();
+    // `big`'s 768 requests of one block over the source's ≥ 3 s: ≤ 256 blocks/s, × 4.
+    assert!(rate > 1 << 20 && rate <= 4 * 256 * 4096, "rate {rate}");
+    assert_eq!([0, 1, 2].map(|vm| r.daemon.occupancy(vm).0), [0, 0, 256]);
+    drop(r);
+    // Off: every vDisk's snapshot blocks, at the configured rate.
+    let r = three(c.path(), a.path(), &format!("{from}\nrate = \"unlimited\""));
+    let p = prewarm_done(&r);
+    assert_eq!((p.online, p.online_skipped.len(), p.rate_bytes), (None, 0, None), "{p:?}");
+    assert!(r.daemon.occupancy(0).0 == 64 && r.daemon.occupancy(2).0 == 256, "{p:?}");
+}
+
+#[test]
+fn protected_prewarmed_blocks_outlive_a_client_s_new_blocks_until_touched() {
+    let a = tempfile::tempdir().unwrap();
+    let snaps = online_source(a.path());
+    let mut hits = Vec::new();
+    for protect in ["", "protect = \"1h\""] {
+        let d = tempfile::tempdir().unwrap();
+        let r = three(d.path(), a.path(), &format!("from = \"{}\"\nrate = \"unlimited\"\n{protect}", snaps.display()));
+        let p = prewarm_done(&r);
+        assert_eq!(p.protect_ms, (!protect.is_empty()).then_some(3_600_000), "{p:?}");
+        let (mut big, _) = Client::connect(r.tcp.unwrap(), "big");
+        // 200 new blocks through big's partition (a third of 1,024 slots): 115 evictions.
+        for b in 1000..1200u64 {
+            big.read(b * 4096, 4096).unwrap();
+        }
+        let before = r.daemon.stats(2).hit_blocks;
+        big.read(0, 256 * 4096).unwrap();
+        hits.push(r.daemon.stats(2).hit_blocks - before);
+    }
+    eprintln!("prewarmed blocks still cached after 200 new ones: unprotected {}, protected {}", hits[0], hits[1]);
+    // Protected blocks are passed over for up to 64 victims (`Engine::
+    // set_prewarm_protection`); an eviction that finds only protected ones takes one, so
+    // a few of the 256 can go.
+    assert!(hits[1] >= 248, "protected: the prewarmed blocks stayed ({})", hits[1]);
+    assert!(hits[0] + 80 < hits[1], "unprotected: the prewarmed blocks went first ({})", hits[0]);
+}

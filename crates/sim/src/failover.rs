@@ -176,13 +176,7 @@ impl FailoverSection {
             ),
             None => None,
         };
-        let protect_ms = match &self.protect {
-            Some(p) => Some(
-                (parse_duration_ns(p).map_err(|e| format!("failover.protect: {e}"))? / 1_000_000).min(u32::MAX as u64)
-                    as u32,
-            ),
-            None => None,
-        };
+        let protect_ms = cachevisor_prewarm::settings::protect_ms("failover", self.protect.as_deref())?;
         if !(1..=64).contains(&self.depth) {
             return Err(format!("failover.depth: {} is outside 1..=64", self.depth));
         }
@@ -198,10 +192,7 @@ impl FailoverSection {
             block_size,
         )?;
         let (limit, pace, max_run) = (p.limit, p.pace, p.max_run);
-        let minute = parse_duration_ns(&self.minute).map_err(|e| format!("failover.minute: {e}"))?;
-        if minute == 0 {
-            return Err("failover.minute: must be > 0".into());
-        }
+        let minute_s = cachevisor_prewarm::settings::minute_s("failover", &self.minute)?;
         Ok(FailoverPlan {
             at_ns,
             mode: self.mode,
@@ -212,7 +203,7 @@ impl FailoverSection {
             limit,
             pace,
             max_run,
-            minute_s: minute as f64 / 1e9,
+            minute_s,
             yields: self.yield_to_clients,
             depth: self.depth,
             online: self.online,

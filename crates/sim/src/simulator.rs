@@ -315,8 +315,7 @@ impl<'a> Run<'a> {
             let from = f.plan.at_ns as f64 / 1e9 - 5.0 * f.plan.minute_s;
             let last = history.last().copied();
             let o = online_choice(&ranking, last, &self.windows, from, f.plan.minute_s, self.res.block_size, limit);
-            lc.pace.rate = Some(o.rate.max(1));
-            lc.pace.busy_rate = (o.rate / 4).max(self.res.block_size);
+            lc.pace = cachevisor_prewarm::settings::online_pace(lc.pace, o.rate, self.res.block_size);
             f.online_skipped = o.skipped;
             o.chosen
         } else {

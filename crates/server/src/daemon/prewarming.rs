@@ -16,7 +16,7 @@ use crate::config::{PrewarmConfig, SnapshotSchedule};
 use crate::prewarm_job::{Progress, Report};
 use crate::snapshot_files;
 use cachevisor_engine::{Failure, PrewarmOutcome};
-use cachevisor_prewarm::{plan, Capture, Loader, LoaderConfig, Ranking, ReadOutcome, RoaringTreemap};
+use cachevisor_prewarm::{online, plan, Activity, Capture, Loader, LoaderConfig, Ranking, ReadOutcome, RoaringTreemap};
 use cachevisor_trace::VmId;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -41,7 +41,14 @@ pub(crate) struct Snapshots {
     /// holds it, so a partial load never shrinks the next snapshot (InnoDB's MDEV-11454:
     /// a dump taken mid-load lost what the load had not reached yet).
     pub(crate) pending: BTreeMap<String, RoaringTreemap>,
+    /// When the previous snapshot was taken (or the daemon started) and each vDisk's
+    /// counters then: a snapshot carries each vDisk's activity since (format 2).
+    seen: (Instant, Vec<Activity>),
 }
+
+/// How far back an online prewarm looks at the source's activity, in (`prewarm.minute`)
+/// minutes (the slides' five-minute average).
+const ONLINE_LOOKBACK_MINUTES: f64 = 5.0;
 
 impl Snapshots {
     /// The state for `cfg`, snapshots under `meta_dir/snapshots` unless configured.
@@ -54,7 +61,14 @@ impl Snapshots {
                 .map_err(|e| std::io::Error::new(std::io::ErrorKind::NotFound, e))?;
         }
         let next_seq = snapshot_files::next_seq(&dir)?;
-        Ok(Snapshots { dir, kept: cfg.snapshots_kept, next_seq, config: cfg.clone(), pending: BTreeMap::new() })
+        Ok(Snapshots {
+            dir,
+            kept: cfg.snapshots_kept,
+            next_seq,
+            config: cfg.clone(),
+            pending: BTreeMap::new(),
+            seen: (Instant::now(), Vec::new()),
+        })
     }
 }
 
@@ -97,6 +111,12 @@ impl Daemon {
                 .collect()
         };
         let requests = self.requests_served();
+        let counters: Vec<Activity> = (0..names.len() as VmId)
+            .map(|vm| {
+                let s = self.dp.stats(vm);
+                Activity { requests: s.reads + s.writes, accesses: s.blocks, hits: s.hit_blocks, span_ns: 0 }
+            })
+            .collect();
         let mut st = self.snapshots.lock().unwrap_or_else(|e| e.into_inner());
         let seq = st.next_seq;
         // A range of slots at a time under the engine's lock, so requests go on between.
@@ -109,9 +129,22 @@ impl Daemon {
         for (name, blocks) in &st.pending {
             *snap.sets.entry(name.clone()).or_default() |= blocks;
         }
+        let (since, before) = &st.seen;
+        let span_ns = since.elapsed().as_nanos().max(1) as u64;
+        for (vm, (name, now)) in names.iter().zip(&counters).enumerate() {
+            let was = before.get(vm).copied().unwrap_or_default();
+            let a = Activity {
+                requests: now.requests.saturating_sub(was.requests),
+                accesses: now.accesses.saturating_sub(was.accesses),
+                hits: now.hits.saturating_sub(was.hits),
+                span_ns,
+            };
+            snap.activity.insert(name.clone(), Activity { hits: a.hits.min(a.accesses), ..a });
+        }
         let path = snapshot_files::write(&st.dir, &snap, st.kept)
             .map_err(|e| OpError::Other(format!("snapshot into {}: {e}", st.dir.display())))?;
         st.next_seq += 1;
+        st.seen = (Instant::now(), counters);
         tracing::debug!(path = %path.display(), blocks = snap.objects(), "cache snapshot written");
         Ok(path)
     }
@@ -214,8 +247,19 @@ impl Daemon {
             .filter(|(o, _)| set_vm[o.set as usize].is_some() && o.id >= blocks[o.set as usize])
             .count() as u64;
         let limit = (pacing.limit * self.resolved.slots as f64).floor() as usize;
-        let served: Vec<_> = ranking
-            .objects
+        let mut pace = pacing.pace;
+        let mut online_skipped = Vec::new();
+        let minute_s = cfg.minute_s()?;
+        let choice = cfg.online.then(|| self.online_choice(&refs, &ranking, &set_vm, minute_s)).flatten();
+        let candidates = match &choice {
+            Some(c) => {
+                pace = cachevisor_prewarm::settings::online_pace(pace, c.rate, self.block_size);
+                online_skipped = c.skipped.iter().map(|n| crate::log_safe(n)).collect();
+                &c.chosen
+            }
+            None => &ranking.objects,
+        };
+        let served: Vec<_> = candidates
             .iter()
             .filter(|(o, _)| set_vm[o.set as usize].is_some() && o.id < blocks[o.set as usize])
             .take(limit)
@@ -242,7 +286,7 @@ impl Daemon {
                 "prewarm: the snapshots name blocks past the end of their vDisk; skipped"
             );
         }
-        let lc = LoaderConfig { pace: pacing.pace, block_size: self.block_size, busy_depth: 1, idle_depth: 1 };
+        let lc = LoaderConfig { pace, block_size: self.block_size, busy_depth: 1, idle_depth: 1 };
         tracing::info!(from = %crate::log_safe(&from.display().to_string()), snapshots = history.len(), blocks = served.len(), reads = runs.len(), matched = ?matched_vdisks, "prewarming");
         let planned = Progress {
             snapshots: history.len(),
@@ -250,9 +294,52 @@ impl Daemon {
             matched_vdisks,
             unmatched_sets,
             out_of_range_blocks: out_of_range,
+            online: cfg.online.then(|| choice.is_some()),
+            online_skipped,
+            rate_bytes: pace.rate,
+            protect_ms: cfg.protect_ms()?,
             ..Progress::default()
         };
         Ok(Prepared { loader: Loader::new(lc, runs), set_vm, pending, planned })
+    }
+
+    /// The online parameters' choice (`prewarm::online`) for the vDisks served here, from
+    /// the activity in the source's snapshots over their last five minutes of
+    /// `minute_s` seconds;
+    /// `None` (logged) when the snapshots carry none (format 1, another tool's), and the
+    /// configured limit and rate apply.
+    fn online_choice(
+        &self,
+        history: &[&cachevisor_prewarm::Snapshot],
+        ranking: &Ranking,
+        set_vm: &[Option<VmId>],
+        minute_s: f64,
+    ) -> Option<online::OnlineChoice> {
+        let lookback_ns = (ONLINE_LOOKBACK_MINUTES * minute_s * 1e9) as u64;
+        let observed: Vec<_> = ranking
+            .sets
+            .iter()
+            .zip(set_vm)
+            .map(|(name, vm)| vm.and_then(|_| online::observe(history, name, lookback_ns)))
+            .collect();
+        if set_vm.iter().any(Option::is_some) && observed.iter().all(Option::is_none) {
+            tracing::warn!("prewarm.online: the snapshots carry no activity (written before format 2); prewarming with limit and rate");
+            return None;
+        }
+        let decisions: Vec<_> = observed
+            .iter()
+            .zip(&ranking.sets)
+            .map(|(o, name)| {
+                // A vDisk the snapshots know no activity of was idle: its blocks in the
+                // newest snapshot are prewarmed at the floor rate.
+                let wss = history.last().and_then(|s| s.sets.get(name)).map_or(0, |b| b.len());
+                let o = o.unwrap_or_else(|| online::Observation::of(&Activity::default(), wss));
+                online::decide(&o, self.block_size, minute_s)
+            })
+            .collect();
+        let c = online::choose(ranking, &decisions, u64::MAX);
+        tracing::info!(rate = c.rate, skipped = ?c.skipped, "prewarm.online: per-vDisk parameters from the source's activity");
+        Some(c)
     }
 
     /// Runs the loader to its end: each read an engine job, at most one at a time (its
@@ -266,6 +353,7 @@ impl Daemon {
         report: Report,
     ) -> Result<(), String> {
         let t0 = Instant::now();
+        self.dp.with_engine_mut(|e| e.set_prewarm_protection(planned.protect_ms));
         let mut seen: Vec<(u64, Instant)> = vec![(0, t0); set_vm.len()];
         let progress = |l: &Loader| {
             let p = l.progress();

@@ -43,6 +43,7 @@ impl DataPath {
         if s.halted.load(SeqCst) {
             return Err(Failure::Shutdown);
         }
+        core.engine.set_clock(s.now()); // a job sees the time it runs at (prewarm deadlines)
         let Some(id) = core.engine.submit_job(f) else {
             s.pump(&mut core);
             s.unlock(core);

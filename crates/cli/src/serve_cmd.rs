@@ -81,7 +81,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     println!(
         "# cache: {} ({} in {} blocks, {})",
         cfg.cache.path.display(),
-        cachevisor_trace::units::format_size(d.resolved().cache_bytes),
+        cachevisor_trace::units::format_size(d.resolved().cache.cache_bytes),
         cachevisor_trace::units::format_size(d.block_size()),
         if d.direct_io() { "O_DIRECT" } else { "through the page cache" }
     );

@@ -429,8 +429,28 @@ fn the_daemon_and_the_simulator_read_shared_cache_keys_alike() {
     // S-CAVE over LRU is fine on a shared pool (no cleaner runs there), in both.
     daemon("allocator = \"s-cave\"\nreplacement = \"lru\"\npartition = \"shared\"").unwrap();
     sim("allocator = \"s-cave\"\nreplacement = \"lru\"\npartition = \"shared\"").unwrap();
-    // Unset, the write-back keys are the same settings.
-    let d = daemon("").unwrap().writeback;
-    let s = cachevisor_sim::scenario::Scenario::default().cache.writeback().unwrap();
-    assert_eq!(d, s);
+    // Unset, every shared key is the same setting — but the default write policy: the
+    // daemon's is write-through (a client's data reaches its backing store before the
+    // reply), the simulator's write-back (the seeds' setting, which its experiments
+    // assume).
+    let d = daemon("").unwrap().cache;
+    let s = cachevisor_policy::cache_settings::CacheSettings::check(
+        &cachevisor_sim::scenario::Scenario::default().cache.keys(),
+    )
+    .unwrap();
+    use cachevisor_engine::WritePolicy;
+    assert_eq!((d.write_policy, s.write_policy), (WritePolicy::Wt, WritePolicy::Wb));
+    // (`size` has no default in the daemon: the cache file's size is the operator's.)
+    let cachevisor_policy::cache_settings::CacheSettings {
+        cache_bytes: _,
+        block_size,
+        replacement,
+        write_policy: _,
+        partition,
+        allocator,
+        params,
+        writeback,
+    } = d;
+    assert_eq!((block_size, replacement, partition), (s.block_size, s.replacement, s.partition));
+    assert_eq!((allocator, params, writeback), (s.allocator, s.params, s.writeback));
 }

@@ -46,7 +46,7 @@ pub fn default_writeback_ahead() -> u32 {
 }
 
 /// The background write-back keys of a `[cache]` section, checked.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct Writeback {
     /// Bytes per second the flusher writes back at most (0: no flusher).
     pub flush_rate: u64,

@@ -14,6 +14,7 @@
 
 pub mod adaptive;
 pub mod allocator;
+pub mod cache_settings;
 pub mod centaur;
 pub mod controller;
 pub mod eci_cache;

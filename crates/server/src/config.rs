@@ -92,6 +92,11 @@ fn default_interval() -> String {
 }
 
 impl CacheConfig {
+    /// The keys it shares with the simulator's `[cache]`, for their one check.
+    pub fn keys(&self) -> cachevisor_policy::cache_settings::CacheKeys<'_> {
+        cachevisor_policy::cache_keys!(self)
+    }
+
     /// The replacement policy in force: the one set, else the allocator's own
     /// (`Allocator::replacement`; LRU for a name the registry does not know, which
     /// validation reports).
@@ -478,19 +483,15 @@ pub fn default_with_reference() -> String {
 }
 
 /// Numbers resolved from the strings.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Resolved {
-    /// Cache bytes.
-    pub cache_bytes: u64,
-    /// Block bytes.
-    pub block_size: u64,
+    /// The `[cache]` settings shared with the simulator, checked once
+    /// (`cachevisor_policy::cache_settings`).
+    pub cache: cachevisor_policy::cache_settings::CacheSettings,
     /// Slots.
     pub slots: u64,
     /// Allocation interval in ns.
     pub interval_ns: u64,
-    /// Background write-back: the flusher and write-back ahead (checked once, shared with
-    /// the simulator: `cachevisor_engine::cache_settings`).
-    pub writeback: cachevisor_engine::cache_settings::Writeback,
     /// A connection reader's poll before it sleeps, ns (`listen.poll`).
     pub poll_ns: u64,
     /// `listen.handshake_timeout`, ns.
@@ -534,8 +535,8 @@ impl Config {
 
     /// Checks every value; the message names the key.
     pub fn resolve(&self) -> Result<Resolved, String> {
-        let (cache_bytes, block_size) =
-            cachevisor_engine::cache_settings::cache_geometry(&self.cache.size, &self.cache.block_size)?;
+        let settings = cachevisor_policy::cache_settings::CacheSettings::check(&self.cache.keys())?;
+        let (cache_bytes, block_size) = (settings.cache_bytes, settings.block_size);
         let slots = cache_bytes / block_size;
         // The cache file is whole blocks (the simulator rounds a size down).
         if !cache_bytes.is_multiple_of(block_size) {
@@ -545,20 +546,7 @@ impl Config {
                 cache_bytes.div_ceil(block_size) * block_size
             ));
         }
-        cachevisor_engine::EngineConfig { block_size, slots, ..cachevisor_engine::EngineConfig::with_slots(1) }
-            .validate()
-            .map_err(|e| format!("cache: {e}"))?;
-        cachevisor_policy::registry::check_cache_policy(
-            &self.cache.allocator,
-            &self.cache.params,
-            self.cache.replacement(),
-            self.cache.partition,
-        )?;
-        let writeback = cachevisor_engine::cache_settings::Writeback::check(
-            &self.cache.flush_rate,
-            self.cache.writeback_percent,
-            self.cache.writeback_ahead,
-        )?;
+        settings.engine_config(slots)?;
         if !(1..=1_000_000).contains(&self.cache.error_threshold) {
             return Err(format!("cache.error_threshold: {} is outside 1 to 1000000", self.cache.error_threshold));
         }
@@ -626,11 +614,9 @@ impl Config {
             ));
         }
         Ok(Resolved {
-            cache_bytes,
-            block_size,
+            cache: settings,
             slots,
             interval_ns: interval,
-            writeback,
             poll_ns,
             handshake_timeout_ns: handshake_ns,
             api_idle_timeout_ns: api_idle_ns,

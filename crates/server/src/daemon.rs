@@ -7,7 +7,7 @@
 
 use crate::config::{Config, Resolved};
 use crate::datapath::DataPath;
-use cachevisor_engine::{Engine, EngineConfig, Failure, FillMode, PartitionMode};
+use cachevisor_engine::{Engine, EngineConfig, Failure, PartitionMode};
 use cachevisor_policy::controller::{self, Controller};
 use cachevisor_policy::registry;
 use cachevisor_trace::VmId;
@@ -170,7 +170,7 @@ impl Daemon {
 
     /// The numbers the configuration resolved to (with the API's vDisk changes laid over).
     pub fn resolved(&self) -> Resolved {
-        self.resolved
+        self.resolved.clone()
     }
 
     /// Cache block size.
@@ -325,27 +325,18 @@ impl Daemon {
     }
 }
 
-/// The engine configuration of `cfg` (resolved as `r`).
-fn engine_config(cfg: &Config, r: &Resolved) -> EngineConfig {
-    EngineConfig {
-        block_size: r.block_size,
-        slots: r.slots,
-        partition: cfg.cache.partition,
-        replacement: cfg.cache.replacement(),
-        write_policy: cfg.cache.write_policy,
-        fill: FillMode::Block,
-        track_last_access: false,
-        stores: Vec::new(),
-    }
+/// The engine configuration of `r`'s cache (checked when `r` was resolved).
+fn engine_config(r: &Resolved) -> EngineConfig {
+    r.cache.engine_config(r.slots).expect("checked by Config::resolve")
 }
 
 /// The controller of `cfg`'s allocator for `r`'s cache, with `engine`'s vDisks enrolled
 /// and the first division applied (an empty cache: no device work).
 fn first_controller(cfg: &Config, r: &Resolved, engine: &mut Engine) -> Result<Controller, String> {
-    let alloc = registry::build_with(&cfg.cache.allocator, &cfg.cache.params)?;
-    let mut ctl = Controller::new(alloc, r.slots, r.block_size, true);
+    let alloc = registry::build_with(&r.cache.allocator, &r.cache.params)?;
+    let mut ctl = Controller::new(alloc, r.slots, r.cache.block_size, true);
     for (i, v) in cfg.vdisk.iter().enumerate() {
-        policy::enroll(engine, &mut ctl, i as VmId, v, r.block_size)?;
+        policy::enroll(engine, &mut ctl, i as VmId, v, r.cache.block_size)?;
     }
     let first = ctl.decide(engine, None, &[], None);
     controller::apply(engine, &first);

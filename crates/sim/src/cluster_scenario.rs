@@ -8,7 +8,7 @@ use cachevisor_cluster::allocation::Solver;
 use cachevisor_cluster::migration_plan::{PlanSettings, SchemeChoice};
 use cachevisor_cluster::model::Latencies;
 use cachevisor_engine::PartitionMode;
-use cachevisor_trace::units::{parse_duration_ns, parse_size};
+use cachevisor_trace::units::parse_size;
 use serde::{Deserialize, Serialize};
 
 /// One node of a cluster scenario.
@@ -153,6 +153,8 @@ impl Default for ClusterSection {
 /// A cluster scenario's settings, checked.
 pub(crate) struct Plan {
     pub(crate) cl: ClusterSection,
+    /// The `[cache]` settings, checked (each node's cache has its own size).
+    pub(crate) cache: cachevisor_policy::cache_settings::CacheSettings,
     pub(crate) block: u64,
     pub(crate) unit_blocks: u64,
     pub(crate) window_ns: u64,
@@ -177,7 +179,7 @@ pub(crate) fn plan(sc: &Scenario) -> Result<Plan, String> {
     if res.window_requests.is_some() {
         return Err("replay.window: cluster mode windows by time (`60s`)".into());
     }
-    let block = res.block_size;
+    let block = res.cache.block_size;
     let unit = parse_size(&cl.unit).map_err(|e| format!("cluster.unit: {e}"))?;
     if unit == 0 || unit % block != 0 {
         return Err(format!("cluster.unit: {} is not a multiple of the block size ({block} B)", cl.unit));
@@ -211,7 +213,13 @@ pub(crate) fn plan(sc: &Scenario) -> Result<Plan, String> {
     let hdd = sc.devices.backing.resolve()?;
     let us = |spec: &DeviceSpec| Device::nominal_ns(spec, false, block as u32) as f64 / 1e3;
     let lat = Latencies { ssd_local_us: us(&ssd), ssd_remote_us: us(&ssd), network_us: us(&link), hdd_us: us(&hdd) };
-    let window_ns = parse_duration_ns(&sc.replay.window)?;
+    if res.window_requests.is_some() {
+        return Err(format!(
+            "replay.window: `{}`: a cluster's windows are virtual time (`1s`), not requests",
+            sc.replay.window
+        ));
+    }
+    let window_ns = res.window_ns;
     let migration = cl.migration.settings()?.filter(|_| cl.mode != ClusterMode::Local);
-    Ok(Plan { unit_blocks: unit / block, cl, block, window_ns, slots, lat, migration })
+    Ok(Plan { unit_blocks: unit / block, cl, cache: res.cache, block, window_ns, slots, lat, migration })
 }

@@ -117,16 +117,12 @@ impl<'a> Cluster<'a> {
                 ClusterMode::Local => Vec::new(),
             };
             let cfg = EngineConfig {
-                block_size: p.block,
-                slots: p.slots[i],
                 partition: PartitionMode::Static,
-                replacement: sc.cache.replacement(),
-                write_policy: sc.cache.write_policy,
                 fill: sc.cache.fill,
-                track_last_access: false,
                 stores: remote,
+                ..p.cache.engine_config(p.slots[i]).map_err(SimError::Scenario)?
             };
-            let mut node = Node::new(cfg, &sc.devices, None, &sc.cache.writeback().map_err(SimError::Scenario)?)?;
+            let mut node = Node::new(cfg, &sc.devices, None, &p.cache.writeback)?;
             node.engine.set_traffic_aware(p.cl.mode != ClusterMode::ElicaLoad);
             node.engine.set_traffic_turnover(p.cl.traffic_turnover);
             let peers: Vec<_> = (0..n).map(|k| (k != i).then(|| ssds[k].clone())).collect();

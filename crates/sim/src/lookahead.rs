@@ -101,7 +101,7 @@ pub(crate) fn window_curves(
 ) -> Result<Vec<Vec<Estimates>>, SimError> {
     let mut trace = open_inputs(sc)?;
     let units = (res.slots / unit) as usize;
-    let shift = res.block_size.trailing_zeros();
+    let shift = res.cache.block_size.trailing_zeros();
     let mut stacks: Vec<StackDistance> = Vec::new();
     let mut mixes: Vec<ReuseMixTracker> = Vec::new();
     let mut cur: Vec<(DistanceHistogram, DistanceHistogram)> = Vec::new();

@@ -18,12 +18,12 @@ pub(crate) fn whole_trace(
     needs: Needs,
 ) -> Result<(Vec<Estimates>, Vec<String>), SimError> {
     let mut trace = open_inputs(sc)?;
-    let mut prof = Profiler::new(res.block_size, Method::Exact);
+    let mut prof = Profiler::new(res.cache.block_size, Method::Exact);
     if !needs.read_curves {
         prof = prof.all_only();
     }
     let mut mixes: Vec<ReuseMixTracker> = Vec::new();
-    let shift = res.block_size.trailing_zeros();
+    let shift = res.cache.block_size.trailing_zeros();
     let mut n = 0;
     while n < limit {
         let Some(r) = trace.next_request()? else { break };

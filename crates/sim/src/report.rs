@@ -264,10 +264,10 @@ impl SimResult {
         }
         SimResult {
             scenario: sc.clone(),
-            resolved: res,
+            resolved: res.clone(),
             engine: EngineReport {
                 slots: res.slots,
-                block_size: res.block_size,
+                block_size: res.cache.block_size,
                 metadata_bytes: md,
                 bytes_per_slot: md as f64 / res.slots as f64,
                 written_back_ahead: engine.written_back_ahead(),
@@ -358,8 +358,8 @@ impl SimResult {
         let r = &self.resolved;
         s.push_str(&format!(
             "cache {} in {} blocks ({} slots), {} / {} / {}, metadata {:.1} B/slot, {} blocks written back ahead of eviction, {:.2} s virtual\n",
-            format_size(r.cache_bytes),
-            format_size(r.block_size),
+            format_size(r.cache.cache_bytes),
+            format_size(r.cache.block_size),
             r.slots,
             self.scenario.cache.replacement(),
             self.scenario.cache.write_policy,

@@ -133,13 +133,9 @@ pub enum ObjectModel {
 }
 
 impl CacheSection {
-    /// The background write-back settings, checked as the daemon checks them.
-    pub fn writeback(&self) -> Result<cachevisor_engine::cache_settings::Writeback, String> {
-        cachevisor_engine::cache_settings::Writeback::check(
-            &self.flush_rate,
-            self.writeback_percent,
-            self.writeback_ahead,
-        )
+    /// The keys it shares with the daemon's `[cache]`, for their one check.
+    pub fn keys(&self) -> cachevisor_policy::cache_settings::CacheKeys<'_> {
+        cachevisor_policy::cache_keys!(self)
     }
 
     /// The replacement policy in force: the one set, else the allocator's own (LRU for an
@@ -411,13 +407,13 @@ pub struct Scenario {
 }
 
 /// Numbers resolved from a scenario's strings.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Resolved {
-    /// Cache bytes.
-    pub cache_bytes: u64,
-    /// Block bytes.
-    pub block_size: u64,
-    /// Slots = cache / block.
+    /// The `[cache]` settings shared with the daemon, checked once
+    /// (`cachevisor_policy::cache_settings`).
+    #[serde(flatten)]
+    pub cache: cachevisor_policy::cache_settings::CacheSettings,
+    /// Slots = cache / block (or DSF objects).
     pub slots: u64,
     /// Window ns.
     pub window_ns: u64,
@@ -459,8 +455,8 @@ impl Scenario {
 
     /// Checks every value; the message names the key.
     pub fn resolve(&self) -> Result<Resolved, String> {
-        let (cache_bytes, block_size) =
-            cachevisor_engine::cache_settings::cache_geometry(&self.cache.size, &self.cache.block_size)?;
+        let settings = cachevisor_policy::cache_settings::CacheSettings::check(&self.cache.keys())?;
+        let (cache_bytes, block_size) = (settings.cache_bytes, settings.block_size);
         let slots = match self.cache.objects {
             ObjectModel::Blocks => cache_bytes / block_size,
             // Objects a cache of this size holds (`dsf_objects.rs`).
@@ -469,15 +465,7 @@ impl Scenario {
                     + cache_bytes % (1 << 20) * crate::dsf_objects::OBJECTS_PER_MIB / (1 << 20)
             }
         };
-        let engine =
-            cachevisor_engine::EngineConfig { block_size, slots, ..cachevisor_engine::EngineConfig::with_slots(1) };
-        engine.validate().map_err(|e| format!("cache: {e}"))?;
-        cachevisor_policy::registry::check_cache_policy(
-            &self.cache.allocator,
-            &self.cache.params,
-            self.cache.replacement(),
-            self.cache.partition,
-        )?;
+        settings.engine_config(slots)?;
         self.devices.ssd.resolve().map_err(|e| format!("devices.ssd: {e}"))?;
         self.devices.backing.resolve().map_err(|e| format!("devices.backing: {e}"))?;
         let r = &self.replay;
@@ -544,7 +532,6 @@ impl Scenario {
                 }
             }
         }
-        self.cache.writeback()?;
         if self.cache.lookahead && r.mode == ReplayMode::Open && window_requests.is_some() {
             return Err("cache.lookahead: open loop needs a time window (the oracle cuts the trace by time)".into());
         }
@@ -578,6 +565,6 @@ impl Scenario {
                 return Err("failover: not with cache.lookahead (the oracle reads one node's future)".into());
             }
         }
-        Ok(Resolved { cache_bytes, block_size, slots, window_ns, window_requests, repeat_for_ns })
+        Ok(Resolved { cache: settings, slots, window_ns, window_requests, repeat_for_ns })
     }
 }

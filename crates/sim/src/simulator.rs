@@ -84,19 +84,10 @@ struct Failover {
 impl<'a> Run<'a> {
     fn new(sc: &'a Scenario, res: Resolved) -> Result<Self, SimError> {
         let c = &sc.cache;
-        let cfg = EngineConfig {
-            block_size: res.block_size,
-            slots: res.slots,
-            partition: c.partition,
-            replacement: c.replacement(),
-            write_policy: c.write_policy,
-            fill: c.fill,
-            track_last_access: false,
-            stores: Vec::new(),
-        };
+        let cfg = EngineConfig { fill: c.fill, ..res.cache.engine_config(res.slots).map_err(SimError::Scenario)? };
         let persistent = c.persistent.then(|| cachevisor_engine::durable_reserve(res.slots));
-        let mut node = Node::new(cfg.clone(), &sc.devices, persistent, &c.writeback().map_err(SimError::Scenario)?)?;
-        let allocator = registry::build_with(&sc.cache.allocator, &sc.cache.params).map_err(SimError::Scenario)?;
+        let mut node = Node::new(cfg.clone(), &sc.devices, persistent, &res.cache.writeback)?;
+        let allocator = registry::build_with(&res.cache.allocator, &res.cache.params).map_err(SimError::Scenario)?;
         let managed = c.partition == PartitionMode::Static;
         let dynamic = managed && (c.lookahead || c.reallocate.unwrap_or(allocator.every_interval()));
         // S-CAVE's global cleaner runs in the engine, as requests are admitted (§V-B).
@@ -104,7 +95,7 @@ impl<'a> Run<'a> {
         let phases = sc.phase_times().map_err(SimError::Scenario)?;
         Ok(Run {
             sc,
-            res,
+            res: res.clone(),
             node,
             names: Vec::new(),
             windows: Vec::new(),
@@ -113,7 +104,7 @@ impl<'a> Run<'a> {
             issued: 0,
             window_index: 0,
             last_now: 0,
-            ctl: Controller::new(allocator, res.slots, res.block_size, dynamic && !c.lookahead),
+            ctl: Controller::new(allocator, res.slots, res.cache.block_size, dynamic && !c.lookahead),
             dynamic,
             whole: Vec::new(),
             phases,
@@ -125,7 +116,7 @@ impl<'a> Run<'a> {
             cfg,
             failover: match &sc.failover {
                 Some(f) => Some(Failover {
-                    plan: f.resolve(res.block_size).map_err(SimError::Scenario)?,
+                    plan: f.resolve(res.cache.block_size).map_err(SimError::Scenario)?,
                     history: History::default(),
                     done: false,
                     set: 0,
@@ -176,7 +167,7 @@ impl<'a> Run<'a> {
             self.ctl.add_vm(VmSettings {
                 weight: conf.map_or(1.0, |v| v.weight),
                 ratio: conf.map_or(1.0, |v| v.ratio),
-                min_blocks: min_bytes.div_ceil(self.res.block_size),
+                min_blocks: min_bytes.div_ceil(self.res.cache.block_size),
             });
             if let Some(c) = conf.and_then(|v| v.sequential_cutoff.as_deref()) {
                 let bytes = parse_size(c).map_err(SimError::Scenario)?;
@@ -289,8 +280,7 @@ impl<'a> Run<'a> {
             return Ok(());
         }
         let persistent = self.sc.cache.persistent.then(|| cachevisor_engine::durable_reserve(self.res.slots));
-        let writeback = self.sc.cache.writeback().map_err(SimError::Scenario)?;
-        let mut dest = Node::new(self.cfg.clone(), &self.sc.devices, persistent, &writeback)?;
+        let mut dest = Node::new(self.cfg.clone(), &self.sc.devices, persistent, &self.res.cache.writeback)?;
         for vm in 0..self.names.len() {
             dest.add_vm(vm as VmId)?;
         }
@@ -309,13 +299,14 @@ impl<'a> Run<'a> {
         let limit = (f.plan.limit * self.res.slots as f64).floor() as u64;
         let set_vm: Vec<Option<VmId>> =
             ranking.sets.iter().map(|n| self.names.iter().position(|m| m == n).map(|v| v as VmId)).collect();
-        let mut lc = f.plan.loader(self.res.block_size);
+        let mut lc = f.plan.loader(self.res.cache.block_size);
         let chosen: Vec<_> = if f.plan.online {
             // Per vDisk, from what the source saw over its last five minutes.
             let from = f.plan.at_ns as f64 / 1e9 - 5.0 * f.plan.minute_s;
             let last = history.last().copied();
-            let o = online_choice(&ranking, last, &self.windows, from, f.plan.minute_s, self.res.block_size, limit);
-            lc.pace = cachevisor_prewarm::settings::online_pace(lc.pace, o.rate, self.res.block_size);
+            let o =
+                online_choice(&ranking, last, &self.windows, from, f.plan.minute_s, self.res.cache.block_size, limit);
+            lc.pace = cachevisor_prewarm::settings::online_pace(lc.pace, o.rate, self.res.cache.block_size);
             f.online_skipped = o.skipped;
             o.chosen
         } else {
@@ -415,14 +406,14 @@ pub fn simulate(sc: &Scenario, progress: &mut dyn FnMut(Progress)) -> Result<Sim
         ));
     }
     let res = sc.resolve().map_err(SimError::Scenario)?;
-    let mut run = Run::new(sc, res)?;
+    let mut run = Run::new(sc, res.clone())?;
     let limit = if sc.replay.max_requests == 0 { u64::MAX } else { sc.replay.max_requests };
     let n = run.ctl.allocator().needs();
     let estimates = n.hit_curves || n.read_curves || n.reuse_mix;
     if sc.cache.lookahead && run.dynamic && sc.replay.mode == ReplayMode::Open {
-        run.oracle = window_curves(sc, res, run.ctl.unit(), limit)?;
+        run.oracle = window_curves(sc, res.clone(), run.ctl.unit(), limit)?;
     } else if !run.dynamic && sc.cache.partition == PartitionMode::Static && estimates {
-        let (whole, names) = whole_trace(sc, res, run.ctl.unit(), limit, n)?;
+        let (whole, names) = whole_trace(sc, res.clone(), run.ctl.unit(), limit, n)?;
         run.whole = whole;
         run.admit(&names, 0)?; // every VM from the start, so the split is the whole-trace one
     }
@@ -460,7 +451,7 @@ pub fn simulate(sc: &Scenario, progress: &mut dyn FnMut(Progress)) -> Result<Sim
             }
             if sc.cache.lookahead && run.dynamic {
                 let (unit, units) = (run.ctl.unit(), run.ctl.units());
-                run.closed_oracle = Some(ClosedLookahead::new(&per_vm, res.block_size, unit, units));
+                run.closed_oracle = Some(ClosedLookahead::new(&per_vm, res.cache.block_size, unit, units));
             }
             run.cursors = vec![0; per_vm.len()];
             run.admit(trace.vm_names(), 0)?;

@@ -102,7 +102,7 @@ impl Daemon {
         let cfg = &merged;
         let r: Resolved = cfg.resolve().map_err(StartError::Config)?;
         let places = places(cfg)?;
-        let mut engine = Engine::new(engine_config(cfg, &r)).map_err(StartError::Config)?;
+        let mut engine = Engine::new(engine_config(&r)).map_err(StartError::Config)?;
         engine.set_writeback_ahead(cfg.cache.writeback_ahead);
         let ctl = first_controller(cfg, &r, &mut engine).map_err(StartError::Config)?;
         // Warm start: put every block the metadata knows back into its slot.
@@ -112,7 +112,7 @@ impl Daemon {
         let mut ids: std::collections::HashMap<u16, VmId> = Default::default();
         let mut orphans: Vec<String> = Vec::new();
         let mut bound: std::collections::HashMap<VmId, Identity> = Default::default();
-        let (mut persist, rec) = Persistence::open(&meta_dir, r.block_size, r.slots, &mut |rep| {
+        let (mut persist, rec) = Persistence::open(&meta_dir, r.cache.block_size, r.slots, &mut |rep| {
             match rep {
                 Record::Vdisk { vm, name } => {
                     let id = names.iter().position(|n| *n == name).unwrap_or_else(|| {
@@ -134,7 +134,7 @@ impl Daemon {
                     if let Some(other) = engine.lookup(id, block) {
                         engine.release_slot(other); // the block moved; the later record wins
                     }
-                    let spb = (r.block_size / 512) as u32;
+                    let spb = (r.cache.block_size / 512) as u32;
                     engine.restore_slot(slot, id, block, &bits_to_bools(&valid, spb), &bits_to_bools(&dirty, spb))?;
                 }
                 Record::Target { .. } => {}
@@ -255,7 +255,7 @@ impl Daemon {
             exports.push(Some(ExportInfo { id: i as VmId, name: v.name.clone(), size }));
             backings.push(std::sync::Arc::new(b));
         }
-        let (ssd, direct) = crate::backing::open_cache_store(&cfg.cache.path, r.cache_bytes, cfg.cache.direct)
+        let (ssd, direct) = crate::backing::open_cache_store(&cfg.cache.path, r.cache.cache_bytes, cfg.cache.direct)
             .map_err(|source| StartError::File { path: cfg.cache.path.display().to_string(), error: source })?;
         let mut recovery =
             Recovery { journal_records: rec.journal_records, torn_tail: rec.torn_tail, ..Recovery::default() };
@@ -277,8 +277,10 @@ impl Daemon {
                 "warm start"
             );
         }
-        let schedule =
-            cachevisor_engine::Schedule { interval_ns: r.interval_ns, flusher: r.writeback.flusher(r.block_size) };
+        let schedule = cachevisor_engine::Schedule {
+            interval_ns: r.interval_ns,
+            flusher: r.cache.writeback.flusher(r.cache.block_size),
+        };
         // Device threads mostly wait on devices (O_DIRECT cache reads and writes, misses on
         // slow backing stores); idle ones cost nothing (one is woken per queued op). Half
         // may run background write-backs: 16, an NBD backing's usual connection count.
@@ -322,7 +324,7 @@ impl Daemon {
             metrics: Default::default(),
             exports: RwLock::new(exports),
             overlay: Mutex::new(overlay),
-            block_size: r.block_size,
+            block_size: r.cache.block_size,
             resolved: r,
             dp,
             policy,

@@ -71,14 +71,14 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
         sc.cache.partition = part;
         sc.cache.write_policy = WritePolicy::Wb;
         let r = sim(label, &sc, &mut scenarios, log)?;
-        let block = r.resolved.block_size as f64;
+        let block = r.resolved.cache.block_size as f64;
         // Mean of the summed targets over windows (the whole cache when shared).
         let mut by_window: std::collections::BTreeMap<u64, f64> = Default::default();
         for w in &r.windows {
             *by_window.entry(w.window).or_default() += w.target_blocks.min(r.resolved.slots) as f64 * block;
         }
         let allocated = if part == PartitionMode::Shared || by_window.is_empty() {
-            r.resolved.cache_bytes as f64
+            r.resolved.cache.cache_bytes as f64
         } else {
             by_window.values().sum::<f64>() / by_window.len() as f64
         };

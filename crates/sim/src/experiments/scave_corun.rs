@@ -126,7 +126,7 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
                 .windows
                 .iter()
                 .filter(|w| w.vm == vm)
-                .map(|w| (w.t_end_s, w.used_blocks as f64 * r.resolved.block_size as f64 / (1 << 20) as f64))
+                .map(|w| (w.t_end_s, w.used_blocks as f64 * r.resolved.cache.block_size as f64 / (1 << 20) as f64))
                 .collect();
             series.push(Series { name: format!("{vm} ({policy})"), points: pts, ..Default::default() });
         }

@@ -146,7 +146,7 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
             let goal = ratios[p][i] / rsum;
             share[i].points.push((t, s * 100.0));
             target[i].points.push((t, goal * 100.0));
-            alloc[i].points.push((t, w.target_blocks as f64 * r.resolved.block_size as f64 / (1 << 20) as f64));
+            alloc[i].points.push((t, w.target_blocks as f64 * r.resolved.cache.block_size as f64 / (1 << 20) as f64));
             worst = worst.max((s - goal).abs());
             err += (s - goal).abs() / 4.0;
             if t > p as f64 * phase_s as f64 + phase_s as f64 / 2.0 {

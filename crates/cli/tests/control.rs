@@ -137,9 +137,17 @@ fn metric(text: &str, name: &str, labels: &str) -> f64 {
 /// devices as fast as this machine's files) gives the same read hit ratio and writes the
 /// same dirty blocks back — the daemon's background flusher and write-back ahead run in
 /// the simulator too (before, it wrote back 49 blocks where the daemon wrote 8,890).
-/// Measured on an idle machine: 1.6–1.8% apart for this 600 MiB job (5,894 vs 5,986 and
-/// 5,883 vs 5,988 write-backs), 0.2–0.8% for an 8 s one (about 1,700); read hit ratios
-/// within 0.01 pp. Checked here at 3% (a loaded CI machine).
+///
+/// What still differs is timing, not policy: in persistent mode a miss that finds the
+/// durable free reserve empty (the next commit has not returned slots from limbo yet)
+/// bypasses the cache, and the daemon's real commits and write-backs run it dry where the
+/// simulator's modelled ones do not. Measured (debug build, flusher and write-back ahead
+/// off): the daemon bypassed 99 misses and wrote back 4,958 blocks, the simulator
+/// bypassed none and wrote back 5,023 (+1.3%); with every timer on, 7,982 vs 8,118
+/// (+1.7%); with a reserve four times larger on both sides (a scratch build), 5,128 vs
+/// 5,127 (−0.02%). So the bound checked is 1% plus one write-back per miss the two
+/// bypassed differently (`cachevisor_bypassed_blocks_total`, the result's
+/// `bypassed_blocks`). Read hit ratios agree within 0.01 pp.
 #[test]
 fn the_simulator_replaying_a_recording_writes_back_what_the_daemon_did() {
     let dir = tempfile::tempdir().unwrap();
@@ -167,6 +175,7 @@ fn the_simulator_replaying_a_recording_writes_back_what_the_daemon_did() {
         metric(&m, "cachevisor_block_misses_total", "op=\"read\""),
     );
     let (live_hit, live_back) = (hits / (hits + misses), metric(&m, "cachevisor_destaged_blocks_total", ""));
+    let live_bypassed = metric(&m, "cachevisor_bypassed_blocks_total", "");
     std::fs::write(
         d.join("sim.toml"),
         "[cache]\nsize = \"32MiB\"\nwrite_policy = \"wb\"\npersistent = true\n[devices]\nssd = \"nvme\"\nbacking = \"nvme\"\n[replay]\nmode = \"open\"\nwindow = \"1s\"\n[trace]\nfiles = [\"rec.csv\"]\nformat = \"csv\"\n",
@@ -178,10 +187,17 @@ fn the_simulator_replaying_a_recording_writes_back_what_the_daemon_did() {
     assert!(ok, "{text}");
     let r: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("result.json")).unwrap()).unwrap();
-    let (sim_hit, sim_back) =
-        (r["total"]["read_hit_ratio"].as_f64().unwrap(), r["total"]["writebacks"].as_f64().unwrap());
-    eprintln!("daemon: read hit {live_hit:.4}, written back {live_back}; simulator: {sim_hit:.4}, {sim_back}");
+    let (sim_hit, sim_back, sim_bypassed) = (
+        r["total"]["read_hit_ratio"].as_f64().unwrap(),
+        r["total"]["writebacks"].as_f64().unwrap(),
+        r["total"]["bypassed_blocks"].as_f64().unwrap(),
+    );
+    eprintln!("daemon: read hit {live_hit:.4}, written back {live_back}, bypassed {live_bypassed}; simulator: {sim_hit:.4}, {sim_back}, {sim_bypassed}");
     assert!(live_back > 1000.0, "a write-heavy job writes back: {live_back}");
     assert!((live_hit - sim_hit).abs() < 0.005, "read hit ratio {live_hit} live, {sim_hit} simulated");
-    assert!((sim_back / live_back - 1.0).abs() < 0.03, "written back {live_back} live, {sim_back} simulated");
+    let bound = 0.01 + (live_bypassed - sim_bypassed).abs() / live_back;
+    assert!(
+        (sim_back / live_back - 1.0).abs() < bound,
+        "written back {live_back} live, {sim_back} simulated (bound {bound:.4}: bypassed {live_bypassed} live, {sim_bypassed} simulated)"
+    );
 }

@@ -63,12 +63,18 @@ type ReadByOp = fn(&crate::datapath::ExportStats) -> [u64; 2];
 impl Collector for StateCollector {
     fn encode(&self, mut enc: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let status = &self.0.vdisks;
-        let counters: [Metric<ReadStatus<u64>>; 6] = [
+        let counters: [Metric<ReadStatus<u64>>; 8] = [
             ("cachevisor_reads", "Read requests", |s| s.stats.reads),
             ("cachevisor_writes", "Write requests", |s| s.stats.writes),
             ("cachevisor_flushes", "Flush requests", |s| s.stats.flushes),
             ("cachevisor_trims", "TRIM requests", |s| s.stats.trims),
             ("cachevisor_errors", "Device errors returned as EIO", |s| s.stats.errors),
+            (
+                "cachevisor_bypassed_blocks",
+                "Block accesses that bypassed the cache (write-around, sequential cutoff, no durable free slot)",
+                |s| s.stats.bypassed_blocks,
+            ),
+            ("cachevisor_inserted_blocks", "Block accesses that took a new cache slot", |s| s.stats.inserted_blocks),
             (
                 "cachevisor_written_back_ahead_blocks",
                 "Dirty blocks written back ahead of eviction while the backing store was idle",

@@ -42,6 +42,8 @@ fn list_metrics_and_authorized_changes() {
         "cachevisor_bytes_total{vdisk=\"a\",op=\"write\"} 65536",
         "cachevisor_dirty_blocks{vdisk=\"a\"} 16",
         "cachevisor_written_back_ahead_blocks_total{vdisk=\"a\"} 0",
+        "cachevisor_inserted_blocks_total{vdisk=\"a\"} 16",
+        "cachevisor_bypassed_blocks_total{vdisk=\"a\"} 0",
         "cachevisor_request_duration_seconds_count{vdisk=\"a\",op=\"read\"} 16",
     ] {
         assert!(m.contains(needle), "metrics lack `{needle}`:\n{m}");

@@ -21,6 +21,11 @@ pub struct ExportStats {
     pub read_blocks: u64,
     /// Of the hits, by reads.
     pub read_hit_blocks: u64,
+    /// Of the block accesses, those that bypassed the cache (write-around, sequential
+    /// cutoff, a miss that found no durable free slot).
+    pub bypassed_blocks: u64,
+    /// Of the block accesses, those that took a new cache slot.
+    pub inserted_blocks: u64,
     /// Bytes read by clients.
     pub read_bytes: u64,
     /// Bytes written by clients.
@@ -39,6 +44,8 @@ pub struct ExportStats {
 pub(super) fn count_reply(stats: &mut [ExportStats], vm: VmId, kind: Kind, len: u64, blocks: &[BlockOutcome]) {
     let Some(s) = stats.get_mut(vm as usize) else { return };
     let (n, hits) = (blocks.len() as u64, blocks.iter().filter(|b| b.hit).count() as u64);
+    s.bypassed_blocks += blocks.iter().filter(|b| b.bypassed).count() as u64;
+    s.inserted_blocks += blocks.iter().filter(|b| b.inserted).count() as u64;
     match kind {
         Kind::Read => {
             s.reads += 1;
@@ -80,5 +87,28 @@ impl Shared {
                 tracing::error!(vdisk = %name, errors, cached = p.used, dirty = p.dirty_blocks, "error threshold reached: the vDisk passes through to its backing store from now on; its dirty blocks stay cached (reads of them hit) until they are written back");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reply_counts_its_hits_insertions_and_bypasses() {
+        let b = |hit, inserted, bypassed| BlockOutcome { block: 0, hit, inserted, bypassed, evicted: None };
+        let mut stats = vec![ExportStats::default(); 2];
+        count_reply(
+            &mut stats,
+            1,
+            Kind::Write,
+            12288,
+            &[b(true, false, false), b(false, true, false), b(false, false, true)],
+        );
+        count_reply(&mut stats, 1, Kind::Read, 4096, &[b(false, false, true)]);
+        let s = stats[1];
+        assert_eq!((s.writes, s.reads, s.blocks, s.hit_blocks), (1, 1, 4, 1));
+        assert_eq!((s.inserted_blocks, s.bypassed_blocks, s.read_blocks), (1, 2, 1));
+        assert_eq!(stats[0].blocks, 0);
     }
 }

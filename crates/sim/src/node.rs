@@ -187,13 +187,18 @@ impl Node {
     /// pending.
     pub(crate) fn next_time(&self) -> Option<u64> {
         let op = self.pending.peek().map(|Reverse((t, _))| *t);
-        [op, self.timer_due()].into_iter().flatten().min()
+        earliest(op, self.timer_due())
     }
 
-    /// The next engine timer or prewarm read due, if any.
+    /// The next engine timer or prewarm read due, if any. (Called for every event the
+    /// replay runs: plain matches, no iterator; the array-iterator form cost 5% of a
+    /// simulation once the flusher's timer was always set.)
     fn timer_due(&self) -> Option<u64> {
-        let prewarm = self.prewarm.as_ref().and_then(|p| p.due(self.now, &self.vm_busy));
-        [self.engine.poll_timeout(), prewarm].into_iter().flatten().min()
+        let engine = self.engine.poll_timeout();
+        match &self.prewarm {
+            None => engine,
+            Some(p) => earliest(engine, p.due(self.now, &self.vm_busy)),
+        }
     }
 
     /// Runs every completion and timer due at or before `t`, in time order.
@@ -368,5 +373,14 @@ impl Node {
                 dev.submit(now, write, addr, op.len)
             }
         }
+    }
+}
+
+/// The earlier of two optional times.
+#[inline]
+fn earliest(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }

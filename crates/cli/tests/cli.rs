@@ -361,22 +361,21 @@ fn bench_sim_reads_cachesims_output_and_names_a_bad_peer() {
 #[test]
 fn the_daemon_and_the_simulator_read_shared_cache_keys_alike() {
     let dir = tempfile::tempdir().unwrap();
-    let daemon = |extra: &str| -> Result<cachevisor_server::config::Resolved, String> {
-        let text = format!("[cache]\npath = \"c.img\"\nsize = \"64MiB\"\n{extra}\n[listen]\ntcp = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"a\"\nbacking = \"a.img\"\nsize = \"1GiB\"\n");
+    // `cache` lines in `[cache]`; `vdisk` lines in the daemon's one vDisk, `vm` ones
+    // after the scenario's trace (a `[[vm]]` table).
+    let daemon_with = |cache: &str, vdisk: &str| -> Result<cachevisor_server::config::Resolved, String> {
+        let text = format!("[cache]\npath = \"c.img\"\nsize = \"64MiB\"\n{cache}\n[listen]\ntcp = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"a\"\nbacking = \"a.img\"\nsize = \"1GiB\"\n{vdisk}");
         cachevisor_server::Config::parse(&text, "daemon", dir.path())?.resolve()
     };
-    let sim = |extra: &str| -> Result<cachevisor_sim::scenario::Resolved, String> {
+    let sim_with = |cache: &str, vm: &str| -> Result<cachevisor_sim::scenario::Resolved, String> {
         let p = dir.path().join("s.toml");
-        std::fs::write(
-            &p,
-            format!(
-                "[cache]\nsize = \"64MiB\"\n{extra}\n[trace]\nfiles = [\"{}\"]\n",
-                shared("websearch-small.mqsim.txt")
-            ),
-        )
-        .unwrap();
+        let trace = shared("websearch-small.mqsim.txt");
+        std::fs::write(&p, format!("[cache]\nsize = \"64MiB\"\n{cache}\n[trace]\nfiles = [\"{trace}\"]\n{vm}"))
+            .unwrap();
         cachevisor_sim::scenario::Scenario::load(&p)?.resolve()
     };
+    let daemon = |extra: &str| daemon_with(extra, "");
+    let sim = |extra: &str| sim_with(extra, "");
     for bad in [
         "flush_rate = \"fast\"",
         "writeback_percent = 150",
@@ -403,22 +402,8 @@ fn the_daemon_and_the_simulator_read_shared_cache_keys_alike() {
     }
     // A VM's weight and ratio: one range, (0, 1e6], in both (two at f64::MAX would sum to
     // infinity in an allocator).
-    let vm_sim = |w: &str| -> Result<cachevisor_sim::scenario::Resolved, String> {
-        let p = dir.path().join("w.toml");
-        std::fs::write(
-            &p,
-            format!(
-                "[cache]\nsize = \"64MiB\"\n[trace]\nfiles = [\"{}\"]\n[[vm]]\nname = \"a\"\nweight = {w}\n",
-                shared("websearch-small.mqsim.txt")
-            ),
-        )
-        .unwrap();
-        cachevisor_sim::scenario::Scenario::load(&p)?.resolve()
-    };
-    let vm_daemon = |w: &str| -> Result<cachevisor_server::config::Resolved, String> {
-        let text = format!("[cache]\npath = \"c.img\"\nsize = \"64MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"a\"\nbacking = \"a.img\"\nsize = \"1GiB\"\nweight = {w}\n");
-        cachevisor_server::Config::parse(&text, "daemon", dir.path())?.resolve()
-    };
+    let vm_sim = |w: &str| sim_with("", &format!("[[vm]]\nname = \"a\"\nweight = {w}\n"));
+    let vm_daemon = |w: &str| daemon_with("", &format!("weight = {w}\n"));
     for bad in ["0.0", "-1.0", "1000000.5", "1e308"] {
         let (d, s) = (vm_daemon(bad).unwrap_err(), vm_sim(bad).unwrap_err());
         assert!(d.contains(".weight: ") && d.contains("outside (0, 1000000]"), "{d}");

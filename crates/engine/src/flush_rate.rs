@@ -75,6 +75,12 @@ impl FlushRate {
         blocks as u64
     }
 
+    /// Whether the last step found the cache idle (no client request for
+    /// [`IDLE_STEPS`] steps).
+    pub fn idle(&self) -> bool {
+        self.quiet_steps >= IDLE_STEPS
+    }
+
     /// The rate chosen at the last step, blocks per second (0 before the first).
     pub fn blocks_per_s(&self) -> f64 {
         self.blocks_per_s

@@ -440,7 +440,7 @@ handshake_timeout = "10s"     # default 10s, 100ms to 10min: a client that has n
 
 [api]                         # the HTTP API and /metrics; omit the section to disable
 listen = "127.0.0.1:10810"
-token = "at-least-16-characters" # default: random, written to METADATA/api-token; 16 to 4096 visible ASCII characters. Mutating calls need it (5 wrong ones in a row lock them out for 1 s, doubling to 60 s)
+token = "at-least-16-characters" # default: random, written to METADATA/api-token (0600; an existing one other users can read refuses the start); 16 to 4096 visible ASCII characters. Mutating calls need it (5 wrong ones in a row lock them out for 1 s, doubling to 60 s)
 idle_timeout = "30s"          # default 30s, 1s to 1h: a connection that sends and receives nothing this long is closed (at most 64 are open at once)
 
 [prewarm]                     # cache-state snapshots and prewarming (defaults when absent)

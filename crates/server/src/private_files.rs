@@ -45,11 +45,21 @@ pub fn ensure_dir(path: &Path) -> io::Result<()> {
 /// Refuses a cache store that is a regular file other users may read or write (a block
 /// device's access is the system's udev rules' business). `at` names the config key.
 pub fn check_cache_mode(path: &Path, at: &str) -> Result<(), String> {
-    let m = std::fs::metadata(path).map_err(|e| format!("{at}: {}: {e}", path.display()))?;
+    check_private_file(path, at, "the cached data of every vDisk (dirty blocks included)")
+}
+
+/// Refuses a regular file other users may read or write that holds `what` (a block
+/// device's access is the system's udev rules' business), naming the `chmod` that fixes
+/// it; `at` names the config key or file. A missing file is fine (it is created 0600).
+pub fn check_private_file(path: &Path, at: &str, what: &str) -> Result<(), String> {
+    let m = match std::fs::metadata(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        r => r.map_err(|e| format!("{at}: {}: {e}", path.display()))?,
+    };
     let mode = m.permissions().mode() & 0o777;
     if m.is_file() && mode & 0o077 != 0 {
         return Err(format!(
-            "{at}: {} has mode {mode:04o}: other users can read the cached data of every vDisk (dirty blocks included). Run `chmod 600 {}` and start again",
+            "{at}: {} has mode {mode:04o}: other users can read {what}. Run `chmod 600 {}` and start again",
             path.display(),
             path.display()
         ));

@@ -58,6 +58,18 @@ pub fn start(cfg: &Config) -> Result<Running, StartError> {
 /// file) touches another running daemon's files.
 pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Running, StartError> {
     let daemon = Arc::new(Daemon::start_with(cfg, opts)?);
+    // A generated API token is written to a file only its user can read; an existing one
+    // others can read is refused before anything listens (`create` keeps an existing
+    // file's mode).
+    let token_file = daemon.metadata_dir().join("api-token");
+    if cfg.api.as_ref().is_some_and(|a| a.token.is_none()) {
+        crate::private_files::check_private_file(
+            &token_file,
+            "api token file",
+            "the API token (it lets them change the cache and its vDisks)",
+        )
+        .map_err(StartError::Refused)?;
+    }
     daemon
         .restore_api_targets()
         .map_err(|e| StartError::Config(format!("partition targets saved from the API: {e}")))?;
@@ -105,7 +117,7 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
             std::time::Duration::from_nanos(r.api_idle_timeout_ns),
         )?;
         if a.token.is_none() {
-            let path = daemon.metadata_dir().join("api-token");
+            let path = token_file;
             crate::private_files::create(&path)
                 .and_then(|mut f| std::io::Write::write_all(&mut f, token.as_bytes()))
                 .map_err(|source| StartError::File { path: path.display().to_string(), error: source })?;

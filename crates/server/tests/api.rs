@@ -303,3 +303,29 @@ fn a_shared_cache_lets_one_vdisk_fill_it_and_refuses_targets() {
     assert!(code == 400 && body.contains("shared"), "{code} {body}");
     assert_eq!(row(&api, "a")["used_blocks"].as_u64(), Some(used), "refusals change nothing");
 }
+
+/// A generated API token goes to `METADATA/api-token`, readable by the daemon's user only;
+/// an existing token file others can read refuses the start (creating keeps a file's
+/// mode), naming the `chmod`, and is left as it was.
+#[test]
+fn the_token_file_is_private_and_a_readable_one_refuses_the_start() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let r = serve(&api_cfg(dir.path()));
+    let file = dir.path().join("cache.img.meta/api-token");
+    assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600);
+    r.daemon.shutdown().unwrap();
+    drop(r);
+    std::fs::write(&file, "old").unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let e = match cachevisor_server::service::start(&api_cfg(dir.path())) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("started with a token file others can read"),
+    };
+    assert!(e.contains("api-token has mode 0644") && e.contains("chmod 600"), "{e}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "old", "left as it was");
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let r = serve(&api_cfg(dir.path()));
+    assert_ne!(std::fs::read_to_string(&file).unwrap(), "old", "a new token");
+    drop(r);
+}

@@ -130,6 +130,11 @@ pub struct ListenConfig {
     pub tcp: Option<String>,
     /// Unix socket path.
     pub unix: Option<PathBuf>,
+    /// The unix socket's file mode, octal (`"0600"`: only the daemon's user connects;
+    /// `"0660"` lets its group, e.g. the hypervisor's, connect too). Connecting takes
+    /// write permission on the socket.
+    #[serde(default = "default_unix_mode")]
+    pub unix_mode: String,
     /// How long a connection's reader polls for the next request before it sleeps
     /// (`nbd/polling.rs`; "0" never polls). Polling spares a client that sends request
     /// after request the cost of waking a sleeping CPU; it stops for idle clients and at
@@ -150,6 +155,7 @@ impl Default for ListenConfig {
         ListenConfig {
             tcp: None,
             unix: None,
+            unix_mode: default_unix_mode(),
             poll: default_poll(),
             max_connections: default_max_connections(),
             handshake_timeout: default_handshake_timeout(),
@@ -163,6 +169,26 @@ fn default_max_connections() -> usize {
 
 fn default_handshake_timeout() -> String {
     "10s".into()
+}
+
+fn default_unix_mode() -> String {
+    "0600".into()
+}
+
+/// `listen.unix_mode` checked: octal permission bits, none for others (a socket anyone
+/// can write to is an open door to every vDisk) and none but read/write.
+pub fn unix_mode(mode: &str) -> Result<u32, String> {
+    let m = u32::from_str_radix(mode.trim().trim_start_matches("0o"), 8)
+        .map_err(|_| format!("listen.unix_mode: `{mode}` is not an octal file mode like \"0600\""))?;
+    if m & !0o660 != 0 {
+        return Err(format!(
+            "listen.unix_mode: `{mode}` gives more than read/write to owner and group (0660 at most: other users must not reach the vDisks)"
+        ));
+    }
+    if m & 0o600 != 0o600 {
+        return Err(format!("listen.unix_mode: `{mode}` leaves the daemon's own user without read/write"));
+    }
+    Ok(m)
 }
 
 fn default_poll() -> String {
@@ -434,6 +460,7 @@ params = {}                   # default {}: the allocator's parameters over its 
 [listen]                      # at least one of tcp and unix
 tcp = "127.0.0.1:10809"       # loopback, or a test namespace address
 unix = "var/cachevisor.sock"  # a unix socket (a stale one is replaced)
+unix_mode = "0600"            # default 0600, at most 0660: the socket's mode (connecting takes write permission; 0660 lets the daemon's group in)
 poll = "50us"                 # default 50us, 0 to 1ms: a connection polls this long for its next request before sleeping ("0": never)
 max_connections = 1024        # default 1024, 1 to 65536: NBD connections at once (more are closed at once; logged, counted)
 handshake_timeout = "10s"     # default 10s, 100ms to 10min: a client that has not finished the NBD handshake by then is closed
@@ -561,6 +588,7 @@ impl Config {
         if let Some(t) = &self.listen.tcp {
             t.parse::<SocketAddr>().map_err(|e| format!("listen.tcp: `{t}`: {e}"))?;
         }
+        unix_mode(&self.listen.unix_mode)?;
         let poll_ns =
             cachevisor_trace::units::parse_duration_ns(&self.listen.poll).map_err(|e| format!("listen.poll: {e}"))?;
         if poll_ns > 1_000_000 {

@@ -99,8 +99,9 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
     let mut unix = None;
     if let Some(p) = &cfg.listen.unix {
         let _ = std::fs::remove_file(p); // a stale socket from an earlier run
-        let l = UnixListener::bind(p)
-            .map_err(|source| StartError::File { path: p.display().to_string(), error: source })?;
+        let mode = crate::config::unix_mode(&cfg.listen.unix_mode).map_err(StartError::Config)?;
+        let l =
+            bind_unix(p, mode).map_err(|source| StartError::File { path: p.display().to_string(), error: source })?;
         unix = Some(p.clone());
         let (d, p) = (daemon.clone(), polling.clone());
         std::thread::spawn(move || listener::unix(l, d, p));
@@ -134,4 +135,24 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
         let _ = daemon.start_prewarm(&pending);
     }
     Ok(Running { daemon, tcp, unix, api })
+}
+
+/// Binds a unix socket at `path` with file mode `mode`, never reachable with another:
+/// bound inside a fresh 0700 directory beside it, given its mode, then renamed into
+/// place (a chmod after binding at `path` would leave it open to the umask's mode for a
+/// moment).
+fn bind_unix(path: &std::path::Path, mode: u32) -> std::io::Result<UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
+    let parent = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    let private = parent.join(format!(".cv-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&private); // a crashed start's leftover
+    crate::private_files::create_dir(&private)?;
+    let staged = private.join("s");
+    let r = UnixListener::bind(&staged).and_then(|l| {
+        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(mode))?;
+        std::fs::rename(&staged, path)?;
+        Ok(l)
+    });
+    let _ = std::fs::remove_dir_all(&private);
+    r
 }

@@ -9,7 +9,9 @@
 //! - API connections that move no byte for `api.idle_timeout` are closed (their slots come
 //!   back), one that keeps talking stays open, and one past the limit is closed at once;
 //! - the cache store, metadata and snapshots are private (0600/0700), and a cache store
-//!   other users can read refuses the start, naming the `chmod`.
+//!   other users can read refuses the start, naming the `chmod`;
+//! - the unix socket has `listen.unix_mode` (0600 by default), and a mode that lets other
+//!   users in is refused.
 
 mod common;
 use common::*;
@@ -190,4 +192,37 @@ fn files_holding_vm_data_are_private_and_a_readable_cache_refuses_the_start() {
     std::fs::set_permissions(dir.path().join("cache.img"), std::fs::Permissions::from_mode(0o644)).unwrap();
     let e = cachevisor_server::service::start(&cfg).err().unwrap().to_string();
     assert!(e.contains("0644") && e.contains("chmod 600"), "{e}");
+}
+
+#[test]
+fn the_unix_socket_has_its_mode_and_real_clients_connect() {
+    let dir = tempfile::tempdir().unwrap();
+    for (mode, want) in [(None, 0o600), (Some("0660"), 0o660)] {
+        let mut c = config(dir.path(), "1MiB", &[("a", "4MiB", "wt")]);
+        c.listen.unix = Some(dir.path().join("nbd.sock"));
+        if let Some(m) = mode {
+            c.listen.unix_mode = m.into();
+        }
+        let r = serve(&c);
+        let sock = dir.path().join("nbd.sock");
+        assert_eq!(std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777, want, "{mode:?}");
+        let uri = format!("nbd+unix:///a?socket={}", sock.display());
+        let o = tool("qemu-io")
+            .args(["-f", "raw", "-c", "write -P 7 0 4k", "-c", "read -P 7 0 4k", &uri])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "qemu-io over {uri}: {}", String::from_utf8_lossy(&o.stderr));
+        r.daemon.shutdown().unwrap();
+        drop(r);
+        // Nothing left beside it (the socket is bound in a private directory, then moved).
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert!(!names.iter().any(|n| n.to_string_lossy().starts_with(".cv-")), "{names:?}");
+    }
+    for bad in ["0666", "0640x", "0060", "1600"] {
+        let mut c = config(dir.path(), "1MiB", &[("a", "4MiB", "wt")]);
+        c.listen.unix = Some(dir.path().join("nbd.sock"));
+        c.listen.unix_mode = bad.into();
+        let e = c.resolve().unwrap_err();
+        assert!(e.starts_with("listen.unix_mode: "), "{bad}: {e}");
+    }
 }

@@ -71,22 +71,25 @@ impl Observation {
 
 /// What the source saw of `set` over the newest snapshots of `history` (oldest first)
 /// that together cover at least `span_ns` (all of them when they cover less), and its
-/// working set in the newest; `None` when no snapshot of the history knows the set's
-/// activity (version 1 files, a simulator's in-memory history).
-pub fn observe(history: &[&Snapshot], set: &str, span_ns: u64) -> Option<Observation> {
+/// working set in the newest. A set no snapshot knows the activity of counts as idle.
+pub fn observe(history: &[&Snapshot], set: &str, span_ns: u64) -> Observation {
     let mut sum = Activity::default();
-    let mut known = false;
     for s in history.iter().rev() {
         if sum.span_ns >= span_ns {
             break;
         }
         if let Some(a) = s.activity.get(set) {
             sum = sum.plus(*a);
-            known = true;
         }
     }
     let wss = history.last().and_then(|s| s.sets.get(set)).map_or(0, |b| b.len());
-    known.then(|| Observation::of(&sum, wss))
+    Observation::of(&sum, wss)
+}
+
+/// Whether any snapshot of `history` carries activity (format 2 and a source that
+/// records it; not format 1 files or a simulator's in-memory history).
+pub fn has_activity(history: &[&Snapshot]) -> bool {
+    history.iter().any(|s| !s.activity.is_empty())
 }
 
 /// The prewarm set and total rate of an online prewarm.
@@ -187,14 +190,18 @@ mod tests {
         let h = [snap(1, 10, Some(a(1000, 60))), snap(2, 20, Some(a(600, 60))), snap(3, 30, Some(a(300, 60)))];
         let refs: Vec<&Snapshot> = h.iter().collect();
         // 100 s: the newest two (120 s), 900 requests.
-        let o = observe(&refs, "a", 100_000_000_000).unwrap();
+        let o = observe(&refs, "a", 100_000_000_000);
         assert_eq!(o, Observation { hit_ratio: 0.5, iops: 900.0 / 120.0, blocks_per_request: 2.0, wss_blocks: 30 });
         // More than they cover: all three.
-        assert!((observe(&refs, "a", u64::MAX).unwrap().iops - 1900.0 / 180.0).abs() < 1e-9);
-        // Unknown set or no activity anywhere: None.
-        assert_eq!(observe(&refs, "b", 1), None);
+        assert!((observe(&refs, "a", u64::MAX).iops - 1900.0 / 180.0).abs() < 1e-9);
+        assert!(has_activity(&refs));
+        // A set with no activity: idle, its working set from the newest snapshot.
+        let idle = Observation { hit_ratio: 0.0, iops: 0.0, blocks_per_request: 1.0, wss_blocks: 0 };
+        assert_eq!(observe(&refs, "b", 1), idle);
         let old = [snap(1, 10, None)];
-        assert_eq!(observe(&old.iter().collect::<Vec<_>>(), "a", 1), None);
+        let old: Vec<&Snapshot> = old.iter().collect();
+        assert!(!has_activity(&old));
+        assert_eq!(observe(&old, "a", 1), Observation { wss_blocks: 10, ..idle });
     }
 
     #[test]

@@ -140,6 +140,7 @@ impl Daemon {
                 span_ns,
             };
             snap.activity.insert(name.clone(), Activity { hits: a.hits.min(a.accesses), ..a });
+            // counters read apart
         }
         let path = snapshot_files::write(&st.dir, &snap, st.kept)
             .map_err(|e| OpError::Other(format!("snapshot into {}: {e}", st.dir.display())))?;
@@ -316,26 +317,16 @@ impl Daemon {
         minute_s: f64,
     ) -> Option<online::OnlineChoice> {
         let lookback_ns = (ONLINE_LOOKBACK_MINUTES * minute_s * 1e9) as u64;
-        let observed: Vec<_> = ranking
-            .sets
-            .iter()
-            .zip(set_vm)
-            .map(|(name, vm)| vm.and_then(|_| online::observe(history, name, lookback_ns)))
-            .collect();
-        if set_vm.iter().any(Option::is_some) && observed.iter().all(Option::is_none) {
+        if set_vm.iter().any(Option::is_some) && !online::has_activity(history) {
             tracing::warn!("prewarm.online: the snapshots carry no activity (written before format 2); prewarming with limit and rate");
             return None;
         }
-        let decisions: Vec<_> = observed
+        // A vDisk the snapshots know no activity of was idle: its blocks in the newest
+        // snapshot are prewarmed at the floor rate.
+        let decisions: Vec<_> = ranking
+            .sets
             .iter()
-            .zip(&ranking.sets)
-            .map(|(o, name)| {
-                // A vDisk the snapshots know no activity of was idle: its blocks in the
-                // newest snapshot are prewarmed at the floor rate.
-                let wss = history.last().and_then(|s| s.sets.get(name)).map_or(0, |b| b.len());
-                let o = o.unwrap_or_else(|| online::Observation::of(&Activity::default(), wss));
-                online::decide(&o, self.block_size, minute_s)
-            })
+            .map(|name| online::decide(&online::observe(history, name, lookback_ns), self.block_size, minute_s))
             .collect();
         let c = online::choose(ranking, &decisions, u64::MAX);
         tracing::info!(rate = c.rate, skipped = ?c.skipped, "prewarm.online: per-vDisk parameters from the source's activity");

@@ -204,6 +204,21 @@ mod tests {
         assert_eq!(observe(&old, "a", 1), Observation { wss_blocks: 10, ..idle });
     }
 
+    /// A snapshot's activity comes from a file: the largest counts a checksummed file can
+    /// carry give finite observations and a rate held at u64::MAX, never a panic.
+    #[test]
+    fn the_largest_activity_a_file_can_carry_is_decided_without_overflow() {
+        let max = Activity { requests: u64::MAX, accesses: u64::MAX, hits: u64::MAX, span_ns: 1 };
+        let h = [snap(1, 10, Some(max)), snap(2, 10, Some(max))];
+        let refs: Vec<&Snapshot> = h.iter().collect();
+        let o = observe(&refs, "a", u64::MAX);
+        assert!(o.iops.is_finite() && o.hit_ratio == 1.0, "{o:?}");
+        let d = decide(&o, 1 << 20, SELF_REWARM_S);
+        assert!(!d.prewarm && d.rate == 0, "re-warms itself at once: {d:?}");
+        let d = decide(&Observation { hit_ratio: 0.5, wss_blocks: u64::MAX, iops: 1e300, ..o }, 1 << 20, 0.0);
+        assert_eq!(d.rate, u64::MAX);
+    }
+
     #[test]
     fn choose_takes_each_prewarmed_set_s_best_up_to_its_limit() {
         let mut s = Snapshot::new(1, 0, 4096);

@@ -107,7 +107,7 @@ mod tests {
         assert_eq!(protect_ms("prewarm", None), Ok(None));
         assert_eq!(protect_ms("prewarm", Some("5min")), Ok(Some(300_000)));
         assert_eq!(protect_ms("prewarm", Some("1ms")), Ok(Some(1)), "the least");
-        assert_eq!(protect_ms("prewarm", Some("100000d")), Ok(Some(u32::MAX)), "longer than u32 ms: held at the most");
+        assert_eq!(protect_ms("prewarm", Some("2000000h")), Ok(Some(u32::MAX)), "longer than u32 ms: held at the most");
         assert!(protect_ms("failover", Some("soon")).unwrap_err().starts_with("failover.protect: "));
         assert!(protect_ms("prewarm", Some("0")).unwrap_err().starts_with("prewarm.protect: `0` is under 1ms"));
         assert_eq!(minute_s("prewarm", "2s"), Ok(2.0));

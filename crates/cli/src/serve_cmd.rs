@@ -127,9 +127,16 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     for sig in signals.forever() {
         if sig == SIGHUP {
             // A hang-up (a closed terminal, a reflexive `kill -HUP`) must not stop a cache
-            // holding dirty data. Nothing is reloaded from the config file: live changes go
-            // through the API, which keeps them across restarts.
-            tracing::warn!("SIGHUP ignored: the config is read at start; change write policies, targets and the allocator through the API (they are kept across restarts)");
+            // holding dirty data. The TLS certificates are re-read (renewed ones are used
+            // by new connections); nothing else is reloaded from the config file: live
+            // changes go through the API, which keeps them across restarts.
+            if running.daemon.tls().is_some() {
+                match running.daemon.reload_tls() {
+                    Ok(()) => tracing::info!("SIGHUP: TLS certificates reloaded"),
+                    Err(e) => tracing::error!("SIGHUP: TLS certificates not reloaded (the old ones stay in use): {e}"),
+                }
+            }
+            tracing::warn!("SIGHUP: the rest of the config is read at start only; change write policies, targets and the allocator through the API (they are kept across restarts)");
             continue;
         }
         tracing::info!(sig, "stopping: fsync and checkpoint");

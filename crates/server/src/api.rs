@@ -263,6 +263,19 @@ async fn set_allocator(State(a): State<Api>, Json(body): Json<AllocatorBody>) ->
     mutate(a, None, move |d, _| d.set_allocator(&body.name, &body.params).map_err(change_err)).await
 }
 
+/// `POST /tls/reload`: re-reads the NBD listeners' certificate, key and CA files (as
+/// SIGHUP does). 200 with the reload count; 400 naming the file that cannot be used (the
+/// old credentials stay in use); 409 when TLS is off.
+async fn reload_tls(State(a): State<Api>) -> Response {
+    let d = a.daemon.clone();
+    match tokio::task::spawn_blocking(move || d.reload_tls().map(|()| d.tls().map_or(0, |t| t.reloads()))).await {
+        Ok(Ok(n)) => Json(serde_json::json!({ "reloaded": true, "reloads": n })).into_response(),
+        Ok(Err(e)) if a.daemon.tls().is_none() => err(StatusCode::CONFLICT, e),
+        Ok(Err(e)) => err(StatusCode::BAD_REQUEST, e),
+        Err(e) => err(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
 /// Starts the API on `addr` (port 0 = any), closing connections idle for `idle`;
 /// returns the bound address.
 pub fn start(daemon: Arc<Daemon>, addr: SocketAddr, token: String, idle: Duration) -> Result<SocketAddr, StartError> {
@@ -284,6 +297,7 @@ pub fn start(daemon: Arc<Daemon>, addr: SocketAddr, token: String, idle: Duratio
         .route("/destage", get(destage_progress).post(destage_all))
         .route("/prewarm", get(prewarm_progress).post(start_prewarm))
         .route("/allocator", get(get_allocator).post(set_allocator))
+        .route("/tls/reload", post(reload_tls))
         .layer(axum::middleware::from_fn_with_state(Arc::new(guard), require_token))
         .with_state(Api { daemon });
     std::thread::spawn(move || {

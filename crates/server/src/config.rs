@@ -148,6 +148,43 @@ pub struct ListenConfig {
     /// How long a client has to finish the NBD handshake: 100ms to 10min, default 10s.
     #[serde(default = "default_handshake_timeout")]
     pub handshake_timeout: String,
+    /// NBD over TLS: off (default), on (offered), require (`tls.rs`).
+    #[serde(default)]
+    pub tls: crate::tls::TlsMode,
+    /// A directory in QEMU's `tls-creds-x509` layout: `server-cert.pem`,
+    /// `server-key.pem`, and `ca-cert.pem` (the CA of client certificates).
+    pub tls_dir: Option<PathBuf>,
+    /// The server certificate chain (PEM), over `tls_dir`'s.
+    pub tls_cert: Option<PathBuf>,
+    /// The server's private key (PEM), over `tls_dir`'s.
+    pub tls_key: Option<PathBuf>,
+    /// The CA that signs client certificates (PEM), over `tls_dir`'s.
+    pub tls_ca: Option<PathBuf>,
+    /// Clients must present a certificate the CA signed (QEMU's `verify-peer`, default
+    /// true).
+    #[serde(default = "yes")]
+    pub tls_verify_peer: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl ListenConfig {
+    /// The TLS credentials `[listen]` names (None when `tls` is off); errors name the key.
+    pub fn tls_credentials(&self) -> Result<Option<crate::tls::Credentials>, String> {
+        if self.tls == crate::tls::TlsMode::Off {
+            return Ok(None);
+        }
+        crate::tls::Credentials::of(
+            self.tls_dir.as_deref(),
+            self.tls_cert.as_deref(),
+            self.tls_key.as_deref(),
+            self.tls_ca.as_deref(),
+            self.tls_verify_peer,
+        )
+        .map(Some)
+    }
 }
 
 impl Default for ListenConfig {
@@ -159,6 +196,12 @@ impl Default for ListenConfig {
             poll: default_poll(),
             max_connections: default_max_connections(),
             handshake_timeout: default_handshake_timeout(),
+            tls: crate::tls::TlsMode::Off,
+            tls_dir: None,
+            tls_cert: None,
+            tls_key: None,
+            tls_ca: None,
+            tls_verify_peer: true,
         }
     }
 }
@@ -244,6 +287,11 @@ pub struct VdiskConfig {
     pub min: Option<String>,
     /// Contiguous run (`4MiB`) after which the stream stops taking cache slots.
     pub sequential_cutoff: Option<String>,
+    /// Client certificates that may open this export over TLS (`tls_authz.rs`: "CN=host-a",
+    /// "CN=h,O=tenant1", "DNS:h.example", "IP:10.0.0.2", "URI:…", "email:…", "*"); empty:
+    /// any client the listener lets in.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow: Vec<String>,
 }
 
 impl VdiskConfig {
@@ -267,6 +315,7 @@ impl VdiskConfig {
             cachevisor_engine::check_disk_size(size, block_size).map_err(|e| format!("{at}.size: {e}"))?;
         }
         check_share(&format!("{at}.ratio"), v.ratio)?;
+        crate::tls_authz::check(&v.allow).map_err(|e| format!("{at}.allow: {e}"))?;
         if !crate::backing::is_uri(&v.backing) && !v.backing.exists() && v.size.is_none() {
             return Err(format!("{at}.backing: {} does not exist (give `size` to create it)", v.backing.display()));
         }
@@ -464,6 +513,12 @@ unix_mode = "0600"            # default 0600, at most 0660: the socket's mode (c
 poll = "50us"                 # default 50us, 0 to 1ms: a connection polls this long for its next request before sleeping ("0": never)
 max_connections = 1024        # default 1024, 1 to 65536: NBD connections at once (more are closed at once; logged, counted)
 handshake_timeout = "10s"     # default 10s, 100ms to 10min: a client that has not finished the NBD handshake by then is closed
+tls = "require"               # default off | on | require: NBD over TLS (STARTTLS); on offers it, require refuses everything else before it
+tls_dir = "/etc/pki/qemu"     # QEMU's tls-creds-x509 layout: server-cert.pem, server-key.pem (not readable by others), ca-cert.pem (the CA of client certificates)
+tls_cert = "server-cert.pem"  # default TLS_DIR/server-cert.pem: the server's certificate chain (PEM)
+tls_key = "server-key.pem"    # default TLS_DIR/server-key.pem: its private key (PEM; mode 0640 at most)
+tls_ca = "ca-cert.pem"        # default TLS_DIR/ca-cert.pem if present: the CA that signs client certificates
+tls_verify_peer = true        # default true: clients must present a certificate the CA signed (QEMU's verify-peer); false lets clients in without one
 
 [api]                         # the HTTP API and /metrics; omit the section to disable
 listen = "127.0.0.1:10810"
@@ -494,6 +549,7 @@ ratio = 1.0                   # default 1.0, > 0: target share of hit throughput
 min = "16MiB"                 # default 0: the smallest cache share (all vDisks' together at most the cache)
 sequential_cutoff = "4MiB"    # default off: longer contiguous runs bypass the cache
 write_policy = "wb"           # default: [cache] write_policy
+allow = ["CN=host-a,O=tenant1", "DNS:host-b.example"] # default []: over TLS, only clients whose verified certificate has one of these subjects (every ATTR=value given) or alt names (DNS:, IP:, URI:, email:; "*" any) open this export
 "#;
 
 /// [`DEFAULT`] followed by [`REFERENCE`] commented out: what `--print-default-config` prints.
@@ -541,8 +597,17 @@ impl Config {
         if let Some(m) = c.cache.metadata.as_mut() {
             fix(m);
         }
-        if let Some(u) = c.listen.unix.as_mut() {
-            fix(u);
+        for p in [
+            &mut c.listen.unix,
+            &mut c.listen.tls_dir,
+            &mut c.listen.tls_cert,
+            &mut c.listen.tls_key,
+            &mut c.listen.tls_ca,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            fix(p);
         }
         if let Some(d) = c.prewarm.snapshot_dir.as_mut() {
             fix(d);
@@ -589,6 +654,7 @@ impl Config {
             t.parse::<SocketAddr>().map_err(|e| format!("listen.tcp: `{t}`: {e}"))?;
         }
         unix_mode(&self.listen.unix_mode)?;
+        self.listen.tls_credentials()?;
         let poll_ns =
             cachevisor_trace::units::parse_duration_ns(&self.listen.poll).map_err(|e| format!("listen.poll: {e}"))?;
         if poll_ns > 1_000_000 {

@@ -31,6 +31,9 @@ pub struct ExportInfo {
     pub name: String,
     /// Size in bytes.
     pub size: u64,
+    /// Client certificates that may open it (`tls_authz.rs`; empty: any client the
+    /// listener's TLS policy lets in).
+    pub allow: Vec<String>,
 }
 
 /// What a warm start found in the metadata.
@@ -125,12 +128,28 @@ pub struct Daemon {
     owner: Mutex<Option<crate::owner_lock::OwnerLock>>,
     /// What the daemon's limits refused (`/metrics`).
     pub guards: Arc<crate::status::Guards>,
+    /// NBD over TLS (`listen.tls` on or require).
+    tls: Option<Arc<crate::tls::ServerTls>>,
 }
 
 impl Daemon {
     /// Latency histograms (and the metrics exposition).
     pub fn metrics(&self) -> &crate::metrics::Metrics {
         &self.metrics
+    }
+
+    /// The NBD listeners' TLS, when on.
+    pub fn tls(&self) -> Option<&Arc<crate::tls::ServerTls>> {
+        self.tls.as_ref()
+    }
+
+    /// Re-reads the TLS certificate, key and CA files (SIGHUP, `POST /tls/reload`): new
+    /// connections use them, established ones keep theirs; a bad file keeps the old ones.
+    pub fn reload_tls(&self) -> Result<(), String> {
+        match &self.tls {
+            Some(t) => t.reload(),
+            None => Err("TLS is off (listen.tls): nothing to reload".into()),
+        }
     }
 
     /// The data path serving the exports.

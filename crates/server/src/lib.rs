@@ -25,6 +25,8 @@ pub mod private_files;
 pub mod service;
 pub mod snapshot_files;
 pub mod status;
+pub mod tls;
+pub mod tls_authz;
 pub mod vdisk_overlay;
 
 pub use config::Config;

@@ -6,9 +6,12 @@
 
 use crate::conn_limits::{is_timeout, ConnLimit, Deadline, Timed};
 use crate::daemon::Daemon;
-use crate::nbd::handshake::{negotiate, Negotiated};
+use crate::nbd::handshake::{greet, options, Negotiated};
 use crate::nbd::polling::{Pollers, PollingReader};
+use crate::nbd::tls_stream;
 use crate::nbd::transmission_async::{latency_of, serve};
+use crate::tls::{ServerTls, TlsMode};
+use crate::tls_authz::Identity;
 use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::os::unix::net::UnixListener;
@@ -24,8 +27,10 @@ pub struct Polling {
     pub pollers: Arc<Pollers>,
     /// Connections at once (TCP and unix together).
     pub limit: Arc<ConnLimit>,
-    /// How long a client has to finish the handshake.
+    /// How long a client has to finish the handshake (TLS's included).
     pub handshake_timeout: Duration,
+    /// TLS, when `listen.tls` is on or require.
+    pub tls: Option<Arc<ServerTls>>,
 }
 
 /// A stream whose halves can be used apart (TCP and unix sockets).
@@ -46,6 +51,30 @@ impl Split for std::os::unix::net::UnixStream {
     }
 }
 
+/// Negotiates on `s`, with TLS when the client starts it: the outcome, the TLS
+/// connection to carry on over (if any) and the verified client's names.
+fn negotiate<S: Read + Write>(
+    s: &mut S,
+    d: &Daemon,
+    tls: Option<&ServerTls>,
+) -> std::io::Result<(Negotiated, Option<rustls::ServerConnection>, Option<Identity>)> {
+    let Some(mut session) = greet(s)? else { return Ok((Negotiated::Closed, None, None)) };
+    session.tls = tls.map_or(TlsMode::Off, |t| t.mode);
+    let outcome = options(s, d, &mut session)?;
+    let (Negotiated::StartTls, Some(tls)) = (&outcome, tls) else { return Ok((outcome, None, None)) };
+    let mut conn = tls_stream::accept(tls.config(), s)?;
+    session.secured = true;
+    // rustls verified the chain against the CA; the leaf names the client.
+    session.peer = match conn.peer_certificates().and_then(|c| c.first()) {
+        Some(leaf) => {
+            Some(Identity::from_der(leaf).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?)
+        }
+        None => None,
+    };
+    let outcome = options(&mut rustls::Stream::new(&mut conn, s), d, &mut session)?;
+    Ok((outcome, Some(conn), session.peer))
+}
+
 /// Runs one connection to its end.
 pub fn connection<S: Split + Timed + std::os::fd::AsFd + Send + 'static>(
     mut s: S,
@@ -53,25 +82,34 @@ pub fn connection<S: Split + Timed + std::os::fd::AsFd + Send + 'static>(
     peer: &str,
     p: &Polling,
 ) {
-    let negotiated = negotiate(&mut Deadline { s: &mut s, deadline: Instant::now() + p.handshake_timeout }, d);
+    let negotiated =
+        negotiate(&mut Deadline { s: &mut s, deadline: Instant::now() + p.handshake_timeout }, d, p.tls.as_deref());
     if let Err(e) = s.set_timeouts(None) {
         return tracing::warn!(peer, %e, "cannot clear the handshake's timeout");
     }
     match negotiated {
-        Ok(Negotiated::Export(vm)) => {
-            tracing::info!(peer, export = %d.export(vm).map_or(String::new(), |e| e.name), "connected");
+        Ok((Negotiated::Export(vm), tls, who)) => {
+            let Some(export) = d.export(vm) else { return }; // removed meanwhile
+            let client = who.as_ref().map(Identity::describe).unwrap_or_default();
+            tracing::info!(peer, export = %export.name, tls = tls.is_some(), client = %client, "connected");
             let writer = match s.split() {
                 Ok(w) => w,
                 Err(e) => return tracing::warn!(peer, %e, "cannot split the connection"),
             };
-            let Some(export) = d.export(vm) else { return }; // removed meanwhile
             let latency = Some(latency_of(d.metrics(), &export.name));
             let reader = PollingReader::new(s, p.poll, p.pollers.clone());
-            if let Err(e) = serve(reader, writer, d.datapath(), vm, export.size, latency) {
+            let served = match tls {
+                None => serve(reader, writer, d.datapath(), vm, export.size, latency),
+                Some(conn) => {
+                    let (r, w) = tls_stream::split(conn, reader, writer);
+                    serve(r, w, d.datapath(), vm, export.size, latency)
+                }
+            };
+            if let Err(e) = served {
                 tracing::info!(peer, %e, "connection ended");
             }
         }
-        Ok(Negotiated::Closed) => tracing::info!(peer, "negotiation ended without an export"),
+        Ok((_, _, _)) => tracing::info!(peer, "negotiation ended without an export"),
         Err(e) if is_timeout(&e) => {
             d.guards.handshake_timeouts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             tracing::info!(peer, timeout = ?p.handshake_timeout, "handshake not finished in time: closed");

@@ -52,14 +52,21 @@ pub fn check_cache_mode(path: &Path, at: &str) -> Result<(), String> {
 /// device's access is the system's udev rules' business), naming the `chmod` that fixes
 /// it; `at` names the config key or file. A missing file is fine (it is created 0600).
 pub fn check_private_file(path: &Path, at: &str, what: &str) -> Result<(), String> {
+    check_file_mode(path, at, what, 0o077, "users", 600)
+}
+
+/// Refuses a regular file whose mode has any of `forbidden` bits (`who` names them:
+/// "users" for group and others, "users outside its group" for others), naming `chmod
+/// fix`. A missing file is fine.
+pub fn check_file_mode(path: &Path, at: &str, what: &str, forbidden: u32, who: &str, fix: u32) -> Result<(), String> {
     let m = match std::fs::metadata(path) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
         r => r.map_err(|e| format!("{at}: {}: {e}", path.display()))?,
     };
     let mode = m.permissions().mode() & 0o777;
-    if m.is_file() && mode & 0o077 != 0 {
+    if m.is_file() && mode & forbidden != 0 {
         return Err(format!(
-            "{at}: {} has mode {mode:04o}: other users can read {what}. Run `chmod 600 {}` and start again",
+            "{at}: {} has mode {mode:04o}: other {who} can read {what}. Run `chmod {fix} {}` and start again",
             path.display(),
             path.display()
         ));

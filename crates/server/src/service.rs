@@ -81,6 +81,7 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
         pollers: crate::nbd::polling::Pollers::for_this_machine(),
         limit: crate::conn_limits::ConnLimit::new("nbd", cfg.listen.max_connections, daemon.guards.clone()),
         handshake_timeout: std::time::Duration::from_nanos(r.handshake_timeout_ns),
+        tls: daemon.tls().cloned(),
     };
     let mut tcp = None;
     if let Some(addr) = &cfg.listen.tcp {

@@ -93,6 +93,11 @@ impl Daemon {
             p.push(".meta");
             p.into()
         });
+        // Credentials first: a bad certificate refuses the start before anything is opened.
+        let tls = match cfg.listen.tls_credentials().map_err(StartError::Config)? {
+            Some(c) => Some(Arc::new(crate::tls::ServerTls::load(cfg.listen.tls, c).map_err(StartError::Config)?)),
+            None => None,
+        };
         let owner = OwnerLock::acquire(&cfg.cache.path, &meta_dir).map_err(StartError::Refused)?;
         let overlay = crate::vdisk_overlay::Overlay::load(&meta_dir).map_err(StartError::Config)?;
         let mut merged = cfg.clone();
@@ -252,7 +257,7 @@ impl Daemon {
             persist
                 .record_binding(i as u16, &identity)
                 .map_err(|source| StartError::File { path: meta_dir.display().to_string(), error: source })?;
-            exports.push(Some(ExportInfo { id: i as VmId, name: v.name.clone(), size }));
+            exports.push(Some(ExportInfo { id: i as VmId, name: v.name.clone(), size, allow: v.allow.clone() }));
             backings.push(std::sync::Arc::new(b));
         }
         let (ssd, direct) = crate::backing::open_cache_store(&cfg.cache.path, r.cache.cache_bytes, cfg.cache.direct)
@@ -336,6 +341,7 @@ impl Daemon {
             snapshots: Mutex::new(snapshots),
             owner: Mutex::new(Some(owner)),
             guards: Default::default(),
+            tls,
         })
     }
 }

@@ -84,7 +84,7 @@ impl Daemon {
         self.identities.lock().unwrap_or_else(|e| e.into_inner()).push(Some(identity));
         added.map_err(|f| ChangeError::Failed(format!("journaling the new vDisk failed ({f:?}); see the log")))?;
         self.redivide();
-        let info = ExportInfo { id, name: v.name.clone(), size };
+        let info = ExportInfo { id, name: v.name.clone(), size, allow: v.allow.clone() };
         self.exports.write().unwrap_or_else(|e| e.into_inner()).push(Some(info.clone()));
         tracing::info!(vdisk = %v.name, id, size, backing = %v.backing.display(), "vDisk added");
         Ok(info)

@@ -1,14 +1,57 @@
-//! A minimal blocking NBD client (fixed newstyle, GO, simple replies): what the tests,
-//! the crash loop and (later) an NBD backing store use to talk to a server.
+//! A minimal blocking NBD client (fixed newstyle, GO, simple replies), in plaintext or
+//! over TLS (STARTTLS, then the server's certificate checked against a CA and the name
+//! dialled, with a client certificate when the server wants one): what the tests, the
+//! crash loop and an NBD backing store (`nbd://`, `nbds://`) use to talk to a server.
 
 use super::proto::*;
+use rustls::{ClientConfig, ClientConnection, StreamOwned};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+
+/// TLS for a connection: the client configuration (`tls::client_config`) and the name
+/// the server's certificate must carry.
+#[derive(Clone)]
+pub struct TlsClient {
+    /// CA, and client certificate if any.
+    pub config: Arc<ClientConfig>,
+    /// The server's name (a DNS name or an IP address).
+    pub server_name: String,
+}
+
+/// The connection's byte stream.
+enum Wire {
+    Plain(TcpStream),
+    Tls(Box<StreamOwned<ClientConnection, TcpStream>>),
+}
+
+impl Read for Wire {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Wire::Plain(s) => s.read(buf),
+            Wire::Tls(t) => t.read(buf),
+        }
+    }
+}
+
+impl Write for Wire {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Wire::Plain(s) => s.write(buf),
+            Wire::Tls(t) => t.write(buf),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Wire::Plain(s) => s.flush(),
+            Wire::Tls(t) => t.flush(),
+        }
+    }
+}
 
 /// A connection in the transmission phase.
 pub struct Client {
-    /// The socket (public so tests can misbehave on purpose).
-    pub s: TcpStream,
+    w: Wire,
     cookie: u64,
     /// Export size in bytes.
     pub size: u64,
@@ -20,25 +63,66 @@ fn invalid(msg: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg)
 }
 
+/// Sends an option with its data.
+fn send_option(s: &mut impl Write, opt: u32, data: &[u8]) -> io::Result<()> {
+    let mut b = IHAVEOPT.to_be_bytes().to_vec();
+    b.extend_from_slice(&opt.to_be_bytes());
+    b.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    b.extend_from_slice(data);
+    s.write_all(&b)
+}
+
+/// Reads one option reply: (type, data).
+fn option_reply(s: &mut impl Read) -> io::Result<(u32, Vec<u8>)> {
+    let mut h = [0u8; 20];
+    s.read_exact(&mut h)?;
+    if u64::from_be_bytes(h[0..8].try_into().expect("8")) != REPLY_MAGIC_OPT {
+        return Err(invalid("bad option reply magic".into()));
+    }
+    let kind = u32::from_be_bytes(h[12..16].try_into().expect("4"));
+    let mut d = vec![0u8; u32::from_be_bytes(h[16..20].try_into().expect("4")) as usize];
+    s.read_exact(&mut d)?;
+    Ok((kind, d))
+}
+
 impl Client {
     /// Connects to `addr` and negotiates `export` with NBD_OPT_GO.
     pub fn connect(addr: SocketAddr, export: &str) -> io::Result<Client> {
-        Self::negotiate(TcpStream::connect(addr)?, export)
+        Self::negotiate(TcpStream::connect(addr)?, export, None)
     }
 
-    /// Like [`Self::connect`], giving up when connecting or negotiating takes longer
-    /// than `limit` (a server that stops accepting after its connection limit).
-    pub fn connect_within(addr: SocketAddr, export: &str, limit: std::time::Duration) -> io::Result<Client> {
+    /// Connects to `addr` over TLS and negotiates `export`.
+    pub fn connect_tls(addr: SocketAddr, export: &str, tls: &TlsClient) -> io::Result<Client> {
+        Self::negotiate(TcpStream::connect(addr)?, export, Some(tls))
+    }
+
+    /// Like [`Self::connect`] (over TLS when `tls` is given), giving up when connecting
+    /// or negotiating takes longer than `limit` (a server that stops accepting after its
+    /// connection limit).
+    pub fn connect_within(
+        addr: SocketAddr,
+        export: &str,
+        tls: Option<&TlsClient>,
+        limit: std::time::Duration,
+    ) -> io::Result<Client> {
         let s = TcpStream::connect_timeout(&addr, limit)?;
         s.set_read_timeout(Some(limit))?;
         s.set_write_timeout(Some(limit))?;
-        let c = Self::negotiate(s, export)?;
-        c.s.set_read_timeout(None)?;
-        c.s.set_write_timeout(None)?;
+        let c = Self::negotiate(s, export, tls)?;
+        c.socket().set_read_timeout(None)?;
+        c.socket().set_write_timeout(None)?;
         Ok(c)
     }
 
-    fn negotiate(mut s: TcpStream, export: &str) -> io::Result<Client> {
+    /// The socket underneath (for timeouts, and tests that misbehave on purpose).
+    pub fn socket(&self) -> &TcpStream {
+        match &self.w {
+            Wire::Plain(s) => s,
+            Wire::Tls(t) => &t.sock,
+        }
+    }
+
+    fn negotiate(mut s: TcpStream, export: &str, tls: Option<&TlsClient>) -> io::Result<Client> {
         s.set_nodelay(true)?;
         let mut hello = [0u8; 18];
         s.read_exact(&mut hello)?;
@@ -48,34 +132,43 @@ impl Client {
             return Err(invalid("not a fixed-newstyle NBD server".into()));
         }
         s.write_all(&(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES).to_be_bytes())?;
-        let mut opt = IHAVEOPT.to_be_bytes().to_vec();
-        opt.extend_from_slice(&OPT_GO.to_be_bytes());
-        opt.extend_from_slice(&(4 + export.len() as u32 + 2).to_be_bytes());
-        opt.extend_from_slice(&(export.len() as u32).to_be_bytes());
-        opt.extend_from_slice(export.as_bytes());
-        opt.extend_from_slice(&0u16.to_be_bytes());
-        s.write_all(&opt)?;
+        let mut w = match tls {
+            None => Wire::Plain(s),
+            Some(t) => {
+                send_option(&mut s, OPT_STARTTLS, &[])?;
+                match option_reply(&mut s)? {
+                    (REP_ACK, _) => {}
+                    (k, d) => {
+                        return Err(invalid(format!(
+                            "the server refused TLS ({k:#x}): {}",
+                            String::from_utf8_lossy(&d)
+                        )))
+                    }
+                }
+                let conn = super::tls_stream::connect(t.config.clone(), &t.server_name, &mut s)?;
+                Wire::Tls(Box::new(StreamOwned::new(conn, s)))
+            }
+        };
+        let mut go = (export.len() as u32).to_be_bytes().to_vec();
+        go.extend_from_slice(export.as_bytes());
+        go.extend_from_slice(&0u16.to_be_bytes());
+        send_option(&mut w, OPT_GO, &go)?;
         let mut size = None;
         let mut flags = 0u16;
         loop {
-            let mut h = [0u8; 20];
-            s.read_exact(&mut h)?;
-            let kind = u32::from_be_bytes(h[12..16].try_into().expect("4"));
-            let mut d = vec![0u8; u32::from_be_bytes(h[16..20].try_into().expect("4")) as usize];
-            s.read_exact(&mut d)?;
-            match kind {
-                REP_INFO if d.len() >= 12 && u16::from_be_bytes([d[0], d[1]]) == INFO_EXPORT => {
+            match option_reply(&mut w)? {
+                (REP_INFO, d) if d.len() >= 12 && u16::from_be_bytes([d[0], d[1]]) == INFO_EXPORT => {
                     size = Some(u64::from_be_bytes(d[2..10].try_into().expect("8")));
                     flags = u16::from_be_bytes([d[10], d[11]]);
                 }
-                REP_INFO => {}
-                REP_ACK => break,
-                k => {
+                (REP_INFO, _) => {}
+                (REP_ACK, _) => break,
+                (k, d) => {
                     return Err(invalid(format!("export `{export}` refused ({k:#x}): {}", String::from_utf8_lossy(&d))))
                 }
             }
         }
-        Ok(Client { s, cookie: 0, size: size.ok_or_else(|| invalid("no export size".into()))?, flags })
+        Ok(Client { w, cookie: 0, size: size.ok_or_else(|| invalid("no export size".into()))?, flags })
     }
 
     /// Sends a request and its payload; returns its cookie.
@@ -83,14 +176,15 @@ impl Client {
         self.cookie += 1;
         let mut b = encode_request(&Request { flags, kind, cookie: self.cookie, offset, length }).to_vec();
         b.extend_from_slice(payload);
-        self.s.write_all(&b)?;
+        self.w.write_all(&b)?;
+        self.w.flush()?;
         Ok(self.cookie)
     }
 
     /// Reads a simple reply header: (error, cookie).
     pub fn reply(&mut self) -> io::Result<(u32, u64)> {
         let mut h = [0u8; 16];
-        self.s.read_exact(&mut h)?;
+        self.w.read_exact(&mut h)?;
         if u32::from_be_bytes(h[0..4].try_into().expect("4")) != SIMPLE_REPLY_MAGIC {
             return Err(invalid("bad reply magic".into()));
         }
@@ -112,7 +206,7 @@ impl Client {
             return Ok(Err(e));
         }
         let mut d = vec![0u8; len as usize];
-        self.s.read_exact(&mut d)?;
+        self.w.read_exact(&mut d)?;
         Ok(Ok(d))
     }
 

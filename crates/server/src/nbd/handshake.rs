@@ -1,10 +1,16 @@
 //! Fixed-newstyle negotiation (NBD proto.md "Handshake"): the server greeting, client
-//! flags, and option haggling — EXPORT_NAME, GO, INFO, LIST, ABORT; STARTTLS is refused
-//! (loopback only) and every other option is answered "unsupported". A malformed or
+//! flags, and option haggling — EXPORT_NAME, GO, INFO, LIST, ABORT, and STARTTLS (the
+//! caller runs the TLS handshake and haggles on over it, `listener.rs`). With TLS
+//! required, every option before it but STARTTLS and ABORT gets `NBD_REP_ERR_TLS_REQD`
+//! (EXPORT_NAME, which has no error reply, closes). An export with an `allow` list is
+//! listed and opened only for a client whose verified certificate is on it
+//! (`tls_authz.rs`). Every other option is answered "unsupported". A malformed or
 //! oversized option closes the connection after an error reply where the spec allows one.
 
 use super::proto::*;
 use crate::daemon::{Daemon, ExportInfo};
+use crate::tls::TlsMode;
+use crate::tls_authz::Identity;
 use std::io::{self, Read, Write};
 
 /// What the handshake needs of a server: its exports and their block size (the daemon,
@@ -34,6 +40,25 @@ pub const TRANSMISSION_FLAGS: u16 = TFLAG_HAS_FLAGS
     | TFLAG_SEND_TRIM
     | TFLAG_CAN_MULTI_CONN;
 
+/// A connection's standing in the negotiation.
+#[derive(Debug, Clone, Default)]
+pub struct Session {
+    /// The listener's TLS mode.
+    pub tls: TlsMode,
+    /// TLS is up on this connection.
+    pub secured: bool,
+    /// The client certificate's names, when TLS verified one.
+    pub peer: Option<Identity>,
+    /// The client asked for no 124 zero bytes after EXPORT_NAME.
+    pub no_zeroes: bool,
+}
+
+impl Session {
+    /// Whether this client may see and open `e`.
+    fn may_open(&self, e: &ExportInfo) -> bool {
+        crate::tls_authz::allows(&e.allow, self.peer.as_ref())
+    }
+}
 /// The outcome of negotiation.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Negotiated {
@@ -41,6 +66,8 @@ pub enum Negotiated {
     Export(u32),
     /// The client aborted or the handshake failed: close.
     Closed,
+    /// STARTTLS was acknowledged: run the TLS handshake, then [`options`] over it.
+    StartTls,
 }
 
 fn read_u32(s: &mut impl Read) -> io::Result<u32> {
@@ -49,8 +76,17 @@ fn read_u32(s: &mut impl Read) -> io::Result<u32> {
     Ok(u32::from_be_bytes(b))
 }
 
-/// Runs the handshake on `s`.
+/// Runs the whole negotiation on `s` for a listener without TLS.
 pub fn negotiate<S: Read + Write>(s: &mut S, d: &(impl Exports + ?Sized)) -> io::Result<Negotiated> {
+    match greet(s)? {
+        Some(mut session) => options(s, d, &mut session),
+        None => Ok(Negotiated::Closed),
+    }
+}
+
+/// Sends the greeting and reads the client's flags: the session to haggle in, or None
+/// (unknown flags, not fixed-newstyle: close).
+pub fn greet<S: Read + Write>(s: &mut S) -> io::Result<Option<Session>> {
     let mut hello = Vec::with_capacity(18);
     hello.extend_from_slice(&NBDMAGIC.to_be_bytes());
     hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
@@ -59,9 +95,19 @@ pub fn negotiate<S: Read + Write>(s: &mut S, d: &(impl Exports + ?Sized)) -> io:
     let cflags = read_u32(s)?;
     if cflags & !CLIENT_FLAGS_KNOWN != 0 || cflags & FLAG_C_FIXED_NEWSTYLE == 0 {
         tracing::warn!(cflags, "client flags unknown or not fixed-newstyle: closing");
-        return Ok(Negotiated::Closed);
+        return Ok(None);
     }
-    let no_zeroes = cflags & FLAG_C_NO_ZEROES != 0;
+    Ok(Some(Session { no_zeroes: cflags & FLAG_C_NO_ZEROES != 0, ..Session::default() }))
+}
+
+/// Haggles over options until the client picks an export, aborts, or (TLS offered and
+/// not yet up) starts TLS.
+pub fn options<S: Read + Write>(
+    s: &mut S,
+    d: &(impl Exports + ?Sized),
+    session: &mut Session,
+) -> io::Result<Negotiated> {
+    let no_zeroes = session.no_zeroes;
     loop {
         let mut h = [0u8; 16];
         s.read_exact(&mut h)?;
@@ -79,11 +125,35 @@ pub fn negotiate<S: Read + Write>(s: &mut S, d: &(impl Exports + ?Sized)) -> io:
         let mut data = vec![0u8; len as usize];
         s.read_exact(&mut data)?;
         let find = |name: &str| d.exports().into_iter().find(|e| e.name == name);
+        let tls_first = session.tls == TlsMode::Require && !session.secured;
+        if tls_first && !matches!(opt, OPT_STARTTLS | OPT_ABORT) {
+            if opt == OPT_EXPORT_NAME {
+                tracing::info!("EXPORT_NAME before TLS, which is required: closing");
+                return Ok(Negotiated::Closed); // it has no error reply
+            }
+            s.write_all(&option_reply(opt, REP_ERR_TLS_REQD, b"TLS is required: send NBD_OPT_STARTTLS first"))?;
+            continue;
+        }
+        // An export this client may not open is refused as policy, and not listed.
+        let refused = |e: &ExportInfo| {
+            format!(
+                "export `{}` is not open to this client ({})",
+                e.name,
+                session
+                    .peer
+                    .as_ref()
+                    .map_or("no verified client certificate".into(), |p| format!("certificate {}", p.describe()))
+            )
+        };
         match opt {
             OPT_EXPORT_NAME => {
                 let Some(e) = std::str::from_utf8(&data).ok().and_then(find) else {
                     return Ok(Negotiated::Closed); // the only answer EXPORT_NAME allows
                 };
+                if !session.may_open(&e) {
+                    tracing::warn!("{}: closing", crate::log_safe(&refused(&e)));
+                    return Ok(Negotiated::Closed);
+                }
                 let mut b = Vec::with_capacity(10 + 124);
                 b.extend_from_slice(&e.size.to_be_bytes());
                 b.extend_from_slice(&TRANSMISSION_FLAGS.to_be_bytes());
@@ -99,14 +169,24 @@ pub fn negotiate<S: Read + Write>(s: &mut S, d: &(impl Exports + ?Sized)) -> io:
             }
             OPT_LIST if len != 0 => s.write_all(&option_reply(opt, REP_ERR_INVALID, b"LIST takes no data"))?,
             OPT_LIST => {
-                for e in d.exports() {
+                for e in d.exports().into_iter().filter(|e| session.may_open(e)) {
                     let mut b = (e.name.len() as u32).to_be_bytes().to_vec();
                     b.extend_from_slice(e.name.as_bytes());
                     s.write_all(&option_reply(opt, REP_SERVER, &b))?;
                 }
                 s.write_all(&option_reply(opt, REP_ACK, &[]))?;
             }
-            OPT_STARTTLS => s.write_all(&option_reply(opt, REP_ERR_POLICY, b"TLS is not offered (loopback only)"))?,
+            OPT_STARTTLS if len != 0 => s.write_all(&option_reply(opt, REP_ERR_INVALID, b"STARTTLS takes no data"))?,
+            OPT_STARTTLS if session.tls == TlsMode::Off => {
+                s.write_all(&option_reply(opt, REP_ERR_POLICY, b"TLS is not offered (listen.tls is off)"))?
+            }
+            OPT_STARTTLS if session.secured => {
+                s.write_all(&option_reply(opt, REP_ERR_INVALID, b"TLS is already on"))?
+            }
+            OPT_STARTTLS => {
+                s.write_all(&option_reply(opt, REP_ACK, &[]))?;
+                return Ok(Negotiated::StartTls);
+            }
             OPT_INFO | OPT_GO => {
                 let Some((name, infos)) = decode_info_request(&data) else {
                     s.write_all(&option_reply(opt, REP_ERR_INVALID, b"malformed INFO/GO data"))?;
@@ -116,6 +196,12 @@ pub fn negotiate<S: Read + Write>(s: &mut S, d: &(impl Exports + ?Sized)) -> io:
                     s.write_all(&option_reply(opt, REP_ERR_UNKNOWN, format!("no export named `{name}`").as_bytes()))?;
                     continue;
                 };
+                if !session.may_open(&e) {
+                    let why = refused(&e);
+                    tracing::warn!("{}", crate::log_safe(&why));
+                    s.write_all(&option_reply(opt, REP_ERR_POLICY, why.as_bytes()))?;
+                    continue;
+                }
                 let mut info = INFO_EXPORT.to_be_bytes().to_vec();
                 info.extend_from_slice(&e.size.to_be_bytes());
                 info.extend_from_slice(&TRANSMISSION_FLAGS.to_be_bytes());

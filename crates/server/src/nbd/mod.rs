@@ -3,6 +3,8 @@
 
 pub mod client;
 pub mod handshake;
+pub mod option_replay;
 pub mod polling;
 pub mod proto;
+pub mod tls_stream;
 pub mod transmission_async;

@@ -55,6 +55,8 @@ pub const REP_ERR_INVALID: u32 = REP_FLAG_ERROR | 3;
 pub const REP_ERR_UNKNOWN: u32 = REP_FLAG_ERROR | 6;
 /// Option data too large.
 pub const REP_ERR_TOO_BIG: u32 = REP_FLAG_ERROR | 9;
+/// Error: the server requires TLS before this option.
+pub const REP_ERR_TLS_REQD: u32 = REP_FLAG_ERROR | 5;
 
 /// Info types.
 pub const INFO_EXPORT: u16 = 0;

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod certs;
+
 use cachevisor_server::config::Config;
 use cachevisor_server::nbd::proto::*;
 use cachevisor_server::service::{start, Running};
@@ -75,6 +77,19 @@ pub fn closed(s: &mut TcpStream) -> bool {
     matches!(s.read(&mut b), Ok(0) | Err(_))
 }
 
+/// Whether the peer closes the connection (EOF or reset) after whatever it still sends
+/// (a TLS alert), before the socket's read timeout.
+pub fn ends(s: &mut TcpStream) -> bool {
+    let mut b = [0u8; 4096];
+    loop {
+        match s.read(&mut b) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) => return !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
+        }
+    }
+}
+
 /// The crate's client with test-friendly wrappers (panics on connection errors).
 pub struct Client {
     pub s: std::net::TcpStream,
@@ -85,9 +100,9 @@ impl Client {
     /// Connects and negotiates `export`; returns the client and the export size.
     pub fn connect(addr: SocketAddr, export: &str) -> (Client, u64) {
         let inner = cachevisor_server::nbd::client::Client::connect(addr, export).unwrap();
-        inner.s.set_read_timeout(Some(std::time::Duration::from_secs(20))).unwrap();
+        inner.socket().set_read_timeout(Some(std::time::Duration::from_secs(20))).unwrap();
         let size = inner.size;
-        (Client { s: inner.s.try_clone().unwrap(), inner }, size)
+        (Client { s: inner.socket().try_clone().unwrap(), inner }, size)
     }
 
     /// Sends a request (and payload); returns its cookie.

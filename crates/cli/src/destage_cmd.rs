@@ -11,9 +11,8 @@ use std::time::Duration;
 /// Arguments of `destage`.
 #[derive(Debug, Args)]
 pub struct DestageArgs {
-    /// The daemon's API address.
-    #[arg(long, default_value = "127.0.0.1:10810")]
-    pub api: String,
+    #[command(flatten)]
+    pub api: crate::api_target::ApiArgs,
     /// Only this vDisk (default: every vDisk).
     #[arg(long)]
     pub vdisk: Option<String>,
@@ -43,11 +42,13 @@ struct Job {
 /// Runs the command.
 pub fn run(a: DestageArgs) -> anyhow::Result<()> {
     let token = crate::api_token::resolve(&a.token, &a.token_file, "destaging")?;
-    let url = match &a.vdisk {
-        Some(v) => format!("http://{}/vdisks/{v}/destage", a.api),
-        None => format!("http://{}/destage", a.api),
+    let api = a.api.client()?;
+    let path = match &a.vdisk {
+        Some(v) => format!("/vdisks/{v}/destage"),
+        None => "/destage".to_string(),
     };
-    match ureq::post(&url).set("Authorization", &format!("Bearer {token}")).call() {
+    let url = api.url(&path);
+    match api.post(&path).set("Authorization", &format!("Bearer {token}")).call() {
         Ok(_) => {}
         Err(ureq::Error::Status(409, _)) => eprintln!("a destage job is already running: following it"),
         Err(ureq::Error::Status(code, r)) => bail!("{url}: {code}: {}", r.into_string().unwrap_or_default()),
@@ -60,10 +61,10 @@ pub fn run(a: DestageArgs) -> anyhow::Result<()> {
         println!("destage started");
         return Ok(());
     }
-    let progress_url = format!("http://{}/destage", a.api);
+    let progress_url = api.url("/destage");
     let mut bar = Progress::new("destaging blocks");
     let job = loop {
-        let j: Job = ureq::get(&progress_url).call().with_context(|| format!("asking {progress_url}"))?.into_json()?;
+        let j: Job = api.get("/destage").call().with_context(|| format!("asking {progress_url}"))?.into_json()?;
         bar.update(j.done_blocks, Some(j.total_blocks));
         if !j.running {
             break j;

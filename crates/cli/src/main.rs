@@ -1,6 +1,7 @@
 //! The `cachevisor` command line: trace tools, the simulator, the demo and benchmarks.
 
 mod analyze_cmd;
+mod api_target;
 mod api_token;
 mod bench_cluster;
 mod bench_cmd;

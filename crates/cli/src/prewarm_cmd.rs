@@ -14,9 +14,8 @@ use std::time::Duration;
 pub struct PrewarmArgs {
     #[command(subcommand)]
     pub cmd: PrewarmCmd,
-    /// The daemon's API address.
-    #[arg(long, default_value = "127.0.0.1:10810", global = true)]
-    pub api: String,
+    #[command(flatten)]
+    pub api: crate::api_target::ApiArgs,
     /// Print the progress once and return (do not follow it).
     #[arg(long, global = true)]
     pub no_wait: bool,
@@ -60,11 +59,12 @@ struct Job {
 
 /// Runs the command.
 pub fn run(a: PrewarmArgs) -> anyhow::Result<()> {
-    let url = format!("http://{}/prewarm", a.api);
+    let api = a.api.client()?;
+    let url = api.url("/prewarm");
     if let PrewarmCmd::Start { from, vdisk, token, token_file } = &a.cmd {
         let token = crate::api_token::resolve(token, token_file, "prewarming")?;
         let body = serde_json::json!({ "from": from, "vdisk": vdisk });
-        match ureq::post(&url).set("Authorization", &format!("Bearer {token}")).send_json(body) {
+        match api.post("/prewarm").set("Authorization", &format!("Bearer {token}")).send_json(body) {
             Ok(_) => {}
             Err(ureq::Error::Status(409, _)) => eprintln!("a prewarm is already running: following it"),
             Err(ureq::Error::Status(code, r)) => bail!("{url}: {code}: {}", r.into_string().unwrap_or_default()),
@@ -75,7 +75,8 @@ pub fn run(a: PrewarmArgs) -> anyhow::Result<()> {
         }
     }
     let get = || -> anyhow::Result<Job> {
-        Ok(ureq::get(&url)
+        Ok(api
+            .get("/prewarm")
             .call()
             .with_context(|| format!("asking {url} (is `cachevisor serve` running with an [api] section?)"))?
             .into_json()?)

@@ -117,7 +117,8 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
             Some(_) => "api.token in the config".to_string(),
             None => running.daemon.metadata_dir().join("api-token").display().to_string(),
         };
-        println!("# API: http://{addr}/vdisks and /metrics (token for changes in {token})");
+        let scheme = if cfg.api.as_ref().is_some_and(|a| a.tls) { "https" } else { "http" };
+        println!("# API: {scheme}://{addr}/vdisks and /metrics (token for changes in {token})");
     }
     use std::io::Write as _;
     std::io::stdout().flush()?;

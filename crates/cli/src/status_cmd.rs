@@ -7,9 +7,8 @@ use clap::Args;
 /// Arguments of `status`.
 #[derive(Debug, Args)]
 pub struct StatusArgs {
-    /// The daemon's API address.
-    #[arg(long, default_value = "127.0.0.1:10810")]
-    pub api: String,
+    #[command(flatten)]
+    pub api: crate::api_target::ApiArgs,
     /// Print the raw JSON.
     #[arg(long)]
     pub json: bool,
@@ -17,8 +16,10 @@ pub struct StatusArgs {
 
 /// Runs the command.
 pub fn run(a: StatusArgs) -> anyhow::Result<()> {
-    let url = format!("http://{}/vdisks", a.api);
-    let body: serde_json::Value = ureq::get(&url)
+    let api = a.api.client()?;
+    let url = api.url("/vdisks");
+    let body: serde_json::Value = api
+        .get("/vdisks")
         .call()
         .with_context(|| format!("asking {url} (is `cachevisor serve` running with an [api] section?)"))?
         .into_json()?;
@@ -58,9 +59,8 @@ pub fn run(a: StatusArgs) -> anyhow::Result<()> {
         );
     }
     // The running (or last) prewarm, when there was one.
-    let url = format!("http://{}/prewarm", a.api);
     if let Ok(p) =
-        ureq::get(&url).call().map_err(anyhow::Error::from).and_then(|r| Ok(r.into_json::<serde_json::Value>()?))
+        api.get("/prewarm").call().map_err(anyhow::Error::from).and_then(|r| Ok(r.into_json::<serde_json::Value>()?))
     {
         let n = |k: &str| p[k].as_u64().unwrap_or(0);
         if let Some(from) = p["from"].as_str().filter(|f| !f.is_empty()) {

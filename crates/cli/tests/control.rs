@@ -201,3 +201,65 @@ fn the_simulator_replaying_a_recording_writes_back_what_the_daemon_did() {
         "written back {live_back} live, {sim_back} simulated (bound {bound:.4}: bypassed {live_bypassed} live, {sim_bypassed} simulated)"
     );
 }
+
+/// The subject line `openssl s_client` reports for the certificate served at `addr`.
+fn served_subject(addr: &str) -> String {
+    let o = Command::new("openssl")
+        .args(["s_client", "-connect", addr, "-servername", "localhost"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout).to_string();
+    text.lines().find(|l| l.starts_with("subject=")).unwrap_or_default().to_string()
+}
+
+#[test]
+fn a_tls_daemon_is_reached_over_https_and_sighup_reloads_its_certificates() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let pki = certs::Pki::new(&d.join("pki"));
+    let host = pki.client("host-a", "/CN=host-a", None, 1);
+    std::fs::write(
+        d.join("serve.toml"),
+            "[cache]\npath = \"cache.img\"\nsize = \"4MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\ntls = \"require\"\ntls_dir = \"pki/server\"\n[api]\nlisten = \"127.0.0.1:0\"\ntls = true\n[[vdisk]]\nname = \"a\"\nbacking = \"a.img\"\nsize = \"8MiB\"\n",
+    )
+    .unwrap();
+    let daemon = Daemon::start(d, "serve.toml", &[]).unwrap();
+    assert!(daemon.banner.iter().any(|l| l.starts_with("nbds://")), "{:?}", daemon.banner);
+    assert!(daemon.banner.iter().any(|l| l.starts_with("# API: https://")), "{:?}", daemon.banner);
+    let api = daemon.api.clone().unwrap();
+    let https = format!("https://localhost:{}", api.rsplit_once(':').unwrap().1);
+    let ca = d.join("pki/ca-cert.pem");
+    let (ok, out) = cachevisor(&["status", "--api", &https, "--api-ca", ca.to_str().unwrap()]);
+    assert!(ok && out.lines().any(|l| l.starts_with("a ")), "{out}");
+    // Without the CA the certificate is not trusted: a clear failure, not a hang.
+    let (ok, out) = cachevisor(&["status", "--api", &https]);
+    assert!(!ok && out.contains("asking https://"), "{out}");
+    assert_eq!(served_subject(&api), "subject=CN = localhost");
+    // Renewed certificate in place, SIGHUP: new connections get it; the daemon goes on.
+    let renewed = pki.server("renewed", "/O=renewed/CN=localhost");
+    for f in ["server-cert.pem", "server-key.pem"] {
+        std::fs::copy(renewed.join(f), pki.server_dir().join(f)).unwrap();
+    }
+    Command::new("kill").args(["-HUP", &daemon.pid.to_string()]).status().unwrap();
+    let t = std::time::Instant::now();
+    while !daemon.log().contains("TLS certificates reloaded") {
+        assert!(t.elapsed() < std::time::Duration::from_secs(20), "no reload logged:\n{}", daemon.log());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(served_subject(&api), "subject=O = renewed, CN = localhost");
+    let o = Command::new("qemu-io")
+        .args(["--object", &format!("tls-creds-x509,id=tls0,dir={},endpoint=client", host.display())])
+        .args([
+            "--image-opts",
+            &format!(
+                "driver=nbd,server.type=inet,server.host=localhost,server.port={},export=a,tls-creds=tls0",
+                daemon.nbd.rsplit_once(':').unwrap().1
+            ),
+        ])
+        .args(["-c", "write -P 9 0 64k", "-c", "read -P 9 0 64k"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && !text.contains("fail"), "{text}{}", String::from_utf8_lossy(&o.stderr));
+}

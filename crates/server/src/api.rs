@@ -278,7 +278,14 @@ async fn reload_tls(State(a): State<Api>) -> Response {
 
 /// Starts the API on `addr` (port 0 = any), closing connections idle for `idle`;
 /// returns the bound address.
-pub fn start(daemon: Arc<Daemon>, addr: SocketAddr, token: String, idle: Duration) -> Result<SocketAddr, StartError> {
+pub fn start(
+    daemon: Arc<Daemon>,
+    addr: SocketAddr,
+    token: String,
+    idle: Duration,
+    https: bool,
+) -> Result<SocketAddr, StartError> {
+    let tls = if https { daemon.tls().cloned() } else { None };
     let l = std::net::TcpListener::bind(addr)
         .map_err(|source| StartError::File { path: format!("api.listen {addr}"), error: source })?;
     let bound =
@@ -305,7 +312,8 @@ pub fn start(daemon: Arc<Daemon>, addr: SocketAddr, token: String, idle: Duratio
         rt.block_on(async move {
             let inner = tokio::net::TcpListener::from_std(l).expect("listener");
             let limit = ConnLimit::new("api", API_CONNECTIONS, guards);
-            if let Err(e) = axum::serve(LimitedListener { inner, limit, idle }, app).await {
+            let listener = crate::api_tls::ApiListener { inner: LimitedListener { inner, limit, idle }, tls };
+            if let Err(e) = axum::serve(listener, app).await {
                 tracing::error!(%e, "API server stopped");
             }
         });

@@ -249,12 +249,16 @@ pub struct ApiConfig {
     /// A connection that sends and receives nothing for this long is closed.
     #[serde(default = "default_api_idle_timeout")]
     pub idle_timeout: String,
+    /// HTTPS with `[listen]`'s TLS certificate and key (no client certificates: the
+    /// token authenticates).
+    #[serde(default)]
+    pub tls: bool,
 }
 
 impl ApiConfig {
     /// The API on `listen` with the defaults (a random token).
     pub fn on(listen: &str) -> ApiConfig {
-        ApiConfig { listen: listen.into(), token: None, idle_timeout: default_api_idle_timeout() }
+        ApiConfig { listen: listen.into(), token: None, tls: false, idle_timeout: default_api_idle_timeout() }
     }
 }
 
@@ -523,6 +527,7 @@ tls_verify_peer = true        # default true: clients must present a certificate
 [api]                         # the HTTP API and /metrics; omit the section to disable
 listen = "127.0.0.1:10810"
 token = "at-least-16-characters" # default: random, written to METADATA/api-token (0600; an existing one other users can read refuses the start); 16 to 4096 visible ASCII characters. Mutating calls need it (5 wrong ones in a row lock them out for 1 s, doubling to 60 s)
+tls = false                   # default false; true: HTTPS with [listen]'s tls certificate and key (curl --cacert CA https://…); the token still authenticates
 idle_timeout = "30s"          # default 30s, 1s to 1h: a connection that sends and receives nothing this long is closed (at most 64 are open at once)
 
 [prewarm]                     # cache-state snapshots and prewarming (defaults when absent)
@@ -678,6 +683,9 @@ impl Config {
                 .map_err(|e| format!("api.idle_timeout: {e}"))?;
             if !(1_000_000_000..=3_600_000_000_000).contains(&api_idle_ns) {
                 return Err(format!("api.idle_timeout: `{}` is outside 1s to 1h", a.idle_timeout));
+            }
+            if a.tls && self.listen.tls == crate::tls::TlsMode::Off {
+                return Err("api.tls: HTTPS uses [listen]'s certificate and key: set listen.tls (\"on\" or \"require\") and listen.tls_dir".into());
             }
             if let Some(t) = &a.token {
                 if !(16..=4096).contains(&t.len()) || !t.bytes().all(|b| b.is_ascii_graphic()) {

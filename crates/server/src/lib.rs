@@ -6,6 +6,7 @@
 pub mod aligned_buf;
 pub mod api;
 pub mod api_auth;
+pub mod api_tls;
 pub mod backing;
 pub mod backing_identity;
 pub mod config;

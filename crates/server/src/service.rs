@@ -31,17 +31,19 @@ impl Drop for Running {
 }
 
 impl Running {
-    /// One NBD URI per export and listener.
+    /// One NBD URI per export and listener (libnbd's `nbds://` forms when TLS is
+    /// required).
     pub fn uris(&self) -> Vec<String> {
+        let s = if self.daemon.tls().is_some_and(|t| t.mode == crate::tls::TlsMode::Require) { "s" } else { "" };
         let mut v = Vec::new();
         for e in self.daemon.exports() {
             if let Some(a) = self.tcp {
-                v.push(format!("nbd://{a}/{}", e.name));
+                v.push(format!("nbd{s}://{a}/{}", e.name));
             }
             if let Some(p) = &self.unix {
                 // Absolute: the URI must work from any directory.
                 let p = std::path::absolute(p).unwrap_or_else(|_| p.clone());
-                v.push(format!("nbd+unix:///{}?socket={}", e.name, p.display()));
+                v.push(format!("nbd{s}+unix:///{}?socket={}", e.name, p.display()));
             }
         }
         v
@@ -117,6 +119,7 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
             addr,
             token.clone(),
             std::time::Duration::from_nanos(r.api_idle_timeout_ns),
+            a.tls,
         )?;
         if a.token.is_none() {
             let path = token_file;

@@ -95,9 +95,10 @@ fn read_certs(path: &Path, key: &str) -> Result<Vec<CertificateDer<'static>>, St
     Ok(certs)
 }
 
-/// A rustls server configuration built from the files `c` names; the error names the key
-/// and the file.
-pub fn server_config(c: &Credentials) -> Result<Arc<ServerConfig>, String> {
+/// A rustls server configuration built from the files `c` names (client certificates
+/// checked when `clients` is set; the HTTP API has its token instead); the error names
+/// the key and the file.
+pub fn server_config(c: &Credentials, clients: bool) -> Result<Arc<ServerConfig>, String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let certs = read_certs(&c.cert, "tls_cert")?;
     crate::private_files::check_file_mode(
@@ -116,7 +117,7 @@ pub fn server_config(c: &Credentials) -> Result<Arc<ServerConfig>, String> {
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("TLS: {e}"))?;
-    let builder = match &c.ca {
+    let builder = match c.ca.as_ref().filter(|_| clients) {
         Some(ca) => {
             let mut roots = rustls::RootCertStore::empty();
             for cert in read_certs(ca, "tls_ca")? {
@@ -147,28 +148,42 @@ pub struct ServerTls {
     /// Off, on or require.
     pub mode: TlsMode,
     creds: Credentials,
-    current: RwLock<Arc<ServerConfig>>,
+    /// (NBD, HTTPS API) configurations.
+    current: RwLock<(Arc<ServerConfig>, Arc<ServerConfig>)>,
     reloads: std::sync::atomic::AtomicU64,
+}
+
+/// Both configurations from `c`.
+fn both(c: &Credentials) -> Result<(Arc<ServerConfig>, Arc<ServerConfig>), String> {
+    let mut api = server_config(c, false)?;
+    Arc::get_mut(&mut api).expect("fresh").alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok((server_config(c, true)?, api))
 }
 
 impl ServerTls {
     /// Loads the credentials (mode `On` or `Require`).
     pub fn load(mode: TlsMode, creds: Credentials) -> Result<ServerTls, String> {
-        let config = server_config(&creds)?;
-        Ok(ServerTls { mode, creds, current: RwLock::new(config), reloads: 0.into() })
+        let configs = both(&creds)?;
+        Ok(ServerTls { mode, creds, current: RwLock::new(configs), reloads: 0.into() })
     }
 
-    /// The configuration a new connection uses.
+    /// The configuration a new NBD connection uses.
     pub fn config(&self) -> Arc<ServerConfig> {
-        self.current.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.current.read().unwrap_or_else(|p| p.into_inner()).0.clone()
+    }
+
+    /// The configuration a new HTTPS API connection uses (same certificate, no client
+    /// certificates: the API's token authenticates).
+    pub fn api_config(&self) -> Arc<ServerConfig> {
+        self.current.read().unwrap_or_else(|p| p.into_inner()).1.clone()
     }
 
     /// Re-reads the certificate, key and CA files: new connections use them; connections
     /// already up keep the keys they agreed. A file that cannot be read or does not fit
     /// leaves the current configuration in place (the error says why).
     pub fn reload(&self) -> Result<(), String> {
-        let config = server_config(&self.creds)?;
-        *self.current.write().unwrap_or_else(|p| p.into_inner()) = config;
+        let configs = both(&self.creds)?;
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = configs;
         self.reloads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         tracing::info!(cert = %self.creds.cert.display(), "TLS certificates reloaded");
         Ok(())

@@ -295,3 +295,51 @@ fn an_nbdkit_tls_backing_store_sits_behind_the_cache() {
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success() && !text.contains("fail"), "{text}{}", String::from_utf8_lossy(&o.stderr));
 }
+
+/// curl's (status, body) for `method` on `url`, trusting `ca`.
+fn curl_tls(method: &str, url: &str, ca: &Path, token: Option<&str>) -> (u16, String) {
+    let mut c = tool("curl");
+    c.args(["-s", "-o", "-", "-w", "\n%{http_code}", "-X", method, "--cacert", ca.to_str().unwrap(), url]);
+    if let Some(t) = token {
+        c.args(["-H", &format!("Authorization: Bearer {t}")]);
+    }
+    let o = c.output().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout).to_string();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.parse().unwrap_or(0), body.to_string())
+}
+
+#[test]
+fn the_api_speaks_https_with_the_same_certificate_and_reloads_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(&dir.path().join("pki"));
+    let t = format!(
+        "[cache]\npath = \"cache.img\"\nsize = \"1MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\ntls = \"require\"\ntls_dir = \"{}\"\n[api]\nlisten = \"127.0.0.1:0\"\ntls = true\n[[vdisk]]\nname = \"a\"\nbacking = \"a.img\"\nsize = \"1MiB\"\n",
+        pki.server_dir().display()
+    );
+    let r = serve(&cachevisor_server::Config::parse(&t, "test config", dir.path()).unwrap());
+    let (api, token) = r.api.clone().unwrap();
+    let ca = pki.root.join("ca-cert.pem");
+    // A client that connects and never says anything holds only its own slot.
+    let _quiet = std::net::TcpStream::connect(api).unwrap();
+    let (code, body) = curl_tls("GET", &format!("https://localhost:{}/vdisks", api.port()), &ca, None);
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"a\""), "{body}");
+    // Plain HTTP to the HTTPS port gets no answer.
+    let (code, _) = curl_tls("GET", &format!("http://{api}/vdisks"), &ca, None);
+    assert_ne!(code, 200);
+    // Reload through the API: the token is needed, and the count goes up.
+    let url = format!("https://localhost:{}/tls/reload", api.port());
+    assert_eq!(curl_tls("POST", &url, &ca, None).0, 401);
+    let (code, body) = curl_tls("POST", &url, &ca, Some(&token));
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"reloads\":1"), "{body}");
+    std::fs::write(pki.server_dir().join("server-cert.pem"), "garbage").unwrap();
+    let (code, body) = curl_tls("POST", &url, &ca, Some(&token));
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("server-cert.pem"), "{body}");
+    // api.tls without [listen] TLS is a config error naming the key.
+    let t = "[cache]\npath = \"c.img\"\nsize = \"1MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\ntls = true\n[[vdisk]]\nname = \"a\"\nbacking = \"a.img\"\n";
+    let e = cachevisor_server::Config::parse(t, "t", dir.path()).unwrap().resolve().unwrap_err();
+    assert!(e.starts_with("api.tls"), "{e}");
+}

@@ -6,6 +6,9 @@
 
 #![allow(dead_code)]
 
+#[path = "../../../server/tests/common/certs.rs"]
+pub mod certs;
+
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
@@ -46,11 +49,11 @@ fn read_banner(
     let (mut nbd, mut api, mut banner) = (None, None, Vec::new());
     while nbd.is_none() || (want_api && api.is_none()) {
         let l = lines.next()?;
-        if let Some(rest) = l.strip_prefix("nbd://") {
+        if let Some(rest) = l.strip_prefix("nbd://").or(l.strip_prefix("nbds://")) {
             nbd.get_or_insert_with(|| rest.split('/').next().unwrap().to_string());
-        } else if l.starts_with("nbd+unix://") {
+        } else if l.starts_with("nbd+unix://") || l.starts_with("nbds+unix://") {
             nbd.get_or_insert_with(String::new); // a unix-socket-only daemon: no TCP address
-        } else if let Some(rest) = l.strip_prefix("# API: http://") {
+        } else if let Some(rest) = l.strip_prefix("# API: http://").or(l.strip_prefix("# API: https://")) {
             api = Some(rest.split('/').next().unwrap().to_string());
         }
         banner.push(l);

@@ -3,7 +3,7 @@
 //! self-signed one, an expired one), laid out as QEMU's `tls-creds-x509` directories:
 //! `server/` (ca-cert.pem, server-cert.pem, server-key.pem) and one client directory per
 //! client (ca-cert.pem, client-cert.pem, client-key.pem), which libnbd's
-//! `tls-certificates=` reads too.
+//! `tls-certificates=` reads too. (Also compiled into the CLI's tests.)
 
 use std::path::{Path, PathBuf};
 
@@ -14,7 +14,11 @@ pub struct Pki {
 }
 
 fn openssl(dir: &Path, args: &[&str]) {
-    let o = super::tool("openssl").current_dir(dir).args(args).output().expect("running openssl");
+    let o = std::process::Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("running openssl (apt-get install openssl; scripts/test does)");
     assert!(o.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&o.stderr));
 }
 

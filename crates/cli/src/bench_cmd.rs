@@ -171,6 +171,11 @@ pub enum BenchCmd {
         /// Which comparisons: `both`, `buffered` (vs nbdkit) or `direct` (O_DIRECT vs qemu-nbd).
         #[arg(long, default_value = "both", value_parser = ["both", "buffered", "direct"])]
         against: String,
+        /// Over TLS with client certificates (made by the bench with openssl): cachevisor
+        /// against qemu-nbd --tls-creds and nbdkit --tls=require, and its TLS cost
+        /// against its own plaintext path.
+        #[arg(long)]
+        tls: bool,
         /// Working directory.
         #[arg(long, default_value = "out/bench/serve")]
         dir: PathBuf,
@@ -309,8 +314,8 @@ pub fn run(c: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::ClusterSim { vms, nodes, secs, iops, cache, mode, migration } => {
             crate::bench_cluster::run_sim(vms, nodes, secs, iops, &cache, &mode, &migration)
         }
-        BenchCmd::Serve { disk_size, rounds, secs, rw, bs, iodepth, write_policy, fsync, against, dir } => {
-            let job = crate::bench_serve::Job { rw, bs, iodepth, write_policy, fsync, against };
+        BenchCmd::Serve { disk_size, rounds, secs, rw, bs, iodepth, write_policy, fsync, against, tls, dir } => {
+            let job = crate::bench_serve::Job { rw, bs, iodepth, write_policy, fsync, against, tls };
             crate::bench_serve::run(disk_size, rounds, secs, &job, &dir)
         }
         BenchCmd::SlowBacking {

@@ -202,19 +202,25 @@ fn through_nbd(
             let dp = server.clone();
             std::thread::spawn(move || {
                 let _ = s.set_nodelay(true);
-                if let Ok(Negotiated::Export(vm)) = negotiate(
+                if let Ok(Negotiated::Export(vm, replies)) = negotiate(
                     &mut s,
                     &cachevisor_server::nbd::transmission_async::SingleExport { size: disk_size, block_size: BS },
                 ) {
                     if let Ok(out) = s.try_clone() {
-                        let _ = cachevisor_server::nbd::transmission_async::serve(s, out, &dp, vm, disk_size, None);
+                        let _ = cachevisor_server::nbd::transmission_async::serve(
+                            s,
+                            out,
+                            &dp,
+                            (vm, disk_size, replies),
+                            None,
+                        );
                     }
                 }
             });
         }
     });
     let ours = format!("nbd://127.0.0.1:{port}/vm0");
-    let (_qemu, theirs) = crate::bench_serve::start_qemu_nbd(&raw_path.display().to_string())?;
+    let (_qemu, theirs) = crate::bench_serve::start_qemu_nbd(&raw_path.display().to_string(), None)?;
     let size = format!("{}M", disk_size >> 20);
     let bs_arg = format!("--bs={bs}");
     let secs = secs.ceil().max(1.0) as u32;

@@ -34,9 +34,13 @@ fn start_cachevisor(
     size: &str,
     direct: &str,
     policy: &str,
+    tls: Option<&Path>,
 ) -> anyhow::Result<(Proc, String, String)> {
     let extra = format!("write_policy = \"{policy}\"");
-    start_cachevisor_api(dir, backing, size, None, direct, &extra)
+    // "on": the same daemon serves TLS and plaintext clients, for the TLS cost.
+    let listen =
+        tls.map_or(String::new(), |pki| format!("tls = \"on\"\ntls_dir = \"{}\"", pki.join("server").display()));
+    start_cachevisor_api(dir, backing, size, None, direct, &extra, &listen)
 }
 
 /// Waits until the daemon at `api` has written back what its flusher will (its
@@ -73,13 +77,14 @@ fn start_cachevisor_api(
     record: Option<&Path>,
     direct: &str,
     cache_extra: &str,
+    listen_extra: &str,
 ) -> anyhow::Result<(Proc, String, String)> {
     let port = free_port()?;
     let api = format!("127.0.0.1:{}", free_port()?);
     let cfg = dir.join("bench.toml");
     std::fs::write(
         &cfg,
-        format!("[cache]\npath = \"cache.img\"\nsize = \"{size}\"\n{cache_extra}\ndirect = \"{direct}\"\n[listen]\ntcp = \"127.0.0.1:{port}\"\n[api]\nlisten = \"{api}\"\n[[vdisk]]\nname = \"d\"\nbacking = \"{backing}\"\n"),
+        format!("[cache]\npath = \"cache.img\"\nsize = \"{size}\"\ndirect = \"{direct}\"\n{cache_extra}\n[listen]\ntcp = \"127.0.0.1:{port}\"\n{listen_extra}\n[api]\nlisten = \"{api}\"\n[[vdisk]]\nname = \"d\"\nbacking = \"{backing}\"\n"),
     )?;
     let _ = std::fs::remove_file(dir.join("cache.img"));
     let _ = std::fs::remove_dir_all(dir.join("cache.img.meta"));
@@ -185,6 +190,10 @@ pub struct Job {
     pub fsync: u32,
     /// `both`, `buffered` or `direct`.
     pub against: String,
+    /// Over TLS: cachevisor (`tls = "on"`, also measured in plaintext for the TLS cost)
+    /// against qemu-nbd `--tls-creds` and nbdkit `--tls=require`, all verifying the
+    /// client's certificate, with certificates the bench makes (openssl).
+    pub tls: bool,
 }
 
 /// Runs the bench: for each pattern and queue depth, cachevisor (the image held in its
@@ -215,10 +224,26 @@ pub fn run(disk_size: u64, rounds: usize, secs: u32, job: &Job, dir: &Path) -> a
         if job.fsync > 0 { format!(", a flush every {} writes", job.fsync) } else { String::new() },
         job.write_policy
     );
-    println!(
-        "{:<22} {:<10} {:<8} {:>16} {:>16} {:>8}",
-        "comparison", "rw", "iodepth", "cachevisor IOPS", "other IOPS", "ratio"
-    );
+    let pki = if job.tls { Some(make_pki(dir)?) } else { None };
+    let client_q = pki.as_ref().map(|p| format!("?tls-certificates={}", p.join("client").display()));
+    let tls_uri = |plain: &str| -> String {
+        match &client_q {
+            Some(q) => format!("{}{q}", plain.replacen("nbd://", "nbds://", 1)),
+            None => plain.to_string(),
+        }
+    };
+    if job.tls {
+        println!("over TLS 1.3 with client certificates; \"plain\" is cachevisor's own plaintext path in the same rounds, \"TLS cost\" its TLS/plaintext ratio");
+        println!(
+            "{:<22} {:<10} {:<8} {:>16} {:>16} {:>8} {:>14} {:>9}",
+            "comparison", "rw", "iodepth", "cachevisor IOPS", "other IOPS", "ratio", "plain IOPS", "TLS cost"
+        );
+    } else {
+        println!(
+            "{:<22} {:<10} {:<8} {:>16} {:>16} {:>8}",
+            "comparison", "rw", "iodepth", "cachevisor IOPS", "other IOPS", "ratio"
+        );
+    }
     let bs = format!("--bs={}", job.bs);
     let fsync = format!("--fsync={}", job.fsync);
     let sides = [("page cache vs nbdkit", "off"), ("O_DIRECT vs qemu-nbd", "on")];
@@ -226,10 +251,18 @@ pub fn run(disk_size: u64, rounds: usize, secs: u32, job: &Job, dir: &Path) -> a
     for (label, direct) in sides.into_iter().filter(|(_, d)| wanted(d)) {
         let sub = dir.join(direct);
         std::fs::create_dir_all(&sub)?;
-        let (cv, cv_uri, api) = start_cachevisor(&sub, &disk_arg, &size, direct, &job.write_policy)?;
-        fio(&cv_uri, "read", 8, 0, &range).context("warming the cache")?;
-        let (other, other_uri) =
-            if direct == "off" { start_nbdkit(&["file", &peer_arg])? } else { start_qemu_nbd(&peer_arg)? };
+        let (cv, cv_plain, api) = start_cachevisor(&sub, &disk_arg, &size, direct, &job.write_policy, pki.as_deref())?;
+        fio(&cv_plain, "read", 8, 0, &range).context("warming the cache")?;
+        let cv_uri = tls_uri(&cv_plain);
+        let (other, other_uri) = match (direct, &pki) {
+            ("off", None) => start_nbdkit(&["file", &peer_arg])?,
+            ("off", Some(p)) => {
+                let certs = format!("--tls-certificates={}", p.join("server").display());
+                start_nbdkit(&["--tls=require", &certs, "--tls-verify-peer", "file", &peer_arg])?
+            }
+            (_, p) => start_qemu_nbd(&peer_arg, p.as_deref())?,
+        };
+        let other_uri = tls_uri(&other_uri);
         for rw in &job.rw {
             let mut args = vec![bs.as_str()];
             if job.fsync > 0 {
@@ -239,17 +272,27 @@ pub fn run(disk_size: u64, rounds: usize, secs: u32, job: &Job, dir: &Path) -> a
                 args.push("--rwmixread=70");
             }
             for &depth in &job.iodepth {
-                let (mut a, mut b, mut owed) = (Vec::new(), Vec::new(), Vec::new());
+                let (mut a, mut b, mut plain, mut owed) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
                 for _ in 0..rounds.max(1) {
                     a.push(fio_with(&cv_uri, rw, depth, secs, &range, &args)?.iops);
+                    if job.tls {
+                        plain.push(fio_with(&cv_plain, rw, depth, secs, &range, &args)?.iops);
+                    }
                     // The peer runs on the same disk: not while cachevisor writes back.
                     owed.push(wait_for_writeback(&api)?.as_secs_f64());
                     b.push(fio_with(&other_uri, rw, depth, secs, &range, &args)?.iops);
                 }
                 let (ma, mb) = (median(a.clone()), median(b.clone()));
+                let tls_cols = if job.tls {
+                    let mp = median(plain.clone());
+                    format!(" {mp:>14.0} {:>9.2}", ma / mp)
+                } else {
+                    String::new()
+                };
                 println!(
-                    "{label:<22} {rw:<10} {depth:<8} {ma:>16.0} {mb:>16.0} {:>8.2}   (runs: {a:.0?} vs {b:.0?}; write-back after each run: {owed:.1?} s)",
-                    ma / mb
+                    "{label:<22} {rw:<10} {depth:<8} {ma:>16.0} {mb:>16.0} {:>8.2}{tls_cols}   (runs: {a:.0?} vs {b:.0?}{}; write-back after each run: {owed:.1?} s)",
+                    ma / mb,
+                    if job.tls { format!(", plain {plain:.0?}") } else { String::new() }
                 );
             }
         }
@@ -258,10 +301,31 @@ pub fn run(disk_size: u64, rounds: usize, secs: u32, job: &Job, dir: &Path) -> a
     Ok(())
 }
 
-/// qemu-nbd serving `file` with O_DIRECT (`--cache=none`, native AIO).
-pub(crate) fn start_qemu_nbd(file: &str) -> anyhow::Result<(Proc, String)> {
+/// The bench's certificates (`certs.rs`, the tests' own maker: a CA, a server certificate
+/// for 127.0.0.1, one client certificate) under `dir/pki`: `server/` and `client/` in
+/// QEMU's layout.
+fn make_pki(dir: &Path) -> anyhow::Result<std::path::PathBuf> {
+    let root = dir.join("pki");
+    let _ = std::fs::remove_dir_all(&root);
+    let pki = crate::bench_certs::Pki::new(&root);
+    pki.client("client", "/CN=bench-client", None, 1);
+    Ok(root)
+}
+
+/// qemu-nbd serving `file` with O_DIRECT (`--cache=none`, native AIO), over TLS with the
+/// server credentials in `pki/server` (client certificates verified) when given.
+pub(crate) fn start_qemu_nbd(file: &str, pki: Option<&Path>) -> anyhow::Result<(Proc, String)> {
     let port = free_port()?;
-    let c = Command::new("qemu-nbd")
+    let mut c = Command::new("qemu-nbd");
+    if let Some(p) = pki {
+        c.args([
+            "--object",
+            &format!("tls-creds-x509,id=tls0,dir={},endpoint=server,verify-peer=on", p.join("server").display()),
+            "--tls-creds",
+            "tls0",
+        ]);
+    }
+    let c = c
         .args([
             "-f",
             "raw",
@@ -367,6 +431,7 @@ pub fn slow_backing(
                 first.then_some(rec.as_path()),
                 "auto",
                 &format!("write_policy = \"{wp}\"\nflush_rate = \"{flush}\""),
+                "",
             )?;
             let cv = (cv_proc, api);
             cached.push(fio_with(&cv_uri, rw, depth, secs, &range, &zipf)?);

@@ -3,6 +3,10 @@
 mod analyze_cmd;
 mod api_target;
 mod api_token;
+// The tests' certificate maker, shared so `bench serve --tls` makes the same PKI.
+#[allow(dead_code)]
+#[path = "../../server/tests/common/certs.rs"]
+mod bench_certs;
 mod bench_cluster;
 mod bench_cmd;
 mod bench_datapath;

@@ -216,6 +216,10 @@ impl Daemon {
             destage_job: self.job.progress(),
             prewarm: self.prewarm.progress(),
             guards: self.guards.read(self.dp.commit_failures()),
+            cache_hints: {
+                let h = self.dp.hint_counts();
+                [&h.queued, &h.loaded, &h.skipped, &h.dropped].map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
+            },
         };
         self.metrics.render(state)
     }

@@ -24,6 +24,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+mod allocation;
+mod cache_hints;
 mod committer;
 mod control;
 mod devices;
@@ -32,6 +34,8 @@ mod ring;
 mod start;
 mod stats;
 mod store_devices;
+pub use allocation::MAX_EXTENTS;
+pub use cache_hints::{HintCounts, MAX_QUEUED_BLOCKS};
 pub use stats::ExportStats;
 
 /// Bytes and the disk address of their first byte.
@@ -224,6 +228,8 @@ pub struct Setup {
 pub struct DataPath {
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
+    /// NBD_CMD_CACHE hints waiting for the loader (`cache_hints.rs`).
+    hints: cache_hints::CacheHints,
 }
 
 impl DataPath {

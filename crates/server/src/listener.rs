@@ -63,7 +63,7 @@ fn negotiate<S: Read + Write>(
     let outcome = options(s, d, &mut session)?;
     let (Negotiated::StartTls, Some(tls)) = (&outcome, tls) else { return Ok((outcome, None, None)) };
     let mut conn = tls_stream::accept(tls.config(), s)?;
-    session.secured = true;
+    session.secure();
     // rustls verified the chain against the CA; the leaf names the client.
     session.peer = match conn.peer_certificates().and_then(|c| c.first()) {
         Some(leaf) => {
@@ -88,7 +88,7 @@ pub fn connection<S: Split + Timed + std::os::fd::AsFd + Send + 'static>(
         return tracing::warn!(peer, %e, "cannot clear the handshake's timeout");
     }
     match negotiated {
-        Ok((Negotiated::Export(vm), tls, who)) => {
+        Ok((Negotiated::Export(vm, replies), tls, who)) => {
             let Some(export) = d.export(vm) else { return }; // removed meanwhile
             let client = who.as_ref().map(Identity::describe).unwrap_or_default();
             tracing::info!(peer, export = %export.name, tls = tls.is_some(), client = %client, "connected");
@@ -99,10 +99,10 @@ pub fn connection<S: Split + Timed + std::os::fd::AsFd + Send + 'static>(
             let latency = Some(latency_of(d.metrics(), &export.name));
             let reader = PollingReader::new(s, p.poll, p.pollers.clone());
             let served = match tls {
-                None => serve(reader, writer, d.datapath(), vm, export.size, latency),
+                None => serve(reader, writer, d.datapath(), (vm, export.size, replies), latency),
                 Some(conn) => {
                     let (r, w) = tls_stream::split(conn, reader, writer);
-                    serve(r, w, d.datapath(), vm, export.size, latency)
+                    serve(r, w, d.datapath(), (vm, export.size, replies), latency)
                 }
             };
             if let Err(e) = served {

@@ -181,6 +181,16 @@ impl Collector for StateCollector {
             let g = ConstGauge::new(v);
             g.encode(enc.encode_descriptor(name, help, None, g.metric_type())?)?;
         }
+        let c0 = ConstCounter::new(0u64);
+        let mut hints = enc.encode_descriptor(
+            "cachevisor_cache_hint_blocks",
+            "Blocks NBD_CMD_CACHE asked for, by outcome (queued; loaded, skipped as cached or busy, dropped)",
+            None,
+            c0.metric_type(),
+        )?;
+        for (outcome, v) in ["queued", "loaded", "skipped", "dropped"].into_iter().zip(self.0.cache_hints) {
+            ConstCounter::new(v).encode(hints.encode_family(&vec![("outcome".to_string(), outcome.to_string())])?)?;
+        }
         let gd = &self.0.guards;
         let guard_counters = [
             ("cachevisor_api_auth_failures", "API calls refused for a missing or wrong token", gd.api_auth_failures),

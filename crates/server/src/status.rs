@@ -46,6 +46,8 @@ pub struct State {
     pub prewarm: crate::prewarm_job::Progress,
     /// What the daemon refused or gave up on to protect itself.
     pub guards: GuardCounts,
+    /// NBD_CMD_CACHE hints in blocks: queued, loaded, skipped (cached already), dropped.
+    pub cache_hints: [u64; 4],
 }
 
 /// Counts of what the daemon's limits refused (issue 30): API calls with a wrong token

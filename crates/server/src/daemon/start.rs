@@ -323,6 +323,9 @@ impl Daemon {
             })),
             Some(Box::new(move |engine| ticking.lock().unwrap_or_else(|e| e.into_inner()).tick(engine))),
         );
+        // NBD_CMD_CACHE hints are paced as a prewarm is.
+        let (_, pacing) = cfg.prewarm.resolve(r.cache.block_size).map_err(StartError::Config)?;
+        dp.set_hint_pacing(pacing.pace, pacing.max_run);
         let snapshots = super::prewarming::Snapshots::new(&cfg.prewarm, &meta_dir)
             .map_err(|error| StartError::File { path: "prewarm.snapshot_dir".into(), error })?;
         Ok(Daemon {

@@ -92,7 +92,7 @@ impl DataPath {
         handles.push(named("cv-committer".into(), move || s.committer(persist)));
         let s = shared.clone();
         handles.push(named("cv-ticker".into(), move || s.ticker(Duration::from_millis(20))));
-        DataPath { shared, threads: handles }
+        DataPath { shared, threads: handles, hints: Default::default() }
     }
 
     /// Opens (or creates) a cache of `cfg.slots` blocks in `dir` (`cache.img`, metadata in

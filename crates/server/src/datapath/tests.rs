@@ -258,12 +258,11 @@ fn an_nbd_client_reads_its_writes_through_the_asynchronous_transmission() {
         std::thread::spawn(move || {
             let (mut s, _) = listener.accept().unwrap();
             s.set_nodelay(true).unwrap();
-            assert_eq!(
-                negotiate(&mut s, &crate::nbd::transmission_async::SingleExport { size, block_size: BS }).unwrap(),
-                Negotiated::Export(0)
-            );
+            let negotiated =
+                negotiate(&mut s, &crate::nbd::transmission_async::SingleExport { size, block_size: BS }).unwrap();
+            let Negotiated::Export(0, replies) = negotiated else { panic!("{negotiated:?}") };
             let out = s.try_clone().unwrap();
-            crate::nbd::transmission_async::serve(s, out, &dp, 0, size, None).unwrap();
+            crate::nbd::transmission_async::serve(s, out, &dp, (0, size, replies), None).unwrap();
         })
     };
     let mut c = crate::nbd::client::Client::connect(addr, "vm0").unwrap();

@@ -38,7 +38,13 @@ pub const TRANSMISSION_FLAGS: u16 = TFLAG_HAS_FLAGS
     | TFLAG_SEND_FUA
     | TFLAG_SEND_WRITE_ZEROES
     | TFLAG_SEND_TRIM
-    | TFLAG_CAN_MULTI_CONN;
+    | TFLAG_CAN_MULTI_CONN
+    | TFLAG_SEND_CACHE;
+
+/// The flags of a session: DF only where structured replies were negotiated (the spec).
+fn flags_of(session: &Session) -> u16 {
+    TRANSMISSION_FLAGS | if session.structured { TFLAG_SEND_DF } else { 0 }
+}
 
 /// A connection's standing in the negotiation.
 #[derive(Debug, Clone, Default)]
@@ -51,9 +57,35 @@ pub struct Session {
     pub peer: Option<Identity>,
     /// The client asked for no 124 zero bytes after EXPORT_NAME.
     pub no_zeroes: bool,
+    /// Structured replies negotiated.
+    pub structured: bool,
+    /// The export `base:allocation` was selected for (SET_META_CONTEXT).
+    pub allocation_for: Option<String>,
+}
+
+/// What transmission may use on the export chosen.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Replies {
+    /// Structured replies (READ as one OFFSET_DATA chunk, errors as ERROR chunks).
+    pub structured: bool,
+    /// BLOCK_STATUS in `base:allocation`.
+    pub allocation: bool,
 }
 
 impl Session {
+    /// What transmission on export `name` may use.
+    pub fn replies(&self, name: &str) -> Replies {
+        Replies { structured: self.structured, allocation: self.allocation_for.as_deref() == Some(name) }
+    }
+
+    /// Forgets what was negotiated before TLS (the spec: state from before STARTTLS does
+    /// not carry over).
+    pub fn secure(&mut self) {
+        self.secured = true;
+        self.structured = false;
+        self.allocation_for = None;
+    }
+
     /// Whether this client may see and open `e`.
     fn may_open(&self, e: &ExportInfo) -> bool {
         crate::tls_authz::allows(&e.allow, self.peer.as_ref())
@@ -62,8 +94,8 @@ impl Session {
 /// The outcome of negotiation.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Negotiated {
-    /// Enter transmission on this export (VM id).
-    Export(u32),
+    /// Enter transmission on this export (VM id), with what its replies may use.
+    Export(u32, Replies),
     /// The client aborted or the handshake failed: close.
     Closed,
     /// STARTTLS was acknowledged: run the TLS handshake, then [`options`] over it.
@@ -156,12 +188,12 @@ pub fn options<S: Read + Write>(
                 }
                 let mut b = Vec::with_capacity(10 + 124);
                 b.extend_from_slice(&e.size.to_be_bytes());
-                b.extend_from_slice(&TRANSMISSION_FLAGS.to_be_bytes());
+                b.extend_from_slice(&flags_of(session).to_be_bytes());
                 if !no_zeroes {
                     b.extend_from_slice(&[0u8; 124]);
                 }
                 s.write_all(&b)?;
-                return Ok(Negotiated::Export(e.id));
+                return Ok(Negotiated::Export(e.id, session.replies(&e.name)));
             }
             OPT_ABORT => {
                 s.write_all(&option_reply(opt, REP_ACK, &[]))?;
@@ -204,7 +236,7 @@ pub fn options<S: Read + Write>(
                 }
                 let mut info = INFO_EXPORT.to_be_bytes().to_vec();
                 info.extend_from_slice(&e.size.to_be_bytes());
-                info.extend_from_slice(&TRANSMISSION_FLAGS.to_be_bytes());
+                info.extend_from_slice(&flags_of(session).to_be_bytes());
                 s.write_all(&option_reply(opt, REP_INFO, &info))?;
                 if infos.contains(&INFO_BLOCK_SIZE) {
                     let mut b = INFO_BLOCK_SIZE.to_be_bytes().to_vec();
@@ -215,10 +247,54 @@ pub fn options<S: Read + Write>(
                 }
                 s.write_all(&option_reply(opt, REP_ACK, &[]))?;
                 if opt == OPT_GO {
-                    return Ok(Negotiated::Export(e.id));
+                    return Ok(Negotiated::Export(e.id, session.replies(&e.name)));
                 }
             }
+            OPT_STRUCTURED_REPLY if len != 0 => {
+                s.write_all(&option_reply(opt, REP_ERR_INVALID, b"STRUCTURED_REPLY takes no data"))?
+            }
+            OPT_STRUCTURED_REPLY => {
+                session.structured = true;
+                s.write_all(&option_reply(opt, REP_ACK, &[]))?
+            }
+            OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => s.write_all(&meta_context(opt, &data, session, d))?,
             _ => s.write_all(&option_reply(opt, REP_ERR_UNSUP, b"option not supported"))?,
         }
     }
+}
+
+/// The replies to LIST/SET_META_CONTEXT: `base:allocation` is the one context, listed
+/// for an empty query list or a `base:` query, selected when asked for by name (SET
+/// needs structured replies first, and forgets an earlier selection).
+fn meta_context(opt: u32, data: &[u8], session: &mut Session, d: &(impl Exports + ?Sized)) -> Vec<u8> {
+    use super::structured::{decode_meta_request, BASE_ALLOCATION, BASE_ALLOCATION_ID};
+    let set = opt == OPT_SET_META_CONTEXT;
+    if set {
+        session.allocation_for = None;
+        if !session.structured {
+            return option_reply(opt, REP_ERR_INVALID, b"negotiate structured replies first");
+        }
+    }
+    let Some((export, queries)) = decode_meta_request(data) else {
+        return option_reply(opt, REP_ERR_INVALID, b"malformed META_CONTEXT data");
+    };
+    let Some(e) = d.exports().into_iter().find(|e| e.name == export).filter(|e| session.may_open(e)) else {
+        return option_reply(opt, REP_ERR_UNKNOWN, format!("no export named `{export}`").as_bytes());
+    };
+    let wanted = if set {
+        queries.iter().any(|q| q == BASE_ALLOCATION)
+    } else {
+        queries.is_empty() || queries.iter().any(|q| q == BASE_ALLOCATION || q == "base:")
+    };
+    let mut out = Vec::new();
+    if wanted {
+        let mut b = BASE_ALLOCATION_ID.to_be_bytes().to_vec();
+        b.extend_from_slice(BASE_ALLOCATION.as_bytes());
+        out.extend(option_reply(opt, REP_META_CONTEXT, &b));
+        if set {
+            session.allocation_for = Some(e.name);
+        }
+    }
+    out.extend(option_reply(opt, REP_ACK, &[]));
+    out
 }

@@ -6,5 +6,6 @@ pub mod handshake;
 pub mod option_replay;
 pub mod polling;
 pub mod proto;
+pub mod structured;
 pub mod tls_stream;
 pub mod transmission_async;

@@ -65,10 +65,10 @@ pub fn replay(input: &[u8], mode: TlsMode) -> (io::Result<Negotiated>, Vec<u8>) 
 
 /// Checks a `require` listener's side of a plaintext conversation: `input` and `output`
 /// of [`replay`]. Every complete option the client sent was answered, in order, with
-/// TLS_REQD unless it was STARTTLS (ACK, INVALID or, never here, POLICY) or ABORT (ACK);
-/// the outcome is never an export.
+/// TLS_REQD unless it was STARTTLS (ACK or INVALID) or ABORT (ACK), or its data was over
+/// the limit (TOO_BIG, then closed); the outcome is never an export.
 pub fn check_tls_required(input: &[u8], outcome: &io::Result<Negotiated>, output: &[u8]) -> Result<(), String> {
-    if let Ok(Negotiated::Export(vm)) = outcome {
+    if let Ok(Negotiated::Export(vm, _)) = outcome {
         return Err(format!("export {vm} served before TLS"));
     }
     let mut replies = output.get(18..).unwrap_or_default(); // after the greeting
@@ -84,11 +84,13 @@ pub fn check_tls_required(input: &[u8], outcome: &io::Result<Negotiated>, output
         if r_opt != opt {
             return Err(format!("reply to option {r_opt} where {opt} was asked"));
         }
-        let fine = match opt {
-            OPT_STARTTLS => matches!(kind, REP_ACK | REP_ERR_INVALID),
-            OPT_ABORT => kind == REP_ACK,
-            _ => matches!(kind, REP_ERR_TLS_REQD | REP_ERR_TOO_BIG),
-        };
+        // Data over the limit is refused (and the connection closed) whatever the option.
+        let fine = kind == REP_ERR_TOO_BIG
+            || match opt {
+                OPT_STARTTLS => matches!(kind, REP_ACK | REP_ERR_INVALID),
+                OPT_ABORT => kind == REP_ACK,
+                _ => kind == REP_ERR_TLS_REQD,
+            };
         if !fine {
             return Err(format!("option {opt} answered {kind:#x} before TLS"));
         }
@@ -142,12 +144,25 @@ mod tests {
     }
 
     #[test]
+    fn oversized_option_data_is_too_big_even_for_starttls() {
+        // The fuzz target's first find: STARTTLS with 4 GiB of data announced.
+        let mut input = FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec();
+        input.extend(IHAVEOPT.to_be_bytes());
+        input.extend(OPT_STARTTLS.to_be_bytes());
+        input.extend(u32::MAX.to_be_bytes());
+        let (outcome, output) = replay(&input, TlsMode::Require);
+        assert!(matches!(outcome, Ok(Negotiated::Closed)), "{outcome:?}");
+        assert_eq!(u32::from_be_bytes(output[18 + 12..18 + 16].try_into().unwrap()), REP_ERR_TOO_BIG);
+        check_tls_required(&input, &outcome, &output).unwrap();
+    }
+
+    #[test]
     fn the_checker_catches_a_listener_that_serves_before_tls() {
         let mut input = FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec();
         input.extend(option(OPT_GO, &go("a")));
         // TLS off: the export is served, and the checker says so.
         let (outcome, output) = replay(&input, TlsMode::Off);
-        assert!(matches!(outcome, Ok(Negotiated::Export(0))));
+        assert!(matches!(outcome, Ok(Negotiated::Export(0, _))));
         assert!(check_tls_required(&input, &outcome, &output).unwrap_err().contains("before TLS"));
         let (outcome, output) = replay(&input, TlsMode::Require);
         check_tls_required(&input, &outcome, &output).unwrap();

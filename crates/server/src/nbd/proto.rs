@@ -30,12 +30,20 @@ pub const OPT_EXPORT_NAME: u32 = 1;
 pub const OPT_ABORT: u32 = 2;
 /// List exports.
 pub const OPT_LIST: u32 = 3;
-/// TLS (refused: loopback only).
+/// Start TLS.
 pub const OPT_STARTTLS: u32 = 5;
 /// Export information.
 pub const OPT_INFO: u32 = 6;
 /// Information, then transmission.
 pub const OPT_GO: u32 = 7;
+/// Structured replies.
+pub const OPT_STRUCTURED_REPLY: u32 = 8;
+/// List metadata contexts.
+pub const OPT_LIST_META_CONTEXT: u32 = 9;
+/// Select metadata contexts for BLOCK_STATUS.
+pub const OPT_SET_META_CONTEXT: u32 = 10;
+/// 64-bit headers (not offered: no client here speaks it yet).
+pub const OPT_EXTENDED_HEADERS: u32 = 11;
 
 /// Option replies.
 pub const REP_ACK: u32 = 1;
@@ -43,6 +51,8 @@ pub const REP_ACK: u32 = 1;
 pub const REP_SERVER: u32 = 2;
 /// An information item.
 pub const REP_INFO: u32 = 3;
+/// A metadata context (id and name).
+pub const REP_META_CONTEXT: u32 = 4;
 /// Error bit of option replies.
 pub const REP_FLAG_ERROR: u32 = 1 << 31;
 /// Unknown or unsupported option.
@@ -75,8 +85,12 @@ pub const TFLAG_SEND_FUA: u16 = 1 << 3;
 pub const TFLAG_SEND_TRIM: u16 = 1 << 5;
 /// WRITE_ZEROES supported.
 pub const TFLAG_SEND_WRITE_ZEROES: u16 = 1 << 6;
+/// READ's DF flag honoured (only with structured replies).
+pub const TFLAG_SEND_DF: u16 = 1 << 7;
 /// Several connections see one consistent view (flush on one covers writes on all).
 pub const TFLAG_CAN_MULTI_CONN: u16 = 1 << 8;
+/// CACHE supported.
+pub const TFLAG_SEND_CACHE: u16 = 1 << 10;
 
 /// Commands.
 pub const CMD_READ: u16 = 0;
@@ -88,13 +102,21 @@ pub const CMD_DISC: u16 = 2;
 pub const CMD_FLUSH: u16 = 3;
 /// Trim (discard).
 pub const CMD_TRIM: u16 = 4;
+/// Bring a range into the cache (a hint).
+pub const CMD_CACHE: u16 = 5;
 /// Write zeroes.
 pub const CMD_WRITE_ZEROES: u16 = 6;
+/// Block status of a range in the negotiated metadata contexts.
+pub const CMD_BLOCK_STATUS: u16 = 7;
 
 /// Command flag: force unit access.
 pub const CMD_FLAG_FUA: u16 = 1 << 0;
 /// Command flag: do not punch holes (WRITE_ZEROES).
 pub const CMD_FLAG_NO_HOLE: u16 = 1 << 1;
+/// Command flag: one content chunk only (READ, structured replies).
+pub const CMD_FLAG_DF: u16 = 1 << 2;
+/// Command flag: one block status descriptor only.
+pub const CMD_FLAG_REQ_ONE: u16 = 1 << 3;
 /// Command flag: fail fast if zeroing is slow.
 pub const CMD_FLAG_FAST_ZERO: u16 = 1 << 4;
 
@@ -208,7 +230,8 @@ pub fn decode_info_request(data: &[u8]) -> Option<(String, Vec<u16>)> {
 pub fn check_range(r: &Request, size: u64) -> Result<(), u32> {
     match r.kind {
         CMD_READ | CMD_WRITE if r.length > MAX_PAYLOAD => Err(EOVERFLOW),
-        CMD_READ | CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES => {
+        CMD_BLOCK_STATUS if r.length == 0 => Err(EINVAL),
+        CMD_READ | CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES | CMD_CACHE | CMD_BLOCK_STATUS => {
             if r.offset.checked_add(r.length as u64).is_none_or(|end| end > size) {
                 Err(EINVAL)
             } else {

@@ -8,10 +8,16 @@
 //! request to a vDisk removed meanwhile ESHUTDOWN, and the connection closes. A bad magic
 //! or an oversized WRITE payload (the stream cannot be resynchronized) closes the
 //! connection (EOVERFLOW first for the payload). TRIM drops the range from the cache and
-//! hints the backing store. Nothing is changed by a request that is refused. Every reply
-//! in flight is sent before a connection closes.
+//! hints the backing store. CACHE queues a hint for the background loader and is answered
+//! at once; BLOCK_STATUS answers `base:allocation` from the backing store's holes and the
+//! cache's dirty blocks (`datapath/allocation.rs`). With structured replies, a READ is one
+//! final OFFSET_DATA chunk and a failed READ or BLOCK_STATUS an ERROR chunk; the other
+//! commands keep simple replies, as qemu-nbd does. Nothing is changed by a request that
+//! is refused. Every reply in flight is sent before a connection closes.
 
+use super::handshake::Replies;
 use super::proto::*;
+use super::structured::{block_status_chunk, error_chunk, read_data_header, BASE_ALLOCATION_ID};
 use crate::datapath::{copy_range, Cmd, DataPath};
 use cachevisor_engine::Failure;
 use prometheus_client::metrics::histogram::Histogram;
@@ -152,14 +158,13 @@ fn slot_of(kind: u16) -> usize {
     }
 }
 
-/// Serves export `vm` of `size` bytes from `dp` until the client disconnects, observing
-/// request latencies in `latency` when given.
+/// Serves export `vm` of `size` bytes from `dp` with the replies negotiated until the
+/// client disconnects, observing request latencies in `latency` when given.
 pub fn serve<R: Read, W: Write + Send + 'static>(
     input: R,
     output: W,
     dp: &Arc<DataPath>,
-    vm: u32,
-    size: u64,
+    (vm, size, replies): (u32, u64, Replies),
     latency: Option<Latency>,
 ) -> io::Result<()> {
     let mut r = io::BufReader::with_capacity(1 << 18, input);
@@ -198,22 +203,42 @@ pub fn serve<R: Read, W: Write + Send + 'static>(
                 conn.end(); // not answered (the protocol's rule)
                 return Ok(());
             }
+            // READ and BLOCK_STATUS fail with an ERROR chunk once replies are structured.
+            let chunked = replies.structured && matches!(req.kind, CMD_READ | CMD_BLOCK_STATUS);
+            let fail = move |c: &Conn<W>, e: u32, cookie: u64, why: &str| {
+                if chunked {
+                    c.send(&error_chunk(cookie, e, why), timing)
+                } else {
+                    c.reply(e, cookie, timing)
+                }
+            };
             if !dp.serves(vm) {
                 tracing::info!(vdisk = vm, "the vDisk is no longer served: closing");
-                conn.reply(ESHUTDOWN, req.cookie, timing);
+                fail(&conn, ESHUTDOWN, req.cookie, "the vDisk was removed");
                 return Ok(());
             }
             let allowed = match req.kind {
+                CMD_READ if replies.structured => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE | CMD_FLAG_DF,
                 CMD_READ | CMD_WRITE => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE,
                 CMD_WRITE_ZEROES => CMD_FLAG_FUA | CMD_FLAG_NO_HOLE,
                 CMD_TRIM => CMD_FLAG_FUA,
-                CMD_FLUSH => 0,
+                CMD_BLOCK_STATUS => CMD_FLAG_REQ_ONE,
                 _ => 0,
             };
-            let known = matches!(req.kind, CMD_READ | CMD_WRITE | CMD_WRITE_ZEROES | CMD_TRIM | CMD_FLUSH);
+            let known = matches!(req.kind, CMD_READ | CMD_WRITE | CMD_WRITE_ZEROES | CMD_TRIM | CMD_FLUSH | CMD_CACHE)
+                || (req.kind == CMD_BLOCK_STATUS && replies.allocation);
             let range = if req.kind == CMD_FLUSH { Ok(()) } else { check_range(&req, size) };
             if let Err(e) = range.and(if !known || req.flags & !allowed != 0 { Err(EINVAL) } else { Ok(()) }) {
-                conn.reply(e, req.cookie, timing);
+                fail(
+                    &conn,
+                    e,
+                    req.cookie,
+                    if known {
+                        "request past the export's end or with a flag it does not take"
+                    } else {
+                        "unknown command (BLOCK_STATUS needs base:allocation)"
+                    },
+                );
                 continue;
             }
             let (c, cookie, fua) = (conn.clone(), req.cookie, req.flags & CMD_FLAG_FUA != 0);
@@ -242,22 +267,25 @@ pub fn serve<R: Read, W: Write + Send + 'static>(
                     let (offset, len) = (req.offset, req.length);
                     let done = Box::new(move |res: Result<Vec<crate::datapath::Bytes>, Failure>| match res {
                         Ok(parts) => {
-                            let header = simple_reply(0, cookie);
+                            // One final OFFSET_DATA chunk when structured (DF holds), else a
+                            // simple reply; the data follows the header either way.
+                            let (simple, chunk) = (simple_reply(0, cookie), read_data_header(cookie, offset, len));
+                            let header: &[u8] = if replies.structured { &chunk } else { &simple };
                             match in_order(&parts, offset, len as u64) {
                                 Some(pieces) => {
                                     let mut slices: Vec<io::IoSlice<'_>> =
-                                        std::iter::once(&header[..]).chain(pieces).map(io::IoSlice::new).collect();
+                                        std::iter::once(header).chain(pieces).map(io::IoSlice::new).collect();
                                     c.send_slices(&mut slices, timing);
                                 }
                                 None => {
-                                    let mut msg = vec![0u8; 16 + len as usize];
-                                    msg[..16].copy_from_slice(&header);
-                                    copy_range(&parts, offset, &mut msg[16..]);
+                                    let mut msg = vec![0u8; header.len() + len as usize];
+                                    msg[..header.len()].copy_from_slice(header);
+                                    copy_range(&parts, offset, &mut msg[header.len()..]);
                                     c.send(&msg, timing);
                                 }
                             }
                         }
-                        Err(f) => c.reply(errno(f), cookie, timing),
+                        Err(f) => fail(&c, errno(f), cookie, "the read failed"),
                     });
                     dp.submit(vm, offset, Cmd::Read(len), here, done);
                 }
@@ -266,6 +294,19 @@ pub fn serve<R: Read, W: Write + Send + 'static>(
                 }
                 CMD_TRIM => {
                     dp.submit(vm, req.offset, Cmd::Discard(req.length), false, then_flush(dp.clone(), c));
+                }
+                CMD_CACHE => {
+                    // A hint, queued for the background loader: answered at once, so it
+                    // never delays the requests behind it.
+                    dp.hint_cache(vm, req.offset, req.length as u64);
+                    conn.reply(0, cookie, timing);
+                }
+                CMD_BLOCK_STATUS => {
+                    let one = req.flags & CMD_FLAG_REQ_ONE != 0;
+                    match dp.allocation(vm, req.offset, req.length, one) {
+                        Ok(extents) => conn.send(&block_status_chunk(cookie, BASE_ALLOCATION_ID, &extents), timing),
+                        Err(e) => fail(&conn, EIO, cookie, &format!("block status: {e}")),
+                    }
                 }
                 CMD_FLUSH => {
                     dp.submit(

@@ -145,7 +145,36 @@ pub(crate) fn fio_with(
     size: &str,
     extra: &[&str],
 ) -> anyhow::Result<FioReads> {
-    let o = Command::new("fio")
+    fio_as(uri, rw, depth, secs, size, extra, None)
+}
+
+/// fio as [`fio_with`], with libnbd's TLS certificates taken from `home`'s
+/// `.pki/libnbd` when given: fio's nbd engine refuses `?tls-certificates=` (libnbd's
+/// local-file guard), and libnbd reads that directory for any user but root (root's is
+/// /etc/pki/libnbd, which a bench must not touch: as root, fio runs as `nobody`).
+fn fio_as(
+    uri: &str,
+    rw: &str,
+    depth: u32,
+    secs: u32,
+    size: &str,
+    extra: &[&str],
+    home: Option<&Path>,
+) -> anyhow::Result<FioReads> {
+    let mut cmd = match home {
+        Some(h) if nix::unistd::geteuid().is_root() => {
+            let mut c = Command::new("setpriv");
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "fio"]).env("HOME", h);
+            c
+        }
+        Some(h) => {
+            let mut c = Command::new("fio");
+            c.env("HOME", h);
+            c
+        }
+        None => Command::new("fio"),
+    };
+    let o = cmd
         .args([
             "--name=b",
             "--ioengine=nbd",
@@ -225,11 +254,12 @@ pub fn run(disk_size: u64, rounds: usize, secs: u32, job: &Job, dir: &Path) -> a
         job.write_policy
     );
     let pki = if job.tls { Some(make_pki(dir)?) } else { None };
-    let client_q = pki.as_ref().map(|p| format!("?tls-certificates={}", p.join("client").display()));
+    let home = pki.as_ref().map(|p| p.join("fio-home"));
     let tls_uri = |plain: &str| -> String {
-        match &client_q {
-            Some(q) => format!("{}{q}", plain.replacen("nbd://", "nbds://", 1)),
-            None => plain.to_string(),
+        if pki.is_some() {
+            plain.replacen("nbd://", "nbds://", 1)
+        } else {
+            plain.to_string()
         }
     };
     if job.tls {
@@ -274,13 +304,15 @@ pub fn run(disk_size: u64, rounds: usize, secs: u32, job: &Job, dir: &Path) -> a
             for &depth in &job.iodepth {
                 let (mut a, mut b, mut plain, mut owed) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
                 for _ in 0..rounds.max(1) {
-                    a.push(fio_with(&cv_uri, rw, depth, secs, &range, &args)?.iops);
+                    a.push(fio_as(&cv_uri, rw, depth, secs, &range, &args, home.as_deref())?.iops);
                     if job.tls {
+                        // Its own plaintext run starts as clean as the TLS run did.
+                        owed.push(wait_for_writeback(&api)?.as_secs_f64());
                         plain.push(fio_with(&cv_plain, rw, depth, secs, &range, &args)?.iops);
                     }
                     // The peer runs on the same disk: not while cachevisor writes back.
                     owed.push(wait_for_writeback(&api)?.as_secs_f64());
-                    b.push(fio_with(&other_uri, rw, depth, secs, &range, &args)?.iops);
+                    b.push(fio_as(&other_uri, rw, depth, secs, &range, &args, home.as_deref())?.iops);
                 }
                 let (ma, mb) = (median(a.clone()), median(b.clone()));
                 let tls_cols = if job.tls {
@@ -308,7 +340,18 @@ fn make_pki(dir: &Path) -> anyhow::Result<std::path::PathBuf> {
     let root = dir.join("pki");
     let _ = std::fs::remove_dir_all(&root);
     let pki = crate::bench_certs::Pki::new(&root);
-    pki.client("client", "/CN=bench-client", None, 1);
+    let client = pki.client("client", "/CN=bench-client", None, 1);
+    // libnbd's per-user directory for fio (see `fio_as`), readable by the user fio runs as.
+    use std::os::unix::fs::PermissionsExt;
+    let libnbd = root.join("fio-home/.pki/libnbd");
+    std::fs::create_dir_all(&libnbd)?;
+    for f in ["ca-cert.pem", "client-cert.pem", "client-key.pem"] {
+        std::fs::copy(client.join(f), libnbd.join(f))?;
+        std::fs::set_permissions(libnbd.join(f), std::fs::Permissions::from_mode(0o644))?;
+    }
+    for d in [root.as_path(), &root.join("fio-home"), &root.join("fio-home/.pki"), &libnbd] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755))?;
+    }
     Ok(root)
 }
 

@@ -48,8 +48,14 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         print!("{}", cachevisor_server::config::default_with_reference());
         return Ok(());
     }
+    let mut filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    if !std::env::var("RUST_LOG").unwrap_or_default().contains("rustls") {
+        // rustls warns on every connection of a client that sends an IP address as SNI
+        // (libnbd does): not the operator's business unless asked for.
+        filter = filter.add_directive("rustls=error".parse().expect("a valid directive"));
+    }
     let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         // Colour only on a terminal: a log written to a file or a pipe stays plain text.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

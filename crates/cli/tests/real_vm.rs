@@ -1,8 +1,10 @@
 //! A real Linux guest on a cachevisor disk: Debian's kernel (unpacked by
 //! `scripts/guest-kernel`, which `scripts/test` runs) boots under `qemu-system-x86_64` (TCG)
-//! with a busybox initramfs built here, its disk a write-back cachevisor NBD export. The
-//! guest makes an ext2 file system, writes files, syncs and checksums them; meanwhile the
-//! daemon is SIGKILLed and restarted once, and QEMU's NBD client reconnects. The guest must
+//! with a busybox initramfs built here, its disk a write-back cachevisor NBD export served
+//! over TLS (`tls = "require"`, a client certificate on the vDisk's `allow` list, QEMU's
+//! `tls-creds-x509`; certificates made by the test). The guest makes an ext2 file system, writes files, syncs and checksums them; meanwhile the
+//! daemon is SIGKILLed and restarted once, and QEMU's NBD client reconnects (a new TLS
+//! handshake). The guest must
 //! see no I/O error, every checksum must match after a remount, and the restarted cache
 //! must serve hits at once (warm restart). Without the guest kernel the test fails, saying
 //! how to get it; it never skips silently.
@@ -113,12 +115,14 @@ fn a_linux_guest_survives_a_daemon_crash_without_an_io_error() {
     let d = dir.path();
     let initrd = initramfs(d, &kernel);
     let (port, api) = (free_port(), free_port());
+    let pki = certs::Pki::new(&d.join("pki"));
+    let host = pki.client("hypervisor", "/O=tenant1/CN=hypervisor-1", None, 1);
     std::fs::write(
         d.join("vm.toml"),
         format!(
             "[cache]\npath = \"cache.img\"\nsize = \"128MiB\"\nblock_size = \"4KiB\"\nwrite_policy = \"wb\"\nflush_rate = \"0\"\n\
-             [listen]\ntcp = \"127.0.0.1:{port}\"\n[api]\nlisten = \"127.0.0.1:{api}\"\n\
-             [[vdisk]]\nname = \"guest\"\nbacking = \"guest.img\"\nsize = \"256MiB\"\n"
+             [listen]\ntcp = \"127.0.0.1:{port}\"\ntls = \"require\"\ntls_dir = \"pki/server\"\n[api]\nlisten = \"127.0.0.1:{api}\"\n\
+             [[vdisk]]\nname = \"guest\"\nbacking = \"guest.img\"\nsize = \"256MiB\"\nallow = [\"CN=hypervisor-1,O=tenant1\"]\n"
         ),
     )
     .unwrap();
@@ -130,8 +134,9 @@ fn a_linux_guest_survives_a_daemon_crash_without_an_io_error() {
         .arg("-initrd")
         .arg(&initrd)
         .args(["-append", "console=ttyS0 panic=-1 loglevel=4"])
+        .args(["-object", &format!("tls-creds-x509,id=tls0,dir={},endpoint=client", host.display())])
         .arg("-blockdev")
-        .arg(format!("driver=nbd,node-name=disk,server.type=inet,server.host=127.0.0.1,server.port={port},export=guest,reconnect-delay=30"))
+        .arg(format!("driver=nbd,node-name=disk,server.type=inet,server.host=127.0.0.1,server.port={port},export=guest,tls-creds=tls0,reconnect-delay=30"))
         .args(["-device", "virtio-blk-pci,drive=disk"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

@@ -135,6 +135,10 @@ pub struct ListenConfig {
     /// write permission on the socket.
     #[serde(default = "default_unix_mode")]
     pub unix_mode: String,
+    /// The unix socket's group (a name or a number), e.g. the hypervisor's ("kvm",
+    /// "libvirt-qemu"); needs `unix_mode = "0660"` and a daemon user in that group (or
+    /// root).
+    pub unix_group: Option<String>,
     /// How long a connection's reader polls for the next request before it sleeps
     /// (`nbd/polling.rs`; "0" never polls). Polling spares a client that sends request
     /// after request the cost of waking a sleeping CPU; it stops for idle clients and at
@@ -193,6 +197,7 @@ impl Default for ListenConfig {
             tcp: None,
             unix: None,
             unix_mode: default_unix_mode(),
+            unix_group: None,
             poll: default_poll(),
             max_connections: default_max_connections(),
             handshake_timeout: default_handshake_timeout(),
@@ -232,6 +237,26 @@ pub fn unix_mode(mode: &str) -> Result<u32, String> {
         return Err(format!("listen.unix_mode: `{mode}` leaves the daemon's own user without read/write"));
     }
     Ok(m)
+}
+
+/// `listen.unix_group` resolved to a group id (a name from the system's group database,
+/// or a number), checked against `mode`: a group that cannot read and write the socket
+/// would be given nothing.
+pub fn unix_group(group: &str, mode: u32) -> Result<u32, String> {
+    let gid = match group.parse::<u32>() {
+        Ok(n) => n,
+        Err(_) => nix::unistd::Group::from_name(group)
+            .map_err(|e| format!("listen.unix_group: looking up `{group}`: {e}"))?
+            .ok_or_else(|| format!("listen.unix_group: no group named `{group}` on this system"))?
+            .gid
+            .as_raw(),
+    };
+    if mode & 0o060 != 0o060 {
+        return Err(format!(
+            "listen.unix_group: `{group}` would get no access with unix_mode {mode:04o}: set unix_mode = \"0660\""
+        ));
+    }
+    Ok(gid)
 }
 
 fn default_poll() -> String {
@@ -514,6 +539,7 @@ params = {}                   # default {}: the allocator's parameters over its 
 tcp = "127.0.0.1:10809"       # loopback, or a test namespace address
 unix = "var/cachevisor.sock"  # a unix socket (a stale one is replaced)
 unix_mode = "0600"            # default 0600, at most 0660: the socket's mode (connecting takes write permission; 0660 lets the daemon's group in)
+unix_group = "kvm"            # default: the daemon's group; a group name or number for the socket (with unix_mode = "0660"; the daemon's user must be in it, or root)
 poll = "50us"                 # default 50us, 0 to 1ms: a connection polls this long for its next request before sleeping ("0": never)
 max_connections = 1024        # default 1024, 1 to 65536: NBD connections at once (more are closed at once; logged, counted)
 handshake_timeout = "10s"     # default 10s, 100ms to 10min: a client that has not finished the NBD handshake by then is closed
@@ -658,7 +684,10 @@ impl Config {
         if let Some(t) = &self.listen.tcp {
             t.parse::<SocketAddr>().map_err(|e| format!("listen.tcp: `{t}`: {e}"))?;
         }
-        unix_mode(&self.listen.unix_mode)?;
+        let mode = unix_mode(&self.listen.unix_mode)?;
+        if let Some(g) = &self.listen.unix_group {
+            unix_group(g, mode)?;
+        }
         self.listen.tls_credentials()?;
         let poll_ns =
             cachevisor_trace::units::parse_duration_ns(&self.listen.poll).map_err(|e| format!("listen.poll: {e}"))?;

@@ -103,8 +103,11 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
     if let Some(p) = &cfg.listen.unix {
         let _ = std::fs::remove_file(p); // a stale socket from an earlier run
         let mode = crate::config::unix_mode(&cfg.listen.unix_mode).map_err(StartError::Config)?;
-        let l =
-            bind_unix(p, mode).map_err(|source| StartError::File { path: p.display().to_string(), error: source })?;
+        let group = match &cfg.listen.unix_group {
+            Some(g) => Some((g.as_str(), crate::config::unix_group(g, mode).map_err(StartError::Config)?)),
+            None => None,
+        };
+        let l = bind_unix(p, mode, group).map_err(StartError::Config)?;
         unix = Some(p.clone());
         let (d, p) = (daemon.clone(), polling.clone());
         std::thread::spawn(move || listener::unix(l, d, p));
@@ -141,20 +144,26 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
     Ok(Running { daemon, tcp, unix, api })
 }
 
-/// Binds a unix socket at `path` with file mode `mode`, never reachable with another:
-/// bound inside a fresh 0700 directory beside it, given its mode, then renamed into
-/// place (a chmod after binding at `path` would leave it open to the umask's mode for a
-/// moment).
-fn bind_unix(path: &std::path::Path, mode: u32) -> std::io::Result<UnixListener> {
+/// Binds a unix socket at `path` with file mode `mode` (and group `(name, gid)`), never
+/// reachable with another: bound inside a fresh 0700 directory beside it, given its mode
+/// and group, then renamed into place (a chmod after binding at `path` would leave it
+/// open to the umask's mode for a moment). Errors name the path or the key.
+fn bind_unix(path: &std::path::Path, mode: u32, group: Option<(&str, u32)>) -> Result<UnixListener, String> {
     use std::os::unix::fs::PermissionsExt;
+    let at = |e: std::io::Error| format!("{}: {e}", path.display());
     let parent = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
     let private = parent.join(format!(".cv-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&private); // a crashed start's leftover
-    crate::private_files::create_dir(&private)?;
+    crate::private_files::create_dir(&private).map_err(at)?;
     let staged = private.join("s");
-    let r = UnixListener::bind(&staged).and_then(|l| {
-        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(mode))?;
-        std::fs::rename(&staged, path)?;
+    let r = UnixListener::bind(&staged).map_err(at).and_then(|l| {
+        if let Some((name, gid)) = group {
+            std::os::unix::fs::chown(&staged, None, Some(gid)).map_err(|e| {
+                format!("listen.unix_group: cannot give {} to group `{name}`: {e} (the daemon's user must be in that group, or root)", path.display())
+            })?;
+        }
+        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(mode)).map_err(at)?;
+        std::fs::rename(&staged, path).map_err(at)?;
         Ok(l)
     });
     let _ = std::fs::remove_dir_all(&private);

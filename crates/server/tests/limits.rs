@@ -226,3 +226,44 @@ fn the_unix_socket_has_its_mode_and_real_clients_connect() {
         assert!(e.starts_with("listen.unix_mode: "), "{bad}: {e}");
     }
 }
+
+#[test]
+fn the_unix_socket_gets_the_hypervisors_group() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    // A group the socket may be given, by name and by number: as root, one that is not
+    // root's own (so the chown shows); otherwise this process's primary group.
+    let own = nix::unistd::getgid().as_raw();
+    let groups: Vec<(String, u32)> = std::fs::read_to_string("/etc/group")
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            Some((f.first()?.to_string(), f.get(2)?.parse().ok()?))
+        })
+        .collect();
+    let root = nix::unistd::geteuid().is_root();
+    let (name, gid) = groups
+        .into_iter()
+        .find(|(_, g)| if root { *g != own } else { *g == own })
+        .expect("a usable group in /etc/group");
+    for group in [name.clone(), gid.to_string()] {
+        let mut c = config(dir.path(), "1MiB", &[("a", "4MiB", "wt")]);
+        c.listen.unix = Some(dir.path().join("nbd.sock"));
+        c.listen.unix_mode = "0660".into();
+        c.listen.unix_group = Some(group.clone());
+        let r = serve(&c);
+        let m = std::fs::metadata(dir.path().join("nbd.sock")).unwrap();
+        assert_eq!((m.gid(), m.mode() & 0o777), (gid, 0o660), "{group}");
+        r.daemon.shutdown().unwrap();
+    }
+    let mut c = config(dir.path(), "1MiB", &[("a", "4MiB", "wt")]);
+    c.listen.unix = Some(dir.path().join("nbd.sock"));
+    c.listen.unix_group = Some(name.clone());
+    let e = c.resolve().unwrap_err();
+    assert!(e.starts_with("listen.unix_group: ") && e.contains("0660"), "{e}");
+    c.listen.unix_mode = "0660".into();
+    c.listen.unix_group = Some("no-such-group-here".into());
+    let e = c.resolve().unwrap_err();
+    assert!(e.contains("no group named `no-such-group-here`"), "{e}");
+}

@@ -6,8 +6,9 @@
 //!
 //! - [`TlsReader`] reads raw bytes from its socket handle into its own buffer (no lock),
 //!   then feeds them to rustls and takes the plaintext out (lock held for the crypto).
-//! - [`TlsWriter`] encrypts at most 64 KiB of plaintext at a time into its scratch
-//!   buffer (lock held) and writes the records to its socket handle (lock released).
+//! - [`TlsWriter`] encrypts at most 64 KiB of plaintext at a time (lock held) and writes
+//!   the records to its socket handle: a small reply copied out and written with the lock
+//!   released, a large one straight from rustls's buffers under the lock (`send_ready`).
 //!   Writers are serialized by their caller (the transmission's reply mutex), so the
 //!   records leave in the order rustls sealed them; anything rustls queued while reading
 //!   (a TLS 1.3 KeyUpdate answer) leaves with the next reply, in order.
@@ -114,9 +115,22 @@ pub struct TlsWriter<W: Write> {
     scratch: Vec<u8>,
 }
 
-/// Moves every record rustls has ready (`c`, locked) through `scratch` to `sock`,
-/// releasing the lock before the socket write.
-fn send_ready(mut c: MutexGuard<'_, Connection>, scratch: &mut Vec<u8>, sock: &mut impl Write) -> io::Result<()> {
+/// Moves every record rustls has ready (`c`, locked) to `sock`. Small amounts (a 4 KiB
+/// reply) are copied to `scratch` and written after the lock is released, so the reader
+/// is not held up by the syscall; large ones (`large`) go from rustls's buffers straight
+/// to the socket in `writev`s under the lock — the copy would cost more than the wait.
+fn send_ready(
+    mut c: MutexGuard<'_, Connection>,
+    scratch: &mut Vec<u8>,
+    sock: &mut impl Write,
+    large: bool,
+) -> io::Result<()> {
+    if large {
+        while c.wants_write() {
+            c.write_tls(sock)?;
+        }
+        return Ok(());
+    }
     scratch.clear();
     while c.wants_write() {
         c.write_tls(scratch)?;
@@ -124,6 +138,9 @@ fn send_ready(mut c: MutexGuard<'_, Connection>, scratch: &mut Vec<u8>, sock: &m
     drop(c);
     sock.write_all(scratch)
 }
+
+/// Sealed bytes from which [`send_ready`] writes without the copy.
+const LARGE: usize = 16 << 10;
 
 impl<W: Write> Write for TlsWriter<W> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
@@ -150,7 +167,7 @@ impl<W: Write> Write for TlsWriter<W> {
             if n == 0 && take > 0 {
                 return Err(io::Error::new(io::ErrorKind::WriteZero, "TLS send buffer full"));
             }
-            send_ready(c, &mut self.scratch, &mut self.sock)?;
+            send_ready(c, &mut self.scratch, &mut self.sock, n >= LARGE)?;
             IoSlice::advance_slices(&mut rest, n);
         }
         Ok(total)
@@ -166,6 +183,6 @@ impl<W: Write> Drop for TlsWriter<W> {
     fn drop(&mut self) {
         let mut c = lock(&self.shared);
         c.send_close_notify();
-        let _ = send_ready(c, &mut self.scratch, &mut self.sock);
+        let _ = send_ready(c, &mut self.scratch, &mut self.sock, false);
     }
 }

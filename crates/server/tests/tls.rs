@@ -10,7 +10,9 @@
 //!   ACK end that connection only;
 //! - certificates reload: new connections get the new one while an open connection keeps
 //!   serving, and a broken file keeps the old ones;
-//! - `nbdkit --tls=require` as a TLS backing store behind the cache (`nbds://`).
+//! - `nbdkit --tls=require` as a TLS backing store behind the cache (`nbds://`);
+//! - the HTTPS API; TLS over the unix socket; a TLS 1.2 renegotiation refused while the
+//!   server serves on.
 
 mod common;
 use cachevisor_server::nbd::client::{Client, TlsClient};
@@ -342,4 +344,100 @@ fn the_api_speaks_https_with_the_same_certificate_and_reloads_it() {
     let t = "[cache]\npath = \"c.img\"\nsize = \"1MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\ntls = true\n[[vdisk]]\nname = \"a\"\nbacking = \"a.img\"\n";
     let e = cachevisor_server::Config::parse(t, "t", dir.path()).unwrap().resolve().unwrap_err();
     assert!(e.starts_with("api.tls"), "{e}");
+}
+
+#[test]
+fn tls_runs_over_the_unix_socket_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(&dir.path().join("pki"));
+    let a = pki.client("host-a", "/CN=host-a", None, 1);
+    let t = format!(
+        "[cache]\npath = \"cache.img\"\nsize = \"1MiB\"\n[listen]\nunix = \"nbd.sock\"\ntls = \"require\"\ntls_dir = \"{}\"\n[[vdisk]]\nname = \"a\"\nbacking = \"a.img\"\nsize = \"4MiB\"\nwrite_policy = \"wt\"\n",
+        pki.server_dir().display()
+    );
+    let r = serve(&cachevisor_server::Config::parse(&t, "test config", dir.path()).unwrap());
+    assert!(r.uris()[0].starts_with("nbds+unix:///a?socket="), "{:?}", r.uris());
+    let sock = dir.path().join("nbd.sock");
+    let o = tool("qemu-io")
+        .args(["--object", &format!("tls-creds-x509,id=tls0,dir={},endpoint=client", a.display())])
+        .args([
+            "--image-opts",
+            &format!(
+                "driver=nbd,server.type=unix,server.path={},export=a,tls-creds=tls0,tls-hostname=localhost",
+                sock.display()
+            ),
+        ])
+        .args(["-c", "write -P 0x42 0 64k", "-c", "read -P 0x42 0 64k"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && !text.contains("fail"), "{text}{}", String::from_utf8_lossy(&o.stderr));
+    assert!(std::fs::read(dir.path().join("a.img")).unwrap()[..65536].iter().all(|&b| b == 0x42));
+    // Plaintext over the socket is refused as over TCP.
+    let uri = format!("nbd+unix:///a?socket={}", sock.display());
+    let o = tool("qemu-io").args(["-f", "raw", "-c", "read 0 512", &uri]).output().unwrap();
+    assert!(!o.status.success());
+}
+
+#[test]
+fn a_tls_1_2_renegotiation_attempt_ends_that_connection_only() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(&dir.path().join("pki"));
+    let a = pki.client("host-a", "/CN=host-a", None, 1);
+    let r = tls_serve(dir.path(), &pki, "require", &[("a", &[])]);
+    let addr = r.tcp.unwrap();
+    // A relay that does the NBD part (greeting, STARTTLS) and then passes bytes through,
+    // so openssl s_client can run the TLS session and ask to renegotiate ("R").
+    let relay = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let relay_addr = relay.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let (mut client, _) = relay.accept().unwrap();
+        let mut server = greet(addr, FLAG_C_FIXED_NEWSTYLE);
+        send_option(&mut server, OPT_STARTTLS, &[]);
+        assert_eq!(read_option_reply(&mut server).unwrap().1, REP_ACK);
+        server.set_read_timeout(None).unwrap();
+        let (mut c2, mut s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+        std::thread::spawn(move || {
+            let mut b = [0u8; 16384];
+            while let Ok(n) = c2.read(&mut b) {
+                if n == 0 || s2.write_all(&b[..n]).is_err() {
+                    break;
+                }
+            }
+            let _ = s2.shutdown(std::net::Shutdown::Write);
+        });
+        let mut b = [0u8; 16384];
+        while let Ok(n) = server.read(&mut b) {
+            if n == 0 || client.write_all(&b[..n]).is_err() {
+                break;
+            }
+        }
+        let _ = client.shutdown(std::net::Shutdown::Write);
+    });
+    let mut s_client = std::process::Command::new("openssl")
+        .args(["s_client", "-connect", &relay_addr.to_string(), "-tls1_2", "-servername", "localhost"])
+        .args([
+            "-cert",
+            a.join("client-cert.pem").to_str().unwrap(),
+            "-key",
+            a.join("client-key.pem").to_str().unwrap(),
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    s_client.stdin.as_mut().unwrap().write_all(b"R\n").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    drop(s_client.stdin.take());
+    let o = s_client.wait_with_output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(text.contains("TLSv1.2"), "the session was not TLS 1.2:\n{text}");
+    assert!(text.contains("RENEGOTIATING"), "no renegotiation was attempted:\n{text}");
+    // rustls answers with the no_renegotiation alert; the session ends there.
+    assert!(text.contains("no renegotiation"), "the renegotiation was not refused:\n{text}");
+    // Whatever became of that session, the server serves on.
+    assert!(qemu_io_tls(addr.port(), "a", &a, &["write -P 1 0 4k", "read -P 1 0 4k"]).0);
 }

@@ -435,6 +435,8 @@ fn a_tls_1_2_renegotiation_attempt_ends_that_connection_only() {
     let o = s_client.wait_with_output().unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     assert!(text.contains("TLSv1.2"), "the session was not TLS 1.2:\n{text}");
+    // The server's order, AES-128-GCM first, over s_client's (AES-256 first).
+    assert!(text.contains("Cipher is ECDHE-ECDSA-AES128-GCM-SHA256"), "{text}");
     assert!(text.contains("RENEGOTIATING"), "no renegotiation was attempted:\n{text}");
     // rustls answers with the no_renegotiation alert; the session ends there.
     assert!(text.contains("no renegotiation"), "the renegotiation was not refused:\n{text}");

@@ -251,12 +251,18 @@ pub fn unix_group(group: &str, mode: u32) -> Result<u32, String> {
             .gid
             .as_raw(),
     };
+    check_group_mode(group, mode)?;
+    Ok(gid)
+}
+
+/// A socket group needs read and write for the group in the socket's mode.
+fn check_group_mode(group: &str, mode: u32) -> Result<(), String> {
     if mode & 0o060 != 0o060 {
         return Err(format!(
             "listen.unix_group: `{group}` would get no access with unix_mode {mode:04o}: set unix_mode = \"0660\""
         ));
     }
-    Ok(gid)
+    Ok(())
 }
 
 fn default_poll() -> String {
@@ -538,7 +544,7 @@ params = {}                   # default {}: the allocator's parameters over its 
 [listen]                      # at least one of tcp and unix
 tcp = "127.0.0.1:10809"       # loopback, or a test namespace address
 unix = "var/cachevisor.sock"  # a unix socket (a stale one is replaced)
-unix_mode = "0600"            # default 0600, at most 0660: the socket's mode (connecting takes write permission; 0660 lets the daemon's group in)
+unix_mode = "0660"            # default 0600, at most 0660: the socket's mode (connecting takes write permission; 0660 lets the daemon's group in)
 unix_group = "kvm"            # default: the daemon's group; a group name or number for the socket (with unix_mode = "0660"; the daemon's user must be in it, or root)
 poll = "50us"                 # default 50us, 0 to 1ms: a connection polls this long for its next request before sleeping ("0": never)
 max_connections = 1024        # default 1024, 1 to 65536: NBD connections at once (more are closed at once; logged, counted)
@@ -686,7 +692,8 @@ impl Config {
         }
         let mode = unix_mode(&self.listen.unix_mode)?;
         if let Some(g) = &self.listen.unix_group {
-            unix_group(g, mode)?;
+            // The name is looked up at start, on the host that binds the socket.
+            check_group_mode(g, mode)?;
         }
         self.listen.tls_credentials()?;
         let poll_ns =

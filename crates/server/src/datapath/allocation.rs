@@ -114,13 +114,13 @@ impl DataPath {
             .get(vm as usize)
             .cloned()
             .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no such vDisk"))?;
-        let pieces = backing_extents(&backing, offset, end)?;
+        // Dirty blocks first, then the backing's holes: a block written back in between
+        // was dirty when looked at, or is on the backing when it is asked (a write-back
+        // marks the block clean only after it reached the backing). The other order would
+        // report a hole for a block whose write-back finished between the two looks.
         let bs = self.shared.bs;
-        let dirty = if pieces.iter().any(|p| !p.2) {
-            self.with_engine(|e| e.dirty_blocks_in(vm, offset / bs, end.div_ceil(bs)))
-        } else {
-            Vec::new() // all data already: dirty blocks change nothing
-        };
+        let dirty = self.with_engine(|e| e.dirty_blocks_in(vm, offset / bs, end.div_ceil(bs)));
+        let pieces = backing_extents(&backing, offset, end)?;
         Ok(merge(&pieces, &dirty, bs, if one { 1 } else { MAX_EXTENTS }))
     }
 }

@@ -18,7 +18,7 @@ fn status_and_destage_talk_to_a_running_daemon() {
     .unwrap();
     let mut daemon = Daemon::start(d, "serve.toml", &[]).unwrap();
     let (nbd, api) = (daemon.nbd.clone(), daemon.api.clone().unwrap());
-    let mut c = Client::connect(nbd.parse().unwrap(), "wb").unwrap();
+    let mut c = Client::connect(nbd.parse::<std::net::SocketAddr>().unwrap(), "wb").unwrap();
     for i in 0..600u64 {
         c.write(i * 4096, &[(i % 251) as u8 + 1; 4096], false).unwrap().unwrap();
     }
@@ -237,7 +237,7 @@ fn a_tls_daemon_is_reached_over_https_and_sighup_reloads_its_certificates() {
     assert!(!ok && out.contains("asking https://"), "{out}");
     assert_eq!(served_subject(&api), "subject=CN = localhost");
     // Renewed certificate in place, SIGHUP: new connections get it; the daemon goes on.
-    let renewed = pki.server("renewed", "/O=renewed/CN=localhost");
+    let renewed = pki.server("renewed", "/O=renewed/CN=localhost", certs::LOCAL);
     for f in ["server-cert.pem", "server-key.pem"] {
         std::fs::copy(renewed.join(f), pki.server_dir().join(f)).unwrap();
     }

@@ -1,5 +1,6 @@
 //! A vDisk's backing store: a local file (or block device), or another NBD server given
-//! by URI (`nbd://HOST:PORT/EXPORT`, or `nbds://…?tls-certificates=DIR` over TLS) — so a deliberately slow backing (nbdkit with its
+//! by URI (libnbd's forms, `nbd://HOST:PORT/EXPORT`, `nbd+unix:///EXPORT?socket=PATH`, and
+//! their `nbds` TLS variants; see `nbd::uri`) — so a deliberately slow backing (nbdkit with its
 //! delay filter, standing in for an HDD or a remote node) can sit behind the cache.
 //!
 //! A vDisk's size is its store's length rounded up to a whole 512-byte sector — QEMU's own
@@ -46,24 +47,29 @@ pub struct NbdPool {
     next: std::sync::atomic::AtomicUsize,
 }
 
+/// Whether a connection error may be a server still starting.
+fn not_up_yet(e: &io::Error) -> bool {
+    use io::ErrorKind::*;
+    matches!(e.kind(), ConnectionRefused | NotFound | TimedOut | WouldBlock | ConnectionReset | UnexpectedEof)
+}
+
 /// Connections opened to an NBD backing that allows multi-conn.
 const NBD_CONNECTIONS: usize = 16;
 
 impl NbdPool {
-    /// The first connection is retried for about 3 s (a server still starting); extra
+    /// The first connection is retried for about 3 s while the server looks not started
+    /// yet (refused, no socket file, no answer; a refused certificate or export is final
+    /// at once); extra
     /// connections stop at the first that is refused or slow (a server's connection
     /// limit), keeping those made.
-    fn connect(
-        addr: std::net::SocketAddr,
-        export: &str,
-        tls: Option<&crate::nbd::client::TlsClient>,
-    ) -> io::Result<NbdPool> {
+    fn connect(uri: &crate::nbd::uri::NbdUri) -> io::Result<NbdPool> {
+        let (addr, export, tls) = (&uri.endpoint, uri.export.as_str(), uri.tls.as_ref());
         let limit = std::time::Duration::from_secs(2);
         let mut wait = std::time::Duration::from_millis(50);
         let first = loop {
             match Client::connect_within(addr, export, tls, limit) {
                 Ok(c) => break c,
-                Err(e) if wait < std::time::Duration::from_secs(2) => {
+                Err(e) if wait < std::time::Duration::from_secs(2) && not_up_yet(&e) => {
                     tracing::info!(%e, %addr, "NBD backing not reachable yet: retrying");
                     std::thread::sleep(wait);
                     wait *= 2;
@@ -107,50 +113,9 @@ pub fn vdisk_size(len: u64) -> u64 {
     len.next_multiple_of(SECTOR)
 }
 
-/// Whether a backing spec is an NBD URI.
+/// Whether a backing spec is an NBD URI ([`crate::nbd::uri`]).
 pub fn is_uri(spec: &Path) -> bool {
-    spec.to_str().is_some_and(|s| s.starts_with("nbd://") || s.starts_with("nbds://"))
-}
-
-/// Where an NBD backing URI points: `nbd://HOST:PORT/EXPORT`, or
-/// `nbds://HOST:PORT/EXPORT?tls-certificates=DIR` (libnbd's names: DIR in QEMU's client
-/// layout, `ca-cert.pem` and, when the server verifies clients, `client-cert.pem` and
-/// `client-key.pem`; the server's certificate must name HOST).
-pub fn parse_uri(s: &str) -> io::Result<(std::net::SocketAddr, String, Option<crate::nbd::client::TlsClient>)> {
-    let bad = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
-    let (tls, rest) = match (s.strip_prefix("nbd://"), s.strip_prefix("nbds://")) {
-        (Some(r), _) => (false, r),
-        (_, Some(r)) => (true, r),
-        _ => return Err(bad(format!("`{s}` is not an nbd:// or nbds:// URI"))),
-    };
-    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-    let (host, export) = rest.split_once('/').unwrap_or((rest, ""));
-    let addr = std::net::ToSocketAddrs::to_socket_addrs(host)
-        .map_err(|e| bad(format!("`{host}` is not HOST:PORT ({e})")))?
-        .next()
-        .ok_or_else(|| bad(format!("`{host}` resolves to no address")))?;
-    let mut certs = None;
-    for kv in query.split('&').filter(|kv| !kv.is_empty()) {
-        match kv.split_once('=') {
-            Some(("tls-certificates", dir)) if tls => certs = Some(std::path::PathBuf::from(dir)),
-            _ => return Err(bad(format!("`{s}`: `{kv}` is not understood (nbds:// takes tls-certificates=DIR)"))),
-        }
-    }
-    let tls = match (tls, certs) {
-        (false, _) => None,
-        (true, None) => {
-            return Err(bad(format!(
-                "`{s}`: nbds:// needs ?tls-certificates=DIR (ca-cert.pem, client-cert.pem, client-key.pem)"
-            )))
-        }
-        (true, Some(dir)) => {
-            let creds = crate::tls::ClientCredentials::in_dir(&dir);
-            let config = crate::tls::client_config(&creds, "tls-certificates").map_err(bad)?;
-            let name = host.rsplit_once(':').map_or(host, |(h, _)| h).trim_start_matches('[').trim_end_matches(']');
-            Some(crate::nbd::client::TlsClient { config, server_name: name.to_owned() })
-        }
-    };
-    Ok((addr, export.to_owned(), tls))
+    crate::nbd::uri::is_uri(spec)
 }
 
 /// The NBD server's error as the errno it carries (ENOSPC stays ENOSPC up to the client).
@@ -265,10 +230,10 @@ pub fn open_cache_store(path: &Path, size: u64, direct: crate::config::DirectIo)
 }
 
 impl Backing {
-    /// Connects to the NBD backing `spec` ([`parse_uri`]).
+    /// Connects to the NBD backing `spec` ([`crate::nbd::uri`]).
     pub fn connect(spec: &Path) -> io::Result<Backing> {
-        let (addr, export, tls) = parse_uri(spec.to_str().unwrap_or_default())?;
-        Ok(Backing::Nbd(NbdPool::connect(addr, &export, tls.as_ref())?))
+        let uri = crate::nbd::uri::parse(spec.to_str().unwrap_or_default())?;
+        Ok(Backing::Nbd(NbdPool::connect(&uri)?))
     }
 
     /// Opens `spec` for config key `at`: an NBD URI (whose export must have `size` bytes

@@ -578,7 +578,7 @@ protect = "5min"              # default none, at least 1ms: a prewarmed block is
 
 [[vdisk]]                     # one or more
 name = "vm1"                  # the NBD export name, 1 to 4096 bytes, unique
-backing = "var/vm1.img"       # a file or block device (one vDisk per backing), or "nbd://HOST:PORT/EXPORT"
+backing = "var/vm1.img"       # a file or block device (one vDisk per backing), or an NBD URI: "nbd://HOST:PORT/EXPORT", "nbd+unix:///EXPORT?socket=PATH", nbds:// and nbds+unix:// with &tls-certificates=DIR
 size = "1GiB"                 # a multiple of 512; creates a missing backing file (sparse, 0600); an existing one must have this size (without `size` an image of any length is served rounded up to a whole 512-byte sector)
 grow = false                  # default false; true lets an existing smaller backing file grow to `size` (never shrinks)
 weight = 1.0                  # default 1.0, > 0: share of the cache (static, symflex-weighted)

@@ -28,6 +28,7 @@ pub mod snapshot_files;
 pub mod status;
 pub mod tls;
 pub mod tls_authz;
+pub mod tls_chain_only;
 pub mod vdisk_overlay;
 
 pub use config::Config;

@@ -226,6 +226,9 @@ pub struct ClientCredentials {
     pub ca: PathBuf,
     /// The client certificate chain and its key (PEM), if the client presents one.
     pub cert_key: Option<(PathBuf, PathBuf)>,
+    /// Whether the server's certificate must name the server dialled. Off only for a
+    /// unix socket given no `tls-hostname` (libnbd's rule; see `tls_chain_only`).
+    pub check_name: bool,
 }
 
 impl ClientCredentials {
@@ -236,6 +239,7 @@ impl ClientCredentials {
         ClientCredentials {
             ca: dir.join("ca-cert.pem"),
             cert_key: (cert.exists() && key.exists()).then_some((cert, key)),
+            check_name: true,
         }
     }
 }
@@ -247,10 +251,17 @@ pub fn client_config(c: &ClientCredentials, at: &str) -> Result<Arc<rustls::Clie
     for cert in read_certs(&c.ca, "tls_ca").map_err(|e| format!("{at}: {e}"))? {
         roots.add(cert).map_err(|e| format!("{at}: {}: {e}", c.ca.display()))?;
     }
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS: {e}"))?
-        .with_root_certificates(roots);
+        .map_err(|e| format!("TLS: {e}"))?;
+    let builder = if c.check_name {
+        builder.with_root_certificates(roots)
+    } else {
+        let webpki = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
+            .build()
+            .map_err(|e| format!("{at}: {}: {e}", c.ca.display()))?;
+        builder.dangerous().with_custom_certificate_verifier(Arc::new(crate::tls_chain_only::ChainOnly(webpki)))
+    };
     let config = match &c.cert_key {
         Some((cert, key)) => {
             let certs = read_certs(cert, "tls_cert").map_err(|e| format!("{at}: {e}"))?;

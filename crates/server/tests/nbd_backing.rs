@@ -31,8 +31,11 @@ fn an_nbd_server_behind_the_cache() {
     }
     c.flush().unwrap();
     // Straight from nbdkit: everything written through is there.
-    let mut direct =
-        cachevisor_server::nbd::client::Client::connect(format!("127.0.0.1:{port}").parse().unwrap(), "").unwrap();
+    let mut direct = cachevisor_server::nbd::client::Client::connect(
+        format!("127.0.0.1:{port}").parse::<std::net::SocketAddr>().unwrap(),
+        "",
+    )
+    .unwrap();
     for i in (0..256u64).step_by(17) {
         assert_eq!(direct.read(i * 4096, 4096).unwrap().unwrap(), vec![i as u8; 4096]);
     }

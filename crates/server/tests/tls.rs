@@ -10,7 +10,8 @@
 //!   ACK end that connection only;
 //! - certificates reload: new connections get the new one while an open connection keeps
 //!   serving, and a broken file keeps the old ones;
-//! - `nbdkit --tls=require` as a TLS backing store behind the cache (`nbds://`);
+//! - `nbdkit --tls=require` as a TLS backing store behind the cache (`nbds://`), and on a
+//!   unix socket (`nbd+unix://`, `nbds+unix://`; the name check as libnbd does it);
 //! - the HTTPS API; TLS over the unix socket; a TLS 1.2 renegotiation refused while the
 //!   server serves on.
 
@@ -58,7 +59,7 @@ fn qemu_io_tls(port: u16, export: &str, creds: &Path, cmds: &[&str]) -> (bool, S
 fn our_client(port: u16, export: &str, creds: &Path) -> std::io::Result<Client> {
     let config = client_config(&ClientCredentials::in_dir(creds), "test").unwrap();
     let tls = TlsClient { config, server_name: "127.0.0.1".into() };
-    Client::connect_tls(([127, 0, 0, 1], port).into(), export, &tls)
+    Client::connect_tls(std::net::SocketAddr::from(([127, 0, 0, 1], port)), export, &tls)
 }
 
 fn nbdinfo_list(port: u16, creds: &Path) -> (bool, String) {
@@ -244,7 +245,7 @@ fn reloaded_certificates_serve_new_connections_while_open_ones_go_on() {
     open.write(0, &[1u8; 4096], false).unwrap().unwrap();
     assert_eq!(server_subject(addr, &a), "CN=localhost");
     // The operator puts a renewed certificate in place and reloads.
-    let renewed = pki.server("renewed", "/O=renewed/CN=localhost");
+    let renewed = pki.server("renewed", "/O=renewed/CN=localhost", common::certs::LOCAL);
     for f in ["server-cert.pem", "server-key.pem"] {
         std::fs::copy(renewed.join(f), pki.server_dir().join(f)).unwrap();
     }
@@ -296,6 +297,87 @@ fn an_nbdkit_tls_backing_store_sits_behind_the_cache() {
         .unwrap();
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success() && !text.contains("fail"), "{text}{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// nbdkit's memory plugin on the unix socket `sock` with `tls` arguments; waits until it
+/// takes connections.
+fn nbdkit_unix(sock: &Path, tls: &[String]) -> Nbdkit {
+    let kit = Nbdkit(
+        tool("nbdkit")
+            .args(["-f", "-U", sock.to_str().unwrap()])
+            .args(tls)
+            .args(["memory", "8M"])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    for _ in 0..250 {
+        if std::os::unix::net::UnixStream::connect(sock).is_ok() {
+            return kit;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    panic!("nbdkit did not start on {}", sock.display());
+}
+
+/// libnbd's unix-socket URIs as backings: `nbd+unix://` in plaintext and `nbds+unix://`
+/// with client certificates (`nbdkit -U --tls=require --tls-verify-peer`). Without
+/// `tls-hostname` the certificate's chain is checked and its name is not (libnbd's rule;
+/// nbdkit's certificate names another host): a certificate from another CA is refused;
+/// with `tls-hostname` the name must match.
+#[test]
+fn unix_socket_nbd_backings_in_plaintext_and_over_tls() {
+    use cachevisor_server::backing::Backing;
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(&dir.path().join("pki"));
+    let node = pki.client("node", "/CN=node-1", None, 1);
+    let (plain, tls) = (dir.path().join("plain.sock"), dir.path().join("tls.sock"));
+    let _plain_kit = nbdkit_unix(&plain, &[]);
+    // nbdkit's certificate names another host: over a unix socket no name is compared
+    // unless the URI gives one.
+    let elsewhere = pki.server("elsewhere", "/CN=storage-7.example", "DNS:storage-7.example");
+    let tls_args = [
+        "--tls=require".to_string(),
+        "--tls-verify-peer".into(),
+        format!("--tls-certificates={}", elsewhere.display()),
+    ];
+    let _tls_kit = nbdkit_unix(&tls, &tls_args);
+    let t = format!(
+        "[cache]\npath = \"cache.img\"\nsize = \"1MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n\
+         [[vdisk]]\nname = \"plain\"\nbacking = \"nbd+unix:///?socket={}\"\nwrite_policy = \"wt\"\n\
+         [[vdisk]]\nname = \"tls\"\nbacking = \"nbds+unix:///?socket={}&tls-certificates={}\"\nwrite_policy = \"wt\"\n",
+        plain.display(),
+        tls.display(),
+        node.display()
+    );
+    let r = serve(&cachevisor_server::Config::parse(&t, "test config", dir.path()).unwrap());
+    for (export, pattern) in [("plain", "0x3a"), ("tls", "0x5c")] {
+        let uri = format!("nbd://{}/{export}", r.tcp.unwrap());
+        let o =
+            tool("qemu-io").args(["-f", "raw", "-c", &format!("write -P {pattern} 1M 64k"), &uri]).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    // Written through to each nbdkit, read back by a separate client on its socket.
+    let mut c = Client::connect(cachevisor_server::nbd::endpoint::Endpoint::Unix(plain.clone()), "").unwrap();
+    assert_eq!(c.read(1 << 20, 65536).unwrap().unwrap(), vec![0x3a; 65536]);
+    let direct = cachevisor_server::nbd::uri::parse(&format!(
+        "nbds+unix:///?socket={}&tls-certificates={}&tls-hostname=storage-7.example",
+        tls.display(),
+        node.display()
+    ))
+    .unwrap();
+    let mut c = Client::connect_tls(direct.endpoint, "", direct.tls.as_ref().unwrap()).unwrap();
+    assert_eq!(c.read(1 << 20, 65536).unwrap().unwrap(), vec![0x5c; 65536]);
+    // The certificate does not name this; and another CA's client trusts nothing here.
+    let spec = |certs: &Path, extra: &str| {
+        format!("nbds+unix:///?socket={}&tls-certificates={}{extra}", tls.display(), certs.display())
+    };
+    let e = Backing::connect(spec(&node, "&tls-hostname=other.example").as_ref()).err().unwrap().to_string();
+    assert!(e.contains("not valid for name"), "{e}");
+    let stranger = Pki::new(&dir.path().join("other-pki")).client("x", "/CN=node-1", None, 1);
+    let e = Backing::connect(spec(&stranger, "").as_ref()).err().unwrap().to_string();
+    // (Both CAs have one subject: the chain fails on the signature.)
+    assert!(e.contains("invalid peer certificate: BadSignature"), "{e}");
 }
 
 /// curl's (status, body) for `method` on `url`, trusting `ca`.

@@ -1,12 +1,13 @@
-//! A minimal blocking NBD client (fixed newstyle, GO, simple replies), in plaintext or
-//! over TLS (STARTTLS, then the server's certificate checked against a CA and the name
-//! dialled, with a client certificate when the server wants one): what the tests, the
-//! crash loop and an NBD backing store (`nbd://`, `nbds://`) use to talk to a server.
+//! A minimal blocking NBD client (fixed newstyle, GO, simple replies), over TCP or a unix
+//! socket, in plaintext or over TLS (STARTTLS, then the server's certificate checked
+//! against a CA and the name dialled, with a client certificate when the server wants
+//! one): what the tests, the crash loop and an NBD backing store (`nbd://`, `nbds://`,
+//! `nbd+unix://`, `nbds+unix://`; see `uri`) use to talk to a server.
 
+use super::endpoint::{Endpoint, Sock};
 use super::proto::*;
 use rustls::{ClientConfig, ClientConnection, StreamOwned};
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 
 /// TLS for a connection: the client configuration (`tls::client_config`) and the name
@@ -21,8 +22,8 @@ pub struct TlsClient {
 
 /// The connection's byte stream.
 enum Wire {
-    Plain(TcpStream),
-    Tls(Box<StreamOwned<ClientConnection, TcpStream>>),
+    Plain(Sock),
+    Tls(Box<StreamOwned<ClientConnection, Sock>>),
 }
 
 impl Read for Wire {
@@ -87,43 +88,41 @@ fn option_reply(s: &mut impl Read) -> io::Result<(u32, Vec<u8>)> {
 
 impl Client {
     /// Connects to `addr` and negotiates `export` with NBD_OPT_GO.
-    pub fn connect(addr: SocketAddr, export: &str) -> io::Result<Client> {
-        Self::negotiate(TcpStream::connect(addr)?, export, None)
+    pub fn connect(addr: impl Into<Endpoint>, export: &str) -> io::Result<Client> {
+        Self::negotiate(addr.into().connect(None)?, export, None)
     }
 
     /// Connects to `addr` over TLS and negotiates `export`.
-    pub fn connect_tls(addr: SocketAddr, export: &str, tls: &TlsClient) -> io::Result<Client> {
-        Self::negotiate(TcpStream::connect(addr)?, export, Some(tls))
+    pub fn connect_tls(addr: impl Into<Endpoint>, export: &str, tls: &TlsClient) -> io::Result<Client> {
+        Self::negotiate(addr.into().connect(None)?, export, Some(tls))
     }
 
     /// Like [`Self::connect`] (over TLS when `tls` is given), giving up when connecting
     /// or negotiating takes longer than `limit` (a server that stops accepting after its
     /// connection limit).
     pub fn connect_within(
-        addr: SocketAddr,
+        addr: &Endpoint,
         export: &str,
         tls: Option<&TlsClient>,
         limit: std::time::Duration,
     ) -> io::Result<Client> {
-        let s = TcpStream::connect_timeout(&addr, limit)?;
-        s.set_read_timeout(Some(limit))?;
-        s.set_write_timeout(Some(limit))?;
+        let s = addr.connect(Some(limit))?;
+        s.set_timeouts(Some(limit))?;
         let c = Self::negotiate(s, export, tls)?;
-        c.socket().set_read_timeout(None)?;
-        c.socket().set_write_timeout(None)?;
+        c.socket().set_timeouts(None)?;
         Ok(c)
     }
 
     /// The socket underneath (for timeouts, and tests that misbehave on purpose).
-    pub fn socket(&self) -> &TcpStream {
+    pub fn socket(&self) -> &Sock {
         match &self.w {
             Wire::Plain(s) => s,
             Wire::Tls(t) => &t.sock,
         }
     }
 
-    fn negotiate(mut s: TcpStream, export: &str, tls: Option<&TlsClient>) -> io::Result<Client> {
-        s.set_nodelay(true)?;
+    fn negotiate(mut s: Sock, export: &str, tls: Option<&TlsClient>) -> io::Result<Client> {
+        s.set_nodelay()?;
         let mut hello = [0u8; 18];
         s.read_exact(&mut hello)?;
         if u64::from_be_bytes(hello[0..8].try_into().expect("8")) != NBDMAGIC

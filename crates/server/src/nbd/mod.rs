@@ -2,6 +2,7 @@
 //! request loop ([`transmission_async`], on the data path's asynchronous API).
 
 pub mod client;
+pub mod endpoint;
 pub mod handshake;
 pub mod option_replay;
 pub mod polling;
@@ -9,3 +10,4 @@ pub mod proto;
 pub mod structured;
 pub mod tls_stream;
 pub mod transmission_async;
+pub mod uri;

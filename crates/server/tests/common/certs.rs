@@ -63,6 +63,9 @@ fn sign(ca_dir: &Path, dir: &Path, out: &str, ext: &str, days: i32) {
     );
 }
 
+/// Alt names that name this machine.
+pub const LOCAL: &str = "DNS:localhost,IP:127.0.0.1";
+
 impl Pki {
     /// A CA and a server certificate (CN=localhost, SAN DNS:localhost, IP:127.0.0.1)
     /// under `root`.
@@ -77,12 +80,13 @@ impl Pki {
             &["-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"],
         );
         let pki = Pki { root: root.to_path_buf() };
-        pki.server("server", "/CN=localhost");
+        pki.server("server", "/CN=localhost", LOCAL);
         pki
     }
 
-    /// A server directory `name` whose certificate has `subject`.
-    pub fn server(&self, name: &str, subject: &str) -> PathBuf {
+    /// A server directory `name` whose certificate has `subject` and alt names `san`
+    /// ("DNS:localhost,IP:127.0.0.1" for one that names this machine).
+    pub fn server(&self, name: &str, subject: &str, san: &str) -> PathBuf {
         let d = self.root.join(name);
         std::fs::create_dir_all(&d).unwrap();
         key_and_csr(&d, "server-key.pem", subject);
@@ -90,7 +94,7 @@ impl Pki {
             &self.root,
             &d,
             "server-cert.pem",
-            "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
+            &format!("subjectAltName={san}\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n"),
             1,
         );
         std::fs::copy(self.root.join("ca-cert.pem"), d.join("ca-cert.pem")).unwrap();

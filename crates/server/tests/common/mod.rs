@@ -100,9 +100,9 @@ impl Client {
     /// Connects and negotiates `export`; returns the client and the export size.
     pub fn connect(addr: SocketAddr, export: &str) -> (Client, u64) {
         let inner = cachevisor_server::nbd::client::Client::connect(addr, export).unwrap();
-        inner.socket().set_read_timeout(Some(std::time::Duration::from_secs(20))).unwrap();
+        inner.socket().as_tcp().unwrap().set_read_timeout(Some(std::time::Duration::from_secs(20))).unwrap();
         let size = inner.size;
-        (Client { s: inner.socket().try_clone().unwrap(), inner }, size)
+        (Client { s: inner.socket().as_tcp().unwrap().try_clone().unwrap(), inner }, size)
     }
 
     /// Sends a request (and payload); returns its cookie.

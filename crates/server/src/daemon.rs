@@ -288,6 +288,11 @@ impl Daemon {
         self.dp.delay_reads(us);
     }
 
+    /// Test hook: the next BLOCK_STATUS waits `us` microseconds between its two looks.
+    pub fn pause_next_block_status(&self, us: u64) {
+        self.dp.pause_next_block_status(us);
+    }
+
     /// Fault injection for tests: the `n`-th cache-store write from now fails (0 = none).
     pub fn fail_ssd_write_in(&self, n: u64) {
         self.dp.fail_ssd_write_in(n);

@@ -185,6 +185,9 @@ struct Shared {
     fail_ssd_write_in: AtomicU64,
     /// Test hook: microseconds each device read waits before it starts (widens races).
     read_delay_us: AtomicU64,
+    /// Test hook: microseconds the next BLOCK_STATUS waits between its two looks (the
+    /// cache's dirty blocks, then the backing's holes), once.
+    block_status_pause_us: AtomicU64,
     /// Cache-store ops run on the io_uring thread (`ring.rs`), not the device threads.
     ring_on: AtomicBool,
     /// Wakes the io_uring thread (cache-store ops queued, or room for more in flight).

@@ -2,7 +2,8 @@
 //! - structured replies and `base:allocation` block status: `qemu-img map` and
 //!   `nbdinfo --map` through cachevisor report the extents `qemu-img map` reports on the
 //!   image file itself, and a block written into a hole but still dirty in the cache is
-//!   data, never a hole;
+//!   data, never a hole, also when it is written back while the block status is under
+//!   way;
 //! - `qemu-img convert` and `nbdcopy` of a mostly sparse 4 GiB image read only its
 //!   allocated extents (counted by the daemon) and produce an identical file;
 //! - `NBD_CMD_CACHE` through nbdsh loads the range (metrics), is answered before the load
@@ -90,6 +91,34 @@ fn block_status_reports_the_backing_files_holes_and_the_caches_dirty_blocks() {
     let through = qemu_map(&["-f", "raw", &uri]);
     assert!(through.iter().any(|&(s, l, d)| d && s <= 32 << 20 && s + l >= (32 << 20) + 8192), "{through:?}");
     assert!(through.iter().any(|&(s, l, d)| !d && s + l <= 32 << 20 && s >= (13 << 20)), "{through:?}");
+}
+
+/// A block written back while a BLOCK_STATUS is between its two looks (held there 2 s by
+/// a test hook) is still reported as data to `nbdinfo --map`: it was dirty when the cache
+/// was asked, or on the file when the file was. Asking the file first would report the
+/// hole the file had, and a copy that skips holes would lose the block.
+#[test]
+fn a_block_written_back_during_block_status_is_never_a_hole() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("a.img");
+    sparse(&img, 64 << 20, &[(1 << 20, 65536, 1)]);
+    let r = serve_files(dir.path(), &[("a", "wb")]);
+    let uri = format!("nbd://{}/a", r.tcp.unwrap());
+    let o = tool("qemu-io").args(["-f", "raw", "-c", "write -P 9 32M 8k", &uri]).output().unwrap();
+    assert!(o.status.success());
+    let written = |m: &[(u64, u64, bool)]| m.iter().any(|&(s, l, d)| d && s <= 32 << 20 && s + l >= (32 << 20) + 8192);
+    assert!(!written(&qemu_map(&["-f", "raw", img.to_str().unwrap()])), "written back already");
+    let pause = std::time::Duration::from_secs(2);
+    r.daemon.pause_next_block_status(pause.as_micros() as u64);
+    let t0 = std::time::Instant::now();
+    let map = std::thread::spawn(move || nbdinfo_map(&uri));
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    r.daemon.destage(0).unwrap();
+    assert!(written(&qemu_map(&["-f", "raw", img.to_str().unwrap()])), "not written back");
+    assert!(t0.elapsed() < pause, "the write-back did not finish inside the pause: the test proves nothing");
+    let through = map.join().unwrap();
+    assert!(t0.elapsed() >= pause, "the block status did not pause: the test proves nothing");
+    assert!(written(&through), "{through:?}");
 }
 
 /// The daemon's client read bytes for `vm`.

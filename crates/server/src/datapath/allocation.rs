@@ -120,6 +120,10 @@ impl DataPath {
         // report a hole for a block whose write-back finished between the two looks.
         let bs = self.shared.bs;
         let dirty = self.with_engine(|e| e.dirty_blocks_in(vm, offset / bs, end.div_ceil(bs)));
+        let pause = self.shared.block_status_pause_us.swap(0, std::sync::atomic::Ordering::Relaxed);
+        if pause > 0 {
+            std::thread::sleep(std::time::Duration::from_micros(pause));
+        }
         let pieces = backing_extents(&backing, offset, end)?;
         Ok(merge(&pieces, &dirty, bs, if one { 1 } else { MAX_EXTENTS }))
     }

@@ -348,4 +348,10 @@ impl DataPath {
     pub fn delay_reads(&self, us: u64) {
         self.shared.read_delay_us.store(us, Relaxed);
     }
+
+    /// Test hook: the next BLOCK_STATUS waits `us` microseconds between looking at the
+    /// cache's dirty blocks and at the backing's holes (see `allocation`).
+    pub fn pause_next_block_status(&self, us: u64) {
+        self.shared.block_status_pause_us.store(us, Relaxed);
+    }
 }

@@ -71,6 +71,7 @@ impl DataPath {
             busy: Default::default(),
             fail_ssd_write_in: Default::default(),
             read_delay_us: Default::default(),
+            block_status_pause_us: Default::default(),
             ring_on: Default::default(),
             ring_notify: tokio::sync::Notify::new(),
             backing_queued: Default::default(),

@@ -115,8 +115,10 @@ pub enum Record {
 impl Record {
     /// Appends the framed record to `out`.
     pub fn encode(&self, out: &mut Vec<u8>) {
-        let start = out.len();
-        out.extend_from_slice(&[0u8; 4]);
+        frame(out, |out| self.encode_body(out));
+    }
+
+    fn encode_body(&self, out: &mut Vec<u8>) {
         match self {
             Record::Vdisk { vm, name } => {
                 out.push(1);
@@ -148,10 +150,6 @@ impl Record {
                 out.extend_from_slice(&blocks.to_le_bytes());
             }
         }
-        let len = (out.len() - start - 4) as u32;
-        out[start..start + 4].copy_from_slice(&len.to_le_bytes());
-        let crc = crc32fast::hash(&out[start + 4..]);
-        out.extend_from_slice(&crc.to_le_bytes());
     }
 
     fn decode(body: &[u8]) -> Option<Record> {
@@ -183,30 +181,58 @@ impl Record {
     }
 }
 
-/// Reads records until the end or the first torn or corrupt one; returns them and
-/// whether the input ended cleanly.
-pub fn read_records(r: &mut impl Read) -> io::Result<(Vec<Record>, bool)> {
+/// Appends one frame to `out`: `[len u32][body][crc32 u32]`, the body what `body` writes
+/// (the format of every metadata file: the cache's, and the vSSD region's).
+pub fn frame(out: &mut Vec<u8>, body: impl FnOnce(&mut Vec<u8>)) {
+    let start = out.len();
+    out.extend_from_slice(&[0u8; 4]);
+    body(out);
+    let len = (out.len() - start - 4) as u32;
+    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+    let crc = crc32fast::hash(&out[start + 4..]);
+    out.extend_from_slice(&crc.to_le_bytes());
+}
+
+/// The bodies of the frames in `all`, up to the end or the first torn or corrupt frame,
+/// and whether the input ended cleanly.
+pub fn read_frames(all: &[u8]) -> (Vec<&[u8]>, bool) {
     let mut out = Vec::new();
-    let mut all = Vec::new();
-    r.read_to_end(&mut all)?;
     let mut at = 0;
     while at < all.len() {
         let Some(len) = all.get(at..at + 4).map(|b| u32::from_le_bytes(b.try_into().expect("4")) as usize) else {
-            return Ok((out, false));
+            return (out, false);
         };
-        let Some(body) = all.get(at + 4..at + 4 + len) else { return Ok((out, false)) };
+        let Some(body) = all.get(at + 4..at + 4 + len) else { return (out, false) };
         let Some(crc) = all.get(at + 4 + len..at + 8 + len).map(|b| u32::from_le_bytes(b.try_into().expect("4")))
         else {
-            return Ok((out, false));
+            return (out, false);
         };
         if crc32fast::hash(body) != crc {
-            return Ok((out, false));
+            return (out, false);
         }
-        let Some(rec) = Record::decode(body) else { return Ok((out, false)) };
-        out.push(rec);
+        out.push(body);
         at += 8 + len;
     }
-    Ok((out, true))
+    (out, true)
+}
+
+/// Reads records until the end or the first torn or corrupt one; returns them and
+/// whether the input ended cleanly.
+pub fn read_records(r: &mut impl Read) -> io::Result<(Vec<Record>, bool)> {
+    let mut all = Vec::new();
+    r.read_to_end(&mut all)?;
+    let (frames, mut clean) = read_frames(&all);
+    let mut out = Vec::with_capacity(frames.len());
+    for body in frames {
+        match Record::decode(body) {
+            Some(rec) => out.push(rec),
+            None => {
+                clean = false;
+                break;
+            }
+        }
+    }
+    Ok((out, clean))
 }
 
 /// Writes `header` and what `records` writes as a complete file at `path` (see

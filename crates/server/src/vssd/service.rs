@@ -1,0 +1,290 @@
+//! The vSSD block manager driven for real: one thread runs the manager's ops on the
+//! region, journals its records (region synced first, so a zeroed or copied-in block is
+//! durable before the record that hands it out), feeds completions and commits back, and
+//! fires deflate deadlines; callers (the NBD front end, the control channel, the API)
+//! register vSSDs, set targets, give blocks back and read and write through it. Events
+//! (inflated, deflate requested, released, removed) go to a log that control channels
+//! read from a position, waiting for news.
+//!
+//! The region is read and written through the page cache here; `sync` (a guest's FLUSH)
+//! makes its writes durable.
+
+use super::meta::VssdMeta;
+use super::region::VssdRegion;
+use cachevisor_vssd::io::IoError;
+use cachevisor_vssd::lifecycle::LifecycleError;
+use cachevisor_vssd::manager::Event;
+use cachevisor_vssd::resize::{ReleaseError, ResizeStatus};
+use cachevisor_vssd::{BlockManager, Config, Lbn, Record, VssdId};
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Events kept for control channels that read late.
+const EVENT_LOG: usize = 4096;
+
+struct Inner {
+    m: BlockManager,
+    /// Events with their sequence numbers (the first is `first_event`).
+    events: VecDeque<Event>,
+    first_event: u64,
+    /// The driver stops (`halt`: as a crash would, nothing more is written).
+    halted: bool,
+}
+
+/// A running vSSD region.
+pub struct VssdService {
+    inner: Mutex<Inner>,
+    /// Wakes the driver (work queued) and event readers (events logged).
+    wake: Condvar,
+    news: Condvar,
+    region: VssdRegion,
+    epoch: Instant,
+    driver: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl VssdService {
+    /// Starts the driver over `region`, with the state `meta` opened.
+    pub fn start(
+        config: Config,
+        state: cachevisor_vssd::State,
+        meta: VssdMeta,
+        region: VssdRegion,
+    ) -> Arc<VssdService> {
+        let s = Arc::new(VssdService {
+            inner: Mutex::new(Inner {
+                m: BlockManager::new(config, state),
+                events: VecDeque::new(),
+                first_event: 0,
+                halted: false,
+            }),
+            wake: Condvar::new(),
+            news: Condvar::new(),
+            region,
+            epoch: Instant::now(),
+            driver: Mutex::new(None),
+        });
+        let d = s.clone();
+        let t = std::thread::Builder::new()
+            .name("cv-vssd".into())
+            .spawn(move || d.drive(meta))
+            .expect("spawning the vSSD driver");
+        *s.driver.lock().unwrap_or_else(|p| p.into_inner()) = Some(t);
+        s
+    }
+
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    /// The driver loop (see the top comment).
+    fn drive(self: Arc<Self>, mut meta: VssdMeta) {
+        loop {
+            let (ops, records) = {
+                let mut g = lock(&self.inner);
+                loop {
+                    if g.halted {
+                        return;
+                    }
+                    let now = self.now();
+                    if g.m.poll_timeout().is_some_and(|t| t <= now) {
+                        g.m.handle_timeout(now);
+                    }
+                    self.collect_events(&mut g);
+                    let ops: Vec<_> = std::iter::from_fn(|| g.m.poll_op()).collect();
+                    let records: Vec<_> = std::iter::from_fn(|| g.m.poll_record()).collect();
+                    if !ops.is_empty() || !records.is_empty() {
+                        break (ops, records);
+                    }
+                    let wait = g.m.poll_timeout().map_or(Duration::from_secs(1), |t| {
+                        Duration::from_nanos(t.saturating_sub(now)).max(Duration::from_micros(100))
+                    });
+                    g = self.wake.wait_timeout(g, wait).unwrap_or_else(|p| p.into_inner()).0;
+                }
+            };
+            let results: Vec<_> =
+                ops.iter().map(|op| (op.id, self.region.run(&op.kind).map_err(|e| e.to_string()))).collect();
+            let committed = if records.is_empty() {
+                Ok(None)
+            } else {
+                let rs: Vec<Record> = records.iter().map(|(_, r)| r.clone()).collect();
+                self.region.sync().and_then(|()| meta.append(&rs)).map(|()| records.last().map(|(s, _)| *s))
+            };
+            let mut g = lock(&self.inner);
+            if g.halted {
+                return;
+            }
+            for (id, r) in results {
+                if let Err(e) = &r {
+                    tracing::warn!(op = id, error = %e, "vSSD op failed");
+                }
+                g.m.op_done(id, r);
+            }
+            match committed {
+                Ok(Some(seq)) => g.m.committed(seq),
+                Ok(None) => {}
+                Err(e) => {
+                    // Nothing more can be made durable: stop handing out or freeing blocks
+                    // (what is committed stays as it is).
+                    tracing::error!(%e, "vSSD metadata cannot be written: the vSSD driver stops");
+                    g.halted = true;
+                    self.news.notify_all();
+                    return;
+                }
+            }
+            self.collect_events(&mut g);
+        }
+    }
+
+    fn collect_events(&self, g: &mut Inner) {
+        let mut any = false;
+        while let Some(e) = g.m.poll_event() {
+            match &e {
+                Event::Released { id, lbns, forced: true } => {
+                    tracing::warn!(
+                        vssd = id,
+                        blocks = lbns.len(),
+                        "the guest missed its deflate deadline: the host took its least recently used blocks"
+                    );
+                }
+                Event::Removed { id } => {
+                    if let Err(err) = self.region.drop_swap(*id) {
+                        tracing::warn!(vssd = id, %err, "cannot remove a removed vSSD's swap file");
+                    }
+                }
+                Event::OpFailed { kind, error } => tracing::warn!(?kind, %error, "vSSD op failed"),
+                _ => {}
+            }
+            g.events.push_back(e);
+            any = true;
+        }
+        while g.events.len() > EVENT_LOG {
+            g.events.pop_front();
+            g.first_event += 1;
+        }
+        if any {
+            self.news.notify_all();
+        }
+    }
+
+    /// Runs `f` on the manager and wakes the driver.
+    fn with<T>(&self, f: impl FnOnce(&mut BlockManager, u64) -> T) -> T {
+        let now = self.now();
+        let mut g = lock(&self.inner);
+        let r = f(&mut g.m, now);
+        self.collect_events(&mut g);
+        drop(g);
+        self.wake.notify_one();
+        r
+    }
+
+    /// Registers a vSSD (SymFlex §2.4.1): see `BlockManager::register`.
+    pub fn register(&self, name: &str, max_blocks: u32, initial: u32, persist: bool) -> Result<VssdId, LifecycleError> {
+        self.with(|m, now| m.register(name, max_blocks, initial, persist, now))
+    }
+
+    /// The VM stopped.
+    pub fn stop(&self, id: VssdId) -> Result<(), LifecycleError> {
+        self.with(|m, now| m.stop(id, now))
+    }
+
+    /// Removes a vSSD.
+    pub fn remove(&self, id: VssdId) -> Result<(), LifecycleError> {
+        self.with(|m, _| m.remove(id))
+    }
+
+    /// Sets a vSSD's target in blocks.
+    pub fn set_target(&self, id: VssdId, blocks: u32) -> Result<(), String> {
+        self.with(|m, now| m.set_target(id, blocks, now))
+    }
+
+    /// The guest gives blocks back.
+    pub fn release(&self, id: VssdId, lbns: &[Lbn]) -> Result<(), ReleaseError> {
+        self.with(|m, _| m.release(id, lbns))
+    }
+
+    /// A vSSD's id by name.
+    pub fn id_of(&self, name: &str) -> Option<VssdId> {
+        lock(&self.inner).m.state().id_of(name)
+    }
+
+    /// A vSSD's resize state and valid logical blocks.
+    pub fn status(&self, id: VssdId) -> Option<(ResizeStatus, Vec<Lbn>)> {
+        let g = lock(&self.inner);
+        Some((g.m.resize_status(id)?, g.m.valid_lbns(id)))
+    }
+
+    /// Events from number `from` on (and the number after the last), waiting up to
+    /// `wait` for one when there is none; events older than the log keeps are skipped.
+    pub fn events(&self, from: u64, wait: Duration) -> (Vec<Event>, u64) {
+        let deadline = Instant::now() + wait;
+        let mut g = lock(&self.inner);
+        loop {
+            let end = g.first_event + g.events.len() as u64;
+            if from < end || g.halted {
+                let skip = from.saturating_sub(g.first_event) as usize;
+                return (g.events.iter().skip(skip).cloned().collect(), end);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return (Vec::new(), end);
+            }
+            g = self.news.wait_timeout(g, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+
+    /// Reads `buf.len()` bytes at `offset` of vSSD `id`.
+    pub fn read(&self, id: VssdId, offset: u64, buf: &mut [u8]) -> Result<(), VssdIoError> {
+        let io = self.with(|m, now| m.start_io(id, offset, buf.len() as u64, now))?;
+        let r = self.region.read(&io.extents, buf);
+        self.with(|m, _| m.end_io(io));
+        r.map_err(VssdIoError::Device)
+    }
+
+    /// Writes `data` at `offset` of vSSD `id`.
+    pub fn write(&self, id: VssdId, offset: u64, data: &[u8]) -> Result<(), VssdIoError> {
+        let io = self.with(|m, now| m.start_io(id, offset, data.len() as u64, now))?;
+        let r = self.region.write(&io.extents, data);
+        self.with(|m, _| m.end_io(io));
+        r.map_err(VssdIoError::Device)
+    }
+
+    /// Makes every write so far durable (a guest's FLUSH).
+    pub fn flush(&self) -> std::io::Result<()> {
+        self.region.sync()
+    }
+
+    /// Free blocks (their release committed).
+    pub fn free_blocks(&self) -> u32 {
+        lock(&self.inner).m.free_blocks()
+    }
+
+    /// Counters since start.
+    pub fn counters(&self) -> cachevisor_vssd::manager::Counters {
+        lock(&self.inner).m.counters()
+    }
+
+    /// Stops the driver as a crash would: nothing more is run or written (tests).
+    pub fn halt(&self) {
+        lock(&self.inner).halted = true;
+        self.wake.notify_all();
+        if let Some(t) = self.driver.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Why a vSSD read or write failed.
+#[derive(Debug, thiserror::Error)]
+pub enum VssdIoError {
+    /// Refused by the block manager (invalid block: EIO to the guest; past the end).
+    #[error(transparent)]
+    Refused(#[from] IoError),
+    /// The device failed.
+    #[error("vSSD region: {0}")]
+    Device(std::io::Error),
+}

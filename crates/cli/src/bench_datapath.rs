@@ -207,11 +207,13 @@ fn through_nbd(
                     &cachevisor_server::nbd::transmission_async::SingleExport { size: disk_size, block_size: BS },
                 ) {
                     if let Ok(out) = s.try_clone() {
+                        let backend =
+                            std::sync::Arc::new(cachevisor_server::nbd::export_backend::VdiskExport { dp, vm });
                         let _ = cachevisor_server::nbd::transmission_async::serve(
                             s,
                             out,
-                            &dp,
-                            (vm, disk_size, replies),
+                            backend,
+                            (disk_size, replies),
                             None,
                         );
                     }

@@ -157,6 +157,11 @@ impl Daemon {
         &self.dp
     }
 
+    /// What export `vm` is served from.
+    pub fn export_backend(&self, vm: VmId) -> Arc<dyn crate::nbd::export_backend::ExportBackend> {
+        Arc::new(crate::nbd::export_backend::VdiskExport { dp: self.dp.clone(), vm })
+    }
+
     /// The metadata directory.
     pub fn metadata_dir(&self) -> &std::path::Path {
         &self.meta_dir

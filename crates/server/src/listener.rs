@@ -99,10 +99,10 @@ pub fn connection<S: Split + Timed + std::os::fd::AsFd + Send + 'static>(
             let latency = Some(latency_of(d.metrics(), &export.name));
             let reader = PollingReader::new(s, p.poll, p.pollers.clone());
             let served = match tls {
-                None => serve(reader, writer, d.datapath(), (vm, export.size, replies), latency),
+                None => serve(reader, writer, d.export_backend(vm), (export.size, replies), latency),
                 Some(conn) => {
                     let (r, w) = tls_stream::split(conn, reader, writer);
-                    serve(r, w, d.datapath(), (vm, export.size, replies), latency)
+                    serve(r, w, d.export_backend(vm), (export.size, replies), latency)
                 }
             };
             if let Err(e) = served {

@@ -262,7 +262,8 @@ fn an_nbd_client_reads_its_writes_through_the_asynchronous_transmission() {
                 negotiate(&mut s, &crate::nbd::transmission_async::SingleExport { size, block_size: BS }).unwrap();
             let Negotiated::Export(0, replies) = negotiated else { panic!("{negotiated:?}") };
             let out = s.try_clone().unwrap();
-            crate::nbd::transmission_async::serve(s, out, &dp, (0, size, replies), None).unwrap();
+            let backend = Arc::new(crate::nbd::export_backend::VdiskExport { dp, vm: 0 });
+            crate::nbd::transmission_async::serve(s, out, backend, (size, replies), None).unwrap();
         })
     };
     let mut c = crate::nbd::client::Client::connect(addr, "vm0").unwrap();

@@ -3,6 +3,7 @@
 
 pub mod client;
 pub mod endpoint;
+pub mod export_backend;
 pub mod handshake;
 pub mod option_replay;
 pub mod polling;

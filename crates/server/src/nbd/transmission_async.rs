@@ -15,10 +15,11 @@
 //! commands keep simple replies, as qemu-nbd does. Nothing is changed by a request that
 //! is refused. Every reply in flight is sent before a connection closes.
 
+use super::export_backend::ExportBackend;
 use super::handshake::Replies;
 use super::proto::*;
 use super::structured::{block_status_chunk, error_chunk, read_data_header, BASE_ALLOCATION_ID};
-use crate::datapath::{copy_range, Cmd, DataPath};
+use crate::datapath::{copy_range, Cmd};
 use cachevisor_engine::Failure;
 use prometheus_client::metrics::histogram::Histogram;
 use std::io::{self, Read, Write};
@@ -158,13 +159,14 @@ fn slot_of(kind: u16) -> usize {
     }
 }
 
-/// Serves export `vm` of `size` bytes from `dp` with the replies negotiated until the
-/// client disconnects, observing request latencies in `latency` when given.
+/// Serves an export of `size` bytes from `dp` (a vDisk or a vSSD) with the replies
+/// negotiated until the client disconnects, observing request latencies in `latency`
+/// when given.
 pub fn serve<R: Read, W: Write + Send + 'static>(
     input: R,
     output: W,
-    dp: &Arc<DataPath>,
-    (vm, size, replies): (u32, u64, Replies),
+    dp: Arc<dyn ExportBackend>,
+    (size, replies): (u64, Replies),
     latency: Option<Latency>,
 ) -> io::Result<()> {
     let mut r = io::BufReader::with_capacity(1 << 18, input);
@@ -212,9 +214,9 @@ pub fn serve<R: Read, W: Write + Send + 'static>(
                     c.reply(e, cookie, timing)
                 }
             };
-            if !dp.serves(vm) {
-                tracing::info!(vdisk = vm, "the vDisk is no longer served: closing");
-                fail(&conn, ESHUTDOWN, req.cookie, "the vDisk was removed");
+            if !dp.serves() {
+                tracing::info!("the export is no longer served: closing");
+                fail(&conn, ESHUTDOWN, req.cookie, "the export was removed or stopped");
                 return Ok(());
             }
             let allowed = match req.kind {
@@ -247,11 +249,10 @@ pub fn serve<R: Read, W: Write + Send + 'static>(
             // waits) only when no further request is buffered (iodepth 1).
             let here = !direct || r.buffer().is_empty();
             // FUA: durable before the reply (a flush after the command).
-            let then_flush = move |dp: Arc<DataPath>, c: Arc<Conn<W>>| -> crate::datapath::Done {
+            let then_flush = move |dp: Arc<dyn ExportBackend>, c: Arc<Conn<W>>| -> crate::datapath::Done {
                 Box::new(move |res| match (res, fua) {
                     (Ok(_), true) => {
                         dp.clone().submit(
-                            vm,
                             0,
                             Cmd::Flush,
                             false,
@@ -287,30 +288,29 @@ pub fn serve<R: Read, W: Write + Send + 'static>(
                         }
                         Err(f) => fail(&c, errno(f), cookie, "the read failed"),
                     });
-                    dp.submit(vm, offset, Cmd::Read(len), here, done);
+                    dp.submit(offset, Cmd::Read(len), here, done);
                 }
                 CMD_WRITE => {
-                    dp.submit(vm, req.offset, Cmd::Write(payload), here, then_flush(dp.clone(), c));
+                    dp.submit(req.offset, Cmd::Write(payload), here, then_flush(dp.clone(), c));
                 }
                 CMD_TRIM => {
-                    dp.submit(vm, req.offset, Cmd::Discard(req.length), false, then_flush(dp.clone(), c));
+                    dp.submit(req.offset, Cmd::Discard(req.length), false, then_flush(dp.clone(), c));
                 }
                 CMD_CACHE => {
                     // A hint, queued for the background loader: answered at once, so it
                     // never delays the requests behind it.
-                    dp.hint_cache(vm, req.offset, req.length as u64);
+                    dp.hint_cache(req.offset, req.length as u64);
                     conn.reply(0, cookie, timing);
                 }
                 CMD_BLOCK_STATUS => {
                     let one = req.flags & CMD_FLAG_REQ_ONE != 0;
-                    match dp.allocation(vm, req.offset, req.length, one) {
+                    match dp.allocation(req.offset, req.length, one) {
                         Ok(extents) => conn.send(&block_status_chunk(cookie, BASE_ALLOCATION_ID, &extents), timing),
                         Err(e) => fail(&conn, EIO, cookie, &format!("block status: {e}")),
                     }
                 }
                 CMD_FLUSH => {
                     dp.submit(
-                        vm,
                         0,
                         Cmd::Flush,
                         false,
@@ -325,11 +325,11 @@ pub fn serve<R: Read, W: Write + Send + 'static>(
                     let mut result = Ok(());
                     while at < end && result.is_ok() {
                         let n = (end - at).min(chunk.len() as u64) as usize;
-                        result = dp.write(vm, at, &chunk[..n], false);
+                        result = dp.write_now(at, &chunk[..n]);
                         at += n as u64;
                     }
                     if result.is_ok() && fua {
-                        result = dp.flush(vm);
+                        result = dp.flush_now();
                     }
                     conn.reply(result.map_or_else(errno, |()| 0), cookie, timing);
                 }

@@ -207,6 +207,12 @@ impl VssdService {
         self.with(|m, _| m.release(id, lbns))
     }
 
+    /// Whether vSSD `id` exists and its VM runs (its I/O is served).
+    pub fn running(&self, id: VssdId) -> bool {
+        let g = lock(&self.inner);
+        !g.halted && g.m.state().vssd(id).is_some_and(|v| v.active)
+    }
+
     /// A vSSD's id by name.
     pub fn id_of(&self, name: &str) -> Option<VssdId> {
         lock(&self.inner).m.state().id_of(name)

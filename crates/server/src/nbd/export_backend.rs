@@ -1,0 +1,118 @@
+//! What an NBD export is served from, as the transmission loop
+//! (`transmission_async.rs`) sees it: a vDisk on the cache's data path, or a vSSD
+//! (`vssd/`). One request loop, one set of protocol checks, two kinds of store.
+
+use crate::datapath::{Cmd, DataPath, Done};
+use crate::vssd::service::{VssdIoError, VssdService};
+use cachevisor_engine::Failure;
+use cachevisor_trace::VmId;
+use cachevisor_vssd::io::IoError;
+use cachevisor_vssd::VssdId;
+use std::io;
+use std::sync::Arc;
+
+/// An export's store.
+pub trait ExportBackend: Send + Sync + 'static {
+    /// Whether device waits are real (O_DIRECT): a request is then handed off unless no
+    /// other is buffered behind it.
+    fn direct(&self) -> bool;
+    /// Whether the export is still served (not removed or stopped).
+    fn serves(&self) -> bool;
+    /// Starts a request; `done` gets its outcome, perhaps before this returns. `here`:
+    /// the calling thread may run it.
+    fn submit(&self, offset: u64, cmd: Cmd, here: bool, done: Done);
+    /// NBD_CMD_CACHE: a hint to load the range.
+    fn hint_cache(&self, offset: u64, len: u64);
+    /// `base:allocation` descriptors for the range (see `datapath/allocation.rs`).
+    fn allocation(&self, offset: u64, len: u32, one: bool) -> io::Result<Vec<(u32, u32)>>;
+    /// Writes and waits (WRITE_ZEROES' pieces).
+    fn write_now(&self, offset: u64, data: &[u8]) -> Result<(), Failure>;
+    /// Flushes and waits.
+    fn flush_now(&self) -> Result<(), Failure>;
+}
+
+/// A vDisk: the cache's data path.
+pub struct VdiskExport {
+    /// The data path.
+    pub dp: Arc<DataPath>,
+    /// The vDisk.
+    pub vm: VmId,
+}
+
+impl ExportBackend for VdiskExport {
+    fn direct(&self) -> bool {
+        self.dp.direct()
+    }
+    fn serves(&self) -> bool {
+        self.dp.serves(self.vm)
+    }
+    fn submit(&self, offset: u64, cmd: Cmd, here: bool, done: Done) {
+        self.dp.submit(self.vm, offset, cmd, here, done);
+    }
+    fn hint_cache(&self, offset: u64, len: u64) {
+        self.dp.hint_cache(self.vm, offset, len);
+    }
+    fn allocation(&self, offset: u64, len: u32, one: bool) -> io::Result<Vec<(u32, u32)>> {
+        self.dp.allocation(self.vm, offset, len, one)
+    }
+    fn write_now(&self, offset: u64, data: &[u8]) -> Result<(), Failure> {
+        self.dp.write(self.vm, offset, data, false)
+    }
+    fn flush_now(&self) -> Result<(), Failure> {
+        self.dp.flush(self.vm)
+    }
+}
+
+/// A vSSD: requests run on the calling thread, through the block manager's translation.
+pub struct VssdExport {
+    /// The vSSD region.
+    pub svc: Arc<VssdService>,
+    /// The vSSD.
+    pub id: VssdId,
+}
+
+/// The NBD failure of a vSSD request: a block the vSSD does not hold is EIO (SymFlex's
+/// invalid request), past the end EINVAL, a stopped vSSD ESHUTDOWN.
+fn failure(e: VssdIoError) -> Failure {
+    match e {
+        VssdIoError::Refused(IoError::Invalid(_)) | VssdIoError::Device(_) => Failure::Io,
+        VssdIoError::Refused(IoError::OutOfRange { .. }) => Failure::OutOfRange,
+        VssdIoError::Refused(IoError::NotRunning(_)) => Failure::Shutdown,
+    }
+}
+
+impl ExportBackend for VssdExport {
+    fn direct(&self) -> bool {
+        false
+    }
+    fn serves(&self) -> bool {
+        self.svc.running(self.id)
+    }
+    fn submit(&self, offset: u64, cmd: Cmd, _here: bool, done: Done) {
+        match cmd {
+            Cmd::Read(len) => {
+                let mut buf = vec![0u8; len as usize];
+                done(self.svc.read(self.id, offset, &mut buf).map(|()| vec![(buf.into(), offset)]).map_err(failure))
+            }
+            Cmd::Write(data) => done(self.svc.write(self.id, offset, &data).map(|()| Vec::new()).map_err(failure)),
+            Cmd::Flush => done(self.flush_now().map(|()| Vec::new())),
+            // A hint to the store; a vSSD's blocks are its guest's to manage.
+            Cmd::Discard(_) => done(Ok(Vec::new())),
+        }
+    }
+    fn hint_cache(&self, _offset: u64, _len: u64) {}
+    fn allocation(&self, _offset: u64, len: u32, one: bool) -> io::Result<Vec<(u32, u32)>> {
+        // All data: a block it does not hold fails to read, it is not a hole of zeros.
+        let _ = one;
+        Ok(vec![(len, 0)])
+    }
+    fn write_now(&self, offset: u64, data: &[u8]) -> Result<(), Failure> {
+        self.svc.write(self.id, offset, data).map_err(failure)
+    }
+    fn flush_now(&self) -> Result<(), Failure> {
+        self.svc.flush().map_err(|e| {
+            tracing::warn!(vssd = self.id, %e, "vSSD flush failed");
+            Failure::Io
+        })
+    }
+}

@@ -377,6 +377,9 @@ pub struct Config {
     /// Cache-state snapshots and prewarming (defaults when absent).
     #[serde(default)]
     pub prewarm: PrewarmConfig,
+    /// SymFlex's elastic vSSDs (none when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vssd: Option<crate::vssd::settings::VssdConfig>,
 }
 
 /// `[prewarm]`: snapshots of the cache's state on a schedule and at shutdown, and
@@ -587,6 +590,19 @@ min = "16MiB"                 # default 0: the smallest cache share (all vDisks'
 sequential_cutoff = "4MiB"    # default off: longer contiguous runs bypass the cache
 write_policy = "wb"           # default: [cache] write_policy
 allow = ["CN=host-a,O=tenant1", "DNS:host-b.example"] # default []: over TLS, only clients whose verified certificate has one of these subjects (every ATTR=value given) or alt names (DNS:, IP:, URI:, email:; "*" any) open this export
+
+[vssd]                        # SymFlex's elastic vSSDs: a region of the cache store file after the cache's blocks (omit the section for none)
+size = "1GiB"                 # required: the region, whole blocks; fixed while vSSDs hold blocks in it (metadata refuses a change)
+block_size = "1MiB"           # default 1MiB, a power of two from 4KiB to 1GiB: the unit of inflate and deflate
+deflate_grace = "30s"         # default 30s, 1ms to 1h: how long a guest has to give blocks back before the host takes its least recently used ones
+swap_dir = "var/cache.img.meta/vssd-swap" # default METADATA/vssd-swap: where an inactive persistent vSSD's blocks go when the space is needed
+
+[[vssd.device]]               # vSSDs registered at start (SymFlex's <M, C, P>)
+name = "vm1-ssd"              # the NBD export name, unique among vDisks and vSSDs
+max_size = "256MiB"           # M, whole blocks: the device's size as its guest sees it
+initial_size = "64MiB"        # default 0, at most max_size: C, the blocks it gets now (the rest by inflation)
+persist = true                # default false: P; true keeps its blocks and data across its VM's restarts
+allow = ["CN=host-a"]         # default []: as a vDisk's allow
 "#;
 
 /// [`DEFAULT`] followed by [`REFERENCE`] commented out: what `--print-default-config` prints.
@@ -653,6 +669,9 @@ impl Config {
             fix(d);
         }
         c.vdisk.iter_mut().filter(|v| !crate::backing::is_uri(&v.backing)).for_each(|v| fix(&mut v.backing));
+        if let Some(d) = c.vssd.as_mut().and_then(|v| v.swap_dir.as_mut()) {
+            fix(d);
+        }
         Ok(c)
     }
 
@@ -743,6 +762,12 @@ impl Config {
                 if min > cache_bytes {
                     return Err(format!("{at}.min: {min} bytes is more than the cache ({cache_bytes} bytes)"));
                 }
+            }
+        }
+        if let Some(v) = &self.vssd {
+            let plan = v.resolve()?;
+            if let Some(d) = plan.devices.iter().find(|d| self.vdisk.iter().any(|v| v.name == d.name)) {
+                return Err(format!("vssd.device ({}).name: a vDisk has that name", d.name));
             }
         }
         let mins: u64 = self.vdisk.iter().filter_map(|v| v.min.as_deref().and_then(|m| parse_size(m).ok())).sum();

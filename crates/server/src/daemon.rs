@@ -130,6 +130,10 @@ pub struct Daemon {
     pub guards: Arc<crate::status::Guards>,
     /// NBD over TLS (`listen.tls` on or require).
     tls: Option<Arc<crate::tls::ServerTls>>,
+    /// The vSSD region (`[vssd]`).
+    vssd: Option<Arc<crate::vssd::service::VssdService>>,
+    /// The vSSDs' NBD exports (ids with `VSSD_EXPORT` set).
+    vssd_exports: Vec<ExportInfo>,
 }
 
 impl Daemon {
@@ -159,7 +163,27 @@ impl Daemon {
 
     /// What export `vm` is served from.
     pub fn export_backend(&self, vm: VmId) -> Arc<dyn crate::nbd::export_backend::ExportBackend> {
-        Arc::new(crate::nbd::export_backend::VdiskExport { dp: self.dp.clone(), vm })
+        use crate::vssd::startup::VSSD_EXPORT;
+        match &self.vssd {
+            Some(svc) if vm & VSSD_EXPORT != 0 => {
+                Arc::new(crate::nbd::export_backend::VssdExport { svc: svc.clone(), id: vm & !VSSD_EXPORT })
+            }
+            _ => Arc::new(crate::nbd::export_backend::VdiskExport { dp: self.dp.clone(), vm }),
+        }
+    }
+
+    /// The vSSD region, when `[vssd]` is configured.
+    pub fn vssd(&self) -> Option<&Arc<crate::vssd::service::VssdService>> {
+        self.vssd.as_ref()
+    }
+
+    /// Every NBD export: the vDisks, then the vSSDs.
+    pub fn nbd_exports(&self) -> Vec<ExportInfo> {
+        let mut e = self.exports();
+        if !self.is_stopped() {
+            e.extend(self.vssd_exports.iter().cloned());
+        }
+        e
     }
 
     /// The metadata directory.
@@ -182,8 +206,11 @@ impl Daemon {
         self.exports.read().unwrap_or_else(|e| e.into_inner()).iter().flatten().cloned().collect()
     }
 
-    /// vDisk `vm`, unless it was removed.
+    /// Export `vm` (a vDisk unless it was removed, or a vSSD).
     pub fn export(&self, vm: VmId) -> Option<ExportInfo> {
+        if vm & crate::vssd::startup::VSSD_EXPORT != 0 {
+            return self.vssd_exports.iter().find(|e| e.id == vm).cloned();
+        }
         self.exports.read().unwrap_or_else(|e| e.into_inner()).get(vm as usize).cloned().flatten()
     }
 
@@ -310,6 +337,9 @@ impl Daemon {
     /// the next start recovers from the metadata like after a SIGKILL.
     pub fn stop_serving(&self) {
         self.dp.halt();
+        if let Some(v) = &self.vssd {
+            v.halt();
+        }
         self.exports.write().unwrap_or_else(|e| e.into_inner()).iter_mut().for_each(|e| *e = None);
         self.owner.lock().unwrap_or_else(|e| e.into_inner()).take();
     }

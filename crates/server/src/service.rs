@@ -36,7 +36,7 @@ impl Running {
     pub fn uris(&self) -> Vec<String> {
         let s = if self.daemon.tls().is_some_and(|t| t.mode == crate::tls::TlsMode::Require) { "s" } else { "" };
         let mut v = Vec::new();
-        for e in self.daemon.exports() {
+        for e in self.daemon.nbd_exports() {
             if let Some(a) = self.tcp {
                 v.push(format!("nbd{s}://{a}/{}", e.name));
             }

@@ -209,3 +209,55 @@ fn qemu_io_uses_a_vssd_over_nbd_and_resizes_show_as_valid_and_invalid_blocks() {
     let (ok, out) = qemu_io(port, &["read -P 0x5a 1M 1M", "read -P 0x5a 2M 256k", "read -P 0x11 3M 4k"]);
     assert!(ok, "{out}");
 }
+
+/// The daemon with a `[vssd]` region after a 1 MiB cache and one persistent device.
+fn daemon(dir: &Path, with_vssd: bool) -> Result<cachevisor_server::service::Running, String> {
+    let mut t = "[cache]\npath = \"cache.img\"\nsize = \"1MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"disk\"\nbacking = \"disk.img\"\nsize = \"4MiB\"\n".to_string();
+    if with_vssd {
+        t += "[vssd]\nsize = \"8MiB\"\ndeflate_grace = \"200ms\"\n[[vssd.device]]\nname = \"ssd\"\nmax_size = \"4MiB\"\ninitial_size = \"2MiB\"\npersist = true\n";
+    }
+    let cfg = cachevisor_server::Config::parse(&t, "test config", dir).map_err(|e| e.to_string())?;
+    cachevisor_server::service::start(&cfg).map_err(|e| e.to_string())
+}
+
+fn qemu_io_at(addr: std::net::SocketAddr, export: &str, cmds: &[&str]) -> (bool, String) {
+    let mut c = std::process::Command::new("qemu-io");
+    c.args(["-f", "raw"]);
+    for x in cmds {
+        c.args(["-c", x]);
+    }
+    let o = c.arg(format!("nbd://{addr}/{export}")).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    (o.status.success() && !text.contains("failed"), text)
+}
+
+/// `[vssd]` in the daemon: the device is an NBD export beside the vDisk, its data is in
+/// the cache file's region and survives a crash-like stop; a start without `[vssd]` while
+/// it holds data is refused, naming it, and changes nothing.
+#[test]
+fn the_daemon_serves_a_configured_vssd_and_keeps_it_across_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = daemon(dir.path(), true).unwrap();
+    let addr = r.tcp.unwrap();
+    let svc = r.daemon.vssd().unwrap().clone();
+    valid(&svc, "ssd", 2);
+    let (ok, out) = qemu_io_at(addr, "ssd", &["write -P 0x77 512k 1M", "read -P 0x77 512k 1M"]);
+    assert!(ok, "{out}");
+    let (ok, out) = qemu_io_at(addr, "ssd", &["read 3M 4k"]);
+    assert!(!ok && out.contains("Input/output error"), "{out}");
+    // The vDisk beside it is untouched by the region.
+    let (ok, out) = qemu_io_at(addr, "disk", &["write -P 0x12 0 1M", "read -P 0x12 0 1M"]);
+    assert!(ok, "{out}");
+    let size = std::fs::metadata(dir.path().join("cache.img")).unwrap().len();
+    assert_eq!(size, (1 << 20) + (8 << 20));
+    drop(svc);
+    drop(r); // as a crash would
+    let before = std::fs::read(dir.path().join("cache.img")).unwrap();
+    let e = daemon(dir.path(), false).err().unwrap();
+    assert!(e.contains("vSSDs ssd") && e.contains("no [vssd] section"), "{e}");
+    assert!(std::fs::read(dir.path().join("cache.img")).unwrap() == before, "a refused start changed the cache file");
+    let r = daemon(dir.path(), true).unwrap();
+    valid(r.daemon.vssd().unwrap(), "ssd", 2);
+    let (ok, out) = qemu_io_at(r.tcp.unwrap(), "ssd", &["read -P 0x77 512k 1M"]);
+    assert!(ok, "{out}");
+}

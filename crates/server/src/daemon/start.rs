@@ -107,6 +107,9 @@ impl Daemon {
         let cfg = &merged;
         let r: Resolved = cfg.resolve().map_err(StartError::Config)?;
         let places = places(cfg)?;
+        if cfg.vssd.is_none() {
+            crate::vssd::startup::check_not_dropped(&meta_dir).map_err(StartError::Config)?;
+        }
         let mut engine = Engine::new(engine_config(&r)).map_err(StartError::Config)?;
         engine.set_writeback_ahead(cfg.cache.writeback_ahead);
         let ctl = first_controller(cfg, &r, &mut engine).map_err(StartError::Config)?;
@@ -260,7 +263,12 @@ impl Daemon {
             exports.push(Some(ExportInfo { id: i as VmId, name: v.name.clone(), size, allow: v.allow.clone() }));
             backings.push(std::sync::Arc::new(b));
         }
-        let (ssd, direct) = crate::backing::open_cache_store(&cfg.cache.path, r.cache.cache_bytes, cfg.cache.direct)
+        let vssd_plan = cfg.vssd.as_ref().map(|v| v.resolve()).transpose().map_err(StartError::Config)?;
+        let store_bytes = match &vssd_plan {
+            Some(p) => crate::vssd::startup::store_bytes(r.cache.cache_bytes, p),
+            None => r.cache.cache_bytes,
+        };
+        let (ssd, direct) = crate::backing::open_cache_store(&cfg.cache.path, store_bytes, cfg.cache.direct)
             .map_err(|source| StartError::File { path: cfg.cache.path.display().to_string(), error: source })?;
         let mut recovery =
             Recovery { journal_records: rec.journal_records, torn_tail: rec.torn_tail, ..Recovery::default() };
@@ -305,6 +313,14 @@ impl Daemon {
             error_threshold: cfg.cache.error_threshold,
             io_uring: cfg.cache.io_uring,
         }));
+        let (vssd, vssd_exports) = match &vssd_plan {
+            Some(p) => {
+                let (svc, ex) = crate::vssd::startup::start(&cfg.cache.path, r.cache.cache_bytes, p, &meta_dir)
+                    .map_err(StartError::Config)?;
+                (Some(svc), ex)
+            }
+            None => (None, Vec::new()),
+        };
         let policy = Arc::new(Mutex::new(policy::Policy::new(
             ctl,
             r.interval_ns,
@@ -345,6 +361,8 @@ impl Daemon {
             owner: Mutex::new(Some(owner)),
             guards: Default::default(),
             tls,
+            vssd,
+            vssd_exports,
         })
     }
 }

@@ -24,7 +24,7 @@ pub trait Exports {
 
 impl Exports for Daemon {
     fn exports(&self) -> Vec<ExportInfo> {
-        Daemon::exports(self)
+        Daemon::nbd_exports(self)
     }
     fn block_size(&self) -> u64 {
         Daemon::block_size(self)

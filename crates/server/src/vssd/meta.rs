@@ -72,6 +72,38 @@ fn read_file(path: &Path, magic: [u8; 8], geometry: Geometry) -> Result<(Vec<Rec
 }
 
 impl VssdMeta {
+    /// The names of the vSSDs the metadata in `dir` describes, read without writing
+    /// anything (`None`: no vSSD metadata there).
+    pub fn names_on_disk(dir: &Path) -> Result<Option<Vec<String>>, String> {
+        let (ckpt, jpath) = (dir.join("vssd.checkpoint"), dir.join("vssd.journal"));
+        if !ckpt.exists() {
+            return Ok(None);
+        }
+        let mut h = [0u8; HEADER_LEN];
+        File::open(&ckpt).and_then(|mut f| f.read_exact(&mut h)).map_err(|e| named(&ckpt, e))?;
+        let header = Header::decode(&h, CHECKPOINT_MAGIC).map_err(|e| named(&ckpt, e))?;
+        let geometry = Geometry::new(header.block_size, header.slots as u32).map_err(|e| named(&ckpt, e))?;
+        let (records, g, _) = read_file(&ckpt, CHECKPOINT_MAGIC, geometry)?;
+        let mut state = State::replay(geometry, &records).map_err(|(i, e)| named(&ckpt, format!("record {i}: {e}")))?;
+        if jpath.exists() {
+            if let Ok((records, jg, _)) = read_file(&jpath, JOURNAL_MAGIC, geometry) {
+                if jg == g {
+                    for r in &records {
+                        state.apply(r).map_err(|e| named(&jpath, e))?;
+                    }
+                }
+            }
+        }
+        Ok(Some(
+            state
+                .vssds()
+                .values()
+                .filter(|v| !v.map.is_empty() || !v.swapped.is_empty())
+                .map(|v| v.name.clone())
+                .collect(),
+        ))
+    }
+
     /// Opens (or creates) the metadata in `dir` for a region of `geometry`: the durable
     /// state, the files ready for appends, and what was found.
     pub fn open(dir: &Path, geometry: Geometry) -> Result<(VssdMeta, State, Opened), String> {

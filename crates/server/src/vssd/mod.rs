@@ -1,7 +1,10 @@
 //! SymFlex's elastic vSSD in the daemon: the pure block manager (`cachevisor_vssd`)
 //! driven against a region of the cache store ([`region`]), its records journaled in the
-//! cache metadata's format ([`meta`]), and the thread that runs it ([`service`]).
+//! cache metadata's format ([`meta`]), the thread that runs it ([`service`]), and its
+//! configuration ([`settings`]).
 
 pub mod meta;
 pub mod region;
 pub mod service;
+pub mod settings;
+pub mod startup;

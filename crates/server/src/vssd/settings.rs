@@ -1,0 +1,141 @@
+//! `[vssd]` and its `[[vssd.device]]`s: the region carved out of the cache store file
+//! after the cache's blocks, its block size and deflate grace, where inactive vSSDs are
+//! swapped out, and the vSSDs registered at start with SymFlex's ⟨M, C, P⟩ (§2.4.1).
+//! Checked into numbers with messages that name the key.
+
+use cachevisor_trace::units::{parse_duration_ns, parse_size};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// `[vssd]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VssdConfig {
+    /// Bytes of the region (whole blocks).
+    pub size: String,
+    /// Block size (SymFlex's default 1 MiB).
+    #[serde(default = "default_block")]
+    pub block_size: String,
+    /// How long a guest has to give blocks back before the host picks them.
+    #[serde(default = "default_grace")]
+    pub deflate_grace: String,
+    /// Secondary storage for inactive persistent vSSDs (default METADATA/vssd-swap).
+    pub swap_dir: Option<PathBuf>,
+    /// vSSDs registered at start.
+    #[serde(default)]
+    pub device: Vec<VssdDeviceConfig>,
+}
+
+/// `[[vssd.device]]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VssdDeviceConfig {
+    /// The NBD export name (unique among vDisks and vSSDs).
+    pub name: String,
+    /// M: the device's size, what its guest sees.
+    pub max_size: String,
+    /// C: the blocks it gets at registration.
+    #[serde(default = "zero")]
+    pub initial_size: String,
+    /// P: its blocks and data outlive its VM.
+    #[serde(default)]
+    pub persist: bool,
+    /// Client certificates that may open it over TLS (as a vDisk's `allow`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow: Vec<String>,
+}
+
+fn default_block() -> String {
+    "1MiB".into()
+}
+fn default_grace() -> String {
+    "30s".into()
+}
+fn zero() -> String {
+    "0".into()
+}
+
+/// A device resolved to blocks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Device {
+    /// Name.
+    pub name: String,
+    /// M in blocks.
+    pub max_blocks: u32,
+    /// C in blocks.
+    pub initial_blocks: u32,
+    /// P.
+    pub persist: bool,
+    /// TLS access list.
+    pub allow: Vec<String>,
+}
+
+/// `[vssd]` resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Plan {
+    /// The region's shape.
+    pub geometry: cachevisor_vssd::Geometry,
+    /// Deflate grace, ns.
+    pub grace_ns: u64,
+    /// Swap directory, if set.
+    pub swap_dir: Option<PathBuf>,
+    /// Devices registered at start.
+    pub devices: Vec<Device>,
+}
+
+impl VssdConfig {
+    /// Checks every value; errors name the key (`vssd.…`).
+    pub fn resolve(&self) -> Result<Plan, String> {
+        let block = parse_size(&self.block_size).map_err(|e| format!("vssd.block_size: {e}"))?;
+        let size = parse_size(&self.size).map_err(|e| format!("vssd.size: {e}"))?;
+        if size == 0 || !size.is_multiple_of(block) || size / block >= u64::from(u32::MAX) {
+            return Err(format!("vssd.size: {size} bytes is not a positive whole number of {block}-byte blocks"));
+        }
+        let geometry = cachevisor_vssd::Geometry::new(block, (size / block) as u32)
+            .map_err(|e| format!("vssd.block_size: {e}"))?;
+        let grace_ns = parse_duration_ns(&self.deflate_grace).map_err(|e| format!("vssd.deflate_grace: {e}"))?;
+        if !(1_000_000..=3_600_000_000_000).contains(&grace_ns) {
+            return Err(format!("vssd.deflate_grace: `{}` is outside 1ms to 1h", self.deflate_grace));
+        }
+        let mut devices = Vec::new();
+        for (i, d) in self.device.iter().enumerate() {
+            let at = format!("vssd.device[{i}] ({})", d.name);
+            let blocks = |key: &str, v: &str| -> Result<u32, String> {
+                let b = parse_size(v).map_err(|e| format!("{at}.{key}: {e}"))?;
+                if !b.is_multiple_of(block) {
+                    return Err(format!("{at}.{key}: {b} bytes is not a whole number of {block}-byte blocks"));
+                }
+                u32::try_from(b / block).map_err(|_| format!("{at}.{key}: too large"))
+            };
+            let (max_blocks, initial_blocks) =
+                (blocks("max_size", &d.max_size)?, blocks("initial_size", &d.initial_size)?);
+            if max_blocks == 0 {
+                return Err(format!("{at}.max_size: must be at least one block ({block} bytes)"));
+            }
+            if initial_blocks > max_blocks {
+                return Err(format!("{at}.initial_size: more than max_size"));
+            }
+            if d.name.is_empty() || d.name.len() > cachevisor_vssd::lifecycle::MAX_NAME || d.name.contains('/') {
+                return Err(format!("{at}.name: 1 to {} bytes, no `/`", cachevisor_vssd::lifecycle::MAX_NAME));
+            }
+            if devices.iter().any(|x: &Device| x.name == d.name) {
+                return Err(format!("{at}.name: `{}` is used twice", d.name));
+            }
+            crate::tls_authz::check(&d.allow).map_err(|e| format!("{at}.allow: {e}"))?;
+            devices.push(Device {
+                name: d.name.clone(),
+                max_blocks,
+                initial_blocks,
+                persist: d.persist,
+                allow: d.allow.clone(),
+            });
+        }
+        Ok(Plan { geometry, grace_ns, swap_dir: self.swap_dir.clone(), devices })
+    }
+}
+
+/// Where the region starts in the cache store file: after the cache's `cache_bytes`,
+/// rounded up to a whole vSSD block.
+pub fn region_base(cache_bytes: u64, block: u64) -> u64 {
+    cache_bytes.div_ceil(block) * block
+}

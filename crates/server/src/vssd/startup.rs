@@ -1,0 +1,81 @@
+//! The vSSD region at the daemon's start: checks first (a cache store whose metadata
+//! says vSSDs hold blocks is never opened without its `[vssd]`: resizing the file would
+//! cut their data off), then the region opened after the cache's blocks, its metadata
+//! replayed, the driver started, and the configured devices registered (a persistent
+//! one whose VM was stopped gets its blocks back). Each vSSD is an NBD export whose id
+//! carries [`VSSD_EXPORT`].
+
+use super::meta::VssdMeta;
+use super::region::VssdRegion;
+use super::service::VssdService;
+use super::settings::{region_base, Plan};
+use crate::daemon::ExportInfo;
+use cachevisor_vssd::lifecycle::LifecycleError;
+use std::path::Path;
+use std::sync::Arc;
+
+/// The bit that marks a vSSD's export id (the rest is its vSSD id).
+pub const VSSD_EXPORT: u32 = 1 << 31;
+
+/// Refuses a start without `[vssd]` when the metadata in `meta_dir` says vSSDs hold
+/// blocks or swapped-out data: the cache file's region is their data.
+pub fn check_not_dropped(meta_dir: &Path) -> Result<(), String> {
+    let Some(names) = VssdMeta::names_on_disk(meta_dir)? else { return Ok(()) };
+    if names.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "the cache store holds the data of vSSDs {} (metadata in {}), but the configuration has no [vssd] section: restore it (resizing the cache file would cut their data off), or remove the vSSDs first",
+        names.join(", "),
+        meta_dir.display()
+    ))
+}
+
+/// The bytes the cache store file needs with `plan`'s region after `cache_bytes`.
+pub fn store_bytes(cache_bytes: u64, plan: &Plan) -> u64 {
+    region_base(cache_bytes, plan.geometry.block_bytes) + plan.geometry.bytes()
+}
+
+/// Starts the region of `plan` in the cache store at `path` (its first `cache_bytes` are
+/// the cache's) with metadata in `meta_dir`; registers the configured devices. Returns
+/// the service and the devices' exports.
+pub fn start(
+    path: &Path,
+    cache_bytes: u64,
+    plan: &Plan,
+    meta_dir: &Path,
+) -> Result<(Arc<VssdService>, Vec<ExportInfo>), String> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let swap = plan.swap_dir.clone().unwrap_or_else(|| meta_dir.join("vssd-swap"));
+    let base = region_base(cache_bytes, plan.geometry.block_bytes);
+    let region = VssdRegion::new(Arc::new(file), base, plan.geometry, swap.clone())
+        .map_err(|e| format!("vssd.swap_dir: {}: {e}", swap.display()))?;
+    let (meta, state, opened) = VssdMeta::open(meta_dir, plan.geometry)?;
+    if opened.torn_tail {
+        tracing::info!(
+            records = opened.journal_records,
+            "vSSD journal ended in a torn record (a crash while appending): cut there"
+        );
+    }
+    let config = cachevisor_vssd::Config { geometry: plan.geometry, deflate_grace: plan.grace_ns };
+    let svc = VssdService::start(config, state, meta, region);
+    let mut exports = Vec::new();
+    for d in &plan.devices {
+        let id = match svc.register(&d.name, d.max_blocks, d.initial_blocks, d.persist) {
+            Ok(id) => id,
+            // The daemon restarted under a running VM: its vSSD is active still.
+            Err(LifecycleError::State(m)) if m.contains("active already") => svc.id_of(&d.name).expect("registered"),
+            Err(e) => {
+                svc.halt();
+                return Err(format!("vssd.device ({}): {e}", d.name));
+            }
+        };
+        let size = u64::from(d.max_blocks) * plan.geometry.block_bytes;
+        exports.push(ExportInfo { id: VSSD_EXPORT | id, name: d.name.clone(), size, allow: d.allow.clone() });
+    }
+    Ok((svc, exports))
+}

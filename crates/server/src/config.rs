@@ -603,6 +603,7 @@ max_size = "256MiB"           # M, whole blocks: the device's size as its guest 
 initial_size = "64MiB"        # default 0, at most max_size: C, the blocks it gets now (the rest by inflation)
 persist = true                # default false: P; true keeps its blocks and data across its VM's restarts
 allow = ["CN=host-a"]         # default []: as a vDisk's allow
+control = "var/vm1-ssd.ctl"   # default METADATA/NAME.vssd.sock: the guest manager's control socket (0600; newline-delimited JSON, see README; QEMU can carry it into the guest as a virtio-serial port)
 "#;
 
 /// [`DEFAULT`] followed by [`REFERENCE`] commented out: what `--print-default-config` prints.
@@ -669,8 +670,11 @@ impl Config {
             fix(d);
         }
         c.vdisk.iter_mut().filter(|v| !crate::backing::is_uri(&v.backing)).for_each(|v| fix(&mut v.backing));
-        if let Some(d) = c.vssd.as_mut().and_then(|v| v.swap_dir.as_mut()) {
-            fix(d);
+        if let Some(v) = c.vssd.as_mut() {
+            if let Some(d) = v.swap_dir.as_mut() {
+                fix(d);
+            }
+            v.device.iter_mut().filter_map(|d| d.control.as_mut()).for_each(fix);
         }
         Ok(c)
     }

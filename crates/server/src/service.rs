@@ -148,7 +148,7 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
 /// reachable with another: bound inside a fresh 0700 directory beside it, given its mode
 /// and group, then renamed into place (a chmod after binding at `path` would leave it
 /// open to the umask's mode for a moment). Errors name the path or the key.
-fn bind_unix(path: &std::path::Path, mode: u32, group: Option<(&str, u32)>) -> Result<UnixListener, String> {
+pub(crate) fn bind_unix(path: &std::path::Path, mode: u32, group: Option<(&str, u32)>) -> Result<UnixListener, String> {
     use std::os::unix::fs::PermissionsExt;
     let at = |e: std::io::Error| format!("{}: {e}", path.display());
     let parent = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));

@@ -261,3 +261,62 @@ fn the_daemon_serves_a_configured_vssd_and_keeps_it_across_restarts() {
     let (ok, out) = qemu_io_at(r.tcp.unwrap(), "ssd", &["read -P 0x77 512k 1M"]);
     assert!(ok, "{out}");
 }
+
+/// Reads control-channel lines until one satisfies `want` (10 s at most).
+fn line_until(r: &mut impl std::io::BufRead, want: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    let t = Instant::now();
+    loop {
+        let mut l = String::new();
+        r.read_line(&mut l).unwrap();
+        let v: serde_json::Value = serde_json::from_str(l.trim()).unwrap_or_else(|e| panic!("{l:?}: {e}"));
+        if want(&v) {
+            return v;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "no line like that; last {v}");
+    }
+}
+
+/// The guest manager's control socket (Fig. 4's messages): the bitmap at hello, a deflate
+/// request, a bad release refused with the reason, a good one acknowledged and announced,
+/// and an inflate announced with its new blocks.
+#[test]
+fn the_guest_control_channel_carries_the_resize_messages() {
+    use std::io::{BufReader, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let r = daemon(dir.path(), true).unwrap();
+    let svc = r.daemon.vssd().unwrap().clone();
+    valid(&svc, "ssd", 2);
+    let id = svc.id_of("ssd").unwrap();
+    let sock = dir.path().join("cache.img.meta/ssd.vssd.sock");
+    let mut w = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+    w.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut rd = BufReader::new(w.try_clone().unwrap());
+    w.write_all(b"{\"op\":\"hello\"}\n").unwrap();
+    let st = line_until(&mut rd, |v| v["reply"] == "state");
+    assert_eq!(
+        (st["valid"].clone(), st["max_blocks"].clone(), st["block_size"].clone()),
+        (serde_json::json!([0, 1]), 4.into(), (1 << 20).into()),
+        "{st}"
+    );
+    svc.set_target(id, 1).unwrap();
+    let d = line_until(&mut rd, |v| v["event"] == "deflate");
+    assert_eq!(d["blocks"], 1, "{d}");
+    assert!(d["deadline_in_ms"].as_u64().unwrap() <= 200);
+    w.write_all(b"{\"op\":\"release\",\"lbns\":[3]}\n").unwrap();
+    let e = line_until(&mut rd, |v| v.get("reply").is_some());
+    assert!(e["reply"] == "error" && e["message"].as_str().unwrap().contains("not a valid block"), "{e}");
+    w.write_all(b"{\"op\":\"shrink\"}\nnot json\n").unwrap();
+    assert!(line_until(&mut rd, |v| v.get("reply").is_some())["message"].as_str().unwrap().contains("not a request"));
+    assert!(line_until(&mut rd, |v| v.get("reply").is_some())["reply"] == "error");
+    w.write_all(b"{\"op\":\"release\",\"lbns\":[1]}\n").unwrap();
+    assert_eq!(line_until(&mut rd, |v| v.get("reply").is_some())["reply"], "released");
+    let rel = line_until(&mut rd, |v| v["event"] == "released");
+    assert_eq!((rel["lbns"].clone(), rel["forced"].clone()), (serde_json::json!([1]), false.into()));
+    valid(&svc, "ssd", 1);
+    svc.set_target(id, 4).unwrap();
+    let inf = line_until(&mut rd, |v| v["event"] == "inflated" && v["lbns"].as_array().unwrap().len() == 3);
+    assert_eq!(inf["lbns"], serde_json::json!([1, 2, 3]));
+    // The data the guest kept is untouched by all this.
+    let (ok, out) = qemu_io_at(r.tcp.unwrap(), "ssd", &["read -P 0 0 1M"]);
+    assert!(ok, "{out}");
+}

@@ -81,6 +81,23 @@ impl VssdService {
         self.epoch.elapsed().as_nanos() as u64
     }
 
+    /// The driver's clock (what deadlines in events count in), ns.
+    pub fn now_ns(&self) -> u64 {
+        self.now()
+    }
+
+    /// Whether vSSD `id` exists.
+    pub fn exists(&self, id: VssdId) -> bool {
+        lock(&self.inner).m.state().vssd(id).is_some()
+    }
+
+    /// vSSD `id`'s block size and M.
+    pub fn geometry_of(&self, id: VssdId) -> Option<(u64, u32)> {
+        let g = lock(&self.inner);
+        let bs = g.m.config().geometry.block_bytes;
+        g.m.state().vssd(id).map(|v| (bs, v.max_blocks))
+    }
+
     /// The driver loop (see the top comment).
     fn drive(self: Arc<Self>, mut meta: VssdMeta) {
         loop {

@@ -43,6 +43,8 @@ pub struct VssdDeviceConfig {
     /// Client certificates that may open it over TLS (as a vDisk's `allow`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allow: Vec<String>,
+    /// The guest manager's control socket (default METADATA/NAME.vssd.sock).
+    pub control: Option<PathBuf>,
 }
 
 fn default_block() -> String {
@@ -68,6 +70,8 @@ pub struct Device {
     pub persist: bool,
     /// TLS access list.
     pub allow: Vec<String>,
+    /// Control socket, if set.
+    pub control: Option<PathBuf>,
 }
 
 /// `[vssd]` resolved.
@@ -128,6 +132,7 @@ impl VssdConfig {
                 initial_blocks,
                 persist: d.persist,
                 allow: d.allow.clone(),
+                control: d.control.clone(),
             });
         }
         Ok(Plan { geometry, grace_ns, swap_dir: self.swap_dir.clone(), devices })

@@ -3,7 +3,7 @@
 //! cut their data off), then the region opened after the cache's blocks, its metadata
 //! replayed, the driver started, and the configured devices registered (a persistent
 //! one whose VM was stopped gets its blocks back). Each vSSD is an NBD export whose id
-//! carries [`VSSD_EXPORT`].
+//! carries [`VSSD_EXPORT`], with a control socket for its guest's manager (`control.rs`).
 
 use super::meta::VssdMeta;
 use super::region::VssdRegion;
@@ -74,6 +74,11 @@ pub fn start(
                 return Err(format!("vssd.device ({}): {e}", d.name));
             }
         };
+        let control = d.control.clone().unwrap_or_else(|| meta_dir.join(format!("{}.vssd.sock", d.name)));
+        if let Err(e) = super::control::listen(svc.clone(), id, &control) {
+            svc.halt();
+            return Err(format!("vssd.device ({}).control: {e}", d.name));
+        }
         let size = u64::from(d.max_blocks) * plan.geometry.block_bytes;
         exports.push(ExportInfo { id: VSSD_EXPORT | id, name: d.name.clone(), size, allow: d.allow.clone() });
     }

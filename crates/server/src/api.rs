@@ -3,7 +3,7 @@
 //! (`POST /vdisks`) or remove one (`DELETE /vdisks/NAME`), resize a partition,
 //! change a write policy, start a destage job for one vDisk or all (progress at
 //! `GET /destage`), prewarm from a snapshot directory (`POST /prewarm`, progress at
-//! `GET /prewarm`), switch the allocator — that need
+//! `GET /prewarm`), switch the allocator, set a vSSD's target (`vssd/api.rs`) — that need
 //! `Authorization: Bearer
 //! TOKEN`. Without a configured token a random one is written, readable by the owner
 //! only, to `api-token` in the metadata directory.
@@ -20,12 +20,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The handlers' shared state.
 #[derive(Clone)]
-struct Api {
-    daemon: Arc<Daemon>,
+pub(crate) struct Api {
+    pub(crate) daemon: Arc<Daemon>,
 }
 
-fn err(code: StatusCode, msg: impl Into<String>) -> Response {
+pub(crate) fn err(code: StatusCode, msg: impl Into<String>) -> Response {
     (code, Json(serde_json::json!({ "error": msg.into() }))).into_response()
 }
 
@@ -305,6 +306,7 @@ pub fn start(
         .route("/prewarm", get(prewarm_progress).post(start_prewarm))
         .route("/allocator", get(get_allocator).post(set_allocator))
         .route("/tls/reload", post(reload_tls))
+        .merge(crate::vssd::api::routes())
         .layer(axum::middleware::from_fn_with_state(Arc::new(guard), require_token))
         .with_state(Api { daemon });
     std::thread::spawn(move || {

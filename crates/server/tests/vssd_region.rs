@@ -212,7 +212,7 @@ fn qemu_io_uses_a_vssd_over_nbd_and_resizes_show_as_valid_and_invalid_blocks() {
 
 /// The daemon with a `[vssd]` region after a 1 MiB cache and one persistent device.
 fn daemon(dir: &Path, with_vssd: bool) -> Result<cachevisor_server::service::Running, String> {
-    let mut t = "[cache]\npath = \"cache.img\"\nsize = \"1MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"disk\"\nbacking = \"disk.img\"\nsize = \"4MiB\"\n".to_string();
+    let mut t = "[cache]\npath = \"cache.img\"\nsize = \"1MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"disk\"\nbacking = \"disk.img\"\nsize = \"4MiB\"\n".to_string();
     if with_vssd {
         t += "[vssd]\nsize = \"8MiB\"\ndeflate_grace = \"200ms\"\n[[vssd.device]]\nname = \"ssd\"\nmax_size = \"4MiB\"\ninitial_size = \"2MiB\"\npersist = true\n";
     }
@@ -287,6 +287,7 @@ fn the_guest_control_channel_carries_the_resize_messages() {
     let svc = r.daemon.vssd().unwrap().clone();
     valid(&svc, "ssd", 2);
     let id = svc.id_of("ssd").unwrap();
+    let (api, token) = r.api.clone().unwrap();
     let sock = dir.path().join("cache.img.meta/ssd.vssd.sock");
     let mut w = std::os::unix::net::UnixStream::connect(&sock).unwrap();
     w.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -298,7 +299,14 @@ fn the_guest_control_channel_carries_the_resize_messages() {
         (serde_json::json!([0, 1]), 4.into(), (1 << 20).into()),
         "{st}"
     );
-    svc.set_target(id, 1).unwrap();
+    // The operator deflates it through the API (the token is needed).
+    let url = format!("http://{api}/vssds/ssd/target");
+    let e = ureq::post(&url).send_json(serde_json::json!({ "size": "1MiB" })).unwrap_err();
+    assert!(matches!(e, ureq::Error::Status(401, _)));
+    let auth = format!("Bearer {token}");
+    let e = ureq::post(&url).set("Authorization", &auth).send_json(serde_json::json!({ "size": "1000" })).unwrap_err();
+    assert!(matches!(e, ureq::Error::Status(400, _)));
+    ureq::post(&url).set("Authorization", &auth).send_json(serde_json::json!({ "size": "1MiB" })).unwrap();
     let d = line_until(&mut rd, |v| v["event"] == "deflate");
     assert_eq!(d["blocks"], 1, "{d}");
     assert!(d["deadline_in_ms"].as_u64().unwrap() <= 200);
@@ -313,6 +321,12 @@ fn the_guest_control_channel_carries_the_resize_messages() {
     let rel = line_until(&mut rd, |v| v["event"] == "released");
     assert_eq!((rel["lbns"].clone(), rel["forced"].clone()), (serde_json::json!([1]), false.into()));
     valid(&svc, "ssd", 1);
+    let list: serde_json::Value = ureq::get(&format!("http://{api}/vssds")).call().unwrap().into_json().unwrap();
+    assert_eq!(
+        (list[0]["name"].clone(), list[0]["valid"].clone(), list[0]["target"].clone()),
+        ("ssd".into(), 1.into(), 1.into()),
+        "{list}"
+    );
     svc.set_target(id, 4).unwrap();
     let inf = line_until(&mut rd, |v| v["event"] == "inflated" && v["lbns"].as_array().unwrap().len() == 3);
     assert_eq!(inf["lbns"], serde_json::json!([1, 2, 3]));

@@ -3,6 +3,7 @@
 //! cache metadata's format ([`meta`]), the thread that runs it ([`service`]), and its
 //! configuration ([`settings`]).
 
+pub mod api;
 pub mod control;
 pub mod meta;
 pub mod region;

@@ -1,0 +1,75 @@
+//! The vSSDs in the HTTP API: `GET /vssds` lists each with its resize state, and
+//! `POST /vssds/NAME/target` with `{"blocks": N}` or `{"size": "64MiB"}` inflates or
+//! deflates it (the operator's, or an outside allocator's, decision; a deflate asks the
+//! guest first, see `control.rs`). Mutating calls pass the API's token check.
+
+use crate::api::{err, Api};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+
+/// The routes, for the API's router.
+pub(crate) fn routes() -> Router<Api> {
+    Router::new().route("/vssds", get(list)).route("/vssds/{name}/target", post(target))
+}
+
+async fn list(State(a): State<Api>) -> Response {
+    let Some(svc) = a.daemon.vssd() else { return Json(serde_json::json!([])).into_response() };
+    let out: Vec<serde_json::Value> = a
+        .daemon
+        .nbd_exports()
+        .into_iter()
+        .filter(|e| e.id & super::startup::VSSD_EXPORT != 0)
+        .filter_map(|e| {
+            let id = e.id & !super::startup::VSSD_EXPORT;
+            let (st, valid) = svc.status(id)?;
+            let (block_size, max_blocks) = svc.geometry_of(id)?;
+            Some(serde_json::json!({
+                "name": e.name,
+                "block_size": block_size,
+                "max_blocks": max_blocks,
+                "target": st.target,
+                "valid": valid.len(),
+                "coming": st.coming,
+                "leaving": st.leaving,
+                "asked": st.asked,
+                "running": svc.running(id),
+            }))
+        })
+        .collect();
+    Json(out).into_response()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Target {
+    blocks: Option<u32>,
+    size: Option<String>,
+}
+
+async fn target(State(a): State<Api>, Path(name): Path<String>, Json(body): Json<Target>) -> Response {
+    let Some(svc) = a.daemon.vssd() else { return err(StatusCode::NOT_FOUND, "no [vssd] is configured") };
+    let Some(id) = svc.id_of(&name) else { return err(StatusCode::NOT_FOUND, format!("no vSSD named `{name}`")) };
+    let block = svc.geometry_of(id).map_or(1, |g| g.0);
+    let blocks = match (body.blocks, body.size) {
+        (Some(b), None) => b,
+        (None, Some(s)) => match cachevisor_trace::units::parse_size(&s) {
+            Ok(bytes) if bytes.is_multiple_of(block) && bytes / block <= u64::from(u32::MAX) => (bytes / block) as u32,
+            Ok(bytes) => {
+                return err(
+                    StatusCode::BAD_REQUEST,
+                    format!("size: {bytes} bytes is not a whole number of {block}-byte blocks"),
+                )
+            }
+            Err(e) => return err(StatusCode::BAD_REQUEST, format!("size: {e}")),
+        },
+        _ => return err(StatusCode::BAD_REQUEST, "give exactly one of `blocks` or `size`"),
+    };
+    match svc.set_target(id, blocks) {
+        Ok(()) => Json(serde_json::json!({ "name": name, "target": blocks })).into_response(),
+        Err(e) => err(StatusCode::CONFLICT, e),
+    }
+}

@@ -144,3 +144,44 @@ impl VssdConfig {
 pub fn region_base(cache_bytes: u64, block: u64) -> u64 {
     cache_bytes.div_ceil(block) * block
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(size: &str, max: &str, initial: &str) -> VssdConfig {
+        VssdConfig {
+            size: size.into(),
+            block_size: "1MiB".into(),
+            deflate_grace: "30s".into(),
+            swap_dir: None,
+            device: vec![VssdDeviceConfig {
+                name: "d".into(),
+                max_size: max.into(),
+                initial_size: initial.into(),
+                persist: false,
+                allow: Vec::new(),
+                control: None,
+            }],
+        }
+    }
+
+    #[test]
+    fn sizes_at_zero_the_edges_and_past_them_are_errors_naming_the_key() {
+        assert_eq!(cfg("8MiB", "4MiB", "4MiB").resolve().unwrap().devices[0].max_blocks, 4);
+        let e = |c: VssdConfig| c.resolve().unwrap_err();
+        assert!(e(cfg("0", "4MiB", "0")).starts_with("vssd.size"));
+        assert!(e(cfg("1500KiB", "4MiB", "0")).starts_with("vssd.size"));
+        assert!(e(cfg("8MiB", "0", "0")).contains("max_size: must be at least one block"));
+        assert!(e(cfg("8MiB", "1000", "0")).contains("max_size: 1000 bytes is not a whole number"));
+        assert!(e(cfg("8MiB", "4MiB", "5MiB")).contains("initial_size: more than max_size"));
+        assert!(e(cfg("8MiB", "8192TiB", "0")).contains("max_size: too large"));
+        assert!(e(cfg("8MiB", "4 potatoes", "0")).contains("max_size"));
+        let mut c = cfg("8MiB", "4MiB", "0");
+        c.deflate_grace = "0".into();
+        assert!(e(c).starts_with("vssd.deflate_grace"));
+        let mut c = cfg("8MiB", "4MiB", "0");
+        c.device.push(c.device[0].clone());
+        assert!(e(c).contains("used twice"));
+    }
+}

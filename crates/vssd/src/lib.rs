@@ -11,6 +11,7 @@ pub mod geometry;
 pub mod io;
 pub mod lifecycle;
 pub mod manager;
+pub mod protocol;
 pub mod record;
 pub mod resize;
 pub mod state;

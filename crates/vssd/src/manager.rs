@@ -164,6 +164,10 @@ pub(crate) struct VssdLive {
     pub removing: bool,
     /// When it was deactivated (inactive vSSDs are reclaimed oldest first).
     pub inactive_since: Option<Nanos>,
+    /// Logical blocks the host took after a deadline, not inflated again until the
+    /// guest's next hello: a guest that has not heard of the take yet would read the new
+    /// zeroed block as the data it cached there.
+    pub fenced: BTreeSet<Lbn>,
 }
 
 /// Counters since start.
@@ -493,7 +497,12 @@ impl BlockManager {
             let mut lbn = 0;
             while want > 0 && lbn < max {
                 let v = self.state.vssd(id).expect("listed");
-                if v.map.contains_key(&lbn) || v.swapped.contains(&lbn) || filling.contains(&lbn) {
+                let fenced = &self.vssds[&id].fenced;
+                if v.map.contains_key(&lbn)
+                    || v.swapped.contains(&lbn)
+                    || filling.contains(&lbn)
+                    || fenced.contains(&lbn)
+                {
                     lbn += 1;
                     continue;
                 }

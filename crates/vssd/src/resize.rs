@@ -113,6 +113,17 @@ impl BlockManager {
         Ok(())
     }
 
+    /// The guest of `id` said hello (it has the valid blocks as they are now): the blocks
+    /// taken from it after deadlines may be inflated again.
+    pub fn hello(&mut self, id: VssdId) {
+        if let Some(l) = self.vssds.get_mut(&id) {
+            if !l.fenced.is_empty() {
+                l.fenced.clear();
+                self.fill();
+            }
+        }
+    }
+
     /// When `handle_timeout` is next due (the earliest deflate deadline).
     pub fn poll_timeout(&self) -> Option<Nanos> {
         self.vssds.values().filter_map(|l| l.deadline).min()
@@ -145,6 +156,7 @@ impl BlockManager {
             // again; zeroed ones are dropped when they arrive.
             let held = self.held(id);
             let l = self.vssds.get_mut(&id).expect("live");
+            l.fenced.extend(&lbns);
             l.asked = 0;
             l.deadline = None;
             let rest = held.saturating_sub(l.target);

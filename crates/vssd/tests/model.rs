@@ -45,6 +45,10 @@ enum Step {
         name: u8,
         blocks: u32,
     },
+    /// The guest resyncs (its hello): blocks taken after a deadline may come back.
+    Hello {
+        name: u8,
+    },
     Release {
         name: u8,
         count: u8,
@@ -86,6 +90,7 @@ fn step() -> impl Strategy<Value = Step> {
         2 => name.clone().prop_map(|name| Step::Stop { name }),
         1 => name.clone().prop_map(|name| Step::Remove { name }),
         3 => (name.clone(), 0u32..8).prop_map(|(name, blocks)| Step::Target { name, blocks }),
+        2 => name.clone().prop_map(|name| Step::Hello { name }),
         5 => (name.clone(), 0u8..4).prop_map(|(name, count)| Step::Release { name, count }),
         1 => (name.clone(), proptest::collection::vec(0u32..9, 0..4)).prop_map(|(name, lbns)| Step::BogusRelease { name, lbns }),
         8 => (name.clone(), 0u32..8, 0..UNITS).prop_map(|(name, lbn, unit)| Step::StartWrite { name, lbn, unit }),
@@ -199,6 +204,12 @@ impl World {
             Step::Remove { name } => {
                 if let Some(id) = self.id(name) {
                     let _ = self.m.remove(id);
+                }
+            }
+            Step::Hello { name } => {
+                if let Some(id) = self.id(name) {
+                    self.m.hello(id);
+                    self.drain_outputs();
                 }
             }
             Step::Target { name, blocks } => {
@@ -386,6 +397,10 @@ impl World {
     /// Runs every op, commits, and lets deadlines pass, until nothing is left to do.
     fn settle(&mut self) -> Counters {
         for _ in 0..100 {
+            let running: Vec<VssdId> = self.m.state().vssds().values().filter(|v| v.active).map(|v| v.id).collect();
+            for id in running {
+                self.m.hello(id);
+            }
             while let Some(io) = self.ios.pop() {
                 self.m.end_io(io.0);
             }

@@ -145,6 +145,17 @@ fn a_guest_that_misses_its_deadline_loses_its_least_recently_used_blocks() {
     // A late answer names blocks that are gone: refused.
     let e = m.release(id, &[1]).unwrap_err();
     assert!(e.reason.contains("1 blocks given back, 0 asked for"), "{e}");
+    // Growing again before the guest's hello: the taken blocks stay invalid (a guest
+    // that has not heard of the take must get EIO there, not zeros as its data).
+    m.set_target(id, 4, 6_000).unwrap();
+    let ev = pump(&mut m, &mut j);
+    assert!(ev.contains(&Event::Inflated { id, lbns: vec![4, 5] }), "{ev:?}");
+    assert!(m.start_io(id, MIB, 4096, 6_000).is_err(), "a fenced block serves nothing");
+    m.hello(id);
+    pump(&mut m, &mut j);
+    m.set_target(id, 6, 7_000).unwrap();
+    let ev = pump(&mut m, &mut j);
+    assert!(ev.contains(&Event::Inflated { id, lbns: vec![1, 3] }), "{ev:?}");
 }
 
 #[test]

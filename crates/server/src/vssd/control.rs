@@ -2,25 +2,12 @@
 //! 4's messages): one unix socket per vSSD (0600; QEMU can carry it into the guest as a
 //! virtio-serial port), newline-delimited JSON, both directions at any time.
 //!
-//! Guest → host, one request per line, each answered by one `reply` line:
-//! - `{"op":"hello"}` → `{"reply":"state","block_size":B,"max_blocks":M,"valid":[lbn…],"target":T,"asked":N,"deadline_in_ms":D}`:
-//!   the valid-block bitmap as a list (§2.4.1: read at initialization), and any deflate
-//!   request outstanding;
-//! - `{"op":"release","lbns":[…]}` → `{"reply":"released","lbns":[…]}`, or
-//!   `{"reply":"error","message":"…"}` when any block is not a valid block of this vSSD,
-//!   is given twice, or more are given than asked (nothing changes then).
-//!
-//! Host → guest, whenever they happen, `event` lines: `{"event":"inflated","lbns":[…]}`
-//! (new valid blocks), `{"event":"deflate","blocks":N,"deadline_in_ms":D}` (give back N by
-//! then; N = 0 withdraws the request), `{"event":"released","lbns":[…],"forced":F}`
-//! (blocks no longer valid; `forced`: the host took them after the deadline),
-//! `{"event":"removed"}`. A guest that reconnects says hello again and gets the state.
+//! The messages are `cachevisor_vssd::protocol`'s (documented there).
 
 use super::service::VssdService;
 use cachevisor_vssd::manager::Event;
+use cachevisor_vssd::protocol::{Notice, Reply, Request};
 use cachevisor_vssd::VssdId;
-use serde::Deserialize;
-use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
@@ -30,13 +17,6 @@ use std::time::Duration;
 
 /// Longest request line (a release of a million blocks fits).
 const MAX_LINE: usize = 16 << 20;
-
-#[derive(Deserialize)]
-#[serde(tag = "op", rename_all = "lowercase", deny_unknown_fields)]
-enum Request {
-    Hello,
-    Release { lbns: Vec<u32> },
-}
 
 /// Binds the control socket of vSSD `id` at `path` and serves it on a thread.
 pub fn listen(svc: Arc<VssdService>, id: VssdId, path: &Path) -> Result<(), String> {
@@ -63,23 +43,21 @@ fn ms_until(svc: &VssdService, deadline: u64) -> u64 {
     deadline.saturating_sub(svc.now_ns()) / 1_000_000
 }
 
-/// The event line for `e`, if it concerns `id`.
-fn event_line(svc: &VssdService, id: VssdId, e: &Event) -> Option<Value> {
+/// The notice for `e`, if it concerns `id`.
+fn notice(svc: &VssdService, id: VssdId, e: &Event) -> Option<Notice> {
     Some(match e {
-        Event::Inflated { id: i, lbns } if *i == id => json!({ "event": "inflated", "lbns": lbns }),
+        Event::Inflated { id: i, lbns } if *i == id => Notice::Inflated { lbns: lbns.clone() },
         Event::DeflateRequested { id: i, blocks, deadline } if *i == id => {
-            json!({ "event": "deflate", "blocks": blocks, "deadline_in_ms": ms_until(svc, *deadline) })
+            Notice::Deflate { blocks: *blocks, deadline_in_ms: ms_until(svc, *deadline) }
         }
-        Event::Released { id: i, lbns, forced } if *i == id => {
-            json!({ "event": "released", "lbns": lbns, "forced": forced })
-        }
-        Event::Removed { id: i } if *i == id => json!({ "event": "removed" }),
+        Event::Released { id: i, lbns, forced } if *i == id => Notice::Released { lbns: lbns.clone(), forced: *forced },
+        Event::Removed { id: i } if *i == id => Notice::Removed,
         _ => return None,
     })
 }
 
-fn send(out: &Mutex<UnixStream>, v: &Value) -> std::io::Result<()> {
-    let mut line = v.to_string();
+fn send(out: &Mutex<UnixStream>, v: &impl serde::Serialize) -> std::io::Result<()> {
+    let mut line = serde_json::to_string(v).expect("a message serializes");
     line.push('\n');
     out.lock().unwrap_or_else(|p| p.into_inner()).write_all(line.as_bytes())
 }
@@ -98,7 +76,7 @@ fn serve(s: UnixStream, svc: &Arc<VssdService>, id: VssdId) {
                 let (ev, next) = svc.events(at, Duration::from_millis(500));
                 at = next;
                 for e in &ev {
-                    if let Some(line) = event_line(&svc, id, e) {
+                    if let Some(line) = notice(&svc, id, e) {
                         if send(&out, &line).is_err() {
                             return;
                         }
@@ -114,17 +92,18 @@ fn serve(s: UnixStream, svc: &Arc<VssdService>, id: VssdId) {
         match std::io::Read::take(&mut r, MAX_LINE as u64 + 1).read_line(&mut line) {
             Ok(0) | Err(_) => break,
             Ok(n) if n > MAX_LINE => {
-                let _ = send(&out, &json!({ "reply": "error", "message": "request line over 16 MiB: closing" }));
+                let message = "request line over 16 MiB: closing".to_string();
+                let _ = send(&out, &Reply::Error { message });
                 break;
             }
             Ok(_) => {}
         }
         let reply = match serde_json::from_str::<Request>(line.trim()) {
-            Err(e) => json!({ "reply": "error", "message": format!("not a request: {e}") }),
+            Err(e) => Reply::Error { message: format!("not a request: {e}") },
             Ok(Request::Hello) => state(svc, id),
             Ok(Request::Release { lbns }) => match svc.release(id, &lbns) {
-                Ok(()) => json!({ "reply": "released", "lbns": lbns }),
-                Err(e) => json!({ "reply": "error", "message": e.to_string() }),
+                Ok(()) => Reply::Released { lbns },
+                Err(e) => Reply::Error { message: e.to_string() },
             },
         };
         if send(&out, &reply).is_err() {
@@ -136,17 +115,16 @@ fn serve(s: UnixStream, svc: &Arc<VssdService>, id: VssdId) {
 }
 
 /// The `state` reply.
-fn state(svc: &VssdService, id: VssdId) -> Value {
-    match (svc.status(id), svc.geometry_of(id)) {
-        (Some((st, valid)), Some((block_size, max_blocks))) => json!({
-            "reply": "state",
-            "block_size": block_size,
-            "max_blocks": max_blocks,
-            "valid": valid,
-            "target": st.target,
-            "asked": st.asked,
-            "deadline_in_ms": st.deadline.map(|d| ms_until(svc, d)),
-        }),
-        _ => json!({ "reply": "error", "message": "the vSSD is gone" }),
+fn state(svc: &VssdService, id: VssdId) -> Reply {
+    match (svc.hello(id), svc.geometry_of(id)) {
+        (Some((st, valid)), Some((block_size, max_blocks))) => Reply::State {
+            block_size,
+            max_blocks,
+            valid,
+            target: st.target,
+            asked: st.asked,
+            deadline_in_ms: st.deadline.map(|d| ms_until(svc, d)),
+        },
+        _ => Reply::Error { message: "the vSSD is gone".into() },
     }
 }

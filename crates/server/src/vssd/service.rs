@@ -224,6 +224,15 @@ impl VssdService {
         self.with(|m, _| m.release(id, lbns))
     }
 
+    /// The guest of `id` said hello: blocks taken from it after a deadline may be
+    /// inflated again; its state (as [`VssdService::status`]), taken in the same step.
+    pub fn hello(&self, id: VssdId) -> Option<(ResizeStatus, Vec<Lbn>)> {
+        self.with(|m, _| {
+            m.hello(id);
+            Some((m.resize_status(id)?, m.valid_lbns(id)))
+        })
+    }
+
     /// Whether vSSD `id` exists and its VM runs (its I/O is served).
     pub fn running(&self, id: VssdId) -> bool {
         let g = lock(&self.inner);

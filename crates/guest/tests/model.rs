@@ -26,10 +26,13 @@ struct Host {
     fenced: BTreeSet<u32>,
     out: UnixStream,
     partial: Vec<u8>,
+    /// Notices sent.
+    notices: usize,
 }
 
 impl Host {
     fn send(&mut self, l: &HostLine) {
+        self.notices += usize::from(matches!(l, HostLine::Notice(_)));
         let mut s = serde_json::to_string(l).unwrap();
         s.push('\n');
         self.out.write_all(s.as_bytes()).unwrap();
@@ -203,6 +206,7 @@ fn run(mode: WriteMode, initial: u32, ops: Vec<Op>) {
         fenced: BTreeSet::new(),
         out: host_end,
         partial: Vec::new(),
+        notices: 0,
     }));
     let size = ORIGIN_BLOCKS * BLOCK - 100; // a short last block
     let origin = Mem(Arc::new(Mutex::new((0..size).map(|i| (i % 251) as u8).collect())));
@@ -211,6 +215,7 @@ fn run(mode: WriteMode, initial: u32, ops: Vec<Op>) {
     let mut g = GuestCache::start(Vssd(host.clone()), origin.clone(), size, control, mode).unwrap();
     let notice = |n: Notice| host.lock().unwrap().send(&HostLine::Notice(n));
     let mut lost_seen = 0;
+    let mut handled = 0;
     for op in ops {
         match op {
             Op::Read { app, block, within, len } => {
@@ -268,9 +273,7 @@ fn run(mode: WriteMode, initial: u32, ops: Vec<Op>) {
                 }
             }
             Op::Shares(w) => g.set_shares(&[(0, 1.0), (1, w)]),
-            Op::Service => {
-                g.service_for(Duration::from_millis(20)).unwrap();
-            }
+            Op::Service => handled += g.service().unwrap(),
             Op::Flush => {
                 if let Err(e) = g.flush() {
                     assert!(mode == WriteMode::WriteBack && lost_seen < g.stats().lost_origin_blocks.len(), "{e}");
@@ -285,7 +288,9 @@ fn run(mode: WriteMode, initial: u32, ops: Vec<Op>) {
         g.cache().check();
     }
     // Every notice sent is handled (the reader thread may still hold some).
-    while g.service_for(Duration::from_millis(100)).unwrap() > 0 {}
+    while handled < host.lock().unwrap().notices {
+        handled += g.service_for(Duration::from_secs(5)).unwrap();
+    }
     take_losses(&g, &mut model, &mut lost_seen);
     let hv: Vec<u32> = host.lock().unwrap().valid.iter().copied().collect();
     assert_eq!(g.cache().valid_lbns(), hv, "the guest's valid blocks are the host's");

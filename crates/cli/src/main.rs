@@ -16,6 +16,8 @@ mod bundled;
 mod demo_cmd;
 mod destage_cmd;
 mod experiment_cmd;
+mod guest_cmd;
+mod guest_workload;
 mod input_args;
 mod prewarm_cmd;
 mod progress;
@@ -55,6 +57,8 @@ enum Cmd {
     Destage(destage_cmd::DestageArgs),
     /// Prewarm a running daemon's cache from snapshots, or follow a prewarm, with progress.
     Prewarm(prewarm_cmd::PrewarmArgs),
+    /// Run SymFlex's guest-side cache manager on a vSSD with a workload (hit ratio per interval).
+    Guest(guest_cmd::GuestArgs),
     /// Reproduce the seeds' experiments and write HTML reports.
     Experiment(experiment_cmd::ExperimentArgs),
     /// Measure speed and memory.
@@ -81,6 +85,7 @@ fn main() {
         Cmd::Simulate(a) => simulate_cmd::run(*a),
         Cmd::Analyze(c) => analyze_cmd::run(c),
         Cmd::Experiment(a) => experiment_cmd::run(a),
+        Cmd::Guest(a) => guest_cmd::run(a),
         Cmd::Serve(a) => serve_cmd::run(a),
         Cmd::Status(a) => status_cmd::run(a),
         Cmd::Destage(a) => destage_cmd::run(a),

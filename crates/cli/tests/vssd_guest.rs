@@ -1,0 +1,129 @@
+//! Issue 33: SymFlex's guest-side cache manager run for real (`cachevisor guest`) on a
+//! vSSD a real daemon serves over NBD, cooperating over the control socket while the
+//! operator resizes the vSSD through the API under load — every read checked against what
+//! was written — and a guest frozen (SIGSTOP) through a deflate's deadline: the host takes
+//! blocks, the guest hears of it when it wakes, and with write-through no byte is lost.
+
+mod common;
+
+use common::*;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn config(d: &Path, grace: &str) {
+    std::fs::write(
+        d.join("g.toml"),
+        format!(
+            "[cache]\npath = \"cache.img\"\nsize = \"4MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n\
+             [vssd]\nsize = \"32MiB\"\ndeflate_grace = \"{grace}\"\n[[vssd.device]]\nname = \"ssd\"\nmax_size = \"32MiB\"\ninitial_size = \"8MiB\"\n\
+             [[vdisk]]\nname = \"vm1\"\nbacking = \"vm1.img\"\nsize = \"16MiB\"\n"
+        ),
+    )
+    .unwrap();
+    let f = std::fs::File::create(d.join("origin.img")).unwrap();
+    f.set_len(96 << 20).unwrap();
+}
+
+fn set_target(d: &Path, api: &str, blocks: u32) {
+    let token = std::fs::read_to_string(d.join("cache.img.meta/api-token")).unwrap();
+    ureq::post(&format!("http://{api}/vssds/ssd/target"))
+        .set("Authorization", &format!("Bearer {token}"))
+        .send_json(serde_json::json!({ "blocks": blocks }))
+        .unwrap();
+}
+
+/// Starts `cachevisor guest` on the daemon's vSSD with `args`.
+fn guest(d: &Path, a: &Daemon, args: &[&str]) -> std::process::Child {
+    Command::new(bin())
+        .current_dir(d)
+        .args(["guest", "--vssd", &a.uri("ssd"), "--control", "cache.img.meta/ssd.vssd.sock", "--origin", "origin.img"])
+        .args(["--verify", "--json-out", "run.json", "--interval", "250ms", "--hot", "0.9:0.25", "--seed", "7"])
+        .args(args)
+        .stdout(std::fs::File::create(d.join("guest.out")).unwrap())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn finish(d: &Path, g: std::process::Child) -> serde_json::Value {
+    let out = g.wait_with_output().unwrap();
+    let stdout = std::fs::read_to_string(d.join("guest.out")).unwrap();
+    assert!(out.status.success(), "guest failed: {}\n{stdout}", String::from_utf8_lossy(&out.stderr));
+    eprintln!("{stdout}");
+    serde_json::from_slice(&std::fs::read(d.join("run.json")).unwrap()).unwrap()
+}
+
+/// Mean hit ratio of the intervals that ended with `blocks` valid blocks (after the first
+/// one of each such run, which is still warming).
+fn mean_hit_at(r: &serde_json::Value, blocks: u64) -> f64 {
+    let iv = r["intervals"].as_array().unwrap();
+    let h: Vec<f64> = iv
+        .windows(2)
+        .filter(|w| w[0]["valid_blocks"] == blocks && w[1]["valid_blocks"] == blocks)
+        .map(|w| w[1]["hit_ratio"].as_f64().unwrap())
+        .collect();
+    assert!(!h.is_empty(), "no interval at {blocks} blocks: {iv:?}");
+    h.iter().sum::<f64>() / h.len() as f64
+}
+
+#[test]
+fn the_guest_manager_follows_live_resizes_under_load_and_every_read_verifies() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    config(d, "10s");
+    let a = Daemon::start(d, "g.toml", &[]).unwrap();
+    let api = a.api.clone().unwrap();
+    let g = guest(d, &a, &["--mode", "write-back", "--write-ratio", "0.3", "--duration", "9s"]);
+    // 8 blocks → 28 → 4 → 16, each held ~2 s, while the guest reads and writes.
+    for blocks in [28, 4, 16] {
+        std::thread::sleep(Duration::from_millis(2200));
+        set_target(d, &api, blocks);
+    }
+    let r = finish(d, g);
+    let s = &r["stats"];
+    assert!(s["inflated"].as_u64().unwrap() >= 20 + 12, "{s}");
+    assert!(s["released"].as_u64().unwrap() >= 24, "{s}");
+    assert_eq!((s["forced"].as_u64(), s["lost_dirty"].as_u64()), (Some(0), Some(0)), "{s}");
+    assert!(s["writebacks"].as_u64().unwrap() > 0, "dirty blocks went back before their blocks did: {s}");
+    assert!(r["verified_reads"].as_u64().unwrap() > 100, "{r}");
+    // The cache follows its size: 28 blocks hold most of the hot set, 4 hold little.
+    let (big, small) = (mean_hit_at(&r, 28), mean_hit_at(&r, 4));
+    assert!(big > small + 0.2, "hit ratio at 28 blocks {big:.3}, at 4 {small:.3}");
+    // The host agrees: 16 valid blocks, nothing asked.
+    let list: serde_json::Value = ureq::get(&format!("http://{api}/vssds")).call().unwrap().into_json().unwrap();
+    assert_eq!((list[0]["valid"].as_u64(), list[0]["asked"].as_u64()), (Some(16), Some(0)), "{list}");
+}
+
+#[test]
+fn a_frozen_guest_loses_blocks_at_the_deadline_but_no_write_through_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    config(d, "300ms");
+    let a = Daemon::start(d, "g.toml", &[]).unwrap();
+    let api = a.api.clone().unwrap();
+    let g = guest(d, &a, &["--mode", "write-through", "--write-ratio", "0.3", "--duration", "6s"]);
+    std::thread::sleep(Duration::from_millis(1500));
+    let pid = g.id().to_string();
+    assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());
+    set_target(d, &api, 2);
+    // The deadline passes while the guest cannot answer: the host takes 6 blocks.
+    let t = Instant::now();
+    loop {
+        let list: serde_json::Value = ureq::get(&format!("http://{api}/vssds")).call().unwrap().into_json().unwrap();
+        if list[0]["valid"] == 2 {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "the host never took the blocks: {list}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(Command::new("kill").args(["-CONT", &pid]).status().unwrap().success());
+    let r = finish(d, g);
+    let s = &r["stats"];
+    assert_eq!(s["forced"].as_u64(), Some(6), "{s}");
+    assert_eq!(s["lost_dirty"].as_u64(), Some(0), "write-through loses nothing: {s}");
+    assert!(r["verified_reads"].as_u64().unwrap() > 50, "{r}");
+    let last = r["intervals"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["valid_blocks"], 2, "{last}");
+    assert!(a.log().contains("forced") || a.log().contains("deadline"), "the host says it took blocks");
+}

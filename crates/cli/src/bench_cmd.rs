@@ -180,6 +180,34 @@ pub enum BenchCmd {
         #[arg(long, default_value = "out/bench/serve")]
         dir: PathBuf,
     },
+    /// A vSSD's data path (O_DIRECT) against qemu-nbd --cache=none --aio=native, and
+    /// resize latency by size.
+    Vssd {
+        /// The vSSD's size, MiB (and the peer's raw file).
+        #[arg(long, default_value_t = 256)]
+        size_mib: u64,
+        /// Interleaved rounds.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Seconds per fio run.
+        #[arg(long, default_value_t = 5)]
+        secs: u32,
+        /// fio patterns, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "randread,randwrite", value_parser = ["randread", "randwrite", "randrw", "read", "write"])]
+        rw: Vec<String>,
+        /// Block size of the fio jobs.
+        #[arg(long, default_value = "4k")]
+        bs: String,
+        /// Queue depths, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,32")]
+        iodepth: Vec<u32>,
+        /// Resize sizes in blocks, comma-separated.
+        #[arg(long, value_delimiter = ',', default_value = "1,16,64,256")]
+        resize_blocks: Vec<u32>,
+        /// Working directory.
+        #[arg(long, default_value = "out/bench/vssd")]
+        dir: PathBuf,
+    },
     /// A slow backing (nbdkit delay filter) alone and behind cachevisor, with the
     /// simulator's hit ratio for the recorded run.
     SlowBacking {
@@ -317,6 +345,10 @@ pub fn run(c: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Serve { disk_size, rounds, secs, rw, bs, iodepth, write_policy, fsync, against, tls, dir } => {
             let job = crate::bench_serve::Job { rw, bs, iodepth, write_policy, fsync, against, tls };
             crate::bench_serve::run(disk_size, rounds, secs, &job, &dir)
+        }
+        BenchCmd::Vssd { size_mib, rounds, secs, rw, bs, iodepth, resize_blocks, dir } => {
+            let job = crate::bench_vssd::Job { size_mib, rw, bs, iodepth, secs, rounds, resize_blocks };
+            crate::bench_vssd::run(&job, &dir)
         }
         BenchCmd::SlowBacking {
             delay_ms,

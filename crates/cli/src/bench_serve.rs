@@ -24,7 +24,7 @@ impl Drop for Proc {
     }
 }
 
-fn free_port() -> anyhow::Result<u16> {
+pub(crate) fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
@@ -88,13 +88,20 @@ fn start_cachevisor_api(
     )?;
     let _ = std::fs::remove_file(dir.join("cache.img"));
     let _ = std::fs::remove_dir_all(dir.join("cache.img.meta"));
+    let c = spawn_serve(&cfg, record)?;
+    Ok((c, format!("nbd://127.0.0.1:{port}/d"), api))
+}
+
+/// Runs `cachevisor serve --config CFG` (recording to `record`) until it serves.
+pub(crate) fn spawn_serve(cfg: &Path, record: Option<&Path>) -> anyhow::Result<Proc> {
     let mut cmd = Command::new(std::env::current_exe()?);
-    cmd.args(["serve", "--config"]).arg(&cfg).env("RUST_LOG", "warn");
+    cmd.args(["serve", "--config"]).arg(cfg).env("RUST_LOG", "warn");
     if let Some(r) = record {
         cmd.arg("--record").arg(r);
     }
     let mut c = cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn()?;
     let out = c.stdout.take().context("stdout")?;
+    let c = Proc(c);
     let mut lines = BufReader::new(out).lines();
     loop {
         let l = lines.next().context("cachevisor serve exited")??;
@@ -103,10 +110,10 @@ fn start_cachevisor_api(
         }
     }
     std::thread::spawn(move || for _ in lines {});
-    Ok((Proc(c), format!("nbd://127.0.0.1:{port}/d"), api))
+    Ok(c)
 }
 
-fn start_nbdkit(args: &[&str]) -> anyhow::Result<(Proc, String)> {
+pub(crate) fn start_nbdkit(args: &[&str]) -> anyhow::Result<(Proc, String)> {
     let port = free_port()?;
     let c = Command::new("nbdkit")
         .args(["-f", "-i", "127.0.0.1", "-p", &port.to_string()])

@@ -12,6 +12,7 @@ mod bench_cmd;
 mod bench_datapath;
 mod bench_serve;
 mod bench_sim;
+mod bench_vssd;
 mod bundled;
 mod demo_cmd;
 mod destage_cmd;

@@ -135,49 +135,23 @@ fn keep_low_blocks(
     keep: u32,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> std::thread::JoinHandle<u64> {
-    use std::io::{BufRead, BufReader, Write};
-    let mut w = std::os::unix::net::UnixStream::connect(sock).unwrap();
-    w.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    use cachevisor_guest::Control;
+    use cachevisor_vssd::protocol::{Notice, Reply, Request};
+    let mut c = Control::open(sock).unwrap();
     std::thread::spawn(move || {
-        let mut r = BufReader::new(w.try_clone().unwrap());
-        let mut ask = |w: &mut std::os::unix::net::UnixStream, r: &mut BufReader<_>, req: serde_json::Value| {
-            w.write_all(format!("{req}\n").as_bytes()).unwrap();
-            loop {
-                let mut l = String::new();
-                match r.read_line(&mut l) {
-                    Ok(_) if !l.is_empty() => {
-                        let v: serde_json::Value = serde_json::from_str(l.trim()).unwrap();
-                        if v.get("reply").is_some() {
-                            return v;
-                        }
-                    }
-                    _ => {}
-                }
-            }
-        };
         let mut released = 0;
-        let mut l = String::new();
         while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-            l.clear();
-            if r.read_line(&mut l).is_err() || l.is_empty() {
+            let Some(Notice::Deflate { blocks, .. }) = c.notice(Duration::from_millis(100)).unwrap() else { continue };
+            if blocks == 0 {
                 continue;
             }
-            let v: serde_json::Value = serde_json::from_str(l.trim()).unwrap();
-            if v["event"] != "deflate" || v["blocks"] == 0 {
-                continue;
-            }
-            let st = ask(&mut w, &mut r, serde_json::json!({ "op": "hello" }));
-            let mut high: Vec<u64> = st["valid"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_u64().unwrap())
-                .filter(|&x| x >= u64::from(keep))
-                .collect();
-            high.truncate(st["asked"].as_u64().unwrap() as usize);
-            let rep = ask(&mut w, &mut r, serde_json::json!({ "op": "release", "lbns": high }));
-            assert_eq!(rep["reply"], "released", "{rep}");
-            released += high.len() as u64;
+            let Reply::State { valid, asked, .. } = c.request(&Request::Hello).unwrap() else { panic!("no state") };
+            let mut high: Vec<u32> = valid.into_iter().filter(|&x| x >= keep).collect();
+            high.truncate(asked as usize);
+            let n = high.len() as u64;
+            let rep = c.request(&Request::Release { lbns: high }).unwrap();
+            assert!(matches!(rep, Reply::Released { .. }), "{rep:?}");
+            released += n;
         }
         released
     })

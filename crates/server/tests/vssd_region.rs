@@ -317,8 +317,18 @@ fn the_guest_control_channel_carries_the_resize_messages() {
     assert!(line_until(&mut rd, |v| v.get("reply").is_some())["message"].as_str().unwrap().contains("not a request"));
     assert!(line_until(&mut rd, |v| v.get("reply").is_some())["reply"] == "error");
     w.write_all(b"{\"op\":\"release\",\"lbns\":[1]}\n").unwrap();
-    assert_eq!(line_until(&mut rd, |v| v.get("reply").is_some())["reply"], "released");
-    let rel = line_until(&mut rd, |v| v["event"] == "released");
+    // The event and the reply come from two threads: in either order.
+    let (mut reply, mut rel) = (None, None);
+    while reply.is_none() || rel.is_none() {
+        let v = line_until(&mut rd, |v| v.get("reply").is_some() || v["event"] == "released");
+        if v.get("reply").is_some() {
+            reply = Some(v);
+        } else {
+            rel = Some(v);
+        }
+    }
+    assert_eq!(reply.unwrap()["reply"], "released");
+    let rel = rel.unwrap();
     assert_eq!((rel["lbns"].clone(), rel["forced"].clone()), (serde_json::json!([1]), false.into()));
     valid(&svc, "ssd", 1);
     let list: serde_json::Value = ureq::get(&format!("http://{api}/vssds")).call().unwrap().into_json().unwrap();

@@ -315,7 +315,7 @@ impl Daemon {
         }));
         let (vssd, vssd_exports) = match &vssd_plan {
             Some(p) => {
-                let (svc, ex) = crate::vssd::startup::start(&cfg.cache.path, r.cache.cache_bytes, p, &meta_dir)
+                let (svc, ex) = crate::vssd::startup::start(&cfg.cache.path, r.cache.cache_bytes, p, &meta_dir, direct)
                     .map_err(StartError::Config)?;
                 (Some(svc), ex)
             }

@@ -83,18 +83,24 @@ fn failure(e: VssdIoError) -> Failure {
 
 impl ExportBackend for VssdExport {
     fn direct(&self) -> bool {
-        false
+        self.svc.direct()
     }
     fn serves(&self) -> bool {
         self.svc.running(self.id)
     }
-    fn submit(&self, offset: u64, cmd: Cmd, _here: bool, done: Done) {
+    fn submit(&self, offset: u64, cmd: Cmd, here: bool, done: Done) {
+        let (svc, id) = (self.svc.clone(), self.id);
+        // On this thread when it may (nothing queued behind it: no hand-off's wake-up),
+        // else on the I/O threads: a connection's requests in flight reach the SSD together.
+        let run = |job: Box<dyn FnOnce() + Send>| if here { job() } else { self.svc.spawn_io(job) };
         match cmd {
-            Cmd::Read(len) => {
+            Cmd::Read(len) => run(Box::new(move || {
                 let mut buf = vec![0u8; len as usize];
-                done(self.svc.read(self.id, offset, &mut buf).map(|()| vec![(buf.into(), offset)]).map_err(failure))
+                done(svc.read(id, offset, &mut buf).map(|()| vec![(buf.into(), offset)]).map_err(failure))
+            })),
+            Cmd::Write(data) => {
+                run(Box::new(move || done(svc.write(id, offset, &data).map(|()| Vec::new()).map_err(failure))))
             }
-            Cmd::Write(data) => done(self.svc.write(self.id, offset, &data).map(|()| Vec::new()).map_err(failure)),
             Cmd::Flush => done(self.flush_now().map(|()| Vec::new())),
             // A hint to the store; a vSSD's blocks are its guest's to manage.
             Cmd::Discard(_) => done(Ok(Vec::new())),

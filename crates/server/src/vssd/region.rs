@@ -3,6 +3,10 @@
 //! §2.4.4: one sparse file per vSSD in the swap directory, a logical block at
 //! `lbn × block`). Runs the block manager's ops and guests' reads and writes at the
 //! offsets the manager gives; durability is the caller's order (`sync` before a commit).
+//! When the cache store runs with O_DIRECT, guests' 4 KiB-aligned reads and writes go
+//! through a second, O_DIRECT handle (bounce buffers from `aligned_buf`); the rest, and
+//! the manager's ops, through the buffered one (Linux keeps the two coherent: a direct
+//! write drops the range from the page cache, a direct read writes dirty pages first).
 
 use cachevisor_vssd::io::Extent;
 use cachevisor_vssd::{Geometry, OpKind, VssdId};
@@ -12,9 +16,16 @@ use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+thread_local! {
+    /// Each I/O thread's aligned bounce buffer for O_DIRECT.
+    static BOUNCE: std::cell::RefCell<crate::aligned_buf::AlignedBuf> = Default::default();
+}
+
 /// The region and its swap directory.
 pub struct VssdRegion {
     file: Arc<File>,
+    /// The same file opened with O_DIRECT, for aligned guest I/O.
+    direct: Option<File>,
     /// Where block 0 starts in the file.
     base: u64,
     geometry: Geometry,
@@ -26,7 +37,24 @@ impl VssdRegion {
     /// 0700 if missing; its parent must exist).
     pub fn new(file: Arc<File>, base: u64, geometry: Geometry, swap_dir: PathBuf) -> io::Result<VssdRegion> {
         crate::private_files::ensure_dir(&swap_dir)?;
-        Ok(VssdRegion { file, base, geometry, swap_dir })
+        Ok(VssdRegion { file, direct: None, base, geometry, swap_dir })
+    }
+
+    /// Guests' aligned I/O through `path` opened with O_DIRECT (the store's file).
+    pub fn with_direct(mut self, path: &std::path::Path) -> io::Result<VssdRegion> {
+        self.direct = Some(crate::aligned_buf::open_direct(path)?);
+        Ok(self)
+    }
+
+    /// Whether aligned guest I/O bypasses the page cache.
+    pub fn is_direct(&self) -> bool {
+        self.direct.is_some()
+    }
+
+    /// The O_DIRECT handle, when `at` and `len` are 4 KiB-aligned.
+    fn direct_for(&self, at: u64, len: u64) -> Option<&File> {
+        let a = crate::aligned_buf::ALIGN as u64;
+        self.direct.as_ref().filter(|_| at.is_multiple_of(a) && len.is_multiple_of(a))
     }
 
     fn swap_path(&self, id: VssdId) -> PathBuf {
@@ -82,7 +110,11 @@ impl VssdRegion {
     pub fn read(&self, extents: &[Extent], buf: &mut [u8]) -> io::Result<()> {
         for e in extents {
             let b = &mut buf[e.buf_offset as usize..(e.buf_offset + e.len) as usize];
-            self.file.read_exact_at(b, self.base + e.region_offset)?;
+            let at = self.base + e.region_offset;
+            match self.direct_for(at, e.len) {
+                Some(f) => BOUNCE.with_borrow_mut(|bounce| crate::aligned_buf::read_at(f, bounce, b, at))?,
+                None => self.file.read_exact_at(b, at)?,
+            }
         }
         Ok(())
     }
@@ -91,7 +123,11 @@ impl VssdRegion {
     pub fn write(&self, extents: &[Extent], data: &[u8]) -> io::Result<()> {
         for e in extents {
             let b = &data[e.buf_offset as usize..(e.buf_offset + e.len) as usize];
-            self.file.write_all_at(b, self.base + e.region_offset)?;
+            let at = self.base + e.region_offset;
+            match self.direct_for(at, e.len) {
+                Some(f) => BOUNCE.with_borrow_mut(|bounce| crate::aligned_buf::write_at(f, bounce, b, at))?,
+                None => self.file.write_all_at(b, at)?,
+            }
         }
         Ok(())
     }

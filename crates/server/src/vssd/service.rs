@@ -6,9 +6,10 @@
 //! (inflated, deflate requested, released, removed) go to a log that control channels
 //! read from a position, waiting for news.
 //!
-//! The region is read and written through the page cache here; `sync` (a guest's FLUSH)
-//! makes its writes durable.
+//! Guests' reads and writes run on [`IoPool`] threads (a connection's requests in flight
+//! together); `sync` (a guest's FLUSH) makes their writes durable.
 
+use super::io_pool::IoPool;
 use super::meta::VssdMeta;
 use super::region::VssdRegion;
 use cachevisor_vssd::io::IoError;
@@ -19,6 +20,9 @@ use cachevisor_vssd::{BlockManager, Config, Lbn, Record, VssdId};
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+
+/// Threads for guests' I/O (as many as the data path's device threads).
+const IO_THREADS: usize = 32;
 
 /// Events kept for control channels that read late.
 const EVENT_LOG: usize = 4096;
@@ -41,6 +45,7 @@ pub struct VssdService {
     region: VssdRegion,
     epoch: Instant,
     driver: Mutex<Option<std::thread::JoinHandle<()>>>,
+    io: IoPool,
 }
 
 fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
@@ -67,6 +72,7 @@ impl VssdService {
             region,
             epoch: Instant::now(),
             driver: Mutex::new(None),
+            io: IoPool::new(IO_THREADS),
         });
         let d = s.clone();
         let t = std::thread::Builder::new()
@@ -269,9 +275,25 @@ impl VssdService {
         }
     }
 
+    /// Whether guests' aligned I/O bypasses the page cache (O_DIRECT).
+    pub fn direct(&self) -> bool {
+        self.region.is_direct()
+    }
+
+    /// Runs `job` on one of the guests' I/O threads.
+    pub fn spawn_io(&self, job: impl FnOnce() + Send + 'static) {
+        self.io.spawn(job);
+    }
+
+    /// Starts an I/O (it changes nothing the driver acts on: no wake-up).
+    fn start_io(&self, id: VssdId, offset: u64, len: u64) -> Result<cachevisor_vssd::io::Io, IoError> {
+        let now = self.now();
+        lock(&self.inner).m.start_io(id, offset, len, now)
+    }
+
     /// Reads `buf.len()` bytes at `offset` of vSSD `id`.
     pub fn read(&self, id: VssdId, offset: u64, buf: &mut [u8]) -> Result<(), VssdIoError> {
-        let io = self.with(|m, now| m.start_io(id, offset, buf.len() as u64, now))?;
+        let io = self.start_io(id, offset, buf.len() as u64)?;
         let r = self.region.read(&io.extents, buf);
         self.with(|m, _| m.end_io(io));
         r.map_err(VssdIoError::Device)
@@ -279,7 +301,7 @@ impl VssdService {
 
     /// Writes `data` at `offset` of vSSD `id`.
     pub fn write(&self, id: VssdId, offset: u64, data: &[u8]) -> Result<(), VssdIoError> {
-        let io = self.with(|m, now| m.start_io(id, offset, data.len() as u64, now))?;
+        let io = self.start_io(id, offset, data.len() as u64)?;
         let r = self.region.write(&io.extents, data);
         self.with(|m, _| m.end_io(io));
         r.map_err(VssdIoError::Device)

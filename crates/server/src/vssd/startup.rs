@@ -39,11 +39,13 @@ pub fn store_bytes(cache_bytes: u64, plan: &Plan) -> u64 {
 /// Starts the region of `plan` in the cache store at `path` (its first `cache_bytes` are
 /// the cache's) with metadata in `meta_dir`; registers the configured devices. Returns
 /// the service and the devices' exports.
+/// Guests' aligned I/O uses O_DIRECT when `direct` (the cache store's mode).
 pub fn start(
     path: &Path,
     cache_bytes: u64,
     plan: &Plan,
     meta_dir: &Path,
+    direct: bool,
 ) -> Result<(Arc<VssdService>, Vec<ExportInfo>), String> {
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -52,8 +54,12 @@ pub fn start(
         .map_err(|e| format!("{}: {e}", path.display()))?;
     let swap = plan.swap_dir.clone().unwrap_or_else(|| meta_dir.join("vssd-swap"));
     let base = region_base(cache_bytes, plan.geometry.block_bytes);
-    let region = VssdRegion::new(Arc::new(file), base, plan.geometry, swap.clone())
+    let mut region = VssdRegion::new(Arc::new(file), base, plan.geometry, swap.clone())
         .map_err(|e| format!("vssd.swap_dir: {}: {e}", swap.display()))?;
+    if direct {
+        region =
+            region.with_direct(path).map_err(|e| format!("{} (O_DIRECT for the vSSD region): {e}", path.display()))?;
+    }
     let (meta, state, opened) = VssdMeta::open(meta_dir, plan.geometry)?;
     if opened.torn_tail {
         tracing::info!(

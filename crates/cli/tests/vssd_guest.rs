@@ -11,16 +11,16 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// Writes config `file`: a small cache, one vDisk, and the `[vssd]` section `vssd`.
+fn write_config(d: &Path, file: &str, vssd: &str) {
+    let head = "[cache]\npath = \"cache.img\"\nsize = \"4MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n";
+    let tail = "[[vdisk]]\nname = \"vm1\"\nbacking = \"vm1.img\"\nsize = \"16MiB\"\n";
+    std::fs::write(d.join(file), format!("{head}{vssd}{tail}")).unwrap();
+}
+
 fn config(d: &Path, grace: &str) {
-    std::fs::write(
-        d.join("g.toml"),
-        format!(
-            "[cache]\npath = \"cache.img\"\nsize = \"4MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n\
-             [vssd]\nsize = \"32MiB\"\ndeflate_grace = \"{grace}\"\n[[vssd.device]]\nname = \"ssd\"\nmax_size = \"32MiB\"\ninitial_size = \"8MiB\"\n\
-             [[vdisk]]\nname = \"vm1\"\nbacking = \"vm1.img\"\nsize = \"16MiB\"\n"
-        ),
-    )
-    .unwrap();
+    let vssd = format!("[vssd]\nsize = \"32MiB\"\ndeflate_grace = \"{grace}\"\n[[vssd.device]]\nname = \"ssd\"\nmax_size = \"32MiB\"\ninitial_size = \"8MiB\"\n");
+    write_config(d, "g.toml", &vssd);
     let f = std::fs::File::create(d.join("origin.img")).unwrap();
     f.set_len(96 << 20).unwrap();
 }
@@ -165,13 +165,11 @@ fn keep_low_blocks(
 fn fio_verify_holds_across_inflates_and_deflates_of_the_blocks_it_does_not_use() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    std::fs::write(
-        d.join("f.toml"),
-        "[cache]\npath = \"cache.img\"\nsize = \"4MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n\
-         [vssd]\nsize = \"16MiB\"\ndeflate_grace = \"10s\"\n[[vssd.device]]\nname = \"ssd\"\nmax_size = \"16MiB\"\ninitial_size = \"16MiB\"\n\
-         [[vdisk]]\nname = \"vm1\"\nbacking = \"vm1.img\"\nsize = \"16MiB\"\n",
-    )
-    .unwrap();
+    write_config(
+        d,
+        "f.toml",
+        "[vssd]\nsize = \"16MiB\"\ndeflate_grace = \"10s\"\n[[vssd.device]]\nname = \"ssd\"\nmax_size = \"16MiB\"\ninitial_size = \"16MiB\"\n",
+    );
     let a = Daemon::start(d, "f.toml", &[]).unwrap();
     let api = a.api.clone().unwrap();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -218,4 +216,45 @@ fn fio_verify_holds_across_inflates_and_deflates_of_the_blocks_it_does_not_use()
     );
     assert!(rounds >= 3 && released >= 8 * rounds, "{rounds} rounds, {released} blocks given back");
     eprintln!("{rounds} deflate/inflate rounds under fio's verified writes; {released} blocks given back");
+}
+
+/// `symflex-weighted` in the daemon: two vSSDs weighted 1:3 split a 16-block region 4:12
+/// (the one above its share is asked, and after the deadline the host takes the blocks),
+/// and a weight changed through the API moves them to 8:8.
+#[test]
+fn the_weighted_allocator_sizes_vssds_by_weight_and_follows_a_changed_weight() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write_config(
+        d,
+        "w.toml",
+        "[vssd]\nsize = \"16MiB\"\ndeflate_grace = \"200ms\"\nallocator = \"symflex-weighted\"\ninterval = \"100ms\"\n\
+         [[vssd.device]]\nname = \"a\"\nmax_size = \"16MiB\"\ninitial_size = \"8MiB\"\nweight = 1.0\n\
+         [[vssd.device]]\nname = \"b\"\nmax_size = \"16MiB\"\ninitial_size = \"8MiB\"\nweight = 3.0\n",
+    );
+    let a = Daemon::start(d, "w.toml", &[]).unwrap();
+    let api = a.api.clone().unwrap();
+    let valid = || -> Vec<u64> {
+        let l: serde_json::Value = ureq::get(&format!("http://{api}/vssds")).call().unwrap().into_json().unwrap();
+        l.as_array().unwrap().iter().map(|v| v["valid"].as_u64().unwrap()).collect()
+    };
+    let wait = |want: [u64; 2]| {
+        let t = Instant::now();
+        while valid() != want {
+            assert!(t.elapsed() < Duration::from_secs(20), "never {want:?}: {:?}", valid());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait([4, 12]);
+    let token = std::fs::read_to_string(d.join("cache.img.meta/api-token")).unwrap();
+    let post = |body: serde_json::Value| {
+        ureq::post(&format!("http://{api}/vssds/b/share"))
+            .set("Authorization", &format!("Bearer {token}"))
+            .send_json(body)
+    };
+    assert!(matches!(post(serde_json::json!({ "weight": 0 })), Err(ureq::Error::Status(400, _))));
+    post(serde_json::json!({ "weight": 1.0 })).unwrap();
+    wait([8, 8]);
+    let l: serde_json::Value = ureq::get(&format!("http://{api}/vssds")).call().unwrap().into_json().unwrap();
+    assert_eq!((l[1]["allocator"].as_str(), l[1]["weight"].as_f64()), (Some("symflex-weighted"), Some(1.0)), "{l}");
 }

@@ -596,6 +596,8 @@ size = "1GiB"                 # required: the region, whole blocks; fixed while 
 block_size = "1MiB"           # default 1MiB, a power of two from 4KiB to 1GiB: the unit of inflate and deflate
 deflate_grace = "30s"         # default 30s, 1ms to 1h: how long a guest has to give blocks back before the host takes its least recently used ones
 swap_dir = "var/cache.img.meta/vssd-swap" # default METADATA/vssd-swap: where an inactive persistent vSSD's blocks go when the space is needed
+allocator = "symflex-proportional" # default none (targets from the API only) | symflex-weighted (region shared by weight) | symflex-proportional (sized so the vSSDs' throughputs follow their ratios, SymFlex §5.2)
+interval = "1s"               # default 1s, 10ms to 1h: how often the allocator runs
 
 [[vssd.device]]               # vSSDs registered at start (SymFlex's <M, C, P>)
 name = "vm1-ssd"              # the NBD export name, unique among vDisks and vSSDs
@@ -603,6 +605,8 @@ max_size = "256MiB"           # M, whole blocks: the device's size as its guest 
 initial_size = "64MiB"        # default 0, at most max_size: C, the blocks it gets now (the rest by inflation)
 persist = true                # default false: P; true keeps its blocks and data across its VM's restarts
 allow = ["CN=host-a"]         # default []: as a vDisk's allow
+weight = 1.0                  # default 1.0, > 0: share of the region (symflex-weighted; POST /vssds/NAME/share changes it)
+ratio = 1.0                   # default 1.0, > 0: target share of the vSSDs' throughput (symflex-proportional)
 control = "var/vm1-ssd.ctl"   # default METADATA/NAME.vssd.sock: the guest manager's control socket (0600; newline-delimited JSON, see README; QEMU can carry it into the guest as a virtio-serial port)
 "#;
 

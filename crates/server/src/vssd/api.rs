@@ -1,7 +1,9 @@
 //! The vSSDs in the HTTP API: `GET /vssds` lists each with its resize state, and
 //! `POST /vssds/NAME/target` with `{"blocks": N}` or `{"size": "64MiB"}` inflates or
 //! deflates it (the operator's, or an outside allocator's, decision; a deflate asks the
-//! guest first, see `control.rs`). Mutating calls pass the API's token check.
+//! guest first, see `control.rs`); `POST /vssds/NAME/share` with `{"weight": W}` and/or
+//! `{"ratio": R}` changes what the vSSD allocator (`allocation.rs`) gives it. Mutating
+//! calls pass the API's token check.
 
 use crate::api::{err, Api};
 use axum::extract::{Path, State};
@@ -13,7 +15,10 @@ use serde::Deserialize;
 
 /// The routes, for the API's router.
 pub(crate) fn routes() -> Router<Api> {
-    Router::new().route("/vssds", get(list)).route("/vssds/{name}/target", post(target))
+    Router::new()
+        .route("/vssds", get(list))
+        .route("/vssds/{name}/target", post(target))
+        .route("/vssds/{name}/share", post(share))
 }
 
 async fn list(State(a): State<Api>) -> Response {
@@ -27,7 +32,13 @@ async fn list(State(a): State<Api>) -> Response {
             let id = e.id & !super::startup::VSSD_EXPORT;
             let (st, valid) = svc.status(id)?;
             let (block_size, max_blocks) = svc.geometry_of(id)?;
+            let alloc = svc.allocation();
+            let share = alloc.map(|a| a.share(id)).unwrap_or_default();
             Some(serde_json::json!({
+                "allocator": alloc.map_or("none", |a| a.name.as_str()),
+                "weight": share.weight,
+                "ratio": share.ratio,
+                "throughput": alloc.map_or(0.0, |a| a.throughput(id)),
                 "name": e.name,
                 "block_size": block_size,
                 "max_blocks": max_blocks,
@@ -71,5 +82,27 @@ async fn target(State(a): State<Api>, Path(name): Path<String>, Json(body): Json
     match svc.set_target(id, blocks) {
         Ok(()) => Json(serde_json::json!({ "name": name, "target": blocks })).into_response(),
         Err(e) => err(StatusCode::CONFLICT, e),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ShareBody {
+    weight: Option<f64>,
+    ratio: Option<f64>,
+}
+
+async fn share(State(a): State<Api>, Path(name): Path<String>, Json(body): Json<ShareBody>) -> Response {
+    let Some(svc) = a.daemon.vssd() else { return err(StatusCode::NOT_FOUND, "no [vssd] is configured") };
+    let Some(id) = svc.id_of(&name) else { return err(StatusCode::NOT_FOUND, format!("no vSSD named `{name}`")) };
+    let Some(alloc) = svc.allocation() else {
+        return err(StatusCode::CONFLICT, "no vSSD allocator runs (vssd.allocator = \"none\")");
+    };
+    let old = alloc.share(id);
+    let new =
+        super::allocation::Share { weight: body.weight.unwrap_or(old.weight), ratio: body.ratio.unwrap_or(old.ratio) };
+    match alloc.set_share(id, new) {
+        Ok(()) => Json(serde_json::json!({ "name": name, "weight": new.weight, "ratio": new.ratio })).into_response(),
+        Err(e) => err(StatusCode::BAD_REQUEST, e),
     }
 }

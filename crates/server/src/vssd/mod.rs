@@ -3,6 +3,7 @@
 //! cache metadata's format ([`meta`]), the thread that runs it ([`service`]), the threads
 //! that run guests' I/O ([`io_pool`]), and its configuration ([`settings`]).
 
+pub mod allocation;
 pub mod api;
 pub mod control;
 pub mod io_pool;

@@ -46,6 +46,10 @@ pub struct VssdService {
     epoch: Instant,
     driver: Mutex<Option<std::thread::JoinHandle<()>>>,
     io: IoPool,
+    /// Requests each vSSD served since start (the allocator's throughput).
+    served: Mutex<std::collections::BTreeMap<VssdId, u64>>,
+    /// The allocator, when one runs.
+    allocation: std::sync::OnceLock<Arc<super::allocation::Allocation>>,
 }
 
 fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
@@ -73,6 +77,8 @@ impl VssdService {
             epoch: Instant::now(),
             driver: Mutex::new(None),
             io: IoPool::new(IO_THREADS),
+            served: Mutex::new(Default::default()),
+            allocation: Default::default(),
         });
         let d = s.clone();
         let t = std::thread::Builder::new()
@@ -291,11 +297,53 @@ impl VssdService {
         lock(&self.inner).m.start_io(id, offset, len, now)
     }
 
+    fn end_io(&self, id: VssdId, io: cachevisor_vssd::io::Io) {
+        self.with(|m, _| m.end_io(io));
+        *self.served.lock().unwrap_or_else(|p| p.into_inner()).entry(id).or_default() += 1;
+    }
+
+    /// Whether the service stopped (`halt`).
+    pub fn halted(&self) -> bool {
+        lock(&self.inner).halted
+    }
+
+    /// The allocator's state, when one runs.
+    pub fn allocation(&self) -> Option<&Arc<super::allocation::Allocation>> {
+        self.allocation.get()
+    }
+
+    /// Starts allocator `name` every `interval` with the configured `shares`.
+    pub fn start_allocation(
+        self: &Arc<Self>,
+        name: &str,
+        interval: Duration,
+        shares: std::collections::BTreeMap<VssdId, super::allocation::Share>,
+    ) -> Result<(), String> {
+        let a = super::allocation::start(self.clone(), name, interval, shares)?;
+        self.allocation.set(a).map_err(|_| "the vSSD allocator runs already".to_string())
+    }
+
+    /// Requests vSSD `id` served since start.
+    pub fn served(&self, id: VssdId) -> u64 {
+        self.served.lock().unwrap_or_else(|p| p.into_inner()).get(&id).copied().unwrap_or(0)
+    }
+
+    /// The running vSSDs with their M.
+    pub fn running_vssds(&self) -> Vec<(VssdId, u32)> {
+        let g = lock(&self.inner);
+        g.m.state().vssds().values().filter(|v| v.active && !g.halted).map(|v| (v.id, v.max_blocks)).collect()
+    }
+
+    /// Blocks in the region.
+    pub fn region_blocks(&self) -> u32 {
+        lock(&self.inner).m.config().geometry.blocks
+    }
+
     /// Reads `buf.len()` bytes at `offset` of vSSD `id`.
     pub fn read(&self, id: VssdId, offset: u64, buf: &mut [u8]) -> Result<(), VssdIoError> {
         let io = self.start_io(id, offset, buf.len() as u64)?;
         let r = self.region.read(&io.extents, buf);
-        self.with(|m, _| m.end_io(io));
+        self.end_io(id, io);
         r.map_err(VssdIoError::Device)
     }
 
@@ -303,7 +351,7 @@ impl VssdService {
     pub fn write(&self, id: VssdId, offset: u64, data: &[u8]) -> Result<(), VssdIoError> {
         let io = self.start_io(id, offset, data.len() as u64)?;
         let r = self.region.write(&io.extents, data);
-        self.with(|m, _| m.end_io(io));
+        self.end_io(id, io);
         r.map_err(VssdIoError::Device)
     }
 

@@ -21,6 +21,13 @@ pub struct VssdConfig {
     pub deflate_grace: String,
     /// Secondary storage for inactive persistent vSSDs (default METADATA/vssd-swap).
     pub swap_dir: Option<PathBuf>,
+    /// The allocator setting targets every interval (`none`, `symflex-weighted`,
+    /// `symflex-proportional`).
+    #[serde(default = "default_allocator")]
+    pub allocator: String,
+    /// How often it runs.
+    #[serde(default = "default_interval")]
+    pub interval: String,
     /// vSSDs registered at start.
     #[serde(default)]
     pub device: Vec<VssdDeviceConfig>,
@@ -45,6 +52,12 @@ pub struct VssdDeviceConfig {
     pub allow: Vec<String>,
     /// The guest manager's control socket (default METADATA/NAME.vssd.sock).
     pub control: Option<PathBuf>,
+    /// Its share of the region under `symflex-weighted`.
+    #[serde(default = "one")]
+    pub weight: f64,
+    /// Its target share of the vSSDs' throughput under `symflex-proportional`.
+    #[serde(default = "one")]
+    pub ratio: f64,
 }
 
 fn default_block() -> String {
@@ -56,9 +69,18 @@ fn default_grace() -> String {
 fn zero() -> String {
     "0".into()
 }
+fn one() -> f64 {
+    1.0
+}
+fn default_allocator() -> String {
+    "none".into()
+}
+fn default_interval() -> String {
+    "1s".into()
+}
 
 /// A device resolved to blocks.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Device {
     /// Name.
     pub name: String,
@@ -72,6 +94,8 @@ pub struct Device {
     pub allow: Vec<String>,
     /// Control socket, if set.
     pub control: Option<PathBuf>,
+    /// Weight and throughput ratio.
+    pub share: super::allocation::Share,
 }
 
 /// `[vssd]` resolved.
@@ -85,6 +109,10 @@ pub struct Plan {
     pub swap_dir: Option<PathBuf>,
     /// Devices registered at start.
     pub devices: Vec<Device>,
+    /// The allocator (`None`: targets are set through the API only).
+    pub allocator: Option<String>,
+    /// Its interval, ns.
+    pub interval_ns: u64,
 }
 
 impl VssdConfig {
@@ -126,6 +154,11 @@ impl VssdConfig {
                 return Err(format!("{at}.name: `{}` is used twice", d.name));
             }
             crate::tls_authz::check(&d.allow).map_err(|e| format!("{at}.allow: {e}"))?;
+            for (key, v) in [("weight", d.weight), ("ratio", d.ratio)] {
+                if !(v > 0.0 && v.is_finite()) {
+                    return Err(format!("{at}.{key}: {v} must be above 0"));
+                }
+            }
             devices.push(Device {
                 name: d.name.clone(),
                 max_blocks,
@@ -133,9 +166,24 @@ impl VssdConfig {
                 persist: d.persist,
                 allow: d.allow.clone(),
                 control: d.control.clone(),
+                share: super::allocation::Share { weight: d.weight, ratio: d.ratio },
             });
         }
-        Ok(Plan { geometry, grace_ns, swap_dir: self.swap_dir.clone(), devices })
+        let allocator = match self.allocator.as_str() {
+            "none" => None,
+            a if super::allocation::ALLOCATORS.contains(&a) => Some(a.to_string()),
+            a => {
+                return Err(format!(
+                    "vssd.allocator: `{a}` is not one of none, {}",
+                    super::allocation::ALLOCATORS.join(", ")
+                ))
+            }
+        };
+        let interval_ns = parse_duration_ns(&self.interval).map_err(|e| format!("vssd.interval: {e}"))?;
+        if !(10_000_000..=3_600_000_000_000).contains(&interval_ns) {
+            return Err(format!("vssd.interval: `{}` is outside 10ms to 1h", self.interval));
+        }
+        Ok(Plan { geometry, grace_ns, swap_dir: self.swap_dir.clone(), devices, allocator, interval_ns })
     }
 }
 
@@ -155,6 +203,8 @@ mod tests {
             block_size: "1MiB".into(),
             deflate_grace: "30s".into(),
             swap_dir: None,
+            allocator: "none".into(),
+            interval: "1s".into(),
             device: vec![VssdDeviceConfig {
                 name: "d".into(),
                 max_size: max.into(),
@@ -162,6 +212,8 @@ mod tests {
                 persist: false,
                 allow: Vec::new(),
                 control: None,
+                weight: 1.0,
+                ratio: 1.0,
             }],
         }
     }
@@ -183,5 +235,17 @@ mod tests {
         let mut c = cfg("8MiB", "4MiB", "0");
         c.device.push(c.device[0].clone());
         assert!(e(c).contains("used twice"));
+        let mut c = cfg("8MiB", "4MiB", "0");
+        c.allocator = "s-cave".into();
+        assert!(e(c).contains("vssd.allocator: `s-cave` is not one of none, symflex-weighted"));
+        let mut c = cfg("8MiB", "4MiB", "0");
+        c.device[0].ratio = 0.0;
+        assert!(e(c).contains("(d).ratio: 0 must be above 0"));
+        let mut c = cfg("8MiB", "4MiB", "0");
+        c.interval = "1ms".into();
+        assert!(e(c).starts_with("vssd.interval"));
+        let mut c = cfg("8MiB", "4MiB", "0");
+        c.allocator = "symflex-proportional".into();
+        assert_eq!(c.resolve().unwrap().allocator.as_deref(), Some("symflex-proportional"));
     }
 }

@@ -88,5 +88,12 @@ pub fn start(
         let size = u64::from(d.max_blocks) * plan.geometry.block_bytes;
         exports.push(ExportInfo { id: VSSD_EXPORT | id, name: d.name.clone(), size, allow: d.allow.clone() });
     }
+    if let Some(name) = &plan.allocator {
+        let shares = plan.devices.iter().filter_map(|d| Some((svc.id_of(&d.name)?, d.share))).collect();
+        if let Err(e) = svc.start_allocation(name, std::time::Duration::from_nanos(plan.interval_ns), shares) {
+            svc.halt();
+            return Err(e);
+        }
+    }
     Ok((svc, exports))
 }

@@ -1,0 +1,136 @@
+//! The allocator over the vSSD region (SymFlex §2.2, §5.2): every interval, each running
+//! vSSD's weight, throughput ratio and vSSD throughput (requests it served per second,
+//! counted by the service) go into the `policy` crate's `symflex-weighted` or
+//! `symflex-proportional` — the same code the simulator runs for host partitions — and the
+//! targets it returns, capped at each vSSD's M, are set: inflates at once, deflates asked
+//! of the guests (§2.4.3). Weights and ratios change at run time (`POST
+//! /vssds/NAME/share`, Fig. 8's windows).
+
+use super::service::VssdService;
+use cachevisor_policy::allocator::{Allocator, Pool, VmDemand};
+use cachevisor_vssd::VssdId;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The allocators that run on vSSDs (the others need hit curves a vSSD's host cannot see).
+pub const ALLOCATORS: [&str; 2] = ["symflex-weighted", "symflex-proportional"];
+
+/// A vSSD's share settings.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Share {
+    /// Relative share of the region (`symflex-weighted`).
+    pub weight: f64,
+    /// Target share of the vSSDs' summed throughput (`symflex-proportional`).
+    pub ratio: f64,
+}
+
+impl Default for Share {
+    fn default() -> Self {
+        Share { weight: 1.0, ratio: 1.0 }
+    }
+}
+
+/// The running allocator's state others read and change.
+#[derive(Debug, Default)]
+pub struct Allocation {
+    /// Its name (`none` when no allocator runs).
+    pub name: String,
+    shares: Mutex<BTreeMap<VssdId, Share>>,
+    /// Requests per second each vSSD served in the last interval.
+    throughput: Mutex<BTreeMap<VssdId, f64>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Allocation {
+    /// vSSD `id`'s share.
+    pub fn share(&self, id: VssdId) -> Share {
+        lock(&self.shares).get(&id).copied().unwrap_or_default()
+    }
+
+    /// Sets vSSD `id`'s share (both > 0).
+    pub fn set_share(&self, id: VssdId, share: Share) -> Result<(), String> {
+        if !(share.weight > 0.0 && share.ratio > 0.0 && share.weight.is_finite() && share.ratio.is_finite()) {
+            return Err(format!("weight {} and ratio {} must be above 0", share.weight, share.ratio));
+        }
+        lock(&self.shares).insert(id, share);
+        Ok(())
+    }
+
+    /// vSSD `id`'s throughput in the last interval.
+    pub fn throughput(&self, id: VssdId) -> f64 {
+        lock(&self.throughput).get(&id).copied().unwrap_or(0.0)
+    }
+}
+
+/// Starts allocator `name` (one of [`ALLOCATORS`]) over `svc`'s region every `interval`;
+/// `shares` are the configured devices' by id.
+pub fn start(
+    svc: Arc<VssdService>,
+    name: &str,
+    interval: Duration,
+    shares: BTreeMap<VssdId, Share>,
+) -> Result<Arc<Allocation>, String> {
+    let mut alloc = cachevisor_policy::registry::build(name).map_err(|e| format!("vssd.allocator: {e}"))?;
+    let a = Arc::new(Allocation { name: name.to_string(), shares: Mutex::new(shares), throughput: Default::default() });
+    let shared = a.clone();
+    std::thread::Builder::new()
+        .name("cv-vssd-alloc".into())
+        .spawn(move || {
+            let mut last: (Instant, BTreeMap<VssdId, u64>) = (Instant::now(), BTreeMap::new());
+            loop {
+                std::thread::sleep(interval);
+                if svc.halted() {
+                    return;
+                }
+                last = step(&svc, &shared, &mut *alloc, last);
+            }
+        })
+        .map_err(|e| e.to_string())?;
+    Ok(a)
+}
+
+/// One interval: throughputs measured, targets decided and set.
+fn step(
+    svc: &VssdService,
+    a: &Allocation,
+    alloc: &mut dyn Allocator,
+    (since, served_then): (Instant, BTreeMap<VssdId, u64>),
+) -> (Instant, BTreeMap<VssdId, u64>) {
+    let secs = since.elapsed().as_secs_f64().max(1e-3);
+    let now = Instant::now();
+    let vssds = svc.running_vssds();
+    let served: BTreeMap<VssdId, u64> = vssds.iter().map(|&(id, _)| (id, svc.served(id))).collect();
+    let (mut demands, mut ids) = (Vec::new(), Vec::new());
+    for &(id, max) in &vssds {
+        let Some((st, valid)) = svc.status(id) else { continue };
+        let delta = served[&id] - served_then.get(&id).copied().unwrap_or(served[&id]);
+        let share = a.share(id);
+        lock(&a.throughput).insert(id, delta as f64 / secs);
+        demands.push(VmDemand {
+            weight: share.weight,
+            throughput_ratio: share.ratio,
+            target_blocks: u64::from(st.target),
+            used_blocks: valid.len() as u64,
+            window_requests: delta,
+            hit_throughput: delta as f64 / secs,
+            ..VmDemand::default()
+        });
+        ids.push((id, max));
+    }
+    if !demands.is_empty() {
+        let capacity = u64::from(svc.region_blocks());
+        let pool = Pool { capacity, unit: 1, free_blocks: u64::from(svc.free_blocks()) };
+        let d = alloc.allocate(&pool, &demands);
+        for (&(id, max), &t) in ids.iter().zip(&d.targets) {
+            let t = t.min(u64::from(max)) as u32;
+            if let Err(e) = svc.set_target(id, t) {
+                tracing::warn!(vssd = id, %e, "the allocator's target was refused");
+            }
+        }
+    }
+    (now, served)
+}

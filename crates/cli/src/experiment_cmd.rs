@@ -1,5 +1,6 @@
-//! `cachevisor experiment NAME|all`: runs the seeds' experiments on the simulator and
-//! writes each one's HTML report, JSON and CSVs (see `cachevisor_sim::experiments`).
+//! `cachevisor experiment NAME|all`: runs the seeds' experiments on the simulator (see
+//! `cachevisor_sim::experiments`) or, for `symflex-vssd`, on a real daemon and guests
+//! (`experiment_vssd.rs`), and writes each one's HTML report, JSON and CSVs.
 
 use crate::bundled;
 use anyhow::Context;
@@ -11,7 +12,7 @@ use std::path::PathBuf;
 #[derive(Debug, Args)]
 pub struct ExperimentArgs {
     /// Experiment name, or `all`.
-    #[arg(value_parser = ["all", "scave-corun", "recs-tracking", "eci-endurance", "symflex-proportional", "policy-compare", "prewarm-failover", "elica"])]
+    #[arg(value_parser = ["all", "scave-corun", "recs-tracking", "eci-endurance", "symflex-proportional", "policy-compare", "prewarm-failover", "elica", "symflex-vssd"])]
     pub name: String,
     /// Longer runs (more passes, longer phases).
     #[arg(long, conflicts_with = "quick")]
@@ -34,14 +35,24 @@ pub fn run(a: ExperimentArgs) -> anyhow::Result<()> {
         Size::Default
     };
     let traces = bundled::traces_dir()?;
-    let names: Vec<&str> = if a.name == "all" { experiments::NAMES.to_vec() } else { vec![a.name.as_str()] };
+    let mut names: Vec<&str> = if a.name == "all" { experiments::NAMES.to_vec() } else { vec![a.name.as_str()] };
+    if a.name == "all" {
+        names.push("symflex-vssd");
+    }
     for name in names {
         let opts = Options { size, out: a.out.join(name), traces: traces.clone() };
         eprintln!("== {name} ({})", size.name());
         let t = std::time::Instant::now();
-        let report = experiments::run(name, &opts, &mut |line| eprintln!("  {line}"))
-            .map_err(anyhow::Error::msg)
-            .with_context(|| format!("experiment {name}"))?;
+        let report = if name == "symflex-vssd" {
+            let r = crate::experiment_vssd::run(size, &opts.out, &mut |line| eprintln!("  {line}"))
+                .with_context(|| format!("experiment {name}"))?;
+            r.write(&opts.out).with_context(|| format!("writing {}", opts.out.display()))?;
+            r
+        } else {
+            experiments::run(name, &opts, &mut |line| eprintln!("  {line}"))
+                .map_err(anyhow::Error::msg)
+                .with_context(|| format!("experiment {name}"))?
+        };
         println!("{}: {} ({:.1} s)", name, report.title, t.elapsed().as_secs_f64());
         for c in &report.claims {
             println!("  [{}] {} — {}", if c.holds { "holds" } else { "DOES NOT HOLD" }, c.text, c.evidence);

@@ -32,7 +32,7 @@ const WINDOWS: [([f64; VMS], f64, f64); 4] = [
 ];
 
 /// An nbdkit memory disk behind a delay filter on a unix socket.
-fn slow_origin(dir: &Path, i: usize, delay_ms: u32) -> anyhow::Result<(Proc, String)> {
+pub(crate) fn slow_origin(dir: &Path, i: usize, delay_ms: u32) -> anyhow::Result<(Proc, String)> {
     let sock = dir.join(format!("origin{i}.sock"));
     let _ = std::fs::remove_file(&sock);
     let c = Command::new("nbdkit")
@@ -52,7 +52,7 @@ fn slow_origin(dir: &Path, i: usize, delay_ms: u32) -> anyhow::Result<(Proc, Str
     bail!("nbdkit did not create {}", sock.display())
 }
 
-fn api_post(api: &str, token: &str, path: &str, body: serde_json::Value) -> anyhow::Result<()> {
+pub(crate) fn api_post(api: &str, token: &str, path: &str, body: serde_json::Value) -> anyhow::Result<()> {
     ureq::post(&format!("http://{api}{path}"))
         .set("Authorization", &format!("Bearer {token}"))
         .send_json(body)
@@ -66,10 +66,21 @@ type HotChanges = Arc<Vec<Mutex<Option<(f64, f64)>>>>;
 /// One sample of the vSSDs: (valid blocks, host-measured throughput) per VM.
 type Sample = (f64, Vec<(f64, f64)>);
 
-/// Runs the experiment into `out`.
+/// Runs the experiment into `out`: Fig. 8, then Fig. 9.
 pub fn run(size: Size, out: &Path, log: &mut dyn FnMut(&str)) -> anyhow::Result<Report> {
     std::fs::create_dir_all(out)?;
     let dir = &std::fs::canonicalize(out)?;
+    let mut r = fig8(size, &dir.join("fig8"), log)?;
+    let (claims, sections, cfg) = crate::experiment_persist::fig9(size, &dir.join("fig9"), log)?;
+    r.claims.extend(claims);
+    r.sections.extend(sections);
+    r.scenarios.push(("Fig. 9 daemon configuration".into(), cfg));
+    Ok(r)
+}
+
+/// Fig. 8 in `dir`.
+fn fig8(size: Size, dir: &Path, log: &mut dyn FnMut(&str)) -> anyhow::Result<Report> {
+    std::fs::create_dir_all(dir)?;
     let window = Duration::from_secs(size.pick(8, 40, 120));
     let delay_ms = 2;
     let mut origins = Vec::new();
@@ -234,7 +245,7 @@ fn report(size: Size, window: Duration, delay_ms: u32, samples: &[Sample], cfg: 
     ];
     Ok(Report {
         name: "symflex-vssd".into(),
-        title: "SymFlex Fig. 8 on real vSSDs: proportional-throughput provisioning".into(),
+        title: "SymFlex Fig. 8 and Fig. 9 on real vSSDs: proportional-throughput provisioning and persistence".into(),
         intro: format!(
             "Four guest-side cache managers (the cachevisor-guest crate, SymFlex §4.1's dm-cache) each read a {ORIGIN_MIB} MiB origin — an NBD disk with {delay_ms} ms per read (nbdkit's delay filter) — through its own elastic vSSD, served over NBD by one cachevisor daemon from a {REGION_MIB} MiB region of 1 MiB blocks. 80% of each VM's 64 KiB reads fall in the first 40% of its origin. The daemon's symflex-proportional allocator (the policy crate's code, as in the simulator's symflex-proportional experiment) sizes the vSSDs every second so that their throughputs — requests each vSSD served per second, counted by the host — follow the ratios; deflates are answered by the guests (free blocks first, then least recently used). Windows of {:.0} s as in the seed's §5.2: ratios 1:2:3:3, then 4:2:3:3, then 4:2:1:1, then VM3's hot set shrunk to 25% and VM2's grown to 50%.\n\nThe seed (Fig. 8, 100 GB over four VMs, hours per window) reports the throughputs following the ratios in each window and VM2's and VM3's sizes moving with their working sets. Here everything is scaled down to minutes and megabytes on one machine with two cores; the table gives the shares measured over the second half of each window.",
             wsecs
@@ -255,6 +266,6 @@ fn report(size: Size, window: Duration, delay_ms: u32, samples: &[Sample], cfg: 
                 table: Some(table),
             },
         ],
-        scenarios: vec![("daemon configuration".into(), cfg.to_string())],
+        scenarios: vec![("Fig. 8 daemon configuration".into(), cfg.to_string())],
     })
 }

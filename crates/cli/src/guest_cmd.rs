@@ -75,6 +75,10 @@ pub struct GuestArgs {
     /// Write the intervals and the totals as JSON here.
     #[arg(long)]
     pub json_out: Option<PathBuf>,
+    /// The cache's map: taken back (checked against the vSSD's bytes) at the start when
+    /// present, saved at the end — a warm restart on a persistent vSSD (SymFlex §5.3).
+    #[arg(long)]
+    pub state: Option<PathBuf>,
 }
 
 /// A device of the guest: a file, block device or NBD export.
@@ -271,6 +275,10 @@ pub fn start_guest(vssd: &str, control: &Path, origin: &str, mode: Mode) -> anyh
 /// Runs the command.
 pub fn run(a: GuestArgs) -> anyhow::Result<()> {
     let mut g = start_guest(&a.vssd, &a.control, &a.origin, a.mode)?;
+    if let Some(p) = &a.state {
+        let n = g.restore_map(p).with_context(|| format!("--state {}", p.display()))?;
+        println!("took back {n} cached blocks from {}", p.display());
+    }
     let (hot_fraction, hot_size) = parse_hot(&a.hot)?;
     let io = parse_size(&a.io_size).map_err(|e| anyhow::anyhow!("--io-size: {e}"))?;
     if io == 0 || io > g.block_size() || !g.block_size().is_multiple_of(io) {
@@ -319,6 +327,10 @@ pub fn run(a: GuestArgs) -> anyhow::Result<()> {
     );
     if let Some(p) = &a.json_out {
         std::fs::write(p, serde_json::to_vec_pretty(&report)?).with_context(|| format!("writing {}", p.display()))?;
+    }
+    if let Some(p) = &a.state {
+        let n = g.save_map(p).with_context(|| format!("saving the cache's map to {}", p.display()))?;
+        println!("saved the map of {n} cached blocks to {}", p.display());
     }
     Ok(())
 }

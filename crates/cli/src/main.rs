@@ -17,6 +17,7 @@ mod bundled;
 mod demo_cmd;
 mod destage_cmd;
 mod experiment_cmd;
+mod experiment_persist;
 mod experiment_vssd;
 mod guest_cmd;
 mod guest_workload;

@@ -260,18 +260,20 @@ fn the_weighted_allocator_sizes_vssds_by_weight_and_follows_a_changed_weight() {
 }
 
 /// `experiment symflex-vssd --quick`: four real guests on four vSSDs under the daemon's
-/// proportional-throughput allocator through Fig. 8's four windows; the report is written
-/// and its claims checked in CI hold (VM1 grows when its ratio rises, VM3 and VM4 shrink
-/// when theirs fall).
+/// proportional-throughput allocator through Fig. 8's four windows, then Fig. 9's restarts
+/// of a guest on a persistent vSSD; the report is written and its claims checked in CI
+/// hold (VM1 grows when its ratio rises, VM3 and VM4 shrink when theirs fall; with P the
+/// restarted guest takes blocks back and hits more from its first seconds than cold).
 #[test]
-fn the_symflex_vssd_experiment_runs_fig_8_on_real_vssds() {
+fn the_symflex_vssd_experiment_runs_figs_8_and_9_on_real_vssds() {
     let dir = tempfile::tempdir().unwrap();
     let (ok, out) = cachevisor(&["experiment", "symflex-vssd", "--quick", "--out", dir.path().to_str().unwrap()]);
     assert!(ok, "{out}");
     let d = dir.path().join("symflex-vssd");
     let html = std::fs::read_to_string(d.join("report.html")).unwrap();
-    assert!(html.contains("Fig. 8a") && html.contains("Fig. 8b") && html.matches("<svg").count() == 2);
+    assert!(html.contains("Fig. 8a") && html.contains("Fig. 9") && html.matches("<svg").count() == 3);
     assert_eq!(std::fs::read_to_string(d.join("windows.csv")).unwrap().lines().count(), 5);
+    assert_eq!(std::fs::read_to_string(d.join("persistence.csv")).unwrap().lines().count(), 6);
     let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join("report.json")).unwrap()).unwrap();
     for c in r["claims"].as_array().unwrap().iter().filter(|c| c["asserted"] == true) {
         assert!(c["holds"] == true, "{c}");

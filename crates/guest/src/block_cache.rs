@@ -215,6 +215,32 @@ impl BlockCache {
         }
     }
 
+    /// Takes `lbn` (valid and free) as holding `origin`, clean, for `app` — a saved map's
+    /// entry whose bytes were checked. False (nothing changes) when `lbn` is not free or
+    /// `origin` is cached elsewhere.
+    pub fn adopt(&mut self, app: AppId, lbn: Lbn, origin: OriginBlock) -> bool {
+        if self.slots.get(lbn as usize) != Some(&Slot::Free) || self.map.contains_key(&origin) {
+            return false;
+        }
+        self.free.retain(|&f| f != lbn);
+        self.clock += 1;
+        let stamp = self.clock;
+        self.map.insert(origin, lbn);
+        self.apps.entry(app).or_default().lru.insert(stamp, lbn);
+        self.slots[lbn as usize] = Slot::Cached { origin, app, dirty: false, stamp };
+        true
+    }
+
+    /// The cached blocks: (lbn, origin block, app).
+    pub fn cached(&self) -> Vec<(Lbn, OriginBlock, AppId)> {
+        (0..self.slots.len())
+            .filter_map(|l| match self.slots[l] {
+                Slot::Cached { origin, app, .. } => Some((l as Lbn, origin, app)),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// The dirty block at `lbn` reached the origin.
     pub fn cleaned(&mut self, lbn: Lbn) {
         if let Some(Slot::Cached { dirty, .. }) = self.slots.get_mut(lbn as usize) {

@@ -130,6 +130,21 @@ impl<V: BlockDevice, O: BlockDevice> GuestCache<V, O> {
         self.block
     }
 
+    /// The origin's bytes.
+    pub fn origin_size(&self) -> u64 {
+        self.origin_size
+    }
+
+    /// Reads the whole cache block `lbn` from the vSSD.
+    pub(crate) fn vssd_read(&mut self, lbn: Lbn, buf: &mut [u8]) -> io::Result<()> {
+        self.vssd.read_at(buf, u64::from(lbn) * self.block)
+    }
+
+    /// See [`BlockCache::adopt`].
+    pub(crate) fn adopt(&mut self, app: AppId, lbn: Lbn, origin: OriginBlock) -> bool {
+        self.cache.adopt(app, lbn, origin)
+    }
+
     /// The cache's state.
     pub fn cache(&self) -> &BlockCache {
         &self.cache

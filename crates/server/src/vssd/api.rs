@@ -2,8 +2,10 @@
 //! `POST /vssds/NAME/target` with `{"blocks": N}` or `{"size": "64MiB"}` inflates or
 //! deflates it (the operator's, or an outside allocator's, decision; a deflate asks the
 //! guest first, see `control.rs`); `POST /vssds/NAME/share` with `{"weight": W}` and/or
-//! `{"ratio": R}` changes what the vSSD allocator (`allocation.rs`) gives it. Mutating
-//! calls pass the API's token check.
+//! `{"ratio": R}` changes what the vSSD allocator (`allocation.rs`) gives it;
+//! `POST /vssds/NAME/stop` and `POST /vssds/NAME/start` (`{"initial_blocks": C}`, default
+//! 0) are its VM stopping and starting again (SymFlex §2.4.1, §5.3: a persistent vSSD
+//! gets its blocks and bytes back). Mutating calls pass the API's token check.
 
 use crate::api::{err, Api};
 use axum::extract::{Path, State};
@@ -19,6 +21,8 @@ pub(crate) fn routes() -> Router<Api> {
         .route("/vssds", get(list))
         .route("/vssds/{name}/target", post(target))
         .route("/vssds/{name}/share", post(share))
+        .route("/vssds/{name}/stop", post(stop))
+        .route("/vssds/{name}/start", post(start))
 }
 
 async fn list(State(a): State<Api>) -> Response {
@@ -104,5 +108,37 @@ async fn share(State(a): State<Api>, Path(name): Path<String>, Json(body): Json<
     match alloc.set_share(id, new) {
         Ok(()) => Json(serde_json::json!({ "name": name, "weight": new.weight, "ratio": new.ratio })).into_response(),
         Err(e) => err(StatusCode::BAD_REQUEST, e),
+    }
+}
+
+async fn stop(State(a): State<Api>, Path(name): Path<String>) -> Response {
+    let Some(svc) = a.daemon.vssd() else { return err(StatusCode::NOT_FOUND, "no [vssd] is configured") };
+    let Some(id) = svc.id_of(&name) else { return err(StatusCode::NOT_FOUND, format!("no vSSD named `{name}`")) };
+    if svc.persistent(id) != Some(true) {
+        // Stopping one without P removes its registration, and its export keeps the id.
+        return err(StatusCode::CONFLICT, format!("vSSD `{name}` has no P: only a persistent vSSD is stopped here"));
+    }
+    match svc.stop(id) {
+        Ok(()) => Json(serde_json::json!({ "name": name, "running": false })).into_response(),
+        Err(e) => err(StatusCode::CONFLICT, e.to_string()),
+    }
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct StartBody {
+    initial_blocks: Option<u32>,
+}
+
+async fn start(State(a): State<Api>, Path(name): Path<String>, body: Option<Json<StartBody>>) -> Response {
+    let Some(svc) = a.daemon.vssd() else { return err(StatusCode::NOT_FOUND, "no [vssd] is configured") };
+    let Some(id) = svc.id_of(&name) else { return err(StatusCode::NOT_FOUND, format!("no vSSD named `{name}`")) };
+    let (Some((_, max)), Some(persist)) = (svc.geometry_of(id), svc.persistent(id)) else {
+        return err(StatusCode::NOT_FOUND, format!("no vSSD named `{name}`"));
+    };
+    let initial = body.and_then(|b| b.0.initial_blocks).unwrap_or(0);
+    match svc.register(&name, max, initial, persist) {
+        Ok(_) => Json(serde_json::json!({ "name": name, "running": true })).into_response(),
+        Err(e) => err(StatusCode::CONFLICT, e.to_string()),
     }
 }

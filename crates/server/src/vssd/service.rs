@@ -216,6 +216,11 @@ impl VssdService {
         self.with(|m, now| m.register(name, max_blocks, initial, persist, now))
     }
 
+    /// Whether vSSD `id` was registered with P.
+    pub fn persistent(&self, id: VssdId) -> Option<bool> {
+        lock(&self.inner).m.state().vssd(id).map(|v| v.persist)
+    }
+
     /// The VM stopped.
     pub fn stop(&self, id: VssdId) -> Result<(), LifecycleError> {
         self.with(|m, now| m.stop(id, now))

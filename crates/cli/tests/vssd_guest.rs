@@ -257,6 +257,15 @@ fn the_weighted_allocator_sizes_vssds_by_weight_and_follows_a_changed_weight() {
     wait([8, 8]);
     let l: serde_json::Value = ureq::get(&format!("http://{api}/vssds")).call().unwrap().into_json().unwrap();
     assert_eq!((l[1]["allocator"].as_str(), l[1]["weight"].as_f64()), (Some("symflex-weighted"), Some(1.0)), "{l}");
+    // Only a persistent vSSD's VM is stopped through the API; nothing changes otherwise.
+    let stop = ureq::post(&format!("http://{api}/vssds/a/stop"))
+        .set("Authorization", &format!("Bearer {token}"))
+        .send_json(serde_json::json!({}));
+    match stop {
+        Err(ureq::Error::Status(409, r)) => assert!(r.into_string().unwrap().contains("has no P")),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(valid(), [8, 8]);
 }
 
 /// `experiment symflex-vssd --quick`: four real guests on four vSSDs under the daemon's

@@ -253,10 +253,13 @@ fn r_ok(lost: &[u64], offset: u64, block: u64) -> bool {
 
 fn parse_hot(s: &str) -> anyhow::Result<(f64, f64)> {
     let (f, z) = s.split_once(':').with_context(|| format!("--hot `{s}`: give FRACTION:SIZE, e.g. 0.8:0.4"))?;
-    Ok((
-        f.trim().parse().with_context(|| format!("--hot `{s}`"))?,
-        z.trim().parse().with_context(|| format!("--hot `{s}`"))?,
-    ))
+    let part = |v: &str| -> anyhow::Result<f64> {
+        match v.trim().parse::<f64>() {
+            Ok(x) if (0.0..=1.0).contains(&x) => Ok(x),
+            _ => bail!("--hot `{s}`: both parts are fractions from 0 to 1"),
+        }
+    };
+    Ok((part(f)?, part(z)?))
 }
 
 /// Starts a manager on `vssd`, `control` and `origin`.
@@ -333,4 +336,19 @@ pub fn run(a: GuestArgs) -> anyhow::Result<()> {
         println!("saved the map of {n} cached blocks to {}", p.display());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_hot;
+
+    #[test]
+    fn hot_parts_are_fractions_and_errors_name_the_option() {
+        assert_eq!(parse_hot("0.8:0.4").unwrap(), (0.8, 0.4));
+        assert_eq!(parse_hot("0:1").unwrap(), (0.0, 1.0));
+        for bad in ["0.8", "a:0.4", "0.8:", "1.01:0.4", "0.8:-0.1", "NaN:0.5"] {
+            let e = parse_hot(bad).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("--hot `{bad}`")), "{bad}: {e}");
+        }
+    }
 }

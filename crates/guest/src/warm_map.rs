@@ -63,8 +63,9 @@ impl<V: BlockDevice, O: BlockDevice> GuestCache<V, O> {
         }
         let mut buf = vec![0u8; self.block_size() as usize];
         let mut taken = 0;
+        let valid = self.cache().valid_lbns();
         for (lbn, origin, app, crc) in m.entries {
-            let ok = self.cache().valid_lbns().binary_search(&lbn).is_ok()
+            let ok = valid.binary_search(&lbn).is_ok()
                 && self.vssd_read(lbn, &mut buf).is_ok()
                 && crc32fast::hash(&buf) == crc;
             if ok && self.adopt(app, lbn, origin) {

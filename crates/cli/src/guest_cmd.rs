@@ -81,24 +81,71 @@ pub struct GuestArgs {
     pub state: Option<PathBuf>,
 }
 
-/// A device of the guest: a file, block device or NBD export.
-pub struct Dev(pub Backing);
+/// A device of the guest: a file or NBD export, or a block device with O_DIRECT (as
+/// dm-cache works on bios, below the page cache: a buffered write to the vSSD could reach
+/// it after its block was given back — EIO, "lost async page write" — and the origin's
+/// page cache would hide the cache's hits and misses).
+pub enum Dev {
+    /// A file or an NBD export.
+    Backing(Backing),
+    /// A block device, O_DIRECT, through an aligned bounce buffer.
+    Direct(std::fs::File, cachevisor_server::aligned_buf::AlignedBuf),
+}
 
-impl BlockDevice for Dev {
-    fn read_at(&mut self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        self.0.read_at(buf, offset)
+impl Dev {
+    /// Reads `buf.len()` bytes at `offset` (a check's read, beside the manager's).
+    pub fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        match self {
+            Dev::Backing(b) => b.read_at(buf, offset),
+            Dev::Direct(f, _) => cachevisor_server::aligned_buf::read_at(f, &mut Default::default(), buf, offset),
+        }
     }
-    fn write_at(&mut self, data: &[u8], offset: u64) -> std::io::Result<()> {
-        self.0.write_at(data, offset)
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.0.sync()
+    /// Its size in bytes.
+    pub fn size(&self) -> std::io::Result<u64> {
+        match self {
+            Dev::Backing(b) => b.size(),
+            Dev::Direct(f, _) => {
+                use std::io::Seek;
+                let mut f: &std::fs::File = f;
+                f.seek(std::io::SeekFrom::End(0))
+            }
+        }
     }
 }
 
-/// Opens a device given as a path or an NBD URI (`what` names it in errors).
+impl BlockDevice for Dev {
+    fn read_at(&mut self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        match self {
+            Dev::Backing(b) => b.read_at(buf, offset),
+            Dev::Direct(f, bounce) => cachevisor_server::aligned_buf::read_at(f, bounce, buf, offset),
+        }
+    }
+    fn write_at(&mut self, data: &[u8], offset: u64) -> std::io::Result<()> {
+        match self {
+            Dev::Backing(b) => b.write_at(data, offset),
+            Dev::Direct(f, bounce) => cachevisor_server::aligned_buf::write_at(f, bounce, data, offset),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Dev::Backing(b) => b.sync(),
+            Dev::Direct(f, _) => f.sync_data(),
+        }
+    }
+}
+
+/// Opens a device given as a path or an NBD URI (`what` names it in errors); a block
+/// device with O_DIRECT.
 pub fn open_dev(spec: &str, what: &str) -> anyhow::Result<Dev> {
-    Backing::open(Path::new(spec), None, false, what).map(Dev).map_err(anyhow::Error::msg)
+    let path = Path::new(spec);
+    let is_device =
+        std::fs::metadata(path).is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()));
+    if is_device {
+        let f = cachevisor_server::aligned_buf::open_direct(path)
+            .with_context(|| format!("{what}: opening {spec} with O_DIRECT"))?;
+        return Ok(Dev::Direct(f, Default::default()));
+    }
+    Backing::open(path, None, false, what).map(Dev::Backing).map_err(anyhow::Error::msg)
 }
 
 /// One interval's figures.
@@ -191,7 +238,7 @@ pub fn run_guest(g: &mut GuestCache<Dev, Dev>, spec: &RunSpec, tick: Tick<'_>) -
                 Some(w) => w,
                 None => {
                     let mut o = vec![0; io];
-                    g.origin().0.read_at(&mut o, offset).context("reading the origin to check a read")?;
+                    g.origin().read_at(&mut o, offset).context("reading the origin to check a read")?;
                     o
                 }
             };
@@ -266,7 +313,7 @@ fn parse_hot(s: &str) -> anyhow::Result<(f64, f64)> {
 pub fn start_guest(vssd: &str, control: &Path, origin: &str, mode: Mode) -> anyhow::Result<GuestCache<Dev, Dev>> {
     let v = open_dev(vssd, "--vssd")?;
     let o = open_dev(origin, "--origin")?;
-    let size = o.0.size()?;
+    let size = o.size()?;
     let c = Control::open(control)?;
     let mode = match mode {
         Mode::WriteThrough => WriteMode::WriteThrough,
@@ -302,7 +349,7 @@ pub fn run(a: GuestArgs) -> anyhow::Result<()> {
         (None, None) => Some(Duration::from_secs(30)),
         (None, Some(_)) => None,
     };
-    let origin = g.origin().0.size()?;
+    let origin = g.origin().size()?;
     let spec = RunSpec {
         shape: Shape { origin, io, hot_fraction, hot_size, write_ratio: a.write_ratio, apps: a.apps },
         seed: a.seed,

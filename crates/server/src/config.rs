@@ -130,6 +130,10 @@ pub struct ListenConfig {
     pub tcp: Option<String>,
     /// Unix socket path.
     pub unix: Option<PathBuf>,
+    /// A directory (it must exist) where every export, vDisk or vSSD, is also a
+    /// vhost-user-blk socket `NAME.sock` for QEMU's `-device vhost-user-blk-pci`
+    /// (`vhost_user/`); same mode and group as `unix`.
+    pub vhost_user: Option<PathBuf>,
     /// The unix socket's file mode, octal (`"0600"`: only the daemon's user connects;
     /// `"0660"` lets its group, e.g. the hypervisor's, connect too). Connecting takes
     /// write permission on the socket.
@@ -196,6 +200,7 @@ impl Default for ListenConfig {
         ListenConfig {
             tcp: None,
             unix: None,
+            vhost_user: None,
             unix_mode: default_unix_mode(),
             unix_group: None,
             poll: default_poll(),
@@ -544,9 +549,10 @@ direct = "auto"               # default auto | on | off: O_DIRECT on the cache s
 io_uring = true               # default true: an O_DIRECT cache store's I/O through io_uring where the kernel allows; false: device threads
 params = {}                   # default {}: the allocator's parameters over its seed's defaults, e.g. { m = 5.0 } for s-cave (unknown keys are errors)
 
-[listen]                      # at least one of tcp and unix
+[listen]                      # at least one of tcp, unix and vhost_user
 tcp = "127.0.0.1:10809"       # loopback, or a test namespace address
 unix = "var/cachevisor.sock"  # a unix socket (a stale one is replaced)
+vhost_user = "var/vhost"      # an existing directory: every export (vDisk or vSSD) also a vhost-user-blk socket NAME.sock there, for QEMU's -device vhost-user-blk-pci,chardev=... (guest memory shared: memory-backend-memfd,share=on)
 unix_mode = "0660"            # default 0600, at most 0660: the socket's mode (connecting takes write permission; 0660 lets the daemon's group in)
 unix_group = "kvm"            # default: the daemon's group; a group name or number for the socket (with unix_mode = "0660"; the daemon's user must be in it, or root)
 poll = "50us"                 # default 50us, 0 to 1ms: a connection polls this long for its next request before sleeping ("0": never)
@@ -657,6 +663,7 @@ impl Config {
         }
         for p in [
             &mut c.listen.unix,
+            &mut c.listen.vhost_user,
             &mut c.listen.tls_dir,
             &mut c.listen.tls_cert,
             &mut c.listen.tls_key,
@@ -711,9 +718,10 @@ impl Config {
         if interval < 1_000_000 {
             return Err("cache.interval: at least 1ms".into());
         }
-        if self.listen.tcp.is_none() && self.listen.unix.is_none() {
-            return Err("listen: give `tcp` and/or `unix`".into());
+        if self.listen.tcp.is_none() && self.listen.unix.is_none() && self.listen.vhost_user.is_none() {
+            return Err("listen: give `tcp`, `unix` and/or `vhost_user`".into());
         }
+
         if let Some(t) = &self.listen.tcp {
             t.parse::<SocketAddr>().map_err(|e| format!("listen.tcp: `{t}`: {e}"))?;
         }

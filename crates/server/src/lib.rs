@@ -30,6 +30,7 @@ pub mod tls;
 pub mod tls_authz;
 pub mod tls_chain_only;
 pub mod vdisk_overlay;
+pub mod vhost_user;
 pub mod vssd;
 
 pub use config::Config;

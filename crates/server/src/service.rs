@@ -112,6 +112,24 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
         let (d, p) = (daemon.clone(), polling.clone());
         std::thread::spawn(move || listener::unix(l, d, p));
     }
+    if let Some(dir) = &cfg.listen.vhost_user {
+        if !dir.is_dir() {
+            return Err(StartError::Config(format!(
+                "listen.vhost_user: {} is not a directory (create it first)",
+                dir.display()
+            )));
+        }
+        let mode = crate::config::unix_mode(&cfg.listen.unix_mode).map_err(StartError::Config)?;
+        let group = match &cfg.listen.unix_group {
+            Some(g) => Some((g.clone(), crate::config::unix_group(g, mode).map_err(StartError::Config)?)),
+            None => None,
+        };
+        crate::vhost_user::sockets::start(
+            daemon.clone(),
+            dir.clone(),
+            crate::vhost_user::sockets::SocketMode { mode, group },
+        );
+    }
     let mut api = None;
     if let Some(a) = &cfg.api {
         let addr: SocketAddr =

@@ -8,6 +8,7 @@
 
 #[path = "../../../server/tests/common/certs.rs"]
 pub mod certs;
+pub mod guest_vm;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};

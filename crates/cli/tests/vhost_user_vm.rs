@@ -1,0 +1,181 @@
+//! Issue 33: a real Linux guest (QEMU, TCG) whose disks are cachevisor exports served as
+//! **vhost-user-blk** devices (`-device vhost-user-blk-pci`, guest memory shared through a
+//! memfd) — no NBD in the data path — and whose elastic vSSD is managed from inside the
+//! guest: `cachevisor guest` runs in the guest's initramfs on the vSSD's virtio disk, with
+//! a vDisk as its origin and the vSSD's control channel on a virtio-serial port, while the
+//! operator inflates and deflates the vSSD through the API. The guest also makes an ext2
+//! file system on a vDisk with two queues, writes, syncs, remounts and checks every file.
+//! The guest must see no I/O error on its vDisks, every read the manager checks must
+//! match, and the daemon must have served both kinds of export over vhost-user.
+
+mod common;
+
+use common::guest_vm::{init, initramfs, kernel_dir, Guest};
+use common::*;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// The guest's /init: finds its disks by their virtio serial (the export name GET_ID
+/// returns) and the control port by name, runs the two parts, reports with `GUEST:` lines.
+const INIT: &str = r#"i=0
+while [ ! -b /dev/vdc ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
+dev_of() { for b in /sys/block/vd*; do [ "$(cat $b/serial)" = "$1" ] && echo /dev/${b##*/}; done; }
+DATA=$(dev_of data); ORIGIN=$(dev_of origin); VSSD=$(dev_of vssd1)
+PORT=""
+for p in /sys/class/virtio-ports/*; do [ "$(cat $p/name)" = "cachevisor.vssd1" ] && PORT=/dev/${p##*/}; done
+echo "GUEST: disks data=$DATA origin=$ORIGIN vssd=$VSSD control=$PORT vssd-sectors=$(cat /sys/block/${VSSD#/dev/}/size) queues=$(ls /sys/block/${DATA#/dev/}/mq | wc -l)"
+mke2fs -q -b 4096 $DATA || echo "GUEST: FAIL mke2fs"
+mount -t ext2 $DATA /mnt || echo "GUEST: FAIL mount"
+for i in 1 2 3 4 5 6; do dd if=/dev/urandom of=/mnt/f$i bs=64k count=16 2>/dev/null; done
+sync
+md5sum /mnt/f* > /tmp/sums
+umount /mnt
+echo 3 > /proc/sys/vm/drop_caches
+mount -t ext2 $DATA /mnt || echo "GUEST: FAIL remount"
+if md5sum -c /tmp/sums > /tmp/check 2>&1; then echo "GUEST: checksums ok"; else cat /tmp/check; echo "GUEST: checksums FAILED"; fi
+umount /mnt
+echo "GUEST: manager start"
+/bin/cachevisor guest --vssd $VSSD --control $PORT --origin $ORIGIN --mode write-back --write-ratio 0.3 --verify --duration 24s --interval 2s --io-size 64KiB --hot 0.9:0.3 > /tmp/g.out 2>&1
+rc=$?
+sed 's/^/GUEST: | /' /tmp/g.out
+echo "GUEST: manager exit $rc"
+echo "GUEST: vssd io errors $(dmesg | grep "${VSSD#/dev/}" | grep -c -i -E 'I/O error')"
+echo "GUEST: io errors $(dmesg | grep -E "${DATA#/dev/}|${ORIGIN#/dev/}" | grep -c -i -E 'I/O error|blk_update_request|critical medium|EXT[24]-fs error')"
+dmesg | grep -i -E 'error|warning' | head -20
+echo "GUEST: done"
+poweroff -f
+"#;
+
+/// `POST /vssds/vssd1/target` with `blocks`.
+fn set_target(d: &Path, api: &str, blocks: u32) {
+    let token = std::fs::read_to_string(d.join("cache.img.meta/api-token")).unwrap();
+    ureq::post(&format!("http://{api}/vssds/vssd1/target"))
+        .set("Authorization", &format!("Bearer {token}"))
+        .send_json(serde_json::json!({ "blocks": blocks }))
+        .unwrap();
+}
+
+/// vSSD `vssd1`'s valid blocks (from the API).
+fn valid_blocks(api: &str) -> u64 {
+    let l: serde_json::Value = ureq::get(&format!("http://{api}/vssds")).call().unwrap().into_json().unwrap();
+    l.as_array().unwrap().iter().find(|v| v["name"] == "vssd1").unwrap()["valid"].as_u64().unwrap()
+}
+
+#[test]
+fn a_linux_guest_runs_on_vhost_user_blk_and_manages_its_elastic_vssd_from_inside() {
+    let kernel = kernel_dir();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let initrd = initramfs(d, &kernel, &init(INIT), &[(Path::new(bin()), "/bin/cachevisor")]);
+    std::fs::create_dir(d.join("vhost")).unwrap();
+    let api = free_port();
+    std::fs::write(
+        d.join("vm.toml"),
+        format!(
+            "[cache]\npath = \"cache.img\"\nsize = \"64MiB\"\nblock_size = \"4KiB\"\nwrite_policy = \"wb\"\nflush_rate = \"0\"\n\
+             [listen]\nunix = \"nbd.sock\"\nvhost_user = \"vhost\"\n[api]\nlisten = \"127.0.0.1:{api}\"\n\
+             [vssd]\nsize = \"32MiB\"\ndeflate_grace = \"3s\"\n\
+             [[vssd.device]]\nname = \"vssd1\"\nmax_size = \"32MiB\"\ninitial_size = \"8MiB\"\n\
+             [[vdisk]]\nname = \"data\"\nbacking = \"data.img\"\nsize = \"64MiB\"\n\
+             [[vdisk]]\nname = \"origin\"\nbacking = \"origin.img\"\nsize = \"96MiB\"\n"
+        ),
+    )
+    .unwrap();
+    let daemon = Daemon::start(d, "vm.toml", &[]).unwrap_or_else(|e| panic!("{e:?}"));
+    let api = daemon.api.clone().unwrap();
+    let socks = ["data", "origin", "vssd1"].map(|n| d.join(format!("vhost/{n}.sock")));
+    let end = Instant::now() + Duration::from_secs(10);
+    while !socks.iter().all(|s| s.exists()) {
+        assert!(Instant::now() < end, "no vhost-user sockets in {}:\n{}", d.join("vhost").display(), daemon.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut args: Vec<String> = Vec::new();
+    let mut arg = |a: &str, b: String| args.extend([a.to_string(), b]);
+    arg("-smp", "2".into()); // two vCPUs: the guest uses both of the data disk's queues
+    arg("-object", "memory-backend-memfd,id=mem,size=512M,share=on".into());
+    arg("-machine", "pc,memory-backend=mem".into());
+    for (i, (s, queues)) in socks.iter().zip([2, 1, 1]).enumerate() {
+        arg("-chardev", format!("socket,id=blk{i},path={}", s.display()));
+        arg("-device", format!("vhost-user-blk-pci,chardev=blk{i},num-queues={queues}"));
+    }
+    arg("-device", "virtio-serial-pci".into());
+    arg("-chardev", format!("socket,id=ctl,path={}", d.join("cache.img.meta/vssd1.vssd.sock").display()));
+    arg("-device", "virtserialport,chardev=ctl,name=cachevisor.vssd1".into());
+    let mut guest = Guest::boot(&kernel, &initrd, "512M", &args);
+    let disks = guest.wait_for("GUEST: disks", Duration::from_secs(120));
+    assert!(disks.contains("vssd-sectors=65536") && disks.contains("queues=2"), "{disks}");
+    assert!(!disks.contains("=/dev/vd ") && !disks.contains("control= "), "a disk or the port is missing: {disks}");
+    guest.wait_for("GUEST: manager start", Duration::from_secs(120));
+    // The operator resizes the vSSD while the guest's manager runs: grow to all of M,
+    // shrink far below, grow again.
+    let mut seen = Vec::new();
+    std::thread::sleep(Duration::from_secs(4));
+    for blocks in [32, 4, 16] {
+        set_target(d, &api, blocks);
+        std::thread::sleep(Duration::from_secs(6));
+        seen.push(valid_blocks(&api));
+    }
+    guest.wait_for("GUEST: done", Duration::from_secs(240));
+    let (status, text, qemu_log) = guest.finish();
+    eprintln!("console:\n{text}\nqemu:\n{qemu_log}\nvalid blocks after each resize: {seen:?}");
+    assert!(status.success(), "qemu: {status}\n{qemu_log}");
+    assert_eq!(seen, [32, 4, 16], "the vSSD did not reach each target within 6 s");
+    assert!(!text.contains("GUEST: FAIL") && !text.contains("insmod"), "{text}");
+    assert!(text.contains("GUEST: checksums ok"), "{text}");
+    assert!(text.contains("GUEST: manager exit 0"), "the manager failed in the guest:\n{text}");
+    assert!(text.contains("reads verified"), "{text}");
+    assert!(text.contains("GUEST: io errors 0"), "the guest saw I/O errors on its vDisks:\n{text}");
+    // The manager followed the resizes: it was given blocks and gave some back.
+    let summary = text.lines().find(|l| l.contains("I/Os,")).unwrap_or_default().to_string();
+    let number_after = |word: &str| -> u64 {
+        let i = summary.find(word).unwrap_or_else(|| panic!("no `{word}` in {summary}")) + word.len();
+        summary[i..].split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
+    };
+    assert!(number_after("inflated ") >= 24, "8 to 32 blocks: {summary}");
+    assert!(number_after("gave back ") >= 28, "32 to 4 blocks: {summary}");
+    // The manager writes below the page cache (O_DIRECT, as dm-cache): no write reaches a
+    // block after it was given back; only a block the host took (a missed deadline) may
+    // fail.
+    let vssd_errors: u64 =
+        text.lines().find_map(|l| l.strip_prefix("GUEST: vssd io errors ")).unwrap().parse().unwrap();
+    assert!(
+        vssd_errors == 0 || number_after("gave back ") > 0 && !summary.contains(" 0 taken"),
+        "{vssd_errors} I/O errors on the vSSD: {summary}"
+    );
+    assert!(number_after("GUEST: | ") > 0 && number_after("I/Os, ") > 0, "no I/O or no read checked: {summary}");
+    // Both kinds of export were served over vhost-user, and ended cleanly.
+    let log = daemon.log();
+    for name in ["data", "origin", "vssd1"] {
+        assert!(
+            log.lines().any(|l| l.contains("vhost-user front end connected") && l.contains(name)),
+            "{name} not served over vhost-user:\n{log}"
+        );
+    }
+}
+
+#[test]
+fn a_vhost_user_directory_that_is_not_one_is_refused_naming_the_key_and_names_that_cannot_be_files_are_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let cfg = |vhost: &str, name: &str| {
+        format!(
+            "[cache]\npath = \"cache.img\"\nsize = \"4MiB\"\n[listen]\nunix = \"nbd.sock\"\nvhost_user = \"{vhost}\"\n\
+             [[vdisk]]\nname = \"{name}\"\nbacking = \"a.img\"\nsize = \"4MiB\"\n"
+        )
+    };
+    std::fs::write(d.join("bad.toml"), cfg("missing", "a")).unwrap();
+    let e = Daemon::start(d, "bad.toml", &[]).err().expect("a start with no vhost_user directory");
+    assert!(e.output.contains("listen.vhost_user") && e.output.contains("not a directory"), "{}", e.output);
+    // An export name that cannot be a socket's file name is served over NBD only, and
+    // says so in the log.
+    std::fs::create_dir(d.join("vhost")).unwrap();
+    std::fs::write(d.join("odd.toml"), cfg("vhost", "../a b")).unwrap();
+    let daemon = Daemon::start(d, "odd.toml", &[]).unwrap_or_else(|e| panic!("{e:?}"));
+    let end = Instant::now() + Duration::from_secs(5);
+    while !daemon.log().contains("no vhost-user socket") {
+        assert!(Instant::now() < end, "{}", daemon.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(daemon.log().contains("not a file name"), "{}", daemon.log());
+    assert_eq!(std::fs::read_dir(d.join("vhost")).unwrap().count(), 0);
+}

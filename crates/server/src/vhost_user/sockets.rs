@@ -1,0 +1,162 @@
+//! One vhost-user socket per export in the `listen.vhost_user` directory, `NAME.sock`,
+//! following the exports as they come and go (vDisks added or removed through the API, a
+//! vSSD stopped or started): a watcher compares the daemon's exports with the sockets
+//! every 200 ms. Each socket serves one QEMU at a time (vhost-user is point to point: a
+//! device of one VM), and again after it disconnects; a removed export's connection is
+//! shut down and its socket deleted. Sockets get `listen.unix_mode` and `unix_group`,
+//! bound as the NBD socket is (`service::bind_unix`).
+
+use super::blk_backend::{BlkBackend, DeviceStats};
+use crate::daemon::{Daemon, ExportInfo};
+use cachevisor_trace::VmId;
+use std::collections::BTreeMap;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use vhost::vhost_user::Listener;
+use vhost_user_backend::{ShutdownHandle, VhostUserDaemon};
+use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+
+/// How often the watcher compares the exports with the sockets.
+const WATCH: Duration = Duration::from_millis(200);
+
+/// The socket file of an export named `name` in `dir`, if the name can be a file name
+/// (letters, digits, `.`, `_`, `-`; not starting with `.`).
+pub fn socket_path(dir: &Path, name: &str) -> Option<PathBuf> {
+    let ok = !name.is_empty()
+        && !name.starts_with('.')
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    ok.then(|| dir.join(format!("{name}.sock")))
+}
+
+/// The permissions sockets get.
+#[derive(Debug, Clone)]
+pub struct SocketMode {
+    /// File mode.
+    pub mode: u32,
+    /// Group name and id.
+    pub group: Option<(String, u32)>,
+}
+
+/// A served export's socket.
+struct Served {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    conn: Arc<Mutex<Option<ShutdownHandle>>>,
+}
+
+impl Served {
+    /// Ends the connection and the socket's thread (woken from `accept` by a connection
+    /// of our own).
+    fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(h) = self.conn.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            h.shutdown();
+        }
+        let _ = UnixStream::connect(&self.path);
+    }
+}
+
+/// Starts the watcher thread for `dir`.
+pub fn start(d: Arc<Daemon>, dir: PathBuf, mode: SocketMode) {
+    crate::datapath::named("cv-vhost-user".into(), move || watch(&d, &dir, &mode));
+}
+
+/// Keeps one socket per export until the daemon stops serving.
+fn watch(d: &Arc<Daemon>, dir: &Path, mode: &SocketMode) {
+    let mut served: BTreeMap<VmId, Served> = BTreeMap::new();
+    let mut refused: BTreeMap<VmId, String> = BTreeMap::new();
+    loop {
+        let exports: Vec<ExportInfo> = if d.is_stopped() { Vec::new() } else { d.nbd_exports() };
+        served.retain(|id, s| {
+            let keep = exports.iter().any(|e| e.id == *id);
+            if !keep {
+                tracing::info!(socket = %s.path.display(), "export gone: vhost-user socket closed");
+                s.stop();
+            }
+            keep
+        });
+        refused.retain(|id, _| exports.iter().any(|e| e.id == *id));
+        for e in &exports {
+            if served.contains_key(&e.id) || refused.contains_key(&e.id) {
+                continue;
+            }
+            match open(d, dir, mode, e) {
+                Ok(s) => {
+                    tracing::info!(export = %e.name, socket = %s.path.display(), "vhost-user-blk socket listening");
+                    served.insert(e.id, s);
+                }
+                Err(why) => {
+                    tracing::warn!(export = %crate::log_safe(&e.name), "no vhost-user socket: {why}");
+                    refused.insert(e.id, why);
+                }
+            }
+        }
+        if d.is_stopped() {
+            return;
+        }
+        std::thread::sleep(WATCH);
+    }
+}
+
+/// Binds export `e`'s socket and starts its thread.
+fn open(d: &Arc<Daemon>, dir: &Path, mode: &SocketMode, e: &ExportInfo) -> Result<Served, String> {
+    let path = socket_path(dir, &e.name).ok_or_else(|| {
+        "its name is not a file name (letters, digits, `.`, `_`, `-`, not starting with `.`)".to_string()
+    })?;
+    let _ = std::fs::remove_file(&path); // a stale socket from an earlier run
+    let group = mode.group.as_ref().map(|(n, g)| (n.as_str(), *g));
+    let l = crate::service::bind_unix(&path, mode.mode, group)?;
+    let s = Served { path: path.clone(), stop: Arc::new(AtomicBool::new(false)), conn: Arc::new(Mutex::new(None)) };
+    let (d, e) = (d.clone(), e.clone());
+    let (stop, conn) = (s.stop.clone(), s.conn.clone());
+    crate::datapath::named(format!("cv-vhost {}", e.name), move || {
+        serve(&d, &e, l, (&stop, &conn));
+        let _ = std::fs::remove_file(&path);
+    });
+    Ok(s)
+}
+
+/// Serves one connection after another on `l` until stopped.
+fn serve(d: &Daemon, e: &ExportInfo, l: UnixListener, (stop, conn): (&AtomicBool, &Mutex<Option<ShutdownHandle>>)) {
+    while !stop.load(Ordering::SeqCst) {
+        let stats = Arc::new(DeviceStats::default());
+        let backend = Arc::new(BlkBackend::new(d.export_backend(e.id), &e.name, e.size, d.block_size(), stats.clone()));
+        let mut daemon =
+            match VhostUserDaemon::new(e.name.clone(), backend, GuestMemoryAtomic::new(GuestMemoryMmap::new())) {
+                Ok(v) => v,
+                Err(err) => return tracing::warn!(export = %e.name, %err, "cannot set up the vhost-user device"),
+            };
+        let mut listener = match l.try_clone() {
+            Ok(c) => Listener::from(c),
+            Err(err) => return tracing::warn!(export = %e.name, %err, "cannot use the vhost-user socket"),
+        };
+        if let Err(err) = daemon.start(&mut listener) {
+            tracing::warn!(export = %e.name, %err, "vhost-user connection failed");
+            std::thread::sleep(Duration::from_millis(100));
+            continue;
+        }
+        if stop.load(Ordering::SeqCst) {
+            return; // woken to stop: the daemon's drop closes the connection
+        }
+        *conn.lock().unwrap_or_else(|p| p.into_inner()) = daemon.shutdown_handle();
+        tracing::info!(export = %e.name, "vhost-user front end connected");
+        let ended = daemon.wait();
+        let (requests, errors, malformed) = (
+            stats.requests.load(Ordering::Relaxed),
+            stats.errors.load(Ordering::Relaxed),
+            stats.malformed.load(Ordering::Relaxed),
+        );
+        match ended {
+            Ok(()) => {
+                tracing::info!(export = %e.name, requests, errors, malformed, "vhost-user front end disconnected")
+            }
+            Err(err) => {
+                tracing::info!(export = %e.name, requests, errors, malformed, %err, "vhost-user connection ended")
+            }
+        }
+        conn.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+}

@@ -118,6 +118,10 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     for u in running.uris() {
         println!("{u}");
     }
+    for p in &running.vhost_user {
+        let p = std::path::absolute(p).unwrap_or_else(|_| p.clone());
+        println!("vhost-user-blk: {}", p.display());
+    }
     if let Some((addr, _)) = &running.api {
         let token = match cfg.api.as_ref().and_then(|a| a.token.as_ref()) {
             Some(_) => "api.token in the config".to_string(),

@@ -46,8 +46,18 @@ fn read_hits(api: &str) -> u64 {
     v[0]["stats"]["read_hit_blocks"].as_u64().unwrap()
 }
 
-#[test]
-fn a_linux_guest_survives_a_daemon_crash_without_an_io_error() {
+/// How the guest's disk reaches the daemon.
+#[derive(Clone, Copy, PartialEq)]
+enum Door {
+    /// QEMU's NBD client over TLS with a client certificate, `reconnect-delay=30`.
+    NbdTls,
+    /// vhost-user-blk, the chardev reconnecting every second.
+    VhostUser,
+}
+
+/// Boots the guest on its disk through `door`, SIGKILLs and restarts the daemon during the
+/// second phase, and checks what the guest saw.
+fn survive_a_crash(door: Door) {
     let kernel = guest_vm::kernel_dir();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
@@ -55,21 +65,32 @@ fn a_linux_guest_survives_a_daemon_crash_without_an_io_error() {
     let (port, api) = (free_port(), free_port());
     let pki = certs::Pki::new(&d.join("pki"));
     let host = pki.client("hypervisor", "/O=tenant1/CN=hypervisor-1", None, 1);
+    std::fs::create_dir(d.join("vhost")).unwrap();
+    let listen = match door {
+        Door::NbdTls => format!("tcp = \"127.0.0.1:{port}\"\ntls = \"require\"\ntls_dir = \"pki/server\"\n"),
+        Door::VhostUser => "vhost_user = \"vhost\"\n".to_string(),
+    };
     std::fs::write(
         d.join("vm.toml"),
         format!(
             "[cache]\npath = \"cache.img\"\nsize = \"128MiB\"\nblock_size = \"4KiB\"\nwrite_policy = \"wb\"\nflush_rate = \"0\"\n\
-             [listen]\ntcp = \"127.0.0.1:{port}\"\ntls = \"require\"\ntls_dir = \"pki/server\"\n[api]\nlisten = \"127.0.0.1:{api}\"\n\
+             [listen]\n{listen}[api]\nlisten = \"127.0.0.1:{api}\"\n\
              [[vdisk]]\nname = \"guest\"\nbacking = \"guest.img\"\nsize = \"256MiB\"\nallow = [\"CN=hypervisor-1,O=tenant1\"]\n"
         ),
     )
     .unwrap();
+    let socket = d.join("vhost/guest.sock");
+    let wait_socket = |daemon: &Daemon| {
+        let end = std::time::Instant::now() + Duration::from_secs(10);
+        while door == Door::VhostUser && !socket.exists() {
+            assert!(std::time::Instant::now() < end, "no vhost-user socket:\n{}", daemon.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
     let mut daemon = Daemon::start(d, "vm.toml", &[]).unwrap_or_else(|e| panic!("{e:?}"));
-    let mut guest = guest_vm::Guest::boot(
-        &kernel,
-        &initrd,
-        "256M",
-        &[
+    wait_socket(&daemon);
+    let args: Vec<String> = match door {
+        Door::NbdTls => vec![
             "-object".into(),
             format!("tls-creds-x509,id=tls0,dir={},endpoint=client", host.display()),
             "-blockdev".into(),
@@ -77,24 +98,46 @@ fn a_linux_guest_survives_a_daemon_crash_without_an_io_error() {
             "-device".into(),
             "virtio-blk-pci,drive=disk".into(),
         ],
-    );
+        Door::VhostUser => vec![
+            "-object".into(),
+            "memory-backend-memfd,id=mem,size=256M,share=on".into(),
+            "-machine".into(),
+            "pc,memory-backend=mem".into(),
+            "-chardev".into(),
+            format!("socket,id=disk,path={},reconnect=1", socket.display()),
+            "-device".into(),
+            "vhost-user-blk-pci,chardev=disk".into(),
+        ],
+    };
+    let mut guest = guest_vm::Guest::boot(&kernel, &initrd, "256M", &args);
     guest.wait_for("GUEST: phase1 written", Duration::from_secs(120));
     // The daemon dies while the guest writes its second phase; QEMU holds the requests and
     // reconnects to the restarted daemon.
     daemon.kill9();
     std::thread::sleep(Duration::from_millis(500));
     let daemon = Daemon::start(d, "vm.toml", &[]).unwrap_or_else(|e| panic!("{e:?}"));
+    wait_socket(&daemon);
     assert!(daemon.banner.iter().any(|l| l.starts_with("# warm start")), "{:?}", daemon.banner);
     guest.wait_for("GUEST: done", Duration::from_secs(120));
     let started = guest.started;
     let (status, text, qemu_log) = guest.finish();
     eprintln!("guest ran {:.1} s; console:\n{text}\nqemu:\n{qemu_log}", started.elapsed().as_secs_f64());
-    // QEMU's NBD client came back to the restarted daemon (the second phase's writes and
-    // syncs waited for it) ...
+    // QEMU came back to the restarted daemon (the second phase's writes and syncs waited
+    // for it) ...
     assert!(daemon.log().contains("connected"), "QEMU did not reconnect:\n{}", daemon.log());
     assert!(status.success(), "qemu: {status}");
     assert!(!text.contains("GUEST: FAIL") && !text.contains("failed"), "{text}");
     assert!(text.contains("GUEST: checksums ok"), "{text}");
     assert!(text.contains("GUEST: io errors 0"), "the guest saw I/O errors:\n{text}");
     assert!(read_hits(daemon.api.as_deref().unwrap()) > 0, "the restarted cache served no hits");
+}
+
+#[test]
+fn a_linux_guest_survives_a_daemon_crash_without_an_io_error() {
+    survive_a_crash(Door::NbdTls);
+}
+
+#[test]
+fn a_linux_guest_on_vhost_user_blk_survives_a_daemon_crash_without_an_io_error() {
+    survive_a_crash(Door::VhostUser);
 }

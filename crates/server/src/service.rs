@@ -17,6 +17,8 @@ pub struct Running {
     pub tcp: Option<SocketAddr>,
     /// Unix socket path.
     pub unix: Option<PathBuf>,
+    /// The vhost-user-blk sockets listening at the start (one per export).
+    pub vhost_user: Vec<PathBuf>,
     /// HTTP API address and its bearer token.
     pub api: Option<(SocketAddr, String)>,
 }
@@ -112,6 +114,7 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
         let (d, p) = (daemon.clone(), polling.clone());
         std::thread::spawn(move || listener::unix(l, d, p));
     }
+    let mut vhost_user = Vec::new();
     if let Some(dir) = &cfg.listen.vhost_user {
         if !dir.is_dir() {
             return Err(StartError::Config(format!(
@@ -124,11 +127,8 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
             Some(g) => Some((g.clone(), crate::config::unix_group(g, mode).map_err(StartError::Config)?)),
             None => None,
         };
-        crate::vhost_user::sockets::start(
-            daemon.clone(),
-            dir.clone(),
-            crate::vhost_user::sockets::SocketMode { mode, group },
-        );
+        let mode = crate::vhost_user::sockets::SocketMode { mode, group };
+        vhost_user = crate::vhost_user::sockets::start(daemon.clone(), dir.clone(), mode);
     }
     let mut api = None;
     if let Some(a) = &cfg.api {
@@ -159,7 +159,7 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
         tracing::info!(from = %pending.display(), "resuming the prewarm the last run did not finish");
         let _ = daemon.start_prewarm(&pending);
     }
-    Ok(Running { daemon, tcp, unix, api })
+    Ok(Running { daemon, tcp, unix, vhost_user, api })
 }
 
 /// Binds a unix socket at `path` with file mode `mode` (and group `(name, gid)`), never

@@ -52,7 +52,7 @@ fn read_banner(
         let l = lines.next()?;
         if let Some(rest) = l.strip_prefix("nbd://").or(l.strip_prefix("nbds://")) {
             nbd.get_or_insert_with(|| rest.split('/').next().unwrap().to_string());
-        } else if l.starts_with("nbd+unix://") || l.starts_with("nbds+unix://") {
+        } else if l.starts_with("nbd+unix://") || l.starts_with("nbds+unix://") || l.starts_with("vhost-user-blk: ") {
             nbd.get_or_insert_with(String::new); // a unix-socket-only daemon: no TCP address
         } else if let Some(rest) = l.strip_prefix("# API: http://").or(l.strip_prefix("# API: https://")) {
             api = Some(rest.split('/').next().unwrap().to_string());

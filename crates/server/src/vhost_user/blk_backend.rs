@@ -3,11 +3,13 @@
 //! virtqueues' threads; this file is the virtio-blk device (virtio 1.2 §5.2) — its
 //! features and configuration space, and each request handed to the same
 //! `ExportBackend` an NBD connection uses, completed in whatever order the store finishes
-//! (the data written into guest memory, then the status byte, then the used ring).
+//! (the data written into guest memory, then the status byte) and published on the used
+//! ring in the order the driver made them available (`in_order.rs` says why).
 //! `stop_vring` waits for the queue's requests in flight, so nothing is written into a
 //! queue QEMU took back.
 
 use super::blk_request::{self, Descriptor, Layout, Op, Segment, HEADER_LEN};
+use super::in_order::InOrder;
 use crate::datapath::Cmd;
 use crate::nbd::export_backend::ExportBackend;
 use cachevisor_engine::Failure;
@@ -48,27 +50,57 @@ pub struct DeviceStats {
 /// What completions on store threads share with the device.
 struct Shared {
     name: String,
-    /// Requests in flight per queue, and a wake-up when one ends.
-    in_flight: Vec<(Mutex<usize>, Condvar)>,
+    /// Per queue: its requests between taken and published (`in_order.rs`), and a
+    /// wake-up when one is published.
+    queues: Vec<(Mutex<InOrder>, Condvar)>,
     stats: Arc<DeviceStats>,
 }
 
 impl Shared {
-    /// Writes the status byte, puts the chain on the used ring with `written` data bytes
-    /// (and the status byte), and notifies the driver.
-    fn finish(&self, vring: &VringRwLock, mem: &GuestMemoryMmap, status: (u64, u8), head: u16, written: u32) {
-        self.stats.requests.fetch_add(1, Ordering::Relaxed);
-        if status.1 != VIRTIO_BLK_S_OK as u8 {
-            self.stats.errors.fetch_add(1, Ordering::Relaxed);
+    /// Request `seq` of queue `q` (chain `head`) finished: writes its status byte (none
+    /// for a malformed chain), then publishes on the used ring, in the order they were
+    /// taken, every request that may now be, each with its data bytes and status byte,
+    /// and notifies the driver.
+    fn finish(
+        &self,
+        (q, seq): (usize, u64),
+        vring: &VringRwLock,
+        mem: &GuestMemoryMmap,
+        status: Option<(u64, u8)>,
+        head: u16,
+        written: u32,
+    ) {
+        let mut len = written;
+        if let Some((addr, status)) = status {
+            self.stats.requests.fetch_add(1, Ordering::Relaxed);
+            if status != VIRTIO_BLK_S_OK as u8 {
+                self.stats.errors.fetch_add(1, Ordering::Relaxed);
+            }
+            let _ = mem.write_slice(&[status], GuestAddress(addr));
+            len += 1;
         }
-        let _ = mem.write_slice(&[status.1], GuestAddress(status.0));
-        used(vring, head, written + 1);
+        let (order, published) = &self.queues[q];
+        let mut order = order.lock().unwrap_or_else(|e| e.into_inner());
+        let ready = order.finish(seq, head, len);
+        for &(head, len) in &ready {
+            if let Err(e) = vring.add_used(head, len) {
+                tracing::warn!(export = %self.name, %e, "cannot add to the used ring");
+            }
+        }
+        drop(order);
+        if !ready.is_empty() {
+            if vring.needs_notification().unwrap_or(true) {
+                let _ = vring.signal_used_queue();
+            }
+            published.notify_all();
+        }
     }
 }
 
 /// A request started on the store: completed once, on whichever thread finishes it.
 struct Completion {
     q: usize,
+    seq: u64,
     head: u16,
     vring: VringRwLock,
     mem: Arc<GuestMemoryMmap>,
@@ -86,20 +118,8 @@ impl Completion {
                 (VIRTIO_BLK_S_IOERR as u8, 0)
             }
         };
-        self.shared.finish(&self.vring, &self.mem, (self.layout.status, status), self.head, written);
-        let (count, ended) = &self.shared.in_flight[self.q];
-        *count.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
-        ended.notify_all();
-    }
-}
-
-/// Puts chain `head` on the used ring and signals the driver when it asked to be.
-fn used(vring: &VringRwLock, head: u16, len: u32) {
-    if let Err(e) = vring.add_used(head, len) {
-        return tracing::warn!(%e, "cannot add to the used ring");
-    }
-    if vring.needs_notification().unwrap_or(true) {
-        let _ = vring.signal_used_queue();
+        let status = Some((self.layout.status, status));
+        self.shared.finish((self.q, self.seq), &self.vring, &self.mem, status, self.head, written);
     }
 }
 
@@ -150,7 +170,7 @@ impl BlkBackend {
             event_idx: AtomicBool::new(false),
             shared: Arc::new(Shared {
                 name: name.to_string(),
-                in_flight: (0..QUEUES).map(|_| (Mutex::new(0), Condvar::new())).collect(),
+                queues: (0..QUEUES).map(|_| (Mutex::new(InOrder::default()), Condvar::new())).collect(),
                 stats,
             }),
         }
@@ -213,12 +233,13 @@ impl BlkBackend {
         vring: &VringRwLock,
         here: bool,
     ) {
+        let seq = self.shared.queues[q].0.lock().unwrap_or_else(|e| e.into_inner()).take();
         let layout = match blk_request::split(descriptors) {
             Ok(l) => l,
             Err(e) => {
                 self.shared.stats.malformed.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(export = %self.shared.name, %e, "malformed virtio-blk request");
-                return used(vring, head, 0);
+                return self.shared.finish((q, seq), vring, mem, None, head, 0);
             }
         };
         let mut header = [0u8; HEADER_LEN as usize];
@@ -228,10 +249,10 @@ impl BlkBackend {
         };
         let op = match op {
             Ok(op) => op,
-            Err(status) => return self.shared.finish(vring, mem, (layout.status, status), head, 0),
+            Err(status) => return self.shared.finish((q, seq), vring, mem, Some((layout.status, status)), head, 0),
         };
-        *self.shared.in_flight[q].0.lock().unwrap_or_else(|e| e.into_inner()) += 1;
-        let done = Completion { q, head, vring: vring.clone(), mem: mem.clone(), layout, shared: self.shared.clone() };
+        let done =
+            Completion { q, seq, head, vring: vring.clone(), mem: mem.clone(), layout, shared: self.shared.clone() };
         match op {
             Op::GetId => {
                 let id = blk_request::id_bytes(&self.shared.name);
@@ -305,13 +326,14 @@ impl VhostUserBackend for BlkBackend {
     }
     fn stop_vring(&self, queue_index: u32) -> std::io::Result<()> {
         // GET_VRING_BASE: QEMU takes the queue back; its requests end first.
-        let Some((count, ended)) = self.shared.in_flight.get(queue_index as usize) else { return Ok(()) };
-        let mut n = count.lock().unwrap_or_else(|e| e.into_inner());
-        while *n > 0 {
-            let (next, timeout) = ended.wait_timeout(n, Duration::from_secs(5)).unwrap_or_else(|e| e.into_inner());
-            n = next;
-            if timeout.timed_out() && *n > 0 {
-                tracing::warn!(export = %self.shared.name, queue = queue_index, in_flight = *n, "waiting for requests before giving the queue back");
+        let Some((order, published)) = self.shared.queues.get(queue_index as usize) else { return Ok(()) };
+        let mut order = order.lock().unwrap_or_else(|e| e.into_inner());
+        while order.pending() > 0 {
+            let (next, timeout) =
+                published.wait_timeout(order, Duration::from_secs(5)).unwrap_or_else(|e| e.into_inner());
+            order = next;
+            if timeout.timed_out() && order.pending() > 0 {
+                tracing::warn!(export = %self.shared.name, queue = queue_index, in_flight = order.pending(), "waiting for requests before giving the queue back");
             }
         }
         Ok(())

@@ -6,4 +6,5 @@
 
 pub mod blk_backend;
 pub mod blk_request;
+pub mod in_order;
 pub mod sockets;

@@ -59,18 +59,33 @@ impl Served {
     }
 }
 
-/// Starts the watcher thread for `dir`.
-pub fn start(d: Arc<Daemon>, dir: PathBuf, mode: SocketMode) {
-    crate::datapath::named("cv-vhost-user".into(), move || watch(&d, &dir, &mode));
+/// Opens a socket for every export now (so a VM started once this returns finds its
+/// disk), then starts the watcher thread for `dir`. Returns the sockets listening.
+pub fn start(d: Arc<Daemon>, dir: PathBuf, mode: SocketMode) -> Vec<PathBuf> {
+    let mut w = Watcher { served: BTreeMap::new(), refused: BTreeMap::new() };
+    w.follow(&d, &dir, &mode);
+    let paths = w.served.values().map(|s| s.path.clone()).collect();
+    crate::datapath::named("cv-vhost-user".into(), move || {
+        while !d.is_stopped() {
+            std::thread::sleep(WATCH);
+            w.follow(&d, &dir, &mode);
+        }
+        w.follow(&d, &dir, &mode); // a stopped daemon has no exports: every socket closes
+    });
+    paths
 }
 
-/// Keeps one socket per export until the daemon stops serving.
-fn watch(d: &Arc<Daemon>, dir: &Path, mode: &SocketMode) {
-    let mut served: BTreeMap<VmId, Served> = BTreeMap::new();
-    let mut refused: BTreeMap<VmId, String> = BTreeMap::new();
-    loop {
+/// The sockets served, and the exports that cannot have one (each named once in the log).
+struct Watcher {
+    served: BTreeMap<VmId, Served>,
+    refused: BTreeMap<VmId, String>,
+}
+
+impl Watcher {
+    /// Opens a socket for each new export and closes those of exports gone.
+    fn follow(&mut self, d: &Arc<Daemon>, dir: &Path, mode: &SocketMode) {
         let exports: Vec<ExportInfo> = if d.is_stopped() { Vec::new() } else { d.nbd_exports() };
-        served.retain(|id, s| {
+        self.served.retain(|id, s| {
             let keep = exports.iter().any(|e| e.id == *id);
             if !keep {
                 tracing::info!(socket = %s.path.display(), "export gone: vhost-user socket closed");
@@ -78,26 +93,22 @@ fn watch(d: &Arc<Daemon>, dir: &Path, mode: &SocketMode) {
             }
             keep
         });
-        refused.retain(|id, _| exports.iter().any(|e| e.id == *id));
+        self.refused.retain(|id, _| exports.iter().any(|e| e.id == *id));
         for e in &exports {
-            if served.contains_key(&e.id) || refused.contains_key(&e.id) {
+            if self.served.contains_key(&e.id) || self.refused.contains_key(&e.id) {
                 continue;
             }
             match open(d, dir, mode, e) {
                 Ok(s) => {
                     tracing::info!(export = %e.name, socket = %s.path.display(), "vhost-user-blk socket listening");
-                    served.insert(e.id, s);
+                    self.served.insert(e.id, s);
                 }
                 Err(why) => {
                     tracing::warn!(export = %crate::log_safe(&e.name), "no vhost-user socket: {why}");
-                    refused.insert(e.id, why);
+                    self.refused.insert(e.id, why);
                 }
             }
         }
-        if d.is_stopped() {
-            return;
-        }
-        std::thread::sleep(WATCH);
     }
 }
 

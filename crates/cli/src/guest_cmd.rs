@@ -79,6 +79,11 @@ pub struct GuestArgs {
     /// present, saved at the end — a warm restart on a persistent vSSD (SymFlex §5.3).
     #[arg(long)]
     pub state: Option<PathBuf>,
+    /// Instead of the built-in workload, serve the cache as NBD exports on this unix
+    /// socket, one per application (`app0`, `app1`, … over equal slices of the origin,
+    /// tagged for `--shares`), until SIGINT/SIGTERM; fio, qemu-io or a file system drive it.
+    #[arg(long, value_name = "SOCKET")]
+    pub serve: Option<PathBuf>,
 }
 
 /// A device of the guest: a file or NBD export, or a block device with O_DIRECT (as
@@ -340,6 +345,23 @@ pub fn run(a: GuestArgs) -> anyhow::Result<()> {
             bail!("--shares: give {} weights of 0 or more, one per application", a.apps);
         }
         g.set_shares(&w.iter().enumerate().map(|(i, &x)| (i as u16, x)).collect::<Vec<_>>());
+    }
+    if let Some(socket) = &a.serve {
+        let shared = std::sync::Arc::new(std::sync::Mutex::new(g));
+        crate::guest_nbd::serve(shared.clone(), a.apps, socket)?;
+        // Connections still open get nothing more: the lock is held to the exit.
+        let mut g = shared.lock().unwrap_or_else(|e| e.into_inner());
+        g.flush().context("writing the dirty blocks back at the stop")?;
+        let s = g.stats();
+        println!(
+            "stopped: inflated {} blocks, gave back {}, {} taken by the host ({} holding writes the origin never got), {} written back",
+            s.inflated, s.released, s.forced, s.lost_dirty, s.writebacks
+        );
+        if let Some(p) = &a.state {
+            let n = g.save_map(p).with_context(|| format!("saving the cache's map to {}", p.display()))?;
+            println!("saved the map of {n} cached blocks to {}", p.display());
+        }
+        std::process::exit(0);
     }
     let secs = |s: &str, key: &str| -> anyhow::Result<Duration> {
         Ok(Duration::from_nanos(parse_duration_ns(s).map_err(|e| anyhow::anyhow!("{key}: {e}"))?))

@@ -35,9 +35,14 @@ pub struct GuestArgs {
     /// virtio-serial port inside a guest.
     #[arg(long)]
     pub control: PathBuf,
-    /// The origin: a file, a block device or an NBD URI.
-    #[arg(long)]
-    pub origin: String,
+    /// The origin: a file, a block device or an NBD URI (not with `--kv`).
+    #[arg(long, required_unless_present = "kv")]
+    pub origin: Option<String>,
+    /// Instead of a block cache, SymFlex's key-value use (§4.2): a slab key-value store
+    /// on the vSSD (slabs are its blocks) under a cache-aside client over this many keys;
+    /// values are `--io-size` bytes.
+    #[arg(long, value_name = "KEYS", conflicts_with_all = ["origin", "serve", "state", "mode"])]
+    pub kv: Option<u64>,
     /// Write policy.
     #[arg(long, value_enum, default_value = "write-through")]
     pub mode: Mode,
@@ -303,7 +308,7 @@ fn r_ok(lost: &[u64], offset: u64, block: u64) -> bool {
     !lost.contains(&(offset / block))
 }
 
-fn parse_hot(s: &str) -> anyhow::Result<(f64, f64)> {
+pub fn parse_hot(s: &str) -> anyhow::Result<(f64, f64)> {
     let (f, z) = s.split_once(':').with_context(|| format!("--hot `{s}`: give FRACTION:SIZE, e.g. 0.8:0.4"))?;
     let part = |v: &str| -> anyhow::Result<f64> {
         match v.trim().parse::<f64>() {
@@ -329,7 +334,11 @@ pub fn start_guest(vssd: &str, control: &Path, origin: &str, mode: Mode) -> anyh
 
 /// Runs the command.
 pub fn run(a: GuestArgs) -> anyhow::Result<()> {
-    let mut g = start_guest(&a.vssd, &a.control, &a.origin, a.mode)?;
+    if let Some(keys) = a.kv {
+        return crate::guest_kv::run(&a, keys);
+    }
+    let origin = a.origin.as_deref().context("--origin is needed without --kv")?;
+    let mut g = start_guest(&a.vssd, &a.control, origin, a.mode)?;
     if let Some(p) = &a.state {
         let n = g.restore_map(p).with_context(|| format!("--state {}", p.display()))?;
         println!("took back {n} cached blocks from {}", p.display());

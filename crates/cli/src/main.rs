@@ -20,6 +20,7 @@ mod experiment_cmd;
 mod experiment_persist;
 mod experiment_vssd;
 mod guest_cmd;
+mod guest_kv;
 mod guest_nbd;
 mod guest_workload;
 mod input_args;

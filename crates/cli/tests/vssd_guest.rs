@@ -359,3 +359,53 @@ fn the_guest_cache_served_over_nbd_keeps_fio_and_qemu_io_data_across_resizes() {
 fn nix_kill(pid: u32, sig: &str) {
     assert!(Command::new("kill").args([&format!("-{sig}"), &pid.to_string()]).status().unwrap().success());
 }
+
+/// SymFlex §4.2 for real: the slab key-value store (`cachevisor guest --kv`) on a vSSD
+/// the operator grows and shrinks under a cache-aside client whose every get is checked;
+/// slabs follow the vSSD's size and the hit ratio with it.
+#[test]
+fn the_slab_key_value_store_follows_resizes_and_never_returns_a_wrong_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    config(d, "1s");
+    let a = Daemon::start(d, "g.toml", &[]).unwrap();
+    let api = a.api.clone().unwrap();
+    let g = Command::new(bin())
+        .current_dir(d)
+        .args(["guest", "--vssd", &a.uri("ssd"), "--control", "cache.img.meta/ssd.vssd.sock", "--kv", "256"])
+        .args(["--io-size", "60KiB", "--write-ratio", "0.1", "--verify", "--duration", "9s", "--interval", "500ms"])
+        .args(["--hot", "0.9:0.3"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    for blocks in [32, 2, 16] {
+        std::thread::sleep(Duration::from_millis(2500));
+        set_target(d, &api, blocks);
+    }
+    let out = g.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "guest --kv failed: {}\n{text}", String::from_utf8_lossy(&out.stderr));
+    eprintln!("{text}");
+    assert!(text.contains("values verified") && !text.contains(" 0 values verified"), "{text}");
+    // Rows: time, hit, ops/s, slabs, items. The store held 32 slabs, then 2, then 16.
+    let rows: Vec<(f64, u64)> = text
+        .lines()
+        .filter(|l| l.trim_start().chars().next().is_some_and(|c| c.is_ascii_digit()) && l.contains('s'))
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Some((f.get(1)?.parse().ok()?, f.get(3)?.parse().ok()?))
+        })
+        .collect();
+    // The median of the intervals that ended at a size (the first of each still has the
+    // size before in it).
+    let hit_at = |slabs: u64| -> f64 {
+        let mut h: Vec<f64> = rows.iter().filter(|r| r.1 == slabs).map(|r| r.0).collect();
+        assert!(!h.is_empty(), "never {slabs} slabs: {rows:?}");
+        h.sort_by(f64::total_cmp);
+        h[h.len() / 2]
+    };
+    assert!(hit_at(32) > hit_at(2) + 0.2, "32 slabs should hit far more than 2: {rows:?}");
+    let summary = text.lines().last().unwrap();
+    assert!(summary.contains("gave back 30") || summary.contains("taken by the host"), "{summary}");
+}

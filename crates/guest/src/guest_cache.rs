@@ -6,9 +6,9 @@
 //! reported: their writes never reached the origin). Single-threaded: the caller's I/O and
 //! [`GuestCache::service`] take turns, so a deflate is answered between two requests.
 
+use crate::balloon::{self, BlockUser, Channel};
 use crate::block_cache::{Access, AppId, BlockCache, Lbn, OriginBlock, Release};
 use crate::control::Control;
-use cachevisor_vssd::protocol::{Notice, Reply, Request};
 use std::collections::BTreeMap;
 use std::io;
 use std::time::Duration;
@@ -95,33 +95,28 @@ pub struct GuestCache<V, O> {
     vssd: V,
     origin: O,
     origin_size: u64,
-    control: Control,
+    channel: Channel,
     block: u64,
     mode: WriteMode,
-    /// Blocks the host asked for and we have not given yet.
-    asked: u32,
     stats: Stats,
 }
 
 impl<V: BlockDevice, O: BlockDevice> GuestCache<V, O> {
     /// Starts over a vSSD and an origin of `origin_size` bytes: says hello and takes the
     /// valid-block bitmap (§2.4.1), then answers any deflate outstanding.
-    pub fn start(vssd: V, origin: O, origin_size: u64, mut control: Control, mode: WriteMode) -> io::Result<Self> {
-        let Reply::State { block_size, max_blocks, valid, asked, .. } = control.request(&Request::Hello)? else {
-            return Err(io::Error::other("the host did not answer hello with the vSSD's state"));
-        };
+    pub fn start(vssd: V, origin: O, origin_size: u64, control: Control, mode: WriteMode) -> io::Result<Self> {
+        let (channel, hello) = Channel::hello(control)?;
         let mut g = GuestCache {
-            cache: BlockCache::new(max_blocks, &valid),
+            cache: BlockCache::new(hello.max_blocks, &hello.valid),
             vssd,
             origin,
             origin_size,
-            control,
-            block: block_size,
+            channel,
+            block: hello.block_size,
             mode,
-            asked,
             stats: Stats::default(),
         };
-        g.give_back()?;
+        balloon::give_back(&mut g)?;
         Ok(g)
     }
 
@@ -359,14 +354,7 @@ impl<V: BlockDevice, O: BlockDevice> GuestCache<V, O> {
 
     /// Makes the cache agree with the host's valid blocks (a hello).
     fn resync(&mut self) -> io::Result<()> {
-        let Reply::State { valid, asked, .. } = self.control.request(&Request::Hello)? else {
-            return Err(io::Error::other("the host did not answer hello with the vSSD's state"));
-        };
-        let gone: Vec<Lbn> = self.cache.valid_lbns().into_iter().filter(|l| valid.binary_search(l).is_err()).collect();
-        self.take_lost(&gone);
-        self.cache.inflate(&valid);
-        self.asked = asked;
-        Ok(())
+        balloon::resync(self)
     }
 
     fn take_lost(&mut self, lbns: &[Lbn]) {
@@ -385,70 +373,7 @@ impl<V: BlockDevice, O: BlockDevice> GuestCache<V, O> {
 
     /// Handles the host's notices, waiting up to `wait` for the first; how many.
     pub fn service_for(&mut self, wait: Duration) -> io::Result<usize> {
-        let mut wait = wait;
-        let mut handled = 0;
-        while let Some(n) = self.control.notice(wait)? {
-            wait = Duration::ZERO;
-            handled += 1;
-            match n {
-                Notice::Inflated { lbns } => {
-                    self.stats.inflated += lbns.len() as u64;
-                    self.cache.inflate(&lbns);
-                }
-                Notice::Deflate { blocks, .. } => {
-                    self.asked = blocks;
-                    self.give_back()?;
-                }
-                Notice::Released { lbns, forced: true } => {
-                    self.stats.forced += lbns.len() as u64;
-                    self.take_lost(&lbns);
-                    // The host inflates these again only after a hello.
-                    self.resync()?;
-                }
-                // Our own releases: already invalid here.
-                Notice::Released { lbns, forced: false } => self.take_lost(&lbns),
-                Notice::Removed => {
-                    let all = self.cache.valid_lbns();
-                    self.take_lost(&all);
-                }
-            }
-        }
-        Ok(handled)
-    }
-
-    /// Gives back what the host asked for (§4.1's deflate).
-    fn give_back(&mut self) -> io::Result<()> {
-        let mut refused = false;
-        while self.asked > 0 && self.cache.valid() > 0 {
-            let lbns = match self.cache.release(self.asked) {
-                Release::CleanFirst(dirty) => {
-                    for (lbn, origin) in dirty {
-                        match self.write_back(lbn, origin) {
-                            // Counted and logged; the block is no longer ours.
-                            Err(e) if LostWrites::is(&e) => {}
-                            r => r?,
-                        }
-                    }
-                    continue;
-                }
-                Release::Ready(l) => l,
-            };
-            match self.control.request(&Request::Release { lbns: lbns.clone() })? {
-                Reply::Released { .. } => {
-                    self.stats.released += lbns.len() as u64;
-                    self.asked -= lbns.len() as u32;
-                }
-                Reply::Error { message } if !refused => {
-                    // The host's view moved (a new target, a forced take): start again from it.
-                    tracing::warn!(%message, "release refused; taking the vSSD's state again");
-                    refused = true;
-                    self.cache.inflate(&lbns);
-                    self.resync()?;
-                }
-                r => return Err(io::Error::other(format!("the host refused a release: {r:?}"))),
-            }
-        }
-        Ok(())
+        balloon::service_for(self, wait)
     }
 
     /// Writes every dirty block back and flushes the origin; a [`LostWrites`] error when
@@ -464,5 +389,47 @@ impl<V: BlockDevice, O: BlockDevice> GuestCache<V, O> {
         }
         self.origin.flush()?;
         lost.map_or(Ok(()), Err)
+    }
+}
+
+/// §4.1's deflate: free blocks first, then the least recently used of the applications
+/// furthest over their shares, dirty ones written back before they go.
+impl<V: BlockDevice, O: BlockDevice> BlockUser for GuestCache<V, O> {
+    fn channel(&mut self) -> &mut Channel {
+        &mut self.channel
+    }
+    fn valid_lbns(&self) -> Vec<Lbn> {
+        self.cache.valid_lbns()
+    }
+    fn inflate(&mut self, lbns: &[Lbn], counted: bool) {
+        if counted {
+            self.stats.inflated += lbns.len() as u64;
+        }
+        self.cache.inflate(lbns);
+    }
+    fn lost(&mut self, lbns: &[Lbn], forced: bool) {
+        if forced {
+            self.stats.forced += lbns.len() as u64;
+        }
+        self.take_lost(lbns);
+    }
+    fn release(&mut self, n: u32) -> io::Result<Vec<Lbn>> {
+        loop {
+            match self.cache.release(n) {
+                Release::CleanFirst(dirty) => {
+                    for (lbn, origin) in dirty {
+                        match self.write_back(lbn, origin) {
+                            // Counted and logged; the block is no longer ours.
+                            Err(e) if LostWrites::is(&e) => {}
+                            r => r?,
+                        }
+                    }
+                }
+                Release::Ready(l) => return Ok(l),
+            }
+        }
+    }
+    fn released(&mut self, lbns: &[Lbn]) {
+        self.stats.released += lbns.len() as u64;
     }
 }

@@ -118,20 +118,7 @@ fn run(mode: WriteMode, initial: u32, ops: Vec<Op>) {
                 drop(h);
                 notice(Notice::Deflate { blocks, deadline_in_ms: 1000 });
             }
-            Op::Force(k) => {
-                let mut h = host.lock().unwrap();
-                let took: Vec<u32> = h.valid.iter().copied().take(k as usize).collect();
-                for l in &took {
-                    h.valid.remove(l);
-                    h.bytes.remove(l);
-                    h.fenced.insert(*l);
-                }
-                h.asked = h.asked.saturating_sub(took.len() as u32);
-                drop(h);
-                if !took.is_empty() {
-                    notice(Notice::Released { lbns: took, forced: true });
-                }
-            }
+            Op::Force(k) => force(&host, k),
             Op::Shares(w) => g.set_shares(&[(0, 1.0), (1, w)]),
             Op::Service => handled += g.service().unwrap(),
             Op::Flush => {

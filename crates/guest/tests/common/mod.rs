@@ -162,3 +162,19 @@ pub fn reconnect(host: &Arc<Mutex<Host>>) -> Control {
     host.lock().unwrap().out = host_end;
     Control::over(guest_end, HostWriter(host.clone()))
 }
+
+/// The host takes the `k` lowest valid blocks after a "deadline": their bytes gone, fenced
+/// until the guest's next hello, and the guest told.
+pub fn force(host: &Arc<Mutex<Host>>, k: u32) {
+    let mut h = host.lock().unwrap();
+    let took: Vec<u32> = h.valid.iter().copied().take(k as usize).collect();
+    for l in &took {
+        h.valid.remove(l);
+        h.bytes.remove(l);
+        h.fenced.insert(*l);
+    }
+    h.asked = h.asked.saturating_sub(took.len() as u32);
+    if !took.is_empty() {
+        h.send(&HostLine::Notice(Notice::Released { lbns: took, forced: true }));
+    }
+}

@@ -180,6 +180,26 @@ pub enum BenchCmd {
         #[arg(long, default_value = "out/bench/serve")]
         dir: PathBuf,
     },
+    /// A real guest's two doors to a vDisk — QEMU's NBD client and vhost-user-blk — and
+    /// qemu-storage-daemon's vhost-user-blk (cache.direct=on, aio=native): dd 4 KiB
+    /// O_DIRECT at queue depth 1 in the guest, interleaved rounds, medians.
+    Vhost {
+        /// The guest kernel's directory (scripts/guest-kernel unpacks one).
+        #[arg(long, default_value = "target/guest-kernel")]
+        kernel: PathBuf,
+        /// qemu-storage-daemon.
+        #[arg(long, default_value = "qemu-storage-daemon")]
+        qsd: PathBuf,
+        /// I/Os per run.
+        #[arg(long, default_value_t = 20000)]
+        ios: u64,
+        /// Interleaved rounds.
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+        /// Working directory.
+        #[arg(long, default_value = "out/bench/vhost")]
+        dir: PathBuf,
+    },
     /// A vSSD's data path (O_DIRECT) against qemu-nbd --cache=none --aio=native, and
     /// resize latency by size.
     Vssd {
@@ -345,6 +365,9 @@ pub fn run(c: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Serve { disk_size, rounds, secs, rw, bs, iodepth, write_policy, fsync, against, tls, dir } => {
             let job = crate::bench_serve::Job { rw, bs, iodepth, write_policy, fsync, against, tls };
             crate::bench_serve::run(disk_size, rounds, secs, &job, &dir)
+        }
+        BenchCmd::Vhost { kernel, qsd, ios, rounds, dir } => {
+            crate::bench_vhost::run(&crate::bench_vhost::Job { kernel, qsd, ios, rounds }, &dir)
         }
         BenchCmd::Vssd { size_mib, rounds, secs, rw, bs, iodepth, resize_blocks, dir } => {
             let job = crate::bench_vssd::Job { size_mib, rw, bs, iodepth, secs, rounds, resize_blocks };

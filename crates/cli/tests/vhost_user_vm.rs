@@ -143,6 +143,20 @@ fn a_linux_guest_runs_on_vhost_user_blk_and_manages_its_elastic_vssd_from_inside
         "{vssd_errors} I/O errors on the vSSD: {summary}"
     );
     assert!(number_after("GUEST: | ") > 0 && number_after("I/Os, ") > 0, "no I/O or no read checked: {summary}");
+    // The vhost-user requests are in the metrics, as NBD requests are.
+    let metrics = ureq::get(&format!("http://{api}/metrics")).call().unwrap().into_string().unwrap();
+    let count = |vdisk: &str, op: &str| -> u64 {
+        metrics
+            .lines()
+            .find(|l| {
+                l.starts_with("cachevisor_request_duration_seconds_count")
+                    && l.contains(&format!("vdisk=\"{vdisk}\""))
+                    && l.contains(&format!("op=\"{op}\""))
+            })
+            .and_then(|l| l.split_whitespace().last()?.parse().ok())
+            .unwrap_or(0)
+    };
+    assert!(count("data", "write") > 0 && count("vssd1", "read") > 0 && count("origin", "read") > 0, "{metrics}");
     // Both kinds of export were served over vhost-user, and ended cleanly.
     let log = daemon.log();
     for name in ["data", "origin", "vssd1"] {

@@ -8,6 +8,7 @@
 
 #[path = "../../../server/tests/common/certs.rs"]
 pub mod certs;
+#[path = "../../src/guest_vm.rs"]
 pub mod guest_vm;
 
 use std::io::{BufRead, BufReader, Write};

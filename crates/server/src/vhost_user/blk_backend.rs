@@ -12,10 +12,11 @@ use super::blk_request::{self, Descriptor, Layout, Op, Segment, HEADER_LEN};
 use super::in_order::InOrder;
 use crate::datapath::Cmd;
 use crate::nbd::export_backend::ExportBackend;
+use crate::nbd::transmission_async::Latency;
 use cachevisor_engine::Failure;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
 use virtio_bindings::virtio_blk::{
@@ -101,6 +102,8 @@ impl Shared {
 struct Completion {
     q: usize,
     seq: u64,
+    /// Its latency histogram (the NBD path's, by export and command) and start.
+    timing: Option<(prometheus_client::metrics::histogram::Histogram, Instant)>,
     head: u16,
     vring: VringRwLock,
     mem: Arc<GuestMemoryMmap>,
@@ -118,6 +121,9 @@ impl Completion {
                 (VIRTIO_BLK_S_IOERR as u8, 0)
             }
         };
+        if let Some((h, start)) = &self.timing {
+            h.observe(start.elapsed().as_secs_f64());
+        }
         let status = Some((self.layout.status, status));
         self.shared.finish((self.q, self.seq), &self.vring, &self.mem, status, self.head, written);
     }
@@ -157,12 +163,21 @@ pub struct BlkBackend {
     mem: Mutex<Option<Memory>>,
     event_idx: AtomicBool,
     shared: Arc<Shared>,
+    /// Request latencies, as the NBD path observes them.
+    latency: Option<Latency>,
 }
 
 impl BlkBackend {
     /// The device of export `name` of `size` bytes (rounded down to whole sectors).
-    pub fn new(store: Arc<dyn ExportBackend>, name: &str, size: u64, opt_io: u64, stats: Arc<DeviceStats>) -> Self {
+    pub fn new(
+        store: Arc<dyn ExportBackend>,
+        (name, size): (&str, u64),
+        opt_io: u64,
+        stats: Arc<DeviceStats>,
+        latency: Option<Latency>,
+    ) -> Self {
         BlkBackend {
+            latency,
             store,
             capacity: size / blk_request::SECTOR * blk_request::SECTOR,
             opt_io,
@@ -212,9 +227,11 @@ impl BlkBackend {
                 .collect();
             let n = chains.len();
             for (i, (head, descriptors)) in chains.into_iter().enumerate() {
-                // Run on this thread only for the last of a batch through the page cache,
-                // as an NBD connection does: the requests before it reach the store together.
-                let here = i + 1 == n && !self.store.direct();
+                // The last of a batch runs on this thread, as an NBD connection's request
+                // with none buffered behind it does (a hand-off's wake-up costs more than
+                // the I/O at queue depth 1); those before it go to the store's threads,
+                // so a batch reaches the SSD together.
+                let here = i + 1 == n;
                 self.start(q, head, &descriptors, &mem, vring, here);
             }
             if !event_idx || !vring.enable_notification().map_err(std::io::Error::other)? {
@@ -251,8 +268,16 @@ impl BlkBackend {
             Ok(op) => op,
             Err(status) => return self.shared.finish((q, seq), vring, mem, Some((layout.status, status)), head, 0),
         };
-        let done =
-            Completion { q, seq, head, vring: vring.clone(), mem: mem.clone(), layout, shared: self.shared.clone() };
+        // The NBD path's histogram slots: read, write, flush, …, other.
+        let slot = match op {
+            Op::Read { .. } => 0,
+            Op::Write { .. } => 1,
+            Op::Flush => 2,
+            Op::GetId => 5,
+        };
+        let timing = self.latency.as_ref().map(|l| (l[slot].clone(), Instant::now()));
+        let (vring, mem2, shared) = (vring.clone(), mem.clone(), self.shared.clone());
+        let done = Completion { q, seq, timing, head, vring, mem: mem2, layout, shared };
         match op {
             Op::GetId => {
                 let id = blk_request::id_bytes(&self.shared.name);

@@ -134,7 +134,14 @@ fn open(d: &Arc<Daemon>, dir: &Path, mode: &SocketMode, e: &ExportInfo) -> Resul
 fn serve(d: &Daemon, e: &ExportInfo, l: UnixListener, (stop, conn): (&AtomicBool, &Mutex<Option<ShutdownHandle>>)) {
     while !stop.load(Ordering::SeqCst) {
         let stats = Arc::new(DeviceStats::default());
-        let backend = Arc::new(BlkBackend::new(d.export_backend(e.id), &e.name, e.size, d.block_size(), stats.clone()));
+        let latency = Some(crate::nbd::transmission_async::latency_of(d.metrics(), &e.name));
+        let backend = Arc::new(BlkBackend::new(
+            d.export_backend(e.id),
+            (&e.name, e.size),
+            d.block_size(),
+            stats.clone(),
+            latency,
+        ));
         let mut daemon =
             match VhostUserDaemon::new(e.name.clone(), backend, GuestMemoryAtomic::new(GuestMemoryMmap::new())) {
                 Ok(v) => v,

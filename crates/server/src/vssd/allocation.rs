@@ -2,7 +2,7 @@
 //! vSSD's weight, throughput ratio and vSSD throughput (requests it served per second,
 //! counted by the service) go into the `policy` crate's `symflex-weighted` or
 //! `symflex-proportional` — the same code the simulator runs for host partitions — and the
-//! targets it returns, capped at each vSSD's M, are set: inflates at once, deflates asked
+//! targets it returns, capped at each vSSD's M and at least one block each, are set: inflates at once, deflates asked
 //! of the guests (§2.4.3). Weights and ratios change at run time (`POST
 //! /vssds/NAME/share`, Fig. 8's windows).
 
@@ -114,6 +114,9 @@ fn step(
             weight: share.weight,
             throughput_ratio: share.ratio,
             target_blocks: u64::from(st.target),
+            // One block at least: a vSSD with none serves nothing, so its throughput (what
+            // `symflex-proportional` measures) could never call it back.
+            min_blocks: 1,
             used_blocks: valid.len() as u64,
             window_requests: delta,
             hit_throughput: delta as f64 / secs,

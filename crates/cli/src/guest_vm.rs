@@ -1,4 +1,4 @@
-//! A real Linux guest for tests: Debian's kernel (unpacked by `scripts/guest-kernel`,
+//! A real Linux guest for tests and `bench vhost`: Debian's kernel (unpacked by `scripts/guest-kernel`,
 //! which `scripts/test` runs) booted under `qemu-system-x86_64` (TCG) with a busybox
 //! initramfs built here — the test's `/init`, the kernel's modules, and any host programs
 //! the guest runs (with the shared libraries they load) — its serial console read line by
@@ -11,6 +11,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// Where `scripts/guest-kernel` put the kernel (or `CACHEVISOR_GUEST_KERNEL`), checked.
+#[allow(dead_code)] // the tests'
 pub fn kernel_dir() -> PathBuf {
     let k = match std::env::var_os("CACHEVISOR_GUEST_KERNEL") {
         Some(d) => d.into(),

@@ -193,3 +193,44 @@ fn a_vhost_user_directory_that_is_not_one_is_refused_naming_the_key_and_names_th
     assert!(daemon.log().contains("not a file name"), "{}", daemon.log());
     assert_eq!(std::fs::read_dir(d.join("vhost")).unwrap().count(), 0);
 }
+
+#[test]
+fn vhost_user_sockets_follow_vdisks_added_and_removed_through_the_api() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir(d.join("vhost")).unwrap();
+    std::fs::write(
+        d.join("a.toml"),
+        "[cache]\npath = \"cache.img\"\nsize = \"4MiB\"\n[listen]\nunix = \"nbd.sock\"\nvhost_user = \"vhost\"\nunix_mode = \"0660\"\n\
+         [api]\nlisten = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"a\"\nbacking = \"a.img\"\nsize = \"4MiB\"\n",
+    )
+    .unwrap();
+    let daemon = Daemon::start(d, "a.toml", &[]).unwrap_or_else(|e| panic!("{e:?}"));
+    // Listening before the daemon says it serves, with the configured mode.
+    assert!(
+        daemon.banner.iter().any(|l| l.starts_with("vhost-user-blk: ") && l.ends_with("vhost/a.sock")),
+        "{:?}",
+        daemon.banner
+    );
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(d.join("vhost/a.sock")).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o660);
+    let api = daemon.api.clone().unwrap();
+    let auth = format!("Bearer {}", std::fs::read_to_string(d.join("cache.img.meta/api-token")).unwrap());
+    let appears = |path: &Path, want: bool| {
+        let end = Instant::now() + Duration::from_secs(5);
+        while path.exists() != want {
+            assert!(Instant::now() < end, "{} exists: {}, wanted {want}", path.display(), path.exists());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    ureq::post(&format!("http://{api}/vdisks"))
+        .set("Authorization", &auth)
+        .send_json(serde_json::json!({"name": "b", "backing": d.join("b.img"), "size": "4MiB"}))
+        .unwrap();
+    appears(&d.join("vhost/b.sock"), true);
+    ureq::delete(&format!("http://{api}/vdisks/a")).set("Authorization", &auth).call().unwrap();
+    appears(&d.join("vhost/a.sock"), false);
+    assert!(d.join("vhost/b.sock").exists());
+    assert!(daemon.log().contains("export gone: vhost-user socket closed"), "{}", daemon.log());
+}

@@ -181,7 +181,8 @@ pub enum BenchCmd {
         dir: PathBuf,
     },
     /// A real guest's two doors to a vDisk — QEMU's NBD client and vhost-user-blk — and
-    /// qemu-storage-daemon's vhost-user-blk (cache.direct=on, aio=native): dd 4 KiB
+    /// qemu-storage-daemon's vhost-user-blk (cache.direct=on, aio=native), and a vSSD over
+    /// vhost-user-blk (no engine in its path): dd 4 KiB
     /// O_DIRECT at queue depth 1 in the guest, interleaved rounds, medians.
     Vhost {
         /// The guest kernel's directory (scripts/guest-kernel unpacks one).

@@ -3,7 +3,9 @@
 //! vhost-user-blk (`listen.vhost_user`) — and the peer's vhost-user-blk,
 //! `qemu-storage-daemon --export type=vhost-user-blk` on a raw file with
 //! `cache.direct=on,aio=native` (the strongest form of the peer: no page cache, Linux AIO).
-//! One real guest (Debian's kernel under QEMU, TCG here) sees the three as three virtio
+//! A vSSD of the same size over vhost-user-blk is a fourth disk: the same door without the
+//! cache engine in the data path, which splits the door's cost from the engine's.
+//! One real guest (Debian's kernel under QEMU, TCG here) sees them as four virtio
 //! disks and runs `dd` with O_DIRECT on each, 4 KiB at queue depth 1, reads then writes,
 //! in interleaved rounds (the order rotates each round); the medians and their ratios.
 //! cachevisor's cache is O_DIRECT too (`cache.direct = "on"`), and big enough to hold the
@@ -32,21 +34,27 @@ pub struct Job {
     pub rounds: usize,
 }
 
-/// The disks as the guest sees them (command-line order) and what each is.
-const DOORS: [(&str, &str); 3] =
-    [("vda", "cachevisor NBD"), ("vdb", "cachevisor vhost-user-blk"), ("vdc", "qemu-storage-daemon vhost-user-blk")];
+/// The disks as the guest sees them (command-line order) and what each is: the vDisk
+/// through both doors, the peer, and a vSSD of the same size over vhost-user-blk (no
+/// engine in its data path: it splits the door's cost from the cache's).
+const DOORS: [(&str, &str); 4] = [
+    ("vda", "cachevisor vDisk, NBD"),
+    ("vdb", "cachevisor vDisk, vhost-user-blk"),
+    ("vdc", "qemu-storage-daemon vhost-user-blk"),
+    ("vdd", "cachevisor vSSD, vhost-user-blk"),
+];
 
 /// The guest's script: rounds of dd on each disk, the order rotated each round, each run
 /// reported with /proc/uptime before and after.
 fn script(ios: u64, rounds: usize) -> String {
     format!(
         r#"i=0
-while [ ! -b /dev/vdc ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
-echo "GUEST: disks $(cat /sys/block/vda/size) $(cat /sys/block/vdb/size) $(cat /sys/block/vdc/size)"
-for d in vda vdb vdc; do dd if=/dev/$d of=/dev/null bs=4k count={ios} iflag=direct 2>/dev/null; done
+while [ ! -b /dev/vdd ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done
+echo "GUEST: disks $(cat /sys/block/vda/size) $(cat /sys/block/vdb/size) $(cat /sys/block/vdc/size) $(cat /sys/block/vdd/size)"
+for d in vda vdb vdc vdd; do dd if=/dev/$d of=/dev/null bs=4k count={ios} iflag=direct 2>/dev/null; done
 r=0
 while [ $r -lt {rounds} ]; do
-  case $((r % 3)) in 0) order="vda vdb vdc";; 1) order="vdb vdc vda";; *) order="vdc vda vdb";; esac
+  case $((r % 4)) in 0) order="vda vdb vdc vdd";; 1) order="vdb vdc vdd vda";; 2) order="vdc vdd vda vdb";; *) order="vdd vda vdb vdc";; esac
   for d in $order; do
     t0=$(cut -d' ' -f1 /proc/uptime)
     dd if=/dev/$d of=/dev/null bs=4k count={ios} iflag=direct 2>/dev/null || echo "GUEST: FAIL read $d"
@@ -109,6 +117,7 @@ pub fn run(job: &Job, dir: &Path) -> anyhow::Result<()> {
         format!(
             "[cache]\npath = \"cache.img\"\nsize = \"{c}MiB\"\nblock_size = \"4KiB\"\ndirect = \"on\"\nwrite_policy = \"wb\"\nflush_rate = \"0\"\n\
              [listen]\ntcp = \"127.0.0.1:{port}\"\nunix = \"nbd.sock\"\nvhost_user = \"vhost\"\n\
+             [vssd]\nsize = \"{size_mib}MiB\"\n[[vssd.device]]\nname = \"s\"\nmax_size = \"{size_mib}MiB\"\ninitial_size = \"{size_mib}MiB\"\n\
              [[vdisk]]\nname = \"d\"\nbacking = \"d.img\"\nsize = \"{size_mib}MiB\"\n",
             c = size_mib * 2,
             port = free_port()?
@@ -116,6 +125,7 @@ pub fn run(job: &Job, dir: &Path) -> anyhow::Result<()> {
     )?;
     let _cv = spawn_serve(&cfg, None)?;
     wait_for_socket(&dir.join("vhost/d.sock"), "cachevisor")?;
+    wait_for_socket(&dir.join("vhost/s.sock"), "cachevisor")?;
     let qsd = Command::new(&job.qsd)
         .arg("--blockdev")
         .arg(format!("driver=file,node-name=f,filename={},cache.direct=on,aio=native", dir.join("peer.img").display()))
@@ -139,20 +149,22 @@ pub fn run(job: &Job, dir: &Path) -> anyhow::Result<()> {
         format!("driver=nbd,node-name=nbd,server.type=unix,server.path={},export=d", dir.join("nbd.sock").display()),
     );
     arg("-device", "virtio-blk-pci,drive=nbd".into());
-    for (i, s) in [dir.join("vhost/d.sock"), dir.join("qsd.sock")].iter().enumerate() {
+    for (i, s) in [dir.join("vhost/d.sock"), dir.join("qsd.sock"), dir.join("vhost/s.sock")].iter().enumerate() {
         arg("-chardev", format!("socket,id=vu{i},path={}", s.display()));
         arg("-device", format!("vhost-user-blk-pci,chardev=vu{i},num-queues=1"));
     }
     println!(
-        "a guest (TCG) on three disks, dd 4 KiB O_DIRECT at queue depth 1, {} I/Os per run, {} interleaved rounds",
+        "a guest (TCG) on four disks, dd 4 KiB O_DIRECT at queue depth 1, {} I/Os per run, {} interleaved rounds",
         job.ios, job.rounds
     );
     let mut guest = Guest::boot(&job.kernel, &initrd, "512M", &args);
     let disks = guest.wait_for("GUEST: disks", Duration::from_secs(180));
     let want = (size_mib << 20) / 512;
     let sizes = disks.split("GUEST: disks").nth(1).unwrap_or_default();
-    if sizes.split_whitespace().count() != 3 || sizes.split_whitespace().any(|s| s.parse::<u64>().ok() != Some(want)) {
-        bail!("the guest does not see three {size_mib} MiB disks: {disks}");
+    if sizes.split_whitespace().count() != DOORS.len()
+        || sizes.split_whitespace().any(|s| s.parse::<u64>().ok() != Some(want))
+    {
+        bail!("the guest does not see four {size_mib} MiB disks: {disks}");
     }
     guest.wait_for("GUEST: done", Duration::from_secs(600 + job.ios / 100 * job.rounds as u64));
     let ran = guest.started.elapsed();
@@ -180,8 +192,9 @@ pub fn run(job: &Job, dir: &Path) -> anyhow::Result<()> {
             println!("{op:<6} {what:<36} {:>12.0} {:>12.2}   (runs: {v:.0?})", m(d), m(d) / nbd.max(1e-9));
         }
         println!(
-            "{op:<6} cachevisor vhost-user-blk / qemu-storage-daemon vhost-user-blk: {:.2}",
-            m("vdb") / m("vdc").max(1e-9)
+            "{op:<6} against qemu-storage-daemon's vhost-user-blk: cachevisor vDisk {:.2}, vSSD {:.2}",
+            m("vdb") / m("vdc").max(1e-9),
+            m("vdd") / m("vdc").max(1e-9)
         );
     }
     Ok(())

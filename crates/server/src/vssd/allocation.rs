@@ -2,7 +2,8 @@
 //! vSSD's weight, throughput ratio and vSSD throughput (requests it served per second,
 //! counted by the service) go into the `policy` crate's `symflex-weighted` or
 //! `symflex-proportional` — the same code the simulator runs for host partitions — and the
-//! targets it returns, capped at each vSSD's M and at least one block each, are set: inflates at once, deflates asked
+//! targets it returns, capped at each vSSD's M and at least one block each (taken from
+//! the largest), are set: inflates at once, deflates asked
 //! of the guests (§2.4.3). Weights and ratios change at run time (`POST
 //! /vssds/NAME/share`, Fig. 8's windows).
 
@@ -93,6 +94,19 @@ pub fn start(
     Ok(a)
 }
 
+/// Gives every vSSD the allocator left with no block one, taken from the largest: a vSSD
+/// with none serves nothing, so its throughput (what `symflex-proportional` measures)
+/// could never call it back. Targets the allocator gave are kept otherwise.
+fn at_least_one_block(targets: &mut [u64]) {
+    for i in 0..targets.len() {
+        if targets[i] == 0 {
+            let Some(big) = (0..targets.len()).filter(|&j| targets[j] > 1).max_by_key(|&j| targets[j]) else { return };
+            targets[big] -= 1;
+            targets[i] = 1;
+        }
+    }
+}
+
 /// One interval: throughputs measured, targets decided and set.
 fn step(
     svc: &VssdService,
@@ -114,9 +128,6 @@ fn step(
             weight: share.weight,
             throughput_ratio: share.ratio,
             target_blocks: u64::from(st.target),
-            // One block at least: a vSSD with none serves nothing, so its throughput (what
-            // `symflex-proportional` measures) could never call it back.
-            min_blocks: 1,
             used_blocks: valid.len() as u64,
             window_requests: delta,
             hit_throughput: delta as f64 / secs,
@@ -127,8 +138,9 @@ fn step(
     if !demands.is_empty() {
         let capacity = u64::from(svc.region_blocks());
         let pool = Pool { capacity, unit: 1, free_blocks: u64::from(svc.free_blocks()) };
-        let d = alloc.allocate(&pool, &demands);
-        for (&(id, max), &t) in ids.iter().zip(&d.targets) {
+        let mut targets = alloc.allocate(&pool, &demands).targets;
+        at_least_one_block(&mut targets);
+        for (&(id, max), &t) in ids.iter().zip(&targets) {
             let t = t.min(u64::from(max)) as u32;
             if let Err(e) = svc.set_target(id, t) {
                 tracing::warn!(vssd = id, %e, "the allocator's target was refused");
@@ -136,4 +148,22 @@ fn step(
         }
     }
     (now, served)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::at_least_one_block;
+
+    #[test]
+    fn a_vssd_left_with_nothing_gets_one_block_from_the_largest_and_others_keep_theirs() {
+        let mut t = vec![0, 14, 2, 0];
+        at_least_one_block(&mut t);
+        assert_eq!(t, vec![1, 12, 2, 1]);
+        let mut t = vec![4, 12];
+        at_least_one_block(&mut t);
+        assert_eq!(t, vec![4, 12], "nothing at 0: unchanged");
+        let mut t = vec![0, 1];
+        at_least_one_block(&mut t);
+        assert_eq!(t, vec![0, 1], "no block to spare");
+    }
 }

@@ -332,6 +332,20 @@ pub fn start_guest(vssd: &str, control: &Path, origin: &str, mode: Mode) -> anyh
     GuestCache::start(v, o, size, c, mode).context("starting the guest cache manager")
 }
 
+/// How long a run lasts (`--duration`; 30 s when neither it nor `--ops` is given; none
+/// with `--ops` alone) and how often it reports (`--interval`); errors name the option.
+pub fn run_length(a: &GuestArgs) -> anyhow::Result<(Option<Duration>, Duration)> {
+    let dur = |s: &str, key: &str| -> anyhow::Result<Duration> {
+        Ok(Duration::from_nanos(parse_duration_ns(s).map_err(|e| anyhow::anyhow!("{key}: {e}"))?))
+    };
+    let duration = match (&a.duration, a.ops) {
+        (Some(d), _) => Some(dur(d, "--duration")?),
+        (None, None) => Some(Duration::from_secs(30)),
+        (None, Some(_)) => None,
+    };
+    Ok((duration, dur(&a.interval, "--interval")?))
+}
+
 /// Runs the command.
 pub fn run(a: GuestArgs) -> anyhow::Result<()> {
     if let Some(keys) = a.kv {
@@ -372,20 +386,13 @@ pub fn run(a: GuestArgs) -> anyhow::Result<()> {
         }
         std::process::exit(0);
     }
-    let secs = |s: &str, key: &str| -> anyhow::Result<Duration> {
-        Ok(Duration::from_nanos(parse_duration_ns(s).map_err(|e| anyhow::anyhow!("{key}: {e}"))?))
-    };
-    let duration = match (&a.duration, a.ops) {
-        (Some(d), _) => Some(secs(d, "--duration")?),
-        (None, None) => Some(Duration::from_secs(30)),
-        (None, Some(_)) => None,
-    };
+    let (duration, interval) = run_length(&a)?;
     let origin = g.origin().size()?;
     let spec = RunSpec {
         shape: Shape { origin, io, hot_fraction, hot_size, write_ratio: a.write_ratio, apps: a.apps },
         seed: a.seed,
         verify: a.verify,
-        interval: secs(&a.interval, "--interval")?,
+        interval,
         ops: a.ops,
         duration,
     };

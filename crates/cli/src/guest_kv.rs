@@ -12,8 +12,8 @@ use crate::guest_workload::{Shape, Verifier, Workload};
 use anyhow::{bail, Context};
 use cachevisor_guest::slab_kv::SlabKv;
 use cachevisor_guest::Control;
-use cachevisor_trace::units::{parse_duration_ns, parse_size};
-use std::time::{Duration, Instant};
+use cachevisor_trace::units::parse_size;
+use std::time::Instant;
 
 /// Runs the key-value workload over `keys` keys.
 pub fn run(a: &GuestArgs, keys: u64) -> anyhow::Result<()> {
@@ -27,15 +27,7 @@ pub fn run(a: &GuestArgs, keys: u64) -> anyhow::Result<()> {
         bail!("--kv: give 1 key or more");
     }
     let (hot_fraction, hot_size) = parse_hot(&a.hot)?;
-    let dur = |s: &str, key: &str| -> anyhow::Result<Duration> {
-        Ok(Duration::from_nanos(parse_duration_ns(s).map_err(|e| anyhow::anyhow!("{key}: {e}"))?))
-    };
-    let duration = match (&a.duration, a.ops) {
-        (Some(d), _) => Some(dur(d, "--duration")?),
-        (None, None) => Some(Duration::from_secs(30)),
-        (None, Some(_)) => None,
-    };
-    let interval = dur(&a.interval, "--interval")?;
+    let (duration, interval) = crate::guest_cmd::run_length(a)?;
     // Keys as units of the workload's address space: key k is the unit at k × value_len.
     let shape =
         Shape { origin: keys * value_len, io: value_len, hot_fraction, hot_size, write_ratio: a.write_ratio, apps: 1 };

@@ -55,8 +55,7 @@ impl BlockManager {
     /// Admits `len` bytes at `offset` of vSSD `id` at time `now` (for the least recently
     /// used order of forced deflates).
     pub fn start_io(&mut self, id: VssdId, offset: u64, len: u64, now: Nanos) -> Result<Io, IoError> {
-        let removing = self.vssds.get(&id).is_some_and(|l| l.removing);
-        let v = self.state.vssd(id).filter(|v| v.active && !removing).ok_or(IoError::NotRunning(id))?;
+        let v = self.state.vssd(id).filter(|v| v.active && !v.removing).ok_or(IoError::NotRunning(id))?;
         let g = self.config.geometry;
         let size = u64::from(v.max_blocks) * g.block_bytes;
         if offset.checked_add(len).is_none_or(|e| e > size) {

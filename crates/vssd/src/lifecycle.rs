@@ -50,7 +50,7 @@ impl BlockManager {
         let _ = now;
         if let Some(id) = self.state.id_of(name) {
             let v = self.state.vssd(id).expect("named");
-            if self.vssds[&id].removing {
+            if v.removing {
                 return Err(LifecycleError::State(format!("vSSD `{name}` is being removed")));
             }
             if v.active {
@@ -74,11 +74,9 @@ impl BlockManager {
                 }
             }
             // Its data comes back whatever C says: blocks held, swapped out, or on their
-            // way out now (they are copied back in once out).
+            // way out now (they are copied back in once out; `held` counts them all).
             let held = self.held(id);
-            let leaving =
-                self.live.iter().filter(|b| matches!(**b, Live::SwappingOut { id: i, .. } if i == id)).count() as u32;
-            self.vssds.get_mut(&id).expect("named").target = initial.max(held + leaving);
+            self.vssds.get_mut(&id).expect("named").target = initial.max(held);
             if !lbns.is_empty() {
                 self.push_event(crate::manager::Event::Inflated { id, lbns });
             }
@@ -97,7 +95,7 @@ impl BlockManager {
     /// its blocks are freed and the vSSD removed; with P it keeps them, inactive.
     pub fn stop(&mut self, id: VssdId, now: Nanos) -> Result<(), LifecycleError> {
         let v = self.state.vssd(id).ok_or_else(|| LifecycleError::Invalid(format!("no vSSD {id}")))?;
-        if !v.active || self.vssds[&id].removing {
+        if !v.active || v.removing {
             return Err(LifecycleError::State(format!("vSSD `{}` is stopped already", v.name)));
         }
         if self.io_in_flight(id) {
@@ -124,25 +122,31 @@ impl BlockManager {
     /// and its swapped-out copies dropped; `Event::Removed` once that is committed.
     pub fn remove(&mut self, id: VssdId) -> Result<(), LifecycleError> {
         let v = self.state.vssd(id).ok_or_else(|| LifecycleError::Invalid(format!("no vSSD {id}")))?;
-        if self.vssds[&id].removing {
+        if v.removing {
             return Err(LifecycleError::State(format!("vSSD `{}` is being removed", v.name)));
         }
         if self.io_in_flight(id) {
             return Err(LifecycleError::State(format!("vSSD `{}` has I/O in flight", v.name)));
         }
-        let swapped: Vec<_> = v.swapped.iter().copied().collect();
-        for lbn in swapped {
-            self.emit(Record::SwapDropped { id, lbn }, None);
-        }
         self.remove_blocks(id);
         Ok(())
     }
 
-    /// Marks `id` removing, releases every block it holds (blocks being filled are freed
-    /// when their op ends), and writes `Remove` once nothing is left.
-    fn remove_blocks(&mut self, id: VssdId) {
+    /// Removes `id`: writes `Removing` first (so no `Free` of its can be durable while
+    /// the vSSD is not known to be going away), drops its swapped-out copies, releases
+    /// every block it holds (blocks being filled are freed when their op ends), and
+    /// writes `Remove` once nothing is left. Also resumes a removal a crash interrupted.
+    pub(crate) fn remove_blocks(&mut self, id: VssdId) {
+        let v = self.state.vssd(id).expect("removing an existing vSSD");
+        let started = v.removing;
+        let swapped: Vec<_> = v.swapped.iter().copied().collect();
+        if !started {
+            self.emit(Record::Removing { id }, None);
+        }
+        for lbn in swapped {
+            self.emit(Record::SwapDropped { id, lbn }, None);
+        }
         let l = self.vssds.get_mut(&id).expect("live");
-        l.removing = true;
         l.target = 0;
         l.asked = 0;
         l.deadline = None;

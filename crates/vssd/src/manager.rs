@@ -160,8 +160,6 @@ pub(crate) struct VssdLive {
     pub asked: u32,
     /// When the host picks the asked blocks itself.
     pub deadline: Option<Nanos>,
-    /// Being removed: `Remove` is written once it holds nothing.
-    pub removing: bool,
     /// When it was deactivated (inactive vSSDs are reclaimed oldest first).
     pub inactive_since: Option<Nanos>,
     /// Logical blocks the host took after a deadline, not inflated again until the
@@ -247,6 +245,11 @@ impl BlockManager {
                 ..Default::default()
             };
             m.vssds.insert(id, live);
+        }
+        // A removal the crash interrupted goes on (`Record::Removing`).
+        let removing: Vec<VssdId> = m.state.vssds().values().filter(|v| v.removing).map(|v| v.id).collect();
+        for id in removing {
+            m.remove_blocks(id);
         }
         m.fill();
         m
@@ -372,11 +375,10 @@ impl BlockManager {
         match (self.live[pbn as usize], result) {
             (Live::Filling { id, lbn, .. }, Ok(())) => {
                 let v = self.state.vssd(id).expect("filling blocks' vSSDs exist");
-                let l = &self.vssds[&id];
                 let swapped = v.swapped.contains(&lbn);
                 // A zeroed block its vSSD no longer wants (stopped without P, removed, or
                 // its target lowered meanwhile) is not handed out.
-                let wanted = swapped || (!l.removing && (v.active || v.persist) && !self.surplus_arrival(id));
+                let wanted = swapped || (!v.removing && (v.active || v.persist) && !self.surplus_arrival(id));
                 if wanted {
                     if swapped {
                         self.counters.swapped_in += 1;
@@ -417,10 +419,10 @@ impl BlockManager {
     /// Whether a block arriving for `id` (counted in `held`) is beyond its target: then it
     /// is not handed out, and the guest is asked for one block fewer.
     pub(crate) fn surplus_arrival(&mut self, id: VssdId) -> bool {
-        let active = self.state.vssd(id).is_some_and(|v| v.active);
+        let active = self.state.vssd(id).is_some_and(|v| v.active && !v.removing);
         let held = self.held(id);
         let l = self.vssds.get_mut(&id).expect("live");
-        if !active || l.removing || held <= l.target {
+        if !active || held <= l.target {
             return false;
         }
         let rest = held - 1 - l.target;
@@ -436,10 +438,12 @@ impl BlockManager {
     }
 
     /// Blocks of `id` that count toward its allocation: valid, committing and filling,
-    /// and, while it runs, its swapped-out blocks waiting to be copied back in.
+    /// and, while it runs, its blocks being swapped out or swapped out and waiting to be
+    /// copied back in (their data comes back whatever its target says).
     pub fn held(&self, id: VssdId) -> u32 {
         let mut filling_swapped = 0;
         let v = self.state.vssd(id);
+        let active = v.is_some_and(|v| v.active);
         let on_ssd = self
             .live
             .iter()
@@ -449,6 +453,7 @@ impl BlockManager {
                     true
                 }
                 Live::Valid { id: i, .. } | Live::Committing { id: i, .. } => i == id,
+                Live::SwappingOut { id: i, .. } => i == id && active,
                 _ => false,
             })
             .count() as u32;
@@ -471,7 +476,7 @@ impl BlockManager {
         let mut short = 0u64;
         for id in ids {
             let Some(v) = self.state.vssd(id) else { continue };
-            if !v.active || self.vssds[&id].removing {
+            if !v.active || v.removing {
                 continue;
             }
             let filling: BTreeSet<Lbn> = self
@@ -547,7 +552,7 @@ impl BlockManager {
 
     /// Writes `Remove` for a vSSD being removed once it holds nothing.
     pub(crate) fn settle(&mut self, id: VssdId) {
-        let (Some(l), Some(v)) = (self.vssds.get(&id), self.state.vssd(id)) else { return };
+        let Some(v) = self.state.vssd(id) else { return };
         let busy = self.live.iter().any(|b| match *b {
             Live::Filling { id: i, .. }
             | Live::Committing { id: i, .. }
@@ -556,7 +561,7 @@ impl BlockManager {
             | Live::SwappingOut { id: i, .. } => i == id,
             _ => false,
         });
-        if l.removing && !busy && v.map.is_empty() && v.swapped.is_empty() {
+        if v.removing && !busy && v.map.is_empty() && v.swapped.is_empty() {
             self.emit(Record::Remove { id }, Some(AfterCommit::Removed(id)));
         }
     }

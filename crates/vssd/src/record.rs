@@ -73,6 +73,15 @@ pub enum Record {
         /// The vSSD.
         id: VssdId,
     },
+    /// The vSSD's removal began (the operator removed it, or its VM stopped without P):
+    /// it serves no more I/O and its blocks and swapped-out copies are being dropped. Its
+    /// `Free` and `SwapDropped` records follow it, so a crash that kept any of them kept
+    /// this too, and the removal resumes after the restart instead of bringing back a
+    /// vSSD with holes where its data was.
+    Removing {
+        /// The vSSD.
+        id: VssdId,
+    },
     /// The vSSD is gone (it holds no block and no swapped-out copy).
     Remove {
         /// The vSSD.
@@ -110,6 +119,7 @@ impl Record {
             Record::Deactivate { id } => u32s(&mut b, 6, &[*id]),
             Record::Activate { id } => u32s(&mut b, 7, &[*id]),
             Record::Remove { id } => u32s(&mut b, 8, &[*id]),
+            Record::Removing { id } => u32s(&mut b, 9, &[*id]),
         }
         b
     }
@@ -150,6 +160,7 @@ impl Record {
             6 => exact(1, Record::Deactivate { id: u32_at(0)? }),
             7 => exact(1, Record::Activate { id: u32_at(0)? }),
             8 => exact(1, Record::Remove { id: u32_at(0)? }),
+            9 => exact(1, Record::Removing { id: u32_at(0)? }),
             t => Err(DecodeError(format!("unknown record type {t}"))),
         }
     }
@@ -172,6 +183,7 @@ mod tests {
             any::<u32>().prop_map(|id| Record::Deactivate { id }),
             any::<u32>().prop_map(|id| Record::Activate { id }),
             any::<u32>().prop_map(|id| Record::Remove { id }),
+            any::<u32>().prop_map(|id| Record::Removing { id }),
         ]
     }
 

@@ -44,7 +44,7 @@ impl BlockManager {
     /// grace period (a new target replaces the request and its deadline).
     pub fn set_target(&mut self, id: VssdId, blocks: u32, now: Nanos) -> Result<(), String> {
         let v = self.state.vssd(id).ok_or_else(|| format!("no vSSD {id}"))?;
-        if !v.active || self.vssds[&id].removing {
+        if !v.active || v.removing {
             return Err(format!("vSSD `{}` is not running", v.name));
         }
         if blocks > v.max_blocks {

@@ -26,6 +26,9 @@ pub struct Vssd {
     pub map: BTreeMap<Lbn, Pbn>,
     /// Logical blocks whose data is on secondary storage.
     pub swapped: BTreeSet<Lbn>,
+    /// Its removal began (`Record::Removing`): it serves nothing and goes away once it
+    /// holds nothing.
+    pub removing: bool,
 }
 
 /// A record that does not fit the state.
@@ -125,6 +128,7 @@ impl State {
                     active: true,
                     map: BTreeMap::new(),
                     swapped: BTreeSet::new(),
+                    removing: false,
                 };
                 self.vssds.insert(*id, v);
             }
@@ -180,6 +184,13 @@ impl State {
                 }
                 v.active = on;
             }
+            Record::Removing { id } => {
+                let v = self.vssds.get_mut(id).ok_or_else(|| misfit(format!("no vSSD {id}")))?;
+                if v.removing {
+                    return Err(misfit(format!("vSSD {id} is being removed already")));
+                }
+                v.removing = true;
+            }
             Record::Remove { id } => {
                 let v = self.vssds.get(id).ok_or_else(|| misfit(format!("no vSSD {id}")))?;
                 if !v.map.is_empty() || !v.swapped.is_empty() {
@@ -203,6 +214,9 @@ impl State {
             }
             out.extend(v.map.iter().map(|(&lbn, &pbn)| Record::Assign { pbn, id: v.id, lbn }));
             out.extend(v.swapped.iter().map(|&lbn| Record::SwappedOut { id: v.id, lbn, pbn: None }));
+            if v.removing {
+                out.push(Record::Removing { id: v.id });
+            }
         }
         out
     }
@@ -251,11 +265,24 @@ mod tests {
             (Record::Register { id: 1, name: "a".into(), max_blocks: 1, persist: false }, "taken"),
             (Record::SwappedOut { id: 0, lbn: 1, pbn: Some(2) }, "is at Some(3)"),
             (Record::SwapDropped { id: 0, lbn: 0 }, "not swapped out"),
+            (Record::Removing { id: 7 }, "no vSSD 7"),
         ] {
             let e = s.apply(&r).unwrap_err();
             assert!(e.reason.contains(why), "{e}");
             assert_eq!(s, before);
         }
+    }
+
+    #[test]
+    fn a_removal_begins_once() {
+        let mut s = State::new(g());
+        s.apply(&Record::Register { id: 0, name: "a".into(), max_blocks: 2, persist: false }).unwrap();
+        s.apply(&Record::Removing { id: 0 }).unwrap();
+        assert!(s.vssd(0).unwrap().removing);
+        let e = s.apply(&Record::Removing { id: 0 }).unwrap_err();
+        assert!(e.reason.contains("being removed already"), "{e}");
+        s.apply(&Record::Remove { id: 0 }).unwrap();
+        assert!(s.vssd(0).is_none() && s.id_of("a").is_none());
     }
 
     #[test]
@@ -270,6 +297,7 @@ mod tests {
             Record::Deactivate { id: 0 },
             Record::SwappedOut { id: 0, lbn: 6, pbn: Some(1) },
             Record::Free { pbn: 2 },
+            Record::Removing { id: 1 },
         ];
         for r in &rs {
             s.apply(r).unwrap();

@@ -333,8 +333,22 @@ impl World {
                 // In-flight writes were never acknowledged: they did not land.
                 self.ios.clear();
                 // The durable state is what each vSSD maps: exactly the blocks its
-                // committed records give it.
-                let replayed = State::replay(self.config.geometry, &self.durable).unwrap();
+                // committed records give it — but a removal the crash interrupted goes
+                // on at once (its records are the only ones a fresh manager writes).
+                let mut replayed = State::replay(self.config.geometry, &self.durable).unwrap();
+                while let Some((seq, r)) = self.m.poll_record() {
+                    let id = match r {
+                        Record::Free { pbn } => replayed.owner(pbn).map(|o| o.0),
+                        Record::SwapDropped { id, .. } | Record::Remove { id } => Some(id),
+                        _ => None,
+                    };
+                    assert!(
+                        id.and_then(|id| replayed.vssd(id)).is_some_and(|v| v.removing),
+                        "a restarted manager wrote {r:?}, not part of a removal it resumed"
+                    );
+                    replayed.apply(&r).unwrap();
+                    self.pending.push((seq, r));
+                }
                 assert_eq!(self.m.state(), &replayed);
                 let ids: Vec<VssdId> = self.incarnation.keys().copied().collect();
                 for id in ids {

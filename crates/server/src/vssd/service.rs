@@ -253,7 +253,7 @@ impl VssdService {
     /// Whether vSSD `id` exists and its VM runs (its I/O is served).
     pub fn running(&self, id: VssdId) -> bool {
         let g = lock(&self.inner);
-        !g.halted && g.m.state().vssd(id).is_some_and(|v| v.active)
+        !g.halted && g.m.state().vssd(id).is_some_and(|v| v.active && !v.removing)
     }
 
     /// A vSSD's id by name.
@@ -336,7 +336,12 @@ impl VssdService {
     /// The running vSSDs with their M.
     pub fn running_vssds(&self) -> Vec<(VssdId, u32)> {
         let g = lock(&self.inner);
-        g.m.state().vssds().values().filter(|v| v.active && !g.halted).map(|v| (v.id, v.max_blocks)).collect()
+        g.m.state()
+            .vssds()
+            .values()
+            .filter(|v| v.active && !v.removing && !g.halted)
+            .map(|v| (v.id, v.max_blocks))
+            .collect()
     }
 
     /// Blocks in the region.

@@ -234,12 +234,18 @@ impl Engine {
             return Err(format!("index holds {} entries for {total} resident slots", self.index.count()));
         }
         let limbo = self.dur.limbo_len() as u64;
-        if total + self.free_slots() + limbo != self.slots.len() as u64 {
+        let idle = self.lent.idle.len() as u64;
+        if total + self.free_slots() + limbo + idle != self.slots.len() as u64 {
             return Err(format!(
-                "{total} used + {} free + {limbo} in limbo != {} slots",
+                "{total} used + {} free + {limbo} in limbo + {idle} withheld != {} slots",
                 self.free_slots(),
                 self.slots.len()
             ));
+        }
+        if let Some(s) =
+            self.lent.idle.iter().find(|&&s| self.slots.key(s) != FREE_KEY || !self.lent.slots.contains(&s))
+        {
+            return Err(format!("withheld slot {s} holds a block or is not withheld"));
         }
         for (st, row) in self.stores.rows.iter().enumerate() {
             if row.used != store_used[st] {

@@ -44,6 +44,10 @@ pub struct DataModel {
     version: u64,
     /// Sectors of read replies checked so far.
     pub sectors_checked: u64,
+    /// Local-store slots lent out of the engine (`Engine::withhold`): someone else's bytes
+    /// now, which no engine op may touch.
+    lent: BTreeSet<u32>,
+    block_size: u64,
 }
 
 impl DataModel {
@@ -61,7 +65,25 @@ impl DataModel {
             discards: HashMap::new(),
             version: 0,
             sectors_checked: 0,
+            lent: BTreeSet::new(),
+            block_size: cfg.block_size,
         }
+    }
+
+    /// Local-store slot `slot` is lent out (the engine said it is withheld and empty): its
+    /// new user overwrites it with bytes of no VM's, and an engine op on it from now on is
+    /// an error.
+    pub fn lend(&mut self, slot: u32) {
+        self.lent.insert(slot);
+        let spb = self.block_size / 512;
+        for i in 0..spb {
+            self.ssd.insert((Location::Cache(0), u64::from(slot) * spb + i), (VmId::MAX, u64::from(slot), 0));
+        }
+    }
+
+    /// Slot `slot` is the engine's again (its bytes stay the other user's).
+    pub fn unlend(&mut self, slot: u32) {
+        self.lent.remove(&slot);
     }
 
     /// The versions a read of `vm`'s disk sector may return.
@@ -94,6 +116,9 @@ impl DataModel {
             return Err(format!("{op:?}: slot {} is in store {}", op.slot, self.layout.store_of(op.slot)));
         }
         let s0 = if op.kind.is_ssd() { self.layout.offset(op) / 512 } else { 0 };
+        if op.kind.is_ssd() && self.lent.contains(&op.slot) {
+            return Err(format!("{op:?}: slot {} is lent out of the cache", op.slot));
+        }
         let req = op.req;
         if !op.kind.is_write() {
             if fail {

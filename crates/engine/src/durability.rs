@@ -166,6 +166,11 @@ impl Durability {
         }
     }
 
+    /// Whether `slot` is in limbo.
+    pub(crate) fn in_limbo(&self, slot: u32) -> bool {
+        self.limbo_new.contains(&slot) || self.limbo.iter().any(|&(_, s)| s == slot)
+    }
+
     /// Limbo slots (freed, not yet durable as free).
     pub(crate) fn limbo_len(&self) -> usize {
         self.limbo_new.len() + self.limbo.len()

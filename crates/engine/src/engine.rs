@@ -108,6 +108,8 @@ pub struct Engine {
     pub(crate) moving: crate::migration::Moving,
     /// Prewarmed blocks' protection (`prewarm_load.rs`).
     pub(crate) prewarmed: crate::prewarm_load::Protection,
+    /// Local-store slots lent out of the cache (`withheld.rs`).
+    pub(crate) lent: crate::withheld::Withheld,
 }
 
 /// The request `Engine::access` is processing.
@@ -183,6 +185,7 @@ impl Engine {
             scratch: Scratch::default(),
             moving: Default::default(),
             prewarmed: Default::default(),
+            lent: Default::default(),
             cfg,
         })
     }

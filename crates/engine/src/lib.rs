@@ -55,6 +55,7 @@ mod slot_alloc;
 pub mod slot_table;
 pub mod stores;
 mod timers;
+mod withheld;
 pub mod write_policy;
 mod writeback_ahead;
 

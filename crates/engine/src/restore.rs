@@ -45,7 +45,10 @@ impl Engine {
         self.dur.vouched_elsewhere.retain(|_, &mut v| v != slot);
         if let Some(i) = self.dur.limbo_new.iter().position(|&s| s == slot) {
             self.dur.limbo_new.swap_remove(i);
-        } else if !self.dur.take_from_limbo(slot) && !self.stores.parked.remove(&slot) {
+        } else if !self.dur.take_from_limbo(slot) && !self.stores.parked.remove(&slot) && !self.lent.idle.remove(&slot)
+        {
+            // (A withheld slot a failed write-back's repair puts its block back in is
+            // still pinned, so never lent out yet; `withhold_step` empties it again.)
             self.free_unlink(slot);
         }
         self.slots.set_key(slot, key);

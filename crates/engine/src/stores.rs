@@ -175,14 +175,20 @@ impl Engine {
         (&mut self.stores.rows[st as usize].free, &mut self.slots)
     }
 
-    /// Puts a free slot at the back of its store's free list.
+    /// Puts a free slot at the back of its store's free list (a withheld one stays off).
     pub(crate) fn free_push_back(&mut self, s: u32) {
+        if self.withheld_instead_of_free(s) {
+            return;
+        }
         let (list, slots) = self.free_list(self.store_of(s));
         list.push_back(slots, s);
     }
 
-    /// Puts a free slot at the front of its store's free list.
+    /// Puts a free slot at the front of its store's free list (a withheld one stays off).
     pub(crate) fn free_push_front(&mut self, s: u32) {
+        if self.withheld_instead_of_free(s) {
+            return;
+        }
         let (list, slots) = self.free_list(self.store_of(s));
         list.push_front(slots, s);
     }

@@ -70,7 +70,19 @@ enum Step {
         block: u64,
         len: u32,
     },
+    /// Local slots `2 * run`, `2 * run + 1` withheld (lent out, as to a vSSD region): once
+    /// the engine says they are empty, their new user writes its own bytes there, synced.
+    Lend {
+        run: u32,
+    },
+    /// A lent run (the `run`-th, modulo) given back.
+    Return {
+        run: usize,
+    },
 }
+
+/// Slots in a lent run.
+const RUN: u32 = 2;
 
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
@@ -90,6 +102,8 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0..VMS, prop::sample::select(WritePolicy::ALL.to_vec())).prop_map(|(vm, policy)| Step::Policy { vm, policy }),
         1 => (0..VMS, any::<bool>()).prop_map(|(vm, on)| Step::Bypass { vm, on }),
         2 => (0..VMS, 0..SECTORS / 8, 1u32..5).prop_map(|(vm, block, len)| Step::Prewarm { vm, block, len }),
+        1 => (0u32..4).prop_map(|run| Step::Lend { run }),
+        1 => any::<usize>().prop_map(|run| Step::Return { run }),
     ]
 }
 
@@ -145,6 +159,8 @@ struct Machine {
     floor: HashMap<(u32, u64), u64>,
     /// Flush → the acknowledged versions when it was submitted.
     flushes: HashMap<ReqId, HashMap<(u32, u64), u64>>,
+    /// Local slots lent out (their user's bytes; no engine op may touch them).
+    lent: BTreeSet<u32>,
 }
 
 impl Machine {
@@ -160,6 +176,17 @@ impl Machine {
             written: HashMap::new(),
             floor: HashMap::new(),
             flushes: HashMap::new(),
+            lent: BTreeSet::new(),
+        }
+    }
+
+    /// Slot `slot` lent out: its user's bytes, synced (no VM's).
+    fn lend(&mut self, slot: u32) {
+        self.lent.insert(slot);
+        for i in 0..8 {
+            let c = self.cache.entry((0, u64::from(slot) * 8 + i)).or_default();
+            c.pending.clear();
+            c.synced = Some((u32::MAX, u64::from(slot), 0));
         }
     }
 
@@ -175,6 +202,9 @@ impl Machine {
             Location::Cache(st) if op.kind.is_ssd() => (st, self.layout.offset(op) / 512),
             _ => (0, 0),
         };
+        if op.kind.is_ssd() && self.lent.contains(&op.slot) {
+            return Err(format!("{op:?}: slot {} is lent out of the cache", op.slot));
+        }
         if !op.kind.is_write() {
             if fail {
                 return Ok(());
@@ -230,6 +260,8 @@ struct Driver {
     flying: Vec<DeviceOp>,
     commit: Option<(Commit, bool)>,
     version: u64,
+    /// Runs withheld (first slot), and whether they are lent out yet.
+    lending: std::collections::BTreeMap<u32, bool>,
 }
 
 impl Driver {
@@ -273,6 +305,26 @@ impl Driver {
                     self.m.bufs.retain(|_, (r, _)| *r != req);
                 }
                 Event::Interval { .. } => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Retries emptying withheld runs; runs the engine says are empty are lent out.
+    fn lend_ready(&mut self) -> Result<(), String> {
+        if self.lending.values().all(|&lent| lent) {
+            return Ok(());
+        }
+        self.e.submit_job(|e, out| {
+            e.withhold_step(out);
+        });
+        self.pump()?;
+        for (&first, lent) in self.lending.iter_mut() {
+            if !*lent && self.e.withheld_ready(first, RUN) {
+                *lent = true;
+                for s in first..first + RUN {
+                    self.m.lend(s);
+                }
             }
         }
         Ok(())
@@ -325,7 +377,14 @@ fn set_targets(e: &mut Engine, lent: bool, out: &mut Output) {
 fn run(steps: &[Step], shared: bool, seed: u64, ahead: u32, repl: ReplacementKind, lent: bool) -> Result<(), String> {
     trace(|| format!("run shared={shared} seed={seed} ahead={ahead} replacement={repl:?} lent={lent}"));
     let e = Engine::new(config(shared, repl, lent)).unwrap();
-    let mut d = Driver { m: Machine::new(e.layout().clone()), e, flying: vec![], commit: None, version: 0 };
+    let mut d = Driver {
+        m: Machine::new(e.layout().clone()),
+        e,
+        flying: vec![],
+        commit: None,
+        version: 0,
+        lending: Default::default(),
+    };
     let mut out = Output::default();
     set_targets(&mut d.e, lent, &mut out);
     d.e.set_persistent(2);
@@ -411,8 +470,27 @@ fn run(steps: &[Step], shared: bool, seed: u64, ahead: u32, repl: ReplacementKin
                 d.e.hold_admission(false, now);
             }
             Step::Tick => d.e.handle_timeout(now),
+            Step::Lend { run } => {
+                let first = run * RUN;
+                if !d.lending.contains_key(&first) {
+                    let mut r = Ok(());
+                    d.e.submit_job(|e, out| r = e.withhold(first, RUN, out));
+                    r.map_err(ctx)?;
+                    d.lending.insert(first, false);
+                }
+            }
+            Step::Return { run } => {
+                if let Some(&first) = d.lending.keys().nth(run % d.lending.len().max(1)) {
+                    d.lending.remove(&first);
+                    d.e.return_slots(first, RUN);
+                    for s in first..first + RUN {
+                        d.m.lent.remove(&s);
+                    }
+                }
+            }
         }
         d.pump().map_err(ctx)?;
+        d.lend_ready().map_err(ctx)?;
         d.e.check_invariants().map_err(ctx)?;
     }
     // The crash: in-flight writes land torn (or not), unsynced writes survive at random.
@@ -434,6 +512,15 @@ fn run(steps: &[Step], shared: bool, seed: u64, ahead: u32, repl: ReplacementKin
         }
     }
     e.check_invariants().map_err(|x| format!("after replay: {x}"))?;
+    // The runs lent out are withheld again before any I/O, and are empty at once: no
+    // durable record names a slot the engine let go of.
+    for (&first, _) in d.lending.iter().filter(|(_, &lent)| lent) {
+        out.clear();
+        e.withhold(first, RUN, &mut out).map_err(|x| format!("after replay: {x}"))?;
+        if !out.ops.is_empty() || !e.withheld_ready(first, RUN) {
+            return Err(format!("after replay the journal still names a slot of the lent run at {first}"));
+        }
+    }
     // A sector the journal calls clean holds what the backing store holds: no later
     // eviction can make a read go back in time.
     for slot in 0..e.slot_count() as u32 {

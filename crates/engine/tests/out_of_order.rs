@@ -33,6 +33,12 @@ enum Step {
     Discard { vm: u32, sector: u64, count: u64 },
     /// A request, discard or prewarm at a block drawn across the u64 range.
     Wild { vm: u32, what: u8, block: u64, sector: u64, count: u64 },
+    /// Local-store slots `2 * run`, `2 * run + 1` withheld (lent out of the cache, as to a
+    /// vSSD region); once the engine says they are empty, the model overwrites them with
+    /// someone else's bytes and fails any engine op on them.
+    Lend { run: u32 },
+    /// A lent run (the `run`-th, modulo) given back.
+    Return { run: usize },
 }
 
 /// Block ids across the u64 range: those that alias small blocks in a 48-bit key, the key
@@ -120,6 +126,8 @@ fn step() -> impl Strategy<Value = Step> {
         }),
         2 => (0u32..3, 0u8..4, wild_block(), 0u64..8, 1u64..12)
             .prop_map(|(vm, what, block, sector, count)| Step::Wild { vm, what, block, sector, count }),
+        1 => (0u32..4).prop_map(|run| Step::Lend { run }),
+        1 => any::<usize>().prop_map(|run| Step::Return { run }),
     ]
 }
 
@@ -127,7 +135,12 @@ struct Driver {
     e: Engine,
     w: DataModel,
     flying: Vec<DeviceOp>,
+    /// Runs withheld (first slot), and whether the model lent them out yet.
+    lending: std::collections::BTreeMap<u32, bool>,
 }
+
+/// Slots in a lent run.
+const RUN: u32 = 2;
 
 impl Driver {
     /// Takes the engine's new ops and handles its events.
@@ -194,6 +207,26 @@ impl Driver {
         self.e.handle_completion(now, op.handle(), if fail { Err(Failure::Io) } else { Ok(()) });
         Ok(())
     }
+
+    /// Retries emptying withheld runs; runs the engine says are empty are lent out.
+    fn lend_ready(&mut self) -> Result<(), String> {
+        if self.lending.values().all(|&lent| lent) {
+            return Ok(());
+        }
+        self.e.submit_job(|e, out| {
+            e.withhold_step(out);
+        });
+        self.pump()?;
+        for (&first, lent) in self.lending.iter_mut() {
+            if !*lent && self.e.withheld_ready(first, RUN) {
+                *lent = true;
+                for s in first..first + RUN {
+                    self.w.lend(s);
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// One case's engine settings.
@@ -217,7 +250,7 @@ fn run(steps: &[Step], setup: Setup) -> Result<(), String> {
     let (slots, lent) = if remote { (4, vec![StoreSpec::lent(1, 2), StoreSpec::lent(3, 2)]) } else { (8, Vec::new()) };
     let cfg = EngineConfig { partition, fill, replacement: kind, stores: lent, ..EngineConfig::with_slots(slots) };
     let w = DataModel::new(cfg.clone());
-    let mut d = Driver { e: Engine::new(cfg).unwrap(), w, flying: Vec::new() };
+    let mut d = Driver { e: Engine::new(cfg).unwrap(), w, flying: Vec::new(), lending: Default::default() };
     // Write-back ahead of eviction: its jobs start as backing stores go idle, among the
     // random completions and failures.
     d.e.set_writeback_ahead(ahead);
@@ -279,6 +312,24 @@ fn run(steps: &[Step], setup: Setup) -> Result<(), String> {
                     }
                 }
             }
+            Step::Lend { run } => {
+                let first = run * RUN;
+                if first + RUN <= slots as u32 && !d.lending.contains_key(&first) {
+                    let mut r = Ok(());
+                    d.e.submit_job(|e, out| r = e.withhold(first, RUN, out));
+                    r.map_err(ctx)?;
+                    d.lending.insert(first, false);
+                }
+            }
+            Step::Return { run } => {
+                if let Some(&first) = d.lending.keys().nth(run % d.lending.len().max(1)) {
+                    d.lending.remove(&first);
+                    d.e.return_slots(first, RUN);
+                    for s in first..first + RUN {
+                        d.w.unlend(s);
+                    }
+                }
+            }
             Step::Complete { pick, fail, torn } => {
                 if !d.flying.is_empty() {
                     let n = d.flying.len();
@@ -315,7 +366,14 @@ fn run(steps: &[Step], setup: Setup) -> Result<(), String> {
             }
         }
         d.pump().map_err(ctx)?;
+        d.lend_ready().map_err(ctx)?;
         d.e.check_invariants().map_err(ctx)?;
+    }
+    // A run lent out is no more than the engine's slots: what is withheld and not emptied
+    // yet is emptied once nothing is in flight (checked below, after the drain).
+    let withheld: u64 = d.lending.len() as u64 * u64::from(RUN);
+    if d.e.withheld_slots() != withheld {
+        return Err(format!("{} slots withheld, {withheld} asked", d.e.withheld_slots()));
     }
     // Everything completes (in a scrambled order), then the cache is flushed.
     let mut k = 0usize;
@@ -337,6 +395,15 @@ fn run(steps: &[Step], setup: Setup) -> Result<(), String> {
         }
         d.e.submit_job(|e, out| e.flush(None, out));
         d.pump()?;
+    }
+    d.lend_ready()?;
+    while !d.flying.is_empty() {
+        d.complete(u64::MAX / 2, 0, false, 0)?;
+        d.pump()?;
+        d.lend_ready()?;
+    }
+    if let Some((first, _)) = d.lending.iter().find(|(_, &lent)| !lent) {
+        return Err(format!("withheld run at slot {first} never emptied with nothing in flight"));
     }
     d.e.check_invariants()?;
     d.w.check_backing()?;

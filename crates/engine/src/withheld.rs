@@ -1,0 +1,140 @@
+//! Slots of the local store lent out of the engine, for one SSD budget shared by the
+//! host-managed partitions and guest-managed vSSDs (SymFlex §2.2: the hypervisor's SSD is
+//! carved between them, and the allocator moves space from one to the other).
+//!
+//! A driver *withholds* a run of the local store's slots (one vSSD block's worth) and the
+//! engine empties it: free slots come off the free list, cached blocks are written back if
+//! dirty and dropped (removed from their policy like any eviction), slots with ops in
+//! flight are waited for ([`Engine::withhold_step`] retries them), and in persistent mode
+//! a dropped block's slot goes through limbo as every freed slot does — so once
+//! [`Engine::withheld_ready`] says the run is empty, no durable record of the engine's
+//! names any of its slots and no op of the engine's touches them: the driver may hand the
+//! bytes to someone else. [`Engine::return_slots`] gives a run back (its slots free
+//! again). Withheld slots are never taken for a block, never restored from a journal,
+//! and counted apart from free ones ([`Engine::withheld_slots`]).
+//!
+//! The engine keeps this in memory only: which runs are lent is the borrower's durable
+//! state (the vSSD region's journal), and a driver withholds them again at start, before
+//! any I/O, when they are free anyway (a borrower takes a run only after the engine's
+//! frees are durable, and gives it back only after its own release is). Hand-written:
+//! bookkeeping over the engine's own free lists and pins.
+
+use crate::engine::Engine;
+use crate::output::Output;
+use crate::replacement::Replacement;
+use crate::slot_table::{key_vm, FREE_KEY};
+use crate::stores::LOCAL;
+use rustc_hash::FxHashSet;
+
+/// Slots lent out of the engine.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Withheld {
+    /// Every withheld slot, emptied or not.
+    pub(crate) slots: FxHashSet<u32>,
+    /// Withheld slots that hold nothing and are on no list (not free, not in limbo).
+    pub(crate) idle: FxHashSet<u32>,
+}
+
+impl Engine {
+    /// Withholds local-store slots `first..first + n` from the cache (see the module doc):
+    /// what can be emptied now is, dirty blocks' write-backs go into `out`; the rest is
+    /// retried by [`Self::withhold_step`]. Slots already withheld are left as they are.
+    /// Errors (nothing changed) when the run is not inside the local store.
+    pub fn withhold(&mut self, first: u32, n: u32, out: &mut Output) -> Result<(), String> {
+        let (lo, len) = self.stores.layout.range(LOCAL);
+        let end = u64::from(first) + u64::from(n);
+        if u64::from(first) < lo || end > lo + len {
+            return Err(format!("slots {first}..{end} are not all in the local store's {lo}..{}", lo + len));
+        }
+        for s in first..first + n {
+            self.lent.slots.insert(s);
+        }
+        for s in first..first + n {
+            self.empty_withheld(s, out);
+        }
+        Ok(())
+    }
+
+    /// Retries emptying the withheld slots that had ops in flight; returns how many are
+    /// still not idle.
+    pub fn withhold_step(&mut self, out: &mut Output) -> usize {
+        let busy: Vec<u32> = self.lent.slots.iter().filter(|s| !self.lent.idle.contains(s)).copied().collect();
+        for &s in &busy {
+            self.empty_withheld(s, out);
+        }
+        self.lent.slots.len() - self.lent.idle.len()
+    }
+
+    /// Whether every slot of `first..first + n` is withheld, holds nothing, is on no list
+    /// and has no op in flight: the run's bytes may be given to someone else.
+    pub fn withheld_ready(&self, first: u32, n: u32) -> bool {
+        (first..first + n).all(|s| self.lent.idle.contains(&s) && !self.flight.pinned(s))
+    }
+
+    /// Gives withheld slots `first..first + n` back to the cache (free again); slots not
+    /// withheld are left as they are. The caller no longer uses their bytes.
+    pub fn return_slots(&mut self, first: u32, n: u32) {
+        for s in first..first + n {
+            if !self.lent.slots.remove(&s) {
+                continue;
+            }
+            if self.lent.idle.remove(&s) {
+                if self.flight.pinned(s) {
+                    self.stores.parked.insert(s);
+                } else {
+                    self.free_push_back(s);
+                }
+            }
+            // A slot still emptying comes back through the free list when it is.
+        }
+    }
+
+    /// Slots withheld (emptied or not).
+    pub fn withheld_slots(&self) -> u64 {
+        self.lent.slots.len() as u64
+    }
+
+    /// Whether slot `s` is withheld.
+    #[inline]
+    pub(crate) fn is_withheld(&self, s: u32) -> bool {
+        !self.lent.slots.is_empty() && self.lent.slots.contains(&s)
+    }
+
+    /// A withheld slot reaching a free list stays off it: idle.
+    #[inline]
+    pub(crate) fn withheld_instead_of_free(&mut self, s: u32) -> bool {
+        if !self.is_withheld(s) {
+            return false;
+        }
+        self.lent.idle.insert(s);
+        true
+    }
+
+    /// Empties withheld slot `s` as far as it can now.
+    fn empty_withheld(&mut self, s: u32, out: &mut Output) {
+        if self.lent.idle.contains(&s) {
+            return;
+        }
+        let key = self.slots.key(s);
+        if key == FREE_KEY {
+            // On a free list, parked (pinned), or on its way there — in limbo or a
+            // migration's deferred frees — and then it arrives idle.
+            if self.stores.parked.remove(&s) {
+                self.lent.idle.insert(s);
+            } else if !self.dur.in_limbo(s) && !self.moving.deferred_free.contains(&s) {
+                self.free_unlink(s);
+                self.lent.idle.insert(s);
+            }
+            return;
+        }
+        if self.flight.pinned(s) {
+            return;
+        }
+        let vm = key_vm(key);
+        let spb = self.spb;
+        self.writeback(vm, s, (0, spb), 0, false, out);
+        self.with_repl(vm, |r, t| r.remove(t, s));
+        // Freed: to limbo in persistent mode, else at once — either way back here idle.
+        self.release(vm, s);
+    }
+}

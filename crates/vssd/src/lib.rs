@@ -7,6 +7,7 @@
 //! changes only by [`record::Record`]s a driver journals, so a crash at any point leaves
 //! every vSSD mapping exactly the blocks its committed records give it.
 
+pub mod budget;
 pub mod geometry;
 pub mod io;
 pub mod lifecycle;

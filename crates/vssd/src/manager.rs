@@ -112,6 +112,11 @@ pub enum Event {
         /// The vSSD.
         id: VssdId,
     },
+    /// These blocks left the region, durably: the cache engine may have them back.
+    Yielded {
+        /// The blocks, ascending.
+        pbns: Vec<Pbn>,
+    },
     /// An op failed: its block is set aside until restart, the work it was for not done.
     OpFailed {
         /// The op.
@@ -141,6 +146,10 @@ pub(crate) enum Live {
     Freeing,
     /// An op on it failed: unused until restart.
     Failed,
+    /// Not in the region: the cache engine's (one SSD budget).
+    Outside,
+    /// Its `Yield` record is waiting for its commit; then it is the cache's.
+    Yielding,
 }
 
 /// What happens when a record is committed.
@@ -149,6 +158,7 @@ pub(crate) enum AfterCommit {
     Valid(Pbn),
     Free(Pbn),
     Removed(VssdId),
+    Yielded(Pbn),
 }
 
 /// A vSSD's live state beside its durable one.
@@ -233,6 +243,11 @@ impl BlockManager {
             next_id: 0,
         };
         m.next_id = m.state.next_id();
+        for pbn in 0..n as Pbn {
+            if !m.state.inside(pbn) {
+                m.live[pbn as usize] = Live::Outside;
+            }
+        }
         let ids: Vec<VssdId> = m.state.vssds().keys().copied().collect();
         for id in ids {
             let v = m.state.vssd(id).expect("listed");
@@ -322,6 +337,7 @@ impl BlockManager {
     /// Every record up to and including `seq` is durable.
     pub fn committed(&mut self, seq: u64) {
         let mut valid: BTreeMap<VssdId, Vec<Lbn>> = BTreeMap::new();
+        let mut yielded = Vec::new();
         let mut freed = false;
         while self.awaiting.front().is_some_and(|&(s, _)| s <= seq) {
             let (_, a) = self.awaiting.pop_front().expect("checked");
@@ -349,6 +365,11 @@ impl BlockManager {
                     self.vssds.remove(&id);
                     self.push_event(Event::Removed { id });
                 }
+                AfterCommit::Yielded(pbn) => {
+                    debug_assert_eq!(self.live[pbn as usize], Live::Yielding);
+                    self.live[pbn as usize] = Live::Outside;
+                    yielded.push(pbn);
+                }
             }
         }
         // Blocks freed, or an inactive vSSD's blocks settled (they can be swapped out
@@ -357,6 +378,10 @@ impl BlockManager {
         for (id, mut lbns) in valid {
             lbns.sort_unstable();
             self.push_event(Event::Inflated { id, lbns });
+        }
+        if !yielded.is_empty() {
+            yielded.sort_unstable();
+            self.push_event(Event::Yielded { pbns: yielded });
         }
         if settled {
             self.fill();

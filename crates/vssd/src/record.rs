@@ -82,6 +82,18 @@ pub enum Record {
         /// The vSSD.
         id: VssdId,
     },
+    /// Physical block `pbn` joins the region, free (one SSD budget: the cache engine
+    /// emptied it and its frees are durable; its bytes are the cache's old ones until it
+    /// is zeroed for a vSSD).
+    Grant {
+        /// The block.
+        pbn: Pbn,
+    },
+    /// Free block `pbn` leaves the region (back to the cache engine once this is durable).
+    Yield {
+        /// The block.
+        pbn: Pbn,
+    },
     /// The vSSD is gone (it holds no block and no swapped-out copy).
     Remove {
         /// The vSSD.
@@ -120,6 +132,8 @@ impl Record {
             Record::Activate { id } => u32s(&mut b, 7, &[*id]),
             Record::Remove { id } => u32s(&mut b, 8, &[*id]),
             Record::Removing { id } => u32s(&mut b, 9, &[*id]),
+            Record::Grant { pbn } => u32s(&mut b, 10, &[*pbn]),
+            Record::Yield { pbn } => u32s(&mut b, 11, &[*pbn]),
         }
         b
     }
@@ -161,6 +175,8 @@ impl Record {
             7 => exact(1, Record::Activate { id: u32_at(0)? }),
             8 => exact(1, Record::Remove { id: u32_at(0)? }),
             9 => exact(1, Record::Removing { id: u32_at(0)? }),
+            10 => exact(1, Record::Grant { pbn: u32_at(0)? }),
+            11 => exact(1, Record::Yield { pbn: u32_at(0)? }),
             t => Err(DecodeError(format!("unknown record type {t}"))),
         }
     }
@@ -184,6 +200,8 @@ mod tests {
             any::<u32>().prop_map(|id| Record::Activate { id }),
             any::<u32>().prop_map(|id| Record::Remove { id }),
             any::<u32>().prop_map(|id| Record::Removing { id }),
+            any::<u32>().prop_map(|pbn| Record::Grant { pbn }),
+            any::<u32>().prop_map(|pbn| Record::Yield { pbn }),
         ]
     }
 

@@ -46,23 +46,68 @@ pub struct Misfit {
 pub struct State {
     geometry: Geometry,
     owners: Vec<Option<(VssdId, Lbn)>>,
+    /// Per block, whether it is in the region (else the cache engine's: one SSD budget).
+    inside: Vec<bool>,
+    /// Whether the region starts with no block (it shares its SSD with the cache engine
+    /// and holds what `Grant`s gave it) or with all of them (a region of its own).
+    shared: bool,
     vssds: BTreeMap<VssdId, Vssd>,
     names: HashMap<String, VssdId>,
 }
 
 impl State {
-    /// An empty region: every block free.
+    /// An empty region of its own: every block in it, free.
     pub fn new(geometry: Geometry) -> State {
-        State { geometry, owners: vec![None; geometry.blocks as usize], vssds: BTreeMap::new(), names: HashMap::new() }
+        State::start(geometry, false)
     }
 
-    /// The state `records` leave, from empty; the first that does not fit stops it (its
-    /// index and why).
+    /// An empty region sharing its SSD with the cache engine: no block in it until the
+    /// engine grants some (`Record::Grant`).
+    pub fn shared(geometry: Geometry) -> State {
+        State::start(geometry, true)
+    }
+
+    fn start(geometry: Geometry, shared: bool) -> State {
+        let n = geometry.blocks as usize;
+        State {
+            geometry,
+            owners: vec![None; n],
+            inside: vec![!shared; n],
+            shared,
+            vssds: BTreeMap::new(),
+            names: HashMap::new(),
+        }
+    }
+
+    /// Whether the region shares its SSD with the cache engine ([`State::shared`]).
+    pub fn is_shared(&self) -> bool {
+        self.shared
+    }
+
+    /// Whether block `pbn` is in the region.
+    pub fn inside(&self, pbn: Pbn) -> bool {
+        self.inside.get(pbn as usize).copied().unwrap_or(false)
+    }
+
+    /// Blocks in the region.
+    pub fn inside_blocks(&self) -> u32 {
+        self.inside.iter().filter(|&&i| i).count() as u32
+    }
+
+    /// The state `records` leave, from an empty region of its own; the first that does
+    /// not fit stops it (its index and why).
     pub fn replay<'a>(
         geometry: Geometry,
         records: impl IntoIterator<Item = &'a Record>,
     ) -> Result<State, (usize, Misfit)> {
-        let mut s = State::new(geometry);
+        State::replay_onto(State::new(geometry), records)
+    }
+
+    /// The state `records` leave from `s`.
+    pub fn replay_onto<'a>(
+        mut s: State,
+        records: impl IntoIterator<Item = &'a Record>,
+    ) -> Result<State, (usize, Misfit)> {
         for (i, r) in records.into_iter().enumerate() {
             s.apply(r).map_err(|e| (i, e))?;
         }
@@ -99,9 +144,9 @@ impl State {
         self.vssds.keys().next_back().map_or(0, |&i| i + 1)
     }
 
-    /// Physical blocks no vSSD holds, in ascending order.
+    /// Physical blocks of the region no vSSD holds, in ascending order.
     pub fn free_blocks(&self) -> impl Iterator<Item = Pbn> + '_ {
-        self.owners.iter().enumerate().filter(|(_, o)| o.is_none()).map(|(p, _)| p as Pbn)
+        self.owners.iter().zip(&self.inside).enumerate().filter(|(_, (o, &i))| i && o.is_none()).map(|(p, _)| p as Pbn)
     }
 
     /// Applies one record, or refuses it and changes nothing.
@@ -138,6 +183,9 @@ impl State {
                 }
                 if let Some((o, l)) = self.owners[*pbn as usize] {
                     return Err(misfit(format!("block {pbn} is held by vSSD {o} (logical {l})")));
+                }
+                if !self.inside[*pbn as usize] {
+                    return Err(misfit(format!("block {pbn} is not in the region (the cache's)")));
                 }
                 let v = self.vssds.get_mut(id).ok_or_else(|| misfit(format!("no vSSD {id}")))?;
                 if *lbn >= v.max_blocks {
@@ -184,6 +232,20 @@ impl State {
                 }
                 v.active = on;
             }
+            Record::Grant { pbn } | Record::Yield { pbn } => {
+                let grant = matches!(r, Record::Grant { .. });
+                if *pbn >= blocks {
+                    return Err(misfit(format!("block {pbn} is past the region's {blocks}")));
+                }
+                if self.inside[*pbn as usize] == grant {
+                    let where_ = if grant { "in the region" } else { "the cache's" };
+                    return Err(misfit(format!("block {pbn} is {where_} already")));
+                }
+                if let Some((o, l)) = self.owners[*pbn as usize] {
+                    return Err(misfit(format!("block {pbn} is held by vSSD {o} (logical {l})")));
+                }
+                self.inside[*pbn as usize] = grant;
+            }
             Record::Removing { id } => {
                 let v = self.vssds.get_mut(id).ok_or_else(|| misfit(format!("no vSSD {id}")))?;
                 if v.removing {
@@ -207,6 +269,14 @@ impl State {
     /// [`State::replay`] accepts.
     pub fn checkpoint(&self) -> Vec<Record> {
         let mut out = Vec::new();
+        // Which blocks the region has, from where it started ([`State::replay_onto`] a
+        // state started the same way).
+        for (pbn, &inside) in self.inside.iter().enumerate() {
+            if inside == self.shared {
+                let pbn = pbn as Pbn;
+                out.push(if self.shared { Record::Grant { pbn } } else { Record::Yield { pbn } });
+            }
+        }
         for v in self.vssds.values() {
             out.push(Record::Register { id: v.id, name: v.name.clone(), max_blocks: v.max_blocks, persist: v.persist });
             if !v.active {
@@ -227,6 +297,7 @@ impl State {
         for v in self.vssds.values() {
             for (&lbn, &pbn) in &v.map {
                 assert_eq!(self.owners[pbn as usize], Some((v.id, lbn)), "block {pbn}");
+                assert!(self.inside[pbn as usize], "block {pbn} is held outside the region");
                 assert!(lbn < v.max_blocks && !v.swapped.contains(&lbn));
                 n += 1;
             }
@@ -271,6 +342,37 @@ mod tests {
             assert!(e.reason.contains(why), "{e}");
             assert_eq!(s, before);
         }
+    }
+
+    #[test]
+    fn a_shared_region_holds_only_what_it_was_granted() {
+        let mut s = State::shared(g());
+        assert_eq!((s.inside_blocks(), s.free_blocks().count()), (0, 0));
+        s.apply(&Record::Register { id: 0, name: "a".into(), max_blocks: 2, persist: true }).unwrap();
+        let before = s.clone();
+        for (r, why) in [
+            (Record::Assign { pbn: 1, id: 0, lbn: 0 }, "not in the region"),
+            (Record::Yield { pbn: 1 }, "the cache's already"),
+            (Record::Grant { pbn: 4 }, "past the region"),
+        ] {
+            let e = s.apply(&r).unwrap_err();
+            assert!(e.reason.contains(why), "{e}");
+            assert_eq!(s, before);
+        }
+        s.apply(&Record::Grant { pbn: 1 }).unwrap();
+        s.apply(&Record::Grant { pbn: 3 }).unwrap();
+        assert!(s.apply(&Record::Grant { pbn: 1 }).unwrap_err().reason.contains("in the region already"));
+        s.apply(&Record::Assign { pbn: 1, id: 0, lbn: 0 }).unwrap();
+        assert!(s.apply(&Record::Yield { pbn: 1 }).unwrap_err().reason.contains("held by vSSD 0"));
+        s.apply(&Record::Yield { pbn: 3 }).unwrap();
+        assert_eq!((s.inside_blocks(), s.free_blocks().count()), (1, 0));
+        s.check();
+        assert_eq!(State::replay_onto(State::shared(g()), &s.checkpoint()).unwrap(), s);
+        // A region of its own that gave a block to the cache checkpoints that too.
+        let mut own = State::new(g());
+        own.apply(&Record::Yield { pbn: 2 }).unwrap();
+        assert_eq!(own.free_blocks().collect::<Vec<_>>(), [0, 1, 3]);
+        assert_eq!(State::replay(g(), &own.checkpoint()).unwrap(), own);
     }
 
     #[test]

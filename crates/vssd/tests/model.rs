@@ -81,6 +81,15 @@ enum Step {
         ns: u64,
     },
     Crash,
+    /// The cache engine grants the region one of its blocks (a shared region), having
+    /// written its own bytes there.
+    Grant {
+        pick: u32,
+    },
+    /// The region gives up to `n` free blocks back to the cache engine.
+    Yield {
+        n: u32,
+    },
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -101,6 +110,8 @@ fn step() -> impl Strategy<Value = Step> {
         3 => Just(Step::Pump),
         2 => (0u64..3_000).prop_map(|ns| Step::Tick { ns }),
         1 => Just(Step::Crash),
+        3 => any::<u32>().prop_map(|pick| Step::Grant { pick }),
+        1 => (0u32..3).prop_map(|n| Step::Yield { n }),
     ]
 }
 
@@ -114,6 +125,10 @@ enum Expect {
 
 struct World {
     config: Config,
+    /// The region starts empty and shares its SSD with the cache engine.
+    shared: bool,
+    /// Blocks the cache engine has (it may write them at any time).
+    engine_owned: std::collections::BTreeSet<u32>,
     m: BlockManager,
     region: Vec<Tag>,
     swap: HashMap<(VssdId, u32), Vec<Tag>>,
@@ -130,12 +145,14 @@ struct World {
 }
 
 impl World {
-    fn new() -> World {
+    fn new(shared: bool) -> World {
         let geometry = Geometry::new(UNITS * UNIT, 10).unwrap();
         let config = Config { geometry, deflate_grace: 1_000 };
         World {
             config,
-            m: BlockManager::new(config, State::new(geometry)),
+            m: BlockManager::new(config, if shared { State::shared(geometry) } else { State::new(geometry) }),
+            shared,
+            engine_owned: if shared { (0..10).collect() } else { Default::default() },
             region: vec![None; (10 * UNITS) as usize],
             swap: HashMap::new(),
             durable: Vec::new(),
@@ -169,6 +186,12 @@ impl World {
                         for u in 0..UNITS {
                             self.expect.insert((inc, lbn, u), Expect::OwnAny);
                         }
+                    }
+                }
+                Event::Yielded { pbns } => {
+                    for pbn in pbns {
+                        assert!(self.engine_owned.insert(pbn), "block {pbn} yielded twice");
+                        self.engine_writes(pbn);
                     }
                 }
                 Event::Removed { id } => {
@@ -279,6 +302,11 @@ impl World {
                     if let Some(w) = write {
                         for (at, tag) in w {
                             let u = self.unit_of(at);
+                            let pbn = (at / (UNITS * UNIT)) as u32;
+                            assert!(
+                                !self.engine_owned.contains(&pbn),
+                                "a vSSD write landed on block {pbn}, the engine's"
+                            );
                             self.region[u] = tag;
                             let (inc, lbn, unit, _) = tag.expect("writes carry tags");
                             // A write that ends after its block was given back landed on
@@ -325,8 +353,22 @@ impl World {
                     self.m.handle_timeout(self.now);
                 }
             }
+            Step::Grant { pick } => {
+                let outside = self.m.outside_blocks();
+                if !outside.is_empty() {
+                    let pbn = outside[pick as usize % outside.len()];
+                    assert!(self.engine_owned.remove(&pbn), "block {pbn} is outside the region but not the engine's");
+                    self.engine_writes(pbn);
+                    self.m.grant(pbn).unwrap();
+                } else {
+                    assert!(self.m.grant(pick % 12).is_err());
+                }
+            }
+            Step::Yield { n } => {
+                self.m.yield_free(n);
+            }
             Step::Crash => {
-                let state = State::replay(self.config.geometry, &self.durable).expect("the durable records replay");
+                let state = State::replay_onto(self.start(), &self.durable).expect("the durable records replay");
                 self.m = BlockManager::new(self.config, state);
                 self.pending.clear();
                 self.ops.clear();
@@ -335,7 +377,7 @@ impl World {
                 // The durable state is what each vSSD maps: exactly the blocks its
                 // committed records give it — but a removal the crash interrupted goes
                 // on at once (its records are the only ones a fresh manager writes).
-                let mut replayed = State::replay(self.config.geometry, &self.durable).unwrap();
+                let mut replayed = State::replay_onto(self.start(), &self.durable).unwrap();
                 while let Some((seq, r)) = self.m.poll_record() {
                     let id = match r {
                         Record::Free { pbn } => replayed.owner(pbn).map(|o| o.0),
@@ -358,6 +400,9 @@ impl World {
                     }
                 }
                 // A fresh registration that did not reach the journal is forgotten.
+                // Blocks whose `Yield` was not durable are the region's again (the
+                // engine never had them); a `Grant` that was not is the engine's.
+                self.engine_owned = (0..10).filter(|&p| !self.m.state().inside(p)).collect();
             }
         }
         self.drain_outputs();
@@ -374,6 +419,10 @@ impl World {
     }
 
     fn run(&mut self, op: &Op) {
+        let pbn = match op.kind {
+            OpKind::Zero { pbn } | OpKind::SwapOut { pbn, .. } | OpKind::SwapIn { pbn, .. } => pbn,
+        };
+        assert!(!self.engine_owned.contains(&pbn), "{op:?} on a block the cache engine has");
         let bs = UNITS as usize;
         let units = |pbn: u32| (pbn as usize * bs)..(pbn as usize * bs + bs);
         match op.kind {
@@ -389,8 +438,28 @@ impl World {
         }
     }
 
+    /// The empty durable state this world's region started from.
+    fn start(&self) -> State {
+        if self.shared {
+            State::shared(self.config.geometry)
+        } else {
+            State::new(self.config.geometry)
+        }
+    }
+
+    /// The cache engine writes its own bytes over block `pbn`.
+    fn engine_writes(&mut self, pbn: u32) {
+        self.version += 1;
+        for u in 0..UNITS {
+            self.region[(u64::from(pbn) * UNITS + u) as usize] = Some((u32::MAX, pbn, u, self.version));
+        }
+    }
+
     /// No block that serves a vSSD holds another's bytes.
     fn check(&self) {
+        for pbn in &self.engine_owned {
+            assert!(!self.m.state().inside(*pbn), "block {pbn} is the engine's and in the region");
+        }
         self.m.state().check();
         for (&id, v) in self.m.state().vssds() {
             let Some(&inc) = self.incarnation.get(&id) else { continue };
@@ -436,8 +505,8 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
 
     #[test]
-    fn no_vssd_sees_another_ones_bytes_and_acknowledged_data_survives(steps in proptest::collection::vec(step(), 1..200)) {
-        let mut w = World::new();
+    fn no_vssd_sees_another_ones_bytes_and_acknowledged_data_survives(steps in proptest::collection::vec(step(), 1..200), shared in proptest::bool::weighted(0.4)) {
+        let mut w = World::new(shared);
         for s in &steps {
             w.apply(s);
         }
@@ -446,7 +515,7 @@ proptest! {
         // Settled: each running vSSD holds its target when the region can give it.
         let running: Vec<VssdId> = w.m.state().vssds().values().filter(|v| v.active).map(|v| v.id).collect();
         let wanted: u32 = running.iter().map(|&id| w.m.resize_status(id).unwrap().target).sum();
-        if wanted <= 10 && c.failed_ops == 0 {
+        if wanted <= w.m.region_blocks() && c.failed_ops == 0 {
             for id in running {
                 let s = w.m.resize_status(id).unwrap();
                 prop_assert_eq!(s.valid, s.target, "vSSD {}: {:?}", id, s);

@@ -25,7 +25,7 @@ impl BlockManager {
         if self.live[pbn as usize] != Live::Outside {
             return Err(format!("block {pbn} is in the region already"));
         }
-        self.live[pbn as usize] = Live::Freeing;
+        self.set_live(pbn, Live::Freeing);
         self.emit(Record::Grant { pbn }, Some(AfterCommit::Free(pbn)));
         Ok(())
     }
@@ -37,7 +37,7 @@ impl BlockManager {
         let mut given = 0;
         while given < n {
             let Some(pbn) = self.free.pop_last() else { break };
-            self.live[pbn as usize] = Live::Yielding;
+            self.set_live(pbn, Live::Yielding);
             self.emit(Record::Yield { pbn }, Some(AfterCommit::Yielded(pbn)));
             given += 1;
         }

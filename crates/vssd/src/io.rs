@@ -98,7 +98,7 @@ impl BlockManager {
         }
         // A block released while its Assign still awaited its commit is freed after it
         // (records commit in order), so `Free` can be emitted now.
-        self.live[pbn as usize] = Live::Freeing;
+        self.set_live(pbn, Live::Freeing);
         self.emit(Record::Free { pbn }, Some(AfterCommit::Free(pbn)));
         self.settle(id);
     }

@@ -16,6 +16,7 @@ pub mod protocol;
 pub mod record;
 pub mod resize;
 pub mod state;
+mod tally;
 
 pub use geometry::{Geometry, Lbn, Pbn};
 pub use manager::{BlockManager, Config, Event, Op, OpKind};

@@ -145,6 +145,12 @@ impl BlockManager {
         }
         for lbn in swapped {
             self.emit(Record::SwapDropped { id, lbn }, None);
+            // A copy back in running for it now brings nothing wanted.
+            if let Some(&pbn) = self.vssds[&id].tally.filling.get(&lbn) {
+                if let Live::Filling { op, .. } = self.live[pbn as usize] {
+                    self.set_live(pbn, Live::Filling { id, lbn, op, swap_in: false });
+                }
+            }
         }
         let l = self.vssds.get_mut(&id).expect("live");
         l.target = 0;
@@ -158,7 +164,7 @@ impl BlockManager {
                         // never serves.
                         self.drop_awaited_validity(pbn as u32);
                     }
-                    self.live[pbn] = Live::Draining { id, lbn };
+                    self.set_live(pbn as u32, Live::Draining { id, lbn });
                     self.drain(pbn as u32);
                 }
                 _ => {}

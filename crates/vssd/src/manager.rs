@@ -131,8 +131,9 @@ pub enum Event {
 pub(crate) enum Live {
     /// On the free list.
     Free,
-    /// Taken for `(id, lbn)`, its zero or swap-in op running; nothing durable names it.
-    Filling { id: VssdId, lbn: Lbn, op: OpId },
+    /// Taken for `(id, lbn)`, its zero or swap-in op running (`swap_in`: copying its
+    /// swapped-out data back); nothing durable names it.
+    Filling { id: VssdId, lbn: Lbn, op: OpId, swap_in: bool },
     /// Filled; its `Assign` record is waiting for its commit. `data`: it holds the
     /// vSSD's swapped-out data (never dropped on arrival).
     Committing { id: VssdId, lbn: Lbn, data: bool },
@@ -176,6 +177,8 @@ pub(crate) struct VssdLive {
     /// guest's next hello: a guest that has not heard of the take yet would read the new
     /// zeroed block as the data it cached there.
     pub fenced: BTreeSet<Lbn>,
+    /// Its blocks by live state (`tally.rs`).
+    pub(crate) tally: crate::tally::Tally,
 }
 
 /// Counters since start.
@@ -216,6 +219,8 @@ pub struct BlockManager {
     pub(crate) counters: Counters,
     /// The next registration's id: never one whose removal may still be pending.
     pub(crate) next_id: VssdId,
+    /// The block each running op works on (`tally.rs`).
+    pub(crate) op_blocks: std::collections::HashMap<OpId, Pbn>,
 }
 
 impl BlockManager {
@@ -241,25 +246,27 @@ impl BlockManager {
             events: VecDeque::new(),
             counters: Counters::default(),
             next_id: 0,
+            op_blocks: Default::default(),
         };
         m.next_id = m.state.next_id();
         for pbn in 0..n as Pbn {
             if !m.state.inside(pbn) {
-                m.live[pbn as usize] = Live::Outside;
+                m.set_live(pbn, Live::Outside);
             }
         }
         let ids: Vec<VssdId> = m.state.vssds().keys().copied().collect();
         for id in ids {
             let v = m.state.vssd(id).expect("listed");
-            for (&lbn, &pbn) in &v.map {
-                m.live[pbn as usize] = Live::Valid { id, lbn };
-            }
             let live = VssdLive {
                 target: v.map.len() as u32 + if v.active { v.swapped.len() as u32 } else { 0 },
                 inactive_since: (!v.active).then_some(0),
                 ..Default::default()
             };
+            let blocks: Vec<(Lbn, Pbn)> = v.map.iter().map(|(&l, &p)| (l, p)).collect();
             m.vssds.insert(id, live);
+            for (lbn, pbn) in blocks {
+                m.set_live(pbn, Live::Valid { id, lbn });
+            }
         }
         // A removal the crash interrupted goes on (`Record::Removing`).
         let removing: Vec<VssdId> = m.state.vssds().values().filter(|v| v.removing).map(|v| v.id).collect();
@@ -347,17 +354,17 @@ impl BlockManager {
                         unreachable!("block {pbn} awaited validity in {:?}", self.live[pbn as usize])
                     };
                     if !data && self.surplus_arrival(id) {
-                        self.live[pbn as usize] = Live::Draining { id, lbn };
+                        self.set_live(pbn, Live::Draining { id, lbn });
                         self.drain(pbn);
                         continue;
                     }
-                    self.live[pbn as usize] = Live::Valid { id, lbn };
+                    self.set_live(pbn, Live::Valid { id, lbn });
                     self.counters.inflated += 1;
                     valid.entry(id).or_default().push(lbn);
                 }
                 AfterCommit::Free(pbn) => {
                     debug_assert_eq!(self.live[pbn as usize], Live::Freeing);
-                    self.live[pbn as usize] = Live::Free;
+                    self.set_live(pbn, Live::Free);
                     self.free.insert(pbn);
                     freed = true;
                 }
@@ -367,7 +374,7 @@ impl BlockManager {
                 }
                 AfterCommit::Yielded(pbn) => {
                     debug_assert_eq!(self.live[pbn as usize], Live::Yielding);
-                    self.live[pbn as usize] = Live::Outside;
+                    self.set_live(pbn, Live::Outside);
                     yielded.push(pbn);
                 }
             }
@@ -390,13 +397,7 @@ impl BlockManager {
 
     /// The op `op` ended (`Err`: the driver's error text).
     pub fn op_done(&mut self, op: OpId, result: Result<(), String>) {
-        let Some(pbn) = self.live.iter().position(|l| match *l {
-            Live::Filling { op: o, .. } | Live::SwappingOut { op: o, .. } => o == op,
-            _ => false,
-        }) else {
-            panic!("op {op} is not running")
-        };
-        let pbn = pbn as Pbn;
+        let Some(pbn) = self.block_of_op(op) else { panic!("op {op} is not running") };
         match (self.live[pbn as usize], result) {
             (Live::Filling { id, lbn, .. }, Ok(())) => {
                 let v = self.state.vssd(id).expect("filling blocks' vSSDs exist");
@@ -408,22 +409,22 @@ impl BlockManager {
                     if swapped {
                         self.counters.swapped_in += 1;
                     }
-                    self.live[pbn as usize] = Live::Committing { id, lbn, data: swapped };
+                    self.set_live(pbn, Live::Committing { id, lbn, data: swapped });
                     self.emit(Record::Assign { pbn, id, lbn }, Some(AfterCommit::Valid(pbn)));
                 } else {
                     // Its vSSD stopped or went away while the block was zeroed.
-                    self.live[pbn as usize] = Live::Free;
+                    self.set_live(pbn, Live::Free);
                     self.free.insert(pbn);
                     self.settle(id);
                 }
             }
             (Live::SwappingOut { id, lbn, .. }, Ok(())) => {
                 self.counters.swapped_out += 1;
-                self.live[pbn as usize] = Live::Freeing;
+                self.set_live(pbn, Live::Freeing);
                 self.emit(Record::SwappedOut { id, lbn, pbn: Some(pbn) }, Some(AfterCommit::Free(pbn)));
             }
             (Live::Filling { id, lbn, .. }, Err(error)) => {
-                self.live[pbn as usize] = Live::Failed;
+                self.set_live(pbn, Live::Failed);
                 self.counters.failed_ops += 1;
                 let swapped = self.state.vssd(id).is_some_and(|v| v.swapped.contains(&lbn));
                 let kind = if swapped { OpKind::SwapIn { id, lbn, pbn } } else { OpKind::Zero { pbn } };
@@ -432,7 +433,7 @@ impl BlockManager {
             }
             (Live::SwappingOut { id, lbn, .. }, Err(error)) => {
                 // The block stays where it is, with its data.
-                self.live[pbn as usize] = Live::Valid { id, lbn };
+                self.set_live(pbn, Live::Valid { id, lbn });
                 self.counters.failed_ops += 1;
                 self.push_event(Event::OpFailed { kind: OpKind::SwapOut { id, lbn, pbn }, error });
             }
@@ -466,24 +467,13 @@ impl BlockManager {
     /// and, while it runs, its blocks being swapped out or swapped out and waiting to be
     /// copied back in (their data comes back whatever its target says).
     pub fn held(&self, id: VssdId) -> u32 {
-        let mut filling_swapped = 0;
-        let v = self.state.vssd(id);
-        let active = v.is_some_and(|v| v.active);
-        let on_ssd = self
-            .live
-            .iter()
-            .filter(|l| match **l {
-                Live::Filling { id: i, lbn, .. } if i == id => {
-                    filling_swapped += u32::from(v.is_some_and(|v| v.swapped.contains(&lbn)));
-                    true
-                }
-                Live::Valid { id: i, .. } | Live::Committing { id: i, .. } => i == id,
-                Live::SwappingOut { id: i, .. } => i == id && active,
-                _ => false,
-            })
-            .count() as u32;
-        let waiting = v.filter(|v| v.active).map_or(0, |v| v.swapped.len() as u32 - filling_swapped);
-        on_ssd + waiting
+        let Some(t) = self.tally(id) else { return 0 };
+        let on_ssd = t.valid + t.committing + t.filling.len() as u32;
+        match self.state.vssd(id).filter(|v| v.active) {
+            // Swap-ins running count once (filling); the rest wait for a block.
+            Some(v) => on_ssd + t.swapping_out + (v.swapped.len() as u32).saturating_sub(t.filling_swap_in),
+            None => on_ssd,
+        }
     }
 
     /// Logical blocks of `id` that serve I/O now (the guest's bitmap), ascending.
@@ -504,14 +494,7 @@ impl BlockManager {
             if !v.active || v.removing {
                 continue;
             }
-            let filling: BTreeSet<Lbn> = self
-                .live
-                .iter()
-                .filter_map(|l| match *l {
-                    Live::Filling { id: i, lbn, .. } if i == id => Some(lbn),
-                    _ => None,
-                })
-                .collect();
+            let filling: BTreeSet<Lbn> = self.vssds[&id].tally.filling.keys().copied().collect();
             let swap_ins: Vec<Lbn> = v.swapped.iter().filter(|l| !filling.contains(l)).copied().collect();
             let mut want = self.vssds[&id].target.saturating_sub(self.held(id));
             for lbn in swap_ins {
@@ -520,7 +503,7 @@ impl BlockManager {
                     continue;
                 };
                 let op = self.push_op(OpKind::SwapIn { id, lbn, pbn });
-                self.live[pbn as usize] = Live::Filling { id, lbn, op };
+                self.set_live(pbn, Live::Filling { id, lbn, op, swap_in: true });
             }
             let v = self.state.vssd(id).expect("listed");
             let max = v.max_blocks;
@@ -541,7 +524,7 @@ impl BlockManager {
                     break;
                 };
                 let op = self.push_op(OpKind::Zero { pbn });
-                self.live[pbn as usize] = Live::Filling { id, lbn, op };
+                self.set_live(pbn, Live::Filling { id, lbn, op, swap_in: false });
                 want -= 1;
                 lbn += 1;
             }
@@ -568,7 +551,7 @@ impl BlockManager {
                 }
                 if self.live[pbn as usize] == (Live::Valid { id, lbn }) {
                     let op = self.push_op(OpKind::SwapOut { id, lbn, pbn });
-                    self.live[pbn as usize] = Live::SwappingOut { id, lbn, op };
+                    self.set_live(pbn, Live::SwappingOut { id, lbn, op });
                     n -= 1;
                 }
             }
@@ -578,14 +561,7 @@ impl BlockManager {
     /// Writes `Remove` for a vSSD being removed once it holds nothing.
     pub(crate) fn settle(&mut self, id: VssdId) {
         let Some(v) = self.state.vssd(id) else { return };
-        let busy = self.live.iter().any(|b| match *b {
-            Live::Filling { id: i, .. }
-            | Live::Committing { id: i, .. }
-            | Live::Valid { id: i, .. }
-            | Live::Draining { id: i, .. }
-            | Live::SwappingOut { id: i, .. } => i == id,
-            _ => false,
-        });
+        let busy = self.tally(id).is_some_and(|t| t.busy());
         if v.removing && !busy && v.map.is_empty() && v.swapped.is_empty() {
             self.emit(Record::Remove { id }, Some(AfterCommit::Removed(id)));
         }

@@ -96,7 +96,7 @@ impl BlockManager {
         let pbns: Vec<_> = lbns.iter().map(|l| v.map[l]).collect();
         for pbn in pbns {
             let Live::Valid { id, lbn } = self.live[pbn as usize] else { unreachable!("checked") };
-            self.live[pbn as usize] = Live::Draining { id, lbn };
+            self.set_live(pbn, Live::Draining { id, lbn });
             self.drain(pbn);
         }
         self.counters.released += lbns.len() as u64;
@@ -146,7 +146,7 @@ impl BlockManager {
             candidates.sort_unstable();
             let mut lbns = Vec::new();
             for &(_, lbn, pbn) in candidates.iter().take(asked as usize) {
-                self.live[pbn as usize] = Live::Draining { id, lbn };
+                self.set_live(pbn, Live::Draining { id, lbn });
                 self.drain(pbn);
                 lbns.push(lbn);
             }
@@ -176,16 +176,14 @@ impl BlockManager {
     /// Vssd `id`'s resize state.
     pub fn resize_status(&self, id: VssdId) -> Option<ResizeStatus> {
         let l = self.vssds.get(&id)?;
-        let mut s =
-            ResizeStatus { target: l.target, valid: 0, coming: 0, leaving: 0, asked: l.asked, deadline: l.deadline };
-        for b in &self.live {
-            match *b {
-                Live::Valid { id: i, .. } if i == id => s.valid += 1,
-                Live::Filling { id: i, .. } | Live::Committing { id: i, .. } if i == id => s.coming += 1,
-                Live::Draining { id: i, .. } | Live::SwappingOut { id: i, .. } if i == id => s.leaving += 1,
-                _ => {}
-            }
-        }
-        Some(s)
+        let t = &l.tally;
+        Some(ResizeStatus {
+            target: l.target,
+            valid: t.valid,
+            coming: t.filling.len() as u32 + t.committing,
+            leaving: t.draining + t.swapping_out,
+            asked: l.asked,
+            deadline: l.deadline,
+        })
     }
 }

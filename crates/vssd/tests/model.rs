@@ -457,6 +457,7 @@ impl World {
 
     /// No block that serves a vSSD holds another's bytes.
     fn check(&self) {
+        self.m.check_tallies();
         for pbn in &self.engine_owned {
             assert!(!self.m.state().inside(*pbn), "block {pbn} is the engine's and in the region");
         }

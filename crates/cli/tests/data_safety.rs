@@ -505,6 +505,15 @@ fn vssd_valid(sock: &Path) -> Vec<u64> {
     }
 }
 
+/// Sets vSSD `ssd`'s target through the API of the daemon whose cache is in `dir`.
+fn vssd_target(dir: &Path, api: &str, blocks: u32) {
+    let token = std::fs::read_to_string(dir.join("cache.img.meta/api-token")).unwrap();
+    ureq::post(&format!("http://{api}/vssds/ssd/target"))
+        .set("Authorization", &format!("Bearer {token}"))
+        .send_json(serde_json::json!({ "blocks": blocks }))
+        .unwrap();
+}
+
 /// Every valid block of the vSSD reads as its own pattern (0x40 + lbn) or as zeros (a
 /// block handed out fresh), never another block's; every other block is an I/O error.
 fn vssd_check(uri: &str, valid: &[u64], max: u64, when: &str) {
@@ -534,13 +543,7 @@ fn a_vssd_keeps_its_blocks_and_bytes_across_sigkills_during_resizes() {
     cfg += "[vssd]\nsize = \"16MiB\"\ndeflate_grace = \"100ms\"\n[[vssd.device]]\nname = \"ssd\"\nmax_size = \"8MiB\"\ninitial_size = \"8MiB\"\npersist = true\n";
     std::fs::write(d.join("v.toml"), cfg).unwrap();
     let sock = d.join("cache.img.meta/ssd.vssd.sock");
-    let token = || std::fs::read_to_string(d.join("cache.img.meta/api-token")).unwrap();
-    let target = |api: &str, blocks: u32| {
-        ureq::post(&format!("http://{api}/vssds/ssd/target"))
-            .set("Authorization", &format!("Bearer {}", token()))
-            .send_json(serde_json::json!({ "blocks": blocks }))
-            .unwrap();
-    };
+    let target = |api: &str, blocks: u32| vssd_target(d, api, blocks);
     let mut a = Daemon::start(d, "v.toml", &[]).unwrap();
     let t = std::time::Instant::now();
     while vssd_valid(&sock).len() < 8 {
@@ -568,4 +571,68 @@ fn a_vssd_keeps_its_blocks_and_bytes_across_sigkills_during_resizes() {
         vssd_check(&a.uri("ssd"), &valid, 8, &format!("step {step}"));
         held = n;
     }
+}
+
+/// Issue 33, one SSD budget (`vssd.budget = "shared"`): a vSSD inflates into blocks the
+/// cache held dirty (written back first), deflates, and its blocks go back to the cache;
+/// across SIGKILLs at each stage no byte of the vDisk or of the vSSD is lost, and neither
+/// reads the other's.
+#[test]
+fn a_shared_budget_moves_blocks_between_the_cache_and_a_vssd_and_loses_no_byte() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    wb_config(d, "s.toml", "16MiB", "vm1.img", Some("32MiB"), "");
+    let mut cfg = std::fs::read_to_string(d.join("s.toml")).unwrap();
+    cfg += "[vssd]\nsize = \"8MiB\"\nbudget = \"shared\"\ndeflate_grace = \"100ms\"\n[[vssd.device]]\nname = \"ssd\"\nmax_size = \"8MiB\"\npersist = true\n";
+    std::fs::write(d.join("s.toml"), cfg).unwrap();
+    let sock = d.join("cache.img.meta/ssd.vssd.sock");
+    let target = |api: &str, blocks: u32| vssd_target(d, api, blocks);
+    let wait_valid = |n: usize| {
+        let t = std::time::Instant::now();
+        loop {
+            let v = vssd_valid(&sock);
+            if v.len() == n {
+                return v;
+            }
+            assert!(t.elapsed() < Duration::from_secs(30), "the vSSD holds {v:?}, not {n} blocks");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let mut a = Daemon::start(d, "s.toml", &[]).unwrap();
+    // The whole cache dirty with vm1's bytes: the vSSD starts with nothing.
+    qemu_io_ok(&a.uri("vm1"), &["write -P 0x11 0 16M", "flush"]);
+    assert!(wait_valid(0).is_empty());
+    // Six blocks of the cache go to the vSSD: their dirty blocks are written back first.
+    target(a.api.as_deref().unwrap(), 6);
+    wait_valid(6);
+    let uri = a.uri("ssd");
+    for lbn in 0..6u64 {
+        qemu_io_ok(&uri, &[&format!("read -P 0 {lbn}M 1M"), &format!("write -P {:#x} {lbn}M 1M", 0x40 + lbn)]);
+    }
+    qemu_io_ok(&uri, &["flush"]);
+    qemu_io_ok(&a.uri("vm1"), &["read -P 0x11 0 16M"]);
+    assert!(a.log().contains("blocks taken from the cache for the vSSDs"), "{}", a.log());
+    // SIGKILL: both come back as they were.
+    a.kill9();
+    let mut a = Daemon::start(d, "s.toml", &[]).unwrap();
+    let valid = wait_valid(6);
+    vssd_check(&a.uri("ssd"), &valid, 8, "after the first SIGKILL");
+    qemu_io_ok(&a.uri("vm1"), &["read -P 0x11 0 16M"]);
+    // The vSSD shrinks to 2 (its guest never answers: the host takes four blocks at the
+    // deadline); the four go back to the cache, which fills them with vm1's new bytes.
+    target(a.api.as_deref().unwrap(), 2);
+    let valid = wait_valid(2);
+    let t = std::time::Instant::now();
+    while !a.log().contains("returned to the cache") {
+        assert!(t.elapsed() < Duration::from_secs(30), "no block went back to the cache: {}", a.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    qemu_io_ok(&a.uri("vm1"), &["write -P 0x22 0 16M", "flush"]);
+    vssd_check(&a.uri("ssd"), &valid, 8, "after the deflate");
+    a.kill9();
+    let a = Daemon::start(d, "s.toml", &[]).unwrap();
+    let after = wait_valid(2);
+    assert_eq!(after, valid);
+    vssd_check(&a.uri("ssd"), &after, 8, "after the second SIGKILL");
+    qemu_io_ok(&a.uri("vm1"), &["read -P 0x22 0 16M", "read -P 0 16M 16M"]);
 }

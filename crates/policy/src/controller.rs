@@ -289,7 +289,9 @@ impl Controller {
         if window.is_some() {
             self.busy_seen = (0..self.settings.len()).map(|vm| e.backing_busy_ns(vm as VmId)).collect();
         }
-        let pool = Pool { capacity: self.slots, unit: self.unit, free_blocks: e.free_slots() };
+        // Slots lent out of the cache (a vSSD region sharing the SSD) are not the pool's.
+        let capacity = self.slots.saturating_sub(e.withheld_slots());
+        let pool = Pool { capacity, unit: self.unit, free_blocks: e.free_slots() };
         let mut d = self.allocator.allocate(&pool, &demands);
         for (vm, _) in self.retired.iter().enumerate().filter(|(_, &r)| r) {
             d.targets[vm] = 0;

@@ -23,7 +23,7 @@ fn start(dir: &Path) -> Arc<VssdService> {
     let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).unwrap();
     f.set_len(BASE + geometry.bytes()).unwrap();
     let region = VssdRegion::new(Arc::new(f), BASE, geometry, dir.join("swap")).unwrap();
-    let (meta, state, _) = VssdMeta::open(&dir.join("meta"), geometry).unwrap();
+    let (meta, state, _) = VssdMeta::open(&dir.join("meta"), geometry, false).unwrap();
     VssdService::start(Config { geometry, deflate_grace: 300_000_000 }, state, meta, region)
 }
 

@@ -315,7 +315,8 @@ impl Daemon {
         }));
         let (vssd, vssd_exports) = match &vssd_plan {
             Some(p) => {
-                let (svc, ex) = crate::vssd::startup::start(&cfg.cache.path, r.cache.cache_bytes, p, &meta_dir, direct)
+                let cache = (r.cache.cache_bytes, r.cache.block_size);
+                let (svc, ex) = crate::vssd::startup::start(&cfg.cache.path, cache, p, &meta_dir, direct, &dp)
                     .map_err(StartError::Config)?;
                 (Some(svc), ex)
             }

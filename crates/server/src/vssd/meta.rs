@@ -17,6 +17,40 @@ use std::path::{Path, PathBuf};
 pub const CHECKPOINT_MAGIC: [u8; 8] = *b"CVVSCK01";
 /// Magic of a vSSD journal.
 pub const JOURNAL_MAGIC: [u8; 8] = *b"CVVSJR01";
+/// Magic of a checkpoint of a region sharing the SSD with the cache (`vssd.budget =
+/// "shared"`: its state starts with no block, `State::shared`).
+pub const SHARED_CHECKPOINT_MAGIC: [u8; 8] = *b"CVVSCS01";
+/// Magic of a shared region's journal.
+pub const SHARED_JOURNAL_MAGIC: [u8; 8] = *b"CVVSJS01";
+
+/// The checkpoint and journal magics of a region (`shared` or of its own).
+fn magics(shared: bool) -> ([u8; 8], [u8; 8]) {
+    if shared {
+        (SHARED_CHECKPOINT_MAGIC, SHARED_JOURNAL_MAGIC)
+    } else {
+        (CHECKPOINT_MAGIC, JOURNAL_MAGIC)
+    }
+}
+
+/// The empty state a region starts from.
+fn start(geometry: Geometry, shared: bool) -> State {
+    if shared {
+        State::shared(geometry)
+    } else {
+        State::new(geometry)
+    }
+}
+
+/// Whether the checkpoint at `path` is a shared region's (by its magic), or an error.
+fn checkpoint_is_shared(path: &Path) -> Result<bool, String> {
+    let mut h = [0u8; HEADER_LEN];
+    File::open(path).and_then(|mut f| f.read_exact(&mut h)).map_err(|e| named(path, e))?;
+    match &h[0..8] {
+        m if m == SHARED_CHECKPOINT_MAGIC => Ok(true),
+        m if m == CHECKPOINT_MAGIC => Ok(false),
+        _ => Header::decode(&h, CHECKPOINT_MAGIC).map(|_| false).map_err(|e| named(path, e)),
+    }
+}
 
 /// What opening found.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +64,7 @@ pub struct Opened {
 /// The vSSD metadata files of one region.
 pub struct VssdMeta {
     dir: PathBuf,
+    shared: bool,
     journal: File,
     header: Header,
     buf: Vec<u8>,
@@ -79,14 +114,17 @@ impl VssdMeta {
         if !ckpt.exists() {
             return Ok(None);
         }
+        let shared = checkpoint_is_shared(&ckpt)?;
+        let (ckpt_magic, journal_magic) = magics(shared);
         let mut h = [0u8; HEADER_LEN];
         File::open(&ckpt).and_then(|mut f| f.read_exact(&mut h)).map_err(|e| named(&ckpt, e))?;
-        let header = Header::decode(&h, CHECKPOINT_MAGIC).map_err(|e| named(&ckpt, e))?;
+        let header = Header::decode(&h, ckpt_magic).map_err(|e| named(&ckpt, e))?;
         let geometry = Geometry::new(header.block_size, header.slots as u32).map_err(|e| named(&ckpt, e))?;
-        let (records, g, _) = read_file(&ckpt, CHECKPOINT_MAGIC, geometry)?;
-        let mut state = State::replay(geometry, &records).map_err(|(i, e)| named(&ckpt, format!("record {i}: {e}")))?;
+        let (records, g, _) = read_file(&ckpt, ckpt_magic, geometry)?;
+        let mut state = State::replay_onto(start(geometry, shared), &records)
+            .map_err(|(i, e)| named(&ckpt, format!("record {i}: {e}")))?;
         if jpath.exists() {
-            if let Ok((records, jg, _)) = read_file(&jpath, JOURNAL_MAGIC, geometry) {
+            if let Ok((records, jg, _)) = read_file(&jpath, journal_magic, geometry) {
                 if jg == g {
                     for r in &records {
                         state.apply(r).map_err(|e| named(&jpath, e))?;
@@ -104,12 +142,21 @@ impl VssdMeta {
         ))
     }
 
-    /// Opens (or creates) the metadata in `dir` for a region of `geometry`: the durable
-    /// state, the files ready for appends, and what was found.
-    pub fn open(dir: &Path, geometry: Geometry) -> Result<(VssdMeta, State, Opened), String> {
+    /// Opens (or creates) the metadata in `dir` for a region of `geometry` (`shared`: one
+    /// sharing the SSD with the cache, which must be what it was): the durable state, the
+    /// files ready for appends, and what was found.
+    pub fn open(dir: &Path, geometry: Geometry, shared: bool) -> Result<(VssdMeta, State, Opened), String> {
         crate::private_files::ensure_dir(dir).map_err(|e| named(dir, e))?;
         let (ckpt, jpath) = (dir.join("vssd.checkpoint"), dir.join("vssd.journal"));
-        let mut state = State::new(geometry);
+        let (ckpt_magic, journal_magic) = magics(shared);
+        if ckpt.exists() && checkpoint_is_shared(&ckpt)? != shared {
+            let (was, asked) = if shared { ("\"own\"", "\"shared\"") } else { ("\"shared\"", "\"own\"") };
+            return Err(named(
+                &ckpt,
+                format!("the vSSD region was kept with vssd.budget = {was}, the config asks for {asked}: restore it (vSSD data lives in its blocks), or remove the vSSDs first"),
+            ));
+        }
+        let mut state = start(geometry, shared);
         let mut generation = 0;
         let mut opened = Opened::default();
         let apply = |state: &mut State, records: &[Record], path: &Path| -> Result<(), String> {
@@ -119,7 +166,7 @@ impl VssdMeta {
             Ok(())
         };
         if ckpt.exists() {
-            let (records, g, clean) = read_file(&ckpt, CHECKPOINT_MAGIC, geometry)?;
+            let (records, g, clean) = read_file(&ckpt, ckpt_magic, geometry)?;
             if !clean {
                 return Err(named(
                     &ckpt,
@@ -130,7 +177,7 @@ impl VssdMeta {
             generation = g;
         }
         if jpath.exists() && std::fs::metadata(&jpath).map_err(|e| named(&jpath, e))?.len() >= HEADER_LEN as u64 {
-            let (records, g, clean) = read_file(&jpath, JOURNAL_MAGIC, geometry)?;
+            let (records, g, clean) = read_file(&jpath, journal_magic, geometry)?;
             // A journal of another generation was folded into the checkpoint already.
             if g == generation {
                 apply(&mut state, &records, &jpath)?;
@@ -140,7 +187,7 @@ impl VssdMeta {
         let header = Header { block_size: geometry.block_bytes, slots: u64::from(geometry.blocks), generation };
         let journal =
             crate::private_files::options().create(true).append(true).open(&jpath).map_err(|e| named(&jpath, e))?;
-        let mut m = VssdMeta { dir: dir.to_path_buf(), journal, header, buf: Vec::new() };
+        let mut m = VssdMeta { dir: dir.to_path_buf(), shared, journal, header, buf: Vec::new() };
         m.checkpoint(&state).map_err(|e| named(&ckpt, e))?;
         Ok((m, state, opened))
     }
@@ -160,7 +207,8 @@ impl VssdMeta {
     pub fn checkpoint(&mut self, state: &State) -> std::io::Result<()> {
         self.header.generation += 1;
         let records = state.checkpoint();
-        write_file_atomically(&self.dir.join("vssd.checkpoint"), CHECKPOINT_MAGIC, &self.header, &mut |w| {
+        let (ckpt_magic, journal_magic) = magics(self.shared);
+        write_file_atomically(&self.dir.join("vssd.checkpoint"), ckpt_magic, &self.header, &mut |w| {
             let mut buf = Vec::new();
             for r in &records {
                 frame(&mut buf, |out| out.extend_from_slice(&r.encode()));
@@ -168,7 +216,7 @@ impl VssdMeta {
             w.write_all(&buf)
         })?;
         let jpath = self.dir.join("vssd.journal");
-        write_file_atomically(&jpath, JOURNAL_MAGIC, &self.header, &mut |_| Ok(()))?;
+        write_file_atomically(&jpath, journal_magic, &self.header, &mut |_| Ok(()))?;
         self.journal = crate::private_files::options().append(true).open(&jpath)?;
         Ok(())
     }
@@ -185,7 +233,7 @@ mod tests {
     #[test]
     fn records_survive_a_reopen_and_a_torn_tail_keeps_the_prefix() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut m, s, o) = VssdMeta::open(dir.path(), g()).unwrap();
+        let (mut m, s, o) = VssdMeta::open(dir.path(), g(), false).unwrap();
         assert_eq!((s, o), (State::new(g()), Opened::default()));
         let rs = [
             Record::Register { id: 0, name: "a".into(), max_blocks: 4, persist: true },
@@ -198,28 +246,46 @@ mod tests {
         let j = dir.path().join("vssd.journal");
         let len = std::fs::metadata(&j).unwrap().len();
         std::fs::OpenOptions::new().write(true).open(&j).unwrap().set_len(len - 3).unwrap();
-        let (_, s, o) = VssdMeta::open(dir.path(), g()).unwrap();
+        let (_, s, o) = VssdMeta::open(dir.path(), g(), false).unwrap();
         assert_eq!(o, Opened { journal_records: 2, torn_tail: true });
         assert_eq!(s.vssd(0).unwrap().map.len(), 1);
         // Reopened again: the checkpoint written at the last open holds it.
-        let (_, s2, o) = VssdMeta::open(dir.path(), g()).unwrap();
+        let (_, s2, o) = VssdMeta::open(dir.path(), g(), false).unwrap();
         assert_eq!((s2, o.journal_records), (s, 0));
+    }
+
+    #[test]
+    fn a_shared_region_reopens_with_its_grants_and_not_as_a_region_of_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut m, s, _) = VssdMeta::open(dir.path(), g(), true).unwrap();
+        assert_eq!(s, State::shared(g()));
+        m.append(&[Record::Grant { pbn: 7 }, Record::Grant { pbn: 6 }, Record::Yield { pbn: 7 }]).unwrap();
+        drop(m);
+        let (_, s, o) = VssdMeta::open(dir.path(), g(), true).unwrap();
+        assert_eq!(o.journal_records, 3);
+        assert_eq!(s.free_blocks().collect::<Vec<_>>(), [6]);
+        // From its checkpoint too, and named by `names_on_disk`'s replay.
+        let (_, s2, _) = VssdMeta::open(dir.path(), g(), true).unwrap();
+        assert_eq!(s2, s);
+        assert_eq!(VssdMeta::names_on_disk(dir.path()).unwrap(), Some(Vec::new()));
+        let e = VssdMeta::open(dir.path(), g(), false).err().unwrap();
+        assert!(e.contains("vssd.budget = \"shared\", the config asks for \"own\""), "{e}");
     }
 
     #[test]
     fn a_different_geometry_or_a_misfit_record_is_refused_by_name() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut m, _, _) = VssdMeta::open(dir.path(), g()).unwrap();
+        let (mut m, _, _) = VssdMeta::open(dir.path(), g(), false).unwrap();
         m.append(&[Record::Assign { pbn: 1, id: 9, lbn: 0 }]).unwrap();
-        let e = VssdMeta::open(dir.path(), g()).err().unwrap();
+        let e = VssdMeta::open(dir.path(), g(), false).err().unwrap();
         assert!(e.contains("vssd.journal: record 0") && e.contains("no vSSD 9"), "{e}");
         let other = Geometry::new(1 << 20, 16).unwrap();
-        let e = VssdMeta::open(dir.path(), other).err().unwrap();
+        let e = VssdMeta::open(dir.path(), other, false).err().unwrap();
         assert!(e.contains("written as 8 blocks of 1048576 bytes"), "{e}");
         // The cache's own journal is not a vSSD journal.
         std::fs::copy(dir.path().join("vssd.journal"), dir.path().join("x")).unwrap();
         let h = crate::journal::Header { block_size: 1 << 20, slots: 8, generation: 1 };
         std::fs::write(dir.path().join("vssd.journal"), h.encode(crate::journal::JOURNAL_MAGIC)).unwrap();
-        assert!(VssdMeta::open(dir.path(), g()).err().unwrap().contains("bad magic"));
+        assert!(VssdMeta::open(dir.path(), g(), false).err().unwrap().contains("bad magic"));
     }
 }

@@ -5,6 +5,7 @@
 
 pub mod allocation;
 pub mod api;
+pub mod budget;
 pub mod control;
 pub mod io_pool;
 pub mod meta;

@@ -50,6 +50,10 @@ pub struct VssdService {
     served: Mutex<std::collections::BTreeMap<VssdId, u64>>,
     /// The allocator, when one runs.
     allocation: std::sync::OnceLock<Arc<super::allocation::Allocation>>,
+    /// The most blocks the region may hold (all of them, or a shared region's cap).
+    capacity: std::sync::atomic::AtomicU32,
+    /// Blocks whose `Yield` is durable, for the budget to give back to the cache.
+    yielded: std::sync::Mutex<Vec<cachevisor_vssd::Pbn>>,
 }
 
 fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
@@ -79,6 +83,8 @@ impl VssdService {
             io: IoPool::new(IO_THREADS),
             served: Mutex::new(Default::default()),
             allocation: Default::default(),
+            capacity: std::sync::atomic::AtomicU32::new(config.geometry.blocks),
+            yielded: Default::default(),
         });
         let d = s.clone();
         let t = std::thread::Builder::new()
@@ -186,6 +192,9 @@ impl VssdService {
                     }
                 }
                 Event::OpFailed { kind, error } => tracing::warn!(?kind, %error, "vSSD op failed"),
+                Event::Yielded { pbns } => {
+                    self.yielded.lock().unwrap_or_else(|p| p.into_inner()).extend(pbns);
+                }
                 _ => {}
             }
             g.events.push_back(e);
@@ -346,7 +355,41 @@ impl VssdService {
 
     /// Blocks in the region.
     pub fn region_blocks(&self) -> u32 {
-        lock(&self.inner).m.config().geometry.blocks
+        self.capacity.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Caps the blocks a shared region may hold (what the allocator shares out).
+    pub fn set_capacity(&self, blocks: u32) {
+        self.capacity.store(blocks, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// A shared region's budget: (blocks in the region, blocks its vSSDs lack beyond its
+    /// free ones, free blocks, blocks outside it).
+    pub fn budget_view(&self) -> (u32, u32, u32, Vec<cachevisor_vssd::Pbn>) {
+        let g = lock(&self.inner);
+        (g.m.region_blocks(), g.m.shortfall(), g.m.free_blocks(), g.m.outside_blocks())
+    }
+
+    /// Block `pbn`, emptied by the cache, joins the region (`BlockManager::grant`).
+    pub fn grant(&self, pbn: cachevisor_vssd::Pbn) -> Result<(), String> {
+        self.with(|m, _| m.grant(pbn))
+    }
+
+    /// Gives up to `n` free blocks back to the cache (`BlockManager::yield_free`).
+    pub fn yield_free(&self, n: u32) -> u32 {
+        self.with(|m, _| m.yield_free(n))
+    }
+
+    /// Blocks whose `Yield` became durable since the last call.
+    pub fn take_yielded(&self) -> Vec<cachevisor_vssd::Pbn> {
+        std::mem::take(&mut *self.yielded.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Blocks in the region now (a shared region's grants).
+    pub fn inside_blocks(&self) -> Vec<cachevisor_vssd::Pbn> {
+        let g = lock(&self.inner);
+        let s = g.m.state();
+        (0..s.geometry().blocks).filter(|&p| s.inside(p)).collect()
     }
 
     /// Reads `buf.len()` bytes at `offset` of vSSD `id`.

@@ -11,8 +11,14 @@ use std::path::PathBuf;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct VssdConfig {
-    /// Bytes of the region (whole blocks).
+    /// Bytes of the region (whole blocks); with `budget = "shared"`, the most of the
+    /// cache's SSD it may take.
     pub size: String,
+    /// `own`: the region is a range of its own after the cache's blocks; `shared`: it
+    /// lives in the cache's blocks, taking them from the host-managed cache as its vSSDs
+    /// need them (up to `size`) and giving them back as they shrink — one SSD budget.
+    #[serde(default = "default_budget")]
+    pub budget: String,
     /// Block size (SymFlex's default 1 MiB).
     #[serde(default = "default_block")]
     pub block_size: String,
@@ -60,6 +66,9 @@ pub struct VssdDeviceConfig {
     pub ratio: f64,
 }
 
+fn default_budget() -> String {
+    "own".into()
+}
 fn default_block() -> String {
     "1MiB".into()
 }
@@ -113,6 +122,34 @@ pub struct Plan {
     pub allocator: Option<String>,
     /// Its interval, ns.
     pub interval_ns: u64,
+    /// The region shares the cache's blocks (`budget = "shared"`); `geometry` is then the
+    /// most it may take, and [`Plan::region_geometry`] the whole cache in blocks.
+    pub shared: bool,
+}
+
+impl Plan {
+    /// The region's geometry in a cache store of `cache_bytes` in `cache_block`-byte
+    /// slots: its own blocks, or — shared — every whole block of the cache (a vSSD block
+    /// is a run of slots), checked.
+    pub fn region_geometry(&self, cache_bytes: u64, cache_block: u64) -> Result<cachevisor_vssd::Geometry, String> {
+        if !self.shared {
+            return Ok(self.geometry);
+        }
+        let block = self.geometry.block_bytes;
+        if !block.is_multiple_of(cache_block) {
+            return Err(format!(
+                "vssd.block_size: {block} bytes is not a whole number of the cache's {cache_block}-byte blocks (vssd.budget = \"shared\" carves vSSD blocks out of cache blocks)"
+            ));
+        }
+        let blocks = cache_bytes / block;
+        if blocks < u64::from(self.geometry.blocks) {
+            return Err(format!(
+                "vssd.size: {} bytes is more than the cache's {cache_bytes} (vssd.budget = \"shared\")",
+                self.geometry.bytes()
+            ));
+        }
+        cachevisor_vssd::Geometry::new(block, blocks as u32).map_err(|e| format!("vssd.block_size: {e}"))
+    }
 }
 
 impl VssdConfig {
@@ -183,7 +220,12 @@ impl VssdConfig {
         if !(10_000_000..=3_600_000_000_000).contains(&interval_ns) {
             return Err(format!("vssd.interval: `{}` is outside 10ms to 1h", self.interval));
         }
-        Ok(Plan { geometry, grace_ns, swap_dir: self.swap_dir.clone(), devices, allocator, interval_ns })
+        let shared = match self.budget.as_str() {
+            "own" => false,
+            "shared" => true,
+            b => return Err(format!("vssd.budget: `{b}` is not one of own, shared")),
+        };
+        Ok(Plan { geometry, grace_ns, swap_dir: self.swap_dir.clone(), devices, allocator, interval_ns, shared })
     }
 }
 
@@ -200,6 +242,7 @@ mod tests {
     fn cfg(size: &str, max: &str, initial: &str) -> VssdConfig {
         VssdConfig {
             size: size.into(),
+            budget: "own".into(),
             block_size: "1MiB".into(),
             deflate_grace: "30s".into(),
             swap_dir: None,
@@ -247,5 +290,22 @@ mod tests {
         let mut c = cfg("8MiB", "4MiB", "0");
         c.allocator = "symflex-proportional".into();
         assert_eq!(c.resolve().unwrap().allocator.as_deref(), Some("symflex-proportional"));
+        let mut c = cfg("8MiB", "4MiB", "0");
+        c.budget = "half".into();
+        assert!(e(c).contains("vssd.budget: `half` is not one of own, shared"));
+    }
+
+    #[test]
+    fn a_shared_region_is_the_cache_in_blocks_and_its_size_a_cap() {
+        let mut c = cfg("8MiB", "4MiB", "0");
+        c.budget = "shared".into();
+        let p = c.resolve().unwrap();
+        assert!(p.shared);
+        let g = p.region_geometry(20 << 20, 64 << 10).unwrap();
+        assert_eq!((g.blocks, g.block_bytes), (20, 1 << 20));
+        assert!(p.region_geometry(7 << 20, 64 << 10).unwrap_err().starts_with("vssd.size: 8388608 bytes is more than"));
+        assert!(p.region_geometry(20 << 20, 3 << 20).unwrap_err().starts_with("vssd.block_size"));
+        let own = cfg("8MiB", "4MiB", "0").resolve().unwrap();
+        assert_eq!(own.region_geometry(20 << 20, 64 << 10).unwrap(), own.geometry);
     }
 }

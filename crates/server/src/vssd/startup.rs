@@ -31,44 +31,61 @@ pub fn check_not_dropped(meta_dir: &Path) -> Result<(), String> {
     ))
 }
 
-/// The bytes the cache store file needs with `plan`'s region after `cache_bytes`.
+/// The bytes the cache store file needs with `plan`'s region after `cache_bytes` (a
+/// shared region lives in the cache's).
 pub fn store_bytes(cache_bytes: u64, plan: &Plan) -> u64 {
+    if plan.shared {
+        return cache_bytes;
+    }
     region_base(cache_bytes, plan.geometry.block_bytes) + plan.geometry.bytes()
 }
 
 /// Starts the region of `plan` in the cache store at `path` (its first `cache_bytes` are
-/// the cache's) with metadata in `meta_dir`; registers the configured devices. Returns
-/// the service and the devices' exports.
+/// the cache's, in `cache_block`-byte slots of `dp`'s engine) with metadata in
+/// `meta_dir`; registers the configured devices. A shared region's blocks are withheld
+/// from the engine first, and the budget loop started (`budget.rs`). Returns the service
+/// and the devices' exports.
 /// Guests' aligned I/O uses O_DIRECT when `direct` (the cache store's mode).
 pub fn start(
     path: &Path,
-    cache_bytes: u64,
+    (cache_bytes, cache_block): (u64, u64),
     plan: &Plan,
     meta_dir: &Path,
     direct: bool,
+    dp: &Arc<crate::datapath::DataPath>,
 ) -> Result<(Arc<VssdService>, Vec<ExportInfo>), String> {
+    let geometry = plan.region_geometry(cache_bytes, cache_block)?;
     let file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open(path)
         .map_err(|e| format!("{}: {e}", path.display()))?;
     let swap = plan.swap_dir.clone().unwrap_or_else(|| meta_dir.join("vssd-swap"));
-    let base = region_base(cache_bytes, plan.geometry.block_bytes);
-    let mut region = VssdRegion::new(Arc::new(file), base, plan.geometry, swap.clone())
+    let base = if plan.shared { 0 } else { region_base(cache_bytes, plan.geometry.block_bytes) };
+    let mut region = VssdRegion::new(Arc::new(file), base, geometry, swap.clone())
         .map_err(|e| format!("vssd.swap_dir: {}: {e}", swap.display()))?;
     if direct {
         region =
             region.with_direct(path).map_err(|e| format!("{} (O_DIRECT for the vSSD region): {e}", path.display()))?;
     }
-    let (meta, state, opened) = VssdMeta::open(meta_dir, plan.geometry)?;
+    let (meta, state, opened) = VssdMeta::open(meta_dir, geometry, plan.shared)?;
     if opened.torn_tail {
         tracing::info!(
             records = opened.journal_records,
             "vSSD journal ended in a torn record (a crash while appending): cut there"
         );
     }
-    let config = cachevisor_vssd::Config { geometry: plan.geometry, deflate_grace: plan.grace_ns };
+    let config = cachevisor_vssd::Config { geometry, deflate_grace: plan.grace_ns };
     let svc = VssdService::start(config, state, meta, region);
+    if plan.shared {
+        let runs = super::budget::Runs { slots_per_block: (geometry.block_bytes / cache_block) as u32 };
+        let started = super::budget::withhold_at_start(&svc, dp, runs)
+            .and_then(|()| super::budget::start(svc.clone(), dp.clone(), runs, plan.geometry.blocks));
+        if let Err(e) = started {
+            svc.halt();
+            return Err(e);
+        }
+    }
     let mut exports = Vec::new();
     for d in &plan.devices {
         let id = match svc.register(&d.name, d.max_blocks, d.initial_blocks, d.persist) {

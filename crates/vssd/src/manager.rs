@@ -418,6 +418,16 @@ impl BlockManager {
                     self.settle(id);
                 }
             }
+            (Live::SwappingOut { id, lbn, .. }, result) if self.state.vssd(id).is_some_and(|v| v.removing) => {
+                // Removed while its copy ran: the copy is not kept, the block is freed
+                // (as `remove` frees the others) and the removal can finish.
+                if let Err(error) = result {
+                    self.counters.failed_ops += 1;
+                    self.push_event(Event::OpFailed { kind: OpKind::SwapOut { id, lbn, pbn }, error });
+                }
+                self.set_live(pbn, Live::Draining { id, lbn });
+                self.drain(pbn);
+            }
             (Live::SwappingOut { id, lbn, .. }, Ok(())) => {
                 self.counters.swapped_out += 1;
                 self.set_live(pbn, Live::Freeing);

@@ -513,6 +513,9 @@ proptest! {
         }
         let c = w.settle();
         prop_assert!(w.ops.is_empty() && w.pending.is_empty());
+        // Every removal finished.
+        let stuck: Vec<&str> = w.m.state().vssds().values().filter(|v| v.removing).map(|v| v.name.as_str()).collect();
+        prop_assert!(stuck.is_empty(), "removals never finished: {:?}", stuck);
         // Settled: each running vSSD holds its target when the region can give it.
         let running: Vec<VssdId> = w.m.state().vssds().values().filter(|v| v.active).map(|v| v.id).collect();
         let wanted: u32 = running.iter().map(|&id| w.m.resize_status(id).unwrap().target).sum();

@@ -155,6 +155,11 @@ pub fn open_dev(spec: &str, what: &str) -> anyhow::Result<Dev> {
             .with_context(|| format!("{what}: opening {spec} with O_DIRECT"))?;
         return Ok(Dev::Direct(f, Default::default()));
     }
+    if !cachevisor_server::backing::is_uri(path) && !path.exists() {
+        anyhow::bail!(
+            "{what}: {spec} does not exist (give an NBD URI such as nbd://127.0.0.1:10809/NAME, or an existing file or block device)"
+        );
+    }
     Backing::open(path, None, false, what).map(Dev::Backing).map_err(anyhow::Error::msg)
 }
 
@@ -425,7 +430,14 @@ pub fn run(a: GuestArgs) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_hot;
+    use super::{open_dev, parse_hot};
+
+    #[test]
+    fn a_missing_device_is_named_with_what_may_be_given() {
+        let e = open_dev("/nonexistent/vssd.img", "--vssd").err().unwrap().to_string();
+        assert!(e.starts_with("--vssd: /nonexistent/vssd.img does not exist (give an NBD URI"), "{e}");
+        assert!(!e.contains("size"), "{e}");
+    }
 
     #[test]
     fn hot_parts_are_fractions_and_errors_name_the_option() {

@@ -636,3 +636,44 @@ fn a_shared_budget_moves_blocks_between_the_cache_and_a_vssd_and_loses_no_byte()
     vssd_check(&a.uri("ssd"), &after, 8, "after the second SIGKILL");
     qemu_io_ok(&a.uri("vm1"), &["read -P 0x22 0 16M", "read -P 0 16M 16M"]);
 }
+
+/// Issue 33, one SSD budget split by weight (SymFlex §2.2): with `symflex-weighted` on the
+/// vSSDs, the region holds the cache's blocks × the vSSDs' weights ÷ (theirs + the
+/// vDisks'); a vSSD's weight raised through the API moves blocks from the cache to it,
+/// and the vDisk's bytes stay whole throughout.
+#[test]
+fn a_shared_budget_follows_the_weights_of_vdisks_and_vssds() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    wb_config(d, "w.toml", "16MiB", "vm1.img", Some("32MiB"), "");
+    let mut cfg = std::fs::read_to_string(d.join("w.toml"))
+        .unwrap()
+        .replace("write_policy = \"wb\"\n", "write_policy = \"wb\"\nweight = 3.0\n");
+    cfg += "[vssd]\nsize = \"16MiB\"\nbudget = \"shared\"\ndeflate_grace = \"100ms\"\nallocator = \"symflex-weighted\"\ninterval = \"100ms\"\n[[vssd.device]]\nname = \"ssd\"\nmax_size = \"16MiB\"\nweight = 1.0\n";
+    std::fs::write(d.join("w.toml"), cfg).unwrap();
+    let sock = d.join("cache.img.meta/ssd.vssd.sock");
+    let settle = |n: usize| {
+        let t = std::time::Instant::now();
+        loop {
+            let v = vssd_valid(&sock);
+            if v.len() == n {
+                return;
+            }
+            assert!(t.elapsed() < Duration::from_secs(30), "the vSSD holds {} blocks, not {n}", v.len());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let a = Daemon::start(d, "w.toml", &[]).unwrap();
+    qemu_io_ok(&a.uri("vm1"), &["write -P 0x33 0 16M", "flush"]);
+    // 16 blocks, weights 1 (vSSD) : 3 (vDisk): 4 for the vSSD.
+    settle(4);
+    let token = std::fs::read_to_string(d.join("cache.img.meta/api-token")).unwrap();
+    ureq::post(&format!("http://{}/vssds/ssd/share", a.api.as_deref().unwrap()))
+        .set("Authorization", &format!("Bearer {token}"))
+        .send_json(serde_json::json!({ "weight": 3.0 }))
+        .unwrap();
+    // 3 : 3: half of them.
+    settle(8);
+    qemu_io_ok(&a.uri("vm1"), &["read -P 0x33 0 16M"]);
+    assert!(a.log().contains("blocks taken from the cache for the vSSDs"), "{}", a.log());
+}

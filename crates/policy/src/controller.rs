@@ -148,6 +148,12 @@ impl Controller {
         self.retired[vm] = true;
     }
 
+    /// The weights of the VMs not retired, summed (their side's claim on a budget it
+    /// shares with others: `vssd.budget = "shared"`).
+    pub fn weight_sum(&self) -> f64 {
+        self.settings.iter().zip(&self.retired).filter(|(_, &r)| !r).map(|(s, _)| s.weight).sum()
+    }
+
     /// Whether VM `vm` is retired.
     pub fn is_retired(&self, vm: usize) -> bool {
         self.retired[vm]

@@ -328,6 +328,11 @@ impl Daemon {
             cfg.cache.partition == cachevisor_engine::PartitionMode::Static,
         )));
         let (observing, interval, ticking) = (policy.clone(), policy.clone(), policy.clone());
+        if let Some(svc) = &vssd {
+            // A shared budget splits by the vDisks' weights against the vSSDs'.
+            let weights = policy.clone();
+            svc.set_cache_weight(Box::new(move || weights.lock().unwrap_or_else(|e| e.into_inner()).ctl.weight_sum()));
+        }
         dp.set_hooks(
             Some(Box::new(move |req| {
                 let mut p = observing.lock().unwrap_or_else(|e| e.into_inner());

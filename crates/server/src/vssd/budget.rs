@@ -9,6 +9,11 @@
 //! run goes back to the cache once its `Yield` is durable. The cache's allocator sees its
 //! capacity less the runs withheld.
 //!
+//! The split (SymFlex §2.2's weighted share across both kinds of cache): with a vSSD
+//! allocator running, the region may hold the SSD's blocks × the running vSSDs' weights ÷
+//! (theirs + the vDisks'), at most `vssd.size` — [`region_cap`], every look, so a weight
+//! changed through the API moves space between the sides; without one, `vssd.size`.
+//!
 //! After a crash each side's journal says what it has: the engine's frees were durable
 //! before a grant, the region's yield before a give-back, so at start the region's blocks
 //! are free in the engine and are withheld again before any I/O ([`withhold_at_start`]).
@@ -57,15 +62,36 @@ pub fn withhold_at_start(svc: &VssdService, dp: &DataPath, runs: Runs) -> Result
     Ok(())
 }
 
-/// Starts the loop (see the top comment) for `svc`'s shared region over `dp`'s cache;
-/// `cap` is the most blocks the region may hold.
-pub fn start(svc: Arc<VssdService>, dp: Arc<DataPath>, runs: Runs, cap: u32) -> Result<(), String> {
-    svc.set_capacity(cap);
+/// The most blocks of `total` the region may hold: `size_cap`, or with weights, its
+/// weighted share of them (vSSDs' `vssd_weight` against the vDisks' `cache_weight`).
+pub fn region_cap(total: u32, size_cap: u32, weights: Option<(f64, f64)>) -> u32 {
+    match weights {
+        Some((v, c)) if v > 0.0 && v + c > 0.0 => ((f64::from(total) * v / (v + c)).floor() as u32).min(size_cap),
+        Some(_) => 0,
+        None => size_cap,
+    }
+}
+
+/// The region's cap now (see [`region_cap`]).
+fn cap_now(svc: &VssdService, total: u32, size_cap: u32) -> u32 {
+    let weights = svc.allocation().zip(svc.cache_weight()).map(|(a, cache)| {
+        let v: f64 = svc.running_vssds().iter().map(|&(id, _)| a.share(id).weight).sum();
+        (v, cache)
+    });
+    region_cap(total, size_cap, weights)
+}
+
+/// Starts the loop (see the top comment) for `svc`'s shared region of `total` blocks
+/// over `dp`'s cache; `size_cap` is the most blocks the region may hold.
+pub fn start(svc: Arc<VssdService>, dp: Arc<DataPath>, runs: Runs, total: u32, size_cap: u32) -> Result<(), String> {
+    svc.set_capacity(size_cap);
     std::thread::Builder::new()
         .name("cv-vssd-budget".into())
         .spawn(move || {
             let mut emptying = BTreeSet::new();
             while !svc.halted() && !dp.halted() {
+                let cap = cap_now(&svc, total, size_cap);
+                svc.set_capacity(cap);
                 if let Err(e) = step(&svc, &dp, runs, cap, &mut emptying) {
                     tracing::warn!(%e, "vSSD budget");
                 }
@@ -134,4 +160,21 @@ fn step(svc: &VssdService, dp: &DataPath, runs: Runs, cap: u32, emptying: &mut B
         svc.yield_free(inside - cap);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::region_cap;
+
+    #[test]
+    fn the_region_gets_its_weighted_share_at_most_its_size() {
+        assert_eq!(region_cap(16, 16, None), 16);
+        assert_eq!(region_cap(16, 10, None), 10);
+        assert_eq!(region_cap(16, 16, Some((1.0, 3.0))), 4);
+        assert_eq!(region_cap(16, 16, Some((3.0, 1.0))), 12);
+        assert_eq!(region_cap(16, 8, Some((3.0, 1.0))), 8);
+        assert_eq!(region_cap(15, 16, Some((1.0, 1.0))), 7, "rounded down: the cache keeps the odd block");
+        assert_eq!(region_cap(16, 16, Some((0.0, 1.0))), 0, "no running vSSD: nothing");
+        assert_eq!(region_cap(16, 16, Some((2.0, 0.0))), 16, "no vDisk weight: all of it, capped");
+    }
 }

@@ -54,6 +54,8 @@ pub struct VssdService {
     capacity: std::sync::atomic::AtomicU32,
     /// Blocks whose `Yield` is durable, for the budget to give back to the cache.
     yielded: std::sync::Mutex<Vec<cachevisor_vssd::Pbn>>,
+    /// The cache side's summed vDisk weights, when a shared budget splits by weight.
+    cache_weight: std::sync::OnceLock<Box<dyn Fn() -> f64 + Send + Sync>>,
 }
 
 fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
@@ -85,6 +87,7 @@ impl VssdService {
             allocation: Default::default(),
             capacity: std::sync::atomic::AtomicU32::new(config.geometry.blocks),
             yielded: Default::default(),
+            cache_weight: Default::default(),
         });
         let d = s.clone();
         let t = std::thread::Builder::new()
@@ -356,6 +359,16 @@ impl VssdService {
     /// Blocks in the region.
     pub fn region_blocks(&self) -> u32 {
         self.capacity.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Gives a shared budget the cache side's summed vDisk weights (read every look).
+    pub fn set_cache_weight(&self, f: Box<dyn Fn() -> f64 + Send + Sync>) {
+        let _ = self.cache_weight.set(f);
+    }
+
+    /// The cache side's summed vDisk weights, if known.
+    pub fn cache_weight(&self) -> Option<f64> {
+        self.cache_weight.get().map(|f| f())
     }
 
     /// Caps the blocks a shared region may hold (what the allocator shares out).

@@ -80,7 +80,7 @@ pub fn start(
     if plan.shared {
         let runs = super::budget::Runs { slots_per_block: (geometry.block_bytes / cache_block) as u32 };
         let started = super::budget::withhold_at_start(&svc, dp, runs)
-            .and_then(|()| super::budget::start(svc.clone(), dp.clone(), runs, plan.geometry.blocks));
+            .and_then(|()| super::budget::start(svc.clone(), dp.clone(), runs, geometry.blocks, plan.geometry.blocks));
         if let Err(e) = started {
             svc.halt();
             return Err(e);

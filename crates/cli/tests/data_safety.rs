@@ -677,3 +677,55 @@ fn a_shared_budget_follows_the_weights_of_vdisks_and_vssds() {
     qemu_io_ok(&a.uri("vm1"), &["read -P 0x33 0 16M"]);
     assert!(a.log().contains("blocks taken from the cache for the vSSDs"), "{}", a.log());
 }
+
+/// Issue 33, one SSD budget under load: fio writes and verifies (crc32c) a write-back
+/// vDisk larger than the cache while a vSSD in the same budget grows to half the cache
+/// and shrinks to nothing, again and again — its runs emptied under fio's writes (dirty
+/// blocks written back first) and given back: no byte fio wrote changes.
+#[test]
+fn fio_verify_holds_on_a_vdisk_while_a_shared_budget_moves_its_cache_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    wb_config(d, "l.toml", "16MiB", "vm1.img", Some("32MiB"), "");
+    let mut cfg = std::fs::read_to_string(d.join("l.toml")).unwrap();
+    cfg += "[vssd]\nsize = \"8MiB\"\nbudget = \"shared\"\ndeflate_grace = \"100ms\"\n[[vssd.device]]\nname = \"ssd\"\nmax_size = \"8MiB\"\n";
+    std::fs::write(d.join("l.toml"), cfg).unwrap();
+    let a = Daemon::start(d, "l.toml", &[]).unwrap();
+    let api = a.api.clone().unwrap();
+    let sock = d.join("cache.img.meta/ssd.vssd.sock");
+    let mut fio = std::process::Command::new("fio")
+        .args(["--name=v", "--ioengine=nbd", &format!("--uri={}", a.uri("vm1")), "--rw=randwrite", "--bs=4k"])
+        .args(["--iodepth=8", "--size=24M", "--loops=4", "--verify=crc32c", "--verify_backlog=512", "--verify_fatal=1"])
+        .args(["--do_verify=1", "--output-format=terse"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("fio (apt-get install fio)");
+    let wait_valid = |n: usize| {
+        let t = std::time::Instant::now();
+        while vssd_valid(&sock).len() != n {
+            assert!(t.elapsed() < Duration::from_secs(30), "the vSSD never held {n} blocks");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let mut rounds = 0;
+    let out = loop {
+        vssd_target(d, &api, 8);
+        wait_valid(8);
+        vssd_target(d, &api, 0);
+        wait_valid(0);
+        rounds += 1;
+        if rounds >= 3 && fio.try_wait().unwrap().is_some() {
+            break fio.wait_with_output().unwrap();
+        }
+    };
+    assert!(
+        out.status.success(),
+        "fio: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let log = a.log();
+    assert!(log.contains("blocks taken from the cache") && log.contains("returned to the cache"), "{log}");
+    eprintln!("{rounds} rounds of 8 blocks to the vSSD and back under fio's verified writes");
+}

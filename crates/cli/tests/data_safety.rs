@@ -675,6 +675,12 @@ fn a_shared_budget_follows_the_weights_of_vdisks_and_vssds() {
     // 3 : 3: half of them.
     settle(8);
     qemu_io_ok(&a.uri("vm1"), &["read -P 0x33 0 16M"]);
+    // What an operator scrapes: the region's blocks and cap, the cache blocks lent to it.
+    let api = a.api.as_deref().unwrap();
+    assert_eq!(metric(api, "cachevisor_vssd_region_cap_blocks "), 8);
+    assert_eq!(metric(api, "cachevisor_vssd_region_blocks "), 8);
+    let withheld = metric(api, "cachevisor_vssd_withheld_cache_blocks ");
+    assert!(withheld > 0 && withheld.is_multiple_of(8), "{withheld} cache blocks withheld for 8 vSSD blocks");
     assert!(a.log().contains("blocks taken from the cache for the vSSDs"), "{}", a.log());
 }
 

@@ -252,6 +252,11 @@ impl Daemon {
                 let h = self.dp.hint_counts();
                 [&h.queued, &h.loaded, &h.skipped, &h.dropped].map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
             },
+            vssd_region: self.vssd.as_ref().map(|v| crate::status::VssdRegionStatus {
+                blocks: u64::from(v.budget_view().0),
+                cap_blocks: u64::from(v.region_blocks()),
+                withheld_slots: self.dp.with_engine_mut(|e| e.withheld_slots()),
+            }),
         };
         self.metrics.render(state)
     }

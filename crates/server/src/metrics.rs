@@ -181,6 +181,25 @@ impl Collector for StateCollector {
             let g = ConstGauge::new(v);
             g.encode(enc.encode_descriptor(name, help, None, g.metric_type())?)?;
         }
+        if let Some(r) = self.0.vssd_region {
+            let region_gauges = [
+                ("cachevisor_vssd_region_blocks", "Blocks in the vSSD region now", r.blocks),
+                (
+                    "cachevisor_vssd_region_cap_blocks",
+                    "The most blocks the vSSD region may hold now (vssd.size, or a shared budget's weighted share)",
+                    r.cap_blocks,
+                ),
+                (
+                    "cachevisor_vssd_withheld_cache_blocks",
+                    "Cache blocks withheld from the host cache for the vSSD region (vssd.budget = \"shared\")",
+                    r.withheld_slots,
+                ),
+            ];
+            for (name, help, v) in region_gauges {
+                let g = ConstGauge::new(v as i64);
+                g.encode(enc.encode_descriptor(name, help, None, g.metric_type())?)?;
+            }
+        }
         let c0 = ConstCounter::new(0u64);
         let mut hints = enc.encode_descriptor(
             "cachevisor_cache_hint_blocks",

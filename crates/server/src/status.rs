@@ -48,6 +48,19 @@ pub struct State {
     pub guards: GuardCounts,
     /// NBD_CMD_CACHE hints in blocks: queued, loaded, skipped (cached already), dropped.
     pub cache_hints: [u64; 4],
+    /// The vSSD region, when there is one.
+    pub vssd_region: Option<VssdRegionStatus>,
+}
+
+/// The vSSD region's share of the SSD (`vssd.budget`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VssdRegionStatus {
+    /// Blocks in the region now (granted by the cache, or all of a region of its own).
+    pub blocks: u64,
+    /// The most it may hold now (its size, or a shared budget's weighted share).
+    pub cap_blocks: u64,
+    /// Cache slots withheld from the host cache for it (emptied or being emptied).
+    pub withheld_slots: u64,
 }
 
 /// Counts of what the daemon's limits refused (issue 30): API calls with a wrong token

@@ -12,6 +12,9 @@
 use cachevisor_engine::*;
 use cachevisor_trace::{Op, Request};
 use proptest::prelude::*;
+
+mod lending;
+use lending::RUN;
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeSet, HashMap};
 
@@ -80,9 +83,6 @@ enum Step {
         run: usize,
     },
 }
-
-/// Slots in a lent run.
-const RUN: u32 = 2;
 
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
@@ -261,7 +261,7 @@ struct Driver {
     commit: Option<(Commit, bool)>,
     version: u64,
     /// Runs withheld (first slot), and whether they are lent out yet.
-    lending: std::collections::BTreeMap<u32, bool>,
+    lending: lending::Lending,
 }
 
 impl Driver {
@@ -312,20 +312,15 @@ impl Driver {
 
     /// Retries emptying withheld runs; runs the engine says are empty are lent out.
     fn lend_ready(&mut self) -> Result<(), String> {
-        if self.lending.values().all(|&lent| lent) {
+        if !lending::waiting(&self.lending) {
             return Ok(());
         }
         self.e.submit_job(|e, out| {
             e.withhold_step(out);
         });
         self.pump()?;
-        for (&first, lent) in self.lending.iter_mut() {
-            if !*lent && self.e.withheld_ready(first, RUN) {
-                *lent = true;
-                for s in first..first + RUN {
-                    self.m.lend(s);
-                }
-            }
+        for s in lending::newly_lent(&self.e, &mut self.lending) {
+            self.m.lend(s);
         }
         Ok(())
     }
@@ -470,22 +465,10 @@ fn run(steps: &[Step], shared: bool, seed: u64, ahead: u32, repl: ReplacementKin
                 d.e.hold_admission(false, now);
             }
             Step::Tick => d.e.handle_timeout(now),
-            Step::Lend { run } => {
-                let first = run * RUN;
-                if !d.lending.contains_key(&first) {
-                    let mut r = Ok(());
-                    d.e.submit_job(|e, out| r = e.withhold(first, RUN, out));
-                    r.map_err(ctx)?;
-                    d.lending.insert(first, false);
-                }
-            }
+            Step::Lend { run } => lending::lend(&mut d.e, &mut d.lending, run * RUN).map_err(ctx)?,
             Step::Return { run } => {
-                if let Some(&first) = d.lending.keys().nth(run % d.lending.len().max(1)) {
-                    d.lending.remove(&first);
-                    d.e.return_slots(first, RUN);
-                    for s in first..first + RUN {
-                        d.m.lent.remove(&s);
-                    }
+                for s in lending::give_back(&mut d.e, &mut d.lending, run) {
+                    d.m.lent.remove(&s);
                 }
             }
         }

@@ -18,6 +18,9 @@ use cachevisor_engine::*;
 use cachevisor_trace::{Op, Request};
 use proptest::prelude::*;
 
+mod lending;
+use lending::RUN;
+
 const SECTORS_PER_DISK: u64 = 64;
 
 #[derive(Debug, Clone)]
@@ -136,11 +139,8 @@ struct Driver {
     w: DataModel,
     flying: Vec<DeviceOp>,
     /// Runs withheld (first slot), and whether the model lent them out yet.
-    lending: std::collections::BTreeMap<u32, bool>,
+    lending: lending::Lending,
 }
-
-/// Slots in a lent run.
-const RUN: u32 = 2;
 
 impl Driver {
     /// Takes the engine's new ops and handles its events.
@@ -210,20 +210,15 @@ impl Driver {
 
     /// Retries emptying withheld runs; runs the engine says are empty are lent out.
     fn lend_ready(&mut self) -> Result<(), String> {
-        if self.lending.values().all(|&lent| lent) {
+        if !lending::waiting(&self.lending) {
             return Ok(());
         }
         self.e.submit_job(|e, out| {
             e.withhold_step(out);
         });
         self.pump()?;
-        for (&first, lent) in self.lending.iter_mut() {
-            if !*lent && self.e.withheld_ready(first, RUN) {
-                *lent = true;
-                for s in first..first + RUN {
-                    self.w.lend(s);
-                }
-            }
+        for s in lending::newly_lent(&self.e, &mut self.lending) {
+            self.w.lend(s);
         }
         Ok(())
     }
@@ -313,21 +308,13 @@ fn run(steps: &[Step], setup: Setup) -> Result<(), String> {
                 }
             }
             Step::Lend { run } => {
-                let first = run * RUN;
-                if first + RUN <= slots as u32 && !d.lending.contains_key(&first) {
-                    let mut r = Ok(());
-                    d.e.submit_job(|e, out| r = e.withhold(first, RUN, out));
-                    r.map_err(ctx)?;
-                    d.lending.insert(first, false);
+                if (run + 1) * RUN <= slots as u32 {
+                    lending::lend(&mut d.e, &mut d.lending, run * RUN).map_err(ctx)?;
                 }
             }
             Step::Return { run } => {
-                if let Some(&first) = d.lending.keys().nth(run % d.lending.len().max(1)) {
-                    d.lending.remove(&first);
-                    d.e.return_slots(first, RUN);
-                    for s in first..first + RUN {
-                        d.w.unlend(s);
-                    }
+                for s in lending::give_back(&mut d.e, &mut d.lending, run) {
+                    d.w.unlend(s);
                 }
             }
             Step::Complete { pick, fail, torn } => {

@@ -1,0 +1,52 @@
+//! Lending runs of local-store slots out of the engine in the property tests (a vSSD
+//! region sharing the SSD): one definition of the steps the out-of-order and crash
+//! models both take — withhold a run, see which runs the engine has emptied, give one
+//! back. The models differ only in what they do with a lent slot's bytes.
+
+use cachevisor_engine::Engine;
+use std::collections::BTreeMap;
+
+/// Slots in a lent run.
+pub const RUN: u32 = 2;
+
+/// Runs withheld (first slot) and whether they are lent out yet.
+pub type Lending = BTreeMap<u32, bool>;
+
+/// Withholds the run at `first` (as a job) unless it is withheld already.
+pub fn lend(e: &mut Engine, lending: &mut Lending, first: u32) -> Result<(), String> {
+    if lending.contains_key(&first) {
+        return Ok(());
+    }
+    let mut r = Ok(());
+    e.submit_job(|e, out| r = e.withhold(first, RUN, out));
+    r?;
+    lending.insert(first, false);
+    Ok(())
+}
+
+/// Gives the `pick`-th withheld run (modulo) back; returns the slots the model no longer
+/// treats as lent.
+pub fn give_back(e: &mut Engine, lending: &mut Lending, pick: usize) -> Vec<u32> {
+    let Some(&first) = lending.keys().nth(pick % lending.len().max(1)) else { return Vec::new() };
+    lending.remove(&first);
+    e.return_slots(first, RUN);
+    (first..first + RUN).collect()
+}
+
+/// Whether some withheld run is not lent out yet (then the driver runs a `withhold_step`
+/// job and pumps before [`newly_lent`]).
+pub fn waiting(lending: &Lending) -> bool {
+    lending.values().any(|&lent| !lent)
+}
+
+/// The slots of the runs the engine now says are empty, marked lent.
+pub fn newly_lent(e: &Engine, lending: &mut Lending) -> Vec<u32> {
+    let mut slots = Vec::new();
+    for (&first, lent) in lending.iter_mut() {
+        if !*lent && e.withheld_ready(first, RUN) {
+            *lent = true;
+            slots.extend(first..first + RUN);
+        }
+    }
+    slots
+}

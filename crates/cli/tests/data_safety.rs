@@ -735,3 +735,74 @@ fn fio_verify_holds_on_a_vdisk_while_a_shared_budget_moves_its_cache_blocks() {
     assert!(log.contains("blocks taken from the cache") && log.contains("returned to the cache"), "{log}");
     eprintln!("{rounds} rounds of 8 blocks to the vSSD and back under fio's verified writes");
 }
+
+/// Issue 33, SymFlex §5.2 across both kinds of cache: with `symflex-proportional`, a
+/// shared budget's split follows the throughput each side serves from the SSD, not the
+/// weights. Ratios 1 : 1; a busy vSSD beside an idle vDisk gives its blocks to the cache
+/// (the cache side serves nothing, so it grows), and a busy vDisk beside an idle vSSD
+/// gives the region room again. Split by weight, the cap would sit at 8 throughout.
+#[test]
+fn a_proportional_shared_budget_follows_the_throughput_of_both_sides() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    wb_config(d, "p.toml", "16MiB", "vm1.img", Some("32MiB"), "");
+    let mut cfg = std::fs::read_to_string(d.join("p.toml")).unwrap();
+    cfg += "[vssd]\nsize = \"16MiB\"\nbudget = \"shared\"\ndeflate_grace = \"100ms\"\nallocator = \"symflex-proportional\"\ninterval = \"200ms\"\n[[vssd.device]]\nname = \"ssd\"\nmax_size = \"16MiB\"\n";
+    std::fs::write(d.join("p.toml"), cfg).unwrap();
+    let a = Daemon::start(d, "p.toml", &[]).unwrap();
+    let api = a.api.clone().unwrap();
+    let sock = d.join("cache.img.meta/ssd.vssd.sock");
+    let t = std::time::Instant::now();
+    let lbn = loop {
+        if let Some(&l) = vssd_valid(&sock).first() {
+            break l;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "the vSSD never got a block");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let load = |uri: String, offset: u64, size: &str| {
+        std::process::Command::new("fio")
+            .args(["--name=p", "--ioengine=nbd", &format!("--uri={uri}"), "--rw=randread", "--bs=4k", "--iodepth=4"])
+            .args([
+                &format!("--offset={offset}"),
+                &format!("--size={size}"),
+                "--time_based",
+                "--runtime=60",
+                "--thread",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("fio (apt-get install fio)")
+    };
+    let until = |what: &str, ok: &dyn Fn(u64) -> bool| {
+        let t = std::time::Instant::now();
+        let mut seen = Vec::new();
+        loop {
+            let cap = metric(&api, "cachevisor_vssd_region_cap_blocks ");
+            seen.push(cap);
+            if ok(cap) {
+                return seen;
+            }
+            assert!(t.elapsed() < Duration::from_secs(30), "{what}: the cap went {seen:?}\n{}", a.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    // The vSSD busy on the block it has, the vDisk idle: the region shrinks to a block.
+    let mut busy_vssd = load(a.uri("ssd"), lbn << 20, "1M");
+    let seen = until("busy vSSD, idle vDisk", &|cap| cap <= 1);
+    busy_vssd.kill().unwrap();
+    let out = busy_vssd.wait_with_output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stderr).is_empty(),
+        "fio on the vSSD: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("busy vSSD: cap {seen:?}");
+    // The vDisk busy on a hot 4 MiB, the vSSD idle: the region grows past the weights' 8.
+    let mut busy_vdisk = load(a.uri("vm1"), 0, "4M");
+    let seen = until("busy vDisk, idle vSSD", &|cap| cap >= 12);
+    busy_vdisk.kill().unwrap();
+    busy_vdisk.wait().unwrap();
+    eprintln!("busy vDisk: cap {seen:?}");
+}

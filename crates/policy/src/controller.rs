@@ -148,10 +148,11 @@ impl Controller {
         self.retired[vm] = true;
     }
 
-    /// The weights of the VMs not retired, summed (their side's claim on a budget it
-    /// shares with others: `vssd.budget = "shared"`).
-    pub fn weight_sum(&self) -> f64 {
-        self.settings.iter().zip(&self.retired).filter(|(_, &r)| !r).map(|(s, _)| s.weight).sum()
+    /// The weights and throughput ratios of the VMs not retired, each summed (their
+    /// side's claim on a budget it shares with others: `vssd.budget = "shared"`).
+    pub fn claim(&self) -> (f64, f64) {
+        let live = || self.settings.iter().zip(&self.retired).filter(|(_, &r)| !r).map(|(s, _)| s);
+        (live().map(|s| s.weight).sum(), live().map(|s| s.ratio).sum())
     }
 
     /// Whether VM `vm` is retired.

@@ -599,7 +599,7 @@ allow = ["CN=host-a,O=tenant1", "DNS:host-b.example"] # default []: over TLS, on
 
 [vssd]                        # SymFlex's elastic vSSDs: a region of the cache store file after the cache's blocks (omit the section for none)
 size = "1GiB"                 # required: the region, whole blocks; fixed while vSSDs hold blocks in it (metadata refuses a change); with budget = "shared", the most of the cache it may take
-budget = "own"                # default own (a range of its own after the cache's blocks) | shared (inside the cache's blocks: taken from the host cache as vSSDs inflate — dirty blocks written back first — and given back as they deflate; one SSD budget, split by the vDisks' and vSSDs' weights when an allocator runs here; block_size a multiple of the cache's; kept for the region's life)
+budget = "own"                # default own (a range of its own after the cache's blocks) | shared (inside the cache's blocks: taken from the host cache as vSSDs inflate — dirty blocks written back first — and given back as they deflate; one SSD budget, split with the vDisks by weight (symflex-weighted) or by throughput served from the SSD against the vDisks' and vSSDs' summed ratios (symflex-proportional) when an allocator runs here; block_size a multiple of the cache's; kept for the region's life)
 block_size = "1MiB"           # default 1MiB, a power of two from 4KiB to 1GiB: the unit of inflate and deflate
 deflate_grace = "30s"         # default 30s, 1ms to 1h: how long a guest has to give blocks back before the host takes its least recently used ones
 swap_dir = "var/cache.img.meta/vssd-swap" # default METADATA/vssd-swap: where an inactive persistent vSSD's blocks go when the space is needed

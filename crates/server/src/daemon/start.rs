@@ -329,9 +329,12 @@ impl Daemon {
         )));
         let (observing, interval, ticking) = (policy.clone(), policy.clone(), policy.clone());
         if let Some(svc) = &vssd {
-            // A shared budget splits by the vDisks' weights against the vSSDs'.
-            let weights = policy.clone();
-            svc.set_cache_weight(Box::new(move || weights.lock().unwrap_or_else(|e| e.into_inner()).ctl.weight_sum()));
+            // A shared budget splits by the vDisks' claim against the vSSDs'.
+            let (claims, hits, block) = (policy.clone(), dp.clone(), r.cache.block_size);
+            svc.set_cache_side(Box::new(move || {
+                let (weight, ratio) = claims.lock().unwrap_or_else(|e| e.into_inner()).ctl.claim();
+                crate::vssd::service::CacheSide { weight, ratio, hit_bytes: hits.hit_blocks_total() * block }
+            }));
         }
         dp.set_hooks(
             Some(Box::new(move |req| {

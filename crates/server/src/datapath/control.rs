@@ -220,6 +220,11 @@ impl DataPath {
         self.shared.lock().stats.get(vm as usize).copied().unwrap_or_default()
     }
 
+    /// Block accesses that hit, summed over every vDisk.
+    pub fn hit_blocks_total(&self) -> u64 {
+        self.shared.lock().stats.iter().map(|s| s.hit_blocks).sum()
+    }
+
     /// Records every request from now on with `w` (`None` stops); returns the previous
     /// recorder (to finish it).
     pub fn set_recorder(&self, w: Option<cachevisor_trace::TraceWriter>) -> Option<cachevisor_trace::TraceWriter> {

@@ -9,21 +9,24 @@
 //! run goes back to the cache once its `Yield` is durable. The cache's allocator sees its
 //! capacity less the runs withheld.
 //!
-//! The split (SymFlex §2.2's weighted share across both kinds of cache): with a vSSD
-//! allocator running, the region may hold the SSD's blocks × the running vSSDs' weights ÷
-//! (theirs + the vDisks'), at most `vssd.size` — [`region_cap`], every look, so a weight
-//! changed through the API moves space between the sides; without one, `vssd.size`.
+//! The split (SymFlex §2.2, §5.2, across both kinds of cache): with a vSSD allocator
+//! running, the region's cap is its weighted share of the SSD (every look, so a weight
+//! changed through the API moves space between the sides) or what proportional-throughput
+//! feedback gives it (every allocation interval) — [`super::split`]; without one,
+//! `vssd.size`.
 //!
 //! After a crash each side's journal says what it has: the engine's frees were durable
 //! before a grant, the region's yield before a give-back, so at start the region's blocks
 //! are free in the engine and are withheld again before any I/O ([`withhold_at_start`]).
 
 use super::service::VssdService;
+use super::split::{self, Side};
 use crate::datapath::DataPath;
+use cachevisor_policy::symflex_proportional::SymflexProportional;
 use cachevisor_vssd::Pbn;
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How often the loop looks.
 const PERIOD: Duration = Duration::from_millis(20);
@@ -62,35 +65,90 @@ pub fn withhold_at_start(svc: &VssdService, dp: &DataPath, runs: Runs) -> Result
     Ok(())
 }
 
-/// The most blocks of `total` the region may hold: `size_cap`, or with weights, its
-/// weighted share of them (vSSDs' `vssd_weight` against the vDisks' `cache_weight`).
-pub fn region_cap(total: u32, size_cap: u32, weights: Option<(f64, f64)>) -> u32 {
-    match weights {
-        Some((v, c)) if v > 0.0 && v + c > 0.0 => ((f64::from(total) * v / (v + c)).floor() as u32).min(size_cap),
-        Some(_) => 0,
-        None => size_cap,
+/// Decides the region's cap: `vssd.size`, or with a vSSD allocator running, its split of
+/// the SSD with the host cache ([`super::split`]).
+struct Cap {
+    total: u32,
+    size_cap: u32,
+    interval: Duration,
+    /// `symflex-proportional`'s feedback, the cap it last set, and the window it
+    /// measures: when it began, the vSSDs' served bytes and the cache's hit bytes then.
+    feedback: SymflexProportional,
+    decided: Option<u32>,
+    window: (Instant, u64, u64),
+}
+
+impl Cap {
+    /// The cap now; the proportional split moves once per allocation interval.
+    fn now(&mut self, svc: &VssdService) -> u32 {
+        let (Some(a), Some(cache)) = (svc.allocation(), svc.cache_side()) else { return self.size_cap };
+        let running = svc.running_vssds();
+        let shares: Vec<_> = running.iter().map(|&(id, _)| a.share(id)).collect();
+        let inside = svc.budget_view().0;
+        let mut vssds = Side {
+            weight: shares.iter().map(|s| s.weight).sum(),
+            ratio: shares.iter().map(|s| s.ratio).sum(),
+            blocks: inside,
+            min: running.len() as u32,
+            ..Side::default()
+        };
+        let mut cache_side = Side { weight: cache.weight, ratio: cache.ratio, ..Side::default() };
+        if a.name != "symflex-proportional" {
+            return split::weighted_cap(self.total, self.size_cap, &vssds, &cache_side);
+        }
+        let (since, served, hits) = self.window;
+        let secs = since.elapsed().as_secs_f64();
+        if self.decided.is_some() && secs < self.interval.as_secs_f64() {
+            return self.decided.unwrap_or(self.size_cap);
+        }
+        let (served_now, hits_now) = (svc.served_bytes(), cache.hit_bytes);
+        if let Some(cap) = self.decided {
+            vssds.blocks = cap;
+            vssds.bytes_per_sec = served_now.saturating_sub(served) as f64 / secs;
+            cache_side.bytes_per_sec = hits_now.saturating_sub(hits) as f64 / secs;
+        }
+        cache_side.blocks = self.total - vssds.blocks.min(self.total);
+        let cap = split::proportional_cap(&mut self.feedback, self.total, self.size_cap, &vssds, &cache_side);
+        if self.decided != Some(cap) {
+            tracing::debug!(
+                cap,
+                vssd_bytes_per_sec = vssds.bytes_per_sec,
+                cache_hit_bytes_per_sec = cache_side.bytes_per_sec,
+                "vSSD budget: the proportional split moved"
+            );
+        }
+        self.decided = Some(cap);
+        self.window = (Instant::now(), served_now, hits_now);
+        cap
     }
 }
 
-/// The region's cap now (see [`region_cap`]).
-fn cap_now(svc: &VssdService, total: u32, size_cap: u32) -> u32 {
-    let weights = svc.allocation().zip(svc.cache_weight()).map(|(a, cache)| {
-        let v: f64 = svc.running_vssds().iter().map(|&(id, _)| a.share(id).weight).sum();
-        (v, cache)
-    });
-    region_cap(total, size_cap, weights)
-}
-
 /// Starts the loop (see the top comment) for `svc`'s shared region of `total` blocks
-/// over `dp`'s cache; `size_cap` is the most blocks the region may hold.
-pub fn start(svc: Arc<VssdService>, dp: Arc<DataPath>, runs: Runs, total: u32, size_cap: u32) -> Result<(), String> {
+/// over `dp`'s cache; `size_cap` is the most blocks the region may hold, `interval` how
+/// often a proportional split measures and moves.
+pub fn start(
+    svc: Arc<VssdService>,
+    dp: Arc<DataPath>,
+    runs: Runs,
+    total: u32,
+    size_cap: u32,
+    interval: Duration,
+) -> Result<(), String> {
     svc.set_capacity(size_cap);
+    let mut cap = Cap {
+        total,
+        size_cap,
+        interval,
+        feedback: SymflexProportional::default(),
+        decided: None,
+        window: (Instant::now(), 0, 0),
+    };
     std::thread::Builder::new()
         .name("cv-vssd-budget".into())
         .spawn(move || {
             let mut emptying = BTreeSet::new();
             while !svc.halted() && !dp.halted() {
-                let cap = cap_now(&svc, total, size_cap);
+                let cap = cap.now(&svc);
                 svc.set_capacity(cap);
                 if let Err(e) = step(&svc, &dp, runs, cap, &mut emptying) {
                     tracing::warn!(%e, "vSSD budget");
@@ -160,21 +218,4 @@ fn step(svc: &VssdService, dp: &DataPath, runs: Runs, cap: u32, emptying: &mut B
         svc.yield_free(inside - cap);
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::region_cap;
-
-    #[test]
-    fn the_region_gets_its_weighted_share_at_most_its_size() {
-        assert_eq!(region_cap(16, 16, None), 16);
-        assert_eq!(region_cap(16, 10, None), 10);
-        assert_eq!(region_cap(16, 16, Some((1.0, 3.0))), 4);
-        assert_eq!(region_cap(16, 16, Some((3.0, 1.0))), 12);
-        assert_eq!(region_cap(16, 8, Some((3.0, 1.0))), 8);
-        assert_eq!(region_cap(15, 16, Some((1.0, 1.0))), 7, "rounded down: the cache keeps the odd block");
-        assert_eq!(region_cap(16, 16, Some((0.0, 1.0))), 0, "no running vSSD: nothing");
-        assert_eq!(region_cap(16, 16, Some((2.0, 0.0))), 16, "no vDisk weight: all of it, capped");
-    }
 }

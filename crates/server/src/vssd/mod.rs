@@ -12,4 +12,5 @@ pub mod meta;
 pub mod region;
 pub mod service;
 pub mod settings;
+pub mod split;
 pub mod startup;

@@ -48,14 +48,27 @@ pub struct VssdService {
     io: IoPool,
     /// Requests each vSSD served since start (the allocator's throughput).
     served: Mutex<std::collections::BTreeMap<VssdId, u64>>,
+    /// Bytes all vSSDs served since start (a shared budget's proportional split).
+    served_bytes: std::sync::atomic::AtomicU64,
     /// The allocator, when one runs.
     allocation: std::sync::OnceLock<Arc<super::allocation::Allocation>>,
     /// The most blocks the region may hold (all of them, or a shared region's cap).
     capacity: std::sync::atomic::AtomicU32,
     /// Blocks whose `Yield` is durable, for the budget to give back to the cache.
     yielded: std::sync::Mutex<Vec<cachevisor_vssd::Pbn>>,
-    /// The cache side's summed vDisk weights, when a shared budget splits by weight.
-    cache_weight: std::sync::OnceLock<Box<dyn Fn() -> f64 + Send + Sync>>,
+    /// The cache side's claim, when a shared budget splits the SSD with it.
+    cache_side: std::sync::OnceLock<Box<dyn Fn() -> CacheSide + Send + Sync>>,
+}
+
+/// What the host-managed cache claims of a budget it shares with the vSSD region.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CacheSide {
+    /// The vDisks' weights, summed.
+    pub weight: f64,
+    /// The vDisks' throughput ratios, summed.
+    pub ratio: f64,
+    /// Bytes the vDisks' cache hits served since start.
+    pub hit_bytes: u64,
 }
 
 fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
@@ -84,10 +97,11 @@ impl VssdService {
             driver: Mutex::new(None),
             io: IoPool::new(IO_THREADS),
             served: Mutex::new(Default::default()),
+            served_bytes: Default::default(),
             allocation: Default::default(),
             capacity: std::sync::atomic::AtomicU32::new(config.geometry.blocks),
             yielded: Default::default(),
-            cache_weight: Default::default(),
+            cache_side: Default::default(),
         });
         let d = s.clone();
         let t = std::thread::Builder::new()
@@ -314,9 +328,10 @@ impl VssdService {
         lock(&self.inner).m.start_io(id, offset, len, now)
     }
 
-    fn end_io(&self, id: VssdId, io: cachevisor_vssd::io::Io) {
+    fn end_io(&self, id: VssdId, io: cachevisor_vssd::io::Io, bytes: usize) {
         self.with(|m, _| m.end_io(io));
         *self.served.lock().unwrap_or_else(|p| p.into_inner()).entry(id).or_default() += 1;
+        self.served_bytes.fetch_add(bytes as u64, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Whether the service stopped (`halt`).
@@ -361,14 +376,19 @@ impl VssdService {
         self.capacity.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Gives a shared budget the cache side's summed vDisk weights (read every look).
-    pub fn set_cache_weight(&self, f: Box<dyn Fn() -> f64 + Send + Sync>) {
-        let _ = self.cache_weight.set(f);
+    /// Gives a shared budget the cache side's claim (read every look).
+    pub fn set_cache_side(&self, f: Box<dyn Fn() -> CacheSide + Send + Sync>) {
+        let _ = self.cache_side.set(f);
     }
 
-    /// The cache side's summed vDisk weights, if known.
-    pub fn cache_weight(&self) -> Option<f64> {
-        self.cache_weight.get().map(|f| f())
+    /// The cache side's claim now, if a shared budget set it.
+    pub fn cache_side(&self) -> Option<CacheSide> {
+        self.cache_side.get().map(|f| f())
+    }
+
+    /// Bytes all vSSDs served since start.
+    pub fn served_bytes(&self) -> u64 {
+        self.served_bytes.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Caps the blocks a shared region may hold (what the allocator shares out).
@@ -409,7 +429,7 @@ impl VssdService {
     pub fn read(&self, id: VssdId, offset: u64, buf: &mut [u8]) -> Result<(), VssdIoError> {
         let io = self.start_io(id, offset, buf.len() as u64)?;
         let r = self.region.read(&io.extents, buf);
-        self.end_io(id, io);
+        self.end_io(id, io, buf.len());
         r.map_err(VssdIoError::Device)
     }
 
@@ -417,7 +437,7 @@ impl VssdService {
     pub fn write(&self, id: VssdId, offset: u64, data: &[u8]) -> Result<(), VssdIoError> {
         let io = self.start_io(id, offset, data.len() as u64)?;
         let r = self.region.write(&io.extents, data);
-        self.end_io(id, io);
+        self.end_io(id, io, data.len());
         r.map_err(VssdIoError::Device)
     }
 

@@ -79,8 +79,10 @@ pub fn start(
     let svc = VssdService::start(config, state, meta, region);
     if plan.shared {
         let runs = super::budget::Runs { slots_per_block: (geometry.block_bytes / cache_block) as u32 };
-        let started = super::budget::withhold_at_start(&svc, dp, runs)
-            .and_then(|()| super::budget::start(svc.clone(), dp.clone(), runs, geometry.blocks, plan.geometry.blocks));
+        let started = super::budget::withhold_at_start(&svc, dp, runs).and_then(|()| {
+            let interval = std::time::Duration::from_nanos(plan.interval_ns);
+            super::budget::start(svc.clone(), dp.clone(), runs, geometry.blocks, plan.geometry.blocks, interval)
+        });
         if let Err(e) = started {
             svc.halt();
             return Err(e);

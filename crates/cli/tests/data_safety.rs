@@ -806,3 +806,35 @@ fn a_proportional_shared_budget_follows_the_throughput_of_both_sides() {
     busy_vdisk.wait().unwrap();
     eprintln!("busy vDisk: cap {seen:?}");
 }
+
+/// Issue 33: a shared budget takes the runs that cost the cache least. Half the cache
+/// holds vm1's dirty bytes, the other half nothing; a vSSD asking for four blocks gets
+/// four empty runs, so nothing is written back (vm1's backing file stays as it was) and
+/// vm1's bytes stay cached. Lowest-numbered runs first would write back 4 MiB.
+#[test]
+fn a_shared_budget_takes_the_runs_that_cost_the_cache_least() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    wb_config(d, "c.toml", "16MiB", "vm1.img", Some("32MiB"), "");
+    let mut cfg = std::fs::read_to_string(d.join("c.toml")).unwrap();
+    cfg += "[vssd]\nsize = \"8MiB\"\nbudget = \"shared\"\n[[vssd.device]]\nname = \"ssd\"\nmax_size = \"8MiB\"\n";
+    std::fs::write(d.join("c.toml"), cfg).unwrap();
+    let a = Daemon::start(d, "c.toml", &[]).unwrap();
+    qemu_io_ok(&a.uri("vm1"), &["write -P 0x11 0 8M", "flush"]);
+    let api = a.api.clone().unwrap();
+    let dirty = metric(&api, "cachevisor_dirty_blocks{vdisk=\"vm1\"} ");
+    assert_eq!(dirty, 2048, "8 MiB of 4 KiB blocks dirty");
+    vssd_target(d, &api, 4);
+    let sock = d.join("cache.img.meta/ssd.vssd.sock");
+    let t = std::time::Instant::now();
+    while vssd_valid(&sock).len() != 4 {
+        assert!(t.elapsed() < Duration::from_secs(30), "the vSSD never held 4 blocks");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(metric(&api, "cachevisor_dirty_blocks{vdisk=\"vm1\"} "), 2048, "no dirty block written back");
+    assert!(
+        !file_is(&d.join("vm1.img"), 0x11, 4096),
+        "vm1's backing file was written: runs with dirty blocks were taken"
+    );
+    qemu_io_ok(&a.uri("vm1"), &["read -P 0x11 0 8M"]);
+}

@@ -71,5 +71,6 @@ pub use prewarm_load::PrewarmOutcome;
 pub use replacement::{Replacement, ReplacementKind};
 pub use stores::{StoreId, StoreLayout, LOCAL};
 pub use timers::{Flusher, Schedule};
+pub use withheld::WithholdCost;
 pub use write_policy::WritePolicy;
 pub use writeback_ahead::MAX_WRITEBACK_AHEAD;

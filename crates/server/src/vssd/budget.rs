@@ -3,11 +3,12 @@
 //! and its own caching): the region lives in the cache's blocks, a vSSD block being a run
 //! of cache slots, and this loop moves blocks between the two as the vSSDs' targets
 //! change. When the region's vSSDs lack blocks its free list cannot give (and it is below
-//! its cap, `vssd.size`), it asks the engine to empty runs (`Engine::withhold`: dirty
-//! blocks written back, the frees made durable) and grants each run to the region once
-//! the engine says it is empty; free blocks the vSSDs no longer need are yielded, and a
-//! run goes back to the cache once its `Yield` is durable. The cache's allocator sees its
-//! capacity less the runs withheld.
+//! its cap), it asks the engine to empty the runs that cost the cache least
+//! (`Engine::withhold_cost`: fewest dirty blocks, then fewest cached ones;
+//! `Engine::withhold`: dirty blocks written back, the frees made durable) and grants each
+//! run to the region once the engine says it is empty; free blocks the vSSDs no longer
+//! need are yielded, and a run goes back to the cache once its `Yield` is durable. The
+//! cache's allocator sees its capacity less the runs withheld.
 //!
 //! The split (SymFlex §2.2, §5.2, across both kinds of cache): with a vSSD allocator
 //! running, the region's cap is its weighted share of the SSD (every look, so a weight
@@ -160,6 +161,21 @@ pub fn start(
     Ok(())
 }
 
+/// The `take` runs of `candidates` that cost the cache least to give up (fewest dirty
+/// blocks to write back, then fewest cached blocks lost; the lowest-numbered among
+/// equals), from one look at the engine.
+fn cheapest(dp: &DataPath, runs: Runs, candidates: Vec<Pbn>, take: usize) -> Vec<Pbn> {
+    let k = runs.slots_per_block;
+    let mut costed: Vec<(cachevisor_engine::WithholdCost, Pbn)> =
+        dp.with_engine_mut(|e| candidates.into_iter().map(|p| (e.withhold_cost(runs.first(p), k), p)).collect());
+    if take < costed.len() {
+        costed.select_nth_unstable(take);
+        costed.truncate(take);
+    }
+    costed.sort_unstable();
+    costed.into_iter().map(|(_, p)| p).collect()
+}
+
 /// One look: runs the engine emptied granted, more asked for or given back, yielded
 /// blocks returned to the cache.
 fn step(svc: &VssdService, dp: &DataPath, runs: Runs, cap: u32, emptying: &mut BTreeSet<Pbn>) -> Result<(), String> {
@@ -196,7 +212,8 @@ fn step(svc: &VssdService, dp: &DataPath, runs: Runs, cap: u32, emptying: &mut B
     if shortfall > on_way {
         let room = cap.saturating_sub(inside + on_way);
         let take = (shortfall - on_way).min(room) as usize;
-        let next: Vec<Pbn> = outside.into_iter().filter(|p| !emptying.contains(p)).take(take).collect();
+        let candidates: Vec<Pbn> = outside.into_iter().filter(|p| !emptying.contains(p)).collect();
+        let next = if take == 0 { Vec::new() } else { cheapest(dp, runs, candidates, take) };
         for pbn in next {
             let mut r = Ok(());
             job(&mut |e, out| r = e.withhold(runs.first(pbn), k, out))?;

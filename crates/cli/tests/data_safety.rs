@@ -838,3 +838,82 @@ fn a_shared_budget_takes_the_runs_that_cost_the_cache_least() {
     );
     qemu_io_ok(&a.uri("vm1"), &["read -P 0x11 0 8M"]);
 }
+
+/// Issue 33 (SymFlex §2.4.4 under one budget): a persistent vSSD whose VM stops leaves the
+/// weighted split (it no longer runs), so its blocks are swapped out and go back to the
+/// cache, which vm1 then fills; when its VM starts again it gets blocks back from the
+/// cache (vm1's dirty bytes written back first) and its data swapped in — and across a
+/// SIGKILL after that, both keep every byte.
+#[test]
+fn a_stopped_persistent_vssd_gives_its_blocks_to_the_cache_and_gets_its_data_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    wb_config(d, "i.toml", "16MiB", "vm1.img", Some("32MiB"), "");
+    let mut cfg = std::fs::read_to_string(d.join("i.toml")).unwrap();
+    cfg += "[vssd]\nsize = \"16MiB\"\nbudget = \"shared\"\ndeflate_grace = \"100ms\"\nallocator = \"symflex-weighted\"\ninterval = \"100ms\"\n[[vssd.device]]\nname = \"ssd\"\nmax_size = \"8MiB\"\npersist = true\n";
+    std::fs::write(d.join("i.toml"), cfg).unwrap();
+    let sock = d.join("cache.img.meta/ssd.vssd.sock");
+    let a = Daemon::start(d, "i.toml", &[]).unwrap();
+    let api = a.api.clone().unwrap();
+    let region = |want: u64| {
+        let t = std::time::Instant::now();
+        while metric(&api, "cachevisor_vssd_region_blocks ") != want {
+            assert!(t.elapsed() < Duration::from_secs(30), "the region never held {want} blocks\n{}", a.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    // Weights 1 : 1 of 16 blocks: the vSSD takes 8, all of its 8 MiB.
+    region(8);
+    let valid = {
+        let t = std::time::Instant::now();
+        loop {
+            let v = vssd_valid(&sock);
+            if v.len() == 8 {
+                break v;
+            }
+            assert!(t.elapsed() < Duration::from_secs(30), "the vSSD holds {v:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let uri = a.uri("ssd");
+    for lbn in 0..8u64 {
+        qemu_io_ok(&uri, &[&format!("write -P {:#x} {lbn}M 1M", 0x40 + lbn)]);
+    }
+    qemu_io_ok(&uri, &["flush"]);
+    let token = std::fs::read_to_string(d.join("cache.img.meta/api-token")).unwrap();
+    let post = |what: &str| {
+        ureq::post(&format!("http://{api}/vssds/ssd/{what}"))
+            .set("Authorization", &format!("Bearer {token}"))
+            .send_json(serde_json::json!({}))
+            .unwrap();
+    };
+    post("stop");
+    region(0);
+    let t = std::time::Instant::now();
+    while metric(&api, "cachevisor_vssd_withheld_cache_blocks ") != 0 {
+        assert!(t.elapsed() < Duration::from_secs(30), "the cache never got its blocks back");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(a.log().contains("swapped out for the cache"), "{}", a.log());
+    // The cache has all 16 MiB again: vm1 fills it dirty.
+    qemu_io_ok(&a.uri("vm1"), &["write -P 0x22 0 16M", "flush"]);
+    assert!(metric(&api, "cachevisor_dirty_blocks{vdisk=\"vm1\"} ") > 2048, "vm1 holds more than half the cache");
+    post("start");
+    region(8);
+    let t = std::time::Instant::now();
+    while vssd_valid(&sock).len() != 8 {
+        assert!(t.elapsed() < Duration::from_secs(30), "the vSSD never got its 8 blocks back");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let own: Vec<String> = (0..8u64).map(|l| format!("read -P {:#x} {l}M 1M", 0x40 + l)).collect();
+    let own: Vec<&str> = own.iter().map(String::as_str).collect();
+    qemu_io_ok(&a.uri("ssd"), &own);
+    assert_eq!(vssd_valid(&sock), valid);
+    qemu_io_ok(&a.uri("vm1"), &["read -P 0x22 0 16M"]);
+    let mut a = a;
+    a.kill9();
+    let a = Daemon::start(d, "i.toml", &[]).unwrap();
+    assert_eq!(vssd_valid(&sock), valid);
+    qemu_io_ok(&a.uri("ssd"), &own);
+    qemu_io_ok(&a.uri("vm1"), &["read -P 0x22 0 16M"]);
+}

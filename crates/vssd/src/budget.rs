@@ -49,16 +49,44 @@ impl BlockManager {
         self.live.iter().filter(|l| !matches!(l, Live::Outside | Live::Yielding)).count() as u32
     }
 
-    /// Blocks the region lacks for its running vSSDs' targets beyond its free ones (what
-    /// a budget allocator grants next).
+    /// Blocks the region lacks for its running vSSDs beyond its free ones (what a budget
+    /// allocator grants next): their targets, and the swapped-out blocks of a restarted
+    /// persistent vSSD waiting for a block to come back into (which its target counts as
+    /// held).
     pub fn shortfall(&self) -> u32 {
         let want: u64 = self
             .vssds
             .iter()
-            .filter(|(&id, _)| self.state.vssd(id).is_some_and(|v| v.active && !v.removing))
-            .map(|(&id, l)| u64::from(l.target.saturating_sub(self.held(id))))
+            .filter_map(|(&id, l)| Some((id, l, self.state.vssd(id).filter(|v| v.active && !v.removing)?)))
+            .map(|(id, l, v)| {
+                let waiting = (v.swapped.len() as u32).saturating_sub(self.tally(id).map_or(0, |t| t.filling_swap_in));
+                u64::from(l.target.saturating_sub(self.held(id))) + u64::from(waiting)
+            })
             .sum();
         want.saturating_sub(self.free.len() as u64).min(u64::from(u32::MAX)) as u32
+    }
+
+    /// Lets the region shrink to `cap` blocks when free blocks and the running vSSDs'
+    /// releases cannot: blocks of inactive persistent vSSDs are swapped out, inactive
+    /// longest first (SymFlex §2.4.4: an inactive VM's blocks leave the SSD when the space
+    /// is needed — here by the host cache), and are free once their `SwappedOut` is
+    /// committed, for [`Self::yield_free`]. Returns how many swap-outs it started.
+    pub fn shed_inactive(&mut self, cap: u32) -> u32 {
+        let over = self.region_blocks().saturating_sub(cap);
+        let releasing: u32 = self
+            .vssds
+            .iter()
+            .filter(|(&id, _)| self.state.vssd(id).is_some_and(|v| v.active && !v.removing))
+            .map(|(&id, l)| {
+                let on_ssd = self.tally(id).map_or(0, |t| t.valid + t.committing + t.filling.len() as u32);
+                on_ssd.saturating_sub(l.target)
+            })
+            .sum();
+        let n = over.saturating_sub(self.free.len() as u32 + releasing);
+        if n == 0 {
+            return 0;
+        }
+        self.reclaim_inactive(u64::from(n)) as u32
     }
 
     /// Blocks outside the region, in ascending order (the cache engine's).

@@ -545,10 +545,11 @@ impl BlockManager {
     }
 
     /// Starts swapping out up to `n` blocks of inactive persistent vSSDs, inactive longest
-    /// first (blocks already on their way out count).
-    fn reclaim_inactive(&mut self, n: u64) {
+    /// first (blocks already on their way out count); returns how many it started.
+    pub(crate) fn reclaim_inactive(&mut self, n: u64) -> u64 {
         let leaving = self.live.iter().filter(|l| matches!(l, Live::SwappingOut { .. } | Live::Freeing)).count() as u64;
         let mut n = n.saturating_sub(leaving);
+        let mut started = 0;
         let mut order: Vec<(Nanos, VssdId)> =
             self.vssds.iter().filter_map(|(&id, l)| l.inactive_since.map(|t| (t, id))).collect();
         order.sort_unstable();
@@ -557,15 +558,17 @@ impl BlockManager {
                 self.state.vssd(id).map(|v| v.map.iter().map(|(&l, &p)| (l, p)).collect()).unwrap_or_default();
             for (lbn, pbn) in blocks {
                 if n == 0 {
-                    return;
+                    return started;
                 }
                 if self.live[pbn as usize] == (Live::Valid { id, lbn }) {
                     let op = self.push_op(OpKind::SwapOut { id, lbn, pbn });
                     self.set_live(pbn, Live::SwappingOut { id, lbn, op });
                     n -= 1;
+                    started += 1;
                 }
             }
         }
+        started
     }
 
     /// Writes `Remove` for a vSSD being removed once it holds nothing.

@@ -90,6 +90,10 @@ enum Step {
     Yield {
         n: u32,
     },
+    /// The budget wants the region down to `cap` blocks: inactive vSSDs' blocks swap out.
+    Shed {
+        cap: u32,
+    },
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -112,6 +116,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => Just(Step::Crash),
         3 => any::<u32>().prop_map(|pick| Step::Grant { pick }),
         1 => (0u32..3).prop_map(|n| Step::Yield { n }),
+        1 => (0u32..8).prop_map(|cap| Step::Shed { cap }),
     ]
 }
 
@@ -366,6 +371,9 @@ impl World {
             }
             Step::Yield { n } => {
                 self.m.yield_free(n);
+            }
+            Step::Shed { cap } => {
+                self.m.shed_inactive(cap);
             }
             Step::Crash => {
                 let state = State::replay_onto(self.start(), &self.durable).expect("the durable records replay");

@@ -256,3 +256,45 @@ fn a_target_the_region_cannot_meet_waits_without_a_timer() {
     assert_eq!(m.resize_status(b).unwrap().valid, 3);
     assert!(m.set_target(a, 9, 3).unwrap_err().contains("more than its maximum 8"));
 }
+
+/// A region the budget shrinks below what a stopped persistent vSSD holds: free blocks
+/// count first, then the stopped vSSD's blocks are swapped out — only as many as the cap
+/// needs — and yielded once free; its data comes back when it restarts.
+#[test]
+fn a_lowered_cap_swaps_out_a_stopped_persistent_vssd_only_as_far_as_needed() {
+    let geometry = Geometry::new(MIB, 8).unwrap();
+    let mut m = BlockManager::new(Config { geometry, deflate_grace: 5_000 }, State::shared(geometry));
+    let mut j = Vec::new();
+    for pbn in 0..6 {
+        m.grant(pbn).unwrap();
+    }
+    pump(&mut m, &mut j);
+    let db = m.register("db", 8, 4, true, 0).unwrap();
+    pump(&mut m, &mut j);
+    m.stop(db, 1).unwrap();
+    pump(&mut m, &mut j);
+    assert_eq!((m.region_blocks(), m.free_blocks()), (6, 2));
+    // Down to 5: a free block will do, nothing swapped.
+    assert_eq!(m.shed_inactive(5), 0);
+    // Down to 1: two free blocks and three of db's.
+    assert_eq!(m.shed_inactive(1), 3);
+    let mut swapped = 0;
+    pump_with(&mut m, &mut j, |k| swapped += u32::from(matches!(k, OpKind::SwapOut { id, .. } if *id == db)));
+    assert_eq!(swapped, 3);
+    assert_eq!(m.shed_inactive(1), 0, "the swap-outs done left 5 free blocks: enough");
+    assert_eq!(m.yield_free(5), 5);
+    pump(&mut m, &mut j);
+    assert_eq!(m.region_blocks(), 1);
+    assert_eq!(m.state().vssd(db).unwrap().swapped.len(), 3);
+    // db restarts: its three swapped-out blocks need blocks of the cache's to come back
+    // into (the budget's shortfall), and once granted it has all four.
+    m.register("db", 8, 0, true, 2).unwrap();
+    pump(&mut m, &mut j);
+    assert_eq!(m.shortfall(), 3);
+    for pbn in m.outside_blocks().into_iter().take(3) {
+        m.grant(pbn).unwrap();
+    }
+    pump(&mut m, &mut j);
+    assert_eq!(m.shortfall(), 0);
+    assert_eq!(m.valid_lbns(db), [0, 1, 2, 3]);
+}

@@ -228,11 +228,15 @@ fn step(svc: &VssdService, dp: &DataPath, runs: Runs, cap: u32, emptying: &mut B
             dp.with_engine_mut(|e| e.return_slots(runs.first(pbn), k));
         }
     }
-    // Free blocks no vSSD waits for go back (and any above a lowered cap).
+    // Free blocks no vSSD waits for go back (and any above a lowered cap); above the cap,
+    // stopped persistent vSSDs' blocks are swapped out to make more free (SymFlex §2.4.4).
     if shortfall == 0 && free > 0 {
         svc.yield_free(free);
     } else if inside > cap {
         svc.yield_free(inside - cap);
+    }
+    if inside > cap && svc.shed_inactive(cap) > 0 {
+        tracing::info!(cap, "vSSD budget: a stopped vSSD's blocks are swapped out for the cache");
     }
     Ok(())
 }

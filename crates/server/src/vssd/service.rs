@@ -413,6 +413,12 @@ impl VssdService {
         self.with(|m, _| m.yield_free(n))
     }
 
+    /// Swaps out stopped persistent vSSDs' blocks so the region can shrink to `cap`
+    /// (`BlockManager::shed_inactive`); returns how many swap-outs started.
+    pub fn shed_inactive(&self, cap: u32) -> u32 {
+        self.with(|m, _| m.shed_inactive(cap))
+    }
+
     /// Blocks whose `Yield` became durable since the last call.
     pub fn take_yielded(&self) -> Vec<cachevisor_vssd::Pbn> {
         std::mem::take(&mut *self.yielded.lock().unwrap_or_else(|p| p.into_inner()))

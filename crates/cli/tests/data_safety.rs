@@ -506,6 +506,25 @@ fn vssd_valid(sock: &Path) -> Vec<u64> {
 }
 
 /// Sets vSSD `ssd`'s target through the API of the daemon whose cache is in `dir`.
+/// Polls `probe` every 20 ms until `ok` holds for what it returns, at most 30 s; returns
+/// that. Fails naming `what` and the last value seen otherwise.
+fn eventually<T: std::fmt::Debug>(what: &str, mut probe: impl FnMut() -> T, ok: impl Fn(&T) -> bool) -> T {
+    let t = std::time::Instant::now();
+    loop {
+        let v = probe();
+        if ok(&v) {
+            return v;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "never {what}: last {v:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The vSSD's valid blocks once there are `n` of them.
+fn vssd_valid_n(sock: &Path, n: usize) -> Vec<u64> {
+    eventually(&format!("{n} valid vSSD blocks"), || vssd_valid(sock), |v| v.len() == n)
+}
+
 fn vssd_target(dir: &Path, api: &str, blocks: u32) {
     let token = std::fs::read_to_string(dir.join("cache.img.meta/api-token")).unwrap();
     ureq::post(&format!("http://{api}/vssds/ssd/target"))
@@ -545,11 +564,7 @@ fn a_vssd_keeps_its_blocks_and_bytes_across_sigkills_during_resizes() {
     let sock = d.join("cache.img.meta/ssd.vssd.sock");
     let target = |api: &str, blocks: u32| vssd_target(d, api, blocks);
     let mut a = Daemon::start(d, "v.toml", &[]).unwrap();
-    let t = std::time::Instant::now();
-    while vssd_valid(&sock).len() < 8 {
-        assert!(t.elapsed() < Duration::from_secs(20), "the initial blocks never came");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    eventually("the initial blocks", || vssd_valid(&sock).len(), |&n| n >= 8);
     let uri = a.uri("ssd");
     for lbn in 0..8u64 {
         qemu_io_ok(&uri, &[&format!("write -P {:#x} {lbn}M 1M", 0x40 + lbn)]);
@@ -587,17 +602,7 @@ fn a_shared_budget_moves_blocks_between_the_cache_and_a_vssd_and_loses_no_byte()
     std::fs::write(d.join("s.toml"), cfg).unwrap();
     let sock = d.join("cache.img.meta/ssd.vssd.sock");
     let target = |api: &str, blocks: u32| vssd_target(d, api, blocks);
-    let wait_valid = |n: usize| {
-        let t = std::time::Instant::now();
-        loop {
-            let v = vssd_valid(&sock);
-            if v.len() == n {
-                return v;
-            }
-            assert!(t.elapsed() < Duration::from_secs(30), "the vSSD holds {v:?}, not {n} blocks");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    };
+    let wait_valid = |n: usize| vssd_valid_n(&sock, n);
     let mut a = Daemon::start(d, "s.toml", &[]).unwrap();
     // The whole cache dirty with vm1's bytes: the vSSD starts with nothing.
     qemu_io_ok(&a.uri("vm1"), &["write -P 0x11 0 16M", "flush"]);
@@ -622,11 +627,7 @@ fn a_shared_budget_moves_blocks_between_the_cache_and_a_vssd_and_loses_no_byte()
     // deadline); the four go back to the cache, which fills them with vm1's new bytes.
     target(a.api.as_deref().unwrap(), 2);
     let valid = wait_valid(2);
-    let t = std::time::Instant::now();
-    while !a.log().contains("returned to the cache") {
-        assert!(t.elapsed() < Duration::from_secs(30), "no block went back to the cache: {}", a.log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    eventually("a block back in the cache", || a.log().contains("returned to the cache"), |&b| b);
     qemu_io_ok(&a.uri("vm1"), &["write -P 0x22 0 16M", "flush"]);
     vssd_check(&a.uri("ssd"), &valid, 8, "after the deflate");
     a.kill9();
@@ -652,17 +653,7 @@ fn a_shared_budget_follows_the_weights_of_vdisks_and_vssds() {
     cfg += "[vssd]\nsize = \"16MiB\"\nbudget = \"shared\"\ndeflate_grace = \"100ms\"\nallocator = \"symflex-weighted\"\ninterval = \"100ms\"\n[[vssd.device]]\nname = \"ssd\"\nmax_size = \"16MiB\"\nweight = 1.0\n";
     std::fs::write(d.join("w.toml"), cfg).unwrap();
     let sock = d.join("cache.img.meta/ssd.vssd.sock");
-    let settle = |n: usize| {
-        let t = std::time::Instant::now();
-        loop {
-            let v = vssd_valid(&sock);
-            if v.len() == n {
-                return;
-            }
-            assert!(t.elapsed() < Duration::from_secs(30), "the vSSD holds {} blocks, not {n}", v.len());
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    };
+    let settle = |n: usize| vssd_valid_n(&sock, n);
     let a = Daemon::start(d, "w.toml", &[]).unwrap();
     qemu_io_ok(&a.uri("vm1"), &["write -P 0x33 0 16M", "flush"]);
     // 16 blocks, weights 1 (vSSD) : 3 (vDisk): 4 for the vSSD.
@@ -707,13 +698,7 @@ fn fio_verify_holds_on_a_vdisk_while_a_shared_budget_moves_its_cache_blocks() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("fio (apt-get install fio)");
-    let wait_valid = |n: usize| {
-        let t = std::time::Instant::now();
-        while vssd_valid(&sock).len() != n {
-            assert!(t.elapsed() < Duration::from_secs(30), "the vSSD never held {n} blocks");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    };
+    let wait_valid = |n: usize| vssd_valid_n(&sock, n);
     let mut rounds = 0;
     let out = loop {
         vssd_target(d, &api, 8);
@@ -752,14 +737,7 @@ fn a_proportional_shared_budget_follows_the_throughput_of_both_sides() {
     let a = Daemon::start(d, "p.toml", &[]).unwrap();
     let api = a.api.clone().unwrap();
     let sock = d.join("cache.img.meta/ssd.vssd.sock");
-    let t = std::time::Instant::now();
-    let lbn = loop {
-        if let Some(&l) = vssd_valid(&sock).first() {
-            break l;
-        }
-        assert!(t.elapsed() < Duration::from_secs(20), "the vSSD never got a block");
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let lbn = eventually("a vSSD block", || vssd_valid(&sock), |v| !v.is_empty())[0];
     let load = |uri: String, offset: u64, size: &str| {
         std::process::Command::new("fio")
             .args(["--name=p", "--ioengine=nbd", &format!("--uri={uri}"), "--rw=randread", "--bs=4k", "--iodepth=4"])
@@ -826,11 +804,7 @@ fn a_shared_budget_takes_the_runs_that_cost_the_cache_least() {
     assert_eq!(dirty, 2048, "8 MiB of 4 KiB blocks dirty");
     vssd_target(d, &api, 4);
     let sock = d.join("cache.img.meta/ssd.vssd.sock");
-    let t = std::time::Instant::now();
-    while vssd_valid(&sock).len() != 4 {
-        assert!(t.elapsed() < Duration::from_secs(30), "the vSSD never held 4 blocks");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    vssd_valid_n(&sock, 4);
     assert_eq!(metric(&api, "cachevisor_dirty_blocks{vdisk=\"vm1\"} "), 2048, "no dirty block written back");
     assert!(
         !file_is(&d.join("vm1.img"), 0x11, 4096),
@@ -855,26 +829,11 @@ fn a_stopped_persistent_vssd_gives_its_blocks_to_the_cache_and_gets_its_data_bac
     let sock = d.join("cache.img.meta/ssd.vssd.sock");
     let a = Daemon::start(d, "i.toml", &[]).unwrap();
     let api = a.api.clone().unwrap();
-    let region = |want: u64| {
-        let t = std::time::Instant::now();
-        while metric(&api, "cachevisor_vssd_region_blocks ") != want {
-            assert!(t.elapsed() < Duration::from_secs(30), "the region never held {want} blocks\n{}", a.log());
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    };
+    let region =
+        |want: u64| eventually("the region's size", || metric(&api, "cachevisor_vssd_region_blocks "), |&n| n == want);
     // Weights 1 : 1 of 16 blocks: the vSSD takes 8, all of its 8 MiB.
     region(8);
-    let valid = {
-        let t = std::time::Instant::now();
-        loop {
-            let v = vssd_valid(&sock);
-            if v.len() == 8 {
-                break v;
-            }
-            assert!(t.elapsed() < Duration::from_secs(30), "the vSSD holds {v:?}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    };
+    let valid = vssd_valid_n(&sock, 8);
     let uri = a.uri("ssd");
     for lbn in 0..8u64 {
         qemu_io_ok(&uri, &[&format!("write -P {:#x} {lbn}M 1M", 0x40 + lbn)]);
@@ -889,22 +848,14 @@ fn a_stopped_persistent_vssd_gives_its_blocks_to_the_cache_and_gets_its_data_bac
     };
     post("stop");
     region(0);
-    let t = std::time::Instant::now();
-    while metric(&api, "cachevisor_vssd_withheld_cache_blocks ") != 0 {
-        assert!(t.elapsed() < Duration::from_secs(30), "the cache never got its blocks back");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    eventually("no cache block withheld", || metric(&api, "cachevisor_vssd_withheld_cache_blocks "), |&n| n == 0);
     assert!(a.log().contains("swapped out for the cache"), "{}", a.log());
     // The cache has all 16 MiB again: vm1 fills it dirty.
     qemu_io_ok(&a.uri("vm1"), &["write -P 0x22 0 16M", "flush"]);
     assert!(metric(&api, "cachevisor_dirty_blocks{vdisk=\"vm1\"} ") > 2048, "vm1 holds more than half the cache");
     post("start");
     region(8);
-    let t = std::time::Instant::now();
-    while vssd_valid(&sock).len() != 8 {
-        assert!(t.elapsed() < Duration::from_secs(30), "the vSSD never got its 8 blocks back");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    vssd_valid_n(&sock, 8);
     let own: Vec<String> = (0..8u64).map(|l| format!("read -P {:#x} {l}M 1M", 0x40 + l)).collect();
     let own: Vec<&str> = own.iter().map(String::as_str).collect();
     qemu_io_ok(&a.uri("ssd"), &own);

@@ -868,3 +868,67 @@ fn a_stopped_persistent_vssd_gives_its_blocks_to_the_cache_and_gets_its_data_bac
     qemu_io_ok(&a.uri("ssd"), &own);
     qemu_io_ok(&a.uri("vm1"), &["read -P 0x22 0 16M"]);
 }
+
+/// Issue 33, an operator's mistake under one budget: the cache's file and metadata put
+/// back from before a vSSD took blocks (a restored backup) while the vSSD region's journal
+/// says it holds them — started as they are, the vSSD would serve vm1's old bytes. The
+/// start is refused naming the disagreement, before the backup's stale dirty blocks are
+/// written back over vm1's newer bytes; with the right cache files put back, both vm1 and
+/// the vSSD have every byte.
+#[test]
+fn a_start_where_the_cache_and_the_vssd_region_claim_the_same_blocks_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    wb_config(d, "n.toml", "16MiB", "vm1.img", Some("32MiB"), "");
+    let plain = std::fs::read_to_string(d.join("n.toml")).unwrap();
+    let with_vssd = format!("{plain}[vssd]\nsize = \"8MiB\"\nbudget = \"shared\"\n[[vssd.device]]\nname = \"ssd\"\nmax_size = \"8MiB\"\ninitial_size = \"8MiB\"\npersist = true\n");
+    std::fs::write(d.join("v.toml"), with_vssd).unwrap();
+    let meta = d.join("cache.img.meta");
+    let cache_files = [d.join("cache.img"), meta.join("checkpoint"), meta.join("journal")];
+    let save = |to: &str| {
+        std::fs::create_dir(d.join(to)).unwrap();
+        for f in &cache_files {
+            std::fs::copy(f, d.join(to).join(f.file_name().unwrap())).unwrap();
+        }
+    };
+    let put_back = |from: &str| {
+        for f in &cache_files {
+            std::fs::copy(d.join(from).join(f.file_name().unwrap()), f).unwrap();
+        }
+    };
+    // Without a vSSD, vm1 fills the cache dirty; the cache is backed up.
+    let mut a = Daemon::start(d, "n.toml", &[]).unwrap();
+    qemu_io_ok(&a.uri("vm1"), &["write -P 0x11 0 16M", "flush"]);
+    assert!(a.term(Duration::from_secs(20)).is_some_and(|s| s.success()));
+    save("backup");
+    // The vSSD takes half the cache (vm1's blocks there written back) and is written.
+    let mut a = Daemon::start(d, "v.toml", &[]).unwrap();
+    vssd_valid_n(&meta.join("ssd.vssd.sock"), 8);
+    for lbn in 0..8u64 {
+        qemu_io_ok(&a.uri("ssd"), &[&format!("write -P {:#x} {lbn}M 1M", 0x40 + lbn), "flush"]);
+    }
+    // vm1 rewritten: half in the cache, the rest written back to its backing file.
+    qemu_io_ok(&a.uri("vm1"), &["write -P 0x22 0 16M", "flush"]);
+    assert!(a.term(Duration::from_secs(20)).is_some_and(|s| s.success()));
+    save("good");
+    // The backup put back: both sides claim the same blocks.
+    put_back("backup");
+    // (Both metadata stores start a new generation at every start: what they say is
+    // checked by the start below, after the mistake is undone.)
+    let kept = [d.join("vm1.img")];
+    let before: Vec<Vec<u8>> = kept.iter().map(|p| std::fs::read(p).unwrap()).collect();
+    let err = match Daemon::start(d, "v.toml", &[]) {
+        Ok(_) => panic!("the start was not refused"),
+        Err(f) => f.output,
+    };
+    assert!(err.contains("the two metadata journals disagree"), "{err}");
+    for (p, b) in kept.iter().zip(&before) {
+        assert!(&std::fs::read(p).unwrap() == b, "{} changed by a refused start", p.display());
+    }
+    // The mistake undone: every byte of both.
+    put_back("good");
+    let a = Daemon::start(d, "v.toml", &[]).unwrap();
+    let own: Vec<String> = (0..8u64).map(|l| format!("read -P {:#x} {l}M 1M", 0x40 + l)).collect();
+    qemu_io_ok(&a.uri("ssd"), &own.iter().map(String::as_str).collect::<Vec<_>>());
+    qemu_io_ok(&a.uri("vm1"), &["read -P 0x22 0 16M"]);
+}

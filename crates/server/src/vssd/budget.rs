@@ -45,25 +45,35 @@ impl Runs {
     }
 }
 
-/// Withholds every block the region holds from the engine at start (before any I/O);
-/// each must be empty in the engine at once, else the two journals disagree and the
-/// start is refused.
+/// Withholds every block the region holds from the engine at start (before any I/O), in
+/// one engine job. Each must hold nothing in the engine, else the two journals disagree
+/// (a cache file or metadata put back from elsewhere) and the start is refused before
+/// the engine is asked to change anything.
 pub fn withhold_at_start(svc: &VssdService, dp: &DataPath, runs: Runs) -> Result<(), String> {
     let k = runs.slots_per_block;
-    for pbn in svc.inside_blocks() {
+    let inside = svc.inside_blocks();
+    let costs: Vec<_> = dp.with_engine_mut(|e| inside.iter().map(|&p| e.withhold_cost(runs.first(p), k)).collect());
+    if let Some((&pbn, c)) = inside.iter().zip(&costs).find(|(_, c)| c.cached > 0) {
         let first = runs.first(pbn);
-        let mut r = Ok(());
-        dp.run_job(|e, out| r = e.withhold(first, k, out))
-            .map_err(|f| format!("withholding vSSD block {pbn}: {f:?}"))?;
-        r?;
-        if !dp.with_engine_mut(|e| e.withheld_ready(first, k)) {
-            return Err(format!(
-                "vSSD block {pbn} (cache slots {first}..{}) is in the vSSD region, but the cache's metadata says it holds blocks there: the two metadata journals disagree",
-                first + k
-            ));
-        }
+        return Err(format!(
+            "vSSD block {pbn} (cache slots {first}..{}) is in the vSSD region, but the cache's metadata says {} blocks are cached there ({} dirty): the two metadata journals disagree — was the cache file or its metadata put back from elsewhere? Nothing was changed",
+            first + k,
+            c.cached,
+            c.dirty
+        ));
     }
-    Ok(())
+    let mut r = Ok(());
+    dp.run_job(|e, out| {
+        r = inside.iter().try_for_each(|&pbn| {
+            e.withhold(runs.first(pbn), k, out).map_err(|f| format!("withholding vSSD block {pbn}: {f}"))
+        })
+    })
+    .map_err(|f| format!("withholding the vSSD region's blocks: {f:?}"))?;
+    r?;
+    match inside.iter().find(|&&p| !dp.with_engine_mut(|e| e.withheld_ready(runs.first(p), k))) {
+        Some(pbn) => Err(format!("vSSD block {pbn}: its cache slots are still in use after withholding them")),
+        None => Ok(()),
+    }
 }
 
 /// Decides the region's cap: `vssd.size`, or with a vSSD allocator running, its split of

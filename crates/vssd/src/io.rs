@@ -83,11 +83,16 @@ impl BlockManager {
     }
 
     /// A request admitted by `start_io` ended (whatever its outcome).
-    pub fn end_io(&mut self, io: Io) {
+    /// Returns whether that left the driver work (a released block's last I/O ended: its
+    /// `Free` is to be written), so a driver wakes only then.
+    pub fn end_io(&mut self, io: Io) -> bool {
+        let mut work = false;
         for pbn in io.pbns {
             self.inflight[pbn as usize] -= 1;
+            work |= self.inflight[pbn as usize] == 0 && matches!(self.live[pbn as usize], Live::Draining { .. });
             self.drain(pbn);
         }
+        work
     }
 
     /// A released block whose I/O has all ended is freed (its record written).

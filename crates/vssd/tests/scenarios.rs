@@ -298,3 +298,25 @@ fn a_lowered_cap_swaps_out_a_stopped_persistent_vssd_only_as_far_as_needed() {
     assert_eq!(m.shortfall(), 0);
     assert_eq!(m.valid_lbns(db), [0, 1, 2, 3]);
 }
+
+/// `end_io` says when it left the driver work: only the last I/O on a released block
+/// (its `Free` to write), not an ordinary request's end — so a driver need not wake per
+/// request.
+#[test]
+fn only_the_last_io_on_a_released_block_leaves_the_driver_work() {
+    let mut m = manager(4);
+    let mut j = Vec::new();
+    let id = m.register("vm", 4, 2, false, 0).unwrap();
+    pump(&mut m, &mut j);
+    let plain = m.start_io(id, 0, 4096, 1).unwrap();
+    assert!(!m.end_io(plain), "an ordinary end leaves nothing to do");
+    let (a, b) = (m.start_io(id, MIB, 4096, 2).unwrap(), m.start_io(id, MIB, 4096, 3).unwrap());
+    m.set_target(id, 1, 4).unwrap();
+    pump(&mut m, &mut j);
+    m.release(id, &[1]).unwrap();
+    pump(&mut m, &mut j);
+    assert!(m.poll_record().is_none());
+    assert!(!m.end_io(a), "one more I/O still on the block");
+    assert!(m.end_io(b), "the last one: the block's Free is to be written");
+    assert!(matches!(m.poll_record(), Some((_, cachevisor_vssd::Record::Free { .. }))));
+}

@@ -34,6 +34,10 @@ struct Inner {
     first_event: u64,
     /// The driver stops (`halt`: as a crash would, nothing more is written).
     halted: bool,
+    /// Requests each vSSD served since start (the allocator's throughput).
+    served: std::collections::BTreeMap<VssdId, u64>,
+    /// Bytes all vSSDs served since start (a shared budget's proportional split).
+    served_bytes: u64,
 }
 
 /// A running vSSD region.
@@ -46,10 +50,6 @@ pub struct VssdService {
     epoch: Instant,
     driver: Mutex<Option<std::thread::JoinHandle<()>>>,
     io: IoPool,
-    /// Requests each vSSD served since start (the allocator's throughput).
-    served: Mutex<std::collections::BTreeMap<VssdId, u64>>,
-    /// Bytes all vSSDs served since start (a shared budget's proportional split).
-    served_bytes: std::sync::atomic::AtomicU64,
     /// The allocator, when one runs.
     allocation: std::sync::OnceLock<Arc<super::allocation::Allocation>>,
     /// The most blocks the region may hold (all of them, or a shared region's cap).
@@ -89,6 +89,8 @@ impl VssdService {
                 events: VecDeque::new(),
                 first_event: 0,
                 halted: false,
+                served: Default::default(),
+                served_bytes: 0,
             }),
             wake: Condvar::new(),
             news: Condvar::new(),
@@ -96,8 +98,6 @@ impl VssdService {
             epoch: Instant::now(),
             driver: Mutex::new(None),
             io: IoPool::new(IO_THREADS),
-            served: Mutex::new(Default::default()),
-            served_bytes: Default::default(),
             allocation: Default::default(),
             capacity: std::sync::atomic::AtomicU32::new(config.geometry.blocks),
             yielded: Default::default(),
@@ -329,9 +329,17 @@ impl VssdService {
     }
 
     fn end_io(&self, id: VssdId, io: cachevisor_vssd::io::Io, bytes: usize) {
-        self.with(|m, _| m.end_io(io));
-        *self.served.lock().unwrap_or_else(|p| p.into_inner()).entry(id).or_default() += 1;
-        self.served_bytes.fetch_add(bytes as u64, std::sync::atomic::Ordering::Relaxed);
+        // One lock per end: the counters with the manager; the driver woken only when the
+        // end left it work (a released block's `Free` to write), not per request.
+        let mut g = lock(&self.inner);
+        let work = g.m.end_io(io);
+        *g.served.entry(id).or_default() += 1;
+        g.served_bytes += bytes as u64;
+        if work {
+            self.collect_events(&mut g);
+            drop(g);
+            self.wake.notify_one();
+        }
     }
 
     /// Whether the service stopped (`halt`).
@@ -357,7 +365,7 @@ impl VssdService {
 
     /// Requests vSSD `id` served since start.
     pub fn served(&self, id: VssdId) -> u64 {
-        self.served.lock().unwrap_or_else(|p| p.into_inner()).get(&id).copied().unwrap_or(0)
+        lock(&self.inner).served.get(&id).copied().unwrap_or(0)
     }
 
     /// The running vSSDs with their M.
@@ -388,7 +396,7 @@ impl VssdService {
 
     /// Bytes all vSSDs served since start.
     pub fn served_bytes(&self) -> u64 {
-        self.served_bytes.load(std::sync::atomic::Ordering::Relaxed)
+        lock(&self.inner).served_bytes
     }
 
     /// Caps the blocks a shared region may hold (what the allocator shares out).

@@ -21,8 +21,10 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// Threads for guests' I/O (as many as the data path's device threads).
-const IO_THREADS: usize = 32;
+/// Threads for guests' queued I/O per CPU. More threads than the device needs cost
+/// context switches, not depth: measured side by side at iodepth 32 on 2 CPUs, 32 threads
+/// read 0.76–0.81× of `qemu-nbd --aio=native`, 8 threads 1.00–1.05×, 4 threads 0.90–1.11×.
+const IO_THREADS_PER_CPU: usize = 4;
 
 /// Events kept for control channels that read late.
 const EVENT_LOG: usize = 4096;
@@ -97,7 +99,7 @@ impl VssdService {
             region,
             epoch: Instant::now(),
             driver: Mutex::new(None),
-            io: IoPool::new(IO_THREADS),
+            io: IoPool::new(IO_THREADS_PER_CPU * std::thread::available_parallelism().map_or(2, |n| n.get())),
             allocation: Default::default(),
             capacity: std::sync::atomic::AtomicU32::new(config.geometry.blocks),
             yielded: Default::default(),

@@ -21,6 +21,13 @@ fn wb_config(dir: &Path, name: &str, cache: &str, backing: &str, size: Option<&s
     .unwrap();
 }
 
+/// A write-back vm1 (32 MiB over a 16 MiB cache) with the `[vssd]` section `vssd` after it.
+fn vssd_config(dir: &Path, name: &str, vssd: &str) {
+    wb_config(dir, name, "16MiB", "vm1.img", Some("32MiB"), "");
+    let cfg = std::fs::read_to_string(dir.join(name)).unwrap() + vssd;
+    std::fs::write(dir.join(name), cfg).unwrap();
+}
+
 fn file_is(path: &Path, byte: u8, len: u64) -> bool {
     let b = std::fs::read(path).unwrap();
     b.len() as u64 >= len && b[..len as usize].iter().all(|&x| x == byte)
@@ -596,10 +603,7 @@ fn a_vssd_keeps_its_blocks_and_bytes_across_sigkills_during_resizes() {
 fn a_shared_budget_moves_blocks_between_the_cache_and_a_vssd_and_loses_no_byte() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    wb_config(d, "s.toml", "16MiB", "vm1.img", Some("32MiB"), "");
-    let mut cfg = std::fs::read_to_string(d.join("s.toml")).unwrap();
-    cfg += "[vssd]\nsize = \"8MiB\"\nbudget = \"shared\"\ndeflate_grace = \"100ms\"\n[[vssd.device]]\nname = \"ssd\"\nmax_size = \"8MiB\"\npersist = true\n";
-    std::fs::write(d.join("s.toml"), cfg).unwrap();
+    vssd_config(d, "s.toml", "[vssd]\nsize = \"8MiB\"\nbudget = \"shared\"\ndeflate_grace = \"100ms\"\n[[vssd.device]]\nname = \"ssd\"\nmax_size = \"8MiB\"\npersist = true\n");
     let sock = d.join("cache.img.meta/ssd.vssd.sock");
     let target = |api: &str, blocks: u32| vssd_target(d, api, blocks);
     let wait_valid = |n: usize| vssd_valid_n(&sock, n);
@@ -683,10 +687,7 @@ fn a_shared_budget_follows_the_weights_of_vdisks_and_vssds() {
 fn fio_verify_holds_on_a_vdisk_while_a_shared_budget_moves_its_cache_blocks() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    wb_config(d, "l.toml", "16MiB", "vm1.img", Some("32MiB"), "");
-    let mut cfg = std::fs::read_to_string(d.join("l.toml")).unwrap();
-    cfg += "[vssd]\nsize = \"8MiB\"\nbudget = \"shared\"\ndeflate_grace = \"100ms\"\n[[vssd.device]]\nname = \"ssd\"\nmax_size = \"8MiB\"\n";
-    std::fs::write(d.join("l.toml"), cfg).unwrap();
+    vssd_config(d, "l.toml", "[vssd]\nsize = \"8MiB\"\nbudget = \"shared\"\ndeflate_grace = \"100ms\"\n[[vssd.device]]\nname = \"ssd\"\nmax_size = \"8MiB\"\n");
     let a = Daemon::start(d, "l.toml", &[]).unwrap();
     let api = a.api.clone().unwrap();
     let sock = d.join("cache.img.meta/ssd.vssd.sock");
@@ -730,10 +731,7 @@ fn fio_verify_holds_on_a_vdisk_while_a_shared_budget_moves_its_cache_blocks() {
 fn a_proportional_shared_budget_follows_the_throughput_of_both_sides() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    wb_config(d, "p.toml", "16MiB", "vm1.img", Some("32MiB"), "");
-    let mut cfg = std::fs::read_to_string(d.join("p.toml")).unwrap();
-    cfg += "[vssd]\nsize = \"16MiB\"\nbudget = \"shared\"\ndeflate_grace = \"100ms\"\nallocator = \"symflex-proportional\"\ninterval = \"200ms\"\n[[vssd.device]]\nname = \"ssd\"\nmax_size = \"16MiB\"\n";
-    std::fs::write(d.join("p.toml"), cfg).unwrap();
+    vssd_config(d, "p.toml", "[vssd]\nsize = \"16MiB\"\nbudget = \"shared\"\ndeflate_grace = \"100ms\"\nallocator = \"symflex-proportional\"\ninterval = \"200ms\"\n[[vssd.device]]\nname = \"ssd\"\nmax_size = \"16MiB\"\n");
     let a = Daemon::start(d, "p.toml", &[]).unwrap();
     let api = a.api.clone().unwrap();
     let sock = d.join("cache.img.meta/ssd.vssd.sock");
@@ -793,10 +791,11 @@ fn a_proportional_shared_budget_follows_the_throughput_of_both_sides() {
 fn a_shared_budget_takes_the_runs_that_cost_the_cache_least() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    wb_config(d, "c.toml", "16MiB", "vm1.img", Some("32MiB"), "");
-    let mut cfg = std::fs::read_to_string(d.join("c.toml")).unwrap();
-    cfg += "[vssd]\nsize = \"8MiB\"\nbudget = \"shared\"\n[[vssd.device]]\nname = \"ssd\"\nmax_size = \"8MiB\"\n";
-    std::fs::write(d.join("c.toml"), cfg).unwrap();
+    vssd_config(
+        d,
+        "c.toml",
+        "[vssd]\nsize = \"8MiB\"\nbudget = \"shared\"\n[[vssd.device]]\nname = \"ssd\"\nmax_size = \"8MiB\"\n",
+    );
     let a = Daemon::start(d, "c.toml", &[]).unwrap();
     qemu_io_ok(&a.uri("vm1"), &["write -P 0x11 0 8M", "flush"]);
     let api = a.api.clone().unwrap();
@@ -822,10 +821,7 @@ fn a_shared_budget_takes_the_runs_that_cost_the_cache_least() {
 fn a_stopped_persistent_vssd_gives_its_blocks_to_the_cache_and_gets_its_data_back() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    wb_config(d, "i.toml", "16MiB", "vm1.img", Some("32MiB"), "");
-    let mut cfg = std::fs::read_to_string(d.join("i.toml")).unwrap();
-    cfg += "[vssd]\nsize = \"16MiB\"\nbudget = \"shared\"\ndeflate_grace = \"100ms\"\nallocator = \"symflex-weighted\"\ninterval = \"100ms\"\n[[vssd.device]]\nname = \"ssd\"\nmax_size = \"8MiB\"\npersist = true\n";
-    std::fs::write(d.join("i.toml"), cfg).unwrap();
+    vssd_config(d, "i.toml", "[vssd]\nsize = \"16MiB\"\nbudget = \"shared\"\ndeflate_grace = \"100ms\"\nallocator = \"symflex-weighted\"\ninterval = \"100ms\"\n[[vssd.device]]\nname = \"ssd\"\nmax_size = \"8MiB\"\npersist = true\n");
     let sock = d.join("cache.img.meta/ssd.vssd.sock");
     let a = Daemon::start(d, "i.toml", &[]).unwrap();
     let api = a.api.clone().unwrap();

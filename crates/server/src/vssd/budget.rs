@@ -95,7 +95,7 @@ impl Cap {
         let (Some(a), Some(cache)) = (svc.allocation(), svc.cache_side()) else { return self.size_cap };
         let running = svc.running_vssds();
         let shares: Vec<_> = running.iter().map(|&(id, _)| a.share(id)).collect();
-        let inside = svc.budget_view().0;
+        let inside = svc.inside_count();
         let mut vssds = Side {
             weight: shares.iter().map(|s| s.weight).sum(),
             ratio: shares.iter().map(|s| s.ratio).sum(),

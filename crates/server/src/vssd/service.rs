@@ -401,6 +401,11 @@ impl VssdService {
         lock(&self.inner).served_bytes
     }
 
+    /// Blocks a shared region holds now (granted and not yielded).
+    pub fn inside_count(&self) -> u32 {
+        lock(&self.inner).m.region_blocks()
+    }
+
     /// Caps the blocks a shared region may hold (what the allocator shares out).
     pub fn set_capacity(&self, blocks: u32) {
         self.capacity.store(blocks, std::sync::atomic::Ordering::Relaxed);

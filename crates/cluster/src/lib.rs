@@ -20,9 +20,11 @@
 //!   lender gives back and the caps each side fills to, each period (§3.1).
 
 pub mod allocation;
+pub mod cluster_map;
 pub mod fast;
 pub mod ilp;
 pub mod load;
+pub mod membership;
 pub mod migration;
 pub mod migration_plan;
 pub mod model;

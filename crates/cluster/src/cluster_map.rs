@@ -1,0 +1,182 @@
+//! The cluster's map as the leader keeps it in etcd (`map`): node and vDisk ids by name
+//! (ids are never reused, so a stale reference can never name somebody else), each
+//! vDisk's home node, the stripes lent away from home (ELICA §3.1's ownership map, the
+//! part [`crate::ownership`] looks up), and the epoch every peer request carries. The
+//! leader's step [`next_map`] is pure: from the map and the members etcd lists, the next
+//! map or nothing to change. Hand-written: the record is ours; serde writes it.
+
+use crate::membership::MemberInfo;
+use crate::ownership::{NodeId, OwnershipMap, Update};
+use cachevisor_trace::VmId;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// A vDisk in the map.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VdiskEntry {
+    /// Its cluster-wide id.
+    pub id: VmId,
+    /// The node serving it (its VM's node), by name.
+    pub home: String,
+}
+
+/// The map.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ClusterMap {
+    /// The epoch (0: no map written yet; each write adds 1).
+    pub epoch: u64,
+    /// Node ids by name.
+    pub nodes: BTreeMap<String, NodeId>,
+    /// vDisks by name.
+    pub vdisks: BTreeMap<String, VdiskEntry>,
+    /// Stripes cached away from their vDisk's home: (vDisk id, stripe, node id).
+    pub lent: Vec<(VmId, u64, NodeId)>,
+}
+
+/// A map record etcd returned that cannot be read.
+#[derive(Debug, thiserror::Error)]
+#[error("the cluster map in etcd is not readable ({0}); the leader writes a new one")]
+pub struct BadMap(String);
+
+impl ClusterMap {
+    /// Reads a record.
+    pub fn decode(bytes: &[u8]) -> Result<ClusterMap, BadMap> {
+        let m: ClusterMap = serde_json::from_slice(bytes).map_err(|e| BadMap(e.to_string()))?;
+        let ids: std::collections::BTreeSet<_> = m.nodes.values().collect();
+        if ids.len() != m.nodes.len() {
+            return Err(BadMap("two nodes share an id".into()));
+        }
+        Ok(m)
+    }
+
+    /// Writes a record.
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a map serializes")
+    }
+
+    /// A node's id by name.
+    pub fn node_id(&self, name: &str) -> Option<NodeId> {
+        self.nodes.get(name).copied()
+    }
+
+    /// The ownership map for lookups (`stripe_blocks` cache blocks per stripe).
+    pub fn ownership(&self, stripe_blocks: u64) -> OwnershipMap {
+        let mut o = OwnershipMap::new(stripe_blocks);
+        let mut u: Vec<Update> = Vec::new();
+        for v in self.vdisks.values() {
+            if let Some(&node) = self.nodes.get(&v.home) {
+                u.push(Update::Home { vdisk: v.id, node });
+            }
+        }
+        u.extend(self.lent.iter().map(|&(vdisk, stripe, node)| Update::Assign { vdisk, stripe, node }));
+        if !u.is_empty() {
+            o.apply(0, &u).expect("a fresh map takes any well-formed batch");
+        }
+        o
+    }
+}
+
+/// The leader's step: the next map given the members etcd lists (their keys live under
+/// their leases, so a dead node is absent), or `None` when nothing changes.
+/// - a new member gets the next node id (new members in name order); a departed one keeps its id (never reused);
+/// - a vDisk a live member serves is homed there (a vDisk that moved, as after a
+///   failover, moves home; two live members claiming one name: the current home keeps
+///   it, else the first by name); a vDisk nobody serves keeps its entry (its node may
+///   come back, or its VM restart elsewhere);
+/// - stripes lent to a node that is not live go back home (their blocks are gone with
+///   it, ELICA leaves this case open: the home node reads the backing store).
+pub fn next_map(current: &ClusterMap, members: &[MemberInfo]) -> Option<ClusterMap> {
+    let mut next = current.clone();
+    let mut members: Vec<&MemberInfo> = members.iter().collect();
+    members.sort_by(|a, b| a.name.cmp(&b.name));
+    for m in &members {
+        if !next.nodes.contains_key(&m.name) {
+            let id = next.nodes.values().max().map_or(0, |&i| i + 1);
+            next.nodes.insert(m.name.clone(), id);
+        }
+    }
+    let live: std::collections::BTreeSet<&str> = members.iter().map(|m| m.name.as_str()).collect();
+    let mut claims: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for m in &members {
+        for v in &m.vdisks {
+            claims.entry(v.as_str()).or_default().push(m.name.as_str());
+        }
+    }
+    for (vdisk, by) in claims {
+        let home = match next.vdisks.get(vdisk) {
+            Some(e) if by.contains(&e.home.as_str()) => e.home.clone(),
+            _ => by.iter().min().expect("a claim has a claimant").to_string(),
+        };
+        match next.vdisks.get_mut(vdisk) {
+            Some(e) => e.home = home,
+            None => {
+                let id = next.vdisks.values().map(|e| e.id + 1).max().unwrap_or(0);
+                next.vdisks.insert(vdisk.to_string(), VdiskEntry { id, home });
+            }
+        }
+    }
+    let live_ids: Vec<NodeId> = live.iter().filter_map(|n| next.nodes.get(*n).copied()).collect();
+    next.lent.retain(|l| live_ids.contains(&l.2));
+    if next == *current {
+        return None;
+    }
+    next.epoch = current.epoch + 1;
+    Some(next)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(name: &str, vdisks: &[&str]) -> MemberInfo {
+        MemberInfo {
+            name: name.into(),
+            peer_address: format!("{name}:1"),
+            api: None,
+            cache_blocks: 100,
+            block_size: 4096,
+            vdisks: vdisks.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn members_get_ids_vdisks_get_homes_and_a_failover_moves_the_home() {
+        let m0 = ClusterMap::default();
+        let m1 = next_map(&m0, &[member("b", &["vm2"]), member("a", &["vm1"])]).unwrap();
+        assert_eq!(m1.epoch, 1);
+        assert_eq!((m1.node_id("a"), m1.node_id("b")), (Some(0), Some(1)));
+        assert_eq!(m1.vdisks["vm1"].home, "a");
+        assert!(next_map(&m1, &[member("a", &["vm1"]), member("b", &["vm2"])]).is_none(), "nothing changed");
+        // b dies: its vDisk keeps its entry; stripes lent to it go home.
+        let mut m1 = m1;
+        m1.lent.push((m1.vdisks["vm1"].id, 3, 1));
+        let m2 = next_map(&m1, &[member("a", &["vm1"])]).unwrap();
+        assert!(m2.lent.is_empty());
+        assert_eq!(m2.vdisks["vm2"].home, "b");
+        // vm2 restarts on a; c joins with a new id, b's is not reused.
+        let m3 = next_map(&m2, &[member("a", &["vm1", "vm2"]), member("c", &[])]).unwrap();
+        assert_eq!(m3.vdisks["vm2"].home, "a");
+        assert_eq!(m3.vdisks["vm2"].id, m1.vdisks["vm2"].id, "a vDisk keeps its id");
+        assert_eq!(m3.node_id("c"), Some(2));
+        assert_eq!(m3.epoch, 3);
+        let o = m3.ownership(16);
+        assert_eq!(o.owner(m3.vdisks["vm2"].id, 0), Some(0));
+        assert_eq!(ClusterMap::decode(&m3.encode()).unwrap(), m3);
+    }
+
+    #[test]
+    fn two_members_claiming_one_vdisk_leave_it_where_it_is() {
+        let m1 = next_map(&ClusterMap::default(), &[member("b", &["vm"])]).unwrap();
+        assert!(
+            next_map(&m1, &[member("a", &["vm"]), member("b", &["vm"])]).is_some_and(|m| m.vdisks["vm"].home == "b")
+        );
+    }
+
+    #[test]
+    fn an_unreadable_record_is_an_error_naming_why() {
+        let e = ClusterMap::decode(b"{\"epoch\": 1, \"nodes\": {\"a\": 0, \"b\": 0}, \"vdisks\": {}, \"lent\": []}")
+            .unwrap_err();
+        assert!(e.to_string().contains("two nodes share an id"), "{e}");
+        assert!(ClusterMap::decode(b"not json").is_err());
+    }
+}

@@ -153,6 +153,8 @@ pub struct Member {
     registered: bool,
     registering: bool,
     campaigning: bool,
+    /// A campaign lost: not again until the leader key has been read since.
+    campaign_lost: bool,
     leader: Option<Leader>,
     leading: bool,
     members: Vec<MemberInfo>,
@@ -162,7 +164,13 @@ pub struct Member {
     serving: bool,
     events: Vec<Event>,
     etcd_errors: u64,
+    /// After a failed request, nothing is asked before this (ms).
+    backoff_until: u64,
 }
+
+/// After a failed request, how long before the next one (ms): an unreachable etcd is
+/// asked a few times a second, not in a tight loop.
+pub const BACKOFF_MS: u64 = 200;
 
 impl Member {
     /// A node named `name` with no lease yet.
@@ -174,6 +182,7 @@ impl Member {
             registered: false,
             registering: false,
             campaigning: false,
+            campaign_lost: false,
             leader: None,
             leading: false,
             members: Vec::new(),
@@ -183,6 +192,7 @@ impl Member {
             serving: false,
             events: Vec::new(),
             etcd_errors: 0,
+            backoff_until: 0,
         }
     }
 
@@ -194,6 +204,9 @@ impl Member {
     /// The next request to send at `now`, if any.
     pub fn poll_request(&mut self, now: u64) -> Option<Request> {
         self.expire(now);
+        if now < self.backoff_until {
+            return None;
+        }
         match self.lease {
             Lease::None { granting: false } => {
                 self.lease = Lease::None { granting: true };
@@ -209,7 +222,7 @@ impl Member {
                     self.registering = true;
                     return Some(Request::Register { lease: id });
                 }
-                if self.registered && self.leader.is_none() && !self.campaigning {
+                if self.registered && self.leader.is_none() && !self.campaigning && !self.campaign_lost {
                     self.campaigning = true;
                     return Some(Request::Campaign { lease: id });
                 }
@@ -232,8 +245,10 @@ impl Member {
         if let Lease::Held { valid_until, last_sent, renewing, .. } = self.lease {
             at(valid_until);
             if !renewing {
-                at(last_sent + self.timing.keepalive_every_ms());
+                at((last_sent + self.timing.keepalive_every_ms()).max(self.backoff_until));
             }
+        } else {
+            at(self.backoff_until);
         }
         if self.leading && !self.allocating {
             at(self.next_allocation);
@@ -279,6 +294,7 @@ impl Member {
     /// until its end; the request is retried at the next poll.
     pub fn etcd_failed(&mut self, now: u64, what: &Request) {
         self.etcd_errors += 1;
+        self.backoff_until = now + BACKOFF_MS;
         match *what {
             Request::GrantLease => self.lease = Lease::None { granting: false },
             Request::KeepAlive { lease, .. } => {
@@ -286,8 +302,8 @@ impl Member {
                     if id != lease {
                         return self.expire(now);
                     }
-                    // Retry after another third of the TTL at most, sooner near the end.
-                    let last_sent = last_sent.max(now.saturating_sub(self.timing.keepalive_every_ms()) + 100);
+                    // Retried once the back-off ends.
+                    let last_sent = last_sent.max(now.saturating_sub(self.timing.keepalive_every_ms()));
                     self.lease = Lease::Held { id, valid_until, last_sent, renewing: false };
                 }
             }
@@ -310,14 +326,16 @@ impl Member {
     /// key, `None` if another holds it (its watch says who).
     pub fn campaigned(&mut self, now: u64, term: Option<i64>) {
         self.campaigning = false;
-        if let Some(term) = term {
-            self.leader_seen(now, Some(Leader { name: self.name.clone(), term }));
+        match term {
+            Some(term) => self.leader_seen(now, Some(Leader { name: self.name.clone(), term })),
+            None => self.campaign_lost = true,
         }
     }
 
     /// The leader key as etcd's watch (or a read) shows it.
     pub fn leader_seen(&mut self, now: u64, leader: Option<Leader>) {
         self.leader = leader;
+        self.campaign_lost = false;
         self.expire(now);
         self.update_leading(now);
     }

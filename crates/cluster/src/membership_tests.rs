@@ -43,8 +43,11 @@ fn a_follower_does_not_campaign_while_a_leader_is_known_and_does_after_it_is_gon
     m.leader_seen(10, None);
     assert_eq!(m.poll_request(10), Some(Request::Campaign { lease }));
     m.campaigned(11, None);
+    assert_eq!(m.poll_request(11), None, "a lost campaign waits for the leader key to be read");
     m.leader_seen(11, Some(Leader { name: "c".into(), term: 9 }));
     assert!(!m.leading(11));
+    m.leader_seen(12, None);
+    assert_eq!(m.poll_request(12), Some(Request::Campaign { lease }));
 }
 
 #[test]

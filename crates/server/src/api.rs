@@ -264,6 +264,15 @@ async fn set_allocator(State(a): State<Api>, Json(body): Json<AllocatorBody>) ->
     mutate(a, None, move |d, _| d.set_allocator(&body.name, &body.params).map_err(change_err)).await
 }
 
+/// `GET /cluster`: this node's view of its cluster (lease, leader, members, map and
+/// epoch, etcd's reachability); 404 on a single host.
+async fn cluster_status(State(a): State<Api>) -> Response {
+    match a.daemon.cluster() {
+        Some(c) => Json(c.status()).into_response(),
+        None => err(StatusCode::NOT_FOUND, "this daemon is not a cluster node (no [cluster] section)"),
+    }
+}
+
 /// `POST /tls/reload`: re-reads the NBD listeners' certificate, key and CA files (as
 /// SIGHUP does). 200 with the reload count; 400 naming the file that cannot be used (the
 /// old credentials stay in use); 409 when TLS is off.
@@ -306,6 +315,7 @@ pub fn start(
         .route("/prewarm", get(prewarm_progress).post(start_prewarm))
         .route("/allocator", get(get_allocator).post(set_allocator))
         .route("/tls/reload", post(reload_tls))
+        .route("/cluster", get(cluster_status))
         .merge(crate::vssd::api::routes())
         .layer(axum::middleware::from_fn_with_state(Arc::new(guard), require_token))
         .with_state(Api { daemon });

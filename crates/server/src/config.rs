@@ -385,6 +385,9 @@ pub struct Config {
     /// SymFlex's elastic vSSDs (none when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vssd: Option<crate::vssd::settings::VssdConfig>,
+    /// A node of an HCI cluster coordinated through etcd (single host when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<crate::cluster::settings::ClusterConfig>,
 }
 
 /// `[prewarm]`: snapshots of the cache's state on a schedule and at shutdown, and
@@ -615,6 +618,15 @@ allow = ["CN=host-a"]         # default []: as a vDisk's allow
 weight = 1.0                  # default 1.0, > 0: share of the region (symflex-weighted; POST /vssds/NAME/share changes it)
 ratio = 1.0                   # default 1.0, > 0: target share of the vSSDs' throughput (symflex-proportional)
 control = "var/vm1-ssd.ctl"   # default METADATA/NAME.vssd.sock: the guest manager's control socket (0600; newline-delimited JSON, see README; QEMU can carry it into the guest as a virtio-serial port)
+
+[cluster]                     # a node of an HCI cluster whose state lives in etcd (omit the section for a single host)
+name = "node-a"               # required, unique in the cluster: 1 to 63 letters, digits, -, _ or .
+address = "10.0.0.1:10809"    # required: host:port its peers reach it at
+etcd = ["http://10.0.0.9:2379"] # required: etcd's client URLs
+cluster = "default"           # default default: its keys live under /cachevisor/CLUSTER/
+lease_ttl = "3s"              # default 3s, whole seconds from 2s to 60s: a node that stops renewing its lease is dead after this
+fence_margin = "250ms"        # default 250ms, 50ms to a quarter of lease_ttl: the node stops serving other nodes' data this much before etcd could expire its lease
+interval = "2s"               # default 2s, 100ms to 1h: how often the leader decides the map
 "#;
 
 /// [`DEFAULT`] followed by [`REFERENCE`] commented out: what `--print-default-config` prints.
@@ -747,6 +759,9 @@ impl Config {
                 "listen.handshake_timeout: `{}` is outside 100ms to 10min",
                 self.listen.handshake_timeout
             ));
+        }
+        if let Some(c) = &self.cluster {
+            c.check()?;
         }
         let mut api_idle_ns = 0;
         if let Some(a) = &self.api {
@@ -882,6 +897,12 @@ mod tests {
             ("[listen]", "[listen]\nmax_connections = 65537", "listen.max_connections"),
             ("write_policy = \"wt\"", "write_policy = \"wt\"\nerror_threshold = 1000001", "cache.error_threshold"),
             ("[[vdisk]]", "[prewarm]\nsnapshots_kept = 10001\n[[vdisk]]", "prewarm.snapshots_kept"),
+            (
+                "[[vdisk]]",
+                "[cluster]\nname = \"a\"\naddress = \"10.0.0.1:1\"\netcd = [\"http://10.0.0.9:2379\"]\nlease_ttl = \"1s\"\n[[vdisk]]",
+                "cluster.lease_ttl",
+            ),
+            ("[[vdisk]]", "[cluster]\nname = \"a\"\naddress = \"here\"\netcd = [\"http://h:1\"]\n[[vdisk]]", "cluster.address"),
             ("[[vdisk]]", "[prewarm]\nmax_read = \"65MiB\"\n[[vdisk]]", "prewarm.max_read"),
             ("size = \"1GiB\"", "size = \"0B\"", "vdisk[0] (vm1).size"),
             ("[listen]", "[listen]\nhandshake_timeout = \"1ms\"", "listen.handshake_timeout"),

@@ -134,6 +134,8 @@ pub struct Daemon {
     vssd: Option<Arc<crate::vssd::service::VssdService>>,
     /// The vSSDs' NBD exports (ids with `VSSD_EXPORT` set).
     vssd_exports: Vec<ExportInfo>,
+    /// This node's cluster membership (`[cluster]`), set once the service started it.
+    cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
 }
 
 impl Daemon {
@@ -170,6 +172,38 @@ impl Daemon {
             }
             _ => Arc::new(crate::nbd::export_backend::VdiskExport { dp: self.dp.clone(), vm }),
         }
+    }
+
+    /// This node's cluster membership, when `[cluster]` is configured.
+    pub fn cluster(&self) -> Option<&Arc<crate::cluster::Cluster>> {
+        self.cluster.get()
+    }
+
+    /// Joins the cluster `[cluster]` names: the agent publishes what this daemon
+    /// serves (read through a weak reference: the agent does not keep the daemon up).
+    pub fn join_cluster(
+        self: &Arc<Self>,
+        settings: crate::cluster::settings::ClusterSettings,
+        api: Option<String>,
+    ) -> Arc<crate::cluster::Cluster> {
+        let weak = Arc::downgrade(self);
+        let address = settings.address.clone();
+        let name = settings.name.clone();
+        let info = move || {
+            let (cache_blocks, block_size, vdisks) = match weak.upgrade() {
+                Some(d) => (d.resolved.slots, d.block_size, d.exports().into_iter().map(|e| e.name).collect()),
+                None => (0, 0, Vec::new()),
+            };
+            cachevisor_cluster::membership::MemberInfo {
+                name: name.clone(),
+                peer_address: address.clone(),
+                api: api.clone(),
+                cache_blocks,
+                block_size,
+                vdisks,
+            }
+        };
+        self.cluster.get_or_init(|| crate::cluster::Cluster::start(settings, Box::new(info))).clone()
     }
 
     /// The vSSD region, when `[vssd]` is configured.

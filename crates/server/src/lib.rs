@@ -9,6 +9,7 @@ pub mod api_auth;
 pub mod api_tls;
 pub mod backing;
 pub mod backing_identity;
+pub mod cluster;
 pub mod config;
 pub mod conn_limits;
 pub mod daemon;

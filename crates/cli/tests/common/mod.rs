@@ -10,6 +10,7 @@
 pub mod certs;
 #[path = "../../src/guest_vm.rs"]
 pub mod guest_vm;
+pub mod netns;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -67,12 +68,21 @@ impl Daemon {
     /// Starts `cachevisor serve --config CONFIG ARGS…` in `dir`; waits until it serves, or
     /// returns how it failed.
     pub fn start(dir: &Path, config: &str, args: &[&str]) -> Result<Daemon, Failed> {
+        Daemon::start_in(None, dir, config, args)
+    }
+
+    /// As [`Daemon::start`], inside network namespace `ns` when given.
+    pub fn start_in(ns: Option<&str>, dir: &Path, config: &str, args: &[&str]) -> Result<Daemon, Failed> {
         let want_api = std::fs::read_to_string(dir.join(config)).unwrap().contains("[api]");
         let log = dir.join(format!(
             "{config}.{}.log",
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
         ));
-        let mut child = Command::new(bin())
+        let mut cmd = match ns {
+            Some(ns) => netns::Net::command(ns, bin()),
+            None => Command::new(bin()),
+        };
+        let mut child = cmd
             .current_dir(dir)
             .args(["serve", "--config", config])
             .args(args)

@@ -372,6 +372,7 @@ impl Daemon {
             tls,
             vssd,
             vssd_exports,
+            cluster: std::sync::OnceLock::new(),
         })
     }
 }

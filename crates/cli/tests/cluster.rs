@@ -1,0 +1,247 @@
+//! Daemons as nodes of a cluster coordinated through etcd, each node in its own network
+//! namespace with its own address (`common/netns.rs`), etcd started by the test:
+//! membership under leases, one leader, the map it writes, a killed leader replaced
+//! within the lease, a node cut off from the network fencing itself before the others
+//! can see it gone (and serving its own vDisks on), and etcd down: nodes serve on and
+//! the map is neither lost nor rolled back.
+
+mod common;
+
+use common::netns::{Etcd, Net};
+use common::Daemon;
+use serde_json::Value;
+use std::time::{Duration, Instant};
+
+const TOKEN: &str = "cluster-test-token-0123456789";
+/// The lease TTL the nodes run with (ms).
+const TTL_MS: u64 = 2000;
+
+/// The cluster under test (dropped in field order: daemons, etcd, namespaces, files).
+struct Cluster {
+    nodes: Vec<Option<Daemon>>,
+    etcd: Etcd,
+    net: Net,
+    dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    fn new(n: usize) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let net = Net::new(n);
+        let etcd = Etcd::start(&net.hub, Net::HUB_ADDR, dir.path());
+        let mut c = Cluster { nodes: Vec::new(), etcd, net, dir };
+        for k in 0..n {
+            c.write_config(k);
+            let d = c.start(k);
+            c.nodes.push(Some(d));
+        }
+        c
+    }
+
+    fn write_config(&self, k: usize) {
+        let d = self.dir.path();
+        std::fs::create_dir_all(d.join(format!("n{k}"))).unwrap();
+        let img = d.join(format!("vm{k}.img"));
+        std::fs::File::create(&img).unwrap().set_len(16 << 20).unwrap();
+        let a = self.net.addr(k);
+        std::fs::write(
+            d.join(format!("n{k}.toml")),
+            format!(
+                "[cache]\npath = \"n{k}/cache.img\"\nsize = \"8MiB\"\n[listen]\ntcp = \"{a}:10809\"\n\
+                 [api]\nlisten = \"{a}:8080\"\ntoken = \"{TOKEN}\"\n[[vdisk]]\nname = \"vm{k}\"\nbacking = \"vm{k}.img\"\n\
+                 [cluster]\nname = \"n{k}\"\naddress = \"{a}:10810\"\netcd = [\"{}\"]\nlease_ttl = \"2s\"\ninterval = \"300ms\"\n",
+                self.etcd.url
+            ),
+        )
+        .unwrap();
+    }
+
+    fn start(&self, k: usize) -> Daemon {
+        Daemon::start_in(Some(&self.net.nodes[k]), self.dir.path(), &format!("n{k}.toml"), &[])
+            .unwrap_or_else(|f| panic!("node {k} did not start: {}", f.output))
+    }
+
+    /// Node k's `GET /cluster`, asked from inside its own namespace (so it answers
+    /// while its link is cut).
+    fn status(&self, k: usize) -> Option<Value> {
+        let body = Net::http_get(&self.net.nodes[k], &format!("http://{}:8080/cluster", self.net.addr(k)))?;
+        serde_json::from_str(&body).ok()
+    }
+
+    fn members(s: &Value) -> Vec<String> {
+        s["members"].as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap().to_string()).collect()
+    }
+
+    fn leader(s: &Value) -> Option<String> {
+        s["leader"]["name"].as_str().map(str::to_string)
+    }
+
+    /// Waits until `ok` holds for every live node's status; returns the statuses.
+    fn wait_all(&self, what: &str, within: Duration, ok: impl Fn(usize, &Value) -> bool) -> Vec<Value> {
+        let end = Instant::now() + within;
+        loop {
+            let live: Vec<usize> = (0..self.nodes.len()).filter(|&k| self.nodes[k].is_some()).collect();
+            let s: Vec<Option<Value>> = live.iter().map(|&k| self.status(k)).collect();
+            if live.iter().zip(&s).all(|(&k, s)| s.as_ref().is_some_and(|s| ok(k, s))) {
+                return s.into_iter().flatten().collect();
+            }
+            assert!(Instant::now() < end, "{what}: not within {within:?}; statuses: {s:#?}\nlogs: {}", self.logs());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn logs(&self) -> String {
+        self.nodes.iter().flatten().map(|d| d.log()).collect::<Vec<_>>().join("\n----\n")
+    }
+
+    /// qemu-io inside node k's namespace on its vDisk: writes `pattern` at `offset`, reads
+    /// it back.
+    fn write_and_read(&self, k: usize, offset: u64, pattern: u8) {
+        let uri = format!("nbd://{}:10809/vm{k}", self.net.addr(k));
+        let out = Net::command(&self.net.nodes[k], "qemu-io")
+            .args(["-f", "raw", &uri, "-c"])
+            .arg(format!("write -P {pattern} {offset} 64k"))
+            .arg("-c")
+            .arg(format!("read -P {pattern} {offset} 64k"))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && !text.contains("Pattern verification failed"), "node {k}: {text}");
+    }
+}
+
+fn formed(c: &Cluster, n: usize) -> Vec<Value> {
+    let s = c.wait_all("three members, one leader, a map with every node", Duration::from_secs(20), |_, s| {
+        Cluster::members(s).len() == n
+            && Cluster::leader(s).is_some()
+            && s["map"]["nodes"].as_object().unwrap().len() == n
+            && s["serving"] == true
+    });
+    let leaders: std::collections::BTreeSet<_> = s.iter().map(|s| Cluster::leader(s).unwrap()).collect();
+    assert_eq!(leaders.len(), 1, "every node names the same leader: {s:#?}");
+    s
+}
+
+#[test]
+fn nodes_join_under_leases_elect_one_leader_and_a_killed_leader_is_replaced_within_the_lease() {
+    let mut c = Cluster::new(3);
+    let s = formed(&c, 3);
+    let leader = Cluster::leader(&s[0]).unwrap();
+    let lk: usize = leader.trim_start_matches('n').parse().unwrap();
+    assert_eq!(s.iter().filter(|s| s["leading"] == true).count(), 1, "one node leads: {s:#?}");
+    let map = &s[lk]["map"];
+    for k in 0..3 {
+        assert_eq!(map["vdisks"][format!("vm{k}")]["home"], format!("n{k}"), "{map:#}");
+    }
+    let epoch = map["epoch"].as_u64().unwrap();
+    assert!(epoch >= 1);
+    // Every node reaches the leader's map.
+    c.wait_all("the leader's map everywhere", Duration::from_secs(5), |_, s| s["epoch"].as_u64() >= Some(epoch));
+
+    // SIGKILL the leader: its lease expires, another node is elected.
+    let killed_at = Instant::now();
+    c.nodes[lk].as_mut().unwrap().kill9();
+    c.nodes[lk] = None;
+    let s = c.wait_all("a new leader", Duration::from_secs(10), |_, s| {
+        Cluster::leader(s).is_some_and(|l| l != leader) && s["serving"] == true
+    });
+    let took = killed_at.elapsed();
+    eprintln!("new leader elected {took:?} after the old one was killed (lease TTL {TTL_MS} ms)");
+    // Within the lease, plus a read of the keys (200 ms) and a request's deadline (333 ms).
+    assert!(took < Duration::from_millis(TTL_MS + 1500), "re-election took {took:?}");
+    let new = Cluster::leader(&s[0]).unwrap();
+    assert!(s.iter().all(|s| Cluster::leader(s).as_deref() == Some(new.as_str())));
+    c.wait_all("the dead node gone from the members", Duration::from_secs(5), |_, s| {
+        !Cluster::members(s).contains(&leader)
+    });
+
+    // Allocation goes on: a vDisk added on a surviving node is homed there by the new
+    // leader, at a later epoch; the dead node's vDisk keeps its entry (its id is not reused).
+    let k = (0..3).find(|&k| k != lk).unwrap();
+    std::fs::File::create(c.dir.path().join("extra.img")).unwrap().set_len(4 << 20).unwrap();
+    let body = format!("{{\"name\": \"extra\", \"backing\": \"{}\"}}", c.dir.path().join("extra.img").display());
+    let out = Net::command(&c.net.nodes[k], "curl")
+        .args(["-sf", "-X", "POST", "-H", &format!("Authorization: Bearer {TOKEN}"), "-H"])
+        .args(["Content-Type: application/json", "-d", &body, &format!("http://{}:8080/vdisks", c.net.addr(k))])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "adding a vDisk: {}", String::from_utf8_lossy(&out.stderr));
+    let s = c.wait_all("the new vDisk in the map", Duration::from_secs(5), |_, s| {
+        s["map"]["vdisks"]["extra"]["home"] == format!("n{k}")
+    });
+    let m = &s[0]["map"];
+    assert!(m["epoch"].as_u64().unwrap() > epoch, "{m:#}");
+    assert_eq!(m["vdisks"][format!("vm{lk}")]["home"], leader, "the dead node's vDisk keeps its entry: {m:#}");
+    let ids: std::collections::BTreeSet<u64> =
+        m["vdisks"].as_object().unwrap().values().map(|v| v["id"].as_u64().unwrap()).collect();
+    assert_eq!(ids.len(), 4, "vDisk ids are distinct: {m:#}");
+}
+
+#[test]
+fn a_node_cut_off_fences_itself_before_the_others_can_see_it_gone_and_serves_its_own_vdisks_on() {
+    let c = Cluster::new(3);
+    formed(&c, 3);
+    let cut = 2;
+    c.net.link(cut, false);
+    let at = Instant::now();
+    let (mut fenced, mut gone) = (None, None);
+    while (fenced.is_none() || gone.is_none()) && at.elapsed() < Duration::from_secs(15) {
+        if fenced.is_none() && c.status(cut).is_some_and(|s| s["serving"] == false) {
+            fenced = Some(at.elapsed());
+        }
+        if gone.is_none()
+            && c.status(0).is_some_and(|s| !Cluster::members(&s).contains(&format!("n{cut}")))
+            && c.status(1).is_some_and(|s| !Cluster::members(&s).contains(&format!("n{cut}")))
+        {
+            gone = Some(at.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (fenced, gone) = (fenced.expect("the cut node fenced itself"), gone.expect("the others saw it gone"));
+    eprintln!("link cut: node fenced after {fenced:?}, seen gone by the others after {gone:?}");
+    assert!(fenced < gone, "fenced at {fenced:?}, but the others saw it gone at {gone:?}");
+    assert!(fenced <= Duration::from_millis(TTL_MS), "fenced within its lease: {fenced:?}");
+    let s = c.status(cut).unwrap();
+    assert_eq!(s["leading"], false);
+    assert_eq!(s["etcd_reachable"], false);
+    // Its own vDisk is served on (from inside its namespace).
+    c.write_and_read(cut, 0, 0x5a);
+    // The others go on with a leader among them.
+    c.wait_all("a leader among the connected nodes", Duration::from_secs(10), |k, s| {
+        k == cut || Cluster::leader(s).is_some_and(|l| l != format!("n{cut}"))
+    });
+
+    // The link back: the node holds a lease again and is a member again.
+    c.net.link(cut, true);
+    formed(&c, 3);
+    c.write_and_read(cut, 1 << 20, 0x6b);
+}
+
+#[test]
+fn with_etcd_down_nodes_serve_on_and_the_map_survives_to_when_it_is_back() {
+    let mut c = Cluster::new(2);
+    let s = formed(&c, 2);
+    let epoch = s[0]["map"]["epoch"].as_u64().unwrap();
+    let map = s[0]["map"].clone();
+    c.etcd.kill();
+    let at = Instant::now();
+    // Every node serves its vDisks; none can renew: each fences itself within its lease.
+    for k in 0..2 {
+        c.write_and_read(k, 0, 0x11 + k as u8);
+    }
+    c.wait_all("etcd unreachable, fenced", Duration::from_millis(TTL_MS + 2000), |_, s| {
+        s["etcd_reachable"] == false && s["serving"] == false && s["leading"] == false
+    });
+    assert!(at.elapsed() < Duration::from_millis(TTL_MS + 2000));
+    for k in 0..2 {
+        c.write_and_read(k, 4 << 20, 0x21 + k as u8);
+        assert_eq!(c.status(k).unwrap()["epoch"].as_u64(), Some(epoch), "no map change without etcd");
+    }
+    c.etcd.restart();
+    let s = formed(&c, 2);
+    for s in &s {
+        assert!(s["epoch"].as_u64() >= Some(epoch), "the map's epoch never goes back: {s:#}");
+        assert_eq!(s["map"]["vdisks"], map["vdisks"], "the map survived");
+        assert_eq!(s["etcd_reachable"], true);
+    }
+}

@@ -1,0 +1,215 @@
+//! The etcd driver of a node's membership (`cachevisor_cluster::membership`): one thread
+//! (`cv-cluster`) with a single-threaded tokio runtime asks etcd what the state machine
+//! asks for — a lease, its keep-alives, the member key under it, the leader key's
+//! creation, the leader's map writes guarded by its term — and reads the cluster's keys
+//! back every [`OBSERVE_MS`] (one range read of the prefix: members, leader, map).
+//! Every request has a deadline, so an unreachable etcd only makes requests fail; the
+//! lease then runs out on the node's own clock and the node fences itself. Decisions are
+//! the pure crate's; this file only moves them to and from etcd.
+//!
+//! Keys under the prefix: `members/<name>` (a `MemberInfo`, under the node's lease),
+//! `leader` (the leader's name, under its lease; its create revision is the term), `map`
+//! (the `ClusterMap`, written by the leader only).
+
+use super::{Cluster, Shared};
+use cachevisor_cluster::cluster_map::{next_map, ClusterMap};
+use cachevisor_cluster::membership::{Leader, MemberInfo, Request};
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How often the cluster's keys are read back (ms).
+pub const OBSERVE_MS: u64 = 200;
+
+/// Runs until the cluster handle is dropped.
+pub(super) fn run(cluster: std::sync::Weak<Cluster>) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a tokio runtime");
+    rt.block_on(drive(cluster));
+}
+
+async fn drive(weak: std::sync::Weak<Cluster>) {
+    let mut client: Option<Client> = None;
+    loop {
+        let Some(c) = weak.upgrade() else { return };
+        let deadline = Duration::from_millis((c.settings.timing.keepalive_every_ms() / 2).clamp(100, 1000));
+        if client.is_none() {
+            let opts = ConnectOptions::new().with_connect_timeout(deadline).with_timeout(deadline);
+            match tokio::time::timeout(deadline, Client::connect(&c.settings.etcd, Some(opts))).await {
+                Ok(Ok(cl)) => client = Some(cl),
+                Ok(Err(e)) => c.etcd_error(format!("connecting to etcd: {e}")),
+                Err(_) => c.etcd_error("connecting to etcd: timed out".into()),
+            }
+        }
+        if let Some(cl) = client.as_mut() {
+            // At most a few requests between two reads of the keys.
+            for _ in 0..4 {
+                let now = c.now_ms();
+                let Some(req) = c.lock().member.poll_request(now) else { break };
+                let answer = tokio::time::timeout(deadline, perform(cl, &c, &req, now)).await;
+                let now = c.now_ms();
+                let failed = match answer {
+                    Ok(Ok(())) => None,
+                    Ok(Err(e)) => Some(format!("{req:?}: {e}")),
+                    Err(_) => Some(format!("{req:?}: no answer within {deadline:?}")),
+                };
+                match failed {
+                    None => c.etcd_ok(),
+                    Some(e) => {
+                        c.lock().member.etcd_failed(now, &req);
+                        c.etcd_error(e);
+                    }
+                }
+                c.log_events();
+            }
+            match tokio::time::timeout(deadline, observe(cl, &c)).await {
+                Ok(Ok(())) => c.etcd_ok(),
+                Ok(Err(e)) => c.etcd_error(format!("reading the cluster's keys: {e}")),
+                Err(_) => c.etcd_error(format!("reading the cluster's keys: no answer within {deadline:?}")),
+            }
+        }
+        c.log_events();
+        let now = c.now_ms();
+        let next = c.lock().member.poll_timeout().unwrap_or(u64::MAX).min(now + OBSERVE_MS);
+        drop(c);
+        tokio::time::sleep(Duration::from_millis(next.saturating_sub(now).max(10))).await;
+    }
+}
+
+fn key(c: &Cluster, k: &str) -> String {
+    format!("{}{k}", c.settings.prefix)
+}
+
+/// Sends one request and feeds its answer to the state machine.
+async fn perform(cl: &mut Client, c: &Arc<Cluster>, req: &Request, sent: u64) -> Result<(), etcd_client::Error> {
+    let ttl_s = (c.settings.timing.lease_ttl_ms / 1000) as i64;
+    match *req {
+        Request::GrantLease => {
+            let r = cl.lease_grant(ttl_s, None).await?;
+            let now = c.now_ms();
+            c.lock().member.lease_granted(now, sent, r.id(), r.ttl());
+            tracing::info!(lease = r.id(), ttl_s = r.ttl(), "cluster: lease granted");
+        }
+        Request::KeepAlive { lease, sent_at } => {
+            let (mut keeper, mut stream) = cl.lease_keep_alive(lease).await?;
+            keeper.keep_alive().await?;
+            let ttl = match stream.message().await? {
+                Some(r) => r.ttl(),
+                None => 0,
+            };
+            let now = c.now_ms();
+            c.lock().member.kept_alive(now, lease, sent_at, ttl);
+        }
+        Request::Register { lease } => {
+            let info = (c.info)();
+            let body = serde_json::to_vec(&info).expect("member info serializes");
+            cl.put(key(c, &format!("members/{}", c.settings.name)), body, Some(PutOptions::new().with_lease(lease)))
+                .await?;
+            c.lock().member.registered(lease);
+            c.lock().published = Some(info);
+        }
+        Request::Campaign { lease } => {
+            let k = key(c, "leader");
+            let txn = Txn::new()
+                .when([Compare::create_revision(k.clone(), CompareOp::Equal, 0)])
+                .and_then([TxnOp::put(k, c.settings.name.clone(), Some(PutOptions::new().with_lease(lease)))]);
+            let r = cl.txn(txn).await?;
+            let term = r.succeeded().then(|| r.header().map_or(0, |h| h.revision()));
+            let now = c.now_ms();
+            c.lock().member.campaigned(now, term);
+            if let Some(term) = term {
+                tracing::info!(term, "cluster: elected leader");
+            }
+        }
+        Request::Allocate { term, .. } => {
+            let written = allocate(cl, c, term).await?;
+            let now = c.now_ms();
+            c.lock().member.allocated(now, written);
+        }
+    }
+    Ok(())
+}
+
+/// The leader's step: the next map from the members etcd lists, written only if the
+/// leader key is still this term's and the map is still the one read.
+async fn allocate(cl: &mut Client, c: &Arc<Cluster>, term: i64) -> Result<Option<u64>, etcd_client::Error> {
+    let mk = key(c, "map");
+    let r = cl.get(mk.clone(), None).await?;
+    let (current, rev) = match r.kvs().first() {
+        Some(kv) => match ClusterMap::decode(kv.value()) {
+            Ok(m) => (m, kv.mod_revision()),
+            Err(e) => {
+                tracing::warn!(error = %e, "cluster: replacing an unreadable map");
+                (ClusterMap { epoch: 0, ..ClusterMap::default() }, kv.mod_revision())
+            }
+        },
+        None => (ClusterMap::default(), 0),
+    };
+    let members = c.lock().member.members().to_vec();
+    let Some(next) = next_map(&current, &members) else { return Ok(None) };
+    let txn = Txn::new()
+        .when([
+            Compare::create_revision(key(c, "leader"), CompareOp::Equal, term),
+            Compare::mod_revision(mk.clone(), CompareOp::Equal, rev),
+        ])
+        .and_then([TxnOp::put(mk, next.encode(), None)]);
+    let done = cl.txn(txn).await?.succeeded();
+    if done {
+        tracing::info!(
+            epoch = next.epoch,
+            nodes = next.nodes.len(),
+            vdisks = next.vdisks.len(),
+            "cluster: map written"
+        );
+        c.lock().map = next.clone();
+        Ok(Some(next.epoch))
+    } else {
+        Ok(None)
+    }
+}
+
+/// Reads the prefix back: members, leader, map.
+async fn observe(cl: &mut Client, c: &Arc<Cluster>) -> Result<(), etcd_client::Error> {
+    let r = cl.get(c.settings.prefix.clone(), Some(GetOptions::new().with_prefix())).await?;
+    let (mut members, mut leader, mut map) = (Vec::new(), None, None);
+    for kv in r.kvs() {
+        let k = kv.key_str().unwrap_or_default().strip_prefix(&c.settings.prefix).unwrap_or_default();
+        if let Some(name) = k.strip_prefix("members/") {
+            match serde_json::from_slice::<MemberInfo>(kv.value()) {
+                Ok(m) if m.name == name => members.push(m),
+                _ => tracing::warn!(key = %crate::log_safe(k), "cluster: ignoring an unreadable member record"),
+            }
+        } else if k == "leader" {
+            let name = String::from_utf8_lossy(kv.value()).to_string();
+            leader = Some(Leader { name, term: kv.create_revision() });
+        } else if k == "map" {
+            match ClusterMap::decode(kv.value()) {
+                Ok(m) => map = Some(m),
+                Err(e) => tracing::warn!(error = %e, "cluster"),
+            }
+        }
+    }
+    let now = c.now_ms();
+    let info = (c.info)();
+    let republish = {
+        let mut s: std::sync::MutexGuard<'_, Shared> = c.lock();
+        s.member.members_seen(members);
+        s.member.leader_seen(now, leader);
+        if let Some(m) = map {
+            s.member.epoch_seen(m.epoch);
+            if m.epoch >= s.map.epoch {
+                s.map = m;
+            }
+        }
+        // A member record that no longer says what this node serves is written again.
+        s.member.lease().filter(|_| s.published.as_ref().is_some_and(|p| *p != info))
+    };
+    {
+        if let Some((lease, _)) = republish {
+            let body = serde_json::to_vec(&info).expect("member info serializes");
+            cl.put(key(c, &format!("members/{}", c.settings.name)), body, Some(PutOptions::new().with_lease(lease)))
+                .await?;
+            c.lock().published = Some(info);
+        }
+    }
+    Ok(())
+}

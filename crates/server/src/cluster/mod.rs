@@ -1,0 +1,164 @@
+//! A daemon as a node of an HCI cluster (ELICA; ROADMAP §4): its `[cluster]` settings
+//! ([`settings`]), its membership driven against etcd ([`agent`]: lease, member key,
+//! leader election, the leader's map), and the handle the rest of the daemon asks —
+//! whether this node may serve other nodes' data now (fencing), which map epoch a peer
+//! request must carry, and the status the API shows (`GET /cluster`). The decisions are
+//! `cachevisor_cluster`'s pure code; no `[cluster]` section, no cluster.
+
+pub mod agent;
+pub mod settings;
+
+use cachevisor_cluster::cluster_map::ClusterMap;
+use cachevisor_cluster::membership::{EpochRefusal, Event, Leader, Member, MemberInfo};
+use serde::Serialize;
+use settings::ClusterSettings;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+/// What the agent and the daemon share.
+pub(crate) struct Shared {
+    pub(crate) member: Member,
+    pub(crate) map: ClusterMap,
+    /// The member record last written.
+    pub(crate) published: Option<MemberInfo>,
+    etcd_reachable: bool,
+    last_error: Option<String>,
+}
+
+/// The node's cluster handle.
+pub struct Cluster {
+    settings: ClusterSettings,
+    start: Instant,
+    state: Mutex<Shared>,
+    /// What this node publishes about itself (read at each registration and check).
+    info: Box<dyn Fn() -> MemberInfo + Send + Sync>,
+}
+
+/// `GET /cluster`.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClusterStatus {
+    /// This node.
+    pub name: String,
+    /// Its peer address.
+    pub address: String,
+    /// Whether it holds a valid lease (may serve other nodes' data).
+    pub serving: bool,
+    /// Whether it leads.
+    pub leading: bool,
+    /// The leader etcd names.
+    pub leader: Option<Leader>,
+    /// The map epoch this node is at.
+    pub epoch: u64,
+    /// The members etcd lists.
+    pub members: Vec<MemberInfo>,
+    /// The map.
+    pub map: ClusterMap,
+    /// Whether the last request to etcd was answered.
+    pub etcd_reachable: bool,
+    /// Requests to etcd that failed so far.
+    pub etcd_errors: u64,
+    /// The last failure.
+    pub last_error: Option<String>,
+    /// Lease TTL (ms).
+    pub lease_ttl_ms: u64,
+}
+
+impl Cluster {
+    /// Starts the agent thread for `settings`; `info` says what this node serves.
+    pub fn start(settings: ClusterSettings, info: Box<dyn Fn() -> MemberInfo + Send + Sync>) -> Arc<Cluster> {
+        let c = Arc::new(Cluster {
+            state: Mutex::new(Shared {
+                member: Member::new(&settings.name, settings.timing),
+                map: ClusterMap::default(),
+                published: None,
+                etcd_reachable: false,
+                last_error: None,
+            }),
+            settings,
+            start: Instant::now(),
+            info,
+        });
+        let weak = Arc::downgrade(&c);
+        std::thread::Builder::new()
+            .name("cv-cluster".into())
+            .spawn(move || agent::run(weak))
+            .expect("spawning the cluster thread");
+        c
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &ClusterSettings {
+        &self.settings
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Shared> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    /// Whether this node may serve other nodes' data now.
+    pub fn serving(&self) -> bool {
+        let now = self.now_ms();
+        self.lock().member.serving(now)
+    }
+
+    /// A peer request made at map epoch `sent`: accepted now, or why not.
+    pub fn check_epoch(&self, sent: u64) -> Result<(), EpochRefusal> {
+        let now = self.now_ms();
+        self.lock().member.check_epoch(now, sent)
+    }
+
+    /// The status.
+    pub fn status(&self) -> ClusterStatus {
+        let now = self.now_ms();
+        let s = self.lock();
+        ClusterStatus {
+            name: self.settings.name.clone(),
+            address: self.settings.address.clone(),
+            serving: s.member.serving(now),
+            leading: s.member.leading(now),
+            leader: s.member.leader().cloned(),
+            epoch: s.member.epoch(),
+            members: s.member.members().to_vec(),
+            map: s.map.clone(),
+            etcd_reachable: s.etcd_reachable,
+            etcd_errors: s.member.etcd_errors(),
+            last_error: s.last_error.clone(),
+            lease_ttl_ms: self.settings.timing.lease_ttl_ms,
+        }
+    }
+
+    fn etcd_ok(&self) {
+        let mut s = self.lock();
+        if !s.etcd_reachable {
+            tracing::info!("cluster: etcd reachable");
+        }
+        s.etcd_reachable = true;
+    }
+
+    fn etcd_error(&self, e: String) {
+        let mut s = self.lock();
+        if s.etcd_reachable || s.last_error.is_none() {
+            tracing::warn!(error = %e, "cluster: etcd request failed (the node serves its own vDisks on; it fences itself when its lease runs out)");
+        }
+        s.etcd_reachable = false;
+        s.last_error = Some(e);
+    }
+
+    fn log_events(&self) {
+        let mut s = self.lock();
+        while let Some(e) = s.member.poll_event() {
+            match e {
+                Event::Serving => tracing::info!("cluster: lease held, serving peers"),
+                Event::Fenced => tracing::warn!(
+                    "cluster: lease lost or expired: fenced — this node serves no other node's data until it holds a lease again"
+                ),
+                Event::Leading(term) => tracing::info!(term, "cluster: leading"),
+                Event::NotLeading => tracing::info!("cluster: not leading"),
+            }
+        }
+    }
+}

@@ -21,6 +21,7 @@
 
 pub mod allocation;
 pub mod cluster_map;
+pub mod estimate;
 pub mod fast;
 pub mod ilp;
 pub mod load;

@@ -28,10 +28,10 @@ use crate::inputs::{open_inputs, SimError};
 use crate::instant_copies::InstantCopies;
 use crate::node::{DataCheck, Node};
 use crate::scenario::{ReplayMode, Scenario};
-use cachevisor_analysis::{DistanceHistogram, StackDistance};
 use cachevisor_cluster::allocation::{Problem, VmCurve};
+use cachevisor_cluster::estimate::VmEstimator;
 use cachevisor_cluster::load::{choose, Chunk};
-use cachevisor_cluster::model::{ideal_blocks, IdealForm};
+use cachevisor_cluster::model::IdealForm;
 use cachevisor_cluster::ssd_sharing::Holdings;
 use cachevisor_engine::{EngineConfig, PartitionMode, StoreSpec};
 use cachevisor_policy::controller;
@@ -44,8 +44,8 @@ use std::rc::Rc;
 pub(crate) struct Vm {
     pub(crate) node: usize,
     pub(crate) local_id: VmId,
-    sd: StackDistance,
-    hist: DistanceHistogram,
+    /// Its window's demand (Eq. 1 and Eq. 4's curve; the daemon's nodes run the same).
+    est: VmEstimator,
     /// Its last allocation: local and remote blocks.
     pub(crate) alloc: (u64, u64),
 }
@@ -270,8 +270,7 @@ impl<'a> Cluster<'a> {
             self.vms.push(Vm {
                 node: home,
                 local_id,
-                sd: StackDistance::new(),
-                hist: DistanceHistogram::coarse(self.p.unit_blocks, self.total_units as usize + 1),
+                est: VmEstimator::new(self.p.unit_blocks, self.total_units),
                 alloc: (0, 0),
             });
             self.names.push(name);
@@ -293,8 +292,7 @@ impl<'a> Cluster<'a> {
         let block = self.p.block;
         let (first, last) = (req.offset / block, (req.end().max(req.offset + 1) - 1) / block);
         for b in first..=last {
-            let d = v.sd.access(b);
-            v.hist.add(d, 1.0);
+            v.est.access(b);
         }
         let local = Request { vm: v.local_id, ..*req };
         self.nodes[v.node].submit(now, &local, req.vm as u64);
@@ -463,7 +461,7 @@ fn balance_load(p: &Plan, vms: &[Vm], node_load: &[f64], local: &mut [u64], lent
         if units == 0 {
             continue;
         }
-        let load = vm.hist.total() / units as f64;
+        let load = vm.est.accesses() / units as f64;
         let at = std::iter::repeat_n(vm.node as u16, local[v] as usize)
             .chain(lent[v].iter().flat_map(|&(k, u)| std::iter::repeat_n(k, u as usize)));
         chunks.extend(at.map(|node| Chunk { vm: v as VmId, node, load }));
@@ -507,19 +505,8 @@ fn allocate(p: &Plan, nodes: &mut [Node], vms: &mut [Vm], now: u64, total_units:
         return;
     }
     let form = if p.cl.ideal >= 1.0 { IdealForm::Max } else { IdealForm::Percentile(p.cl.ideal) };
-    let curves: Vec<VmCurve> = vms
-        .iter()
-        .map(|v| {
-            let total = v.hist.total();
-            let ideal = ideal_blocks(&v.hist, form).div_ceil(p.unit_blocks).min(total_units);
-            let hit_ratio = if total > 0.0 {
-                v.hist.hits_curve(p.unit_blocks, ideal as usize).into_iter().map(|h| h / total).collect()
-            } else {
-                vec![0.0]
-            };
-            VmCurve { home: v.node as u16, hit_ratio }
-        })
-        .collect();
+    let curves: Vec<VmCurve> =
+        vms.iter().map(|v| VmCurve { home: v.node as u16, hit_ratio: v.est.curve(form, total_units) }).collect();
     let capacity: Vec<u64> = p.slots.iter().map(|s| s / p.unit_blocks).collect();
     let mut local = vec![0u64; vms.len()];
     // Units each VM borrows, by lending node (Eq. 4's split, enforced per region).
@@ -568,6 +555,6 @@ fn allocate(p: &Plan, nodes: &mut [Node], vms: &mut [Vm], now: u64, total_units:
         });
     }
     for v in vms.iter_mut() {
-        v.hist = v.hist.cleared();
+        v.est.next_window();
     }
 }

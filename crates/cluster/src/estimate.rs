@@ -1,0 +1,131 @@
+//! A VM's demand as ELICA's allocation reads it (§3.2 (c)): its stack distances over a
+//! window, in allocation units, turned into the hit-ratio curve of Eq. 4 cut at its ideal
+//! size (Eq. 1). One estimator for both drivers: the simulator's cluster mode feeds it the
+//! trace's blocks, a daemon node the blocks its vDisks' requests touch, and each publishes
+//! [`VmEstimator::curve`] every window; [`problem`] puts the nodes' curves and capacities
+//! into Eq. 4's [`Problem`].
+
+use crate::allocation::{Problem, VmCurve};
+use crate::model::{ideal_blocks, IdealForm, Latencies};
+use crate::ownership::NodeId;
+use cachevisor_analysis::{DistanceHistogram, StackDistance};
+use serde::{Deserialize, Serialize};
+
+/// One VM's window of stack distances.
+#[derive(Debug, Clone)]
+pub struct VmEstimator {
+    sd: StackDistance,
+    hist: DistanceHistogram,
+    unit_blocks: u64,
+}
+
+impl VmEstimator {
+    /// Distances in units of `unit_blocks` blocks, up to `max_units` units.
+    pub fn new(unit_blocks: u64, max_units: u64) -> VmEstimator {
+        let unit_blocks = unit_blocks.max(1);
+        VmEstimator {
+            sd: StackDistance::new(),
+            hist: DistanceHistogram::coarse(unit_blocks, max_units as usize + 1),
+            unit_blocks,
+        }
+    }
+
+    /// An access to `block`.
+    #[inline]
+    pub fn access(&mut self, block: u64) {
+        let d = self.sd.access(block);
+        self.hist.add(d, 1.0);
+    }
+
+    /// Block accesses in the window.
+    pub fn accesses(&self) -> f64 {
+        self.hist.total()
+    }
+
+    /// The window's histogram.
+    pub fn histogram(&self) -> &DistanceHistogram {
+        &self.hist
+    }
+
+    /// The window's hit ratio at 0, 1, … units up to the VM's ideal size (Eq. 1 in the
+    /// form `ideal`), at most `max_units`: `VmCurve::hit_ratio`. `[0.0]` with no accesses.
+    pub fn curve(&self, ideal: IdealForm, max_units: u64) -> Vec<f64> {
+        let total = self.hist.total();
+        if total <= 0.0 {
+            return vec![0.0];
+        }
+        let units = ideal_blocks(&self.hist, ideal).div_ceil(self.unit_blocks).min(max_units);
+        self.hist.hits_curve(self.unit_blocks, units as usize).into_iter().map(|h| h / total).collect()
+    }
+
+    /// A new window: the counts start again, the distances remember the history (a
+    /// block's reuse across a window boundary keeps its true distance).
+    pub fn next_window(&mut self) {
+        self.hist = self.hist.cleared();
+    }
+}
+
+/// What a node publishes each window (`estimates/<node>` in etcd).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeEstimates {
+    /// The allocation unit, bytes.
+    pub unit_bytes: u64,
+    /// The node's cache in units.
+    pub capacity_units: u64,
+    /// Its VMs: (vDisk name, hit ratio by units, Eq. 1-cut).
+    pub vms: Vec<(String, Vec<f64>)>,
+}
+
+/// Eq. 4's problem from each node's estimates (`nodes[i]` is node index i of the
+/// problem); returns it with the (node index, vDisk name) of each VM in order.
+pub fn problem(lat: Latencies, nodes: &[&NodeEstimates]) -> (Problem, Vec<(usize, String)>) {
+    let mut vms = Vec::new();
+    let mut names = Vec::new();
+    for (i, n) in nodes.iter().enumerate() {
+        for (name, curve) in &n.vms {
+            vms.push(VmCurve {
+                home: i as NodeId,
+                hit_ratio: if curve.is_empty() { vec![0.0] } else { curve.clone() },
+            });
+            names.push((i, name.clone()));
+        }
+    }
+    (Problem { lat, capacity: nodes.iter().map(|n| n.capacity_units).collect(), vms }, names)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_loop_over_k_units_hits_once_the_cache_holds_it_and_windows_start_again() {
+        let mut e = VmEstimator::new(4, 16);
+        for _ in 0..10 {
+            for b in 0..12 {
+                e.access(b);
+            }
+        }
+        // 120 accesses, 12 cold; every reuse at distance 11 (3 units of 4 blocks).
+        let c = e.curve(IdealForm::Max, 16);
+        assert_eq!(c.len(), 4, "0..=3 units: the ideal size is 12 blocks = 3 units: {c:?}");
+        assert_eq!(c[2], 0.0);
+        assert!((c[3] - 108.0 / 120.0).abs() < 1e-9, "{c:?}");
+        assert_eq!(e.curve(IdealForm::Max, 2).len(), 3, "capped at max_units");
+        e.next_window();
+        assert_eq!(e.accesses(), 0.0);
+        e.access(0);
+        assert_eq!(e.histogram().reuses(), 1.0, "the history outlives the window");
+    }
+
+    #[test]
+    fn the_problem_lists_every_nodes_vms_with_their_home_and_the_capacities() {
+        let a = NodeEstimates { unit_bytes: 1 << 20, capacity_units: 4, vms: vec![("x".into(), vec![0.0, 0.5])] };
+        let b = NodeEstimates { unit_bytes: 1 << 20, capacity_units: 8, vms: vec![("y".into(), vec![])] };
+        let lat = Latencies { ssd_local_us: 100.0, ssd_remote_us: 100.0, network_us: 50.0, hdd_us: 5000.0 };
+        let (p, names) = problem(lat, &[&a, &b]);
+        assert_eq!(p.capacity, vec![4, 8]);
+        assert_eq!((p.vms[0].home, p.vms[1].home), (0, 1));
+        assert_eq!(p.vms[1].hit_ratio, vec![0.0]);
+        assert_eq!(names, vec![(0, "x".to_string()), (1, "y".to_string())]);
+    }
+}

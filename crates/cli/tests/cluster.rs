@@ -26,19 +26,24 @@ struct Cluster {
 
 impl Cluster {
     fn new(n: usize) -> Cluster {
+        Cluster::with(n, "interval = \"300ms\"")
+    }
+
+    /// `n` nodes whose `[cluster]` sections end with `extra`.
+    fn with(n: usize, extra: &str) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let net = Net::new(n);
         let etcd = Etcd::start(&net.hub, Net::HUB_ADDR, dir.path());
         let mut c = Cluster { nodes: Vec::new(), etcd, net, dir };
         for k in 0..n {
-            c.write_config(k);
+            c.write_config(k, extra);
             let d = c.start(k);
             c.nodes.push(Some(d));
         }
         c
     }
 
-    fn write_config(&self, k: usize) {
+    fn write_config(&self, k: usize, extra: &str) {
         let d = self.dir.path();
         std::fs::create_dir_all(d.join(format!("n{k}"))).unwrap();
         let img = d.join(format!("vm{k}.img"));
@@ -49,7 +54,7 @@ impl Cluster {
             format!(
                 "[cache]\npath = \"n{k}/cache.img\"\nsize = \"8MiB\"\n[listen]\ntcp = \"{a}:10809\"\n\
                  [api]\nlisten = \"{a}:8080\"\ntoken = \"{TOKEN}\"\n[[vdisk]]\nname = \"vm{k}\"\nbacking = \"vm{k}.img\"\n\
-                 [cluster]\nname = \"n{k}\"\naddress = \"{a}:10810\"\netcd = [\"{}\"]\nlease_ttl = \"2s\"\ninterval = \"300ms\"\n",
+                 [cluster]\nname = \"n{k}\"\naddress = \"{a}:10810\"\netcd = [\"{}\"]\nlease_ttl = \"2s\"\n{extra}\n",
                 self.etcd.url
             ),
         )
@@ -244,4 +249,36 @@ fn with_etcd_down_nodes_serve_on_and_the_map_survives_to_when_it_is_back() {
         assert_eq!(s["map"]["vdisks"], map["vdisks"], "the map survived");
         assert_eq!(s["etcd_reachable"], true);
     }
+}
+
+#[test]
+fn the_leader_lends_an_idle_nodes_cache_to_a_vm_that_outgrows_its_own() {
+    // ELICA's skewed placement: vm0 loops over 12 MiB, its node caches 8 MiB; node 1's
+    // VM is idle. Eq. 4 on the estimates the nodes publish gives vm0 node 1's units.
+    let c = Cluster::with(2, "interval = \"1s\"\nunit = \"1MiB\"");
+    formed(&c, 2);
+    let uri = format!("nbd://{}:10809/vm0", c.net.addr(0));
+    let end = Instant::now() + Duration::from_secs(30);
+    let share = loop {
+        let out = Net::command(&c.net.nodes[0], "qemu-io")
+            .args(["-f", "raw", "-r", &uri, "-c", "read 0 12M", "-c", "read 0 12M", "-c", "read 0 12M"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let s = c.status(1).unwrap();
+        let a = &s["allocation"]["vms"]["vm0"];
+        if a["remote"].as_array().is_some_and(|r| !r.is_empty()) {
+            break s["allocation"].clone();
+        }
+        assert!(Instant::now() < end, "no remote share for vm0: {s:#}\n{}", c.logs());
+    };
+    eprintln!("allocation: {share:#}");
+    let vm0 = &share["vms"]["vm0"];
+    assert_eq!(vm0["node"], "n0");
+    assert_eq!(vm0["local_units"], 8, "vm0 fills its own node's 8 units: {share:#}");
+    assert_eq!(vm0["remote"][0][0], "n1");
+    let remote = vm0["remote"][0][1].as_u64().unwrap();
+    assert!((4..=5).contains(&remote), "12 MiB of reuse needs 4 more units (the 1% cut may leave 5): {share:#}");
+    assert_eq!(share["vms"]["vm1"]["local_units"], 0, "the idle VM gets nothing: {share:#}");
+    assert_eq!(share["unit_bytes"], 1 << 20);
 }

@@ -5,7 +5,7 @@
 //! [`VmEstimator::curve`] every window; [`problem`] puts the nodes' curves and capacities
 //! into Eq. 4's [`Problem`].
 
-use crate::allocation::{Problem, VmCurve};
+use crate::allocation::{Problem, Solver, VmCurve};
 use crate::model::{ideal_blocks, IdealForm, Latencies};
 use crate::ownership::NodeId;
 use cachevisor_analysis::{DistanceHistogram, StackDistance};
@@ -93,6 +93,59 @@ pub fn problem(lat: Latencies, nodes: &[&NodeEstimates]) -> (Problem, Vec<(usize
     (Problem { lat, capacity: nodes.iter().map(|n| n.capacity_units).collect(), vms }, names)
 }
 
+/// A VM's share in the leader's decision.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VmShare {
+    /// Its node.
+    pub node: String,
+    /// Units in its node's cache.
+    pub local_units: u64,
+    /// Units other nodes lend it, by node.
+    pub remote: Vec<(String, u64)>,
+}
+
+/// The leader's decision each interval (`allocation` in etcd): Eq. 4 on the nodes'
+/// published estimates.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+pub struct AllocationRecord {
+    /// The allocation unit, bytes.
+    pub unit_bytes: u64,
+    /// Each VM's share, by vDisk name.
+    pub vms: std::collections::BTreeMap<String, VmShare>,
+    /// Eq. 4's objective, the summed average latency (µs).
+    pub total_avl_us: f64,
+    /// Nodes whose estimates were left out (another unit), by name.
+    pub ignored: Vec<String>,
+}
+
+/// The leader's step: Eq. 4 by `solver` on the estimates `(node name, estimates)` of
+/// the nodes that published in `unit_bytes` units (others are listed as ignored).
+pub fn decide(
+    lat: Latencies,
+    solver: Solver,
+    unit_bytes: u64,
+    estimates: &[(String, NodeEstimates)],
+) -> Result<AllocationRecord, String> {
+    let (used, ignored): (Vec<_>, Vec<_>) = estimates.iter().partition(|(_, e)| e.unit_bytes == unit_bytes);
+    let nodes: Vec<&NodeEstimates> = used.iter().map(|(_, e)| e).collect();
+    let (p, names) = problem(lat, &nodes);
+    let a = solver.solve(&p)?;
+    let vms = names
+        .into_iter()
+        .enumerate()
+        .map(|(v, (i, vdisk))| {
+            let remote = a.remote[v].iter().map(|&(k, u)| (used[k as usize].0.clone(), u)).collect();
+            (vdisk, VmShare { node: used[i].0.clone(), local_units: a.local[v], remote })
+        })
+        .collect();
+    Ok(AllocationRecord {
+        unit_bytes,
+        vms,
+        total_avl_us: a.total_avl,
+        ignored: ignored.into_iter().map(|(n, _)| n.clone()).collect(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,5 +180,23 @@ mod tests {
         assert_eq!((p.vms[0].home, p.vms[1].home), (0, 1));
         assert_eq!(p.vms[1].hit_ratio, vec![0.0]);
         assert_eq!(names, vec![(0, "x".to_string()), (1, "y".to_string())]);
+    }
+
+    #[test]
+    fn a_vm_that_outgrows_its_node_borrows_from_an_idle_one_and_the_record_names_the_lender() {
+        // x reuses everything at 8 units; its node has 4; node b's VM does not reuse.
+        let ramp: Vec<f64> = (0..=8).map(|k| if k < 8 { 0.0 } else { 0.9 }).collect();
+        let a = NodeEstimates { unit_bytes: 1 << 20, capacity_units: 4, vms: vec![("x".into(), ramp)] };
+        let b = NodeEstimates { unit_bytes: 1 << 20, capacity_units: 8, vms: vec![("y".into(), vec![0.0])] };
+        let odd = NodeEstimates { unit_bytes: 1 << 21, capacity_units: 8, vms: vec![] };
+        let lat = Latencies { ssd_local_us: 100.0, ssd_remote_us: 100.0, network_us: 50.0, hdd_us: 5000.0 };
+        let est = [("a".to_string(), a), ("b".to_string(), b), ("c".to_string(), odd)];
+        for solver in [Solver::Exact, Solver::Fast] {
+            let r = decide(lat, solver, 1 << 20, &est).unwrap();
+            let x = &r.vms["x"];
+            assert_eq!((x.node.as_str(), x.local_units), ("a", 4), "{r:?}");
+            assert_eq!(x.remote, vec![("b".to_string(), 4)], "{r:?}");
+            assert_eq!(r.ignored, vec!["c".to_string()]);
+        }
     }
 }

@@ -89,6 +89,12 @@ pub enum Request {
         /// The lease.
         lease: i64,
     },
+    /// Put `estimates/<name>` (this window's per-VM curves) with the lease; answer with
+    /// [`Member::published`]. Every interval.
+    Publish {
+        /// The lease.
+        lease: i64,
+    },
     /// (Leader) decide the next map and write it if the leader key's create revision is
     /// still `term` and the map is still at `epoch`.
     Allocate {
@@ -161,6 +167,8 @@ pub struct Member {
     epoch: u64,
     allocating: bool,
     next_allocation: u64,
+    publishing: bool,
+    next_publish: u64,
     serving: bool,
     events: Vec<Event>,
     etcd_errors: u64,
@@ -189,6 +197,8 @@ impl Member {
             epoch: 0,
             allocating: false,
             next_allocation: 0,
+            publishing: false,
+            next_publish: 0,
             serving: false,
             events: Vec::new(),
             etcd_errors: 0,
@@ -226,6 +236,10 @@ impl Member {
                     self.campaigning = true;
                     return Some(Request::Campaign { lease: id });
                 }
+                if self.registered && !self.publishing && now >= self.next_publish {
+                    self.publishing = true;
+                    return Some(Request::Publish { lease: id });
+                }
             }
         }
         if let (true, Some(l)) = (self.leading, &self.leader) {
@@ -246,6 +260,9 @@ impl Member {
             at(valid_until);
             if !renewing {
                 at((last_sent + self.timing.keepalive_every_ms()).max(self.backoff_until));
+            }
+            if self.registered && !self.publishing {
+                at(self.next_publish.max(self.backoff_until));
             }
         } else {
             at(self.backoff_until);
@@ -309,6 +326,7 @@ impl Member {
             }
             Request::Register { .. } => self.registering = false,
             Request::Campaign { .. } => self.campaigning = false,
+            Request::Publish { .. } => self.publishing = false,
             Request::Allocate { .. } => self.allocated(now, None),
         }
         self.expire(now);
@@ -353,6 +371,12 @@ impl Member {
     /// The map's epoch etcd holds.
     pub fn epoch_seen(&mut self, epoch: u64) {
         self.epoch = self.epoch.max(epoch);
+    }
+
+    /// This window's estimates were written.
+    pub fn published(&mut self, now: u64) {
+        self.publishing = false;
+        self.next_publish = now + self.timing.interval_ms;
     }
 
     /// The leader's allocation finished: `Some(epoch)` if it wrote a new map, `None` if

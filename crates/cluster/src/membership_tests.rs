@@ -23,6 +23,8 @@ fn a_node_gets_a_lease_registers_campaigns_and_allocates_as_leader() {
     assert_eq!(m.poll_request(0), Some(Request::Campaign { lease }));
     m.campaigned(0, Some(41));
     assert_eq!(m.poll_event(), Some(Event::Leading(41)));
+    assert_eq!(m.poll_request(0), Some(Request::Publish { lease }));
+    m.published(0);
     assert_eq!(m.poll_request(0), Some(Request::Allocate { term: 41, epoch: 0 }));
     m.allocated(5, Some(1));
     assert_eq!(m.epoch(), 1);
@@ -31,7 +33,9 @@ fn a_node_gets_a_lease_registers_campaigns_and_allocates_as_leader() {
     assert_eq!(m.poll_request(1000), Some(Request::KeepAlive { lease, sent_at: 1000 }));
     m.kept_alive(1001, lease, 1000, 3);
     assert_eq!(m.lease(), Some((lease, 3800)));
-    assert_eq!(m.poll_request(1005), Some(Request::Allocate { term: 41, epoch: 1 }));
+    assert_eq!(m.poll_request(1005), Some(Request::Publish { lease }), "estimates every interval");
+    m.published(1006);
+    assert_eq!(m.poll_request(1006), Some(Request::Allocate { term: 41, epoch: 1 }));
 }
 
 #[test]
@@ -39,6 +43,8 @@ fn a_follower_does_not_campaign_while_a_leader_is_known_and_does_after_it_is_gon
     let (mut m, lease) = started(0);
     m.registered(lease);
     m.leader_seen(0, Some(Leader { name: "b".into(), term: 3 }));
+    assert_eq!(m.poll_request(0), Some(Request::Publish { lease }), "a follower publishes its estimates");
+    m.published(0);
     assert_eq!(m.poll_request(0), None);
     m.leader_seen(10, None);
     assert_eq!(m.poll_request(10), Some(Request::Campaign { lease }));
@@ -166,6 +172,7 @@ proptest! {
                     (Request::Register { lease }, Answer::Ok(_)) => m.registered(lease),
                     (Request::Campaign { .. }, Answer::Ok(_)) => m.campaigned(now, Some(1)),
                     (Request::Allocate { .. }, Answer::Ok(_)) => m.allocated(now, None),
+                    (Request::Publish { .. }, Answer::Ok(_)) => m.published(now),
                     (r, _) => m.etcd_failed(now, &r),
                 }
             }

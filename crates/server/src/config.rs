@@ -626,7 +626,12 @@ etcd = ["http://10.0.0.9:2379"] # required: etcd's client URLs
 cluster = "default"           # default default: its keys live under /cachevisor/CLUSTER/
 lease_ttl = "3s"              # default 3s, whole seconds from 2s to 60s: a node that stops renewing its lease is dead after this
 fence_margin = "250ms"        # default 250ms, 50ms to a quarter of lease_ttl: the node stops serving other nodes' data this much before etcd could expire its lease
-interval = "2s"               # default 2s, 100ms to 1h: how often the leader decides the map
+interval = "2s"               # default 2s, 100ms to 1h: how often the leader decides the map and the allocation (ELICA's Eq. 4), and the window of the estimates each node publishes
+unit = "1MiB"                 # default 1MiB, a power of two from 4KiB to 1GiB: ELICA's allocation unit
+ideal = 0.99                  # default 0.99, in (0, 1]: Eq. 1's ideal size covers this fraction of a window's reuses (1.0: the maximum stack distance)
+ssd_latency = "100us"         # default 100us, 1us to 10s: Eq. 3's latency of an SSD cache hit
+network_latency = "100us"     # default 100us: what reaching another node's cache adds (Eq. 3)
+backing_latency = "5ms"       # default 5ms: a miss served by the backing store (Eq. 3)
 "#;
 
 /// [`DEFAULT`] followed by [`REFERENCE`] commented out: what `--print-default-config` prints.
@@ -761,7 +766,13 @@ impl Config {
             ));
         }
         if let Some(c) = &self.cluster {
-            c.check()?;
+            let s = c.check()?;
+            if s.unit_bytes % block_size != 0 {
+                return Err(format!(
+                    "cluster.unit: `{}` is not a multiple of cache.block_size ({block_size} B)",
+                    c.unit
+                ));
+            }
         }
         let mut api_idle_ns = 0;
         if let Some(a) = &self.api {

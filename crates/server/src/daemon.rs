@@ -180,30 +180,30 @@ impl Daemon {
     }
 
     /// Joins the cluster `[cluster]` names: the agent publishes what this daemon
-    /// serves (read through a weak reference: the agent does not keep the daemon up).
+    /// serves and its vDisks' estimates (read through a weak reference: the agent does
+    /// not keep the daemon up).
     pub fn join_cluster(
         self: &Arc<Self>,
         settings: crate::cluster::settings::ClusterSettings,
         api: Option<String>,
     ) -> Arc<crate::cluster::Cluster> {
-        let weak = Arc::downgrade(self);
-        let address = settings.address.clone();
-        let name = settings.name.clone();
-        let info = move || {
-            let (cache_blocks, block_size, vdisks) = match weak.upgrade() {
-                Some(d) => (d.resolved.slots, d.block_size, d.exports().into_iter().map(|e| e.name).collect()),
-                None => (0, 0, Vec::new()),
-            };
-            cachevisor_cluster::membership::MemberInfo {
-                name: name.clone(),
-                peer_address: address.clone(),
-                api: api.clone(),
-                cache_blocks,
-                block_size,
-                vdisks,
-            }
+        // A VM's curve reaches 4 times this node's cache: what the cluster could lend it.
+        let units = self.resolved.slots * self.block_size / settings.unit_bytes;
+        self.policy.lock().unwrap_or_else(|e| e.into_inner()).cluster_est =
+            Some(crate::cluster::estimates::NodeEstimator::new(
+                self.block_size,
+                settings.unit_bytes,
+                units.saturating_mul(4),
+                settings.ideal,
+            ));
+        let source = NodeSource {
+            daemon: Arc::downgrade(self),
+            name: settings.name.clone(),
+            address: settings.address.clone(),
+            api,
+            unit_bytes: settings.unit_bytes,
         };
-        self.cluster.get_or_init(|| crate::cluster::Cluster::start(settings, Box::new(info))).clone()
+        self.cluster.get_or_init(|| crate::cluster::Cluster::start(settings, Box::new(source))).clone()
     }
 
     /// The vSSD region, when `[vssd]` is configured.
@@ -428,6 +428,53 @@ impl Daemon {
 }
 
 /// The engine configuration of `r`'s cache (checked when `r` was resolved).
+/// What a cluster node publishes, read from its daemon.
+struct NodeSource {
+    daemon: std::sync::Weak<Daemon>,
+    name: String,
+    address: String,
+    api: Option<String>,
+    unit_bytes: u64,
+}
+
+impl crate::cluster::NodeSource for NodeSource {
+    fn info(&self) -> cachevisor_cluster::membership::MemberInfo {
+        let (cache_blocks, block_size, vdisks) = match self.daemon.upgrade() {
+            Some(d) => (d.resolved.slots, d.block_size, d.exports().into_iter().map(|e| e.name).collect()),
+            None => (0, 0, Vec::new()),
+        };
+        cachevisor_cluster::membership::MemberInfo {
+            name: self.name.clone(),
+            peer_address: self.address.clone(),
+            api: self.api.clone(),
+            cache_blocks,
+            block_size,
+            vdisks,
+        }
+    }
+
+    fn estimates(&self) -> cachevisor_cluster::estimate::NodeEstimates {
+        let Some(d) = self.daemon.upgrade() else {
+            return cachevisor_cluster::estimate::NodeEstimates {
+                unit_bytes: self.unit_bytes,
+                capacity_units: 0,
+                vms: Vec::new(),
+            };
+        };
+        let live: Vec<(VmId, String)> = d.exports().into_iter().map(|e| (e.id, e.name)).collect();
+        let capacity = d.resolved.slots * d.block_size / self.unit_bytes;
+        let mut p = d.policy.lock().unwrap_or_else(|e| e.into_inner());
+        match p.cluster_est.as_mut() {
+            Some(e) => e.take(&live, capacity, self.unit_bytes),
+            None => cachevisor_cluster::estimate::NodeEstimates {
+                unit_bytes: self.unit_bytes,
+                capacity_units: capacity,
+                vms: Vec::new(),
+            },
+        }
+    }
+}
+
 fn engine_config(r: &Resolved) -> EngineConfig {
     r.cache.engine_config(r.slots).expect("checked by Config::resolve")
 }

@@ -12,7 +12,9 @@
 //! (the `ClusterMap`, written by the leader only).
 
 use super::{Cluster, Shared};
+use cachevisor_cluster::allocation::Solver;
 use cachevisor_cluster::cluster_map::{next_map, ClusterMap};
+use cachevisor_cluster::estimate::{decide, AllocationRecord, NodeEstimates};
 use cachevisor_cluster::membership::{Leader, MemberInfo, Request};
 use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp};
 use std::sync::Arc;
@@ -100,7 +102,7 @@ async fn perform(cl: &mut Client, c: &Arc<Cluster>, req: &Request, sent: u64) ->
             c.lock().member.kept_alive(now, lease, sent_at, ttl);
         }
         Request::Register { lease } => {
-            let info = (c.info)();
+            let info = c.source.info();
             let body = serde_json::to_vec(&info).expect("member info serializes");
             cl.put(key(c, &format!("members/{}", c.settings.name)), body, Some(PutOptions::new().with_lease(lease)))
                 .await?;
@@ -120,8 +122,17 @@ async fn perform(cl: &mut Client, c: &Arc<Cluster>, req: &Request, sent: u64) ->
                 tracing::info!(term, "cluster: elected leader");
             }
         }
+        Request::Publish { lease } => {
+            let e = c.source.estimates();
+            let body = serde_json::to_vec(&e).expect("estimates serialize");
+            cl.put(key(c, &format!("estimates/{}", c.settings.name)), body, Some(PutOptions::new().with_lease(lease)))
+                .await?;
+            let now = c.now_ms();
+            c.lock().member.published(now);
+        }
         Request::Allocate { term, .. } => {
             let written = allocate(cl, c, term).await?;
+            allocate_cache(cl, c, term).await?;
             let now = c.now_ms();
             c.lock().member.allocated(now, written);
         }
@@ -167,10 +178,35 @@ async fn allocate(cl: &mut Client, c: &Arc<Cluster>, term: i64) -> Result<Option
     }
 }
 
-/// Reads the prefix back: members, leader, map.
+/// The leader's Eq. 4 on the estimates the live nodes published (`estimates/<node>`,
+/// under their leases: a dead node's are gone), written as `allocation` if the leader
+/// key is still this term's.
+async fn allocate_cache(cl: &mut Client, c: &Arc<Cluster>, term: i64) -> Result<(), etcd_client::Error> {
+    let est: Vec<(String, NodeEstimates)> = c.lock().estimates.iter().map(|(n, e)| (n.clone(), e.clone())).collect();
+    if est.is_empty() {
+        return Ok(());
+    }
+    let record = match decide(c.settings.lat, Solver::Fast, c.settings.unit_bytes, &est) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(error = %e, "cluster: the allocation failed; the last one stays");
+            return Ok(());
+        }
+    };
+    let txn = Txn::new()
+        .when([Compare::create_revision(key(c, "leader"), CompareOp::Equal, term)])
+        .and_then([TxnOp::put(key(c, "allocation"), serde_json::to_vec(&record).expect("serializes"), None)]);
+    if cl.txn(txn).await?.succeeded() {
+        c.lock().allocation = Some(record);
+    }
+    Ok(())
+}
+
+/// Reads the prefix back: members, leader, map, estimates, allocation.
 async fn observe(cl: &mut Client, c: &Arc<Cluster>) -> Result<(), etcd_client::Error> {
     let r = cl.get(c.settings.prefix.clone(), Some(GetOptions::new().with_prefix())).await?;
     let (mut members, mut leader, mut map) = (Vec::new(), None, None);
+    let (mut estimates, mut allocation) = (std::collections::BTreeMap::new(), None::<AllocationRecord>);
     for kv in r.kvs() {
         let k = kv.key_str().unwrap_or_default().strip_prefix(&c.settings.prefix).unwrap_or_default();
         if let Some(name) = k.strip_prefix("members/") {
@@ -181,6 +217,15 @@ async fn observe(cl: &mut Client, c: &Arc<Cluster>) -> Result<(), etcd_client::E
         } else if k == "leader" {
             let name = String::from_utf8_lossy(kv.value()).to_string();
             leader = Some(Leader { name, term: kv.create_revision() });
+        } else if let Some(node) = k.strip_prefix("estimates/") {
+            match serde_json::from_slice::<NodeEstimates>(kv.value()) {
+                Ok(e) => {
+                    estimates.insert(node.to_string(), e);
+                }
+                Err(_) => tracing::warn!(key = %crate::log_safe(k), "cluster: ignoring unreadable estimates"),
+            }
+        } else if k == "allocation" {
+            allocation = serde_json::from_slice(kv.value()).ok();
         } else if k == "map" {
             match ClusterMap::decode(kv.value()) {
                 Ok(m) => map = Some(m),
@@ -189,11 +234,15 @@ async fn observe(cl: &mut Client, c: &Arc<Cluster>) -> Result<(), etcd_client::E
         }
     }
     let now = c.now_ms();
-    let info = (c.info)();
+    let info = c.source.info();
     let republish = {
         let mut s: std::sync::MutexGuard<'_, Shared> = c.lock();
         s.member.members_seen(members);
         s.member.leader_seen(now, leader);
+        s.estimates = estimates;
+        if allocation.is_some() {
+            s.allocation = allocation;
+        }
         if let Some(m) = map {
             s.member.epoch_seen(m.epoch);
             if m.epoch >= s.map.epoch {

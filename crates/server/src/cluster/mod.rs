@@ -6,9 +6,11 @@
 //! `cachevisor_cluster`'s pure code; no `[cluster]` section, no cluster.
 
 pub mod agent;
+pub mod estimates;
 pub mod settings;
 
 use cachevisor_cluster::cluster_map::ClusterMap;
+use cachevisor_cluster::estimate::{AllocationRecord, NodeEstimates};
 use cachevisor_cluster::membership::{EpochRefusal, Event, Leader, Member, MemberInfo};
 use serde::Serialize;
 use settings::ClusterSettings;
@@ -21,6 +23,10 @@ pub(crate) struct Shared {
     pub(crate) map: ClusterMap,
     /// The member record last written.
     pub(crate) published: Option<MemberInfo>,
+    /// Each node's last published estimates, by name.
+    pub(crate) estimates: std::collections::BTreeMap<String, NodeEstimates>,
+    /// The leader's last allocation.
+    pub(crate) allocation: Option<AllocationRecord>,
     etcd_reachable: bool,
     last_error: Option<String>,
 }
@@ -30,8 +36,16 @@ pub struct Cluster {
     settings: ClusterSettings,
     start: Instant,
     state: Mutex<Shared>,
-    /// What this node publishes about itself (read at each registration and check).
-    info: Box<dyn Fn() -> MemberInfo + Send + Sync>,
+    /// What this node publishes about itself.
+    source: Box<dyn NodeSource>,
+}
+
+/// What a node publishes, read from the daemon.
+pub trait NodeSource: Send + Sync {
+    /// Its member record (read at each registration and check).
+    fn info(&self) -> MemberInfo;
+    /// This window's estimates (taken every interval; the window starts again).
+    fn estimates(&self) -> NodeEstimates;
 }
 
 /// `GET /cluster`.
@@ -53,6 +67,10 @@ pub struct ClusterStatus {
     pub members: Vec<MemberInfo>,
     /// The map.
     pub map: ClusterMap,
+    /// The leader's last allocation (ELICA's Eq. 4 on the published estimates).
+    pub allocation: Option<AllocationRecord>,
+    /// The nodes whose estimates this node has read.
+    pub estimates_from: Vec<String>,
     /// Whether the last request to etcd was answered.
     pub etcd_reachable: bool,
     /// Requests to etcd that failed so far.
@@ -65,18 +83,20 @@ pub struct ClusterStatus {
 
 impl Cluster {
     /// Starts the agent thread for `settings`; `info` says what this node serves.
-    pub fn start(settings: ClusterSettings, info: Box<dyn Fn() -> MemberInfo + Send + Sync>) -> Arc<Cluster> {
+    pub fn start(settings: ClusterSettings, source: Box<dyn NodeSource>) -> Arc<Cluster> {
         let c = Arc::new(Cluster {
             state: Mutex::new(Shared {
                 member: Member::new(&settings.name, settings.timing),
                 map: ClusterMap::default(),
                 published: None,
+                estimates: Default::default(),
+                allocation: None,
                 etcd_reachable: false,
                 last_error: None,
             }),
             settings,
             start: Instant::now(),
-            info,
+            source,
         });
         let weak = Arc::downgrade(&c);
         std::thread::Builder::new()
@@ -124,6 +144,8 @@ impl Cluster {
             epoch: s.member.epoch(),
             members: s.member.members().to_vec(),
             map: s.map.clone(),
+            allocation: s.allocation.clone(),
+            estimates_from: s.estimates.keys().cloned().collect(),
             etcd_reachable: s.etcd_reachable,
             etcd_errors: s.member.etcd_errors(),
             last_error: s.last_error.clone(),

@@ -5,7 +5,8 @@
 //! daemon.
 
 use cachevisor_cluster::membership::Timing;
-use cachevisor_trace::units::parse_duration_ns;
+use cachevisor_cluster::model::{IdealForm, Latencies};
+use cachevisor_trace::units::{parse_duration_ns, parse_size};
 use serde::{Deserialize, Serialize};
 
 /// `[cluster]`.
@@ -27,9 +28,41 @@ pub struct ClusterConfig {
     /// How much earlier than etcd could expire the lease this node fences itself.
     #[serde(default = "default_margin")]
     pub fence_margin: String,
-    /// The leader's allocation interval.
+    /// The leader's allocation interval (and the window of the estimates nodes publish).
     #[serde(default = "default_interval")]
     pub interval: String,
+    /// ELICA's allocation unit (a multiple of every node's block size).
+    #[serde(default = "default_unit")]
+    pub unit: String,
+    /// Eq. 1's ideal size: the stack distance covering this fraction of a window's
+    /// reuses (1.0: the maximum, as the seed writes it).
+    #[serde(default = "default_ideal")]
+    pub ideal: f64,
+    /// Eq. 3's latencies: a hit in an SSD cache, what reaching another node adds, a miss.
+    #[serde(default = "default_ssd_latency")]
+    pub ssd_latency: String,
+    /// See `ssd_latency`.
+    #[serde(default = "default_network_latency")]
+    pub network_latency: String,
+    /// See `ssd_latency`.
+    #[serde(default = "default_backing_latency")]
+    pub backing_latency: String,
+}
+
+fn default_unit() -> String {
+    "1MiB".into()
+}
+fn default_ideal() -> f64 {
+    0.99
+}
+fn default_ssd_latency() -> String {
+    "100us".into()
+}
+fn default_network_latency() -> String {
+    "100us".into()
+}
+fn default_backing_latency() -> String {
+    "5ms".into()
 }
 
 fn default_cluster() -> String {
@@ -58,6 +91,12 @@ pub struct ClusterSettings {
     pub prefix: String,
     /// Lease, fencing and interval.
     pub timing: Timing,
+    /// Allocation unit, bytes.
+    pub unit_bytes: u64,
+    /// Eq. 1's form.
+    pub ideal: IdealForm,
+    /// Eq. 3's latencies.
+    pub lat: Latencies,
 }
 
 fn ms(key: &str, v: &str) -> Result<u64, String> {
@@ -106,12 +145,36 @@ impl ClusterConfig {
         if !(100..=3_600_000).contains(&interval) {
             return Err(format!("cluster.interval: `{}` is outside 100ms to 1h", self.interval));
         }
+        let unit_bytes = parse_size(&self.unit).map_err(|e| format!("cluster.unit: {e}"))?;
+        if !(4096..=(1 << 30)).contains(&unit_bytes) || !unit_bytes.is_power_of_two() {
+            return Err(format!("cluster.unit: `{}` must be a power of two from 4KiB to 1GiB", self.unit));
+        }
+        if !(self.ideal > 0.0 && self.ideal <= 1.0) {
+            return Err(format!("cluster.ideal: {} is not a fraction of reuses in (0, 1]", self.ideal));
+        }
+        let us = |key: &str, v: &str| -> Result<f64, String> {
+            let ns = parse_duration_ns(v).map_err(|e| format!("cluster.{key}: {e}"))?;
+            if !(1_000..=10_000_000_000).contains(&ns) {
+                return Err(format!("cluster.{key}: `{v}` is outside 1us to 10s"));
+            }
+            Ok(ns as f64 / 1000.0)
+        };
+        let ssd = us("ssd_latency", &self.ssd_latency)?;
+        let lat = Latencies {
+            ssd_local_us: ssd,
+            ssd_remote_us: ssd,
+            network_us: us("network_latency", &self.network_latency)?,
+            hdd_us: us("backing_latency", &self.backing_latency)?,
+        };
         Ok(ClusterSettings {
             name: self.name.clone(),
             address: self.address.clone(),
             etcd: self.etcd.clone(),
             prefix: format!("/cachevisor/{}/", self.cluster),
             timing: Timing { lease_ttl_ms: ttl, margin_ms: margin, interval_ms: interval },
+            unit_bytes,
+            ideal: if self.ideal >= 1.0 { IdealForm::Max } else { IdealForm::Percentile(self.ideal) },
+            lat,
         })
     }
 }
@@ -136,6 +199,10 @@ mod tests {
             ("fence_margin = \"1s\"", "cluster.fence_margin"),
             ("interval = \"1ms\"", "cluster.interval"),
             ("cluster = \"a/b\"", "cluster.cluster"),
+            ("unit = \"3KiB\"", "cluster.unit"),
+            ("ideal = 0.0", "cluster.ideal"),
+            ("network_latency = \"0s\"", "cluster.network_latency"),
+            ("backing_latency = \"soon\"", "cluster.backing_latency"),
         ] {
             let e = cfg(extra).unwrap_err();
             assert!(e.contains(key), "{extra}: {e}");

@@ -27,11 +27,21 @@ pub(crate) struct Policy {
     /// Static partitions: the allocator runs (a shared pool has no targets; the simulator
     /// runs none there either).
     managed: bool,
+    /// A cluster node's per-vDisk estimates (ELICA's), when `[cluster]` is set.
+    pub(crate) cluster_est: Option<crate::cluster::estimates::NodeEstimator>,
 }
 
 impl Policy {
     pub(crate) fn new(ctl: Controller, interval_ns: u64, managed: bool) -> Policy {
-        Policy { ctl, last: Vec::new(), last_tick: Instant::now(), interval_ns, drain_cursor: 0, managed }
+        Policy {
+            ctl,
+            last: Vec::new(),
+            last_tick: Instant::now(),
+            interval_ns,
+            drain_cursor: 0,
+            managed,
+            cluster_est: None,
+        }
     }
 
     /// A tick of the timer thread: the rECS sampling periods due so far in this interval

@@ -342,6 +342,9 @@ impl Daemon {
                 if p.ctl.observes() {
                     p.ctl.observe(req);
                 }
+                if let Some(c) = p.cluster_est.as_mut() {
+                    c.observe(req);
+                }
             })),
             Some(Box::new(move |engine, stats| {
                 interval.lock().unwrap_or_else(|e| e.into_inner()).interval(engine, stats)

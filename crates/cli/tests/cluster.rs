@@ -8,8 +8,10 @@
 mod common;
 
 use common::netns::{Etcd, Net};
-use common::Daemon;
+use common::{certs, Daemon};
 use serde_json::Value;
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 const TOKEN: &str = "cluster-test-token-0123456789";
@@ -31,19 +33,24 @@ impl Cluster {
 
     /// `n` nodes whose `[cluster]` sections end with `extra`.
     fn with(n: usize, extra: &str) -> Cluster {
+        Cluster::with_listen(n, extra, |_| String::new())
+    }
+
+    /// As [`Cluster::with`], node k's `[listen]` section ending with `listen(k)`.
+    fn with_listen(n: usize, extra: &str, listen: impl Fn(usize) -> String) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let net = Net::new(n);
         let etcd = Etcd::start(&net.hub, Net::HUB_ADDR, dir.path());
         let mut c = Cluster { nodes: Vec::new(), etcd, net, dir };
         for k in 0..n {
-            c.write_config(k, extra);
+            c.write_config(k, extra, &listen(k));
             let d = c.start(k);
             c.nodes.push(Some(d));
         }
         c
     }
 
-    fn write_config(&self, k: usize, extra: &str) {
+    fn write_config(&self, k: usize, extra: &str, listen: &str) {
         let d = self.dir.path();
         std::fs::create_dir_all(d.join(format!("n{k}"))).unwrap();
         let img = d.join(format!("vm{k}.img"));
@@ -52,7 +59,7 @@ impl Cluster {
         std::fs::write(
             d.join(format!("n{k}.toml")),
             format!(
-                "[cache]\npath = \"n{k}/cache.img\"\nsize = \"8MiB\"\n[listen]\ntcp = \"{a}:10809\"\n\
+                "[cache]\npath = \"n{k}/cache.img\"\nsize = \"8MiB\"\n[listen]\ntcp = \"{a}:10809\"\n{listen}\
                  [api]\nlisten = \"{a}:8080\"\ntoken = \"{TOKEN}\"\n[[vdisk]]\nname = \"vm{k}\"\nbacking = \"vm{k}.img\"\n\
                  [cluster]\nname = \"n{k}\"\naddress = \"{a}:10810\"\netcd = [\"{}\"]\nlease_ttl = \"2s\"\n{extra}\n",
                 self.etcd.url
@@ -281,4 +288,107 @@ fn the_leader_lends_an_idle_nodes_cache_to_a_vm_that_outgrows_its_own() {
     assert!((4..=5).contains(&remote), "12 MiB of reuse needs 4 more units (the 1% cut may leave 5): {share:#}");
     assert_eq!(share["vms"]["vm1"]["local_units"], 0, "the idle VM gets nothing: {share:#}");
     assert_eq!(share["unit_bytes"], 1 << 20);
+}
+
+/// qemu-io inside `ns` on export `name` of `host`:10809 over TLS with the client
+/// directory `creds` (QEMU's tls-creds-x509 layout), running `cmds`.
+fn tls_qemu_io(ns: &str, host: &str, name: &str, creds: &Path, cmds: &[&str]) -> (bool, String) {
+    let mut c = tls_qemu_io_command(ns, host, name, creds);
+    for cmd in cmds {
+        c.args(["-c", cmd]);
+    }
+    let o = c.output().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+    (o.status.success() && !text.contains("failed") && !text.contains("Pattern verification failed"), text)
+}
+
+/// The qemu-io command of [`tls_qemu_io`], before its `-c` commands.
+fn tls_qemu_io_command(ns: &str, host: &str, name: &str, creds: &Path) -> Command {
+    let mut c = Net::command(ns, "qemu-io");
+    c.args(["--object", &format!("tls-creds-x509,id=tls0,dir={},endpoint=client", creds.display())]);
+    c.args([
+        "--image-opts",
+        &format!("driver=nbd,server.type=inet,server.host={host},server.port=10809,export={name},tls-creds=tls0"),
+    ]);
+    c
+}
+
+#[test]
+fn lent_cache_is_served_to_its_borrowers_certificate_only_and_never_by_a_fenced_lender() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = certs::Pki::new(&dir.path().join("pki"));
+    let servers: Vec<_> = (0..2)
+        .map(|k| pki.server(&format!("srv{k}"), &format!("/CN=n{k}"), &format!("IP:10.77.0.{}", k + 1)))
+        .collect();
+    let n1 = pki.client("n1", "/CN=n1", None, 1);
+    let intruder = pki.client("n9", "/CN=n9", None, 1);
+    let anonymous = pki.anonymous("anon");
+    let c = Cluster::with_listen(2, "interval = \"300ms\"\nlend = \"4MiB\"", |k| {
+        format!("tls = \"on\"\ntls_dir = \"{}\"\n", servers[k].display())
+    });
+    let s = formed(&c, 2);
+    let lender = &s[0];
+    let epoch = lender["epoch"].as_u64().unwrap();
+    let incarnation = lender["members"][0]["incarnation"].as_u64().unwrap();
+    assert!(incarnation > 0 && lender["members"][0]["lend_bytes"] == 4 << 20, "{lender:#}");
+    let name = format!("lent-n1@{epoch}@{incarnation}");
+    let (ns1, host) = (&c.net.nodes[1], c.net.addr(0));
+
+    // The borrower's certificate opens its region: bytes round-trip.
+    let (ok, out) = tls_qemu_io(ns1, &host, &name, &n1, &["write -P 0x77 0 64k", "flush", "read -P 0x77 0 64k"]);
+    assert!(ok, "{out}");
+    // Another member's certificate, a certificate the CA signed for a host that is not a
+    // member, and no certificate: nothing opens, nothing is written.
+    for (who, creds) in [("a certificate for n9", &intruder), ("no client certificate", &anonymous)] {
+        let (ok, out) = tls_qemu_io(ns1, &host, &name, creds, &["write -P 0x66 0 64k"]);
+        assert!(!ok, "{who} opened n1's region: {out}");
+    }
+    // An older epoch, another incarnation: no such export.
+    for stale in [format!("lent-n1@{}@{incarnation}", epoch - 1), format!("lent-n1@{epoch}@{}", incarnation + 1)] {
+        let (ok, out) = tls_qemu_io(ns1, &host, &stale, &n1, &["read 0 4k"]);
+        assert!(!ok, "{stale} opened: {out}");
+    }
+    let (ok, out) = tls_qemu_io(ns1, &host, &name, &n1, &["read -P 0x77 0 64k"]);
+    assert!(ok, "the bytes are the borrower's: {out}");
+
+    // Fencing: the lender loses etcd (and only etcd: its peers still reach it). A
+    // connection opened before gets no byte once the lender's lease ran out.
+    let reader = tls_qemu_io_command(ns1, &host, &name, &n1)
+        .args(["-c", "read -P 0x77 0 64k", "-c", "sleep 4000", "-c", "read -P 0x77 0 64k"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let cut = Command::new("ip")
+        .args(["-n", &c.net.nodes[0], "route", "add", "blackhole", &format!("{}/32", Net::HUB_ADDR)])
+        .status()
+        .unwrap();
+    assert!(cut.success());
+    let t = Instant::now();
+    while c.status(0).is_some_and(|s| s["serving"] == true) {
+        assert!(t.elapsed() < Duration::from_millis(TTL_MS + 1000), "the lender did not fence itself");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let o = reader.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+    let reads: Vec<&str> = text.lines().filter(|l| l.starts_with("read ") || l.contains("read failed")).collect();
+    assert!(
+        reads.first().is_some_and(|l| l.starts_with("read 65536/65536")) && text.contains("read failed"),
+        "before the fence a read, after it none: {text}"
+    );
+    assert!(c.logs().contains("lent cache: request refused"), "{}", c.logs());
+    let (ok, _) = tls_qemu_io(ns1, &host, &name, &n1, &["read 0 4k"]);
+    assert!(!ok, "a fenced lender lists no lent export");
+
+    // etcd back: a new lease, the region serves its borrower again.
+    let back = Command::new("ip")
+        .args(["-n", &c.net.nodes[0], "route", "del", "blackhole", &format!("{}/32", Net::HUB_ADDR)])
+        .status()
+        .unwrap();
+    assert!(back.success());
+    let s = formed(&c, 2);
+    let name = format!("lent-n1@{}@{incarnation}", s[0]["epoch"].as_u64().unwrap());
+    let (ok, out) = tls_qemu_io(ns1, &host, &name, &n1, &["read -P 0x77 0 64k"]);
+    assert!(ok, "{out}");
 }

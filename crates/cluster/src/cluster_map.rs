@@ -136,6 +136,8 @@ mod tests {
             cache_blocks: 100,
             block_size: 4096,
             vdisks: vdisks.iter().map(|s| s.to_string()).collect(),
+            lend_bytes: 0,
+            incarnation: 1,
         }
     }
 

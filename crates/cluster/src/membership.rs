@@ -55,6 +55,13 @@ pub struct MemberInfo {
     pub block_size: u64,
     /// The vDisks it serves.
     pub vdisks: Vec<String>,
+    /// What it lends each peer (bytes; 0: nothing).
+    #[serde(default)]
+    pub lend_bytes: u64,
+    /// Its process's incarnation: a lender that restarted has a new one, and what a
+    /// borrower cached in it before is gone.
+    #[serde(default)]
+    pub incarnation: u64,
 }
 
 /// The leader as etcd's leader key says.

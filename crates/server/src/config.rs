@@ -632,6 +632,7 @@ ideal = 0.99                  # default 0.99, in (0, 1]: Eq. 1's ideal size cove
 ssd_latency = "100us"         # default 100us, 1us to 10s: Eq. 3's latency of an SSD cache hit
 network_latency = "100us"     # default 100us: what reaching another node's cache adds (Eq. 3)
 backing_latency = "5ms"       # default 5ms: a miss served by the backing store (Eq. 3)
+lend = "0"                    # default 0 (none), whole units: cache lent to each peer, as the NBD export lent-PEER@EPOCH@INCARNATION only PEER's client certificate (CN=PEER) opens; needs listen.tls with a CA for client certificates
 "#;
 
 /// [`DEFAULT`] followed by [`REFERENCE`] commented out: what `--print-default-config` prints.
@@ -767,6 +768,12 @@ impl Config {
         }
         if let Some(c) = &self.cluster {
             let s = c.check()?;
+            if s.lend_bytes > 0 {
+                let ca = self.listen.tls_credentials()?.and_then(|c| c.ca);
+                if ca.is_none() {
+                    return Err("cluster.lend: lent cache is served over TLS to each peer's certificate only: set listen.tls (\"on\" or \"require\") with a CA for client certificates (listen.tls_dir's ca-cert.pem or listen.tls_ca)".into());
+                }
+            }
             if s.unit_bytes % block_size != 0 {
                 return Err(format!(
                     "cluster.unit: `{}` is not a multiple of cache.block_size ({block_size} B)",
@@ -914,6 +921,11 @@ mod tests {
                 "cluster.lease_ttl",
             ),
             ("[[vdisk]]", "[cluster]\nname = \"a\"\naddress = \"here\"\netcd = [\"http://h:1\"]\n[[vdisk]]", "cluster.address"),
+            (
+                "[[vdisk]]",
+                "[cluster]\nname = \"a\"\naddress = \"10.0.0.1:1\"\netcd = [\"http://h:1\"]\nlend = \"1MiB\"\n[[vdisk]]",
+                "cluster.lend",
+            ),
             ("[[vdisk]]", "[prewarm]\nmax_read = \"65MiB\"\n[[vdisk]]", "prewarm.max_read"),
             ("size = \"1GiB\"", "size = \"0B\"", "vdisk[0] (vm1).size"),
             ("[listen]", "[listen]\nhandshake_timeout = \"1ms\"", "listen.handshake_timeout"),

@@ -166,6 +166,16 @@ impl Daemon {
     /// What export `vm` is served from.
     pub fn export_backend(&self, vm: VmId) -> Arc<dyn crate::nbd::export_backend::ExportBackend> {
         use crate::vssd::startup::VSSD_EXPORT;
+        if vm & VSSD_EXPORT == 0 && vm & crate::cluster::lent::LENT_EXPORT != 0 {
+            if let Some((c, l)) = self.cluster().and_then(|c| c.lent.clone().map(|l| (c, l))) {
+                return Arc::new(crate::cluster::lent::LentExport {
+                    cluster: Arc::downgrade(c),
+                    borrower: l.borrower(vm).unwrap_or_default(),
+                    regions: l,
+                    epoch: c.epoch(),
+                });
+            }
+        }
         match &self.vssd {
             Some(svc) if vm & VSSD_EXPORT != 0 => {
                 Arc::new(crate::nbd::export_backend::VssdExport { svc: svc.clone(), id: vm & !VSSD_EXPORT })
@@ -186,7 +196,7 @@ impl Daemon {
         self: &Arc<Self>,
         settings: crate::cluster::settings::ClusterSettings,
         api: Option<String>,
-    ) -> Arc<crate::cluster::Cluster> {
+    ) -> Result<Arc<crate::cluster::Cluster>, StartError> {
         // A VM's curve reaches 4 times this node's cache: what the cluster could lend it.
         let units = self.resolved.slots * self.block_size / settings.unit_bytes;
         self.policy.lock().unwrap_or_else(|e| e.into_inner()).cluster_est =
@@ -196,14 +206,21 @@ impl Daemon {
                 units.saturating_mul(4),
                 settings.ideal,
             ));
+        let lent = (settings.lend_bytes > 0)
+            .then(|| crate::cluster::lent::LentRegions::new(self.meta_dir.join("lent"), settings.lend_bytes))
+            .transpose()
+            .map_err(|e| StartError::File { path: self.meta_dir.join("lent").display().to_string(), error: e })?
+            .map(Arc::new);
         let source = NodeSource {
             daemon: Arc::downgrade(self),
             name: settings.name.clone(),
             address: settings.address.clone(),
             api,
             unit_bytes: settings.unit_bytes,
+            lend_bytes: settings.lend_bytes,
+            incarnation: lent.as_ref().map_or(0, |l| l.incarnation),
         };
-        self.cluster.get_or_init(|| crate::cluster::Cluster::start(settings, Box::new(source))).clone()
+        Ok(self.cluster.get_or_init(|| crate::cluster::Cluster::start(settings, Box::new(source), lent)).clone())
     }
 
     /// The vSSD region, when `[vssd]` is configured.
@@ -216,8 +233,23 @@ impl Daemon {
         let mut e = self.exports();
         if !self.is_stopped() {
             e.extend(self.vssd_exports.iter().cloned());
+            e.extend(self.lent_exports());
         }
         e
+    }
+
+    /// The regions this node lends its live peers, each to the peer's certificate only.
+    fn lent_exports(&self) -> Vec<ExportInfo> {
+        let Some((c, l)) = self.cluster().and_then(|c| c.lent.as_ref().map(|l| (c, l))) else { return Vec::new() };
+        c.lent_exports()
+            .into_iter()
+            .map(|(borrower, name)| ExportInfo {
+                id: l.id(&borrower),
+                name,
+                size: l.size,
+                allow: vec![format!("CN={borrower}")],
+            })
+            .collect()
     }
 
     /// The metadata directory.
@@ -244,6 +276,9 @@ impl Daemon {
     pub fn export(&self, vm: VmId) -> Option<ExportInfo> {
         if vm & crate::vssd::startup::VSSD_EXPORT != 0 {
             return self.vssd_exports.iter().find(|e| e.id == vm).cloned();
+        }
+        if vm & crate::cluster::lent::LENT_EXPORT != 0 {
+            return self.lent_exports().into_iter().find(|e| e.id == vm);
         }
         self.exports.read().unwrap_or_else(|e| e.into_inner()).get(vm as usize).cloned().flatten()
     }
@@ -435,6 +470,8 @@ struct NodeSource {
     address: String,
     api: Option<String>,
     unit_bytes: u64,
+    lend_bytes: u64,
+    incarnation: u64,
 }
 
 impl crate::cluster::NodeSource for NodeSource {
@@ -450,6 +487,8 @@ impl crate::cluster::NodeSource for NodeSource {
             cache_blocks,
             block_size,
             vdisks,
+            lend_bytes: self.lend_bytes,
+            incarnation: self.incarnation,
         }
     }
 

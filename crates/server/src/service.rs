@@ -152,7 +152,7 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
     }
     if let Some(c) = &cfg.cluster {
         let settings = c.check().map_err(StartError::Config)?;
-        daemon.join_cluster(settings, api.as_ref().map(|(a, _)| a.to_string()));
+        daemon.join_cluster(settings, api.as_ref().map(|(a, _)| a.to_string()))?;
     }
     daemon.start_snapshots();
     if let Some(from) = opts.prewarm_from.as_ref().or(cfg.prewarm.from.as_ref()) {

@@ -7,6 +7,7 @@
 
 pub mod agent;
 pub mod estimates;
+pub mod lent;
 pub mod settings;
 
 use cachevisor_cluster::cluster_map::ClusterMap;
@@ -38,6 +39,8 @@ pub struct Cluster {
     state: Mutex<Shared>,
     /// What this node publishes about itself.
     source: Box<dyn NodeSource>,
+    /// The cache it lends its peers, if any.
+    pub lent: Option<Arc<lent::LentRegions>>,
 }
 
 /// What a node publishes, read from the daemon.
@@ -83,7 +86,11 @@ pub struct ClusterStatus {
 
 impl Cluster {
     /// Starts the agent thread for `settings`; `info` says what this node serves.
-    pub fn start(settings: ClusterSettings, source: Box<dyn NodeSource>) -> Arc<Cluster> {
+    pub fn start(
+        settings: ClusterSettings,
+        source: Box<dyn NodeSource>,
+        lent: Option<Arc<lent::LentRegions>>,
+    ) -> Arc<Cluster> {
         let c = Arc::new(Cluster {
             state: Mutex::new(Shared {
                 member: Member::new(&settings.name, settings.timing),
@@ -97,6 +104,7 @@ impl Cluster {
             settings,
             start: Instant::now(),
             source,
+            lent,
         });
         let weak = Arc::downgrade(&c);
         std::thread::Builder::new()
@@ -129,6 +137,40 @@ impl Cluster {
     pub fn check_epoch(&self, sent: u64) -> Result<(), EpochRefusal> {
         let now = self.now_ms();
         self.lock().member.check_epoch(now, sent)
+    }
+
+    /// Whether `borrower` may be served this node's lent cache on a connection opened at
+    /// `epoch`: this node holds its lease, is at that epoch, and sees `borrower` live.
+    pub fn check_peer(&self, borrower: &str, epoch: u64) -> Result<(), String> {
+        let now = self.now_ms();
+        let s = self.lock();
+        s.member.check_epoch(now, epoch).map_err(|e| e.to_string())?;
+        if !s.member.members().iter().any(|m| m.name == borrower) {
+            return Err(format!("{} is not a live member of the cluster", crate::log_safe(borrower)));
+        }
+        Ok(())
+    }
+
+    /// The lent-cache exports now: (borrower, export name) for every live peer.
+    pub fn lent_exports(&self) -> Vec<(String, String)> {
+        let Some(l) = &self.lent else { return Vec::new() };
+        let now = self.now_ms();
+        let s = self.lock();
+        if !s.member.serving(now) {
+            return Vec::new();
+        }
+        let epoch = s.member.epoch();
+        s.member
+            .members()
+            .iter()
+            .filter(|m| m.name != self.settings.name)
+            .map(|m| (m.name.clone(), l.export_name(&m.name, epoch)))
+            .collect()
+    }
+
+    /// The map epoch this node is at.
+    pub fn epoch(&self) -> u64 {
+        self.lock().member.epoch()
     }
 
     /// The status.

@@ -47,6 +47,14 @@ pub struct ClusterConfig {
     /// See `ssd_latency`.
     #[serde(default = "default_backing_latency")]
     pub backing_latency: String,
+    /// Cache this node lends each peer (`0`: none), as TLS NBD exports only the peer's
+    /// certificate opens (needs `listen.tls` with a CA for client certificates).
+    #[serde(default = "default_lend")]
+    pub lend: String,
+}
+
+fn default_lend() -> String {
+    "0".into()
 }
 
 fn default_unit() -> String {
@@ -97,6 +105,8 @@ pub struct ClusterSettings {
     pub ideal: IdealForm,
     /// Eq. 3's latencies.
     pub lat: Latencies,
+    /// Bytes lent to each peer.
+    pub lend_bytes: u64,
 }
 
 fn ms(key: &str, v: &str) -> Result<u64, String> {
@@ -166,6 +176,10 @@ impl ClusterConfig {
             network_us: us("network_latency", &self.network_latency)?,
             hdd_us: us("backing_latency", &self.backing_latency)?,
         };
+        let lend_bytes = parse_size(&self.lend).map_err(|e| format!("cluster.lend: {e}"))?;
+        if lend_bytes % unit_bytes != 0 || lend_bytes > 1 << 50 {
+            return Err(format!("cluster.lend: `{}` is not whole units of {} (at most 1PiB)", self.lend, self.unit));
+        }
         Ok(ClusterSettings {
             name: self.name.clone(),
             address: self.address.clone(),
@@ -175,6 +189,7 @@ impl ClusterConfig {
             unit_bytes,
             ideal: if self.ideal >= 1.0 { IdealForm::Max } else { IdealForm::Percentile(self.ideal) },
             lat,
+            lend_bytes,
         })
     }
 }
@@ -203,6 +218,7 @@ mod tests {
             ("ideal = 0.0", "cluster.ideal"),
             ("network_latency = \"0s\"", "cluster.network_latency"),
             ("backing_latency = \"soon\"", "cluster.backing_latency"),
+            ("lend = \"1500KiB\"", "cluster.lend"),
         ] {
             let e = cfg(extra).unwrap_err();
             assert!(e.contains(key), "{extra}: {e}");

@@ -163,7 +163,7 @@ impl Engine {
         self.emit(out, op);
         self.valid.set(s, r);
         self.note(s);
-        if dirty {
+        if dirty && !self.writes_through_at(s) {
             self.mark_dirty(vm, s, r);
         } else {
             let op = DeviceOp { client: true, ..self.backing(OpKind::BackingWrite, vm, b, r, 0, true) };

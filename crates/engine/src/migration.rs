@@ -182,6 +182,10 @@ impl Engine {
     /// once `out` is complete ([`Self::free_deferred`]). Returns whether it moved.
     pub(crate) fn move_block(&mut self, vm: VmId, s: u32, out: &mut Output) -> bool {
         debug_assert!(!self.dur.on, "persistent mode has no lent regions");
+        if self.stores.lent_write_through && self.dirty.any(s, (0, self.spb)) {
+            // Its only copy would be on another node (`set_lent_write_through`).
+            return false;
+        }
         let Some(d) = self.destination_slot(vm) else { return false };
         let key = self.slots.key(s);
         let spb = self.spb;

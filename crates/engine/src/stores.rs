@@ -121,6 +121,9 @@ pub(crate) struct Stores {
     /// victim's write-back reading it): they return when the ops' job retires, so taking
     /// a free slot never scans past them.
     pub(crate) parked: rustc_hash::FxHashSet<u32>,
+    /// Writes to blocks in lent stores go through to the backing store, so no block there
+    /// is ever dirty (`set_lent_write_through`).
+    pub(crate) lent_write_through: bool,
 }
 
 impl Stores {
@@ -137,7 +140,7 @@ impl Stores {
                 Store { free, used: 0, limit: u64::MAX, reclaim_cursor: 0 }
             })
             .collect();
-        Stores { layout, rows, parked: Default::default() }
+        Stores { layout, rows, parked: Default::default(), lent_write_through: false }
     }
 
     /// Every store's id.
@@ -260,6 +263,21 @@ impl Engine {
         }
     }
 
+    /// With `on`, a block in a store another node lends is never dirty: a write-back
+    /// write that lands there is written through (the backing store has it before the
+    /// reply), and migration moves no dirty block into such a store — so losing the
+    /// lender loses no acknowledged write (the daemon's rule until a second copy exists;
+    /// ELICA keeps write-back data in the remote SSD, as the simulator models by default).
+    pub fn set_lent_write_through(&mut self, on: bool) {
+        self.stores.lent_write_through = on;
+    }
+
+    /// Whether a write to slot `s` must go through (`set_lent_write_through`).
+    #[inline]
+    pub(crate) fn writes_through_at(&self, s: u32) -> bool {
+        self.stores.lent_write_through && self.stores.layout.kind(self.store_of(s)) != StoreKind::Local
+    }
+
     /// Slots in use in the local store (every VM's).
     pub fn used_local(&self) -> u64 {
         self.store_used(LOCAL)
@@ -292,6 +310,24 @@ mod tests {
         assert_eq!(l.kind(2), StoreKind::Lent { node: 5 });
         assert_eq!(l.find(StoreKind::Lent { node: 2 }), Some(1));
         assert_eq!(l.find(StoreKind::Lent { node: 9 }), None);
+    }
+
+    #[test]
+    fn with_lent_write_through_no_block_in_a_lent_store_is_dirty() {
+        let mut e = Engine::new(lent()).unwrap();
+        e.set_lent_write_through(true);
+        let l = e.layout().clone();
+        let mut out = Output::default();
+        let mut through = 0;
+        for b in 0..6u64 {
+            let req = Request { time_ns: 0, vm: 0, op: Op::Write, offset: b * 4096, len: 4096 };
+            e.access(0, &req, &mut out);
+            let at = out.ops.iter().find(|o| o.kind.is_ssd()).map(|o| l.store_of(o.slot)).unwrap();
+            let backing = out.ops.iter().any(|o| o.kind == crate::output::OpKind::BackingWrite);
+            assert_eq!(backing, at != LOCAL, "block {b} in store {at}: written through only there");
+            through += u64::from(backing);
+        }
+        assert_eq!((through, e.partition(0).dirty_blocks), (4, 2), "the two local blocks are dirty");
     }
 
     #[test]

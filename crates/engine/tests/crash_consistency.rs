@@ -370,8 +370,27 @@ fn set_targets(e: &mut Engine, lent: bool, out: &mut Output) {
 }
 
 fn run(steps: &[Step], shared: bool, seed: u64, ahead: u32, repl: ReplacementKind, lent: bool) -> Result<(), String> {
-    trace(|| format!("run shared={shared} seed={seed} ahead={ahead} replacement={repl:?} lent={lent}"));
-    let e = Engine::new(config(shared, repl, lent)).unwrap();
+    run_losing(steps, shared, seed, ahead, repl, lent, false)
+}
+
+/// [`run`]; with `lost` (and `lent`), the engine writes through to blocks in the lent
+/// store (`set_lent_write_through`, the daemon's rule) and the crash takes the lender
+/// with it: the lent store's every sector is foreign bytes afterwards, and the replay
+/// skips its records (what the daemon does with a lender it cannot vouch for). Every
+/// flushed write must still read back.
+fn run_losing(
+    steps: &[Step],
+    shared: bool,
+    seed: u64,
+    ahead: u32,
+    repl: ReplacementKind,
+    lent: bool,
+    lost: bool,
+) -> Result<(), String> {
+    let lost = lent && lost;
+    trace(|| format!("run shared={shared} seed={seed} ahead={ahead} replacement={repl:?} lent={lent} lost={lost}"));
+    let mut e = Engine::new(config(shared, repl, lent)).unwrap();
+    e.set_lent_write_through(lost);
     let mut d = Driver {
         m: Machine::new(e.layout().clone()),
         e,
@@ -484,10 +503,22 @@ fn run(steps: &[Step], shared: bool, seed: u64, ahead: u32, repl: ReplacementKin
     }
     d.m.cache.values_mut().for_each(|c| c.crash(&mut rng));
     d.m.backing.values_mut().for_each(|c| c.crash(&mut rng));
+    let lent_store = |slot: u32| d.m.layout.store_of(slot) != 0;
+    if lost {
+        for ((store, sector), c) in d.m.cache.iter_mut() {
+            if *store != 0 {
+                c.synced = Some((u32::MAX, *sector, 0));
+            }
+        }
+    }
     // Recovery: the journal replayed into a new engine.
     let mut e = Engine::new(config(shared, repl, lent)).unwrap();
+    e.set_lent_write_through(lost);
     set_targets(&mut e, lent, &mut out);
     for r in &d.m.journal {
+        if lost && lent_store(r.slot) {
+            continue;
+        }
         e.release_slot(r.slot);
         if let Some((vm, block)) = r.block {
             let bits = |w: &[u64]| (0..8).map(|i| w[0] >> i & 1 == 1).collect::<Vec<bool>>();
@@ -552,8 +583,9 @@ proptest! {
         seed in any::<u64>(),
         ahead in prop::sample::select(vec![0u32, 2, 8]),
         lent in any::<bool>(),
+        lost in any::<bool>(),
     ) {
-        run(&steps, shared, seed, ahead, ReplacementKind::Lru, lent).map_err(TestCaseError::fail)?;
+        run_losing(&steps, shared, seed, ahead, ReplacementKind::Lru, lent, lost).map_err(TestCaseError::fail)?;
     }
 
     /// The same under the other replacement policies (`adaptive`'s partitions use

@@ -207,8 +207,11 @@ fn through_nbd(
                     &cachevisor_server::nbd::transmission_async::SingleExport { size: disk_size, block_size: BS },
                 ) {
                     if let Ok(out) = s.try_clone() {
-                        let backend =
-                            std::sync::Arc::new(cachevisor_server::nbd::export_backend::VdiskExport { dp, vm });
+                        let backend = std::sync::Arc::new(cachevisor_server::nbd::export_backend::VdiskExport {
+                            dp,
+                            vm,
+                            retry_io: false,
+                        });
                         let _ = cachevisor_server::nbd::transmission_async::serve(
                             s,
                             out,

@@ -38,12 +38,17 @@ impl Cluster {
 
     /// As [`Cluster::with`], node k's `[listen]` section ending with `listen(k)`.
     fn with_listen(n: usize, extra: &str, listen: impl Fn(usize) -> String) -> Cluster {
+        Cluster::with_nodes(n, |_| extra.to_string(), listen)
+    }
+
+    /// Node k's `[cluster]` section ending with `extra(k)`, its `[listen]` with `listen(k)`.
+    fn with_nodes(n: usize, extra: impl Fn(usize) -> String, listen: impl Fn(usize) -> String) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let net = Net::new(n);
         let etcd = Etcd::start(&net.hub, Net::HUB_ADDR, dir.path());
         let mut c = Cluster { nodes: Vec::new(), etcd, net, dir };
         for k in 0..n {
-            c.write_config(k, extra, &listen(k));
+            c.write_config(k, &extra(k), &listen(k));
             let d = c.start(k);
             c.nodes.push(Some(d));
         }
@@ -61,7 +66,7 @@ impl Cluster {
             format!(
                 "[cache]\npath = \"n{k}/cache.img\"\nsize = \"8MiB\"\n[listen]\ntcp = \"{a}:10809\"\n{listen}\
                  [api]\nlisten = \"{a}:8080\"\ntoken = \"{TOKEN}\"\n[[vdisk]]\nname = \"vm{k}\"\nbacking = \"vm{k}.img\"\n\
-                 [cluster]\nname = \"n{k}\"\naddress = \"{a}:10810\"\netcd = [\"{}\"]\nlease_ttl = \"2s\"\n{extra}\n",
+                 [cluster]\nname = \"n{k}\"\naddress = \"{a}:10809\"\netcd = [\"{}\"]\nlease_ttl = \"2s\"\n{extra}\n",
                 self.etcd.url
             ),
         )
@@ -391,4 +396,69 @@ fn lent_cache_is_served_to_its_borrowers_certificate_only_and_never_by_a_fenced_
     let name = format!("lent-n1@{}@{incarnation}", s[0]["epoch"].as_u64().unwrap());
     let (ok, out) = tls_qemu_io(ns1, &host, &name, &n1, &["read -P 0x77 0 64k"]);
     assert!(ok, "{out}");
+}
+
+/// Whether `path` holds a byte other than zero.
+fn has_data(path: &Path) -> bool {
+    std::fs::read(path).is_ok_and(|b| b.iter().any(|&x| x != 0))
+}
+
+#[test]
+fn a_vm_caches_in_a_peers_lent_region_and_a_killed_peer_costs_it_no_byte_and_no_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = certs::Pki::new(&dir.path().join("pki"));
+    let lender = pki.server("srv1", "/CN=n1", "IP:10.77.0.2");
+    let n0 = pki.client("n0", "/CN=n0", None, 1);
+    // n0 borrows from n1 (its VM loops over 12 MiB, its cache holds 8); n1 lends.
+    let extra = |k: usize| match k {
+        0 => format!(
+            "interval = \"500ms\"\nunit = \"1MiB\"\npeers = [\"n1\"]\nborrow = \"8MiB\"\npeer_tls_dir = \"{}\"",
+            n0.display()
+        ),
+        _ => "interval = \"500ms\"\nunit = \"1MiB\"\nlend = \"8MiB\"".to_string(),
+    };
+    let c = Cluster::with_nodes(2, extra, |k| {
+        if k == 1 {
+            format!("tls = \"on\"\ntls_dir = \"{}\"\n", lender.display())
+        } else {
+            String::new()
+        }
+    });
+    formed(&c, 2);
+    let uri = format!("nbd://{}:10809/vm0", c.net.addr(0));
+    let io = |cmds: &[&str]| {
+        let mut q = Net::command(&c.net.nodes[0], "qemu-io");
+        q.args(["-f", "raw", &uri]);
+        for cmd in cmds {
+            q.args(["-c", cmd]);
+        }
+        let o = q.output().unwrap();
+        let text = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success() && !text.contains("failed"), "{cmds:?}: {text}\n{}", c.logs());
+    };
+    io(&["write -P 0x42 0 12M", "flush"]);
+    let region = c.dir.path().join("n1/cache.img.meta/lent/n0.img");
+    let end = Instant::now() + Duration::from_secs(40);
+    while !has_data(&region) {
+        io(&["read -P 0x42 0 12M", "read -P 0x42 0 12M", "read -P 0x42 0 12M"]);
+        assert!(Instant::now() < end, "nothing cached in n1's region for n0: {:#}\n{}", c.status(0).unwrap(), c.logs());
+    }
+    let s = c.status(0).unwrap();
+    eprintln!("allocation: {:#}", s["allocation"]["vms"]["vm0"]);
+    // Hits from the lent region carry the VM's bytes.
+    io(&["read -P 0x42 0 12M", "write -P 0x43 4M 1M", "read -P 0x43 4M 1M", "read -P 0x42 0 4M"]);
+
+    // SIGKILL the lender: the VM's reads and writes go on, every byte as written.
+    let pid = c.nodes[1].as_ref().unwrap().pid.to_string();
+    assert!(Command::new("kill").args(["-KILL", &pid]).status().unwrap().success());
+    while std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z")) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    io(&["read -P 0x42 0 4M", "read -P 0x43 4M 1M", "read -P 0x42 5M 7M"]);
+    io(&["write -P 0x44 8M 2M", "read -P 0x44 8M 2M", "read -P 0x42 0 4M"]);
+    assert!(
+        c.logs().contains("lent cache on a peer: op failed") || c.logs().contains("not a live member"),
+        "{}",
+        c.logs()
+    );
 }

@@ -309,8 +309,12 @@ impl Engine {
             Err(f) => {
                 job.state[i] = OpState::Failed;
                 job.failure.get_or_insert(f);
-                // An op a stopping driver never ran (`Shutdown`) is not a device error.
-                device_error = f != Failure::Shutdown;
+                // An op a stopping driver never ran (`Shutdown`) is not a device error,
+                // nor is one on a region a lost peer lent (its blocks are clean, the
+                // request is tried again from the backing store: the vDisk's own devices
+                // are fine).
+                let lent = matches!(op.loc, crate::output::Location::Cache(st) if st != crate::stores::LOCAL);
+                device_error = f != Failure::Shutdown && !(lent && self.stores.lent_write_through);
             }
         }
         // Background jobs of several blocks release each block once its ops succeeded.

@@ -632,6 +632,9 @@ ideal = 0.99                  # default 0.99, in (0, 1]: Eq. 1's ideal size cove
 ssd_latency = "100us"         # default 100us, 1us to 10s: Eq. 3's latency of an SSD cache hit
 network_latency = "100us"     # default 100us: what reaching another node's cache adds (Eq. 3)
 backing_latency = "5ms"       # default 5ms: a miss served by the backing store (Eq. 3)
+peers = ["node-b", "node-c"] # default []: the nodes this one may borrow cache from (a cache store per peer after the local one)
+borrow = "0"                  # default 0 (none), whole units: the most used of each peer's lent cache; blocks there are never dirty (writes to them go through to the backing store), so losing a peer loses no acknowledged write
+peer_tls_dir = "/etc/cachevisor/peer" # required to borrow: this node's client credentials for its peers (ca-cert.pem, client-cert.pem with CN=NAME, client-key.pem)
 lend = "0"                    # default 0 (none), whole units: cache lent to each peer, as the NBD export lent-PEER@EPOCH@INCARNATION only PEER's client certificate (CN=PEER) opens; needs listen.tls with a CA for client certificates
 "#;
 
@@ -694,6 +697,9 @@ impl Config {
             fix(p);
         }
         if let Some(d) = c.prewarm.snapshot_dir.as_mut() {
+            fix(d);
+        }
+        if let Some(d) = c.cluster.as_mut().and_then(|c| c.peer_tls_dir.as_mut()) {
             fix(d);
         }
         if let Some(d) = c.prewarm.from.as_mut() {

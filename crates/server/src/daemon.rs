@@ -136,6 +136,8 @@ pub struct Daemon {
     vssd_exports: Vec<ExportInfo>,
     /// This node's cluster membership (`[cluster]`), set once the service started it.
     cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
+    /// The peers it borrows cache from (`[cluster] peers`), their devices' shared state.
+    peer_links: Option<Arc<crate::cluster::peer_device::PeerLinks>>,
 }
 
 impl Daemon {
@@ -180,7 +182,11 @@ impl Daemon {
             Some(svc) if vm & VSSD_EXPORT != 0 => {
                 Arc::new(crate::nbd::export_backend::VssdExport { svc: svc.clone(), id: vm & !VSSD_EXPORT })
             }
-            _ => Arc::new(crate::nbd::export_backend::VdiskExport { dp: self.dp.clone(), vm }),
+            _ => Arc::new(crate::nbd::export_backend::VdiskExport {
+                dp: self.dp.clone(),
+                vm,
+                retry_io: self.peer_links.is_some(),
+            }),
         }
     }
 
@@ -220,7 +226,14 @@ impl Daemon {
             lend_bytes: settings.lend_bytes,
             incarnation: lent.as_ref().map_or(0, |l| l.incarnation),
         };
-        Ok(self.cluster.get_or_init(|| crate::cluster::Cluster::start(settings, Box::new(source), lent)).clone())
+        let c = self.cluster.get_or_init(|| crate::cluster::Cluster::start(settings, Box::new(source), lent)).clone();
+        if let Some(p) = &self.peer_links {
+            let _ = p.cluster.set(Arc::downgrade(&c));
+            // The leader's allocation divides this node's cache and its peers' (below);
+            // the local allocator's decisions are not applied.
+            self.policy.lock().unwrap_or_else(|e| e.into_inner()).managed = false;
+        }
+        Ok(c)
     }
 
     /// The vSSD region, when `[vssd]` is configured.
@@ -490,6 +503,58 @@ impl crate::cluster::NodeSource for NodeSource {
             lend_bytes: self.lend_bytes,
             incarnation: self.incarnation,
         }
+    }
+
+    /// The leader's allocation for this node's vDisks, applied as an engine job: each
+    /// vDisk's share of each peer's lent region, and its target (local + lent), shrinks
+    /// paced as the simulator's cluster mode applies them. Only on a node that borrows.
+    fn apply(&self, a: &cachevisor_cluster::estimate::AllocationRecord) {
+        let Some(d) = self.daemon.upgrade() else { return };
+        let Some(links) = d.peer_links.clone() else { return };
+        let unit = (a.unit_bytes / d.block_size).max(1);
+        // (vDisk, its slots by lending node, its target).
+        type Share = (VmId, Vec<(u16, u64)>, u64);
+        let mine: Vec<Share> = d
+            .exports()
+            .into_iter()
+            .filter_map(|e| {
+                let v = a.vms.get(&e.name).filter(|v| v.node == self.name)?;
+                let by_lender: Vec<(u16, u64)> = v
+                    .remote
+                    .iter()
+                    .filter_map(|(peer, u)| {
+                        let i = links.peers.iter().position(|p| p == peer)?;
+                        Some((i as u16 + 1, (u * unit).min(links.borrow_slots)))
+                    })
+                    .collect();
+                let target = v.local_units * unit + by_lender.iter().map(|x| x.1).sum::<u64>();
+                Some((e.id, by_lender, target))
+            })
+            .collect();
+        if mine.is_empty() {
+            return;
+        }
+        tracing::info!(vdisks = mine.len(), "cluster: applying the leader's allocation");
+        d.dp.with_engine_mut(|e| {
+            let mut targets: Vec<u64> = (0..e.vm_count() as VmId).map(|v| e.partition(v).target).collect();
+            for (vm, _, t) in &mine {
+                if let Some(x) = targets.get_mut(*vm as usize) {
+                    *x = *t;
+                }
+            }
+            let d = cachevisor_policy::allocator::Decision {
+                paced_shrinks: true,
+                ..cachevisor_policy::allocator::Decision::targets(targets)
+            };
+            e.submit_job(|e, out| {
+                for (vm, by_lender, _) in &mine {
+                    if let Err(err) = e.set_remote_shares(*vm, by_lender) {
+                        tracing::warn!(vm, %err, "cluster: a remote share not applied");
+                    }
+                }
+                *out = controller::apply(e, &d);
+            });
+        });
     }
 
     fn estimates(&self) -> cachevisor_cluster::estimate::NodeEstimates {

@@ -59,7 +59,7 @@ pub type IntervalHook = Box<dyn FnMut(&mut Engine, &[ExportStats]) + Send>;
 pub type TickHook = Box<dyn FnMut(&Engine) + Send>;
 
 /// A client command for [`DataPath::submit`].
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum Cmd {
     /// Read this many bytes.
     Read(u32),
@@ -225,6 +225,8 @@ pub struct Setup {
     /// An O_DIRECT cache store's I/O through io_uring where available (else device
     /// threads).
     pub io_uring: bool,
+    /// The peers whose lent regions are cache stores (`[cluster] peers`).
+    pub peers: Option<Arc<crate::cluster::peer_device::PeerLinks>>,
 }
 
 /// The data path: an engine in persistent mode driven by device, commit and timer threads.

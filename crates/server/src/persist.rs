@@ -101,6 +101,14 @@ impl Persistence {
                 {
                     apply(Record::Slot { slot, vm, block, valid, dirty })
                 }
+                // A region another node lends (slots after the local ones, `[cluster]
+                // peers`): its blocks are never dirty (the engine's lent write-through) and
+                // not restored — this node cannot vouch for a lender's bytes after a restart.
+                Record::Free { .. } => Ok(()),
+                Record::Slot { slot, dirty, .. } if dirty.iter().all(|w| *w == 0) => {
+                    tracing::debug!(slot, "a block in a lent region is not restored");
+                    Ok(())
+                }
                 r => Err(format!("record {r:?} does not fit a pool of {slots} slots of {block_size} bytes")),
             }
         };

@@ -196,9 +196,8 @@ async fn allocate_cache(cl: &mut Client, c: &Arc<Cluster>, term: i64) -> Result<
     let txn = Txn::new()
         .when([Compare::create_revision(key(c, "leader"), CompareOp::Equal, term)])
         .and_then([TxnOp::put(key(c, "allocation"), serde_json::to_vec(&record).expect("serializes"), None)]);
-    if cl.txn(txn).await?.succeeded() {
-        c.lock().allocation = Some(record);
-    }
+    // Every node, the leader too, applies it when it reads it back (`observe`).
+    cl.txn(txn).await?;
     Ok(())
 }
 
@@ -235,30 +234,32 @@ async fn observe(cl: &mut Client, c: &Arc<Cluster>) -> Result<(), etcd_client::E
     }
     let now = c.now_ms();
     let info = c.source.info();
-    let republish = {
+    let (fresh, republish) = {
         let mut s: std::sync::MutexGuard<'_, Shared> = c.lock();
         s.member.members_seen(members);
         s.member.leader_seen(now, leader);
         s.estimates = estimates;
-        if allocation.is_some() {
-            s.allocation = allocation;
-        }
         if let Some(m) = map {
             s.member.epoch_seen(m.epoch);
             if m.epoch >= s.map.epoch {
                 s.map = m;
             }
         }
-        // A member record that no longer says what this node serves is written again.
-        s.member.lease().filter(|_| s.published.as_ref().is_some_and(|p| *p != info))
-    };
-    {
-        if let Some((lease, _)) = republish {
-            let body = serde_json::to_vec(&info).expect("member info serializes");
-            cl.put(key(c, &format!("members/{}", c.settings.name)), body, Some(PutOptions::new().with_lease(lease)))
-                .await?;
-            c.lock().published = Some(info);
+        let fresh = allocation.filter(|a| s.allocation.as_ref() != Some(a));
+        if let Some(a) = &fresh {
+            s.allocation = Some(a.clone());
         }
+        // A member record that no longer says what this node serves is written again.
+        (fresh, s.member.lease().filter(|_| s.published.as_ref().is_some_and(|p| *p != info)))
+    };
+    if let Some(a) = fresh {
+        c.source.apply(&a);
+    }
+    if let Some((lease, _)) = republish {
+        let body = serde_json::to_vec(&info).expect("member info serializes");
+        cl.put(key(c, &format!("members/{}", c.settings.name)), body, Some(PutOptions::new().with_lease(lease)))
+            .await?;
+        c.lock().published = Some(info);
     }
     Ok(())
 }

@@ -8,6 +8,7 @@
 pub mod agent;
 pub mod estimates;
 pub mod lent;
+pub mod peer_device;
 pub mod settings;
 
 use cachevisor_cluster::cluster_map::ClusterMap;
@@ -49,6 +50,9 @@ pub trait NodeSource: Send + Sync {
     fn info(&self) -> MemberInfo;
     /// This window's estimates (taken every interval; the window starts again).
     fn estimates(&self) -> NodeEstimates;
+    /// The leader's new allocation: this node's vDisks' local targets and their shares of
+    /// the peers' lent cache.
+    fn apply(&self, a: &AllocationRecord);
 }
 
 /// `GET /cluster`.
@@ -166,6 +170,18 @@ impl Cluster {
             .filter(|m| m.name != self.settings.name)
             .map(|m| (m.name.clone(), l.export_name(&m.name, epoch)))
             .collect()
+    }
+
+    /// Where `peer`'s lent cache is now: (address, incarnation, epoch), if it is a live
+    /// member that lends and this node holds a lease.
+    pub fn peer_target(&self, peer: &str) -> Option<(String, u64, u64)> {
+        let now = self.now_ms();
+        let s = self.lock();
+        if !s.member.serving(now) {
+            return None;
+        }
+        let m = s.member.members().iter().find(|m| m.name == peer && m.lend_bytes > 0 && m.incarnation > 0)?;
+        Some((m.peer_address.clone(), m.incarnation, s.member.epoch()))
     }
 
     /// The map epoch this node is at.

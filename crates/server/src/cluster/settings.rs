@@ -51,6 +51,16 @@ pub struct ClusterConfig {
     /// certificate opens (needs `listen.tls` with a CA for client certificates).
     #[serde(default = "default_lend")]
     pub lend: String,
+    /// The nodes this one may borrow cache from (each lends it `borrow`), by name.
+    #[serde(default)]
+    pub peers: Vec<String>,
+    /// The most this node uses of each peer's lent cache (a store of that many bytes per
+    /// peer; at most what the peer lends).
+    #[serde(default = "default_lend")]
+    pub borrow: String,
+    /// This node's client credentials for its peers' lent cache (QEMU's client layout:
+    /// ca-cert.pem, client-cert.pem with CN = this node's name, client-key.pem).
+    pub peer_tls_dir: Option<std::path::PathBuf>,
 }
 
 fn default_lend() -> String {
@@ -107,6 +117,12 @@ pub struct ClusterSettings {
     pub lat: Latencies,
     /// Bytes lent to each peer.
     pub lend_bytes: u64,
+    /// The peers this node borrows from, and how much of each.
+    pub peers: Vec<String>,
+    /// Bytes borrowed from each peer at most.
+    pub borrow_bytes: u64,
+    /// Client credentials for the peers.
+    pub peer_tls_dir: Option<std::path::PathBuf>,
 }
 
 fn ms(key: &str, v: &str) -> Result<u64, String> {
@@ -180,6 +196,25 @@ impl ClusterConfig {
         if lend_bytes % unit_bytes != 0 || lend_bytes > 1 << 50 {
             return Err(format!("cluster.lend: `{}` is not whole units of {} (at most 1PiB)", self.lend, self.unit));
         }
+        let borrow_bytes = parse_size(&self.borrow).map_err(|e| format!("cluster.borrow: {e}"))?;
+        if borrow_bytes % unit_bytes != 0 || borrow_bytes > 1 << 50 {
+            return Err(format!(
+                "cluster.borrow: `{}` is not whole units of {} (at most 1PiB)",
+                self.borrow, self.unit
+            ));
+        }
+        for p in &self.peers {
+            check_name("peers", p)?;
+            if *p == self.name {
+                return Err(format!("cluster.peers: `{p}` is this node"));
+            }
+        }
+        if self.peers.len() > 64 {
+            return Err("cluster.peers: at most 64".into());
+        }
+        if borrow_bytes > 0 && !self.peers.is_empty() && self.peer_tls_dir.is_none() {
+            return Err("cluster.peer_tls_dir: borrowing from peers needs this node's client certificate (a directory with ca-cert.pem, client-cert.pem, client-key.pem)".into());
+        }
         Ok(ClusterSettings {
             name: self.name.clone(),
             address: self.address.clone(),
@@ -190,6 +225,9 @@ impl ClusterConfig {
             ideal: if self.ideal >= 1.0 { IdealForm::Max } else { IdealForm::Percentile(self.ideal) },
             lat,
             lend_bytes,
+            peers: if borrow_bytes > 0 { self.peers.clone() } else { Vec::new() },
+            borrow_bytes,
+            peer_tls_dir: self.peer_tls_dir.clone(),
         })
     }
 }
@@ -219,6 +257,9 @@ mod tests {
             ("network_latency = \"0s\"", "cluster.network_latency"),
             ("backing_latency = \"soon\"", "cluster.backing_latency"),
             ("lend = \"1500KiB\"", "cluster.lend"),
+            ("peers = [\"a\"]\nborrow = \"1MiB\"\npeer_tls_dir = \"x\"", "cluster.peers"),
+            ("peers = [\"b\"]\nborrow = \"1MiB\"", "cluster.peer_tls_dir"),
+            ("borrow = \"3KiB\"", "cluster.borrow"),
         ] {
             let e = cfg(extra).unwrap_err();
             assert!(e.contains(key), "{extra}: {e}");

@@ -25,8 +25,8 @@ pub(crate) struct Policy {
     /// Where each pass-through vDisk's drain goes on.
     drain_cursor: u32,
     /// Static partitions: the allocator runs (a shared pool has no targets; the simulator
-    /// runs none there either).
-    managed: bool,
+    /// runs none there either); off on a cluster node that borrows (the leader divides).
+    pub(crate) managed: bool,
     /// A cluster node's per-vDisk estimates (ELICA's), when `[cluster]` is set.
     pub(crate) cluster_est: Option<crate::cluster::estimates::NodeEstimator>,
 }

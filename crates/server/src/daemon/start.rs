@@ -110,7 +110,24 @@ impl Daemon {
         if cfg.vssd.is_none() {
             crate::vssd::startup::check_not_dropped(&meta_dir).map_err(StartError::Config)?;
         }
-        let mut engine = Engine::new(engine_config(&r)).map_err(StartError::Config)?;
+        let cluster = cfg.cluster.as_ref().map(|c| c.check()).transpose().map_err(StartError::Config)?;
+        let mut engine_cfg = engine_config(&r);
+        // A cache store per peer this node borrows from, after the local one; blocks there
+        // are never dirty.
+        let peer_links = cluster.as_ref().filter(|c| !c.peers.is_empty()).map(|c| {
+            let slots = c.borrow_bytes / r.cache.block_size;
+            engine_cfg.stores =
+                (0..c.peers.len()).map(|i| cachevisor_engine::StoreSpec::lent(i as u16 + 1, slots)).collect();
+            Arc::new(crate::cluster::peer_device::PeerLinks {
+                me: c.name.clone(),
+                peers: c.peers.clone(),
+                certs: c.peer_tls_dir.clone().expect("checked: borrowing needs peer_tls_dir"),
+                borrow_slots: slots,
+                cluster: Default::default(),
+            })
+        });
+        let mut engine = Engine::new(engine_cfg).map_err(StartError::Config)?;
+        engine.set_lent_write_through(true);
         engine.set_writeback_ahead(cfg.cache.writeback_ahead);
         let ctl = first_controller(cfg, &r, &mut engine).map_err(StartError::Config)?;
         // Warm start: put every block the metadata knows back into its slot.
@@ -312,6 +329,7 @@ impl Daemon {
             reserve: cachevisor_engine::durable_reserve(r.slots),
             error_threshold: cfg.cache.error_threshold,
             io_uring: cfg.cache.io_uring,
+            peers: peer_links.clone(),
         }));
         let (vssd, vssd_exports) = match &vssd_plan {
             Some(p) => {
@@ -376,6 +394,7 @@ impl Daemon {
             vssd,
             vssd_exports,
             cluster: std::sync::OnceLock::new(),
+            peer_links,
         })
     }
 }

@@ -20,6 +20,7 @@ impl DataPath {
             reserve,
             error_threshold,
             io_uring,
+            peers,
         } = s;
         engine.set_persistent(reserve);
         engine.set_schedule(0, schedule);
@@ -55,7 +56,7 @@ impl DataPath {
             core: Mutex::new(core),
             wake: Condvar::new(),
             commit_cv: Condvar::new(),
-            stores: store_devices::store_devices(&layout, bs, &ssd, direct),
+            stores: store_devices::store_devices(&layout, bs, &ssd, direct, peers.as_ref()),
             ssd,
             direct,
             backings: RwLock::new(backings),
@@ -169,6 +170,7 @@ impl DataPath {
             reserve,
             error_threshold,
             io_uring,
+            peers: None,
         }))
     }
 }

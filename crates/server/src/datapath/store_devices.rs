@@ -69,18 +69,31 @@ pub(super) fn on_the_cache_file(op: &cachevisor_engine::DeviceOp) -> bool {
 }
 
 /// One device per row of `layout` (blocks of `block` bytes): `ssd` (a handle of the
-/// cache file, `direct` when O_DIRECT) for the local store.
-pub(super) fn store_devices(layout: &StoreLayout, block: u64, ssd: &Arc<File>, direct: bool) -> Vec<StoreDevice> {
+/// cache file, `direct` when O_DIRECT) for the local store, a peer's lent region over
+/// NBD (`peers`: node id k is `peers.peers[k − 1]`) for a lent one.
+pub(super) fn store_devices(
+    layout: &StoreLayout,
+    block: u64,
+    ssd: &Arc<File>,
+    direct: bool,
+    peers: Option<&Arc<crate::cluster::peer_device::PeerLinks>>,
+) -> Vec<StoreDevice> {
     (0..layout.len())
         .map(|i| {
             let id = i as cachevisor_engine::StoreId;
             let size = layout.range(id).1 * block;
             match layout.kind(id) {
                 StoreKind::Local => Box::new(CacheFile { file: ssd.clone(), direct, size }) as StoreDevice,
-                StoreKind::Lent { node } => Box::new(Unserved {
-                    what: format!("a cache region node {node} lends (the daemon serves no cluster yet)"),
-                    size,
-                }),
+                StoreKind::Lent { node } => match peers.and_then(|p| p.peers.get(usize::from(node).wrapping_sub(1))) {
+                    Some(name) => Box::new(crate::cluster::peer_device::PeerDevice::new(
+                        peers.expect("a peer's name comes from the links").clone(),
+                        name.clone(),
+                        size,
+                    )) as StoreDevice,
+                    None => {
+                        Box::new(Unserved { what: format!("a cache region node {node} lends (no such peer)"), size })
+                    }
+                },
             }
         })
         .collect()
@@ -104,7 +117,7 @@ mod tests {
         f.set_len(48 * 4096).unwrap();
         let cfg = EngineConfig { stores: vec![StoreSpec::lent(3, 16)], ..EngineConfig::with_slots(32) };
         let f = Arc::new(f);
-        let devs = store_devices(&StoreLayout::new(&cfg), 4096, &f, false);
+        let devs = store_devices(&StoreLayout::new(&cfg), 4096, &f, false, None);
         assert_eq!((devs.len(), devs[0].size(), devs[1].size()), (2, 32 * 4096, 16 * 4096));
         assert_eq!(devs[0].submit(7, 8192, Io::Write(&[5u8; 4096])).unwrap(), 7);
         let mut back = [0u8; 4096];

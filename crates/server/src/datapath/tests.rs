@@ -262,7 +262,7 @@ fn an_nbd_client_reads_its_writes_through_the_asynchronous_transmission() {
                 negotiate(&mut s, &crate::nbd::transmission_async::SingleExport { size, block_size: BS }).unwrap();
             let Negotiated::Export(0, replies) = negotiated else { panic!("{negotiated:?}") };
             let out = s.try_clone().unwrap();
-            let backend = Arc::new(crate::nbd::export_backend::VdiskExport { dp, vm: 0 });
+            let backend = Arc::new(crate::nbd::export_backend::VdiskExport { dp, vm: 0, retry_io: false });
             crate::nbd::transmission_async::serve(s, out, backend, (size, replies), None).unwrap();
         })
     };

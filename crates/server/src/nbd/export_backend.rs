@@ -37,6 +37,29 @@ pub struct VdiskExport {
     pub dp: Arc<DataPath>,
     /// The vDisk.
     pub vm: VmId,
+    /// A request that fails with EIO is tried again (twice): on a node that borrows cache
+    /// from peers, a lost peer fails the ops on its region, the engine's repair drops
+    /// those (clean) blocks, and the retry reads the backing store.
+    pub retry_io: bool,
+}
+
+/// `cmd` on `vm`, tried again `left` times after an EIO.
+fn submit_retrying(dp: Arc<DataPath>, vm: VmId, offset: u64, cmd: Cmd, here: bool, done: Done, left: u32) {
+    let again = (left > 0).then(|| cmd.clone());
+    let dp2 = dp.clone();
+    dp.submit(
+        vm,
+        offset,
+        cmd,
+        here,
+        Box::new(move |r| match (r, again) {
+            (Err(Failure::Io), Some(cmd)) => {
+                tracing::info!(vdisk = vm, offset, "request failed with EIO: trying again");
+                submit_retrying(dp2, vm, offset, cmd, false, done, left - 1)
+            }
+            (r, _) => done(r),
+        }),
+    );
 }
 
 impl ExportBackend for VdiskExport {
@@ -47,7 +70,11 @@ impl ExportBackend for VdiskExport {
         self.dp.serves(self.vm)
     }
     fn submit(&self, offset: u64, cmd: Cmd, here: bool, done: Done) {
-        self.dp.submit(self.vm, offset, cmd, here, done);
+        if self.retry_io {
+            submit_retrying(self.dp.clone(), self.vm, offset, cmd, here, done, 2);
+        } else {
+            self.dp.submit(self.vm, offset, cmd, here, done);
+        }
     }
     fn hint_cache(&self, offset: u64, len: u64) {
         self.dp.hint_cache(self.vm, offset, len);

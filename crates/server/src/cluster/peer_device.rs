@@ -1,0 +1,129 @@
+//! A borrower's device for a region a peer lends it (`[cluster] peers`, `borrow`): the
+//! engine's `StoreKind::Lent { node }` row, run over our NBD client (`backing.rs`'s pool,
+//! TLS with this node's client certificate) against the peer's export
+//! `lent-<me>@<epoch>@<incarnation>` (`lent.rs`), the address, epoch and incarnation read
+//! from the cluster view at each connection.
+//!
+//! What keeps a borrower from reading what is not its data: an op fails (EIO) — and the
+//! engine's repair drops the clean block, the request is retried from the backing store
+//! (`nbd/export_backend.rs`) — when the peer is not a live member, when it has been
+//! fenced (its export refuses), and for good once the peer's incarnation is not the one
+//! this node first cached in: a lender that restarted has emptied its regions, so none of
+//! the blocks the engine placed there exist any more. Blocks there are never dirty
+//! (`Engine::set_lent_write_through`), so none of this loses an acknowledged write.
+
+use super::Cluster;
+use crate::backing::Backing;
+use cachevisor_engine::{Device, Io};
+use std::io;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+/// What every peer device shares: this node's name, its credentials, the cluster handle
+/// (set once the node joined).
+pub struct PeerLinks {
+    /// This node.
+    pub me: String,
+    /// Peers by engine node id − 1.
+    pub peers: Vec<String>,
+    /// Client credentials.
+    pub certs: PathBuf,
+    /// Slots of each peer's region.
+    pub borrow_slots: u64,
+    /// The cluster, once joined.
+    pub cluster: OnceLock<Weak<Cluster>>,
+}
+
+/// The connection and the incarnation it reaches.
+#[derive(Default)]
+struct Link {
+    conn: Option<(u64, u64, Arc<Backing>)>,
+    /// The incarnation the engine's blocks in this store were placed in.
+    first: Option<u64>,
+}
+
+/// One peer's lent region.
+pub struct PeerDevice {
+    links: Arc<PeerLinks>,
+    peer: String,
+    size: u64,
+    link: Mutex<Link>,
+}
+
+fn refused(msg: String) -> io::Error {
+    io::Error::other(msg)
+}
+
+impl PeerDevice {
+    /// The region `peer` lends this node, `size` bytes.
+    pub fn new(links: Arc<PeerLinks>, peer: String, size: u64) -> PeerDevice {
+        PeerDevice { links, peer, size, link: Mutex::new(Link::default()) }
+    }
+
+    /// The connection to use now.
+    fn connection(&self) -> io::Result<Arc<Backing>> {
+        let c = self.links.cluster.get().and_then(Weak::upgrade).ok_or_else(|| refused("not joined yet".into()))?;
+        let (addr, incarnation, epoch) =
+            c.peer_target(&self.peer).ok_or_else(|| refused(format!("{} is not a live member", self.peer)))?;
+        let mut l = self.link.lock().unwrap_or_else(|e| e.into_inner());
+        if *l.first.get_or_insert(incarnation) != incarnation {
+            return Err(refused(format!(
+                "{} restarted (incarnation {incarnation}): the blocks cached there are gone",
+                self.peer
+            )));
+        }
+        if let Some((i, e, b)) = &l.conn {
+            if *i == incarnation && *e == epoch {
+                return Ok(b.clone());
+            }
+        }
+        let uri = format!(
+            "nbds://{addr}/lent-{}@{epoch}@{incarnation}?tls-certificates={}",
+            self.links.me,
+            self.links.certs.display()
+        );
+        let b = Arc::new(Backing::connect(std::path::Path::new(&uri))?);
+        l.conn = Some((incarnation, epoch, b.clone()));
+        Ok(b)
+    }
+
+    fn failed(&self, e: io::Error) -> io::Error {
+        tracing::warn!(peer = %self.peer, %e, "lent cache on a peer: op failed");
+        self.link.lock().unwrap_or_else(|e| e.into_inner()).conn = None;
+        e
+    }
+}
+
+impl Device for PeerDevice {
+    fn submit(&self, now_ns: u64, at: u64, io: Io<'_>) -> io::Result<u64> {
+        let b = self.connection().map_err(|e| self.failed(e))?;
+        match io {
+            Io::Read(buf) => b.read_at(buf, at),
+            Io::Write(data) => b.write_at(data, at),
+            Io::Model { .. } => Err(io::Error::new(io::ErrorKind::InvalidInput, "a model's op on a peer's region")),
+        }
+        .map_err(|e| self.failed(e))?;
+        Ok(now_ns)
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        let conn = self.link.lock().unwrap_or_else(|e| e.into_inner()).conn.as_ref().map(|c| c.2.clone());
+        match conn {
+            // Nothing written since the last connection: nothing of ours to sync there.
+            None => Ok(()),
+            Some(b) => b.sync().map_err(|e| self.failed(e)),
+        }
+    }
+
+    fn queue_depth(&self) -> u32 {
+        1
+    }
+
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn describe(&self) -> String {
+        format!("the cache region {} lends this node", self.peer)
+    }
+}

@@ -112,6 +112,25 @@ impl Engine {
         Ok(())
     }
 
+    /// A lender is lost (its node died or cannot be reached): no VM has a share of its
+    /// region any more and no new block goes there (the cap is 0); the blocks still
+    /// there leave as their reads or writes fail (the engine's repair drops them: a lent
+    /// block is never dirty with `set_lent_write_through`). Their targets' lent part is
+    /// local again. Returns whether that changed anything (it had a cap or a share).
+    pub fn lose_lender(&mut self, lender: u16) -> bool {
+        let Some(r) = self.region_index(lender) else { return false };
+        let mut changed = self.stores.rows[r as usize].limit != 0;
+        self.set_store_limit(r, 0);
+        for p in &mut self.vms {
+            if let Some(x) = p.shares.get_mut(r as usize) {
+                changed |= *x > 0;
+                p.remote_target = p.remote_target.saturating_sub(*x);
+                *x = 0;
+            }
+        }
+        changed
+    }
+
     /// Sets how many of `vm`'s target slots are lent ones, from any lender: the regions'
     /// shares filled in order, each up to its size. A VM below its target takes a free slot
     /// of the kind still below its share ([`Self::free_kind_for`]); a lower share is reached

@@ -331,6 +331,28 @@ mod tests {
     }
 
     #[test]
+    fn a_lost_lender_takes_no_new_block_and_its_share_goes_local() {
+        let cfg = EngineConfig { partition: PartitionMode::Static, ..lent() };
+        let mut e = Engine::new(cfg).unwrap();
+        let mut out = Output::default();
+        e.set_target(0, 6, &mut out);
+        e.set_remote_shares(0, &[(2, 3), (5, 1)]).unwrap();
+        assert!(e.lose_lender(2));
+        assert!(!e.lose_lender(2), "nothing more to change");
+        assert!(!e.lose_lender(9), "no such region");
+        let l = e.layout().clone();
+        for b in 0..6u64 {
+            let req = Request { time_ns: 0, vm: 0, op: Op::Read, offset: b * 4096, len: 4096 };
+            e.access(0, &req, &mut out);
+            for op in out.ops.iter().filter(|o| o.kind.is_ssd()) {
+                assert_ne!(l.store_of(op.slot), 1, "block {b} placed in the lost lender's region");
+            }
+        }
+        assert_eq!(e.used_in_region(2), 0);
+        assert_eq!(e.used_in_region(5), 1, "the other lender's share holds");
+    }
+
+    #[test]
     fn ops_on_a_store_s_slots_go_to_it_at_their_offset_there() {
         let c = lent();
         let mut e = Engine::new(c.clone()).unwrap();

@@ -256,6 +256,17 @@ impl Backing {
         Ok(Backing::File(f, size))
     }
 
+    /// An NBD store's request deadline (`None`: wait as long as the server takes): a
+    /// request unanswered by then fails (and its connection is not to be used again).
+    pub fn set_op_timeout(&self, t: Option<std::time::Duration>) -> io::Result<()> {
+        if let Backing::Nbd(p) = self {
+            for c in &p.conns {
+                c.lock().unwrap_or_else(|e| e.into_inner()).socket().set_timeouts(t)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Size in bytes.
     /// The vDisk's size: the store's length rounded up to a sector (see the top comment).
     pub fn size(&self) -> io::Result<u64> {

@@ -523,7 +523,7 @@ impl crate::cluster::NodeSource for NodeSource {
                     .remote
                     .iter()
                     .filter_map(|(peer, u)| {
-                        let i = links.peers.iter().position(|p| p == peer)?;
+                        let i = links.peers.iter().position(|p| p == peer && links.usable(p))?;
                         Some((i as u16 + 1, (u * unit).min(links.borrow_slots)))
                     })
                     .collect();
@@ -534,6 +534,7 @@ impl crate::cluster::NodeSource for NodeSource {
         if mine.is_empty() {
             return;
         }
+        let links = links.clone();
         tracing::info!(vdisks = mine.len(), "cluster: applying the leader's allocation");
         d.dp.with_engine_mut(|e| {
             let mut targets: Vec<u64> = (0..e.vm_count() as VmId).map(|v| e.partition(v).target).collect();
@@ -547,6 +548,11 @@ impl crate::cluster::NodeSource for NodeSource {
                 ..cachevisor_policy::allocator::Decision::targets(targets)
             };
             e.submit_job(|e, out| {
+                // Regions lost since the last allocation take blocks again (a restarted
+                // peer's never does).
+                for (i, p) in links.peers.iter().enumerate() {
+                    e.set_region_limit(i as u16 + 1, if links.usable(p) { u64::MAX } else { 0 });
+                }
                 for (vm, by_lender, _) in &mine {
                     if let Err(err) = e.set_remote_shares(*vm, by_lender) {
                         tracing::warn!(vm, %err, "cluster: a remote share not applied");

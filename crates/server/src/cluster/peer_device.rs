@@ -30,8 +30,21 @@ pub struct PeerLinks {
     pub certs: PathBuf,
     /// Slots of each peer's region.
     pub borrow_slots: u64,
+    /// How long an op on a peer may take before it fails (the lease TTL: a peer cut off
+    /// the network stalls the requests that reach it at most this long, and is dead in
+    /// everybody's view by then).
+    pub op_timeout: std::time::Duration,
     /// The cluster, once joined.
     pub cluster: OnceLock<Weak<Cluster>>,
+    /// Peers whose blocks are gone for good here (they restarted: a new incarnation).
+    pub restarted: Mutex<std::collections::BTreeSet<String>>,
+}
+
+impl PeerLinks {
+    /// Whether `peer`'s region may be given blocks again (it did not restart).
+    pub fn usable(&self, peer: &str) -> bool {
+        !self.restarted.lock().unwrap_or_else(|e| e.into_inner()).contains(peer)
+    }
 }
 
 /// The connection and the incarnation it reaches.
@@ -40,6 +53,9 @@ struct Link {
     conn: Option<(u64, u64, Arc<Backing>)>,
     /// The incarnation the engine's blocks in this store were placed in.
     first: Option<u64>,
+    /// After a failure, ops fail at once until then (no reconnect per op to a peer that
+    /// does not answer: the requests go to the backing store instead).
+    down_until: Option<std::time::Instant>,
 }
 
 /// One peer's lent region.
@@ -66,7 +82,11 @@ impl PeerDevice {
         let (addr, incarnation, epoch) =
             c.peer_target(&self.peer).ok_or_else(|| refused(format!("{} is not a live member", self.peer)))?;
         let mut l = self.link.lock().unwrap_or_else(|e| e.into_inner());
+        if l.down_until.is_some_and(|t| std::time::Instant::now() < t) {
+            return Err(refused(format!("{} failed moments ago", self.peer)));
+        }
         if *l.first.get_or_insert(incarnation) != incarnation {
+            self.links.restarted.lock().unwrap_or_else(|e| e.into_inner()).insert(self.peer.clone());
             return Err(refused(format!(
                 "{} restarted (incarnation {incarnation}): the blocks cached there are gone",
                 self.peer
@@ -83,13 +103,18 @@ impl PeerDevice {
             self.links.certs.display()
         );
         let b = Arc::new(Backing::connect(std::path::Path::new(&uri))?);
+        b.set_op_timeout(Some(self.links.op_timeout))?;
         l.conn = Some((incarnation, epoch, b.clone()));
         Ok(b)
     }
 
     fn failed(&self, e: io::Error) -> io::Error {
-        tracing::warn!(peer = %self.peer, %e, "lent cache on a peer: op failed");
-        self.link.lock().unwrap_or_else(|e| e.into_inner()).conn = None;
+        let mut l = self.link.lock().unwrap_or_else(|e| e.into_inner());
+        if l.down_until.is_none_or(|t| std::time::Instant::now() >= t) {
+            tracing::warn!(peer = %self.peer, %e, "lent cache on a peer: op failed");
+        }
+        l.conn = None;
+        l.down_until = Some(std::time::Instant::now() + self.links.op_timeout);
         e
     }
 }

@@ -123,7 +123,9 @@ impl Daemon {
                 peers: c.peers.clone(),
                 certs: c.peer_tls_dir.clone().expect("checked: borrowing needs peer_tls_dir"),
                 borrow_slots: slots,
+                op_timeout: std::time::Duration::from_millis(c.timing.lease_ttl_ms),
                 cluster: Default::default(),
+                restarted: Default::default(),
             })
         });
         let mut engine = Engine::new(engine_cfg).map_err(StartError::Config)?;

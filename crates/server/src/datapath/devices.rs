@@ -245,6 +245,18 @@ impl Shared {
                 if let Some(j) = core.jobs.get_mut(&op.req) {
                     j.failure.get_or_insert(f);
                 }
+                // A peer's region that fails is lost until the cluster's next allocation
+                // says otherwise: no new block goes there (`Engine::lose_lender`).
+                if let cachevisor_engine::Location::Cache(st) = op.loc {
+                    if let cachevisor_engine::StoreKind::Lent { node } = self.layout.kind(st) {
+                        if f != Failure::Shutdown && core.engine.lose_lender(node) {
+                            tracing::warn!(
+                                lender = node,
+                                "a peer's lent region failed: it takes no new block until the next allocation"
+                            );
+                        }
+                    }
+                }
                 Err(f)
             }
         };

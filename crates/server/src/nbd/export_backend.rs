@@ -37,7 +37,7 @@ pub struct VdiskExport {
     pub dp: Arc<DataPath>,
     /// The vDisk.
     pub vm: VmId,
-    /// A request that fails with EIO is tried again (twice): on a node that borrows cache
+    /// A request that fails with EIO is tried again (4 times): on a node that borrows cache
     /// from peers, a lost peer fails the ops on its region, the engine's repair drops
     /// those (clean) blocks, and the retry reads the backing store.
     pub retry_io: bool,
@@ -71,7 +71,7 @@ impl ExportBackend for VdiskExport {
     }
     fn submit(&self, offset: u64, cmd: Cmd, here: bool, done: Done) {
         if self.retry_io {
-            submit_retrying(self.dp.clone(), self.vm, offset, cmd, here, done, 2);
+            submit_retrying(self.dp.clone(), self.vm, offset, cmd, here, done, 4);
         } else {
             self.dp.submit(self.vm, offset, cmd, here, done);
         }

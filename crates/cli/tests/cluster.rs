@@ -342,6 +342,12 @@ fn lent_cache_is_served_to_its_borrowers_certificate_only_and_never_by_a_fenced_
     // The borrower's certificate opens its region: bytes round-trip.
     let (ok, out) = tls_qemu_io(ns1, &host, &name, &n1, &["write -P 0x77 0 64k", "flush", "read -P 0x77 0 64k"]);
     assert!(ok, "{out}");
+    let region = std::fs::metadata(c.dir.path().join("n0/cache.img.meta/lent/n1.img")).unwrap();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&region.permissions()) & 0o777,
+        0o600,
+        "another node's data is private"
+    );
     // Another member's certificate, a certificate the CA signed for a host that is not a
     // member, and no certificate: nothing opens, nothing is written.
     for (who, creds) in [("a certificate for n9", &intruder), ("no client certificate", &anonymous)] {

@@ -145,6 +145,10 @@ fn nodes_join_under_leases_elect_one_leader_and_a_killed_leader_is_replaced_with
     let s = formed(&c, 3);
     let leader = Cluster::leader(&s[0]).unwrap();
     let lk: usize = leader.trim_start_matches('n').parse().unwrap();
+    let metrics = Net::http_get(&c.net.nodes[lk], &format!("http://{}:8080/metrics", c.net.addr(lk))).unwrap();
+    for m in ["cachevisor_cluster_serving 1", "cachevisor_cluster_leading 1", "cachevisor_cluster_members 3"] {
+        assert!(metrics.contains(m), "{m} in {metrics}");
+    }
     assert_eq!(s.iter().filter(|s| s["leading"] == true).count(), 1, "one node leads: {s:#?}");
     let map = &s[lk]["map"];
     for k in 0..3 {
@@ -221,6 +225,13 @@ fn a_node_cut_off_fences_itself_before_the_others_can_see_it_gone_and_serves_its
     let s = c.status(cut).unwrap();
     assert_eq!(s["leading"], false);
     assert_eq!(s["etcd_reachable"], false);
+    let metrics = Net::http_get(&c.net.nodes[cut], &format!("http://{}:8080/metrics", c.net.addr(cut))).unwrap();
+    assert!(metrics.contains("cachevisor_cluster_serving 0"), "{metrics}");
+    let errors = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("cachevisor_cluster_etcd_errors_total "))
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    assert!(errors.is_some_and(|n| n > 0), "etcd's failures are counted: {metrics}");
     // Its own vDisk is served on (from inside its namespace).
     c.write_and_read(cut, 0, 0x5a);
     // The others go on with a leader among them.

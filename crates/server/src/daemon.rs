@@ -339,6 +339,16 @@ impl Daemon {
                 cap_blocks: u64::from(v.region_blocks()),
                 withheld_slots: self.dp.with_engine_mut(|e| e.withheld_slots()),
             }),
+            cluster: self.cluster().map(|c| {
+                let s = c.status();
+                crate::status::ClusterGauges {
+                    serving: u64::from(s.serving),
+                    leading: u64::from(s.leading),
+                    epoch: s.epoch,
+                    members: s.members.len() as u64,
+                    etcd_errors: s.etcd_errors,
+                }
+            }),
         };
         self.metrics.render(state)
     }

@@ -96,7 +96,11 @@ pub fn connection<S: Split + Timed + std::os::fd::AsFd + Send + 'static>(
                 Ok(w) => w,
                 Err(e) => return tracing::warn!(peer, %e, "cannot split the connection"),
             };
-            let latency = Some(latency_of(d.metrics(), &export.name));
+            // A lent region's name carries the map epoch: its metrics are labelled by the
+            // borrower alone, so the label set does not grow with every epoch.
+            let lent = vm & crate::vssd::startup::VSSD_EXPORT == 0 && vm & crate::cluster::lent::LENT_EXPORT != 0;
+            let label = if lent { export.name.split('@').next().unwrap_or(&export.name) } else { &export.name };
+            let latency = Some(latency_of(d.metrics(), label));
             let reader = PollingReader::new(s, p.poll, p.pollers.clone());
             let served = match tls {
                 None => serve(reader, writer, d.export_backend(vm), (export.size, replies), latency),

@@ -200,6 +200,29 @@ impl Collector for StateCollector {
                 g.encode(enc.encode_descriptor(name, help, None, g.metric_type())?)?;
             }
         }
+        if let Some(c) = self.0.cluster {
+            let cluster_gauges = [
+                (
+                    "cachevisor_cluster_serving",
+                    "1 while this node holds its cluster lease (serves peers), 0 when fenced",
+                    c.serving,
+                ),
+                ("cachevisor_cluster_leading", "1 while this node leads the cluster", c.leading),
+                ("cachevisor_cluster_epoch", "The cluster map's epoch this node is at", c.epoch),
+                ("cachevisor_cluster_members", "Live members of the cluster this node sees", c.members),
+            ];
+            for (name, help, v) in cluster_gauges {
+                let g = ConstGauge::new(v as i64);
+                g.encode(enc.encode_descriptor(name, help, None, g.metric_type())?)?;
+            }
+            let e = ConstCounter::new(c.etcd_errors);
+            e.encode(enc.encode_descriptor(
+                "cachevisor_cluster_etcd_errors",
+                "Requests to etcd that failed (unreachable, timed out, refused)",
+                None,
+                e.metric_type(),
+            )?)?;
+        }
         let c0 = ConstCounter::new(0u64);
         let mut hints = enc.encode_descriptor(
             "cachevisor_cache_hint_blocks",

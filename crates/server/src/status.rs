@@ -50,6 +50,23 @@ pub struct State {
     pub cache_hints: [u64; 4],
     /// The vSSD region, when there is one.
     pub vssd_region: Option<VssdRegionStatus>,
+    /// This node's cluster state, when it is a node of one.
+    pub cluster: Option<ClusterGauges>,
+}
+
+/// A cluster node's state as gauges (`[cluster]`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClusterGauges {
+    /// 1 while it holds a valid lease (serves peers), else 0 (fenced).
+    pub serving: u64,
+    /// 1 while it leads.
+    pub leading: u64,
+    /// The map epoch it is at.
+    pub epoch: u64,
+    /// Live members it sees.
+    pub members: u64,
+    /// Requests to etcd that failed.
+    pub etcd_errors: u64,
 }
 
 /// The vSSD region's share of the SSD (`vssd.budget`).

@@ -522,6 +522,7 @@ impl crate::cluster::NodeSource for NodeSource {
         let Some(d) = self.daemon.upgrade() else { return };
         let Some(links) = d.peer_links.clone() else { return };
         let unit = (a.unit_bytes / d.block_size).max(1);
+        let cluster = d.cluster().cloned();
         // (vDisk, its slots by lending node, its target).
         type Share = (VmId, Vec<(u16, u64)>, u64);
         let mine: Vec<Share> = d
@@ -533,7 +534,10 @@ impl crate::cluster::NodeSource for NodeSource {
                     .remote
                     .iter()
                     .filter_map(|(peer, u)| {
-                        let i = links.peers.iter().position(|p| p == peer && links.usable(p))?;
+                        // A peer that restarted, or that lends nothing now (no region to
+                        // serve), gets no share.
+                        let lends = |p: &str| cluster.as_ref().is_some_and(|c| c.peer_target(p).is_some());
+                        let i = links.peers.iter().position(|p| p == peer && links.usable(p) && lends(p))?;
                         Some((i as u16 + 1, (u * unit).min(links.borrow_slots)))
                     })
                     .collect();

@@ -225,6 +225,7 @@ impl Daemon {
             unit_bytes: settings.unit_bytes,
             lend_bytes: settings.lend_bytes,
             incarnation: lent.as_ref().map_or(0, |l| l.incarnation),
+            applied: Mutex::new(Vec::new()),
         };
         let c = self.cluster.get_or_init(|| crate::cluster::Cluster::start(settings, Box::new(source), lent)).clone();
         if let Some(p) = &self.peer_links {
@@ -495,7 +496,13 @@ struct NodeSource {
     unit_bytes: u64,
     lend_bytes: u64,
     incarnation: u64,
+    /// The shares last applied.
+    applied: Mutex<Vec<Share>>,
 }
+
+/// A vDisk's part of the leader's allocation on this node: (vDisk, its slots by lending
+/// node, its target).
+type Share = (VmId, Vec<(u16, u64)>, u64);
 
 impl crate::cluster::NodeSource for NodeSource {
     fn info(&self) -> cachevisor_cluster::membership::MemberInfo {
@@ -523,8 +530,6 @@ impl crate::cluster::NodeSource for NodeSource {
         let Some(links) = d.peer_links.clone() else { return };
         let unit = (a.unit_bytes / d.block_size).max(1);
         let cluster = d.cluster().cloned();
-        // (vDisk, its slots by lending node, its target).
-        type Share = (VmId, Vec<(u16, u64)>, u64);
         let mine: Vec<Share> = d
             .exports()
             .into_iter()
@@ -549,7 +554,17 @@ impl crate::cluster::NodeSource for NodeSource {
             return;
         }
         let links = links.clone();
-        tracing::info!(vdisks = mine.len(), "cluster: applying the leader's allocation");
+        // Applied every time it is read (it also lifts a lost region's cap), logged when
+        // this node's shares changed.
+        let mut last = self.applied.lock().unwrap_or_else(|e| e.into_inner());
+        if *last != mine {
+            tracing::info!(
+                vdisks = mine.len(),
+                "cluster: applying the leader's allocation (this node's shares changed)"
+            );
+            last.clone_from(&mine);
+        }
+        drop(last);
         d.dp.with_engine_mut(|e| {
             let mut targets: Vec<u64> = (0..e.vm_count() as VmId).map(|v| e.partition(v).target).collect();
             for (vm, _, t) in &mine {

@@ -76,6 +76,31 @@ pub struct NodeEstimates {
     pub vms: Vec<(String, Vec<f64>)>,
 }
 
+/// The most units a node's cache or a VM's curve may span in a published estimate.
+pub const MAX_UNITS: u64 = 1 << 20;
+/// The most VMs one node may publish.
+pub const MAX_VMS: usize = 4096;
+
+impl NodeEstimates {
+    /// Whether a record read from etcd can go into Eq. 4: sizes within bounds, every hit
+    /// ratio a number in [0, 1] (a foreign or corrupt record is left out, named).
+    pub fn well_formed(&self) -> Result<(), String> {
+        if self.capacity_units > MAX_UNITS || self.vms.len() > MAX_VMS {
+            return Err(format!(
+                "{} units, {} VMs: past {MAX_UNITS} units or {MAX_VMS} VMs",
+                self.capacity_units,
+                self.vms.len()
+            ));
+        }
+        for (name, c) in &self.vms {
+            if c.len() as u64 > MAX_UNITS + 1 || c.iter().any(|h| !(0.0..=1.0).contains(h)) {
+                return Err(format!("vDisk {name}: a curve of {} points, or a hit ratio outside [0, 1]", c.len()));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Eq. 4's problem from each node's estimates (`nodes[i]` is node index i of the
 /// problem); returns it with the (node index, vDisk name) of each VM in order.
 pub fn problem(lat: Latencies, nodes: &[&NodeEstimates]) -> (Problem, Vec<(usize, String)>) {
@@ -126,7 +151,8 @@ pub fn decide(
     unit_bytes: u64,
     estimates: &[(String, NodeEstimates)],
 ) -> Result<AllocationRecord, String> {
-    let (used, ignored): (Vec<_>, Vec<_>) = estimates.iter().partition(|(_, e)| e.unit_bytes == unit_bytes);
+    let (used, ignored): (Vec<_>, Vec<_>) =
+        estimates.iter().partition(|(_, e)| e.unit_bytes == unit_bytes && e.well_formed().is_ok());
     let nodes: Vec<&NodeEstimates> = used.iter().map(|(_, e)| e).collect();
     let (p, names) = problem(lat, &nodes);
     let a = solver.solve(&p)?;
@@ -180,6 +206,27 @@ mod tests {
         assert_eq!((p.vms[0].home, p.vms[1].home), (0, 1));
         assert_eq!(p.vms[1].hit_ratio, vec![0.0]);
         assert_eq!(names, vec![(0, "x".to_string()), (1, "y".to_string())]);
+    }
+
+    #[test]
+    fn malformed_estimates_are_left_out_by_name() {
+        let ok = NodeEstimates { unit_bytes: 1 << 20, capacity_units: 4, vms: vec![("x".into(), vec![0.0, 1.0])] };
+        assert!(ok.well_formed().is_ok());
+        let lat = Latencies { ssd_local_us: 100.0, ssd_remote_us: 100.0, network_us: 50.0, hdd_us: 5000.0 };
+        for bad in [
+            NodeEstimates { vms: vec![("x".into(), vec![0.0, f64::NAN])], ..ok.clone() },
+            NodeEstimates { vms: vec![("x".into(), vec![0.0, 1.5])], ..ok.clone() },
+            NodeEstimates { vms: vec![("x".into(), vec![-0.1])], ..ok.clone() },
+            NodeEstimates { capacity_units: MAX_UNITS + 1, ..ok.clone() },
+            NodeEstimates { vms: vec![("x".into(), vec![0.0; MAX_UNITS as usize + 2])], ..ok.clone() },
+        ] {
+            assert!(bad.well_formed().is_err(), "{:?}", bad.capacity_units);
+            let r = decide(lat, Solver::Fast, 1 << 20, &[("a".into(), ok.clone()), ("b".into(), bad)]).unwrap();
+            assert_eq!(r.ignored, vec!["b".to_string()]);
+            assert!(r.vms.contains_key("x"));
+        }
+        let edge = NodeEstimates { capacity_units: MAX_UNITS, ..ok.clone() };
+        assert!(edge.well_formed().is_ok(), "the maximum is allowed");
     }
 
     #[test]

@@ -81,6 +81,14 @@ fn key(c: &Cluster, k: &str) -> String {
     format!("{}{k}", c.settings.prefix)
 }
 
+/// Writes this node's member record under `lease` and remembers it as published.
+async fn put_member(cl: &mut Client, c: &Cluster, lease: i64, info: MemberInfo) -> Result<(), etcd_client::Error> {
+    let body = serde_json::to_vec(&info).expect("member info serializes");
+    cl.put(key(c, &format!("members/{}", c.settings.name)), body, Some(PutOptions::new().with_lease(lease))).await?;
+    c.lock().published = Some(info);
+    Ok(())
+}
+
 /// Sends one request and feeds its answer to the state machine.
 async fn perform(cl: &mut Client, c: &Arc<Cluster>, req: &Request, sent: u64) -> Result<(), etcd_client::Error> {
     let ttl_s = (c.settings.timing.lease_ttl_ms / 1000) as i64;
@@ -102,12 +110,8 @@ async fn perform(cl: &mut Client, c: &Arc<Cluster>, req: &Request, sent: u64) ->
             c.lock().member.kept_alive(now, lease, sent_at, ttl);
         }
         Request::Register { lease } => {
-            let info = c.source.info();
-            let body = serde_json::to_vec(&info).expect("member info serializes");
-            cl.put(key(c, &format!("members/{}", c.settings.name)), body, Some(PutOptions::new().with_lease(lease)))
-                .await?;
+            put_member(cl, c, lease, c.source.info()).await?;
             c.lock().member.registered(lease);
-            c.lock().published = Some(info);
         }
         Request::Campaign { lease } => {
             let k = key(c, "leader");
@@ -256,10 +260,7 @@ async fn observe(cl: &mut Client, c: &Arc<Cluster>) -> Result<(), etcd_client::E
         c.source.apply(&a);
     }
     if let Some((lease, _)) = republish {
-        let body = serde_json::to_vec(&info).expect("member info serializes");
-        cl.put(key(c, &format!("members/{}", c.settings.name)), body, Some(PutOptions::new().with_lease(lease)))
-            .await?;
-        c.lock().published = Some(info);
+        put_member(cl, c, lease, info).await?;
     }
     Ok(())
 }

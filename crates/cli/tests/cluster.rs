@@ -7,137 +7,12 @@
 
 mod common;
 
-use common::netns::{Etcd, Net};
-use common::{certs, Daemon};
-use serde_json::Value;
+use common::certs;
+use common::cluster::{formed, Cluster, TTL_MS};
+use common::netns::Net;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
-
-const TOKEN: &str = "cluster-test-token-0123456789";
-/// The lease TTL the nodes run with (ms).
-const TTL_MS: u64 = 2000;
-
-/// The cluster under test (dropped in field order: daemons, etcd, namespaces, files).
-struct Cluster {
-    nodes: Vec<Option<Daemon>>,
-    etcd: Etcd,
-    net: Net,
-    dir: tempfile::TempDir,
-}
-
-impl Cluster {
-    fn new(n: usize) -> Cluster {
-        Cluster::with(n, "interval = \"300ms\"")
-    }
-
-    /// `n` nodes whose `[cluster]` sections end with `extra`.
-    fn with(n: usize, extra: &str) -> Cluster {
-        Cluster::with_listen(n, extra, |_| String::new())
-    }
-
-    /// As [`Cluster::with`], node k's `[listen]` section ending with `listen(k)`.
-    fn with_listen(n: usize, extra: &str, listen: impl Fn(usize) -> String) -> Cluster {
-        Cluster::with_nodes(n, |_| extra.to_string(), listen)
-    }
-
-    /// Node k's `[cluster]` section ending with `extra(k)`, its `[listen]` with `listen(k)`.
-    fn with_nodes(n: usize, extra: impl Fn(usize) -> String, listen: impl Fn(usize) -> String) -> Cluster {
-        let dir = tempfile::tempdir().unwrap();
-        let net = Net::new(n);
-        let etcd = Etcd::start(&net.hub, Net::HUB_ADDR, dir.path());
-        let mut c = Cluster { nodes: Vec::new(), etcd, net, dir };
-        for k in 0..n {
-            c.write_config(k, &extra(k), &listen(k));
-            let d = c.start(k);
-            c.nodes.push(Some(d));
-        }
-        c
-    }
-
-    fn write_config(&self, k: usize, extra: &str, listen: &str) {
-        let d = self.dir.path();
-        std::fs::create_dir_all(d.join(format!("n{k}"))).unwrap();
-        let img = d.join(format!("vm{k}.img"));
-        std::fs::File::create(&img).unwrap().set_len(16 << 20).unwrap();
-        let a = self.net.addr(k);
-        std::fs::write(
-            d.join(format!("n{k}.toml")),
-            format!(
-                "[cache]\npath = \"n{k}/cache.img\"\nsize = \"8MiB\"\n[listen]\ntcp = \"{a}:10809\"\n{listen}\
-                 [api]\nlisten = \"{a}:8080\"\ntoken = \"{TOKEN}\"\n[[vdisk]]\nname = \"vm{k}\"\nbacking = \"vm{k}.img\"\n\
-                 [cluster]\nname = \"n{k}\"\naddress = \"{a}:10809\"\netcd = [\"{}\"]\nlease_ttl = \"2s\"\n{extra}\n",
-                self.etcd.url
-            ),
-        )
-        .unwrap();
-    }
-
-    fn start(&self, k: usize) -> Daemon {
-        Daemon::start_in(Some(&self.net.nodes[k]), self.dir.path(), &format!("n{k}.toml"), &[])
-            .unwrap_or_else(|f| panic!("node {k} did not start: {}", f.output))
-    }
-
-    /// Node k's `GET /cluster`, asked from inside its own namespace (so it answers
-    /// while its link is cut).
-    fn status(&self, k: usize) -> Option<Value> {
-        let body = Net::http_get(&self.net.nodes[k], &format!("http://{}:8080/cluster", self.net.addr(k)))?;
-        serde_json::from_str(&body).ok()
-    }
-
-    fn members(s: &Value) -> Vec<String> {
-        s["members"].as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap().to_string()).collect()
-    }
-
-    fn leader(s: &Value) -> Option<String> {
-        s["leader"]["name"].as_str().map(str::to_string)
-    }
-
-    /// Waits until `ok` holds for every live node's status; returns the statuses.
-    fn wait_all(&self, what: &str, within: Duration, ok: impl Fn(usize, &Value) -> bool) -> Vec<Value> {
-        let end = Instant::now() + within;
-        loop {
-            let live: Vec<usize> = (0..self.nodes.len()).filter(|&k| self.nodes[k].is_some()).collect();
-            let s: Vec<Option<Value>> = live.iter().map(|&k| self.status(k)).collect();
-            if live.iter().zip(&s).all(|(&k, s)| s.as_ref().is_some_and(|s| ok(k, s))) {
-                return s.into_iter().flatten().collect();
-            }
-            assert!(Instant::now() < end, "{what}: not within {within:?}; statuses: {s:#?}\nlogs: {}", self.logs());
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn logs(&self) -> String {
-        self.nodes.iter().flatten().map(|d| d.log()).collect::<Vec<_>>().join("\n----\n")
-    }
-
-    /// qemu-io inside node k's namespace on its vDisk: writes `pattern` at `offset`, reads
-    /// it back.
-    fn write_and_read(&self, k: usize, offset: u64, pattern: u8) {
-        let uri = format!("nbd://{}:10809/vm{k}", self.net.addr(k));
-        let out = Net::command(&self.net.nodes[k], "qemu-io")
-            .args(["-f", "raw", &uri, "-c"])
-            .arg(format!("write -P {pattern} {offset} 64k"))
-            .arg("-c")
-            .arg(format!("read -P {pattern} {offset} 64k"))
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success() && !text.contains("Pattern verification failed"), "node {k}: {text}");
-    }
-}
-
-fn formed(c: &Cluster, n: usize) -> Vec<Value> {
-    let s = c.wait_all("three members, one leader, a map with every node", Duration::from_secs(20), |_, s| {
-        Cluster::members(s).len() == n
-            && Cluster::leader(s).is_some()
-            && s["map"]["nodes"].as_object().unwrap().len() == n
-            && s["serving"] == true
-    });
-    let leaders: std::collections::BTreeSet<_> = s.iter().map(|s| Cluster::leader(s).unwrap()).collect();
-    assert_eq!(leaders.len(), 1, "every node names the same leader: {s:#?}");
-    s
-}
 
 #[test]
 fn nodes_join_under_leases_elect_one_leader_and_a_killed_leader_is_replaced_within_the_lease() {
@@ -180,13 +55,7 @@ fn nodes_join_under_leases_elect_one_leader_and_a_killed_leader_is_replaced_with
     // leader, at a later epoch; the dead node's vDisk keeps its entry (its id is not reused).
     let k = (0..3).find(|&k| k != lk).unwrap();
     std::fs::File::create(c.dir.path().join("extra.img")).unwrap().set_len(4 << 20).unwrap();
-    let body = format!("{{\"name\": \"extra\", \"backing\": \"{}\"}}", c.dir.path().join("extra.img").display());
-    let out = Net::command(&c.net.nodes[k], "curl")
-        .args(["-sf", "-X", "POST", "-H", &format!("Authorization: Bearer {TOKEN}"), "-H"])
-        .args(["Content-Type: application/json", "-d", &body, &format!("http://{}:8080/vdisks", c.net.addr(k))])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "adding a vDisk: {}", String::from_utf8_lossy(&out.stderr));
+    c.add_vdisk(k, "extra", "extra.img");
     let s = c.wait_all("the new vDisk in the map", Duration::from_secs(5), |_, s| {
         s["map"]["vdisks"]["extra"]["home"] == format!("n{k}")
     });
@@ -457,16 +326,7 @@ fn borrowing_pair() -> (Cluster, tempfile::TempDir) {
 /// qemu-io on n0's vm0 from inside n0's namespace: every command must succeed with
 /// its pattern; returns how long it took.
 fn vm0_io(c: &Cluster, cmds: &[&str]) -> Duration {
-    let t = Instant::now();
-    let mut q = Net::command(&c.net.nodes[0], "qemu-io");
-    q.args(["-f", "raw", &format!("nbd://{}:10809/vm0", c.net.addr(0))]);
-    for cmd in cmds {
-        q.args(["-c", cmd]);
-    }
-    let o = q.output().unwrap();
-    let text = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success() && !text.contains("failed"), "{cmds:?}: {text}\n{}", c.logs());
-    t.elapsed()
+    c.io(0, "vm0", cmds)
 }
 
 #[test]

@@ -18,6 +18,13 @@ pub struct VdiskEntry {
     pub id: VmId,
     /// The node serving it (its VM's node), by name.
     pub home: String,
+    /// The node it was served by before its last move (a failover, or a VM moved), if
+    /// it moved: the node whose cache snapshots prewarm it at its new home.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved_from: Option<String>,
+    /// The epoch of that move (0: never moved).
+    #[serde(default)]
+    pub moved_at: u64,
 }
 
 /// The map.
@@ -83,6 +90,9 @@ impl ClusterMap {
 ///   failover, moves home; two live members claiming one name: the current home keeps
 ///   it, else the first by name); a vDisk nobody serves keeps its entry (its node may
 ///   come back, or its VM restart elsewhere);
+/// - a vDisk whose home changes records where it came from and at which epoch
+///   (`moved_from`, `moved_at`): its new node prewarms it from the old one's snapshots
+///   (the Nutanix study's failover, made real);
 /// - stripes lent to a node that is not live go back home (their blocks are gone with
 ///   it, ELICA leaves this case open: the home node reads the backing store).
 pub fn next_map(current: &ClusterMap, members: &[MemberInfo]) -> Option<ClusterMap> {
@@ -108,10 +118,14 @@ pub fn next_map(current: &ClusterMap, members: &[MemberInfo]) -> Option<ClusterM
             _ => by.iter().min().expect("a claim has a claimant").to_string(),
         };
         match next.vdisks.get_mut(vdisk) {
-            Some(e) => e.home = home,
+            Some(e) if e.home != home => {
+                e.moved_from = Some(std::mem::replace(&mut e.home, home));
+                e.moved_at = current.epoch + 1;
+            }
+            Some(_) => {}
             None => {
                 let id = next.vdisks.values().map(|e| e.id + 1).max().unwrap_or(0);
-                next.vdisks.insert(vdisk.to_string(), VdiskEntry { id, home });
+                next.vdisks.insert(vdisk.to_string(), VdiskEntry { id, home, moved_from: None, moved_at: 0 });
             }
         }
     }
@@ -158,6 +172,8 @@ mod tests {
         // vm2 restarts on a; c joins with a new id, b's is not reused.
         let m3 = next_map(&m2, &[member("a", &["vm1", "vm2"]), member("c", &[])]).unwrap();
         assert_eq!(m3.vdisks["vm2"].home, "a");
+        assert_eq!((m3.vdisks["vm2"].moved_from.as_deref(), m3.vdisks["vm2"].moved_at), (Some("b"), 3));
+        assert_eq!((m3.vdisks["vm1"].moved_from.as_deref(), m3.vdisks["vm1"].moved_at), (None, 0));
         assert_eq!(m3.vdisks["vm2"].id, m1.vdisks["vm2"].id, "a vDisk keeps its id");
         assert_eq!(m3.node_id("c"), Some(2));
         assert_eq!(m3.epoch, 3);

@@ -240,7 +240,7 @@ async fn start_prewarm(
         Err(e) => return err(StatusCode::BAD_REQUEST, e.body_text()),
     };
     let d = a.daemon.clone();
-    match tokio::task::spawn_blocking(move || d.start_prewarm_of(&b.from, b.vdisk.as_deref())).await {
+    match tokio::task::spawn_blocking(move || d.start_prewarm_of(&b.from, b.vdisk.map(|v| vec![v]).as_deref())).await {
         Ok(Ok(p)) => (StatusCode::ACCEPTED, Json(p)).into_response(),
         Ok(Err(p)) if p.running => (StatusCode::CONFLICT, Json(p)).into_response(),
         Ok(Err(p)) => err(StatusCode::BAD_REQUEST, p.error.unwrap_or_default()),

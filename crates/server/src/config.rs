@@ -635,6 +635,7 @@ backing_latency = "5ms"       # default 5ms: a miss served by the backing store 
 peers = ["node-b", "node-c"] # default []: the nodes this one may borrow cache from (a cache store per peer after the local one)
 borrow = "0"                  # default 0 (none), whole units: the most used of each peer's lent cache; blocks there are never dirty (writes to them go through to the backing store), so losing a peer loses no acknowledged write
 peer_tls_dir = "/etc/cachevisor/peer" # required to borrow: this node's client credentials for its peers (ca-cert.pem, client-cert.pem with CN=NAME, client-key.pem)
+snapshots = "/srv/shared/cachevisor-snapshots" # default none: a directory every node reads (beside the backing store); each node writes its snapshots to SNAPSHOTS/NAME (prewarm.snapshot_dir must be unset), and a vDisk that moves to a node (its VM restarted there after a failover) is prewarmed from the snapshots of the node it came from
 lend = "0"                    # default 0 (none), whole units: cache lent to each peer, as the NBD export lent-PEER@EPOCH@INCARNATION only PEER's client certificate (CN=PEER) opens; needs listen.tls with a CA for client certificates
 "#;
 
@@ -700,6 +701,9 @@ impl Config {
             fix(d);
         }
         if let Some(d) = c.cluster.as_mut().and_then(|c| c.peer_tls_dir.as_mut()) {
+            fix(d);
+        }
+        if let Some(d) = c.cluster.as_mut().and_then(|c| c.snapshots.as_mut()) {
             fix(d);
         }
         if let Some(d) = c.prewarm.from.as_mut() {

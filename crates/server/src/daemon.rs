@@ -217,7 +217,16 @@ impl Daemon {
             .transpose()
             .map_err(|e| StartError::File { path: self.meta_dir.join("lent").display().to_string(), error: e })?
             .map(Arc::new);
+        let takeovers = settings
+            .snapshots
+            .is_some()
+            .then(|| crate::cluster::takeover::Takeovers::load(&self.meta_dir))
+            .transpose()
+            .map_err(StartError::Config)?
+            .map(Arc::new);
         let source = NodeSource {
+            snapshots: settings.snapshots.clone(),
+            takeovers,
             daemon: Arc::downgrade(self),
             name: settings.name.clone(),
             address: settings.address.clone(),
@@ -498,6 +507,9 @@ struct NodeSource {
     incarnation: u64,
     /// The shares last applied.
     applied: Mutex<Vec<Share>>,
+    /// The cluster's shared snapshot directory, and the moves prewarmed from it.
+    snapshots: Option<std::path::PathBuf>,
+    takeovers: Option<Arc<crate::cluster::takeover::Takeovers>>,
 }
 
 /// A vDisk's part of the leader's allocation on this node: (vDisk, its slots by lending
@@ -589,6 +601,32 @@ impl crate::cluster::NodeSource for NodeSource {
                 }
                 *out = controller::apply(e, &d);
             });
+        });
+    }
+
+    /// A vDisk that moved here (its VM restarted here after its node died) is prewarmed
+    /// from the snapshots the node it came from left in the cluster's shared directory;
+    /// one prewarm at a time (a move waits while another runs).
+    fn map_seen(&self, map: &cachevisor_cluster::cluster_map::ClusterMap) {
+        let (Some(root), Some(t)) = (&self.snapshots, &self.takeovers) else { return };
+        let Some(d) = self.daemon.upgrade() else { return };
+        if d.prewarm_job().progress().running || d.is_stopped() {
+            return;
+        }
+        let served = d.exports().into_iter().map(|e| e.name).collect();
+        let Some(due) = t.due(map, &self.name, &served) else { return };
+        t.mark(&due);
+        let from = root.join(&due.from);
+        let t = t.clone();
+        let names: Vec<String> = due.vdisks.iter().map(|v| v.0.clone()).collect();
+        tracing::info!(from = %crate::log_safe(&due.from), vdisks = ?names, "cluster: vDisks moved here; prewarming them from the snapshots of the node they came from");
+        // Read and planned off the cluster thread (its keep-alives go on).
+        std::thread::spawn(move || {
+            if let Err(p) = d.start_prewarm_of(&from, Some(&names)) {
+                if p.running {
+                    t.unmark(&due); // another prewarm started meanwhile: tried again
+                }
+            }
         });
     }
 

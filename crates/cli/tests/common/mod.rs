@@ -8,6 +8,7 @@
 
 #[path = "../../../server/tests/common/certs.rs"]
 pub mod certs;
+pub mod cluster;
 #[path = "../../src/guest_vm.rs"]
 pub mod guest_vm;
 pub mod netns;

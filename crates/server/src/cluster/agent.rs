@@ -238,7 +238,7 @@ async fn observe(cl: &mut Client, c: &Arc<Cluster>) -> Result<(), etcd_client::E
     }
     let now = c.now_ms();
     let info = c.source.info();
-    let (fresh, republish) = {
+    let (fresh, republish, map_now) = {
         let mut s: std::sync::MutexGuard<'_, Shared> = c.lock();
         s.member.members_seen(members);
         s.member.leader_seen(now, leader);
@@ -254,11 +254,12 @@ async fn observe(cl: &mut Client, c: &Arc<Cluster>) -> Result<(), etcd_client::E
             s.allocation = Some(a.clone());
         }
         // A member record that no longer says what this node serves is written again.
-        (fresh, s.member.lease().filter(|_| s.published.as_ref().is_some_and(|p| *p != info)))
+        (fresh, s.member.lease().filter(|_| s.published.as_ref().is_some_and(|p| *p != info)), s.map.clone())
     };
     if let Some(a) = fresh {
         c.source.apply(&a);
     }
+    c.source.map_seen(&map_now);
     if let Some((lease, _)) = republish {
         put_member(cl, c, lease, info).await?;
     }

@@ -10,6 +10,7 @@ pub mod estimates;
 pub mod lent;
 pub mod peer_device;
 pub mod settings;
+pub mod takeover;
 
 use cachevisor_cluster::cluster_map::ClusterMap;
 use cachevisor_cluster::estimate::{AllocationRecord, NodeEstimates};
@@ -53,6 +54,9 @@ pub trait NodeSource: Send + Sync {
     /// The leader's new allocation: this node's vDisks' local targets and their shares of
     /// the peers' lent cache.
     fn apply(&self, a: &AllocationRecord);
+    /// The map as read now (every read of etcd): vDisks that moved here are prewarmed
+    /// from the node they came from ([`takeover`]).
+    fn map_seen(&self, map: &ClusterMap);
 }
 
 /// `GET /cluster`.

@@ -61,6 +61,11 @@ pub struct ClusterConfig {
     /// This node's client credentials for its peers' lent cache (QEMU's client layout:
     /// ca-cert.pem, client-cert.pem with CN = this node's name, client-key.pem).
     pub peer_tls_dir: Option<std::path::PathBuf>,
+    /// A directory every node can read after any node died (beside the backing store,
+    /// on the shared storage): each node writes its cache snapshots to `<snapshots>/<name>`
+    /// (instead of `prewarm.snapshot_dir`), and a node a vDisk moves to prewarms it from
+    /// the snapshots of the node it came from (the Nutanix study's failover).
+    pub snapshots: Option<std::path::PathBuf>,
 }
 
 fn default_lend() -> String {
@@ -123,6 +128,15 @@ pub struct ClusterSettings {
     pub borrow_bytes: u64,
     /// Client credentials for the peers.
     pub peer_tls_dir: Option<std::path::PathBuf>,
+    /// The shared snapshot directory, every node's under its name.
+    pub snapshots: Option<std::path::PathBuf>,
+}
+
+impl ClusterSettings {
+    /// Where `node` writes its snapshots, when the cluster shares them.
+    pub fn snapshots_of(&self, node: &str) -> Option<std::path::PathBuf> {
+        self.snapshots.as_ref().map(|d| d.join(node))
+    }
 }
 
 fn ms(key: &str, v: &str) -> Result<u64, String> {
@@ -228,6 +242,7 @@ impl ClusterConfig {
             peers: if borrow_bytes > 0 { self.peers.clone() } else { Vec::new() },
             borrow_bytes,
             peer_tls_dir: self.peer_tls_dir.clone(),
+            snapshots: self.snapshots.clone(),
         })
     }
 }

@@ -169,16 +169,17 @@ impl Daemon {
         self.start_prewarm_of(from, None)
     }
 
-    /// [`Self::start_prewarm`] of one vDisk only (`Some(name)`), or of all.
-    pub fn start_prewarm_of(self: &Arc<Self>, from: &Path, vdisk: Option<&str>) -> Result<Progress, Progress> {
+    /// [`Self::start_prewarm`] of some vDisks only (`Some(names)`), or of all.
+    pub fn start_prewarm_of(self: &Arc<Self>, from: &Path, vdisks: Option<&[String]>) -> Result<Progress, Progress> {
         let cfg = self.snapshots.lock().unwrap_or_else(|e| e.into_inner()).config.clone();
-        let label = match vdisk {
-            Some(v) => crate::log_safe(&format!("{} (vDisk {v})", from.display())),
+        let label = match vdisks {
+            Some([v]) => crate::log_safe(&format!("{} (vDisk {v})", from.display())),
+            Some(v) => crate::log_safe(&format!("{} (vDisks {})", from.display(), v.join(", "))),
             None => crate::log_safe(&from.display().to_string()),
         };
-        let prepared = match vdisk {
-            Some(v) if self.vdisk(v).is_none() => Err(format!("no vDisk `{v}` is served here")),
-            _ => self.prepare_prewarm(&cfg, from, vdisk),
+        let prepared = match vdisks.and_then(|v| v.iter().find(|v| self.vdisk(v).is_none())) {
+            Some(v) => Err(format!("no vDisk `{v}` is served here")),
+            None => self.prepare_prewarm(&cfg, from, vdisks),
         };
         let Prepared { loader, set_vm, pending, planned } = match prepared {
             Ok(p) => p,
@@ -221,7 +222,7 @@ impl Daemon {
 
     /// The loader for a prewarm from `from`: the history read, scored, limited to this
     /// cache's share for vDisks served here, planned.
-    fn prepare_prewarm(&self, cfg: &PrewarmConfig, from: &Path, only: Option<&str>) -> Result<Prepared, String> {
+    fn prepare_prewarm(&self, cfg: &PrewarmConfig, from: &Path, only: Option<&[String]>) -> Result<Prepared, String> {
         let (_, pacing) = cfg.resolve(self.block_size)?;
         let history = snapshot_files::read_history(from, cfg.snapshots_kept)?;
         if let Some(s) = history.iter().find(|s| s.block_size as u64 != self.block_size) {
@@ -236,7 +237,7 @@ impl Daemon {
         let refs: Vec<_> = history.iter().collect();
         let ranking = Ranking::new(&refs, cfg.heuristic);
         let set_vm: Vec<Option<VmId>> =
-            ranking.sets.iter().map(|n| self.vdisk(n).filter(|_| only.is_none_or(|o| o == n))).collect();
+            ranking.sets.iter().map(|n| self.vdisk(n).filter(|_| only.is_none_or(|o| o.contains(n)))).collect();
         // Each set's vDisk size in blocks: entries past it are skipped and counted, never
         // read (a larger disk's snapshot, or a damaged one; `disk_range.rs` refuses them
         // in the engine too).

@@ -374,7 +374,13 @@ impl Daemon {
         // NBD_CMD_CACHE hints are paced as a prewarm is.
         let (_, pacing) = cfg.prewarm.resolve(r.cache.block_size).map_err(StartError::Config)?;
         dp.set_hint_pacing(pacing.pace, pacing.max_run);
-        let snapshots = super::prewarming::Snapshots::new(&cfg.prewarm, &meta_dir)
+        // A cluster that shares snapshots: this node's go to SNAPSHOTS/NAME.
+        let mut prewarm_cfg = cfg.prewarm.clone();
+        if let Some(c) = &cluster {
+            check_shared_snapshots(c, &cfg.prewarm).map_err(StartError::Config)?;
+            prewarm_cfg.snapshot_dir = c.snapshots_of(&c.name);
+        }
+        let snapshots = super::prewarming::Snapshots::new(&prewarm_cfg, &meta_dir)
             .map_err(|error| StartError::File { path: "prewarm.snapshot_dir".into(), error })?;
         Ok(Daemon {
             metrics: Default::default(),
@@ -398,5 +404,49 @@ impl Daemon {
             cluster: std::sync::OnceLock::new(),
             peer_links,
         })
+    }
+}
+
+/// `cluster.snapshots` names an existing directory (on storage every node reads; a
+/// mistyped path is refused, never built), and this node's snapshots go there only.
+fn check_shared_snapshots(
+    c: &crate::cluster::settings::ClusterSettings,
+    prewarm: &crate::config::PrewarmConfig,
+) -> Result<(), String> {
+    let Some(d) = &c.snapshots else { return Ok(()) };
+    if prewarm.snapshot_dir.is_some() {
+        return Err("cluster.snapshots: this node's snapshots go to SNAPSHOTS/NAME where every node can read them; remove prewarm.snapshot_dir".into());
+    }
+    if !d.is_dir() {
+        return Err(format!(
+            "cluster.snapshots: `{}` is not a directory (it must exist, on storage every node reads)",
+            crate::log_safe(&d.display().to_string())
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_shared_snapshots;
+
+    #[test]
+    fn shared_snapshots_must_exist_and_are_the_only_snapshot_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = |snapshots: &str| {
+            let text = format!(
+                "name = \"a\"\naddress = \"10.0.0.1:1\"\netcd = [\"http://h:1\"]\nsnapshots = \"{}\"",
+                dir.path().join(snapshots).display()
+            );
+            toml::from_str::<crate::cluster::settings::ClusterConfig>(&text).unwrap().check().unwrap()
+        };
+        let mut prewarm = crate::config::PrewarmConfig::default();
+        check_shared_snapshots(&c("."), &prewarm).unwrap();
+        assert_eq!(c(".").snapshots_of("a"), Some(dir.path().join(".").join("a")));
+        let e = check_shared_snapshots(&c("missing"), &prewarm).unwrap_err();
+        assert!(e.contains("cluster.snapshots") && e.contains("missing"), "{e}");
+        prewarm.snapshot_dir = Some(dir.path().to_path_buf());
+        let e = check_shared_snapshots(&c("."), &prewarm).unwrap_err();
+        assert!(e.contains("cluster.snapshots") && e.contains("prewarm.snapshot_dir"), "{e}");
     }
 }

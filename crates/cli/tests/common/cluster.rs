@@ -1,0 +1,196 @@
+//! A cluster of daemons for the multi-node tests: each node in its own network namespace
+//! with its own address (`netns.rs`), etcd started beside them, every node's config
+//! written by the test, and what the tests ask of the nodes — their `GET /cluster`, their
+//! vDisks' counters, API calls and qemu-io from inside a node's namespace.
+
+use super::netns::{Etcd, Net};
+use super::Daemon;
+use serde_json::Value;
+use std::time::{Duration, Instant};
+
+pub const TOKEN: &str = "cluster-test-token-0123456789";
+/// The lease TTL the nodes run with (ms).
+pub const TTL_MS: u64 = 2000;
+
+/// The cluster under test (dropped in field order: daemons, etcd, namespaces, files).
+pub struct Cluster {
+    pub nodes: Vec<Option<Daemon>>,
+    pub etcd: Etcd,
+    pub net: Net,
+    pub dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    pub fn new(n: usize) -> Cluster {
+        Cluster::with(n, "interval = \"300ms\"")
+    }
+
+    /// `n` nodes whose `[cluster]` sections end with `extra`.
+    pub fn with(n: usize, extra: &str) -> Cluster {
+        Cluster::with_listen(n, extra, |_| String::new())
+    }
+
+    /// As [`Cluster::with`], node k's `[listen]` section ending with `listen(k)`.
+    pub fn with_listen(n: usize, extra: &str, listen: impl Fn(usize) -> String) -> Cluster {
+        Cluster::with_nodes(n, |_| extra.to_string(), listen)
+    }
+
+    /// Node k's `[cluster]` section ending with `extra(k)`, its `[listen]` with `listen(k)`.
+    pub fn with_nodes(n: usize, extra: impl Fn(usize) -> String, listen: impl Fn(usize) -> String) -> Cluster {
+        Cluster::with_nodes_in(n, extra, listen, |_| {})
+    }
+
+    /// As [`Cluster::with_nodes`], `prepare` run on the test's directory before any node
+    /// starts.
+    pub fn with_nodes_in(
+        n: usize,
+        extra: impl Fn(usize) -> String,
+        listen: impl Fn(usize) -> String,
+        prepare: impl FnOnce(&std::path::Path),
+    ) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        prepare(dir.path());
+        let net = Net::new(n);
+        let etcd = Etcd::start(&net.hub, Net::HUB_ADDR, dir.path());
+        let mut c = Cluster { nodes: Vec::new(), etcd, net, dir };
+        for k in 0..n {
+            c.write_config(k, &extra(k), &listen(k));
+            let d = c.start(k);
+            c.nodes.push(Some(d));
+        }
+        c
+    }
+
+    pub fn write_config(&self, k: usize, extra: &str, listen: &str) {
+        let d = self.dir.path();
+        std::fs::create_dir_all(d.join(format!("n{k}"))).unwrap();
+        let img = d.join(format!("vm{k}.img"));
+        std::fs::File::create(&img).unwrap().set_len(16 << 20).unwrap();
+        let a = self.net.addr(k);
+        std::fs::write(
+            d.join(format!("n{k}.toml")),
+            format!(
+                "[cache]\npath = \"n{k}/cache.img\"\nsize = \"8MiB\"\n[listen]\ntcp = \"{a}:10809\"\n{listen}\
+                 [api]\nlisten = \"{a}:8080\"\ntoken = \"{TOKEN}\"\n[[vdisk]]\nname = \"vm{k}\"\nbacking = \"vm{k}.img\"\n\
+                 [cluster]\nname = \"n{k}\"\naddress = \"{a}:10809\"\netcd = [\"{}\"]\nlease_ttl = \"2s\"\n{extra}\n",
+                self.etcd.url
+            ),
+        )
+        .unwrap();
+    }
+
+    pub fn start(&self, k: usize) -> Daemon {
+        Daemon::start_in(Some(&self.net.nodes[k]), self.dir.path(), &format!("n{k}.toml"), &[])
+            .unwrap_or_else(|f| panic!("node {k} did not start: {}", f.output))
+    }
+
+    /// Node k's `GET /cluster`, asked from inside its own namespace (so it answers
+    /// while its link is cut).
+    pub fn status(&self, k: usize) -> Option<Value> {
+        let body = Net::http_get(&self.net.nodes[k], &format!("http://{}:8080/cluster", self.net.addr(k)))?;
+        serde_json::from_str(&body).ok()
+    }
+
+    pub fn members(s: &Value) -> Vec<String> {
+        s["members"].as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap().to_string()).collect()
+    }
+
+    pub fn leader(s: &Value) -> Option<String> {
+        s["leader"]["name"].as_str().map(str::to_string)
+    }
+
+    /// Waits until `ok` holds for every live node's status; returns the statuses.
+    pub fn wait_all(&self, what: &str, within: Duration, ok: impl Fn(usize, &Value) -> bool) -> Vec<Value> {
+        let end = Instant::now() + within;
+        loop {
+            let live: Vec<usize> = (0..self.nodes.len()).filter(|&k| self.nodes[k].is_some()).collect();
+            let s: Vec<Option<Value>> = live.iter().map(|&k| self.status(k)).collect();
+            if live.iter().zip(&s).all(|(&k, s)| s.as_ref().is_some_and(|s| ok(k, s))) {
+                return s.into_iter().flatten().collect();
+            }
+            assert!(Instant::now() < end, "{what}: not within {within:?}; statuses: {s:#?}\nlogs: {}", self.logs());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn logs(&self) -> String {
+        self.nodes.iter().flatten().map(|d| d.log()).collect::<Vec<_>>().join("\n----\n")
+    }
+
+    /// qemu-io inside node k's namespace on its vDisk: writes `pattern` at `offset`, reads
+    /// it back.
+    pub fn write_and_read(&self, k: usize, offset: u64, pattern: u8) {
+        let uri = format!("nbd://{}:10809/vm{k}", self.net.addr(k));
+        let out = Net::command(&self.net.nodes[k], "qemu-io")
+            .args(["-f", "raw", &uri, "-c"])
+            .arg(format!("write -P {pattern} {offset} 64k"))
+            .arg("-c")
+            .arg(format!("read -P {pattern} {offset} 64k"))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && !text.contains("Pattern verification failed"), "node {k}: {text}");
+    }
+}
+
+pub fn formed(c: &Cluster, n: usize) -> Vec<Value> {
+    let s = c.wait_all("three members, one leader, a map with every node", Duration::from_secs(20), |_, s| {
+        Cluster::members(s).len() == n
+            && Cluster::leader(s).is_some()
+            && s["map"]["nodes"].as_object().unwrap().len() == n
+            && s["serving"] == true
+    });
+    let leaders: std::collections::BTreeSet<_> = s.iter().map(|s| Cluster::leader(s).unwrap()).collect();
+    assert_eq!(leaders.len(), 1, "every node names the same leader: {s:#?}");
+    s
+}
+
+impl Cluster {
+    /// qemu-io inside node k's namespace on its export `vdisk`: every command must succeed
+    /// with its pattern; returns how long it took.
+    pub fn io(&self, k: usize, vdisk: &str, cmds: &[&str]) -> Duration {
+        let t = Instant::now();
+        let mut q = Net::command(&self.net.nodes[k], "qemu-io");
+        q.args(["-f", "raw", &format!("nbd://{}:10809/{vdisk}", self.net.addr(k))]);
+        for cmd in cmds {
+            q.args(["-c", cmd]);
+        }
+        let o = q.output().unwrap();
+        let text = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success() && !text.contains("failed"), "n{k} {vdisk} {cmds:?}: {text}\n{}", self.logs());
+        t.elapsed()
+    }
+
+    /// `POST` of a JSON body to node k's API from inside its namespace; the answer's body.
+    pub fn post(&self, k: usize, path: &str, body: &str) -> String {
+        let out = Net::command(&self.net.nodes[k], "curl")
+            .args(["-sS", "--fail-with-body", "-X", "POST", "-H", &format!("Authorization: Bearer {TOKEN}"), "-H"])
+            .args(["Content-Type: application/json", "-d", body, &format!("http://{}:8080{path}", self.net.addr(k))])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(out.status.success(), "POST {path} on n{k}: {text}{}", String::from_utf8_lossy(&out.stderr));
+        text
+    }
+
+    /// `GET` of node k's API path, as JSON.
+    pub fn get(&self, k: usize, path: &str) -> Value {
+        let body = Net::http_get(&self.net.nodes[k], &format!("http://{}:8080{path}", self.net.addr(k)))
+            .unwrap_or_else(|| panic!("GET {path} on n{k}"));
+        serde_json::from_str(&body).unwrap()
+    }
+
+    /// A vDisk's (blocks accessed, blocks hit) so far on node k.
+    pub fn hits(&self, k: usize, vdisk: &str) -> (u64, u64) {
+        let all = self.get(k, "/vdisks");
+        let list = all.as_array().or(all["vdisks"].as_array()).expect("a list of vDisks");
+        let v = list.iter().find(|v| v["name"] == vdisk).unwrap_or_else(|| panic!("{vdisk} on n{k}: {all:#}"));
+        (v["stats"]["blocks"].as_u64().unwrap(), v["stats"]["hit_blocks"].as_u64().unwrap())
+    }
+
+    /// Adds a vDisk backed by `backing` (under the test's directory) on node k.
+    pub fn add_vdisk(&self, k: usize, name: &str, backing: &str) {
+        let body = format!("{{\"name\": \"{name}\", \"backing\": \"{}\"}}", self.dir.path().join(backing).display());
+        self.post(k, "/vdisks", &body);
+    }
+}

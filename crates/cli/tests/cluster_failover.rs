@@ -11,7 +11,7 @@ use common::cluster::{formed, Cluster, TTL_MS};
 use std::time::{Duration, Instant};
 
 /// The working set each VM reads over and over (MiB).
-const SET_MIB: u64 = 3;
+const SET_MIB: u64 = 2;
 
 /// The hit ratio of one read pass over the working set of `vdisk` on node k.
 fn pass(c: &Cluster, k: usize, vdisk: &str) -> f64 {
@@ -32,8 +32,19 @@ fn a_dead_nodes_vms_restart_elsewhere_prewarmed_from_its_last_snapshot_and_hit_a
     let c = Cluster::with_nodes_in(3, dir_extra, |_| String::new(), |d| std::fs::create_dir(d.join("shared")).unwrap());
     formed(&c, 3);
     // n0 serves vm0 and a second VM, `cold`; both read their working set until it hits.
-    std::fs::File::create(c.dir.path().join("cold.img")).unwrap().set_len(16 << 20).unwrap();
+    for img in ["cold.img", "wb.img"] {
+        std::fs::File::create(c.dir.path().join(img)).unwrap().set_len(16 << 20).unwrap();
+    }
     c.add_vdisk(0, "cold", "cold.img");
+    // And a write-back VM whose acknowledged writes sit in n0's cache.
+    c.post(0, "/vdisks", &c.vdisk_body("wb", "wb.img", ", \"write_policy\": \"wb\""));
+    c.io(0, "wb", &["write -P 0x77 0 1M"]);
+    c.wait_all("wb marked write-back in the map", Duration::from_secs(5), |_, s| {
+        s["map"]["vdisks"]["wb"]["write_back"] == true
+    });
+    // One node at a time: n1 may not serve vm0 while n0 (live) does.
+    let (ok, text) = c.try_post(1, "/vdisks", &c.vdisk_body("vm0", "vm0.img", ""));
+    assert!(!ok && text.contains("served by node n0, which is live"), "{text}");
     for v in ["vm0", "cold"] {
         let img = c.dir.path().join(format!("{v}.img"));
         let mut bytes = std::fs::read(&img).unwrap();
@@ -61,6 +72,8 @@ fn a_dead_nodes_vms_restart_elsewhere_prewarmed_from_its_last_snapshot_and_hit_a
     let mut c = c;
     c.nodes[0].as_mut().unwrap().kill9();
     c.nodes[0] = None;
+    // Not before n0's lease expired: until then it is live, and it serves them.
+    c.wait_all("n0 gone", Duration::from_secs(10), |_, s| !Cluster::members(s).contains(&"n0".to_string()));
     c.add_vdisk(1, "vm0", "vm0.img");
     c.add_vdisk(2, "cold", "cold.img");
     let s = c.wait_all("the dead node's vDisks homed where they restarted", Duration::from_secs(15), |_, s| {
@@ -69,6 +82,12 @@ fn a_dead_nodes_vms_restart_elsewhere_prewarmed_from_its_last_snapshot_and_hit_a
     let moved = killed.elapsed();
     let m = &s[0]["map"]["vdisks"];
     assert_eq!(m["vm0"]["moved_from"], "n0", "{m:#}");
+    // The write-back VM is not restarted elsewhere unasked: its last writes are in the
+    // dead node's cache only (the backing store does not have them).
+    let (ok, text) = c.try_post(2, "/vdisks", &c.vdisk_body("wb", "wb.img", ""));
+    assert!(!ok && text.contains("was write-back on node n0, which is gone"), "{text}");
+    assert!(std::fs::read(c.dir.path().join("wb.img")).unwrap()[..1 << 20].iter().any(|&b| b != 0x77));
+    c.post(2, "/vdisks?force=true", &c.vdisk_body("wb", "wb.img", ""));
     assert_eq!(m["cold"]["moved_from"], "n0", "{m:#}");
     // n1 prewarms vm0 from n0's snapshots.
     let end = Instant::now() + Duration::from_secs(15);

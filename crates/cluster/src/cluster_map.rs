@@ -25,6 +25,10 @@ pub struct VdiskEntry {
     /// The epoch of that move (0: never moved).
     #[serde(default)]
     pub moved_at: u64,
+    /// Its home last said it may hold dirty blocks there (write-back): if that node is
+    /// gone, the backing store may lack acknowledged writes.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub write_back: bool,
 }
 
 /// The map.
@@ -93,6 +97,7 @@ impl ClusterMap {
 /// - a vDisk whose home changes records where it came from and at which epoch
 ///   (`moved_from`, `moved_at`): its new node prewarms it from the old one's snapshots
 ///   (the Nutanix study's failover, made real);
+/// - a vDisk's `write_back` is what its home (live) last said; a gone home's is kept;
 /// - stripes lent to a node that is not live go back home (their blocks are gone with
 ///   it, ELICA leaves this case open: the home node reads the backing store).
 pub fn next_map(current: &ClusterMap, members: &[MemberInfo]) -> Option<ClusterMap> {
@@ -125,9 +130,12 @@ pub fn next_map(current: &ClusterMap, members: &[MemberInfo]) -> Option<ClusterM
             Some(_) => {}
             None => {
                 let id = next.vdisks.values().map(|e| e.id + 1).max().unwrap_or(0);
-                next.vdisks.insert(vdisk.to_string(), VdiskEntry { id, home, moved_from: None, moved_at: 0 });
+                let e = VdiskEntry { id, home, moved_from: None, moved_at: 0, write_back: false };
+                next.vdisks.insert(vdisk.to_string(), e);
             }
         }
+        let e = next.vdisks.get_mut(vdisk).expect("just homed");
+        e.write_back = members.iter().any(|m| m.name == e.home && m.write_back.iter().any(|w| w == vdisk));
     }
     let live_ids: Vec<NodeId> = live.iter().filter_map(|n| next.nodes.get(*n).copied()).collect();
     next.lent.retain(|l| live_ids.contains(&l.2));
@@ -152,6 +160,7 @@ mod tests {
             vdisks: vdisks.iter().map(|s| s.to_string()).collect(),
             lend_bytes: 0,
             incarnation: 1,
+            write_back: Vec::new(),
         }
     }
 
@@ -180,6 +189,20 @@ mod tests {
         let o = m3.ownership(16);
         assert_eq!(o.owner(m3.vdisks["vm2"].id, 0), Some(0));
         assert_eq!(ClusterMap::decode(&m3.encode()).unwrap(), m3);
+    }
+
+    #[test]
+    fn a_write_back_vdisk_stays_marked_after_its_home_is_gone() {
+        let mut a = member("a", &["vm1", "vm2"]);
+        a.write_back = vec!["vm1".into()];
+        let m1 = next_map(&ClusterMap::default(), &[a.clone(), member("b", &[])]).unwrap();
+        assert!(m1.vdisks["vm1"].write_back && !m1.vdisks["vm2"].write_back);
+        // a dies: the map does not change (the mark stays); vm1 set write-through on a
+        // restarted a clears it.
+        assert_eq!(next_map(&m1, &[member("b", &[])]), None);
+        let m2 = m1;
+        a.write_back.clear();
+        assert!(!next_map(&m2, &[a, member("b", &[])]).unwrap().vdisks["vm1"].write_back);
     }
 
     #[test]

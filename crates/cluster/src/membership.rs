@@ -62,6 +62,11 @@ pub struct MemberInfo {
     /// borrower cached in it before is gone.
     #[serde(default)]
     pub incarnation: u64,
+    /// The vDisks it serves that may hold dirty blocks in its cache (write-back, or dirty
+    /// blocks left): the map keeps this after the node is gone, so no other node takes
+    /// one over from the backing store unasked.
+    #[serde(default)]
+    pub write_back: Vec<String>,
 }
 
 /// The leader as etcd's leader key says.

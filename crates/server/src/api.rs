@@ -182,18 +182,31 @@ fn change_err(e: crate::daemon::ChangeError) -> Response {
 /// `POST /vdisks` with a `[[vdisk]]` table as JSON: 201 with the new listing.
 async fn add_vdisk(
     State(a): State<Api>,
+    query: Result<axum::extract::Query<AddQuery>, axum::extract::rejection::QueryRejection>,
     body: Result<Json<crate::config::VdiskConfig>, axum::extract::rejection::JsonRejection>,
 ) -> Response {
     let Json(v) = match body {
         Ok(v) => v,
         Err(e) => return err(StatusCode::BAD_REQUEST, e.body_text()),
     };
+    let force = match query {
+        Ok(q) => q.force,
+        Err(e) => return err(StatusCode::BAD_REQUEST, e.body_text()),
+    };
     let d = a.daemon.clone();
-    match tokio::task::spawn_blocking(move || d.add_vdisk(v)).await {
+    match tokio::task::spawn_blocking(move || d.add_vdisk_forced(v, force)).await {
         Ok(Ok(_)) => (StatusCode::CREATED, Json(a.daemon.status())).into_response(),
         Ok(Err(e)) => change_err(e),
         Err(e) => err(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     }
+}
+
+/// `POST /vdisks?force=true`: on a cluster node, serve a vDisk the map homes elsewhere.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AddQuery {
+    #[serde(default)]
+    force: bool,
 }
 
 /// `DELETE /vdisks/NAME`: writes its dirty blocks back, then removes it.

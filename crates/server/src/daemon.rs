@@ -518,9 +518,17 @@ type Share = (VmId, Vec<(u16, u64)>, u64);
 
 impl crate::cluster::NodeSource for NodeSource {
     fn info(&self) -> cachevisor_cluster::membership::MemberInfo {
-        let (cache_blocks, block_size, vdisks) = match self.daemon.upgrade() {
-            Some(d) => (d.resolved.slots, d.block_size, d.exports().into_iter().map(|e| e.name).collect()),
-            None => (0, 0, Vec::new()),
+        let (cache_blocks, block_size, vdisks, write_back) = match self.daemon.upgrade() {
+            Some(d) => {
+                let st = d.status();
+                let wb = st
+                    .iter()
+                    .filter(|v| v.write_policy == cachevisor_engine::WritePolicy::Wb || v.dirty_blocks > 0)
+                    .map(|v| v.name.clone())
+                    .collect();
+                (d.resolved.slots, d.block_size, st.into_iter().map(|v| v.name).collect(), wb)
+            }
+            None => (0, 0, Vec::new(), Vec::new()),
         };
         cachevisor_cluster::membership::MemberInfo {
             name: self.name.clone(),
@@ -531,6 +539,7 @@ impl crate::cluster::NodeSource for NodeSource {
             vdisks,
             lend_bytes: self.lend_bytes,
             incarnation: self.incarnation,
+            write_back,
         }
     }
 

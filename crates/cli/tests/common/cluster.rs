@@ -163,14 +163,26 @@ impl Cluster {
 
     /// `POST` of a JSON body to node k's API from inside its namespace; the answer's body.
     pub fn post(&self, k: usize, path: &str, body: &str) -> String {
+        let (ok, text) = self.try_post(k, path, body);
+        assert!(ok, "POST {path} on n{k}: {text}");
+        text
+    }
+
+    /// [`Cluster::post`]: whether it succeeded (2xx), and the body.
+    pub fn try_post(&self, k: usize, path: &str, body: &str) -> (bool, String) {
         let out = Net::command(&self.net.nodes[k], "curl")
             .args(["-sS", "--fail-with-body", "-X", "POST", "-H", &format!("Authorization: Bearer {TOKEN}"), "-H"])
             .args(["Content-Type: application/json", "-d", body, &format!("http://{}:8080{path}", self.net.addr(k))])
             .output()
             .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).to_string();
-        assert!(out.status.success(), "POST {path} on n{k}: {text}{}", String::from_utf8_lossy(&out.stderr));
-        text
+        let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+        (out.status.success(), text)
+    }
+
+    /// The JSON body adding a vDisk named `name` backed by `backing` (under the test's
+    /// directory), with `extra` fields (`, "write_policy": "wb"`).
+    pub fn vdisk_body(&self, name: &str, backing: &str, extra: &str) -> String {
+        format!("{{\"name\": \"{name}\", \"backing\": \"{}\"{extra}}}", self.dir.path().join(backing).display())
     }
 
     /// `GET` of node k's API path, as JSON.
@@ -190,7 +202,6 @@ impl Cluster {
 
     /// Adds a vDisk backed by `backing` (under the test's directory) on node k.
     pub fn add_vdisk(&self, k: usize, name: &str, backing: &str) {
-        let body = format!("{{\"name\": \"{name}\", \"backing\": \"{}\"}}", self.dir.path().join(backing).display());
-        self.post(k, "/vdisks", &body);
+        self.post(k, "/vdisks", &self.vdisk_body(name, backing, ""));
     }
 }

@@ -188,6 +188,27 @@ impl Cluster {
         Some((m.peer_address.clone(), m.incarnation, s.member.epoch()))
     }
 
+    /// Whether this node may start serving the vDisk `name` (a VM restarted here): not
+    /// while another live node serves it (one node at a time), and not when its last home
+    /// is gone while it was write-back there (acknowledged writes may be on that node's
+    /// SSD only) — nor before the map was read (unknown). `Err` says why and what to do.
+    pub fn may_serve(&self, name: &str) -> Result<(), String> {
+        let s = self.lock();
+        let v = crate::log_safe(name);
+        if s.map.epoch == 0 && !s.etcd_reachable {
+            return Err(format!("the cluster map has not been read (etcd unreachable): whether another node serves `{v}` is not known; try again, or add it with force"));
+        }
+        let Some(e) = s.map.vdisks.get(name).filter(|e| e.home != self.settings.name) else { return Ok(()) };
+        let home = crate::log_safe(&e.home);
+        if s.member.members().iter().any(|m| m.name == e.home && m.vdisks.iter().any(|x| x == name)) {
+            return Err(format!("vDisk `{v}` is served by node {home}, which is live: a vDisk is served by one node at a time (remove it there first)"));
+        }
+        if e.write_back {
+            return Err(format!("vDisk `{v}` was write-back on node {home}, which is gone: writes it acknowledged may be in {home}'s cache only. Bring {home} back (its cache writes them back), or add it with force to serve what the backing store holds"));
+        }
+        Ok(())
+    }
+
     /// The map epoch this node is at.
     pub fn epoch(&self) -> u64 {
         self.lock().member.epoch()

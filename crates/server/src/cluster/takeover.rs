@@ -101,7 +101,13 @@ mod tests {
     use cachevisor_cluster::cluster_map::VdiskEntry;
 
     fn entry(id: u16, home: &str, from: Option<&str>, at: u64) -> VdiskEntry {
-        VdiskEntry { id: id as _, home: home.into(), moved_from: from.map(str::to_string), moved_at: at }
+        VdiskEntry {
+            id: id as _,
+            home: home.into(),
+            moved_from: from.map(str::to_string),
+            moved_at: at,
+            write_back: false,
+        }
     }
 
     #[test]

@@ -33,10 +33,19 @@ impl Daemon {
     /// given), the change is saved to the metadata directory's overlay (so it survives a
     /// restart), the vDisk's name and backing are journaled, it joins the engine and the
     /// controller, the allocator re-divides the cache at once, and the export is offered.
-    pub fn add_vdisk(&self, mut v: crate::config::VdiskConfig) -> Result<ExportInfo, ChangeError> {
+    pub fn add_vdisk(&self, v: crate::config::VdiskConfig) -> Result<ExportInfo, ChangeError> {
+        self.add_vdisk_forced(v, false)
+    }
+
+    /// [`Self::add_vdisk`]; on a cluster node, a vDisk the cluster map homes on another
+    /// node is refused (`Cluster::may_serve`) unless `force`.
+    pub fn add_vdisk_forced(&self, mut v: crate::config::VdiskConfig, force: bool) -> Result<ExportInfo, ChangeError> {
         let mut overlay = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
         if self.vdisk(&v.name).is_some() {
             return Err(ChangeError::Conflict(format!("a vDisk named `{}` is already served", v.name)));
+        }
+        if let Some(c) = self.cluster().filter(|_| !force) {
+            c.may_serve(&v.name).map_err(ChangeError::Conflict)?;
         }
         if !crate::backing::is_uri(&v.backing) {
             v.backing = std::path::absolute(&v.backing).map_err(|e| ChangeError::Invalid(format!("backing: {e}")))?;

@@ -13,6 +13,7 @@
 //!   `bench_sim.rs`).
 //! - `bench cluster`: ELICA's Eq. 4 allocation, exact and ILP solvers side by side
 //!   (`bench_cluster.rs`).
+//! - `bench cluster-serve`: ELICA on three real daemons with etcd (`bench_cluster_serve.rs`).
 //! - `bench memory`: fills an engine of the given cache size and reports metadata bytes
 //!   per slot and peak RSS.
 
@@ -116,6 +117,38 @@ pub enum BenchCmd {
         /// Run the ILP up to this many VMs.
         #[arg(long, default_value_t = 500)]
         ilp_vms: usize,
+    },
+    /// ELICA on real daemons: three nodes on loopback with etcd, a skewed placement with
+    /// the cluster on vs each node alone (aggregate IOPS, p99), a remote hit's cost vs
+    /// the loopback round trip, and a lender's SIGKILL (stall, recovery).
+    ClusterServe {
+        /// The etcd binary (Debian's etcd-server).
+        #[arg(long, default_value = "etcd")]
+        etcd: std::path::PathBuf,
+        /// Delay of each backing request, ms (nbdkit's delay filter).
+        #[arg(long, default_value_t = 2)]
+        delay_ms: u32,
+        /// Seconds per measured run.
+        #[arg(long, default_value_t = 10)]
+        secs: u32,
+        /// Interleaved rounds (medians reported).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Cache per node, MiB.
+        #[arg(long, default_value_t = 32)]
+        cache_mib: u64,
+        /// Node a's working set, MiB (more than its cache, less than its cache and its loans).
+        #[arg(long, default_value_t = 48)]
+        set_mib: u64,
+        /// What b and c each lend a, MiB.
+        #[arg(long, default_value_t = 16)]
+        lend_mib: u64,
+        /// Which parts run: skew (cluster vs alone), hit (a remote hit's cost), loss (a lender killed).
+        #[arg(long, value_delimiter = ',', default_value = "skew,hit,loss")]
+        parts: Vec<String>,
+        /// Working directory.
+        #[arg(long, default_value = "out/bench-cluster-serve")]
+        dir: std::path::PathBuf,
     },
     /// ELICA's cluster simulator at scale: VMs on nodes replayed for simulated time, with
     /// wall time and peak memory (the scale run: 500 VMs, 16 nodes, one hour of simulated time).
@@ -359,6 +392,19 @@ pub fn run(c: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Policy { vms, units, reps } => bench_policy(vms, units, reps),
         BenchCmd::Cluster { levels, reps, exact_vms, ilp_vms } => {
             crate::bench_cluster::run(levels, reps, exact_vms, ilp_vms)
+        }
+        BenchCmd::ClusterServe { etcd, delay_ms, secs, rounds, cache_mib, set_mib, lend_mib, parts, dir } => {
+            crate::bench_cluster_serve::run(&crate::bench_cluster_serve::Opts {
+                etcd,
+                delay_ms,
+                secs,
+                rounds,
+                cache_mib,
+                set_mib,
+                lend_mib,
+                parts,
+                dir,
+            })
         }
         BenchCmd::ClusterSim { vms, nodes, secs, iops, cache, mode, migration } => {
             crate::bench_cluster::run_sim(vms, nodes, secs, iops, &cache, &mode, &migration)

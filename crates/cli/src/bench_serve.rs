@@ -95,7 +95,9 @@ fn start_cachevisor_api(
 /// Runs `cachevisor serve --config CFG` (recording to `record`) until it serves.
 pub(crate) fn spawn_serve(cfg: &Path, record: Option<&Path>) -> anyhow::Result<Proc> {
     let mut cmd = Command::new(std::env::current_exe()?);
-    cmd.args(["serve", "--config"]).arg(cfg).env("RUST_LOG", "warn");
+    cmd.args(["serve", "--config"])
+        .arg(cfg)
+        .env("RUST_LOG", std::env::var("CACHEVISOR_BENCH_LOG").unwrap_or("warn".into()));
     if let Some(r) = record {
         cmd.arg("--record").arg(r);
     }
@@ -139,9 +141,11 @@ fn fio(uri: &str, rw: &str, depth: u32, secs: u32, size: &str) -> anyhow::Result
 pub(crate) struct FioReads {
     pub(crate) iops: f64,
     /// Mean completion latency, µs.
-    mean_us: f64,
+    pub(crate) mean_us: f64,
     /// 99th percentile completion latency, µs.
-    p99_us: f64,
+    pub(crate) p99_us: f64,
+    /// Longest completion latency, µs.
+    pub(crate) max_us: f64,
 }
 
 pub(crate) fn fio_with(
@@ -207,7 +211,12 @@ fn fio_as(
     let r = if reads["iops"].as_f64().unwrap_or(0.0) > 0.0 { reads } else { &v["jobs"][0]["write"] };
     let ns = |x: &serde_json::Value| x.as_f64().unwrap_or(0.0) / 1000.0;
     let iops = reads["iops"].as_f64().unwrap_or(0.0) + v["jobs"][0]["write"]["iops"].as_f64().unwrap_or(0.0);
-    Ok(FioReads { iops, mean_us: ns(&r["clat_ns"]["mean"]), p99_us: ns(&r["clat_ns"]["percentile"]["99.000000"]) })
+    Ok(FioReads {
+        iops,
+        mean_us: ns(&r["clat_ns"]["mean"]),
+        p99_us: ns(&r["clat_ns"]["percentile"]["99.000000"]),
+        max_us: ns(&r["clat_ns"]["max"]),
+    })
 }
 
 /// What `bench serve` runs: fio patterns, block size, queue depths, and the export's

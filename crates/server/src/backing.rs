@@ -62,14 +62,16 @@ impl NbdPool {
     /// at once); extra
     /// connections stop at the first that is refused or slow (a server's connection
     /// limit), keeping those made.
-    fn connect(uri: &crate::nbd::uri::NbdUri) -> io::Result<NbdPool> {
+    /// `patient = false`: one attempt only (a cluster peer: a refused connection is a
+    /// peer that is gone, and the request it serves goes to the backing store at once).
+    fn connect(uri: &crate::nbd::uri::NbdUri, patient: bool) -> io::Result<NbdPool> {
         let (addr, export, tls) = (&uri.endpoint, uri.export.as_str(), uri.tls.as_ref());
         let limit = std::time::Duration::from_secs(2);
         let mut wait = std::time::Duration::from_millis(50);
         let first = loop {
             match Client::connect_within(addr, export, tls, limit) {
                 Ok(c) => break c,
-                Err(e) if wait < std::time::Duration::from_secs(2) && not_up_yet(&e) => {
+                Err(e) if patient && wait < std::time::Duration::from_secs(2) && not_up_yet(&e) => {
                     tracing::info!(%e, %addr, "NBD backing not reachable yet: retrying");
                     std::thread::sleep(wait);
                     wait *= 2;
@@ -233,7 +235,13 @@ impl Backing {
     /// Connects to the NBD backing `spec` ([`crate::nbd::uri`]).
     pub fn connect(spec: &Path) -> io::Result<Backing> {
         let uri = crate::nbd::uri::parse(spec.to_str().unwrap_or_default())?;
-        Ok(Backing::Nbd(NbdPool::connect(&uri)?))
+        Ok(Backing::Nbd(NbdPool::connect(&uri, true)?))
+    }
+
+    /// [`Self::connect`] without waiting for a server that is not up: one attempt.
+    pub fn connect_once(spec: &Path) -> io::Result<Backing> {
+        let uri = crate::nbd::uri::parse(spec.to_str().unwrap_or_default())?;
+        Ok(Backing::Nbd(NbdPool::connect(&uri, false)?))
     }
 
     /// Opens `spec` for config key `at`: an NBD URI (whose export must have `size` bytes

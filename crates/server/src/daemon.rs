@@ -203,13 +203,18 @@ impl Daemon {
         settings: crate::cluster::settings::ClusterSettings,
         api: Option<String>,
     ) -> Result<Arc<crate::cluster::Cluster>, StartError> {
-        // A VM's curve reaches 4 times this node's cache: what the cluster could lend it.
-        let units = self.resolved.slots * self.block_size / settings.unit_bytes;
+        // A VM's curve reaches what it could ever be given: this node's cache and all it
+        // may borrow (at least 4 times the cache, for the leader's view of a lender's
+        // VMs). Capped lower, Eq. 4 never sees a VM needing more (measured: a VM on a
+        // node with a 2 MiB cache and a 32 MiB loan was given 8 MiB in all).
+        let local = self.resolved.slots * self.block_size / settings.unit_bytes;
+        let borrowable = settings.borrow_bytes / settings.unit_bytes * settings.peers.len() as u64;
+        let curve_units = (local + borrowable).max(local.saturating_mul(4));
         self.policy.lock().unwrap_or_else(|e| e.into_inner()).cluster_est =
             Some(crate::cluster::estimates::NodeEstimator::new(
                 self.block_size,
                 settings.unit_bytes,
-                units.saturating_mul(4),
+                curve_units,
                 settings.ideal,
             ));
         let lent = (settings.lend_bytes > 0)
@@ -575,6 +580,14 @@ impl crate::cluster::NodeSource for NodeSource {
             return;
         }
         let links = links.clone();
+        // A region takes blocks only while its peer is live, lends, and did not fail
+        // within a lease TTL (a region lost moments ago is not reopened by an allocation
+        // the leader made before it saw the loss).
+        let open: Vec<bool> = links
+            .peers
+            .iter()
+            .map(|p| links.usable(p) && cluster.as_ref().is_some_and(|c| c.peer_target(p).is_some()))
+            .collect();
         // Applied every time it is read (it also lifts a lost region's cap), logged when
         // this node's shares changed.
         let mut last = self.applied.lock().unwrap_or_else(|e| e.into_inner());
@@ -600,8 +613,8 @@ impl crate::cluster::NodeSource for NodeSource {
             e.submit_job(|e, out| {
                 // Regions lost since the last allocation take blocks again (a restarted
                 // peer's never does).
-                for (i, p) in links.peers.iter().enumerate() {
-                    e.set_region_limit(i as u16 + 1, if links.usable(p) { u64::MAX } else { 0 });
+                for (i, open) in open.iter().enumerate() {
+                    e.set_region_limit(i as u16 + 1, if *open { u64::MAX } else { 0 });
                 }
                 for (vm, by_lender, _) in &mine {
                     if let Err(err) = e.set_remote_shares(*vm, by_lender) {

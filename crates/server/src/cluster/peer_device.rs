@@ -38,13 +38,37 @@ pub struct PeerLinks {
     pub cluster: OnceLock<Weak<Cluster>>,
     /// Peers whose blocks are gone for good here (they restarted: a new incarnation).
     pub restarted: Mutex<std::collections::BTreeSet<String>>,
+    /// Peers whose last op failed, until when their ops fail at once (1.5 TTLs later).
+    pub down: Mutex<std::collections::BTreeMap<String, std::time::Instant>>,
 }
 
 impl PeerLinks {
-    /// Whether `peer`'s region may be given blocks again (it did not restart).
+    /// Whether `peer`'s region may be given blocks again: it did not restart, and its
+    /// last failure is 1.5 lease TTLs old (by then a dead peer is gone from the members;
+    /// one that answers again is live and serves).
     pub fn usable(&self, peer: &str) -> bool {
+        let down = self.down.lock().unwrap_or_else(|e| e.into_inner()).get(peer).copied();
         !self.restarted.lock().unwrap_or_else(|e| e.into_inner()).contains(peer)
+            && down.is_none_or(|t| std::time::Instant::now() >= t)
     }
+}
+
+/// The error of an op on a peer's region (it failed, or was refused): the peer's trouble,
+/// reported once per failure window by [`PeerDevice`], not per op by the data path.
+#[derive(Debug)]
+pub struct PeerUnavailable(pub String);
+
+impl std::fmt::Display for PeerUnavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for PeerUnavailable {}
+
+/// Whether `e` is a peer region's failure ([`PeerUnavailable`]).
+pub fn is_peer_failure(e: &io::Error) -> bool {
+    e.get_ref().is_some_and(|x| x.is::<PeerUnavailable>())
 }
 
 /// The connection and the incarnation it reaches.
@@ -53,7 +77,7 @@ struct Link {
     conn: Option<(u64, u64, Arc<Backing>)>,
     /// The incarnation the engine's blocks in this store were placed in.
     first: Option<u64>,
-    /// After a failure, ops fail at once until then (no reconnect per op to a peer that
+    /// After a failure, ops fail at once until then (1.5 TTLs) (no reconnect per op to a peer that
     /// does not answer: the requests go to the backing store instead).
     down_until: Option<std::time::Instant>,
 }
@@ -67,7 +91,7 @@ pub struct PeerDevice {
 }
 
 fn refused(msg: String) -> io::Error {
-    io::Error::other(msg)
+    io::Error::other(PeerUnavailable(msg))
 }
 
 impl PeerDevice {
@@ -102,20 +126,28 @@ impl PeerDevice {
             self.links.me,
             self.links.certs.display()
         );
-        let b = Arc::new(Backing::connect(std::path::Path::new(&uri))?);
+        let b = Arc::new(Backing::connect_once(std::path::Path::new(&uri))?);
         b.set_op_timeout(Some(self.links.op_timeout))?;
         l.conn = Some((incarnation, epoch, b.clone()));
         Ok(b)
     }
 
     fn failed(&self, e: io::Error) -> io::Error {
+        if is_peer_failure(&e) && e.to_string().ends_with("failed moments ago") {
+            return e; // inside the window: already reported
+        }
         let mut l = self.link.lock().unwrap_or_else(|e| e.into_inner());
         if l.down_until.is_none_or(|t| std::time::Instant::now() >= t) {
-            tracing::warn!(peer = %self.peer, %e, "lent cache on a peer: op failed");
+            tracing::warn!(peer = %self.peer, %e, "lent cache on a peer: op failed (its ops fail at once for 1.5 lease TTLs; the requests are served from the backing store)");
         }
         l.conn = None;
-        l.down_until = Some(std::time::Instant::now() + self.links.op_timeout);
-        e
+        // One and a half TTLs: a dead peer's lease has expired at etcd by then and this
+        // node has read it (a peer tried again before that still looks live: its
+        // connection is refused, one more failure).
+        let until = std::time::Instant::now() + self.links.op_timeout * 3 / 2;
+        l.down_until = Some(until);
+        self.links.down.lock().unwrap_or_else(|e| e.into_inner()).insert(self.peer.clone(), until);
+        io::Error::other(PeerUnavailable(format!("{}: {e}", self.peer)))
     }
 }
 
@@ -131,13 +163,13 @@ impl Device for PeerDevice {
         Ok(now_ns)
     }
 
+    /// Nothing to make durable: a lent region holds clean blocks only (write-through),
+    /// their journal records are never restored (`persist.rs`), and the lender empties
+    /// its regions at every start. Syncing it would only make this node's commits — its
+    /// own vDisks' acknowledgements — wait on a peer (measured: a commit retried for 3 s
+    /// after a lender's SIGKILL, a 3.2 s stall of the borrower's reads).
     fn sync(&self) -> io::Result<()> {
-        let conn = self.link.lock().unwrap_or_else(|e| e.into_inner()).conn.as_ref().map(|c| c.2.clone());
-        match conn {
-            // Nothing written since the last connection: nothing of ours to sync there.
-            None => Ok(()),
-            Some(b) => b.sync().map_err(|e| self.failed(e)),
-        }
+        Ok(())
     }
 
     fn queue_depth(&self) -> u32 {

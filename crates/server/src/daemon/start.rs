@@ -126,6 +126,7 @@ impl Daemon {
                 op_timeout: std::time::Duration::from_millis(c.timing.lease_ttl_ms),
                 cluster: Default::default(),
                 restarted: Default::default(),
+                down: Default::default(),
             })
         });
         let mut engine = Engine::new(engine_cfg).map_err(StartError::Config)?;

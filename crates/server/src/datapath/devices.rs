@@ -316,7 +316,10 @@ pub(super) fn run_results(run: &[Work], r: std::io::Result<bytes::Bytes>) -> Vec
     let first = &run[0].op;
     match r {
         Err(e) => {
-            if e.kind() != std::io::ErrorKind::NotConnected {
+            if crate::cluster::peer_device::is_peer_failure(&e) {
+                // Reported once per failure window by the peer's device.
+                tracing::debug!(op = ?first, ops = run.len(), %e, "an op on a peer's lent region failed");
+            } else if e.kind() != std::io::ErrorKind::NotConnected {
                 tracing::error!(op = ?first, ops = run.len(), %e, "device operation failed");
             }
             vec![Err(failure(&e)); run.len()]

@@ -38,6 +38,20 @@ for m in $(cat /lib/modules/load-order); do insmod /lib/modules/$m.ko || echo "G
 "#;
 
 /// A guest's /init: the prelude, then `body` (a shell script).
+/// The end of a test guest's /init: remounts /mnt, checks the sums in /tmp/sums, counts
+/// the kernel's I/O errors (`GUEST: io errors N`), prints `GUEST: done` and powers off.
+#[allow(dead_code)] // the tests'
+pub const VERIFY_AND_POWER_OFF: &str = r#"umount /mnt
+echo 3 > /proc/sys/vm/drop_caches
+mount -t ext2 /dev/vda /mnt || echo "GUEST: FAIL remount"
+if md5sum -c /tmp/sums > /tmp/check 2>&1; then echo "GUEST: checksums ok"; else cat /tmp/check; echo "GUEST: checksums FAILED"; fi
+echo "GUEST: io errors $(dmesg | grep -c -i -E 'I/O error|blk_update_request|critical medium|EXT[24]-fs error|EXT[24]-fs warning')"
+dmesg | grep -i -E 'error|warning' | head -20
+umount /mnt
+echo "GUEST: done"
+poweroff -f
+"#;
+
 pub fn init(body: &str) -> String {
     format!("{PRELUDE}{body}")
 }
@@ -111,7 +125,21 @@ pub struct Guest {
 impl Guest {
     /// Boots `kernel` with `initrd` and `mem` of RAM; `args` add QEMU's devices.
     pub fn boot(kernel: &Path, initrd: &Path, mem: &str, args: &[String]) -> Guest {
-        let mut qemu = Command::new("qemu-system-x86_64")
+        Guest::boot_in(None, kernel, initrd, mem, args)
+    }
+
+    /// [`Guest::boot`] inside the network namespace `netns` (`ip netns exec`, which execs
+    /// QEMU: the child is QEMU itself).
+    pub fn boot_in(netns: Option<&str>, kernel: &Path, initrd: &Path, mem: &str, args: &[String]) -> Guest {
+        let mut cmd = match netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, "qemu-system-x86_64"]);
+                c
+            }
+            None => Command::new("qemu-system-x86_64"),
+        };
+        let mut qemu = cmd
             .args(["-accel", "tcg", "-m", mem, "-nographic", "-no-reboot", "-nodefaults", "-serial", "stdio"])
             .arg("-kernel")
             .arg(kernel.join("vmlinuz"))

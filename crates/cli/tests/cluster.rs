@@ -293,25 +293,7 @@ fn has_data(path: &Path) -> bool {
 /// lends. Returns once some of vm0's blocks are cached in n1's region (its bytes checked
 /// on the way), with the PKI's directory kept alive beside the cluster.
 fn borrowing_pair() -> (Cluster, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let pki = certs::Pki::new(&dir.path().join("pki"));
-    let lender = pki.server("srv1", "/CN=n1", "IP:10.77.0.2");
-    let n0 = pki.client("n0", "/CN=n0", None, 1);
-    let extra = |k: usize| match k {
-        0 => format!(
-            "interval = \"500ms\"\nunit = \"1MiB\"\npeers = [\"n1\"]\nborrow = \"8MiB\"\npeer_tls_dir = \"{}\"",
-            n0.display()
-        ),
-        _ => "interval = \"500ms\"\nunit = \"1MiB\"\nlend = \"8MiB\"".to_string(),
-    };
-    let c = Cluster::with_nodes(2, extra, |k| {
-        if k == 1 {
-            format!("tls = \"on\"\ntls_dir = \"{}\"\n", lender.display())
-        } else {
-            String::new()
-        }
-    });
-    formed(&c, 2);
+    let (c, dir) = Cluster::borrowing();
     vm0_io(&c, &["write -P 0x42 0 12M", "flush"]);
     let region = c.dir.path().join("n1/cache.img.meta/lent/n0.img");
     let end = Instant::now() + Duration::from_secs(40);

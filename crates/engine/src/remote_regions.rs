@@ -113,14 +113,27 @@ impl Engine {
     }
 
     /// A lender is lost (its node died or cannot be reached): no VM has a share of its
-    /// region any more and no new block goes there (the cap is 0); the blocks still
-    /// there leave as their reads or writes fail (the engine's repair drops them: a lent
-    /// block is never dirty with `set_lent_write_through`). Their targets' lent part is
-    /// local again. Returns whether that changed anything (it had a cap or a share).
+    /// region any more and no new block goes there (the cap is 0); its blocks leave the
+    /// cache now — they are clean (`set_lent_write_through`: the backing store has them),
+    /// and one left behind would be a victim whose slot a miss reuses, in a region whose
+    /// every op fails (measured: a guest's writes failed five times over). Blocks a
+    /// request holds in flight leave as their ops fail (the engine's repair drops them);
+    /// a dirty one (only without write-through) stays, its only copy is there. Their
+    /// targets' lent part is local again. Returns whether that changed anything (it had a
+    /// cap, a share or a block).
     pub fn lose_lender(&mut self, lender: u16) -> bool {
         let Some(r) = self.region_index(lender) else { return false };
         let mut changed = self.stores.rows[r as usize].limit != 0;
         self.set_store_limit(r, 0);
+        let (first, n) = self.stores.layout.range(r);
+        for slot in first as u32..(first + n) as u32 {
+            let Some((vm, block)) = self.slot_block(slot) else { continue };
+            let held = self.flight.pins.contains_key(&slot)
+                || self.flight.busy.contains_key(&crate::slot_table::pack_key(vm, block));
+            if !held && !self.slot_dirty(slot) {
+                changed |= self.discard(vm, block, (0, self.spb));
+            }
+        }
         for p in &mut self.vms {
             if let Some(x) = p.shares.get_mut(r as usize) {
                 changed |= *x > 0;

@@ -204,10 +204,20 @@ impl Engine {
 
     /// Takes a free slot with no ops in flight (a slot freed while its write-back runs is
     /// pinned until it ends): the local store's first, else the other stores' in order
-    /// (shared mode).
+    /// (shared mode) — a store at its cap gives none (a lost lender's region has cap 0:
+    /// without this, a miss whose victim's freed slot was still pinned took a slot there
+    /// and its write failed).
     #[inline]
     pub(crate) fn take_free(&mut self) -> Option<u32> {
-        (0..self.stores.rows.len() as StoreId).find_map(|st| self.take_free_of(st))
+        (0..self.stores.rows.len() as StoreId)
+            .find_map(|st| self.below_cap(st).then(|| self.take_free_of(st)).flatten())
+    }
+
+    /// Whether store `st` holds fewer slots than its cap.
+    #[inline]
+    fn below_cap(&self, st: StoreId) -> bool {
+        let r = &self.stores.rows[st as usize];
+        r.used < r.limit
     }
 
     /// Takes a free slot of store `st`.
@@ -223,7 +233,7 @@ impl Engine {
     /// Whether a free slot with no ops in flight is left.
     pub(crate) fn free_available(&mut self) -> bool {
         self.park_pinned_free();
-        self.stores.rows.iter().any(|r| r.free.front().is_some())
+        self.stores.rows.iter().any(|r| r.free.front().is_some() && r.used < r.limit)
     }
 
     /// Moves pinned slots at the front of the free lists aside ([`Engine::parked`]).
@@ -350,6 +360,51 @@ mod tests {
         }
         assert_eq!(e.used_in_region(2), 0);
         assert_eq!(e.used_in_region(5), 1, "the other lender's share holds");
+    }
+
+    #[test]
+    fn a_lost_lenders_blocks_leave_so_no_miss_reuses_a_slot_there() {
+        for persistent in [false, true] {
+            lost_lender_run(persistent);
+        }
+    }
+
+    /// A VM at its target (6 blocks: 2 local, 3 and 1 lent) replaces its own blocks on a
+    /// miss; once lender 2 is lost none of them may be in its region — in persistent mode
+    /// too, where a freed slot is pinned until its free is durable and the slot a miss
+    /// takes is any free one below its store's cap.
+    fn lost_lender_run(persistent: bool) {
+        let cfg = EngineConfig { partition: PartitionMode::Static, ..lent() };
+        let mut e = Engine::new(cfg).unwrap();
+        if persistent {
+            e.set_persistent(0);
+        }
+        e.set_lent_write_through(true);
+        let mut out = Output::default();
+        e.set_target(0, 6, &mut out);
+        e.set_remote_shares(0, &[(2, 3), (5, 1)]).unwrap();
+        let req = |b: u64, op| Request { time_ns: 0, vm: 0, op, offset: b * 4096, len: 4096 };
+        for b in 0..6u64 {
+            e.access(0, &req(b, Op::Read), &mut out);
+        }
+        assert_eq!(e.used_in_region(2), 3);
+        assert!(e.lose_lender(2));
+        assert_eq!(e.used_in_region(2), 0, "its clean blocks left at once");
+        e.check_invariants().unwrap();
+        let l = e.layout().clone();
+        for b in 6..40u64 {
+            for op in [Op::Write, Op::Read] {
+                e.access(0, &req(b % 12, op), &mut out);
+                for o in out.ops.iter().filter(|o| o.kind.is_ssd()) {
+                    assert_ne!(
+                        l.store_of(o.slot),
+                        1,
+                        "block {b} reached the lost lender's region (persistent {persistent})"
+                    );
+                }
+            }
+        }
+        e.check_invariants().unwrap();
     }
 
     #[test]

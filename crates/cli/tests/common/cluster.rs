@@ -146,6 +146,32 @@ pub fn formed(c: &Cluster, n: usize) -> Vec<Value> {
 }
 
 impl Cluster {
+    /// Two nodes: n0 (8 MiB of cache) borrows up to 8 MiB from n1, which lends it over
+    /// TLS to n0's certificate; returned once formed, with the PKI's directory kept alive
+    /// beside the cluster.
+    pub fn borrowing() -> (Cluster, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = super::certs::Pki::new(&dir.path().join("pki"));
+        let lender = pki.server("srv1", "/CN=n1", "IP:10.77.0.2");
+        let n0 = pki.client("n0", "/CN=n0", None, 1);
+        let extra = |k: usize| match k {
+            0 => format!(
+                "interval = \"500ms\"\nunit = \"1MiB\"\npeers = [\"n1\"]\nborrow = \"8MiB\"\npeer_tls_dir = \"{}\"",
+                n0.display()
+            ),
+            _ => "interval = \"500ms\"\nunit = \"1MiB\"\nlend = \"8MiB\"".to_string(),
+        };
+        let c = Cluster::with_nodes(2, extra, |k| {
+            if k == 1 {
+                format!("tls = \"on\"\ntls_dir = \"{}\"\n", lender.display())
+            } else {
+                String::new()
+            }
+        });
+        formed(&c, 2);
+        (c, dir)
+    }
+
     /// qemu-io inside node k's namespace on its export `vdisk`: every command must succeed
     /// with its pattern; returns how long it took.
     pub fn io(&self, k: usize, vdisk: &str, cmds: &[&str]) -> Duration {

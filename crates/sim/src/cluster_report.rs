@@ -109,6 +109,10 @@ pub struct ClusterResult {
     pub migration: Option<ClusterMigrationResult>,
     /// The data check's outcome, when `cluster.verify_data` is on.
     pub data_check: Option<DataCheckResult>,
+    /// Dirty blocks held in lent caches at the end of the run, every node's (before any
+    /// final flush): acknowledged writes a lender's loss would lose; 0 with
+    /// `cluster.remote_writes = "through"`.
+    pub lent_dirty_blocks: u64,
 }
 
 /// What the data check found (`cluster.verify_data`).
@@ -301,5 +305,6 @@ pub(crate) fn result(
         solve_s,
         migration: None,
         data_check: None,
+        lent_dirty_blocks: 0,
     }
 }

@@ -71,6 +71,21 @@ pub struct ClusterSection {
     /// the last acknowledged write; the backing stores after a final flush): ELICA's
     /// coherency check (Table 5). Costs memory per sector touched.
     pub verify_data: bool,
+    /// Writes to blocks in lent caches: `back` (ELICA as written: write-back data may sit
+    /// in another node's SSD) or `through` (the daemon's rule, `Engine::set_lent_write_through`:
+    /// a block in a lent store is never dirty, so a lost lender loses no acknowledged write).
+    pub remote_writes: RemoteWrites,
+}
+
+/// How writes to blocks in lent caches are handled (`cluster.remote_writes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum RemoteWrites {
+    /// As the cache's write policy says (ELICA §3: write-back data in a remote SSD).
+    #[default]
+    Back,
+    /// Written through to the backing store before the reply (what the daemon runs).
+    Through,
 }
 
 /// Which migration scheme moves a VM's blocks when its shares change (ELICA §3.6).
@@ -146,6 +161,7 @@ impl Default for ClusterSection {
             traffic_turnover: false,
             migration: MigrationSection::default(),
             verify_data: false,
+            remote_writes: RemoteWrites::Back,
         }
     }
 }

@@ -22,7 +22,9 @@ pub use crate::cluster_report::{
     ClusterMigrationResult, ClusterNodeStats, ClusterResult, ClusterVm, ClusterWindow, DataCheckResult,
 };
 use crate::cluster_scenario::{plan, Plan};
-pub use crate::cluster_scenario::{ClusterMode, ClusterSection, MigrationChoice, MigrationSection, NodeSection};
+pub use crate::cluster_scenario::{
+    ClusterMode, ClusterSection, MigrationChoice, MigrationSection, NodeSection, RemoteWrites,
+};
 use crate::device::{Device, DeviceSpec, SharedDevice};
 use crate::inputs::{open_inputs, SimError};
 use crate::instant_copies::InstantCopies;
@@ -125,6 +127,7 @@ impl<'a> Cluster<'a> {
             let mut node = Node::new(cfg, &sc.devices, None, &p.cache.writeback)?;
             node.engine.set_traffic_aware(p.cl.mode != ClusterMode::ElicaLoad);
             node.engine.set_traffic_turnover(p.cl.traffic_turnover);
+            node.engine.set_lent_write_through(p.cl.remote_writes == RemoteWrites::Through);
             let peers: Vec<_> = (0..n).map(|k| (k != i).then(|| ssds[k].clone())).collect();
             node.attach(ssds[i].clone(), &peers, links[i].clone());
             node.copies = InstantCopies::new(p.cl.migration.batch);
@@ -374,6 +377,7 @@ pub fn simulate_cluster(sc: &Scenario, progress: &mut dyn FnMut(u64)) -> Result<
     for node in c.nodes.iter_mut() {
         node.drain();
     }
+    let lent_dirty: u64 = c.nodes.iter().map(|n| lent_dirty_blocks(&n.engine)).sum();
     let data_check = c.p.cl.verify_data.then(|| verify_after_flush(&mut c.nodes));
     let mut r = result(sc, &c.p, &c.nodes, &c.vms, &c.names, &c.ssds, &c.links, c.allocations, c.solve_s);
     let n = c.allocations.max(1) as f64;
@@ -383,11 +387,25 @@ pub fn simulate_cluster(sc: &Scenario, progress: &mut dyn FnMut(u64)) -> Result<
         (n.overcommit_peak_blocks, n.overcommit_block_s) = (peak, block_s);
     }
     r.data_check = data_check;
+    r.lent_dirty_blocks = lent_dirty;
     if let Some(m) = c.migrations.as_mut() {
         let end = c.nodes.iter().map(|n| n.last_done()).max().unwrap_or(0);
         r.migration = Some(ClusterMigrationResult { cost: m.cost(end), moved_blocks: m.moved_blocks });
     }
     Ok(r)
+}
+
+/// Dirty blocks `engine` holds in the caches other nodes lent it (what a lender's loss
+/// would lose).
+fn lent_dirty_blocks(engine: &cachevisor_engine::Engine) -> u64 {
+    let l = engine.layout();
+    (1..l.len() as cachevisor_engine::StoreId)
+        .flat_map(|st| {
+            let (first, n) = l.range(st);
+            first as u32..(first + n) as u32
+        })
+        .filter(|&slot| engine.slot_dirty(slot))
+        .count() as u64
 }
 
 /// The data check's end (`cluster.verify_data`): each node's cache flushed (a few rounds,

@@ -182,6 +182,24 @@ fn gradual_and_instant_migration_move_misplaced_blocks() {
     );
 }
 
+/// [`scenario`] with 70%-write workloads: VMs `names[0]`, `names[1]` on n0 (10% hot) and
+/// `names[2]` on n1 (2% hot), seeds from `seed`, windows of 5 s.
+fn writing(dir: &Path, names: [&str; 3], seed: u64) -> Scenario {
+    let mut s = scenario(dir, ClusterMode::Elica);
+    s.synthetic = names
+        .iter()
+        .zip(["10%", "10%", "2%"])
+        .enumerate()
+        .map(|(k, (n, hot))| SyntheticSection {
+            config: workload_rw(dir, n, seed + k as u64, hot, 120, 0.3),
+            then: Vec::new(),
+        })
+        .collect();
+    s.vm = vec![vm(names[0], "n0"), vm(names[1], "n0"), vm(names[2], "n1")];
+    s.replay.window = "5s".into();
+    s
+}
+
 /// ELICA's coherency check (Table 5) at test size: a write-heavy run whose allocations
 /// move caches often (5 s windows), every op executed on a versioned model of the devices
 /// as the device models complete it, every reply checked, the backing stores checked
@@ -191,16 +209,7 @@ fn migrations_under_writes_never_serve_stale_data() {
     use cachevisor_sim::cluster_sim::MigrationChoice;
     let dir = tempfile::tempdir().unwrap();
     for scheme in [MigrationChoice::Gradual, MigrationChoice::Instant] {
-        let mut s = scenario(dir.path(), ClusterMode::Elica);
-        s.synthetic = [("wa", 11, "10%"), ("wb", 12, "10%"), ("wc", 13, "2%")]
-            .iter()
-            .map(|&(n, seed, hot)| SyntheticSection {
-                config: workload_rw(dir.path(), n, seed, hot, 120, 0.3),
-                then: Vec::new(),
-            })
-            .collect();
-        s.vm = vec![vm("wa", "n0"), vm("wb", "n0"), vm("wc", "n1")];
-        s.replay.window = "5s".into();
+        let mut s = writing(dir.path(), ["wa", "wb", "wc"], 11);
         let cl = s.cluster.as_mut().unwrap();
         cl.migration.scheme = scheme;
         cl.migration.rate = 100.0;
@@ -212,4 +221,29 @@ fn migrations_under_writes_never_serve_stale_data() {
         assert!(d.sectors_checked > 10_000 && d.sectors_flushed > 10_000, "{scheme:?}: {d:?}");
         assert!(m.moved_blocks > 100 && m.cost.started_gradual + m.cost.started_instant > 2, "{scheme:?}: {m:?}");
     }
+}
+
+#[test]
+fn remote_writes_through_leave_no_dirty_block_on_another_node_as_the_daemon_runs() {
+    use cachevisor_sim::cluster_sim::RemoteWrites;
+    let dir = tempfile::tempdir().unwrap();
+    let mut dirty = Vec::new();
+    for remote_writes in [RemoteWrites::Back, RemoteWrites::Through] {
+        let mut s = writing(dir.path(), ["ra", "rb", "rc"], 21);
+        s.cache.write_policy = cachevisor_engine::WritePolicy::Wb;
+        let cl = s.cluster.as_mut().unwrap();
+        cl.remote_writes = remote_writes;
+        cl.verify_data = true;
+        let r = simulate_cluster(&s, &mut |_| {}).unwrap();
+        let d = r.data_check.clone().unwrap();
+        assert!(d.errors.is_empty(), "{remote_writes:?}: {:?}", d.errors);
+        assert!(r.remote_share > 0.1, "{remote_writes:?}: the VMs use lent cache ({})", r.remote_share);
+        eprintln!(
+            "remote writes {remote_writes:?}: hit ratio {:.3}, mean {:.0} µs, p99.9 {:.0} µs, dirty blocks in lent caches at the end {}",
+            r.hit_ratio, r.mean_us, r.p999_us, r.lent_dirty_blocks
+        );
+        dirty.push(r.lent_dirty_blocks);
+    }
+    assert!(dirty[0] > 0, "ELICA as written keeps write-back data in lent caches: {dirty:?}");
+    assert_eq!(dirty[1], 0, "the daemon's rule keeps none there: {dirty:?}");
 }

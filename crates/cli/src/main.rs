@@ -8,6 +8,7 @@ mod api_token;
 #[path = "../../server/tests/common/certs.rs"]
 mod bench_certs;
 mod bench_cluster;
+mod bench_cluster_nodes;
 mod bench_cluster_serve;
 mod bench_cmd;
 mod bench_datapath;

@@ -195,8 +195,9 @@ impl Cluster {
     pub fn may_serve(&self, name: &str) -> Result<(), String> {
         let s = self.lock();
         let v = crate::log_safe(name);
-        if s.map.epoch == 0 && !s.etcd_reachable {
-            return Err(format!("the cluster map has not been read (etcd unreachable): whether another node serves `{v}` is not known; try again, or add it with force"));
+        if s.map.epoch == 0 {
+            let why = if s.etcd_reachable { "not read yet" } else { "not read (etcd unreachable)" };
+            return Err(format!("the cluster map is {why}: whether another node serves `{v}` is not known; try again, or add it with force"));
         }
         let Some(e) = s.map.vdisks.get(name).filter(|e| e.home != self.settings.name) else { return Ok(()) };
         let home = crate::log_safe(&e.home);

@@ -82,6 +82,10 @@ enum Step {
     Return {
         run: usize,
     },
+    /// The lender of the lent store dies now (runs that lose it only): `lose_lender`, then
+    /// every op on its region fails, and no request or job that comes after may place a
+    /// block there (its cap is 0, its idle blocks dropped).
+    LoseLender,
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -104,6 +108,7 @@ fn step() -> impl Strategy<Value = Step> {
         2 => (0..VMS, 0..SECTORS / 8, 1u32..5).prop_map(|(vm, block, len)| Step::Prewarm { vm, block, len }),
         1 => (0u32..4).prop_map(|run| Step::Lend { run }),
         1 => any::<usize>().prop_map(|run| Step::Return { run }),
+        1 => Just(Step::LoseLender),
     ]
 }
 
@@ -262,12 +267,25 @@ struct Driver {
     version: u64,
     /// Runs withheld (first slot), and whether they are lent out yet.
     lending: lending::Lending,
+    /// Whether the run may lose its lender, and, once lost, the id of a flush submitted
+    /// then: ids after it were submitted after the loss.
+    losing: bool,
+    lost_at: Option<ReqId>,
+    /// The region's slots still holding a block right after the loss (held by requests
+    /// in flight then): a write there may be a hit; any other slot of it takes none.
+    held_at_loss: BTreeSet<u32>,
 }
 
 impl Driver {
     fn pump(&mut self) -> Result<(), String> {
         while let Some(op) = self.e.poll_op() {
             trace(|| format!("issue {op:?}"));
+            if let Some(at) = self.lost_at {
+                let in_region = matches!(op.loc, Location::Cache(_)) && self.m.layout.store_of(op.slot) != 0;
+                if in_region && op.kind == OpKind::SsdWrite && op.req > at && !self.held_at_loss.contains(&op.slot) {
+                    return Err(format!("{op:?}: a block placed in the lost lender's region after the loss"));
+                }
+            }
             self.flying.push(op);
         }
         while let Some(ev) = self.e.poll_event() {
@@ -398,6 +416,9 @@ fn run_losing(
         commit: None,
         version: 0,
         lending: Default::default(),
+        losing: lost,
+        lost_at: None,
+        held_at_loss: BTreeSet::new(),
     };
     let mut out = Output::default();
     set_targets(&mut d.e, lent, &mut out);
@@ -431,6 +452,11 @@ fn run_losing(
             Step::Complete { pick, fail } => {
                 if !d.flying.is_empty() {
                     let op = d.flying.swap_remove(pick % d.flying.len());
+                    // A dead lender answers nothing.
+                    let fail = fail
+                        || (d.lost_at.is_some()
+                            && matches!(op.loc, Location::Cache(_))
+                            && d.m.layout.store_of(op.slot) != 0);
                     trace(|| format!("complete {op:?} fail={fail}"));
                     d.m.execute(&op, fail, rng.gen_range(0..8)).map_err(ctx)?;
                     d.e.handle_completion(now, op.handle(), if fail { Err(Failure::Io) } else { Ok(()) });
@@ -439,6 +465,17 @@ fn run_losing(
             Step::Flush => {
                 let id = d.e.submit_flush();
                 d.m.flushes.insert(id, d.m.acked.clone());
+            }
+            Step::LoseLender => {
+                if d.losing && d.lost_at.is_none() {
+                    d.e.lose_lender(1);
+                    let (first, n) = d.m.layout.range(1);
+                    d.held_at_loss =
+                        (first as u32..(first + n) as u32).filter(|&s| d.e.slot_block(s).is_some()).collect();
+                    let id = d.e.submit_flush();
+                    d.m.flushes.insert(id, d.m.acked.clone());
+                    d.lost_at = Some(id);
+                }
             }
             Step::Commit { fail } => d.commit_step(now, fail),
             Step::RequestCommit => d.e.request_commit(),

@@ -87,6 +87,8 @@ fn a_dead_nodes_vms_restart_elsewhere_prewarmed_from_its_last_snapshot_and_hit_a
     let (ok, text) = c.try_post(2, "/vdisks", &c.vdisk_body("wb", "wb.img", ""));
     assert!(!ok && text.contains("was write-back on node n0, which is gone"), "{text}");
     assert!(std::fs::read(c.dir.path().join("wb.img")).unwrap()[..1 << 20].iter().any(|&b| b != 0x77));
+    let (ok, text) = c.try_post(2, "/vdisks?force=maybe", &c.vdisk_body("wb", "wb.img", ""));
+    assert!(!ok && text.contains("force"), "a malformed query is refused, naming it: {text}");
     c.post(2, "/vdisks?force=true", &c.vdisk_body("wb", "wb.img", ""));
     assert_eq!(m["cold"]["moved_from"], "n0", "{m:#}");
     // n1 prewarms vm0 from n0's snapshots.

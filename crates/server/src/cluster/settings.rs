@@ -143,7 +143,7 @@ fn ms(key: &str, v: &str) -> Result<u64, String> {
     parse_duration_ns(v).map(|ns| ns / 1_000_000).map_err(|e| format!("cluster.{key}: {e}"))
 }
 
-fn check_name(key: &str, v: &str) -> Result<(), String> {
+pub(crate) fn check_name(key: &str, v: &str) -> Result<(), String> {
     let ok =
         !v.is_empty() && v.len() <= 63 && v.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
     if ok {

@@ -40,6 +40,12 @@ pub fn due(map: &ClusterMap, me: &str, served: &BTreeSet<String>, done: &BTreeMa
     let mut by_from: BTreeMap<&str, Vec<(String, u64)>> = BTreeMap::new();
     for (name, e) in &map.vdisks {
         let Some(from) = e.moved_from.as_deref() else { continue };
+        // The name becomes a directory under the shared one: a map record naming no
+        // node a config could (`..`, `/`) is skipped, never followed.
+        if super::settings::check_name("name", from).is_err() {
+            tracing::warn!(vdisk = %crate::log_safe(name), "cluster: a map entry's moved_from is not a node name; not prewarmed");
+            continue;
+        }
         if e.home != me || from == me || !served.contains(name) || done.get(name).is_some_and(|&at| at >= e.moved_at) {
             continue;
         }
@@ -127,6 +133,12 @@ mod tests {
         assert_eq!(d, Due { from: "c".into(), vdisks: vec![("v3".into(), 5)] });
         done.insert("v3".into(), 5);
         assert_eq!(due(&map, "b", &served, &done), None);
+        // A map record whose old home is no node name is never a path to follow.
+        let mut bad = map.clone();
+        bad.vdisks.insert("v9".into(), entry(8, "b", Some("../../etc"), 9));
+        let mut served9 = served.clone();
+        served9.insert("v9".into());
+        assert_eq!(due(&bad, "b", &served9, &done), None);
         // v1 moves away and back again later: due again.
         map.vdisks.insert("v1".into(), entry(0, "b", Some("c"), 9));
         assert_eq!(due(&map, "b", &served, &done), Some(Due { from: "c".into(), vdisks: vec![("v1".into(), 9)] }));

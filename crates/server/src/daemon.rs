@@ -556,6 +556,14 @@ impl crate::cluster::NodeSource for NodeSource {
         let Some(links) = d.peer_links.clone() else { return };
         let unit = (a.unit_bytes / d.block_size).max(1);
         let cluster = d.cluster().cloned();
+        // A region takes blocks and shares only while its peer is live, lends, did not
+        // restart and did not fail within 1.5 lease TTLs (a region lost moments ago is not
+        // reopened by an allocation the leader made before it saw the loss).
+        let open: Vec<bool> = links
+            .peers
+            .iter()
+            .map(|p| links.usable(p) && cluster.as_ref().is_some_and(|c| c.peer_target(p).is_some()))
+            .collect();
         let mine: Vec<Share> = d
             .exports()
             .into_iter()
@@ -565,10 +573,8 @@ impl crate::cluster::NodeSource for NodeSource {
                     .remote
                     .iter()
                     .filter_map(|(peer, u)| {
-                        // A peer that restarted, or that lends nothing now (no region to
-                        // serve), gets no share.
-                        let lends = |p: &str| cluster.as_ref().is_some_and(|c| c.peer_target(p).is_some());
-                        let i = links.peers.iter().position(|p| p == peer && links.usable(p) && lends(p))?;
+                        let i = links.peers.iter().position(|p| p == peer)?;
+                        open[i].then_some(())?;
                         Some((i as u16 + 1, (u * unit).min(links.borrow_slots)))
                     })
                     .collect();
@@ -579,15 +585,6 @@ impl crate::cluster::NodeSource for NodeSource {
         if mine.is_empty() {
             return;
         }
-        let links = links.clone();
-        // A region takes blocks only while its peer is live, lends, and did not fail
-        // within a lease TTL (a region lost moments ago is not reopened by an allocation
-        // the leader made before it saw the loss).
-        let open: Vec<bool> = links
-            .peers
-            .iter()
-            .map(|p| links.usable(p) && cluster.as_ref().is_some_and(|c| c.peer_target(p).is_some()))
-            .collect();
         // Applied every time it is read (it also lifts a lost region's cap), logged when
         // this node's shares changed.
         let mut last = self.applied.lock().unwrap_or_else(|e| e.into_inner());

@@ -17,7 +17,11 @@
 //! - [`migration_plan`]: when migrations start (rate limit) and how (GM when the network
 //!   is congested, IM otherwise; §3.6.3), and their cost (time, reserved capacity, bytes);
 //! - [`ssd_sharing`]: one SSD shared by a lender's own VMs and its borrowers — what the
-//!   lender gives back and the caps each side fills to, each period (§3.1).
+//!   lender gives back and the caps each side fills to, each period (§3.1);
+//! - [`replica_record`], [`replica_log`], [`replica_replay`]: replicated write-back beyond
+//!   ELICA — a write-back vDisk's client writes logged on a peer before they are
+//!   acknowledged, the owner's trim / degrade / resync steps, and the writes a survivor
+//!   replays from a dead owner's log.
 
 pub mod allocation;
 pub mod cluster_map;
@@ -30,6 +34,9 @@ pub mod migration;
 pub mod migration_plan;
 pub mod model;
 pub mod ownership;
+pub mod replica_log;
+pub mod replica_record;
+pub mod replica_replay;
 pub mod ssd_sharing;
 
 pub use ownership::{ApplyError, NodeId, OwnershipMap, StaleVersion, Update};

@@ -78,7 +78,7 @@ pub fn check(vdisk: &str, offset: u64, len: u32, block: u64) -> Result<(), &'sta
     if vdisk.is_empty() || vdisk.len() > MAX_NAME {
         return Err("a replicated vDisk's name must be 1 to 400 bytes");
     }
-    if offset % SECTOR != 0 || u64::from(len) % SECTOR != 0 || len == 0 || u64::from(len) > block {
+    if !offset.is_multiple_of(SECTOR) || !u64::from(len).is_multiple_of(SECTOR) || len == 0 || u64::from(len) > block {
         return Err("a replica record covers whole sectors, at most one block");
     }
     offset.checked_add(u64::from(len)).map(drop).ok_or("a replica record's range passes 2^64")
@@ -156,7 +156,7 @@ impl Geometry {
     /// holds fewer than 16 records.
     pub fn new(size: u64, block: u64) -> Option<Geometry> {
         let slots = size.checked_sub(RING_START)? / (HEADER + block);
-        (block >= SECTOR && block % SECTOR == 0 && slots >= 16).then_some(Geometry { block, slots })
+        (block >= SECTOR && block.is_multiple_of(SECTOR) && slots >= 16).then_some(Geometry { block, slots })
     }
 
     /// Bytes of one record in the ring.

@@ -26,8 +26,8 @@ pub struct Extent {
 /// (`found`, from [`crate::replica_record::scan`]), in disk order, neighbours merged.
 pub fn plan(vdisk: &str, found: &[Found]) -> Vec<Extent> {
     let mut mine: Vec<&Found> = found.iter().filter(|f| f.record.vdisk == vdisk).collect();
-    mine.sort_by(|a, b| b.record.seq.cmp(&a.record.seq)); // newest first
-                                                          // Sector ranges a newer record already decided, sorted and disjoint.
+    mine.sort_by_key(|f| std::cmp::Reverse(f.record.seq)); // newest first
+                                                           // Sector ranges a newer record already decided, sorted and disjoint.
     let mut decided: Vec<(u64, u64)> = Vec::new();
     let mut out: Vec<Extent> = Vec::new();
     for f in mine {

@@ -229,7 +229,7 @@ impl Owner {
     }
 
     /// The owner died: a survivor replays when told it may. Returns whether it did.
-    fn check_after_death(&mut self) -> Result<bool, TestCaseError> {
+    fn check_after_death(&self) -> Result<bool, TestCaseError> {
         let mut backing = self.backing.clone();
         let replayed = match self.etcd {
             Some((true, id)) => {

@@ -17,6 +17,8 @@ pub(crate) const NAMES: [&str; 3] = ["a", "b", "c"];
 /// A running node.
 pub(crate) struct Node {
     _backing: Proc,
+    /// Its backing store's own URI (nbdkit's).
+    pub(crate) backing_uri: String,
     pub(crate) proc: Proc,
     /// `nbd://127.0.0.1:PORT/vm-NAME`.
     pub(crate) uri: String,
@@ -26,6 +28,8 @@ pub(crate) struct Node {
 /// A node's part in a run.
 pub(crate) struct Role {
     pub(crate) cache_mib: u64,
+    /// Keys added to its vDisk's `[[vdisk]]` (`write_policy = "wb"`).
+    pub(crate) vdisk_extra: String,
     /// The `[cluster]` keys after name/address/etcd (None: no cluster).
     pub(crate) cluster: Option<String>,
 }
@@ -88,16 +92,23 @@ pub(crate) fn start_nodes(
             &cfg,
             format!(
                 "[cache]\npath = \"{d}/{name}.cache\"\nsize = \"{c}MiB\"\n[listen]\ntcp = \"127.0.0.1:{port}\"\ntls = \"on\"\ntls_dir = \"{srv}\"\n\
-                 [api]\nlisten = \"{api}\"\n[[vdisk]]\nname = \"vm-{name}\"\nbacking = \"{b}/\"\n{cluster}",
+                 [api]\nlisten = \"{api}\"\n[[vdisk]]\nname = \"vm-{name}\"\nbacking = \"{b}/\"\n{v}\n{cluster}",
                 d = dir.display(),
                 c = role.cache_mib,
                 srv = pki.join(format!("{name}-server")).display(),
                 b = kit_uri.trim_end_matches('/'),
+                v = role.vdisk_extra,
             ),
         )?;
         let rec = dir.join(format!("{name}.rec.csv"));
         let proc = spawn_serve(&cfg, record.then_some(rec.as_path())).with_context(|| format!("node {name}"))?;
-        nodes.push(Node { _backing: kit, proc, uri: format!("nbd://127.0.0.1:{port}/vm-{name}"), api });
+        nodes.push(Node {
+            _backing: kit,
+            backing_uri: kit_uri.clone(),
+            proc,
+            uri: format!("nbd://127.0.0.1:{port}/vm-{name}"),
+            api,
+        });
     }
     Ok(nodes)
 }

@@ -10,7 +10,10 @@
 //!   in a peer's lent region (the local store two units), queue depth 1; the extra per
 //!   remote hit against the loopback round trip measured beside it;
 //! - **a node's loss**: the lender SIGKILLed under a's load: the longest request (the
-//!   stall) and the time until a's IOPS settle at their level without the lender.
+//!   stall) and the time until a's IOPS settle at their level without the lender;
+//! - **replicated write-back** (`bench_cluster_replica.rs`): random writes on a
+//!   write-back vDisk logged on a peer, against write-back on one node and the backing
+//!   store itself.
 //!
 //! Loopback has no real link: its round trip is tens of µs, so the remote-hit figure is
 //! TLS, NBD and the daemon's cost over a fast link, not a datacentre's.
@@ -42,7 +45,7 @@ pub struct Opts {
     pub set_mib: u64,
     /// What b and c lend a (MiB each).
     pub lend_mib: u64,
-    /// Which parts run: `skew`, `hit`, `loss`.
+    /// Which parts run: `skew`, `hit`, `loss`, `replica`.
     pub parts: Vec<String>,
     /// Working directory.
     pub dir: PathBuf,
@@ -117,6 +120,7 @@ fn skew_roles(o: &Opts, pki: &Path, cluster: bool) -> Vec<Role> {
         .iter()
         .map(|n| Role {
             cache_mib: o.cache_mib,
+            vdisk_extra: String::new(),
             cluster: cluster.then(|| match *n {
                 "a" => format!(
                     "peers = [\"b\", \"c\"]\nborrow = \"{}MiB\"\npeer_tls_dir = \"{}\"",
@@ -136,8 +140,8 @@ pub fn run(o: &Opts) -> anyhow::Result<()> {
     let pki = make_pki(&dir)?;
     let (_etcd, etcd) = start_etcd(&o.etcd, &dir)?;
     for p in &o.parts {
-        if !["skew", "hit", "loss"].contains(&p.as_str()) {
-            bail!("--parts: `{p}` is not skew, hit or loss");
+        if !["skew", "hit", "loss", "replica"].contains(&p.as_str()) {
+            bail!("--parts: `{p}` is not skew, hit, loss or replica");
         }
     }
     let part = |p: &str| o.parts.iter().any(|x| x == p);
@@ -150,10 +154,9 @@ pub fn run(o: &Opts) -> anyhow::Result<()> {
     if part("loss") {
         node_loss(o, &dir, &pki, &etcd)?;
     }
-    println!(
-        "replicated write-back: not measured — write-back to another node's cache is not built yet (lent cache is \
-         write-through: a write to a block there goes to the backing store before it is acknowledged)"
-    );
+    if part("replica") {
+        crate::bench_cluster_replica::replicated_writes(o, &dir, &pki, &etcd)?;
+    }
     Ok(())
 }
 
@@ -261,6 +264,7 @@ fn remote_hit_cost(o: &Opts, dir: &Path, pki: &Path, etcd: &str) -> anyhow::Resu
             let roles: Vec<Role> = NAMES
                 .iter()
                 .map(|n| Role {
+                    vdisk_extra: String::new(),
                     cache_mib: if !remote {
                         SET_MIB * 4
                     } else if *n == "a" {

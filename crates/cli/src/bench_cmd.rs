@@ -13,7 +13,8 @@
 //!   `bench_sim.rs`).
 //! - `bench cluster`: ELICA's Eq. 4 allocation, exact and ILP solvers side by side
 //!   (`bench_cluster.rs`).
-//! - `bench cluster-serve`: ELICA on three real daemons with etcd (`bench_cluster_serve.rs`).
+//! - `bench cluster-serve`: ELICA on three real daemons with etcd (`bench_cluster_serve.rs`;
+//!   replicated write-back in `bench_cluster_replica.rs`).
 //! - `bench memory`: fills an engine of the given cache size and reports metadata bytes
 //!   per slot and peak RSS.
 
@@ -120,7 +121,8 @@ pub enum BenchCmd {
     },
     /// ELICA on real daemons: three nodes on loopback with etcd, a skewed placement with
     /// the cluster on vs each node alone (aggregate IOPS, p99), a remote hit's cost vs
-    /// the loopback round trip, and a lender's SIGKILL (stall, recovery).
+    /// the loopback round trip, a lender's SIGKILL (stall, recovery), and replicated
+    /// write-back against write-back on one node and the backing store.
     ClusterServe {
         /// The etcd binary (Debian's etcd-server).
         #[arg(long, default_value = "etcd")]
@@ -143,8 +145,9 @@ pub enum BenchCmd {
         /// What b and c each lend a, MiB.
         #[arg(long, default_value_t = 16)]
         lend_mib: u64,
-        /// Which parts run: skew (cluster vs alone), hit (a remote hit's cost), loss (a lender killed).
-        #[arg(long, value_delimiter = ',', default_value = "skew,hit,loss")]
+        /// Which parts run: skew (cluster vs alone), hit (a remote hit's cost), loss (a lender
+        /// killed), replica (replicated write-back's cost and IOPS).
+        #[arg(long, value_delimiter = ',', default_value = "skew,hit,loss,replica")]
         parts: Vec<String>,
         /// Working directory.
         #[arg(long, default_value = "out/bench-cluster-serve")]

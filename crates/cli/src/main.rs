@@ -9,6 +9,7 @@ mod api_token;
 mod bench_certs;
 mod bench_cluster;
 mod bench_cluster_nodes;
+mod bench_cluster_replica;
 mod bench_cluster_serve;
 mod bench_cmd;
 mod bench_datapath;

@@ -29,6 +29,10 @@ pub struct VdiskEntry {
     /// gone, the backing store may lack acknowledged writes.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub write_back: bool,
+    /// Its home last said its client writes go to the home's replica log on a peer: if
+    /// the home is gone, that log (when valid) holds what the backing store may lack.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub replicated: bool,
 }
 
 /// The map.
@@ -97,7 +101,8 @@ impl ClusterMap {
 /// - a vDisk whose home changes records where it came from and at which epoch
 ///   (`moved_from`, `moved_at`): its new node prewarms it from the old one's snapshots
 ///   (the Nutanix study's failover, made real);
-/// - a vDisk's `write_back` is what its home (live) last said; a gone home's is kept;
+/// - a vDisk's `write_back` and `replicated` are what its home (live) last said; a gone
+///   home's are kept;
 /// - stripes lent to a node that is not live go back home (their blocks are gone with
 ///   it, ELICA leaves this case open: the home node reads the backing store).
 pub fn next_map(current: &ClusterMap, members: &[MemberInfo]) -> Option<ClusterMap> {
@@ -130,12 +135,14 @@ pub fn next_map(current: &ClusterMap, members: &[MemberInfo]) -> Option<ClusterM
             Some(_) => {}
             None => {
                 let id = next.vdisks.values().map(|e| e.id + 1).max().unwrap_or(0);
-                let e = VdiskEntry { id, home, moved_from: None, moved_at: 0, write_back: false };
+                let e = VdiskEntry { id, home, moved_from: None, moved_at: 0, write_back: false, replicated: false };
                 next.vdisks.insert(vdisk.to_string(), e);
             }
         }
         let e = next.vdisks.get_mut(vdisk).expect("just homed");
-        e.write_back = members.iter().any(|m| m.name == e.home && m.write_back.iter().any(|w| w == vdisk));
+        let home = members.iter().find(|m| m.name == e.home);
+        e.write_back = home.is_some_and(|m| m.write_back.iter().any(|w| w == vdisk));
+        e.replicated = home.is_some_and(|m| m.replicated.iter().any(|w| w == vdisk));
     }
     let live_ids: Vec<NodeId> = live.iter().filter_map(|n| next.nodes.get(*n).copied()).collect();
     next.lent.retain(|l| live_ids.contains(&l.2));
@@ -161,6 +168,8 @@ mod tests {
             lend_bytes: 0,
             incarnation: 1,
             write_back: Vec::new(),
+            replica_bytes: 0,
+            replicated: Vec::new(),
         }
     }
 

@@ -67,6 +67,12 @@ pub struct MemberInfo {
     /// one over from the backing store unasked.
     #[serde(default)]
     pub write_back: Vec<String>,
+    /// The replica log it keeps for each peer naming it (bytes; 0: none).
+    #[serde(default)]
+    pub replica_bytes: u64,
+    /// The vDisks it serves whose client writes go to its replica log on a peer.
+    #[serde(default)]
+    pub replicated: Vec<String>,
 }
 
 /// The leader as etcd's leader key says.

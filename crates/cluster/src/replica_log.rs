@@ -153,6 +153,16 @@ impl ReplicaLog {
         self.geometry
     }
 
+    /// Sets the ring's geometry while no log is live (the next resync starts one from 0):
+    /// the peer's region's size is known only once it answers. `false` while healthy.
+    pub fn set_geometry(&mut self, geometry: Geometry) -> bool {
+        if self.health == Health::Healthy {
+            return false;
+        }
+        self.geometry = geometry;
+        true
+    }
+
     /// Records in use (head − tail).
     pub fn used(&self) -> u64 {
         self.head - self.tail

@@ -53,7 +53,7 @@ pub struct Record {
     pub vdisk: String,
     /// Disk byte offset (a multiple of [`SECTOR`]).
     pub offset: u64,
-    /// Bytes covered (a multiple of [`SECTOR`], at most the block size).
+    /// Bytes covered (a multiple of [`SECTOR`]; a data record's at most the block size).
     pub len: u32,
     /// CRC-32C of the data (data records).
     pub data_crc: u32,
@@ -73,7 +73,8 @@ pub enum FormatError {
     Invalid(&'static str),
 }
 
-/// A record's shape before it is written: refused when the log could not read it back.
+/// A data record's shape before it is written: refused when the log could not read it
+/// back.
 pub fn check(vdisk: &str, offset: u64, len: u32, block: u64) -> Result<(), &'static str> {
     if vdisk.is_empty() || vdisk.len() > MAX_NAME {
         return Err("a replicated vDisk's name must be 1 to 400 bytes");
@@ -82,6 +83,15 @@ pub fn check(vdisk: &str, offset: u64, len: u32, block: u64) -> Result<(), &'sta
         return Err("a replica record covers whole sectors, at most one block");
     }
     offset.checked_add(u64::from(len)).map(drop).ok_or("a replica record's range passes 2^64")
+}
+
+/// The whole sectors a tombstone covers for a write of `len` bytes at `offset` (any
+/// alignment: a write around the cache may be byte-granular): rounded outward, so no
+/// older record is replayed over any byte it wrote.
+pub fn tombstone_range(offset: u64, len: u32) -> (u64, u32) {
+    let lo = offset / SECTOR * SECTOR;
+    let hi = (offset + u64::from(len)).div_ceil(SECTOR) * SECTOR;
+    (lo, (hi - lo) as u32)
 }
 
 impl Record {
@@ -239,7 +249,10 @@ pub fn scan(geometry: Geometry, sb: &Superblock, ring: &[u8]) -> Vec<Found> {
         if record.log_id != sb.log_id
             || record.seq < sb.tail
             || record.seq % geometry.slots != slot as u64
-            || u64::from(record.len) > geometry.block
+            || (record.kind == Kind::Data && u64::from(record.len) > geometry.block)
+            || !record.offset.is_multiple_of(SECTOR)
+            || !u64::from(record.len).is_multiple_of(SECTOR)
+            || record.offset.checked_add(u64::from(record.len)).is_none()
         {
             continue;
         }
@@ -318,6 +331,13 @@ mod tests {
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].record.seq, 17);
         assert_eq!(found[0].data, vec![7u8; 4096]);
+    }
+
+    #[test]
+    fn a_tombstone_covers_every_sector_an_unaligned_write_touched() {
+        assert_eq!(tombstone_range(100_000, 1000), (99_840, 1536));
+        assert_eq!(tombstone_range(512, 512), (512, 512));
+        assert_eq!(tombstone_range(100, 4096), (0, 4608));
     }
 
     #[test]

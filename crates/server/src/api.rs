@@ -281,7 +281,11 @@ async fn set_allocator(State(a): State<Api>, Json(body): Json<AllocatorBody>) ->
 /// epoch, etcd's reachability); 404 on a single host.
 async fn cluster_status(State(a): State<Api>) -> Response {
     match a.daemon.cluster() {
-        Some(c) => Json(c.status()).into_response(),
+        Some(c) => {
+            let mut st = c.status();
+            st.replica = a.daemon.replica_status();
+            Json(st).into_response()
+        }
         None => err(StatusCode::NOT_FOUND, "this daemon is not a cluster node (no [cluster] section)"),
     }
 }

@@ -332,9 +332,20 @@ pub struct VdiskConfig {
     /// any client the listener lets in.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allow: Vec<String>,
+    /// On a cluster node with `cluster.replica`: whether this vDisk's client writes are
+    /// on the replica peer too before they are acknowledged (default: yes; `false` keeps
+    /// its write-back data on this node only, and another node then refuses to take it
+    /// over from the backing store after this one died).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicate: Option<bool>,
 }
 
 impl VdiskConfig {
+    /// Whether this vDisk's writes go to the replica log on a node that keeps one.
+    pub fn replicates(&self) -> bool {
+        self.replicate != Some(false)
+    }
+
     /// Checks every value for a cache of `block_size` blocks; the message starts with `at`
     /// and names the key.
     pub fn check(&self, at: &str, block_size: u64) -> Result<(), String> {
@@ -356,6 +367,9 @@ impl VdiskConfig {
         }
         check_share(&format!("{at}.ratio"), v.ratio)?;
         crate::tls_authz::check(&v.allow).map_err(|e| format!("{at}.allow: {e}"))?;
+        if v.replicate == Some(true) && v.name.len() > cachevisor_cluster::replica_record::MAX_NAME {
+            return Err(format!("{at}.replicate: a replicated vDisk's name must be at most 400 bytes"));
+        }
         if !crate::backing::is_uri(&v.backing) && !v.backing.exists() && v.size.is_none() {
             return Err(format!("{at}.backing: {} does not exist (give `size` to create it)", v.backing.display()));
         }
@@ -599,6 +613,7 @@ min = "16MiB"                 # default 0: the smallest cache share (all vDisks'
 sequential_cutoff = "4MiB"    # default off: longer contiguous runs bypass the cache
 write_policy = "wb"           # default: [cache] write_policy
 allow = ["CN=host-a,O=tenant1", "DNS:host-b.example"] # default []: over TLS, only clients whose verified certificate has one of these subjects (every ATTR=value given) or alt names (DNS:, IP:, URI:, email:; "*" any) open this export
+replicate = true              # default true, on a cluster node with cluster.replica: its client writes are on the replica peer too before they are acknowledged; false keeps its write-back data on this node only (another node then refuses to take it over after this one died)
 
 [vssd]                        # SymFlex's elastic vSSDs: a region of the cache store file after the cache's blocks (omit the section for none)
 size = "1GiB"                 # required: the region, whole blocks; fixed while vSSDs hold blocks in it (metadata refuses a change); with budget = "shared", the most of the cache it may take
@@ -637,6 +652,9 @@ borrow = "0"                  # default 0 (none), whole units: the most used of 
 peer_tls_dir = "/etc/cachevisor/peer" # required to borrow: this node's client credentials for its peers (ca-cert.pem, client-cert.pem with CN=NAME, client-key.pem)
 snapshots = "/srv/shared/cachevisor-snapshots" # default none: a directory every node reads (beside the backing store); each node writes its snapshots to SNAPSHOTS/NAME (prewarm.snapshot_dir must be unset), and a vDisk that moves to a node (its VM restarted there after a failover) is prewarmed from the snapshots of the node it came from
 lend = "0"                    # default 0 (none), whole units: cache lent to each peer, as the NBD export lent-PEER@EPOCH@INCARNATION only PEER's client certificate (CN=PEER) opens; needs listen.tls with a CA for client certificates
+replica = "node-b"            # default none: the peer keeping this node's replica log — every client write of a replicated vDisk is there too (O_DSYNC) before it is acknowledged, so losing either node loses no acknowledged write; needs peer_tls_dir
+replica_capacity = "0"        # default 0 (none), 1MiB to 1TiB: the replica log this node keeps for each peer naming it (METADATA/replicas/PEER.log, kept across restarts), exported as replica-PEER@EPOCH; needs listen.tls with a CA for client certificates
+replica_timeout = "3s"        # default lease_ttl, 100ms to lease_ttl: how long a write waits for its replica record before the peer counts as lost (then the log is declared void in etcd and writes go through to the backing store until a new log is in place): the stall ceiling
 "#;
 
 /// [`DEFAULT`] followed by [`REFERENCE`] commented out: what `--print-default-config` prints.
@@ -778,10 +796,11 @@ impl Config {
         }
         if let Some(c) = &self.cluster {
             let s = c.check()?;
-            if s.lend_bytes > 0 {
+            if s.lend_bytes > 0 || s.replica_capacity > 0 {
                 let ca = self.listen.tls_credentials()?.and_then(|c| c.ca);
                 if ca.is_none() {
-                    return Err("cluster.lend: lent cache is served over TLS to each peer's certificate only: set listen.tls (\"on\" or \"require\") with a CA for client certificates (listen.tls_dir's ca-cert.pem or listen.tls_ca)".into());
+                    let key = if s.lend_bytes > 0 { "cluster.lend" } else { "cluster.replica_capacity" };
+                    return Err(format!("{key}: lent cache and replica logs are served over TLS to each peer's certificate only: set listen.tls (\"on\" or \"require\") with a CA for client certificates (listen.tls_dir's ca-cert.pem or listen.tls_ca)"));
                 }
             }
             if s.unit_bytes % block_size != 0 {

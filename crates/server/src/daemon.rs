@@ -138,6 +138,10 @@ pub struct Daemon {
     cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
     /// The peers it borrows cache from (`[cluster] peers`), their devices' shared state.
     peer_links: Option<Arc<crate::cluster::peer_device::PeerLinks>>,
+    /// vDisks configured with `replicate = false`.
+    no_replica: Mutex<std::collections::BTreeSet<String>>,
+    /// This node's replica log on a peer (`[cluster] replica`), once joined.
+    replicator: std::sync::OnceLock<Arc<crate::cluster::replicator::Replicator>>,
 }
 
 impl Daemon {
@@ -178,6 +182,18 @@ impl Daemon {
                 });
             }
         }
+        if vm & VSSD_EXPORT == 0 && vm & crate::cluster::replica_host::REPLICA_EXPORT != 0 {
+            if let Some((c, r)) = self.cluster().and_then(|c| c.replicas.clone().map(|r| (c, r))) {
+                let owner = r.owner(vm).unwrap_or_default();
+                return Arc::new(crate::cluster::replica_host::ReplicaExport {
+                    cluster: Arc::downgrade(c),
+                    read_only: !c.is_member(&owner),
+                    owner,
+                    logs: r,
+                    epoch: c.epoch(),
+                });
+            }
+        }
         match &self.vssd {
             Some(svc) if vm & VSSD_EXPORT != 0 => {
                 Arc::new(crate::nbd::export_backend::VssdExport { svc: svc.clone(), id: vm & !VSSD_EXPORT })
@@ -188,6 +204,51 @@ impl Daemon {
                 retry_io: self.peer_links.is_some(),
             }),
         }
+    }
+
+    /// Starts this node's replica log on `peer`: every vDisk not configured with
+    /// `replicate = false` has its client writes logged there before they are answered
+    /// (`cluster/replicator.rs`), and a worker runs the log's trims and resyncs.
+    fn start_replicator(self: &Arc<Self>, c: &Arc<crate::cluster::Cluster>, peer: String) {
+        let s = c.settings();
+        let links = Arc::new(crate::cluster::peer_device::PeerLinks {
+            me: s.name.clone(),
+            peers: Vec::new(),
+            certs: s.peer_tls_dir.clone().expect("checked: a replica needs peer_tls_dir"),
+            borrow_slots: 0,
+            op_timeout: std::time::Duration::from_millis(s.replica_timeout_ms),
+            cluster: std::sync::OnceLock::new(),
+            restarted: Default::default(),
+            down: Default::default(),
+        });
+        let _ = links.cluster.set(Arc::downgrade(c));
+        let r = Arc::new(crate::cluster::replicator::Replicator::new(s, peer, links, self.block_size));
+        let _ = self.replicator.set(r.clone());
+        for e in self.exports() {
+            self.set_replicated(e.id, &e.name);
+        }
+        self.dp.set_replicator(r.clone());
+        let dp = Arc::downgrade(&self.dp);
+        std::thread::Builder::new()
+            .name("cv-replica".into())
+            .spawn(move || r.run(dp))
+            .expect("spawning the replica thread");
+    }
+
+    /// Whether vDisk `vm` (`name`) replicates, told to the replica log (if any).
+    fn set_replicated(&self, vm: VmId, name: &str) {
+        let Some(r) = self.replicator.get() else { return };
+        let off = self.no_replica.lock().unwrap_or_else(|e| e.into_inner()).contains(name);
+        let fits = name.len() <= cachevisor_cluster::replica_record::MAX_NAME;
+        if !off && !fits {
+            tracing::warn!(vdisk = %crate::log_safe(name), "a vDisk name longer than 400 bytes is not replicated");
+        }
+        r.set_vdisk(vm, (!off && fits).then(|| name.to_string()));
+    }
+
+    /// The replica log's figures, on a node that keeps one on a peer.
+    pub fn replica_status(&self) -> Option<crate::cluster::replicator::ReplicaStatus> {
+        self.replicator.get().map(|r| r.status())
     }
 
     /// This node's cluster membership, when `[cluster]` is configured.
@@ -238,10 +299,28 @@ impl Daemon {
             api,
             unit_bytes: settings.unit_bytes,
             lend_bytes: settings.lend_bytes,
+            replica_bytes: settings.replica_capacity,
             incarnation: lent.as_ref().map_or(0, |l| l.incarnation),
             applied: Mutex::new(Vec::new()),
         };
-        let c = self.cluster.get_or_init(|| crate::cluster::Cluster::start(settings, Box::new(source), lent)).clone();
+        let replicas = (settings.replica_capacity > 0)
+            .then(|| {
+                crate::cluster::replica_host::ReplicaLogs::new(
+                    self.meta_dir.join("replicas"),
+                    settings.replica_capacity,
+                )
+            })
+            .transpose()
+            .map_err(|e| StartError::File { path: self.meta_dir.join("replicas").display().to_string(), error: e })?
+            .map(Arc::new);
+        let replica = settings.replica.clone();
+        let c = self
+            .cluster
+            .get_or_init(|| crate::cluster::Cluster::start(settings, Box::new(source), lent, replicas))
+            .clone();
+        if let Some(peer) = replica {
+            self.start_replicator(&c, peer);
+        }
         if let Some(p) = &self.peer_links {
             let _ = p.cluster.set(Arc::downgrade(&c));
             // The leader's allocation divides this node's cache and its peers' (below);
@@ -262,8 +341,21 @@ impl Daemon {
         if !self.is_stopped() {
             e.extend(self.vssd_exports.iter().cloned());
             e.extend(self.lent_exports());
+            e.extend(self.replica_exports());
         }
         e
+    }
+
+    /// The replica logs this node keeps: a live owner's to its certificate, a gone one's
+    /// to every live member's (read-only).
+    fn replica_exports(&self) -> Vec<ExportInfo> {
+        let Some((c, r)) = self.cluster().and_then(|c| c.replicas.as_ref().map(|r| (c, r))) else {
+            return Vec::new();
+        };
+        c.replica_exports()
+            .into_iter()
+            .map(|x| ExportInfo { id: r.id(&x.owner), size: r.size_of(&x.owner), name: x.name, allow: x.allow })
+            .collect()
     }
 
     /// The regions this node lends its live peers, each to the peer's certificate only.
@@ -307,6 +399,9 @@ impl Daemon {
         }
         if vm & crate::cluster::lent::LENT_EXPORT != 0 {
             return self.lent_exports().into_iter().find(|e| e.id == vm);
+        }
+        if vm & crate::cluster::replica_host::REPLICA_EXPORT != 0 {
+            return self.replica_exports().into_iter().find(|e| e.id == vm);
         }
         self.exports.read().unwrap_or_else(|e| e.into_inner()).get(vm as usize).cloned().flatten()
     }
@@ -509,6 +604,7 @@ struct NodeSource {
     api: Option<String>,
     unit_bytes: u64,
     lend_bytes: u64,
+    replica_bytes: u64,
     incarnation: u64,
     /// The shares last applied.
     applied: Mutex<Vec<Share>>,
@@ -523,6 +619,7 @@ type Share = (VmId, Vec<(u16, u64)>, u64);
 
 impl crate::cluster::NodeSource for NodeSource {
     fn info(&self) -> cachevisor_cluster::membership::MemberInfo {
+        let replicated = self.daemon.upgrade().and_then(|d| d.replicator.get().map(|r| r.names())).unwrap_or_default();
         let (cache_blocks, block_size, vdisks, write_back) = match self.daemon.upgrade() {
             Some(d) => {
                 let st = d.status();
@@ -545,6 +642,8 @@ impl crate::cluster::NodeSource for NodeSource {
             lend_bytes: self.lend_bytes,
             incarnation: self.incarnation,
             write_back,
+            replica_bytes: self.replica_bytes,
+            replicated,
         }
     }
 

@@ -196,6 +196,9 @@ struct Shared {
     /// stores' (with the ring on, the only ones device threads take: a wakeup for a
     /// cache-file op would find nothing to do and sleep again).
     backing_queued: AtomicUsize,
+    /// The replica log of a cluster node's replicated vDisks (`cluster/replicator.rs`):
+    /// their client writes are logged on a peer before they are answered.
+    replicator: std::sync::OnceLock<Arc<crate::cluster::replicator::Replicator>>,
     /// The io_uring thread's I/O buffers (a read's goes out as its reply's bytes).
     io_pool: Arc<crate::aligned_buf::IoPool>,
 }
@@ -341,6 +344,11 @@ impl DataPath {
     pub fn flush(&self, vm: VmId) -> Result<(), Failure> {
         let req = Request { time_ns: 0, vm, op: Op::Read, offset: 0, len: 0 };
         self.shared.run(Kind::Flush, req, None).map(|_| ())
+    }
+
+    /// Logs the client writes of the vDisks `r` covers on its peer from now on.
+    pub fn set_replicator(&self, r: Arc<crate::cluster::replicator::Replicator>) {
+        let _ = self.shared.replicator.set(r);
     }
 
     /// Whether the cache store is O_DIRECT.

@@ -98,7 +98,8 @@ pub fn connection<S: Split + Timed + std::os::fd::AsFd + Send + 'static>(
             };
             // A lent region's name carries the map epoch: its metrics are labelled by the
             // borrower alone, so the label set does not grow with every epoch.
-            let lent = vm & crate::vssd::startup::VSSD_EXPORT == 0 && vm & crate::cluster::lent::LENT_EXPORT != 0;
+            let lent = vm & crate::vssd::startup::VSSD_EXPORT == 0
+                && vm & (crate::cluster::lent::LENT_EXPORT | crate::cluster::replica_host::REPLICA_EXPORT) != 0;
             let label = if lent { export.name.split('@').next().unwrap_or(&export.name) } else { &export.name };
             let latency = Some(latency_of(d.metrics(), label));
             let reader = PollingReader::new(s, p.poll, p.pollers.clone());

@@ -28,6 +28,20 @@ pub fn create(path: &Path) -> io::Result<std::fs::File> {
     options().write(true).create(true).truncate(true).open(path)
 }
 
+/// Replaces `path` with `bytes` whole or not at all (a 0600 temporary file, synced,
+/// renamed over it, the directory synced): small state files a crash must not tear.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    use std::io::Write;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
+    let mut f = create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    std::fs::File::open(path.parent().unwrap_or(Path::new(".")))?.sync_all()
+}
+
 /// Creates directory `path` (0700); its parent must exist.
 pub fn create_dir(path: &Path) -> io::Result<()> {
     DirBuilder::new().mode(DIR_MODE).create(path)

@@ -37,8 +37,9 @@ pub struct LentRegions {
     regions: Mutex<Regions>,
 }
 
-/// Borrowers by index, and their open region files.
-type Regions = (Vec<String>, BTreeMap<String, Arc<File>>);
+/// Peers by index (an export id's low bits), and their open files (lent regions here,
+/// replica logs in `replica_host.rs`).
+pub(crate) type Regions = (Vec<String>, BTreeMap<String, Arc<File>>);
 
 impl LentRegions {
     /// Regions of `size` bytes under `dir` (created; regions from an earlier run are

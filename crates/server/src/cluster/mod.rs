@@ -9,8 +9,12 @@ pub mod agent;
 pub mod estimates;
 pub mod lent;
 pub mod peer_device;
+pub mod replica_host;
+pub mod replica_state;
+pub mod replicator;
 pub mod settings;
 pub mod takeover;
+pub mod takeover_replay;
 
 use cachevisor_cluster::cluster_map::ClusterMap;
 use cachevisor_cluster::estimate::{AllocationRecord, NodeEstimates};
@@ -43,6 +47,19 @@ pub struct Cluster {
     source: Box<dyn NodeSource>,
     /// The cache it lends its peers, if any.
     pub lent: Option<Arc<lent::LentRegions>>,
+    /// The replica logs it keeps for its peers, if any.
+    pub replicas: Option<Arc<replica_host::ReplicaLogs>>,
+}
+
+/// A replica log this node exports: its owner, the export name, the certificates that
+/// may open it.
+pub struct ReplicaExportInfo {
+    /// The owner.
+    pub owner: String,
+    /// `replica-<owner>@<epoch>`.
+    pub name: String,
+    /// `CN=<node>` of whoever may open it.
+    pub allow: Vec<String>,
 }
 
 /// What a node publishes, read from the daemon.
@@ -90,6 +107,8 @@ pub struct ClusterStatus {
     pub last_error: Option<String>,
     /// Lease TTL (ms).
     pub lease_ttl_ms: u64,
+    /// This node's replica log on a peer (`[cluster] replica`).
+    pub replica: Option<replicator::ReplicaStatus>,
 }
 
 impl Cluster {
@@ -98,6 +117,7 @@ impl Cluster {
         settings: ClusterSettings,
         source: Box<dyn NodeSource>,
         lent: Option<Arc<lent::LentRegions>>,
+        replicas: Option<Arc<replica_host::ReplicaLogs>>,
     ) -> Arc<Cluster> {
         let c = Arc::new(Cluster {
             state: Mutex::new(Shared {
@@ -113,6 +133,7 @@ impl Cluster {
             start: Instant::now(),
             source,
             lent,
+            replicas,
         });
         let weak = Arc::downgrade(&c);
         std::thread::Builder::new()
@@ -159,6 +180,66 @@ impl Cluster {
         Ok(())
     }
 
+    /// Whether a request on `owner`'s replica log, on a connection opened at `epoch`, may
+    /// be served: this node holds its lease and is at that epoch; a write (`write`) only
+    /// while the owner is a live member.
+    pub fn check_replica(&self, owner: &str, epoch: u64, write: bool) -> Result<(), String> {
+        let now = self.now_ms();
+        let s = self.lock();
+        s.member.check_epoch(now, epoch).map_err(|e| e.to_string())?;
+        if write && !s.member.members().iter().any(|m| m.name == owner) {
+            return Err(format!("{} is not a live member of the cluster", crate::log_safe(owner)));
+        }
+        Ok(())
+    }
+
+    /// Whether `owner` is a live member now.
+    pub fn is_member(&self, owner: &str) -> bool {
+        self.lock().member.members().iter().any(|m| m.name == owner)
+    }
+
+    /// The replica-log exports now: each live peer's log, to its certificate; each log
+    /// of a peer that is gone, to every live member's (read-only).
+    pub fn replica_exports(&self) -> Vec<ReplicaExportInfo> {
+        let Some(r) = &self.replicas else { return Vec::new() };
+        let now = self.now_ms();
+        let s = self.lock();
+        if !s.member.serving(now) {
+            return Vec::new();
+        }
+        let epoch = s.member.epoch();
+        let me = &self.settings.name;
+        let live: Vec<&str> = s.member.members().iter().map(|m| m.name.as_str()).filter(|n| n != me).collect();
+        let mut out: Vec<ReplicaExportInfo> = live
+            .iter()
+            .map(|o| ReplicaExportInfo {
+                owner: o.to_string(),
+                name: replica_host::ReplicaLogs::export_name(o, epoch),
+                allow: vec![format!("CN={o}")],
+            })
+            .collect();
+        for o in r.kept().into_iter().filter(|o| o != me && !live.contains(&o.as_str())) {
+            out.push(ReplicaExportInfo {
+                name: replica_host::ReplicaLogs::export_name(&o, epoch),
+                owner: o,
+                allow: live.iter().map(|n| format!("CN={n}")).collect(),
+            });
+        }
+        out
+    }
+
+    /// Where `peer`'s replica log for this node is: (address, epoch), if it is a live
+    /// member that keeps logs and this node holds a lease.
+    pub fn replica_target(&self, peer: &str) -> Option<(String, u64)> {
+        let now = self.now_ms();
+        let s = self.lock();
+        if !s.member.serving(now) {
+            return None;
+        }
+        let m = s.member.members().iter().find(|m| m.name == peer && m.replica_bytes > 0)?;
+        Some((m.peer_address.clone(), s.member.epoch()))
+    }
+
     /// The lent-cache exports now: (borrower, export name) for every live peer.
     pub fn lent_exports(&self) -> Vec<(String, String)> {
         let Some(l) = &self.lent else { return Vec::new() };
@@ -191,23 +272,42 @@ impl Cluster {
     /// Whether this node may start serving the vDisk `name` (a VM restarted here): not
     /// while another live node serves it (one node at a time), and not when its last home
     /// is gone while it was write-back there (acknowledged writes may be on that node's
-    /// SSD only) — nor before the map was read (unknown). `Err` says why and what to do.
-    pub fn may_serve(&self, name: &str) -> Result<(), String> {
-        let s = self.lock();
+    /// SSD only) — unless that home's replica log is valid in etcd and its keeper live:
+    /// then the log is replayed first (`Ok(Some(replay))`, `takeover_replay.rs`) — nor
+    /// before the map was read (unknown). `Err` says why and what to do.
+    pub fn may_serve(&self, name: &str) -> Result<Option<takeover_replay::Replay>, String> {
         let v = crate::log_safe(name);
-        if s.map.epoch == 0 {
-            let why = if s.etcd_reachable { "not read yet" } else { "not read (etcd unreachable)" };
-            return Err(format!("the cluster map is {why}: whether another node serves `{v}` is not known; try again, or add it with force"));
+        let home = {
+            let s = self.lock();
+            if s.map.epoch == 0 {
+                let why = if s.etcd_reachable { "not read yet" } else { "not read (etcd unreachable)" };
+                return Err(format!("the cluster map is {why}: whether another node serves `{v}` is not known; try again, or add it with force"));
+            }
+            let Some(e) = s.map.vdisks.get(name).filter(|e| e.home != self.settings.name) else { return Ok(None) };
+            let home = crate::log_safe(&e.home);
+            if s.member.members().iter().any(|m| m.name == e.home && m.vdisks.iter().any(|x| x == name)) {
+                return Err(format!("vDisk `{v}` is served by node {home}, which is live: a vDisk is served by one node at a time (remove it there first)"));
+            }
+            if !e.write_back {
+                return Ok(None);
+            }
+            if !e.replicated {
+                let home = crate::log_safe(&e.home);
+                return Err(format!("vDisk `{v}` was write-back on node {home}, which is gone: writes it acknowledged may be in {home}'s cache only (it was not replicated: no valid replica log). Bring {home} back (its cache writes them back), or add it with force to serve what the backing store holds"));
+            }
+            e.home.clone()
+        };
+        let shown = crate::log_safe(&home);
+        let lost = format!("vDisk `{v}` was write-back on node {shown}, which is gone: writes it acknowledged may be in {shown}'s cache only");
+        let state = replica_state::read(&self.settings, &home, std::time::Duration::from_secs(2))
+            .map_err(|e| format!("{lost}, and whether its replica log holds them is not known ({e}); try again"))?;
+        match state {
+            Some(st) if st.valid && self.replica_target(&st.peer).is_some() => {
+                Ok(Some(takeover_replay::Replay { owner: home, state: st }))
+            }
+            Some(st) if st.valid => Err(format!("{lost}; its replica log is on {}, which is not live now: bring either back, or add it with force to serve what the backing store holds", crate::log_safe(&st.peer))),
+            _ => Err(format!("{lost} (no valid replica log). Bring {shown} back (its cache writes them back), or add it with force to serve what the backing store holds")),
         }
-        let Some(e) = s.map.vdisks.get(name).filter(|e| e.home != self.settings.name) else { return Ok(()) };
-        let home = crate::log_safe(&e.home);
-        if s.member.members().iter().any(|m| m.name == e.home && m.vdisks.iter().any(|x| x == name)) {
-            return Err(format!("vDisk `{v}` is served by node {home}, which is live: a vDisk is served by one node at a time (remove it there first)"));
-        }
-        if e.write_back {
-            return Err(format!("vDisk `{v}` was write-back on node {home}, which is gone: writes it acknowledged may be in {home}'s cache only. Bring {home} back (its cache writes them back), or add it with force to serve what the backing store holds"));
-        }
-        Ok(())
     }
 
     /// The map epoch this node is at.
@@ -234,6 +334,7 @@ impl Cluster {
             etcd_errors: s.member.etcd_errors(),
             last_error: s.last_error.clone(),
             lease_ttl_ms: self.settings.timing.lease_ttl_ms,
+            replica: None,
         }
     }
 

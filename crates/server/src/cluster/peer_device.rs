@@ -82,12 +82,15 @@ struct Link {
     down_until: Option<std::time::Instant>,
 }
 
-/// One peer's lent region.
+/// One peer's lent region, or the replica log it keeps for this node.
 pub struct PeerDevice {
     links: Arc<PeerLinks>,
     peer: String,
     size: u64,
     link: Mutex<Link>,
+    /// The peer's replica log for this node (`replica-<me>@<epoch>`, kept across the
+    /// peer's restarts) instead of its lent region.
+    replica: bool,
 }
 
 fn refused(msg: String) -> io::Error {
@@ -97,12 +100,53 @@ fn refused(msg: String) -> io::Error {
 impl PeerDevice {
     /// The region `peer` lends this node, `size` bytes.
     pub fn new(links: Arc<PeerLinks>, peer: String, size: u64) -> PeerDevice {
-        PeerDevice { links, peer, size, link: Mutex::new(Link::default()) }
+        PeerDevice { links, peer, size, link: Mutex::new(Link::default()), replica: false }
+    }
+
+    /// The replica log `peer` keeps for this node (its size read from the export).
+    pub fn replica_log(links: Arc<PeerLinks>, peer: String) -> PeerDevice {
+        PeerDevice { links, peer, size: 0, link: Mutex::new(Link::default()), replica: true }
+    }
+
+    /// The size of the peer's export (connecting if need be).
+    pub fn export_size(&self) -> io::Result<u64> {
+        let b = self.connection().map_err(|e| self.failed(e))?;
+        b.size().map_err(|e| self.failed(e))
+    }
+
+    /// Makes the peer's completed writes durable.
+    pub fn flush(&self) -> io::Result<()> {
+        let b = self.connection().map_err(|e| self.failed(e))?;
+        b.sync().map_err(|e| self.failed(e))
+    }
+
+    fn replica_connection(&self, c: &Cluster) -> io::Result<Arc<Backing>> {
+        let (addr, epoch) = c
+            .replica_target(&self.peer)
+            .ok_or_else(|| refused(format!("{} is not a live member keeping replica logs", self.peer)))?;
+        let mut l = self.link.lock().unwrap_or_else(|e| e.into_inner());
+        if l.down_until.is_some_and(|t| std::time::Instant::now() < t) {
+            return Err(refused(format!("{} failed moments ago", self.peer)));
+        }
+        if let Some((_, e, b)) = &l.conn {
+            if *e == epoch {
+                return Ok(b.clone());
+            }
+        }
+        let uri =
+            format!("nbds://{addr}/replica-{}@{epoch}?tls-certificates={}", self.links.me, self.links.certs.display());
+        let b = Arc::new(Backing::connect_once(std::path::Path::new(&uri))?);
+        b.set_op_timeout(Some(self.links.op_timeout))?;
+        l.conn = Some((0, epoch, b.clone()));
+        Ok(b)
     }
 
     /// The connection to use now.
     fn connection(&self) -> io::Result<Arc<Backing>> {
         let c = self.links.cluster.get().and_then(Weak::upgrade).ok_or_else(|| refused("not joined yet".into()))?;
+        if self.replica {
+            return self.replica_connection(&c);
+        }
         let (addr, incarnation, epoch) =
             c.peer_target(&self.peer).ok_or_else(|| refused(format!("{} is not a live member", self.peer)))?;
         let mut l = self.link.lock().unwrap_or_else(|e| e.into_inner());
@@ -138,7 +182,11 @@ impl PeerDevice {
         }
         let mut l = self.link.lock().unwrap_or_else(|e| e.into_inner());
         if l.down_until.is_none_or(|t| std::time::Instant::now() >= t) {
-            tracing::warn!(peer = %self.peer, %e, "lent cache on a peer: op failed (its ops fail at once for 1.5 lease TTLs; the requests are served from the backing store)");
+            if self.replica {
+                tracing::warn!(peer = %self.peer, %e, "replica log on a peer: write failed (the replicated vDisks go through to the backing store until a new log is in place)");
+            } else {
+                tracing::warn!(peer = %self.peer, %e, "lent cache on a peer: op failed (its ops fail at once for 1.5 lease TTLs; the requests are served from the backing store)");
+            }
         }
         l.conn = None;
         // One and a half TTLs: a dead peer's lease has expired at etcd by then and this
@@ -181,6 +229,10 @@ impl Device for PeerDevice {
     }
 
     fn describe(&self) -> String {
-        format!("the cache region {} lends this node", self.peer)
+        if self.replica {
+            format!("the replica log {} keeps for this node", self.peer)
+        } else {
+            format!("the cache region {} lends this node", self.peer)
+        }
     }
 }

@@ -66,6 +66,17 @@ pub struct ClusterConfig {
     /// (instead of `prewarm.snapshot_dir`), and a node a vDisk moves to prewarms it from
     /// the snapshots of the node it came from (the Nutanix study's failover).
     pub snapshots: Option<std::path::PathBuf>,
+    /// The peer that keeps this node's replica log: a write-back vDisk's client writes
+    /// are on that node too before they are acknowledged (each vDisk's `replicate`, on
+    /// by default once this is set), so losing either node loses no acknowledged write.
+    pub replica: Option<String>,
+    /// How big a replica log this node keeps for each peer that names it (`0`: none).
+    #[serde(default = "default_lend")]
+    pub replica_capacity: String,
+    /// How long a write waits for its replica record before the peer counts as lost
+    /// (writes then go through to the backing store once the cluster was told): the
+    /// stall ceiling of a peer cut off the network. Default: the lease TTL.
+    pub replica_timeout: Option<String>,
 }
 
 fn default_lend() -> String {
@@ -130,6 +141,12 @@ pub struct ClusterSettings {
     pub peer_tls_dir: Option<std::path::PathBuf>,
     /// The shared snapshot directory, every node's under its name.
     pub snapshots: Option<std::path::PathBuf>,
+    /// The peer keeping this node's replica log.
+    pub replica: Option<String>,
+    /// Bytes of replica log kept for each peer naming this node.
+    pub replica_capacity: u64,
+    /// A replica record's deadline, ms.
+    pub replica_timeout_ms: u64,
 }
 
 impl ClusterSettings {
@@ -229,6 +246,30 @@ impl ClusterConfig {
         if borrow_bytes > 0 && !self.peers.is_empty() && self.peer_tls_dir.is_none() {
             return Err("cluster.peer_tls_dir: borrowing from peers needs this node's client certificate (a directory with ca-cert.pem, client-cert.pem, client-key.pem)".into());
         }
+        if let Some(r) = &self.replica {
+            check_name("replica", r)?;
+            if *r == self.name {
+                return Err(format!("cluster.replica: `{r}` is this node: a replica is kept by another one"));
+            }
+            if self.peer_tls_dir.is_none() {
+                return Err("cluster.peer_tls_dir: a replica log on a peer needs this node's client certificate (a directory with ca-cert.pem, client-cert.pem, client-key.pem)".into());
+            }
+        }
+        let replica_capacity =
+            parse_size(&self.replica_capacity).map_err(|e| format!("cluster.replica_capacity: {e}"))?;
+        if replica_capacity != 0 && !(1 << 20..=1 << 40).contains(&replica_capacity) {
+            return Err(format!("cluster.replica_capacity: `{}` must be 0 or 1MiB to 1TiB", self.replica_capacity));
+        }
+        let replica_timeout_ms = match &self.replica_timeout {
+            None => ttl,
+            Some(v) => {
+                let t = ms("replica_timeout", v)?;
+                if !(100..=ttl).contains(&t) {
+                    return Err(format!("cluster.replica_timeout: `{v}` must be from 100ms to lease_ttl"));
+                }
+                t
+            }
+        };
         Ok(ClusterSettings {
             name: self.name.clone(),
             address: self.address.clone(),
@@ -243,6 +284,9 @@ impl ClusterConfig {
             borrow_bytes,
             peer_tls_dir: self.peer_tls_dir.clone(),
             snapshots: self.snapshots.clone(),
+            replica: self.replica.clone(),
+            replica_capacity,
+            replica_timeout_ms,
         })
     }
 }
@@ -275,6 +319,10 @@ mod tests {
             ("peers = [\"a\"]\nborrow = \"1MiB\"\npeer_tls_dir = \"x\"", "cluster.peers"),
             ("peers = [\"b\"]\nborrow = \"1MiB\"", "cluster.peer_tls_dir"),
             ("borrow = \"3KiB\"", "cluster.borrow"),
+            ("replica = \"a\"\npeer_tls_dir = \"x\"", "cluster.replica"),
+            ("replica = \"b\"", "cluster.peer_tls_dir"),
+            ("replica_capacity = \"4KiB\"", "cluster.replica_capacity"),
+            ("replica_timeout = \"10s\"", "cluster.replica_timeout"),
         ] {
             let e = cfg(extra).unwrap_err();
             assert!(e.contains(key), "{extra}: {e}");

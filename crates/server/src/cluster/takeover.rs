@@ -12,7 +12,6 @@
 
 use cachevisor_cluster::cluster_map::ClusterMap;
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -92,12 +91,7 @@ impl Takeovers {
     }
 
     fn save(&self, done: &BTreeMap<String, u64>) -> std::io::Result<()> {
-        let tmp = self.file.with_extension("json.tmp");
-        let mut f = crate::private_files::create(&tmp)?;
-        f.write_all(&serde_json::to_vec(done).expect("a map serializes"))?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &self.file)?;
-        std::fs::File::open(self.file.parent().unwrap_or(Path::new(".")))?.sync_all()
+        crate::private_files::write_atomic(&self.file, &serde_json::to_vec(done).expect("a map serializes"))
     }
 }
 
@@ -113,6 +107,7 @@ mod tests {
             moved_from: from.map(str::to_string),
             moved_at: at,
             write_back: false,
+            replicated: false,
         }
     }
 

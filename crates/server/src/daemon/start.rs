@@ -404,6 +404,8 @@ impl Daemon {
             vssd_exports,
             cluster: std::sync::OnceLock::new(),
             peer_links,
+            no_replica: Mutex::new(cfg.vdisk.iter().filter(|v| !v.replicates()).map(|v| v.name.clone()).collect()),
+            replicator: std::sync::OnceLock::new(),
         })
     }
 }

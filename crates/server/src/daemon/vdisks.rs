@@ -44,9 +44,10 @@ impl Daemon {
         if self.vdisk(&v.name).is_some() {
             return Err(ChangeError::Conflict(format!("a vDisk named `{}` is already served", v.name)));
         }
-        if let Some(c) = self.cluster().filter(|_| !force) {
-            c.may_serve(&v.name).map_err(ChangeError::Conflict)?;
-        }
+        let replay = match self.cluster().filter(|_| !force) {
+            Some(c) => c.may_serve(&v.name).map_err(ChangeError::Conflict)?,
+            None => None,
+        };
         if !crate::backing::is_uri(&v.backing) {
             v.backing = std::path::absolute(&v.backing).map_err(|e| ChangeError::Invalid(format!("backing: {e}")))?;
         }
@@ -63,6 +64,15 @@ impl Daemon {
             }
         }
         let b = Backing::open(&v.backing, size, v.grow, "vdisk").map_err(ChangeError::Invalid)?;
+        if let (Some(r), Some(c)) = (&replay, self.cluster()) {
+            let certs = c.settings().peer_tls_dir.clone().ok_or_else(|| {
+                ChangeError::Conflict(
+                    "replaying a replica log needs cluster.peer_tls_dir (this node's client certificate)".into(),
+                )
+            })?;
+            crate::cluster::takeover_replay::replay_once(c, r, &v.name, &b, &certs, &self.meta_dir)
+                .map_err(|e| ChangeError::Conflict(format!("vDisk `{}`: {e}", crate::log_safe(&v.name))))?;
+        }
         let failed = |e: std::io::Error| ChangeError::Invalid(format!("backing {}: {e}", v.backing.display()));
         let size = b.size().map_err(failed)?;
         cachevisor_engine::check_disk_size(size, self.block_size)
@@ -78,6 +88,15 @@ impl Daemon {
             return Err(ChangeError::Conflict("no VM ids left: restart the daemon to renumber".into()));
         }
         overlay.change(&self.meta_dir, |o| o.add(v.clone())).map_err(ChangeError::Failed)?;
+        {
+            let mut off = self.no_replica.lock().unwrap_or_else(|e| e.into_inner());
+            if v.replicates() {
+                off.remove(&v.name);
+            } else {
+                off.insert(v.name.clone());
+            }
+        }
+        self.set_replicated(id, &v.name);
         let bs = self.block_size;
         self.dp
             .with_engine_mut(|e| {

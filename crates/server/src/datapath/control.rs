@@ -136,6 +136,59 @@ impl DataPath {
         Ok(done)
     }
 
+    /// Writes back, once, every block of `vms` dirty when it starts (a replica log's
+    /// trim: every record below the new tail must have its data on the backing store);
+    /// blocks with ops in flight are waited for and written back after them (a later
+    /// write's bytes cover the earlier); then makes it durable. Unlike [`Self::destage`]
+    /// it ends under a steady stream of writes. Returns the blocks written back.
+    pub fn destage_pass(&self, vms: &[VmId]) -> Result<u64, Failure> {
+        let mut left: Vec<(VmId, u64)> = {
+            let core = self.shared.lock();
+            let mut v = Vec::new();
+            for &vm in vms {
+                let mut cursor = 0u32;
+                for k in core.engine.dirty_batch(Some(vm), &mut cursor, usize::MAX) {
+                    v.push((vm, cachevisor_engine::slot_table::key_block(k)));
+                }
+            }
+            v
+        };
+        let mut done = 0u64;
+        let mut rounds = 0u32;
+        while !left.is_empty() {
+            let mut skipped = Vec::new();
+            for chunk in left.chunks(DESTAGE_STEP) {
+                self.run_job(|e, out| {
+                    let mut one = Output::default();
+                    for &(vm, b) in chunk {
+                        if e.destage_block(vm, b, &mut one) > 0 {
+                            done += 1;
+                        } else {
+                            skipped.push((vm, b));
+                        }
+                        out.ops.append(&mut one.ops);
+                    }
+                })?;
+            }
+            // Skipped and still dirty: an op in flight on it; written back once it ends.
+            let core = self.shared.lock();
+            skipped.retain(|&(vm, b)| !core.engine.dirty_blocks_in(vm, b, b + 1).is_empty());
+            drop(core);
+            left = skipped;
+            if !left.is_empty() {
+                rounds += 1;
+                if rounds > 20_000 {
+                    return Err(Failure::Io);
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        for &vm in vms {
+            self.flush(vm)?;
+        }
+        Ok(done)
+    }
+
     /// Sets the policy's hooks: each request as it is submitted, each ended interval, and
     /// each tick of the timer thread.
     pub fn set_hooks(

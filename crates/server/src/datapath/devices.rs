@@ -4,7 +4,6 @@
 //! 1 MiB read of consecutive slots is one `pread`), and their completions go back to the
 //! engine. After a halt no op touches a device: each fails with `Failure::Shutdown`.
 
-use super::store_devices::on_the_cache_file;
 use super::{Bytes, Core, Shared, Work};
 use crate::backing::Backing;
 use cachevisor_engine::{Device, DeviceOp, Failure, Io, Location, OpKind, ReqId, MAX_RUN_BYTES};
@@ -134,7 +133,7 @@ impl Shared {
         let (queue, at) = match only {
             Some(Own { req, ssd_only }) => {
                 let mine = |q: &std::collections::VecDeque<Work>| {
-                    q.iter().position(|w| w.op.req == req && (!ssd_only || on_the_cache_file(&w.op)))
+                    q.iter().position(|w| w.op.req == req && (!ssd_only || self.local_only(&w.op)))
                 };
                 if let Some(i) = mine(&core.work) {
                     (&mut core.work, i)
@@ -147,7 +146,7 @@ impl Shared {
                 // With the io_uring thread on, cache-store ops are its own.
                 let ring = self.ring_on.load(std::sync::atomic::Ordering::Relaxed);
                 let eligible =
-                    |q: &std::collections::VecDeque<Work>| q.iter().position(|w| !(ring && on_the_cache_file(&w.op)));
+                    |q: &std::collections::VecDeque<Work>| q.iter().position(|w| !(ring && self.local_only(&w.op)));
                 if let Some(i) = eligible(&core.work) {
                     (&mut core.work, i)
                 } else if background {
@@ -170,7 +169,7 @@ impl Shared {
         only: Option<Own>,
     ) -> Vec<Work> {
         let first = queue.remove(at).expect("an op at `at`");
-        let backing = |w: &Work| !on_the_cache_file(&w.op) as usize;
+        let backing = |w: &Work| !self.local_only(&w.op) as usize;
         self.backing_queued.fetch_sub(backing(&first), Relaxed);
         let mut total = first.op.len as u64;
         let mut run = vec![first];
@@ -208,7 +207,10 @@ impl Shared {
         let at = run_address(run, &self.layout);
         let r = if first.kind.is_write() {
             match write_data(run) {
-                Some(data) => self.dev_write(first.loc, &data, at).map(|()| bytes::Bytes::new()),
+                Some(data) => self
+                    .dev_write(first.loc, &data, at)
+                    .and_then(|()| self.replicate(run, &data))
+                    .map(|()| bytes::Bytes::new()),
                 None => return vec![Err(Failure::Io); run.len()],
             }
         } else {
@@ -216,6 +218,47 @@ impl Shared {
             self.dev_read(first.loc, &mut buf, at).map(|()| bytes::Bytes::from(buf))
         };
         run_results(run, r)
+    }
+
+    /// A written run's client writes of replicated vDisks, logged on the replica peer
+    /// (`cluster/replicator.rs`): a cache write's bytes as data, a backing write as a
+    /// tombstone; when the log is not usable, a cache write's bytes go through to the
+    /// backing store as well. Returns once the write may be acknowledged.
+    fn replicate(&self, run: &[Work], data: &[u8]) -> std::io::Result<()> {
+        let Some(r) = self.replicator.get() else { return Ok(()) };
+        let mut recs = Vec::new();
+        let mut at = 0usize;
+        for w in run {
+            let len = w.op.len as usize;
+            if self.replicated(&w.op) {
+                let bytes = w.op.kind.is_ssd().then(|| &data[at..at + len]);
+                recs.push(crate::cluster::replicator::Rec {
+                    vm: w.op.vm,
+                    offset: w.op.disk_addr,
+                    len: w.op.len,
+                    data: bytes,
+                });
+            }
+            at += len;
+        }
+        if recs.is_empty() {
+            return Ok(());
+        }
+        match r.log(&recs) {
+            Ok(crate::cluster::replicator::Logged::Appended) => Ok(()),
+            Ok(crate::cluster::replicator::Logged::Bypass) => {
+                for rec in &recs {
+                    if let Some(d) = rec.data {
+                        self.dev_write(Location::Backing(rec.vm), d, rec.offset)?;
+                    }
+                }
+                Ok(())
+            }
+            Err(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::NotConnected,
+                "stopping: a replicated write was not logged",
+            )),
+        }
     }
 
     /// Records an op's outcome (a read's bytes kept for its request) and lets the engine

@@ -37,7 +37,7 @@ impl Shared {
                 queued += 1;
                 // The ring's (the cache file's), or the device threads' (a backing
                 // store's or another cache store's).
-                if super::store_devices::on_the_cache_file(&op) {
+                if self.local_only(&op) {
                     queued_ssd += 1;
                 } else {
                     self.backing_queued.fetch_add(1, Relaxed);

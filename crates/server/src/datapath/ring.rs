@@ -8,7 +8,6 @@
 //! ops as before.
 
 use super::devices::{run_address, run_results, write_data};
-use super::store_devices::on_the_cache_file;
 use super::{Bytes, Core, Shared, Work};
 use crate::aligned_buf::aligned_offset;
 use cachevisor_engine::Failure;
@@ -24,7 +23,7 @@ const DEPTH: usize = 64;
 impl Shared {
     /// The next run of cache-store ops for the ring (a client's first).
     fn pop_ssd_run(&self, core: &mut Core) -> Option<Vec<Work>> {
-        let ssd = |q: &std::collections::VecDeque<Work>| q.iter().position(|w| on_the_cache_file(&w.op));
+        let ssd = |q: &std::collections::VecDeque<Work>| q.iter().position(|w| self.local_only(&w.op));
         if let Some(i) = ssd(&core.work) {
             return Some(self.take_run(&mut core.work, i, None));
         }

@@ -76,6 +76,7 @@ impl DataPath {
             ring_on: Default::default(),
             ring_notify: tokio::sync::Notify::new(),
             backing_queued: Default::default(),
+            replicator: Default::default(),
             io_pool: Default::default(),
         });
         let mut handles = Vec::new();

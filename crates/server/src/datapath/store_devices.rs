@@ -68,6 +68,20 @@ pub(super) fn on_the_cache_file(op: &cachevisor_engine::DeviceOp) -> bool {
     op.loc == cachevisor_engine::Location::Cache(cachevisor_engine::LOCAL)
 }
 
+impl super::Shared {
+    /// Whether `op` touches the local cache file only: the io_uring thread's, and a
+    /// client thread's with `ssd_only` — not a replicated vDisk's client write, which
+    /// also waits for its record on a peer (`cluster/replicator.rs`).
+    pub(super) fn local_only(&self, op: &cachevisor_engine::DeviceOp) -> bool {
+        on_the_cache_file(op) && !self.replicated(op)
+    }
+
+    /// Whether `op` is a client write whose records go to the replica log.
+    pub(super) fn replicated(&self, op: &cachevisor_engine::DeviceOp) -> bool {
+        op.client && op.kind.is_write() && self.replicator.get().is_some_and(|r| r.covers(op.vm))
+    }
+}
+
 /// One device per row of `layout` (blocks of `block` bytes): `ssd` (a handle of the
 /// cache file, `direct` when O_DIRECT) for the local store, a peer's lent region over
 /// NBD (`peers`: node id k is `peers.peers[k − 1]`) for a lent one.

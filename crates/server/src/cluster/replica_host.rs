@@ -1,0 +1,182 @@
+//! The replica logs a node keeps for its peers (`[cluster] replica_capacity`; issue 34,
+//! "durability beyond ELICA"): one file per owner, `METADATA/replicas/<owner>.log`, opened
+//! `O_DSYNC` — a record is on this node's disk when its write is answered, so the owner
+//! acknowledges a write only once it is durable on two nodes — and kept across this
+//! node's restarts (unlike lent cache, it may be the only other copy of a dirty block).
+//! The bytes are `cachevisor_cluster::replica_record`'s; this node never interprets them.
+//!
+//! Exported over TLS NBD as `replica-<owner>@<epoch>`: while the owner is a live member,
+//! to the owner's certificate only, for reading and writing; once it is gone, to every
+//! live member's, read-only — the node a dead owner's vDisk restarts on replays the log
+//! into the backing store before serving it (`replica_replay.rs`). Fenced like lent
+//! cache on every request: this node holds its lease and is at the connection's epoch.
+
+use super::Cluster;
+use crate::datapath::{Cmd, Done};
+use crate::nbd::export_backend::ExportBackend;
+use cachevisor_engine::Failure;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, Weak};
+
+/// Export ids of replica logs carry this bit (lent regions bit 30, vSSDs bit 31).
+pub const REPLICA_EXPORT: u32 = 1 << 29;
+
+/// `O_DSYNC` on Linux (every write durable when it returns) without a libc dependency.
+const O_DSYNC: i32 = 0o10000;
+
+/// The logs this node keeps.
+pub struct ReplicaLogs {
+    dir: PathBuf,
+    /// A new log's size, bytes.
+    pub size: u64,
+    /// Owners by index (the export id's low bits), and their open files.
+    logs: Mutex<super::lent::Regions>,
+}
+
+impl ReplicaLogs {
+    /// The logs under `dir` (created; logs kept from earlier runs stay).
+    pub fn new(dir: PathBuf, size: u64) -> io::Result<ReplicaLogs> {
+        std::fs::create_dir_all(&dir)?;
+        Ok(ReplicaLogs { dir, size, logs: Default::default() })
+    }
+
+    /// The export name of `owner`'s log at `epoch`.
+    pub fn export_name(owner: &str, epoch: u64) -> String {
+        format!("replica-{owner}@{epoch}")
+    }
+
+    /// The export id of `owner`'s log (assigned on first use).
+    pub fn id(&self, owner: &str) -> u32 {
+        let mut l = self.logs.lock().unwrap_or_else(|e| e.into_inner());
+        match l.0.iter().position(|o| o == owner) {
+            Some(i) => REPLICA_EXPORT | i as u32,
+            None => {
+                l.0.push(owner.to_string());
+                REPLICA_EXPORT | (l.0.len() - 1) as u32
+            }
+        }
+    }
+
+    /// The owner of export id `id`.
+    pub fn owner(&self, id: u32) -> Option<String> {
+        self.logs.lock().unwrap_or_else(|e| e.into_inner()).0.get((id & !REPLICA_EXPORT) as usize).cloned()
+    }
+
+    /// Owners whose logs exist here (a dead owner's too).
+    pub fn kept(&self) -> Vec<String> {
+        let Ok(rd) = std::fs::read_dir(&self.dir) else { return Vec::new() };
+        let mut v: Vec<String> = rd
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.strip_suffix(".log").map(str::to_string))
+            .filter(|o| super::settings::check_name("replica", o).is_ok())
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// `owner`'s log's size: its file's, or a new log's.
+    pub fn size_of(&self, owner: &str) -> u64 {
+        std::fs::metadata(self.dir.join(format!("{owner}.log"))).map_or(self.size, |m| m.len())
+    }
+
+    /// `owner`'s log file, created zeroed at first use (`create`), never truncated.
+    fn file(&self, owner: &str, create: bool) -> io::Result<Arc<File>> {
+        let mut l = self.logs.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = l.1.get(owner) {
+            return Ok(f.clone());
+        }
+        let path = self.dir.join(format!("{owner}.log"));
+        // Private (0600): another node's written data.
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(create)
+            .mode(0o600)
+            .custom_flags(O_DSYNC)
+            .open(&path)?;
+        if f.metadata()?.len() == 0 {
+            f.set_len(self.size)?;
+            f.sync_all()?;
+        }
+        let f = Arc::new(f);
+        l.1.insert(owner.to_string(), f.clone());
+        Ok(f)
+    }
+}
+
+/// One connection to `owner`'s log, opened at map epoch `epoch`.
+pub struct ReplicaExport {
+    /// The host's cluster handle (weak: a connection does not keep it up).
+    pub cluster: Weak<Cluster>,
+    /// The logs.
+    pub logs: Arc<ReplicaLogs>,
+    /// The log's owner.
+    pub owner: String,
+    /// The epoch the connection was opened at.
+    pub epoch: u64,
+    /// Opened while the owner was gone: a survivor's, for reading.
+    pub read_only: bool,
+}
+
+impl ReplicaExport {
+    /// The log file, if a request may be served now; the refusal is logged.
+    fn admitted(&self, write: bool) -> Result<Arc<File>, Failure> {
+        let Some(c) = self.cluster.upgrade() else { return Err(Failure::Shutdown) };
+        if let Err(e) = c.check_replica(&self.owner, self.epoch, write && !self.read_only) {
+            tracing::warn!(owner = %self.owner, error = %e, "replica log: request refused");
+            return Err(Failure::Io);
+        }
+        if write && self.read_only {
+            tracing::warn!(owner = %self.owner, "replica log: a write on a survivor's read-only connection refused");
+            return Err(Failure::Io);
+        }
+        self.logs.file(&self.owner, write).map_err(|e| {
+            tracing::warn!(owner = %self.owner, %e, "replica log: file");
+            Failure::Io
+        })
+    }
+
+    fn run(&self, offset: u64, cmd: Cmd) -> Result<Vec<crate::datapath::Bytes>, Failure> {
+        let io = |e: io::Error| {
+            tracing::warn!(owner = %self.owner, %e, "replica log: I/O");
+            Failure::Io
+        };
+        match cmd {
+            Cmd::Read(len) => {
+                let f = self.admitted(false)?;
+                let mut buf = vec![0u8; len as usize];
+                f.read_exact_at(&mut buf, offset).map_err(io)?;
+                self.admitted(false)?; // a lease that ran out meanwhile serves nothing
+                Ok(vec![(buf.into(), offset)])
+            }
+            Cmd::Write(data) => self.admitted(true)?.write_all_at(&data, offset).map(|()| Vec::new()).map_err(io),
+            Cmd::Flush => self.admitted(true)?.sync_data().map(|()| Vec::new()).map_err(io),
+            Cmd::Discard(_) => Ok(Vec::new()),
+        }
+    }
+}
+
+impl ExportBackend for ReplicaExport {
+    fn direct(&self) -> bool {
+        false
+    }
+    fn serves(&self) -> bool {
+        self.cluster.upgrade().is_some()
+    }
+    fn submit(&self, offset: u64, cmd: Cmd, _here: bool, done: Done) {
+        done(self.run(offset, cmd));
+    }
+    fn hint_cache(&self, _offset: u64, _len: u64) {}
+    fn allocation(&self, _offset: u64, len: u32, _one: bool) -> io::Result<Vec<(u32, u32)>> {
+        Ok(vec![(len, 0)])
+    }
+    fn write_now(&self, offset: u64, data: &[u8]) -> Result<(), Failure> {
+        self.run(offset, Cmd::Write(data.to_vec())).map(|_| ())
+    }
+    fn flush_now(&self) -> Result<(), Failure> {
+        self.run(0, Cmd::Flush).map(|_| ())
+    }
+}

@@ -1,0 +1,320 @@
+//! The owner's driver of its replica log (`[cluster] replica = "<peer>"`; issue 34,
+//! "durability beyond ELICA"): the data path hands it each client write of a replicated
+//! vDisk once the local part is done — a cache write's bytes become a data record, a
+//! backing write a tombstone — and answers the write only once the records are on the
+//! peer (`O_DSYNC` there), or, when the log is not usable, once the bytes are on the
+//! backing store too. A worker thread runs the log's steps (`replica_log.rs`): trims
+//! (destage, then a new tail), and after a failure or at start, telling etcd the log is
+//! void, draining the dirty blocks, a new log, and telling etcd it is valid again.
+//!
+//! The stall a client sees when the peer is cut off: its write's records wait at most
+//! `cluster.replica_timeout` (then the peer counts as failed), plus one etcd write; the
+//! longest wait is kept (`stall_max_us`) for the status and the bench.
+
+use super::peer_device::{PeerDevice, PeerLinks};
+use super::replica_state::{self, ReplicaState};
+use super::settings::ClusterSettings;
+use crate::datapath::DataPath;
+use cachevisor_cluster::replica_log::{Action, Append, Health, ReplicaLog};
+use cachevisor_cluster::replica_record::{self as rr, Geometry, Kind, Record, HEADER};
+use cachevisor_engine::{Device, Failure, Io};
+use cachevisor_trace::VmId;
+use serde::Serialize;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
+use std::time::{Duration, Instant};
+
+/// One record to log: a vDisk's disk byte range, with the bytes for a cache write (a
+/// data record) or none for a backing write (a tombstone).
+pub struct Rec<'a> {
+    /// The vDisk.
+    pub vm: VmId,
+    /// Disk byte offset.
+    pub offset: u64,
+    /// Bytes covered.
+    pub len: u32,
+    /// The bytes (data record), or none (tombstone).
+    pub data: Option<&'a [u8]>,
+}
+
+/// What became of a write's records.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Logged {
+    /// On the peer: acknowledge.
+    Appended,
+    /// The log is not usable: write the data through to the backing store, then
+    /// acknowledge.
+    Bypass,
+}
+
+/// `GET /cluster`'s replica figures.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ReplicaStatus {
+    /// The peer keeping the log.
+    pub peer: String,
+    /// `healthy`, `degrading` or `resyncing`.
+    pub health: String,
+    /// The live log.
+    pub log_id: u64,
+    /// Records in use, and the ring's records.
+    pub used: u64,
+    /// See `used`.
+    pub slots: u64,
+    /// Records written.
+    pub records: u64,
+    /// Writes that went through to the backing store (the log unusable).
+    pub bypassed: u64,
+    /// Trims finished.
+    pub trims: u64,
+    /// The longest a write waited for the log when its record could not be appended at
+    /// once (a failed append, a wait for etcd or for room), until it could be answered (µs).
+    pub stall_max_us: u64,
+}
+
+/// The owner's replica log.
+pub struct Replicator {
+    settings: ClusterSettings,
+    peer: String,
+    device: PeerDevice,
+    log: Mutex<ReplicaLog>,
+    cv: Condvar,
+    /// Replicated vDisks: name by VM id.
+    vms: RwLock<Vec<Option<String>>>,
+    start: Instant,
+    stop: AtomicBool,
+    records: AtomicU64,
+    stall_max_us: AtomicU64,
+}
+
+impl Replicator {
+    /// The log `peer` keeps for this node, for blocks of `block` bytes. It starts as the
+    /// log's rules say (void in etcd, writes through, a resync once the peer answers: its
+    /// export's size gives the ring).
+    pub fn new(settings: &ClusterSettings, peer: String, links: Arc<PeerLinks>, block: u64) -> Replicator {
+        let device = PeerDevice::replica_log(links, peer.clone());
+        let placeholder = Geometry { block, slots: 16 };
+        Replicator {
+            settings: settings.clone(),
+            peer,
+            device,
+            log: Mutex::new(ReplicaLog::new(placeholder, rand::random::<u64>() | 1)),
+            cv: Condvar::new(),
+            vms: RwLock::new(Vec::new()),
+            start: Instant::now(),
+            stop: AtomicBool::new(false),
+            records: AtomicU64::new(0),
+            stall_max_us: AtomicU64::new(0),
+        }
+    }
+
+    /// Before a new log's superblock: the ring the peer's export holds now.
+    fn size_ring(&self) -> Result<(), String> {
+        let size = self.device.export_size().map_err(|e| e.to_string())?;
+        let mut l = self.lock();
+        let block = l.geometry().block;
+        let g = Geometry::new(size, block).ok_or_else(|| {
+            format!("{}'s replica log ({size} B) holds fewer than 16 records of {block} B", self.peer)
+        })?;
+        l.set_geometry(g);
+        Ok(())
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ReplicaLog> {
+        self.log.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Replicates `vm` (`name`) from now on, or stops (`None`).
+    pub fn set_vdisk(&self, vm: VmId, name: Option<String>) {
+        let mut v = self.vms.write().unwrap_or_else(|e| e.into_inner());
+        if v.len() <= vm as usize {
+            v.resize(vm as usize + 1, None);
+        }
+        v[vm as usize] = name;
+    }
+
+    /// The vDisks whose client writes are logged.
+    pub fn names(&self) -> Vec<String> {
+        self.vms.read().unwrap_or_else(|e| e.into_inner()).iter().flatten().cloned().collect()
+    }
+
+    /// Whether `vm`'s client writes are logged.
+    pub fn covers(&self, vm: VmId) -> bool {
+        self.vms.read().unwrap_or_else(|e| e.into_inner()).get(vm as usize).is_some_and(Option::is_some)
+    }
+
+    /// Logs `recs` (a run's client writes, the local part done); returns once they are on
+    /// the peer, or when the caller must write the data through instead.
+    pub fn log(&self, recs: &[Rec<'_>]) -> Result<Logged, Failure> {
+        let n = recs.len() as u64;
+        let asked = Instant::now();
+        let mut waited = Duration::ZERO;
+        // Anything but one append that succeeds: the time until the write may be answered
+        // counts as a stall (a failed append, a wait for etcd or for room).
+        let mut stalled = false;
+        let mut next_warn = Duration::from_secs(10);
+        let mut l = self.lock();
+        loop {
+            if self.stop.load(Relaxed) {
+                return Err(Failure::Shutdown);
+            }
+            match l.reserve(n) {
+                Append::Granted(first) => {
+                    let log_id = l.log_id();
+                    let g = l.geometry();
+                    drop(l);
+                    let ok = self.write_records(g, log_id, first, recs);
+                    l = self.lock();
+                    l.appended(ok);
+                    l.reported(first); // the engine marked the blocks dirty at admission
+                    self.cv.notify_all();
+                    if ok {
+                        self.records.fetch_add(n, Relaxed);
+                        if stalled {
+                            self.stall_max_us.fetch_max(asked.elapsed().as_micros() as u64, Relaxed);
+                        }
+                        return Ok(Logged::Appended);
+                    }
+                    stalled = true;
+                }
+                Append::Bypass => {
+                    self.stall_max_us.fetch_max(asked.elapsed().as_micros() as u64, Relaxed);
+                    return Ok(Logged::Bypass);
+                }
+                Append::Full | Append::Wait => {
+                    stalled = true;
+                    let t = Instant::now();
+                    l = self.cv.wait_timeout(l, Duration::from_millis(50)).unwrap_or_else(|e| e.into_inner()).0;
+                    waited += t.elapsed();
+                    if waited >= next_warn {
+                        next_warn += Duration::from_secs(10);
+                        tracing::warn!(
+                            waited_s = waited.as_secs(),
+                            "replica log: a write has waited a long time for the log (etcd unreachable?)"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes records `first..` into the ring (one device write per contiguous span).
+    fn write_records(&self, g: Geometry, log_id: u64, first: u64, recs: &[Rec<'_>]) -> bool {
+        let names = self.vms.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let rb = g.record_bytes() as usize;
+        let mut buf = vec![0u8; rb * recs.len()];
+        for (i, r) in recs.iter().enumerate() {
+            let Some(Some(vdisk)) = names.get(r.vm as usize) else { return false };
+            let data = r.data.unwrap_or(&[]);
+            let (offset, len) = match r.data {
+                Some(_) if rr::check(vdisk, r.offset, r.len, g.block).is_ok() => (r.offset, r.len),
+                Some(_) => {
+                    tracing::error!(offset = r.offset, len = r.len, "replica log: a cache write not in whole sectors");
+                    return false;
+                }
+                None => rr::tombstone_range(r.offset, r.len),
+            };
+            let rec = Record {
+                log_id,
+                seq: first + i as u64,
+                kind: if r.data.is_some() { Kind::Data } else { Kind::Tombstone },
+                vdisk: vdisk.clone(),
+                offset,
+                len,
+                data_crc: rr::crc(data),
+            };
+            let at = i * rb;
+            buf[at..at + HEADER as usize].copy_from_slice(&rec.encode());
+            buf[at + HEADER as usize..at + HEADER as usize + data.len()].copy_from_slice(data);
+        }
+        // Split where the ring wraps.
+        let mut i = 0;
+        while i < recs.len() {
+            let seq = first + i as u64;
+            let to_end = (g.slots - seq % g.slots) as usize;
+            let k = to_end.min(recs.len() - i);
+            if let Err(e) = self.device.submit(0, g.offset_of(seq), Io::Write(&buf[i * rb..(i + k) * rb])) {
+                tracing::debug!(%e, "replica log: append failed");
+                return false;
+            }
+            i += k;
+        }
+        true
+    }
+
+    /// The figures.
+    pub fn status(&self) -> ReplicaStatus {
+        let l = self.lock();
+        ReplicaStatus {
+            peer: self.peer.clone(),
+            health: match l.health() {
+                Health::Healthy => "healthy",
+                Health::Degrading => "degrading",
+                Health::Resyncing => "resyncing",
+            }
+            .into(),
+            log_id: l.log_id(),
+            used: l.used(),
+            slots: l.geometry().slots,
+            records: self.records.load(Relaxed),
+            bypassed: l.bypassed,
+            trims: l.trims,
+            stall_max_us: self.stall_max_us.load(Relaxed),
+        }
+    }
+
+    /// Stops: writes waiting for the log fail (shutdown).
+    pub fn stop(&self) {
+        self.stop.store(true, Relaxed);
+        self.cv.notify_all();
+    }
+
+    /// Runs the log's steps until stopped or `dp` is gone.
+    pub fn run(self: &Arc<Self>, dp: Weak<DataPath>) {
+        while !self.stop.load(Relaxed) {
+            let action = self.lock().poll_action(self.now_ms());
+            let Some(a) = action else {
+                let l = self.lock();
+                drop(self.cv.wait_timeout(l, Duration::from_millis(20)).unwrap_or_else(|e| e.into_inner()));
+                continue;
+            };
+            let Some(dp) = dp.upgrade() else { return };
+            match a {
+                Action::Destage => {
+                    let vms: Vec<VmId> = {
+                        let v = self.vms.read().unwrap_or_else(|e| e.into_inner());
+                        (0..v.len() as VmId).filter(|&i| v[i as usize].is_some()).collect()
+                    };
+                    let r = dp.destage_pass(&vms);
+                    if let Err(e) = &r {
+                        tracing::warn!(?e, "replica log: destage failed; tried again");
+                    }
+                    self.lock().destaged(self.now_ms(), r.is_ok());
+                }
+                Action::WriteSuperblock(sb) => {
+                    let resync = self.lock().health() != Health::Healthy;
+                    let sized = if resync { self.size_ring() } else { Ok(()) };
+                    if let Err(e) = &sized {
+                        tracing::debug!(%e, "replica log: the peer's log is not reachable yet");
+                    }
+                    let (at, bytes) = sb.encode();
+                    let ok = sized.is_ok() && self.device.submit(0, at, Io::Write(&bytes)).is_ok();
+                    self.lock().superblock_written(self.now_ms(), ok);
+                }
+                Action::Publish { valid, log_id } => {
+                    let st = ReplicaState { peer: self.peer.clone(), log_id, valid };
+                    let r = replica_state::publish(&self.settings, &st, Duration::from_secs(1));
+                    match &r {
+                        Ok(()) => tracing::info!(valid, log_id, peer = %self.peer, "replica log: state published"),
+                        Err(e) => tracing::warn!(%e, "replica log: publishing its state failed; tried again"),
+                    }
+                    self.lock().published(self.now_ms(), r.is_ok());
+                }
+            }
+            self.cv.notify_all();
+        }
+    }
+}

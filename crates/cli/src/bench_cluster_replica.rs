@@ -76,7 +76,7 @@ pub(crate) fn replicated_writes(o: &Opts, dir: &Path, pki: &Path, etcd: &str) ->
         "trims"
     );
     let (mut backing, mut local, mut replicated): (Vec<FioReads>, Vec<FioReads>, Vec<FioReads>) = Default::default();
-    let mut notes = Vec::new();
+    let mut notes: Vec<serde_json::Value> = Vec::new();
     for round in 0..o.rounds.max(1) {
         for with_replica in [false, true] {
             let mode = if with_replica { "replica" } else { "local" };
@@ -113,6 +113,12 @@ pub(crate) fn replicated_writes(o: &Opts, dir: &Path, pki: &Path, etcd: &str) ->
     let (bi, li, ri) = (med(&backing, |f| f.iops), med(&local, |f| f.iops), med(&replicated, |f| f.iops));
     let (lm, rm) = (med(&local, |f| f.mean_us), med(&replicated, |f| f.mean_us));
     let (lp, rp) = (med(&local, |f| f.p99_us), med(&replicated, |f| f.p99_us));
+    let per_write: Vec<f64> = notes
+        .iter()
+        .map(|r| r["records"].as_f64().unwrap_or(0.0) / r["writes"].as_f64().unwrap_or(1.0).max(1.0))
+        .collect();
+    let write_us: Vec<f64> = notes.iter().map(|r| r["write_mean_us"].as_f64().unwrap_or(0.0)).collect();
+    println!("records per write to b (group commit), by round: {per_write:.1?}; mean write to b, µs: {write_us:.0?}");
     println!(
         "median: backing store {bi:.0} IOPS, write-back on a alone {li:.0}, replicated {ri:.0} ({:.2}x the backing store, \
          {:.2}x write-back alone); write latency {lm:.1} -> {rm:.1} µs mean (+{:.1} µs for the replica), p99 {lp:.0} -> \

@@ -34,13 +34,17 @@ pub struct ReplicaLogs {
     pub size: u64,
     /// Owners by index (the export id's low bits), and their open files.
     logs: Mutex<super::lent::Regions>,
+    /// Each owner's log opened `O_DIRECT | O_DSYNC` too, where the file system allows:
+    /// whole-sector writes go through it (measured: a 13.5 KiB `O_DSYNC` append took
+    /// 218 µs through the page cache, 58 µs direct).
+    direct: Mutex<std::collections::BTreeMap<String, Arc<File>>>,
 }
 
 impl ReplicaLogs {
     /// The logs under `dir` (created; logs kept from earlier runs stay).
     pub fn new(dir: PathBuf, size: u64) -> io::Result<ReplicaLogs> {
         std::fs::create_dir_all(&dir)?;
-        Ok(ReplicaLogs { dir, size, logs: Default::default() })
+        Ok(ReplicaLogs { dir, size, logs: Default::default(), direct: Default::default() })
     }
 
     /// The export name of `owner`'s log at `epoch`.
@@ -82,7 +86,8 @@ impl ReplicaLogs {
         std::fs::metadata(self.dir.join(format!("{owner}.log"))).map_or(self.size, |m| m.len())
     }
 
-    /// `owner`'s log file, created zeroed at first use (`create`), never truncated.
+    /// `owner`'s log file, created at first use (`create`; written with zeros), never
+    /// truncated.
     fn file(&self, owner: &str, create: bool) -> io::Result<Arc<File>> {
         let mut l = self.logs.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(f) = l.1.get(owner) {
@@ -98,13 +103,53 @@ impl ReplicaLogs {
             .custom_flags(O_DSYNC)
             .open(&path)?;
         if f.metadata()?.len() == 0 {
-            f.set_len(self.size)?;
-            f.sync_all()?;
+            fill_zeros(&f, self.size)?;
         }
         let f = Arc::new(f);
         l.1.insert(owner.to_string(), f.clone());
+        let direct = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(O_DSYNC | rustix::fs::OFlags::DIRECT.bits() as i32)
+            .open(&path);
+        match direct {
+            Ok(d) => {
+                self.direct.lock().unwrap_or_else(|e| e.into_inner()).insert(owner.to_string(), Arc::new(d));
+            }
+            Err(e) => tracing::info!(%e, "replica log: no O_DIRECT here; appends go through the page cache (O_DSYNC)"),
+        }
         Ok(f)
     }
+
+    /// Writes `data` at `at` of `owner`'s log, durably: whole sectors through the
+    /// `O_DIRECT` handle (an aligned copy), anything else through the page cache.
+    fn write(&self, owner: &str, f: &File, data: &[u8], at: u64) -> io::Result<()> {
+        let sector = 512;
+        let direct = self.direct.lock().unwrap_or_else(|e| e.into_inner()).get(owner).cloned();
+        match direct {
+            Some(d) if at.is_multiple_of(sector) && (data.len() as u64).is_multiple_of(sector) => {
+                let mut bounce = crate::aligned_buf::AlignedBuf::default();
+                crate::aligned_buf::write_at(&d, &mut bounce, data, at)
+            }
+            _ => f.write_all_at(data, at),
+        }
+    }
+}
+
+/// Writes a new log's `size` bytes as zeros, then syncs: every block allocated and
+/// written once, so an `O_DSYNC` append is a data write only — into a hole, or an
+/// unwritten extent, each append would also commit the file system's journal (measured:
+/// appends into a sparse log ran at half the rate), and a full disk fails now, not an
+/// acknowledged write later.
+fn fill_zeros(f: &File, size: u64) -> io::Result<()> {
+    let chunk = vec![0u8; 4 << 20];
+    let mut at = 0;
+    while at < size {
+        let n = (size - at).min(chunk.len() as u64) as usize;
+        f.write_all_at(&chunk[..n], at)?;
+        at += n as u64;
+    }
+    f.sync_all()
 }
 
 /// One connection to `owner`'s log, opened at map epoch `epoch`.
@@ -152,7 +197,10 @@ impl ReplicaExport {
                 self.admitted(false)?; // a lease that ran out meanwhile serves nothing
                 Ok(vec![(buf.into(), offset)])
             }
-            Cmd::Write(data) => self.admitted(true)?.write_all_at(&data, offset).map(|()| Vec::new()).map_err(io),
+            Cmd::Write(data) => {
+                let f = self.admitted(true)?;
+                self.logs.write(&self.owner, &f, &data, offset).map(|()| Vec::new()).map_err(io)
+            }
             Cmd::Flush => self.admitted(true)?.sync_data().map(|()| Vec::new()).map_err(io),
             Cmd::Discard(_) => Ok(Vec::new()),
         }

@@ -17,9 +17,10 @@ use super::settings::ClusterSettings;
 use crate::datapath::DataPath;
 use cachevisor_cluster::replica_log::{Action, Append, Health, ReplicaLog};
 use cachevisor_cluster::replica_record::{self as rr, Geometry, Kind, Record, HEADER};
-use cachevisor_engine::{Device, Failure, Io};
+use cachevisor_engine::{Device, Io};
 use cachevisor_trace::VmId;
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
@@ -62,6 +63,10 @@ pub struct ReplicaStatus {
     pub slots: u64,
     /// Records written.
     pub records: u64,
+    /// Device writes they took (records ÷ writes: the group commit's batch).
+    pub writes: u64,
+    /// Mean time of one device write to the peer (µs).
+    pub write_mean_us: f64,
     /// Writes that went through to the backing store (the log unusable).
     pub bypassed: u64,
     /// Trims finished.
@@ -83,7 +88,48 @@ pub struct Replicator {
     start: Instant,
     stop: AtomicBool,
     records: AtomicU64,
+    writes: AtomicU64,
+    write_ns: AtomicU64,
     stall_max_us: AtomicU64,
+    batch: Mutex<Batch>,
+}
+
+/// Device writes to the peer at once (its connections run them in parallel).
+const WRITERS: usize = 2;
+
+/// Records waiting to be written, and the writers writing (group commit).
+#[derive(Default)]
+struct Batch {
+    /// First sequence number → (records, bytes, where the outcome goes).
+    pending: BTreeMap<u64, (u64, Vec<u8>, Arc<Outcome>)>,
+    writing: usize,
+}
+
+/// Whether a write's records reached the peer, once known.
+#[derive(Default)]
+struct Outcome {
+    done: Mutex<Option<bool>>,
+    cv: Condvar,
+}
+
+impl Outcome {
+    /// Sets it (the first outcome counts) and wakes its writer.
+    fn set(&self, ok: bool) {
+        let mut d = self.done.lock().unwrap_or_else(|e| e.into_inner());
+        if d.is_none() {
+            *d = Some(ok);
+            self.cv.notify_one();
+        }
+    }
+
+    /// Waits for it at most `t`.
+    fn wait_for(&self, t: Duration) -> Option<bool> {
+        let d = self.done.lock().unwrap_or_else(|e| e.into_inner());
+        if d.is_some() {
+            return *d;
+        }
+        *self.cv.wait_timeout(d, t).unwrap_or_else(|e| e.into_inner()).0
+    }
 }
 
 impl Replicator {
@@ -103,7 +149,10 @@ impl Replicator {
             start: Instant::now(),
             stop: AtomicBool::new(false),
             records: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+            write_ns: AtomicU64::new(0),
             stall_max_us: AtomicU64::new(0),
+            batch: Mutex::default(),
         }
     }
 
@@ -146,9 +195,18 @@ impl Replicator {
         self.vms.read().unwrap_or_else(|e| e.into_inner()).get(vm as usize).is_some_and(Option::is_some)
     }
 
-    /// Logs `recs` (a run's client writes, the local part done); returns once they are on
-    /// the peer, or when the caller must write the data through instead.
-    pub fn log(&self, recs: &[Rec<'_>]) -> Result<Logged, Failure> {
+    /// Logs `recs` (a run's client writes) while `local` writes them locally (the records
+    /// are queued for the peer first, so the two overlap); returns once both are done —
+    /// `Appended` — or, when the log is not usable, once `local` is done: the caller then
+    /// writes the data through as well (`Bypass`). `local`'s error is returned as is.
+    pub fn log(&self, recs: &[Rec<'_>], local: impl FnOnce() -> std::io::Result<()>) -> std::io::Result<Logged> {
+        let mut local = Some(local);
+        let mut run_local = || match local.take() {
+            Some(f) => f(),
+            None => Ok(()),
+        };
+        let stopped =
+            || std::io::Error::new(std::io::ErrorKind::NotConnected, "stopping: a replicated write was not logged");
         let n = recs.len() as u64;
         let asked = Instant::now();
         let mut waited = Duration::ZERO;
@@ -159,18 +217,21 @@ impl Replicator {
         let mut l = self.lock();
         loop {
             if self.stop.load(Relaxed) {
-                return Err(Failure::Shutdown);
+                return Err(stopped());
             }
             match l.reserve(n) {
                 Append::Granted(first) => {
                     let log_id = l.log_id();
                     let g = l.geometry();
                     drop(l);
-                    let ok = self.write_records(g, log_id, first, recs);
+                    let queued = self.encode_records(g, log_id, first, recs).map(|buf| self.enqueue(first, n, buf));
+                    let written = run_local();
+                    let ok = queued.is_some_and(|o| self.settle(&o));
                     l = self.lock();
                     l.appended(ok);
                     l.reported(first); // the engine marked the blocks dirty at admission
                     self.cv.notify_all();
+                    written?;
                     if ok {
                         self.records.fetch_add(n, Relaxed);
                         if stalled {
@@ -181,6 +242,8 @@ impl Replicator {
                     stalled = true;
                 }
                 Append::Bypass => {
+                    drop(l);
+                    run_local()?;
                     self.stall_max_us.fetch_max(asked.elapsed().as_micros() as u64, Relaxed);
                     return Ok(Logged::Bypass);
                 }
@@ -201,19 +264,20 @@ impl Replicator {
         }
     }
 
-    /// Writes records `first..` into the ring (one device write per contiguous span).
-    fn write_records(&self, g: Geometry, log_id: u64, first: u64, recs: &[Rec<'_>]) -> bool {
-        let names = self.vms.read().unwrap_or_else(|e| e.into_inner()).clone();
+    /// The bytes of records `first..` (each a whole ring slot); `None` for a record the
+    /// log cannot hold (a vDisk no longer replicated, a cache write not in whole sectors).
+    fn encode_records(&self, g: Geometry, log_id: u64, first: u64, recs: &[Rec<'_>]) -> Option<Vec<u8>> {
+        let names = self.vms.read().unwrap_or_else(|e| e.into_inner());
         let rb = g.record_bytes() as usize;
         let mut buf = vec![0u8; rb * recs.len()];
         for (i, r) in recs.iter().enumerate() {
-            let Some(Some(vdisk)) = names.get(r.vm as usize) else { return false };
+            let Some(Some(vdisk)) = names.get(r.vm as usize) else { return None };
             let data = r.data.unwrap_or(&[]);
             let (offset, len) = match r.data {
                 Some(_) if rr::check(vdisk, r.offset, r.len, g.block).is_ok() => (r.offset, r.len),
                 Some(_) => {
                     tracing::error!(offset = r.offset, len = r.len, "replica log: a cache write not in whole sectors");
-                    return false;
+                    return None;
                 }
                 None => rr::tombstone_range(r.offset, r.len),
             };
@@ -230,13 +294,94 @@ impl Replicator {
             buf[at..at + HEADER as usize].copy_from_slice(&rec.encode());
             buf[at + HEADER as usize..at + HEADER as usize + data.len()].copy_from_slice(data);
         }
-        // Split where the ring wraps.
+        Some(buf)
+    }
+
+    /// Queues `n` records from `first` (their bytes `buf`) for the peer; the slot their
+    /// outcome arrives in.
+    fn enqueue(&self, first: u64, n: u64, buf: Vec<u8>) -> Arc<Outcome> {
+        let slot = Arc::new(Outcome::default());
+        self.batch.lock().unwrap_or_else(|e| e.into_inner()).pending.insert(first, (n, buf, slot.clone()));
+        slot
+    }
+
+    /// Waits for `mine`, writing what is queued meanwhile — group commit: while fewer than
+    /// [`WRITERS`] write, a waiting thread takes every batch queued and writes runs of
+    /// consecutive records as one device write (on the peer one `O_DSYNC` write), and goes
+    /// on while batches are queued (so none is left behind) before it looks at its own;
+    /// the others sleep until their outcome is set (only their thread wakes). Whether the
+    /// records reached the peer.
+    fn settle(&self, mine: &Outcome) -> bool {
+        loop {
+            let mut b = self.batch.lock().unwrap_or_else(|e| e.into_inner());
+            if b.writing < WRITERS && !b.pending.is_empty() {
+                b.writing += 1;
+                let taken = std::mem::take(&mut b.pending);
+                drop(b);
+                // Stable while records are queued: a new ring comes only with a resync,
+                // which waits until every granted record was reported.
+                let g = self.lock().geometry();
+                let mut slots: BTreeMap<u64, Arc<Outcome>> = BTreeMap::new();
+                let runs = taken
+                    .into_iter()
+                    .map(|(f, (n, buf, o))| {
+                        slots.insert(f, o);
+                        (f, (n, buf))
+                    })
+                    .collect();
+                for (first, written) in self.write_runs(g, runs) {
+                    slots[&first].set(written);
+                }
+                self.batch.lock().unwrap_or_else(|e| e.into_inner()).writing -= 1;
+                continue;
+            }
+            drop(b);
+            if let Some(ok) = mine.wait_for(Duration::from_millis(2)) {
+                return ok;
+            }
+        }
+    }
+
+    /// Writes batches (first → (count, bytes)), consecutive ones as one run of at most
+    /// 4 MiB; each batch's first with whether its run was written.
+    fn write_runs(&self, g: Geometry, taken: BTreeMap<u64, (u64, Vec<u8>)>) -> Vec<(u64, bool)> {
+        let mut out = Vec::with_capacity(taken.len());
+        let mut run: Vec<u64> = Vec::new();
+        let (mut start, mut end, mut bytes) = (0u64, 0u64, Vec::new());
+        let flush = |run: &mut Vec<u64>, start: u64, bytes: &mut Vec<u8>, out: &mut Vec<(u64, bool)>| {
+            if run.is_empty() {
+                return;
+            }
+            let ok = self.write_run(g, start, bytes);
+            out.extend(run.drain(..).map(|f| (f, ok)));
+            bytes.clear();
+        };
+        for (first, (n, buf)) in taken {
+            if run.is_empty() || first != end || bytes.len() + buf.len() > 4 << 20 {
+                flush(&mut run, start, &mut bytes, &mut out);
+                start = first;
+            }
+            run.push(first);
+            bytes.extend_from_slice(&buf);
+            end = first + n;
+        }
+        flush(&mut run, start, &mut bytes, &mut out);
+        out
+    }
+
+    /// Writes records from `first` (whole slots) into the ring, split where it wraps.
+    fn write_run(&self, g: Geometry, first: u64, bytes: &[u8]) -> bool {
+        let rb = g.record_bytes() as usize;
+        let count = bytes.len() / rb;
         let mut i = 0;
-        while i < recs.len() {
+        while i < count {
             let seq = first + i as u64;
-            let to_end = (g.slots - seq % g.slots) as usize;
-            let k = to_end.min(recs.len() - i);
-            if let Err(e) = self.device.submit(0, g.offset_of(seq), Io::Write(&buf[i * rb..(i + k) * rb])) {
+            let k = ((g.slots - seq % g.slots) as usize).min(count - i);
+            self.writes.fetch_add(1, Relaxed);
+            let t = Instant::now();
+            let r = self.device.submit(0, g.offset_of(seq), Io::Write(&bytes[i * rb..(i + k) * rb]));
+            self.write_ns.fetch_add(t.elapsed().as_nanos() as u64, Relaxed);
+            if let Err(e) = r {
                 tracing::debug!(%e, "replica log: append failed");
                 return false;
             }
@@ -260,6 +405,8 @@ impl Replicator {
             used: l.used(),
             slots: l.geometry().slots,
             records: self.records.load(Relaxed),
+            writes: self.writes.load(Relaxed),
+            write_mean_us: self.write_ns.load(Relaxed) as f64 / 1000.0 / self.writes.load(Relaxed).max(1) as f64,
             bypassed: l.bypassed,
             trims: l.trims,
             stall_max_us: self.stall_max_us.load(Relaxed),

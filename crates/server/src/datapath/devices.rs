@@ -208,8 +208,7 @@ impl Shared {
         let r = if first.kind.is_write() {
             match write_data(run) {
                 Some(data) => self
-                    .dev_write(first.loc, &data, at)
-                    .and_then(|()| self.replicate(run, &data))
+                    .replicated_write(run, &data, || self.dev_write(first.loc, &data, at))
                     .map(|()| bytes::Bytes::new()),
                 None => return vec![Err(Failure::Io); run.len()],
             }
@@ -220,12 +219,17 @@ impl Shared {
         run_results(run, r)
     }
 
-    /// A written run's client writes of replicated vDisks, logged on the replica peer
-    /// (`cluster/replicator.rs`): a cache write's bytes as data, a backing write as a
-    /// tombstone; when the log is not usable, a cache write's bytes go through to the
-    /// backing store as well. Returns once the write may be acknowledged.
-    fn replicate(&self, run: &[Work], data: &[u8]) -> std::io::Result<()> {
-        let Some(r) = self.replicator.get() else { return Ok(()) };
+    /// Writes a run (`write`), and logs its client writes of replicated vDisks on the
+    /// replica peer meanwhile (`cluster/replicator.rs`): a cache write's bytes as data, a
+    /// backing write as a tombstone; when the log is not usable, a cache write's bytes go
+    /// through to the backing store as well. Returns once the write may be acknowledged.
+    fn replicated_write(
+        &self,
+        run: &[Work],
+        data: &[u8],
+        write: impl FnOnce() -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
+        let Some(r) = self.replicator.get() else { return write() };
         let mut recs = Vec::new();
         let mut at = 0usize;
         for w in run {
@@ -242,11 +246,11 @@ impl Shared {
             at += len;
         }
         if recs.is_empty() {
-            return Ok(());
+            return write();
         }
-        match r.log(&recs) {
-            Ok(crate::cluster::replicator::Logged::Appended) => Ok(()),
-            Ok(crate::cluster::replicator::Logged::Bypass) => {
+        match r.log(&recs, write)? {
+            crate::cluster::replicator::Logged::Appended => Ok(()),
+            crate::cluster::replicator::Logged::Bypass => {
                 for rec in &recs {
                     if let Some(d) = rec.data {
                         self.dev_write(Location::Backing(rec.vm), d, rec.offset)?;
@@ -254,10 +258,6 @@ impl Shared {
                 }
                 Ok(())
             }
-            Err(_) => Err(std::io::Error::new(
-                std::io::ErrorKind::NotConnected,
-                "stopping: a replicated write was not logged",
-            )),
         }
     }
 

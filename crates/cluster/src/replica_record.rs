@@ -239,20 +239,39 @@ pub struct Found {
 }
 
 /// Every valid record of the log `sb` names in a ring's bytes (`ring` from
-/// [`RING_START`] on) at or above its tail; a slot whose record is torn, void or misplaced is skipped (never acknowledged:
-/// the owner acknowledges a write only once its record is written whole).
+/// [`RING_START`] on) at or above its tail; a slot whose record is torn, void or
+/// misplaced is skipped (never acknowledged: the owner acknowledges a write only once its
+/// record is written whole).
 pub fn scan(geometry: Geometry, sb: &Superblock, ring: &[u8]) -> Vec<Found> {
+    scan_part(geometry, sb, 0, ring, |_| true)
+}
+
+/// [`scan`] over part of a ring: `part` holds whole records from slot `first_slot` on;
+/// only records `keep` accepts (one vDisk's, for a replay that reads a large log piece by
+/// piece) are returned.
+pub fn scan_part(
+    geometry: Geometry,
+    sb: &Superblock,
+    first_slot: u64,
+    part: &[u8],
+    keep: impl Fn(&Record) -> bool,
+) -> Vec<Found> {
     let rb = geometry.record_bytes() as usize;
     let mut found = Vec::new();
-    for (slot, chunk) in ring.chunks_exact(rb).enumerate().take(geometry.slots as usize) {
+    for (i, chunk) in part.chunks_exact(rb).enumerate() {
+        let slot = first_slot + i as u64;
+        if slot >= geometry.slots {
+            break;
+        }
         let Ok(record) = Record::decode(&chunk[..HEADER as usize]) else { continue };
         if record.log_id != sb.log_id
             || record.seq < sb.tail
-            || record.seq % geometry.slots != slot as u64
+            || record.seq % geometry.slots != slot
             || (record.kind == Kind::Data && u64::from(record.len) > geometry.block)
             || !record.offset.is_multiple_of(SECTOR)
             || !u64::from(record.len).is_multiple_of(SECTOR)
             || record.offset.checked_add(u64::from(record.len)).is_none()
+            || !keep(&record)
         {
             continue;
         }
@@ -327,8 +346,17 @@ mod tests {
         other.log_id = 6; // another log's
         let at = (g.offset_of(22) - RING_START) as usize;
         ring[at..at + 512].copy_from_slice(&other.encode());
-        let found = scan(g, &Superblock { generation: 1, log_id: 5, tail: 10, block: 4096 }, &ring);
+        let sb = Superblock { generation: 1, log_id: 5, tail: 10, block: 4096 };
+        let found = scan(g, &sb, &ring);
         assert_eq!(found.len(), 1);
+        // Piece by piece (3 records each), and one vDisk's only, the same.
+        let rb = g.record_bytes() as usize;
+        let mut pieces = Vec::new();
+        for (i, p) in ring.chunks(3 * rb).enumerate() {
+            pieces.extend(scan_part(g, &sb, 3 * i as u64, p, |r| r.vdisk == "vm-0"));
+        }
+        assert_eq!(pieces, found);
+        assert!(scan_part(g, &sb, 0, &ring, |r| r.vdisk == "vm-1").is_empty());
         assert_eq!(found[0].record.seq, 17);
         assert_eq!(found[0].data, vec![7u8; 4096]);
     }

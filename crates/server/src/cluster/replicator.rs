@@ -421,6 +421,7 @@ impl Replicator {
 
     /// Runs the log's steps until stopped or `dp` is gone.
     pub fn run(self: &Arc<Self>, dp: Weak<DataPath>) {
+        let mut resync_failures = 0u64;
         while !self.stop.load(Relaxed) {
             let action = self.lock().poll_action(self.now_ms());
             let Some(a) = action else {
@@ -449,6 +450,13 @@ impl Replicator {
                     }
                     let (at, bytes) = sb.encode();
                     let ok = sized.is_ok() && self.device.submit(0, at, Io::Write(&bytes)).is_ok();
+                    if resync {
+                        // Said once, then every ~10 s (a retry every 200 ms) while it lasts.
+                        resync_failures = if ok { 0 } else { resync_failures + 1 };
+                        if resync_failures % 50 == 1 {
+                            tracing::warn!(peer = %self.peer, "replica log: the peer's log cannot be written; the replicated vDisks write through to their backing stores until it can");
+                        }
+                    }
                     self.lock().superblock_written(self.now_ms(), ok);
                 }
                 Action::Publish { valid, log_id } => {

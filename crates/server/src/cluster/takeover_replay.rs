@@ -25,7 +25,8 @@ pub struct Replay {
 /// What a replay did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Replayed {
-    /// Live records read (every vDisk's).
+    /// Live records in the log (every vDisk's; a data record's checksum not looked at
+    /// unless it is this vDisk's).
     pub records: u64,
     /// Bytes written to the backing store.
     pub bytes: u64,
@@ -89,12 +90,24 @@ fn replay(c: &Cluster, r: &Replay, vdisk: &str, backing: &Backing, certs: &Path)
         ));
     }
     let g = Geometry::new(size, sb.block).ok_or_else(|| format!("{}'s replica log: a ring of no records", r.owner))?;
-    let mut ring = vec![0u8; (g.slots * g.record_bytes()) as usize];
-    for (i, chunk) in ring.chunks_mut(4 << 20).enumerate() {
-        let at = RING_START + (i as u64) * (4 << 20);
-        log.read_at(chunk, at).map_err(|e| format!("{uri}: {e}"))?;
+    // Read piece by piece (a log may be far larger than memory should hold), keeping
+    // this vDisk's live records only.
+    let per_piece = ((4u64 << 20) / g.record_bytes()).max(1);
+    let mut piece = vec![0u8; (per_piece * g.record_bytes()) as usize];
+    let (mut found, mut live) = (Vec::new(), 0u64);
+    let mut slot = 0;
+    while slot < g.slots {
+        let n = per_piece.min(g.slots - slot);
+        let bytes = &mut piece[..(n * g.record_bytes()) as usize];
+        log.read_at(bytes, RING_START + slot * g.record_bytes()).map_err(|e| format!("{uri}: {e}"))?;
+        let counted = std::cell::Cell::new(0u64);
+        found.extend(rr::scan_part(g, &sb, slot, bytes, |r| {
+            counted.set(counted.get() + 1);
+            r.vdisk == vdisk
+        }));
+        live += counted.get();
+        slot += n;
     }
-    let found = rr::scan(g, &sb, &ring);
     let plan = replica_replay::plan(vdisk, &found);
     let mut bytes = 0u64;
     for e in &plan {
@@ -102,6 +115,6 @@ fn replay(c: &Cluster, r: &Replay, vdisk: &str, backing: &Backing, certs: &Path)
         bytes += e.data.len() as u64;
     }
     backing.sync().map_err(|x| format!("syncing {vdisk}'s backing store: {x}"))?;
-    tracing::info!(vdisk, owner = %r.owner, peer = %r.state.peer, records = found.len(), bytes, "replica log replayed onto the backing store");
-    Ok(Replayed { records: found.len() as u64, bytes })
+    tracing::info!(vdisk, owner = %r.owner, peer = %r.state.peer, live, records = found.len(), bytes, "replica log replayed onto the backing store");
+    Ok(Replayed { records: live, bytes })
 }

@@ -544,6 +544,9 @@ impl Daemon {
     /// the next start recovers from the metadata like after a SIGKILL.
     pub fn stop_serving(&self) {
         self.dp.halt();
+        if let Some(r) = self.replicator.get() {
+            r.stop(); // writes waiting for the log fail; its worker thread ends
+        }
         if let Some(v) = &self.vssd {
             v.halt();
         }

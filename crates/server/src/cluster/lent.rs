@@ -142,12 +142,31 @@ impl LentExport {
     }
 }
 
-impl ExportBackend for LentExport {
+/// A peer's file exported over NBD — a lent region here, a replica log in
+/// `replica_host.rs` —: its requests run at once on the connection's thread, each
+/// admitted by the export's own rule in `run`.
+pub(crate) trait PeerFileExport: Send + Sync {
+    /// Whether the node still runs (the export is served).
+    fn alive(&self) -> bool;
+    /// Runs one request.
+    fn run(&self, offset: u64, cmd: Cmd) -> Result<Vec<crate::datapath::Bytes>, Failure>;
+}
+
+impl PeerFileExport for LentExport {
+    fn alive(&self) -> bool {
+        self.cluster.upgrade().is_some()
+    }
+    fn run(&self, offset: u64, cmd: Cmd) -> Result<Vec<crate::datapath::Bytes>, Failure> {
+        LentExport::run(self, offset, cmd)
+    }
+}
+
+impl<T: PeerFileExport + 'static> ExportBackend for T {
     fn direct(&self) -> bool {
         false
     }
     fn serves(&self) -> bool {
-        self.cluster.upgrade().is_some()
+        self.alive()
     }
     fn submit(&self, offset: u64, cmd: Cmd, _here: bool, done: Done) {
         done(self.run(offset, cmd));

@@ -12,8 +12,7 @@
 //! cache on every request: this node holds its lease and is at the connection's epoch.
 
 use super::Cluster;
-use crate::datapath::{Cmd, Done};
-use crate::nbd::export_backend::ExportBackend;
+use crate::datapath::Cmd;
 use cachevisor_engine::Failure;
 use std::fs::File;
 use std::io;
@@ -207,24 +206,11 @@ impl ReplicaExport {
     }
 }
 
-impl ExportBackend for ReplicaExport {
-    fn direct(&self) -> bool {
-        false
-    }
-    fn serves(&self) -> bool {
+impl super::lent::PeerFileExport for ReplicaExport {
+    fn alive(&self) -> bool {
         self.cluster.upgrade().is_some()
     }
-    fn submit(&self, offset: u64, cmd: Cmd, _here: bool, done: Done) {
-        done(self.run(offset, cmd));
-    }
-    fn hint_cache(&self, _offset: u64, _len: u64) {}
-    fn allocation(&self, _offset: u64, len: u32, _one: bool) -> io::Result<Vec<(u32, u32)>> {
-        Ok(vec![(len, 0)])
-    }
-    fn write_now(&self, offset: u64, data: &[u8]) -> Result<(), Failure> {
-        self.run(offset, Cmd::Write(data.to_vec())).map(|_| ())
-    }
-    fn flush_now(&self) -> Result<(), Failure> {
-        self.run(0, Cmd::Flush).map(|_| ())
+    fn run(&self, offset: u64, cmd: Cmd) -> Result<Vec<crate::datapath::Bytes>, Failure> {
+        ReplicaExport::run(self, offset, cmd)
     }
 }

@@ -10,6 +10,7 @@ mod common;
 use common::certs;
 use common::cluster::{formed, Cluster, TTL_MS};
 use common::netns::Net;
+use common::Daemon;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -134,7 +135,20 @@ fn with_etcd_down_nodes_serve_on_and_the_map_survives_to_when_it_is_back() {
         c.write_and_read(k, 4 << 20, 0x21 + k as u8);
         assert_eq!(c.status(k).unwrap()["epoch"].as_u64(), Some(epoch), "no map change without etcd");
     }
+    // A node that restarts meanwhile cannot tell whether its vDisks moved away while it
+    // was down (`start_check.rs`): it waits, then refuses to start, naming etcd.
+    c.nodes[1].as_mut().unwrap().kill9();
+    c.nodes[1] = None;
+    let t = Instant::now();
+    let failed = Daemon::start_in(Some(&c.net.nodes[1]), c.dir.path(), "n1.toml", &[]).err().expect("refused");
+    assert!(
+        failed.output.contains("the map could not be read from etcd") && failed.output.contains(&c.etcd.url),
+        "{}",
+        failed.output
+    );
+    assert!(t.elapsed() >= Duration::from_secs(10), "it waited for etcd first: {:?}", t.elapsed());
     c.etcd.restart();
+    c.nodes[1] = Some(c.start(1));
     let s = formed(&c, 2);
     for s in &s {
         assert!(s["epoch"].as_u64() >= Some(epoch), "the map's epoch never goes back: {s:#}");

@@ -48,6 +48,15 @@ fn healthy(c: &Cluster) -> Value {
     s[0]["replica"].clone()
 }
 
+/// n0 serves two write-back vDisks: `wb` (replicated) and `solo` (`replicate = false`).
+fn wb_and_solo(c: &Cluster) {
+    for img in ["wb.img", "solo.img"] {
+        std::fs::File::create(c.dir.path().join(img)).unwrap().set_len(16 << 20).unwrap();
+    }
+    c.post(0, "/vdisks", &c.vdisk_body("wb", "wb.img", ", \"write_policy\": \"wb\""));
+    c.post(0, "/vdisks", &c.vdisk_body("solo", "solo.img", ", \"write_policy\": \"wb\", \"replicate\": false"));
+}
+
 fn image(c: &Cluster, name: &str) -> Vec<u8> {
     std::fs::read(c.dir.path().join(name)).unwrap()
 }
@@ -55,11 +64,7 @@ fn image(c: &Cluster, name: &str) -> Vec<u8> {
 #[test]
 fn a_dead_owners_acknowledged_writes_are_replayed_from_its_replica_before_its_vdisk_restarts() {
     let (c, _pki) = replicated("2s");
-    for img in ["wb.img", "solo.img"] {
-        std::fs::File::create(c.dir.path().join(img)).unwrap().set_len(16 << 20).unwrap();
-    }
-    c.post(0, "/vdisks", &c.vdisk_body("wb", "wb.img", ", \"write_policy\": \"wb\""));
-    c.post(0, "/vdisks", &c.vdisk_body("solo", "solo.img", ", \"write_policy\": \"wb\", \"replicate\": false"));
+    wb_and_solo(&c);
     let before = healthy(&c);
     // Acknowledged writes: whole blocks (cached dirty: data records), then an unaligned
     // one inside them (around the cache: the block written back first, a tombstone).
@@ -133,4 +138,60 @@ fn a_lost_replica_peer_stalls_writes_at_most_the_timeout_then_they_go_through_an
          bypassed {}; log back as {}",
         s["replica"]["stall_max_us"], back["bypassed"], back["log_id"]
     );
+}
+
+/// A vDisk moved away while its write-back home was down — replayed on another node,
+/// written there, then shut down there (the file is free again) — and the old home
+/// restarts with its metadata: its dirty blocks of it are older than the backing store's
+/// and are dropped, not written back (by the flusher or its log's resync) nor served; it
+/// is served here again only when added back through the API. Its own vDisk's dirty
+/// blocks are kept.
+#[test]
+fn a_returning_owner_drops_what_it_cached_of_a_vdisk_that_moved_and_never_writes_it_back() {
+    let (c, _pki) = replicated("2s");
+    wb_and_solo(&c);
+    healthy(&c);
+    c.io(0, "wb", &["write -P 0x77 0 1M"]);
+    c.io(0, "solo", &["write -P 0x55 0 256k"]);
+    assert!(image(&c, "wb.img")[..1 << 20].iter().any(|&b| b != 0x77), "0x77 in n0's cache (and n1's log) only");
+    let mut c = c;
+    c.nodes[0].as_mut().unwrap().kill9();
+    c.nodes[0] = None;
+    c.wait_all("n0 gone", Duration::from_secs(10), |_, s| !Cluster::members(s).contains(&"n0".to_string()));
+    // wb restarts on n2 (replayed), whose VM writes newer data, then stops there.
+    c.post(2, "/vdisks", &c.vdisk_body("wb", "wb.img", ""));
+    c.wait_all("wb homed on n2", Duration::from_secs(10), |_, s| s["map"]["vdisks"]["wb"]["home"] == "n2");
+    c.io(2, "wb", &["write -P 0x99 0 1M"]);
+    c.delete(2, "/vdisks/wb");
+    assert!(image(&c, "wb.img")[..1 << 20].iter().all(|&b| b == 0x99), "n2's writes on the backing store");
+    // n0 comes back with its metadata: wb's dirty 0x77 blocks are in its cache still.
+    c.nodes[0] = Some(c.start(0));
+    let s = c.wait_all("n0 back, its log resynced (every dirty block destaged)", Duration::from_secs(30), |k, s| {
+        k != 0 || (s["replica"]["health"] == "healthy" && s["serving"] == true)
+    });
+    let moved = &s[0]["moved_away"];
+    assert_eq!(moved.as_array().map(Vec::len), Some(1), "{moved:#}");
+    assert_eq!((moved[0]["vdisk"].as_str(), moved[0]["node"].as_str()), (Some("wb"), Some("n2")), "{moved:#}");
+    assert!(moved[0]["dropped_dirty"].as_u64().unwrap() >= 256, "{moved:#}");
+    // Every dirty block n0 holds destaged: its own vDisk's reach the backing store.
+    c.post(0, "/destage", "{}");
+    let end = Instant::now() + Duration::from_secs(10);
+    while image(&c, "solo.img")[..256 << 10].iter().any(|&b| b != 0x55) {
+        assert!(Instant::now() < end, "n0's own dirty blocks not written back\n{}", c.logs());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let img = image(&c, "wb.img");
+    let stale = img[..1 << 20].iter().position(|&b| b != 0x99);
+    assert_eq!(stale, None, "n0 wrote its stale blocks of wb over n2's\n{}", c.logs());
+    assert!(c.logs().contains("moved to another node while this node was down"), "{}", c.logs());
+    // n0 does not serve wb.
+    let o = common::netns::Net::command(&c.net.nodes[0], "qemu-io")
+        .args(["-f", "raw", &format!("nbd://{}:10809/wb", c.net.addr(0)), "-c", "read 0 4k"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "n0 serves wb: {}", String::from_utf8_lossy(&o.stdout));
+    // Added back through the API (n2 serves it no more): n2's data, nothing of n0's old.
+    c.post(0, "/vdisks", &c.vdisk_body("wb", "wb.img", ""));
+    c.io(0, "wb", &["read -P 0x99 0 1M"]);
+    c.wait_all("wb homed on n0 again", Duration::from_secs(10), |_, s| s["map"]["vdisks"]["wb"]["home"] == "n0");
 }

@@ -89,6 +89,19 @@ impl ClusterMap {
         }
         o
     }
+
+    /// Whether vDisk `vdisk`, which node `me` is starting with, moved away while `me` was
+    /// down — served since (or now) by another node, so whatever `me` still caches of it,
+    /// dirty blocks included, is older than what that node wrote: the other node's name.
+    /// Either the map homes it elsewhere (its home changes only when another node claims
+    /// it while the old home does not: `next_map`), or a live member other than `me`
+    /// claims it now (the map may not show that yet).
+    pub fn served_elsewhere<'a>(&'a self, members: &'a [MemberInfo], me: &str, vdisk: &str) -> Option<&'a str> {
+        if let Some(m) = members.iter().find(|m| m.name != me && m.vdisks.iter().any(|v| v == vdisk)) {
+            return Some(&m.name);
+        }
+        self.vdisks.get(vdisk).map(|e| e.home.as_str()).filter(|h| *h != me)
+    }
 }
 
 /// The leader's step: the next map given the members etcd lists (their keys live under
@@ -171,6 +184,25 @@ mod tests {
             replica_bytes: 0,
             replicated: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_vdisk_homed_or_claimed_elsewhere_moved_away_from_a_returning_node() {
+        let m1 = next_map(&ClusterMap::default(), &[member("a", &["vm1", "vm3"]), member("b", &["vm2"])]).unwrap();
+        // a died; vm1 restarted on b.
+        let m2 = next_map(&m1, &[member("b", &["vm1", "vm2"])]).unwrap();
+        let none: &[MemberInfo] = &[];
+        assert_eq!(m2.served_elsewhere(none, "a", "vm1"), Some("b"), "homed on b by the map");
+        assert_eq!(m2.served_elsewhere(none, "a", "vm3"), None, "still a's: nobody took it");
+        assert_eq!(m2.served_elsewhere(none, "a", "vm9"), None, "never in the map");
+        assert_eq!(m2.served_elsewhere(none, "b", "vm1"), None, "b's own");
+        // The map not written yet, but c claims vm3 already; a's own claim does not count.
+        let live = [member("c", &["vm3"]), member("a", &["vm3"])];
+        assert_eq!(m1.served_elsewhere(&live, "a", "vm3"), Some("c"));
+        assert_eq!(m1.served_elsewhere(&live[1..], "a", "vm3"), None);
+        // b stopped serving vm1 (removed it): still b's since a left, a's copy stale.
+        let m3 = next_map(&m2, &[member("b", &["vm2"])]).unwrap_or(m2.clone());
+        assert_eq!(m3.served_elsewhere(none, "a", "vm1"), Some("b"));
     }
 
     #[test]

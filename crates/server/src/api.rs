@@ -284,6 +284,7 @@ async fn cluster_status(State(a): State<Api>) -> Response {
         Some(c) => {
             let mut st = c.status();
             st.replica = a.daemon.replica_status();
+            st.moved_away = a.daemon.moved_away().to_vec();
             Json(st).into_response()
         }
         None => err(StatusCode::NOT_FOUND, "this daemon is not a cluster node (no [cluster] section)"),

@@ -142,6 +142,9 @@ pub struct Daemon {
     no_replica: Mutex<std::collections::BTreeSet<String>>,
     /// This node's replica log on a peer (`[cluster] replica`), once joined.
     replicator: std::sync::OnceLock<Arc<crate::cluster::replicator::Replicator>>,
+    /// vDisks of the config that moved to another node while this one was down: not
+    /// served, their blocks dropped at start (`cluster/start_check.rs`).
+    moved_away: Vec<crate::cluster::start_check::MovedAway>,
 }
 
 impl Daemon {
@@ -249,6 +252,12 @@ impl Daemon {
     /// The replica log's figures, on a node that keeps one on a peer.
     pub fn replica_status(&self) -> Option<crate::cluster::replicator::ReplicaStatus> {
         self.replicator.get().map(|r| r.status())
+    }
+
+    /// vDisks of the config that moved to another node while this one was down (not
+    /// served; `GET /cluster`'s `moved_away`).
+    pub fn moved_away(&self) -> &[crate::cluster::start_check::MovedAway] {
+        &self.moved_away
     }
 
     /// This node's cluster membership, when `[cluster]` is configured.

@@ -196,8 +196,18 @@ impl Cluster {
 
     /// [`Cluster::post`]: whether it succeeded (2xx), and the body.
     pub fn try_post(&self, k: usize, path: &str, body: &str) -> (bool, String) {
+        self.request(k, "POST", path, body)
+    }
+
+    /// `DELETE` of node k's API path; it must succeed.
+    pub fn delete(&self, k: usize, path: &str) {
+        let (ok, text) = self.request(k, "DELETE", path, "");
+        assert!(ok, "DELETE {path} on n{k}: {text}");
+    }
+
+    fn request(&self, k: usize, method: &str, path: &str, body: &str) -> (bool, String) {
         let out = Net::command(&self.net.nodes[k], "curl")
-            .args(["-sS", "--fail-with-body", "-X", "POST", "-H", &format!("Authorization: Bearer {TOKEN}"), "-H"])
+            .args(["-sS", "--fail-with-body", "-X", method, "-H", &format!("Authorization: Bearer {TOKEN}"), "-H"])
             .args(["Content-Type: application/json", "-d", body, &format!("http://{}:8080{path}", self.net.addr(k))])
             .output()
             .unwrap();

@@ -205,6 +205,19 @@ async fn allocate_cache(cl: &mut Client, c: &Arc<Cluster>, term: i64) -> Result<
     Ok(())
 }
 
+/// The member record at key `k` (under the prefix, `members/<name>`), or `None` (logged)
+/// when it is unreadable or names another node than its key.
+pub(super) fn decode_member(k: &str, value: &[u8]) -> Option<MemberInfo> {
+    let name = k.strip_prefix("members/")?;
+    match serde_json::from_slice::<MemberInfo>(value) {
+        Ok(m) if m.name == name => Some(m),
+        _ => {
+            tracing::warn!(key = %crate::log_safe(k), "cluster: ignoring an unreadable member record");
+            None
+        }
+    }
+}
+
 /// Reads the prefix back: members, leader, map, estimates, allocation.
 async fn observe(cl: &mut Client, c: &Arc<Cluster>) -> Result<(), etcd_client::Error> {
     let r = cl.get(c.settings.prefix.clone(), Some(GetOptions::new().with_prefix())).await?;
@@ -212,11 +225,8 @@ async fn observe(cl: &mut Client, c: &Arc<Cluster>) -> Result<(), etcd_client::E
     let (mut estimates, mut allocation) = (std::collections::BTreeMap::new(), None::<AllocationRecord>);
     for kv in r.kvs() {
         let k = kv.key_str().unwrap_or_default().strip_prefix(&c.settings.prefix).unwrap_or_default();
-        if let Some(name) = k.strip_prefix("members/") {
-            match serde_json::from_slice::<MemberInfo>(kv.value()) {
-                Ok(m) if m.name == name => members.push(m),
-                _ => tracing::warn!(key = %crate::log_safe(k), "cluster: ignoring an unreadable member record"),
-            }
+        if k.starts_with("members/") {
+            members.extend(decode_member(k, kv.value()));
         } else if k == "leader" {
             let name = String::from_utf8_lossy(kv.value()).to_string();
             leader = Some(Leader { name, term: kv.create_revision() });

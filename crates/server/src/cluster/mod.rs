@@ -7,12 +7,14 @@
 
 pub mod agent;
 pub mod estimates;
+pub(crate) mod etcd_once;
 pub mod lent;
 pub mod peer_device;
 pub mod replica_host;
 pub mod replica_state;
 pub mod replicator;
 pub mod settings;
+pub mod start_check;
 pub mod takeover;
 pub mod takeover_replay;
 
@@ -109,6 +111,9 @@ pub struct ClusterStatus {
     pub lease_ttl_ms: u64,
     /// This node's replica log on a peer (`[cluster] replica`).
     pub replica: Option<replicator::ReplicaStatus>,
+    /// vDisks of this node's config that moved to another node while it was down: not
+    /// served here, their cached blocks dropped at start (`start_check.rs`).
+    pub moved_away: Vec<start_check::MovedAway>,
 }
 
 impl Cluster {
@@ -335,6 +340,7 @@ impl Cluster {
             last_error: s.last_error.clone(),
             lease_ttl_ms: self.settings.timing.lease_ttl_ms,
             replica: None,
+            moved_away: Vec::new(),
         }
     }
 

@@ -6,6 +6,7 @@
 //! replays. One short-lived connection per call: these are rare (a start, a peer lost, a
 //! takeover), and the membership agent's connection is its own thread's.
 
+use super::etcd_once::block_on;
 use super::settings::ClusterSettings;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -23,25 +24,6 @@ pub struct ReplicaState {
 
 fn key(s: &ClusterSettings, owner: &str) -> String {
     format!("{}replicas/{owner}", s.prefix)
-}
-
-fn block_on<T>(
-    s: &ClusterSettings,
-    deadline: Duration,
-    f: impl AsyncFnOnce(&mut etcd_client::Client) -> Result<T, etcd_client::Error>,
-) -> Result<T, String> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
-    rt.block_on(async {
-        let opts = etcd_client::ConnectOptions::new().with_connect_timeout(deadline).with_timeout(deadline);
-        let work = async {
-            let mut c = etcd_client::Client::connect(&s.etcd, Some(opts)).await?;
-            f(&mut c).await
-        };
-        match tokio::time::timeout(deadline, work).await {
-            Ok(r) => r.map_err(|e| e.to_string()),
-            Err(_) => Err(format!("etcd: no answer within {deadline:?}")),
-        }
-    })
 }
 
 /// Records `state` as this node's (`s.name`'s).

@@ -104,13 +104,31 @@ impl Daemon {
         for note in overlay.apply(&mut merged) {
             tracing::info!("{note}");
         }
+        let cluster = merged.cluster.as_ref().map(|c| c.check()).transpose().map_err(StartError::Config)?;
+        // A cluster node's vDisks that moved away while it was down are not served here,
+        // and their cached blocks are dropped below, unwritten (`start_check.rs`).
+        let moved = match &cluster {
+            Some(c) => {
+                let names: Vec<String> = merged.vdisk.iter().map(|v| v.name.clone()).collect();
+                crate::cluster::start_check::moved_away(c, &names, crate::cluster::start_check::wait(c))
+                    .map_err(StartError::Refused)?
+            }
+            None => Vec::new(),
+        };
+        merged.vdisk.retain(|v| !moved.iter().any(|(n, _)| *n == v.name));
+        if merged.vdisk.is_empty() && !moved.is_empty() {
+            let list: Vec<String> = moved.iter().map(|(v, n)| format!("`{v}` (on {n})")).collect();
+            return Err(StartError::Refused(format!(
+                "every vDisk this node serves moved to another node while it was down: {}. Its cached blocks of them are older than what those nodes wrote and must not be written back: add a vDisk this node serves, or start with `--discard-dirty NAME` for each after removing them from the config. Nothing was changed.",
+                list.join(", ")
+            )));
+        }
         let cfg = &merged;
         let r: Resolved = cfg.resolve().map_err(StartError::Config)?;
         let places = places(cfg)?;
         if cfg.vssd.is_none() {
             crate::vssd::startup::check_not_dropped(&meta_dir).map_err(StartError::Config)?;
         }
-        let cluster = cfg.cluster.as_ref().map(|c| c.check()).transpose().map_err(StartError::Config)?;
         let mut engine_cfg = engine_config(&r);
         // A cache store per peer this node borrows from, after the local one; blocks there
         // are never dirty.
@@ -171,9 +189,23 @@ impl Daemon {
         })
         .map_err(StartError::Config)?;
         let discard = |name: &str| opts.discard_dirty.iter().any(|n| n == name);
+        let mut moved_away: Vec<crate::cluster::start_check::MovedAway> = moved
+            .iter()
+            .map(|(vdisk, node)| crate::cluster::start_check::MovedAway {
+                vdisk: vdisk.clone(),
+                node: node.clone(),
+                dropped_blocks: 0,
+                dropped_dirty: 0,
+            })
+            .collect();
         for (i, name) in orphans.iter().enumerate() {
             let id = (names.len() + i) as VmId;
             let dirty = engine.partition(id).dirty_blocks;
+            if let Some(m) = moved_away.iter_mut().find(|m| m.vdisk == *name) {
+                m.dropped_blocks = forget_vm(&mut engine, id);
+                m.dropped_dirty = dirty;
+                continue;
+            }
             if dirty > 0 && !discard(name) {
                 return Err(StartError::Refused(format!(
                     "{}: vDisk `{name}` has {dirty} dirty cached blocks but is not in the config. Add it back (same name and backing) so they are written back, or start with `--discard-dirty {name}` to drop them deliberately (the data they hold is lost). Nothing was changed.",
@@ -248,6 +280,15 @@ impl Daemon {
             } else {
                 tracing::info!(vdisk = %v.name, blocks = n, %why, "the backing store changed; dropped the vDisk's clean cached blocks");
             }
+        }
+        for m in &moved_away {
+            tracing::warn!(
+                vdisk = %m.vdisk,
+                node = %crate::log_safe(&m.node),
+                dropped_blocks = m.dropped_blocks,
+                dropped_dirty = m.dropped_dirty,
+                "cluster: this vDisk moved to another node while this node was down: not served here; its cached blocks here are older than what that node wrote and were dropped, dirty ones unwritten (remove it from this node's config, or add it back through the API once it is to be served here)"
+            );
         }
         for name in &opts.discard_dirty {
             if !names.contains(name) && !orphans.contains(name) {
@@ -406,6 +447,7 @@ impl Daemon {
             peer_links,
             no_replica: Mutex::new(cfg.vdisk.iter().filter(|v| !v.replicates()).map(|v| v.name.clone()).collect()),
             replicator: std::sync::OnceLock::new(),
+            moved_away,
         })
     }
 }

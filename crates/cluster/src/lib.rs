@@ -31,6 +31,7 @@ pub mod ilp;
 pub mod load;
 pub mod membership;
 pub mod migration;
+pub mod migration_driver;
 pub mod migration_plan;
 pub mod model;
 pub mod ownership;

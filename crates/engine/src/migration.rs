@@ -171,6 +171,14 @@ impl Engine {
             }
             self.with_repl(owner, |r, t| r.remove(t, s));
             self.forget(owner, s);
+            if self.dur.on {
+                // The journal may still say `s` holds that block: it goes to limbo, and
+                // is a destination once a commit recorded it free (durability.rs's free
+                // reserve; measured by the crash model: a move into it, then a crash,
+                // left the record naming the old block over the new one's bytes).
+                self.free_slot(s);
+                return None;
+            }
             return Some(s);
         }
         None
@@ -181,9 +189,11 @@ impl Engine {
     /// the staged copy's ops go to `out`, the index points at the new slot, `s` is freed
     /// once `out` is complete ([`Self::free_deferred`]). Returns whether it moved.
     pub(crate) fn move_block(&mut self, vm: VmId, s: u32, out: &mut Output) -> bool {
-        debug_assert!(!self.dur.on, "persistent mode has no lent regions");
-        if self.stores.lent_write_through && self.dirty.any(s, (0, self.spb)) {
-            // Its only copy would be on another node (`set_lent_write_through`).
+        if (self.stores.lent_write_through || self.dur.on) && self.dirty.any(s, (0, self.spb)) {
+            // Its only copy would be on another node (`set_lent_write_through`); or, in
+            // persistent mode, the record freeing `s` could be durable before the one
+            // naming the destination (each is journaled once its own ops end): a crash
+            // between them would lose the only copy. It stays until written back.
             return false;
         }
         let Some(d) = self.destination_slot(vm) else { return false };

@@ -14,7 +14,9 @@
 //!   read from: no later write to that slot ran (it would be in a later phase), so the
 //!   block is put back there, dirty, displacing a block the request had put in its place;
 //! - a move between cache stores (migration) that did not complete puts the block back in
-//!   the slot it was copied from, which nothing reused while the copy was in flight.
+//!   the slot it was copied from, which nothing reused while the copy was in flight —
+//!   unless that slot's store takes no block any more (a lost lender) and the block is
+//!   clean: then it is dropped.
 
 use crate::engine::Engine;
 use crate::inflight::{Job, OpState};
@@ -45,8 +47,14 @@ impl Engine {
             let spb = self.spb;
             let (valid, dirty): (Vec<bool>, Vec<bool>) = (0..spb).map(|k| self.sector_state(op.slot, k)).unzip();
             self.release_slot(op.slot);
-            self.restore_slot(read.slot, vm, block, &valid, &dirty).expect("a move's source slot waits for it");
             self.vms[vm as usize].moved -= 1;
+            let source = self.store_of(read.slot);
+            if self.stores.rows[source as usize].limit == 0 && !dirty.contains(&true) {
+                // Its source store takes no block now (a lost lender, `lose_lender`): a
+                // clean block is dropped (the backing store has it), never put back there.
+                continue;
+            }
+            self.restore_slot(read.slot, vm, block, &valid, &dirty).expect("a move's source slot waits for it");
         }
         // Cache writes that did not complete: their sectors hold nothing.
         for (i, op) in job.out.ops.iter().enumerate() {

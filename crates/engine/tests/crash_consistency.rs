@@ -86,7 +86,23 @@ enum Step {
     /// every op on its region fails, and no request or job that comes after may place a
     /// block there (its cap is 0, its idle blocks dropped).
     LoseLender,
+    /// Runs with a lent store: `vm`'s share of it becomes `MIGRATION_SHARES[pick]` slots
+    /// and its migration scheme `scheme` (ELICA §3.6: blocks at a store above its share
+    /// move to one below, each an SSD→SSD copy).
+    Shares {
+        vm: u32,
+        pick: usize,
+        scheme: MigrationScheme,
+    },
+    /// Runs with a lent store: Instant Migration's bulk copy of up to `max` blocks.
+    Migrate {
+        vm: u32,
+        max: u64,
+    },
 }
+
+/// `Step::Shares`' choices: none of the lent store to all of it.
+const MIGRATION_SHARES: [&[(u16, u64)]; 5] = [&[], &[(1, 1)], &[(1, 2)], &[(1, 3)], &[(1, 4)]];
 
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
@@ -109,6 +125,9 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0u32..4).prop_map(|run| Step::Lend { run }),
         1 => any::<usize>().prop_map(|run| Step::Return { run }),
         1 => Just(Step::LoseLender),
+        1 => (0..VMS, 0..MIGRATION_SHARES.len(), prop::sample::select(vec![MigrationScheme::Off, MigrationScheme::Gradual, MigrationScheme::Instant]))
+            .prop_map(|(vm, pick, scheme)| Step::Shares { vm, pick, scheme }),
+        2 => (0..VMS, 1u64..4).prop_map(|(vm, max)| Step::Migrate { vm, max }),
     ]
 }
 
@@ -526,6 +545,19 @@ fn run_losing(
                 for s in lending::give_back(&mut d.e, &mut d.lending, run) {
                     d.m.lent.remove(&s);
                 }
+            }
+            Step::Shares { .. } | Step::Migrate { .. } if !lent || shared => {}
+            Step::Shares { vm, pick, scheme } => {
+                d.e.submit_job(|e, _| {
+                    // Refused once the lender is lost (its cap is 0): nothing changes.
+                    let _ = e.set_remote_shares(vm, MIGRATION_SHARES[pick]);
+                    e.set_migration(vm, scheme);
+                });
+            }
+            Step::Migrate { vm, max } => {
+                d.e.submit_job(|e, out| {
+                    e.migrate_some(vm, max, out);
+                });
             }
         }
         d.pump().map_err(ctx)?;

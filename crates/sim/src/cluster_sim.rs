@@ -184,7 +184,7 @@ impl<'a> Cluster<'a> {
             allocate(&self.p, &mut self.nodes, &mut self.vms, self.window_end, self.total_units, &load);
             self.solve_s += t.elapsed().as_secs_f64();
             if let Some(m) = self.migrations.as_mut() {
-                m.after_allocation(self.window_end, &self.nodes, &self.vms);
+                m.after_allocation(self.window_end, &mut self.nodes, &self.vms);
             }
             self.allocated.0 += self.vms.iter().map(|v| (v.alloc.0 + v.alloc.1) as f64).sum::<f64>();
             self.allocated.1 += self.vms.iter().map(|v| v.alloc.1 as f64).sum::<f64>();
@@ -390,7 +390,7 @@ pub fn simulate_cluster(sc: &Scenario, progress: &mut dyn FnMut(u64)) -> Result<
     r.lent_dirty_blocks = lent_dirty;
     if let Some(m) = c.migrations.as_mut() {
         let end = c.nodes.iter().map(|n| n.last_done()).max().unwrap_or(0);
-        r.migration = Some(ClusterMigrationResult { cost: m.cost(end), moved_blocks: m.moved_blocks });
+        r.migration = Some(ClusterMigrationResult { cost: m.cost(end), moved_blocks: m.moved_blocks() });
     }
     Ok(r)
 }

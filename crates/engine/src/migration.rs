@@ -223,6 +223,11 @@ impl Engine {
                 self.dirty.set(d, (i, i + 1));
             }
         }
+        if self.dur.on && self.dur.is_vouched(s) {
+            // The journal may still say `s` holds the block, clean: a write of it to the
+            // backing store waits for the commit that frees `s` (as `forget`'s).
+            self.dur.vouched_elsewhere.insert(key, s);
+        }
         self.valid.clear_all(s);
         self.dirty.clear_all(s);
         let slots = &self.slots;

@@ -285,6 +285,7 @@ async fn cluster_status(State(a): State<Api>) -> Response {
             let mut st = c.status();
             st.replica = a.daemon.replica_status();
             st.moved_away = a.daemon.moved_away().to_vec();
+            st.migration = a.daemon.migration_status();
             Json(st).into_response()
         }
         None => err(StatusCode::NOT_FOUND, "this daemon is not a cluster node (no [cluster] section)"),

@@ -145,6 +145,9 @@ pub struct Daemon {
     /// vDisks of the config that moved to another node while this one was down: not
     /// served, their blocks dropped at start (`cluster/start_check.rs`).
     moved_away: Vec<crate::cluster::start_check::MovedAway>,
+    /// Cache migrations between this node and its lenders (`[cluster] migration`), once
+    /// joined, on a node that borrows.
+    migrations: std::sync::OnceLock<Arc<crate::cluster::migrations::NodeMigrations>>,
 }
 
 impl Daemon {
@@ -260,6 +263,11 @@ impl Daemon {
         &self.moved_away
     }
 
+    /// This node's cache migrations, when it borrows and `cluster.migration` is not off.
+    pub fn migration_status(&self) -> Option<cachevisor_cluster::migration_driver::MigrationStatus> {
+        self.migrations.get().map(|m| m.status())
+    }
+
     /// This node's cluster membership, when `[cluster]` is configured.
     pub fn cluster(&self) -> Option<&Arc<crate::cluster::Cluster>> {
         self.cluster.get()
@@ -323,12 +331,23 @@ impl Daemon {
             .map_err(|e| StartError::File { path: self.meta_dir.join("replicas").display().to_string(), error: e })?
             .map(Arc::new);
         let replica = settings.replica.clone();
+        let migration = settings.migration.filter(|_| self.peer_links.is_some()).map(|p| (p, settings.migration_batch));
         let c = self
             .cluster
             .get_or_init(|| crate::cluster::Cluster::start(settings, Box::new(source), lent, replicas))
             .clone();
         if let Some(peer) = replica {
             self.start_replicator(&c, peer);
+        }
+        if let Some((plan, batch)) = migration {
+            let m = crate::cluster::migrations::NodeMigrations::new(plan, self.block_size, batch)
+                .map_err(|e| StartError::Config(format!("cluster.migration: {e}")))?;
+            let m = self.migrations.get_or_init(|| Arc::new(m)).clone();
+            let weak = Arc::downgrade(self);
+            std::thread::Builder::new()
+                .name("cv-migrate".into())
+                .spawn(move || m.run(weak))
+                .map_err(|e| StartError::Config(format!("starting the migration thread: {e}")))?;
         }
         if let Some(p) = &self.peer_links {
             let _ = p.cluster.set(Arc::downgrade(&c));
@@ -732,6 +751,9 @@ impl crate::cluster::NodeSource for NodeSource {
                 *out = controller::apply(e, &d);
             });
         });
+        if let Some(m) = d.migrations.get() {
+            m.allocated();
+        }
     }
 
     /// A vDisk that moved here (its VM restarted here after its node died) is prewarmed

@@ -150,16 +150,23 @@ impl Cluster {
     /// TLS to n0's certificate; returned once formed, with the PKI's directory kept alive
     /// beside the cluster.
     pub fn borrowing() -> (Cluster, tempfile::TempDir) {
+        Cluster::borrowing_with("")
+    }
+
+    /// [`Cluster::borrowing`], n0's `[cluster]` section ending with `extra`.
+    pub fn borrowing_with(extra: &str) -> (Cluster, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
         let pki = super::certs::Pki::new(&dir.path().join("pki"));
         let lender = pki.server("srv1", "/CN=n1", "IP:10.77.0.2");
         let n0 = pki.client("n0", "/CN=n0", None, 1);
-        let extra = |k: usize| match k {
+        let extra = |k: usize| {
+            match k {
             0 => format!(
-                "interval = \"500ms\"\nunit = \"1MiB\"\npeers = [\"n1\"]\nborrow = \"8MiB\"\npeer_tls_dir = \"{}\"",
+                "interval = \"500ms\"\nunit = \"1MiB\"\npeers = [\"n1\"]\nborrow = \"8MiB\"\npeer_tls_dir = \"{}\"\n{extra}",
                 n0.display()
             ),
             _ => "interval = \"500ms\"\nunit = \"1MiB\"\nlend = \"8MiB\"".to_string(),
+        }
         };
         let c = Cluster::with_nodes(2, extra, |k| {
             if k == 1 {

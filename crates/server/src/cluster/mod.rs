@@ -9,6 +9,7 @@ pub mod agent;
 pub mod estimates;
 pub(crate) mod etcd_once;
 pub mod lent;
+pub mod migrations;
 pub mod peer_device;
 pub mod replica_host;
 pub mod replica_state;
@@ -114,6 +115,9 @@ pub struct ClusterStatus {
     /// vDisks of this node's config that moved to another node while it was down: not
     /// served here, their cached blocks dropped at start (`start_check.rs`).
     pub moved_away: Vec<start_check::MovedAway>,
+    /// Cache migrations on this node (`migration`; a node that borrows): waiting,
+    /// running, blocks moved.
+    pub migration: Option<cachevisor_cluster::migration_driver::MigrationStatus>,
 }
 
 impl Cluster {
@@ -341,6 +345,7 @@ impl Cluster {
             lease_ttl_ms: self.settings.timing.lease_ttl_ms,
             replica: None,
             moved_away: Vec::new(),
+            migration: None,
         }
     }
 

@@ -77,6 +77,33 @@ pub struct ClusterConfig {
     /// (writes then go through to the backing store once the cluster was told): the
     /// stall ceiling of a peer cut off the network. Default: the lease TTL.
     pub replica_timeout: Option<String>,
+    /// How a vDisk's cache blocks move when the leader's allocation moves its shares
+    /// between this node and its lenders (ELICA §3.6): `auto` (§3.6.3's latency-aware
+    /// choice), `gradual`, `instant` or `off` (blocks stay until replaced).
+    #[serde(default = "default_migration")]
+    pub migration: String,
+    /// Migrations that may start per second (§3.6.3's rate limit).
+    #[serde(default = "default_migration_rate")]
+    pub migration_rate: f64,
+    /// Migrations that may start at once after a quiet spell.
+    #[serde(default = "default_migration_burst")]
+    pub migration_burst: u32,
+    /// Instant Migration: blocks per copy job (one in flight per vDisk).
+    #[serde(default = "default_migration_batch")]
+    pub migration_batch: u64,
+}
+
+fn default_migration() -> String {
+    "auto".into()
+}
+fn default_migration_rate() -> f64 {
+    cachevisor_cluster::migration_plan::PlanSettings::default().rate
+}
+fn default_migration_burst() -> u32 {
+    cachevisor_cluster::migration_plan::PlanSettings::default().burst
+}
+fn default_migration_batch() -> u64 {
+    64
 }
 
 fn default_lend() -> String {
@@ -147,6 +174,10 @@ pub struct ClusterSettings {
     pub replica_capacity: u64,
     /// A replica record's deadline, ms.
     pub replica_timeout_ms: u64,
+    /// The migration planner's settings (`None`: `migration = "off"`).
+    pub migration: Option<cachevisor_cluster::migration_plan::PlanSettings>,
+    /// Instant Migration's blocks per copy job.
+    pub migration_batch: u64,
 }
 
 impl ClusterSettings {
@@ -270,7 +301,38 @@ impl ClusterConfig {
                 t
             }
         };
+        use cachevisor_cluster::migration_plan::{PlanSettings, SchemeChoice};
+        let scheme = match self.migration.as_str() {
+            "auto" => Some(None),
+            "gradual" => Some(Some(SchemeChoice::Gradual)),
+            "instant" => Some(Some(SchemeChoice::Instant)),
+            "off" => None,
+            other => {
+                return Err(format!(
+                    "cluster.migration: `{}` is not auto, gradual, instant or off",
+                    crate::log_safe(other)
+                ))
+            }
+        };
+        let migration = match scheme {
+            Some(scheme) => {
+                let p = PlanSettings {
+                    rate: self.migration_rate,
+                    burst: self.migration_burst,
+                    scheme,
+                    ..PlanSettings::default()
+                };
+                p.validate().map_err(|e| format!("cluster.{}", e.replace("migration.", "migration_")))?;
+                Some(p)
+            }
+            None => None,
+        };
+        if !(1..=4096).contains(&self.migration_batch) {
+            return Err(format!("cluster.migration_batch: {} is outside 1 to 4096 blocks", self.migration_batch));
+        }
         Ok(ClusterSettings {
+            migration,
+            migration_batch: self.migration_batch,
             name: self.name.clone(),
             address: self.address.clone(),
             etcd: self.etcd.clone(),
@@ -304,6 +366,17 @@ mod tests {
     fn defaults_and_every_bad_key_named() {
         let s = cfg("").unwrap();
         assert_eq!(s.prefix, "/cachevisor/default/");
+        assert_eq!(s.migration.map(|m| (m.rate, m.burst, m.scheme)), Some((4.0, 8, None)), "auto by default");
+        assert_eq!(s.migration_batch, 64);
+        assert_eq!(cfg("migration = \"off\"").unwrap().migration, None);
+        let g = cfg("migration = \"gradual\"\nmigration_rate = 0.5").unwrap().migration.unwrap();
+        assert_eq!((g.rate, g.scheme), (0.5, Some(cachevisor_cluster::migration_plan::SchemeChoice::Gradual)));
+        // The replica log's bounds, both ends in.
+        for (v, bytes) in [("0", 0), ("1MiB", 1 << 20), ("1TiB", 1 << 40)] {
+            assert_eq!(cfg(&format!("replica_capacity = \"{v}\"")).unwrap().replica_capacity, bytes);
+        }
+        assert_eq!(cfg("replica_timeout = \"100ms\"").unwrap().replica_timeout_ms, 100);
+        assert_eq!(cfg("replica_timeout = \"3s\"").unwrap().replica_timeout_ms, 3000);
         assert_eq!(s.timing, Timing { lease_ttl_ms: 3000, margin_ms: 250, interval_ms: 2000 });
         for (extra, key) in [
             ("lease_ttl = \"1s\"", "cluster.lease_ttl"),
@@ -323,6 +396,13 @@ mod tests {
             ("replica = \"b\"", "cluster.peer_tls_dir"),
             ("replica_capacity = \"4KiB\"", "cluster.replica_capacity"),
             ("replica_timeout = \"10s\"", "cluster.replica_timeout"),
+            ("replica_capacity = \"2TiB\"", "cluster.replica_capacity"),
+            ("replica_timeout = \"99ms\"", "cluster.replica_timeout"),
+            ("migration = \"fast\"", "cluster.migration"),
+            ("migration_rate = 0.0", "cluster.migration_rate"),
+            ("migration_burst = 0", "cluster.migration_burst"),
+            ("migration_batch = 0", "cluster.migration_batch"),
+            ("migration_batch = 5000", "cluster.migration_batch"),
         ] {
             let e = cfg(extra).unwrap_err();
             assert!(e.contains(key), "{extra}: {e}");

@@ -448,6 +448,7 @@ impl Daemon {
             no_replica: Mutex::new(cfg.vdisk.iter().filter(|v| !v.replicates()).map(|v| v.name.clone()).collect()),
             replicator: std::sync::OnceLock::new(),
             moved_away,
+            migrations: std::sync::OnceLock::new(),
         })
     }
 }

@@ -1,0 +1,122 @@
+//! A daemon node's cache migrations (ELICA §3.6): when the leader's allocation moves a
+//! vDisk's shares between this node's cache and its lenders' regions — or between two
+//! lenders — the blocks it holds where it is now above its share move to where it is
+//! below, over the peers' TLS NBD exports, instead of being dropped and missed again.
+//! The decisions are the shared driver's (`cachevisor_cluster::migration_driver`, the
+//! simulator runs the same: planner, rate limit, Gradual or Instant, progress, end); the
+//! moves are the engine's (`migration.rs`: a staged SSD→SSD copy, the block held while it
+//! is in flight so a write to it waits and lands at the destination — §3.7's update
+//! safety —, its index flipped at the destination once the copy landed, a failed copy
+//! undone). This thread ticks the driver every 100 ms and runs each Instant
+//! migration's bulk copies, one job of `migration_batch` blocks per vDisk at a time.
+//!
+//! The daemon does not measure its links' utilization (the congestion signal of §3.6.3):
+//! `auto` starts Instant migrations, as the simulator's `auto` does on idle links.
+
+use cachevisor_cluster::migration_driver::{MigrationDriver, MigrationHost, MigrationStatus};
+use cachevisor_cluster::migration_plan::PlanSettings;
+use cachevisor_engine::{Engine, MigrationScheme, MigrationStats};
+use cachevisor_trace::VmId;
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+/// The node's migrations.
+pub struct NodeMigrations {
+    driver: Mutex<MigrationDriver>,
+    /// vDisks whose Instant migration is running (their bulk copies are due).
+    instant: Mutex<BTreeSet<VmId>>,
+    /// An allocation was applied since the last tick.
+    allocated: AtomicBool,
+    batch: u64,
+    start: Instant,
+}
+
+/// This node's engine as the driver sees it.
+struct Host<'a> {
+    engine: &'a mut Engine,
+    instant: &'a mut BTreeSet<VmId>,
+}
+
+impl MigrationHost for Host<'_> {
+    fn count(&self) -> usize {
+        self.engine.vm_count()
+    }
+    fn stats(&self, id: usize) -> MigrationStats {
+        self.engine.migration_stats(id as VmId)
+    }
+    fn set_scheme(&mut self, id: usize, scheme: MigrationScheme) {
+        self.engine.set_migration(id as VmId, scheme);
+        if scheme == MigrationScheme::Instant {
+            self.instant.insert(id as VmId);
+        } else {
+            self.instant.remove(&(id as VmId));
+        }
+    }
+}
+
+/// How often the driver ticks.
+const TICK: Duration = Duration::from_millis(100);
+
+impl NodeMigrations {
+    /// Migrations with the planner's `settings`, `batch` blocks per Instant copy job.
+    pub fn new(settings: PlanSettings, block: u64, batch: u64) -> Result<NodeMigrations, String> {
+        Ok(NodeMigrations {
+            driver: Mutex::new(MigrationDriver::new(settings, block)?),
+            instant: Default::default(),
+            allocated: AtomicBool::new(false),
+            batch,
+            start: Instant::now(),
+        })
+    }
+
+    /// The leader's allocation was applied (shares may have moved).
+    pub fn allocated(&self) {
+        self.allocated.store(true, SeqCst);
+    }
+
+    /// Waiting and running migrations, blocks moved so far.
+    pub fn status(&self) -> MigrationStatus {
+        self.driver.lock().unwrap_or_else(|e| e.into_inner()).status()
+    }
+
+    /// The driver's thread, until the daemon is gone or stopped.
+    pub fn run(self: Arc<Self>, daemon: Weak<crate::daemon::Daemon>) {
+        loop {
+            std::thread::sleep(TICK);
+            let Some(d) = daemon.upgrade() else { return };
+            if d.is_stopped() {
+                return;
+            }
+            let now_us = self.start.elapsed().as_micros() as u64;
+            let allocated = self.allocated.swap(false, SeqCst);
+            d.datapath().with_engine_mut(|e| {
+                let mut driver = self.driver.lock().unwrap_or_else(|p| p.into_inner());
+                let mut instant = self.instant.lock().unwrap_or_else(|p| p.into_inner());
+                let mut host = Host { engine: e, instant: &mut instant };
+                if allocated {
+                    driver.after_allocation(now_us, &host);
+                }
+                driver.tick(now_us, 0.0, &mut host);
+            });
+            self.copy(&d);
+        }
+    }
+
+    /// Instant Migration's bulk copies (§3.6.2): each running vDisk's next batches, one
+    /// job at a time, until a tick's time is spent or nothing more moves now.
+    fn copy(&self, d: &crate::daemon::Daemon) {
+        let until = Instant::now() + TICK;
+        let vms: Vec<VmId> = self.instant.lock().unwrap_or_else(|p| p.into_inner()).iter().copied().collect();
+        for vm in vms {
+            while Instant::now() < until {
+                let mut moved = 0;
+                let r = d.datapath().run_job(|e, out| moved = e.migrate_some(vm, self.batch, out));
+                if moved == 0 || r.is_err() {
+                    break; // nothing movable now (or a copy failed: the engine undid it)
+                }
+            }
+        }
+    }
+}

@@ -6,7 +6,8 @@
 //! VM holds where it is above its share to where it is below — between its own SSD and
 //! n1's region, over the network — Instant in one test, Gradual in the other, while
 //! vm0's data is read back and checked (a pattern per MiB, every read) and fio writes and
-//! verifies the hot VM with `verify=crc32c`: no read may differ. `CV_MIGRATION_BLOCKS`
+//! verifies the hot VM and n1's own VM with `verify=crc32c`: no read may differ. The hot
+//! VM turns idle and busy again every 15 s, so the shares keep moving. `CV_MIGRATION_BLOCKS`
 //! sets how many blocks must move (256 by default; ELICA's Table 5 ran 10,000).
 
 mod common;
@@ -26,6 +27,34 @@ fn check_vm0(c: &Cluster) {
 /// Reads the hot VM's 6 MiB three times (more hits per MiB than vm0's).
 fn read_hot(c: &Cluster) {
     c.io(0, "hot", &["read 0 6M", "read 0 6M", "read 0 6M"]);
+}
+
+/// fio on node k's export `name`: random 4 KiB reads and writes, every block it wrote
+/// read back and checked (`verify=crc32c`, a failed check fatal), until stopped.
+fn fio(c: &Cluster, k: usize, name: &str) -> std::process::Child {
+    let uri = format!("nbd://{}:10809/{name}", c.net.addr(k));
+    Net::command(&c.net.nodes[k], "fio")
+        .args(["--name=v", "--ioengine=nbd", &format!("--uri={uri}"), "--rw=randrw", "--bs=4k"])
+        .args(["--offset=8M", "--size=4M", "--verify=crc32c", "--verify_backlog=64", "--verify_fatal=1"])
+        .args(["--iodepth=4", "--time_based", "--runtime=3600", "--output-format=terse"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("fio")
+}
+
+/// Stops a [`fio`]: no error, something read back and verified; the KiB it read.
+fn finish(f: std::process::Child) -> u64 {
+    let _ = std::process::Command::new("kill").args(["-INT", &f.id().to_string()]).status();
+    let out = f.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    // Stopped by SIGINT: its terse line (fields: version;fio;job;group;error;read KiB;…).
+    let terse = String::from_utf8_lossy(&out.stdout).lines().find(|l| l.starts_with("3;")).map(str::to_string);
+    let fields: Vec<&str> = terse.as_deref().unwrap_or_default().split(';').collect();
+    assert!(fields.len() > 6 && fields[4] == "0", "fio found an error (a failed verify is fatal): {text}");
+    let read_kib: u64 = fields[5].parse().unwrap_or(0);
+    assert!(read_kib > 0 && !text.contains("verify failed"), "fio read back and verified: {text}");
+    read_kib
 }
 
 fn migration(c: &Cluster) -> Value {
@@ -52,24 +81,22 @@ fn run(scheme: &str) {
         check_vm0(&c); // its blocks fill n1's region as its misses land there
     }
     let before = migration(&c)["moved_blocks"].as_u64().unwrap();
-    // Phase 2: a hot VM on n0. fio writes and verifies it throughout (crc32c).
+    // Phase 2: a hot VM on n0. fio writes and verifies it throughout (crc32c), and n1's
+    // own VM too: every export is checked while the cache moves.
     std::fs::File::create(c.dir.path().join("hot.img")).unwrap().set_len(16 << 20).unwrap();
     c.add_vdisk(0, "hot", "hot.img");
-    let uri = format!("nbd://{}:10809/hot", c.net.addr(0));
-    let fio = Net::command(&c.net.nodes[0], "fio")
-        .args(["--name=hot", "--ioengine=nbd", &format!("--uri={uri}"), "--rw=randrw", "--bs=4k"])
-        .args(["--offset=8M", "--size=4M", "--verify=crc32c", "--verify_backlog=64", "--verify_fatal=1"])
-        .args(["--iodepth=4", "--time_based", "--runtime=600", "--output-format=terse"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("fio");
+    let fios = [fio(&c, 0, "hot"), fio(&c, 1, "vm1")];
     let want: u64 = std::env::var("CV_MIGRATION_BLOCKS").ok().and_then(|v| v.parse().ok()).unwrap_or(256);
-    let end = Instant::now() + Duration::from_secs(90).max(Duration::from_millis(want * 60));
+    let end = Instant::now() + Duration::from_secs(90).max(Duration::from_millis(want * 200));
     let t = Instant::now();
     let mut passes = 0;
+    // The hot VM is busy, then idle, then busy…: the leader moves the shares back and
+    // forth, and each move is a migration (one phase is enough for the default count).
+    let (mut hot, mut phase) = (true, Instant::now());
     let moved = loop {
-        read_hot(&c);
+        if hot {
+            read_hot(&c);
+        }
         check_vm0(&c);
         passes += 1;
         let m = migration(&c);
@@ -80,6 +107,9 @@ fn run(scheme: &str) {
         if moved >= want && (idle || scheme == "gradual") {
             break moved;
         }
+        if phase.elapsed() > Duration::from_secs(15) && (idle || scheme == "gradual") {
+            (hot, phase) = (!hot, Instant::now());
+        }
         if Instant::now() > end {
             let s = c.get(0, "/cluster");
             panic!("{scheme}: {moved} blocks moved after {passes} passes: {m:#}\n{:#}\n{}", s["allocation"], c.logs());
@@ -89,15 +119,7 @@ fn run(scheme: &str) {
     for _ in 0..2 {
         check_vm0(&c);
     }
-    let _ = std::process::Command::new("kill").args(["-INT", &fio.id().to_string()]).status();
-    let out = fio.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    // Stopped by SIGINT: its terse line (fields: version;fio;job;group;error;read KiB;…).
-    let terse = String::from_utf8_lossy(&out.stdout).lines().find(|l| l.starts_with("3;")).map(str::to_string);
-    let fields: Vec<&str> = terse.as_deref().unwrap_or_default().split(';').collect();
-    assert!(fields.len() > 6 && fields[4] == "0", "fio found an error (a failed verify is fatal): {text}");
-    let read_kib: u64 = fields[5].parse().unwrap_or(0);
-    assert!(read_kib > 0 && !text.contains("verify failed"), "fio read back and verified: {text}");
+    let read_kib: u64 = fios.into_iter().map(finish).sum();
     let s = c.get(0, "/cluster");
     eprintln!(
         "{scheme}: {moved} blocks migrated between n0's SSD and n1's region in {:?} ({passes} passes), vm0's every read checked; fio verified {read_kib} KiB read; allocation {}; migration {}",

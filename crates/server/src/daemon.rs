@@ -226,6 +226,7 @@ impl Daemon {
             cluster: std::sync::OnceLock::new(),
             restarted: Default::default(),
             down: Default::default(),
+            busy: Default::default(),
         });
         let _ = links.cluster.set(Arc::downgrade(c));
         let r = Arc::new(crate::cluster::replicator::Replicator::new(s, peer, links, self.block_size));
@@ -261,6 +262,12 @@ impl Daemon {
     /// served; `GET /cluster`'s `moved_away`).
     pub fn moved_away(&self) -> &[crate::cluster::start_check::MovedAway] {
         &self.moved_away
+    }
+
+    /// How long this node's link to its lenders was busy so far (ns; 0 when it borrows
+    /// from none).
+    pub(crate) fn link_busy_ns(&self) -> u64 {
+        self.peer_links.as_ref().map_or(0, |p| p.busy.busy_ns())
     }
 
     /// This node's cache migrations, when it borrows and `cluster.migration` is not off.

@@ -10,8 +10,10 @@
 //! undone). This thread ticks the driver every 100 ms and runs each Instant
 //! migration's bulk copies, one job of `migration_batch` blocks per vDisk at a time.
 //!
-//! The daemon does not measure its links' utilization (the congestion signal of §3.6.3):
-//! `auto` starts Instant migrations, as the simulator's `auto` does on idle links.
+//! §3.6.3's congestion signal is the node's link to its lenders: the share of the last
+//! tick some op on a peer was in flight (`peer_device.rs`'s `LinkBusy`; the simulator
+//! reads its link models the same way); at or above `congested` (0.5) `auto` starts a
+//! Gradual migration, else an Instant one.
 
 use cachevisor_cluster::migration_driver::{MigrationDriver, MigrationHost, MigrationStatus};
 use cachevisor_cluster::migration_plan::PlanSettings;
@@ -31,6 +33,8 @@ pub struct NodeMigrations {
     allocated: AtomicBool,
     batch: u64,
     start: Instant,
+    /// The link's busy time and the time at the last tick (ns since `start`).
+    last: Mutex<(u64, u64)>,
 }
 
 /// This node's engine as the driver sees it.
@@ -68,6 +72,7 @@ impl NodeMigrations {
             allocated: AtomicBool::new(false),
             batch,
             start: Instant::now(),
+            last: Mutex::new((0, 0)),
         })
     }
 
@@ -89,7 +94,15 @@ impl NodeMigrations {
             if d.is_stopped() {
                 return;
             }
-            let now_us = self.start.elapsed().as_micros() as u64;
+            let now_ns = self.start.elapsed().as_nanos() as u64;
+            let now_us = now_ns / 1000;
+            let utilization = {
+                let busy = d.link_busy_ns();
+                let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+                let u = busy.saturating_sub(last.0) as f64 / now_ns.saturating_sub(last.1).max(1) as f64;
+                *last = (busy, now_ns);
+                u.min(1.0)
+            };
             let allocated = self.allocated.swap(false, SeqCst);
             d.datapath().with_engine_mut(|e| {
                 let mut driver = self.driver.lock().unwrap_or_else(|p| p.into_inner());
@@ -98,7 +111,7 @@ impl NodeMigrations {
                 if allocated {
                     driver.after_allocation(now_us, &host);
                 }
-                driver.tick(now_us, 0.0, &mut host);
+                driver.tick(now_us, utilization, &mut host);
             });
             self.copy(&d);
         }

@@ -40,6 +40,42 @@ pub struct PeerLinks {
     pub restarted: Mutex<std::collections::BTreeSet<String>>,
     /// Peers whose last op failed, until when their ops fail at once (1.5 TTLs later).
     pub down: Mutex<std::collections::BTreeMap<String, std::time::Instant>>,
+    /// How long some op on a peer was in flight: the node's link busy time, the
+    /// congestion signal of the migration planner (ELICA §3.6.3).
+    pub busy: LinkBusy,
+}
+
+/// Time with at least one op on a peer in flight.
+#[derive(Default)]
+pub struct LinkBusy {
+    /// Ops in flight, since when some were, and the busy time before that.
+    state: Mutex<(u32, Option<std::time::Instant>, u64)>,
+}
+
+impl LinkBusy {
+    fn begin(&self) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if s.0 == 0 {
+            s.1 = Some(std::time::Instant::now());
+        }
+        s.0 += 1;
+    }
+
+    fn end(&self) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.0 -= 1;
+        if s.0 == 0 {
+            if let Some(t) = s.1.take() {
+                s.2 += t.elapsed().as_nanos() as u64;
+            }
+        }
+    }
+
+    /// Busy nanoseconds so far (the current busy spell included).
+    pub fn busy_ns(&self) -> u64 {
+        let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.2 + s.1.map_or(0, |t| t.elapsed().as_nanos() as u64)
+    }
 }
 
 impl PeerLinks {
@@ -202,12 +238,14 @@ impl PeerDevice {
 impl Device for PeerDevice {
     fn submit(&self, now_ns: u64, at: u64, io: Io<'_>) -> io::Result<u64> {
         let b = self.connection().map_err(|e| self.failed(e))?;
-        match io {
+        self.links.busy.begin();
+        let r = match io {
             Io::Read(buf) => b.read_at(buf, at),
             Io::Write(data) => b.write_at(data, at),
             Io::Model { .. } => Err(io::Error::new(io::ErrorKind::InvalidInput, "a model's op on a peer's region")),
-        }
-        .map_err(|e| self.failed(e))?;
+        };
+        self.links.busy.end();
+        r.map_err(|e| self.failed(e))?;
         Ok(now_ns)
     }
 
@@ -234,5 +272,27 @@ impl Device for PeerDevice {
         } else {
             format!("the cache region {} lends this node", self.peer)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LinkBusy;
+    use std::time::Duration;
+
+    #[test]
+    fn busy_time_is_the_union_of_ops_in_flight() {
+        let b = LinkBusy::default();
+        assert_eq!(b.busy_ns(), 0);
+        b.begin();
+        b.begin(); // two at once count once
+        std::thread::sleep(Duration::from_millis(20));
+        b.end();
+        let mid = b.busy_ns();
+        assert!(mid >= 20_000_000, "{mid}");
+        b.end();
+        let idle = b.busy_ns();
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(b.busy_ns(), idle, "no op in flight: not busy");
     }
 }

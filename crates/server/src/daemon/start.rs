@@ -145,6 +145,7 @@ impl Daemon {
                 cluster: Default::default(),
                 restarted: Default::default(),
                 down: Default::default(),
+                busy: Default::default(),
             })
         });
         let mut engine = Engine::new(engine_cfg).map_err(StartError::Config)?;

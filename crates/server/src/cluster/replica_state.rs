@@ -40,10 +40,26 @@ pub fn read(s: &ClusterSettings, owner: &str, deadline: Duration) -> Result<Opti
         let r = c.get(k, None).await?;
         Ok(r.kvs().first().map(|kv| kv.value().to_vec()))
     })?;
-    match value {
-        None => Ok(None),
-        Some(v) => serde_json::from_slice(&v)
-            .map(Some)
-            .map_err(|e| format!("replicas/{}: not a replica state: {e}", crate::log_safe(owner))),
+    value.map(|v| decode(owner, &v)).transpose()
+}
+
+/// `owner`'s record as etcd holds it; an unreadable one is an error naming the key (a
+/// replay never guesses).
+fn decode(owner: &str, v: &[u8]) -> Result<ReplicaState, String> {
+    serde_json::from_slice(v).map_err(|e| format!("replicas/{}: not a replica state: {e}", crate::log_safe(owner)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_reads_back_and_a_corrupt_one_is_named() {
+        let st = ReplicaState { peer: "b".into(), log_id: 7, valid: true };
+        assert_eq!(decode("a", &serde_json::to_vec(&st).unwrap()).unwrap(), st);
+        for bad in [&b"{\"peer\":\"b\"}"[..], b"not json", b"{\"peer\":1,\"log_id\":1,\"valid\":true}"] {
+            let e = decode("a\nb", bad).unwrap_err();
+            assert!(e.starts_with("replicas/a") && e.contains("not a replica state") && !e.contains('\n'), "{e}");
+        }
     }
 }

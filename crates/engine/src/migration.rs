@@ -272,6 +272,14 @@ impl Engine {
             return s;
         }
         match self.store_below_share(vm).and_then(|to| self.take_free_of(to)) {
+            Some(d) if self.dur.on => {
+                // Persistent mode: `s` came off the free list (the victim went to limbo,
+                // `place_victim`); nothing names it, so it goes straight back. (Through
+                // limbo it never got a free record to leave by: every commit after was
+                // due, and a checkpoint waiting for rest never came — a daemon hung.)
+                self.free_push_front(s);
+                d
+            }
             Some(d) => {
                 self.moving.deferred_free.push(s);
                 d

@@ -424,6 +424,23 @@ fn run_losing(
     lent: bool,
     lost: bool,
 ) -> Result<(), String> {
+    run_checking(steps, shared, seed, ahead, repl, lent, lost, false)
+}
+
+/// [`run_losing`]; with `drain`, instead of the crash every op completes and every commit
+/// is made durable until nothing is left: the engine must come to rest (no job in flight,
+/// no commit due) — a checkpoint waits for exactly that.
+#[allow(clippy::too_many_arguments)]
+fn run_checking(
+    steps: &[Step],
+    shared: bool,
+    seed: u64,
+    ahead: u32,
+    repl: ReplacementKind,
+    lent: bool,
+    lost: bool,
+    drain: bool,
+) -> Result<(), String> {
     let lost = lent && lost;
     trace(|| format!("run shared={shared} seed={seed} ahead={ahead} replacement={repl:?} lent={lent} lost={lost}"));
     let mut e = Engine::new(config(shared, repl, lent)).unwrap();
@@ -564,6 +581,34 @@ fn run_losing(
         d.lend_ready().map_err(ctx)?;
         d.e.check_invariants().map_err(ctx)?;
     }
+    if drain {
+        let now = steps.len() as u64 * 1000;
+        for round in 0..200 {
+            for op in std::mem::take(&mut d.flying) {
+                let fail =
+                    d.lost_at.is_some() && matches!(op.loc, Location::Cache(_)) && d.m.layout.store_of(op.slot) != 0;
+                d.m.execute(&op, fail, 0)?;
+                d.e.handle_completion(now, op.handle(), if fail { Err(Failure::Io) } else { Ok(()) });
+            }
+            d.pump()?;
+            d.lend_ready()?;
+            d.commit_step(now, false);
+            d.pump()?;
+            if d.flying.is_empty() && d.commit.is_none() && d.e.quiescent() {
+                d.commit_step(now, false); // polls: none may be due
+                if d.commit.is_none() {
+                    return Ok(());
+                }
+            }
+            trace(|| format!("drain round {round}: {} ops, quiescent {}", d.flying.len(), d.e.quiescent()));
+        }
+        return Err(format!(
+            "no rest after 200 rounds of completions and commits: {} ops flying, quiescent {}, a commit due {}",
+            d.flying.len(),
+            d.e.quiescent(),
+            d.commit.is_some()
+        ));
+    }
     // The crash: in-flight writes land torn (or not), unsynced writes survive at random.
     for op in std::mem::take(&mut d.flying) {
         if op.kind.is_write() && rng.gen_bool(0.5) {
@@ -655,6 +700,21 @@ proptest! {
         lost in any::<bool>(),
     ) {
         run_losing(&steps, shared, seed, ahead, ReplacementKind::Lru, lent, lost).map_err(TestCaseError::fail)?;
+    }
+
+    /// Liveness: after any history, with every op completing and every commit made
+    /// durable, the engine comes to rest (no job in flight, no commit due) — what a
+    /// checkpoint waits for (a daemon migrating for 10 minutes once never did).
+    #[test]
+    fn every_history_drains_to_rest(
+        steps in prop::collection::vec(step(), 1..250),
+        shared in any::<bool>(),
+        seed in any::<u64>(),
+        ahead in prop::sample::select(vec![0u32, 2, 8]),
+        lent in any::<bool>(),
+        lost in any::<bool>(),
+    ) {
+        run_checking(&steps, shared, seed, ahead, ReplacementKind::Lru, lent, lost, true).map_err(TestCaseError::fail)?;
     }
 
     /// The same under the other replacement policies (`adaptive`'s partitions use

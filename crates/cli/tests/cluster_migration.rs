@@ -1,14 +1,16 @@
-//! Cache migration between real nodes (issue 34; ELICA §3.6, §3.7, Table 5): n0 borrows
-//! up to 8 MiB of n1's cache over TLS NBD; its VM `vm0` reads a 10 MiB working set, so
-//! the leader gives it n0's 8 MiB and part of n1's. Then a hotter VM starts on n0 and the
-//! leader re-divides n0's and n1's cache between the two as their estimates change (in
-//! our runs it moved shares back and forth between them), and n0 migrates the blocks a
-//! VM holds where it is above its share to where it is below — between its own SSD and
-//! n1's region, over the network — Instant in one test, Gradual in the other, while
+//! Cache migration between real nodes (issue 34; ELICA §3.6, §3.7, Table 5): three nodes,
+//! a VM on each; n0 borrows up to 8 MiB of n1's and of n2's cache over TLS NBD; its VM
+//! `vm0` reads a 10 MiB working set, so the leader gives it n0's 8 MiB and part of a
+//! lender's. Then a hotter VM starts on n0 and the leader re-divides n0's cache and its
+//! lenders' between the two as their estimates change (in our runs it moved shares back
+//! and forth), and n0 migrates the blocks a VM holds where it is above its share to
+//! where it is below — between its own SSD and the lenders' regions, or from one lender
+//! to the other, over the network — Instant in one test, Gradual in the other, while
 //! vm0's data is read back and checked (a pattern per MiB, every read) and fio writes and
-//! verifies the hot VM and n1's own VM with `verify=crc32c`: no read may differ. The hot
-//! VM turns idle and busy again every 15 s, so the shares keep moving. `CV_MIGRATION_BLOCKS`
-//! sets how many blocks must move (256 by default; ELICA's Table 5 ran 10,000).
+//! verifies the hot VM and n1's and n2's own VMs with `verify=crc32c`: no read may
+//! differ. The hot VM turns idle and busy again every 15 s, so the shares keep moving.
+//! `CV_MIGRATION_BLOCKS` sets how many blocks must move (256 by default; ELICA's Table 5
+//! ran 10,000).
 
 mod common;
 
@@ -62,7 +64,7 @@ fn migration(c: &Cluster) -> Value {
 }
 
 fn run(scheme: &str) {
-    let (c, _pki) = Cluster::borrowing_with(&format!("migration = \"{scheme}\"\nmigration_batch = 32"));
+    let (c, _pki) = Cluster::borrowing_from(2, &format!("migration = \"{scheme}\"\nmigration_batch = 32"));
     let cmds: Vec<String> = (0..10).map(|i| format!("write -P {} {}M 1M", 0x10 + i, i)).collect();
     let cmds: Vec<&str> = cmds.iter().map(String::as_str).collect();
     c.io(0, "vm0", &cmds);
@@ -85,7 +87,7 @@ fn run(scheme: &str) {
     // own VM too: every export is checked while the cache moves.
     std::fs::File::create(c.dir.path().join("hot.img")).unwrap().set_len(16 << 20).unwrap();
     c.add_vdisk(0, "hot", "hot.img");
-    let fios = [fio(&c, 0, "hot"), fio(&c, 1, "vm1")];
+    let fios = [fio(&c, 0, "hot"), fio(&c, 1, "vm1"), fio(&c, 2, "vm2")];
     let want: u64 = std::env::var("CV_MIGRATION_BLOCKS").ok().and_then(|v| v.parse().ok()).unwrap_or(256);
     let end = Instant::now() + Duration::from_secs(90).max(Duration::from_millis(want * 200));
     let t = Instant::now();
@@ -122,7 +124,7 @@ fn run(scheme: &str) {
     let read_kib: u64 = fios.into_iter().map(finish).sum();
     let s = c.get(0, "/cluster");
     eprintln!(
-        "{scheme}: {moved} blocks migrated between n0's SSD and n1's region in {:?} ({passes} passes), vm0's every read checked; fio verified {read_kib} KiB read; allocation {}; migration {}",
+        "{scheme}: {moved} blocks migrated between n0's SSD and its lenders' regions in {:?} ({passes} passes), vm0's every read checked; fio verified {read_kib} KiB read; allocation {}; migration {}",
         t.elapsed(),
         s["allocation"]["vms"],
         s["migration"]

@@ -155,27 +155,34 @@ impl Cluster {
 
     /// [`Cluster::borrowing`], n0's `[cluster]` section ending with `extra`.
     pub fn borrowing_with(extra: &str) -> (Cluster, tempfile::TempDir) {
+        Cluster::borrowing_from(1, extra)
+    }
+
+    /// n0 borrows up to 8 MiB from each of `lenders` nodes (n1, n2, …), which lend it
+    /// over TLS to n0's certificate; n0's `[cluster]` section ends with `extra`.
+    pub fn borrowing_from(lenders: usize, extra: &str) -> (Cluster, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
         let pki = super::certs::Pki::new(&dir.path().join("pki"));
-        let lender = pki.server("srv1", "/CN=n1", "IP:10.77.0.2");
+        let servers: Vec<_> = (1..=lenders)
+            .map(|k| pki.server(&format!("srv{k}"), &format!("/CN=n{k}"), &format!("IP:10.77.0.{}", k + 1)))
+            .collect();
         let n0 = pki.client("n0", "/CN=n0", None, 1);
+        let peers: Vec<String> = (1..=lenders).map(|k| format!("\"n{k}\"")).collect();
         let extra = |k: usize| {
             match k {
             0 => format!(
-                "interval = \"500ms\"\nunit = \"1MiB\"\npeers = [\"n1\"]\nborrow = \"8MiB\"\npeer_tls_dir = \"{}\"\n{extra}",
+                "interval = \"500ms\"\nunit = \"1MiB\"\npeers = [{}]\nborrow = \"8MiB\"\npeer_tls_dir = \"{}\"\n{extra}",
+                peers.join(", "),
                 n0.display()
             ),
             _ => "interval = \"500ms\"\nunit = \"1MiB\"\nlend = \"8MiB\"".to_string(),
         }
         };
-        let c = Cluster::with_nodes(2, extra, |k| {
-            if k == 1 {
-                format!("tls = \"on\"\ntls_dir = \"{}\"\n", lender.display())
-            } else {
-                String::new()
-            }
+        let c = Cluster::with_nodes(lenders + 1, extra, |k| match k {
+            0 => String::new(),
+            _ => format!("tls = \"on\"\ntls_dir = \"{}\"\n", servers[k - 1].display()),
         });
-        formed(&c, 2);
+        formed(&c, lenders + 1);
         (c, dir)
     }
 

@@ -109,10 +109,32 @@ fn a_node_cut_off_fences_itself_before_the_others_can_see_it_gone_and_serves_its
         k == cut || Cluster::leader(s).is_some_and(|l| l != format!("n{cut}"))
     });
 
-    // The link back: the node holds a lease again and is a member again.
+    // With it gone, n0 takes its vDisk over (write-through: nothing only the cut node
+    // holds), opening the backing store by a path of its own as another host would: the
+    // claim the cut node lost with its lease is n0's now.
+    std::fs::File::create(c.dir.path().join("vm2-n0.img")).unwrap().set_len(16 << 20).unwrap();
+    let (ok, text) = c.try_post(0, "/vdisks", &c.vdisk_body("vm2", "vm2-n0.img", ""));
+    assert!(ok, "{text}\n{:#}", c.status(0).unwrap());
+
+    // The link back: the node holds a lease again and is a member again, and finds the
+    // claim of a vDisk it serves held by n0: a conflict, shown and logged.
     c.net.link(cut, true);
     formed(&c, 3);
     c.write_and_read(cut, 1 << 20, 0x6b);
+    let s = c.wait_all("the conflict shown", Duration::from_secs(5), |k, s| {
+        k != cut || s["claim_conflicts"].as_array().is_some_and(|a| !a.is_empty())
+    });
+    assert_eq!(s[cut]["claim_conflicts"], serde_json::json!([{"vdisk": "vm2", "node": "n0"}]), "{:#}", s[cut]);
+    let metrics = Net::http_get(&c.net.nodes[cut], &format!("http://{}:8080/metrics", c.net.addr(cut))).unwrap();
+    assert!(metrics.contains("cachevisor_cluster_claim_conflicts 1"), "{metrics}");
+    assert!(c.logs().contains("two nodes serve one vDisk"), "logged");
+    // Removed on n0, its claim goes back to the node serving it, and the conflict ends.
+    c.delete(0, "/vdisks/vm2");
+    c.wait_all("the conflict over", Duration::from_secs(5), |_, s| {
+        s["claim_conflicts"].as_array().is_some_and(|a| a.is_empty())
+    });
+    let (ok, text) = c.try_post(1, "/vdisks", &c.vdisk_body("vm2", "vm2-n0.img", ""));
+    assert!(!ok && text.contains("claimed by node n2"), "n2 took its claim back: {text}");
 }
 
 #[test]
@@ -357,4 +379,84 @@ fn a_peer_cut_off_the_network_stalls_the_vm_at_most_its_lease_and_costs_no_byte(
     c.net.link(1, true);
     formed(&c, 2);
     vm0_io(&c, &["read -P 0x45 0 1M", "read -P 0x42 1M 11M"]);
+}
+
+/// The names of the vDisks node k serves.
+fn served(c: &Cluster, k: usize) -> Vec<String> {
+    let all = c.get(k, "/vdisks");
+    let list = all.as_array().or(all["vdisks"].as_array()).expect("a list of vDisks").clone();
+    list.iter().map(|v| v["name"].as_str().unwrap().to_string()).collect()
+}
+
+#[test]
+fn two_nodes_taking_one_vdisk_at_once_one_gets_it_by_its_claim_in_etcd() {
+    let mut c = Cluster::new(2);
+    formed(&c, 2);
+    // Two operators add one vDisk on two nodes at the same moment: each node's look at
+    // the members sees it free; the claim's transaction lets one through. Each node opens
+    // the backing store by a path of its own, as two hosts do (their file locks do not
+    // see each other; on one machine the lock would refuse the second).
+    let image = |name: &str, k: usize| {
+        let f = format!("{name}-n{k}.img");
+        std::fs::File::create(c.dir.path().join(&f)).unwrap().set_len(4 << 20).unwrap();
+        f
+    };
+    for round in 0..4 {
+        let name = format!("both{round}");
+        let bodies: Vec<String> = (0..2).map(|k| c.vdisk_body(&name, &image(&name, k), "")).collect();
+        let answers: Vec<(bool, String)> = std::thread::scope(|s| {
+            let c = &c;
+            let hs: Vec<_> =
+                bodies.iter().enumerate().map(|(k, b)| s.spawn(move || c.try_post(k, "/vdisks", b))).collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let won: Vec<usize> = (0..2).filter(|&k| answers[k].0).collect();
+        assert_eq!(won.len(), 1, "round {round}: exactly one node adds {name}: {answers:#?}\n{}", c.logs());
+        let lost = 1 - won[0];
+        assert!(
+            answers[lost].1.contains("claimed by node"),
+            "round {round}: the refusal names the claim: {answers:#?}"
+        );
+        assert!(served(&c, won[0]).contains(&name) && !served(&c, lost).contains(&name));
+        // Removed there, it can be added on the other node at once (the claim is released).
+        c.delete(won[0], &format!("/vdisks/{name}"));
+        c.post(lost, "/vdisks", &bodies[lost]);
+        let (ok, text) = c.try_post(won[0], "/vdisks", &bodies[won[0]]);
+        assert!(!ok && text.contains("claimed by node"), "round {round}: {text}");
+    }
+
+    // A node starting with a vDisk in its config while another adds it at about that
+    // moment (the add sent at a few points of the start): exactly one of them serves it.
+    let mut s = Vec::new();
+    for (round, delay_ms) in [0u64, 60, 120, 250].into_iter().enumerate() {
+        let name = format!("race{round}");
+        c.nodes[0].take().unwrap().term(Duration::from_secs(20));
+        let cfg = c.dir.path().join("n0.toml");
+        let text = std::fs::read_to_string(&cfg).unwrap();
+        let vdisk = format!("[[vdisk]]\nname = \"{name}\"\nbacking = \"{}\"\n", image(&name, 0));
+        std::fs::write(&cfg, text.replacen("[cluster]", &format!("{vdisk}[cluster]"), 1)).unwrap();
+        let body = c.vdisk_body(&name, &image(&name, 1), "");
+        let (n0, added) = std::thread::scope(|s| {
+            let start = s.spawn(|| c.start(0));
+            std::thread::sleep(Duration::from_millis(delay_ms));
+            let add = s.spawn(|| c.try_post(1, "/vdisks", &body));
+            (start.join().unwrap(), add.join().unwrap())
+        });
+        c.nodes[0] = Some(n0);
+        s = c.wait_all("both serving", Duration::from_secs(10), |_, s| s["serving"] == true);
+        let on_n0 = served(&c, 0).contains(&name);
+        let on_n1 = served(&c, 1).contains(&name);
+        assert!(on_n0 != on_n1, "one node serves `{name}`: n0 {on_n0}, n1 {on_n1} (n1's add: {added:?})\n{s:#?}");
+        assert_eq!(on_n1, added.0, "{added:?}");
+        if on_n1 {
+            assert!(s[0]["moved_away"].as_array().unwrap().iter().any(|m| m["vdisk"] == name.as_str()), "{:#}", s[0]);
+        }
+        eprintln!(
+            "the start and the add {delay_ms} ms later raced: {} got `{name}`",
+            if on_n0 { "the start (n0)" } else { "the add (n1)" }
+        );
+    }
+    for s in &s {
+        assert_eq!(s["claim_conflicts"].as_array().map(Vec::len), Some(0), "{s:#}");
+    }
 }

@@ -44,7 +44,7 @@ fn a_dead_nodes_vms_restart_elsewhere_prewarmed_from_its_last_snapshot_and_hit_a
     });
     // One node at a time: n1 may not serve vm0 while n0 (live) does.
     let (ok, text) = c.try_post(1, "/vdisks", &c.vdisk_body("vm0", "vm0.img", ""));
-    assert!(!ok && text.contains("served by node n0, which is live"), "{text}");
+    assert!(!ok && text.contains("claimed by node n0"), "{text}");
     for v in ["vm0", "cold"] {
         let img = c.dir.path().join(format!("{v}.img"));
         let mut bytes = std::fs::read(&img).unwrap();

@@ -180,6 +180,10 @@ pub struct Member {
     /// A campaign lost: not again until the leader key has been read since.
     campaign_lost: bool,
     leader: Option<Leader>,
+    /// The term this node's campaign won, and under which lease: it leads only while the
+    /// leader key is that one and the lease is held (a key named after it from an earlier
+    /// lease, or an earlier process, is not its own).
+    won: Option<(i64, i64)>,
     leading: bool,
     members: Vec<MemberInfo>,
     epoch: u64,
@@ -210,6 +214,7 @@ impl Member {
             campaigning: false,
             campaign_lost: false,
             leader: None,
+            won: None,
             leading: false,
             members: Vec::new(),
             epoch: 0,
@@ -363,7 +368,12 @@ impl Member {
     pub fn campaigned(&mut self, now: u64, term: Option<i64>) {
         self.campaigning = false;
         match term {
-            Some(term) => self.leader_seen(now, Some(Leader { name: self.name.clone(), term })),
+            Some(term) => {
+                if let Lease::Held { id, .. } = self.lease {
+                    self.won = Some((id, term));
+                }
+                self.leader_seen(now, Some(Leader { name: self.name.clone(), term }))
+            }
             None => self.campaign_lost = true,
         }
     }
@@ -484,7 +494,15 @@ impl Member {
     }
 
     fn update_leading(&mut self, now: u64) {
-        let leading = self.serving(now) && self.leader.as_ref().is_some_and(|l| l.name == self.name);
+        let held = match self.lease {
+            Lease::Held { id, .. } => Some(id),
+            Lease::None { .. } => None,
+        };
+        let leading = self.serving(now)
+            && self
+                .leader
+                .as_ref()
+                .is_some_and(|l| l.name == self.name && held.is_some_and(|id| self.won == Some((id, l.term))));
         if leading != self.leading {
             self.leading = leading;
             if let (true, Some(l)) = (leading, &self.leader) {

@@ -57,6 +57,39 @@ fn a_follower_does_not_campaign_while_a_leader_is_known_and_does_after_it_is_gon
 }
 
 #[test]
+fn a_leader_that_lost_its_lease_does_not_lead_again_by_its_old_key() {
+    let (mut m, lease) = started(0);
+    m.registered(lease);
+    assert_eq!(m.poll_request(0), Some(Request::Campaign { lease }));
+    m.campaigned(0, Some(4));
+    assert!(m.leading(0));
+    // The lease runs out (keep-alives unanswered); a new one is granted, while the reads
+    // of the keys still show the old leader key (etcd slow to answer).
+    m.kept_alive(10, lease, 10, 0);
+    assert!(!m.leading(10));
+    assert_eq!(m.poll_request(200), Some(Request::GrantLease));
+    m.lease_granted(210, 200, 8, 3);
+    m.leader_seen(220, Some(Leader { name: "a".into(), term: 4 }));
+    assert!(m.serving(220));
+    assert!(!m.leading(220), "term 4 was won under lease 7, not 8: not this node's key");
+    assert_eq!(m.poll_request(220), Some(Request::Register { lease: 8 }));
+    m.registered(8);
+    assert_eq!(m.poll_request(220), Some(Request::Publish { lease: 8 }), "no campaign while a key is seen");
+    m.published(220);
+    // The old key expires at etcd; the node campaigns under its new lease.
+    m.leader_seen(300, None);
+    assert_eq!(m.poll_request(300), Some(Request::Campaign { lease: 8 }));
+    m.campaigned(301, Some(30));
+    assert!(m.leading(301));
+    // A restarted process sees a key named after it from its earlier life: not its own.
+    let (mut fresh, lease) = started(0);
+    fresh.registered(lease);
+    fresh.leader_seen(0, Some(Leader { name: "a".into(), term: 30 }));
+    assert!(!fresh.leading(0));
+    assert_eq!(fresh.poll_request(0), Some(Request::Publish { lease }));
+}
+
+#[test]
 fn without_keep_alive_answers_the_node_fences_itself_before_etcd_can_expire_the_lease() {
     let (mut m, lease) = started(0);
     m.registered(lease);

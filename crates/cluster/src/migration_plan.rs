@@ -51,17 +51,25 @@ impl Default for PlanSettings {
     }
 }
 
+/// The most migrations per second a rate may let start (a migration is a VM's share
+/// moving; ELICA §3.6.3 limits them to keep the links free for VM I/O — beyond this a
+/// limit is no limit).
+pub const MAX_RATE: f64 = 1000.0;
+
+/// The most migrations a burst may start at once.
+pub const MAX_BURST: u32 = 1000;
+
 impl PlanSettings {
     /// Checks the settings; the error names the field.
     pub fn validate(&self) -> Result<(), String> {
-        if !(self.rate.is_finite() && self.rate > 0.0) {
+        if !(self.rate.is_finite() && self.rate > 0.0 && self.rate <= MAX_RATE) {
             return Err(format!(
-                "migration.rate must be a positive number of migrations per second, got {}",
+                "migration.rate must be a number of migrations per second above 0 and at most {MAX_RATE}, got {}",
                 self.rate
             ));
         }
-        if self.burst == 0 {
-            return Err("migration.burst must be at least 1".into());
+        if !(1..=MAX_BURST).contains(&self.burst) {
+            return Err(format!("migration.burst must be 1 to {MAX_BURST}, got {}", self.burst));
         }
         if !(0.0..=1.0).contains(&self.congested) {
             return Err(format!("migration.congested must be a utilization in 0..=1, got {}", self.congested));
@@ -279,6 +287,9 @@ mod tests {
         let bad = |s: PlanSettings| MigrationPlanner::new(s).unwrap_err();
         assert!(bad(PlanSettings { rate: 0.0, ..Default::default() }).contains("migration.rate"));
         assert!(bad(PlanSettings { burst: 0, ..Default::default() }).contains("migration.burst"));
+        assert!(bad(PlanSettings { rate: 1001.0, ..Default::default() }).contains("at most 1000"));
+        assert!(bad(PlanSettings { burst: 1001, ..Default::default() }).contains("1 to 1000"));
+        assert!(PlanSettings { rate: MAX_RATE, burst: MAX_BURST, ..Default::default() }.validate().is_ok());
         assert!(bad(PlanSettings { congested: 1.5, ..Default::default() }).contains("migration.congested"));
     }
 

@@ -136,6 +136,8 @@ pub struct Daemon {
     vssd_exports: Vec<ExportInfo>,
     /// This node's cluster membership (`[cluster]`), set once the service started it.
     cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
+    /// The lease the start claimed this node's vDisks under, until the agent adopts it.
+    start_lease: Mutex<Option<crate::cluster::claims::StartLease>>,
     /// The peers it borrows cache from (`[cluster] peers`), their devices' shared state.
     peer_links: Option<Arc<crate::cluster::peer_device::PeerLinks>>,
     /// vDisks configured with `replicate = false`.
@@ -341,7 +343,10 @@ impl Daemon {
         let migration = settings.migration.filter(|_| self.peer_links.is_some()).map(|p| (p, settings.migration_batch));
         let c = self
             .cluster
-            .get_or_init(|| crate::cluster::Cluster::start(settings, Box::new(source), lent, replicas))
+            .get_or_init(|| {
+                let lease = self.start_lease.lock().unwrap_or_else(|e| e.into_inner()).take().map(|l| l.adopt());
+                crate::cluster::Cluster::start(settings, Box::new(source), lent, replicas, lease)
+            })
             .clone();
         if let Some(peer) = replica {
             self.start_replicator(&c, peer);
@@ -492,6 +497,7 @@ impl Daemon {
                     epoch: s.epoch,
                     members: s.members.len() as u64,
                     etcd_errors: s.etcd_errors,
+                    claim_conflicts: s.claim_conflicts.len() as u64,
                 }
             }),
         };

@@ -210,6 +210,11 @@ impl Collector for StateCollector {
                 ("cachevisor_cluster_leading", "1 while this node leads the cluster", c.leading),
                 ("cachevisor_cluster_epoch", "The cluster map's epoch this node is at", c.epoch),
                 ("cachevisor_cluster_members", "Live members of the cluster this node sees", c.members),
+                (
+                    "cachevisor_cluster_claim_conflicts",
+                    "vDisks this node serves whose claim another node holds (two nodes serve them: remove one)",
+                    c.claim_conflicts,
+                ),
             ];
             for (name, help, v) in cluster_gauges {
                 let g = ConstGauge::new(v as i64);

@@ -67,6 +67,8 @@ pub struct ClusterGauges {
     pub members: u64,
     /// Requests to etcd that failed.
     pub etcd_errors: u64,
+    /// vDisks it serves whose claim another node holds.
+    pub claim_conflicts: u64,
 }
 
 /// The vSSD region's share of the SSD (`vssd.budget`).

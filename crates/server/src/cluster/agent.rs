@@ -9,9 +9,10 @@
 //!
 //! Keys under the prefix: `members/<name>` (a `MemberInfo`, under the node's lease),
 //! `leader` (the leader's name, under its lease; its create revision is the term), `map`
-//! (the `ClusterMap`, written by the leader only).
+//! (the `ClusterMap`, written by the leader only), `claims/<vdisk>` (the node serving it,
+//! under its lease: `claims.rs`).
 
-use super::{Cluster, Shared};
+use super::{claims, ClaimConflict, Cluster, Shared};
 use cachevisor_cluster::allocation::Solver;
 use cachevisor_cluster::cluster_map::{next_map, ClusterMap};
 use cachevisor_cluster::estimate::{decide, AllocationRecord, NodeEstimates};
@@ -110,7 +111,13 @@ async fn perform(cl: &mut Client, c: &Arc<Cluster>, req: &Request, sent: u64) ->
             c.lock().member.kept_alive(now, lease, sent_at, ttl);
         }
         Request::Register { lease } => {
-            put_member(cl, c, lease, c.source.info()).await?;
+            // Its vDisks' claims first (a new lease: the last one's went with it).
+            let r = cl.get(key(c, "claims/"), Some(GetOptions::new().with_prefix())).await?;
+            let held = r.kvs().iter().filter_map(|kv| held_claim(c, kv.key_str().ok()?, kv)).collect();
+            let adding = c.lock().adding.clone();
+            let info = c.source.info();
+            fix_claims(cl, c, lease, &info.vdisks, &adding, &held).await?;
+            put_member(cl, c, lease, info).await?;
             c.lock().member.registered(lease);
         }
         Request::Campaign { lease } => {
@@ -218,14 +225,61 @@ pub(super) fn decode_member(k: &str, value: &[u8]) -> Option<MemberInfo> {
     }
 }
 
-/// Reads the prefix back: members, leader, map, estimates, allocation.
+/// A claim key (full key `k`) as (vDisk, (holder, lease)).
+fn held_claim(c: &Cluster, k: &str, kv: &etcd_client::KeyValue) -> Option<(String, (String, i64))> {
+    let v = k.strip_prefix(&c.settings.prefix)?.strip_prefix("claims/")?;
+    Some((v.to_string(), (String::from_utf8_lossy(kv.value()).into_owned(), kv.lease())))
+}
+
+/// Brings this node's claims in line with the vDisks it serves (`claims::to_fix`; `adding`
+/// read before `serving`): takes
+/// the missing ones under `lease`, releases those of vDisks it no longer serves, and
+/// records the ones another node holds (logged when new).
+async fn fix_claims(
+    cl: &mut Client,
+    c: &Cluster,
+    lease: i64,
+    serving: &[String],
+    adding: &std::collections::BTreeSet<String>,
+    held: &claims::Held,
+) -> Result<(), etcd_client::Error> {
+    let (me, prefix) = (c.settings.name.as_str(), c.settings.prefix.as_str());
+    let fix = claims::to_fix(me, lease, serving, adding, held);
+    let mut conflicts = fix.conflicts;
+    for v in fix.take {
+        if let claims::Claim::HeldBy(n) = claims::take(cl, prefix, me, lease, &v).await? {
+            conflicts.push((v, n));
+        }
+    }
+    for v in fix.release {
+        claims::release(cl, prefix, me, &v).await?;
+    }
+    let conflicts: Vec<ClaimConflict> =
+        conflicts.into_iter().map(|(vdisk, node)| ClaimConflict { vdisk, node }).collect();
+    let mut s = c.lock();
+    for x in conflicts.iter().filter(|x| !s.claim_conflicts.contains(x)) {
+        tracing::error!(
+            vdisk = %crate::log_safe(&x.vdisk),
+            node = %crate::log_safe(&x.node),
+            "cluster: this node serves a vDisk another node claims (it took it over while this node had no lease): two nodes serve one vDisk — remove it on one of them"
+        );
+    }
+    s.claim_conflicts = conflicts;
+    Ok(())
+}
+
+/// Reads the prefix back: members, leader, map, estimates, allocation, claims.
 async fn observe(cl: &mut Client, c: &Arc<Cluster>) -> Result<(), etcd_client::Error> {
     let r = cl.get(c.settings.prefix.clone(), Some(GetOptions::new().with_prefix())).await?;
     let (mut members, mut leader, mut map) = (Vec::new(), None, None);
     let (mut estimates, mut allocation) = (std::collections::BTreeMap::new(), None::<AllocationRecord>);
+    let mut held = claims::Held::new();
     for kv in r.kvs() {
-        let k = kv.key_str().unwrap_or_default().strip_prefix(&c.settings.prefix).unwrap_or_default();
-        if k.starts_with("members/") {
+        let full = kv.key_str().unwrap_or_default();
+        let k = full.strip_prefix(&c.settings.prefix).unwrap_or_default();
+        if k.starts_with("claims/") {
+            held.extend(held_claim(c, full, kv));
+        } else if k.starts_with("members/") {
             members.extend(decode_member(k, kv.value()));
         } else if k == "leader" {
             let name = String::from_utf8_lossy(kv.value()).to_string();
@@ -247,8 +301,11 @@ async fn observe(cl: &mut Client, c: &Arc<Cluster>) -> Result<(), etcd_client::E
         }
     }
     let now = c.now_ms();
+    // What is being added, before what is served: a vDisk whose add finishes in between
+    // is in one or the other (its claim is not released under it).
+    let adding = c.lock().adding.clone();
     let info = c.source.info();
-    let (fresh, republish, map_now) = {
+    let (fresh, republish, map_now, registered) = {
         let mut s: std::sync::MutexGuard<'_, Shared> = c.lock();
         s.member.members_seen(members);
         s.member.leader_seen(now, leader);
@@ -264,8 +321,17 @@ async fn observe(cl: &mut Client, c: &Arc<Cluster>) -> Result<(), etcd_client::E
             s.allocation = Some(a.clone());
         }
         // A member record that no longer says what this node serves is written again.
-        (fresh, s.member.lease().filter(|_| s.published.as_ref().is_some_and(|p| *p != info)), s.map.clone())
+        let registered = s.member.lease().filter(|_| s.published.is_some() && s.member.serving(now)).map(|(l, _)| l);
+        (
+            fresh,
+            s.member.lease().filter(|_| s.published.as_ref().is_some_and(|p| *p != info)),
+            s.map.clone(),
+            registered,
+        )
     };
+    if let Some(lease) = registered {
+        fix_claims(cl, c, lease, &info.vdisks, &adding, &held).await?;
+    }
     if let Some(a) = fresh {
         c.source.apply(&a);
     }

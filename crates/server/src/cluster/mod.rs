@@ -6,6 +6,7 @@
 //! `cachevisor_cluster`'s pure code; no `[cluster]` section, no cluster.
 
 pub mod agent;
+pub mod claims;
 pub mod estimates;
 pub(crate) mod etcd_once;
 pub mod lent;
@@ -39,6 +40,21 @@ pub(crate) struct Shared {
     pub(crate) allocation: Option<AllocationRecord>,
     etcd_reachable: bool,
     last_error: Option<String>,
+    /// vDisks being added (`POST /vdisks`): claimed, not served yet.
+    pub(crate) adding: std::collections::BTreeSet<String>,
+    /// vDisks this node serves whose claim another node holds (`claims.rs`).
+    pub(crate) claim_conflicts: Vec<ClaimConflict>,
+}
+
+/// A vDisk this node serves whose claim another node holds: it took the vDisk over while
+/// this node had no lease (cut from etcd). Both serving it is the VM-level split brain
+/// the operator must end (remove it on one of them).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ClaimConflict {
+    /// The vDisk.
+    pub vdisk: String,
+    /// The node holding its claim.
+    pub node: String,
 }
 
 /// The node's cluster handle.
@@ -118,28 +134,40 @@ pub struct ClusterStatus {
     /// Cache migrations on this node (`migration`; a node that borrows): waiting,
     /// running, blocks moved.
     pub migration: Option<cachevisor_cluster::migration_driver::MigrationStatus>,
+    /// vDisks served here whose claim another node holds (`claims.rs`).
+    pub claim_conflicts: Vec<ClaimConflict>,
 }
 
 impl Cluster {
-    /// Starts the agent thread for `settings`; `info` says what this node serves.
+    /// Starts the agent thread for `settings`; `info` says what this node serves; `lease`
+    /// is the start's (its vDisks claimed under it), renewed by the agent from now on.
     pub fn start(
         settings: ClusterSettings,
         source: Box<dyn NodeSource>,
         lent: Option<Arc<lent::LentRegions>>,
         replicas: Option<Arc<replica_host::ReplicaLogs>>,
+        lease: Option<claims::Adopted>,
     ) -> Arc<Cluster> {
+        let mut member = Member::new(&settings.name, settings.timing);
+        let start = lease.map_or_else(Instant::now, |l| l.origin);
+        if let Some(l) = lease {
+            let now = start.elapsed().as_millis() as u64;
+            member.lease_granted(now, l.sent.duration_since(start).as_millis() as u64, l.id, l.ttl_s);
+        }
         let c = Arc::new(Cluster {
             state: Mutex::new(Shared {
-                member: Member::new(&settings.name, settings.timing),
+                member,
                 map: ClusterMap::default(),
                 published: None,
                 estimates: Default::default(),
                 allocation: None,
                 etcd_reachable: false,
                 last_error: None,
+                adding: Default::default(),
+                claim_conflicts: Vec::new(),
             }),
             settings,
-            start: Instant::now(),
+            start,
             source,
             lent,
             replicas,
@@ -278,9 +306,9 @@ impl Cluster {
         Some((m.peer_address.clone(), m.incarnation, s.member.epoch()))
     }
 
-    /// Whether this node may start serving the vDisk `name` (a VM restarted here): not
-    /// while another live node serves it (one node at a time), and not when its last home
-    /// is gone while it was write-back there (acknowledged writes may be on that node's
+    /// Whether this node may start serving the vDisk `name` (a VM restarted here),
+    /// before its claim is taken ([`Self::claim`]: one node at a time): not when its last
+    /// home is gone while it was write-back there (acknowledged writes may be on that node's
     /// SSD only) — unless that home's replica log is valid in etcd and its keeper live:
     /// then the log is replayed first (`Ok(Some(replay))`, `takeover_replay.rs`) — nor
     /// before the map was read (unknown). `Err` says why and what to do.
@@ -293,11 +321,9 @@ impl Cluster {
                 return Err(format!("the cluster map is {why}: whether another node serves `{v}` is not known; try again, or add it with force"));
             }
             let Some(e) = s.map.vdisks.get(name).filter(|e| e.home != self.settings.name) else { return Ok(None) };
-            let home = crate::log_safe(&e.home);
-            if s.member.members().iter().any(|m| m.name == e.home && m.vdisks.iter().any(|x| x == name)) {
-                return Err(format!("vDisk `{v}` is served by node {home}, which is live: a vDisk is served by one node at a time (remove it there first)"));
-            }
-            if !e.write_back {
+            // A live home that serves it holds its claim, which `claim` finds; one that
+            // removed it wrote its dirty blocks back first.
+            if !e.write_back || s.member.members().iter().any(|m| m.name == e.home) {
                 return Ok(None);
             }
             if !e.replicated {
@@ -346,6 +372,58 @@ impl Cluster {
             replica: None,
             moved_away: Vec::new(),
             migration: None,
+            claim_conflicts: s.claim_conflicts.clone(),
+        }
+    }
+
+    /// Takes vDisk `name`'s claim before it is served here (`claims.rs`): refused while
+    /// another node holds it, or (unless `force`) when etcd does not answer or this node
+    /// holds no lease. The guard marks it as being added until dropped (its claim is
+    /// released by the agent if it is not served by then).
+    pub fn claim(self: &Arc<Self>, name: &str, force: bool) -> Result<ClaimGuard, String> {
+        let v = crate::log_safe(name);
+        let guard = ClaimGuard { cluster: self.clone(), name: name.to_string() };
+        let lease = {
+            let mut s = self.lock();
+            s.adding.insert(name.to_string());
+            s.member.lease().map(|(id, _)| id)
+        };
+        let unknown = |why: String| {
+            if force {
+                tracing::warn!(vdisk = %v, "cluster: {why}; served anyway (force)");
+                Ok(())
+            } else {
+                Err(format!("{why}: whether another node is adding `{v}` at the same moment is not known; try again, or add it with force"))
+            }
+        };
+        let Some(lease) = lease else {
+            unknown("this node holds no cluster lease now (etcd unreachable?)".into())?;
+            return Ok(guard);
+        };
+        let (prefix, me, k) = (self.settings.prefix.clone(), self.settings.name.clone(), name.to_string());
+        let found = etcd_once::block_on(&self.settings, std::time::Duration::from_secs(3), async move |c| {
+            claims::take(c, &prefix, &me, lease, &k).await
+        });
+        match found {
+            Ok(claims::Claim::Taken) => Ok(guard),
+            Ok(claims::Claim::HeldBy(n)) => Err(format!(
+                "vDisk `{v}` is claimed by node {}, which serves it or is adding it now: a vDisk is served by one node at a time (remove it there first; a node that is gone drops its claims when its lease ends, within {} ms)",
+                crate::log_safe(&n),
+                self.settings.timing.lease_ttl_ms
+            )),
+            Err(e) => unknown(format!("its claim could not be taken in etcd ({e})")).map(|_| guard),
+        }
+    }
+
+    /// Releases vDisk `name`'s claim (it was removed here); if etcd does not answer, the
+    /// agent releases it at a later read of the keys.
+    pub fn release(&self, name: &str) {
+        let (prefix, me, k) = (self.settings.prefix.clone(), self.settings.name.clone(), name.to_string());
+        let done = etcd_once::block_on(&self.settings, std::time::Duration::from_secs(2), async move |c| {
+            claims::release(c, &prefix, &me, &k).await
+        });
+        if let Err(e) = done {
+            tracing::warn!(vdisk = %crate::log_safe(name), error = %e, "cluster: releasing a removed vDisk's claim (retried by the agent)");
         }
     }
 
@@ -378,5 +456,18 @@ impl Cluster {
                 Event::NotLeading => tracing::info!("cluster: not leading"),
             }
         }
+    }
+}
+
+/// A vDisk being added under its claim ([`Cluster::claim`]); dropped once it is served or
+/// the add failed.
+pub struct ClaimGuard {
+    cluster: Arc<Cluster>,
+    name: String,
+}
+
+impl Drop for ClaimGuard {
+    fn drop(&mut self) {
+        self.cluster.lock().adding.remove(&self.name);
     }
 }

@@ -401,6 +401,8 @@ mod tests {
             ("migration = \"fast\"", "cluster.migration"),
             ("migration_rate = 0.0", "cluster.migration_rate"),
             ("migration_burst = 0", "cluster.migration_burst"),
+            ("migration_rate = 1e9", "cluster.migration_rate"),
+            ("migration_burst = 100000", "cluster.migration_burst"),
             ("migration_batch = 0", "cluster.migration_batch"),
             ("migration_batch = 5000", "cluster.migration_batch"),
         ] {

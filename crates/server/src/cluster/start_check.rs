@@ -8,8 +8,10 @@
 //! vDisk another node serves or homes now (`ClusterMap::served_elsewhere`, pure) is not
 //! served here and its cached blocks are dropped, dirty ones too, before the data path
 //! starts (`daemon/start.rs`). A map that cannot be read refuses the start: what is
-//! safe is unknown.
+//! safe is unknown. The vDisks that stay are claimed in etcd before anything is served
+//! (`claims.rs`): a claim another node holds moves that vDisk away too.
 
+use super::claims::{self, StartLease};
 use super::etcd_once::block_on;
 use super::settings::ClusterSettings;
 use cachevisor_cluster::cluster_map::ClusterMap;
@@ -80,4 +82,38 @@ pub fn moved_away(s: &ClusterSettings, vdisks: &[String], wait: Duration) -> Res
         .iter()
         .filter_map(|v| map.served_elsewhere(&members, &s.name, v).map(|n| (v.clone(), n.to_string())))
         .collect())
+}
+
+/// [`moved_away`], then the claims (`claims.rs`) of the vDisks that did not move, under a
+/// lease granted now: one another node holds (it serves or is adding the vDisk) counts
+/// as moved away too. The lease goes to the membership agent ([`StartLease::adopt`]).
+pub fn moved_away_and_claim(
+    s: &ClusterSettings,
+    vdisks: &[String],
+    wait: Duration,
+) -> Result<(Vec<(String, String)>, StartLease), String> {
+    let end = Instant::now() + wait;
+    let mut moved = moved_away(s, vdisks, wait)?;
+    let refused = |e: String| {
+        format!("cluster: this node's vDisks could not be claimed in etcd ({e}): whether another node is taking one of them over now is not known. Start again once etcd ({}) answers", s.etcd.join(", "))
+    };
+    let left = || end.saturating_duration_since(Instant::now()).max(Duration::from_secs(2));
+    let lease = StartLease::grant(s, left()).map_err(refused)?;
+    let claim: Vec<String> = vdisks.iter().filter(|v| !moved.iter().any(|(m, _)| m == *v)).cloned().collect();
+    let (prefix, me, id) = (s.prefix.clone(), s.name.clone(), lease.id());
+    let found = block_on(s, left(), async move |c| {
+        let mut found = Vec::new();
+        for v in claim {
+            found.push((claims::take(c, &prefix, &me, id, &v).await?, v));
+        }
+        Ok(found)
+    })
+    .map_err(refused)?;
+    for (claim, v) in found {
+        if let claims::Claim::HeldBy(n) = claim {
+            tracing::warn!(vdisk = %crate::log_safe(&v), node = %crate::log_safe(&n), "cluster: another node claims this vDisk: not served here");
+            moved.push((v, n));
+        }
+    }
+    Ok((moved, lease))
 }

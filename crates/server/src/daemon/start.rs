@@ -107,19 +107,22 @@ impl Daemon {
         let cluster = merged.cluster.as_ref().map(|c| c.check()).transpose().map_err(StartError::Config)?;
         // A cluster node's vDisks that moved away while it was down are not served here,
         // and their cached blocks are dropped below, unwritten (`start_check.rs`).
-        let moved = match &cluster {
+        // The others are claimed under a lease the membership agent adopts (`claims.rs`).
+        let (moved, start_lease) = match &cluster {
             Some(c) => {
                 let names: Vec<String> = merged.vdisk.iter().map(|v| v.name.clone()).collect();
-                crate::cluster::start_check::moved_away(c, &names, crate::cluster::start_check::wait(c))
-                    .map_err(StartError::Refused)?
+                let wait = crate::cluster::start_check::wait(c);
+                let (moved, lease) =
+                    crate::cluster::start_check::moved_away_and_claim(c, &names, wait).map_err(StartError::Refused)?;
+                (moved, Some(lease))
             }
-            None => Vec::new(),
+            None => (Vec::new(), None),
         };
         merged.vdisk.retain(|v| !moved.iter().any(|(n, _)| *n == v.name));
         if merged.vdisk.is_empty() && !moved.is_empty() {
             let list: Vec<String> = moved.iter().map(|(v, n)| format!("`{v}` (on {n})")).collect();
             return Err(StartError::Refused(format!(
-                "every vDisk this node serves moved to another node while it was down: {}. Its cached blocks of them are older than what those nodes wrote and must not be written back: add a vDisk this node serves, or start with `--discard-dirty NAME` for each after removing them from the config. Nothing was changed.",
+                "every vDisk this node serves moved to (or is claimed by) another node: {}. Its cached blocks of them are older than what those nodes wrote and must not be written back: add a vDisk this node serves, or start with `--discard-dirty NAME` for each after removing them from the config. Nothing was changed.",
                 list.join(", ")
             )));
         }
@@ -445,6 +448,7 @@ impl Daemon {
             vssd,
             vssd_exports,
             cluster: std::sync::OnceLock::new(),
+            start_lease: Mutex::new(start_lease),
             peer_links,
             no_replica: Mutex::new(cfg.vdisk.iter().filter(|v| !v.replicates()).map(|v| v.name.clone()).collect()),
             replicator: std::sync::OnceLock::new(),

@@ -38,7 +38,8 @@ impl Daemon {
     }
 
     /// [`Self::add_vdisk`]; on a cluster node, a vDisk the cluster map homes on another
-    /// node is refused (`Cluster::may_serve`) unless `force`.
+    /// node is refused (`Cluster::may_serve`) unless `force`, and one another node claims
+    /// is refused even so (`Cluster::claim`).
     pub fn add_vdisk_forced(&self, mut v: crate::config::VdiskConfig, force: bool) -> Result<ExportInfo, ChangeError> {
         let mut overlay = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
         if self.vdisk(&v.name).is_some() {
@@ -46,6 +47,12 @@ impl Daemon {
         }
         let replay = match self.cluster().filter(|_| !force) {
             Some(c) => c.may_serve(&v.name).map_err(ChangeError::Conflict)?,
+            None => None,
+        };
+        // One node at a time by compare-and-swap: the claim in etcd before anything is
+        // served or replayed (`cluster/claims.rs`), force or not.
+        let _claim = match self.cluster() {
+            Some(c) => Some(c.claim(&v.name, force).map_err(ChangeError::Conflict)?),
             None => None,
         };
         if !crate::backing::is_uri(&v.backing) {
@@ -144,6 +151,9 @@ impl Daemon {
         self.identities.lock().unwrap_or_else(|e| e.into_inner())[vm as usize] = None;
         self.redivide();
         overlay.change(&self.meta_dir, |o| o.remove(&info.name)).map_err(ChangeError::Failed)?;
+        if let Some(c) = self.cluster() {
+            c.release(&info.name);
+        }
         tracing::info!(vdisk = %info.name, id = vm, "vDisk removed");
         Ok(())
     }

@@ -186,6 +186,31 @@ impl Cluster {
         (c, dir)
     }
 
+    /// Two nodes that each lend the other up to 8 MiB and borrow up to 8 MiB of the
+    /// other's: both TLS servers (their lent regions) and clients (their borrowing),
+    /// `extra` ending both `[cluster]` sections.
+    pub fn mutual(extra: &str) -> (Cluster, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = super::certs::Pki::new(&dir.path().join("pki"));
+        let servers: Vec<_> = (0..2)
+            .map(|k| pki.server(&format!("srv{k}"), &format!("/CN=n{k}"), &format!("IP:10.77.0.{}", k + 1)))
+            .collect();
+        let clients: Vec<_> = (0..2).map(|k| pki.client(&format!("n{k}"), &format!("/CN=n{k}"), None, 1)).collect();
+        let c = Cluster::with_nodes(
+            2,
+            |k| {
+                format!(
+                    "interval = \"500ms\"\nunit = \"1MiB\"\nlend = \"8MiB\"\npeers = [\"n{}\"]\nborrow = \"8MiB\"\npeer_tls_dir = \"{}\"\n{extra}",
+                    1 - k,
+                    clients[k].display()
+                )
+            },
+            |k| format!("tls = \"on\"\ntls_dir = \"{}\"\n", servers[k].display()),
+        );
+        formed(&c, 2);
+        (c, dir)
+    }
+
     /// qemu-io inside node k's namespace on its export `vdisk`: every command must succeed
     /// with its pattern; returns how long it took.
     pub fn io(&self, k: usize, vdisk: &str, cmds: &[&str]) -> Duration {

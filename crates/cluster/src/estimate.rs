@@ -144,18 +144,24 @@ pub struct AllocationRecord {
 }
 
 /// The leader's step: Eq. 4 by `solver` on the estimates `(node name, estimates)` of
-/// the nodes that published in `unit_bytes` units (others are listed as ignored).
+/// the nodes that published in `unit_bytes` units (others are listed as ignored); the
+/// `last` decision is kept unless the new one gains `min_gain` ([`crate::hysteresis`]).
 pub fn decide(
     lat: Latencies,
     solver: Solver,
     unit_bytes: u64,
     estimates: &[(String, NodeEstimates)],
+    last: Option<&AllocationRecord>,
+    min_gain: f64,
 ) -> Result<AllocationRecord, String> {
     let (used, ignored): (Vec<_>, Vec<_>) =
         estimates.iter().partition(|(_, e)| e.unit_bytes == unit_bytes && e.well_formed().is_ok());
     let nodes: Vec<&NodeEstimates> = used.iter().map(|(_, e)| e).collect();
     let (p, names) = problem(lat, &nodes);
-    let a = solver.solve(&p)?;
+    let next = solver.solve(&p)?;
+    let node_index = |n: &str| used.iter().position(|(m, _)| m == n).map(|i| i as NodeId);
+    let last = last.filter(|l| l.unit_bytes == unit_bytes).and_then(|l| as_allocation(l, &names, node_index));
+    let a = crate::hysteresis::keep_or_take(&p, last.as_ref(), next, min_gain);
     let vms = names
         .into_iter()
         .enumerate()
@@ -170,6 +176,26 @@ pub fn decide(
         total_avl_us: a.total_avl,
         ignored: ignored.into_iter().map(|(n, _)| n.clone()).collect(),
     })
+}
+
+/// A decision as an allocation of the problem whose VMs are `names` (node index, vDisk),
+/// if it names every one of them at its node and lenders that are in the problem.
+fn as_allocation(
+    r: &AllocationRecord,
+    names: &[(usize, String)],
+    node_index: impl Fn(&str) -> Option<NodeId>,
+) -> Option<crate::allocation::Allocation> {
+    let mut local = Vec::with_capacity(names.len());
+    let mut remote = Vec::with_capacity(names.len());
+    for (i, name) in names {
+        let share = r.vms.get(name)?;
+        if node_index(&share.node)? as usize != *i {
+            return None;
+        }
+        local.push(share.local_units);
+        remote.push(share.remote.iter().map(|(n, u)| Some((node_index(n)?, *u))).collect::<Option<Vec<_>>>()?);
+    }
+    Some(crate::allocation::Allocation { local, remote, total_avl: r.total_avl_us })
 }
 
 #[cfg(test)]
@@ -221,7 +247,8 @@ mod tests {
             NodeEstimates { vms: vec![("x".into(), vec![0.0; MAX_UNITS as usize + 2])], ..ok.clone() },
         ] {
             assert!(bad.well_formed().is_err(), "{:?}", bad.capacity_units);
-            let r = decide(lat, Solver::Fast, 1 << 20, &[("a".into(), ok.clone()), ("b".into(), bad)]).unwrap();
+            let r =
+                decide(lat, Solver::Fast, 1 << 20, &[("a".into(), ok.clone()), ("b".into(), bad)], None, 0.0).unwrap();
             assert_eq!(r.ignored, vec!["b".to_string()]);
             assert!(r.vms.contains_key("x"));
         }
@@ -239,11 +266,37 @@ mod tests {
         let lat = Latencies { ssd_local_us: 100.0, ssd_remote_us: 100.0, network_us: 50.0, hdd_us: 5000.0 };
         let est = [("a".to_string(), a), ("b".to_string(), b), ("c".to_string(), odd)];
         for solver in [Solver::Exact, Solver::Fast] {
-            let r = decide(lat, solver, 1 << 20, &est).unwrap();
+            let r = decide(lat, solver, 1 << 20, &est, None, 0.0).unwrap();
             let x = &r.vms["x"];
             assert_eq!((x.node.as_str(), x.local_units), ("a", 4), "{r:?}");
             assert_eq!(x.remote, vec![("b".to_string(), 4)], "{r:?}");
             assert_eq!(r.ignored, vec!["c".to_string()]);
         }
+    }
+
+    #[test]
+    fn the_last_decision_is_kept_by_name_until_a_new_one_gains_enough() {
+        // Two VMs on one node, near-alike curves: the split flips with a small change.
+        let node = |x: Vec<f64>, y: Vec<f64>| NodeEstimates {
+            unit_bytes: 1 << 20,
+            capacity_units: 4,
+            vms: vec![("x".into(), x), ("y".into(), y)],
+        };
+        let lat = Latencies { ssd_local_us: 100.0, ssd_remote_us: 100.0, network_us: 50.0, hdd_us: 5000.0 };
+        // 3 + 1 units: 0.81 + 0.3 hits against 2 + 2: 0.6 + 0.5; then 0.8 + 0.3 against 0.6 + 0.51.
+        let first = [("a".to_string(), node(vec![0.0, 0.4, 0.6, 0.81, 0.9], vec![0.0, 0.3, 0.5, 0.65, 0.9]))];
+        let then = [("a".to_string(), node(vec![0.0, 0.4, 0.6, 0.8, 0.9], vec![0.0, 0.3, 0.51, 0.65, 0.9]))];
+        let r1 = decide(lat, Solver::Exact, 1 << 20, &first, None, 0.02).unwrap();
+        let flipped = decide(lat, Solver::Exact, 1 << 20, &then, None, 0.02).unwrap();
+        assert_ne!(r1.vms, flipped.vms, "without a last decision the split follows the curves");
+        let kept = decide(lat, Solver::Exact, 1 << 20, &then, Some(&r1), 0.02).unwrap();
+        assert_eq!(kept.vms, r1.vms, "within 2%: kept");
+        assert_eq!(decide(lat, Solver::Exact, 1 << 20, &then, Some(&r1), 0.0).unwrap().vms, flipped.vms);
+        // A last decision naming a node that did not publish, or in another unit: not kept.
+        let mut elsewhere = r1.clone();
+        elsewhere.vms.get_mut("x").unwrap().node = "b".into();
+        assert_eq!(decide(lat, Solver::Exact, 1 << 20, &then, Some(&elsewhere), 0.02).unwrap().vms, flipped.vms);
+        let other_unit = AllocationRecord { unit_bytes: 1 << 21, ..r1.clone() };
+        assert_eq!(decide(lat, Solver::Exact, 1 << 20, &then, Some(&other_unit), 0.02).unwrap().vms, flipped.vms);
     }
 }

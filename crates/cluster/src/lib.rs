@@ -10,6 +10,8 @@
 //! - [`allocation`]: Eq. 4 — sizes and local/remote parts minimizing the summed average
 //!   latency; the exact reference solver;
 //! - [`fast`]: Eq. 4 fast — a price on the cluster's capacity, an exact DP per node;
+//! - [`hysteresis`]: the last allocation kept unless a new one gains enough (no flips
+//!   between near-equal splits, each of which would be a migration);
 //! - [`ilp`]: Eq. 4 as written, an ILP on size levels through `good_lp` / `microlp`;
 //! - [`load`]: ELICA-Load's chunk exchange between the busiest and the idlest node (§3.5);
 //! - [`migration`]: Gradual and Instant Migration of a chunk as per-block states, with
@@ -27,6 +29,7 @@ pub mod allocation;
 pub mod cluster_map;
 pub mod estimate;
 pub mod fast;
+pub mod hysteresis;
 pub mod ilp;
 pub mod load;
 pub mod membership;

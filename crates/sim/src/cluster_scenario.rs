@@ -67,6 +67,10 @@ pub struct ClusterSection {
     pub traffic_turnover: bool,
     /// Migration when an allocation moves a VM's cache between nodes (§3.6).
     pub migration: MigrationSection,
+    /// The last allocation is kept unless a new one lowers Eq. 4's objective by at least
+    /// this fraction (`cachevisor_cluster::hysteresis`, as the daemon's leader; 0: ELICA's
+    /// re-solve as is).
+    pub hysteresis: f64,
     /// Check every byte's version through a model of the devices (every reply against
     /// the last acknowledged write; the backing stores after a final flush): ELICA's
     /// coherency check (Table 5). Costs memory per sector touched.
@@ -160,6 +164,7 @@ impl Default for ClusterSection {
             load_chunks: 4,
             traffic_turnover: false,
             migration: MigrationSection::default(),
+            hysteresis: cachevisor_cluster::hysteresis::DEFAULT_MIN_GAIN,
             verify_data: false,
             remote_writes: RemoteWrites::Back,
         }
@@ -203,6 +208,7 @@ pub(crate) fn plan(sc: &Scenario) -> Result<Plan, String> {
     if !(cl.ideal > 0.0 && cl.ideal <= 1.0) {
         return Err(format!("cluster.ideal: {} is not a fraction of reuses in (0, 1]", cl.ideal));
     }
+    cachevisor_cluster::hysteresis::validate(cl.hysteresis).map_err(|e| format!("cluster.{e}"))?;
     let mut slots = Vec::new();
     for (i, n) in sc.node.iter().enumerate() {
         if sc.node[..i].iter().any(|m| m.name == n.name) {

@@ -30,7 +30,7 @@ use crate::inputs::{open_inputs, SimError};
 use crate::instant_copies::InstantCopies;
 use crate::node::{DataCheck, Node};
 use crate::scenario::{ReplayMode, Scenario};
-use cachevisor_cluster::allocation::{Problem, VmCurve};
+use cachevisor_cluster::allocation::{Allocation, Problem, VmCurve};
 use cachevisor_cluster::estimate::VmEstimator;
 use cachevisor_cluster::load::{choose, Chunk};
 use cachevisor_cluster::model::IdealForm;
@@ -50,6 +50,8 @@ pub(crate) struct Vm {
     est: VmEstimator,
     /// Its last allocation: local and remote blocks.
     pub(crate) alloc: (u64, u64),
+    /// Its last allocation in units: local, and remote by lender (the hysteresis' last).
+    last: Option<(u64, Vec<(u16, u64)>)>,
 }
 
 /// A cluster run's state.
@@ -275,6 +277,7 @@ impl<'a> Cluster<'a> {
                 local_id,
                 est: VmEstimator::new(self.p.unit_blocks, self.total_units),
                 alloc: (0, 0),
+                last: None,
             });
             self.names.push(name);
             split_evenly(&mut self.nodes[home], now);
@@ -530,7 +533,14 @@ fn allocate(p: &Plan, nodes: &mut [Node], vms: &mut [Vm], now: u64, total_units:
     // Units each VM borrows, by lending node (Eq. 4's split, enforced per region).
     let mut lent: Vec<Vec<(u16, u64)>> = vec![Vec::new(); vms.len()];
     let mut solve = |prob: &Problem, ids: &[usize]| {
-        let a = p.cl.solver.solve(prob).unwrap_or_else(|_| cachevisor_cluster::fast::solve_fast(prob));
+        let next = p.cl.solver.solve(prob).unwrap_or_else(|_| cachevisor_cluster::fast::solve_fast(prob));
+        let last: Option<Vec<_>> = ids.iter().map(|&v| vms[v].last.clone()).collect();
+        let last = last.map(|l| Allocation {
+            local: l.iter().map(|x| x.0).collect(),
+            remote: l.into_iter().map(|x| x.1).collect(),
+            total_avl: 0.0,
+        });
+        let a = cachevisor_cluster::hysteresis::keep_or_take(prob, last.as_ref(), next, p.cl.hysteresis);
         for (j, &v) in ids.iter().enumerate() {
             local[v] = a.local[j];
             lent[v] = a.remote[j].clone();
@@ -548,6 +558,10 @@ fn allocate(p: &Plan, nodes: &mut [Node], vms: &mut [Vm], now: u64, total_units:
                 solve(&Problem { lat: p.lat, capacity: vec![cap], vms: own }, &ids);
             }
         }
+    }
+    // What Eq. 4 decided (before ELICA-Load's exchange) is the next window's last.
+    for (v, vm) in vms.iter_mut().enumerate() {
+        vm.last = Some((local[v], lent[v].clone()));
     }
     if p.cl.mode == ClusterMode::ElicaLoad {
         balance_load(p, vms, node_load, &mut local, &mut lent);

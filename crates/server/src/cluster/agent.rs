@@ -193,11 +193,15 @@ async fn allocate(cl: &mut Client, c: &Arc<Cluster>, term: i64) -> Result<Option
 /// under their leases: a dead node's are gone), written as `allocation` if the leader
 /// key is still this term's.
 async fn allocate_cache(cl: &mut Client, c: &Arc<Cluster>, term: i64) -> Result<(), etcd_client::Error> {
-    let est: Vec<(String, NodeEstimates)> = c.lock().estimates.iter().map(|(n, e)| (n.clone(), e.clone())).collect();
+    let (est, last): (Vec<(String, NodeEstimates)>, _) = {
+        let s = c.lock();
+        (s.estimates.iter().map(|(n, e)| (n.clone(), e.clone())).collect(), s.allocation.clone())
+    };
     if est.is_empty() {
         return Ok(());
     }
-    let record = match decide(c.settings.lat, Solver::Fast, c.settings.unit_bytes, &est) {
+    let (lat, unit) = (c.settings.lat, c.settings.unit_bytes);
+    let record = match decide(lat, Solver::Fast, unit, &est, last.as_ref(), c.settings.hysteresis) {
         Ok(r) => r,
         Err(e) => {
             tracing::warn!(error = %e, "cluster: the allocation failed; the last one stays");
@@ -246,12 +250,13 @@ async fn fix_claims(
     let (me, prefix) = (c.settings.name.as_str(), c.settings.prefix.as_str());
     let fix = claims::to_fix(me, lease, serving, adding, held);
     let mut conflicts = fix.conflicts;
-    for v in fix.take {
+    // A bounded round (the request's deadline); the next read of the keys does the rest.
+    for v in fix.take.into_iter().take(claims::PER_ROUND) {
         if let claims::Claim::HeldBy(n) = claims::take(cl, prefix, me, lease, &v).await? {
             conflicts.push((v, n));
         }
     }
-    for v in fix.release {
+    for v in fix.release.into_iter().take(claims::PER_ROUND) {
         claims::release(cl, prefix, me, &v).await?;
     }
     let conflicts: Vec<ClaimConflict> =

@@ -23,6 +23,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// The most claims the agent takes (and releases) in one round, so that a node serving
+/// many vDisks stays within a request's deadline (a few hundred ms); the next read of the
+/// keys, 200 ms later, goes on.
+pub const PER_ROUND: usize = 16;
+
 /// What a claim transaction found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {

@@ -91,6 +91,15 @@ pub struct ClusterConfig {
     /// Instant Migration: blocks per copy job (one in flight per vDisk).
     #[serde(default = "default_migration_batch")]
     pub migration_batch: u64,
+    /// The leader keeps its last allocation unless a new one lowers Eq. 4's objective by
+    /// at least this fraction (`cachevisor_cluster::hysteresis`; 0: ELICA's re-solve as
+    /// is).
+    #[serde(default = "default_hysteresis")]
+    pub hysteresis: f64,
+}
+
+fn default_hysteresis() -> f64 {
+    cachevisor_cluster::hysteresis::DEFAULT_MIN_GAIN
 }
 
 fn default_migration() -> String {
@@ -178,6 +187,8 @@ pub struct ClusterSettings {
     pub migration: Option<cachevisor_cluster::migration_plan::PlanSettings>,
     /// Instant Migration's blocks per copy job.
     pub migration_batch: u64,
+    /// The allocation's hysteresis (least relative gain).
+    pub hysteresis: f64,
 }
 
 impl ClusterSettings {
@@ -330,9 +341,11 @@ impl ClusterConfig {
         if !(1..=4096).contains(&self.migration_batch) {
             return Err(format!("cluster.migration_batch: {} is outside 1 to 4096 blocks", self.migration_batch));
         }
+        cachevisor_cluster::hysteresis::validate(self.hysteresis).map_err(|e| format!("cluster.{e}"))?;
         Ok(ClusterSettings {
             migration,
             migration_batch: self.migration_batch,
+            hysteresis: self.hysteresis,
             name: self.name.clone(),
             address: self.address.clone(),
             etcd: self.etcd.clone(),
@@ -404,6 +417,8 @@ mod tests {
             ("migration_rate = 1e9", "cluster.migration_rate"),
             ("migration_burst = 100000", "cluster.migration_burst"),
             ("migration_batch = 0", "cluster.migration_batch"),
+            ("hysteresis = 0.9", "cluster.hysteresis"),
+            ("hysteresis = -0.01", "cluster.hysteresis"),
             ("migration_batch = 5000", "cluster.migration_batch"),
         ] {
             let e = cfg(extra).unwrap_err();

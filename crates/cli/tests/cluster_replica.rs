@@ -85,6 +85,12 @@ fn a_dead_owners_acknowledged_writes_are_replayed_from_its_replica_before_its_vd
     c.nodes[0].as_mut().unwrap().kill9();
     c.nodes[0] = None;
     c.wait_all("n0 gone", Duration::from_secs(10), |_, s| !Cluster::members(s).contains(&"n0".to_string()));
+    // n1 keeps n0's log: not deleted while wb's writes may be only there.
+    let log = c.dir.path().join("n1/cache.img.meta/replicas/n0.log");
+    assert!(log.exists());
+    let (ok, text) = c.try_delete(1, "/cluster/replicas/n0");
+    assert!(!ok && text.contains("`wb`") && text.contains("restart them"), "{text}");
+    assert!(log.exists());
     // The vDisk restarts on n2: n0's log is replayed first, no force needed.
     let t = Instant::now();
     c.post(2, "/vdisks", &c.vdisk_body("wb", "wb.img", ""));
@@ -100,6 +106,16 @@ fn a_dead_owners_acknowledged_writes_are_replayed_from_its_replica_before_its_vd
     // The vDisk that kept its writes on n0 alone is refused, as before.
     let (ok, text) = c.try_post(2, "/vdisks", &c.vdisk_body("solo", "solo.img", ""));
     assert!(!ok && text.contains("no valid replica log"), "{text}");
+    // Once wb is homed on n2, n1 may delete n0's log (a gone owner's log is otherwise
+    // kept until it returns); a second time there is none.
+    c.wait_all("wb homed on n2", Duration::from_secs(5), |_, s| s["map"]["vdisks"]["wb"]["home"] == "n2");
+    let (ok, text) = c.try_delete(1, "/cluster/replicas/n0");
+    assert!(ok && text.contains("freed_bytes"), "{text}");
+    assert!(!log.exists());
+    let (ok, text) = c.try_delete(1, "/cluster/replicas/n0");
+    assert!(!ok && text.contains("no replica log"), "{text}");
+    let (ok, text) = c.try_delete(1, "/cluster/replicas/n2");
+    assert!(!ok, "a live member's log (or none) is not deleted: {text}");
     eprintln!("replica: {records} records logged; wb restarted on n2 with the replay in {replay:?}");
 }
 

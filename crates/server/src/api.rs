@@ -279,6 +279,23 @@ async fn set_allocator(State(a): State<Api>, Json(body): Json<AllocatorBody>) ->
 
 /// `GET /cluster`: this node's view of its cluster (lease, leader, members, map and
 /// epoch, etcd's reachability); 404 on a single host.
+/// `DELETE /cluster/replicas/OWNER`: the replica log this node keeps for a gone owner,
+/// once nothing in it is needed (`Cluster::forget_replica`).
+async fn forget_replica(State(a): State<Api>, Path(owner): Path<String>) -> Response {
+    let Some(c) = a.daemon.cluster().cloned() else {
+        return err(StatusCode::NOT_FOUND, "this daemon is not a cluster node (no [cluster] section)");
+    };
+    let o = owner.clone();
+    match tokio::task::spawn_blocking(move || c.forget_replica(&o)).await {
+        Ok(Ok(Some(bytes))) => Json(serde_json::json!({ "owner": owner, "freed_bytes": bytes })).into_response(),
+        Ok(Ok(None)) => {
+            err(StatusCode::NOT_FOUND, format!("no replica log of `{}` is kept here", crate::log_safe(&owner)))
+        }
+        Ok(Err(e)) => err(StatusCode::CONFLICT, e),
+        Err(e) => err(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
 async fn cluster_status(State(a): State<Api>) -> Response {
     match a.daemon.cluster() {
         Some(c) => {
@@ -335,6 +352,7 @@ pub fn start(
         .route("/allocator", get(get_allocator).post(set_allocator))
         .route("/tls/reload", post(reload_tls))
         .route("/cluster", get(cluster_status))
+        .route("/cluster/replicas/{owner}", axum::routing::delete(forget_replica))
         .merge(crate::vssd::api::routes())
         .layer(axum::middleware::from_fn_with_state(Arc::new(guard), require_token))
         .with_state(Api { daemon });

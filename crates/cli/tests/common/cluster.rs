@@ -240,8 +240,13 @@ impl Cluster {
 
     /// `DELETE` of node k's API path; it must succeed.
     pub fn delete(&self, k: usize, path: &str) {
-        let (ok, text) = self.request(k, "DELETE", path, "");
+        let (ok, text) = self.try_delete(k, path);
         assert!(ok, "DELETE {path} on n{k}: {text}");
+    }
+
+    /// `DELETE` of node k's API path: whether it succeeded (2xx), and the body.
+    pub fn try_delete(&self, k: usize, path: &str) -> (bool, String) {
+        self.request(k, "DELETE", path, "")
     }
 
     fn request(&self, k: usize, method: &str, path: &str, body: &str) -> (bool, String) {

@@ -345,6 +345,49 @@ impl Cluster {
         }
     }
 
+    /// Deletes the replica log this node keeps for `owner`, once it can hold nothing
+    /// needed: the owner is not a live member (a live one writes it), and the map homes
+    /// none of the owner's replicated write-back vDisks on it (those not yet restarted on
+    /// another node, where the log is replayed first). `Ok(None)`: no log of `owner`
+    /// here; `Err` says why not (and what to do). A gone owner's log otherwise stays
+    /// (`replica_capacity` bytes of this node's disk) until the owner returns.
+    pub fn forget_replica(&self, owner: &str) -> Result<Option<u64>, String> {
+        let o = crate::log_safe(owner);
+        let Some(r) = &self.replicas else { return Ok(None) };
+        if !r.kept().iter().any(|k| k == owner) {
+            return Ok(None);
+        }
+        {
+            let s = self.lock();
+            if s.map.epoch == 0 {
+                return Err(format!(
+                    "the cluster map is not read yet: whether {o}'s log is still needed is not known; try again"
+                ));
+            }
+            if s.member.members().iter().any(|m| m.name == owner) {
+                return Err(format!("{o} is a live member: its replica log is in use"));
+            }
+            let needed: Vec<String> = s
+                .map
+                .vdisks
+                .iter()
+                .filter(|(_, e)| e.home == owner && e.write_back && e.replicated)
+                .map(|(v, _)| format!("`{}`", crate::log_safe(v)))
+                .collect();
+            if !needed.is_empty() {
+                return Err(format!(
+                    "{o}'s log may hold acknowledged writes of {} not yet on the backing store: restart them on a node first (the log is replayed there), or bring {o} back",
+                    needed.join(", ")
+                ));
+            }
+        }
+        let freed = r.forget(owner).map_err(|e| format!("deleting {o}'s replica log: {e}"))?;
+        if let Some(b) = freed {
+            tracing::info!(owner = %o, bytes = b, "replica log of a gone owner deleted");
+        }
+        Ok(freed)
+    }
+
     /// The map epoch this node is at.
     pub fn epoch(&self) -> u64 {
         self.lock().member.epoch()

@@ -80,6 +80,22 @@ impl ReplicaLogs {
         v
     }
 
+    /// Deletes `owner`'s log (the caller checked it is no longer needed:
+    /// `Cluster::forget_replica`); the bytes freed, or `None` if none is kept here. If the
+    /// owner comes back, its first write starts a new log (the owner's resync).
+    pub fn forget(&self, owner: &str) -> io::Result<Option<u64>> {
+        if super::settings::check_name("replica", owner).is_err() {
+            return Ok(None); // not a node name: no file of ours
+        }
+        let mut l = self.logs.lock().unwrap_or_else(|e| e.into_inner());
+        let path = self.dir.join(format!("{owner}.log"));
+        let Ok(m) = std::fs::metadata(&path) else { return Ok(None) };
+        l.1.remove(owner);
+        self.direct.lock().unwrap_or_else(|e| e.into_inner()).remove(owner);
+        std::fs::remove_file(&path)?;
+        Ok(Some(m.len()))
+    }
+
     /// `owner`'s log's size: its file's, or a new log's.
     pub fn size_of(&self, owner: &str) -> u64 {
         std::fs::metadata(self.dir.join(format!("{owner}.log"))).map_or(self.size, |m| m.len())

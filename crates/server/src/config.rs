@@ -656,9 +656,10 @@ replica = "node-b"            # default none: the peer keeping this node's repli
 replica_capacity = "0"        # default 0 (none), 1MiB to 1TiB: the replica log this node keeps for each peer naming it (METADATA/replicas/PEER.log, kept across restarts), exported as replica-PEER@EPOCH; needs listen.tls with a CA for client certificates
 replica_timeout = "3s"        # default lease_ttl, 100ms to lease_ttl: how long a write waits for its replica record before the peer counts as lost (then the log is declared void in etcd and writes go through to the backing store until a new log is in place): the stall ceiling
 migration = "auto"            # default auto; gradual, instant or off: how a vDisk's cached blocks move when the leader's allocation moves its shares between this node and its lenders (ELICA 3.6) — gradual: a block moves when hit; instant: bulk copies; auto: gradual while the link to the lenders was busy at least half of the last 100 ms, else instant; off: blocks stay until replaced
-migration_rate = 4.0          # default 4: migrations that may start per second
-migration_burst = 8           # default 8: migrations that may start at once after a quiet spell
+migration_rate = 4.0          # default 4, above 0 to 1000: migrations that may start per second
+migration_burst = 8           # default 8, 1 to 1000: migrations that may start at once after a quiet spell
 migration_batch = 64          # default 64, 1 to 4096: blocks per instant-migration copy job (one in flight per vDisk)
+hysteresis = 0.0              # default 0 (off: ELICA's re-solve as is), up to 0.5: the leader keeps its last allocation unless a new one lowers Eq. 4's summed latency by at least this fraction (fewer migrations between near-equal splits)
 "#;
 
 /// [`DEFAULT`] followed by [`REFERENCE`] commented out: what `--print-default-config` prints.

@@ -8,7 +8,7 @@
 mod common;
 
 use common::certs;
-use common::cluster::{formed, Cluster, TTL_MS};
+use common::cluster::{formed, has_data, Cluster, TTL_MS};
 use common::netns::Net;
 use common::Daemon;
 use std::path::Path;
@@ -318,11 +318,6 @@ fn lent_cache_is_served_to_its_borrowers_certificate_only_and_never_by_a_fenced_
     let name = format!("lent-n1@{}@{incarnation}", s[0]["epoch"].as_u64().unwrap());
     let (ok, out) = tls_qemu_io(ns1, &host, &name, &n1, &["read -P 0x77 0 64k"]);
     assert!(ok, "{out}");
-}
-
-/// Whether `path` holds a byte other than zero.
-fn has_data(path: &Path) -> bool {
-    std::fs::read(path).is_ok_and(|b| b.iter().any(|&x| x != 0))
 }
 
 /// Two nodes: n0 borrows from n1 (its VM loops over 12 MiB, its cache holds 8); n1

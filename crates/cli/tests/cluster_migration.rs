@@ -15,7 +15,7 @@
 
 mod common;
 
-use common::cluster::Cluster;
+use common::cluster::{has_data, Cluster};
 use common::netns::Net;
 use serde_json::Value;
 use std::time::{Duration, Instant};
@@ -151,10 +151,6 @@ fn instant_migration_moves_a_vms_cache_to_its_lender_with_every_byte_intact() {
 #[test]
 fn gradual_migration_moves_a_vms_cache_to_its_lender_with_every_byte_intact() {
     run("gradual");
-}
-
-fn has_data(path: &std::path::Path) -> bool {
-    std::fs::read(path).is_ok_and(|b| b.iter().any(|&x| x != 0))
 }
 
 /// vm<k>'s remote units in the leader's allocation, as node k sees it.

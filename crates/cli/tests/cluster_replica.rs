@@ -114,6 +114,8 @@ fn a_dead_owners_acknowledged_writes_are_replayed_from_its_replica_before_its_vd
     assert!(!log.exists());
     let (ok, text) = c.try_delete(1, "/cluster/replicas/n0");
     assert!(!ok && text.contains("no replica log"), "{text}");
+    let (ok, text) = c.try_delete(1, "/cluster/replicas/..%2Fn1");
+    assert!(!ok && text.contains("no replica log"), "a name that is no node's names no file: {text}");
     let (ok, text) = c.try_delete(1, "/cluster/replicas/n2");
     assert!(!ok, "a live member's log (or none) is not deleted: {text}");
     eprintln!("replica: {records} records logged; wb restarted on n2 with the replay in {replay:?}");

@@ -133,6 +133,11 @@ impl Cluster {
     }
 }
 
+/// Whether the file at `path` holds a non-zero byte (a lent region some block landed in).
+pub fn has_data(path: &std::path::Path) -> bool {
+    std::fs::read(path).is_ok_and(|b| b.iter().any(|&x| x != 0))
+}
+
 pub fn formed(c: &Cluster, n: usize) -> Vec<Value> {
     let s = c.wait_all("three members, one leader, a map with every node", Duration::from_secs(20), |_, s| {
         Cluster::members(s).len() == n

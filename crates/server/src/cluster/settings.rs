@@ -382,6 +382,8 @@ mod tests {
         assert_eq!(s.migration.map(|m| (m.rate, m.burst, m.scheme)), Some((4.0, 8, None)), "auto by default");
         assert_eq!(s.migration_batch, 64);
         assert_eq!(cfg("migration = \"off\"").unwrap().migration, None);
+        assert_eq!(cfg("hysteresis = 0.5").unwrap().hysteresis, 0.5, "the maximum");
+        assert_eq!(cfg("").unwrap().hysteresis, 0.0, "off by default");
         let g = cfg("migration = \"gradual\"\nmigration_rate = 0.5").unwrap().migration.unwrap();
         assert_eq!((g.rate, g.scheme), (0.5, Some(cachevisor_cluster::migration_plan::SchemeChoice::Gradual)));
         // The replica log's bounds, both ends in.

@@ -6,6 +6,7 @@ use crate::progress::Progress;
 use anyhow::Context;
 use cachevisor_engine::{PartitionMode, ReplacementKind, WritePolicy};
 use cachevisor_policy::registry;
+use cachevisor_sim::model_choice::{Model, ModelChoice};
 use cachevisor_sim::scenario::{DeviceChoice, ReplayMode};
 use cachevisor_sim::{simulate, Scenario, SimResult};
 use clap::Args;
@@ -62,6 +63,11 @@ pub struct SimulateArgs {
     /// Stop after this many requests.
     #[arg(long)]
     pub max_requests: Option<u64>,
+    /// Replay model: `cache` (hits and misses in trace order, no devices or latency: fast),
+    /// `full` (devices, queues, latency, write-back timing), or `auto` (the default: the
+    /// cache model unless the scenario needs device time; the result says which ran).
+    #[arg(long, value_parser = |s: &str| s.parse::<ModelChoice>())]
+    pub model: Option<ModelChoice>,
     /// Output directory.
     #[arg(long, default_value = "out/simulate")]
     pub out: PathBuf,
@@ -120,6 +126,9 @@ pub fn base_scenario(a: &SimulateArgs) -> anyhow::Result<Scenario> {
     }
     if let Some(v) = a.max_requests {
         sc.replay.max_requests = v;
+    }
+    if let Some(m) = a.model {
+        sc.replay.model = m;
     }
     Ok(sc)
 }
@@ -183,10 +192,11 @@ pub fn run_all(runs: &[(String, Scenario)], out: &Path) -> anyhow::Result<Vec<(S
         let dir = if runs.len() == 1 { out.to_path_buf() } else { out.join(label) };
         r.write_files(&dir).with_context(|| format!("writing {}", dir.display()))?;
         eprintln!(
-            "{label}: {} requests in {:.2} s wall ({:.2} M req/s), results in {}",
+            "{label}: {} requests in {:.2} s wall ({:.2} M req/s, {} model), results in {}",
             r.total.requests,
             t0.elapsed().as_secs_f64(),
             r.total.requests as f64 / t0.elapsed().as_secs_f64() / 1e6,
+            r.model.name(),
             dir.display()
         );
         results.push((label.clone(), r));
@@ -223,13 +233,14 @@ pub fn comparison_table(results: &[(String, SimResult)]) -> String {
     s.push('\n');
     for (label, r) in results {
         let t = &r.total;
+        let us = |x: f64| if r.model == Model::Cache { "-".to_string() } else { format!("{x:.1}") };
         let _ = write!(
             s,
-            "{:<32} {:>7.2} {:>9.1} {:>9.1} {:>10}",
+            "{:<32} {:>7.2} {:>9} {:>9} {:>10}",
             label,
             t.hit_ratio * 100.0,
-            t.latency.mean_us,
-            t.latency.p99_us,
+            us(t.latency.mean_us),
+            us(t.latency.p99_us),
             cachevisor_trace::units::format_size(t.ssd_write_bytes)
         );
         for v in &r.vms {

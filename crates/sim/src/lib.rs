@@ -18,6 +18,7 @@ mod inputs;
 mod instant_copies;
 mod lookahead;
 pub mod metrics;
+pub mod model_choice;
 mod node;
 pub mod plot;
 mod prepass;

@@ -161,12 +161,22 @@ impl Metrics {
         &mut self.vms[v]
     }
 
-    /// Counts a request's outcome and latency.
+    /// Counts a request's outcome and latency (the full model).
     pub fn request(&mut self, vm: u32, write: bool, blocks: &[BlockOutcome], latency_ns: u64) {
-        let s = self.vm(vm);
-        s.requests += 1;
+        let s = self.outcome(vm, write, blocks);
         let lat = latency_ns.max(1);
         s.lat.saturating_record(lat);
+        if write {
+            s.write_lat.saturating_record(lat);
+        } else {
+            s.read_lat.saturating_record(lat);
+        }
+    }
+
+    /// Counts a request's outcome, no latency (the cache model: `model_choice.rs`).
+    pub fn outcome(&mut self, vm: u32, write: bool, blocks: &[BlockOutcome]) -> &mut VmStats {
+        let s = self.vm(vm);
+        s.requests += 1;
         let mut hits = 0;
         for b in blocks {
             hits += b.hit as u64;
@@ -177,22 +187,20 @@ impl Metrics {
         if write {
             s.write_blocks += n;
             s.write_hits += hits;
-            s.write_lat.saturating_record(lat);
         } else {
             s.reads += 1;
             s.read_blocks += n;
             s.read_hits += hits;
-            s.read_lat.saturating_record(lat);
         }
         let w = &mut self.window[vm as usize];
         w.1 += n;
         w.2 += hits;
         for b in blocks {
             if let Some(e) = b.evicted {
-                let o = self.vm(e.vm);
-                o.evictions += 1;
+                self.vm(e.vm).evictions += 1;
             }
         }
+        &mut self.vms[vm as usize]
     }
 
     /// A request of `vm` issued: it counts in the window it was issued in (its blocks and

@@ -79,6 +79,9 @@ pub(crate) struct Node {
     /// The data check, when on: every op executed on a versioned model of the devices
     /// when it completes, every reply checked (`cachevisor_engine::data_model`).
     pub(crate) data: Option<DataCheck>,
+    /// The cache model (`model_choice.rs`): requests and commands on the engine's
+    /// synchronous face, their ops counted and never run on a device; this output reused.
+    cache_only: Option<Output>,
 }
 
 /// A node's data check: the model, the ops in flight by id, the first error found.
@@ -139,7 +142,25 @@ impl Node {
             vm_busy: Vec::new(),
             prewarm: None,
             span_latency: None,
+            cache_only: None,
         })
+    }
+
+    /// Runs the node as the cache model: every request and command completes when it is
+    /// submitted, on the engine's synchronous face; no device, no timer, no latency.
+    pub(crate) fn set_cache_only(&mut self) {
+        self.cache_only = Some(Output::default());
+    }
+
+    /// The cache model's request: its outcome and its ops' bytes counted, done at `now`.
+    fn access(&mut self, now: u64, req: &Request, tag: u64, out: &mut Output) {
+        self.engine.access(now, req, out);
+        for op in &out.ops {
+            self.metrics.op(op);
+        }
+        self.metrics.outcome(req.vm, req.op.is_write(), &out.blocks);
+        self.done.push((tag, now));
+        self.last_done = self.last_done.max(now);
     }
 
     /// Adds VM `vm` (the next id): its backing device (per-VM layout) and partition.
@@ -156,6 +177,11 @@ impl Node {
     pub(crate) fn submit(&mut self, now: u64, req: &Request, tag: u64) {
         self.now = self.now.max(now);
         self.metrics.issued(req.vm);
+        if let Some(mut out) = self.cache_only.take() {
+            self.access(self.now, req, tag, &mut out);
+            self.cache_only = Some(out);
+            return;
+        }
         if self.vm_busy.len() <= req.vm as usize {
             self.vm_busy.resize(req.vm as usize + 1, 0);
         }
@@ -172,6 +198,16 @@ impl Node {
     /// like the daemon's; slots with ops in flight are skipped by every command).
     pub(crate) fn command(&mut self, now: u64, f: impl FnOnce(&mut Engine, &mut Output)) {
         self.now = self.now.max(now);
+        if let Some(mut out) = self.cache_only.take() {
+            out.clear();
+            self.engine.set_clock(self.now);
+            f(&mut self.engine, &mut out);
+            for op in &out.ops {
+                self.metrics.op(op);
+            }
+            self.cache_only = Some(out);
+            return;
+        }
         self.engine.submit_job(f);
         self.pump();
     }
@@ -186,6 +222,9 @@ impl Node {
     /// When the next thing in flight completes or an engine timer fires, if anything is
     /// pending.
     pub(crate) fn next_time(&self) -> Option<u64> {
+        if self.cache_only.is_some() {
+            return None; // nothing in flight, and no timer runs
+        }
         let op = self.pending.peek().map(|Reverse((t, _))| *t);
         earliest(op, self.timer_due())
     }

@@ -202,7 +202,15 @@ pub struct SimResult {
     pub resolved: Resolved,
     /// Engine facts.
     pub engine: EngineReport,
-    /// Virtual time from start to the last completion, seconds.
+    /// The replay model that ran (`model_choice.rs`): `full` or `cache` (no devices, no
+    /// latency: the latency and device figures are then zero).
+    #[serde(default)]
+    pub model: crate::model_choice::Model,
+    /// Why that model.
+    #[serde(default)]
+    pub model_reason: String,
+    /// Virtual time from start to the last completion, seconds (the cache model: the
+    /// last request's trace time).
     pub virtual_time_s: f64,
     /// Per input.
     pub traces: Vec<TraceCounts>,
@@ -272,6 +280,8 @@ impl SimResult {
                 bytes_per_slot: md as f64 / res.slots as f64,
                 written_back_ahead: engine.written_back_ahead(),
             },
+            model: Default::default(),
+            model_reason: String::new(),
             virtual_time_s: end_ns as f64 / 1e9,
             traces,
             devices,
@@ -280,6 +290,13 @@ impl SimResult {
             windows,
             failover: None,
         }
+    }
+
+    /// The same, marked as run by `model` (chosen for `why`).
+    pub(crate) fn with_model(mut self, model: crate::model_choice::Model, why: String) -> Self {
+        self.model = model;
+        self.model_reason = why;
+        self
     }
 
     /// Pretty JSON.
@@ -368,21 +385,25 @@ impl SimResult {
             self.engine.written_back_ahead,
             self.virtual_time_s
         ));
+        s.push_str(&format!("model: {}, {}\n", self.model.name(), self.model_reason));
         s.push_str(&format!(
             "{:<24} {:>9} {:>7} {:>7} {:>7} {:>9} {:>9} {:>9} {:>10} {:>10}\n",
             "vm", "requests", "hit%", "rd hit%", "wr hit%", "mean µs", "p99 µs", "p99.9 µs", "SSD wr", "backing rd"
         ));
+        let cache_model = self.model == crate::model_choice::Model::Cache;
+        // The cache model times nothing: its latency columns are dashes, not zeros.
+        let us = |x: f64| if cache_model { "-".to_string() } else { format!("{x:.1}") };
         for v in self.vms.iter().chain(std::iter::once(&self.total)) {
             s.push_str(&format!(
-                "{:<24} {:>9} {:>7.2} {:>7.2} {:>7.2} {:>9.1} {:>9.1} {:>9.1} {:>10} {:>10}\n",
+                "{:<24} {:>9} {:>7.2} {:>7.2} {:>7.2} {:>9} {:>9} {:>9} {:>10} {:>10}\n",
                 truncate(&v.vm, 24),
                 v.requests,
                 v.hit_ratio * 100.0,
                 v.read_hit_ratio * 100.0,
                 v.write_hit_ratio * 100.0,
-                v.latency.mean_us,
-                v.latency.p99_us,
-                v.latency.p999_us,
+                us(v.latency.mean_us),
+                us(v.latency.p99_us),
+                us(v.latency.p999_us),
                 format_size(v.ssd_write_bytes),
                 format_size(v.backing_read_bytes)
             ));

@@ -250,6 +250,9 @@ pub struct ReplaySection {
     /// Closed loop: replay each VM's trace again and again until this much virtual time
     /// has passed (`600s`), counting passes (S-CAVE §VI-D's repeated runs). Unset: once.
     pub repeat_for: Option<String>,
+    /// The replay model: `auto` (default: the cache model unless the scenario needs
+    /// device time), `cache` or `full` (`model_choice.rs`).
+    pub model: crate::model_choice::ModelChoice,
 }
 
 impl Default for ReplaySection {
@@ -262,6 +265,7 @@ impl Default for ReplaySection {
             max_requests: 0,
             flush_at_end: false,
             repeat_for: None,
+            model: Default::default(),
         }
     }
 }

@@ -4,9 +4,10 @@
 //! pre-passes some allocators need (`prepass.rs`). Same scenario, same output, every run.
 
 use crate::failover::{online_choice, FailoverMode, FailoverPlan, FailoverReport, History};
-use crate::inputs::{open_inputs, SimError};
+use crate::inputs::{open_inputs, Inputs, SimError};
 use crate::lookahead::{window_curves, ClosedLookahead, FIRST_WINDOW_REQUESTS};
 use crate::metrics::WindowRow;
+use crate::model_choice::Model;
 use crate::node::Node;
 use crate::prepass::whole_trace;
 use crate::prewarming::Prewarming;
@@ -417,27 +418,18 @@ pub fn simulate(sc: &Scenario, progress: &mut dyn FnMut(Progress)) -> Result<Sim
         run.whole = whole;
         run.admit(&names, 0)?; // every VM from the start, so the split is the whole-trace one
     }
+    let (model, why) = crate::model_choice::choose(sc, run.dynamic).map_err(SimError::Scenario)?;
     let mut trace = open_inputs(sc)?;
+    if model == Model::Cache {
+        // Trace order, windows by trace time (open loop: divided by the speed-up).
+        run.node.set_cache_only();
+        let speedup = if sc.replay.mode == ReplayMode::Open { sc.replay.speedup } else { 1.0 };
+        replay_in_order(&mut run, &mut trace, limit, speedup, progress)?;
+        let counts = trace.counts().into_iter().map(TraceCounts::from).collect();
+        return Ok(run.finish(counts).with_model(model, why));
+    }
     match sc.replay.mode {
-        ReplayMode::Open => {
-            // Requests at their trace times; completions only free the devices.
-            let (mut n, mut done) = (0u64, Vec::new());
-            while n < limit {
-                let Some(req) = trace.next_request()? else { break };
-                let now = (req.time_ns as f64 / sc.replay.speedup) as u64;
-                run.node.advance_to(now);
-                run.node.take_done(&mut done);
-                done.clear();
-                if req.vm as usize >= run.names.len() {
-                    run.admit(trace.vm_names(), now)?;
-                }
-                run.issue(now, &req, 0)?;
-                n += 1;
-                if n.is_multiple_of(65_536) {
-                    progress(Progress { done: n, total: None });
-                }
-            }
-        }
+        ReplayMode::Open => replay_in_order(&mut run, &mut trace, limit, sc.replay.speedup, progress)?,
         ReplayMode::Closed => {
             let mut per_vm: Vec<Vec<Request>> = Vec::new();
             let mut total = 0u64;
@@ -510,5 +502,33 @@ pub fn simulate(sc: &Scenario, progress: &mut dyn FnMut(Progress)) -> Result<Sim
         }
     }
     let counts = trace.counts().into_iter().map(TraceCounts::from).collect();
-    Ok(run.finish(counts))
+    Ok(run.finish(counts).with_model(model, why))
+}
+
+/// Open loop (and the cache model): requests at their trace times divided by `speedup`,
+/// in trace order; completions only free the devices.
+fn replay_in_order(
+    run: &mut Run<'_>,
+    trace: &mut Inputs,
+    limit: u64,
+    speedup: f64,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<(), SimError> {
+    let (mut n, mut done) = (0u64, Vec::new());
+    while n < limit {
+        let Some(req) = trace.next_request()? else { break };
+        let now = (req.time_ns as f64 / speedup) as u64;
+        run.node.advance_to(now);
+        run.node.take_done(&mut done);
+        done.clear();
+        if req.vm as usize >= run.names.len() {
+            run.admit(trace.vm_names(), now)?;
+        }
+        run.issue(now, &req, 0)?;
+        n += 1;
+        if n.is_multiple_of(65_536) {
+            progress(Progress { done: n, total: None });
+        }
+    }
+    Ok(())
 }

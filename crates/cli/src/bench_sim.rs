@@ -1,4 +1,5 @@
-//! `bench sim` and `bench analyze`: the engine alone, the full simulator and the exact and
+//! `bench sim` and `bench analyze`: the engine alone, `simulate` as users run it (both
+//! models, whole process: `bench_sim_process.rs`), the full simulator and the exact and
 //! SHARDS miss-ratio curves on a generated Zipf trace (and the bundled real traces), side
 //! by side with libCacheSim's C `cachesim` on the same file when its path is given.
 
@@ -62,14 +63,7 @@ fn cachesim(bin: &Path, path: &Path, slots: u64, requests: u64, algo: &str) -> a
     let secs = t.elapsed().as_secs_f64();
     let text = String::from_utf8_lossy(&out.stdout);
     anyhow::ensure!(out.status.success(), "{} failed: {}", bin.display(), String::from_utf8_lossy(&out.stderr));
-    // "… LRU cache size 781MiB, 3000000 req, miss ratio 0.1776, throughput 5.16 MQPS"
-    let miss = text
-        .split("miss ratio")
-        .nth(1)
-        .and_then(|t| t.trim_start().split(|c: char| c == ',' || c.is_whitespace()).next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .with_context(|| format!("no miss ratio in {}'s output: {text}", bin.display()))?;
-    Ok((requests as f64 / secs / 1e6, 1.0 - miss))
+    Ok((requests as f64 / secs / 1e6, crate::bench_sim_process::cachesim_hit_ratio(&text)?))
 }
 
 fn engine_alone(reqs: &[Request], kind: ReplacementKind, slots: u64) -> f64 {
@@ -151,6 +145,7 @@ pub(crate) fn bench_sim(
         println!("  libCacheSim Clock {:>7.2}", median(theirs_clock.clone()));
         println!("  ratio cachevisor / libCacheSim, CLOCK: {:.2}×", median(ours_clock) / median(theirs_clock));
     }
+    crate::bench_sim_process::whole_process(&path, slots * 4096, reps, lcs, dir)?;
     // Engine alone and full simulation, per policy.
     let mut src = open_trace(&path, &ReadOptions { format: Some(Format::OracleGeneral), ..Default::default() })?;
     let mut reqs = Vec::with_capacity(requests as usize);

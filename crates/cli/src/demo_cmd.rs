@@ -40,11 +40,11 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
     // Ours: the allocator every window on recent curves, over its own S3-FIFO partitions.
     let mut s = base.clone();
     s.cache.allocator = "adaptive".into();
-    runs.push(("adaptive (s3fifo)".into(), s));
+    runs.push(("adaptive-s3fifo".into(), s));
     let mut s = base.clone();
     s.cache.partition = PartitionMode::Shared;
     s.cache.replacement = Some(ReplacementKind::Clock);
-    runs.push(("shared-clock (unmanaged)".into(), s));
+    runs.push(("shared-clock".into(), s));
     println!(
         "cachevisor demo: {} VMs from the bundled traces, {} SSD cache (860 EVO model) in front of 7.2K HDDs,\n\
          write-back, closed loop with 4 outstanding requests per VM; equal static partitions, the\n\

@@ -15,6 +15,7 @@ mod bench_cmd;
 mod bench_datapath;
 mod bench_serve;
 mod bench_sim;
+mod bench_sim_process;
 mod bench_vhost;
 mod bench_vssd;
 mod bundled;

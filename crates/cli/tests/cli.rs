@@ -138,11 +138,23 @@ fn demo_runs_on_the_bundled_traces() {
     assert!(
         text.contains("== comparison")
             && text.contains("static-s3fifo")
-            && text.contains("adaptive (s3fifo)")
-            && text.contains("shared-clock (unmanaged)"),
+            && text.contains("adaptive-s3fifo")
+            && text.contains("shared-clock"),
         "{text}"
     );
     assert!(out.join("comparison.csv").is_file());
+    // Every run's folder has a name a shell user types as is.
+    let mut runs = 0;
+    for e in std::fs::read_dir(&out).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_dir() {
+            let name = e.file_name().into_string().unwrap();
+            assert!(name.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c)), "run folder `{name}`");
+            assert!(e.path().join("result.json").is_file(), "{name}");
+            runs += 1;
+        }
+    }
+    assert_eq!(runs, 8);
 }
 
 #[test]

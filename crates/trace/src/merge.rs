@@ -90,6 +90,18 @@ impl MergedTrace {
 
     /// The next request in time order, with a global VM id.
     pub fn next_request(&mut self) -> Result<Option<Request>, TraceError> {
+        if self.inputs.len() == 1 {
+            // One input: its own order, no heap (a push and a pop per request cost ~5% of
+            // a cache-model simulation).
+            let input = &mut self.inputs[0];
+            let Some(mut r) = input.source.next_request()? else { return Ok(None) };
+            let origin = *input.origin.get_or_insert(r.time_ns);
+            if self.opts.rebase {
+                r.time_ns = r.time_ns.saturating_sub(origin);
+            }
+            r.vm = self.global_vm(0, r.vm);
+            return Ok(Some(r));
+        }
         if !self.started {
             self.started = true;
             for i in 0..self.inputs.len() {

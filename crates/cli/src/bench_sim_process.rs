@@ -1,0 +1,200 @@
+//! `bench sim`'s "what users run" table (issue 35): `cachevisor simulate` — the cache
+//! model and the full model — against libCacheSim's `cachesim` (built Release from its
+//! source, its path given), each a whole process on the same oracleGeneral file, per
+//! replacement policy: wall time and peak RSS of each process, interleaved rounds,
+//! medians, hit ratios side by side.
+//!
+//! Peak RSS is the child's `VmHWM` (a high-water mark, so only growth in its last few
+//! milliseconds could be missed) read from `/proc` while it runs: no `wait4` binding
+//! needed for one figure.
+
+use crate::bench_cmd::median;
+use anyhow::Context;
+use cachevisor_engine::ReplacementKind;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// One process's run: wall seconds, peak RSS bytes, hit ratio.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    secs: f64,
+    rss: u64,
+    hit: f64,
+}
+
+/// Runs `cmd` to its end: wall time, peak RSS, and its standard output.
+fn timed(cmd: &mut Command) -> anyhow::Result<(f64, u64, String)> {
+    let t = Instant::now();
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().context("starting")?;
+    let status = format!("/proc/{}/status", child.id());
+    // Read its output on threads (a full pipe would stall it) while watching its memory.
+    let mut out = child.stdout.take().expect("piped");
+    let mut err = child.stderr.take().expect("piped");
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut out, &mut s).map(|_| s)
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut err, &mut s).map(|_| s)
+    });
+    let mut rss = 0;
+    let exit = loop {
+        if let Some(st) = child.try_wait()? {
+            break st;
+        }
+        rss = rss.max(hwm(&status));
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let secs = t.elapsed().as_secs_f64();
+    let stdout = reader.join().expect("reader")?;
+    let stderr = err_reader.join().expect("reader")?;
+    anyhow::ensure!(exit.success(), "{exit}: {}", stderr.trim());
+    Ok((secs, rss, stdout))
+}
+
+/// `VmHWM` of a `/proc/PID/status` file, bytes (0 once it is gone).
+fn hwm(status: &str) -> u64 {
+    std::fs::read_to_string(status)
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// `cachevisor simulate` with `model` on `trace`, cache `bytes`, policy `kind`, one shared
+/// pool (the question `cachesim` answers).
+fn ours(trace: &Path, bytes: u64, kind: ReplacementKind, model: &str, out: &Path) -> anyhow::Result<Run> {
+    let exe = std::env::current_exe()?;
+    let (secs, rss, _) =
+        timed(Command::new(&exe).args(["simulate", "--format", "oracle-general", "--partition", "shared"]).args([
+            "--trace".as_ref(),
+            trace.as_os_str(),
+            "--cache-size".as_ref(),
+            format!("{bytes}B").as_ref(),
+            "--replacement".as_ref(),
+            kind.name().as_ref(),
+            "--model".as_ref(),
+            model.as_ref(),
+            "--out".as_ref(),
+            out.as_os_str(),
+        ]))
+        .with_context(|| format!("cachevisor simulate --model {model} --replacement {kind}"))?;
+    let text = std::fs::read_to_string(out.join("result.json"))?;
+    let v: serde_json::Value = serde_json::from_str(&text)?;
+    anyhow::ensure!(v["model"] == model, "asked for the {model} model, ran {}", v["model"]);
+    let hit = v["total"]["hit_ratio"].as_f64().context("no total.hit_ratio in result.json")?;
+    Ok(Run { secs, rss, hit })
+}
+
+/// `cachesim TRACE oracleGeneral ALGO BYTES --num-thread=1`, run in the trace's directory
+/// (where it leaves its `TRACE.cachesim` file).
+fn theirs(bin: &Path, trace: &Path, bytes: u64, algo: &str) -> anyhow::Result<Run> {
+    let trace = trace.canonicalize()?;
+    let (secs, rss, text) =
+        timed(Command::new(bin).current_dir(trace.parent().unwrap_or(Path::new("/"))).arg(&trace).args([
+            "oracleGeneral",
+            algo,
+            &bytes.to_string(),
+            "--num-thread=1",
+        ]))
+        .with_context(|| format!("{} {algo}", bin.display()))?;
+    Ok(Run { secs, rss, hit: cachesim_hit_ratio(&text)? })
+}
+
+/// The hit ratio in `cachesim`'s output ("… LRU cache size 400MiB, 10000000 req, miss
+/// ratio 0.2213, throughput 2.10 MQPS").
+pub(crate) fn cachesim_hit_ratio(text: &str) -> anyhow::Result<f64> {
+    let miss = text
+        .split("miss ratio")
+        .nth(1)
+        .and_then(|t| t.trim_start().split(|c: char| c == ',' || c.is_whitespace()).next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .with_context(|| format!("no miss ratio in cachesim's output: {text}"))?;
+    Ok(1.0 - miss)
+}
+
+/// The policies compared, with `cachesim`'s nearest algorithm (two-pool LRU, 20/80
+/// single- and multi-touch pools, against its 2Q: not the same policy).
+const POLICIES: [(ReplacementKind, &str); 5] = [
+    (ReplacementKind::Lru, "lru"),
+    (ReplacementKind::Fifo, "fifo"),
+    (ReplacementKind::Clock, "clock"),
+    (ReplacementKind::S3fifo, "s3fifo"),
+    (ReplacementKind::TwoPool, "twoq"),
+];
+
+/// The table: per policy, `reps` interleaved rounds of the three processes.
+pub(crate) fn whole_process(
+    trace: &Path,
+    bytes: u64,
+    reps: usize,
+    bin: Option<&Path>,
+    dir: &Path,
+) -> anyhow::Result<()> {
+    println!(
+        "\nwhat users run, whole process on the file ({} cache, one shared pool), {reps} interleaved rounds, medians:",
+        cachevisor_trace::units::format_size(bytes)
+    );
+    println!(
+        "  {:<9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8}",
+        "policy",
+        "cachesim",
+        "cache",
+        "full",
+        "cache×",
+        "full×",
+        "hit cs",
+        "hit cache",
+        "hit full",
+        "RSS cs",
+        "RSS cache",
+        "RSS full"
+    );
+    let out = dir.join("bench-sim-process");
+    let mut worst = (f64::INFINITY, f64::INFINITY);
+    for (kind, algo) in POLICIES {
+        let (mut cs, mut cache, mut full) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..reps.max(1) {
+            if let Some(b) = bin {
+                cs.push(theirs(b, trace, bytes, algo)?);
+            }
+            cache.push(ours(trace, bytes, kind, "cache", &out)?);
+            full.push(ours(trace, bytes, kind, "full", &out)?);
+        }
+        let secs = |v: &[Run]| if v.is_empty() { f64::NAN } else { median(v.iter().map(|r| r.secs).collect()) };
+        let rss = |v: &[Run]| v.iter().map(|r| r.rss).max().map_or("-".into(), cachevisor_trace::units::format_size);
+        let hit = |v: &[Run]| v.last().map_or("-".into(), |r| format!("{:.4}", r.hit));
+        let (c, m, f) = (secs(&cs), secs(&cache), secs(&full));
+        worst = (worst.0.min(c / m), worst.1.min(c / f));
+        println!(
+            "  {:<9} {:>8.2}s {:>8.2}s {:>8.2}s {:>6.2}× {:>6.2}× {:>9} {:>9} {:>9} {:>8} {:>8} {:>8}",
+            format!("{kind}/{algo}"),
+            c,
+            m,
+            f,
+            c / m,
+            c / f,
+            hit(&cs),
+            hit(&cache),
+            hit(&full),
+            rss(&cs),
+            rss(&cache),
+            rss(&full)
+        );
+    }
+    if bin.is_some() {
+        let verdict = |ok: bool| if ok { "met" } else { "NOT met" };
+        println!(
+            "  speed = cachesim's wall time / ours. Targets: cache model >= 1.5x cachesim on every policy: {} (worst {:.2}x); \
+             full model >= 1.0x: {} (worst {:.2}x)",
+            verdict(worst.0 >= 1.5),
+            worst.0,
+            verdict(worst.1 >= 1.0),
+            worst.1
+        );
+    }
+    Ok(())
+}

@@ -63,7 +63,7 @@ fn cachesim(bin: &Path, path: &Path, slots: u64, requests: u64, algo: &str) -> a
     let secs = t.elapsed().as_secs_f64();
     let text = String::from_utf8_lossy(&out.stdout);
     anyhow::ensure!(out.status.success(), "{} failed: {}", bin.display(), String::from_utf8_lossy(&out.stderr));
-    Ok((requests as f64 / secs / 1e6, crate::bench_sim_process::cachesim_hit_ratio(&text)?))
+    Ok((requests as f64 / secs / 1e6, crate::bench_sim_process::cachesim_hit_ratio(&text, bin)?))
 }
 
 fn engine_alone(reqs: &[Request], kind: ReplacementKind, slots: u64) -> f64 {

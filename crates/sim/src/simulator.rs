@@ -408,6 +408,8 @@ pub fn simulate(sc: &Scenario, progress: &mut dyn FnMut(Progress)) -> Result<Sim
     }
     let res = sc.resolve().map_err(SimError::Scenario)?;
     let mut run = Run::new(sc, res.clone())?;
+    // Chosen before any pre-pass: a refused `model = "cache"` costs nothing.
+    let (model, why) = crate::model_choice::choose(sc, run.dynamic).map_err(SimError::Scenario)?;
     let limit = if sc.replay.max_requests == 0 { u64::MAX } else { sc.replay.max_requests };
     let n = run.ctl.allocator().needs();
     let estimates = n.hit_curves || n.read_curves || n.reuse_mix;
@@ -418,17 +420,14 @@ pub fn simulate(sc: &Scenario, progress: &mut dyn FnMut(Progress)) -> Result<Sim
         run.whole = whole;
         run.admit(&names, 0)?; // every VM from the start, so the split is the whole-trace one
     }
-    let (model, why) = crate::model_choice::choose(sc, run.dynamic).map_err(SimError::Scenario)?;
     let mut trace = open_inputs(sc)?;
-    if model == Model::Cache {
-        // Trace order, windows by trace time (open loop: divided by the speed-up).
-        run.node.set_cache_only();
-        let speedup = if sc.replay.mode == ReplayMode::Open { sc.replay.speedup } else { 1.0 };
-        replay_in_order(&mut run, &mut trace, limit, speedup, progress)?;
-        let counts = trace.counts().into_iter().map(TraceCounts::from).collect();
-        return Ok(run.finish(counts).with_model(model, why));
-    }
     match sc.replay.mode {
+        // The cache model: trace order, windows by trace time (open loop: ÷ the speed-up).
+        _ if model == Model::Cache => {
+            run.node.set_cache_only();
+            let speedup = if sc.replay.mode == ReplayMode::Open { sc.replay.speedup } else { 1.0 };
+            replay_in_order(&mut run, &mut trace, limit, speedup, progress)?
+        }
         ReplayMode::Open => replay_in_order(&mut run, &mut trace, limit, sc.replay.speedup, progress)?,
         ReplayMode::Closed => {
             let mut per_vm: Vec<Vec<Request>> = Vec::new();

@@ -458,7 +458,8 @@ fn protected_prewarmed_blocks_outlive_a_client_s_new_blocks_until_touched() {
     eprintln!("prewarmed blocks still cached after 200 new ones: unprotected {}, protected {}", hits[0], hits[1]);
     // Protected blocks are passed over for up to 64 victims (`Engine::
     // set_prewarm_protection`); an eviction that finds only protected ones takes one, so
-    // a few of the 256 can go.
-    assert!(hits[1] >= 248, "protected: the prewarmed blocks stayed ({})", hits[1]);
+    // a few of the 256 can go: 4 alone here, 23 once in a loaded CI run (not reproduced
+    // since; the bound allows half a victim scan). Without protection 115 go.
+    assert!(hits[1] >= 224, "protected: the prewarmed blocks stayed ({})", hits[1]);
     assert!(hits[0] + 80 < hits[1], "unprotected: the prewarmed blocks went first ({})", hits[0]);
 }

@@ -53,7 +53,7 @@ pub fn run(a: DemoArgs) -> anyhow::Result<()> {
         base.trace.files.len(),
         a.cache_size
     );
-    let results = run_all(&runs, &a.out)?;
+    let results = run_all(&runs, &a.out, None)?;
     if let Some((label, r)) = results.first() {
         println!("== {label}\n{}", r.table());
     }

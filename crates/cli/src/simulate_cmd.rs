@@ -24,9 +24,10 @@ pub struct SimulateArgs {
     pub traces: Vec<PathBuf>,
     #[command(flatten)]
     pub input: InputArgs,
-    /// Total cache size, e.g. 4GiB.
-    #[arg(long)]
-    pub cache_size: Option<String>,
+    /// Total cache sizes, comma-separated to compare: absolute (`4GiB`) or fractions of the
+    /// working set (`0.01`, `5%`: the distinct blocks the trace touches, counted first).
+    #[arg(long, value_delimiter = ',')]
+    pub cache_size: Vec<String>,
     /// Block size, e.g. 4KiB.
     #[arg(long)]
     pub block_size: Option<String>,
@@ -68,6 +69,9 @@ pub struct SimulateArgs {
     /// cache model unless the scenario needs device time; the result says which ran).
     #[arg(long, value_parser = |s: &str| s.parse::<ModelChoice>())]
     pub model: Option<ModelChoice>,
+    /// Runs simulated at once when comparing several (default: one per core).
+    #[arg(long)]
+    pub jobs: Option<usize>,
     /// Output directory.
     #[arg(long, default_value = "out/simulate")]
     pub out: PathBuf,
@@ -103,9 +107,6 @@ pub fn base_scenario(a: &SimulateArgs) -> anyhow::Result<Scenario> {
     if a.reallocate {
         sc.cache.reallocate = Some(true);
     }
-    if let Some(s) = &a.cache_size {
-        sc.cache.size = s.clone();
-    }
     if let Some(s) = &a.block_size {
         sc.cache.block_size = s.clone();
     }
@@ -133,8 +134,41 @@ pub fn base_scenario(a: &SimulateArgs) -> anyhow::Result<Scenario> {
     Ok(sc)
 }
 
-/// Expands the comma-separated choices into one scenario per combination, with labels.
-pub fn expand(sc: &Scenario, a: &SimulateArgs) -> Vec<(String, Scenario)> {
+/// The cache sizes to run, each with the text the user gave (a run label's suffix when
+/// there are several) and the size in the scenario's terms: `--cache-size` items, else the
+/// scenario's `cache.size`. Fractions of the working set (`0.01`, `5%`) become bytes after
+/// one pass over the inputs (`working_set.rs`), whole blocks of `cache.block_size`.
+pub fn cache_sizes(sc: &Scenario, a: &SimulateArgs) -> anyhow::Result<Vec<(String, String)>> {
+    use cachevisor_sim::working_set::{fraction, fraction_bytes, working_set_bytes};
+    let items = if a.cache_size.is_empty() { vec![sc.cache.size.clone()] } else { a.cache_size.clone() };
+    let mut ws = None;
+    let mut v = Vec::new();
+    for item in items {
+        let Some(f) = fraction(&item).map_err(|e| anyhow::anyhow!("--cache-size {e}"))? else {
+            v.push((item.clone(), item));
+            continue;
+        };
+        let ws_bytes = match ws {
+            Some(b) => b,
+            None => {
+                let mut p = Progress::new("counting the working set");
+                let b = working_set_bytes(sc, &mut |n| p.update(n, None)).context("counting the working set")?;
+                p.finish();
+                anyhow::ensure!(b > 0, "--cache-size {item}: the inputs touch no block (an empty working set)");
+                eprintln!("working set: {} ({b} bytes)", cachevisor_trace::units::format_size(b));
+                *ws.insert(b)
+            }
+        };
+        let block = cachevisor_trace::units::parse_size(&sc.cache.block_size)
+            .map_err(|e| anyhow::anyhow!("cache.block_size: {e}"))?;
+        v.push((item, format!("{}B", fraction_bytes(f, ws_bytes, block))));
+    }
+    Ok(v)
+}
+
+/// Expands the comma-separated choices (and the sizes of [`cache_sizes`]) into one
+/// scenario per combination, with labels.
+pub fn expand(sc: &Scenario, a: &SimulateArgs, sizes: &[(String, String)]) -> Vec<(String, Scenario)> {
     let parts: Vec<PartitionMode> = if a.partition.is_empty() {
         vec![sc.cache.partition]
     } else {
@@ -154,8 +188,11 @@ pub fn expand(sc: &Scenario, a: &SimulateArgs) -> Vec<(String, Scenario)> {
         let allocs = if p == PartitionMode::Shared { &allocs[..1] } else { &allocs[..] };
         for &r in &repls {
             for &w in &wps {
-                for alloc in allocs {
+                for (alloc, (size_label, size)) in
+                    allocs.iter().flat_map(|al| sizes.iter().map(move |sz| (al, sz)))
+                {
                     let mut s = sc.clone();
+                    s.cache.size = size.clone();
                     s.cache.partition = p;
                     s.cache.replacement = r;
                     s.cache.write_policy = w;
@@ -173,7 +210,8 @@ pub fn expand(sc: &Scenario, a: &SimulateArgs) -> Vec<(String, Scenario)> {
                     } else {
                         String::new()
                     };
-                    v.push((format!("{}-{}-{w}{suffix}", p.name(), s.cache.replacement()), s));
+                    let size_suffix = if sizes.len() > 1 { format!("-{size_label}") } else { String::new() };
+                    v.push((format!("{}-{}-{w}{suffix}{size_suffix}", p.name(), s.cache.replacement()), s));
                 }
             }
         }
@@ -181,27 +219,67 @@ pub fn expand(sc: &Scenario, a: &SimulateArgs) -> Vec<(String, Scenario)> {
     v
 }
 
-/// Runs each labelled scenario, writes its files under `out/<label>` and returns results.
-pub fn run_all(runs: &[(String, Scenario)], out: &Path) -> anyhow::Result<Vec<(String, SimResult)>> {
-    let mut results = Vec::new();
-    for (label, sc) in runs {
-        let mut p = Progress::new(&format!("simulating {label}"));
-        let t0 = std::time::Instant::now();
-        let r = simulate(sc, &mut |pr| p.update(pr.done, pr.total)).with_context(|| format!("run {label}"))?;
-        p.finish();
-        let dir = if runs.len() == 1 { out.to_path_buf() } else { out.join(label) };
-        r.write_files(&dir).with_context(|| format!("writing {}", dir.display()))?;
-        eprintln!(
-            "{label}: {} requests in {:.2} s wall ({:.2} M req/s, {} model), results in {}",
-            r.total.requests,
-            t0.elapsed().as_secs_f64(),
-            r.total.requests as f64 / t0.elapsed().as_secs_f64() / 1e6,
-            r.model.name(),
-            dir.display()
-        );
-        results.push((label.clone(), r));
+/// Runs each labelled scenario — `jobs` at once (default: one per core; each run is
+/// independent and deterministic, so the results do not depend on it) — writes its files
+/// under `out/<label>` and returns the results in the order given.
+pub fn run_all(
+    runs: &[(String, Scenario)],
+    out: &Path,
+    jobs: Option<usize>,
+) -> anyhow::Result<Vec<(String, SimResult)>> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let jobs = jobs.unwrap_or(cores).clamp(1, runs.len().max(1));
+    if jobs == 1 {
+        return runs.iter().map(|(label, sc)| run_one(label, sc, runs.len(), out, true)).collect();
     }
-    Ok(results)
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let (next, done) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let mut slots: Vec<Option<anyhow::Result<(String, SimResult)>>> = (0..runs.len()).map(|_| None).collect();
+    let slots_lock = std::sync::Mutex::new(&mut slots);
+    std::thread::scope(|s| {
+        for _ in 0..jobs {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some((label, sc)) = runs.get(i) else { break };
+                let r = run_one(label, sc, runs.len(), out, false);
+                slots_lock.lock().expect("no worker panics holding it")[i] = Some(r);
+                done.fetch_add(1, Ordering::Relaxed);
+            });
+        }
+        let mut p = Progress::new(&format!("simulating {} runs, {jobs} at once", runs.len()));
+        while done.load(Ordering::Relaxed) < runs.len() {
+            p.update(done.load(Ordering::Relaxed) as u64, Some(runs.len() as u64));
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        p.finish();
+    });
+    slots.into_iter().map(|r| r.expect("every run ran")).collect()
+}
+
+/// One run of [`run_all`] (of `n`), its files written; a bar of its own when `bar`.
+fn run_one(label: &str, sc: &Scenario, n: usize, out: &Path, bar: bool) -> anyhow::Result<(String, SimResult)> {
+    let mut p = bar.then(|| Progress::new(&format!("simulating {label}")));
+    let t0 = std::time::Instant::now();
+    let r = simulate(sc, &mut |pr| {
+        if let Some(p) = p.as_mut() {
+            p.update(pr.done, pr.total)
+        }
+    })
+    .with_context(|| format!("run {label}"))?;
+    if let Some(p) = p {
+        p.finish();
+    }
+    let dir = if n == 1 { out.to_path_buf() } else { out.join(label) };
+    r.write_files(&dir).with_context(|| format!("writing {}", dir.display()))?;
+    eprintln!(
+        "{label}: {} requests in {:.2} s wall ({:.2} M req/s, {} model), results in {}",
+        r.total.requests,
+        t0.elapsed().as_secs_f64(),
+        r.total.requests as f64 / t0.elapsed().as_secs_f64() / 1e6,
+        r.model.name(),
+        dir.display()
+    );
+    Ok((label.to_string(), r))
 }
 
 /// A cluster scenario (`[[node]]`, ELICA): one run, its tables, `cluster.json` in `out`.
@@ -280,13 +358,21 @@ pub fn write_comparison(results: &[(String, SimResult)], out: &Path) -> anyhow::
 
 /// `cachevisor simulate`.
 pub fn run(a: SimulateArgs) -> anyhow::Result<()> {
-    let sc = base_scenario(&a)?;
+    let mut sc = base_scenario(&a)?;
     if !sc.node.is_empty() {
+        match &a.cache_size[..] {
+            [] => {}
+            [one] if cachevisor_sim::working_set::fraction(one).ok() == Some(None) => sc.cache.size = one.clone(),
+            _ => anyhow::bail!("--cache-size: a cluster scenario runs one absolute size (each node's cache)"),
+        }
         return run_cluster(&sc, &a);
     }
-    sc.resolve().map_err(|e| anyhow::anyhow!("{e}"))?;
-    let runs = expand(&sc, &a);
-    let results = run_all(&runs, &a.out)?;
+    let sizes = cache_sizes(&sc, &a)?;
+    let runs = expand(&sc, &a, &sizes);
+    for (_, s) in &runs {
+        s.resolve().map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    let results = run_all(&runs, &a.out, a.jobs)?;
     if a.json {
         let all: Vec<_> = results.iter().map(|(_, r)| r).collect();
         println!("{}", serde_json::to_string_pretty(&all)?);

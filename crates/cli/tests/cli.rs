@@ -115,6 +115,47 @@ fn simulate_compares_policies_and_writes_results() {
 }
 
 #[test]
+fn simulate_runs_a_grid_of_policies_and_working_set_fractions_across_cores() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = shared("cloudPhysicsIO.vscsi");
+    let info: serde_json::Value = serde_json::from_str(&ok(&["trace", "info", "--json", &trace])).unwrap();
+    let ws_blocks = info[0]["wss_blocks"].as_u64().unwrap();
+    let grid = |jobs: &str, out: &std::path::Path| {
+        let args = ["simulate", "--trace", &trace, "--partition", "shared", "--replacement", "lru,fifo"];
+        let o = bin()
+            .args(args)
+            .args(["--cache-size", "0.01,10%,1.0", "--jobs", jobs, "--out", out.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let (one, two) = (dir.path().join("one"), dir.path().join("two"));
+    let text = grid("2", &two);
+    grid("1", &one);
+    let mut lru = Vec::new();
+    for policy in ["lru", "fifo"] {
+        for (size, frac) in [("0.01", 0.01), ("10%", 0.1), ("1.0", 1.0)] {
+            let label = format!("shared-{policy}-wb-{size}");
+            assert!(text.contains(&label), "{label} in {text}");
+            let read = |d: &std::path::Path| std::fs::read_to_string(d.join(&label).join("result.json")).unwrap();
+            assert_eq!(read(&one), read(&two), "{label}: two at once gives what one at a time gives");
+            let r: serde_json::Value = serde_json::from_str(&read(&two)).unwrap();
+            let want = ((ws_blocks as f64 * frac) as u64).max(1) * 4096;
+            assert_eq!(r["scenario"]["cache"]["size"], format!("{want}B"), "{label}");
+            if policy == "lru" {
+                lru.push(r["total"]["hit_ratio"].as_f64().unwrap());
+            }
+        }
+    }
+    assert!(lru[0] < lru[1] && lru[1] < lru[2], "LRU hits grow with the cache: {lru:?}");
+    let o = run(&["simulate", "--trace", &trace, "--cache-size", "0.01,1.5"]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--cache-size") && err.contains("(0, 1]"), "{err}");
+}
+
+#[test]
 fn bad_options_are_explained() {
     let o = run(&["bench", "serve", "--rw", "randomly"]);
     assert_eq!(o.status.code(), Some(2));

@@ -27,6 +27,7 @@ pub mod report;
 pub mod scenario;
 mod simulator;
 mod store_devices;
+pub mod working_set;
 
 pub use inputs::{open_inputs, Inputs, SimError};
 pub use report::SimResult;

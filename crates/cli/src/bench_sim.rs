@@ -146,6 +146,7 @@ pub(crate) fn bench_sim(
         println!("  ratio cachevisor / libCacheSim, CLOCK: {:.2}×", median(ours_clock) / median(theirs_clock));
     }
     crate::bench_sim_process::whole_process(&path, slots * 4096, reps, lcs, dir)?;
+    crate::bench_sim_process::grid(&path, reps, lcs, dir)?;
     // Engine alone and full simulation, per policy.
     let mut src = open_trace(&path, &ReadOptions { format: Some(Format::OracleGeneral), ..Default::default() })?;
     let mut reqs = Vec::with_capacity(requests as usize);

@@ -199,3 +199,96 @@ pub(crate) fn whole_process(
     }
     Ok(())
 }
+
+/// The grid `cachesim` runs in one command: these algorithms × these fractions of the
+/// working set (its default thread pool, one per core), against `simulate` with the same
+/// comma lists (the cache model, one run per core). Our two-pool LRU has no `cachesim`
+/// twin, so it is not in the grid.
+const GRID_POLICIES: &str = "lru,fifo,clock,s3fifo";
+const GRID_SIZES: &str = "0.01,0.05,0.1";
+
+/// `cachevisor simulate` over the grid, whole process: wall seconds, peak RSS, and each
+/// cell's hit ratio by (policy, size) label.
+fn ours_grid(trace: &Path, out: &Path) -> anyhow::Result<(f64, u64, Vec<(String, f64)>)> {
+    let exe = std::env::current_exe()?;
+    let (secs, rss, _) = timed(
+        Command::new(&exe)
+            .args(["simulate", "--format", "oracle-general", "--partition", "shared", "--model", "cache"])
+            .args(["--replacement", GRID_POLICIES, "--cache-size", GRID_SIZES])
+            .arg("--trace")
+            .arg(trace)
+            .arg("--out")
+            .arg(out),
+    )
+    .context("cachevisor simulate over the grid")?;
+    let mut hits = Vec::new();
+    for p in GRID_POLICIES.split(',') {
+        for s in GRID_SIZES.split(',') {
+            let label = format!("{p}-{s}");
+            let path = out.join(format!("shared-{p}-wb-{s}")).join("result.json");
+            let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+            hits.push((label, v["total"]["hit_ratio"].as_f64().context("no total.hit_ratio")?));
+        }
+    }
+    Ok((secs, rss, hits))
+}
+
+/// `cachesim TRACE oracleGeneral lru,fifo,clock,s3fifo 0.01,0.05,0.1`, whole process: wall
+/// seconds, peak RSS, and its cells' hit ratios in its output order (algorithm, then size).
+fn theirs_grid(bin: &Path, trace: &Path) -> anyhow::Result<(f64, u64, Vec<f64>)> {
+    let trace = trace.canonicalize()?;
+    let (secs, rss, text) =
+        timed(Command::new(bin).current_dir(trace.parent().unwrap_or(Path::new("/"))).arg(&trace).args([
+            "oracleGeneral",
+            GRID_POLICIES,
+            GRID_SIZES,
+        ]))
+        .with_context(|| format!("{} over the grid", bin.display()))?;
+    let hits = text
+        .lines()
+        .filter(|l| l.contains("miss ratio"))
+        .map(|l| cachesim_hit_ratio(l, bin))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok((secs, rss, hits))
+}
+
+/// The grid table: `reps` interleaved rounds, medians, and the cells' hit ratios side by
+/// side (CLOCK differs by design: ours keeps a 4-bit counter, `cachesim`'s a 1-bit one).
+pub(crate) fn grid(trace: &Path, reps: usize, bin: Option<&Path>, dir: &Path) -> anyhow::Result<()> {
+    println!(
+        "\nthe grid, whole command against whole command ({GRID_POLICIES} × {GRID_SIZES} of the working set), \
+         {reps} interleaved rounds, medians:"
+    );
+    let out = dir.join("bench-sim-grid");
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    let (mut our_hits, mut their_hits) = (Vec::new(), Vec::new());
+    for _ in 0..reps.max(1) {
+        if let Some(b) = bin {
+            let (s, r, h) = theirs_grid(b, trace)?;
+            theirs.push((s, r));
+            their_hits = h;
+        }
+        let (s, r, h) = ours_grid(trace, &out)?;
+        ours.push((s, r));
+        our_hits = h;
+    }
+    let secs = |v: &[(f64, u64)]| median(v.iter().map(|x| x.0).collect());
+    let rss = |v: &[(f64, u64)]| cachevisor_trace::units::format_size(v.iter().map(|x| x.1).max().unwrap_or(0));
+    println!("  simulate (cache model): {:>7.2} s, peak RSS {}", secs(&ours), rss(&ours));
+    if theirs.is_empty() {
+        println!("  (no --cachesim PATH: libCacheSim's cachesim, built in Release from its source, to compare)");
+        return Ok(());
+    }
+    let ratio = secs(&theirs) / secs(&ours);
+    println!("  cachesim:               {:>7.2} s, peak RSS {}", secs(&theirs), rss(&theirs));
+    println!(
+        "  speed = cachesim's wall time / ours: {ratio:.2}x; target >= 1.5x: {}",
+        if ratio >= 1.5 { "met" } else { "NOT met" }
+    );
+    print!("  hit ratios (ours / cachesim):");
+    for ((label, h), c) in our_hits.iter().zip(&their_hits) {
+        print!(" {label} {h:.4}/{c:.4}");
+    }
+    println!();
+    Ok(())
+}

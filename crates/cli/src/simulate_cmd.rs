@@ -188,9 +188,7 @@ pub fn expand(sc: &Scenario, a: &SimulateArgs, sizes: &[(String, String)]) -> Ve
         let allocs = if p == PartitionMode::Shared { &allocs[..1] } else { &allocs[..] };
         for &r in &repls {
             for &w in &wps {
-                for (alloc, (size_label, size)) in
-                    allocs.iter().flat_map(|al| sizes.iter().map(move |sz| (al, sz)))
-                {
+                for (alloc, (size_label, size)) in allocs.iter().flat_map(|al| sizes.iter().map(move |sz| (al, sz))) {
                     let mut s = sc.clone();
                     s.cache.size = size.clone();
                     s.cache.partition = p;

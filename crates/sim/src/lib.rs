@@ -23,6 +23,7 @@ mod node;
 pub mod plot;
 mod prepass;
 mod prewarming;
+mod read_ahead;
 pub mod report;
 pub mod scenario;
 mod simulator;

@@ -140,7 +140,7 @@ pub(crate) fn whole_process(
         cachevisor_trace::units::format_size(bytes)
     );
     println!(
-        "  {:<9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>9} {:>9} {:>9} {:>8} {:>8} {:>8}",
+        "  {:<14} {:>9} {:>9} {:>9} {:>7} {:>7} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10}",
         "policy",
         "cachesim",
         "cache",
@@ -171,7 +171,7 @@ pub(crate) fn whole_process(
         let (c, m, f) = (secs(&cs), secs(&cache), secs(&full));
         worst = (worst.0.min(c / m), worst.1.min(c / f));
         println!(
-            "  {:<9} {:>8.2}s {:>8.2}s {:>8.2}s {:>6.2}× {:>6.2}× {:>9} {:>9} {:>9} {:>8} {:>8} {:>8}",
+            "  {:<14} {:>8.2}s {:>8.2}s {:>8.2}s {:>6.2}× {:>6.2}× {:>9} {:>9} {:>9} {:>10} {:>10} {:>10}",
             format!("{kind}/{algo}"),
             c,
             m,

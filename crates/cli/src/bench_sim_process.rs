@@ -207,9 +207,11 @@ pub(crate) fn whole_process(
 const GRID_POLICIES: &str = "lru,fifo,clock,s3fifo";
 const GRID_SIZES: &str = "0.01,0.05,0.1";
 
-/// `cachevisor simulate` over the grid, whole process: wall seconds, peak RSS, and each
-/// cell's hit ratio by (policy, size) label.
-fn ours_grid(trace: &Path, out: &Path) -> anyhow::Result<(f64, u64, Vec<(String, f64)>)> {
+/// A grid run: wall seconds, peak RSS, and each cell's hit ratio by its label.
+type GridRun = (f64, u64, Vec<(String, f64)>);
+
+/// `cachevisor simulate` over the grid, whole process, cells labelled `policy-size`.
+fn ours_grid(trace: &Path, out: &Path) -> anyhow::Result<GridRun> {
     let exe = std::env::current_exe()?;
     let (secs, rss, _) = timed(
         Command::new(&exe)

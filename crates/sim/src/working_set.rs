@@ -33,7 +33,7 @@ pub fn working_set_bytes(sc: &Scenario, progress: &mut dyn FnMut(u64)) -> Result
             seen[vm].insert_range(first..end);
         }
         n += 1;
-        if n % (1 << 20) == 0 {
+        if n.is_multiple_of(1 << 20) {
             progress(n);
         }
     }

@@ -82,10 +82,11 @@ impl ReadAhead {
                     if let Some(n) = names {
                         self.names = n;
                     }
-                    let mut old = std::mem::replace(&mut self.batch, v);
+                    let old = std::mem::replace(&mut self.batch, v);
                     self.pos = 0;
-                    old.clear();
-                    let _ = self.back.try_send(old);
+                    if old.capacity() > 0 {
+                        self.recycle(old); // (none when `take_batch` took it)
+                    }
                 }
                 Msg::End(counts) => {
                     self.counts = counts;
@@ -97,6 +98,23 @@ impl ReadAhead {
                 }
             }
         }
+    }
+
+    /// The rest of the current batch, or the next one, whole (`Ok(None)` at the end): VM
+    /// names ([`Self::vm_names`]) hold for all of it. Hand it back with [`Self::recycle`].
+    pub fn take_batch(&mut self) -> Result<Option<Vec<Request>>, TraceError> {
+        let Some(first) = self.next_request()? else { return Ok(None) };
+        let mut v = std::mem::take(&mut self.batch);
+        v.drain(..self.pos - 1);
+        debug_assert_eq!(v.first(), Some(&first));
+        self.pos = 0;
+        Ok(Some(v))
+    }
+
+    /// Gives a batch's buffer back to the reader.
+    pub fn recycle(&mut self, mut v: Vec<Request>) {
+        v.clear();
+        let _ = self.back.try_send(v);
     }
 
     /// VM names by id, as far as read when the last request returned was.
@@ -182,6 +200,23 @@ mod tests {
         (v, end, t.counts())
     }
 
+    /// The same through `take_batch`, the names read once per batch.
+    fn batches(sc: &Scenario, limit: u64) -> Seen {
+        let mut t = ReadAhead::spawn(open_inputs(sc).unwrap(), limit);
+        let mut v = Vec::new();
+        let end = loop {
+            match t.take_batch() {
+                Ok(Some(b)) => {
+                    v.extend(b.iter().map(|&r| (r, t.vm_names().len())));
+                    t.recycle(b);
+                }
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(e.to_string()),
+            }
+        };
+        (v, end, t.counts())
+    }
+
     fn ahead(sc: &Scenario, limit: u64) -> Seen {
         let mut t = ReadAhead::spawn(open_inputs(sc).unwrap(), limit);
         let mut v = Vec::new();
@@ -217,12 +252,15 @@ mod tests {
             let (x, y) = (in_place(&sc, limit), ahead(&sc, limit));
             assert!(x.0.len() as u64 == limit.min(40_000) && x.0.last().unwrap().1 >= 1, "{limit}");
             assert_eq!(x.0, y.0, "requests and names at {limit}");
-            assert_eq!((x.1, format!("{:?}", x.2)), (y.1, format!("{:?}", y.2)), "end and counts at {limit}");
+            assert_eq!((&x.1, &x.2), (&y.1, &y.2), "end and counts at {limit}");
+            let z = batches(&sc, limit);
+            assert_eq!((x.0, x.1, x.2), (z.0, z.1, z.2), "batch by batch at {limit}");
         }
         // A bad line: the requests before it, then the same error.
         std::fs::write(&pa, format!("{a}99999999,x,R,zero,4096\n")).unwrap();
-        let (x, y) = (in_place(&sc, u64::MAX), ahead(&sc, u64::MAX));
+        let (x, y, z) = (in_place(&sc, u64::MAX), ahead(&sc, u64::MAX), batches(&sc, u64::MAX));
         assert!(x.1.is_err(), "the bad line fails");
-        assert_eq!((x.0, x.1), (y.0, y.1));
+        assert_eq!((&x.0, &x.1), (&y.0, &y.1));
+        assert_eq!((x.0, x.1), (z.0, z.1));
     }
 }

@@ -112,7 +112,7 @@ impl ReadAhead {
     }
 
     /// Gives a batch's buffer back to the reader.
-    pub fn recycle(&mut self, mut v: Vec<Request>) {
+    pub fn recycle(&self, mut v: Vec<Request>) {
         v.clear();
         let _ = self.back.try_send(v);
     }

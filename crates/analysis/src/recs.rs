@@ -54,6 +54,12 @@ impl RecsEstimator {
         }
     }
 
+    /// The share of the window (0 to 1) at which the next period run by
+    /// [`Self::sample_due`] is due; `None` when only the window's end is left.
+    pub fn next_due(&self) -> Option<f64> {
+        (self.taken + 1 < self.periods).then(|| f64::from(self.taken + 1) / f64::from(self.periods))
+    }
+
     /// Runs the periods due by `elapsed` (the share of the window gone, 0 to 1): period k
     /// of n is due at k/n, the last one at the window's end ([`Self::sample_window`]).
     pub fn sample_due(&mut self, elapsed: f64, slots: u64, probe: impl Fn(u64) -> Option<(u32, bool)>) {

@@ -41,6 +41,8 @@ struct Run<'a> {
     windows: Vec<WindowRow>,
     window_end: u64,
     window_start: u64,
+    /// Elapsed time in the window before which no rECS period is due (a lower bound).
+    recs_due_from: u64,
     /// Requests issued (request-count windows).
     issued: u64,
     window_index: u64,
@@ -102,6 +104,7 @@ impl<'a> Run<'a> {
             windows: Vec::new(),
             window_end: res.window_ns,
             window_start: 0,
+            recs_due_from: 0,
             issued: 0,
             window_index: 0,
             last_now: 0,
@@ -265,6 +268,7 @@ impl<'a> Run<'a> {
         self.window_index += 1;
         self.window_start = self.window_end;
         self.window_end = self.window_end.saturating_add(self.res.window_ns);
+        self.recs_due_from = 0;
     }
 
     /// The source node fails at `now`: the VMs move to a fresh node with the same cache
@@ -331,9 +335,14 @@ impl<'a> Run<'a> {
             self.fail_over(now)?;
         }
         if self.res.window_requests.is_none() {
-            // rECS sampling periods spread over the window (S-CAVE §IV-B).
+            // rECS sampling periods spread over the window (S-CAVE §IV-B); none before
+            // `recs_due_from` (reset as a window starts).
             let len = self.window_end.saturating_sub(self.window_start);
-            self.ctl.sample_recs_due(now.saturating_sub(self.window_start), len, &self.node.engine);
+            let elapsed = now.saturating_sub(self.window_start);
+            if elapsed >= self.recs_due_from {
+                self.ctl.sample_recs_due(elapsed, len, &self.node.engine);
+                self.recs_due_from = self.ctl.recs_due_from(len);
+            }
         }
         if self.phases.get(self.next_phase).is_some_and(|&(at, _)| at <= now) {
             self.apply_phases(now);

@@ -69,9 +69,9 @@ pub struct SimulateArgs {
     /// cache model unless the scenario needs device time; the result says which ran).
     #[arg(long, value_parser = |s: &str| s.parse::<ModelChoice>())]
     pub model: Option<ModelChoice>,
-    /// Runs simulated at once when comparing several (default: one per core).
-    #[arg(long)]
-    pub jobs: Option<usize>,
+    /// Runs simulated at once when comparing several (default: one per core; 1 to 1024).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub jobs: Option<u16>,
     /// Output directory.
     #[arg(long, default_value = "out/simulate")]
     pub out: PathBuf,
@@ -143,6 +143,8 @@ pub fn cache_sizes(sc: &Scenario, a: &SimulateArgs) -> anyhow::Result<Vec<(Strin
     let items = if a.cache_size.is_empty() { vec![sc.cache.size.clone()] } else { a.cache_size.clone() };
     let mut ws = None;
     let mut v = Vec::new();
+    let block = cachevisor_trace::units::parse_size(&sc.cache.block_size)
+        .map_err(|e| anyhow::anyhow!("cache.block_size: {e}"))?;
     for item in items {
         let Some(f) = fraction(&item).map_err(|e| anyhow::anyhow!("--cache-size {e}"))? else {
             v.push((item.clone(), item));
@@ -159,8 +161,6 @@ pub fn cache_sizes(sc: &Scenario, a: &SimulateArgs) -> anyhow::Result<Vec<(Strin
                 *ws.insert(b)
             }
         };
-        let block = cachevisor_trace::units::parse_size(&sc.cache.block_size)
-            .map_err(|e| anyhow::anyhow!("cache.block_size: {e}"))?;
         v.push((item, format!("{}B", fraction_bytes(f, ws_bytes, block))));
     }
     Ok(v)
@@ -235,17 +235,20 @@ pub fn run_all(
     let mut slots: Vec<Option<anyhow::Result<(String, SimResult)>>> = (0..runs.len()).map(|_| None).collect();
     let slots_lock = std::sync::Mutex::new(&mut slots);
     std::thread::scope(|s| {
-        for _ in 0..jobs {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some((label, sc)) = runs.get(i) else { break };
-                let r = run_one(label, sc, runs.len(), out, false);
-                slots_lock.lock().expect("no worker panics holding it")[i] = Some(r);
-                done.fetch_add(1, Ordering::Relaxed);
-            });
-        }
+        let workers: Vec<_> = (0..jobs)
+            .map(|_| {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some((label, sc)) = runs.get(i) else { break };
+                    let r = run_one(label, sc, runs.len(), out, false);
+                    slots_lock.lock().expect("no worker panics holding it")[i] = Some(r);
+                    done.fetch_add(1, Ordering::Relaxed);
+                })
+            })
+            .collect();
         let mut p = Progress::new(&format!("simulating {} runs, {jobs} at once", runs.len()));
-        while done.load(Ordering::Relaxed) < runs.len() {
+        // Until every worker has ended (a panicking one too: the scope then re-raises it).
+        while !workers.iter().all(|w| w.is_finished()) {
             p.update(done.load(Ordering::Relaxed) as u64, Some(runs.len() as u64));
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
@@ -370,7 +373,7 @@ pub fn run(a: SimulateArgs) -> anyhow::Result<()> {
     for (_, s) in &runs {
         s.resolve().map_err(|e| anyhow::anyhow!("{e}"))?;
     }
-    let results = run_all(&runs, &a.out, a.jobs)?;
+    let results = run_all(&runs, &a.out, a.jobs.map(usize::from))?;
     if a.json {
         let all: Vec<_> = results.iter().map(|(_, r)| r).collect();
         println!("{}", serde_json::to_string_pretty(&all)?);

@@ -149,6 +149,11 @@ fn simulate_runs_a_grid_of_policies_and_working_set_fractions_across_cores() {
         }
     }
     assert!(lru[0] < lru[1] && lru[1] < lru[2], "LRU hits grow with the cache: {lru:?}");
+    for jobs in ["0", "1025", "99999999999"] {
+        let o = run(&["simulate", "--trace", &trace, "--jobs", jobs]);
+        assert_eq!(o.status.code(), Some(2), "--jobs {jobs}");
+        assert!(String::from_utf8_lossy(&o.stderr).contains("--jobs"), "--jobs {jobs}");
+    }
     let o = run(&["simulate", "--trace", &trace, "--cache-size", "0.01,1.5"]);
     assert_eq!(o.status.code(), Some(1));
     let err = String::from_utf8_lossy(&o.stderr);

@@ -76,8 +76,12 @@ impl ReadAhead {
             if self.ended {
                 return Ok(None);
             }
-            // The reader stops only after `End` or `Error`, so the channel outlives this.
-            match self.rx.recv().expect("the trace reader ends with End or Error") {
+            // The reader sends `End` or `Error` last; no message means it panicked.
+            let Ok(msg) = self.rx.recv() else {
+                self.ended = true;
+                return Err(TraceError::Usage("the trace reader stopped (its panic is reported above)".into()));
+            };
+            match msg {
                 Msg::Batch(v, names) => {
                     if let Some(n) = names {
                         self.names = n;

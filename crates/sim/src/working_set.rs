@@ -77,7 +77,9 @@ mod tests {
         assert_eq!(fraction("400MiB").unwrap(), None);
         assert_eq!(fraction("4096").unwrap(), None);
         assert!(fraction("1.5").unwrap_err().contains("(0, 1]"));
-        assert!(fraction("0%").is_err() && fraction("x%").is_err());
+        assert!(fraction("0%").is_err() && fraction("x%").is_err() && fraction("0.0").is_err());
+        assert_eq!(fraction("100%").unwrap(), Some(1.0));
+        assert!(fraction("100.5%").is_err() && fraction("1.0000001").is_err());
     }
 
     #[test]

@@ -8,6 +8,7 @@
 
 pub mod concave;
 pub mod histogram;
+pub mod mrc_report;
 pub mod online;
 pub mod profile;
 pub mod recs;

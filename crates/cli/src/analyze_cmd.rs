@@ -4,7 +4,8 @@
 
 use crate::input_args::{drain, BlockTraceArgs};
 use anyhow::Context;
-use cachevisor_analysis::{elica_ideal_bytes, Decay, Interval, IntervalProfiler, IntervalRow, Kind, Method, Profiler};
+use cachevisor_analysis::mrc_report::{MrcOptions, MrcReport};
+use cachevisor_analysis::{Decay, Interval, IntervalProfiler, IntervalRow, Method, Profiler};
 use cachevisor_sim::plot::{line_chart_svg, Series};
 use cachevisor_trace::units::{format_size, parse_duration_ns, parse_size};
 use clap::{Args, Subcommand};
@@ -69,22 +70,6 @@ pub struct MrcArgs {
     /// Output directory.
     #[arg(long, default_value = "out/analyze")]
     out: PathBuf,
-}
-
-/// Summary of one VM.
-#[derive(Debug, Serialize)]
-struct VmSummary {
-    vm: String,
-    block_accesses: u64,
-    read_accesses: u64,
-    wss_bytes: u64,
-    wss80_bytes: Option<u64>,
-    hit_ratio_at_wss: f64,
-    max_stack_distance: Option<u64>,
-    elica_ideal_max_bytes: Option<u64>,
-    elica_ideal_percentile_bytes: Option<u64>,
-    urd_size_bytes: Option<u64>,
-    estimator_memory_bytes: u64,
 }
 
 fn method(a: &MrcArgs) -> anyhow::Result<Method> {
@@ -242,86 +227,35 @@ fn windows(a: WindowsArgs) -> anyhow::Result<()> {
 
 fn mrc(a: MrcArgs) -> anyhow::Result<()> {
     check_block_size(a.trace.block_size)?;
-    if !(0.0..=1.0).contains(&a.percentile) {
-        anyhow::bail!("--percentile {}: must be in [0, 1]", a.percentile);
-    }
+    let opts = MrcOptions::new(&a.kind, a.percentile, a.points).map_err(|e| anyhow::anyhow!("--{e}"))?;
     let m = method(&a)?;
-    let kind = match a.kind.as_str() {
-        "read" | "urd" => Kind::Read,
-        "write" => Kind::Write,
-        _ => Kind::All,
-    };
     let mut trace = a.trace.open()?;
     let mut prof = Profiler::new(a.trace.block_size, m);
     drain(&mut trace, &a.trace.files, "profiling", |r| prof.add(r))?;
     let names = trace.vm_names();
     let bs = a.trace.block_size;
-    let max_blocks = prof.vms().iter().map(|v| v.distinct_blocks()).max().unwrap_or(1).max(1);
-    let mut summaries = Vec::new();
-    let mut series = Vec::new();
-    let mut csv = String::from("size_bytes,size_blocks");
-    for (i, _) in prof.vms().iter().enumerate() {
-        let _ = write!(csv, ",{}", names[i].replace(',', "_"));
-    }
-    csv.push('\n');
-    let curves: Vec<_> = prof.vms().iter().map(|v| v.histogram(kind).curve(max_blocks, a.points)).collect();
-    for j in 0..curves.first().map_or(0, Vec::len) {
-        let blocks = curves[0][j].blocks;
-        let _ = write!(csv, "{},{}", blocks * bs, blocks);
-        for c in &curves {
-            let _ = write!(csv, ",{:.6}", c[j].miss_ratio);
-        }
-        csv.push('\n');
-    }
-    for (i, v) in prof.vms().iter().enumerate() {
-        let h = v.histogram(kind);
-        let all = v.histogram(Kind::All);
-        let urd = v.histogram(Kind::Read);
-        let wss = v.distinct_blocks();
-        let max_sd = all.max_distance();
-        summaries.push(VmSummary {
-            vm: names[i].clone(),
-            block_accesses: v.accesses(Kind::All),
-            read_accesses: v.accesses(Kind::Read),
-            wss_bytes: wss * bs,
-            wss80_bytes: all.size_for_hit_ratio(0.8).map(|b| b * bs),
-            hit_ratio_at_wss: 1.0 - all.miss_ratio_at(wss),
-            max_stack_distance: max_sd,
-            elica_ideal_max_bytes: max_sd.map(|sd| elica_ideal_bytes(sd, bs)),
-            elica_ideal_percentile_bytes: all.size_covering_reuses(a.percentile).map(|c| elica_ideal_bytes(c - 1, bs)),
-            urd_size_bytes: urd.size_covering_reuses(a.percentile).map(|c| c * bs),
-            estimator_memory_bytes: v.memory_bytes() as u64,
-        });
-        series.push(Series {
-            name: names[i].clone(),
-            points: h
-                .curve(max_blocks, a.points)
-                .iter()
-                .map(|p| ((p.blocks * bs) as f64 / (1u64 << 30) as f64, p.miss_ratio))
-                .collect(),
+    let report = MrcReport::build(&prof, names, m, opts);
+    let series: Vec<Series> = report
+        .vms
+        .iter()
+        .zip(&report.curves)
+        .map(|(v, c)| Series {
+            name: v.vm.clone(),
+            points: c.iter().map(|p| ((p.blocks * bs) as f64 / (1u64 << 30) as f64, p.miss_ratio)).collect(),
             ..Default::default()
-        });
-    }
+        })
+        .collect();
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
-    std::fs::write(a.out.join("mrc.csv"), csv)?;
+    std::fs::write(a.out.join("mrc.csv"), report.curves_csv())?;
     #[derive(Serialize)]
     struct Summary<'a> {
         files: &'a [PathBuf],
-        block_size: u64,
-        method: Method,
-        kind: &'a str,
-        percentile: f64,
-        vms: &'a [VmSummary],
+        #[serde(flatten)]
+        report: &'a MrcReport,
     }
-    let json = serde_json::to_string_pretty(&Summary {
-        files: &a.trace.files,
-        block_size: bs,
-        method: m,
-        kind: &a.kind,
-        percentile: a.percentile,
-        vms: &summaries,
-    })?;
+    let json = serde_json::to_string_pretty(&Summary { files: &a.trace.files, report: &report })?;
     std::fs::write(a.out.join("summary.json"), json)?;
+    let summaries = &report.vms;
     let title = format!("LRU miss-ratio curves ({} accesses, {} blocks, {})", a.kind, format_size(bs), a.method);
     let svg = line_chart_svg(&title, "cache size (GiB)", "miss ratio", &series, Some((0.0, 1.05)))
         .map_err(anyhow::Error::msg)?;
@@ -338,7 +272,7 @@ fn mrc(a: MrcArgs) -> anyhow::Result<()> {
         format!("ELICA p{:.0}", a.percentile * 100.0),
         format!("URD p{:.0}", a.percentile * 100.0)
     );
-    for s in &summaries {
+    for s in summaries {
         println!(
             "{:<22} {:>10} {:>11} {:>11} {:>8.3} {:>14} {:>14} {:>11}",
             s.vm,

@@ -37,6 +37,27 @@ pub enum Method {
     },
 }
 
+impl Method {
+    /// The method named `name` (`exact` or `shards`) with SHARDS' fixed rate or fixed
+    /// size (fixed rate 0.01 when neither is given); the error names the option
+    /// first (`rate`, `max-blocks`, `method`: the CLI prefixes `--`).
+    pub fn choose(name: &str, rate: Option<f64>, max_blocks: Option<usize>) -> Result<Method, String> {
+        match (name, rate, max_blocks) {
+            ("exact", None, None) => Ok(Method::Exact),
+            ("exact", _, _) => Err("method exact: rate and max-blocks apply to shards".into()),
+            ("shards", Some(r), None) if r > 0.0 && r <= 1.0 => Ok(Method::ShardsRate { rate: r }),
+            ("shards", Some(r), None) => Err(format!("rate {r}: the sampling rate must be in (0, 1]")),
+            ("shards", None, Some(0)) => Err("max-blocks must be at least 1".into()),
+            ("shards", None, Some(n)) => Ok(Method::ShardsSize { max_blocks: n }),
+            ("shards", None, None) => Ok(Method::ShardsRate { rate: 0.01 }),
+            ("shards", Some(_), Some(_)) => {
+                Err("rate and max-blocks: give one (fixed-rate or fixed-size), not both".into())
+            }
+            (other, _, _) => Err(format!("method `{other}`: expected exact or shards")),
+        }
+    }
+}
+
 /// Which accesses a curve counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]

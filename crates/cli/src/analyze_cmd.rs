@@ -73,18 +73,7 @@ pub struct MrcArgs {
 }
 
 fn method(a: &MrcArgs) -> anyhow::Result<Method> {
-    match (a.method.as_str(), a.rate, a.max_blocks) {
-        ("exact", None, None) => Ok(Method::Exact),
-        ("exact", _, _) => anyhow::bail!("--rate and --max-blocks apply to --method shards"),
-        (_, Some(r), None) if r > 0.0 && r <= 1.0 => Ok(Method::ShardsRate { rate: r }),
-        (_, Some(r), None) => anyhow::bail!("--rate {r}: the sampling rate must be in (0, 1]"),
-        (_, None, Some(0)) => anyhow::bail!("--max-blocks must be at least 1"),
-        (_, None, Some(n)) => Ok(Method::ShardsSize { max_blocks: n }),
-        (_, None, None) => Ok(Method::ShardsRate { rate: 0.01 }),
-        (_, Some(_), Some(_)) => {
-            anyhow::bail!("give either --rate (fixed-rate) or --max-blocks (fixed-size), not both")
-        }
-    }
+    Method::choose(&a.method, a.rate, a.max_blocks).map_err(|e| anyhow::anyhow!("--{e}"))
 }
 
 /// Runs an analysis subcommand.

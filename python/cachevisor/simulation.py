@@ -1,0 +1,126 @@
+"""Simulations: a scenario — a TOML file (what `cachevisor simulate --scenario` reads), TOML
+text, or a dict of the same sections (`cache`, `devices`, `replay`, `trace`, `vm`,
+`phase`, `failover`, `node`, `cluster`) — run by the CLI's simulator. The result is the
+CLI's `result.json` (:attr:`SimulationResult.json`, identical text) with per-VM and
+per-window tables as pandas DataFrames."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
+
+from . import _native
+
+ScenarioLike = Union[str, "os.PathLike[str]", Mapping[str, Any]]
+Progress = Callable[[int, Optional[int]], Any]
+
+
+def _source(scenario: ScenarioLike) -> Tuple[str, str]:
+    """(text, kind) for the native module: a path (`file`), TOML text or a dict (`json`)."""
+    if isinstance(scenario, Mapping):
+        return json.dumps(scenario), "json"
+    if isinstance(scenario, os.PathLike):
+        return os.fspath(scenario), "file"
+    if isinstance(scenario, str):
+        if "\n" in scenario or "=" in scenario or scenario.lstrip().startswith("["):
+            return scenario, "toml"
+        return scenario, "file"
+    raise TypeError(f"scenario: expected a path, TOML text or a dict, not {type(scenario).__name__}")
+
+
+def load_scenario(scenario: ScenarioLike) -> Dict[str, Any]:
+    """The scenario as a dict with every default filled in (from a file, relative trace
+    paths resolved against its directory): change it and pass it to :func:`simulate`."""
+    return json.loads(_native.scenario_json(*_source(scenario)))
+
+
+def working_set_bytes(scenario: ScenarioLike) -> int:
+    """Distinct blocks the scenario's inputs touch × its block size (what a cache size
+    given as a fraction is a fraction of)."""
+    return _native.working_set_bytes(*_source(scenario))
+
+
+class SimulationResult:
+    """One run's result.
+
+    Attributes: `json` (the CLI's `result.json` text), `raw` (it parsed), `model`
+    (`cache` or `full`) and `model_reason`, `vms` (one row per VM; latency columns
+    flattened as `latency.p99_us`, ...), `total` (the all-VM row as a Series), `windows`
+    (one row per window and VM), `devices`, `scenario` (the dict that ran).
+    """
+
+    def __init__(self, text: str):
+        import pandas as pd
+
+        self.json: str = text
+        self.raw: Dict[str, Any] = json.loads(text)
+        self.model: str = self.raw["model"]
+        self.model_reason: str = self.raw["model_reason"]
+        self.scenario: Dict[str, Any] = self.raw["scenario"]
+        self.vms = pd.json_normalize(self.raw["vms"])
+        self.total = pd.json_normalize([self.raw["total"]]).iloc[0]
+        self.windows = pd.DataFrame(self.raw["windows"])
+        self.devices = pd.DataFrame(self.raw["devices"])
+
+    @property
+    def hit_ratio(self) -> float:
+        """All VMs' request hit ratio."""
+        return float(self.raw["total"]["hit_ratio"])
+
+    def __repr__(self) -> str:
+        return (
+            f"SimulationResult(model={self.model}, vms={len(self.vms)}, requests={self.raw['total']['requests']}, "
+            f"hit_ratio={self.hit_ratio:.4f})"
+        )
+
+
+def simulate(
+    scenario: ScenarioLike,
+    *,
+    cache_size: Optional[str] = None,
+    progress: Optional[Progress] = None,
+    **sections: Mapping[str, Any],
+) -> SimulationResult:
+    """Runs a one-host scenario.
+
+    `cache_size` overrides `cache.size`: absolute (`"4GiB"`) or a fraction of the working
+    set (`"0.01"`, `"5%"`), as `simulate --cache-size` takes it. Keyword sections
+    (`cache={...}`, `replay={...}`, ...) are merged key by key over the scenario's (which
+    is then read as a dict). `progress(done, total)` is called at most ten times a second
+    during the run (`total` is None when unknown); an exception it raises is raised after
+    the run. Bad keys raise ValueError naming them; an unreadable trace OSError.
+    """
+    if sections:
+        base = load_scenario(scenario)
+        for name, values in sections.items():
+            if isinstance(values, Mapping) and isinstance(base.get(name), dict):
+                base[name] = {**base[name], **values}
+            else:
+                base[name] = values
+        scenario = base
+    text, kind = _source(scenario)
+    if cache_size is not None:
+        cache_size = str(cache_size)
+    return SimulationResult(_native.simulate(text, kind, cache_size, progress))
+
+
+class ClusterResult:
+    """A cluster run's result: `json` (the CLI's `cluster.json` text), `raw`, and its
+    tables as DataFrames: `vms`, `nodes`."""
+
+    def __init__(self, text: str):
+        import pandas as pd
+
+        self.json: str = text
+        self.raw: Dict[str, Any] = json.loads(text)
+        self.vms = pd.json_normalize(self.raw.get("vms", []))
+        self.nodes = pd.json_normalize(self.raw.get("nodes", []))
+
+    def __repr__(self) -> str:
+        return f"ClusterResult(nodes={len(self.nodes)}, vms={len(self.vms)})"
+
+
+def simulate_cluster(scenario: ScenarioLike, *, progress: Optional[Progress] = None) -> ClusterResult:
+    """Runs a cluster scenario (`[[node]]` sections, ELICA); `progress(requests, None)`."""
+    return ClusterResult(_native.simulate_cluster(*_source(scenario), progress))

@@ -38,7 +38,13 @@ def load_scenario(scenario: ScenarioLike) -> Dict[str, Any]:
 def working_set_bytes(scenario: ScenarioLike) -> int:
     """Distinct blocks the scenario's inputs touch × its block size (what a cache size
     given as a fraction is a fraction of)."""
-    return _native.working_set_bytes(*_source(scenario))
+    return _native.working_set_bytes(*_source(scenario))[0]
+
+
+def trace_size(scenario: ScenarioLike) -> Tuple[int, int]:
+    """`(working set bytes, requests)` the scenario replays (up to
+    `replay.max_requests`), in one pass over its inputs."""
+    return tuple(_native.working_set_bytes(*_source(scenario)))
 
 
 class SimulationResult:

@@ -36,6 +36,7 @@ mod serve_cmd;
 mod shell_cmd;
 mod simulate_cmd;
 mod status_cmd;
+mod sweep_cmd;
 mod trace_cmd;
 
 use clap::{CommandFactory, Parser, Subcommand};
@@ -57,6 +58,8 @@ enum Cmd {
     Trace(trace_cmd::TraceCmd),
     /// Replay traces through the cache engine in virtual time.
     Simulate(Box<simulate_cmd::SimulateArgs>),
+    /// Run a policy sweep (traces × sizes × policies × parameters) locally or on Ray.
+    Sweep(sweep_cmd::SweepArgs),
     /// Demand estimation: miss-ratio curves, working sets, URD.
     #[command(subcommand)]
     Analyze(analyze_cmd::AnalyzeCmd),
@@ -95,6 +98,7 @@ fn main() {
         Cmd::Trace(c) => trace_cmd::run(c),
         Cmd::Simulate(a) => simulate_cmd::run(*a),
         Cmd::Analyze(c) => analyze_cmd::run(c),
+        Cmd::Sweep(a) => sweep_cmd::run(a),
         Cmd::Experiment(a) => experiment_cmd::run(a),
         Cmd::Guest(a) => guest_cmd::run(a),
         Cmd::Serve(a) => serve_cmd::run(a),

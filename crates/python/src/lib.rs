@@ -35,6 +35,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(simulation::simulate_cluster, m)?)?;
     m.add_function(wrap_pyfunction!(simulation::scenario_json, m)?)?;
     m.add_function(wrap_pyfunction!(simulation::working_set_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(simulation::resolve_cache, m)?)?;
     m.add_function(wrap_pyfunction!(curves::mrc, m)?)?;
     m.add_function(wrap_pyfunction!(curves::allocate, m)?)?;
     m.add_function(wrap_pyfunction!(curves::allocators, m)?)?;

@@ -34,14 +34,18 @@ fn sim_error(e: SimError) -> PyErr {
 
 /// `cache_size` over the scenario's: absolute (`4GiB`) or a fraction of the working set
 /// (`0.01`, `5%`), whole blocks as `simulate --cache-size` resolves it.
-fn set_cache_size(py: Python<'_>, sc: &mut Scenario, size: &str) -> PyResult<()> {
+/// `wss`: the working set when the caller counted it already.
+fn set_cache_size(py: Python<'_>, sc: &mut Scenario, size: &str, wss: Option<u64>) -> PyResult<()> {
     let Some(f) = fraction(size).map_err(|e| value_error(format!("cache_size {e}")))? else {
         sc.cache.size = size.to_string();
         return Ok(());
     };
     let block = cachevisor_trace::units::parse_size(&sc.cache.block_size)
         .map_err(|e| value_error(format!("cache.block_size: {e}")))?;
-    let ws = py.detach(|| cachevisor_sim::working_set::working_set_bytes(sc, &mut |_| {})).map_err(sim_error)?;
+    let ws = match wss {
+        Some(w) => w,
+        None => py.detach(|| cachevisor_sim::working_set::working_set_bytes(sc, &mut |_| {})).map_err(sim_error)?,
+    };
     if ws == 0 {
         return Err(value_error(format!("cache_size {size}: the inputs touch no block (an empty working set)")));
     }
@@ -93,7 +97,7 @@ pub fn simulate(
 ) -> PyResult<String> {
     let mut sc = load(scenario, source)?;
     if let Some(s) = cache_size {
-        set_cache_size(py, &mut sc, &s)?;
+        set_cache_size(py, &mut sc, &s, None)?;
     }
     sc.resolve().map_err(|e| value_error(format!("scenario: {e}")))?;
     let mut cb = Callback::new(progress);
@@ -125,9 +129,32 @@ pub fn scenario_json(scenario: &str, source: &str) -> PyResult<String> {
     serde_json::to_string(&load(scenario, source)?).map_err(value_error)
 }
 
-/// The scenario's working set in bytes: its VMs' distinct blocks × the block size.
+/// The scenario's working set in bytes (its VMs' distinct blocks × the block size) and
+/// the requests it replays (up to `replay.max_requests`): `(wss_bytes, requests)`.
 #[pyfunction]
-pub fn working_set_bytes(py: Python<'_>, scenario: &str, source: &str) -> PyResult<u64> {
+pub fn working_set_bytes(py: Python<'_>, scenario: &str, source: &str) -> PyResult<(u64, u64)> {
     let sc = load(scenario, source)?;
-    py.detach(|| cachevisor_sim::working_set::working_set_bytes(&sc, &mut |_| {})).map_err(sim_error)
+    let mut requests = 0;
+    let wss =
+        py.detach(|| cachevisor_sim::working_set::working_set_bytes(&sc, &mut |n| requests = n)).map_err(sim_error)?;
+    Ok((wss, requests))
+}
+
+/// The cache a run would have, without running it: `(cache bytes, block size)` after
+/// `cache_size` (a fraction resolved against `wss_bytes` when given, else counted).
+#[pyfunction]
+#[pyo3(signature = (scenario, source, cache_size=None, wss_bytes=None))]
+pub fn resolve_cache(
+    py: Python<'_>,
+    scenario: &str,
+    source: &str,
+    cache_size: Option<String>,
+    wss_bytes: Option<u64>,
+) -> PyResult<(u64, u64)> {
+    let mut sc = load(scenario, source)?;
+    if let Some(s) = cache_size {
+        set_cache_size(py, &mut sc, &s, wss_bytes)?;
+    }
+    let r = sc.resolve().map_err(|e| value_error(format!("scenario: {e}")))?;
+    Ok((r.cache.cache_bytes, r.cache.block_size))
 }

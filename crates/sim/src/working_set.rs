@@ -8,7 +8,8 @@ use crate::scenario::Scenario;
 use cachevisor_trace::units::parse_size;
 
 /// Bytes of the distinct blocks (`cache.block_size`) the scenario's inputs touch, per VM
-/// (two VMs' block 0 are two blocks). `progress` sees requests read so far.
+/// (two VMs' block 0 are two blocks). `progress` sees requests read so far, last with
+/// the number read in all.
 pub fn working_set_bytes(sc: &Scenario, progress: &mut dyn FnMut(u64)) -> Result<u64, SimError> {
     let bs = parse_size(&sc.cache.block_size).map_err(|e| SimError::Scenario(format!("cache.block_size: {e}")))?;
     if bs == 0 {
@@ -37,6 +38,7 @@ pub fn working_set_bytes(sc: &Scenario, progress: &mut dyn FnMut(u64)) -> Result
             progress(n);
         }
     }
+    progress(n);
     Ok(seen.iter().map(|m| m.len()).sum::<u64>() * bs)
 }
 

@@ -32,6 +32,8 @@ def mrc(
     method: str = "exact",
     rate: Optional[float] = None,
     max_blocks: Optional[int] = None,
+    seed: int = 0,
+    shards_correction: str = "size-biased",
     kind: str = "all",
     percentile: float = 0.95,
     points: int = 200,

@@ -67,6 +67,8 @@ def mrc(
     method: str = "exact",
     rate: Optional[float] = None,
     max_blocks: Optional[int] = None,
+    seed: int = 0,
+    shards_correction: str = "size-biased",
     kind: str = "all",
     percentile: float = 0.95,
     points: int = 200,
@@ -76,7 +78,9 @@ def mrc(
     """Per-VM LRU miss-ratio curves of `files` (merged by time, each file's VMs).
 
     `method`: `exact` or `shards` (`rate` in (0, 1], or `max_blocks` for fixed-size;
-    rate 0.01 when neither); `kind`: `all`, `read`, `write` or `urd`; `points` sizes per
+    rate 0.01 when neither; `seed` picks SHARDS' hash, i.e. which blocks are sampled);
+    `shards_correction`: `size-biased` or `first-bucket` (FAST'15's SHARDS_adj); `kind`:
+    `all`, `read`, `write` or `urd`; `points` sizes per
     curve; `percentile` for ELICA's and the URD size; `hit_curve_unit` (blocks) adds
     each VM's hit curves for :meth:`MrcResult.demands`. `options` are the trace options
     of :func:`cachevisor.iter_batches`."""
@@ -89,6 +93,8 @@ def mrc(
             method=method,
             rate=rate,
             max_blocks=max_blocks,
+            seed=seed,
+            shards_correction=shards_correction,
             kind=kind,
             percentile=percentile,
             points=points,

@@ -95,6 +95,23 @@ impl DistanceHistogram {
         self.counts[0] += delta;
     }
 
+    /// Adds `other × f` bucket by bucket (first accesses too), at the coarser of the two
+    /// widths; both must be bounded or exact histograms (widths powers of two).
+    pub fn add_scaled(&mut self, other: &DistanceHistogram, f: f64) {
+        debug_assert!(self.horizon.is_none() && other.horizon.is_none());
+        while self.width < other.width {
+            self.coarsen();
+        }
+        for (i, &c) in other.counts.iter().enumerate() {
+            let j = (i as u64 * other.width / self.width) as usize;
+            if j >= self.counts.len() {
+                self.counts.resize(j + 1, 0.0);
+            }
+            self.counts[j] += c * f;
+        }
+        self.cold += other.cold * f;
+    }
+
     /// Reuses (accesses with a finite distance).
     pub fn reuses(&self) -> f64 {
         self.counts.iter().sum()

@@ -21,7 +21,7 @@ pub use online::{Decay, Interval, IntervalProfiler, IntervalRow};
 pub use profile::{Kind, Method, Profiler, VmCurves};
 pub use recs::RecsEstimator;
 pub use reuse_mix::{ReuseMix, ReuseMixTracker};
-pub use shards::Shards;
+pub use shards::{Correction, Shards};
 pub use stack_distance::StackDistance;
 
 /// ELICA's ideal cache size (ELICA §3.2, Eq. 1): (SD + 1) × block size, where SD is a

@@ -14,7 +14,7 @@
 //! (../shared/seeds/eci-cache-abstract.txt); docs/analysis.md states the rule with examples.
 
 use crate::histogram::DistanceHistogram;
-use crate::shards::Shards;
+use crate::shards::{Correction, Shards};
 use crate::stack_distance::StackDistance;
 use cachevisor_trace::{Request, VmId};
 use serde::Serialize;
@@ -79,10 +79,10 @@ enum Estimator {
 }
 
 impl Estimator {
-    fn new(m: Method) -> Self {
+    fn new(m: Method, seed: u64, c: Correction) -> Self {
         let s = |m: Method| match m {
-            Method::ShardsRate { rate } => Shards::fixed_rate(rate),
-            Method::ShardsSize { max_blocks } => Shards::fixed_size(max_blocks),
+            Method::ShardsRate { rate } => Shards::fixed_rate(rate).with_seed(seed).with_correction(c),
+            Method::ShardsSize { max_blocks } => Shards::fixed_size(max_blocks).with_seed(seed).with_correction(c),
             Method::Exact => unreachable!(),
         };
         match m {
@@ -147,6 +147,8 @@ pub struct Profiler {
     block_size: u64,
     method: Method,
     per_kind: bool,
+    seed: u64,
+    correction: Correction,
     vms: Vec<VmCurves>,
 }
 
@@ -154,7 +156,20 @@ impl Profiler {
     /// Profiles at `block_size` bytes (a power of two) with `method`.
     pub fn new(block_size: u64, method: Method) -> Self {
         assert!(block_size.is_power_of_two(), "block size must be a power of two");
-        Profiler { block_size, method, per_kind: true, vms: Vec::new() }
+        Profiler { block_size, method, per_kind: true, seed: 0, correction: Correction::default(), vms: Vec::new() }
+    }
+
+    /// SHARDS' hash seed (0 by default): another seed samples another, equally likely,
+    /// set of blocks, so the spread over seeds shows a sampled curve's error.
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// SHARDS' count correction ([`Correction`]; size-biased by default).
+    pub fn with_correction(mut self, c: Correction) -> Self {
+        self.correction = c;
+        self
     }
 
     /// Only the all-accesses curve (read and write curves stay empty): the cheapest pass.
@@ -176,8 +191,8 @@ impl Profiler {
         }
         let v = r.vm as usize;
         if v >= self.vms.len() {
-            let m = self.method;
-            self.vms.resize_with(v + 1, || VmCurves { est: Estimator::new(m), accesses: [0; 3] });
+            let (m, seed, c) = (self.method, self.seed, self.correction);
+            self.vms.resize_with(v + 1, || VmCurves { est: Estimator::new(m, seed, c), accesses: [0; 3] });
         }
         let write = r.op.is_write();
         let per_kind = self.per_kind;

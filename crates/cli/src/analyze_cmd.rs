@@ -58,6 +58,13 @@ pub struct MrcArgs {
     /// SHARDS fixed-size: most blocks tracked.
     #[arg(long)]
     max_blocks: Option<usize>,
+    /// SHARDS hash seed: another seed samples another, equally likely, set of blocks.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// SHARDS' correction of the sampled count: size-biased (spread over the sample's
+    /// accesses by block popularity) or first-bucket (FAST'15's SHARDS_adj).
+    #[arg(long, default_value = "size-biased", value_parser = |s: &str| s.parse::<cachevisor_analysis::Correction>())]
+    shards_correction: cachevisor_analysis::Correction,
     /// Which accesses the curve counts: all, read, write, or urd (reads, useful reuses).
     #[arg(long, default_value = "all", value_parser = ["all", "read", "write", "urd"])]
     kind: String,
@@ -219,7 +226,7 @@ fn mrc(a: MrcArgs) -> anyhow::Result<()> {
     let opts = MrcOptions::new(&a.kind, a.percentile, a.points).map_err(|e| anyhow::anyhow!("--{e}"))?;
     let m = method(&a)?;
     let mut trace = a.trace.open()?;
-    let mut prof = Profiler::new(a.trace.block_size, m);
+    let mut prof = Profiler::new(a.trace.block_size, m).with_seed(a.seed).with_correction(a.shards_correction);
     drain(&mut trace, &a.trace.files, "profiling", |r| prof.add(r))?;
     let names = trace.vm_names();
     let bs = a.trace.block_size;

@@ -24,7 +24,7 @@ use std::path::PathBuf;
 /// of all accesses and of reads at sizes `0, unit, 2·unit, …` up to its working set
 /// (`hit_curves`: what an allocator reads as `hit_curve` / `read_curve`).
 #[pyfunction]
-#[pyo3(signature = (files, *, format=None, vm_mode=None, skip_bad=false, blkparse_action=None, csv_columns=None, rename=None, block_size=4096, method="exact", rate=None, max_blocks=None, kind="all", percentile=0.95, points=200, hit_curve_unit=None))]
+#[pyo3(signature = (files, *, format=None, vm_mode=None, skip_bad=false, blkparse_action=None, csv_columns=None, rename=None, block_size=4096, method="exact", rate=None, max_blocks=None, seed=0, shards_correction="size-biased", kind="all", percentile=0.95, points=200, hit_curve_unit=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn mrc(
     py: Python<'_>,
@@ -39,6 +39,8 @@ pub fn mrc(
     method: &str,
     rate: Option<f64>,
     max_blocks: Option<usize>,
+    seed: u64,
+    shards_correction: &str,
     kind: &str,
     percentile: f64,
     points: usize,
@@ -54,10 +56,13 @@ pub fn mrc(
     let opts = MrcOptions::new(kind, percentile, points).map_err(value_error)?;
     let ro =
         PyReadOptions { format, vm_mode, skip_bad, blkparse_action, csv_columns, rename: rename.unwrap_or_default() };
+    let c = shards_correction
+        .parse::<cachevisor_analysis::Correction>()
+        .map_err(|e| value_error(format!("shards_correction {e}")))?;
     let mut trace = ro.open(&files, true)?;
     let (prof, n) = py
         .detach(|| {
-            let mut prof = Profiler::new(block_size, m);
+            let mut prof = Profiler::new(block_size, m).with_seed(seed).with_correction(c);
             let mut n = 0u64;
             while let Some(r) = trace.next_request()? {
                 prof.add(&r);

@@ -23,8 +23,8 @@ Each cell is keyed by a digest of what determines its result — the traces' and
 configs' contents, the scenario after the grid's values, the cache size, the package's
 version — so a finished cell (its file under `OUT/cells/`) is never rerun and a resumed
 sweep gives the table an uninterrupted one gives. Before running, each cell's memory and
-time are predicted from its trace's requests and working set (a short calibration run
-per configuration gives the cost per request and the cache's bytes per slot); after it,
+time are predicted from its trace's requests and working set (two short calibration runs
+of the cell give its cost per request, its set-up and the cache's bytes per slot); after it,
 both are measured (peak RSS of the process that ran it alone, wall time) and put beside
 the prediction in the table.
 """
@@ -77,7 +77,7 @@ class Cell:
     params: Dict[str, Any]
     cache_size: Optional[str]
     scenario: Dict[str, Any]
-    # What only the cache size changes: cells sharing it share a calibration.
+    # A digest of everything but the cache size.
     family: str = ""
     predicted: Dict[str, float] = field(default_factory=dict)
 
@@ -240,35 +240,43 @@ def _import_and_measure() -> int:
 
 
 def predict(spec: Spec, cells: Sequence[Cell], progress=None) -> None:
-    """Fills each cell's `predicted` memory (bytes) and time (s): per family (the cells
-    that differ only in cache size) one calibration run on the first 5% of its requests
-    (at least 20,000, at most all) gives seconds per request and cache bytes per slot;
-    a cell's prediction is its requests × that cost, and a fresh process's RSS + its
-    slots × bytes per slot + its working set's share of the read-ahead and index."""
+    """Fills each cell's `predicted` memory (bytes) and time (s) before it runs, from its
+    trace's requests and working set and two short calibration runs of the cell itself
+    (its first n and 2n requests, n = 2.5% of them, at least 10,000): their difference
+    gives the seconds per request, the rest of the first the set-up (allocating the
+    cache's slots); memory is a fresh process's RSS plus the cache's slots × the bytes
+    per slot the calibration's engine reports plus the working set's share of the
+    index. About 7.5% of the sweep's work."""
     from . import _native
 
     base_rss = _baseline_rss()
     sizes: Dict[str, Tuple[int, int]] = {}
-    cal: Dict[str, Tuple[float, float]] = {}
+
+    def timed(sc, n, size):
+        sc = copy.deepcopy(sc)
+        sc["replay"]["max_requests"] = n
+        t0 = time.perf_counter()
+        r = json.loads(_native.simulate(json.dumps(sc), "json", size, None))
+        return time.perf_counter() - t0, r
+
     for i, c in enumerate(cells):
         tkey = json.dumps(c.scenario["trace"], sort_keys=True) + str(c.scenario["replay"].get("max_requests"))
         if tkey not in sizes:
             sizes[tkey] = tuple(_native.working_set_bytes(json.dumps(c.scenario), "json"))
         wss, requests = sizes[tkey]
-        if c.family not in cal:
-            sc = copy.deepcopy(c.scenario)
-            n = min(requests, max(20000, requests // 20))
-            sc["replay"]["max_requests"] = n
-            t0 = time.perf_counter()
-            r = json.loads(_native.simulate(json.dumps(sc), "json", c.cache_size, None))
-            dt = time.perf_counter() - t0
-            cal[c.family] = (dt / max(n, 1), r["engine"]["bytes_per_slot"])
-        per_request, per_slot = cal[c.family]
+        n1 = min(requests, max(10000, requests // 40))
+        t1, r = timed(c.scenario, n1, c.cache_size)
+        if 2 * n1 <= requests:
+            t2, _ = timed(c.scenario, 2 * n1, c.cache_size)
+            per_request = max(t2 - t1, 0.0) / n1 or t2 / (2 * n1)
+            setup = max(t1 - per_request * n1, 0.0)
+        else:
+            per_request, setup = t1 / max(n1, 1), 0.0
         cache_bytes, block = _native.resolve_cache(json.dumps(c.scenario), "json", c.cache_size, wss)
         slots = cache_bytes // block
         c.predicted = {
-            "predicted_time_s": per_request * requests,
-            "predicted_rss_bytes": base_rss + slots * per_slot + (wss // max(block, 1)) * 16,
+            "predicted_time_s": setup + per_request * requests,
+            "predicted_rss_bytes": base_rss + slots * r["engine"]["bytes_per_slot"] + (wss // max(block, 1)) * 16,
         }
         if progress:
             progress(i + 1, len(cells))

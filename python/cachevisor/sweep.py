@@ -290,7 +290,10 @@ class _Bar:
         self.tty = sys.stderr.isatty()
 
     def update(self, done: int) -> None:
-        if not self.enabled or (not self.tty and done < self.total):
+        if not self.enabled:
+            return
+        # Not a terminal (a log): a line at each tenth, not a redraw per cell.
+        if not self.tty and done < self.total and done * 10 // max(self.total, 1) == (done - 1) * 10 // max(self.total, 1):
             return
         w = 30
         fill = int(w * done / max(self.total, 1))
@@ -387,17 +390,23 @@ def _run_local(cells: List[Cell], jobs: Optional[int], _address):
 
 def _run_ray(cells: List[Cell], _jobs, address: str):
     """Each cell a Ray task (one process per task, `max_calls=1`; a task whose worker
-    dies is rerun elsewhere, up to 5 times), scheduled with its predicted memory."""
+    dies is rerun elsewhere, up to 5 times), scheduled with its predicted memory. Every
+    node needs the package installed and the traces at the same paths as here."""
     import ray
 
     ray.init(address=address, log_to_driver=False, ignore_reinit_error=True)
     task = ray.remote(max_calls=1, max_retries=5)(run_cell)
+    # A cell asking for more memory than any node has would wait forever: such a cell
+    # is scheduled without the request (and a warning).
+    node_memory = max((n.get("Resources", {}).get("memory", 0) for n in ray.nodes() if n.get("Alive")), default=0)
     pending = {}
     for c in cells:
         opts = {"num_cpus": 1}
         mem = c.predicted.get("predicted_rss_bytes")
-        if mem:
+        if mem and mem <= node_memory:
             opts["memory"] = int(mem)
+        elif mem:
+            print(f"warning: cell {c.key} ({c.trace}) is predicted to need {mem / 2**30:.1f} GiB, more than any node offers", file=sys.stderr)
         pending[task.options(**opts).remote(_cell_arg(c))] = c
     try:
         while pending:

@@ -4,7 +4,7 @@
 
 use anyhow::Context;
 use cachevisor_server::config::{Config, DEFAULT};
-use cachevisor_server::service;
+use cachevisor_server::{service, systemd};
 use clap::Args;
 use std::path::PathBuf;
 
@@ -30,6 +30,10 @@ pub struct ServeArgs {
     /// range (commented), and exit.
     #[arg(long)]
     pub print_default_config: bool,
+    /// Check the configuration (every key and value) and exit without starting: no file
+    /// is created or opened but the configuration itself (exit 1 naming the key when bad).
+    #[arg(long)]
+    pub check_config: bool,
     /// Drop this vDisk's dirty cached blocks when they cannot go back to the backing store
     /// they belong to (its backing changed, or it left the config). Their data is lost:
     /// only for an image that is gone for good. Repeat for several vDisks.
@@ -72,6 +76,12 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     if a.tcp.is_some() || a.unix.is_some() {
         cfg.listen.tcp = a.tcp.clone();
         cfg.listen.unix = a.unix.clone();
+    }
+    if a.check_config {
+        cfg.resolve().map_err(anyhow::Error::msg)?;
+        let name = a.config.as_ref().map_or("the embedded default config".into(), |p| p.display().to_string());
+        println!("{name}: configuration OK ({} vDisks)", cfg.vdisk.len());
+        return Ok(());
     }
     let opts = cachevisor_server::daemon::StartOptions {
         discard_dirty: a.discard_dirty.clone(),
@@ -135,8 +145,16 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     let mut signals =
         signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]).context("installing signal handlers")?;
+    // Under systemd (`Type=notify`): ready now that every export listens and recovery
+    // is done, and the watchdog fed while the engine loop ticks.
+    let status = format!("serving {} exports", running.daemon.nbd_exports().len());
+    systemd::ready(&status);
+    if let Some(p) = systemd::start_watchdog(running.daemon.clone()) {
+        tracing::info!("systemd watchdog: fed every {:?} while the engine loop runs", p / 2);
+    }
     for sig in signals.forever() {
         if sig == SIGHUP {
+            systemd::reloading();
             // A hang-up (a closed terminal, a reflexive `kill -HUP`) must not stop a cache
             // holding dirty data. The TLS certificates are re-read (renewed ones are used
             // by new connections); nothing else is reloaded from the config file: live
@@ -148,8 +166,10 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
                 }
             }
             tracing::warn!("SIGHUP: the rest of the config is read at start only; change write policies, targets and the allocator through the API (they are kept across restarts)");
+            systemd::ready(&status);
             continue;
         }
+        systemd::stopping();
         tracing::info!(sig, "stopping: fsync and checkpoint");
         running.daemon.shutdown().map_err(|e| anyhow::anyhow!("clean stop: {e}"))?;
         break;

@@ -179,6 +179,9 @@ struct Shared {
     written_back: AtomicU64,
     /// Stopped as a crash would ([`DataPath::halt`]): no device I/O, no metadata written.
     halted: AtomicBool,
+    /// Rounds of the ticker (the engine's timers run under its lock): the watchdog's sign
+    /// that the engine loop is alive (`systemd.rs`).
+    ticks: AtomicU64,
     /// Device calls and commits under way (a halt waits for them).
     busy: AtomicUsize,
     /// Fault injection: the cache-store write at which to fail (counting down; 0 = none).

@@ -27,6 +27,7 @@ pub mod private_files;
 pub mod service;
 pub mod snapshot_files;
 pub mod status;
+pub mod systemd;
 pub mod tls;
 pub mod tls_authz;
 pub mod tls_chain_only;

@@ -150,6 +150,7 @@ impl Shared {
             }
             self.pump(&mut core);
             self.unlock(core);
+            self.ticks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
 }

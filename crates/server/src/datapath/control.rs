@@ -391,6 +391,12 @@ impl DataPath {
         self.shared.commit_failures.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Rounds the ticker ran (the engine's timers under its lock, every 20 ms): it stops
+    /// when the engine loop is stuck or the data path halted.
+    pub fn ticks(&self) -> u64 {
+        self.shared.ticks.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Whether [`Self::halt`] ran.
     pub fn halted(&self) -> bool {
         self.shared.halted.load(SeqCst)

@@ -69,6 +69,7 @@ impl DataPath {
             threads: threads.max(1),
             written_back: Default::default(),
             halted: Default::default(),
+            ticks: Default::default(),
             busy: Default::default(),
             fail_ssd_write_in: Default::default(),
             read_delay_us: Default::default(),

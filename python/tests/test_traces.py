@@ -78,3 +78,36 @@ def test_bad_arguments_name_themselves(tmp_path, traces):
         cv.read_trace(traces / "tpcc-small.mqsim.txt", vm_mode="disk")
     with pytest.raises(ValueError, match="no trace files"):
         cv.read_trace([])
+
+
+def test_one_reader_shared_by_two_threads_never_deadlocks(traces):
+    import threading
+
+    from cachevisor._native import TraceReader
+
+    r = TraceReader([str(traces / "cloudPhysicsIO.vscsi")])
+    rows, refused = [], []
+
+    def reader():
+        while True:
+            try:
+                b = r.read_batch(2000)
+            except RuntimeError:
+                refused.append(1)
+                continue
+            if b["rows"] == 0:
+                return
+            rows.append(b["rows"])
+
+    threads = [threading.Thread(target=reader) for _ in range(2)]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):
+        try:
+            r.vm_names()
+        except RuntimeError:
+            refused.append(1)
+    for t in threads:
+        t.join(timeout=60)
+        assert not t.is_alive(), "deadlocked"
+    assert sum(rows) == 113872, "every request read exactly once"

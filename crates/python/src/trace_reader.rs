@@ -5,6 +5,7 @@
 
 use crate::read_options::PyReadOptions;
 use cachevisor_trace::{MergedTrace, Op};
+use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use std::collections::HashMap;
@@ -71,7 +72,7 @@ impl TraceReader {
         if let Some(e) = self.pending.take() {
             return Err(crate::trace_error(e));
         }
-        let mut guard = self.lock();
+        let mut guard = self.lock()?;
         let trace = guard.as_mut().ok_or_else(|| crate::value_error("the reader is closed"))?;
         let (cols, err) = py.detach(|| {
             let mut c = Columns::default();
@@ -116,8 +117,8 @@ impl TraceReader {
     }
 
     /// VM names so far, indexed by the `vm` column (complete once the trace is read).
-    fn vm_names(&self) -> Vec<String> {
-        self.lock().as_ref().map_or_else(Vec::new, |t| t.vm_names().to_vec())
+    fn vm_names(&self) -> PyResult<Vec<String>> {
+        Ok(self.lock()?.as_ref().map_or_else(Vec::new, |t| t.vm_names().to_vec()))
     }
 
     /// Requests returned so far.
@@ -127,25 +128,36 @@ impl TraceReader {
     }
 
     /// Per input file: `(file, requests, skipped_bad, first_bad)`.
-    fn counts(&self) -> Vec<(String, u64, u64, Option<String>)> {
-        let guard = self.lock();
-        let Some(t) = guard.as_ref() else { return Vec::new() };
-        self.files
+    fn counts(&self) -> PyResult<Vec<(String, u64, u64, Option<String>)>> {
+        let guard = self.lock()?;
+        let Some(t) = guard.as_ref() else { return Ok(Vec::new()) };
+        Ok(self
+            .files
             .iter()
             .zip(t.counts())
             .map(|(f, c)| (f.display().to_string(), c.requests, c.skipped_bad, c.first_bad.map(|l| l.to_string())))
-            .collect()
+            .collect())
     }
 
     /// Closes the files.
-    fn close(&mut self) {
-        *self.lock() = None;
+    fn close(&mut self) -> PyResult<()> {
+        *self.lock()? = None;
+        Ok(())
     }
 }
 
 impl TraceReader {
-    fn lock(&self) -> MutexGuard<'_, Option<MergedTrace>> {
-        // A panic while reading poisons the lock; the trace is then closed anyway.
-        self.trace.lock().unwrap_or_else(|p| p.into_inner())
+    /// The trace, if no other thread is reading it: `read_batch` holds the lock with the
+    /// GIL released, so a second thread waiting for it here with the GIL held would
+    /// deadlock the two; it gets `RuntimeError` instead.
+    fn lock(&self) -> PyResult<MutexGuard<'_, Option<MergedTrace>>> {
+        match self.trace.try_lock() {
+            Ok(g) => Ok(g),
+            // A panic while reading poisons the lock; the trace is still usable or closed.
+            Err(std::sync::TryLockError::Poisoned(p)) => Ok(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                Err(PyRuntimeError::new_err("this TraceReader is being read by another thread"))
+            }
+        }
     }
 }

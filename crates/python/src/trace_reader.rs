@@ -12,6 +12,9 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 
+/// Per input: file, requests, skipped malformed records, where the first was.
+type InputCounts = (String, u64, u64, Option<String>);
+
 /// A merged trace read in column batches.
 #[pyclass(module = "cachevisor._native")]
 pub struct TraceReader {
@@ -128,7 +131,7 @@ impl TraceReader {
     }
 
     /// Per input file: `(file, requests, skipped_bad, first_bad)`.
-    fn counts(&self) -> PyResult<Vec<(String, u64, u64, Option<String>)>> {
+    fn counts(&self) -> PyResult<Vec<InputCounts>> {
         let guard = self.lock()?;
         let Some(t) = guard.as_ref() else { return Ok(Vec::new()) };
         Ok(self

@@ -23,9 +23,10 @@ def _source(scenario: ScenarioLike) -> Tuple[str, str]:
     if isinstance(scenario, os.PathLike):
         return os.fspath(scenario), "file"
     if isinstance(scenario, str):
-        if "\n" in scenario or "=" in scenario or scenario.lstrip().startswith("["):
-            return scenario, "toml"
-        return scenario, "file"
+        # An existing file is a file even when its path has `=` in it (`runs/size=5%/s.toml`).
+        if os.path.isfile(scenario) or not ("\n" in scenario or "=" in scenario or scenario.lstrip().startswith("[")):
+            return scenario, "file"
+        return scenario, "toml"
     raise TypeError(f"scenario: expected a path, TOML text or a dict, not {type(scenario).__name__}")
 
 

@@ -35,6 +35,7 @@ import argparse
 import concurrent.futures as cf
 import copy
 import hashlib
+import itertools
 import json
 import multiprocessing
 import os
@@ -167,8 +168,6 @@ def load_spec(path: os.PathLike) -> Spec:
     version = _native.__version__
     digests: Dict[str, str] = {}
     cells = []
-    import itertools
-
     for label, files in traces:
         for combo in itertools.product(*(grid[k] for k in keys)):
             sc = copy.deepcopy(base)

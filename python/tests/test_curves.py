@@ -110,3 +110,48 @@ def test_the_cluster_solvers_agree_and_meet_the_constraints():
         cv.solve_cluster([2], [(0, [0, 1])], {"ssd_local_us": 1, "ssd_remote_us": 1, "network_us": 1})
     with pytest.raises(ValueError, match="home node 3"):
         cv.solve_cluster([2], [(3, [0, 1])], LAT)
+
+
+def test_sizes_and_counts_from_python_are_bounded_where_they_enter(zipf):
+    from cachevisor import _native
+
+    steps, node_units, exact_units = 1 << 20, 1 << 16, 4096
+    # allocate: at most 2^20 steps of the unit.
+    assert len(cv.allocate("static", steps, [{}, {}])["targets"]) == 2
+    with pytest.raises(ValueError, match="steps"):
+        cv.allocate("static", steps + 1, [{}])
+    with pytest.raises(ValueError, match="unit"):
+        cv.allocate("static", 10, [{}], unit=0)
+    with pytest.raises(OverflowError):
+        cv.allocate("static", 2**64, [{}])
+    # solve_cluster: nodes, units per node, the exact solver's whole cluster.
+    assert cv.solve_cluster([node_units], [(0, [0, 0.5])], LAT, solver="fast")["local"] == [1]
+    with pytest.raises(ValueError, match="capacity\\[0\\]"):
+        cv.solve_cluster([node_units + 1], [(0, [0, 0.5])], LAT, solver="fast")
+    assert cv.solve_cluster([exact_units], [(0, [0, 0.5])], LAT)["local"] == [1]
+    with pytest.raises(ValueError, match="exact solver"):
+        cv.solve_cluster([exact_units, 1], [(0, [0, 0.5])], LAT)
+    with pytest.raises(ValueError, match="nodes"):
+        cv.solve_cluster([], [], LAT)
+    with pytest.raises(OverflowError):
+        cv.solve_cluster([2**64], [(0, [0, 0.5])], LAT)
+    # mrc: points, block size, the hit-curve unit.
+    assert len(cv.mrc(zipf, points=1).curves) == 2
+    with pytest.raises(ValueError, match="points 0"):
+        cv.mrc(zipf, points=0)
+    with pytest.raises(ValueError, match="points 1000001"):
+        cv.mrc(zipf, points=1_000_001)
+    with pytest.raises(ValueError, match="block_size"):
+        cv.mrc(zipf, block_size=3000)
+    with pytest.raises(ValueError, match="hit_curve_unit"):
+        cv.mrc(zipf, hit_curve_unit=0)
+    with pytest.raises(OverflowError):
+        _native.mrc([str(zipf)], points=-1)
+
+
+def test_a_scenario_path_with_an_equals_sign_is_a_file(tmp_path, traces):
+    d = tmp_path / "size=5%"
+    d.mkdir()
+    f = d / "s.toml"
+    f.write_text(f'[cache]\nsize = "16MiB"\n[trace]\nfiles = ["{traces / "tpcc-small.mqsim.txt"}"]\n')
+    assert cv.simulate(str(f)).raw["total"]["requests"] == 6999

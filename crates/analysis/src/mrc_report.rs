@@ -7,6 +7,9 @@
 use crate::{elica_ideal_bytes, CurvePoint, Kind, Method, Profiler};
 use serde::Serialize;
 
+/// Most points a curve is reported at.
+pub const MAX_POINTS: usize = 1_000_000;
+
 /// Which curve to report and how finely.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MrcOptions {
@@ -33,8 +36,8 @@ impl MrcOptions {
         if !(0.0..=1.0).contains(&percentile) {
             return Err(format!("percentile {percentile}: must be in [0, 1]"));
         }
-        if points == 0 {
-            return Err("points must be at least 1".into());
+        if points == 0 || points > MAX_POINTS {
+            return Err(format!("points {points}: expected 1 to {MAX_POINTS}"));
         }
         Ok(MrcOptions { kind, kind_name, percentile, points })
     }
@@ -179,6 +182,8 @@ mod tests {
         assert!(MrcOptions::new("reads", 0.9, 10).unwrap_err().contains("reads"));
         assert!(MrcOptions::new("all", 1.5, 10).unwrap_err().contains("1.5"));
         assert!(MrcOptions::new("all", 0.5, 0).is_err());
+        assert!(MrcOptions::new("all", 0.5, MAX_POINTS).is_ok());
+        assert!(MrcOptions::new("all", 0.5, MAX_POINTS + 1).unwrap_err().contains("1000001"));
         assert_eq!(MrcOptions::new("urd", 0.5, 1).unwrap().kind, Kind::Read);
     }
 }

@@ -115,6 +115,14 @@ fn names_of(files: &[PathBuf]) -> String {
     files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", ")
 }
 
+/// Most steps of `unit` an allocation pool may have (`allocate`).
+pub const MAX_STEPS: u64 = 1 << 20;
+/// Most units a node's cache may have in `solve_cluster`, and most nodes.
+pub const MAX_NODE_UNITS: u64 = 1 << 16;
+pub const MAX_NODES: usize = 1024;
+/// Most units of the whole cluster for the exact solver (its pool table spans them).
+pub const MAX_EXACT_UNITS: u64 = 4096;
+
 /// The registry's allocator names.
 #[pyfunction]
 pub fn allocators() -> Vec<&'static str> {
@@ -181,6 +189,13 @@ pub fn allocate(
     if unit == 0 {
         return Err(value_error("unit must be at least 1 block"));
     }
+    // The allocators work on the pool in steps of `unit` (their tables grow with the steps).
+    if capacity / unit > MAX_STEPS {
+        return Err(value_error(format!(
+            "capacity {capacity} is {} steps of unit {unit}: at most {MAX_STEPS} (use a larger unit)",
+            capacity / unit
+        )));
+    }
     let demands = vms.iter().enumerate().map(|(i, d)| demand(i, d)).collect::<PyResult<Vec<_>>>()?;
     let used: u64 = demands.iter().map(|d| d.used_blocks).sum();
     let pool = Pool { capacity, unit, free_blocks: capacity.saturating_sub(used) };
@@ -208,6 +223,18 @@ pub fn solve_cluster(
         network_us: lat("network_us")?,
         hdd_us: lat("hdd_us")?,
     };
+    if capacity.is_empty() || capacity.len() > MAX_NODES {
+        return Err(value_error(format!("capacity: {} nodes, expected 1 to {MAX_NODES}", capacity.len())));
+    }
+    if let Some((i, c)) = capacity.iter().enumerate().find(|(_, &c)| c > MAX_NODE_UNITS) {
+        return Err(value_error(format!("capacity[{i}] = {c} units: at most {MAX_NODE_UNITS} (use a larger unit)")));
+    }
+    let total: u64 = capacity.iter().sum();
+    if solver == Solver::Exact && total > MAX_EXACT_UNITS {
+        return Err(value_error(format!(
+            "the exact solver is for small clusters: {total} units in all, at most {MAX_EXACT_UNITS} (use fast or ilp)"
+        )));
+    }
     if let Some(k) =
         latencies.keys().find(|k| !["ssd_local_us", "ssd_remote_us", "network_us", "hdd_us"].contains(&k.as_str()))
     {
@@ -216,6 +243,9 @@ pub fn solve_cluster(
     for (i, (home, curve)) in vms.iter().enumerate() {
         if *home as usize >= capacity.len() {
             return Err(value_error(format!("vms[{i}]: home node {home} of {} nodes", capacity.len())));
+        }
+        if curve.len() as u64 > MAX_NODE_UNITS * capacity.len() as u64 + 1 {
+            return Err(value_error(format!("vms[{i}]: {} points, more than the cluster's units + 1", curve.len())));
         }
         if curve.iter().any(|h| !(0.0..=1.0).contains(h)) {
             return Err(value_error(format!("vms[{i}]: hit ratios must be in [0, 1]")));

@@ -491,6 +491,7 @@ def _plots(spec: Spec, total) -> List[str]:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:
         return ["<p>(matplotlib is not installed: no plots)</p>"]
     import base64
@@ -502,10 +503,15 @@ def _plots(spec: Spec, total) -> List[str]:
         lines = t.groupby(spec.grid_keys, sort=False) if spec.grid_keys else [("all", t)]
         for name, g in lines:
             g = g.sort_values("cache_bytes")
-            ax.plot(g["cache_bytes"] / 2**20, g[spec.metric], marker="o", label=str(name))
+            values = name if isinstance(name, tuple) else (name,)
+            label = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in zip(spec.grid_keys, values)) or "all"
+            ax.plot(g["cache_bytes"] / 2**20, g[spec.metric], marker="o", label=label)
         ax.set(title=trace, xlabel="cache (MiB)", ylabel=spec.metric)
         if len(t["cache_bytes"].unique()) > 2:
             ax.set_xscale("log")
+            plain = matplotlib.ticker.FuncFormatter(lambda x, _: f"{x:g}")
+            ax.xaxis.set_major_formatter(plain)
+            ax.xaxis.set_minor_formatter(plain)
         ax.legend(fontsize="small")
         fig.tight_layout()
         buf = io.BytesIO()

@@ -146,6 +146,54 @@ fn an_inactive_persistent_vssd_is_swapped_out_for_space_and_its_bytes_come_back(
     assert!(back == data, "db's bytes after swap-out, crash and swap-in");
 }
 
+/// The CI failure of 2026-12-01 (a restarted persistent vSSD lost six swapped-in blocks
+/// under a shared budget): the allocator shared out a cap the budget had decided while
+/// the vSSD was stopped (0 blocks), set its target to 0 and asked for the data swapped
+/// back in; the guest missed the deadline and the host took the blocks. An allocator now
+/// waits for a cap decided for the vSSDs that run, and the region's blocks stay put.
+#[test]
+fn an_allocator_never_shares_out_a_cap_decided_for_other_running_vssds() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = start(dir.path());
+    // Decided while nothing ran: 0 blocks.
+    s.set_capacity_for(0, Vec::new());
+    let db = s.register("db", 4, 4, true).unwrap();
+    valid(&s, "db", 4);
+    let data = pattern(5, 4 << 20);
+    s.write(db, 0, &data).unwrap();
+    let (_, mut at) = s.events(0, Duration::ZERO);
+    let shares = [(db, Default::default())].into_iter().collect();
+    s.start_allocation("symflex-weighted", Duration::from_millis(10), shares).unwrap();
+    // Many intervals and a whole deflate grace (300 ms) later, nothing was asked for.
+    let quiet = |s: &VssdService, at: &mut u64, ms: u64| {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(ms) {
+            let (ev, next) = s.events(*at, Duration::from_millis(50));
+            *at = next;
+            let asked = ev.iter().find(|e| matches!(e, Event::DeflateRequested { blocks, .. } if *blocks > 0));
+            assert!(asked.is_none(), "the allocator asked for blocks with a stale cap: {asked:?}");
+        }
+    };
+    quiet(&s, &mut at, 500);
+    let mut back = vec![0u8; 4 << 20];
+    s.read(db, 0, &mut back).unwrap();
+    assert!(back == data, "db's bytes");
+    // Undecided (the daemon starting): the same.
+    s.set_capacity_undecided(8);
+    quiet(&s, &mut at, 200);
+    // Decided for db at 2 blocks: now the allocator asks for 2 back.
+    s.set_capacity_for(2, vec![db]);
+    let t = Instant::now();
+    loop {
+        let (ev, next) = s.events(at, Duration::from_millis(100));
+        at = next;
+        if ev.iter().any(|e| matches!(e, Event::DeflateRequested { id, blocks: 2, .. } if *id == db)) {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "the allocator never used the cap decided for db");
+    }
+}
+
 /// Serves vSSD `id` of `size` bytes as NBD export "vm0" on a loopback port, one
 /// connection after another; returns the port.
 fn serve_vssd(s: Arc<VssdService>, id: u32, size: u64) -> u16 {

@@ -141,7 +141,18 @@ impl Daemon {
 impl Drop for Daemon {
     fn drop(&mut self) {
         self.kill9();
+        if std::thread::panicking() {
+            print_log_tail("the daemon", &self.log());
+        }
     }
+}
+
+/// Prints the last lines of a daemon's log to stderr (a failing test's output then says
+/// what the daemon did, in CI where its files are gone).
+pub fn print_log_tail(who: &str, log: &str) {
+    let lines: Vec<&str> = log.lines().collect();
+    let tail = &lines[lines.len().saturating_sub(80)..];
+    eprintln!("--- {who}'s log, last {} of {} lines ---\n{}\n---", tail.len(), lines.len(), tail.join("\n"));
 }
 
 fn wait_for(c: &mut Child, within: Duration) -> Option<ExitStatus> {
@@ -328,6 +339,9 @@ impl NsDaemon {
 
 impl Drop for NsDaemon {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            print_log_tail("the namespace daemon", &self.log());
+        }
         let _ = Command::new("kill").args(["-KILL", &self.pid.to_string()]).stderr(Stdio::null()).status();
     }
 }

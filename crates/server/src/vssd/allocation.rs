@@ -114,9 +114,13 @@ fn step(
     alloc: &mut dyn Allocator,
     (since, served_then): (Instant, BTreeMap<VssdId, u64>),
 ) -> (Instant, BTreeMap<VssdId, u64>) {
+    let vssds = svc.running_vssds();
+    let ids: Vec<VssdId> = vssds.iter().map(|&(id, _)| id).collect();
+    // A shared budget's split not decided for these vSSDs yet (one just started or
+    // stopped): this interval waits, and the next measures over both.
+    let Some(capacity) = svc.capacity_for(&ids) else { return (since, served_then) };
     let secs = since.elapsed().as_secs_f64().max(1e-3);
     let now = Instant::now();
-    let vssds = svc.running_vssds();
     let served: BTreeMap<VssdId, u64> = vssds.iter().map(|&(id, _)| (id, svc.served(id))).collect();
     let (mut demands, mut ids) = (Vec::new(), Vec::new());
     for &(id, max) in &vssds {
@@ -136,8 +140,7 @@ fn step(
         ids.push((id, max));
     }
     if !demands.is_empty() {
-        let capacity = u64::from(svc.region_blocks());
-        let pool = Pool { capacity, unit: 1, free_blocks: u64::from(svc.free_blocks()) };
+        let pool = Pool { capacity: u64::from(capacity), unit: 1, free_blocks: u64::from(svc.free_blocks()) };
         let mut targets = alloc.allocate(&pool, &demands).targets;
         at_least_one_block(&mut targets);
         for (&(id, max), &t) in ids.iter().zip(&targets) {

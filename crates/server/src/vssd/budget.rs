@@ -79,6 +79,8 @@ pub fn withhold_at_start(svc: &VssdService, dp: &DataPath, runs: Runs) -> Result
 /// Decides the region's cap: `vssd.size`, or with a vSSD allocator running, its split of
 /// the SSD with the host cache ([`super::split`]).
 struct Cap {
+    /// Whether an allocator splits the SSD (else the cap is `size_cap`).
+    split: bool,
     total: u32,
     size_cap: u32,
     interval: Duration,
@@ -90,10 +92,30 @@ struct Cap {
 }
 
 impl Cap {
-    /// The cap now; the proportional split moves once per allocation interval.
-    fn now(&mut self, svc: &VssdService) -> u32 {
-        let (Some(a), Some(cache)) = (svc.allocation(), svc.cache_side()) else { return self.size_cap };
+    /// Sets the cap now (`svc.set_capacity…`), with the running vSSDs it was decided
+    /// for; the proportional split moves once per allocation interval. While the split's
+    /// inputs are not all there yet (the daemon is starting), it stays undecided.
+    fn set(&mut self, svc: &VssdService) {
+        if !self.split {
+            return svc.set_capacity(self.size_cap);
+        }
+        let (Some(a), Some(cache)) = (svc.allocation(), svc.cache_side()) else {
+            return svc.set_capacity_undecided(self.size_cap);
+        };
         let running = svc.running_vssds();
+        let ids = running.iter().map(|&(id, _)| id).collect();
+        let cap = self.decide(svc, a, cache, &running);
+        svc.set_capacity_for(cap, ids);
+    }
+
+    /// The split for `running` (see [`Self::set`]).
+    fn decide(
+        &mut self,
+        svc: &VssdService,
+        a: &super::allocation::Allocation,
+        cache: super::service::CacheSide,
+        running: &[(cachevisor_vssd::VssdId, u32)],
+    ) -> u32 {
         let shares: Vec<_> = running.iter().map(|&(id, _)| a.share(id)).collect();
         let inside = svc.inside_count();
         let mut vssds = Side {
@@ -136,17 +158,18 @@ impl Cap {
 
 /// Starts the loop (see the top comment) for `svc`'s shared region of `total` blocks
 /// over `dp`'s cache; `size_cap` is the most blocks the region may hold, `interval` how
-/// often a proportional split measures and moves.
+/// often a proportional split measures and moves, `split` whether an allocator splits
+/// the SSD between the region and the cache.
 pub fn start(
     svc: Arc<VssdService>,
     dp: Arc<DataPath>,
     runs: Runs,
-    total: u32,
-    size_cap: u32,
+    (total, size_cap): (u32, u32),
     interval: Duration,
+    split: bool,
 ) -> Result<(), String> {
-    svc.set_capacity(size_cap);
     let mut cap = Cap {
+        split,
         total,
         size_cap,
         interval,
@@ -154,13 +177,14 @@ pub fn start(
         decided: None,
         window: (Instant::now(), 0, 0),
     };
+    cap.set(&svc);
     std::thread::Builder::new()
         .name("cv-vssd-budget".into())
         .spawn(move || {
             let mut emptying = BTreeSet::new();
             while !svc.halted() && !dp.halted() {
-                let cap = cap.now(&svc);
-                svc.set_capacity(cap);
+                cap.set(&svc);
+                let cap = svc.region_blocks();
                 if let Err(e) = step(&svc, &dp, runs, cap, &mut emptying) {
                     tracing::warn!(%e, "vSSD budget");
                 }

@@ -55,11 +55,29 @@ pub struct VssdService {
     /// The allocator, when one runs.
     allocation: std::sync::OnceLock<Arc<super::allocation::Allocation>>,
     /// The most blocks the region may hold (all of them, or a shared region's cap).
-    capacity: std::sync::atomic::AtomicU32,
+    capacity: Mutex<Capacity>,
     /// Blocks whose `Yield` is durable, for the budget to give back to the cache.
     yielded: std::sync::Mutex<Vec<cachevisor_vssd::Pbn>>,
     /// The cache side's claim, when a shared budget splits the SSD with it.
     cache_side: std::sync::OnceLock<Box<dyn Fn() -> CacheSide + Send + Sync>>,
+}
+
+/// The most blocks the region may hold, and for which running vSSDs it was decided.
+#[derive(Debug, Clone, PartialEq)]
+struct Capacity {
+    blocks: u32,
+    decided_for: DecidedFor,
+}
+
+/// Which running vSSDs a region's capacity holds for.
+#[derive(Debug, Clone, PartialEq)]
+enum DecidedFor {
+    /// Whatever runs (the whole region, or `vssd.size`).
+    Any,
+    /// Those that ran when a shared budget split the SSD (ascending ids).
+    Running(Vec<VssdId>),
+    /// None yet: a shared budget's split is not decided (the daemon is starting).
+    NotYet,
 }
 
 /// What the host-managed cache claims of a budget it shares with the vSSD region.
@@ -101,7 +119,7 @@ impl VssdService {
             driver: Mutex::new(None),
             io: IoPool::new(IO_THREADS_PER_CPU * std::thread::available_parallelism().map_or(2, |n| n.get())),
             allocation: Default::default(),
-            capacity: std::sync::atomic::AtomicU32::new(config.geometry.blocks),
+            capacity: Mutex::new(Capacity { blocks: config.geometry.blocks, decided_for: DecidedFor::Any }),
             yielded: Default::default(),
             cache_side: Default::default(),
         });
@@ -381,9 +399,45 @@ impl VssdService {
             .collect()
     }
 
-    /// Blocks in the region.
+    /// The most blocks the region may hold now (the metric).
     pub fn region_blocks(&self) -> u32 {
-        self.capacity.load(std::sync::atomic::Ordering::Relaxed)
+        self.capacity.lock().unwrap_or_else(|p| p.into_inner()).blocks
+    }
+
+    /// The most blocks the region may hold when `running` are the vSSDs that run, or
+    /// `None` when the shared budget last decided it for other vSSDs (one started or
+    /// stopped since, and its split is not decided yet). An allocator sharing out a
+    /// figure decided before a persistent vSSD started would set its target to 0 and
+    /// ask it for the data just swapped back in — the guest that misses the deadline
+    /// loses those blocks.
+    pub fn capacity_for(&self, running: &[VssdId]) -> Option<u32> {
+        let c = self.capacity.lock().unwrap_or_else(|p| p.into_inner());
+        match &c.decided_for {
+            DecidedFor::Any => Some(c.blocks),
+            DecidedFor::Running(set) => (set.as_slice() == running).then_some(c.blocks),
+            DecidedFor::NotYet => None,
+        }
+    }
+
+    fn set_cap(&self, blocks: u32, decided_for: DecidedFor) {
+        *self.capacity.lock().unwrap_or_else(|p| p.into_inner()) = Capacity { blocks, decided_for };
+    }
+
+    /// Caps the blocks the region may hold, whatever runs.
+    pub fn set_capacity(&self, blocks: u32) {
+        self.set_cap(blocks, DecidedFor::Any);
+    }
+
+    /// Caps the blocks a shared region may hold, decided for the running vSSDs `running`
+    /// (ascending ids, as [`Self::running_vssds`] lists them).
+    pub fn set_capacity_for(&self, blocks: u32, running: Vec<VssdId>) {
+        self.set_cap(blocks, DecidedFor::Running(running));
+    }
+
+    /// At most `blocks`, with the split between the region and the cache not decided
+    /// yet: no allocator shares it out until it is.
+    pub fn set_capacity_undecided(&self, blocks: u32) {
+        self.set_cap(blocks, DecidedFor::NotYet);
     }
 
     /// Gives a shared budget the cache side's claim (read every look).
@@ -404,11 +458,6 @@ impl VssdService {
     /// Blocks a shared region holds now (granted and not yielded).
     pub fn inside_count(&self) -> u32 {
         lock(&self.inner).m.region_blocks()
-    }
-
-    /// Caps the blocks a shared region may hold (what the allocator shares out).
-    pub fn set_capacity(&self, blocks: u32) {
-        self.capacity.store(blocks, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// A shared region's budget: (blocks in the region, blocks its vSSDs lack beyond its

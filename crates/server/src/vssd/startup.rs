@@ -81,7 +81,8 @@ pub fn start(
         let runs = super::budget::Runs { slots_per_block: (geometry.block_bytes / cache_block) as u32 };
         let started = super::budget::withhold_at_start(&svc, dp, runs).and_then(|()| {
             let interval = std::time::Duration::from_nanos(plan.interval_ns);
-            super::budget::start(svc.clone(), dp.clone(), runs, geometry.blocks, plan.geometry.blocks, interval)
+            let sizes = (geometry.blocks, plan.geometry.blocks);
+            super::budget::start(svc.clone(), dp.clone(), runs, sizes, interval, plan.allocator.is_some())
         });
         if let Err(e) = started {
             svc.halt();

@@ -2,7 +2,7 @@
 //! all) back to the backing stores, and follows the job with a progress bar until it ends.
 
 use crate::progress::Progress;
-use anyhow::{bail, Context};
+use anyhow::bail;
 use cachevisor_trace::units::format_size;
 use clap::Args;
 use std::path::PathBuf;
@@ -10,6 +10,7 @@ use std::time::Duration;
 
 /// Arguments of `destage`.
 #[derive(Debug, Args)]
+#[command(after_help = crate::exit_status::HELP)]
 pub struct DestageArgs {
     #[command(flatten)]
     pub api: crate::api_target::ApiArgs,
@@ -51,11 +52,7 @@ pub fn run(a: DestageArgs) -> anyhow::Result<()> {
     match api.post(&path).set("Authorization", &format!("Bearer {token}")).call() {
         Ok(_) => {}
         Err(ureq::Error::Status(409, _)) => eprintln!("a destage job is already running: following it"),
-        Err(ureq::Error::Status(code, r)) => bail!("{url}: {code}: {}", r.into_string().unwrap_or_default()),
-        Err(e) => {
-            return Err(e)
-                .with_context(|| format!("asking {url} (is `cachevisor serve` running with an [api] section?)"))
-        }
+        Err(e) => return Err(crate::exit_status::api_error(&url, e)),
     }
     if a.no_wait {
         println!("destage started");
@@ -64,7 +61,8 @@ pub fn run(a: DestageArgs) -> anyhow::Result<()> {
     let progress_url = api.url("/destage");
     let mut bar = Progress::new("destaging blocks");
     let job = loop {
-        let j: Job = api.get("/destage").call().with_context(|| format!("asking {progress_url}"))?.into_json()?;
+        let j: Job =
+            api.get("/destage").call().map_err(|e| crate::exit_status::api_error(&progress_url, e))?.into_json()?;
         bar.update(j.done_blocks, Some(j.total_blocks));
         if !j.running {
             break j;

@@ -19,8 +19,10 @@ mod bench_sim_process;
 mod bench_vhost;
 mod bench_vssd;
 mod bundled;
+mod check_cmd;
 mod demo_cmd;
 mod destage_cmd;
+mod exit_status;
 mod experiment_cmd;
 mod experiment_persist;
 mod experiment_vssd;
@@ -32,6 +34,7 @@ mod guest_workload;
 mod input_args;
 mod prewarm_cmd;
 mod progress;
+mod reload_cmd;
 mod serve_cmd;
 mod shell_cmd;
 mod simulate_cmd;
@@ -71,6 +74,10 @@ enum Cmd {
     Destage(destage_cmd::DestageArgs),
     /// Prewarm a running daemon's cache from snapshots, or follow a prewarm, with progress.
     Prewarm(prewarm_cmd::PrewarmArgs),
+    /// Make a running daemon re-read its configuration file and apply what changed.
+    Reload(reload_cmd::ReloadArgs),
+    /// Check a cache's metadata offline: what a start would recover, or why it would refuse.
+    Check(check_cmd::CheckArgs),
     /// Run SymFlex's guest-side cache manager on a vSSD with a workload (hit ratio per interval).
     Guest(guest_cmd::GuestArgs),
     /// Reproduce the seeds' experiments and write HTML reports.
@@ -105,12 +112,14 @@ fn main() {
         Cmd::Status(a) => status_cmd::run(a),
         Cmd::Destage(a) => destage_cmd::run(a),
         Cmd::Prewarm(a) => prewarm_cmd::run(a),
+        Cmd::Reload(a) => reload_cmd::run(a),
+        Cmd::Check(a) => check_cmd::run(a),
         Cmd::Bench(c) => bench_cmd::run(c),
         Cmd::Completions { shell } => shell_cmd::completions(shell, Cli::command()),
         Cmd::Man { out } => shell_cmd::man(out, Cli::command()),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");
-        std::process::exit(1);
+        std::process::exit(exit_status::code_of(&e));
     }
 }

@@ -3,7 +3,7 @@
 //! progress bar until it ends. `serve --prewarm-from DIR` starts one at the daemon's start.
 
 use crate::progress::Progress;
-use anyhow::{bail, Context};
+use anyhow::bail;
 use cachevisor_trace::units::format_size;
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
@@ -11,6 +11,7 @@ use std::time::Duration;
 
 /// Arguments of `prewarm`.
 #[derive(Debug, Args)]
+#[command(after_help = crate::exit_status::HELP)]
 pub struct PrewarmArgs {
     #[command(subcommand)]
     pub cmd: PrewarmCmd,
@@ -67,19 +68,11 @@ pub fn run(a: PrewarmArgs) -> anyhow::Result<()> {
         match api.post("/prewarm").set("Authorization", &format!("Bearer {token}")).send_json(body) {
             Ok(_) => {}
             Err(ureq::Error::Status(409, _)) => eprintln!("a prewarm is already running: following it"),
-            Err(ureq::Error::Status(code, r)) => bail!("{url}: {code}: {}", r.into_string().unwrap_or_default()),
-            Err(e) => {
-                return Err(e)
-                    .with_context(|| format!("asking {url} (is `cachevisor serve` running with an [api] section?)"))
-            }
+            Err(e) => return Err(crate::exit_status::api_error(&url, e)),
         }
     }
     let get = || -> anyhow::Result<Job> {
-        Ok(api
-            .get("/prewarm")
-            .call()
-            .with_context(|| format!("asking {url} (is `cachevisor serve` running with an [api] section?)"))?
-            .into_json()?)
+        Ok(api.get("/prewarm").call().map_err(|e| crate::exit_status::api_error(&url, e))?.into_json()?)
     };
     let mut bar = (!a.no_wait).then(|| Progress::new("prewarming blocks"));
     let job = loop {

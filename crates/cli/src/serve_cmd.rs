@@ -3,7 +3,6 @@
 //! NBD URIs to connect to. SIGINT/SIGTERM stop cleanly: files fsynced and a metadata checkpoint written.
 
 use anyhow::Context;
-use cachevisor_server::config::{Config, DEFAULT};
 use cachevisor_server::{service, systemd};
 use clap::Args;
 use std::path::PathBuf;
@@ -52,40 +51,27 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         print!("{}", cachevisor_server::config::default_with_reference());
         return Ok(());
     }
-    let mut filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    if !std::env::var("RUST_LOG").unwrap_or_default().contains("rustls") {
-        // rustls warns on every connection of a client that sends an IP address as SNI
-        // (libnbd does): not the operator's business unless asked for.
-        filter = filter.add_directive("rustls=error".parse().expect("a valid directive"));
-    }
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // Colour only on a terminal: a log written to a file or a pipe stays plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
-    let mut cfg = match &a.config {
-        Some(p) => Config::load(p).map_err(anyhow::Error::msg)?,
-        None => {
-            // The demo keeps its files under ./var, created here (a config's own paths must
-            // exist: cachevisor does not create directories for them).
-            std::fs::create_dir_all("var").context("creating ./var for the embedded demo config")?;
-            Config::parse(DEFAULT, "embedded default config", std::path::Path::new(".")).map_err(anyhow::Error::msg)?
-        }
+    let source = cachevisor_server::daemon::reload::ConfigSource {
+        path: a.config.clone(),
+        tcp: a.tcp.clone(),
+        unix: a.unix.clone(),
     };
-    if a.tcp.is_some() || a.unix.is_some() {
-        cfg.listen.tcp = a.tcp.clone();
-        cfg.listen.unix = a.unix.clone();
+    if a.config.is_none() {
+        // The demo keeps its files under ./var, created here (a config's own paths must
+        // exist: cachevisor does not create directories for them).
+        std::fs::create_dir_all("var").context("creating ./var for the embedded demo config")?;
     }
+    let cfg = source.load().map_err(anyhow::Error::msg)?;
+    init_logging(&cfg.log.level)?;
     if a.check_config {
         cfg.resolve().map_err(anyhow::Error::msg)?;
-        let name = a.config.as_ref().map_or("the embedded default config".into(), |p| p.display().to_string());
-        println!("{name}: configuration OK ({} vDisks)", cfg.vdisk.len());
+        println!("{}: configuration OK ({} vDisks)", source.name(), cfg.vdisk.len());
         return Ok(());
     }
     let opts = cachevisor_server::daemon::StartOptions {
         discard_dirty: a.discard_dirty.clone(),
         prewarm_from: a.prewarm_from.clone(),
+        source: Some(source),
     };
     let running = service::start_with(&cfg, &opts).context("starting the daemon")?;
     if let Some(p) = &a.record {
@@ -154,18 +140,14 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     }
     for sig in signals.forever() {
         if sig == SIGHUP {
+            // A hang-up never stops a cache holding dirty data: it re-reads the config
+            // file and applies what changed (`daemon/reload.rs`), as `cachevisor reload`.
             systemd::reloading();
-            // A hang-up (a closed terminal, a reflexive `kill -HUP`) must not stop a cache
-            // holding dirty data. The TLS certificates are re-read (renewed ones are used
-            // by new connections); nothing else is reloaded from the config file: live
-            // changes go through the API, which keeps them across restarts.
-            if running.daemon.tls().is_some() {
-                match running.daemon.reload_tls() {
-                    Ok(()) => tracing::info!("SIGHUP: TLS certificates reloaded"),
-                    Err(e) => tracing::error!("SIGHUP: TLS certificates not reloaded (the old ones stay in use): {e}"),
-                }
+            match running.daemon.reload() {
+                Ok(r) if r.applied.is_empty() => tracing::info!("SIGHUP: {}: nothing changed", r.file),
+                Ok(r) => tracing::info!("SIGHUP: {} reloaded: {}", r.file, r.applied.join("; ")),
+                Err(e) => tracing::error!("SIGHUP: reload refused or stopped: {e}"),
             }
-            tracing::warn!("SIGHUP: the rest of the config is read at start only; change write policies, targets and the allocator through the API (they are kept across restarts)");
             systemd::ready(&status);
             continue;
         }
@@ -175,4 +157,53 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         break;
     }
     Ok(())
+}
+
+/// Logs to journald when systemd connected stderr to the journal (`JOURNAL_STREAM` names
+/// stderr's device and inode), with each event's fields as journal fields (`VDISK=vm1`);
+/// plain text on stderr otherwise, coloured only on a terminal. The filter is `log.level`
+/// (RUST_LOG wins), swapped by a reload (`cachevisor_server::log_filter`).
+fn init_logging(level: &str) -> anyhow::Result<()> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let (filter, text) = cachevisor_server::log_filter::filter(level).map_err(|e| anyhow::anyhow!("log.level: {e}"))?;
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
+    let registry = tracing_subscriber::registry().with(filter);
+    let journald = under_journald().then(tracing_journald::layer).and_then(Result::ok);
+    let _ = match journald {
+        Some(j) => {
+            // Syslog's levels: info is 6 (tracing-journald makes it 5, notice).
+            let levels = tracing_journald::PriorityMappings {
+                info: tracing_journald::Priority::Informational,
+                debug: tracing_journald::Priority::Debug,
+                ..tracing_journald::PriorityMappings::new()
+            };
+            let j =
+                j.with_field_prefix(None).with_syslog_identifier("cachevisor".into()).with_priority_mappings(levels);
+            registry.with(j).try_init()
+        }
+        None => registry
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(std::io::stderr)
+                    // Colour only on a terminal: a log written to a file or a pipe stays plain text.
+                    .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())),
+            )
+            .try_init(),
+    };
+    cachevisor_server::log_filter::install(
+        Box::new(move |f| {
+            let _ = handle.reload(f);
+        }),
+        &text,
+    );
+    Ok(())
+}
+
+/// Whether stderr is the journal stream systemd set up for this service.
+fn under_journald() -> bool {
+    let Ok(v) = std::env::var("JOURNAL_STREAM") else { return false };
+    let Some((dev, ino)) = v.split_once(':') else { return false };
+    let Ok(st) = nix::sys::stat::fstat(std::io::stderr()) else { return false };
+    dev.parse::<u64>().is_ok_and(|d| d == st.st_dev) && ino.parse::<u64>().is_ok_and(|i| i == st.st_ino)
 }

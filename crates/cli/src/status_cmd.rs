@@ -1,4 +1,6 @@
-//! `cachevisor status`: asks a running daemon's HTTP API for its vDisks and prints them.
+//! `cachevisor status`: asks a running daemon's HTTP API for its vDisks and prints them
+//! (a table, or the API's JSON with `--json`); exits 5 when a vDisk runs in pass-through
+//! (`exit_status.rs`).
 
 use anyhow::Context;
 use cachevisor_trace::units::format_size;
@@ -6,6 +8,7 @@ use clap::Args;
 
 /// Arguments of `status`.
 #[derive(Debug, Args)]
+#[command(after_help = crate::exit_status::HELP)]
 pub struct StatusArgs {
     #[command(flatten)]
     pub api: crate::api_target::ApiArgs,
@@ -21,11 +24,26 @@ pub fn run(a: StatusArgs) -> anyhow::Result<()> {
     let body: serde_json::Value = api
         .get("/vdisks")
         .call()
-        .with_context(|| format!("asking {url} (is `cachevisor serve` running with an [api] section?)"))?
-        .into_json()?;
+        .map_err(|e| crate::exit_status::api_error(&url, e))?
+        .into_json()
+        .with_context(|| format!("{url}: an answer that is not JSON"))?;
+    let degraded: Vec<&str> = body
+        .as_array()
+        .context("unexpected answer")?
+        .iter()
+        .filter(|v| v["stats"]["passthrough"].as_bool().unwrap_or(false))
+        .map(|v| v["name"].as_str().unwrap_or("?"))
+        .collect();
+    let verdict = || match degraded.as_slice() {
+        [] => Ok(()),
+        names => Err(crate::exit_status::exit(
+            crate::exit_status::DEGRADED,
+            format!("in pass-through (served without the cache after device errors): {}", names.join(", ")),
+        )),
+    };
     if a.json {
         println!("{}", serde_json::to_string_pretty(&body)?);
-        return Ok(());
+        return verdict();
     }
     println!(
         "{:<12} {:>10} {:>12} {:>10} {:>10} {:>10} {:>7} {:>10} {:>10} {:>7}",
@@ -77,5 +95,5 @@ pub fn run(a: StatusArgs) -> anyhow::Result<()> {
             );
         }
     }
-    Ok(())
+    verdict()
 }

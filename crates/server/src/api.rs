@@ -309,6 +309,20 @@ async fn cluster_status(State(a): State<Api>) -> Response {
     }
 }
 
+/// `POST /reload`: re-reads the configuration file and applies what changed (as SIGHUP
+/// does; `daemon/reload.rs`). 200 with the changes applied; 400 when it was refused
+/// (nothing changed: the message names the file and each key); 500 when a change failed
+/// after others were applied (the message lists them).
+async fn reload(State(a): State<Api>) -> Response {
+    let d = a.daemon.clone();
+    match tokio::task::spawn_blocking(move || d.reload()).await {
+        Ok(Ok(r)) => Json(r).into_response(),
+        Ok(Err(e @ crate::daemon::reload::ReloadError::Refused(_))) => err(StatusCode::BAD_REQUEST, e.to_string()),
+        Ok(Err(e)) => err(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        Err(e) => err(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
 /// `POST /tls/reload`: re-reads the NBD listeners' certificate, key and CA files (as
 /// SIGHUP does). 200 with the reload count; 400 naming the file that cannot be used (the
 /// old credentials stay in use); 409 when TLS is off.
@@ -322,18 +336,22 @@ async fn reload_tls(State(a): State<Api>) -> Response {
     }
 }
 
-/// Starts the API on `addr` (port 0 = any), closing connections idle for `idle`;
-/// returns the bound address.
+/// Starts the API on `addr` (port 0 = any) or on the listener systemd passed
+/// (`inherited`), closing connections idle for `idle`; returns the bound address.
 pub fn start(
     daemon: Arc<Daemon>,
     addr: SocketAddr,
+    inherited: Option<std::net::TcpListener>,
     token: String,
     idle: Duration,
     https: bool,
 ) -> Result<SocketAddr, StartError> {
     let tls = if https { daemon.tls().cloned() } else { None };
-    let l = std::net::TcpListener::bind(addr)
-        .map_err(|source| StartError::File { path: format!("api.listen {addr}"), error: source })?;
+    let l = match inherited {
+        Some(l) => l,
+        None => std::net::TcpListener::bind(addr)
+            .map_err(|source| StartError::File { path: format!("api.listen {addr}"), error: source })?,
+    };
     let bound =
         l.local_addr().map_err(|source| StartError::File { path: format!("api.listen {addr}"), error: source })?;
     l.set_nonblocking(true).map_err(|source| StartError::File { path: format!("api.listen {addr}"), error: source })?;
@@ -351,6 +369,7 @@ pub fn start(
         .route("/prewarm", get(prewarm_progress).post(start_prewarm))
         .route("/allocator", get(get_allocator).post(set_allocator))
         .route("/tls/reload", post(reload_tls))
+        .route("/reload", post(reload))
         .route("/cluster", get(cluster_status))
         .route("/cluster/replicas/{owner}", axum::routing::delete(forget_replica))
         .merge(crate::vssd::api::routes())

@@ -64,9 +64,9 @@ impl NbdPool {
     /// limit), keeping those made.
     /// `patient = false`: one attempt only (a cluster peer: a refused connection is a
     /// peer that is gone, and the request it serves goes to the backing store at once).
-    fn connect(uri: &crate::nbd::uri::NbdUri, patient: bool) -> io::Result<NbdPool> {
+    /// Each connection is given up after `limit` (connecting and negotiating).
+    fn connect(uri: &crate::nbd::uri::NbdUri, patient: bool, limit: std::time::Duration) -> io::Result<NbdPool> {
         let (addr, export, tls) = (&uri.endpoint, uri.export.as_str(), uri.tls.as_ref());
-        let limit = std::time::Duration::from_secs(2);
         let mut wait = std::time::Duration::from_millis(50);
         let first = loop {
             match Client::connect_within(addr, export, tls, limit) {
@@ -235,13 +235,21 @@ impl Backing {
     /// Connects to the NBD backing `spec` ([`crate::nbd::uri`]).
     pub fn connect(spec: &Path) -> io::Result<Backing> {
         let uri = crate::nbd::uri::parse(spec.to_str().unwrap_or_default())?;
-        Ok(Backing::Nbd(NbdPool::connect(&uri, true)?))
+        Ok(Backing::Nbd(NbdPool::connect(&uri, true, std::time::Duration::from_secs(2))?))
     }
 
     /// [`Self::connect`] without waiting for a server that is not up: one attempt.
     pub fn connect_once(spec: &Path) -> io::Result<Backing> {
+        Backing::connect_once_within(spec, std::time::Duration::from_secs(2))
+    }
+
+    /// [`Self::connect_once`], each connection given up after `limit`: a cluster peer's
+    /// connection is part of the request that needs it, whose stall its deadline bounds
+    /// (a replica log's first write after an epoch change connects anew; with the peer
+    /// cut off, a 2 s connect limit made that write stall 2 s past `replica_timeout`).
+    pub fn connect_once_within(spec: &Path, limit: std::time::Duration) -> io::Result<Backing> {
         let uri = crate::nbd::uri::parse(spec.to_str().unwrap_or_default())?;
-        Ok(Backing::Nbd(NbdPool::connect(&uri, false)?))
+        Ok(Backing::Nbd(NbdPool::connect(&uri, false, limit)?))
     }
 
     /// Opens `spec` for config key `at`: an NBD URI (whose export must have `size` bytes

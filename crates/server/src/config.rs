@@ -402,6 +402,25 @@ pub struct Config {
     /// A node of an HCI cluster coordinated through etcd (single host when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<crate::cluster::settings::ClusterConfig>,
+    /// What the daemon logs.
+    #[serde(default)]
+    pub log: LogConfig,
+}
+
+/// `[log]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// What is logged: `error`, `warn`, `info`, `debug`, `trace`, or directives per module
+    /// as RUST_LOG takes them (`info,cachevisor_server::vssd=debug`); RUST_LOG, when set,
+    /// wins. A reload changes it.
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig { level: "info".into() }
+    }
 }
 
 /// `[prewarm]`: snapshots of the cache's state on a schedule and at shutdown, and
@@ -660,6 +679,9 @@ migration_rate = 4.0          # default 4, above 0 to 1000: migrations that may 
 migration_burst = 8           # default 8, 1 to 1000: migrations that may start at once after a quiet spell
 migration_batch = 64          # default 64, 1 to 4096: blocks per instant-migration copy job (one in flight per vDisk)
 hysteresis = 0.0              # default 0 (off: ELICA's re-solve as is), up to 0.5: the leader keeps its last allocation unless a new one lowers Eq. 4's summed latency by at least this fraction (fewer migrations between near-equal splits)
+
+[log]                         # what the daemon logs (to journald under systemd, else stderr)
+level = "info"                # default info: error, warn, info, debug, trace, or directives per module as RUST_LOG takes them ("info,cachevisor_server::vssd=debug"); RUST_LOG, when set, wins; a reload changes it
 "#;
 
 /// [`DEFAULT`] followed by [`REFERENCE`] commented out: what `--print-default-config` prints.
@@ -750,6 +772,7 @@ impl Config {
 
     /// Checks every value; the message names the key.
     pub fn resolve(&self) -> Result<Resolved, String> {
+        crate::log_filter::check(&self.log.level).map_err(|e| format!("log.level: `{}`: {e}", self.log.level))?;
         let settings = cachevisor_policy::cache_settings::CacheSettings::check(&self.cache.keys())?;
         let (cache_bytes, block_size) = (settings.cache_bytes, settings.block_size);
         let slots = cache_bytes / block_size;

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 mod policy;
 mod prewarming;
+pub mod reload;
 mod start;
 mod vdisks;
 pub use crate::datapath::ExportStats;
@@ -150,6 +151,11 @@ pub struct Daemon {
     /// Cache migrations between this node and its lenders (`[cluster] migration`), once
     /// joined, on a node that borrows.
     migrations: std::sync::OnceLock<Arc<crate::cluster::migrations::NodeMigrations>>,
+    /// Where the configuration came from (`reload.rs`).
+    source: Option<reload::ConfigSource>,
+    /// The configuration as last read (before the overlay), what a reload compares with;
+    /// held while a reload runs (one at a time).
+    file_config: Mutex<Config>,
 }
 
 impl Daemon {
@@ -624,18 +630,20 @@ impl Daemon {
         Ok(())
     }
 
-    /// Starts the periodic snapshots (`prewarm.snapshot_every`; none when 0) on a thread
-    /// that ends with the daemon.
+    /// Starts the periodic snapshots (`prewarm.snapshot_every`, read again at every tick:
+    /// a reload may change it) on a thread that ends with the daemon.
     pub fn start_snapshots(self: &Arc<Self>) {
+        let d = Arc::downgrade(self);
+        std::thread::Builder::new()
+            .name("snapshots".into())
+            .spawn(move || prewarming::snapshot_loop(d))
+            .expect("spawning the snapshot thread");
+    }
+
+    /// The snapshot schedule now (at shutdown only when `snapshot_every` is 0 or bad).
+    pub(crate) fn snapshot_schedule(&self) -> crate::config::SnapshotSchedule {
         let every = self.snapshots.lock().unwrap_or_else(|e| e.into_inner()).config.resolve(self.block_size);
-        let schedule = every.map_or(crate::config::SnapshotSchedule::AtShutdown, |(s, _)| s);
-        if schedule != crate::config::SnapshotSchedule::AtShutdown {
-            let d = Arc::downgrade(self);
-            std::thread::Builder::new()
-                .name("snapshots".into())
-                .spawn(move || prewarming::snapshot_loop(d, schedule))
-                .expect("spawning the snapshot thread");
-        }
+        every.map_or(crate::config::SnapshotSchedule::AtShutdown, |(s, _)| s)
     }
 }
 

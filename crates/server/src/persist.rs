@@ -64,6 +64,93 @@ fn io_err(path: &Path, e: std::io::Error) -> String {
     format!("{}: {e}", path.display())
 }
 
+/// Replays the metadata in `dir` for a cache of this geometry, record by record, into
+/// `apply` (checkpoint first, then the journal of the same generation up to its first
+/// torn record), reading only; returns what was replayed and the generation. A geometry
+/// mismatch is an error: the cached data cannot be interpreted.
+pub fn replay(
+    dir: &Path,
+    block_size: u64,
+    slots: u64,
+    apply: &mut dyn FnMut(Record) -> Result<(), String>,
+) -> Result<(Recovered, u64), String> {
+    let spb = (block_size / 512) as u32;
+    let words = spb.div_ceil(64) as usize;
+    let mut rec = Recovered::default();
+    let geometry = |h: &Header, what: &Path| -> Result<(), String> {
+        if h.block_size != block_size || h.slots != slots {
+            return Err(format!(
+                    "{}: the cache was written with {} slots of {} bytes, the config asks for {slots} of {block_size}; restore the old cache settings, or delete {} to start cold (cached dirty data would be lost)",
+                    what.display(),
+                    h.slots,
+                    h.block_size,
+                    dir.display()
+                ));
+        }
+        Ok(())
+    };
+    let mut feed = |r: Record| -> Result<(), String> {
+        match r {
+            Record::Target { .. } => Ok(()), // the configuration decides targets at start
+            r @ (Record::Vdisk { .. } | Record::Binding { .. }) => apply(r),
+            r @ Record::Free { slot } if (slot as u64) < slots => apply(r),
+            Record::Slot { slot, vm, block, valid, dirty }
+                if (slot as u64) < slots && valid.len() == words && dirty.len() == words =>
+            {
+                apply(Record::Slot { slot, vm, block, valid, dirty })
+            }
+            // A region another node lends (slots after the local ones, `[cluster]
+            // peers`): its blocks are never dirty (the engine's lent write-through) and
+            // not restored — this node cannot vouch for a lender's bytes after a restart.
+            Record::Free { .. } => Ok(()),
+            Record::Slot { slot, dirty, .. } if dirty.iter().all(|w| *w == 0) => {
+                tracing::debug!(slot, "a block in a lent region is not restored");
+                Ok(())
+            }
+            r => Err(format!("record {r:?} does not fit a pool of {slots} slots of {block_size} bytes")),
+        }
+    };
+    let ckpt = dir.join("checkpoint");
+    let mut generation = 0;
+    if ckpt.exists() {
+        let mut f = File::open(&ckpt).map_err(|e| io_err(&ckpt, e))?;
+        let mut h = [0u8; HEADER_LEN];
+        f.read_exact(&mut h).map_err(|e| io_err(&ckpt, e))?;
+        let header = Header::decode(&h, CHECKPOINT_MAGIC).map_err(|e| format!("{}: {e}", ckpt.display()))?;
+        geometry(&header, &ckpt)?;
+        let (records, clean) = read_records(&mut f).map_err(|e| io_err(&ckpt, e))?;
+        if !clean {
+            return Err(format!(
+                "{}: checkpoint is damaged (it is written atomically, so this is not a crash: the file was altered)",
+                ckpt.display()
+            ));
+        }
+        for r in records {
+            feed(r).map_err(|e| format!("{}: {e}", ckpt.display()))?;
+        }
+        generation = header.generation;
+    }
+    let jpath = dir.join("journal");
+    if jpath.exists() {
+        let mut f = File::open(&jpath).map_err(|e| io_err(&jpath, e))?;
+        let mut h = [0u8; HEADER_LEN];
+        if f.read_exact(&mut h).is_ok() {
+            let header = Header::decode(&h, JOURNAL_MAGIC).map_err(|e| format!("{}: {e}", jpath.display()))?;
+            geometry(&header, &jpath)?;
+            // A journal of another generation was already folded into the checkpoint.
+            if header.generation == generation {
+                let (records, clean) = read_records(&mut f).map_err(|e| io_err(&jpath, e))?;
+                rec.journal_records = records.len();
+                rec.torn_tail = !clean;
+                for r in records {
+                    feed(r).map_err(|e| format!("{}: {e}", jpath.display()))?;
+                }
+            }
+        }
+    }
+    Ok((rec, generation))
+}
+
 impl Persistence {
     /// Opens (or creates) the metadata in `dir` for a cache of this geometry and replays
     /// it, record by record, into `apply` (checkpoint first, then the journal of the same
@@ -76,77 +163,8 @@ impl Persistence {
         apply: &mut dyn FnMut(Record) -> Result<(), String>,
     ) -> Result<(Persistence, Recovered), String> {
         crate::private_files::ensure_dir(dir).map_err(|e| io_err(dir, e))?;
-        let spb = (block_size / 512) as u32;
-        let words = spb.div_ceil(64) as usize;
-        let mut rec = Recovered::default();
-        let geometry = |h: &Header, what: &Path| -> Result<(), String> {
-            if h.block_size != block_size || h.slots != slots {
-                return Err(format!(
-                    "{}: the cache was written with {} slots of {} bytes, the config asks for {slots} of {block_size}; restore the old cache settings, or delete {} to start cold (cached dirty data would be lost)",
-                    what.display(),
-                    h.slots,
-                    h.block_size,
-                    dir.display()
-                ));
-            }
-            Ok(())
-        };
-        let mut feed = |r: Record| -> Result<(), String> {
-            match r {
-                Record::Target { .. } => Ok(()), // the configuration decides targets at start
-                r @ (Record::Vdisk { .. } | Record::Binding { .. }) => apply(r),
-                r @ Record::Free { slot } if (slot as u64) < slots => apply(r),
-                Record::Slot { slot, vm, block, valid, dirty }
-                    if (slot as u64) < slots && valid.len() == words && dirty.len() == words =>
-                {
-                    apply(Record::Slot { slot, vm, block, valid, dirty })
-                }
-                // A region another node lends (slots after the local ones, `[cluster]
-                // peers`): its blocks are never dirty (the engine's lent write-through) and
-                // not restored — this node cannot vouch for a lender's bytes after a restart.
-                Record::Free { .. } => Ok(()),
-                Record::Slot { slot, dirty, .. } if dirty.iter().all(|w| *w == 0) => {
-                    tracing::debug!(slot, "a block in a lent region is not restored");
-                    Ok(())
-                }
-                r => Err(format!("record {r:?} does not fit a pool of {slots} slots of {block_size} bytes")),
-            }
-        };
-        let ckpt = dir.join("checkpoint");
-        let mut generation = 0;
-        if ckpt.exists() {
-            let mut f = File::open(&ckpt).map_err(|e| io_err(&ckpt, e))?;
-            let mut h = [0u8; HEADER_LEN];
-            f.read_exact(&mut h).map_err(|e| io_err(&ckpt, e))?;
-            let header = Header::decode(&h, CHECKPOINT_MAGIC).map_err(|e| format!("{}: {e}", ckpt.display()))?;
-            geometry(&header, &ckpt)?;
-            let (records, clean) = read_records(&mut f).map_err(|e| io_err(&ckpt, e))?;
-            if !clean {
-                return Err(format!("{}: checkpoint is damaged (it is written atomically, so this is not a crash: the file was altered)", ckpt.display()));
-            }
-            for r in records {
-                feed(r).map_err(|e| format!("{}: {e}", ckpt.display()))?;
-            }
-            generation = header.generation;
-        }
+        let (rec, generation) = replay(dir, block_size, slots, apply)?;
         let jpath = dir.join("journal");
-        if jpath.exists() {
-            let mut f = File::open(&jpath).map_err(|e| io_err(&jpath, e))?;
-            let mut h = [0u8; HEADER_LEN];
-            if f.read_exact(&mut h).is_ok() {
-                let header = Header::decode(&h, JOURNAL_MAGIC).map_err(|e| format!("{}: {e}", jpath.display()))?;
-                geometry(&header, &jpath)?;
-                // A journal of another generation was already folded into the checkpoint.
-                if header.generation == generation {
-                    let (records, clean) = read_records(&mut f).map_err(|e| io_err(&jpath, e))?;
-                    rec.journal_records = records.len();
-                    rec.torn_tail = !clean;
-                    for r in records {
-                        feed(r).map_err(|e| format!("{}: {e}", jpath.display()))?;
-                    }
-                }
-            }
-        }
         let header = Header { block_size, slots, generation };
         let journal =
             crate::private_files::options().create(true).append(true).open(&jpath).map_err(|e| io_err(&jpath, e))?;

@@ -87,30 +87,60 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
         handshake_timeout: std::time::Duration::from_nanos(r.handshake_timeout_ns),
         tls: daemon.tls().cloned(),
     };
+    // Sockets systemd passed (socket activation) replace the configured ones.
+    let mut inherited = crate::socket_activation::take().map_err(StartError::Config)?;
+    if inherited.api.is_some() && cfg.api.is_none() {
+        return Err(StartError::Config(
+            "socket activation: systemd passed an API socket, but the config has no [api] section".into(),
+        ));
+    }
+    let (listen_tcp, listen_unix) = if inherited.has_nbd() {
+        if cfg.listen.tcp.is_some() || cfg.listen.unix.is_some() {
+            tracing::info!(
+                "socket activation: NBD is served on the sockets systemd passed, not on listen.tcp / listen.unix"
+            );
+        }
+        (None, None)
+    } else {
+        (cfg.listen.tcp.as_ref(), cfg.listen.unix.as_ref())
+    };
     let mut tcp = None;
-    if let Some(addr) = &cfg.listen.tcp {
-        let addr: SocketAddr = addr.parse().map_err(|e| StartError::Config(format!("listen.tcp: `{addr}`: {e}")))?;
+    let tcp_listener = match (inherited.nbd_tcp.take(), listen_tcp) {
+        (Some(l), _) => Some((l, "socket activation".to_string())),
+        (None, Some(addr)) => {
+            let addr: SocketAddr =
+                addr.parse().map_err(|e| StartError::Config(format!("listen.tcp: `{addr}`: {e}")))?;
+            let l = TcpListener::bind(addr)
+                .map_err(|source| StartError::File { path: format!("listen.tcp {addr}"), error: source })?;
+            Some((l, format!("listen.tcp {addr}")))
+        }
+        (None, None) => None,
+    };
+    if let Some((l, what)) = tcp_listener {
+        let addr = l.local_addr().map_err(|source| StartError::File { path: what, error: source })?;
         if !addr.ip().is_loopback() {
             tracing::warn!(%addr, "listening on a non-loopback address");
         }
-        let l = TcpListener::bind(addr)
-            .map_err(|source| StartError::File { path: format!("listen.tcp {addr}"), error: source })?;
-        tcp = Some(
-            l.local_addr().map_err(|source| StartError::File { path: format!("listen.tcp {addr}"), error: source })?,
-        );
+        tcp = Some(addr);
         let (d, p) = (daemon.clone(), polling.clone());
         std::thread::spawn(move || listener::tcp(l, d, p));
     }
     let mut unix = None;
-    if let Some(p) = &cfg.listen.unix {
-        let _ = std::fs::remove_file(p); // a stale socket from an earlier run
-        let mode = crate::config::unix_mode(&cfg.listen.unix_mode).map_err(StartError::Config)?;
-        let group = match &cfg.listen.unix_group {
-            Some(g) => Some((g.as_str(), crate::config::unix_group(g, mode).map_err(StartError::Config)?)),
-            None => None,
-        };
-        let l = bind_unix(p, mode, group).map_err(StartError::Config)?;
-        unix = Some(p.clone());
+    let unix_listener = match (inherited.nbd_unix.take(), listen_unix) {
+        (Some(l), _) => Some(l),
+        (None, Some(p)) => {
+            let _ = std::fs::remove_file(p); // a stale socket from an earlier run
+            let mode = crate::config::unix_mode(&cfg.listen.unix_mode).map_err(StartError::Config)?;
+            let group = match &cfg.listen.unix_group {
+                Some(g) => Some((g.as_str(), crate::config::unix_group(g, mode).map_err(StartError::Config)?)),
+                None => None,
+            };
+            Some((bind_unix(p, mode, group).map_err(StartError::Config)?, p.clone()))
+        }
+        (None, None) => None,
+    };
+    if let Some((l, path)) = unix_listener {
+        unix = Some(path);
         let (d, p) = (daemon.clone(), polling.clone());
         std::thread::spawn(move || listener::unix(l, d, p));
     }
@@ -138,6 +168,7 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
         let bound = crate::api::start(
             daemon.clone(),
             addr,
+            inherited.api.take(),
             token.clone(),
             std::time::Duration::from_nanos(r.api_idle_timeout_ns),
             a.tls,

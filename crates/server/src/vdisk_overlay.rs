@@ -172,6 +172,21 @@ impl Overlay {
         self.vdisk.push(v);
     }
 
+    /// Forgets everything noted about `name`: the configuration file now says what it is
+    /// (added to it, or removed from it, and reloaded).
+    pub fn drop_name(&mut self, name: &str) {
+        self.forget(name);
+        self.adopt(name);
+    }
+
+    /// The configuration file now lists `name` (an API-added vDisk of that name, on the
+    /// same backing, is the file's; a removal noted before no longer holds). Settings the
+    /// API made for it stay.
+    pub fn adopt(&mut self, name: &str) {
+        self.removed.retain(|n| n != name);
+        self.vdisk.retain(|o| o.name != name);
+    }
+
     /// Notes that `name` was removed.
     pub fn remove(&mut self, name: &str) {
         self.forget(name);

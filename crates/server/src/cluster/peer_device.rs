@@ -171,7 +171,7 @@ impl PeerDevice {
         }
         let uri =
             format!("nbds://{addr}/replica-{}@{epoch}?tls-certificates={}", self.links.me, self.links.certs.display());
-        let b = Arc::new(Backing::connect_once(std::path::Path::new(&uri))?);
+        let b = Arc::new(Backing::connect_once_within(std::path::Path::new(&uri), self.links.op_timeout)?);
         b.set_op_timeout(Some(self.links.op_timeout))?;
         l.conn = Some((0, epoch, b.clone()));
         Ok(b)
@@ -206,7 +206,7 @@ impl PeerDevice {
             self.links.me,
             self.links.certs.display()
         );
-        let b = Arc::new(Backing::connect_once(std::path::Path::new(&uri))?);
+        let b = Arc::new(Backing::connect_once_within(std::path::Path::new(&uri), self.links.op_timeout)?);
         b.set_op_timeout(Some(self.links.op_timeout))?;
         l.conn = Some((incarnation, epoch, b.clone()));
         Ok(b)

@@ -44,6 +44,11 @@ impl Policy {
         }
     }
 
+    /// Sets the interval's length (a reload), ns.
+    pub(crate) fn set_interval(&mut self, interval_ns: u64) {
+        self.interval_ns = interval_ns;
+    }
+
     /// A tick of the timer thread: the rECS sampling periods due so far in this interval
     /// (spread over it as S-CAVE's are, §IV-B; the simulator does the same per request).
     pub(crate) fn tick(&mut self, engine: &Engine) {

@@ -417,22 +417,24 @@ impl Daemon {
 
 /// Takes a snapshot on `schedule` until the daemon stops (a thread per daemon): every so
 /// long, or every so many requests served (checked five times a second).
-pub(crate) fn snapshot_loop(d: std::sync::Weak<Daemon>, schedule: SnapshotSchedule) {
+pub(crate) fn snapshot_loop(d: std::sync::Weak<Daemon>) {
     let tick = Duration::from_millis(200);
+    // The schedule in force, when the next snapshot is due by time and by requests.
+    let mut current: Option<SnapshotSchedule> = None;
     let mut next_at = Instant::now();
     let mut next_requests = 0u64;
-    if let Some(d) = d.upgrade() {
-        match schedule {
-            SnapshotSchedule::Every(ns) => next_at += Duration::from_nanos(ns),
-            SnapshotSchedule::Requests(n) => next_requests = d.requests_served() + n,
-            SnapshotSchedule::AtShutdown => return,
-        }
-    }
     loop {
-        std::thread::sleep(tick);
         let Some(d) = d.upgrade() else { return };
         if d.is_stopped() {
             return;
+        }
+        let schedule = d.snapshot_schedule();
+        if current != Some(schedule) {
+            // Started, or a reload changed it: counted from now.
+            next_at =
+                Instant::now() + Duration::from_nanos(if let SnapshotSchedule::Every(ns) = schedule { ns } else { 0 });
+            next_requests = d.requests_served() + if let SnapshotSchedule::Requests(n) = schedule { n } else { 0 };
+            current = Some(schedule);
         }
         let due = match schedule {
             SnapshotSchedule::Every(ns) => {
@@ -450,12 +452,14 @@ pub(crate) fn snapshot_loop(d: std::sync::Weak<Daemon>, schedule: SnapshotSchedu
                 }
                 due
             }
-            SnapshotSchedule::AtShutdown => return,
+            SnapshotSchedule::AtShutdown => false,
         };
         if due {
             if let Err(e) = d.take_snapshot() {
                 tracing::warn!(error = %e, "periodic cache snapshot failed");
             }
         }
+        drop(d);
+        std::thread::sleep(tick);
     }
 }

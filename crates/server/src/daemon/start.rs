@@ -25,6 +25,8 @@ pub struct StartOptions {
     pub discard_dirty: Vec<String>,
     /// Prewarm the cache at start from this snapshot directory (over `prewarm.from`).
     pub prewarm_from: Option<std::path::PathBuf>,
+    /// Where the configuration came from, for reloads (`None`: a reload is refused).
+    pub source: Option<super::reload::ConfigSource>,
 }
 
 /// Where each vDisk's backing points; two vDisks on one store are refused.
@@ -100,6 +102,7 @@ impl Daemon {
         };
         let owner = OwnerLock::acquire(&cfg.cache.path, &meta_dir).map_err(StartError::Refused)?;
         let overlay = crate::vdisk_overlay::Overlay::load(&meta_dir).map_err(StartError::Config)?;
+        let file_config = cfg.clone();
         let mut merged = cfg.clone();
         for note in overlay.apply(&mut merged) {
             tracing::info!("{note}");
@@ -454,6 +457,8 @@ impl Daemon {
             replicator: std::sync::OnceLock::new(),
             moved_away,
             migrations: std::sync::OnceLock::new(),
+            source: opts.source.clone(),
+            file_config: Mutex::new(file_config),
         })
     }
 }

@@ -28,6 +28,14 @@ pub enum ChangeError {
     Failed(String),
 }
 
+/// Who asked for a change: the API (noted in the overlay, so it survives restarts) or a
+/// reloaded configuration file (which says it itself: the overlay forgets the name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Origin {
+    Api,
+    File,
+}
+
 impl Daemon {
     /// Adds vDisk `v` while running: its backing store is opened (created when `size` is
     /// given), the change is saved to the metadata directory's overlay (so it survives a
@@ -40,7 +48,17 @@ impl Daemon {
     /// [`Self::add_vdisk`]; on a cluster node, a vDisk the cluster map homes on another
     /// node is refused (`Cluster::may_serve`) unless `force`, and one another node claims
     /// is refused even so (`Cluster::claim`).
-    pub fn add_vdisk_forced(&self, mut v: crate::config::VdiskConfig, force: bool) -> Result<ExportInfo, ChangeError> {
+    pub fn add_vdisk_forced(&self, v: crate::config::VdiskConfig, force: bool) -> Result<ExportInfo, ChangeError> {
+        self.add_vdisk_as(v, force, Origin::Api)
+    }
+
+    /// [`Self::add_vdisk_forced`], noted as `origin` asks.
+    pub(crate) fn add_vdisk_as(
+        &self,
+        mut v: crate::config::VdiskConfig,
+        force: bool,
+        origin: Origin,
+    ) -> Result<ExportInfo, ChangeError> {
         let mut overlay = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
         if self.vdisk(&v.name).is_some() {
             return Err(ChangeError::Conflict(format!("a vDisk named `{}` is already served", v.name)));
@@ -94,7 +112,11 @@ impl Daemon {
         if id > u16::MAX as VmId {
             return Err(ChangeError::Conflict("no VM ids left: restart the daemon to renumber".into()));
         }
-        overlay.change(&self.meta_dir, |o| o.add(v.clone())).map_err(ChangeError::Failed)?;
+        match origin {
+            Origin::Api => overlay.change(&self.meta_dir, |o| o.add(v.clone())),
+            Origin::File => overlay.change(&self.meta_dir, |o| o.drop_name(&v.name)),
+        }
+        .map_err(ChangeError::Failed)?;
         {
             let mut off = self.no_replica.lock().unwrap_or_else(|e| e.into_inner());
             if v.replicates() {
@@ -131,6 +153,11 @@ impl Daemon {
     /// and the removal is saved to the metadata directory's overlay. The last vDisk cannot
     /// be removed.
     pub fn remove_vdisk(&self, vm: VmId) -> Result<(), ChangeError> {
+        self.remove_vdisk_as(vm, Origin::Api)
+    }
+
+    /// [`Self::remove_vdisk`], noted as `origin` asks.
+    pub(crate) fn remove_vdisk_as(&self, vm: VmId, origin: Origin) -> Result<(), ChangeError> {
         let mut overlay = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
         let info = self.export(vm).ok_or_else(|| ChangeError::NotFound(format!("no vDisk with id {vm}")))?;
         if self.exports().len() == 1 {
@@ -150,7 +177,11 @@ impl Daemon {
         self.dp.with_engine_mut(|_| self.policy.lock().unwrap_or_else(|p| p.into_inner()).ctl.retire_vm(vm as usize));
         self.identities.lock().unwrap_or_else(|e| e.into_inner())[vm as usize] = None;
         self.redivide();
-        overlay.change(&self.meta_dir, |o| o.remove(&info.name)).map_err(ChangeError::Failed)?;
+        match origin {
+            Origin::Api => overlay.change(&self.meta_dir, |o| o.remove(&info.name)),
+            Origin::File => overlay.change(&self.meta_dir, |o| o.drop_name(&info.name)),
+        }
+        .map_err(ChangeError::Failed)?;
         if let Some(c) = self.cluster() {
             c.release(&info.name);
         }
@@ -169,6 +200,16 @@ impl Daemon {
     /// Checked as the config is (`config::check_allocator`), then saved, then applied: a
     /// change that cannot be saved is not made.
     pub fn set_allocator(&self, name: &str, params: &cachevisor_policy::params::Params) -> Result<(), ChangeError> {
+        self.switch_allocator(name, params, |o| o.set_allocator(name, params))
+    }
+
+    /// [`Self::set_allocator`], with `note` the overlay's change.
+    pub(crate) fn switch_allocator(
+        &self,
+        name: &str,
+        params: &cachevisor_policy::params::Params,
+        note: impl FnOnce(&mut crate::vdisk_overlay::Overlay),
+    ) -> Result<(), ChangeError> {
         let (replacement, partition) = self.dp.with_engine(|e| (e.config().replacement, e.config().partition));
         if partition == cachevisor_engine::PartitionMode::Shared {
             return Err(ChangeError::Invalid(
@@ -181,7 +222,7 @@ impl Daemon {
         self.overlay
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .change(&self.meta_dir, |o| o.set_allocator(name, params))
+            .change(&self.meta_dir, note)
             .map_err(|e| ChangeError::Failed(format!("not switched: saving it for the next start failed: {e}")))?;
         let (bs, vms) = (self.block_size, self.dp.next_vm() as usize);
         self.dp.with_engine_mut(|e| {
@@ -212,6 +253,11 @@ impl Daemon {
     /// Saved first: a change that cannot be saved is not made.
     pub fn set_write_policy(&self, vm: VmId, policy: cachevisor_engine::WritePolicy) -> Result<(), OpError> {
         self.remember(vm, |o, name| o.set_write_policy(name, policy))?;
+        self.set_write_policy_now(vm, policy)
+    }
+
+    /// [`Self::set_write_policy`] without noting it in the overlay.
+    pub(crate) fn set_write_policy_now(&self, vm: VmId, policy: cachevisor_engine::WritePolicy) -> Result<(), OpError> {
         Ok(self.dp.run_job(|e, out| e.set_write_policy(vm, policy, out)).and_then(|_| self.dp.flush(vm))?)
     }
 
@@ -251,6 +297,11 @@ impl Daemon {
             return Err(OpError::Invalid("give `weight`, `ratio` or both".into()));
         }
         self.remember(vm, |o, name| o.set_share(name, share))?;
+        self.set_share_now(vm, share)
+    }
+
+    /// [`Self::set_share`] (checked) without noting it in the overlay.
+    pub(crate) fn set_share_now(&self, vm: VmId, share: crate::vdisk_overlay::Share) -> Result<(), OpError> {
         let every_interval = {
             let mut p = self.policy.lock().unwrap_or_else(|p| p.into_inner());
             let s = p.ctl.settings_mut(vm as usize);

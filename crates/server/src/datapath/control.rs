@@ -65,6 +65,12 @@ impl DataPath {
         }
     }
 
+    /// Replaces the engine's timers (the allocation interval and the flusher) from now.
+    pub fn set_schedule(&self, schedule: cachevisor_engine::Schedule) {
+        let now = self.shared.now();
+        self.with_engine_mut(|e| e.set_schedule(now, schedule));
+    }
+
     /// Runs `f` on the engine and starts what it submitted (policy decisions, settings).
     pub fn with_engine_mut<R>(&self, f: impl FnOnce(&mut Engine) -> R) -> R {
         let mut core = self.shared.lock();

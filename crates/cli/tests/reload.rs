@@ -1,0 +1,201 @@
+//! Issue 36, reload: `cachevisor reload` and SIGHUP re-read the configuration file while
+//! a real NBD client (qemu-io) is connected and writing; what can change live changes
+//! (vDisks added and removed, write policies, the flusher, the allocator, snapshots), what
+//! cannot is refused naming the key with nothing changed, and a restart agrees with the
+//! file — a setting the file changed wins over what the API set before.
+
+mod common;
+
+use common::{bin, qemu_io_ok, Daemon};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BASE: &str = "[cache]\npath = \"cache.img\"\nsize = \"32MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n[prewarm]\nsnapshot_every = \"0\"\n";
+
+fn vdisk(name: &str, extra: &str) -> String {
+    format!("[[vdisk]]\nname = \"{name}\"\nbacking = \"{name}.img\"\nsize = \"16MiB\"\n{extra}")
+}
+
+fn write_config(d: &Path, cache: &str, vdisks: &str) {
+    let base = BASE.replace("size = \"32MiB\"\n", &format!("size = \"32MiB\"\n{cache}"));
+    std::fs::write(d.join("r.toml"), format!("{base}{vdisks}")).unwrap();
+}
+
+/// `cachevisor reload` against `a`: (exit code, stdout, stderr).
+fn reload(d: &Path, a: &Daemon) -> (i32, String, String) {
+    let o = Command::new(bin())
+        .args(["reload", "--api", a.api.as_deref().unwrap(), "--token-file"])
+        .arg(d.join("cache.img.meta/api-token"))
+        .output()
+        .unwrap();
+    let s = |b: &[u8]| String::from_utf8_lossy(b).to_string();
+    (o.status.code().unwrap_or(-1), s(&o.stdout), s(&o.stderr))
+}
+
+/// Each vDisk's (name, write policy) from `cachevisor status --json`.
+fn policies(a: &Daemon) -> Vec<(String, String)> {
+    let o = Command::new(bin()).args(["status", "--json", "--api", a.api.as_deref().unwrap()]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|v| (v["name"].as_str().unwrap().to_string(), v["write_policy"].as_str().unwrap().to_string()))
+        .collect()
+}
+
+fn pairs(p: &[(&str, &str)]) -> Vec<(String, String)> {
+    p.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect()
+}
+
+/// A qemu-io client on `uri` that writes, waits `ms` (the reload happens meanwhile),
+/// then checks what it wrote and writes and checks again: started, not waited for.
+fn client(uri: &str, ms: u64) -> std::process::Child {
+    let cmds = [
+        "write -P 0x31 0 2M".to_string(),
+        format!("sleep {ms}"),
+        "read -P 0x31 0 2M".into(),
+        "write -P 0x32 1M 2M".into(),
+        "read -P 0x31 0 1M".into(),
+        "read -P 0x32 1M 2M".into(),
+    ];
+    let mut c = Command::new("qemu-io");
+    c.args(["-f", "raw"]);
+    for x in &cmds {
+        c.args(["-c", x]);
+    }
+    c.arg(uri).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
+}
+
+fn client_ok(c: std::process::Child) {
+    let o = c.wait_with_output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && !out.contains("failed") && !out.contains("error"), "the connected client: {out}");
+}
+
+fn eventually(what: &str, mut ok: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !ok() {
+        assert!(t.elapsed() < Duration::from_secs(30), "{what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn reload_applies_live_changes_with_a_client_connected_and_refuses_fixed_keys_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write_config(d, "", &(vdisk("vm1", "") + &vdisk("vm2", "write_policy = \"wb\"\n")));
+    let a = Daemon::start(d, "r.toml", &[]).unwrap();
+    assert_eq!(policies(&a), pairs(&[("vm1", "wt"), ("vm2", "wb")]));
+    let (code, out, err) = reload(d, &a);
+    assert_eq!((code, out.trim()), (0, "r.toml: nothing changed"), "{err}");
+
+    // Live changes while a client writes to vm1 and waits.
+    let c = client(&a.uri("vm1"), 2500);
+    std::thread::sleep(Duration::from_millis(500));
+    write_config(
+        d,
+        "write_policy = \"wb\"\nflush_rate = \"0\"\nallocator = \"symflex-weighted\"\n",
+        &(vdisk("vm1", "") + &vdisk("vm3", "write_policy = \"ro\"\n")),
+    );
+    let (code, out, err) = reload(d, &a);
+    assert_eq!(code, 0, "{out}{err}");
+    for want in [
+        "vDisk `vm3` added",
+        "vdisk (vm1).write_policy: Wt → Wb",
+        "cache.allocator: symflex-weighted",
+        "flush_rate 0",
+        "vDisk `vm2` removed",
+    ] {
+        assert!(out.contains(want), "`{want}` in: {out}");
+    }
+    assert_eq!(policies(&a), pairs(&[("vm1", "wb"), ("vm3", "ro")]));
+    client_ok(c);
+    qemu_io_ok(&a.uri("vm3"), &["write -P 0x44 0 1M", "read -P 0x44 0 1M"]);
+    // vm1's client data is in the cache, dirty (write-back now), and reads back.
+    qemu_io_ok(&a.uri("vm1"), &["read -P 0x31 0 1M", "read -P 0x32 1M 2M"]);
+
+    // Fixed keys: refused, each named, nothing changed; the bad value alone too.
+    let before = std::fs::read_to_string(d.join("r.toml")).unwrap();
+    let fixed = before
+        .replace("size = \"32MiB\"", "size = \"32MiB\"\nblock_size = \"8KiB\"")
+        .replace("name = \"vm3\"\nbacking = \"vm3.img\"", "name = \"vm3\"\nbacking = \"elsewhere.img\"");
+    std::fs::write(d.join("r.toml"), fixed.replace("write_policy = \"ro\"", "write_policy = \"wt\"")).unwrap();
+    let (code, _, err) = reload(d, &a);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("cache.block_size") && err.contains("vdisk (vm3).backing"), "{err}");
+    assert!(err.contains("Nothing was changed"), "{err}");
+    assert_eq!(
+        policies(&a),
+        pairs(&[("vm1", "wb"), ("vm3", "ro")]),
+        "vm3's policy stays: the reload was refused whole"
+    );
+    std::fs::write(d.join("r.toml"), before.replace("flush_rate = \"0\"", "flush_rate = \"fast\"")).unwrap();
+    let (code, _, err) = reload(d, &a);
+    assert!(code == 1 && err.contains("r.toml") && err.contains("cache.flush_rate"), "{code} {err}");
+    std::fs::write(d.join("r.toml"), "[cache\n").unwrap();
+    let (code, _, err) = reload(d, &a);
+    assert!(code == 1 && err.contains("r.toml"), "{code} {err}");
+    qemu_io_ok(&a.uri("vm1"), &["read -P 0x31 0 1M"]);
+
+    // The API sets vm3 to write-through; the file then changes vm3 to write-back by SIGHUP:
+    // the file wins, now and after a restart.
+    let token = std::fs::read_to_string(d.join("cache.img.meta/api-token")).unwrap();
+    let api = a.api.clone().unwrap();
+    ureq::post(&format!("http://{api}/vdisks/vm3/write-policy"))
+        .set("Authorization", &format!("Bearer {token}"))
+        .send_json(serde_json::json!({ "policy": "wt" }))
+        .unwrap();
+    assert_eq!(policies(&a), pairs(&[("vm1", "wb"), ("vm3", "wt")]));
+    std::fs::write(d.join("r.toml"), before.replace("write_policy = \"ro\"", "write_policy = \"wb\"")).unwrap();
+    let _ = Command::new("kill").args(["-HUP", &a.pid.to_string()]).status();
+    eventually("SIGHUP applies vm3's write policy", || policies(&a) == pairs(&[("vm1", "wb"), ("vm3", "wb")]));
+    assert!(a.log().contains("SIGHUP"), "{}", a.log());
+    // log.level: applied, but RUST_LOG (set by the test harness) wins, and says so.
+    let now = std::fs::read_to_string(d.join("r.toml")).unwrap();
+    std::fs::write(d.join("r.toml"), format!("{now}[log]\nlevel = \"debug\"\n")).unwrap();
+    let (code, out, err) = reload(d, &a);
+    assert!(
+        code == 0 && out.contains("log.level: debug (RUST_LOG is set and wins)"),
+        "{code}: {out}{err}\n{}",
+        a.log()
+    );
+    std::fs::write(d.join("r.toml"), format!("{now}[log]\nlevel = \"cachevisor=loud\"\n")).unwrap();
+    let (code, _, err) = reload(d, &a);
+    assert!(code == 1 && err.contains("log.level"), "{err}");
+    std::fs::write(d.join("r.toml"), &now).unwrap();
+    let mut a = a;
+    assert!(a.term(Duration::from_secs(30)).is_some_and(|s| s.success()));
+    let a = Daemon::start(d, "r.toml", &[]).unwrap();
+    assert_eq!(policies(&a), pairs(&[("vm1", "wb"), ("vm3", "wb")]), "after a restart, the file's settings");
+    qemu_io_ok(&a.uri("vm1"), &["read -P 0x31 0 1M", "read -P 0x32 1M 2M"]);
+    qemu_io_ok(&a.uri("vm3"), &["read -P 0x44 0 1M"]);
+}
+
+#[test]
+fn a_vdisk_the_api_removed_stays_removed_until_the_file_changes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write_config(d, "", &(vdisk("vm1", "") + &vdisk("vm2", "")));
+    let mut a = Daemon::start(d, "r.toml", &[]).unwrap();
+    let token = std::fs::read_to_string(d.join("cache.img.meta/api-token")).unwrap();
+    let api = a.api.clone().unwrap();
+    ureq::delete(&format!("http://{api}/vdisks/vm2")).set("Authorization", &format!("Bearer {token}")).call().unwrap();
+    // The file did not change vm2: a reload keeps the API's removal, and so does a restart.
+    let (code, out, _) = reload(d, &a);
+    assert!(code == 0 && out.contains("nothing changed"), "{out}");
+    assert_eq!(policies(&a), pairs(&[("vm1", "wt")]));
+    // The file drops vm2, then lists it again: it is served again.
+    write_config(d, "", &vdisk("vm1", ""));
+    assert_eq!(reload(d, &a).0, 0);
+    write_config(d, "", &(vdisk("vm1", "") + &vdisk("vm2", "")));
+    let (code, out, err) = reload(d, &a);
+    assert!(code == 0 && out.contains("vDisk `vm2` added"), "{out}{err}");
+    assert_eq!(policies(&a), pairs(&[("vm1", "wt"), ("vm2", "wt")]));
+    assert!(a.term(Duration::from_secs(30)).is_some_and(|s| s.success()));
+    let a = Daemon::start(d, "r.toml", &[]).unwrap();
+    assert_eq!(policies(&a), pairs(&[("vm1", "wt"), ("vm2", "wt")]), "the API's old removal is forgotten");
+    qemu_io_ok(&a.uri("vm2"), &["write -P 0x5 0 1M", "read -P 0x5 0 1M"]);
+}

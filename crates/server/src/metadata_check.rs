@@ -1,0 +1,187 @@
+//! `cachevisor check --metadata DIR` (issue 36, an fsck for the cache's metadata): reads
+//! the checkpoint and the journal offline, through the very replay a start runs
+//! (`persist::replay`), and reports what a start would recover — each vDisk's cached and
+//! dirty blocks, the backing store they belong to, the journal's records and a torn tail —
+//! or why a start would refuse, without writing anything (the files are opened read-only;
+//! a running daemon's metadata may be checked: the figures are as of the read).
+//!
+//! Beyond the start's own checks it looks for what a start would take as it is: one block
+//! of a vDisk in two slots (two copies, one of them stale), a slot naming a vDisk no
+//! `Vdisk` record names, and dirty blocks of a vDisk with no backing binding (they could
+//! not be written back anywhere).
+
+use crate::journal::{Header, Record, CHECKPOINT_MAGIC, HEADER_LEN, JOURNAL_MAGIC};
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::Path;
+
+/// What the metadata holds and what a start would do with it.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct Report {
+    /// The directory checked.
+    pub dir: String,
+    /// The geometry the metadata was written with.
+    pub block_size: u64,
+    /// Slots of the cache.
+    pub slots: u64,
+    /// The checkpoint's generation (0 without one).
+    pub generation: u64,
+    /// Whether a checkpoint exists.
+    pub checkpoint: bool,
+    /// Journal records a start would replay after the checkpoint.
+    pub journal_records: usize,
+    /// Whether the journal ends in a torn record (a crash while appending; a start cuts it).
+    pub torn_tail: bool,
+    /// The vDisks, by VM id.
+    pub vdisks: Vec<VdiskReport>,
+    /// Why a start would refuse, or what it would take as it is and should not (empty:
+    /// consistent).
+    pub problems: Vec<String>,
+}
+
+/// One vDisk's blocks in the metadata.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct VdiskReport {
+    /// VM id.
+    pub vm: u16,
+    /// Its name, when a record names it.
+    pub name: Option<String>,
+    /// The backing store its blocks belong to, when bound.
+    pub backing: Option<String>,
+    /// Cached blocks.
+    pub blocks: u64,
+    /// Of those, blocks with dirty sectors (not yet written back).
+    pub dirty_blocks: u64,
+}
+
+/// The geometry in `path`'s header, if the file exists and has one.
+fn header(path: &Path, magic: [u8; 8]) -> Result<Option<Header>, String> {
+    let mut f = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    let mut h = [0u8; HEADER_LEN];
+    match f.read_exact(&mut h) {
+        Ok(()) => Header::decode(&h, magic).map(Some).map_err(|e| format!("{}: {e}", path.display())),
+        // A journal created and never written (a crash right after): nothing in it.
+        Err(_) => Ok(None),
+    }
+}
+
+/// Checks the metadata in `dir` (see the top comment). `Err` only when there is nothing
+/// to check (no metadata there, or a file that cannot be read at all).
+pub fn check(dir: &Path) -> Result<Report, String> {
+    if !dir.is_dir() {
+        return Err(format!("{}: no such directory", dir.display()));
+    }
+    let ckpt = header(&dir.join("checkpoint"), CHECKPOINT_MAGIC);
+    let journal = header(&dir.join("journal"), JOURNAL_MAGIC);
+    let mut report = Report { dir: dir.display().to_string(), ..Report::default() };
+    let geometry = match (&ckpt, &journal) {
+        (Ok(Some(h)), _) | (Ok(None), Ok(Some(h))) => (h.block_size, h.slots),
+        (Err(e), _) | (_, Err(e)) => {
+            report.problems.push(e.clone());
+            return Ok(report);
+        }
+        (Ok(None), Ok(None)) => {
+            return Err(format!("{}: no checkpoint or journal: not a cache's metadata directory", dir.display()))
+        }
+    };
+    (report.block_size, report.slots) = geometry;
+    report.checkpoint = matches!(ckpt, Ok(Some(_)));
+    // The start's replay, into a model of the slot table.
+    let mut slots: BTreeMap<u32, (u16, u64, bool)> = BTreeMap::new();
+    let mut names: BTreeMap<u16, String> = BTreeMap::new();
+    let mut bindings: BTreeMap<u16, String> = BTreeMap::new();
+    let mut apply = |r: Record| -> Result<(), String> {
+        match r {
+            Record::Vdisk { vm, name } => {
+                names.insert(vm, name);
+            }
+            Record::Binding { vm, identity } => {
+                bindings.insert(vm, identity.describe());
+            }
+            Record::Slot { slot, vm, block, dirty, .. } => {
+                slots.insert(slot, (vm, block, dirty.iter().any(|w| *w != 0)));
+            }
+            Record::Free { slot } => {
+                slots.remove(&slot);
+            }
+            Record::Target { .. } => {}
+        }
+        Ok(())
+    };
+    match crate::persist::replay(dir, geometry.0, geometry.1, &mut apply) {
+        Ok((rec, generation)) => {
+            report.journal_records = rec.journal_records;
+            report.torn_tail = rec.torn_tail;
+            report.generation = generation;
+        }
+        Err(e) => report.problems.push(format!("a start would refuse: {e}")),
+    }
+    let mut per_vm: BTreeMap<u16, VdiskReport> = BTreeMap::new();
+    let mut owner: BTreeMap<(u16, u64), u32> = BTreeMap::new();
+    for (&slot, &(vm, block, dirty)) in &slots {
+        let v = per_vm.entry(vm).or_insert_with(|| VdiskReport { vm, ..VdiskReport::default() });
+        v.blocks += 1;
+        v.dirty_blocks += u64::from(dirty);
+        if let Some(other) = owner.insert((vm, block), slot) {
+            report
+                .problems
+                .push(format!("block {block} of VM {vm} is in slots {other} and {slot}: two copies, one stale"));
+        }
+    }
+    for (&vm, name) in &names {
+        per_vm.entry(vm).or_insert_with(|| VdiskReport { vm, ..VdiskReport::default() }).name = Some(name.clone());
+    }
+    for v in per_vm.values_mut() {
+        v.backing = bindings.get(&v.vm).cloned();
+        if v.name.is_none() && v.blocks > 0 {
+            report.problems.push(format!("{} blocks of VM {} belong to no named vDisk", v.blocks, v.vm));
+        }
+        if v.backing.is_none() && v.dirty_blocks > 0 {
+            report.problems.push(format!(
+                "{} dirty blocks of {} have no backing store bound: they cannot be written back",
+                v.dirty_blocks,
+                v.name.as_deref().unwrap_or("an unnamed VM")
+            ));
+        }
+    }
+    report.vdisks = per_vm.into_values().collect();
+    Ok(report)
+}
+
+impl Report {
+    /// The report for a reader: one line per vDisk, then the verdict.
+    pub fn text(&self) -> String {
+        let mut s = format!(
+            "{}: {} slots of {} bytes, generation {}, {}checkpoint, {} journal records{}\n",
+            self.dir,
+            self.slots,
+            self.block_size,
+            self.generation,
+            if self.checkpoint { "" } else { "no " },
+            self.journal_records,
+            if self.torn_tail { " (a torn last record: a start cuts it)" } else { "" }
+        );
+        for v in &self.vdisks {
+            s += &format!(
+                "  {:<16} VM {:>3}: {:>10} blocks cached, {:>10} dirty; backing {}\n",
+                v.name.as_deref().unwrap_or("(unnamed)"),
+                v.vm,
+                v.blocks,
+                v.dirty_blocks,
+                v.backing.as_deref().unwrap_or("(none)")
+            );
+        }
+        if self.problems.is_empty() {
+            s += "consistent: a start recovers the blocks above\n";
+        } else {
+            for p in &self.problems {
+                s += &format!("problem: {p}\n");
+            }
+        }
+        s
+    }
+}

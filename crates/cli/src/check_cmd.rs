@@ -1,6 +1,7 @@
 //! `cachevisor check --metadata DIR`: the cache's metadata (checkpoint and journal)
 //! checked offline, reading only — what a start would recover per vDisk, or why it would
-//! refuse (`cachevisor_server::metadata_check`). Exit 0 when consistent, 1 with problems.
+//! refuse (`cachevisor_server::metadata_check`); with `--repair`, what is consistent
+//! salvaged first (`metadata_repair`). Exit 0 when consistent, 1 with problems.
 
 use clap::Args;
 use std::path::PathBuf;
@@ -15,10 +16,22 @@ pub struct CheckArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Salvage what is consistent (whole records, the newer of two copies) into a new
+    /// checkpoint, the old files kept in DIR/salvaged-TIME/; no daemon may run on it.
+    #[arg(long)]
+    pub repair: bool,
 }
 
 /// Runs the command.
 pub fn run(a: CheckArgs) -> anyhow::Result<()> {
+    if a.repair {
+        let r = cachevisor_server::metadata_repair::repair(&a.metadata).map_err(anyhow::Error::msg)?;
+        if a.json {
+            println!("{}", serde_json::to_string_pretty(&r)?);
+        } else {
+            print!("{}", r.text());
+        }
+    }
     let r = cachevisor_server::metadata_check::check(&a.metadata).map_err(anyhow::Error::msg)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&r)?);

@@ -79,6 +79,40 @@ fn check_reports_what_a_start_recovers_and_changes_nothing() {
     let e = Daemon::start(d, "m.toml", &[]).err().expect("a start on a damaged checkpoint must be refused");
     assert!(e.output.contains("checkpoint"), "{}", e.output);
 
+    // --repair salvages the whole records before the damage: a check passes, the start
+    // recovers them, and vm1 reads its own bytes where a block survived and the backing
+    // store's (zeros: the lost dirty data) elsewhere — never another block's.
+    let mut c = Command::new(bin());
+    let o = c.args(["check", "--repair", "--json", "--metadata"]).arg(&meta).output().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(o.status.success(), "{text}{}", String::from_utf8_lossy(&o.stderr));
+    // Two JSON documents: the repair's, then the check's after it.
+    let docs: Vec<serde_json::Value> =
+        serde_json::Deserializer::from_str(&text).into_iter().collect::<Result<_, _>>().unwrap();
+    let (repaired, after) = (&docs[0], &docs[1]);
+    assert!(after["problems"].as_array().unwrap().is_empty(), "{after}");
+    let kept = repaired["slots_kept"].as_u64().unwrap();
+    assert!(repaired["checkpoint_damaged"] == true && kept > 0 && kept < 1024, "{repaired}");
+    assert_eq!(check(&meta, false).0, 0);
+    let a = Daemon::start(d, "m.toml", &[]).unwrap();
+    assert!(a.banner.iter().any(|l| l.contains(&format!("{kept} blocks cached ({kept} dirty)"))), "{:?}", a.banner);
+    let img = d.join("vm1-read.raw");
+    let st =
+        Command::new("qemu-img").args(["convert", "-f", "raw", "-O", "raw", &a.uri("vm1")]).arg(&img).status().unwrap();
+    assert!(st.success());
+    let bytes = std::fs::read(&img).unwrap();
+    let (mut own, mut zero) = (0u64, 0u64);
+    for (i, chunk) in bytes[..4 << 20].chunks(4096).enumerate() {
+        if chunk.iter().all(|&b| b == 0x21) {
+            own += 1;
+        } else if chunk.iter().all(|&b| b == 0) {
+            zero += 1;
+        } else {
+            panic!("block {i} holds bytes that are neither its own nor the backing store's");
+        }
+    }
+    assert_eq!((own, zero), (kept, 1024 - kept));
+
     let (code, out) = check(&d.join("nowhere"), false);
     assert!(code == 1 && out.contains("nowhere"), "{out}");
 }

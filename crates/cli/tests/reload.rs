@@ -198,4 +198,10 @@ fn a_vdisk_the_api_removed_stays_removed_until_the_file_changes_it() {
     let a = Daemon::start(d, "r.toml", &[]).unwrap();
     assert_eq!(policies(&a), pairs(&[("vm1", "wt"), ("vm2", "wt")]), "the API's old removal is forgotten");
     qemu_io_ok(&a.uri("vm2"), &["write -P 0x5 0 1M", "read -P 0x5 0 1M"]);
+    // A new default write policy reaches the vDisks without their own, a vDisk added in
+    // the same reload included.
+    write_config(d, "write_policy = \"wb\"\n", &(vdisk("vm1", "") + &vdisk("vm2", "") + &vdisk("vm3", "")));
+    let (code, out, err) = reload(d, &a);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(policies(&a), pairs(&[("vm1", "wb"), ("vm2", "wb"), ("vm3", "wb")]));
 }

@@ -20,6 +20,7 @@ pub mod journal;
 pub mod listener;
 pub mod log_filter;
 pub mod metadata_check;
+pub mod metadata_repair;
 pub mod metrics;
 pub mod nbd;
 pub mod owner_lock;

@@ -135,6 +135,22 @@ impl OwnerLock {
     }
 }
 
+/// The metadata directory alone locked, as an owner would lock it: what an offline tool
+/// that rewrites the metadata (`cachevisor check --repair`) holds, so that no daemon
+/// runs on it meanwhile (and none starts).
+pub struct MetadataLock {
+    _meta: File,
+}
+
+impl MetadataLock {
+    /// Locks `meta_dir` (which must exist); refused naming the running owner.
+    pub fn acquire(meta_dir: &Path) -> Result<MetadataLock, String> {
+        let meta = File::open(meta_dir).map_err(|e| format!("{}: {e}", meta_dir.display()))?;
+        lock(&meta, meta_dir, meta_dir)?;
+        Ok(MetadataLock { _meta: meta })
+    }
+}
+
 fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())

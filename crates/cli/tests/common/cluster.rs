@@ -160,12 +160,12 @@ impl Cluster {
 
     /// [`Cluster::borrowing`], n0's `[cluster]` section ending with `extra`.
     pub fn borrowing_with(extra: &str) -> (Cluster, tempfile::TempDir) {
-        Cluster::borrowing_from(1, extra)
+        Cluster::borrowing_from(1, extra, "")
     }
 
     /// n0 borrows up to 8 MiB from each of `lenders` nodes (n1, n2, …), which lend it
     /// over TLS to n0's certificate; n0's `[cluster]` section ends with `extra`.
-    pub fn borrowing_from(lenders: usize, extra: &str) -> (Cluster, tempfile::TempDir) {
+    pub fn borrowing_from(lenders: usize, extra: &str, every_node: &str) -> (Cluster, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
         let pki = super::certs::Pki::new(&dir.path().join("pki"));
         let servers: Vec<_> = (1..=lenders)
@@ -176,11 +176,11 @@ impl Cluster {
         let extra = |k: usize| {
             match k {
             0 => format!(
-                "interval = \"500ms\"\nunit = \"1MiB\"\npeers = [{}]\nborrow = \"8MiB\"\npeer_tls_dir = \"{}\"\n{extra}",
+                "interval = \"500ms\"\nunit = \"1MiB\"\npeers = [{}]\nborrow = \"8MiB\"\npeer_tls_dir = \"{}\"\n{extra}\n{every_node}",
                 peers.join(", "),
                 n0.display()
             ),
-            _ => "interval = \"500ms\"\nunit = \"1MiB\"\nlend = \"8MiB\"".to_string(),
+            _ => format!("interval = \"500ms\"\nunit = \"1MiB\"\nlend = \"8MiB\"\n{every_node}"),
         }
         };
         let c = Cluster::with_nodes(lenders + 1, extra, |k| match k {

@@ -258,7 +258,9 @@ impl Daemon {
         let result = (|| -> Result<(), String> {
             for v in &plan.added {
                 let what = format!("vDisk `{}` added (backing {})", v.name, v.backing.display());
-                step(what, self.add_file_vdisk(v.clone()))?;
+                // Its write policy as the new file says (its own, or the new default).
+                let v = VdiskConfig { write_policy: Some(policy_of(v, &new)), ..v.clone() };
+                step(what, self.add_file_vdisk(v))?;
             }
             for (name, was, now) in &plan.write_policy {
                 let what = format!("vdisk ({name}).write_policy: {was:?} → {now:?}");

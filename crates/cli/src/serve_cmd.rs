@@ -141,14 +141,19 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     for sig in signals.forever() {
         if sig == SIGHUP {
             // A hang-up never stops a cache holding dirty data: it re-reads the config
-            // file and applies what changed (`daemon/reload.rs`), as `cachevisor reload`.
-            systemd::reloading();
-            match running.daemon.reload() {
-                Ok(r) if r.applied.is_empty() => tracing::info!("SIGHUP: {}: nothing changed", r.file),
-                Ok(r) => tracing::info!("SIGHUP: {} reloaded: {}", r.file, r.applied.join("; ")),
-                Err(e) => tracing::error!("SIGHUP: reload refused or stopped: {e}"),
-            }
-            systemd::ready(&status);
+            // file and applies what changed (`daemon/reload.rs`), as `cachevisor reload`
+            // does — on a thread of its own, so a SIGTERM meanwhile (a vDisk removed by
+            // the reload may take a while to write its dirty blocks back) is not held up.
+            let (d, status) = (running.daemon.clone(), status.clone());
+            std::thread::spawn(move || {
+                systemd::reloading();
+                match d.reload() {
+                    Ok(r) if r.applied.is_empty() => tracing::info!("SIGHUP: {}: nothing changed", r.file),
+                    Ok(r) => tracing::info!("SIGHUP: {} reloaded: {}", r.file, r.applied.join("; ")),
+                    Err(e) => tracing::error!("SIGHUP: reload refused or stopped: {e}"),
+                }
+                systemd::ready(&status);
+            });
             continue;
         }
         systemd::stopping();

@@ -94,6 +94,14 @@ fn the_readme_qemu_lines_reach_a_cachevisor_export() {
     let a = Daemon::start(d, "q.toml", &[]).unwrap();
     let port = a.nbd.rsplit(':').next().unwrap().to_string();
     let sock = d.join("qsd.sock");
+    /// Killed when dropped (a failed assertion must not leave it running).
+    struct Killed(Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
     let mut qsd = Command::new("qemu-storage-daemon")
         .arg("--blockdev")
         .arg(format!("driver=nbd,node-name=vm1,server.type=inet,server.host=127.0.0.1,server.port={port},export=vm1,reconnect-delay=30"))
@@ -103,12 +111,12 @@ fn the_readme_qemu_lines_reach_a_cachevisor_export() {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
+        .map(Killed)
         .expect("qemu-storage-daemon is installed (qemu-system-common)");
-    wait_for_socket(&sock, &mut qsd);
+    wait_for_socket(&sock, &mut qsd.0);
     let via_qsd = format!("nbd+unix:///vm1?socket={}", sock.display());
     qemu_io_ok(&via_qsd, &["write -P 0x5a 0 1M", "flush", "read -P 0x5a 0 1M"]);
-    let _ = qsd.kill();
-    let _ = qsd.wait();
+    drop(qsd);
     qemu_io_ok(&a.uri("vm1"), &["read -P 0x5a 0 1M"]);
     qemu_paused(&port, "vm1").unwrap();
     let e = qemu_paused(&port, "nope").expect_err("QEMU started on an export that does not exist");

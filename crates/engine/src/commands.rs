@@ -361,6 +361,28 @@ impl Engine {
         blocks
     }
 
+    /// Blocks of `vm` in `lo..hi` whose bytes may be on the cache store only: cached
+    /// dirty, or with work in flight — a write-back marks its block clean when it is handed
+    /// out (`writeback`), before its backing write has run, and the block stays busy until
+    /// that job retires. BLOCK_STATUS reports them as data (a client skipping what it is
+    /// told reads as zeros would otherwise skip a block mid-write-back). Ascending.
+    pub fn unsettled_blocks_in(&self, vm: VmId, lo: u64, hi: u64) -> Vec<u64> {
+        let mut blocks = self.dirty_blocks_in(vm, lo, hi);
+        let before = blocks.len();
+        blocks.extend(
+            self.flight
+                .busy
+                .keys()
+                .filter(|&&k| k != FREE_KEY && key_vm(k) == vm && (lo..hi).contains(&key_block(k)))
+                .map(|&k| key_block(k)),
+        );
+        if blocks.len() > before {
+            blocks.sort_unstable();
+            blocks.dedup();
+        }
+        blocks
+    }
+
     /// Writes block `block` of `vm` back if it is cached dirty, leaving it cached clean
     /// (one block of a [`Self::dirty_batch`]); returns the blocks written back (0 or 1).
     pub fn destage_block(&mut self, vm: VmId, block: u64, out: &mut Output) -> u64 {

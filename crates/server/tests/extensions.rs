@@ -93,6 +93,23 @@ fn block_status_reports_the_backing_files_holes_and_the_caches_dirty_blocks() {
     assert!(through.iter().any(|&(s, l, d)| !d && s + l <= 32 << 20 && s >= (13 << 20)), "{through:?}");
 }
 
+/// A write-back vDisk over a sparse 64 MiB file, 8 KiB written at 32 MiB (a hole of the
+/// file) and acknowledged: (the service, its URI, the file).
+fn written_into_a_hole(dir: &Path) -> (cachevisor_server::service::Running, String, std::path::PathBuf) {
+    let img = dir.join("a.img");
+    sparse(&img, 64 << 20, &[(1 << 20, 65536, 1)]);
+    let r = serve_files(dir, &[("a", "wb")]);
+    let uri = format!("nbd://{}/a", r.tcp.unwrap());
+    let o = tool("qemu-io").args(["-f", "raw", "-c", "write -P 9 32M 8k", &uri]).output().unwrap();
+    assert!(o.status.success());
+    (r, uri, img)
+}
+
+/// Whether a map shows the 8 KiB at 32 MiB as data.
+fn written(m: &[(u64, u64, bool)]) -> bool {
+    m.iter().any(|&(s, l, d)| d && s <= 32 << 20 && s + l >= (32 << 20) + 8192)
+}
+
 /// A block written back while a BLOCK_STATUS is between its two looks (held there 2 s by
 /// a test hook) is still reported as data to `nbdinfo --map`: it was dirty when the cache
 /// was asked, or on the file when the file was. Asking the file first would report the
@@ -100,13 +117,7 @@ fn block_status_reports_the_backing_files_holes_and_the_caches_dirty_blocks() {
 #[test]
 fn a_block_written_back_during_block_status_is_never_a_hole() {
     let dir = tempfile::tempdir().unwrap();
-    let img = dir.path().join("a.img");
-    sparse(&img, 64 << 20, &[(1 << 20, 65536, 1)]);
-    let r = serve_files(dir.path(), &[("a", "wb")]);
-    let uri = format!("nbd://{}/a", r.tcp.unwrap());
-    let o = tool("qemu-io").args(["-f", "raw", "-c", "write -P 9 32M 8k", &uri]).output().unwrap();
-    assert!(o.status.success());
-    let written = |m: &[(u64, u64, bool)]| m.iter().any(|&(s, l, d)| d && s <= 32 << 20 && s + l >= (32 << 20) + 8192);
+    let (r, uri, img) = written_into_a_hole(dir.path());
     assert!(!written(&qemu_map(&["-f", "raw", img.to_str().unwrap()])), "written back already");
     let pause = std::time::Duration::from_secs(2);
     r.daemon.pause_next_block_status(pause.as_micros() as u64);
@@ -119,6 +130,33 @@ fn a_block_written_back_during_block_status_is_never_a_hole() {
     let through = map.join().unwrap();
     assert!(t0.elapsed() >= pause, "the block status did not pause: the test proves nothing");
     assert!(written(&through), "{through:?}");
+}
+
+/// A block whose write-back is under way — marked clean when the write-back was handed
+/// out, its bytes read from the cache and not yet on the file — is data to BLOCK_STATUS.
+/// Seen in CI (2026-12-02) through qemu-storage-daemon, whose NBD server sends holes
+/// where its backend's block status says zero: a 1 MiB write read back as zeros while the
+/// flusher wrote it back. Here the write-back's cache read is held 1.5 s (a test hook).
+#[test]
+fn a_block_being_written_back_is_never_a_hole() {
+    let dir = tempfile::tempdir().unwrap();
+    let (r, uri, img) = written_into_a_hole(dir.path());
+    r.daemon.delay_unlocked_reads(1_500_000);
+    let d = r.daemon.clone();
+    let t0 = std::time::Instant::now();
+    let destage = std::thread::spawn(move || d.destage(0).unwrap());
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    assert!(!written(&qemu_map(&["-f", "raw", img.to_str().unwrap()])), "on the file already: the test proves nothing");
+    let through = nbdinfo_map(&uri);
+    assert!(
+        t0.elapsed() < std::time::Duration::from_millis(1500),
+        "the write-back was not held: the test proves nothing"
+    );
+    assert!(written(&through), "a block being written back was reported as a hole: {through:?}");
+    destage.join().unwrap();
+    r.daemon.delay_unlocked_reads(0);
+    assert!(written(&qemu_map(&["-f", "raw", img.to_str().unwrap()])), "not written back");
+    assert!(written(&nbdinfo_map(&uri)));
 }
 
 /// The daemon's client read bytes for `vm`.

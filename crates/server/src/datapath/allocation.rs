@@ -2,8 +2,9 @@
 //! read as zeroes, and which hold data. The backing store answers first — a file's holes
 //! by `SEEK_DATA`/`SEEK_HOLE` (what qemu-nbd and nbdkit's file plugin do), the bytes past
 //! its end as a hole; a block device or an NBD backing as all data (safe: "data" only
-//! means "read it") — then every block the cache holds dirty is data whatever the backing
-//! says, since its bytes have not reached the backing yet. A hole is reported only where
+//! means "read it") — then every block the cache holds dirty, or is writing back (marked
+//! clean when the write-back was handed out: `Engine::unsettled_blocks_in`), is data
+//! whatever the backing says, since its bytes may not have reached the backing yet. A hole is reported only where
 //! both agree, so a client that skips holes (`qemu-img convert`, `nbdcopy`, mirror jobs)
 //! never skips a byte that was written.
 
@@ -119,7 +120,7 @@ impl DataPath {
         // marks the block clean only after it reached the backing). The other order would
         // report a hole for a block whose write-back finished between the two looks.
         let bs = self.shared.bs;
-        let dirty = self.with_engine(|e| e.dirty_blocks_in(vm, offset / bs, end.div_ceil(bs)));
+        let dirty = self.with_engine(|e| e.unsettled_blocks_in(vm, offset / bs, end.div_ceil(bs)));
         let pause = self.shared.block_status_pause_us.swap(0, std::sync::atomic::Ordering::Relaxed);
         if pause > 0 {
             std::thread::sleep(std::time::Duration::from_micros(pause));

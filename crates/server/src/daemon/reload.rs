@@ -6,7 +6,8 @@
 //!   `cache.write_policy` (the vDisks without their own), `cache.allocator`, `cache.params`,
 //!   `cache.interval`, the flusher (`cache.flush_rate`, `cache.writeback_percent`,
 //!   `cache.writeback_ahead`), `cache.error_threshold`, every `[prewarm]` key but
-//!   `snapshot_dir` (`prewarm.from` is read at start only), `log.level`, and the TLS
+//!   `snapshot_dir` (the schedule at once, the rest for the next prewarm; `prewarm.from` is
+//!   read at start only), `log.level`, and the TLS
 //!   certificates' contents (re-read on every reload);
 //! - fixed (the cache's layout, listeners, the API, vSSDs, the cluster, a vDisk's backing):
 //!   a change is refused naming each key, before anything changes, and the daemon keeps
@@ -83,7 +84,7 @@ pub enum ReloadError {
 }
 
 /// Keys a reload applies (a key equal to one, or under it).
-const LIVE: [&str; 18] = [
+const LIVE: [&str; 19] = [
     "log.level",
     "cache.write_policy",
     "cache.allocator",
@@ -102,10 +103,11 @@ const LIVE: [&str; 18] = [
     "prewarm.max_read",
     "prewarm.online",
     "prewarm.protect",
+    "prewarm.minute",
 ];
 
 /// Keys a reload takes without acting on them now.
-const AT_START: [&str; 2] = ["prewarm.minute", "prewarm.from"];
+const AT_START: [&str; 1] = ["prewarm.from"];
 
 /// A vDisk's keys a reload applies.
 const LIVE_VDISK: [&str; 3] = ["write_policy", "weight", "ratio"];

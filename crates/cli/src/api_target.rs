@@ -20,6 +20,22 @@ pub struct ApiArgs {
     pub api_ca: Option<PathBuf>,
 }
 
+/// A mutating call's arguments: where the API is, its token, and JSON output.
+#[derive(Debug, Args)]
+pub struct ApiCallArgs {
+    #[command(flatten)]
+    pub api: ApiArgs,
+    /// The API token (also from CACHEVISOR_API_TOKEN).
+    #[arg(long, env = "CACHEVISOR_API_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// A file holding the API token (`api-token` in the daemon's metadata directory).
+    #[arg(long, conflicts_with = "token")]
+    pub token_file: Option<PathBuf>,
+    /// Print the daemon's answer as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// A client of one daemon's API.
 pub struct Api {
     base: String,

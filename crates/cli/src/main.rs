@@ -19,6 +19,7 @@ mod bench_sim_process;
 mod bench_vhost;
 mod bench_vssd;
 mod bundled;
+mod cache_cmd;
 mod check_cmd;
 mod demo_cmd;
 mod destage_cmd;
@@ -76,6 +77,9 @@ enum Cmd {
     Prewarm(prewarm_cmd::PrewarmArgs),
     /// Make a running daemon re-read its configuration file and apply what changed.
     Reload(reload_cmd::ReloadArgs),
+    /// Replace a running daemon's cache SSD: detach it (write back, pass through), attach a new one.
+    #[command(subcommand)]
+    Cache(cache_cmd::CacheCmd),
     /// Check a cache's metadata offline: what a start would recover, or why it would refuse.
     Check(check_cmd::CheckArgs),
     /// Run SymFlex's guest-side cache manager on a vSSD with a workload (hit ratio per interval).
@@ -113,6 +117,7 @@ fn main() {
         Cmd::Destage(a) => destage_cmd::run(a),
         Cmd::Prewarm(a) => prewarm_cmd::run(a),
         Cmd::Reload(a) => reload_cmd::run(a),
+        Cmd::Cache(c) => cache_cmd::run(c),
         Cmd::Check(a) => check_cmd::run(a),
         Cmd::Bench(c) => bench_cmd::run(c),
         Cmd::Completions { shell } => shell_cmd::completions(shell, Cli::command()),

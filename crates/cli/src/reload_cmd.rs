@@ -4,23 +4,13 @@
 
 use crate::exit_status::{api_error, exit, FAILED};
 use clap::Args;
-use std::path::PathBuf;
 
 /// Arguments of `reload`.
 #[derive(Debug, Args)]
 #[command(after_help = crate::exit_status::HELP)]
 pub struct ReloadArgs {
     #[command(flatten)]
-    pub api: crate::api_target::ApiArgs,
-    /// The API token (also from CACHEVISOR_API_TOKEN).
-    #[arg(long, env = "CACHEVISOR_API_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
-    /// A file holding the API token (`api-token` in the daemon's metadata directory).
-    #[arg(long, conflicts_with = "token")]
-    pub token_file: Option<PathBuf>,
-    /// Print the daemon's answer as JSON.
-    #[arg(long)]
-    pub json: bool,
+    pub call: crate::api_target::ApiCallArgs,
 }
 
 /// The daemon's answer.
@@ -31,7 +21,7 @@ struct Report {
 }
 
 /// Runs the command.
-pub fn run(a: ReloadArgs) -> anyhow::Result<()> {
+pub fn run(ReloadArgs { call: a }: ReloadArgs) -> anyhow::Result<()> {
     let token = crate::api_token::resolve(&a.token, &a.token_file, "reloading")?;
     let api = a.api.client()?;
     let url = api.url("/reload");

@@ -38,7 +38,10 @@ pub fn run(a: StatusArgs) -> anyhow::Result<()> {
         [] => Ok(()),
         names => Err(crate::exit_status::exit(
             crate::exit_status::DEGRADED,
-            format!("in pass-through (served without the cache after device errors): {}", names.join(", ")),
+            format!(
+                "in pass-through (served without the cache: device errors, or the cache detached): {}",
+                names.join(", ")
+            ),
         )),
     };
     if a.json {
@@ -75,6 +78,16 @@ pub fn run(a: StatusArgs) -> anyhow::Result<()> {
             sn("writes"),
             sn("errors"),
         );
+    }
+    // The cache file, when it is not in (`cachevisor cache attach` brings it back).
+    if let Ok(c) = api.get("/cache").call().map(|r| r.into_json::<serde_json::Value>()) {
+        let c = c.unwrap_or_default();
+        if let Some(state) = c["state"].as_str().filter(|s| *s != "attached") {
+            println!(
+                "cache {}: {state}: every vDisk passes through to its backing store until `cachevisor cache attach`",
+                c["path"].as_str().unwrap_or("?")
+            );
+        }
     }
     // The running (or last) prewarm, when there was one.
     if let Ok(p) =

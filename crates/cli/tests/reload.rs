@@ -6,9 +6,9 @@
 
 mod common;
 
-use common::{bin, qemu_io_ok, Daemon};
+use common::{bin, client_ok, qemu_io_ok, Daemon};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 const BASE: &str = "[cache]\npath = \"cache.img\"\nsize = \"32MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n[prewarm]\nsnapshot_every = \"0\"\n";
@@ -60,18 +60,7 @@ fn client(uri: &str, ms: u64) -> std::process::Child {
         "read -P 0x31 0 1M".into(),
         "read -P 0x32 1M 2M".into(),
     ];
-    let mut c = Command::new("qemu-io");
-    c.args(["-f", "raw"]);
-    for x in &cmds {
-        c.args(["-c", x]);
-    }
-    c.arg(uri).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
-}
-
-fn client_ok(c: std::process::Child) {
-    let o = c.wait_with_output().unwrap();
-    let out = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success() && !out.contains("failed") && !out.contains("error"), "the connected client: {out}");
+    common::client(uri, &cmds)
 }
 
 fn eventually(what: &str, mut ok: impl FnMut() -> bool) {

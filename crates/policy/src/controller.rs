@@ -334,13 +334,18 @@ impl Controller {
 
 /// Applies `d` through engine commands — changed write policies first (leaving write-back
 /// writes back at once; with the decision's paced shrinks, between write-back and
-/// write-through lazily), then targets,
+/// write-through lazily; none for a vDisk that passes through), then targets,
 /// shrinks before grows (paced ones when the decision asks) — and returns every
 /// command's device operations, in a safe sequential order, for the driver to execute.
 pub fn apply(e: &mut Engine, d: &Decision) -> Output {
     let mut all = Output::default();
     let mut one = Output::default();
     for (v, p) in d.write_policies.iter().enumerate() {
+        // A vDisk passing through (device errors, a detached cache) stays read-only
+        // until its driver ends the pass-through (`Engine::set_bypass`).
+        if e.bypassed(v as VmId) {
+            continue;
+        }
         if let Some(p) = *p {
             let lazy = |e: &mut Engine| d.paced_shrinks && e.set_write_policy_lazy(v as VmId, p);
             if e.partition(v as VmId).write_policy != p && !lazy(e) {
@@ -434,5 +439,22 @@ mod tests {
                 assert_eq!(d.targets[0] + d.targets[2], 1024, "{:?}", d.targets);
             }
         }
+    }
+
+    #[test]
+    fn a_decision_leaves_a_passed_through_vdisk_read_only() {
+        use cachevisor_engine::WritePolicy;
+        let mut e = Engine::new(EngineConfig::with_slots(64)).unwrap();
+        e.ensure_vm(0);
+        e.ensure_vm(1);
+        e.set_bypass(0, true);
+        let d = Decision {
+            write_policies: vec![Some(WritePolicy::Wb), Some(WritePolicy::Wt)],
+            ..Decision::targets(vec![32, 32])
+        };
+        apply(&mut e, &d);
+        assert_eq!(e.partition(0).write_policy, WritePolicy::Ro, "passes through: stays read-only");
+        assert_eq!(e.partition(1).write_policy, WritePolicy::Wt);
+        assert_eq!(e.partition(0).target, 32, "targets still apply");
     }
 }

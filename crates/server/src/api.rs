@@ -3,7 +3,9 @@
 //! (`POST /vdisks`) or remove one (`DELETE /vdisks/NAME`), resize a partition,
 //! change a write policy, start a destage job for one vDisk or all (progress at
 //! `GET /destage`), prewarm from a snapshot directory (`POST /prewarm`, progress at
-//! `GET /prewarm`), switch the allocator, set a vSSD's target (`vssd/api.rs`) — that need
+//! `GET /prewarm`), switch the allocator, set a vSSD's target (`vssd/api.rs`), detach
+//! the cache SSD and attach a new one (`POST /cache/detach`, `/cache/attach`; state at
+//! `GET /cache`) — that need
 //! `Authorization: Bearer
 //! TOKEN`. Without a configured token a random one is written, readable by the owner
 //! only, to `api-token` in the metadata directory.
@@ -261,6 +263,74 @@ async fn start_prewarm(
     }
 }
 
+/// `GET /cache`: the cache file's state (attached, detaching, detached, attaching), its
+/// cached and dirty blocks, the last swap's figures or error.
+async fn cache_state(State(a): State<Api>) -> Response {
+    Json(a.daemon.cache_report()).into_response()
+}
+
+/// `POST /cache/detach`: empties the cache and lets go of its file (every vDisk passes
+/// through meanwhile and after). 200 with the state once detached; 202 while it still
+/// writes back (follow `GET /cache`: `detached`, or `attached` with `error`); 400 when
+/// refused (vSSDs, a cluster node, not attached).
+async fn detach_cache(State(a): State<Api>) -> Response {
+    let d = a.daemon.clone();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("cache-detach".into())
+        .spawn(move || {
+            let mut logged = std::time::Instant::now();
+            let r = d.detach_cache(&mut |cached, dirty| {
+                if logged.elapsed() > Duration::from_secs(5) {
+                    tracing::info!(cached, dirty, "detaching the cache: emptying it");
+                    logged = std::time::Instant::now();
+                }
+            });
+            let _ = tx.send(r);
+        })
+        .expect("spawning the detach thread");
+    match tokio::time::timeout(Duration::from_millis(300), rx).await {
+        Ok(Ok(Ok(_))) => Json(a.daemon.cache_report()).into_response(),
+        Ok(Ok(Err(e))) => op_err(e),
+        Ok(Err(e)) => err(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        Err(_) => (StatusCode::ACCEPTED, Json(a.daemon.cache_report())).into_response(),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AttachBody {
+    /// Prewarm the new cache from the newest snapshot (default: yes).
+    #[serde(default = "yes")]
+    prewarm: bool,
+    /// The snapshot directory to prewarm from (default: the daemon's).
+    from: Option<std::path::PathBuf>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `POST /cache/attach`: opens `cache.path` anew (a new, empty file or device) and
+/// caches again; 200 with the state and what the prewarm does; 400 when refused (not
+/// detached, the file cannot be opened or locked).
+async fn attach_cache(State(a): State<Api>, body: axum::body::Bytes) -> Response {
+    let b = if body.iter().all(u8::is_ascii_whitespace) {
+        AttachBody { prewarm: true, from: None }
+    } else {
+        match serde_json::from_slice::<AttachBody>(&body) {
+            Ok(b) => b,
+            Err(e) => return err(StatusCode::BAD_REQUEST, format!("the body: {e}")),
+        }
+    };
+    let d = a.daemon.clone();
+    match tokio::task::spawn_blocking(move || d.attach_cache(b.prewarm, b.from.as_deref())).await {
+        Ok(Ok(_)) => Json(a.daemon.cache_report()).into_response(),
+        Ok(Err(e)) => op_err(e),
+        Err(e) => err(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct AllocatorBody {
@@ -370,6 +440,9 @@ pub fn start(
         .route("/allocator", get(get_allocator).post(set_allocator))
         .route("/tls/reload", post(reload_tls))
         .route("/reload", post(reload))
+        .route("/cache", get(cache_state))
+        .route("/cache/detach", post(detach_cache))
+        .route("/cache/attach", post(attach_cache))
         .route("/cluster", get(cluster_status))
         .route("/cluster/replicas/{owner}", axum::routing::delete(forget_replica))
         .merge(crate::vssd::api::routes())

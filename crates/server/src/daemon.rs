@@ -13,6 +13,7 @@ use cachevisor_policy::registry;
 use cachevisor_trace::VmId;
 use std::sync::{Arc, Mutex, RwLock};
 
+mod cache_swap;
 mod policy;
 mod prewarming;
 pub mod reload;
@@ -20,6 +21,7 @@ mod start;
 mod vdisks;
 pub use crate::datapath::ExportStats;
 pub use crate::status::VdiskStatus;
+pub use cache_swap::CacheReport;
 pub use start::StartOptions;
 pub use vdisks::ChangeError;
 
@@ -156,6 +158,11 @@ pub struct Daemon {
     /// The configuration as last read (before the overlay), what a reload compares with;
     /// held while a reload runs (one at a time).
     file_config: Mutex<Config>,
+    /// What a detached cache's metadata directory held (`cache_swap.rs`); held while a
+    /// detach or attach runs (one at a time).
+    carried: Mutex<cache_swap::Carried>,
+    /// The last detach's figures and the last attach's prewarm.
+    swap: Mutex<cache_swap::SwapNotes>,
 }
 
 impl Daemon {
@@ -520,6 +527,8 @@ impl Daemon {
             let mut p = self.policy.lock().unwrap_or_else(|p| p.into_inner());
             exports.iter().map(|x| *p.ctl.settings_mut(x.id as usize)).collect()
         };
+        // A detached cache passes every vDisk through (`cache_swap.rs`).
+        let cache_out = self.dp.cache_state() != crate::datapath::CacheState::Attached;
         exports
             .into_iter()
             .zip(parts)
@@ -527,7 +536,7 @@ impl Daemon {
             .map(|((e, (p, ahead)), share)| VdiskStatus {
                 weight: share.weight,
                 ratio: share.ratio,
-                stats: self.dp.stats(e.id),
+                stats: ExportStats { passthrough: self.dp.stats(e.id).passthrough || cache_out, ..self.dp.stats(e.id) },
                 name: e.name,
                 size: e.size,
                 write_policy: p.write_policy,
@@ -620,6 +629,11 @@ impl Daemon {
         }
         if let Some(w) = self.dp.set_recorder(None) {
             w.finish().map_err(|e| OpError::Other(format!("trace recording: {e}")))?;
+        }
+        if self.dp.cache_state() != crate::datapath::CacheState::Attached {
+            // Detached: the metadata names no block (written at the detach), and the
+            // backing stores hold every write; nothing to snapshot.
+            return Ok(());
         }
         self.dp.flush(0)?;
         self.dp.checkpoint_now().map_err(OpError::Other)?;

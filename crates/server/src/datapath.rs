@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 mod allocation;
 mod cache_hints;
+mod cache_swap;
 mod committer;
 mod control;
 mod devices;
@@ -36,6 +37,7 @@ mod stats;
 mod store_devices;
 pub use allocation::MAX_EXTENTS;
 pub use cache_hints::{HintCounts, MAX_QUEUED_BLOCKS};
+pub use cache_swap::{CacheState, DetachReport};
 pub use stats::ExportStats;
 
 /// Bytes and the disk address of their first byte.
@@ -148,6 +150,11 @@ struct Core {
     /// Ops queued with no device thread woken: the submitting thread runs its own first
     /// and wakes threads for what is left ([`DataPath::submit`] with `here`).
     quiet: bool,
+    /// Whether the cache file is in (`cache_swap.rs`).
+    cache: CacheState,
+    /// Each vDisk's write policy and pass-through before a detach, given back by the
+    /// attach.
+    saved_modes: Vec<(cachevisor_engine::WritePolicy, bool)>,
 }
 
 struct Shared {
@@ -156,7 +163,13 @@ struct Shared {
     wake: Condvar,
     /// A commit, or a checkpoint's wait, for the committer.
     commit_cv: Condvar,
-    ssd: Arc<File>,
+    /// The cache file (`None` while detached: `cache_swap.rs`).
+    ssd: store_devices::CacheSlot,
+    /// The metadata the committer writes (`committer.rs`; closed while the cache is
+    /// detached with its metadata directory).
+    persist: Mutex<Persistence>,
+    /// The io_uring thread is asked to end once nothing is in flight (a detach).
+    ring_stop: AtomicBool,
     /// The cache file was opened O_DIRECT (I/O through aligned buffers).
     direct: bool,
     /// One device per row of the engine's store table (`store_devices.rs`).
@@ -238,7 +251,8 @@ pub struct Setup {
 /// The data path: an engine in persistent mode driven by device, commit and timer threads.
 pub struct DataPath {
     shared: Arc<Shared>,
-    threads: Vec<JoinHandle<()>>,
+    /// Its threads (an attach adds an io_uring thread).
+    threads: Mutex<Vec<JoinHandle<()>>>,
     /// NBD_CMD_CACHE hints waiting for the loader (`cache_hints.rs`).
     hints: cache_hints::CacheHints,
 }
@@ -400,7 +414,7 @@ impl Drop for DataPath {
         self.shared.wake.notify_all();
         self.shared.commit_cv.notify_all();
         self.shared.ring_notify.notify_one();
-        for t in self.threads.drain(..) {
+        for t in self.threads.get_mut().unwrap_or_else(|p| p.into_inner()).drain(..) {
             let _ = t.join();
         }
     }

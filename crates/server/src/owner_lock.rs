@@ -30,14 +30,16 @@ static HELD: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 /// The locks held by the running owner of a cache (released when dropped).
 #[derive(Debug)]
 pub struct OwnerLock {
-    _cache: File,
-    _meta: File,
-    paths: [PathBuf; 2],
+    /// The cache store's lock (`None` while the cache is detached: `cache_swap.rs`).
+    cache: Option<(File, PathBuf)>,
+    /// The metadata directory's lock (`None` while it left with a detached cache).
+    meta: Option<(File, PathBuf)>,
 }
 
 impl Drop for OwnerLock {
     fn drop(&mut self) {
-        HELD.lock().unwrap_or_else(|e| e.into_inner()).retain(|p| !self.paths.contains(p));
+        let held: Vec<PathBuf> = [&self.cache, &self.meta].into_iter().flatten().map(|(_, p)| p.clone()).collect();
+        HELD.lock().unwrap_or_else(|e| e.into_inner()).retain(|p| !held.contains(p));
     }
 }
 
@@ -113,6 +115,15 @@ impl OwnerLock {
     pub fn acquire(cache: &Path, meta_dir: &Path) -> Result<OwnerLock, String> {
         parent_must_exist(cache, "cache.path")?;
         parent_must_exist(meta_dir, "cache.metadata")?;
+        let mut owner = OwnerLock { cache: None, meta: None };
+        owner.lock_cache(cache, meta_dir)?;
+        owner.lock_meta(cache, meta_dir)?;
+        Ok(owner)
+    }
+
+    /// Locks the cache store at `cache` (created empty when missing), its parent must
+    /// exist: at start, and when a detached cache is attached again.
+    pub fn lock_cache(&mut self, cache: &Path, meta_dir: &Path) -> Result<(), String> {
         let cache_file = crate::private_files::options()
             .read(true)
             .write(true)
@@ -122,16 +133,37 @@ impl OwnerLock {
             .map_err(|e| format!("{}: {e}", cache.display()))?;
         lock(&cache_file, cache, meta_dir)?;
         crate::private_files::check_cache_mode(cache, "cache.path")?;
+        HELD.lock().unwrap_or_else(|e| e.into_inner()).push(cache.to_path_buf());
+        self.cache = Some((cache_file, cache.to_path_buf()));
+        Ok(())
+    }
+
+    /// Locks the metadata directory `meta_dir` (created when missing) and notes this
+    /// process as the owner of `cache`.
+    pub fn lock_meta(&mut self, cache: &Path, meta_dir: &Path) -> Result<(), String> {
         crate::private_files::ensure_dir(meta_dir).map_err(|e| format!("{}: {e}", meta_dir.display()))?;
         let meta = File::open(meta_dir).map_err(|e| format!("{}: {e}", meta_dir.display()))?;
         lock(&meta, meta_dir, meta_dir)?;
-        let paths = [cache.to_path_buf(), meta_dir.to_path_buf()];
-        HELD.lock().unwrap_or_else(|e| e.into_inner()).extend(paths.iter().cloned());
+        HELD.lock().unwrap_or_else(|e| e.into_inner()).push(meta_dir.to_path_buf());
+        self.meta = Some((meta, meta_dir.to_path_buf()));
         let note = format!("pid {} on {}, cache {}\n", std::process::id(), hostname(), cache.display());
         crate::private_files::create(&owner_file(meta_dir))
             .and_then(|mut f| std::io::Write::write_all(&mut f, note.as_bytes()))
-            .map_err(|e| format!("{}: {e}", owner_file(meta_dir).display()))?;
-        Ok(OwnerLock { _cache: cache_file, _meta: meta, paths })
+            .map_err(|e| format!("{}: {e}", owner_file(meta_dir).display()))
+    }
+
+    /// Lets go of the cache store (its descriptor closed: the device can be removed).
+    pub fn release_cache(&mut self) {
+        if let Some((_, p)) = self.cache.take() {
+            HELD.lock().unwrap_or_else(|e| e.into_inner()).retain(|h| *h != p);
+        }
+    }
+
+    /// Lets go of the metadata directory (its descriptor closed).
+    pub fn release_meta(&mut self) {
+        if let Some((_, p)) = self.meta.take() {
+            HELD.lock().unwrap_or_else(|e| e.into_inner()).retain(|h| *h != p);
+        }
     }
 }
 
@@ -193,7 +225,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (cache, meta) = (dir.path().join("c.img"), dir.path().join("c.img.meta"));
         let first = OwnerLock::acquire(&cache, &meta).unwrap();
-        let share = first._meta.try_clone().unwrap();
+        let share = first.meta.as_ref().unwrap().0.try_clone().unwrap();
         let mut child = std::process::Command::new("sleep").arg("0.4").stdin(share).spawn().unwrap();
         drop(first);
         let t = Instant::now();

@@ -39,7 +39,8 @@ pub type CheckpointSource<'a> =
 pub struct Persistence {
     dir: PathBuf,
     header: Header,
-    journal: File,
+    /// `None` while the cache is detached (`datapath/cache_swap.rs`): nothing is journaled.
+    journal: Option<File>,
     /// The journal file's length after its last whole record: where a failed append is cut
     /// back to, and what `wants_checkpoint` measures.
     journal_end: u64,
@@ -172,7 +173,7 @@ impl Persistence {
         let p = Persistence {
             dir: dir.to_path_buf(),
             header,
-            journal,
+            journal: Some(journal),
             journal_end,
             poisoned: false,
             failing: false,
@@ -221,9 +222,15 @@ impl Persistence {
                 "the metadata journal could not be repaired after a failed append: restart the daemon",
             ));
         }
+        let Some(journal) = self.journal.as_mut() else {
+            // Detached: the vDisk records are kept in memory (names by the data path,
+            // bindings here) and go into the checkpoint that reattaching writes.
+            self.buf.clear();
+            return Ok(());
+        };
         if !self.buf.is_empty() {
-            if let Err(e) = self.journal.write_all(&self.buf) {
-                if self.journal.set_len(self.journal_end).is_err() {
+            if let Err(e) = journal.write_all(&self.buf) {
+                if journal.set_len(self.journal_end).is_err() {
                     self.poisoned = true;
                 }
                 if !self.failing {
@@ -252,6 +259,14 @@ impl Persistence {
         sync_cache: &dyn Fn() -> std::io::Result<()>,
         backings: &[&crate::backing::Backing],
     ) -> std::io::Result<()> {
+        if self.journal.is_none() && !c.records.is_empty() {
+            // Every slot is withheld while detached: a slot record here is a bug, and
+            // failing it fails the writes that wait on it rather than losing them.
+            return Err(std::io::Error::other(format!(
+                "the cache is detached: {} slot records have no journal to go to",
+                c.records.len()
+            )));
+        }
         for b in backings {
             b.sync().map_err(|e| std::io::Error::new(e.kind(), format!("syncing a backing store: {e}")))?;
         }
@@ -267,7 +282,42 @@ impl Persistence {
             self.buf.clear(); // the engine sends these records again
         }
         r?;
-        self.journal.sync_data().map_err(|e| self.named(e, "journal"))
+        match &self.journal {
+            Some(j) => j.sync_data().map_err(|e| self.named(e, "journal")),
+            None => Ok(()),
+        }
+    }
+
+    /// Closes the journal: the metadata directory leaves with a detached cache
+    /// (`datapath/cache_swap.rs`), after a checkpoint that names no slot. Until
+    /// [`Self::reattach`] and the checkpoint after it, commits carry no slot record.
+    pub fn detach(&mut self) {
+        self.journal = None;
+        self.buf.clear();
+    }
+
+    /// Whether the journal is closed ([`Self::detach`]).
+    pub fn detached(&self) -> bool {
+        self.journal.is_none()
+    }
+
+    /// Takes the metadata directory again after [`Self::detach`] (created when missing:
+    /// a new SSD). The generation moves past any checkpoint or journal found there, so
+    /// the checkpoint written next never continues another generation's journal; the
+    /// journal opens with that checkpoint ([`Self::checkpoint_records`]).
+    pub fn reattach(&mut self) -> std::io::Result<()> {
+        crate::private_files::ensure_dir(&self.dir)?;
+        let found = |name: &str, magic| -> u64 {
+            let mut h = [0u8; HEADER_LEN];
+            File::open(self.dir.join(name))
+                .and_then(|mut f| f.read_exact(&mut h))
+                .ok()
+                .and_then(|()| Header::decode(&h, magic).ok())
+                .map_or(0, |h| h.generation)
+        };
+        let newest = found("checkpoint", CHECKPOINT_MAGIC).max(found("journal", JOURNAL_MAGIC));
+        self.header.generation = self.header.generation.max(newest);
+        Ok(())
     }
 
     /// Sets the journal size past which [`Self::wants_checkpoint`] says yes.
@@ -323,8 +373,9 @@ impl Persistence {
     fn start_journal(&mut self, header: Header) -> std::io::Result<()> {
         let jpath = self.dir.join("journal");
         write_file_atomically(&jpath, JOURNAL_MAGIC, &header, &mut |_| Ok(()))?;
-        self.journal = OpenOptions::new().append(true).open(&jpath)?;
-        self.journal_end = self.journal.metadata()?.len();
+        let journal = OpenOptions::new().append(true).open(&jpath)?;
+        self.journal_end = journal.metadata()?.len();
+        self.journal = Some(journal);
         self.header = header;
         Ok(())
     }
@@ -386,5 +437,58 @@ fn slot_record(r: &cachevisor_engine::SlotRecord) -> Record {
             Record::Slot { slot: r.slot, vm: vm as u16, block, valid: r.valid.clone(), dirty: r.dirty.clone() }
         }
         _ => Record::Free { slot: r.slot },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::journal::write_file_atomically;
+
+    fn no_records(_: Record) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// Reattached to a directory holding another generation's journal (a metadata
+    /// directory left on a reused SSD), the next checkpoint takes a generation past it:
+    /// a replay never continues that journal with our checkpoint.
+    #[test]
+    fn a_reattached_journal_starts_past_every_generation_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = dir.path().join("meta");
+        let (mut p, _) = Persistence::open(&meta, 4096, 16, &mut no_records).unwrap();
+        let empty = |_: &mut dyn FnMut(cachevisor_engine::SlotRecord)| cachevisor_engine::Syncs::default();
+        p.checkpoint_records(&["vm0".into()], &[0], &|| Ok(()), &[], &mut { empty }).unwrap();
+        p.detach();
+        assert!(p.detached());
+        // Detached: the daemon's records stay in memory, a slot record is refused.
+        p.record_vdisk(0, "vm0").unwrap();
+        let c = cachevisor_engine::Commit {
+            epoch: 1,
+            records: Vec::new(),
+            sync_backings: Vec::new(),
+            sync_stores: Vec::new(),
+        };
+        p.commit(&c, &|| Ok(()), &[]).unwrap();
+        let slot = cachevisor_engine::SlotRecord { slot: 3, block: Some((0, 7)), valid: vec![!0], dirty: vec![0] };
+        let e = p.commit(&cachevisor_engine::Commit { records: vec![slot], ..c }, &|| Ok(()), &[]).unwrap_err();
+        assert!(e.to_string().contains("detached"), "{e}");
+        // Another cache's journal of generation 9 appears where ours was.
+        std::fs::remove_dir_all(&meta).unwrap();
+        std::fs::create_dir(&meta).unwrap();
+        let foreign = Header { block_size: 4096, slots: 16, generation: 9 };
+        write_file_atomically(&meta.join("journal"), JOURNAL_MAGIC, &foreign, &mut |_| Ok(())).unwrap();
+        p.reattach().unwrap();
+        p.checkpoint_records(&["vm0".into()], &[0], &|| Ok(()), &[], &mut { empty }).unwrap();
+        assert!(!p.detached());
+        let mut names = Vec::new();
+        let (_, generation) = replay(&meta, 4096, 16, &mut |r| {
+            if let Record::Vdisk { name, .. } = r {
+                names.push(name);
+            }
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!((generation, names), (10, vec!["vm0".to_string()]));
     }
 }

@@ -179,6 +179,24 @@ pub fn qemu_io(uri: &str, cmds: &[&str]) -> (bool, String) {
     (o.status.success() && !text.contains("failed"), text)
 }
 
+/// A qemu-io client running `cmds` on `uri` (e.g. one that sleeps while the test changes
+/// the daemon under it): started, not waited for ([`client_ok`] waits).
+pub fn client(uri: &str, cmds: &[String]) -> Child {
+    let mut c = Command::new("qemu-io");
+    c.args(["-f", "raw"]);
+    for x in cmds {
+        c.args(["-c", x]);
+    }
+    c.arg(uri).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
+}
+
+/// Waits for a [`client`]; panics with its output unless every command succeeded.
+pub fn client_ok(c: Child) {
+    let o = c.wait_with_output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success() && !out.contains("failed") && !out.contains("error"), "the connected client: {out}");
+}
+
 /// Like [`qemu_io`], panicking with the output when a command fails.
 pub fn qemu_io_ok(uri: &str, cmds: &[&str]) {
     let (ok, out) = qemu_io(uri, cmds);

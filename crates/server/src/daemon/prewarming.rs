@@ -102,6 +102,7 @@ impl Daemon {
     /// Takes a snapshot of the cache's state now and writes it, crash-safe; the oldest
     /// beyond `snapshots_kept` are removed. Returns its path.
     pub fn take_snapshot(&self) -> Result<PathBuf, OpError> {
+        self.cache_must_be_in("a snapshot").map_err(OpError::Invalid)?;
         let names: Vec<String> = {
             let exports = self.exports.read().unwrap_or_else(|e| e.into_inner());
             exports
@@ -454,7 +455,8 @@ pub(crate) fn snapshot_loop(d: std::sync::Weak<Daemon>) {
             }
             SnapshotSchedule::AtShutdown => false,
         };
-        if due {
+        // A detached cache has nothing to snapshot (and must not age the history out).
+        if due && d.dp.cache_state() == crate::datapath::CacheState::Attached {
             if let Err(e) = d.take_snapshot() {
                 tracing::warn!(error = %e, "periodic cache snapshot failed");
             }

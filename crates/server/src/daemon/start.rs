@@ -459,6 +459,8 @@ impl Daemon {
             migrations: std::sync::OnceLock::new(),
             source: opts.source.clone(),
             file_config: Mutex::new(file_config),
+            carried: Default::default(),
+            swap: Default::default(),
         })
     }
 }

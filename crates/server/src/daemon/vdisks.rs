@@ -59,6 +59,9 @@ impl Daemon {
         force: bool,
         origin: Origin,
     ) -> Result<ExportInfo, ChangeError> {
+        // Held throughout: a detach waits for the change (and the change for it).
+        let _swap = self.carried.lock().unwrap_or_else(|e| e.into_inner());
+        self.cache_must_be_in("adding a vDisk").map_err(ChangeError::Conflict)?;
         let mut overlay = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
         if self.vdisk(&v.name).is_some() {
             return Err(ChangeError::Conflict(format!("a vDisk named `{}` is already served", v.name)));
@@ -158,6 +161,8 @@ impl Daemon {
 
     /// [`Self::remove_vdisk`], noted as `origin` asks.
     pub(crate) fn remove_vdisk_as(&self, vm: VmId, origin: Origin) -> Result<(), ChangeError> {
+        let _swap = self.carried.lock().unwrap_or_else(|e| e.into_inner());
+        self.cache_must_be_in("removing a vDisk").map_err(ChangeError::Conflict)?;
         let mut overlay = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
         let info = self.export(vm).ok_or_else(|| ChangeError::NotFound(format!("no vDisk with id {vm}")))?;
         if self.exports().len() == 1 {
@@ -252,12 +257,15 @@ impl Daemon {
     ///
     /// Saved first: a change that cannot be saved is not made.
     pub fn set_write_policy(&self, vm: VmId, policy: cachevisor_engine::WritePolicy) -> Result<(), OpError> {
+        self.cache_must_be_in("changing a write policy").map_err(OpError::Invalid)?;
         self.remember(vm, |o, name| o.set_write_policy(name, policy))?;
         self.set_write_policy_now(vm, policy)
     }
 
     /// [`Self::set_write_policy`] without noting it in the overlay.
     pub(crate) fn set_write_policy_now(&self, vm: VmId, policy: cachevisor_engine::WritePolicy) -> Result<(), OpError> {
+        let _swap = self.carried.lock().unwrap_or_else(|e| e.into_inner());
+        self.cache_must_be_in("changing a write policy").map_err(OpError::Invalid)?;
         Ok(self.dp.run_job(|e, out| e.set_write_policy(vm, policy, out)).and_then(|_| self.dp.flush(vm))?)
     }
 

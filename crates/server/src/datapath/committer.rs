@@ -20,7 +20,7 @@ use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::time::{Duration, Instant};
 
 impl Shared {
-    pub(super) fn committer(&self, mut persist: Persistence) {
+    pub(super) fn committer(&self) {
         let mut checkpointing = false;
         // Commits failed in a row (the pause before the next grows with them).
         let mut failing = 0u32;
@@ -41,7 +41,7 @@ impl Shared {
                         core.engine.hold_admission(true, now);
                     }
                     if checkpointing && core.engine.quiescent() {
-                        self.checkpoint(&mut core, &mut persist);
+                        self.checkpoint(&mut core, &mut self.persist.lock().unwrap_or_else(|p| p.into_inner()));
                         checkpointing = false;
                         continue;
                     }
@@ -61,8 +61,11 @@ impl Shared {
             };
             let backings: Vec<_> = c.sync_backings.iter().filter_map(|&vm| self.backing(vm).ok()).collect();
             let backing_refs: Vec<&crate::backing::Backing> = backings.iter().map(|b| &**b).collect();
-            let r = append_meta(&mut persist, &meta)
-                .and_then(|()| persist.commit(&c, &|| self.sync_stores(), &backing_refs));
+            let r = {
+                let mut persist = self.persist.lock().unwrap_or_else(|p| p.into_inner());
+                append_meta(&mut persist, &meta)
+                    .and_then(|()| persist.commit(&c, &|| self.sync_stores(), &backing_refs))
+            };
             self.busy.fetch_sub(1, SeqCst);
             match &r {
                 Err(e) => {
@@ -90,7 +93,7 @@ impl Shared {
             core.committing = false;
             // The journal past its limit: hold admission until nothing is in flight, then a
             // checkpoint replaces it (commits go on meanwhile: held writes need them).
-            if !checkpointing && persist.wants_checkpoint() {
+            if !checkpointing && self.persist.lock().unwrap_or_else(|p| p.into_inner()).wants_checkpoint() {
                 checkpointing = true;
                 core.engine.hold_admission(true, now);
             }

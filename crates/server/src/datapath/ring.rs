@@ -76,7 +76,7 @@ impl Shared {
 /// Starts the ring thread for `shared`'s cache store; `None` (the device threads run the
 /// cache-store ops) when io_uring cannot be set up.
 pub(super) fn start(shared: Arc<Shared>) -> Option<std::thread::JoinHandle<()>> {
-    let file = shared.ssd.try_clone().ok()?;
+    let file = store_devices_file(&shared)?;
     let (tx, rx) = std::sync::mpsc::channel::<bool>();
     let handle = super::named("cv-ring".into(), move || {
         let started = tx.clone();
@@ -99,6 +99,11 @@ pub(super) fn start(shared: Arc<Shared>) -> Option<std::thread::JoinHandle<()>> 
     }
 }
 
+/// A descriptor of the cache file for the ring (`None` when detached).
+fn store_devices_file(shared: &Shared) -> Option<std::fs::File> {
+    super::store_devices::cache_file(&shared.ssd).ok()?.try_clone().ok()
+}
+
 /// Takes cache-store runs as they are queued and keeps up to [`DEPTH`] in flight until
 /// the data path stops; each completes its ops when its I/O ends.
 async fn ring_loop(shared: Arc<Shared>, file: tokio_uring::fs::File) {
@@ -117,10 +122,14 @@ async fn ring_loop(shared: Arc<Shared>, file: tokio_uring::fs::File) {
             (core.stop, runs)
         };
         if runs.is_empty() {
-            if stop && in_flight.get() == 0 {
+            if (stop || shared.ring_stop.load(SeqCst)) && in_flight.get() == 0 {
                 // Like the device threads, the ring ends once its queue is empty and
                 // nothing is left in the kernel's hands; what a completion queues after
-                // that goes to the device threads still running.
+                // that goes to the device threads still running. Its descriptor of the
+                // cache file is closed first (a detach waits for `ring_on` to fall).
+                if let Ok(f) = Rc::try_unwrap(file) {
+                    let _ = f.close().await;
+                }
                 let core = shared.lock();
                 shared.ring_on.store(false, SeqCst);
                 drop(core);

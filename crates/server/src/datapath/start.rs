@@ -27,7 +27,7 @@ impl DataPath {
         engine.set_error_threshold(error_threshold);
         let bs = engine.config().block_size;
         let layout = engine.layout().clone();
-        let ssd = Arc::new(ssd);
+        let ssd: store_devices::CacheSlot = Arc::new(RwLock::new(Some(Arc::new(ssd))));
         let n = names.len();
         let core = Core {
             engine,
@@ -51,6 +51,8 @@ impl DataPath {
             recorder: None,
             want_checkpoint: false,
             quiet: false,
+            cache: CacheState::Attached,
+            saved_modes: Vec::new(),
         };
         let shared = Arc::new(Shared {
             core: Mutex::new(core),
@@ -58,6 +60,8 @@ impl DataPath {
             commit_cv: Condvar::new(),
             stores: store_devices::store_devices(&layout, bs, &ssd, direct, peers.as_ref()),
             ssd,
+            persist: Mutex::new(persist),
+            ring_stop: Default::default(),
             direct,
             backings: RwLock::new(backings),
             bs,
@@ -93,10 +97,10 @@ impl DataPath {
             }
         }
         let s = shared.clone();
-        handles.push(named("cv-committer".into(), move || s.committer(persist)));
+        handles.push(named("cv-committer".into(), move || s.committer()));
         let s = shared.clone();
         handles.push(named("cv-ticker".into(), move || s.ticker(Duration::from_millis(20))));
-        DataPath { shared, threads: handles, hints: Default::default() }
+        DataPath { shared, threads: Mutex::new(handles), hints: Default::default() }
     }
 
     /// Opens (or creates) a cache of `cfg.slots` blocks in `dir` (`cache.img`, metadata in

@@ -18,25 +18,38 @@ thread_local! {
     static BOUNCE: std::cell::RefCell<crate::aligned_buf::AlignedBuf> = Default::default();
 }
 
+/// The cache file as the data path holds it: `None` while the cache is detached
+/// (`cache_swap.rs`), when no descriptor of it stays open.
+pub(super) type CacheSlot = Arc<std::sync::RwLock<Option<Arc<File>>>>;
+
+/// The cache file in `slot`, or the error an op on a detached cache gets (none should
+/// come: every slot is withheld first).
+pub(super) fn cache_file(slot: &CacheSlot) -> std::io::Result<Arc<File>> {
+    slot.read().unwrap_or_else(|p| p.into_inner()).clone().ok_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::NotConnected, "the cache is detached (cachevisor cache attach)")
+    })
+}
+
 /// The local store: the cache file, O_DIRECT through aligned buffers when it was
 /// opened so.
 pub(super) struct CacheFile {
-    file: Arc<File>,
+    file: CacheSlot,
     direct: bool,
     size: u64,
 }
 
 impl Device for CacheFile {
     fn submit(&self, now_ns: u64, at: u64, io: Io<'_>) -> std::io::Result<u64> {
+        let file = cache_file(&self.file)?;
         match io {
             Io::Read(buf) if self.direct => {
-                BOUNCE.with(|b| crate::aligned_buf::read_at(&self.file, &mut b.borrow_mut(), buf, at))
+                BOUNCE.with(|b| crate::aligned_buf::read_at(&file, &mut b.borrow_mut(), buf, at))
             }
-            Io::Read(buf) => self.file.read_exact_at(buf, at),
+            Io::Read(buf) => file.read_exact_at(buf, at),
             Io::Write(data) if self.direct => {
-                BOUNCE.with(|b| crate::aligned_buf::write_at(&self.file, &mut b.borrow_mut(), data, at))
+                BOUNCE.with(|b| crate::aligned_buf::write_at(&file, &mut b.borrow_mut(), data, at))
             }
-            Io::Write(data) => self.file.write_all_at(data, at),
+            Io::Write(data) => file.write_all_at(data, at),
             Io::Model { .. } => {
                 Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "a model's op (no data) on the cache file"))
             }
@@ -45,7 +58,10 @@ impl Device for CacheFile {
     }
 
     fn sync(&self) -> std::io::Result<()> {
-        self.file.sync_data()
+        match &*self.file.read().unwrap_or_else(|p| p.into_inner()) {
+            Some(f) => f.sync_data(),
+            None => Ok(()), // detached: nothing of it is cached
+        }
     }
 
     fn queue_depth(&self) -> u32 {
@@ -82,13 +98,13 @@ impl super::Shared {
     }
 }
 
-/// One device per row of `layout` (blocks of `block` bytes): `ssd` (a handle of the
-/// cache file, `direct` when O_DIRECT) for the local store, a peer's lent region over
+/// One device per row of `layout` (blocks of `block` bytes): `ssd` (the cache file's
+/// slot, `direct` when O_DIRECT) for the local store, a peer's lent region over
 /// NBD (`peers`: node id k is `peers.peers[k − 1]`) for a lent one.
 pub(super) fn store_devices(
     layout: &StoreLayout,
     block: u64,
-    ssd: &Arc<File>,
+    ssd: &CacheSlot,
     direct: bool,
     peers: Option<&Arc<crate::cluster::peer_device::PeerLinks>>,
 ) -> Vec<StoreDevice> {
@@ -131,7 +147,8 @@ mod tests {
         f.set_len(48 * 4096).unwrap();
         let cfg = EngineConfig { stores: vec![StoreSpec::lent(3, 16)], ..EngineConfig::with_slots(32) };
         let f = Arc::new(f);
-        let devs = store_devices(&StoreLayout::new(&cfg), 4096, &f, false, None);
+        let slot: CacheSlot = Arc::new(std::sync::RwLock::new(Some(f.clone())));
+        let devs = store_devices(&StoreLayout::new(&cfg), 4096, &slot, false, None);
         assert_eq!((devs.len(), devs[0].size(), devs[1].size()), (2, 32 * 4096, 16 * 4096));
         assert_eq!(devs[0].submit(7, 8192, Io::Write(&[5u8; 4096])).unwrap(), 7);
         let mut back = [0u8; 4096];
@@ -145,5 +162,10 @@ mod tests {
         let mut all = vec![0u8; 48 * 4096];
         f.read_exact_at(&mut all, 0).unwrap();
         assert!(all.iter().enumerate().all(|(i, &b)| b == if (8192..12288).contains(&i) { 5 } else { 0 }));
+        // Detached: an op is refused naming it, a sync has nothing to do.
+        *slot.write().unwrap() = None;
+        let e = devs[0].submit(0, 0, Io::Read(&mut back)).unwrap_err();
+        assert!(e.to_string().contains("detached"), "{e}");
+        devs[0].sync().unwrap();
     }
 }

@@ -1,0 +1,144 @@
+//! `cachevisor cache detach | attach | status`: replacing the cache SSD under a running
+//! daemon (`POST /cache/detach`, `/cache/attach`, `GET /cache`). A detach writes every
+//! dirty block back and lets go of the cache file, the vDisks passing through to their
+//! backing stores meanwhile (VMs keep running); it is followed with a progress bar of the
+//! blocks still cached. An attach brings a new, empty cache file in at `cache.path` and
+//! prewarms it from the newest snapshot.
+
+use crate::exit_status::{api_error, exit, FAILED};
+use crate::progress::Progress;
+use cachevisor_server::daemon::CacheReport;
+use clap::{Args, Subcommand};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// `cache` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum CacheCmd {
+    /// Write every dirty block back and let go of the cache file (the vDisks pass through
+    /// to their backing stores until `cache attach`): the SSD can then be removed.
+    Detach(SwapArgs),
+    /// Bring a new (empty) cache file in at `cache.path` and cache again; prewarm it from
+    /// the newest snapshot.
+    Attach(AttachArgs),
+    /// Show whether the cache is attached, with its cached and dirty blocks.
+    Status(SwapArgs),
+}
+
+/// Arguments every `cache` subcommand takes.
+#[derive(Debug, Args)]
+#[command(after_help = crate::exit_status::HELP)]
+pub struct SwapArgs {
+    #[command(flatten)]
+    pub call: crate::api_target::ApiCallArgs,
+}
+
+/// Arguments of `cache attach`.
+#[derive(Debug, Args)]
+#[command(after_help = crate::exit_status::HELP)]
+pub struct AttachArgs {
+    #[command(flatten)]
+    pub common: SwapArgs,
+    /// Start cold: no prewarm.
+    #[arg(long)]
+    pub no_prewarm: bool,
+    /// Prewarm from the snapshots in this directory (default: the daemon's snapshot
+    /// directory).
+    #[arg(long, conflicts_with = "no_prewarm")]
+    pub prewarm_from: Option<PathBuf>,
+}
+
+/// Runs the command.
+pub fn run(c: CacheCmd) -> anyhow::Result<()> {
+    match c {
+        CacheCmd::Status(SwapArgs { call: a }) => {
+            let api = a.api.client()?;
+            let url = api.url("/cache");
+            let r: CacheReport = api.get("/cache").call().map_err(|e| api_error(&url, e))?.into_json()?;
+            print(&r, a.json)
+        }
+        CacheCmd::Detach(a) => detach(a),
+        CacheCmd::Attach(a) => attach(a),
+    }
+}
+
+fn print(r: &CacheReport, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(r)?);
+        return Ok(());
+    }
+    println!("cache {}: {}", r.path, r.state.as_str());
+    println!("  {} blocks cached, {} dirty", r.cached_blocks, r.dirty_blocks);
+    println!(
+        "  metadata {}{}",
+        r.metadata,
+        if r.metadata_with_cache { " (on the cache's file system: it leaves with the SSD)" } else { "" }
+    );
+    if let Some(d) = &r.detached {
+        println!("  last detach: {} blocks written back, {} blocks dropped", d.written_back, d.dropped);
+    }
+    if let Some(p) = &r.prewarm {
+        println!("  last attach: {p}");
+    }
+    if let Some(e) = &r.error {
+        println!("  failed: {e}");
+    }
+    Ok(())
+}
+
+fn detach(SwapArgs { call: a }: SwapArgs) -> anyhow::Result<()> {
+    let token = crate::api_token::resolve(&a.token, &a.token_file, "detaching the cache")?;
+    let api = a.api.client()?;
+    let url = api.url("/cache/detach");
+    let first: CacheReport = api
+        .post("/cache/detach")
+        .set("Authorization", &format!("Bearer {token}"))
+        .call()
+        .map_err(|e| api_error(&url, e))?
+        .into_json()?;
+    let state_url = api.url("/cache");
+    let start = first.cached_blocks.max(1);
+    let mut bar = Progress::new("emptying the cache (blocks)");
+    let mut r = first;
+    while r.state == cachevisor_server::datapath::CacheState::Detaching {
+        bar.update(start.saturating_sub(r.cached_blocks), Some(start));
+        std::thread::sleep(Duration::from_millis(200));
+        r = api.get("/cache").call().map_err(|e| api_error(&state_url, e))?.into_json()?;
+    }
+    bar.finish();
+    if r.state != cachevisor_server::datapath::CacheState::Detached {
+        return Err(exit(FAILED, r.error.clone().unwrap_or_else(|| format!("the cache is {}", r.state.as_str()))));
+    }
+    if a.json {
+        return print(&r, true);
+    }
+    let d = r.detached.unwrap_or_default();
+    println!(
+        "cache {} detached: {} blocks written back, {} dropped; every vDisk passes through to its backing store",
+        r.path, d.written_back, d.dropped
+    );
+    println!("the SSD can be removed; `cachevisor cache attach` brings a new one in at {}", r.path);
+    Ok(())
+}
+
+fn attach(a: AttachArgs) -> anyhow::Result<()> {
+    let c = a.common.call;
+    let token = crate::api_token::resolve(&c.token, &c.token_file, "attaching the cache")?;
+    let api = c.api.client()?;
+    let url = api.url("/cache/attach");
+    let body = serde_json::json!({ "prewarm": !a.no_prewarm, "from": a.prewarm_from });
+    let r: CacheReport = api
+        .post("/cache/attach")
+        .set("Authorization", &format!("Bearer {token}"))
+        .send_json(body)
+        .map_err(|e| api_error(&url, e))?
+        .into_json()?;
+    if c.json {
+        return print(&r, true);
+    }
+    println!("cache {} attached", r.path);
+    if let Some(p) = &r.prewarm {
+        println!("  {p}{}", if p.starts_with("prewarming") { " (follow it: cachevisor prewarm status)" } else { "" });
+    }
+    Ok(())
+}

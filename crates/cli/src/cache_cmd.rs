@@ -21,7 +21,8 @@ pub enum CacheCmd {
     /// Bring a new (empty) cache file in at `cache.path` and cache again; prewarm it from
     /// the newest snapshot.
     Attach(AttachArgs),
-    /// Show whether the cache is attached, with its cached and dirty blocks.
+    /// Show whether the cache is attached, its size (a reload of `cache.size` resizes it
+    /// online, up to `cache.max_size`), and its cached and dirty blocks.
     Status(SwapArgs),
 }
 
@@ -68,6 +69,8 @@ fn print(r: &CacheReport, json: bool) -> anyhow::Result<()> {
         return Ok(());
     }
     println!("cache {}: {}", r.path, r.state.as_str());
+    let size = |b: u64| cachevisor_trace::units::format_size(b);
+    println!("  size {} (up to {} while running: cache.max_size)", size(r.size_bytes), size(r.max_size_bytes));
     println!("  {} blocks cached, {} dirty", r.cached_blocks, r.dirty_blocks);
     println!(
         "  metadata {}{}",

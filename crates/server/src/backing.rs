@@ -186,27 +186,7 @@ pub fn open_backing_file(path: &Path, size: Option<u64>, grow: bool, at: &str) -
 pub fn open_cache_store(path: &Path, size: u64, direct: crate::config::DirectIo) -> io::Result<(File, bool)> {
     use crate::config::DirectIo;
     let buffered = OpenOptions::new().read(true).write(true).open(path)?;
-    let is_device = std::os::unix::fs::FileTypeExt::is_block_device(&buffered.metadata()?.file_type());
-    if is_device {
-        let have = file_size(&buffered)?;
-        if have < size {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("the block device has {have} bytes, the cache needs {size}"),
-            ));
-        }
-    } else {
-        if file_size(&buffered)? != size {
-            buffered.set_len(size)?;
-        }
-        match rustix::fs::fallocate(&buffered, rustix::fs::FallocateFlags::empty(), 0, size) {
-            Ok(()) => {}
-            Err(e) if e == rustix::io::Errno::OPNOTSUPP || e == rustix::io::Errno::NOSYS => {
-                tracing::warn!(path = %path.display(), "the file system cannot preallocate the cache store: a full file system will show as failed cache writes")
-            }
-            Err(e) => return Err(io::Error::new(io::Error::from(e).kind(), format!("cannot reserve {size} bytes for the cache store: {e} (the cache file is preallocated so that a full file system is found at start)"))),
-        }
-    }
+    size_cache_store(&buffered, size, path)?;
     if direct == DirectIo::Off {
         return Ok((buffered, false));
     }
@@ -229,6 +209,40 @@ pub fn open_cache_store(path: &Path, size: u64, direct: crate::config::DirectIo)
         }
         Err(e) => Err(io::Error::new(e.kind(), format!("O_DIRECT (cache.direct = \"on\"): {e}"))),
     }
+}
+
+/// Makes the cache store `f` (at `path`) exactly `size` bytes, preallocated — a block
+/// device must hold at least that much.
+fn size_cache_store(f: &File, size: u64, path: &Path) -> io::Result<()> {
+    let is_device = std::os::unix::fs::FileTypeExt::is_block_device(&f.metadata()?.file_type());
+    if is_device {
+        let have = file_size(f)?;
+        if have < size {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("the block device has {have} bytes, the cache needs {size}"),
+            ));
+        }
+        return Ok(());
+    }
+    if file_size(f)? != size {
+        f.set_len(size)?;
+    }
+    match rustix::fs::fallocate(f, rustix::fs::FallocateFlags::empty(), 0, size) {
+        Ok(()) => Ok(()),
+        Err(e) if e == rustix::io::Errno::OPNOTSUPP || e == rustix::io::Errno::NOSYS => {
+            tracing::warn!(path = %path.display(), "the file system cannot preallocate the cache store: a full file system will show as failed cache writes");
+            Ok(())
+        }
+        Err(e) => Err(io::Error::new(io::Error::from(e).kind(), format!("cannot reserve {size} bytes for the cache store: {e} (the cache file is preallocated so that a full file system is found at start)"))),
+    }
+}
+
+/// Grows an open cache store to `size` bytes (a grow while running): a file is extended
+/// and preallocated (a full file system refuses it here, before any slot there is used),
+/// a block device must already hold them.
+pub fn extend_cache_store(f: &File, size: u64) -> io::Result<()> {
+    size_cache_store(f, size, Path::new("the cache file"))
 }
 
 impl Backing {

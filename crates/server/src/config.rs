@@ -36,6 +36,10 @@ pub struct CacheConfig {
     pub allocator: String,
     /// Metadata directory (checkpoint and journal); default `PATH.meta` beside the store.
     pub metadata: Option<PathBuf>,
+    /// The largest `size` a reload may grow the cache to while running (default `size`):
+    /// the engine's slot table and the metadata's geometry are laid out for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_size: Option<String>,
     /// Device errors after which a vDisk stops using the cache (pass-through).
     #[serde(default = "default_error_threshold")]
     pub error_threshold: u64,
@@ -569,7 +573,8 @@ write_policy = "wb"
 /// after [`DEFAULT`] (each line commented out; a test parses it uncommented).
 pub const REFERENCE: &str = r#"[cache]
 path = "var/cache.img"        # cache store: a file (created and preallocated to `size`; its directory must exist) or a block device
-size = "256MiB"               # required; a multiple of block_size (the file is created 0600; one other users can read refuses the start)
+size = "256MiB"               # required; a multiple of block_size (the file is created 0600; one other users can read refuses the start); a reload grows or shrinks the cache online up to max_size
+max_size = "256MiB"           # default size: the most a reload may grow the cache to (the slot table and metadata are laid out for it, and its memory grows with it); a change needs a restart; not with [vssd] or [cluster]
 block_size = "4KiB"           # default 4KiB; a power of two, 512B to 1MiB; fixed for the cache's life (metadata refuses a change)
 replacement = "lru"           # lru | fifo | clock | two-pool | s3fifo; default the allocator's own: s3fifo for adaptive, clock for s-cave, lru otherwise
 write_policy = "wt"           # default wt | wb | wa | ro: the policy of vDisks that set none
@@ -703,8 +708,11 @@ pub struct Resolved {
     /// The `[cache]` settings shared with the simulator, checked once
     /// (`cachevisor_policy::cache_settings`).
     pub cache: cachevisor_policy::cache_settings::CacheSettings,
-    /// Slots.
+    /// Slots (`cache.size`).
     pub slots: u64,
+    /// Slots the engine and the metadata are laid out for (`cache.max_size`): those past
+    /// `slots` are withheld until a reload grows the cache.
+    pub max_slots: u64,
     /// Allocation interval in ns.
     pub interval_ns: u64,
     /// A connection reader's poll before it sleeps, ns (`listen.poll`).
@@ -883,9 +891,26 @@ impl Config {
                 "vdisk.min: the minimums add up to {mins} bytes, more than the cache ({cache_bytes} bytes)"
             ));
         }
+        let max_slots = match &self.cache.max_size {
+            None => slots,
+            Some(m) => {
+                let max = parse_size(m).map_err(|e| format!("cache.max_size: {e}"))?;
+                if max < cache_bytes || !max.is_multiple_of(block_size) {
+                    return Err(format!(
+                        "cache.max_size: {max} bytes must be at least cache.size ({cache_bytes}) and a multiple of block_size ({block_size})"
+                    ));
+                }
+                if max > cache_bytes && (self.vssd.is_some() || self.cluster.is_some()) {
+                    return Err("cache.max_size: a cache that grows online cannot hold a vSSD region ([vssd]) or lend to a cluster ([cluster]) (both are laid out after its blocks)".into());
+                }
+                settings.engine_config(max / block_size).map_err(|e| format!("cache.max_size: {e}"))?;
+                max / block_size
+            }
+        };
         Ok(Resolved {
             cache: settings,
             slots,
+            max_slots,
             interval_ns: interval,
             poll_ns,
             handshake_timeout_ns: handshake_ns,

@@ -13,6 +13,7 @@ use cachevisor_policy::registry;
 use cachevisor_trace::VmId;
 use std::sync::{Arc, Mutex, RwLock};
 
+mod cache_resize;
 mod cache_swap;
 mod policy;
 mod prewarming;
@@ -840,14 +841,16 @@ impl crate::cluster::NodeSource for NodeSource {
 }
 
 fn engine_config(r: &Resolved) -> EngineConfig {
-    r.cache.engine_config(r.slots).expect("checked by Config::resolve")
+    r.cache.engine_config(r.max_slots).expect("checked by Config::resolve")
 }
 
 /// The controller of `cfg`'s allocator for `r`'s cache, with `engine`'s vDisks enrolled
 /// and the first division applied (an empty cache: no device work).
 fn first_controller(cfg: &Config, r: &Resolved, engine: &mut Engine) -> Result<Controller, String> {
     let alloc = registry::build_with(&r.cache.allocator, &r.cache.params)?;
-    let mut ctl = Controller::new(alloc, r.slots, r.cache.block_size, true);
+    // Laid out for `cache.max_size`: the slots past `cache.size` are withheld, and the
+    // controller's capacity is the engine's less what is withheld.
+    let mut ctl = Controller::new(alloc, r.max_slots, r.cache.block_size, true);
     for (i, v) in cfg.vdisk.iter().enumerate() {
         policy::enroll(engine, &mut ctl, i as VmId, v, r.cache.block_size)?;
     }
@@ -857,7 +860,7 @@ fn first_controller(cfg: &Config, r: &Resolved, engine: &mut Engine) -> Result<C
     // the simulator.
     engine.set_cleaner(controller::cleaner_watermarks(
         ctl.allocator(),
-        r.slots,
+        r.max_slots,
         cfg.cache.partition == PartitionMode::Static,
     ));
     Ok(ctl)

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 mod allocation;
 mod cache_hints;
+mod cache_resize;
 mod cache_swap;
 mod committer;
 mod control;
@@ -170,6 +171,9 @@ struct Shared {
     persist: Mutex<Persistence>,
     /// The io_uring thread is asked to end once nothing is in flight (a detach).
     ring_stop: AtomicBool,
+    /// Local slots in use: the cache's size in blocks (`cache_resize.rs`; the rest of
+    /// the local store is withheld).
+    local_slots: std::sync::atomic::AtomicU32,
     /// The cache file was opened O_DIRECT (I/O through aligned buffers).
     direct: bool,
     /// One device per row of the engine's store table (`store_devices.rs`).

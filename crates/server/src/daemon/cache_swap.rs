@@ -43,7 +43,11 @@ pub struct CacheReport {
     pub metadata: String,
     /// Whether the metadata directory is on the cache's file system (it leaves with it).
     pub metadata_with_cache: bool,
-    /// Blocks cached and, of them, dirty.
+    /// The cache's size in bytes (`cache.size`, as a reload last resized it).
+    pub size_bytes: u64,
+    /// The most it can grow to while running (`cache.max_size`).
+    pub max_size_bytes: u64,
+    /// Blocks cached.
     pub cached_blocks: u64,
     /// Dirty blocks.
     pub dirty_blocks: u64,
@@ -94,6 +98,8 @@ impl Daemon {
             metadata_with_cache: same_file_system(&path, &self.meta_dir),
             path: path.display().to_string(),
             metadata: self.meta_dir.display().to_string(),
+            size_bytes: u64::from(self.dp.cache_slots()) * self.block_size,
+            max_size_bytes: u64::from(self.dp.max_cache_slots()) * self.block_size,
             cached_blocks,
             dirty_blocks,
             detached: last.detached,
@@ -207,7 +213,8 @@ impl Daemon {
         let mut owner = self.owner.lock().unwrap_or_else(|e| e.into_inner());
         let o = owner.as_mut().ok_or_else(|| OpError::Other("the daemon is stopping".into()))?;
         o.lock_cache(&path, &self.meta_dir).map_err(OpError::Invalid)?;
-        let opened = crate::backing::open_cache_store(&path, self.resolved.cache.cache_bytes, cfg.direct)
+        let bytes = u64::from(self.dp.cache_slots()) * self.block_size;
+        let opened = crate::backing::open_cache_store(&path, bytes, cfg.direct)
             .map_err(|e| format!("cache.path {}: {e}", path.display()));
         let (file, direct) = match opened {
             Ok(f) => f,

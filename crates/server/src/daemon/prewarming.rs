@@ -121,7 +121,7 @@ impl Daemon {
         let mut st = self.snapshots.lock().unwrap_or_else(|e| e.into_inner());
         let seq = st.next_seq;
         // A range of slots at a time under the engine's lock, so requests go on between.
-        let slots = self.resolved.slots as u32;
+        let slots = self.dp.max_cache_slots();
         let mut c = Capture::default();
         for start in (0..slots).step_by(CAPTURE_STEP as usize) {
             self.dp.with_engine(|e| c.add_slots(e, start..start.saturating_add(CAPTURE_STEP)));
@@ -249,7 +249,7 @@ impl Daemon {
             .iter()
             .filter(|(o, _)| set_vm[o.set as usize].is_some() && o.id >= blocks[o.set as usize])
             .count() as u64;
-        let limit = (pacing.limit * self.resolved.slots as f64).floor() as usize;
+        let limit = (pacing.limit * f64::from(self.dp.cache_slots())).floor() as usize;
         let mut pace = pacing.pace;
         let mut online_skipped = Vec::new();
         let minute_s = cfg.minute_s()?;

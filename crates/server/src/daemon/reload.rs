@@ -2,14 +2,15 @@
 //! `cachevisor reload`; issue 36). The file is read the way the start read it
 //! ([`ConfigSource`]) and checked whole; then it is compared, key by key, with the file as
 //! last read, and only what the file changed is applied:
-//! - live: vDisks added and removed, a vDisk's `write_policy`, `weight` and `ratio`,
+//! - live: `cache.size` within `cache.max_size` (the cache resized first:
+//!   `cache_resize.rs`), vDisks added and removed, a vDisk's `write_policy`, `weight` and `ratio`,
 //!   `cache.write_policy` (the vDisks without their own), `cache.allocator`, `cache.params`,
 //!   `cache.interval`, the flusher (`cache.flush_rate`, `cache.writeback_percent`,
 //!   `cache.writeback_ahead`), `cache.error_threshold`, every `[prewarm]` key but
 //!   `snapshot_dir` (the schedule at once, the rest for the next prewarm; `prewarm.from` is
 //!   read at start only), `log.level`, and the TLS
 //!   certificates' contents (re-read on every reload);
-//! - fixed (the cache's layout, listeners, the API, vSSDs, the cluster, a vDisk's backing):
+//! - fixed (the cache's layout — path, `max_size`, block size, replacement —, listeners, the API, vSSDs, the cluster, a vDisk's backing):
 //!   a change is refused naming each key, before anything changes, and the daemon keeps
 //!   running as it was.
 //!
@@ -84,8 +85,9 @@ pub enum ReloadError {
 }
 
 /// Keys a reload applies (a key equal to one, or under it).
-const LIVE: [&str; 19] = [
+const LIVE: [&str; 20] = [
     "log.level",
+    "cache.size",
     "cache.write_policy",
     "cache.allocator",
     "cache.params",
@@ -248,6 +250,9 @@ impl Daemon {
         for v in &plan.added {
             self.check_file_add(v).map_err(refused)?;
         }
+        if plan.has("cache.size") {
+            self.check_cache_resize(r.cache.cache_bytes).map_err(refused)?;
+        }
         let mut applied = Vec::new();
         let mut step = |what: String, r: Result<(), String>| match r {
             Ok(()) => {
@@ -258,6 +263,12 @@ impl Daemon {
             Err(e) => Err(format!("{what}: {e}")),
         };
         let result = (|| -> Result<(), String> {
+            if plan.has("cache.size") {
+                match self.resize_cache(r.cache.cache_bytes) {
+                    Ok(done) => step(done, Ok(()))?,
+                    Err(e) => step("cache.size".into(), Err(e))?,
+                }
+            }
             for v in &plan.added {
                 let what = format!("vDisk `{}` added (backing {})", v.name, v.backing.display());
                 // Its write policy as the new file says (its own, or the new default).
@@ -448,10 +459,23 @@ mod tests {
         let old = cfg(BASE);
         let same = Plan::of(&old, &cfg(BASE)).unwrap();
         assert!(same.added.is_empty() && same.removed.is_empty() && same.settings.is_empty());
-        let e = Plan::of(&old, &cfg(&BASE.replace("64MiB", "128MiB").replace("vm2.img", "other.img"))).unwrap_err();
-        assert!(e.contains("cache.size (\"64MiB\" → \"128MiB\")"), "{e}");
+        let e = Plan::of(
+            &old,
+            &cfg(&BASE
+                .replace("size = \"64MiB\"\n", "size = \"64MiB\"\nblock_size = \"8KiB\"\n")
+                .replace("vm2.img", "other.img")),
+        )
+        .unwrap_err();
+        assert!(e.contains("cache.block_size (\"4KiB\" → \"8KiB\")"), "{e}");
         assert!(e.contains("vdisk (vm2).backing (\"/srv/vm2.img\" → \"/srv/other.img\")"), "{e}");
         assert!(e.contains("Nothing was changed"), "{e}");
+        // cache.size is live (a reload resizes the cache within cache.max_size); the
+        // layout's bound is not.
+        let p = Plan::of(&old, &cfg(&BASE.replace("64MiB", "32MiB"))).unwrap();
+        assert!(p.has("cache.size"));
+        let e = Plan::of(&old, &cfg(&BASE.replace("size = \"64MiB\"\n", "size = \"64MiB\"\nmax_size = \"1GiB\"\n")))
+            .unwrap_err();
+        assert!(e.contains("cache.max_size"), "{e}");
         let e = Plan::of(&old, &cfg(&format!("{BASE}[listen]\ntcp = \"127.0.0.1:1\"\n"))).unwrap_err();
         assert!(e.contains("listen.tcp"), "{e}");
         let live = BASE.replace(

@@ -165,7 +165,7 @@ impl Daemon {
         let mut ids: std::collections::HashMap<u16, VmId> = Default::default();
         let mut orphans: Vec<String> = Vec::new();
         let mut bound: std::collections::HashMap<VmId, Identity> = Default::default();
-        let (mut persist, rec) = Persistence::open(&meta_dir, r.cache.block_size, r.slots, &mut |rep| {
+        let (mut persist, rec) = Persistence::open(&meta_dir, r.cache.block_size, r.max_slots, &mut |rep| {
             match rep {
                 Record::Vdisk { vm, name } => {
                     let id = names.iter().position(|n| *n == name).unwrap_or_else(|| {
@@ -332,9 +332,14 @@ impl Daemon {
             backings.push(std::sync::Arc::new(b));
         }
         let vssd_plan = cfg.vssd.as_ref().map(|v| v.resolve()).transpose().map_err(StartError::Config)?;
+        // Past `cache.size` (a shrink a crash interrupted, or one made in the file while
+        // stopped) the file keeps every slot the metadata still names, until the tail is
+        // emptied below (`datapath/cache_resize.rs`).
+        let named_slots =
+            (r.slots..r.max_slots).rev().find(|&s| engine.slot_block(s as u32).is_some()).map_or(r.slots, |s| s + 1);
         let store_bytes = match &vssd_plan {
             Some(p) => crate::vssd::startup::store_bytes(r.cache.cache_bytes, p),
-            None => r.cache.cache_bytes,
+            None => named_slots * r.cache.block_size,
         };
         let (ssd, direct) = crate::backing::open_cache_store(&cfg.cache.path, store_bytes, cfg.cache.direct)
             .map_err(|source| StartError::File { path: cfg.cache.path.display().to_string(), error: source })?;
@@ -382,6 +387,17 @@ impl Daemon {
             io_uring: cfg.cache.io_uring,
             peers: peer_links.clone(),
         }));
+        if r.max_slots > r.slots {
+            let blocks = named_slots - r.slots;
+            dp.shrink_cache(r.slots as u32, &mut |_, _| {}).map_err(|e| {
+                StartError::Refused(format!(
+                    "cache.size: emptying the slots past it ({blocks} of them hold blocks): {e}"
+                ))
+            })?;
+            if blocks > 0 {
+                tracing::info!(blocks, "cache.size: the blocks cached past it were written back and dropped");
+            }
+        }
         let (vssd, vssd_exports) = match &vssd_plan {
             Some(p) => {
                 let cache = (r.cache.cache_bytes, r.cache.block_size);

@@ -18,7 +18,7 @@
 //! there before they are answered).
 
 use super::DataPath;
-use cachevisor_engine::{Output, LOCAL};
+use cachevisor_engine::Output;
 use std::fs::File;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
@@ -96,7 +96,8 @@ impl DataPath {
             used
         };
         let written = s.written_back.load(SeqCst);
-        match self.empty_the_cache(progress).and_then(|()| self.checkpoint_now()) {
+        let in_use = self.cache_slots();
+        match self.empty_slots(0, in_use, progress).and_then(|()| self.checkpoint_now()) {
             Ok(()) => {}
             Err(e) => {
                 self.give_back();
@@ -117,10 +118,10 @@ impl DataPath {
         Ok(DetachReport { written_back: s.written_back.load(SeqCst) - written, dropped })
     }
 
-    /// Withholds every slot of the local store and waits until they hold nothing.
-    fn empty_the_cache(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<(), String> {
-        let (lo, n) = self.shared.layout.range(LOCAL);
-        let (lo, n) = (lo as u32, n as u32);
+    /// Withholds local slots `lo..lo + n` and waits until they hold nothing (dirty
+    /// blocks written back first): `progress(blocks still cached there, of them dirty)`.
+    /// Slots already withheld stay so.
+    pub(super) fn empty_slots(&self, lo: u32, n: u32, progress: &mut dyn FnMut(u64, u64)) -> Result<(), String> {
         let mut refused = None;
         self.run_job(|e, out| refused = e.withhold(lo, n, out).err())
             .map_err(|f| format!("a cache job failed: {f:?}"))?;
@@ -129,14 +130,11 @@ impl DataPath {
         }
         let mut best = (u64::MAX, Instant::now());
         loop {
-            let (ready, cached, dirty) = self.with_engine(|e| {
-                let vms = 0..e.vm_count() as u32;
-                let cached = vms.clone().map(|v| e.partition(v).used).sum::<u64>();
-                (e.withheld_ready(lo, n), cached, vms.map(|v| e.partition(v).dirty_blocks).sum::<u64>())
-            });
+            let (ready, left) = self.with_engine(|e| (e.withheld_ready(lo, n), e.withhold_cost(lo, n)));
             if ready {
                 return Ok(());
             }
+            let (cached, dirty) = (u64::from(left.cached), u64::from(left.dirty));
             progress(cached, dirty);
             if cached < best.0 {
                 best = (cached, Instant::now());
@@ -168,10 +166,10 @@ impl DataPath {
     /// Gives the slots back and each vDisk its modes as before the detach (as a job: a
     /// failed detach may leave dirty blocks, which a write-through vDisk writes back).
     fn give_back(&self) {
-        let (lo, n) = self.shared.layout.range(LOCAL);
+        let n = self.cache_slots();
         let modes = std::mem::take(&mut self.shared.lock().saved_modes);
         let r = self.run_job(|e, out| {
-            e.return_slots(lo as u32, n as u32);
+            e.return_slots(0, n);
             let mut one = Output::default();
             for (v, (policy, bypassed)) in modes.into_iter().enumerate() {
                 e.set_bypass(v as u32, bypassed);
@@ -244,38 +242,15 @@ impl DataPath {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::datapath::Schedule;
-    use cachevisor_engine::{EngineConfig, PartitionMode, WritePolicy};
+    use crate::datapath::tests::{block_at as pattern, open_wb};
+    use cachevisor_engine::WritePolicy;
     use rand::{Rng, SeedableRng};
     use std::collections::HashMap;
 
     const BS: u64 = 4096;
 
-    /// A block's bytes at a version: its VM, block and version in every 8 bytes.
-    fn pattern(vm: u32, block: u64, version: u64) -> Vec<u8> {
-        let word = (u64::from(vm) << 56 ^ block << 24 ^ version).to_le_bytes();
-        word.iter().copied().cycle().take(BS as usize).collect()
-    }
-
     fn open(dir: &std::path::Path, io_uring: bool) -> DataPath {
-        let cfg = EngineConfig {
-            partition: PartitionMode::Shared,
-            write_policy: WritePolicy::Wb,
-            ..EngineConfig::with_slots(48)
-        };
-        DataPath::open_in(
-            dir,
-            cfg,
-            2,
-            1 << 20,
-            4,
-            Schedule::default(),
-            8,
-            None,
-            crate::config::DirectIo::Auto,
-            io_uring,
-        )
-        .unwrap()
+        open_wb(dir, 48, 2, io_uring)
     }
 
     /// A new, empty cache file where the old one was (the SSD replaced).

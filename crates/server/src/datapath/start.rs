@@ -62,6 +62,7 @@ impl DataPath {
             ssd,
             persist: Mutex::new(persist),
             ring_stop: Default::default(),
+            local_slots: (layout.range(cachevisor_engine::LOCAL).1 as u32).into(),
             direct,
             backings: RwLock::new(backings),
             bs,

@@ -30,6 +30,23 @@ fn open_limited(
     DataPath::open_in(dir, cfg, vms, disk, 4, schedule, 8, limit, crate::config::DirectIo::Auto, io_uring).unwrap()
 }
 
+/// A write-back data path of `slots` slots (one shared pool) in front of `vms` disks of
+/// 1 MiB in `dir` (the cache swap and resize tests).
+pub(super) fn open_wb(dir: &Path, slots: u64, vms: u32, io_uring: bool) -> DataPath {
+    let cfg = EngineConfig {
+        partition: PartitionMode::Shared,
+        write_policy: cachevisor_engine::WritePolicy::Wb,
+        ..EngineConfig::with_slots(slots)
+    };
+    DataPath::open_in(dir, cfg, vms, 1 << 20, 4, Schedule::default(), 4, None, crate::config::DirectIo::Auto, io_uring)
+        .unwrap()
+}
+
+/// Block `block` of `vm` at `version` ([`pattern`] of one 4 KiB block).
+pub(super) fn block_at(vm: u32, block: u64, version: u64) -> Vec<u8> {
+    pattern(vm, block * BS, version, BS as usize)
+}
+
 /// A block's pattern: its VM, offset and version in every 8 bytes.
 fn pattern(vm: u32, offset: u64, version: u64, len: usize) -> Vec<u8> {
     (0..len / 8).flat_map(|i| ((vm as u64) << 56 ^ (offset + i as u64 * 8) << 16 ^ version).to_le_bytes()).collect()

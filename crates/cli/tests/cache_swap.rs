@@ -137,6 +137,9 @@ fn the_ssd_is_replaced_under_a_connected_client_and_no_write_is_lost() {
     let (code, out) = cli_no_token(api, &["status"]);
     assert_eq!(code, 5, "status while detached: every vDisk passes through: {out}");
     assert!(out.contains("detached"), "{out}");
+    let metrics = |api: &str| ureq::get(&format!("http://{api}/metrics")).call().unwrap().into_string().unwrap();
+    let m = metrics(api);
+    assert!(m.contains("cachevisor_cache_attached 0") && m.contains("cachevisor_cache_size_bytes 33554432"), "{m}");
     // What needs the cache waits for the attach, saying so.
     let (code, out) = cli(api, &token, &["cache", "detach"]);
     assert!(code == 1 && out.contains("detached already"), "{code} {out}");
@@ -154,6 +157,7 @@ fn the_ssd_is_replaced_under_a_connected_client_and_no_write_is_lost() {
     let (code, out) = cli(api, &token, &["cache", "attach"]);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("attached") && out.contains("prewarming from"), "{out}");
+    assert!(metrics(api).contains("cachevisor_cache_attached 1"));
     let meta = ssd.join("cache.img.meta");
     for f in ["checkpoint", "journal", "api-token", "owner"] {
         assert!(meta.join(f).exists(), "{f} in the new metadata directory");

@@ -189,14 +189,27 @@ impl Engine {
     /// the staged copy's ops go to `out`, the index points at the new slot, `s` is freed
     /// once `out` is complete ([`Self::free_deferred`]). Returns whether it moved.
     pub(crate) fn move_block(&mut self, vm: VmId, s: u32, out: &mut Output) -> bool {
-        if (self.stores.lent_write_through || self.dur.on) && self.dirty.any(s, (0, self.spb)) {
-            // Its only copy would be on another node (`set_lent_write_through`); or, in
-            // persistent mode, the record freeing `s` could be durable before the one
-            // naming the destination (each is journaled once its own ops end): a crash
-            // between them would lose the only copy. It stays until written back.
+        if !self.movable(s) {
             return false;
         }
         let Some(d) = self.destination_slot(vm) else { return false };
+        self.move_block_to(vm, s, d, out);
+        true
+    }
+
+    /// Whether the block in slot `s` may move now. A dirty one may not when its only
+    /// copy would be on another node (`set_lent_write_through`), or in persistent mode:
+    /// the record freeing `s` could be durable before the one naming the destination
+    /// (each is journaled once its own ops end), and a crash between them would lose the
+    /// only copy. It stays until written back.
+    pub(crate) fn movable(&self, s: u32) -> bool {
+        !((self.stores.lent_write_through || self.dur.on) && self.dirty.any(s, (0, self.spb)))
+    }
+
+    /// Moves `vm`'s block in slot `s` ([`Self::movable`], no op in flight on it) to free
+    /// slot `d` (off every list): the staged copy's ops go to `out`, the index points at
+    /// `d`, `s` is freed once `out` is complete ([`Self::free_deferred`]).
+    pub(crate) fn move_block_to(&mut self, vm: VmId, s: u32, d: u32, out: &mut Output) {
         let key = self.slots.key(s);
         let spb = self.spb;
         let mut runs = std::mem::take(&mut self.scratch.runs);
@@ -249,7 +262,6 @@ impl Engine {
         self.note(d);
         self.moving.deferred_free.push(s);
         self.vms[vm as usize].moved += 1;
-        true
     }
 
     /// Frees the slots moves and promotions let go of while building one request's or

@@ -41,6 +41,52 @@ impl Engine {
     /// retried by [`Self::withhold_step`]. Slots already withheld are left as they are.
     /// Errors (nothing changed) when the run is not inside the local store.
     pub fn withhold(&mut self, first: u32, n: u32, out: &mut Output) -> Result<(), String> {
+        self.mark_withheld(first, n)?;
+        for s in first..first + n {
+            self.empty_withheld(s, out);
+        }
+        Ok(())
+    }
+
+    /// Withholds slots `first..first + n` as [`Self::withhold`] does, but first moves
+    /// the run's clean cached blocks with no op in flight into free slots outside it,
+    /// while there are any (a cache shrinking keeps what fits: the daemon's
+    /// `cache_resize.rs`) — staged copies as a migration's (`migration.rs`, §3.7's update
+    /// safety: a request touching a block waits for its copy). The rest is emptied as
+    /// `withhold` does. Returns the blocks moved.
+    pub fn withhold_moving(&mut self, first: u32, n: u32, out: &mut Output) -> Result<u64, String> {
+        self.mark_withheld(first, n)?;
+        // The run's free slots leave the free list first: no move lands inside it.
+        for s in first..first + n {
+            if self.slots.key(s) == FREE_KEY {
+                self.empty_withheld(s, out);
+            }
+        }
+        let mut moved = 0;
+        for s in first..first + n {
+            let key = self.slots.key(s);
+            if key == FREE_KEY
+                || self.flight.pinned(s)
+                || self.flight.busy.contains_key(&key)
+                || self.flight.queues.contains_key(&key)
+                || !self.movable(s)
+            {
+                continue;
+            }
+            let Some(d) = self.take_free_of(LOCAL) else { break };
+            self.move_block_to(key_vm(key), s, d, out);
+            moved += 1;
+        }
+        self.free_deferred();
+        for s in first..first + n {
+            self.empty_withheld(s, out);
+        }
+        Ok(moved)
+    }
+
+    /// Marks slots `first..first + n` withheld; errors (nothing changed) when the run is
+    /// not inside the local store.
+    fn mark_withheld(&mut self, first: u32, n: u32) -> Result<(), String> {
         let (lo, len) = self.stores.layout.range(LOCAL);
         let end = u64::from(first) + u64::from(n);
         if u64::from(first) < lo || end > lo + len {
@@ -48,9 +94,6 @@ impl Engine {
         }
         for s in first..first + n {
             self.lent.slots.insert(s);
-        }
-        for s in first..first + n {
-            self.empty_withheld(s, out);
         }
         Ok(())
     }
@@ -194,5 +237,38 @@ mod tests {
         assert_eq!(runs, want);
         assert!(WithholdCost { dirty: 0, cached: 4 } < WithholdCost { dirty: 1, cached: 1 }, "write-backs first");
         assert_eq!(e.withhold_cost(10, 8), e.withhold_cost(10, 2), "past the pool: nothing");
+    }
+
+    #[test]
+    fn a_withheld_run_moves_its_clean_blocks_into_free_slots_outside_it() {
+        let mut e = Engine::new(EngineConfig::with_slots(16)).unwrap();
+        let mut out = Output::default();
+        e.set_target(0, 16, &mut out);
+        let at = |b: u64| Request { time_ns: 0, vm: 0, op: Op::Read, offset: b * 4096, len: 4096 };
+        for b in 0..16 {
+            e.access(0, &at(b), &mut out);
+        }
+        // Free the first 4 slots (their blocks dropped), then give them back empty.
+        e.withhold(0, 4, &mut out).unwrap();
+        assert!(e.withheld_ready(0, 4));
+        e.return_slots(0, 4);
+        let cached: Vec<u64> = (0..16).filter(|&b| e.lookup(0, b).is_some()).collect();
+        assert_eq!(cached.len(), 12);
+        let tail: Vec<u64> = cached.iter().copied().filter(|&b| e.lookup(0, b).unwrap() >= 10).collect();
+        assert_eq!(tail.len(), 6, "blocks in slots 10..16");
+        // Withholding 10..16 moves 4 of its 6 blocks into the 4 free slots, drops 2.
+        let mut out = Output::default();
+        let moved = e.withhold_moving(10, 6, &mut out).unwrap();
+        assert_eq!(moved, 4);
+        assert_eq!(out.ops.iter().filter(|o| o.staged).count(), 8, "a read and a write per move: {:?}", out.ops);
+        let kept: Vec<u64> = (0..16).filter(|&b| e.lookup(0, b).is_some()).collect();
+        assert_eq!(kept.len(), 10, "{kept:?}");
+        assert!(kept.iter().all(|&b| e.lookup(0, b).unwrap() < 10), "none left in the run");
+        assert!(cached.iter().filter(|b| !tail.contains(b)).all(|b| kept.contains(b)), "the others stay");
+        e.check_invariants().unwrap();
+        assert_eq!(
+            e.withhold_moving(20, 1, &mut out).unwrap_err(),
+            "slots 20..21 are not all in the local store's 0..16"
+        );
     }
 }

@@ -74,9 +74,12 @@ enum Step {
         len: u32,
     },
     /// Local slots `2 * run`, `2 * run + 1` withheld (lent out, as to a vSSD region): once
-    /// the engine says they are empty, their new user writes its own bytes there, synced.
+    /// the engine says they are empty, their new user writes its own bytes there, synced;
+    /// with `moving`, the run's clean blocks move to free slots outside it first (a cache
+    /// shrinking online, `withhold_moving`).
     Lend {
         run: u32,
+        moving: bool,
     },
     /// A lent run (the `run`-th, modulo) given back.
     Return {
@@ -122,7 +125,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0..VMS, prop::sample::select(WritePolicy::ALL.to_vec())).prop_map(|(vm, policy)| Step::Policy { vm, policy }),
         1 => (0..VMS, any::<bool>()).prop_map(|(vm, on)| Step::Bypass { vm, on }),
         2 => (0..VMS, 0..SECTORS / 8, 1u32..5).prop_map(|(vm, block, len)| Step::Prewarm { vm, block, len }),
-        1 => (0u32..4).prop_map(|run| Step::Lend { run }),
+        1 => (0u32..4, any::<bool>()).prop_map(|(run, moving)| Step::Lend { run, moving }),
         1 => any::<usize>().prop_map(|run| Step::Return { run }),
         1 => Just(Step::LoseLender),
         1 => (0..VMS, 0..MIGRATION_SHARES.len(), prop::sample::select(vec![MigrationScheme::Off, MigrationScheme::Gradual, MigrationScheme::Instant]))
@@ -557,7 +560,7 @@ fn run_checking(
                 d.e.hold_admission(false, now);
             }
             Step::Tick => d.e.handle_timeout(now),
-            Step::Lend { run } => lending::lend(&mut d.e, &mut d.lending, run * RUN).map_err(ctx)?,
+            Step::Lend { run, moving } => lending::lend(&mut d.e, &mut d.lending, run * RUN, moving).map_err(ctx)?,
             Step::Return { run } => {
                 for s in lending::give_back(&mut d.e, &mut d.lending, run) {
                     d.m.lent.remove(&s);

@@ -38,8 +38,9 @@ enum Step {
     Wild { vm: u32, what: u8, block: u64, sector: u64, count: u64 },
     /// Local-store slots `2 * run`, `2 * run + 1` withheld (lent out of the cache, as to a
     /// vSSD region); once the engine says they are empty, the model overwrites them with
-    /// someone else's bytes and fails any engine op on them.
-    Lend { run: u32 },
+    /// someone else's bytes and fails any engine op on them; with `moving`, the run's
+    /// clean blocks move to free slots outside it first (a shrink).
+    Lend { run: u32, moving: bool },
     /// A lent run (the `run`-th, modulo) given back.
     Return { run: usize },
 }
@@ -129,7 +130,7 @@ fn step() -> impl Strategy<Value = Step> {
         }),
         2 => (0u32..3, 0u8..4, wild_block(), 0u64..8, 1u64..12)
             .prop_map(|(vm, what, block, sector, count)| Step::Wild { vm, what, block, sector, count }),
-        1 => (0u32..4).prop_map(|run| Step::Lend { run }),
+        1 => (0u32..4, any::<bool>()).prop_map(|(run, moving)| Step::Lend { run, moving }),
         1 => any::<usize>().prop_map(|run| Step::Return { run }),
     ]
 }
@@ -307,9 +308,9 @@ fn run(steps: &[Step], setup: Setup) -> Result<(), String> {
                     }
                 }
             }
-            Step::Lend { run } => {
+            Step::Lend { run, moving } => {
                 if (run + 1) * RUN <= slots as u32 {
-                    lending::lend(&mut d.e, &mut d.lending, run * RUN).map_err(ctx)?;
+                    lending::lend(&mut d.e, &mut d.lending, run * RUN, moving).map_err(ctx)?;
                 }
             }
             Step::Return { run } => {

@@ -487,7 +487,13 @@ impl Daemon {
 
     /// The metrics exposition (`/metrics`): latency histograms and the state now.
     pub fn render_metrics(&self) -> String {
+        let report = self.cache_report();
         let state = crate::status::State {
+            cache: [
+                u64::from(report.state == crate::datapath::CacheState::Attached),
+                report.size_bytes,
+                report.max_size_bytes,
+            ],
             vdisks: self.status(),
             destaged_blocks: self.destaged_blocks(),
             flush_rate_bytes: self.dp.flush_rate_bytes(),

@@ -177,7 +177,17 @@ impl Collector for StateCollector {
                 pw.read_bytes as i64,
             ),
         ];
-        for (name, help, v) in job_gauges.into_iter().chain(prewarm_gauges) {
+        let [attached, size, max_size] = self.0.cache.map(|v| v as i64);
+        let cache_gauges = [
+            (
+                "cachevisor_cache_attached",
+                "1 while the cache file is in use; 0 while it is detached or being swapped (every vDisk passes through)",
+                attached,
+            ),
+            ("cachevisor_cache_size_bytes", "The cache's size now (cache.size, as a reload last resized it)", size),
+            ("cachevisor_cache_max_size_bytes", "The most the cache may grow to while running (cache.max_size)", max_size),
+        ];
+        for (name, help, v) in job_gauges.into_iter().chain(prewarm_gauges).chain(cache_gauges) {
             let g = ConstGauge::new(v);
             g.encode(enc.encode_descriptor(name, help, None, g.metric_type())?)?;
         }

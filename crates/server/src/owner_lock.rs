@@ -124,6 +124,7 @@ impl OwnerLock {
     /// Locks the cache store at `cache` (created empty when missing), its parent must
     /// exist: at start, and when a detached cache is attached again.
     pub fn lock_cache(&mut self, cache: &Path, meta_dir: &Path) -> Result<(), String> {
+        parent_must_exist(cache, "cache.path")?;
         let cache_file = crate::private_files::options()
             .read(true)
             .write(true)

@@ -52,6 +52,8 @@ pub struct State {
     pub vssd_region: Option<VssdRegionStatus>,
     /// This node's cluster state, when it is a node of one.
     pub cluster: Option<ClusterGauges>,
+    /// The cache file: (1 while attached else 0, its size, the most it may grow to), bytes.
+    pub cache: [u64; 3],
 }
 
 /// A cluster node's state as gauges (`[cluster]`).

@@ -12,13 +12,17 @@ pub const RUN: u32 = 2;
 /// Runs withheld (first slot) and whether they are lent out yet.
 pub type Lending = BTreeMap<u32, bool>;
 
-/// Withholds the run at `first` (as a job) unless it is withheld already.
-pub fn lend(e: &mut Engine, lending: &mut Lending, first: u32) -> Result<(), String> {
+/// Withholds the run at `first` (as a job) unless it is withheld already; with `moving`,
+/// its clean blocks move to free slots outside it first (`withhold_moving`: a cache
+/// shrinking online).
+pub fn lend(e: &mut Engine, lending: &mut Lending, first: u32, moving: bool) -> Result<(), String> {
     if lending.contains_key(&first) {
         return Ok(());
     }
     let mut r = Ok(());
-    e.submit_job(|e, out| r = e.withhold(first, RUN, out));
+    e.submit_job(|e, out| {
+        r = if moving { e.withhold_moving(first, RUN, out).map(|_| ()) } else { e.withhold(first, RUN, out) }
+    });
     r?;
     lending.insert(first, false);
     Ok(())

@@ -50,10 +50,10 @@ impl Daemon {
             }
             std::cmp::Ordering::Less => {
                 let tail = self.dp.with_engine(|e| e.withhold_cost(to, from - to));
-                self.dp.shrink_cache(to, &mut |_, _| {})?;
+                let moved = self.dp.shrink_cache(to, &mut |_, _| {})?;
                 self.dp.interval_now();
                 Ok(format!(
-                    "cache.size: shrunk from {} MiB to {} MiB ({} blocks cached past the new end dropped, {} of them written back first)",
+                    "cache.size: shrunk from {} MiB to {} MiB (of {} blocks cached past the new end, {moved} moved into free slots, the rest dropped, {} dirty ones written back first)",
                     mib(from),
                     mib(to),
                     tail.cached,

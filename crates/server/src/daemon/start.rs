@@ -389,13 +389,17 @@ impl Daemon {
         }));
         if r.max_slots > r.slots {
             let blocks = named_slots - r.slots;
-            dp.shrink_cache(r.slots as u32, &mut |_, _| {}).map_err(|e| {
+            let moved = dp.shrink_cache(r.slots as u32, &mut |_, _| {}).map_err(|e| {
                 StartError::Refused(format!(
                     "cache.size: emptying the slots past it ({blocks} of them hold blocks): {e}"
                 ))
             })?;
             if blocks > 0 {
-                tracing::info!(blocks, "cache.size: the blocks cached past it were written back and dropped");
+                tracing::info!(
+                    blocks,
+                    moved,
+                    "cache.size: the blocks cached past it were moved into free slots, or written back and dropped"
+                );
             }
         }
         let (vssd, vssd_exports) = match &vssd_plan {

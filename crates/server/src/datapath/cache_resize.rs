@@ -3,9 +3,11 @@
 //! are laid out for `cache.max_size` from the start; the slots past the cache's size are
 //! withheld from the engine (`withheld.rs`: never taken for a block, never restored from
 //! a journal). A grow extends the file (preallocated, as at start) and then gives the
-//! engine the new slots; a shrink withholds the tail slots — their dirty blocks written
-//! back, every block there dropped, through the engine's write-back and durability rules
-//! — writes a checkpoint naming none of them, and only then cuts the file.
+//! engine the new slots; a shrink withholds the tail slots — their clean blocks moved
+//! into free slots before the new end while there are any (`Engine::withhold_moving`),
+//! the dirty ones written back, the rest dropped, through the engine's write-back, move
+//! and durability rules — writes a checkpoint naming none of them, and only then cuts
+//! the file.
 //!
 //! Crash model: a block is cached in a tail slot only after the file covers it (grow:
 //! file first), and the file is cut only after no durable record names a slot there
@@ -29,23 +31,29 @@ impl DataPath {
         self.shared.layout.range(cachevisor_engine::LOCAL).1 as u32
     }
 
-    /// Shrinks the cache to `to` slots (see the module doc): `progress(cached, dirty)`
-    /// while the tail empties. On a failure the tail is given back and the size stays.
-    pub fn shrink_cache(&self, to: u32, progress: &mut dyn FnMut(u64, u64)) -> Result<(), String> {
+    /// Shrinks the cache to `to` slots (see the module doc): the tail's clean blocks move
+    /// into free slots before it while there are any, the rest is written back if dirty
+    /// and dropped; `progress(cached, dirty)` while the tail empties. Returns the blocks
+    /// moved. On a failure the tail is given back and the size stays.
+    pub fn shrink_cache(&self, to: u32, progress: &mut dyn FnMut(u64, u64)) -> Result<u64, String> {
         let from = self.cache_slots();
         if to >= from {
             return Err(format!("{to} slots is not less than the {from} in use"));
         }
         self.shared.local_slots.store(to, SeqCst);
-        let done = self.empty_slots(to, from - to, progress).and_then(|()| self.checkpoint_now());
-        if let Err(e) = done {
-            self.with_engine_mut(|e| e.return_slots(to, from - to));
-            self.shared.local_slots.store(from, SeqCst);
-            return Err(format!("{e}; the cache keeps its size"));
-        }
+        let done =
+            self.empty_slots(to, from - to, true, progress).and_then(|moved| self.checkpoint_now().map(|()| moved));
+        let moved = match done {
+            Ok(m) => m,
+            Err(e) => {
+                self.with_engine_mut(|e| e.return_slots(to, from - to));
+                self.shared.local_slots.store(from, SeqCst);
+                return Err(format!("{e}; the cache keeps its size"));
+            }
+        };
         self.cut_file(u64::from(to));
-        tracing::info!(from, to, "cache shrunk");
-        Ok(())
+        tracing::info!(from, to, moved, "cache shrunk");
+        Ok(moved)
     }
 
     /// Grows the cache to `to` slots (at most [`Self::max_cache_slots`]): the file first,
@@ -82,6 +90,7 @@ impl DataPath {
 #[cfg(test)]
 mod tests {
     use crate::datapath::tests::{block_at as pattern, open_wb};
+    use crate::datapath::DataPath;
     use rand::{Rng, SeedableRng};
     use std::collections::HashMap;
 
@@ -115,7 +124,9 @@ mod tests {
                 let to = rng.gen_range(8..=64u32);
                 let from = dp.cache_slots();
                 match to.cmp(&from) {
-                    std::cmp::Ordering::Less => dp.shrink_cache(to, &mut |_, _| {}).unwrap(),
+                    std::cmp::Ordering::Less => {
+                        dp.shrink_cache(to, &mut |_, _| {}).unwrap();
+                    }
                     std::cmp::Ordering::Greater => dp.grow_cache(to).unwrap(),
                     std::cmp::Ordering::Equal => {}
                 }
@@ -138,6 +149,42 @@ mod tests {
             let mut buf = vec![0u8; BS as usize];
             dp.read(0, b * BS, &mut buf).unwrap();
             assert!(buf == pattern(0, b, v), "after the restart: block {b}");
+        }
+    }
+
+    /// A shrink keeps what fits: clean blocks past the new end move into the free slots
+    /// before it (dirty ones never move in persistent mode: they are written back and
+    /// dropped), and every block reads back its bytes.
+    #[test]
+    fn a_shrink_moves_clean_blocks_into_free_slots() {
+        let dir = tempfile::tempdir().unwrap();
+        let dp = open_wb(dir.path(), 64, 1, true);
+        for b in 0..64u64 {
+            dp.write(0, b * BS, &pattern(0, b, 1), false).unwrap();
+        }
+        dp.flush(0).unwrap();
+        dp.destage(Some(0), &mut |_, _| {}).unwrap(); // clean, still cached
+        let in_tail =
+            |dp: &DataPath| dp.with_engine(|e| (0..64).filter(|&b| e.lookup(0, b).is_some_and(|s| s >= 48)).count());
+        assert_eq!(in_tail(&dp), 16, "a full cache: 16 blocks in slots 48..64");
+        // Free 16 slots before 48 (discarded blocks leave the cache) and make it durable.
+        let head: Vec<u64> = dp.with_engine(|e| (0..64).filter(|&b| e.lookup(0, b).is_some_and(|s| s < 16)).collect());
+        for &b in &head {
+            dp.discard(0, b * BS, BS as u32).unwrap();
+        }
+        dp.checkpoint_now().unwrap();
+        let moved = dp.shrink_cache(48, &mut |_, _| {}).unwrap();
+        assert_eq!(moved, 16, "every clean block past the end found a free slot");
+        dp.with_engine(|e| {
+            let kept = (0..64u64).filter(|&b| !head.contains(&b)).filter(|&b| e.lookup(0, b).is_some()).count();
+            assert_eq!(kept, 48, "every block not discarded is still cached");
+            e.check_invariants()
+        })
+        .unwrap();
+        for b in (0..64u64).filter(|b| !head.contains(b)) {
+            let mut buf = vec![0u8; BS as usize];
+            dp.read(0, b * BS, &mut buf).unwrap();
+            assert!(buf == pattern(0, b, 1), "block {b} after its move");
         }
     }
 }

@@ -97,7 +97,7 @@ impl DataPath {
         };
         let written = s.written_back.load(SeqCst);
         let in_use = self.cache_slots();
-        match self.empty_slots(0, in_use, progress).and_then(|()| self.checkpoint_now()) {
+        match self.empty_slots(0, in_use, false, progress).and_then(|_| self.checkpoint_now()) {
             Ok(()) => {}
             Err(e) => {
                 self.give_back();
@@ -119,20 +119,27 @@ impl DataPath {
     }
 
     /// Withholds local slots `lo..lo + n` and waits until they hold nothing (dirty
-    /// blocks written back first): `progress(blocks still cached there, of them dirty)`.
-    /// Slots already withheld stay so.
-    pub(super) fn empty_slots(&self, lo: u32, n: u32, progress: &mut dyn FnMut(u64, u64)) -> Result<(), String> {
-        let mut refused = None;
-        self.run_job(|e, out| refused = e.withhold(lo, n, out).err())
-            .map_err(|f| format!("a cache job failed: {f:?}"))?;
-        if let Some(e) = refused {
-            return Err(e);
-        }
+    /// blocks written back first; with `keep`, clean ones moved into free slots outside
+    /// the run first, `Engine::withhold_moving`): `progress(blocks still cached there, of
+    /// them dirty)`. Slots already withheld stay so. Returns the blocks moved.
+    pub(super) fn empty_slots(
+        &self,
+        lo: u32,
+        n: u32,
+        keep: bool,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<u64, String> {
+        let mut started = Ok(0);
+        self.run_job(|e, out| {
+            started = if keep { e.withhold_moving(lo, n, out) } else { e.withhold(lo, n, out).map(|()| 0) }
+        })
+        .map_err(|f| format!("a cache job failed: {f:?}"))?;
+        let moved = started?;
         let mut best = (u64::MAX, Instant::now());
         loop {
             let (ready, left) = self.with_engine(|e| (e.withheld_ready(lo, n), e.withhold_cost(lo, n)));
             if ready {
-                return Ok(());
+                return Ok(moved);
             }
             let (cached, dirty) = (u64::from(left.cached), u64::from(left.dirty));
             progress(cached, dirty);

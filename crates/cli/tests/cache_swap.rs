@@ -152,6 +152,18 @@ fn the_ssd_is_replaced_under_a_connected_client_and_no_write_is_lost() {
     };
     assert!(body.contains("the cache is detached") && body.contains("cache attach"), "{body}");
 
+    // A malformed attach is refused naming the body, and the cache stays out.
+    let bad = ureq::post(&format!("http://{api}/cache/attach"))
+        .set("Authorization", &format!("Bearer {}", std::fs::read_to_string(&token).unwrap().trim()))
+        .send_string(r#"{"prewarm": "yes"}"#);
+    match bad {
+        Err(ureq::Error::Status(400, r)) => {
+            let body = r.into_string().unwrap();
+            assert!(body.contains("the body") && body.contains("prewarm"), "{body}");
+        }
+        other => panic!("a malformed attach: {other:?}"),
+    }
+    assert_eq!(cache_state(api, &token)["state"], "detached");
     // Attach the new SSD: the metadata directory comes back with the token and the
     // snapshot the detach took, and the cache prewarms from it.
     let (code, out) = cli(api, &token, &["cache", "attach"]);

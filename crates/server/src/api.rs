@@ -320,7 +320,12 @@ async fn attach_cache(State(a): State<Api>, body: axum::body::Bytes) -> Response
     } else {
         match serde_json::from_slice::<AttachBody>(&body) {
             Ok(b) => b,
-            Err(e) => return err(StatusCode::BAD_REQUEST, format!("the body: {e}")),
+            Err(e) => {
+                return err(
+                    StatusCode::BAD_REQUEST,
+                    format!("the body (JSON: {{\"prewarm\": true|false, \"from\": \"DIR\"}}, both optional): {e}"),
+                )
+            }
         }
     };
     let d = a.daemon.clone();

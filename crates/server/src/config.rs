@@ -924,6 +924,29 @@ mod tests {
     use super::*;
 
     #[test]
+    fn max_size_is_checked_where_it_enters() {
+        let base = "[cache]\npath = \"c.img\"\nsize = \"64MiB\"\n{}[listen]\ntcp = \"127.0.0.1:1\"\n[[vdisk]]\nname = \"a\"\nbacking = \"a.img\"\nsize = \"1MiB\"\n";
+        let r =
+            |extra: &str| Config::parse(&base.replace("{}", extra), "t", Path::new("/srv")).and_then(|c| c.resolve());
+        assert_eq!(r("").unwrap().max_slots, 16384, "default: the size");
+        assert_eq!(r("max_size = \"64MiB\"\n").unwrap().max_slots, 16384, "equal to the size");
+        assert_eq!(r("max_size = \"1GiB\"\n").unwrap().max_slots, 262144);
+        for (bad, why) in [
+            ("max_size = \"0\"\n", "at least cache.size"),
+            ("max_size = \"32MiB\"\n", "at least cache.size"),
+            ("max_size = \"65537KiB\"\n", "multiple of block_size"),
+            ("max_size = \"99999999999EiB\"\n", "cache.max_size"),
+            ("max_size = \"lots\"\n", "cache.max_size"),
+        ] {
+            let e = r(bad).unwrap_err();
+            assert!(e.contains("cache.max_size") && e.contains(why), "{bad}: {e}");
+        }
+        // Past what an engine can lay out (slot ids are 32-bit): refused, not wrapped.
+        let e = r("max_size = \"64TiB\"\n").unwrap_err();
+        assert!(e.contains("cache.max_size"), "{e}");
+    }
+
+    #[test]
     fn the_reference_lists_every_setting_and_parses() {
         let text = default_with_reference();
         let reference: String = text

@@ -487,12 +487,12 @@ impl Daemon {
 
     /// The metrics exposition (`/metrics`): latency histograms and the state now.
     pub fn render_metrics(&self) -> String {
-        let report = self.cache_report();
         let state = crate::status::State {
+            // Read directly: a scrape takes no engine walk or file stat for them.
             cache: [
-                u64::from(report.state == crate::datapath::CacheState::Attached),
-                report.size_bytes,
-                report.max_size_bytes,
+                u64::from(self.dp.cache_state() == crate::datapath::CacheState::Attached),
+                u64::from(self.dp.cache_slots()) * self.block_size,
+                u64::from(self.dp.max_cache_slots()) * self.block_size,
             ],
             vdisks: self.status(),
             destaged_blocks: self.destaged_blocks(),

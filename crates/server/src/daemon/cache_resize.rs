@@ -26,6 +26,9 @@ impl Daemon {
         if self.vssd.is_some() {
             return Err("cache.size: the vSSD region ([vssd]) is laid out after the cache's blocks".into());
         }
+        if self.peer_links.is_some() || self.cluster().is_some() {
+            return Err("cache.size: a cluster node's cache ([cluster]) is laid out with its peers' regions: restart it to resize".into());
+        }
         if self.dp.cache_state() != CacheState::Attached {
             return Err(format!("cache.size: the cache is {}: attach it first", self.dp.cache_state().as_str()));
         }

@@ -65,6 +65,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     init_logging(&cfg.log.level)?;
     if a.check_config {
         cfg.resolve().map_err(anyhow::Error::msg)?;
+        cachevisor_server::own_files::check_paths(&cfg).map_err(anyhow::Error::msg)?;
         println!("{}: configuration OK ({} vDisks)", source.name(), cfg.vdisk.len());
         return Ok(());
     }

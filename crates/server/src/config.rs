@@ -774,7 +774,8 @@ impl Config {
 
     /// Reads a file.
     pub fn load(path: &Path) -> Result<Config, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let text = crate::bounded_read::read_to_string(path, crate::bounded_read::CONFIG_CAP)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
         Config::parse(&text, &path.display().to_string(), path.parent().unwrap_or(Path::new(".")))
     }
 

@@ -159,6 +159,8 @@ pub struct Daemon {
     /// The configuration as last read (before the overlay), what a reload compares with;
     /// held while a reload runs (one at a time).
     file_config: Mutex<Config>,
+    /// The daemon's own files, which no vDisk added later may be backed by.
+    own: crate::own_files::OwnFiles,
     /// What a detached cache's metadata directory held (`cache_swap.rs`); held while a
     /// detach or attach runs (one at a time).
     carried: Mutex<cache_swap::Carried>,

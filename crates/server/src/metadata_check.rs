@@ -56,7 +56,7 @@ pub struct VdiskReport {
 
 /// The geometry in `path`'s header, if the file exists and has one.
 fn header(path: &Path, magic: [u8; 8]) -> Result<Option<Header>, String> {
-    let mut f = match std::fs::File::open(path) {
+    let mut f = match crate::bounded_read::open_regular(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("{}: {e}", path.display())),

@@ -47,7 +47,7 @@ pub struct RepairReport {
 
 /// A file's header and its whole records (and whether it ended cleanly), if it exists.
 fn read(path: &Path, magic: [u8; 8]) -> Result<Option<(Header, Vec<Record>, bool)>, String> {
-    let mut f = match std::fs::File::open(path) {
+    let mut f = match crate::bounded_read::open_regular(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("{}: {e}", path.display())),

@@ -75,7 +75,9 @@ pub fn parent_must_exist(path: &Path, what: &str) -> Result<(), String> {
 }
 
 fn in_use(path: &Path, meta_dir: &Path) -> String {
-    let owner = std::fs::read_to_string(owner_file(meta_dir)).ok().and_then(|t| t.lines().next().map(str::to_string));
+    let owner = crate::bounded_read::read_to_string(&owner_file(meta_dir), crate::bounded_read::STATE_CAP)
+        .ok()
+        .and_then(|t| t.lines().next().map(str::to_string));
     let who = match owner {
         Some(o) if !o.is_empty() => format!("another cachevisor ({o})"),
         _ => "another process".to_string(),
@@ -85,7 +87,8 @@ fn in_use(path: &Path, meta_dir: &Path) -> String {
 
 /// Whether the owner note names this process.
 fn noted_as_this_process(meta_dir: &Path) -> bool {
-    let note = std::fs::read_to_string(owner_file(meta_dir)).unwrap_or_default();
+    let note =
+        crate::bounded_read::read_to_string(&owner_file(meta_dir), crate::bounded_read::STATE_CAP).unwrap_or_default();
     note.starts_with(&format!("pid {} ", std::process::id()))
 }
 

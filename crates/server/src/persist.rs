@@ -14,7 +14,7 @@ use crate::journal::{
     read_records, write_file_atomically, Header, Record, CHECKPOINT_MAGIC, HEADER_LEN, JOURNAL_MAGIC,
 };
 use cachevisor_engine::Engine;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
@@ -114,7 +114,7 @@ pub fn replay(
     let ckpt = dir.join("checkpoint");
     let mut generation = 0;
     if ckpt.exists() {
-        let mut f = File::open(&ckpt).map_err(|e| io_err(&ckpt, e))?;
+        let mut f = crate::bounded_read::open_regular(&ckpt).map_err(|e| io_err(&ckpt, e))?;
         let mut h = [0u8; HEADER_LEN];
         f.read_exact(&mut h).map_err(|e| io_err(&ckpt, e))?;
         let header = Header::decode(&h, CHECKPOINT_MAGIC).map_err(|e| format!("{}: {e}", ckpt.display()))?;
@@ -133,7 +133,7 @@ pub fn replay(
     }
     let jpath = dir.join("journal");
     if jpath.exists() {
-        let mut f = File::open(&jpath).map_err(|e| io_err(&jpath, e))?;
+        let mut f = crate::bounded_read::open_regular(&jpath).map_err(|e| io_err(&jpath, e))?;
         let mut h = [0u8; HEADER_LEN];
         if f.read_exact(&mut h).is_ok() {
             let header = Header::decode(&h, JOURNAL_MAGIC).map_err(|e| format!("{}: {e}", jpath.display()))?;
@@ -167,8 +167,11 @@ impl Persistence {
         let (rec, generation) = replay(dir, block_size, slots, apply)?;
         let jpath = dir.join("journal");
         let header = Header { block_size, slots, generation };
-        let journal =
-            crate::private_files::options().create(true).append(true).open(&jpath).map_err(|e| io_err(&jpath, e))?;
+        let journal = crate::private_files::own_options()
+            .create(true)
+            .append(true)
+            .open(&jpath)
+            .map_err(|e| io_err(&jpath, e))?;
         let journal_end = journal.metadata().map_err(|e| io_err(&jpath, e))?.len();
         let p = Persistence {
             dir: dir.to_path_buf(),
@@ -373,7 +376,7 @@ impl Persistence {
     fn start_journal(&mut self, header: Header) -> std::io::Result<()> {
         let jpath = self.dir.join("journal");
         write_file_atomically(&jpath, JOURNAL_MAGIC, &header, &mut |_| Ok(()))?;
-        let journal = OpenOptions::new().append(true).open(&jpath)?;
+        let journal = crate::private_files::own_options().append(true).open(&jpath)?;
         self.journal_end = journal.metadata()?.len();
         self.journal = Some(journal);
         self.header = header;

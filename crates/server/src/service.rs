@@ -129,13 +129,12 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
     let unix_listener = match (inherited.nbd_unix.take(), listen_unix) {
         (Some(l), _) => Some(l),
         (None, Some(p)) => {
-            let _ = std::fs::remove_file(p); // a stale socket from an earlier run
             let mode = crate::config::unix_mode(&cfg.listen.unix_mode).map_err(StartError::Config)?;
             let group = match &cfg.listen.unix_group {
                 Some(g) => Some((g.as_str(), crate::config::unix_group(g, mode).map_err(StartError::Config)?)),
                 None => None,
             };
-            Some((bind_unix(p, mode, group).map_err(StartError::Config)?, p.clone()))
+            Some((bind_unix(p, "listen.unix", mode, group).map_err(StartError::Config)?, p.clone()))
         }
         (None, None) => None,
     };
@@ -200,10 +199,17 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
 /// Binds a unix socket at `path` with file mode `mode` (and group `(name, gid)`), never
 /// reachable with another: bound inside a fresh 0700 directory beside it, given its mode
 /// and group, then renamed into place (a chmod after binding at `path` would leave it
-/// open to the umask's mode for a moment). Errors name the path or the key.
-pub(crate) fn bind_unix(path: &std::path::Path, mode: u32, group: Option<(&str, u32)>) -> Result<UnixListener, String> {
+/// open to the umask's mode for a moment). Only nothing or a stale socket is replaced
+/// (`listen_path`): never a file, a directory or a live socket. Errors start with `key`.
+pub(crate) fn bind_unix(
+    path: &std::path::Path,
+    key: &str,
+    mode: u32,
+    group: Option<(&str, u32)>,
+) -> Result<UnixListener, String> {
     use std::os::unix::fs::PermissionsExt;
-    let at = |e: std::io::Error| format!("{}: {e}", path.display());
+    let at = |e: std::io::Error| format!("{key}: {}: {e}", path.display());
+    crate::listen_path::clear(path, key)?;
     let parent = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
     let private = parent.join(format!(".cv-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&private); // a crashed start's leftover
@@ -216,7 +222,7 @@ pub(crate) fn bind_unix(path: &std::path::Path, mode: u32, group: Option<(&str, 
             })?;
         }
         std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(mode)).map_err(at)?;
-        std::fs::rename(&staged, path).map_err(at)?;
+        crate::listen_path::move_into_place(&staged, path, key)?;
         Ok(l)
     });
     let _ = std::fs::remove_dir_all(&private);

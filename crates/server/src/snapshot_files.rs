@@ -56,7 +56,7 @@ pub fn write(dir: &Path, snap: &Snapshot, keep: usize) -> io::Result<PathBuf> {
     crate::private_files::ensure_dir(dir)?;
     let path = dir.join(file_name(snap.seq));
     let tmp = dir.join(format!(".{}.tmp", file_name(snap.seq)));
-    let f = crate::private_files::create(&tmp)?;
+    let f = crate::private_files::create_temp(&tmp)?;
     let mut w = BufWriter::new(f);
     let written = snap.write_to(&mut w).and_then(|_| w.flush()).and_then(|_| w.get_ref().sync_all());
     if let Err(e) = written {
@@ -73,18 +73,6 @@ pub fn write(dir: &Path, snap: &Snapshot, keep: usize) -> io::Result<PathBuf> {
     Ok(path)
 }
 
-/// Opens `p` for reading if it is a regular file: opened non-blocking, so a FIFO or a
-/// device named like a snapshot is refused at once instead of blocking the caller (the
-/// start-up, an API thread) until someone writes to it.
-fn open_regular(p: &Path) -> io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let f = std::fs::OpenOptions::new().read(true).custom_flags(rustix::fs::OFlags::NONBLOCK.bits() as i32).open(p)?;
-    if !f.metadata()?.is_file() {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a regular file"));
-    }
-    Ok(f)
-}
-
 /// The newest `keep` snapshots of `dir`, oldest first. Any of them unreadable: an error
 /// naming the file (the caller goes on cold rather than prewarm from a partial history).
 pub fn read_history(dir: &Path, keep: usize) -> Result<Vec<Snapshot>, String> {
@@ -95,7 +83,8 @@ pub fn read_history(dir: &Path, keep: usize) -> Result<Vec<Snapshot>, String> {
     }
     let mut out = Vec::new();
     for (_, p) in all.iter().skip(all.len().saturating_sub(keep.max(1))) {
-        let f = open_regular(p).map_err(|e| format!("{}: {e}", crate::log_safe(&p.display().to_string())))?;
+        let f = crate::bounded_read::open_regular(p)
+            .map_err(|e| format!("{}: {e}", crate::log_safe(&p.display().to_string())))?;
         let s = Snapshot::read_from(io::BufReader::new(f)).map_err(|e| format!("{}: {e}", p.display()))?;
         out.push(s);
     }

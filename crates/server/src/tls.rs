@@ -85,14 +85,21 @@ impl Credentials {
 }
 
 fn read_certs(path: &Path, key: &str) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs: Vec<_> = CertificateDer::pem_file_iter(path)
-        .map_err(|e| format!("listen.{key}: {}: {e}", path.display()))?
+    let pem = crate::bounded_read::read(path, crate::bounded_read::PEM_CAP)
+        .map_err(|e| format!("listen.{key}: {}: {e}", path.display()))?;
+    let certs: Vec<_> = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<_, _>>()
         .map_err(|e| format!("listen.{key}: {}: not PEM certificates: {e}", path.display()))?;
     if certs.is_empty() {
         return Err(format!("listen.{key}: {} holds no certificate (PEM \"BEGIN CERTIFICATE\")", path.display()));
     }
     Ok(certs)
+}
+
+/// The private key in PEM file `path` (a regular file of at most `PEM_CAP` bytes).
+fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
+    let pem = crate::bounded_read::read(path, crate::bounded_read::PEM_CAP).map_err(|e| e.to_string())?;
+    PrivateKeyDer::from_pem_slice(&pem).map_err(|e| format!("no private key read: {e}"))
 }
 
 /// ring's cipher suites with AES-128-GCM first: the server picks (`ignore_client_order`),
@@ -125,8 +132,7 @@ pub fn server_config(c: &Credentials, clients: bool) -> Result<Arc<ServerConfig>
         "users outside its group",
         640,
     )?;
-    let key = PrivateKeyDer::from_pem_file(&c.key)
-        .map_err(|e| format!("listen.tls_key: {}: no private key read: {e}", c.key.display()))?;
+    let key = read_key(&c.key).map_err(|e| format!("listen.tls_key: {}: {e}", c.key.display()))?;
     if let Some(until) = expired(&certs[0]) {
         tracing::warn!(cert = %c.cert.display(), %until, "the server certificate is not valid now: clients will refuse it");
     }
@@ -265,8 +271,7 @@ pub fn client_config(c: &ClientCredentials, at: &str) -> Result<Arc<rustls::Clie
     let config = match &c.cert_key {
         Some((cert, key)) => {
             let certs = read_certs(cert, "tls_cert").map_err(|e| format!("{at}: {e}"))?;
-            let k = PrivateKeyDer::from_pem_file(key)
-                .map_err(|e| format!("{at}: {}: no private key read: {e}", key.display()))?;
+            let k = read_key(key).map_err(|e| format!("{at}: {}: {e}", key.display()))?;
             builder
                 .with_client_auth_cert(certs, k)
                 .map_err(|e| format!("{at}: {} with {}: {e}", cert.display(), key.display()))?

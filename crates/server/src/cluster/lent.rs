@@ -83,11 +83,7 @@ impl LentRegions {
         }
         let path = self.dir.join(format!("{borrower}.img"));
         // Private: another node's cached data (0600).
-        let f = std::os::unix::fs::OpenOptionsExt::mode(
-            std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(true),
-            0o600,
-        )
-        .open(&path)?;
+        let f = crate::private_files::own_options().read(true).write(true).create(true).truncate(true).open(&path)?;
         f.set_len(self.size)?;
         let f = Arc::new(f);
         r.1.insert(borrower.to_string(), f.clone());

@@ -110,12 +110,11 @@ impl ReplicaLogs {
         }
         let path = self.dir.join(format!("{owner}.log"));
         // Private (0600): another node's written data.
-        let f = std::fs::OpenOptions::new()
+        let f = crate::private_files::own_options()
             .read(true)
             .write(true)
             .create(create)
-            .mode(0o600)
-            .custom_flags(O_DSYNC)
+            .custom_flags(O_DSYNC | rustix::fs::OFlags::NOFOLLOW.bits() as i32)
             .open(&path)?;
         if f.metadata()?.len() == 0 {
             fill_zeros(&f, self.size)?;
@@ -125,7 +124,7 @@ impl ReplicaLogs {
         let direct = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
-            .custom_flags(O_DSYNC | rustix::fs::OFlags::DIRECT.bits() as i32)
+            .custom_flags(O_DSYNC | (rustix::fs::OFlags::DIRECT | rustix::fs::OFlags::NOFOLLOW).bits() as i32)
             .open(&path);
         match direct {
             Ok(d) => {

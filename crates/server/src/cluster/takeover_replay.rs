@@ -41,7 +41,7 @@ fn key(r: &Replay, vdisk: &str) -> String {
 }
 
 fn load(meta: &Path) -> Result<Vec<String>, String> {
-    match std::fs::read(done_file(meta)) {
+    match crate::bounded_read::read(&done_file(meta), crate::bounded_read::STATE_CAP) {
         Ok(b) => serde_json::from_slice(&b).map_err(|e| format!("{}: damaged ({e})", done_file(meta).display())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
         Err(e) => Err(format!("{}: {e}", done_file(meta).display())),

@@ -159,12 +159,13 @@ impl Daemon {
         let report = self.dp.detach_cache(with_metadata, progress).map_err(OpError::Other)?;
         let mut next = Carried { with_metadata, ..Carried::default() };
         if with_metadata {
-            next.api_token = std::fs::read(self.meta_dir.join("api-token")).ok();
+            next.api_token =
+                crate::bounded_read::read(&self.meta_dir.join("api-token"), crate::bounded_read::STATE_CAP).ok();
         }
         let snap_dir = self.snapshot_dir();
         if let Some(p) = snapshot.filter(|_| same_file_system(&path, &snap_dir)) {
             let name = p.file_name().map(|n| n.to_string_lossy().into_owned());
-            next.snapshot = name.zip(std::fs::read(&p).ok());
+            next.snapshot = name.zip(crate::bounded_read::read(&p, crate::bounded_read::STATE_CAP).ok());
         }
         let mut owner = self.owner.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(o) = owner.as_mut() {

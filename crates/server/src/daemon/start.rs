@@ -90,16 +90,16 @@ impl Daemon {
     /// cache store and backing stores and sets up the engine: one partition per vDisk sized
     /// by the configured allocator, warm with the blocks the metadata holds.
     pub fn start_with(cfg: &Config, opts: &StartOptions) -> Result<Daemon, StartError> {
-        let meta_dir = cfg.cache.metadata.clone().unwrap_or_else(|| {
-            let mut p = cfg.cache.path.clone().into_os_string();
-            p.push(".meta");
-            p.into()
-        });
+        let meta_dir = crate::own_files::metadata_dir(cfg);
         // Credentials first: a bad certificate refuses the start before anything is opened.
         let tls = match cfg.listen.tls_credentials().map_err(StartError::Config)? {
             Some(c) => Some(Arc::new(crate::tls::ServerTls::load(cfg.listen.tls, c).map_err(StartError::Config)?)),
             None => None,
         };
+        // Every value and path checked before anything is created (issue 54): a listen
+        // path holding a file, a backing among the daemon's own files.
+        cfg.resolve().map_err(StartError::Config)?;
+        crate::own_files::check_paths(cfg).map_err(StartError::Config)?;
         let owner = OwnerLock::acquire(&cfg.cache.path, &meta_dir).map_err(StartError::Refused)?;
         let overlay = crate::vdisk_overlay::Overlay::load(&meta_dir).map_err(StartError::Config)?;
         let file_config = cfg.clone();
@@ -131,6 +131,10 @@ impl Daemon {
         }
         let cfg = &merged;
         let r: Resolved = cfg.resolve().map_err(StartError::Config)?;
+        let own = crate::own_files::OwnFiles::of(cfg);
+        for (i, v) in cfg.vdisk.iter().enumerate() {
+            own.check_backing(&v.backing, &format!("vdisk[{i}] ({}).backing", v.name)).map_err(StartError::Config)?;
+        }
         let places = places(cfg)?;
         if cfg.vssd.is_none() {
             crate::vssd::startup::check_not_dropped(&meta_dir).map_err(StartError::Config)?;
@@ -479,6 +483,7 @@ impl Daemon {
             migrations: std::sync::OnceLock::new(),
             source: opts.source.clone(),
             file_config: Mutex::new(file_config),
+            own,
             carried: Default::default(),
             swap: Default::default(),
         })

@@ -80,6 +80,7 @@ impl Daemon {
             v.backing = std::path::absolute(&v.backing).map_err(|e| ChangeError::Invalid(format!("backing: {e}")))?;
         }
         v.check("vdisk", self.block_size).map_err(ChangeError::Invalid)?;
+        self.own.check_backing(&v.backing, "vdisk.backing").map_err(ChangeError::Invalid)?;
         let size = v.size.as_deref().map(parse_size).transpose().map_err(ChangeError::Invalid)?;
         let place =
             Place::of(&v.backing).map_err(|e| ChangeError::Invalid(format!("backing {}: {e}", v.backing.display())))?;

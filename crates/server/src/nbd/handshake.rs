@@ -224,16 +224,18 @@ pub fn options<S: Read + Write>(
                     s.write_all(&option_reply(opt, REP_ERR_INVALID, b"malformed INFO/GO data"))?;
                     continue;
                 };
-                let Some(e) = find(&name) else {
-                    s.write_all(&option_reply(opt, REP_ERR_UNKNOWN, format!("no export named `{name}`").as_bytes()))?;
+                // A hidden export gets the very answer a missing one does (issue 54, item
+                // 5: the wire must not tell them apart); the daemon's log says which.
+                let Some(e) = find(&name).filter(|e| {
+                    let open = session.may_open(e);
+                    if !open {
+                        tracing::warn!("{}", crate::log_safe(&refused(e)));
+                    }
+                    open
+                }) else {
+                    s.write_all(&option_reply(opt, REP_ERR_UNKNOWN, unknown_export(&name).as_bytes()))?;
                     continue;
                 };
-                if !session.may_open(&e) {
-                    let why = refused(&e);
-                    tracing::warn!("{}", crate::log_safe(&why));
-                    s.write_all(&option_reply(opt, REP_ERR_POLICY, why.as_bytes()))?;
-                    continue;
-                }
                 let mut info = INFO_EXPORT.to_be_bytes().to_vec();
                 info.extend_from_slice(&e.size.to_be_bytes());
                 info.extend_from_slice(&flags_of(session).to_be_bytes());
@@ -279,7 +281,7 @@ fn meta_context(opt: u32, data: &[u8], session: &mut Session, d: &(impl Exports 
         return option_reply(opt, REP_ERR_INVALID, b"malformed META_CONTEXT data");
     };
     let Some(e) = d.exports().into_iter().find(|e| e.name == export).filter(|e| session.may_open(e)) else {
-        return option_reply(opt, REP_ERR_UNKNOWN, format!("no export named `{export}`").as_bytes());
+        return option_reply(opt, REP_ERR_UNKNOWN, unknown_export(&export).as_bytes());
     };
     let wanted = if set {
         queries.iter().any(|q| q == BASE_ALLOCATION)
@@ -297,4 +299,10 @@ fn meta_context(opt: u32, data: &[u8], session: &mut Session, d: &(impl Exports 
     }
     out.extend(option_reply(opt, REP_ACK, &[]));
     out
+}
+
+/// The answer to an export that does not exist *or* that this client may not open: the
+/// same bytes for both, so a client cannot find hidden exports by their names.
+fn unknown_export(name: &str) -> String {
+    format!("no export named `{name}` for this client")
 }

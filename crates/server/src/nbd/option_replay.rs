@@ -174,6 +174,30 @@ mod tests {
         let (outcome, output) = replay(&input, TlsMode::On);
         assert!(outcome.is_err(), "input ran out after the refusal: {outcome:?}");
         let text = String::from_utf8_lossy(&output);
-        assert!(text.contains("not open to this client") && !text.contains("\u{1}b"), "{text:?}");
+        assert!(text.contains("no export named `b` for this client") && !text.contains("\u{1}b"), "{text:?}");
+    }
+
+    #[test]
+    fn a_hidden_export_and_a_missing_one_get_the_same_bytes() {
+        // Issue 54, item 5: INFO, GO and META_CONTEXT for `b` (exists, this client may not
+        // open it) and for `z` (no such export) differ in nothing but the name.
+        for opt in [OPT_INFO, OPT_GO, OPT_LIST_META_CONTEXT] {
+            let answer = |name: &str| {
+                let mut input = FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec();
+                let data = if opt == OPT_LIST_META_CONTEXT {
+                    let mut d = (name.len() as u32).to_be_bytes().to_vec();
+                    d.extend_from_slice(name.as_bytes());
+                    d.extend_from_slice(&0u32.to_be_bytes());
+                    d
+                } else {
+                    go(name)
+                };
+                input.extend(option(opt, &data));
+                String::from_utf8_lossy(&replay(&input, TlsMode::On).1).replace(name, "NAME")
+            };
+            let (hidden, missing) = (answer("b"), answer("z"));
+            assert_eq!(hidden, missing, "option {opt}");
+            assert!(hidden.contains("no export named `NAME`"), "{hidden:?}");
+        }
     }
 }

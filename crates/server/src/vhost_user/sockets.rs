@@ -117,9 +117,8 @@ fn open(d: &Arc<Daemon>, dir: &Path, mode: &SocketMode, e: &ExportInfo) -> Resul
     let path = socket_path(dir, &e.name).ok_or_else(|| {
         "its name is not a file name (letters, digits, `.`, `_`, `-`, not starting with `.`)".to_string()
     })?;
-    let _ = std::fs::remove_file(&path); // a stale socket from an earlier run
     let group = mode.group.as_ref().map(|(n, g)| (n.as_str(), *g));
-    let l = crate::service::bind_unix(&path, mode.mode, group)?;
+    let l = crate::service::bind_unix(&path, "listen.vhost_user", mode.mode, group)?;
     let s = Served { path: path.clone(), stop: Arc::new(AtomicBool::new(false)), conn: Arc::new(Mutex::new(None)) };
     let (d, e) = (d.clone(), e.clone());
     let (stop, conn) = (s.stop.clone(), s.conn.clone());

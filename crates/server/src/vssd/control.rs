@@ -18,9 +18,10 @@ use std::time::Duration;
 /// Longest request line (a release of a million blocks fits).
 const MAX_LINE: usize = 16 << 20;
 
-/// Binds the control socket of vSSD `id` at `path` and serves it on a thread.
-pub fn listen(svc: Arc<VssdService>, id: VssdId, path: &Path) -> Result<(), String> {
-    let l = crate::service::bind_unix(path, 0o600, None)?;
+/// Binds the control socket of vSSD `id` at `path` and serves it on a thread; errors
+/// start with `key`.
+pub fn listen(svc: Arc<VssdService>, id: VssdId, path: &Path, key: &str) -> Result<(), String> {
+    let l = crate::service::bind_unix(path, key, 0o600, None)?;
     std::thread::Builder::new()
         .name(format!("cv-vssd-ctl {id}"))
         .spawn(move || accept(l, svc, id))

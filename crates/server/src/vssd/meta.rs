@@ -186,7 +186,7 @@ impl VssdMeta {
         }
         let header = Header { block_size: geometry.block_bytes, slots: u64::from(geometry.blocks), generation };
         let journal =
-            crate::private_files::options().create(true).append(true).open(&jpath).map_err(|e| named(&jpath, e))?;
+            crate::private_files::own_options().create(true).append(true).open(&jpath).map_err(|e| named(&jpath, e))?;
         let mut m = VssdMeta { dir: dir.to_path_buf(), shared, journal, header, buf: Vec::new() };
         m.checkpoint(&state).map_err(|e| named(&ckpt, e))?;
         Ok((m, state, opened))
@@ -217,7 +217,7 @@ impl VssdMeta {
         })?;
         let jpath = self.dir.join("vssd.journal");
         write_file_atomically(&jpath, journal_magic, &self.header, &mut |_| Ok(()))?;
-        self.journal = crate::private_files::options().append(true).open(&jpath)?;
+        self.journal = crate::private_files::own_options().append(true).open(&jpath)?;
         Ok(())
     }
 }

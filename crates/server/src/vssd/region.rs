@@ -86,7 +86,7 @@ impl VssdRegion {
             OpKind::SwapOut { id, lbn, pbn } => {
                 let mut buf = vec![0u8; bs as usize];
                 self.file.read_exact_at(&mut buf, self.at(pbn))?;
-                let f = crate::private_files::options().create(true).write(true).open(self.swap_path(id))?;
+                let f = crate::private_files::own_options().create(true).write(true).open(self.swap_path(id))?;
                 f.write_all_at(&buf, u64::from(lbn) * bs)?;
                 f.sync_data()
             }

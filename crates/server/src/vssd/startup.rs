@@ -101,9 +101,10 @@ pub fn start(
             }
         };
         let control = d.control.clone().unwrap_or_else(|| meta_dir.join(format!("{}.vssd.sock", d.name)));
-        if let Err(e) = super::control::listen(svc.clone(), id, &control) {
+        if let Err(e) = super::control::listen(svc.clone(), id, &control, &format!("vssd.device ({}).control", d.name))
+        {
             svc.halt();
-            return Err(format!("vssd.device ({}).control: {e}", d.name));
+            return Err(e);
         }
         let size = u64::from(d.max_blocks) * plan.geometry.block_bytes;
         exports.push(ExportInfo { id: VSSD_EXPORT | id, name: d.name.clone(), size, allow: d.allow.clone() });

@@ -1,0 +1,186 @@
+//! Issue 54 (hardening, round 2), each class reproduced with the real daemon process and a
+//! real client: a listen path naming a disk image never replaces it (and a stale socket
+//! from a SIGKILLed run is served again); no vDisk is backed by the daemon's own files,
+//! from the config, the API or a hard link; `check --repair` never writes through a
+//! planted link.
+
+mod common;
+use common::*;
+use std::path::Path;
+use std::process::Command;
+
+fn config(dir: &Path, name: &str, listen: &str, backing: &str, extra_vdisk: &str) {
+    std::fs::write(
+        dir.join(name),
+        format!("[cache]\npath = \"cache.img\"\nsize = \"8MiB\"\n[listen]\n{listen}\n[api]\nlisten = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"vm1\"\nbacking = \"{backing}\"\nsize = \"4MiB\"\n{extra_vdisk}"),
+    )
+    .unwrap();
+}
+
+fn check_config(dir: &Path, name: &str) -> (Option<i32>, String) {
+    let o = Command::new(bin()).current_dir(dir).args(["serve", "--check-config", "--config", name]).output().unwrap();
+    (o.status.code(), String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr))
+}
+
+#[test]
+fn a_socket_path_naming_a_disk_image_is_refused_and_a_stale_socket_is_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // vm1's image holds a VM's data; the config's unix socket names it by mistake.
+    config(d, "a.toml", "tcp = \"127.0.0.1:0\"", "vm1.img", "");
+    let a = Daemon::start(d, "a.toml", &[]).unwrap();
+    qemu_io_ok(&a.uri("vm1"), &["write -P 0x5a 0 4M", "flush"]);
+    drop(a);
+    let image = std::fs::read(d.join("vm1.img")).unwrap();
+    config(d, "typo.toml", "unix = \"vm1.img\"", "vm1.img", "");
+    let (code, out) = check_config(d, "typo.toml");
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("listen.unix") && out.contains("not a socket"), "{out}");
+    let e = Daemon::start(d, "typo.toml", &[]).err().expect("a socket over a disk image must be refused");
+    assert!(e.output.contains("listen.unix") && e.output.contains("not a socket"), "{}", e.output);
+    assert_eq!(std::fs::read(d.join("vm1.img")).unwrap(), image, "the image was changed");
+    // A vhost-user socket's name held by a regular file: the same.
+    std::fs::create_dir(d.join("vhost")).unwrap();
+    std::fs::write(d.join("vhost/vm1.sock"), b"not a socket").unwrap();
+    config(d, "vh.toml", "vhost_user = \"vhost\"", "vm1.img", "");
+    let (code, out) = check_config(d, "vh.toml");
+    assert!(code == Some(1) && out.contains("listen.vhost_user (vm1)"), "{out}");
+    std::fs::remove_file(d.join("vhost/vm1.sock")).unwrap();
+    // A stale socket (its daemon SIGKILLed) is replaced, and served by a real client.
+    config(d, "sock.toml", "unix = \"nbd.sock\"", "vm1.img", "");
+    let mut a = Daemon::start(d, "sock.toml", &[]).unwrap();
+    a.kill9();
+    assert!(d.join("nbd.sock").exists(), "the SIGKILLed daemon left its socket");
+    let (code, out) = check_config(d, "sock.toml");
+    assert_eq!(code, Some(0), "a stale socket is not an error: {out}");
+    let a = Daemon::start(d, "sock.toml", &[]).unwrap();
+    let uri = format!("nbd+unix:///vm1?socket={}", d.join("nbd.sock").display());
+    qemu_io_ok(&uri, &["read -P 0x5a 0 4M"]);
+    // A second daemon may not take a live socket (its own cache, the same socket path).
+    std::fs::write(
+        d.join("other.toml"),
+        "[cache]\npath = \"other.img\"\nsize = \"8MiB\"\n[listen]\nunix = \"nbd.sock\"\n[[vdisk]]\nname = \"vm2\"\nbacking = \"vm2.img\"\nsize = \"4MiB\"\n",
+    )
+    .unwrap();
+    let e = Daemon::start(d, "other.toml", &[]).err().expect("a live socket must not be taken");
+    assert!(e.output.contains("running server"), "{}", e.output);
+    qemu_io_ok(&uri, &["read -P 0x5a 0 4M"]);
+    drop(a);
+}
+
+#[test]
+fn no_vdisk_is_backed_by_the_daemons_own_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    config(d, "a.toml", "tcp = \"127.0.0.1:0\"", "vm1.img", "");
+    let a = Daemon::start(d, "a.toml", &[]).unwrap();
+    let token_path = d.join("cache.img.meta/api-token");
+    let token = std::fs::read_to_string(&token_path).unwrap().trim().to_string();
+    let api = a.api.clone().unwrap();
+    std::fs::hard_link(&token_path, d.join("innocent.img")).unwrap();
+    let add = |backing: &Path| {
+        let o = Command::new("curl")
+            .args(["-sS", "--fail-with-body", "-X", "POST", "-H", &format!("Authorization: Bearer {token}")])
+            .args(["-H", "Content-Type: application/json", "-d"])
+            .arg(format!("{{\"name\": \"x\", \"backing\": \"{}\"}}", backing.display()))
+            .arg(format!("http://{api}/vdisks"))
+            .output()
+            .unwrap();
+        (o.status.success(), String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr))
+    };
+    for (p, why) in [
+        (token_path.clone(), "metadata directory"),
+        (d.join("cache.img.meta/checkpoint"), "metadata directory"),
+        (d.join("innocent.img"), "hard link"),
+        (d.join("cache.img"), "cache store"),
+        ("/proc/self/environ".into(), "/proc"),
+        ("/dev/zero".into(), "character device"),
+    ] {
+        let (ok, text) = add(&p);
+        assert!(!ok && text.contains(why), "{}: {text}", p.display());
+    }
+    // Nothing was added: a real client finds no export `x`.
+    let (ok, out) = qemu_io(&a.uri("x"), &["read 0 512"]);
+    assert!(!ok, "{out}");
+    drop(a);
+    // From the config: --check-config and the start name the key, and create nothing.
+    config(d, "own.toml", "tcp = \"127.0.0.1:0\"", "cache.img.meta/api-token", "");
+    let (code, out) = check_config(d, "own.toml");
+    assert!(code == Some(1) && out.contains("vdisk[0] (vm1).backing") && out.contains("metadata directory"), "{out}");
+    let e = Daemon::start(d, "own.toml", &[]).err().expect("refused");
+    assert!(e.output.contains("vdisk[0] (vm1).backing"), "{}", e.output);
+    assert_eq!(std::fs::read_to_string(&token_path).unwrap().trim(), token);
+}
+
+#[test]
+fn repair_never_writes_through_a_planted_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    config(d, "a.toml", "tcp = \"127.0.0.1:0\"", "vm1.img", "write_policy = \"wb\"\n");
+    let mut a = Daemon::start(d, "a.toml", &[]).unwrap();
+    qemu_io_ok(&a.uri("vm1"), &["write -P 0x33 0 1M", "flush"]);
+    a.kill9();
+    let meta = d.join("cache.img.meta");
+    std::fs::write(d.join("victim"), b"precious").unwrap();
+    std::os::unix::fs::symlink(d.join("victim"), meta.join("checkpoint.tmp")).unwrap();
+    let o = Command::new(bin()).args(["check", "--repair", "--metadata"]).arg(&meta).output().unwrap();
+    assert!(o.status.success(), "{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert_eq!(std::fs::read(d.join("victim")).unwrap(), b"precious");
+    assert!(std::fs::symlink_metadata(meta.join("checkpoint")).unwrap().is_file(), "checkpoint became a link");
+    // The start's checkpoint goes the same way; the data is all there.
+    std::os::unix::fs::symlink(d.join("victim"), meta.join("checkpoint.tmp")).unwrap();
+    let a = Daemon::start(d, "a.toml", &[]).unwrap();
+    qemu_io_ok(&a.uri("vm1"), &["read -P 0x33 0 1M"]);
+    assert_eq!(std::fs::read(d.join("victim")).unwrap(), b"precious");
+    // A metadata directory others may write into is refused by name.
+    drop(a);
+    std::fs::set_permissions(&meta, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let e = Daemon::start(d, "a.toml", &[]).err().expect("a world-writable metadata directory");
+    assert!(e.output.contains("chmod go-w"), "{}", e.output);
+}
+
+/// `POST` to the daemon's API with its token: (2xx, body).
+fn post(d: &Path, api: &str, path: &str) -> (bool, String) {
+    let token = std::fs::read_to_string(d.join("cache.img.meta/api-token")).unwrap().trim().to_string();
+    let o = Command::new("curl")
+        .args(["-sS", "-m", "30", "--fail-with-body", "-X", "POST", "-H", &format!("Authorization: Bearer {token}")])
+        .arg(format!("http://{api}{path}"))
+        .output()
+        .unwrap();
+    (o.status.success(), String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr))
+}
+
+#[test]
+fn files_read_whole_are_regular_and_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    config(d, "a.toml", "tcp = \"127.0.0.1:0\"", "vm1.img", "");
+    let a = Daemon::start(d, "a.toml", &[]).unwrap();
+    let api = a.api.clone().unwrap();
+    let good = std::fs::read_to_string(d.join("a.toml")).unwrap();
+    // The config replaced by a link to /dev/zero, then by a FIFO: each reload is refused
+    // at once, naming the file, and the daemon serves on.
+    std::fs::remove_file(d.join("a.toml")).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", d.join("a.toml")).unwrap();
+    let (ok, text) = post(d, &api, "/reload");
+    assert!(!ok && text.contains("a.toml") && text.contains("character device"), "{text}");
+    std::fs::remove_file(d.join("a.toml")).unwrap();
+    let fifo = d.join("a.toml");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let (ok, text) = post(d, &api, "/reload");
+    assert!(!ok && text.contains("FIFO"), "{text}");
+    qemu_io_ok(&a.uri("vm1"), &["write -P 7 0 64k", "read -P 7 0 64k"]);
+    std::fs::remove_file(d.join("a.toml")).unwrap();
+    std::fs::write(d.join("a.toml"), good).unwrap();
+    let (ok, text) = post(d, &api, "/reload");
+    assert!(ok, "{text}");
+    let mut a = a;
+    a.kill9();
+    // `cachevisor check` on a FIFO journal: an error naming it, not a hang.
+    let meta = d.join("cache.img.meta");
+    std::fs::remove_file(meta.join("journal")).unwrap();
+    assert!(Command::new("mkfifo").arg(meta.join("journal")).status().unwrap().success());
+    let o = Command::new(bin()).args(["check", "--metadata"]).arg(&meta).output().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && text.contains("journal") && text.contains("FIFO"), "{text}");
+}

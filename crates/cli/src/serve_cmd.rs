@@ -89,6 +89,9 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         if d.direct_io() { "O_DIRECT" } else { "through the page cache" }
     );
     let r = running.daemon.recovery();
+    if let Some(why) = &r.cold_start {
+        println!("# cold start: the cache store is not the one its metadata describes: {why}");
+    }
     if r.blocks > 0 {
         println!(
             "# warm start: {} blocks cached ({} dirty), {} journal records replayed{}",

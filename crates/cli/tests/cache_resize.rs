@@ -47,7 +47,8 @@ fn state(d: &Path, a: &Daemon) -> serde_json::Value {
 }
 
 fn file_len(d: &Path) -> u64 {
-    std::fs::metadata(d.join("cache.img")).unwrap().len()
+    // The cache's bytes, after the store's 4 KiB label (`cache_label.rs`).
+    std::fs::metadata(d.join("cache.img")).unwrap().len() - 4096
 }
 
 fn reads_back(a: &Daemon) {

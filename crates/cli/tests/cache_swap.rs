@@ -187,7 +187,11 @@ fn the_ssd_is_replaced_under_a_connected_client_and_no_write_is_lost() {
         std::thread::sleep(Duration::from_millis(100));
     };
     assert!(loaded >= 1792, "the prewarm loaded the snapshot's blocks into the new SSD: {loaded}");
-    assert_eq!(std::fs::metadata(ssd.join("cache.img")).unwrap().len(), 32 << 20);
+    assert_eq!(
+        std::fs::metadata(ssd.join("cache.img")).unwrap().len(),
+        4096 + (32 << 20),
+        "its label, then its blocks"
+    );
     // Cached again: write-back writes stay dirty in the new cache.
     qemu_io_ok(&a.uri("vm1"), &["write -P 0x44 14M 1M"]);
     assert!(cache_state(api, &token)["dirty_blocks"].as_u64() > Some(0), "write-back again");

@@ -184,3 +184,93 @@ fn files_read_whole_are_regular_and_bounded() {
     let text = String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && text.contains("journal") && text.contains("FIFO"), "{text}");
 }
+
+fn cache_config(dir: &Path) {
+    std::fs::write(
+        dir.join("wb.toml"),
+        "[cache]\npath = \"cache.img\"\nsize = \"16MiB\"\nflush_rate = \"0\"\nwriteback_ahead = 0\n[listen]\ntcp = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"vm1\"\nbacking = \"vm1.img\"\nsize = \"32MiB\"\nwrite_policy = \"wb\"\n[[vdisk]]\nname = \"vm2\"\nbacking = \"vm2.img\"\nsize = \"8MiB\"\n",
+    )
+    .unwrap();
+}
+
+fn check_metadata(meta: &Path) -> (Option<i32>, String) {
+    let o = Command::new(bin()).args(["check", "--metadata"]).arg(meta).output().unwrap();
+    (o.status.code(), String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr))
+}
+
+#[test]
+fn a_cache_store_emptied_or_replaced_while_down_is_never_served_as_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    cache_config(d);
+    // The held-out case: 8 MiB acknowledged in write-back (not on vm1.img), SIGKILL, the
+    // cache file truncated to nothing.
+    let mut a = Daemon::start(d, "wb.toml", &[]).unwrap();
+    qemu_io_ok(&a.uri("vm1"), &["write -P 0x61 0 8M", "flush"]);
+    qemu_io_ok(&a.uri("vm2"), &["write -P 0x62 0 1M", "read -P 0x62 0 1M"]);
+    a.kill9();
+    let (code, out) = check_metadata(&d.join("cache.img.meta"));
+    assert!(code == Some(0) && out.contains("its label matches"), "{out}");
+    let kept = std::fs::read(d.join("cache.img")).unwrap();
+    std::fs::OpenOptions::new().write(true).open(d.join("cache.img")).unwrap().set_len(0).unwrap();
+    let e = Daemon::start(d, "wb.toml", &[]).err().expect("an emptied cache store must not be served");
+    assert!(
+        e.output.contains("not the cache store its metadata")
+            && e.output.contains("`vm1` 2048 blocks (8.00 MiB)")
+            && e.output.contains("--discard-dirty vm1")
+            && !e.output.contains("`vm2`"),
+        "{}",
+        e.output
+    );
+    let (code, out) = check_metadata(&d.join("cache.img.meta"));
+    assert!(code == Some(1) && out.contains("a start would refuse") && out.contains("`vm1` 2048 blocks"), "{out}");
+    // The store put back: served warm, every byte the client wrote.
+    std::fs::write(d.join("cache.img"), &kept).unwrap();
+    let mut a = Daemon::start(d, "wb.toml", &[]).unwrap();
+    assert!(a.banner.iter().any(|l| l.contains("(2048 dirty)")), "{:?}", a.banner);
+    qemu_io_ok(&a.uri("vm1"), &["read -P 0x61 0 8M"]);
+    a.kill9();
+    // A copy of the store from before that start (same identity, older generation) is
+    // refused too: its bytes are not the metadata's.
+    std::fs::write(d.join("cache.img"), &kept).unwrap();
+    let mut a = Daemon::start(d, "wb.toml", &[]).unwrap(); // kept's generation is still accepted once
+    a.kill9();
+    let newer = std::fs::read(d.join("cache.img")).unwrap();
+    let mut a = Daemon::start(d, "wb.toml", &[]).unwrap();
+    a.kill9();
+    std::fs::write(d.join("cache.img"), &kept).unwrap();
+    let e = Daemon::start(d, "wb.toml", &[]).err().expect("an old copy must not be served");
+    assert!(e.output.contains("older or newer copy"), "{}", e.output);
+    std::fs::write(d.join("cache.img"), &newer).unwrap();
+    // Another cache's store in its place: refused; with the dirty data discarded
+    // deliberately, a cold start that says so, and vm1 reads its backing store (the 8 MiB
+    // were never written back: zeros), never the foreign store's bytes.
+    let other = tempfile::tempdir().unwrap();
+    cache_config(other.path());
+    let mut b = Daemon::start(other.path(), "wb.toml", &[]).unwrap();
+    qemu_io_ok(&b.uri("vm1"), &["write -P 0x7e 0 8M", "flush"]);
+    b.kill9();
+    std::fs::copy(other.path().join("cache.img"), d.join("cache.img")).unwrap();
+    let e = Daemon::start(d, "wb.toml", &[]).err().expect("a foreign store");
+    assert!(e.output.contains("another cache store"), "{}", e.output);
+    let a = Daemon::start(d, "wb.toml", &["--discard-dirty", "vm1"]).unwrap();
+    assert!(a.banner.iter().any(|l| l.starts_with("# cold start")), "{:?}", a.banner);
+    qemu_io_ok(&a.uri("vm1"), &["read -P 0 0 8M"]);
+    qemu_io_ok(&a.uri("vm2"), &["read -P 0x62 0 1M"]);
+}
+
+#[test]
+fn a_cache_store_with_only_clean_blocks_replaced_while_down_starts_cold() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    cache_config(d);
+    let mut a = Daemon::start(d, "wb.toml", &[]).unwrap();
+    qemu_io_ok(&a.uri("vm2"), &["write -P 0x62 0 4M", "read -P 0x62 0 4M"]);
+    a.kill9();
+    std::fs::OpenOptions::new().write(true).open(d.join("cache.img")).unwrap().set_len(0).unwrap();
+    let (code, out) = check_metadata(&d.join("cache.img.meta"));
+    assert!(code == Some(0) && out.contains("comes up cold"), "{out}");
+    let a = Daemon::start(d, "wb.toml", &[]).unwrap();
+    assert!(a.banner.iter().any(|l| l.starts_with("# cold start") && l.contains("all clean")), "{:?}", a.banner);
+    qemu_io_ok(&a.uri("vm2"), &["read -P 0x62 0 4M"]);
+}

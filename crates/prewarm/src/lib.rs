@@ -20,6 +20,7 @@ pub mod loader;
 pub mod online;
 pub mod pacer;
 pub mod plan;
+pub mod roaring_clip;
 pub mod scores;
 pub mod settings;
 pub mod snapshot;

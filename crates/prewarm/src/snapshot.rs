@@ -158,7 +158,19 @@ impl Snapshot {
     }
 
     /// Reads a snapshot: the checksum over the whole stream first, then the content.
-    pub fn read_from(mut r: impl Read + Seek) -> Result<Snapshot, SnapshotError> {
+    pub fn read_from(r: impl Read + Seek) -> Result<Snapshot, SnapshotError> {
+        Snapshot::read_clipped(r, &|_| Some(crate::roaring_clip::ALL), u64::MAX).map(|(s, _)| s)
+    }
+
+    /// [`Self::read_from`], each set's ids cut at `end(name)` while they are decoded
+    /// (`roaring_clip.rs`: run containers are never expanded past it; a set whose `end`
+    /// is `None` is kept empty, its bitmap skipped unread), and a set holding more than
+    /// `cap` ids below its end refused. Returns the snapshot and how many ids were cut.
+    pub fn read_clipped(
+        mut r: impl Read + Seek,
+        end: &dyn Fn(&str) -> Option<u64>,
+        cap: u64,
+    ) -> Result<(Snapshot, u64), SnapshotError> {
         let len = r.seek(SeekFrom::End(0))?;
         if len < 4 {
             return Err(SnapshotError::Truncated("header"));
@@ -185,6 +197,7 @@ impl Snapshot {
         }
         let mut s = Snapshot::new(p.u64("sequence number")?, p.u64("request count")?, p.u32("block size")?);
         let sets = p.u32("set count")?;
+        let mut clipped = 0u64;
         if sets > MAX_SETS {
             return Err(p.corrupt(format!("{sets} object sets (at most {MAX_SETS})")));
         }
@@ -200,8 +213,33 @@ impl Snapshot {
             let bitmap_len = p.u64("bitmap length")?;
             let at = p.at;
             let mut limited = (&mut p.r).take(bitmap_len);
-            let bits = RoaringTreemap::deserialize_from(&mut limited)
-                .map_err(|e| SnapshotError::Corrupt { at, what: format!("bitmap of set `{name}`: {e}") })?;
+            let bits = match end(&name) {
+                None => {
+                    io::copy(&mut limited, &mut io::sink())?;
+                    RoaringTreemap::new()
+                }
+                Some(end) => {
+                    let c = crate::roaring_clip::decode(&mut limited, end)
+                        .map_err(|e| SnapshotError::Corrupt { at, what: format!("bitmap of set `{name}`: {e}") })?;
+                    if c.claimed != objects {
+                        return Err(SnapshotError::Corrupt {
+                            at,
+                            what: format!("set `{name}` holds {} objects, its header says {objects}", c.claimed),
+                        });
+                    }
+                    if c.bits.len() > cap {
+                        return Err(SnapshotError::Corrupt {
+                            at,
+                            what: format!(
+                                "set `{name}` holds {} blocks, more than a prewarm reads ({cap}): not a cache's snapshot",
+                                c.bits.len()
+                            ),
+                        });
+                    }
+                    clipped += objects - c.bits.len();
+                    c.bits
+                }
+            };
             if limited.limit() != 0 {
                 return Err(SnapshotError::Corrupt {
                     at,
@@ -209,12 +247,6 @@ impl Snapshot {
                 });
             }
             p.at += bitmap_len;
-            if bits.len() != objects {
-                return Err(SnapshotError::Corrupt {
-                    at,
-                    what: format!("set `{name}` holds {} objects, its header says {objects}", bits.len()),
-                });
-            }
             if version >= 2 {
                 let a = Activity {
                     requests: p.u64("activity")?,
@@ -236,7 +268,7 @@ impl Snapshot {
         if p.r.limit() != 0 {
             return Err(p.corrupt(format!("{} bytes after the last set", p.r.limit())));
         }
-        Ok(s)
+        Ok((s, clipped))
     }
 }
 

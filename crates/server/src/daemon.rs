@@ -41,7 +41,7 @@ pub struct ExportInfo {
 }
 
 /// What a warm start found in the metadata.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Recovery {
     /// Blocks back in the cache.
     pub blocks: u64,
@@ -51,6 +51,9 @@ pub struct Recovery {
     pub journal_records: usize,
     /// The journal ended in a torn record (the previous run died while appending).
     pub torn_tail: bool,
+    /// Why a start with blocks recorded came up cold: the cache store was not the one its
+    /// metadata describes (`cache_label.rs`).
+    pub cold_start: Option<String>,
 }
 
 /// A failed operation of the running daemon.
@@ -440,7 +443,7 @@ impl Daemon {
 
     /// What the warm start recovered.
     pub fn recovery(&self) -> Recovery {
-        self.recovery
+        self.recovery.clone()
     }
 
     /// The vDisks being served, by VM id.

@@ -103,6 +103,9 @@ pub enum Record {
         /// The backing store.
         identity: crate::backing_identity::Identity,
     },
+    /// The label the cache store must carry (`cache_label.rs`): first in every
+    /// checkpoint written since labels exist.
+    CacheLabel(crate::cache_label::Expected),
     /// `vm`'s partition target in blocks.
     Target {
         /// VM id.
@@ -144,6 +147,12 @@ impl Record {
                 out.extend_from_slice(&vm.to_le_bytes());
                 identity.encode(out);
             }
+            Record::CacheLabel(e) => {
+                out.push(6);
+                out.extend_from_slice(&e.id);
+                out.extend_from_slice(&e.generation.to_le_bytes());
+                out.extend_from_slice(&e.previous.to_le_bytes());
+            }
             Record::Target { vm, blocks } => {
                 out.push(4);
                 out.extend_from_slice(&vm.to_le_bytes());
@@ -175,6 +184,11 @@ impl Record {
             }
             3 if p.len() == 4 => Record::Free { slot: u32_at(0)? },
             4 if p.len() == 10 => Record::Target { vm: u16_at(0)?, blocks: u64_at(2)? },
+            6 if p.len() == 32 => Record::CacheLabel(crate::cache_label::Expected {
+                id: p[0..16].try_into().expect("16"),
+                generation: u64_at(16)?,
+                previous: u64_at(24)?,
+            }),
             5 => Record::Binding { vm: u16_at(0)?, identity: crate::backing_identity::Identity::decode(p.get(2..)?)? },
             _ => return None,
         })

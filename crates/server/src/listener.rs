@@ -145,6 +145,9 @@ pub fn tcp(l: TcpListener, d: Arc<Daemon>, p: Polling) {
 /// Accepts unix-socket connections forever.
 pub fn unix(l: UnixListener, d: Arc<Daemon>, p: Polling) {
     for s in l.incoming() {
+        if d.is_stopped() {
+            return; // the listener closes (`Running`'s drop wakes it)
+        }
         match s {
             Ok(s) => {
                 let Some(slot) = p.limit.enter() else { continue };

@@ -13,7 +13,7 @@
 use crate::journal::{Header, Record, CHECKPOINT_MAGIC, HEADER_LEN, JOURNAL_MAGIC};
 use std::collections::BTreeMap;
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// What the metadata holds and what a start would do with it.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
@@ -34,6 +34,9 @@ pub struct Report {
     pub torn_tail: bool,
     /// The vDisks, by VM id.
     pub vdisks: Vec<VdiskReport>,
+    /// The cache store the owner note names and what its label says against the metadata
+    /// (`cache_label.rs`): "PATH: its label matches", or how it differs.
+    pub cache_store: Option<String>,
     /// Why a start would refuse, or what it would take as it is and should not (empty:
     /// consistent).
     pub problems: Vec<String>,
@@ -94,6 +97,7 @@ pub fn check(dir: &Path) -> Result<Report, String> {
     let mut slots: BTreeMap<u32, (u16, u64, bool)> = BTreeMap::new();
     let mut names: BTreeMap<u16, String> = BTreeMap::new();
     let mut bindings: BTreeMap<u16, String> = BTreeMap::new();
+    let mut label = None;
     let mut apply = |r: Record| -> Result<(), String> {
         match r {
             Record::Vdisk { vm, name } => {
@@ -108,6 +112,7 @@ pub fn check(dir: &Path) -> Result<Report, String> {
             Record::Free { slot } => {
                 slots.remove(&slot);
             }
+            Record::CacheLabel(e) => label = Some(e),
             Record::Target { .. } => {}
         }
         Ok(())
@@ -149,7 +154,34 @@ pub fn check(dir: &Path) -> Result<Report, String> {
         }
     }
     report.vdisks = per_vm.into_values().collect();
+    check_store(dir, label.as_ref(), &mut report);
     Ok(report)
+}
+
+/// Compares the label of the cache store the owner note names with the one the metadata
+/// names, as a start does: a store that is not this metadata's, with dirty blocks
+/// recorded, is a problem (a start refuses); with clean ones only a start comes up cold.
+fn check_store(dir: &Path, expected: Option<&crate::cache_label::Expected>, report: &mut Report) {
+    let note = crate::bounded_read::read_to_string(&crate::owner_lock::owner_file(dir), 1 << 16).unwrap_or_default();
+    let Some(path) = note.lines().next().and_then(|l| l.split_once(", cache ")).map(|(_, p)| PathBuf::from(p)) else {
+        return;
+    };
+    let held: Vec<(String, u64, u64)> = report
+        .vdisks
+        .iter()
+        .map(|v| (v.name.clone().unwrap_or_else(|| format!("VM {}", v.vm)), v.blocks, v.dirty_blocks))
+        .collect();
+    let found = crate::cache_label::read(&path);
+    let verdict = crate::cache_label::verdict(&found, expected, report.block_size, &held, &|_| false, (&path, dir));
+    report.cache_store = Some(match verdict {
+        Ok(crate::cache_label::Verdict::Warm { .. }) => format!("{}: its label matches the metadata", path.display()),
+        Ok(crate::cache_label::Verdict::Cold(None)) => format!("{}: a new cache (no label yet)", path.display()),
+        Ok(crate::cache_label::Verdict::Cold(Some(why))) => format!("a start comes up cold: {why}"),
+        Err(e) => {
+            report.problems.push(format!("a start would refuse: {e}"));
+            format!("{}: not the store this metadata describes", path.display())
+        }
+    });
 }
 
 impl Report {
@@ -174,6 +206,9 @@ impl Report {
                 v.dirty_blocks,
                 v.backing.as_deref().unwrap_or("(none)")
             );
+        }
+        if let Some(c) = &self.cache_store {
+            s += &format!("cache store: {c}\n");
         }
         if self.problems.is_empty() {
             s += "consistent: a start recovers the blocks above\n";

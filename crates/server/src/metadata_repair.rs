@@ -82,9 +82,11 @@ pub fn repair(dir: &Path) -> Result<RepairReport, String> {
     let mut names: BTreeMap<u16, String> = BTreeMap::new();
     let mut bindings: BTreeMap<u16, crate::backing_identity::Identity> = BTreeMap::new();
     let mut seq = 0u64;
+    let mut label = None;
     let mut apply = |r: Record, report: &mut RepairReport| {
         seq += 1;
         match r {
+            Record::CacheLabel(e) => label = Some(e),
             Record::Vdisk { vm, name } => {
                 names.insert(vm, name);
             }
@@ -155,6 +157,9 @@ pub fn repair(dir: &Path) -> Result<RepairReport, String> {
     report.generation = header.generation;
     write_file_atomically(&dir.join("checkpoint"), CHECKPOINT_MAGIC, &header, &mut |w| {
         let mut b = Vec::new();
+        if let Some(l) = label {
+            Record::CacheLabel(l).encode(&mut b); // the store it describes is the same one
+        }
         for (&vm, name) in &names {
             Record::Vdisk { vm, name: name.clone() }.encode(&mut b);
         }

@@ -150,6 +150,8 @@ impl OwnerLock {
         lock(&meta, meta_dir, meta_dir)?;
         HELD.lock().unwrap_or_else(|e| e.into_inner()).push(meta_dir.to_path_buf());
         self.meta = Some((meta, meta_dir.to_path_buf()));
+        // The cache store's absolute path: `check --metadata` finds the store by it.
+        let cache = std::path::absolute(cache).unwrap_or_else(|_| cache.to_path_buf());
         let note = format!("pid {} on {}, cache {}\n", std::process::id(), hostname(), cache.display());
         crate::private_files::create(&owner_file(meta_dir))
             .and_then(|mut f| std::io::Write::write_all(&mut f, note.as_bytes()))

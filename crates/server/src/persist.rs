@@ -54,6 +54,8 @@ pub struct Persistence {
     bindings: Vec<Option<crate::backing_identity::Identity>>,
     /// Journal size past which a checkpoint is wanted (tests lower it).
     limit: u64,
+    /// The label the cache store carries (`cache_label.rs`), named in every checkpoint.
+    label: Option<crate::cache_label::Expected>,
 }
 
 /// Expands a sector bitmap into one flag per sector.
@@ -93,7 +95,7 @@ pub fn replay(
     let mut feed = |r: Record| -> Result<(), String> {
         match r {
             Record::Target { .. } => Ok(()), // the configuration decides targets at start
-            r @ (Record::Vdisk { .. } | Record::Binding { .. }) => apply(r),
+            r @ (Record::Vdisk { .. } | Record::Binding { .. } | Record::CacheLabel(_)) => apply(r),
             r @ Record::Free { slot } if (slot as u64) < slots => apply(r),
             Record::Slot { slot, vm, block, valid, dirty }
                 if (slot as u64) < slots && valid.len() == words && dirty.len() == words =>
@@ -184,6 +186,7 @@ impl Persistence {
             buf: Vec::new(),
             bindings: Vec::new(),
             limit: JOURNAL_LIMIT.max(slots * 64),
+            label: None,
         };
         Ok((p, rec))
     }
@@ -203,6 +206,16 @@ impl Persistence {
         self.bindings[vm as usize] = Some(identity.clone());
         Record::Binding { vm, identity: identity.clone() }.encode(&mut self.buf);
         self.write_buffered()
+    }
+
+    /// Names the label the cache store carries in every checkpoint from the next one on.
+    pub fn set_label(&mut self, label: crate::cache_label::Expected) {
+        self.label = Some(label);
+    }
+
+    /// The generation the next checkpoint gets.
+    pub fn next_generation(&self) -> u64 {
+        self.header.generation + 1
     }
 
     /// Journals VM `vm`'s partition target.
@@ -341,12 +354,12 @@ impl Persistence {
         records: &mut CheckpointSource<'_>,
     ) -> std::io::Result<()> {
         let header = Header { generation: self.header.generation + 1, ..self.header };
-        let bindings = self.bindings.clone();
+        let (bindings, label) = (self.bindings.clone(), self.label);
         // Streamed in 1 MiB pieces (no copy of the slot table); the backing stores and the
         // cache store are synced before the file is renamed into place.
         write_file_atomically(&self.dir.join("checkpoint"), CHECKPOINT_MAGIC, &header, &mut |w| {
             let mut b = Vec::new();
-            vdisk_records(names, targets, &bindings, &mut b);
+            vdisk_records(names, targets, &bindings, label, &mut b);
             let mut failed: Option<std::io::Error> = None;
             let sync = records(&mut |r| {
                 if r.block.is_some() {
@@ -396,7 +409,7 @@ impl Persistence {
         let header = Header { generation: self.header.generation + 1, ..self.header };
         write_file_atomically(&self.dir.join("checkpoint"), CHECKPOINT_MAGIC, &header, &mut |w| {
             let mut b = Vec::new();
-            vdisk_records(names, targets, &self.bindings, &mut b);
+            vdisk_records(names, targets, &self.bindings, self.label, &mut b);
             for slot in 0..self.slots as u32 {
                 if e.slot_block(slot).is_some() {
                     slot_record(&e.record_of(slot)).encode(&mut b);
@@ -412,14 +425,18 @@ impl Persistence {
     }
 }
 
-/// The records every checkpoint starts with: vDisk names and targets by VM id, and the
-/// backing store each named vDisk is bound to.
+/// The records every checkpoint starts with: the cache store's label, vDisk names and
+/// targets by VM id, and the backing store each named vDisk is bound to.
 fn vdisk_records(
     names: &[String],
     targets: &[u64],
     bindings: &[Option<crate::backing_identity::Identity>],
+    label: Option<crate::cache_label::Expected>,
     b: &mut Vec<u8>,
 ) {
+    if let Some(l) = label {
+        Record::CacheLabel(l).encode(b);
+    }
     for (vm, n) in names.iter().enumerate() {
         Record::Vdisk { vm: vm as u16, name: n.clone() }.encode(b);
     }

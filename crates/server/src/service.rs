@@ -21,6 +21,9 @@ pub struct Running {
     pub vhost_user: Vec<PathBuf>,
     /// HTTP API address and its bearer token.
     pub api: Option<(SocketAddr, String)>,
+    /// The unix listener's thread, and whether its socket is ours to remove (not one
+    /// systemd passed in).
+    unix_thread: Option<(std::thread::JoinHandle<()>, bool)>,
 }
 
 /// Dropping a running service stops it as a crash would ([`Daemon::stop_serving`]): no
@@ -29,6 +32,15 @@ pub struct Running {
 impl Drop for Running {
     fn drop(&mut self) {
         self.daemon.stop_serving();
+        // The unix listener ends (woken by a connection of our own) and its socket goes:
+        // a daemon started again in this process binds the path anew.
+        if let (Some((h, ours)), Some(path)) = (self.unix_thread.take(), &self.unix) {
+            let _ = std::os::unix::net::UnixStream::connect(path);
+            let _ = h.join();
+            if ours && crate::listen_path::inspect(path, "").ok() == Some(crate::listen_path::AtPath::StaleSocket) {
+                let _ = std::fs::remove_file(path);
+            }
+        }
     }
 }
 
@@ -126,6 +138,7 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
         std::thread::spawn(move || listener::tcp(l, d, p));
     }
     let mut unix = None;
+    let inherited_unix = inherited.nbd_unix.is_some();
     let unix_listener = match (inherited.nbd_unix.take(), listen_unix) {
         (Some(l), _) => Some(l),
         (None, Some(p)) => {
@@ -138,10 +151,11 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
         }
         (None, None) => None,
     };
+    let mut unix_thread = None;
     if let Some((l, path)) = unix_listener {
         unix = Some(path);
         let (d, p) = (daemon.clone(), polling.clone());
-        std::thread::spawn(move || listener::unix(l, d, p));
+        unix_thread = Some((std::thread::spawn(move || listener::unix(l, d, p)), !inherited_unix));
     }
     let mut vhost_user = Vec::new();
     if let Some(dir) = &cfg.listen.vhost_user {
@@ -193,7 +207,7 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
         tracing::info!(from = %pending.display(), "resuming the prewarm the last run did not finish");
         let _ = daemon.start_prewarm(&pending);
     }
-    Ok(Running { daemon, tcp, unix, vhost_user, api })
+    Ok(Running { daemon, tcp, unix, vhost_user, api, unix_thread })
 }
 
 /// Binds a unix socket at `path` with file mode `mode` (and group `(name, gid)`), never

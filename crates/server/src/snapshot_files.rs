@@ -76,19 +76,34 @@ pub fn write(dir: &Path, snap: &Snapshot, keep: usize) -> io::Result<PathBuf> {
 /// The newest `keep` snapshots of `dir`, oldest first. Any of them unreadable: an error
 /// naming the file (the caller goes on cold rather than prewarm from a partial history).
 pub fn read_history(dir: &Path, keep: usize) -> Result<Vec<Snapshot>, String> {
+    read_history_clipped(dir, keep, &|_| Some(cachevisor_prewarm::roaring_clip::ALL), u64::MAX).map(|(h, _)| h)
+}
+
+/// [`read_history`] with each set's blocks cut at `end(set name)` while decoded (`None`:
+/// a set kept empty, unread) and a set of more than `cap` blocks refused
+/// (`Snapshot::read_clipped`: a hostile run container is never expanded past a vDisk's
+/// end). Also returns how many blocks were cut.
+pub fn read_history_clipped(
+    dir: &Path,
+    keep: usize,
+    end: &dyn Fn(&str) -> Option<u64>,
+    cap: u64,
+) -> Result<(Vec<Snapshot>, u64), String> {
     let shown = crate::log_safe(&dir.display().to_string());
     let all = list(dir).map_err(|e| format!("{shown}: {e}"))?;
     if all.is_empty() {
         return Err(format!("{shown}: no snapshots (snapshot-*.cvsnap) there"));
     }
-    let mut out = Vec::new();
+    let (mut out, mut clipped) = (Vec::new(), 0);
     for (_, p) in all.iter().skip(all.len().saturating_sub(keep.max(1))) {
         let f = crate::bounded_read::open_regular(p)
             .map_err(|e| format!("{}: {e}", crate::log_safe(&p.display().to_string())))?;
-        let s = Snapshot::read_from(io::BufReader::new(f)).map_err(|e| format!("{}: {e}", p.display()))?;
+        let (s, cut) = Snapshot::read_clipped(io::BufReader::new(f), end, cap)
+            .map_err(|e| format!("{}: {e}", crate::log_safe(&p.display().to_string())))?;
         out.push(s);
+        clipped += cut;
     }
-    Ok(out)
+    Ok((out, clipped))
 }
 
 #[cfg(test)]

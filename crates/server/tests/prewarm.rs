@@ -463,3 +463,72 @@ fn protected_prewarmed_blocks_outlive_a_client_s_new_blocks_until_touched() {
     assert!(hits[1] >= 224, "protected: the prewarmed blocks stayed ({})", hits[1]);
     assert!(hits[0] + 80 < hits[1], "unprotected: the prewarmed blocks went first ({})", hits[0]);
 }
+
+/// A treemap of `bitmaps` 32-bit bitmaps, each 65,536 full run containers (2^32 ids in
+/// ~850 KB each), as CRoaring writes run containers.
+fn hostile_bitmap(bitmaps: u32) -> Vec<u8> {
+    let mut v = u64::from(bitmaps).to_le_bytes().to_vec();
+    for high in 0..bitmaps {
+        v.extend(high.to_le_bytes());
+        v.extend((12347u32 | (65535 << 16)).to_le_bytes());
+        v.extend(vec![0xffu8; 65536 / 8]);
+        for k in 0..65536u32 {
+            v.extend((k as u16).to_le_bytes());
+            v.extend(0xffffu16.to_le_bytes());
+        }
+        v.extend(vec![0u8; 65536 * 4]);
+        for _ in 0..65536 {
+            v.extend([1u8, 0, 0, 0, 0xff, 0xff]);
+        }
+    }
+    v
+}
+
+/// Peak resident memory of this process, bytes.
+fn peak_rss() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    let l = s.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    l.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
+#[test]
+fn a_snapshot_claiming_2_to_the_36_blocks_is_cut_to_the_vdisk_while_it_is_read() {
+    // Issue 54, item 7: a valid CRC around run containers claiming 13 × 2^32 blocks for a
+    // 16 MiB vDisk (the held-out file drove the daemon to 6.6 GB), and a set naming no
+    // vDisk here. Read cut at the vDisk's end, the rest never expanded.
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let bitmap = hostile_bitmap(13);
+    let claimed = 13u64 << 32;
+    let mut s = b"CVPWSNAP".to_vec();
+    s.extend(2u32.to_le_bytes());
+    s.extend(1u64.to_le_bytes());
+    s.extend(100u64.to_le_bytes());
+    s.extend(4096u32.to_le_bytes());
+    s.extend(2u32.to_le_bytes());
+    for name in ["ghost", "vm1"] {
+        s.extend((name.len() as u16).to_le_bytes());
+        s.extend(name.as_bytes());
+        s.extend(claimed.to_le_bytes());
+        s.extend((bitmap.len() as u64).to_le_bytes());
+        s.extend(&bitmap);
+        s.extend([0u8; 32]);
+    }
+    let crc = crc32fast::hash(&s);
+    s.extend(crc.to_le_bytes());
+    let snaps = a.path().join("snaps");
+    std::fs::create_dir(&snaps).unwrap();
+    std::fs::write(snaps.join("snapshot-000000000001.cvsnap"), &s).unwrap();
+    let backing = b.path().join("vm1.img").display().to_string();
+    let r = start(&cfg(b.path(), "2MiB", &backing, "wt", "")).unwrap();
+    let before = peak_rss();
+    let p = r.daemon.start_prewarm(&snaps).unwrap();
+    let grew = peak_rss().saturating_sub(before);
+    assert!(grew < 1 << 30, "reading the snapshot grew the process by {grew} bytes");
+    assert_eq!(p.out_of_range_blocks, claimed - 4096, "{p:?}");
+    assert!(p.planned_blocks <= 512 && p.planned_blocks > 0, "{p:?}");
+    assert_eq!(p.unmatched_sets, vec!["ghost".to_string()], "{p:?}");
+    // It serves throughout.
+    let (mut c, _) = Client::connect(r.tcp.unwrap(), "vm1");
+    c.write(8192, &[7u8; 4096], false).unwrap();
+    assert_eq!(c.read(8192, 4096).unwrap(), vec![7u8; 4096]);
+}

@@ -171,9 +171,12 @@ fn clients_without_an_acceptable_certificate_open_nothing_and_change_nothing() {
         assert!(!ok, "{who} opened {export}: {out}");
         assert!(our_client(port, export, creds).is_err(), "{who} opened {export} with our client");
     }
-    // The refusals are the ones expected: the wrong tenant is told it is policy.
+    // The wrong tenant is told exactly what a client asking for a missing export is
+    // (issue 54: hidden exports cannot be found by name); the daemon's log says why.
     let e = our_client(port, "a", &b).err().unwrap().to_string();
-    assert!(e.contains("not open to this client") && e.contains("CN=host-b"), "{e}");
+    assert!(e.contains("no export named `a` for this client"), "{e}");
+    let missing = our_client(port, "z", &b).err().unwrap().to_string();
+    assert_eq!(e.replace("`a`", "`z`"), missing);
     let after = (std::fs::read(dir.path().join("a.img")).unwrap(), std::fs::read(dir.path().join("b.img")).unwrap());
     assert!(before == after, "a refused client changed a backing file");
     assert_eq!(r.daemon.stats(0).blocks, stats_a.blocks, "a refused client's request reached vDisk a");

@@ -214,7 +214,7 @@ impl Daemon {
         let mut owner = self.owner.lock().unwrap_or_else(|e| e.into_inner());
         let o = owner.as_mut().ok_or_else(|| OpError::Other("the daemon is stopping".into()))?;
         o.lock_cache(&path, &self.meta_dir).map_err(OpError::Invalid)?;
-        let bytes = u64::from(self.dp.cache_slots()) * self.block_size;
+        let bytes = crate::cache_label::DATA_OFFSET + u64::from(self.dp.cache_slots()) * self.block_size;
         let opened = crate::backing::open_cache_store(&path, bytes, cfg.direct)
             .map_err(|e| format!("cache.path {}: {e}", path.display()));
         let (file, direct) = match opened {

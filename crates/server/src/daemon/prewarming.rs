@@ -225,7 +225,16 @@ impl Daemon {
     /// cache's share for vDisks served here, planned.
     fn prepare_prewarm(&self, cfg: &PrewarmConfig, from: &Path, only: Option<&[String]>) -> Result<Prepared, String> {
         let (_, pacing) = cfg.resolve(self.block_size)?;
-        let history = snapshot_files::read_history(from, cfg.snapshots_kept)?;
+        // Each set cut at its vDisk's end while decoded, sets naming no vDisk here left
+        // unread, and no set larger than 16 caches of this one (or 2^20 blocks) believed:
+        // what a hostile or damaged snapshot can make a prewarm hold is bounded.
+        let end_of = |name: &str| {
+            self.vdisk(name)
+                .filter(|_| only.is_none_or(|o| o.iter().any(|n| n == name)))
+                .map(|vm| self.dp.with_engine(|e| e.disk_blocks(vm)))
+        };
+        let cap = (16 * u64::from(self.dp.max_cache_slots())).max(1 << 20);
+        let (history, out_of_range) = snapshot_files::read_history_clipped(from, cfg.snapshots_kept, &end_of, cap)?;
         if let Some(s) = history.iter().find(|s| s.block_size as u64 != self.block_size) {
             return Err(format!(
                 "{}: snapshot {} has {}-byte blocks, this cache {}-byte ones",
@@ -244,11 +253,6 @@ impl Daemon {
         // in the engine too).
         let blocks: Vec<u64> =
             set_vm.iter().map(|vm| vm.map_or(0, |vm| self.dp.with_engine(|e| e.disk_blocks(vm)))).collect();
-        let out_of_range = ranking
-            .objects
-            .iter()
-            .filter(|(o, _)| set_vm[o.set as usize].is_some() && o.id >= blocks[o.set as usize])
-            .count() as u64;
         let limit = (pacing.limit * f64::from(self.dp.cache_slots())).floor() as usize;
         let mut pace = pacing.pace;
         let mut online_skipped = Vec::new();

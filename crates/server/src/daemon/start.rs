@@ -169,6 +169,7 @@ impl Daemon {
         let mut ids: std::collections::HashMap<u16, VmId> = Default::default();
         let mut orphans: Vec<String> = Vec::new();
         let mut bound: std::collections::HashMap<VmId, Identity> = Default::default();
+        let mut expected_label = None;
         let (mut persist, rec) = Persistence::open(&meta_dir, r.cache.block_size, r.max_slots, &mut |rep| {
             match rep {
                 Record::Vdisk { vm, name } => {
@@ -194,6 +195,7 @@ impl Daemon {
                     let spb = (r.cache.block_size / 512) as u32;
                     engine.restore_slot(slot, id, block, &bits_to_bools(&valid, spb), &bits_to_bools(&dirty, spb))?;
                 }
+                Record::CacheLabel(e) => expected_label = Some(e),
                 Record::Target { .. } => {}
             }
             Ok(())
@@ -306,6 +308,49 @@ impl Daemon {
                 tracing::warn!(vdisk = %name, "--discard-dirty names a vDisk the cache does not know");
             }
         }
+        // The cache store must be the one the metadata describes (its label), or its
+        // blocks are not served: refused with dirty ones, dropped when clean.
+        let held: Vec<(String, u64, u64)> = names
+            .iter()
+            .chain(&orphans)
+            .enumerate()
+            .map(|(vm, n)| {
+                let p = engine.partition(vm as VmId);
+                (n.clone(), p.used, p.dirty_blocks)
+            })
+            .collect();
+        let found_label = crate::cache_label::read(&cfg.cache.path);
+        let verdict = crate::cache_label::verdict(
+            &found_label,
+            expected_label.as_ref(),
+            r.cache.block_size,
+            &held,
+            &discard,
+            (&cfg.cache.path, &meta_dir),
+        )
+        .map_err(StartError::Refused)?;
+        let mut cold_start = None;
+        if let crate::cache_label::Verdict::Cold(why) = &verdict {
+            // vSSDs keep their guests' data in the same store: not served from another.
+            let vssds = crate::vssd::meta::VssdMeta::names_on_disk(&meta_dir).map_err(StartError::Config)?;
+            if let Some(names) = vssds.filter(|n| !n.is_empty()) {
+                return Err(StartError::Refused(format!(
+                    "cache.path: {} is not the cache store its metadata ({}) describes ({}), and vSSDs {} keep their data in it: put the store back and start again, or remove {}/vssd.checkpoint and vssd.journal to start those vSSDs empty (their data is lost). Nothing was changed.",
+                    cfg.cache.path.display(),
+                    meta_dir.display(),
+                    why.as_deref().unwrap_or("it has no label"),
+                    names.join(", "),
+                    meta_dir.display()
+                )));
+            }
+            for vm in 0..held.len() {
+                forget_vm(&mut engine, vm as VmId);
+            }
+            if let Some(why) = why {
+                tracing::warn!("cold start: the cache store is not the one its metadata describes: {why}");
+                cold_start = Some(why.clone());
+            }
+        }
         // Every check passed: open and create what the config says.
         let mut backings = Vec::new();
         let mut exports = Vec::new();
@@ -341,10 +386,11 @@ impl Daemon {
         // emptied below (`datapath/cache_resize.rs`).
         let named_slots =
             (r.slots..r.max_slots).rev().find(|&s| engine.slot_block(s as u32).is_some()).map_or(r.slots, |s| s + 1);
-        let store_bytes = match &vssd_plan {
-            Some(p) => crate::vssd::startup::store_bytes(r.cache.cache_bytes, p),
-            None => named_slots * r.cache.block_size,
-        };
+        let store_bytes = crate::cache_label::DATA_OFFSET
+            + match &vssd_plan {
+                Some(p) => crate::vssd::startup::store_bytes(r.cache.cache_bytes, p),
+                None => named_slots * r.cache.block_size,
+            };
         let (ssd, direct) = crate::backing::open_cache_store(&cfg.cache.path, store_bytes, cfg.cache.direct)
             .map_err(|source| StartError::File { path: cfg.cache.path.display().to_string(), error: source })?;
         let mut recovery =
@@ -355,9 +401,24 @@ impl Daemon {
             recovery.dirty_blocks += p.dirty_blocks;
         }
         let targets: Vec<u64> = (0..names.len()).map(|v| engine.partition(v as VmId).target).collect();
+        // The checkpoint names the label first, then the label is written (a crash between
+        // leaves the previous generation's label, which the checkpoint still accepts).
+        let generation = persist.next_generation();
+        let (label, previous) = match verdict {
+            crate::cache_label::Verdict::Warm { id, found } => {
+                (crate::cache_label::Label { id, generation, block_size: r.cache.block_size }, found)
+            }
+            crate::cache_label::Verdict::Cold(_) => {
+                (crate::cache_label::Label::new(generation, r.cache.block_size), generation)
+            }
+        };
+        persist.set_label(crate::cache_label::Expected { id: label.id, generation, previous });
         persist
             .checkpoint(&engine, &names, &targets, &ssd)
             .map_err(|source| StartError::File { path: meta_dir.display().to_string(), error: source })?;
+        crate::cache_label::write(&ssd, &label)
+            .map_err(|source| StartError::File { path: cfg.cache.path.display().to_string(), error: source })?;
+        recovery.cold_start = cold_start;
         if recovery.blocks > 0 {
             tracing::info!(
                 blocks = recovery.blocks,

@@ -227,11 +227,26 @@ impl DataPath {
                 return back_out(format!("the metadata directory: {e}"));
             }
         }
-        *s.ssd.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(file));
-        // The new generation's checkpoint (no slot in use yet) opens the journal before
-        // any slot can be taken.
+        // The new store gets an identity of its own: named by the new generation's
+        // checkpoint (no slot in use yet, it opens the journal before any slot can be
+        // taken), then written into it.
+        let label = {
+            let mut persist = s.persist.lock().unwrap_or_else(|p| p.into_inner());
+            let l = crate::cache_label::Label::new(persist.next_generation(), s.bs);
+            persist.set_label(crate::cache_label::Expected {
+                id: l.id,
+                generation: l.generation,
+                previous: l.generation,
+            });
+            l
+        };
+        let file = Arc::new(file);
+        *s.ssd.write().unwrap_or_else(|p| p.into_inner()) = Some(file.clone());
         if let Err(e) = self.checkpoint_now() {
             return back_out(e);
+        }
+        if let Err(e) = crate::cache_label::write(&file, &label) {
+            return back_out(format!("writing the new cache store's label: {e}"));
         }
         if direct && io_uring {
             s.ring_stop.store(false, SeqCst);

@@ -150,10 +150,11 @@ impl DataPath {
             f.set_len(len).map_err(|e| format!("{}: {e}", path.display()))?;
             Ok(f)
         };
-        drop(file("cache.img", slots * bs)?);
+        let bytes = crate::cache_label::DATA_OFFSET + slots * bs;
+        drop(file("cache.img", bytes)?);
         let path = dir.join("cache.img");
-        let (ssd, direct) = crate::backing::open_cache_store(&path, slots * bs, direct)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let (ssd, direct) =
+            crate::backing::open_cache_store(&path, bytes, direct).map_err(|e| format!("{}: {e}", path.display()))?;
         let mut backings = Vec::new();
         for v in 0..vms {
             let f = file(&format!("disk{v}.img"), disk)?;

@@ -41,6 +41,7 @@ pub(super) struct CacheFile {
 impl Device for CacheFile {
     fn submit(&self, now_ns: u64, at: u64, io: Io<'_>) -> std::io::Result<u64> {
         let file = cache_file(&self.file)?;
+        let at = at + crate::cache_label::DATA_OFFSET; // after the label
         match io {
             Io::Read(buf) if self.direct => {
                 BOUNCE.with(|b| crate::aligned_buf::read_at(&file, &mut b.borrow_mut(), buf, at))
@@ -158,10 +159,11 @@ mod tests {
         assert!(devs[0].submit(0, 0, Io::Model { write: false, len: 4096 }).is_err());
         let e = devs[1].submit(0, 0, Io::Write(&[1u8; 4096])).unwrap_err();
         assert!(e.to_string().contains("node 3"), "{e}");
-        // Nothing of the refused write reached the cache file.
+        // Nothing of the refused write reached the cache file; the write landed after the
+        // label's 4 KiB.
         let mut all = vec![0u8; 48 * 4096];
         f.read_exact_at(&mut all, 0).unwrap();
-        assert!(all.iter().enumerate().all(|(i, &b)| b == if (8192..12288).contains(&i) { 5 } else { 0 }));
+        assert!(all.iter().enumerate().all(|(i, &b)| b == if (12288..16384).contains(&i) { 5 } else { 0 }));
         // Detached: an op is refused naming it, a sync has nothing to do.
         *slot.write().unwrap() = None;
         let e = devs[0].submit(0, 0, Io::Read(&mut back)).unwrap_err();

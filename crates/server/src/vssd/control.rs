@@ -22,17 +22,26 @@ const MAX_LINE: usize = 16 << 20;
 /// start with `key`.
 pub fn listen(svc: Arc<VssdService>, id: VssdId, path: &Path, key: &str) -> Result<(), String> {
     let l = crate::service::bind_unix(path, key, 0o600, None)?;
-    std::thread::Builder::new()
+    let (s, p) = (svc.clone(), path.to_path_buf());
+    let t = std::thread::Builder::new()
         .name(format!("cv-vssd-ctl {id}"))
-        .spawn(move || accept(l, svc, id))
+        .spawn(move || {
+            accept(l, &s, id);
+            // Closed: the socket file goes unless something else is there by now.
+            if crate::listen_path::inspect(&p, "").ok() == Some(crate::listen_path::AtPath::StaleSocket) {
+                let _ = std::fs::remove_file(&p);
+            }
+        })
         .map_err(|e| e.to_string())?;
+    svc.add_control(path.to_path_buf(), t);
     Ok(())
 }
 
-fn accept(l: UnixListener, svc: Arc<VssdService>, id: VssdId) {
+/// Serves the guests that connect to `l` until the vSSD is gone or the region halts.
+fn accept(l: UnixListener, svc: &Arc<VssdService>, id: VssdId) {
     for s in l.incoming() {
         let Ok(s) = s else { continue };
-        if !svc.exists(id) {
+        if !svc.exists(id) || svc.halted() {
             return;
         }
         let svc = svc.clone();

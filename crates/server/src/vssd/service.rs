@@ -60,6 +60,8 @@ pub struct VssdService {
     yielded: std::sync::Mutex<Vec<cachevisor_vssd::Pbn>>,
     /// The cache side's claim, when a shared budget splits the SSD with it.
     cache_side: std::sync::OnceLock<Box<dyn Fn() -> CacheSide + Send + Sync>>,
+    /// The control sockets' paths and accept threads (`control.rs`), ended by `halt`.
+    controls: Mutex<Vec<(std::path::PathBuf, std::thread::JoinHandle<()>)>>,
 }
 
 /// The most blocks the region may hold, and for which running vSSDs it was decided.
@@ -121,6 +123,7 @@ impl VssdService {
             allocation: Default::default(),
             capacity: Mutex::new(Capacity { blocks: config.geometry.blocks, decided_for: DecidedFor::Any }),
             yielded: Default::default(),
+            controls: Mutex::new(Vec::new()),
             cache_side: Default::default(),
         });
         let d = s.clone();
@@ -533,6 +536,18 @@ impl VssdService {
         if let Some(t) = self.driver.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let _ = t.join();
         }
+        // Each control socket's accept loop, woken by a connection of our own, ends and
+        // closes its socket (a daemon started again in this process binds it anew).
+        let controls = std::mem::take(&mut *self.controls.lock().unwrap_or_else(|p| p.into_inner()));
+        for (path, t) in controls {
+            let _ = std::os::unix::net::UnixStream::connect(&path);
+            let _ = t.join();
+        }
+    }
+
+    /// Keeps a control socket's accept thread, for `halt` to end.
+    pub(super) fn add_control(&self, path: std::path::PathBuf, accept: std::thread::JoinHandle<()>) {
+        self.controls.lock().unwrap_or_else(|p| p.into_inner()).push((path, accept));
     }
 }
 

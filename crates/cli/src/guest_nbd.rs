@@ -35,7 +35,7 @@ struct AppExports {
 impl Exports for AppExports {
     fn exports(&self) -> Vec<ExportInfo> {
         (0..self.apps)
-            .map(|a| ExportInfo { id: a as u32, name: format!("app{a}"), size: self.slice, allow: Vec::new() })
+            .map(|a| ExportInfo { id: a as u32, name: format!("app{a}"), size: self.slice, ..Default::default() })
             .collect()
     }
     fn block_size(&self) -> u64 {

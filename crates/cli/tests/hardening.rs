@@ -274,3 +274,50 @@ fn a_cache_store_with_only_clean_blocks_replaced_while_down_starts_cold() {
     assert!(a.banner.iter().any(|l| l.starts_with("# cold start") && l.contains("all clean")), "{:?}", a.banner);
     qemu_io_ok(&a.uri("vm2"), &["read -P 0x62 0 4M"]);
 }
+
+#[test]
+fn connections_that_never_finish_their_handshake_cannot_keep_real_clients_out() {
+    // Issue 54, item 10: 1,030 idle TCP connections took every NBD slot; real clients
+    // failed ("Failed to read initial magic"), renewably every handshake_timeout.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    config(d, "a.toml", "tcp = \"127.0.0.1:0\"\nhandshake_timeout = \"10min\"", "vm1.img", "");
+    let a = Daemon::start(d, "a.toml", &[]).unwrap();
+    // An established client (python3-libnbd) holds its connection through the flood.
+    // Debian's python3-libnbd is for the system's python.
+    let mut held = Command::new("/usr/bin/python3")
+        .args(["-c", "import nbd,sys\nh=nbd.NBD()\nh.connect_uri(sys.argv[1])\nh.pwrite(b'\\x42'*4096, 0)\nprint('up', flush=True)\nsys.stdin.readline()\nassert h.pread(4096, 0) == b'\\x42'*4096\nprint('held ok', flush=True)\n", &a.uri("vm1")])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(held.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert_eq!(line.trim(), "up");
+    let flood: Vec<std::net::TcpStream> = (0..1030).map(|_| std::net::TcpStream::connect(&a.nbd).unwrap()).collect();
+    // A new real client gets in, more than once.
+    for i in 0..3 {
+        qemu_io_ok(
+            &a.uri("vm1"),
+            &[&format!("write -P {} 65536 4096", i + 1), &format!("read -P {} 65536 4096", i + 1)],
+        );
+    }
+    std::io::Write::write_all(held.stdin.as_mut().unwrap(), b"\n").unwrap();
+    line.clear();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    assert_eq!(line.trim(), "held ok");
+    assert!(held.wait().unwrap().success());
+    // The evictions are counted and logged once.
+    let metrics =
+        Command::new("curl").arg("-s").arg(format!("http://{}/metrics", a.api.clone().unwrap())).output().unwrap();
+    let m = String::from_utf8_lossy(&metrics.stdout);
+    let evicted: u64 = m
+        .lines()
+        .find(|l| l.starts_with("cachevisor_handshakes_evicted_total"))
+        .and_then(|l| l.split_whitespace().last()?.parse().ok())
+        .unwrap_or(0);
+    assert!(evicted > 700, "{m}");
+    assert_eq!(a.log().matches("the oldest are closed to make room").count(), 1, "{}", a.log());
+    drop(flood);
+}

@@ -62,12 +62,15 @@ fn survive_a_crash(door: Door) {
         Door::NbdTls => format!("tcp = \"127.0.0.1:{port}\"\ntls = \"require\"\ntls_dir = \"pki/server\"\n"),
         Door::VhostUser => "vhost_user = \"vhost\"\n".to_string(),
     };
+    // The export has `allow` (TLS clients): over vhost-user the operator names who may
+    // open it (issue 54), here the daemon's own user, as QEMU runs.
+    let vhost = if door == Door::VhostUser { "vhost_user = \"owner\"\n" } else { "" };
     std::fs::write(
         d.join("vm.toml"),
         format!(
             "[cache]\npath = \"cache.img\"\nsize = \"128MiB\"\nblock_size = \"4KiB\"\nwrite_policy = \"wb\"\nflush_rate = \"0\"\n\
              [listen]\n{listen}[api]\nlisten = \"127.0.0.1:{api}\"\n\
-             [[vdisk]]\nname = \"guest\"\nbacking = \"guest.img\"\nsize = \"256MiB\"\nallow = [\"CN=hypervisor-1,O=tenant1\"]\n"
+             [[vdisk]]\nname = \"guest\"\nbacking = \"guest.img\"\nsize = \"256MiB\"\nallow = [\"CN=hypervisor-1,O=tenant1\"]\n{vhost}"
         ),
     )
     .unwrap();

@@ -234,3 +234,137 @@ fn vhost_user_sockets_follow_vdisks_added_and_removed_through_the_api() {
     assert!(d.join("vhost/b.sock").exists());
     assert!(daemon.log().contains("export gone: vhost-user socket closed"), "{}", daemon.log());
 }
+
+/// A QEMU (TCG, not booting: `-S`) with `sock` as a vhost-user-blk device; returns once its
+/// monitor prompt is up — QEMU sets the device up (features, memory table, config space)
+/// before it — or panics naming `what`.
+fn qemu_attached(sock: &Path, what: &str) -> std::process::Child {
+    use std::io::Read;
+    let mut q = std::process::Command::new("qemu-system-x86_64")
+        .args(["-accel", "tcg", "-S", "-nodefaults", "-display", "none", "-monitor", "stdio"])
+        .args(["-object", "memory-backend-memfd,id=mem,size=64M,share=on", "-machine", "pc,memory-backend=mem"])
+        .args(["-chardev", &format!("socket,id=b,path={}", sock.display()), "-device", "vhost-user-blk-pci,chardev=b"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = q.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        let mut b = [0u8; 256];
+        while let Ok(n) = out.read(&mut b) {
+            if n == 0 {
+                break;
+            }
+            seen.extend_from_slice(&b[..n]);
+            if String::from_utf8_lossy(&seen).contains("(qemu)") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    if rx.recv_timeout(Duration::from_secs(60)).is_err() {
+        let _ = q.kill();
+        let mut err = String::new();
+        let _ = q.stderr.take().unwrap().read_to_string(&mut err);
+        panic!("{what}: QEMU did not set the vhost-user device up within 60 s: {err}");
+    }
+    q
+}
+
+#[test]
+fn a_vhost_user_socket_serves_again_after_its_front_end_dies_or_misbehaves() {
+    // Issue 54, item 6: each socket served its first front end only (the vring worker
+    // had no exit event, so its clean-up never ended and the next QEMU hung).
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir(d.join("vhost")).unwrap();
+    std::fs::write(
+        d.join("a.toml"),
+        "[cache]\npath = \"cache.img\"\nsize = \"4MiB\"\n[listen]\nvhost_user = \"vhost\"\n[api]\nlisten = \"127.0.0.1:0\"\n\
+         [[vdisk]]\nname = \"a\"\nbacking = \"a.img\"\nsize = \"4MiB\"\n[[vdisk]]\nname = \"b\"\nbacking = \"b.img\"\nsize = \"4MiB\"\n",
+    )
+    .unwrap();
+    let daemon = Daemon::start(d, "a.toml", &[]).unwrap_or_else(|e| panic!("{e:?}"));
+    let sock = d.join("vhost/a.sock");
+    let connected = || daemon.log().matches("vhost-user front end connected").count();
+    for i in 0..10 {
+        let mut q = qemu_attached(&sock, &format!("front end {i}"));
+        let end = Instant::now() + Duration::from_secs(10);
+        while connected() < i + 1 {
+            assert!(Instant::now() < end, "front end {i} not logged:\n{}", daemon.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        q.kill().unwrap(); // as a crash would
+        q.wait().unwrap();
+    }
+    // One front end that sends garbage, then a good one.
+    {
+        use std::io::Write;
+        let mut s = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+        let _ = s.write_all(&[0xa5u8; 64]);
+    }
+    let mut q = qemu_attached(&sock, "after garbage");
+    // Its vDisk removed while it is connected: the connection ends and the socket goes.
+    let api = daemon.api.clone().unwrap();
+    let auth = format!("Bearer {}", std::fs::read_to_string(d.join("cache.img.meta/api-token")).unwrap());
+    ureq::delete(&format!("http://{api}/vdisks/a")).set("Authorization", &auth).call().unwrap();
+    let end = Instant::now() + Duration::from_secs(10);
+    while sock.exists() {
+        assert!(Instant::now() < end, "the removed vDisk's socket stayed:\n{}", daemon.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = q.kill();
+    let _ = q.wait();
+}
+
+#[test]
+fn an_export_with_allow_gets_a_vhost_user_socket_only_for_whom_the_operator_names() {
+    // Issue 54, item 4: `allow` restricts NBD clients to certificates; a vhost-user socket
+    // has none, so such an export is not offered unless `vhost_user` names who may.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir(d.join("vhost")).unwrap();
+    std::fs::write(
+        d.join("a.toml"),
+        "[cache]\npath = \"cache.img\"\nsize = \"4MiB\"\n[listen]\nvhost_user = \"vhost\"\nunix_mode = \"0660\"\n\
+         [[vdisk]]\nname = \"open\"\nbacking = \"open.img\"\nsize = \"4MiB\"\n\
+         [[vdisk]]\nname = \"tenant\"\nbacking = \"tenant.img\"\nsize = \"4MiB\"\nallow = [\"CN=host-a\"]\n\
+         [[vdisk]]\nname = \"mine\"\nbacking = \"mine.img\"\nsize = \"4MiB\"\nallow = [\"CN=host-a\"]\nvhost_user = \"owner\"\n\
+         [[vdisk]]\nname = \"off\"\nbacking = \"off.img\"\nsize = \"4MiB\"\nvhost_user = \"none\"\n",
+    )
+    .unwrap();
+    let o = std::process::Command::new(bin())
+        .current_dir(d)
+        .args(["serve", "--check-config", "--config", "a.toml"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(o.status.success(), "{text}{}", String::from_utf8_lossy(&o.stderr));
+    for (name, says) in [
+        ("open", "mode 0660 (listen.unix_mode)"),
+        ("tenant", "not offered: it has `allow`"),
+        ("mine", "mode 0600"),
+        ("off", "not offered (vhost_user = \"none\")"),
+    ] {
+        assert!(text.lines().any(|l| l.starts_with(&format!("vhost-user {name}: {says}"))), "{name}: {text}");
+    }
+    let daemon = Daemon::start(d, "a.toml", &[]).unwrap_or_else(|e| panic!("{e:?}"));
+    assert!(daemon.banner.iter().any(|l| l.contains("vhost-user tenant: not offered")), "{:?}", daemon.banner);
+    let mode = |n: &str| {
+        std::fs::metadata(d.join(format!("vhost/{n}.sock")))
+            .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o777)
+    };
+    let end = Instant::now() + Duration::from_secs(5);
+    while mode("mine").is_err() {
+        assert!(Instant::now() < end, "{}", daemon.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!((mode("open").unwrap(), mode("mine").unwrap()), (0o660, 0o600));
+    assert!(mode("tenant").is_err() && mode("off").is_err(), "{}", daemon.log());
+    // The named one serves a real front end.
+    let mut q = qemu_attached(&d.join("vhost/mine.sock"), "mine");
+    let _ = q.kill();
+    let _ = q.wait();
+}

@@ -10,7 +10,6 @@
 //! TOKEN`. Without a configured token a random one is written, readable by the owner
 //! only, to `api-token` in the metadata directory.
 
-use crate::conn_limits::{ConnLimit, LimitedListener, API_CONNECTIONS};
 use crate::daemon::{Daemon, StartError};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -65,10 +64,12 @@ async fn require_token(
             err(StatusCode::UNAUTHORIZED, "mutating calls need `Authorization: Bearer TOKEN`")
         }
         Err(Refusal::LockedOut(wait)) => {
+            // A guess during a lockout is answered only after a pause.
+            tokio::time::sleep(wait.min(std::time::Duration::from_secs(1))).await;
             let secs = wait.as_secs_f64().ceil() as u64;
             let mut r = err(
                 StatusCode::TOO_MANY_REQUESTS,
-                format!("too many wrong tokens: mutating calls are locked out for {secs} s"),
+                format!("too many wrong tokens: wrong ones are refused for {secs} s (the right one is not)"),
             );
             r.headers_mut().insert("retry-after", secs.into());
             r
@@ -457,8 +458,9 @@ pub fn start(
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
         rt.block_on(async move {
             let inner = tokio::net::TcpListener::from_std(l).expect("listener");
-            let limit = ConnLimit::new("api", API_CONNECTIONS, guards);
-            let listener = crate::api_tls::ApiListener { inner: LimitedListener { inner, limit, idle }, tls };
+            let conns = crate::api_conns::ApiConns::new(guards);
+            let listener =
+                crate::api_tls::ApiListener { inner: crate::api_conns::ConnListener { inner, conns, idle }, tls };
             if let Err(e) = axum::serve(listener, app).await {
                 tracing::error!(%e, "API server stopped");
             }

@@ -2,9 +2,11 @@
 //! `Authorization: Bearer TOKEN`, checked by a router layer before anything of the request
 //! is looked at — its body is never parsed, validated or answered with details for an
 //! anonymous caller. The token is compared in constant time (`subtle`), and repeated
-//! wrong tokens lock the API's mutating calls out for a while (429 with `Retry-After`,
-//! even for the right token): after [`FREE_TRIES`] failures in a row, 1 s, doubling with
-//! each further lockout up to [`MAX_LOCKOUT`]; a success resets both. Failures and
+//! wrong tokens lock guessers out for a while: after [`FREE_TRIES`] failures in a row,
+//! 1 s, doubling with each further lockout up to [`MAX_LOCKOUT`], every wrong token is
+//! answered 429 with `Retry-After`, after a pause (`api.rs`: each guess then holds its
+//! connection for up to a second). The right token is never refused (issue 54, item 9:
+//! wrong tokens used to lock the operator out too); it resets the streak. Failures and
 //! lockouts are counted (`/metrics`) and a lockout is logged once when it begins. The
 //! policy is global, not per client: the API listens on loopback, where every caller has
 //! the same address.
@@ -54,15 +56,15 @@ impl Guard {
     /// Checks a call's `Authorization` header value at `now`.
     pub fn check(&self, header: Option<&[u8]>, now: Instant) -> Result<(), Refusal> {
         let mut s = self.streak.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(until) = s.until.filter(|&u| now < u) {
-            return Err(Refusal::LockedOut(until - now));
-        }
         let given = header.and_then(|h| h.strip_prefix(b"Bearer ")).unwrap_or_default();
         if bool::from(given.ct_eq(self.token.as_bytes())) {
             *s = Streak::default();
             return Ok(());
         }
         self.counts.api_auth_failures.fetch_add(1, Relaxed);
+        if let Some(until) = s.until.filter(|&u| now < u) {
+            return Err(Refusal::LockedOut(until - now));
+        }
         s.failures += 1;
         if s.failures >= FREE_TRIES {
             let wait = Duration::from_secs(1 << s.lockouts.min(6)).min(MAX_LOCKOUT);
@@ -95,20 +97,25 @@ mod tests {
         for _ in 0..3 {
             assert_eq!(g.check(bad, t0), Err(Refusal::Unauthorized));
         }
-        // The fifth failure began a 1 s lockout: even the right token waits.
-        assert_eq!(g.check(good, t0), Err(Refusal::LockedOut(Duration::from_secs(1))));
+        // The fifth failure began a 1 s lockout: guesses are refused as locked out...
+        assert_eq!(g.check(bad, t0), Err(Refusal::LockedOut(Duration::from_secs(1))));
+        // ...and the right token is not (issue 54): it gets in and resets the streak.
+        assert_eq!(g.check(good, t0), Ok(()));
         let t1 = t0 + Duration::from_secs(1);
         for _ in 0..5 {
             assert_eq!(g.check(bad, t1), Err(Refusal::Unauthorized));
         }
-        assert_eq!(g.check(good, t1), Err(Refusal::LockedOut(Duration::from_secs(2))), "doubled");
-        assert_eq!(g.check(good, t1 + Duration::from_secs(2)), Ok(()));
-        let c = g.counts.read(0);
-        assert_eq!((c.api_auth_failures, c.api_lockouts), (10, 2));
-        // Reset: the next lockout is 1 s again.
+        assert_eq!(g.check(bad, t1), Err(Refusal::LockedOut(Duration::from_secs(1))), "reset by the success");
         for _ in 0..5 {
-            let _ = g.check(bad, t1 + Duration::from_secs(3));
+            let _ = g.check(bad, t1 + Duration::from_secs(1));
         }
-        assert_eq!(g.check(good, t1 + Duration::from_secs(3)), Err(Refusal::LockedOut(Duration::from_secs(1))));
+        assert_eq!(
+            g.check(bad, t1 + Duration::from_secs(1)),
+            Err(Refusal::LockedOut(Duration::from_secs(2))),
+            "doubled"
+        );
+        assert_eq!(g.check(good, t1 + Duration::from_secs(1)), Ok(()));
+        let c = g.counts.read(0);
+        assert_eq!((c.api_auth_failures, c.api_lockouts), (18, 3));
     }
 }

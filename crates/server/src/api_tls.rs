@@ -7,7 +7,7 @@
 //! Written by hand because tokio-rustls offers the handshake as a future and axum's
 //! `Listener` wants a stream at accept time; this is the small adapter between the two.
 
-use crate::conn_limits::{LimitedIo, LimitedListener};
+use crate::api_conns::{ConnIo, ConnListener};
 use crate::tls::ServerTls;
 use std::future::Future;
 use std::io;
@@ -21,7 +21,7 @@ use tokio_rustls::{Accept, TlsAcceptor};
 /// The API's listener: plain HTTP, or HTTPS when given TLS.
 pub struct ApiListener {
     /// Accepts under the API's connection limit and idle timeout.
-    pub inner: LimitedListener,
+    pub inner: ConnListener,
     /// HTTPS credentials.
     pub tls: Option<Arc<ServerTls>>,
 }
@@ -29,11 +29,11 @@ pub struct ApiListener {
 /// An API connection.
 pub enum ApiIo {
     /// Plain HTTP.
-    Plain(LimitedIo),
+    Plain(ConnIo),
     /// TLS handshake under way.
-    Handshake(Box<Accept<LimitedIo>>),
+    Handshake(Box<Accept<ConnIo>>),
     /// HTTPS.
-    Tls(Box<TlsStream<LimitedIo>>),
+    Tls(Box<TlsStream<ConnIo>>),
     /// The handshake failed: every call fails.
     Failed,
 }

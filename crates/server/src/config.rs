@@ -342,6 +342,11 @@ pub struct VdiskConfig {
     /// over from the backing store after this one died).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicate: Option<bool>,
+    /// Who may open it over vhost-user-blk: "owner" (0600), "group:NAME" (0660), "none";
+    /// unset: the listener's mode and group, or none for an export with `allow` or under
+    /// `listen.tls = "require"` (`vhost_user/access.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vhost_user: Option<String>,
 }
 
 impl VdiskConfig {
@@ -371,6 +376,7 @@ impl VdiskConfig {
         }
         check_share(&format!("{at}.ratio"), v.ratio)?;
         crate::tls_authz::check(&v.allow).map_err(|e| format!("{at}.allow: {e}"))?;
+        crate::vhost_user::access::check(v.vhost_user.as_deref(), &format!("{at}.vhost_user"))?;
         if v.replicate == Some(true) && v.name.len() > cachevisor_cluster::replica_record::MAX_NAME {
             return Err(format!("{at}.replicate: a replicated vDisk's name must be at most 400 bytes"));
         }
@@ -637,6 +643,7 @@ min = "16MiB"                 # default 0: the smallest cache share (all vDisks'
 sequential_cutoff = "4MiB"    # default off: longer contiguous runs bypass the cache
 write_policy = "wb"           # default: [cache] write_policy
 allow = ["CN=host-a,O=tenant1", "DNS:host-b.example"] # default []: over TLS, only clients whose verified certificate has one of these subjects (every ATTR=value given) or alt names (DNS:, IP:, URI:, email:; "*" any) open this export
+vhost_user = "group:kvm"      # who may open it over vhost-user-blk: "owner" (0600), "group:NAME" (0660), "none"; default: listen.unix_mode/unix_group, but none for an export with `allow` or under listen.tls = "require" (a socket has no certificate)
 replicate = true              # default true, on a cluster node with cluster.replica: its client writes are on the replica peer too before they are acknowledged; false keeps its write-back data on this node only (another node then refuses to take it over after this one died)
 
 [vssd]                        # SymFlex's elastic vSSDs: a region of the cache store file after the cache's blocks (omit the section for none)
@@ -654,6 +661,7 @@ max_size = "256MiB"           # M, whole blocks: the device's size as its guest 
 initial_size = "64MiB"        # default 0, at most max_size: C, the blocks it gets now (the rest by inflation)
 persist = true                # default false: P; true keeps its blocks and data across its VM's restarts
 allow = ["CN=host-a"]         # default []: as a vDisk's allow
+vhost_user = "owner"          # as a vDisk's vhost_user
 weight = 1.0                  # default 1.0, > 0: share of the region (symflex-weighted; POST /vssds/NAME/share changes it)
 ratio = 1.0                   # default 1.0, > 0: target share of the vSSDs' throughput (symflex-proportional)
 control = "var/vm1-ssd.ctl"   # default METADATA/NAME.vssd.sock: the guest manager's control socket (0600; newline-delimited JSON, see README; QEMU can carry it into the guest as a virtio-serial port)

@@ -3,14 +3,12 @@
 //! `listen.handshake_timeout` — an absolute deadline, so a client that trickles a byte at
 //! a time is closed as surely as one that sends nothing. A connection over the limit is
 //! closed at once; reaching the limit and leaving it are logged once each, and refusals
-//! and timeouts are counted (`/metrics`). The API has its own limit (`api.rs`).
+//! and timeouts are counted (`/metrics`). The API has its own table (`api_conns.rs`).
 
 use crate::status::Guards;
-use std::future::Future;
 use std::io::{self, Read, Write};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::{Duration, Instant};
 
 /// Connections at once, and what was refused.
@@ -66,110 +64,6 @@ impl ConnLimit {
         self.active.load(Relaxed)
     }
 }
-
-/// The API's listener under a [`ConnLimit`] (axum's `Listener`): a connection over the
-/// limit is closed as it is accepted, and one that moves no byte for `idle` is closed
-/// (`api.idle_timeout`), so idle clients cannot hold every slot.
-pub struct LimitedListener {
-    /// The socket.
-    pub inner: tokio::net::TcpListener,
-    /// The limit.
-    pub limit: Arc<ConnLimit>,
-    /// How long a connection may move no byte.
-    pub idle: Duration,
-}
-
-/// An accepted API connection holding its slot, closed (reads and writes fail with
-/// `TimedOut`) once it has moved no byte for its idle time.
-pub struct LimitedIo {
-    io: tokio::net::TcpStream,
-    _slot: Slot,
-    idle: Duration,
-    timer: std::pin::Pin<Box<tokio::time::Sleep>>,
-    counts: Arc<Guards>,
-}
-
-impl LimitedIo {
-    /// `Ready(Err)` once the idle time has passed (the timer wakes the task then);
-    /// otherwise does `io` and restarts the idle time when it moved bytes.
-    fn timed<T>(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-        io: impl FnOnce(std::pin::Pin<&mut tokio::net::TcpStream>, &mut std::task::Context<'_>) -> Poll<io::Result<T>>,
-        moved: impl FnOnce(&T) -> bool,
-    ) -> Poll<io::Result<T>> {
-        let r = io(std::pin::Pin::new(&mut self.io), cx);
-        match &r {
-            Poll::Ready(Ok(v)) if moved(v) => {
-                let next = tokio::time::Instant::now() + self.idle;
-                self.timer.as_mut().reset(next);
-            }
-            Poll::Pending if self.timer.as_mut().poll(cx).is_ready() => {
-                self.counts.api_idle_closes.fetch_add(1, Relaxed);
-                tracing::debug!(idle = ?self.idle, "API connection idle: closed");
-                return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, "API connection idle")));
-            }
-            _ => {}
-        }
-        r
-    }
-}
-
-impl tokio::io::AsyncRead for LimitedIo {
-    fn poll_read(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        self.get_mut().timed(cx, |io, cx| io.poll_read(cx, buf), |_| true)
-    }
-}
-
-impl tokio::io::AsyncWrite for LimitedIo {
-    fn poll_write(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        self.get_mut().timed(cx, |io, cx| io.poll_write(cx, buf), |&n| n > 0)
-    }
-    fn poll_flush(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<io::Result<()>> {
-        self.get_mut().timed(cx, |io, cx| io.poll_flush(cx), |_| false)
-    }
-    fn poll_shutdown(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<io::Result<()>> {
-        std::pin::Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
-    }
-}
-
-impl axum::serve::Listener for LimitedListener {
-    type Io = LimitedIo;
-    type Addr = std::net::SocketAddr;
-
-    async fn accept(&mut self) -> (LimitedIo, std::net::SocketAddr) {
-        loop {
-            match self.inner.accept().await {
-                Ok((io, addr)) => {
-                    if let Some(slot) = self.limit.enter() {
-                        let timer = Box::pin(tokio::time::sleep(self.idle));
-                        let counts = self.limit.counts.clone();
-                        return (LimitedIo { io, _slot: slot, idle: self.idle, timer, counts }, addr);
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(%e, "API accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-        }
-    }
-
-    fn local_addr(&self) -> io::Result<std::net::SocketAddr> {
-        self.inner.local_addr()
-    }
-}
-
-/// Connections the API serves at once.
-pub const API_CONNECTIONS: usize = 64;
 
 /// A socket whose read timeout can be set (TCP and unix streams).
 pub trait Timed {

@@ -27,7 +27,7 @@ pub use start::StartOptions;
 pub use vdisks::ChangeError;
 
 /// One served vDisk.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ExportInfo {
     /// Its VM id in the engine.
     pub id: VmId,
@@ -38,6 +38,8 @@ pub struct ExportInfo {
     /// Client certificates that may open it (`tls_authz.rs`; empty: any client the
     /// listener's TLS policy lets in).
     pub allow: Vec<String>,
+    /// Who may open it over vhost-user-blk (`vhost_user/access.rs`; none by default).
+    pub vhost_user: crate::vhost_user::access::Access,
 }
 
 /// What a warm start found in the metadata.
@@ -175,6 +177,11 @@ impl Daemon {
     /// Latency histograms (and the metrics exposition).
     pub fn metrics(&self) -> &crate::metrics::Metrics {
         &self.metrics
+    }
+
+    /// Whether NBD clients must use TLS (`listen.tls = "require"`).
+    pub fn tls_required(&self) -> bool {
+        self.tls.as_ref().is_some_and(|t| t.mode == crate::tls::TlsMode::Require)
     }
 
     /// The NBD listeners' TLS, when on.
@@ -413,7 +420,13 @@ impl Daemon {
         };
         c.replica_exports()
             .into_iter()
-            .map(|x| ExportInfo { id: r.id(&x.owner), size: r.size_of(&x.owner), name: x.name, allow: x.allow })
+            .map(|x| ExportInfo {
+                id: r.id(&x.owner),
+                size: r.size_of(&x.owner),
+                name: x.name,
+                allow: x.allow,
+                ..Default::default()
+            })
             .collect()
     }
 
@@ -427,6 +440,7 @@ impl Daemon {
                 name,
                 size: l.size,
                 allow: vec![format!("CN={borrower}")],
+                ..Default::default() // never over vhost-user: another node's data
             })
             .collect()
     }

@@ -6,6 +6,7 @@
 pub mod aligned_buf;
 pub mod api;
 pub mod api_auth;
+pub mod api_conns;
 pub mod api_tls;
 pub mod backing;
 pub mod backing_identity;
@@ -29,6 +30,7 @@ pub mod nbd;
 pub mod own_files;
 pub mod owner_lock;
 pub mod persist;
+pub mod preauth;
 pub mod prewarm_job;
 pub mod private_files;
 pub mod service;

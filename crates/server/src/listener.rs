@@ -25,8 +25,11 @@ pub struct Polling {
     pub poll: Duration,
     /// The readers that may poll at once.
     pub pollers: Arc<Pollers>,
-    /// Connections at once (TCP and unix together).
+    /// Established connections at once (TCP and unix together).
     pub limit: Arc<ConnLimit>,
+    /// Connections still in their handshake, apart from the established ones
+    /// (`preauth.rs`).
+    pub preauth: Arc<crate::preauth::PreAuth>,
     /// How long a client has to finish the handshake (TLS's included).
     pub handshake_timeout: Duration,
     /// TLS, when `listen.tls` is on or require.
@@ -37,17 +40,25 @@ pub struct Polling {
 pub trait Split: Read + Write + Sized {
     /// A second handle on the same connection.
     fn split(&self) -> std::io::Result<Self>;
+    /// Shuts the connection down (from another thread: its blocked reads end).
+    fn shut(&self);
 }
 
 impl Split for std::net::TcpStream {
     fn split(&self) -> std::io::Result<Self> {
         self.try_clone()
     }
+    fn shut(&self) {
+        let _ = self.shutdown(std::net::Shutdown::Both);
+    }
 }
 
 impl Split for std::os::unix::net::UnixStream {
     fn split(&self) -> std::io::Result<Self> {
         self.try_clone()
+    }
+    fn shut(&self) {
+        let _ = self.shutdown(std::net::Shutdown::Both);
     }
 }
 
@@ -76,19 +87,36 @@ fn negotiate<S: Read + Write>(
 }
 
 /// Runs one connection to its end.
-pub fn connection<S: Split + Timed + std::os::fd::AsFd + Send + 'static>(
+pub fn connection<S: Split + Timed + std::os::fd::AsFd + Send + Sync + 'static>(
     mut s: S,
     d: &Daemon,
     peer: &str,
     p: &Polling,
 ) {
+    // In the pool of connections still in their handshake until it ends (`preauth.rs`):
+    // they take no established slot, and the oldest makes room for a newer one.
+    let source = peer.rsplit_once(':').map_or(peer, |(ip, _)| ip);
+    let shut = match s.split() {
+        Ok(c) => c,
+        Err(e) => return tracing::warn!(peer, %e, "cannot split the connection"),
+    };
+    let place = p.preauth.enter(source, Box::new(move || shut.shut()));
     let negotiated =
         negotiate(&mut Deadline { s: &mut s, deadline: Instant::now() + p.handshake_timeout }, d, p.tls.as_deref());
+    let evicted = place.evicted();
+    drop(place);
+    if evicted {
+        return tracing::debug!(peer, "closed in its handshake to make room for a newer connection");
+    }
     if let Err(e) = s.set_timeouts(None) {
         return tracing::warn!(peer, %e, "cannot clear the handshake's timeout");
     }
     match negotiated {
         Ok((Negotiated::Export(vm, replies), tls, who)) => {
+            // An established slot, only now (`listen.max_connections`).
+            let Some(_slot) = p.limit.enter() else {
+                return tracing::info!(peer, "connection limit reached: closed after its handshake");
+            };
             let Some(export) = d.export(vm) else { return }; // removed meanwhile
             let client = who.as_ref().map(Identity::describe).unwrap_or_default();
             tracing::info!(peer, export = %export.name, tls = tls.is_some(), client = %client, "connected");
@@ -128,14 +156,10 @@ pub fn tcp(l: TcpListener, d: Arc<Daemon>, p: Polling) {
     for s in l.incoming() {
         match s {
             Ok(s) => {
-                let Some(slot) = p.limit.enter() else { continue }; // dropped: closed
                 let _ = s.set_nodelay(true);
                 let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
                 let (d, p) = (d.clone(), p.clone());
-                crate::datapath::named(format!("cv-nbd {peer}"), move || {
-                    connection(s, &d, &peer, &p);
-                    drop(slot);
-                });
+                crate::datapath::named(format!("cv-nbd {peer}"), move || connection(s, &d, &peer, &p));
             }
             Err(e) => tracing::warn!(%e, "accept failed"),
         }
@@ -150,12 +174,8 @@ pub fn unix(l: UnixListener, d: Arc<Daemon>, p: Polling) {
         }
         match s {
             Ok(s) => {
-                let Some(slot) = p.limit.enter() else { continue };
                 let (d, p) = (d.clone(), p.clone());
-                crate::datapath::named("cv-nbd unix".into(), move || {
-                    connection(s, &d, "unix", &p);
-                    drop(slot);
-                });
+                crate::datapath::named("cv-nbd unix".into(), move || connection(s, &d, "unix", &p));
             }
             Err(e) => tracing::warn!(%e, "accept failed"),
         }

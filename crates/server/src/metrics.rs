@@ -268,6 +268,11 @@ impl Collector for StateCollector {
                 gd.api_idle_closes,
             ),
             (
+                "cachevisor_handshakes_evicted",
+                "Connections still in their handshake or first API request closed to make room for newer ones",
+                gd.handshakes_evicted,
+            ),
+            (
                 "cachevisor_commit_failures",
                 "Metadata commits that failed and were retried (a full file system)",
                 gd.commit_failures,

@@ -96,6 +96,7 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
         poll: std::time::Duration::from_nanos(r.poll_ns),
         pollers: crate::nbd::polling::Pollers::for_this_machine(),
         limit: crate::conn_limits::ConnLimit::new("nbd", cfg.listen.max_connections, daemon.guards.clone()),
+        preauth: crate::preauth::PreAuth::for_nbd(cfg.listen.max_connections, daemon.guards.clone()),
         handshake_timeout: std::time::Duration::from_nanos(r.handshake_timeout_ns),
         tls: daemon.tls().cloned(),
     };

@@ -99,6 +99,9 @@ pub struct Guards {
     pub handshake_timeouts: std::sync::atomic::AtomicU64,
     /// API connections closed after moving no byte for `api.idle_timeout`.
     pub api_idle_closes: std::sync::atomic::AtomicU64,
+    /// Connections still in their handshake (or first API request) closed to make room
+    /// for newer ones (`preauth.rs`).
+    pub handshakes_evicted: std::sync::atomic::AtomicU64,
 }
 
 /// A reading of [`Guards`].
@@ -114,6 +117,8 @@ pub struct GuardCounts {
     pub handshake_timeouts: u64,
     /// See [`Guards`].
     pub api_idle_closes: u64,
+    /// See [`Guards`].
+    pub handshakes_evicted: u64,
     /// Metadata commits that failed (and were retried after a pause; the data path's
     /// count).
     pub commit_failures: u64,
@@ -129,6 +134,7 @@ impl Guards {
             connections_refused: self.connections_refused.load(Relaxed),
             handshake_timeouts: self.handshake_timeouts.load(Relaxed),
             api_idle_closes: self.api_idle_closes.load(Relaxed),
+            handshakes_evicted: self.handshakes_evicted.load(Relaxed),
             commit_failures,
         }
     }

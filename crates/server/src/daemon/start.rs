@@ -351,6 +351,7 @@ impl Daemon {
                 cold_start = Some(why.clone());
             }
         }
+        let tls_required = cfg.listen.tls == crate::tls::TlsMode::Require;
         // Every check passed: open and create what the config says.
         let mut backings = Vec::new();
         let mut exports = Vec::new();
@@ -377,7 +378,14 @@ impl Daemon {
             persist
                 .record_binding(i as u16, &identity)
                 .map_err(|source| StartError::File { path: meta_dir.display().to_string(), error: source })?;
-            exports.push(Some(ExportInfo { id: i as VmId, name: v.name.clone(), size, allow: v.allow.clone() }));
+            let vhost_user = crate::vhost_user::access::of(v.vhost_user.as_deref(), &v.allow, tls_required);
+            exports.push(Some(ExportInfo {
+                id: i as VmId,
+                name: v.name.clone(),
+                size,
+                allow: v.allow.clone(),
+                vhost_user,
+            }));
             backings.push(std::sync::Arc::new(b));
         }
         let vssd_plan = cfg.vssd.as_ref().map(|v| v.resolve()).transpose().map_err(StartError::Config)?;
@@ -470,8 +478,13 @@ impl Daemon {
         let (vssd, vssd_exports) = match &vssd_plan {
             Some(p) => {
                 let cache = (r.cache.cache_bytes, r.cache.block_size);
-                let (svc, ex) = crate::vssd::startup::start(&cfg.cache.path, cache, p, &meta_dir, direct, &dp)
+                let (svc, mut ex) = crate::vssd::startup::start(&cfg.cache.path, cache, p, &meta_dir, direct, &dp)
                     .map_err(StartError::Config)?;
+                for e in &mut ex {
+                    if let Some(d) = p.devices.iter().find(|d| d.name == e.name) {
+                        e.vhost_user = crate::vhost_user::access::of(d.vhost_user.as_deref(), &d.allow, tls_required);
+                    }
+                }
                 (Some(svc), ex)
             }
             None => (None, Vec::new()),

@@ -38,8 +38,14 @@ struct TwoExports;
 impl super::handshake::Exports for TwoExports {
     fn exports(&self) -> Vec<ExportInfo> {
         vec![
-            ExportInfo { id: 0, name: "a".into(), size: 1 << 20, allow: vec![] },
-            ExportInfo { id: 1, name: "b".into(), size: 1 << 20, allow: vec!["CN=host-a".into()] },
+            ExportInfo { id: 0, name: "a".into(), size: 1 << 20, ..Default::default() },
+            ExportInfo {
+                id: 1,
+                name: "b".into(),
+                size: 1 << 20,
+                allow: vec!["CN=host-a".into()],
+                ..Default::default()
+            },
         ]
     }
     fn block_size(&self) -> u64 {

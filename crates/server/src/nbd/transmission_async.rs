@@ -37,7 +37,7 @@ pub struct SingleExport {
 
 impl super::handshake::Exports for SingleExport {
     fn exports(&self) -> Vec<crate::daemon::ExportInfo> {
-        vec![crate::daemon::ExportInfo { id: 0, name: "vm0".into(), size: self.size, allow: Vec::new() }]
+        vec![crate::daemon::ExportInfo { id: 0, name: "vm0".into(), size: self.size, ..Default::default() }]
     }
     fn block_size(&self) -> u64 {
         self.block_size

@@ -165,6 +165,9 @@ pub struct BlkBackend {
     shared: Arc<Shared>,
     /// Request latencies, as the NBD path observes them.
     latency: Option<Latency>,
+    /// The vring worker's exit event (`exit_event`): without one its thread never ends
+    /// and a front end that leaves blocks the socket's next connection forever.
+    exit: (vmm_sys_util::event::EventConsumer, vmm_sys_util::event::EventNotifier),
 }
 
 impl BlkBackend {
@@ -175,8 +178,11 @@ impl BlkBackend {
         opt_io: u64,
         stats: Arc<DeviceStats>,
         latency: Option<Latency>,
-    ) -> Self {
-        BlkBackend {
+    ) -> std::io::Result<Self> {
+        use vmm_sys_util::event::{new_event_consumer_and_notifier, EventFlag};
+        let exit = new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC)?;
+        Ok(BlkBackend {
+            exit,
             latency,
             store,
             capacity: size / blk_request::SECTOR * blk_request::SECTOR,
@@ -188,7 +194,12 @@ impl BlkBackend {
                 queues: (0..QUEUES).map(|_| (Mutex::new(InOrder::default()), Condvar::new())).collect(),
                 stats,
             }),
-        }
+        })
+    }
+
+    /// Ends the vring worker thread (the front end left, or the socket closes).
+    pub fn stop_worker(&self) {
+        let _ = self.exit.1.notify();
     }
 
     /// virtio_blk_config (virtio 1.2 §5.2.4), fields at their spec offsets.
@@ -363,6 +374,13 @@ impl VhostUserBackend for BlkBackend {
         }
         Ok(())
     }
+    fn exit_event(
+        &self,
+        _thread_index: usize,
+    ) -> Option<(vmm_sys_util::event::EventConsumer, vmm_sys_util::event::EventNotifier)> {
+        Some((self.exit.0.try_clone().ok()?, self.exit.1.try_clone().ok()?))
+    }
+
     fn handle_event(
         &self,
         device_event: u16,

@@ -45,17 +45,22 @@ struct Served {
     path: PathBuf,
     stop: Arc<AtomicBool>,
     conn: Arc<Mutex<Option<ShutdownHandle>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Served {
     /// Ends the connection and the socket's thread (woken from `accept` by a connection
-    /// of our own).
-    fn stop(&self) {
+    /// of our own) and waits for it: its socket file is gone once this returns, so the
+    /// export can be added again at once.
+    fn stop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
         if let Some(h) = self.conn.lock().unwrap_or_else(|e| e.into_inner()).take() {
             h.shutdown();
         }
         let _ = UnixStream::connect(&self.path);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 
@@ -103,6 +108,10 @@ impl Watcher {
                     tracing::info!(export = %e.name, socket = %s.path.display(), "vhost-user-blk socket listening");
                     self.served.insert(e.id, s);
                 }
+                Err(why) if e.vhost_user == super::access::Access::None => {
+                    tracing::info!(export = %crate::log_safe(&e.name), "no vhost-user socket: {why}");
+                    self.refused.insert(e.id, why);
+                }
                 Err(why) => {
                     tracing::warn!(export = %crate::log_safe(&e.name), "no vhost-user socket: {why}");
                     self.refused.insert(e.id, why);
@@ -114,18 +123,35 @@ impl Watcher {
 
 /// Binds export `e`'s socket and starts its thread.
 fn open(d: &Arc<Daemon>, dir: &Path, mode: &SocketMode, e: &ExportInfo) -> Result<Served, String> {
+    use super::access::Access;
     let path = socket_path(dir, &e.name).ok_or_else(|| {
         "its name is not a file name (letters, digits, `.`, `_`, `-`, not starting with `.`)".to_string()
     })?;
-    let group = mode.group.as_ref().map(|(n, g)| (n.as_str(), *g));
-    let l = crate::service::bind_unix(&path, "listen.vhost_user", mode.mode, group)?;
-    let s = Served { path: path.clone(), stop: Arc::new(AtomicBool::new(false)), conn: Arc::new(Mutex::new(None)) };
+    // Who may open it (`access.rs`): an export that restricts its clients gets no socket
+    // unless the operator named who may.
+    let (file_mode, group) = match &e.vhost_user {
+        Access::None => return Err(super::access::describe(&e.vhost_user, &e.allow, d.tls_required(), "")),
+        Access::Listen => (mode.mode, mode.group.clone()),
+        Access::Owner => (0o600, None),
+        Access::Group(g) => (0o660, Some((g.clone(), crate::config::unix_group(g, 0o660)?))),
+    };
+    let group = group.as_ref().map(|(n, g)| (n.as_str(), *g));
+    let l = crate::service::bind_unix(&path, "listen.vhost_user", file_mode, group)?;
+    let mut s = Served {
+        path: path.clone(),
+        stop: Arc::new(AtomicBool::new(false)),
+        conn: Arc::new(Mutex::new(None)),
+        thread: None,
+    };
     let (d, e) = (d.clone(), e.clone());
     let (stop, conn) = (s.stop.clone(), s.conn.clone());
-    crate::datapath::named(format!("cv-vhost {}", e.name), move || {
+    s.thread = Some(crate::datapath::named(format!("cv-vhost {}", e.name), move || {
         serve(&d, &e, l, (&stop, &conn));
-        let _ = std::fs::remove_file(&path);
-    });
+        // Closed: the file goes, unless something else is at the path by now.
+        if crate::listen_path::inspect(&path, "").ok() == Some(crate::listen_path::AtPath::StaleSocket) {
+            let _ = std::fs::remove_file(&path);
+        }
+    }));
     Ok(s)
 }
 
@@ -134,15 +160,14 @@ fn serve(d: &Daemon, e: &ExportInfo, l: UnixListener, (stop, conn): (&AtomicBool
     while !stop.load(Ordering::SeqCst) {
         let stats = Arc::new(DeviceStats::default());
         let latency = Some(crate::nbd::transmission_async::latency_of(d.metrics(), &e.name));
-        let backend = Arc::new(BlkBackend::new(
-            d.export_backend(e.id),
-            (&e.name, e.size),
-            d.block_size(),
-            stats.clone(),
-            latency,
-        ));
+        let backend =
+            match BlkBackend::new(d.export_backend(e.id), (&e.name, e.size), d.block_size(), stats.clone(), latency) {
+                Ok(b) => Arc::new(b),
+                Err(err) => return tracing::warn!(export = %e.name, %err, "cannot set up the vhost-user device"),
+            };
         let mut daemon =
-            match VhostUserDaemon::new(e.name.clone(), backend, GuestMemoryAtomic::new(GuestMemoryMmap::new())) {
+            match VhostUserDaemon::new(e.name.clone(), backend.clone(), GuestMemoryAtomic::new(GuestMemoryMmap::new()))
+            {
                 Ok(v) => v,
                 Err(err) => return tracing::warn!(export = %e.name, %err, "cannot set up the vhost-user device"),
             };
@@ -175,5 +200,9 @@ fn serve(d: &Daemon, e: &ExportInfo, l: UnixListener, (stop, conn): (&AtomicBool
             }
         }
         conn.lock().unwrap_or_else(|p| p.into_inner()).take();
+        // The worker thread ends before the daemon (and its handler, which joins it) is
+        // dropped; then the socket takes the next front end.
+        backend.stop_worker();
+        drop(daemon);
     }
 }

@@ -58,6 +58,9 @@ pub struct VssdDeviceConfig {
     pub allow: Vec<String>,
     /// The guest manager's control socket (default METADATA/NAME.vssd.sock).
     pub control: Option<PathBuf>,
+    /// Who may open it over vhost-user-blk (as a vDisk's `vhost_user`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vhost_user: Option<String>,
     /// Its share of the region under `symflex-weighted`.
     #[serde(default = "one")]
     pub weight: f64,
@@ -103,6 +106,8 @@ pub struct Device {
     pub allow: Vec<String>,
     /// Control socket, if set.
     pub control: Option<PathBuf>,
+    /// Its `vhost_user` setting.
+    pub vhost_user: Option<String>,
     /// Weight and throughput ratio.
     pub share: super::allocation::Share,
 }
@@ -169,6 +174,7 @@ impl VssdConfig {
         let mut devices = Vec::new();
         for (i, d) in self.device.iter().enumerate() {
             let at = format!("vssd.device[{i}] ({})", d.name);
+            crate::vhost_user::access::check(d.vhost_user.as_deref(), &format!("{at}.vhost_user"))?;
             let blocks = |key: &str, v: &str| -> Result<u32, String> {
                 let b = parse_size(v).map_err(|e| format!("{at}.{key}: {e}"))?;
                 if !b.is_multiple_of(block) {
@@ -203,6 +209,7 @@ impl VssdConfig {
                 persist: d.persist,
                 allow: d.allow.clone(),
                 control: d.control.clone(),
+                vhost_user: d.vhost_user.clone(),
                 share: super::allocation::Share { weight: d.weight, ratio: d.ratio },
             });
         }
@@ -255,6 +262,7 @@ mod tests {
                 persist: false,
                 allow: Vec::new(),
                 control: None,
+                vhost_user: None,
                 weight: 1.0,
                 ratio: 1.0,
             }],

@@ -108,7 +108,14 @@ pub fn start(
             return Err(e);
         }
         let size = u64::from(d.max_blocks) * plan.geometry.block_bytes;
-        exports.push(ExportInfo { id: VSSD_EXPORT | id, name: d.name.clone(), size, allow: d.allow.clone() });
+        // Its vhost-user access is set by the daemon's start (it knows the listener's TLS).
+        exports.push(ExportInfo {
+            id: VSSD_EXPORT | id,
+            name: d.name.clone(),
+            size,
+            allow: d.allow.clone(),
+            ..Default::default()
+        });
     }
     if let Some(name) = &plan.allocator {
         let shares = plan.devices.iter().filter_map(|d| Some((svc.id_of(&d.name)?, d.share))).collect();

@@ -455,3 +455,85 @@ fn two_nodes_taking_one_vdisk_at_once_one_gets_it_by_its_claim_in_etcd() {
         assert_eq!(s["claim_conflicts"].as_array().map(Vec::len), Some(0), "{s:#}");
     }
 }
+
+/// Puts `value` at `key` (under the cluster's prefix) through etcd's JSON gateway, as
+/// anyone with write access to etcd could (no lease unless `lease` is given).
+fn forge(c: &Cluster, key: &str, value: &[u8]) {
+    let b64 = |bytes: &[u8]| {
+        let f = c.dir.path().join("forged.bin");
+        std::fs::write(&f, bytes).unwrap();
+        let o = std::process::Command::new("base64").args(["-w0"]).arg(&f).output().unwrap();
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let body = c.dir.path().join("forged.json");
+    std::fs::write(
+        &body,
+        format!(
+            "{{\"key\": \"{}\", \"value\": \"{}\"}}",
+            b64(format!("/cachevisor/default/{key}").as_bytes()),
+            b64(value)
+        ),
+    )
+    .unwrap();
+    let out = Net::command(&c.net.hub, "curl")
+        .args(["-sf", "--max-time", "5", "-X", "POST", "-d"])
+        .arg(format!("@{}", body.display()))
+        .arg(format!("{}/v3/kv/put", c.etcd.url))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "etcd put {key}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn forged_etcd_records_neither_wedge_the_cluster_nor_flood_the_log() {
+    // Issue 54, item 11: a map at epoch u64::MAX (the leader wrapped to 0 and nodes kept
+    // the forged map), a leader key with no lease (leaderless forever), a 1.5 MB
+    // unparseable member record (logged 4 times a second per node without end).
+    let c = Cluster::new(2);
+    formed(&c, 2);
+    forge(&c, "members/evil", &vec![b'{'; 1_500_000]);
+    forge(&c, "members/liar", b"{not json");
+    forge(
+        &c,
+        "map",
+        format!("{{\"epoch\": {}, \"nodes\": {{}}, \"vdisks\": {{}}, \"lent\": []}}", u64::MAX).as_bytes(),
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    // The map is replaced by the leader from the epoch the nodes are at, never wrapped.
+    let s = c.wait_all("a readable map past the forged one", Duration::from_secs(20), |_, s| {
+        let e = s["map"]["epoch"].as_u64().unwrap_or(0);
+        e > 0 && e < 1 << 53 && s["map"]["nodes"].as_object().is_some_and(|n| n.len() == 2)
+    });
+    assert!(s.iter().all(|s| s["bad_records"].as_u64().unwrap_or(0) >= 2), "{s:#?}");
+    // A leader key with no lease: treated as absent, and a leader is elected again.
+    let out = Net::command(&c.net.hub, "curl")
+        .args(["-sf", "--max-time", "5", "-X", "POST", "-d"])
+        .arg(format!(
+            "{{\"key\": \"{}\"}}",
+            String::from_utf8(
+                std::process::Command::new("sh")
+                    .args(["-c", "printf %s /cachevisor/default/leader | base64 -w0"])
+                    .output()
+                    .unwrap()
+                    .stdout
+            )
+            .unwrap()
+        ))
+        .arg(format!("{}/v3/kv/deleterange", c.etcd.url))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    forge(&c, "leader", b"");
+    std::thread::sleep(Duration::from_secs(1));
+    c.wait_all("a leader again", Duration::from_secs(20), |_, s| {
+        Cluster::leader(s).is_some_and(|l| !l.is_empty()) && s["leading"].is_boolean()
+    });
+    c.write_and_read(0, 0, 7);
+    // Each bad record logged once per node, not at every read of the keys.
+    std::thread::sleep(Duration::from_secs(2));
+    for k in 0..2 {
+        let log = c.nodes[k].as_ref().unwrap().log();
+        assert_eq!(log.matches("members/evil").count(), 1, "node {k}:\n{log}");
+        assert_eq!(log.matches("members/liar").count(), 1, "node {k}:\n{log}");
+    }
+}

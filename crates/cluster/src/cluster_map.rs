@@ -35,6 +35,9 @@ pub struct VdiskEntry {
     pub replicated: bool,
 }
 
+/// The largest epoch a map may carry (`ClusterMap::decode`, `next_map`).
+pub const MAX_EPOCH: u64 = 1 << 53;
+
 /// The map.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct ClusterMap {
@@ -57,6 +60,11 @@ impl ClusterMap {
     /// Reads a record.
     pub fn decode(bytes: &[u8]) -> Result<ClusterMap, BadMap> {
         let m: ClusterMap = serde_json::from_slice(bytes).map_err(|e| BadMap(e.to_string()))?;
+        // A leader adds 1 per write: no cluster reaches 2^53 (a forged epoch near 2^64
+        // would wrap, or pin every node to it).
+        if m.epoch > MAX_EPOCH {
+            return Err(BadMap(format!("epoch {} is past any a cluster writes ({MAX_EPOCH})", m.epoch)));
+        }
         let ids: std::collections::BTreeSet<_> = m.nodes.values().collect();
         if ids.len() != m.nodes.len() {
             return Err(BadMap("two nodes share an id".into()));
@@ -143,7 +151,7 @@ pub fn next_map(current: &ClusterMap, members: &[MemberInfo]) -> Option<ClusterM
         match next.vdisks.get_mut(vdisk) {
             Some(e) if e.home != home => {
                 e.moved_from = Some(std::mem::replace(&mut e.home, home));
-                e.moved_at = current.epoch + 1;
+                e.moved_at = current.epoch.saturating_add(1);
             }
             Some(_) => {}
             None => {
@@ -162,7 +170,8 @@ pub fn next_map(current: &ClusterMap, members: &[MemberInfo]) -> Option<ClusterM
     if next == *current {
         return None;
     }
-    next.epoch = current.epoch + 1;
+    // Checked: a map at the last epoch is not advanced (never wrapped to 0).
+    next.epoch = current.epoch.checked_add(1).filter(|&e| e <= MAX_EPOCH)?;
     Some(next)
 }
 
@@ -260,5 +269,16 @@ mod tests {
             .unwrap_err();
         assert!(e.to_string().contains("two nodes share an id"), "{e}");
         assert!(ClusterMap::decode(b"not json").is_err());
+    }
+
+    #[test]
+    fn a_forged_epoch_is_refused_and_the_last_epoch_never_wraps() {
+        let forged = format!("{{\"epoch\": {}, \"nodes\": {{}}, \"vdisks\": {{}}, \"lent\": []}}", u64::MAX);
+        assert!(ClusterMap::decode(forged.as_bytes()).unwrap_err().0.contains("epoch"));
+        let last = ClusterMap { epoch: MAX_EPOCH, ..ClusterMap::default() };
+        let m = member("a", &["v"]);
+        assert_eq!(next_map(&last, std::slice::from_ref(&m)), None, "not advanced past the bound");
+        let before = ClusterMap { epoch: MAX_EPOCH - 1, ..ClusterMap::default() };
+        assert_eq!(next_map(&before, &[m]).unwrap().epoch, MAX_EPOCH);
     }
 }

@@ -537,6 +537,7 @@ impl Daemon {
                     members: s.members.len() as u64,
                     etcd_errors: s.etcd_errors,
                     claim_conflicts: s.claim_conflicts.len() as u64,
+                    bad_records: s.bad_records,
                 }
             }),
         };

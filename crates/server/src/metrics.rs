@@ -237,6 +237,13 @@ impl Collector for StateCollector {
                 None,
                 e.metric_type(),
             )?)?;
+            let b = ConstCounter::new(c.bad_records);
+            b.encode(enc.encode_descriptor(
+                "cachevisor_cluster_bad_records",
+                "Records read from etcd and ignored (too large, unreadable, a leader key no lease holds), each change once",
+                None,
+                b.metric_type(),
+            )?)?;
         }
         let c0 = ConstCounter::new(0u64);
         let mut hints = enc.encode_descriptor(

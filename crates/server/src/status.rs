@@ -71,6 +71,8 @@ pub struct ClusterGauges {
     pub etcd_errors: u64,
     /// vDisks it serves whose claim another node holds.
     pub claim_conflicts: u64,
+    /// Records read from etcd and ignored (`cluster/bad_records.rs`).
+    pub bad_records: u64,
 }
 
 /// The vSSD region's share of the SSD (`vssd.budget`).

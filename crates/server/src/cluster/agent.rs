@@ -122,6 +122,17 @@ async fn perform(cl: &mut Client, c: &Arc<Cluster>, req: &Request, sent: u64) ->
         }
         Request::Campaign { lease } => {
             let k = key(c, "leader");
+            // A leader key no lease holds (`observe`) is removed first, if it is still
+            // the one read.
+            let stale = c.lock().stale_leader.take();
+            if let Some(rev) = stale {
+                let clear = Txn::new()
+                    .when([Compare::mod_revision(k.clone(), CompareOp::Equal, rev)])
+                    .and_then([TxnOp::delete(k.clone(), None)]);
+                if cl.txn(clear).await?.succeeded() {
+                    tracing::warn!("cluster: removed a leader key no lease held");
+                }
+            }
             let txn = Txn::new()
                 .when([Compare::create_revision(k.clone(), CompareOp::Equal, 0)])
                 .and_then([TxnOp::put(k, c.settings.name.clone(), Some(PutOptions::new().with_lease(lease)))]);
@@ -160,8 +171,11 @@ async fn allocate(cl: &mut Client, c: &Arc<Cluster>, term: i64) -> Result<Option
         Some(kv) => match ClusterMap::decode(kv.value()) {
             Ok(m) => (m, kv.mod_revision()),
             Err(e) => {
-                tracing::warn!(error = %e, "cluster: replacing an unreadable map");
-                (ClusterMap { epoch: 0, ..ClusterMap::default() }, kv.mod_revision())
+                // Replaced from the highest epoch this node has seen, so every node takes
+                // the new map (they never go back to a lower epoch).
+                let epoch = c.lock().map.epoch;
+                tracing::warn!(error = %e, epoch, "cluster: replacing an unreadable map");
+                (ClusterMap { epoch, ..ClusterMap::default() }, kv.mod_revision())
             }
         },
         None => (ClusterMap::default(), 0),
@@ -220,12 +234,10 @@ async fn allocate_cache(cl: &mut Client, c: &Arc<Cluster>, term: i64) -> Result<
 /// when it is unreadable or names another node than its key.
 pub(super) fn decode_member(k: &str, value: &[u8]) -> Option<MemberInfo> {
     let name = k.strip_prefix("members/")?;
+    super::bad_records::small_enough(value).ok()?;
     match serde_json::from_slice::<MemberInfo>(value) {
         Ok(m) if m.name == name => Some(m),
-        _ => {
-            tracing::warn!(key = %crate::log_safe(k), "cluster: ignoring an unreadable member record");
-            None
-        }
+        _ => None, // noted by the caller (`bad_records.rs`: once per change)
     }
 }
 
@@ -279,29 +291,48 @@ async fn observe(cl: &mut Client, c: &Arc<Cluster>) -> Result<(), etcd_client::E
     let (mut members, mut leader, mut map) = (Vec::new(), None, None);
     let (mut estimates, mut allocation) = (std::collections::BTreeMap::new(), None::<AllocationRecord>);
     let mut held = claims::Held::new();
+    // Records ignored in this read (`bad_records.rs`): (key, mod revision, why).
+    let mut bad: Vec<(String, i64, String)> = Vec::new();
+    let mut stale_leader = None;
     for kv in r.kvs() {
         let full = kv.key_str().unwrap_or_default();
         let k = full.strip_prefix(&c.settings.prefix).unwrap_or_default();
-        if k.starts_with("claims/") {
+        let mut ignore = |why: String| bad.push((k.to_string(), kv.mod_revision(), why));
+        if let Err(why) = super::bad_records::small_enough(kv.value()) {
+            ignore(why);
+        } else if k.starts_with("claims/") {
             held.extend(held_claim(c, full, kv));
         } else if k.starts_with("members/") {
-            members.extend(decode_member(k, kv.value()));
+            match decode_member(k, kv.value()) {
+                Some(m) => members.push(m),
+                None => ignore("an unreadable member record, or one naming another node".into()),
+            }
         } else if k == "leader" {
-            let name = String::from_utf8_lossy(kv.value()).to_string();
-            leader = Some(Leader { name, term: kv.create_revision() });
+            // A leader holds its key under its lease; one with none (or no name) was not
+            // written by a campaign: treated as absent, removed by the next campaign.
+            if kv.lease() == 0 || kv.value().is_empty() {
+                ignore("a leader key held by no lease: treated as absent".into());
+                stale_leader = Some(kv.mod_revision());
+            } else {
+                let name = String::from_utf8_lossy(kv.value()).to_string();
+                leader = Some(Leader { name, term: kv.create_revision() });
+            }
         } else if let Some(node) = k.strip_prefix("estimates/") {
             match serde_json::from_slice::<NodeEstimates>(kv.value()) {
                 Ok(e) => {
                     estimates.insert(node.to_string(), e);
                 }
-                Err(_) => tracing::warn!(key = %crate::log_safe(k), "cluster: ignoring unreadable estimates"),
+                Err(_) => ignore("unreadable estimates".into()),
             }
         } else if k == "allocation" {
-            allocation = serde_json::from_slice(kv.value()).ok();
+            match serde_json::from_slice(kv.value()) {
+                Ok(a) => allocation = Some(a),
+                Err(_) => ignore("an unreadable allocation".into()),
+            }
         } else if k == "map" {
             match ClusterMap::decode(kv.value()) {
                 Ok(m) => map = Some(m),
-                Err(e) => tracing::warn!(error = %e, "cluster"),
+                Err(e) => ignore(format!("an unreadable map: {e}")),
             }
         }
     }
@@ -312,6 +343,11 @@ async fn observe(cl: &mut Client, c: &Arc<Cluster>) -> Result<(), etcd_client::E
     let info = c.source.info();
     let (fresh, republish, map_now, registered) = {
         let mut s: std::sync::MutexGuard<'_, Shared> = c.lock();
+        for (k, rev, why) in &bad {
+            s.bad.note(k, *rev, why);
+        }
+        s.bad.keep_only(&bad.iter().map(|b| b.0.clone()).collect::<Vec<_>>());
+        s.stale_leader = stale_leader;
         s.member.members_seen(members);
         s.member.leader_seen(now, leader);
         s.estimates = estimates;

@@ -6,6 +6,7 @@
 //! `cachevisor_cluster`'s pure code; no `[cluster]` section, no cluster.
 
 pub mod agent;
+pub mod bad_records;
 pub mod claims;
 pub mod estimates;
 pub(crate) mod etcd_once;
@@ -44,6 +45,10 @@ pub(crate) struct Shared {
     pub(crate) adding: std::collections::BTreeSet<String>,
     /// vDisks this node serves whose claim another node holds (`claims.rs`).
     pub(crate) claim_conflicts: Vec<ClaimConflict>,
+    /// Records read from etcd and ignored (`bad_records.rs`).
+    pub(crate) bad: bad_records::BadRecords,
+    /// The mod revision of a leader key no lease holds, for the next campaign to remove.
+    pub(crate) stale_leader: Option<i64>,
 }
 
 /// A vDisk this node serves whose claim another node holds: it took the vDisk over while
@@ -136,6 +141,9 @@ pub struct ClusterStatus {
     pub migration: Option<cachevisor_cluster::migration_driver::MigrationStatus>,
     /// vDisks served here whose claim another node holds (`claims.rs`).
     pub claim_conflicts: Vec<ClaimConflict>,
+    /// Records read from etcd and ignored since start (too large, unreadable, a leader
+    /// key no lease holds), each change of a record once.
+    pub bad_records: u64,
 }
 
 impl Cluster {
@@ -165,6 +173,8 @@ impl Cluster {
                 last_error: None,
                 adding: Default::default(),
                 claim_conflicts: Vec::new(),
+                bad: Default::default(),
+                stale_leader: None,
             }),
             settings,
             start,
@@ -416,6 +426,7 @@ impl Cluster {
             moved_away: Vec::new(),
             migration: None,
             claim_conflicts: s.claim_conflicts.clone(),
+            bad_records: s.bad.count,
         }
     }
 

@@ -44,6 +44,7 @@ pub fn read_view(s: &ClusterSettings, deadline: Duration) -> Result<(ClusterMap,
         let k = String::from_utf8_lossy(&k);
         let k = k.strip_prefix(&s.prefix).unwrap_or_default();
         if k == "map" {
+            super::bad_records::small_enough(&v).map_err(|e| format!("the cluster map in etcd: {e}"))?;
             map = ClusterMap::decode(&v).map_err(|e| e.to_string())?;
         } else if k.starts_with("members/") {
             members.extend(super::agent::decode_member(k, &v));

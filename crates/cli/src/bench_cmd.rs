@@ -347,7 +347,7 @@ pub enum BenchCmd {
         #[arg(long, default_value = "1TiB", value_parser = parse_size)]
         cache_size: u64,
         /// Block size.
-        #[arg(long, default_value = "4KiB", value_parser = parse_size)]
+        #[arg(long, default_value = "4KiB", value_parser = cachevisor_trace::units::parse_block_size)]
         block_size: u64,
         /// Track last-access times (4 more bytes per slot).
         #[arg(long)]

@@ -16,7 +16,7 @@ pub struct BlockTraceArgs {
     #[command(flatten)]
     pub input: InputArgs,
     /// Cache block size.
-    #[arg(long, default_value = "4KiB", value_parser = cachevisor_trace::units::parse_size)]
+    #[arg(long, default_value = "4KiB", value_parser = cachevisor_trace::units::parse_block_size)]
     pub block_size: u64,
 }
 

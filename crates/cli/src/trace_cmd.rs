@@ -5,7 +5,7 @@ use crate::progress::Progress;
 use anyhow::Context;
 use cachevisor_trace::characterize::{Characterizer, VmProfile};
 use cachevisor_trace::generator::{Generator, WorkloadConfig};
-use cachevisor_trace::units::{format_size, parse_size};
+use cachevisor_trace::units::format_size;
 use cachevisor_trace::zipf::ZipfSource;
 use cachevisor_trace::{Format, TraceSource, TraceWriter};
 use clap::Subcommand;
@@ -37,7 +37,7 @@ pub enum TraceCmd {
         #[arg(short, long)]
         output: PathBuf,
         /// Object size for oracle-general output.
-        #[arg(long, default_value = "4KiB", value_parser = parse_size)]
+        #[arg(long, default_value = "4KiB", value_parser = cachevisor_trace::units::parse_block_size)]
         block_size: u64,
         /// Keep absolute timestamps instead of starting each trace at 0.
         #[arg(long)]
@@ -72,7 +72,7 @@ pub enum TraceCmd {
         #[arg(long, default_value_t = 1)]
         seed: u64,
         /// Block size.
-        #[arg(long, default_value = "4KiB", value_parser = parse_size)]
+        #[arg(long, default_value = "4KiB", value_parser = cachevisor_trace::units::parse_block_size)]
         block_size: u64,
         /// Output file.
         #[arg(short, long)]

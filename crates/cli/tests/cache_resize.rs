@@ -72,7 +72,7 @@ fn the_cache_grows_and_shrinks_online_with_a_client_connected() {
     std::thread::sleep(Duration::from_millis(500));
     write_config(d, "48MiB");
     let (code, out) = cli(d, &a, &["reload"]);
-    assert!(code == 0 && out.contains("grown from 16 MiB to 48 MiB"), "{code} {out}");
+    assert!(code == 0 && out.contains("grown from 16.00 MiB to 48.00 MiB"), "{code} {out}");
     assert_eq!(file_len(d), 48 << 20);
     client_ok(c);
     // The new slots take blocks: more cached than the old size held.
@@ -93,11 +93,18 @@ fn the_cache_grows_and_shrinks_online_with_a_client_connected() {
     let c = client(&a.uri("vm2"), &["sleep 1500".into(), "read -P 0x21 0 16M".into()]);
     write_config(d, "8MiB");
     let (code, out) = cli(d, &a, &["reload"]);
-    assert!(code == 0 && out.contains("shrunk from 48 MiB to 8 MiB"), "{code} {out}");
+    assert!(code == 0 && out.contains("shrunk from 48.00 MiB to 8.00 MiB"), "{code} {out}");
     assert_eq!(file_len(d), 8 << 20);
     let st = state(d, &a);
     assert!(st["cached_blocks"].as_u64().unwrap() <= 2048, "{st}");
     client_ok(c);
+    // A size that is not whole MiB is reported as it is (issue 54: "grown to 16 MiB").
+    write_config(d, "8.5MiB");
+    let (code, out) = cli(d, &a, &["reload"]);
+    assert!(code == 0 && out.contains("grown from 8.00 MiB to 8.50 MiB"), "{code} {out}");
+    write_config(d, "8MiB");
+    let (code, out) = cli(d, &a, &["reload"]);
+    assert!(code == 0 && out.contains("shrunk from 8.50 MiB to 8.00 MiB"), "{code} {out}");
     reads_back(&a);
     drop(a);
 }

@@ -321,3 +321,42 @@ fn connections_that_never_finish_their_handshake_cannot_keep_real_clients_out() 
     assert_eq!(a.log().matches("the oldest are closed to make room").count(), 1, "{}", a.log());
     drop(flood);
 }
+
+#[test]
+fn small_inputs_are_refused_by_name_before_anything_is_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // `trace zipf --block-size 0` divided by zero.
+    let o = Command::new(bin())
+        .current_dir(d)
+        .args(["trace", "zipf", "--requests", "10", "--block-size", "0", "-o", "z.bin"])
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.code() == Some(2) && e.contains("block size") && !e.contains("panicked"), "{e}");
+    // Its own output is recognized by `trace info`.
+    let o = Command::new(bin())
+        .current_dir(d)
+        .args(["trace", "zipf", "--requests", "100", "--blocks", "10", "-o", "z.bin"])
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let o = Command::new(bin()).current_dir(d).args(["trace", "info", "z.bin"]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // An invalid max_size + [vssd] config is refused before the cache file or the
+    // metadata directory exists.
+    std::fs::write(
+        d.join("v.toml"),
+        "[cache]\npath = \"cache.img\"\nsize = \"8MiB\"\nmax_size = \"16MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"vm1\"\nbacking = \"vm1.img\"\nsize = \"4MiB\"\n[vssd]\nsize = \"4MiB\"\n",
+    )
+    .unwrap();
+    let e = Daemon::start(d, "v.toml", &[]).err().expect("refused");
+    assert!(e.output.contains("cache.max_size"), "{}", e.output);
+    assert!(!d.join("cache.img").exists() && !d.join("cache.img.meta").exists(), "the refused start created files");
+    // A negative size and a huge weight are named plainly.
+    for (bad, want) in [("size = \"-1MiB\"", "negative"), ("weight = 1e308", "1e308 is outside")] {
+        std::fs::write(d.join("w.toml"), format!("[cache]\npath = \"cache.img\"\nsize = \"8MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"vm1\"\nbacking = \"vm1.img\"\n{bad}\n")).unwrap();
+        let (code, out) = check_config(d, "w.toml");
+        assert!(code == Some(1) && out.contains(want) && out.len() < 400, "{out}");
+    }
+}

@@ -376,7 +376,8 @@ pub fn check_share(key: &str, v: f64) -> Result<(), String> {
     if v > 0.0 && v <= MAX_SHARE {
         Ok(())
     } else {
-        Err(format!("{key}: {v} is outside (0, {MAX_SHARE}]"))
+        // Shortest form that reads back (`1e308`, not its 309 digits).
+        Err(format!("{key}: {v:e} is outside (0, {MAX_SHARE}]").replace("e0 ", " "))
     }
 }
 
@@ -391,6 +392,15 @@ pub fn cleaner_watermarks(allocator: &dyn Allocator, slots: u64, static_partitio
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_share_out_of_range_is_named_in_a_short_form() {
+        // Issue 54: `weight = 1e308` printed its 309 digits.
+        let e = check_share("vm[0].weight", 1e308).unwrap_err();
+        assert!(e.starts_with("vm[0].weight: 1e308 is outside") && e.len() < 80, "{e}");
+        assert!(check_share("w", 0.0).unwrap_err().starts_with("w: 0 is outside"));
+        assert!(check_share("w", 1.5).is_ok());
+    }
+
     use super::*;
     use cachevisor_engine::EngineConfig;
 

@@ -60,11 +60,20 @@ impl Header {
         if !(1..=VERSION).contains(&version) {
             return Err(format!("format version {version}, this build reads 1 to {VERSION}"));
         }
-        Ok(Header {
+        let h = Header {
             block_size: u64::from_le_bytes(b[12..20].try_into().expect("8")),
             slots: u64::from_le_bytes(b[20..28].try_into().expect("8")),
             generation: u64::from_le_bytes(b[28..36].try_into().expect("8")),
-        })
+        };
+        // A geometry no cache has (slot ids are 32-bit; blocks a power of two, 512 B to
+        // 1 GiB with a vSSD region's): the header is not one cachevisor wrote.
+        if !h.block_size.is_power_of_two() || !(512..=1 << 30).contains(&h.block_size) {
+            return Err(format!("block size {} is not a power of two from 512 B to 1 GiB", h.block_size));
+        }
+        if h.slots > u64::from(u32::MAX) {
+            return Err(format!("{} slots: more than a cache has (slot ids are 32-bit)", h.slots));
+        }
+        Ok(h)
     }
 }
 
@@ -301,6 +310,9 @@ mod tests {
             ),
             any::<u32>().prop_map(|slot| Record::Free { slot }),
             (any::<u16>(), any::<u64>()).prop_map(|(vm, blocks)| Record::Target { vm, blocks }),
+            (any::<[u8; 16]>(), any::<u64>(), any::<u64>()).prop_map(|(id, generation, previous)| {
+                Record::CacheLabel(crate::cache_label::Expected { id, generation, previous })
+            }),
             (any::<u16>(), any::<u64>(), any::<u64>(), "[a-z0-9:/.]{0,20}").prop_map(|(vm, a, b, uri)| {
                 Record::Binding {
                     vm,
@@ -353,5 +365,10 @@ mod tests {
         let mut c = b;
         c[21] ^= 1;
         assert!(Header::decode(&c, JOURNAL_MAGIC).unwrap_err().contains("checksum"));
+        // Geometries no cache has: refused (issue 54: `check` called them consistent).
+        for (block_size, slots, why) in [(4097, 100, "power of two"), (256, 100, "512 B"), (4096, 1 << 62, "32-bit")] {
+            let b = Header { block_size, slots, generation: 1 }.encode(JOURNAL_MAGIC);
+            assert!(Header::decode(&b, JOURNAL_MAGIC).unwrap_err().contains(why), "{block_size} {slots}");
+        }
     }
 }

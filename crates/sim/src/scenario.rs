@@ -410,6 +410,11 @@ pub struct Scenario {
     pub cluster: Option<crate::cluster_scenario::ClusterSection>,
 }
 
+/// Windows a run keeps at most (each a row per VM in the result): past it the run is
+/// refused — at its start when `replay.repeat_for` says how long it lasts, else when its
+/// virtual time gets there.
+pub const MAX_WINDOWS: u64 = 1_000_000;
+
 /// Numbers resolved from a scenario's strings.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Resolved {
@@ -509,6 +514,16 @@ impl Scenario {
             }
             None => None,
         };
+        if let (Some(ns), None) = (repeat_for_ns, window_requests) {
+            let windows = ns / window_ns;
+            if windows > MAX_WINDOWS {
+                return Err(format!(
+                    "replay.window: `{}` over replay.repeat_for `{}` is {windows} windows, more than the {MAX_WINDOWS} a run keeps: use a larger window",
+                    r.window,
+                    r.repeat_for.as_deref().unwrap_or_default()
+                ));
+            }
+        }
         if self.trace.files.is_empty() && self.synthetic.is_empty() {
             return Err("trace.files: no trace given (and no [[synthetic]] workload)".into());
         }

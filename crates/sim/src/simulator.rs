@@ -330,6 +330,18 @@ impl<'a> Run<'a> {
 
     /// Issues one request at `now` (its completion comes back from the node with `tag`).
     fn issue(&mut self, now: u64, req: &Request, tag: u64) -> Result<(), SimError> {
+        if self.res.window_requests.is_none() {
+            // Checked before the windows up to `now` are made (one far timestamp would
+            // make them all at once).
+            let windows = self.window_index + now.saturating_sub(self.window_end) / self.res.window_ns + 1;
+            if windows > crate::scenario::MAX_WINDOWS {
+                return Err(SimError::Scenario(format!(
+                    "replay.window: the replay reaches {:.0} s of virtual time, {windows} windows: more than the {} a run keeps; use a larger window",
+                    now as f64 / 1e9,
+                    crate::scenario::MAX_WINDOWS
+                )));
+            }
+        }
         self.roll_windows(now);
         if self.failover.as_ref().is_some_and(|f| !f.done && now >= f.plan.at_ns) {
             self.fail_over(now)?;

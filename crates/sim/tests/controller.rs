@@ -146,6 +146,11 @@ fn request_count_windows_and_repeated_passes() {
     assert!(v.first_iteration_s.unwrap() < r.virtual_time_s);
     s.replay.window = "0req".into();
     assert!(simulate(&s, &mut |_| {}).unwrap_err().to_string().contains("replay.window"));
+    // Issue 54: windows of 1 ms over 10^8 s would be kept without end: refused at once.
+    s.replay.window = "1ms".into();
+    s.replay.repeat_for = Some("100000000s".into());
+    let e = simulate(&s, &mut |_| {}).unwrap_err().to_string();
+    assert!(e.contains("replay.window") && e.contains("1000000"), "{e}");
 }
 
 #[test]

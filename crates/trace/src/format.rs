@@ -75,8 +75,11 @@ impl Format {
             if VscsiVersion::detect(&head).is_some() {
                 return Ok(Format::Vscsi);
             }
+            if crate::formats::oracle_general::looks_like(&head) {
+                return Ok(Format::OracleGeneral);
+            }
             return Err(TraceError::Usage(format!(
-                "{}: binary file that is not VSCSI; pass --format (oracle-general?)",
+                "{}: binary file that is neither VSCSI nor oracleGeneral; pass --format",
                 path.display()
             )));
         }

@@ -1,10 +1,23 @@
 //! Human sizes and durations in configs and on the command line (`4KiB`, `512b`, `10GiB`,
 //! `1.5s`, `370min`), parsed strictly with messages that say what was expected.
 
+/// Parses a block size (a trace's object size, a cache block): [`parse_size`], from 1 byte
+/// to 1 GiB (a division by it, or a u32 of it, is never 0).
+pub fn parse_block_size(s: &str) -> Result<u64, String> {
+    let v = parse_size(s)?;
+    if !(1..=1 << 30).contains(&v) {
+        return Err(format!("`{s}`: a block size is 1 byte to 1GiB"));
+    }
+    Ok(v)
+}
+
 /// Parses a byte size: a number with an optional unit `b`, `B`, `K`/`KB`/`KiB`, `M`, `G`,
 /// `T` (all binary multiples; `kB`-style decimal units are not accepted to avoid ambiguity).
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
+    if t.starts_with('-') {
+        return Err(format!("`{s}`: a size cannot be negative"));
+    }
     let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let mul: u64 = match unit.trim() {
@@ -79,6 +92,12 @@ mod tests {
         assert_eq!(parse_size("7"), Ok(7));
         assert!(parse_size("4 parsecs").unwrap_err().contains("unit"));
         assert!(parse_size("0.3b").is_err());
+        // Issue 54: a negative size is named as one, not as an unknown unit.
+        assert!(parse_size("-1MiB").unwrap_err().contains("negative"));
+        assert_eq!(parse_block_size("4KiB"), Ok(4096));
+        for bad in ["0", "2GiB"] {
+            assert!(parse_block_size(bad).unwrap_err().contains("block size"), "{bad}");
+        }
         assert_eq!(format_size(4 << 30), "4.00 GiB");
     }
 

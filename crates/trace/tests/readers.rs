@@ -204,3 +204,22 @@ fn batches_equal_single_reads() {
         assert_eq!(a.counts(), b.counts(), "{name}");
     }
 }
+
+#[test]
+fn an_oracle_general_file_is_recognized_without_its_name_and_vscsi_is_not_taken_for_one() {
+    // Issue 54: `trace info` did not recognize `trace zipf`'s own output.
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("zipf.bin");
+    let mut src = cachevisor_trace::zipf::ZipfSource::new(500, 100, 1.0, 4096, 1).unwrap();
+    let out = Box::new(std::io::BufWriter::new(std::fs::File::create(&p).unwrap()));
+    let mut w = TraceWriter::new(Format::OracleGeneral, out, 4096).unwrap();
+    while let Some(r) = src.next_request().unwrap() {
+        w.write(&r, "vm0").unwrap();
+    }
+    w.finish().unwrap();
+    assert_eq!(Format::detect(&p).unwrap(), Format::OracleGeneral);
+    assert_eq!(Format::detect(&shared_trace("cloudPhysicsIO.vscsi")).unwrap(), Format::Vscsi);
+    let noise = dir.path().join("noise.bin");
+    std::fs::write(&noise, [0u8; 160]).unwrap(); // binary, objects of 0 bytes
+    assert!(Format::detect(&noise).unwrap_err().to_string().contains("neither VSCSI nor oracleGeneral"));
+}

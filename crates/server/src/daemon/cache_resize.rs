@@ -43,20 +43,21 @@ impl Daemon {
         let to = self.check_cache_resize(bytes)?;
         let from = self.dp.cache_slots();
         let bs = self.block_size;
-        let mib = |slots: u32| (u64::from(slots) * bs) >> 20;
+        // Exact sizes (`16.50 MiB`, not a whole MiB rounded down).
+        let mib = |slots: u32| cachevisor_trace::units::format_size(u64::from(slots) * bs);
         match to.cmp(&from) {
-            std::cmp::Ordering::Equal => Ok(format!("cache.size: {} MiB already", mib(to))),
+            std::cmp::Ordering::Equal => Ok(format!("cache.size: {} already", mib(to))),
             std::cmp::Ordering::Greater => {
                 self.dp.grow_cache(to)?;
                 self.dp.interval_now(); // the allocator re-divides the larger cache now
-                Ok(format!("cache.size: grown from {} MiB to {} MiB", mib(from), mib(to)))
+                Ok(format!("cache.size: grown from {} to {}", mib(from), mib(to)))
             }
             std::cmp::Ordering::Less => {
                 let tail = self.dp.with_engine(|e| e.withhold_cost(to, from - to));
                 let moved = self.dp.shrink_cache(to, &mut |_, _| {})?;
                 self.dp.interval_now();
                 Ok(format!(
-                    "cache.size: shrunk from {} MiB to {} MiB (of {} blocks cached past the new end, {moved} moved into free slots, the rest dropped, {} dirty ones written back first)",
+                    "cache.size: shrunk from {} to {} (of {} blocks cached past the new end, {moved} moved into free slots, the rest dropped, {} dirty ones written back first)",
                     mib(from),
                     mib(to),
                     tail.cached,

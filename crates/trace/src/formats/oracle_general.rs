@@ -21,6 +21,23 @@ pub const RECORD_LEN: usize = 24;
 /// Bits of `obj_id` that hold the block number when writing.
 pub const BLOCK_BITS: u32 = 40;
 
+/// Whether the first bytes of a binary file read as oracleGeneral records (the format has
+/// no magic): at least one whole record, every whole one with an object size of 1 byte to
+/// 1 GiB, a next access of −1 or later, and clock times that never go back.
+pub fn looks_like(head: &[u8]) -> bool {
+    let records: Vec<&[u8]> = head.chunks_exact(RECORD_LEN).collect();
+    let mut last_time = 0u32;
+    !records.is_empty()
+        && records.iter().all(|r| {
+            let time = u32::from_le_bytes(r[0..4].try_into().expect("4"));
+            let size = u32::from_le_bytes(r[12..16].try_into().expect("4"));
+            let next = i64::from_le_bytes(r[16..24].try_into().expect("8"));
+            let ok = (1..=1 << 30).contains(&size) && next >= -1 && time >= last_time;
+            last_time = time;
+            ok
+        })
+}
+
 /// Parser of one oracleGeneral record (all requests are reads: the format has no op).
 #[derive(Default)]
 pub struct OracleGeneralParser;

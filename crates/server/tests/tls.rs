@@ -177,6 +177,19 @@ fn clients_without_an_acceptable_certificate_open_nothing_and_change_nothing() {
     assert!(e.contains("no export named `a` for this client"), "{e}");
     let missing = our_client(port, "z", &b).err().unwrap().to_string();
     assert_eq!(e.replace("`a`", "`z`"), missing);
+    // The same through libnbd (nbdinfo): what it prints for a hidden export and for a
+    // missing one differs only in the name.
+    let info = |export: &str| {
+        let o = tool("nbdinfo")
+            .arg(format!("nbds://127.0.0.1:{port}/{export}?tls-certificates={}", b.display()))
+            .output()
+            .unwrap();
+        assert!(!o.status.success(), "{export} opened");
+        String::from_utf8_lossy(&o.stderr).replace(&format!("export: {export}"), "export: NAME")
+    };
+    let (hidden, gone) = (info("a"), info("zz-missing"));
+    assert_eq!(hidden, gone, "nbdinfo tells a hidden export from a missing one");
+    assert!(hidden.contains("No such file or directory"), "{hidden}");
     let after = (std::fs::read(dir.path().join("a.img")).unwrap(), std::fs::read(dir.path().join("b.img")).unwrap());
     assert!(before == after, "a refused client changed a backing file");
     assert_eq!(r.daemon.stats(0).blocks, stats_a.blocks, "a refused client's request reached vDisk a");

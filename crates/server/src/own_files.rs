@@ -162,13 +162,14 @@ impl OwnFiles {
         }
     }
 
-    /// Refuses a directory the daemon writes clients' data into (`key`: a vSSD swap
-    /// directory) that is the metadata directory itself or inside another of its own
-    /// directories (TLS, snapshots, `/proc`, `/sys`). A subdirectory of the metadata
-    /// directory is its own (the default `METADATA/vssd-swap`).
+    /// Refuses a directory the daemon writes into for clients (`key`: a vSSD swap
+    /// directory, a snapshot directory) that is the metadata directory itself or inside
+    /// another of its own directories (TLS, the other snapshot directory, `/proc`, `/sys`).
+    /// A subdirectory of the metadata directory is its own (the defaults
+    /// `METADATA/vssd-swap`, `METADATA/snapshots`).
     pub fn check_dir(&self, path: &Path, key: &str) -> Result<(), String> {
         let r = resolved(path);
-        for (d, what) in &self.dirs {
+        for (d, what) in self.dirs.iter().filter(|(_, what)| !what.contains(key)) {
             let d = resolved(d);
             let metadata = what.contains("metadata");
             if r == d || (!metadata && r.starts_with(&d)) {
@@ -195,6 +196,12 @@ pub fn check_paths(cfg: &crate::config::Config) -> Result<(), String> {
     let own = OwnFiles::of(cfg);
     for (i, v) in cfg.vdisk.iter().enumerate() {
         own.check_backing(&v.backing, &format!("vdisk[{i}] ({}).backing", v.name))?;
+    }
+    if let Some(d) = &cfg.prewarm.snapshot_dir {
+        own.check_dir(d, "prewarm.snapshot_dir")?;
+    }
+    if let Some(d) = cfg.cluster.as_ref().and_then(|c| c.snapshots.as_ref()) {
+        own.check_dir(d, "cluster.snapshots")?;
     }
     let vssd_names: Vec<&str> =
         cfg.vssd.iter().flat_map(|v| v.device.iter().map(|d| d.name.as_str())).collect::<Vec<_>>();
@@ -265,6 +272,16 @@ mod tests {
         assert!(own.check_dir(Path::new("/proc/self"), "vssd.swap_dir").unwrap_err().contains("/proc"));
         own.check_dir(&meta.join("vssd-swap"), "vssd.swap_dir").unwrap();
         own.check_dir(&d.path().join("swap"), "vssd.swap_dir").unwrap();
+        // A snapshot directory: not the metadata directory nor a TLS one, its own is fine.
+        let mut cfg = config(d.path());
+        cfg.prewarm.snapshot_dir = Some(meta.clone());
+        assert!(check_paths(&cfg).unwrap_err().starts_with("prewarm.snapshot_dir"));
+        cfg.prewarm.snapshot_dir = Some(Path::new("/proc/self/fd").to_path_buf());
+        assert!(check_paths(&cfg).unwrap_err().contains("/proc"));
+        cfg.prewarm.snapshot_dir = Some(meta.join("snapshots"));
+        check_paths(&cfg).unwrap();
+        cfg.prewarm.snapshot_dir = Some(d.path().join("snaps"));
+        check_paths(&cfg).unwrap();
     }
 
     #[test]

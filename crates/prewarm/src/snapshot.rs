@@ -354,6 +354,28 @@ mod tests {
     }
 
     #[test]
+    fn a_set_is_cut_at_its_end_and_refused_past_the_cap() {
+        let mut s = Snapshot::new(1, 10, 4096);
+        s.sets.insert("a".into(), (0..100u64).collect());
+        s.sets.insert("b".into(), (0..10u64).collect());
+        let mut bytes = Vec::new();
+        s.write_to(&mut bytes).unwrap();
+        let read = |end: Option<u64>, cap: u64| {
+            Snapshot::read_clipped(std::io::Cursor::new(&bytes), &|n| if n == "a" { end } else { None }, cap)
+        };
+        // At the cap: kept; one past it: refused by name.
+        let (got, cut) = read(Some(100), 100).unwrap();
+        assert_eq!((got.sets["a"].len(), got.sets["b"].len(), cut), (100, 0, 0), "b names no vDisk: unread");
+        let e = read(Some(100), 99).unwrap_err().to_string();
+        assert!(e.contains("set `a`") && e.contains("more than a prewarm reads (99)"), "{e}");
+        // Cut at the end: 0 keeps nothing, 50 half, past u64's blocks all.
+        for (end, kept) in [(0, 0), (50, 50), (u64::MAX - 1, 100)] {
+            let (got, cut) = read(Some(end), 100).unwrap();
+            assert_eq!((got.sets["a"].len(), cut), (kept, 100 - kept), "end {end}");
+        }
+    }
+
+    #[test]
     fn a_snapshot_reads_back_as_written() {
         let s = sample();
         assert_eq!(Snapshot::read_from(Cursor::new(bytes(&s))).unwrap(), s);

@@ -366,7 +366,17 @@ mod tests {
         c[21] ^= 1;
         assert!(Header::decode(&c, JOURNAL_MAGIC).unwrap_err().contains("checksum"));
         // Geometries no cache has: refused (issue 54: `check` called them consistent).
-        for (block_size, slots, why) in [(4097, 100, "power of two"), (256, 100, "512 B"), (4096, 1 << 62, "32-bit")] {
+        for (block_size, slots) in [(512, 0), (1 << 30, u64::from(u32::MAX))] {
+            let b = Header { block_size, slots, generation: 1 }.encode(JOURNAL_MAGIC);
+            Header::decode(&b, JOURNAL_MAGIC).unwrap_or_else(|e| panic!("{block_size} {slots}: {e}"));
+        }
+        for (block_size, slots, why) in [
+            (4097, 100, "power of two"),
+            (256, 100, "512 B"),
+            (2 << 30, 100, "1 GiB"),
+            (4096, u64::from(u32::MAX) + 1, "32-bit"),
+            (4096, 1 << 62, "32-bit"),
+        ] {
             let b = Header { block_size, slots, generation: 1 }.encode(JOURNAL_MAGIC);
             assert!(Header::decode(&b, JOURNAL_MAGIC).unwrap_err().contains(why), "{block_size} {slots}");
         }

@@ -95,7 +95,10 @@ mod tests {
         // Issue 54: a negative size is named as one, not as an unknown unit.
         assert!(parse_size("-1MiB").unwrap_err().contains("negative"));
         assert_eq!(parse_block_size("4KiB"), Ok(4096));
-        for bad in ["0", "2GiB"] {
+        assert_eq!(parse_block_size("1"), Ok(1));
+        assert_eq!(parse_block_size("1GiB"), Ok(1 << 30), "the largest");
+        assert!(parse_block_size("99999999999999999999").is_err(), "past u64");
+        for bad in ["0", "1073741825", "2GiB"] {
             assert!(parse_block_size(bad).unwrap_err().contains("block size"), "{bad}");
         }
         assert_eq!(format_size(4 << 30), "4.00 GiB");

@@ -132,7 +132,12 @@ impl Daemon {
         let cfg = &merged;
         let r: Resolved = cfg.resolve().map_err(StartError::Config)?;
         let own = crate::own_files::OwnFiles::of(cfg);
-        for (i, v) in cfg.vdisk.iter().enumerate() {
+        // The file's vDisks were checked with its paths above; those the API's overlay
+        // added (or changed) are checked here.
+        let from_overlay = |v: &crate::config::VdiskConfig| {
+            !file_config.vdisk.iter().any(|f| f.name == v.name && f.backing == v.backing)
+        };
+        for (i, v) in cfg.vdisk.iter().enumerate().filter(|(_, v)| from_overlay(v)) {
             own.check_backing(&v.backing, &format!("vdisk[{i}] ({}).backing", v.name)).map_err(StartError::Config)?;
         }
         let places = places(cfg)?;

@@ -19,8 +19,8 @@ const MAX_WALK: usize = 100_000;
 /// them change while it runs).
 #[derive(Debug, Clone, Default)]
 pub struct OwnFiles {
-    /// Directories nothing client-facing may be in: (path, what it is).
-    dirs: Vec<(PathBuf, String)>,
+    /// Directories nothing client-facing may be in.
+    dirs: Vec<OwnDir>,
     /// Files nothing client-facing may be (by path or any hard link): (path, what).
     files: Vec<(PathBuf, String)>,
 }
@@ -47,29 +47,39 @@ fn resolved(path: &Path) -> PathBuf {
     }
 }
 
+/// One of the daemon's directories: its path, the key naming it (`/proc` and `/sys` for
+/// those), and what it is in words.
+#[derive(Debug, Clone)]
+struct OwnDir {
+    path: PathBuf,
+    key: &'static str,
+    what: String,
+}
+
+impl OwnDir {
+    fn new(path: &Path, key: &'static str, what: &str) -> OwnDir {
+        OwnDir { path: path.to_path_buf(), key, what: format!("{what} ({key})") }
+    }
+}
+
 impl OwnFiles {
     /// The daemon's own places under `cfg`.
     pub fn of(cfg: &crate::config::Config) -> OwnFiles {
         let meta = metadata_dir(cfg);
         let mut dirs = vec![
-            (meta.clone(), "the metadata directory (cache.metadata)".to_string()),
-            (PathBuf::from("/proc"), "/proc".to_string()),
-            (PathBuf::from("/sys"), "/sys".to_string()),
+            OwnDir::new(&meta, "cache.metadata", "the metadata directory"),
+            OwnDir { path: "/proc".into(), key: "/proc", what: "/proc".into() },
+            OwnDir { path: "/sys".into(), key: "/sys", what: "/sys".into() },
         ];
         let l = &cfg.listen;
-        if let Some(d) = &l.tls_dir {
-            dirs.push((d.clone(), "the TLS directory (listen.tls_dir)".into()));
-        }
-        if let Some(d) = &cfg.prewarm.snapshot_dir {
-            dirs.push((d.clone(), "the snapshot directory (prewarm.snapshot_dir)".into()));
-        }
-        if let Some(c) = &cfg.cluster {
-            if let Some(d) = &c.peer_tls_dir {
-                dirs.push((d.clone(), "the peers' TLS directory (cluster.peer_tls_dir)".into()));
-            }
-            if let Some(d) = &c.snapshots {
-                dirs.push((d.clone(), "the cluster's snapshot directory (cluster.snapshots)".into()));
-            }
+        let cluster = cfg.cluster.as_ref();
+        for (d, key, what) in [
+            (l.tls_dir.as_ref(), "listen.tls_dir", "the TLS directory"),
+            (cfg.prewarm.snapshot_dir.as_ref(), "prewarm.snapshot_dir", "the snapshot directory"),
+            (cluster.and_then(|c| c.peer_tls_dir.as_ref()), "cluster.peer_tls_dir", "the peers' TLS directory"),
+            (cluster.and_then(|c| c.snapshots.as_ref()), "cluster.snapshots", "the cluster's snapshot directory"),
+        ] {
+            dirs.extend(d.map(|d| OwnDir::new(d, key, what)));
         }
         let mut files = vec![(cfg.cache.path.clone(), "the cache store (cache.path)".to_string())];
         for (p, key) in [(&l.tls_cert, "listen.tls_cert"), (&l.tls_key, "listen.tls_key"), (&l.tls_ca, "listen.tls_ca")]
@@ -84,10 +94,10 @@ impl OwnFiles {
     /// The protected place `path` (resolved) is in or is, in words.
     fn inside(&self, path: &Path) -> Option<String> {
         let r = resolved(path);
-        for (d, what) in &self.dirs {
-            let d = resolved(d);
+        for o in &self.dirs {
+            let d = resolved(&o.path);
             if r.starts_with(&d) {
-                return Some(format!("{} is in {what} ({})", r.display(), d.display()));
+                return Some(format!("{} is in {} ({})", r.display(), o.what, d.display()));
             }
         }
         for (f, what) in &self.files {
@@ -105,7 +115,8 @@ impl OwnFiles {
             return Some(format!("it is a hard link of {what} ({})", f.display()));
         }
         let mut seen = 0;
-        for (d, what) in self.dirs.iter().filter(|(d, _)| !d.starts_with("/proc") && !d.starts_with("/sys")) {
+        for o in self.dirs.iter().filter(|o| !matches!(o.key, "/proc" | "/sys")) {
+            let (d, what) = (&o.path, &o.what);
             let mut stack = vec![d.clone()];
             while let Some(dir) = stack.pop() {
                 let Ok(entries) = std::fs::read_dir(&dir) else { continue };
@@ -169,13 +180,13 @@ impl OwnFiles {
     /// `METADATA/vssd-swap`, `METADATA/snapshots`).
     pub fn check_dir(&self, path: &Path, key: &str) -> Result<(), String> {
         let r = resolved(path);
-        for (d, what) in self.dirs.iter().filter(|(_, what)| !what.contains(key)) {
-            let d = resolved(d);
-            let metadata = what.contains("metadata");
-            if r == d || (!metadata && r.starts_with(&d)) {
+        for o in self.dirs.iter().filter(|o| o.key != key) {
+            let d = resolved(&o.path);
+            if r == d || (o.key != "cache.metadata" && r.starts_with(&d)) {
                 return Err(format!(
-                    "{key}: {} is in {what} ({}): choose a directory of its own",
+                    "{key}: {} is in {} ({}): choose a directory of its own",
                     r.display(),
+                    o.what,
                     d.display()
                 ));
             }

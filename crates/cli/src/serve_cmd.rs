@@ -97,9 +97,10 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     }
     if r.blocks > 0 {
         println!(
-            "# warm start: {} blocks cached ({} dirty), {} journal records replayed{}",
+            "# warm start: {} blocks cached ({} dirty, {} of them sealed with checksums), {} journal records replayed{}",
             r.blocks,
             r.dirty_blocks,
+            r.sealed_blocks,
             r.journal_records,
             if r.torn_tail { ", torn tail cut" } else { "" }
         );

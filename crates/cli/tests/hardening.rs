@@ -360,3 +360,74 @@ fn small_inputs_are_refused_by_name_before_anything_is_created() {
         assert!(code == Some(1) && out.contains(want) && out.len() < 400, "{out}");
     }
 }
+
+/// Issue 54, item 0 (checksums): a cache store whose bytes are garbled — while the daemon
+/// is down (after a SIGKILL) or under it while it runs — never gives a client or the
+/// backing store those bytes: the garbled dirty blocks read as EIO, are counted in
+/// `/metrics`, and are never written back; every other block reads what was written.
+#[test]
+fn garbled_dirty_blocks_are_eio_and_never_written_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    cache_config(d);
+    let toml = std::fs::read_to_string(d.join("wb.toml"))
+        .unwrap()
+        .replace("[listen]", "[api]\nlisten = \"127.0.0.1:0\"\n[listen]");
+    std::fs::write(d.join("wb.toml"), toml).unwrap();
+    const BLOCKS: u64 = 2048; // 8 MiB of 4 KiB blocks, acknowledged, dirty
+    let mut a = Daemon::start(d, "wb.toml", &[]).unwrap();
+    qemu_io_ok(&a.uri("vm1"), &["write -P 0x61 0 8M", "flush"]);
+    // The blocks go cold: sealed (their checksums journaled) after 2 s, committed each second.
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    a.kill9();
+    // 256 KiB of the store's slots (64 blocks) garbled while it is down.
+    let garble = |at: u64, len: usize| {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(d.join("cache.img")).unwrap();
+        f.write_all_at(&vec![0x5a; len], 4096 + at).unwrap();
+        f.sync_all().unwrap();
+    };
+    garble(1 << 20, 256 << 10);
+    let a = Daemon::start(d, "wb.toml", &[]).unwrap();
+    assert!(
+        a.banner.iter().any(|l| l.contains(&format!("({BLOCKS} dirty, {BLOCKS} of them sealed with checksums)"))),
+        "{:?}",
+        a.banner
+    );
+    // Every block read on its own: the garbled ones fail, no read returns other bytes.
+    let reads = |a: &Daemon| {
+        let cmds: Vec<String> = (0..BLOCKS).map(|b| format!("read -P 0x61 {} 4k", b * 4096)).collect();
+        let refs: Vec<&str> = cmds.iter().map(|s| s.as_str()).collect();
+        let (_, out) = qemu_io(&a.uri("vm1"), &refs);
+        assert!(!out.contains("Pattern verification failed"), "{out}");
+        out.matches("Input/output error").count()
+    };
+    let failed = reads(&a);
+    assert!((1..=64).contains(&failed), "{failed} blocks failed: only the 64 garbled slots may");
+    let metrics = |a: &Daemon| {
+        let m =
+            ureq::get(&format!("http://{}/metrics", a.api.as_ref().unwrap())).call().unwrap().into_string().unwrap();
+        let line = m.lines().find(|l| l.starts_with("cachevisor_checksum_mismatches_total")).unwrap().to_string();
+        line.rsplit(' ').next().unwrap().parse::<u64>().unwrap()
+    };
+    assert!(metrics(&a) >= failed as u64);
+    assert!(a.log().contains("fail their checksum"), "logged");
+    // Write back everything: the garbled blocks stay behind (dirty, poisoned), never on
+    // the backing store; every other block is there.
+    let (_, out) = destage(a.api.as_deref().unwrap(), &d.join("cache.img.meta/api-token"));
+    let backing = std::fs::read(d.join("vm1.img")).unwrap();
+    assert!(!backing.contains(&0x5a), "garbled bytes reached the backing store ({out})");
+    let on_backing = backing[..8 << 20].chunks(4096).filter(|c| c.iter().all(|&b| b == 0x61)).count();
+    assert_eq!(on_backing, BLOCKS as usize - failed, "every other block written back ({out})");
+    assert_eq!(reads(&a), failed, "still EIO, never the backing store's older bytes");
+    // A client rewriting a lost block heals it.
+    qemu_io_ok(&a.uri("vm1"), &["write -P 0x63 0 8M", "read -P 0x63 0 8M"]);
+    // Garbled under the running daemon (no restart): the checksums it keeps in memory.
+    garble(1 << 20, 64 << 10);
+    let cmds: Vec<String> = (0..BLOCKS).map(|b| format!("read -P 0x63 {} 4k", b * 4096)).collect();
+    let refs: Vec<&str> = cmds.iter().map(|s| s.as_str()).collect();
+    let (_, out) = qemu_io(&a.uri("vm1"), &refs);
+    assert!(!out.contains("Pattern verification failed"), "{out}");
+    let n = out.matches("Input/output error").count();
+    assert!((1..=16).contains(&n), "{n} blocks failed: only the 16 garbled slots may");
+}

@@ -17,6 +17,7 @@ impl Engine {
     /// touches nothing.
     pub fn submit(&mut self, now_ns: u64, req: &Request) -> ReqId {
         self.ahead.at(now_ns);
+        self.seals.at(now_ns);
         let id = self.flight.new_id();
         if self.refuse_out_of_range(id, req.vm, req.offset, req.len) {
             return id;

@@ -387,7 +387,7 @@ impl Engine {
     /// (one block of a [`Self::dirty_batch`]); returns the blocks written back (0 or 1).
     pub fn destage_block(&mut self, vm: VmId, block: u64, out: &mut Output) -> u64 {
         out.clear();
-        let Some(s) = self.lookup(vm, block).filter(|&s| !self.flight.pinned(s)) else { return 0 };
+        let Some(s) = self.lookup(vm, block).filter(|&s| !self.flight.pinned(s) && !self.poisoned(s)) else { return 0 };
         (self.writeback(vm, s, (0, self.spb), 0, false, out) > 0) as u64
     }
 }

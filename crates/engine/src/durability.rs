@@ -49,6 +49,9 @@ pub struct SlotRecord {
     pub valid: Vec<u64>,
     /// Dirty sectors.
     pub dirty: Vec<u64>,
+    /// A seal (`seals.rs`): the driver journals a checksum of each dirty sector with it;
+    /// any other record of the slot says its checksums no longer hold.
+    pub sealed: bool,
 }
 
 /// Work a driver must make durable, in the order given by the module doc. Its records
@@ -236,7 +239,8 @@ impl Engine {
             // A freed slot with an op still in flight (a victim's write-back reading it)
             // gets its free record once the op ends: committing before is empty work.
             || d.limbo_new.iter().any(|&s| !self.flight.pinned(s))
-            || !d.wrote_back.is_empty();
+            || !d.wrote_back.is_empty()
+            || self.seals_due();
         if !d.on || d.in_flight.is_some() || !due {
             return None;
         }
@@ -259,6 +263,8 @@ impl Engine {
         let (mut records, held): (Vec<SlotRecord>, Vec<SlotRecord>) =
             records.into_values().partition(|r| r.block.is_none());
         records.extend(held);
+        let seals = self.take_seals(&records);
+        records.extend(seals);
         // Freed slots whose free record is in this commit leave limbo when it is durable.
         let freed: BTreeSet<u32> = records.iter().filter(|r| r.block.is_none()).map(|r| r.slot).collect();
         let (leaving, staying): (Vec<u32>, Vec<u32>) =
@@ -292,9 +298,12 @@ impl Engine {
             return;
         };
         debug_assert_eq!(e, epoch, "one commit in flight");
+        self.seals.at(now_ns);
         match result {
             Ok(()) => {
                 self.dur.durable = epoch;
+                self.unseal_durable(&records);
+                self.seal_candidates(&records);
                 // The journal's newest word on these slots (unless a newer record waits).
                 for r in &records {
                     if !self.dur.settled.contains_key(&r.slot) {
@@ -406,7 +415,9 @@ impl Engine {
         debug_assert!(self.quiescent(), "a checkpoint needs nothing in flight");
         for s in 0..self.slots.len() as u32 {
             if self.slots.key(s) != FREE_KEY {
-                f(self.record_of(s));
+                // Sealed unless a newer state waits for a commit (it unseals).
+                let sealed = self.seals.is_sealed(s) && !self.dur.settled.contains_key(&s);
+                f(SlotRecord { sealed, ..self.record_of(s) });
             }
         }
         Syncs {
@@ -423,7 +434,9 @@ impl Engine {
         self.dur.wrote_stores.clear();
         let mut changed = Vec::new();
         self.take_changed(&mut changed);
-        self.dur.settled.clear();
+        // What the checkpoint wrote unsealed (a state newer than the seal).
+        let unsealed: Vec<SlotRecord> = std::mem::take(&mut self.dur.settled).into_values().collect();
+        self.unseal_durable(&unsealed);
         let none = vec![0u64; self.spb.div_ceil(64) as usize];
         for s in 0..self.slots.len() as u32 {
             if self.slots.key(s) == FREE_KEY {
@@ -445,7 +458,13 @@ impl Engine {
     /// The journal record of `slot` as the engine holds it now.
     pub fn record_of(&self, slot: u32) -> SlotRecord {
         let words = self.spb.div_ceil(64) as usize;
-        let mut r = SlotRecord { slot, block: self.slot_block(slot), valid: vec![0; words], dirty: vec![0; words] };
+        let mut r = SlotRecord {
+            slot,
+            block: self.slot_block(slot),
+            valid: vec![0; words],
+            dirty: vec![0; words],
+            sealed: false,
+        };
         if self.slots.key(slot) != FREE_KEY {
             for i in 0..self.spb {
                 let (v, d) = self.sector_state(slot, i);

@@ -100,6 +100,8 @@ pub struct Engine {
     pub(crate) timers: crate::timers::Timers,
     /// Persistent mode: commits, limbo, vouched slots (see `durability.rs`).
     pub(crate) dur: crate::durability::Durability,
+    /// Persistent mode: sealed slots, seal candidates, poisoned slots (see `seals.rs`).
+    pub(crate) seals: crate::seals::Seals,
     /// The request being processed (its blocks, mode, phases).
     pub(crate) req: InRequest,
     /// Reused buffers.
@@ -181,6 +183,7 @@ impl Engine {
             flight: Default::default(),
             timers: Default::default(),
             dur: Default::default(),
+            seals: Default::default(),
             req: InRequest::default(),
             scratch: Scratch::default(),
             moving: Default::default(),

@@ -42,6 +42,10 @@ pub enum Failure {
     /// The request reaches past its vDisk's end or names no vDisk (`disk_range.rs`):
     /// refused before it touched anything; not a device error.
     OutOfRange,
+    /// A cache read returned bytes that fail the checksum they were written with (a cache
+    /// store that lost or garbled them): the client gets EIO, the slot is poisoned — never
+    /// written back, never a victim — until a client write to it lands (`seals.rs`).
+    Corrupt,
 }
 
 /// What the engine tells a driver.
@@ -299,6 +303,7 @@ impl Engine {
         let op = job.out.ops[i];
         job.issued -= 1;
         self.ahead.completed(&op);
+        self.seals.at(now_ns);
         let mut device_error = false;
         match result {
             Ok(()) => {
@@ -312,15 +317,27 @@ impl Engine {
                 // An op a stopping driver never ran (`Shutdown`) is not a device error,
                 // nor is one on a region a lost peer lent (its blocks are clean, the
                 // request is tried again from the backing store: the vDisk's own devices
-                // are fine).
+                // are fine). Nor is a read whose bytes failed their checksum: the block is
+                // lost and poisoned (`seals.rs`), and a client reading it again must not
+                // push its vDisk to pass-through, where overwriting it would need a
+                // write-back of those bytes first.
                 let lent = matches!(op.loc, crate::output::Location::Cache(st) if st != crate::stores::LOCAL);
-                device_error = f != Failure::Shutdown && !(lent && self.stores.lent_write_through);
+                device_error =
+                    f != Failure::Shutdown && f != Failure::Corrupt && !(lent && self.stores.lent_write_through);
             }
         }
         // Background jobs of several blocks release each block once its ops succeeded.
         let by_block = job.failure.is_none() && !job.groups.is_empty();
         if device_error {
             self.count_device_error(op.vm);
+        }
+        match (op.kind, result) {
+            (crate::output::OpKind::SsdRead, Err(Failure::Corrupt)) => {
+                let k = crate::slot_table::pack_key(op.vm, op.block(self.cfg.block_size));
+                self.corrupt_read(key, op.slot, k);
+            }
+            (crate::output::OpKind::SsdWrite, Ok(())) if op.client => self.unpoison(op.slot),
+            _ => {}
         }
         // Any backing write, even a failed (maybe torn) one, is synced before the next
         // commit: a fill may read those bytes and the journal call them clean.

@@ -17,7 +17,7 @@ impl Engine {
     pub(crate) fn vouched_before(&self, req: &Request) -> Vec<SlotRecord> {
         self.request_keys(req)
             .filter_map(|key| self.lookup(req.vm, crate::slot_table::key_block(key)))
-            .filter(|&s| self.dur.is_vouched(s))
+            .filter(|&s| self.dur.is_vouched(s) || self.seals.is_sealed(s))
             .map(|s| self.record_of(s))
             .collect()
     }
@@ -64,6 +64,11 @@ impl Engine {
                     records.last_mut().expect("just pushed")
                 }
             };
+            if ssd && self.seals.is_sealed(pre.slot) && !needed.contains(&pre.slot) {
+                // Its checksums in the journal describe the bytes this write replaces: a
+                // record without them first (`seals.rs`).
+                needed.push(pre.slot);
+            }
             let (lo, hi) = op.sectors(bs);
             let vouched = self.dur.vouched_sectors(pre.slot);
             for i in lo..hi {

@@ -126,6 +126,7 @@ impl Engine {
         let mut job = self.flight.jobs.remove(key);
         if let Some(f) = job.failure {
             self.repair(&job);
+            self.poison_after_repair(key);
             if job.req.is_some() && !job.replied {
                 let blocks = std::mem::take(&mut job.out.blocks);
                 self.flight.events.push_back(Event::Reply { req: id, result: Err(f), blocks });

@@ -134,6 +134,7 @@ impl Engine {
     #[inline]
     fn victim_pinned(&self, s: u32) -> bool {
         self.flight.pinned(s)
+            || self.poisoned(s)
             || self.req.blocks.is_some_and(|(vm, first, last, current)| {
                 let k = self.slots.key(s);
                 let end = if self.dur.on { last } else { current };

@@ -115,6 +115,7 @@ impl Engine {
     /// order), and a flusher step (a background job) if its period passed.
     pub fn handle_timeout(&mut self, now_ns: u64) {
         self.ahead.at(now_ns);
+        self.seals.at(now_ns);
         while let Some(at) = self.timers.next_interval.filter(|&at| at <= now_ns) {
             self.timers.intervals += 1;
             self.timers.next_interval = Some(at.saturating_add(self.timers.schedule.interval_ns));

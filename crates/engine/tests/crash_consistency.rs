@@ -8,6 +8,14 @@
 //! older than the last write acknowledged before a completed flush. With `lent`, the
 //! engine has a second cache store (a region node 1 lends, ELICA §3.1) beside the local
 //! one, and a commit syncs only the stores it names (`Commit::sync_stores`).
+//!
+//! Checksums (issue 54, `seals.rs`): the driver keeps a checksum of each sector it wrote
+//! to a slot (here the written tag itself, an exact one), checks every cache read against
+//! it, and journals the dirty sectors' checksums with each seal record. After the crash
+//! some sectors the journal holds checksums for are garbled: a read through the recovered
+//! engine that meets one fails (`Failure::Corrupt`) and writes nothing back; no sector
+//! that is not garbled ever fails its checksum (a seal record that outlived the bytes it
+//! describes would).
 
 use cachevisor_engine::*;
 use cachevisor_trace::{Op, Request};
@@ -167,13 +175,27 @@ impl<T: Clone> Cell<T> {
 /// (vm, disk sector, version).
 type Tag = (u32, u64, u64);
 
+/// Checksums of a slot's sectors (sector of the block → tag).
+type Sums = HashMap<u32, Tag>;
+
+/// Sectors per block (4 KiB blocks).
+const SPB: u32 = 8;
+
+/// What garbled bytes read as.
+const GARBAGE: u32 = u32::MAX - 1;
+
 struct Machine {
     /// Where the engine's cache stores' slots are.
     layout: StoreLayout,
     /// Cache sectors by (store, sector in that store).
     cache: HashMap<(StoreId, u64), Cell<Tag>>,
     backing: HashMap<(u32, u64), Cell<u64>>,
-    journal: Vec<SlotRecord>,
+    /// Records made durable, each seal with the checksums (tags) of its dirty sectors.
+    journal: Vec<(SlotRecord, Option<Sums>)>,
+    /// The driver's checksums: per slot, per sector of the block, the tag last written.
+    sums: HashMap<u32, Sums>,
+    /// Ops that read a cache store (a staged write from one copies checksummed bytes).
+    cache_reads: BTreeSet<OpId>,
     bufs: HashMap<OpId, (ReqId, Vec<Tag>)>,
     /// Request → (request, version, client read data).
     reqs: HashMap<ReqId, (Request, u64, HashMap<u64, u64>)>,
@@ -197,6 +219,8 @@ impl Machine {
             cache: HashMap::new(),
             backing: HashMap::new(),
             journal: Vec::new(),
+            sums: HashMap::new(),
+            cache_reads: BTreeSet::new(),
             bufs: HashMap::new(),
             reqs: HashMap::new(),
             acked: HashMap::new(),
@@ -217,9 +241,66 @@ impl Machine {
         }
     }
 
+    /// Record `r` as the driver journals it: a seal with the checksums of its dirty
+    /// sectors (none when one is unknown: a failed write left it), a free record
+    /// forgetting the slot's checksums (its next block's writes give new ones).
+    fn journal_entry(&mut self, r: SlotRecord) -> (SlotRecord, Option<Sums>) {
+        if r.block.is_none() {
+            self.sums.remove(&r.slot);
+            return (r, None);
+        }
+        if !r.sealed {
+            return (r, None);
+        }
+        let have = self.sums.get(&r.slot).cloned().unwrap_or_default();
+        let dirty: Vec<u32> = (0..SPB).filter(|&i| r.dirty[0] >> i & 1 == 1).collect();
+        let sums: Option<Sums> = dirty.iter().map(|i| have.get(i).map(|t| (*i, *t))).collect();
+        (r, sums)
+    }
+
     /// Syncs the cache stores `stores`.
     fn sync_stores(&mut self, stores: &[StoreId]) {
         self.cache.iter_mut().filter(|(k, _)| stores.contains(&k.0)).for_each(|(_, c)| c.sync());
+    }
+
+    /// Whether cache read `op` meets a sector whose bytes differ from the checksum `sums`
+    /// hold for it (the daemon's check before a cache read completes).
+    fn corrupt(&self, op: &DeviceOp, sums: &HashMap<u32, Sums>) -> bool {
+        let Some(s) = sums.get(&op.slot) else { return false };
+        let (lo, hi) = op.sectors(u64::from(SPB) * 512);
+        let (st, base) = (self.layout.store_of(op.slot), self.layout.offset(op) / 512);
+        (lo..hi).any(|i| {
+            let cell = self.cache.get(&(st, base + u64::from(i - lo))).and_then(|c| c.read());
+            s.get(&i).is_some_and(|want| cell.as_ref() != Some(want))
+        })
+    }
+
+    /// The driver's checksums after cache write `op` (the daemon's rule): a client write
+    /// or a copy from another slot gives its sectors the tags written, a fill from the
+    /// backing store (clean bytes) none, a failed (maybe torn) write none.
+    fn note_sums(&mut self, op: &DeviceOp, fail: bool) {
+        if op.kind != OpKind::SsdWrite {
+            return;
+        }
+        let (lo, hi) = op.sectors(u64::from(SPB) * 512);
+        let d0 = op.disk_addr / 512;
+        let source = op.source_id().and_then(|src| self.bufs.get(&src));
+        let from_cache = op.source_id().is_some_and(|src| self.cache_reads.contains(&src));
+        let sums = self.sums.entry(op.slot).or_default();
+        for (k, i) in (lo..hi).enumerate() {
+            let d = d0 + k as u64;
+            let tag = if fail || (op.staged && !from_cache) {
+                None
+            } else if op.staged {
+                source.and_then(|(_, b)| b.iter().find(|t| (t.0, t.1) == (op.vm, d)).copied())
+            } else {
+                self.reqs.get(&op.req).map(|r| (op.vm, d, r.1))
+            };
+            match tag {
+                Some(t) => sums.insert(i, t),
+                None => sums.remove(&i),
+            };
+        }
     }
 
     fn execute(&mut self, op: &DeviceOp, fail: bool, torn: u64) -> Result<(), String> {
@@ -235,6 +316,9 @@ impl Machine {
         if !op.kind.is_write() {
             if fail {
                 return Ok(());
+            }
+            if op.kind.is_ssd() && self.corrupt(op, &self.sums) {
+                return Err(format!("{op:?}: a cache read fails its checksum while nothing is garbled"));
             }
             let mut got = Vec::new();
             for i in 0..n {
@@ -259,9 +343,13 @@ impl Machine {
                     }
                 }
             }
+            if op.kind.is_ssd() {
+                self.cache_reads.insert(op.id);
+            }
             self.bufs.insert(op.id, (op.req, got));
             return Ok(());
         }
+        self.note_sums(op, fail);
         for i in 0..if fail { torn.min(n) } else { n } {
             let key = (op.vm, d0 + i);
             let v = if op.staged {
@@ -384,7 +472,10 @@ impl Driver {
                 if failed {
                     self.e.handle_commit(now, c.epoch, Err(Failure::Io));
                 } else {
-                    self.m.journal.extend(c.records);
+                    for r in c.records {
+                        let entry = self.m.journal_entry(r);
+                        self.m.journal.push(entry);
+                    }
                     self.e.handle_commit(now, c.epoch, Ok(()));
                 }
             }
@@ -410,7 +501,7 @@ fn set_targets(e: &mut Engine, lent: bool, out: &mut Output) {
 }
 
 fn run(steps: &[Step], shared: bool, seed: u64, ahead: u32, repl: ReplacementKind, lent: bool) -> Result<(), String> {
-    run_losing(steps, shared, seed, ahead, repl, lent, false)
+    run_losing(steps, shared, seed, ahead, repl, lent, false).inspect_err(|e| trace(|| format!("FAILED: {e}")))
 }
 
 /// [`run`]; with `lost` (and `lent`), the engine writes through to blocks in the lent
@@ -462,6 +553,8 @@ fn run_checking(
     let mut out = Output::default();
     set_targets(&mut d.e, lent, &mut out);
     d.e.set_persistent(2);
+    // Blocks unchanged for 3 steps are sealed (their checksums journaled).
+    d.e.set_seal_after(3000);
     d.e.set_writeback_ahead(ahead);
     // A dirty target of 0: the flusher writes at its full rate among the requests.
     let flusher = Flusher { period_ns: 5000, blocks_per_period: 2, dirty_target: 0.0 };
@@ -555,7 +648,7 @@ fn run_checking(
                     d.m.backing.iter_mut().filter(|(k, _)| k.0 == vm).for_each(|(_, c)| c.sync());
                 }
                 d.m.sync_stores(&syncs.stores);
-                d.m.journal = records;
+                d.m.journal = records.into_iter().map(|r| d.m.journal_entry(r)).collect();
                 d.e.checkpoint_done();
                 d.e.hold_admission(false, now);
             }
@@ -632,16 +725,39 @@ fn run_checking(
     let mut e = Engine::new(config(shared, repl, lent)).unwrap();
     e.set_lent_write_through(lost);
     set_targets(&mut e, lent, &mut out);
-    for r in &d.m.journal {
+    // The driver's checksums after the replay: the newest record of each slot, a seal's.
+    let mut sums: HashMap<u32, Sums> = HashMap::new();
+    for (r, crc) in &d.m.journal {
         if lost && lent_store(r.slot) {
             continue;
         }
         e.release_slot(r.slot);
+        sums.remove(&r.slot);
         if let Some((vm, block)) = r.block {
             let bits = |w: &[u64]| (0..8).map(|i| w[0] >> i & 1 == 1).collect::<Vec<bool>>();
             e.restore_slot(r.slot, vm, block, &bits(&r.valid), &bits(&r.dirty)).map_err(|x| format!("replay: {x}"))?;
+            if r.sealed {
+                e.restore_sealed(r.slot);
+                if let Some(c) = crc {
+                    sums.insert(r.slot, c.clone());
+                }
+            }
         }
     }
+    // The cache store loses or garbles, at random, sectors the journal holds checksums for.
+    let mut garbled: BTreeSet<(StoreId, u64)> = BTreeSet::new();
+    for (&slot, s) in &sums {
+        let (st, index) = d.m.layout.index_of(slot);
+        for &i in s.keys() {
+            if rng.gen_bool(0.3) {
+                let at = (st, index * u64::from(SPB) + u64::from(i));
+                let c = d.m.cache.entry(at).or_default();
+                c.synced = Some(if rng.gen_bool(0.5) { (GARBAGE, at.1, 0) } else { (u32::MAX, at.1, 0) });
+                garbled.insert(at);
+            }
+        }
+    }
+    d.m.sums = sums;
     e.check_invariants().map_err(|x| format!("after replay: {x}"))?;
     // The runs lent out are withheld again before any I/O, and are empty at once: no
     // durable record names a slot the engine let go of.
@@ -659,6 +775,9 @@ fn run_checking(
         for i in 0..8u64 {
             if e.sector_state(slot, i as u32) == (true, false) {
                 let (st, index) = d.m.layout.index_of(slot);
+                if garbled.contains(&(st, index * 8 + i)) {
+                    continue; // garbled where the journal holds a checksum: checked below
+                }
                 let cached = d.m.cache.get(&(st, index * 8 + i)).and_then(|c| c.synced);
                 let backing = d.m.backing.get(&(vm, block * 8 + i)).and_then(|c| c.synced).unwrap_or(0);
                 if cached.map(|t| t.2) != Some(backing) {
@@ -667,17 +786,65 @@ fn run_checking(
             }
         }
     }
-    // Every sector of every disk, read through the recovered engine (its ops run in
-    // list order on the devices as the crash left them).
+    // Every sector of every disk, read through the recovered engine (its ops run as
+    // they come on the devices as the crash left them; a cache read that fails its
+    // checksum fails, and must have met a garbled sector).
     for vm in 0..VMS {
         for s in 0..SECTORS {
             let req = Request { time_ns: 0, vm, op: Op::Read, offset: s * 512, len: 512 };
-            e.access(0, &req, &mut out);
-            d.m.reqs.insert(0, (req, 0, HashMap::new()));
-            for op in &out.ops {
-                d.m.execute(op, false, 0).map_err(|x| format!("after the crash, vm {vm} sector {s}: {x}"))?;
+            let mut result = Err(Failure::Io);
+            let mut id = 0;
+            // A request whose victim's write-back met garbled bytes fails; the victim is
+            // poisoned, and the read tried again takes another (at most one per slot).
+            for _attempt in 0..=e.slot_count() {
+                id = e.submit(0, &req);
+                d.m.reqs.insert(id, (req, 0, HashMap::new()));
+                let mut corrupt_own = false;
+                while let Some(op) = e.poll_op() {
+                    trace(|| format!("read-back {id}: {op:?}"));
+                    if op.kind == OpKind::SsdRead && d.m.corrupt(&op, &d.m.sums) {
+                        let (lo, hi) = op.sectors(u64::from(SPB) * 512);
+                        let (st, base) = (d.m.layout.store_of(op.slot), d.m.layout.offset(&op) / 512);
+                        let met = (lo..hi).any(|i| garbled.contains(&(st, base + u64::from(i - lo))));
+                        if !met {
+                            return Err(format!("after the crash, vm {vm} sector {s}: {op:?} fails its checksum, yet nothing there is garbled (a seal outlived its bytes)"));
+                        }
+                        corrupt_own |= op.client;
+                        trace(|| format!("corrupt {op:?}"));
+                        e.handle_completion(0, op.handle(), Err(Failure::Corrupt));
+                        continue;
+                    }
+                    d.m.execute(&op, false, 0).map_err(|x| format!("after the crash, vm {vm} sector {s}: {x}"))?;
+                    e.handle_completion(0, op.handle(), Ok(()));
+                }
+                while let Some(ev) = e.poll_event() {
+                    trace(|| format!("read-back {id}: {ev:?}"));
+                    if let Event::Reply { req: r, result: x, .. } = ev {
+                        if r == id {
+                            result = x;
+                        }
+                    }
+                }
+                if result.is_ok() || corrupt_own {
+                    break;
+                }
             }
-            let got = *d.m.reqs[&0].2.get(&s).ok_or("no op read the sector")?;
+            // Where the sector is cached now, in its store.
+            let here = e.lookup(vm, s / 8).map(|sl| {
+                let (st, index) = d.m.layout.index_of(sl);
+                (sl, (st, index * 8 + s % 8))
+            });
+            let garbled_here = here.is_some_and(|(_, at)| garbled.contains(&at));
+            if let Err(f) = result {
+                if f != Failure::Corrupt || !garbled_here {
+                    return Err(format!("after the crash vm {vm} sector {s}: the read failed ({f:?}) and its bytes are not garbled (at {here:?}; garbled {garbled:?})"));
+                }
+                continue; // lost with the cache store's bytes, and said so
+            }
+            if garbled_here {
+                return Err(format!("after the crash vm {vm} sector {s}: garbled where the journal holds its checksum, yet read without an error"));
+            }
+            let got = *d.m.reqs[&id].2.get(&s).ok_or("no op read the sector")?;
             let floor = d.m.floor.get(&(vm, s)).copied().unwrap_or(0);
             let written = d.m.written.get(&(vm, s)).cloned().unwrap_or_default();
             if got < floor || (got != 0 && !written.contains(&got)) {

@@ -49,6 +49,9 @@ pub struct Recovery {
     pub blocks: u64,
     /// Of which dirty.
     pub dirty_blocks: u64,
+    /// Of the dirty ones, blocks sealed before the stop: their sectors' checksums came
+    /// back with them, and every read of them is checked (`block_sums.rs`).
+    pub sealed_blocks: u64,
     /// Journal records replayed after the checkpoint.
     pub journal_records: usize,
     /// The journal ended in a torn record (the previous run died while appending).
@@ -82,6 +85,7 @@ fn describe(f: Failure) -> &'static str {
         Failure::Io => "I/O error on a device (the log names it); what did not complete stays as it was",
         Failure::Shutdown => "the vDisk or the daemon is no longer served",
         Failure::OutOfRange => "the range reaches past the vDisk's end",
+        Failure::Corrupt => "the cache store returned bytes that fail their checksum (the log names the block; counted in cachevisor_checksum_mismatches_total); they are never written back",
     }
 }
 
@@ -518,7 +522,7 @@ impl Daemon {
             flush_rate_bytes: self.dp.flush_rate_bytes(),
             destage_job: self.job.progress(),
             prewarm: self.prewarm.progress(),
-            guards: self.guards.read(self.dp.commit_failures()),
+            guards: self.guards.read(self.dp.commit_failures(), self.dp.checksum_mismatches()),
             cache_hints: {
                 let h = self.dp.hint_counts();
                 [&h.queued, &h.loaded, &h.skipped, &h.dropped].map(|c| c.load(std::sync::atomic::Ordering::Relaxed))

@@ -28,6 +28,7 @@ mod allocation;
 mod cache_hints;
 mod cache_resize;
 mod cache_swap;
+mod checksums;
 mod committer;
 mod control;
 mod devices;
@@ -104,6 +105,19 @@ struct Waiting {
 struct Work {
     op: DeviceOp,
     data: Option<Bytes>,
+    /// What a cache write does to its sectors' checksums (`block_sums.rs`).
+    sum: SumAction,
+}
+
+/// What a cache write does to the checksums of the sectors it writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SumAction {
+    /// Not a cache write.
+    None,
+    /// A client's bytes, or checksummed bytes copied from another slot: theirs.
+    Set,
+    /// A fill from a backing store (clean bytes): none.
+    Clear,
 }
 
 /// A background job someone waits for: its condition and, once retired, whether it failed.
@@ -119,6 +133,9 @@ struct Core {
     waiting: HashMap<ReqId, Waiting>,
     /// Read ops' bytes until their request retires: request → op → bytes.
     bufs: HashMap<ReqId, HashMap<OpId, Bytes>>,
+    /// Background cache reads done (request, op): a staged cache write from one copies
+    /// checksummed bytes (`SumAction::Set`).
+    cache_sources: std::collections::HashSet<(ReqId, OpId)>,
     /// Ops of client requests, run first.
     work: VecDeque<Work>,
     /// Ops of background jobs (flusher, destaging, resizes), run by device threads when
@@ -221,6 +238,8 @@ struct Shared {
     replicator: std::sync::OnceLock<Arc<crate::cluster::replicator::Replicator>>,
     /// The io_uring thread's I/O buffers (a read's goes out as its reply's bytes).
     io_pool: Arc<crate::aligned_buf::IoPool>,
+    /// Checksums of the sectors written to the cache stores (`block_sums.rs`).
+    sums: crate::block_sums::BlockSums,
 }
 
 /// Everything a data path starts from.
@@ -250,7 +269,14 @@ pub struct Setup {
     pub io_uring: bool,
     /// The peers whose lent regions are cache stores (`[cluster] peers`).
     pub peers: Option<Arc<crate::cluster::peer_device::PeerLinks>>,
+    /// Checksums of the cache store's sectors, as the metadata's seal records left them.
+    pub sums: crate::block_sums::BlockSums,
 }
+
+/// How long a dirty block stays unchanged, its record durable, before the engine seals
+/// it and the journal carries its checksums (`engine/src/seals.rs`): a block rewritten
+/// more often than this never waits for a commit to unseal it.
+pub const SEAL_AFTER: Duration = Duration::from_secs(2);
 
 /// The data path: an engine in persistent mode driven by device, commit and timer threads.
 pub struct DataPath {

@@ -10,8 +10,9 @@
 
 use std::io::{self, Read, Write};
 
-/// Format version written (2 added backing bindings; version 1 files are read too).
-pub const VERSION: u32 = 2;
+/// Format version written (2 added backing bindings, 3 seal records with checksums;
+/// older files are read too).
+pub const VERSION: u32 = 3;
 /// Magic of a checkpoint file.
 pub const CHECKPOINT_MAGIC: [u8; 8] = *b"CVCKPT01";
 /// Magic of a journal file.
@@ -99,6 +100,9 @@ pub enum Record {
         valid: Vec<u64>,
         /// Dirty sectors.
         dirty: Vec<u64>,
+        /// A seal (`engine/src/seals.rs`, type 7): the CRC32C of each dirty sector, in
+        /// order, which a read of them is checked against (`block_sums.rs`).
+        sums: Option<Vec<u32>>,
     },
     /// Slot `slot` holds nothing.
     Free {
@@ -137,14 +141,17 @@ impl Record {
                 out.extend_from_slice(&vm.to_le_bytes());
                 out.extend_from_slice(name.as_bytes());
             }
-            Record::Slot { slot, vm, block, valid, dirty } => {
-                out.push(2);
+            Record::Slot { slot, vm, block, valid, dirty, sums } => {
+                out.push(if sums.is_some() { 7 } else { 2 });
                 out.extend_from_slice(&slot.to_le_bytes());
                 out.extend_from_slice(&vm.to_le_bytes());
                 out.extend_from_slice(&block.to_le_bytes());
                 out.extend_from_slice(&(valid.len() as u16).to_le_bytes());
                 for w in valid.iter().chain(dirty) {
                     out.extend_from_slice(&w.to_le_bytes());
+                }
+                for c in sums.iter().flatten() {
+                    out.extend_from_slice(&c.to_le_bytes());
                 }
             }
             Record::Free { slot } => {
@@ -177,18 +184,23 @@ impl Record {
         let u64_at = |i: usize| p.get(i..i + 8).map(|b| u64::from_le_bytes(b.try_into().expect("8")));
         Some(match t {
             1 => Record::Vdisk { vm: u16_at(0)?, name: String::from_utf8(p.get(2..)?.to_vec()).ok()? },
-            2 => {
+            2 | 7 => {
                 let words = u16_at(14)? as usize;
-                if p.len() != 16 + 16 * words {
+                let w = |i: usize| u64_at(16 + 8 * i);
+                let dirty: Vec<u64> = (words..2 * words).map(w).collect::<Option<_>>()?;
+                // A seal: one checksum per dirty sector.
+                let n = if t == 7 { dirty.iter().map(|d| d.count_ones() as usize).sum() } else { 0 };
+                let end = 16 + 16 * words;
+                if p.len() != end + 4 * n {
                     return None;
                 }
-                let w = |i: usize| u64_at(16 + 8 * i);
                 Record::Slot {
                     slot: u32_at(0)?,
                     vm: u16_at(4)?,
                     block: u64_at(6)?,
                     valid: (0..words).map(w).collect::<Option<_>>()?,
-                    dirty: (words..2 * words).map(w).collect::<Option<_>>()?,
+                    dirty,
+                    sums: (t == 7).then(|| (0..n).map(|i| u32_at(end + 4 * i)).collect::<Option<_>>()).flatten(),
                 }
             }
             3 if p.len() == 4 => Record::Free { slot: u32_at(0)? },
@@ -299,15 +311,21 @@ mod tests {
     fn record() -> impl Strategy<Value = Record> {
         prop_oneof![
             (any::<u16>(), "[a-z0-9]{0,12}").prop_map(|(vm, name)| Record::Vdisk { vm, name }),
-            (any::<u32>(), any::<u16>(), any::<u64>(), prop::collection::vec(any::<u64>(), 1..4)).prop_map(
-                |(slot, vm, block, v)| Record::Slot {
-                    slot,
-                    vm,
-                    block,
-                    dirty: v.iter().map(|x| x & 0xff).collect(),
-                    valid: v
-                }
-            ),
+            (
+                any::<u32>(),
+                any::<u16>(),
+                any::<u64>(),
+                prop::collection::vec(any::<u64>(), 1..4),
+                any::<u32>(),
+                any::<bool>()
+            )
+                .prop_map(|(slot, vm, block, v, crc, sealed)| {
+                    let dirty: Vec<u64> = v.iter().map(|x| x & 0xff).collect();
+                    // A seal: one checksum per dirty sector.
+                    let n: u32 = dirty.iter().map(|d| d.count_ones()).sum();
+                    let sums = sealed.then(|| (0..n).map(|i| crc.wrapping_add(i)).collect());
+                    Record::Slot { slot, vm, block, dirty, valid: v, sums }
+                }),
             any::<u32>().prop_map(|slot| Record::Free { slot }),
             (any::<u16>(), any::<u64>()).prop_map(|(vm, blocks)| Record::Target { vm, blocks }),
             (any::<[u8; 16]>(), any::<u64>(), any::<u64>()).prop_map(|(id, generation, previous)| {

@@ -10,6 +10,7 @@ pub mod api_conns;
 pub mod api_tls;
 pub mod backing;
 pub mod backing_identity;
+pub mod block_sums;
 pub mod bounded_read;
 pub mod cache_label;
 pub mod cluster;

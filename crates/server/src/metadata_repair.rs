@@ -207,7 +207,14 @@ mod tests {
     use super::*;
 
     fn slot(slot: u32, block: u64, dirty: bool) -> Record {
-        Record::Slot { slot, vm: 0, block, valid: vec![u64::MAX], dirty: vec![if dirty { 0xff } else { 0 }] }
+        Record::Slot {
+            slot,
+            vm: 0,
+            block,
+            valid: vec![u64::MAX],
+            dirty: vec![if dirty { 0xff } else { 0 }],
+            sums: None,
+        }
     }
 
     fn write(dir: &Path, name: &str, magic: [u8; 8], h: Header, recs: &[Record]) {

@@ -284,6 +284,11 @@ impl Collector for StateCollector {
                 "Metadata commits that failed and were retried (a full file system)",
                 gd.commit_failures,
             ),
+            (
+                "cachevisor_checksum_mismatches",
+                "Cache reads whose bytes failed the checksum they were written with (EIO to the client, never written back)",
+                gd.checksum_mismatches,
+            ),
         ];
         for (name, help, v) in guard_counters {
             let c = ConstCounter::new(v);

@@ -97,10 +97,10 @@ pub fn replay(
             Record::Target { .. } => Ok(()), // the configuration decides targets at start
             r @ (Record::Vdisk { .. } | Record::Binding { .. } | Record::CacheLabel(_)) => apply(r),
             r @ Record::Free { slot } if (slot as u64) < slots => apply(r),
-            Record::Slot { slot, vm, block, valid, dirty }
+            Record::Slot { slot, vm, block, valid, dirty, sums }
                 if (slot as u64) < slots && valid.len() == words && dirty.len() == words =>
             {
-                apply(Record::Slot { slot, vm, block, valid, dirty })
+                apply(Record::Slot { slot, vm, block, valid, dirty, sums })
             }
             // A region another node lends (slots after the local ones, `[cluster]
             // peers`): its blocks are never dirty (the engine's lent write-through) and
@@ -274,6 +274,7 @@ impl Persistence {
         c: &cachevisor_engine::Commit,
         sync_cache: &dyn Fn() -> std::io::Result<()>,
         backings: &[&crate::backing::Backing],
+        sums: SumsOf<'_>,
     ) -> std::io::Result<()> {
         if self.journal.is_none() && !c.records.is_empty() {
             // Every slot is withheld while detached: a slot record here is a bug, and
@@ -290,7 +291,7 @@ impl Persistence {
         let mut buf = std::mem::take(&mut self.buf);
         buf.clear();
         for r in &c.records {
-            slot_record(r).encode(&mut buf);
+            slot_record(r, sums).encode(&mut buf);
         }
         self.buf = buf;
         let r = self.write_buffered();
@@ -352,6 +353,7 @@ impl Persistence {
         sync_cache: &dyn Fn() -> std::io::Result<()>,
         backings: &[std::sync::Arc<crate::backing::Backing>],
         records: &mut CheckpointSource<'_>,
+        sums: SumsOf<'_>,
     ) -> std::io::Result<()> {
         let header = Header { generation: self.header.generation + 1, ..self.header };
         let (bindings, label) = (self.bindings.clone(), self.label);
@@ -363,7 +365,7 @@ impl Persistence {
             let mut failed: Option<std::io::Error> = None;
             let sync = records(&mut |r| {
                 if r.block.is_some() {
-                    slot_record(&r).encode(&mut b);
+                    slot_record(&r, sums).encode(&mut b);
                 }
                 if b.len() > 1 << 20 && failed.is_none() {
                     failed = w.write_all(&b).err();
@@ -404,7 +406,14 @@ impl Persistence {
     /// Writes the whole state of an engine not serving yet (`names` by VM id, `targets`)
     /// as the next checkpoint and starts an empty journal of its generation (at start,
     /// after the replay). Streams from the engine: no copy of the slot table is held.
-    pub fn checkpoint(&mut self, e: &Engine, names: &[String], targets: &[u64], ssd: &File) -> std::io::Result<()> {
+    pub fn checkpoint(
+        &mut self,
+        e: &Engine,
+        names: &[String],
+        targets: &[u64],
+        ssd: &File,
+        sums: SumsOf<'_>,
+    ) -> std::io::Result<()> {
         ssd.sync_data()?;
         let header = Header { generation: self.header.generation + 1, ..self.header };
         write_file_atomically(&self.dir.join("checkpoint"), CHECKPOINT_MAGIC, &header, &mut |w| {
@@ -412,7 +421,8 @@ impl Persistence {
             vdisk_records(names, targets, &self.bindings, self.label, &mut b);
             for slot in 0..self.slots as u32 {
                 if e.slot_block(slot).is_some() {
-                    slot_record(&e.record_of(slot)).encode(&mut b);
+                    let r = cachevisor_engine::SlotRecord { sealed: e.is_sealed(slot), ..e.record_of(slot) };
+                    slot_record(&r, sums).encode(&mut b);
                 }
                 if b.len() > 1 << 20 {
                     w.write_all(&b)?;
@@ -450,12 +460,26 @@ fn vdisk_records(
     }
 }
 
-/// The journal record of an engine slot record (free when it holds nothing valid).
-fn slot_record(r: &cachevisor_engine::SlotRecord) -> Record {
+/// The checksums a seal record carries (`BlockSums::of_record`; `None`: none known).
+pub type SumsOf<'a> = &'a dyn Fn(&cachevisor_engine::SlotRecord) -> Option<Vec<u32>>;
+
+/// No checksums (a tool that writes metadata without a data path).
+pub fn no_sums(_: &cachevisor_engine::SlotRecord) -> Option<Vec<u32>> {
+    None
+}
+
+/// The journal record of an engine slot record (free when it holds nothing valid); a
+/// seal carries its dirty sectors' checksums when `sums` knows them all.
+fn slot_record(r: &cachevisor_engine::SlotRecord, sums: SumsOf<'_>) -> Record {
     match r.block {
-        Some((vm, block)) if r.valid.iter().any(|&w| w != 0) => {
-            Record::Slot { slot: r.slot, vm: vm as u16, block, valid: r.valid.clone(), dirty: r.dirty.clone() }
-        }
+        Some((vm, block)) if r.valid.iter().any(|&w| w != 0) => Record::Slot {
+            slot: r.slot,
+            vm: vm as u16,
+            block,
+            valid: r.valid.clone(),
+            dirty: r.dirty.clone(),
+            sums: if r.sealed { sums(r) } else { None },
+        },
         _ => Record::Free { slot: r.slot },
     }
 }
@@ -478,7 +502,7 @@ mod tests {
         let meta = dir.path().join("meta");
         let (mut p, _) = Persistence::open(&meta, 4096, 16, &mut no_records).unwrap();
         let empty = |_: &mut dyn FnMut(cachevisor_engine::SlotRecord)| cachevisor_engine::Syncs::default();
-        p.checkpoint_records(&["vm0".into()], &[0], &|| Ok(()), &[], &mut { empty }).unwrap();
+        p.checkpoint_records(&["vm0".into()], &[0], &|| Ok(()), &[], &mut { empty }, &no_sums).unwrap();
         p.detach();
         assert!(p.detached());
         // Detached: the daemon's records stay in memory, a slot record is refused.
@@ -489,9 +513,16 @@ mod tests {
             sync_backings: Vec::new(),
             sync_stores: Vec::new(),
         };
-        p.commit(&c, &|| Ok(()), &[]).unwrap();
-        let slot = cachevisor_engine::SlotRecord { slot: 3, block: Some((0, 7)), valid: vec![!0], dirty: vec![0] };
-        let e = p.commit(&cachevisor_engine::Commit { records: vec![slot], ..c }, &|| Ok(()), &[]).unwrap_err();
+        p.commit(&c, &|| Ok(()), &[], &no_sums).unwrap();
+        let slot = cachevisor_engine::SlotRecord {
+            slot: 3,
+            block: Some((0, 7)),
+            valid: vec![!0],
+            dirty: vec![0],
+            sealed: false,
+        };
+        let e =
+            p.commit(&cachevisor_engine::Commit { records: vec![slot], ..c }, &|| Ok(()), &[], &no_sums).unwrap_err();
         assert!(e.to_string().contains("detached"), "{e}");
         // Another cache's journal of generation 9 appears where ours was.
         std::fs::remove_dir_all(&meta).unwrap();
@@ -499,7 +530,7 @@ mod tests {
         let foreign = Header { block_size: 4096, slots: 16, generation: 9 };
         write_file_atomically(&meta.join("journal"), JOURNAL_MAGIC, &foreign, &mut |_| Ok(())).unwrap();
         p.reattach().unwrap();
-        p.checkpoint_records(&["vm0".into()], &[0], &|| Ok(()), &[], &mut { empty }).unwrap();
+        p.checkpoint_records(&["vm0".into()], &[0], &|| Ok(()), &[], &mut { empty }, &no_sums).unwrap();
         assert!(!p.detached());
         let mut names = Vec::new();
         let (_, generation) = replay(&meta, 4096, 16, &mut |r| {

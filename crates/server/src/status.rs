@@ -124,11 +124,15 @@ pub struct GuardCounts {
     /// Metadata commits that failed (and were retried after a pause; the data path's
     /// count).
     pub commit_failures: u64,
+    /// Cache reads whose bytes failed their checksum (`block_sums.rs`; the data path's
+    /// count).
+    pub checksum_mismatches: u64,
 }
 
 impl Guards {
-    /// The counts now, with the data path's count of failed commits.
-    pub fn read(&self, commit_failures: u64) -> GuardCounts {
+    /// The counts now, with the data path's counts of failed commits and of cache reads
+    /// that failed their checksum.
+    pub fn read(&self, commit_failures: u64, checksum_mismatches: u64) -> GuardCounts {
         use std::sync::atomic::Ordering::Relaxed;
         GuardCounts {
             api_auth_failures: self.api_auth_failures.load(Relaxed),
@@ -138,6 +142,7 @@ impl Guards {
             api_idle_closes: self.api_idle_closes.load(Relaxed),
             handshakes_evicted: self.handshakes_evicted.load(Relaxed),
             commit_failures,
+            checksum_mismatches,
         }
     }
 }

@@ -222,7 +222,7 @@ fn a_journal_record_past_a_vdisks_end_is_refused_or_dropped_never_aliased() {
     let clean = std::fs::read(&j).unwrap();
     let with = |block: u64, dirty: u64| {
         let mut b = clean.clone();
-        Record::Slot { slot: 200, vm: 0, block, valid: vec![0xff], dirty: vec![dirty] }.encode(&mut b);
+        Record::Slot { slot: 200, vm: 0, block, valid: vec![0xff], dirty: vec![dirty], sums: None }.encode(&mut b);
         std::fs::write(&j, b).unwrap();
     };
     with((1 << 48) + 5, 0);

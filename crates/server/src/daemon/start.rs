@@ -175,6 +175,7 @@ impl Daemon {
         let mut orphans: Vec<String> = Vec::new();
         let mut bound: std::collections::HashMap<VmId, Identity> = Default::default();
         let mut expected_label = None;
+        let mut seals = crate::block_sums::Replayed::default();
         let (mut persist, rec) = Persistence::open(&meta_dir, r.cache.block_size, r.max_slots, &mut |rep| {
             match rep {
                 Record::Vdisk { vm, name } => {
@@ -190,15 +191,18 @@ impl Daemon {
                 }
                 Record::Free { slot } => {
                     engine.release_slot(slot);
+                    seals.free(slot);
                 }
-                Record::Slot { slot, vm, block, valid, dirty } => {
+                Record::Slot { slot, vm, block, valid, dirty, sums } => {
                     let id = *ids.get(&vm).ok_or(format!("slot {slot}: VM id {vm} has no vDisk name"))?;
                     engine.release_slot(slot);
                     if let Some(other) = engine.lookup(id, block) {
                         engine.release_slot(other); // the block moved; the later record wins
+                        seals.free(other);
                     }
                     let spb = (r.cache.block_size / 512) as u32;
                     engine.restore_slot(slot, id, block, &bits_to_bools(&valid, spb), &bits_to_bools(&dirty, spb))?;
+                    seals.slot(slot, id, block, &dirty, sums);
                 }
                 Record::CacheLabel(e) => expected_label = Some(e),
                 Record::Target { .. } => {}
@@ -426,8 +430,11 @@ impl Daemon {
             }
         };
         persist.set_label(crate::cache_label::Expected { id: label.id, generation, previous });
+        // Blocks sealed before the stop keep their checksums (reads of them are checked).
+        let sums = crate::block_sums::BlockSums::new(r.cache.block_size);
+        recovery.sealed_blocks = seals.apply(&mut engine, &sums) as u64;
         persist
-            .checkpoint(&engine, &names, &targets, &ssd)
+            .checkpoint(&engine, &names, &targets, &ssd, &|r| sums.of_record(r))
             .map_err(|source| StartError::File { path: meta_dir.display().to_string(), error: source })?;
         crate::cache_label::write(&ssd, &label)
             .map_err(|source| StartError::File { path: cfg.cache.path.display().to_string(), error: source })?;
@@ -436,6 +443,7 @@ impl Daemon {
             tracing::info!(
                 blocks = recovery.blocks,
                 dirty = recovery.dirty_blocks,
+                sealed = recovery.sealed_blocks,
                 journal_records = recovery.journal_records,
                 torn_tail = recovery.torn_tail,
                 "warm start"
@@ -464,6 +472,7 @@ impl Daemon {
             error_threshold: cfg.cache.error_threshold,
             io_uring: cfg.cache.io_uring,
             peers: peer_links.clone(),
+            sums,
         }));
         if r.max_slots > r.slots {
             let blocks = named_slots - r.slots;

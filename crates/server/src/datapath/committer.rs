@@ -63,9 +63,15 @@ impl Shared {
             let backing_refs: Vec<&crate::backing::Backing> = backings.iter().map(|b| &**b).collect();
             let r = {
                 let mut persist = self.persist.lock().unwrap_or_else(|p| p.into_inner());
-                append_meta(&mut persist, &meta)
-                    .and_then(|()| persist.commit(&c, &|| self.sync_stores(), &backing_refs))
+                append_meta(&mut persist, &meta).and_then(|()| {
+                    persist.commit(&c, &|| self.sync_stores(), &backing_refs, &|r| self.sums.of_record(r))
+                })
             };
+            // Checksums of sectors the records call clean, and of freed slots, are not
+            // kept (before the engine hears of the commit: no freed slot is reused yet).
+            for r in &c.records {
+                self.sums.prune(r);
+            }
             self.busy.fetch_sub(1, SeqCst);
             match &r {
                 Err(e) => {
@@ -116,9 +122,15 @@ impl Shared {
         let Core { engine, names, .. } = core;
         let targets: Vec<u64> = (0..names.len()).map(|v| engine.partition(v as u32).target).collect();
         let backings = self.backings.read().unwrap_or_else(|p| p.into_inner()).clone();
-        let r = persist.checkpoint_records(names, &targets, &|| self.sync_stores(), &backings, &mut |emit| {
-            engine.checkpoint(emit)
-        });
+        let sums = |r: &cachevisor_engine::SlotRecord| self.sums.of_record(r);
+        let r = persist.checkpoint_records(
+            names,
+            &targets,
+            &|| self.sync_stores(),
+            &backings,
+            &mut |emit| engine.checkpoint(emit),
+            &sums,
+        );
         self.busy.fetch_sub(1, SeqCst);
         match r {
             Ok(()) => {

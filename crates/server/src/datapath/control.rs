@@ -397,6 +397,11 @@ impl DataPath {
         self.shared.commit_failures.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Cache reads whose bytes failed their checksum since start (`block_sums.rs`).
+    pub fn checksum_mismatches(&self) -> u64 {
+        self.shared.sums.mismatches()
+    }
+
     /// Rounds the ticker ran (the engine's timers under its lock, every 20 ms): it stops
     /// when the engine loop is stuck or the data path halted.
     pub fn ticks(&self) -> u64 {

@@ -207,16 +207,20 @@ impl Shared {
         let at = run_address(run, &self.layout);
         let r = if first.kind.is_write() {
             match write_data(run) {
-                Some(data) => self
-                    .replicated_write(run, &data, || self.dev_write(first.loc, &data, at))
-                    .map(|()| bytes::Bytes::new()),
+                Some(data) => {
+                    let r = self.replicated_write(run, &data, || self.dev_write(first.loc, &data, at));
+                    self.note_write_sums(run, &data, r.is_ok());
+                    r.map(|()| bytes::Bytes::new())
+                }
                 None => return vec![Err(Failure::Io); run.len()],
             }
         } else {
             let mut buf = vec![0u8; total];
             self.dev_read(first.loc, &mut buf, at).map(|()| bytes::Bytes::from(buf))
         };
-        run_results(run, r)
+        let mut results = run_results(run, r);
+        self.check_read_sums(run, &mut results);
+        results
     }
 
     /// Writes a run (`write`), and logs its client writes of replicated vDisks on the
@@ -274,6 +278,11 @@ impl Shared {
                             wt.reads.push(bytes.clone());
                         }
                     }
+                }
+                if op.kind == OpKind::SsdRead && op.staged && !op.client {
+                    // A write-back's or a move's source: a cache write from it copies
+                    // checksummed bytes.
+                    core.cache_sources.insert((op.req, op.id));
                 }
                 core.bufs.entry(op.req).or_default().insert(op.id, bytes);
                 Ok(())

@@ -29,10 +29,22 @@ impl Shared {
                 } else {
                     core.waiting.get(&op.req).and_then(|w| w.write.clone())
                 };
+                let sum = match op.kind {
+                    cachevisor_engine::OpKind::SsdWrite if op.client => SumAction::Set,
+                    cachevisor_engine::OpKind::SsdWrite => {
+                        let copied = op.source_id().is_some_and(|s| core.cache_sources.contains(&(op.req, s)));
+                        if copied {
+                            SumAction::Set
+                        } else {
+                            SumAction::Clear
+                        }
+                    }
+                    _ => SumAction::None,
+                };
                 if core.waiting.contains_key(&op.req) {
-                    core.work.push_back(Work { op, data });
+                    core.work.push_back(Work { op, data, sum });
                 } else {
-                    core.background.push_back(Work { op, data });
+                    core.background.push_back(Work { op, data, sum });
                 }
                 queued += 1;
                 // The ring's (the cache file's), or the device threads' (a backing
@@ -65,6 +77,9 @@ impl Shared {
                 }
                 Event::Retired { req, failed } => {
                     core.bufs.remove(&req);
+                    if !core.cache_sources.is_empty() {
+                        core.cache_sources.retain(|&(r, _)| r != req);
+                    }
                     if failed {
                         self.count_errors(core);
                     }

@@ -45,6 +45,7 @@ impl Shared {
         let r = if run[0].op.kind.is_write() {
             let n = self.fail_ssd_write_in.load(Relaxed);
             if n > 0 && self.fail_ssd_write_in.fetch_sub(1, Relaxed) == 1 {
+                self.note_write_sums(run, &[], false);
                 Err(std::io::Error::other("injected cache-store write failure"))
             } else {
                 match write_data(run) {
@@ -52,8 +53,11 @@ impl Shared {
                     None => return vec![Err(Failure::Io); run.len()],
                 }
                 let (res, buf) = f.write_at(v.slice(off..off + total), at).submit().await;
-                self.io_pool.give(buf.into_inner());
-                res.and_then(|n| if n == total { Ok(bytes::Bytes::new()) } else { Err(short()) })
+                let buf = buf.into_inner();
+                let r = res.and_then(|n| if n == total { Ok(bytes::Bytes::new()) } else { Err(short()) });
+                self.note_write_sums(run, &buf[off..off + total], r.is_ok());
+                self.io_pool.give(buf);
+                r
             }
         } else {
             let us = self.read_delay_us.load(Relaxed);
@@ -69,7 +73,9 @@ impl Shared {
                 Err(e) => Err(e),
             }
         };
-        run_results(run, r)
+        let mut results = run_results(run, r);
+        self.check_read_sums(run, &mut results);
+        results
     }
 }
 

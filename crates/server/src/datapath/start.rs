@@ -21,8 +21,10 @@ impl DataPath {
             error_threshold,
             io_uring,
             peers,
+            sums,
         } = s;
         engine.set_persistent(reserve);
+        engine.set_seal_after(SEAL_AFTER.as_nanos() as u64);
         engine.set_schedule(0, schedule);
         engine.set_error_threshold(error_threshold);
         let bs = engine.config().block_size;
@@ -33,6 +35,7 @@ impl DataPath {
             engine,
             waiting: HashMap::new(),
             bufs: HashMap::new(),
+            cache_sources: Default::default(),
             work: VecDeque::new(),
             background: VecDeque::new(),
             background_busy: 0,
@@ -84,6 +87,7 @@ impl DataPath {
             backing_queued: Default::default(),
             replicator: Default::default(),
             io_pool: Default::default(),
+            sums,
         });
         let mut handles = Vec::new();
         for i in 0..threads.max(1) {
@@ -124,20 +128,25 @@ impl DataPath {
         let (bs, slots) = (cfg.block_size, cfg.slots);
         let spb = (bs / 512) as u32;
         let mut engine = Engine::new(cfg)?;
+        let mut seals = crate::block_sums::Replayed::default();
         let (mut persist, _) = Persistence::open(&dir.join("meta"), bs, slots, &mut |r| {
             match r {
                 crate::journal::Record::Free { slot } => {
                     engine.release_slot(slot);
+                    seals.free(slot);
                 }
-                crate::journal::Record::Slot { slot, vm, block, valid, dirty } => {
+                crate::journal::Record::Slot { slot, vm, block, valid, dirty, sums } => {
                     engine.release_slot(slot);
                     let bools = |w: &[u64]| crate::persist::bits_to_bools(w, spb);
                     engine.restore_slot(slot, vm as VmId, block, &bools(&valid), &bools(&dirty))?;
+                    seals.slot(slot, vm as VmId, block, &dirty, sums);
                 }
                 _ => {}
             }
             Ok(())
         })?;
+        let sums = crate::block_sums::BlockSums::new(bs);
+        seals.apply(&mut engine, &sums);
         let file = |name: &str, len: u64| -> Result<File, String> {
             let path = dir.join(name);
             let f = std::fs::OpenOptions::new()
@@ -161,7 +170,9 @@ impl DataPath {
             backings.push(Arc::new(Backing::file(f).map_err(|e| e.to_string())?));
         }
         let names: Vec<String> = (0..vms).map(|v| format!("vm{v}")).collect();
-        persist.checkpoint(&engine, &names, &vec![0; vms as usize], &ssd).map_err(|e| e.to_string())?;
+        persist
+            .checkpoint(&engine, &names, &vec![0; vms as usize], &ssd, &|r| sums.of_record(r))
+            .map_err(|e| e.to_string())?;
         if let Some(limit) = journal_limit {
             persist.set_journal_limit(limit);
         }
@@ -179,6 +190,7 @@ impl DataPath {
             error_threshold,
             io_uring,
             peers: None,
+            sums,
         }))
     }
 }

@@ -48,7 +48,7 @@ impl super::handshake::Exports for SingleExport {
 fn errno(f: Failure) -> u32 {
     match f {
         Failure::NoSpace => ENOSPC,
-        Failure::Io => EIO,
+        Failure::Io | Failure::Corrupt => EIO,
         Failure::Shutdown => ESHUTDOWN,
         Failure::OutOfRange => EINVAL,
     }

@@ -387,7 +387,14 @@ fn garbled_dirty_blocks_are_eio_and_never_written_back() {
         f.write_all_at(&vec![0x5a; len], 4096 + at).unwrap();
         f.sync_all().unwrap();
     };
+    let (code, out) = check_metadata(&d.join("cache.img.meta"));
+    assert!(code == Some(0) && out.contains("(2048 sealed, 0 failing their checksums)"), "{out}");
     garble(1 << 20, 256 << 10);
+    // The offline check reads the sealed blocks and names the loss.
+    let (code, out) = check_metadata(&d.join("cache.img.meta"));
+    let named =
+        out.lines().find(|l| l.contains("dirty blocks of vm1 fail their checksums")).unwrap_or_default().to_string();
+    assert!(code == Some(1) && named.starts_with("problem: "), "{out}");
     let a = Daemon::start(d, "wb.toml", &[]).unwrap();
     assert!(
         a.banner.iter().any(|l| l.contains(&format!("({BLOCKS} dirty, {BLOCKS} of them sealed with checksums)"))),
@@ -404,6 +411,7 @@ fn garbled_dirty_blocks_are_eio_and_never_written_back() {
     };
     let failed = reads(&a);
     assert!((1..=64).contains(&failed), "{failed} blocks failed: only the 64 garbled slots may");
+    assert!(named.contains(&format!("problem: {failed} dirty blocks")), "the check named them all: {named}");
     let metrics = |a: &Daemon| {
         let m =
             ureq::get(&format!("http://{}/metrics", a.api.as_ref().unwrap())).call().unwrap().into_string().unwrap();

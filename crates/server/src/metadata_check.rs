@@ -8,7 +8,9 @@
 //! Beyond the start's own checks it looks for what a start would take as it is: one block
 //! of a vDisk in two slots (two copies, one of them stale), a slot naming a vDisk no
 //! `Vdisk` record names, and dirty blocks of a vDisk with no backing binding (they could
-//! not be written back anywhere).
+//! not be written back anywhere). When the cache store's label matches, the dirty blocks
+//! sealed with checksums (`block_sums.rs`) are read from it and checked: a block whose
+//! bytes fail is named (a start serves EIO for it and never writes it back).
 
 use crate::journal::{Header, Record, CHECKPOINT_MAGIC, HEADER_LEN, JOURNAL_MAGIC};
 use std::collections::BTreeMap;
@@ -55,6 +57,10 @@ pub struct VdiskReport {
     pub blocks: u64,
     /// Of those, blocks with dirty sectors (not yet written back).
     pub dirty_blocks: u64,
+    /// Of the dirty ones, blocks sealed with checksums (checked against the store).
+    pub sealed_blocks: u64,
+    /// Of the sealed ones, blocks whose bytes in the cache store fail their checksums.
+    pub corrupt_blocks: u64,
 }
 
 /// The geometry in `path`'s header, if the file exists and has one.
@@ -95,6 +101,8 @@ pub fn check(dir: &Path) -> Result<Report, String> {
     report.checkpoint = matches!(ckpt, Ok(Some(_)));
     // The start's replay, into a model of the slot table.
     let mut slots: BTreeMap<u32, (u16, u64, bool)> = BTreeMap::new();
+    // Sealed slots: their dirty sectors and checksums.
+    let mut seals: BTreeMap<u32, (Vec<u64>, Vec<u32>)> = BTreeMap::new();
     let mut names: BTreeMap<u16, String> = BTreeMap::new();
     let mut bindings: BTreeMap<u16, String> = BTreeMap::new();
     let mut label = None;
@@ -106,11 +114,16 @@ pub fn check(dir: &Path) -> Result<Report, String> {
             Record::Binding { vm, identity } => {
                 bindings.insert(vm, identity.describe());
             }
-            Record::Slot { slot, vm, block, dirty, .. } => {
+            Record::Slot { slot, vm, block, dirty, sums, .. } => {
                 slots.insert(slot, (vm, block, dirty.iter().any(|w| *w != 0)));
+                match sums {
+                    Some(s) => seals.insert(slot, (dirty, s)),
+                    None => seals.remove(&slot),
+                };
             }
             Record::Free { slot } => {
                 slots.remove(&slot);
+                seals.remove(&slot);
             }
             Record::CacheLabel(e) => label = Some(e),
             Record::Target { .. } => {}
@@ -154,18 +167,59 @@ pub fn check(dir: &Path) -> Result<Report, String> {
         }
     }
     report.vdisks = per_vm.into_values().collect();
-    check_store(dir, label.as_ref(), &mut report);
+    if let Some(store) = check_store(dir, label.as_ref(), &mut report) {
+        check_sums(&store, &slots, &seals, &mut report);
+    }
     Ok(report)
+}
+
+/// Reads each sealed slot's dirty sectors from the cache store `store` and checks them
+/// against their checksums, counting per vDisk; a vDisk with blocks that fail is a problem.
+fn check_sums(
+    store: &Path,
+    slots: &BTreeMap<u32, (u16, u64, bool)>,
+    seals: &BTreeMap<u32, (Vec<u64>, Vec<u32>)>,
+    report: &mut Report,
+) {
+    use std::os::unix::fs::FileExt;
+    let Ok(f) = crate::bounded_read::open_regular(store) else { return };
+    let bs = report.block_size;
+    let mut sector = [0u8; 512];
+    for (&slot, (dirty, sums)) in seals {
+        let Some(&(vm, _, _)) = slots.get(&slot) else { continue };
+        let mut sums = sums.iter();
+        let mut bad = false;
+        for i in 0..bs / 512 {
+            if dirty.get((i / 64) as usize).is_none_or(|w| w >> (i % 64) & 1 == 0) {
+                continue;
+            }
+            let Some(&want) = sums.next() else { break };
+            let at = crate::cache_label::DATA_OFFSET + u64::from(slot) * bs + i * 512;
+            bad |= f.read_exact_at(&mut sector, at).is_err() || crate::block_sums::sector_sum(&sector) != want;
+        }
+        if let Some(v) = report.vdisks.iter_mut().find(|v| v.vm == vm) {
+            v.sealed_blocks += 1;
+            v.corrupt_blocks += u64::from(bad);
+        }
+    }
+    for v in &report.vdisks {
+        if v.corrupt_blocks > 0 {
+            report.problems.push(format!(
+                "{} dirty blocks of {} fail their checksums in the cache store: their data is lost (a start serves EIO for them and never writes them back; a client's write of them heals them)",
+                v.corrupt_blocks,
+                v.name.as_deref().unwrap_or("an unnamed VM")
+            ));
+        }
+    }
 }
 
 /// Compares the label of the cache store the owner note names with the one the metadata
 /// names, as a start does: a store that is not this metadata's, with dirty blocks
 /// recorded, is a problem (a start refuses); with clean ones only a start comes up cold.
-fn check_store(dir: &Path, expected: Option<&crate::cache_label::Expected>, report: &mut Report) {
+/// Returns the store's path when its label matches (its bytes are the metadata's).
+fn check_store(dir: &Path, expected: Option<&crate::cache_label::Expected>, report: &mut Report) -> Option<PathBuf> {
     let note = crate::bounded_read::read_to_string(&crate::owner_lock::owner_file(dir), 1 << 16).unwrap_or_default();
-    let Some(path) = note.lines().next().and_then(|l| l.split_once(", cache ")).map(|(_, p)| PathBuf::from(p)) else {
-        return;
-    };
+    let path = note.lines().next().and_then(|l| l.split_once(", cache ")).map(|(_, p)| PathBuf::from(p))?;
     let held: Vec<(String, u64, u64)> = report
         .vdisks
         .iter()
@@ -173,6 +227,7 @@ fn check_store(dir: &Path, expected: Option<&crate::cache_label::Expected>, repo
         .collect();
     let found = crate::cache_label::read(&path);
     let verdict = crate::cache_label::verdict(&found, expected, report.block_size, &held, &|_| false, (&path, dir));
+    let warm = matches!(verdict, Ok(crate::cache_label::Verdict::Warm { .. }));
     report.cache_store = Some(match verdict {
         Ok(crate::cache_label::Verdict::Warm { .. }) => format!("{}: its label matches the metadata", path.display()),
         Ok(crate::cache_label::Verdict::Cold(None)) => format!("{}: a new cache (no label yet)", path.display()),
@@ -182,6 +237,7 @@ fn check_store(dir: &Path, expected: Option<&crate::cache_label::Expected>, repo
             format!("{}: not the store this metadata describes", path.display())
         }
     });
+    warm.then_some(path)
 }
 
 impl Report {
@@ -199,11 +255,13 @@ impl Report {
         );
         for v in &self.vdisks {
             s += &format!(
-                "  {:<16} VM {:>3}: {:>10} blocks cached, {:>10} dirty; backing {}\n",
+                "  {:<16} VM {:>3}: {:>10} blocks cached, {:>10} dirty ({} sealed, {} failing their checksums); backing {}\n",
                 v.name.as_deref().unwrap_or("(unnamed)"),
                 v.vm,
                 v.blocks,
                 v.dirty_blocks,
+                v.sealed_blocks,
+                v.corrupt_blocks,
                 v.backing.as_deref().unwrap_or("(none)")
             );
         }

@@ -372,7 +372,8 @@ fn garbled_dirty_blocks_are_eio_and_never_written_back() {
     cache_config(d);
     let toml = std::fs::read_to_string(d.join("wb.toml"))
         .unwrap()
-        .replace("[listen]", "[api]\nlisten = \"127.0.0.1:0\"\n[listen]");
+        .replace("[listen]", "[api]\nlisten = \"127.0.0.1:0\"\n[listen]")
+        .replace("[cache]\n", "[cache]\nseal_after = \"2s\"\n");
     std::fs::write(d.join("wb.toml"), toml).unwrap();
     const BLOCKS: u64 = 2048; // 8 MiB of 4 KiB blocks, acknowledged, dirty
     let mut a = Daemon::start(d, "wb.toml", &[]).unwrap();

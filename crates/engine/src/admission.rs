@@ -195,6 +195,11 @@ impl Engine {
         }
         let before = if self.dur.on && req.op == Op::Write { self.vouched_before(&req) } else { Vec::new() };
         self.access(now_ns, &req, &mut job.out);
+        if req.op == Op::Write {
+            for op in job.out.ops.iter().filter(|o| o.client && o.kind == crate::output::OpKind::SsdWrite) {
+                self.seals.wrote(op.slot);
+            }
+        }
         if !before.is_empty() {
             let intents = self.intents(&before, &job.out);
             if !intents.is_empty() {

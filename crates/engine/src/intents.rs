@@ -35,6 +35,8 @@ impl Engine {
         let bs = self.cfg.block_size;
         let mut records: Vec<SlotRecord> = Vec::new();
         let mut needed: Vec<u32> = Vec::new();
+        // Other sealed slots of the regions this write waits for (`seals.rs`).
+        let mut unseals: Vec<SlotRecord> = Vec::new();
         let writes = out.ops.iter().filter(|o| o.client && o.kind == OpKind::SsdWrite);
         let around = out.ops.iter().filter(|o| o.client && o.kind == OpKind::BackingWrite);
         for op in writes.chain(around) {
@@ -57,6 +59,18 @@ impl Engine {
             }) else {
                 continue;
             };
+            if ssd && self.seals.is_sealed(pre.slot) && !needed.contains(&pre.slot) {
+                // Its checksums in the journal describe the bytes this write replaces: a
+                // record without them first (`seals.rs`), and its region's other sealed
+                // slots unsealed along with it.
+                needed.push(pre.slot);
+                let mut skip: Vec<u32> = records.iter().map(|r| r.slot).collect();
+                skip.extend(before.iter().map(|r| r.slot));
+                for n in self.region_unseals(pre.slot, &skip) {
+                    needed.push(n.slot);
+                    unseals.push(n);
+                }
+            }
             let r = match records.iter_mut().find(|r| r.slot == pre.slot) {
                 Some(r) => r,
                 None => {
@@ -64,11 +78,6 @@ impl Engine {
                     records.last_mut().expect("just pushed")
                 }
             };
-            if ssd && self.seals.is_sealed(pre.slot) && !needed.contains(&pre.slot) {
-                // Its checksums in the journal describe the bytes this write replaces: a
-                // record without them first (`seals.rs`).
-                needed.push(pre.slot);
-            }
             let (lo, hi) = op.sectors(bs);
             let vouched = self.dur.vouched_sectors(pre.slot);
             for i in lo..hi {
@@ -97,6 +106,8 @@ impl Engine {
                 }
             }
         }
+        unseals.retain(|u| !records.iter().any(|r| r.slot == u.slot));
+        records.append(&mut unseals);
         records.retain(|r| {
             needed.contains(&r.slot)
                 || before.iter().any(|p| p.slot == r.slot && (p.dirty != r.dirty || p.valid != r.valid))

@@ -13,7 +13,14 @@
 //! crash leaves each sealed sector either matching or garbled — never a newer write's. Any
 //! later record of the slot (a change, an intent) unseals it. Hot blocks, rewritten within
 //! the window, are never sealed and never wait; a driver checks them against checksums it
-//! keeps in memory while it runs. The rule is checked by the crash model
+//! keeps in memory while it runs.
+//!
+//! Sealing works by *region* ([`SEAL_REGION_SLOTS`] slots, as dm-integrity's bitmap mode
+//! marks regions, not sectors): a slot is sealed only once no client write has gone into
+//! its region for the window, and a write that must wait for a sealed slot unseals every
+//! sealed slot of its region in the same commit. Random writes over a cache keep its
+//! regions unsealed and never wait; a write into a region gone cold waits for one commit,
+//! and its neighbours' writes after it none. The rule is checked by the crash model
 //! (`tests/crash_consistency.rs`: no sealed sector that is not garbled fails its checksum
 //! after any crash, every garbled one does).
 //!
@@ -28,6 +35,11 @@ use std::collections::{HashMap, VecDeque};
 /// Seals per commit at most (a commit's size stays bounded when many blocks go cold).
 pub const MAX_SEALS_PER_COMMIT: usize = 4096;
 
+/// Slots per region: the unit a write unseals and that must be cold to be sealed (16 MiB
+/// of 4 KiB blocks: a random writer over a cache waits for at most one commit per 16 MiB
+/// gone cold).
+pub const SEAL_REGION_SLOTS: u32 = 4096;
+
 /// Sealed slots and seal candidates (persistent mode).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Seals {
@@ -37,6 +49,10 @@ pub(crate) struct Seals {
     now_ns: u64,
     /// Sealed slots, one bit each.
     sealed: Vec<u64>,
+    /// Per region, when a client write last went into one of its slots.
+    written: Vec<u64>,
+    /// Slots per region (0: [`SEAL_REGION_SLOTS`]).
+    region: u32,
     /// Candidates: slot → when its newest record became durable.
     since: HashMap<u32, u64>,
     /// Candidates in the order they came (each slot once; a stale time is re-queued).
@@ -50,6 +66,33 @@ pub(crate) struct Seals {
 }
 
 impl Seals {
+    /// A client write goes into slot `s` at the driver's latest time.
+    #[inline]
+    pub(crate) fn wrote(&mut self, s: u32) {
+        if self.after_ns == 0 {
+            return;
+        }
+        let r = (s / self.region_slots()) as usize;
+        if self.written.len() <= r {
+            self.written.resize(r + 1, 0);
+        }
+        self.written[r] = self.now_ns;
+    }
+
+    /// When a client write last went into `s`'s region.
+    fn region_written(&self, s: u32) -> u64 {
+        self.written.get((s / self.region_slots()) as usize).copied().unwrap_or(0)
+    }
+
+    /// Slots per region.
+    fn region_slots(&self) -> u32 {
+        if self.region == 0 {
+            SEAL_REGION_SLOTS
+        } else {
+            self.region
+        }
+    }
+
     /// Whether slot `s` is sealed (the journal may hold checksums of its dirty sectors).
     pub(crate) fn is_sealed(&self, s: u32) -> bool {
         self.sealed.get(s as usize / 64).is_some_and(|w| w >> (s % 64) & 1 == 1)
@@ -88,6 +131,11 @@ impl Engine {
     /// change (0, the default: never). The daemon seals after seconds; see the module doc.
     pub fn set_seal_after(&mut self, after_ns: u64) {
         self.seals.after_ns = after_ns;
+    }
+
+    /// Slots per sealing region (default [`SEAL_REGION_SLOTS`]; tests use small ones).
+    pub fn set_seal_region(&mut self, slots: u32) {
+        self.seals.region = slots.max(1);
     }
 
     /// Whether `slot` is sealed: the journal may hold checksums of its dirty sectors, and a
@@ -189,6 +237,7 @@ impl Engine {
             return seals;
         }
         let mut retry = Vec::new();
+        let taken: std::collections::HashSet<u32> = taken.iter().map(|r| r.slot).collect();
         while let Some(&(t, s)) = self.seals.queue.front() {
             if now.saturating_sub(t) < after || seals.len() >= MAX_SEALS_PER_COMMIT {
                 break;
@@ -204,7 +253,14 @@ impl Engine {
                 self.seals.since.remove(&s);
                 continue;
             }
-            if self.flight.pinned(s) || taken.iter().any(|r| r.slot == s) || self.dur.in_limbo(s) {
+            let region = self.seals.region_written(s);
+            if now.saturating_sub(region) < after {
+                // Its region is written to: sealed once that stops.
+                self.seals.since.insert(s, region);
+                retry.push((region, s));
+                continue;
+            }
+            if self.flight.pinned(s) || taken.contains(&s) || self.dur.in_limbo(s) {
                 // Busy now (a write-back reading it, a record in this commit): later.
                 self.seals.since.insert(s, now);
                 retry.push((now, s));
@@ -218,6 +274,20 @@ impl Engine {
         }
         self.seals.queue.extend(retry);
         seals
+    }
+
+    /// The unsealing records a write that waits for sealed slot `s` takes along: every
+    /// other sealed slot of its region that nothing is in flight on (its state is settled),
+    /// so the region's next writes need no commit. `skip`: slots with a record already.
+    pub(crate) fn region_unseals(&self, s: u32, skip: &[u32]) -> Vec<SlotRecord> {
+        let n = self.seals.region_slots();
+        let first = s / n * n;
+        let end = (first + n).min(self.slot_count() as u32);
+        (first..end)
+            .filter(|&n| n != s && self.seals.is_sealed(n) && !skip.contains(&n))
+            .filter(|&n| self.slot_block(n).is_some() && !self.flight.pinned(n))
+            .map(|n| self.record_of(n))
+            .collect()
     }
 }
 
@@ -300,6 +370,45 @@ mod tests {
             settle(&mut e, t);
             assert!(!e.is_sealed(e.lookup(0, 3).unwrap()), "rewritten every 300 ns, sealed after 1,000");
         }
+    }
+
+    #[test]
+    fn a_write_into_a_cold_region_waits_once_and_unseals_its_neighbours() {
+        let mut e = Engine::new(EngineConfig::with_slots(64)).unwrap();
+        e.set_target(0, 64, &mut Output::default());
+        e.set_persistent(2);
+        e.set_seal_after(1_000);
+        e.set_seal_region(8);
+        for b in 0..4 {
+            write(&mut e, 0, b);
+        }
+        e.request_commit();
+        settle(&mut e, 10);
+        e.handle_timeout(2_000);
+        e.request_commit();
+        let sealed = settle(&mut e, 2_000).iter().filter(|r| r.sealed).count();
+        assert_eq!(sealed, 4);
+        // The first write waits for the commit that unseals all four.
+        write(&mut e, 2_100, 0);
+        assert!(e.poll_op().is_none(), "held");
+        let c = e.poll_commit().unwrap();
+        assert_eq!(c.records.iter().filter(|r| !r.sealed).count(), 4, "{:?}", c.records);
+        e.handle_commit(2_100, c.epoch, Ok(()));
+        settle(&mut e, 2_100);
+        // The neighbours' writes go at once.
+        for b in 1..4 {
+            write(&mut e, 2_200, b);
+            let op = e.poll_op().expect("no wait");
+            e.handle_completion(2_200, op.handle(), Ok(()));
+        }
+        // Written within the window: the region is not sealed again, however old a slot's record.
+        e.handle_timeout(3_150);
+        e.request_commit();
+        assert!(settle(&mut e, 3_150).iter().all(|r| !r.sealed));
+        // Their records durable at 3,150 and the region cold since 2,200: sealed at 4,150.
+        e.handle_timeout(4_200);
+        e.request_commit();
+        assert_eq!(settle(&mut e, 4_200).iter().filter(|r| r.sealed).count(), 4, "cold again: sealed");
     }
 
     #[test]

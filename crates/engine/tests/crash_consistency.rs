@@ -555,6 +555,8 @@ fn run_checking(
     d.e.set_persistent(2);
     // Blocks unchanged for 3 steps are sealed (their checksums journaled).
     d.e.set_seal_after(3000);
+    // Regions of 3 slots: a write waiting for a sealed slot unseals its region's others.
+    d.e.set_seal_region(3);
     d.e.set_writeback_ahead(ahead);
     // A dirty target of 0: the flusher writes at its full rate among the requests.
     let flusher = Flusher { period_ns: 5000, blocks_per_period: 2, dirty_target: 0.0 };

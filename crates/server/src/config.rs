@@ -72,10 +72,20 @@ pub struct CacheConfig {
     /// `false`: a pool of threads.
     #[serde(default = "default_io_uring")]
     pub io_uring: bool,
+    /// How long a dirty block's region goes without a write before its checksums are
+    /// sealed into the metadata, so a restart after a crash checks it too (`30s`; `0s`:
+    /// never — checksums are then checked while the daemon runs only). The first write
+    /// into a sealed region waits for one metadata commit (`engine/src/seals.rs`).
+    #[serde(default = "default_seal_after")]
+    pub seal_after: String,
 }
 
 fn default_io_uring() -> bool {
     true
+}
+
+fn default_seal_after() -> String {
+    "30s".into()
 }
 
 /// Whether the cache store bypasses the page cache.
@@ -594,6 +604,7 @@ writeback_percent = 10        # default 10, 0 to 100: share of the cache the flu
 writeback_ahead = 32          # default 32, 0 to 4096: dirty blocks among each vDisk's next this many victims are written back while its backing store is idle; 0 = off
 direct = "auto"               # default auto | on | off: O_DIRECT on the cache store
 io_uring = true               # default true: an O_DIRECT cache store's I/O through io_uring where the kernel allows; false: device threads
+seal_after = "30s"            # default 30s, 0s or 1s to 1h: a dirty block whose 16 MiB region went this long without a write has its checksums sealed into the metadata (checked after a crash too; the region's next write waits for one commit); 0s = checked while running only
 params = {}                   # default {}: the allocator's parameters over its seed's defaults, e.g. { m = 5.0 } for s-cave (unknown keys are errors)
 
 [listen]                      # at least one of tcp, unix and vhost_user
@@ -727,6 +738,8 @@ pub struct Resolved {
     pub poll_ns: u64,
     /// `listen.handshake_timeout`, ns.
     pub handshake_timeout_ns: u64,
+    /// `cache.seal_after`, ns (0: never sealed).
+    pub seal_after_ns: u64,
     /// `api.idle_timeout`, ns (0 without an `[api]` section).
     pub api_idle_timeout_ns: u64,
 }
@@ -809,6 +822,11 @@ impl Config {
             .map_err(|e| format!("cache.interval: {e}"))?;
         if interval < 1_000_000 {
             return Err("cache.interval: at least 1ms".into());
+        }
+        let seal_after_ns = cachevisor_trace::units::parse_duration_ns(&self.cache.seal_after)
+            .map_err(|e| format!("cache.seal_after: {e}"))?;
+        if seal_after_ns != 0 && !(1_000_000_000..=3_600_000_000_000).contains(&seal_after_ns) {
+            return Err(format!("cache.seal_after: `{}` is outside 1s to 1h (or 0s: never)", self.cache.seal_after));
         }
         if self.listen.tcp.is_none() && self.listen.unix.is_none() && self.listen.vhost_user.is_none() {
             return Err("listen: give `tcp`, `unix` and/or `vhost_user`".into());
@@ -921,6 +939,7 @@ impl Config {
             slots,
             max_slots,
             interval_ns: interval,
+            seal_after_ns,
             poll_ns,
             handshake_timeout_ns: handshake_ns,
             api_idle_timeout_ns: api_idle_ns,
@@ -953,6 +972,20 @@ mod tests {
         // Past what an engine can lay out (slot ids are 32-bit): refused, not wrapped.
         let e = r("max_size = \"64TiB\"\n").unwrap_err();
         assert!(e.contains("cache.max_size"), "{e}");
+    }
+
+    #[test]
+    fn seal_after_is_0_or_1s_to_1h() {
+        let base = "[cache]\npath = \"c.img\"\nsize = \"64MiB\"\n{}[listen]\ntcp = \"127.0.0.1:1\"\n[[vdisk]]\nname = \"a\"\nbacking = \"a.img\"\nsize = \"1MiB\"\n";
+        let r =
+            |extra: &str| Config::parse(&base.replace("{}", extra), "t", Path::new("/srv")).and_then(|c| c.resolve());
+        assert_eq!(r("").unwrap().seal_after_ns, 30_000_000_000, "default 30 s");
+        assert_eq!(r("seal_after = \"0s\"\n").unwrap().seal_after_ns, 0, "never");
+        assert_eq!(r("seal_after = \"1h\"\n").unwrap().seal_after_ns, 3_600_000_000_000);
+        for bad in ["500ms", "61min", "soon", "-1s"] {
+            let e = r(&format!("seal_after = \"{bad}\"\n")).unwrap_err();
+            assert!(e.starts_with("cache.seal_after"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -271,12 +271,14 @@ pub struct Setup {
     pub peers: Option<Arc<crate::cluster::peer_device::PeerLinks>>,
     /// Checksums of the cache store's sectors, as the metadata's seal records left them.
     pub sums: crate::block_sums::BlockSums,
+    /// Seal window (`cache.seal_after`; 0: never).
+    pub seal_after: Duration,
 }
 
-/// How long a dirty block stays unchanged, its record durable, before the engine seals
-/// it and the journal carries its checksums (`engine/src/seals.rs`): a block rewritten
-/// more often than this never waits for a commit to unseal it.
-pub const SEAL_AFTER: Duration = Duration::from_secs(2);
+/// How long a dirty block's region goes without a write, its record durable, before the
+/// engine seals it and the journal carries its checksums (`engine/src/seals.rs`; the
+/// daemon's `cache.seal_after`, this for tests and benches).
+pub const SEAL_AFTER: Duration = Duration::from_secs(30);
 
 /// The data path: an engine in persistent mode driven by device, commit and timer threads.
 pub struct DataPath {

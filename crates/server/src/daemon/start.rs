@@ -473,6 +473,7 @@ impl Daemon {
             io_uring: cfg.cache.io_uring,
             peers: peer_links.clone(),
             sums,
+            seal_after: std::time::Duration::from_nanos(r.seal_after_ns),
         }));
         if r.max_slots > r.slots {
             let blocks = named_slots - r.slots;

@@ -22,9 +22,10 @@ impl DataPath {
             io_uring,
             peers,
             sums,
+            seal_after,
         } = s;
         engine.set_persistent(reserve);
-        engine.set_seal_after(SEAL_AFTER.as_nanos() as u64);
+        engine.set_seal_after(seal_after.as_nanos() as u64);
         engine.set_schedule(0, schedule);
         engine.set_error_threshold(error_threshold);
         let bs = engine.config().block_size;
@@ -191,6 +192,7 @@ impl DataPath {
             io_uring,
             peers: None,
             sums,
+            seal_after: SEAL_AFTER,
         }))
     }
 }

@@ -96,11 +96,14 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         println!("# cold start: the cache store is not the one its metadata describes: {why}");
     }
     if r.blocks > 0 {
+        let sealed = match r.sealed_blocks {
+            0 => String::new(),
+            n => format!(", {n} of them sealed with checksums"),
+        };
         println!(
-            "# warm start: {} blocks cached ({} dirty, {} of them sealed with checksums), {} journal records replayed{}",
+            "# warm start: {} blocks cached ({} dirty{sealed}), {} journal records replayed{}",
             r.blocks,
             r.dirty_blocks,
-            r.sealed_blocks,
             r.journal_records,
             if r.torn_tail { ", torn tail cut" } else { "" }
         );

@@ -4,8 +4,8 @@
 //! bytes against `on` and `off` listeners must not panic either.
 #![no_main]
 
-use cachevisor_server::nbd::option_replay::{check_tls_required, replay};
-use cachevisor_server::tls::TlsMode;
+use cachevisor_nbd::option_replay::{check_tls_required, replay};
+use cachevisor_nbd::tls::TlsMode;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -3,7 +3,7 @@
 //! re-encode to the same bytes.
 #![no_main]
 
-use cachevisor_server::nbd::proto::{check_range, decode_info_request, decode_request, encode_request, REQUEST_LEN};
+use cachevisor_nbd::proto::{check_range, decode_info_request, decode_request, encode_request, REQUEST_LEN};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -52,8 +52,8 @@ impl ApiArgs {
         };
         let mut agent = ureq::AgentBuilder::new();
         if let Some(ca) = &self.api_ca {
-            let creds = cachevisor_server::tls::ClientCredentials { ca: ca.clone(), cert_key: None, check_name: true };
-            let config = cachevisor_server::tls::client_config(&creds, "--api-ca")
+            let creds = cachevisor_nbd::tls::ClientCredentials { ca: ca.clone(), cert_key: None, check_name: true };
+            let config = cachevisor_nbd::tls::client_config(&creds, "--api-ca")
                 .map_err(anyhow::Error::msg)
                 .context("reading the API's CA certificate")?;
             agent = agent.tls_config(config);

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 pub fn resolve(token: &Option<String>, token_file: &Option<PathBuf>, what: &str) -> anyhow::Result<String> {
     match (token, token_file) {
         (Some(t), _) => Ok(t.clone()),
-        (None, Some(f)) => Ok(cachevisor_server::bounded_read::read_to_string(f, 1 << 20)
+        (None, Some(f)) => Ok(cachevisor_files::bounded_read::read_to_string(f, 1 << 20)
             .with_context(|| format!("reading the API token from {}", f.display()))?
             .trim()
             .to_string()),

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 const BS: u64 = 4096;
 
-use cachevisor_server::aligned_buf;
+use cachevisor_files::aligned_buf;
 
 thread_local! {
     /// Each client thread's aligned buffer for the O_DIRECT plain file.
@@ -192,7 +192,7 @@ fn through_nbd(
     rounds: usize,
     raw_path: &Path,
 ) -> anyhow::Result<()> {
-    use cachevisor_server::nbd::handshake::{negotiate, Negotiated};
+    use cachevisor_nbd::handshake::{negotiate, Negotiated};
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     let port = listener.local_addr()?.port();
     let server = dp.clone();
@@ -202,23 +202,16 @@ fn through_nbd(
             let dp = server.clone();
             std::thread::spawn(move || {
                 let _ = s.set_nodelay(true);
-                if let Ok(Negotiated::Export(vm, replies)) = negotiate(
-                    &mut s,
-                    &cachevisor_server::nbd::transmission_async::SingleExport { size: disk_size, block_size: BS },
-                ) {
+                if let Ok(Negotiated::Export(vm, replies)) =
+                    negotiate(&mut s, &cachevisor_nbd::transmission::SingleExport { size: disk_size, block_size: BS })
+                {
                     if let Ok(out) = s.try_clone() {
-                        let backend = std::sync::Arc::new(cachevisor_server::nbd::export_backend::VdiskExport {
+                        let backend = std::sync::Arc::new(cachevisor_server::export_backends::VdiskExport {
                             dp,
                             vm,
                             retry_io: false,
                         });
-                        let _ = cachevisor_server::nbd::transmission_async::serve(
-                            s,
-                            out,
-                            backend,
-                            (disk_size, replies),
-                            None,
-                        );
+                        let _ = cachevisor_nbd::transmission::serve(s, out, backend, (disk_size, replies), None);
                     }
                 }
             });

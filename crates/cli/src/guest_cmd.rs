@@ -99,7 +99,7 @@ pub enum Dev {
     /// A file or an NBD export.
     Backing(Backing),
     /// A block device, O_DIRECT, through an aligned bounce buffer.
-    Direct(std::fs::File, cachevisor_server::aligned_buf::AlignedBuf),
+    Direct(std::fs::File, cachevisor_files::aligned_buf::AlignedBuf),
 }
 
 impl Dev {
@@ -107,7 +107,7 @@ impl Dev {
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
         match self {
             Dev::Backing(b) => b.read_at(buf, offset),
-            Dev::Direct(f, _) => cachevisor_server::aligned_buf::read_at(f, &mut Default::default(), buf, offset),
+            Dev::Direct(f, _) => cachevisor_files::aligned_buf::read_at(f, &mut Default::default(), buf, offset),
         }
     }
     /// Its size in bytes.
@@ -127,13 +127,13 @@ impl BlockDevice for Dev {
     fn read_at(&mut self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
         match self {
             Dev::Backing(b) => b.read_at(buf, offset),
-            Dev::Direct(f, bounce) => cachevisor_server::aligned_buf::read_at(f, bounce, buf, offset),
+            Dev::Direct(f, bounce) => cachevisor_files::aligned_buf::read_at(f, bounce, buf, offset),
         }
     }
     fn write_at(&mut self, data: &[u8], offset: u64) -> std::io::Result<()> {
         match self {
             Dev::Backing(b) => b.write_at(data, offset),
-            Dev::Direct(f, bounce) => cachevisor_server::aligned_buf::write_at(f, bounce, data, offset),
+            Dev::Direct(f, bounce) => cachevisor_files::aligned_buf::write_at(f, bounce, data, offset),
         }
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -151,7 +151,7 @@ pub fn open_dev(spec: &str, what: &str) -> anyhow::Result<Dev> {
     let is_device =
         std::fs::metadata(path).is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()));
     if is_device {
-        let f = cachevisor_server::aligned_buf::open_direct(path)
+        let f = cachevisor_files::aligned_buf::open_direct(path)
             .with_context(|| format!("{what}: opening {spec} with O_DIRECT"))?;
         return Ok(Dev::Direct(f, Default::default()));
     }

@@ -10,12 +10,12 @@
 
 use crate::guest_cmd::Dev;
 use anyhow::Context;
-use cachevisor_engine::Failure;
 use cachevisor_guest::GuestCache;
-use cachevisor_server::daemon::ExportInfo;
+use cachevisor_nbd::backend::ClientError;
+use cachevisor_nbd::backend::ExportBackend;
+use cachevisor_nbd::backend::ExportInfo;
+use cachevisor_nbd::handshake::{negotiate, Exports, Negotiated};
 use cachevisor_server::datapath::{Cmd, Done};
-use cachevisor_server::nbd::export_backend::ExportBackend;
-use cachevisor_server::nbd::handshake::{negotiate, Exports, Negotiated};
 use std::os::unix::net::UnixListener;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -51,14 +51,14 @@ struct AppExport {
 }
 
 impl AppExport {
-    fn run<T>(&self, f: impl FnOnce(&mut GuestCache<Dev, Dev>) -> std::io::Result<T>) -> Result<T, Failure> {
+    fn run<T>(&self, f: impl FnOnce(&mut GuestCache<Dev, Dev>) -> std::io::Result<T>) -> Result<T, ClientError> {
         let mut g = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         let r = f(&mut g);
         // The host's notices, between requests (an inflate or a deflate's deadline).
         let _ = g.service();
         r.map_err(|e| {
             tracing::warn!(app = self.app, %e, "guest cache request failed");
-            Failure::Io
+            ClientError::Io
         })
     }
 }
@@ -88,10 +88,10 @@ impl ExportBackend for AppExport {
     fn allocation(&self, _offset: u64, len: u32, _one: bool) -> std::io::Result<Vec<(u32, u32)>> {
         Ok(vec![(len, 0)])
     }
-    fn write_now(&self, offset: u64, data: &[u8]) -> Result<(), Failure> {
+    fn write_now(&self, offset: u64, data: &[u8]) -> Result<(), ClientError> {
         self.run(|g| g.write(self.app, self.base + offset, data))
     }
-    fn flush_now(&self) -> Result<(), Failure> {
+    fn flush_now(&self) -> Result<(), ClientError> {
         // Durable: every dirty block written back to the origin, which is flushed.
         self.run(|g| g.flush())
     }
@@ -146,7 +146,7 @@ pub fn serve(cache: Shared, apps: u16, socket: &Path) -> anyhow::Result<()> {
             };
             let backend = Arc::new(AppExport { cache, app, base: u64::from(app) * exports.slice });
             let Ok(w) = s.try_clone() else { return };
-            if let Err(e) = cachevisor_server::nbd::transmission_async::serve(
+            if let Err(e) = cachevisor_nbd::transmission::serve(
                 std::io::BufReader::new(s),
                 w,
                 backend,

@@ -3,7 +3,7 @@
 //! through the API) and refuses to run without the token.
 
 mod common;
-use cachevisor_server::nbd::client::Client;
+use cachevisor_nbd::client::Client;
 use common::*;
 use std::process::Command;
 

@@ -4,7 +4,7 @@
 //! after its last flush may read as any version written since), and the cache comes back
 //! warm. `CACHEVISOR_CRASH_LOOPS` sets the number of rounds (default 50).
 
-use cachevisor_server::nbd::client::Client;
+use cachevisor_nbd::client::Client;
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};

@@ -8,7 +8,7 @@
 //! `Listener` wants a stream at accept time; this is the small adapter between the two.
 
 use crate::api_conns::{ConnIo, ConnListener};
-use crate::tls::ServerTls;
+use cachevisor_nbd::tls::ServerTls;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;

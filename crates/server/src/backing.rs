@@ -14,7 +14,7 @@
 //! An op that starts at or past the vDisk's end is an error (the engine's range checks
 //! never make one).
 
-use crate::nbd::client::Client;
+use cachevisor_nbd::client::Client;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -65,7 +65,7 @@ impl NbdPool {
     /// `patient = false`: one attempt only (a cluster peer: a refused connection is a
     /// peer that is gone, and the request it serves goes to the backing store at once).
     /// Each connection is given up after `limit` (connecting and negotiating).
-    fn connect(uri: &crate::nbd::uri::NbdUri, patient: bool, limit: std::time::Duration) -> io::Result<NbdPool> {
+    fn connect(uri: &cachevisor_nbd::uri::NbdUri, patient: bool, limit: std::time::Duration) -> io::Result<NbdPool> {
         let (addr, export, tls) = (&uri.endpoint, uri.export.as_str(), uri.tls.as_ref());
         let mut wait = std::time::Duration::from_millis(50);
         let first = loop {
@@ -79,7 +79,7 @@ impl NbdPool {
                 Err(e) => return Err(e),
             }
         };
-        let n = if first.flags & crate::nbd::proto::TFLAG_CAN_MULTI_CONN != 0 { NBD_CONNECTIONS } else { 1 };
+        let n = if first.flags & cachevisor_nbd::proto::TFLAG_CAN_MULTI_CONN != 0 { NBD_CONNECTIONS } else { 1 };
         let mut conns = vec![Mutex::new(first)];
         while conns.len() < n {
             match Client::connect_within(addr, export, tls, limit) {
@@ -115,9 +115,9 @@ pub fn vdisk_size(len: u64) -> u64 {
     len.next_multiple_of(SECTOR)
 }
 
-/// Whether a backing spec is an NBD URI ([`crate::nbd::uri`]).
+/// Whether a backing spec is an NBD URI ([`cachevisor_nbd::uri`]).
 pub fn is_uri(spec: &Path) -> bool {
-    crate::nbd::uri::is_uri(spec)
+    cachevisor_nbd::uri::is_uri(spec)
 }
 
 /// The NBD server's error as the errno it carries (ENOSPC stays ENOSPC up to the client).
@@ -148,8 +148,12 @@ pub fn open_backing_file(path: &Path, size: Option<u64>, grow: bool, at: &str) -
                 return Err(format!("{at}: {} does not exist (give `size` to create it)", path.display()));
             };
             crate::owner_lock::parent_must_exist(path, &format!("{at}:"))?;
-            let f =
-                crate::private_files::options().read(true).write(true).create_new(true).open(path).map_err(named)?;
+            let f = cachevisor_files::private_files::options()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(path)
+                .map_err(named)?;
             f.set_len(size).map_err(named)?;
             tracing::info!(path = %path.display(), size, "created the backing file (sparse)");
             f
@@ -197,7 +201,7 @@ pub fn open_cache_store(path: &Path, size: u64, direct: crate::config::DirectIo)
             .write(true)
             .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
             .open(path)?;
-        let mut b = crate::aligned_buf::AlignedBuf::default();
+        let mut b = cachevisor_files::aligned_buf::AlignedBuf::default();
         f.read_exact_at(&mut b.slice(4096)[..512], 512)?;
         Ok(f)
     };
@@ -246,9 +250,9 @@ pub fn extend_cache_store(f: &File, size: u64) -> io::Result<()> {
 }
 
 impl Backing {
-    /// Connects to the NBD backing `spec` ([`crate::nbd::uri`]).
+    /// Connects to the NBD backing `spec` ([`cachevisor_nbd::uri`]).
     pub fn connect(spec: &Path) -> io::Result<Backing> {
-        let uri = crate::nbd::uri::parse(spec.to_str().unwrap_or_default())?;
+        let uri = cachevisor_nbd::uri::parse(spec.to_str().unwrap_or_default())?;
         Ok(Backing::Nbd(NbdPool::connect(&uri, true, std::time::Duration::from_secs(2))?))
     }
 
@@ -262,7 +266,7 @@ impl Backing {
     /// (a replica log's first write after an epoch change connects anew; with the peer
     /// cut off, a 2 s connect limit made that write stall 2 s past `replica_timeout`).
     pub fn connect_once_within(spec: &Path, limit: std::time::Duration) -> io::Result<Backing> {
-        let uri = crate::nbd::uri::parse(spec.to_str().unwrap_or_default())?;
+        let uri = cachevisor_nbd::uri::parse(spec.to_str().unwrap_or_default())?;
         Ok(Backing::Nbd(NbdPool::connect(&uri, false, limit)?))
     }
 
@@ -406,7 +410,7 @@ impl Backing {
             }
             Backing::Nbd(c) => {
                 let mut c = c.get();
-                if c.flags & crate::nbd::proto::TFLAG_SEND_TRIM == 0 {
+                if c.flags & cachevisor_nbd::proto::TFLAG_SEND_TRIM == 0 {
                     return Ok(false);
                 }
                 let mut at = 0;

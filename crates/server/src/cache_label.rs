@@ -108,8 +108,8 @@ pub fn read(path: &std::path::Path) -> Result<Label, String> {
 
 /// Writes `label` into store `f` (O_DIRECT or not: through an aligned buffer) and syncs it.
 pub fn write(f: &File, label: &Label) -> std::io::Result<()> {
-    let mut bounce = crate::aligned_buf::AlignedBuf::default();
-    crate::aligned_buf::write_at(f, &mut bounce, &label.encode(), 0)?;
+    let mut bounce = cachevisor_files::aligned_buf::AlignedBuf::default();
+    cachevisor_files::aligned_buf::write_at(f, &mut bounce, &label.encode(), 0)?;
     f.sync_data()
 }
 

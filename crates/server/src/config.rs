@@ -172,7 +172,7 @@ pub struct ListenConfig {
     pub handshake_timeout: String,
     /// NBD over TLS: off (default), on (offered), require (`tls.rs`).
     #[serde(default)]
-    pub tls: crate::tls::TlsMode,
+    pub tls: cachevisor_nbd::tls::TlsMode,
     /// A directory in QEMU's `tls-creds-x509` layout: `server-cert.pem`,
     /// `server-key.pem`, and `ca-cert.pem` (the CA of client certificates).
     pub tls_dir: Option<PathBuf>,
@@ -194,11 +194,11 @@ fn yes() -> bool {
 
 impl ListenConfig {
     /// The TLS credentials `[listen]` names (None when `tls` is off); errors name the key.
-    pub fn tls_credentials(&self) -> Result<Option<crate::tls::Credentials>, String> {
-        if self.tls == crate::tls::TlsMode::Off {
+    pub fn tls_credentials(&self) -> Result<Option<cachevisor_nbd::tls::Credentials>, String> {
+        if self.tls == cachevisor_nbd::tls::TlsMode::Off {
             return Ok(None);
         }
-        crate::tls::Credentials::of(
+        cachevisor_nbd::tls::Credentials::of(
             self.tls_dir.as_deref(),
             self.tls_cert.as_deref(),
             self.tls_key.as_deref(),
@@ -220,7 +220,7 @@ impl Default for ListenConfig {
             poll: default_poll(),
             max_connections: default_max_connections(),
             handshake_timeout: default_handshake_timeout(),
-            tls: crate::tls::TlsMode::Off,
+            tls: cachevisor_nbd::tls::TlsMode::Off,
             tls_dir: None,
             tls_cert: None,
             tls_key: None,
@@ -385,7 +385,7 @@ impl VdiskConfig {
             cachevisor_engine::check_disk_size(size, block_size).map_err(|e| format!("{at}.size: {e}"))?;
         }
         check_share(&format!("{at}.ratio"), v.ratio)?;
-        crate::tls_authz::check(&v.allow).map_err(|e| format!("{at}.allow: {e}"))?;
+        cachevisor_nbd::tls_authz::check(&v.allow).map_err(|e| format!("{at}.allow: {e}"))?;
         crate::vhost_user::access::check(v.vhost_user.as_deref(), &format!("{at}.vhost_user"))?;
         if v.replicate == Some(true) && v.name.len() > cachevisor_cluster::replica_record::MAX_NAME {
             return Err(format!("{at}.replicate: a replicated vDisk's name must be at most 400 bytes"));
@@ -795,7 +795,7 @@ impl Config {
 
     /// Reads a file.
     pub fn load(path: &Path) -> Result<Config, String> {
-        let text = crate::bounded_read::read_to_string(path, crate::bounded_read::CONFIG_CAP)
+        let text = cachevisor_files::bounded_read::read_to_string(path, cachevisor_files::bounded_read::CONFIG_CAP)
             .map_err(|e| format!("{}: {e}", path.display()))?;
         Config::parse(&text, &path.display().to_string(), path.parent().unwrap_or(Path::new(".")))
     }
@@ -881,7 +881,7 @@ impl Config {
             if !(1_000_000_000..=3_600_000_000_000).contains(&api_idle_ns) {
                 return Err(format!("api.idle_timeout: `{}` is outside 1s to 1h", a.idle_timeout));
             }
-            if a.tls && self.listen.tls == crate::tls::TlsMode::Off {
+            if a.tls && self.listen.tls == cachevisor_nbd::tls::TlsMode::Off {
                 return Err("api.tls: HTTPS uses [listen]'s certificate and key: set listen.tls (\"on\" or \"require\") and listen.tls_dir".into());
             }
             if let Some(t) = &a.token {

@@ -28,7 +28,7 @@ pub use vdisks::ChangeError;
 
 /// One served vDisk.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ExportInfo {
+pub struct Export {
     /// Its VM id in the engine.
     pub id: VmId,
     /// Export name.
@@ -40,6 +40,27 @@ pub struct ExportInfo {
     pub allow: Vec<String>,
     /// Who may open it over vhost-user-blk (`vhost_user/access.rs`; none by default).
     pub vhost_user: crate::vhost_user::access::Access,
+}
+
+impl Export {
+    /// How the NBD handshake offers it.
+    pub fn offered(&self) -> cachevisor_nbd::backend::ExportInfo {
+        cachevisor_nbd::backend::ExportInfo {
+            id: self.id,
+            name: self.name.clone(),
+            size: self.size,
+            allow: self.allow.clone(),
+        }
+    }
+}
+
+impl cachevisor_nbd::handshake::Exports for Daemon {
+    fn exports(&self) -> Vec<cachevisor_nbd::backend::ExportInfo> {
+        self.nbd_exports().iter().map(Export::offered).collect()
+    }
+    fn block_size(&self) -> u64 {
+        Daemon::block_size(self)
+    }
 }
 
 /// What a warm start found in the metadata.
@@ -120,7 +141,7 @@ pub enum StartError {
 pub struct Daemon {
     metrics: crate::metrics::Metrics,
     /// By VM id; `None` once removed (ids are not reused while the daemon runs).
-    exports: RwLock<Vec<Option<ExportInfo>>>,
+    exports: RwLock<Vec<Option<Export>>>,
     /// vDisks added and removed through the API (serializes those calls).
     overlay: Mutex<crate::vdisk_overlay::Overlay>,
     block_size: u64,
@@ -142,11 +163,11 @@ pub struct Daemon {
     /// What the daemon's limits refused (`/metrics`).
     pub guards: Arc<crate::status::Guards>,
     /// NBD over TLS (`listen.tls` on or require).
-    tls: Option<Arc<crate::tls::ServerTls>>,
+    tls: Option<Arc<cachevisor_nbd::tls::ServerTls>>,
     /// The vSSD region (`[vssd]`).
     vssd: Option<Arc<crate::vssd::service::VssdService>>,
     /// The vSSDs' NBD exports (ids with `VSSD_EXPORT` set).
-    vssd_exports: Vec<ExportInfo>,
+    vssd_exports: Vec<Export>,
     /// This node's cluster membership (`[cluster]`), set once the service started it.
     cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
     /// The lease the start claimed this node's vDisks under, until the agent adopts it.
@@ -185,11 +206,11 @@ impl Daemon {
 
     /// Whether NBD clients must use TLS (`listen.tls = "require"`).
     pub fn tls_required(&self) -> bool {
-        self.tls.as_ref().is_some_and(|t| t.mode == crate::tls::TlsMode::Require)
+        self.tls.as_ref().is_some_and(|t| t.mode == cachevisor_nbd::tls::TlsMode::Require)
     }
 
     /// The NBD listeners' TLS, when on.
-    pub fn tls(&self) -> Option<&Arc<crate::tls::ServerTls>> {
+    pub fn tls(&self) -> Option<&Arc<cachevisor_nbd::tls::ServerTls>> {
         self.tls.as_ref()
     }
 
@@ -208,35 +229,35 @@ impl Daemon {
     }
 
     /// What export `vm` is served from.
-    pub fn export_backend(&self, vm: VmId) -> Arc<dyn crate::nbd::export_backend::ExportBackend> {
+    pub fn export_backend(&self, vm: VmId) -> Arc<dyn cachevisor_nbd::backend::ExportBackend> {
         use crate::vssd::startup::VSSD_EXPORT;
         if vm & VSSD_EXPORT == 0 && vm & crate::cluster::lent::LENT_EXPORT != 0 {
             if let Some((c, l)) = self.cluster().and_then(|c| c.lent.clone().map(|l| (c, l))) {
-                return Arc::new(crate::cluster::lent::LentExport {
+                return Arc::new(crate::cluster::lent::PeerFile(crate::cluster::lent::LentExport {
                     cluster: Arc::downgrade(c),
                     borrower: l.borrower(vm).unwrap_or_default(),
                     regions: l,
                     epoch: c.epoch(),
-                });
+                }));
             }
         }
         if vm & VSSD_EXPORT == 0 && vm & crate::cluster::replica_host::REPLICA_EXPORT != 0 {
             if let Some((c, r)) = self.cluster().and_then(|c| c.replicas.clone().map(|r| (c, r))) {
                 let owner = r.owner(vm).unwrap_or_default();
-                return Arc::new(crate::cluster::replica_host::ReplicaExport {
+                return Arc::new(crate::cluster::lent::PeerFile(crate::cluster::replica_host::ReplicaExport {
                     cluster: Arc::downgrade(c),
                     read_only: !c.is_member(&owner),
                     owner,
                     logs: r,
                     epoch: c.epoch(),
-                });
+                }));
             }
         }
         match &self.vssd {
             Some(svc) if vm & VSSD_EXPORT != 0 => {
-                Arc::new(crate::nbd::export_backend::VssdExport { svc: svc.clone(), id: vm & !VSSD_EXPORT })
+                Arc::new(crate::export_backends::VssdExport { svc: svc.clone(), id: vm & !VSSD_EXPORT })
             }
-            _ => Arc::new(crate::nbd::export_backend::VdiskExport {
+            _ => Arc::new(crate::export_backends::VdiskExport {
                 dp: self.dp.clone(),
                 vm,
                 retry_io: self.peer_links.is_some(),
@@ -406,7 +427,7 @@ impl Daemon {
     }
 
     /// Every NBD export: the vDisks, then the vSSDs.
-    pub fn nbd_exports(&self) -> Vec<ExportInfo> {
+    pub fn nbd_exports(&self) -> Vec<Export> {
         let mut e = self.exports();
         if !self.is_stopped() {
             e.extend(self.vssd_exports.iter().cloned());
@@ -418,13 +439,13 @@ impl Daemon {
 
     /// The replica logs this node keeps: a live owner's to its certificate, a gone one's
     /// to every live member's (read-only).
-    fn replica_exports(&self) -> Vec<ExportInfo> {
+    fn replica_exports(&self) -> Vec<Export> {
         let Some((c, r)) = self.cluster().and_then(|c| c.replicas.as_ref().map(|r| (c, r))) else {
             return Vec::new();
         };
         c.replica_exports()
             .into_iter()
-            .map(|x| ExportInfo {
+            .map(|x| Export {
                 id: r.id(&x.owner),
                 size: r.size_of(&x.owner),
                 name: x.name,
@@ -435,11 +456,11 @@ impl Daemon {
     }
 
     /// The regions this node lends its live peers, each to the peer's certificate only.
-    fn lent_exports(&self) -> Vec<ExportInfo> {
+    fn lent_exports(&self) -> Vec<Export> {
         let Some((c, l)) = self.cluster().and_then(|c| c.lent.as_ref().map(|l| (c, l))) else { return Vec::new() };
         c.lent_exports()
             .into_iter()
-            .map(|(borrower, name)| ExportInfo {
+            .map(|(borrower, name)| Export {
                 id: l.id(&borrower),
                 name,
                 size: l.size,
@@ -465,12 +486,12 @@ impl Daemon {
     }
 
     /// The vDisks being served, by VM id.
-    pub fn exports(&self) -> Vec<ExportInfo> {
+    pub fn exports(&self) -> Vec<Export> {
         self.exports.read().unwrap_or_else(|e| e.into_inner()).iter().flatten().cloned().collect()
     }
 
     /// Export `vm` (a vDisk unless it was removed, or a vSSD).
-    pub fn export(&self, vm: VmId) -> Option<ExportInfo> {
+    pub fn export(&self, vm: VmId) -> Option<Export> {
         if vm & crate::vssd::startup::VSSD_EXPORT != 0 {
             return self.vssd_exports.iter().find(|e| e.id == vm).cloned();
         }
@@ -600,7 +621,7 @@ impl Daemon {
 
     /// Records every request from now on to `path` in `format`.
     pub fn record_to(&self, path: &std::path::Path, format: cachevisor_trace::Format) -> std::io::Result<()> {
-        let f = std::io::BufWriter::new(crate::private_files::create(path)?);
+        let f = std::io::BufWriter::new(cachevisor_files::private_files::create(path)?);
         let w = cachevisor_trace::TraceWriter::new(format, Box::new(f), self.block_size)?;
         if let Some(old) = self.dp.set_recorder(Some(w)) {
             old.finish()?;

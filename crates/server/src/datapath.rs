@@ -42,13 +42,7 @@ pub use cache_hints::{HintCounts, MAX_QUEUED_BLOCKS};
 pub use cache_swap::{CacheState, DetachReport};
 pub use stats::ExportStats;
 
-/// Bytes and the disk address of their first byte.
-pub type Bytes = (bytes::Bytes, u64);
-
-/// A reply callback: the request's outcome and, for a read, the bytes its client read ops
-/// returned (each with its disk address; together they cover the request). Called on some
-/// data-path thread with no lock held.
-pub type Done = Box<dyn FnOnce(Result<Vec<Bytes>, Failure>) + Send>;
+pub use cachevisor_nbd::backend::{copy_range, Bytes, ClientError, Cmd, Done};
 
 /// Called with each client request as it is submitted (the policy's observation), under
 /// the data path's lock.
@@ -61,19 +55,6 @@ pub type IntervalHook = Box<dyn FnMut(&mut Engine, &[ExportStats]) + Send>;
 /// Called at every tick of the timer thread (every 20 ms) with the engine, under the
 /// data path's lock (the policy's rECS sampling periods, spread over the interval).
 pub type TickHook = Box<dyn FnMut(&Engine) + Send>;
-
-/// A client command for [`DataPath::submit`].
-#[derive(Debug, Clone)]
-pub enum Cmd {
-    /// Read this many bytes.
-    Read(u32),
-    /// Write these bytes.
-    Write(Vec<u8>),
-    /// Make every acknowledged write durable.
-    Flush,
-    /// Discard (TRIM) this many bytes.
-    Discard(u32),
-}
 
 /// What a client asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -237,7 +218,7 @@ struct Shared {
     /// their client writes are logged on a peer before they are answered.
     replicator: std::sync::OnceLock<Arc<crate::cluster::replicator::Replicator>>,
     /// The io_uring thread's I/O buffers (a read's goes out as its reply's bytes).
-    io_pool: Arc<crate::aligned_buf::IoPool>,
+    io_pool: Arc<cachevisor_files::aligned_buf::IoPool>,
     /// Checksums of the sectors written to the cache stores (`block_sums.rs`).
     sums: crate::block_sums::BlockSums,
 }
@@ -376,7 +357,7 @@ impl DataPath {
             Ok(id) => Some(id),
             Err((f, done)) => {
                 if let Some(done) = done {
-                    done(Err(f));
+                    done(Err(client_error(f)));
                 }
                 None
             }
@@ -421,17 +402,14 @@ impl DataPath {
     }
 }
 
-/// Copies what `parts` (a read's reply: pieces that may reach beyond the request, a
-/// coalesced run's buffer shared with other requests) hold of `offset..offset + buf.len()`
-/// into `buf`.
-pub fn copy_range(parts: &[Bytes], offset: u64, buf: &mut [u8]) {
-    let end = offset + buf.len() as u64;
-    for (bytes, base) in parts {
-        let (lo, hi) = ((*base).max(offset), (base + bytes.len() as u64).min(end));
-        if lo < hi {
-            buf[(lo - offset) as usize..(hi - offset) as usize]
-                .copy_from_slice(&bytes[(lo - base) as usize..(hi - base) as usize]);
-        }
+/// What a client is told of a request's failure.
+pub fn client_error(f: Failure) -> ClientError {
+    match f {
+        Failure::NoSpace => ClientError::NoSpace,
+        Failure::Io => ClientError::Io,
+        Failure::Corrupt => ClientError::Corrupt,
+        Failure::Shutdown => ClientError::Shutdown,
+        Failure::OutOfRange => ClientError::OutOfRange,
     }
 }
 

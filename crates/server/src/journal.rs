@@ -292,7 +292,7 @@ pub fn replace_file(
 ) -> io::Result<()> {
     let tmp = path.with_extension("tmp");
     {
-        let mut f = io::BufWriter::new(crate::private_files::create_temp(&tmp)?);
+        let mut f = io::BufWriter::new(cachevisor_files::private_files::create_temp(&tmp)?);
         contents(&mut f)?;
         f.into_inner().map_err(|e| e.into_error())?.sync_all()?;
     }

@@ -3,7 +3,6 @@
 //! this crate executes its device operations with real bytes ([`datapath`]), speaks the
 //! protocol ([`nbd`]), and owns files, locking and durability ([`daemon`], [`persist`]).
 
-pub mod aligned_buf;
 pub mod api;
 pub mod api_auth;
 pub mod api_conns;
@@ -11,7 +10,6 @@ pub mod api_tls;
 pub mod backing;
 pub mod backing_identity;
 pub mod block_sums;
-pub mod bounded_read;
 pub mod cache_label;
 pub mod cluster;
 pub mod config;
@@ -19,6 +17,7 @@ pub mod conn_limits;
 pub mod daemon;
 pub mod datapath;
 pub mod destage_job;
+pub mod export_backends;
 pub mod job_slot;
 pub mod journal;
 pub mod listen_path;
@@ -27,21 +26,16 @@ pub mod log_filter;
 pub mod metadata_check;
 pub mod metadata_repair;
 pub mod metrics;
-pub mod nbd;
 pub mod own_files;
 pub mod owner_lock;
 pub mod persist;
 pub mod preauth;
 pub mod prewarm_job;
-pub mod private_files;
 pub mod service;
 pub mod snapshot_files;
 pub mod socket_activation;
 pub mod status;
 pub mod systemd;
-pub mod tls;
-pub mod tls_authz;
-pub mod tls_chain_only;
 pub mod vdisk_overlay;
 pub mod vhost_user;
 pub mod vssd;
@@ -49,8 +43,4 @@ pub mod vssd;
 pub use config::Config;
 pub use daemon::Daemon;
 
-/// `s` with control characters (a NUL, a newline) and non-printing ones escaped, for a
-/// log line or a message that quotes what a client or a file named.
-pub fn log_safe(s: &str) -> String {
-    s.escape_debug().to_string()
-}
+pub use cachevisor_nbd::log_safe;

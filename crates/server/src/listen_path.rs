@@ -33,7 +33,7 @@ pub fn inspect(path: &Path, key: &str) -> Result<AtPath, String> {
     if !t.is_socket() {
         let what = match t.is_file() {
             true => format!("a regular file of {} bytes", m.len()),
-            false => crate::bounded_read::kind(t).to_string(),
+            false => cachevisor_files::bounded_read::kind(t).to_string(),
         };
         return Err(format!(
             "{key}: {} is {what}, not a socket: cachevisor replaces only a stale socket there (a typo naming a disk image would destroy it). Choose another path, or remove it yourself if it is yours to remove",

@@ -6,12 +6,13 @@
 
 use crate::conn_limits::{is_timeout, ConnLimit, Deadline, Timed};
 use crate::daemon::Daemon;
-use crate::nbd::handshake::{greet, options, Negotiated};
-use crate::nbd::polling::{Pollers, PollingReader};
-use crate::nbd::tls_stream;
-use crate::nbd::transmission_async::{latency_of, serve};
-use crate::tls::{ServerTls, TlsMode};
-use crate::tls_authz::Identity;
+use crate::metrics::latency_of;
+use cachevisor_nbd::handshake::{greet, options, Negotiated};
+use cachevisor_nbd::polling::{Pollers, PollingReader};
+use cachevisor_nbd::tls::{ServerTls, TlsMode};
+use cachevisor_nbd::tls_authz::Identity;
+use cachevisor_nbd::tls_stream;
+use cachevisor_nbd::transmission::serve;
 use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::os::unix::net::UnixListener;

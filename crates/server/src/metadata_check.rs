@@ -65,7 +65,7 @@ pub struct VdiskReport {
 
 /// The geometry in `path`'s header, if the file exists and has one.
 fn header(path: &Path, magic: [u8; 8]) -> Result<Option<Header>, String> {
-    let mut f = match crate::bounded_read::open_regular(path) {
+    let mut f = match cachevisor_files::bounded_read::open_regular(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("{}: {e}", path.display())),
@@ -182,7 +182,7 @@ fn check_sums(
     report: &mut Report,
 ) {
     use std::os::unix::fs::FileExt;
-    let Ok(f) = crate::bounded_read::open_regular(store) else { return };
+    let Ok(f) = cachevisor_files::bounded_read::open_regular(store) else { return };
     let bs = report.block_size;
     let mut sector = [0u8; 512];
     for (&slot, (dirty, sums)) in seals {
@@ -218,7 +218,8 @@ fn check_sums(
 /// recorded, is a problem (a start refuses); with clean ones only a start comes up cold.
 /// Returns the store's path when its label matches (its bytes are the metadata's).
 fn check_store(dir: &Path, expected: Option<&crate::cache_label::Expected>, report: &mut Report) -> Option<PathBuf> {
-    let note = crate::bounded_read::read_to_string(&crate::owner_lock::owner_file(dir), 1 << 16).unwrap_or_default();
+    let note = cachevisor_files::bounded_read::read_to_string(&crate::owner_lock::owner_file(dir), 1 << 16)
+        .unwrap_or_default();
     let path = note.lines().next().and_then(|l| l.split_once(", cache ")).map(|(_, p)| PathBuf::from(p))?;
     let held: Vec<(String, u64, u64)> = report
         .vdisks

@@ -47,7 +47,7 @@ pub struct RepairReport {
 
 /// A file's header and its whole records (and whether it ended cleanly), if it exists.
 fn read(path: &Path, magic: [u8; 8]) -> Result<Option<(Header, Vec<Record>, bool)>, String> {
-    let mut f = match crate::bounded_read::open_regular(path) {
+    let mut f = match cachevisor_files::bounded_read::open_regular(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(format!("{}: {e}", path.display())),
@@ -146,7 +146,7 @@ pub fn repair(dir: &Path) -> Result<RepairReport, String> {
     // The old files kept, then the new checkpoint and an empty journal.
     let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let backup = dir.join(format!("salvaged-{stamp}"));
-    crate::private_files::ensure_dir(&backup).map_err(|e| format!("{}: {e}", backup.display()))?;
+    cachevisor_files::private_files::ensure_dir(&backup).map_err(|e| format!("{}: {e}", backup.display()))?;
     for f in ["checkpoint", "journal"] {
         if dir.join(f).exists() {
             std::fs::copy(dir.join(f), backup.join(f)).map_err(|e| format!("{}: {e}", backup.join(f).display()))?;

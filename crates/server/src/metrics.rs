@@ -27,6 +27,11 @@ impl Default for Metrics {
     }
 }
 
+/// The NBD (and vhost-user) latency histograms of `name`'s commands in `m`.
+pub fn latency_of(m: &Metrics, name: &str) -> cachevisor_nbd::transmission::Latency {
+    ["read", "write", "flush", "write_zeroes", "trim", "other"].map(|op| m.histogram(name, op))
+}
+
 impl Metrics {
     /// The histogram of `vdisk`'s `op` (a handle sharing the registered one): a connection
     /// takes its handles once, so recording a request allocates nothing.

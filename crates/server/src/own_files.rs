@@ -160,7 +160,7 @@ impl OwnFiles {
                     return Err(format!(
                         "{key}: {} is {}: a backing is a regular file or a block device",
                         path.display(),
-                        crate::bounded_read::kind(t)
+                        cachevisor_files::bounded_read::kind(t)
                     ));
                 }
                 if let Some(why) = self.same_inode(&m) {

@@ -75,9 +75,12 @@ pub fn parent_must_exist(path: &Path, what: &str) -> Result<(), String> {
 }
 
 fn in_use(path: &Path, meta_dir: &Path) -> String {
-    let owner = crate::bounded_read::read_to_string(&owner_file(meta_dir), crate::bounded_read::STATE_CAP)
-        .ok()
-        .and_then(|t| t.lines().next().map(str::to_string));
+    let owner = cachevisor_files::bounded_read::read_to_string(
+        &owner_file(meta_dir),
+        cachevisor_files::bounded_read::STATE_CAP,
+    )
+    .ok()
+    .and_then(|t| t.lines().next().map(str::to_string));
     let who = match owner {
         Some(o) if !o.is_empty() => format!("another cachevisor ({o})"),
         _ => "another process".to_string(),
@@ -87,8 +90,11 @@ fn in_use(path: &Path, meta_dir: &Path) -> String {
 
 /// Whether the owner note names this process.
 fn noted_as_this_process(meta_dir: &Path) -> bool {
-    let note =
-        crate::bounded_read::read_to_string(&owner_file(meta_dir), crate::bounded_read::STATE_CAP).unwrap_or_default();
+    let note = cachevisor_files::bounded_read::read_to_string(
+        &owner_file(meta_dir),
+        cachevisor_files::bounded_read::STATE_CAP,
+    )
+    .unwrap_or_default();
     note.starts_with(&format!("pid {} ", std::process::id()))
 }
 
@@ -128,7 +134,7 @@ impl OwnerLock {
     /// exist: at start, and when a detached cache is attached again.
     pub fn lock_cache(&mut self, cache: &Path, meta_dir: &Path) -> Result<(), String> {
         parent_must_exist(cache, "cache.path")?;
-        let cache_file = crate::private_files::options()
+        let cache_file = cachevisor_files::private_files::options()
             .read(true)
             .write(true)
             .create(true)
@@ -136,7 +142,7 @@ impl OwnerLock {
             .open(cache)
             .map_err(|e| format!("{}: {e}", cache.display()))?;
         lock(&cache_file, cache, meta_dir)?;
-        crate::private_files::check_cache_mode(cache, "cache.path")?;
+        cachevisor_files::private_files::check_cache_mode(cache, "cache.path")?;
         HELD.lock().unwrap_or_else(|e| e.into_inner()).push(cache.to_path_buf());
         self.cache = Some((cache_file, cache.to_path_buf()));
         Ok(())
@@ -145,7 +151,7 @@ impl OwnerLock {
     /// Locks the metadata directory `meta_dir` (created when missing) and notes this
     /// process as the owner of `cache`.
     pub fn lock_meta(&mut self, cache: &Path, meta_dir: &Path) -> Result<(), String> {
-        crate::private_files::ensure_dir(meta_dir).map_err(|e| format!("{}: {e}", meta_dir.display()))?;
+        cachevisor_files::private_files::ensure_dir(meta_dir).map_err(|e| format!("{}: {e}", meta_dir.display()))?;
         let meta = File::open(meta_dir).map_err(|e| format!("{}: {e}", meta_dir.display()))?;
         lock(&meta, meta_dir, meta_dir)?;
         HELD.lock().unwrap_or_else(|e| e.into_inner()).push(meta_dir.to_path_buf());
@@ -153,7 +159,7 @@ impl OwnerLock {
         // The cache store's absolute path: `check --metadata` finds the store by it.
         let cache = std::path::absolute(cache).unwrap_or_else(|_| cache.to_path_buf());
         let note = format!("pid {} on {}, cache {}\n", std::process::id(), hostname(), cache.display());
-        crate::private_files::create(&owner_file(meta_dir))
+        cachevisor_files::private_files::create(&owner_file(meta_dir))
             .and_then(|mut f| std::io::Write::write_all(&mut f, note.as_bytes()))
             .map_err(|e| format!("{}: {e}", owner_file(meta_dir).display()))
     }

@@ -116,7 +116,7 @@ pub fn replay(
     let ckpt = dir.join("checkpoint");
     let mut generation = 0;
     if ckpt.exists() {
-        let mut f = crate::bounded_read::open_regular(&ckpt).map_err(|e| io_err(&ckpt, e))?;
+        let mut f = cachevisor_files::bounded_read::open_regular(&ckpt).map_err(|e| io_err(&ckpt, e))?;
         let mut h = [0u8; HEADER_LEN];
         f.read_exact(&mut h).map_err(|e| io_err(&ckpt, e))?;
         let header = Header::decode(&h, CHECKPOINT_MAGIC).map_err(|e| format!("{}: {e}", ckpt.display()))?;
@@ -135,7 +135,7 @@ pub fn replay(
     }
     let jpath = dir.join("journal");
     if jpath.exists() {
-        let mut f = crate::bounded_read::open_regular(&jpath).map_err(|e| io_err(&jpath, e))?;
+        let mut f = cachevisor_files::bounded_read::open_regular(&jpath).map_err(|e| io_err(&jpath, e))?;
         let mut h = [0u8; HEADER_LEN];
         if f.read_exact(&mut h).is_ok() {
             let header = Header::decode(&h, JOURNAL_MAGIC).map_err(|e| format!("{}: {e}", jpath.display()))?;
@@ -165,11 +165,11 @@ impl Persistence {
         slots: u64,
         apply: &mut dyn FnMut(Record) -> Result<(), String>,
     ) -> Result<(Persistence, Recovered), String> {
-        crate::private_files::ensure_dir(dir).map_err(|e| io_err(dir, e))?;
+        cachevisor_files::private_files::ensure_dir(dir).map_err(|e| io_err(dir, e))?;
         let (rec, generation) = replay(dir, block_size, slots, apply)?;
         let jpath = dir.join("journal");
         let header = Header { block_size, slots, generation };
-        let journal = crate::private_files::own_options()
+        let journal = cachevisor_files::private_files::own_options()
             .create(true)
             .append(true)
             .open(&jpath)
@@ -323,7 +323,7 @@ impl Persistence {
     /// the checkpoint written next never continues another generation's journal; the
     /// journal opens with that checkpoint ([`Self::checkpoint_records`]).
     pub fn reattach(&mut self) -> std::io::Result<()> {
-        crate::private_files::ensure_dir(&self.dir)?;
+        cachevisor_files::private_files::ensure_dir(&self.dir)?;
         let found = |name: &str, magic| -> u64 {
             let mut h = [0u8; HEADER_LEN];
             File::open(self.dir.join(name))
@@ -391,7 +391,7 @@ impl Persistence {
     fn start_journal(&mut self, header: Header) -> std::io::Result<()> {
         let jpath = self.dir.join("journal");
         write_file_atomically(&jpath, JOURNAL_MAGIC, &header, &mut |_| Ok(()))?;
-        let journal = crate::private_files::own_options().append(true).open(&jpath)?;
+        let journal = cachevisor_files::private_files::own_options().append(true).open(&jpath)?;
         self.journal_end = journal.metadata()?.len();
         self.journal = Some(journal);
         self.header = header;

@@ -48,7 +48,8 @@ impl Running {
     /// One NBD URI per export and listener (libnbd's `nbds://` forms when TLS is
     /// required).
     pub fn uris(&self) -> Vec<String> {
-        let s = if self.daemon.tls().is_some_and(|t| t.mode == crate::tls::TlsMode::Require) { "s" } else { "" };
+        let s =
+            if self.daemon.tls().is_some_and(|t| t.mode == cachevisor_nbd::tls::TlsMode::Require) { "s" } else { "" };
         let mut v = Vec::new();
         for e in self.daemon.nbd_exports() {
             if let Some(a) = self.tcp {
@@ -79,7 +80,7 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
     // file's mode).
     let token_file = daemon.metadata_dir().join("api-token");
     if cfg.api.as_ref().is_some_and(|a| a.token.is_none()) {
-        crate::private_files::check_private_file(
+        cachevisor_files::private_files::check_private_file(
             &token_file,
             "api token file",
             "the API token (it lets them change the cache and its vDisks)",
@@ -94,7 +95,7 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
     let r = cfg.resolve().map_err(StartError::Config)?;
     let polling = listener::Polling {
         poll: std::time::Duration::from_nanos(r.poll_ns),
-        pollers: crate::nbd::polling::Pollers::for_this_machine(),
+        pollers: cachevisor_nbd::polling::Pollers::for_this_machine(),
         limit: crate::conn_limits::ConnLimit::new("nbd", cfg.listen.max_connections, daemon.guards.clone()),
         preauth: crate::preauth::PreAuth::for_nbd(cfg.listen.max_connections, daemon.guards.clone()),
         handshake_timeout: std::time::Duration::from_nanos(r.handshake_timeout_ns),
@@ -189,7 +190,7 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
         )?;
         if a.token.is_none() {
             let path = token_file;
-            crate::private_files::create(&path)
+            cachevisor_files::private_files::create(&path)
                 .and_then(|mut f| std::io::Write::write_all(&mut f, token.as_bytes()))
                 .map_err(|source| StartError::File { path: path.display().to_string(), error: source })?;
         }
@@ -228,7 +229,7 @@ pub(crate) fn bind_unix(
     let parent = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
     let private = parent.join(format!(".cv-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&private); // a crashed start's leftover
-    crate::private_files::create_dir(&private).map_err(at)?;
+    cachevisor_files::private_files::create_dir(&private).map_err(at)?;
     let staged = private.join("s");
     let r = UnixListener::bind(&staged).map_err(at).and_then(|l| {
         if let Some((name, gid)) = group {

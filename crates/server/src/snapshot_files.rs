@@ -53,10 +53,10 @@ pub fn next_seq(dir: &Path) -> io::Result<u64> {
 /// exist), crash-safe (a 0600 file), then
 /// removes all but the newest `keep`. Returns its path.
 pub fn write(dir: &Path, snap: &Snapshot, keep: usize) -> io::Result<PathBuf> {
-    crate::private_files::ensure_dir(dir)?;
+    cachevisor_files::private_files::ensure_dir(dir)?;
     let path = dir.join(file_name(snap.seq));
     let tmp = dir.join(format!(".{}.tmp", file_name(snap.seq)));
-    let f = crate::private_files::create_temp(&tmp)?;
+    let f = cachevisor_files::private_files::create_temp(&tmp)?;
     let mut w = BufWriter::new(f);
     let written = snap.write_to(&mut w).and_then(|_| w.flush()).and_then(|_| w.get_ref().sync_all());
     if let Err(e) = written {
@@ -96,7 +96,7 @@ pub fn read_history_clipped(
     }
     let (mut out, mut clipped) = (Vec::new(), 0);
     for (_, p) in all.iter().skip(all.len().saturating_sub(keep.max(1))) {
-        let f = crate::bounded_read::open_regular(p)
+        let f = cachevisor_files::bounded_read::open_regular(p)
             .map_err(|e| format!("{}: {e}", crate::log_safe(&p.display().to_string())))?;
         let (s, cut) = Snapshot::read_clipped(io::BufReader::new(f), end, cap)
             .map_err(|e| format!("{}: {e}", crate::log_safe(&p.display().to_string())))?;

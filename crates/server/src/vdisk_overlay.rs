@@ -68,7 +68,7 @@ impl Overlay {
     /// Reads the overlay of metadata directory `dir` (empty when there is none).
     pub fn load(dir: &Path) -> Result<Overlay, String> {
         let p = path(dir);
-        match crate::bounded_read::read_to_string(&p, crate::bounded_read::STATE_CAP) {
+        match cachevisor_files::bounded_read::read_to_string(&p, cachevisor_files::bounded_read::STATE_CAP) {
             Ok(t) => toml::from_str(&t).map_err(|e| format!("{}: {e}", p.display())),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Overlay::default()),
             Err(e) => Err(format!("{}: {e}", p.display())),

@@ -181,7 +181,7 @@ fn vdisks_are_added_and_removed_online_and_that_survives_a_restart() {
     assert_eq!(names, ["b", "c"]);
     let targets: Vec<u64> = list.as_array().unwrap().iter().map(|v| v["target_blocks"].as_u64().unwrap()).collect();
     assert_eq!(targets, [128, 128], "the others share the cache at once");
-    assert_eq!(a.read(0, 4096), Err(cachevisor_server::nbd::proto::ESHUTDOWN));
+    assert_eq!(a.read(0, 4096), Err(cachevisor_nbd::proto::ESHUTDOWN));
     assert!(closed(&mut a.s));
     let a_img = std::fs::read(dir.path().join("a.img")).unwrap();
     for i in 0..8usize {
@@ -190,7 +190,7 @@ fn vdisks_are_added_and_removed_online_and_that_survives_a_restart() {
             "block {i} written back before the removal"
         );
     }
-    assert!(cachevisor_server::nbd::client::Client::connect(r.tcp.unwrap(), "a").is_err(), "no longer offered");
+    assert!(cachevisor_nbd::client::Client::connect(r.tcp.unwrap(), "a").is_err(), "no longer offered");
     assert!(matches!(
         ureq::delete(&format!("{url}/a")).set("Authorization", &auth).call().unwrap_err(),
         ureq::Error::Status(404, _)

@@ -4,7 +4,7 @@
 //! errors a vDisk falls back to pass-through and keeps serving correct data.
 
 mod common;
-use cachevisor_server::nbd::proto::EIO;
+use cachevisor_nbd::proto::EIO;
 use common::*;
 
 fn cfg(dir: &std::path::Path, threshold: u64) -> cachevisor_server::Config {

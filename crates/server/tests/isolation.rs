@@ -115,7 +115,7 @@ fn an_image_of_any_size_reads_back_whole_and_takes_writes_to_its_last_bytes() {
         want[999_936..999_990].fill(0xdd);
         want[999_990..1_000_000].fill(0xee);
         assert!(c.read(999_424, 1024).unwrap() == want[999_424..], "{wp}: the last block");
-        assert_eq!(c.read(1_000_448, 1), Err(cachevisor_server::nbd::proto::EINVAL), "past the end");
+        assert_eq!(c.read(1_000_448, 1), Err(cachevisor_nbd::proto::EINVAL), "past the end");
         let s = r.daemon.stats(vm as u32);
         assert!(s.errors == 0 && !s.passthrough, "{wp}: {s:?}");
     }

@@ -31,7 +31,7 @@ fn an_nbd_server_behind_the_cache() {
     }
     c.flush().unwrap();
     // Straight from nbdkit: everything written through is there.
-    let mut direct = cachevisor_server::nbd::client::Client::connect(
+    let mut direct = cachevisor_nbd::client::Client::connect(
         format!("127.0.0.1:{port}").parse::<std::net::SocketAddr>().unwrap(),
         "",
     )
@@ -68,7 +68,7 @@ fn reads_ahead_of_the_cache_never_return_or_cache_stale_data() {
 /// still in flight when the client disconnects is answered before the connection closes.
 #[test]
 fn a_slow_miss_does_not_hold_up_the_requests_behind_it() {
-    use cachevisor_server::nbd::proto::*;
+    use cachevisor_nbd::proto::*;
     let (_kit, port) = nbdkit(&["--filter=delay"], &["rdelay=300ms"]);
     let dir = tempfile::tempdir().unwrap();
     // Buffered cache store: hits are answered in line, misses always by the read threads

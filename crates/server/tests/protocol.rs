@@ -4,7 +4,7 @@
 //! server keeps serving other clients and no stored data changes.
 
 mod common;
-use cachevisor_server::nbd::proto::*;
+use cachevisor_nbd::proto::*;
 use common::*;
 use std::io::Write;
 

@@ -16,9 +16,9 @@
 //!   server serves on.
 
 mod common;
-use cachevisor_server::nbd::client::{Client, TlsClient};
-use cachevisor_server::nbd::proto::*;
-use cachevisor_server::tls::{client_config, ClientCredentials};
+use cachevisor_nbd::client::{Client, TlsClient};
+use cachevisor_nbd::proto::*;
+use cachevisor_nbd::tls::{client_config, ClientCredentials};
 use common::certs::Pki;
 use common::*;
 use std::path::Path;
@@ -245,9 +245,9 @@ fn server_subject(addr: std::net::SocketAddr, creds: &Path) -> String {
     send_option(&mut s, OPT_STARTTLS, &[]);
     assert_eq!(read_option_reply(&mut s).unwrap().1, REP_ACK);
     let config = client_config(&ClientCredentials::in_dir(creds), "test").unwrap();
-    let conn = cachevisor_server::nbd::tls_stream::connect(config, "127.0.0.1", &mut s).unwrap();
+    let conn = cachevisor_nbd::tls_stream::connect(config, "127.0.0.1", &mut s).unwrap();
     let leaf = conn.peer_certificates().unwrap()[0].clone();
-    cachevisor_server::tls_authz::Identity::from_der(&leaf).unwrap().describe()
+    cachevisor_nbd::tls_authz::Identity::from_der(&leaf).unwrap().describe()
 }
 
 #[test]
@@ -374,9 +374,9 @@ fn unix_socket_nbd_backings_in_plaintext_and_over_tls() {
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     }
     // Written through to each nbdkit, read back by a separate client on its socket.
-    let mut c = Client::connect(cachevisor_server::nbd::endpoint::Endpoint::Unix(plain.clone()), "").unwrap();
+    let mut c = Client::connect(cachevisor_nbd::endpoint::Endpoint::Unix(plain.clone()), "").unwrap();
     assert_eq!(c.read(1 << 20, 65536).unwrap().unwrap(), vec![0x3a; 65536]);
-    let direct = cachevisor_server::nbd::uri::parse(&format!(
+    let direct = cachevisor_nbd::uri::parse(&format!(
         "nbds+unix:///?socket={}&tls-certificates={}&tls-hostname=storage-7.example",
         tls.display(),
         node.display()

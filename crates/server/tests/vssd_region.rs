@@ -197,7 +197,7 @@ fn an_allocator_never_shares_out_a_cap_decided_for_other_running_vssds() {
 /// Serves vSSD `id` of `size` bytes as NBD export "vm0" on a loopback port, one
 /// connection after another; returns the port.
 fn serve_vssd(s: Arc<VssdService>, id: u32, size: u64) -> u16 {
-    use cachevisor_server::nbd::handshake::{negotiate, Negotiated};
+    use cachevisor_nbd::handshake::{negotiate, Negotiated};
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
     std::thread::spawn(move || {
@@ -205,11 +205,11 @@ fn serve_vssd(s: Arc<VssdService>, id: u32, size: u64) -> u16 {
             let Ok(mut c) = c else { continue };
             let s = s.clone();
             std::thread::spawn(move || {
-                let exports = cachevisor_server::nbd::transmission_async::SingleExport { size, block_size: 4096 };
+                let exports = cachevisor_nbd::transmission::SingleExport { size, block_size: 4096 };
                 if let Ok(Negotiated::Export(_, replies)) = negotiate(&mut c, &exports) {
-                    let backend = Arc::new(cachevisor_server::nbd::export_backend::VssdExport { svc: s, id });
+                    let backend = Arc::new(cachevisor_server::export_backends::VssdExport { svc: s, id });
                     let out = c.try_clone().unwrap();
-                    let _ = cachevisor_server::nbd::transmission_async::serve(c, out, backend, (size, replies), None);
+                    let _ = cachevisor_nbd::transmission::serve(c, out, backend, (size, replies), None);
                 }
             });
         }

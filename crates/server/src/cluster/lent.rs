@@ -14,8 +14,8 @@
 
 use super::Cluster;
 use crate::datapath::{Cmd, Done};
-use crate::nbd::export_backend::ExportBackend;
-use cachevisor_engine::Failure;
+use cachevisor_nbd::backend::ClientError;
+use cachevisor_nbd::backend::ExportBackend;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io;
@@ -83,7 +83,12 @@ impl LentRegions {
         }
         let path = self.dir.join(format!("{borrower}.img"));
         // Private: another node's cached data (0600).
-        let f = crate::private_files::own_options().read(true).write(true).create(true).truncate(true).open(&path)?;
+        let f = cachevisor_files::private_files::own_options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)?;
         f.set_len(self.size)?;
         let f = Arc::new(f);
         r.1.insert(borrower.to_string(), f.clone());
@@ -105,23 +110,23 @@ pub struct LentExport {
 
 impl LentExport {
     /// Whether a request may be served now (see the module doc); the refusal is logged.
-    fn admitted(&self) -> Result<Arc<File>, Failure> {
-        let Some(c) = self.cluster.upgrade() else { return Err(Failure::Shutdown) };
+    fn admitted(&self) -> Result<Arc<File>, ClientError> {
+        let Some(c) = self.cluster.upgrade() else { return Err(ClientError::Shutdown) };
         if let Err(e) = c.check_peer(&self.borrower, self.epoch) {
             tracing::warn!(borrower = %self.borrower, error = %e, "lent cache: request refused");
-            return Err(Failure::Io);
+            return Err(ClientError::Io);
         }
         self.regions.file(&self.borrower).map_err(|e| {
             tracing::warn!(borrower = %self.borrower, %e, "lent cache: region file");
-            Failure::Io
+            ClientError::Io
         })
     }
 
-    fn run(&self, offset: u64, cmd: Cmd) -> Result<Vec<crate::datapath::Bytes>, Failure> {
+    fn run(&self, offset: u64, cmd: Cmd) -> Result<Vec<crate::datapath::Bytes>, ClientError> {
         let f = self.admitted()?;
         let io = |e: io::Error| {
             tracing::warn!(borrower = %self.borrower, %e, "lent cache: region I/O");
-            Failure::Io
+            ClientError::Io
         };
         match cmd {
             Cmd::Read(len) => {
@@ -145,36 +150,39 @@ pub(crate) trait PeerFileExport: Send + Sync {
     /// Whether the node still runs (the export is served).
     fn alive(&self) -> bool;
     /// Runs one request.
-    fn run(&self, offset: u64, cmd: Cmd) -> Result<Vec<crate::datapath::Bytes>, Failure>;
+    fn run(&self, offset: u64, cmd: Cmd) -> Result<Vec<crate::datapath::Bytes>, ClientError>;
 }
 
 impl PeerFileExport for LentExport {
     fn alive(&self) -> bool {
         self.cluster.upgrade().is_some()
     }
-    fn run(&self, offset: u64, cmd: Cmd) -> Result<Vec<crate::datapath::Bytes>, Failure> {
+    fn run(&self, offset: u64, cmd: Cmd) -> Result<Vec<crate::datapath::Bytes>, ClientError> {
         LentExport::run(self, offset, cmd)
     }
 }
 
-impl<T: PeerFileExport + 'static> ExportBackend for T {
+/// A [`PeerFileExport`] as the protocol's backend.
+pub(crate) struct PeerFile<T>(pub T);
+
+impl<T: PeerFileExport + 'static> ExportBackend for PeerFile<T> {
     fn direct(&self) -> bool {
         false
     }
     fn serves(&self) -> bool {
-        self.alive()
+        self.0.alive()
     }
     fn submit(&self, offset: u64, cmd: Cmd, _here: bool, done: Done) {
-        done(self.run(offset, cmd));
+        done(self.0.run(offset, cmd));
     }
     fn hint_cache(&self, _offset: u64, _len: u64) {}
     fn allocation(&self, _offset: u64, len: u32, _one: bool) -> io::Result<Vec<(u32, u32)>> {
         Ok(vec![(len, 0)])
     }
-    fn write_now(&self, offset: u64, data: &[u8]) -> Result<(), Failure> {
-        self.run(offset, Cmd::Write(data.to_vec())).map(|_| ())
+    fn write_now(&self, offset: u64, data: &[u8]) -> Result<(), ClientError> {
+        self.0.run(offset, Cmd::Write(data.to_vec())).map(|_| ())
     }
-    fn flush_now(&self) -> Result<(), Failure> {
-        self.run(0, Cmd::Flush).map(|_| ())
+    fn flush_now(&self) -> Result<(), ClientError> {
+        self.0.run(0, Cmd::Flush).map(|_| ())
     }
 }

@@ -13,7 +13,7 @@
 
 use super::Cluster;
 use crate::datapath::Cmd;
-use cachevisor_engine::Failure;
+use cachevisor_nbd::backend::ClientError;
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -110,7 +110,7 @@ impl ReplicaLogs {
         }
         let path = self.dir.join(format!("{owner}.log"));
         // Private (0600): another node's written data.
-        let f = crate::private_files::own_options()
+        let f = cachevisor_files::private_files::own_options()
             .read(true)
             .write(true)
             .create(create)
@@ -142,8 +142,8 @@ impl ReplicaLogs {
         let direct = self.direct.lock().unwrap_or_else(|e| e.into_inner()).get(owner).cloned();
         match direct {
             Some(d) if at.is_multiple_of(sector) && (data.len() as u64).is_multiple_of(sector) => {
-                let mut bounce = crate::aligned_buf::AlignedBuf::default();
-                crate::aligned_buf::write_at(&d, &mut bounce, data, at)
+                let mut bounce = cachevisor_files::aligned_buf::AlignedBuf::default();
+                cachevisor_files::aligned_buf::write_at(&d, &mut bounce, data, at)
             }
             _ => f.write_all_at(data, at),
         }
@@ -182,26 +182,26 @@ pub struct ReplicaExport {
 
 impl ReplicaExport {
     /// The log file, if a request may be served now; the refusal is logged.
-    fn admitted(&self, write: bool) -> Result<Arc<File>, Failure> {
-        let Some(c) = self.cluster.upgrade() else { return Err(Failure::Shutdown) };
+    fn admitted(&self, write: bool) -> Result<Arc<File>, ClientError> {
+        let Some(c) = self.cluster.upgrade() else { return Err(ClientError::Shutdown) };
         if let Err(e) = c.check_replica(&self.owner, self.epoch, write && !self.read_only) {
             tracing::warn!(owner = %self.owner, error = %e, "replica log: request refused");
-            return Err(Failure::Io);
+            return Err(ClientError::Io);
         }
         if write && self.read_only {
             tracing::warn!(owner = %self.owner, "replica log: a write on a survivor's read-only connection refused");
-            return Err(Failure::Io);
+            return Err(ClientError::Io);
         }
         self.logs.file(&self.owner, write).map_err(|e| {
             tracing::warn!(owner = %self.owner, %e, "replica log: file");
-            Failure::Io
+            ClientError::Io
         })
     }
 
-    fn run(&self, offset: u64, cmd: Cmd) -> Result<Vec<crate::datapath::Bytes>, Failure> {
+    fn run(&self, offset: u64, cmd: Cmd) -> Result<Vec<crate::datapath::Bytes>, ClientError> {
         let io = |e: io::Error| {
             tracing::warn!(owner = %self.owner, %e, "replica log: I/O");
-            Failure::Io
+            ClientError::Io
         };
         match cmd {
             Cmd::Read(len) => {
@@ -225,7 +225,7 @@ impl super::lent::PeerFileExport for ReplicaExport {
     fn alive(&self) -> bool {
         self.cluster.upgrade().is_some()
     }
-    fn run(&self, offset: u64, cmd: Cmd) -> Result<Vec<crate::datapath::Bytes>, Failure> {
+    fn run(&self, offset: u64, cmd: Cmd) -> Result<Vec<crate::datapath::Bytes>, ClientError> {
         ReplicaExport::run(self, offset, cmd)
     }
 }

@@ -58,7 +58,7 @@ impl Takeovers {
     /// unreadable file is an error naming it).
     pub fn load(meta_dir: &Path) -> Result<Takeovers, String> {
         let file = meta_dir.join("cluster-moves.json");
-        let done = match crate::bounded_read::read(&file, crate::bounded_read::STATE_CAP) {
+        let done = match cachevisor_files::bounded_read::read(&file, cachevisor_files::bounded_read::STATE_CAP) {
             Ok(b) => serde_json::from_slice(&b).map_err(|e| format!("{}: {e}", file.display()))?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
             Err(e) => return Err(format!("{}: {e}", file.display())),
@@ -91,7 +91,7 @@ impl Takeovers {
     }
 
     fn save(&self, done: &BTreeMap<String, u64>) -> std::io::Result<()> {
-        crate::private_files::write_atomic(&self.file, &serde_json::to_vec(done).expect("a map serializes"))
+        cachevisor_files::private_files::write_atomic(&self.file, &serde_json::to_vec(done).expect("a map serializes"))
     }
 }
 

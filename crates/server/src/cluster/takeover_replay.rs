@@ -41,7 +41,7 @@ fn key(r: &Replay, vdisk: &str) -> String {
 }
 
 fn load(meta: &Path) -> Result<Vec<String>, String> {
-    match crate::bounded_read::read(&done_file(meta), crate::bounded_read::STATE_CAP) {
+    match cachevisor_files::bounded_read::read(&done_file(meta), cachevisor_files::bounded_read::STATE_CAP) {
         Ok(b) => serde_json::from_slice(&b).map_err(|e| format!("{}: damaged ({e})", done_file(meta).display())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
         Err(e) => Err(format!("{}: {e}", done_file(meta).display())),
@@ -64,8 +64,11 @@ pub fn replay_once(
     }
     let out = replay(c, r, vdisk, backing, certs)?;
     done.push(key(r, vdisk));
-    crate::private_files::write_atomic(&done_file(meta), &serde_json::to_vec(&done).expect("strings serialize"))
-        .map_err(|e| format!("{}: {e}", done_file(meta).display()))?;
+    cachevisor_files::private_files::write_atomic(
+        &done_file(meta),
+        &serde_json::to_vec(&done).expect("strings serialize"),
+    )
+    .map_err(|e| format!("{}: {e}", done_file(meta).display()))?;
     Ok(out)
 }
 

@@ -159,13 +159,17 @@ impl Daemon {
         let report = self.dp.detach_cache(with_metadata, progress).map_err(OpError::Other)?;
         let mut next = Carried { with_metadata, ..Carried::default() };
         if with_metadata {
-            next.api_token =
-                crate::bounded_read::read(&self.meta_dir.join("api-token"), crate::bounded_read::STATE_CAP).ok();
+            next.api_token = cachevisor_files::bounded_read::read(
+                &self.meta_dir.join("api-token"),
+                cachevisor_files::bounded_read::STATE_CAP,
+            )
+            .ok();
         }
         let snap_dir = self.snapshot_dir();
         if let Some(p) = snapshot.filter(|_| same_file_system(&path, &snap_dir)) {
             let name = p.file_name().map(|n| n.to_string_lossy().into_owned());
-            next.snapshot = name.zip(crate::bounded_read::read(&p, crate::bounded_read::STATE_CAP).ok());
+            next.snapshot =
+                name.zip(cachevisor_files::bounded_read::read(&p, cachevisor_files::bounded_read::STATE_CAP).ok());
         }
         let mut owner = self.owner.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(o) = owner.as_mut() {
@@ -282,7 +286,8 @@ impl Daemon {
         if let Some(token) = &carried.api_token {
             let p = self.meta_dir.join("api-token");
             if !p.exists() {
-                let r = crate::private_files::create(&p).and_then(|mut f| std::io::Write::write_all(&mut f, token));
+                let r = cachevisor_files::private_files::create(&p)
+                    .and_then(|mut f| std::io::Write::write_all(&mut f, token));
                 if let Err(e) = r {
                     tracing::warn!(error = %e, path = %p.display(), "cannot write the API token file back");
                 }

@@ -93,7 +93,9 @@ impl Daemon {
         let meta_dir = crate::own_files::metadata_dir(cfg);
         // Credentials first: a bad certificate refuses the start before anything is opened.
         let tls = match cfg.listen.tls_credentials().map_err(StartError::Config)? {
-            Some(c) => Some(Arc::new(crate::tls::ServerTls::load(cfg.listen.tls, c).map_err(StartError::Config)?)),
+            Some(c) => {
+                Some(Arc::new(cachevisor_nbd::tls::ServerTls::load(cfg.listen.tls, c).map_err(StartError::Config)?))
+            }
             None => None,
         };
         // Every value and path checked before anything is created (issue 54): a listen
@@ -360,7 +362,7 @@ impl Daemon {
                 cold_start = Some(why.clone());
             }
         }
-        let tls_required = cfg.listen.tls == crate::tls::TlsMode::Require;
+        let tls_required = cfg.listen.tls == cachevisor_nbd::tls::TlsMode::Require;
         // Every check passed: open and create what the config says.
         let mut backings = Vec::new();
         let mut exports = Vec::new();
@@ -388,7 +390,7 @@ impl Daemon {
                 .record_binding(i as u16, &identity)
                 .map_err(|source| StartError::File { path: meta_dir.display().to_string(), error: source })?;
             let vhost_user = crate::vhost_user::access::of(v.vhost_user.as_deref(), &v.allow, tls_required);
-            exports.push(Some(ExportInfo {
+            exports.push(Some(Export {
                 id: i as VmId,
                 name: v.name.clone(),
                 size,

@@ -3,7 +3,7 @@
 //! engine jobs on the data path (requests go on beside them) and is saved to the metadata
 //! directory's overlay, so it survives a restart.
 
-use super::{policy, Daemon, ExportInfo, OpError};
+use super::{policy, Daemon, Export, OpError};
 use crate::backing::Backing;
 use crate::backing_identity::{Identity, Place};
 use crate::journal::Record;
@@ -41,14 +41,14 @@ impl Daemon {
     /// given), the change is saved to the metadata directory's overlay (so it survives a
     /// restart), the vDisk's name and backing are journaled, it joins the engine and the
     /// controller, the allocator re-divides the cache at once, and the export is offered.
-    pub fn add_vdisk(&self, v: crate::config::VdiskConfig) -> Result<ExportInfo, ChangeError> {
+    pub fn add_vdisk(&self, v: crate::config::VdiskConfig) -> Result<Export, ChangeError> {
         self.add_vdisk_forced(v, false)
     }
 
     /// [`Self::add_vdisk`]; on a cluster node, a vDisk the cluster map homes on another
     /// node is refused (`Cluster::may_serve`) unless `force`, and one another node claims
     /// is refused even so (`Cluster::claim`).
-    pub fn add_vdisk_forced(&self, v: crate::config::VdiskConfig, force: bool) -> Result<ExportInfo, ChangeError> {
+    pub fn add_vdisk_forced(&self, v: crate::config::VdiskConfig, force: bool) -> Result<Export, ChangeError> {
         self.add_vdisk_as(v, force, Origin::Api)
     }
 
@@ -58,7 +58,7 @@ impl Daemon {
         mut v: crate::config::VdiskConfig,
         force: bool,
         origin: Origin,
-    ) -> Result<ExportInfo, ChangeError> {
+    ) -> Result<Export, ChangeError> {
         // Held throughout: a detach waits for the change (and the change for it).
         let _swap = self.carried.lock().unwrap_or_else(|e| e.into_inner());
         self.cache_must_be_in("adding a vDisk").map_err(ChangeError::Conflict)?;
@@ -146,7 +146,7 @@ impl Daemon {
         added.map_err(|f| ChangeError::Failed(format!("journaling the new vDisk failed ({f:?}); see the log")))?;
         self.redivide();
         let vhost_user = crate::vhost_user::access::of(v.vhost_user.as_deref(), &v.allow, self.tls_required());
-        let info = ExportInfo { id, name: v.name.clone(), size, allow: v.allow.clone(), vhost_user };
+        let info = Export { id, name: v.name.clone(), size, allow: v.allow.clone(), vhost_user };
         self.exports.write().unwrap_or_else(|e| e.into_inner()).push(Some(info.clone()));
         tracing::info!(vdisk = %v.name, id, size, backing = %v.backing.display(), "vDisk added");
         Ok(info)

@@ -10,7 +10,7 @@
 
 use super::DataPath;
 use crate::backing::Backing;
-use crate::nbd::structured::{STATE_HOLE, STATE_ZERO};
+use cachevisor_nbd::structured::{STATE_HOLE, STATE_ZERO};
 use cachevisor_trace::VmId;
 use std::io;
 

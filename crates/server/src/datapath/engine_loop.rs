@@ -244,7 +244,7 @@ impl Shared {
         let callbacks = std::mem::take(&mut core.callbacks);
         drop(core);
         for (f, r) in callbacks {
-            f(r);
+            f(r.map_err(super::client_error));
         }
     }
 }

@@ -9,8 +9,8 @@
 
 use super::devices::{run_address, run_results, write_data};
 use super::{Bytes, Core, Shared, Work};
-use crate::aligned_buf::aligned_offset;
 use cachevisor_engine::Failure;
+use cachevisor_files::aligned_buf::aligned_offset;
 use std::cell::Cell;
 use std::rc::Rc;
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};

@@ -15,7 +15,7 @@ pub(super) type StoreDevice = Box<dyn Device + Send + Sync>;
 
 thread_local! {
     /// Each thread's aligned buffer for an O_DIRECT cache file.
-    static BOUNCE: std::cell::RefCell<crate::aligned_buf::AlignedBuf> = Default::default();
+    static BOUNCE: std::cell::RefCell<cachevisor_files::aligned_buf::AlignedBuf> = Default::default();
 }
 
 /// The cache file as the data path holds it: `None` while the cache is detached
@@ -44,11 +44,11 @@ impl Device for CacheFile {
         let at = at + crate::cache_label::DATA_OFFSET; // after the label
         match io {
             Io::Read(buf) if self.direct => {
-                BOUNCE.with(|b| crate::aligned_buf::read_at(&file, &mut b.borrow_mut(), buf, at))
+                BOUNCE.with(|b| cachevisor_files::aligned_buf::read_at(&file, &mut b.borrow_mut(), buf, at))
             }
             Io::Read(buf) => file.read_exact_at(buf, at),
             Io::Write(data) if self.direct => {
-                BOUNCE.with(|b| crate::aligned_buf::write_at(&file, &mut b.borrow_mut(), data, at))
+                BOUNCE.with(|b| cachevisor_files::aligned_buf::write_at(&file, &mut b.borrow_mut(), data, at))
             }
             Io::Write(data) => file.write_all_at(data, at),
             Io::Model { .. } => {

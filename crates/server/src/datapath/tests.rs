@@ -190,7 +190,7 @@ fn crash_like_stop(limit: Option<u64>, io_uring: bool) -> (tempfile::TempDir, u6
 fn asynchronous_submissions_reply_through_callbacks_in_the_engine_order() {
     let dir = tempfile::tempdir().unwrap();
     let dp = Arc::new(open(dir.path(), 32, 1, 1 << 20, Schedule::default()));
-    let (tx, rx) = std::sync::mpsc::channel::<(u64, Result<Vec<Bytes>, Failure>)>();
+    let (tx, rx) = std::sync::mpsc::channel::<(u64, Result<Vec<Bytes>, cachevisor_nbd::backend::ClientError>)>();
     // 64 requests in flight from one thread: for each of 16 blocks a write, a read, a
     // second write and a read; same-block requests run in arrival order, so each read
     // returns the write submitted just before it.
@@ -264,7 +264,7 @@ fn large_reads_and_writes_run_as_few_device_calls_and_return_the_right_bytes() {
 
 #[test]
 fn an_nbd_client_reads_its_writes_through_the_asynchronous_transmission() {
-    use crate::nbd::handshake::{negotiate, Negotiated};
+    use cachevisor_nbd::handshake::{negotiate, Negotiated};
     let dir = tempfile::tempdir().unwrap();
     let size = 4u64 << 20;
     let dp = Arc::new(open(dir.path(), 256, 1, size, Schedule::default()));
@@ -276,14 +276,14 @@ fn an_nbd_client_reads_its_writes_through_the_asynchronous_transmission() {
             let (mut s, _) = listener.accept().unwrap();
             s.set_nodelay(true).unwrap();
             let negotiated =
-                negotiate(&mut s, &crate::nbd::transmission_async::SingleExport { size, block_size: BS }).unwrap();
+                negotiate(&mut s, &cachevisor_nbd::transmission::SingleExport { size, block_size: BS }).unwrap();
             let Negotiated::Export(0, replies) = negotiated else { panic!("{negotiated:?}") };
             let out = s.try_clone().unwrap();
-            let backend = Arc::new(crate::nbd::export_backend::VdiskExport { dp, vm: 0, retry_io: false });
-            crate::nbd::transmission_async::serve(s, out, backend, (size, replies), None).unwrap();
+            let backend = Arc::new(crate::export_backends::VdiskExport { dp, vm: 0, retry_io: false });
+            cachevisor_nbd::transmission::serve(s, out, backend, (size, replies), None).unwrap();
         })
     };
-    let mut c = crate::nbd::client::Client::connect(addr, "vm0").unwrap();
+    let mut c = cachevisor_nbd::client::Client::connect(addr, "vm0").unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
     let mut model = vec![0u8; size as usize];
     for i in 1..=200u64 {
@@ -300,7 +300,7 @@ fn an_nbd_client_reads_its_writes_through_the_asynchronous_transmission() {
     }
     c.flush().unwrap().unwrap();
     // Out of range: an error reply, and the connection goes on.
-    assert_eq!(c.read(size - 512, 4096).unwrap(), Err(crate::nbd::proto::EINVAL));
+    assert_eq!(c.read(size - 512, 4096).unwrap(), Err(cachevisor_nbd::proto::EINVAL));
     assert!(c.read(0, 4096).unwrap().is_ok());
     // TRIM: the range reads back as zeroes (the cache dropped it, the disk file punched
     // a hole); an unknown command is refused and the connection goes on.

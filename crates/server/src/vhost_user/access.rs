@@ -71,7 +71,7 @@ pub fn report(cfg: &crate::config::Config) -> Vec<String> {
     if cfg.listen.vhost_user.is_none() {
         return Vec::new();
     }
-    let tls = cfg.listen.tls == crate::tls::TlsMode::Require;
+    let tls = cfg.listen.tls == cachevisor_nbd::tls::TlsMode::Require;
     let listen = match &cfg.listen.unix_group {
         Some(g) => format!("mode {}, group `{g}` (listen.unix_mode, unix_group)", cfg.listen.unix_mode),
         None => format!("mode {} (listen.unix_mode)", cfg.listen.unix_mode),

@@ -11,9 +11,9 @@
 use super::blk_request::{self, Descriptor, Layout, Op, Segment, HEADER_LEN};
 use super::in_order::InOrder;
 use crate::datapath::Cmd;
-use crate::nbd::export_backend::ExportBackend;
-use crate::nbd::transmission_async::Latency;
-use cachevisor_engine::Failure;
+use cachevisor_nbd::backend::ClientError;
+use cachevisor_nbd::backend::ExportBackend;
+use cachevisor_nbd::transmission::Latency;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -113,7 +113,7 @@ struct Completion {
 
 impl Completion {
     /// Answers the request: OK with `written` data bytes, or IOERR.
-    fn complete(self, r: Result<u32, Failure>) {
+    fn complete(self, r: Result<u32, ClientError>) {
         let (status, written) = match r {
             Ok(n) => (VIRTIO_BLK_S_OK as u8, n),
             Err(f) => {
@@ -294,13 +294,13 @@ impl BlkBackend {
                 let id = blk_request::id_bytes(&self.shared.name);
                 let n = (blk_request::total(&done.layout.data_out) as usize).min(id.len());
                 let ok = scatter(mem, &done.layout.data_out, &id[..n]).is_ok();
-                done.complete(if ok { Ok(n as u32) } else { Err(Failure::Io) });
+                done.complete(if ok { Ok(n as u32) } else { Err(ClientError::Io) });
             }
             Op::Flush => self.store.submit(0, Cmd::Flush, false, Box::new(move |r| done.complete(r.map(|_| 0)))),
             Op::Write { offset, len } => {
                 let mut data = vec![0u8; len as usize];
                 if gather(mem, &done.layout.data_in, &mut data).is_err() {
-                    return done.complete(Err(Failure::Io));
+                    return done.complete(Err(ClientError::Io));
                 }
                 self.store.submit(offset, Cmd::Write(data), here, Box::new(move |r| done.complete(r.map(|_| 0))));
             }
@@ -312,7 +312,7 @@ impl BlkBackend {
                     let r = r.and_then(|parts| {
                         let mut buf = vec![0u8; len as usize];
                         crate::datapath::copy_range(&parts, offset, &mut buf);
-                        scatter(&done.mem, &done.layout.data_out, &buf).map_err(|_| Failure::Io)?;
+                        scatter(&done.mem, &done.layout.data_out, &buf).map_err(|_| ClientError::Io)?;
                         Ok(len as u32)
                     });
                     done.complete(r)

@@ -7,7 +7,7 @@
 //! bound as the NBD socket is (`service::bind_unix`).
 
 use super::blk_backend::{BlkBackend, DeviceStats};
-use crate::daemon::{Daemon, ExportInfo};
+use crate::daemon::{Daemon, Export};
 use cachevisor_trace::VmId;
 use std::collections::BTreeMap;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -89,7 +89,7 @@ struct Watcher {
 impl Watcher {
     /// Opens a socket for each new export and closes those of exports gone.
     fn follow(&mut self, d: &Arc<Daemon>, dir: &Path, mode: &SocketMode) {
-        let exports: Vec<ExportInfo> = if d.is_stopped() { Vec::new() } else { d.nbd_exports() };
+        let exports: Vec<Export> = if d.is_stopped() { Vec::new() } else { d.nbd_exports() };
         self.served.retain(|id, s| {
             let keep = exports.iter().any(|e| e.id == *id);
             if !keep {
@@ -122,7 +122,7 @@ impl Watcher {
 }
 
 /// Binds export `e`'s socket and starts its thread.
-fn open(d: &Arc<Daemon>, dir: &Path, mode: &SocketMode, e: &ExportInfo) -> Result<Served, String> {
+fn open(d: &Arc<Daemon>, dir: &Path, mode: &SocketMode, e: &Export) -> Result<Served, String> {
     use super::access::Access;
     let path = socket_path(dir, &e.name).ok_or_else(|| {
         "its name is not a file name (letters, digits, `.`, `_`, `-`, not starting with `.`)".to_string()
@@ -156,10 +156,10 @@ fn open(d: &Arc<Daemon>, dir: &Path, mode: &SocketMode, e: &ExportInfo) -> Resul
 }
 
 /// Serves one connection after another on `l` until stopped.
-fn serve(d: &Daemon, e: &ExportInfo, l: UnixListener, (stop, conn): (&AtomicBool, &Mutex<Option<ShutdownHandle>>)) {
+fn serve(d: &Daemon, e: &Export, l: UnixListener, (stop, conn): (&AtomicBool, &Mutex<Option<ShutdownHandle>>)) {
     while !stop.load(Ordering::SeqCst) {
         let stats = Arc::new(DeviceStats::default());
-        let latency = Some(crate::nbd::transmission_async::latency_of(d.metrics(), &e.name));
+        let latency = Some(crate::metrics::latency_of(d.metrics(), &e.name));
         let backend =
             match BlkBackend::new(d.export_backend(e.id), (&e.name, e.size), d.block_size(), stats.clone(), latency) {
                 Ok(b) => Arc::new(b),

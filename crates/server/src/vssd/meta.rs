@@ -146,7 +146,7 @@ impl VssdMeta {
     /// sharing the SSD with the cache, which must be what it was): the durable state, the
     /// files ready for appends, and what was found.
     pub fn open(dir: &Path, geometry: Geometry, shared: bool) -> Result<(VssdMeta, State, Opened), String> {
-        crate::private_files::ensure_dir(dir).map_err(|e| named(dir, e))?;
+        cachevisor_files::private_files::ensure_dir(dir).map_err(|e| named(dir, e))?;
         let (ckpt, jpath) = (dir.join("vssd.checkpoint"), dir.join("vssd.journal"));
         let (ckpt_magic, journal_magic) = magics(shared);
         if ckpt.exists() && checkpoint_is_shared(&ckpt)? != shared {
@@ -185,8 +185,11 @@ impl VssdMeta {
             }
         }
         let header = Header { block_size: geometry.block_bytes, slots: u64::from(geometry.blocks), generation };
-        let journal =
-            crate::private_files::own_options().create(true).append(true).open(&jpath).map_err(|e| named(&jpath, e))?;
+        let journal = cachevisor_files::private_files::own_options()
+            .create(true)
+            .append(true)
+            .open(&jpath)
+            .map_err(|e| named(&jpath, e))?;
         let mut m = VssdMeta { dir: dir.to_path_buf(), shared, journal, header, buf: Vec::new() };
         m.checkpoint(&state).map_err(|e| named(&ckpt, e))?;
         Ok((m, state, opened))
@@ -217,7 +220,7 @@ impl VssdMeta {
         })?;
         let jpath = self.dir.join("vssd.journal");
         write_file_atomically(&jpath, journal_magic, &self.header, &mut |_| Ok(()))?;
-        self.journal = crate::private_files::own_options().append(true).open(&jpath)?;
+        self.journal = cachevisor_files::private_files::own_options().append(true).open(&jpath)?;
         Ok(())
     }
 }

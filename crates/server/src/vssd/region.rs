@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 thread_local! {
     /// Each I/O thread's aligned bounce buffer for O_DIRECT.
-    static BOUNCE: std::cell::RefCell<crate::aligned_buf::AlignedBuf> = Default::default();
+    static BOUNCE: std::cell::RefCell<cachevisor_files::aligned_buf::AlignedBuf> = Default::default();
 }
 
 /// The region and its swap directory.
@@ -36,13 +36,13 @@ impl VssdRegion {
     /// The region of `geometry` at `base` in `file`, swapping out to `swap_dir` (created
     /// 0700 if missing; its parent must exist).
     pub fn new(file: Arc<File>, base: u64, geometry: Geometry, swap_dir: PathBuf) -> io::Result<VssdRegion> {
-        crate::private_files::ensure_dir(&swap_dir)?;
+        cachevisor_files::private_files::ensure_dir(&swap_dir)?;
         Ok(VssdRegion { file, direct: None, base, geometry, swap_dir })
     }
 
     /// Guests' aligned I/O through `path` opened with O_DIRECT (the store's file).
     pub fn with_direct(mut self, path: &std::path::Path) -> io::Result<VssdRegion> {
-        self.direct = Some(crate::aligned_buf::open_direct(path)?);
+        self.direct = Some(cachevisor_files::aligned_buf::open_direct(path)?);
         Ok(self)
     }
 
@@ -53,7 +53,7 @@ impl VssdRegion {
 
     /// The O_DIRECT handle, when `at` and `len` are 4 KiB-aligned.
     fn direct_for(&self, at: u64, len: u64) -> Option<&File> {
-        let a = crate::aligned_buf::ALIGN as u64;
+        let a = cachevisor_files::aligned_buf::ALIGN as u64;
         self.direct.as_ref().filter(|_| at.is_multiple_of(a) && len.is_multiple_of(a))
     }
 
@@ -86,7 +86,8 @@ impl VssdRegion {
             OpKind::SwapOut { id, lbn, pbn } => {
                 let mut buf = vec![0u8; bs as usize];
                 self.file.read_exact_at(&mut buf, self.at(pbn))?;
-                let f = crate::private_files::own_options().create(true).write(true).open(self.swap_path(id))?;
+                let f =
+                    cachevisor_files::private_files::own_options().create(true).write(true).open(self.swap_path(id))?;
                 f.write_all_at(&buf, u64::from(lbn) * bs)?;
                 f.sync_data()
             }
@@ -112,7 +113,7 @@ impl VssdRegion {
             let b = &mut buf[e.buf_offset as usize..(e.buf_offset + e.len) as usize];
             let at = self.base + e.region_offset;
             match self.direct_for(at, e.len) {
-                Some(f) => BOUNCE.with_borrow_mut(|bounce| crate::aligned_buf::read_at(f, bounce, b, at))?,
+                Some(f) => BOUNCE.with_borrow_mut(|bounce| cachevisor_files::aligned_buf::read_at(f, bounce, b, at))?,
                 None => self.file.read_exact_at(b, at)?,
             }
         }
@@ -125,7 +126,9 @@ impl VssdRegion {
             let b = &data[e.buf_offset as usize..(e.buf_offset + e.len) as usize];
             let at = self.base + e.region_offset;
             match self.direct_for(at, e.len) {
-                Some(f) => BOUNCE.with_borrow_mut(|bounce| crate::aligned_buf::write_at(f, bounce, b, at))?,
+                Some(f) => {
+                    BOUNCE.with_borrow_mut(|bounce| cachevisor_files::aligned_buf::write_at(f, bounce, b, at))?
+                }
                 None => self.file.write_all_at(b, at)?,
             }
         }

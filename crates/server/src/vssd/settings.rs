@@ -196,7 +196,7 @@ impl VssdConfig {
             if devices.iter().any(|x: &Device| x.name == d.name) {
                 return Err(format!("{at}.name: `{}` is used twice", d.name));
             }
-            crate::tls_authz::check(&d.allow).map_err(|e| format!("{at}.allow: {e}"))?;
+            cachevisor_nbd::tls_authz::check(&d.allow).map_err(|e| format!("{at}.allow: {e}"))?;
             for (key, v) in [("weight", d.weight), ("ratio", d.ratio)] {
                 if !(v > 0.0 && v.is_finite()) {
                     return Err(format!("{at}.{key}: {v} must be above 0"));

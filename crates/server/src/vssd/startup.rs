@@ -9,7 +9,7 @@ use super::meta::VssdMeta;
 use super::region::VssdRegion;
 use super::service::VssdService;
 use super::settings::{region_base, Plan};
-use crate::daemon::ExportInfo;
+use crate::daemon::Export;
 use cachevisor_vssd::lifecycle::LifecycleError;
 use std::path::Path;
 use std::sync::Arc;
@@ -53,7 +53,7 @@ pub fn start(
     meta_dir: &Path,
     direct: bool,
     dp: &Arc<crate::datapath::DataPath>,
-) -> Result<(Arc<VssdService>, Vec<ExportInfo>), String> {
+) -> Result<(Arc<VssdService>, Vec<Export>), String> {
     let geometry = plan.region_geometry(cache_bytes, cache_block)?;
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -109,7 +109,7 @@ pub fn start(
         }
         let size = u64::from(d.max_blocks) * plan.geometry.block_bytes;
         // Its vhost-user access is set by the daemon's start (it knows the listener's TLS).
-        exports.push(ExportInfo {
+        exports.push(Export {
             id: VSSD_EXPORT | id,
             name: d.name.clone(),
             size,

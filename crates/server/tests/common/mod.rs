@@ -5,8 +5,8 @@
 
 pub mod certs;
 
+use cachevisor_nbd::proto::*;
 use cachevisor_server::config::Config;
-use cachevisor_server::nbd::proto::*;
 use cachevisor_server::service::{start, Running};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -93,13 +93,13 @@ pub fn ends(s: &mut TcpStream) -> bool {
 /// The crate's client with test-friendly wrappers (panics on connection errors).
 pub struct Client {
     pub s: std::net::TcpStream,
-    inner: cachevisor_server::nbd::client::Client,
+    inner: cachevisor_nbd::client::Client,
 }
 
 impl Client {
     /// Connects and negotiates `export`; returns the client and the export size.
     pub fn connect(addr: SocketAddr, export: &str) -> (Client, u64) {
-        let inner = cachevisor_server::nbd::client::Client::connect(addr, export).unwrap();
+        let inner = cachevisor_nbd::client::Client::connect(addr, export).unwrap();
         inner.socket().as_tcp().unwrap().set_read_timeout(Some(std::time::Duration::from_secs(20))).unwrap();
         let size = inner.size;
         (Client { s: inner.socket().as_tcp().unwrap().try_clone().unwrap(), inner }, size)

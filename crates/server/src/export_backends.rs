@@ -1,35 +1,16 @@
-//! What an NBD export is served from, as the transmission loop
-//! (`transmission_async.rs`) sees it: a vDisk on the cache's data path, or a vSSD
-//! (`vssd/`). One request loop, one set of protocol checks, two kinds of store.
+//! The daemon's exports as the protocol's backends (`cachevisor_nbd::backend`): a vDisk
+//! on the cache's data path, or a vSSD (`vssd/`). NBD transmission and vhost-user-blk
+//! drive either through one trait: one request loop, one set of protocol checks, two
+//! kinds of store.
 
-use crate::datapath::{Cmd, DataPath, Done};
+use crate::datapath::{client_error, DataPath};
 use crate::vssd::service::{VssdIoError, VssdService};
-use cachevisor_engine::Failure;
+use cachevisor_nbd::backend::{ClientError, Cmd, Done, ExportBackend};
 use cachevisor_trace::VmId;
 use cachevisor_vssd::io::IoError;
 use cachevisor_vssd::VssdId;
 use std::io;
 use std::sync::Arc;
-
-/// An export's store.
-pub trait ExportBackend: Send + Sync + 'static {
-    /// Whether device waits are real (O_DIRECT): a request is then handed off unless no
-    /// other is buffered behind it.
-    fn direct(&self) -> bool;
-    /// Whether the export is still served (not removed or stopped).
-    fn serves(&self) -> bool;
-    /// Starts a request; `done` gets its outcome, perhaps before this returns. `here`:
-    /// the calling thread may run it.
-    fn submit(&self, offset: u64, cmd: Cmd, here: bool, done: Done);
-    /// NBD_CMD_CACHE: a hint to load the range.
-    fn hint_cache(&self, offset: u64, len: u64);
-    /// `base:allocation` descriptors for the range (see `datapath/allocation.rs`).
-    fn allocation(&self, offset: u64, len: u32, one: bool) -> io::Result<Vec<(u32, u32)>>;
-    /// Writes and waits (WRITE_ZEROES' pieces).
-    fn write_now(&self, offset: u64, data: &[u8]) -> Result<(), Failure>;
-    /// Flushes and waits.
-    fn flush_now(&self) -> Result<(), Failure>;
-}
 
 /// A vDisk: the cache's data path.
 pub struct VdiskExport {
@@ -53,7 +34,7 @@ fn submit_retrying(dp: Arc<DataPath>, vm: VmId, offset: u64, cmd: Cmd, here: boo
         cmd,
         here,
         Box::new(move |r| match (r, again) {
-            (Err(Failure::Io), Some(cmd)) => {
+            (Err(ClientError::Io), Some(cmd)) => {
                 tracing::info!(vdisk = vm, offset, "request failed with EIO: trying again");
                 submit_retrying(dp2, vm, offset, cmd, false, done, left - 1)
             }
@@ -82,11 +63,11 @@ impl ExportBackend for VdiskExport {
     fn allocation(&self, offset: u64, len: u32, one: bool) -> io::Result<Vec<(u32, u32)>> {
         self.dp.allocation(self.vm, offset, len, one)
     }
-    fn write_now(&self, offset: u64, data: &[u8]) -> Result<(), Failure> {
-        self.dp.write(self.vm, offset, data, false)
+    fn write_now(&self, offset: u64, data: &[u8]) -> Result<(), ClientError> {
+        self.dp.write(self.vm, offset, data, false).map_err(client_error)
     }
-    fn flush_now(&self) -> Result<(), Failure> {
-        self.dp.flush(self.vm)
+    fn flush_now(&self) -> Result<(), ClientError> {
+        self.dp.flush(self.vm).map_err(client_error)
     }
 }
 
@@ -100,11 +81,11 @@ pub struct VssdExport {
 
 /// The NBD failure of a vSSD request: a block the vSSD does not hold is EIO (SymFlex's
 /// invalid request), past the end EINVAL, a stopped vSSD ESHUTDOWN.
-fn failure(e: VssdIoError) -> Failure {
+fn failure(e: VssdIoError) -> ClientError {
     match e {
-        VssdIoError::Refused(IoError::Invalid(_)) | VssdIoError::Device(_) => Failure::Io,
-        VssdIoError::Refused(IoError::OutOfRange { .. }) => Failure::OutOfRange,
-        VssdIoError::Refused(IoError::NotRunning(_)) => Failure::Shutdown,
+        VssdIoError::Refused(IoError::Invalid(_)) | VssdIoError::Device(_) => ClientError::Io,
+        VssdIoError::Refused(IoError::OutOfRange { .. }) => ClientError::OutOfRange,
+        VssdIoError::Refused(IoError::NotRunning(_)) => ClientError::Shutdown,
     }
 }
 
@@ -139,13 +120,13 @@ impl ExportBackend for VssdExport {
         let _ = one;
         Ok(vec![(len, 0)])
     }
-    fn write_now(&self, offset: u64, data: &[u8]) -> Result<(), Failure> {
+    fn write_now(&self, offset: u64, data: &[u8]) -> Result<(), ClientError> {
         self.svc.write(self.id, offset, data).map_err(failure)
     }
-    fn flush_now(&self) -> Result<(), Failure> {
+    fn flush_now(&self) -> Result<(), ClientError> {
         self.svc.flush().map_err(|e| {
             tracing::warn!(vssd = self.id, %e, "vSSD flush failed");
-            Failure::Io
+            ClientError::Io
         })
     }
 }

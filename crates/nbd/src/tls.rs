@@ -85,7 +85,7 @@ impl Credentials {
 }
 
 fn read_certs(path: &Path, key: &str) -> Result<Vec<CertificateDer<'static>>, String> {
-    let pem = crate::bounded_read::read(path, crate::bounded_read::PEM_CAP)
+    let pem = cachevisor_files::bounded_read::read(path, cachevisor_files::bounded_read::PEM_CAP)
         .map_err(|e| format!("listen.{key}: {}: {e}", path.display()))?;
     let certs: Vec<_> = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<_, _>>()
@@ -98,7 +98,8 @@ fn read_certs(path: &Path, key: &str) -> Result<Vec<CertificateDer<'static>>, St
 
 /// The private key in PEM file `path` (a regular file of at most `PEM_CAP` bytes).
 fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
-    let pem = crate::bounded_read::read(path, crate::bounded_read::PEM_CAP).map_err(|e| e.to_string())?;
+    let pem = cachevisor_files::bounded_read::read(path, cachevisor_files::bounded_read::PEM_CAP)
+        .map_err(|e| e.to_string())?;
     PrivateKeyDer::from_pem_slice(&pem).map_err(|e| format!("no private key read: {e}"))
 }
 
@@ -124,7 +125,7 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 pub fn server_config(c: &Credentials, clients: bool) -> Result<Arc<ServerConfig>, String> {
     let provider = provider();
     let certs = read_certs(&c.cert, "tls_cert")?;
-    crate::private_files::check_file_mode(
+    cachevisor_files::private_files::check_file_mode(
         &c.key,
         "listen.tls_key",
         "the server's private key",

@@ -6,7 +6,7 @@
 
 use super::handshake::{greet, options, Negotiated};
 use super::proto::*;
-use crate::daemon::ExportInfo;
+use crate::backend::ExportInfo;
 use crate::tls::TlsMode;
 use std::io::{self, Read, Write};
 
@@ -39,13 +39,7 @@ impl super::handshake::Exports for TwoExports {
     fn exports(&self) -> Vec<ExportInfo> {
         vec![
             ExportInfo { id: 0, name: "a".into(), size: 1 << 20, ..Default::default() },
-            ExportInfo {
-                id: 1,
-                name: "b".into(),
-                size: 1 << 20,
-                allow: vec!["CN=host-a".into()],
-                ..Default::default()
-            },
+            ExportInfo { id: 1, name: "b".into(), size: 1 << 20, allow: vec!["CN=host-a".into()] },
         ]
     }
     fn block_size(&self) -> u64 {

@@ -8,7 +8,7 @@
 //! oversized option closes the connection after an error reply where the spec allows one.
 
 use super::proto::*;
-use crate::daemon::{Daemon, ExportInfo};
+use crate::backend::ExportInfo;
 use crate::tls::TlsMode;
 use crate::tls_authz::Identity;
 use std::io::{self, Read, Write};
@@ -20,15 +20,6 @@ pub trait Exports {
     fn exports(&self) -> Vec<ExportInfo>;
     /// The preferred I/O size advertised (the cache's block size).
     fn block_size(&self) -> u64;
-}
-
-impl Exports for Daemon {
-    fn exports(&self) -> Vec<ExportInfo> {
-        Daemon::nbd_exports(self)
-    }
-    fn block_size(&self) -> u64 {
-        Daemon::block_size(self)
-    }
 }
 
 /// Transmission flags of every export: flush, FUA and write-zeroes are honoured; several

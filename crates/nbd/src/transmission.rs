@@ -15,12 +15,10 @@
 //! commands keep simple replies, as qemu-nbd does. Nothing is changed by a request that
 //! is refused. Every reply in flight is sent before a connection closes.
 
-use super::export_backend::ExportBackend;
+use super::backend::{copy_range, Bytes, ClientError, Cmd, Done, ExportBackend};
 use super::handshake::Replies;
 use super::proto::*;
 use super::structured::{block_status_chunk, error_chunk, read_data_header, BASE_ALLOCATION_ID};
-use crate::datapath::{copy_range, Cmd};
-use cachevisor_engine::Failure;
 use prometheus_client::metrics::histogram::Histogram;
 use std::io::{self, Read, Write};
 use std::sync::{Arc, Condvar, Mutex};
@@ -36,31 +34,16 @@ pub struct SingleExport {
 }
 
 impl super::handshake::Exports for SingleExport {
-    fn exports(&self) -> Vec<crate::daemon::ExportInfo> {
-        vec![crate::daemon::ExportInfo { id: 0, name: "vm0".into(), size: self.size, ..Default::default() }]
+    fn exports(&self) -> Vec<crate::backend::ExportInfo> {
+        vec![crate::backend::ExportInfo { id: 0, name: "vm0".into(), size: self.size, ..Default::default() }]
     }
     fn block_size(&self) -> u64 {
         self.block_size
     }
 }
 
-/// The errno a failure is reported with.
-fn errno(f: Failure) -> u32 {
-    match f {
-        Failure::NoSpace => ENOSPC,
-        Failure::Io | Failure::Corrupt => EIO,
-        Failure::Shutdown => ESHUTDOWN,
-        Failure::OutOfRange => EINVAL,
-    }
-}
-
 /// Latency histograms by command: read, write, flush, write_zeroes, trim, other.
 pub type Latency = [Histogram; 6];
-
-/// The histograms of `name`'s commands in `m`.
-pub fn latency_of(m: &crate::metrics::Metrics, name: &str) -> Latency {
-    ["read", "write", "flush", "write_zeroes", "trim", "other"].map(|op| m.histogram(name, op))
-}
 
 /// Replies in flight and the connection's writer.
 struct Conn<W> {
@@ -128,8 +111,8 @@ impl<W: Write> Conn<W> {
 
 /// The pieces of `parts` (a read's reply buffers, in completion order) that make up
 /// `len` bytes at `offset`, in disk order; `None` if they leave a gap.
-fn in_order(parts: &[crate::datapath::Bytes], offset: u64, len: u64) -> Option<Vec<&[u8]>> {
-    let mut sorted: Vec<&crate::datapath::Bytes> = parts.iter().collect();
+fn in_order(parts: &[Bytes], offset: u64, len: u64) -> Option<Vec<&[u8]>> {
+    let mut sorted: Vec<&Bytes> = parts.iter().collect();
     sorted.sort_by_key(|(_, base)| *base);
     let (mut at, end) = (offset, offset + len);
     let mut pieces = Vec::with_capacity(sorted.len());
@@ -249,24 +232,24 @@ pub fn serve<R: Read, W: Write + Send + 'static>(
             // waits) only when no further request is buffered (iodepth 1).
             let here = !direct || r.buffer().is_empty();
             // FUA: durable before the reply (a flush after the command).
-            let then_flush = move |dp: Arc<dyn ExportBackend>, c: Arc<Conn<W>>| -> crate::datapath::Done {
+            let then_flush = move |dp: Arc<dyn ExportBackend>, c: Arc<Conn<W>>| -> Done {
                 Box::new(move |res| match (res, fua) {
                     (Ok(_), true) => {
                         dp.clone().submit(
                             0,
                             Cmd::Flush,
                             false,
-                            Box::new(move |r| c.reply(r.map_or_else(errno, |_| 0), cookie, timing)),
+                            Box::new(move |r| c.reply(r.map_or_else(ClientError::errno, |_| 0), cookie, timing)),
                         );
                     }
                     (Ok(_), false) => c.reply(0, cookie, timing),
-                    (Err(f), _) => c.reply(errno(f), cookie, timing),
+                    (Err(f), _) => c.reply(f.errno(), cookie, timing),
                 })
             };
             match req.kind {
                 CMD_READ => {
                     let (offset, len) = (req.offset, req.length);
-                    let done = Box::new(move |res: Result<Vec<crate::datapath::Bytes>, Failure>| match res {
+                    let done = Box::new(move |res: Result<Vec<Bytes>, ClientError>| match res {
                         Ok(parts) => {
                             // One final OFFSET_DATA chunk when structured (DF holds), else a
                             // simple reply; the data follows the header either way.
@@ -286,7 +269,7 @@ pub fn serve<R: Read, W: Write + Send + 'static>(
                                 }
                             }
                         }
-                        Err(f) => fail(&c, errno(f), cookie, "the read failed"),
+                        Err(f) => fail(&c, f.errno(), cookie, "the read failed"),
                     });
                     dp.submit(offset, Cmd::Read(len), here, done);
                 }
@@ -314,7 +297,7 @@ pub fn serve<R: Read, W: Write + Send + 'static>(
                         0,
                         Cmd::Flush,
                         false,
-                        Box::new(move |r| c.reply(r.map_or_else(errno, |_| 0), cookie, timing)),
+                        Box::new(move |r| c.reply(r.map_or_else(ClientError::errno, |_| 0), cookie, timing)),
                     );
                 }
                 _ => {
@@ -331,7 +314,7 @@ pub fn serve<R: Read, W: Write + Send + 'static>(
                     if result.is_ok() && fua {
                         result = dp.flush_now();
                     }
-                    conn.reply(result.map_or_else(errno, |()| 0), cookie, timing);
+                    conn.reply(result.map_or_else(ClientError::errno, |()| 0), cookie, timing);
                 }
             }
         }

@@ -9,7 +9,7 @@
 use crate::guest_workload::{Access, Shape, Verifier, Workload};
 use anyhow::{bail, Context};
 use cachevisor_guest::{BlockDevice, Control, GuestCache, LostWrites, WriteMode};
-use cachevisor_server::backing::Backing;
+use cachevisor_store::backing::Backing;
 use cachevisor_trace::units::{parse_duration_ns, parse_size};
 use clap::{Args, ValueEnum};
 use std::path::{Path, PathBuf};
@@ -155,7 +155,7 @@ pub fn open_dev(spec: &str, what: &str) -> anyhow::Result<Dev> {
             .with_context(|| format!("{what}: opening {spec} with O_DIRECT"))?;
         return Ok(Dev::Direct(f, Default::default()));
     }
-    if !cachevisor_server::backing::is_uri(path) && !path.exists() {
+    if !cachevisor_store::backing::is_uri(path) && !path.exists() {
         anyhow::bail!(
             "{what}: {spec} does not exist (give an NBD URI such as nbd://127.0.0.1:10809/NAME, or an existing file or block device)"
         );

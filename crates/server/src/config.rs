@@ -88,18 +88,7 @@ fn default_seal_after() -> String {
     "30s".into()
 }
 
-/// Whether the cache store bypasses the page cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DirectIo {
-    /// O_DIRECT where the filesystem and device allow 512-byte aligned I/O.
-    #[default]
-    Auto,
-    /// O_DIRECT or refuse to start.
-    On,
-    /// Buffered I/O.
-    Off,
-}
+pub use cachevisor_store::backing::DirectIo;
 
 fn default_interval() -> String {
     "1s".into()
@@ -390,7 +379,7 @@ impl VdiskConfig {
         if v.replicate == Some(true) && v.name.len() > cachevisor_cluster::replica_record::MAX_NAME {
             return Err(format!("{at}.replicate: a replicated vDisk's name must be at most 400 bytes"));
         }
-        if !crate::backing::is_uri(&v.backing) && !v.backing.exists() && v.size.is_none() {
+        if !cachevisor_store::backing::is_uri(&v.backing) && !v.backing.exists() && v.size.is_none() {
             return Err(format!("{at}.backing: {} does not exist (give `size` to create it)", v.backing.display()));
         }
         Ok(())
@@ -783,7 +772,7 @@ impl Config {
         if let Some(d) = c.prewarm.from.as_mut() {
             fix(d);
         }
-        c.vdisk.iter_mut().filter(|v| !crate::backing::is_uri(&v.backing)).for_each(|v| fix(&mut v.backing));
+        c.vdisk.iter_mut().filter(|v| !cachevisor_store::backing::is_uri(&v.backing)).for_each(|v| fix(&mut v.backing));
         if let Some(v) = c.vssd.as_mut() {
             if let Some(d) = v.swap_dir.as_mut() {
                 fix(d);

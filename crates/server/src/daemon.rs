@@ -150,7 +150,7 @@ pub struct Daemon {
     /// Taken inside the data path's lock (its hooks run there), never around it.
     policy: Arc<Mutex<policy::Policy>>,
     /// Each vDisk's backing store by VM id (`None` once removed).
-    identities: Mutex<Vec<Option<crate::backing_identity::Identity>>>,
+    identities: Mutex<Vec<Option<cachevisor_store::backing_identity::Identity>>>,
     recovery: Recovery,
     meta_dir: std::path::PathBuf,
     job: Arc<crate::destage_job::Job>,
@@ -159,7 +159,7 @@ pub struct Daemon {
     /// Where snapshots go (`prewarming.rs`).
     snapshots: Mutex<prewarming::Snapshots>,
     /// The exclusive lock on the cache store and metadata (released by `stop_serving`).
-    owner: Mutex<Option<crate::owner_lock::OwnerLock>>,
+    owner: Mutex<Option<cachevisor_store::owner_lock::OwnerLock>>,
     /// What the daemon's limits refused (`/metrics`).
     pub guards: Arc<crate::status::Guards>,
     /// NBD over TLS (`listen.tls` on or require).

@@ -13,9 +13,9 @@
 //! write copies from them, a client read's reply is assembled from them; a write op
 //! writes a slice of its request's bytes or of its source read's.
 
-use crate::backing::Backing;
 use crate::persist::Persistence;
 use cachevisor_engine::{Commit, DeviceOp, Engine, Event, Failure, OpId, ReqId, Schedule};
+use cachevisor_store::backing::Backing;
 use cachevisor_trace::{Op, Request, VmId};
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
@@ -136,7 +136,7 @@ struct Core {
     /// VM ids no longer served (requests get `Failure::Shutdown`).
     removed: Vec<bool>,
     /// Metadata records (vDisk names, backing bindings) for the committer's next commit.
-    meta: Vec<crate::journal::Record>,
+    meta: Vec<cachevisor_store::journal::Record>,
     /// Jobs callers wait for.
     jobs: HashMap<ReqId, JobWait>,
     observe: Option<ObserveHook>,

@@ -12,7 +12,7 @@
 //! sealed with checksums (`block_sums.rs`) are read from it and checked: a block whose
 //! bytes fail is named (a start serves EIO for it and never writes it back).
 
-use crate::journal::{Header, Record, CHECKPOINT_MAGIC, HEADER_LEN, JOURNAL_MAGIC};
+use cachevisor_store::journal::{Header, Record, CHECKPOINT_MAGIC, HEADER_LEN, JOURNAL_MAGIC};
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -194,7 +194,7 @@ fn check_sums(
                 continue;
             }
             let Some(&want) = sums.next() else { break };
-            let at = crate::cache_label::DATA_OFFSET + u64::from(slot) * bs + i * 512;
+            let at = cachevisor_store::cache_label::DATA_OFFSET + u64::from(slot) * bs + i * 512;
             bad |= f.read_exact_at(&mut sector, at).is_err() || crate::block_sums::sector_sum(&sector) != want;
         }
         if let Some(v) = report.vdisks.iter_mut().find(|v| v.vm == vm) {
@@ -217,8 +217,12 @@ fn check_sums(
 /// names, as a start does: a store that is not this metadata's, with dirty blocks
 /// recorded, is a problem (a start refuses); with clean ones only a start comes up cold.
 /// Returns the store's path when its label matches (its bytes are the metadata's).
-fn check_store(dir: &Path, expected: Option<&crate::cache_label::Expected>, report: &mut Report) -> Option<PathBuf> {
-    let note = cachevisor_files::bounded_read::read_to_string(&crate::owner_lock::owner_file(dir), 1 << 16)
+fn check_store(
+    dir: &Path,
+    expected: Option<&cachevisor_store::cache_label::Expected>,
+    report: &mut Report,
+) -> Option<PathBuf> {
+    let note = cachevisor_files::bounded_read::read_to_string(&cachevisor_store::owner_lock::owner_file(dir), 1 << 16)
         .unwrap_or_default();
     let path = note.lines().next().and_then(|l| l.split_once(", cache ")).map(|(_, p)| PathBuf::from(p))?;
     let held: Vec<(String, u64, u64)> = report
@@ -226,13 +230,18 @@ fn check_store(dir: &Path, expected: Option<&crate::cache_label::Expected>, repo
         .iter()
         .map(|v| (v.name.clone().unwrap_or_else(|| format!("VM {}", v.vm)), v.blocks, v.dirty_blocks))
         .collect();
-    let found = crate::cache_label::read(&path);
-    let verdict = crate::cache_label::verdict(&found, expected, report.block_size, &held, &|_| false, (&path, dir));
-    let warm = matches!(verdict, Ok(crate::cache_label::Verdict::Warm { .. }));
+    let found = cachevisor_store::cache_label::read(&path);
+    let verdict =
+        cachevisor_store::cache_label::verdict(&found, expected, report.block_size, &held, &|_| false, (&path, dir));
+    let warm = matches!(verdict, Ok(cachevisor_store::cache_label::Verdict::Warm { .. }));
     report.cache_store = Some(match verdict {
-        Ok(crate::cache_label::Verdict::Warm { .. }) => format!("{}: its label matches the metadata", path.display()),
-        Ok(crate::cache_label::Verdict::Cold(None)) => format!("{}: a new cache (no label yet)", path.display()),
-        Ok(crate::cache_label::Verdict::Cold(Some(why))) => format!("a start comes up cold: {why}"),
+        Ok(cachevisor_store::cache_label::Verdict::Warm { .. }) => {
+            format!("{}: its label matches the metadata", path.display())
+        }
+        Ok(cachevisor_store::cache_label::Verdict::Cold(None)) => {
+            format!("{}: a new cache (no label yet)", path.display())
+        }
+        Ok(cachevisor_store::cache_label::Verdict::Cold(Some(why))) => format!("a start comes up cold: {why}"),
         Err(e) => {
             report.problems.push(format!("a start would refuse: {e}"));
             format!("{}: not the store this metadata describes", path.display())

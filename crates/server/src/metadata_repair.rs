@@ -17,7 +17,7 @@
 //! generation, each atomically: a crash between them leaves a journal of an older
 //! generation, which a start ignores.
 
-use crate::journal::{
+use cachevisor_store::journal::{
     read_records, write_file_atomically, Header, Record, CHECKPOINT_MAGIC, HEADER_LEN, JOURNAL_MAGIC,
 };
 use std::collections::BTreeMap;
@@ -63,7 +63,7 @@ fn read(path: &Path, magic: [u8; 8]) -> Result<Option<(Header, Vec<Record>, bool
 
 /// Repairs the metadata in `dir` (see the top comment).
 pub fn repair(dir: &Path) -> Result<RepairReport, String> {
-    let _lock = crate::owner_lock::MetadataLock::acquire(dir)?;
+    let _lock = cachevisor_store::owner_lock::MetadataLock::acquire(dir)?;
     let ckpt = read(&dir.join("checkpoint"), CHECKPOINT_MAGIC)?;
     let journal = read(&dir.join("journal"), JOURNAL_MAGIC)?;
     let geometry = match (&ckpt, &journal) {
@@ -80,7 +80,7 @@ pub fn repair(dir: &Path) -> Result<RepairReport, String> {
     // The state, each slot with the order its record came in.
     let mut slots: BTreeMap<u32, (u64, Record)> = BTreeMap::new();
     let mut names: BTreeMap<u16, String> = BTreeMap::new();
-    let mut bindings: BTreeMap<u16, crate::backing_identity::Identity> = BTreeMap::new();
+    let mut bindings: BTreeMap<u16, cachevisor_store::backing_identity::Identity> = BTreeMap::new();
     let mut seq = 0u64;
     let mut label = None;
     let mut apply = |r: Record, report: &mut RepairReport| {
@@ -234,7 +234,7 @@ mod tests {
         let name = Record::Vdisk { vm: 0, name: "vm1".into() };
         let bind = Record::Binding {
             vm: 0,
-            identity: crate::backing_identity::Identity::File { dev: 1, ino: 2, size: 1 << 20 },
+            identity: cachevisor_store::backing_identity::Identity::File { dev: 1, ino: 2, size: 1 << 20 },
         };
         write(
             d,

@@ -141,7 +141,7 @@ impl OwnFiles {
     /// one of its directories, or neither a regular file nor a block device. A URI is
     /// another server's business; a missing file is checked where it would be created.
     pub fn check_backing(&self, path: &Path, key: &str) -> Result<(), String> {
-        if crate::backing::is_uri(path) {
+        if cachevisor_store::backing::is_uri(path) {
             return Ok(());
         }
         let refuse = |why: String| {

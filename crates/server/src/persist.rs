@@ -10,10 +10,10 @@
 //! checkpoint + journal of the same generation, up to the journal's first torn record,
 //! straight into an engine at start.
 
-use crate::journal::{
+use cachevisor_engine::Engine;
+use cachevisor_store::journal::{
     read_records, write_file_atomically, Header, Record, CHECKPOINT_MAGIC, HEADER_LEN, JOURNAL_MAGIC,
 };
-use cachevisor_engine::Engine;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -51,11 +51,11 @@ pub struct Persistence {
     slots: u64,
     buf: Vec<u8>,
     /// Each VM id's backing store (written into every checkpoint).
-    bindings: Vec<Option<crate::backing_identity::Identity>>,
+    bindings: Vec<Option<cachevisor_store::backing_identity::Identity>>,
     /// Journal size past which a checkpoint is wanted (tests lower it).
     limit: u64,
     /// The label the cache store carries (`cache_label.rs`), named in every checkpoint.
-    label: Option<crate::cache_label::Expected>,
+    label: Option<cachevisor_store::cache_label::Expected>,
 }
 
 /// Expands a sector bitmap into one flag per sector.
@@ -199,7 +199,11 @@ impl Persistence {
 
     /// Journals that VM id `vm`'s cached blocks belong to backing store `identity` (kept
     /// for every later checkpoint).
-    pub fn record_binding(&mut self, vm: u16, identity: &crate::backing_identity::Identity) -> std::io::Result<()> {
+    pub fn record_binding(
+        &mut self,
+        vm: u16,
+        identity: &cachevisor_store::backing_identity::Identity,
+    ) -> std::io::Result<()> {
         if self.bindings.len() <= vm as usize {
             self.bindings.resize(vm as usize + 1, None);
         }
@@ -209,7 +213,7 @@ impl Persistence {
     }
 
     /// Names the label the cache store carries in every checkpoint from the next one on.
-    pub fn set_label(&mut self, label: crate::cache_label::Expected) {
+    pub fn set_label(&mut self, label: cachevisor_store::cache_label::Expected) {
         self.label = Some(label);
     }
 
@@ -273,7 +277,7 @@ impl Persistence {
         &mut self,
         c: &cachevisor_engine::Commit,
         sync_cache: &dyn Fn() -> std::io::Result<()>,
-        backings: &[&crate::backing::Backing],
+        backings: &[&cachevisor_store::backing::Backing],
         sums: SumsOf<'_>,
     ) -> std::io::Result<()> {
         if self.journal.is_none() && !c.records.is_empty() {
@@ -351,7 +355,7 @@ impl Persistence {
         names: &[String],
         targets: &[u64],
         sync_cache: &dyn Fn() -> std::io::Result<()>,
-        backings: &[std::sync::Arc<crate::backing::Backing>],
+        backings: &[std::sync::Arc<cachevisor_store::backing::Backing>],
         records: &mut CheckpointSource<'_>,
         sums: SumsOf<'_>,
     ) -> std::io::Result<()> {
@@ -440,8 +444,8 @@ impl Persistence {
 fn vdisk_records(
     names: &[String],
     targets: &[u64],
-    bindings: &[Option<crate::backing_identity::Identity>],
-    label: Option<crate::cache_label::Expected>,
+    bindings: &[Option<cachevisor_store::backing_identity::Identity>],
+    label: Option<cachevisor_store::cache_label::Expected>,
     b: &mut Vec<u8>,
 ) {
     if let Some(l) = label {
@@ -487,7 +491,7 @@ fn slot_record(r: &cachevisor_engine::SlotRecord, sums: SumsOf<'_>) -> Record {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::journal::write_file_atomically;
+    use cachevisor_store::journal::write_file_atomically;
 
     fn no_records(_: Record) -> Result<(), String> {
         Ok(())

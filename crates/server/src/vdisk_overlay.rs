@@ -79,7 +79,7 @@ impl Overlay {
     pub fn save(&self, dir: &Path) -> std::io::Result<()> {
         let text = toml::to_string(self).map_err(std::io::Error::other)?;
         let header = "# vDisks added and removed through cachevisor's API; laid over the config file at start.\n";
-        crate::journal::replace_file(&path(dir), &mut |w| {
+        cachevisor_store::journal::replace_file(&path(dir), &mut |w| {
             w.write_all(header.as_bytes())?;
             w.write_all(text.as_bytes())
         })

@@ -215,7 +215,7 @@ fn a_prewarm_from_a_larger_disk_skips_what_is_past_the_end_and_keeps_the_cache_o
 /// when clean and refuses the start when dirty — never another vDisk's block.
 #[test]
 fn a_journal_record_past_a_vdisks_end_is_refused_or_dropped_never_aliased() {
-    use cachevisor_server::journal::Record;
+    use cachevisor_store::journal::Record;
     let dir = tempfile::tempdir().unwrap();
     let cfg = two_vdisks_written(dir.path(), false);
     let j = dir.path().join("cache.img.meta/journal");

@@ -343,7 +343,7 @@ fn nbdkit_unix(sock: &Path, tls: &[String]) -> Nbdkit {
 /// with `tls-hostname` the name must match.
 #[test]
 fn unix_socket_nbd_backings_in_plaintext_and_over_tls() {
-    use cachevisor_server::backing::Backing;
+    use cachevisor_store::backing::Backing;
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::new(&dir.path().join("pki"));
     let node = pki.client("node", "/CN=node-1", None, 1);

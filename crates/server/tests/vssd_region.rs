@@ -297,7 +297,7 @@ fn the_daemon_serves_a_configured_vssd_and_keeps_it_across_restarts() {
     let (ok, out) = qemu_io_at(addr, "disk", &["write -P 0x12 0 1M", "read -P 0x12 0 1M"]);
     assert!(ok, "{out}");
     let size = std::fs::metadata(dir.path().join("cache.img")).unwrap().len();
-    assert_eq!(size, cachevisor_server::cache_label::DATA_OFFSET + (1 << 20) + (8 << 20));
+    assert_eq!(size, cachevisor_store::cache_label::DATA_OFFSET + (1 << 20) + (8 << 20));
     drop(svc);
     drop(r); // as a crash would
     let before = std::fs::read(dir.path().join("cache.img")).unwrap();

@@ -13,8 +13,8 @@
 //! (`Engine::set_lent_write_through`), so none of this loses an acknowledged write.
 
 use super::Cluster;
-use crate::backing::Backing;
 use cachevisor_engine::{Device, Io};
+use cachevisor_store::backing::Backing;
 use std::io;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock, Weak};

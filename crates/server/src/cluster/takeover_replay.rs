@@ -8,9 +8,9 @@
 
 use super::replica_state::ReplicaState;
 use super::Cluster;
-use crate::backing::Backing;
 use cachevisor_cluster::replica_record::{self as rr, Geometry, Superblock, RING_START};
 use cachevisor_cluster::replica_replay;
+use cachevisor_store::backing::Backing;
 use std::path::{Path, PathBuf};
 
 /// What a takeover must replay: `owner`'s log `state.log_id`, kept by `state.peer`.

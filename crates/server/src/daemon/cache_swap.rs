@@ -218,8 +218,8 @@ impl Daemon {
         let mut owner = self.owner.lock().unwrap_or_else(|e| e.into_inner());
         let o = owner.as_mut().ok_or_else(|| OpError::Other("the daemon is stopping".into()))?;
         o.lock_cache(&path, &self.meta_dir).map_err(OpError::Invalid)?;
-        let bytes = crate::cache_label::DATA_OFFSET + u64::from(self.dp.cache_slots()) * self.block_size;
-        let opened = crate::backing::open_cache_store(&path, bytes, cfg.direct)
+        let bytes = cachevisor_store::cache_label::DATA_OFFSET + u64::from(self.dp.cache_slots()) * self.block_size;
+        let opened = cachevisor_store::backing::open_cache_store(&path, bytes, cfg.direct)
             .map_err(|e| format!("cache.path {}: {e}", path.display()));
         let (file, direct) = match opened {
             Ok(f) => f,
@@ -252,8 +252,9 @@ impl Daemon {
         if let Some((name, bytes)) = carried_snapshot {
             let p = snap_dir.join(&name);
             if !p.exists() {
-                let r = std::fs::create_dir_all(&snap_dir)
-                    .and_then(|()| crate::journal::replace_file(&p, &mut |w| std::io::Write::write_all(w, &bytes)));
+                let r = std::fs::create_dir_all(&snap_dir).and_then(|()| {
+                    cachevisor_store::journal::replace_file(&p, &mut |w| std::io::Write::write_all(w, &bytes))
+                });
                 if let Err(e) = r {
                     tracing::warn!(error = %e, path = %p.display(), "cannot put the detach's snapshot back");
                 }

@@ -57,7 +57,7 @@ impl Snapshots {
     pub(crate) fn new(cfg: &PrewarmConfig, meta_dir: &Path) -> std::io::Result<Snapshots> {
         let dir = cfg.snapshot_dir.clone().unwrap_or_else(|| meta_dir.join("snapshots"));
         if !dir.is_dir() {
-            crate::owner_lock::parent_must_exist(&dir, "prewarm.snapshot_dir")
+            cachevisor_store::owner_lock::parent_must_exist(&dir, "prewarm.snapshot_dir")
                 .map_err(|e| std::io::Error::new(std::io::ErrorKind::NotFound, e))?;
         }
         let next_seq = snapshot_files::next_seq(&dir)?;

@@ -10,11 +10,11 @@
 //!    and preallocated, and the first checkpoint written.
 
 use super::*;
-use crate::backing::Backing;
-use crate::backing_identity::{Identity, Place};
-use crate::journal::Record;
-use crate::owner_lock::OwnerLock;
 use crate::persist::{bits_to_bools, Persistence};
+use cachevisor_store::backing::Backing;
+use cachevisor_store::backing_identity::{Identity, Place};
+use cachevisor_store::journal::Record;
+use cachevisor_store::owner_lock::OwnerLock;
 use cachevisor_trace::units::parse_size;
 
 /// Choices an operator makes when starting, beyond the config.
@@ -265,8 +265,8 @@ impl Daemon {
             // `grow = true`; opening refuses anything else), else the store's own.
             let configured = v.size.as_deref().map(parse_size).transpose().map_err(StartError::Config)?;
             let size = match (configured, &current) {
-                (Some(s), _) => crate::backing::vdisk_size(s),
-                (None, Some(c)) => crate::backing::vdisk_size(c.size()),
+                (Some(s), _) => cachevisor_store::backing::vdisk_size(s),
+                (None, Some(c)) => cachevisor_store::backing::vdisk_size(c.size()),
                 (None, None) => 0, // refused when opened: a missing store needs `size`
             };
             engine
@@ -330,8 +330,8 @@ impl Daemon {
                 (n.clone(), p.used, p.dirty_blocks)
             })
             .collect();
-        let found_label = crate::cache_label::read(&cfg.cache.path);
-        let verdict = crate::cache_label::verdict(
+        let found_label = cachevisor_store::cache_label::read(&cfg.cache.path);
+        let verdict = cachevisor_store::cache_label::verdict(
             &found_label,
             expected_label.as_ref(),
             r.cache.block_size,
@@ -341,7 +341,7 @@ impl Daemon {
         )
         .map_err(StartError::Refused)?;
         let mut cold_start = None;
-        if let crate::cache_label::Verdict::Cold(why) = &verdict {
+        if let cachevisor_store::cache_label::Verdict::Cold(why) = &verdict {
             // vSSDs keep their guests' data in the same store: not served from another.
             let vssds = crate::vssd::meta::VssdMeta::names_on_disk(&meta_dir).map_err(StartError::Config)?;
             if let Some(names) = vssds.filter(|n| !n.is_empty()) {
@@ -405,12 +405,12 @@ impl Daemon {
         // emptied below (`datapath/cache_resize.rs`).
         let named_slots =
             (r.slots..r.max_slots).rev().find(|&s| engine.slot_block(s as u32).is_some()).map_or(r.slots, |s| s + 1);
-        let store_bytes = crate::cache_label::DATA_OFFSET
+        let store_bytes = cachevisor_store::cache_label::DATA_OFFSET
             + match &vssd_plan {
                 Some(p) => crate::vssd::startup::store_bytes(r.cache.cache_bytes, p),
                 None => named_slots * r.cache.block_size,
             };
-        let (ssd, direct) = crate::backing::open_cache_store(&cfg.cache.path, store_bytes, cfg.cache.direct)
+        let (ssd, direct) = cachevisor_store::backing::open_cache_store(&cfg.cache.path, store_bytes, cfg.cache.direct)
             .map_err(|source| StartError::File { path: cfg.cache.path.display().to_string(), error: source })?;
         let mut recovery =
             Recovery { journal_records: rec.journal_records, torn_tail: rec.torn_tail, ..Recovery::default() };
@@ -424,21 +424,21 @@ impl Daemon {
         // leaves the previous generation's label, which the checkpoint still accepts).
         let generation = persist.next_generation();
         let (label, previous) = match verdict {
-            crate::cache_label::Verdict::Warm { id, found } => {
-                (crate::cache_label::Label { id, generation, block_size: r.cache.block_size }, found)
+            cachevisor_store::cache_label::Verdict::Warm { id, found } => {
+                (cachevisor_store::cache_label::Label { id, generation, block_size: r.cache.block_size }, found)
             }
-            crate::cache_label::Verdict::Cold(_) => {
-                (crate::cache_label::Label::new(generation, r.cache.block_size), generation)
+            cachevisor_store::cache_label::Verdict::Cold(_) => {
+                (cachevisor_store::cache_label::Label::new(generation, r.cache.block_size), generation)
             }
         };
-        persist.set_label(crate::cache_label::Expected { id: label.id, generation, previous });
+        persist.set_label(cachevisor_store::cache_label::Expected { id: label.id, generation, previous });
         // Blocks sealed before the stop keep their checksums (reads of them are checked).
         let sums = crate::block_sums::BlockSums::new(r.cache.block_size);
         recovery.sealed_blocks = seals.apply(&mut engine, &sums) as u64;
         persist
             .checkpoint(&engine, &names, &targets, &ssd, &|r| sums.of_record(r))
             .map_err(|source| StartError::File { path: meta_dir.display().to_string(), error: source })?;
-        crate::cache_label::write(&ssd, &label)
+        cachevisor_store::cache_label::write(&ssd, &label)
             .map_err(|source| StartError::File { path: cfg.cache.path.display().to_string(), error: source })?;
         recovery.cold_start = cold_start;
         if recovery.blocks > 0 {

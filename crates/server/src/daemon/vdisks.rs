@@ -4,10 +4,10 @@
 //! directory's overlay, so it survives a restart.
 
 use super::{policy, Daemon, Export, OpError};
-use crate::backing::Backing;
-use crate::backing_identity::{Identity, Place};
-use crate::journal::Record;
 use cachevisor_policy::registry;
+use cachevisor_store::backing::Backing;
+use cachevisor_store::backing_identity::{Identity, Place};
+use cachevisor_store::journal::Record;
 use cachevisor_trace::units::parse_size;
 use cachevisor_trace::VmId;
 
@@ -76,7 +76,7 @@ impl Daemon {
             Some(c) => Some(c.claim(&v.name, force).map_err(ChangeError::Conflict)?),
             None => None,
         };
-        if !crate::backing::is_uri(&v.backing) {
+        if !cachevisor_store::backing::is_uri(&v.backing) {
             v.backing = std::path::absolute(&v.backing).map_err(|e| ChangeError::Invalid(format!("backing: {e}")))?;
         }
         v.check("vdisk", self.block_size).map_err(ChangeError::Invalid)?;

@@ -9,8 +9,8 @@
 //! never skips a byte that was written.
 
 use super::DataPath;
-use crate::backing::Backing;
 use cachevisor_nbd::structured::{STATE_HOLE, STATE_ZERO};
+use cachevisor_store::backing::Backing;
 use cachevisor_trace::VmId;
 use std::io;
 

@@ -66,9 +66,9 @@ impl DataPath {
                 self.max_cache_slots()
             ));
         }
-        let bytes = crate::cache_label::DATA_OFFSET + u64::from(to) * self.shared.bs;
+        let bytes = cachevisor_store::cache_label::DATA_OFFSET + u64::from(to) * self.shared.bs;
         let f = cache_file(&self.shared.ssd).map_err(|e| e.to_string())?;
-        crate::backing::extend_cache_store(&f, bytes).map_err(|e| format!("the cache file: {e}"))?;
+        cachevisor_store::backing::extend_cache_store(&f, bytes).map_err(|e| format!("the cache file: {e}"))?;
         self.with_engine_mut(|e| e.return_slots(from, to - from));
         self.shared.local_slots.store(to, SeqCst);
         tracing::info!(from, to, "cache grown");
@@ -80,7 +80,7 @@ impl DataPath {
         let Ok(f) = cache_file(&self.shared.ssd) else { return };
         let regular = f.metadata().is_ok_and(|m| m.file_type().is_file());
         if regular {
-            if let Err(e) = f.set_len(crate::cache_label::DATA_OFFSET + slots * self.shared.bs) {
+            if let Err(e) = f.set_len(cachevisor_store::cache_label::DATA_OFFSET + slots * self.shared.bs) {
                 tracing::warn!(%e, "the cache file keeps its old length (its tail is no longer used)");
             }
         }
@@ -131,7 +131,7 @@ mod tests {
                     std::cmp::Ordering::Equal => {}
                 }
                 assert_eq!(dp.cache_slots(), to);
-                let want = crate::cache_label::DATA_OFFSET + u64::from(to) * BS;
+                let want = cachevisor_store::cache_label::DATA_OFFSET + u64::from(to) * BS;
                 assert_eq!(file_len(), want, "step {i}: the file follows the size (after the label)");
                 dp.with_engine(|e| {
                     assert!((to..64).all(|s| e.slot_block(s).is_none()), "step {i}: a block past the end");

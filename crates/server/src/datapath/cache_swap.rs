@@ -232,8 +232,8 @@ impl DataPath {
         // taken), then written into it.
         let label = {
             let mut persist = s.persist.lock().unwrap_or_else(|p| p.into_inner());
-            let l = crate::cache_label::Label::new(persist.next_generation(), s.bs);
-            persist.set_label(crate::cache_label::Expected {
+            let l = cachevisor_store::cache_label::Label::new(persist.next_generation(), s.bs);
+            persist.set_label(cachevisor_store::cache_label::Expected {
                 id: l.id,
                 generation: l.generation,
                 previous: l.generation,
@@ -245,7 +245,7 @@ impl DataPath {
         if let Err(e) = self.checkpoint_now() {
             return back_out(e);
         }
-        if let Err(e) = crate::cache_label::write(&file, &label) {
+        if let Err(e) = cachevisor_store::cache_label::write(&file, &label) {
             return back_out(format!("writing the new cache store's label: {e}"));
         }
         if direct && io_uring {
@@ -280,7 +280,7 @@ mod tests {
         let path = dir.join("cache.img");
         std::fs::remove_file(&path).unwrap();
         std::fs::File::create(&path).unwrap();
-        crate::backing::open_cache_store(&path, 48 * BS, crate::config::DirectIo::Auto).unwrap()
+        cachevisor_store::backing::open_cache_store(&path, 48 * BS, crate::config::DirectIo::Auto).unwrap()
     }
 
     /// Clients write and read versioned blocks (each thread its own blocks: every read

@@ -14,8 +14,8 @@
 //! the recovery are logged once each, every failure is counted (`/metrics`).
 
 use super::{Core, Shared};
-use crate::journal::Record;
 use crate::persist::Persistence;
+use cachevisor_store::journal::Record;
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::time::{Duration, Instant};
 
@@ -60,7 +60,7 @@ impl Shared {
                 }
             };
             let backings: Vec<_> = c.sync_backings.iter().filter_map(|&vm| self.backing(vm).ok()).collect();
-            let backing_refs: Vec<&crate::backing::Backing> = backings.iter().map(|b| &**b).collect();
+            let backing_refs: Vec<&cachevisor_store::backing::Backing> = backings.iter().map(|b| &**b).collect();
             let r = {
                 let mut persist = self.persist.lock().unwrap_or_else(|p| p.into_inner());
                 append_meta(&mut persist, &meta).and_then(|()| {

@@ -4,9 +4,9 @@
 //! injection for tests.
 
 use super::{Core, DataPath, ExportStats, IntervalHook, JobWait, ObserveHook, Shared, TickHook};
-use crate::backing::Backing;
-use crate::journal::Record;
 use cachevisor_engine::{Engine, Failure, Output};
+use cachevisor_store::backing::Backing;
+use cachevisor_store::journal::Record;
 use cachevisor_trace::VmId;
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::{Arc, Condvar};

@@ -5,8 +5,8 @@
 //! engine. After a halt no op touches a device: each fails with `Failure::Shutdown`.
 
 use super::{Bytes, Core, Shared, Work};
-use crate::backing::Backing;
-use cachevisor_engine::{Device, DeviceOp, Failure, Io, Location, OpKind, ReqId, MAX_RUN_BYTES};
+use cachevisor_engine::{DeviceOp, Failure, Io, Location, OpKind, ReqId, MAX_RUN_BYTES};
+use cachevisor_store::backing::Backing;
 use cachevisor_trace::VmId;
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::Arc;
@@ -49,7 +49,7 @@ impl Shared {
         }
         match loc {
             Location::Cache(st) => self.store(st)?.submit(0, at, Io::Read(buf)).map(drop),
-            Location::Backing(vm) => self.backing(vm)?.submit(0, at, Io::Read(buf)).map(drop),
+            Location::Backing(vm) => self.backing(vm)?.read_at(buf, at),
         }
     }
 
@@ -63,7 +63,7 @@ impl Shared {
                 }
                 self.store(st)?.submit(0, at, Io::Write(data)).map(drop)
             }
-            Location::Backing(vm) => self.backing(vm)?.submit(0, at, Io::Write(data)).map(drop),
+            Location::Backing(vm) => self.backing(vm)?.write_at(data, at),
         }
     }
 

@@ -132,11 +132,11 @@ impl DataPath {
         let mut seals = crate::block_sums::Replayed::default();
         let (mut persist, _) = Persistence::open(&dir.join("meta"), bs, slots, &mut |r| {
             match r {
-                crate::journal::Record::Free { slot } => {
+                cachevisor_store::journal::Record::Free { slot } => {
                     engine.release_slot(slot);
                     seals.free(slot);
                 }
-                crate::journal::Record::Slot { slot, vm, block, valid, dirty, sums } => {
+                cachevisor_store::journal::Record::Slot { slot, vm, block, valid, dirty, sums } => {
                     engine.release_slot(slot);
                     let bools = |w: &[u64]| crate::persist::bits_to_bools(w, spb);
                     engine.restore_slot(slot, vm as VmId, block, &bools(&valid), &bools(&dirty))?;
@@ -160,11 +160,11 @@ impl DataPath {
             f.set_len(len).map_err(|e| format!("{}: {e}", path.display()))?;
             Ok(f)
         };
-        let bytes = crate::cache_label::DATA_OFFSET + slots * bs;
+        let bytes = cachevisor_store::cache_label::DATA_OFFSET + slots * bs;
         drop(file("cache.img", bytes)?);
         let path = dir.join("cache.img");
-        let (ssd, direct) =
-            crate::backing::open_cache_store(&path, bytes, direct).map_err(|e| format!("{}: {e}", path.display()))?;
+        let (ssd, direct) = cachevisor_store::backing::open_cache_store(&path, bytes, direct)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
         let mut backings = Vec::new();
         for v in 0..vms {
             let f = file(&format!("disk{v}.img"), disk)?;

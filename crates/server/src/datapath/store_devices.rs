@@ -41,7 +41,7 @@ pub(super) struct CacheFile {
 impl Device for CacheFile {
     fn submit(&self, now_ns: u64, at: u64, io: Io<'_>) -> std::io::Result<u64> {
         let file = cache_file(&self.file)?;
-        let at = at + crate::cache_label::DATA_OFFSET; // after the label
+        let at = at + cachevisor_store::cache_label::DATA_OFFSET; // after the label
         match io {
             Io::Read(buf) if self.direct => {
                 BOUNCE.with(|b| cachevisor_files::aligned_buf::read_at(&file, &mut b.borrow_mut(), buf, at))

@@ -7,7 +7,7 @@
 //! file and its index), then written back as a fresh checkpoint of the next generation
 //! with an empty journal.
 
-use crate::journal::{frame, read_frames, write_file_atomically, Header, HEADER_LEN};
+use cachevisor_store::journal::{frame, read_frames, write_file_atomically, Header, HEADER_LEN};
 use cachevisor_vssd::{Geometry, Record, State};
 use std::fs::File;
 use std::io::{Read, Write};
@@ -287,8 +287,8 @@ mod tests {
         assert!(e.contains("written as 8 blocks of 1048576 bytes"), "{e}");
         // The cache's own journal is not a vSSD journal.
         std::fs::copy(dir.path().join("vssd.journal"), dir.path().join("x")).unwrap();
-        let h = crate::journal::Header { block_size: 1 << 20, slots: 8, generation: 1 };
-        std::fs::write(dir.path().join("vssd.journal"), h.encode(crate::journal::JOURNAL_MAGIC)).unwrap();
+        let h = cachevisor_store::journal::Header { block_size: 1 << 20, slots: 8, generation: 1 };
+        std::fs::write(dir.path().join("vssd.journal"), h.encode(cachevisor_store::journal::JOURNAL_MAGIC)).unwrap();
         assert!(VssdMeta::open(dir.path(), g(), false).err().unwrap().contains("bad magic"));
     }
 }

@@ -61,7 +61,7 @@ pub fn start(
         .open(path)
         .map_err(|e| format!("{}: {e}", path.display()))?;
     let swap = plan.swap_dir.clone().unwrap_or_else(|| meta_dir.join("vssd-swap"));
-    let base = crate::cache_label::DATA_OFFSET
+    let base = cachevisor_store::cache_label::DATA_OFFSET
         + if plan.shared { 0 } else { region_base(cache_bytes, plan.geometry.block_bytes) };
     let mut region = VssdRegion::new(Arc::new(file), base, geometry, swap.clone())
         .map_err(|e| format!("vssd.swap_dir: {}: {e}", swap.display()))?;

@@ -182,13 +182,25 @@ pub fn open_backing_file(path: &Path, size: Option<u64>, grow: bool, at: &str) -
     Ok(f)
 }
 
+/// Whether the cache store bypasses the page cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DirectIo {
+    /// O_DIRECT where the filesystem and device allow 512-byte aligned I/O.
+    #[default]
+    Auto,
+    /// O_DIRECT or refuse to start.
+    On,
+    /// Buffered I/O.
+    Off,
+}
+
 /// Opens the cache store (its file already exists: the owner lock created it), sizes it and
 /// preallocates it (fallocate), so a file system without room for the whole cache is found
 /// at start, not as failed writes while serving. With `direct` not `Off`, the store is
 /// opened with O_DIRECT when the filesystem and device take 512-byte aligned I/O (probed
 /// with a read), which every cache-store op is. Returns the file and whether it is O_DIRECT.
-pub fn open_cache_store(path: &Path, size: u64, direct: crate::config::DirectIo) -> io::Result<(File, bool)> {
-    use crate::config::DirectIo;
+pub fn open_cache_store(path: &Path, size: u64, direct: DirectIo) -> io::Result<(File, bool)> {
     let buffered = OpenOptions::new().read(true).write(true).open(path)?;
     size_cache_store(&buffered, size, path)?;
     if direct == DirectIo::Off {
@@ -435,65 +447,9 @@ impl Backing {
     }
 }
 
-/// The data path runs a backing store's ops through the engine's one device interface,
-/// as it runs the cache stores' (`datapath/store_devices.rs`): a file, a block device or
-/// the NBD client are `Device`s, done when `submit` returns.
-impl cachevisor_engine::device::Device for Backing {
-    fn submit(&self, now_ns: u64, at: u64, io: cachevisor_engine::device::Io<'_>) -> io::Result<u64> {
-        use cachevisor_engine::device::Io;
-        match io {
-            Io::Read(buf) => self.read_at(buf, at)?,
-            Io::Write(data) => self.write_at(data, at)?,
-            Io::Model { .. } => return Err(io::Error::other("a backing store moves data; a model op has none")),
-        }
-        Ok(now_ns)
-    }
-
-    fn sync(&self) -> io::Result<()> {
-        Backing::sync(self)
-    }
-
-    /// Ops at once: one per NBD connection; a file takes what the device threads send.
-    fn queue_depth(&self) -> u32 {
-        match self {
-            Backing::Nbd(p) => p.conns.len() as u32,
-            Backing::File(..) | Backing::Removed => 1,
-        }
-    }
-
-    fn size(&self) -> u64 {
-        Backing::size(self).unwrap_or(0)
-    }
-
-    fn describe(&self) -> String {
-        match self {
-            Backing::File(_, len) => format!("backing file ({len} bytes)"),
-            Backing::Nbd(p) => format!("NBD backing ({} bytes, {} connections)", p.size, p.conns.len()),
-            Backing::Removed => "a removed vDisk's backing".into(),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_backing_file_is_a_device() {
-        use cachevisor_engine::device::{Device, Io};
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("b.img");
-        std::fs::write(&p, vec![7u8; 1000]).unwrap();
-        let b = Backing::open(&p, None, false, "test").unwrap();
-        assert_eq!((Device::size(&b), b.queue_depth()), (1024, 1));
-        Device::submit(&b, 5, 0, Io::Write(&[1, 2, 3])).unwrap();
-        let mut buf = [0u8; 8];
-        assert_eq!(Device::submit(&b, 9, 998, Io::Read(&mut buf)).unwrap(), 9, "done when it returns");
-        assert_eq!(buf, [7, 7, 0, 0, 0, 0, 0, 0], "the bytes held, zeros past the end");
-        assert!(Device::submit(&b, 0, 0, Io::Model { write: true, len: 4096 }).is_err());
-        Device::sync(&b).unwrap();
-        assert!(b.describe().contains("backing file"));
-    }
 
     #[test]
     fn a_partial_last_sector_reads_as_zeros_and_a_truncated_file_is_an_error() {

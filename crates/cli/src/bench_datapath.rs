@@ -1,5 +1,5 @@
 //! `cachevisor bench datapath`: the new data path (the engine's asynchronous face in
-//! persistent mode, `cachevisor_server::datapath`) against the device it runs on, in one
+//! persistent mode, `cachevisor_datapath`) against the device it runs on, in one
 //! process: client threads issue random reads or writes (`--bs`, 4 KiB by default) through the data path, and
 //! the same number of threads issue them straight to a plain file of the same size
 //! (`pread`/`pwrite`, buffered: the ceiling any cache on this file system has). Rounds
@@ -7,8 +7,8 @@
 //! measures the engine, its locking and its commits, before the NBD front end moves onto
 //! it.
 
+use cachevisor_datapath::DataPath;
 use cachevisor_engine::{EngineConfig, Flusher, PartitionMode, Schedule, WritePolicy};
-use cachevisor_server::datapath::DataPath;
 use rand::{Rng, SeedableRng};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -206,7 +206,7 @@ fn through_nbd(
                     negotiate(&mut s, &cachevisor_nbd::transmission::SingleExport { size: disk_size, block_size: BS })
                 {
                     if let Ok(out) = s.try_clone() {
-                        let backend = std::sync::Arc::new(cachevisor_server::export_backends::VdiskExport {
+                        let backend = std::sync::Arc::new(cachevisor_datapath::vdisk_export::VdiskExport {
                             dp,
                             vm,
                             retry_io: false,

@@ -103,13 +103,13 @@ fn detach(SwapArgs { call: a }: SwapArgs) -> anyhow::Result<()> {
     let start = first.cached_blocks.max(1);
     let mut bar = Progress::new("emptying the cache (blocks)");
     let mut r = first;
-    while r.state == cachevisor_server::datapath::CacheState::Detaching {
+    while r.state == cachevisor_datapath::CacheState::Detaching {
         bar.update(start.saturating_sub(r.cached_blocks), Some(start));
         std::thread::sleep(Duration::from_millis(200));
         r = api.get("/cache").call().map_err(|e| api_error(&state_url, e))?.into_json()?;
     }
     bar.finish();
-    if r.state != cachevisor_server::datapath::CacheState::Detached {
+    if r.state != cachevisor_datapath::CacheState::Detached {
         return Err(exit(FAILED, r.error.clone().unwrap_or_else(|| format!("the cache is {}", r.state.as_str()))));
     }
     if a.json {

@@ -10,12 +10,12 @@
 
 use crate::guest_cmd::Dev;
 use anyhow::Context;
+use cachevisor_datapath::{Cmd, Done};
 use cachevisor_guest::GuestCache;
 use cachevisor_nbd::backend::ClientError;
 use cachevisor_nbd::backend::ExportBackend;
 use cachevisor_nbd::backend::ExportInfo;
 use cachevisor_nbd::handshake::{negotiate, Exports, Negotiated};
-use cachevisor_server::datapath::{Cmd, Done};
 use std::os::unix::net::UnixListener;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -6,7 +6,7 @@
 //! refused (`start.rs`).
 
 use crate::config::{Config, Resolved};
-use crate::datapath::DataPath;
+use cachevisor_datapath::DataPath;
 use cachevisor_engine::{Engine, EngineConfig, Failure, PartitionMode};
 use cachevisor_policy::controller::{self, Controller};
 use cachevisor_policy::registry;
@@ -20,9 +20,9 @@ mod prewarming;
 pub mod reload;
 mod start;
 mod vdisks;
-pub use crate::datapath::ExportStats;
 pub use crate::status::VdiskStatus;
 pub use cache_swap::CacheReport;
+pub use cachevisor_datapath::ExportStats;
 pub use start::StartOptions;
 pub use vdisks::ChangeError;
 
@@ -257,7 +257,7 @@ impl Daemon {
             Some(svc) if vm & VSSD_EXPORT != 0 => {
                 Arc::new(crate::export_backends::VssdExport { svc: svc.clone(), id: vm & !VSSD_EXPORT })
             }
-            _ => Arc::new(crate::export_backends::VdiskExport {
+            _ => Arc::new(cachevisor_datapath::vdisk_export::VdiskExport {
                 dp: self.dp.clone(),
                 vm,
                 retry_io: self.peer_links.is_some(),
@@ -534,7 +534,7 @@ impl Daemon {
         let state = crate::status::State {
             // Read directly: a scrape takes no engine walk or file stat for them.
             cache: [
-                u64::from(self.dp.cache_state() == crate::datapath::CacheState::Attached),
+                u64::from(self.dp.cache_state() == cachevisor_datapath::CacheState::Attached),
                 u64::from(self.dp.cache_slots()) * self.block_size,
                 u64::from(self.dp.max_cache_slots()) * self.block_size,
             ],
@@ -580,7 +580,7 @@ impl Daemon {
             exports.iter().map(|x| *p.ctl.settings_mut(x.id as usize)).collect()
         };
         // A detached cache passes every vDisk through (`cache_swap.rs`).
-        let cache_out = self.dp.cache_state() != crate::datapath::CacheState::Attached;
+        let cache_out = self.dp.cache_state() != cachevisor_datapath::CacheState::Attached;
         exports
             .into_iter()
             .zip(parts)
@@ -682,7 +682,7 @@ impl Daemon {
         if let Some(w) = self.dp.set_recorder(None) {
             w.finish().map_err(|e| OpError::Other(format!("trace recording: {e}")))?;
         }
-        if self.dp.cache_state() != crate::datapath::CacheState::Attached {
+        if self.dp.cache_state() != cachevisor_datapath::CacheState::Attached {
             // Detached: the metadata names no block (written at the detach), and the
             // backing stores hold every write; nothing to snapshot.
             return Ok(());

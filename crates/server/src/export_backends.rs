@@ -1,75 +1,14 @@
-//! The daemon's exports as the protocol's backends (`cachevisor_nbd::backend`): a vDisk
-//! on the cache's data path, or a vSSD (`vssd/`). NBD transmission and vhost-user-blk
-//! drive either through one trait: one request loop, one set of protocol checks, two
-//! kinds of store.
+//! A vSSD (`vssd/`) as the protocol's backend (`cachevisor_nbd::backend`), beside a
+//! vDisk on the cache's data path (`cachevisor_datapath::vdisk_export`): NBD transmission
+//! and vhost-user-blk drive either through one trait — one request loop, one set of
+//! protocol checks, two kinds of store.
 
-use crate::datapath::{client_error, DataPath};
 use crate::vssd::service::{VssdIoError, VssdService};
 use cachevisor_nbd::backend::{ClientError, Cmd, Done, ExportBackend};
-use cachevisor_trace::VmId;
 use cachevisor_vssd::io::IoError;
 use cachevisor_vssd::VssdId;
 use std::io;
 use std::sync::Arc;
-
-/// A vDisk: the cache's data path.
-pub struct VdiskExport {
-    /// The data path.
-    pub dp: Arc<DataPath>,
-    /// The vDisk.
-    pub vm: VmId,
-    /// A request that fails with EIO is tried again (4 times): on a node that borrows cache
-    /// from peers, a lost peer fails the ops on its region, the engine's repair drops
-    /// those (clean) blocks, and the retry reads the backing store.
-    pub retry_io: bool,
-}
-
-/// `cmd` on `vm`, tried again `left` times after an EIO.
-fn submit_retrying(dp: Arc<DataPath>, vm: VmId, offset: u64, cmd: Cmd, here: bool, done: Done, left: u32) {
-    let again = (left > 0).then(|| cmd.clone());
-    let dp2 = dp.clone();
-    dp.submit(
-        vm,
-        offset,
-        cmd,
-        here,
-        Box::new(move |r| match (r, again) {
-            (Err(ClientError::Io), Some(cmd)) => {
-                tracing::info!(vdisk = vm, offset, "request failed with EIO: trying again");
-                submit_retrying(dp2, vm, offset, cmd, false, done, left - 1)
-            }
-            (r, _) => done(r),
-        }),
-    );
-}
-
-impl ExportBackend for VdiskExport {
-    fn direct(&self) -> bool {
-        self.dp.direct()
-    }
-    fn serves(&self) -> bool {
-        self.dp.serves(self.vm)
-    }
-    fn submit(&self, offset: u64, cmd: Cmd, here: bool, done: Done) {
-        if self.retry_io {
-            submit_retrying(self.dp.clone(), self.vm, offset, cmd, here, done, 4);
-        } else {
-            self.dp.submit(self.vm, offset, cmd, here, done);
-        }
-    }
-    fn hint_cache(&self, offset: u64, len: u64) {
-        self.dp.hint_cache(self.vm, offset, len);
-    }
-    fn allocation(&self, offset: u64, len: u32, one: bool) -> io::Result<Vec<(u32, u32)>> {
-        self.dp.allocation(self.vm, offset, len, one)
-    }
-    fn write_now(&self, offset: u64, data: &[u8]) -> Result<(), ClientError> {
-        self.dp.write(self.vm, offset, data, false).map_err(client_error)
-    }
-    fn flush_now(&self) -> Result<(), ClientError> {
-        self.dp.flush(self.vm).map_err(client_error)
-    }
-}
 
 /// A vSSD: requests run on the calling thread, through the block manager's translation.
 pub struct VssdExport {

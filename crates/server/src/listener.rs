@@ -160,7 +160,7 @@ pub fn tcp(l: TcpListener, d: Arc<Daemon>, p: Polling) {
                 let _ = s.set_nodelay(true);
                 let peer = s.peer_addr().map(|a| a.to_string()).unwrap_or_default();
                 let (d, p) = (d.clone(), p.clone());
-                crate::datapath::named(format!("cv-nbd {peer}"), move || connection(s, &d, &peer, &p));
+                cachevisor_datapath::named(format!("cv-nbd {peer}"), move || connection(s, &d, &peer, &p));
             }
             Err(e) => tracing::warn!(%e, "accept failed"),
         }
@@ -176,7 +176,7 @@ pub fn unix(l: UnixListener, d: Arc<Daemon>, p: Polling) {
         match s {
             Ok(s) => {
                 let (d, p) = (d.clone(), p.clone());
-                crate::datapath::named("cv-nbd unix".into(), move || connection(s, &d, "unix", &p));
+                cachevisor_datapath::named("cv-nbd unix".into(), move || connection(s, &d, "unix", &p));
             }
             Err(e) => tracing::warn!(%e, "accept failed"),
         }

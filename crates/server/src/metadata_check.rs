@@ -130,7 +130,7 @@ pub fn check(dir: &Path) -> Result<Report, String> {
         }
         Ok(())
     };
-    match crate::persist::replay(dir, geometry.0, geometry.1, &mut apply) {
+    match cachevisor_datapath::persist::replay(dir, geometry.0, geometry.1, &mut apply) {
         Ok((rec, generation)) => {
             report.journal_records = rec.journal_records;
             report.torn_tail = rec.torn_tail;
@@ -195,7 +195,8 @@ fn check_sums(
             }
             let Some(&want) = sums.next() else { break };
             let at = cachevisor_store::cache_label::DATA_OFFSET + u64::from(slot) * bs + i * 512;
-            bad |= f.read_exact_at(&mut sector, at).is_err() || crate::block_sums::sector_sum(&sector) != want;
+            bad |= f.read_exact_at(&mut sector, at).is_err()
+                || cachevisor_datapath::block_sums::sector_sum(&sector) != want;
         }
         if let Some(v) = report.vdisks.iter_mut().find(|v| v.vm == vm) {
             v.sealed_blocks += 1;

@@ -263,7 +263,7 @@ mod tests {
         assert_eq!((vm1.name.as_deref(), vm1.blocks, vm1.dirty_blocks), (Some("vm1"), 2, 1));
         // The replay a start runs reads the slots kept: block 5 in slot 3, block 6 in slot 1.
         let mut seen = Vec::new();
-        crate::persist::replay(d, 4096, 8, &mut |r| {
+        cachevisor_datapath::persist::replay(d, 4096, 8, &mut |r| {
             if let Record::Slot { slot, block, .. } = r {
                 seen.push((slot, block));
             }

@@ -63,7 +63,7 @@ type Metric<F> = (&'static str, &'static str, F);
 /// Reads a vDisk's counter.
 type ReadStatus<T> = fn(&VdiskStatus) -> T;
 /// Reads a vDisk's (read, write) pair.
-type ReadByOp = fn(&crate::datapath::ExportStats) -> [u64; 2];
+type ReadByOp = fn(&cachevisor_datapath::ExportStats) -> [u64; 2];
 
 impl Collector for StateCollector {
     fn encode(&self, mut enc: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {

@@ -2,7 +2,7 @@
 //! progress — as the HTTP API returns it and the metrics collector reads it (a snapshot,
 //! so neither depends on the daemon).
 
-use crate::datapath::ExportStats;
+use cachevisor_datapath::ExportStats;
 
 /// One vDisk's state and counters, as the API and metrics report it.
 #[derive(Debug, Clone, serde::Serialize)]

@@ -13,7 +13,7 @@
 //! new epoch means a new connection, as Ceph's clients reopen sessions on a new OSD map.)
 
 use super::Cluster;
-use crate::datapath::{Cmd, Done};
+use cachevisor_datapath::{Cmd, Done};
 use cachevisor_nbd::backend::ClientError;
 use cachevisor_nbd::backend::ExportBackend;
 use std::collections::BTreeMap;
@@ -122,7 +122,7 @@ impl LentExport {
         })
     }
 
-    fn run(&self, offset: u64, cmd: Cmd) -> Result<Vec<crate::datapath::Bytes>, ClientError> {
+    fn run(&self, offset: u64, cmd: Cmd) -> Result<Vec<cachevisor_datapath::Bytes>, ClientError> {
         let f = self.admitted()?;
         let io = |e: io::Error| {
             tracing::warn!(borrower = %self.borrower, %e, "lent cache: region I/O");
@@ -150,14 +150,14 @@ pub(crate) trait PeerFileExport: Send + Sync {
     /// Whether the node still runs (the export is served).
     fn alive(&self) -> bool;
     /// Runs one request.
-    fn run(&self, offset: u64, cmd: Cmd) -> Result<Vec<crate::datapath::Bytes>, ClientError>;
+    fn run(&self, offset: u64, cmd: Cmd) -> Result<Vec<cachevisor_datapath::Bytes>, ClientError>;
 }
 
 impl PeerFileExport for LentExport {
     fn alive(&self) -> bool {
         self.cluster.upgrade().is_some()
     }
-    fn run(&self, offset: u64, cmd: Cmd) -> Result<Vec<crate::datapath::Bytes>, ClientError> {
+    fn run(&self, offset: u64, cmd: Cmd) -> Result<Vec<cachevisor_datapath::Bytes>, ClientError> {
         LentExport::run(self, offset, cmd)
     }
 }

@@ -78,6 +78,17 @@ impl LinkBusy {
     }
 }
 
+/// The cluster's lent regions as the data path's remote cache stores: node id k is
+/// `peers[k − 1]`.
+pub struct PeerStores(pub Arc<PeerLinks>);
+
+impl cachevisor_datapath::injected::RemoteStores for PeerStores {
+    fn device(&self, node: u16, size: u64) -> Option<cachevisor_datapath::injected::StoreDevice> {
+        let name = self.0.peers.get(usize::from(node).wrapping_sub(1))?;
+        Some(Box::new(PeerDevice::new(self.0.clone(), name.clone(), size)))
+    }
+}
+
 impl PeerLinks {
     /// Whether `peer`'s region may be given blocks again: it did not restart, and its
     /// last failure is 1.5 lease TTLs old (by then a dead peer is gone from the members;
@@ -89,23 +100,7 @@ impl PeerLinks {
     }
 }
 
-/// The error of an op on a peer's region (it failed, or was refused): the peer's trouble,
-/// reported once per failure window by [`PeerDevice`], not per op by the data path.
-#[derive(Debug)]
-pub struct PeerUnavailable(pub String);
-
-impl std::fmt::Display for PeerUnavailable {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for PeerUnavailable {}
-
-/// Whether `e` is a peer region's failure ([`PeerUnavailable`]).
-pub fn is_peer_failure(e: &io::Error) -> bool {
-    e.get_ref().is_some_and(|x| x.is::<PeerUnavailable>())
-}
+use cachevisor_datapath::injected::{is_remote_failure as is_peer_failure, RemoteUnavailable as PeerUnavailable};
 
 /// The connection and the incarnation it reaches.
 #[derive(Default)]

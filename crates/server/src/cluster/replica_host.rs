@@ -12,7 +12,7 @@
 //! cache on every request: this node holds its lease and is at the connection's epoch.
 
 use super::Cluster;
-use crate::datapath::Cmd;
+use cachevisor_datapath::Cmd;
 use cachevisor_nbd::backend::ClientError;
 use std::fs::File;
 use std::io;
@@ -198,7 +198,7 @@ impl ReplicaExport {
         })
     }
 
-    fn run(&self, offset: u64, cmd: Cmd) -> Result<Vec<crate::datapath::Bytes>, ClientError> {
+    fn run(&self, offset: u64, cmd: Cmd) -> Result<Vec<cachevisor_datapath::Bytes>, ClientError> {
         let io = |e: io::Error| {
             tracing::warn!(owner = %self.owner, %e, "replica log: I/O");
             ClientError::Io
@@ -225,7 +225,7 @@ impl super::lent::PeerFileExport for ReplicaExport {
     fn alive(&self) -> bool {
         self.cluster.upgrade().is_some()
     }
-    fn run(&self, offset: u64, cmd: Cmd) -> Result<Vec<crate::datapath::Bytes>, ClientError> {
+    fn run(&self, offset: u64, cmd: Cmd) -> Result<Vec<cachevisor_datapath::Bytes>, ClientError> {
         ReplicaExport::run(self, offset, cmd)
     }
 }

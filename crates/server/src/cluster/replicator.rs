@@ -14,9 +14,10 @@
 use super::peer_device::{PeerDevice, PeerLinks};
 use super::replica_state::{self, ReplicaState};
 use super::settings::ClusterSettings;
-use crate::datapath::DataPath;
 use cachevisor_cluster::replica_log::{Action, Append, Health, ReplicaLog};
 use cachevisor_cluster::replica_record::{self as rr, Geometry, Kind, Record, HEADER};
+use cachevisor_datapath::injected::{LogRecord as Rec, Logged, WriteLog};
+use cachevisor_datapath::DataPath;
 use cachevisor_engine::{Device, Io};
 use cachevisor_trace::VmId;
 use serde::Serialize;
@@ -24,29 +25,6 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
-
-/// One record to log: a vDisk's disk byte range, with the bytes for a cache write (a
-/// data record) or none for a backing write (a tombstone).
-pub struct Rec<'a> {
-    /// The vDisk.
-    pub vm: VmId,
-    /// Disk byte offset.
-    pub offset: u64,
-    /// Bytes covered.
-    pub len: u32,
-    /// The bytes (data record), or none (tombstone).
-    pub data: Option<&'a [u8]>,
-}
-
-/// What became of a write's records.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Logged {
-    /// On the peer: acknowledge.
-    Appended,
-    /// The log is not usable: write the data through to the backing store, then
-    /// acknowledge.
-    Bypass,
-}
 
 /// `GET /cluster`'s replica figures.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -132,6 +110,15 @@ impl Outcome {
     }
 }
 
+impl WriteLog for Replicator {
+    fn covers(&self, vm: VmId) -> bool {
+        Replicator::covers(self, vm)
+    }
+    fn log(&self, recs: &[Rec<'_>], local: &mut dyn FnMut() -> std::io::Result<()>) -> std::io::Result<Logged> {
+        Replicator::log(self, recs, local)
+    }
+}
+
 impl Replicator {
     /// The log `peer` keeps for this node, for blocks of `block` bytes. It starts as the
     /// log's rules say (void in etcd, writes through, a resync once the peer answers: its
@@ -199,11 +186,13 @@ impl Replicator {
     /// are queued for the peer first, so the two overlap); returns once both are done —
     /// `Appended` — or, when the log is not usable, once `local` is done: the caller then
     /// writes the data through as well (`Bypass`). `local`'s error is returned as is.
-    pub fn log(&self, recs: &[Rec<'_>], local: impl FnOnce() -> std::io::Result<()>) -> std::io::Result<Logged> {
-        let mut local = Some(local);
-        let mut run_local = || match local.take() {
-            Some(f) => f(),
-            None => Ok(()),
+    pub fn log(&self, recs: &[Rec<'_>], local: &mut dyn FnMut() -> std::io::Result<()>) -> std::io::Result<Logged> {
+        let mut done = false;
+        let mut run_local = || {
+            if std::mem::replace(&mut done, true) {
+                return Ok(());
+            }
+            local()
         };
         let stopped =
             || std::io::Error::new(std::io::ErrorKind::NotConnected, "stopping: a replicated write was not logged");

@@ -6,7 +6,7 @@
 //! restart runs at the size it says (and finishes a shrink a crash interrupted).
 
 use super::Daemon;
-use crate::datapath::CacheState;
+use cachevisor_datapath::CacheState;
 
 impl Daemon {
     /// Whether the cache can be resized to `bytes` now; the refusal names the key.

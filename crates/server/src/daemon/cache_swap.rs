@@ -16,7 +16,7 @@
 //! snapshots not taken.
 
 use super::{Daemon, OpError};
-use crate::datapath::{CacheState, DetachReport};
+use cachevisor_datapath::{CacheState, DetachReport};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

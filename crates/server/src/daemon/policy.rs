@@ -3,7 +3,7 @@
 //! interval (the engine's timer, `Event::Interval`) turned into a decision applied as an
 //! engine job — and the drain of vDisks in pass-through.
 
-use crate::datapath::ExportStats;
+use cachevisor_datapath::ExportStats;
 use cachevisor_engine::{Engine, Output};
 use cachevisor_policy::allocator::Decision;
 use cachevisor_policy::controller::{self, Controller, VmSettings, WindowCounts};

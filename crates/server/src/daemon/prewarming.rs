@@ -460,7 +460,7 @@ pub(crate) fn snapshot_loop(d: std::sync::Weak<Daemon>) {
             SnapshotSchedule::AtShutdown => false,
         };
         // A detached cache has nothing to snapshot (and must not age the history out).
-        if due && d.dp.cache_state() == crate::datapath::CacheState::Attached {
+        if due && d.dp.cache_state() == cachevisor_datapath::CacheState::Attached {
             if let Err(e) = d.take_snapshot() {
                 tracing::warn!(error = %e, "periodic cache snapshot failed");
             }

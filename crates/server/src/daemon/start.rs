@@ -10,7 +10,7 @@
 //!    and preallocated, and the first checkpoint written.
 
 use super::*;
-use crate::persist::{bits_to_bools, Persistence};
+use cachevisor_datapath::persist::{bits_to_bools, Persistence};
 use cachevisor_store::backing::Backing;
 use cachevisor_store::backing_identity::{Identity, Place};
 use cachevisor_store::journal::Record;
@@ -177,7 +177,7 @@ impl Daemon {
         let mut orphans: Vec<String> = Vec::new();
         let mut bound: std::collections::HashMap<VmId, Identity> = Default::default();
         let mut expected_label = None;
-        let mut seals = crate::block_sums::Replayed::default();
+        let mut seals = cachevisor_datapath::block_sums::Replayed::default();
         let (mut persist, rec) = Persistence::open(&meta_dir, r.cache.block_size, r.max_slots, &mut |rep| {
             match rep {
                 Record::Vdisk { vm, name } => {
@@ -433,7 +433,7 @@ impl Daemon {
         };
         persist.set_label(cachevisor_store::cache_label::Expected { id: label.id, generation, previous });
         // Blocks sealed before the stop keep their checksums (reads of them are checked).
-        let sums = crate::block_sums::BlockSums::new(r.cache.block_size);
+        let sums = cachevisor_datapath::block_sums::BlockSums::new(r.cache.block_size);
         recovery.sealed_blocks = seals.apply(&mut engine, &sums) as u64;
         persist
             .checkpoint(&engine, &names, &targets, &ssd, &|r| sums.of_record(r))
@@ -459,7 +459,7 @@ impl Daemon {
         // slow backing stores); idle ones cost nothing (one is woken per queued op). Half
         // may run background write-backs: 16, an NBD backing's usual connection count.
         let threads = 32;
-        let dp = Arc::new(DataPath::start(crate::datapath::Setup {
+        let dp = Arc::new(DataPath::start(cachevisor_datapath::Setup {
             engine,
             persist,
             ssd,
@@ -473,7 +473,10 @@ impl Daemon {
             reserve: cachevisor_engine::durable_reserve(r.slots),
             error_threshold: cfg.cache.error_threshold,
             io_uring: cfg.cache.io_uring,
-            peers: peer_links.clone(),
+            peers: peer_links.clone().map(|l| {
+                Arc::new(crate::cluster::peer_device::PeerStores(l))
+                    as Arc<dyn cachevisor_datapath::injected::RemoteStores>
+            }),
             sums,
             seal_after: std::time::Duration::from_nanos(r.seal_after_ns),
         }));

@@ -10,7 +10,7 @@
 
 use super::blk_request::{self, Descriptor, Layout, Op, Segment, HEADER_LEN};
 use super::in_order::InOrder;
-use crate::datapath::Cmd;
+use cachevisor_datapath::Cmd;
 use cachevisor_nbd::backend::ClientError;
 use cachevisor_nbd::backend::ExportBackend;
 use cachevisor_nbd::transmission::Latency;
@@ -311,7 +311,7 @@ impl BlkBackend {
                 Box::new(move |r| {
                     let r = r.and_then(|parts| {
                         let mut buf = vec![0u8; len as usize];
-                        crate::datapath::copy_range(&parts, offset, &mut buf);
+                        cachevisor_datapath::copy_range(&parts, offset, &mut buf);
                         scatter(&done.mem, &done.layout.data_out, &buf).map_err(|_| ClientError::Io)?;
                         Ok(len as u32)
                     });

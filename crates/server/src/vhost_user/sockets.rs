@@ -70,7 +70,7 @@ pub fn start(d: Arc<Daemon>, dir: PathBuf, mode: SocketMode) -> Vec<PathBuf> {
     let mut w = Watcher { served: BTreeMap::new(), refused: BTreeMap::new() };
     w.follow(&d, &dir, &mode);
     let paths = w.served.values().map(|s| s.path.clone()).collect();
-    crate::datapath::named("cv-vhost-user".into(), move || {
+    cachevisor_datapath::named("cv-vhost-user".into(), move || {
         while !d.is_stopped() {
             std::thread::sleep(WATCH);
             w.follow(&d, &dir, &mode);
@@ -145,7 +145,7 @@ fn open(d: &Arc<Daemon>, dir: &Path, mode: &SocketMode, e: &Export) -> Result<Se
     };
     let (d, e) = (d.clone(), e.clone());
     let (stop, conn) = (s.stop.clone(), s.conn.clone());
-    s.thread = Some(crate::datapath::named(format!("cv-vhost {}", e.name), move || {
+    s.thread = Some(cachevisor_datapath::named(format!("cv-vhost {}", e.name), move || {
         serve(&d, &e, l, (&stop, &conn));
         // Closed: the file goes, unless something else is at the path by now.
         if crate::listen_path::inspect(&path, "").ok() == Some(crate::listen_path::AtPath::StaleSocket) {

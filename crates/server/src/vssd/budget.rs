@@ -22,7 +22,7 @@
 
 use super::service::VssdService;
 use super::split::{self, Side};
-use crate::datapath::DataPath;
+use cachevisor_datapath::DataPath;
 use cachevisor_policy::symflex_proportional::SymflexProportional;
 use cachevisor_vssd::Pbn;
 use std::collections::BTreeSet;

@@ -52,7 +52,7 @@ pub fn start(
     plan: &Plan,
     meta_dir: &Path,
     direct: bool,
-    dp: &Arc<crate::datapath::DataPath>,
+    dp: &Arc<cachevisor_datapath::DataPath>,
 ) -> Result<(Arc<VssdService>, Vec<Export>), String> {
     let geometry = plan.region_geometry(cache_bytes, cache_block)?;
     let file = std::fs::OpenOptions::new()

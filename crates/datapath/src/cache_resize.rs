@@ -89,8 +89,8 @@ impl DataPath {
 
 #[cfg(test)]
 mod tests {
-    use crate::datapath::tests::{block_at as pattern, open_wb};
-    use crate::datapath::DataPath;
+    use crate::tests::{block_at as pattern, open_wb};
+    use crate::DataPath;
     use rand::{Rng, SeedableRng};
     use std::collections::HashMap;
 

@@ -264,7 +264,7 @@ impl DataPath {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::datapath::tests::{block_at as pattern, open_wb};
+    use crate::tests::{block_at as pattern, open_wb};
     use cachevisor_engine::WritePolicy;
     use rand::{Rng, SeedableRng};
     use std::collections::HashMap;
@@ -280,7 +280,7 @@ mod tests {
         let path = dir.join("cache.img");
         std::fs::remove_file(&path).unwrap();
         std::fs::File::create(&path).unwrap();
-        cachevisor_store::backing::open_cache_store(&path, 48 * BS, crate::config::DirectIo::Auto).unwrap()
+        cachevisor_store::backing::open_cache_store(&path, 48 * BS, cachevisor_store::backing::DirectIo::Auto).unwrap()
     }
 
     /// Clients write and read versioned blocks (each thread its own blocks: every read

@@ -27,7 +27,8 @@ fn open_limited(
     io_uring: bool,
 ) -> DataPath {
     let cfg = EngineConfig { partition: PartitionMode::Shared, ..EngineConfig::with_slots(slots) };
-    DataPath::open_in(dir, cfg, vms, disk, 4, schedule, 8, limit, crate::config::DirectIo::Auto, io_uring).unwrap()
+    DataPath::open_in(dir, cfg, vms, disk, 4, schedule, 8, limit, cachevisor_store::backing::DirectIo::Auto, io_uring)
+        .unwrap()
 }
 
 /// A write-back data path of `slots` slots (one shared pool) in front of `vms` disks of
@@ -38,8 +39,19 @@ pub(super) fn open_wb(dir: &Path, slots: u64, vms: u32, io_uring: bool) -> DataP
         write_policy: cachevisor_engine::WritePolicy::Wb,
         ..EngineConfig::with_slots(slots)
     };
-    DataPath::open_in(dir, cfg, vms, 1 << 20, 4, Schedule::default(), 4, None, crate::config::DirectIo::Auto, io_uring)
-        .unwrap()
+    DataPath::open_in(
+        dir,
+        cfg,
+        vms,
+        1 << 20,
+        4,
+        Schedule::default(),
+        4,
+        None,
+        cachevisor_store::backing::DirectIo::Auto,
+        io_uring,
+    )
+    .unwrap()
 }
 
 /// Block `block` of `vm` at `version` ([`pattern`] of one 4 KiB block).
@@ -70,8 +82,18 @@ fn concurrent_clients(io_uring: bool) {
     let flusher = Flusher { period_ns: 5_000_000, blocks_per_period: 16, dirty_target: 0.0 };
     let schedule = Schedule { interval_ns: 0, flusher: Some(flusher) };
     let cfg = EngineConfig { partition: PartitionMode::Shared, ..EngineConfig::with_slots(64) };
-    let dp =
-        DataPath::open_in(dir.path(), cfg, 2, 1 << 20, 4, schedule, 8, None, crate::config::DirectIo::Auto, io_uring);
+    let dp = DataPath::open_in(
+        dir.path(),
+        cfg,
+        2,
+        1 << 20,
+        4,
+        schedule,
+        8,
+        None,
+        cachevisor_store::backing::DirectIo::Auto,
+        io_uring,
+    );
     let dp = Arc::new(dp.unwrap());
     let threads: Vec<_> = (0..8u64)
         .map(|t| {
@@ -279,7 +301,7 @@ fn an_nbd_client_reads_its_writes_through_the_asynchronous_transmission() {
                 negotiate(&mut s, &cachevisor_nbd::transmission::SingleExport { size, block_size: BS }).unwrap();
             let Negotiated::Export(0, replies) = negotiated else { panic!("{negotiated:?}") };
             let out = s.try_clone().unwrap();
-            let backend = Arc::new(crate::export_backends::VdiskExport { dp, vm: 0, retry_io: false });
+            let backend = Arc::new(crate::vdisk_export::VdiskExport { dp, vm: 0, retry_io: false });
             cachevisor_nbd::transmission::serve(s, out, backend, (size, replies), None).unwrap();
         })
     };
@@ -370,7 +392,7 @@ fn ops_on_a_store_with_no_device_fail_and_never_touch_the_cache_file() {
             schedule,
             2,
             None,
-            crate::config::DirectIo::Auto,
+            cachevisor_store::backing::DirectIo::Auto,
             io_uring,
         )
         .unwrap();

@@ -123,7 +123,7 @@ impl DataPath {
         schedule: Schedule,
         reserve: u64,
         journal_limit: Option<u64>,
-        direct: crate::config::DirectIo,
+        direct: cachevisor_store::backing::DirectIo,
         io_uring: bool,
     ) -> Result<DataPath, String> {
         let (bs, slots) = (cfg.block_size, cfg.slots);

@@ -240,7 +240,7 @@ impl Shared {
             let len = w.op.len as usize;
             if self.replicated(&w.op) {
                 let bytes = w.op.kind.is_ssd().then(|| &data[at..at + len]);
-                recs.push(crate::cluster::replicator::Rec {
+                recs.push(crate::injected::LogRecord {
                     vm: w.op.vm,
                     offset: w.op.disk_addr,
                     len: w.op.len,
@@ -252,9 +252,11 @@ impl Shared {
         if recs.is_empty() {
             return write();
         }
-        match r.log(&recs, write)? {
-            crate::cluster::replicator::Logged::Appended => Ok(()),
-            crate::cluster::replicator::Logged::Bypass => {
+        let mut write = Some(write);
+        let mut local = || write.take().map_or(Ok(()), |f| f());
+        match r.log(&recs, &mut local)? {
+            crate::injected::Logged::Appended => Ok(()),
+            crate::injected::Logged::Bypass => {
                 for rec in &recs {
                     if let Some(d) = rec.data {
                         self.dev_write(Location::Backing(rec.vm), d, rec.offset)?;
@@ -368,7 +370,7 @@ pub(super) fn run_results(run: &[Work], r: std::io::Result<bytes::Bytes>) -> Vec
     let first = &run[0].op;
     match r {
         Err(e) => {
-            if crate::cluster::peer_device::is_peer_failure(&e) {
+            if crate::injected::is_remote_failure(&e) {
                 // Reported once per failure window by the peer's device.
                 tracing::debug!(op = ?first, ops = run.len(), %e, "an op on a peer's lent region failed");
             } else if e.kind() != std::io::ErrorKind::NotConnected {

@@ -11,7 +11,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
 /// A store's device in the daemon (device threads share it).
-pub(super) type StoreDevice = Box<dyn Device + Send + Sync>;
+pub(super) use crate::injected::StoreDevice;
 
 thread_local! {
     /// Each thread's aligned buffer for an O_DIRECT cache file.
@@ -100,14 +100,14 @@ impl super::Shared {
 }
 
 /// One device per row of `layout` (blocks of `block` bytes): `ssd` (the cache file's
-/// slot, `direct` when O_DIRECT) for the local store, a peer's lent region over
-/// NBD (`peers`: node id k is `peers.peers[k − 1]`) for a lent one.
+/// slot, `direct` when O_DIRECT) for the local store, for a lent one the device `peers`
+/// opens (the cluster's: a peer's region over NBD), else one that refuses every op.
 pub(super) fn store_devices(
     layout: &StoreLayout,
     block: u64,
     ssd: &CacheSlot,
     direct: bool,
-    peers: Option<&Arc<crate::cluster::peer_device::PeerLinks>>,
+    peers: Option<&Arc<dyn crate::injected::RemoteStores>>,
 ) -> Vec<StoreDevice> {
     (0..layout.len())
         .map(|i| {
@@ -115,16 +115,9 @@ pub(super) fn store_devices(
             let size = layout.range(id).1 * block;
             match layout.kind(id) {
                 StoreKind::Local => Box::new(CacheFile { file: ssd.clone(), direct, size }) as StoreDevice,
-                StoreKind::Lent { node } => match peers.and_then(|p| p.peers.get(usize::from(node).wrapping_sub(1))) {
-                    Some(name) => Box::new(crate::cluster::peer_device::PeerDevice::new(
-                        peers.expect("a peer's name comes from the links").clone(),
-                        name.clone(),
-                        size,
-                    )) as StoreDevice,
-                    None => {
-                        Box::new(Unserved { what: format!("a cache region node {node} lends (no such peer)"), size })
-                    }
-                },
+                StoreKind::Lent { node } => peers.and_then(|p| p.device(node, size)).unwrap_or_else(|| {
+                    Box::new(Unserved { what: format!("a cache region node {node} lends (no such peer)"), size })
+                }),
             }
         })
         .collect()

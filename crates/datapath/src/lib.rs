@@ -1,4 +1,4 @@
-//! The daemon's data path on the engine's asynchronous face (issue 12, part 2): client
+//! The daemon's data path on the engine's asynchronous face: client
 //! threads submit requests and wait for their replies (or get a callback); a pool of
 //! device threads runs the engine's ops on the cache store and the backing stores with no
 //! lock held (`devices.rs`); one committer thread runs the engine's commits and
@@ -8,6 +8,12 @@
 //! on what, what a failed op undoes, which metadata must be durable before which write —
 //! is the engine's (`inflight.rs`, `repair.rs`, `durability.rs`); this module moves bytes
 //! and keeps the counters.
+//!
+//! What it does not know it is given (`injected.rs`): the devices of cache stores on
+//! other nodes and a log a client write must reach before it is answered, so it never
+//! depends on the cluster. A vDisk on it is the protocol's backend through
+//! `vdisk_export.rs`; the journal format and the backing stores are `cachevisor-store`'s,
+//! and `persist.rs` turns the engine's commits into journal records.
 //!
 //! Buffers: a read op's bytes are kept (shared) until its request retires — a staged
 //! write copies from them, a client read's reply is assembled from them; a write op
@@ -25,6 +31,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 mod allocation;
+pub mod block_sums;
 mod cache_hints;
 mod cache_resize;
 mod cache_swap;
@@ -33,10 +40,13 @@ mod committer;
 mod control;
 mod devices;
 mod engine_loop;
+pub mod injected;
+pub mod persist;
 mod ring;
 mod start;
 mod stats;
 mod store_devices;
+pub mod vdisk_export;
 pub use allocation::MAX_EXTENTS;
 pub use cache_hints::{HintCounts, MAX_QUEUED_BLOCKS};
 pub use cache_swap::{CacheState, DetachReport};
@@ -216,7 +226,7 @@ struct Shared {
     backing_queued: AtomicUsize,
     /// The replica log of a cluster node's replicated vDisks (`cluster/replicator.rs`):
     /// their client writes are logged on a peer before they are answered.
-    replicator: std::sync::OnceLock<Arc<crate::cluster::replicator::Replicator>>,
+    replicator: std::sync::OnceLock<Arc<dyn crate::injected::WriteLog>>,
     /// The io_uring thread's I/O buffers (a read's goes out as its reply's bytes).
     io_pool: Arc<cachevisor_files::aligned_buf::IoPool>,
     /// Checksums of the sectors written to the cache stores (`block_sums.rs`).
@@ -249,7 +259,7 @@ pub struct Setup {
     /// threads).
     pub io_uring: bool,
     /// The peers whose lent regions are cache stores (`[cluster] peers`).
-    pub peers: Option<Arc<crate::cluster::peer_device::PeerLinks>>,
+    pub peers: Option<Arc<dyn crate::injected::RemoteStores>>,
     /// Checksums of the cache store's sectors, as the metadata's seal records left them.
     pub sums: crate::block_sums::BlockSums,
     /// Seal window (`cache.seal_after`; 0: never).
@@ -377,7 +387,7 @@ impl DataPath {
     }
 
     /// Logs the client writes of the vDisks `r` covers on its peer from now on.
-    pub fn set_replicator(&self, r: Arc<crate::cluster::replicator::Replicator>) {
+    pub fn set_replicator(&self, r: Arc<dyn crate::injected::WriteLog>) {
         let _ = self.shared.replicator.set(r);
     }
 
@@ -434,9 +444,6 @@ impl Drop for DataPath {
 mod tests;
 
 /// Spawns a thread with a name (`top -H`, `perf --sort comm` and panics show it).
-pub(crate) fn named<T: Send + 'static>(
-    name: String,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> std::thread::JoinHandle<T> {
+pub fn named<T: Send + 'static>(name: String, f: impl FnOnce() -> T + Send + 'static) -> std::thread::JoinHandle<T> {
     std::thread::Builder::new().name(name).spawn(f).expect("spawning a thread")
 }

@@ -179,7 +179,7 @@ pub fn run(
 }
 
 /// `--nbd`: the data path served over NBD on loopback (in this process:
-/// `nbd::transmission_async`) against `qemu-nbd --cache=none --aio=native` on the plain
+/// `cachevisor_nbd::transmission`) against `qemu-nbd --cache=none --aio=native` on the plain
 /// file, both driven by fio's nbd engine (iodepth = the `--threads` values).
 #[allow(clippy::too_many_arguments)]
 fn through_nbd(

@@ -39,7 +39,7 @@ pub type CheckpointSource<'a> =
 pub struct Persistence {
     dir: PathBuf,
     header: Header,
-    /// `None` while the cache is detached (`datapath/cache_swap.rs`): nothing is journaled.
+    /// `None` while the cache is detached (the data path's `cache_swap.rs`): nothing is journaled.
     journal: Option<File>,
     /// The journal file's length after its last whole record: where a failed append is cut
     /// back to, and what `wants_checkpoint` measures.
@@ -310,7 +310,7 @@ impl Persistence {
     }
 
     /// Closes the journal: the metadata directory leaves with a detached cache
-    /// (`datapath/cache_swap.rs`), after a checkpoint that names no slot. Until
+    /// (the data path's `cache_swap.rs`), after a checkpoint that names no slot. Until
     /// [`Self::reattach`] and the checkpoint after it, commits carry no slot record.
     pub fn detach(&mut self) {
         self.journal = None;

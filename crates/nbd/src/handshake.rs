@@ -14,7 +14,7 @@ use crate::tls_authz::Identity;
 use std::io::{self, Read, Write};
 
 /// What the handshake needs of a server: its exports and their block size (the daemon,
-/// or a bare data path in tests and benches: `transmission_async::SingleExport`).
+/// or a bare data path in tests and benches: `transmission::SingleExport`).
 pub trait Exports {
     /// The exports a client may ask for (by name).
     fn exports(&self) -> Vec<ExportInfo>;

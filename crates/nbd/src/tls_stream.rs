@@ -1,6 +1,6 @@
 //! A TLS connection whose two directions run on different threads: NBD transmission
 //! reads requests on the connection's reader thread while replies are written by
-//! whichever data-path thread completes a request (`transmission_async.rs`). rustls's
+//! whichever data-path thread completes a request (`transmission.rs`). rustls's
 //! `Stream` wants one owner, so the connection state sits behind a mutex that is held
 //! only while records are decrypted or encrypted, never across socket I/O:
 //!

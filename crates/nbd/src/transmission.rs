@@ -10,7 +10,7 @@
 //! connection (EOVERFLOW first for the payload). TRIM drops the range from the cache and
 //! hints the backing store. CACHE queues a hint for the background loader and is answered
 //! at once; BLOCK_STATUS answers `base:allocation` from the backing store's holes and the
-//! cache's dirty blocks (`datapath/allocation.rs`). With structured replies, a READ is one
+//! cache's dirty blocks (the data path's `allocation.rs`). With structured replies, a READ is one
 //! final OFFSET_DATA chunk and a failed READ or BLOCK_STATUS an ERROR chunk; the other
 //! commands keep simple replies, as qemu-nbd does. Nothing is changed by a request that
 //! is refused. Every reply in flight is sent before a connection closes.

@@ -147,7 +147,7 @@ pub struct ListenConfig {
     /// root).
     pub unix_group: Option<String>,
     /// How long a connection's reader polls for the next request before it sleeps
-    /// (`nbd/polling.rs`; "0" never polls). Polling spares a client that sends request
+    /// (`cachevisor_nbd::polling`; "0" never polls). Polling spares a client that sends request
     /// after request the cost of waking a sleeping CPU; it stops for idle clients and at
     /// most all CPUs but one poll at once. At most 1ms.
     #[serde(default = "default_poll")]

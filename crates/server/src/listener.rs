@@ -19,7 +19,7 @@ use std::os::unix::net::UnixListener;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How a server's connections poll for requests (`nbd/polling.rs`), and its limits.
+/// How a server's connections poll for requests (`cachevisor_nbd::polling`), and its limits.
 #[derive(Debug, Clone)]
 pub struct Polling {
     /// How long a reader polls before it sleeps (zero: never).

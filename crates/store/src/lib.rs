@@ -4,7 +4,7 @@
 //! and its label ([`cache_label`]: a replaced or emptied store is never served as data);
 //! the metadata's on-disk format ([`journal`]: framed records, checkpoint and journal);
 //! and one owner per cache ([`owner_lock`]). It knows no engine, data path or daemon:
-//! the data path turns the engine's commits into journal records (`server/src/persist.rs`).
+//! the data path turns the engine's commits into journal records (`cachevisor_datapath::persist`).
 
 pub mod backing;
 pub mod backing_identity;

@@ -6,7 +6,7 @@
 //!
 //! What keeps a borrower from reading what is not its data: an op fails (EIO) — and the
 //! engine's repair drops the clean block, the request is retried from the backing store
-//! (`nbd/export_backend.rs`) — when the peer is not a live member, when it has been
+//! (`cachevisor_datapath::vdisk_export`) — when the peer is not a live member, when it has been
 //! fenced (its export refuses), and for good once the peer's incarnation is not the one
 //! this node first cached in: a lender that restarted has emptied its regions, so none of
 //! the blocks the engine placed there exist any more. Blocks there are never dirty

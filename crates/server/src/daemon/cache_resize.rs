@@ -1,6 +1,6 @@
 //! Growing and shrinking the cache online (issue 36's day-2 operations): a reload whose
 //! `cache.size` changed, within `cache.max_size`, resizes the running cache
-//! (`datapath/cache_resize.rs`: grow = the file extended, then the new slots given to
+//! (the data path's `cache_resize.rs`: grow = the file extended, then the new slots given to
 //! the engine; shrink = the tail's dirty blocks written back and every block there
 //! dropped, a checkpoint, then the file cut). The configuration file stays the truth: a
 //! restart runs at the size it says (and finishes a shrink a crash interrupted).

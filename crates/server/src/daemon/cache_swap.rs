@@ -1,6 +1,6 @@
 //! Replacing the cache SSD under a running daemon (issue 36's day-2 operations:
 //! `cachevisor cache detach` / `attach`, `POST /cache/detach` / `attach`). The data path
-//! empties the cache and lets go of its file (`datapath/cache_swap.rs`); here the daemon
+//! empties the cache and lets go of its file (the data path's `cache_swap.rs`); here the daemon
 //! refuses what it cannot do (the vSSD region and a cluster node's lent regions live in
 //! the cache file), takes a snapshot of the cache's state first, lets go of the owner
 //! lock on the file and — when the metadata directory is on the same file system as the

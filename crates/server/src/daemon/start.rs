@@ -402,7 +402,7 @@ impl Daemon {
         let vssd_plan = cfg.vssd.as_ref().map(|v| v.resolve()).transpose().map_err(StartError::Config)?;
         // Past `cache.size` (a shrink a crash interrupted, or one made in the file while
         // stopped) the file keeps every slot the metadata still names, until the tail is
-        // emptied below (`datapath/cache_resize.rs`).
+        // emptied below (the data path's `cache_resize.rs`).
         let named_slots =
             (r.slots..r.max_slots).rev().find(|&s| engine.slot_block(s as u32).is_some()).map_or(r.slots, |s| s + 1);
         let store_bytes = cachevisor_store::cache_label::DATA_OFFSET

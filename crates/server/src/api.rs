@@ -3,12 +3,14 @@
 //! (`POST /vdisks`) or remove one (`DELETE /vdisks/NAME`), resize a partition,
 //! change a write policy, start a destage job for one vDisk or all (progress at
 //! `GET /destage`), prewarm from a snapshot directory (`POST /prewarm`, progress at
-//! `GET /prewarm`), switch the allocator, set a vSSD's target (`vssd/api.rs`), detach
+//! `GET /prewarm`), switch the allocator, set a vSSD's target (`api/vssd_routes.rs`), detach
 //! the cache SSD and attach a new one (`POST /cache/detach`, `/cache/attach`; state at
 //! `GET /cache`) — that need
 //! `Authorization: Bearer
 //! TOKEN`. Without a configured token a random one is written, readable by the owner
 //! only, to `api-token` in the metadata directory.
+
+mod vssd_routes;
 
 use crate::daemon::{Daemon, StartError};
 use axum::extract::{Path, State};
@@ -451,7 +453,7 @@ pub fn start(
         .route("/cache/attach", post(attach_cache))
         .route("/cluster", get(cluster_status))
         .route("/cluster/replicas/{owner}", axum::routing::delete(forget_replica))
-        .merge(crate::vssd::api::routes())
+        .merge(vssd_routes::routes())
         .layer(axum::middleware::from_fn_with_state(Arc::new(guard), require_token))
         .with_state(Api { daemon });
     std::thread::spawn(move || {

@@ -11,7 +11,7 @@
 //! policy is global, not per client: the API listens on loopback, where every caller has
 //! the same address.
 
-use crate::status::Guards;
+use crate::guards::Guards;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

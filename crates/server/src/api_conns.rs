@@ -13,7 +13,7 @@
 //!
 //! Closes are counted (`/metrics`: idle closes, evictions, refusals).
 
-use crate::status::Guards;
+use crate::guards::Guards;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::io;

@@ -5,7 +5,7 @@
 //! closed at once; reaching the limit and leaving it are logged once each, and refusals
 //! and timeouts are counted (`/metrics`). The API has its own table (`api_conns.rs`).
 
-use crate::status::Guards;
+use crate::guards::Guards;
 use std::io::{self, Read, Write};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;

@@ -161,7 +161,7 @@ pub struct Daemon {
     /// The exclusive lock on the cache store and metadata (released by `stop_serving`).
     owner: Mutex<Option<cachevisor_store::owner_lock::OwnerLock>>,
     /// What the daemon's limits refused (`/metrics`).
-    pub guards: Arc<crate::status::Guards>,
+    pub guards: Arc<crate::guards::Guards>,
     /// NBD over TLS (`listen.tls` on or require).
     tls: Option<Arc<cachevisor_nbd::tls::ServerTls>>,
     /// The vSSD region (`[vssd]`).

@@ -13,6 +13,7 @@ pub mod conn_limits;
 pub mod daemon;
 pub mod destage_job;
 pub mod export_backends;
+pub mod guards;
 pub mod job_slot;
 pub mod listen_path;
 pub mod listener;

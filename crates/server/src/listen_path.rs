@@ -2,7 +2,7 @@
 //! `NAME.sock`, a vSSD's `control`) may hold only nothing or a *stale socket*: one no
 //! server answers, left by a run that died. Anything else — a disk image a typo named, a
 //! directory, a socket another server listens on — is refused by name, in
-//! `serve --check-config` too, and never replaced (issue 54, item 1). `service::bind_unix`
+//! `serve --check-config` too, and never replaced (issue 54, item 1). [`bind_unix`]
 //! removes the stale socket and renames the new one into place with `RENAME_NOREPLACE`,
 //! so a file created between the check and the bind is refused as well.
 
@@ -82,6 +82,39 @@ pub fn move_into_place(staged: &Path, path: &Path, key: &str) -> Result<(), Stri
             format!("{key}: {}: {e}", path.display())
         }
     })
+}
+
+/// Binds a unix socket at `path` with file mode `mode` (and group `(name, gid)`), never
+/// reachable with another: bound inside a fresh 0700 directory beside it, given its mode
+/// and group, then renamed into place (a chmod after binding at `path` would leave it
+/// open to the umask's mode for a moment). Only nothing or a stale socket is replaced
+/// (`listen_path`): never a file, a directory or a live socket. Errors start with `key`.
+pub fn bind_unix(
+    path: &std::path::Path,
+    key: &str,
+    mode: u32,
+    group: Option<(&str, u32)>,
+) -> Result<std::os::unix::net::UnixListener, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let at = |e: std::io::Error| format!("{key}: {}: {e}", path.display());
+    clear(path, key)?;
+    let parent = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    let private = parent.join(format!(".cv-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&private); // a crashed start's leftover
+    cachevisor_files::private_files::create_dir(&private).map_err(at)?;
+    let staged = private.join("s");
+    let r = std::os::unix::net::UnixListener::bind(&staged).map_err(at).and_then(|l| {
+        if let Some((name, gid)) = group {
+            std::os::unix::fs::chown(&staged, None, Some(gid)).map_err(|e| {
+                format!("listen.unix_group: cannot give {} to group `{name}`: {e} (the daemon's user must be in that group, or root)", path.display())
+            })?;
+        }
+        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(mode)).map_err(at)?;
+        move_into_place(&staged, path, key)?;
+        Ok(l)
+    });
+    let _ = std::fs::remove_dir_all(&private);
+    r
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@
 //! established clients are never touched. Evictions are counted (`/metrics`) and logged
 //! once when they begin and once when they end.
 
-use crate::status::Guards;
+use crate::guards::Guards;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};

@@ -5,7 +5,6 @@ use crate::config::Config;
 use crate::daemon::{Daemon, StartError};
 use crate::listener;
 use std::net::{SocketAddr, TcpListener};
-use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -149,7 +148,7 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
                 Some(g) => Some((g.as_str(), crate::config::unix_group(g, mode).map_err(StartError::Config)?)),
                 None => None,
             };
-            Some((bind_unix(p, "listen.unix", mode, group).map_err(StartError::Config)?, p.clone()))
+            Some((crate::listen_path::bind_unix(p, "listen.unix", mode, group).map_err(StartError::Config)?, p.clone()))
         }
         (None, None) => None,
     };
@@ -210,37 +209,4 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
         let _ = daemon.start_prewarm(&pending);
     }
     Ok(Running { daemon, tcp, unix, vhost_user, api, unix_thread })
-}
-
-/// Binds a unix socket at `path` with file mode `mode` (and group `(name, gid)`), never
-/// reachable with another: bound inside a fresh 0700 directory beside it, given its mode
-/// and group, then renamed into place (a chmod after binding at `path` would leave it
-/// open to the umask's mode for a moment). Only nothing or a stale socket is replaced
-/// (`listen_path`): never a file, a directory or a live socket. Errors start with `key`.
-pub(crate) fn bind_unix(
-    path: &std::path::Path,
-    key: &str,
-    mode: u32,
-    group: Option<(&str, u32)>,
-) -> Result<UnixListener, String> {
-    use std::os::unix::fs::PermissionsExt;
-    let at = |e: std::io::Error| format!("{key}: {}: {e}", path.display());
-    crate::listen_path::clear(path, key)?;
-    let parent = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-    let private = parent.join(format!(".cv-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&private); // a crashed start's leftover
-    cachevisor_files::private_files::create_dir(&private).map_err(at)?;
-    let staged = private.join("s");
-    let r = UnixListener::bind(&staged).map_err(at).and_then(|l| {
-        if let Some((name, gid)) = group {
-            std::os::unix::fs::chown(&staged, None, Some(gid)).map_err(|e| {
-                format!("listen.unix_group: cannot give {} to group `{name}`: {e} (the daemon's user must be in that group, or root)", path.display())
-            })?;
-        }
-        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(mode)).map_err(at)?;
-        crate::listen_path::move_into_place(&staged, path, key)?;
-        Ok(l)
-    });
-    let _ = std::fs::remove_dir_all(&private);
-    r
 }

@@ -4,7 +4,7 @@
 //! every 200 ms. Each socket serves one QEMU at a time (vhost-user is point to point: a
 //! device of one VM), and again after it disconnects; a removed export's connection is
 //! shut down and its socket deleted. Sockets get `listen.unix_mode` and `unix_group`,
-//! bound as the NBD socket is (`service::bind_unix`).
+//! bound as the NBD socket is (`listen_path::bind_unix`).
 
 use super::blk_backend::{BlkBackend, DeviceStats};
 use crate::daemon::{Daemon, Export};
@@ -136,7 +136,7 @@ fn open(d: &Arc<Daemon>, dir: &Path, mode: &SocketMode, e: &Export) -> Result<Se
         Access::Group(g) => (0o660, Some((g.clone(), crate::config::unix_group(g, 0o660)?))),
     };
     let group = group.as_ref().map(|(n, g)| (n.as_str(), *g));
-    let l = crate::service::bind_unix(&path, "listen.vhost_user", file_mode, group)?;
+    let l = crate::listen_path::bind_unix(&path, "listen.vhost_user", file_mode, group)?;
     let mut s = Served {
         path: path.clone(),
         stop: Arc::new(AtomicBool::new(false)),

@@ -4,7 +4,6 @@
 //! that run guests' I/O ([`io_pool`]), and its configuration ([`settings`]).
 
 pub mod allocation;
-pub mod api;
 pub mod budget;
 pub mod control;
 pub mod io_pool;

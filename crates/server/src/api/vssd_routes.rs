@@ -1,13 +1,13 @@
 //! The vSSDs in the HTTP API: `GET /vssds` lists each with its resize state, and
 //! `POST /vssds/NAME/target` with `{"blocks": N}` or `{"size": "64MiB"}` inflates or
 //! deflates it (the operator's, or an outside allocator's, decision; a deflate asks the
-//! guest first, see `control.rs`); `POST /vssds/NAME/share` with `{"weight": W}` and/or
-//! `{"ratio": R}` changes what the vSSD allocator (`allocation.rs`) gives it;
+//! guest first, see `vssd/control.rs`); `POST /vssds/NAME/share` with `{"weight": W}` and/or
+//! `{"ratio": R}` changes what the vSSD allocator (`vssd/allocation.rs`) gives it;
 //! `POST /vssds/NAME/stop` and `POST /vssds/NAME/start` (`{"initial_blocks": C}`, default
 //! 0) are its VM stopping and starting again (SymFlex §2.4.1, §5.3: a persistent vSSD
 //! gets its blocks and bytes back). Mutating calls pass the API's token check.
 
-use crate::api::{err, Api};
+use super::{err, Api};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -31,9 +31,9 @@ async fn list(State(a): State<Api>) -> Response {
         .daemon
         .nbd_exports()
         .into_iter()
-        .filter(|e| e.id & super::startup::VSSD_EXPORT != 0)
+        .filter(|e| e.id & crate::vssd::startup::VSSD_EXPORT != 0)
         .filter_map(|e| {
-            let id = e.id & !super::startup::VSSD_EXPORT;
+            let id = e.id & !crate::vssd::startup::VSSD_EXPORT;
             let (st, valid) = svc.status(id)?;
             let (block_size, max_blocks) = svc.geometry_of(id)?;
             let alloc = svc.allocation();
@@ -103,8 +103,10 @@ async fn share(State(a): State<Api>, Path(name): Path<String>, Json(body): Json<
         return err(StatusCode::CONFLICT, "no vSSD allocator runs (vssd.allocator = \"none\")");
     };
     let old = alloc.share(id);
-    let new =
-        super::allocation::Share { weight: body.weight.unwrap_or(old.weight), ratio: body.ratio.unwrap_or(old.ratio) };
+    let new = crate::vssd::allocation::Share {
+        weight: body.weight.unwrap_or(old.weight),
+        ratio: body.ratio.unwrap_or(old.ratio),
+    };
     match alloc.set_share(id, new) {
         Ok(()) => Json(serde_json::json!({ "name": name, "weight": new.weight, "ratio": new.ratio })).into_response(),
         Err(e) => err(StatusCode::BAD_REQUEST, e),

@@ -54,6 +54,18 @@ impl Export {
     }
 }
 
+impl crate::cluster::migrations::NodeOps for Daemon {
+    fn stopped(&self) -> bool {
+        self.is_stopped()
+    }
+    fn link_busy_ns(&self) -> u64 {
+        Daemon::link_busy_ns(self)
+    }
+    fn datapath(&self) -> &Arc<DataPath> {
+        Daemon::datapath(self)
+    }
+}
+
 impl cachevisor_nbd::handshake::Exports for Daemon {
     fn exports(&self) -> Vec<cachevisor_nbd::backend::ExportInfo> {
         self.nbd_exports().iter().map(Export::offered).collect()
@@ -406,7 +418,7 @@ impl Daemon {
             let m = crate::cluster::migrations::NodeMigrations::new(plan, self.block_size, batch)
                 .map_err(|e| StartError::Config(format!("cluster.migration: {e}")))?;
             let m = self.migrations.get_or_init(|| Arc::new(m)).clone();
-            let weak = Arc::downgrade(self);
+            let weak: std::sync::Weak<dyn crate::cluster::migrations::NodeOps> = Arc::downgrade(self) as _;
             std::thread::Builder::new()
                 .name("cv-migrate".into())
                 .spawn(move || m.run(weak))

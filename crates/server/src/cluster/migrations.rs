@@ -24,6 +24,17 @@ use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+/// What the migrations need of the node they run in (the daemon): whether it still
+/// runs, its link's busy time, and its data path.
+pub trait NodeOps: Send + Sync {
+    /// Whether the node stopped (the thread ends).
+    fn stopped(&self) -> bool;
+    /// How long the link to the lenders was busy so far (ns).
+    fn link_busy_ns(&self) -> u64;
+    /// The node's data path (its engine, and the jobs that move blocks).
+    fn datapath(&self) -> &Arc<cachevisor_datapath::DataPath>;
+}
+
 /// The node's migrations.
 pub struct NodeMigrations {
     driver: Mutex<MigrationDriver>,
@@ -86,12 +97,12 @@ impl NodeMigrations {
         self.driver.lock().unwrap_or_else(|e| e.into_inner()).status()
     }
 
-    /// The driver's thread, until the daemon is gone or stopped.
-    pub fn run(self: Arc<Self>, daemon: Weak<crate::daemon::Daemon>) {
+    /// The driver's thread, until the node is gone or stopped.
+    pub fn run(self: Arc<Self>, node: Weak<dyn NodeOps>) {
         loop {
             std::thread::sleep(TICK);
-            let Some(d) = daemon.upgrade() else { return };
-            if d.is_stopped() {
+            let Some(d) = node.upgrade() else { return };
+            if d.stopped() {
                 return;
             }
             let now_ns = self.start.elapsed().as_nanos() as u64;
@@ -113,13 +124,13 @@ impl NodeMigrations {
                 }
                 driver.tick(now_us, utilization, &mut host);
             });
-            self.copy(&d);
+            self.copy(d.as_ref());
         }
     }
 
     /// Instant Migration's bulk copies (§3.6.2): each running vDisk's next batches, one
     /// job at a time, until a tick's time is spent or nothing more moves now.
-    fn copy(&self, d: &crate::daemon::Daemon) {
+    fn copy(&self, d: &dyn NodeOps) {
         let until = Instant::now() + TICK;
         let vms: Vec<VmId> = self.instant.lock().unwrap_or_else(|p| p.into_inner()).iter().copied().collect();
         for vm in vms {

@@ -1,4 +1,4 @@
-//! Fuzzes the clipped snapshot decoder structure-aware (issue 54, item 7): the input's
+//! Fuzzes the clipped snapshot decoder structure-aware: the input's
 //! bytes become the *bitmaps* of a snapshot whose header, set counts and CRC are valid, so
 //! every case reaches the roaring decoder (`roaring_clip.rs`) — run containers claiming
 //! 2^32 ids included — instead of failing at the magic or the checksum. A decoded set

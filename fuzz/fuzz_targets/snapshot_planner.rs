@@ -1,4 +1,4 @@
-//! Fuzzes the snapshot decoder and the prewarm planner (issue 30): arbitrary bytes are
+//! Fuzzes the snapshot decoder and the prewarm planner: arbitrary bytes are
 //! decoded as a snapshot, which must fail cleanly or give a snapshot that re-encodes and
 //! decodes to itself; a decoded snapshot is ranked (every heuristic) and planned, and
 //! every run must name blocks of the set it came from, within its `max_run`, with no

@@ -39,7 +39,7 @@ impl ReuseMix {
     /// and a rewrite of a block still dirty costs nothing: about one write per block
     /// written that is not a rewrite. Above 1, write-back turns a VM's multi-block writes
     /// into more, scattered single-block writes than it saves by absorbing rewrites — on
-    /// a disk, more seeks in the queue its misses wait in (docs/policies.md, issue 13).
+    /// a disk, more seeks in the queue its misses wait in (docs/policies.md).
     /// Rewrites are counted at any distance, so the ratio is a lower bound for a cache
     /// that evicts a block before it is rewritten.
     pub fn writeback_write_ratio(&self) -> Option<f64> {

@@ -1,7 +1,7 @@
 //! `cachevisor bench cluster`: ELICA's allocation (Eq. 4) on synthetic clusters of 10 to
 //! 500 VMs on 3 to 16 nodes — the objective and solve time of each solver side by side,
 //! interleaved repetitions, medians (ELICA §4.2.7 reports its ILP at 18% of run time at
-//! 500 VMs). The target (issue 15): 500 VMs × 16 nodes in under 1 s, within 0.1% of the
+//! 500 VMs). The target: 500 VMs × 16 nodes in under 1 s, within 0.1% of the
 //! ILP's objective. Solvers: the exact reference (per-node and pool tables), the ILP as
 //! written (`good_lp` / `microlp`) and the fast one (a price on the cluster's capacity,
 //! exact DPs per node).

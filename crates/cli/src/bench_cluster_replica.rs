@@ -1,4 +1,4 @@
-//! `bench cluster-serve --parts replica`: replicated write-back's cost (issue 34's target:
+//! `bench cluster-serve --parts replica`: replicated write-back's cost (target:
 //! "replicated write-back at least 3x the backing store's write IOPS", and "the cost of
 //! the two-node replica on write latency"). Node a's write-back vDisk takes random 4 KiB
 //! writes (fio, iodepth 16) over a working set its cache holds: with its writes logged on

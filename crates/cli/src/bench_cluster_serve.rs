@@ -1,4 +1,4 @@
-//! `cachevisor bench cluster-serve`: ELICA on real daemons (issue 34's figures). Three
+//! `cachevisor bench cluster-serve`: ELICA on real daemons. Three
 //! nodes on loopback, each `cachevisor serve` in front of its own slow backing store
 //! (nbdkit's memory plugin behind its delay filter, standing in for an HDD), etcd started
 //! by the bench (its path an argument), certificates made with openssl:

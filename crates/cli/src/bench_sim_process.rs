@@ -1,4 +1,4 @@
-//! `bench sim`'s "what users run" table (issue 35): `cachevisor simulate` — the cache
+//! `bench sim`'s "what users run" table: `cachevisor simulate` — the cache
 //! model and the full model — against libCacheSim's `cachesim` (built Release from its
 //! source, its path given), each a whole process on the same oracleGeneral file, per
 //! replacement policy: wall time and peak RSS of each process, interleaved rounds,

@@ -1,4 +1,4 @@
-//! Issue 36, day-2: growing and shrinking the cache online. A reload whose `cache.size`
+//! Day-2: growing and shrinking the cache online. A reload whose `cache.size`
 //! changed (within `cache.max_size`) resizes the running cache with a real NBD client
 //! (qemu-io) connected: a grow extends the file and the new slots take blocks, a shrink
 //! writes the tail's dirty blocks back and cuts the file; a size past `max_size` is
@@ -98,7 +98,7 @@ fn the_cache_grows_and_shrinks_online_with_a_client_connected() {
     let st = state(d, &a);
     assert!(st["cached_blocks"].as_u64().unwrap() <= 2048, "{st}");
     client_ok(c);
-    // A size that is not whole MiB is reported as it is (issue 54: "grown to 16 MiB").
+    // A size that is not whole MiB is reported as it is ("grown to 16 MiB").
     write_config(d, "8.5MiB");
     let (code, out) = cli(d, &a, &["reload"]);
     assert!(code == 0 && out.contains("grown from 8.00 MiB to 8.50 MiB"), "{code} {out}");

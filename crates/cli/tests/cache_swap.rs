@@ -1,4 +1,4 @@
-//! Issue 36, day-2: replacing the cache SSD under a running daemon. `cachevisor cache
+//! Day-2: replacing the cache SSD under a running daemon. `cachevisor cache
 //! detach` writes every dirty block back and lets go of the cache file — no descriptor
 //! of anything on the "SSD" stays open, so it can be removed — while a real NBD client
 //! (qemu-io) stays connected and its writes go straight to the backing store; `cache

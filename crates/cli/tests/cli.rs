@@ -414,7 +414,7 @@ fn bench_sim_reads_cachesims_output_and_names_a_bad_peer() {
     assert!(err.contains("no miss ratio") && err.contains("mute"), "{err}");
 }
 
-/// Issue 31: the `[cache]` keys the daemon's config and the simulator's scenario share
+/// the `[cache]` keys the daemon's config and the simulator's scenario share
 /// have one default and one error text: the same bad value gives the same message in
 /// both, and an unset key the same setting.
 #[test]

@@ -486,7 +486,7 @@ fn forge(c: &Cluster, key: &str, value: &[u8]) {
 
 #[test]
 fn forged_etcd_records_neither_wedge_the_cluster_nor_flood_the_log() {
-    // Issue 54, item 11: a map at epoch u64::MAX (the leader wrapped to 0 and nodes kept
+    // a map at epoch u64::MAX (the leader wrapped to 0 and nodes kept
     // the forged map), a leader key with no lease (leaderless forever), a 1.5 MB
     // unparseable member record (logged 4 times a second per node without end).
     let c = Cluster::new(2);

@@ -1,4 +1,4 @@
-//! Failover with prewarming, for real (issue 34; the Nutanix study's slides): a node's
+//! Failover with prewarming, for real (the Nutanix study's slides): a node's
 //! cache snapshots live in the cluster's shared directory (`cluster.snapshots`), the node
 //! is SIGKILLed, its VMs restart on surviving nodes (the same vDisks exported there), the
 //! leader moves their homes once the dead node's lease expired, and the node a vDisk

@@ -1,5 +1,5 @@
 //! A real Linux guest (TCG) on node n0 of a cluster whose cache is partly in node n1's
-//! lent region, across a SIGKILL of n1 (issue 34): the guest's disk is an NBD export of
+//! lent region, across a SIGKILL of n1: the guest's disk is an NBD export of
 //! n0 reached from inside n0's network namespace; it writes files, reads them over and
 //! over (dropping its page cache) so its blocks fill n0's cache and n1's region, and goes
 //! on reading and writing while n1 is killed. No guest I/O error, every checksum intact:

@@ -1,4 +1,4 @@
-//! Cache migration between real nodes (issue 34; ELICA §3.6, §3.7, Table 5): three nodes,
+//! Cache migration between real nodes (ELICA §3.6, §3.7, Table 5): three nodes,
 //! a VM on each; n0 borrows up to 8 MiB of n1's and of n2's cache over TLS NBD; its VM
 //! `vm0` reads a 10 MiB working set, so the leader gives it n0's 8 MiB and part of a
 //! lender's. Then a hotter VM starts on n0 and the leader re-divides n0's cache and its

@@ -1,4 +1,4 @@
-//! Replicated write-back between real nodes (issue 34, "durability beyond ELICA"): n0's
+//! Replicated write-back between real nodes ("durability beyond ELICA"): n0's
 //! write-back vDisks log every client write on n1 (`cluster.replica = "n1"`, a log n1
 //! keeps `O_DSYNC` and exports over TLS NBD) before answering it. n0 is SIGKILLed with
 //! acknowledged writes in its cache only; the vDisk restarts on n2, which replays n0's

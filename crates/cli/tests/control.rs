@@ -79,7 +79,7 @@ fn prewarm_progress(api: &str) -> serde_json::Value {
     ureq::get(&format!("http://{api}/prewarm")).call().unwrap().into_json().unwrap()
 }
 
-/// Issue 30: a daemon process SIGKILLed in the middle of a prewarm resumes it at its next
+/// a daemon process SIGKILLed in the middle of a prewarm resumes it at its next
 /// start from the set it saved, and what it had loaded (and journaled) is not read again;
 /// `cachevisor prewarm status` follows the resumed prewarm to its end.
 #[test]
@@ -131,7 +131,7 @@ fn metric(text: &str, name: &str, labels: &str) -> f64 {
         .sum()
 }
 
-/// Issue 31: the simulator runs what the daemon runs. A write-back daemon with its
+/// the simulator runs what the daemon runs. A write-back daemon with its
 /// default settings serves a write-heavy fio job (Zipf, 60% reads) while recording it;
 /// the recording replayed by `simulate` (open loop, the same cache, persistent mode,
 /// devices as fast as this machine's files) gives the same read hit ratio and writes the

@@ -401,7 +401,7 @@ fn full_backing_store(l: Layout) {
     if l.full_fails_every_write {
         // Idle on a full metadata file system: failed commits are retried after pauses
         // (at most 1 s), not in a loop — a few in 3 s, and the log says it once per streak
-        // (issue 30: ~16,000 lines per 3 s before).
+        // (~16,000 lines per 3 s before).
         let api = a.api.as_deref().unwrap();
         let before = metric(api, "cachevisor_commit_failures_total");
         std::thread::sleep(Duration::from_secs(3));
@@ -556,7 +556,7 @@ fn vssd_check(uri: &str, valid: &[u64], max: u64, when: &str) {
     }
 }
 
-/// Issue 33: SIGKILL of the daemon at several points of a vSSD's deflates (its guest never
+/// SIGKILL of the daemon at several points of a vSSD's deflates (its guest never
 /// answers, so the host takes blocks at the deadline) and an inflate: after each restart
 /// the vSSD holds the blocks it held before the resize or after it — nothing else — and
 /// each holds its own bytes (or zeros when it is new).
@@ -595,7 +595,7 @@ fn a_vssd_keeps_its_blocks_and_bytes_across_sigkills_during_resizes() {
     }
 }
 
-/// Issue 33, one SSD budget (`vssd.budget = "shared"`): a vSSD inflates into blocks the
+/// One SSD budget (`vssd.budget = "shared"`): a vSSD inflates into blocks the
 /// cache held dirty (written back first), deflates, and its blocks go back to the cache;
 /// across SIGKILLs at each stage no byte of the vDisk or of the vSSD is lost, and neither
 /// reads the other's.
@@ -642,7 +642,7 @@ fn a_shared_budget_moves_blocks_between_the_cache_and_a_vssd_and_loses_no_byte()
     qemu_io_ok(&a.uri("vm1"), &["read -P 0x22 0 16M", "read -P 0 16M 16M"]);
 }
 
-/// Issue 33, one SSD budget split by weight (SymFlex §2.2): with `symflex-weighted` on the
+/// One SSD budget split by weight (SymFlex §2.2): with `symflex-weighted` on the
 /// vSSDs, the region holds the cache's blocks × the vSSDs' weights ÷ (theirs + the
 /// vDisks'); a vSSD's weight raised through the API moves blocks from the cache to it,
 /// and the vDisk's bytes stay whole throughout.
@@ -679,7 +679,7 @@ fn a_shared_budget_follows_the_weights_of_vdisks_and_vssds() {
     assert!(a.log().contains("blocks taken from the cache for the vSSDs"), "{}", a.log());
 }
 
-/// Issue 33, one SSD budget under load: fio writes and verifies (crc32c) a write-back
+/// One SSD budget under load: fio writes and verifies (crc32c) a write-back
 /// vDisk larger than the cache while a vSSD in the same budget grows to half the cache
 /// and shrinks to nothing, again and again — its runs emptied under fio's writes (dirty
 /// blocks written back first) and given back: no byte fio wrote changes.
@@ -722,7 +722,7 @@ fn fio_verify_holds_on_a_vdisk_while_a_shared_budget_moves_its_cache_blocks() {
     eprintln!("{rounds} rounds of 8 blocks to the vSSD and back under fio's verified writes");
 }
 
-/// Issue 33, SymFlex §5.2 across both kinds of cache: with `symflex-proportional`, a
+/// SymFlex §5.2 across both kinds of cache: with `symflex-proportional`, a
 /// shared budget's split follows the throughput each side serves from the SSD, not the
 /// weights. Ratios 1 : 1; a busy vSSD beside an idle vDisk gives its blocks to the cache
 /// (the cache side serves nothing, so it grows), and a busy vDisk beside an idle vSSD
@@ -783,7 +783,7 @@ fn a_proportional_shared_budget_follows_the_throughput_of_both_sides() {
     eprintln!("busy vDisk: cap {seen:?}");
 }
 
-/// Issue 33: a shared budget takes the runs that cost the cache least. Half the cache
+/// a shared budget takes the runs that cost the cache least. Half the cache
 /// holds vm1's dirty bytes, the other half nothing; a vSSD asking for four blocks gets
 /// four empty runs, so nothing is written back (vm1's backing file stays as it was) and
 /// vm1's bytes stay cached. Lowest-numbered runs first would write back 4 MiB.
@@ -812,7 +812,7 @@ fn a_shared_budget_takes_the_runs_that_cost_the_cache_least() {
     qemu_io_ok(&a.uri("vm1"), &["read -P 0x11 0 8M"]);
 }
 
-/// Issue 33 (SymFlex §2.4.4 under one budget): a persistent vSSD whose VM stops leaves the
+/// SymFlex §2.4.4 under one budget: a persistent vSSD whose VM stops leaves the
 /// weighted split (it no longer runs), so its blocks are swapped out and go back to the
 /// cache, which vm1 then fills; when its VM starts again it gets blocks back from the
 /// cache (vm1's dirty bytes written back first) and its data swapped in — and across a
@@ -865,7 +865,7 @@ fn a_stopped_persistent_vssd_gives_its_blocks_to_the_cache_and_gets_its_data_bac
     qemu_io_ok(&a.uri("vm1"), &["read -P 0x22 0 16M"]);
 }
 
-/// Issue 33, an operator's mistake under one budget: the cache's file and metadata put
+/// An operator's mistake under one budget: the cache's file and metadata put
 /// back from before a vSSD took blocks (a restored backup) while the vSSD region's journal
 /// says it holds them — started as they are, the vSSD would serve vm1's old bytes. The
 /// start is refused naming the disagreement, before the backup's stale dirty blocks are

@@ -1,4 +1,4 @@
-//! Issue 36: the exit statuses scripts rely on (`crates/cli/src/exit_status.rs`, the
+//! the exit statuses scripts rely on (`crates/cli/src/exit_status.rs`, the
 //! README's table) from `status`, `destage`, `prewarm` and `reload` — against a real
 //! daemon, against no daemon, with a wrong token, and (`status` exit 5) against an API
 //! that reports a vDisk in pass-through.

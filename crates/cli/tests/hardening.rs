@@ -1,4 +1,4 @@
-//! Issue 54 (hardening, round 2), each class reproduced with the real daemon process and a
+//! Hardening: each class reproduced with the real daemon process and a
 //! real client: a listen path naming a disk image never replaces it (and a stale socket
 //! from a SIGKILLed run is served again); no vDisk is backed by the daemon's own files,
 //! from the config, the API or a hard link; `check --repair` never writes through a
@@ -277,7 +277,7 @@ fn a_cache_store_with_only_clean_blocks_replaced_while_down_starts_cold() {
 
 #[test]
 fn connections_that_never_finish_their_handshake_cannot_keep_real_clients_out() {
-    // Issue 54, item 10: 1,030 idle TCP connections took every NBD slot; real clients
+    // 1,030 idle TCP connections took every NBD slot; real clients
     // failed ("Failed to read initial magic"), renewably every handshake_timeout.
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
@@ -361,7 +361,7 @@ fn small_inputs_are_refused_by_name_before_anything_is_created() {
     }
 }
 
-/// Issue 54, item 0 (checksums): a cache store whose bytes are garbled — while the daemon
+/// Item 0 (checksums): a cache store whose bytes are garbled — while the daemon
 /// is down (after a SIGKILL) or under it while it runs — never gives a client or the
 /// backing store those bytes: the garbled dirty blocks read as EIO, are counted in
 /// `/metrics`, and are never written back; every other block reads what was written.

@@ -1,4 +1,4 @@
-//! Issue 36, libvirt and QEMU: the domain XML in `dist/libvirt/vm1.xml` (and the README's
+//! Libvirt and QEMU: the domain XML in `dist/libvirt/vm1.xml` (and the README's
 //! copy of its disks) is valid for libvirt's schema (`virt-xml-validate`), and the
 //! README's qemu-storage-daemon and qemu-system lines work against a running daemon —
 //! data written through the qemu-storage-daemon's export reaches the cachevisor vDisk.

@@ -1,4 +1,4 @@
-//! Issue 36, `cachevisor check --metadata DIR`: after a SIGKILL it reports what the next
+//! `cachevisor check --metadata DIR`: after a SIGKILL it reports what the next
 //! start recovers (the dirty blocks a client wrote, the backing they belong to) and
 //! changes nothing; a torn journal tail is noted and harmless; a damaged checkpoint is a
 //! problem (exit 1) that the start indeed refuses.

@@ -63,7 +63,7 @@ fn survive_a_crash(door: Door) {
         Door::VhostUser => "vhost_user = \"vhost\"\n".to_string(),
     };
     // The export has `allow` (TLS clients): over vhost-user the operator names who may
-    // open it (issue 54), here the daemon's own user, as QEMU runs.
+    // open it, here the daemon's own user, as QEMU runs.
     let vhost = if door == Door::VhostUser { "vhost_user = \"owner\"\n" } else { "" };
     std::fs::write(
         d.join("vm.toml"),

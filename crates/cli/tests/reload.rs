@@ -1,4 +1,4 @@
-//! Issue 36, reload: `cachevisor reload` and SIGHUP re-read the configuration file while
+//! Reload: `cachevisor reload` and SIGHUP re-read the configuration file while
 //! a real NBD client (qemu-io) is connected and writing; what can change live changes
 //! (vDisks added and removed, write policies, the flusher, the allocator, snapshots), what
 //! cannot is refused naming the key with nothing changed, and a restart agrees with the

@@ -1,4 +1,4 @@
-//! Issue 33: a real Linux guest (QEMU, TCG) whose disks are cachevisor exports served as
+//! a real Linux guest (QEMU, TCG) whose disks are cachevisor exports served as
 //! **vhost-user-blk** devices (`-device vhost-user-blk-pci`, guest memory shared through a
 //! memfd) — no NBD in the data path — and whose elastic vSSD is managed from inside the
 //! guest: `cachevisor guest` runs in the guest's initramfs on the vSSD's virtio disk, with
@@ -275,7 +275,7 @@ fn qemu_attached(sock: &Path, what: &str) -> std::process::Child {
 
 #[test]
 fn a_vhost_user_socket_serves_again_after_its_front_end_dies_or_misbehaves() {
-    // Issue 54, item 6: each socket served its first front end only (the vring worker
+    // each socket served its first front end only (the vring worker
     // had no exit event, so its clean-up never ended and the next QEMU hung).
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
@@ -321,7 +321,7 @@ fn a_vhost_user_socket_serves_again_after_its_front_end_dies_or_misbehaves() {
 
 #[test]
 fn an_export_with_allow_gets_a_vhost_user_socket_only_for_whom_the_operator_names() {
-    // Issue 54, item 4: `allow` restricts NBD clients to certificates; a vhost-user socket
+    // `allow` restricts NBD clients to certificates; a vhost-user socket
     // has none, so such an export is not offered unless `vhost_user` names who may.
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();

@@ -1,4 +1,4 @@
-//! Issue 33: SymFlex's guest-side cache manager run for real (`cachevisor guest`) on a
+//! SymFlex's guest-side cache manager run for real (`cachevisor guest`) on a
 //! vSSD a real daemon serves over NBD, cooperating over the control socket while the
 //! operator resizes the vSSD through the API under load — every read checked against what
 //! was written — and a guest frozen (SIGSTOP) through a deflate's deadline: the host takes

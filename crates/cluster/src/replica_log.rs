@@ -1,4 +1,4 @@
-//! The owner's side of a replica log, sans-IO (issue 34, "durability beyond ELICA"): a
+//! The owner's side of a replica log, sans-IO ("durability beyond ELICA"): a
 //! node whose write-back vDisks replicate writes their client writes into a log a peer
 //! keeps (`replica_record.rs`) before acknowledging them, so losing either node loses no
 //! acknowledged write — where ELICA keeps write-back data on one SSD only, and Nutanix's

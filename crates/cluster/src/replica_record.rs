@@ -1,4 +1,4 @@
-//! The bytes of a replica log (issue 34, "durability beyond ELICA"): what a node writes
+//! The bytes of a replica log ("durability beyond ELICA"): what a node writes
 //! into the region a peer keeps for it, so that a write-back block is on two nodes before
 //! it is acknowledged, and what a surviving node reads back after the owner died.
 //!

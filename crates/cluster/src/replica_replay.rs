@@ -1,5 +1,5 @@
 //! What a surviving node writes to a dead owner's backing store from the owner's replica
-//! log (issue 34: "dirty data whose only remaining copy is a replica is written back
+//! log ("dirty data whose only remaining copy is a replica is written back
 //! first"): per sector, the live record with the highest sequence number decides — its
 //! bytes when it is data, nothing when it is a tombstone (that write went to the backing
 //! store itself, which holds it or something newer).

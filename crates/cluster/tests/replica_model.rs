@@ -1,4 +1,4 @@
-//! The replica log against a versioned model (issue 34): an owner's client writes —
+//! The replica log against a versioned model: an owner's client writes —
 //! cached write-back (a data record), around the cache (a tombstone) — interleaved with
 //! its flusher, trims, a peer that fails and comes back, an etcd that refuses, and the
 //! owner's death at a random point. A survivor then replays the peer's log when the

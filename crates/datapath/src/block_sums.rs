@@ -1,4 +1,4 @@
-//! CRC32C of the sectors the daemon wrote to its cache stores (issue 54: dirty blocks carry
+//! CRC32C of the sectors the daemon wrote to its cache stores (dirty blocks carry
 //! a checksum). A client write, or a copy of checksummed bytes between slots (a
 //! migration), gives each sector it wrote the checksum of its bytes; a fill from a backing
 //! store (clean bytes the backing store also has) and a failed write give none; a commit

@@ -1,4 +1,4 @@
-//! Growing and shrinking the cache file under running clients (issue 36's day-2
+//! Growing and shrinking the cache file under running clients (day-2
 //! operations; lvmcache resizes a cache pool only offline). The engine and the metadata
 //! are laid out for `cache.max_size` from the start; the slots past the cache's size are
 //! withheld from the engine (`withheld.rs`: never taken for a block, never restored from

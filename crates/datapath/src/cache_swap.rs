@@ -1,4 +1,4 @@
-//! Taking the cache file out of a running data path and putting a new one in (issue 36's
+//! Taking the cache file out of a running data path and putting a new one in (the
 //! day-2 SSD replacement, as Open-CAS's `casadm --remove-cache` / `--start-cache` and
 //! bcache's detach do it): a detach passes every vDisk through to its backing store
 //! (`Engine::set_bypass`: writes go around the cache and invalidate what they overwrite),

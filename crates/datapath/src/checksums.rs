@@ -1,4 +1,4 @@
-//! The data path's side of the cache stores' checksums (`block_sums.rs`, issue 54): a
+//! The data path's side of the cache stores' checksums (`block_sums.rs`): a
 //! cache write run notes the checksums of what it wrote (or forgets them when it failed),
 //! and a cache read run is checked before its bytes go anywhere — to a client, or to a
 //! backing store as a write-back — an op whose bytes fail failing with

@@ -1,7 +1,7 @@
-//! The daemon's devices behind the engine's store table (issue 31): each row gets a
+//! The daemon's devices behind the engine's store table: each row gets a
 //! [`cachevisor_engine::Device`] — the cache file for the local store, an [`Unserved`]
 //! device for a region another node lends until the daemon has the cluster's NBD client
-//! (issue 34) — and a device thread runs a cache op on its store's device, the committer
+//! — and a device thread runs a cache op on its store's device, the committer
 //! syncs every store's. A new store kind is a row kind in the engine and one `Device`
 //! here. (The io_uring thread serves the local store's file only.)
 

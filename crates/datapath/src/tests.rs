@@ -371,7 +371,7 @@ fn the_timer_thread_ticks_the_policy_with_the_engine() {
     assert!(seen.len() >= 3 && seen.iter().all(|&n| n == 64), "{seen:?}");
 }
 
-/// Issue 31: a cache store the daemon has no device for (a region another node lends,
+/// a cache store the daemon has no device for (a region another node lends,
 /// before the cluster's NBD client exists) fails the ops placed on it — the client's
 /// write gets an I/O error — and none of them lands in the cache file: with the
 /// io_uring thread, which once took every cache-store op and would have written a lent

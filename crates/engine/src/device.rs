@@ -1,4 +1,4 @@
-//! The one interface a driver runs a cache store's ops through (issue 31): the
+//! The one interface a driver runs a cache store's ops through: the
 //! simulator's device models and the daemon's cache file implement it, a driver keeps
 //! one per row of the store table (`stores.rs`) and runs an op by looking its store up
 //! — so a new store kind (a vSSD region, another node's SSD over NBD, a replica) is a

@@ -6,7 +6,7 @@
 //! Writing them all back as one job (what this replaced) put up to [`CLEAN_AHEAD_MAX`]
 //! writes at once on the donor's backing store, and an HDD serves them in order: the
 //! donor's next miss waited behind all of them — 1.6–4.3 s of queue on policy-compare's
-//! donors, tpcc's p99.9 681 ms against static's 94 (issue 13, docs/policies.md). Paced,
+//! donors, tpcc's p99.9 681 ms against static's 94 (docs/policies.md). Paced,
 //! a donor's miss waits behind at most one batch.
 
 use crate::engine::Engine;

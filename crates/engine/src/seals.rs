@@ -1,4 +1,4 @@
-//! Persistent mode's *sealed* slots (issue 54): which dirty blocks the journal may carry a
+//! Persistent mode's *sealed* slots: which dirty blocks the journal may carry a
 //! checksum for, so a restart can tell the bytes a client wrote from a cache store that
 //! lost or garbled them (bcache and dm-cache keep no data checksums; ZFS checksums what
 //! its L2ARC returns, which is written once — a cache whose dirty blocks are rewritten in

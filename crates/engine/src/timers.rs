@@ -137,7 +137,7 @@ impl Engine {
     /// is idle and runs no such job writes up to [`FLUSH_JOB_BLOCKS`] of them back, and
     /// the next once that one ends — so the flusher uses the backing stores' idle time and
     /// a client miss waits behind at most one small job, never behind a step's worth of
-    /// writes (on a 7,200 rpm disk, 409 writes were ~3 s: issue 31's re-measured
+    /// writes (on a 7,200 rpm disk, 409 writes were ~3 s: re-measured
     /// experiments).
     fn flush_step(&mut self, f: Flusher) {
         let above = (f.dirty_target.clamp(0.0, 1.0) * self.slot_count() as f64) as u64;
@@ -270,7 +270,7 @@ mod tests {
         e.check_invariants().unwrap();
     }
 
-    /// Issue 31: the flusher writes in the backing store's idle time, in small jobs, one
+    /// the flusher writes in the backing store's idle time, in small jobs, one
     /// after another: nothing while a client miss is on the backing store, then jobs of
     /// one block while clients are active (`FLUSH_JOB_BLOCKS_UNDER_LOAD`) and of at most
     /// `FLUSH_JOB_BLOCKS` once the cache is idle, the next starting as the last ends, up

@@ -10,7 +10,7 @@
 //! time, and a miss arriving meanwhile waits behind at most that one job. When eviction
 //! comes the victim is clean and the miss costs one read. (bcache's writeback and OCF's
 //! cleaning policies destage by a dirty target and a rate; neither looks at which block
-//! is evicted next nor waits for the disk to be idle — the issue 13 measurements showed
+//! is evicted next nor waits for the disk to be idle — our measurements (docs/policies.md) showed
 //! rate-paced destaging in the miss path's way.)
 //!
 //! The engine only counts the ops it hands out per backing store, so "idle" is the

@@ -9,7 +9,7 @@
 //! engine has a second cache store (a region node 1 lends, ELICA §3.1) beside the local
 //! one, and a commit syncs only the stores it names (`Commit::sync_stores`).
 //!
-//! Checksums (issue 54, `seals.rs`): the driver keeps a checksum of each sector it wrote
+//! Checksums (`seals.rs`): the driver keeps a checksum of each sector it wrote
 //! to a slot (here the written tag itself, an exact one), checks every cache read against
 //! it, and journals the dirty sectors' checksums with each seal record. After the crash
 //! some sectors the journal holds checksums for are garbled: a read through the recovered

@@ -1,6 +1,6 @@
 //! Reading a small file the daemon or the CLI is given (the configuration, TLS
 //! certificates and keys, the API token, the overlay, state notes, metadata files) only
-//! if it is a regular file and only up to a cap (issue 54, item 8): a path replaced by a
+//! if it is a regular file and only up to a cap: a path replaced by a
 //! symbolic link to `/dev/zero` grew the daemon by ~350 MB/s at each reload until it died,
 //! and a FIFO there hung a reload or `cachevisor check` forever. The file is opened
 //! non-blocking (a FIFO's open returns at once), its type checked on the open descriptor

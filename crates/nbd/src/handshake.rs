@@ -215,8 +215,8 @@ pub fn options<S: Read + Write>(
                     s.write_all(&option_reply(opt, REP_ERR_INVALID, b"malformed INFO/GO data"))?;
                     continue;
                 };
-                // A hidden export gets the very answer a missing one does (issue 54, item
-                // 5: the wire must not tell them apart); the daemon's log says which.
+                // A hidden export gets the very answer a missing one does (the
+                // wire must not tell them apart); the daemon's log says which.
                 let Some(e) = find(&name).filter(|e| {
                     let open = session.may_open(e);
                     if !open {

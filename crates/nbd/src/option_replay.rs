@@ -179,7 +179,7 @@ mod tests {
 
     #[test]
     fn a_hidden_export_and_a_missing_one_get_the_same_bytes() {
-        // Issue 54, item 5: INFO, GO and META_CONTEXT for `b` (exists, this client may not
+        // INFO, GO and META_CONTEXT for `b` (exists, this client may not
         // open it) and for `z` (no such export) differ in nothing but the name.
         for opt in [OPT_INFO, OPT_GO, OPT_LIST_META_CONTEXT] {
             let answer = |name: &str| {

@@ -394,7 +394,7 @@ pub fn cleaner_watermarks(allocator: &dyn Allocator, slots: u64, static_partitio
 mod tests {
     #[test]
     fn a_share_out_of_range_is_named_in_a_short_form() {
-        // Issue 54: `weight = 1e308` printed its 309 digits.
+        // `weight = 1e308` printed its 309 digits.
         let e = check_share("vm[0].weight", 1e308).unwrap_err();
         assert!(e.starts_with("vm[0].weight: 1e308 is outside") && e.len() < 80, "{e}");
         assert!(check_share("w", 0.0).unwrap_err().starts_with("w: 0 is outside"));

@@ -1,5 +1,5 @@
 //! Decoding a snapshot's bitmap — roaring's portable treemap format — clipped to the ids
-//! below a bound (issue 54, item 7). Written by hand because the `roaring` crate's decoder
+//! below a bound. Written by hand because the `roaring` crate's decoder
 //! expands every run container into an array or an 8 KiB bitmap as it reads: a 925 KB
 //! snapshot whose run containers claim 2^32 blocks drove the daemon to 6.6 GB for a
 //! 32 MiB vDisk. Here a container whose ids all lie at or past the bound is skipped

@@ -5,8 +5,8 @@
 //! wrong tokens lock guessers out for a while: after [`FREE_TRIES`] failures in a row,
 //! 1 s, doubling with each further lockout up to [`MAX_LOCKOUT`], every wrong token is
 //! answered 429 with `Retry-After`, after a pause (`api.rs`: each guess then holds its
-//! connection for up to a second). The right token is never refused (issue 54, item 9:
-//! wrong tokens used to lock the operator out too); it resets the streak. Failures and
+//! connection for up to a second). The right token is never refused (wrong
+//! tokens must not lock the operator out); it resets the streak. Failures and
 //! lockouts are counted (`/metrics`) and a lockout is logged once when it begins. The
 //! policy is global, not per client: the API listens on loopback, where every caller has
 //! the same address.
@@ -99,7 +99,7 @@ mod tests {
         }
         // The fifth failure began a 1 s lockout: guesses are refused as locked out...
         assert_eq!(g.check(bad, t0), Err(Refusal::LockedOut(Duration::from_secs(1))));
-        // ...and the right token is not (issue 54): it gets in and resets the streak.
+        // ...and the right token is not: it gets in and resets the streak.
         assert_eq!(g.check(good, t0), Ok(()));
         let t1 = t0 + Duration::from_secs(1);
         for _ in 0..5 {

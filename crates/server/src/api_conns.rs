@@ -1,5 +1,5 @@
 //! The HTTP API's connections (axum's `Listener`), so that no local user can lock the
-//! operator out (issue 54, item 9: 64 idle connections filled every slot, and one byte
+//! operator out (64 idle connections filled every slot, and one byte
 //! every 7.5 s held them past `api.idle_timeout`). Two rules:
 //! - **a deadline for a whole request**: a connection has `api.idle_timeout` from its
 //!   start, or from its last response, to deliver a request; bytes it sends do not extend

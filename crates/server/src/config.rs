@@ -1037,7 +1037,7 @@ mod tests {
             ("name = \"vm1\"", "name = \"vm1\"\nratio = 0.0", "vdisk[0] (vm1).ratio"),
             ("name = \"vm1\"", "name = \"vm1\"\nmin = \"x\"", "vdisk[0] (vm1).min"),
             ("name = \"vm1\"", "name = \"vm1\"\nsequential_cutoff = \"x\"", "vdisk[0] (vm1).sequential_cutoff"),
-            // Issue 30: every key has a range.
+            // every key has a range.
             ("write_policy = \"wt\"", "write_policy = \"wt\"\nerror_threshold = 0", "cache.error_threshold"),
             ("size = \"256MiB\"\nblock_size = \"4KiB\"", "size = \"10001KiB\"\nblock_size = \"8KiB\"", "cache.size"),
             ("name = \"vm1\"", "name = \"vm1\"\nmin = \"512MiB\"", "vdisk[0] (vm1).min"),

@@ -2,7 +2,7 @@
 //! `NAME.sock`, a vSSD's `control`) may hold only nothing or a *stale socket*: one no
 //! server answers, left by a run that died. Anything else — a disk image a typo named, a
 //! directory, a socket another server listens on — is refused by name, in
-//! `serve --check-config` too, and never replaced (issue 54, item 1). [`bind_unix`]
+//! `serve --check-config` too, and never replaced. [`bind_unix`]
 //! removes the stale socket and renames the new one into place with `RENAME_NOREPLACE`,
 //! so a file created between the check and the bind is refused as well.
 

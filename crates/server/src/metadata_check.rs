@@ -1,4 +1,4 @@
-//! `cachevisor check --metadata DIR` (issue 36, an fsck for the cache's metadata): reads
+//! `cachevisor check --metadata DIR` (an fsck for the cache's metadata): reads
 //! the checkpoint and the journal offline, through the very replay a start runs
 //! (`persist::replay`), and reports what a start would recover — each vDisk's cached and
 //! dirty blocks, the backing store they belong to, the journal's records and a torn tail —

@@ -1,4 +1,4 @@
-//! `cachevisor check --metadata DIR --repair` (issue 36): salvages what is consistent in
+//! `cachevisor check --metadata DIR --repair`: salvages what is consistent in
 //! a cache's metadata that a start refuses, with no daemon running on it (the directory
 //! is locked as an owner locks it), and writes it back as a new checkpoint that a start
 //! replays. What it keeps and why:

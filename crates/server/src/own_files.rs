@@ -1,5 +1,5 @@
-//! The daemon's own files, and the rule that no client-facing store may be one of them
-//! (issue 54, item 2): a vDisk backed by `METADATA/api-token` would serve the API token to
+//! The daemon's own files, and the rule that no client-facing store may be one of them:
+//! a vDisk backed by `METADATA/api-token` would serve the API token to
 //! any NBD client, one backed by `METADATA/checkpoint` would let a client rewrite the
 //! metadata, one backed by `/proc/self/mem` or `/dev/zero` is no disk at all. A backing
 //! (config, API or reload), a vSSD swap directory and a snapshot directory are checked

@@ -1,5 +1,5 @@
 //! Connections that have not finished their NBD handshake (TLS included), or their first
-//! API request, kept apart from the established ones (issue 54, items 9 and 10): 1,030
+//! API request, kept apart from the established ones: 1,030
 //! idle TCP connections took every NBD slot and real clients failed "to read initial
 //! magic", renewably every `handshake_timeout`, with `tls = "require"` and no certificate.
 //! Here such a connection holds no established slot; the pool of them has a size of its

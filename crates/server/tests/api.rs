@@ -234,7 +234,7 @@ fn row(api: &std::net::SocketAddr, name: &str) -> serde_json::Value {
     list.as_array().unwrap().iter().find(|v| v["name"] == name).cloned().unwrap()
 }
 
-/// Issue 31: SymFlex's phases live — a vDisk's weight (or ratio) set through the API
+/// SymFlex's phases live — a vDisk's weight (or ratio) set through the API
 /// re-divides the cache at once (the static allocator), survives a restart, and bad values
 /// change nothing.
 #[test]
@@ -277,7 +277,7 @@ fn weights_set_through_the_api_redivide_the_cache_and_survive_a_restart() {
     assert_eq!((b["ratio"].as_f64(), b["weight"].as_f64()), (Some(2.5), Some(1.0)), "{b}");
 }
 
-/// Issue 31: `cache.partition = "shared"` serves every vDisk from one pool (the
+/// `cache.partition = "shared"` serves every vDisk from one pool (the
 /// unmanaged baseline the simulator has): one vDisk may fill the cache, and what has no
 /// meaning there (targets, the allocator) is refused with the reason.
 #[test]

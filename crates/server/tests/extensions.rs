@@ -1,4 +1,4 @@
-//! Issue 32, the protocol extensions real clients use, with those clients:
+//! The protocol extensions real clients use, with those clients:
 //! - structured replies and `base:allocation` block status: `qemu-img map` and
 //!   `nbdinfo --map` through cachevisor report the extents `qemu-img map` reports on the
 //!   image file itself, and a block written into a hole but still dirty in the cache is

@@ -1,4 +1,4 @@
-//! Issue 30, data integrity and isolation, with real clients: no snapshot, image size or
+//! Data integrity and isolation, with real clients: no snapshot, image size or
 //! backing can make one vDisk read another's data or lose bytes that exist.
 //! - a snapshot naming block 2^48 + 5 of one vDisk (which a 48-bit block key would turn
 //!   into block 5 of the next) leaves the other vDisk's block 5 its own, before and after

@@ -1,4 +1,4 @@
-//! Issue 30, access and resource limits, with real clients (curl, raw sockets, qemu-io):
+//! Access and resource limits, with real clients (curl, raw sockets, qemu-io):
 //! - the API authenticates before it looks at a body, locks out after repeated wrong
 //!   tokens (even the right token waits), and counts it;
 //! - the API refuses what the config refuses (S-CAVE over LRU), a target above the
@@ -73,7 +73,7 @@ fn the_api_authenticates_first_locks_out_and_applies_only_what_is_valid_and_save
     assert_eq!(curl("POST", &url("/vdisks/a/resize"), Some(&token), r#"{"blocks":256}"#).0, 200);
     assert_eq!(r.daemon.status()[0].target_blocks, 256);
     // Wrong tokens: after five the API locks guessers out (429, after a pause); the
-    // right token is never refused (issue 54: wrong tokens used to lock the operator out).
+    // right token is never refused (wrong tokens used to lock the operator out).
     for _ in 0..5 {
         assert_eq!(curl("POST", &url("/vdisks/a/destage"), Some("0000000000000000"), "").0, 401);
     }
@@ -119,7 +119,7 @@ fn idle_api_connections_are_closed_and_their_slots_come_back() {
     talker.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     assert!(get_on(&mut talker, "/vdisks"));
     // 63 more that never send a byte fill the 64 slots; the next one gets in, closing
-    // the connection silent longest (issue 54: idle connections used to lock it out).
+    // the connection silent longest (idle connections used to lock it out).
     let mut idle: Vec<_> = (0..63).map(|_| std::net::TcpStream::connect(api).unwrap()).collect();
     std::thread::sleep(Duration::from_millis(200));
     let mut surplus = std::net::TcpStream::connect(api).unwrap();
@@ -160,7 +160,7 @@ fn idle_and_surplus_nbd_connections_are_closed_while_clients_are_served() {
     let (mut served, _) = Client::connect(addr, "a");
     // Seven more connections that never send a byte hold no established slot: they wait
     // apart, at most 4 from one address (`preauth.rs`); the ninth is greeted, the oldest
-    // waiting ones closed to make room (issue 54: they used to take every slot).
+    // waiting ones closed to make room (they used to take every slot).
     let mut idle: Vec<_> = (0..7).map(|_| std::net::TcpStream::connect(addr).unwrap()).collect();
     std::thread::sleep(Duration::from_millis(100));
     let mut ninth = std::net::TcpStream::connect(addr).unwrap();

@@ -332,7 +332,7 @@ fn snapshots_every_n_requests_and_bad_schedules_are_named() {
     }
 }
 
-/// Issue 30: a crash in the middle of a prewarm neither loses the prewarm nor shrinks the
+/// a crash in the middle of a prewarm neither loses the prewarm nor shrinks the
 /// snapshot history to what was loaded — the next start resumes it from the set it saved,
 /// and snapshots taken meanwhile hold the whole set.
 #[test]
@@ -493,7 +493,7 @@ fn peak_rss() -> u64 {
 
 #[test]
 fn a_snapshot_claiming_2_to_the_36_blocks_is_cut_to_the_vdisk_while_it_is_read() {
-    // Issue 54, item 7: a valid CRC around run containers claiming 13 × 2^32 blocks for a
+    // a valid CRC around run containers claiming 13 × 2^32 blocks for a
     // 16 MiB vDisk (the held-out file drove the daemon to 6.6 GB), and a set naming no
     // vDisk here. Read cut at the vDisk's end, the rest never expanded.
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());

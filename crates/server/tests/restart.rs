@@ -137,7 +137,7 @@ fn the_flusher_leaves_the_dirty_share_writeback_percent_allows() {
     assert_eq!(r.daemon.occupancy(0), (200, 64));
 }
 
-/// Issue 31: the flusher's rate follows bcache's PI controller — under client load a
+/// the flusher's rate follows bcache's PI controller — under client load a
 /// cache a little over its dirty target is written back a little at a time (the error
 /// over 40 s, not the configured rate), and once no client request came for 1 s at the
 /// configured rate; `cachevisor_flush_rate_bytes_per_second` says which.

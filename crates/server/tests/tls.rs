@@ -1,4 +1,4 @@
-//! Issue 32, NBD over TLS with real clients and certificates the tests make (`openssl`):
+//! NBD over TLS with real clients and certificates the tests make (`openssl`):
 //! - qemu-io and qemu-img (`tls-creds-x509`), libnbd's nbdinfo (`nbds://`) and our own
 //!   client read and write a `require` export with client certificates;
 //! - a plaintext client against `require` gets `NBD_REP_ERR_TLS_REQD` (EXPORT_NAME is
@@ -172,7 +172,7 @@ fn clients_without_an_acceptable_certificate_open_nothing_and_change_nothing() {
         assert!(our_client(port, export, creds).is_err(), "{who} opened {export} with our client");
     }
     // The wrong tenant is told exactly what a client asking for a missing export is
-    // (issue 54: hidden exports cannot be found by name); the daemon's log says why.
+    // (hidden exports cannot be found by name); the daemon's log says why.
     let e = our_client(port, "a", &b).err().unwrap().to_string();
     assert!(e.contains("no export named `a` for this client"), "{e}");
     let missing = our_client(port, "z", &b).err().unwrap().to_string();

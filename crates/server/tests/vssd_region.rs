@@ -1,4 +1,4 @@
-//! Issue 33, the vSSD region driven for real (files, fsync, a crash-like halt): a
+//! The vSSD region driven for real (files, fsync, a crash-like halt): a
 //! persistent vSSD's blocks and bytes come back after the driver stops dead and the
 //! metadata is replayed; a deflate answered in part by the guest and finished by the host
 //! at the deadline; blocks another vSSD gave back read as zeros to the next one; I/O to a

@@ -1,4 +1,4 @@
-//! What a cluster run measured (ELICA, issue 15): per VM, per node and in all, and the
+//! What a cluster run measured (ELICA): per VM, per node and in all, and the
 //! tables `cachevisor simulate` prints for a cluster scenario.
 
 use crate::cluster_scenario::{ClusterMode, Plan};

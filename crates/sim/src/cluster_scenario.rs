@@ -1,4 +1,4 @@
-//! Cluster scenarios (ELICA, issue 15): the `[[node]]` and `[cluster]` sections a
+//! Cluster scenarios (ELICA): the `[[node]]` and `[cluster]` sections a
 //! scenario gains, and the checked settings the cluster simulator (`cluster_sim.rs`) runs
 //! on — every bad value refused with the key named.
 

@@ -1,4 +1,4 @@
-//! Cluster mode of the simulator (ELICA, issue 15): one cache node per `[[node]]` — its
+//! Cluster mode of the simulator (ELICA): one cache node per `[[node]]` — its
 //! engine, its SSD, its link — with VMs placed on nodes (`[[vm]] node = …`), replayed
 //! open loop in one virtual time. Every window each VM's stack distances give its hit
 //! curve and ideal size (Eq. 1), and the allocation of Eq. 4 (`cluster::allocation`,

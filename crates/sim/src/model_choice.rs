@@ -1,4 +1,4 @@
-//! Which replay model a run uses (issue 35, "speed of what users run"): the **full**
+//! Which replay model a run uses ("speed of what users run"): the **full**
 //! model — the engine's asynchronous face on device models in virtual time, with
 //! latencies, queueing, write-back timing and closed-loop feedback — or the **cache**
 //! model — each request on the engine's synchronous face in trace order, hits and misses

@@ -1,4 +1,4 @@
-//! A scenario's request stream read on its own thread (issue 35: reading and decoding a
+//! A scenario's request stream read on its own thread (reading and decoding a
 //! trace was about a quarter of a cache-model run; on a second core it overlaps the
 //! replay). The reader sends batches of requests through a bounded channel and gets the
 //! emptied buffers back, so memory stays a few batches.

@@ -1,4 +1,4 @@
-//! The simulator's devices behind the engine's store table (issue 31): each row gets a
+//! The simulator's devices behind the engine's store table: each row gets a
 //! [`cachevisor_engine::Device`] — the node's SSD model for its local store, the node's
 //! link and then the lender's SSD model for a region another node lends — and
 //! `Node::run_op` runs a cache op by looking its store up. A new store kind is a row

@@ -1,4 +1,4 @@
-//! Cluster mode (ELICA, issue 15): VMs of a node short of cache borrow an idle node's,
+//! Cluster mode (ELICA): VMs of a node short of cache borrow an idle node's,
 //! through the engine's lent regions, the link and the lender's SSD — end to end through
 //! `simulate_cluster`, against the local-only baseline.
 

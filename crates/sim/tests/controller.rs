@@ -57,13 +57,13 @@ fn s_cave_needs_clock_and_runs_its_cleaner_and_write_policy() {
 }
 
 /// S-CAVE's intent: while both run, the VM with reuse holds more cache than the one
-/// without. Still open (issue 13): with `s-cave` the reusing VM's rECS dips around window
+/// without. Still open: with `s-cave` the reusing VM's rECS dips around window
 /// 20, Algorithm 1's trend rule shrinks it, its hit ratio and rECS fall further, and it
 /// holds 647 blocks on average against 1,098 for the VM without reuse. `s-cave-literal`
 /// (caps lifted whenever more than 5% is free) passes this run but loses the seed's own
 /// co-run claims (`scave-corun`: strong VM 71.5% against shared CLOCK's 90.2%).
 #[test]
-#[ignore = "issue 13: S-CAVE's trend rule spirals the reusing VM down on this run"]
+#[ignore = "S-CAVE's trend rule spirals the reusing VM down on this run"]
 fn s_cave_leaves_the_reusing_vm_more_cache() {
     let dir = tempfile::tempdir().unwrap();
     let mut s = Scenario::default();
@@ -146,7 +146,7 @@ fn request_count_windows_and_repeated_passes() {
     assert!(v.first_iteration_s.unwrap() < r.virtual_time_s);
     s.replay.window = "0req".into();
     assert!(simulate(&s, &mut |_| {}).unwrap_err().to_string().contains("replay.window"));
-    // Issue 54: windows of 1 ms over 10^8 s would be kept without end: refused at once.
+    // windows of 1 ms over 10^8 s would be kept without end: refused at once.
     s.replay.window = "1ms".into();
     s.replay.repeat_for = Some("100000000s".into());
     let e = simulate(&s, &mut |_| {}).unwrap_err().to_string();

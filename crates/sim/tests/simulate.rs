@@ -114,7 +114,7 @@ fn bad_scenarios_name_the_key() {
         ("[replay]\n", "trace.files"),
         ("[cache]\npersistent = \"yes\"\n", "persistent"),
         ("[cache]\nwriteback_ahead = 5000\n[trace]\nfiles=[\"x\"]\n", "cache.writeback_ahead"),
-        // Issue 30: a window that would never finish, a link so slow its times saturate.
+        // a window that would never finish, a link so slow its times saturate.
         ("[replay]\nwindow = \"1ns\"\n[trace]\nfiles=[\"x\"]\n", "replay.window"),
         (
             "[devices]\nbacking = { kind = \"link\", name = \"l\", channels = 1, latency_ns = 1, mbps = 1e-12 }\n[trace]\nfiles=[\"x\"]\n",
@@ -162,7 +162,7 @@ fn an_unset_replacement_is_the_allocators_own() {
     }
 }
 
-/// Issue 30: a trace offset whose block needs more than a key's 48 bits (another VM's
+/// a trace offset whose block needs more than a key's 48 bits (another VM's
 /// block in a key), or whose end passes 2^64, stops the run naming where it is — never a
 /// hit on another VM's data.
 #[test]

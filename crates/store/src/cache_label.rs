@@ -1,4 +1,4 @@
-//! The cache store's label (issue 54, item 0): its first 4 KiB say which cache it is — a
+//! The cache store's label: its first 4 KiB say which cache it is — a
 //! random identity made when the store is first used, and the generation of the start
 //! that last wrote it — and the metadata names both (`Record::CacheLabel`). Slots and the
 //! vSSD region start after it ([`DATA_OFFSET`]). As bcache and dm-cache keep a superblock

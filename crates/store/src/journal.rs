@@ -383,7 +383,7 @@ mod tests {
         let mut c = b;
         c[21] ^= 1;
         assert!(Header::decode(&c, JOURNAL_MAGIC).unwrap_err().contains("checksum"));
-        // Geometries no cache has: refused (issue 54: `check` called them consistent).
+        // Geometries no cache has: refused (`check` called them consistent).
         for (block_size, slots) in [(512, 0), (1 << 30, u64::from(u32::MAX))] {
             let b = Header { block_size, slots, generation: 1 }.encode(JOURNAL_MAGIC);
             Header::decode(&b, JOURNAL_MAGIC).unwrap_or_else(|e| panic!("{block_size} {slots}: {e}"));

@@ -92,7 +92,7 @@ mod tests {
         assert_eq!(parse_size("7"), Ok(7));
         assert!(parse_size("4 parsecs").unwrap_err().contains("unit"));
         assert!(parse_size("0.3b").is_err());
-        // Issue 54: a negative size is named as one, not as an unknown unit.
+        // a negative size is named as one, not as an unknown unit.
         assert!(parse_size("-1MiB").unwrap_err().contains("negative"));
         assert_eq!(parse_block_size("4KiB"), Ok(4096));
         assert_eq!(parse_block_size("1"), Ok(1));

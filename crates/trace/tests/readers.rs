@@ -113,7 +113,7 @@ const MALFORMED: &[(&str, Format, &str, &[&str])] = &[
     ("m.csv", Format::Msr, "128166372003061629,hm,0,Write\n", &["line 1", "`Offset`", "missing"]),
     ("q.txt", Format::Mqsim, "1 0 8 8 1\n2 0 8 eight 1\n", &["q.txt", "line 2", "`size_in_sectors`"]),
     ("q.txt", Format::Mqsim, "1 0 8 8 3\n", &["line 1", "`type`"]),
-    // Issue 30: a range whose end would wrap past 2^64.
+    // a range whose end would wrap past 2^64.
     ("w.csv", Format::Csv, "0,0,R,18446744073709551515,4096\n", &["w.csv", "line 1", "`offset`", "2^64"]),
     ("c.csv", Format::CloudphysicsCsv, "version,time,op,size,lbn\n1,5,2a,512,zz\n", &["line 2", "`lbn`"]),
     ("b.txt", Format::Blkparse, "  8,0 1 1 0.1 4211 D W 2048 + x [k]\n", &["line 1", "`nsectors`"]),
@@ -207,7 +207,7 @@ fn batches_equal_single_reads() {
 
 #[test]
 fn an_oracle_general_file_is_recognized_without_its_name_and_vscsi_is_not_taken_for_one() {
-    // Issue 54: `trace info` did not recognize `trace zipf`'s own output.
+    // `trace info` did not recognize `trace zipf`'s own output.
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("zipf.bin");
     let mut src = cachevisor_trace::zipf::ZipfSource::new(500, 100, 1.0, 4096, 1).unwrap();

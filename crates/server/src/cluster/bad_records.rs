@@ -1,4 +1,4 @@
-//! What a node believes of the records it reads from etcd (issue 54, item 11): anyone
+//! What a node believes of the records it reads from etcd: anyone
 //! who can write to etcd (plain HTTP today) could wedge the cluster — a leader key with
 //! no lease left it leaderless forever, an unparseable 1.5 MB member record was logged 4
 //! times a second per node without end. Here every value read is capped

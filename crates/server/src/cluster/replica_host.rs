@@ -1,4 +1,4 @@
-//! The replica logs a node keeps for its peers (`[cluster] replica_capacity`; issue 34,
+//! The replica logs a node keeps for its peers (`[cluster] replica_capacity`,
 //! "durability beyond ELICA"): one file per owner, `METADATA/replicas/<owner>.log`, opened
 //! `O_DSYNC` — a record is on this node's disk when its write is answered, so the owner
 //! acknowledges a write only once it is durable on two nodes — and kept across this

@@ -1,4 +1,4 @@
-//! The owner's driver of its replica log (`[cluster] replica = "<peer>"`; issue 34,
+//! The owner's driver of its replica log (`[cluster] replica = "<peer>"`,
 //! "durability beyond ELICA"): the data path hands it each client write of a replicated
 //! vDisk once the local part is done — a cache write's bytes become a data record, a
 //! backing write a tombstone — and answers the write only once the records are on the

@@ -1,4 +1,4 @@
-//! A dead owner's write-back vDisk restarted on this node (issue 34: "dirty data whose
+//! A dead owner's write-back vDisk restarted on this node ("dirty data whose
 //! only remaining copy is a replica is written back first"): before the vDisk is served,
 //! the owner's replica log is read from the peer keeping it (`replica-<owner>@<epoch>`,
 //! which every live member may read once the owner is gone) and its live records for

@@ -1,4 +1,4 @@
-//! Growing and shrinking the cache online (issue 36's day-2 operations): a reload whose
+//! Growing and shrinking the cache online (day-2 operations): a reload whose
 //! `cache.size` changed, within `cache.max_size`, resizes the running cache
 //! (the data path's `cache_resize.rs`: grow = the file extended, then the new slots given to
 //! the engine; shrink = the tail's dirty blocks written back and every block there

@@ -1,4 +1,4 @@
-//! Replacing the cache SSD under a running daemon (issue 36's day-2 operations:
+//! Replacing the cache SSD under a running daemon (day-2 operations:
 //! `cachevisor cache detach` / `attach`, `POST /cache/detach` / `attach`). The data path
 //! empties the cache and lets go of its file (the data path's `cache_swap.rs`); here the daemon
 //! refuses what it cannot do (the vSSD region and a cluster node's lent regions live in

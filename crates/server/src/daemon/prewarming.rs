@@ -1,4 +1,4 @@
-//! The daemon's snapshots and prewarming (issue 14; `docs/prewarm.md`): a snapshot of the
+//! The daemon's snapshots and prewarming (`docs/prewarm.md`): a snapshot of the
 //! cache's state (a bitmap of cached blocks per vDisk, the `prewarm` crate's capture)
 //! taken on the configured schedule and at shutdown into the snapshot directory, and a
 //! prewarm of this cache from another cache's snapshots — scored, limited and planned by

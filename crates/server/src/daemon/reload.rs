@@ -1,5 +1,5 @@
 //! Reloading the configuration file while the daemon runs (SIGHUP, `POST /reload`,
-//! `cachevisor reload`; issue 36). The file is read the way the start read it
+//! `cachevisor reload`). The file is read the way the start read it
 //! ([`ConfigSource`]) and checked whole; then it is compared, key by key, with the file as
 //! last read, and only what the file changed is applied:
 //! - live: `cache.size` within `cache.max_size` (the cache resized first:

@@ -98,7 +98,7 @@ impl Daemon {
             }
             None => None,
         };
-        // Every value and path checked before anything is created (issue 54): a listen
+        // Every value and path checked before anything is created: a listen
         // path holding a file, a backing among the daemon's own files.
         cfg.resolve().map_err(StartError::Config)?;
         crate::own_files::check_paths(cfg).map_err(StartError::Config)?;

@@ -1,4 +1,4 @@
-//! Who may open an export over vhost-user-blk (issue 54, item 4). A vhost-user socket has
+//! Who may open an export over vhost-user-blk. A vhost-user socket has
 //! no certificates: whoever can connect to the file is the VM's disk. So an export that
 //! restricts its NBD clients — an `allow` list, or `listen.tls = "require"` — gets no
 //! vhost-user socket unless the operator names who may open it, per export:

@@ -93,7 +93,7 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
             text: "Strong/weak: under one shared CLOCK the weak-locality VM pollutes the cache and the strong VM loses hits; S-CAVE isolates it (higher hit ratio, more passes).".into(),
             holds: sc.hit_ratio > sh.hit_ratio && sc.iterations > sh.iterations,
             evidence: format!("strong-a hit {}% → {}%, passes {} → {} (shared → S-CAVE)", pct(sh.hit_ratio), pct(sc.hit_ratio), sh.iterations, sc.iterations),
-            // Not asserted until issue 13: on the engine's asynchronous face the strong VM's
+            // Not asserted: on the engine's asynchronous face the strong VM's
             // rECS dips once mid-run and Algorithm 1's trend rule shrinks it from then on
             // (92.7% → 87.2% hit ratio against the synchronous face's run); the report
             // shows whether it holds.

@@ -108,11 +108,6 @@ impl ApiConns {
         t.insert(id, s.clone());
         Some((id, s))
     }
-
-    /// Connections open now.
-    pub fn open(&self) -> usize {
-        self.table.lock().unwrap_or_else(|e| e.into_inner()).len()
-    }
 }
 
 /// The API's listener over the table.

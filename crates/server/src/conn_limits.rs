@@ -60,7 +60,8 @@ impl ConnLimit {
     }
 
     /// Connections open now.
-    pub fn active(&self) -> usize {
+    #[cfg(test)]
+    fn active(&self) -> usize {
         self.active.load(Relaxed)
     }
 }

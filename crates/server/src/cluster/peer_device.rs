@@ -145,12 +145,6 @@ impl PeerDevice {
         b.size().map_err(|e| self.failed(e))
     }
 
-    /// Makes the peer's completed writes durable.
-    pub fn flush(&self) -> io::Result<()> {
-        let b = self.connection().map_err(|e| self.failed(e))?;
-        b.sync().map_err(|e| self.failed(e))
-    }
-
     fn replica_connection(&self, c: &Cluster) -> io::Result<Arc<Backing>> {
         let (addr, epoch) = c
             .replica_target(&self.peer)

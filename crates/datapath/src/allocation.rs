@@ -54,7 +54,7 @@ fn backing_extents(backing: &Backing, start: u64, end: u64) -> io::Result<Vec<(u
 
 /// Lays `dirty` blocks (sorted, of `bs` bytes) over `pieces` as data, merges neighbours
 /// of one kind, and encodes at most `max` `(length, status)` descriptors.
-pub fn merge(pieces: &[(u64, u64, bool)], dirty: &[u64], bs: u64, max: usize) -> Vec<(u32, u32)> {
+pub(crate) fn merge(pieces: &[(u64, u64, bool)], dirty: &[u64], bs: u64, max: usize) -> Vec<(u32, u32)> {
     let mut spans: Vec<(u64, u64, bool)> = Vec::new();
     let mut push = |s: u64, e: u64, data: bool| {
         if s >= e {

@@ -36,7 +36,7 @@ type Queue = (VecDeque<(VmId, u64, u64)>, u64);
 
 /// The hint queue of a data path.
 #[derive(Debug)]
-pub struct CacheHints {
+pub(crate) struct CacheHints {
     queue: Mutex<Queue>,
     cv: Condvar,
     started: AtomicBool,

@@ -19,6 +19,8 @@
 //! write copies from them, a client read's reply is assembled from them; a write op
 //! writes a slice of its request's bytes or of its source read's.
 
+#![warn(unreachable_pub)]
+
 use crate::persist::Persistence;
 use cachevisor_engine::{Commit, DeviceOp, Engine, Event, Failure, OpId, ReqId, Schedule};
 use cachevisor_store::backing::Backing;

@@ -5,6 +5,8 @@
 //! knows nothing of caches or protocols; the store, the NBD protocol and the daemon build
 //! on it.
 
+#![warn(unreachable_pub)]
+
 pub mod aligned_buf;
 pub mod bounded_read;
 pub mod private_files;

@@ -5,6 +5,8 @@
 //! [`tls_authz`], [`tls_stream`]). It knows exports only through the backend trait and
 //! [`handshake::Exports`]: never the daemon, the cache or the engine.
 
+#![warn(unreachable_pub)]
+
 pub mod backend;
 pub mod client;
 pub mod endpoint;

@@ -416,7 +416,7 @@ async fn reload_tls(State(a): State<Api>) -> Response {
 
 /// Starts the API on `addr` (port 0 = any) or on the listener systemd passed
 /// (`inherited`), closing connections idle for `idle`; returns the bound address.
-pub fn start(
+pub(crate) fn start(
     daemon: Arc<Daemon>,
     addr: SocketAddr,
     inherited: Option<std::net::TcpListener>,
@@ -472,7 +472,7 @@ pub fn start(
 }
 
 /// A fresh random token (hex).
-pub fn random_token() -> String {
+pub(crate) fn random_token() -> String {
     use rand::Rng;
     let mut r = rand::thread_rng();
     (0..16).map(|_| format!("{:02x}", r.gen::<u8>())).collect()

@@ -18,13 +18,13 @@ use std::time::{Duration, Instant};
 use subtle::ConstantTimeEq;
 
 /// Wrong tokens accepted in a row before a lockout.
-pub const FREE_TRIES: u32 = 5;
+pub(crate) const FREE_TRIES: u32 = 5;
 /// Longest lockout.
-pub const MAX_LOCKOUT: Duration = Duration::from_secs(60);
+pub(crate) const MAX_LOCKOUT: Duration = Duration::from_secs(60);
 
 /// Why a call was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     /// No token, or a wrong one.
     Unauthorized,
     /// Too many wrong tokens: try again after this long.
@@ -40,7 +40,7 @@ struct Streak {
 
 /// The token and the failure state.
 #[derive(Debug)]
-pub struct Guard {
+pub(crate) struct Guard {
     token: String,
     streak: Mutex<Streak>,
     /// Where failures and lockouts are counted.
@@ -49,12 +49,12 @@ pub struct Guard {
 
 impl Guard {
     /// A guard for `token`, counting into `counts`.
-    pub fn new(token: String, counts: Arc<Guards>) -> Guard {
+    pub(crate) fn new(token: String, counts: Arc<Guards>) -> Guard {
         Guard { token, streak: Default::default(), counts }
     }
 
     /// Checks a call's `Authorization` header value at `now`.
-    pub fn check(&self, header: Option<&[u8]>, now: Instant) -> Result<(), Refusal> {
+    pub(crate) fn check(&self, header: Option<&[u8]>, now: Instant) -> Result<(), Refusal> {
         let mut s = self.streak.lock().unwrap_or_else(|e| e.into_inner());
         let given = header.and_then(|h| h.strip_prefix(b"Bearer ")).unwrap_or_default();
         if bool::from(given.ct_eq(self.token.as_bytes())) {

@@ -24,10 +24,10 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 /// Connections the API serves at once.
-pub const API_CONNECTIONS: usize = 64;
+pub(crate) const API_CONNECTIONS: usize = 64;
 /// How long a request may have been coming in before its connection may be closed to
 /// make room.
-pub const TRICKLE: Duration = Duration::from_secs(1);
+pub(crate) const TRICKLE: Duration = Duration::from_secs(1);
 
 /// What the table knows of a connection.
 #[derive(Default)]
@@ -44,7 +44,7 @@ struct State {
 }
 
 /// The API's connections.
-pub struct ApiConns {
+pub(crate) struct ApiConns {
     table: Mutex<BTreeMap<u64, Arc<State>>>,
     next: AtomicU64,
     epoch: tokio::time::Instant,
@@ -53,7 +53,7 @@ pub struct ApiConns {
 
 impl ApiConns {
     /// An empty table counting into `counts`.
-    pub fn new(counts: Arc<Guards>) -> Arc<ApiConns> {
+    pub(crate) fn new(counts: Arc<Guards>) -> Arc<ApiConns> {
         Arc::new(ApiConns {
             table: Default::default(),
             next: AtomicU64::new(0),
@@ -111,7 +111,7 @@ impl ApiConns {
 }
 
 /// The API's listener over the table.
-pub struct ConnListener {
+pub(crate) struct ConnListener {
     /// The socket.
     pub inner: tokio::net::TcpListener,
     /// The table.
@@ -122,7 +122,7 @@ pub struct ConnListener {
 
 /// An accepted API connection in the table, closed (reads and writes fail with
 /// `TimedOut`) at its request deadline or when closed to make room.
-pub struct ConnIo {
+pub(crate) struct ConnIo {
     io: tokio::net::TcpStream,
     id: u64,
     state: Arc<State>,

@@ -19,7 +19,7 @@ use tokio_rustls::server::TlsStream;
 use tokio_rustls::{Accept, TlsAcceptor};
 
 /// The API's listener: plain HTTP, or HTTPS when given TLS.
-pub struct ApiListener {
+pub(crate) struct ApiListener {
     /// Accepts under the API's connection limit and idle timeout.
     pub inner: ConnListener,
     /// HTTPS credentials.
@@ -27,7 +27,7 @@ pub struct ApiListener {
 }
 
 /// An API connection.
-pub enum ApiIo {
+pub(crate) enum ApiIo {
     /// Plain HTTP.
     Plain(ConnIo),
     /// TLS handshake under way.

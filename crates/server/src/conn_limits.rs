@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 /// Connections at once, and what was refused.
 #[derive(Debug)]
-pub struct ConnLimit {
+pub(crate) struct ConnLimit {
     what: &'static str,
     max: usize,
     active: AtomicUsize,
@@ -23,7 +23,7 @@ pub struct ConnLimit {
 
 /// A connection's place under the limit, given back when dropped.
 #[derive(Debug)]
-pub struct Slot(Arc<ConnLimit>);
+pub(crate) struct Slot(Arc<ConnLimit>);
 
 impl Drop for Slot {
     fn drop(&mut self) {
@@ -37,13 +37,13 @@ impl Drop for Slot {
 
 impl ConnLimit {
     /// At most `max` connections of `what` (a label for the log).
-    pub fn new(what: &'static str, max: usize, counts: Arc<Guards>) -> Arc<ConnLimit> {
+    pub(crate) fn new(what: &'static str, max: usize, counts: Arc<Guards>) -> Arc<ConnLimit> {
         Arc::new(ConnLimit { what, max, active: AtomicUsize::new(0), at_limit: AtomicBool::new(false), counts })
     }
 
     /// A slot for a new connection, or `None` (counted; logged when the limit is first
     /// reached) when `max` are open.
-    pub fn enter(self: &Arc<Self>) -> Option<Slot> {
+    pub(crate) fn enter(self: &Arc<Self>) -> Option<Slot> {
         if self.active.fetch_add(1, Relaxed) >= self.max {
             self.active.fetch_sub(1, Relaxed);
             self.counts.connections_refused.fetch_add(1, Relaxed);
@@ -67,7 +67,7 @@ impl ConnLimit {
 }
 
 /// A socket whose read timeout can be set (TCP and unix streams).
-pub trait Timed {
+pub(crate) trait Timed {
     /// Sets the read and write timeouts (`None`: block).
     fn set_timeouts(&self, t: Option<Duration>) -> io::Result<()>;
 }
@@ -87,7 +87,7 @@ impl Timed for std::os::unix::net::UnixStream {
 }
 
 /// A stream every read and write of which must end by `deadline`.
-pub struct Deadline<'a, S: Timed> {
+pub(crate) struct Deadline<'a, S: Timed> {
     /// The stream.
     pub s: &'a mut S,
     /// When the handshake must be done.
@@ -122,7 +122,7 @@ impl<S: Timed + Write> Write for Deadline<'_, S> {
 }
 
 /// Whether `e` is a timeout (a read or write past its deadline).
-pub fn is_timeout(e: &io::Error) -> bool {
+pub(crate) fn is_timeout(e: &io::Error) -> bool {
     matches!(e.kind(), io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock)
 }
 

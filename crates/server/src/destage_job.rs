@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 /// A destage run: reports `(done, total)` blocks as it goes; the blocks written back, or
 /// why it stopped.
-pub type Work = Box<dyn FnOnce(&mut dyn FnMut(u64, u64)) -> Result<u64, String> + Send>;
+pub(crate) type Work = Box<dyn FnOnce(&mut dyn FnMut(u64, u64)) -> Result<u64, String> + Send>;
 
 /// A destage job's progress.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq)]

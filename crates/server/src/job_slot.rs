@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 /// A job's progress record.
-pub trait JobProgress: Clone + Default + Send + 'static {
+pub(crate) trait JobProgress: Clone + Default + Send + 'static {
     /// Whether the job runs.
     fn running(&self) -> bool;
     /// Marks it running or ended.
@@ -42,7 +42,7 @@ macro_rules! job_progress {
 
 /// The slot.
 #[derive(Debug, Default)]
-pub struct JobSlot<P> {
+pub(crate) struct JobSlot<P> {
     state: Mutex<(P, Option<Instant>)>,
 }
 
@@ -52,7 +52,7 @@ impl<P: JobProgress> JobSlot<P> {
     }
 
     /// The current (or last) job's progress, its elapsed time up to now while it runs.
-    pub fn progress(&self) -> P {
+    pub(crate) fn progress(&self) -> P {
         let g = self.lock();
         let mut p = g.0.clone();
         if let (true, Some(t)) = (p.running(), g.1) {
@@ -63,7 +63,7 @@ impl<P: JobProgress> JobSlot<P> {
 
     /// Records `p` as the last job's result without running anything (a job refused
     /// before it started).
-    pub fn set(&self, p: P) {
+    pub(crate) fn set(&self, p: P) {
         *self.lock() = (p, None);
     }
 
@@ -71,7 +71,7 @@ impl<P: JobProgress> JobSlot<P> {
     /// running); `Err` with the running job's progress when one runs. `work` gets a
     /// function to update the progress; its `Err` is recorded as the job's error, and
     /// `done` is called with the final progress.
-    pub fn start<W, D>(self: &Arc<Self>, name: &str, initial: P, work: W, done: D) -> Result<P, P>
+    pub(crate) fn start<W, D>(self: &Arc<Self>, name: &str, initial: P, work: W, done: D) -> Result<P, P>
     where
         W: FnOnce(&mut dyn FnMut(&mut dyn FnMut(&mut P))) -> Result<(), String> + Send + 'static,
         D: FnOnce(&P) + Send + 'static,

@@ -3,6 +3,8 @@
 //! this crate executes its device operations with real bytes ([`datapath`]), speaks the
 //! protocol ([`nbd`]), and owns files, locking and durability ([`daemon`], [`persist`]).
 
+#![warn(unreachable_pub)]
+
 mod api;
 mod api_auth;
 mod api_conns;

@@ -11,7 +11,7 @@ use std::path::Path;
 
 /// What is at a listen path now.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AtPath {
+pub(crate) enum AtPath {
     /// Nothing.
     Free,
     /// A socket no server answers (connection refused): safe to remove.
@@ -23,7 +23,7 @@ pub enum AtPath {
 
 /// Looks at `path` without changing it: what is there, or the reason it can never be
 /// bound (not a socket), starting with `key` and the path.
-pub fn inspect(path: &Path, key: &str) -> Result<AtPath, String> {
+pub(crate) fn inspect(path: &Path, key: &str) -> Result<AtPath, String> {
     let m = match std::fs::symlink_metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(AtPath::Free),
@@ -49,7 +49,7 @@ pub fn inspect(path: &Path, key: &str) -> Result<AtPath, String> {
 
 /// Makes `path` free to bind: a stale socket is removed, anything else refused
 /// ([`inspect`]; a live socket too).
-pub fn clear(path: &Path, key: &str) -> Result<(), String> {
+pub(crate) fn clear(path: &Path, key: &str) -> Result<(), String> {
     let at = inspect(path, key)?;
     if at == AtPath::LiveSocket {
         return Err(format!(
@@ -70,7 +70,7 @@ pub fn clear(path: &Path, key: &str) -> Result<(), String> {
 
 /// Moves the socket bound at `staged` to `path` unless something is there by now (the
 /// kernel's `RENAME_NOREPLACE`: never over a file created after [`clear`]).
-pub fn move_into_place(staged: &Path, path: &Path, key: &str) -> Result<(), String> {
+pub(crate) fn move_into_place(staged: &Path, path: &Path, key: &str) -> Result<(), String> {
     use rustix::fs::{renameat_with, RenameFlags, CWD};
     renameat_with(CWD, staged, CWD, path, RenameFlags::NOREPLACE).map_err(|e| {
         if e == rustix::io::Errno::EXIST {
@@ -89,7 +89,7 @@ pub fn move_into_place(staged: &Path, path: &Path, key: &str) -> Result<(), Stri
 /// and group, then renamed into place (a chmod after binding at `path` would leave it
 /// open to the umask's mode for a moment). Only nothing or a stale socket is replaced
 /// (`listen_path`): never a file, a directory or a live socket. Errors start with `key`.
-pub fn bind_unix(
+pub(crate) fn bind_unix(
     path: &std::path::Path,
     key: &str,
     mode: u32,

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 /// How a server's connections poll for requests (`cachevisor_nbd::polling`), and its limits.
 #[derive(Debug, Clone)]
-pub struct Polling {
+pub(crate) struct Polling {
     /// How long a reader polls before it sleeps (zero: never).
     pub poll: Duration,
     /// The readers that may poll at once.
@@ -38,7 +38,7 @@ pub struct Polling {
 }
 
 /// A stream whose halves can be used apart (TCP and unix sockets).
-pub trait Split: Read + Write + Sized {
+pub(crate) trait Split: Read + Write + Sized {
     /// A second handle on the same connection.
     fn split(&self) -> std::io::Result<Self>;
     /// Shuts the connection down (from another thread: its blocked reads end).
@@ -88,7 +88,7 @@ fn negotiate<S: Read + Write>(
 }
 
 /// Runs one connection to its end.
-pub fn connection<S: Split + Timed + std::os::fd::AsFd + Send + Sync + 'static>(
+pub(crate) fn connection<S: Split + Timed + std::os::fd::AsFd + Send + Sync + 'static>(
     mut s: S,
     d: &Daemon,
     peer: &str,
@@ -153,7 +153,7 @@ pub fn connection<S: Split + Timed + std::os::fd::AsFd + Send + Sync + 'static>(
 }
 
 /// Accepts TCP connections forever.
-pub fn tcp(l: TcpListener, d: Arc<Daemon>, p: Polling) {
+pub(crate) fn tcp(l: TcpListener, d: Arc<Daemon>, p: Polling) {
     for s in l.incoming() {
         match s {
             Ok(s) => {
@@ -168,7 +168,7 @@ pub fn tcp(l: TcpListener, d: Arc<Daemon>, p: Polling) {
 }
 
 /// Accepts unix-socket connections forever.
-pub fn unix(l: UnixListener, d: Arc<Daemon>, p: Polling) {
+pub(crate) fn unix(l: UnixListener, d: Arc<Daemon>, p: Polling) {
     for s in l.incoming() {
         if d.is_stopped() {
             return; // the listener closes (`Running`'s drop wakes it)

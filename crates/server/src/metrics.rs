@@ -28,7 +28,7 @@ impl Default for Metrics {
 }
 
 /// The NBD (and vhost-user) latency histograms of `name`'s commands in `m`.
-pub fn latency_of(m: &Metrics, name: &str) -> cachevisor_nbd::transmission::Latency {
+pub(crate) fn latency_of(m: &Metrics, name: &str) -> cachevisor_nbd::transmission::Latency {
     ["read", "write", "flush", "write_zeroes", "trim", "other"].map(|op| m.histogram(name, op))
 }
 

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 /// Closes a waiting connection (shuts its socket down: its blocked reads end).
-pub type Closer = Box<dyn Fn() + Send + Sync>;
+pub(crate) type Closer = Box<dyn Fn() + Send + Sync>;
 
 struct Waiting {
     start: Instant,
@@ -26,7 +26,7 @@ struct Waiting {
 }
 
 /// The pool of connections still in their handshake.
-pub struct PreAuth {
+pub(crate) struct PreAuth {
     what: &'static str,
     max: usize,
     per_source: usize,
@@ -47,7 +47,7 @@ impl std::fmt::Debug for PreAuth {
 }
 
 /// A connection's place in the pool, left when dropped (its handshake ended).
-pub struct Place {
+pub(crate) struct Place {
     pool: Arc<PreAuth>,
     id: u64,
 }
@@ -64,7 +64,7 @@ impl Drop for Place {
 
 impl Place {
     /// Whether the connection was closed to make room (its handshake's error is that).
-    pub fn evicted(&self) -> bool {
+    pub(crate) fn evicted(&self) -> bool {
         !self.pool.table.lock().unwrap_or_else(|e| e.into_inner()).contains_key(&self.id)
     }
 }
@@ -72,7 +72,7 @@ impl Place {
 impl PreAuth {
     /// A pool of at most `max` waiting connections, `per_source` of them from one
     /// address; `what` labels the log.
-    pub fn new(what: &'static str, max: usize, per_source: usize, counts: Arc<Guards>) -> Arc<PreAuth> {
+    pub(crate) fn new(what: &'static str, max: usize, per_source: usize, counts: Arc<Guards>) -> Arc<PreAuth> {
         Arc::new(PreAuth {
             what,
             max: max.max(1),
@@ -86,7 +86,7 @@ impl PreAuth {
 
     /// The pool for `max_connections` established NBD connections: a quarter of them
     /// (at least 16) waiting at once, a quarter of those (at least 4) from one source.
-    pub fn for_nbd(max_connections: usize, counts: Arc<Guards>) -> Arc<PreAuth> {
+    pub(crate) fn for_nbd(max_connections: usize, counts: Arc<Guards>) -> Arc<PreAuth> {
         let max = (max_connections / 4).max(16);
         PreAuth::new("nbd", max, (max / 4).max(4), counts)
     }
@@ -94,7 +94,7 @@ impl PreAuth {
     /// Enters a connection from `source` (closed by `close` if it is evicted); makes room
     /// by closing the oldest waiting connection of the same source when that source has
     /// its share, else the oldest of all when the pool is full.
-    pub fn enter(self: &Arc<Self>, source: &str, close: Closer) -> Place {
+    pub(crate) fn enter(self: &Arc<Self>, source: &str, close: Closer) -> Place {
         let mut t = self.table.lock().unwrap_or_else(|e| e.into_inner());
         let from_source = t.values().filter(|w| w.source == source).count();
         let victim = if from_source >= self.per_source {
@@ -124,7 +124,7 @@ impl PreAuth {
     }
 
     /// Connections waiting now (the log says when evictions end: once none waits).
-    pub fn waiting(&self) -> usize {
+    pub(crate) fn waiting(&self) -> usize {
         self.table.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 }

@@ -19,7 +19,7 @@ use std::path::PathBuf;
 
 /// The listeners systemd passed.
 #[derive(Debug, Default)]
-pub struct Inherited {
+pub(crate) struct Inherited {
     /// The NBD TCP listener.
     pub nbd_tcp: Option<TcpListener>,
     /// The NBD unix listener and its path.
@@ -30,14 +30,14 @@ pub struct Inherited {
 
 impl Inherited {
     /// Whether systemd passed any NBD listener (then the config's are not bound).
-    pub fn has_nbd(&self) -> bool {
+    pub(crate) fn has_nbd(&self) -> bool {
         self.nbd_tcp.is_some() || self.nbd_unix.is_some()
     }
 }
 
 /// Takes the sockets passed to this process, if any (none when `LISTEN_PID` names
 /// another process). Errors name the descriptor and why it cannot be used.
-pub fn take() -> Result<Inherited, String> {
+pub(crate) fn take() -> Result<Inherited, String> {
     let names: Vec<String> =
         std::env::var("LISTEN_FDNAMES").map(|n| n.split(':').map(str::to_string).collect()).unwrap_or_default();
     take_from(listenfd::ListenFd::from_env(), &names)

@@ -86,4 +86,4 @@ pub struct VssdRegionStatus {
     pub withheld_slots: u64,
 }
 
-pub use crate::guards::GuardCounts;
+pub(crate) use crate::guards::GuardCounts;

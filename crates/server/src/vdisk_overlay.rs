@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 /// The API's changes to the configured vDisks.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Overlay {
+pub(crate) struct Overlay {
     /// Configured vDisks removed through the API.
     #[serde(default)]
     pub removed: Vec<String>,
@@ -38,7 +38,7 @@ pub struct Overlay {
 /// An allocator and its parameters.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct AllocatorChoice {
+pub(crate) struct AllocatorChoice {
     /// Registry name.
     pub name: String,
     /// Parameters over its seed's defaults.
@@ -60,13 +60,13 @@ pub struct Share {
 }
 
 /// The overlay file in metadata directory `dir`.
-pub fn path(dir: &Path) -> PathBuf {
+pub(crate) fn path(dir: &Path) -> PathBuf {
     dir.join("vdisks.toml")
 }
 
 impl Overlay {
     /// Reads the overlay of metadata directory `dir` (empty when there is none).
-    pub fn load(dir: &Path) -> Result<Overlay, String> {
+    pub(crate) fn load(dir: &Path) -> Result<Overlay, String> {
         let p = path(dir);
         match cachevisor_files::bounded_read::read_to_string(&p, cachevisor_files::bounded_read::STATE_CAP) {
             Ok(t) => toml::from_str(&t).map_err(|e| format!("{}: {e}", p.display())),
@@ -76,7 +76,7 @@ impl Overlay {
     }
 
     /// Writes the overlay to metadata directory `dir`, all or nothing.
-    pub fn save(&self, dir: &Path) -> std::io::Result<()> {
+    pub(crate) fn save(&self, dir: &Path) -> std::io::Result<()> {
         let text = toml::to_string(self).map_err(std::io::Error::other)?;
         let header = "# vDisks added and removed through cachevisor's API; laid over the config file at start.\n";
         cachevisor_store::journal::replace_file(&path(dir), &mut |w| {
@@ -87,7 +87,7 @@ impl Overlay {
 
     /// Applies `change` and saves the result to metadata directory `dir`, all or nothing:
     /// when saving fails the overlay is left as it was. The error names the file.
-    pub fn change(&mut self, dir: &Path, change: impl FnOnce(&mut Overlay)) -> Result<(), String> {
+    pub(crate) fn change(&mut self, dir: &Path, change: impl FnOnce(&mut Overlay)) -> Result<(), String> {
         let mut next = self.clone();
         change(&mut next);
         next.save(dir).map_err(|e| format!("{}: {e}", path(dir).display()))?;
@@ -96,7 +96,7 @@ impl Overlay {
     }
 
     /// Lays the overlay over `cfg`'s vDisks; returns a note per change for the log.
-    pub fn apply(&self, cfg: &mut Config) -> Vec<String> {
+    pub(crate) fn apply(&self, cfg: &mut Config) -> Vec<String> {
         let mut notes = Vec::new();
         cfg.vdisk.retain(|v| {
             let gone = self.removed.contains(&v.name) || self.vdisk.iter().any(|a| a.name == v.name);
@@ -135,24 +135,24 @@ impl Overlay {
     }
 
     /// Notes `name`'s write policy.
-    pub fn set_write_policy(&mut self, name: &str, p: cachevisor_engine::WritePolicy) {
+    pub(crate) fn set_write_policy(&mut self, name: &str, p: cachevisor_engine::WritePolicy) {
         self.write_policy.insert(name.to_string(), p);
     }
 
     /// Notes `name`'s partition target.
-    pub fn set_target(&mut self, name: &str, blocks: u64) {
+    pub(crate) fn set_target(&mut self, name: &str, blocks: u64) {
         self.target_blocks.insert(name.to_string(), blocks);
     }
 
     /// Notes `name`'s weight and/or ratio (what is `None` keeps its earlier value).
-    pub fn set_share(&mut self, name: &str, share: Share) {
+    pub(crate) fn set_share(&mut self, name: &str, share: Share) {
         let s = self.share.entry(name.to_string()).or_default();
         s.weight = share.weight.or(s.weight);
         s.ratio = share.ratio.or(s.ratio);
     }
 
     /// Notes the allocator (its decisions replace targets set before).
-    pub fn set_allocator(&mut self, name: &str, params: &cachevisor_policy::params::Params) {
+    pub(crate) fn set_allocator(&mut self, name: &str, params: &cachevisor_policy::params::Params) {
         self.allocator = Some(AllocatorChoice { name: name.to_string(), params: params.clone() });
         self.target_blocks.clear();
     }
@@ -165,7 +165,7 @@ impl Overlay {
     }
 
     /// Notes that `v` was added.
-    pub fn add(&mut self, v: VdiskConfig) {
+    pub(crate) fn add(&mut self, v: VdiskConfig) {
         self.forget(&v.name);
         self.removed.retain(|n| *n != v.name);
         self.vdisk.retain(|o| o.name != v.name);
@@ -174,7 +174,7 @@ impl Overlay {
 
     /// Forgets everything noted about `name`: the configuration file now says what it is
     /// (added to it, or removed from it, and reloaded).
-    pub fn drop_name(&mut self, name: &str) {
+    pub(crate) fn drop_name(&mut self, name: &str) {
         self.forget(name);
         self.adopt(name);
     }
@@ -182,13 +182,13 @@ impl Overlay {
     /// The configuration file now lists `name` (an API-added vDisk of that name, on the
     /// same backing, is the file's; a removal noted before no longer holds). Settings the
     /// API made for it stay.
-    pub fn adopt(&mut self, name: &str) {
+    pub(crate) fn adopt(&mut self, name: &str) {
         self.removed.retain(|n| n != name);
         self.vdisk.retain(|o| o.name != name);
     }
 
     /// Notes that `name` was removed.
-    pub fn remove(&mut self, name: &str) {
+    pub(crate) fn remove(&mut self, name: &str) {
         self.forget(name);
         self.vdisk.retain(|o| o.name != name);
         if !self.removed.iter().any(|n| n == name) {

@@ -6,6 +6,8 @@
 //! and one owner per cache ([`owner_lock`]). It knows no engine, data path or daemon:
 //! the data path turns the engine's commits into journal records (`cachevisor_datapath::persist`).
 
+#![warn(unreachable_pub)]
+
 pub mod backing;
 pub mod backing_identity;
 pub mod cache_label;

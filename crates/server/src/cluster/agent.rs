@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// How often the cluster's keys are read back (ms).
-pub const OBSERVE_MS: u64 = 200;
+pub(crate) const OBSERVE_MS: u64 = 200;
 
 /// Runs until the cluster handle is dropped.
 pub(super) fn run(cluster: std::sync::Weak<Cluster>) {

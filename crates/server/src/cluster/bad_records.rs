@@ -13,11 +13,11 @@ use std::collections::BTreeMap;
 
 /// Largest value a node reads from etcd (a member record of 10,000 vDisk names is
 /// ~200 KiB).
-pub const MAX_VALUE: usize = 1 << 20;
+pub(crate) const MAX_VALUE: usize = 1 << 20;
 
 /// The records ignored, by key: the mod revision last logged.
 #[derive(Debug, Default)]
-pub struct BadRecords {
+pub(crate) struct BadRecords {
     logged: BTreeMap<String, i64>,
     /// Ignored records seen (each change of a record counted once).
     pub count: u64,
@@ -26,7 +26,7 @@ pub struct BadRecords {
 impl BadRecords {
     /// Notes that the record at `key` (mod revision `rev`) is ignored for `why`: logged
     /// and counted once per revision.
-    pub fn note(&mut self, key: &str, rev: i64, why: &str) {
+    pub(crate) fn note(&mut self, key: &str, rev: i64, why: &str) {
         if self.logged.get(key) == Some(&rev) {
             return;
         }
@@ -37,13 +37,13 @@ impl BadRecords {
 
     /// Forgets the records no longer bad (gone, or readable again) after a read of the
     /// prefix that noted `still` bad.
-    pub fn keep_only(&mut self, still: &[String]) {
+    pub(crate) fn keep_only(&mut self, still: &[String]) {
         self.logged.retain(|k, _| still.contains(k));
     }
 }
 
 /// Whether a value read from etcd may be looked at.
-pub fn small_enough(value: &[u8]) -> Result<(), String> {
+pub(crate) fn small_enough(value: &[u8]) -> Result<(), String> {
     if value.len() > MAX_VALUE {
         return Err(format!("{} bytes, more than any record a node writes ({MAX_VALUE})", value.len()));
     }

@@ -26,11 +26,11 @@ use std::time::{Duration, Instant};
 /// The most claims the agent takes (and releases) in one round, so that a node serving
 /// many vDisks stays within a request's deadline (a few hundred ms); the next read of the
 /// keys, 200 ms later, goes on.
-pub const PER_ROUND: usize = 16;
+pub(crate) const PER_ROUND: usize = 16;
 
 /// What a claim transaction found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Claim {
+pub(crate) enum Claim {
     /// This node holds it now, under the lease asked for.
     Taken,
     /// Another node holds it.
@@ -38,14 +38,14 @@ pub enum Claim {
 }
 
 /// The claim key of `vdisk` under `prefix`.
-pub fn key(prefix: &str, vdisk: &str) -> String {
+pub(crate) fn key(prefix: &str, vdisk: &str) -> String {
     format!("{prefix}claims/{vdisk}")
 }
 
 /// Takes `vdisk`'s claim for `me` under `lease`: created if absent, moved under `lease` if
 /// `me` holds it under another (an earlier lease of this node's), refused if another
 /// node holds it.
-pub async fn take(
+pub(crate) async fn take(
     cl: &mut Client,
     prefix: &str,
     me: &str,
@@ -85,7 +85,7 @@ pub async fn take(
 }
 
 /// Releases `vdisk`'s claim if `me` holds it.
-pub async fn release(cl: &mut Client, prefix: &str, me: &str, vdisk: &str) -> Result<(), etcd_client::Error> {
+pub(crate) async fn release(cl: &mut Client, prefix: &str, me: &str, vdisk: &str) -> Result<(), etcd_client::Error> {
     let k = key(prefix, vdisk);
     cl.txn(Txn::new().when([Compare::value(k.clone(), CompareOp::Equal, me)]).and_then([TxnOp::delete(k, None)]))
         .await?;
@@ -93,14 +93,14 @@ pub async fn release(cl: &mut Client, prefix: &str, me: &str, vdisk: &str) -> Re
 }
 
 /// The claims as read (vDisk → holder, lease), from the keys under `claims/`.
-pub type Held = BTreeMap<String, (String, i64)>;
+pub(crate) type Held = BTreeMap<String, (String, i64)>;
 
 /// What to do about this node's claims, from the claims read: the vDisks it serves whose
 /// claim is absent or under an earlier lease (take them), those another node holds
 /// (conflicts: nothing to take), and the claims it holds for vDisks it neither serves
 /// nor is adding (release them).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Fix {
+pub(crate) struct Fix {
     /// Take these.
     pub take: Vec<String>,
     /// Another node holds these: (vDisk, holder).
@@ -110,7 +110,7 @@ pub struct Fix {
 }
 
 /// [`Fix`] for node `me` under `lease`, serving `serving`, adding `adding`.
-pub fn to_fix(me: &str, lease: i64, serving: &[String], adding: &BTreeSet<String>, held: &Held) -> Fix {
+pub(crate) fn to_fix(me: &str, lease: i64, serving: &[String], adding: &BTreeSet<String>, held: &Held) -> Fix {
     let mut f = Fix::default();
     for v in serving {
         match held.get(v) {
@@ -130,7 +130,7 @@ pub fn to_fix(me: &str, lease: i64, serving: &[String], adding: &BTreeSet<String
 /// A lease granted at a start, before the cache is touched, under which the start takes
 /// its vDisks' claims; renewed here until the membership agent adopts it
 /// ([`Self::adopt`]), revoked if the start fails first (its claims go with it).
-pub struct StartLease {
+pub(crate) struct StartLease {
     id: i64,
     origin: Instant,
     renewed: Arc<Mutex<(Instant, i64)>>,
@@ -155,7 +155,7 @@ pub struct Adopted {
 
 impl StartLease {
     /// Asks etcd for a lease of the configured TTL and keeps it alive.
-    pub fn grant(s: &ClusterSettings, deadline: Duration) -> Result<StartLease, String> {
+    pub(crate) fn grant(s: &ClusterSettings, deadline: Duration) -> Result<StartLease, String> {
         let origin = Instant::now();
         let ttl_s = (s.timing.lease_ttl_ms / 1000) as i64;
         let r = block_on(s, deadline, async move |c| c.lease_grant(ttl_s, None).await)?;
@@ -176,12 +176,12 @@ impl StartLease {
     }
 
     /// The lease.
-    pub fn id(&self) -> i64 {
+    pub(crate) fn id(&self) -> i64 {
         self.id
     }
 
     /// Stops renewing; the agent renews it from now on.
-    pub fn adopt(mut self) -> Adopted {
+    pub(crate) fn adopt(mut self) -> Adopted {
         self.adopted = true;
         self.stop.store(true, Ordering::SeqCst);
         let (sent, ttl_s) = *self.renewed.lock().unwrap_or_else(|e| e.into_inner());

@@ -9,7 +9,7 @@ use cachevisor_cluster::model::IdealForm;
 use cachevisor_trace::{Request, VmId};
 
 /// The estimators of one node's vDisks.
-pub struct NodeEstimator {
+pub(crate) struct NodeEstimator {
     block_size: u64,
     unit_blocks: u64,
     /// How far a curve reaches (units): what a VM could be given by the cluster.
@@ -20,7 +20,7 @@ pub struct NodeEstimator {
 
 impl NodeEstimator {
     /// Blocks of `block_size` bytes, units of `unit_bytes`, curves up to `max_units`.
-    pub fn new(block_size: u64, unit_bytes: u64, max_units: u64, ideal: IdealForm) -> NodeEstimator {
+    pub(crate) fn new(block_size: u64, unit_bytes: u64, max_units: u64, ideal: IdealForm) -> NodeEstimator {
         NodeEstimator {
             block_size,
             unit_blocks: (unit_bytes / block_size).max(1),
@@ -31,7 +31,7 @@ impl NodeEstimator {
     }
 
     /// A request's blocks.
-    pub fn observe(&mut self, r: &Request) {
+    pub(crate) fn observe(&mut self, r: &Request) {
         let vm = r.vm as usize;
         if self.vms.len() <= vm {
             self.vms.resize_with(vm + 1, || None);
@@ -47,7 +47,7 @@ impl NodeEstimator {
 
     /// This window's curves of the vDisks `live` names (id, name), for a node whose
     /// cache holds `capacity_units`; the windows start again.
-    pub fn take(&mut self, live: &[(VmId, String)], capacity_units: u64, unit_bytes: u64) -> NodeEstimates {
+    pub(crate) fn take(&mut self, live: &[(VmId, String)], capacity_units: u64, unit_bytes: u64) -> NodeEstimates {
         let vms = live
             .iter()
             .map(|(id, name)| {

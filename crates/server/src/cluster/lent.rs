@@ -24,7 +24,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, Weak};
 
 /// Export ids of lent regions carry this bit (vSSDs carry bit 31).
-pub const LENT_EXPORT: u32 = 1 << 30;
+pub(crate) const LENT_EXPORT: u32 = 1 << 30;
 
 /// The regions this node lends.
 pub struct LentRegions {
@@ -97,7 +97,7 @@ impl LentRegions {
 }
 
 /// One connection to a borrower's region, opened at map epoch `epoch`.
-pub struct LentExport {
+pub(crate) struct LentExport {
     /// The lender's cluster handle (weak: a connection does not keep it up).
     pub cluster: Weak<Cluster>,
     /// The regions.

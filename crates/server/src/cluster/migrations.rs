@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 /// What the migrations need of the node they run in (the daemon): whether it still
 /// runs, its link's busy time, and its data path.
-pub trait NodeOps: Send + Sync {
+pub(crate) trait NodeOps: Send + Sync {
     /// Whether the node stopped (the thread ends).
     fn stopped(&self) -> bool;
     /// How long the link to the lenders was busy so far (ns).
@@ -36,7 +36,7 @@ pub trait NodeOps: Send + Sync {
 }
 
 /// The node's migrations.
-pub struct NodeMigrations {
+pub(crate) struct NodeMigrations {
     driver: Mutex<MigrationDriver>,
     /// vDisks whose Instant migration is running (their bulk copies are due).
     instant: Mutex<BTreeSet<VmId>>,
@@ -76,7 +76,7 @@ const TICK: Duration = Duration::from_millis(100);
 
 impl NodeMigrations {
     /// Migrations with the planner's `settings`, `batch` blocks per Instant copy job.
-    pub fn new(settings: PlanSettings, block: u64, batch: u64) -> Result<NodeMigrations, String> {
+    pub(crate) fn new(settings: PlanSettings, block: u64, batch: u64) -> Result<NodeMigrations, String> {
         Ok(NodeMigrations {
             driver: Mutex::new(MigrationDriver::new(settings, block)?),
             instant: Default::default(),
@@ -88,17 +88,17 @@ impl NodeMigrations {
     }
 
     /// The leader's allocation was applied (shares may have moved).
-    pub fn allocated(&self) {
+    pub(crate) fn allocated(&self) {
         self.allocated.store(true, SeqCst);
     }
 
     /// Waiting and running migrations, blocks moved so far.
-    pub fn status(&self) -> MigrationStatus {
+    pub(crate) fn status(&self) -> MigrationStatus {
         self.driver.lock().unwrap_or_else(|e| e.into_inner()).status()
     }
 
     /// The driver's thread, until the node is gone or stopped.
-    pub fn run(self: Arc<Self>, node: Weak<dyn NodeOps>) {
+    pub(crate) fn run(self: Arc<Self>, node: Weak<dyn NodeOps>) {
         loop {
             std::thread::sleep(TICK);
             let Some(d) = node.upgrade() else { return };

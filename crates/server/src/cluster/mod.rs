@@ -5,21 +5,21 @@
 //! request must carry, and the status the API shows (`GET /cluster`). The decisions are
 //! `cachevisor_cluster`'s pure code; no `[cluster]` section, no cluster.
 
-pub mod agent;
-pub mod bad_records;
-pub mod claims;
-pub mod estimates;
+pub(crate) mod agent;
+pub(crate) mod bad_records;
+pub(crate) mod claims;
+pub(crate) mod estimates;
 pub(crate) mod etcd_once;
-pub mod lent;
-pub mod migrations;
-pub mod peer_device;
-pub mod replica_host;
-pub mod replica_state;
-pub mod replicator;
-pub mod settings;
-pub mod start_check;
-pub mod takeover;
-pub mod takeover_replay;
+pub(crate) mod lent;
+pub(crate) mod migrations;
+pub(crate) mod peer_device;
+pub(crate) mod replica_host;
+pub(crate) mod replica_state;
+pub(crate) mod replicator;
+pub(crate) mod settings;
+pub(crate) mod start_check;
+pub(crate) mod takeover;
+pub(crate) mod takeover_replay;
 
 use cachevisor_cluster::cluster_map::ClusterMap;
 use cachevisor_cluster::estimate::{AllocationRecord, NodeEstimates};

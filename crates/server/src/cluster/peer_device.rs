@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 /// What every peer device shares: this node's name, its credentials, the cluster handle
 /// (set once the node joined).
-pub struct PeerLinks {
+pub(crate) struct PeerLinks {
     /// This node.
     pub me: String,
     /// Peers by engine node id − 1.
@@ -47,7 +47,7 @@ pub struct PeerLinks {
 
 /// Time with at least one op on a peer in flight.
 #[derive(Default)]
-pub struct LinkBusy {
+pub(crate) struct LinkBusy {
     /// Ops in flight, since when some were, and the busy time before that.
     state: Mutex<(u32, Option<std::time::Instant>, u64)>,
 }
@@ -72,7 +72,7 @@ impl LinkBusy {
     }
 
     /// Busy nanoseconds so far (the current busy spell included).
-    pub fn busy_ns(&self) -> u64 {
+    pub(crate) fn busy_ns(&self) -> u64 {
         let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         s.2 + s.1.map_or(0, |t| t.elapsed().as_nanos() as u64)
     }
@@ -80,7 +80,7 @@ impl LinkBusy {
 
 /// The cluster's lent regions as the data path's remote cache stores: node id k is
 /// `peers[k − 1]`.
-pub struct PeerStores(pub Arc<PeerLinks>);
+pub(crate) struct PeerStores(pub Arc<PeerLinks>);
 
 impl cachevisor_datapath::injected::RemoteStores for PeerStores {
     fn device(&self, node: u16, size: u64) -> Option<cachevisor_datapath::injected::StoreDevice> {
@@ -93,7 +93,7 @@ impl PeerLinks {
     /// Whether `peer`'s region may be given blocks again: it did not restart, and its
     /// last failure is 1.5 lease TTLs old (by then a dead peer is gone from the members;
     /// one that answers again is live and serves).
-    pub fn usable(&self, peer: &str) -> bool {
+    pub(crate) fn usable(&self, peer: &str) -> bool {
         let down = self.down.lock().unwrap_or_else(|e| e.into_inner()).get(peer).copied();
         !self.restarted.lock().unwrap_or_else(|e| e.into_inner()).contains(peer)
             && down.is_none_or(|t| std::time::Instant::now() >= t)
@@ -114,7 +114,7 @@ struct Link {
 }
 
 /// One peer's lent region, or the replica log it keeps for this node.
-pub struct PeerDevice {
+pub(crate) struct PeerDevice {
     links: Arc<PeerLinks>,
     peer: String,
     size: u64,
@@ -130,17 +130,17 @@ fn refused(msg: String) -> io::Error {
 
 impl PeerDevice {
     /// The region `peer` lends this node, `size` bytes.
-    pub fn new(links: Arc<PeerLinks>, peer: String, size: u64) -> PeerDevice {
+    pub(crate) fn new(links: Arc<PeerLinks>, peer: String, size: u64) -> PeerDevice {
         PeerDevice { links, peer, size, link: Mutex::new(Link::default()), replica: false }
     }
 
     /// The replica log `peer` keeps for this node (its size read from the export).
-    pub fn replica_log(links: Arc<PeerLinks>, peer: String) -> PeerDevice {
+    pub(crate) fn replica_log(links: Arc<PeerLinks>, peer: String) -> PeerDevice {
         PeerDevice { links, peer, size: 0, link: Mutex::new(Link::default()), replica: true }
     }
 
     /// The size of the peer's export (connecting if need be).
-    pub fn export_size(&self) -> io::Result<u64> {
+    pub(crate) fn export_size(&self) -> io::Result<u64> {
         let b = self.connection().map_err(|e| self.failed(e))?;
         b.size().map_err(|e| self.failed(e))
     }

@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, Weak};
 
 /// Export ids of replica logs carry this bit (lent regions bit 30, vSSDs bit 31).
-pub const REPLICA_EXPORT: u32 = 1 << 29;
+pub(crate) const REPLICA_EXPORT: u32 = 1 << 29;
 
 /// `O_DSYNC` on Linux (every write durable when it returns) without a libc dependency.
 const O_DSYNC: i32 = 0o10000;
@@ -167,7 +167,7 @@ fn fill_zeros(f: &File, size: u64) -> io::Result<()> {
 }
 
 /// One connection to `owner`'s log, opened at map epoch `epoch`.
-pub struct ReplicaExport {
+pub(crate) struct ReplicaExport {
     /// The host's cluster handle (weak: a connection does not keep it up).
     pub cluster: Weak<Cluster>,
     /// The logs.

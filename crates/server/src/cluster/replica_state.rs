@@ -27,14 +27,14 @@ fn key(s: &ClusterSettings, owner: &str) -> String {
 }
 
 /// Records `state` as this node's (`s.name`'s).
-pub fn publish(s: &ClusterSettings, state: &ReplicaState, deadline: Duration) -> Result<(), String> {
+pub(crate) fn publish(s: &ClusterSettings, state: &ReplicaState, deadline: Duration) -> Result<(), String> {
     let body = serde_json::to_vec(state).expect("a replica state serializes");
     let k = key(s, &s.name);
     block_on(s, deadline, async move |c| c.put(k, body, None).await.map(drop))
 }
 
 /// What `owner`'s log's state is (`None`: it never had one).
-pub fn read(s: &ClusterSettings, owner: &str, deadline: Duration) -> Result<Option<ReplicaState>, String> {
+pub(crate) fn read(s: &ClusterSettings, owner: &str, deadline: Duration) -> Result<Option<ReplicaState>, String> {
     let k = key(s, owner);
     let value = block_on(s, deadline, async move |c| {
         let r = c.get(k, None).await?;

@@ -55,7 +55,7 @@ pub struct ReplicaStatus {
 }
 
 /// The owner's replica log.
-pub struct Replicator {
+pub(crate) struct Replicator {
     settings: ClusterSettings,
     peer: String,
     device: PeerDevice,
@@ -123,7 +123,7 @@ impl Replicator {
     /// The log `peer` keeps for this node, for blocks of `block` bytes. It starts as the
     /// log's rules say (void in etcd, writes through, a resync once the peer answers: its
     /// export's size gives the ring).
-    pub fn new(settings: &ClusterSettings, peer: String, links: Arc<PeerLinks>, block: u64) -> Replicator {
+    pub(crate) fn new(settings: &ClusterSettings, peer: String, links: Arc<PeerLinks>, block: u64) -> Replicator {
         let device = PeerDevice::replica_log(links, peer.clone());
         let placeholder = Geometry { block, slots: 16 };
         Replicator {
@@ -164,7 +164,7 @@ impl Replicator {
     }
 
     /// Replicates `vm` (`name`) from now on, or stops (`None`).
-    pub fn set_vdisk(&self, vm: VmId, name: Option<String>) {
+    pub(crate) fn set_vdisk(&self, vm: VmId, name: Option<String>) {
         let mut v = self.vms.write().unwrap_or_else(|e| e.into_inner());
         if v.len() <= vm as usize {
             v.resize(vm as usize + 1, None);
@@ -173,12 +173,12 @@ impl Replicator {
     }
 
     /// The vDisks whose client writes are logged.
-    pub fn names(&self) -> Vec<String> {
+    pub(crate) fn names(&self) -> Vec<String> {
         self.vms.read().unwrap_or_else(|e| e.into_inner()).iter().flatten().cloned().collect()
     }
 
     /// Whether `vm`'s client writes are logged.
-    pub fn covers(&self, vm: VmId) -> bool {
+    pub(crate) fn covers(&self, vm: VmId) -> bool {
         self.vms.read().unwrap_or_else(|e| e.into_inner()).get(vm as usize).is_some_and(Option::is_some)
     }
 
@@ -186,7 +186,11 @@ impl Replicator {
     /// are queued for the peer first, so the two overlap); returns once both are done —
     /// `Appended` — or, when the log is not usable, once `local` is done: the caller then
     /// writes the data through as well (`Bypass`). `local`'s error is returned as is.
-    pub fn log(&self, recs: &[Rec<'_>], local: &mut dyn FnMut() -> std::io::Result<()>) -> std::io::Result<Logged> {
+    pub(crate) fn log(
+        &self,
+        recs: &[Rec<'_>],
+        local: &mut dyn FnMut() -> std::io::Result<()>,
+    ) -> std::io::Result<Logged> {
         let mut done = false;
         let mut run_local = || {
             if std::mem::replace(&mut done, true) {
@@ -380,7 +384,7 @@ impl Replicator {
     }
 
     /// The figures.
-    pub fn status(&self) -> ReplicaStatus {
+    pub(crate) fn status(&self) -> ReplicaStatus {
         let l = self.lock();
         ReplicaStatus {
             peer: self.peer.clone(),
@@ -403,13 +407,13 @@ impl Replicator {
     }
 
     /// Stops: writes waiting for the log fail (shutdown).
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         self.stop.store(true, Relaxed);
         self.cv.notify_all();
     }
 
     /// Runs the log's steps until stopped or `dp` is gone.
-    pub fn run(self: &Arc<Self>, dp: Weak<DataPath>) {
+    pub(crate) fn run(self: &Arc<Self>, dp: Weak<DataPath>) {
         let mut resync_failures = 0u64;
         while !self.stop.load(Relaxed) {
             let action = self.lock().poll_action(self.now_ms());

@@ -33,7 +33,7 @@ pub struct MovedAway {
 }
 
 /// The map (epoch 0 when none was written yet) and the live members, as etcd holds them.
-pub fn read_view(s: &ClusterSettings, deadline: Duration) -> Result<(ClusterMap, Vec<MemberInfo>), String> {
+pub(crate) fn read_view(s: &ClusterSettings, deadline: Duration) -> Result<(ClusterMap, Vec<MemberInfo>), String> {
     let prefix = s.prefix.clone();
     let kvs = block_on(s, deadline, async move |c| {
         let r = c.get(prefix, Some(etcd_client::GetOptions::new().with_prefix())).await?;
@@ -55,13 +55,17 @@ pub fn read_view(s: &ClusterSettings, deadline: Duration) -> Result<(ClusterMap,
 
 /// How long a start waits for etcd to answer: a few lease TTLs, at least 10 s (etcd
 /// restarting beside the node, a slow election).
-pub fn wait(s: &ClusterSettings) -> Duration {
+pub(crate) fn wait(s: &ClusterSettings) -> Duration {
     Duration::from_millis((3 * s.timing.lease_ttl_ms).max(10_000))
 }
 
 /// Which of `vdisks` moved away from this node (name, node), asking etcd until `wait`
 /// runs out; `Err` says why the start cannot go on.
-pub fn moved_away(s: &ClusterSettings, vdisks: &[String], wait: Duration) -> Result<Vec<(String, String)>, String> {
+pub(crate) fn moved_away(
+    s: &ClusterSettings,
+    vdisks: &[String],
+    wait: Duration,
+) -> Result<Vec<(String, String)>, String> {
     let end = Instant::now() + wait;
     let (map, members) = loop {
         let left = end.saturating_duration_since(Instant::now());
@@ -88,7 +92,7 @@ pub fn moved_away(s: &ClusterSettings, vdisks: &[String], wait: Duration) -> Res
 /// [`moved_away`], then the claims (`claims.rs`) of the vDisks that did not move, under a
 /// lease granted now: one another node holds (it serves or is adding the vDisk) counts
 /// as moved away too. The lease goes to the membership agent ([`StartLease::adopt`]).
-pub fn moved_away_and_claim(
+pub(crate) fn moved_away_and_claim(
     s: &ClusterSettings,
     vdisks: &[String],
     wait: Duration,

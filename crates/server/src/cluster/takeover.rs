@@ -17,7 +17,7 @@ use std::sync::Mutex;
 
 /// The moves this node handled: vDisk name → the epoch of the move prewarmed.
 #[derive(Debug)]
-pub struct Takeovers {
+pub(crate) struct Takeovers {
     file: PathBuf,
     done: Mutex<BTreeMap<String, u64>>,
 }
@@ -25,7 +25,7 @@ pub struct Takeovers {
 /// A prewarm to start: from the node `from`'s snapshots, these vDisks (each with the epoch
 /// of its move).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Due {
+pub(crate) struct Due {
     /// The node the vDisks came from.
     pub from: String,
     /// The vDisks and the epochs of their moves.
@@ -35,7 +35,7 @@ pub struct Due {
 /// The moves to prewarm: vDisks homed at `me` and served here whose map entry says they
 /// came from another node at an epoch not handled yet, grouped by that node (one prewarm
 /// per source, in name order; the first group is returned).
-pub fn due(map: &ClusterMap, me: &str, served: &BTreeSet<String>, done: &BTreeMap<String, u64>) -> Option<Due> {
+pub(crate) fn due(map: &ClusterMap, me: &str, served: &BTreeSet<String>, done: &BTreeMap<String, u64>) -> Option<Due> {
     let mut by_from: BTreeMap<&str, Vec<(String, u64)>> = BTreeMap::new();
     for (name, e) in &map.vdisks {
         let Some(from) = e.moved_from.as_deref() else { continue };
@@ -56,7 +56,7 @@ pub fn due(map: &ClusterMap, me: &str, served: &BTreeSet<String>, done: &BTreeMa
 impl Takeovers {
     /// The moves handled so far, read from `meta_dir` (none when the file is absent; an
     /// unreadable file is an error naming it).
-    pub fn load(meta_dir: &Path) -> Result<Takeovers, String> {
+    pub(crate) fn load(meta_dir: &Path) -> Result<Takeovers, String> {
         let file = meta_dir.join("cluster-moves.json");
         let done = match cachevisor_files::bounded_read::read(&file, cachevisor_files::bounded_read::STATE_CAP) {
             Ok(b) => serde_json::from_slice(&b).map_err(|e| format!("{}: {e}", file.display()))?,
@@ -67,12 +67,12 @@ impl Takeovers {
     }
 
     /// The next prewarm to start for `map`, if any.
-    pub fn due(&self, map: &ClusterMap, me: &str, served: &BTreeSet<String>) -> Option<Due> {
+    pub(crate) fn due(&self, map: &ClusterMap, me: &str, served: &BTreeSet<String>) -> Option<Due> {
         due(map, me, served, &self.done.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Records `d` handled (durably, so a restart does not redo it).
-    pub fn mark(&self, d: &Due) {
+    pub(crate) fn mark(&self, d: &Due) {
         let mut done = self.done.lock().unwrap_or_else(|e| e.into_inner());
         for (v, at) in &d.vdisks {
             done.insert(v.clone(), *at);
@@ -83,7 +83,7 @@ impl Takeovers {
     }
 
     /// Forgets `d` (its prewarm could not start for now: it is tried again).
-    pub fn unmark(&self, d: &Due) {
+    pub(crate) fn unmark(&self, d: &Due) {
         let mut done = self.done.lock().unwrap_or_else(|e| e.into_inner());
         for (v, _) in &d.vdisks {
             done.remove(v);

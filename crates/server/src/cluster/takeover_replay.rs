@@ -24,7 +24,7 @@ pub struct Replay {
 
 /// What a replay did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Replayed {
+pub(crate) struct Replayed {
     /// Live records in the log (every vDisk's; a data record's checksum not looked at
     /// unless it is this vDisk's).
     pub records: u64,
@@ -50,7 +50,7 @@ fn load(meta: &Path) -> Result<Vec<String>, String> {
 
 /// Replays `r` for `vdisk` onto `backing` unless this node did already; `certs` are this
 /// node's client credentials.
-pub fn replay_once(
+pub(crate) fn replay_once(
     c: &Cluster,
     r: &Replay,
     vdisk: &str,

@@ -267,7 +267,7 @@ impl Daemon {
         }
         match &self.vssd {
             Some(svc) if vm & VSSD_EXPORT != 0 => {
-                Arc::new(crate::export_backends::VssdExport { svc: svc.clone(), id: vm & !VSSD_EXPORT })
+                Arc::new(crate::vssd::export::VssdExport { svc: svc.clone(), id: vm & !VSSD_EXPORT })
             }
             _ => Arc::new(cachevisor_datapath::vdisk_export::VdiskExport {
                 dp: self.dp.clone(),

@@ -14,7 +14,6 @@ pub mod config;
 mod conn_limits;
 pub mod daemon;
 mod destage_job;
-pub mod export_backends;
 mod guards;
 mod job_slot;
 mod listen_path;

@@ -207,7 +207,7 @@ fn serve_vssd(s: Arc<VssdService>, id: u32, size: u64) -> u16 {
             std::thread::spawn(move || {
                 let exports = cachevisor_nbd::transmission::SingleExport { size, block_size: 4096 };
                 if let Ok(Negotiated::Export(_, replies)) = negotiate(&mut c, &exports) {
-                    let backend = Arc::new(cachevisor_server::export_backends::VssdExport { svc: s, id });
+                    let backend = Arc::new(cachevisor_server::vssd::export::VssdExport { svc: s, id });
                     let out = c.try_clone().unwrap();
                     let _ = cachevisor_nbd::transmission::serve(c, out, backend, (size, replies), None);
                 }

@@ -6,6 +6,7 @@
 pub mod allocation;
 pub mod budget;
 pub mod control;
+pub mod export;
 pub mod io_pool;
 pub mod meta;
 pub mod region;

@@ -3,7 +3,7 @@
 //! and vhost-user-blk drive either through one trait — one request loop, one set of
 //! protocol checks, two kinds of store.
 
-use crate::vssd::service::{VssdIoError, VssdService};
+use super::service::{VssdIoError, VssdService};
 use cachevisor_nbd::backend::{ClientError, Cmd, Done, ExportBackend};
 use cachevisor_vssd::io::IoError;
 use cachevisor_vssd::VssdId;

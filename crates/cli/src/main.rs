@@ -1,40 +1,20 @@
-//! The `cachevisor` command line: trace tools, the simulator, the demo and benchmarks.
+//! The `cachevisor` command line, the operator's binary: the daemon and the commands that
+//! talk to it, trace tools, the simulator and the demo. Benches and the seeds' experiments
+//! are the lab binary's (`cachevisor-lab`), reached as `cachevisor bench …` and
+//! `cachevisor experiment …` (`lab_forward.rs`); the guest-side cache manager is its own
+//! binary (`cachevisor-guest`), built for the guest.
 
 mod analyze_cmd;
 mod api_target;
 mod api_token;
-// The tests' certificate maker, shared so `bench serve --tls` makes the same PKI.
-#[allow(dead_code)]
-#[path = "../../server/tests/common/certs.rs"]
-mod bench_certs;
-mod bench_cluster;
-mod bench_cluster_nodes;
-mod bench_cluster_replica;
-mod bench_cluster_serve;
-mod bench_cmd;
-mod bench_datapath;
-mod bench_serve;
-mod bench_sim;
-mod bench_sim_process;
-mod bench_vhost;
-mod bench_vssd;
-mod bundled;
 mod cache_cmd;
 mod check_cmd;
 mod demo_cmd;
 mod destage_cmd;
 mod exit_status;
-mod experiment_cmd;
-mod experiment_persist;
-mod experiment_vssd;
-mod guest_cmd;
-mod guest_kv;
-mod guest_nbd;
-mod guest_vm;
-mod guest_workload;
 mod input_args;
+mod lab_forward;
 mod prewarm_cmd;
-mod progress;
 mod reload_cmd;
 mod serve_cmd;
 mod shell_cmd;
@@ -43,9 +23,10 @@ mod status_cmd;
 mod sweep_cmd;
 mod trace_cmd;
 
+use cachevisor_cli::{bundled, progress};
 use clap::{CommandFactory, Parser, Subcommand};
 
-/// cachevisor — hypervisor-side SSD cache manager: trace tools, simulator, benchmarks.
+/// cachevisor — hypervisor-side SSD cache manager: the daemon, trace tools, the simulator.
 #[derive(Debug, Parser)]
 #[command(name = "cachevisor", version, about, long_about = None)]
 struct Cli {
@@ -82,13 +63,12 @@ enum Cmd {
     Cache(cache_cmd::CacheCmd),
     /// Check a cache's metadata offline: what a start would recover, or why it would refuse.
     Check(check_cmd::CheckArgs),
-    /// Run SymFlex's guest-side cache manager on a vSSD with a workload (hit ratio per interval).
-    Guest(guest_cmd::GuestArgs),
-    /// Reproduce the seeds' experiments and write HTML reports.
-    Experiment(experiment_cmd::ExperimentArgs),
-    /// Measure speed and memory.
-    #[command(subcommand)]
-    Bench(bench_cmd::BenchCmd),
+    /// Reproduce the seeds' experiments and write HTML reports (runs `cachevisor-lab experiment`).
+    #[command(disable_help_flag = true)]
+    Experiment(lab_forward::LabArgs),
+    /// Measure speed and memory (runs `cachevisor-lab bench`).
+    #[command(disable_help_flag = true)]
+    Bench(lab_forward::LabArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completions {
         /// The shell.
@@ -110,8 +90,7 @@ fn main() {
         Cmd::Simulate(a) => simulate_cmd::run(*a),
         Cmd::Analyze(c) => analyze_cmd::run(c),
         Cmd::Sweep(a) => sweep_cmd::run(a),
-        Cmd::Experiment(a) => experiment_cmd::run(a),
-        Cmd::Guest(a) => guest_cmd::run(a),
+        Cmd::Experiment(a) => lab_forward::run("experiment", a),
         Cmd::Serve(a) => serve_cmd::run(a),
         Cmd::Status(a) => status_cmd::run(a),
         Cmd::Destage(a) => destage_cmd::run(a),
@@ -119,7 +98,7 @@ fn main() {
         Cmd::Reload(a) => reload_cmd::run(a),
         Cmd::Cache(c) => cache_cmd::run(c),
         Cmd::Check(a) => check_cmd::run(a),
-        Cmd::Bench(c) => bench_cmd::run(c),
+        Cmd::Bench(a) => lab_forward::run("bench", a),
         Cmd::Completions { shell } => shell_cmd::completions(shell, Cli::command()),
         Cmd::Man { out } => shell_cmd::man(out, Cli::command()),
     };

@@ -3,14 +3,14 @@
 use crate::input_args::{drain, report_skipped, BlockTraceArgs, InputArgs};
 use crate::progress::Progress;
 use anyhow::Context;
+use cachevisor_cli::trace_file::{write_source, writer};
 use cachevisor_trace::characterize::{Characterizer, VmProfile};
 use cachevisor_trace::generator::{Generator, WorkloadConfig};
 use cachevisor_trace::units::format_size;
 use cachevisor_trace::zipf::ZipfSource;
-use cachevisor_trace::{Format, TraceSource, TraceWriter};
+use cachevisor_trace::Format;
 use clap::Subcommand;
-use std::io::BufWriter;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Trace subcommands.
 #[derive(Debug, Subcommand)]
@@ -124,23 +124,6 @@ pub fn run(cmd: TraceCmd) -> anyhow::Result<()> {
             Ok(())
         }
     }
-}
-
-fn writer(to: Format, output: &Path, block: u64) -> anyhow::Result<TraceWriter> {
-    let f = std::fs::File::create(output).with_context(|| format!("creating {}", output.display()))?;
-    Ok(TraceWriter::new(to, Box::new(BufWriter::with_capacity(1 << 20, f)), block)?)
-}
-
-/// Writes a whole source to a file; returns the request count.
-pub fn write_source(src: &mut dyn TraceSource, to: Format, output: &Path, block: u64) -> anyhow::Result<u64> {
-    let mut w = writer(to, output, block)?;
-    let mut n = 0;
-    while let Some(r) = src.next_request()? {
-        w.write(&r, &src.vm_names()[r.vm as usize])?;
-        n += 1;
-    }
-    w.finish()?;
-    Ok(n)
 }
 
 fn info(args: &BlockTraceArgs, json: bool) -> anyhow::Result<()> {

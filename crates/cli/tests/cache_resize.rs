@@ -5,7 +5,7 @@
 //! refused naming it. After a SIGKILL with dirty blocks past a smaller `cache.size` in
 //! the file, the start finishes the shrink. Every byte written reads back throughout.
 
-mod common;
+use cachevisor_testkit as common;
 
 use common::{bin, client, client_ok, qemu_io_ok, Daemon};
 use std::path::Path;

@@ -6,7 +6,7 @@
 //! prewarms from the snapshot the detach took. Every byte any client wrote reads back,
 //! after the swap and after a SIGKILL and restart on the new SSD.
 
-mod common;
+use cachevisor_testkit as common;
 
 use common::{bin, client_ok, qemu_io_ok, Daemon, SmallFs};
 use std::os::unix::fs::FileExt;

@@ -162,12 +162,6 @@ fn simulate_runs_a_grid_of_policies_and_working_set_fractions_across_cores() {
 
 #[test]
 fn bad_options_are_explained() {
-    let o = run(&["bench", "serve", "--rw", "randomly"]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("randrw"), "names the choices");
-    let o = run(&["bench", "cluster-sim", "--migration", "instantly"]);
-    assert_eq!(o.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("gradual"), "names the choices");
     let o = run(&["simulate", "--trace", &shared("tpcc-small.mqsim.txt"), "--replacement", "mru"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("s3fifo"));
@@ -374,46 +368,6 @@ fn new_users_are_told_what_is_going_on() {
     assert_eq!(requests("time\tvm\top\toffset\tlen\n0\tvmA\tR\t8\t4096\n"), 1);
 }
 
-#[test]
-fn bench_sim_reads_cachesims_output_and_names_a_bad_peer() {
-    use std::os::unix::fs::PermissionsExt;
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path().display().to_string();
-    let script = |name: &str, body: &str| {
-        let p = dir.path().join(name);
-        std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
-        p.display().to_string()
-    };
-    // A stand-in printing cachesim's result line: its miss ratio becomes the hit ratio shown.
-    let fake = script("cachesim", "echo \"$1 $3 cache size 1MiB, 20000 req, miss ratio 0.2500, throughput 1.00 MQPS\"");
-    let quick = ["bench", "sim", "--requests", "20000", "--blocks", "2000", "--cache-blocks", "200", "--reps", "1"];
-    let args = |peer: &str| -> Vec<String> {
-        quick
-            .iter()
-            .map(|s| s.to_string())
-            .chain(["--no-bundled", "--dir", &d, "--cachesim", peer].map(String::from))
-            .collect()
-    };
-    let run_args = |a: Vec<String>| bin().args(&a).output().unwrap();
-    let o = run_args(args(&fake));
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert!(out.contains("hit ratio 0.7500       (cachesim"), "{out}");
-    assert!(out.contains("ratio cachevisor / libCacheSim, CLOCK"), "{out}");
-    assert!(!out.contains("bundled real traces"), "--no-bundled: {out}");
-    // A peer that is not there, or prints no result, is named.
-    let missing = dir.path().join("nowhere/cachesim").display().to_string();
-    let o = run_args(args(&missing));
-    assert_eq!(o.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("nowhere/cachesim"), "{}", String::from_utf8_lossy(&o.stderr));
-    let mute = script("mute", "echo usage");
-    let o = run_args(args(&mute));
-    assert_eq!(o.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("no miss ratio") && err.contains("mute"), "{err}");
-}
-
 /// the `[cache]` keys the daemon's config and the simulator's scenario share
 /// have one default and one error text: the same bad value gives the same message in
 /// both, and an unset key the same setting.
@@ -497,4 +451,24 @@ fn the_daemon_and_the_simulator_read_shared_cache_keys_alike() {
     } = d;
     assert_eq!((block_size, replacement, partition), (s.block_size, s.replacement, s.partition));
     assert_eq!((allocator, params, writeback), (s.allocator, s.params, s.writeback));
+}
+
+/// `cachevisor bench …` and `cachevisor experiment …` run the lab binary with the same
+/// arguments (its exit status and messages pass through); without a lab binary beside it
+/// or on PATH the command says where it looked and how to build one.
+#[test]
+fn bench_and_experiment_run_the_lab_binary_or_say_how_to_get_it() {
+    let o = run(&["bench", "serve", "--rw", "randomly"]);
+    assert_eq!(o.status.code(), Some(2), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("randrw"), "the lab's clap names the choices");
+    let help = ok(&["experiment", "--help"]);
+    assert!(help.contains("cachevisor-lab experiment") && help.contains("--quick"), "{help}");
+    // The operator binary alone, as a package without the lab installs it.
+    let dir = tempfile::tempdir().unwrap();
+    let alone = dir.path().join("cachevisor");
+    std::fs::copy(env!("CARGO_BIN_EXE_cachevisor"), &alone).unwrap();
+    let o = Command::new(&alone).args(["bench", "sim"]).env("PATH", dir.path()).output().unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("cachevisor-lab") && err.contains("cargo build --release -p cachevisor-lab"), "{err}");
 }

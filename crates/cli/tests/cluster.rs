@@ -5,7 +5,7 @@
 //! can see it gone (and serving its own vDisks on), and etcd down: nodes serve on and
 //! the map is neither lost nor rolled back.
 
-mod common;
+use cachevisor_testkit as common;
 
 use common::certs;
 use common::cluster::{formed, has_data, Cluster, TTL_MS};

@@ -5,7 +5,7 @@
 //! moved to prewarms it from the dead node's last snapshot — measured against a vDisk
 //! restarted on a node that has no snapshots to read (cold).
 
-mod common;
+use cachevisor_testkit as common;
 
 use common::cluster::{formed, Cluster, TTL_MS};
 use std::time::{Duration, Instant};

@@ -6,7 +6,7 @@
 //! the blocks that were in n1's region are read from the backing store instead (they
 //! were never dirty there).
 
-mod common;
+use cachevisor_testkit as common;
 
 use common::cluster::Cluster;
 use common::guest_vm;

@@ -13,7 +13,7 @@
 //! ran 10,000). And two nodes that each lend to and borrow from the other, a hot VM on
 //! one then on the other, every read checked and fio verifying both VMs throughout.
 
-mod common;
+use cachevisor_testkit as common;
 
 use common::cluster::{has_data, Cluster};
 use common::netns::Net;

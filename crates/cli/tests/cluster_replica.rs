@@ -8,7 +8,7 @@
 //! stall at most the replica timeout, go through to the backing store meanwhile, and the
 //! log comes back once the peer does.
 
-mod common;
+use cachevisor_testkit as common;
 
 use common::cluster::{formed, Cluster};
 use serde_json::Value;

@@ -2,8 +2,8 @@
 //! vDisks, `cachevisor destage` writes every dirty block back (following the job's progress
 //! through the API) and refuses to run without the token.
 
-mod common;
 use cachevisor_nbd::client::Client;
+use cachevisor_testkit as common;
 use common::*;
 use std::process::Command;
 

@@ -4,7 +4,7 @@
 //! vDisks on one image, typos in paths and sizes, a backing store that fills up, and
 //! SIGKILLs in the middle of a vSSD's resizes.
 
-mod common;
+use cachevisor_testkit as common;
 use common::*;
 use std::path::Path;
 use std::time::Duration;

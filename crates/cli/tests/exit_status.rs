@@ -3,7 +3,7 @@
 //! daemon, against no daemon, with a wrong token, and (`status` exit 5) against an API
 //! that reports a vDisk in pass-through.
 
-mod common;
+use cachevisor_testkit as common;
 
 use common::{bin, Daemon};
 use std::io::{BufRead, BufReader, Write};

@@ -4,7 +4,7 @@
 //! from the config, the API or a hard link; `check --repair` never writes through a
 //! planted link.
 
-mod common;
+use cachevisor_testkit as common;
 use common::*;
 use std::path::Path;
 use std::process::Command;

@@ -3,7 +3,7 @@
 //! README's qemu-storage-daemon and qemu-system lines work against a running daemon —
 //! data written through the qemu-storage-daemon's export reaches the cachevisor vDisk.
 
-mod common;
+use cachevisor_testkit as common;
 
 use common::{qemu_io_ok, Daemon};
 use std::path::{Path, PathBuf};

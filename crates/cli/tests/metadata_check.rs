@@ -3,7 +3,7 @@
 //! changes nothing; a torn journal tail is noted and harmless; a damaged checkpoint is a
 //! problem (exit 1) that the start indeed refuses.
 
-mod common;
+use cachevisor_testkit as common;
 
 use common::{bin, qemu_io_ok, Daemon};
 use std::process::Command;

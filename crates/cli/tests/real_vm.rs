@@ -9,7 +9,7 @@
 //! must serve hits at once (warm restart). Without the guest kernel the test fails, saying
 //! how to get it; it never skips silently.
 
-mod common;
+use cachevisor_testkit as common;
 use common::guest_vm;
 use common::*;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! cannot is refused naming the key with nothing changed, and a restart agrees with the
 //! file — a setting the file changed wins over what the API set before.
 
-mod common;
+use cachevisor_testkit as common;
 
 use common::{bin, client_ok, qemu_io_ok, Daemon};
 use std::path::Path;

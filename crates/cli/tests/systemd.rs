@@ -4,7 +4,7 @@
 //! `systemd-socket-activate` does it (the sockets exist before the daemon; the first
 //! client starts it and is served); and the unit files checked by `systemd-analyze verify`.
 
-mod common;
+use cachevisor_testkit as common;
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::net::UnixDatagram;

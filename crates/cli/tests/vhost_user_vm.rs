@@ -1,14 +1,14 @@
 //! a real Linux guest (QEMU, TCG) whose disks are cachevisor exports served as
 //! **vhost-user-blk** devices (`-device vhost-user-blk-pci`, guest memory shared through a
 //! memfd) — no NBD in the data path — and whose elastic vSSD is managed from inside the
-//! guest: `cachevisor guest` runs in the guest's initramfs on the vSSD's virtio disk, with
+//! guest: `cachevisor-guest` runs in the guest's initramfs on the vSSD's virtio disk, with
 //! a vDisk as its origin and the vSSD's control channel on a virtio-serial port, while the
 //! operator inflates and deflates the vSSD through the API. The guest also makes an ext2
 //! file system on a vDisk with two queues, writes, syncs, remounts and checks every file.
 //! The guest must see no I/O error on its vDisks, every read the manager checks must
 //! match, and the daemon must have served both kinds of export over vhost-user.
 
-mod common;
+use cachevisor_testkit as common;
 
 use common::guest_vm::{init, initramfs, kernel_dir, Guest};
 use common::*;
@@ -35,7 +35,7 @@ mount -t ext2 $DATA /mnt || echo "GUEST: FAIL remount"
 if md5sum -c /tmp/sums > /tmp/check 2>&1; then echo "GUEST: checksums ok"; else cat /tmp/check; echo "GUEST: checksums FAILED"; fi
 umount /mnt
 echo "GUEST: manager start"
-/bin/cachevisor guest --vssd $VSSD --control $PORT --origin $ORIGIN --mode write-back --write-ratio 0.3 --verify --duration 24s --interval 2s --io-size 64KiB --hot 0.9:0.3 > /tmp/g.out 2>&1
+/bin/cachevisor-guest --vssd $VSSD --control $PORT --origin $ORIGIN --mode write-back --write-ratio 0.3 --verify --duration 24s --interval 2s --io-size 64KiB --hot 0.9:0.3 > /tmp/g.out 2>&1
 rc=$?
 sed 's/^/GUEST: | /' /tmp/g.out
 echo "GUEST: manager exit $rc"
@@ -66,7 +66,7 @@ fn a_linux_guest_runs_on_vhost_user_blk_and_manages_its_elastic_vssd_from_inside
     let kernel = kernel_dir();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let initrd = initramfs(d, &kernel, &init(INIT), &[(Path::new(bin()), "/bin/cachevisor")]);
+    let initrd = initramfs(d, &kernel, &init(INIT), &[(Path::new(common::bins::guest()), "/bin/cachevisor-guest")]);
     std::fs::create_dir(d.join("vhost")).unwrap();
     let api = free_port();
     std::fs::write(

@@ -1,10 +1,10 @@
-//! SymFlex's guest-side cache manager run for real (`cachevisor guest`) on a
+//! SymFlex's guest-side cache manager run for real (`cachevisor-guest`) on a
 //! vSSD a real daemon serves over NBD, cooperating over the control socket while the
 //! operator resizes the vSSD through the API under load — every read checked against what
 //! was written — and a guest frozen (SIGSTOP) through a deflate's deadline: the host takes
 //! blocks, the guest hears of it when it wakes, and with write-through no byte is lost.
 
-mod common;
+use cachevisor_testkit as common;
 
 use common::*;
 use std::path::Path;
@@ -33,11 +33,11 @@ fn set_target(d: &Path, api: &str, blocks: u32) {
         .unwrap();
 }
 
-/// Starts `cachevisor guest` on the daemon's vSSD with `args`.
+/// Starts `cachevisor-guest` on the daemon's vSSD with `args`.
 fn guest(d: &Path, a: &Daemon, args: &[&str]) -> std::process::Child {
-    Command::new(bin())
+    Command::new(common::bins::guest())
         .current_dir(d)
-        .args(["guest", "--vssd", &a.uri("ssd"), "--control", "cache.img.meta/ssd.vssd.sock", "--origin", "origin.img"])
+        .args(["--vssd", &a.uri("ssd"), "--control", "cache.img.meta/ssd.vssd.sock", "--origin", "origin.img"])
         .args(["--verify", "--json-out", "run.json", "--interval", "250ms", "--hot", "0.9:0.25", "--seed", "7"])
         .args(args)
         .stdout(std::fs::File::create(d.join("guest.out")).unwrap())
@@ -268,28 +268,7 @@ fn the_weighted_allocator_sizes_vssds_by_weight_and_follows_a_changed_weight() {
     assert_eq!(valid(), [8, 8]);
 }
 
-/// `experiment symflex-vssd --quick`: four real guests on four vSSDs under the daemon's
-/// proportional-throughput allocator through Fig. 8's four windows, then Fig. 9's restarts
-/// of a guest on a persistent vSSD; the report is written and its claims checked in CI
-/// hold (VM1 grows when its ratio rises, VM3 and VM4 shrink when theirs fall; with P the
-/// restarted guest takes blocks back and hits more from its first seconds than cold).
-#[test]
-fn the_symflex_vssd_experiment_runs_figs_8_and_9_on_real_vssds() {
-    let dir = tempfile::tempdir().unwrap();
-    let (ok, out) = cachevisor(&["experiment", "symflex-vssd", "--quick", "--out", dir.path().to_str().unwrap()]);
-    assert!(ok, "{out}");
-    let d = dir.path().join("symflex-vssd");
-    let html = std::fs::read_to_string(d.join("report.html")).unwrap();
-    assert!(html.contains("Fig. 8a") && html.contains("Fig. 9") && html.matches("<svg").count() == 3);
-    assert_eq!(std::fs::read_to_string(d.join("windows.csv")).unwrap().lines().count(), 5);
-    assert_eq!(std::fs::read_to_string(d.join("persistence.csv")).unwrap().lines().count(), 6);
-    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join("report.json")).unwrap()).unwrap();
-    for c in r["claims"].as_array().unwrap().iter().filter(|c| c["asserted"] == true) {
-        assert!(c["holds"] == true, "{c}");
-    }
-}
-
-/// The guest cache served as NBD exports (`cachevisor guest --serve`): fio writes and
+/// The guest cache served as NBD exports (`cachevisor-guest --serve`): fio writes and
 /// verifies (crc32c) through application 0's export while qemu-io writes application 1's
 /// and the operator inflates and deflates the vSSD; everything reads back through the
 /// cache, and at SIGTERM every dirty block reaches the origin.
@@ -301,9 +280,9 @@ fn the_guest_cache_served_over_nbd_keeps_fio_and_qemu_io_data_across_resizes() {
     std::fs::File::create(d.join("origin.img")).unwrap().set_len(64 << 20).unwrap();
     let a = Daemon::start(d, "g.toml", &[]).unwrap();
     let api = a.api.clone().unwrap();
-    let mut g = Command::new(bin())
+    let mut g = Command::new(common::bins::guest())
         .current_dir(d)
-        .args(["guest", "--vssd", &a.uri("ssd"), "--control", "cache.img.meta/ssd.vssd.sock", "--origin", "origin.img"])
+        .args(["--vssd", &a.uri("ssd"), "--control", "cache.img.meta/ssd.vssd.sock", "--origin", "origin.img"])
         .args(["--mode", "write-back", "--apps", "2", "--shares", "1,3", "--serve", "g.sock"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -360,7 +339,7 @@ fn nix_kill(pid: u32, sig: &str) {
     assert!(Command::new("kill").args([&format!("-{sig}"), &pid.to_string()]).status().unwrap().success());
 }
 
-/// SymFlex §4.2 for real: the slab key-value store (`cachevisor guest --kv`) on a vSSD
+/// SymFlex §4.2 for real: the slab key-value store (`cachevisor-guest --kv`) on a vSSD
 /// the operator grows and shrinks under a cache-aside client whose every get is checked;
 /// slabs follow the vSSD's size and the hit ratio with it.
 #[test]
@@ -370,9 +349,9 @@ fn the_slab_key_value_store_follows_resizes_and_never_returns_a_wrong_value() {
     config(d, "1s");
     let a = Daemon::start(d, "g.toml", &[]).unwrap();
     let api = a.api.clone().unwrap();
-    let g = Command::new(bin())
+    let g = Command::new(common::bins::guest())
         .current_dir(d)
-        .args(["guest", "--vssd", &a.uri("ssd"), "--control", "cache.img.meta/ssd.vssd.sock", "--kv", "256"])
+        .args(["--vssd", &a.uri("ssd"), "--control", "cache.img.meta/ssd.vssd.sock", "--kv", "256"])
         .args(["--io-size", "60KiB", "--write-ratio", "0.1", "--verify", "--duration", "9s", "--interval", "500ms"])
         .args(["--hot", "0.9:0.3"])
         .stdout(Stdio::piped())

@@ -12,7 +12,6 @@ mod cluster_scenario;
 pub mod cluster_sim;
 pub mod device;
 pub mod dsf_objects;
-pub mod experiments;
 pub mod failover;
 mod inputs;
 mod instant_copies;

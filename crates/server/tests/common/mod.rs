@@ -3,7 +3,8 @@
 
 #![allow(dead_code)]
 
-pub mod certs;
+#[allow(unused_imports)] // the TLS tests'
+pub use cachevisor_testkit::certs;
 
 use cachevisor_nbd::proto::*;
 use cachevisor_server::config::Config;

@@ -76,6 +76,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         discard_dirty: a.discard_dirty.clone(),
         prewarm_from: a.prewarm_from.clone(),
         source: Some(source),
+        faults: None,
     };
     let running = service::start_with(&cfg, &opts).context("starting the daemon")?;
     if let Some(p) = &a.record {

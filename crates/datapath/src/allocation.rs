@@ -10,47 +10,12 @@
 
 use super::DataPath;
 use cachevisor_nbd::structured::{STATE_HOLE, STATE_ZERO};
-use cachevisor_store::backing::Backing;
 use cachevisor_trace::VmId;
 use std::io;
 
 /// Descriptors in one reply at most (qemu-nbd's limit is similar; a client asks again
 /// from where the reply stopped).
 pub const MAX_EXTENTS: usize = 1 << 14;
-
-/// `(start, end, data)` pieces of `start..end` on `backing`, in order, covering it.
-fn backing_extents(backing: &Backing, start: u64, end: u64) -> io::Result<Vec<(u64, u64, bool)>> {
-    let Backing::File(f, _) = backing else { return Ok(vec![(start, end, true)]) };
-    if !f.metadata()?.file_type().is_file() {
-        return Ok(vec![(start, end, true)]); // a block device: no holes to ask about
-    }
-    use rustix::fs::{seek, SeekFrom};
-    let mut out = Vec::new();
-    let mut at = start;
-    while at < end {
-        // The next data at or after `at` (ENXIO: none before the end of the file).
-        let data = match seek(f, SeekFrom::Data(at)) {
-            Ok(d) => d.min(end),
-            Err(rustix::io::Errno::NXIO) => end,
-            Err(rustix::io::Errno::INVAL) => return Ok(vec![(start, end, true)]), // no SEEK_DATA here
-            Err(e) => return Err(e.into()),
-        };
-        if data > at {
-            out.push((at, data, false));
-        }
-        if data >= end {
-            break;
-        }
-        let hole = match seek(f, SeekFrom::Hole(data)) {
-            Ok(h) => h.min(end),
-            Err(rustix::io::Errno::NXIO) => end,
-            Err(e) => return Err(e.into()),
-        };
-        out.push((data, hole.max(data + 1).min(end), true));
-        at = hole.max(data + 1);
-    }
-    Ok(out)
-}
 
 /// Lays `dirty` blocks (sorted, of `bs` bytes) over `pieces` as data, merges neighbours
 /// of one kind, and encodes at most `max` `(length, status)` descriptors.
@@ -121,11 +86,7 @@ impl DataPath {
         // report a hole for a block whose write-back finished between the two looks.
         let bs = self.shared.bs;
         let dirty = self.with_engine(|e| e.unsettled_blocks_in(vm, offset / bs, end.div_ceil(bs)));
-        let pause = self.shared.block_status_pause_us.swap(0, std::sync::atomic::Ordering::Relaxed);
-        if pause > 0 {
-            std::thread::sleep(std::time::Duration::from_micros(pause));
-        }
-        let pieces = backing_extents(&backing, offset, end)?;
+        let pieces = backing.extents(offset, end)?;
         Ok(merge(&pieces, &dirty, bs, if one { 1 } else { MAX_EXTENTS }))
     }
 }
@@ -133,6 +94,7 @@ impl DataPath {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cachevisor_store::backing::Backing;
     use proptest::prelude::*;
 
     /// Per byte (in 512-byte units): data?
@@ -184,7 +146,7 @@ mod tests {
         f.write_all_at(&[1u8; 65536], 4 << 20).unwrap();
         f.sync_all().unwrap();
         let b = Backing::file(f).unwrap();
-        let ext = backing_extents(&b, 0, 16 << 20).unwrap();
+        let ext = b.extents(0, 16 << 20).unwrap();
         assert_eq!(ext.first().unwrap(), &(0, 4 << 20, false), "{ext:?}");
         assert!(ext.iter().any(|&(s, e, d)| d && s <= 4 << 20 && e >= (4 << 20) + 65536), "{ext:?}");
         assert_eq!(ext.last().unwrap().1, 16 << 20);

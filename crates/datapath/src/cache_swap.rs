@@ -248,7 +248,7 @@ impl DataPath {
         if let Err(e) = cachevisor_store::cache_label::write(&file, &label) {
             return back_out(format!("writing the new cache store's label: {e}"));
         }
-        if direct && io_uring {
+        if direct && io_uring && s.faults.is_none() {
             s.ring_stop.store(false, SeqCst);
             if let Some(h) = super::ring::start(s.clone()) {
                 s.ring_on.store(true, SeqCst);

@@ -1,7 +1,6 @@
 //! Control of a running data path: commands run as engine jobs a caller waits for
 //! (resizes, write-policy switches, destaging), vDisks added and removed, the policy
-//! hooks, the trace recorder, a checkpoint on demand, a crash-like halt, and fault
-//! injection for tests.
+//! hooks, the trace recorder, a checkpoint on demand and a crash-like halt.
 
 use super::{Core, DataPath, ExportStats, IntervalHook, JobWait, ObserveHook, Shared, TickHook};
 use cachevisor_engine::{Engine, Failure, Output};
@@ -216,6 +215,10 @@ impl DataPath {
         let vm = {
             let mut core = self.shared.lock();
             let vm = core.names.len() as VmId;
+            let backing = match &self.shared.faults {
+                Some(f) => crate::fault_devices::faulty_backing(backing, f),
+                None => backing,
+            };
             self.shared.backings.write().unwrap_or_else(|p| p.into_inner()).push(backing);
             core.names.push(name.to_string());
             core.stats.push(ExportStats::default());
@@ -411,22 +414,5 @@ impl DataPath {
     /// Whether [`Self::halt`] ran.
     pub fn halted(&self) -> bool {
         self.shared.halted.load(SeqCst)
-    }
-
-    /// Fault injection for tests: the `n`-th cache-store write from now fails (0 = none).
-    pub fn fail_ssd_write_in(&self, n: u64) {
-        self.shared.fail_ssd_write_in.store(n, Relaxed);
-    }
-
-    /// Test hook: every device read waits `us` microseconds before it starts, so races
-    /// with writes become likely.
-    pub fn delay_reads(&self, us: u64) {
-        self.shared.read_delay_us.store(us, Relaxed);
-    }
-
-    /// Test hook: the next BLOCK_STATUS waits `us` microseconds between looking at the
-    /// cache's dirty blocks and at the backing's holes (see `allocation`).
-    pub fn pause_next_block_status(&self, us: u64) {
-        self.shared.block_status_pause_us.store(us, Relaxed);
     }
 }

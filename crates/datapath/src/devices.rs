@@ -43,10 +43,6 @@ impl Shared {
     /// Reads `buf.len()` bytes at `at` of the device `loc` names: a cache store's
     /// device (`store_devices.rs`) or a vDisk's backing store.
     fn dev_read(&self, loc: Location, buf: &mut [u8], at: u64) -> std::io::Result<()> {
-        let us = self.read_delay_us.load(Relaxed);
-        if us > 0 {
-            std::thread::sleep(std::time::Duration::from_micros(us));
-        }
         match loc {
             Location::Cache(st) => self.store(st)?.submit(0, at, Io::Read(buf)).map(drop),
             Location::Backing(vm) => self.backing(vm)?.read_at(buf, at),
@@ -56,13 +52,7 @@ impl Shared {
     /// Writes `data` at `at` of the device `loc` names.
     fn dev_write(&self, loc: Location, data: &[u8], at: u64) -> std::io::Result<()> {
         match loc {
-            Location::Cache(st) => {
-                let n = self.fail_ssd_write_in.load(Relaxed);
-                if n > 0 && self.fail_ssd_write_in.fetch_sub(1, Relaxed) == 1 {
-                    return Err(std::io::Error::other("injected cache-store write failure"));
-                }
-                self.store(st)?.submit(0, at, Io::Write(data)).map(drop)
-            }
+            Location::Cache(st) => self.store(st)?.submit(0, at, Io::Write(data)).map(drop),
             Location::Backing(vm) => self.backing(vm)?.write_at(data, at),
         }
     }

@@ -42,6 +42,7 @@ mod committer;
 mod control;
 mod devices;
 mod engine_loop;
+mod fault_devices;
 pub mod injected;
 pub mod persist;
 mod ring;
@@ -211,13 +212,10 @@ struct Shared {
     ticks: AtomicU64,
     /// Device calls and commits under way (a halt waits for them).
     busy: AtomicUsize,
-    /// Fault injection: the cache-store write at which to fail (counting down; 0 = none).
-    fail_ssd_write_in: AtomicU64,
-    /// Test hook: microseconds each device read waits before it starts (widens races).
-    read_delay_us: AtomicU64,
-    /// Test hook: microseconds the next BLOCK_STATUS waits between its two looks (the
-    /// cache's dirty blocks, then the backing's holes), once.
-    block_status_pause_us: AtomicU64,
+    /// The faults its devices were wrapped with (tests; `cachevisor_store::faults`): a
+    /// vDisk added later gets its backing wrapped too, and cache ops stay on the device
+    /// threads (whose devices are the wrapped ones) instead of the io_uring thread.
+    faults: Option<Arc<cachevisor_store::faults::Faults>>,
     /// Cache-store ops run on the io_uring thread (`ring.rs`), not the device threads.
     ring_on: AtomicBool,
     /// Wakes the io_uring thread (cache-store ops queued, or room for more in flight).
@@ -266,6 +264,9 @@ pub struct Setup {
     pub sums: crate::block_sums::BlockSums,
     /// Seal window (`cache.seal_after`; 0: never).
     pub seal_after: Duration,
+    /// Faults to wrap every device with (tests: `cachevisor_store::faults`; `None` in
+    /// production).
+    pub faults: Option<Arc<cachevisor_store::faults::Faults>>,
 }
 
 /// How long a dirty block's region goes without a write, its record durable, before the

@@ -43,27 +43,17 @@ impl Shared {
         let off = aligned_offset(&v);
         let short = || std::io::Error::other("short transfer on the cache store");
         let r = if run[0].op.kind.is_write() {
-            let n = self.fail_ssd_write_in.load(Relaxed);
-            if n > 0 && self.fail_ssd_write_in.fetch_sub(1, Relaxed) == 1 {
-                self.note_write_sums(run, &[], false);
-                Err(std::io::Error::other("injected cache-store write failure"))
-            } else {
-                match write_data(run) {
-                    Some(d) => v[off..off + total].copy_from_slice(&d),
-                    None => return vec![Err(Failure::Io); run.len()],
-                }
-                let (res, buf) = f.write_at(v.slice(off..off + total), at).submit().await;
-                let buf = buf.into_inner();
-                let r = res.and_then(|n| if n == total { Ok(bytes::Bytes::new()) } else { Err(short()) });
-                self.note_write_sums(run, &buf[off..off + total], r.is_ok());
-                self.io_pool.give(buf);
-                r
+            match write_data(run) {
+                Some(d) => v[off..off + total].copy_from_slice(&d),
+                None => return vec![Err(Failure::Io); run.len()],
             }
+            let (res, buf) = f.write_at(v.slice(off..off + total), at).submit().await;
+            let buf = buf.into_inner();
+            let r = res.and_then(|n| if n == total { Ok(bytes::Bytes::new()) } else { Err(short()) });
+            self.note_write_sums(run, &buf[off..off + total], r.is_ok());
+            self.io_pool.give(buf);
+            r
         } else {
-            let us = self.read_delay_us.load(Relaxed);
-            if us > 0 {
-                std::thread::sleep(std::time::Duration::from_micros(us)); // a test hook
-            }
             let (res, buf) = f.read_at(v.slice(off..off + total), at).await;
             let v = buf.into_inner();
             match res {

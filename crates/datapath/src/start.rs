@@ -23,7 +23,12 @@ impl DataPath {
             peers,
             sums,
             seal_after,
+            faults,
         } = s;
+        let backings = match &faults {
+            Some(f) => backings.into_iter().map(|b| crate::fault_devices::faulty_backing(b, f)).collect(),
+            None => backings,
+        };
         engine.set_persistent(reserve);
         engine.set_seal_after(seal_after.as_nanos() as u64);
         engine.set_schedule(0, schedule);
@@ -62,7 +67,10 @@ impl DataPath {
             core: Mutex::new(core),
             wake: Condvar::new(),
             commit_cv: Condvar::new(),
-            stores: store_devices::store_devices(&layout, bs, &ssd, direct, peers.as_ref()),
+            stores: crate::fault_devices::wrap_stores(
+                store_devices::store_devices(&layout, bs, &ssd, direct, peers.as_ref()),
+                faults.as_ref(),
+            ),
             ssd,
             persist: Mutex::new(persist),
             ring_stop: Default::default(),
@@ -80,9 +88,7 @@ impl DataPath {
             halted: Default::default(),
             ticks: Default::default(),
             busy: Default::default(),
-            fail_ssd_write_in: Default::default(),
-            read_delay_us: Default::default(),
-            block_status_pause_us: Default::default(),
+            faults,
             ring_on: Default::default(),
             ring_notify: tokio::sync::Notify::new(),
             backing_queued: Default::default(),
@@ -95,7 +101,7 @@ impl DataPath {
             let s = shared.clone();
             handles.push(named(format!("cv-device-{i}"), move || s.device_thread()));
         }
-        if direct && io_uring {
+        if direct && io_uring && shared.faults.is_none() {
             if let Some(h) = ring::start(shared.clone()) {
                 shared.ring_on.store(true, Relaxed);
                 handles.push(h);
@@ -112,7 +118,8 @@ impl DataPath {
     /// Opens (or creates) a cache of `cfg.slots` blocks in `dir` (`cache.img`, metadata in
     /// `meta/`) in front of `vms` disk files `disk{N}.img` of `disk` bytes, replays the
     /// metadata into a new engine, writes the first checkpoint and starts (for benches and
-    /// tests; the daemon has its own start with its checks).
+    /// tests, with `faults` on every device when given; the daemon has its own start with
+    /// its checks).
     #[allow(clippy::too_many_arguments)]
     pub fn open_in(
         dir: &std::path::Path,
@@ -125,6 +132,7 @@ impl DataPath {
         journal_limit: Option<u64>,
         direct: cachevisor_store::backing::DirectIo,
         io_uring: bool,
+        faults: Option<Arc<cachevisor_store::faults::Faults>>,
     ) -> Result<DataPath, String> {
         let (bs, slots) = (cfg.block_size, cfg.slots);
         let spb = (bs / 512) as u32;
@@ -193,6 +201,7 @@ impl DataPath {
             peers: None,
             sums,
             seal_after: SEAL_AFTER,
+            faults,
         }))
     }
 }

@@ -27,8 +27,35 @@ fn open_limited(
     io_uring: bool,
 ) -> DataPath {
     let cfg = EngineConfig { partition: PartitionMode::Shared, ..EngineConfig::with_slots(slots) };
-    DataPath::open_in(dir, cfg, vms, disk, 4, schedule, 8, limit, cachevisor_store::backing::DirectIo::Auto, io_uring)
-        .unwrap()
+    open_with(dir, cfg, vms, disk, schedule, limit, io_uring, None)
+}
+
+/// [`open_limited`] with an engine configuration of its own and `faults` on every device.
+#[allow(clippy::too_many_arguments)]
+fn open_with(
+    dir: &Path,
+    cfg: EngineConfig,
+    vms: u32,
+    disk: u64,
+    schedule: Schedule,
+    limit: Option<u64>,
+    io_uring: bool,
+    faults: Option<Arc<cachevisor_store::faults::Faults>>,
+) -> DataPath {
+    DataPath::open_in(
+        dir,
+        cfg,
+        vms,
+        disk,
+        4,
+        schedule,
+        8,
+        limit,
+        cachevisor_store::backing::DirectIo::Auto,
+        io_uring,
+        faults,
+    )
+    .unwrap()
 }
 
 /// A write-back data path of `slots` slots (one shared pool) in front of `vms` disks of
@@ -50,6 +77,7 @@ pub(super) fn open_wb(dir: &Path, slots: u64, vms: u32, io_uring: bool) -> DataP
         None,
         cachevisor_store::backing::DirectIo::Auto,
         io_uring,
+        None,
     )
     .unwrap()
 }
@@ -93,6 +121,7 @@ fn concurrent_clients(io_uring: bool) {
         None,
         cachevisor_store::backing::DirectIo::Auto,
         io_uring,
+        None,
     );
     let dp = Arc::new(dp.unwrap());
     let threads: Vec<_> = (0..8u64)
@@ -340,11 +369,13 @@ fn a_halt_with_write_backs_under_way_counts_no_device_error() {
     // ops that then fail with `Shutdown` never reached a device and must not trip the
     // error threshold (they did, logging "error threshold reached" at stops under load).
     let dir = tempfile::tempdir().unwrap();
-    let dp = Arc::new(open(dir.path(), 64, 1, 1 << 20, Schedule::default()));
+    let faults = Arc::new(cachevisor_store::faults::Faults::default());
+    let cfg = EngineConfig { partition: PartitionMode::Shared, ..EngineConfig::with_slots(64) };
+    let dp = Arc::new(open_with(dir.path(), cfg, 1, 1 << 20, Schedule::default(), None, true, Some(faults.clone())));
     for b in 0..48u64 {
         dp.write(0, b * BS, &pattern(0, b * BS, 1, BS as usize), false).unwrap();
     }
-    dp.delay_reads(200_000); // the write-back reads (one coalesced run) wait 200 ms
+    faults.delay_reads(200_000); // the write-back reads (one coalesced run) wait 200 ms
     let d = dp.clone();
     let job = std::thread::spawn(move || d.run_job(|e, out| e.flush(None, out)));
     std::thread::sleep(std::time::Duration::from_millis(60));
@@ -394,6 +425,7 @@ fn ops_on_a_store_with_no_device_fail_and_never_touch_the_cache_file() {
             None,
             cachevisor_store::backing::DirectIo::Auto,
             io_uring,
+            None,
         )
         .unwrap();
         dp.with_engine_mut(|e| {

@@ -641,22 +641,6 @@ impl Daemon {
         Ok(())
     }
 
-    /// Test hook: every device read waits `us` microseconds before it starts, so races
-    /// between reads and writes become likely.
-    pub fn delay_unlocked_reads(&self, us: u64) {
-        self.dp.delay_reads(us);
-    }
-
-    /// Test hook: the next BLOCK_STATUS waits `us` microseconds between its two looks.
-    pub fn pause_next_block_status(&self, us: u64) {
-        self.dp.pause_next_block_status(us);
-    }
-
-    /// Fault injection for tests: the `n`-th cache-store write from now fails (0 = none).
-    pub fn fail_ssd_write_in(&self, n: u64) {
-        self.dp.fail_ssd_write_in(n);
-    }
-
     /// Stops all device I/O at once, as if the process had died here (what dropping a
     /// [`crate::service::Running`] does): every request in flight or later fails, the
     /// exports are withdrawn, and once no device call or commit is under way the owner

@@ -13,6 +13,7 @@ mod common;
 use common::*;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
+use std::sync::Arc;
 
 /// A sparse file of `size` bytes with `data` runs `(offset, len, byte)`.
 fn sparse(path: &Path, size: u64, data: &[(u64, usize, u8)]) {
@@ -61,11 +62,16 @@ fn nbdinfo_map(uri: &str) -> Vec<(u64, u64, bool)> {
 }
 
 fn serve_files(dir: &Path, disks: &[(&str, &str)]) -> cachevisor_server::service::Running {
+    serve_files_faulty(dir, disks).0
+}
+
+/// [`serve_files`] with devices that fail or slow down on command.
+fn serve_files_faulty(dir: &Path, disks: &[(&str, &str)]) -> (cachevisor_server::service::Running, Arc<Faults>) {
     let mut t = "[cache]\npath = \"cache.img\"\nsize = \"8MiB\"\nflush_rate = \"0\"\nwriteback_ahead = 0\n[listen]\ntcp = \"127.0.0.1:0\"\n".to_string();
     for (name, wp) in disks {
         t += &format!("[[vdisk]]\nname = \"{name}\"\nbacking = \"{name}.img\"\nwrite_policy = \"{wp}\"\n");
     }
-    serve(&cachevisor_server::Config::parse(&t, "test config", dir).unwrap())
+    serve_faulty(&cachevisor_server::Config::parse(&t, "test config", dir).unwrap())
 }
 
 #[test]
@@ -95,14 +101,14 @@ fn block_status_reports_the_backing_files_holes_and_the_caches_dirty_blocks() {
 
 /// A write-back vDisk over a sparse 64 MiB file, 8 KiB written at 32 MiB (a hole of the
 /// file) and acknowledged: (the service, its URI, the file).
-fn written_into_a_hole(dir: &Path) -> (cachevisor_server::service::Running, String, std::path::PathBuf) {
+fn written_into_a_hole(dir: &Path) -> (cachevisor_server::service::Running, Arc<Faults>, String, std::path::PathBuf) {
     let img = dir.join("a.img");
     sparse(&img, 64 << 20, &[(1 << 20, 65536, 1)]);
-    let r = serve_files(dir, &[("a", "wb")]);
+    let (r, faults) = serve_files_faulty(dir, &[("a", "wb")]);
     let uri = format!("nbd://{}/a", r.tcp.unwrap());
     let o = tool("qemu-io").args(["-f", "raw", "-c", "write -P 9 32M 8k", &uri]).output().unwrap();
     assert!(o.status.success());
-    (r, uri, img)
+    (r, faults, uri, img)
 }
 
 /// Whether a map shows the 8 KiB at 32 MiB as data.
@@ -111,16 +117,16 @@ fn written(m: &[(u64, u64, bool)]) -> bool {
 }
 
 /// A block written back while a BLOCK_STATUS is between its two looks (held there 2 s by
-/// a test hook) is still reported as data to `nbdinfo --map`: it was dirty when the cache
+/// a faulty backing store's extent query) is still reported as data to `nbdinfo --map`: it was dirty when the cache
 /// was asked, or on the file when the file was. Asking the file first would report the
 /// hole the file had, and a copy that skips holes would lose the block.
 #[test]
 fn a_block_written_back_during_block_status_is_never_a_hole() {
     let dir = tempfile::tempdir().unwrap();
-    let (r, uri, img) = written_into_a_hole(dir.path());
+    let (r, faults, uri, img) = written_into_a_hole(dir.path());
     assert!(!written(&qemu_map(&["-f", "raw", img.to_str().unwrap()])), "written back already");
     let pause = std::time::Duration::from_secs(2);
-    r.daemon.pause_next_block_status(pause.as_micros() as u64);
+    faults.pause_next_extents(pause.as_micros() as u64);
     let t0 = std::time::Instant::now();
     let map = std::thread::spawn(move || nbdinfo_map(&uri));
     std::thread::sleep(std::time::Duration::from_millis(300));
@@ -136,12 +142,12 @@ fn a_block_written_back_during_block_status_is_never_a_hole() {
 /// out, its bytes read from the cache and not yet on the file — is data to BLOCK_STATUS.
 /// Seen in CI (2026-12-02) through qemu-storage-daemon, whose NBD server sends holes
 /// where its backend's block status says zero: a 1 MiB write read back as zeros while the
-/// flusher wrote it back. Here the write-back's cache read is held 1.5 s (a test hook).
+/// flusher wrote it back. Here the write-back's cache read is held 1.5 s (a faulty cache store).
 #[test]
 fn a_block_being_written_back_is_never_a_hole() {
     let dir = tempfile::tempdir().unwrap();
-    let (r, uri, img) = written_into_a_hole(dir.path());
-    r.daemon.delay_unlocked_reads(1_500_000);
+    let (r, faults, uri, img) = written_into_a_hole(dir.path());
+    faults.delay_reads(1_500_000);
     let d = r.daemon.clone();
     let t0 = std::time::Instant::now();
     let destage = std::thread::spawn(move || d.destage(0).unwrap());
@@ -154,7 +160,7 @@ fn a_block_being_written_back_is_never_a_hole() {
     );
     assert!(written(&through), "a block being written back was reported as a hole: {through:?}");
     destage.join().unwrap();
-    r.daemon.delay_unlocked_reads(0);
+    faults.delay_reads(0);
     assert!(written(&qemu_map(&["-f", "raw", img.to_str().unwrap()])), "not written back");
     assert!(written(&nbdinfo_map(&uri)));
 }

@@ -23,13 +23,13 @@ fn failing_the_nth_cache_write_fails_only_that_request() {
         for disk in ["wb", "wt"] {
             let dir = tempfile::tempdir().unwrap();
             let c = cfg(dir.path(), 1000);
-            let r = serve(&c);
+            let (r, faults) = serve_faulty(&c);
             let (mut cl, _) = Client::connect(r.tcp.unwrap(), disk);
             for i in 0..8 {
                 cl.write(i * 4096, &block(10, i), false).unwrap();
             }
             cl.flush().unwrap();
-            r.daemon.fail_ssd_write_in(n);
+            faults.fail_cache_write_in(n);
             let mut failed = None;
             for i in 0..32 {
                 match cl.write(i * 4096, &block(100, i), false) {
@@ -74,7 +74,7 @@ fn too_many_errors_switch_the_vdisk_to_pass_through() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = cfg(dir.path(), 3);
     c.cache.interval = "1h".into(); // intervals (which drain pass-through) only when called below
-    let r = serve(&c);
+    let (r, faults) = serve_faulty(&c);
     let (mut cl, _) = Client::connect(r.tcp.unwrap(), "wb");
     for i in 0..8 {
         cl.write(i * 4096, &block(1, i), false).unwrap();
@@ -82,13 +82,13 @@ fn too_many_errors_switch_the_vdisk_to_pass_through() {
     cl.flush().unwrap();
     let mut errors = 0;
     for i in 8..16 {
-        r.daemon.fail_ssd_write_in(1);
+        faults.fail_cache_write_in(1);
         if cl.write(i * 4096, &block(1, i), false).is_err() {
             errors += 1;
             cl.write(i * 4096, &block(1, i), false).ok(); // retried once the cache is bypassed
         }
     }
-    r.daemon.fail_ssd_write_in(0);
+    faults.fail_cache_write_in(0);
     let s = r.daemon.stats(0);
     assert!(s.passthrough && s.errors == 3 && errors == 3, "{s:?}, {errors} failed writes");
     // Entering pass-through drops nothing: the dirty blocks stay cached (and are read from

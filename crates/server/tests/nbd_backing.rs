@@ -56,8 +56,9 @@ fn an_nbd_server_behind_the_cache() {
 fn reads_ahead_of_the_cache_never_return_or_cache_stale_data() {
     let (_kit, port) = nbdkit(&["--filter=delay"], &["rdelay=1ms"]);
     let dir = tempfile::tempdir().unwrap();
-    let r = behind(&dir, port, "size = \"1MiB\"", "d", "wa");
-    r.daemon.delay_unlocked_reads(2000); // writes land while read-aheads are in flight
+    let t = format!("[cache]\npath = \"c.img\"\nsize = \"1MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"d\"\nbacking = \"nbd://127.0.0.1:{port}/\"\nwrite_policy = \"wa\"\n");
+    let (r, faults) = serve_faulty(&cachevisor_server::Config::parse(&t, "t", dir.path()).unwrap());
+    faults.delay_reads(2000); // writes land while read-aheads are in flight
     let writes = check_monotonic_reads(r.tcp.unwrap(), "d", 8, 200);
     let s = r.daemon.stats(0);
     assert!(writes > 100 && s.reads == 800 && s.blocks > s.hit_blocks, "{writes} writes, {s:?}");

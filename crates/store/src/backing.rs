@@ -14,12 +14,13 @@
 //! An op that starts at or past the vDisk's end is an error (the engine's range checks
 //! never make one).
 
+use crate::faults::Faults;
 use cachevisor_nbd::client::Client;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Where a vDisk's data lives.
 pub enum Backing {
@@ -30,6 +31,9 @@ pub enum Backing {
     Nbd(NbdPool),
     /// Closed: the vDisk was removed.
     Removed,
+    /// A store whose reads and extent queries misbehave on command, for tests
+    /// ([`crate::faults`]).
+    Faulty(Arc<Backing>, Arc<Faults>),
 }
 
 fn removed() -> io::Error {
@@ -305,10 +309,14 @@ impl Backing {
     /// An NBD store's request deadline (`None`: wait as long as the server takes): a
     /// request unanswered by then fails (and its connection is not to be used again).
     pub fn set_op_timeout(&self, t: Option<std::time::Duration>) -> io::Result<()> {
-        if let Backing::Nbd(p) = self {
-            for c in &p.conns {
-                c.lock().unwrap_or_else(|e| e.into_inner()).socket().set_timeouts(t)?;
+        match self {
+            Backing::Nbd(p) => {
+                for c in &p.conns {
+                    c.lock().unwrap_or_else(|e| e.into_inner()).socket().set_timeouts(t)?;
+                }
             }
+            Backing::Faulty(b, _) => b.set_op_timeout(t)?,
+            Backing::File(..) | Backing::Removed => {}
         }
         Ok(())
     }
@@ -320,6 +328,7 @@ impl Backing {
             Backing::File(_, len) => Ok(vdisk_size(*len)),
             Backing::Nbd(c) => Ok(vdisk_size(c.size)),
             Backing::Removed => Err(removed()),
+            Backing::Faulty(b, _) => b.size(),
         }
     }
 
@@ -379,6 +388,10 @@ impl Backing {
                 Ok(())
             }
             Backing::Removed => Err(removed()),
+            Backing::Faulty(b, faults) => {
+                faults.before_read();
+                b.read_at(buf, addr)
+            }
         }
     }
 
@@ -397,6 +410,7 @@ impl Backing {
                 c.get().write(addr, data, false)?.map_err(nbd_err)
             }
             Backing::Removed => Err(removed()),
+            Backing::Faulty(b, _) => b.write_at(data, addr),
         }
     }
 
@@ -434,6 +448,7 @@ impl Backing {
                 Ok(true)
             }
             Backing::Removed => Err(removed()),
+            Backing::Faulty(b, _) => b.discard(addr, len),
         }
     }
 
@@ -443,7 +458,54 @@ impl Backing {
             Backing::File(f, _) => f.sync_data(),
             Backing::Nbd(c) => c.get().flush()?.map_err(nbd_err),
             Backing::Removed => Ok(()), // nothing left to make durable
+            Backing::Faulty(b, _) => b.sync(),
         }
+    }
+
+    /// `store` wrapped with `faults` (its reads delayed, its extent queries paused on
+    /// command; [`crate::faults`]).
+    pub fn with_faults(store: Arc<Backing>, faults: Arc<Faults>) -> Backing {
+        Backing::Faulty(store, faults)
+    }
+
+    /// `(start, end, data)` pieces of `start..end`, in order, covering it: a file's holes
+    /// by `SEEK_DATA`/`SEEK_HOLE` (what qemu-nbd and nbdkit's file plugin do), a block
+    /// device or an NBD store all data (safe: "data" only means "read it").
+    pub fn extents(&self, start: u64, end: u64) -> io::Result<Vec<(u64, u64, bool)>> {
+        let f = match self {
+            Backing::Faulty(b, faults) => {
+                faults.before_extents();
+                return b.extents(start, end);
+            }
+            Backing::File(f, _) if f.metadata()?.file_type().is_file() => f,
+            _ => return Ok(vec![(start, end, true)]), // a block device or NBD: no holes to ask about
+        };
+        use rustix::fs::{seek, SeekFrom};
+        let mut out = Vec::new();
+        let mut at = start;
+        while at < end {
+            // The next data at or after `at` (ENXIO: none before the end of the file).
+            let data = match seek(f, SeekFrom::Data(at)) {
+                Ok(d) => d.min(end),
+                Err(rustix::io::Errno::NXIO) => end,
+                Err(rustix::io::Errno::INVAL) => return Ok(vec![(start, end, true)]), // no SEEK_DATA here
+                Err(e) => return Err(e.into()),
+            };
+            if data > at {
+                out.push((at, data, false));
+            }
+            if data >= end {
+                break;
+            }
+            let hole = match seek(f, SeekFrom::Hole(data)) {
+                Ok(h) => h.min(end),
+                Err(rustix::io::Errno::NXIO) => end,
+                Err(e) => return Err(e.into()),
+            };
+            out.push((data, hole.max(data + 1).min(end), true));
+            at = hole.max(data + 1);
+        }
+        Ok(out)
     }
 }
 

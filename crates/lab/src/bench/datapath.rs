@@ -119,6 +119,7 @@ pub fn run(
             None,
             if direct { cachevisor_server::config::DirectIo::On } else { cachevisor_server::config::DirectIo::Off },
             true,
+            None,
         )
         .map_err(anyhow::Error::msg)?,
     );

@@ -27,6 +27,9 @@ pub struct StartOptions {
     pub prewarm_from: Option<std::path::PathBuf>,
     /// Where the configuration came from, for reloads (`None`: a reload is refused).
     pub source: Option<super::reload::ConfigSource>,
+    /// Devices that fail on command (tests only: `cachevisor_store::faults`; every cache
+    /// store and backing store is wrapped with them).
+    pub faults: Option<Arc<cachevisor_store::faults::Faults>>,
 }
 
 /// Where each vDisk's backing points; two vDisks on one store are refused.
@@ -479,6 +482,7 @@ impl Daemon {
             }),
             sums,
             seal_after: std::time::Duration::from_nanos(r.seal_after_ns),
+            faults: opts.faults.clone(),
         }));
         if r.max_slots > r.slots {
             let blocks = named_slots - r.slots;

@@ -9,6 +9,7 @@ pub use cachevisor_testkit::certs;
 use cachevisor_nbd::proto::*;
 use cachevisor_server::config::Config;
 use cachevisor_server::service::{start, Running};
+pub use cachevisor_store::faults::Faults;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
@@ -30,6 +31,14 @@ pub fn config(dir: &Path, cache: &str, disks: &[(&str, &str, &str)]) -> Config {
 /// Starts a service.
 pub fn serve(cfg: &Config) -> Running {
     start(cfg).unwrap()
+}
+
+/// Starts a service whose cache and backing stores fail or slow down on command
+/// (`cachevisor_store::faults`; its cache ops then run on device threads, not io_uring).
+pub fn serve_faulty(cfg: &Config) -> (Running, std::sync::Arc<Faults>) {
+    let faults = std::sync::Arc::new(Faults::default());
+    let opts = cachevisor_server::daemon::StartOptions { faults: Some(faults.clone()), ..Default::default() };
+    (cachevisor_server::service::start_with(cfg, &opts).unwrap(), faults)
 }
 
 /// Reads the server greeting and sends client flags.

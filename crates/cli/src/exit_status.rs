@@ -1,5 +1,5 @@
 //! The exit statuses of the commands that talk to a running daemon (`status`, `destage`,
-//! `prewarm`, `reload`), which scripts and monitoring rely on (documented in the README
+//! `prewarm`, `reload`), which scripts and monitoring rely on (documented in docs/daemon.md
 //! and in each command's `--help`; tested in `tests/exit_status.rs`):
 //!
 //! | status | meaning |

@@ -7,22 +7,20 @@
 
 use cachevisor_testkit as common;
 
-use common::{bin, client, client_ok, qemu_io_ok, Daemon};
+use common::{bin, client, client_ok, qemu_io_ok, s, Daemon, ServeConfig};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 fn write_config(d: &Path, size: &str) {
-    std::fs::write(
-        d.join("c.toml"),
-        format!(
-            "[cache]\npath = \"cache.img\"\nsize = \"{size}\"\nmax_size = \"64MiB\"\nflush_rate = \"0\"\nwriteback_ahead = 0\n\
-             [listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n[prewarm]\nsnapshot_every = \"0\"\n\
-             [[vdisk]]\nname = \"vm1\"\nbacking = \"vm1.img\"\nsize = \"32MiB\"\nwrite_policy = \"wb\"\n\
-             [[vdisk]]\nname = \"vm2\"\nbacking = \"vm2.img\"\nsize = \"32MiB\"\n"
-        ),
-    )
-    .unwrap();
+    ServeConfig::new(size)
+        .cache("max_size", "64MiB")
+        .no_writeback()
+        .api()
+        .section("prewarm", "snapshot_every", "0")
+        .vdisk("vm1", "vm1.img", &[("size", s("32MiB")), ("write_policy", s("wb"))])
+        .vdisk("vm2", "vm2.img", &[("size", s("32MiB"))])
+        .write(d, "c.toml");
 }
 
 /// `cachevisor ARGS… --api API --token-file …`: (exit code, stdout + stderr).

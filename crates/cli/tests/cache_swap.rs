@@ -8,19 +8,22 @@
 
 use cachevisor_testkit as common;
 
-use common::{bin, client_ok, qemu_io_ok, Daemon, SmallFs};
+use common::{bin, client_ok, qemu_io_ok, s, Daemon, ServeConfig, SmallFs};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 fn config(ssd: &str, extra_cache: &str) -> String {
-    format!(
-        "[cache]\npath = \"{ssd}/cache.img\"\nsize = \"32MiB\"\nflush_rate = \"0\"\n{extra_cache}\
-         [listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n[prewarm]\nsnapshot_every = \"0\"\n\
-         [[vdisk]]\nname = \"vm1\"\nbacking = \"vm1.img\"\nsize = \"16MiB\"\nwrite_policy = \"wb\"\n\
-         [[vdisk]]\nname = \"vm2\"\nbacking = \"vm2.img\"\nsize = \"16MiB\"\n"
-    )
+    ServeConfig::new("32MiB")
+        .cache("path", format!("{ssd}/cache.img"))
+        .cache("flush_rate", "0")
+        .section_toml("cache", extra_cache)
+        .api()
+        .section("prewarm", "snapshot_every", "0")
+        .vdisk("vm1", "vm1.img", &[("size", s("16MiB")), ("write_policy", s("wb"))])
+        .vdisk("vm2", "vm2.img", &[("size", s("16MiB"))])
+        .toml()
 }
 
 /// `cachevisor ARGS… --api API --token-file TOKEN`: (exit code, stdout + stderr).

@@ -11,11 +11,11 @@ use std::process::Command;
 fn status_and_destage_talk_to_a_running_daemon() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    std::fs::write(
-        d.join("serve.toml"),
-        "[cache]\npath = \"cache.img\"\nsize = \"4MiB\"\nflush_rate = \"0\"\nwriteback_ahead = 0\n[listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"wb\"\nbacking = \"wb.img\"\nsize = \"8MiB\"\nwrite_policy = \"wb\"\n",
-    )
-    .unwrap();
+    ServeConfig::new("4MiB")
+        .no_writeback()
+        .api()
+        .vdisk("wb", "wb.img", &[("size", s("8MiB")), ("write_policy", s("wb"))])
+        .write(d, "serve.toml");
     let mut daemon = Daemon::start(d, "serve.toml", &[]).unwrap();
     let (nbd, api) = (daemon.nbd.clone(), daemon.api.clone().unwrap());
     let mut c = Client::connect(nbd.parse::<std::net::SocketAddr>().unwrap(), "wb").unwrap();
@@ -86,13 +86,13 @@ fn prewarm_progress(api: &str) -> serde_json::Value {
 fn a_prewarm_interrupted_by_sigkill_resumes_at_the_next_start() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    std::fs::write(
-        d.join("serve.toml"),
-        "[cache]\npath = \"cache.img\"\nsize = \"16MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n\
-         [prewarm]\nrate = \"2MiB\"\nbusy_rate = \"2MiB\"\nmax_read = \"64KiB\"\n\
-         [[vdisk]]\nname = \"vm1\"\nbacking = \"vm1.img\"\nsize = \"16MiB\"\nwrite_policy = \"wt\"\n",
-    )
-    .unwrap();
+    ServeConfig::new("16MiB")
+        .api()
+        .section("prewarm", "rate", "2MiB")
+        .section("prewarm", "busy_rate", "2MiB")
+        .section("prewarm", "max_read", "64KiB")
+        .vdisk("vm1", "vm1.img", &[("size", s("16MiB")), ("write_policy", s("wt"))])
+        .write(d, "serve.toml");
     std::fs::create_dir(d.join("from")).unwrap();
     let mut s = cachevisor_prewarm::Snapshot::new(1, 0, 4096);
     s.sets.insert("vm1".into(), (0..2048u64).collect());
@@ -152,11 +152,11 @@ fn metric(text: &str, name: &str, labels: &str) -> f64 {
 fn the_simulator_replaying_a_recording_writes_back_what_the_daemon_did() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    std::fs::write(
-        d.join("serve.toml"),
-        "[cache]\npath = \"cache.img\"\nsize = \"32MiB\"\nwrite_policy = \"wb\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"vm1\"\nbacking = \"vm1.img\"\nsize = \"128MiB\"\n",
-    )
-    .unwrap();
+    ServeConfig::new("32MiB")
+        .cache("write_policy", "wb")
+        .api()
+        .vdisk("vm1", "vm1.img", &[("size", s("128MiB"))])
+        .write(d, "serve.toml");
     let mut daemon = Daemon::start(d, "serve.toml", &["--record", "rec.csv"]).unwrap();
     let o = std::process::Command::new("fio")
         .args(["--name=w", "--ioengine=nbd", &format!("--uri={}", daemon.uri("vm1")), "--rw=randrw"])
@@ -220,11 +220,13 @@ fn a_tls_daemon_is_reached_over_https_and_sighup_reloads_its_certificates() {
     let d = dir.path();
     let pki = certs::Pki::new(&d.join("pki"));
     let host = pki.client("host-a", "/CN=host-a", None, 1);
-    std::fs::write(
-        d.join("serve.toml"),
-            "[cache]\npath = \"cache.img\"\nsize = \"4MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\ntls = \"require\"\ntls_dir = \"pki/server\"\n[api]\nlisten = \"127.0.0.1:0\"\ntls = true\n[[vdisk]]\nname = \"a\"\nbacking = \"a.img\"\nsize = \"8MiB\"\n",
-    )
-    .unwrap();
+    ServeConfig::new("4MiB")
+        .listen("tls", "require")
+        .listen("tls_dir", "pki/server")
+        .api()
+        .api_key("tls", true)
+        .vdisk("a", "a.img", &[("size", s("8MiB"))])
+        .write(d, "serve.toml");
     let daemon = Daemon::start(d, "serve.toml", &[]).unwrap();
     assert!(daemon.banner.iter().any(|l| l.starts_with("nbds://")), "{:?}", daemon.banner);
     assert!(daemon.banner.iter().any(|l| l.starts_with("# API: https://")), "{:?}", daemon.banner);

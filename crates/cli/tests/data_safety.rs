@@ -13,12 +13,16 @@ const MIB: u64 = 1 << 20;
 
 /// A write-back config: a cache of `cache`, one vDisk `vm1` on `backing` with `size`.
 fn wb_config(dir: &Path, name: &str, cache: &str, backing: &str, size: Option<&str>, extra: &str) {
-    let size = size.map(|s| format!("size = \"{s}\"\n")).unwrap_or_default();
-    std::fs::write(
-        dir.join(name),
-        format!("[cache]\npath = \"cache.img\"\nsize = \"{cache}\"\nflush_rate = \"0\"\nwriteback_ahead = 0\n{extra}[listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"vm1\"\nbacking = \"{backing}\"\n{size}write_policy = \"wb\"\n"),
-    )
-    .unwrap();
+    let mut keys = vec![("write_policy", s("wb"))];
+    if let Some(size) = size {
+        keys.insert(0, ("size", s(size)));
+    }
+    ServeConfig::new(cache)
+        .no_writeback()
+        .section_toml("cache", extra)
+        .api()
+        .vdisk("vm1", backing, &keys)
+        .write(dir, name);
 }
 
 /// A write-back vm1 (32 MiB over a 16 MiB cache) with the `[vssd]` section `vssd` after it.
@@ -147,9 +151,7 @@ fn two_vdisks_on_one_backing_are_refused() {
     let d = dir.path();
     std::fs::write(d.join("a.img"), vec![0u8; 4 * MIB as usize]).unwrap();
     std::fs::hard_link(d.join("a.img"), d.join("link.img")).unwrap();
-    let two = |second: &str| {
-        format!("[cache]\npath = \"cache.img\"\nsize = \"8MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"vm1\"\nbacking = \"a.img\"\n[[vdisk]]\nname = \"vm2\"\nbacking = \"{second}\"\n")
-    };
+    let two = |second: &str| ServeConfig::new("8MiB").api().vdisk("vm1", "a.img", &[]).vdisk("vm2", second, &[]).toml();
     for second in ["a.img", "./a.img", "link.img"] {
         std::fs::write(d.join("two.toml"), two(second)).unwrap();
         let e = Daemon::start(d, "two.toml", &[]).err().unwrap_or_else(|| panic!("vm2 on {second} must be refused"));
@@ -298,11 +300,14 @@ fn a_full_shared_file_system_loses_no_acknowledged_write() {
 fn full_backing_store(l: Layout) {
     let dir = tempfile::tempdir().unwrap();
     let mut fs = SmallFs::with_mounts(dir.path(), l.mounts);
-    std::fs::write(
-        dir.path().join("full.toml"),
-        "[cache]\npath = \"CACHE\"\nsize = \"32MiB\"\nflush_rate = \"0\"\nerror_threshold = 1\ninterval = \"200ms\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\ntoken = \"full-disk-test-token\"\n[[vdisk]]\nname = \"vm1\"\nbacking = \"BACKING\"\nsize = \"64MiB\"\nwrite_policy = \"wb\"\n".replace("CACHE", l.cache).replace("BACKING", l.backing),
-    )
-    .unwrap();
+    ServeConfig::new("32MiB")
+        .cache("path", l.cache)
+        .cache("flush_rate", "0")
+        .cache("error_threshold", 1)
+        .cache("interval", "200ms")
+        .api_key("token", "full-disk-test-token")
+        .vdisk("vm1", l.backing, &[("size", s("64MiB")), ("write_policy", s("wb"))])
+        .write(dir.path(), "full.toml");
     let token = "full-disk-test-token";
     let a = fs.serve("full.toml", &[]).unwrap();
     let api = a.api.clone().unwrap();

@@ -1,11 +1,11 @@
 //! the exit statuses scripts rely on (`crates/cli/src/exit_status.rs`, the
-//! README's table) from `status`, `destage`, `prewarm` and `reload` — against a real
+//! docs/daemon.md's table) from `status`, `destage`, `prewarm` and `reload` — against a real
 //! daemon, against no daemon, with a wrong token, and (`status` exit 5) against an API
 //! that reports a vDisk in pass-through.
 
 use cachevisor_testkit as common;
 
-use common::{bin, Daemon};
+use common::{bin, s, Daemon, ServeConfig};
 use std::io::{BufRead, BufReader, Write};
 use std::process::Command;
 
@@ -37,11 +37,7 @@ fn each_command_exits_with_the_documented_status() {
 
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    std::fs::write(
-        d.join("e.toml"),
-        "[cache]\npath = \"cache.img\"\nsize = \"16MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"vm1\"\nbacking = \"vm1.img\"\nsize = \"8MiB\"\n",
-    )
-    .unwrap();
+    ServeConfig::new("16MiB").api().vdisk("vm1", "vm1.img", &[("size", s("8MiB"))]).write(d, "e.toml");
     let a = Daemon::start(d, "e.toml", &[]).unwrap();
     let api = a.api.clone().unwrap();
     let token_file = d.join("cache.img.meta/api-token");

@@ -10,11 +10,12 @@ use std::path::Path;
 use std::process::Command;
 
 fn config(dir: &Path, name: &str, listen: &str, backing: &str, extra_vdisk: &str) {
-    std::fs::write(
-        dir.join(name),
-        format!("[cache]\npath = \"cache.img\"\nsize = \"8MiB\"\n[listen]\n{listen}\n[api]\nlisten = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"vm1\"\nbacking = \"{backing}\"\nsize = \"4MiB\"\n{extra_vdisk}"),
-    )
-    .unwrap();
+    ServeConfig::new("8MiB")
+        .no_tcp()
+        .section_toml("listen", listen)
+        .api()
+        .vdisk_toml("vm1", backing, &format!("size = \"4MiB\"\n{extra_vdisk}"))
+        .write(dir, name);
 }
 
 fn check_config(dir: &Path, name: &str) -> (Option<i32>, String) {
@@ -57,11 +58,12 @@ fn a_socket_path_naming_a_disk_image_is_refused_and_a_stale_socket_is_replaced()
     let uri = format!("nbd+unix:///vm1?socket={}", d.join("nbd.sock").display());
     qemu_io_ok(&uri, &["read -P 0x5a 0 4M"]);
     // A second daemon may not take a live socket (its own cache, the same socket path).
-    std::fs::write(
-        d.join("other.toml"),
-        "[cache]\npath = \"other.img\"\nsize = \"8MiB\"\n[listen]\nunix = \"nbd.sock\"\n[[vdisk]]\nname = \"vm2\"\nbacking = \"vm2.img\"\nsize = \"4MiB\"\n",
-    )
-    .unwrap();
+    ServeConfig::new("8MiB")
+        .cache("path", "other.img")
+        .no_tcp()
+        .listen("unix", "nbd.sock")
+        .vdisk("vm2", "vm2.img", &[("size", s("4MiB"))])
+        .write(d, "other.toml");
     let e = Daemon::start(d, "other.toml", &[]).err().expect("a live socket must not be taken");
     assert!(e.output.contains("running server"), "{}", e.output);
     qemu_io_ok(&uri, &["read -P 0x5a 0 4M"]);
@@ -186,11 +188,11 @@ fn files_read_whole_are_regular_and_bounded() {
 }
 
 fn cache_config(dir: &Path) {
-    std::fs::write(
-        dir.join("wb.toml"),
-        "[cache]\npath = \"cache.img\"\nsize = \"16MiB\"\nflush_rate = \"0\"\nwriteback_ahead = 0\n[listen]\ntcp = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"vm1\"\nbacking = \"vm1.img\"\nsize = \"32MiB\"\nwrite_policy = \"wb\"\n[[vdisk]]\nname = \"vm2\"\nbacking = \"vm2.img\"\nsize = \"8MiB\"\n",
-    )
-    .unwrap();
+    ServeConfig::new("16MiB")
+        .no_writeback()
+        .vdisk("vm1", "vm1.img", &[("size", s("32MiB")), ("write_policy", s("wb"))])
+        .vdisk("vm2", "vm2.img", &[("size", s("8MiB"))])
+        .write(dir, "wb.toml");
 }
 
 fn check_metadata(meta: &Path) -> (Option<i32>, String) {
@@ -345,11 +347,11 @@ fn small_inputs_are_refused_by_name_before_anything_is_created() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     // An invalid max_size + [vssd] config is refused before the cache file or the
     // metadata directory exists.
-    std::fs::write(
-        d.join("v.toml"),
-        "[cache]\npath = \"cache.img\"\nsize = \"8MiB\"\nmax_size = \"16MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"vm1\"\nbacking = \"vm1.img\"\nsize = \"4MiB\"\n[vssd]\nsize = \"4MiB\"\n",
-    )
-    .unwrap();
+    ServeConfig::new("8MiB")
+        .cache("max_size", "16MiB")
+        .section("vssd", "size", "4MiB")
+        .vdisk("vm1", "vm1.img", &[("size", s("4MiB"))])
+        .write(d, "v.toml");
     let e = Daemon::start(d, "v.toml", &[]).err().expect("refused");
     assert!(e.output.contains("cache.max_size"), "{}", e.output);
     assert!(!d.join("cache.img").exists() && !d.join("cache.img.meta").exists(), "the refused start created files");

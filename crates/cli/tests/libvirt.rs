@@ -1,11 +1,11 @@
-//! Libvirt and QEMU: the domain XML in `dist/libvirt/vm1.xml` (and the README's
+//! Libvirt and QEMU: the domain XML in `dist/libvirt/vm1.xml` (and docs/daemon.md's
 //! copy of its disks) is valid for libvirt's schema (`virt-xml-validate`), and the
-//! README's qemu-storage-daemon and qemu-system lines work against a running daemon —
+//! daemon page's qemu-storage-daemon and qemu-system lines work against a running daemon —
 //! data written through the qemu-storage-daemon's export reaches the cachevisor vDisk.
 
 use cachevisor_testkit as common;
 
-use common::{qemu_io_ok, Daemon};
+use common::{qemu_io_ok, s, Daemon, ServeConfig};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -34,12 +34,16 @@ fn the_domain_xml_validates_and_the_readme_shows_its_disks() {
     let bad = dir.path().join("bad.xml");
     std::fs::write(&bad, text.replace("protocol='nbd'", "protocol='nbdx'")).unwrap();
     assert!(!validates(&bad).0, "a bad protocol validated");
-    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let readme = std::fs::read_to_string(repo().join("docs/daemon.md")).unwrap();
     let mut rest = text.as_str();
     let mut disks = 0;
     while let Some(at) = rest.find("    <disk ") {
         let end = rest[at..].find("</disk>\n").unwrap() + at + "</disk>\n".len();
-        assert!(readme.contains(&rest[at..end]), "the README's XML differs from the file's disk:\n{}", &rest[at..end]);
+        assert!(
+            readme.contains(&rest[at..end]),
+            "docs/daemon.md's XML differs from the file's disk:\n{}",
+            &rest[at..end]
+        );
         disks += 1;
         rest = &rest[end..];
     }
@@ -57,7 +61,7 @@ fn wait_for_socket(p: &Path, c: &mut Child) {
     }
 }
 
-/// `qemu-system-x86_64`, paused, with the README's `-blockdev` for export `export`: still
+/// `qemu-system-x86_64`, paused, with docs/daemon.md's `-blockdev` for export `export`: still
 /// running after two seconds (it opened the export), or its output when it exited.
 fn qemu_paused(port: &str, export: &str) -> Result<(), String> {
     let mut c = Command::new("qemu-system-x86_64")
@@ -86,11 +90,9 @@ fn qemu_paused(port: &str, export: &str) -> Result<(), String> {
 fn the_readme_qemu_lines_reach_a_cachevisor_export() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    std::fs::write(
-        d.join("q.toml"),
-        "[cache]\npath = \"cache.img\"\nsize = \"16MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"vm1\"\nbacking = \"vm1.img\"\nsize = \"8MiB\"\nwrite_policy = \"wb\"\n",
-    )
-    .unwrap();
+    ServeConfig::new("16MiB")
+        .vdisk("vm1", "vm1.img", &[("size", s("8MiB")), ("write_policy", s("wb"))])
+        .write(d, "q.toml");
     let a = Daemon::start(d, "q.toml", &[]).unwrap();
     let port = a.nbd.rsplit(':').next().unwrap().to_string();
     let sock = d.join("qsd.sock");

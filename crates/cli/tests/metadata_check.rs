@@ -5,7 +5,7 @@
 
 use cachevisor_testkit as common;
 
-use common::{bin, qemu_io_ok, Daemon};
+use common::{bin, qemu_io_ok, s, Daemon, ServeConfig};
 use std::process::Command;
 
 fn check(dir: &std::path::Path, json: bool) -> (i32, String) {
@@ -25,11 +25,11 @@ fn check(dir: &std::path::Path, json: bool) -> (i32, String) {
 fn check_reports_what_a_start_recovers_and_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    std::fs::write(
-        d.join("m.toml"),
-        "[cache]\npath = \"cache.img\"\nsize = \"16MiB\"\nflush_rate = \"0\"\nwriteback_ahead = 0\n[listen]\ntcp = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"vm1\"\nbacking = \"vm1.img\"\nsize = \"32MiB\"\nwrite_policy = \"wb\"\n[[vdisk]]\nname = \"vm2\"\nbacking = \"vm2.img\"\nsize = \"8MiB\"\n",
-    )
-    .unwrap();
+    ServeConfig::new("16MiB")
+        .no_writeback()
+        .vdisk("vm1", "vm1.img", &[("size", s("32MiB")), ("write_policy", s("wb"))])
+        .vdisk("vm2", "vm2.img", &[("size", s("8MiB"))])
+        .write(d, "m.toml");
     let mut a = Daemon::start(d, "m.toml", &[]).unwrap();
     qemu_io_ok(&a.uri("vm1"), &["write -P 0x21 0 4M", "flush"]);
     a.kill9();

@@ -5,6 +5,7 @@
 //! warm. `CACHEVISOR_CRASH_LOOPS` sets the number of rounds (default 50).
 
 use cachevisor_nbd::client::Client;
+use cachevisor_testkit::{s, ServeConfig};
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
@@ -55,11 +56,9 @@ fn content(version: u64) -> Vec<u8> {
 fn sigkill_at_random_points_loses_no_flushed_write_and_restarts_warm() {
     let rounds: u64 = std::env::var("CACHEVISOR_CRASH_LOOPS").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("serve.toml"),
-        "[cache]\npath = \"cache.img\"\nsize = \"256KiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"wb\"\nbacking = \"wb.img\"\nsize = \"2MiB\"\nwrite_policy = \"wb\"\n",
-    )
-    .unwrap();
+    ServeConfig::new("256KiB")
+        .vdisk("wb", "wb.img", &[("size", s("2MiB")), ("write_policy", s("wb"))])
+        .write(dir.path(), "serve.toml");
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(42);
     // Per block: the version known durable, and versions written since (any may survive).
     let mut durable: HashMap<u64, u64> = HashMap::new();

@@ -5,6 +5,7 @@
 //! client starts it and is served); and the unit files checked by `systemd-analyze verify`.
 
 use cachevisor_testkit as common;
+use common::{s, ServeConfig};
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::net::UnixDatagram;
@@ -31,11 +32,9 @@ fn recv_until(sock: &UnixDatagram, what: &str, within: Duration) -> Vec<String> 
 #[test]
 fn ready_once_the_export_serves_watchdog_fed_and_stopping_at_sigterm() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("serve.toml"),
-        "[cache]\npath = \"cache.img\"\nsize = \"1MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"vm\"\nbacking = \"vm.img\"\nsize = \"4MiB\"\nwrite_policy = \"wb\"\n",
-    )
-    .unwrap();
+    ServeConfig::new("1MiB")
+        .vdisk("vm", "vm.img", &[("size", s("4MiB")), ("write_policy", s("wb"))])
+        .write(dir.path(), "serve.toml");
     let sock_path = dir.path().join("notify.sock");
     let sock = UnixDatagram::bind(&sock_path).unwrap();
     let mut child = Command::new(common::bin())
@@ -154,11 +153,10 @@ fn socket_activation_serves_the_client_that_started_the_daemon() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     // The config's own listeners are not used: systemd's sockets replace them.
-    std::fs::write(
-        d.join("sa.toml"),
-        "[cache]\npath = \"cache.img\"\nsize = \"4MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"vm\"\nbacking = \"vm.img\"\nsize = \"8MiB\"\nwrite_policy = \"wb\"\n",
-    )
-    .unwrap();
+    ServeConfig::new("4MiB")
+        .api()
+        .vdisk("vm", "vm.img", &[("size", s("8MiB")), ("write_policy", s("wb"))])
+        .write(d, "sa.toml");
     let (nbd, api) = (common::free_port(), common::free_port());
     let sock = d.join("nbd.sock");
     let listens = [format!("127.0.0.1:{nbd}"), sock.display().to_string(), format!("127.0.0.1:{api}")];
@@ -205,11 +203,7 @@ fn socket_activation_serves_the_client_that_started_the_daemon() {
 fn under_systemd_the_log_goes_to_journald_with_structured_fields() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    std::fs::write(
-        d.join("j.toml"),
-        "[cache]\npath = \"cache.img\"\nsize = \"4MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"vm1\"\nbacking = \"vm1.img\"\nsize = \"8MiB\"\n",
-    )
-    .unwrap();
+    ServeConfig::new("4MiB").api().vdisk("vm1", "vm1.img", &[("size", s("8MiB"))]).write(d, "j.toml");
     let script = r#"
 mount -t tmpfs tmpfs /run || exit 1
 mkdir -p /run/systemd/journal

@@ -199,12 +199,14 @@ fn vhost_user_sockets_follow_vdisks_added_and_removed_through_the_api() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     std::fs::create_dir(d.join("vhost")).unwrap();
-    std::fs::write(
-        d.join("a.toml"),
-        "[cache]\npath = \"cache.img\"\nsize = \"4MiB\"\n[listen]\nunix = \"nbd.sock\"\nvhost_user = \"vhost\"\nunix_mode = \"0660\"\n\
-         [api]\nlisten = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"a\"\nbacking = \"a.img\"\nsize = \"4MiB\"\n",
-    )
-    .unwrap();
+    ServeConfig::new("4MiB")
+        .no_tcp()
+        .listen("unix", "nbd.sock")
+        .listen("vhost_user", "vhost")
+        .listen("unix_mode", "0660")
+        .api()
+        .vdisk("a", "a.img", &[("size", s("4MiB"))])
+        .write(d, "a.toml");
     let daemon = Daemon::start(d, "a.toml", &[]).unwrap_or_else(|e| panic!("{e:?}"));
     // Listening before the daemon says it serves, with the configured mode.
     assert!(
@@ -280,12 +282,13 @@ fn a_vhost_user_socket_serves_again_after_its_front_end_dies_or_misbehaves() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     std::fs::create_dir(d.join("vhost")).unwrap();
-    std::fs::write(
-        d.join("a.toml"),
-        "[cache]\npath = \"cache.img\"\nsize = \"4MiB\"\n[listen]\nvhost_user = \"vhost\"\n[api]\nlisten = \"127.0.0.1:0\"\n\
-         [[vdisk]]\nname = \"a\"\nbacking = \"a.img\"\nsize = \"4MiB\"\n[[vdisk]]\nname = \"b\"\nbacking = \"b.img\"\nsize = \"4MiB\"\n",
-    )
-    .unwrap();
+    ServeConfig::new("4MiB")
+        .no_tcp()
+        .listen("vhost_user", "vhost")
+        .api()
+        .vdisk("a", "a.img", &[("size", s("4MiB"))])
+        .vdisk("b", "b.img", &[("size", s("4MiB"))])
+        .write(d, "a.toml");
     let daemon = Daemon::start(d, "a.toml", &[]).unwrap_or_else(|e| panic!("{e:?}"));
     let sock = d.join("vhost/a.sock");
     let connected = || daemon.log().matches("vhost-user front end connected").count();
@@ -326,15 +329,19 @@ fn an_export_with_allow_gets_a_vhost_user_socket_only_for_whom_the_operator_name
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     std::fs::create_dir(d.join("vhost")).unwrap();
-    std::fs::write(
-        d.join("a.toml"),
-        "[cache]\npath = \"cache.img\"\nsize = \"4MiB\"\n[listen]\nvhost_user = \"vhost\"\nunix_mode = \"0660\"\n\
-         [[vdisk]]\nname = \"open\"\nbacking = \"open.img\"\nsize = \"4MiB\"\n\
-         [[vdisk]]\nname = \"tenant\"\nbacking = \"tenant.img\"\nsize = \"4MiB\"\nallow = [\"CN=host-a\"]\n\
-         [[vdisk]]\nname = \"mine\"\nbacking = \"mine.img\"\nsize = \"4MiB\"\nallow = [\"CN=host-a\"]\nvhost_user = \"owner\"\n\
-         [[vdisk]]\nname = \"off\"\nbacking = \"off.img\"\nsize = \"4MiB\"\nvhost_user = \"none\"\n",
-    )
-    .unwrap();
+    ServeConfig::new("4MiB")
+        .no_tcp()
+        .listen("vhost_user", "vhost")
+        .listen("unix_mode", "0660")
+        .vdisk("open", "open.img", &[("size", s("4MiB"))])
+        .vdisk("tenant", "tenant.img", &[("size", s("4MiB")), ("allow", strings(&["CN=host-a"]))])
+        .vdisk(
+            "mine",
+            "mine.img",
+            &[("size", s("4MiB")), ("allow", strings(&["CN=host-a"])), ("vhost_user", s("owner"))],
+        )
+        .vdisk("off", "off.img", &[("size", s("4MiB")), ("vhost_user", s("none"))])
+        .write(d, "a.toml");
     let o = std::process::Command::new(bin())
         .current_dir(d)
         .args(["serve", "--check-config", "--config", "a.toml"])

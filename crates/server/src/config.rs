@@ -664,7 +664,7 @@ allow = ["CN=host-a"]         # default []: as a vDisk's allow
 vhost_user = "owner"          # as a vDisk's vhost_user
 weight = 1.0                  # default 1.0, > 0: share of the region (symflex-weighted; POST /vssds/NAME/share changes it)
 ratio = 1.0                   # default 1.0, > 0: target share of the vSSDs' throughput (symflex-proportional)
-control = "var/vm1-ssd.ctl"   # default METADATA/NAME.vssd.sock: the guest manager's control socket (0600; newline-delimited JSON, see README; QEMU can carry it into the guest as a virtio-serial port)
+control = "var/vm1-ssd.ctl"   # default METADATA/NAME.vssd.sock: the guest manager's control socket (0600; newline-delimited JSON, see docs/vssd.md; QEMU can carry it into the guest as a virtio-serial port)
 
 [cluster]                     # a node of an HCI cluster whose state lives in etcd (omit the section for a single host)
 name = "node-a"               # required, unique in the cluster: 1 to 63 letters, digits, -, _ or .

@@ -67,11 +67,11 @@ fn serve_files(dir: &Path, disks: &[(&str, &str)]) -> cachevisor_server::service
 
 /// [`serve_files`] with devices that fail or slow down on command.
 fn serve_files_faulty(dir: &Path, disks: &[(&str, &str)]) -> (cachevisor_server::service::Running, Arc<Faults>) {
-    let mut t = "[cache]\npath = \"cache.img\"\nsize = \"8MiB\"\nflush_rate = \"0\"\nwriteback_ahead = 0\n[listen]\ntcp = \"127.0.0.1:0\"\n".to_string();
+    let mut c = ServeConfig::new("8MiB").no_writeback();
     for (name, wp) in disks {
-        t += &format!("[[vdisk]]\nname = \"{name}\"\nbacking = \"{name}.img\"\nwrite_policy = \"{wp}\"\n");
+        c = c.vdisk(name, &format!("{name}.img"), &[("write_policy", s(wp))]);
     }
-    serve_faulty(&cachevisor_server::Config::parse(&t, "test config", dir).unwrap())
+    serve_faulty(&parse(dir, &c))
 }
 
 #[test]
@@ -218,10 +218,11 @@ fn nbd_cmd_cache_loads_the_range_in_the_background_and_delays_nothing() {
     let dir = tempfile::tempdir().unwrap();
     // A slow backing (10 ms a read) so the load visibly takes a while.
     let (_kit, port) = nbdkit_memory("64M", &["--filter=delay"], &["rdelay=10ms"]);
-    let t = format!(
-        "[cache]\npath = \"cache.img\"\nsize = \"32MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[prewarm]\nrate = \"unlimited\"\nbusy_rate = \"8MiB\"\n[[vdisk]]\nname = \"slow\"\nbacking = \"nbd://127.0.0.1:{port}/\"\nwrite_policy = \"wt\"\n"
-    );
-    let r = serve(&cachevisor_server::Config::parse(&t, "test config", dir.path()).unwrap());
+    let c = ServeConfig::new("32MiB")
+        .section("prewarm", "rate", "unlimited")
+        .section("prewarm", "busy_rate", "8MiB")
+        .vdisk("slow", &format!("nbd://127.0.0.1:{port}/"), &[("write_policy", s("wt"))]);
+    let r = serve(&parse(dir.path(), &c));
     let uri = format!("nbd://{}/slow", r.tcp.unwrap());
     // 16 MiB hinted at 8 MiB/s (busy rate): about two seconds of loading. The hint is
     // answered, then a read of another range is answered, while the load goes on.

@@ -73,11 +73,11 @@ fn a_snapshot_block_past_the_key_range_never_becomes_another_vdisks_block() {
 
 /// A config over existing images `disks` (name, write policy) with no `size` key.
 fn config_existing(dir: &Path, disks: &[(&str, &str)]) -> Config {
-    let mut t = "[cache]\npath = \"cache.img\"\nsize = \"1MiB\"\nflush_rate = \"0\"\nwriteback_ahead = 0\n[listen]\ntcp = \"127.0.0.1:0\"\n".to_string();
+    let mut c = ServeConfig::new("1MiB").no_writeback();
     for (name, wp) in disks {
-        t += &format!("[[vdisk]]\nname = \"{name}\"\nbacking = \"{name}.img\"\nwrite_policy = \"{wp}\"\n");
+        c = c.vdisk(name, &format!("{name}.img"), &[("write_policy", s(wp))]);
     }
-    Config::parse(&t, "test config", dir).unwrap()
+    parse(dir, &c)
 }
 
 #[test]
@@ -166,10 +166,9 @@ fn a_vdisk_with_more_blocks_than_a_key_names_is_refused_at_start() {
     assert!(!dir.path().join("big.img").exists(), "nothing created");
     // The same over an NBD backing of that size (nbdkit's sparse memory plugin).
     let nbd_cfg = |port: u16| {
-        let t = format!(
-            "[cache]\npath = \"cache.img\"\nsize = \"1MiB\"\nblock_size = \"512B\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"big\"\nbacking = \"nbd://127.0.0.1:{port}/\"\n"
-        );
-        Config::parse(&t, "t", dir.path()).unwrap()
+        let c =
+            ServeConfig::new("1MiB").cache("block_size", "512B").vdisk("big", &format!("nbd://127.0.0.1:{port}/"), &[]);
+        parse(dir.path(), &c)
     };
     let (kit, port) = nbdkit_memory("256P", &[], &[]);
     let e = start(&nbd_cfg(port)).err().unwrap().to_string();

@@ -15,8 +15,12 @@ fn behind(
     name: &str,
     write_policy: &str,
 ) -> cachevisor_server::service::Running {
-    let t = format!("[cache]\npath = \"c.img\"\n{cache}\n[listen]\ntcp = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"{name}\"\nbacking = \"nbd://127.0.0.1:{port}/\"\nwrite_policy = \"{write_policy}\"\n");
-    serve(&cachevisor_server::Config::parse(&t, "t", dir.path()).unwrap())
+    let c = ServeConfig::new("1MiB").cache("path", "c.img").section_toml("cache", cache).vdisk(
+        name,
+        &format!("nbd://127.0.0.1:{port}/"),
+        &[("write_policy", s(write_policy))],
+    );
+    serve(&parse(dir.path(), &c))
 }
 
 #[test]
@@ -56,8 +60,12 @@ fn an_nbd_server_behind_the_cache() {
 fn reads_ahead_of_the_cache_never_return_or_cache_stale_data() {
     let (_kit, port) = nbdkit(&["--filter=delay"], &["rdelay=1ms"]);
     let dir = tempfile::tempdir().unwrap();
-    let t = format!("[cache]\npath = \"c.img\"\nsize = \"1MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"d\"\nbacking = \"nbd://127.0.0.1:{port}/\"\nwrite_policy = \"wa\"\n");
-    let (r, faults) = serve_faulty(&cachevisor_server::Config::parse(&t, "t", dir.path()).unwrap());
+    let c = ServeConfig::new("1MiB").cache("path", "c.img").vdisk(
+        "d",
+        &format!("nbd://127.0.0.1:{port}/"),
+        &[("write_policy", s("wa"))],
+    );
+    let (r, faults) = serve_faulty(&parse(dir.path(), &c));
     faults.delay_reads(2000); // writes land while read-aheads are in flight
     let writes = check_monotonic_reads(r.tcp.unwrap(), "d", 8, 200);
     let s = r.daemon.stats(0);

@@ -14,10 +14,12 @@ use std::time::{Duration, Instant};
 /// A daemon config in `dir`: a `cache` of the given size, one vDisk `vm1` of 64 MiB on
 /// `backing` with `wp`, `[prewarm]` settings from `prewarm` (TOML lines).
 fn cfg(dir: &Path, cache: &str, backing: &str, wp: &str, prewarm: &str) -> Config {
-    let t = format!(
-        "[cache]\npath = \"cache.img\"\nsize = \"{cache}\"\nflush_rate = \"0\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[prewarm]\nsnapshot_every = \"0\"\n{prewarm}\n[[vdisk]]\nname = \"vm1\"\nbacking = \"{backing}\"\nsize = \"16MiB\"\nwrite_policy = \"{wp}\"\n"
-    );
-    Config::parse(&t, "test config", dir).unwrap()
+    let c = ServeConfig::new(cache)
+        .cache("flush_rate", "0")
+        .section("prewarm", "snapshot_every", "0")
+        .section_toml("prewarm", prewarm)
+        .vdisk("vm1", backing, &[("size", s("16MiB")), ("write_policy", s(wp))]);
+    parse(dir, &c)
 }
 
 /// fio's zipf read mix on `vm1` of `r` (the same sequence each time: fixed seed).
@@ -253,11 +255,15 @@ fn a_write_during_a_prewarm_wins_in_every_write_policy() {
 fn the_api_prewarms_one_vdisk_and_refuses_what_it_cannot() {
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let two = |dir: &Path, backing_dir: &Path| {
-        let t = format!(
-            "[cache]\npath = \"cache.img\"\nsize = \"4MiB\"\nflush_rate = \"0\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\ntoken = \"0123456789abcdef0123\"\n[prewarm]\nsnapshot_every = \"0\"\n[[vdisk]]\nname = \"vm1\"\nbacking = \"{0}/vm1.img\"\nsize = \"16MiB\"\n[[vdisk]]\nname = \"vm2\"\nbacking = \"{0}/vm2.img\"\nsize = \"16MiB\"\n",
-            backing_dir.display()
+        let mut c = ServeConfig::new("4MiB").cache("flush_rate", "0").api_key("token", "0123456789abcdef0123").section(
+            "prewarm",
+            "snapshot_every",
+            "0",
         );
-        start(&Config::parse(&t, "test config", dir).unwrap()).unwrap()
+        for vm in ["vm1", "vm2"] {
+            c = c.vdisk(vm, &format!("{}/{vm}.img", backing_dir.display()), &[("size", s("16MiB"))]);
+        }
+        start(&parse(dir, &c)).unwrap()
     };
     // A reads 1 MiB of each vDisk and stops, leaving its snapshot.
     let r = two(a.path(), a.path());
@@ -370,16 +376,14 @@ fn a_prewarm_a_crash_interrupted_resumes_and_its_set_stays_in_the_snapshots() {
 /// Three vDisks on one daemon (4 MiB cache, `prewarm` lines added), backing files in
 /// `backing_dir`.
 fn three(dir: &Path, backing_dir: &Path, prewarm: &str) -> Running {
-    let mut t = format!(
-        "[cache]\npath = \"cache.img\"\nsize = \"4MiB\"\nflush_rate = \"0\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[prewarm]\nsnapshot_every = \"0\"\n{prewarm}\n"
-    );
+    let mut c = ServeConfig::new("4MiB")
+        .cache("flush_rate", "0")
+        .section("prewarm", "snapshot_every", "0")
+        .section_toml("prewarm", prewarm);
     for vm in ["hot", "scan", "big"] {
-        t += &format!(
-            "[[vdisk]]\nname = \"{vm}\"\nbacking = \"{}/{vm}.img\"\nsize = \"16MiB\"\n",
-            backing_dir.display()
-        );
+        c = c.vdisk(vm, &format!("{}/{vm}.img", backing_dir.display()), &[("size", s("16MiB"))]);
     }
-    start(&Config::parse(&t, "test config", dir).unwrap()).unwrap()
+    start(&parse(dir, &c)).unwrap()
 }
 
 /// The source of the online tests: `hot` rereads 64 blocks 40 times (its own traffic

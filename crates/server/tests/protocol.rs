@@ -134,14 +134,12 @@ fn bad_requests_get_errors_and_change_nothing() {
 #[test]
 fn a_missing_backing_file_fails_at_start_naming_it() {
     let dir = tempfile::tempdir().unwrap();
-    let t = "[cache]\npath = \"c.img\"\nsize = \"1MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"a\"\nbacking = \"missing.img\"\n";
-    let cfg = cachevisor_server::Config::parse(t, "t", dir.path()).unwrap();
+    let cfg = parse(dir.path(), &ServeConfig::new("1MiB").vdisk("a", "missing.img", &[]));
     let e = cachevisor_server::service::start(&cfg).err().unwrap().to_string();
     assert!(e.contains("missing.img") && e.contains("does not exist"), "{e}");
     // A backing URI whose host does not resolve (`.invalid` never does, RFC 6761; no port
     // means NBD's 10809, as libnbd reads it).
-    let t = "[cache]\npath = \"c.img\"\nsize = \"1MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"a\"\nbacking = \"nbd://storage-host.invalid/x\"\n";
-    let cfg = cachevisor_server::Config::parse(t, "t", dir.path()).unwrap();
+    let cfg = parse(dir.path(), &ServeConfig::new("1MiB").vdisk("a", "nbd://storage-host.invalid/x", &[]));
     let e = cachevisor_server::service::start(&cfg).err().unwrap().to_string();
     assert!(e.contains("nbd://storage-host.invalid/x") && e.contains("does not resolve"), "{e}");
 }

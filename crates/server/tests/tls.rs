@@ -25,18 +25,19 @@ use std::path::Path;
 
 /// A service with `(name, allow)` exports of 4 MiB (write-through) behind TLS `mode`.
 fn tls_serve(dir: &Path, pki: &Pki, mode: &str, disks: &[(&str, &[&str])]) -> cachevisor_server::service::Running {
-    let mut t = format!(
-        "[cache]\npath = \"cache.img\"\nsize = \"1MiB\"\nflush_rate = \"0\"\n[listen]\ntcp = \"127.0.0.1:0\"\nhandshake_timeout = \"500ms\"\ntls = \"{mode}\"\ntls_dir = \"{}\"\n",
-        pki.server_dir().display()
-    );
+    let mut c = ServeConfig::new("1MiB")
+        .cache("flush_rate", "0")
+        .listen("handshake_timeout", "500ms")
+        .listen("tls", mode)
+        .listen("tls_dir", pki.server_dir().display().to_string());
     for (name, allow) in disks {
-        let allow: Vec<String> = allow.iter().map(|a| format!("{a:?}")).collect();
-        t += &format!(
-            "[[vdisk]]\nname = \"{name}\"\nbacking = \"{name}.img\"\nsize = \"4MiB\"\nwrite_policy = \"wt\"\nallow = [{}]\n",
-            allow.join(", ")
+        c = c.vdisk(
+            name,
+            &format!("{name}.img"),
+            &[("size", s("4MiB")), ("write_policy", s("wt")), ("allow", strings(allow))],
         );
     }
-    serve(&cachevisor_server::Config::parse(&t, "test config", dir).unwrap())
+    serve(&parse(dir, &c))
 }
 
 /// qemu-io over TLS with the client directory `creds`; (success, output).
@@ -293,11 +294,9 @@ fn an_nbdkit_tls_backing_store_sits_behind_the_cache() {
             .spawn()
             .unwrap(),
     );
-    let t = format!(
-        "[cache]\npath = \"cache.img\"\nsize = \"1MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"remote\"\nbacking = \"nbds://localhost:{port}/?tls-certificates={}\"\nwrite_policy = \"wt\"\n",
-        node.display()
-    );
-    let r = serve(&cachevisor_server::Config::parse(&t, "test config", dir.path()).unwrap());
+    let backing = format!("nbds://localhost:{port}/?tls-certificates={}", node.display());
+    let c = ServeConfig::new("1MiB").vdisk("remote", &backing, &[("write_policy", s("wt"))]);
+    let r = serve(&parse(dir.path(), &c));
     let uri = format!("nbd://{}/remote", r.tcp.unwrap());
     let o = tool("qemu-io").args(["-f", "raw", "-c", "write -P 0x5c 1M 64k", &uri]).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -358,15 +357,14 @@ fn unix_socket_nbd_backings_in_plaintext_and_over_tls() {
         format!("--tls-certificates={}", elsewhere.display()),
     ];
     let _tls_kit = nbdkit_unix(&tls, &tls_args);
-    let t = format!(
-        "[cache]\npath = \"cache.img\"\nsize = \"1MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n\
-         [[vdisk]]\nname = \"plain\"\nbacking = \"nbd+unix:///?socket={}\"\nwrite_policy = \"wt\"\n\
-         [[vdisk]]\nname = \"tls\"\nbacking = \"nbds+unix:///?socket={}&tls-certificates={}\"\nwrite_policy = \"wt\"\n",
-        plain.display(),
-        tls.display(),
-        node.display()
-    );
-    let r = serve(&cachevisor_server::Config::parse(&t, "test config", dir.path()).unwrap());
+    let c = ServeConfig::new("1MiB")
+        .vdisk("plain", &format!("nbd+unix:///?socket={}", plain.display()), &[("write_policy", s("wt"))])
+        .vdisk(
+            "tls",
+            &format!("nbds+unix:///?socket={}&tls-certificates={}", tls.display(), node.display()),
+            &[("write_policy", s("wt"))],
+        );
+    let r = serve(&parse(dir.path(), &c));
     for (export, pattern) in [("plain", "0x3a"), ("tls", "0x5c")] {
         let uri = format!("nbd://{}/{export}", r.tcp.unwrap());
         let o =
@@ -413,11 +411,12 @@ fn curl_tls(method: &str, url: &str, ca: &Path, token: Option<&str>) -> (u16, St
 fn the_api_speaks_https_with_the_same_certificate_and_reloads_it() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::new(&dir.path().join("pki"));
-    let t = format!(
-        "[cache]\npath = \"cache.img\"\nsize = \"1MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\ntls = \"require\"\ntls_dir = \"{}\"\n[api]\nlisten = \"127.0.0.1:0\"\ntls = true\n[[vdisk]]\nname = \"a\"\nbacking = \"a.img\"\nsize = \"1MiB\"\n",
-        pki.server_dir().display()
-    );
-    let r = serve(&cachevisor_server::Config::parse(&t, "test config", dir.path()).unwrap());
+    let c = ServeConfig::new("1MiB")
+        .listen("tls", "require")
+        .listen("tls_dir", pki.server_dir().display().to_string())
+        .api_key("tls", true)
+        .vdisk("a", "a.img", &[("size", s("1MiB"))]);
+    let r = serve(&parse(dir.path(), &c));
     let (api, token) = r.api.clone().unwrap();
     let ca = pki.root.join("ca-cert.pem");
     // A client that connects and never says anything holds only its own slot.
@@ -439,8 +438,9 @@ fn the_api_speaks_https_with_the_same_certificate_and_reloads_it() {
     assert_eq!(code, 400, "{body}");
     assert!(body.contains("server-cert.pem"), "{body}");
     // api.tls without [listen] TLS is a config error naming the key.
-    let t = "[cache]\npath = \"c.img\"\nsize = \"1MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\ntls = true\n[[vdisk]]\nname = \"a\"\nbacking = \"a.img\"\n";
-    let e = cachevisor_server::Config::parse(t, "t", dir.path()).unwrap().resolve().unwrap_err();
+    let e = parse(dir.path(), &ServeConfig::new("1MiB").api_key("tls", true).vdisk("a", "a.img", &[]))
+        .resolve()
+        .unwrap_err();
     assert!(e.starts_with("api.tls"), "{e}");
 }
 
@@ -449,11 +449,13 @@ fn tls_runs_over_the_unix_socket_too() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::new(&dir.path().join("pki"));
     let a = pki.client("host-a", "/CN=host-a", None, 1);
-    let t = format!(
-        "[cache]\npath = \"cache.img\"\nsize = \"1MiB\"\n[listen]\nunix = \"nbd.sock\"\ntls = \"require\"\ntls_dir = \"{}\"\n[[vdisk]]\nname = \"a\"\nbacking = \"a.img\"\nsize = \"4MiB\"\nwrite_policy = \"wt\"\n",
-        pki.server_dir().display()
-    );
-    let r = serve(&cachevisor_server::Config::parse(&t, "test config", dir.path()).unwrap());
+    let c = ServeConfig::new("1MiB")
+        .no_tcp()
+        .listen("unix", "nbd.sock")
+        .listen("tls", "require")
+        .listen("tls_dir", pki.server_dir().display().to_string())
+        .vdisk("a", "a.img", &[("size", s("4MiB")), ("write_policy", s("wt"))]);
+    let r = serve(&parse(dir.path(), &c));
     assert!(r.uris()[0].starts_with("nbds+unix:///a?socket="), "{:?}", r.uris());
     let sock = dir.path().join("nbd.sock");
     let o = tool("qemu-io")

@@ -7,6 +7,7 @@
 use cachevisor_server::vssd::meta::VssdMeta;
 use cachevisor_server::vssd::region::VssdRegion;
 use cachevisor_server::vssd::service::{VssdIoError, VssdService};
+use cachevisor_testkit::config::{s, ServeConfig};
 use cachevisor_vssd::manager::Event;
 use cachevisor_vssd::{Config, Geometry};
 use std::path::Path;
@@ -260,11 +261,14 @@ fn qemu_io_uses_a_vssd_over_nbd_and_resizes_show_as_valid_and_invalid_blocks() {
 
 /// The daemon with a `[vssd]` region after a 1 MiB cache and one persistent device.
 fn daemon(dir: &Path, with_vssd: bool) -> Result<cachevisor_server::service::Running, String> {
-    let mut t = "[cache]\npath = \"cache.img\"\nsize = \"1MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"disk\"\nbacking = \"disk.img\"\nsize = \"4MiB\"\n".to_string();
+    let mut c = ServeConfig::new("1MiB").api().vdisk("disk", "disk.img", &[("size", s("4MiB"))]);
     if with_vssd {
-        t += "[vssd]\nsize = \"8MiB\"\ndeflate_grace = \"200ms\"\n[[vssd.device]]\nname = \"ssd\"\nmax_size = \"4MiB\"\ninitial_size = \"2MiB\"\npersist = true\n";
+        c = c.section("vssd", "size", "8MiB").section("vssd", "deflate_grace", "200ms").array_item(
+            "vssd.device",
+            &[("name", s("ssd")), ("max_size", s("4MiB")), ("initial_size", s("2MiB")), ("persist", true.into())],
+        );
     }
-    let cfg = cachevisor_server::Config::parse(&t, "test config", dir).map_err(|e| e.to_string())?;
+    let cfg = cachevisor_server::Config::parse(&c.toml(), "test config", dir).map_err(|e| e.to_string())?;
     cachevisor_server::service::start(&cfg).map_err(|e| e.to_string())
 }
 

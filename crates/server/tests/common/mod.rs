@@ -10,6 +10,8 @@ use cachevisor_nbd::proto::*;
 use cachevisor_server::config::Config;
 use cachevisor_server::service::{start, Running};
 pub use cachevisor_store::faults::Faults;
+#[allow(unused_imports)] // each test binary uses some
+pub use cachevisor_testkit::config::{s, strings, ServeConfig};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
@@ -17,15 +19,21 @@ use std::path::Path;
 /// A config with a `cache` of the given size and `(name, size, write policy)` exports; no
 /// background write-back (flusher and write-back ahead off), so tests can count dirty blocks.
 pub fn config(dir: &Path, cache: &str, disks: &[(&str, &str, &str)]) -> Config {
-    let mut t = format!(
-        "[cache]\npath = \"cache.img\"\nsize = \"{cache}\"\nflush_rate = \"0\"\nwriteback_ahead = 0\n[listen]\ntcp = \"127.0.0.1:0\"\n"
-    );
+    parse(dir, &server_config(cache, disks))
+}
+
+/// [`config`]'s configuration, to add to before it is parsed ([`parse`]).
+pub fn server_config(cache: &str, disks: &[(&str, &str, &str)]) -> ServeConfig {
+    let mut c = ServeConfig::new(cache).no_writeback();
     for (name, size, wp) in disks {
-        t += &format!(
-            "[[vdisk]]\nname = \"{name}\"\nbacking = \"{name}.img\"\nsize = \"{size}\"\nwrite_policy = \"{wp}\"\n"
-        );
+        c = c.vdisk(name, &format!("{name}.img"), &[("size", s(size)), ("write_policy", s(wp))]);
     }
-    Config::parse(&t, "test config", dir).unwrap()
+    c
+}
+
+/// `c` parsed as the daemon does, with paths relative to `dir`.
+pub fn parse(dir: &Path, c: &ServeConfig) -> Config {
+    Config::parse(&c.toml(), "test config", dir).unwrap()
 }
 
 /// Starts a service.

@@ -22,8 +22,10 @@ impl Engine {
         if self.refuse_out_of_range(id, req.vm, req.offset, req.len) {
             return id;
         }
-        if self.blocks_free(req) {
-            // Nothing holds or waits for its blocks: admitted at once.
+        let waits = self.waits_for_slot(req);
+        self.dur.slot_waits += waits as u64;
+        if !waits && self.blocks_free(req) {
+            // Nothing holds or waits for its blocks (nor for a slot): admitted at once.
             self.admit(now_ns, id, *req);
             if !self.flight.freed.is_empty() {
                 self.admit_waiting(now_ns);
@@ -145,7 +147,7 @@ impl Engine {
                     let k = pack_key(vm, b);
                     !f.busy.contains_key(&k) && f.queues.get(&k).and_then(|q| q.front()) == Some(&id)
                 });
-                if !ready {
+                if !ready || (!self.flight.discards.contains_key(&id) && self.waits_for_slot(&req)) {
                     continue;
                 }
                 for b in lo..=hi {

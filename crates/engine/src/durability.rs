@@ -17,7 +17,8 @@
 //!   shrink) goes to *limbo* and returns to the free list only once a commit recording it
 //!   free is durable; new blocks are only written into free-list slots, which no durable
 //!   record claims. Victims are evicted ahead in batches (`reserve` slots), so a miss
-//!   rarely waits: the reserve is refilled by a background job and the next commit;
+//!   rarely waits: the reserve is refilled by a background job and the next commit (a
+//!   miss that finds it empty waits for that commit: `slot_wait.rs`);
 //! - *intent before overwrite*: a client write into sectors the journal may record as
 //!   valid and clean (the slot is *vouched*) waits for a commit that records them dirty
 //!   (a crash then leaves either the old bytes, which the backing store also has, or the
@@ -128,6 +129,8 @@ pub(crate) struct Durability {
     wanted: bool,
     /// A reserve refill job is running.
     pub(crate) refilling: bool,
+    /// Times a request was found waiting for a commit to free a slot (`slot_wait.rs`).
+    pub(crate) slot_waits: u64,
     /// Write-backs by the flusher do not journal their clean state.
     pub(crate) lazy_clean: bool,
 }

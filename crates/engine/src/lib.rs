@@ -54,6 +54,7 @@ pub mod sector_bits;
 pub mod sequential_cutoff;
 mod slot_alloc;
 pub mod slot_table;
+mod slot_wait;
 pub mod stores;
 mod timers;
 mod withheld;

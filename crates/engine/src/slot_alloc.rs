@@ -175,8 +175,8 @@ impl Engine {
     /// Evicts one of `vm`'s blocks (or the shared policy's) for a new block: its slot, or
     /// in persistent mode a durable free one (the victim's goes to limbo); `None` when no
     /// victim can be had, or no durable free slot is left — then nothing is evicted (the
-    /// partition keeps its blocks; only the new block bypasses the cache until the next
-    /// commit returns slots from limbo).
+    /// partition keeps its blocks; the new block bypasses the cache — admission holds a
+    /// miss back instead while slots are on their way back from limbo, `slot_wait.rs`).
     fn victim_slot(&mut self, vm: VmId, sync: bool, out: &mut Output) -> Option<(u32, Option<Evicted>)> {
         self.place_victim(out, |e, out| e.evict_from(vm, sync, out))
     }

@@ -129,8 +129,10 @@ pub(crate) struct Durability {
     wanted: bool,
     /// A reserve refill job is running.
     pub(crate) refilling: bool,
-    /// Times a request was found waiting for a commit to free a slot (`slot_wait.rs`).
+    /// Requests that waited for a commit to free a slot (`slot_wait.rs`).
     pub(crate) slot_waits: u64,
+    /// The last commit failed (a full file system): no miss waits for the next one.
+    pub(crate) commits_failing: bool,
     /// Write-backs by the flusher do not journal their clean state.
     pub(crate) lazy_clean: bool,
 }
@@ -302,6 +304,7 @@ impl Engine {
         };
         debug_assert_eq!(e, epoch, "one commit in flight");
         self.seals.at(now_ns);
+        self.dur.commits_failing = result.is_err();
         match result {
             Ok(()) => {
                 self.dur.durable = epoch;

@@ -2,8 +2,10 @@
 //! durable free slot is left waits in admission for the commit that returns slots from
 //! limbo, instead of bypassing the cache (bcache's allocator waits for a free bucket the
 //! same way). It waits only when slots will come back — some are in limbo waiting for a
-//! commit, or a refill job is evicting ahead (`durability.rs`); with neither, the miss
-//! bypasses as before, so a cache whose blocks cannot be evicted never stalls its clients.
+//! commit, or a refill job is evicting ahead (`durability.rs`) — and the last commit did
+//! not fail; otherwise the miss bypasses as before, so neither a cache whose blocks cannot
+//! be evicted nor a metadata file system that is full (commits failing until space is
+//! made) ever leaves a client without an answer.
 //! The daemon's commit takes a disk flush, the simulator's a device model's time; waiting
 //! in both keeps what they cache, and write back, the same for the same requests.
 
@@ -16,7 +18,8 @@ impl Engine {
     /// not passing through, no durable free slot, slots on their way back, and a block of
     /// it not cached (a miss that would take a slot).
     pub(crate) fn waits_for_slot(&mut self, req: &Request) -> bool {
-        if !self.dur.on || req.len == 0 || (self.dur.limbo_len() == 0 && !self.dur.refilling) {
+        let coming = self.dur.limbo_len() > 0 || self.dur.refilling;
+        if !self.dur.on || req.len == 0 || !coming || self.dur.commits_failing {
             return false;
         }
         if self.vms.get(req.vm as usize).is_none_or(|p| p.bypass) || self.free_available() {
@@ -96,6 +99,37 @@ mod tests {
         let replies = run_ops(&mut e);
         assert_eq!(replies.iter().find(|r| r.0 == id).map(|r| r.1), Some(0), "{replies:?}");
         assert!(e.lookup(0, 12).is_some(), "block 12 was not cached");
+    }
+
+    #[test]
+    fn a_waiting_miss_is_answered_when_the_commit_fails_and_none_waits_until_one_succeeds() {
+        let cfg = EngineConfig { partition: PartitionMode::Shared, ..EngineConfig::with_slots(4) };
+        let mut e = Engine::new(cfg).unwrap();
+        e.set_persistent(1);
+        for b in 0..4 {
+            e.submit(0, &read(b));
+            run_ops(&mut e);
+            commit(&mut e);
+        }
+        for b in [10, 11] {
+            e.submit(0, &read(b));
+            run_ops(&mut e);
+        }
+        let id = e.submit(0, &read(12));
+        assert!(run_ops(&mut e).iter().all(|r| r.0 != id));
+        // The metadata's file system is full: the commit fails, and the waiting miss goes
+        // on, bypassing the cache, instead of waiting for a commit that may never come.
+        let c = e.poll_commit().expect("a commit is due");
+        e.handle_commit(0, c.epoch, Err(crate::Failure::NoSpace));
+        let replies = run_ops(&mut e);
+        assert_eq!(replies.iter().find(|r| r.0 == id).map(|r| r.1), Some(1), "{replies:?}");
+        let id = e.submit(0, &read(13));
+        assert_eq!(run_ops(&mut e).iter().find(|r| r.0 == id).map(|r| r.1), Some(1), "no wait while commits fail");
+        assert_eq!(e.slot_waits(), 1);
+        // Space again: the retried commit succeeds, slots come back, misses are cached.
+        commit(&mut e);
+        let id = e.submit(0, &read(14));
+        assert_eq!(run_ops(&mut e).iter().find(|r| r.0 == id).map(|r| r.1), Some(0));
     }
 
     #[test]

@@ -175,6 +175,7 @@ fn the_simulator_replaying_a_recording_writes_back_what_the_daemon_did() {
     );
     let (live_hit, live_back) = (hits / (hits + misses), metric(&m, "cachevisor_destaged_blocks_total", ""));
     let live_bypassed = metric(&m, "cachevisor_bypassed_blocks_total", "");
+    let live_waits = metric(&m, "cachevisor_slot_waits_total", "");
     std::fs::write(
         d.join("sim.toml"),
         "[cache]\nsize = \"32MiB\"\nwrite_policy = \"wb\"\npersistent = true\n[devices]\nssd = \"nvme\"\nbacking = \"nvme\"\n[replay]\nmode = \"open\"\nwindow = \"1s\"\n[trace]\nfiles = [\"rec.csv\"]\nformat = \"csv\"\n",
@@ -191,7 +192,7 @@ fn the_simulator_replaying_a_recording_writes_back_what_the_daemon_did() {
         r["total"]["writebacks"].as_f64().unwrap(),
         r["total"]["bypassed_blocks"].as_f64().unwrap(),
     );
-    eprintln!("daemon: read hit {live_hit:.4}, written back {live_back}, bypassed {live_bypassed}; simulator: {sim_hit:.4}, {sim_back}, {sim_bypassed}");
+    eprintln!("daemon: read hit {live_hit:.4}, written back {live_back}, bypassed {live_bypassed}, waited for a slot {live_waits}; simulator: {sim_hit:.4}, {sim_back}, {sim_bypassed}");
     assert!(live_back > 1000.0, "a write-heavy job writes back: {live_back}");
     assert!((live_hit - sim_hit).abs() < 0.005, "read hit ratio {live_hit} live, {sim_hit} simulated");
     assert!(

@@ -405,6 +405,22 @@ impl DataPath {
         self.shared.sums.mismatches()
     }
 
+    /// Client requests that found no durable free cache slot and waited for a metadata
+    /// commit since start (`engine/src/slot_wait.rs`): a journal disk too slow for the
+    /// miss rate shows here.
+    pub fn slot_waits(&self) -> u64 {
+        self.shared.lock().engine.slot_waits()
+    }
+
+    /// The data path's own counters the daemon reports beside its guards'.
+    pub fn counts(&self) -> DataPathCounts {
+        DataPathCounts {
+            commit_failures: self.commit_failures(),
+            checksum_mismatches: self.checksum_mismatches(),
+            slot_waits: self.slot_waits(),
+        }
+    }
+
     /// Rounds the ticker ran (the engine's timers under its lock, every 20 ms): it stops
     /// when the engine loop is stuck or the data path halted.
     pub fn ticks(&self) -> u64 {
@@ -415,4 +431,15 @@ impl DataPath {
     pub fn halted(&self) -> bool {
         self.shared.halted.load(SeqCst)
     }
+}
+
+/// The data path's counters of trouble below the protocol, since start.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DataPathCounts {
+    /// Metadata commits that failed (and were retried after a pause).
+    pub commit_failures: u64,
+    /// Cache reads whose bytes failed their checksum.
+    pub checksum_mismatches: u64,
+    /// Client requests that waited for a commit to free a cache slot.
+    pub slot_waits: u64,
 }

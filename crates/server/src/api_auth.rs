@@ -115,7 +115,7 @@ mod tests {
             "doubled"
         );
         assert_eq!(g.check(good, t1 + Duration::from_secs(1)), Ok(()));
-        let c = g.counts.read(0, 0);
+        let c = g.counts.read(Default::default());
         assert_eq!((c.api_auth_failures, c.api_lockouts), (18, 3));
     }
 }

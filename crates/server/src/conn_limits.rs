@@ -135,7 +135,7 @@ mod tests {
         let l = ConnLimit::new("nbd", 2, Default::default());
         let (a, b) = (l.enter().unwrap(), l.enter().unwrap());
         assert!(l.enter().is_none());
-        assert_eq!(l.counts.read(0, 0).connections_refused, 1);
+        assert_eq!(l.counts.read(Default::default()).connections_refused, 1);
         drop(a);
         let c = l.enter().unwrap();
         assert_eq!(l.active(), 2);

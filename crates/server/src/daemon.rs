@@ -555,7 +555,7 @@ impl Daemon {
             flush_rate_bytes: self.dp.flush_rate_bytes(),
             destage_job: self.job.progress(),
             prewarm: self.prewarm.progress(),
-            guards: self.guards.read(self.dp.commit_failures(), self.dp.checksum_mismatches()),
+            guards: self.guards.read(self.dp.counts()),
             cache_hints: {
                 let h = self.dp.hint_counts();
                 [&h.queued, &h.loaded, &h.skipped, &h.dropped].map(|c| c.load(std::sync::atomic::Ordering::Relaxed))

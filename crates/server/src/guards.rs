@@ -43,12 +43,15 @@ pub struct GuardCounts {
     pub commit_failures: u64,
     /// Cache reads whose bytes failed their checksum (the data path's count).
     pub checksum_mismatches: u64,
+    /// Client requests that waited for a commit to free a cache slot (the data path's
+    /// count).
+    pub slot_waits: u64,
 }
 
 impl Guards {
-    /// The counts now, with the data path's counts of failed commits and of cache reads
-    /// that failed their checksum.
-    pub fn read(&self, commit_failures: u64, checksum_mismatches: u64) -> GuardCounts {
+    /// The counts now, with the data path's counts (failed commits, cache reads that
+    /// failed their checksum, requests that waited for a slot).
+    pub fn read(&self, dp: cachevisor_datapath::DataPathCounts) -> GuardCounts {
         use std::sync::atomic::Ordering::Relaxed;
         GuardCounts {
             api_auth_failures: self.api_auth_failures.load(Relaxed),
@@ -57,8 +60,9 @@ impl Guards {
             handshake_timeouts: self.handshake_timeouts.load(Relaxed),
             api_idle_closes: self.api_idle_closes.load(Relaxed),
             handshakes_evicted: self.handshakes_evicted.load(Relaxed),
-            commit_failures,
-            checksum_mismatches,
+            commit_failures: dp.commit_failures,
+            checksum_mismatches: dp.checksum_mismatches,
+            slot_waits: dp.slot_waits,
         }
     }
 }

@@ -294,6 +294,11 @@ impl Collector for StateCollector {
                 "Cache reads whose bytes failed the checksum they were written with (EIO to the client, never written back)",
                 gd.checksum_mismatches,
             ),
+            (
+                "cachevisor_slot_waits",
+                "Client requests that found no durable free cache slot and waited for a metadata commit (a journal disk too slow for the miss rate)",
+                gd.slot_waits,
+            ),
         ];
         for (name, help, v) in guard_counters {
             let c = ConstCounter::new(v);

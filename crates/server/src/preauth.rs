@@ -155,7 +155,7 @@ mod tests {
         let _f = p.enter("w", closer(&closed, 5));
         assert_eq!(*closed.lock().unwrap(), vec![0, 1]);
         assert_eq!(p.waiting(), 4);
-        assert_eq!(p.counts.read(0, 0).handshakes_evicted, 2);
+        assert_eq!(p.counts.read(Default::default()).handshakes_evicted, 2);
         drop(_f);
         assert_eq!(p.waiting(), 3);
     }

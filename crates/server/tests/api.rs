@@ -45,6 +45,8 @@ fn list_metrics_and_authorized_changes() {
         "cachevisor_inserted_blocks_total{vdisk=\"a\"} 16",
         "cachevisor_bypassed_blocks_total{vdisk=\"a\"} 0",
         "cachevisor_request_duration_seconds_count{vdisk=\"a\",op=\"read\"} 16",
+        // 16 misses into a cache with free slots to spare: none waited for a commit.
+        "cachevisor_slot_waits_total 0",
     ] {
         assert!(m.contains(needle), "metrics lack `{needle}`:\n{m}");
     }

@@ -22,7 +22,9 @@ use cachevisor_trace::{Op, Request};
 use proptest::prelude::*;
 
 mod lending;
+mod model_harness;
 use lending::RUN;
+use model_harness::{cases, trace};
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeSet, HashMap};
 
@@ -932,16 +934,4 @@ fn misses_that_find_no_durable_free_slot_wait_for_the_commit_and_survive_a_crash
             );
         }
     }
-}
-
-/// Prints what happens when `TRACE` is set (debugging a failing case).
-fn trace(msg: impl FnOnce() -> String) {
-    if std::env::var_os("TRACE").is_some() {
-        eprintln!("{}", msg());
-    }
-}
-
-/// Cases per property: `default`, or `PROPTEST_CASES` for longer hunts.
-fn cases(default: u32) -> u32 {
-    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }

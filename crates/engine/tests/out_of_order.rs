@@ -19,7 +19,9 @@ use cachevisor_trace::{Op, Request};
 use proptest::prelude::*;
 
 mod lending;
+mod model_harness;
 use lending::RUN;
+use model_harness::cases;
 
 const SECTORS_PER_DISK: u64 = 64;
 
@@ -417,9 +419,4 @@ proptest! {
         let fill = if fill_block { FillMode::Block } else { FillMode::Request };
         run(&steps, Setup { partition, fill, kind, timers, protect, remote, ahead, turnover }).map_err(TestCaseError::fail)?;
     }
-}
-
-/// Cases per property: `default`, or `PROPTEST_CASES` for longer hunts.
-fn cases(default: u32) -> u32 {
-    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }

@@ -2,8 +2,10 @@
 //! (plain vectors, no intrusive lists): same hit/miss on random access sequences, in a
 //! single partition, in several static partitions, and in shared mode.
 
+mod model_harness;
 use cachevisor_engine::*;
 use cachevisor_trace::{Op, Request};
+use model_harness::cases;
 use proptest::prelude::*;
 use std::collections::{HashSet, VecDeque};
 
@@ -264,9 +266,4 @@ fn clock_counters_saturate_at_four_bits() {
     let mut seen = HashSet::new();
     seen.insert(s);
     assert_eq!(seen.len(), 1);
-}
-
-/// Cases per property: `default`, or `PROPTEST_CASES` for longer hunts.
-fn cases(default: u32) -> u32 {
-    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }

@@ -5,8 +5,10 @@
 //! backing disks hold every last write. Structural invariants (slot ownership, targets
 //! after shrinks, dirty counts) are checked after every step.
 
+mod model_harness;
 use cachevisor_engine::*;
 use cachevisor_trace::{Op, Request};
+use model_harness::cases;
 use proptest::prelude::*;
 use std::collections::HashMap;
 
@@ -315,11 +317,6 @@ fn read_only_policy_sends_writes_around_and_invalidates() {
     assert_eq!(e.lookup(0, 0), None, "fully overwritten block is invalidated");
     e.access(0, &Request { op: Op::Write, offset: 8192, ..rd }, &mut out);
     assert_eq!(e.partition(0).used, 0, "write misses are not allocated");
-}
-
-/// Cases per property: `default`, or `PROPTEST_CASES` for longer hunts.
-fn cases(default: u32) -> u32 {
-    std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
 /// A slot's block and its (valid, dirty) sectors.

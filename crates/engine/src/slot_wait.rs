@@ -73,8 +73,9 @@ mod tests {
         Request { time_ns: 0, vm: 0, op: Op::Read, offset: block * 4096, len: 4096 }
     }
 
-    #[test]
-    fn a_miss_with_no_durable_free_slot_waits_for_the_commit_then_takes_a_slot() {
+    /// A persistent engine of 4 slots with no durable free slot left and slots in limbo,
+    /// and the id of a miss (block 12) waiting for them.
+    fn starved() -> (Engine, crate::inflight::ReqId) {
         let cfg = EngineConfig { partition: PartitionMode::Shared, ..EngineConfig::with_slots(4) };
         let mut e = Engine::new(cfg).unwrap();
         e.set_persistent(1);
@@ -94,6 +95,12 @@ mod tests {
         let id = e.submit(0, &read(12));
         assert!(run_ops(&mut e).iter().all(|r| r.0 != id), "answered before a slot was durable");
         assert_eq!(e.slot_waits(), 1);
+        (e, id)
+    }
+
+    #[test]
+    fn a_miss_with_no_durable_free_slot_waits_for_the_commit_then_takes_a_slot() {
+        let (mut e, id) = starved();
         // The commit frees the limbo slots: the miss is admitted and cached, not bypassed.
         commit(&mut e);
         let replies = run_ops(&mut e);
@@ -103,20 +110,7 @@ mod tests {
 
     #[test]
     fn a_waiting_miss_is_answered_when_the_commit_fails_and_none_waits_until_one_succeeds() {
-        let cfg = EngineConfig { partition: PartitionMode::Shared, ..EngineConfig::with_slots(4) };
-        let mut e = Engine::new(cfg).unwrap();
-        e.set_persistent(1);
-        for b in 0..4 {
-            e.submit(0, &read(b));
-            run_ops(&mut e);
-            commit(&mut e);
-        }
-        for b in [10, 11] {
-            e.submit(0, &read(b));
-            run_ops(&mut e);
-        }
-        let id = e.submit(0, &read(12));
-        assert!(run_ops(&mut e).iter().all(|r| r.0 != id));
+        let (mut e, id) = starved();
         // The metadata's file system is full: the commit fails, and the waiting miss goes
         // on, bypassing the cache, instead of waiting for a commit that may never come.
         let c = e.poll_commit().expect("a commit is due");

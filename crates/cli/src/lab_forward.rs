@@ -8,7 +8,6 @@
 use anyhow::Context;
 use clap::Args;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
 
 /// Everything after `bench` / `experiment`, handed to the lab unchanged.
 #[derive(Debug, Args)]
@@ -21,19 +20,9 @@ pub struct LabArgs {
 /// The lab binary's name.
 const LAB: &str = "cachevisor-lab";
 
-/// The lab binary: beside this executable, else the first on `PATH`.
-fn lab() -> Option<PathBuf> {
-    let beside = std::env::current_exe().ok().and_then(|e| e.parent().map(|d| d.join(LAB)));
-    let on_path = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|d| d.join(LAB));
-    beside.into_iter().chain(on_path).find(|p| p.is_file())
-}
-
 /// Replaces this process with `cachevisor-lab COMMAND ARGS…`; returns only on failure.
 pub fn run(command: &str, a: LabArgs) -> anyhow::Result<()> {
-    let Some(lab) = lab() else {
+    let Ok(lab) = cachevisor_cli::sibling_binary::find(LAB) else {
         anyhow::bail!(
             "`cachevisor {command}` runs the lab binary, {LAB}, which is neither beside {} nor on PATH \
              (build it with `cargo build --release -p cachevisor-lab`, or install it with \

@@ -2,7 +2,7 @@
 //! their contract gives (`Persistence::commit`: backing stores, cache store, records,
 //! journal), one at a time (group commit: what arrives meanwhile joins the next), with
 //! the metadata records the daemon adds (a vDisk's name and backing binding) appended
-//! first; past the journal limit (or when asked) it holds admission until nothing is in
+//! first; past the journal limit (or when asked) it holds requests until nothing is in
 //! flight and writes a checkpoint. The ticker runs the engine's timers (flusher steps,
 //! interval events) and the policy's tick hook, and asks for a commit every second, so the journal stays close to
 //! the cache and a restart after a crash is warm.
@@ -38,7 +38,7 @@ impl Shared {
                     if core.want_checkpoint && !checkpointing {
                         checkpointing = true;
                         let now = self.now();
-                        core.engine.hold_admission(true, now);
+                        core.engine.hold_requests(true, now);
                     }
                     if checkpointing && core.engine.quiescent() {
                         self.checkpoint(&mut core, &mut self.persist.lock().unwrap_or_else(|p| p.into_inner()));
@@ -97,11 +97,11 @@ impl Shared {
             let now = self.now();
             core.engine.handle_commit(now, c.epoch, r.map_err(|e| super::devices::failure(&e)));
             core.committing = false;
-            // The journal past its limit: hold admission until nothing is in flight, then a
+            // The journal past its limit: hold requests until nothing is in flight, then a
             // checkpoint replaces it (commits go on meanwhile: held writes need them).
             if !checkpointing && self.persist.lock().unwrap_or_else(|p| p.into_inner()).wants_checkpoint() {
                 checkpointing = true;
-                core.engine.hold_admission(true, now);
+                core.engine.hold_requests(true, now);
             }
             self.pump(&mut core);
             self.unlock(core);
@@ -115,7 +115,7 @@ impl Shared {
         }
     }
 
-    /// Writes a checkpoint of the quiescent engine and lets admission go on (a failed one
+    /// Writes a checkpoint of the quiescent engine and lets requests go on (a failed one
     /// leaves the journal in force and is tried again after the next commit).
     fn checkpoint(&self, core: &mut Core, persist: &mut Persistence) {
         self.busy.fetch_add(1, SeqCst);
@@ -141,7 +141,7 @@ impl Shared {
         }
         core.want_checkpoint = false;
         let now = self.now();
-        core.engine.hold_admission(false, now);
+        core.engine.hold_requests(false, now);
         self.pump(core);
     }
 

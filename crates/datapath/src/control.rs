@@ -30,13 +30,13 @@ impl Shared {
 impl DataPath {
     /// Runs `f` on the engine (its ops, if any, become a background job: `Engine::
     /// submit_job`) and waits until every op of it ended. `Ok(false)`: it emitted no op.
-    /// Waits while admission is held (a checkpoint draining), since commands are not run
+    /// Waits while requests are held (a checkpoint draining), since commands are not run
     /// then.
     pub fn run_job(&self, f: impl FnOnce(&mut Engine, &mut Output)) -> Result<bool, Failure> {
         let s = &self.shared;
         let cv = Arc::new(Condvar::new());
         let mut core = s.lock();
-        while core.engine.admission_held() && !s.halted.load(SeqCst) {
+        while core.engine.requests_held() && !s.halted.load(SeqCst) {
             core = cv.wait_timeout(core, Duration::from_millis(2)).map_or_else(|p| p.into_inner().0, |g| g.0);
         }
         if s.halted.load(SeqCst) {
@@ -331,7 +331,7 @@ impl DataPath {
         self.shared.written_back.load(Relaxed)
     }
 
-    /// Writes a checkpoint now (admission held until the work in flight drained): the
+    /// Writes a checkpoint now (requests held until the work in flight drained): the
     /// next start replays no journal. Fails after 30 s of work that does not drain.
     pub fn checkpoint_now(&self) -> Result<(), String> {
         let before = self.checkpoints();

@@ -182,7 +182,7 @@ impl Engine {
     /// backing store holds the same bytes either way.
     #[inline]
     fn relocates(&mut self, s: u32, r: SectorRange) -> bool {
-        self.dur.on
+        self.dur.on()
             && r == (0, self.spb)
             && self.dur.is_vouched(s)
             // A dirty sector's only copy is here: its slot must stay the journal's copy
@@ -223,14 +223,12 @@ impl Engine {
 
     #[inline]
     pub(crate) fn touch(&mut self, vm: VmId, s: u32) {
-        if !self.prewarmed.protected.is_empty() {
-            self.prewarmed.protected.remove(&s); // a prewarmed block's first touch ends its protection
-        }
+        self.prewarmed.end(s); // a prewarmed block's first touch ends its protection
         if !self.slots.last_access_ms.is_empty() {
             self.slots.last_access_ms[s as usize] = self.now_ms;
         }
         self.with_repl(vm, |r, t| r.touch(t, s));
-        if self.moving.migrating > 0 {
+        if self.moving.any() {
             self.note_hit_for_migration(vm, s);
         }
     }
@@ -247,7 +245,7 @@ impl Engine {
         let was = self.dirty.any(s, (0, self.spb));
         self.dirty.clear(s, r);
         // The flusher's write-backs leave the journal saying dirty (`durability.rs`).
-        if !self.dur.lazy_clean {
+        if !self.dur.lazy_clean() {
             self.note(s);
         }
         if was && !self.dirty.any(s, (0, self.spb)) {

@@ -14,13 +14,56 @@ use cachevisor_trace::VmId;
 pub(crate) struct Shrinks {
     /// Dirty slots a flush leaving write-back skipped (ops in flight on them): written
     /// back once those ops end, so a partition that left write-back keeps nothing dirty.
-    pub(crate) left_dirty: Vec<u32>,
+    left_dirty: Vec<u32>,
     /// A partition may be above its target (a shrink stopped at slots with ops in
     /// flight): checked when a job retires.
-    pub(crate) due: bool,
+    due: bool,
     /// VMs given a paced shrink, to take blocks from while they stay above their targets
     /// (entries go stale as they reach them; skipped then).
-    pub(crate) over_target: Vec<VmId>,
+    over_target: Vec<VmId>,
+}
+
+impl Shrinks {
+    /// Nothing to finish yet, the first check due.
+    pub(crate) fn due() -> Shrinks {
+        Shrinks { due: true, ..Default::default() }
+    }
+
+    /// Whether dirty slots a flush skipped wait for a write-back.
+    pub(crate) fn left_dirty_due(&self) -> bool {
+        !self.left_dirty.is_empty()
+    }
+
+    pub(crate) fn take_left_dirty(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.left_dirty)
+    }
+
+    /// Dirty slots to write back once the ops on them end.
+    pub(crate) fn leave_dirty(&mut self, slots: impl IntoIterator<Item = u32>) {
+        self.left_dirty.extend(slots);
+    }
+
+    /// Whether a partition may be above its target; the check is taken (cleared).
+    pub(crate) fn take_due(&mut self) -> bool {
+        std::mem::take(&mut self.due)
+    }
+
+    /// A partition may be above its target: check when a job retires.
+    pub(crate) fn set_due(&mut self) {
+        self.due = true;
+    }
+
+    /// The last VM given a paced shrink still `above` its target; stale entries go.
+    #[inline]
+    pub(crate) fn donor(&mut self, above: impl Fn(VmId) -> bool) -> Option<VmId> {
+        while let Some(&o) = self.over_target.last() {
+            if above(o) {
+                return Some(o);
+            }
+            self.over_target.pop();
+        }
+        None
+    }
 }
 
 impl Engine {
@@ -33,7 +76,7 @@ impl Engine {
         self.ensure_vm(vm);
         self.vms[vm as usize].target = slots;
         self.vms[vm as usize].paced = false;
-        self.shrink.due = true;
+        self.shrink.set_due();
         if self.cfg.partition == PartitionMode::Shared {
             return;
         }
@@ -80,7 +123,7 @@ impl Engine {
             let ops = out.ops.len();
             let Some(s) = self.take_from_paced(donor, written < dirty, out) else { break };
             written += (out.ops.len() > ops) as u64;
-            self.moving.deferred_free.push(s);
+            self.moving.free_later(s);
             freed += 1;
         }
         self.free_deferred();
@@ -104,7 +147,7 @@ impl Engine {
         if policy != WritePolicy::Wb && self.vms[vm as usize].dirty_blocks > 0 {
             // Dirty blocks with ops in flight are written back once those end.
             let skipped = self.flush_into(Some(vm), out);
-            self.shrink.left_dirty.extend(skipped);
+            self.shrink.leave_dirty(skipped);
         }
         self.vms[vm as usize].write_policy = policy;
     }
@@ -190,7 +233,7 @@ impl Engine {
             }
         }
         self.vms[vm as usize].target = 0;
-        self.shrink.due = true;
+        self.shrink.set_due();
         if self.cfg.partition == PartitionMode::Static {
             self.with_repl(vm, |r, _| r.set_capacity(0));
         }
@@ -200,8 +243,8 @@ impl Engine {
     pub fn check_invariants(&self) -> Result<(), String> {
         let mut used = vec![0u64; self.vms.len()];
         let mut dirty = vec![0u64; self.vms.len()];
-        let mut held = vec![vec![0u64; self.stores.rows.len()]; self.vms.len()];
-        let mut store_used = vec![0u64; self.stores.rows.len()];
+        let mut held = vec![vec![0u64; self.stores.len()]; self.vms.len()];
+        let mut store_used = vec![0u64; self.stores.len()];
         for s in 0..self.slots.len() as u32 {
             let key = self.slots.key(s);
             if key == FREE_KEY {
@@ -234,7 +277,7 @@ impl Engine {
             return Err(format!("index holds {} entries for {total} resident slots", self.index.count()));
         }
         let limbo = self.dur.limbo_len() as u64;
-        let idle = self.lent.idle.len() as u64;
+        let idle = self.withheld.idle_len() as u64;
         if total + self.free_slots() + limbo + idle != self.slots.len() as u64 {
             return Err(format!(
                 "{total} used + {} free + {limbo} in limbo + {idle} withheld != {} slots",
@@ -242,14 +285,13 @@ impl Engine {
                 self.slots.len()
             ));
         }
-        if let Some(s) =
-            self.lent.idle.iter().find(|&&s| self.slots.key(s) != FREE_KEY || !self.lent.slots.contains(&s))
-        {
+        if let Some(s) = self.withheld.broken(|s| self.slots.key(s) != FREE_KEY) {
             return Err(format!("withheld slot {s} holds a block or is not withheld"));
         }
-        for (st, row) in self.stores.rows.iter().enumerate() {
-            if row.used != store_used[st] {
-                return Err(format!("store {st}: counted {} slots in use, holds {}", row.used, store_used[st]));
+        for st in self.stores.ids() {
+            let (counted, holds) = (self.stores.used(st), store_used[st as usize]);
+            if counted != holds {
+                return Err(format!("store {st}: counted {counted} slots in use, holds {holds}"));
             }
         }
         for (vm, p) in self.vms.iter().enumerate() {
@@ -371,10 +413,9 @@ impl Engine {
         let before = blocks.len();
         blocks.extend(
             self.flight
-                .busy
-                .keys()
-                .filter(|&&k| k != FREE_KEY && key_vm(k) == vm && (lo..hi).contains(&key_block(k)))
-                .map(|&k| key_block(k)),
+                .held_blocks()
+                .filter(|&k| k != FREE_KEY && key_vm(k) == vm && (lo..hi).contains(&key_block(k)))
+                .map(key_block),
         );
         if blocks.len() > before {
             blocks.sort_unstable();

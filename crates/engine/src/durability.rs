@@ -33,7 +33,7 @@
 //! only after the backing store holds them.
 
 use crate::engine::Engine;
-use crate::inflight::{Event, Failure, ReqId};
+use crate::inflight::{Failure, ReqId};
 use crate::slot_table::FREE_KEY;
 use crate::stores::StoreId;
 use cachevisor_trace::VmId;
@@ -93,9 +93,9 @@ struct InFlightCommit {
 /// Persistent-mode state inside [`Engine`].
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Durability {
-    pub(crate) on: bool,
+    on: bool,
     /// Free slots kept durable ahead of need.
-    pub(crate) reserve: u64,
+    reserve: u64,
     next_epoch: u64,
     durable: u64,
     /// The commit in flight.
@@ -103,7 +103,7 @@ pub(crate) struct Durability {
     /// The newest settled state of each slot that changed since the last commit took it.
     settled: BTreeMap<u32, SlotRecord>,
     /// Slots freed whose free record is not in a commit yet.
-    pub(crate) limbo_new: Vec<u32>,
+    limbo_new: Vec<u32>,
     /// (epoch, slot): free once that epoch is durable.
     limbo: VecDeque<(u64, u32)>,
     /// Per slot, the sectors the journal may record valid and clean (`words` u64 each).
@@ -111,33 +111,123 @@ pub(crate) struct Durability {
     words: usize,
     /// Intent records for the next commit: slots a held write will overwrite, with the
     /// clean sectors it covers marked dirty and nothing else changed (pinned meanwhile).
-    pub(crate) intents: Vec<SlotRecord>,
+    intents: Vec<SlotRecord>,
     /// Jobs held until an epoch is durable: ((id, job-table key), epoch; `None` = the next
     /// commit).
-    pub(crate) held: Vec<((ReqId, usize), Option<u64>)>,
+    held: Vec<((ReqId, usize), Option<u64>)>,
     /// Flushes waiting: (request, epoch; `None` = the next commit).
     flushes: Vec<(ReqId, Option<u64>)>,
     /// Blocks whose old slot the journal may still record clean-valid (the slot is in
     /// limbo): a backing write to them waits for the commit that frees that slot, or a
     /// crash would leave the old bytes labelled clean beside newer ones in the backing.
-    pub(crate) vouched_elsewhere: std::collections::HashMap<u64, u32>,
+    vouched_elsewhere: std::collections::HashMap<u64, u32>,
     /// VMs whose backing stores took write-backs since the last commit.
-    pub(crate) wrote_back: BTreeSet<VmId>,
+    wrote_back: BTreeSet<VmId>,
     /// Cache stores that took cache writes since the last commit.
-    pub(crate) wrote_stores: BTreeSet<StoreId>,
+    wrote_stores: BTreeSet<StoreId>,
     /// The driver asked for a commit.
     wanted: bool,
-    /// A reserve refill job is running.
-    pub(crate) refilling: bool,
+    /// The reserve refill job running, if any.
+    refill_job: Option<ReqId>,
     /// Requests that waited for a commit to free a slot (`slot_wait.rs`).
-    pub(crate) slot_waits: u64,
+    slot_waits: u64,
     /// The last commit failed (a full file system): no miss waits for the next one.
-    pub(crate) commits_failing: bool,
+    commits_failing: bool,
     /// Write-backs by the flusher do not journal their clean state.
-    pub(crate) lazy_clean: bool,
+    lazy_clean: bool,
 }
 
 impl Durability {
+    /// Whether persistent mode is on.
+    #[inline]
+    pub(crate) fn on(&self) -> bool {
+        self.on
+    }
+
+    /// Slot `s` leaves block `key` (evicted, moved): if the journal may still record it
+    /// there valid and clean, a write of that block to its backing store waits for the
+    /// commit that frees `s` ([`Engine::hold_for_vouched`]).
+    #[inline]
+    pub(crate) fn left_vouched(&mut self, key: u64, s: u32) {
+        if self.on && self.is_vouched(s) {
+            self.vouched_elsewhere.insert(key, s);
+        }
+    }
+
+    /// Whether the journal may still record sectors `lo..hi` of block `key` valid and
+    /// clean in a slot the block left.
+    pub(crate) fn vouched_elsewhere(&self, key: u64, (lo, hi): (u32, u32)) -> bool {
+        !self.vouched_elsewhere.is_empty()
+            && self.vouched_elsewhere.get(&key).is_some_and(|&s| {
+                let v = self.vouched_sectors(s);
+                (lo..hi).any(|i| v.get((i / 64) as usize).is_some_and(|w| w >> (i % 64) & 1 == 1))
+            })
+    }
+
+    /// Whether any block left a slot the journal may still record it in.
+    pub(crate) fn any_vouched_elsewhere(&self) -> bool {
+        !self.vouched_elsewhere.is_empty()
+    }
+
+    /// Takes `slot` back for a block (a repair or a restore puts one in it): out of
+    /// limbo, vouching for no block it held before; whether it was in limbo.
+    pub(crate) fn take_back(&mut self, slot: u32) -> bool {
+        self.vouched_elsewhere.retain(|_, &mut v| v != slot);
+        match self.limbo_new.iter().position(|&s| s == slot) {
+            Some(i) => {
+                self.limbo_new.swap_remove(i);
+                true
+            }
+            None => self.take_from_limbo(slot),
+        }
+    }
+
+    /// Intent records for the next commit (`intents.rs`).
+    pub(crate) fn add_intents(&mut self, intents: Vec<SlotRecord>) {
+        self.intents.extend(intents);
+    }
+
+    /// Job `id` (at job-table `key`) holds until the next commit is durable.
+    pub(crate) fn hold_job(&mut self, id: ReqId, key: usize) {
+        self.held.push(((id, key), None));
+    }
+
+    /// Job `id` retired: if it was the reserve refill, the refill is over.
+    #[inline]
+    pub(crate) fn job_retired(&mut self, id: ReqId) {
+        if self.refill_job == Some(id) {
+            self.refill_job = None;
+        }
+    }
+
+    /// Whether a miss with no durable free slot may wait for the next commit
+    /// (`slot_wait.rs`): persistent mode, slots on their way back (in limbo, or a refill
+    /// evicting ahead), and the last commit did not fail.
+    pub(crate) fn slots_coming(&self) -> bool {
+        self.on && !self.commits_failing && (self.limbo_len() > 0 || self.refill_job.is_some())
+    }
+
+    /// A request waited for a commit to free a slot.
+    pub(crate) fn count_slot_wait(&mut self) {
+        self.slot_waits += 1;
+    }
+
+    pub(crate) fn slot_waits(&self) -> u64 {
+        self.slot_waits
+    }
+
+    /// Whether write-backs now leave their clean state out of the journal (the flusher's).
+    #[inline]
+    pub(crate) fn lazy_clean(&self) -> bool {
+        self.lazy_clean
+    }
+
+    /// Write-backs from now leave their clean state out of the journal (persistent mode),
+    /// or journal it again (`false`).
+    pub(crate) fn set_lazy_clean(&mut self, on: bool) {
+        self.lazy_clean = on && self.on;
+    }
+
     /// Whether the journal may record some sector of slot `s` valid and clean.
     pub(crate) fn is_vouched(&self, s: u32) -> bool {
         self.vouched_sectors(s).iter().any(|&w| w != 0)
@@ -330,8 +420,7 @@ impl Engine {
                     std::mem::take(&mut self.dur.flushes).into_iter().partition(|f| f.1.is_some_and(|e| e <= epoch));
                 self.dur.flushes = rest;
                 for (id, _) in done {
-                    self.flight.push_event(Event::Reply { req: id, result: Ok(()), blocks: Vec::new() });
-                    self.flight.push_event(Event::Retired { req: id, failed: false });
+                    self.flight.answer_at_once(id, Ok(()), false);
                 }
                 let (go, rest): (Vec<_>, Vec<_>) =
                     std::mem::take(&mut self.dur.held).into_iter().partition(|h| h.1.is_some_and(|e| e <= epoch));
@@ -352,8 +441,7 @@ impl Engine {
                     std::mem::take(&mut self.dur.flushes).into_iter().partition(|x| x.1 == Some(epoch));
                 self.dur.flushes = rest;
                 for (id, _) in failed {
-                    self.flight.push_event(Event::Reply { req: id, result: Err(f), blocks: Vec::new() });
-                    self.flight.push_event(Event::Retired { req: id, failed: true });
+                    self.flight.answer_at_once(id, Err(f), true);
                 }
                 let (failed, rest): (Vec<_>, Vec<_>) =
                     std::mem::take(&mut self.dur.held).into_iter().partition(|x| x.1 == Some(epoch));
@@ -363,7 +451,7 @@ impl Engine {
                 }
             }
         }
-        self.admit_after_commit(now_ns);
+        self.dispatch_after_commit(now_ns);
     }
 
     /// Whether any commit, held write or flush is outstanding (a driver's stop waits).
@@ -392,22 +480,22 @@ impl Engine {
         }
     }
 
-    /// Holds (or resumes) admission: requests wait and commands are not run, so the work
-    /// in flight drains for a checkpoint ([`Self::quiescent`]). Commits go on.
-    pub fn hold_admission(&mut self, on: bool, now_ns: u64) {
-        self.flight.hold = on;
+    /// Holds (or resumes) the dispatch of requests: they wait and commands are not run,
+    /// so the work in flight drains for a checkpoint ([`Self::quiescent`]). Commits go on.
+    pub fn hold_requests(&mut self, on: bool, now_ns: u64) {
+        self.flight.set_held(on);
         if !on {
-            self.admit_after_commit(now_ns);
+            self.dispatch_after_commit(now_ns);
         }
     }
 
-    /// Whether admission is held ([`Self::hold_admission`]): commands submitted as jobs
+    /// Whether requests are held ([`Self::hold_requests`]): commands submitted as jobs
     /// are not run meanwhile.
-    pub fn admission_held(&self) -> bool {
-        self.flight.hold
+    pub fn requests_held(&self) -> bool {
+        self.flight.held()
     }
 
-    /// Whether nothing is in flight: no admitted request or job, no commit (a checkpoint
+    /// Whether nothing is in flight: no running request or job, no commit (a checkpoint
     /// may be written).
     pub fn quiescent(&self) -> bool {
         self.flight.jobs_in_flight() == 0 && self.dur.in_flight.is_none()
@@ -495,7 +583,7 @@ impl Engine {
     /// from a paced shrink's VM when `vm` is below its target) or the shared policy.
     pub(crate) fn refill_reserve(&mut self, vm: VmId) {
         let d = &self.dur;
-        if !d.on || d.refilling || self.free_slots() + d.limbo_len() as u64 >= d.reserve {
+        if !d.on || d.refill_job.is_some() || self.free_slots() + d.limbo_len() as u64 >= d.reserve {
             return;
         }
         // Static partitions: a VM at its target evicts ahead from its own blocks; below
@@ -518,10 +606,7 @@ impl Engine {
                 e.free_slot(s);
             }
         });
-        self.dur.refilling = job.is_some();
-        if let Some(id) = job {
-            self.flight.refill_job = Some(id);
-        }
+        self.dur.refill_job = job;
     }
 
     /// Notes a cache write to store `st` that ended (failed ones too: torn bytes must be

@@ -110,8 +110,10 @@ pub struct Engine {
     pub(crate) moving: crate::migration::Moving,
     /// Prewarmed blocks' protection (`prewarm_load.rs`).
     pub(crate) prewarmed: crate::prewarm_load::Protection,
-    /// Local-store slots lent out of the cache (`withheld.rs`).
-    pub(crate) lent: crate::withheld::Withheld,
+    /// Local-store slots withheld from the cache (`withheld.rs`).
+    pub(crate) withheld: crate::withheld::Withheld,
+    /// Submitted requests waiting to be dispatched (`request_queue.rs`).
+    pub(crate) queue: crate::request_queue::RequestQueue,
 }
 
 /// The request `Engine::access` is processing.
@@ -170,8 +172,8 @@ impl Engine {
             index: BlockIndex::new(n),
             slots,
             stores,
-            traffic: crate::remote_regions::Traffic { aware: true, turnover: false },
-            shrink: crate::commands::Shrinks { due: true, ..Default::default() },
+            traffic: Default::default(),
+            shrink: crate::commands::Shrinks::due(),
             paced_clean: Default::default(),
             ahead: Default::default(),
             vms: Vec::new(),
@@ -188,7 +190,8 @@ impl Engine {
             scratch: Scratch::default(),
             moving: Default::default(),
             prewarmed: Default::default(),
-            lent: Default::default(),
+            withheld: Default::default(),
+            queue: Default::default(),
             cfg,
         })
     }
@@ -229,7 +232,7 @@ impl Engine {
 
     /// Free slots.
     pub fn free_slots(&self) -> u64 {
-        self.stores.free_len() + self.stores.parked.len() as u64
+        self.stores.free_len() + self.stores.parked_len() as u64
     }
 
     /// The slot holding (vm, block), if cached. A block no key can name (2^48 or more, a
@@ -325,8 +328,8 @@ impl Engine {
                 bypass: false,
                 paced: false,
                 remote_target: 0,
-                shares: vec![0; self.stores.rows.len()],
-                held: vec![0; self.stores.rows.len()],
+                shares: vec![0; self.stores.len()],
+                held: vec![0; self.stores.len()],
                 // `bypass` is "run above the cutoff": sequential from TRAFFIC_RUN bytes on.
                 traffic: crate::sequential_cutoff::SequentialCutoff::new(TRAFFIC_RUN - 1),
                 migration: Default::default(),
@@ -364,7 +367,7 @@ impl Engine {
         }
         self.ensure_vm(req.vm);
         self.now_ms = (now_ns / 1_000_000) as u32;
-        self.timers.requests += 1;
+        self.timers.request_arrived();
         if req.len == 0 {
             return;
         }
@@ -393,7 +396,7 @@ impl Engine {
         self.req.blocks = None;
         self.req.evicted_dirty.clear();
         self.req.phase_base = 0;
-        if !self.moving.deferred_free.is_empty() {
+        if self.moving.frees_due() {
             self.free_deferred();
         }
     }

@@ -5,7 +5,7 @@
 //! a request's reply and, later, its retirement (every op ended, buffers can go).
 //!
 //! What waits on what, decided here and nowhere else:
-//! - a request touching a block that an admitted request or job still has ops on (its own
+//! - a request touching a block that a running request or job still has ops on (its own
 //!   blocks, or a victim being written back) waits, in arrival order, until they end; so
 //!   a read of a block being filled waits for the fill, a write racing a write-back is
 //!   ordered after it, and a miss never reads a backing block whose write-back is still
@@ -86,7 +86,7 @@ pub(crate) enum OpState {
     Failed,
 }
 
-/// An admitted request or background job.
+/// A running (dispatched) request or background job.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Job {
     /// Its id.
@@ -155,69 +155,86 @@ impl Job {
     }
 }
 
-/// Retired jobs kept for reuse, and the largest op list one may keep: a replay admits and
+/// Retired jobs kept for reuse, and the largest op list one may keep: a replay dispatches and
 /// retires a job per request, and reusing them (with their buffers) keeps allocation off
 /// that path.
 pub(crate) const SPARE_JOBS: usize = 256;
 pub(crate) const SPARE_OPS_MAX: usize = 256;
 
-/// The in-flight state (inside [`Engine`]).
+/// How many holders each key has; a key with none is not in the table.
+#[derive(Debug, Clone)]
+struct Counts<K>(HashMap<K, u32>);
+
+impl<K> Default for Counts<K> {
+    fn default() -> Self {
+        Counts(HashMap::default())
+    }
+}
+
+impl<K: std::hash::Hash + Eq + Copy + std::fmt::Debug> Counts<K> {
+    #[inline]
+    fn contains(&self, k: K) -> bool {
+        !self.0.is_empty() && self.0.contains_key(&k)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn keys(&self) -> impl Iterator<Item = K> + '_ {
+        self.0.keys().copied()
+    }
+
+    #[inline]
+    fn add(&mut self, k: K) {
+        *self.0.entry(k).or_default() += 1;
+    }
+
+    /// One holder of `k` fewer; whether it was the last.
+    fn remove(&mut self, k: K) -> bool {
+        let n = self.0.get_mut(&k).unwrap_or_else(|| panic!("{k:?} has no holder"));
+        *n -= 1;
+        let last = *n == 0;
+        if last {
+            self.0.remove(&k);
+        }
+        last
+    }
+}
+
+/// The in-flight state (inside [`Engine`]): the table of running jobs, the slots their
+/// ops pin and the blocks they hold, the ops ready to hand out and the events to report.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Flight {
-    pub(crate) next_req: ReqId,
+    next_req: ReqId,
     /// Device errors after which a VM passes through ([`Engine::set_error_threshold`];
     /// `None`: never).
-    pub(crate) error_threshold: Option<u64>,
-    /// Admitted requests and jobs, by the key their ops carry ([`OpHandle`]): a completion
+    error_threshold: Option<u64>,
+    /// Running requests and jobs, by the key their ops carry ([`OpHandle`]): a completion
     /// finds its job without a lookup by id.
-    pub(crate) jobs: slab::Slab<Box<Job>>,
+    jobs: slab::Slab<Box<Job>>,
     /// Retired jobs for reuse ([`Job::recycled`]), and reply block lists handed back by
     /// the driver ([`Engine::recycle`]).
     #[allow(clippy::vec_box)] // jobs move between the table and the spares as pointers
-    pub(crate) spare: Vec<Box<Job>>,
-    pub(crate) spare_blocks: Vec<Vec<BlockOutcome>>,
-    /// Requests waiting for blocks (by id: arrival order), and per block key the waiting
-    /// requests on it in arrival order; a request goes once each of its blocks is free
-    /// and it heads each of their queues. Only requests that head a queue whose block was
-    /// just freed (or that just arrived) are looked at, so a long backlog on hot blocks
-    /// (an open-loop replay past the devices' speed) costs nothing per completion.
-    pub(crate) waiting: std::collections::BTreeMap<ReqId, Request>,
-    pub(crate) queues: HashMap<u64, VecDeque<ReqId>>,
-    /// Requests to look at in the next admission pass: arrived, or heading a queue whose
-    /// block was freed; `rescan`: all of them (admission resumed after a hold).
-    pub(crate) candidates: Vec<ReqId>,
-    pub(crate) freed: Vec<u64>,
-    pub(crate) rescan: bool,
-    pub(crate) ready: VecDeque<DeviceOp>,
-    pub(crate) events: VecDeque<Event>,
-    /// Slot → ops of admitted jobs on it (jobs count once per op).
-    pub(crate) pins: HashMap<u32, u32>,
-    /// Block key → admitted jobs holding it.
-    pub(crate) busy: HashMap<u64, u32>,
+    spare: Vec<Box<Job>>,
+    spare_blocks: Vec<Vec<BlockOutcome>>,
+    ready: VecDeque<DeviceOp>,
+    events: VecDeque<Event>,
+    /// Slot → ops of running jobs on it (jobs count once per op).
+    pins: Counts<u32>,
+    /// Block key → running jobs holding it.
+    busy: Counts<u64>,
     /// Failed ops per VM.
-    pub(crate) errors: Vec<u64>,
-    /// The persistent-mode reserve refill job running, if any.
-    pub(crate) refill_job: Option<ReqId>,
-    /// Admission held (a checkpoint is waiting for work in flight to drain).
-    pub(crate) hold: bool,
-    /// Waiting discard requests (TRIM): id → the byte range of whole sectors to drop.
-    pub(crate) discards: HashMap<ReqId, (u64, u64)>,
+    errors: Vec<u64>,
+    /// Dispatch held (a checkpoint is waiting for work in flight to drain).
+    hold: bool,
 }
 
 impl Flight {
     /// Whether slot `s` has ops in flight.
     #[inline]
     pub(crate) fn pinned(&self, s: u32) -> bool {
-        !self.pins.is_empty() && self.pins.contains_key(&s)
-    }
-
-    pub(crate) fn push_event(&mut self, e: Event) {
-        self.events.push_back(e);
-    }
-
-    /// Requests and jobs admitted and not retired.
-    pub(crate) fn jobs_in_flight(&self) -> usize {
-        self.jobs.len()
+        self.pins.contains(s)
     }
 
     /// Whether any slot is pinned.
@@ -226,9 +243,169 @@ impl Flight {
         !self.pins.is_empty()
     }
 
+    /// One more op on slot `s`.
+    #[inline]
+    pub(crate) fn pin(&mut self, s: u32) {
+        self.pins.add(s);
+    }
+
+    /// One op on slot `s` ended for good; whether it was the last (the slot is unpinned).
+    pub(crate) fn unpin(&mut self, s: u32) -> bool {
+        self.pins.remove(s)
+    }
+
+    /// Whether a running job holds block key `k`.
+    #[inline]
+    pub(crate) fn holds_block(&self, k: u64) -> bool {
+        self.busy.contains(k)
+    }
+
+    /// Whether a running job holds any block.
+    pub(crate) fn any_block_held(&self) -> bool {
+        !self.busy.is_empty()
+    }
+
+    /// The block keys running jobs hold.
+    pub(crate) fn held_blocks(&self) -> impl Iterator<Item = u64> + '_ {
+        self.busy.keys()
+    }
+
+    /// One more running job holds block key `k`.
+    #[inline]
+    pub(crate) fn hold_block(&mut self, k: u64) {
+        self.busy.add(k);
+    }
+
+    /// One job holding block key `k` let go of it; whether the block is free now.
+    pub(crate) fn let_go_block(&mut self, k: u64) -> bool {
+        self.busy.remove(k)
+    }
+
+    pub(crate) fn push_event(&mut self, e: Event) {
+        self.events.push_back(e);
+    }
+
+    /// Answers request `id` without running an op: its reply, then its retirement.
+    pub(crate) fn answer_at_once(&mut self, id: ReqId, result: Result<(), Failure>, failed: bool) {
+        self.push_event(Event::Reply { req: id, result, blocks: Vec::new() });
+        self.push_event(Event::Retired { req: id, failed });
+    }
+
+    /// Requests and jobs running (dispatched and not retired).
+    pub(crate) fn jobs_in_flight(&self) -> usize {
+        self.jobs.len()
+    }
+
+    /// Where the next job inserted goes.
+    pub(crate) fn vacant_key(&self) -> usize {
+        self.jobs.vacant_key()
+    }
+
+    /// Puts a started job in the table; its key.
+    pub(crate) fn insert(&mut self, job: Box<Job>) -> usize {
+        self.jobs.insert(job)
+    }
+
+    /// The running job at `key`.
+    pub(crate) fn job(&self, key: usize) -> &Job {
+        &self.jobs[key]
+    }
+
+    pub(crate) fn job_mut(&mut self, key: usize) -> &mut Job {
+        &mut self.jobs[key]
+    }
+
+    /// Running job `id` at `key`, if it is still there and held for a commit.
+    pub(crate) fn held_job(&mut self, id: ReqId, key: usize) -> Option<&mut Job> {
+        self.jobs.get_mut(key).filter(|j| j.id == id && j.held).map(|j| &mut **j)
+    }
+
+    /// Takes the job at `key` out of the table (it retires).
+    pub(crate) fn remove(&mut self, key: usize) -> Box<Job> {
+        self.jobs.remove(key)
+    }
+
+    /// A job for a background command.
+    pub(crate) fn new_job(&mut self) -> Box<Job> {
+        Job::recycled(&mut self.spare)
+    }
+
+    /// A job for a client request, with a reply block list to fill.
+    pub(crate) fn new_request_job(&mut self) -> Box<Job> {
+        let mut job = Job::recycled(&mut self.spare);
+        if job.out.blocks.capacity() == 0 {
+            if let Some(b) = self.spare_blocks.pop() {
+                job.out.blocks = b;
+            }
+        }
+        job
+    }
+
     pub(crate) fn new_id(&mut self) -> ReqId {
         self.next_req += 1;
         self.next_req
+    }
+
+    /// Moves the job at `key` on: once the phase handed out ended, hands out the next one
+    /// (the lowest with ops not done; `issued` sees each op), and replies once every sync
+    /// op is done. Whether the job ended: every op done, or one failed and none is left in
+    /// flight (it retires).
+    pub(crate) fn advance(&mut self, key: usize, mut issued: impl FnMut(&DeviceOp)) -> bool {
+        let job = &mut self.jobs[key];
+        let id = job.id;
+        if job.held && job.failure.is_none() {
+            return false;
+        }
+        if job.failure.is_some() {
+            return !job.in_flight();
+        }
+        let at = |job: &Job, k: usize| if job.order.is_empty() { k } else { job.order[k] as usize };
+        let n = job.out.ops.len();
+        if job.issued == 0 && job.cursor < n {
+            let phase = job.out.ops[at(job, job.cursor)].phase;
+            while job.cursor < n {
+                let i = at(job, job.cursor);
+                let op = job.out.ops[i];
+                if op.phase != phase {
+                    break;
+                }
+                job.state[i] = OpState::Issued;
+                job.issued += 1;
+                job.cursor += 1;
+                issued(&op);
+                self.ready.push_back(op);
+            }
+        }
+        if job.sync_left == 0 && !job.replied && job.req.is_some() {
+            job.replied = true;
+            let blocks = std::mem::take(&mut job.out.blocks); // replied once
+            self.events.push_back(Event::Reply { req: id, result: Ok(()), blocks });
+        }
+        job.done == n
+    }
+
+    /// Whether dispatch is held ([`Engine::hold_requests`]).
+    pub(crate) fn held(&self) -> bool {
+        self.hold
+    }
+
+    pub(crate) fn set_held(&mut self, on: bool) {
+        self.hold = on;
+    }
+
+    /// Sets the device errors after which a VM passes through.
+    pub(crate) fn set_error_threshold(&mut self, errors: u64) {
+        self.error_threshold = Some(errors.max(1));
+    }
+
+    /// Counts a device error of `vm`'s; whether its errors reached the threshold.
+    pub(crate) fn count_error(&mut self, vm: VmId) -> bool {
+        let errors = &mut self.errors;
+        if errors.len() <= vm as usize {
+            errors.resize(vm as usize + 1, 0);
+        }
+        errors[vm as usize] += 1;
+        self.error_threshold.is_some_and(|t| errors[vm as usize] >= t)
     }
 }
 
@@ -237,10 +414,10 @@ impl Engine {
     /// a background job; pinned slots are skipped by every command, so a command never
     /// races a request. Returns the job's id, `None` when it emitted no op.
     pub fn submit_job(&mut self, f: impl FnOnce(&mut Engine, &mut Output)) -> Option<ReqId> {
-        if self.flight.hold {
-            return None; // not run while admission is held (timers try again)
+        if self.flight.held() {
+            return None; // not run while dispatch is held (timers try again)
         }
-        let mut job = Job::recycled(&mut self.flight.spare);
+        let mut job = self.flight.new_job();
         f(self, &mut job.out);
         if job.out.ops.is_empty() {
             self.retire_job(job);
@@ -277,9 +454,9 @@ impl Engine {
         self.flight.events.pop_front()
     }
 
-    /// Requests admitted or waiting, and background jobs, not yet retired.
+    /// Requests running or waiting, and background jobs, not yet retired.
     pub fn in_flight(&self) -> usize {
-        self.flight.jobs.len() + self.flight.waiting.len()
+        self.flight.jobs.len() + self.queue.len()
     }
 
     /// Device ops that failed for `vm` so far (`Failure::Shutdown` ones not counted: they
@@ -323,7 +500,7 @@ impl Engine {
                 // write-back of those bytes first.
                 let lent = matches!(op.loc, crate::output::Location::Cache(st) if st != crate::stores::LOCAL);
                 device_error =
-                    f != Failure::Shutdown && f != Failure::Corrupt && !(lent && self.stores.lent_write_through);
+                    f != Failure::Shutdown && f != Failure::Corrupt && !(lent && self.stores.lent_write_through());
             }
         }
         // Background jobs of several blocks release each block once its ops succeeded.
@@ -350,7 +527,7 @@ impl Engine {
         // Blocks are released when a job retires (or a background job's block is done):
         // only then can a waiting request go.
         if self.advance(key) || released {
-            self.admit_waiting(now_ns);
+            self.dispatch_waiting(now_ns);
         }
         self.run_writeback_ahead();
     }

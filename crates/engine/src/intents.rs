@@ -1,4 +1,4 @@
-//! Persistent mode's *intent before overwrite* rule (`durability.rs`), at admission: a
+//! Persistent mode's *intent before overwrite* rule (`durability.rs`), at dispatch: a
 //! client write into sectors the journal may record valid and clean waits for a commit
 //! that records them dirty (or, for a write around the cache, invalid); a write-back of a
 //! block the journal still records clean in a slot in limbo waits for the commit that
@@ -121,7 +121,7 @@ impl Engine {
     /// Lets a job held for an intent commit go on (`Some(failure)`: the commit failed, the
     /// job fails without running).
     pub(crate) fn release_held(&mut self, (id, key): (ReqId, usize), failure: Option<Failure>) {
-        let Some(job) = self.flight.jobs.get_mut(key).filter(|j| j.id == id && j.held) else { return };
+        let Some(job) = self.flight.held_job(id, key) else { return };
         job.held = false;
         if let Some(f) = failure {
             job.failure.get_or_insert(f);
@@ -133,17 +133,13 @@ impl Engine {
     /// still record that block clean in a slot in limbo waits for the next commit (which
     /// frees that slot). Returns whether it is held.
     pub(crate) fn hold_for_vouched(&self, ops: &[DeviceOp]) -> bool {
-        if self.dur.vouched_elsewhere.is_empty() {
+        if !self.dur.any_vouched_elsewhere() {
             return false;
         }
         let bs = self.cfg.block_size;
         let clean_in_limbo = |op: &DeviceOp| {
-            let (k, (lo, hi)) = (pack_key(op.vm, op.block(bs)), op.sectors(bs));
             op.kind == crate::output::OpKind::BackingWrite
-                && self.dur.vouched_elsewhere.get(&k).is_some_and(|&s| {
-                    let v = self.dur.vouched_sectors(s);
-                    (lo..hi).any(|i| v.get((i / 64) as usize).is_some_and(|w| w >> (i % 64) & 1 == 1))
-                })
+                && self.dur.vouched_elsewhere(pack_key(op.vm, op.block(bs)), op.sectors(bs))
         };
         ops.iter().any(clean_in_limbo)
     }

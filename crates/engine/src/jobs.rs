@@ -1,4 +1,4 @@
-//! A job's life once admitted: its ops pin their slots and hold their blocks (`start`),
+//! A job's life once dispatched: its ops pin their slots and hold their blocks (`start`),
 //! phases are handed out in order as completions come back, the reply goes when every
 //! sync op is done, and at retirement (or, for a background job of many blocks, block by
 //! block) slots are unpinned and blocks freed for waiting requests. Shrinks and
@@ -11,7 +11,7 @@ use crate::slot_table::pack_key;
 use cachevisor_trace::{Request, VmId};
 
 impl Engine {
-    /// Registers an admitted request's or job's ops (in `job.out`): pins, busy keys,
+    /// Registers a dispatched request's or a job's ops (in `job.out`): pins, busy keys,
     /// first phase.
     pub(crate) fn start(&mut self, id: ReqId, req: Option<Request>, mut job: Box<Job>) {
         let bs = self.cfg.block_size;
@@ -25,7 +25,7 @@ impl Engine {
             }
             None => (1, 0),
         };
-        let key = self.flight.jobs.vacant_key(); // where it goes (nothing is inserted before)
+        let key = self.flight.vacant_key(); // where it goes (nothing is inserted before)
         for op in &mut job.out.ops {
             op.req = id;
             op.job = key as u32;
@@ -34,7 +34,7 @@ impl Engine {
                 job.keys.push(k);
             }
             if op.slot != NO_SLOT {
-                *self.flight.pins.entry(op.slot).or_default() += 1;
+                self.flight.pin(op.slot);
             }
         }
         if !job.keys.is_sorted() {
@@ -42,7 +42,7 @@ impl Engine {
         }
         job.keys.dedup();
         for &k in &job.keys {
-            *self.flight.busy.entry(k).or_default() += 1;
+            self.flight.hold_block(k);
         }
         let n = job.out.ops.len();
         // Usually the ops come in phase order already; else an index in phase order
@@ -78,9 +78,9 @@ impl Engine {
         job.id = id;
         job.held |= self.hold_for_vouched(&job.out.ops);
         if job.held {
-            self.dur.held.push(((id, key), None));
+            self.dur.hold_job(id, key);
         }
-        let at = self.flight.jobs.insert(job);
+        let at = self.flight.insert(job);
         debug_assert_eq!(at, key);
         self.advance(key);
     }
@@ -88,48 +88,18 @@ impl Engine {
     /// Hands out the next phase, replies, repairs and retires as the job's state allows;
     /// whether it retired.
     pub(crate) fn advance(&mut self, key: usize) -> bool {
-        let job = &mut self.flight.jobs[key];
+        let ahead = &mut self.ahead;
+        if !self.flight.advance(key, |op| ahead.issued(op)) {
+            return false;
+        }
+        let mut job = self.flight.remove(key);
         let id = job.id;
-        if job.held && job.failure.is_none() {
-            return false;
-        }
-        if job.failure.is_none() {
-            // The phase handed out ended: the next one (the lowest with ops not done).
-            let at = |job: &Job, k: usize| if job.order.is_empty() { k } else { job.order[k] as usize };
-            let n = job.out.ops.len();
-            if job.issued == 0 && job.cursor < n {
-                let phase = job.out.ops[at(job, job.cursor)].phase;
-                while job.cursor < n {
-                    let i = at(job, job.cursor);
-                    let op = job.out.ops[i];
-                    if op.phase != phase {
-                        break;
-                    }
-                    job.state[i] = OpState::Issued;
-                    job.issued += 1;
-                    job.cursor += 1;
-                    self.ahead.issued(&op);
-                    self.flight.ready.push_back(op);
-                }
-            }
-            if job.sync_left == 0 && !job.replied && job.req.is_some() {
-                job.replied = true;
-                let blocks = std::mem::take(&mut job.out.blocks); // replied once
-                self.flight.events.push_back(Event::Reply { req: id, result: Ok(()), blocks });
-            }
-            if job.done < n {
-                return false;
-            }
-        } else if job.in_flight() {
-            return false;
-        }
-        let mut job = self.flight.jobs.remove(key);
         if let Some(f) = job.failure {
             self.repair(&job);
             self.poison_after_repair(key);
             if job.req.is_some() && !job.replied {
                 let blocks = std::mem::take(&mut job.out.blocks);
-                self.flight.events.push_back(Event::Reply { req: id, result: Err(f), blocks });
+                self.flight.push_event(Event::Reply { req: id, result: Err(f), blocks });
             }
         }
         let bs = self.cfg.block_size;
@@ -145,17 +115,14 @@ impl Engine {
             }
         }
         self.settle();
-        self.flight.events.push_back(Event::Retired { req: id, failed: job.failure.is_some() });
+        self.flight.push_event(Event::Retired { req: id, failed: job.failure.is_some() });
         match job.req {
             None => self.ahead_retired(id, job.failure.is_some()),
             // Its blocks are unpinned now: they may be next victims to write back.
             Some(r) => self.ahead_look_at(r.vm),
         }
         self.retire_job(job);
-        if self.flight.refill_job == Some(id) {
-            self.flight.refill_job = None;
-            self.dur.refilling = false;
-        }
+        self.dur.job_retired(id);
         self.finish_commands();
         true
     }
@@ -165,7 +132,7 @@ impl Engine {
     /// block by block and nothing of it failed).
     pub(crate) fn release_block(&mut self, key: usize, op: DeviceOp) -> bool {
         let bs = self.cfg.block_size;
-        let job = &mut self.flight.jobs[key];
+        let job = self.flight.job_mut(key);
         let block = pack_key(op.vm, op.block(bs));
         let g = job.groups.get_mut(&block).expect("every op's block has a group");
         g.2 -= 1;
@@ -174,7 +141,7 @@ impl Engine {
         }
         let (at, len) = (g.0 as usize, g.1 as usize);
         for k in at..at + len {
-            let job = &self.flight.jobs[key];
+            let job = self.flight.job(key);
             let slot = job.out.ops[job.by_key[k] as usize].slot;
             if slot != NO_SLOT {
                 self.unpin(slot);
@@ -187,25 +154,15 @@ impl Engine {
     /// One op on slot `s` ended for good: the slot is free of it (and back on the free
     /// list if it was set aside there while pinned).
     fn unpin(&mut self, s: u32) {
-        let n = self.flight.pins.get_mut(&s).expect("pinned");
-        *n -= 1;
-        if *n == 0 {
-            self.flight.pins.remove(&s);
-            if !self.stores.parked.is_empty() && self.stores.parked.remove(&s) {
-                self.free_push_back(s);
-            }
+        if self.flight.unpin(s) && self.stores.unpark(s) {
+            self.free_push_back(s);
         }
     }
 
     /// One job holding block key `k` let go of it.
     fn unbusy(&mut self, k: u64) {
-        let n = self.flight.busy.get_mut(&k).expect("busy");
-        *n -= 1;
-        if *n == 0 {
-            self.flight.busy.remove(&k);
-            if self.flight.queues.contains_key(&k) {
-                self.flight.freed.push(k);
-            }
+        if self.flight.let_go_block(k) {
+            self.queue.block_freed(k);
         }
     }
 
@@ -237,16 +194,16 @@ impl Engine {
     /// blocks a flush leaving write-back skipped are written back the same way; those a
     /// steal from a paced shrink passed over, paced per donor (`paced_clean.rs`).
     fn finish_commands(&mut self) {
-        if !self.shrink.left_dirty.is_empty() && !self.flight.hold {
-            let list = std::mem::take(&mut self.shrink.left_dirty);
-            self.shrink.left_dirty =
-                self.write_back_listed(list, |p| p.write_policy != crate::WritePolicy::Wb && !p.bypass);
+        if self.shrink.left_dirty_due() && !self.flight.held() {
+            let list = self.shrink.take_left_dirty();
+            let busy = self.write_back_listed(list, |p| p.write_policy != crate::WritePolicy::Wb && !p.bypass);
+            self.shrink.leave_dirty(busy);
         }
         self.run_paced_clean();
-        if !self.moving.gm_due.is_empty() && !self.flight.hold {
+        if self.moving.moves_due() && !self.flight.held() {
             self.run_gradual_moves();
         }
-        if self.shared.is_some() || !std::mem::take(&mut self.shrink.due) {
+        if self.shared.is_some() || !self.shrink.take_due() {
             return;
         }
         for vm in 0..self.vms.len() as VmId {
@@ -254,7 +211,7 @@ impl Engine {
             if p.used > p.target && !p.paced {
                 let target = p.target;
                 self.submit_job(|e, out| e.set_target(vm, target, out));
-                self.shrink.due = true; // until a pass finds every partition at its target
+                self.shrink.set_due(); // until a pass finds every partition at its target
             }
         }
     }

@@ -24,7 +24,6 @@
 //! Blocks are split from requests here (not by trace readers). Valid and dirty state is
 //! tracked per 512-byte sector, so partial-block reads and writes are exact.
 
-mod admission;
 pub mod block_index;
 mod block_ops;
 pub mod cache_settings;
@@ -33,6 +32,7 @@ pub mod config;
 pub mod data_model;
 pub mod device;
 mod disk_range;
+mod dispatch;
 mod durability;
 mod engine;
 pub mod flush_rate;
@@ -48,6 +48,7 @@ mod prewarm_load;
 mod remote_regions;
 mod repair;
 pub mod replacement;
+mod request_queue;
 mod restore;
 mod seals;
 pub mod sector_bits;

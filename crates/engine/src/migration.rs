@@ -59,11 +59,40 @@ pub struct MigrationStats {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Moving {
     /// VMs whose migration scheme is not `Off`.
-    pub(crate) migrating: u32,
+    migrating: u32,
     /// Block keys hits queued for a move (Gradual).
-    pub(crate) gm_due: Vec<u64>,
+    gm_due: Vec<u64>,
     /// Slots moves and promotions let go of, freed once the ops being built are complete.
-    pub(crate) deferred_free: Vec<u32>,
+    deferred_free: Vec<u32>,
+}
+
+impl Moving {
+    /// Whether some VM migrates (its scheme is not `Off`).
+    #[inline]
+    pub(crate) fn any(&self) -> bool {
+        self.migrating > 0
+    }
+
+    /// Slot `s` is freed once the ops being built are complete.
+    pub(crate) fn free_later(&mut self, s: u32) {
+        self.deferred_free.push(s);
+    }
+
+    /// Whether slots wait to be freed.
+    #[inline]
+    pub(crate) fn frees_due(&self) -> bool {
+        !self.deferred_free.is_empty()
+    }
+
+    /// Whether slot `s` waits to be freed.
+    pub(crate) fn frees_later(&self, s: u32) -> bool {
+        self.deferred_free.contains(&s)
+    }
+
+    /// Whether hits queued Gradual moves.
+    pub(crate) fn moves_due(&self) -> bool {
+        !self.gm_due.is_empty()
+    }
 }
 
 impl Engine {
@@ -143,14 +172,12 @@ impl Engine {
     /// moving local → lent, the other lent → local) would wait until misses evicted their
     /// blocks.
     fn reclaim_at(&mut self, store: StoreId, vm: VmId) -> Option<u32> {
-        let (start, len) = self.stores.layout.range(store);
+        let (start, len) = self.stores.layout().range(store);
         if len == 0 {
             return None;
         }
-        let i = store as usize;
         for _ in 0..RECLAIM_SCAN.min(len) {
-            let at = self.stores.rows[i].reclaim_cursor % len;
-            self.stores.rows[i].reclaim_cursor = at + 1;
+            let at = self.stores.next_reclaim(store, len);
             let s = (start + at) as u32;
             let key = self.slots.key(s);
             if key == FREE_KEY {
@@ -159,8 +186,7 @@ impl Engine {
             let owner = key_vm(key);
             if owner == vm
                 || self.flight.pinned(s)
-                || self.flight.busy.contains_key(&key)
-                || self.flight.queues.contains_key(&key)
+                || self.block_taken(key)
                 || !self.above_share(owner, store)
                 || self.vms[owner as usize].used > self.vms[owner as usize].target
             {
@@ -171,7 +197,7 @@ impl Engine {
             }
             self.with_repl(owner, |r, t| r.remove(t, s));
             self.forget(owner, s);
-            if self.dur.on {
+            if self.dur.on() {
                 // The journal may still say `s` holds that block: it goes to limbo, and
                 // is a destination once a commit recorded it free (durability.rs's free
                 // reserve; measured by the crash model: a move into it, then a crash,
@@ -203,7 +229,7 @@ impl Engine {
     /// (each is journaled once its own ops end), and a crash between them would lose the
     /// only copy. It stays until written back.
     pub(crate) fn movable(&self, s: u32) -> bool {
-        !((self.stores.lent_write_through || self.dur.on) && self.dirty.any(s, (0, self.spb)))
+        !((self.stores.lent_write_through() || self.dur.on()) && self.dirty.any(s, (0, self.spb)))
     }
 
     /// Moves `vm`'s block in slot `s` ([`Self::movable`], no op in flight on it) to free
@@ -236,11 +262,9 @@ impl Engine {
                 self.dirty.set(d, (i, i + 1));
             }
         }
-        if self.dur.on && self.dur.is_vouched(s) {
-            // The journal may still say `s` holds the block, clean: a write of it to the
-            // backing store waits for the commit that frees `s` (as `forget`'s).
-            self.dur.vouched_elsewhere.insert(key, s);
-        }
+        // The journal may still say `s` holds the block, clean: a write of it to the
+        // backing store waits for the commit that frees `s` (as `forget`'s).
+        self.dur.left_vouched(key, s);
         self.valid.clear_all(s);
         self.dirty.clear_all(s);
         let slots = &self.slots;
@@ -251,11 +275,7 @@ impl Engine {
         if !self.slots.last_access_ms.is_empty() {
             self.slots.last_access_ms[d as usize] = self.slots.last_access_ms[s as usize];
         }
-        if !self.prewarmed.protected.is_empty() {
-            if let Some(until) = self.prewarmed.protected.remove(&s) {
-                self.prewarmed.protected.insert(d, until);
-            }
-        }
+        self.prewarmed.moved(s, d);
         self.count_store(vm, s, -1);
         self.count_store(vm, d, 1);
         self.note(s);
@@ -284,7 +304,7 @@ impl Engine {
             return s;
         }
         match self.store_below_share(vm).and_then(|to| self.take_free_of(to)) {
-            Some(d) if self.dur.on => {
+            Some(d) if self.dur.on() => {
                 // Persistent mode: `s` came off the free list (the victim went to limbo,
                 // `place_victim`); nothing names it, so it goes straight back. (Through
                 // limbo it never got a free record to leave by: every commit after was
@@ -325,8 +345,7 @@ impl Engine {
                 }
                 let Some(s) = e.index.get(key, |x| e.slots.key(x)) else { continue };
                 let vm = key_vm(key);
-                let free =
-                    !e.flight.pinned(s) && !e.flight.busy.contains_key(&key) && !e.flight.queues.contains_key(&key);
+                let free = !e.flight.pinned(s) && !e.block_taken(key);
                 if free && e.above_share(vm, e.store_of(s)) {
                     e.move_block(vm, s, out);
                 }
@@ -356,8 +375,7 @@ impl Engine {
             if key != FREE_KEY
                 && key_vm(key) == vm
                 && !self.flight.pinned(s)
-                && !self.flight.busy.contains_key(&key)
-                && !self.flight.queues.contains_key(&key)
+                && !self.block_taken(key)
                 && self.above_share(vm, self.store_of(s))
             {
                 if self.move_block(vm, s, out) {

@@ -89,14 +89,14 @@ impl Engine {
             WritePolicy::Wb => WriteMode::Back,
             WritePolicy::Wt => WriteMode::Through { allocate: true },
             WritePolicy::Wa => WriteMode::Through { allocate: false },
-            WritePolicy::Ro => WriteMode::Invalidate { write_back: self.dur.on },
+            WritePolicy::Ro => WriteMode::Invalidate { write_back: self.dur.on() },
         }
     }
 
     /// Passes `vm` through once its device errors reach `errors` (`u64::MAX`, the
     /// default: never): checked as ops complete ([`Self::set_bypass`]).
     pub fn set_error_threshold(&mut self, errors: u64) {
-        self.flight.error_threshold = Some(errors.max(1));
+        self.flight.set_error_threshold(errors);
     }
 
     /// Whether `vm` passes through ([`Self::set_bypass`], or its errors reached the
@@ -107,12 +107,7 @@ impl Engine {
 
     /// Counts a device error of `vm`'s; at the threshold, `vm` passes through.
     pub(crate) fn count_device_error(&mut self, vm: VmId) {
-        let errors = &mut self.flight.errors;
-        if errors.len() <= vm as usize {
-            errors.resize(vm as usize + 1, 0);
-        }
-        errors[vm as usize] += 1;
-        if self.flight.error_threshold.is_some_and(|t| errors[vm as usize] >= t) && !self.bypassed(vm) {
+        if self.flight.count_error(vm) && !self.bypassed(vm) {
             self.set_bypass(vm, true);
         }
     }

@@ -59,7 +59,7 @@ impl Engine {
     /// its, dirty, unpinned and above target (blocks gone or clean by now are dropped;
     /// pinned ones wait in the queue for a later pass).
     pub(crate) fn run_paced_clean(&mut self) {
-        if self.paced_clean.len == 0 || self.flight.hold {
+        if self.paced_clean.len == 0 || self.flight.held() {
             return;
         }
         let waiting = std::mem::take(&mut self.paced_clean.waiting);

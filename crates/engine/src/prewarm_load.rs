@@ -31,9 +31,38 @@ pub struct PrewarmOutcome {
 pub(crate) struct Protection {
     /// Prewarmed blocks not touched yet, protected from eviction until their deadline
     /// (slot → ms), when protection is on.
-    pub(crate) protected: rustc_hash::FxHashMap<u32, u32>,
+    protected: rustc_hash::FxHashMap<u32, u32>,
     /// How long a prewarmed block is protected, ms (`None`: not at all).
-    pub(crate) protect_ms: Option<u32>,
+    protect_ms: Option<u32>,
+}
+
+impl Protection {
+    /// Whether any prewarmed block is protected.
+    #[inline]
+    pub(crate) fn any(&self) -> bool {
+        !self.protected.is_empty()
+    }
+
+    /// Whether slot `s` holds a prewarmed block still protected at `now_ms`.
+    #[inline]
+    pub(crate) fn protects(&self, s: u32, now_ms: u32) -> bool {
+        self.any() && self.protected.get(&s).is_some_and(|&deadline| now_ms < deadline)
+    }
+
+    /// Slot `s`'s block moved to slot `d`: its protection goes with it.
+    pub(crate) fn moved(&mut self, s: u32, d: u32) {
+        if let Some(until) = self.any().then(|| self.protected.remove(&s)).flatten() {
+            self.protected.insert(d, until);
+        }
+    }
+
+    /// Slot `s` was touched or emptied: whatever it held is protected no more.
+    #[inline]
+    pub(crate) fn end(&mut self, s: u32) {
+        if self.any() {
+            self.protected.remove(&s);
+        }
+    }
 }
 
 impl Engine {
@@ -76,7 +105,7 @@ impl Engine {
         let saved = std::mem::replace(&mut self.req.mode, crate::mode::Mode::FILL);
         for b in first..end {
             let key = pack_key(vm, b);
-            if self.lookup(vm, b).is_some() || self.flight.busy.contains_key(&key) {
+            if self.lookup(vm, b).is_some() || self.flight.holds_block(key) {
                 o.skipped += 1;
                 continue;
             }

@@ -17,9 +17,24 @@ use cachevisor_trace::VmId;
 #[derive(Debug, Clone)]
 pub(crate) struct Traffic {
     /// A sequential run takes local slots first ([`Engine::set_traffic_aware`]).
-    pub(crate) aware: bool,
+    aware: bool,
     /// ... and at a full partition too ([`Engine::set_traffic_turnover`]).
-    pub(crate) turnover: bool,
+    turnover: bool,
+}
+
+impl Default for Traffic {
+    /// Aware (sequential runs local first), no turnover.
+    fn default() -> Traffic {
+        Traffic { aware: true, turnover: false }
+    }
+}
+
+impl Traffic {
+    /// Whether it does at a full partition too (victims chosen by store).
+    #[inline]
+    pub(crate) fn turnover(&self) -> bool {
+        self.aware && self.turnover
+    }
 }
 
 impl Engine {
@@ -28,14 +43,14 @@ impl Engine {
     /// there; when both are open, ELICA-Traffic's choice (a sequential run local).
     pub(crate) fn free_kind_for(&mut self, vm: VmId) -> Option<StoreId> {
         self.park_pinned_free();
-        if self.stores.rows.len() == 1 {
-            return self.stores.rows[0].free.front().map(|_| LOCAL);
+        if self.stores.len() == 1 {
+            return self.stores.free_list(LOCAL).front().map(|_| LOCAL);
         }
         let p = &self.vms[vm as usize];
         let remote_total = p.remote_target.min(p.target);
         let local_ok = p.held[0] < p.target - remote_total && self.stores.open(LOCAL);
         let region = (p.used - p.held[0] < remote_total)
-            .then(|| (1..self.stores.rows.len()).find(|&r| p.held[r] < p.shares[r] && self.stores.open(r as StoreId)))
+            .then(|| (1..self.stores.len()).find(|&r| p.held[r] < p.shares[r] && self.stores.open(r as StoreId)))
             .flatten();
         match (local_ok, region) {
             (true, Some(r)) => Some(if self.req.sequential && self.traffic.aware { LOCAL } else { r as StoreId }),
@@ -79,7 +94,7 @@ impl Engine {
 
     /// The store `lender` lent this engine.
     fn region_index(&self, lender: u16) -> Option<StoreId> {
-        self.stores.layout.find(StoreKind::Lent { node: lender })
+        self.stores.layout().find(StoreKind::Lent { node: lender })
     }
 
     /// Whether ELICA-Traffic's choice is on (default): a sequential run takes local slots
@@ -100,7 +115,7 @@ impl Engine {
     /// c_remote split by lender; at most its target in all — the rest of it is local). A
     /// lender this engine has no region of is refused by name; lenders not listed get 0.
     pub fn set_remote_shares(&mut self, vm: VmId, shares: &[(u16, u64)]) -> Result<(), String> {
-        let mut by_store = vec![0u64; self.stores.rows.len()];
+        let mut by_store = vec![0u64; self.stores.len()];
         for &(node, slots) in shares {
             let r = self.region_index(node).ok_or_else(|| format!("no region lent by node {node}"))?;
             by_store[r as usize] += slots;
@@ -123,13 +138,12 @@ impl Engine {
     /// cap, a share or a block).
     pub fn lose_lender(&mut self, lender: u16) -> bool {
         let Some(r) = self.region_index(lender) else { return false };
-        let mut changed = self.stores.rows[r as usize].limit != 0;
+        let mut changed = self.stores.limit(r) != 0;
         self.set_store_limit(r, 0);
-        let (first, n) = self.stores.layout.range(r);
+        let (first, n) = self.stores.layout().range(r);
         for slot in first as u32..(first + n) as u32 {
             let Some((vm, block)) = self.slot_block(slot) else { continue };
-            let held = self.flight.pins.contains_key(&slot)
-                || self.flight.busy.contains_key(&crate::slot_table::pack_key(vm, block));
+            let held = self.flight.pinned(slot) || self.flight.holds_block(crate::slot_table::pack_key(vm, block));
             if !held && !self.slot_dirty(slot) {
                 changed |= self.discard(vm, block, (0, self.spb));
             }

@@ -49,7 +49,7 @@ impl Engine {
             self.release_slot(op.slot);
             self.vms[vm as usize].moved -= 1;
             let source = self.store_of(read.slot);
-            if self.stores.rows[source as usize].limit == 0 && !dirty.contains(&true) {
+            if self.stores.limit(source) == 0 && !dirty.contains(&true) {
                 // Its source store takes no block now (a lost lender, `lose_lender`): a
                 // clean block is dropped (the backing store has it), never put back there.
                 continue;

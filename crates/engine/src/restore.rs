@@ -42,11 +42,7 @@ impl Engine {
         let key = pack_key(vm, block);
         // Persistent mode: a slot freed moments ago (a repair puts its block back) is in
         // limbo, not on the free list.
-        self.dur.vouched_elsewhere.retain(|_, &mut v| v != slot);
-        if let Some(i) = self.dur.limbo_new.iter().position(|&s| s == slot) {
-            self.dur.limbo_new.swap_remove(i);
-        } else if !self.dur.take_from_limbo(slot) && !self.stores.parked.remove(&slot) && !self.lent.idle.remove(&slot)
-        {
+        if !self.dur.take_back(slot) && !self.stores.unpark(slot) && !self.withheld.take_back(slot) {
             // (A withheld slot a failed write-back's repair puts its block back in is
             // still pinned, so never lent out yet; `withhold_step` empties it again.)
             self.free_unlink(slot);

@@ -211,7 +211,7 @@ impl Engine {
 
     /// A commit carrying `records` is durable: a slot whose record there is not a seal is
     /// unsealed (the journal's newest word on it carries no checksum). Until then a slot
-    /// stays sealed, whatever memory says: a write admitted meanwhile waits for a commit
+    /// stays sealed, whatever memory says: a write dispatched meanwhile waits for a commit
     /// after it.
     pub(crate) fn unseal_durable(&mut self, records: &[SlotRecord]) {
         if self.seals.sealed.is_empty() {

@@ -21,9 +21,7 @@ impl Engine {
     #[inline]
     pub(crate) fn forget(&mut self, vm: VmId, s: u32) {
         let key = self.slots.key(s);
-        if self.dur.on && self.dur.is_vouched(s) {
-            self.dur.vouched_elsewhere.insert(key, s);
-        }
+        self.dur.left_vouched(key, s);
         let slots = &self.slots;
         self.index.remove(key, s, |x| slots.key(x));
         self.slots.set_key(s, FREE_KEY);
@@ -32,9 +30,7 @@ impl Engine {
         self.dirty.clear_all(s);
         self.vms[vm as usize].used -= 1;
         self.count_store(vm, s, -1);
-        if !self.prewarmed.protected.is_empty() {
-            self.prewarmed.protected.remove(&s);
-        }
+        self.prewarmed.end(s);
     }
 
     /// Returns a slot (already out of its policy) to the free list.
@@ -51,7 +47,7 @@ impl Engine {
             Some(s) => s,
             None => self.unpinned_victim(vm)?,
         };
-        if !self.prewarmed.protected.is_empty() && self.is_protected(s) {
+        if self.is_protected(s) {
             s = self.unprotected_victim(vm, s);
         }
         let key = self.slots.key(s);
@@ -72,7 +68,7 @@ impl Engine {
     /// Whether slot `s` holds a prewarmed block still protected now.
     #[inline]
     fn is_protected(&self, s: u32) -> bool {
-        self.prewarmed.protected.get(&s).is_some_and(|&deadline| self.now_ms < deadline)
+        self.prewarmed.protects(s, self.now_ms)
     }
 
     /// `first` is a protected prewarmed block: the next victims (at most [`VICTIM_SCAN`])
@@ -111,7 +107,7 @@ impl Engine {
         let p = &self.vms[vm as usize];
         // Only a VM holding blocks in both stores has a choice.
         let both = p.held[0] > 0 && p.held[0] < p.used;
-        if !(self.traffic.aware && self.traffic.turnover) || self.shared.is_some() || !both {
+        if !self.traffic.turnover() || self.shared.is_some() || !both {
             return None;
         }
         let want_local = self.req.sequential;
@@ -119,9 +115,7 @@ impl Engine {
         peeked.clear();
         self.vms[vm as usize].repl.as_ref()?.peek_victims(&self.slots, TRAFFIC_SCAN, &mut peeked);
         let found = peeked.iter().copied().find(|&s| {
-            (self.store_of(s) == crate::stores::LOCAL) == want_local
-                && !self.victim_pinned(s)
-                && (self.prewarmed.protected.is_empty() || !self.is_protected(s))
+            (self.store_of(s) == crate::stores::LOCAL) == want_local && !self.victim_pinned(s) && !self.is_protected(s)
         });
         self.scratch.peek_buf = peeked;
         let s = found?;
@@ -137,7 +131,7 @@ impl Engine {
             || self.poisoned(s)
             || self.req.blocks.is_some_and(|(vm, first, last, current)| {
                 let k = self.slots.key(s);
-                let end = if self.dur.on { last } else { current };
+                let end = if self.dur.on() { last } else { current };
                 key_vm(k) == vm && (first..=end).contains(&key_block(k))
             })
     }
@@ -175,7 +169,7 @@ impl Engine {
     /// Evicts one of `vm`'s blocks (or the shared policy's) for a new block: its slot, or
     /// in persistent mode a durable free one (the victim's goes to limbo); `None` when no
     /// victim can be had, or no durable free slot is left — then nothing is evicted (the
-    /// partition keeps its blocks; the new block bypasses the cache — admission holds a
+    /// partition keeps its blocks; the new block bypasses the cache — dispatch holds a
     /// miss back instead while slots are on their way back from limbo, `slot_wait.rs`).
     fn victim_slot(&mut self, vm: VmId, sync: bool, out: &mut Output) -> Option<(u32, Option<Evicted>)> {
         self.place_victim(out, |e, out| e.evict_from(vm, sync, out))
@@ -188,11 +182,11 @@ impl Engine {
         out: &mut Output,
         evict: impl FnOnce(&mut Engine, &mut Output) -> Option<(u32, Evicted)>,
     ) -> Option<(u32, Option<Evicted>)> {
-        if self.dur.on && !self.free_available() {
+        if self.dur.on() && !self.free_available() {
             return None;
         }
         let (s, e) = evict(self, out)?;
-        if !self.dur.on {
+        if !self.dur.on() {
             return Some((s, Some(e)));
         }
         self.free_slot(s);
@@ -216,7 +210,7 @@ impl Engine {
     /// `vm`'s own victim for its miss (routed to a store below its share when it migrates).
     fn own_victim(&mut self, vm: VmId, sync: bool, out: &mut Output) -> Option<(u32, Option<Evicted>)> {
         let (s, evicted) = self.victim_slot(vm, sync, out)?;
-        if self.moving.migrating > 0 && self.vms[vm as usize].migration != crate::MigrationScheme::Off {
+        if self.moving.any() && self.vms[vm as usize].migration != crate::MigrationScheme::Off {
             Some((self.promote_to_destination(vm, s), evicted))
         } else {
             Some((s, evicted))
@@ -241,7 +235,7 @@ impl Engine {
     /// ahead off — queued for a background write-back ([`Engine::run_paced_clean`]), so
     /// the shrink goes on. Measured both ways in docs/policies.md.
     fn queue_clean_ahead(&mut self, donor: VmId, passed: Vec<u32>, found: bool) {
-        if self.ahead.window > 0 && found {
+        if self.ahead.on() && found {
             self.ahead_look_at(donor);
             return;
         }
@@ -287,14 +281,11 @@ impl Engine {
     /// ([`Engine::set_target_paced`]); stale entries are dropped on the way.
     #[inline]
     pub(crate) fn paced_donor(&mut self) -> Option<VmId> {
-        while let Some(&o) = self.shrink.over_target.last() {
-            let p = &self.vms[o as usize];
-            if p.paced && p.used > p.target {
-                return Some(o);
-            }
-            self.shrink.over_target.pop();
-        }
-        None
+        let vms = &self.vms;
+        self.shrink.donor(|o| {
+            let p = &vms[o as usize];
+            p.paced && p.used > p.target
+        })
     }
 
     /// Finds a slot for a new block of `vm` and makes it resident; `None` = bypass.
@@ -330,7 +321,7 @@ impl Engine {
         };
         // A dirty victim's slot is written after its write-back.
         let phase = match evicted {
-            Some(e) if e.dirty_sectors > 0 && !self.dur.on => 2,
+            Some(e) if e.dirty_sectors > 0 && !self.dur.on() => 2,
             _ => 0,
         };
         self.slots.set_key(slot, key);

@@ -1,5 +1,5 @@
 //! Persistent mode's wait for a free slot: a request that may need a new slot while no
-//! durable free slot is left waits in admission for the commit that returns slots from
+//! durable free slot is left waits in the request queue for the commit that returns slots from
 //! limbo, instead of bypassing the cache (bcache's allocator waits for a free bucket the
 //! same way). It waits only when slots will come back — some are in limbo waiting for a
 //! commit, or a refill job is evicting ahead (`durability.rs`) — and the last commit did
@@ -14,12 +14,11 @@ use crate::slot_table::key_block;
 use cachevisor_trace::Request;
 
 impl Engine {
-    /// Whether `req` must wait for the next commit before it is admitted: persistent mode,
+    /// Whether `req` must wait for the next commit before it is dispatched: persistent mode,
     /// not passing through, no durable free slot, slots on their way back, and a block of
     /// it not cached (a miss that would take a slot).
     pub(crate) fn waits_for_slot(&mut self, req: &Request) -> bool {
-        let coming = self.dur.limbo_len() > 0 || self.dur.refilling;
-        if !self.dur.on || req.len == 0 || !coming || self.dur.commits_failing {
+        if req.len == 0 || !self.dur.slots_coming() {
             return false;
         }
         if self.vms.get(req.vm as usize).is_none_or(|p| p.bypass) || self.free_available() {
@@ -31,7 +30,7 @@ impl Engine {
     /// Requests that arrived to find no durable free slot for their miss and waited for a
     /// commit (persistent mode), since the engine started.
     pub fn slot_waits(&self) -> u64 {
-        self.dur.slot_waits
+        self.dur.slot_waits()
     }
 }
 
@@ -101,7 +100,7 @@ mod tests {
     #[test]
     fn a_miss_with_no_durable_free_slot_waits_for_the_commit_then_takes_a_slot() {
         let (mut e, id) = starved();
-        // The commit frees the limbo slots: the miss is admitted and cached, not bypassed.
+        // The commit frees the limbo slots: the miss is dispatched and cached, not bypassed.
         commit(&mut e);
         let replies = run_ops(&mut e);
         assert_eq!(replies.iter().find(|r| r.0 == id).map(|r| r.1), Some(0), "{replies:?}");

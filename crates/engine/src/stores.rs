@@ -101,29 +101,29 @@ impl StoreLayout {
 
 /// One row of the engine's store table: the state that changes as slots are taken.
 #[derive(Debug, Clone)]
-pub(crate) struct Store {
-    /// Free slots (pinned ones set aside in `Engine::parked`).
-    pub(crate) free: List,
+struct Store {
+    /// Free slots (pinned ones set aside in `Stores::parked`).
+    free: List,
     /// Slots in use (every VM's).
-    pub(crate) used: u64,
+    used: u64,
     /// The cap a driver set (`set_store_limit`; `u64::MAX`: none).
-    pub(crate) limit: u64,
+    limit: u64,
     /// Where migration's reclaim scan resumes (`migration.rs`).
-    pub(crate) reclaim_cursor: u64,
+    reclaim_cursor: u64,
 }
 
 /// The store table: the layout and a row per store.
 #[derive(Debug, Clone)]
 pub(crate) struct Stores {
-    pub(crate) layout: StoreLayout,
-    pub(crate) rows: Vec<Store>,
+    layout: StoreLayout,
+    rows: Vec<Store>,
     /// Free slots taken off their free list because ops were still in flight on them (a
     /// victim's write-back reading it): they return when the ops' job retires, so taking
     /// a free slot never scans past them.
-    pub(crate) parked: rustc_hash::FxHashSet<u32>,
+    parked: rustc_hash::FxHashSet<u32>,
     /// Writes to blocks in lent stores go through to the backing store, so no block there
     /// is ever dirty (`set_lent_write_through`).
-    pub(crate) lent_write_through: bool,
+    lent_write_through: bool,
 }
 
 impl Stores {
@@ -159,6 +159,92 @@ impl Stores {
         let r = &self.rows[st as usize];
         r.free.front().is_some() && r.used < r.limit
     }
+
+    /// Whether some store has a free slot and is below its cap.
+    pub(crate) fn any_open(&self) -> bool {
+        self.ids().any(|st| self.open(st))
+    }
+
+    /// Stores in the table.
+    pub(crate) fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub(crate) fn layout(&self) -> &StoreLayout {
+        &self.layout
+    }
+
+    /// Whether store `st` holds fewer slots than its cap.
+    #[inline]
+    pub(crate) fn below_cap(&self, st: StoreId) -> bool {
+        let r = &self.rows[st as usize];
+        r.used < r.limit
+    }
+
+    /// Store `st`'s cap (`u64::MAX`: none).
+    pub(crate) fn limit(&self, st: StoreId) -> u64 {
+        self.rows[st as usize].limit
+    }
+
+    /// Slots in use in store `st` (0 for a store not in the table).
+    pub(crate) fn used(&self, st: StoreId) -> u64 {
+        self.rows.get(st as usize).map_or(0, |r| r.used)
+    }
+
+    /// Counts a slot in or out of store `st`'s use (`delta` ±1).
+    #[inline]
+    pub(crate) fn count(&mut self, st: StoreId, delta: i64) {
+        let row = &mut self.rows[st as usize];
+        row.used = row.used.wrapping_add_signed(delta);
+    }
+
+    /// Store `st`'s free list.
+    #[inline]
+    pub(crate) fn free_list(&mut self, st: StoreId) -> &mut List {
+        &mut self.rows[st as usize].free
+    }
+
+    /// Free slots set aside while pinned.
+    pub(crate) fn parked_len(&self) -> usize {
+        self.parked.len()
+    }
+
+    /// Sets free slot `s` aside: ops are still in flight on it.
+    pub(crate) fn park(&mut self, s: u32) {
+        self.parked.insert(s);
+    }
+
+    /// Takes slot `s` out of the set-aside ones; whether it was there.
+    #[inline]
+    pub(crate) fn unpark(&mut self, s: u32) -> bool {
+        !self.parked.is_empty() && self.parked.remove(&s)
+    }
+
+    /// Moves the pinned slots at the front of every free list aside.
+    #[inline]
+    pub(crate) fn park_pinned_free(&mut self, slots: &mut SlotTable, pinned: impl Fn(u32) -> bool) {
+        for r in self.rows.iter_mut() {
+            while let Some(s) = r.free.front().filter(|&s| pinned(s)) {
+                r.free.unlink(slots, s);
+                self.parked.insert(s);
+            }
+        }
+    }
+
+    /// Where migration's reclaim scan of store `st` (`len` slots) looks next; the scan
+    /// moves on by one.
+    pub(crate) fn next_reclaim(&mut self, st: StoreId, len: u64) -> u64 {
+        let row = &mut self.rows[st as usize];
+        let at = row.reclaim_cursor % len;
+        row.reclaim_cursor = at + 1;
+        at
+    }
+
+    /// Whether writes to lent stores go through (`Engine::set_lent_write_through`).
+    #[inline]
+    pub(crate) fn lent_write_through(&self) -> bool {
+        self.lent_write_through
+    }
 }
 
 impl Engine {
@@ -175,7 +261,7 @@ impl Engine {
 
     /// `st`'s free list, with the slot table its links live in.
     fn free_list(&mut self, st: StoreId) -> (&mut List, &mut SlotTable) {
-        (&mut self.stores.rows[st as usize].free, &mut self.slots)
+        (self.stores.free_list(st), &mut self.slots)
     }
 
     /// Puts a free slot at the back of its store's free list (a withheld one stays off).
@@ -209,15 +295,8 @@ impl Engine {
     /// and its write failed).
     #[inline]
     pub(crate) fn take_free(&mut self) -> Option<u32> {
-        (0..self.stores.rows.len() as StoreId)
-            .find_map(|st| self.below_cap(st).then(|| self.take_free_of(st)).flatten())
-    }
-
-    /// Whether store `st` holds fewer slots than its cap.
-    #[inline]
-    fn below_cap(&self, st: StoreId) -> bool {
-        let r = &self.stores.rows[st as usize];
-        r.used < r.limit
+        (0..self.stores.len() as StoreId)
+            .find_map(|st| self.stores.below_cap(st).then(|| self.take_free_of(st)).flatten())
     }
 
     /// Takes a free slot of store `st`.
@@ -233,16 +312,15 @@ impl Engine {
     /// Whether a free slot with no ops in flight is left.
     pub(crate) fn free_available(&mut self) -> bool {
         self.park_pinned_free();
-        self.stores.rows.iter().any(|r| r.free.front().is_some() && r.used < r.limit)
+        self.stores.any_open()
     }
 
-    /// Moves pinned slots at the front of the free lists aside ([`Engine::parked`]).
+    /// Moves pinned slots at the front of the free lists aside ([`Stores::park`]).
+    #[inline]
     pub(crate) fn park_pinned_free(&mut self) {
-        for r in self.stores.rows.iter_mut() {
-            while let Some(s) = r.free.front().filter(|&s| self.flight.pinned(s)) {
-                r.free.unlink(&mut self.slots, s);
-                self.stores.parked.insert(s);
-            }
+        if self.flight.has_pins() {
+            let flight = &self.flight;
+            self.stores.park_pinned_free(&mut self.slots, |s| flight.pinned(s));
         }
     }
 
@@ -252,13 +330,12 @@ impl Engine {
         let st = self.store_of(s) as usize;
         let p = &mut self.vms[vm as usize];
         p.held[st] = p.held[st].wrapping_add_signed(delta);
-        let row = &mut self.stores.rows[st];
-        row.used = row.used.wrapping_add_signed(delta);
+        self.stores.count(st as StoreId, delta);
     }
 
     /// Slots in use in store `st` (every VM's).
     pub fn store_used(&self, st: StoreId) -> u64 {
-        self.stores.rows.get(st as usize).map_or(0, |r| r.used)
+        self.stores.used(st)
     }
 
     /// Caps the slots this engine's VMs may hold in store `st` (`u64::MAX`: no cap, the

@@ -59,15 +59,23 @@ pub(crate) struct Timers {
     /// Where the flusher's sweep of the dirty bitmap goes on.
     flush_cursor: u32,
     /// Blocks the flusher may still write back in this step (`flush_step` refills them).
-    pub(crate) flush_tokens: u64,
+    flush_tokens: u64,
     /// The cache's dirty blocks above which the flusher writes back (its target).
-    pub(crate) flush_above: u64,
+    flush_above: u64,
     /// Global cleaner watermarks in free slots (low, high).
-    pub(crate) cleaner: Option<(u64, u64)>,
+    cleaner: Option<(u64, u64)>,
     /// The flusher's rate controller.
     rate: FlushRate,
     /// Client requests since the last flusher step (the controller's idle test).
-    pub(crate) requests: u64,
+    requests: u64,
+}
+
+impl Timers {
+    /// A client request arrived (the flusher's idle test counts them).
+    #[inline]
+    pub(crate) fn request_arrived(&mut self) {
+        self.requests += 1;
+    }
 }
 
 impl Engine {
@@ -78,7 +86,7 @@ impl Engine {
         t.next_interval = (schedule.interval_ns > 0).then(|| now_ns.saturating_add(schedule.interval_ns));
         t.next_flush = schedule.flusher.map(|f| now_ns.saturating_add(f.period_ns.max(1)));
         t.schedule = schedule;
-        self.ahead.flushing = schedule.flusher.is_some();
+        self.ahead.set_flushing(schedule.flusher.is_some());
     }
 
     /// Sets (or clears) the global cleaner's watermarks in free slots: when a request
@@ -185,7 +193,7 @@ impl Engine {
     /// not journaled (the flusher's rule, `durability.rs`). The flusher and write-back
     /// ahead of eviction use it. Returns the job, `None` when nothing was written.
     pub(crate) fn destage_job(&mut self, keys: &[u64]) -> Option<crate::ReqId> {
-        self.dur.lazy_clean = self.dur.on;
+        self.dur.set_lazy_clean(true);
         let id = self.submit_job(|e, out| {
             let mut one = Output::default();
             for &k in keys {
@@ -193,7 +201,7 @@ impl Engine {
                 out.ops.append(&mut one.ops);
             }
         });
-        self.dur.lazy_clean = false;
+        self.dur.set_lazy_clean(false);
         id
     }
 }

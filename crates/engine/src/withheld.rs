@@ -1,4 +1,4 @@
-//! Slots of the local store lent out of the engine, for one SSD budget shared by the
+//! Slots of the local store withheld from the cache, for one SSD budget shared by the
 //! host-managed partitions and guest-managed vSSDs (SymFlex §2.2: the hypervisor's SSD is
 //! carved between them, and the allocator moves space from one to the other).
 //!
@@ -13,7 +13,7 @@
 //! again). Withheld slots are never taken for a block, never restored from a journal,
 //! and counted apart from free ones ([`Engine::withheld_slots`]).
 //!
-//! The engine keeps this in memory only: which runs are lent is the borrower's durable
+//! The engine keeps this in memory only: which runs are withheld is the borrower's durable
 //! state (the vSSD region's journal), and a driver withholds them again at start, before
 //! any I/O, when they are free anyway (a borrower takes a run only after the engine's
 //! frees are durable, and gives it back only after its own release is). Hand-written:
@@ -26,13 +26,31 @@ use crate::slot_table::{key_vm, FREE_KEY};
 use crate::stores::LOCAL;
 use rustc_hash::FxHashSet;
 
-/// Slots lent out of the engine.
+/// Slots withheld from the cache.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Withheld {
     /// Every withheld slot, emptied or not.
-    pub(crate) slots: FxHashSet<u32>,
+    slots: FxHashSet<u32>,
     /// Withheld slots that hold nothing and are on no list (not free, not in limbo).
-    pub(crate) idle: FxHashSet<u32>,
+    idle: FxHashSet<u32>,
+}
+
+impl Withheld {
+    /// Withheld slots emptied (holding nothing, on no list).
+    pub(crate) fn idle_len(&self) -> usize {
+        self.idle.len()
+    }
+
+    /// Takes idle slot `s` back for a block (a restore or repair puts one there; it is
+    /// emptied again by [`Engine::withhold_step`]); whether it was idle.
+    pub(crate) fn take_back(&mut self, s: u32) -> bool {
+        !self.idle.is_empty() && self.idle.remove(&s)
+    }
+
+    /// An idle slot that holds a block (`holds`) or is not withheld: the invariant broken.
+    pub(crate) fn broken(&self, holds: impl Fn(u32) -> bool) -> Option<u32> {
+        self.idle.iter().copied().find(|&s| holds(s) || !self.slots.contains(&s))
+    }
 }
 
 impl Engine {
@@ -65,12 +83,7 @@ impl Engine {
         let mut moved = 0;
         for s in first..first + n {
             let key = self.slots.key(s);
-            if key == FREE_KEY
-                || self.flight.pinned(s)
-                || self.flight.busy.contains_key(&key)
-                || self.flight.queues.contains_key(&key)
-                || !self.movable(s)
-            {
+            if key == FREE_KEY || self.flight.pinned(s) || self.block_taken(key) || !self.movable(s) {
                 continue;
             }
             let Some(d) = self.take_free_of(LOCAL) else { break };
@@ -87,13 +100,13 @@ impl Engine {
     /// Marks slots `first..first + n` withheld; errors (nothing changed) when the run is
     /// not inside the local store.
     fn mark_withheld(&mut self, first: u32, n: u32) -> Result<(), String> {
-        let (lo, len) = self.stores.layout.range(LOCAL);
+        let (lo, len) = self.stores.layout().range(LOCAL);
         let end = u64::from(first) + u64::from(n);
         if u64::from(first) < lo || end > lo + len {
             return Err(format!("slots {first}..{end} are not all in the local store's {lo}..{}", lo + len));
         }
         for s in first..first + n {
-            self.lent.slots.insert(s);
+            self.withheld.slots.insert(s);
         }
         Ok(())
     }
@@ -101,29 +114,29 @@ impl Engine {
     /// Retries emptying the withheld slots that had ops in flight; returns how many are
     /// still not idle.
     pub fn withhold_step(&mut self, out: &mut Output) -> usize {
-        let busy: Vec<u32> = self.lent.slots.iter().filter(|s| !self.lent.idle.contains(s)).copied().collect();
+        let busy: Vec<u32> = self.withheld.slots.iter().filter(|s| !self.withheld.idle.contains(s)).copied().collect();
         for &s in &busy {
             self.empty_withheld(s, out);
         }
-        self.lent.slots.len() - self.lent.idle.len()
+        self.withheld.slots.len() - self.withheld.idle.len()
     }
 
     /// Whether every slot of `first..first + n` is withheld, holds nothing, is on no list
     /// and has no op in flight: the run's bytes may be given to someone else.
     pub fn withheld_ready(&self, first: u32, n: u32) -> bool {
-        (first..first + n).all(|s| self.lent.idle.contains(&s) && !self.flight.pinned(s))
+        (first..first + n).all(|s| self.withheld.idle.contains(&s) && !self.flight.pinned(s))
     }
 
     /// Gives withheld slots `first..first + n` back to the cache (free again); slots not
     /// withheld are left as they are. The caller no longer uses their bytes.
     pub fn return_slots(&mut self, first: u32, n: u32) {
         for s in first..first + n {
-            if !self.lent.slots.remove(&s) {
+            if !self.withheld.slots.remove(&s) {
                 continue;
             }
-            if self.lent.idle.remove(&s) {
+            if self.withheld.idle.remove(&s) {
                 if self.flight.pinned(s) {
-                    self.stores.parked.insert(s);
+                    self.stores.park(s);
                 } else {
                     self.free_push_back(s);
                 }
@@ -150,13 +163,13 @@ impl Engine {
 
     /// Slots withheld (emptied or not).
     pub fn withheld_slots(&self) -> u64 {
-        self.lent.slots.len() as u64
+        self.withheld.slots.len() as u64
     }
 
     /// Whether slot `s` is withheld.
     #[inline]
     pub(crate) fn is_withheld(&self, s: u32) -> bool {
-        !self.lent.slots.is_empty() && self.lent.slots.contains(&s)
+        !self.withheld.slots.is_empty() && self.withheld.slots.contains(&s)
     }
 
     /// A withheld slot reaching a free list stays off it: idle.
@@ -165,24 +178,24 @@ impl Engine {
         if !self.is_withheld(s) {
             return false;
         }
-        self.lent.idle.insert(s);
+        self.withheld.idle.insert(s);
         true
     }
 
     /// Empties withheld slot `s` as far as it can now.
     fn empty_withheld(&mut self, s: u32, out: &mut Output) {
-        if self.lent.idle.contains(&s) {
+        if self.withheld.idle.contains(&s) {
             return;
         }
         let key = self.slots.key(s);
         if key == FREE_KEY {
             // On a free list, parked (pinned), or on its way there — in limbo or a
             // migration's deferred frees — and then it arrives idle.
-            if self.stores.parked.remove(&s) {
-                self.lent.idle.insert(s);
-            } else if !self.dur.in_limbo(s) && !self.moving.deferred_free.contains(&s) {
+            if self.stores.unpark(s) {
+                self.withheld.idle.insert(s);
+            } else if !self.dur.in_limbo(s) && !self.moving.frees_later(s) {
                 self.free_unlink(s);
-                self.lent.idle.insert(s);
+                self.withheld.idle.insert(s);
             }
             return;
         }

@@ -36,10 +36,10 @@ pub const AHEAD_BATCH: usize = 1;
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Ahead {
     /// Next victims looked at per VM (0: off).
-    pub(crate) window: u32,
+    window: u32,
     /// The background flusher runs (`timers.rs`): its jobs go through the same per-VM
     /// slot, in the backing stores' idle time.
-    pub(crate) flushing: bool,
+    flushing: bool,
     /// Per VM: backing ops handed out and not completed.
     backing_ops: Vec<u32>,
     /// Per VM: whether its write-back-ahead job runs.
@@ -67,6 +67,16 @@ pub(crate) struct Ahead {
 }
 
 impl Ahead {
+    /// Whether write-back ahead of eviction is on.
+    #[inline]
+    pub(crate) fn on(&self) -> bool {
+        self.window > 0
+    }
+
+    /// The background flusher runs (or stops).
+    pub(crate) fn set_flushing(&mut self, on: bool) {
+        self.flushing = on;
+    }
     fn grow(&mut self, vm: VmId) {
         let n = vm as usize + 1;
         if self.backing_ops.len() < n {
@@ -174,7 +184,7 @@ impl Engine {
     }
 
     /// `vm`'s next victims may have changed without its backing store doing anything (a
-    /// request of it was admitted or retired — its blocks unpinned —, another VM's miss
+    /// request of it was dispatched or retired — its blocks unpinned —, another VM's miss
     /// took one of its blocks).
     #[inline]
     pub(crate) fn ahead_look_at(&mut self, vm: VmId) {
@@ -213,7 +223,7 @@ impl Engine {
     /// that runs none yet and has dirty blocks among its next victims — or, with none
     /// there, the flusher's job for it (`Engine::flush_job_for`).
     pub(crate) fn run_writeback_ahead(&mut self) {
-        if self.ahead.check.is_empty() || self.flight.hold {
+        if self.ahead.check.is_empty() || self.flight.held() {
             return;
         }
         let check = std::mem::take(&mut self.ahead.check);

@@ -631,7 +631,7 @@ fn run_checking(
                 });
             }
             Step::Checkpoint => {
-                d.e.hold_admission(true, now);
+                d.e.hold_requests(true, now);
                 let mut rounds = 0;
                 while !d.e.quiescent() {
                     rounds += 1;
@@ -654,7 +654,7 @@ fn run_checking(
                 d.m.sync_stores(&syncs.stores);
                 d.m.journal = records.into_iter().map(|r| d.m.journal_entry(r)).collect();
                 d.e.checkpoint_done();
-                d.e.hold_admission(false, now);
+                d.e.hold_requests(false, now);
             }
             Step::Tick => d.e.handle_timeout(now),
             Step::Lend { run, moving } => lending::lend(&mut d.e, &mut d.lending, run * RUN, moving).map_err(ctx)?,

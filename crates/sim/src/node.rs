@@ -6,7 +6,7 @@
 //!
 //! Timing: an op handed out at time t starts on its device's queueing model at t and
 //! completes when the model says; its completion goes back to the engine at that time,
-//! which hands out the next phase, replies, or admits a request that waited for the
+//! which hands out the next phase, replies, or dispatches a request that waited for the
 //! block (a read of a block being filled waits for the fill, as in the daemon). A
 //! request completes at its reply. In persistent mode (the daemon's, `cache.persistent`)
 //! the engine's commits are writes of their records to the cache SSD, so the durable

@@ -222,7 +222,7 @@ impl Replicator {
                     let ok = queued.is_some_and(|o| self.settle(&o));
                     l = self.lock();
                     l.appended(ok);
-                    l.reported(first); // the engine marked the blocks dirty at admission
+                    l.reported(first); // the engine marked the blocks dirty at dispatch
                     self.cv.notify_all();
                     written?;
                     if ok {

@@ -1,11 +1,12 @@
-//! Admission: a submitted request (or discard) goes at once when no admitted job holds,
-//! and no earlier request waits for, any of its blocks; otherwise it waits in per-block
-//! queues in arrival order and is admitted by the pass that finds all its blocks free and
-//! itself at the head of each of their queues (`inflight.rs` states the rules). Admission
-//! runs the request's engine access and hands its job to `jobs.rs`.
+//! Dispatch: a submitted request (or discard) runs at once when no running job holds, and
+//! no earlier request waits for, any of its blocks; otherwise it waits in the request
+//! queue (`request_queue.rs`) and is dispatched by the pass that finds all its blocks free
+//! and itself at the head of each of their queues (`inflight.rs` states the rules).
+//! Dispatch runs the request's engine access and hands its job to `jobs.rs`. (Dispatch
+//! decides *when* a request runs; what may enter the cache is another question.)
 
 use crate::engine::Engine;
-use crate::inflight::{Event, Failure, Job, ReqId};
+use crate::inflight::{Failure, Job, ReqId};
 use crate::slot_table::pack_key;
 use cachevisor_trace::{Op, Request, VmId};
 
@@ -23,18 +24,20 @@ impl Engine {
             return id;
         }
         let waits = self.waits_for_slot(req);
-        self.dur.slot_waits += waits as u64;
+        if waits {
+            self.dur.count_slot_wait();
+        }
         if !waits && self.blocks_free(req) {
-            // Nothing holds or waits for its blocks (nor for a slot): admitted at once.
-            self.admit(now_ns, id, *req);
-            if !self.flight.freed.is_empty() {
-                self.admit_waiting(now_ns);
+            // Nothing holds or waits for its blocks (nor for a slot): dispatched at once.
+            self.dispatch(now_ns, id, *req);
+            if self.queue.any_freed() {
+                self.dispatch_waiting(now_ns);
             }
         } else {
             self.enqueue(id, *req);
-            self.admit_waiting(now_ns);
+            self.dispatch_waiting(now_ns);
         }
-        if self.ahead.window > 0 {
+        if self.ahead.on() {
             self.ahead_client_request(req.vm);
             self.run_writeback_ahead();
         }
@@ -47,25 +50,26 @@ impl Engine {
         if self.check_range(vm, offset, len as u64).is_ok() {
             return false;
         }
-        let f = &mut self.flight;
-        f.push_event(Event::Reply { req: id, result: Err(Failure::OutOfRange), blocks: Vec::new() });
-        f.push_event(Event::Retired { req: id, failed: false });
+        self.flight.answer_at_once(id, Err(Failure::OutOfRange), false);
         true
     }
 
-    /// Whether admission is open and no job holds, and no request waits for, a block of
+    /// Whether dispatch is open and no job holds, and no request waits for, a block of
     /// `req`.
     fn blocks_free(&self, req: &Request) -> bool {
-        let f = &self.flight;
-        if f.hold {
+        if self.flight.held() {
             return false;
         }
         let Some((vm, lo, hi)) = self.block_span(req) else { return true };
-        (f.busy.is_empty() && f.queues.is_empty())
-            || (lo..=hi).all(|b| {
-                let k = pack_key(vm, b);
-                !f.busy.contains_key(&k) && !f.queues.contains_key(&k)
-            })
+        (!self.flight.any_block_held() && self.queue.no_block_waited_on())
+            || (lo..=hi).all(|b| !self.block_taken(pack_key(vm, b)))
+    }
+
+    /// Whether a running job holds, or a waiting request waits for, block key `k`: a block
+    /// nothing may move or drop meanwhile.
+    #[inline]
+    pub(crate) fn block_taken(&self, k: u64) -> bool {
+        self.flight.holds_block(k) || self.queue.waits_on(k)
     }
 
     /// The block range (vm, first, last) a request touches; `None` for an empty one.
@@ -74,15 +78,10 @@ impl Engine {
         (req.len > 0).then(|| (req.vm, req.offset >> sh, (req.end() - 1) >> sh))
     }
 
-    /// Puts a request in the waiting queues (admitted by the next admission pass).
+    /// Puts a request in the request queue (dispatched by a later pass).
     fn enqueue(&mut self, id: ReqId, req: Request) {
-        if let Some((vm, lo, hi)) = self.block_span(&req) {
-            for b in lo..=hi {
-                self.flight.queues.entry(pack_key(vm, b)).or_default().push_back(id);
-            }
-        }
-        self.flight.waiting.insert(id, req);
-        self.flight.candidates.push(id);
+        let keys = self.block_span(&req).map(|(vm, lo, hi)| (lo..=hi).map(move |b| pack_key(vm, b)));
+        self.queue.push(id, req, keys.into_iter().flatten());
     }
 
     /// Submits a discard (NBD TRIM) of `len` bytes of `vm` at `offset`: once no op is in
@@ -97,14 +96,14 @@ impl Engine {
             return id;
         }
         let (lo, hi) = (offset.div_ceil(512) * 512, (offset + len as u64) / 512 * 512);
-        self.flight.discards.insert(id, (lo, hi));
         let req = Request { time_ns: now_ns, vm, op: Op::Write, offset, len };
         self.enqueue(id, req);
-        self.admit_waiting(now_ns);
+        self.queue.mark_discard(id, (lo, hi));
+        self.dispatch_waiting(now_ns);
         id
     }
 
-    /// Drops the whole sectors of `lo..hi` of `vm` (an admitted discard).
+    /// Drops the whole sectors of `lo..hi` of `vm` (a dispatched discard).
     fn discard_range(&mut self, vm: VmId, (lo, hi): (u64, u64)) {
         let bs = self.cfg.block_size;
         if lo >= hi {
@@ -117,77 +116,38 @@ impl Engine {
         }
     }
 
-    /// Admits waiting requests whose blocks are free, in arrival order on each block (a
-    /// request behind a waiting one on the same block keeps waiting too).
-    pub(crate) fn admit_waiting(&mut self, now_ns: u64) {
-        if self.flight.hold {
+    /// Dispatches waiting requests whose blocks are free, in arrival order on each block
+    /// (a request behind a waiting one on the same block keeps waiting too).
+    pub(crate) fn dispatch_waiting(&mut self, now_ns: u64) {
+        if self.flight.held() {
             return;
         }
-        if self.flight.waiting.is_empty() {
-            self.flight.candidates.clear();
-            self.flight.freed.clear();
-            self.flight.rescan = false;
-            return;
-        }
-        if self.flight.candidates.is_empty() && self.flight.freed.is_empty() && !self.flight.rescan {
-            return;
-        }
-        let mut cands: std::collections::BTreeSet<ReqId> =
-            std::mem::take(&mut self.flight.candidates).into_iter().collect();
-        if std::mem::take(&mut self.flight.rescan) {
-            cands.extend(self.flight.waiting.keys().copied());
-        }
-        self.take_freed(&mut cands);
+        let mut cands = self.queue.take_candidates();
         while let Some(id) = cands.pop_first() {
-            let Some(&req) = self.flight.waiting.get(&id) else { continue };
-            let span = self.block_span(&req);
-            if let Some((vm, lo, hi)) = span {
-                let f = &self.flight;
+            let Some(req) = self.queue.get(id) else { continue };
+            if let Some((vm, lo, hi)) = self.block_span(&req) {
                 let ready = (lo..=hi).all(|b| {
                     let k = pack_key(vm, b);
-                    !f.busy.contains_key(&k) && f.queues.get(&k).and_then(|q| q.front()) == Some(&id)
+                    !self.flight.holds_block(k) && self.queue.heads(id, k)
                 });
-                if !ready || (!self.flight.discards.contains_key(&id) && self.waits_for_slot(&req)) {
+                if !ready || (!self.queue.is_discard(id) && self.waits_for_slot(&req)) {
                     continue;
                 }
-                for b in lo..=hi {
-                    let k = pack_key(vm, b);
-                    let q = self.flight.queues.get_mut(&k).expect("queued");
-                    q.pop_front();
-                    if q.is_empty() {
-                        self.flight.queues.remove(&k);
-                    }
-                }
             }
-            self.flight.waiting.remove(&id);
-            self.admit(now_ns, id, req);
-            if self.flight.hold {
-                self.flight.rescan = true;
+            self.queue.pop(id, self.request_keys(&req));
+            self.dispatch(now_ns, id, req);
+            if self.flight.held() {
+                self.queue.rescan();
                 return;
             }
-            self.take_freed(&mut cands);
+            self.queue.take_freed(&mut cands);
         }
     }
 
-    /// Adds the requests heading the queues of blocks freed since the last look.
-    fn take_freed(&mut self, cands: &mut std::collections::BTreeSet<ReqId>) {
-        for k in std::mem::take(&mut self.flight.freed) {
-            if let Some(&id) = self.flight.queues.get(&k).and_then(|q| q.front()) {
-                cands.insert(id);
-            }
-        }
-    }
-
-    /// Runs an admitted request: its engine access (or discard), then its ops.
-    fn admit(&mut self, now_ns: u64, id: ReqId, req: Request) {
-        let mut job = Job::recycled(&mut self.flight.spare);
-        if job.out.blocks.capacity() == 0 {
-            if let Some(b) = self.flight.spare_blocks.pop() {
-                job.out.blocks = b;
-            }
-        }
-        let discard = if self.flight.discards.is_empty() { None } else { self.flight.discards.remove(&id) };
-        if let Some(range) = discard {
+    /// Runs a dispatched request: its engine access (or discard), then its ops.
+    fn dispatch(&mut self, now_ns: u64, id: ReqId, req: Request) {
+        let mut job = self.flight.new_request_job();
+        if let Some(range) = self.queue.take_discard(id) {
             self.discard_range(req.vm, range);
             self.start(id, Some(req), job);
             return;
@@ -195,7 +155,7 @@ impl Engine {
         if req.op == Op::Write {
             self.pre_states(&req, &mut job);
         }
-        let before = if self.dur.on && req.op == Op::Write { self.vouched_before(&req) } else { Vec::new() };
+        let before = if self.dur.on() && req.op == Op::Write { self.vouched_before(&req) } else { Vec::new() };
         self.access(now_ns, &req, &mut job.out);
         if req.op == Op::Write {
             for op in job.out.ops.iter().filter(|o| o.client && o.kind == crate::output::OpKind::SsdWrite) {
@@ -205,7 +165,7 @@ impl Engine {
         if !before.is_empty() {
             let intents = self.intents(&before, &job.out);
             if !intents.is_empty() {
-                self.dur.intents.extend(intents);
+                self.dur.add_intents(intents);
                 job.held = true; // until the intent commit is durable (`start`)
             }
         }
@@ -237,9 +197,9 @@ impl Engine {
         }
     }
 
-    /// After a commit: requests may go on.
-    pub(crate) fn admit_after_commit(&mut self, now_ns: u64) {
-        self.flight.rescan = true;
-        self.admit_waiting(now_ns);
+    /// After a commit (or a hold ends): every waiting request may go on.
+    pub(crate) fn dispatch_after_commit(&mut self, now_ns: u64) {
+        self.queue.rescan();
+        self.dispatch_waiting(now_ns);
     }
 }

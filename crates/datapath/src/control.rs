@@ -279,7 +279,10 @@ impl DataPath {
 
     /// `vm`'s counters.
     pub fn stats(&self, vm: VmId) -> ExportStats {
-        self.shared.lock().stats.get(vm as usize).copied().unwrap_or_default()
+        let core = self.shared.lock();
+        let s = core.stats.get(vm as usize).copied().unwrap_or_default();
+        let passthrough = core.engine.bypass_cause(vm) == Some(cachevisor_engine::BypassCause::DeviceErrors);
+        ExportStats { passthrough, ..s }
     }
 
     /// Block accesses that hit, summed over every vDisk.

@@ -36,7 +36,8 @@ pub struct ExportStats {
     pub trims: u64,
     /// Device errors returned as EIO.
     pub errors: u64,
-    /// The vDisk bypasses the cache after too many device errors.
+    /// The vDisk bypasses the cache after too many device errors: the engine's word
+    /// (`Engine::bypass_cause`), filled as the counters are read (`DataPath::stats`).
     pub passthrough: bool,
 }
 
@@ -78,11 +79,11 @@ impl Shared {
             if errors == s.errors {
                 continue;
             }
+            let crossed = core.engine.error_threshold().is_some_and(|t| s.errors < t && errors >= t);
             s.errors = errors;
             let name = &core.names[vm];
             tracing::error!(vdisk = %name, errors, "device error");
-            if core.engine.bypassed(vm as VmId) && !s.passthrough {
-                s.passthrough = true;
+            if crossed {
                 let p = core.engine.partition(vm as VmId);
                 tracing::error!(vdisk = %name, errors, cached = p.used, dirty = p.dirty_blocks, "error threshold reached: the vDisk passes through to its backing store from now on; its dirty blocks stay cached (reads of them hit) until they are written back");
             }

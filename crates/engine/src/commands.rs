@@ -189,6 +189,8 @@ impl Engine {
         p.bypass = on;
         if on {
             p.write_policy = WritePolicy::Ro;
+        } else {
+            p.bypass_errors = false;
         }
     }
 

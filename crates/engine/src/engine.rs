@@ -21,6 +21,9 @@ pub(crate) struct Partition {
     pub(crate) repl: Option<AnyReplacement>,
     /// Misses take no slots (see [`Engine::set_bypass`]).
     pub(crate) bypass: bool,
+    /// It passes through because its device errors reached the threshold
+    /// ([`Engine::set_error_threshold`]), until a driver ends the pass-through.
+    pub(crate) bypass_errors: bool,
     /// Its last shrink is paced ([`Engine::set_target_paced`]): above its target, it gives
     /// a block up each time a VM below its own target misses with no free slot.
     pub(crate) paced: bool,
@@ -326,6 +329,7 @@ impl Engine {
                 write_policy: self.cfg.write_policy,
                 repl,
                 bypass: false,
+                bypass_errors: false,
                 paced: false,
                 remote_target: 0,
                 shares: vec![0; self.stores.len()],

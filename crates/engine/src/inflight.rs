@@ -398,6 +398,10 @@ impl Flight {
         self.error_threshold = Some(errors.max(1));
     }
 
+    pub(crate) fn error_threshold(&self) -> Option<u64> {
+        self.error_threshold
+    }
+
     /// Counts a device error of `vm`'s; whether its errors reached the threshold.
     pub(crate) fn count_error(&mut self, vm: VmId) -> bool {
         let errors = &mut self.errors;

@@ -69,6 +69,7 @@ pub use durability::{durable_reserve, Commit, SlotRecord, Syncs};
 pub use engine::{Engine, PartitionInfo};
 pub use inflight::{Event, Failure, ReqId};
 pub use migration::{MigrationScheme, MigrationStats};
+pub use mode::BypassCause;
 pub use output::{BlockOutcome, DeviceOp, Evicted, Location, OpHandle, OpId, OpKind, Output, MAX_RUN_BYTES, NO_SLOT};
 pub use prewarm_load::PrewarmOutcome;
 pub use replacement::{Replacement, ReplacementKind};

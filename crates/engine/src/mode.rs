@@ -99,18 +99,44 @@ impl Engine {
         self.flight.set_error_threshold(errors);
     }
 
+    /// The device errors at which a VM passes through (`None`: never).
+    pub fn error_threshold(&self) -> Option<u64> {
+        self.flight.error_threshold()
+    }
+
     /// Whether `vm` passes through ([`Self::set_bypass`], or its errors reached the
     /// threshold).
     pub fn bypassed(&self, vm: VmId) -> bool {
         self.vms.get(vm as usize).is_some_and(|p| p.bypass)
     }
 
+    /// Why `vm` passes through, if it does: its device errors reached the threshold
+    /// (its dirty blocks are drained to the backing store, then its cache released:
+    /// `cachevisor_policy::controller::PassThroughDrain`), or a driver said so (a cache
+    /// detached: the driver empties the cache its own way).
+    pub fn bypass_cause(&self, vm: VmId) -> Option<BypassCause> {
+        let p = self.vms.get(vm as usize).filter(|p| p.bypass)?;
+        Some(if p.bypass_errors { BypassCause::DeviceErrors } else { BypassCause::Driver })
+    }
+
     /// Counts a device error of `vm`'s; at the threshold, `vm` passes through.
     pub(crate) fn count_device_error(&mut self, vm: VmId) {
-        if self.flight.count_error(vm) && !self.bypassed(vm) {
-            self.set_bypass(vm, true);
+        if self.flight.count_error(vm) {
+            if !self.bypassed(vm) {
+                self.set_bypass(vm, true);
+            }
+            self.vms[vm as usize].bypass_errors = true;
         }
     }
+}
+
+/// Why a VM passes through ([`Engine::bypass_cause`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum BypassCause {
+    /// Its device errors reached the threshold ([`Engine::set_error_threshold`]).
+    DeviceErrors,
+    /// A driver turned it on ([`Engine::set_bypass`]: a cache detached).
+    Driver,
 }
 
 #[cfg(test)]
@@ -208,8 +234,16 @@ mod tests {
             let _ = id;
         }
         assert!(e.bypassed(0) && e.device_errors(0) == 2);
+        assert_eq!(e.bypass_cause(0), Some(super::BypassCause::DeviceErrors));
         // Passing through: writes go around the cache, misses take no slots.
         assert_eq!(kinds(&mut e, req(Op::Write, 8 * 4096, 4096)), [BackingWrite]);
         assert_eq!(e.partition(0).write_policy, WritePolicy::Ro);
+        // A driver's bypass on top keeps the cause; ending it ends both.
+        e.set_bypass(0, true);
+        assert_eq!(e.bypass_cause(0), Some(super::BypassCause::DeviceErrors));
+        e.set_bypass(0, false);
+        assert_eq!(e.bypass_cause(0), None);
+        e.set_bypass(0, true);
+        assert_eq!(e.bypass_cause(0), Some(super::BypassCause::Driver), "a detached cache's bypass");
     }
 }

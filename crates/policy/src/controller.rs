@@ -354,7 +354,11 @@ pub fn apply(e: &mut Engine, d: &Decision) -> Output {
             }
         }
     }
-    let mut order: Vec<usize> = (0..d.targets.len()).collect();
+    // A vDisk passing through after device errors keeps its target until drained
+    // (`passthrough_drain.rs`): its dirty blocks stay cached, reads of them hit.
+    let drained =
+        |e: &Engine, v: usize| e.bypass_cause(v as VmId) == Some(cachevisor_engine::BypassCause::DeviceErrors);
+    let mut order: Vec<usize> = (0..d.targets.len()).filter(|&v| !drained(e, v)).collect();
     order.sort_by_key(|&v| d.targets[v] > e.partition(v as VmId).target); // shrinks first
     for v in order {
         if d.paced_shrinks {

@@ -21,6 +21,7 @@ pub mod eci_cache;
 pub mod hull_greedy;
 pub mod optimal;
 pub mod params;
+pub mod passthrough_drain;
 pub mod registry;
 pub mod reuse_sizing;
 pub mod scave;

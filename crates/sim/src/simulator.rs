@@ -15,6 +15,7 @@ use crate::report::{SimResult, TraceCounts};
 use crate::scenario::{ReplayMode, Resolved, Scenario};
 use cachevisor_engine::{EngineConfig, PartitionMode};
 use cachevisor_policy::controller::{self, Controller, Estimates, VmSettings, WindowCounts};
+use cachevisor_policy::passthrough_drain::PassThroughDrain;
 use cachevisor_policy::registry;
 use cachevisor_prewarm::{plan, Loader, Ranking, Snapshot};
 use cachevisor_trace::units::parse_size;
@@ -49,6 +50,8 @@ struct Run<'a> {
     last_now: u64,
     /// Estimates, allocator and decisions (shared with the daemon).
     ctl: Controller,
+    /// The drain of VMs passing through after device errors (shared with the daemon).
+    drain: PassThroughDrain,
     /// Re-run the allocator every window.
     dynamic: bool,
     /// Whole-trace estimates by VM id (pre-pass), when the allocator needs curves once.
@@ -109,6 +112,7 @@ impl<'a> Run<'a> {
             window_index: 0,
             last_now: 0,
             ctl: Controller::new(allocator, res.slots, res.cache.block_size, dynamic && !c.lookahead),
+            drain: PassThroughDrain::default(),
             dynamic,
             whole: Vec::new(),
             phases,
@@ -246,6 +250,13 @@ impl<'a> Run<'a> {
         let smoothed = end.recs;
         if let (Some(d), PartitionMode::Static) = (end.decision, self.sc.cache.partition) {
             self.node.command(self.window_end, |e, out| *out = controller::apply(e, &d));
+        }
+        // VMs passing through after device errors drain, as the daemon's do.
+        if PassThroughDrain::due(&self.node.engine) {
+            let drain = &mut self.drain;
+            self.node.command(self.window_end, |e, out| {
+                drain.step(e, out);
+            });
         }
         for (vm, &WindowCounts { requests, accesses, hits }) in stats.iter().enumerate() {
             let p = self.node.engine.partition(vm as VmId);

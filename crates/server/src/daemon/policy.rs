@@ -7,12 +7,10 @@ use cachevisor_datapath::ExportStats;
 use cachevisor_engine::{Engine, Output};
 use cachevisor_policy::allocator::Decision;
 use cachevisor_policy::controller::{self, Controller, VmSettings, WindowCounts};
+use cachevisor_policy::passthrough_drain::PassThroughDrain;
 use cachevisor_trace::units::parse_size;
 use cachevisor_trace::VmId;
 use std::time::Instant;
-
-/// Dirty blocks a vDisk in pass-through writes back per interval.
-const DRAIN_STEP: usize = 256;
 
 /// The controller and what it compares each interval with.
 pub(crate) struct Policy {
@@ -22,8 +20,8 @@ pub(crate) struct Policy {
     last_tick: Instant,
     /// The interval's length, ns.
     interval_ns: u64,
-    /// Where each pass-through vDisk's drain goes on.
-    drain_cursor: u32,
+    /// The drain of vDisks in pass-through after errors.
+    drain: PassThroughDrain,
     /// Static partitions: the allocator runs (a shared pool has no targets; the simulator
     /// runs none there either); off on a cluster node that borrows (the leader divides).
     pub(crate) managed: bool,
@@ -38,7 +36,7 @@ impl Policy {
             last: Vec::new(),
             last_tick: Instant::now(),
             interval_ns,
-            drain_cursor: 0,
+            drain: PassThroughDrain::default(),
             managed,
             cluster_est: None,
         }
@@ -75,54 +73,38 @@ impl Policy {
         self.last = stats.to_vec();
         let allocate = self.managed && self.ctl.allocator().every_interval();
         if let Some(d) = self.ctl.end_interval(engine, &counts, secs, allocate, None).decision {
-            apply(engine, d, stats);
+            apply(engine, d);
         }
-        self.drain(engine, stats);
+        self.drain(engine);
     }
 
-    /// vDisks in pass-through write their dirty blocks back a step per interval (failures
-    /// leave them dirty, to be tried again); once nothing is dirty their clean blocks
-    /// leave the cache.
-    fn drain(&mut self, engine: &mut Engine, stats: &[ExportStats]) {
-        for (vm, _) in stats.iter().enumerate().filter(|(_, s)| s.passthrough) {
-            let vm = vm as VmId;
-            let p = engine.partition(vm);
-            if p.dirty_blocks > 0 {
-                let keys = engine.dirty_batch(Some(vm), &mut self.drain_cursor, DRAIN_STEP);
-                engine.submit_job(|e, out| {
-                    let mut one = Output::default();
-                    for k in keys {
-                        e.destage_block(vm, cachevisor_engine::slot_table::key_block(k), &mut one);
-                        out.ops.append(&mut one.ops);
-                    }
-                });
-            } else if p.used > 0 {
-                engine.submit_job(|e, out| e.set_target(vm, 0, out));
-                tracing::info!(
-                    vdisk = vm,
-                    "pass-through: every dirty block is written back; the vDisk's cache is released"
-                );
-            }
+    /// vDisks in pass-through after device errors drain a step (the simulator's code:
+    /// `PassThroughDrain`), as one engine job.
+    fn drain(&mut self, engine: &mut Engine) {
+        if !PassThroughDrain::due(engine) {
+            return;
+        }
+        let mut released = Vec::new();
+        engine.submit_job(|e, out| released = self.drain.step(e, out));
+        for vm in released {
+            tracing::info!(
+                vdisk = vm,
+                "pass-through: every dirty block is written back; the vDisk's cache is released"
+            );
         }
     }
 
     /// Re-divides the cache now (a vDisk joined or left).
-    pub(crate) fn redivide(&mut self, engine: &mut Engine, stats: &[ExportStats]) {
+    pub(crate) fn redivide(&mut self, engine: &mut Engine) {
         let d = self.ctl.decide(engine, None, &[], None);
-        apply(engine, d, stats);
+        apply(engine, d);
     }
 }
 
-/// Applies an allocation decision online as an engine job — vDisks in pass-through keep
-/// what they have until drained (the persistent engine journals the write-backs before
-/// the metadata says clean).
-fn apply(engine: &mut Engine, mut d: Decision, stats: &[ExportStats]) {
-    for (vm, s) in stats.iter().enumerate() {
-        if s.passthrough && vm < d.targets.len() {
-            d.targets[vm] = engine.partition(vm as VmId).target;
-            d.write_policies[vm] = None;
-        }
-    }
+/// Applies an allocation decision online as an engine job (vDisks in pass-through after
+/// errors keep what they have until drained: `controller::apply`; the persistent engine
+/// journals the write-backs before the metadata says clean).
+fn apply(engine: &mut Engine, d: Decision) {
     engine.submit_job(|e, out| *out = controller::apply(e, &d));
 }
 

@@ -198,8 +198,7 @@ impl Daemon {
 
     /// The allocator re-divides the cache now (a vDisk joined or left).
     fn redivide(&self) {
-        let stats: Vec<_> = (0..self.dp.next_vm()).map(|v| self.dp.stats(v)).collect();
-        self.dp.with_engine_mut(|e| self.policy.lock().unwrap_or_else(|p| p.into_inner()).redivide(e, &stats));
+        self.dp.with_engine_mut(|e| self.policy.lock().unwrap_or_else(|p| p.into_inner()).redivide(e));
     }
 
     /// Switches the allocation policy online (VM settings are kept).

@@ -20,6 +20,13 @@ pub trait Exports {
     fn exports(&self) -> Vec<ExportInfo>;
     /// The preferred I/O size advertised (the cache's block size).
     fn block_size(&self) -> u64;
+    /// The client chose export `id`: called before the reply that tells it so. `false`
+    /// closes the connection unanswered — the server let this handshake go meanwhile (a
+    /// newer connection took its place), and a client told it is connected must never
+    /// find its connection closed under its first request.
+    fn entering(&self, _id: u32) -> bool {
+        true
+    }
 }
 
 /// Transmission flags of every export: flush, FUA and write-zeroes are honoured; several
@@ -177,6 +184,9 @@ pub fn options<S: Read + Write>(
                     tracing::warn!("{}: closing", crate::log_safe(&refused(&e)));
                     return Ok(Negotiated::Closed);
                 }
+                if !d.entering(e.id) {
+                    return Ok(Negotiated::Closed);
+                }
                 let mut b = Vec::with_capacity(10 + 124);
                 b.extend_from_slice(&e.size.to_be_bytes());
                 b.extend_from_slice(&flags_of(session).to_be_bytes());
@@ -237,6 +247,9 @@ pub fn options<S: Read + Write>(
                     b.extend_from_slice(&(d.block_size() as u32).to_be_bytes());
                     b.extend_from_slice(&MAX_PAYLOAD.to_be_bytes());
                     s.write_all(&option_reply(opt, REP_INFO, &b))?;
+                }
+                if opt == OPT_GO && !d.entering(e.id) {
+                    return Ok(Negotiated::Closed);
                 }
                 s.write_all(&option_reply(opt, REP_ACK, &[]))?;
                 if opt == OPT_GO {

@@ -7,7 +7,7 @@
 use crate::conn_limits::{is_timeout, ConnLimit, Deadline, Timed};
 use crate::daemon::Daemon;
 use crate::metrics::latency_of;
-use cachevisor_nbd::handshake::{greet, options, Negotiated};
+use cachevisor_nbd::handshake::{greet, options, Exports, Negotiated};
 use cachevisor_nbd::polling::{Pollers, PollingReader};
 use cachevisor_nbd::tls::{ServerTls, TlsMode};
 use cachevisor_nbd::tls_authz::Identity;
@@ -63,11 +63,32 @@ impl Split for std::os::unix::net::UnixStream {
     }
 }
 
+/// The daemon's exports for one connection's handshake, which leaves the pool of
+/// connections in their handshake (`preauth.rs`) before its client is told it is
+/// connected: a connection evicted after that reply (its thread slow to leave) was a
+/// served client closed under its first request.
+struct Leaving<'a> {
+    d: &'a Daemon,
+    place: &'a crate::preauth::Place,
+}
+
+impl Exports for Leaving<'_> {
+    fn exports(&self) -> Vec<cachevisor_nbd::backend::ExportInfo> {
+        Exports::exports(self.d)
+    }
+    fn block_size(&self) -> u64 {
+        Exports::block_size(self.d)
+    }
+    fn entering(&self, _id: u32) -> bool {
+        self.place.leave()
+    }
+}
+
 /// Negotiates on `s`, with TLS when the client starts it: the outcome, the TLS
 /// connection to carry on over (if any) and the verified client's names.
 fn negotiate<S: Read + Write>(
     s: &mut S,
-    d: &Daemon,
+    d: &Leaving<'_>,
     tls: Option<&ServerTls>,
 ) -> std::io::Result<(Negotiated, Option<rustls::ServerConnection>, Option<Identity>)> {
     let Some(mut session) = greet(s)? else { return Ok((Negotiated::Closed, None, None)) };
@@ -102,8 +123,12 @@ pub(crate) fn connection<S: Split + Timed + std::os::fd::AsFd + Send + Sync + 's
         Err(e) => return tracing::warn!(peer, %e, "cannot split the connection"),
     };
     let place = p.preauth.enter(source, Box::new(move || shut.shut()));
-    let negotiated =
-        negotiate(&mut Deadline { s: &mut s, deadline: Instant::now() + p.handshake_timeout }, d, p.tls.as_deref());
+    let leaving = Leaving { d, place: &place };
+    let negotiated = negotiate(
+        &mut Deadline { s: &mut s, deadline: Instant::now() + p.handshake_timeout },
+        &leaving,
+        p.tls.as_deref(),
+    );
     let evicted = place.evicted();
     drop(place);
     if evicted {

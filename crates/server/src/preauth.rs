@@ -50,6 +50,8 @@ impl std::fmt::Debug for PreAuth {
 pub(crate) struct Place {
     pool: Arc<PreAuth>,
     id: u64,
+    /// It left the pool itself ([`Place::leave`]).
+    left: std::cell::Cell<bool>,
 }
 
 impl Drop for Place {
@@ -65,7 +67,16 @@ impl Drop for Place {
 impl Place {
     /// Whether the connection was closed to make room (its handshake's error is that).
     pub(crate) fn evicted(&self) -> bool {
-        !self.pool.table.lock().unwrap_or_else(|e| e.into_inner()).contains_key(&self.id)
+        !self.left.get() && !self.pool.table.lock().unwrap_or_else(|e| e.into_inner()).contains_key(&self.id)
+    }
+
+    /// The handshake is about to tell its client it is connected: the connection leaves
+    /// the pool now, so no newer one can close it from here on. `false`: it was closed
+    /// to make room already (its client must not be told it is connected).
+    pub(crate) fn leave(&self) -> bool {
+        let left = self.pool.table.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.id).is_some();
+        self.left.set(left);
+        left
     }
 }
 
@@ -120,7 +131,7 @@ impl PreAuth {
         }
         let id = self.next.fetch_add(1, Relaxed);
         t.insert(id, Waiting { start: Instant::now(), source: source.to_string(), close });
-        Place { pool: self.clone(), id }
+        Place { pool: self.clone(), id, left: std::cell::Cell::new(false) }
     }
 
     /// Connections waiting now (the log says when evictions end: once none waits).
@@ -158,5 +169,19 @@ mod tests {
         assert_eq!(p.counts.read(Default::default()).handshakes_evicted, 2);
         drop(_f);
         assert_eq!(p.waiting(), 3);
+    }
+
+    #[test]
+    fn a_connection_that_left_before_its_reply_is_never_closed_and_one_closed_cannot_leave() {
+        let closed = Arc::new(Mutex::new(Vec::new()));
+        let p = PreAuth::new("t", 1, 1, Default::default());
+        let a = p.enter("x", closer(&closed, 0));
+        assert!(a.leave(), "still waiting: it leaves, its client is told it is connected");
+        let b = p.enter("x", closer(&closed, 1));
+        assert!(closed.lock().unwrap().is_empty(), "the one that left makes no room");
+        assert!(!a.evicted());
+        let _c = p.enter("x", closer(&closed, 2));
+        assert_eq!(*closed.lock().unwrap(), vec![1]);
+        assert!(b.evicted() && !b.leave(), "closed to make room: its client is told nothing");
     }
 }

@@ -4,7 +4,7 @@
 //! the metadata records the daemon adds (a vDisk's name and backing binding) appended
 //! first; past the journal limit (or when asked) it holds requests until nothing is in
 //! flight and writes a checkpoint. The ticker runs the engine's timers (flusher steps,
-//! interval events) and the policy's tick hook, and asks for a commit every second, so the journal stays close to
+//! the interval's sampling points and ends, handed to the policy's hooks as events), and asks for a commit every second, so the journal stays close to
 //! the cache and a restart after a crash is warm.
 //!
 //! A failed commit (a full metadata file system) is handed to the engine at once (writes
@@ -155,10 +155,6 @@ impl Shared {
             }
             let now = self.now();
             core.engine.handle_timeout(now);
-            if let Some(mut hook) = core.on_tick.take() {
-                hook(&core.engine);
-                core.on_tick = Some(hook);
-            }
             if last_commit.elapsed() >= Duration::from_secs(1) {
                 core.engine.request_commit();
                 last_commit = Instant::now();

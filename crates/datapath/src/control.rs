@@ -2,7 +2,7 @@
 //! (resizes, write-policy switches, destaging), vDisks added and removed, the policy
 //! hooks, the trace recorder, a checkpoint on demand and a crash-like halt.
 
-use super::{Core, DataPath, ExportStats, IntervalHook, JobWait, ObserveHook, Shared, TickHook};
+use super::{Core, DataPath, ExportStats, IntervalHook, JobWait, ObserveHook, SampleHook, Shared};
 use cachevisor_engine::{Engine, Failure, Output};
 use cachevisor_store::backing::Backing;
 use cachevisor_store::journal::Record;
@@ -195,17 +195,17 @@ impl DataPath {
     }
 
     /// Sets the policy's hooks: each request as it is submitted, each ended interval, and
-    /// each tick of the timer thread.
+    /// each sampling point of an interval.
     pub fn set_hooks(
         &self,
         observe: Option<ObserveHook>,
         on_interval: Option<IntervalHook>,
-        on_tick: Option<TickHook>,
+        on_sample: Option<SampleHook>,
     ) {
         let mut core = self.shared.lock();
         core.observe = observe;
         core.on_interval = on_interval;
-        core.on_tick = on_tick;
+        core.on_sample = on_sample;
     }
 
     /// Adds a vDisk: VM id `vm` (the next one) named `name` on `backing`, with `meta`

@@ -89,6 +89,12 @@ impl Shared {
                     }
                 }
                 Event::Interval { .. } => Self::interval(core),
+                Event::Sample { k, of, .. } => {
+                    if let Some(mut hook) = core.on_sample.take() {
+                        hook(&core.engine, k, of);
+                        core.on_sample = Some(hook);
+                    }
+                }
             }
         }
         if !core.committing {
@@ -127,7 +133,7 @@ impl Shared {
     /// buffered lines are written (so it can be followed).
     pub(super) fn interval(core: &mut Core) {
         if let Some(mut hook) = core.on_interval.take() {
-            hook(&mut core.engine, &core.stats);
+            hook(&mut core.engine);
             core.on_interval = Some(hook);
         }
         if let Some(w) = core.recorder.as_mut() {

@@ -62,13 +62,15 @@ pub use cachevisor_nbd::backend::{copy_range, Bytes, ClientError, Cmd, Done};
 /// the data path's lock.
 pub type ObserveHook = Box<dyn FnMut(&Request) + Send>;
 
-/// Called at the end of each controller interval with the engine and every vDisk's
-/// counters, under the data path's lock (the policy controller: it may submit jobs).
-pub type IntervalHook = Box<dyn FnMut(&mut Engine, &[ExportStats]) + Send>;
+/// Called at the end of each controller interval (the engine's `Event::Interval`) with
+/// the engine, under the data path's lock (the policy controller: it takes the window's
+/// counters from the engine and may submit jobs).
+pub type IntervalHook = Box<dyn FnMut(&mut Engine) + Send>;
 
-/// Called at every tick of the timer thread (every 20 ms) with the engine, under the
-/// data path's lock (the policy's rECS sampling periods, spread over the interval).
-pub type TickHook = Box<dyn FnMut(&Engine) + Send>;
+/// Called at each sampling point of the interval (the engine's `Event::Sample`, the k-th
+/// of n) with the engine, under the data path's lock (the policy's rECS sampling periods,
+/// spread over the interval).
+pub type SampleHook = Box<dyn FnMut(&Engine, u32, u32) + Send>;
 
 /// What a client asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,7 +157,7 @@ struct Core {
     jobs: HashMap<ReqId, JobWait>,
     observe: Option<ObserveHook>,
     on_interval: Option<IntervalHook>,
-    on_tick: Option<TickHook>,
+    on_sample: Option<SampleHook>,
     /// Trace recording of every request.
     recorder: Option<cachevisor_trace::TraceWriter>,
     /// A checkpoint was asked for ([`DataPath::checkpoint_now`]).

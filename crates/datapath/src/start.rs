@@ -56,7 +56,7 @@ impl DataPath {
             jobs: HashMap::new(),
             observe: None,
             on_interval: None,
-            on_tick: None,
+            on_sample: None,
             recorder: None,
             want_checkpoint: false,
             quiet: false,

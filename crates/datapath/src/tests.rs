@@ -108,7 +108,7 @@ fn concurrent_clients(io_uring: bool) {
     let dir = tempfile::tempdir().unwrap();
     // A dirty target of 0: the flusher writes at its full rate among the clients.
     let flusher = Flusher { period_ns: 5_000_000, blocks_per_period: 16, dirty_target: 0.0 };
-    let schedule = Schedule { interval_ns: 0, flusher: Some(flusher) };
+    let schedule = Schedule { interval_ns: 0, flusher: Some(flusher), ..Default::default() };
     let cfg = EngineConfig { partition: PartitionMode::Shared, ..EngineConfig::with_slots(64) };
     let dp = DataPath::open_in(
         dir.path(),
@@ -386,20 +386,31 @@ fn a_halt_with_write_backs_under_way_counts_no_device_error() {
 }
 
 #[test]
-fn the_timer_thread_ticks_the_policy_with_the_engine() {
-    // The policy's tick hook (rECS sampling periods spread over the interval) runs on the
-    // timer thread every 20 ms, with the engine of this data path.
+fn the_engine_s_sampling_points_and_interval_ends_reach_the_policy_hooks_in_order() {
+    // The engine's interval (100 ms, 5 points) runs on the timer thread: each sampling
+    // point and each end reaches the policy's hooks, with the engine of this data path.
     let dir = tempfile::tempdir().unwrap();
-    let dp = open(dir.path(), 64, 1, 1 << 20, Schedule { interval_ns: 1_000_000_000, flusher: None });
+    let schedule = Schedule { interval_ns: 100_000_000, samples: 5, ..Default::default() };
+    let dp = open(dir.path(), 64, 1, 1 << 20, schedule);
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let s = seen.clone();
-    dp.set_hooks(None, None, Some(Box::new(move |e: &Engine| s.lock().unwrap().push(e.slot_count()))));
+    let (s, i) = (seen.clone(), seen.clone());
+    dp.set_hooks(
+        None,
+        Some(Box::new(move |e: &mut Engine| i.lock().unwrap().push((5, e.slot_count())))),
+        Some(Box::new(move |e: &Engine, k, of| {
+            assert_eq!(of, 5);
+            s.lock().unwrap().push((k, e.slot_count()))
+        })),
+    );
     let start = std::time::Instant::now();
-    while seen.lock().unwrap().len() < 3 && start.elapsed() < Duration::from_secs(10) {
+    while seen.lock().unwrap().len() < 10 && start.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(5));
     }
     let seen = seen.lock().unwrap().clone();
-    assert!(seen.len() >= 3 && seen.iter().all(|&n| n == 64), "{seen:?}");
+    assert!(seen.len() >= 10 && seen.iter().all(|&(_, n)| n == 64), "{seen:?}");
+    // Points 1..4, then the end, interval after interval.
+    let ks: Vec<u32> = seen.iter().map(|&(k, _)| k).collect();
+    assert_eq!(ks[..10], [1, 2, 3, 4, 5, 1, 2, 3, 4, 5], "{ks:?}");
 }
 
 /// a cache store the daemon has no device for (a region another node lends,
@@ -413,7 +424,7 @@ fn ops_on_a_store_with_no_device_fail_and_never_touch_the_cache_file() {
         let dir = tempfile::tempdir().unwrap();
         let cfg =
             EngineConfig { stores: vec![cachevisor_engine::StoreSpec::lent(1, 16)], ..EngineConfig::with_slots(16) };
-        let schedule = Schedule { interval_ns: 0, flusher: None };
+        let schedule = Schedule { interval_ns: 0, flusher: None, ..Default::default() };
         let dp = DataPath::open_in(
             dir.path(),
             cfg,

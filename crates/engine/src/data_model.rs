@@ -217,7 +217,7 @@ impl DataModel {
                     self.sectors_checked += hi - lo;
                 }
             }
-            Event::Interval { .. } => {}
+            Event::Interval { .. } | Event::Sample { .. } => {}
             Event::Retired { req, .. } => {
                 self.reqs.remove(req);
                 for id in self.bufs_of.remove(req).unwrap_or_default() {

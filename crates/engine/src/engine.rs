@@ -113,6 +113,8 @@ pub struct Engine {
     pub(crate) moving: crate::migration::Moving,
     /// Prewarmed blocks' protection (`prewarm_load.rs`).
     pub(crate) prewarmed: crate::prewarm_load::Protection,
+    /// The controller's interval: its clock and window counters (`interval.rs`).
+    pub(crate) interval: crate::interval::IntervalClock,
     /// Local-store slots withheld from the cache (`withheld.rs`).
     pub(crate) withheld: crate::withheld::Withheld,
     /// Submitted requests waiting to be dispatched (`request_queue.rs`).
@@ -194,6 +196,7 @@ impl Engine {
             moving: Default::default(),
             prewarmed: Default::default(),
             withheld: Default::default(),
+            interval: Default::default(),
             queue: Default::default(),
             cfg,
         })
@@ -373,6 +376,7 @@ impl Engine {
         self.now_ms = (now_ns / 1_000_000) as u32;
         self.timers.request_arrived();
         if req.len == 0 {
+            self.count_request(req.vm, &[], now_ns);
             return;
         }
         self.req.mode = self.decide_mode(req);
@@ -403,6 +407,7 @@ impl Engine {
         if self.moving.frees_due() {
             self.free_deferred();
         }
+        self.count_request(req.vm, &out.blocks, now_ns);
     }
 
     // ----- request paths -----

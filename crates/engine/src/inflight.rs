@@ -69,12 +69,26 @@ pub enum Event {
         /// Whether any of its ops failed.
         failed: bool,
     },
-    /// A controller interval ended (`timers.rs`): the driver runs the policy controller.
+    /// A controller interval ended (`interval.rs`): the driver runs the policy controller
+    /// on it (the window's counters: [`Engine::take_window_counts`]).
     Interval {
         /// When it ended, in driver time.
         at_ns: u64,
         /// Intervals ended before it.
         index: u64,
+    },
+    /// A sampling point inside interval `index` (`interval.rs`): the `k`-th of `of`, at
+    /// k/of of it (the `of`-th is its end, [`Event::Interval`]); the driver has the
+    /// controller sample rECS (S-CAVE §IV-B).
+    Sample {
+        /// When, in driver time.
+        at_ns: u64,
+        /// The interval it is in.
+        index: u64,
+        /// Which point, 1-based, and of how many.
+        k: u32,
+        /// Points in the interval (its end the last).
+        of: u32,
     },
 }
 

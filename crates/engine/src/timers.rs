@@ -1,9 +1,9 @@
 //! The engine's timers: the controller interval, the background flusher and the global
 //! cleaner's trigger, so every driver (simulator, daemon) runs the exact same sequence.
 //! A driver asks [`Engine::poll_timeout`] when the engine next needs it and calls
-//! [`Engine::handle_timeout`] at (or after) that time; the engine then emits
-//! [`Event::Interval`] for each interval that ended (the driver runs the policy
-//! controller on it) and submits the flusher's write-back as background jobs.
+//! [`Engine::handle_timeout`] at (or after) that time; the engine then emits the
+//! controller interval's events (`interval.rs`: [`crate::Event::Sample`],
+//! [`crate::Event::Interval`]) and submits the flusher's write-back as background jobs.
 //!
 //! The flusher keeps a dirty target like bcache's `writeback_percent`: it writes back
 //! only while more than `dirty_target` of the pool is dirty, so hot blocks that are
@@ -14,15 +14,19 @@
 
 use crate::engine::Engine;
 use crate::flush_rate::FlushRate;
-use crate::inflight::Event;
 use crate::output::Output;
 use cachevisor_trace::VmId;
 
 /// When the engine needs its driver.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Schedule {
-    /// Controller interval in ns (0: no interval events).
+    /// Controller interval in ns (0: no interval events, unless `interval_requests`).
     pub interval_ns: u64,
+    /// Controller interval in requests run instead of time (0: by time).
+    pub interval_requests: u64,
+    /// Sampling points per interval, its end the last ([`Event::Sample`]; 0 or 1: none
+    /// before the end).
+    pub samples: u32,
     /// Background write-back (`None`: off).
     pub flusher: Option<Flusher>,
 }
@@ -52,10 +56,7 @@ pub const FLUSH_JOB_BLOCKS_UNDER_LOAD: u64 = 1;
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Timers {
     schedule: Schedule,
-    next_interval: Option<u64>,
     next_flush: Option<u64>,
-    /// Intervals ended so far.
-    intervals: u64,
     /// Where the flusher's sweep of the dirty bitmap goes on.
     flush_cursor: u32,
     /// Blocks the flusher may still write back in this step (`flush_step` refills them).
@@ -82,8 +83,10 @@ impl Engine {
     /// Sets the timers, starting at driver time `now_ns` (the first interval ends one
     /// interval later, the flusher's first step one period later).
     pub fn set_schedule(&mut self, now_ns: u64, schedule: Schedule) {
+        let by_requests = schedule.interval_requests > 0;
+        let length = if by_requests { schedule.interval_requests } else { schedule.interval_ns };
+        self.interval.set(length, by_requests, schedule.samples, now_ns);
         let t = &mut self.timers;
-        t.next_interval = (schedule.interval_ns > 0).then(|| now_ns.saturating_add(schedule.interval_ns));
         t.next_flush = schedule.flusher.map(|f| now_ns.saturating_add(f.period_ns.max(1)));
         t.schedule = schedule;
         self.ahead.set_flushing(schedule.flusher.is_some());
@@ -113,22 +116,19 @@ impl Engine {
 
     /// The next time the engine needs [`Self::handle_timeout`], if any.
     pub fn poll_timeout(&self) -> Option<u64> {
-        match (self.timers.next_interval, self.timers.next_flush) {
+        match (self.interval.next_due_ns(), self.timers.next_flush) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
     }
 
-    /// Runs what is due at `now_ns`: one [`Event::Interval`] per interval that ended (in
-    /// order), and a flusher step (a background job) if its period passed.
+    /// Runs what is due at `now_ns`: each sampling point and end of the interval passed
+    /// ([`Event::Sample`], [`Event::Interval`], in order: `interval.rs`), and a flusher
+    /// step (a background job) if its period passed.
     pub fn handle_timeout(&mut self, now_ns: u64) {
         self.ahead.at(now_ns);
         self.seals.at(now_ns);
-        while let Some(at) = self.timers.next_interval.filter(|&at| at <= now_ns) {
-            self.timers.intervals += 1;
-            self.timers.next_interval = Some(at.saturating_add(self.timers.schedule.interval_ns));
-            self.flight.push_event(Event::Interval { at_ns: at, index: self.timers.intervals - 1 });
-        }
+        self.interval_due(now_ns);
         if let (Some(at), Some(f)) = (self.timers.next_flush, self.timers.schedule.flusher) {
             if at <= now_ns {
                 // One step however late the driver is: the rate is a ceiling, not a debt.
@@ -221,7 +221,7 @@ mod tests {
     fn intervals_fire_in_order_and_catch_up() {
         let mut e = Engine::new(EngineConfig::with_slots(8)).unwrap();
         assert_eq!(e.poll_timeout(), None);
-        e.set_schedule(100, Schedule { interval_ns: 1000, flusher: None });
+        e.set_schedule(100, Schedule { interval_ns: 1000, flusher: None, ..Default::default() });
         assert_eq!(e.poll_timeout(), Some(1100));
         e.handle_timeout(1099);
         assert_eq!(e.poll_event(), None, "not due yet");
@@ -250,7 +250,7 @@ mod tests {
         // for IDLE_STEPS steps, counted after the first step, which sees the 8 writes:
         // under load, 5 blocks over target are 1/8 block a second).
         let f = Flusher { period_ns: 10, blocks_per_period: 2, dirty_target: 0.3 };
-        e.set_schedule(0, Schedule { interval_ns: 0, flusher: Some(f) });
+        e.set_schedule(0, Schedule { interval_ns: 0, flusher: Some(f), ..Default::default() });
         let mut steps = 0;
         while e.partition(0).dirty_blocks > 3 {
             let at = e.poll_timeout().unwrap();
@@ -291,7 +291,7 @@ mod tests {
             write(&mut e, b);
         }
         let f = Flusher { period_ns: 10, blocks_per_period: 4, dirty_target: 0.0 };
-        e.set_schedule(0, Schedule { interval_ns: 0, flusher: Some(f) });
+        e.set_schedule(0, Schedule { interval_ns: 0, flusher: Some(f), ..Default::default() });
         // A read miss: its backing read stays in flight.
         e.submit(0, &Request { time_ns: 0, vm: 0, op: Op::Read, offset: 63 * 4096, len: 4096 });
         let miss = e.poll_op().unwrap();

@@ -434,7 +434,7 @@ impl Driver {
                     self.m.reqs.remove(&req);
                     self.m.bufs.retain(|_, (r, _)| *r != req);
                 }
-                Event::Interval { .. } => {}
+                Event::Interval { .. } | Event::Sample { .. } => {}
             }
         }
         Ok(())
@@ -562,7 +562,7 @@ fn run_checking(
     d.e.set_writeback_ahead(ahead);
     // A dirty target of 0: the flusher writes at its full rate among the requests.
     let flusher = Flusher { period_ns: 5000, blocks_per_period: 2, dirty_target: 0.0 };
-    d.e.set_schedule(0, Schedule { interval_ns: 0, flusher: Some(flusher) });
+    d.e.set_schedule(0, Schedule { interval_ns: 0, flusher: Some(flusher), ..Default::default() });
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     for (i, st) in steps.iter().enumerate() {
         let now = i as u64 * 1000;

@@ -275,7 +275,7 @@ fn run(steps: &[Step], setup: Setup) -> Result<(), String> {
         // The flusher and the cleaner run as background jobs among the requests (a dirty
         // target of 0: at its full rate under load, not the PI controller's trickle).
         let flusher = Flusher { period_ns: 3000, blocks_per_period: 2, dirty_target: 0.0 };
-        d.e.set_schedule(0, Schedule { interval_ns: 5000, flusher: Some(flusher) });
+        d.e.set_schedule(0, Schedule { interval_ns: 5000, flusher: Some(flusher), ..Default::default() });
         d.e.set_cleaner(Some((1, 3)));
     }
     for (i, st) in steps.iter().enumerate() {

@@ -48,16 +48,12 @@ pub struct Estimates {
     pub mix: ReuseMix,
 }
 
-/// One VM's counters over the last window.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct WindowCounts {
-    /// Requests.
-    pub requests: u64,
-    /// Block accesses.
-    pub accesses: u64,
-    /// Block accesses that hit.
-    pub hits: u64,
-}
+/// One VM's counters over a window, as the engine counts them for every driver.
+pub use cachevisor_engine::WindowCounts;
+
+/// rECS sampling periods per window (S-CAVE §IV-B: five): a driver's interval has this
+/// many sampling points (`Schedule::samples`), the last its end.
+pub const RECS_PERIODS: u32 = 5;
 
 /// What an interval's end gave ([`Controller::end_interval`]).
 #[derive(Debug, Clone)]
@@ -116,7 +112,7 @@ impl Controller {
             // when its 0.1 s period times out — a budget, not a share of the pool: a share
             // made the scans of a 2.4 GiB cache 43% of a simulation (every window scanned
             // 63 K slots), and a pool of up to 800 MiB of 4 KiB blocks scans as before.
-            recs: RecsEstimator::new(recs::ALPHA, 5, (slots / 50).clamp(1024, RECS_SCAN_MAX), 1),
+            recs: RecsEstimator::new(recs::ALPHA, RECS_PERIODS, (slots / 50).clamp(1024, RECS_SCAN_MAX), 1),
             online,
             miss_history: Vec::new(),
             settings: Vec::new(),
@@ -190,23 +186,21 @@ impl Controller {
         (smoothed, self.recs.sampled().to_vec())
     }
 
-    /// A lower bound of the `elapsed` (of a window `length` long, as
-    /// [`Self::sample_recs_due`] takes them) before which no rECS period falls due:
-    /// drivers skip the call below it, a float division per request spared (4% of a
-    /// cache-model replay). `u64::MAX` when only the window's end is left.
-    pub fn recs_due_from(&self, length: u64) -> u64 {
-        match self.recs.next_due() {
-            Some(share) => ((share * length.max(1) as f64).floor() as u64).saturating_sub(1),
-            None => u64::MAX,
-        }
+    /// A sampling point of the interval (the engine's `Event::Sample`: the `k`-th of
+    /// `of`): the rECS periods due by k/of of the window run now, on the pool as it is,
+    /// so the periods spread over the window as S-CAVE's do (§IV-B, footnote 3); the
+    /// window's end runs the rest ([`Self::end_interval`]).
+    pub fn sample(&mut self, k: u32, of: u32, e: &Engine) {
+        let share = f64::from(k) / f64::from(of.max(1));
+        self.recs.sample_due(share, e.slot_count(), |s| e.slot_referenced(s as u32));
     }
 
-    /// rECS sampling periods due by now: `elapsed` of the window's `length` (any unit)
-    /// gone. Drivers call it as time passes, so the periods spread over the window as
-    /// S-CAVE's do (§IV-B, footnote 3); [`Self::sample_recs`] runs the rest at its end.
-    pub fn sample_recs_due(&mut self, elapsed: u64, length: u64, e: &Engine) {
-        let share = elapsed as f64 / length.max(1) as f64;
-        self.recs.sample_due(share, e.slot_count(), |s| e.slot_referenced(s as u32));
+    /// The window's counters of VMs `0..vms`, taken from the engine (which counts them
+    /// as requests run, for every driver alike) and reset there.
+    pub fn take_counts(&self, e: &mut Engine, vms: usize) -> Vec<WindowCounts> {
+        let mut c = e.take_window_counts(vms);
+        c.truncate(vms);
+        c
     }
 
     /// The interval sequence both drivers run when an interval (a window) ends, in its
@@ -408,28 +402,20 @@ mod tests {
     use super::*;
     use cachevisor_engine::EngineConfig;
 
-    proptest::proptest! {
-        /// Skipping `sample_recs_due` below `recs_due_from` runs the same periods at the
-        /// same requests as calling it on every one.
-        #[test]
-        fn the_recs_gate_never_skips_a_due_period(
-            length in 1u64..10_000_000_000,
-            steps in proptest::collection::vec(0u64..3_000_000_000, 1..60),
-        ) {
-            let e = Engine::new(EngineConfig::with_slots(256)).unwrap();
-            let mk = || Controller::new(crate::registry::build("static").unwrap(), 256, 4096, false);
-            let (mut every, mut gated) = (mk(), mk());
-            let (mut elapsed, mut from) = (0u64, 0u64);
-            for s in steps {
-                elapsed = (elapsed + s).min(length);
-                every.sample_recs_due(elapsed, length, &e);
-                if elapsed >= from {
-                    gated.sample_recs_due(elapsed, length, &e);
-                    from = gated.recs_due_from(length);
-                }
-                proptest::prop_assert_eq!(every.recs.next_due(), gated.recs.next_due(), "at {}", elapsed);
-            }
+    #[test]
+    fn each_sampling_point_runs_the_periods_due_by_then_and_the_end_the_rest() {
+        let e = Engine::new(EngineConfig::with_slots(256)).unwrap();
+        let mut c = Controller::new(crate::registry::build("static").unwrap(), 256, 4096, false);
+        assert_eq!(c.recs.next_due(), Some(0.2));
+        for k in 1..RECS_PERIODS {
+            c.sample(k, RECS_PERIODS, &e);
+            let next = (k + 1 < RECS_PERIODS).then(|| f64::from(k + 1) / f64::from(RECS_PERIODS));
+            assert_eq!(c.recs.next_due(), next, "after point {k}");
         }
+        c.sample(2, RECS_PERIODS, &e); // an earlier point again (a failover's new node) runs none
+        assert_eq!(c.recs.next_due(), None);
+        c.end_interval(&e, &[], 1.0, false, None);
+        assert_eq!(c.recs.next_due(), Some(0.2), "the next window starts over");
     }
 
     #[test]

@@ -190,8 +190,11 @@ impl<'a> Cluster<'a> {
             }
             self.allocated.0 += self.vms.iter().map(|v| (v.alloc.0 + v.alloc.1) as f64).sum::<f64>();
             self.allocated.1 += self.vms.iter().map(|v| v.alloc.1 as f64).sum::<f64>();
+            // Each node's window counters, as its engine counted them (the daemon's too).
+            let counts: Vec<_> = self.nodes.iter_mut().map(|n| n.engine.take_window_counts(0)).collect();
             for (v, name) in self.vms.iter().zip(&self.names) {
-                let (_, accesses, hits) = self.nodes[v.node].metrics.take_window(v.local_id);
+                let c = counts[v.node].get(v.local_id as usize).copied().unwrap_or_default();
+                let (accesses, hits) = (c.accesses, c.hits);
                 self.windows.push(ClusterWindow {
                     t_end_s: self.window_end as f64 / 1e9,
                     vm: name.clone(),

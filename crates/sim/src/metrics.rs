@@ -117,7 +117,6 @@ impl VmStats {
 pub struct Metrics {
     /// By VM id.
     pub vms: Vec<VmStats>,
-    window: Vec<(u64, u64, u64)>,
 }
 
 /// One row of the time series.
@@ -156,7 +155,6 @@ impl Metrics {
         let v = vm as usize;
         if self.vms.len() <= v {
             self.vms.resize_with(v + 1, VmStats::default);
-            self.window.resize(v + 1, (0, 0, 0));
         }
         &mut self.vms[v]
     }
@@ -192,9 +190,6 @@ impl Metrics {
             s.read_blocks += n;
             s.read_hits += hits;
         }
-        let w = &mut self.window[vm as usize];
-        w.1 += n;
-        w.2 += hits;
         for b in blocks {
             if let Some(e) = b.evicted {
                 self.vm(e.vm).evictions += 1;
@@ -203,11 +198,9 @@ impl Metrics {
         &mut self.vms[vm as usize]
     }
 
-    /// A request of `vm` issued: it counts in the window it was issued in (its blocks and
-    /// hits count when it completes).
+    /// A request of `vm` issued (its VM exists from then on, in the results).
     pub fn issued(&mut self, vm: u32) {
         self.vm(vm);
-        self.window[vm as usize].0 += 1;
     }
 
     /// Counts a device op's bytes (and write-backs), a request's or a background job's.
@@ -236,11 +229,5 @@ impl Metrics {
                 }
             }
         }
-    }
-
-    /// Takes the window counters (requests, accesses, hits) of `vm` and resets them.
-    pub fn take_window(&mut self, vm: u32) -> (u64, u64, u64) {
-        self.vm(vm);
-        std::mem::take(&mut self.window[vm as usize])
     }
 }

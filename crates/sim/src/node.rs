@@ -85,6 +85,11 @@ pub(crate) struct Node {
     /// The cache model's output, reused (a field of its own: moving an `Option<Output>`
     /// out and back per request cost 6% of a cache-model run in store-forwarding stalls).
     cache_out: Output,
+    /// The engine's timers: the controller interval and the flusher.
+    schedule: Schedule,
+    /// The engine's interval events not yet handed to the replay loop
+    /// ([`Self::take_ticks`]): sampling points and interval ends, in order.
+    ticks: Vec<Event>,
 }
 
 /// A node's data check: the model, the ops in flight by id, the first error found.
@@ -121,7 +126,8 @@ impl Node {
         let block_size = cfg.block_size;
         let mut engine = Engine::new(cfg).map_err(SimError::Scenario)?;
         engine.set_writeback_ahead(writeback.writeback_ahead);
-        engine.set_schedule(0, Schedule { interval_ns: 0, flusher: writeback.flusher(block_size) });
+        let schedule = Schedule { flusher: writeback.flusher(block_size), ..Default::default() };
+        engine.set_schedule(0, schedule);
         if let Some(reserve) = persistent {
             engine.set_persistent(reserve);
         }
@@ -147,13 +153,17 @@ impl Node {
             span_latency: None,
             cache_only: false,
             cache_out: Output::default(),
+            schedule,
+            ticks: Vec::new(),
         })
     }
 
     /// Runs the node as the cache model: every request and command completes when it is
-    /// submitted, on the engine's synchronous face; no device, no timer, no latency.
+    /// submitted, on the engine's synchronous face; no device, no latency, and of the
+    /// engine's timers only the controller's interval.
     pub(crate) fn set_cache_only(&mut self) {
         self.cache_only = true;
+        self.apply_schedule(self.now);
     }
 
     /// The cache model's request: its outcome and its ops' bytes counted, done at `now`.
@@ -167,6 +177,39 @@ impl Node {
         self.metrics.outcome(req.vm, req.op.is_write(), &out.blocks);
         self.done.push((tag, now));
         self.last_done = self.last_done.max(now);
+        // A request-length interval's points (no other event comes from an access).
+        while let Some(ev) = self.engine.poll_event() {
+            self.ticks.push(ev);
+        }
+    }
+
+    /// Sets the controller's interval from `start` (virtual time): `length_ns` long, or
+    /// `requests` requests long when given, with `samples` sampling points; the engine
+    /// emits its events ([`Self::take_ticks`]). The cache model runs no flusher.
+    pub(crate) fn set_interval(&mut self, start: u64, length_ns: u64, requests: Option<u64>, samples: u32) {
+        self.schedule.interval_ns = if requests.is_some() { 0 } else { length_ns };
+        self.schedule.interval_requests = requests.unwrap_or(0);
+        self.schedule.samples = samples;
+        self.apply_schedule(start);
+    }
+
+    fn apply_schedule(&mut self, start: u64) {
+        let mut s = self.schedule;
+        if self.cache_only {
+            s.flusher = None;
+        }
+        self.engine.set_schedule(start, s);
+    }
+
+    /// The engine's interval events since the last call (sampling points, interval ends),
+    /// in order.
+    pub(crate) fn take_ticks(&mut self) -> std::vec::Drain<'_, Event> {
+        self.ticks.drain(..)
+    }
+
+    /// Whether interval events wait for the replay loop.
+    pub(crate) fn has_ticks(&self) -> bool {
+        !self.ticks.is_empty()
     }
 
     /// Adds VM `vm` (the next id): its backing device (per-VM layout) and partition.
@@ -228,7 +271,7 @@ impl Node {
     /// pending.
     pub(crate) fn next_time(&self) -> Option<u64> {
         if self.cache_only {
-            return None; // nothing in flight, and no timer runs
+            return self.engine.poll_timeout(); // nothing in flight: the interval alone
         }
         let op = self.pending.peek().map(|Reverse((t, _))| *t);
         earliest(op, self.timer_due())
@@ -245,10 +288,12 @@ impl Node {
         }
     }
 
-    /// Runs every completion and timer due at or before `t`, in time order.
+    /// Runs every completion and timer due at or before `t`, in time order; stops early
+    /// once the engine emitted interval events, for the replay loop to take first
+    /// ([`Self::has_ticks`]).
     pub(crate) fn advance_to(&mut self, t: u64) {
         while let Some(next) = self.next_time() {
-            if next > t {
+            if next > t || self.has_ticks() {
                 break;
             }
             self.step();
@@ -365,7 +410,7 @@ impl Node {
                         }
                         self.copies.retired(req);
                     }
-                    _ => {}
+                    tick @ (Event::Interval { .. } | Event::Sample { .. }) => self.ticks.push(tick),
                 }
             }
             if !progressed {

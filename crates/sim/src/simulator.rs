@@ -13,7 +13,7 @@ use crate::prepass::whole_trace;
 use crate::prewarming::Prewarming;
 use crate::report::{SimResult, TraceCounts};
 use crate::scenario::{ReplayMode, Resolved, Scenario};
-use cachevisor_engine::{EngineConfig, PartitionMode};
+use cachevisor_engine::{EngineConfig, Event, PartitionMode};
 use cachevisor_policy::controller::{self, Controller, Estimates, VmSettings, WindowCounts};
 use cachevisor_policy::passthrough_drain::PassThroughDrain;
 use cachevisor_policy::registry;
@@ -40,11 +40,13 @@ struct Run<'a> {
     node: Node,
     names: Vec<String>,
     windows: Vec<WindowRow>,
+    /// The current window's start and (time windows) end, in virtual time: the engine's
+    /// interval cuts windows (`Event::Interval`), these only name them.
     window_end: u64,
     window_start: u64,
-    /// Elapsed time in the window before which no rECS period is due (a lower bound).
-    recs_due_from: u64,
-    /// Requests issued (request-count windows).
+    /// Counters of a failed node's part of the current window (a failover).
+    carried: Vec<WindowCounts>,
+    /// Requests issued.
     issued: u64,
     window_index: u64,
     last_now: u64,
@@ -93,6 +95,7 @@ impl<'a> Run<'a> {
         let cfg = EngineConfig { fill: c.fill, ..res.cache.engine_config(res.slots).map_err(SimError::Scenario)? };
         let persistent = c.persistent.then(|| cachevisor_engine::durable_reserve(res.slots));
         let mut node = Node::new(cfg.clone(), &sc.devices, persistent, &res.cache.writeback)?;
+        node.set_interval(0, res.window_ns, res.window_requests, recs_points(&res));
         let allocator = registry::build_with(&res.cache.allocator, &res.cache.params).map_err(SimError::Scenario)?;
         let managed = c.partition == PartitionMode::Static;
         let dynamic = managed && (c.lookahead || c.reallocate.unwrap_or(allocator.every_interval()));
@@ -107,7 +110,7 @@ impl<'a> Run<'a> {
             windows: Vec::new(),
             window_end: res.window_ns,
             window_start: 0,
-            recs_due_from: 0,
+            carried: Vec::new(),
             issued: 0,
             window_index: 0,
             last_now: 0,
@@ -226,22 +229,43 @@ impl<'a> Run<'a> {
         self.window_end.saturating_sub(self.window_start).max(1) as f64 / 1e9
     }
 
-    /// Emits every window that ends at or before `now`.
-    fn roll_windows(&mut self, now: u64) {
-        while now >= self.window_end {
-            self.emit_window();
+    /// Runs the node up to `now`, handing the engine's interval events to the controller
+    /// as they come, in time order.
+    fn advance_to(&mut self, now: u64) {
+        loop {
+            self.node.advance_to(now);
+            if !self.node.has_ticks() {
+                return;
+            }
+            self.take_ticks();
+        }
+    }
+
+    /// The engine's interval events so far: a sampling point samples rECS, an interval's
+    /// end ends the window (the daemon's policy runs the same events).
+    fn take_ticks(&mut self) {
+        while self.node.has_ticks() {
+            let ticks: Vec<_> = self.node.take_ticks().collect();
+            for t in ticks {
+                match t {
+                    Event::Sample { k, of, .. } => self.ctl.sample(k, of, &self.node.engine),
+                    Event::Interval { at_ns, .. } => {
+                        self.window_end = at_ns.max(self.window_start);
+                        self.emit_window();
+                    }
+                    _ => {}
+                }
+            }
         }
     }
 
     /// Emits the current window's rows and starts the next window: samples rECS, takes
-    /// the window's counters, and (dynamic policies) reallocates on them.
+    /// the window's counters (the engine's), and (dynamic policies) reallocates on them.
     fn emit_window(&mut self) {
-        let stats: Vec<WindowCounts> = (0..self.names.len())
-            .map(|vm| {
-                let (requests, accesses, hits) = self.node.metrics.take_window(vm as VmId);
-                WindowCounts { requests, accesses, hits }
-            })
-            .collect();
+        let mut stats = self.ctl.take_counts(&mut self.node.engine, self.names.len());
+        for (s, c) in stats.iter_mut().zip(std::mem::take(&mut self.carried)) {
+            (s.requests, s.accesses, s.hits) = (s.requests + c.requests, s.accesses + c.accesses, s.hits + c.hits);
+        }
         // Dynamic policies decide on the window (static partitions apply it; the next
         // window of online estimates starts either way: past counts decay).
         let estimates = if self.dynamic { self.estimates(Some(&stats)) } else { None };
@@ -279,7 +303,6 @@ impl<'a> Run<'a> {
         self.window_index += 1;
         self.window_start = self.window_end;
         self.window_end = self.window_end.saturating_add(self.res.window_ns);
-        self.recs_due_from = 0;
     }
 
     /// The source node fails at `now`: the VMs move to a fresh node with the same cache
@@ -297,6 +320,11 @@ impl<'a> Run<'a> {
         }
         let persistent = self.sc.cache.persistent.then(|| cachevisor_engine::durable_reserve(self.res.slots));
         let mut dest = Node::new(self.cfg.clone(), &self.sc.devices, persistent, &self.res.cache.writeback)?;
+        // The window goes on on the new node: its interval from the window's start, the
+        // counters of the failed node's part of it carried.
+        let (ns, reqs) = (self.res.window_ns, self.res.window_requests);
+        dest.set_interval(self.window_start, ns, reqs, recs_points(&self.res));
+        self.carried = self.ctl.take_counts(&mut self.node.engine, self.names.len());
         for vm in 0..self.names.len() {
             dest.add_vm(vm as VmId)?;
         }
@@ -353,19 +381,9 @@ impl<'a> Run<'a> {
                 )));
             }
         }
-        self.roll_windows(now);
+        self.advance_to(now);
         if self.failover.as_ref().is_some_and(|f| !f.done && now >= f.plan.at_ns) {
             self.fail_over(now)?;
-        }
-        if self.res.window_requests.is_none() {
-            // rECS sampling periods spread over the window (S-CAVE §IV-B); none before
-            // `recs_due_from` (reset as a window starts).
-            let len = self.window_end.saturating_sub(self.window_start);
-            let elapsed = now.saturating_sub(self.window_start);
-            if elapsed >= self.recs_due_from {
-                self.ctl.sample_recs_due(elapsed, len, &self.node.engine);
-                self.recs_due_from = self.ctl.recs_due_from(len);
-            }
         }
         if self.phases.get(self.next_phase).is_some_and(|&(at, _)| at <= now) {
             self.apply_phases(now);
@@ -381,10 +399,7 @@ impl<'a> Run<'a> {
             f.history.observe(&f.plan, now, &self.node.engine, &self.names);
         }
         self.issued += 1;
-        if self.res.window_requests.is_some_and(|n| self.issued.is_multiple_of(n)) {
-            self.window_end = now.max(self.window_start);
-            self.emit_window();
-        }
+        self.take_ticks(); // a request-length interval ends as its last request runs
         Ok(())
     }
 
@@ -396,7 +411,7 @@ impl<'a> Run<'a> {
             self.node.command(end, |e, out| e.flush(None, out));
             self.node.drain();
         }
-        self.roll_windows(self.last_now);
+        self.take_ticks();
         if self.res.window_requests.is_some() {
             self.window_end = self.last_now.max(self.window_start);
         }
@@ -427,6 +442,17 @@ impl<'a> Run<'a> {
             r.failover = Some(rep);
         }
         r
+    }
+}
+
+/// The rECS sampling points of a window: spread over a time window (S-CAVE §IV-B: five
+/// 0.1 s periods in its 1 s window); all at the end of a request-count window, as §VI-C's
+/// 128-request windows are read.
+fn recs_points(res: &Resolved) -> u32 {
+    if res.window_requests.is_some() {
+        0
+    } else {
+        controller::RECS_PERIODS
     }
 }
 
@@ -497,7 +523,7 @@ pub fn simulate(sc: &Scenario, progress: &mut dyn FnMut(Progress)) -> Result<Sim
                     if next_ready.is_none() && run.node.requests_in_flight() == 0 {
                         break; // only background work is left (`finish` drains it)
                     }
-                    run.node.advance_to(t);
+                    run.advance_to(t);
                     run.node.take_done(&mut done);
                     ready.extend(done.drain(..).map(|(vm, at)| Reverse((at, vm as VmId))));
                     continue;
@@ -567,7 +593,7 @@ fn replay_batches(
     while let Some(batch) = trace.take_batch()? {
         for req in &batch {
             let now = at(req.time_ns);
-            run.node.advance_to(now);
+            run.advance_to(now);
             run.node.take_done(&mut done);
             done.clear();
             if req.vm as usize >= run.names.len() {

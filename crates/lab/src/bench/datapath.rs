@@ -114,7 +114,7 @@ pub fn run(
             1,
             disk_size,
             device_threads,
-            Schedule { interval_ns: 0, flusher: Some(flusher) },
+            Schedule { interval_ns: 0, flusher: Some(flusher), ..Default::default() },
             1024,
             None,
             if direct { cachevisor_server::config::DirectIo::On } else { cachevisor_server::config::DirectIo::Off },

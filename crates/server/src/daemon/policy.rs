@@ -1,12 +1,12 @@
 //! The daemon's policy: the interval controller (the same code the simulator runs) fed
-//! by the data path's hooks — each request observed as it is submitted, each ended
-//! interval (the engine's timer, `Event::Interval`) turned into a decision applied as an
-//! engine job — and the drain of vDisks in pass-through.
+//! by the data path's hooks — each request observed as it is submitted, each sampling
+//! point of the engine's interval (`Event::Sample`) sampling rECS, each ended interval
+//! (`Event::Interval`) turned into a decision applied as an engine job — and the drain of
+//! vDisks in pass-through.
 
-use cachevisor_datapath::ExportStats;
 use cachevisor_engine::{Engine, Output};
 use cachevisor_policy::allocator::Decision;
-use cachevisor_policy::controller::{self, Controller, VmSettings, WindowCounts};
+use cachevisor_policy::controller::{self, Controller, VmSettings};
 use cachevisor_policy::passthrough_drain::PassThroughDrain;
 use cachevisor_trace::units::parse_size;
 use cachevisor_trace::VmId;
@@ -15,11 +15,8 @@ use std::time::Instant;
 /// The controller and what it compares each interval with.
 pub(crate) struct Policy {
     pub(crate) ctl: Controller,
-    /// Counters at the last interval, and when it was.
-    last: Vec<ExportStats>,
+    /// When the last interval ended.
     last_tick: Instant,
-    /// The interval's length, ns.
-    interval_ns: u64,
     /// The drain of vDisks in pass-through after errors.
     drain: PassThroughDrain,
     /// Static partitions: the allocator runs (a shared pool has no targets; the simulator
@@ -30,47 +27,25 @@ pub(crate) struct Policy {
 }
 
 impl Policy {
-    pub(crate) fn new(ctl: Controller, interval_ns: u64, managed: bool) -> Policy {
-        Policy {
-            ctl,
-            last: Vec::new(),
-            last_tick: Instant::now(),
-            interval_ns,
-            drain: PassThroughDrain::default(),
-            managed,
-            cluster_est: None,
-        }
+    pub(crate) fn new(ctl: Controller, managed: bool) -> Policy {
+        Policy { ctl, last_tick: Instant::now(), drain: PassThroughDrain::default(), managed, cluster_est: None }
     }
 
-    /// Sets the interval's length (a reload), ns.
-    pub(crate) fn set_interval(&mut self, interval_ns: u64) {
-        self.interval_ns = interval_ns;
+    /// A sampling point of the interval (the engine's `Event::Sample`, the k-th of
+    /// `of`): the rECS periods due by then (spread over the interval as S-CAVE's are,
+    /// §IV-B; the simulator runs the same events).
+    pub(crate) fn sample(&mut self, engine: &Engine, k: u32, of: u32) {
+        self.ctl.sample(k, of, engine);
     }
 
-    /// A tick of the timer thread: the rECS sampling periods due so far in this interval
-    /// (spread over it as S-CAVE's are, §IV-B; the simulator does the same per request).
-    pub(crate) fn tick(&mut self, engine: &Engine) {
-        let elapsed = self.last_tick.elapsed().as_nanos() as u64;
-        self.ctl.sample_recs_due(elapsed, self.interval_ns, engine);
-    }
-
-    /// One allocation interval: the window's counters and rECS go to the controller, the
-    /// allocator decides (if it runs every interval) and the decision is applied online as
-    /// an engine job; vDisks in pass-through drain.
-    pub(crate) fn interval(&mut self, engine: &mut Engine, stats: &[ExportStats]) {
+    /// One allocation interval (the engine's `Event::Interval`): the window's counters
+    /// (the engine's) and rECS go to the controller, the allocator decides (if it runs
+    /// every interval) and the decision is applied online as an engine job; vDisks in
+    /// pass-through drain.
+    pub(crate) fn interval(&mut self, engine: &mut Engine) {
         let secs = self.last_tick.elapsed().as_secs_f64();
         self.last_tick = Instant::now();
-        self.last.resize(stats.len(), ExportStats::default());
-        let counts: Vec<WindowCounts> = stats
-            .iter()
-            .zip(self.last.iter())
-            .map(|(s, l)| WindowCounts {
-                requests: s.reads + s.writes - l.reads - l.writes,
-                accesses: s.blocks - l.blocks,
-                hits: s.hit_blocks - l.hit_blocks,
-            })
-            .collect();
-        self.last = stats.to_vec();
+        let counts = self.ctl.take_counts(engine, engine.vm_count());
         let allocate = self.managed && self.ctl.allocator().every_interval();
         if let Some(d) = self.ctl.end_interval(engine, &counts, secs, allocate, None).decision {
             apply(engine, d);

@@ -417,9 +417,10 @@ impl Daemon {
     fn set_schedule(&self, r: &crate::config::Resolved) -> Result<(), String> {
         let schedule = cachevisor_engine::Schedule {
             interval_ns: r.interval_ns,
+            samples: cachevisor_policy::controller::RECS_PERIODS,
             flusher: r.cache.writeback.flusher(r.cache.block_size),
+            ..Default::default()
         };
-        self.policy.lock().unwrap_or_else(|p| p.into_inner()).set_interval(r.interval_ns);
         self.dp.set_schedule(schedule);
         Ok(())
     }

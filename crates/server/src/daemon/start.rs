@@ -456,7 +456,9 @@ impl Daemon {
         }
         let schedule = cachevisor_engine::Schedule {
             interval_ns: r.interval_ns,
+            samples: cachevisor_policy::controller::RECS_PERIODS,
             flusher: r.cache.writeback.flusher(r.cache.block_size),
+            ..Default::default()
         };
         // Device threads mostly wait on devices (O_DIRECT cache reads and writes, misses on
         // slow backing stores); idle ones cost nothing (one is woken per queued op). Half
@@ -515,10 +517,9 @@ impl Daemon {
         };
         let policy = Arc::new(Mutex::new(policy::Policy::new(
             ctl,
-            r.interval_ns,
             cfg.cache.partition == cachevisor_engine::PartitionMode::Static,
         )));
-        let (observing, interval, ticking) = (policy.clone(), policy.clone(), policy.clone());
+        let (observing, interval, sampling) = (policy.clone(), policy.clone(), policy.clone());
         if let Some(svc) = &vssd {
             // A shared budget splits by the vDisks' claim against the vSSDs'.
             let (claims, hits, block) = (policy.clone(), dp.clone(), r.cache.block_size);
@@ -537,10 +538,10 @@ impl Daemon {
                     c.observe(req);
                 }
             })),
-            Some(Box::new(move |engine, stats| {
-                interval.lock().unwrap_or_else(|e| e.into_inner()).interval(engine, stats)
+            Some(Box::new(move |engine| interval.lock().unwrap_or_else(|e| e.into_inner()).interval(engine))),
+            Some(Box::new(move |engine, k, of| {
+                sampling.lock().unwrap_or_else(|e| e.into_inner()).sample(engine, k, of)
             })),
-            Some(Box::new(move |engine| ticking.lock().unwrap_or_else(|e| e.into_inner()).tick(engine))),
         );
         // NBD_CMD_CACHE hints are paced as a prewarm is.
         let (_, pacing) = cfg.prewarm.resolve(r.cache.block_size).map_err(StartError::Config)?;

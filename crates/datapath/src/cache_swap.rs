@@ -164,8 +164,8 @@ impl DataPath {
         let s = &self.shared;
         s.ring_stop.store(true, SeqCst);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while s.ring_on.load(SeqCst) && Instant::now() < deadline {
-            s.ring_notify.notify_one();
+        while s.exec.ring_on() && Instant::now() < deadline {
+            s.exec.ring_notify().notify_one();
             std::thread::sleep(Duration::from_millis(1));
         }
     }
@@ -251,7 +251,7 @@ impl DataPath {
         if direct && io_uring && s.faults.is_none() {
             s.ring_stop.store(false, SeqCst);
             if let Some(h) = super::ring::start(s.clone()) {
-                s.ring_on.store(true, SeqCst);
+                s.exec.set_ring(true);
                 self.threads.lock().unwrap_or_else(|p| p.into_inner()).push(h);
             }
         }

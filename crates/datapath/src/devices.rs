@@ -87,7 +87,7 @@ impl Shared {
                     if let Some(run) = self.pop_run(&mut core, false, None) {
                         break (run, false);
                     }
-                    if core.background_busy < self.threads.div_ceil(2) {
+                    if core.background_busy < self.exec.threads().div_ceil(2) {
                         if let Some(run) = self.pop_run(&mut core, true, None) {
                             core.background_busy += 1;
                             break (run, true);
@@ -133,10 +133,10 @@ impl Shared {
                 }
             }
             None => {
-                // With the io_uring thread on, cache-store ops are its own.
-                let ring = self.ring_on.load(std::sync::atomic::Ordering::Relaxed);
-                let eligible =
-                    |q: &std::collections::VecDeque<Work>| q.iter().position(|w| !(ring && self.local_only(&w.op)));
+                // With the io_uring thread on, cache-file ops are its own.
+                let eligible = |q: &std::collections::VecDeque<Work>| {
+                    q.iter().position(|w| self.exec.threads_take(self.local_only(&w.op)))
+                };
                 if let Some(i) = eligible(&core.work) {
                     (&mut core.work, i)
                 } else if background {
@@ -159,8 +159,7 @@ impl Shared {
         only: Option<Own>,
     ) -> Vec<Work> {
         let first = queue.remove(at).expect("an op at `at`");
-        let backing = |w: &Work| !self.local_only(&w.op) as usize;
-        self.backing_queued.fetch_sub(backing(&first), Relaxed);
+        self.exec.taken(self.local_only(&first.op));
         let mut total = first.op.len as u64;
         let mut run = vec![first];
         while let Some(next) = queue.get(at) {
@@ -172,7 +171,7 @@ impl Shared {
             }
             total += o.len as u64;
             let next = queue.remove(at).expect("an op");
-            self.backing_queued.fetch_sub(backing(&next), Relaxed);
+            self.exec.taken(self.local_only(&next.op));
             run.push(next);
         }
         run

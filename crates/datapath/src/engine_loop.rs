@@ -47,13 +47,9 @@ impl Shared {
                     core.background.push_back(Work { op, data, sum });
                 }
                 queued += 1;
-                // The ring's (the cache file's), or the device threads' (a backing
-                // store's or another cache store's).
-                if self.local_only(&op) {
-                    queued_ssd += 1;
-                } else {
-                    self.backing_queued.fetch_add(1, Relaxed);
-                }
+                let on_file = self.local_only(&op);
+                queued_ssd += on_file as usize;
+                self.exec.queued(on_file);
             }
             let Some(ev) = core.engine.poll_event() else { break };
             match ev {
@@ -107,25 +103,7 @@ impl Shared {
         // One device thread per queued op, not every thread on every change (on a small
         // machine a herd of wakeups costs more than the I/O).
         if !core.quiet {
-            self.wake_for(core, queued_ssd, queued);
-        }
-    }
-
-    /// Wakes whoever runs the `queued` ops just queued (`ssd` of them on the cache store):
-    /// the io_uring thread for cache-store ops when it runs them, and one device thread
-    /// per op left to device threads (at most as many as are still queued).
-    pub(super) fn wake_for(&self, core: &Core, ssd: usize, queued: usize) {
-        let ring = self.ring_on.load(Relaxed);
-        if ring && ssd > 0 {
-            self.ring_notify.notify_one();
-        }
-        let (mine, left) = if ring {
-            (queued - ssd, self.backing_queued.load(Relaxed))
-        } else {
-            (queued, core.work.len() + core.background.len())
-        };
-        for _ in 0..mine.min(left).min(self.threads) {
-            self.wake.notify_one();
+            self.exec.wake(&self.wake, queued_ssd, queued, core.work.len() + core.background.len());
         }
     }
 

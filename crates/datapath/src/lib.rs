@@ -42,6 +42,7 @@ mod committer;
 mod control;
 mod devices;
 mod engine_loop;
+mod executors;
 mod fault_devices;
 pub mod injected;
 pub mod persist;
@@ -204,8 +205,8 @@ struct Shared {
     checkpoints: AtomicU64,
     /// Commits that failed (each retried after a pause: `committer.rs`).
     commit_failures: AtomicU64,
-    /// Device threads.
-    threads: usize,
+    /// Who runs the ops: device threads and the io_uring thread (`executors.rs`).
+    exec: executors::Executors,
     /// Write-backs of dirty data completed (flusher, evictions, destaging).
     written_back: AtomicU64,
     /// Stopped as a crash would ([`DataPath::halt`]): no device I/O, no metadata written.
@@ -219,14 +220,6 @@ struct Shared {
     /// vDisk added later gets its backing wrapped too, and cache ops stay on the device
     /// threads (whose devices are the wrapped ones) instead of the io_uring thread.
     faults: Option<Arc<cachevisor_store::faults::Faults>>,
-    /// Cache-store ops run on the io_uring thread (`ring.rs`), not the device threads.
-    ring_on: AtomicBool,
-    /// Wakes the io_uring thread (cache-store ops queued, or room for more in flight).
-    ring_notify: tokio::sync::Notify,
-    /// Ops queued that are not on the cache file — backing stores' and other cache
-    /// stores' (with the ring on, the only ones device threads take: a wakeup for a
-    /// cache-file op would find nothing to do and sleep again).
-    backing_queued: AtomicUsize,
     /// The replica log of a cluster node's replicated vDisks (`cluster/replicator.rs`):
     /// their client writes are logged on a peer before they are answered.
     replicator: std::sync::OnceLock<Arc<dyn crate::injected::WriteLog>>,
@@ -364,9 +357,7 @@ impl DataPath {
         core.quiet = false;
         if let (Ok(id), true) = (&entered, here) {
             core = s.run_own_locked(core, *id);
-            let left = core.work.len() + core.background.len();
-            let backing = s.backing_queued.load(Relaxed).min(left);
-            s.wake_for(&core, left - backing, left);
+            s.exec.wake_for_left(&s.wake, core.work.len() + core.background.len());
         }
         s.unlock(core);
         match entered {
@@ -439,7 +430,7 @@ impl Drop for DataPath {
         }
         self.shared.wake.notify_all();
         self.shared.commit_cv.notify_all();
-        self.shared.ring_notify.notify_one();
+        self.shared.exec.ring_notify().notify_one();
         for t in self.threads.get_mut().unwrap_or_else(|p| p.into_inner()).drain(..) {
             let _ = t.join();
         }

@@ -127,12 +127,12 @@ async fn ring_loop(shared: Arc<Shared>, file: tokio_uring::fs::File) {
                     let _ = f.close().await;
                 }
                 let core = shared.lock();
-                shared.ring_on.store(false, SeqCst);
+                shared.exec.set_ring(false);
                 drop(core);
                 shared.wake.notify_all();
                 return;
             }
-            shared.ring_notify.notified().await;
+            shared.exec.ring_notify().notified().await;
             continue;
         }
         for run in runs {
@@ -148,7 +148,7 @@ async fn ring_loop(shared: Arc<Shared>, file: tokio_uring::fs::File) {
                 }
                 s.unlock(core);
                 s.busy.fetch_sub(1, SeqCst);
-                s.ring_notify.notify_one(); // room for more
+                s.exec.ring_notify().notify_one(); // room for more
             });
         }
     }

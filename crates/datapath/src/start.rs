@@ -83,15 +83,12 @@ impl DataPath {
             calls: Default::default(),
             checkpoints: Default::default(),
             commit_failures: Default::default(),
-            threads: threads.max(1),
+            exec: crate::executors::Executors::new(threads),
             written_back: Default::default(),
             halted: Default::default(),
             ticks: Default::default(),
             busy: Default::default(),
             faults,
-            ring_on: Default::default(),
-            ring_notify: tokio::sync::Notify::new(),
-            backing_queued: Default::default(),
             replicator: Default::default(),
             io_pool: Default::default(),
             sums,
@@ -103,7 +100,7 @@ impl DataPath {
         }
         if direct && io_uring && shared.faults.is_none() {
             if let Some(h) = ring::start(shared.clone()) {
-                shared.ring_on.store(true, Relaxed);
+                shared.exec.set_ring(true);
                 handles.push(h);
                 tracing::info!("cache store: O_DIRECT through io_uring");
             }

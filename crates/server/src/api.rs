@@ -8,8 +8,15 @@
 //! `GET /cache`) — that need
 //! `Authorization: Bearer
 //! TOKEN`. Without a configured token a random one is written, readable by the owner
-//! only, to `api-token` in the metadata directory.
+//! only, to `api-token` in the metadata directory. Inside: the token check (`auth.rs`),
+//! its connections' limits (`conns.rs`) and TLS (`tls.rs`), what a vDisk's status says
+//! (`status.rs`) and the Prometheus rendering (`metrics.rs`).
 
+pub(crate) mod auth;
+pub(crate) mod conns;
+pub(crate) mod metrics;
+pub(crate) mod status;
+pub(crate) mod tls;
 mod vssd_routes;
 
 use crate::daemon::{Daemon, StartError};
@@ -51,11 +58,11 @@ async fn metrics(State(a): State<Api>) -> Response {
 /// Every call but a read passes the token check first (`api_auth.rs`): nothing of an
 /// anonymous request — its body, its vDisk's name — is looked at or answered.
 async fn require_token(
-    State(guard): State<Arc<crate::api_auth::Guard>>,
+    State(guard): State<Arc<crate::api::auth::Guard>>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    use crate::api_auth::Refusal;
+    use crate::api::auth::Refusal;
     if req.method() == axum::http::Method::GET || req.method() == axum::http::Method::HEAD {
         return next.run(req).await;
     }
@@ -434,7 +441,7 @@ pub(crate) fn start(
         l.local_addr().map_err(|source| StartError::File { path: format!("api.listen {addr}"), error: source })?;
     l.set_nonblocking(true).map_err(|source| StartError::File { path: format!("api.listen {addr}"), error: source })?;
     let guards = daemon.guards.clone();
-    let guard = crate::api_auth::Guard::new(token, daemon.guards.clone());
+    let guard = crate::api::auth::Guard::new(token, daemon.guards.clone());
     let app = Router::new()
         .route("/vdisks", get(list).post(add_vdisk))
         .route("/vdisks/{name}", axum::routing::delete(remove_vdisk))
@@ -460,9 +467,9 @@ pub(crate) fn start(
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime");
         rt.block_on(async move {
             let inner = tokio::net::TcpListener::from_std(l).expect("listener");
-            let conns = crate::api_conns::ApiConns::new(guards);
+            let conns = crate::api::conns::ApiConns::new(guards);
             let listener =
-                crate::api_tls::ApiListener { inner: crate::api_conns::ConnListener { inner, conns, idle }, tls };
+                crate::api::tls::ApiListener { inner: crate::api::conns::ConnListener { inner, conns, idle }, tls };
             if let Err(e) = axum::serve(listener, app).await {
                 tracing::error!(%e, "API server stopped");
             }

@@ -791,7 +791,8 @@ impl Config {
 
     /// Checks every value; the message names the key.
     pub fn resolve(&self) -> Result<Resolved, String> {
-        crate::log_filter::check(&self.log.level).map_err(|e| format!("log.level: `{}`: {e}", self.log.level))?;
+        crate::process::log_filter::check(&self.log.level)
+            .map_err(|e| format!("log.level: `{}`: {e}", self.log.level))?;
         let settings = cachevisor_policy::cache_settings::CacheSettings::check(&self.cache.keys())?;
         let (cache_bytes, block_size) = (settings.cache_bytes, settings.block_size);
         let slots = cache_bytes / block_size;

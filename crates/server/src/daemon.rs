@@ -20,7 +20,7 @@ mod prewarming;
 pub mod reload;
 mod start;
 mod vdisks;
-pub use crate::status::VdiskStatus;
+pub use crate::api::status::VdiskStatus;
 pub use cache_swap::CacheReport;
 pub use cachevisor_datapath::ExportStats;
 pub use start::StartOptions;
@@ -151,7 +151,7 @@ pub enum StartError {
 
 /// The daemon: exports, the data path and the policy.
 pub struct Daemon {
-    metrics: crate::metrics::Metrics,
+    metrics: crate::api::metrics::Metrics,
     /// By VM id; `None` once removed (ids are not reused while the daemon runs).
     exports: RwLock<Vec<Option<Export>>>,
     /// vDisks added and removed through the API (serializes those calls).
@@ -202,7 +202,7 @@ pub struct Daemon {
     /// held while a reload runs (one at a time).
     file_config: Mutex<Config>,
     /// The daemon's own files, which no vDisk added later may be backed by.
-    own: crate::own_files::OwnFiles,
+    own: crate::process::own_files::OwnFiles,
     /// What a detached cache's metadata directory held (`cache_swap.rs`); held while a
     /// detach or attach runs (one at a time).
     carried: Mutex<cache_swap::Carried>,
@@ -212,7 +212,7 @@ pub struct Daemon {
 
 impl Daemon {
     /// Latency histograms (and the metrics exposition).
-    pub fn metrics(&self) -> &crate::metrics::Metrics {
+    pub fn metrics(&self) -> &crate::api::metrics::Metrics {
         &self.metrics
     }
 
@@ -543,7 +543,7 @@ impl Daemon {
 
     /// The metrics exposition (`/metrics`): latency histograms and the state now.
     pub fn render_metrics(&self) -> String {
-        let state = crate::status::State {
+        let state = crate::api::status::State {
             // Read directly: a scrape takes no engine walk or file stat for them.
             cache: [
                 u64::from(self.dp.cache_state() == cachevisor_datapath::CacheState::Attached),
@@ -560,14 +560,14 @@ impl Daemon {
                 let h = self.dp.hint_counts();
                 [&h.queued, &h.loaded, &h.skipped, &h.dropped].map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
             },
-            vssd_region: self.vssd.as_ref().map(|v| crate::status::VssdRegionStatus {
+            vssd_region: self.vssd.as_ref().map(|v| crate::api::status::VssdRegionStatus {
                 blocks: u64::from(v.budget_view().0),
                 cap_blocks: u64::from(v.region_blocks()),
                 withheld_slots: self.dp.with_engine_mut(|e| e.withheld_slots()),
             }),
             cluster: self.cluster().map(|c| {
                 let s = c.status();
-                crate::status::ClusterGauges {
+                crate::api::status::ClusterGauges {
                     serving: u64::from(s.serving),
                     leading: u64::from(s.leading),
                     epoch: s.epoch,
@@ -642,7 +642,7 @@ impl Daemon {
     }
 
     /// Stops all device I/O at once, as if the process had died here (what dropping a
-    /// [`crate::service::Running`] does): every request in flight or later fails, the
+    /// [`crate::process::service::Running`] does): every request in flight or later fails, the
     /// exports are withdrawn, and once no device call or commit is under way the owner
     /// lock is released, so another daemon may take over the cache. Nothing is written:
     /// the next start recovers from the metadata like after a SIGKILL.

@@ -93,7 +93,7 @@ impl Daemon {
     /// cache store and backing stores and sets up the engine: one partition per vDisk sized
     /// by the configured allocator, warm with the blocks the metadata holds.
     pub fn start_with(cfg: &Config, opts: &StartOptions) -> Result<Daemon, StartError> {
-        let meta_dir = crate::own_files::metadata_dir(cfg);
+        let meta_dir = crate::process::own_files::metadata_dir(cfg);
         // Credentials first: a bad certificate refuses the start before anything is opened.
         let tls = match cfg.listen.tls_credentials().map_err(StartError::Config)? {
             Some(c) => {
@@ -104,7 +104,7 @@ impl Daemon {
         // Every value and path checked before anything is created: a listen
         // path holding a file, a backing among the daemon's own files.
         cfg.resolve().map_err(StartError::Config)?;
-        crate::own_files::check_paths(cfg).map_err(StartError::Config)?;
+        crate::process::own_files::check_paths(cfg).map_err(StartError::Config)?;
         let owner = OwnerLock::acquire(&cfg.cache.path, &meta_dir).map_err(StartError::Refused)?;
         let overlay = crate::vdisk_overlay::Overlay::load(&meta_dir).map_err(StartError::Config)?;
         let file_config = cfg.clone();
@@ -136,7 +136,7 @@ impl Daemon {
         }
         let cfg = &merged;
         let r: Resolved = cfg.resolve().map_err(StartError::Config)?;
-        let own = crate::own_files::OwnFiles::of(cfg);
+        let own = crate::process::own_files::OwnFiles::of(cfg);
         // The file's vDisks were checked with its paths above; those the API's overlay
         // added (or changed) are checked here.
         let from_overlay = |v: &crate::config::VdiskConfig| {

@@ -136,7 +136,7 @@ fn open(d: &Arc<Daemon>, dir: &Path, mode: &SocketMode, e: &Export) -> Result<Se
         Access::Group(g) => (0o660, Some((g.clone(), crate::config::unix_group(g, 0o660)?))),
     };
     let group = group.as_ref().map(|(n, g)| (n.as_str(), *g));
-    let l = crate::listen_path::bind_unix(&path, "listen.vhost_user", file_mode, group)?;
+    let l = crate::process::listen_path::bind_unix(&path, "listen.vhost_user", file_mode, group)?;
     let mut s = Served {
         path: path.clone(),
         stop: Arc::new(AtomicBool::new(false)),
@@ -148,7 +148,9 @@ fn open(d: &Arc<Daemon>, dir: &Path, mode: &SocketMode, e: &Export) -> Result<Se
     s.thread = Some(cachevisor_datapath::named(format!("cv-vhost {}", e.name), move || {
         serve(&d, &e, l, (&stop, &conn));
         // Closed: the file goes, unless something else is at the path by now.
-        if crate::listen_path::inspect(&path, "").ok() == Some(crate::listen_path::AtPath::StaleSocket) {
+        if crate::process::listen_path::inspect(&path, "").ok()
+            == Some(crate::process::listen_path::AtPath::StaleSocket)
+        {
             let _ = std::fs::remove_file(&path);
         }
     }));
@@ -159,7 +161,7 @@ fn open(d: &Arc<Daemon>, dir: &Path, mode: &SocketMode, e: &Export) -> Result<Se
 fn serve(d: &Daemon, e: &Export, l: UnixListener, (stop, conn): (&AtomicBool, &Mutex<Option<ShutdownHandle>>)) {
     while !stop.load(Ordering::SeqCst) {
         let stats = Arc::new(DeviceStats::default());
-        let latency = Some(crate::metrics::latency_of(d.metrics(), &e.name));
+        let latency = Some(crate::api::metrics::latency_of(d.metrics(), &e.name));
         let backend =
             match BlkBackend::new(d.export_backend(e.id), (&e.name, e.size), d.block_size(), stats.clone(), latency) {
                 Ok(b) => Arc::new(b),

@@ -4,9 +4,9 @@
 //! violation, client vanishing) ends only that connection; the server keeps serving the
 //! others.
 
-use crate::conn_limits::{is_timeout, ConnLimit, Deadline, Timed};
+use crate::api::metrics::latency_of;
 use crate::daemon::Daemon;
-use crate::metrics::latency_of;
+use crate::process::conn_limits::{is_timeout, ConnLimit, Deadline, Timed};
 use cachevisor_nbd::handshake::{greet, options, Exports, Negotiated};
 use cachevisor_nbd::polling::{Pollers, PollingReader};
 use cachevisor_nbd::tls::{ServerTls, TlsMode};
@@ -30,7 +30,7 @@ pub(crate) struct Polling {
     pub limit: Arc<ConnLimit>,
     /// Connections still in their handshake, apart from the established ones
     /// (`preauth.rs`).
-    pub preauth: Arc<crate::preauth::PreAuth>,
+    pub preauth: Arc<crate::process::preauth::PreAuth>,
     /// How long a client has to finish the handshake (TLS's included).
     pub handshake_timeout: Duration,
     /// TLS, when `listen.tls` is on or require.
@@ -69,7 +69,7 @@ impl Split for std::os::unix::net::UnixStream {
 /// served client closed under its first request.
 struct Leaving<'a> {
     d: &'a Daemon,
-    place: &'a crate::preauth::Place,
+    place: &'a crate::process::preauth::Place,
 }
 
 impl Exports for Leaving<'_> {

@@ -3,7 +3,7 @@
 //! `listen.handshake_timeout` — an absolute deadline, so a client that trickles a byte at
 //! a time is closed as surely as one that sends nothing. A connection over the limit is
 //! closed at once; reaching the limit and leaving it are logged once each, and refusals
-//! and timeouts are counted (`/metrics`). The API has its own table (`api_conns.rs`).
+//! and timeouts are counted (`/metrics`). The API has its own table (`api/conns.rs`).
 
 use crate::guards::Guards;
 use std::io::{self, Read, Write};

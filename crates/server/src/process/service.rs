@@ -3,7 +3,7 @@
 
 use crate::config::Config;
 use crate::daemon::{Daemon, StartError};
-use crate::listener;
+use crate::process::listener;
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -36,7 +36,10 @@ impl Drop for Running {
         if let (Some((h, ours)), Some(path)) = (self.unix_thread.take(), &self.unix) {
             let _ = std::os::unix::net::UnixStream::connect(path);
             let _ = h.join();
-            if ours && crate::listen_path::inspect(path, "").ok() == Some(crate::listen_path::AtPath::StaleSocket) {
+            if ours
+                && crate::process::listen_path::inspect(path, "").ok()
+                    == Some(crate::process::listen_path::AtPath::StaleSocket)
+            {
                 let _ = std::fs::remove_file(path);
             }
         }
@@ -95,13 +98,13 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
     let polling = listener::Polling {
         poll: std::time::Duration::from_nanos(r.poll_ns),
         pollers: cachevisor_nbd::polling::Pollers::for_this_machine(),
-        limit: crate::conn_limits::ConnLimit::new("nbd", cfg.listen.max_connections, daemon.guards.clone()),
-        preauth: crate::preauth::PreAuth::for_nbd(cfg.listen.max_connections, daemon.guards.clone()),
+        limit: crate::process::conn_limits::ConnLimit::new("nbd", cfg.listen.max_connections, daemon.guards.clone()),
+        preauth: crate::process::preauth::PreAuth::for_nbd(cfg.listen.max_connections, daemon.guards.clone()),
         handshake_timeout: std::time::Duration::from_nanos(r.handshake_timeout_ns),
         tls: daemon.tls().cloned(),
     };
     // Sockets systemd passed (socket activation) replace the configured ones.
-    let mut inherited = crate::socket_activation::take().map_err(StartError::Config)?;
+    let mut inherited = crate::process::socket_activation::take().map_err(StartError::Config)?;
     if inherited.api.is_some() && cfg.api.is_none() {
         return Err(StartError::Config(
             "socket activation: systemd passed an API socket, but the config has no [api] section".into(),
@@ -148,7 +151,10 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
                 Some(g) => Some((g.as_str(), crate::config::unix_group(g, mode).map_err(StartError::Config)?)),
                 None => None,
             };
-            Some((crate::listen_path::bind_unix(p, "listen.unix", mode, group).map_err(StartError::Config)?, p.clone()))
+            Some((
+                crate::process::listen_path::bind_unix(p, "listen.unix", mode, group).map_err(StartError::Config)?,
+                p.clone(),
+            ))
         }
         (None, None) => None,
     };

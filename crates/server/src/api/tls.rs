@@ -7,7 +7,7 @@
 //! Written by hand because tokio-rustls offers the handshake as a future and axum's
 //! `Listener` wants a stream at accept time; this is the small adapter between the two.
 
-use crate::api_conns::{ConnIo, ConnListener};
+use crate::api::conns::{ConnIo, ConnListener};
 use cachevisor_nbd::tls::ServerTls;
 use std::future::Future;
 use std::io;

@@ -200,7 +200,7 @@ impl OwnFiles {
 /// start, before anything is created): listen sockets (a stale or live socket is fine,
 /// anything else refused) and backings; errors name the key.
 pub fn check_paths(cfg: &crate::config::Config) -> Result<(), String> {
-    use crate::listen_path::inspect;
+    use crate::process::listen_path::inspect;
     if let Some(p) = &cfg.listen.unix {
         inspect(p, "listen.unix")?;
     }

@@ -350,7 +350,7 @@ fn a_vm_caches_in_a_peers_lent_region_and_a_killed_peer_costs_it_no_byte_and_no_
     // SIGKILL the lender: the VM's reads and writes go on, every byte as written.
     let pid = c.nodes[1].as_ref().unwrap().pid.to_string();
     assert!(Command::new("kill").args(["-KILL", &pid]).status().unwrap().success());
-    while std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z")) {
+    while !cachevisor_testkit::process::ended(pid.parse().unwrap()) {
         std::thread::sleep(Duration::from_millis(10));
     }
     vm0_io(&c, &["read -P 0x42 0 4M", "read -P 0x43 4M 1M", "read -P 0x42 5M 7M"]);

@@ -332,8 +332,7 @@ impl NsDaemon {
         let _ = Command::new("kill").args([&format!("-{sig}"), &self.pid.to_string()]).status();
         let end = Instant::now() + within;
         while Instant::now() < end {
-            let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).unwrap_or_default();
-            if stat.is_empty() || stat.contains(") Z") {
+            if ended(self.pid) {
                 return true;
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -345,6 +344,19 @@ impl NsDaemon {
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+}
+
+/// Whether process `pid` ended: gone, or a zombie all of whose threads exited. The
+/// leader turns zombie while other threads may still be exiting (one waiting on an I/O)
+/// with the process's files open — and its locks held: a restart then was refused with
+/// "in use by another cachevisor".
+pub fn ended(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    if stat.is_empty() {
+        return true;
+    }
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count());
+    stat.contains(") Z") && tasks <= 1
 }
 
 impl Drop for NsDaemon {

@@ -54,11 +54,11 @@ fn a_busy_port_is_one_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = busy.local_addr().unwrap().port();
-    std::fs::write(
-        dir.path().join("serve.toml"),
-        format!("[cache]\npath = \"cache.img\"\nsize = \"1MiB\"\n[listen]\ntcp = \"127.0.0.1:{port}\"\nunix = \"nbd.sock\"\n[[vdisk]]\nname = \"d\"\nbacking = \"d.img\"\nsize = \"1MiB\"\n"),
-    )
-    .unwrap();
+    ServeConfig::new("1MiB")
+        .listen("tcp", format!("127.0.0.1:{port}"))
+        .listen("unix", "nbd.sock")
+        .vdisk("d", "d.img", &[("size", s("1MiB"))])
+        .write(dir.path(), "serve.toml");
     let e = Daemon::start(dir.path(), "serve.toml", &[]).err().expect("the port is taken");
     assert!(e.status.is_some_and(|s| !s.success()), "{e:?}");
     assert!(e.output.contains(&format!("listen.tcp 127.0.0.1:{port}")), "{}", e.output);

@@ -190,7 +190,8 @@ fn typos_in_paths_and_sizes_are_errors_not_actions() {
     let d = dir.path();
     // Paths under a directory that does not exist: named, and not created.
     let cfg = |cache: &str, backing: &str, size: &str, extra: &str| {
-        format!("[cache]\npath = \"{cache}\"\nsize = \"8MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"vm1\"\nbacking = \"{backing}\"\nsize = \"{size}\"\n{extra}")
+        let c = ServeConfig::new("8MiB").cache("path", cache).vdisk("vm1", backing, &[("size", s(size))]);
+        format!("{}{extra}", c.toml())
     };
     std::fs::write(d.join("t.toml"), cfg("typo/cache.img", "vm1.img", "16MiB", "")).unwrap();
     let e = Daemon::start(d, "t.toml", &[]).err().unwrap();

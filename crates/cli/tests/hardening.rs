@@ -357,7 +357,7 @@ fn small_inputs_are_refused_by_name_before_anything_is_created() {
     assert!(!d.join("cache.img").exists() && !d.join("cache.img.meta").exists(), "the refused start created files");
     // A negative size and a huge weight are named plainly.
     for (bad, want) in [("size = \"-1MiB\"", "negative"), ("weight = 1e308", "1e308 is outside")] {
-        std::fs::write(d.join("w.toml"), format!("[cache]\npath = \"cache.img\"\nsize = \"8MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[[vdisk]]\nname = \"vm1\"\nbacking = \"vm1.img\"\n{bad}\n")).unwrap();
+        ServeConfig::new("8MiB").vdisk_toml("vm1", "vm1.img", bad).write(d, "w.toml");
         let (code, out) = check_config(d, "w.toml");
         assert!(code == Some(1) && out.contains(want) && out.len() < 400, "{out}");
     }

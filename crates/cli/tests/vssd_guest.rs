@@ -13,9 +13,8 @@ use std::time::{Duration, Instant};
 
 /// Writes config `file`: a small cache, one vDisk, and the `[vssd]` section `vssd`.
 fn write_config(d: &Path, file: &str, vssd: &str) {
-    let head = "[cache]\npath = \"cache.img\"\nsize = \"4MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n";
-    let tail = "[[vdisk]]\nname = \"vm1\"\nbacking = \"vm1.img\"\nsize = \"16MiB\"\n";
-    std::fs::write(d.join(file), format!("{head}{vssd}{tail}")).unwrap();
+    let base = ServeConfig::new("4MiB").api().vdisk("vm1", "vm1.img", &[("size", s("16MiB"))]).toml();
+    std::fs::write(d.join(file), format!("{base}{vssd}")).unwrap();
 }
 
 fn config(d: &Path, grace: &str) {

@@ -6,20 +6,19 @@
 
 use cachevisor_testkit as common;
 
-use common::{bin, client_ok, qemu_io_ok, Daemon};
+use common::{bin, client_ok, qemu_io_ok, Daemon, ServeConfig};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-const BASE: &str = "[cache]\npath = \"cache.img\"\nsize = \"32MiB\"\n[listen]\ntcp = \"127.0.0.1:0\"\n[api]\nlisten = \"127.0.0.1:0\"\n[prewarm]\nsnapshot_every = \"0\"\n";
-
-fn vdisk(name: &str, extra: &str) -> String {
-    format!("[[vdisk]]\nname = \"{name}\"\nbacking = \"{name}.img\"\nsize = \"16MiB\"\n{extra}")
-}
-
-fn write_config(d: &Path, cache: &str, vdisks: &str) {
-    let base = BASE.replace("size = \"32MiB\"\n", &format!("size = \"32MiB\"\n{cache}"));
-    std::fs::write(d.join("r.toml"), format!("{base}{vdisks}")).unwrap();
+/// Writes `r.toml`: a 32 MiB cache with the `[cache]` lines `cache`, the API, no
+/// snapshots, and a 16 MiB vDisk per (name, more `[[vdisk]]` lines) of `vdisks`.
+fn write_config(d: &Path, cache: &str, vdisks: &[(&str, &str)]) {
+    let mut c = ServeConfig::new("32MiB").api().section("prewarm", "snapshot_every", "0").section_toml("cache", cache);
+    for (name, extra) in vdisks {
+        c = c.vdisk_toml(name, &format!("{name}.img"), &format!("size = \"16MiB\"\n{extra}"));
+    }
+    c.write(d, "r.toml");
 }
 
 /// `cachevisor reload` against `a`: (exit code, stdout, stderr).
@@ -75,7 +74,7 @@ fn eventually(what: &str, mut ok: impl FnMut() -> bool) {
 fn reload_applies_live_changes_with_a_client_connected_and_refuses_fixed_keys_by_name() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    write_config(d, "", &(vdisk("vm1", "") + &vdisk("vm2", "write_policy = \"wb\"\n")));
+    write_config(d, "", &[("vm1", ""), ("vm2", "write_policy = \"wb\"\n")]);
     let a = Daemon::start(d, "r.toml", &[]).unwrap();
     assert_eq!(policies(&a), pairs(&[("vm1", "wt"), ("vm2", "wb")]));
     let (code, out, err) = reload(d, &a);
@@ -87,7 +86,7 @@ fn reload_applies_live_changes_with_a_client_connected_and_refuses_fixed_keys_by
     write_config(
         d,
         "write_policy = \"wb\"\nflush_rate = \"0\"\nallocator = \"symflex-weighted\"\n",
-        &(vdisk("vm1", "") + &vdisk("vm3", "write_policy = \"ro\"\n")),
+        &[("vm1", ""), ("vm3", "write_policy = \"ro\"\n")],
     );
     let (code, out, err) = reload(d, &a);
     assert_eq!(code, 0, "{out}{err}");
@@ -168,7 +167,7 @@ fn reload_applies_live_changes_with_a_client_connected_and_refuses_fixed_keys_by
 fn a_vdisk_the_api_removed_stays_removed_until_the_file_changes_it() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    write_config(d, "", &(vdisk("vm1", "") + &vdisk("vm2", "")));
+    write_config(d, "", &[("vm1", ""), ("vm2", "")]);
     let mut a = Daemon::start(d, "r.toml", &[]).unwrap();
     let token = std::fs::read_to_string(d.join("cache.img.meta/api-token")).unwrap();
     let api = a.api.clone().unwrap();
@@ -178,9 +177,9 @@ fn a_vdisk_the_api_removed_stays_removed_until_the_file_changes_it() {
     assert!(code == 0 && out.contains("nothing changed"), "{out}");
     assert_eq!(policies(&a), pairs(&[("vm1", "wt")]));
     // The file drops vm2, then lists it again: it is served again.
-    write_config(d, "", &vdisk("vm1", ""));
+    write_config(d, "", &[("vm1", "")]);
     assert_eq!(reload(d, &a).0, 0);
-    write_config(d, "", &(vdisk("vm1", "") + &vdisk("vm2", "")));
+    write_config(d, "", &[("vm1", ""), ("vm2", "")]);
     let (code, out, err) = reload(d, &a);
     assert!(code == 0 && out.contains("vDisk `vm2` added"), "{out}{err}");
     assert_eq!(policies(&a), pairs(&[("vm1", "wt"), ("vm2", "wt")]));
@@ -190,7 +189,7 @@ fn a_vdisk_the_api_removed_stays_removed_until_the_file_changes_it() {
     qemu_io_ok(&a.uri("vm2"), &["write -P 0x5 0 1M", "read -P 0x5 0 1M"]);
     // A new default write policy reaches the vDisks without their own, a vDisk added in
     // the same reload included.
-    write_config(d, "write_policy = \"wb\"\n", &(vdisk("vm1", "") + &vdisk("vm2", "") + &vdisk("vm3", "")));
+    write_config(d, "write_policy = \"wb\"\n", &[("vm1", ""), ("vm2", ""), ("vm3", "")]);
     let (code, out, err) = reload(d, &a);
     assert_eq!(code, 0, "{out}{err}");
     assert_eq!(policies(&a), pairs(&[("vm1", "wb"), ("vm2", "wb"), ("vm3", "wb")]));

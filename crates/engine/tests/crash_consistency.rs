@@ -23,7 +23,7 @@ use proptest::prelude::*;
 
 mod lending;
 mod model_harness;
-use lending::RUN;
+use lending::{Lends, RUN};
 use model_harness::{cases, trace};
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeSet, HashMap};
@@ -388,6 +388,8 @@ struct Driver {
     held_at_loss: BTreeSet<u32>,
 }
 
+lending::impl_lends!(Driver, m);
+
 impl Driver {
     fn pump(&mut self) -> Result<(), String> {
         while let Some(op) = self.e.poll_op() {
@@ -436,21 +438,6 @@ impl Driver {
                 }
                 Event::Interval { .. } | Event::Sample { .. } => {}
             }
-        }
-        Ok(())
-    }
-
-    /// Retries emptying withheld runs; runs the engine says are empty are lent out.
-    fn lend_ready(&mut self) -> Result<(), String> {
-        if !lending::waiting(&self.lending) {
-            return Ok(());
-        }
-        self.e.submit_job(|e, out| {
-            e.withhold_step(out);
-        });
-        self.pump()?;
-        for s in lending::newly_lent(&self.e, &mut self.lending) {
-            self.m.lend(s);
         }
         Ok(())
     }

@@ -20,7 +20,7 @@ use proptest::prelude::*;
 
 mod lending;
 mod model_harness;
-use lending::RUN;
+use lending::{Lends, RUN};
 use model_harness::cases;
 
 const SECTORS_PER_DISK: u64 = 64;
@@ -145,6 +145,8 @@ struct Driver {
     lending: lending::Lending,
 }
 
+lending::impl_lends!(Driver, w);
+
 impl Driver {
     /// Takes the engine's new ops and handles its events.
     fn pump(&mut self) -> Result<(), String> {
@@ -208,21 +210,6 @@ impl Driver {
         }
         self.w.execute(&op, fail, torn)?;
         self.e.handle_completion(now, op.handle(), if fail { Err(Failure::Io) } else { Ok(()) });
-        Ok(())
-    }
-
-    /// Retries emptying withheld runs; runs the engine says are empty are lent out.
-    fn lend_ready(&mut self) -> Result<(), String> {
-        if !lending::waiting(&self.lending) {
-            return Ok(());
-        }
-        self.e.submit_job(|e, out| {
-            e.withhold_step(out);
-        });
-        self.pump()?;
-        for s in lending::newly_lent(&self.e, &mut self.lending) {
-            self.w.lend(s);
-        }
         Ok(())
     }
 }

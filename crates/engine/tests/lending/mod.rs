@@ -43,6 +43,54 @@ pub fn waiting(lending: &Lending) -> bool {
     lending.values().any(|&lent| !lent)
 }
 
+/// A model driver that lends runs: its engine and runs, how it runs the engine's ops and
+/// events, and what its model does with a lent slot's bytes.
+pub trait Lends {
+    /// The engine and the runs withheld.
+    fn parts(&mut self) -> (&mut Engine, &mut Lending);
+    /// Hands the engine's ops and events to the model.
+    fn pump_model(&mut self) -> Result<(), String>;
+    /// Slot `slot` is lent out: someone else's bytes from now on.
+    fn lent(&mut self, slot: u32);
+
+    /// Retries emptying withheld runs; runs the engine says are empty are lent out.
+    fn lend_ready(&mut self) -> Result<(), String> {
+        let (e, lending) = self.parts();
+        if !waiting(lending) {
+            return Ok(());
+        }
+        e.submit_job(|e, out| {
+            e.withhold_step(out);
+        });
+        self.pump_model()?;
+        let (e, lending) = self.parts();
+        for s in newly_lent(e, lending) {
+            self.lent(s);
+        }
+        Ok(())
+    }
+}
+
+/// Implements [`Lends`] for a driver with fields `e` (the engine), `lending` (the runs)
+/// and `$model`, whose `lend(slot)` takes a lent slot.
+macro_rules! impl_lends {
+    ($driver:ty, $model:ident) => {
+        impl $crate::lending::Lends for $driver {
+            fn parts(&mut self) -> (&mut cachevisor_engine::Engine, &mut $crate::lending::Lending) {
+                (&mut self.e, &mut self.lending)
+            }
+            fn pump_model(&mut self) -> Result<(), String> {
+                self.pump()
+            }
+            fn lent(&mut self, slot: u32) {
+                self.$model.lend(slot);
+            }
+        }
+    };
+}
+#[allow(unused_imports)] // used by the models that lend (not every test includes one)
+pub(crate) use impl_lends;
+
 /// The slots of the runs the engine now says are empty, marked lent.
 pub fn newly_lent(e: &Engine, lending: &mut Lending) -> Vec<u32> {
     let mut slots = Vec::new();

@@ -60,9 +60,8 @@ impl Engine {
         if self.flight.held() {
             return false;
         }
-        let Some((vm, lo, hi)) = self.block_span(req) else { return true };
         (!self.flight.any_block_held() && self.queue.no_block_waited_on())
-            || (lo..=hi).all(|b| !self.block_taken(pack_key(vm, b)))
+            || self.request_keys(req).all(|k| !self.block_taken(k))
     }
 
     /// Whether a running job holds, or a waiting request waits for, block key `k`: a block
@@ -72,16 +71,9 @@ impl Engine {
         self.flight.holds_block(k) || self.queue.waits_on(k)
     }
 
-    /// The block range (vm, first, last) a request touches; `None` for an empty one.
-    fn block_span(&self, req: &Request) -> Option<(VmId, u64, u64)> {
-        let sh = self.shift;
-        (req.len > 0).then(|| (req.vm, req.offset >> sh, (req.end() - 1) >> sh))
-    }
-
     /// Puts a request in the request queue (dispatched by a later pass).
     fn enqueue(&mut self, id: ReqId, req: Request) {
-        let keys = self.block_span(&req).map(|(vm, lo, hi)| (lo..=hi).map(move |b| pack_key(vm, b)));
-        self.queue.push(id, req, keys.into_iter().flatten());
+        self.queue.push(id, req, self.request_keys(&req));
     }
 
     /// Submits a discard (NBD TRIM) of `len` bytes of `vm` at `offset`: once no op is in
@@ -125,14 +117,9 @@ impl Engine {
         let mut cands = self.queue.take_candidates();
         while let Some(id) = cands.pop_first() {
             let Some(req) = self.queue.get(id) else { continue };
-            if let Some((vm, lo, hi)) = self.block_span(&req) {
-                let ready = (lo..=hi).all(|b| {
-                    let k = pack_key(vm, b);
-                    !self.flight.holds_block(k) && self.queue.heads(id, k)
-                });
-                if !ready || (!self.queue.is_discard(id) && self.waits_for_slot(&req)) {
-                    continue;
-                }
+            let ready = self.request_keys(&req).all(|k| !self.flight.holds_block(k) && self.queue.heads(id, k));
+            if !ready || (!self.queue.is_discard(id) && self.waits_for_slot(&req)) {
+                continue;
             }
             self.queue.pop(id, self.request_keys(&req));
             self.dispatch(now_ns, id, req);

@@ -1,0 +1,120 @@
+//! `[cache]`: the cache store, its block size, policies and background jobs, as the
+//! operator writes them (strings; [`super::Config::resolve`] turns them into numbers).
+
+use cachevisor_engine::{ReplacementKind, WritePolicy};
+use cachevisor_store::backing::DirectIo;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// `[cache]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CacheConfig {
+    /// Cache store file.
+    pub path: PathBuf,
+    /// Size of the cache.
+    pub size: String,
+    /// Block size.
+    #[serde(default = "default_block")]
+    pub block_size: String,
+    /// Replacement policy. Unset: the allocator's own ([`CacheConfig::replacement`]).
+    #[serde(default)]
+    pub replacement: Option<ReplacementKind>,
+    /// Write policy of vDisks that do not set one.
+    #[serde(default = "default_write_policy")]
+    pub write_policy: WritePolicy,
+    /// Per-vDisk partitions the allocator sizes (`static`), or one shared pool with no
+    /// targets (`shared`: the unmanaged baseline; no allocator runs).
+    #[serde(default)]
+    pub partition: cachevisor_engine::PartitionMode,
+    /// Allocation policy.
+    #[serde(default = "default_allocator")]
+    pub allocator: String,
+    /// Metadata directory (checkpoint and journal); default `PATH.meta` beside the store.
+    pub metadata: Option<PathBuf>,
+    /// The largest `size` a reload may grow the cache to while running (default `size`):
+    /// the engine's slot table and the metadata's geometry are laid out for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_size: Option<String>,
+    /// Device errors after which a vDisk stops using the cache (pass-through).
+    #[serde(default = "default_error_threshold")]
+    pub error_threshold: u64,
+    /// Background destaging of dirty blocks, bytes per second at most (`16MiB`; `0` =
+    /// off): the rate once no client request came for 1 s, or with a `writeback_percent`
+    /// of 0; under load bcache's controller writes less (`engine/src/flush_rate.rs`).
+    #[serde(default = "cachevisor_engine::cache_settings::default_flush_rate")]
+    pub flush_rate: String,
+    /// Percent of the cache the flusher lets stay dirty (bcache's `writeback_percent`):
+    /// hot blocks rewritten often stay dirty and cost no write-back (`10`; `0` writes
+    /// everything back).
+    #[serde(default = "cachevisor_engine::cache_settings::default_writeback_percent")]
+    pub writeback_percent: f64,
+    /// Write-back ahead of eviction: the dirty blocks among each vDisk's next this many
+    /// victims are written back, one at a time, while nothing else of the vDisk is on its
+    /// backing store (`32`; `0` = off).
+    #[serde(default = "cachevisor_engine::cache_settings::default_writeback_ahead")]
+    pub writeback_ahead: u32,
+    /// How often the allocator runs on the traffic it has seen (`1s`).
+    #[serde(default = "default_interval")]
+    pub interval: String,
+    /// The allocator's parameters over its seed's defaults.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub params: std::collections::BTreeMap<String, f64>,
+    /// O_DIRECT on the cache store: `auto` (where the filesystem allows), `on` (fail
+    /// where it does not), `off` (through the page cache).
+    #[serde(default)]
+    pub direct: DirectIo,
+    /// An O_DIRECT cache store's I/O through io_uring where the kernel allows (`true`);
+    /// `false`: a pool of threads.
+    #[serde(default = "default_io_uring")]
+    pub io_uring: bool,
+    /// How long a dirty block's region goes without a write before its checksums are
+    /// sealed into the metadata, so a restart after a crash checks it too (`30s`; `0s`:
+    /// never — checksums are then checked while the daemon runs only). The first write
+    /// into a sealed region waits for one metadata commit (`engine/src/seals.rs`).
+    #[serde(default = "default_seal_after")]
+    pub seal_after: String,
+}
+
+fn default_io_uring() -> bool {
+    true
+}
+
+fn default_seal_after() -> String {
+    "30s".into()
+}
+
+fn default_interval() -> String {
+    "1s".into()
+}
+
+impl CacheConfig {
+    /// The keys it shares with the simulator's `[cache]`, for their one check.
+    pub fn keys(&self) -> cachevisor_policy::cache_settings::CacheKeys<'_> {
+        cachevisor_policy::cache_keys!(self)
+    }
+
+    /// The replacement policy in force: the one set, else the allocator's own
+    /// (`Allocator::replacement`; LRU for a name the registry does not know, which
+    /// validation reports).
+    pub fn replacement(&self) -> ReplacementKind {
+        self.replacement.unwrap_or_else(|| cachevisor_policy::registry::replacement_for(&self.allocator))
+    }
+}
+
+fn default_error_threshold() -> u64 {
+    8
+}
+
+fn default_block() -> String {
+    "4KiB".into()
+}
+fn default_write_policy() -> WritePolicy {
+    WritePolicy::Wt
+}
+fn default_allocator() -> String {
+    "static".into()
+}
+pub(super) fn one() -> f64 {
+    1.0
+}

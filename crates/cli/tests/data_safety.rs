@@ -450,6 +450,106 @@ fn metric(api: &str, series: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {series} in /metrics:\n{body}"))
 }
 
+/// A cache file whose writes fail in the kernel while the daemon runs, through io_uring:
+/// the upper half of a preallocated O_DIRECT cache file on a tmpfs has its pages given
+/// back (a hole punched) and the file system is filled, so every write there fails with
+/// ENOSPC as a worn-out SSD's writes fail, while the lower half (dirty data) still works.
+/// Cache fills of read misses run on the io_uring thread; they fail there, the reads are
+/// answered from the backing store, past the threshold the vDisk passes through (its dirty
+/// blocks drained to the backing store from the lower half), and every
+/// acknowledged byte reads back, before and after a SIGKILL and restart (refused while the
+/// file system is full, warm once there is room).
+#[test]
+fn cache_writes_failing_under_io_uring_lose_no_acknowledged_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut fs = SmallFs::new(d, "20m");
+    // The backing store outside the small file system, its chunks 8..32 (1 MiB each)
+    // holding data the cache has not seen.
+    let mut image = vec![0u8; 32 * MIB as usize];
+    for c in 8..32 {
+        image[c * MIB as usize..(c + 1) * MIB as usize].fill(0x80 + c as u8);
+    }
+    std::fs::write(d.join("vm1.img"), &image).unwrap();
+    let token = "ring-fault-test-token";
+    ServeConfig::new("16MiB")
+        .cache("path", "fs/cache.img")
+        .cache("metadata", "cache.meta")
+        .cache("direct", "on")
+        .cache("io_uring", true)
+        .cache("flush_rate", "0")
+        .cache("writeback_ahead", 0)
+        .cache("error_threshold", 4)
+        .cache("interval", "200ms")
+        .api_key("token", token)
+        .vdisk("vm1", "vm1.img", &[("write_policy", s("wb"))])
+        .write(d, "ring.toml");
+    let a = fs.serve("ring.toml", &[]).unwrap();
+    let api = a.api.clone().unwrap();
+    assert_eq!(metric(&api, "cachevisor_cache_io_uring "), 1, "{}", a.log());
+    // Chunks 0..4 written back into the lower half of the cache (dirty), the truth.
+    let mut truth: Vec<u8> = (0..32).map(|c| if c >= 8 { 0x80 + c as u8 } else { 0 }).collect();
+    for (c, t) in truth.iter_mut().enumerate().take(4) {
+        *t = 0x10 + c as u8;
+        qemu_io_ok(&a.uri("vm1"), &[&format!("write -P {t} {c}M 1M"), "flush"]);
+    }
+    let (used, dirty, _) = vdisk_state(&api);
+    assert_eq!((used, dirty), (1024, 1024));
+    // The upper half's pages given back and the file system filled: writes there fail.
+    assert_eq!(fs.run("fallocate -p -o 8M -l 16M fs/cache.img"), 0);
+    assert_eq!(fs.run("dd if=/dev/zero of=fs/filler bs=1M 2>/dev/null; true"), 0);
+    let failed_before = metric(&api, "cachevisor_cache_io_uring_calls_total{outcome=\"failed\"}");
+    // Read misses: their fills go to the cache file through io_uring, the first 4 MiB
+    // into the lower half, the rest into holes on a full file system.
+    let check = |uri: &str, truth: &[u8], when: &str| {
+        for (c, p) in truth.iter().enumerate() {
+            let (ok, out) = qemu_io(uri, &[&format!("read -P {p} {c}M 1M")]);
+            assert!(ok, "{when}: chunk {c} should read {p:#x}:\n{out}");
+        }
+    };
+    check(&a.uri("vm1"), &truth, "reads while the cache's writes fail");
+    check(&a.uri("vm1"), &truth, "the same reads again (hits where a fill succeeded)");
+    let failed = metric(&api, "cachevisor_cache_io_uring_calls_total{outcome=\"failed\"}") - failed_before;
+    let ok = metric(&api, "cachevisor_cache_io_uring_calls_total{outcome=\"ok\"}");
+    let (used, dirty, passthrough) = vdisk_state(&api);
+    eprintln!(
+        "io_uring calls: {ok} ok, {failed} failed; {used} blocks cached, {dirty} dirty, pass-through {passthrough}"
+    );
+    assert!(failed >= 1 && ok >= 1, "the fills ran through io_uring and some failed: {ok} ok, {failed} failed");
+    assert!(passthrough, "past the error threshold the vDisk passes through");
+    assert!(dirty <= 1024 && used >= dirty, "cached {used}, dirty {dirty}"); // pass-through drains them
+                                                                             // Writes in pass-through: acknowledged ones go to the backing store.
+    for (c, t) in truth.iter_mut().enumerate().take(8).skip(4) {
+        *t = 0x40 + c as u8;
+        qemu_io_ok(&a.uri("vm1"), &[&format!("write -P {t} {c}M 1M"), "flush"]);
+    }
+    check(&a.uri("vm1"), &truth, "in pass-through");
+    // SIGKILL. A start on the still-full file system is refused (the cache file's holes
+    // cannot be preallocated) and changes nothing; with room again, a warm start serves
+    // the same bytes.
+    assert!(a.signal("KILL", Duration::from_secs(10)));
+    fs.run("wait");
+    let e = fs.serve("ring.toml", &[]).err().expect("no start on a cache file that cannot be preallocated");
+    assert!(e.output.contains("fs/cache.img") && e.output.contains("No space left"), "{}", e.output);
+    assert_eq!(fs.run("rm fs/filler"), 0);
+    let a = fs.serve("ring.toml", &[]).unwrap();
+    assert!(a.banner.iter().any(|l| l.starts_with("# warm start")), "{:?}", a.banner);
+    check(&a.uri("vm1"), &truth, "after SIGKILL and restart");
+    // The dirty chunks destage into the backing file, which then holds every chunk's
+    // truth.
+    let (ok, out) = cachevisor(&["destage", "--api", a.api.as_deref().unwrap(), "--token", token]);
+    assert!(ok, "{out}");
+    assert!(a.signal("TERM", Duration::from_secs(20)));
+    fs.run("wait");
+    let image = std::fs::read(d.join("vm1.img")).unwrap();
+    for (c, p) in truth.iter().enumerate() {
+        assert!(
+            image[c * MIB as usize..(c + 1) * MIB as usize].iter().all(|b| b == p),
+            "backing chunk {c} is not {p:#x}"
+        );
+    }
+}
+
 #[test]
 fn blocks_written_back_ahead_then_rewritten_survive_a_sigkill() {
     // Write-back ahead of eviction on (every block of the cache in its window): while the

@@ -415,6 +415,11 @@ impl DataPath {
         self.shared.lock().engine.slot_waits()
     }
 
+    /// What the io_uring thread did since start, and whether it runs now.
+    pub fn ring_counts(&self) -> crate::RingCounts {
+        self.shared.exec.ring_counts()
+    }
+
     /// The data path's own counters the daemon reports beside its guards'.
     pub fn counts(&self) -> DataPathCounts {
         DataPathCounts {

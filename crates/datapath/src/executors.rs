@@ -9,6 +9,7 @@
 //! take.
 
 use std::sync::atomic::AtomicBool;
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::Condvar;
@@ -25,6 +26,19 @@ pub(super) struct Executors {
     /// stores' (with the ring on, the only ones device threads take: a wakeup for a
     /// cache-file op would find nothing to do and sleep again).
     not_on_file: AtomicUsize,
+    /// Device calls the io_uring thread made, and those whose I/O failed.
+    ring_calls: [AtomicU64; 2],
+}
+
+/// What the io_uring thread did since start (`/metrics`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RingCounts {
+    /// Whether it runs the cache file's ops now.
+    pub on: bool,
+    /// Device calls (a coalesced run of ops counting once) whose I/O succeeded.
+    pub calls_ok: u64,
+    /// Device calls whose I/O failed (an error or a short transfer from the kernel).
+    pub calls_failed: u64,
 }
 
 impl Executors {
@@ -35,6 +49,7 @@ impl Executors {
             ring_on: AtomicBool::new(false),
             ring_notify: tokio::sync::Notify::new(),
             not_on_file: AtomicUsize::new(0),
+            ring_calls: Default::default(),
         }
     }
 
@@ -51,6 +66,20 @@ impl Executors {
     /// The io_uring thread starts (`true`) or stops taking the cache file's ops.
     pub(super) fn set_ring(&self, on: bool) {
         self.ring_on.store(on, SeqCst);
+    }
+
+    /// The io_uring thread finished a device call (`ok`: its I/O succeeded).
+    pub(super) fn ring_call_done(&self, ok: bool) {
+        self.ring_calls[usize::from(!ok)].fetch_add(1, Relaxed);
+    }
+
+    /// What the io_uring thread did so far.
+    pub(super) fn ring_counts(&self) -> RingCounts {
+        RingCounts {
+            on: self.ring_on(),
+            calls_ok: self.ring_calls[0].load(Relaxed),
+            calls_failed: self.ring_calls[1].load(Relaxed),
+        }
     }
 
     /// What the io_uring thread waits on.

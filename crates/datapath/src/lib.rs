@@ -55,6 +55,7 @@ pub use allocation::MAX_EXTENTS;
 pub use cache_hints::{HintCounts, MAX_QUEUED_BLOCKS};
 pub use cache_swap::{CacheState, DetachReport};
 pub use control::DataPathCounts;
+pub use executors::RingCounts;
 pub use stats::ExportStats;
 
 pub use cachevisor_nbd::backend::{copy_range, Bytes, ClientError, Cmd, Done};

@@ -63,6 +63,7 @@ impl Shared {
                 Err(e) => Err(e),
             }
         };
+        self.exec.ring_call_done(r.is_ok());
         let mut results = run_results(run, r);
         self.check_read_sums(run, &mut results);
         results

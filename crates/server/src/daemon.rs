@@ -350,6 +350,7 @@ impl Daemon {
                 u64::from(self.dp.cache_slots()) * self.block_size,
                 u64::from(self.dp.max_cache_slots()) * self.block_size,
             ],
+            ring: self.dp.ring_counts(),
             vdisks: self.status(),
             destaged_blocks: self.destaged_blocks(),
             flush_rate_bytes: self.dp.flush_rate_bytes(),

@@ -191,6 +191,11 @@ impl Collector for StateCollector {
             ),
             ("cachevisor_cache_size_bytes", "The cache's size now (cache.size, as a reload last resized it)", size),
             ("cachevisor_cache_max_size_bytes", "The most the cache may grow to while running (cache.max_size)", max_size),
+            (
+                "cachevisor_cache_io_uring",
+                "1 while the cache file's I/O runs through io_uring (O_DIRECT, cache.io_uring, a kernel that allows it); 0 on device threads",
+                i64::from(self.0.ring.on),
+            ),
         ];
         for (name, help, v) in job_gauges.into_iter().chain(prewarm_gauges).chain(cache_gauges) {
             let g = ConstGauge::new(v);
@@ -259,6 +264,15 @@ impl Collector for StateCollector {
         )?;
         for (outcome, v) in ["queued", "loaded", "skipped", "dropped"].into_iter().zip(self.0.cache_hints) {
             ConstCounter::new(v).encode(hints.encode_family(&vec![("outcome".to_string(), outcome.to_string())])?)?;
+        }
+        let mut ring = enc.encode_descriptor(
+            "cachevisor_cache_io_uring_calls",
+            "Cache-file reads and writes made through io_uring (a coalesced run counting once), by outcome (ok; failed: an error or a short transfer)",
+            None,
+            c0.metric_type(),
+        )?;
+        for (outcome, v) in [("ok", self.0.ring.calls_ok), ("failed", self.0.ring.calls_failed)] {
+            ConstCounter::new(v).encode(ring.encode_family(&vec![("outcome".to_string(), outcome.to_string())])?)?;
         }
         let gd = &self.0.guards;
         let guard_counters = [

@@ -54,6 +54,8 @@ pub struct State {
     pub cluster: Option<ClusterGauges>,
     /// The cache file: (1 while attached else 0, its size, the most it may grow to), bytes.
     pub cache: [u64; 3],
+    /// Whether the cache file's I/O runs through io_uring, and the calls it made.
+    pub ring: cachevisor_datapath::RingCounts,
 }
 
 /// A cluster node's state as gauges (`[cluster]`).

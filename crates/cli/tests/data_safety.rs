@@ -525,17 +525,17 @@ fn cache_writes_failing_under_io_uring_lose_no_acknowledged_write() {
     }
     check(&a.uri("vm1"), &truth, "in pass-through");
     // SIGKILL. A start on the still-full file system is refused (the cache file's holes
-    // cannot be preallocated) and changes nothing; with room again, a warm start serves
-    // the same bytes.
+    // cannot be preallocated) and changes nothing; with room again, a start serves the
+    // same bytes.
     assert!(a.signal("KILL", Duration::from_secs(10)));
     fs.run("wait");
     let e = fs.serve("ring.toml", &[]).err().expect("no start on a cache file that cannot be preallocated");
     assert!(e.output.contains("fs/cache.img") && e.output.contains("No space left"), "{}", e.output);
     assert_eq!(fs.run("rm fs/filler"), 0);
     let a = fs.serve("ring.toml", &[]).unwrap();
-    assert!(a.banner.iter().any(|l| l.starts_with("# warm start")), "{:?}", a.banner);
     check(&a.uri("vm1"), &truth, "after SIGKILL and restart");
-    // The dirty chunks destage into the backing file, which then holds every chunk's
+    // The dirty chunks left (the pass-through drain may have written back all of them)
+    // destage into the backing file, which then holds every chunk's
     // truth.
     let (ok, out) = cachevisor(&["destage", "--api", a.api.as_deref().unwrap(), "--token", token]);
     assert!(ok, "{out}");

@@ -59,21 +59,24 @@ fn survive_a_crash(door: Door) {
     let host = pki.client("hypervisor", "/O=tenant1/CN=hypervisor-1", None, 1);
     std::fs::create_dir(d.join("vhost")).unwrap();
     let listen = match door {
-        Door::NbdTls => format!("tcp = \"127.0.0.1:{port}\"\ntls = \"require\"\ntls_dir = \"pki/server\"\n"),
-        Door::VhostUser => "vhost_user = \"vhost\"\n".to_string(),
+        Door::NbdTls => {
+            vec![("tcp", s(&format!("127.0.0.1:{port}"))), ("tls", s("require")), ("tls_dir", s("pki/server"))]
+        }
+        Door::VhostUser => vec![("vhost_user", s("vhost"))],
     };
     // The export has `allow` (TLS clients): over vhost-user the operator names who may
     // open it, here the daemon's own user, as QEMU runs.
-    let vhost = if door == Door::VhostUser { "vhost_user = \"owner\"\n" } else { "" };
-    std::fs::write(
-        d.join("vm.toml"),
-        format!(
-            "[cache]\npath = \"cache.img\"\nsize = \"128MiB\"\nblock_size = \"4KiB\"\nwrite_policy = \"wb\"\nflush_rate = \"0\"\n\
-             [listen]\n{listen}[api]\nlisten = \"127.0.0.1:{api}\"\n\
-             [[vdisk]]\nname = \"guest\"\nbacking = \"guest.img\"\nsize = \"256MiB\"\nallow = [\"CN=hypervisor-1,O=tenant1\"]\n{vhost}"
-        ),
-    )
-    .unwrap();
+    let mut guest = vec![("size", s("256MiB")), ("allow", strings(&["CN=hypervisor-1,O=tenant1"]))];
+    if door == Door::VhostUser {
+        guest.push(("vhost_user", s("owner")));
+    }
+    let cfg = listen.into_iter().fold(ServeConfig::new("128MiB").no_tcp(), |c, (k, v)| c.listen(k, v));
+    cfg.cache("block_size", "4KiB")
+        .cache("write_policy", "wb")
+        .cache("flush_rate", "0")
+        .api_key("listen", format!("127.0.0.1:{api}"))
+        .vdisk("guest", "guest.img", &guest)
+        .write(d, "vm.toml");
     let socket = d.join("vhost/guest.sock");
     let wait_socket = |daemon: &Daemon| {
         let end = std::time::Instant::now() + Duration::from_secs(10);

@@ -69,18 +69,20 @@ fn a_linux_guest_runs_on_vhost_user_blk_and_manages_its_elastic_vssd_from_inside
     let initrd = initramfs(d, &kernel, &init(INIT), &[(Path::new(common::bins::guest()), "/bin/cachevisor-guest")]);
     std::fs::create_dir(d.join("vhost")).unwrap();
     let api = free_port();
-    std::fs::write(
-        d.join("vm.toml"),
-        format!(
-            "[cache]\npath = \"cache.img\"\nsize = \"64MiB\"\nblock_size = \"4KiB\"\nwrite_policy = \"wb\"\nflush_rate = \"0\"\n\
-             [listen]\nunix = \"nbd.sock\"\nvhost_user = \"vhost\"\n[api]\nlisten = \"127.0.0.1:{api}\"\n\
-             [vssd]\nsize = \"32MiB\"\ndeflate_grace = \"3s\"\n\
-             [[vssd.device]]\nname = \"vssd1\"\nmax_size = \"32MiB\"\ninitial_size = \"8MiB\"\n\
-             [[vdisk]]\nname = \"data\"\nbacking = \"data.img\"\nsize = \"64MiB\"\n\
-             [[vdisk]]\nname = \"origin\"\nbacking = \"origin.img\"\nsize = \"96MiB\"\n"
-        ),
-    )
-    .unwrap();
+    ServeConfig::new("64MiB")
+        .cache("block_size", "4KiB")
+        .cache("write_policy", "wb")
+        .cache("flush_rate", "0")
+        .no_tcp()
+        .listen("unix", "nbd.sock")
+        .listen("vhost_user", "vhost")
+        .api_key("listen", format!("127.0.0.1:{api}"))
+        .section("vssd", "size", "32MiB")
+        .section("vssd", "deflate_grace", "3s")
+        .array_item("vssd.device", &[("name", s("vssd1")), ("max_size", s("32MiB")), ("initial_size", s("8MiB"))])
+        .vdisk("data", "data.img", &[("size", s("64MiB"))])
+        .vdisk("origin", "origin.img", &[("size", s("96MiB"))])
+        .write(d, "vm.toml");
     let daemon = Daemon::start(d, "vm.toml", &[]).unwrap_or_else(|e| panic!("{e:?}"));
     let api = daemon.api.clone().unwrap();
     let socks = ["data", "origin", "vssd1"].map(|n| d.join(format!("vhost/{n}.sock")));
@@ -171,19 +173,21 @@ fn a_linux_guest_runs_on_vhost_user_blk_and_manages_its_elastic_vssd_from_inside
 fn a_vhost_user_directory_that_is_not_one_is_refused_naming_the_key_and_names_that_cannot_be_files_are_skipped() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let cfg = |vhost: &str, name: &str| {
-        format!(
-            "[cache]\npath = \"cache.img\"\nsize = \"4MiB\"\n[listen]\nunix = \"nbd.sock\"\nvhost_user = \"{vhost}\"\n\
-             [[vdisk]]\nname = \"{name}\"\nbacking = \"a.img\"\nsize = \"4MiB\"\n"
-        )
+    let cfg = |vhost: &str, name: &str, file: &str| {
+        ServeConfig::new("4MiB")
+            .no_tcp()
+            .listen("unix", "nbd.sock")
+            .listen("vhost_user", vhost)
+            .vdisk(name, "a.img", &[("size", s("4MiB"))])
+            .write(d, file);
     };
-    std::fs::write(d.join("bad.toml"), cfg("missing", "a")).unwrap();
+    cfg("missing", "a", "bad.toml");
     let e = Daemon::start(d, "bad.toml", &[]).err().expect("a start with no vhost_user directory");
     assert!(e.output.contains("listen.vhost_user") && e.output.contains("not a directory"), "{}", e.output);
     // An export name that cannot be a socket's file name is served over NBD only, and
     // says so in the log.
     std::fs::create_dir(d.join("vhost")).unwrap();
-    std::fs::write(d.join("odd.toml"), cfg("vhost", "../a b")).unwrap();
+    cfg("vhost", "../a b", "odd.toml");
     let daemon = Daemon::start(d, "odd.toml", &[]).unwrap_or_else(|e| panic!("{e:?}"));
     let end = Instant::now() + Duration::from_secs(5);
     while !daemon.log().contains("no vhost-user socket") {

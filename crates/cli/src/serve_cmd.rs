@@ -66,7 +66,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     if a.check_config {
         cfg.resolve().map_err(anyhow::Error::msg)?;
         cachevisor_server::own_files::check_paths(&cfg).map_err(anyhow::Error::msg)?;
-        for l in cachevisor_server::vhost_user::access::report(&cfg) {
+        for l in cachevisor_server::vhost_access::report(&cfg) {
             println!("{l}");
         }
         println!("{}: configuration OK ({} vDisks)", source.name(), cfg.vdisk.len());
@@ -123,7 +123,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
     } else if let Some(e) = &p.error {
         println!("# prewarm refused, starting cold: {e}");
     }
-    for l in cachevisor_server::vhost_user::access::report(&cfg) {
+    for l in cachevisor_server::vhost_access::report(&cfg) {
         println!("# {l}");
     }
     for u in running.uris() {

@@ -14,8 +14,6 @@
 
 pub(crate) mod auth;
 pub(crate) mod conns;
-pub(crate) mod metrics;
-pub(crate) mod status;
 pub(crate) mod tls;
 mod vssd_routes;
 

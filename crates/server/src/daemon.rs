@@ -16,44 +16,19 @@ use std::sync::{Arc, Mutex, RwLock};
 mod cache_resize;
 mod cache_swap;
 mod cluster_node;
+pub(crate) mod metrics;
 mod policy;
 mod prewarming;
 pub mod reload;
 mod start;
+pub(crate) mod status;
 mod vdisks;
-pub use crate::api::status::VdiskStatus;
+pub use crate::daemon::status::VdiskStatus;
+pub use crate::export::Export;
 pub use cache_swap::CacheReport;
 pub use cachevisor_datapath::ExportStats;
 pub use start::StartOptions;
 pub use vdisks::ChangeError;
-
-/// One served vDisk.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Export {
-    /// Its VM id in the engine.
-    pub id: VmId,
-    /// Export name.
-    pub name: String,
-    /// Size in bytes.
-    pub size: u64,
-    /// Client certificates that may open it (`tls_authz.rs`; empty: any client the
-    /// listener's TLS policy lets in).
-    pub allow: Vec<String>,
-    /// Who may open it over vhost-user-blk (`vhost_user/access.rs`; none by default).
-    pub vhost_user: crate::vhost_user::access::Access,
-}
-
-impl Export {
-    /// How the NBD handshake offers it.
-    pub fn offered(&self) -> cachevisor_nbd::backend::ExportInfo {
-        cachevisor_nbd::backend::ExportInfo {
-            id: self.id,
-            name: self.name.clone(),
-            size: self.size,
-            allow: self.allow.clone(),
-        }
-    }
-}
 
 impl cachevisor_nbd::handshake::Exports for Daemon {
     fn exports(&self) -> Vec<cachevisor_nbd::backend::ExportInfo> {
@@ -140,7 +115,7 @@ pub enum StartError {
 
 /// The daemon: exports, the data path and the policy.
 pub struct Daemon {
-    metrics: crate::api::metrics::Metrics,
+    metrics: crate::daemon::metrics::Metrics,
     /// By VM id; `None` once removed (ids are not reused while the daemon runs).
     exports: RwLock<Vec<Option<Export>>>,
     /// vDisks added and removed through the API (serializes those calls).
@@ -191,7 +166,7 @@ pub struct Daemon {
     /// held while a reload runs (one at a time).
     file_config: Mutex<Config>,
     /// The daemon's own files, which no vDisk added later may be backed by.
-    own: crate::process::own_files::OwnFiles,
+    own: crate::own_files::OwnFiles,
     /// What a detached cache's metadata directory held (`cache_swap.rs`); held while a
     /// detach or attach runs (one at a time).
     carried: Mutex<cache_swap::Carried>,
@@ -201,7 +176,7 @@ pub struct Daemon {
 
 impl Daemon {
     /// Latency histograms (and the metrics exposition).
-    pub fn metrics(&self) -> &crate::api::metrics::Metrics {
+    pub fn metrics(&self) -> &crate::daemon::metrics::Metrics {
         &self.metrics
     }
 
@@ -343,7 +318,7 @@ impl Daemon {
 
     /// The metrics exposition (`/metrics`): latency histograms and the state now.
     pub fn render_metrics(&self) -> String {
-        let state = crate::api::status::State {
+        let state = crate::daemon::status::State {
             // Read directly: a scrape takes no engine walk or file stat for them.
             cache: [
                 u64::from(self.dp.cache_state() == cachevisor_datapath::CacheState::Attached),
@@ -361,14 +336,14 @@ impl Daemon {
                 let h = self.dp.hint_counts();
                 [&h.queued, &h.loaded, &h.skipped, &h.dropped].map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
             },
-            vssd_region: self.vssd.as_ref().map(|v| crate::api::status::VssdRegionStatus {
+            vssd_region: self.vssd.as_ref().map(|v| crate::daemon::status::VssdRegionStatus {
                 blocks: u64::from(v.budget_view().0),
                 cap_blocks: u64::from(v.region_blocks()),
                 withheld_slots: self.dp.with_engine_mut(|e| e.withheld_slots()),
             }),
             cluster: self.cluster().map(|c| {
                 let s = c.status();
-                crate::api::status::ClusterGauges {
+                crate::daemon::status::ClusterGauges {
                     serving: u64::from(s.serving),
                     leading: u64::from(s.leading),
                     epoch: s.epoch,
@@ -443,7 +418,7 @@ impl Daemon {
     }
 
     /// Stops all device I/O at once, as if the process had died here (what dropping a
-    /// [`crate::process::service::Running`] does): every request in flight or later fails, the
+    /// `process::service::Running` does): every request in flight or later fails, the
     /// exports are withdrawn, and once no device call or commit is under way the owner
     /// lock is released, so another daemon may take over the cache. Nothing is written:
     /// the next start recovers from the metadata like after a SIGKILL.

@@ -10,19 +10,24 @@ mod cluster;
 pub mod config;
 pub mod daemon;
 mod destage_job;
+mod export;
 mod guards;
 mod job_slot;
+mod listen_path;
+pub mod log_filter;
 pub mod metadata_check;
 pub mod metadata_repair;
+pub mod own_files;
 pub mod prewarm_job;
 pub mod process;
 pub mod snapshot_files;
 mod vdisk_overlay;
+pub mod vhost_access;
 pub mod vhost_user;
 pub mod vssd;
 
 pub use config::Config;
 pub use daemon::Daemon;
-pub use process::{log_filter, own_files, service, systemd};
+pub use process::{service, systemd};
 
 pub use cachevisor_nbd::log_safe;

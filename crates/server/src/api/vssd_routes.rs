@@ -103,7 +103,7 @@ async fn share(State(a): State<Api>, Path(name): Path<String>, Json(body): Json<
         return err(StatusCode::CONFLICT, "no vSSD allocator runs (vssd.allocator = \"none\")");
     };
     let old = alloc.share(id);
-    let new = crate::vssd::allocation::Share {
+    let new = crate::config::vssd_section::Share {
         weight: body.weight.unwrap_or(old.weight),
         ratio: body.ratio.unwrap_or(old.ratio),
     };

@@ -16,7 +16,7 @@
 //! over) is a conflict, shown in `GET /cluster` and logged.
 
 use super::etcd_once::block_on;
-use super::settings::ClusterSettings;
+use crate::config::cluster_section::ClusterSettings;
 use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -3,7 +3,7 @@
 //! the caller goes on (a start's map check, a replica log's state at a takeover or a
 //! resync). The agent's connection is its own thread's, and these callers are not async.
 
-use super::settings::ClusterSettings;
+use crate::config::cluster_section::ClusterSettings;
 use std::time::Duration;
 
 /// Runs `f` against a fresh connection to `s.etcd`, all of it within `deadline`.

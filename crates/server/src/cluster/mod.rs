@@ -16,16 +16,15 @@ pub(crate) mod peer_device;
 pub(crate) mod replica_host;
 pub(crate) mod replica_state;
 pub(crate) mod replicator;
-pub(crate) mod settings;
 pub(crate) mod start_check;
 pub(crate) mod takeover;
 pub(crate) mod takeover_replay;
 
+use crate::config::cluster_section::ClusterSettings;
 use cachevisor_cluster::cluster_map::ClusterMap;
 use cachevisor_cluster::estimate::{AllocationRecord, NodeEstimates};
 use cachevisor_cluster::membership::{EpochRefusal, Event, Leader, Member, MemberInfo};
 use serde::Serialize;
-use settings::ClusterSettings;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 

@@ -74,7 +74,7 @@ impl ReplicaLogs {
         let mut v: Vec<String> = rd
             .flatten()
             .filter_map(|e| e.file_name().to_str()?.strip_suffix(".log").map(str::to_string))
-            .filter(|o| super::settings::check_name("replica", o).is_ok())
+            .filter(|o| crate::config::cluster_section::check_name("replica", o).is_ok())
             .collect();
         v.sort();
         v
@@ -84,7 +84,7 @@ impl ReplicaLogs {
     /// `Cluster::forget_replica`); the bytes freed, or `None` if none is kept here. If the
     /// owner comes back, its first write starts a new log (the owner's resync).
     pub fn forget(&self, owner: &str) -> io::Result<Option<u64>> {
-        if super::settings::check_name("replica", owner).is_err() {
+        if crate::config::cluster_section::check_name("replica", owner).is_err() {
             return Ok(None); // not a node name: no file of ours
         }
         let mut l = self.logs.lock().unwrap_or_else(|e| e.into_inner());

@@ -7,7 +7,7 @@
 //! takeover), and the membership agent's connection is its own thread's.
 
 use super::etcd_once::block_on;
-use super::settings::ClusterSettings;
+use crate::config::cluster_section::ClusterSettings;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 

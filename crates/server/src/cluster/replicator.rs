@@ -13,7 +13,7 @@
 
 use super::peer_device::{PeerDevice, PeerLinks};
 use super::replica_state::{self, ReplicaState};
-use super::settings::ClusterSettings;
+use crate::config::cluster_section::ClusterSettings;
 use cachevisor_cluster::replica_log::{Action, Append, Health, ReplicaLog};
 use cachevisor_cluster::replica_record::{self as rr, Geometry, Kind, Record, HEADER};
 use cachevisor_datapath::injected::{LogRecord as Rec, Logged, WriteLog};

@@ -13,7 +13,7 @@
 
 use super::claims::{self, StartLease};
 use super::etcd_once::block_on;
-use super::settings::ClusterSettings;
+use crate::config::cluster_section::ClusterSettings;
 use cachevisor_cluster::cluster_map::ClusterMap;
 use cachevisor_cluster::membership::MemberInfo;
 use serde::Serialize;

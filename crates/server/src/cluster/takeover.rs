@@ -41,7 +41,7 @@ pub(crate) fn due(map: &ClusterMap, me: &str, served: &BTreeSet<String>, done: &
         let Some(from) = e.moved_from.as_deref() else { continue };
         // The name becomes a directory under the shared one: a map record naming no
         // node a config could (`..`, `/`) is skipped, never followed.
-        if super::settings::check_name("name", from).is_err() {
+        if crate::config::cluster_section::check_name("name", from).is_err() {
             tracing::warn!(vdisk = %crate::log_safe(name), "cluster: a map entry's moved_from is not a node name; not prewarmed");
             continue;
         }

@@ -9,12 +9,14 @@ use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 mod cache_section;
+pub mod cluster_section;
 mod listen_section;
 mod prewarm_section;
 mod reference;
 #[cfg(test)]
 mod tests;
 mod vdisk_section;
+pub mod vssd_section;
 
 use listen_section::check_group_mode;
 
@@ -46,10 +48,10 @@ pub struct Config {
     pub prewarm: PrewarmConfig,
     /// SymFlex's elastic vSSDs (none when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub vssd: Option<crate::vssd::settings::VssdConfig>,
+    pub vssd: Option<crate::config::vssd_section::VssdConfig>,
     /// A node of an HCI cluster coordinated through etcd (single host when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cluster: Option<crate::cluster::settings::ClusterConfig>,
+    pub cluster: Option<crate::config::cluster_section::ClusterConfig>,
     /// What the daemon logs.
     #[serde(default)]
     pub log: LogConfig,
@@ -135,8 +137,7 @@ impl Config {
 
     /// Checks every value; the message names the key.
     pub fn resolve(&self) -> Result<Resolved, String> {
-        crate::process::log_filter::check(&self.log.level)
-            .map_err(|e| format!("log.level: `{}`: {e}", self.log.level))?;
+        crate::log_filter::check(&self.log.level).map_err(|e| format!("log.level: `{}`: {e}", self.log.level))?;
         let settings = cachevisor_policy::cache_settings::CacheSettings::check(&self.cache.keys())?;
         let (cache_bytes, block_size) = (settings.cache_bytes, settings.block_size);
         let slots = cache_bytes / block_size;

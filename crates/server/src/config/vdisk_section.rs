@@ -46,7 +46,7 @@ pub struct VdiskConfig {
     pub replicate: Option<bool>,
     /// Who may open it over vhost-user-blk: "owner" (0600), "group:NAME" (0660), "none";
     /// unset: the listener's mode and group, or none for an export with `allow` or under
-    /// `listen.tls = "require"` (`vhost_user/access.rs`).
+    /// `listen.tls = "require"` (`vhost_access.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vhost_user: Option<String>,
 }
@@ -78,7 +78,7 @@ impl VdiskConfig {
         }
         check_share(&format!("{at}.ratio"), v.ratio)?;
         cachevisor_nbd::tls_authz::check(&v.allow).map_err(|e| format!("{at}.allow: {e}"))?;
-        crate::vhost_user::access::check(v.vhost_user.as_deref(), &format!("{at}.vhost_user"))?;
+        crate::vhost_access::check(v.vhost_user.as_deref(), &format!("{at}.vhost_user"))?;
         if v.replicate == Some(true) && v.name.len() > cachevisor_cluster::replica_record::MAX_NAME {
             return Err(format!("{at}.replicate: a replicated vDisk's name must be at most 400 bytes"));
         }

@@ -95,7 +95,7 @@ impl Daemon {
     /// not keep the daemon up).
     pub fn join_cluster(
         self: &Arc<Self>,
-        settings: crate::cluster::settings::ClusterSettings,
+        settings: crate::config::cluster_section::ClusterSettings,
         api: Option<String>,
     ) -> Result<Arc<crate::cluster::Cluster>, StartError> {
         // A VM's curve reaches what it could ever be given: this node's cache and all it

@@ -313,7 +313,7 @@ impl Daemon {
                 self.set_prewarm_config(&new.prewarm);
             }
             if plan.has("log.level") {
-                let what = match crate::process::log_filter::set(&new.log.level) {
+                let what = match crate::log_filter::set(&new.log.level) {
                     Ok(Some(now)) => Ok(format!("log.level: {now}")),
                     Ok(None) if std::env::var_os("RUST_LOG").is_some() => {
                         Ok(format!("log.level: {} (RUST_LOG is set and wins)", new.log.level))

@@ -93,7 +93,7 @@ impl Daemon {
     /// cache store and backing stores and sets up the engine: one partition per vDisk sized
     /// by the configured allocator, warm with the blocks the metadata holds.
     pub fn start_with(cfg: &Config, opts: &StartOptions) -> Result<Daemon, StartError> {
-        let meta_dir = crate::process::own_files::metadata_dir(cfg);
+        let meta_dir = crate::own_files::metadata_dir(cfg);
         // Credentials first: a bad certificate refuses the start before anything is opened.
         let tls = match cfg.listen.tls_credentials().map_err(StartError::Config)? {
             Some(c) => {
@@ -104,7 +104,7 @@ impl Daemon {
         // Every value and path checked before anything is created: a listen
         // path holding a file, a backing among the daemon's own files.
         cfg.resolve().map_err(StartError::Config)?;
-        crate::process::own_files::check_paths(cfg).map_err(StartError::Config)?;
+        crate::own_files::check_paths(cfg).map_err(StartError::Config)?;
         let owner = OwnerLock::acquire(&cfg.cache.path, &meta_dir).map_err(StartError::Refused)?;
         let overlay = crate::vdisk_overlay::Overlay::load(&meta_dir).map_err(StartError::Config)?;
         let file_config = cfg.clone();
@@ -136,7 +136,7 @@ impl Daemon {
         }
         let cfg = &merged;
         let r: Resolved = cfg.resolve().map_err(StartError::Config)?;
-        let own = crate::process::own_files::OwnFiles::of(cfg);
+        let own = crate::own_files::OwnFiles::of(cfg);
         // The file's vDisks were checked with its paths above; those the API's overlay
         // added (or changed) are checked here.
         let from_overlay = |v: &crate::config::VdiskConfig| {
@@ -392,7 +392,7 @@ impl Daemon {
             persist
                 .record_binding(i as u16, &identity)
                 .map_err(|source| StartError::File { path: meta_dir.display().to_string(), error: source })?;
-            let vhost_user = crate::vhost_user::access::of(v.vhost_user.as_deref(), &v.allow, tls_required);
+            let vhost_user = crate::vhost_access::of(v.vhost_user.as_deref(), &v.allow, tls_required);
             exports.push(Some(Export {
                 id: i as VmId,
                 name: v.name.clone(),
@@ -508,7 +508,7 @@ impl Daemon {
                     .map_err(StartError::Config)?;
                 for e in &mut ex {
                     if let Some(d) = p.devices.iter().find(|d| d.name == e.name) {
-                        e.vhost_user = crate::vhost_user::access::of(d.vhost_user.as_deref(), &d.allow, tls_required);
+                        e.vhost_user = crate::vhost_access::of(d.vhost_user.as_deref(), &d.allow, tls_required);
                     }
                 }
                 (Some(svc), ex)
@@ -592,7 +592,7 @@ impl Daemon {
 /// `cluster.snapshots` names an existing directory (on storage every node reads; a
 /// mistyped path is refused, never built), and this node's snapshots go there only.
 fn check_shared_snapshots(
-    c: &crate::cluster::settings::ClusterSettings,
+    c: &crate::config::cluster_section::ClusterSettings,
     prewarm: &crate::config::PrewarmConfig,
 ) -> Result<(), String> {
     let Some(d) = &c.snapshots else { return Ok(()) };
@@ -620,7 +620,7 @@ mod tests {
                 "name = \"a\"\naddress = \"10.0.0.1:1\"\netcd = [\"http://h:1\"]\nsnapshots = \"{}\"",
                 dir.path().join(snapshots).display()
             );
-            toml::from_str::<crate::cluster::settings::ClusterConfig>(&text).unwrap().check().unwrap()
+            toml::from_str::<crate::config::cluster_section::ClusterConfig>(&text).unwrap().check().unwrap()
         };
         let mut prewarm = crate::config::PrewarmConfig::default();
         check_shared_snapshots(&c("."), &prewarm).unwrap();

@@ -145,7 +145,7 @@ impl Daemon {
         self.identities.lock().unwrap_or_else(|e| e.into_inner()).push(Some(identity));
         added.map_err(|f| ChangeError::Failed(format!("journaling the new vDisk failed ({f:?}); see the log")))?;
         self.redivide();
-        let vhost_user = crate::vhost_user::access::of(v.vhost_user.as_deref(), &v.allow, self.tls_required());
+        let vhost_user = crate::vhost_access::of(v.vhost_user.as_deref(), &v.allow, self.tls_required());
         let info = Export { id, name: v.name.clone(), size, allow: v.allow.clone(), vhost_user };
         self.exports.write().unwrap_or_else(|e| e.into_inner()).push(Some(info.clone()));
         tracing::info!(vdisk = %v.name, id, size, backing = %v.backing.display(), "vDisk added");

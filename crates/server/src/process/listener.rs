@@ -4,7 +4,7 @@
 //! violation, client vanishing) ends only that connection; the server keeps serving the
 //! others.
 
-use crate::api::metrics::latency_of;
+use crate::daemon::metrics::latency_of;
 use crate::daemon::Daemon;
 use crate::process::conn_limits::{is_timeout, ConnLimit, Deadline, Timed};
 use cachevisor_nbd::handshake::{greet, options, Exports, Negotiated};

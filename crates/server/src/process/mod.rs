@@ -6,10 +6,7 @@
 //! it names it.
 
 pub(crate) mod conn_limits;
-pub(crate) mod listen_path;
 pub(crate) mod listener;
-pub mod log_filter;
-pub mod own_files;
 pub(crate) mod preauth;
 pub mod service;
 pub(crate) mod socket_activation;

@@ -36,10 +36,7 @@ impl Drop for Running {
         if let (Some((h, ours)), Some(path)) = (self.unix_thread.take(), &self.unix) {
             let _ = std::os::unix::net::UnixStream::connect(path);
             let _ = h.join();
-            if ours
-                && crate::process::listen_path::inspect(path, "").ok()
-                    == Some(crate::process::listen_path::AtPath::StaleSocket)
-            {
+            if ours && crate::listen_path::inspect(path, "").ok() == Some(crate::listen_path::AtPath::StaleSocket) {
                 let _ = std::fs::remove_file(path);
             }
         }
@@ -151,10 +148,7 @@ pub fn start_with(cfg: &Config, opts: &crate::daemon::StartOptions) -> Result<Ru
                 Some(g) => Some((g.as_str(), crate::config::unix_group(g, mode).map_err(StartError::Config)?)),
                 None => None,
             };
-            Some((
-                crate::process::listen_path::bind_unix(p, "listen.unix", mode, group).map_err(StartError::Config)?,
-                p.clone(),
-            ))
+            Some((crate::listen_path::bind_unix(p, "listen.unix", mode, group).map_err(StartError::Config)?, p.clone()))
         }
         (None, None) => None,
     };

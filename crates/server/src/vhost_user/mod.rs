@@ -4,7 +4,6 @@
 //! `blk_request.rs` the virtio-blk request on a descriptor chain, `blk_backend.rs` the
 //! device, `sockets.rs` one socket per export in `listen.vhost_user`.
 
-pub mod access;
 pub mod blk_backend;
 pub mod blk_request;
 pub mod in_order;

@@ -22,15 +22,6 @@ use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 /// How often the watcher compares the exports with the sockets.
 const WATCH: Duration = Duration::from_millis(200);
 
-/// The socket file of an export named `name` in `dir`, if the name can be a file name
-/// (letters, digits, `.`, `_`, `-`; not starting with `.`).
-pub fn socket_path(dir: &Path, name: &str) -> Option<PathBuf> {
-    let ok = !name.is_empty()
-        && !name.starts_with('.')
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    ok.then(|| dir.join(format!("{name}.sock")))
-}
-
 /// The permissions sockets get.
 #[derive(Debug, Clone)]
 pub struct SocketMode {
@@ -108,7 +99,7 @@ impl Watcher {
                     tracing::info!(export = %e.name, socket = %s.path.display(), "vhost-user-blk socket listening");
                     self.served.insert(e.id, s);
                 }
-                Err(why) if e.vhost_user == super::access::Access::None => {
+                Err(why) if e.vhost_user == crate::vhost_access::Access::None => {
                     tracing::info!(export = %crate::log_safe(&e.name), "no vhost-user socket: {why}");
                     self.refused.insert(e.id, why);
                 }
@@ -123,20 +114,20 @@ impl Watcher {
 
 /// Binds export `e`'s socket and starts its thread.
 fn open(d: &Arc<Daemon>, dir: &Path, mode: &SocketMode, e: &Export) -> Result<Served, String> {
-    use super::access::Access;
-    let path = socket_path(dir, &e.name).ok_or_else(|| {
+    use crate::vhost_access::Access;
+    let path = crate::listen_path::socket_path(dir, &e.name).ok_or_else(|| {
         "its name is not a file name (letters, digits, `.`, `_`, `-`, not starting with `.`)".to_string()
     })?;
-    // Who may open it (`access.rs`): an export that restricts its clients gets no socket
+    // Who may open it (`vhost_access.rs`): an export that restricts its clients gets no socket
     // unless the operator named who may.
     let (file_mode, group) = match &e.vhost_user {
-        Access::None => return Err(super::access::describe(&e.vhost_user, &e.allow, d.tls_required(), "")),
+        Access::None => return Err(crate::vhost_access::describe(&e.vhost_user, &e.allow, d.tls_required(), "")),
         Access::Listen => (mode.mode, mode.group.clone()),
         Access::Owner => (0o600, None),
         Access::Group(g) => (0o660, Some((g.clone(), crate::config::unix_group(g, 0o660)?))),
     };
     let group = group.as_ref().map(|(n, g)| (n.as_str(), *g));
-    let l = crate::process::listen_path::bind_unix(&path, "listen.vhost_user", file_mode, group)?;
+    let l = crate::listen_path::bind_unix(&path, "listen.vhost_user", file_mode, group)?;
     let mut s = Served {
         path: path.clone(),
         stop: Arc::new(AtomicBool::new(false)),
@@ -148,9 +139,7 @@ fn open(d: &Arc<Daemon>, dir: &Path, mode: &SocketMode, e: &Export) -> Result<Se
     s.thread = Some(cachevisor_datapath::named(format!("cv-vhost {}", e.name), move || {
         serve(&d, &e, l, (&stop, &conn));
         // Closed: the file goes, unless something else is at the path by now.
-        if crate::process::listen_path::inspect(&path, "").ok()
-            == Some(crate::process::listen_path::AtPath::StaleSocket)
-        {
+        if crate::listen_path::inspect(&path, "").ok() == Some(crate::listen_path::AtPath::StaleSocket) {
             let _ = std::fs::remove_file(&path);
         }
     }));
@@ -161,7 +150,7 @@ fn open(d: &Arc<Daemon>, dir: &Path, mode: &SocketMode, e: &Export) -> Result<Se
 fn serve(d: &Daemon, e: &Export, l: UnixListener, (stop, conn): (&AtomicBool, &Mutex<Option<ShutdownHandle>>)) {
     while !stop.load(Ordering::SeqCst) {
         let stats = Arc::new(DeviceStats::default());
-        let latency = Some(crate::api::metrics::latency_of(d.metrics(), &e.name));
+        let latency = Some(crate::daemon::metrics::latency_of(d.metrics(), &e.name));
         let backend =
             match BlkBackend::new(d.export_backend(e.id), (&e.name, e.size), d.block_size(), stats.clone(), latency) {
                 Ok(b) => Arc::new(b),

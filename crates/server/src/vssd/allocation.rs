@@ -8,29 +8,12 @@
 //! /vssds/NAME/share`, Fig. 8's windows).
 
 use super::service::VssdService;
+use crate::config::vssd_section::Share;
 use cachevisor_policy::allocator::{Allocator, Pool, VmDemand};
 use cachevisor_vssd::VssdId;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-/// The allocators that run on vSSDs (the others need hit curves a vSSD's host cannot see).
-pub const ALLOCATORS: [&str; 2] = ["symflex-weighted", "symflex-proportional"];
-
-/// A vSSD's share settings.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
-pub struct Share {
-    /// Relative share of the region (`symflex-weighted`).
-    pub weight: f64,
-    /// Target share of the vSSDs' summed throughput (`symflex-proportional`).
-    pub ratio: f64,
-}
-
-impl Default for Share {
-    fn default() -> Self {
-        Share { weight: 1.0, ratio: 1.0 }
-    }
-}
 
 /// The running allocator's state others read and change.
 #[derive(Debug, Default)]

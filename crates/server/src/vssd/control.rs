@@ -21,16 +21,14 @@ const MAX_LINE: usize = 16 << 20;
 /// Binds the control socket of vSSD `id` at `path` and serves it on a thread; errors
 /// start with `key`.
 pub fn listen(svc: Arc<VssdService>, id: VssdId, path: &Path, key: &str) -> Result<(), String> {
-    let l = crate::process::listen_path::bind_unix(path, key, 0o600, None)?;
+    let l = crate::listen_path::bind_unix(path, key, 0o600, None)?;
     let (s, p) = (svc.clone(), path.to_path_buf());
     let t = std::thread::Builder::new()
         .name(format!("cv-vssd-ctl {id}"))
         .spawn(move || {
             accept(l, &s, id);
             // Closed: the socket file goes unless something else is there by now.
-            if crate::process::listen_path::inspect(&p, "").ok()
-                == Some(crate::process::listen_path::AtPath::StaleSocket)
-            {
+            if crate::listen_path::inspect(&p, "").ok() == Some(crate::listen_path::AtPath::StaleSocket) {
                 let _ = std::fs::remove_file(&p);
             }
         })

@@ -11,6 +11,5 @@ pub mod io_pool;
 pub mod meta;
 pub mod region;
 pub mod service;
-pub mod settings;
 pub mod split;
 pub mod startup;

@@ -380,7 +380,7 @@ impl VssdService {
         self: &Arc<Self>,
         name: &str,
         interval: Duration,
-        shares: std::collections::BTreeMap<VssdId, super::allocation::Share>,
+        shares: std::collections::BTreeMap<VssdId, crate::config::vssd_section::Share>,
     ) -> Result<(), String> {
         let a = super::allocation::start(self.clone(), name, interval, shares)?;
         self.allocation.set(a).map_err(|_| "the vSSD allocator runs already".to_string())

@@ -8,8 +8,8 @@
 use super::meta::VssdMeta;
 use super::region::VssdRegion;
 use super::service::VssdService;
-use super::settings::{region_base, Plan};
-use crate::daemon::Export;
+use crate::config::vssd_section::{region_base, Plan};
+use crate::export::Export;
 use cachevisor_vssd::lifecycle::LifecycleError;
 use std::path::Path;
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //! (requests, block hits and misses and bytes by operation, flushes, trims, errors, cache held, target, dirty blocks,
 //! pass-through, flusher and destage-job progress) read from its state by a collector, so there is one source of truth.
 
-use crate::api::status::{State, VdiskStatus};
+use crate::daemon::status::{State, VdiskStatus};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;

@@ -109,7 +109,7 @@ pub struct Device {
     /// Its `vhost_user` setting.
     pub vhost_user: Option<String>,
     /// Weight and throughput ratio.
-    pub share: super::allocation::Share,
+    pub share: Share,
 }
 
 /// `[vssd]` resolved.
@@ -174,7 +174,7 @@ impl VssdConfig {
         let mut devices = Vec::new();
         for (i, d) in self.device.iter().enumerate() {
             let at = format!("vssd.device[{i}] ({})", d.name);
-            crate::vhost_user::access::check(d.vhost_user.as_deref(), &format!("{at}.vhost_user"))?;
+            crate::vhost_access::check(d.vhost_user.as_deref(), &format!("{at}.vhost_user"))?;
             let blocks = |key: &str, v: &str| -> Result<u32, String> {
                 let b = parse_size(v).map_err(|e| format!("{at}.{key}: {e}"))?;
                 if !b.is_multiple_of(block) {
@@ -210,18 +210,13 @@ impl VssdConfig {
                 allow: d.allow.clone(),
                 control: d.control.clone(),
                 vhost_user: d.vhost_user.clone(),
-                share: super::allocation::Share { weight: d.weight, ratio: d.ratio },
+                share: Share { weight: d.weight, ratio: d.ratio },
             });
         }
         let allocator = match self.allocator.as_str() {
             "none" => None,
-            a if super::allocation::ALLOCATORS.contains(&a) => Some(a.to_string()),
-            a => {
-                return Err(format!(
-                    "vssd.allocator: `{a}` is not one of none, {}",
-                    super::allocation::ALLOCATORS.join(", ")
-                ))
-            }
+            a if ALLOCATORS.contains(&a) => Some(a.to_string()),
+            a => return Err(format!("vssd.allocator: `{a}` is not one of none, {}", ALLOCATORS.join(", "))),
         };
         let interval_ns = parse_duration_ns(&self.interval).map_err(|e| format!("vssd.interval: {e}"))?;
         if !(10_000_000..=3_600_000_000_000).contains(&interval_ns) {
@@ -240,6 +235,24 @@ impl VssdConfig {
 /// rounded up to a whole vSSD block.
 pub fn region_base(cache_bytes: u64, block: u64) -> u64 {
     cache_bytes.div_ceil(block) * block
+}
+
+/// The allocators that run on vSSDs (the others need hit curves a vSSD's host cannot see).
+pub const ALLOCATORS: [&str; 2] = ["symflex-weighted", "symflex-proportional"];
+
+/// A vSSD's share settings.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Share {
+    /// Relative share of the region (`symflex-weighted`).
+    pub weight: f64,
+    /// Target share of the vSSDs' summed throughput (`symflex-proportional`).
+    pub ratio: f64,
+}
+
+impl Default for Share {
+    fn default() -> Self {
+        Share { weight: 1.0, ratio: 1.0 }
+    }
 }
 
 #[cfg(test)]

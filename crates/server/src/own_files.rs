@@ -200,7 +200,7 @@ impl OwnFiles {
 /// start, before anything is created): listen sockets (a stale or live socket is fine,
 /// anything else refused) and backings; errors name the key.
 pub fn check_paths(cfg: &crate::config::Config) -> Result<(), String> {
-    use crate::process::listen_path::inspect;
+    use crate::listen_path::inspect;
     if let Some(p) = &cfg.listen.unix {
         inspect(p, "listen.unix")?;
     }
@@ -218,7 +218,7 @@ pub fn check_paths(cfg: &crate::config::Config) -> Result<(), String> {
         cfg.vssd.iter().flat_map(|v| v.device.iter().map(|d| d.name.as_str())).collect::<Vec<_>>();
     if let Some(dir) = &cfg.listen.vhost_user {
         for name in cfg.vdisk.iter().map(|v| v.name.as_str()).chain(vssd_names.iter().copied()) {
-            if let Some(p) = crate::vhost_user::sockets::socket_path(dir, name) {
+            if let Some(p) = crate::listen_path::socket_path(dir, name) {
                 inspect(&p, &format!("listen.vhost_user ({name})"))?;
             }
         }

@@ -117,6 +117,15 @@ pub(crate) fn bind_unix(
     r
 }
 
+/// The socket file of an export named `name` in `dir`, if the name can be a file name
+/// (letters, digits, `.`, `_`, `-`; not starting with `.`).
+pub(crate) fn socket_path(dir: &Path, name: &str) -> Option<std::path::PathBuf> {
+    let ok = !name.is_empty()
+        && !name.starts_with('.')
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    ok.then(|| dir.join(format!("{name}.sock")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,7 +21,7 @@ use proptest::prelude::*;
 mod lending;
 mod model_harness;
 use lending::{Lends, RUN};
-use model_harness::cases;
+use model_harness::{cases, trace};
 
 const SECTORS_PER_DISK: u64 = 64;
 
@@ -151,15 +151,11 @@ impl Driver {
     /// Takes the engine's new ops and handles its events.
     fn pump(&mut self) -> Result<(), String> {
         while let Some(op) = self.e.poll_op() {
-            if std::env::var_os("TRACE").is_some() {
-                eprintln!("issue {op:?}");
-            }
+            trace(|| format!("issue {op:?}"));
             self.flying.push(op);
         }
         while let Some(ev) = self.e.poll_event() {
-            if std::env::var_os("TRACE").is_some() {
-                eprintln!("event {ev:?}");
-            }
+            trace(|| format!("event {ev:?}"));
             self.w.event(&ev)?;
         }
         Ok(())
@@ -167,9 +163,7 @@ impl Driver {
 
     fn submit(&mut self, now: u64, req: Request) -> ReqId {
         let id = self.e.submit(now, &req);
-        if std::env::var_os("TRACE").is_some() {
-            eprintln!("submit {id} {req:?}");
-        }
+        trace(|| format!("submit {id} {req:?}"));
         self.w.submitted(id, req);
         id
     }
@@ -205,9 +199,7 @@ impl Driver {
 
     fn complete(&mut self, now: u64, i: usize, fail: bool, torn: u64) -> Result<(), String> {
         let op = self.flying.swap_remove(i);
-        if std::env::var_os("TRACE").is_some() {
-            eprintln!("complete {op:?} fail={fail}");
-        }
+        trace(|| format!("complete {op:?} fail={fail}"));
         self.w.execute(&op, fail, torn)?;
         self.e.handle_completion(now, op.handle(), if fail { Err(Failure::Io) } else { Ok(()) });
         Ok(())

@@ -134,7 +134,15 @@ fn options(p: &Problem, v: usize, price: f64) -> VmOptions {
         x(a).total_cmp(&x(b)).then(a.cmp(&b))
     });
     local.truncate(best.unwrap_or(0));
-    let partial = (1..=ideal)
+    VmOptions { no_local, local, partial: Vec::new() }
+}
+
+/// Fills in `o.partial` for VM `v` at `price` (only a node whose cache binds needs it):
+/// the best cost partly remote with k local units, for each k.
+fn add_partial(p: &Problem, v: usize, price: f64, o: &mut VmOptions) {
+    let ideal = p.vms[v].hit_ratio.len().saturating_sub(1);
+    let cost = |local: usize, remote: usize| p.vm_avl(v, local as u64, remote as u64) + price * (local + remote) as f64;
+    o.partial = (1..=ideal)
         .map(|k| {
             let mut best = (f64::INFINITY, Choice::default());
             for c in k + 1..=ideal {
@@ -146,7 +154,6 @@ fn options(p: &Problem, v: usize, price: f64) -> VmOptions {
             best
         })
         .collect();
-    VmOptions { no_local, local, partial }
 }
 
 /// The exact optimum of one node's VMs at `price` per unit, its local units ≤ `cap`;
@@ -155,64 +162,74 @@ fn node_at_price(p: &Problem, cap: usize, vms: &[usize], price: f64, out: &mut [
     if vms.is_empty() {
         return;
     }
+    let mut opts: Vec<VmOptions> = vms.iter().map(|&v| options(p, v, price)).collect();
+    // A node whose cache holds every VM's best all-local size needs no search: a remote
+    // unit costs at least a local one (Eq. 3), so no partial or all-remote option beats a
+    // VM's best all-local one, and each VM takes it.
+    let remote_dearer = p.lat.ssd_remote_us + p.lat.network_us >= p.lat.ssd_local_us;
+    if remote_dearer && opts.iter().map(|o| o.local.len()).sum::<usize>() <= cap {
+        for (&v, o) in vms.iter().zip(&opts) {
+            let k = o.local.len() as u32;
+            out[v] =
+                if k == 0 && o.no_local.0 < p.vm_avl(v, 0, 0) { o.no_local.1 } else { Choice { size: k, remote: 0 } };
+        }
+        return;
+    }
+    for (&v, o) in vms.iter().zip(opts.iter_mut()) {
+        add_partial(p, v, price, o);
+    }
     let w = cap + 1;
-    // dp[flag * w + l]: least cost so far with l local units, flag = the partial VM taken.
-    let mut dp = vec![f64::INFINITY; 2 * w];
-    dp[0] = 0.0;
-    // Per VM, per state: the option taken (0 = no local, k > 0 local k, k < 0 partial −k).
-    let mut taken: Vec<Vec<i32>> = Vec::with_capacity(vms.len());
-    let mut opts = Vec::with_capacity(vms.len());
-    for &v in vms {
-        let o = options(p, v, price);
-        let mut next = vec![f64::INFINITY; 2 * w];
-        let mut pick = vec![0i32; 2 * w];
+    // dps[i][flag * w + l]: least cost of the first i VMs with l local units, flag = the
+    // partial VM taken. Each step is a (min, +) convolution written as loops over
+    // contiguous states, which the compiler vectorizes; which option each state took is
+    // found again on the way back (the one whose sum equals the state's cost, in the
+    // order a per-state scan would have met it, so ties resolve as before).
+    let mut dps = vec![f64::INFINITY; (opts.len() + 1) * 2 * w];
+    dps[0] = 0.0;
+    for (i, o) in opts.iter().enumerate() {
+        let (before, after) = dps.split_at_mut((i + 1) * 2 * w);
+        let dp = &before[i * 2 * w..];
+        let next = &mut after[..2 * w];
+        let relax = |next: &mut [f64], from: &[f64], x: f64| {
+            for (n, &b) in next.iter_mut().zip(from) {
+                let v = b + x;
+                if v < *n {
+                    *n = v;
+                }
+            }
+        };
         for flag in 0..2 {
-            for l in 0..w {
-                let base = dp[flag * w + l];
-                if !base.is_finite() {
-                    continue;
-                }
-                let mut relax = |s: usize, x: f64, code: i32| {
-                    if x < next[s] {
-                        next[s] = x;
-                        pick[s] = code;
-                    }
-                };
-                relax(flag * w + l, base + o.no_local.0, 0);
-                for (k, &x) in o.local.iter().enumerate().take(cap - l) {
-                    relax(flag * w + l + k + 1, base + x, k as i32 + 1);
-                }
-                if flag == 0 {
-                    for (k, &(x, _)) in o.partial.iter().enumerate().take(cap - l) {
-                        if x.is_finite() {
-                            relax(w + l + k + 1, base + x, -(k as i32 + 1));
-                        }
-                    }
-                }
+            let (d, n) = (&dp[flag * w..(flag + 1) * w], &mut next[flag * w..(flag + 1) * w]);
+            relax(n, d, o.no_local.0);
+            for (k, &x) in o.local.iter().enumerate().take(cap) {
+                relax(&mut n[k + 1..], &d[..w - k - 1], x);
             }
         }
-        dp = next;
-        taken.push(pick);
-        opts.push(o);
+        for (k, &(x, _)) in o.partial.iter().enumerate().take(cap) {
+            relax(&mut next[w + k + 1..], &dp[..w - k - 1], x);
+        }
     }
-    let mut s = (0..2 * w).min_by(|&a, &b| dp[a].total_cmp(&dp[b])).expect("non-empty");
+    let last = &dps[opts.len() * 2 * w..];
+    let mut s = (0..2 * w).min_by(|&a, &b| last[a].total_cmp(&last[b])).expect("non-empty");
     for (i, &v) in vms.iter().enumerate().rev() {
+        let (dp, here) = (&dps[i * 2 * w..(i + 1) * 2 * w], dps[(i + 1) * 2 * w + s]);
+        let o = &opts[i];
         let (flag, l) = (s / w, s % w);
-        let code = taken[i][s];
-        out[v] = match code {
-            0 => {
-                s = flag * w + l;
-                opts[i].no_local.1
-            }
-            k if k > 0 => {
-                s = flag * w + l - k as usize;
-                Choice { size: k as u32, remote: 0 }
-            }
-            k => {
-                let k = (-k) as usize;
-                s = l - k;
-                opts[i].partial[k - 1].1
-            }
+        // Sources in the order (flag, l) ascending: partial ones from flag 0 (largest k
+        // first), then this flag's local ones (largest k first), then no local.
+        let partial = (flag == 1)
+            .then(|| (1..=o.partial.len().min(l)).rev().find(|&k| dp[l - k] + o.partial[k - 1].0 == here))
+            .flatten();
+        let local = || (1..=o.local.len().min(l)).rev().find(|&k| dp[flag * w + l - k] + o.local[k - 1] == here);
+        out[v] = if let Some(k) = partial {
+            s = l - k;
+            o.partial[k - 1].1
+        } else if let Some(k) = local() {
+            s = flag * w + l - k;
+            Choice { size: k as u32, remote: 0 }
+        } else {
+            debug_assert!(dp[s] + o.no_local.0 == here, "a DP state with no source");
+            o.no_local.1
         };
     }
 }
@@ -373,6 +390,108 @@ mod tests {
             let gap = (fast.total_avl - exact.total_avl) / exact.total_avl;
             prop_assert!(gap <= 2e-3, "fast {} vs exact {} ({:+.4}%)", fast.total_avl, exact.total_avl, gap * 100.0);
         }
+    }
+
+    /// The per-state DP the vectorized one replaced: for every state, every option
+    /// relaxed in turn, the option each state took recorded as it goes.
+    fn node_at_price_reference(p: &Problem, cap: usize, vms: &[usize], price: f64, out: &mut [Choice]) {
+        let opts: Vec<VmOptions> = vms
+            .iter()
+            .map(|&v| {
+                let mut o = options(p, v, price);
+                add_partial(p, v, price, &mut o);
+                o
+            })
+            .collect();
+        let w = cap + 1;
+        let mut dp = vec![f64::INFINITY; 2 * w];
+        dp[0] = 0.0;
+        let mut taken: Vec<Vec<i32>> = Vec::new();
+        for o in &opts {
+            let mut next = vec![f64::INFINITY; 2 * w];
+            let mut pick = vec![0i32; 2 * w];
+            for flag in 0..2 {
+                for l in 0..w {
+                    let base = dp[flag * w + l];
+                    if !base.is_finite() {
+                        continue;
+                    }
+                    let mut relax = |s: usize, x: f64, code: i32| {
+                        if x < next[s] {
+                            next[s] = x;
+                            pick[s] = code;
+                        }
+                    };
+                    relax(flag * w + l, base + o.no_local.0, 0);
+                    for (k, &x) in o.local.iter().enumerate().take(cap - l) {
+                        relax(flag * w + l + k + 1, base + x, k as i32 + 1);
+                    }
+                    if flag == 0 {
+                        for (k, &(x, _)) in o.partial.iter().enumerate().take(cap - l) {
+                            if x.is_finite() {
+                                relax(w + l + k + 1, base + x, -(k as i32 + 1));
+                            }
+                        }
+                    }
+                }
+            }
+            dp = next;
+            taken.push(pick);
+        }
+        let mut s = (0..2 * w).min_by(|&a, &b| dp[a].total_cmp(&dp[b])).expect("non-empty");
+        for (i, &v) in vms.iter().enumerate().rev() {
+            let (flag, l) = (s / w, s % w);
+            out[v] = match taken[i][s] {
+                0 => opts[i].no_local.1,
+                k if k > 0 => {
+                    s = flag * w + l - k as usize;
+                    Choice { size: k as u32, remote: 0 }
+                }
+                k => {
+                    let k = (-k) as usize;
+                    s = l - k;
+                    opts[i].partial[k - 1].1
+                }
+            };
+        }
+    }
+
+    /// The vectorized per-node DP (and its shortcut for a node whose cache does not
+    /// bind) chooses exactly what the per-state DP does, at prices across the search's
+    /// range, on concave and other curves, with ties (integer gains make many).
+    #[test]
+    fn the_node_dp_chooses_what_the_per_state_dp_does() {
+        let mut compared = 0;
+        for (i, p) in small_cases(4_000, true).into_iter().chain(small_cases(4_000, false)).enumerate() {
+            let by_node = vms_by_node(&p);
+            for price in [0.0, 1.0, 7.5, 40.0, 333.0, 2_000.0, 7_999.0] {
+                for (n, vms) in by_node.iter().enumerate() {
+                    let cap = p.capacity[n] as usize;
+                    let (mut a, mut b) = (vec![Choice::default(); p.vms.len()], vec![Choice::default(); p.vms.len()]);
+                    node_at_price(&p, cap, vms, price, &mut a);
+                    node_at_price_reference(&p, cap, vms, price, &mut b);
+                    let cost = |c: &[Choice]| -> f64 {
+                        vms.iter()
+                            .map(|&v| {
+                                let x = c[v];
+                                p.vm_avl(v, (x.size - x.remote) as u64, x.remote as u64) + price * x.size as f64
+                            })
+                            .sum()
+                    };
+                    // The shortcut may take another of several equal-cost choices.
+                    if (cost(&a) - cost(&b)).abs() > 1e-9 || (a != b && !shortcut(&p, cap, vms, price)) {
+                        panic!("case {i}, node {n}, price {price}: {a:?} vs {b:?}");
+                    }
+                    compared += 1;
+                }
+            }
+        }
+        assert!(compared > 100_000, "{compared} node DPs compared");
+    }
+
+    /// Whether [`node_at_price`] took its shortcut for this node.
+    fn shortcut(p: &Problem, cap: usize, vms: &[usize], price: f64) -> bool {
+        vms.iter().map(|&v| options(p, v, price).local.len()).sum::<usize>() <= cap
     }
 
     /// Small random clusters of 2–4 nodes and 1–6 VMs (seeded), as the proptest draws them.

@@ -38,6 +38,9 @@ pub(crate) struct IntervalClock {
     taken: u32,
     /// Requests run so far (request-length intervals).
     requests: u64,
+    /// The next point (a sample or the end), computed when the clock moves: a request
+    /// asks for it every time, and it takes a 128-bit division.
+    next: Option<u64>,
     counts: Vec<WindowCounts>,
 }
 
@@ -50,10 +53,17 @@ impl IntervalClock {
         self.samples = samples;
         self.start = if by_requests { self.requests } else { now_ns };
         self.taken = 0;
+        self.next = self.compute_next();
     }
 
     /// When the next point (a sample or the end) is due, in the interval's unit.
+    #[inline]
     fn next_point(&self) -> Option<u64> {
+        self.next
+    }
+
+    /// [`Self::next_point`] from the clock's state.
+    fn compute_next(&self) -> Option<u64> {
         if self.length == 0 {
             return None;
         }
@@ -87,6 +97,7 @@ impl IntervalClock {
                 self.start = at;
                 self.taken = 0;
             }
+            self.next = self.compute_next();
         }
     }
 

@@ -4,6 +4,9 @@
 //! pass-through, flusher and destage-job progress) read from its state by a collector, so there is one source of truth.
 
 use crate::daemon::status::{State, VdiskStatus};
+
+/// A counter's value for one `outcome` label.
+type Outcome = (&'static str, u64);
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -255,24 +258,25 @@ impl Collector for StateCollector {
                 b.metric_type(),
             )?)?;
         }
-        let c0 = ConstCounter::new(0u64);
-        let mut hints = enc.encode_descriptor(
-            "cachevisor_cache_hint_blocks",
-            "Blocks NBD_CMD_CACHE asked for, by outcome (queued; loaded, skipped as cached or busy, dropped)",
-            None,
-            c0.metric_type(),
-        )?;
-        for (outcome, v) in ["queued", "loaded", "skipped", "dropped"].into_iter().zip(self.0.cache_hints) {
-            ConstCounter::new(v).encode(hints.encode_family(&vec![("outcome".to_string(), outcome.to_string())])?)?;
-        }
-        let mut ring = enc.encode_descriptor(
-            "cachevisor_cache_io_uring_calls",
-            "Cache-file reads and writes made through io_uring (a coalesced run counting once), by outcome (ok; failed: an error or a short transfer)",
-            None,
-            c0.metric_type(),
-        )?;
-        for (outcome, v) in [("ok", self.0.ring.calls_ok), ("failed", self.0.ring.calls_failed)] {
-            ConstCounter::new(v).encode(ring.encode_family(&vec![("outcome".to_string(), outcome.to_string())])?)?;
+        let [queued, loaded, skipped, dropped] = self.0.cache_hints;
+        let by_outcome: [(&str, &str, Vec<Outcome>); 2] = [
+            (
+                "cachevisor_cache_hint_blocks",
+                "Blocks NBD_CMD_CACHE asked for, by outcome (queued; loaded, skipped as cached or busy, dropped)",
+                vec![("queued", queued), ("loaded", loaded), ("skipped", skipped), ("dropped", dropped)],
+            ),
+            (
+                "cachevisor_cache_io_uring_calls",
+                "Cache-file reads and writes made through io_uring (a coalesced run counting once), by outcome (ok; failed: an error or a short transfer)",
+                vec![("ok", self.0.ring.calls_ok), ("failed", self.0.ring.calls_failed)],
+            ),
+        ];
+        for (name, help, values) in by_outcome {
+            let c0 = ConstCounter::new(0u64);
+            let mut m = enc.encode_descriptor(name, help, None, c0.metric_type())?;
+            for (outcome, v) in values {
+                ConstCounter::new(v).encode(m.encode_family(&vec![("outcome".to_string(), outcome.to_string())])?)?;
+            }
         }
         let gd = &self.0.guards;
         let guard_counters = [

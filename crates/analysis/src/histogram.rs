@@ -112,6 +112,29 @@ impl DistanceHistogram {
         self.cold += other.cold * f;
     }
 
+    /// The same histogram with every distance multiplied by `f` (> 0): each bucket's count
+    /// spread evenly over its stretched span, as [`Self::hits_at`] reads a bucket (SHARDS'
+    /// size axis rescaled to the counted working set). First accesses stay.
+    pub fn stretched(&self, f: f64) -> Self {
+        debug_assert!(self.horizon.is_none() && f > 0.0);
+        let mut out = DistanceHistogram { counts: Vec::new(), ..self.clone() };
+        for (i, &c) in self.counts.iter().enumerate() {
+            if c == 0.0 {
+                continue;
+            }
+            let (lo, hi) = (i as f64 * self.width as f64 * f, (i + 1) as f64 * self.width as f64 * f);
+            let mut x = lo;
+            while x < hi {
+                // Up to the end of the destination bucket `x` is in (its width may grow).
+                let w = out.width as f64;
+                let end = (((x / w).floor() + 1.0) * w).min(hi);
+                out.add(Some(x as u64), c * (end - x) / (hi - lo));
+                x = end;
+            }
+        }
+        out
+    }
+
     /// Reuses (accesses with a finite distance).
     pub fn reuses(&self) -> f64 {
         self.counts.iter().sum()
@@ -281,5 +304,36 @@ mod tests {
         assert!(h.width() >= 16);
         assert_eq!(h.reuses(), 64.0);
         assert!((h.hits_at(32) - 32.0).abs() < 1e-9);
+    }
+
+    proptest::proptest! {
+        /// A stretched histogram against the brute force of reading the original at the
+        /// shrunk size: hits at `c` after stretching by `f` are the original's (linearly
+        /// interpolated, as `hits_at` reads a wide bucket) at `c / f`; totals and first
+        /// accesses stay; a bounded histogram stays within its bound.
+        #[test]
+        fn stretching_reads_the_original_at_the_shrunk_size(
+            ds in proptest::collection::vec(0u64..400, 1..200),
+            cold in 0u32..20,
+            f in 0.25f64..4.0,
+            bounded in proptest::bool::ANY,
+        ) {
+            let mut h = if bounded { DistanceHistogram::bounded(16) } else { DistanceHistogram::exact() };
+            ds.iter().for_each(|&d| h.add(Some(d), 1.0));
+            h.add(None, cold as f64);
+            let s = h.stretched(f);
+            proptest::prop_assert!((s.total() - h.total()).abs() < 1e-6 && s.cold() == h.cold());
+            proptest::prop_assert!(!bounded || s.counts.len() <= 16);
+            // The original's hits at a fractional size: its piecewise-linear cumulative.
+            let at = |x: f64| {
+                let lo = x.floor() as u64;
+                h.hits_at(lo) + (h.hits_at(lo + 1) - h.hits_at(lo)) * (x - lo as f64)
+            };
+            // At the stretched histogram's bucket edges its hits are the mass below: exact.
+            for c in (0..=(500.0 * f) as u64 + s.width).step_by(s.width as usize) {
+                let (got, want) = (s.hits_at(c), at(c as f64 / f));
+                proptest::prop_assert!((got - want).abs() <= 1e-6 * h.total(), "c {}: {} vs {}", c, got, want);
+            }
+        }
     }
 }

@@ -92,7 +92,12 @@ impl Estimator {
                 read: DistanceHistogram::exact(),
                 write: DistanceHistogram::exact(),
             },
-            _ => Estimator::Sampled { all: s(m), read: s(m), write: s(m) },
+            // One sketch counts the stream's blocks for the three (`Shards::histogram_for`).
+            _ => Estimator::Sampled {
+                all: s(m),
+                read: s(m).without_distinct_count(),
+                write: s(m).without_distinct_count(),
+            },
         }
     }
 }
@@ -112,8 +117,8 @@ impl VmCurves {
             (Estimator::Exact { read, .. }, Kind::Read) => read.clone(),
             (Estimator::Exact { write, .. }, Kind::Write) => write.clone(),
             (Estimator::Sampled { all, .. }, Kind::All) => all.histogram(),
-            (Estimator::Sampled { read, .. }, Kind::Read) => read.histogram(),
-            (Estimator::Sampled { write, .. }, Kind::Write) => write.histogram(),
+            (Estimator::Sampled { all, read, .. }, Kind::Read) => read.histogram_for(all.counted_distinct()),
+            (Estimator::Sampled { all, write, .. }, Kind::Write) => write.histogram_for(all.counted_distinct()),
         }
     }
 

@@ -91,6 +91,9 @@ fn full_sim(
     sc.cache.replacement = Some(kind);
     sc.cache.partition = PartitionMode::Static;
     sc.replay.mode = ReplayMode::Closed;
+    // The full model whatever the scenario (`auto` would take the cache model for one VM
+    // of reads, and this column would time the wrong model).
+    sc.replay.model = cachevisor_sim::model_choice::ModelChoice::Full;
     let t = Instant::now();
     let r = simulate(&sc, &mut |_| {})?;
     Ok((r.total.requests as f64 / t.elapsed().as_secs_f64() / 1e6, r.total.hit_ratio))

@@ -1,13 +1,15 @@
 //! Growing and shrinking the cache file under running clients (day-2
 //! operations; lvmcache resizes a cache pool only offline). The engine and the metadata
-//! are laid out for `cache.max_size` from the start; the slots past the cache's size are
-//! withheld from the engine (`withheld.rs`: never taken for a block, never restored from
-//! a journal). A grow extends the file (preallocated, as at start) and then gives the
-//! engine the new slots; a shrink withholds the tail slots — their clean blocks moved
+//! are laid out for `cache.max_size` from the start (slot ids, offsets); the slots past
+//! the cache's size are withheld from the engine (`withheld.rs`: never taken for a block,
+//! never restored from a journal), and the engine's per-slot tables hold only the slots
+//! in use (`growable.rs`: a slot past them is withheld and empty, held in no table). A
+//! grow extends the file (preallocated, as at start) and then gives the engine the new
+//! slots (its tables grow); a shrink withholds the tail slots — their clean blocks moved
 //! into free slots before the new end while there are any (`Engine::withhold_moving`),
 //! the dirty ones written back, the rest dropped, through the engine's write-back, move
 //! and durability rules — writes a checkpoint naming none of them, and only then cuts
-//! the file.
+//! the file and the engine's tables.
 //!
 //! Crash model: a block is cached in a tail slot only after the file covers it (grow:
 //! file first), and the file is cut only after no durable record names a slot there
@@ -52,6 +54,9 @@ impl DataPath {
             }
         };
         self.cut_file(u64::from(to));
+        // The engine's tables past the new end go too (its `growable.rs`): a cache grown
+        // and shrunk back holds no memory for the slots it no longer has.
+        self.with_engine_mut(|e| e.cut_withheld_tail(to));
         tracing::info!(from, to, moved, "cache shrunk");
         Ok(moved)
     }

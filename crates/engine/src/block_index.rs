@@ -36,6 +36,11 @@ fn hash(key: u64) -> u64 {
 }
 
 impl BlockIndex {
+    /// Whether the index takes `slots` entries at its load factor.
+    pub fn fits(&self, slots: usize) -> bool {
+        self.table.len() >= (slots + slots * 3 / 5 + 1).max(4)
+    }
+
     /// An index for up to `slots` entries.
     pub fn new(slots: usize) -> Self {
         let cap = (slots + slots * 3 / 5 + 1).max(4);

@@ -239,6 +239,12 @@ impl Durability {
         self.vouched.get(at..at + self.words).unwrap_or(&[])
     }
 
+    /// Forgets the vouched sectors of slots `k` and after (the tables were cut there).
+    pub(crate) fn forget_slots_from(&mut self, k: u32) {
+        self.vouched.truncate(k as usize * self.words);
+        self.vouched.shrink_to_fit();
+    }
+
     /// Adds (`or`) or sets the vouched sectors of slot `s`.
     pub(crate) fn vouch(&mut self, s: u32, bits: &[u64], or: bool) {
         if self.words == 0 {

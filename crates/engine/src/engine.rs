@@ -257,22 +257,26 @@ impl Engine {
 
     /// Whether sector `s` of `slot` is valid / dirty.
     pub fn sector_state(&self, slot: u32, s: u32) -> (bool, bool) {
+        if slot >= self.present() {
+            return (false, false); // absent: empty (`growable.rs`)
+        }
         (self.valid.get(slot, s), self.dirty.get(slot, s))
     }
 
     /// Whether any sector of `slot` is dirty.
     pub fn slot_dirty(&self, slot: u32) -> bool {
-        self.dirty.any(slot, (0, self.spb))
+        slot < self.present() && self.dirty.any(slot, (0, self.spb))
     }
 
     /// The policy byte of a slot (CLOCK's reference counter in bits 0–3).
     pub fn slot_aux(&self, slot: u32) -> u8 {
-        self.slots.aux[slot as usize]
+        self.slots.aux.get(slot as usize).copied().unwrap_or(0)
     }
 
-    /// Slots in the pool.
+    /// Slots in the pool: every slot id of the layout, withheld ones included (a growable
+    /// engine's tables may hold fewer: `growable.rs`).
     pub fn slot_count(&self) -> u64 {
-        self.slots.len() as u64
+        self.stores.layout().total()
     }
 
     /// The owner of resident slot `s` and whether it has been referenced: bits 0–4 of its
@@ -280,14 +284,24 @@ impl Engine {
     /// insertion for LRU and FIFO, the multi-touch bit of two-pool). This is the probe
     /// S-CAVE's rECS scan reads (§IV-B); `None` for a free slot.
     pub fn slot_referenced(&self, s: u32) -> Option<(VmId, bool)> {
-        let k = self.slots.key(s);
+        let k = self.slot_key(s);
         (k != FREE_KEY).then(|| (key_vm(k), self.slots.aux[s as usize] & 0x1f != 0))
     }
 
     /// (vm, block) held by a slot.
     pub fn slot_block(&self, slot: u32) -> Option<(VmId, u64)> {
-        let k = self.slots.key(slot);
+        let k = self.slot_key(slot);
         (k != FREE_KEY).then(|| (key_vm(k), key_block(k)))
+    }
+
+    /// The key of slot `s`, [`FREE_KEY`] for a free or absent one.
+    #[inline]
+    fn slot_key(&self, s: u32) -> u64 {
+        if s < self.present() {
+            self.slots.key(s)
+        } else {
+            FREE_KEY
+        }
     }
 
     /// Last access of a slot in ms of the driver's clock, when tracked.

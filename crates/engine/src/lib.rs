@@ -37,6 +37,7 @@ mod durability;
 mod engine;
 pub mod flush_rate;
 mod global_cleaner;
+mod growable;
 mod inflight;
 mod intents;
 mod interval;

@@ -361,7 +361,7 @@ impl Engine {
     /// the blocks moved (0: nothing movable now).
     pub fn migrate_some(&mut self, vm: VmId, max: u64, out: &mut Output) -> u64 {
         self.ensure_vm(vm);
-        let total = self.slot_count();
+        let total = u64::from(self.present());
         if total == 0 || max == 0 {
             return 0;
         }

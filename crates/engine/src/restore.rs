@@ -26,6 +26,9 @@ impl Engine {
         if slot as u64 >= self.slot_count() {
             return Err(format!("slot {slot} is beyond the pool ({} slots)", self.slot_count()));
         }
+        // Past a growable engine's tables: they grow to hold it, the slots between free as
+        // in a fresh engine (`growable.rs`).
+        self.grow_tables(slot + 1, 0);
         if self.slots.key(slot) != FREE_KEY {
             return Err(format!("slot {slot} is already in use"));
         }
@@ -87,7 +90,7 @@ impl Engine {
     /// Empties `slot` whatever it holds (dirty sectors included): replaying metadata where
     /// a later record supersedes an earlier one. Returns whether it held a block.
     pub fn release_slot(&mut self, slot: u32) -> bool {
-        if slot as u64 >= self.slot_count() || self.slots.key(slot) == FREE_KEY {
+        if slot >= self.present() || self.slots.key(slot) == FREE_KEY {
             return false;
         }
         let vm = crate::slot_table::key_vm(self.slots.key(slot));

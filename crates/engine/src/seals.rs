@@ -282,7 +282,7 @@ impl Engine {
     pub(crate) fn region_unseals(&self, s: u32, skip: &[u32]) -> Vec<SlotRecord> {
         let n = self.seals.region_slots();
         let first = s / n * n;
-        let end = (first + n).min(self.slot_count() as u32);
+        let end = (first + n).min(self.present());
         (first..end)
             .filter(|&n| n != s && self.seals.is_sealed(n) && !skip.contains(&n))
             .filter(|&n| self.slot_block(n).is_some() && !self.flight.pinned(n))

@@ -32,6 +32,27 @@ impl SectorBits {
         SectorBits { words: vec![0; words], sectors, words_per_slot }
     }
 
+    /// Bitmaps for `slots` slots: new ones zeroed, those past it dropped.
+    pub fn resize(&mut self, slots: usize) {
+        let words = if self.sectors >= 64 {
+            slots * self.words_per_slot
+        } else {
+            // Slots sharing a word: the bits past `slots` in its last word are cleared
+            // (a slot cut there and grown back must come back empty).
+            let bits = slots * self.sectors as usize;
+            if !bits.is_multiple_of(64) && bits / 64 < self.words.len() {
+                self.words[bits / 64] &= (1u64 << (bits % 64)) - 1;
+            }
+            bits.div_ceil(64)
+        };
+        if words < self.words.len() {
+            self.words.truncate(words);
+            self.words.shrink_to_fit();
+        } else {
+            self.words.resize(words, 0);
+        }
+    }
+
     /// (word index, bit shift) of sector `s` of `slot`.
     #[inline]
     fn pos(&self, slot: u32, s: u32) -> (usize, u32) {
@@ -194,6 +215,24 @@ impl SectorBits {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A cut inside a shared word clears the cut slots' bits: grown back, they are empty;
+    /// the slots before the cut keep theirs (and whole-word blocks alike).
+    #[test]
+    fn resizing_keeps_the_slots_below_and_empties_the_ones_cut() {
+        for sectors in [8, 128] {
+            let mut b = SectorBits::new(16, sectors);
+            for slot in 0..16 {
+                b.set(slot, (0, sectors));
+            }
+            b.resize(13);
+            b.resize(20);
+            for slot in 0..20 {
+                assert_eq!(b.all(slot, (0, sectors)), slot < 13, "{sectors} sectors, slot {slot}");
+                assert_eq!(b.any(slot, (0, sectors)), slot < 13, "{sectors} sectors, slot {slot}");
+            }
+        }
+    }
     use proptest::prelude::*;
 
     proptest! {

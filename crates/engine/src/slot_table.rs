@@ -66,6 +66,21 @@ impl SlotTable {
         }
     }
 
+    /// `n` slots: new ones free and on no list, those past `n` dropped (the caller made
+    /// sure they are on no list).
+    pub fn resize(&mut self, n: usize, track_last_access: bool) {
+        self.meta.resize(n, SlotMeta { key: FREE_KEY, prev: NIL, next: NIL });
+        self.aux.resize(n, 0);
+        if track_last_access {
+            self.last_access_ms.resize(n, 0);
+        }
+        if n < self.meta.capacity() / 2 {
+            self.meta.shrink_to_fit();
+            self.aux.shrink_to_fit();
+            self.last_access_ms.shrink_to_fit();
+        }
+    }
+
     /// Number of slots.
     pub fn len(&self) -> usize {
         self.meta.len()

@@ -50,6 +50,11 @@ impl StoreLayout {
         self.kinds.len()
     }
 
+    /// Every slot of every store.
+    pub fn total(&self) -> u64 {
+        *self.starts.last().expect("the local store is always there")
+    }
+
     /// Whether the table is empty (never: the local store is always there).
     pub fn is_empty(&self) -> bool {
         self.kinds.is_empty()
@@ -141,6 +146,13 @@ impl Stores {
             })
             .collect();
         Stores { layout, rows, parked: Default::default(), lent_write_through: false }
+    }
+
+    /// Takes `layout` for the table's (a growable engine's: the local store's rows and
+    /// free list stay, its slot ids reach further).
+    pub(crate) fn relayout(&mut self, layout: StoreLayout) {
+        debug_assert_eq!(layout.len(), self.rows.len());
+        self.layout = layout;
     }
 
     /// Every store's id.

@@ -47,6 +47,29 @@ impl Withheld {
         !self.idle.is_empty() && self.idle.remove(&s)
     }
 
+    /// Marks slot `s` withheld and idle (a slot the tables grew to, not given to the cache).
+    pub(crate) fn add_idle(&mut self, s: u32) {
+        self.slots.insert(s);
+        self.idle.insert(s);
+    }
+
+    /// Whether slot `s` is withheld and idle.
+    pub(crate) fn is_idle(&self, s: u32) -> bool {
+        self.idle.contains(&s)
+    }
+
+    /// Forgets slot `s` (the tables were cut below it).
+    pub(crate) fn forget(&mut self, s: u32) {
+        self.slots.remove(&s);
+        self.idle.remove(&s);
+    }
+
+    /// Gives back the sets' room for slots no longer withheld (after a cut).
+    pub(crate) fn shrink(&mut self) {
+        self.slots.shrink_to_fit();
+        self.idle.shrink_to_fit();
+    }
+
     /// An idle slot that holds a block (`holds`) or is not withheld: the invariant broken.
     pub(crate) fn broken(&self, holds: impl Fn(u32) -> bool) -> Option<u32> {
         self.idle.iter().copied().find(|&s| holds(s) || !self.slots.contains(&s))
@@ -59,7 +82,7 @@ impl Engine {
     /// retried by [`Self::withhold_step`]. Slots already withheld are left as they are.
     /// Errors (nothing changed) when the run is not inside the local store.
     pub fn withhold(&mut self, first: u32, n: u32, out: &mut Output) -> Result<(), String> {
-        self.mark_withheld(first, n)?;
+        let (first, n) = self.mark_withheld(first, n)?;
         for s in first..first + n {
             self.empty_withheld(s, out);
         }
@@ -73,7 +96,7 @@ impl Engine {
     /// safety: a request touching a block waits for its copy). The rest is emptied as
     /// `withhold` does. Returns the blocks moved.
     pub fn withhold_moving(&mut self, first: u32, n: u32, out: &mut Output) -> Result<u64, String> {
-        self.mark_withheld(first, n)?;
+        let (first, n) = self.mark_withheld(first, n)?;
         // The run's free slots leave the free list first: no move lands inside it.
         for s in first..first + n {
             if self.slots.key(s) == FREE_KEY {
@@ -98,17 +121,19 @@ impl Engine {
     }
 
     /// Marks slots `first..first + n` withheld; errors (nothing changed) when the run is
-    /// not inside the local store.
-    fn mark_withheld(&mut self, first: u32, n: u32) -> Result<(), String> {
+    /// not inside the local store. Returns the part the tables hold (the slots past them
+    /// are withheld and empty already: `growable.rs`).
+    fn mark_withheld(&mut self, first: u32, n: u32) -> Result<(u32, u32), String> {
         let (lo, len) = self.stores.layout().range(LOCAL);
         let end = u64::from(first) + u64::from(n);
         if u64::from(first) < lo || end > lo + len {
             return Err(format!("slots {first}..{end} are not all in the local store's {lo}..{}", lo + len));
         }
+        let n = n.min(self.present().saturating_sub(first));
         for s in first..first + n {
             self.withheld.slots.insert(s);
         }
-        Ok(())
+        Ok((first, n))
     }
 
     /// Retries emptying the withheld slots that had ops in flight; returns how many are
@@ -124,13 +149,20 @@ impl Engine {
     /// Whether every slot of `first..first + n` is withheld, holds nothing, is on no list
     /// and has no op in flight: the run's bytes may be given to someone else.
     pub fn withheld_ready(&self, first: u32, n: u32) -> bool {
-        (first..first + n).all(|s| self.withheld.idle.contains(&s) && !self.flight.pinned(s))
+        let present = first + n.min(self.present().saturating_sub(first));
+        (first..present).all(|s| self.withheld.idle.contains(&s) && !self.flight.pinned(s))
     }
 
     /// Gives withheld slots `first..first + n` back to the cache (free again); slots not
     /// withheld are left as they are. The caller no longer uses their bytes.
     pub fn return_slots(&mut self, first: u32, n: u32) {
-        for s in first..first + n {
+        let end = u64::from(first) + u64::from(n);
+        // Slots past the tables: they grow to hold them (the ones before `first` stay
+        // withheld).
+        if end > u64::from(self.present()) && end <= self.slot_count() {
+            self.grow_tables(end as u32, first);
+        }
+        for s in first..first + n.min(self.present().saturating_sub(first)) {
             if !self.withheld.slots.remove(&s) {
                 continue;
             }
@@ -161,9 +193,9 @@ impl Engine {
         c
     }
 
-    /// Slots withheld (emptied or not).
+    /// Slots withheld (emptied or not), those past the tables included.
     pub fn withheld_slots(&self) -> u64 {
-        self.withheld.slots.len() as u64
+        self.withheld.slots.len() as u64 + self.absent_slots()
     }
 
     /// Whether slot `s` is withheld.

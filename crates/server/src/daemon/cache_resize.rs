@@ -49,13 +49,16 @@ impl Daemon {
             std::cmp::Ordering::Equal => Ok(format!("cache.size: {} already", mib(to))),
             std::cmp::Ordering::Greater => {
                 self.dp.grow_cache(to)?;
-                self.dp.interval_now(); // the allocator re-divides the larger cache now
+                // The allocator re-divides the larger cache now, whether or not it runs
+                // every interval (a static division made for the old size would leave
+                // the new slots unused).
+                self.redivide();
                 Ok(format!("cache.size: grown from {} to {}", mib(from), mib(to)))
             }
             std::cmp::Ordering::Less => {
                 let tail = self.dp.with_engine(|e| e.withhold_cost(to, from - to));
                 let moved = self.dp.shrink_cache(to, &mut |_, _| {})?;
-                self.dp.interval_now();
+                self.redivide();
                 Ok(format!(
                     "cache.size: shrunk from {} to {} (of {} blocks cached past the new end, {moved} moved into free slots, the rest dropped, {} dirty ones written back first)",
                     mib(from),

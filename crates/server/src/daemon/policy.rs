@@ -69,7 +69,7 @@ impl Policy {
         }
     }
 
-    /// Re-divides the cache now (a vDisk joined or left).
+    /// Re-divides the cache now (a vDisk joined or left, the cache was resized).
     pub(crate) fn redivide(&mut self, engine: &mut Engine) {
         let d = self.ctl.decide(engine, None, &[], None);
         apply(engine, d);

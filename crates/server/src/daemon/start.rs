@@ -168,7 +168,11 @@ impl Daemon {
                 busy: Default::default(),
             })
         });
-        let mut engine = Engine::new(engine_cfg).map_err(StartError::Config)?;
+        // Laid out for `cache.max_size`, its tables for `cache.size` (the engine's
+        // `growable.rs`: a reload that grows the cache grows them).
+        let mut engine =
+            if r.max_slots > r.slots { Engine::new_growable(engine_cfg, r.slots) } else { Engine::new(engine_cfg) }
+                .map_err(StartError::Config)?;
         engine.set_lent_write_through(true);
         engine.set_writeback_ahead(cfg.cache.writeback_ahead);
         let ctl = first_controller(cfg, &r, &mut engine).map_err(StartError::Config)?;

@@ -196,8 +196,9 @@ impl Daemon {
         Ok(())
     }
 
-    /// The allocator re-divides the cache now (a vDisk joined or left).
-    fn redivide(&self) {
+    /// The allocator re-divides the cache now (a vDisk joined or left, the cache was
+    /// resized).
+    pub(crate) fn redivide(&self) {
         self.dp.with_engine_mut(|e| self.policy.lock().unwrap_or_else(|p| p.into_inner()).redivide(e));
     }
 

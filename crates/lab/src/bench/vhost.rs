@@ -19,7 +19,8 @@
 //! faster for it). Background write-back is off (`flush_rate = "0"`,
 //! `writeback_ahead = 0`): the peer has none, and with it on the vDisk's timed reads ran
 //! beside write-backs of the blocks the write rounds left dirty, reads and writes on the
-//! same disk (0.75× the peer then, 1.22× without, 2026-12-07).
+//! same disk (the vDisk's reads 0.75× the peer then; without it 1.22× over 3 rounds and
+//! 0.93× over 5 in two runs of 2026-12-07: the TCG guest's spread, runs 2,069–3,226 IOPS).
 
 use crate::bench::median;
 use crate::bench::serve::{free_port, spawn_serve};

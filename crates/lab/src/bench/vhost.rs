@@ -19,8 +19,9 @@
 //! faster for it). Background write-back is off (`flush_rate = "0"`,
 //! `writeback_ahead = 0`): the peer has none, and with it on the vDisk's timed reads ran
 //! beside write-backs of the blocks the write rounds left dirty, reads and writes on the
-//! same disk (the vDisk's reads 0.75× the peer then; without it 1.22× over 3 rounds and
-//! 0.93× over 5 in two runs of 2026-12-07: the TCG guest's spread, runs 2,069–3,226 IOPS).
+//! same disk (the vDisk's reads 0.75× the peer then; without it, 2026-12-07: 1.20× at
+//! the defaults, 20,000 I/Os × 5 rounds, and 1.22× and 0.93× in two runs of 3,000 I/Os —
+//! the TCG guest's spread, runs 2,069–3,226 IOPS on one door).
 
 use crate::bench::median;
 use crate::bench::serve::{free_port, spawn_serve};

@@ -174,12 +174,7 @@ impl Shared {
         let own = self.pop_run(&mut core, false, Some(devices::Own { req: id, ssd_only: false }));
         self.exec.wake_for_left(&self.wake, core.work.len() + core.background.len());
         if let Some(run) = own {
-            self.unlock(core);
-            let results = self.execute_run(&run);
-            core = self.lock();
-            for (w, r) in run.into_iter().zip(results) {
-                self.complete(&mut core, w.op, r);
-            }
+            core = self.run_here(core, run);
         }
         loop {
             if let Some(result) = core.waiting.get(&id).and_then(|w| w.done) {
@@ -201,13 +196,7 @@ impl Shared {
         own: Option<devices::Own>,
     ) -> MutexGuard<'a, Core> {
         if let Some(run) = self.pop_run(&mut core, false, own) {
-            self.unlock(core);
-            let results = self.execute_run(&run);
-            let mut core = self.lock();
-            for (w, r) in run.into_iter().zip(results) {
-                self.complete(&mut core, w.op, r);
-            }
-            return core;
+            return self.run_here(core, run);
         }
         if !core.callbacks.is_empty() {
             self.unlock(core);
@@ -230,12 +219,19 @@ impl Shared {
     /// left to the device threads.
     pub(super) fn run_own_locked<'a>(&'a self, mut core: MutexGuard<'a, Core>, req: ReqId) -> MutexGuard<'a, Core> {
         while let Some(run) = self.pop_run(&mut core, false, Some(devices::Own { req, ssd_only: true })) {
-            self.unlock(core);
-            let results = self.execute_run(&run);
-            core = self.lock();
-            for (w, r) in run.into_iter().zip(results) {
-                self.complete(&mut core, w.op, r);
-            }
+            core = self.run_here(core, run);
+        }
+        core
+    }
+
+    /// Runs `run` (ops this thread popped) on this thread with the lock released, then
+    /// completes them under it.
+    fn run_here<'a>(&'a self, core: MutexGuard<'a, Core>, run: Vec<crate::Work>) -> MutexGuard<'a, Core> {
+        self.unlock(core);
+        let results = self.execute_run(&run);
+        let mut core = self.lock();
+        for (w, r) in run.into_iter().zip(results) {
+            self.complete(&mut core, w.op, r);
         }
         core
     }

@@ -48,6 +48,12 @@ impl Engine {
         self.slots.len() as u32
     }
 
+    /// How many of slots `first..first + n` the tables hold (those past them are absent).
+    #[inline]
+    pub(crate) fn held_part(&self, first: u32, n: u32) -> u32 {
+        n.min(self.present().saturating_sub(first))
+    }
+
     /// Slots of the layout past the tables (withheld, empty).
     pub(crate) fn absent_slots(&self) -> u64 {
         self.slot_count() - self.present() as u64

@@ -26,17 +26,17 @@ impl Engine {
         if slot as u64 >= self.slot_count() {
             return Err(format!("slot {slot} is beyond the pool ({} slots)", self.slot_count()));
         }
-        // Past a growable engine's tables: they grow to hold it, the slots between free as
-        // in a fresh engine (`growable.rs`).
-        self.grow_tables(slot + 1, 0);
-        if self.slots.key(slot) != FREE_KEY {
-            return Err(format!("slot {slot} is already in use"));
-        }
         if valid.len() != self.spb as usize || dirty.len() != self.spb as usize {
             return Err(format!("slot {slot}: {} sector flags for {} sectors per block", valid.len(), self.spb));
         }
         if !valid.iter().any(|&v| v) || dirty.iter().zip(valid).any(|(&d, &v)| d && !v) {
             return Err(format!("slot {slot}: no valid sector, or a dirty sector that is not valid"));
+        }
+        // Past a growable engine's tables: they grow to hold it, the slots between free as
+        // in a fresh engine (`growable.rs`) — only for a record that is otherwise sound.
+        self.grow_tables(slot + 1, 0);
+        if self.slots.key(slot) != FREE_KEY {
+            return Err(format!("slot {slot} is already in use"));
         }
         self.ensure_vm(vm);
         if self.lookup(vm, block).is_some() {

@@ -129,7 +129,7 @@ impl Engine {
         if u64::from(first) < lo || end > lo + len {
             return Err(format!("slots {first}..{end} are not all in the local store's {lo}..{}", lo + len));
         }
-        let n = n.min(self.present().saturating_sub(first));
+        let n = self.held_part(first, n);
         for s in first..first + n {
             self.withheld.slots.insert(s);
         }
@@ -149,8 +149,7 @@ impl Engine {
     /// Whether every slot of `first..first + n` is withheld, holds nothing, is on no list
     /// and has no op in flight: the run's bytes may be given to someone else.
     pub fn withheld_ready(&self, first: u32, n: u32) -> bool {
-        let present = first + n.min(self.present().saturating_sub(first));
-        (first..present).all(|s| self.withheld.idle.contains(&s) && !self.flight.pinned(s))
+        (first..first + self.held_part(first, n)).all(|s| self.withheld.idle.contains(&s) && !self.flight.pinned(s))
     }
 
     /// Gives withheld slots `first..first + n` back to the cache (free again); slots not
@@ -162,7 +161,7 @@ impl Engine {
         if end > u64::from(self.present()) && end <= self.slot_count() {
             self.grow_tables(end as u32, first);
         }
-        for s in first..first + n.min(self.present().saturating_sub(first)) {
+        for s in first..first + self.held_part(first, n) {
             if !self.withheld.slots.remove(&s) {
                 continue;
             }

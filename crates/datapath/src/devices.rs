@@ -4,6 +4,7 @@
 //! 1 MiB read of consecutive slots is one `pread`), and their completions go back to the
 //! engine. After a halt no op touches a device: each fails with `Failure::Shutdown`.
 
+use super::logged_writes::OpResult;
 use super::{Bytes, Core, Shared, Work};
 use cachevisor_engine::{DeviceOp, Failure, Io, Location, OpKind, ReqId, MAX_RUN_BYTES};
 use cachevisor_store::backing::Backing;
@@ -99,7 +100,7 @@ impl Shared {
                     core = self.wake.wait(core).unwrap_or_else(|p| p.into_inner());
                 }
             };
-            let results = self.execute_run(&run);
+            let (results, ticket) = self.execute_run(&run);
             let mut core = self.lock();
             if background {
                 core.background_busy -= 1;
@@ -107,9 +108,7 @@ impl Shared {
                     self.wake.notify_one(); // a thread held back may take the next one
                 }
             }
-            for (w, r) in run.into_iter().zip(results) {
-                self.complete(&mut core, w.op, r);
-            }
+            self.finish_run(&mut core, run, results, ticket);
             self.unlock(core);
         }
     }
@@ -177,11 +176,12 @@ impl Shared {
         run
     }
 
-    /// Runs a run of ops as one device call (none after a halt: every op fails).
-    pub(super) fn execute_run(&self, run: &[Work]) -> Vec<Result<Option<Bytes>, Failure>> {
+    /// Runs a run of ops as one device call (none after a halt: every op fails); the
+    /// outcomes, and the ticket of its records in the replica log.
+    pub(super) fn execute_run(&self, run: &[Work]) -> (Vec<OpResult>, Option<u64>) {
         self.busy.fetch_add(1, SeqCst);
         let r = if self.halted.load(SeqCst) {
-            vec![Err(Failure::Shutdown); run.len()]
+            (vec![Err(Failure::Shutdown); run.len()], None)
         } else {
             self.calls.fetch_add(1, Relaxed);
             self.device_call(run)
@@ -190,18 +190,20 @@ impl Shared {
         r
     }
 
-    fn device_call(&self, run: &[Work]) -> Vec<Result<Option<Bytes>, Failure>> {
+    fn device_call(&self, run: &[Work]) -> (Vec<OpResult>, Option<u64>) {
         let first = &run[0].op;
         let total: usize = run.iter().map(|w| w.op.len as usize).sum();
         let at = run_address(run, &self.layout);
+        let mut ticket = None;
         let r = if first.kind.is_write() {
             match write_data(run) {
                 Some(data) => {
-                    let r = self.replicated_write(run, &data, || self.dev_write(first.loc, &data, at));
+                    ticket = self.log_run(run);
+                    let r = self.dev_write(first.loc, &data, at);
                     self.note_write_sums(run, &data, r.is_ok());
                     r.map(|()| bytes::Bytes::new())
                 }
-                None => return vec![Err(Failure::Io); run.len()],
+                None => return (vec![Err(Failure::Io); run.len()], None),
             }
         } else {
             let mut buf = vec![0u8; total];
@@ -209,51 +211,7 @@ impl Shared {
         };
         let mut results = run_results(run, r);
         self.check_read_sums(run, &mut results);
-        results
-    }
-
-    /// Writes a run (`write`), and logs its client writes of replicated vDisks on the
-    /// replica peer meanwhile (`cluster/replicator.rs`): a cache write's bytes as data, a
-    /// backing write as a tombstone; when the log is not usable, a cache write's bytes go
-    /// through to the backing store as well. Returns once the write may be acknowledged.
-    fn replicated_write(
-        &self,
-        run: &[Work],
-        data: &[u8],
-        write: impl FnOnce() -> std::io::Result<()>,
-    ) -> std::io::Result<()> {
-        let Some(r) = self.replicator.get() else { return write() };
-        let mut recs = Vec::new();
-        let mut at = 0usize;
-        for w in run {
-            let len = w.op.len as usize;
-            if self.replicated(&w.op) {
-                let bytes = w.op.kind.is_ssd().then(|| &data[at..at + len]);
-                recs.push(crate::injected::LogRecord {
-                    vm: w.op.vm,
-                    offset: w.op.disk_addr,
-                    len: w.op.len,
-                    data: bytes,
-                });
-            }
-            at += len;
-        }
-        if recs.is_empty() {
-            return write();
-        }
-        let mut write = Some(write);
-        let mut local = || write.take().map_or(Ok(()), |f| f());
-        match r.log(&recs, &mut local)? {
-            crate::injected::Logged::Appended => Ok(()),
-            crate::injected::Logged::Bypass => {
-                for rec in &recs {
-                    if let Some(d) = rec.data {
-                        self.dev_write(Location::Backing(rec.vm), d, rec.offset)?;
-                    }
-                }
-                Ok(())
-            }
-        }
+        (results, ticket)
     }
 
     /// Records an op's outcome (a read's bytes kept for its request) and lets the engine

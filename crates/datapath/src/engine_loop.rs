@@ -228,11 +228,9 @@ impl Shared {
     /// completes them under it.
     fn run_here<'a>(&'a self, core: MutexGuard<'a, Core>, run: Vec<crate::Work>) -> MutexGuard<'a, Core> {
         self.unlock(core);
-        let results = self.execute_run(&run);
+        let (results, ticket) = self.execute_run(&run);
         let mut core = self.lock();
-        for (w, r) in run.into_iter().zip(results) {
-            self.complete(&mut core, w.op, r);
-        }
+        self.finish_run(&mut core, run, results, ticket);
         core
     }
 

@@ -39,7 +39,7 @@ pub fn is_remote_failure(e: &io::Error) -> bool {
 
 /// One record to log: a vDisk's disk byte range, with the bytes for a cache write (a
 /// data record) or none for a backing write (a tombstone).
-pub struct LogRecord<'a> {
+pub struct LogRecord {
     /// The vDisk.
     pub vm: VmId,
     /// Disk byte offset.
@@ -47,7 +47,7 @@ pub struct LogRecord<'a> {
     /// Bytes covered.
     pub len: u32,
     /// The bytes (data record), or none (tombstone).
-    pub data: Option<&'a [u8]>,
+    pub data: Option<bytes::Bytes>,
 }
 
 /// What became of a write's records.
@@ -60,11 +60,23 @@ pub enum Logged {
     Bypass,
 }
 
-/// A log of client writes kept before they are answered.
+/// Where a log delivers the outcomes of the writes it was given: (ticket, outcome), from
+/// the log's own threads.
+pub type LogOutcomes = Box<dyn Fn(Vec<(u64, io::Result<Logged>)>) + Send + Sync>;
+
+/// A log of client writes kept before they are answered. The data path hands it a
+/// write's records as the write's local part starts and holds the write's completion
+/// until the log's outcome arrives (`logged_writes.rs`): no thread waits on the log.
 pub trait WriteLog: Send + Sync {
     /// Whether `vm`'s client writes go to the log.
     fn covers(&self, vm: VmId) -> bool;
-    /// Logs `recs` while `local` (the write on this node) runs; returns once the write
-    /// may be acknowledged, or how it must be completed.
-    fn log(&self, recs: &[LogRecord<'_>], local: &mut dyn FnMut() -> io::Result<()>) -> io::Result<Logged>;
+    /// Where the outcomes go (once, before the first [`Self::submit`]).
+    fn attach(&self, outcomes: LogOutcomes);
+    /// Queues write `ticket`'s records behind those queued before (a write the engine
+    /// let start after another is logged after it); its outcome arrives at the attached
+    /// sink later, never from within this call.
+    fn submit(&self, ticket: u64, recs: Vec<LogRecord>);
+    /// The local part of write `ticket` ended (its blocks are in the cache, or its
+    /// write failed): its records count as reported to the engine once written.
+    fn local_done(&self, ticket: u64);
 }

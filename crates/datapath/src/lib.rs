@@ -45,6 +45,7 @@ mod engine_loop;
 mod executors;
 mod fault_devices;
 pub mod injected;
+mod logged_writes;
 pub mod persist;
 mod ring;
 mod start;
@@ -224,6 +225,8 @@ struct Shared {
     /// The replica log of a cluster node's replicated vDisks (`cluster/replicator.rs`):
     /// their client writes are logged on a peer before they are answered.
     replicator: std::sync::OnceLock<Arc<dyn crate::injected::WriteLog>>,
+    /// Replicated writes handed to the log and not yet completed (`logged_writes.rs`).
+    holds: logged_writes::Holds,
     /// The io_uring thread's I/O buffers (a read's goes out as its reply's bytes).
     io_pool: Arc<cachevisor_files::aligned_buf::IoPool>,
     /// Checksums of the sectors written to the cache stores (`block_sums.rs`).
@@ -386,6 +389,12 @@ impl DataPath {
 
     /// Logs the client writes of the vDisks `r` covers on its peer from now on.
     pub fn set_replicator(&self, r: Arc<dyn crate::injected::WriteLog>) {
+        let shared = Arc::downgrade(&self.shared);
+        r.attach(Box::new(move |outcomes| {
+            if let Some(s) = shared.upgrade() {
+                s.logged(outcomes);
+            }
+        }));
         let _ = self.shared.replicator.set(r);
     }
 
@@ -438,6 +447,8 @@ impl Drop for DataPath {
     }
 }
 
+#[cfg(test)]
+mod logged_writes_tests;
 #[cfg(test)]
 mod tests;
 

@@ -8,7 +8,8 @@
 //! ops as before.
 
 use super::devices::{run_address, run_results, write_data};
-use super::{Bytes, Core, Shared, Work};
+use super::logged_writes::OpResult;
+use super::{Core, Shared, Work};
 use cachevisor_engine::Failure;
 use cachevisor_files::aligned_buf::aligned_offset;
 use std::cell::Cell;
@@ -31,10 +32,11 @@ impl Shared {
         Some(self.take_run(&mut core.background, i, None))
     }
 
-    /// Runs one run of cache-store ops through the ring (none after a halt).
-    async fn ring_call(&self, f: &tokio_uring::fs::File, run: &[Work]) -> Vec<Result<Option<Bytes>, Failure>> {
+    /// Runs one run of cache-store ops through the ring (none after a halt); the
+    /// outcomes, and the ticket of its records in the replica log.
+    async fn ring_call(&self, f: &tokio_uring::fs::File, run: &[Work]) -> (Vec<OpResult>, Option<u64>) {
         if self.halted.load(SeqCst) {
-            return vec![Err(Failure::Shutdown); run.len()];
+            return (vec![Err(Failure::Shutdown); run.len()], None);
         }
         self.calls.fetch_add(1, Relaxed);
         let total: usize = run.iter().map(|w| w.op.len as usize).sum();
@@ -42,11 +44,13 @@ impl Shared {
         let mut v = self.io_pool.take(total);
         let off = aligned_offset(&v);
         let short = || std::io::Error::other("short transfer on the cache store");
+        let mut ticket = None;
         let r = if run[0].op.kind.is_write() {
             match write_data(run) {
                 Some(d) => v[off..off + total].copy_from_slice(&d),
-                None => return vec![Err(Failure::Io); run.len()],
+                None => return (vec![Err(Failure::Io); run.len()], None),
             }
+            ticket = self.log_run(run);
             let (res, buf) = f.write_at(v.slice(off..off + total), at).submit().await;
             let buf = buf.into_inner();
             let r = res.and_then(|n| if n == total { Ok(bytes::Bytes::new()) } else { Err(short()) });
@@ -66,7 +70,7 @@ impl Shared {
         self.exec.ring_call_done(r.is_ok());
         let mut results = run_results(run, r);
         self.check_read_sums(run, &mut results);
-        results
+        (results, ticket)
     }
 }
 
@@ -141,12 +145,10 @@ async fn ring_loop(shared: Arc<Shared>, file: tokio_uring::fs::File) {
             shared.busy.fetch_add(1, SeqCst);
             let (s, f, n) = (shared.clone(), file.clone(), in_flight.clone());
             tokio_uring::spawn(async move {
-                let results = s.ring_call(&f, &run).await;
+                let (results, ticket) = s.ring_call(&f, &run).await;
                 n.set(n.get() - 1);
                 let mut core = s.lock();
-                for (w, r) in run.into_iter().zip(results) {
-                    s.complete(&mut core, w.op, r);
-                }
+                s.finish_run(&mut core, run, results, ticket);
                 s.unlock(core);
                 s.busy.fetch_sub(1, SeqCst);
                 s.exec.ring_notify().notify_one(); // room for more

@@ -90,6 +90,7 @@ impl DataPath {
             busy: Default::default(),
             faults,
             replicator: Default::default(),
+            holds: Default::default(),
             io_pool: Default::default(),
             sums,
         });

@@ -87,10 +87,10 @@ pub(super) fn on_the_cache_file(op: &cachevisor_engine::DeviceOp) -> bool {
 
 impl super::Shared {
     /// Whether `op` touches the local cache file only: the io_uring thread's, and a
-    /// client thread's with `ssd_only` — not a replicated vDisk's client write, which
-    /// also waits for its record on a peer (`cluster/replicator.rs`).
+    /// client thread's with `ssd_only` (a replicated vDisk's client write too: its record
+    /// goes to the log beside it, and its completion waits there, `logged_writes.rs`).
     pub(super) fn local_only(&self, op: &cachevisor_engine::DeviceOp) -> bool {
-        on_the_cache_file(op) && !self.replicated(op)
+        on_the_cache_file(op)
     }
 
     /// Whether `op` is a client write whose records go to the replica log.

@@ -15,6 +15,7 @@ pub(crate) mod migrations;
 pub(crate) mod peer_device;
 pub(crate) mod replica_host;
 pub(crate) mod replica_state;
+mod replica_writer;
 pub(crate) mod replicator;
 pub(crate) mod start_check;
 pub(crate) mod takeover;

@@ -13,8 +13,9 @@ use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::Arc;
 
 /// Whose ops a client thread runs: its own request's (only those on the cache store with
-/// `ssd_only`: a backing store may be slow, and an NBD reader running a slow miss itself
-/// would read no further request meanwhile).
+/// `ssd_only`, and no replicated write's: a backing store may be slow, a replicated write
+/// waits for its log, and an NBD reader running either itself would read no further
+/// request meanwhile).
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Own {
     pub(super) req: ReqId,
@@ -121,9 +122,12 @@ impl Shared {
     pub(super) fn pop_run(&self, core: &mut Core, background: bool, only: Option<Own>) -> Option<Vec<Work>> {
         let (queue, at) = match only {
             Some(Own { req, ssd_only }) => {
-                let mine = |q: &std::collections::VecDeque<Work>| {
-                    q.iter().position(|w| w.op.req == req && (!ssd_only || self.local_only(&w.op)))
-                };
+                // A replicated write's op is left to the io_uring thread too: its reply
+                // waits for the log anyway, and this thread would read no further request
+                // meanwhile.
+                let runs_here = |op: &DeviceOp| !ssd_only || (self.local_only(op) && !self.replicated(op));
+                let mine =
+                    |q: &std::collections::VecDeque<Work>| q.iter().position(|w| w.op.req == req && runs_here(&w.op));
                 if let Some(i) = mine(&core.work) {
                     (&mut core.work, i)
                 } else {

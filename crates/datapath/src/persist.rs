@@ -12,14 +12,19 @@
 
 use cachevisor_engine::Engine;
 use cachevisor_store::journal::{
-    read_records, write_file_atomically, Header, Record, CHECKPOINT_MAGIC, HEADER_LEN, JOURNAL_MAGIC,
+    read_records, read_records_to, write_file_atomically, Header, Record, CHECKPOINT_MAGIC, HEADER_LEN, JOURNAL_MAGIC,
 };
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Read;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 /// Journal size past which a checkpoint replaces it (and at least 64 bytes per slot).
 const JOURNAL_LIMIT: u64 = 64 << 20;
+
+/// The journal is written ahead with zeros this far past its records (`journal.rs`: an
+/// append then changes no file size, and its sync commits no file-system journal).
+const WRITE_AHEAD: u64 = 4 << 20;
 
 /// What recovery replayed.
 #[derive(Debug, Default)]
@@ -28,6 +33,9 @@ pub struct Recovered {
     pub journal_records: usize,
     /// Whether the journal ended in a torn record (a crash while appending).
     pub torn_tail: bool,
+    /// Where the replayed journal's records end (its header and whole records), when it
+    /// was replayed: the next record goes there, not after a torn one or the zeros ahead.
+    pub journal_end: Option<u64>,
 }
 
 /// Streams an engine's checkpoint records into the given sink and returns the backing
@@ -41,9 +49,16 @@ pub struct Persistence {
     header: Header,
     /// `None` while the cache is detached (the data path's `cache_swap.rs`): nothing is journaled.
     journal: Option<File>,
-    /// The journal file's length after its last whole record: where a failed append is cut
-    /// back to, and what `wants_checkpoint` measures.
+    /// Where the journal's last whole record ends: where the next is written, where a
+    /// failed append is cut back to, and what `wants_checkpoint` measures.
     journal_end: u64,
+    /// The journal file's length: zeros from `journal_end` on ([`WRITE_AHEAD`]).
+    written_ahead: u64,
+    /// The journal has no whole header (new metadata, or a crash while one was written):
+    /// nothing is written into it until the first checkpoint starts one — its records
+    /// would begin the file, where a replay looks for the header ("bad magic"), and the
+    /// checkpoint holds what they say (names, bindings).
+    headless: bool,
     /// An append failed and the journal could not be cut back: nothing more is journaled.
     poisoned: bool,
     /// Appends are failing (logged once when it starts and once when it ends).
@@ -142,9 +157,10 @@ pub fn replay(
             geometry(&header, &jpath)?;
             // A journal of another generation was already folded into the checkpoint.
             if header.generation == generation {
-                let (records, clean) = read_records(&mut f).map_err(|e| io_err(&jpath, e))?;
+                let (records, clean, end) = read_records_to(&mut f).map_err(|e| io_err(&jpath, e))?;
                 rec.journal_records = records.len();
                 rec.torn_tail = !clean;
+                rec.journal_end = Some(HEADER_LEN as u64 + end);
                 for r in records {
                     feed(r).map_err(|e| format!("{}: {e}", jpath.display()))?;
                 }
@@ -171,15 +187,28 @@ impl Persistence {
         let header = Header { block_size, slots, generation };
         let journal = cachevisor_files::private_files::own_options()
             .create(true)
-            .append(true)
+            .write(true)
+            .truncate(false)
             .open(&jpath)
             .map_err(|e| io_err(&jpath, e))?;
-        let journal_end = journal.metadata().map_err(|e| io_err(&jpath, e))?.len();
+        let len = journal.metadata().map_err(|e| io_err(&jpath, e))?.len();
+        // The next record goes right after the last whole one: a torn record and the
+        // zeros written ahead are cut (a journal of another generation stays as it is:
+        // the checkpoint a start writes replaces it).
+        let journal_end = match rec.journal_end {
+            Some(end) if end < len => {
+                journal.set_len(end).map_err(|e| io_err(&jpath, e))?;
+                end
+            }
+            _ => len,
+        };
         let p = Persistence {
             dir: dir.to_path_buf(),
             header,
             journal: Some(journal),
             journal_end,
+            written_ahead: journal_end,
+            headless: journal_end < HEADER_LEN as u64,
             poisoned: false,
             failing: false,
             slots,
@@ -242,6 +271,10 @@ impl Persistence {
                 "the metadata journal could not be repaired after a failed append: restart the daemon",
             ));
         }
+        if self.headless {
+            self.buf.clear();
+            return Ok(());
+        }
         let Some(journal) = self.journal.as_mut() else {
             // Detached: the vDisk records are kept in memory (names by the data path,
             // bindings here) and go into the checkpoint that reattaching writes.
@@ -249,10 +282,24 @@ impl Persistence {
             return Ok(());
         };
         if !self.buf.is_empty() {
-            if let Err(e) = journal.write_all(&self.buf) {
+            let end = self.journal_end + self.buf.len() as u64;
+            if end > self.written_ahead {
+                // Zeros ahead (one size change, one file-system commit, per 4 MiB of
+                // records); where they do not fit (a nearly full file system), the append
+                // alone extends the file, as an append always did.
+                let to = end + WRITE_AHEAD.min(self.limit.max(4096)); // a journal rarely outgrows its limit
+                match write_zeros(journal, self.written_ahead, to) {
+                    Ok(()) => self.written_ahead = to,
+                    Err(_) => {
+                        let _ = journal.set_len(self.written_ahead);
+                    }
+                }
+            }
+            if let Err(e) = journal.write_all_at(&self.buf, self.journal_end) {
                 if journal.set_len(self.journal_end).is_err() {
                     self.poisoned = true;
                 }
+                self.written_ahead = self.journal_end;
                 if !self.failing {
                     self.failing = true;
                     tracing::error!(%e, dir = %self.dir.display(), "cannot append to the metadata journal: writes and flushes fail until it can (the records wait in memory, in order)");
@@ -263,7 +310,8 @@ impl Persistence {
                 self.failing = false;
                 tracing::info!(dir = %self.dir.display(), "the metadata journal takes appends again");
             }
-            self.journal_end += self.buf.len() as u64;
+            self.journal_end = end;
+            self.written_ahead = self.written_ahead.max(end);
             self.buf.clear();
         }
         Ok(())
@@ -280,6 +328,12 @@ impl Persistence {
         backings: &[&cachevisor_store::backing::Backing],
         sums: SumsOf<'_>,
     ) -> std::io::Result<()> {
+        if self.headless && !c.records.is_empty() {
+            return Err(std::io::Error::other(format!(
+                "{} slot records before the first checkpoint: no journal to go to yet",
+                c.records.len()
+            )));
+        }
         if self.journal.is_none() && !c.records.is_empty() {
             // Every slot is withheld while detached: a slot record here is a bug, and
             // failing it fails the writes that wait on it rather than losing them.
@@ -395,8 +449,10 @@ impl Persistence {
     fn start_journal(&mut self, header: Header) -> std::io::Result<()> {
         let jpath = self.dir.join("journal");
         write_file_atomically(&jpath, JOURNAL_MAGIC, &header, &mut |_| Ok(()))?;
-        let journal = cachevisor_files::private_files::own_options().append(true).open(&jpath)?;
+        let journal = cachevisor_files::private_files::own_options().write(true).open(&jpath)?;
         self.journal_end = journal.metadata()?.len();
+        self.written_ahead = self.journal_end;
+        self.headless = false;
         self.journal = Some(journal);
         self.header = header;
         Ok(())
@@ -488,6 +544,19 @@ fn slot_record(r: &cachevisor_engine::SlotRecord, sums: SumsOf<'_>) -> Record {
     }
 }
 
+/// Writes zeros into `f` from `from` to `to` (real zeros, not a hole or an unwritten
+/// extent: writing into those would change the file system's metadata again).
+fn write_zeros(f: &File, from: u64, to: u64) -> std::io::Result<()> {
+    let zeros = vec![0u8; (to - from).min(1 << 20) as usize];
+    let mut at = from;
+    while at < to {
+        let n = (to - at).min(zeros.len() as u64) as usize;
+        f.write_all_at(&zeros[..n], at)?;
+        at += n as u64;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -545,5 +614,71 @@ mod tests {
         })
         .unwrap();
         assert_eq!((generation, names), (10, vec!["vm0".to_string()]));
+    }
+
+    /// The journal is written ahead with zeros; a restart replays every record before
+    /// them, cuts them (and a torn record), and a record journaled before the next
+    /// checkpoint goes right after the last whole one — never after the zeros, where a
+    /// replay would not find it.
+    #[test]
+    fn records_after_a_restart_follow_the_last_whole_record_not_the_zeros_ahead() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = dir.path().join("meta");
+        let names = |meta: &Path| {
+            let mut v = Vec::new();
+            let (rec, _) = replay(meta, 4096, 16, &mut |r| {
+                if let Record::Vdisk { name, .. } = r {
+                    v.push(name);
+                }
+                Ok(())
+            })
+            .unwrap();
+            (v, rec.torn_tail)
+        };
+        let journal = meta.join("journal");
+        {
+            let (mut p, _) = Persistence::open(&meta, 4096, 16, &mut no_records).unwrap();
+            let empty = |_: &mut dyn FnMut(cachevisor_engine::SlotRecord)| cachevisor_engine::Syncs::default();
+            p.checkpoint_records(&[], &[], &|| Ok(()), &[], &mut { empty }, &no_sums).unwrap();
+            p.record_vdisk(0, "a").unwrap();
+            p.record_vdisk(1, "b").unwrap();
+        }
+        let len = std::fs::metadata(&journal).unwrap().len();
+        assert!(len >= 4096, "zeros written ahead of the records ({len} bytes)");
+        assert_eq!(names(&meta), (vec!["a".to_string(), "b".to_string()], false), "zeros ahead: a clean end");
+        // A record torn in the space ahead (its first bytes written, the rest not).
+        let mut torn = Vec::new();
+        Record::Vdisk { vm: 2, name: "torn".into() }.encode(&mut torn);
+        let (_, _, end) = read_records_to(&mut &std::fs::read(&journal).unwrap()[HEADER_LEN..]).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&journal)
+            .unwrap()
+            .write_all_at(&torn[..torn.len() / 2], HEADER_LEN as u64 + end)
+            .unwrap();
+        assert_eq!(names(&meta), (vec!["a".to_string(), "b".to_string()], true));
+        {
+            let (mut p, rec) = Persistence::open(&meta, 4096, 16, &mut no_records).unwrap();
+            assert_eq!((rec.journal_records, rec.torn_tail), (2, true));
+            p.record_vdisk(3, "c").unwrap();
+        }
+        assert_eq!(names(&meta), (vec!["a".to_string(), "b".to_string(), "c".to_string()], false));
+    }
+
+    /// A start on fresh metadata that journals records (bindings) and stops before its
+    /// first checkpoint leaves a journal the next start reads (it holds none of them: the
+    /// checkpoint would have).
+    #[test]
+    fn records_journaled_before_the_first_checkpoint_leave_a_readable_journal() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = dir.path().join("meta");
+        {
+            let (mut p, _) = Persistence::open(&meta, 4096, 16, &mut no_records).unwrap();
+            for vm in 0..4 {
+                p.record_vdisk(vm, "a-vdisk-with-a-long-name").unwrap();
+            }
+        }
+        let (_, rec) = Persistence::open(&meta, 4096, 16, &mut no_records).expect("the journal reads");
+        assert_eq!((rec.journal_records, rec.torn_tail), (0, false));
     }
 }

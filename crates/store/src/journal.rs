@@ -6,7 +6,12 @@
 //! - `journal`: records appended since the checkpoint of the same generation.
 //!
 //! Reading stops at the first record that is truncated or fails its checksum (a torn
-//! tail after a crash); everything before it is intact. Integers are little-endian.
+//! tail after a crash); everything before it is intact. Zeros to the end are a clean end:
+//! a journal is written ahead with zeros (`datapath/src/persist.rs`), so that appending a
+//! record and syncing it changes no file size — on ext4 a size change makes every
+//! `fdatasync` commit the file system's journal, which stalled every synced write on the
+//! disk (measured with fio beside 4 `O_DSYNC` writers: 555 µs a write with an appending
+//! journal, 301 µs with one written ahead). Integers are little-endian.
 
 use std::io::{self, Read, Write};
 
@@ -228,46 +233,65 @@ pub fn frame(out: &mut Vec<u8>, body: impl FnOnce(&mut Vec<u8>)) {
     out.extend_from_slice(&crc.to_le_bytes());
 }
 
-/// The bodies of the frames in `all`, up to the end or the first torn or corrupt frame,
-/// and whether the input ended cleanly.
+/// The bodies of the frames in `all`, up to the end (or zeros to the end: space written
+/// ahead) or the first torn or corrupt frame, and whether the input ended cleanly.
 pub fn read_frames(all: &[u8]) -> (Vec<&[u8]>, bool) {
+    let (frames, clean, _) = scan_frames(all);
+    (frames, clean)
+}
+
+/// [`read_frames`], with the bytes the whole frames take.
+fn scan_frames(all: &[u8]) -> (Vec<&[u8]>, bool, usize) {
     let mut out = Vec::new();
     let mut at = 0;
     while at < all.len() {
+        if all[at..].iter().all(|&b| b == 0) {
+            return (out, true, at);
+        }
         let Some(len) = all.get(at..at + 4).map(|b| u32::from_le_bytes(b.try_into().expect("4")) as usize) else {
-            return (out, false);
+            return (out, false, at);
         };
-        let Some(body) = all.get(at + 4..at + 4 + len) else { return (out, false) };
+        let Some(body) = all.get(at + 4..at + 4 + len) else { return (out, false, at) };
         let Some(crc) = all.get(at + 4 + len..at + 8 + len).map(|b| u32::from_le_bytes(b.try_into().expect("4")))
         else {
-            return (out, false);
+            return (out, false, at);
         };
         if crc32fast::hash(body) != crc {
-            return (out, false);
+            return (out, false, at);
         }
         out.push(body);
         at += 8 + len;
     }
-    (out, true)
+    (out, true, at)
 }
 
 /// Reads records until the end or the first torn or corrupt one; returns them and
 /// whether the input ended cleanly.
 pub fn read_records(r: &mut impl Read) -> io::Result<(Vec<Record>, bool)> {
+    read_records_to(r).map(|(records, clean, _)| (records, clean))
+}
+
+/// [`read_records`], with the bytes the records read take (where the next one goes).
+pub fn read_records_to(r: &mut impl Read) -> io::Result<(Vec<Record>, bool, u64)> {
     let mut all = Vec::new();
     r.read_to_end(&mut all)?;
-    let (frames, mut clean) = read_frames(&all);
+    let (frames, mut clean, mut end) = scan_frames(&all);
     let mut out = Vec::with_capacity(frames.len());
+    let mut used = 0;
     for body in frames {
         match Record::decode(body) {
-            Some(rec) => out.push(rec),
+            Some(rec) => {
+                out.push(rec);
+                used += body.len() + 8;
+            }
             None => {
                 clean = false;
+                end = used;
                 break;
             }
         }
     }
-    Ok((out, clean))
+    Ok((out, clean, end as u64))
 }
 
 /// Writes `header` and what `records` writes as a complete file at `path` (see
@@ -356,12 +380,26 @@ mod tests {
             let (got, clean) = read_records(&mut &buf[..]).unwrap();
             prop_assert!(clean);
             prop_assert_eq!(&got, &recs);
+            // Written ahead with zeros: the same records, a clean end where they end.
+            let mut ahead = buf.clone();
+            ahead.resize(buf.len() + 1 + cut.index(9000), 0);
+            let (got, clean, end) = read_records_to(&mut &ahead[..]).unwrap();
+            prop_assert!(clean);
+            prop_assert_eq!(&got, &recs);
+            prop_assert_eq!(end, buf.len() as u64);
             if !buf.is_empty() {
-                // Truncation anywhere: exactly the records that end before the cut survive.
+                // Truncation anywhere: exactly the records that end before the cut survive,
+                // and the next goes where the last whole one ends — so too when the cut
+                // part is zeros (a record torn in space written ahead).
                 let c = cut.index(buf.len());
                 let (got, _) = read_records(&mut &buf[..c]).unwrap();
                 let whole = ends.iter().filter(|&&e| e <= c).count() - 1;
                 prop_assert_eq!(&got[..], &recs[..whole]);
+                let mut torn = buf[..c].to_vec();
+                torn.resize(buf.len() + 64, 0);
+                let (got, _, end) = read_records_to(&mut &torn[..]).unwrap();
+                prop_assert_eq!(&got[..], &recs[..whole]);
+                prop_assert_eq!(end, ends[whole] as u64);
                 // A flipped byte: everything before the damaged record survives, nothing after.
                 let mut bad = buf.clone();
                 let i = flip.index(bad.len());

@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 /// Writers appending at once (each on its own connection to the peer).
-pub(super) const WRITERS: usize = 2;
+pub(super) const WRITERS: usize = 4;
 
 /// The most bytes one append carries.
 const BATCH_BYTES: usize = 4 << 20;

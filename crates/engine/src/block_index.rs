@@ -101,6 +101,15 @@ impl BlockIndex {
         }
     }
 
+    /// Hints the CPU to load what a lookup of `key` reads first: its home entry and tag
+    /// byte (`prefetch.rs`).
+    #[inline]
+    pub fn prefetch(&self, key: u64) {
+        let i = self.home(key);
+        crate::prefetch::hint(&self.table[i]);
+        crate::prefetch::hint(&self.meta[i]);
+    }
+
     /// Adds `slot` under `key` (the caller guarantees the key is absent).
     #[inline]
     pub fn insert(&mut self, key: u64, slot: u32) {

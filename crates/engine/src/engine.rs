@@ -250,6 +250,17 @@ impl Engine {
         self.index.get(pack_key(vm, block), |x| self.slots.key(x))
     }
 
+    /// Hints the CPU to load the block index entries a lookup of the block at byte
+    /// `offset` of `vm` reads first (`prefetch.rs`): for a driver that knows its next
+    /// requests, called some requests ahead. Changes nothing.
+    #[inline]
+    pub fn prefetch(&self, vm: VmId, offset: u64) {
+        let block = offset >> self.shift;
+        if block < crate::disk_range::MAX_DISK_BLOCKS && vm < crate::config::MAX_VMS {
+            self.index.prefetch(pack_key(vm, block));
+        }
+    }
+
     /// Whether sectors `range` of (vm, block) are all cached (a read of them hits).
     pub fn holds(&self, vm: VmId, block: u64, range: (u32, u32)) -> bool {
         self.lookup(vm, block).is_some_and(|s| self.valid.all(s, range))

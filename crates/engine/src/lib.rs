@@ -46,6 +46,7 @@ mod migration;
 mod mode;
 pub mod output;
 mod paced_clean;
+mod prefetch;
 mod prewarm_load;
 mod remote_regions;
 mod repair;

@@ -167,15 +167,16 @@ impl Node {
     }
 
     /// The cache model's request: its outcome and its ops' bytes counted, done at `now`.
+    /// No completion is handed back ([`Self::take_done`]): the cache model replays in
+    /// trace order and nothing waits for one (`replay_in_order`).
     #[inline]
-    fn access(&mut self, now: u64, req: &Request, tag: u64) {
+    fn access(&mut self, now: u64, req: &Request) {
         let out = &mut self.cache_out;
         self.engine.access(now, req, out);
         for op in &out.ops {
             self.metrics.op(op);
         }
         self.metrics.outcome(req.vm, req.op.is_write(), &out.blocks);
-        self.done.push((tag, now));
         self.last_done = self.last_done.max(now);
         // A request-length interval's points (no other event comes from an access).
         while let Some(ev) = self.engine.poll_event() {
@@ -227,7 +228,7 @@ impl Node {
         self.now = self.now.max(now);
         self.metrics.issued(req.vm);
         if self.cache_only {
-            self.access(self.now, req, tag);
+            self.access(self.now, req);
             return;
         }
         if self.vm_busy.len() <= req.vm as usize {

@@ -2,6 +2,7 @@
 //! replay modes and the accounting identities that must hold.
 
 use cachevisor_engine::{PartitionMode, ReplacementKind, WritePolicy};
+use cachevisor_sim::model_choice::ModelChoice;
 use cachevisor_sim::scenario::{ReplayMode, VmSection};
 use cachevisor_sim::{simulate, Scenario};
 use std::path::PathBuf;
@@ -301,4 +302,27 @@ fn writing_back_ahead_of_eviction_in_idle_time_cuts_the_tail_and_changes_no_hit(
     assert!(on.engine.written_back_ahead > 1000, "{}", on.engine.written_back_ahead);
     assert!(b.latency.p99_us < a.latency.p99_us * 0.9, "p99 {} vs {}", b.latency.p99_us, a.latency.p99_us);
     assert!(b.latency.mean_us < a.latency.mean_us, "mean {} vs {}", b.latency.mean_us, a.latency.mean_us);
+}
+
+/// One far timestamp in an open-loop replay stops the run with the windows it would need
+/// named, in both models (the check runs before the replay advances to it).
+#[test]
+fn a_timestamp_past_the_windows_a_run_keeps_stops_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("far-time.csv");
+    // Times in nanoseconds: the third request is 10^7 s in, 10^7 one-second windows.
+    std::fs::write(&p, "0,0,R,0,4096\n1000,0,R,4096,4096\n10000000000000000,0,R,8192,4096\n").unwrap();
+    for model in [ModelChoice::Cache, ModelChoice::Full] {
+        let mut s = scenario();
+        s.trace.files = vec![p.clone()];
+        s.trace.format = Some(cachevisor_trace::Format::Csv);
+        s.replay.mode = ReplayMode::Open;
+        s.replay.window = "1s".into();
+        s.replay.model = model;
+        let e = match simulate(&s, &mut |_| {}) {
+            Ok(r) => panic!("{model:?}: ran, {} windows", r.windows.len()),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains("replay.window") && e.contains("10000000 windows"), "{model:?}: {e}");
+    }
 }

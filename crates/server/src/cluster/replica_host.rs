@@ -142,12 +142,17 @@ impl ReplicaLogs {
         let direct = self.direct.lock().unwrap_or_else(|e| e.into_inner()).get(owner).cloned();
         match direct {
             Some(d) if at.is_multiple_of(sector) && (data.len() as u64).is_multiple_of(sector) => {
-                let mut bounce = cachevisor_files::aligned_buf::AlignedBuf::default();
-                cachevisor_files::aligned_buf::write_at(&d, &mut bounce, data, at)
+                BOUNCE.with_borrow_mut(|bounce| cachevisor_files::aligned_buf::write_at(&d, bounce, data, at))
             }
             _ => f.write_all_at(data, at),
         }
     }
+}
+
+thread_local! {
+    /// Each connection thread's aligned buffer for `O_DIRECT` appends (one allocation per
+    /// thread, not one per write).
+    static BOUNCE: std::cell::RefCell<cachevisor_files::aligned_buf::AlignedBuf> = Default::default();
 }
 
 /// Writes a new log's `size` bytes as zeros, then syncs: every block allocated and

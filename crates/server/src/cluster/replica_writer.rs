@@ -54,6 +54,8 @@ impl Replicator {
     pub(super) fn write_loop(&self) {
         let mut waited = Duration::ZERO;
         let mut next_warn = Duration::from_secs(10);
+        // The records' bytes of one append, reused from append to append.
+        let mut encoded = Vec::new();
         loop {
             let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
             while q.is_empty() && !self.stop.load(Relaxed) {
@@ -119,16 +121,17 @@ impl Replicator {
                 self.deliver(bypass.iter().map(|w| (w.ticket, Ok(Logged::Bypass))).collect());
             }
             if !granted.is_empty() {
-                self.append(g, log_id, granted);
+                self.append(g, log_id, granted, &mut encoded);
             }
         }
     }
 
     /// Writes the granted writes' records (consecutive from the first's `first`) and
     /// delivers their outcomes; after a failure they go back to the head of the queue.
-    fn append(&self, g: Geometry, log_id: u64, granted: Vec<(Queued, u64)>) {
+    /// `buf` holds the records' bytes on the way.
+    fn append(&self, g: Geometry, log_id: u64, granted: Vec<(Queued, u64)>, buf: &mut Vec<u8>) {
         let start = granted[0].1;
-        let ok = self.encode(g, log_id, &granted).is_some_and(|buf| self.write_run(g, start, &buf));
+        let ok = self.encode(g, log_id, &granted, buf) && self.write_run(g, start, buf);
         let mut st = self.lock();
         st.log.appended(ok);
         for (w, first) in &granted {
@@ -157,19 +160,21 @@ impl Replicator {
         }
     }
 
-    /// The bytes of the granted writes' records, each a whole ring slot, from the first's
-    /// sequence number on; `None` for a record the log cannot hold (a vDisk no longer
-    /// replicated, a cache write not in whole sectors): the append fails.
-    fn encode(&self, g: Geometry, log_id: u64, granted: &[(Queued, u64)]) -> Option<Vec<u8>> {
+    /// Puts the bytes of the granted writes' records in `buf`, each a whole ring slot
+    /// (zeros past its data), from the first's sequence number on; `false` for a record the
+    /// log cannot hold (a vDisk no longer replicated, a cache write not in whole sectors):
+    /// the append fails.
+    fn encode(&self, g: Geometry, log_id: u64, granted: &[(Queued, u64)], buf: &mut Vec<u8>) -> bool {
         let names = self.vms_read();
         let rb = g.record_bytes() as usize;
         let n: usize = granted.iter().map(|(w, _)| w.recs.len()).sum();
-        let mut buf = vec![0u8; rb * n];
+        buf.clear();
+        buf.resize(rb * n, 0);
         let mut i = 0;
         for (w, first) in granted {
             debug_assert_eq!(*first, granted[0].1 + i as u64, "granted together: consecutive");
             for r in &w.recs {
-                let Some(Some(vdisk)) = names.get(r.vm as usize) else { return None };
+                let Some(Some(vdisk)) = names.get(r.vm as usize) else { return false };
                 let data = r.data.as_deref().unwrap_or(&[]);
                 let (offset, len) = match r.data {
                     Some(_) if rr::check(vdisk, r.offset, r.len, g.block).is_ok() => (r.offset, r.len),
@@ -179,7 +184,7 @@ impl Replicator {
                             len = r.len,
                             "replica log: a cache write not in whole sectors"
                         );
-                        return None;
+                        return false;
                     }
                     None => rr::tombstone_range(r.offset, r.len),
                 };
@@ -198,7 +203,7 @@ impl Replicator {
                 i += 1;
             }
         }
-        Some(buf)
+        true
     }
 
     /// Writes records from `first` (whole slots) into the ring, split where it wraps.

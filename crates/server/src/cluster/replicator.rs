@@ -117,6 +117,20 @@ impl LogState {
             self.tracks.remove(&ticket);
         }
     }
+
+    /// Write `ticket`'s local part ended: the appends whose outcome is known are reported
+    /// now, later ones as they end ([`Self::appended`]).
+    pub(super) fn local_done(&mut self, ticket: u64) {
+        let t = self.tracks.entry(ticket).or_default();
+        t.local = true;
+        let (firsts, delivered) = (std::mem::take(&mut t.appended), t.delivered);
+        for f in firsts {
+            self.log.reported(f);
+        }
+        if delivered {
+            self.tracks.remove(&ticket);
+        }
+    }
 }
 
 impl WriteLog for Replicator {
@@ -130,17 +144,7 @@ impl WriteLog for Replicator {
         self.enqueue(ticket, recs);
     }
     fn local_done(&self, ticket: u64) {
-        let mut st = self.lock();
-        let t = st.tracks.entry(ticket).or_default();
-        t.local = true;
-        let (firsts, done) = (std::mem::take(&mut t.appended), t.delivered);
-        for f in firsts {
-            st.log.reported(f);
-        }
-        if done {
-            st.tracks.remove(&ticket);
-        }
-        drop(st);
+        self.lock().local_done(ticket);
         self.cv.notify_all();
     }
 }

@@ -37,6 +37,10 @@ pub struct SimulateArgs {
     /// Write policies, comma-separated to compare (wb, wt, wa, ro).
     #[arg(long, value_delimiter = ',', value_parser = |s: &str| s.parse::<WritePolicy>())]
     pub write_policy: Vec<WritePolicy>,
+    /// Admission of missed blocks, comma-separated to compare (all, second-hit,
+    /// second-hit:N, probability:P): which read and write misses take a slot.
+    #[arg(long, value_delimiter = ',', value_parser = |s: &str| s.parse::<cachevisor_engine::AdmissionPolicy>())]
+    pub admission: Vec<cachevisor_engine::AdmissionPolicy>,
     /// Allocation policies for static partitions, comma-separated to compare.
     #[arg(long, value_delimiter = ',', value_parser = cachevisor_policy::registry::NAMES)]
     pub allocator: Vec<String>,
@@ -182,14 +186,20 @@ pub fn expand(sc: &Scenario, a: &SimulateArgs, sizes: &[(String, String)]) -> Ve
     };
     let wps = if a.write_policy.is_empty() { vec![sc.cache.write_policy] } else { a.write_policy.clone() };
     let allocs = if a.allocator.is_empty() { vec![sc.cache.allocator.clone()] } else { a.allocator.clone() };
+    let adms: Vec<Option<cachevisor_engine::AdmissionPolicy>> =
+        if a.admission.is_empty() { vec![sc.cache.admission] } else { a.admission.iter().copied().map(Some).collect() };
     let mut v = Vec::new();
     for &p in &parts {
         // The allocator only decides static partitions.
         let allocs = if p == PartitionMode::Shared { &allocs[..1] } else { &allocs[..] };
         for &r in &repls {
-            for &w in &wps {
+            for (&w, &adm) in wps.iter().flat_map(|w| adms.iter().map(move |ad| (w, ad))) {
                 for (alloc, (size_label, size)) in allocs.iter().flat_map(|al| sizes.iter().map(move |sz| (al, sz))) {
                     let mut s = sc.clone();
+                    if !a.admission.is_empty() {
+                        // Listed: both directions (a scenario's write_admission gives way).
+                        (s.cache.admission, s.cache.write_admission) = (adm, None);
+                    }
                     s.cache.size = size.clone();
                     s.cache.partition = p;
                     s.cache.replacement = r;
@@ -209,7 +219,11 @@ pub fn expand(sc: &Scenario, a: &SimulateArgs, sizes: &[(String, String)]) -> Ve
                         String::new()
                     };
                     let size_suffix = if sizes.len() > 1 { format!("-{size_label}") } else { String::new() };
-                    v.push((format!("{}-{}-{w}{suffix}{size_suffix}", p.name(), s.cache.replacement()), s));
+                    let adm_suffix = match adm {
+                        Some(ad) if a.admission.len() > 1 => format!("-{ad}"),
+                        _ => String::new(),
+                    };
+                    v.push((format!("{}-{}-{w}{suffix}{adm_suffix}{size_suffix}", p.name(), s.cache.replacement()), s));
                 }
             }
         }

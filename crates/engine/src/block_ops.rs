@@ -38,7 +38,8 @@ impl Engine {
             out.blocks.push(BlockOutcome { block: b, hit: false, inserted: false, bypassed: false, evicted: None });
             return;
         }
-        match self.allocate(vm, key, false, out) {
+        let admitted = self.admits_miss(vm, key, false);
+        match admitted.then(|| self.allocate(vm, key, false, out)).flatten() {
             Some(a) => {
                 let fill = if self.cfg.fill == FillMode::Block { (0, self.spb) } else { r };
                 self.fill(vm, b, a.slot, fill, a.phase, true, out);
@@ -150,7 +151,7 @@ impl Engine {
                 self.touch(vm, s);
                 (Some(s), 0, false, None)
             }
-            None if allocate => match self.allocate(vm, key, true, out) {
+            None if allocate && self.admits_miss(vm, key, true) => match self.allocate(vm, key, true, out) {
                 Some(a) => (Some(a.slot), a.phase, true, a.evicted),
                 None => (None, 0, false, None),
             },

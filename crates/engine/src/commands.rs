@@ -1,6 +1,7 @@
 //! Control commands of the engine: partition targets, write-policy switches, flushes,
 //! dropping a VM, and invariant checking for tests.
 
+use crate::block_admission::{Admission, AdmissionCounts, AdmissionPolicy};
 use crate::config::PartitionMode;
 use crate::engine::Engine;
 use crate::output::Output;
@@ -134,6 +135,44 @@ impl Engine {
     pub fn set_sequential_cutoff(&mut self, vm: VmId, bytes: u64) {
         self.ensure_vm(vm);
         self.vms[vm as usize].seq.cutoff = bytes;
+    }
+
+    /// Sets which of `vm`'s read and write misses enter the cache (`block_admission.rs`);
+    /// a change starts the vDisk's history of misses and its counts afresh. Blocks already
+    /// cached stay.
+    pub fn set_admission(&mut self, vm: VmId, read: AdmissionPolicy, write: AdmissionPolicy) {
+        self.ensure_vm(vm);
+        let v = vm as usize;
+        if self.admission.len() <= v {
+            self.admission.resize_with(v + 1, || None);
+        }
+        self.admission[v] = (read != AdmissionPolicy::All || write != AdmissionPolicy::All).then(|| {
+            // The window: as many misses as the cache has slots; the seed: the VM's id.
+            Admission::new(read, write, self.slot_count() as usize, 0x5eed_0000 ^ vm as u64)
+        });
+    }
+
+    /// `vm`'s admission: its read and write policies, what they admitted and rejected, and
+    /// the bytes its history of misses takes (`None` for a VM admitting every miss).
+    pub fn admission(&self, vm: VmId) -> Option<(AdmissionPolicy, AdmissionPolicy, AdmissionCounts, u64)> {
+        let a = self.admission.get(vm as usize)?.as_ref()?;
+        let (r, w) = a.policies();
+        Some((r, w, a.counts(), a.memory_bytes()))
+    }
+
+    /// Whether a client miss of block `key` of `vm` (a write when `write`) may take a
+    /// slot: always when the request's mode sends it around the cache anyway (then
+    /// `allocate` refuses it, and admission does not count it), else as `vm`'s admission
+    /// says.
+    #[inline]
+    pub(crate) fn admits_miss(&mut self, vm: VmId, key: u64, write: bool) -> bool {
+        if !self.req.mode.insert {
+            return true;
+        }
+        match self.admission.get_mut(vm as usize) {
+            Some(Some(a)) => a.admit(key, write),
+            _ => true,
+        }
     }
 
     /// Changes `vm`'s write policy; to any policy but write-back, its dirty blocks are

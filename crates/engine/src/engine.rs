@@ -109,6 +109,8 @@ pub struct Engine {
     pub(crate) req: InRequest,
     /// Reused buffers.
     pub(crate) scratch: Scratch,
+    /// Per VM: which missed blocks enter (`block_admission.rs`); `None`: all of them.
+    pub(crate) admission: Vec<Option<crate::block_admission::Admission>>,
     /// Migration between stores (`migration.rs`).
     pub(crate) moving: crate::migration::Moving,
     /// Prewarmed blocks' protection (`prewarm_load.rs`).
@@ -193,6 +195,7 @@ impl Engine {
             seals: Default::default(),
             req: InRequest::default(),
             scratch: Scratch::default(),
+            admission: Vec::new(),
             moving: Default::default(),
             prewarmed: Default::default(),
             withheld: Default::default(),

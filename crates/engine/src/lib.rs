@@ -24,6 +24,7 @@
 //! Blocks are split from requests here (not by trace readers). Valid and dirty state is
 //! tracked per 512-byte sector, so partial-block reads and writes are exact.
 
+pub mod block_admission;
 pub mod block_index;
 mod block_ops;
 pub mod cache_settings;
@@ -65,6 +66,7 @@ mod withheld;
 pub mod write_policy;
 mod writeback_ahead;
 
+pub use block_admission::{AdmissionCounts, AdmissionPolicy};
 pub use config::{EngineConfig, FillMode, PartitionMode, StoreKind, StoreSpec};
 pub use device::{Device, Io, Unserved};
 pub use disk_range::{check_disk_size, RangeError, MAX_DISK_BLOCKS};

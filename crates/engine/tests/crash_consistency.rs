@@ -77,6 +77,13 @@ enum Step {
         vm: u32,
         on: bool,
     },
+    /// Which misses enter (`set_admission`): a rejected read miss reads around the cache,
+    /// a rejected write miss writes around it.
+    Admission {
+        vm: u32,
+        read: AdmissionPolicy,
+        write: AdmissionPolicy,
+    },
     /// A prewarm load of `len` blocks from `block`, as a background job.
     Prewarm {
         vm: u32,
@@ -114,6 +121,10 @@ enum Step {
     },
 }
 
+/// `Step::Admission`'s choices.
+const ADMISSIONS: [AdmissionPolicy; 3] =
+    [AdmissionPolicy::All, AdmissionPolicy::NthMiss { n: 2 }, AdmissionPolicy::Probability { p: 0.5 }];
+
 /// `Step::Shares`' choices: none of the lent store to all of it.
 const MIGRATION_SHARES: [&[(u16, u64)]; 5] = [&[], &[(1, 1)], &[(1, 2)], &[(1, 3)], &[(1, 4)]];
 
@@ -134,6 +145,8 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0..VMS, prop::sample::select(vec![WritePolicy::Wb, WritePolicy::Wt])).prop_map(|(vm, policy)| Step::LazyPolicy { vm, policy }),
         1 => (0..VMS, prop::sample::select(WritePolicy::ALL.to_vec())).prop_map(|(vm, policy)| Step::Policy { vm, policy }),
         1 => (0..VMS, any::<bool>()).prop_map(|(vm, on)| Step::Bypass { vm, on }),
+        1 => (0..VMS, prop::sample::select(ADMISSIONS.to_vec()), prop::sample::select(ADMISSIONS.to_vec()))
+            .prop_map(|(vm, read, write)| Step::Admission { vm, read, write }),
         2 => (0..VMS, 0..SECTORS / 8, 1u32..5).prop_map(|(vm, block, len)| Step::Prewarm { vm, block, len }),
         1 => (0u32..4, any::<bool>()).prop_map(|(run, moving)| Step::Lend { run, moving }),
         1 => any::<usize>().prop_map(|run| Step::Return { run }),
@@ -611,6 +624,9 @@ fn run_checking(
             }
             Step::Bypass { vm, on } => {
                 d.e.submit_job(|e, _| e.set_bypass(vm, on));
+            }
+            Step::Admission { vm, read, write } => {
+                d.e.submit_job(|e, _| e.set_admission(vm, read, write));
             }
             Step::Prewarm { vm, block, len } => {
                 d.e.submit_job(|e, out| {

@@ -105,13 +105,8 @@ fn a_recorded_trace_replays_to_the_same_hit_ratio_in_the_simulator() {
         .iter()
         .zip([WritePolicy::Wt, WritePolicy::Wb])
         .map(|(n, p)| cachevisor_sim::scenario::VmSection {
-            name: n.to_string(),
-            weight: 1.0,
-            ratio: 1.0,
-            min: None,
-            sequential_cutoff: None,
             write_policy: Some(p),
-            node: None,
+            ..cachevisor_sim::scenario::VmSection::named(n)
         })
         .collect();
     sc.replay.mode = cachevisor_sim::scenario::ReplayMode::Open;

@@ -55,6 +55,7 @@
 //! ```
 
 use crate::device::DeviceSpec;
+use cachevisor_engine::AdmissionPolicy;
 use cachevisor_engine::{FillMode, PartitionMode, ReplacementKind, WritePolicy};
 use cachevisor_trace::formats::generic_csv::CsvColumns;
 use cachevisor_trace::units::{parse_duration_ns, parse_size};
@@ -119,6 +120,13 @@ pub struct CacheSection {
     /// What the cache holds: data blocks, or the Nutanix DSF metadata objects
     /// (`dsf_objects.rs`: HM1 and HM3 lookups per 1 MiB vBlock; open loop only).
     pub objects: ObjectModel,
+    /// Which read misses take a slot (`all`, `second-hit`, `second-hit:N`,
+    /// `probability:P`; the engine's `block_admission.rs`); unset: all of them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admission: Option<AdmissionPolicy>,
+    /// Which write misses take a slot; unset: as `admission`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub write_admission: Option<AdmissionPolicy>,
 }
 
 /// What a simulated cache holds.
@@ -163,6 +171,8 @@ impl Default for CacheSection {
             flush_rate: cachevisor_engine::cache_settings::default_flush_rate(),
             writeback_percent: cachevisor_engine::cache_settings::DEFAULT_WRITEBACK_PERCENT,
             objects: ObjectModel::Blocks,
+            admission: None,
+            write_admission: None,
         }
     }
 }
@@ -331,6 +341,12 @@ pub struct VmSection {
     pub sequential_cutoff: Option<String>,
     /// Write policy for this VM.
     pub write_policy: Option<WritePolicy>,
+    /// Which of this VM's read misses take a slot (as `[cache] admission`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission: Option<AdmissionPolicy>,
+    /// Which of its write misses take a slot; unset: as its `admission`, else the cache's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_admission: Option<AdmissionPolicy>,
     /// Cluster mode: the `[[node]]` it runs on (by name).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
@@ -346,6 +362,8 @@ impl VmSection {
             min: None,
             sequential_cutoff: None,
             write_policy: None,
+            admission: None,
+            write_admission: None,
             node: None,
         }
     }

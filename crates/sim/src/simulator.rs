@@ -13,7 +13,7 @@ use crate::prepass::whole_trace;
 use crate::prewarming::Prewarming;
 use crate::report::{SimResult, TraceCounts};
 use crate::scenario::{ReplayMode, Resolved, Scenario};
-use cachevisor_engine::{EngineConfig, Event, PartitionMode};
+use cachevisor_engine::{AdmissionPolicy, EngineConfig, Event, PartitionMode};
 use cachevisor_policy::controller::{self, Controller, Estimates, VmSettings, WindowCounts};
 use cachevisor_policy::passthrough_drain::PassThroughDrain;
 use cachevisor_policy::registry;
@@ -186,6 +186,10 @@ impl<'a> Run<'a> {
             }
             if let Some(p) = conf.and_then(|v| v.write_policy) {
                 self.node.command(now, |e, out| e.set_write_policy(vm as VmId, p, out));
+            }
+            let (read, write) = admissions(&self.sc.cache, conf);
+            if (read, write) != (AdmissionPolicy::All, AdmissionPolicy::All) {
+                self.node.engine.set_admission(vm as VmId, read, write);
             }
         }
         self.apply_phases(now);
@@ -458,6 +462,21 @@ impl<'a> Run<'a> {
         }
         r
     }
+}
+
+/// A VM's read and write admission: its own, else the cache's (a write one unset: as
+/// the read one of the same section), else every miss.
+pub(crate) fn admissions(
+    cache: &crate::scenario::CacheSection,
+    vm: Option<&crate::scenario::VmSection>,
+) -> (AdmissionPolicy, AdmissionPolicy) {
+    let read = vm.and_then(|v| v.admission).or(cache.admission).unwrap_or_default();
+    let write = vm
+        .and_then(|v| v.write_admission.or(v.admission))
+        .or(cache.write_admission)
+        .or(cache.admission)
+        .unwrap_or_default();
+    (read, write)
 }
 
 /// The rECS sampling points of a window: spread over a time window (S-CAVE §IV-B: five

@@ -108,15 +108,7 @@ fn phases_change_settings_at_their_time() {
     s.cache.size = "16MiB".into();
     s.replay.mode = ReplayMode::Open;
     s.synthetic = vec![synthetic(workload(dir.path(), "a", 1, "[[4%, 95%]]", 0.5, 10))];
-    s.vm = vec![VmSection {
-        name: "a".into(),
-        weight: 1.0,
-        ratio: 1.0,
-        min: None,
-        sequential_cutoff: None,
-        write_policy: Some(WritePolicy::Wb),
-        node: None,
-    }];
+    s.vm = vec![VmSection { write_policy: Some(WritePolicy::Wb), ..VmSection::named("a") }];
     s.phase = vec![PhaseSection {
         at: "5s".into(),
         vm: vec![VmChange { name: "a".into(), weight: None, ratio: None, write_policy: Some(WritePolicy::Ro) }],
@@ -196,15 +188,7 @@ fn sequential_cutoff_keeps_long_streams_out_of_the_cache() {
     s.cache.size = "16MiB".into();
     s.synthetic = vec![synthetic(p)];
     let plain = simulate(&s, &mut |_| {}).unwrap().total.inserted_blocks;
-    s.vm = vec![VmSection {
-        name: "scan".into(),
-        weight: 1.0,
-        ratio: 1.0,
-        min: None,
-        sequential_cutoff: Some("16KiB".into()),
-        write_policy: None,
-        node: None,
-    }];
+    s.vm = vec![VmSection { sequential_cutoff: Some("16KiB".into()), ..VmSection::named("scan") }];
     let cut = simulate(&s, &mut |_| {}).unwrap().total.inserted_blocks;
     assert!(plain > 1000 && cut * 4 < plain, "inserted {cut} with the cutoff, {plain} without");
 }
@@ -217,13 +201,10 @@ fn bad_controller_settings_name_the_key() {
         ..Scenario::default()
     };
     let vm = |ratio: f64, min: Option<&str>, cut: Option<&str>| VmSection {
-        name: "a".into(),
-        weight: 1.0,
         ratio,
         min: min.map(Into::into),
         sequential_cutoff: cut.map(Into::into),
-        write_policy: None,
-        node: None,
+        ..VmSection::named("a")
     };
     let err = |s: Scenario| simulate(&s, &mut |_| {}).unwrap_err().to_string();
     let mut s = base();

@@ -76,15 +76,7 @@ fn read_only_vm_writes_less_to_the_ssd() {
     let mut wb = scenario();
     wb.trace.files = vec![shared("cloudPhysicsIO.vscsi")];
     let mut ro = wb.clone();
-    ro.vm.push(VmSection {
-        name: "cloudPhysicsIO".into(),
-        weight: 1.0,
-        ratio: 1.0,
-        min: None,
-        sequential_cutoff: None,
-        write_policy: Some(WritePolicy::Ro),
-        node: None,
-    });
+    ro.vm.push(VmSection { write_policy: Some(WritePolicy::Ro), ..VmSection::named("cloudPhysicsIO") });
     let (a, b) = (simulate(&wb, &mut |_| {}).unwrap(), simulate(&ro, &mut |_| {}).unwrap());
     assert!(b.total.ssd_write_bytes < a.total.ssd_write_bytes);
     assert_eq!(b.total.write_hit_ratio, 0.0);
@@ -324,5 +316,38 @@ fn a_timestamp_past_the_windows_a_run_keeps_stops_the_run() {
             Err(e) => e.to_string(),
         };
         assert!(e.contains("replay.window") && e.contains("10000000 windows"), "{model:?}: {e}");
+    }
+}
+
+/// `[cache] admission` in both models: second-hit and a probability reject misses (the
+/// VM's report counts them), write less to the SSD than admitting all, and a VM's own
+/// setting overrides the cache's; a run admitting all reports no admission at all (its
+/// JSON as before the setting existed).
+#[test]
+fn admission_rejects_misses_writes_less_and_is_reported() {
+    use cachevisor_engine::AdmissionPolicy;
+    for model in [ModelChoice::Cache, ModelChoice::Full] {
+        let mut s = scenario();
+        s.trace.files = vec![shared("cloudPhysicsIO.vscsi")];
+        s.cache.size = "16MiB".into();
+        s.replay.model = model;
+        let all = simulate(&s, &mut |_| {}).unwrap();
+        assert!(all.vms[0].admission.is_none());
+        assert!(!serde_json::to_string(&all).unwrap().contains("admission"), "{model:?}");
+        for policy in [AdmissionPolicy::NthMiss { n: 2 }, AdmissionPolicy::Probability { p: 0.3 }] {
+            s.cache.admission = Some(policy);
+            let r = simulate(&s, &mut |_| {}).unwrap();
+            let a = r.vms[0].admission.as_ref().unwrap_or_else(|| panic!("{model:?} {policy}: no admission report"));
+            assert_eq!((a.read, a.write), (policy, policy));
+            assert!(a.counts.read_rejected > 0 && a.counts.read_admitted > 0, "{model:?} {policy}: {a:?}");
+            assert!(r.total.ssd_write_bytes < all.total.ssd_write_bytes, "{model:?} {policy}");
+            assert_eq!(r.total.requests, all.total.requests);
+        }
+        // The VM's own setting wins over the cache's.
+        let name = all.vms[0].vm.clone();
+        s.vm = vec![VmSection { admission: Some(AdmissionPolicy::All), ..VmSection::named(&name) }];
+        let r = simulate(&s, &mut |_| {}).unwrap();
+        assert!(r.vms[0].admission.is_none(), "{model:?}: the VM admits all");
+        assert_eq!(r.total.ssd_write_bytes, all.total.ssd_write_bytes, "{model:?}");
     }
 }

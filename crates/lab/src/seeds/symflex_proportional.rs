@@ -62,19 +62,7 @@ pub(super) fn mix(opts: &Options) -> Result<Scenario, String> {
     sc.replay.mode = ReplayMode::Open;
     sc.replay.window = format!("{window_s}s");
     sc.synthetic = synthetic;
-    sc.vm = names
-        .iter()
-        .zip(ratios[0])
-        .map(|(n, r)| VmSection {
-            name: n.to_string(),
-            weight: 1.0,
-            ratio: r,
-            min: None,
-            sequential_cutoff: None,
-            write_policy: None,
-            node: None,
-        })
-        .collect();
+    sc.vm = names.iter().zip(ratios[0]).map(|(n, r)| VmSection { ratio: r, ..VmSection::named(n) }).collect();
     for (p, phase_ratios) in ratios.iter().enumerate().take(3).skip(1) {
         sc.phase.push(PhaseSection {
             at: format!("{}s", p as u64 * phase_s),

@@ -194,3 +194,51 @@ fn a_vdisk_the_api_removed_stays_removed_until_the_file_changes_it() {
     assert_eq!(code, 0, "{out}{err}");
     assert_eq!(policies(&a), pairs(&[("vm1", "wb"), ("vm2", "wb"), ("vm3", "wb")]));
 }
+
+/// Each vDisk's `admission` object from `cachevisor status --json` (null when it admits
+/// every miss).
+fn admissions(a: &Daemon) -> Vec<serde_json::Value> {
+    let o = Command::new(bin()).args(["status", "--json", "--api", a.api.as_deref().unwrap()]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    v.as_array().unwrap().iter().map(|v| v["admission"].clone()).collect()
+}
+
+/// `admission = "second-hit"` on a write-back vDisk, with qemu-io: its first writes are
+/// rejected (written around the cache: nothing dirty, every byte read back), the reads
+/// after them are those blocks' second misses (admitted), `status` counts both; a reload
+/// switches it to `all` while the data stays intact.
+#[test]
+fn second_hit_admission_writes_first_misses_around_the_cache_and_a_reload_switches_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write_config(d, "write_policy = \"wb\"\nflush_rate = \"0\"\n", &[("vm1", "admission = \"second-hit\"\n")]);
+    let a = Daemon::start(d, "r.toml", &[]).unwrap();
+    let uri = a.uri("vm1");
+    qemu_io_ok(&uri, &["write -P 0x41 0 1M"]);
+    let adm = &admissions(&a)[0];
+    assert_eq!((adm["read"].as_str(), adm["write"].as_str()), (Some("second-hit"), Some("second-hit")), "{adm}");
+    assert_eq!(adm["write_rejected"], 256, "{adm}");
+    assert_eq!(adm["write_admitted"], 0, "{adm}");
+    qemu_io_ok(&uri, &["read -P 0x41 0 1M"]);
+    let adm = &admissions(&a)[0];
+    assert_eq!((adm["read_admitted"].as_u64(), adm["read_rejected"].as_u64()), (Some(256), Some(0)), "{adm}");
+    let metrics =
+        ureq::get(&format!("http://{}/metrics", a.api.as_ref().unwrap())).call().unwrap().into_string().unwrap();
+    for want in [
+        "cachevisor_admission_misses_total{vdisk=\"vm1\",op=\"write\",outcome=\"rejected\"} 256",
+        "cachevisor_admission_misses_total{vdisk=\"vm1\",op=\"read\",outcome=\"admitted\"} 256",
+    ] {
+        assert!(metrics.contains(want), "{want} in:\n{metrics}");
+    }
+    // Now cached: a rewrite is a hit (no admission asked), and reads back.
+    qemu_io_ok(&uri, &["write -P 0x42 0 512k", "read -P 0x42 0 512k", "read -P 0x41 512k 512k"]);
+    assert_eq!(admissions(&a)[0]["write_rejected"], 256);
+
+    write_config(d, "write_policy = \"wb\"\nflush_rate = \"0\"\n", &[("vm1", "")]);
+    let (code, out, err) = reload(d, &a);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("vdisk (vm1): admission all, write_admission all"), "{out}");
+    assert!(admissions(&a)[0].is_null());
+    qemu_io_ok(&uri, &["write -P 0x43 2M 1M", "read -P 0x43 2M 1M", "read -P 0x42 0 512k", "read -P 0x41 512k 512k"]);
+}

@@ -360,9 +360,9 @@ impl Daemon {
     /// Every vDisk's state and counters.
     pub fn status(&self) -> Vec<VdiskStatus> {
         let exports = self.exports();
-        let parts: Vec<_> = self
-            .dp
-            .with_engine(|e| exports.iter().map(|x| (e.partition(x.id), e.written_back_ahead_of(x.id))).collect());
+        let parts: Vec<_> = self.dp.with_engine(|e| {
+            exports.iter().map(|x| (e.partition(x.id), e.written_back_ahead_of(x.id), e.admission(x.id))).collect()
+        });
         let shares: Vec<_> = {
             let mut p = self.policy.lock().unwrap_or_else(|p| p.into_inner());
             exports.iter().map(|x| *p.ctl.settings_mut(x.id as usize)).collect()
@@ -373,7 +373,13 @@ impl Daemon {
             .into_iter()
             .zip(parts)
             .zip(shares)
-            .map(|((e, (p, ahead)), share)| VdiskStatus {
+            .map(|((e, (p, ahead, admission)), share)| VdiskStatus {
+                admission: admission.map(|(read, write, counts, memory_bytes)| status::AdmissionStatus {
+                    read,
+                    write,
+                    counts,
+                    memory_bytes,
+                }),
                 weight: share.weight,
                 ratio: share.ratio,
                 stats: ExportStats { passthrough: self.dp.stats(e.id).passthrough || cache_out, ..self.dp.stats(e.id) },

@@ -189,3 +189,34 @@ fn the_default_parses_and_errors_name_the_key() {
     let missing = "[cache]\npath = \"c\"\nsize = \"1MiB\"\n[listen]\ntcp = \"127.0.0.1:1\"\n[[vdisk]]\nname = \"a\"\nbacking = \"/nonexistent/a.img\"\n";
     assert!(Config::parse(missing, "x", Path::new(".")).unwrap().resolve().unwrap_err().contains("does not exist"));
 }
+
+/// `admission` and `write_admission` parse as the engine's policies (the write one as the
+/// read one when unset), and a bad value is refused naming the key and the choices.
+#[test]
+fn admission_keys_parse_and_a_bad_one_names_the_key() {
+    use cachevisor_engine::AdmissionPolicy;
+    let c = Config::parse(
+        &DEFAULT.replace("name = \"vm1\"", "name = \"vm1\"\nadmission = \"second-hit:3\""),
+        "x",
+        Path::new("."),
+    )
+    .unwrap();
+    let nth = AdmissionPolicy::NthMiss { n: 3 };
+    assert_eq!(c.vdisk[0].admissions(), (nth, nth));
+    assert_eq!(c.vdisk[1].admissions(), (AdmissionPolicy::All, AdmissionPolicy::All));
+    let c = Config::parse(
+        &DEFAULT
+            .replace("name = \"vm1\"", "name = \"vm1\"\nadmission = \"probability:0.5\"\nwrite_admission = \"all\""),
+        "x",
+        Path::new("."),
+    )
+    .unwrap();
+    assert_eq!(c.vdisk[0].admissions(), (AdmissionPolicy::Probability { p: 0.5 }, AdmissionPolicy::All));
+    let e = Config::parse(
+        &DEFAULT.replace("name = \"vm1\"", "name = \"vm1\"\nadmission = \"second-hit:1\""),
+        "cfg.toml",
+        Path::new("."),
+    )
+    .unwrap_err();
+    assert!(e.contains("cfg.toml") && e.contains("admission") && e.contains("second-hit:N"), "{e}");
+}

@@ -2,7 +2,7 @@
 //! policy, checked with messages that name the vDisk.
 
 use super::cache_section::one;
-use cachevisor_engine::WritePolicy;
+use cachevisor_engine::{AdmissionPolicy, WritePolicy};
 use cachevisor_policy::controller::check_share;
 use cachevisor_trace::units::parse_size;
 use serde::{Deserialize, Serialize};
@@ -33,6 +33,15 @@ pub struct VdiskConfig {
     pub min: Option<String>,
     /// Contiguous run (`4MiB`) after which the stream stops taking cache slots.
     pub sequential_cutoff: Option<String>,
+    /// Which read misses take a cache slot: `all` (unset), `second-hit`, `second-hit:N`,
+    /// `probability:P` (the engine's `block_admission.rs`); a rejected miss is read
+    /// around the cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission: Option<AdmissionPolicy>,
+    /// Which write misses take a slot (a rejected one is written around the cache);
+    /// unset: as `admission`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_admission: Option<AdmissionPolicy>,
     /// Client certificates that may open this export over TLS (`tls_authz.rs`: "CN=host-a",
     /// "CN=h,O=tenant1", "DNS:h.example", "IP:10.0.0.2", "URI:…", "email:…", "*"); empty:
     /// any client the listener lets in.
@@ -52,6 +61,12 @@ pub struct VdiskConfig {
 }
 
 impl VdiskConfig {
+    /// Its read and write misses' admission (unset: every miss).
+    pub fn admissions(&self) -> (AdmissionPolicy, AdmissionPolicy) {
+        let read = self.admission.unwrap_or_default();
+        (read, self.write_admission.unwrap_or(read))
+    }
+
     /// Whether this vDisk's writes go to the replica log on a node that keeps one.
     pub fn replicates(&self) -> bool {
         self.replicate != Some(false)

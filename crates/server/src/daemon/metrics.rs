@@ -118,6 +118,31 @@ impl Collector for StateCollector {
                 }
             }
         }
+        // Admission (`block_admission.rs`): misses admitted and rejected by operation, for
+        // the vDisks with a policy other than `all`.
+        let c0 = ConstCounter::new(0u64);
+        let mut m = enc.encode_descriptor(
+            "cachevisor_admission_misses",
+            "Cache misses the vDisk's admission let in or sent around the cache, by operation and outcome",
+            None,
+            c0.metric_type(),
+        )?;
+        for s in status {
+            let Some(a) = &s.admission else { continue };
+            let c = a.counts;
+            for (op, outcome, v) in [
+                ("read", "admitted", c.read_admitted),
+                ("read", "rejected", c.read_rejected),
+                ("write", "admitted", c.write_admitted),
+                ("write", "rejected", c.write_rejected),
+            ] {
+                ConstCounter::new(v).encode(m.encode_family(&vec![
+                    ("vdisk".to_string(), s.name.clone()),
+                    ("op".to_string(), op.to_string()),
+                    ("outcome".to_string(), outcome.to_string()),
+                ])?)?;
+            }
+        }
         let gauges: [Metric<ReadStatus<i64>>; 4] = [
             ("cachevisor_cached_blocks", "Cache blocks held", |s| s.used_blocks as i64),
             ("cachevisor_target_blocks", "Partition target in blocks", |s| s.target_blocks as i64),

@@ -83,7 +83,8 @@ fn apply(engine: &mut Engine, d: Decision) {
     engine.submit_job(|e, out| *out = controller::apply(e, &d));
 }
 
-/// Sets up VM id `id` for vDisk `v` in the engine (write policy, sequential cutoff) and
+/// Sets up VM id `id` for vDisk `v` in the engine (write policy, sequential cutoff,
+/// admission) and
 /// the controller (weight, ratio, minimum). The partition is empty: no device work.
 pub(crate) fn enroll(
     engine: &mut Engine,
@@ -103,6 +104,8 @@ pub(crate) fn enroll(
     if let Some(c) = cutoff {
         engine.set_sequential_cutoff(id, c);
     }
+    let (read, write) = v.admissions();
+    engine.set_admission(id, read, write);
     ctl.add_vm(VmSettings { weight: v.weight, ratio: v.ratio, min_blocks: min.div_ceil(block_size) });
     Ok(())
 }

@@ -3,7 +3,7 @@
 //! ([`ConfigSource`]) and checked whole; then it is compared, key by key, with the file as
 //! last read, and only what the file changed is applied:
 //! - live: `cache.size` within `cache.max_size` (the cache resized first:
-//!   `cache_resize.rs`), vDisks added and removed, a vDisk's `write_policy`, `weight` and `ratio`,
+//!   `cache_resize.rs`), vDisks added and removed, a vDisk's `write_policy`, `weight`, `ratio`, `admission` and `write_admission`,
 //!   `cache.write_policy` (the vDisks without their own), `cache.allocator`, `cache.params`,
 //!   `cache.interval`, the flusher (`cache.flush_rate`, `cache.writeback_percent`,
 //!   `cache.writeback_ahead`), `cache.error_threshold`, every `[prewarm]` key but
@@ -24,7 +24,7 @@
 use super::vdisks::ChangeError;
 use super::Daemon;
 use crate::config::{Config, VdiskConfig, DEFAULT};
-use cachevisor_engine::WritePolicy;
+use cachevisor_engine::{AdmissionPolicy, WritePolicy};
 use std::path::PathBuf;
 
 /// Where the daemon's configuration comes from, so that a reload reads it as the start did.
@@ -112,7 +112,7 @@ const LIVE: [&str; 20] = [
 const AT_START: [&str; 1] = ["prewarm.from"];
 
 /// A vDisk's keys a reload applies.
-const LIVE_VDISK: [&str; 3] = ["write_policy", "weight", "ratio"];
+const LIVE_VDISK: [&str; 5] = ["write_policy", "weight", "ratio", "admission", "write_admission"];
 
 fn under(key: &str, list: &[&str]) -> bool {
     list.iter().any(|k| key == *k || key.strip_prefix(k).is_some_and(|rest| rest.starts_with('.')))
@@ -158,6 +158,8 @@ struct Plan {
     removed: Vec<String>,
     write_policy: Vec<(String, WritePolicy, WritePolicy)>,
     share: Vec<(String, f64, f64)>,
+    /// vDisks whose admission changed, with the new read and write policies.
+    admission: Vec<(String, AdmissionPolicy, AdmissionPolicy)>,
     /// Settings keys (cache and prewarm) with their old and new values.
     settings: Vec<(String, String, String)>,
 }
@@ -199,6 +201,10 @@ impl Plan {
                     }
                     if o.weight != v.weight || o.ratio != v.ratio {
                         plan.share.push((v.name.clone(), v.weight, v.ratio));
+                    }
+                    if o.admissions() != v.admissions() {
+                        let (r, w) = v.admissions();
+                        plan.admission.push((v.name.clone(), r, w));
                     }
                 }
             }
@@ -278,6 +284,10 @@ impl Daemon {
             for (name, was, now) in &plan.write_policy {
                 let what = format!("vdisk ({name}).write_policy: {was:?} → {now:?}");
                 step(what, self.file_write_policy(name, *now))?;
+            }
+            for (name, read, write) in &plan.admission {
+                let what = format!("vdisk ({name}): admission {read}, write_admission {write}");
+                step(what, self.file_admission(name, *read, *write))?;
             }
             for (name, weight, ratio) in &plan.share {
                 let what = format!("vdisk ({name}): weight {weight}, ratio {ratio}");
@@ -393,6 +403,13 @@ impl Daemon {
             o.write_policy.remove(&n);
         })?;
         self.set_write_policy_now(vm, p).map_err(|e| e.to_string())
+    }
+
+    /// A served vDisk's admission, from now (its history of misses starts afresh).
+    fn file_admission(&self, name: &str, read: AdmissionPolicy, write: AdmissionPolicy) -> Result<(), String> {
+        let Ok(vm) = self.served(name) else { return Ok(()) };
+        self.dp.with_engine_mut(|e| e.set_admission(vm, read, write));
+        Ok(())
     }
 
     fn file_share(&self, name: &str, weight: f64, ratio: f64) -> Result<(), String> {

@@ -287,11 +287,18 @@ impl Persistence {
                 // Zeros ahead (one size change, one file-system commit, per 4 MiB of
                 // records); where they do not fit (a nearly full file system), the append
                 // alone extends the file, as an append always did.
-                let to = end + WRITE_AHEAD.min(self.limit.max(4096)); // a journal rarely outgrows its limit
-                match write_zeros(journal, self.written_ahead, to) {
-                    Ok(()) => self.written_ahead = to,
-                    Err(_) => {
-                        let _ = journal.set_len(self.written_ahead);
+                // A journal rarely outgrows its limit.
+                let to = end + WRITE_AHEAD.min(self.limit.max(4096));
+                // Only with room to spare: zeros written into the last free megabytes of a
+                // file system the backing store or cache file shares would fail their
+                // writes meanwhile (a write-back's ENOSPC, `data_safety.rs`'s full shared
+                // file system, one run in three).
+                if room_for(journal, to - self.written_ahead) {
+                    match write_zeros(journal, self.written_ahead, to) {
+                        Ok(()) => self.written_ahead = to,
+                        Err(_) => {
+                            let _ = journal.set_len(self.written_ahead);
+                        }
                     }
                 }
             }
@@ -542,6 +549,12 @@ fn slot_record(r: &cachevisor_engine::SlotRecord, sums: SumsOf<'_>) -> Record {
         },
         _ => Record::Free { slot: r.slot },
     }
+}
+
+/// Whether `f`'s file system has room for `bytes` more and still four times as much free
+/// after (unknown: no).
+fn room_for(f: &File, bytes: u64) -> bool {
+    rustix::fs::fstatvfs(f).is_ok_and(|s| s.f_bavail.saturating_mul(s.f_frsize) >= bytes.saturating_mul(5))
 }
 
 /// Writes zeros into `f` from `from` to `to` (real zeros, not a hole or an unwritten

@@ -8,8 +8,9 @@
 //! the cache (a sequential run, pass-through) are not counted here.
 //!
 //! The recent misses are remembered exactly: a ring of the last `window` missed block
-//! keys with a count per key, `window` the cache's slot count ("sized by the cache", ~24
-//! bytes a remembered miss: [`Admission::memory_bytes`]). Exact rather than a counting
+//! keys with a count per key, `window` the cache's slot count when the policy is set ("sized
+//! by the cache"; measured ~50 bytes a remembered miss with the containers' growth slack:
+//! [`Admission::memory_bytes`]). Exact rather than a counting
 //! Bloom filter so that what is admitted is a function of the stream alone, checked
 //! against brute force (`tests`). The probability draws come from a per-vDisk seeded
 //! generator: the same stream, the same decisions.
@@ -202,12 +203,25 @@ mod tests {
 
     #[test]
     fn policies_parse_and_print_back() {
-        for s in ["all", "second-hit", "second-hit:3", "probability:0.25"] {
+        for s in ["all", "second-hit", "second-hit:3", "second-hit:255", "probability:0.25", "probability:1"] {
             let p: AdmissionPolicy = s.parse().unwrap();
             assert_eq!(p.to_string(), s);
         }
         assert_eq!("second-hit:2".parse::<AdmissionPolicy>().unwrap(), AdmissionPolicy::NthMiss { n: 2 });
-        for bad in ["second-hit:1", "second-hit:x", "probability:0", "probability:1.5", "probability", "lru", "all:2"] {
+        for bad in [
+            "second-hit:0",
+            "second-hit:1",
+            "second-hit:256",
+            "second-hit:4294967296",
+            "second-hit:x",
+            "probability:0",
+            "probability:1.5",
+            "probability:NaN",
+            "probability",
+            "lru",
+            "all:2",
+            "",
+        ] {
             let e = bad.parse::<AdmissionPolicy>().unwrap_err();
             assert!(e.contains(bad), "{bad}: {e}");
         }

@@ -38,7 +38,7 @@ pub struct SimulateArgs {
     #[arg(long, value_delimiter = ',', value_parser = |s: &str| s.parse::<WritePolicy>())]
     pub write_policy: Vec<WritePolicy>,
     /// Admission of missed blocks, comma-separated to compare (all, second-hit,
-    /// second-hit:N, probability:P): which read and write misses take a slot.
+    /// second-hit:N, probability:P, write-budget:RATE like 50MiB/s or 3dwpd): which read and write misses take a slot.
     #[arg(long, value_delimiter = ',', value_parser = |s: &str| s.parse::<cachevisor_engine::AdmissionPolicy>())]
     pub admission: Vec<cachevisor_engine::AdmissionPolicy>,
     /// Allocation policies for static partitions, comma-separated to compare.

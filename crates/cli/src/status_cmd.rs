@@ -79,6 +79,12 @@ pub fn run(a: StatusArgs) -> anyhow::Result<()> {
             sn("errors"),
         );
     }
+    // What each vDisk with an admission policy let in (`block_admission.rs`).
+    for v in body.as_array().context("unexpected answer")? {
+        if let Some(line) = admission_line(v) {
+            println!("{line}");
+        }
+    }
     // The cache file, when it is not in (`cachevisor cache attach` brings it back).
     if let Ok(c) = api.get("/cache").call().map(|r| r.into_json::<serde_json::Value>()) {
         let c = c.unwrap_or_default();
@@ -109,4 +115,61 @@ pub fn run(a: StatusArgs) -> anyhow::Result<()> {
         }
     }
     verdict()
+}
+
+/// A vDisk's admission in one line: its policies, the misses each let in and sent around
+/// the cache, and its write budget's state (`None` for a vDisk admitting every miss).
+fn admission_line(v: &serde_json::Value) -> Option<String> {
+    let a = v.get("admission")?;
+    let n = |k: &str| a[k].as_u64().unwrap_or(0);
+    let side = |policy: &str, op: &str| {
+        format!(
+            "{op} {} ({} admitted, {} around the cache)",
+            a[policy].as_str().unwrap_or("?"),
+            n(&format!("{op}_admitted")),
+            n(&format!("{op}_rejected"))
+        )
+    };
+    let mut line = format!(
+        "admission {}: {}; {}",
+        v["name"].as_str().unwrap_or("?"),
+        side("read", "read"),
+        side("write", "write")
+    );
+    if let Some(b) = a.get("budget").filter(|b| b.is_object()) {
+        let f = |k: &str| b[k].as_f64().unwrap_or(0.0);
+        let size = |x: f64| format_size(x as u64).replace(' ', "");
+        let rate = if f("elapsed_s") > 0.0 { f("written_bytes") / f("elapsed_s") } else { 0.0 };
+        line += &format!(
+            "; budget {}/s: {} written in {:.0} s ({}/s), admitting {:.0}% of misses",
+            size(f("target_bytes_per_sec")),
+            size(f("written_bytes")),
+            f("elapsed_s"),
+            size(rate),
+            100.0 * f("probability")
+        );
+        if b["unreachable"].as_bool().unwrap_or(false) {
+            line += " (write hits alone exceed it)";
+        }
+    }
+    Some(line)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_admission_line_names_the_policies_counts_and_budget() {
+        let v = serde_json::json!({"name": "db", "admission": {
+            "read": "write-budget:1MiB/s", "write": "all", "read_admitted": 3, "read_rejected": 4,
+            "write_admitted": 5, "write_rejected": 0, "memory_bytes": 0,
+            "budget": {"target_bytes_per_sec": 1048576.0, "probability": 0.25, "written_bytes": 10485760,
+                       "elapsed_s": 10.0, "unreachable": true}}});
+        assert_eq!(
+            super::admission_line(&v).unwrap(),
+            "admission db: read write-budget:1MiB/s (3 admitted, 4 around the cache); write all (5 admitted, 0 around the \
+             cache); budget 1.00MiB/s: 10.00MiB written in 10 s (1.00MiB/s), admitting 25% of misses (write hits alone \
+             exceed it)"
+        );
+        assert!(super::admission_line(&serde_json::json!({"name": "x"})).is_none());
+    }
 }

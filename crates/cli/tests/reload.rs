@@ -231,6 +231,14 @@ fn second_hit_admission_writes_first_misses_around_the_cache_and_a_reload_switch
     ] {
         assert!(metrics.contains(want), "{want} in:\n{metrics}");
     }
+    let o = Command::new(bin()).args(["status", "--api", a.api.as_deref().unwrap()]).output().unwrap();
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        table.contains(
+            "admission vm1: read second-hit (256 admitted, 0 around the cache); write second-hit (0 admitted, 256 around the cache)"
+        ),
+        "{table}"
+    );
     // Now cached: a rewrite is a hit (no admission asked), and reads back.
     qemu_io_ok(&uri, &["write -P 0x42 0 512k", "read -P 0x42 0 512k", "read -P 0x41 512k 512k"]);
     assert_eq!(admissions(&a)[0]["write_rejected"], 256);
@@ -241,4 +249,35 @@ fn second_hit_admission_writes_first_misses_around_the_cache_and_a_reload_switch
     assert!(out.contains("vdisk (vm1): admission all, write_admission all"), "{out}");
     assert!(admissions(&a)[0].is_null());
     qemu_io_ok(&uri, &["write -P 0x43 2M 1M", "read -P 0x43 2M 1M", "read -P 0x42 0 512k", "read -P 0x41 512k 512k"]);
+
+    // A write budget of 64 KiB/s: its first 1 MiB of write misses enter (the controller's
+    // first period), which overspends it by ~16 s, so the next megabyte goes around the
+    // cache; every byte reads back. The read of that megabyte is a read miss, which `all`
+    // admits: the budget counts its fill too (every SSD byte of the vDisk).
+    write_config(
+        d,
+        "write_policy = \"wb\"\nflush_rate = \"0\"\n",
+        &[("vm1", "write_admission = \"write-budget:64KiB/s\"\n")],
+    );
+    let (code, out, err) = reload(d, &a);
+    assert_eq!(code, 0, "{out}{err}");
+    qemu_io_ok(
+        &uri,
+        &["write -P 0x44 4M 1M", "sleep 300", "write -P 0x45 5M 1M", "read -P 0x44 4M 1M", "read -P 0x45 5M 1M"],
+    );
+    let adm = &admissions(&a)[0];
+    assert_eq!((adm["read"].as_str(), adm["write"].as_str()), (Some("all"), Some("write-budget:64KiB/s")), "{adm}");
+    assert_eq!((adm["write_admitted"].as_u64(), adm["write_rejected"].as_u64()), (Some(256), Some(256)), "{adm}");
+    assert_eq!(adm["budget"]["written_bytes"], 2 << 20, "{adm}");
+    assert_eq!((adm["read_admitted"].as_u64(), adm["read_rejected"].as_u64()), (Some(256), Some(0)), "{adm}");
+    assert_eq!(adm["budget"]["probability"], 0.0, "{adm}");
+    let metrics =
+        ureq::get(&format!("http://{}/metrics", a.api.as_ref().unwrap())).call().unwrap().into_string().unwrap();
+    for want in [
+        "cachevisor_write_budget_target_bytes_per_second{vdisk=\"vm1\"} 65536",
+        "cachevisor_write_budget_probability{vdisk=\"vm1\"} 0",
+    ] {
+        assert!(metrics.contains(want), "{want} in:\n{metrics}");
+    }
+    qemu_io_ok(&uri, &["read -P 0x43 2M 1M", "read -P 0x44 4M 1M", "read -P 0x45 5M 1M"]);
 }

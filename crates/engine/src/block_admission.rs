@@ -2,7 +2,9 @@
 //! takes a slot, as before), `second-hit` (a block enters on its Nth miss among the
 //! vDisk's recent misses — Open-CAS's `nhit` promotion policy; libCacheSim's bloom-filter
 //! admission is the approximate N = 2 form) and `probability` (each miss enters with
-//! probability p, CacheLib's random admission). A rejected read miss is read from the
+//! probability p, CacheLib's random admission) and `write-budget` (a probability a
+//! controller adjusts to hold the vDisk's SSD write rate at a target: `write_budget.rs`).
+//! A rejected read miss is read from the
 //! backing store around the cache; a rejected write miss goes around it (the block is not
 //! cached, so no copy of it can go stale). Misses the request's mode already sends around
 //! the cache (a sequential run, pass-through) are not counted here.
@@ -18,6 +20,7 @@
 //! Sans-IO state, like the rest of the engine; `Engine::set_admission` switches a vDisk's
 //! policy at run time (its history starts empty).
 
+use crate::write_budget::{BudgetRate, BudgetState, WriteBudget};
 use rustc_hash::FxHashMap;
 use std::collections::VecDeque;
 
@@ -38,6 +41,12 @@ pub enum AdmissionPolicy {
         /// The probability.
         p: f64,
     },
+    /// Each miss enters with the probability that holds the vDisk's SSD writes at
+    /// `rate` (`write_budget.rs`). When both directions name one, it is the same budget.
+    WriteBudget {
+        /// The target.
+        rate: BudgetRate,
+    },
 }
 
 impl std::fmt::Display for AdmissionPolicy {
@@ -47,6 +56,7 @@ impl std::fmt::Display for AdmissionPolicy {
             AdmissionPolicy::NthMiss { n: 2 } => write!(f, "second-hit"),
             AdmissionPolicy::NthMiss { n } => write!(f, "second-hit:{n}"),
             AdmissionPolicy::Probability { p } => write!(f, "probability:{p}"),
+            AdmissionPolicy::WriteBudget { rate } => write!(f, "write-budget:{rate}"),
         }
     }
 }
@@ -69,8 +79,12 @@ impl std::str::FromStr for AdmissionPolicy {
                 Ok(p) if p > 0.0 && p <= 1.0 => Ok(AdmissionPolicy::Probability { p }),
                 _ => Err(format!("admission `{s}`: probability:P takes a P above 0 and at most 1")),
             },
+            ("write-budget", Some(a)) => BudgetRate::parse(a)
+                .map(|rate| AdmissionPolicy::WriteBudget { rate })
+                .map_err(|e| format!("admission `{s}`: {e}")),
             _ => Err(format!(
-                "admission `{s}`: expected all, second-hit, second-hit:N (N from 2) or probability:P (0 < P <= 1)"
+                "admission `{s}`: expected all, second-hit, second-hit:N (N from 2), probability:P (0 < P <= 1) \
+                 or write-budget:RATE (like 50MiB/s or 3dwpd)"
             )),
         }
     }
@@ -87,6 +101,44 @@ impl TryFrom<String> for AdmissionPolicy {
     fn try_from(s: String) -> Result<Self, String> {
         s.parse()
     }
+}
+
+impl AdmissionPolicy {
+    /// Checks that a vDisk's read and write policies go together: two write budgets must
+    /// be the same one (a vDisk's SSD writes have one rate).
+    pub fn check_pair(read: AdmissionPolicy, write: AdmissionPolicy) -> Result<(), String> {
+        match (read, write) {
+            (AdmissionPolicy::WriteBudget { rate: a }, AdmissionPolicy::WriteBudget { rate: b }) if a != b => Err(format!(
+                "admission write-budget:{a} and write_admission write-budget:{b} differ: a vDisk's SSD writes have one budget \
+                 (name it on both, or on one)"
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    fn budget(self) -> Option<BudgetRate> {
+        match self {
+            AdmissionPolicy::WriteBudget { rate } => Some(rate),
+            _ => None,
+        }
+    }
+}
+
+/// A vDisk's admission at one moment (`Engine::admission`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct AdmissionState {
+    /// Its read misses' policy.
+    pub read: AdmissionPolicy,
+    /// Its write misses' policy.
+    pub write: AdmissionPolicy,
+    /// Misses admitted and rejected since the policy was set.
+    #[serde(flatten)]
+    pub counts: AdmissionCounts,
+    /// Bytes its history of recent misses takes.
+    pub memory_bytes: u64,
+    /// Its write budget's controller, when it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetState>,
 }
 
 /// What a vDisk's admission did: misses admitted and rejected, by direction.
@@ -113,10 +165,11 @@ pub struct Admission {
     window: usize,
     rng: u64,
     counts_by_outcome: AdmissionCounts,
+    budget: Option<WriteBudget>,
 }
 
 /// splitmix64: the draws' generator (deterministic, no dependency for 3 lines).
-fn splitmix(state: &mut u64) -> u64 {
+pub(crate) fn splitmix(state: &mut u64) -> u64 {
     *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
     let mut z = *state;
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -126,9 +179,23 @@ fn splitmix(state: &mut u64) -> u64 {
 
 impl Admission {
     /// Policies `read` and `write` for a vDisk whose seed is `seed`, remembering up to
-    /// `window` misses.
-    pub fn new(read: AdmissionPolicy, write: AdmissionPolicy, window: usize, seed: u64) -> Self {
+    /// `window` misses, in a cache of `block_bytes` blocks and `capacity_bytes` (a write
+    /// budget's scale). Two write budgets that differ ([`AdmissionPolicy::check_pair`]):
+    /// the read's.
+    pub fn new(
+        read: AdmissionPolicy,
+        write: AdmissionPolicy,
+        window: usize,
+        seed: u64,
+        block_bytes: u64,
+        capacity_bytes: u64,
+    ) -> Self {
+        let budget = read
+            .budget()
+            .or(write.budget())
+            .map(|rate| WriteBudget::new(rate.bytes_per_sec(capacity_bytes), block_bytes));
         Admission {
+            budget,
             read,
             write,
             recent: VecDeque::new(),
@@ -144,14 +211,18 @@ impl Admission {
         (self.read, self.write)
     }
 
-    /// Whether a miss of block `key` (a write when `write`) enters the cache; the miss
-    /// is remembered and counted either way.
-    pub fn admit(&mut self, key: u64, write: bool) -> bool {
+    /// Whether a miss of block `key` (a write when `write`) at driver time `now_ms`
+    /// enters the cache; the miss is remembered and counted either way.
+    pub fn admit(&mut self, key: u64, write: bool, now_ms: u32) -> bool {
         let policy = if write { self.write } else { self.read };
         let ok = match policy {
             AdmissionPolicy::All => true,
             AdmissionPolicy::NthMiss { n } => self.counts.get(&key).copied().unwrap_or(0) + 1 >= n,
-            AdmissionPolicy::Probability { p } => (splitmix(&mut self.rng) >> 11) as f64 / (1u64 << 53) as f64 <= p,
+            AdmissionPolicy::Probability { p } => self.draw() <= p,
+            AdmissionPolicy::WriteBudget { .. } => {
+                let draw = self.draw();
+                self.budget.as_mut().expect("a write budget has its controller").admit(now_ms, draw)
+            }
         };
         if self.remembers() {
             self.remember(key);
@@ -164,6 +235,30 @@ impl Admission {
             (true, false) => c.write_rejected += 1,
         }
         ok
+    }
+
+    /// A uniform draw in [0, 1).
+    fn draw(&mut self) -> f64 {
+        (splitmix(&mut self.rng) >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Counts `bytes` the vDisk wrote to the SSD at `now_ms` (a write budget's input).
+    #[inline]
+    pub fn note_written(&mut self, now_ms: u32, bytes: u64) {
+        if let Some(b) = self.budget.as_mut() {
+            b.note_written(now_ms, bytes);
+        }
+    }
+
+    /// The vDisk's admission at `now_ms`.
+    pub fn state(&self, now_ms: u32) -> AdmissionState {
+        AdmissionState {
+            read: self.read,
+            write: self.write,
+            counts: self.counts_by_outcome,
+            memory_bytes: self.memory_bytes(),
+            budget: self.budget.as_ref().map(|b| b.state(now_ms)),
+        }
     }
 
     /// Whether either policy reads the recent misses.
@@ -261,9 +356,12 @@ mod tests {
         // Not cached; the write's miss counts in the history, so this is its second miss.
         let r = io(&mut e, Read, 2);
         assert!(!r.hit && r.inserted);
-        let (_, _, c, mem) = e.admission(0).unwrap();
-        assert_eq!(c, AdmissionCounts { read_admitted: 2, read_rejected: 1, write_admitted: 0, write_rejected: 1 });
-        assert!(mem > 0);
+        let st = e.admission(0).unwrap();
+        assert_eq!(
+            st.counts,
+            AdmissionCounts { read_admitted: 2, read_rejected: 1, write_admitted: 0, write_rejected: 1 }
+        );
+        assert!(st.memory_bytes > 0 && st.budget.is_none());
         e.set_admission(0, AdmissionPolicy::All, AdmissionPolicy::All);
         assert!(e.admission(0).is_none());
         assert!(io(&mut e, Read, 3).inserted, "back to all: the first miss enters");
@@ -278,12 +376,12 @@ mod tests {
             n in 2u32..5,
             window in 1usize..20,
         ) {
-            let mut a = Admission::new(AdmissionPolicy::NthMiss { n }, AdmissionPolicy::NthMiss { n }, window, 7);
+            let mut a = Admission::new(AdmissionPolicy::NthMiss { n }, AdmissionPolicy::NthMiss { n }, window, 7, 4096, 1 << 20);
             let mut past: Vec<u64> = Vec::new();
             for &(key, write) in &stream {
                 let recent = &past[past.len().saturating_sub(window)..];
                 let want = recent.iter().filter(|&&k| k == key).count() as u32 + 1 >= n;
-                prop_assert_eq!(a.admit(key, write), want);
+                prop_assert_eq!(a.admit(key, write, 0), want);
                 past.push(key);
             }
             let c = a.counts();
@@ -296,15 +394,15 @@ mod tests {
         #[test]
         fn probability_admits_its_share_deterministically(p in 0.05f64..1.0, seed in any::<u64>()) {
             let pol = AdmissionPolicy::Probability { p };
-            let mut a = Admission::new(pol, AdmissionPolicy::All, 16, seed);
-            let mut b = Admission::new(pol, AdmissionPolicy::All, 16, seed);
+            let mut a = Admission::new(pol, AdmissionPolicy::All, 16, seed, 4096, 1 << 20);
+            let mut b = Admission::new(pol, AdmissionPolicy::All, 16, seed, 4096, 1 << 20);
             let n = 20_000;
             let mut admitted = 0;
             for k in 0..n {
-                let x = a.admit(k, false);
-                prop_assert_eq!(x, b.admit(k, false));
+                let x = a.admit(k, false, 0);
+                prop_assert_eq!(x, b.admit(k, false, 0));
                 admitted += x as u64;
-                prop_assert!(a.admit(k, true), "writes: all");
+                prop_assert!(a.admit(k, true, 0), "writes: all");
             }
             // 5 standard deviations of a binomial at this n.
             let sd = (n as f64 * p * (1.0 - p)).sqrt();

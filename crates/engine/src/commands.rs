@@ -1,7 +1,7 @@
 //! Control commands of the engine: partition targets, write-policy switches, flushes,
 //! dropping a VM, and invariant checking for tests.
 
-use crate::block_admission::{Admission, AdmissionCounts, AdmissionPolicy};
+use crate::block_admission::{Admission, AdmissionPolicy, AdmissionState};
 use crate::config::PartitionMode;
 use crate::engine::Engine;
 use crate::output::Output;
@@ -148,16 +148,17 @@ impl Engine {
         }
         self.admission[v] = (read != AdmissionPolicy::All || write != AdmissionPolicy::All).then(|| {
             // The window: as many misses as the cache has slots; the seed: the VM's id.
-            Admission::new(read, write, self.slot_count() as usize, 0x5eed_0000 ^ vm as u64)
+            let block = self.cfg.block_size;
+            let slots = self.slot_count();
+            Admission::new(read, write, slots as usize, 0x5eed_0000 ^ vm as u64, block, slots * block)
         });
     }
 
-    /// `vm`'s admission: its read and write policies, what they admitted and rejected, and
-    /// the bytes its history of misses takes (`None` for a VM admitting every miss).
-    pub fn admission(&self, vm: VmId) -> Option<(AdmissionPolicy, AdmissionPolicy, AdmissionCounts, u64)> {
-        let a = self.admission.get(vm as usize)?.as_ref()?;
-        let (r, w) = a.policies();
-        Some((r, w, a.counts(), a.memory_bytes()))
+    /// `vm`'s admission: its read and write policies, what they admitted and rejected,
+    /// the bytes its history of misses takes and its write budget's state (`None` for a
+    /// VM admitting every miss).
+    pub fn admission(&self, vm: VmId) -> Option<AdmissionState> {
+        Some(self.admission.get(vm as usize)?.as_ref()?.state(self.now_ms))
     }
 
     /// Whether a client miss of block `key` of `vm` (a write when `write`) may take a
@@ -170,7 +171,7 @@ impl Engine {
             return true;
         }
         match self.admission.get_mut(vm as usize) {
-            Some(Some(a)) => a.admit(key, write),
+            Some(Some(a)) => a.admit(key, write, self.now_ms),
             _ => true,
         }
     }

@@ -497,6 +497,12 @@ impl Engine {
     /// Gives `op` the next id and appends it to `out`; returns the id.
     #[inline]
     pub(crate) fn emit(&mut self, out: &mut Output, mut op: DeviceOp) -> OpId {
+        if op.kind == OpKind::SsdWrite {
+            // A write budget counts every SSD byte its vDisk writes (`write_budget.rs`).
+            if let Some(Some(a)) = self.admission.get_mut(op.vm as usize) {
+                a.note_written(self.now_ms, u64::from(op.len));
+            }
+        }
         op.id = self.next_op;
         op.phase += self.req.phase_base;
         self.next_op += 1;

@@ -122,8 +122,16 @@ enum Step {
 }
 
 /// `Step::Admission`'s choices.
-const ADMISSIONS: [AdmissionPolicy; 3] =
-    [AdmissionPolicy::All, AdmissionPolicy::NthMiss { n: 2 }, AdmissionPolicy::Probability { p: 0.5 }];
+const ADMISSIONS: [AdmissionPolicy; 4] = [
+    AdmissionPolicy::All,
+    AdmissionPolicy::NthMiss { n: 2 },
+    AdmissionPolicy::Probability { p: 0.5 },
+    // Four blocks a second: with a step every `STEP_NS`, it rejects most misses.
+    AdmissionPolicy::WriteBudget { rate: cachevisor_engine::BudgetRate::BytesPerSec(16 << 10) },
+];
+
+/// Driver time per step: 50 ms, so that a write budget's periods (1 s) end within a run.
+const STEP_NS: u64 = 50_000_000;
 
 /// `Step::Shares`' choices: none of the lent store to all of it.
 const MIGRATION_SHARES: [&[(u16, u64)]; 5] = [&[], &[(1, 1)], &[(1, 2)], &[(1, 3)], &[(1, 4)]];
@@ -561,11 +569,11 @@ fn run_checking(
     d.e.set_seal_region(3);
     d.e.set_writeback_ahead(ahead);
     // A dirty target of 0: the flusher writes at its full rate among the requests.
-    let flusher = Flusher { period_ns: 5000, blocks_per_period: 2, dirty_target: 0.0 };
+    let flusher = Flusher { period_ns: 5 * STEP_NS, blocks_per_period: 2, dirty_target: 0.0 };
     d.e.set_schedule(0, Schedule { interval_ns: 0, flusher: Some(flusher), ..Default::default() });
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     for (i, st) in steps.iter().enumerate() {
-        let now = i as u64 * 1000;
+        let now = i as u64 * STEP_NS;
         let ctx = |m: String| format!("step {i} {st:?}: {m}");
         trace(|| format!("step {i} {st:?}"));
         match *st {
@@ -686,7 +694,7 @@ fn run_checking(
     }
     SLOT_WAITS.with(|w| w.set(w.get() + d.e.slot_waits()));
     if drain {
-        let now = steps.len() as u64 * 1000;
+        let now = steps.len() as u64 * STEP_NS;
         for round in 0..200 {
             for op in std::mem::take(&mut d.flying) {
                 let fail =

@@ -374,12 +374,7 @@ impl Daemon {
             .zip(parts)
             .zip(shares)
             .map(|((e, (p, ahead, admission)), share)| VdiskStatus {
-                admission: admission.map(|(read, write, counts, memory_bytes)| status::AdmissionStatus {
-                    read,
-                    write,
-                    counts,
-                    memory_bytes,
-                }),
+                admission,
                 weight: share.weight,
                 ratio: share.ratio,
                 stats: ExportStats { passthrough: self.dp.stats(e.id).passthrough || cache_out, ..self.dp.stats(e.id) },

@@ -106,21 +106,7 @@ pub struct VmReport {
     pub first_iteration_s: Option<f64>,
     /// What the VM's admission let into the cache (only a VM with one other than `all`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub admission: Option<AdmissionReport>,
-}
-
-/// A VM's admission at the end of the run (the engine's `block_admission.rs`).
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct AdmissionReport {
-    /// Its read misses' policy.
-    pub read: cachevisor_engine::AdmissionPolicy,
-    /// Its write misses' policy.
-    pub write: cachevisor_engine::AdmissionPolicy,
-    /// Misses admitted and rejected, by direction.
-    #[serde(flatten)]
-    pub counts: cachevisor_engine::AdmissionCounts,
-    /// Bytes its history of recent misses takes.
-    pub memory_bytes: u64,
+    pub admission: Option<cachevisor_engine::AdmissionState>,
 }
 
 fn ratio(a: u64, b: u64) -> f64 {
@@ -263,22 +249,18 @@ impl SimResult {
         let empty = VmStats::default();
         let mut total = VmStats::default();
         let (mut used, mut dirty) = (0, 0);
-        let vms =
-            names
-                .iter()
-                .enumerate()
-                .map(|(i, n)| {
-                    let s = m.vms.get(i).unwrap_or(&empty);
-                    total.merge(s);
-                    let p = engine.partition(i as u32);
-                    used += p.used;
-                    dirty += p.dirty_blocks;
-                    let admission = engine.admission(i as u32).map(|(read, write, counts, memory_bytes)| {
-                        AdmissionReport { read, write, counts, memory_bytes }
-                    });
-                    VmReport { admission, ..VmReport::of(n, s, p.used, p.dirty_blocks) }
-                })
-                .collect();
+        let vms = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let s = m.vms.get(i).unwrap_or(&empty);
+                total.merge(s);
+                let p = engine.partition(i as u32);
+                used += p.used;
+                dirty += p.dirty_blocks;
+                VmReport { admission: engine.admission(i as u32), ..VmReport::of(n, s, p.used, p.dirty_blocks) }
+            })
+            .collect();
         let md = engine.metadata_bytes() as u64;
         let util = |d: &Device| if end_ns == 0 { 0.0 } else { d.busy_ns() as f64 / end_ns as f64 };
         let report = |device: String, d: &Device| DeviceReport {

@@ -121,7 +121,7 @@ pub struct CacheSection {
     /// (`dsf_objects.rs`: HM1 and HM3 lookups per 1 MiB vBlock; open loop only).
     pub objects: ObjectModel,
     /// Which read misses take a slot (`all`, `second-hit`, `second-hit:N`,
-    /// `probability:P`; the engine's `block_admission.rs`); unset: all of them.
+    /// `probability:P`, `write-budget:RATE`; the engine's `block_admission.rs`); unset: all of them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub admission: Option<AdmissionPolicy>,
     /// Which write misses take a slot; unset: as `admission`.
@@ -558,7 +558,11 @@ impl Scenario {
             if let Some(m) = &v.sequential_cutoff {
                 parse_size(m).map_err(|e| format!("vm[{i}] ({}).sequential_cutoff: {e}", v.name))?;
             }
+            let (read, write) = crate::simulator::admissions(&self.cache, Some(v));
+            AdmissionPolicy::check_pair(read, write).map_err(|e| format!("vm[{i}] ({}): {e}", v.name))?;
         }
+        let (read, write) = crate::simulator::admissions(&self.cache, None);
+        AdmissionPolicy::check_pair(read, write).map_err(|e| format!("cache: {e}"))?;
         self.phase_times()?;
         for (i, p) in self.phase.iter().enumerate() {
             for c in &p.vm {

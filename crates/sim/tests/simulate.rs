@@ -351,3 +351,40 @@ fn admission_rejects_misses_writes_less_and_is_reported() {
         assert_eq!(r.total.ssd_write_bytes, all.total.ssd_write_bytes, "{model:?}");
     }
 }
+
+/// A write budget holds the VM's SSD writes at its target over the run, in both models:
+/// at half of what admitting every miss writes, within 5%; two different budgets for one
+/// VM are refused by name.
+#[test]
+fn a_write_budget_holds_the_ssd_write_rate_at_its_target() {
+    use cachevisor_engine::{AdmissionPolicy, BudgetRate};
+    for model in [ModelChoice::Cache, ModelChoice::Full] {
+        let mut s = scenario();
+        s.trace.files = vec![shared("cloudPhysicsIO.vscsi")];
+        s.cache.size = "16MiB".into();
+        s.replay.model = model;
+        let budget = |b: u64| AdmissionPolicy::WriteBudget { rate: BudgetRate::BytesPerSec(b) };
+        s.cache.admission = Some(budget(1 << 40));
+        let free = simulate(&s, &mut |_| {}).unwrap();
+        let b = free.vms[0].admission.as_ref().unwrap().budget.unwrap();
+        assert_eq!((b.probability, b.unreachable), (1.0, false), "{model:?}: a budget far above never binds");
+        let rate = b.written_bytes as f64 / b.elapsed_s;
+        let target = (rate / 2.0) as u64;
+        s.cache.admission = Some(budget(target));
+        let r = simulate(&s, &mut |_| {}).unwrap();
+        let a = r.vms[0].admission.as_ref().unwrap();
+        let b = a.budget.unwrap();
+        let held = b.written_bytes as f64 / b.elapsed_s;
+        assert!(
+            (held / target as f64 - 1.0).abs() <= 0.05,
+            "{model:?}: {held:.0} B/s against {target} ({rate:.0} free)"
+        );
+        assert!(a.counts.read_rejected > 0 && a.counts.write_rejected > 0, "{model:?}: {a:?}");
+        assert_eq!(b.written_bytes, r.total.ssd_write_bytes, "{model:?}: the budget counts every SSD byte");
+    }
+    let mut s = scenario();
+    s.cache.admission = Some("write-budget:1MiB/s".parse().unwrap());
+    s.cache.write_admission = Some("write-budget:2MiB/s".parse().unwrap());
+    let e = simulate(&s, &mut |_| {}).unwrap_err().to_string();
+    assert!(e.contains("cache:") && e.contains("write-budget:1MiB/s") && e.contains("differ"), "{e}");
+}

@@ -219,4 +219,16 @@ fn admission_keys_parse_and_a_bad_one_names_the_key() {
     )
     .unwrap_err();
     assert!(e.contains("cfg.toml") && e.contains("admission") && e.contains("second-hit:N"), "{e}");
+    let budget = |s: &str| {
+        Config::parse(&DEFAULT.replace("name = \"vm1\"", &format!("name = \"vm1\"\n{s}")), "cfg.toml", Path::new("."))
+    };
+    let c = budget("admission = \"write-budget:3dwpd\"").unwrap();
+    let rate = cachevisor_engine::BudgetRate::Dwpd(3.0);
+    assert_eq!(c.vdisk[0].admissions().1, AdmissionPolicy::WriteBudget { rate });
+    let e = budget("admission = \"write-budget:1MiB/s\"\nwrite_admission = \"write-budget:2MiB/s\"")
+        .and_then(|c| c.resolve())
+        .unwrap_err();
+    assert!(e.contains("vdisk[0] (vm1)") && e.contains("write-budget:2MiB/s") && e.contains("differ"), "{e}");
+    let e = budget("write_admission = \"write-budget:50MiB\"").unwrap_err();
+    assert!(e.contains("cfg.toml") && e.contains("write_admission") && e.contains("50MiB/s"), "{e}");
 }

@@ -34,8 +34,8 @@ pub struct VdiskConfig {
     /// Contiguous run (`4MiB`) after which the stream stops taking cache slots.
     pub sequential_cutoff: Option<String>,
     /// Which read misses take a cache slot: `all` (unset), `second-hit`, `second-hit:N`,
-    /// `probability:P` (the engine's `block_admission.rs`); a rejected miss is read
-    /// around the cache.
+    /// `probability:P`, `write-budget:RATE` (the engine's `block_admission.rs`,
+    /// `write_budget.rs`); a rejected miss is read around the cache.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission: Option<AdmissionPolicy>,
     /// Which write misses take a slot (a rejected one is written around the cache);
@@ -80,6 +80,8 @@ impl VdiskConfig {
             return Err(format!("{at}.name: must be 1 to 4096 bytes"));
         }
         check_share(&format!("{at}.weight"), v.weight)?;
+        let (read, write) = v.admissions();
+        AdmissionPolicy::check_pair(read, write).map_err(|e| format!("{at}: {e}"))?;
         for (key, val) in [("size", &v.size), ("min", &v.min), ("sequential_cutoff", &v.sequential_cutoff)] {
             if let Some(s) = val {
                 parse_size(s).map_err(|e| format!("{at}.{key}: {e}"))?;

@@ -143,6 +143,27 @@ impl Collector for StateCollector {
                 ])?)?;
             }
         }
+        // A write budget's controller (`write_budget.rs`), for the vDisks that have one.
+        type Budget = fn(&cachevisor_engine::BudgetState) -> f64;
+        let budget: [(&str, &str, Budget); 3] = [
+            ("cachevisor_write_budget_target_bytes_per_second", "The vDisk's SSD write budget", |b| {
+                b.target_bytes_per_sec
+            }),
+            ("cachevisor_write_budget_probability", "The probability a governed miss enters the cache now", |b| {
+                b.probability
+            }),
+            ("cachevisor_write_budget_written_bytes", "SSD bytes the vDisk wrote since its budget was set", |b| {
+                b.written_bytes as f64
+            }),
+        ];
+        for (name, help, f) in budget {
+            let g0 = ConstGauge::new(0f64);
+            let mut m = enc.encode_descriptor(name, help, None, g0.metric_type())?;
+            for s in status {
+                let Some(b) = s.admission.as_ref().and_then(|a| a.budget) else { continue };
+                ConstGauge::new(f(&b)).encode(m.encode_family(&vec![("vdisk".to_string(), s.name.clone())])?)?;
+            }
+        }
         let gauges: [Metric<ReadStatus<i64>>; 4] = [
             ("cachevisor_cached_blocks", "Cache blocks held", |s| s.used_blocks as i64),
             ("cachevisor_target_blocks", "Partition target in blocks", |s| s.target_blocks as i64),

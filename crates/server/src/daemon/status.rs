@@ -32,21 +32,7 @@ pub struct VdiskStatus {
     /// Its admission, when not every miss enters: the read and write policies, misses
     /// admitted and rejected by direction, and the bytes its history of misses takes.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub admission: Option<AdmissionStatus>,
-}
-
-/// A vDisk's admission (the engine's `block_admission.rs`).
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct AdmissionStatus {
-    /// Its read misses' policy.
-    pub read: cachevisor_engine::AdmissionPolicy,
-    /// Its write misses' policy.
-    pub write: cachevisor_engine::AdmissionPolicy,
-    /// Misses admitted and rejected since the policy was set.
-    #[serde(flatten)]
-    pub counts: cachevisor_engine::AdmissionCounts,
-    /// Bytes its history of recent misses takes.
-    pub memory_bytes: u64,
+    pub admission: Option<cachevisor_engine::AdmissionState>,
 }
 
 /// The daemon's state at one moment, for one metrics scrape.

@@ -250,14 +250,14 @@ impl Admission {
         }
     }
 
-    /// The vDisk's admission at `now_ms`.
-    pub fn state(&self, now_ms: u32) -> AdmissionState {
+    /// The vDisk's admission now.
+    pub fn state(&self) -> AdmissionState {
         AdmissionState {
             read: self.read,
             write: self.write,
             counts: self.counts_by_outcome,
             memory_bytes: self.memory_bytes(),
-            budget: self.budget.as_ref().map(|b| b.state(now_ms)),
+            budget: self.budget.as_ref().map(|b| b.state()),
         }
     }
 

@@ -158,7 +158,7 @@ impl Engine {
     /// the bytes its history of misses takes and its write budget's state (`None` for a
     /// VM admitting every miss).
     pub fn admission(&self, vm: VmId) -> Option<AdmissionState> {
-        Some(self.admission.get(vm as usize)?.as_ref()?.state(self.now_ms))
+        Some(self.admission.get(vm as usize)?.as_ref()?.state())
     }
 
     /// Whether a client miss of block `key` of `vm` (a write when `write`) may take a

@@ -96,11 +96,15 @@ pub struct BudgetState {
     pub probability: f64,
     /// SSD bytes the vDisk wrote since the budget was set.
     pub written_bytes: u64,
-    /// Driver seconds since then.
+    /// Driver seconds from the budget's first write or miss to its last: the span the
+    /// vDisk was active in (a VM whose trace ended is not charged the time after).
     pub elapsed_s: f64,
     /// Whether the writes the budget cannot refuse (write hits, ungoverned misses)
     /// alone exceeded the target in the last period.
     pub unreachable: bool,
+    /// Budget left unspent in periods that admitted every governed miss: a shortfall
+    /// the stream caused (too few misses), not the controller.
+    pub unspent_at_full_bytes: u64,
 }
 
 /// The controller (inside a vDisk's `Admission`).
@@ -110,6 +114,7 @@ pub struct WriteBudget {
     block_bytes: u64,
     p: f64,
     start_ms: Option<u32>,
+    last_ms: u32,
     period_start_ms: u32,
     written: u64,
     period_written: u64,
@@ -121,6 +126,7 @@ pub struct WriteBudget {
     unreachable: bool,
     /// Periods ended.
     periods: u64,
+    unspent_at_full: f64,
 }
 
 impl WriteBudget {
@@ -132,6 +138,7 @@ impl WriteBudget {
             block_bytes,
             p: 1.0,
             start_ms: None,
+            last_ms: 0,
             period_start_ms: 0,
             written: 0,
             period_written: 0,
@@ -141,6 +148,7 @@ impl WriteBudget {
             asked_rate: None,
             unreachable: false,
             periods: 0,
+            unspent_at_full: 0.0,
         }
     }
 
@@ -164,14 +172,21 @@ impl WriteBudget {
     fn advance(&mut self, now_ms: u32) {
         let start = *self.start_ms.get_or_insert_with(|| {
             self.period_start_ms = now_ms;
+            self.last_ms = now_ms;
             now_ms
         });
+        if now_ms.wrapping_sub(self.last_ms) < u32::MAX / 2 {
+            self.last_ms = now_ms;
+        }
         let dt_ms = now_ms.wrapping_sub(self.period_start_ms);
         let period = if self.periods == 0 { FIRST_PERIOD_MS } else { PERIOD_MS };
         if dt_ms < period || dt_ms > u32::MAX / 2 {
             return; // Within the period (or a clock that went back: wait for it).
         }
         let dt = f64::from(dt_ms) / 1000.0;
+        if self.period_admitted == self.period_asked {
+            self.unspent_at_full += (self.target * dt - self.period_written as f64).max(0.0);
+        }
         let caused = (self.period_admitted * self.block_bytes).min(self.period_written);
         let unavoidable = (self.period_written - caused) as f64 / dt;
         let asked = self.period_asked as f64 / dt;
@@ -197,14 +212,15 @@ impl WriteBudget {
         self.period_admitted = 0;
     }
 
-    /// What the budget is doing, at `now_ms`.
-    pub fn state(&self, now_ms: u32) -> BudgetState {
+    /// What the budget is doing.
+    pub fn state(&self) -> BudgetState {
         BudgetState {
             target_bytes_per_sec: self.target,
             probability: self.p,
             written_bytes: self.written,
-            elapsed_s: self.start_ms.map_or(0.0, |s| f64::from(now_ms.wrapping_sub(s)) / 1000.0),
+            elapsed_s: self.start_ms.map_or(0.0, |s| f64::from(self.last_ms.wrapping_sub(s)) / 1000.0),
             unreachable: self.unreachable,
+            unspent_at_full_bytes: self.unspent_at_full as u64,
         }
     }
 }
@@ -267,7 +283,7 @@ mod tests {
             let ceiling = (all * secs) as f64;
             let want = (target * secs as f64).clamp(floor, ceiling);
             prop_assert!((written - want).abs() <= 0.05 * want, "wrote {} want {} (floor {} ceiling {})", written, want, floor, ceiling);
-            let unreachable = b.state(120_000).unreachable;
+            let unreachable = b.state().unreachable;
             if floor > 1.1 * target * secs as f64 {
                 prop_assert!(unreachable);
             } else if floor < 0.9 * target * secs as f64 {

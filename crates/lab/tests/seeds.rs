@@ -10,7 +10,7 @@ fn traces() -> PathBuf {
 
 fn check(name: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let opts = Options { size: Size::Quick, out: dir.path().to_path_buf(), traces: traces() };
+    let opts = Options { size: Size::Quick, out: dir.path().to_path_buf(), traces: traces(), cachesim: None };
     let report = run(name, &opts, &mut |_| {}).unwrap_or_else(|e| panic!("{name}: {e}"));
     let html = std::fs::read_to_string(dir.path().join("report.html")).unwrap();
     assert!(
@@ -26,7 +26,7 @@ fn check(name: &str) {
 
 #[test]
 fn every_experiment_is_registered() {
-    assert_eq!(NAMES.len(), 7);
+    assert_eq!(NAMES.len(), 8);
 }
 
 #[test]
@@ -62,4 +62,9 @@ fn prewarm_failover() {
 #[test]
 fn elica() {
     check("elica");
+}
+
+#[test]
+fn admission() {
+    check("admission");
 }

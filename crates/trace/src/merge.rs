@@ -126,6 +126,28 @@ impl MergedTrace {
     }
 }
 
+/// The merged stream as one source (what a writer takes: `trace convert`, the lab's
+/// merged oracleGeneral files); its counts are the inputs' summed, the first bad record
+/// the first input's that has one.
+impl crate::source::TraceSource for MergedTrace {
+    fn next_request(&mut self) -> Result<Option<Request>, TraceError> {
+        MergedTrace::next_request(self)
+    }
+
+    fn vm_names(&self) -> &[String] {
+        MergedTrace::vm_names(self)
+    }
+
+    fn counts(&self) -> SourceCounts {
+        MergedTrace::counts(self).into_iter().fold(SourceCounts::default(), |a, c| SourceCounts {
+            requests: a.requests + c.requests,
+            ignored: a.ignored + c.ignored,
+            skipped_bad: a.skipped_bad + c.skipped_bad,
+            first_bad: a.first_bad.or(c.first_bad),
+        })
+    }
+}
+
 impl Iterator for MergedTrace {
     type Item = Result<Request, TraceError>;
     fn next(&mut self) -> Option<Self::Item> {

@@ -104,17 +104,11 @@ fn theirs(bin: &Path, trace: &Path, bytes: u64, algo: &str) -> anyhow::Result<Ru
     Ok(Run { secs, rss, hit: cachesim_hit_ratio(&text, bin)? })
 }
 
-/// The hit ratio in the output of `cachesim` at `bin` ("… LRU cache size 400MiB,
-/// 10000000 req, miss ratio 0.2213, throughput 2.10 MQPS"); an error naming `bin` when
-/// there is none.
+/// The hit ratio in the output of `cachesim` at `bin` (`cachevisor_lab::cachesim`); an
+/// error naming `bin` when there is none.
 pub(crate) fn cachesim_hit_ratio(text: &str, bin: &Path) -> anyhow::Result<f64> {
-    let miss = text
-        .split("miss ratio")
-        .nth(1)
-        .and_then(|t| t.trim_start().split(|c: char| c == ',' || c.is_whitespace()).next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .with_context(|| format!("no miss ratio in {}'s output: {text}", bin.display()))?;
-    Ok(1.0 - miss)
+    cachevisor_lab::cachesim::hit_ratio(text)
+        .with_context(|| format!("no miss ratio in {}'s output: {text}", bin.display()))
 }
 
 /// The policies compared, with `cachesim`'s nearest algorithm (two-pool LRU, 20/80

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 #[derive(Debug, Args)]
 pub struct ExperimentArgs {
     /// Experiment name, or `all`.
-    #[arg(value_parser = ["all", "scave-corun", "recs-tracking", "eci-endurance", "symflex-proportional", "policy-compare", "prewarm-failover", "elica", "symflex-vssd"])]
+    #[arg(value_parser = ["all", "scave-corun", "recs-tracking", "eci-endurance", "symflex-proportional", "policy-compare", "prewarm-failover", "elica", "admission", "symflex-vssd"])]
     pub name: String,
     /// Longer runs (more passes, longer phases).
     #[arg(long, conflicts_with = "quick")]
@@ -23,6 +23,10 @@ pub struct ExperimentArgs {
     /// The reduced size the test suite runs (seconds each).
     #[arg(long)]
     pub quick: bool,
+    /// libCacheSim's `cachesim` binary (built in Release from its source beside the
+    /// project) for the experiments that compare with it (`admission`).
+    #[arg(long)]
+    pub cachesim: Option<PathBuf>,
     /// Output directory; each experiment writes into DIR/NAME.
     #[arg(long, default_value = "out/experiments")]
     pub out: PathBuf,
@@ -43,7 +47,7 @@ pub fn run(a: ExperimentArgs) -> anyhow::Result<()> {
         names.push("symflex-vssd");
     }
     for name in names {
-        let opts = Options { size, out: a.out.join(name), traces: traces.clone() };
+        let opts = Options { size, out: a.out.join(name), traces: traces.clone(), cachesim: a.cachesim.clone() };
         eprintln!("== {name} ({})", size.name());
         let t = std::time::Instant::now();
         let report = if name == "symflex-vssd" {

@@ -4,6 +4,7 @@
 //! seed's findings as claims and checks them on its own measurements; the test suite runs
 //! each at the quick size and asserts the claims marked `asserted`.
 
+pub mod admission;
 pub mod eci_endurance;
 pub mod elica;
 mod elica_setup;
@@ -25,7 +26,7 @@ pub use report_html::{Claim, Report, Section, Table};
 use std::path::PathBuf;
 
 /// Every experiment.
-pub const NAMES: [&str; 7] = [
+pub const NAMES: [&str; 8] = [
     "scave-corun",
     "recs-tracking",
     "eci-endurance",
@@ -33,6 +34,7 @@ pub const NAMES: [&str; 7] = [
     "policy-compare",
     "prewarm-failover",
     "elica",
+    "admission",
 ];
 
 /// How long an experiment runs.
@@ -75,6 +77,9 @@ pub struct Options {
     pub out: PathBuf,
     /// The bundled real traces (`../shared/traces`).
     pub traces: PathBuf,
+    /// libCacheSim's `cachesim` (built in Release from its source) to compare with, where
+    /// an experiment has a comparison (`admission`).
+    pub cachesim: Option<PathBuf>,
 }
 
 /// Runs experiment `name`; `log` gets one line per simulation.
@@ -88,6 +93,7 @@ pub fn run(name: &str, opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Repo
         "policy-compare" => policy_compare::run(opts, log)?,
         "prewarm-failover" => prewarm_failover::run(opts, log)?,
         "elica" => elica::run(opts, log)?,
+        "admission" => admission::run(opts, log)?,
         _ => return Err(format!("unknown experiment `{name}` (one of {})", NAMES.join(", "))),
     };
     report.write(&opts.out).map_err(|e| format!("{}: {e}", opts.out.display()))?;

@@ -150,6 +150,17 @@ impl Report {
 
     /// Writes `report.html`, `report.json` and the tables' CSVs into `dir`.
     pub fn write(&self, dir: &Path) -> std::io::Result<()> {
+        // A row with more or fewer cells than headings shifts every column after it.
+        for t in self.sections.iter().filter_map(|s| s.table.as_ref()) {
+            if let Some(r) = t.rows.iter().find(|r| r.len() != t.columns.len()) {
+                return Err(std::io::Error::other(format!(
+                    "table {}: a row of {} cells under {} headings ({r:?})",
+                    t.name,
+                    r.len(),
+                    t.columns.len()
+                )));
+            }
+        }
         std::fs::create_dir_all(dir)?;
         std::fs::write(dir.join("report.html"), self.html())?;
         std::fs::write(dir.join("report.json"), serde_json::to_string_pretty(self).map_err(std::io::Error::other)?)?;

@@ -225,6 +225,7 @@ impl Engine {
     #[inline]
     pub(crate) fn touch(&mut self, vm: VmId, s: u32) {
         self.prewarmed.end(s); // a prewarmed block's first touch ends its protection
+        self.prefetcher.touched(s);
         if !self.slots.last_access_ms.is_empty() {
             self.slots.last_access_ms[s as usize] = self.now_ms;
         }

@@ -161,6 +161,19 @@ impl Engine {
         Some(self.admission.get(vm as usize)?.as_ref()?.state())
     }
 
+    /// Sets `vm`'s prefetch policy (`block_prefetch.rs`); its stream and counts start
+    /// afresh. Blocks already prefetched stay.
+    pub fn set_prefetch_policy(&mut self, vm: VmId, policy: crate::block_prefetch::PrefetchPolicy) {
+        self.ensure_vm(vm);
+        self.prefetcher.set(vm, policy);
+    }
+
+    /// `vm`'s prefetch: its policy, what it loaded and how much of it was read, and the
+    /// stream's degree and trigger distance (`None` for a VM that does not prefetch).
+    pub fn prefetch_state(&self, vm: VmId) -> Option<crate::block_prefetch::PrefetchState> {
+        Some(self.prefetcher.streams.get(vm as usize)?.as_ref()?.state())
+    }
+
     /// Whether a client miss of block `key` of `vm` (a write when `write`) may take a
     /// slot: always when the request's mode sends it around the cache anyway (then
     /// `allocate` refuses it, and admission does not count it), else as `vm`'s admission

@@ -23,6 +23,7 @@ impl Engine {
         if self.refuse_out_of_range(id, req.vm, req.offset, req.len) {
             return id;
         }
+        let prefetch = self.prefetch_due(req);
         let waits = self.waits_for_slot(req);
         if waits {
             self.dur.count_slot_wait();
@@ -40,6 +41,9 @@ impl Engine {
         if self.ahead.on() {
             self.ahead_client_request(req.vm);
             self.run_writeback_ahead();
+        }
+        if let Some((a, n)) = prefetch {
+            self.start_prefetch(req.vm, a, n);
         }
         id
     }
@@ -143,7 +147,7 @@ impl Engine {
             self.pre_states(&req, &mut job);
         }
         let before = if self.dur.on() && req.op == Op::Write { self.vouched_before(&req) } else { Vec::new() };
-        self.access(now_ns, &req, &mut job.out);
+        self.run_access(now_ns, &req, &mut job.out);
         if req.op == Op::Write {
             for op in job.out.ops.iter().filter(|o| o.client && o.kind == crate::output::OpKind::SsdWrite) {
                 self.seals.wrote(op.slot);

@@ -115,6 +115,8 @@ pub struct Engine {
     pub(crate) moving: crate::migration::Moving,
     /// Prewarmed blocks' protection (`prewarm_load.rs`).
     pub(crate) prewarmed: crate::prewarm_load::Protection,
+    /// Per VM: prefetch streams, and prefetched blocks not read yet (`block_prefetch.rs`).
+    pub(crate) prefetcher: crate::block_prefetch::Prefetcher,
     /// The controller's interval: its clock and window counters (`interval.rs`).
     pub(crate) interval: crate::interval::IntervalClock,
     /// Local-store slots withheld from the cache (`withheld.rs`).
@@ -198,6 +200,7 @@ impl Engine {
             admission: Vec::new(),
             moving: Default::default(),
             prewarmed: Default::default(),
+            prefetcher: Default::default(),
             withheld: Default::default(),
             interval: Default::default(),
             queue: Default::default(),
@@ -396,6 +399,22 @@ impl Engine {
     ///
     /// A request outside its vDisk ([`Self::check_range`]) does nothing.
     pub fn access(&mut self, now_ns: u64, req: &Request, out: &mut Output) {
+        self.run_access(now_ns, req, out);
+        if req.op == Op::Read && req.len > 0 && self.prefetcher.stream(req.vm).is_some() {
+            // The synchronous face loads a prefetch at once, into this request's output
+            // (the asynchronous one starts a job: `Engine::submit`).
+            let (first, last) = (req.offset >> self.shift, (req.end() - 1) >> self.shift);
+            if let Some((a, n)) = self.prefetcher.stream(req.vm).and_then(|s| s.after_read(first, last, false)) {
+                let o = self.load_blocks(req.vm, a, n, crate::prewarm_load::Load::Prefetch, out);
+                if let Some(s) = self.prefetcher.stream(req.vm) {
+                    s.loaded(o.loaded);
+                }
+            }
+        }
+    }
+
+    /// [`Self::access`]'s request path (what dispatch runs for a submitted request).
+    pub(crate) fn run_access(&mut self, now_ns: u64, req: &Request, out: &mut Output) {
         out.clear();
         if self.check_range(req.vm, req.offset, req.len as u64).is_err() {
             return;

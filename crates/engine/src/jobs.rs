@@ -117,7 +117,10 @@ impl Engine {
         self.settle();
         self.flight.push_event(Event::Retired { req: id, failed: job.failure.is_some() });
         match job.req {
-            None => self.ahead_retired(id, job.failure.is_some()),
+            None => {
+                self.ahead_retired(id, job.failure.is_some());
+                self.prefetcher.retired(id);
+            }
             // Its blocks are unpinned now: they may be next victims to write back.
             Some(r) => self.ahead_look_at(r.vm),
         }

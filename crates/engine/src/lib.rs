@@ -27,6 +27,7 @@
 pub mod block_admission;
 pub mod block_index;
 mod block_ops;
+pub mod block_prefetch;
 pub mod cache_settings;
 mod commands;
 pub mod config;
@@ -68,6 +69,7 @@ pub mod write_policy;
 mod writeback_ahead;
 
 pub use block_admission::{AdmissionCounts, AdmissionPolicy, AdmissionState};
+pub use block_prefetch::{PrefetchCounts, PrefetchPolicy, PrefetchState};
 pub use config::{EngineConfig, FillMode, PartitionMode, StoreKind, StoreSpec};
 pub use device::{Device, Io, Unserved};
 pub use disk_range::{check_disk_size, RangeError, MAX_DISK_BLOCKS};

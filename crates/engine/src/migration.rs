@@ -276,6 +276,7 @@ impl Engine {
             self.slots.last_access_ms[d as usize] = self.slots.last_access_ms[s as usize];
         }
         self.prewarmed.moved(s, d);
+        self.prefetcher.moved(s, d);
         self.count_store(vm, s, -1);
         self.count_store(vm, d, 1);
         self.note(s);

@@ -88,6 +88,20 @@ impl Engine {
     /// [`Replacement::insert_prewarmed`], in load order. A VM in pass-through takes none.
     pub fn prewarm_load(&mut self, vm: VmId, first: u64, len: u32, out: &mut Output) -> PrewarmOutcome {
         out.clear();
+        self.load_blocks(vm, first, len, Load::Prewarm, out)
+    }
+
+    /// [`Self::prewarm_load`]'s loader, appending to `out`; a prefetch (`block_prefetch.rs`)
+    /// may evict (the victims as any miss's: written back first when dirty), and marks
+    /// what it loads as prefetched, its last block as its run's end.
+    pub(crate) fn load_blocks(
+        &mut self,
+        vm: VmId,
+        first: u64,
+        len: u32,
+        load: Load,
+        out: &mut Output,
+    ) -> PrewarmOutcome {
         let mut o = PrewarmOutcome::default();
         if Self::check_vm(vm).is_err() {
             o.out_of_range = len;
@@ -105,31 +119,45 @@ impl Engine {
         let saved = std::mem::replace(&mut self.req.mode, crate::mode::Mode::FILL);
         for b in first..end {
             let key = pack_key(vm, b);
-            if self.lookup(vm, b).is_some() || self.flight.holds_block(key) {
+            // A block this output writes back (a victim of the request it follows, on the
+            // synchronous face) is not read from the backing store before that lands.
+            let written_back = load == Load::Prefetch
+                && out
+                    .ops
+                    .iter()
+                    .any(|o| o.kind == crate::OpKind::BackingWrite && o.vm == vm && o.block(self.cfg.block_size) == b);
+            if written_back || self.lookup(vm, b).is_some() || self.block_taken(key) {
                 o.skipped += 1;
                 continue;
             }
-            let p = &self.vms[vm as usize];
-            let room = if self.shared.is_some() {
-                self.free_available()
-            } else {
-                p.used < p.target && self.free_kind_for(vm).is_some()
-            };
-            if !room {
-                o.no_room = true;
-                break;
+            if load == Load::Prewarm {
+                let p = &self.vms[vm as usize];
+                let room = if self.shared.is_some() {
+                    self.free_available()
+                } else {
+                    p.used < p.target && self.free_kind_for(vm).is_some()
+                };
+                if !room {
+                    o.no_room = true;
+                    break;
+                }
             }
             let Some(a) = self.allocate(vm, key, false, out) else {
                 o.no_room = true;
                 break;
             };
-            debug_assert!(a.evicted.is_none(), "prewarm evicts nothing");
+            debug_assert!(load == Load::Prefetch || a.evicted.is_none(), "prewarm evicts nothing");
             self.with_repl(vm, |r, t| {
                 r.remove(t, a.slot);
                 r.insert_prewarmed(t, a.slot);
             });
-            if let Some(ms) = self.prewarmed.protect_ms {
-                self.prewarmed.protected.insert(a.slot, self.now_ms.saturating_add(ms));
+            match load {
+                Load::Prewarm => {
+                    if let Some(ms) = self.prewarmed.protect_ms {
+                        self.prewarmed.protected.insert(a.slot, self.now_ms.saturating_add(ms));
+                    }
+                }
+                Load::Prefetch => self.prefetcher.mark(a.slot, vm, b + 1 == end),
             }
             self.fill(vm, b, a.slot, (0, spb), a.phase, false, out);
             o.loaded += 1;
@@ -137,6 +165,15 @@ impl Engine {
         self.req.mode = saved;
         o
     }
+}
+
+/// Who loads blocks ahead of requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Load {
+    /// A prewarm: free slots only, protected as set.
+    Prewarm,
+    /// A prefetch: may evict, marked until read.
+    Prefetch,
 }
 
 #[cfg(test)]

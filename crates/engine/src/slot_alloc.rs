@@ -31,6 +31,7 @@ impl Engine {
         self.vms[vm as usize].used -= 1;
         self.count_store(vm, s, -1);
         self.prewarmed.end(s);
+        self.prefetcher.forgotten(s);
     }
 
     /// Returns a slot (already out of its policy) to the free list.

@@ -84,6 +84,12 @@ enum Step {
         read: AdmissionPolicy,
         write: AdmissionPolicy,
     },
+    /// Prefetch for sequential reads (`set_prefetch_policy`): loads ahead of a read that
+    /// continues the last, as background jobs that may evict.
+    Prefetch {
+        vm: u32,
+        policy: PrefetchPolicy,
+    },
     /// A prewarm load of `len` blocks from `block`, as a background job.
     Prewarm {
         vm: u32,
@@ -156,6 +162,8 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0..VMS, prop::sample::select(ADMISSIONS.to_vec()), prop::sample::select(ADMISSIONS.to_vec()))
             .prop_map(|(vm, read, write)| Step::Admission { vm, read, write }),
         2 => (0..VMS, 0..SECTORS / 8, 1u32..5).prop_map(|(vm, block, len)| Step::Prewarm { vm, block, len }),
+        1 => (0..VMS, prop::sample::select(vec![PrefetchPolicy::None, PrefetchPolicy::Obl, PrefetchPolicy::Amp { max: 4 }]))
+            .prop_map(|(vm, policy)| Step::Prefetch { vm, policy }),
         1 => (0u32..4, any::<bool>()).prop_map(|(run, moving)| Step::Lend { run, moving }),
         1 => any::<usize>().prop_map(|run| Step::Return { run }),
         1 => Just(Step::LoseLender),
@@ -635,6 +643,9 @@ fn run_checking(
             }
             Step::Admission { vm, read, write } => {
                 d.e.submit_job(|e, _| e.set_admission(vm, read, write));
+            }
+            Step::Prefetch { vm, policy } => {
+                d.e.submit_job(|e, _| e.set_prefetch_policy(vm, policy));
             }
             Step::Prewarm { vm, block, len } => {
                 d.e.submit_job(|e, out| {

@@ -41,6 +41,9 @@ pub struct SimulateArgs {
     /// second-hit:N, probability:P, write-budget:RATE like 50MiB/s or 3dwpd): which read and write misses take a slot.
     #[arg(long, value_delimiter = ',', value_parser = |s: &str| s.parse::<cachevisor_engine::AdmissionPolicy>())]
     pub admission: Vec<cachevisor_engine::AdmissionPolicy>,
+    /// Prefetch for sequential readers, comma-separated to compare (none, obl, amp, amp:N).
+    #[arg(long, value_delimiter = ',', value_parser = |s: &str| s.parse::<cachevisor_engine::PrefetchPolicy>())]
+    pub prefetch: Vec<cachevisor_engine::PrefetchPolicy>,
     /// Allocation policies for static partitions, comma-separated to compare.
     #[arg(long, value_delimiter = ',', value_parser = cachevisor_policy::registry::NAMES)]
     pub allocator: Vec<String>,
@@ -188,18 +191,29 @@ pub fn expand(sc: &Scenario, a: &SimulateArgs, sizes: &[(String, String)]) -> Ve
     let allocs = if a.allocator.is_empty() { vec![sc.cache.allocator.clone()] } else { a.allocator.clone() };
     let adms: Vec<Option<cachevisor_engine::AdmissionPolicy>> =
         if a.admission.is_empty() { vec![sc.cache.admission] } else { a.admission.iter().copied().map(Some).collect() };
+    let pfs: Vec<Option<cachevisor_engine::PrefetchPolicy>> =
+        if a.prefetch.is_empty() { vec![sc.cache.prefetch] } else { a.prefetch.iter().copied().map(Some).collect() };
+    let mut combos = Vec::new();
+    for &w in &wps {
+        for &ad in &adms {
+            for &pf in &pfs {
+                combos.push((w, ad, pf));
+            }
+        }
+    }
     let mut v = Vec::new();
     for &p in &parts {
         // The allocator only decides static partitions.
         let allocs = if p == PartitionMode::Shared { &allocs[..1] } else { &allocs[..] };
         for &r in &repls {
-            for (&w, &adm) in wps.iter().flat_map(|w| adms.iter().map(move |ad| (w, ad))) {
+            for &(w, adm, pf) in &combos {
                 for (alloc, (size_label, size)) in allocs.iter().flat_map(|al| sizes.iter().map(move |sz| (al, sz))) {
                     let mut s = sc.clone();
                     if !a.admission.is_empty() {
                         // Listed: both directions (a scenario's write_admission gives way).
                         (s.cache.admission, s.cache.write_admission) = (adm, None);
                     }
+                    s.cache.prefetch = pf;
                     s.cache.size = size.clone();
                     s.cache.partition = p;
                     s.cache.replacement = r;
@@ -223,7 +237,18 @@ pub fn expand(sc: &Scenario, a: &SimulateArgs, sizes: &[(String, String)]) -> Ve
                         Some(ad) if a.admission.len() > 1 => format!("-{ad}"),
                         _ => String::new(),
                     };
-                    v.push((format!("{}-{}-{w}{suffix}{adm_suffix}{size_suffix}", p.name(), s.cache.replacement()), s));
+                    let pf_suffix = match pf {
+                        Some(x) if a.prefetch.len() > 1 => format!("-prefetch-{x}"),
+                        _ => String::new(),
+                    };
+                    v.push((
+                        format!(
+                            "{}-{}-{w}{suffix}{adm_suffix}{pf_suffix}{size_suffix}",
+                            p.name(),
+                            s.cache.replacement()
+                        ),
+                        s,
+                    ));
                 }
             }
         }

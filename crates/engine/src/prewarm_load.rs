@@ -147,16 +147,19 @@ impl Engine {
                 break;
             };
             debug_assert!(load == Load::Prefetch || a.evicted.is_none(), "prewarm evicts nothing");
-            self.with_repl(vm, |r, t| {
-                r.remove(t, a.slot);
-                r.insert_prewarmed(t, a.slot);
-            });
             match load {
                 Load::Prewarm => {
+                    self.with_repl(vm, |r, t| {
+                        r.remove(t, a.slot);
+                        r.insert_prewarmed(t, a.slot);
+                    });
                     if let Some(ms) = self.prewarmed.protect_ms {
                         self.prewarmed.protected.insert(a.slot, self.now_ms.saturating_add(ms));
                     }
                 }
+                // Where any new block enters (LRU's MRU end, two-pool's single-touch
+                // pool): at the cold end, the next prefetch's own slots would evict it
+                // before its read.
                 Load::Prefetch => self.prefetcher.mark(a.slot, vm, b + 1 == end),
             }
             self.fill(vm, b, a.slot, (0, spb), a.phase, false, out);

@@ -107,6 +107,10 @@ pub struct VmReport {
     /// What the VM's admission let into the cache (only a VM with one other than `all`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub admission: Option<cachevisor_engine::AdmissionState>,
+    /// What the VM's prefetch loaded and how much of it was read (only a VM that
+    /// prefetches).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefetch: Option<cachevisor_engine::PrefetchState>,
 }
 
 fn ratio(a: u64, b: u64) -> f64 {
@@ -143,6 +147,7 @@ impl VmReport {
             iterations: 0,
             first_iteration_s: None,
             admission: None,
+            prefetch: None,
         }
     }
 }
@@ -258,7 +263,11 @@ impl SimResult {
                 let p = engine.partition(i as u32);
                 used += p.used;
                 dirty += p.dirty_blocks;
-                VmReport { admission: engine.admission(i as u32), ..VmReport::of(n, s, p.used, p.dirty_blocks) }
+                VmReport {
+                    admission: engine.admission(i as u32),
+                    prefetch: engine.prefetch_state(i as u32),
+                    ..VmReport::of(n, s, p.used, p.dirty_blocks)
+                }
             })
             .collect();
         let md = engine.metadata_bytes() as u64;

@@ -127,6 +127,10 @@ pub struct CacheSection {
     /// Which write misses take a slot; unset: as `admission`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub write_admission: Option<AdmissionPolicy>,
+    /// Prefetch for sequential readers (`none`, `obl`, `amp`, `amp:N`; the engine's
+    /// `block_prefetch.rs`); unset: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefetch: Option<cachevisor_engine::PrefetchPolicy>,
 }
 
 /// What a simulated cache holds.
@@ -173,6 +177,7 @@ impl Default for CacheSection {
             objects: ObjectModel::Blocks,
             admission: None,
             write_admission: None,
+            prefetch: None,
         }
     }
 }
@@ -347,6 +352,9 @@ pub struct VmSection {
     /// Which of its write misses take a slot; unset: as its `admission`, else the cache's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub write_admission: Option<AdmissionPolicy>,
+    /// Its prefetch (as `[cache] prefetch`); unset: the cache's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefetch: Option<cachevisor_engine::PrefetchPolicy>,
     /// Cluster mode: the `[[node]]` it runs on (by name).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
@@ -364,6 +372,7 @@ impl VmSection {
             write_policy: None,
             admission: None,
             write_admission: None,
+            prefetch: None,
             node: None,
         }
     }

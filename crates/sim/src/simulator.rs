@@ -191,6 +191,9 @@ impl<'a> Run<'a> {
             if (read, write) != (AdmissionPolicy::All, AdmissionPolicy::All) {
                 self.node.engine.set_admission(vm as VmId, read, write);
             }
+            if let Some(p) = conf.and_then(|v| v.prefetch).or(self.sc.cache.prefetch) {
+                self.node.engine.set_prefetch_policy(vm as VmId, p);
+            }
         }
         self.apply_phases(now);
         self.allocate_first(now);

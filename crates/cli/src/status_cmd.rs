@@ -84,6 +84,9 @@ pub fn run(a: StatusArgs) -> anyhow::Result<()> {
         if let Some(line) = admission_line(v) {
             println!("{line}");
         }
+        if let Some(line) = prefetch_line(v) {
+            println!("{line}");
+        }
     }
     // The cache file, when it is not in (`cachevisor cache attach` brings it back).
     if let Ok(c) = api.get("/cache").call().map(|r| r.into_json::<serde_json::Value>()) {
@@ -155,6 +158,23 @@ fn admission_line(v: &serde_json::Value) -> Option<String> {
     Some(line)
 }
 
+/// A vDisk's prefetch in one line (`None` for one that does not prefetch).
+fn prefetch_line(v: &serde_json::Value) -> Option<String> {
+    let p = v.get("prefetch")?;
+    let n = |k: &str| p[k].as_u64().unwrap_or(0);
+    Some(format!(
+        "prefetch {}: {} (degree {}, trigger {}): {} blocks loaded, {} read, {} evicted unread; {} reads waited on a load",
+        v["name"].as_str().unwrap_or("?"),
+        p["policy"].as_str().unwrap_or("?"),
+        n("degree"),
+        n("trigger"),
+        n("loaded"),
+        n("used"),
+        n("wasted"),
+        n("late")
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -171,5 +191,12 @@ mod tests {
              exceed it)"
         );
         assert!(super::admission_line(&serde_json::json!({"name": "x"})).is_none());
+        let v = serde_json::json!({"name": "seq", "prefetch": {"policy": "amp", "loaded": 9, "used": 7, "wasted": 1,
+            "late": 2, "degree": 5, "trigger": 3}});
+        assert_eq!(
+            super::prefetch_line(&v).unwrap(),
+            "prefetch seq: amp (degree 5, trigger 3): 9 blocks loaded, 7 read, 1 evicted unread; 2 reads waited on a load"
+        );
+        assert!(super::prefetch_line(&serde_json::json!({"name": "x"})).is_none());
     }
 }

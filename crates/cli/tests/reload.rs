@@ -280,4 +280,14 @@ fn second_hit_admission_writes_first_misses_around_the_cache_and_a_reload_switch
         assert!(metrics.contains(want), "{want} in:\n{metrics}");
     }
     qemu_io_ok(&uri, &["read -P 0x43 2M 1M", "read -P 0x44 4M 1M", "read -P 0x45 5M 1M"]);
+
+    // A reload turns prefetch on: a read that continues the last loads the block after.
+    write_config(d, "write_policy = \"wb\"\nflush_rate = \"0\"\n", &[("vm1", "prefetch = \"obl\"\n")]);
+    let (code, out, err) = reload(d, &a);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("vdisk (vm1): prefetch obl"), "{out}");
+    qemu_io_ok(&uri, &["read -P 0 8M 4k", "read -P 0 8196k 4k", "read -P 0 8200k 4k"]);
+    let o = Command::new(bin()).args(["status", "--api", a.api.as_deref().unwrap()]).output().unwrap();
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(table.contains("prefetch vm1: obl (degree 1, trigger 0): 2 blocks loaded, 1 read, 0 evicted unread"), "{table}");
 }

@@ -361,7 +361,10 @@ impl Daemon {
     pub fn status(&self) -> Vec<VdiskStatus> {
         let exports = self.exports();
         let parts: Vec<_> = self.dp.with_engine(|e| {
-            exports.iter().map(|x| (e.partition(x.id), e.written_back_ahead_of(x.id), e.admission(x.id))).collect()
+            exports
+                .iter()
+                .map(|x| (e.partition(x.id), e.written_back_ahead_of(x.id), e.admission(x.id), e.prefetch_state(x.id)))
+                .collect()
         });
         let shares: Vec<_> = {
             let mut p = self.policy.lock().unwrap_or_else(|p| p.into_inner());
@@ -373,8 +376,9 @@ impl Daemon {
             .into_iter()
             .zip(parts)
             .zip(shares)
-            .map(|((e, (p, ahead, admission)), share)| VdiskStatus {
+            .map(|((e, (p, ahead, admission, prefetch)), share)| VdiskStatus {
                 admission,
+                prefetch,
                 weight: share.weight,
                 ratio: share.ratio,
                 stats: ExportStats { passthrough: self.dp.stats(e.id).passthrough || cache_out, ..self.dp.stats(e.id) },

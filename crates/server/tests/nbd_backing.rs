@@ -155,3 +155,47 @@ fn a_backing_with_a_connection_limit_is_used_with_what_it_allows() {
         assert_eq!(c.read(i * 4096, 4096).unwrap(), vec![i as u8 + 1; 4096]);
     }
 }
+
+/// Prefetch from a slow NBD backing (nbdkit's delay filter: 2 ms a read): a sequential
+/// reader, one 4 KiB read at a time, reads 2 MiB the store holds. With `prefetch = "amp"`
+/// its reads after the first few hit blocks the prefetch loaded (every byte as the store
+/// has it); without, every read goes to the store. The wall times are printed, not
+/// asserted (`docs/daemon.md` has the measurement).
+#[test]
+fn amp_prefetch_serves_a_sequential_reader_of_a_slow_store_from_the_cache() {
+    let (_kit, port) = nbdkit(&["--filter=delay"], &["rdelay=2ms"]);
+    let mut direct = cachevisor_nbd::client::Client::connect(
+        format!("127.0.0.1:{port}").parse::<std::net::SocketAddr>().unwrap(),
+        "",
+    )
+    .unwrap();
+    for i in 0..512u64 {
+        direct.write(i * 4096, &[(i % 251) as u8; 4096], false).unwrap().unwrap();
+    }
+    let mut secs = Vec::new();
+    for prefetch in ["none", "amp"] {
+        let dir = tempfile::tempdir().unwrap();
+        let c = ServeConfig::new("16MiB").cache("path", "c.img").vdisk(
+            "seq",
+            &format!("nbd://127.0.0.1:{port}/"),
+            &[("write_policy", s("wt")), ("prefetch", s(prefetch))],
+        );
+        let r = serve(&parse(dir.path(), &c));
+        let (mut client, _) = Client::connect(r.tcp.unwrap(), "seq");
+        let t = std::time::Instant::now();
+        for i in 0..512u64 {
+            assert_eq!(client.read(i * 4096, 4096).unwrap(), vec![(i % 251) as u8; 4096], "{prefetch}: block {i}");
+        }
+        secs.push(t.elapsed().as_secs_f64());
+        let st = r.daemon.status().into_iter().next().unwrap();
+        let (hits, p) = (st.stats.hit_blocks, st.prefetch);
+        eprintln!("{prefetch}: {:.2} s for 512 reads, {hits} hits, {p:?}", secs.last().unwrap());
+        if prefetch == "none" {
+            assert!(p.is_none() && hits == 0, "{hits} hits without prefetch");
+        } else {
+            let p = p.expect("a prefetching vDisk reports its prefetch");
+            assert!(hits >= 480 && p.counts.used >= 480 && p.counts.loaded >= p.counts.used, "{hits} hits, {p:?}");
+        }
+    }
+    eprintln!("sequential 4 KiB reads from a 2 ms store: {:.1}x faster with amp", secs[0] / secs[1]);
+}

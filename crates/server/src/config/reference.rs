@@ -96,6 +96,7 @@ min = "16MiB"                 # default 0: the smallest cache share (all vDisks'
 sequential_cutoff = "4MiB"    # default off: longer contiguous runs bypass the cache
 write_policy = "wb"           # default: [cache] write_policy
 admission = "second-hit"      # default "all": which read misses take a slot — "all", "second-hit" (the 2nd miss of a block among the vDisk's last misses, as many as the cache has slots), "second-hit:N", "probability:P" (0 < P <= 1), "write-budget:RATE" (a probability held by a controller so that the vDisk's SSD writes average RATE: "50MiB/s", or "3dwpd" drive writes per day of the cache); a rejected miss is read around the cache
+prefetch = "amp"              # default "none": loads ahead of a sequential reader — "obl" (the next block), "amp" / "amp:N" (AMP: degree up to N = 64 blocks and trigger distance adapted per stream); for slow backing stores
 write_admission = "all"       # default: as admission; which write misses take a slot (a rejected one is written around the cache)
 allow = ["CN=host-a,O=tenant1", "DNS:host-b.example"] # default []: over TLS, only clients whose verified certificate has one of these subjects (every ATTR=value given) or alt names (DNS:, IP:, URI:, email:; "*" any) open this export
 vhost_user = "group:kvm"      # who may open it over vhost-user-blk: "owner" (0600), "group:NAME" (0660), "none"; default: listen.unix_mode/unix_group, but none for an export with `allow` or under listen.tls = "require" (a socket has no certificate)

@@ -42,6 +42,10 @@ pub struct VdiskConfig {
     /// unset: as `admission`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub write_admission: Option<AdmissionPolicy>,
+    /// Prefetch for sequential readers: `none` (unset), `obl`, `amp`, `amp:N` (the
+    /// engine's `block_prefetch.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefetch: Option<cachevisor_engine::PrefetchPolicy>,
     /// Client certificates that may open this export over TLS (`tls_authz.rs`: "CN=host-a",
     /// "CN=h,O=tenant1", "DNS:h.example", "IP:10.0.0.2", "URI:…", "email:…", "*"); empty:
     /// any client the listener lets in.

@@ -143,6 +143,34 @@ impl Collector for StateCollector {
                 ])?)?;
             }
         }
+        // Prefetch (`block_prefetch.rs`), for the vDisks that prefetch.
+        let c0 = ConstCounter::new(0u64);
+        let mut m = enc.encode_descriptor(
+            "cachevisor_prefetch_blocks",
+            "Blocks the vDisk's prefetch loaded, and of them those read and those evicted unread",
+            None,
+            c0.metric_type(),
+        )?;
+        for s in status {
+            let Some(p) = &s.prefetch else { continue };
+            let c = p.counts;
+            for (outcome, v) in [("loaded", c.loaded), ("used", c.used), ("wasted", c.wasted)] {
+                ConstCounter::new(v).encode(m.encode_family(&vec![
+                    ("vdisk".to_string(), s.name.clone()),
+                    ("outcome".to_string(), outcome.to_string()),
+                ])?)?;
+            }
+        }
+        let mut m = enc.encode_descriptor(
+            "cachevisor_prefetch_late_reads",
+            "Reads that waited on a prefetch still loading their block",
+            None,
+            c0.metric_type(),
+        )?;
+        for s in status {
+            let Some(p) = &s.prefetch else { continue };
+            ConstCounter::new(p.counts.late).encode(m.encode_family(&vec![("vdisk".to_string(), s.name.clone())])?)?;
+        }
         // A write budget's controller (`write_budget.rs`), for the vDisks that have one.
         type Budget = fn(&cachevisor_engine::BudgetState) -> f64;
         let budget: [(&str, &str, Budget); 3] = [

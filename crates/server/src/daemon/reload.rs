@@ -3,7 +3,7 @@
 //! ([`ConfigSource`]) and checked whole; then it is compared, key by key, with the file as
 //! last read, and only what the file changed is applied:
 //! - live: `cache.size` within `cache.max_size` (the cache resized first:
-//!   `cache_resize.rs`), vDisks added and removed, a vDisk's `write_policy`, `weight`, `ratio`, `admission` and `write_admission`,
+//!   `cache_resize.rs`), vDisks added and removed, a vDisk's `write_policy`, `weight`, `ratio`, `admission`, `write_admission` and `prefetch`,
 //!   `cache.write_policy` (the vDisks without their own), `cache.allocator`, `cache.params`,
 //!   `cache.interval`, the flusher (`cache.flush_rate`, `cache.writeback_percent`,
 //!   `cache.writeback_ahead`), `cache.error_threshold`, every `[prewarm]` key but
@@ -112,7 +112,7 @@ const LIVE: [&str; 20] = [
 const AT_START: [&str; 1] = ["prewarm.from"];
 
 /// A vDisk's keys a reload applies.
-const LIVE_VDISK: [&str; 5] = ["write_policy", "weight", "ratio", "admission", "write_admission"];
+const LIVE_VDISK: [&str; 6] = ["write_policy", "weight", "ratio", "admission", "write_admission", "prefetch"];
 
 fn under(key: &str, list: &[&str]) -> bool {
     list.iter().any(|k| key == *k || key.strip_prefix(k).is_some_and(|rest| rest.starts_with('.')))
@@ -160,6 +160,8 @@ struct Plan {
     share: Vec<(String, f64, f64)>,
     /// vDisks whose admission changed, with the new read and write policies.
     admission: Vec<(String, AdmissionPolicy, AdmissionPolicy)>,
+    /// vDisks whose prefetch changed, with the new policy.
+    prefetch: Vec<(String, cachevisor_engine::PrefetchPolicy)>,
     /// Settings keys (cache and prewarm) with their old and new values.
     settings: Vec<(String, String, String)>,
 }
@@ -205,6 +207,9 @@ impl Plan {
                     if o.admissions() != v.admissions() {
                         let (r, w) = v.admissions();
                         plan.admission.push((v.name.clone(), r, w));
+                    }
+                    if o.prefetch != v.prefetch {
+                        plan.prefetch.push((v.name.clone(), v.prefetch.unwrap_or_default()));
                     }
                 }
             }
@@ -288,6 +293,10 @@ impl Daemon {
             for (name, read, write) in &plan.admission {
                 let what = format!("vdisk ({name}): admission {read}, write_admission {write}");
                 step(what, self.file_admission(name, *read, *write))?;
+            }
+            for (name, p) in &plan.prefetch {
+                let what = format!("vdisk ({name}): prefetch {p}");
+                step(what, self.file_prefetch(name, *p))?;
             }
             for (name, weight, ratio) in &plan.share {
                 let what = format!("vdisk ({name}): weight {weight}, ratio {ratio}");
@@ -409,6 +418,13 @@ impl Daemon {
     fn file_admission(&self, name: &str, read: AdmissionPolicy, write: AdmissionPolicy) -> Result<(), String> {
         let Ok(vm) = self.served(name) else { return Ok(()) };
         self.dp.with_engine_mut(|e| e.set_admission(vm, read, write));
+        Ok(())
+    }
+
+    /// A served vDisk's prefetch, from now (its stream starts afresh).
+    fn file_prefetch(&self, name: &str, p: cachevisor_engine::PrefetchPolicy) -> Result<(), String> {
+        let Ok(vm) = self.served(name) else { return Ok(()) };
+        self.dp.with_engine_mut(|e| e.set_prefetch_policy(vm, p));
         Ok(())
     }
 

@@ -33,6 +33,10 @@ pub struct VdiskStatus {
     /// admitted and rejected by direction, and the bytes its history of misses takes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub admission: Option<cachevisor_engine::AdmissionState>,
+    /// Its prefetch, when it has one: its policy, blocks loaded, read and wasted, reads
+    /// that waited on a load, the stream's degree and trigger distance.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefetch: Option<cachevisor_engine::PrefetchState>,
 }
 
 /// The daemon's state at one moment, for one metrics scrape.

@@ -289,5 +289,8 @@ fn second_hit_admission_writes_first_misses_around_the_cache_and_a_reload_switch
     qemu_io_ok(&uri, &["read -P 0 8M 4k", "read -P 0 8196k 4k", "read -P 0 8200k 4k"]);
     let o = Command::new(bin()).args(["status", "--api", a.api.as_deref().unwrap()]).output().unwrap();
     let table = String::from_utf8_lossy(&o.stdout);
-    assert!(table.contains("prefetch vm1: obl (degree 1, trigger 0): 2 blocks loaded, 1 read, 0 evicted unread"), "{table}");
+    assert!(
+        table.contains("prefetch vm1: obl (degree 1, trigger 0): 2 blocks loaded, 1 read, 0 evicted unread"),
+        "{table}"
+    );
 }

@@ -112,7 +112,7 @@ pub(crate) struct Stream {
     /// The block after the vDisk's last read.
     last_end: u64,
     /// The block after the last one prefetched (0: none yet).
-    frontier: u64,
+    pub(crate) frontier: u64,
     degree: u32,
     trigger: u32,
     /// Blocks loading now.
@@ -288,7 +288,14 @@ impl crate::Engine {
                 self.prefetcher.unread(s) && self.flight.holds_block(crate::slot_table::pack_key(req.vm, b))
             })
         });
-        self.prefetcher.stream(req.vm)?.after_read(first, last, late)
+        let due = self.prefetcher.stream(req.vm)?.after_read(first, last, late);
+        if due.is_some() && self.congestion.on() && self.congestion.reads_congested(self.ahead.now_ns()) {
+            // Dropped under congestion (the cache device is the bottleneck); the next
+            // read that continues the stream asks again.
+            self.prefetcher.stream(req.vm)?.frontier = 0;
+            return None;
+        }
+        due
     }
 
     /// Starts a background job loading blocks `first..first + n` of `vm` as a prefetch.

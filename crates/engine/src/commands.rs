@@ -161,6 +161,22 @@ impl Engine {
         Some(self.admission.get(vm as usize)?.as_ref()?.state())
     }
 
+    /// Sends misses around the cache while the cache device's reads (writes) take longer
+    /// than `read_ns` (`write_ns`) on average (`congestion.rs`; `None`: never).
+    pub fn set_congestion(&mut self, read_ns: Option<u64>, write_ns: Option<u64>) {
+        self.congestion.set(read_ns, write_ns);
+    }
+
+    /// Congestion bypass's state (`None` when it is off).
+    pub fn congestion(&self) -> Option<crate::congestion::CongestionState> {
+        self.congestion.on().then(|| self.congestion.state(self.ahead.now_ns()))
+    }
+
+    /// `vm`'s read and write misses sent around the cache for congestion.
+    pub fn congestion_bypassed(&self, vm: VmId) -> [u64; 2] {
+        self.congestion.bypassed(vm)
+    }
+
     /// Sets `vm`'s prefetch policy (`block_prefetch.rs`); its stream and counts start
     /// afresh. Blocks already prefetched stay.
     pub fn set_prefetch_policy(&mut self, vm: VmId, policy: crate::block_prefetch::PrefetchPolicy) {
@@ -182,6 +198,9 @@ impl Engine {
     pub(crate) fn admits_miss(&mut self, vm: VmId, key: u64, write: bool) -> bool {
         if !self.req.mode.insert {
             return true;
+        }
+        if self.congestion.on() && self.congestion.bypass(vm, write, self.ahead.now_ns()) {
+            return false;
         }
         match self.admission.get_mut(vm as usize) {
             Some(Some(a)) => a.admit(key, write, self.now_ms),

@@ -117,6 +117,8 @@ pub struct Engine {
     pub(crate) prewarmed: crate::prewarm_load::Protection,
     /// Per VM: prefetch streams, and prefetched blocks not read yet (`block_prefetch.rs`).
     pub(crate) prefetcher: crate::block_prefetch::Prefetcher,
+    /// The cache device's latency and congestion bypass (`congestion.rs`).
+    pub(crate) congestion: crate::congestion::Congestion,
     /// The controller's interval: its clock and window counters (`interval.rs`).
     pub(crate) interval: crate::interval::IntervalClock,
     /// Local-store slots withheld from the cache (`withheld.rs`).
@@ -201,6 +203,7 @@ impl Engine {
             moving: Default::default(),
             prewarmed: Default::default(),
             prefetcher: Default::default(),
+            congestion: Default::default(),
             withheld: Default::default(),
             interval: Default::default(),
             queue: Default::default(),

@@ -498,6 +498,7 @@ impl Engine {
         let op = job.out.ops[i];
         job.issued -= 1;
         self.ahead.completed(&op);
+        self.congestion.completed(op.id, op.kind, now_ns);
         self.seals.at(now_ns);
         let mut device_error = false;
         match result {

@@ -88,8 +88,12 @@ impl Engine {
     /// Hands out the next phase, replies, repairs and retires as the job's state allows;
     /// whether it retired.
     pub(crate) fn advance(&mut self, key: usize) -> bool {
-        let ahead = &mut self.ahead;
-        if !self.flight.advance(key, |op| ahead.issued(op)) {
+        let (ahead, congestion) = (&mut self.ahead, &mut self.congestion);
+        let now = ahead.now_ns();
+        if !self.flight.advance(key, |op| {
+            ahead.issued(op);
+            congestion.issued(op.id, op.kind, now);
+        }) {
             return false;
         }
         let mut job = self.flight.remove(key);

@@ -136,6 +136,12 @@ impl Ahead {
         self.jobs.push((id, vm, ahead));
     }
 
+    /// The driver's time as of the last call that passed one.
+    #[inline]
+    pub(crate) fn now_ns(&self) -> u64 {
+        self.now_ns
+    }
+
     /// The driver's time `now_ns` passed in (submit, completion, timeout): busy periods
     /// are measured against it (it never goes back).
     #[inline]

@@ -84,6 +84,12 @@ enum Step {
         read: AdmissionPolicy,
         write: AdmissionPolicy,
     },
+    /// Congestion bypass (`set_congestion`): misses go around the cache while its ops take
+    /// longer than the thresholds (steps are 50 ms of driver time apart).
+    Congestion {
+        read: Option<u64>,
+        write: Option<u64>,
+    },
     /// Prefetch for sequential reads (`set_prefetch_policy`): loads ahead of a read that
     /// continues the last, as background jobs that may evict.
     Prefetch {
@@ -162,6 +168,8 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0..VMS, prop::sample::select(ADMISSIONS.to_vec()), prop::sample::select(ADMISSIONS.to_vec()))
             .prop_map(|(vm, read, write)| Step::Admission { vm, read, write }),
         2 => (0..VMS, 0..SECTORS / 8, 1u32..5).prop_map(|(vm, block, len)| Step::Prewarm { vm, block, len }),
+        1 => (prop::sample::select(vec![None, Some(20_000_000u64), Some(200_000_000)]), prop::sample::select(vec![None, Some(20_000_000u64), Some(200_000_000)]))
+            .prop_map(|(read, write)| Step::Congestion { read, write }),
         1 => (0..VMS, prop::sample::select(vec![PrefetchPolicy::None, PrefetchPolicy::Obl, PrefetchPolicy::Amp { max: 4 }]))
             .prop_map(|(vm, policy)| Step::Prefetch { vm, policy }),
         1 => (0u32..4, any::<bool>()).prop_map(|(run, moving)| Step::Lend { run, moving }),
@@ -643,6 +651,9 @@ fn run_checking(
             }
             Step::Admission { vm, read, write } => {
                 d.e.submit_job(|e, _| e.set_admission(vm, read, write));
+            }
+            Step::Congestion { read, write } => {
+                d.e.submit_job(|e, _| e.set_congestion(read, write));
             }
             Step::Prefetch { vm, policy } => {
                 d.e.submit_job(|e, _| e.set_prefetch_policy(vm, policy));

@@ -91,6 +91,9 @@ pub fn run(a: StatusArgs) -> anyhow::Result<()> {
     // The cache file, when it is not in (`cachevisor cache attach` brings it back).
     if let Ok(c) = api.get("/cache").call().map(|r| r.into_json::<serde_json::Value>()) {
         let c = c.unwrap_or_default();
+        if let Some(line) = congestion_line(&c["congestion"]) {
+            println!("{line}");
+        }
         if let Some(state) = c["state"].as_str().filter(|s| *s != "attached") {
             println!(
                 "cache {}: {state}: every vDisk passes through to its backing store until `cachevisor cache attach`",
@@ -158,6 +161,25 @@ fn admission_line(v: &serde_json::Value) -> Option<String> {
     Some(line)
 }
 
+/// Congestion bypass in one line: each direction's threshold and smoothed latency, and
+/// which go around the cache now (`None` when it is off).
+fn congestion_line(c: &serde_json::Value) -> Option<String> {
+    if !c.is_object() {
+        return None;
+    }
+    let ms = |k: &str| c[k].as_f64().map_or("off".to_string(), |ns| format!("{:.2} ms", ns / 1e6));
+    let now = |k: &str| if c[k].as_bool().unwrap_or(false) { " (congested: misses go around the cache)" } else { "" };
+    Some(format!(
+        "cache device latency: reads {} (threshold {}){}, writes {} (threshold {}){}",
+        ms("read_latency_ns"),
+        ms("read_threshold_ns"),
+        now("read_congested"),
+        ms("write_latency_ns"),
+        ms("write_threshold_ns"),
+        now("write_congested")
+    ))
+}
+
 /// A vDisk's prefetch in one line (`None` for one that does not prefetch).
 fn prefetch_line(v: &serde_json::Value) -> Option<String> {
     let p = v.get("prefetch")?;
@@ -198,5 +220,13 @@ mod tests {
             "prefetch seq: amp (degree 5, trigger 3): 9 blocks loaded, 7 read, 1 evicted unread; 2 reads waited on a load"
         );
         assert!(super::prefetch_line(&serde_json::json!({"name": "x"})).is_none());
+        let c = serde_json::json!({"read_threshold_ns": 2000000, "write_threshold_ns": null, "read_latency_ns": 3500000.0,
+            "write_latency_ns": 120000.0, "read_congested": true, "write_congested": false});
+        assert_eq!(
+            super::congestion_line(&c).unwrap(),
+            "cache device latency: reads 3.50 ms (threshold 2.00 ms) (congested: misses go around the cache), writes 0.12 ms \
+             (threshold off)"
+        );
+        assert!(super::congestion_line(&serde_json::Value::Null).is_none());
     }
 }

@@ -70,7 +70,7 @@ pub(crate) struct Congestion {
 }
 
 /// What congestion bypass is doing (`Engine::congestion`).
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CongestionState {
     /// The read threshold, ns (`None`: off).
     pub read_threshold_ns: Option<u64>,

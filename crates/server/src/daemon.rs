@@ -326,6 +326,7 @@ impl Daemon {
                 u64::from(self.dp.max_cache_slots()) * self.block_size,
             ],
             ring: self.dp.ring_counts(),
+            congestion: self.dp.with_engine(|e| e.congestion()),
             vdisks: self.status(),
             destaged_blocks: self.destaged_blocks(),
             flush_rate_bytes: self.dp.flush_rate_bytes(),
@@ -363,7 +364,11 @@ impl Daemon {
         let parts: Vec<_> = self.dp.with_engine(|e| {
             exports
                 .iter()
-                .map(|x| (e.partition(x.id), e.written_back_ahead_of(x.id), e.admission(x.id), e.prefetch_state(x.id)))
+                .map(|x| {
+                    let ahead = e.written_back_ahead_of(x.id);
+                    let around = e.congestion_bypassed(x.id);
+                    (e.partition(x.id), ahead, e.admission(x.id), e.prefetch_state(x.id), around)
+                })
                 .collect()
         });
         let shares: Vec<_> = {
@@ -376,9 +381,10 @@ impl Daemon {
             .into_iter()
             .zip(parts)
             .zip(shares)
-            .map(|((e, (p, ahead, admission, prefetch)), share)| VdiskStatus {
+            .map(|((e, (p, ahead, admission, prefetch, congestion_bypassed)), share)| VdiskStatus {
                 admission,
                 prefetch,
+                congestion_bypassed,
                 weight: share.weight,
                 ratio: share.ratio,
                 stats: ExportStats { passthrough: self.dp.stats(e.id).passthrough || cache_out, ..self.dp.stats(e.id) },

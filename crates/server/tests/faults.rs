@@ -121,3 +121,53 @@ fn too_many_errors_switch_the_vdisk_to_pass_through() {
         }
     }
 }
+
+/// A cache device slower than its backing store (every cache write waits 20 ms) under
+/// `congested_write_threshold = "5ms"`: after a few slow writes the engine finds the
+/// device congested and sends the next write misses around it; every write reads back,
+/// in write-back and write-through; `/cache` and the metrics say so. Cleared by a faster
+/// device again (its smoothed latency decays while nothing is written to it).
+#[test]
+fn write_misses_go_around_a_congested_cache_device_and_every_write_reads_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path(), "4MiB", &[("wb", "4MiB", "wb"), ("wt", "4MiB", "wt")]);
+    c.cache.congested_write_threshold = Some("5ms".into());
+    let (r, faults) = serve_faulty(&c);
+    faults.delay_cache_writes(20_000);
+    for disk in ["wb", "wt"] {
+        let (mut cl, _) = Client::connect(r.tcp.unwrap(), disk);
+        for i in 0..64u64 {
+            cl.write(i * 4096, &block(30, i), false).unwrap();
+        }
+        cl.flush().unwrap();
+        for i in 0..64u64 {
+            assert_eq!(cl.read(i * 4096, 4096).unwrap(), block(30, i), "{disk}: block {i}");
+        }
+    }
+    let report = r.daemon.cache_report();
+    let cg = report.congestion.expect("a threshold is set: /cache reports congestion");
+    assert!(cg.write_episodes >= 1 && cg.write_threshold_ns == Some(5_000_000), "{cg:?}");
+    let status = r.daemon.status();
+    for s in &status {
+        assert!(
+            s.congestion_bypassed[1] >= 32,
+            "{}: {:?} write misses around the cache",
+            s.name,
+            s.congestion_bypassed
+        );
+    }
+    let m = r.daemon.render_metrics();
+    assert!(m.contains("cachevisor_congestion_bypassed_misses_total{vdisk=\"wb\",op=\"write\"}"), "{m}");
+    assert!(m.contains("cachevisor_cache_congested{op=\"write\"}"), "{m}");
+    // A fast device again: after a while unused it is tried again.
+    faults.delay_cache_writes(0);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let (mut cl, _) = Client::connect(r.tcp.unwrap(), "wb");
+    cl.write(100 * 4096, &block(40, 0), false).unwrap();
+    let before = r.daemon.status()[0].congestion_bypassed[1];
+    for i in 101..110u64 {
+        cl.write(i * 4096, &block(40, i), false).unwrap();
+    }
+    assert_eq!(r.daemon.status()[0].congestion_bypassed[1], before, "not congested any more");
+    assert!(!r.daemon.cache_report().congestion.unwrap().write_congested);
+}

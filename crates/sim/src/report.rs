@@ -111,6 +111,13 @@ pub struct VmReport {
     /// prefetches).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prefetch: Option<cachevisor_engine::PrefetchState>,
+    /// Read and write misses sent around the cache because its device was congested.
+    #[serde(skip_serializing_if = "is_zero_pair")]
+    pub congestion_bypassed: [u64; 2],
+}
+
+fn is_zero_pair(p: &[u64; 2]) -> bool {
+    *p == [0, 0]
 }
 
 fn ratio(a: u64, b: u64) -> f64 {
@@ -148,6 +155,7 @@ impl VmReport {
             first_iteration_s: None,
             admission: None,
             prefetch: None,
+            congestion_bypassed: [0, 0],
         }
     }
 }
@@ -166,6 +174,9 @@ pub struct EngineReport {
     /// Dirty blocks written back ahead of eviction, in backing stores' idle time
     /// (`cache.writeback_ahead`).
     pub written_back_ahead: u64,
+    /// Congestion bypass at the end of the run (only when a threshold is set).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub congestion: Option<cachevisor_engine::CongestionState>,
 }
 
 /// Device utilization.
@@ -266,6 +277,7 @@ impl SimResult {
                 VmReport {
                     admission: engine.admission(i as u32),
                     prefetch: engine.prefetch_state(i as u32),
+                    congestion_bypassed: engine.congestion_bypassed(i as u32),
                     ..VmReport::of(n, s, p.used, p.dirty_blocks)
                 }
             })
@@ -292,6 +304,7 @@ impl SimResult {
                 metadata_bytes: md,
                 bytes_per_slot: md as f64 / res.slots as f64,
                 written_back_ahead: engine.written_back_ahead(),
+                congestion: engine.congestion(),
             },
             model: Default::default(),
             model_reason: String::new(),

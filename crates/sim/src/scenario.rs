@@ -131,6 +131,14 @@ pub struct CacheSection {
     /// `block_prefetch.rs`); unset: none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prefetch: Option<cachevisor_engine::PrefetchPolicy>,
+    /// Read misses go around the cache while its device's reads take longer than this on
+    /// average (`"2ms"`; bcache's `congested_read_threshold_us`; the engine's
+    /// `congestion.rs`); unset: never.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub congested_read_threshold: Option<String>,
+    /// The same for write misses and the device's writes (`"20ms"`); unset: never.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub congested_write_threshold: Option<String>,
 }
 
 /// What a simulated cache holds.
@@ -178,6 +186,8 @@ impl Default for CacheSection {
             admission: None,
             write_admission: None,
             prefetch: None,
+            congested_read_threshold: None,
+            congested_write_threshold: None,
         }
     }
 }
@@ -569,6 +579,14 @@ impl Scenario {
             }
             let (read, write) = crate::simulator::admissions(&self.cache, Some(v));
             AdmissionPolicy::check_pair(read, write).map_err(|e| format!("vm[{i}] ({}): {e}", v.name))?;
+        }
+        for (key, v) in [
+            ("congested_read_threshold", &self.cache.congested_read_threshold),
+            ("congested_write_threshold", &self.cache.congested_write_threshold),
+        ] {
+            if let Some(v) = v {
+                parse_duration_ns(v).map_err(|e| format!("cache.{key}: {e}"))?;
+            }
         }
         let (read, write) = crate::simulator::admissions(&self.cache, None);
         AdmissionPolicy::check_pair(read, write).map_err(|e| format!("cache: {e}"))?;

@@ -18,7 +18,7 @@ use cachevisor_policy::controller::{self, Controller, Estimates, VmSettings, Win
 use cachevisor_policy::passthrough_drain::PassThroughDrain;
 use cachevisor_policy::registry;
 use cachevisor_prewarm::{plan, Loader, Ranking, Snapshot};
-use cachevisor_trace::units::parse_size;
+use cachevisor_trace::units::{parse_duration_ns, parse_size};
 use cachevisor_trace::{Request, VmId};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -101,6 +101,10 @@ impl<'a> Run<'a> {
         let dynamic = managed && (c.lookahead || c.reallocate.unwrap_or(allocator.every_interval()));
         // S-CAVE's global cleaner runs in the engine, as requests are admitted (§V-B).
         node.engine.set_cleaner(controller::cleaner_watermarks(allocator.as_ref(), res.slots, managed));
+        // Congestion bypass (checked by `Scenario::resolve`).
+        let threshold =
+            |s: &Option<String>| s.as_deref().map(parse_duration_ns).transpose().map_err(SimError::Scenario);
+        node.engine.set_congestion(threshold(&c.congested_read_threshold)?, threshold(&c.congested_write_threshold)?);
         let phases = sc.phase_times().map_err(SimError::Scenario)?;
         Ok(Run {
             sc,

@@ -437,3 +437,60 @@ fn prefetch_serves_a_sequential_reader_of_a_slow_store_from_the_cache() {
     let own = run(Some(PrefetchPolicy::Obl), &mut s);
     assert!(own.vms[0].prefetch.is_none() && own.total.hit_ratio == 0.0);
 }
+
+/// Congestion bypass on a saturated cache device (a slow SSD taking every miss's fill,
+/// open loop at 3,000 reads/s, a fast array behind it): with 2 ms thresholds, misses go
+/// around while it is congested, and the p99 falls by more than 10×; on a fast SSD the same
+/// thresholds never trigger and change nothing.
+#[test]
+fn congestion_bypass_lowers_the_p99_of_a_saturated_cache_and_costs_nothing_otherwise() {
+    use cachevisor_sim::device::DeviceSpec;
+    use cachevisor_sim::scenario::{DeviceChoice, SyntheticSection};
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = dir.path().join("hot.yaml");
+    std::fs::write(
+        &yaml,
+        "name: hot\niops: {randvar: normal, mean: 3000, stddev: 0}\nsector: {size: 512b}\n\
+         cluster: {size: {min: 1, max: 1}, stride: {min: 1, max: 1}}\nhotspots:\n  - [10%, 60%]\n\
+         iosizes:\n  - [100%, 4096b]\ndisk_size: 2GiB\nduration: 6s\nread_ratio: 1.0\nseed: 5\n",
+    )
+    .unwrap();
+    let mut s = Scenario { synthetic: vec![SyntheticSection { config: yaml, then: Vec::new() }], ..Default::default() };
+    s.cache.size = "256MiB".into();
+    s.replay.model = ModelChoice::Full;
+    s.replay.mode = ReplayMode::Open;
+    s.devices.backing =
+        DeviceChoice::Spec(DeviceSpec::Link { name: "array".into(), channels: 64, latency_ns: 300_000, mbps: 2000.0 });
+    let slow = DeviceSpec::Ssd {
+        name: "slow".into(),
+        channels: 2,
+        read_ns: 100_000,
+        write_ns: 600_000,
+        read_mbps: 300.0,
+        write_mbps: 60.0,
+    };
+    for (ssd, saturated) in [(DeviceChoice::Spec(slow), true), (DeviceChoice::Preset("nvme".into()), false)] {
+        s.devices.ssd = ssd;
+        s.cache.congested_read_threshold = None;
+        s.cache.congested_write_threshold = None;
+        let plain = simulate(&s, &mut |_| {}).unwrap();
+        assert!(plain.engine.congestion.is_none());
+        s.cache.congested_read_threshold = Some("2ms".into());
+        s.cache.congested_write_threshold = Some("2ms".into());
+        let bypass = simulate(&s, &mut |_| {}).unwrap();
+        let c = bypass.engine.congestion.clone().expect("thresholds set: its state is reported");
+        let (p, b) = (plain.total.latency.p99_us, bypass.total.latency.p99_us);
+        let around = bypass.vms[0].congestion_bypassed;
+        if saturated {
+            assert!(b * 10.0 < p, "p99 {b:.0} µs with bypass vs {p:.0} µs without");
+            assert!(around[0] > 0 && c.read_episodes + c.write_episodes > 0, "{around:?} {c:?}");
+        } else {
+            assert_eq!(around, [0, 0], "{c:?}");
+            assert_eq!((b, bypass.total.hit_ratio), (p, plain.total.hit_ratio), "a fast SSD: nothing changes");
+        }
+    }
+    let mut bad = scenario();
+    bad.cache.congested_read_threshold = Some("2 parsecs".into());
+    let e = simulate(&bad, &mut |_| {}).unwrap_err().to_string();
+    assert!(e.contains("cache.congested_read_threshold"), "{e}");
+}

@@ -22,6 +22,8 @@ pub struct Faults {
     read_delay_us: AtomicU64,
     /// Microseconds the next extent query waits (0: none).
     extents_pause_us: AtomicU64,
+    /// Microseconds each cache-store write waits before it starts (0: none).
+    cache_write_delay_us: AtomicU64,
 }
 
 impl Faults {
@@ -37,6 +39,12 @@ impl Faults {
         self.read_delay_us.store(us, Relaxed);
     }
 
+    /// Every write of a wrapped cache store waits `us` microseconds before it starts: a
+    /// cache device slower than its backing store (congestion bypass's case; 0: none).
+    pub fn delay_cache_writes(&self, us: u64) {
+        self.cache_write_delay_us.store(us, Relaxed);
+    }
+
     /// The next extent query of a wrapped backing store (what BLOCK_STATUS asks after it
     /// looked at the cache) waits `us` microseconds before it starts.
     pub fn pause_next_extents(&self, us: u64) {
@@ -50,6 +58,7 @@ impl Faults {
 
     /// Called by a wrapped cache store before a write: the injected failure, if this is it.
     pub fn before_cache_write(&self) -> io::Result<()> {
+        sleep_us(self.cache_write_delay_us.load(Relaxed));
         let n = self.fail_write_in.load(Relaxed);
         if n > 0 && self.fail_write_in.fetch_sub(1, Relaxed) == 1 {
             return Err(io::Error::other("injected cache-store write failure"));

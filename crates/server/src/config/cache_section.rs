@@ -74,6 +74,33 @@ pub struct CacheConfig {
     /// into a sealed region waits for one metadata commit (`engine/src/seals.rs`).
     #[serde(default = "default_seal_after")]
     pub seal_after: String,
+    /// Read misses go around the cache while its device's reads take longer than this on
+    /// average (`"2ms"`; bcache's `congested_read_threshold_us`; the engine's
+    /// `congestion.rs`); unset: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub congested_read_threshold: Option<String>,
+    /// The same for write misses and the device's writes (`"20ms"`); unset: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub congested_write_threshold: Option<String>,
+}
+
+impl CacheConfig {
+    /// The congestion thresholds in ns (read, write); an error names the key.
+    pub fn congestion_thresholds(&self) -> Result<(Option<u64>, Option<u64>), String> {
+        let parse = |key: &str, v: &Option<String>| {
+            v.as_deref()
+                .map(|s| match cachevisor_trace::units::parse_duration_ns(s) {
+                    Ok(ns) if (10_000..=60_000_000_000).contains(&ns) => Ok(ns),
+                    Ok(_) => Err(format!("cache.{key}: `{s}` is outside 10us to 60s")),
+                    Err(e) => Err(format!("cache.{key}: {e}")),
+                })
+                .transpose()
+        };
+        Ok((
+            parse("congested_read_threshold", &self.congested_read_threshold)?,
+            parse("congested_write_threshold", &self.congested_write_threshold)?,
+        ))
+    }
 }
 
 fn default_io_uring() -> bool {

@@ -43,6 +43,8 @@ error_threshold = 8           # default 8, 1 to 1000000; device errors after whi
 interval = "1s"               # default 1s, at least 1ms: the allocator's interval on live traffic (and pass-through draining)
 flush_rate = "16MiB"          # default 16MiB per second at most of background write-back, in each backing store's idle time (under load: the dirty data over writeback_percent / 40 s, bcache's controller; this rate once idle 1 s); "0" = off
 writeback_percent = 10        # default 10, 0 to 100: share of the cache the flusher leaves dirty (hot blocks stay dirty)
+congested_read_threshold = "2ms"   # default off: read misses go around the cache while its device's reads take longer than this on average (bcache's congested_read_threshold_us; 3/4 of it clears it)
+congested_write_threshold = "20ms" # default off: the same for write misses and the device's writes
 writeback_ahead = 32          # default 32, 0 to 4096: dirty blocks among each vDisk's next this many victims are written back while its backing store is idle; 0 = off
 direct = "auto"               # default auto | on | off: O_DIRECT on the cache store
 io_uring = true               # default true: an O_DIRECT cache store's I/O through io_uring where the kernel allows; false: device threads

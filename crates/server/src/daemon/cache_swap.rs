@@ -60,6 +60,10 @@ pub struct CacheReport {
     /// Why the last detach or attach failed (the cache then stayed as it was).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Congestion bypass (`[cache] congested_*_threshold`), when set: the device's
+    /// smoothed latencies and whether misses go around it now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub congestion: Option<cachevisor_engine::CongestionState>,
 }
 
 /// The last swap's outcome, for [`CacheReport`].
@@ -105,6 +109,7 @@ impl Daemon {
             detached: last.detached,
             prewarm: last.prewarm.clone(),
             error: last.error.clone(),
+            congestion: self.dp.with_engine(|e| e.congestion()),
         }
     }
 

@@ -332,6 +332,45 @@ impl Collector for StateCollector {
                 b.metric_type(),
             )?)?;
         }
+        if let Some(c) = &self.0.congestion {
+            // Congestion bypass (`congestion.rs`): the cache device's smoothed latency, and
+            // whether each direction is congested now.
+            let g0 = ConstGauge::new(0f64);
+            let mut m = enc.encode_descriptor(
+                "cachevisor_cache_latency_seconds",
+                "The cache device's smoothed op latency (hand-out to completion), by operation",
+                None,
+                g0.metric_type(),
+            )?;
+            for (op, v) in [("read", c.read_latency_ns), ("write", c.write_latency_ns)] {
+                ConstGauge::new(v / 1e9).encode(m.encode_family(&vec![("op".to_string(), op.to_string())])?)?;
+            }
+            let g1 = ConstGauge::new(0i64);
+            let mut m = enc.encode_descriptor(
+                "cachevisor_cache_congested",
+                "1 while misses of this operation go around the congested cache device",
+                None,
+                g1.metric_type(),
+            )?;
+            for (op, v) in [("read", c.read_congested), ("write", c.write_congested)] {
+                ConstGauge::new(v as i64).encode(m.encode_family(&vec![("op".to_string(), op.to_string())])?)?;
+            }
+            let c0 = ConstCounter::new(0u64);
+            let mut m = enc.encode_descriptor(
+                "cachevisor_congestion_bypassed_misses",
+                "Misses sent around the cache because its device was congested, by vDisk and operation",
+                None,
+                c0.metric_type(),
+            )?;
+            for s in &self.0.vdisks {
+                for (op, v) in ["read", "write"].into_iter().zip(s.congestion_bypassed) {
+                    ConstCounter::new(v).encode(m.encode_family(&vec![
+                        ("vdisk".to_string(), s.name.clone()),
+                        ("op".to_string(), op.to_string()),
+                    ])?)?;
+                }
+            }
+        }
         let [queued, loaded, skipped, dropped] = self.0.cache_hints;
         let by_outcome: [(&str, &str, Vec<Outcome>); 2] = [
             (

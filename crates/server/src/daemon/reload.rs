@@ -85,7 +85,7 @@ pub enum ReloadError {
 }
 
 /// Keys a reload applies (a key equal to one, or under it).
-const LIVE: [&str; 20] = [
+const LIVE: [&str; 22] = [
     "log.level",
     "cache.size",
     "cache.write_policy",
@@ -96,6 +96,8 @@ const LIVE: [&str; 20] = [
     "cache.writeback_percent",
     "cache.writeback_ahead",
     "cache.error_threshold",
+    "cache.congested_read_threshold",
+    "cache.congested_write_threshold",
     "prewarm.snapshot_every",
     "prewarm.snapshots_kept",
     "prewarm.heuristic",
@@ -318,6 +320,17 @@ impl Daemon {
                 let n = new.cache.writeback_ahead;
                 self.dp.with_engine_mut(|e| e.set_writeback_ahead(n));
                 step(format!("cache.writeback_ahead: {n}"), Ok(()))?;
+            }
+            if plan.has("cache.congested_read_threshold") || plan.has("cache.congested_write_threshold") {
+                let (read, write) = new.cache.congestion_thresholds()?;
+                self.dp.with_engine_mut(|e| e.set_congestion(read, write));
+                let show = |t: &Option<String>| t.clone().unwrap_or_else(|| "off".into());
+                let what = format!(
+                    "cache.congested_read_threshold {}, congested_write_threshold {}",
+                    show(&new.cache.congested_read_threshold),
+                    show(&new.cache.congested_write_threshold)
+                );
+                step(what, Ok(()))?;
             }
             if plan.has("cache.error_threshold") {
                 let n = new.cache.error_threshold;

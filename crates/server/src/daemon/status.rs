@@ -37,6 +37,13 @@ pub struct VdiskStatus {
     /// that waited on a load, the stream's degree and trigger distance.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prefetch: Option<cachevisor_engine::PrefetchState>,
+    /// Read and write misses sent around the cache because its device was congested.
+    #[serde(skip_serializing_if = "is_zero_pair")]
+    pub congestion_bypassed: [u64; 2],
+}
+
+fn is_zero_pair(p: &[u64; 2]) -> bool {
+    *p == [0, 0]
 }
 
 /// The daemon's state at one moment, for one metrics scrape.
@@ -64,6 +71,8 @@ pub struct State {
     pub cache: [u64; 3],
     /// Whether the cache file's I/O runs through io_uring, and the calls it made.
     pub ring: cachevisor_datapath::RingCounts,
+    /// Congestion bypass, when a threshold is set.
+    pub congestion: Option<cachevisor_engine::CongestionState>,
 }
 
 /// A cluster node's state as gauges (`[cluster]`).

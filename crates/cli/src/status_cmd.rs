@@ -87,6 +87,9 @@ pub fn run(a: StatusArgs) -> anyhow::Result<()> {
         if let Some(line) = prefetch_line(v) {
             println!("{line}");
         }
+        for line in class_lines(v) {
+            println!("{line}");
+        }
     }
     // The cache file, when it is not in (`cachevisor cache attach` brings it back).
     if let Ok(c) = api.get("/cache").call().map(|r| r.into_json::<serde_json::Value>()) {
@@ -180,6 +183,28 @@ fn congestion_line(c: &serde_json::Value) -> Option<String> {
     ))
 }
 
+/// A vDisk's I/O classes, one line each: blocks held, hit ratio of its requests, misses
+/// sent around at its cap or by its admission.
+fn class_lines(v: &serde_json::Value) -> Vec<String> {
+    let Some(classes) = v.get("classes").and_then(|c| c.as_array()) else { return Vec::new() };
+    classes
+        .iter()
+        .map(|c| {
+            let n = |k: &str| c[k].as_u64().unwrap_or(0);
+            let accesses = n("hits") + n("misses");
+            let hit = if accesses > 0 { 100.0 * n("hits") as f64 / accesses as f64 } else { 0.0 };
+            format!(
+                "class {}/{}: {} blocks cached, {hit:.1}% of {accesses} block accesses hit; around the cache: {} at its cap, {} by its admission",
+                v["name"].as_str().unwrap_or("?"),
+                c["name"].as_str().unwrap_or("?"),
+                n("cached_blocks"),
+                n("rejected_at_cap"),
+                n("rejected_by_admission")
+            )
+        })
+        .collect()
+}
+
 /// A vDisk's prefetch in one line (`None` for one that does not prefetch).
 fn prefetch_line(v: &serde_json::Value) -> Option<String> {
     let p = v.get("prefetch")?;
@@ -228,5 +253,18 @@ mod tests {
              (threshold off)"
         );
         assert!(super::congestion_line(&serde_json::Value::Null).is_none());
+        let v = serde_json::json!({"name": "db", "classes": [{"name": "unclassified", "cached_blocks": 1, "hits": 0,
+            "misses": 0, "rejected_at_cap": 0, "rejected_by_admission": 0}, {"name": "wal", "cached_blocks": 64, "hits": 3,
+            "misses": 1, "rejected_at_cap": 5, "rejected_by_admission": 2}]});
+        assert_eq!(
+            super::class_lines(&v),
+            [
+                "class db/unclassified: 1 blocks cached, 0.0% of 0 block accesses hit; around the cache: 0 at its cap, 0 by \
+                 its admission",
+                "class db/wal: 64 blocks cached, 75.0% of 4 block accesses hit; around the cache: 5 at its cap, 2 by its \
+                 admission"
+            ]
+        );
+        assert!(super::class_lines(&serde_json::json!({"name": "x"})).is_empty());
     }
 }

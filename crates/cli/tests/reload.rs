@@ -293,4 +293,18 @@ fn second_hit_admission_writes_first_misses_around_the_cache_and_a_reload_switch
         table.contains("prefetch vm1: obl (degree 1, trigger 0): 2 blocks loaded, 1 read, 0 evicted unread"),
         "{table}"
     );
+
+    // A reload gives it an I/O class; the reads after count in it.
+    write_config(
+        d,
+        "write_policy = \"wb\"\nflush_rate = \"0\"\n",
+        &[("vm1", "[[class]]\nname = \"low\"\nrange = \"0-1MiB\"\npinned = true\n")],
+    );
+    let (code, out, err) = reload(d, &a);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("vdisk (vm1): I/O classes [low]") && out.contains("prefetch none"), "{out}");
+    qemu_io_ok(&uri, &["read -P 0x42 0 512k", "read -P 0x41 512k 512k"]);
+    let o = Command::new(bin()).args(["status", "--api", a.api.as_deref().unwrap()]).output().unwrap();
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(table.contains("class vm1/low: 0 blocks cached, 100.0% of 256 block accesses hit"), "{table}");
 }

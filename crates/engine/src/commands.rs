@@ -177,6 +177,24 @@ impl Engine {
         self.congestion.bypassed(vm)
     }
 
+    /// Sets `vm`'s I/O classes (`io_class.rs`; empty: none); their counts start afresh,
+    /// blocks already cached count as unclassified. At most [`crate::io_class::MAX_CLASSES`].
+    pub fn set_io_classes(&mut self, vm: VmId, classes: Vec<crate::io_class::IoClass>) -> Result<(), String> {
+        if classes.len() > crate::io_class::MAX_CLASSES {
+            return Err(format!("{} I/O classes: at most {}", classes.len(), crate::io_class::MAX_CLASSES));
+        }
+        self.ensure_vm(vm);
+        let block = self.cfg.block_size;
+        let slots = self.slot_count();
+        self.classes.set(vm, classes, slots as usize, 0xc1a5_0000 ^ vm as u64, block, slots * block);
+        Ok(())
+    }
+
+    /// `vm`'s I/O classes' figures, its unclassified requests first (`None`: no classes).
+    pub fn io_classes(&self, vm: VmId) -> Option<Vec<crate::io_class::ClassCounts>> {
+        self.classes.counts(vm)
+    }
+
     /// Sets `vm`'s prefetch policy (`block_prefetch.rs`); its stream and counts start
     /// afresh. Blocks already prefetched stay.
     pub fn set_prefetch_policy(&mut self, vm: VmId, policy: crate::block_prefetch::PrefetchPolicy) {
@@ -201,6 +219,12 @@ impl Engine {
         }
         if self.congestion.on() && self.congestion.bypass(vm, write, self.ahead.now_ns()) {
             return false;
+        }
+        if self.classes.any() {
+            let partition = if self.shared.is_some() { self.slot_count() } else { self.vms[vm as usize].target };
+            if let Some(verdict) = self.classes.admit(vm, self.req.class, key, write, self.now_ms, partition) {
+                return verdict;
+            }
         }
         match self.admission.get_mut(vm as usize) {
             Some(Some(a)) => a.admit(key, write, self.now_ms),

@@ -119,6 +119,8 @@ pub struct Engine {
     pub(crate) prefetcher: crate::block_prefetch::Prefetcher,
     /// The cache device's latency and congestion bypass (`congestion.rs`).
     pub(crate) congestion: crate::congestion::Congestion,
+    /// Per VM: I/O classes, and each slot's class (`io_class.rs`).
+    pub(crate) classes: crate::io_class::Classes,
     /// The controller's interval: its clock and window counters (`interval.rs`).
     pub(crate) interval: crate::interval::IntervalClock,
     /// Local-store slots withheld from the cache (`withheld.rs`).
@@ -146,6 +148,8 @@ pub(crate) struct InRequest {
     pub(crate) mode: crate::mode::Mode,
     /// [`Engine::access_no_insert`] is running.
     pub(crate) force_no_insert: bool,
+    /// Its I/O class (`io_class.rs`: 1 + index; 0: none).
+    pub(crate) class: u8,
 }
 
 /// Buffers reused from call to call (no allocation per request).
@@ -204,6 +208,7 @@ impl Engine {
             prewarmed: Default::default(),
             prefetcher: Default::default(),
             congestion: Default::default(),
+            classes: Default::default(),
             withheld: Default::default(),
             interval: Default::default(),
             queue: Default::default(),
@@ -430,6 +435,7 @@ impl Engine {
             return;
         }
         self.req.mode = self.decide_mode(req);
+        self.req.class = self.classes.classify(req);
         self.req.sequential = self.vms[req.vm as usize].traffic.bypass(req.offset, req.len as u64);
         let bs = self.cfg.block_size;
         let (first, last) = (req.offset >> self.shift, (req.end() - 1) >> self.shift);
@@ -458,6 +464,10 @@ impl Engine {
             self.free_deferred();
         }
         self.count_request(req.vm, &out.blocks, now_ns);
+        if self.classes.any() {
+            let hits = out.blocks.iter().filter(|b| b.hit).count() as u64;
+            self.classes.count(req.vm, self.req.class, hits, out.blocks.len() as u64 - hits);
+        }
     }
 
     // ----- request paths -----

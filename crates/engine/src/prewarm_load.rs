@@ -117,6 +117,7 @@ impl Engine {
         }
         let spb = self.spb;
         let saved = std::mem::replace(&mut self.req.mode, crate::mode::Mode::FILL);
+        let class = std::mem::take(&mut self.req.class); // a load is no request's class
         for b in first..end {
             let key = pack_key(vm, b);
             // A block this output writes back (a victim of the request it follows, on the
@@ -166,6 +167,7 @@ impl Engine {
             o.loaded += 1;
         }
         self.req.mode = saved;
+        self.req.class = class;
         o
     }
 }

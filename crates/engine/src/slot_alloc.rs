@@ -32,6 +32,7 @@ impl Engine {
         self.count_store(vm, s, -1);
         self.prewarmed.end(s);
         self.prefetcher.forgotten(s);
+        self.classes.forgotten(s, vm);
     }
 
     /// Returns a slot (already out of its policy) to the free list.
@@ -66,10 +67,18 @@ impl Engine {
         Some((s, Evicted { vm: owner, block: key_block(key), dirty_sectors }))
     }
 
-    /// Whether slot `s` holds a prewarmed block still protected now.
+    /// Whether slot `s` holds a prewarmed block still protected now, or a block of a
+    /// pinned I/O class under its cap (`io_class.rs`).
     #[inline]
     fn is_protected(&self, s: u32) -> bool {
-        self.prewarmed.protects(s, self.now_ms)
+        self.prewarmed.protects(s, self.now_ms) || (self.classes.any() && self.class_pinned(s))
+    }
+
+    fn class_pinned(&self, s: u32) -> bool {
+        let vm = key_vm(self.slots.key(s));
+        let partition =
+            if self.shared.is_some() { self.slot_count() } else { self.vms.get(vm as usize).map_or(0, |p| p.target) };
+        self.classes.pins(s, vm, partition)
     }
 
     /// `first` is a protected prewarmed block: the next victims (at most [`VICTIM_SCAN`])
@@ -326,6 +335,7 @@ impl Engine {
             _ => 0,
         };
         self.slots.set_key(slot, key);
+        self.classes.inserted(slot, vm, self.req.class);
         self.note(slot);
         self.index.insert(key, slot);
         if !self.slots.last_access_ms.is_empty() {

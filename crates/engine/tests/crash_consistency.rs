@@ -84,6 +84,11 @@ enum Step {
         read: AdmissionPolicy,
         write: AdmissionPolicy,
     },
+    /// I/O classes (`set_io_classes`): `CLASS_SETS[pick]`.
+    Classes {
+        vm: u32,
+        pick: usize,
+    },
     /// Congestion bypass (`set_congestion`): misses go around the cache while its ops take
     /// longer than the thresholds (steps are 50 ms of driver time apart).
     Congestion {
@@ -142,6 +147,22 @@ const ADMISSIONS: [AdmissionPolicy; 4] = [
     AdmissionPolicy::WriteBudget { rate: cachevisor_engine::BudgetRate::BytesPerSec(16 << 10) },
 ];
 
+/// `Step::Classes`' choices: none; the first 16 KiB pinned; everything capped at a
+/// quarter; writes of a whole block or more on their own second-hit admission.
+fn class_set(pick: usize) -> Vec<IoClass> {
+    match pick {
+        1 => vec![IoClass { range: (0, 16 << 10), pinned: true, ..IoClass::named("pinned") }],
+        2 => vec![IoClass { max_share: Some(0.25), ..IoClass::named("capped") }],
+        3 => vec![IoClass {
+            size: (4096, u64::MAX),
+            op: Some(Op::Write),
+            admission: Some(AdmissionPolicy::NthMiss { n: 2 }),
+            ..IoClass::named("big writes")
+        }],
+        _ => Vec::new(),
+    }
+}
+
 /// Driver time per step: 50 ms, so that a write budget's periods (1 s) end within a run.
 const STEP_NS: u64 = 50_000_000;
 
@@ -168,6 +189,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0..VMS, prop::sample::select(ADMISSIONS.to_vec()), prop::sample::select(ADMISSIONS.to_vec()))
             .prop_map(|(vm, read, write)| Step::Admission { vm, read, write }),
         2 => (0..VMS, 0..SECTORS / 8, 1u32..5).prop_map(|(vm, block, len)| Step::Prewarm { vm, block, len }),
+        1 => (0..VMS, 0usize..4).prop_map(|(vm, pick)| Step::Classes { vm, pick }),
         1 => (prop::sample::select(vec![None, Some(20_000_000u64), Some(200_000_000)]), prop::sample::select(vec![None, Some(20_000_000u64), Some(200_000_000)]))
             .prop_map(|(read, write)| Step::Congestion { read, write }),
         1 => (0..VMS, prop::sample::select(vec![PrefetchPolicy::None, PrefetchPolicy::Obl, PrefetchPolicy::Amp { max: 4 }]))
@@ -651,6 +673,9 @@ fn run_checking(
             }
             Step::Admission { vm, read, write } => {
                 d.e.submit_job(|e, _| e.set_admission(vm, read, write));
+            }
+            Step::Classes { vm, pick } => {
+                d.e.submit_job(|e, _| e.set_io_classes(vm, class_set(pick)).expect("few classes"));
             }
             Step::Congestion { read, write } => {
                 d.e.submit_job(|e, _| e.set_congestion(read, write));

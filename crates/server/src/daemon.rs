@@ -367,7 +367,8 @@ impl Daemon {
                 .map(|x| {
                     let ahead = e.written_back_ahead_of(x.id);
                     let around = e.congestion_bypassed(x.id);
-                    (e.partition(x.id), ahead, e.admission(x.id), e.prefetch_state(x.id), around)
+                    let classes = e.io_classes(x.id);
+                    (e.partition(x.id), ahead, e.admission(x.id), e.prefetch_state(x.id), around, classes)
                 })
                 .collect()
         });
@@ -381,7 +382,8 @@ impl Daemon {
             .into_iter()
             .zip(parts)
             .zip(shares)
-            .map(|((e, (p, ahead, admission, prefetch, congestion_bypassed)), share)| VdiskStatus {
+            .map(|((e, (p, ahead, admission, prefetch, congestion_bypassed, classes)), share)| VdiskStatus {
+                classes,
                 admission,
                 prefetch,
                 congestion_bypassed,

@@ -114,6 +114,9 @@ pub struct VmReport {
     /// Read and write misses sent around the cache because its device was congested.
     #[serde(skip_serializing_if = "is_zero_pair")]
     pub congestion_bypassed: [u64; 2],
+    /// Its I/O classes' figures, its unclassified requests first (only a VM with classes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub classes: Option<Vec<cachevisor_engine::ClassCounts>>,
 }
 
 fn is_zero_pair(p: &[u64; 2]) -> bool {
@@ -156,6 +159,7 @@ impl VmReport {
             admission: None,
             prefetch: None,
             congestion_bypassed: [0, 0],
+            classes: None,
         }
     }
 }
@@ -278,6 +282,7 @@ impl SimResult {
                     admission: engine.admission(i as u32),
                     prefetch: engine.prefetch_state(i as u32),
                     congestion_bypassed: engine.congestion_bypassed(i as u32),
+                    classes: engine.io_classes(i as u32),
                     ..VmReport::of(n, s, p.used, p.dirty_blocks)
                 }
             })

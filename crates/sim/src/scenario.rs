@@ -365,6 +365,10 @@ pub struct VmSection {
     /// Its prefetch (as `[cache] prefetch`); unset: the cache's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefetch: Option<cachevisor_engine::PrefetchPolicy>,
+    /// Its I/O classes (`[[vm.class]]`: match by size, range, op; pinned, max_occupancy,
+    /// admission; the engine's `io_class.rs`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub class: Vec<cachevisor_engine::IoClassSection>,
     /// Cluster mode: the `[[node]]` it runs on (by name).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
@@ -383,6 +387,7 @@ impl VmSection {
             admission: None,
             write_admission: None,
             prefetch: None,
+            class: Vec::new(),
             node: None,
         }
     }
@@ -577,6 +582,8 @@ impl Scenario {
             if let Some(m) = &v.sequential_cutoff {
                 parse_size(m).map_err(|e| format!("vm[{i}] ({}).sequential_cutoff: {e}", v.name))?;
             }
+            cachevisor_engine::IoClassSection::resolve_all(&v.class)
+                .map_err(|e| format!("vm[{i}] ({}).{e}", v.name))?;
             let (read, write) = crate::simulator::admissions(&self.cache, Some(v));
             AdmissionPolicy::check_pair(read, write).map_err(|e| format!("vm[{i}] ({}): {e}", v.name))?;
         }

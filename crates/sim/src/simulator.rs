@@ -195,6 +195,10 @@ impl<'a> Run<'a> {
             if (read, write) != (AdmissionPolicy::All, AdmissionPolicy::All) {
                 self.node.engine.set_admission(vm as VmId, read, write);
             }
+            if let Some(v) = conf.filter(|v| !v.class.is_empty()) {
+                let classes = cachevisor_engine::IoClassSection::resolve_all(&v.class).map_err(SimError::Scenario)?;
+                self.node.engine.set_io_classes(vm as VmId, classes).map_err(SimError::Scenario)?;
+            }
             if let Some(p) = conf.and_then(|v| v.prefetch).or(self.sc.cache.prefetch) {
                 self.node.engine.set_prefetch_policy(vm as VmId, p);
             }

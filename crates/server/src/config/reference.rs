@@ -104,6 +104,15 @@ allow = ["CN=host-a,O=tenant1", "DNS:host-b.example"] # default []: over TLS, on
 vhost_user = "group:kvm"      # who may open it over vhost-user-blk: "owner" (0600), "group:NAME" (0660), "none"; default: listen.unix_mode/unix_group, but none for an export with `allow` or under listen.tls = "require" (a socket has no certificate)
 replicate = true              # default true, on a cluster node with cluster.replica: its client writes are on the replica peer too before they are acknowledged; false keeps its write-back data on this node only (another node then refuses to take it over after this one died)
 
+[[vdisk.class]]               # I/O classes of the [[vdisk]] above (Open-CAS's ioclasses, at most 32): a request takes the first class it matches
+name = "wal"                  # required, unique in the vDisk: metrics and status label
+range = "0-1GiB"              # default the whole disk: a request starting in [A, B) matches ("A-B"; "A-" to the end)
+size = "-64KiB"               # default every size: request sizes from A to B, both included ("4KiB-1MiB", "64KiB-", "-4KiB")
+op = "write"                  # default both: "read" or "write"
+pinned = true                 # default false: its blocks are passed over as victims while it holds no more than max_occupancy
+max_occupancy = "20%"         # default none: at most this share of the vDisk's partition (of the cache, shared); at it, its misses go around the cache
+admission = "second-hit"      # default: the vDisk's admission; its misses' own (as admission above)
+
 [vssd]                        # SymFlex's elastic vSSDs: a region of the cache store file after the cache's blocks (omit the section for none)
 size = "1GiB"                 # required: the region, whole blocks; fixed while vSSDs hold blocks in it (metadata refuses a change); with budget = "shared", the most of the cache it may take
 budget = "own"                # default own (a range of its own after the cache's blocks) | shared (inside the cache's blocks: taken from the host cache as vSSDs inflate — dirty blocks written back first — and given back as they deflate; one SSD budget, split with the vDisks by weight (symflex-weighted) or by throughput served from the SSD against the vDisks' and vSSDs' summed ratios (symflex-proportional) when an allocator runs here; block_size a multiple of the cache's; kept for the region's life)

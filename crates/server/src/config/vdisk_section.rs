@@ -46,6 +46,10 @@ pub struct VdiskConfig {
     /// engine's `block_prefetch.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prefetch: Option<cachevisor_engine::PrefetchPolicy>,
+    /// I/O classes (`[[vdisk.class]]`: match by size, range, op; pinned, max_occupancy,
+    /// admission; the engine's `io_class.rs`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub class: Vec<cachevisor_engine::IoClassSection>,
     /// Client certificates that may open this export over TLS (`tls_authz.rs`: "CN=host-a",
     /// "CN=h,O=tenant1", "DNS:h.example", "IP:10.0.0.2", "URI:…", "email:…", "*"); empty:
     /// any client the listener lets in.
@@ -86,6 +90,7 @@ impl VdiskConfig {
         check_share(&format!("{at}.weight"), v.weight)?;
         let (read, write) = v.admissions();
         AdmissionPolicy::check_pair(read, write).map_err(|e| format!("{at}: {e}"))?;
+        cachevisor_engine::IoClassSection::resolve_all(&v.class).map_err(|e| format!("{at}.{e}"))?;
         for (key, val) in [("size", &v.size), ("min", &v.min), ("sequential_cutoff", &v.sequential_cutoff)] {
             if let Some(s) = val {
                 parse_size(s).map_err(|e| format!("{at}.{key}: {e}"))?;

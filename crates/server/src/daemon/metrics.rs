@@ -171,6 +171,54 @@ impl Collector for StateCollector {
             let Some(p) = &s.prefetch else { continue };
             ConstCounter::new(p.counts.late).encode(m.encode_family(&vec![("vdisk".to_string(), s.name.clone())])?)?;
         }
+        // I/O classes (`io_class.rs`), for the vDisks that have them: blocks held, block
+        // accesses by outcome, misses sent around by reason.
+        let g0 = ConstGauge::new(0i64);
+        let mut m = enc.encode_descriptor(
+            "cachevisor_class_cached_blocks",
+            "Cache blocks an I/O class holds",
+            None,
+            g0.metric_type(),
+        )?;
+        for s in status {
+            for c in s.classes.iter().flatten() {
+                ConstGauge::new(c.cached_blocks as i64).encode(m.encode_family(&vec![
+                    ("vdisk".to_string(), s.name.clone()),
+                    ("class".to_string(), c.name.clone()),
+                ])?)?;
+            }
+        }
+        type ClassMetric =
+            (&'static str, &'static str, &'static str, fn(&cachevisor_engine::ClassCounts) -> [(&'static str, u64); 2]);
+        let class_counters: [ClassMetric; 2] = [
+            (
+                "cachevisor_class_block_accesses",
+                "Block accesses of an I/O class's requests, by outcome",
+                "outcome",
+                |c| [("hit", c.hits), ("miss", c.misses)],
+            ),
+            (
+                "cachevisor_class_rejected_misses",
+                "Misses of an I/O class sent around the cache, by reason",
+                "reason",
+                |c| [("cap", c.rejected_at_cap), ("admission", c.rejected_by_admission)],
+            ),
+        ];
+        for (name, help, label, f) in class_counters {
+            let c0 = ConstCounter::new(0u64);
+            let mut m = enc.encode_descriptor(name, help, None, c0.metric_type())?;
+            for s in status {
+                for c in s.classes.iter().flatten() {
+                    for (what, v) in f(c) {
+                        ConstCounter::new(v).encode(m.encode_family(&vec![
+                            ("vdisk".to_string(), s.name.clone()),
+                            ("class".to_string(), c.name.clone()),
+                            (label.to_string(), what.to_string()),
+                        ])?)?;
+                    }
+                }
+            }
+        }
         // A write budget's controller (`write_budget.rs`), for the vDisks that have one.
         type Budget = fn(&cachevisor_engine::BudgetState) -> f64;
         let budget: [(&str, &str, Budget); 3] = [

@@ -107,6 +107,7 @@ pub(crate) fn enroll(
     let (read, write) = v.admissions();
     engine.set_admission(id, read, write);
     engine.set_prefetch_policy(id, v.prefetch.unwrap_or_default());
+    engine.set_io_classes(id, cachevisor_engine::IoClassSection::resolve_all(&v.class)?)?;
     ctl.add_vm(VmSettings { weight: v.weight, ratio: v.ratio, min_blocks: min.div_ceil(block_size) });
     Ok(())
 }

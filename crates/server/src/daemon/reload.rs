@@ -3,7 +3,7 @@
 //! ([`ConfigSource`]) and checked whole; then it is compared, key by key, with the file as
 //! last read, and only what the file changed is applied:
 //! - live: `cache.size` within `cache.max_size` (the cache resized first:
-//!   `cache_resize.rs`), vDisks added and removed, a vDisk's `write_policy`, `weight`, `ratio`, `admission`, `write_admission` and `prefetch`,
+//!   `cache_resize.rs`), vDisks added and removed, a vDisk's `write_policy`, `weight`, `ratio`, `admission`, `write_admission`, `prefetch` and `class`,
 //!   `cache.write_policy` (the vDisks without their own), `cache.allocator`, `cache.params`,
 //!   `cache.interval`, the flusher (`cache.flush_rate`, `cache.writeback_percent`,
 //!   `cache.writeback_ahead`), `cache.error_threshold`, every `[prewarm]` key but
@@ -114,7 +114,7 @@ const LIVE: [&str; 22] = [
 const AT_START: [&str; 1] = ["prewarm.from"];
 
 /// A vDisk's keys a reload applies.
-const LIVE_VDISK: [&str; 6] = ["write_policy", "weight", "ratio", "admission", "write_admission", "prefetch"];
+const LIVE_VDISK: [&str; 7] = ["write_policy", "weight", "ratio", "admission", "write_admission", "prefetch", "class"];
 
 fn under(key: &str, list: &[&str]) -> bool {
     list.iter().any(|k| key == *k || key.strip_prefix(k).is_some_and(|rest| rest.starts_with('.')))
@@ -164,6 +164,8 @@ struct Plan {
     admission: Vec<(String, AdmissionPolicy, AdmissionPolicy)>,
     /// vDisks whose prefetch changed, with the new policy.
     prefetch: Vec<(String, cachevisor_engine::PrefetchPolicy)>,
+    /// vDisks whose I/O classes changed, with the new ones.
+    classes: Vec<(String, Vec<cachevisor_engine::IoClassSection>)>,
     /// Settings keys (cache and prewarm) with their old and new values.
     settings: Vec<(String, String, String)>,
 }
@@ -212,6 +214,9 @@ impl Plan {
                     }
                     if o.prefetch != v.prefetch {
                         plan.prefetch.push((v.name.clone(), v.prefetch.unwrap_or_default()));
+                    }
+                    if o.class != v.class {
+                        plan.classes.push((v.name.clone(), v.class.clone()));
                     }
                 }
             }
@@ -299,6 +304,11 @@ impl Daemon {
             for (name, p) in &plan.prefetch {
                 let what = format!("vdisk ({name}): prefetch {p}");
                 step(what, self.file_prefetch(name, *p))?;
+            }
+            for (name, classes) in &plan.classes {
+                let names: Vec<&str> = classes.iter().map(|c| c.name.as_str()).collect();
+                let what = format!("vdisk ({name}): I/O classes [{}]", names.join(", "));
+                step(what, self.file_classes(name, classes))?;
             }
             for (name, weight, ratio) in &plan.share {
                 let what = format!("vdisk ({name}): weight {weight}, ratio {ratio}");
@@ -439,6 +449,13 @@ impl Daemon {
         let Ok(vm) = self.served(name) else { return Ok(()) };
         self.dp.with_engine_mut(|e| e.set_prefetch_policy(vm, p));
         Ok(())
+    }
+
+    /// A served vDisk's I/O classes, from now (their counts start afresh).
+    fn file_classes(&self, name: &str, classes: &[cachevisor_engine::IoClassSection]) -> Result<(), String> {
+        let Ok(vm) = self.served(name) else { return Ok(()) };
+        let classes = cachevisor_engine::IoClassSection::resolve_all(classes)?;
+        self.dp.with_engine_mut(|e| e.set_io_classes(vm, classes))
     }
 
     fn file_share(&self, name: &str, weight: f64, ratio: f64) -> Result<(), String> {

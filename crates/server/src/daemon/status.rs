@@ -40,6 +40,9 @@ pub struct VdiskStatus {
     /// Read and write misses sent around the cache because its device was congested.
     #[serde(skip_serializing_if = "is_zero_pair")]
     pub congestion_bypassed: [u64; 2],
+    /// Its I/O classes' figures, its unclassified requests first (only with classes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub classes: Option<Vec<cachevisor_engine::ClassCounts>>,
 }
 
 fn is_zero_pair(p: &[u64; 2]) -> bool {

@@ -41,6 +41,9 @@ pub enum AdmissionPolicy {
         /// The probability.
         p: f64,
     },
+    /// Every miss, or the second among the recent misses, as two shadow caches beside
+    /// the real one say pays more hits (`admission_shadow.rs`).
+    Auto,
     /// Each miss enters with the probability that holds the vDisk's SSD writes at
     /// `rate` (`write_budget.rs`). When both directions name one, it is the same budget.
     WriteBudget {
@@ -57,6 +60,7 @@ impl std::fmt::Display for AdmissionPolicy {
             AdmissionPolicy::NthMiss { n } => write!(f, "second-hit:{n}"),
             AdmissionPolicy::Probability { p } => write!(f, "probability:{p}"),
             AdmissionPolicy::WriteBudget { rate } => write!(f, "write-budget:{rate}"),
+            AdmissionPolicy::Auto => write!(f, "auto"),
         }
     }
 }
@@ -70,6 +74,7 @@ impl std::str::FromStr for AdmissionPolicy {
         };
         match (name, arg) {
             ("all", None) => Ok(AdmissionPolicy::All),
+            ("auto", None) => Ok(AdmissionPolicy::Auto),
             ("second-hit", None) => Ok(AdmissionPolicy::NthMiss { n: 2 }),
             ("second-hit", Some(a)) => match a.parse::<u32>() {
                 Ok(n) if (2..=255).contains(&n) => Ok(AdmissionPolicy::NthMiss { n }),
@@ -83,8 +88,8 @@ impl std::str::FromStr for AdmissionPolicy {
                 .map(|rate| AdmissionPolicy::WriteBudget { rate })
                 .map_err(|e| format!("admission `{s}`: {e}")),
             _ => Err(format!(
-                "admission `{s}`: expected all, second-hit, second-hit:N (N from 2), probability:P (0 < P <= 1) \
-                 or write-budget:RATE (like 50MiB/s or 3dwpd)"
+                "admission `{s}`: expected all, second-hit, second-hit:N (N from 2), probability:P (0 < P <= 1), \
+                 write-budget:RATE (like 50MiB/s or 3dwpd) or auto"
             )),
         }
     }
@@ -139,6 +144,9 @@ pub struct AdmissionState {
     /// Its write budget's controller, when it has one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub budget: Option<BudgetState>,
+    /// What `auto` chose, when a direction has it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auto: Option<crate::admission_shadow::AutoState>,
 }
 
 /// What a vDisk's admission did: misses admitted and rejected, by direction.
@@ -166,6 +174,7 @@ pub struct Admission {
     rng: u64,
     counts_by_outcome: AdmissionCounts,
     budget: Option<WriteBudget>,
+    shadow: Option<Box<crate::admission_shadow::Shadow>>,
 }
 
 /// splitmix64: the draws' generator (deterministic, no dependency for 3 lines).
@@ -194,7 +203,9 @@ impl Admission {
             .budget()
             .or(write.budget())
             .map(|rate| WriteBudget::new(rate.bytes_per_sec(capacity_bytes), block_bytes));
+        let auto = read == AdmissionPolicy::Auto || write == AdmissionPolicy::Auto;
         Admission {
+            shadow: auto.then(Default::default),
             budget,
             read,
             write,
@@ -222,6 +233,10 @@ impl Admission {
             AdmissionPolicy::WriteBudget { .. } => {
                 let draw = self.draw();
                 self.budget.as_mut().expect("a write budget has its controller").admit(now_ms, draw)
+            }
+            AdmissionPolicy::Auto => {
+                !self.shadow.as_ref().expect("auto has its shadows").second_hit
+                    || self.counts.get(&key).copied().unwrap_or(0) >= 1
             }
         };
         if self.remembers() {
@@ -256,14 +271,30 @@ impl Admission {
             read: self.read,
             write: self.write,
             counts: self.counts_by_outcome,
-            memory_bytes: self.memory_bytes(),
+            memory_bytes: self.memory_bytes() + self.shadow.as_ref().map_or(0, |s| s.memory_bytes()),
             budget: self.budget.as_ref().map(|b| b.state()),
+            auto: self.shadow.as_ref().map(|s| s.state()),
         }
     }
 
     /// Whether either policy reads the recent misses.
     fn remembers(&self) -> bool {
-        matches!(self.read, AdmissionPolicy::NthMiss { .. }) || matches!(self.write, AdmissionPolicy::NthMiss { .. })
+        let reads = |p: AdmissionPolicy| matches!(p, AdmissionPolicy::NthMiss { .. } | AdmissionPolicy::Auto);
+        reads(self.read) || reads(self.write)
+    }
+
+    /// Whether `auto` needs every block access (`observe`).
+    #[inline]
+    pub(crate) fn observes(&self) -> bool {
+        self.shadow.is_some()
+    }
+
+    /// A block access of `key` (hit or miss), for `auto`'s shadows, with the vDisk's
+    /// partition of `partition` blocks.
+    pub(crate) fn observe(&mut self, key: u64, partition: u64) {
+        if let Some(s) = self.shadow.as_mut() {
+            s.access(key, partition);
+        }
     }
 
     fn remember(&mut self, key: u64) {

@@ -464,6 +464,17 @@ impl Engine {
             self.free_deferred();
         }
         self.count_request(req.vm, &out.blocks, now_ns);
+        if self.admission.get(req.vm as usize).is_some_and(|a| a.as_ref().is_some_and(|a| a.observes())) {
+            // Its share: its target, or in a shared pool what it holds now (what the
+            // others leave it), at least a sample's worth.
+            let p = &self.vms[req.vm as usize];
+            let partition = if self.shared.is_some() { p.used.max(crate::admission_shadow::SAMPLE) } else { p.target };
+            if let Some(Some(a)) = self.admission.get_mut(req.vm as usize) {
+                for b in &out.blocks {
+                    a.observe(pack_key(req.vm, b.block), partition);
+                }
+            }
+        }
         if self.classes.any() {
             let hits = out.blocks.iter().filter(|b| b.hit).count() as u64;
             self.classes.count(req.vm, self.req.class, hits, out.blocks.len() as u64 - hits);

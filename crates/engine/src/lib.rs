@@ -24,6 +24,7 @@
 //! Blocks are split from requests here (not by trace readers). Valid and dirty state is
 //! tracked per 512-byte sector, so partial-block reads and writes are exact.
 
+pub mod admission_shadow;
 pub mod block_admission;
 pub mod block_index;
 mod block_ops;

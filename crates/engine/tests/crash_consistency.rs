@@ -139,8 +139,9 @@ enum Step {
 }
 
 /// `Step::Admission`'s choices.
-const ADMISSIONS: [AdmissionPolicy; 4] = [
+const ADMISSIONS: [AdmissionPolicy; 5] = [
     AdmissionPolicy::All,
+    AdmissionPolicy::Auto,
     AdmissionPolicy::NthMiss { n: 2 },
     AdmissionPolicy::Probability { p: 0.5 },
     // Four blocks a second: with a step every `STEP_NS`, it rejects most misses.

@@ -122,15 +122,6 @@ fn a_prewarm_interrupted_by_sigkill_resumes_at_the_next_start() {
     assert_eq!(prewarm_progress(daemon.api.as_ref().unwrap())["from"], "", "nothing left to resume");
 }
 
-/// A counter of the daemon's `/metrics` text (the sum over its label sets that contain
-/// `labels`).
-fn metric(text: &str, name: &str, labels: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && l.contains(labels))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 /// the simulator runs what the daemon runs. A write-back daemon with its
 /// default settings serves a write-heavy fio job (Zipf, 60% reads) while recording it;
 /// the recording replayed by `simulate` (open loop, the same cache, persistent mode,

@@ -5,7 +5,7 @@
 //! vDisk's partition size scaled down by the sample rate): one admits every miss, the other
 //! on the second miss among its recent misses. Every block access of the vDisk (hit or
 //! miss, both directions) is fed to both. Every [`WINDOW`] sampled accesses (the first
-//! time after a quarter of it; until then every miss enters) the vDisk takes the policy
+//! time after 1/16 of it; until then every miss enters) the vDisk takes the policy
 //! whose shadow hit more — second-hit on a tie, as it writes less, and it leaves
 //! second-hit only for a margin of 1/64 of the window's accesses — and the counts start again, so it follows a workload that changes.
 //!
@@ -118,8 +118,8 @@ impl Shadow {
         });
         self.hits[1] += hit as u64;
         self.sampled += 1;
-        // The first decision comes after a quarter window: until then every miss enters.
-        if self.sampled >= if self.decisions == 0 { WINDOW / 4 } else { WINDOW } {
+        // The first decision comes after 1/16 of a window: until then every miss enters.
+        if self.sampled >= if self.decisions == 0 { WINDOW / 16 } else { WINDOW } {
             // Hysteresis toward second-hit (it writes less): to all only when that hit
             // more by over 1/64 of the window's accesses, back on a tie.
             let margin = self.sampled / 64;

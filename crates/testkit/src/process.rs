@@ -367,3 +367,12 @@ impl Drop for NsDaemon {
         let _ = Command::new("kill").args(["-KILL", &self.pid.to_string()]).stderr(Stdio::null()).status();
     }
 }
+
+/// A counter of a daemon's `/metrics` text (the sum over its label sets that contain
+/// `labels`).
+pub fn metric(text: &str, name: &str, labels: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l.contains(labels))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}

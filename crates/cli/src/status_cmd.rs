@@ -145,6 +145,14 @@ fn admission_line(v: &serde_json::Value) -> Option<String> {
         side("read", "read"),
         side("write", "write")
     );
+    if let Some(a) = a.get("auto").filter(|x| x.is_object()) {
+        line += &format!(
+            "; auto: {} now (second-hit in {} of {} decisions)",
+            if a["second_hit"].as_bool().unwrap_or(false) { "second-hit" } else { "every miss" },
+            a["chose_second_hit"].as_u64().unwrap_or(0),
+            a["decisions"].as_u64().unwrap_or(0)
+        );
+    }
     if let Some(b) = a.get("budget").filter(|b| b.is_object()) {
         let f = |k: &str| b[k].as_f64().unwrap_or(0.0);
         let size = |x: f64| format_size(x as u64).replace(' ', "");
@@ -209,7 +217,7 @@ fn class_lines(v: &serde_json::Value) -> Vec<String> {
 fn prefetch_line(v: &serde_json::Value) -> Option<String> {
     let p = v.get("prefetch")?;
     let n = |k: &str| p[k].as_u64().unwrap_or(0);
-    Some(format!(
+    let mut line = format!(
         "prefetch {}: {} (degree {}, trigger {}): {} blocks loaded, {} read, {} evicted unread; {} reads waited on a load",
         v["name"].as_str().unwrap_or("?"),
         p["policy"].as_str().unwrap_or("?"),
@@ -219,7 +227,11 @@ fn prefetch_line(v: &serde_json::Value) -> Option<String> {
         n("used"),
         n("wasted"),
         n("late")
-    ))
+    );
+    if p["paused"].as_bool().unwrap_or(false) {
+        line += " (paused: its loads went unread)";
+    }
+    Some(line)
 }
 
 #[cfg(test)]
@@ -238,6 +250,12 @@ mod tests {
              exceed it)"
         );
         assert!(super::admission_line(&serde_json::json!({"name": "x"})).is_none());
+        let v = serde_json::json!({"name": "bk", "admission": {"read": "auto", "write": "auto", "read_admitted": 1,
+            "read_rejected": 2, "write_admitted": 0, "write_rejected": 0, "memory_bytes": 9,
+            "auto": {"second_hit": true, "decisions": 5, "chose_second_hit": 4, "shadow_hits": [1, 2]}}});
+        assert!(super::admission_line(&v)
+            .unwrap()
+            .ends_with("; auto: second-hit now (second-hit in 4 of 5 decisions)"));
         let v = serde_json::json!({"name": "seq", "prefetch": {"policy": "amp", "loaded": 9, "used": 7, "wasted": 1,
             "late": 2, "degree": 5, "trigger": 3}});
         assert_eq!(

@@ -5,7 +5,10 @@
 //! per prefetch) and trigger distance g (how far before the loaded run's end the next
 //! prefetch starts) adapt — p grows when a run's last block is read, shrinks when a
 //! prefetched block leaves unread; g grows when a read waits on a prefetch still in
-//! flight; p ≤ N, default 64). One stream per vDisk (the run its reads continue).
+//! flight; p ≤ N, default 64) and `auto` (AMP that decides per vDisk whether prefetch
+//! pays: when more of its last 32 prefetched blocks left the cache unread than were
+//! read, it pauses for the next 1,024 sequential reads, then tries again). One stream per
+//! vDisk (the run its reads continue).
 //!
 //! Prefetched blocks are clean and enter the replacement policy at the cold end
 //! (`Replacement::insert_prewarmed`), so an unread one is the next victim; they bypass
@@ -34,6 +37,8 @@ pub enum PrefetchPolicy {
         /// The largest degree.
         max: u32,
     },
+    /// AMP (degree up to 64) that pauses itself while its loads go unread.
+    Auto,
 }
 
 impl std::fmt::Display for PrefetchPolicy {
@@ -43,6 +48,7 @@ impl std::fmt::Display for PrefetchPolicy {
             PrefetchPolicy::Obl => write!(f, "obl"),
             PrefetchPolicy::Amp { max: 64 } => write!(f, "amp"),
             PrefetchPolicy::Amp { max } => write!(f, "amp:{max}"),
+            PrefetchPolicy::Auto => write!(f, "auto"),
         }
     }
 }
@@ -54,12 +60,13 @@ impl std::str::FromStr for PrefetchPolicy {
             "none" => Ok(PrefetchPolicy::None),
             "obl" => Ok(PrefetchPolicy::Obl),
             "amp" => Ok(PrefetchPolicy::Amp { max: 64 }),
+            "auto" => Ok(PrefetchPolicy::Auto),
             t => match t.strip_prefix("amp:").map(|n| n.trim().parse::<u32>()) {
                 Some(Ok(max)) if (1..=PREFETCH_INFLIGHT).contains(&max) => Ok(PrefetchPolicy::Amp { max }),
                 Some(_) => Err(format!(
                     "prefetch `{s}`: amp:N takes a whole N from 1 to {PREFETCH_INFLIGHT} (the largest degree, blocks)"
                 )),
-                None => Err(format!("prefetch `{s}`: expected none, obl, amp or amp:N")),
+                None => Err(format!("prefetch `{s}`: expected none, obl, amp, amp:N or auto")),
             },
         }
     }
@@ -103,6 +110,10 @@ pub struct PrefetchState {
     pub degree: u32,
     /// The stream's trigger distance now (blocks before the loaded run's end).
     pub trigger: u32,
+    /// `auto`: paused now because its loads went unread.
+    pub paused: bool,
+    /// `auto`: times it paused.
+    pub pauses: u64,
 }
 
 /// One vDisk's stream.
@@ -118,14 +129,32 @@ pub(crate) struct Stream {
     /// Blocks loading now.
     pub(crate) inflight: u32,
     counts: PrefetchCounts,
+    /// `auto`: outcomes (read, left unread) of its latest loads, and sequential reads
+    /// left to sit out.
+    outcomes: [u32; 2],
+    paused_reads: u32,
+    pauses: u64,
+}
+
+/// `auto`: outcomes per verdict.
+const AUTO_OUTCOMES: u32 = 32;
+/// `auto`: sequential reads a pause lasts.
+const AUTO_PAUSE: u32 = 1024;
+
+impl PrefetchPolicy {
+    /// AMP's largest degree, for the AMP policies.
+    fn amp_max(self) -> Option<u32> {
+        match self {
+            PrefetchPolicy::Amp { max } => Some(max),
+            PrefetchPolicy::Auto => Some(64),
+            _ => None,
+        }
+    }
 }
 
 impl Stream {
     fn new(policy: PrefetchPolicy) -> Self {
-        let degree = match policy {
-            PrefetchPolicy::Amp { max } => max.min(4),
-            _ => 1,
-        };
+        let degree = policy.amp_max().map_or(1, |max| max.min(4));
         Stream {
             policy,
             last_end: u64::MAX,
@@ -134,6 +163,9 @@ impl Stream {
             trigger: degree / 2,
             inflight: 0,
             counts: Default::default(),
+            outcomes: [0, 0],
+            paused_reads: 0,
+            pauses: 0,
         }
     }
 
@@ -144,11 +176,16 @@ impl Stream {
         self.last_end = last.saturating_add(1);
         if late {
             self.counts.late += 1;
-            if let PrefetchPolicy::Amp { .. } = self.policy {
+            if self.policy.amp_max().is_some() {
                 self.trigger = (self.trigger + 1).min(self.degree.saturating_sub(1));
             }
         }
         if !sequential {
+            self.frontier = 0;
+            return None;
+        }
+        if self.paused_reads > 0 {
+            self.paused_reads -= 1;
             self.frontier = 0;
             return None;
         }
@@ -169,17 +206,35 @@ impl Stream {
     /// A prefetched block was read; `last_of_run`: it ended its prefetch's run.
     fn used(&mut self, last_of_run: bool) {
         self.counts.used += 1;
-        if let (PrefetchPolicy::Amp { max }, true) = (self.policy, last_of_run) {
+        if let (Some(max), true) = (self.policy.amp_max(), last_of_run) {
             self.degree = (self.degree + 1).min(max);
         }
+        self.judge(0);
     }
 
     /// A prefetched block left the cache unread.
     fn wasted(&mut self) {
         self.counts.wasted += 1;
-        if let PrefetchPolicy::Amp { .. } = self.policy {
+        if self.policy.amp_max().is_some() {
             self.degree = self.degree.saturating_sub(1).max(1);
             self.trigger = self.trigger.min(self.degree - 1);
+        }
+        self.judge(1);
+    }
+
+    /// `auto`: counts a load's outcome (0 read, 1 unread); every [`AUTO_OUTCOMES`], a
+    /// verdict — more unread than read pauses it for [`AUTO_PAUSE`] sequential reads.
+    fn judge(&mut self, outcome: usize) {
+        if self.policy != PrefetchPolicy::Auto {
+            return;
+        }
+        self.outcomes[outcome] += 1;
+        if self.outcomes[0] + self.outcomes[1] >= AUTO_OUTCOMES {
+            if self.outcomes[1] > self.outcomes[0] {
+                self.paused_reads = AUTO_PAUSE;
+                self.pauses += 1;
+            }
+            self.outcomes = [0, 0];
         }
     }
 
@@ -188,7 +243,14 @@ impl Stream {
     }
 
     pub(crate) fn state(&self) -> PrefetchState {
-        PrefetchState { policy: self.policy, counts: self.counts, degree: self.degree, trigger: self.trigger }
+        PrefetchState {
+            policy: self.policy,
+            counts: self.counts,
+            degree: self.degree,
+            trigger: self.trigger,
+            paused: self.paused_reads > 0,
+            pauses: self.pauses,
+        }
     }
 }
 
@@ -320,7 +382,7 @@ mod tests {
 
     #[test]
     fn policies_parse_and_print_back() {
-        for s in ["none", "obl", "amp", "amp:8", "amp:256"] {
+        for s in ["none", "obl", "amp", "amp:8", "amp:256", "auto"] {
             assert_eq!(s.parse::<PrefetchPolicy>().unwrap().to_string(), s);
         }
         for bad in ["amp:0", "amp:257", "amp:x", "obl:2", "lookahead", ""] {
@@ -429,5 +491,36 @@ mod tests {
         e.set_prefetch_policy(0, PrefetchPolicy::None);
         assert!(e.prefetch_state(0).is_none());
         e.check_invariants().unwrap();
+    }
+
+    /// `auto` against AMP: a reader of pairs of blocks (two in a row, then elsewhere)
+    /// makes every prefetch a waste; AMP keeps loading a block a pair, `auto` pauses and
+    /// loads a fraction of that. A sequential reader is served by both alike.
+    #[test]
+    fn auto_pauses_while_its_loads_go_unread_and_serves_a_sequential_reader_as_amp_does() {
+        let mut loaded = Vec::new();
+        for p in [PrefetchPolicy::Amp { max: 64 }, PrefetchPolicy::Auto] {
+            let mut e = engine(64);
+            let mut out = crate::Output::default();
+            e.set_prefetch_policy(0, p);
+            for i in 0..5000u64 {
+                let b = (i * 7919) % 1_000_000 * 4;
+                read(&mut e, b, &mut out);
+                read(&mut e, b + 1, &mut out);
+            }
+            let st = e.prefetch_state(0).unwrap();
+            loaded.push(st.counts.loaded);
+            if p == PrefetchPolicy::Auto {
+                assert!(st.pauses > 0, "{st:?}");
+            }
+            // Then a long sequential read: hits from prefetch under both.
+            // (A pause still running when the reader turns sequential sits out up to 1,024
+            // of its reads.)
+            let hits = (2_000_000..2_010_000u64).filter(|&b| read(&mut e, b, &mut out)).count();
+            let want = if p == PrefetchPolicy::Auto { 10_000 - AUTO_PAUSE as usize - 300 } else { 9_900 };
+            assert!(hits > want, "{p}: {hits} of 10,000 sequential reads hit");
+            e.check_invariants().unwrap();
+        }
+        assert!(loaded[1] * 4 < loaded[0], "auto loaded {} blocks, amp {}", loaded[1], loaded[0]);
     }
 }

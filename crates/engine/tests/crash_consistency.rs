@@ -193,7 +193,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0..VMS, 0usize..4).prop_map(|(vm, pick)| Step::Classes { vm, pick }),
         1 => (prop::sample::select(vec![None, Some(20_000_000u64), Some(200_000_000)]), prop::sample::select(vec![None, Some(20_000_000u64), Some(200_000_000)]))
             .prop_map(|(read, write)| Step::Congestion { read, write }),
-        1 => (0..VMS, prop::sample::select(vec![PrefetchPolicy::None, PrefetchPolicy::Obl, PrefetchPolicy::Amp { max: 4 }]))
+        1 => (0..VMS, prop::sample::select(vec![PrefetchPolicy::None, PrefetchPolicy::Obl, PrefetchPolicy::Amp { max: 4 }, PrefetchPolicy::Auto]))
             .prop_map(|(vm, policy)| Step::Prefetch { vm, policy }),
         1 => (0u32..4, any::<bool>()).prop_map(|(run, moving)| Step::Lend { run, moving }),
         1 => any::<usize>().prop_map(|run| Step::Return { run }),

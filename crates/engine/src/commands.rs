@@ -195,6 +195,16 @@ impl Engine {
         self.classes.counts(vm)
     }
 
+    /// What `vm`'s entry policies did: admission, prefetch, congestion bypass, I/O classes.
+    pub fn entry_state(&self, vm: VmId) -> EntryState {
+        EntryState {
+            admission: self.admission(vm),
+            prefetch: self.prefetch_state(vm),
+            congestion_bypassed: self.congestion_bypassed(vm),
+            classes: self.io_classes(vm),
+        }
+    }
+
     /// Sets `vm`'s prefetch policy (`block_prefetch.rs`); its stream and counts start
     /// afresh. Blocks already prefetched stay.
     pub fn set_prefetch_policy(&mut self, vm: VmId, policy: crate::block_prefetch::PrefetchPolicy) {
@@ -629,4 +639,26 @@ mod tests {
         e.access(0, &req(Op::Read, 10), &mut out);
         assert!(e.lookup(0, 10).is_some());
     }
+}
+
+/// What a VM's entry policies did (`Engine::entry_state`), the block the simulator's
+/// report and the daemon's status carry for each VM; each part only when the VM has it.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct EntryState {
+    /// Its admission, when not every miss enters (`block_admission.rs`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admission: Option<AdmissionState>,
+    /// Its prefetch, when it prefetches (`block_prefetch.rs`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefetch: Option<crate::block_prefetch::PrefetchState>,
+    /// Read and write misses sent around the cache because its device was congested.
+    #[serde(skip_serializing_if = "is_zero_pair")]
+    pub congestion_bypassed: [u64; 2],
+    /// Its I/O classes' figures, its unclassified requests first (`io_class.rs`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub classes: Option<Vec<crate::io_class::ClassCounts>>,
+}
+
+fn is_zero_pair(p: &[u64; 2]) -> bool {
+    *p == [0, 0]
 }

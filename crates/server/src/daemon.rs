@@ -362,15 +362,7 @@ impl Daemon {
     pub fn status(&self) -> Vec<VdiskStatus> {
         let exports = self.exports();
         let parts: Vec<_> = self.dp.with_engine(|e| {
-            exports
-                .iter()
-                .map(|x| {
-                    let ahead = e.written_back_ahead_of(x.id);
-                    let around = e.congestion_bypassed(x.id);
-                    let classes = e.io_classes(x.id);
-                    (e.partition(x.id), ahead, e.admission(x.id), e.prefetch_state(x.id), around, classes)
-                })
-                .collect()
+            exports.iter().map(|x| (e.partition(x.id), e.written_back_ahead_of(x.id), e.entry_state(x.id))).collect()
         });
         let shares: Vec<_> = {
             let mut p = self.policy.lock().unwrap_or_else(|p| p.into_inner());
@@ -382,11 +374,8 @@ impl Daemon {
             .into_iter()
             .zip(parts)
             .zip(shares)
-            .map(|((e, (p, ahead, admission, prefetch, congestion_bypassed, classes)), share)| VdiskStatus {
-                classes,
-                admission,
-                prefetch,
-                congestion_bypassed,
+            .map(|((e, (p, ahead, entry)), share)| VdiskStatus {
+                entry,
                 weight: share.weight,
                 ratio: share.ratio,
                 stats: ExportStats { passthrough: self.dp.stats(e.id).passthrough || cache_out, ..self.dp.stats(e.id) },

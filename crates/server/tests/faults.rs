@@ -150,10 +150,10 @@ fn write_misses_go_around_a_congested_cache_device_and_every_write_reads_back() 
     let status = r.daemon.status();
     for s in &status {
         assert!(
-            s.congestion_bypassed[1] >= 32,
+            s.entry.congestion_bypassed[1] >= 32,
             "{}: {:?} write misses around the cache",
             s.name,
-            s.congestion_bypassed
+            s.entry.congestion_bypassed
         );
     }
     let m = r.daemon.render_metrics();
@@ -164,10 +164,10 @@ fn write_misses_go_around_a_congested_cache_device_and_every_write_reads_back() 
     std::thread::sleep(std::time::Duration::from_millis(300));
     let (mut cl, _) = Client::connect(r.tcp.unwrap(), "wb");
     cl.write(100 * 4096, &block(40, 0), false).unwrap();
-    let before = r.daemon.status()[0].congestion_bypassed[1];
+    let before = r.daemon.status()[0].entry.congestion_bypassed[1];
     for i in 101..110u64 {
         cl.write(i * 4096, &block(40, i), false).unwrap();
     }
-    assert_eq!(r.daemon.status()[0].congestion_bypassed[1], before, "not congested any more");
+    assert_eq!(r.daemon.status()[0].entry.congestion_bypassed[1], before, "not congested any more");
     assert!(!r.daemon.cache_report().congestion.unwrap().write_congested);
 }

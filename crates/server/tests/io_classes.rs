@@ -40,7 +40,7 @@ fn a_pinned_class_survives_a_scan_and_a_capped_one_holds_its_share() {
         cl.read((16 << 20) + i * (64 << 10), 64 << 10).unwrap();
     }
     let st = r.daemon.status().into_iter().next().unwrap();
-    let classes = st.classes.expect("a vDisk with classes reports them");
+    let classes = st.entry.classes.expect("a vDisk with classes reports them");
     let (hot, bulk) = (&classes[1], &classes[2]);
     assert_eq!((hot.name.as_str(), hot.cached_blocks), ("hot", 16), "{classes:?}");
     assert_eq!((hot.hits, hot.misses), (64, 16), "the writes missed once, every read hit: {hot:?}");

@@ -188,7 +188,7 @@ fn amp_prefetch_serves_a_sequential_reader_of_a_slow_store_from_the_cache() {
         }
         secs.push(t.elapsed().as_secs_f64());
         let st = r.daemon.status().into_iter().next().unwrap();
-        let (hits, p) = (st.stats.hit_blocks, st.prefetch);
+        let (hits, p) = (st.stats.hit_blocks, st.entry.prefetch);
         eprintln!("{prefetch}: {:.2} s for 512 reads, {hits} hits, {p:?}", secs.last().unwrap());
         if prefetch == "none" {
             assert!(p.is_none() && hits == 0, "{hits} hits without prefetch");

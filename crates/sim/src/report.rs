@@ -104,23 +104,10 @@ pub struct VmReport {
     pub iterations: u64,
     /// Virtual time at which the first pass completed, seconds.
     pub first_iteration_s: Option<f64>,
-    /// What the VM's admission let into the cache (only a VM with one other than `all`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub admission: Option<cachevisor_engine::AdmissionState>,
-    /// What the VM's prefetch loaded and how much of it was read (only a VM that
-    /// prefetches).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub prefetch: Option<cachevisor_engine::PrefetchState>,
-    /// Read and write misses sent around the cache because its device was congested.
-    #[serde(skip_serializing_if = "is_zero_pair")]
-    pub congestion_bypassed: [u64; 2],
-    /// Its I/O classes' figures, its unclassified requests first (only a VM with classes).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub classes: Option<Vec<cachevisor_engine::ClassCounts>>,
-}
-
-fn is_zero_pair(p: &[u64; 2]) -> bool {
-    *p == [0, 0]
+    /// What the VM's entry policies did (admission, prefetch, congestion bypass, I/O
+    /// classes), each only when it has one.
+    #[serde(flatten)]
+    pub entry: cachevisor_engine::EntryState,
 }
 
 fn ratio(a: u64, b: u64) -> f64 {
@@ -156,10 +143,7 @@ impl VmReport {
             write_latency: Latency::of(&s.write_lat),
             iterations: 0,
             first_iteration_s: None,
-            admission: None,
-            prefetch: None,
-            congestion_bypassed: [0, 0],
-            classes: None,
+            entry: Default::default(),
         }
     }
 }
@@ -278,13 +262,7 @@ impl SimResult {
                 let p = engine.partition(i as u32);
                 used += p.used;
                 dirty += p.dirty_blocks;
-                VmReport {
-                    admission: engine.admission(i as u32),
-                    prefetch: engine.prefetch_state(i as u32),
-                    congestion_bypassed: engine.congestion_bypassed(i as u32),
-                    classes: engine.io_classes(i as u32),
-                    ..VmReport::of(n, s, p.used, p.dirty_blocks)
-                }
+                VmReport { entry: engine.entry_state(i as u32), ..VmReport::of(n, s, p.used, p.dirty_blocks) }
             })
             .collect();
         let md = engine.metadata_bytes() as u64;

@@ -332,12 +332,13 @@ fn admission_rejects_misses_writes_less_and_is_reported() {
         s.cache.size = "16MiB".into();
         s.replay.model = model;
         let all = simulate(&s, &mut |_| {}).unwrap();
-        assert!(all.vms[0].admission.is_none());
+        assert!(all.vms[0].entry.admission.is_none());
         assert!(!serde_json::to_string(&all).unwrap().contains("admission"), "{model:?}");
         for policy in [AdmissionPolicy::NthMiss { n: 2 }, AdmissionPolicy::Probability { p: 0.3 }] {
             s.cache.admission = Some(policy);
             let r = simulate(&s, &mut |_| {}).unwrap();
-            let a = r.vms[0].admission.as_ref().unwrap_or_else(|| panic!("{model:?} {policy}: no admission report"));
+            let a =
+                r.vms[0].entry.admission.as_ref().unwrap_or_else(|| panic!("{model:?} {policy}: no admission report"));
             assert_eq!((a.read, a.write), (policy, policy));
             assert!(a.counts.read_rejected > 0 && a.counts.read_admitted > 0, "{model:?} {policy}: {a:?}");
             assert!(r.total.ssd_write_bytes < all.total.ssd_write_bytes, "{model:?} {policy}");
@@ -347,7 +348,7 @@ fn admission_rejects_misses_writes_less_and_is_reported() {
         let name = all.vms[0].vm.clone();
         s.vm = vec![VmSection { admission: Some(AdmissionPolicy::All), ..VmSection::named(&name) }];
         let r = simulate(&s, &mut |_| {}).unwrap();
-        assert!(r.vms[0].admission.is_none(), "{model:?}: the VM admits all");
+        assert!(r.vms[0].entry.admission.is_none(), "{model:?}: the VM admits all");
         assert_eq!(r.total.ssd_write_bytes, all.total.ssd_write_bytes, "{model:?}");
     }
 }
@@ -366,13 +367,13 @@ fn a_write_budget_holds_the_ssd_write_rate_at_its_target() {
         let budget = |b: u64| AdmissionPolicy::WriteBudget { rate: BudgetRate::BytesPerSec(b) };
         s.cache.admission = Some(budget(1 << 40));
         let free = simulate(&s, &mut |_| {}).unwrap();
-        let b = free.vms[0].admission.as_ref().unwrap().budget.unwrap();
+        let b = free.vms[0].entry.admission.as_ref().unwrap().budget.unwrap();
         assert_eq!((b.probability, b.unreachable), (1.0, false), "{model:?}: a budget far above never binds");
         let rate = b.written_bytes as f64 / b.elapsed_s;
         let target = (rate / 2.0) as u64;
         s.cache.admission = Some(budget(target));
         let r = simulate(&s, &mut |_| {}).unwrap();
-        let a = r.vms[0].admission.as_ref().unwrap();
+        let a = r.vms[0].entry.admission.as_ref().unwrap();
         let b = a.budget.unwrap();
         let held = b.written_bytes as f64 / b.elapsed_s;
         assert!(
@@ -420,13 +421,13 @@ fn prefetch_serves_a_sequential_reader_of_a_slow_store_from_the_cache() {
         simulate(s, &mut |_| {}).unwrap()
     };
     let none = run(None, &mut s);
-    assert!(none.vms[0].prefetch.is_none() && none.total.hit_ratio == 0.0);
+    assert!(none.vms[0].entry.prefetch.is_none() && none.total.hit_ratio == 0.0);
     let obl = run(Some(PrefetchPolicy::Obl), &mut s);
     let amp = run(Some(PrefetchPolicy::Amp { max: 16 }), &mut s);
     let (n, o, a) = (none.total.latency.mean_us, obl.total.latency.mean_us, amp.total.latency.mean_us);
     assert!(amp.total.hit_ratio > 0.99 && a * 5.0 < n, "amp {a:.0} µs vs none {n:.0} µs");
     assert!(o < n && a < o, "obl {o:.0} µs between amp {a:.0} and none {n:.0}");
-    let st = amp.vms[0].prefetch.unwrap();
+    let st = amp.vms[0].entry.prefetch.unwrap();
     assert_eq!(st.policy, PrefetchPolicy::Amp { max: 16 });
     assert!(st.counts.used >= 3990 && st.counts.wasted == 0 && st.degree == 16, "{st:?}");
     // Past the reader's last block: at most the degree plus the trigger distance.
@@ -435,7 +436,7 @@ fn prefetch_serves_a_sequential_reader_of_a_slow_store_from_the_cache() {
     // The VM's own setting wins.
     s.vm = vec![VmSection { prefetch: Some(PrefetchPolicy::None), ..VmSection::named("seq") }];
     let own = run(Some(PrefetchPolicy::Obl), &mut s);
-    assert!(own.vms[0].prefetch.is_none() && own.total.hit_ratio == 0.0);
+    assert!(own.vms[0].entry.prefetch.is_none() && own.total.hit_ratio == 0.0);
 }
 
 /// Congestion bypass on a saturated cache device (a slow SSD taking every miss's fill,
@@ -480,7 +481,7 @@ fn congestion_bypass_lowers_the_p99_of_a_saturated_cache_and_costs_nothing_other
         let bypass = simulate(&s, &mut |_| {}).unwrap();
         let c = bypass.engine.congestion.clone().expect("thresholds set: its state is reported");
         let (p, b) = (plain.total.latency.p99_us, bypass.total.latency.p99_us);
-        let around = bypass.vms[0].congestion_bypassed;
+        let around = bypass.vms[0].entry.congestion_bypassed;
         if saturated {
             assert!(b * 10.0 < p, "p99 {b:.0} µs with bypass vs {p:.0} µs without");
             assert!(around[0] > 0 && c.read_episodes + c.write_episodes > 0, "{around:?} {c:?}");

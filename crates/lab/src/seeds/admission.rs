@@ -99,7 +99,7 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
         let rejected: u64 = cache
             .vms
             .iter()
-            .filter_map(|v| v.admission.as_ref())
+            .filter_map(|v| v.entry.admission.as_ref())
             .map(|a| a.counts.read_rejected + a.counts.write_rejected)
             .sum();
         t1.rows.push(vec![
@@ -156,7 +156,7 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
             name,
             r.total.hit_ratio,
             r.total.ssd_write_bytes,
-            r.vms[0].admission.as_ref().and_then(|a| a.auto),
+            r.vms[0].entry.admission.as_ref().and_then(|a| a.auto),
         ));
     }
     let mut t_twice =
@@ -166,7 +166,8 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
         t_twice.rows.push(vec![name.to_string(), pct(*h), format_size(*w), choice]);
     }
     let auto_mix = mix_rows.iter().find(|r| r.0 == "auto").map(|r| &r.1).ok_or("auto ran")?;
-    let auto_choice = vm(auto_mix, "hot").admission.as_ref().and_then(|a| a.auto).ok_or("auto reports its choice")?;
+    let auto_choice =
+        vm(auto_mix, "hot").entry.admission.as_ref().and_then(|a| a.auto).ok_or("auto reports its choice")?;
 
     // 1b. A pinned class: the hot VM's hottest blocks (Zipf ranks map to the lowest
     // block numbers) pinned, under the same scan.
@@ -186,7 +187,7 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
         sc.vm = vec![VmSection { class: vec![class], ..VmSection::named("hot") }];
         let label = if pinned { "hot set pinned" } else { "hot set as a class, not pinned" };
         let r = sim(&format!("mix all, {label}"), &sc, &mut scenarios, log)?;
-        let c = vm(&r, "hot").classes.clone().ok_or("a VM with classes reports them")?;
+        let c = vm(&r, "hot").entry.classes.clone().ok_or("a VM with classes reports them")?;
         pin_rows.push((label, c[1].clone(), vm(&r, "hot").hit_ratio));
     }
     let mut t_pin = Table::new(
@@ -228,7 +229,7 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
     let mut budget = traces.clone();
     let mut targets = Vec::new();
     for v in &free.vms {
-        let b = v.admission.as_ref().and_then(|a| a.budget).ok_or("the unbounded budget reports no state")?;
+        let b = v.entry.admission.as_ref().and_then(|a| a.budget).ok_or("the unbounded budget reports no state")?;
         let target = (b.written_bytes as f64 / b.elapsed_s.max(1e-9) / 2.0) as u64;
         targets.push(target);
         let rate = BudgetRate::BytesPerSec(target.max(1));
@@ -259,7 +260,7 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
     let mut cheapest = Vec::new();
     for (i, name) in names.iter().enumerate() {
         let b = vm(&budget, name);
-        let st = b.admission.as_ref().and_then(|a| a.budget).ok_or("a budget run without its state")?;
+        let st = b.entry.admission.as_ref().and_then(|a| a.budget).ok_or("a budget run without its state")?;
         let rate = st.written_bytes as f64 / st.elapsed_s.max(1e-9);
         // The shortfall the stream caused (periods that admitted every miss and still
         // wrote less than the target), as a share of the run's target.

@@ -47,7 +47,7 @@ pub(super) fn prefetch(
         let mut sc = base.clone();
         sc.cache.prefetch = Some(p);
         let r = sim(&format!("sequential reader, prefetch {p}"), &sc, scenarios, log)?;
-        let c = r.vms[0].prefetch.map(|s| s.counts).unwrap_or_default();
+        let c = r.vms[0].entry.prefetch.map(|s| s.counts).unwrap_or_default();
         means.push(r.total.latency.mean_us);
         t.rows.push(vec![
             p.to_string(),
@@ -124,7 +124,7 @@ pub(super) fn congestion(
                 sc.cache.congested_write_threshold = Some("2ms".into());
             }
             let r = sim(&format!("3,000 reads/s, {label}, bypass {bypass}"), &sc, scenarios, log)?;
-            let around = r.vms[0].congestion_bypassed;
+            let around = r.vms[0].entry.congestion_bypassed;
             t.rows.push(vec![
                 label.into(),
                 if bypass { "2 ms thresholds" } else { "off" }.into(),

@@ -232,3 +232,52 @@ fn admission_keys_parse_and_a_bad_one_names_the_key() {
     let e = budget("write_admission = \"write-budget:50MiB\"").unwrap_err();
     assert!(e.contains("cfg.toml") && e.contains("write_admission") && e.contains("50MiB/s"), "{e}");
 }
+
+/// I/O classes and congestion thresholds: every malformed value refused naming the key,
+/// counts and ranges checked at their bounds (0, the largest, past it).
+#[test]
+fn classes_and_congestion_thresholds_are_checked_where_they_enter() {
+    let vdisk = |lines: &str| {
+        let vm1 = "backing = \"var/vm1.img\"\nsize = \"1GiB\"\n";
+        Config::parse(&DEFAULT.replace(vm1, &format!("{vm1}{lines}\n")), "c.toml", Path::new("."))
+            .and_then(|c| c.resolve())
+    };
+    let class = |body: &str| vdisk(&format!("[[vdisk.class]]\nname = \"k\"\n{body}"));
+    assert!(
+        class("range = \"0-1GiB\"\nsize = \"-64KiB\"\nop = \"write\"\npinned = true\nmax_occupancy = \"100%\"").is_ok()
+    );
+    for (body, want) in [
+        ("op = \"trim\"", "op"),
+        ("range = \"1GiB-1GiB\"", "range"),
+        ("range = \"1GiB\"", "range"),
+        ("size = \"x-\"", "size"),
+        ("max_occupancy = \"0%\"", "max_occupancy"),
+        ("max_occupancy = \"101%\"", "max_occupancy"),
+        ("admission = \"second-hit:1\"", "admission"),
+    ] {
+        let e = class(body).unwrap_err();
+        assert!(e.contains(want), "{body}: {e}");
+    }
+    let e = vdisk("[[vdisk.class]]\nname = \"\"").unwrap_err();
+    assert!(e.contains("name"), "{e}");
+    let e = vdisk("[[vdisk.class]]\nname = \"a\"\n[[vdisk.class]]\nname = \"a\"").unwrap_err();
+    assert!(e.contains("named twice"), "{e}");
+    let many = |n: usize| (0..n).map(|i| format!("[[vdisk.class]]\nname = \"c{i}\"\n")).collect::<String>();
+    assert!(vdisk(&many(32)).is_ok(), "32 classes, the most");
+    assert!(vdisk(&many(33)).unwrap_err().contains("at most 32"));
+    let cache = |line: &str| {
+        Config::parse(&DEFAULT.replace("[cache]", &format!("[cache]\n{line}")), "c.toml", Path::new("."))
+            .and_then(|c| c.resolve())
+    };
+    assert!(cache("congested_read_threshold = \"10us\"\ncongested_write_threshold = \"60s\"").is_ok());
+    for line in [
+        "congested_read_threshold = \"0s\"",
+        "congested_read_threshold = \"9us\"",
+        "congested_write_threshold = \"61s\"",
+        "congested_write_threshold = \"99999999999999999999s\"",
+        "congested_write_threshold = \"fast\"",
+    ] {
+        let e = cache(line).unwrap_err();
+        assert!(e.contains(line.split(' ').next().unwrap()), "{line}: {e}");
+    }
+}

@@ -128,7 +128,7 @@ impl Collector for StateCollector {
             c0.metric_type(),
         )?;
         for s in status {
-            let Some(a) = &s.admission else { continue };
+            let Some(a) = &s.entry.admission else { continue };
             let c = a.counts;
             for (op, outcome, v) in [
                 ("read", "admitted", c.read_admitted),
@@ -152,7 +152,7 @@ impl Collector for StateCollector {
             c0.metric_type(),
         )?;
         for s in status {
-            let Some(p) = &s.prefetch else { continue };
+            let Some(p) = &s.entry.prefetch else { continue };
             let c = p.counts;
             for (outcome, v) in [("loaded", c.loaded), ("used", c.used), ("wasted", c.wasted)] {
                 ConstCounter::new(v).encode(m.encode_family(&vec![
@@ -168,7 +168,7 @@ impl Collector for StateCollector {
             c0.metric_type(),
         )?;
         for s in status {
-            let Some(p) = &s.prefetch else { continue };
+            let Some(p) = &s.entry.prefetch else { continue };
             ConstCounter::new(p.counts.late).encode(m.encode_family(&vec![("vdisk".to_string(), s.name.clone())])?)?;
         }
         // I/O classes (`io_class.rs`), for the vDisks that have them: blocks held, block
@@ -181,7 +181,7 @@ impl Collector for StateCollector {
             g0.metric_type(),
         )?;
         for s in status {
-            for c in s.classes.iter().flatten() {
+            for c in s.entry.classes.iter().flatten() {
                 ConstGauge::new(c.cached_blocks as i64).encode(m.encode_family(&vec![
                     ("vdisk".to_string(), s.name.clone()),
                     ("class".to_string(), c.name.clone()),
@@ -208,7 +208,7 @@ impl Collector for StateCollector {
             let c0 = ConstCounter::new(0u64);
             let mut m = enc.encode_descriptor(name, help, None, c0.metric_type())?;
             for s in status {
-                for c in s.classes.iter().flatten() {
+                for c in s.entry.classes.iter().flatten() {
                     for (what, v) in f(c) {
                         ConstCounter::new(v).encode(m.encode_family(&vec![
                             ("vdisk".to_string(), s.name.clone()),
@@ -236,7 +236,7 @@ impl Collector for StateCollector {
             let g0 = ConstGauge::new(0f64);
             let mut m = enc.encode_descriptor(name, help, None, g0.metric_type())?;
             for s in status {
-                let Some(b) = s.admission.as_ref().and_then(|a| a.budget) else { continue };
+                let Some(b) = s.entry.admission.as_ref().and_then(|a| a.budget) else { continue };
                 ConstGauge::new(f(&b)).encode(m.encode_family(&vec![("vdisk".to_string(), s.name.clone())])?)?;
             }
         }
@@ -411,7 +411,7 @@ impl Collector for StateCollector {
                 c0.metric_type(),
             )?;
             for s in &self.0.vdisks {
-                for (op, v) in ["read", "write"].into_iter().zip(s.congestion_bypassed) {
+                for (op, v) in ["read", "write"].into_iter().zip(s.entry.congestion_bypassed) {
                     ConstCounter::new(v).encode(m.encode_family(&vec![
                         ("vdisk".to_string(), s.name.clone()),
                         ("op".to_string(), op.to_string()),

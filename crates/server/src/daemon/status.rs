@@ -29,24 +29,10 @@ pub struct VdiskStatus {
     pub block_size: u64,
     /// Counters.
     pub stats: ExportStats,
-    /// Its admission, when not every miss enters: the read and write policies, misses
-    /// admitted and rejected by direction, and the bytes its history of misses takes.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub admission: Option<cachevisor_engine::AdmissionState>,
-    /// Its prefetch, when it has one: its policy, blocks loaded, read and wasted, reads
-    /// that waited on a load, the stream's degree and trigger distance.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub prefetch: Option<cachevisor_engine::PrefetchState>,
-    /// Read and write misses sent around the cache because its device was congested.
-    #[serde(skip_serializing_if = "is_zero_pair")]
-    pub congestion_bypassed: [u64; 2],
-    /// Its I/O classes' figures, its unclassified requests first (only with classes).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub classes: Option<Vec<cachevisor_engine::ClassCounts>>,
-}
-
-fn is_zero_pair(p: &[u64; 2]) -> bool {
-    *p == [0, 0]
+    /// What its entry policies did (admission, prefetch, congestion bypass, I/O classes),
+    /// each only when it has one.
+    #[serde(flatten)]
+    pub entry: cachevisor_engine::EntryState,
 }
 
 /// The daemon's state at one moment, for one metrics scrape.

@@ -90,11 +90,17 @@ pub fn run(a: StatusArgs) -> anyhow::Result<()> {
         for line in class_lines(v) {
             println!("{line}");
         }
+        if let Some(line) = budget_share_line(v) {
+            println!("{line}");
+        }
     }
     // The cache file, when it is not in (`cachevisor cache attach` brings it back).
     if let Ok(c) = api.get("/cache").call().map(|r| r.into_json::<serde_json::Value>()) {
         let c = c.unwrap_or_default();
         if let Some(line) = congestion_line(&c["congestion"]) {
+            println!("{line}");
+        }
+        if let Some(line) = shared_budget_line(&c["write_budget"]) {
             println!("{line}");
         }
         if let Some(state) = c["state"].as_str().filter(|s| *s != "attached") {
@@ -170,6 +176,48 @@ fn admission_line(v: &serde_json::Value) -> Option<String> {
         }
     }
     Some(line)
+}
+
+/// The cache's shared write budget in one line: its target and what was written at what
+/// rate (`None` when there is none).
+fn shared_budget_line(b: &serde_json::Value) -> Option<String> {
+    if !b.is_object() {
+        return None;
+    }
+    let f = |k: &str| b[k].as_f64().unwrap_or(0.0);
+    let size = |x: f64| format_size(x as u64).replace(' ', "");
+    let rate = if f("elapsed_s") > 0.0 { f("written_bytes") / f("elapsed_s") } else { 0.0 };
+    let mut line = format!(
+        "cache write budget {}/s, shared: {} written in {:.0} s ({}/s)",
+        size(f("target_bytes_per_sec")),
+        size(f("written_bytes")),
+        f("elapsed_s"),
+        size(rate)
+    );
+    if b["unreachable"].as_bool().unwrap_or(false) {
+        line += " (write hits and write-back alone exceed it)";
+    }
+    Some(line)
+}
+
+/// A vDisk's part of the cache's shared write budget in one line (`None` without one).
+fn budget_share_line(v: &serde_json::Value) -> Option<String> {
+    let s = v.get("budget_share").filter(|s| s.is_object())?;
+    let f = |k: &str| s[k].as_f64().unwrap_or(0.0);
+    let share = if s["share_bytes_per_sec"].is_number() {
+        format!("{}/s", format_size(f("share_bytes_per_sec") as u64).replace(' ', ""))
+    } else {
+        "all it asks (first period)".to_string()
+    };
+    let value =
+        s["value"].as_f64().map_or("not measured yet".to_string(), |v| format!("{v:.2} hits per admitted block"));
+    Some(format!(
+        "write budget share {}: {share}, admitting {:.0}% of its misses ({} in, {} around the cache), {value}",
+        v["name"].as_str().unwrap_or("?"),
+        100.0 * f("probability"),
+        s["admitted"].as_u64().unwrap_or(0),
+        s["rejected"].as_u64().unwrap_or(0),
+    ))
 }
 
 /// Congestion bypass in one line: each direction's threshold and smoothed latency, and
@@ -271,6 +319,26 @@ mod tests {
              (threshold off)"
         );
         assert!(super::congestion_line(&serde_json::Value::Null).is_none());
+    }
+
+    #[test]
+    fn budget_lines_name_the_target_the_rate_and_each_share() {
+        let c = serde_json::json!({"target_bytes_per_sec": 3145728.0, "written_bytes": 125829120, "elapsed_s": 40.0,
+            "unreachable": false, "vdisks": []});
+        assert_eq!(
+            super::shared_budget_line(&c).unwrap(),
+            "cache write budget 3.00MiB/s, shared: 120.00MiB written in 40 s (3.00MiB/s)"
+        );
+        assert!(super::shared_budget_line(&serde_json::Value::Null).is_none());
+        let v = serde_json::json!({"name": "db", "budget_share": {"vm": 0, "share_bytes_per_sec": 2621440.0,
+            "probability": 0.31, "written_bytes": 1, "admitted": 1200, "rejected": 2600, "hits_on_admitted": 700,
+            "value": 0.5712}});
+        assert_eq!(
+            super::budget_share_line(&v).unwrap(),
+            "write budget share db: 2.50MiB/s, admitting 31% of its misses (1200 in, 2600 around the cache), 0.57 hits per \
+             admitted block"
+        );
+        assert!(super::budget_share_line(&serde_json::json!({"name": "x"})).is_none());
         let v = serde_json::json!({"name": "db", "classes": [{"name": "unclassified", "cached_blocks": 1, "hits": 0,
             "misses": 0, "rejected_at_cap": 0, "rejected_by_admission": 0}, {"name": "wal", "cached_blocks": 64, "hits": 3,
             "misses": 1, "rejected_at_cap": 5, "rejected_by_admission": 2}]});

@@ -250,10 +250,12 @@ fn second_hit_admission_writes_first_misses_around_the_cache_and_a_reload_switch
     assert!(admissions(&a)[0].is_null());
     qemu_io_ok(&uri, &["write -P 0x43 2M 1M", "read -P 0x43 2M 1M", "read -P 0x42 0 512k", "read -P 0x41 512k 512k"]);
 
-    // A write budget of 64 KiB/s: its first 1 MiB of write misses enter (the controller's
-    // first period), which overspends it by ~16 s, so the next megabyte goes around the
-    // cache; every byte reads back. The read of that megabyte is a read miss, which `all`
-    // admits: the budget counts its fill too (every SSD byte of the vDisk).
+    // A write budget of 64 KiB/s: in the controller's first period (100 ms) write misses
+    // enter only up to a period's worth of the target (64 KiB: 16 blocks, a few more if
+    // the engine asked before their writes were counted), so nearly all of the first megabyte
+    // goes around the cache, and the next megabyte after the first second too; every
+    // byte reads back. The reads of those megabytes are read misses, which `all` admits:
+    // the budget counts their fills too (every SSD byte of the vDisk).
     write_config(
         d,
         "write_policy = \"wb\"\nflush_rate = \"0\"\n",
@@ -267,10 +269,13 @@ fn second_hit_admission_writes_first_misses_around_the_cache_and_a_reload_switch
     );
     let adm = &admissions(&a)[0];
     assert_eq!((adm["read"].as_str(), adm["write"].as_str()), (Some("all"), Some("write-budget:64KiB/s")), "{adm}");
-    assert_eq!((adm["write_admitted"].as_u64(), adm["write_rejected"].as_u64()), (Some(256), Some(256)), "{adm}");
+    let n = |k: &str| adm[k].as_u64().unwrap();
+    assert_eq!(n("write_admitted") + n("write_rejected"), 512, "{adm}");
+    assert!(n("write_admitted") <= 32, "the first period spends only its share: {adm}");
+    // Every block not admitted by the writes is a read miss, admitted, filled.
+    assert_eq!((n("read_admitted"), n("read_rejected")), (512 - n("write_admitted"), 0), "{adm}");
     assert_eq!(adm["budget"]["written_bytes"], 2 << 20, "{adm}");
-    assert_eq!((adm["read_admitted"].as_u64(), adm["read_rejected"].as_u64()), (Some(256), Some(0)), "{adm}");
-    assert_eq!(adm["budget"]["probability"], 0.0, "{adm}");
+    assert!(adm["budget"]["probability"].as_f64().unwrap() < 0.05, "{adm}");
     let metrics =
         ureq::get(&format!("http://{}/metrics", a.api.as_ref().unwrap())).call().unwrap().into_string().unwrap();
     for want in [

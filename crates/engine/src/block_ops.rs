@@ -230,6 +230,9 @@ impl Engine {
             self.slots.last_access_ms[s as usize] = self.now_ms;
         }
         self.with_repl(vm, |r, t| r.touch(t, s));
+        if self.shared_budget.on() {
+            self.shared_budget.touched(vm, s);
+        }
         if self.moving.any() {
             self.note_hit_for_migration(vm, s);
         }

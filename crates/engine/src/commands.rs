@@ -202,6 +202,7 @@ impl Engine {
             prefetch: self.prefetch_state(vm),
             congestion_bypassed: self.congestion_bypassed(vm),
             classes: self.io_classes(vm),
+            budget_share: self.shared_budget.share(vm),
         }
     }
 
@@ -230,16 +231,33 @@ impl Engine {
         if self.congestion.on() && self.congestion.bypass(vm, write, self.ahead.now_ns()) {
             return false;
         }
-        if self.classes.any() {
+        let class_verdict = if self.classes.any() {
             let partition = if self.shared.is_some() { self.slot_count() } else { self.vms[vm as usize].target };
-            if let Some(verdict) = self.classes.admit(vm, self.req.class, key, write, self.now_ms, partition) {
-                return verdict;
-            }
-        }
-        match self.admission.get_mut(vm as usize) {
-            Some(Some(a)) => a.admit(key, write, self.now_ms),
+            self.classes.admit(vm, self.req.class, key, write, self.now_ms, partition)
+        } else {
+            None
+        };
+        let own = match (class_verdict, self.admission.get_mut(vm as usize)) {
+            (Some(verdict), _) => verdict,
+            (None, Some(Some(a))) => a.admit(key, write, self.now_ms),
             _ => true,
-        }
+        };
+        // What the VM's own policy lets in meets the cache's shared budget.
+        own && (!self.shared_budget.on() || self.shared_budget.admit(vm, self.now_ms))
+    }
+
+    /// Sets the cache's write budget shared across VMs (`shared_budget.rs`; `None`: off);
+    /// what it measured starts afresh. A rate in drive writes per day is of the cache's
+    /// capacity now.
+    pub fn set_write_budget(&mut self, rate: Option<crate::write_budget::BudgetRate>) {
+        let block = self.cfg.block_size;
+        self.shared_budget.set(rate, self.slot_count() * block, block);
+    }
+
+    /// The cache's shared write budget: its target, what was written and each VM's share
+    /// (`None`: off).
+    pub fn write_budget(&self) -> Option<crate::shared_budget::SharedBudgetState> {
+        self.shared_budget.state()
     }
 
     /// Changes `vm`'s write policy; to any policy but write-back, its dirty blocks are
@@ -657,6 +675,9 @@ pub struct EntryState {
     /// Its I/O classes' figures, its unclassified requests first (`io_class.rs`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub classes: Option<Vec<crate::io_class::ClassCounts>>,
+    /// Its part of the cache's shared write budget (`shared_budget.rs`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget_share: Option<crate::shared_budget::BudgetShare>,
 }
 
 fn is_zero_pair(p: &[u64; 2]) -> bool {

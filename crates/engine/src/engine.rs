@@ -121,6 +121,8 @@ pub struct Engine {
     pub(crate) congestion: crate::congestion::Congestion,
     /// Per VM: I/O classes, and each slot's class (`io_class.rs`).
     pub(crate) classes: crate::io_class::Classes,
+    /// The cache's write budget shared across VMs (`shared_budget.rs`).
+    pub(crate) shared_budget: crate::shared_budget::SharedBudget,
     /// The controller's interval: its clock and window counters (`interval.rs`).
     pub(crate) interval: crate::interval::IntervalClock,
     /// Local-store slots withheld from the cache (`withheld.rs`).
@@ -209,6 +211,7 @@ impl Engine {
             prefetcher: Default::default(),
             congestion: Default::default(),
             classes: Default::default(),
+            shared_budget: Default::default(),
             withheld: Default::default(),
             interval: Default::default(),
             queue: Default::default(),
@@ -545,6 +548,7 @@ impl Engine {
             if let Some(Some(a)) = self.admission.get_mut(op.vm as usize) {
                 a.note_written(self.now_ms, u64::from(op.len));
             }
+            self.shared_budget.note_written(op.vm, self.now_ms, u64::from(op.len));
         }
         op.id = self.next_op;
         op.phase += self.req.phase_base;

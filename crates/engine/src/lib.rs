@@ -61,6 +61,7 @@ mod restore;
 mod seals;
 pub mod sector_bits;
 pub mod sequential_cutoff;
+pub mod shared_budget;
 mod slot_alloc;
 pub mod slot_table;
 mod slot_wait;
@@ -89,6 +90,7 @@ pub use output::{BlockOutcome, DeviceOp, Evicted, Location, OpHandle, OpId, OpKi
 pub use prewarm_load::PrewarmOutcome;
 pub use replacement::{Replacement, ReplacementKind};
 pub use seals::MAX_SEALS_PER_COMMIT;
+pub use shared_budget::{BudgetShare, SharedBudgetState};
 pub use stores::{StoreId, StoreLayout, LOCAL};
 pub use timers::{Flusher, Schedule};
 pub use withheld::WithholdCost;

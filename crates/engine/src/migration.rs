@@ -278,6 +278,7 @@ impl Engine {
         self.prewarmed.moved(s, d);
         self.prefetcher.moved(s, d);
         self.classes.moved(s, d);
+        self.shared_budget.moved(s, d);
         self.count_store(vm, s, -1);
         self.count_store(vm, d, 1);
         self.note(s);

@@ -33,6 +33,7 @@ impl Engine {
         self.prewarmed.end(s);
         self.prefetcher.forgotten(s);
         self.classes.forgotten(s, vm);
+        self.shared_budget.forgotten(s);
     }
 
     /// Returns a slot (already out of its policy) to the free list.
@@ -336,6 +337,7 @@ impl Engine {
         };
         self.slots.set_key(slot, key);
         self.classes.inserted(slot, vm, self.req.class);
+        self.shared_budget.inserted(slot);
         self.note(slot);
         self.index.insert(key, slot);
         if !self.slots.last_access_ms.is_empty() {

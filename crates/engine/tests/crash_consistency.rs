@@ -95,6 +95,11 @@ enum Step {
         read: Option<u64>,
         write: Option<u64>,
     },
+    /// The cache's shared write budget (`set_write_budget`), in bytes a second (`None`:
+    /// off): what each VM's admission lets in meets it.
+    SharedBudget {
+        rate: Option<u64>,
+    },
     /// Prefetch for sequential reads (`set_prefetch_policy`): loads ahead of a read that
     /// continues the last, as background jobs that may evict.
     Prefetch {
@@ -193,6 +198,8 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0..VMS, 0usize..4).prop_map(|(vm, pick)| Step::Classes { vm, pick }),
         1 => (prop::sample::select(vec![None, Some(20_000_000u64), Some(200_000_000)]), prop::sample::select(vec![None, Some(20_000_000u64), Some(200_000_000)]))
             .prop_map(|(read, write)| Step::Congestion { read, write }),
+        // 16 KiB/s: four blocks a second, most misses rejected; 1 MiB/s: most admitted.
+        1 => prop::sample::select(vec![None, Some(16u64 << 10), Some(1 << 20)]).prop_map(|rate| Step::SharedBudget { rate }),
         1 => (0..VMS, prop::sample::select(vec![PrefetchPolicy::None, PrefetchPolicy::Obl, PrefetchPolicy::Amp { max: 4 }, PrefetchPolicy::Auto]))
             .prop_map(|(vm, policy)| Step::Prefetch { vm, policy }),
         1 => (0u32..4, any::<bool>()).prop_map(|(run, moving)| Step::Lend { run, moving }),
@@ -680,6 +687,10 @@ fn run_checking(
             }
             Step::Congestion { read, write } => {
                 d.e.submit_job(|e, _| e.set_congestion(read, write));
+            }
+            Step::SharedBudget { rate } => {
+                let rate = rate.map(cachevisor_engine::BudgetRate::BytesPerSec);
+                d.e.submit_job(|e, _| e.set_write_budget(rate));
             }
             Step::Prefetch { vm, policy } => {
                 d.e.submit_job(|e, _| e.set_prefetch_policy(vm, policy));

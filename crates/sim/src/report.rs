@@ -165,6 +165,9 @@ pub struct EngineReport {
     /// Congestion bypass at the end of the run (only when a threshold is set).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub congestion: Option<cachevisor_engine::CongestionState>,
+    /// The cache's shared write budget at the end of the run (only when one is set).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub write_budget: Option<cachevisor_engine::SharedBudgetState>,
 }
 
 /// Device utilization.
@@ -288,6 +291,7 @@ impl SimResult {
                 bytes_per_slot: md as f64 / res.slots as f64,
                 written_back_ahead: engine.written_back_ahead(),
                 congestion: engine.congestion(),
+                write_budget: engine.write_budget(),
             },
             model: Default::default(),
             model_reason: String::new(),

@@ -139,6 +139,10 @@ pub struct CacheSection {
     /// The same for write misses and the device's writes (`"20ms"`); unset: never.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub congested_write_threshold: Option<String>,
+    /// The cache's SSD write budget shared across VMs by marginal hits per SSD write
+    /// (`"50MiB/s"` or `"3dwpd"`; the engine's `shared_budget.rs`); unset: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub write_budget: Option<String>,
 }
 
 /// What a simulated cache holds.
@@ -188,6 +192,7 @@ impl Default for CacheSection {
             prefetch: None,
             congested_read_threshold: None,
             congested_write_threshold: None,
+            write_budget: None,
         }
     }
 }
@@ -594,6 +599,9 @@ impl Scenario {
             if let Some(v) = v {
                 parse_duration_ns(v).map_err(|e| format!("cache.{key}: {e}"))?;
             }
+        }
+        if let Some(b) = &self.cache.write_budget {
+            cachevisor_engine::BudgetRate::parse(b).map_err(|e| format!("cache.write_budget: {e}"))?;
         }
         let (read, write) = crate::simulator::admissions(&self.cache, None);
         AdmissionPolicy::check_pair(read, write).map_err(|e| format!("cache: {e}"))?;

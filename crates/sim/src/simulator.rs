@@ -105,6 +105,8 @@ impl<'a> Run<'a> {
         let threshold =
             |s: &Option<String>| s.as_deref().map(parse_duration_ns).transpose().map_err(SimError::Scenario);
         node.engine.set_congestion(threshold(&c.congested_read_threshold)?, threshold(&c.congested_write_threshold)?);
+        let budget = c.write_budget.as_deref().map(cachevisor_engine::BudgetRate::parse).transpose();
+        node.engine.set_write_budget(budget.map_err(SimError::Scenario)?);
         let phases = sc.phase_times().map_err(SimError::Scenario)?;
         Ok(Run {
             sc,

@@ -390,6 +390,40 @@ fn a_write_budget_holds_the_ssd_write_rate_at_its_target() {
     assert!(e.contains("cache:") && e.contains("write-budget:1MiB/s") && e.contains("differ"), "{e}");
 }
 
+/// The cache's shared write budget (`[cache] write_budget`), in both models, on two VMs
+/// at once: at half of what admitting every miss writes, the run's SSD writes hold it
+/// within 5%; each VM's share is in its report and the cache's in `engine.write_budget`;
+/// a malformed rate is refused naming its key.
+#[test]
+fn a_shared_write_budget_holds_the_cache_write_rate_across_vms() {
+    for model in [ModelChoice::Cache, ModelChoice::Full] {
+        let mut s = scenario();
+        s.trace.files = vec![shared("cloudPhysicsIO.vscsi"), shared("websearch-small.mqsim.txt")];
+        s.cache.size = "16MiB".into();
+        s.replay.model = model;
+        s.cache.write_budget = Some("1TiB/s".into());
+        let free = simulate(&s, &mut |_| {}).unwrap();
+        let b = free.engine.write_budget.clone().expect("reported");
+        assert_eq!(b.written_bytes, free.total.ssd_write_bytes, "{model:?}: the budget counts every SSD byte");
+        assert!(b.vdisks.iter().all(|v| v.rejected == 0), "{model:?}: a budget far above never binds");
+        let target = (b.written_bytes as f64 / b.elapsed_s / 2.0) as u64;
+        s.cache.write_budget = Some(format!("{target}B/s"));
+        let r = simulate(&s, &mut |_| {}).unwrap();
+        let b = r.engine.write_budget.clone().unwrap();
+        let held = b.written_bytes as f64 / b.elapsed_s;
+        assert!((held / target as f64 - 1.0).abs() <= 0.05, "{model:?}: {held:.0} B/s against {target}");
+        assert_eq!(b.vdisks.len(), 2, "{model:?}");
+        for (vm, share) in r.vms.iter().zip(&b.vdisks) {
+            assert_eq!(vm.entry.budget_share.as_ref(), Some(share), "{model:?}");
+            assert!(share.admitted > 0 && share.rejected > 0 && share.value.is_some(), "{model:?}: {share:?}");
+        }
+    }
+    let mut s = scenario();
+    s.cache.write_budget = Some("5MiB".into());
+    let e = simulate(&s, &mut |_| {}).unwrap_err().to_string();
+    assert!(e.contains("cache.write_budget") && e.contains("5MiB"), "{e}");
+}
+
 /// Prefetch for a sequential reader of a slow store (2 ms a request, closed loop, one
 /// request at a time): AMP turns its misses into hits and cuts its mean latency by more
 /// than 5×, OBL by less; a VM's own `prefetch = "none"` wins over the cache's.

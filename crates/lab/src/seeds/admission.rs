@@ -9,7 +9,8 @@
 //!    10K rpm disk models, closed loop) for each VM's p99.
 //! 2. A write budget on the bundled traces (full model, closed loop): each VM's budget
 //!    half of what admitting every miss writes; does it hold, and what does it cost in
-//!    hits beside the fixed policies?
+//!    hits beside the fixed policies? And one budget for the whole cache, split by hits
+//!    per admitted block (`admission_shared.rs`), against the same total split by hand.
 //!    Then (`admission_timing.rs`) prefetch from a slow store and congestion bypass on a
 //!    saturated cache device, where the full model's timing decides.
 //! 3. The same mix, as one oracleGeneral file, beside libCacheSim's `cachesim` (given
@@ -308,6 +309,10 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
         &held.iter().map(|(n, d, _)| (n.clone(), 100.0 * (1.0 + d))).collect::<Vec<_>>(),
     )?;
 
+    // One budget for the whole cache, against the same total split by hand.
+    let (shared_section, shared_claims) =
+        super::admission_shared::shared_budget(&traces, &names, &targets, &budget, &mut scenarios, log)?;
+
     // Where the devices' timing decides: prefetch, congestion bypass.
     let (prefetch_section, prefetch_claim) = super::admission_timing::prefetch(opts, &mut scenarios, log)?;
     let (congestion_section, congestion_claim) = super::admission_timing::congestion(opts, &mut scenarios, log)?;
@@ -426,6 +431,7 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
             asserted: false,
         },
     ];
+    claims.extend(shared_claims);
     claims.push(prefetch_claim);
     claims.push(congestion_claim);
     if let Some(d) = same_algorithms_agree {
@@ -471,6 +477,7 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
                 figure: Some(fig2),
                 table: Some(t2),
             },
+            shared_section,
             prefetch_section,
             congestion_section,
             // Without cachesim, its sentence says so and no empty table follows.

@@ -5,6 +5,7 @@
 //! each at the quick size and asserts the claims marked `asserted`.
 
 pub mod admission;
+mod admission_shared;
 mod admission_timing;
 pub mod eci_endurance;
 pub mod elica;

@@ -82,9 +82,22 @@ pub struct CacheConfig {
     /// The same for write misses and the device's writes (`"20ms"`); unset: never.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub congested_write_threshold: Option<String>,
+    /// The cache's SSD write budget, shared across the vDisks by marginal hits per SSD
+    /// write (`"50MiB/s"`, or `"3dwpd"` drive writes per day of the cache; the engine's
+    /// `shared_budget.rs`); unset: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_budget: Option<String>,
 }
 
 impl CacheConfig {
+    /// The shared write budget's rate (`None`: none); an error names the key.
+    pub fn write_budget(&self) -> Result<Option<cachevisor_engine::BudgetRate>, String> {
+        self.write_budget
+            .as_deref()
+            .map(|s| cachevisor_engine::BudgetRate::parse(s).map_err(|e| format!("cache.write_budget: {e}")))
+            .transpose()
+    }
+
     /// The congestion thresholds in ns (read, write); an error names the key.
     pub fn congestion_thresholds(&self) -> Result<(Option<u64>, Option<u64>), String> {
         let parse = |key: &str, v: &Option<String>| {

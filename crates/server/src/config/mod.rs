@@ -159,6 +159,7 @@ impl Config {
             return Err("cache.interval: at least 1ms".into());
         }
         self.cache.congestion_thresholds()?;
+        self.cache.write_budget()?;
         let seal_after_ns = cachevisor_trace::units::parse_duration_ns(&self.cache.seal_after)
             .map_err(|e| format!("cache.seal_after: {e}"))?;
         if seal_after_ns != 0 && !(1_000_000_000..=3_600_000_000_000).contains(&seal_after_ns) {

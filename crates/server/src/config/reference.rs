@@ -45,6 +45,7 @@ flush_rate = "16MiB"          # default 16MiB per second at most of background w
 writeback_percent = 10        # default 10, 0 to 100: share of the cache the flusher leaves dirty (hot blocks stay dirty)
 congested_read_threshold = "2ms"   # default off: read misses go around the cache while its device's reads take longer than this on average (bcache's congested_read_threshold_us; 3/4 of it clears it)
 congested_write_threshold = "20ms" # default off: the same for write misses and the device's writes
+write_budget = "3dwpd"        # default off: the SSD's write budget, "50MiB/s" or drive writes per day of the cache ("3dwpd"), shared across the vDisks: each miss a vDisk's own admission lets in enters with a probability a controller holds to it, the room split by hits per admitted block (every vDisk with misses gets a tenth of an equal part); write hits and write-back count against it
 writeback_ahead = 32          # default 32, 0 to 4096: dirty blocks among each vDisk's next this many victims are written back while its backing store is idle; 0 = off
 direct = "auto"               # default auto | on | off: O_DIRECT on the cache store
 io_uring = true               # default true: an O_DIRECT cache store's I/O through io_uring where the kernel allows; false: device threads

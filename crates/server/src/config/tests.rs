@@ -270,12 +270,16 @@ fn classes_and_congestion_thresholds_are_checked_where_they_enter() {
             .and_then(|c| c.resolve())
     };
     assert!(cache("congested_read_threshold = \"10us\"\ncongested_write_threshold = \"60s\"").is_ok());
+    assert!(cache("write_budget = \"3dwpd\"").is_ok() && cache("write_budget = \"50MiB/s\"").is_ok());
     for line in [
         "congested_read_threshold = \"0s\"",
         "congested_read_threshold = \"9us\"",
         "congested_write_threshold = \"61s\"",
         "congested_write_threshold = \"99999999999999999999s\"",
         "congested_write_threshold = \"fast\"",
+        "write_budget = \"50MiB\"",
+        "write_budget = \"0B/s\"",
+        "write_budget = \"-3dwpd\"",
     ] {
         let e = cache(line).unwrap_err();
         assert!(e.contains(line.split(' ').next().unwrap()), "{line}: {e}");

@@ -64,6 +64,9 @@ pub struct CacheReport {
     /// smoothed latencies and whether misses go around it now.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub congestion: Option<cachevisor_engine::CongestionState>,
+    /// The cache's shared write budget (`[cache] write_budget`), when set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub write_budget: Option<cachevisor_engine::SharedBudgetState>,
 }
 
 /// The last swap's outcome, for [`CacheReport`].
@@ -110,6 +113,7 @@ impl Daemon {
             prewarm: last.prewarm.clone(),
             error: last.error.clone(),
             congestion: self.dp.with_engine(|e| e.congestion()),
+            write_budget: self.dp.with_engine(|e| e.write_budget()),
         }
     }
 

@@ -380,6 +380,62 @@ impl Collector for StateCollector {
                 b.metric_type(),
             )?)?;
         }
+        if let Some(b) = &self.0.write_budget {
+            // The cache's shared write budget (`shared_budget.rs`) and each vDisk's share.
+            let cache_gauges = [
+                (
+                    "cachevisor_cache_write_budget_target_bytes_per_second",
+                    "The cache's shared SSD write budget",
+                    b.target_bytes_per_sec,
+                ),
+                (
+                    "cachevisor_cache_write_budget_written_bytes",
+                    "SSD bytes every vDisk wrote since the shared budget was set",
+                    b.written_bytes as f64,
+                ),
+                (
+                    "cachevisor_cache_write_budget_unreachable",
+                    "1 when the writes the shared budget cannot refuse alone exceeded it in the last period",
+                    f64::from(u8::from(b.unreachable)),
+                ),
+            ];
+            for (name, help, v) in cache_gauges {
+                let g = ConstGauge::new(v);
+                g.encode(enc.encode_descriptor(name, help, None, g.metric_type())?)?;
+            }
+            type Share = fn(&cachevisor_engine::BudgetShare) -> f64;
+            let shares: [(&str, &str, Share); 4] = [
+                (
+                    "cachevisor_write_budget_share_bytes_per_second",
+                    "The vDisk's share of the shared budget for admitted misses' writes",
+                    |s| s.share_bytes_per_sec.unwrap_or(f64::INFINITY),
+                ),
+                (
+                    "cachevisor_write_budget_share_probability",
+                    "The probability a miss of the vDisk its own admission lets in enters now",
+                    |s| s.probability,
+                ),
+                (
+                    "cachevisor_write_budget_share_hits_per_admitted_block",
+                    "Smoothed hits per block the shared budget let in: what the split ranks by",
+                    |s| s.value.unwrap_or(0.0),
+                ),
+                (
+                    "cachevisor_write_budget_share_written_bytes",
+                    "SSD bytes the vDisk wrote since the shared budget was set",
+                    |s| s.written_bytes as f64,
+                ),
+            ];
+            for (name, help, f) in shares {
+                let g0 = ConstGauge::new(0f64);
+                let mut m = enc.encode_descriptor(name, help, None, g0.metric_type())?;
+                for s in &self.0.vdisks {
+                    let Some(share) = s.entry.budget_share else { continue };
+                    ConstGauge::new(f(&share))
+                        .encode(m.encode_family(&vec![("vdisk".to_string(), s.name.clone())])?)?;
+                }
+            }
+        }
         if let Some(c) = &self.0.congestion {
             // Congestion bypass (`congestion.rs`): the cache device's smoothed latency, and
             // whether each direction is congested now.

@@ -85,7 +85,7 @@ pub enum ReloadError {
 }
 
 /// Keys a reload applies (a key equal to one, or under it).
-const LIVE: [&str; 22] = [
+const LIVE: [&str; 23] = [
     "log.level",
     "cache.size",
     "cache.write_policy",
@@ -98,6 +98,7 @@ const LIVE: [&str; 22] = [
     "cache.error_threshold",
     "cache.congested_read_threshold",
     "cache.congested_write_threshold",
+    "cache.write_budget",
     "prewarm.snapshot_every",
     "prewarm.snapshots_kept",
     "prewarm.heuristic",
@@ -341,6 +342,14 @@ impl Daemon {
                     show(&new.cache.congested_write_threshold)
                 );
                 step(what, Ok(()))?;
+            }
+            // A rate in drive writes per day is of the cache's size: set again when it changes.
+            let dwpd = matches!(new.cache.write_budget()?, Some(cachevisor_engine::BudgetRate::Dwpd(_)));
+            if plan.has("cache.write_budget") || (dwpd && plan.has("cache.size")) {
+                let rate = new.cache.write_budget()?;
+                self.dp.with_engine_mut(|e| e.set_write_budget(rate));
+                let shown = new.cache.write_budget.clone().unwrap_or_else(|| "off".into());
+                step(format!("cache.write_budget {shown}"), Ok(()))?;
             }
             if plan.has("cache.error_threshold") {
                 let n = new.cache.error_threshold;

@@ -177,6 +177,7 @@ impl Daemon {
         engine.set_writeback_ahead(cfg.cache.writeback_ahead);
         let (read, write) = cfg.cache.congestion_thresholds().map_err(StartError::Config)?;
         engine.set_congestion(read, write);
+        engine.set_write_budget(cfg.cache.write_budget().map_err(StartError::Config)?);
         let ctl = first_controller(cfg, &r, &mut engine).map_err(StartError::Config)?;
         // Warm start: put every block the metadata knows back into its slot.
         let names: Vec<String> = cfg.vdisk.iter().map(|v| v.name.clone()).collect();

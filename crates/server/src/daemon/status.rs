@@ -62,6 +62,8 @@ pub struct State {
     pub ring: cachevisor_datapath::RingCounts,
     /// Congestion bypass, when a threshold is set.
     pub congestion: Option<cachevisor_engine::CongestionState>,
+    /// The cache's shared write budget (`[cache] write_budget`), when set.
+    pub write_budget: Option<cachevisor_engine::SharedBudgetState>,
 }
 
 /// A cluster node's state as gauges (`[cluster]`).

@@ -6,12 +6,15 @@
 //!   class holds no more than its cap;
 //! - **capped** (`max_share` of the vDisk's partition, or of the cache in a shared pool):
 //!   while it holds that many blocks its misses go around the cache;
-//! - given its own **admission** policy (`block_admission.rs`), in place of the vDisk's.
+//! - given its own **admission** policy (`block_admission.rs`), in place of the vDisk's;
+//! - given an eviction **priority** (Open-CAS's: 0 to 255, lower stays longer; unset and
+//!   unclassified: [`DEFAULT_PRIORITY`]): a block is passed over as a victim, as a pinned
+//!   one is, while the vDisk holds blocks of a class of a higher number — those go
+//!   first, each class in its policy's order.
 //!
 //! Each slot remembers the class of the request that inserted it (one byte a slot, only
 //! once some vDisk has classes), so occupancy is counted per class, and hits and misses
-//! per class of the request. Open-CAS's allocation priority is not modelled: a pinned
-//! class is the priority that keeps data cached. Sans-IO state inside the engine.
+//! per class of the request. Sans-IO state inside the engine.
 
 use crate::block_admission::{Admission, AdmissionPolicy};
 use cachevisor_trace::{Op, Request};
@@ -33,7 +36,12 @@ pub struct IoClass {
     pub max_share: Option<f64>,
     /// Its misses' admission in place of the vDisk's.
     pub admission: Option<AdmissionPolicy>,
+    /// Eviction priority, 0 to 255: lower stays longer.
+    pub priority: u8,
 }
+
+/// The eviction priority of a class that sets none, and of unclassified blocks.
+pub const DEFAULT_PRIORITY: u8 = 100;
 
 impl IoClass {
     /// A class named `name` matching every request.
@@ -46,6 +54,7 @@ impl IoClass {
             pinned: false,
             max_share: None,
             admission: None,
+            priority: DEFAULT_PRIORITY,
         }
     }
 
@@ -80,6 +89,8 @@ struct VmClasses {
     classes: Vec<IoClass>,
     counts: Vec<ClassCounts>,
     admission: Vec<Option<Admission>>,
+    /// Whether a class's priority differs from the default (else priorities are skipped).
+    ranked: bool,
 }
 
 /// Every vDisk's classes and each slot's class (inside `Engine`).
@@ -112,7 +123,8 @@ impl Classes {
                 c.admission.map(|p| Admission::new(p, p, window, seed ^ ((i as u64 + 1) << 32), block, capacity))
             })
             .collect();
-        self.vms[v] = (!classes.is_empty()).then_some(VmClasses { classes, counts, admission });
+        let ranked = classes.iter().any(|c| c.priority != DEFAULT_PRIORITY);
+        self.vms[v] = (!classes.is_empty()).then_some(VmClasses { classes, counts, admission, ranked });
         self.any = self.vms.iter().any(Option::is_some);
         // Slots keep their byte; one whose class index no longer exists reads as unclassified.
     }
@@ -212,17 +224,25 @@ impl Classes {
         }
     }
 
-    /// Whether slot `s` of `vm` is pinned: its class is pinned and holds no more than
-    /// its cap of `partition` blocks.
+    /// Whether slot `s` of `vm` is passed over as a victim: its class is pinned and holds
+    /// no more than its cap of `partition` blocks, or `vm` holds blocks of a class of a
+    /// higher priority number (evicted first).
     #[inline]
     pub(crate) fn pins(&self, s: u32, vm: u32, partition: u64) -> bool {
-        let Some(&class) = self.slot_class.get(s as usize) else { return false };
-        if class == 0 {
-            return false;
-        }
+        let class = self.slot_class.get(s as usize).copied().unwrap_or(0) as usize;
         let Some(Some(c)) = self.vms.get(vm as usize) else { return false };
-        let Some(k) = c.classes.get(class as usize - 1) else { return false };
-        k.pinned && k.max_share.is_none_or(|sh| c.counts[class as usize].cached_blocks as f64 <= sh * partition as f64)
+        // A class index that no longer exists reads as unclassified.
+        let k = class.checked_sub(1).and_then(|i| c.classes.get(i));
+        let class = if k.is_some() { class } else { 0 };
+        let pinned = k.is_some_and(|k| {
+            k.pinned && k.max_share.is_none_or(|sh| c.counts[class].cached_blocks as f64 <= sh * partition as f64)
+        });
+        if pinned || !c.ranked {
+            return pinned;
+        }
+        let priority = |i: usize| if i == 0 { DEFAULT_PRIORITY } else { c.classes[i - 1].priority };
+        let mine = priority(class);
+        (0..c.counts.len()).any(|i| priority(i) > mine && c.counts[i].cached_blocks > 0)
     }
 
     /// `vm`'s classes' figures (its unclassified requests first).
@@ -256,6 +276,10 @@ pub struct IoClassSection {
     /// Its misses' admission in place of the vDisk's (`block_admission.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission: Option<AdmissionPolicy>,
+    /// Eviction priority, 0 to 255 (Open-CAS's): lower stays longer; unset: 100, as
+    /// unclassified blocks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i64>,
 }
 
 impl IoClassSection {
@@ -283,6 +307,10 @@ impl IoClassSection {
                 Err(e) => return Err(format!("class `{name}`.max_occupancy: {e}")),
             },
         };
+        let priority = match self.priority {
+            None => DEFAULT_PRIORITY,
+            Some(p) => u8::try_from(p).map_err(|_| format!("class `{name}`.priority: {p} is outside 0 to 255"))?,
+        };
         Ok(IoClass {
             name: name.clone(),
             size,
@@ -291,6 +319,7 @@ impl IoClassSection {
             pinned: self.pinned,
             max_share,
             admission: self.admission,
+            priority,
         })
     }
 
@@ -423,6 +452,60 @@ mod tests {
                 }
             }
             e.check_invariants().unwrap();
+        }
+    }
+
+    /// In the engine: one VM's 64-slot partition; a `db` class (its first 1 MiB, priority
+    /// 10) and a `logs` class (the rest, priority 200). After 32 db blocks and 32 log
+    /// blocks fill it, every new log block evicts a log block, never a db block, so the
+    /// db blocks all hit; with equal priorities (LRU) the newer log blocks push the older
+    /// db blocks out. A priority out of 0 to 255 is refused naming it.
+    #[test]
+    fn a_class_of_a_higher_priority_number_is_evicted_first() {
+        for ranked in [true, false] {
+            let mut e = crate::Engine::new(crate::EngineConfig::with_slots(64)).unwrap();
+            e.set_target(0, 64, &mut crate::Output::default());
+            let (db, logs) = if ranked { (10, 200) } else { (DEFAULT_PRIORITY, DEFAULT_PRIORITY) };
+            let classes = vec![
+                IoClass { range: (0, 1 << 20), priority: db, ..IoClass::named("db") },
+                IoClass { range: (1 << 20, u64::MAX), priority: logs, ..IoClass::named("logs") },
+            ];
+            e.set_io_classes(0, classes).unwrap();
+            let mut out = crate::Output::default();
+            let mut read = |e: &mut crate::Engine, b: u64| {
+                e.access(0, &Request { time_ns: 0, vm: 0, op: Op::Read, offset: b * 4096, len: 4096 }, &mut out);
+                out.blocks[0].hit
+            };
+            for b in 0..32 {
+                read(&mut e, b);
+            }
+            for b in 256..512 {
+                read(&mut e, b);
+            }
+            let hits = (0..32).filter(|&b| read(&mut e, b)).count();
+            let c = e.io_classes(0).unwrap();
+            if ranked {
+                assert_eq!((hits, c[1].cached_blocks, c[2].cached_blocks), (32, 32, 32), "{c:?}");
+            } else {
+                assert_eq!(hits, 0, "LRU: the log blocks pushed the db blocks out");
+            }
+            e.check_invariants().unwrap();
+        }
+        let bad = IoClassSection { priority: Some(256), ..section("x") };
+        assert!(bad.resolve().unwrap_err().contains("class `x`.priority: 256 is outside 0 to 255"));
+        assert_eq!(IoClassSection { priority: Some(0), ..section("x") }.resolve().unwrap().priority, 0);
+    }
+
+    fn section(name: &str) -> IoClassSection {
+        IoClassSection {
+            name: name.into(),
+            size: None,
+            range: None,
+            op: None,
+            pinned: false,
+            max_occupancy: None,
+            admission: None,
+            priority: None,
         }
     }
 }

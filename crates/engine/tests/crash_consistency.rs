@@ -154,7 +154,8 @@ const ADMISSIONS: [AdmissionPolicy; 5] = [
 ];
 
 /// `Step::Classes`' choices: none; the first 16 KiB pinned; everything capped at a
-/// quarter; writes of a whole block or more on their own second-hit admission.
+/// quarter; writes of a whole block or more on their own second-hit admission; the first
+/// 16 KiB kept longest and reads evicted first (priorities).
 fn class_set(pick: usize) -> Vec<IoClass> {
     match pick {
         1 => vec![IoClass { range: (0, 16 << 10), pinned: true, ..IoClass::named("pinned") }],
@@ -165,6 +166,10 @@ fn class_set(pick: usize) -> Vec<IoClass> {
             admission: Some(AdmissionPolicy::NthMiss { n: 2 }),
             ..IoClass::named("big writes")
         }],
+        4 => vec![
+            IoClass { range: (0, 16 << 10), priority: 10, ..IoClass::named("kept") },
+            IoClass { op: Some(Op::Read), priority: 250, ..IoClass::named("reads first") },
+        ],
         _ => Vec::new(),
     }
 }
@@ -195,7 +200,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0..VMS, prop::sample::select(ADMISSIONS.to_vec()), prop::sample::select(ADMISSIONS.to_vec()))
             .prop_map(|(vm, read, write)| Step::Admission { vm, read, write }),
         2 => (0..VMS, 0..SECTORS / 8, 1u32..5).prop_map(|(vm, block, len)| Step::Prewarm { vm, block, len }),
-        1 => (0..VMS, 0usize..4).prop_map(|(vm, pick)| Step::Classes { vm, pick }),
+        1 => (0..VMS, 0usize..5).prop_map(|(vm, pick)| Step::Classes { vm, pick }),
         1 => (prop::sample::select(vec![None, Some(20_000_000u64), Some(200_000_000)]), prop::sample::select(vec![None, Some(20_000_000u64), Some(200_000_000)]))
             .prop_map(|(read, write)| Step::Congestion { read, write }),
         // 16 KiB/s: four blocks a second, most misses rejected; 1 MiB/s: most admitted.

@@ -1,7 +1,8 @@
 //! I/O classes on a served vDisk (`engine/src/io_class.rs`), with a real NBD client: a
 //! pinned class keeps its blocks through a scan of the same vDisk that turns its whole
 //! partition over, a capped class of large reads holds at most its share, every byte
-//! reads back, and status and /metrics count each class.
+//! reads back, and status and /metrics count each class; a class of a lower priority
+//! number stays while one of a higher number turns over.
 
 mod common;
 use common::*;
@@ -55,5 +56,42 @@ fn a_pinned_class_survives_a_scan_and_a_capped_one_holds_its_share() {
         "cachevisor_class_rejected_misses_total{vdisk=\"db\",class=\"bulk\",reason=\"cap\"}",
     ] {
         assert!(m.contains(want), "{want} in\n{m}");
+    }
+}
+
+/// Eviction priority with a real client: a `db` class (the first 128 KiB, priority 10)
+/// written in write-back beside a scan of the same vDisk (priority 200) that turns the
+/// partition over four times: every db block stays cached, each read a hit; the scan's
+/// blocks are the ones evicted; every byte reads back.
+#[test]
+fn a_class_of_a_lower_priority_number_stays_while_a_higher_one_turns_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = ServeConfig::new("256KiB").cache("path", "c.img").vdisk_toml(
+        "db",
+        "db.img",
+        "size = \"64MiB\"\nwrite_policy = \"wb\"\n\
+         [[class]]\nname = \"db\"\nrange = \"0-128KiB\"\npriority = 10\n\
+         [[class]]\nname = \"scan\"\nrange = \"1MiB-\"\npriority = 200\n",
+    );
+    let r = serve(&parse(dir.path(), &c));
+    let (mut cl, _) = Client::connect(r.tcp.unwrap(), "db");
+    for i in 0..32u64 {
+        cl.write(i * 4096, &data(i), false).unwrap();
+    }
+    for round in 0..4u64 {
+        for i in 0..64u64 {
+            cl.read((1 << 20) + (round * 64 + i) * 4096, 4096).unwrap();
+        }
+        for i in 0..32u64 {
+            assert_eq!(cl.read(i * 4096, 4096).unwrap(), data(i), "round {round}: db block {i}");
+        }
+    }
+    let st = r.daemon.status().into_iter().next().unwrap();
+    let classes = st.entry.classes.expect("a vDisk with classes reports them");
+    let (db, scan) = (&classes[1], &classes[2]);
+    assert_eq!((db.name.as_str(), db.cached_blocks, db.hits, db.misses), ("db", 32, 128, 32), "{classes:?}");
+    assert_eq!((scan.misses, scan.hits), (256, 0), "{scan:?}");
+    for i in 0..32u64 {
+        assert_eq!(cl.read(i * 4096, 4096).unwrap(), data(i));
     }
 }

@@ -184,6 +184,7 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
             pinned,
             max_occupancy: None,
             admission: None,
+            priority: None,
         };
         sc.vm = vec![VmSection { class: vec![class], ..VmSection::named("hot") }];
         let label = if pinned { "hot set pinned" } else { "hot set as a class, not pinned" };

@@ -243,9 +243,10 @@ fn classes_and_congestion_thresholds_are_checked_where_they_enter() {
             .and_then(|c| c.resolve())
     };
     let class = |body: &str| vdisk(&format!("[[vdisk.class]]\nname = \"k\"\n{body}"));
-    assert!(
-        class("range = \"0-1GiB\"\nsize = \"-64KiB\"\nop = \"write\"\npinned = true\nmax_occupancy = \"100%\"").is_ok()
-    );
+    assert!(class(
+        "range = \"0-1GiB\"\nsize = \"-64KiB\"\nop = \"write\"\npinned = true\nmax_occupancy = \"100%\"\npriority = 0"
+    )
+    .is_ok());
     for (body, want) in [
         ("op = \"trim\"", "op"),
         ("range = \"1GiB-1GiB\"", "range"),
@@ -254,6 +255,8 @@ fn classes_and_congestion_thresholds_are_checked_where_they_enter() {
         ("max_occupancy = \"0%\"", "max_occupancy"),
         ("max_occupancy = \"101%\"", "max_occupancy"),
         ("admission = \"second-hit:1\"", "admission"),
+        ("priority = 256", "class `k`.priority: 256 is outside 0 to 255"),
+        ("priority = -1", "class `k`.priority: -1 is outside 0 to 255"),
     ] {
         let e = class(body).unwrap_err();
         assert!(e.contains(want), "{body}: {e}");

@@ -121,12 +121,14 @@ impl Shared {
 
     /// Submits a client request (a flush when `req` is `None`) to the engine and queues
     /// what it can start; `Err` when the vDisk or the data path is no longer served.
+    #[allow(clippy::too_many_arguments)] // the request and its parts, as the engine takes them
     pub(super) fn enter(
         &self,
         core: &mut Core,
         kind: Kind,
         req: Request,
         write: Option<Bytes>,
+        sync: bool,
         callback: Option<Done>,
         waiter: Option<Arc<Condvar>>,
     ) -> Result<ReqId, (Failure, Option<Done>)> {
@@ -147,7 +149,7 @@ impl Shared {
                         core.recorder = None;
                     }
                 }
-                core.engine.submit(now, &req)
+                core.engine.submit_with(now, &req, sync)
             }
             Kind::Flush => core.engine.submit_flush(),
             Kind::Discard => core.engine.submit_discard(now, vm, req.offset, req.len),
@@ -168,7 +170,7 @@ impl Shared {
         // switch per hit, measured in `bench datapath`) would find nothing to do. What
         // it leaves queued is woken for once its own run is taken.
         core.quiet = true;
-        let entered = self.enter(&mut core, kind, req, write, None, Some(cv.clone()));
+        let entered = self.enter(&mut core, kind, req, write, false, None, Some(cv.clone()));
         core.quiet = false;
         let id = entered.map_err(|(f, _)| f)?;
         let own = self.pop_run(&mut core, false, Some(devices::Own { req: id, ssd_only: false }));

@@ -334,6 +334,20 @@ impl DataPath {
     /// the cache store itself (no device thread woken for them: a hit from the page cache
     /// costs less than a wakeup) and leaves the rest to the device threads.
     pub fn submit(self: &Arc<Self>, vm: VmId, offset: u64, cmd: Cmd, here: bool, done: Done) -> Option<ReqId> {
+        self.submit_with(vm, offset, cmd, false, here, done)
+    }
+
+    /// [`Self::submit`]; with `sync`, a write the client asked to be durable at once (NBD
+    /// FUA: a vDisk's I/O classes may match it, `sync = true`; the caller flushes after).
+    pub fn submit_with(
+        self: &Arc<Self>,
+        vm: VmId,
+        offset: u64,
+        cmd: Cmd,
+        sync: bool,
+        here: bool,
+        done: Done,
+    ) -> Option<ReqId> {
         let (kind, len, data) = match cmd {
             Cmd::Read(len) => (Kind::Read, len, None),
             Cmd::Write(d) => (Kind::Write, d.len() as u32, Some(d)),
@@ -357,7 +371,7 @@ impl DataPath {
         let s = &self.shared;
         let mut core = s.lock();
         core.quiet = here;
-        let entered = s.enter(&mut core, kind, req, write, Some(done), None);
+        let entered = s.enter(&mut core, kind, req, write, sync, Some(done), None);
         core.quiet = false;
         if let (Ok(id), true) = (&entered, here) {
             core = s.run_own_locked(core, *id);

@@ -19,23 +19,35 @@ pub struct VdiskExport {
     pub retry_io: bool,
 }
 
-/// `cmd` on `vm`, tried again `left` times after an EIO.
-fn submit_retrying(dp: Arc<DataPath>, vm: VmId, offset: u64, cmd: Cmd, here: bool, done: Done, left: u32) {
+/// `cmd` on `vm` (a FUA write when `sync`), tried again `left` times after an EIO.
+#[allow(clippy::too_many_arguments)]
+fn submit_retrying(dp: Arc<DataPath>, vm: VmId, offset: u64, cmd: Cmd, sync: bool, here: bool, done: Done, left: u32) {
     let again = (left > 0).then(|| cmd.clone());
     let dp2 = dp.clone();
-    dp.submit(
+    dp.submit_with(
         vm,
         offset,
         cmd,
+        sync,
         here,
         Box::new(move |r| match (r, again) {
             (Err(ClientError::Io), Some(cmd)) => {
                 tracing::info!(vdisk = vm, offset, "request failed with EIO: trying again");
-                submit_retrying(dp2, vm, offset, cmd, false, done, left - 1)
+                submit_retrying(dp2, vm, offset, cmd, sync, false, done, left - 1)
             }
             (r, _) => done(r),
         }),
     );
+}
+
+impl VdiskExport {
+    fn submit_maybe_sync(&self, offset: u64, cmd: Cmd, sync: bool, here: bool, done: Done) {
+        if self.retry_io {
+            submit_retrying(self.dp.clone(), self.vm, offset, cmd, sync, here, done, 4);
+        } else {
+            self.dp.submit_with(self.vm, offset, cmd, sync, here, done);
+        }
+    }
 }
 
 impl ExportBackend for VdiskExport {
@@ -46,11 +58,10 @@ impl ExportBackend for VdiskExport {
         self.dp.serves(self.vm)
     }
     fn submit(&self, offset: u64, cmd: Cmd, here: bool, done: Done) {
-        if self.retry_io {
-            submit_retrying(self.dp.clone(), self.vm, offset, cmd, here, done, 4);
-        } else {
-            self.dp.submit(self.vm, offset, cmd, here, done);
-        }
+        self.submit_maybe_sync(offset, cmd, false, here, done);
+    }
+    fn submit_fua_write(&self, offset: u64, data: Vec<u8>, here: bool, done: Done) {
+        self.submit_maybe_sync(offset, Cmd::Write(data), true, here, done);
     }
     fn hint_cache(&self, offset: u64, len: u64) {
         self.dp.hint_cache(self.vm, offset, len);

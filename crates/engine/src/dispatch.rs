@@ -17,11 +17,21 @@ impl Engine {
     /// ([`Self::check_range`]) is answered at once with [`Failure::OutOfRange`] and
     /// touches nothing.
     pub fn submit(&mut self, now_ns: u64, req: &Request) -> ReqId {
+        self.submit_with(now_ns, req, false)
+    }
+
+    /// [`Self::submit`] for a write the client asked to be durable at once when `sync`
+    /// (NBD's FUA): I/O classes may match it (`io_class.rs`); the durability itself is the
+    /// driver's flush after it.
+    pub fn submit_with(&mut self, now_ns: u64, req: &Request, sync: bool) -> ReqId {
         self.ahead.at(now_ns);
         self.seals.at(now_ns);
         let id = self.flight.new_id();
         if self.refuse_out_of_range(id, req.vm, req.offset, req.len) {
             return id;
+        }
+        if sync && req.op == Op::Write {
+            self.classes.note_sync(id);
         }
         let prefetch = self.prefetch_due(req);
         let waits = self.waits_for_slot(req);
@@ -147,6 +157,7 @@ impl Engine {
             self.pre_states(&req, &mut job);
         }
         let before = if self.dur.on() && req.op == Op::Write { self.vouched_before(&req) } else { Vec::new() };
+        self.req.sync = self.classes.take_sync(id);
         self.run_access(now_ns, &req, &mut job.out);
         if req.op == Op::Write {
             for op in job.out.ops.iter().filter(|o| o.client && o.kind == crate::output::OpKind::SsdWrite) {

@@ -152,6 +152,9 @@ pub(crate) struct InRequest {
     pub(crate) force_no_insert: bool,
     /// Its I/O class (`io_class.rs`: 1 + index; 0: none).
     pub(crate) class: u8,
+    /// A write the client asked to be durable at once (set by dispatch for the request
+    /// it runs; classification only).
+    pub(crate) sync: bool,
 }
 
 /// Buffers reused from call to call (no allocation per request).
@@ -427,6 +430,7 @@ impl Engine {
     /// [`Self::access`]'s request path (what dispatch runs for a submitted request).
     pub(crate) fn run_access(&mut self, now_ns: u64, req: &Request, out: &mut Output) {
         out.clear();
+        let sync = std::mem::take(&mut self.req.sync);
         if self.check_range(req.vm, req.offset, req.len as u64).is_err() {
             return;
         }
@@ -438,7 +442,7 @@ impl Engine {
             return;
         }
         self.req.mode = self.decide_mode(req);
-        self.req.class = self.classes.classify(req);
+        self.req.class = self.classes.classify(req, sync);
         self.req.sequential = self.vms[req.vm as usize].traffic.bypass(req.offset, req.len as u64);
         let bs = self.cfg.block_size;
         let (first, last) = (req.offset >> self.shift, (req.end() - 1) >> self.shift);

@@ -38,6 +38,9 @@ pub struct IoClass {
     pub admission: Option<AdmissionPolicy>,
     /// Eviction priority, 0 to 255: lower stays longer.
     pub priority: u8,
+    /// Matches only writes the client asked to be durable at once (NBD's FUA: `true`) or
+    /// only the others (`false`); `None`: both.
+    pub sync: Option<bool>,
 }
 
 /// The eviction priority of a class that sets none, and of unclassified blocks.
@@ -55,14 +58,16 @@ impl IoClass {
             max_share: None,
             admission: None,
             priority: DEFAULT_PRIORITY,
+            sync: None,
         }
     }
 
-    fn matches(&self, r: &Request) -> bool {
+    fn matches(&self, r: &Request, sync: bool) -> bool {
         let len = u64::from(r.len);
         (self.size.0..=self.size.1).contains(&len)
             && (self.range.0..self.range.1).contains(&r.offset)
             && self.op.is_none_or(|op| op == r.op)
+            && self.sync.is_none_or(|s| s == sync)
     }
 }
 
@@ -101,6 +106,8 @@ pub(crate) struct Classes {
     slot_class: Vec<u8>,
     /// Whether any vDisk has classes (everything here is skipped otherwise).
     any: bool,
+    /// Submitted sync writes not dispatched yet.
+    sync_ids: rustc_hash::FxHashSet<crate::ReqId>,
 }
 
 /// The most classes a vDisk may have.
@@ -134,14 +141,29 @@ impl Classes {
         self.any
     }
 
-    /// The class (1 + index; 0: none) of `r`.
+    /// The class (1 + index; 0: none) of `r`, a write the client asked to be durable at
+    /// once when `sync`.
     #[inline]
-    pub(crate) fn classify(&self, r: &Request) -> u8 {
+    pub(crate) fn classify(&self, r: &Request, sync: bool) -> u8 {
         if !self.any {
             return 0;
         }
         let Some(Some(c)) = self.vms.get(r.vm as usize) else { return 0 };
-        c.classes.iter().position(|k| k.matches(r)).map_or(0, |i| i as u8 + 1)
+        c.classes.iter().position(|k| k.matches(r, sync)).map_or(0, |i| i as u8 + 1)
+    }
+
+    /// Submitted request `id` is a write the client asked to be durable at once (kept
+    /// only while some vDisk has classes, until its dispatch).
+    pub(crate) fn note_sync(&mut self, id: crate::ReqId) {
+        if self.any {
+            self.sync_ids.insert(id);
+        }
+    }
+
+    /// Whether request `id` was noted sync; forgets it.
+    #[inline]
+    pub(crate) fn take_sync(&mut self, id: crate::ReqId) -> bool {
+        !self.sync_ids.is_empty() && self.sync_ids.remove(&id)
     }
 
     /// Counts a request's block hits and misses for its class.
@@ -280,6 +302,10 @@ pub struct IoClassSection {
     /// unclassified blocks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<i64>,
+    /// `true`: only writes the client asked to be durable at once (NBD FUA); `false`:
+    /// only the others; unset: both.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync: Option<bool>,
 }
 
 impl IoClassSection {
@@ -320,6 +346,7 @@ impl IoClassSection {
             max_share,
             admission: self.admission,
             priority,
+            sync: self.sync,
         })
     }
 
@@ -375,11 +402,16 @@ mod tests {
         let wal = IoClass { range: (0, 1 << 20), ..IoClass::named("wal") };
         let big = IoClass { size: (64 << 10, u64::MAX), op: Some(Op::Read), ..IoClass::named("big reads") };
         c.set(0, vec![wal, big], 16, 1, 4096, 1 << 20);
-        assert_eq!(c.classify(&req(Op::Write, 4096, 4096)), 1);
-        assert_eq!(c.classify(&req(Op::Read, 4096, 128 << 10)), 1, "first match wins");
-        assert_eq!(c.classify(&req(Op::Read, 2 << 20, 128 << 10)), 2);
-        assert_eq!(c.classify(&req(Op::Write, 2 << 20, 128 << 10)), 0);
-        assert_eq!(c.classify(&Request { vm: 1, ..req(Op::Read, 0, 4096) }), 0, "another vDisk");
+        assert_eq!(c.classify(&req(Op::Write, 4096, 4096), false), 1);
+        assert_eq!(c.classify(&req(Op::Read, 4096, 128 << 10), false), 1, "first match wins");
+        assert_eq!(c.classify(&req(Op::Read, 2 << 20, 128 << 10), false), 2);
+        assert_eq!(c.classify(&req(Op::Write, 2 << 20, 128 << 10), false), 0);
+        assert_eq!(c.classify(&Request { vm: 1, ..req(Op::Read, 0, 4096) }, false), 0, "another vDisk");
+        let mut f = Classes::default();
+        f.set(0, vec![IoClass { sync: Some(true), ..IoClass::named("fua") }], 16, 1, 4096, 1 << 20);
+        assert_eq!((f.classify(&req(Op::Write, 0, 4096), true), f.classify(&req(Op::Write, 0, 4096), false)), (1, 0));
+        f.note_sync(7);
+        assert!(f.take_sync(7) && !f.take_sync(7) && !f.take_sync(8), "taken once");
         assert_eq!(parse_range("64KiB-", "size").unwrap(), (64 << 10, u64::MAX));
         assert_eq!(parse_range("-4KiB", "size").unwrap(), (0, 4096));
         assert_eq!(parse_range("0-1GiB", "range").unwrap(), (0, 1 << 30));
@@ -506,6 +538,7 @@ mod tests {
             max_occupancy: None,
             admission: None,
             priority: None,
+            sync: None,
         }
     }
 }

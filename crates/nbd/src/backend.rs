@@ -66,6 +66,12 @@ pub trait ExportBackend: Send + Sync + 'static {
     /// Starts a command at `offset`; `done` gets its outcome, perhaps before this
     /// returns. `here`: the calling thread may run it.
     fn submit(&self, offset: u64, cmd: Cmd, here: bool, done: Done);
+    /// Starts a write the client asked to be durable at once (FUA): a store that tells
+    /// such writes apart (a vDisk's I/O classes may match them) overrides this; the
+    /// durability itself is the flush the caller sends after it.
+    fn submit_fua_write(&self, offset: u64, data: Vec<u8>, here: bool, done: Done) {
+        self.submit(offset, Cmd::Write(data), here, done)
+    }
     /// NBD_CMD_CACHE: a hint to load the range.
     fn hint_cache(&self, offset: u64, len: u64);
     /// `base:allocation` descriptors for the range: (length, NBD state flags) each.

@@ -273,6 +273,9 @@ pub fn serve<R: Read, W: Write + Send + 'static>(
                     });
                     dp.submit(offset, Cmd::Read(len), here, done);
                 }
+                CMD_WRITE if fua => {
+                    dp.submit_fua_write(req.offset, payload, here, then_flush(dp.clone(), c));
+                }
                 CMD_WRITE => {
                     dp.submit(req.offset, Cmd::Write(payload), here, then_flush(dp.clone(), c));
                 }

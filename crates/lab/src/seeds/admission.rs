@@ -185,6 +185,7 @@ pub fn run(opts: &Options, log: &mut dyn FnMut(&str)) -> Result<Report, String> 
             max_occupancy: None,
             admission: None,
             priority: None,
+            sync: None,
         };
         sc.vm = vec![VmSection { class: vec![class], ..VmSection::named("hot") }];
         let label = if pinned { "hot set pinned" } else { "hot set as a class, not pinned" };

@@ -112,6 +112,7 @@ size = "-64KiB"               # default every size: request sizes from A to B, b
 op = "write"                  # default both: "read" or "write"
 pinned = true                 # default false: its blocks are passed over as victims while it holds no more than max_occupancy
 max_occupancy = "20%"         # default none: at most this share of the vDisk's partition (of the cache, shared); at it, its misses go around the cache
+sync = true                   # default both: true matches only writes the client sent with FUA (NBD; vhost-user-blk has none), false only the others
 priority = 10                 # default 100 (as unclassified blocks), 0 to 255, Open-CAS's eviction priority: a block is passed over as a victim while the vDisk holds blocks of a class with a higher number (those go first)
 admission = "second-hit"      # default: the vDisk's admission; its misses' own (as admission above)
 

@@ -141,6 +141,8 @@ pub struct AdmissionState {
     pub counts: AdmissionCounts,
     /// Bytes its history of recent misses takes.
     pub memory_bytes: u64,
+    /// Misses its history remembers at most: the cache's usable slots.
+    pub window: u64,
     /// Its write budget's controller, when it has one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub budget: Option<BudgetState>,
@@ -272,6 +274,7 @@ impl Admission {
             write: self.write,
             counts: self.counts_by_outcome,
             memory_bytes: self.memory_bytes() + self.shadow.as_ref().map_or(0, |s| s.memory_bytes()),
+            window: self.window as u64,
             budget: self.budget.as_ref().map(|b| b.state()),
             auto: self.shadow.as_ref().map(|s| s.state()),
         }
@@ -300,7 +303,12 @@ impl Admission {
     fn remember(&mut self, key: u64) {
         self.recent.push_back(key);
         *self.counts.entry(key).or_insert(0) += 1;
-        if self.recent.len() > self.window {
+        self.trim();
+    }
+
+    /// Forgets the oldest misses past the window.
+    fn trim(&mut self) {
+        while self.recent.len() > self.window {
             let old = self.recent.pop_front().expect("longer than the window");
             if let Some(c) = self.counts.get_mut(&old) {
                 *c -= 1;
@@ -309,6 +317,13 @@ impl Admission {
                 }
             }
         }
+    }
+
+    /// Remembers at most `window` misses from now on (the cache's usable slots changed:
+    /// resized online, lent to a vSSD or given back); the oldest past it are forgotten.
+    pub(crate) fn set_window(&mut self, window: usize) {
+        self.window = window.max(1);
+        self.trim();
     }
 
     /// Misses admitted and rejected so far.
@@ -351,6 +366,32 @@ mod tests {
             let e = bad.parse::<AdmissionPolicy>().unwrap_err();
             assert!(e.contains(bad), "{bad}: {e}");
         }
+    }
+
+    /// The history follows the cache's usable slots: a 64-slot cache remembers 64 misses;
+    /// with half its slots withheld (a cache shrunk online) 32, so a block's second miss
+    /// 40 misses after its first no longer admits it; given back, 64 again.
+    #[test]
+    fn the_history_follows_the_caches_usable_slots() {
+        use cachevisor_trace::Op::Read;
+        let mut e = engine(64);
+        let nth = AdmissionPolicy::NthMiss { n: 2 };
+        e.set_admission(0, nth, nth);
+        assert_eq!(e.admission(0).unwrap().window, 64);
+        // Misses of blocks 0..40, then block 0 again: its second miss, within 64.
+        let second_miss_admits = |e: &mut crate::Engine, base: u64| {
+            for b in base..base + 40 {
+                io(e, Read, b);
+            }
+            io(e, Read, base).inserted
+        };
+        assert!(second_miss_admits(&mut e, 1000));
+        e.withhold(32, 32, &mut crate::Output::default()).unwrap();
+        assert_eq!(e.admission(0).unwrap().window, 32);
+        assert!(!second_miss_admits(&mut e, 2000), "40 misses back: past a 32-miss history");
+        e.return_slots(32, 32);
+        assert_eq!(e.admission(0).unwrap().window, 64);
+        assert!(second_miss_admits(&mut e, 3000));
     }
 
     fn engine(slots: u64) -> crate::Engine {

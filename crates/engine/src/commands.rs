@@ -147,11 +147,28 @@ impl Engine {
             self.admission.resize_with(v + 1, || None);
         }
         self.admission[v] = (read != AdmissionPolicy::All || write != AdmissionPolicy::All).then(|| {
-            // The window: as many misses as the cache has slots; the seed: the VM's id.
+            // The window: as many misses as the cache has usable slots; the seed: the
+            // VM's id; a write budget in drive writes per day: of the whole cache.
             let block = self.cfg.block_size;
             let slots = self.slot_count();
-            Admission::new(read, write, slots as usize, 0x5eed_0000 ^ vm as u64, block, slots * block)
+            Admission::new(read, write, self.usable_slots(), 0x5eed_0000 ^ vm as u64, block, slots * block)
         });
+    }
+
+    /// Slots the cache can use now: all but the withheld ones (a cache shrunk online, a
+    /// region lent to a vSSD).
+    fn usable_slots(&self) -> usize {
+        (self.slot_count() - self.withheld_slots()).max(1) as usize
+    }
+
+    /// Admission histories follow the cache's usable slots ("sized by the cache"): called
+    /// when slots are withheld or returned.
+    pub(crate) fn refit_admission(&mut self) {
+        let n = self.usable_slots();
+        for a in self.admission.iter_mut().flatten() {
+            a.set_window(n);
+        }
+        self.classes.set_windows(n);
     }
 
     /// `vm`'s admission: its read and write policies, what they admitted and rejected,
@@ -186,7 +203,8 @@ impl Engine {
         self.ensure_vm(vm);
         let block = self.cfg.block_size;
         let slots = self.slot_count();
-        self.classes.set(vm, classes, slots as usize, 0xc1a5_0000 ^ vm as u64, block, slots * block);
+        let window = self.usable_slots();
+        self.classes.set(vm, classes, window, 0xc1a5_0000 ^ vm as u64, block, slots * block);
         Ok(())
     }
 

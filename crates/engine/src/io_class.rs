@@ -141,6 +141,15 @@ impl Classes {
         self.any
     }
 
+    /// Every class admission's window (`Admission::set_window`).
+    pub(crate) fn set_windows(&mut self, window: usize) {
+        for c in self.vms.iter_mut().flatten() {
+            for a in c.admission.iter_mut().flatten() {
+                a.set_window(window);
+            }
+        }
+    }
+
     /// The class (1 + index; 0: none) of `r`, a write the client asked to be durable at
     /// once when `sync`.
     #[inline]

@@ -129,11 +129,12 @@ impl Engine {
         if u64::from(first) < lo || end > lo + len {
             return Err(format!("slots {first}..{end} are not all in the local store's {lo}..{}", lo + len));
         }
-        let n = self.held_part(first, n);
-        for s in first..first + n {
+        let held = self.held_part(first, n);
+        for s in first..first + held {
             self.withheld.slots.insert(s);
         }
-        Ok((first, n))
+        self.refit_admission();
+        Ok((first, held))
     }
 
     /// Retries emptying the withheld slots that had ops in flight; returns how many are
@@ -174,6 +175,7 @@ impl Engine {
             }
             // A slot still emptying comes back through the free list when it is.
         }
+        self.refit_admission();
     }
 
     /// What withholding slots `first..first + n` would cost: the cached blocks it would

@@ -96,7 +96,7 @@ pub(super) fn shared_budget(
     let section = Section {
         heading: "One write budget for the cache".into(),
         text: format!(
-            "The same traces under one cache-wide budget of {total} B/s (the sum of the per-VM targets above: `[cache] write_budget`), split every second — a tenth in equal parts, the rest by each VM's hits per admitted block — beside the same total as equal per-VM budgets and as each VM's own half. Hits per admitted block: hits on blocks the budget let in over the blocks it let in (smoothed); share: the rate of admitted misses' writes the VM was given in the last period."
+            "The same traces under one cache-wide budget of {total} B/s (the sum of the per-VM targets above, as [cache] write_budget), split every second — a tenth in equal parts, the rest by each VM's hits per admitted block — beside the same total as equal per-VM budgets and as each VM's own half. Hits per admitted block: hits on blocks the budget let in over the blocks it let in (smoothed); share at the end: the rate of admitted misses' writes the VM was given in the last period (0 for a VM whose trace had ended: no misses to admit)."
         ),
         figure: None,
         table: Some(t),

@@ -545,8 +545,8 @@ impl Engine {
     }
 
     /// Gives `op` the next id and appends it to `out`; returns the id.
-    #[inline]
-    pub(crate) fn emit(&mut self, out: &mut Output, mut op: DeviceOp) -> OpId {
+    #[inline(always)]
+    pub(crate) fn emit(&mut self, out: &mut Output, op: DeviceOp) -> OpId {
         if op.kind == OpKind::SsdWrite {
             // A write budget counts every SSD byte its vDisk writes (`write_budget.rs`).
             if let Some(Some(a)) = self.admission.get_mut(op.vm as usize) {
@@ -554,11 +554,16 @@ impl Engine {
             }
             self.shared_budget.note_written(op.vm, self.now_ms, u64::from(op.len));
         }
-        op.id = self.next_op;
-        op.phase += self.req.phase_base;
+        let id = self.next_op;
         self.next_op += 1;
+        // Copied as it came, then its id and phase set in place: setting them on the
+        // argument first made the copy's wide loads wait on those narrow stores (a
+        // store-forwarding stall, most of this function's time in a cache-model replay).
         out.ops.push(op);
-        op.id
+        let last = out.ops.last_mut().expect("just pushed");
+        last.id = id;
+        last.phase += self.req.phase_base;
+        id
     }
 
     /// Runs `f` on the policy that orders `vm`'s blocks, with the slot table.

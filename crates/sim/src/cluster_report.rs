@@ -28,6 +28,10 @@ pub struct ClusterVm {
     pub p999_us: f64,
     /// 99.99th-percentile request latency, µs (ELICA Fig. 12c).
     pub p9999_us: f64,
+    /// What its entry policies did (admission, prefetch, congestion bypass, I/O classes,
+    /// its part of its node's write budget), as a one-host run reports it.
+    #[serde(flatten)]
+    pub entry: cachevisor_engine::EntryState,
     /// Its last allocation: local and remote blocks.
     pub local_blocks: u64,
     /// See `local_blocks`.
@@ -271,6 +275,7 @@ pub(crate) fn result(
                 p9999_us,
                 local_blocks: v.alloc.0,
                 remote_blocks: v.alloc.1,
+                entry: nodes[v.node].engine.entry_state(v.local_id),
             }
         })
         .collect();

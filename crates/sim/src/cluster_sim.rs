@@ -130,6 +130,7 @@ impl<'a> Cluster<'a> {
             node.engine.set_traffic_aware(p.cl.mode != ClusterMode::ElicaLoad);
             node.engine.set_traffic_turnover(p.cl.traffic_turnover);
             node.engine.set_lent_write_through(p.cl.remote_writes == RemoteWrites::Through);
+            crate::simulator::apply_cache_settings(&mut node.engine, &sc.cache)?;
             let peers: Vec<_> = (0..n).map(|k| (k != i).then(|| ssds[k].clone())).collect();
             node.attach(ssds[i].clone(), &peers, links[i].clone());
             node.copies = InstantCopies::new(p.cl.migration.batch);
@@ -275,6 +276,8 @@ impl<'a> Cluster<'a> {
                 .ok_or_else(|| SimError::Scenario(format!("vm {name}: no [[vm]] entry places it on a node")))?;
             let local_id = self.nodes[home].engine.vm_count() as VmId;
             self.nodes[home].add_vm(local_id)?;
+            let conf = sc.vm.iter().find(|v| v.name == name);
+            crate::simulator::apply_vm_settings(&mut self.nodes[home], now, &sc.cache, conf, local_id)?;
             self.vms.push(Vm {
                 node: home,
                 local_id,

@@ -101,12 +101,7 @@ impl<'a> Run<'a> {
         let dynamic = managed && (c.lookahead || c.reallocate.unwrap_or(allocator.every_interval()));
         // S-CAVE's global cleaner runs in the engine, as requests are admitted (§V-B).
         node.engine.set_cleaner(controller::cleaner_watermarks(allocator.as_ref(), res.slots, managed));
-        // Congestion bypass (checked by `Scenario::resolve`).
-        let threshold =
-            |s: &Option<String>| s.as_deref().map(parse_duration_ns).transpose().map_err(SimError::Scenario);
-        node.engine.set_congestion(threshold(&c.congested_read_threshold)?, threshold(&c.congested_write_threshold)?);
-        let budget = c.write_budget.as_deref().map(cachevisor_engine::BudgetRate::parse).transpose();
-        node.engine.set_write_budget(budget.map_err(SimError::Scenario)?);
+        apply_cache_settings(&mut node.engine, c)?;
         let phases = sc.phase_times().map_err(SimError::Scenario)?;
         Ok(Run {
             sc,
@@ -186,24 +181,7 @@ impl<'a> Run<'a> {
                 ratio: conf.map_or(1.0, |v| v.ratio),
                 min_blocks: min_bytes.div_ceil(self.res.cache.block_size),
             });
-            if let Some(c) = conf.and_then(|v| v.sequential_cutoff.as_deref()) {
-                let bytes = parse_size(c).map_err(SimError::Scenario)?;
-                self.node.engine.set_sequential_cutoff(vm as VmId, bytes);
-            }
-            if let Some(p) = conf.and_then(|v| v.write_policy) {
-                self.node.command(now, |e, out| e.set_write_policy(vm as VmId, p, out));
-            }
-            let (read, write) = admissions(&self.sc.cache, conf);
-            if (read, write) != (AdmissionPolicy::All, AdmissionPolicy::All) {
-                self.node.engine.set_admission(vm as VmId, read, write);
-            }
-            if let Some(v) = conf.filter(|v| !v.class.is_empty()) {
-                let classes = cachevisor_engine::IoClassSection::resolve_all(&v.class).map_err(SimError::Scenario)?;
-                self.node.engine.set_io_classes(vm as VmId, classes).map_err(SimError::Scenario)?;
-            }
-            if let Some(p) = conf.and_then(|v| v.prefetch).or(self.sc.cache.prefetch) {
-                self.node.engine.set_prefetch_policy(vm as VmId, p);
-            }
+            apply_vm_settings(&mut self.node, now, &self.sc.cache, conf, vm as VmId)?;
         }
         self.apply_phases(now);
         self.allocate_first(now);
@@ -475,6 +453,50 @@ impl<'a> Run<'a> {
         }
         r
     }
+}
+
+/// What a `[[vm]]` section (over the `[cache]` one) sets on VM `vm` of `node`'s engine
+/// besides its share: sequential cutoff, write policy, admission, I/O classes, prefetch.
+/// The one-host run and each node of a cluster run alike.
+pub(crate) fn apply_vm_settings(
+    node: &mut Node,
+    now: u64,
+    cache: &crate::scenario::CacheSection,
+    conf: Option<&crate::scenario::VmSection>,
+    vm: VmId,
+) -> Result<(), SimError> {
+    if let Some(c) = conf.and_then(|v| v.sequential_cutoff.as_deref()) {
+        let bytes = parse_size(c).map_err(SimError::Scenario)?;
+        node.engine.set_sequential_cutoff(vm, bytes);
+    }
+    if let Some(p) = conf.and_then(|v| v.write_policy) {
+        node.command(now, |e, out| e.set_write_policy(vm, p, out));
+    }
+    let (read, write) = admissions(cache, conf);
+    if (read, write) != (AdmissionPolicy::All, AdmissionPolicy::All) {
+        node.engine.set_admission(vm, read, write);
+    }
+    if let Some(v) = conf.filter(|v| !v.class.is_empty()) {
+        let classes = cachevisor_engine::IoClassSection::resolve_all(&v.class).map_err(SimError::Scenario)?;
+        node.engine.set_io_classes(vm, classes).map_err(SimError::Scenario)?;
+    }
+    if let Some(p) = conf.and_then(|v| v.prefetch).or(cache.prefetch) {
+        node.engine.set_prefetch_policy(vm, p);
+    }
+    Ok(())
+}
+
+/// What `[cache]` sets on an engine as a whole: congestion bypass and the shared write
+/// budget (checked by `Scenario::resolve`).
+pub(crate) fn apply_cache_settings(
+    engine: &mut cachevisor_engine::Engine,
+    c: &crate::scenario::CacheSection,
+) -> Result<(), SimError> {
+    let threshold = |s: &Option<String>| s.as_deref().map(parse_duration_ns).transpose().map_err(SimError::Scenario);
+    engine.set_congestion(threshold(&c.congested_read_threshold)?, threshold(&c.congested_write_threshold)?);
+    let budget = c.write_budget.as_deref().map(cachevisor_engine::BudgetRate::parse).transpose();
+    engine.set_write_budget(budget.map_err(SimError::Scenario)?);
+    Ok(())
 }
 
 /// A VM's read and write admission: its own, else the cache's (a write one unset: as

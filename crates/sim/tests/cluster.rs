@@ -73,6 +73,34 @@ fn a_short_node_borrows_an_idle_nodes_cache_and_hits_more() {
     assert!(elica.allocations >= 5);
 }
 
+/// The entry settings of `[cache]` and `[[vm]]` run on every node as on one host: the
+/// cache's second-hit admission and write budget, VM b's own `all` and write-through
+/// policy; each VM's report says what its admission did and its part of its node's
+/// budget, and second-hit writes less to the nodes' SSDs than admitting every miss.
+#[test]
+fn a_clusters_nodes_apply_the_cache_and_vm_entry_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = scenario(dir.path(), ClusterMode::Elica);
+    let all = simulate_cluster(&base, &mut |_| {}).unwrap();
+    assert!(all.vms.iter().all(|v| v.entry.admission.is_none() && v.entry.budget_share.is_none()));
+    let mut s = base.clone();
+    s.cache.admission = Some("second-hit".parse().unwrap());
+    s.cache.write_budget = Some("64MiB/s".into());
+    s.vm[1].admission = Some(cachevisor_engine::AdmissionPolicy::All);
+    s.vm[1].write_policy = Some(cachevisor_engine::WritePolicy::Wt);
+    let r = simulate_cluster(&s, &mut |_| {}).unwrap();
+    let get = |n: &str| r.vms.iter().find(|v| v.name == n).unwrap().clone();
+    for n in ["a", "c"] {
+        let a = get(n).entry.admission.unwrap_or_else(|| panic!("{n}: no admission report"));
+        assert!(a.counts.read_rejected > 0, "{n}: {a:?}");
+        assert!(get(n).entry.budget_share.is_some(), "{n}: its part of its node's budget");
+    }
+    assert!(get("b").entry.admission.is_none(), "b's own `all` wins over the cache's");
+    let written =
+        |r: &cachevisor_sim::cluster_sim::ClusterResult| r.nodes.iter().map(|n| n.ssd_written_bytes).sum::<u64>();
+    assert!(written(&r) < written(&all), "{} vs {}", written(&r), written(&all));
+}
+
 #[test]
 fn the_closed_loop_shows_the_same_gain() {
     let dir = tempfile::tempdir().unwrap();

@@ -140,7 +140,7 @@ pub(crate) struct SharedBudget {
     vms: Vec<VmShare>,
     /// Per slot, one bit: the block in it entered through this budget.
     governed: Vec<u64>,
-    /// The last miss asked about was let in: the next insert is its.
+    /// The last miss asked about was let in: the allocation that follows is its.
     pending: bool,
     rng: u64,
 }
@@ -203,15 +203,20 @@ impl SharedBudget {
         ok
     }
 
-    /// Slot `s` now holds a newly inserted block: the budget's when the last miss it
-    /// was asked about was let in (an insert follows its admission at once).
+    /// Whether the last miss asked about was let in and not yet given a slot; cleared.
+    /// The engine's `allocate` takes it first thing (an allocation follows its miss's
+    /// admission at once), so a miss that finds no slot leaves nothing behind.
     #[inline]
-    pub(crate) fn inserted(&mut self, s: u32) {
-        if !self.on() {
-            return;
+    pub(crate) fn take_pending(&mut self) -> bool {
+        std::mem::take(&mut self.pending)
+    }
+
+    /// Slot `s` now holds a newly inserted block; `governed`: one this budget let in.
+    #[inline]
+    pub(crate) fn inserted(&mut self, s: u32, governed: bool) {
+        if self.on() {
+            self.set_bit(s, governed);
         }
-        let governed = std::mem::take(&mut self.pending);
-        self.set_bit(s, governed);
     }
 
     /// A hit of `vm` on slot `s`.

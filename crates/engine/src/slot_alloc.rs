@@ -302,6 +302,9 @@ impl Engine {
     /// Finds a slot for a new block of `vm` and makes it resident; `None` = bypass.
     #[inline]
     pub(crate) fn allocate(&mut self, vm: VmId, key: u64, sync: bool, out: &mut Output) -> Option<Alloc> {
+        // Whether the shared write budget let this block in (taken here, so a miss that
+        // finds no slot leaves nothing for a later insert, a prefetch's, to take).
+        let governed = self.shared_budget.take_pending();
         if !self.req.mode.insert {
             return None;
         }
@@ -337,7 +340,7 @@ impl Engine {
         };
         self.slots.set_key(slot, key);
         self.classes.inserted(slot, vm, self.req.class);
-        self.shared_budget.inserted(slot);
+        self.shared_budget.inserted(slot, governed);
         self.note(slot);
         self.index.insert(key, slot);
         if !self.slots.last_access_ms.is_empty() {

@@ -131,6 +131,20 @@ impl Engine {
         freed
     }
 
+    /// Sets what decides which of `vm`'s misses enter the cache, as a vDisk's or VM's
+    /// configuration gives it (the daemon's `[[vdisk]]`, the simulator's `[[vm]]` over its
+    /// `[cache]`): sequential cutoff (unset: left as it is), admission, prefetch and I/O
+    /// classes. An error names the class that is wrong; nothing is set then.
+    pub fn set_entry(&mut self, vm: VmId, entry: &VmEntry<'_>) -> Result<(), String> {
+        let classes = crate::io_class::IoClassSection::resolve_all(entry.classes)?;
+        if let Some(c) = entry.sequential_cutoff {
+            self.set_sequential_cutoff(vm, c);
+        }
+        self.set_admission(vm, entry.admission.0, entry.admission.1);
+        self.set_prefetch_policy(vm, entry.prefetch);
+        self.set_io_classes(vm, classes)
+    }
+
     /// Sets `vm`'s sequential cutoff in bytes (0 = off; see `sequential_cutoff`).
     pub fn set_sequential_cutoff(&mut self, vm: VmId, bytes: u64) {
         self.ensure_vm(vm);
@@ -675,6 +689,19 @@ mod tests {
         e.access(0, &req(Op::Read, 10), &mut out);
         assert!(e.lookup(0, 10).is_some());
     }
+}
+
+/// What decides which of a VM's misses enter the cache ([`Engine::set_entry`]).
+#[derive(Debug, Clone, Copy)]
+pub struct VmEntry<'a> {
+    /// Sequential cutoff in bytes (`None`: left as it is).
+    pub sequential_cutoff: Option<u64>,
+    /// Read and write misses' admission.
+    pub admission: (AdmissionPolicy, AdmissionPolicy),
+    /// Prefetch.
+    pub prefetch: crate::block_prefetch::PrefetchPolicy,
+    /// I/O classes as configured (resolved and checked here).
+    pub classes: &'a [crate::io_class::IoClassSection],
 }
 
 /// What a VM's entry policies did (`Engine::entry_state`), the block the simulator's

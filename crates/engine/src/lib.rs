@@ -74,7 +74,7 @@ mod writeback_ahead;
 
 pub use block_admission::{AdmissionCounts, AdmissionPolicy, AdmissionState};
 pub use block_prefetch::{PrefetchCounts, PrefetchPolicy, PrefetchState};
-pub use commands::EntryState;
+pub use commands::{EntryState, VmEntry};
 pub use config::{EngineConfig, FillMode, PartitionMode, StoreKind, StoreSpec};
 pub use congestion::CongestionState;
 pub use device::{Device, Io, Unserved};

@@ -465,25 +465,17 @@ pub(crate) fn apply_vm_settings(
     conf: Option<&crate::scenario::VmSection>,
     vm: VmId,
 ) -> Result<(), SimError> {
-    if let Some(c) = conf.and_then(|v| v.sequential_cutoff.as_deref()) {
-        let bytes = parse_size(c).map_err(SimError::Scenario)?;
-        node.engine.set_sequential_cutoff(vm, bytes);
-    }
     if let Some(p) = conf.and_then(|v| v.write_policy) {
         node.command(now, |e, out| e.set_write_policy(vm, p, out));
     }
-    let (read, write) = admissions(cache, conf);
-    if (read, write) != (AdmissionPolicy::All, AdmissionPolicy::All) {
-        node.engine.set_admission(vm, read, write);
-    }
-    if let Some(v) = conf.filter(|v| !v.class.is_empty()) {
-        let classes = cachevisor_engine::IoClassSection::resolve_all(&v.class).map_err(SimError::Scenario)?;
-        node.engine.set_io_classes(vm, classes).map_err(SimError::Scenario)?;
-    }
-    if let Some(p) = conf.and_then(|v| v.prefetch).or(cache.prefetch) {
-        node.engine.set_prefetch_policy(vm, p);
-    }
-    Ok(())
+    let cutoff = conf.and_then(|v| v.sequential_cutoff.as_deref()).map(parse_size).transpose();
+    let entry = cachevisor_engine::VmEntry {
+        sequential_cutoff: cutoff.map_err(SimError::Scenario)?,
+        admission: admissions(cache, conf),
+        prefetch: conf.and_then(|v| v.prefetch).or(cache.prefetch).unwrap_or_default(),
+        classes: conf.map_or(&[], |v| &v.class),
+    };
+    node.engine.set_entry(vm, &entry).map_err(SimError::Scenario)
 }
 
 /// What `[cache]` sets on an engine as a whole: congestion bypass and the shared write

@@ -101,13 +101,13 @@ pub(crate) fn enroll(
         engine.set_write_policy(id, p, &mut out);
         debug_assert!(out.ops.is_empty(), "an empty partition has nothing to write back");
     }
-    if let Some(c) = cutoff {
-        engine.set_sequential_cutoff(id, c);
-    }
-    let (read, write) = v.admissions();
-    engine.set_admission(id, read, write);
-    engine.set_prefetch_policy(id, v.prefetch.unwrap_or_default());
-    engine.set_io_classes(id, cachevisor_engine::IoClassSection::resolve_all(&v.class)?)?;
+    let entry = cachevisor_engine::VmEntry {
+        sequential_cutoff: cutoff,
+        admission: v.admissions(),
+        prefetch: v.prefetch.unwrap_or_default(),
+        classes: &v.class,
+    };
+    engine.set_entry(id, &entry)?;
     ctl.add_vm(VmSettings { weight: v.weight, ratio: v.ratio, min_blocks: min.div_ceil(block_size) });
     Ok(())
 }

@@ -174,8 +174,8 @@ impl SharedBudget {
     #[inline]
     pub(crate) fn note_written(&mut self, vm: u32, now_ms: u32, bytes: u64) {
         let Some(t) = self.total.as_mut() else { return };
-        t.note_written(now_ms, bytes);
-        let periods = t.tick(now_ms);
+        t.note_written(now_ms, bytes); // ends the period when due
+        let periods = t.periods();
         let s = self.vm(vm);
         s.written += bytes;
         s.period_written += bytes;

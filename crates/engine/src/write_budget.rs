@@ -196,6 +196,11 @@ impl WriteBudget {
         self.periods
     }
 
+    /// Periods ended so far.
+    pub(crate) fn periods(&self) -> u64 {
+        self.periods
+    }
+
     /// The last period's length, seconds, and the rate of governed SSD writes the target
     /// leaves room for next (bytes per second; 0 or less: none; infinite before the first
     /// period ends).

@@ -28,10 +28,6 @@ use crate::write_budget::{BudgetRate, WriteBudget};
 /// The part of the room every vDisk with misses gets in equal shares before the rest
 /// goes by value.
 pub const FLOOR: f64 = 0.1;
-/// Weight of the newest period in a vDisk's smoothed demand and unavoidable writes: the
-/// last period alone (a demand that falls as blocks enter is overestimated by any
-/// average of older periods, and the budget underspent; measured on a Zipf reader).
-const SMOOTHING: f64 = 1.0;
 /// Bounds of the correction a vDisk's probability carries (what its share asked for
 /// over what the last period let in).
 const MIN_CORRECTION: f64 = 0.5;
@@ -90,12 +86,13 @@ struct VmShare {
     correction: f64,
     share: f64,
     written: u64,
-    period_written: u64,
     period_asked: u64,
     period_admitted: u64,
     period_hits: u64,
-    unavoidable_rate: Option<f64>,
-    asked_rate: Option<f64>,
+    /// Governed misses per second in the last period alone (a demand that falls as
+    /// blocks enter is overestimated by any average of older periods, and the budget
+    /// underspent; measured on a Zipf reader).
+    asked_rate: f64,
     hits: f64,
     admitted_smooth: f64,
     admitted: u64,
@@ -110,12 +107,10 @@ impl Default for VmShare {
             correction: 1.0,
             share: f64::INFINITY,
             written: 0,
-            period_written: 0,
             period_asked: 0,
             period_admitted: 0,
             period_hits: 0,
-            unavoidable_rate: None,
-            asked_rate: None,
+            asked_rate: 0.0,
             hits: 0.0,
             admitted_smooth: 0.0,
             admitted: 0,
@@ -178,7 +173,6 @@ impl SharedBudget {
         let periods = t.periods();
         let s = self.vm(vm);
         s.written += bytes;
-        s.period_written += bytes;
         self.split_if_ended(periods);
     }
 
@@ -275,7 +269,6 @@ impl SharedBudget {
         self.periods_seen = periods;
         let (dt, room) = self.total.as_ref().expect("on").room();
         let block = self.block_bytes;
-        let smooth = |old: Option<f64>, new: f64| Some(old.map_or(new, |o| o + SMOOTHING * (new - o)));
         for s in &mut self.vms {
             // A probability below 1 that let in less than its share: more next time (and
             // the reverse), within bounds; at 1 the demand itself was short.
@@ -283,21 +276,15 @@ impl SharedBudget {
                 let ratio = s.share * dt / (s.period_admitted * block) as f64;
                 s.correction = (s.correction * ratio.sqrt()).clamp(MIN_CORRECTION, MAX_CORRECTION);
             }
-            let caused = (s.period_admitted * block).min(s.period_written);
-            s.unavoidable_rate = smooth(s.unavoidable_rate, (s.period_written - caused) as f64 / dt);
-            s.asked_rate = smooth(s.asked_rate, s.period_asked as f64 / dt);
+            s.asked_rate = s.period_asked as f64 / dt;
             s.hits += VALUE_SMOOTHING * (s.period_hits as f64 - s.hits);
             s.admitted_smooth += VALUE_SMOOTHING * (s.period_admitted as f64 - s.admitted_smooth);
-            s.period_written = 0;
             s.period_asked = 0;
             s.period_admitted = 0;
             s.period_hits = 0;
         }
-        let wants: Vec<(f64, f64)> = self
-            .vms
-            .iter()
-            .map(|s| (s.asked_rate.unwrap_or(0.0) * block as f64, s.value().unwrap_or(f64::INFINITY)))
-            .collect();
+        let wants: Vec<(f64, f64)> =
+            self.vms.iter().map(|s| (s.asked_rate * block as f64, s.value().unwrap_or(f64::INFINITY))).collect();
         let shares = split_room(room.max(0.0), &wants);
         for ((s, share), (demand, _)) in self.vms.iter_mut().zip(shares).zip(wants) {
             s.share = share;

@@ -610,6 +610,10 @@ pub fn simulate(sc: &Scenario, progress: &mut dyn FnMut(Progress)) -> Result<Sim
                     }
                 }
                 let req = per_vm[v][run.cursors[v]];
+                // The lookup of this VM's request `PREFETCH_AHEAD` on, started now.
+                if let Some(r) = per_vm[v].get(run.cursors[v] + PREFETCH_AHEAD) {
+                    run.node.engine.prefetch(r.vm, r.offset);
+                }
                 run.cursors[v] += 1;
                 run.issue(now, &req, vm as u64)?;
                 n += 1;

@@ -56,6 +56,9 @@ pub struct SimulateArgs {
     /// SSD device preset.
     #[arg(long)]
     pub ssd: Option<String>,
+    /// Cache devices of that preset the cache is split over, equally (one allocation).
+    #[arg(long)]
+    pub ssd_count: Option<u32>,
     /// Backing device preset.
     #[arg(long)]
     pub backing: Option<String>,
@@ -122,6 +125,9 @@ pub fn base_scenario(a: &SimulateArgs) -> anyhow::Result<Scenario> {
     }
     if let Some(s) = &a.backing {
         sc.devices.backing = DeviceChoice::Preset(s.clone());
+    }
+    if let Some(n) = a.ssd_count {
+        sc.devices.ssd_count = n;
     }
     if let Some(m) = &a.mode {
         sc.replay.mode = if m == "open" { ReplayMode::Open } else { ReplayMode::Closed };

@@ -115,6 +115,10 @@ pub(super) fn store_devices(
             let size = layout.range(id).1 * block;
             match layout.kind(id) {
                 StoreKind::Local => Box::new(CacheFile { file: ssd.clone(), direct, size }) as StoreDevice,
+                StoreKind::Device { index } => Box::new(Unserved {
+                    what: format!("cache device {index} (the data path has no file for it)"),
+                    size,
+                }),
                 StoreKind::Lent { node } => peers.and_then(|p| p.device(node, size)).unwrap_or_else(|| {
                     Box::new(Unserved { what: format!("a cache region node {node} lends (no such peer)"), size })
                 }),

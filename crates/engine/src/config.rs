@@ -57,14 +57,31 @@ pub enum FillMode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase", tag = "kind")]
 pub enum StoreKind {
-    /// This node's own cache store (the table's first row, store 0).
+    /// This node's own cache store (the table's first row, store 0): its first cache
+    /// device.
     Local,
+    /// Another cache device of this host (`[[cache.device]]`, the simulator's
+    /// `devices.ssd_count`): part of the local cache with store 0 — one allocation over
+    /// every local device, new blocks placed by free space and queue (`stores.rs`).
+    Device {
+        /// The device's place among the host's cache devices (1.., device 0 is store 0).
+        index: u16,
+    },
     /// Cache another node of a cluster lends this engine (ELICA §3.1's remote cache),
     /// reached over the network.
     Lent {
         /// The lending node's id in the cluster.
         node: u16,
     },
+}
+
+impl StoreKind {
+    /// Whether the store is one of this host's own cache devices (store 0 or another
+    /// [`StoreKind::Device`]), not a region another node lends.
+    #[inline]
+    pub fn is_local(self) -> bool {
+        matches!(self, StoreKind::Local | StoreKind::Device { .. })
+    }
 }
 
 /// A store after the local one (`EngineConfig::stores`): its kind and its slots, which
@@ -82,6 +99,11 @@ impl StoreSpec {
     /// `slots` slots lent by node `node`.
     pub fn lent(node: u16, slots: u64) -> StoreSpec {
         StoreSpec { kind: StoreKind::Lent { node }, slots }
+    }
+
+    /// `slots` slots on the host's cache device `index` (1..).
+    pub fn device(index: u16, slots: u64) -> StoreSpec {
+        StoreSpec { kind: StoreKind::Device { index }, slots }
     }
 }
 
@@ -103,8 +125,9 @@ pub struct EngineConfig {
     pub fill: FillMode,
     /// Keep a last-access time per slot (4 bytes per slot).
     pub track_last_access: bool,
-    /// The stores after the local one (`slots` slots): regions other nodes of a cluster
-    /// lend (none on a single host). Their slots follow the local ones, in this order.
+    /// The stores after the local one (`slots` slots): the host's other cache devices,
+    /// or regions other nodes of a cluster lend (not both yet). Their slots follow the
+    /// local ones, in this order.
     #[serde(default)]
     pub stores: Vec<StoreSpec>,
 }
@@ -143,6 +166,15 @@ impl EngineConfig {
         {
             return Err(format!("stores: store {} ({:?}) is given twice", i + 1, r.kind));
         }
+        if self.stores.iter().any(|r| r.kind == StoreKind::Device { index: 0 }) {
+            return Err("stores: device 0 is the local store, given by `slots`; other devices count from 1".into());
+        }
+        let devices = self.stores.iter().any(|r| matches!(r.kind, StoreKind::Device { .. }));
+        if devices && self.stores.iter().any(|r| matches!(r.kind, StoreKind::Lent { .. })) {
+            return Err(
+                "stores: several cache devices and regions other nodes lend in one engine are not supported yet: use one cache device on a cluster node".into(),
+            );
+        }
         if self.stores.len() >= u16::MAX as usize {
             return Err(format!("stores: {} stores, at most {}", self.stores.len() + 1, u16::MAX));
         }
@@ -151,6 +183,27 @@ impl EngineConfig {
             return Err(format!("stores: the stores' slots together exceed {MAX_SLOTS}"));
         }
         Ok(())
+    }
+
+    /// This config over several cache devices of `slots[i]` slots each: the first is the
+    /// local store (`slots`), the others [`StoreKind::Device`] stores 1.. (an empty list
+    /// changes nothing; the stores it had are replaced).
+    pub fn over_devices(self, slots: &[u64]) -> EngineConfig {
+        match slots.split_first() {
+            None => self,
+            Some((&first, rest)) => EngineConfig {
+                slots: first,
+                stores: rest.iter().enumerate().map(|(i, &n)| StoreSpec::device(i as u16 + 1, n)).collect(),
+                ..self
+            },
+        }
+    }
+
+    /// `total` slots split over `devices` devices of equal size (the first ones take one
+    /// more when it does not divide): what [`Self::over_devices`] takes.
+    pub fn equal_split(total: u64, devices: u64) -> Vec<u64> {
+        let n = devices.max(1);
+        (0..n).map(|i| total / n + u64::from(i < total % n)).collect()
     }
 
     /// Every slot the engine manages: the local store's, then the other stores'.

@@ -499,6 +499,9 @@ impl Engine {
         job.issued -= 1;
         self.ahead.completed(&op);
         self.congestion.completed(op.id, op.kind, now_ns);
+        if let crate::output::Location::Cache(st) = op.loc {
+            self.stores.op_moved(st, true);
+        }
         self.seals.at(now_ns);
         let mut device_error = false;
         match result {
@@ -517,7 +520,8 @@ impl Engine {
                 // lost and poisoned (`seals.rs`), and a client reading it again must not
                 // push its vDisk to pass-through, where overwriting it would need a
                 // write-back of those bytes first.
-                let lent = matches!(op.loc, crate::output::Location::Cache(st) if st != crate::stores::LOCAL);
+                let lent =
+                    matches!(op.loc, crate::output::Location::Cache(st) if !self.stores.layout().kind(st).is_local());
                 device_error =
                     f != Failure::Shutdown && f != Failure::Corrupt && !(lent && self.stores.lent_write_through());
             }

@@ -88,11 +88,14 @@ impl Engine {
     /// Hands out the next phase, replies, repairs and retires as the job's state allows;
     /// whether it retired.
     pub(crate) fn advance(&mut self, key: usize) -> bool {
-        let (ahead, congestion) = (&mut self.ahead, &mut self.congestion);
+        let (ahead, congestion, stores) = (&mut self.ahead, &mut self.congestion, &mut self.stores);
         let now = ahead.now_ns();
         if !self.flight.advance(key, |op| {
             ahead.issued(op);
             congestion.issued(op.id, op.kind, now);
+            if let crate::output::Location::Cache(st) = op.loc {
+                stores.op_moved(st, false);
+            }
         }) {
             return false;
         }

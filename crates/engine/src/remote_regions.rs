@@ -46,6 +46,10 @@ impl Engine {
         if self.stores.len() == 1 {
             return self.stores.free_list(LOCAL).front().map(|_| LOCAL);
         }
+        if self.stores.several_devices() {
+            // The host's devices alone (no lent region beside them: `EngineConfig::validate`).
+            return self.local_store_for_new_block();
+        }
         let p = &self.vms[vm as usize];
         let remote_total = p.remote_target.min(p.target);
         let local_ok = p.held[0] < p.target - remote_total && self.stores.open(LOCAL);

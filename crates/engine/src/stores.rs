@@ -115,6 +115,9 @@ struct Store {
     limit: u64,
     /// Where migration's reclaim scan resumes (`migration.rs`).
     reclaim_cursor: u64,
+    /// Ops handed out on the store and not yet completed (its queue, as this engine
+    /// sees it: `device_placement.rs`).
+    queued: u32,
 }
 
 /// The store table: the layout and a row per store.
@@ -129,6 +132,9 @@ pub(crate) struct Stores {
     /// Writes to blocks in lent stores go through to the backing store, so no block there
     /// is ever dirty (`set_lent_write_through`).
     lent_write_through: bool,
+    /// The host's own cache devices: stores `0..local` (store 0 and every
+    /// `StoreKind::Device`; `EngineConfig::validate` keeps them first).
+    local: StoreId,
 }
 
 impl Stores {
@@ -142,10 +148,11 @@ impl Stores {
                 for s in first..first + n {
                     free.push_back(slots, s as u32);
                 }
-                Store { free, used: 0, limit: u64::MAX, reclaim_cursor: 0 }
+                Store { free, used: 0, limit: u64::MAX, reclaim_cursor: 0, queued: 0 }
             })
             .collect();
-        Stores { layout, rows, parked: Default::default(), lent_write_through: false }
+        let local = (0..layout.len()).take_while(|&i| layout.kind(i as StoreId).is_local()).count() as StoreId;
+        Stores { layout, rows, parked: Default::default(), lent_write_through: false, local }
     }
 
     /// Takes `layout` for the table's (a growable engine's: the local store's rows and
@@ -180,6 +187,38 @@ impl Stores {
     /// Stores in the table.
     pub(crate) fn len(&self) -> usize {
         self.rows.len()
+    }
+
+    /// The host's own cache devices' stores (store 0 first).
+    #[inline]
+    pub(crate) fn local_ids(&self) -> std::ops::Range<StoreId> {
+        0..self.local
+    }
+
+    /// Whether the host has more than one cache device.
+    #[inline]
+    pub(crate) fn several_devices(&self) -> bool {
+        self.local > 1
+    }
+
+    /// Free slots on store `st`'s list.
+    #[inline]
+    pub(crate) fn free_count(&self, st: StoreId) -> u64 {
+        self.rows[st as usize].free.len() as u64
+    }
+
+    /// Ops handed out on store `st` and not completed.
+    #[inline]
+    pub(crate) fn queued(&self, st: StoreId) -> u32 {
+        self.rows[st as usize].queued
+    }
+
+    /// An op on store `st` was handed out (`ended`: it completed).
+    #[inline]
+    pub(crate) fn op_moved(&mut self, st: StoreId, ended: bool) {
+        if let Some(r) = self.rows.get_mut(st as usize) {
+            r.queued = if ended { r.queued.saturating_sub(1) } else { r.queued + 1 };
+        }
     }
 
     pub(crate) fn layout(&self) -> &StoreLayout {
@@ -301,12 +340,18 @@ impl Engine {
     }
 
     /// Takes a free slot with no ops in flight (a slot freed while its write-back runs is
-    /// pinned until it ends): the local store's first, else the other stores' in order
-    /// (shared mode) — a store at its cap gives none (a lost lender's region has cap 0:
-    /// without this, a miss whose victim's freed slot was still pinned took a slot there
-    /// and its write failed).
+    /// pinned until it ends): the local store's first (with several cache devices, the
+    /// one `device_placement.rs` chooses), else the other stores' in order (shared mode)
+    /// — a store at its cap gives none (a lost lender's region has cap 0: without this, a
+    /// miss whose victim's freed slot was still pinned took a slot there and its write
+    /// failed).
     #[inline]
     pub(crate) fn take_free(&mut self) -> Option<u32> {
+        if self.stores.several_devices() {
+            if let Some(st) = self.local_store_for_new_block() {
+                return self.take_free_of(st);
+            }
+        }
         (0..self.stores.len() as StoreId)
             .find_map(|st| self.stores.below_cap(st).then(|| self.take_free_of(st)).flatten())
     }
@@ -374,7 +419,7 @@ impl Engine {
     /// Whether a write to slot `s` must go through (`set_lent_write_through`).
     #[inline]
     pub(crate) fn writes_through_at(&self, s: u32) -> bool {
-        self.stores.lent_write_through && self.stores.layout.kind(self.store_of(s)) != StoreKind::Local
+        self.stores.lent_write_through && !self.stores.layout.kind(self.store_of(s)).is_local()
     }
 
     /// Slots in use in the local store (every VM's).

@@ -7,7 +7,10 @@
 //! the cache store never serves another block's bytes, and each sector holds a version no
 //! older than the last write acknowledged before a completed flush. With `lent`, the
 //! engine has a second cache store (a region node 1 lends, ELICA §3.1) beside the local
-//! one, and a commit syncs only the stores it names (`Commit::sync_stores`).
+//! one, and a commit syncs only the stores it names (`Commit::sync_stores`). Without
+//! it, half the runs (odd seeds) have a second cache device of the host's own beside the
+//! first (`StoreKind::Device`, one allocation over both): its writes are durable only
+//! when a commit names it too.
 //!
 //! Checksums (`seals.rs`): the driver keeps a checksum of each sector it wrote
 //! to a slot (here the written tag itself, an exact one), checks every cache read against
@@ -544,10 +547,15 @@ impl Driver {
     }
 }
 
-/// 8 local slots, and with `lent` 4 more in a region node 1 lends.
-fn config(shared: bool, replacement: ReplacementKind, lent: bool) -> EngineConfig {
+/// 8 local slots, and with `lent` 4 more in a region node 1 lends; else, for odd seeds,
+/// 4 more on the host's second cache device.
+fn config(shared: bool, replacement: ReplacementKind, lent: bool, seed: u64) -> EngineConfig {
     let partition = if shared { PartitionMode::Shared } else { PartitionMode::Static };
-    let stores = if lent { vec![StoreSpec::lent(1, 4)] } else { Vec::new() };
+    let stores = match (lent, seed % 2) {
+        (true, _) => vec![StoreSpec::lent(1, 4)],
+        (false, 1) => vec![StoreSpec::device(1, 4)],
+        _ => Vec::new(),
+    };
     EngineConfig { partition, replacement, stores, ..EngineConfig::with_slots(8) }
 }
 
@@ -598,7 +606,7 @@ fn run_checking(
 ) -> Result<(), String> {
     let lost = lent && lost;
     trace(|| format!("run shared={shared} seed={seed} ahead={ahead} replacement={repl:?} lent={lent} lost={lost}"));
-    let mut e = Engine::new(config(shared, repl, lent)).unwrap();
+    let mut e = Engine::new(config(shared, repl, lent, seed)).unwrap();
     e.set_lent_write_through(lost);
     let mut d = Driver {
         m: Machine::new(e.layout().clone()),
@@ -793,16 +801,16 @@ fn run_checking(
     }
     d.m.cache.values_mut().for_each(|c| c.crash(&mut rng));
     d.m.backing.values_mut().for_each(|c| c.crash(&mut rng));
-    let lent_store = |slot: u32| d.m.layout.store_of(slot) != 0;
+    let lent_store = |slot: u32| !d.m.layout.kind(d.m.layout.store_of(slot)).is_local();
     if lost {
         for ((store, sector), c) in d.m.cache.iter_mut() {
-            if *store != 0 {
+            if !d.m.layout.kind(*store).is_local() {
                 c.synced = Some((u32::MAX, *sector, 0));
             }
         }
     }
     // Recovery: the journal replayed into a new engine.
-    let mut e = Engine::new(config(shared, repl, lent)).unwrap();
+    let mut e = Engine::new(config(shared, repl, lent, seed)).unwrap();
     e.set_lent_write_through(lost);
     set_targets(&mut e, lent, &mut out);
     // The driver's checksums after the replay: the newest record of each slot, a seal's.
@@ -1002,7 +1010,7 @@ fn misses_that_find_no_durable_free_slot_wait_for_the_commit_and_survive_a_crash
     for shared in [false, true] {
         for drain in [false, true] {
             SLOT_WAITS.with(|w| w.set(0));
-            run_checking(&steps, shared, 7, 0, ReplacementKind::Lru, false, false, drain).unwrap();
+            run_checking(&steps, shared, 8, 0, ReplacementKind::Lru, false, false, drain).unwrap();
             assert!(
                 SLOT_WAITS.with(|w| w.get()) > 0,
                 "shared={shared}: no miss waited for a slot, the case proves nothing"

@@ -215,6 +215,10 @@ struct Setup {
     timers: bool,
     protect: bool,
     remote: bool,
+    /// Without `remote`: two more cache devices of the host beside the 8 local slots
+    /// (2 slots each, one allocation, `device_placement.rs`; lent runs stay on the
+    /// first device, as vSSD regions do).
+    devices: bool,
     /// Write-back ahead of eviction's window (0: off).
     ahead: u32,
     /// ELICA-Traffic's choice at a full partition too (lent-region cases).
@@ -222,10 +226,11 @@ struct Setup {
 }
 
 fn run(steps: &[Step], setup: Setup) -> Result<(), String> {
-    let Setup { partition, fill, kind, timers, protect, remote, ahead, turnover } = setup;
+    let Setup { partition, fill, kind, timers, protect, remote, devices, ahead, turnover } = setup;
     // With `remote`, half the 8 slots are lent by two other nodes of a cluster (ELICA).
     let (slots, lent) = if remote { (4, vec![StoreSpec::lent(1, 2), StoreSpec::lent(3, 2)]) } else { (8, Vec::new()) };
     let cfg = EngineConfig { partition, fill, replacement: kind, stores: lent, ..EngineConfig::with_slots(slots) };
+    let cfg = if devices && !remote { cfg.over_devices(&[8, 2, 2]) } else { cfg };
     let w = DataModel::new(cfg.clone());
     let mut d = Driver { e: Engine::new(cfg).unwrap(), w, flying: Vec::new(), lending: Default::default() };
     // Write-back ahead of eviction: its jobs start as backing stores go idle, among the
@@ -391,11 +396,12 @@ proptest! {
         timers in any::<bool>(),
         protect in any::<bool>(),
         remote in any::<bool>(),
+        devices in any::<bool>(),
         ahead in prop::sample::select(vec![0u32, 2, 8]),
         turnover in any::<bool>(),
     ) {
         let partition = if shared { PartitionMode::Shared } else { PartitionMode::Static };
         let fill = if fill_block { FillMode::Block } else { FillMode::Request };
-        run(&steps, Setup { partition, fill, kind, timers, protect, remote, ahead, turnover }).map_err(TestCaseError::fail)?;
+        run(&steps, Setup { partition, fill, kind, timers, protect, remote, devices, ahead, turnover }).map_err(TestCaseError::fail)?;
     }
 }

@@ -117,6 +117,9 @@ impl VmStats {
 pub struct Metrics {
     /// By VM id.
     pub vms: Vec<VmStats>,
+    /// The node's own cache devices are stores `0..local_stores` (0 counts as 1); a cache
+    /// op on a later store is remote (a region another node lends).
+    pub local_stores: u16,
 }
 
 /// One row of the time series.
@@ -205,9 +208,9 @@ impl Metrics {
 
     /// Counts a device op's bytes (and write-backs), a request's or a background job's.
     pub fn op(&mut self, op: &DeviceOp) {
+        let remote = matches!(op.loc, Location::Cache(st) if st >= self.local_stores.max(1));
         let s = self.vm(op.vm);
         let bytes = op.len as u64;
-        let remote = matches!(op.loc, Location::Cache(st) if st != cachevisor_engine::LOCAL);
         if op.kind.is_ssd() {
             if remote {
                 *(if op.kind.is_write() { &mut s.remote_write_bytes } else { &mut s.remote_read_bytes }) += bytes;

@@ -48,8 +48,11 @@ struct InFlight {
 /// A cache node: engine, devices, metrics, and what is in flight.
 pub(crate) struct Node {
     pub(crate) engine: Engine,
-    /// Its cache SSD (shared: in a cluster, borrowers' remote ops queue on it too).
+    /// Its cache SSD (shared: in a cluster, borrowers' remote ops queue on it too): its
+    /// first cache device, where commits go.
     pub(crate) ssd: SharedDevice,
+    /// Its other cache devices (`devices.ssd_count`), store `i` on `more_ssds[i - 1]`.
+    pub(crate) more_ssds: Vec<SharedDevice>,
     /// One device per row of the engine's store table (`store_devices.rs`): a cache
     /// op runs on its store's.
     stores: Vec<Box<dyn cachevisor_engine::Device>>,
@@ -124,6 +127,19 @@ impl Node {
         writeback: &Writeback,
     ) -> Result<Node, SimError> {
         let block_size = cfg.block_size;
+        let n = devices.ssd_count.max(1);
+        let cfg = if n > 1 {
+            if !cfg.stores.is_empty() {
+                return Err(SimError::Scenario(
+                    "devices.ssd_count: several cache devices on a cluster node are not modelled yet".into(),
+                ));
+            }
+            let split = EngineConfig::equal_split(cfg.slots, u64::from(n));
+            cfg.over_devices(&split)
+        } else {
+            cfg
+        };
+        let local_stores = 1 + cfg.stores.iter().filter(|s| s.kind.is_local()).count() as u16;
         let mut engine = Engine::new(cfg).map_err(SimError::Scenario)?;
         engine.set_writeback_ahead(writeback.writeback_ahead);
         let schedule = Schedule { flusher: writeback.flusher(block_size), ..Default::default() };
@@ -131,14 +147,16 @@ impl Node {
         if let Some(reserve) = persistent {
             engine.set_persistent(reserve);
         }
-        let ssd: SharedDevice =
-            std::rc::Rc::new(std::cell::RefCell::new(Device::new(devices.ssd.resolve().map_err(SimError::Scenario)?)));
+        let spec = devices.ssd.resolve().map_err(SimError::Scenario)?;
+        let ssds: Vec<SharedDevice> =
+            (0..n).map(|_| std::rc::Rc::new(std::cell::RefCell::new(Device::new(spec.clone())))).collect();
         Ok(Node {
-            stores: crate::store_devices::store_devices(engine.layout(), block_size, &ssd, &[], None),
+            stores: crate::store_devices::store_devices(engine.layout(), block_size, &ssds, &[], None),
             engine,
-            ssd,
+            ssd: ssds[0].clone(),
+            more_ssds: ssds[1..].to_vec(),
             backing: Vec::new(),
-            metrics: Metrics::default(),
+            metrics: Metrics { local_stores, ..Default::default() },
             layout: devices.backing_layout,
             backing_spec: devices.backing.resolve().map_err(SimError::Scenario)?,
             pending: BinaryHeap::new(),
@@ -432,7 +450,13 @@ impl Node {
     /// crosses before the lender's SSD serves it.
     pub(crate) fn attach(&mut self, ssd: SharedDevice, peers: &[Option<SharedDevice>], nic: SharedDevice) {
         let block = self.engine.config().block_size;
-        self.stores = crate::store_devices::store_devices(self.engine.layout(), block, &ssd, peers, Some(&nic));
+        self.stores = crate::store_devices::store_devices(
+            self.engine.layout(),
+            block,
+            std::slice::from_ref(&ssd),
+            peers,
+            Some(&nic),
+        );
         self.ssd = ssd;
     }
 

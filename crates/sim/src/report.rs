@@ -182,6 +182,10 @@ pub struct DeviceReport {
     /// The longest an op waited in its queue, seconds: a device that was saturated, even
     /// only in bursts, makes ops wait for whole seconds and latencies measure the queue.
     pub max_queue_wait_s: f64,
+    /// Bytes it read over the run.
+    pub bytes_read: u64,
+    /// Bytes it wrote over the run (a cache device's writes are its wear).
+    pub bytes_written: u64,
 }
 
 /// Queue wait (seconds) from which a device counts as saturated.
@@ -250,7 +254,7 @@ impl SimResult {
         windows: Vec<WindowRow>,
         end_ns: u64,
         traces: Vec<TraceCounts>,
-        ssd: &Device,
+        ssds: &[std::cell::Ref<'_, Device>],
         backing: &[Device],
     ) -> Self {
         let empty = VmStats::default();
@@ -275,8 +279,17 @@ impl SimResult {
             utilization: util(d),
             load: util(d) / d.servers() as f64,
             max_queue_wait_s: d.max_wait_ns() as f64 / 1e9,
+            bytes_read: d.bytes_read(),
+            bytes_written: d.bytes_written(),
         };
-        let mut devices = vec![report(format!("ssd {}", ssd.spec().name()), ssd)];
+        let mut devices: Vec<DeviceReport> = ssds
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let which = if ssds.len() > 1 { format!(" #{i}") } else { String::new() };
+                report(format!("ssd {}{which}", d.spec().name()), d)
+            })
+            .collect();
         for (i, d) in backing.iter().enumerate() {
             let who = if backing.len() == 1 { "all".to_string() } else { names.get(i).cloned().unwrap_or_default() };
             devices.push(report(format!("backing {} ({who})", d.spec().name()), d));
@@ -420,6 +433,18 @@ impl SimResult {
                 format_size(v.ssd_write_bytes),
                 format_size(v.backing_read_bytes)
             ));
+        }
+        let ssds: Vec<_> = self.devices.iter().filter(|d| d.device.starts_with("ssd ")).collect();
+        if ssds.len() > 1 && !cache_model {
+            for d in ssds {
+                s.push_str(&format!(
+                    "{}: {:.0}% busy per server, wrote {}, read {}\n",
+                    d.device,
+                    d.load * 100.0,
+                    format_size(d.bytes_written),
+                    format_size(d.bytes_read)
+                ));
+            }
         }
         for w in self.saturation_warnings() {
             s.push_str(&format!("warning: {w}\n"));

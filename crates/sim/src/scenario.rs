@@ -22,6 +22,7 @@
 //! ssd = "860-evo"          # preset name or an inline table (see DeviceSpec)
 //! backing = "hdd-7200"
 //! backing_layout = "per-vm" # per-vm (one backing device per VM) | shared
+//! ssd_count = 1            # cache devices of the `ssd` model, the cache split equally
 //!
 //! [replay]
 //! mode = "closed"          # open (trace timestamps / speedup) | closed (queue_depth per VM)
@@ -239,6 +240,14 @@ pub struct DevicesSection {
     pub backing: DeviceChoice,
     /// One backing device per VM or one for all.
     pub backing_layout: BackingLayout,
+    /// Cache devices of the `ssd` model the cache is split over, in equal parts
+    /// (1 ..= 64): each its own queue, one allocation over all (`device_placement.rs`).
+    #[serde(skip_serializing_if = "is_one")]
+    pub ssd_count: u32,
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
 }
 
 impl Default for DevicesSection {
@@ -247,6 +256,7 @@ impl Default for DevicesSection {
             ssd: DeviceChoice::Preset("860-evo".into()),
             backing: DeviceChoice::Preset("hdd-7200".into()),
             backing_layout: BackingLayout::PerVm,
+            ssd_count: 1,
         }
     }
 }
@@ -523,6 +533,15 @@ impl Scenario {
         };
         settings.engine_config(slots)?;
         self.devices.ssd.resolve().map_err(|e| format!("devices.ssd: {e}"))?;
+        let n = self.devices.ssd_count;
+        if !(1..=64).contains(&n) {
+            return Err(format!("devices.ssd_count: {n} is outside 1..=64"));
+        }
+        if u64::from(n) > slots {
+            return Err(format!(
+                "devices.ssd_count: {n} devices for a cache of {slots} blocks: at least one block each"
+            ));
+        }
         self.devices.backing.resolve().map_err(|e| format!("devices.backing: {e}"))?;
         let r = &self.replay;
         if !(r.speedup > 0.0 && r.speedup.is_finite()) {

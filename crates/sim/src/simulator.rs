@@ -436,7 +436,7 @@ impl<'a> Run<'a> {
             self.windows,
             end,
             counts,
-            &node.ssd.borrow(),
+            &std::iter::once(&node.ssd).chain(&node.more_ssds).map(|d| d.borrow()).collect::<Vec<_>>(),
             &node.backing,
         );
         for (v, &(passes, first)) in r.vms.iter_mut().zip(&self.passes) {

@@ -1,6 +1,7 @@
 //! The simulator's devices behind the engine's store table: each row gets a
-//! [`cachevisor_engine::Device`] — the node's SSD model for its local store, the node's
-//! link and then the lender's SSD model for a region another node lends — and
+//! [`cachevisor_engine::Device`] — the node's SSD models for its local stores (store 0
+//! and each other cache device), the node's link and then the lender's SSD model for a
+//! region another node lends — and
 //! `Node::run_op` runs a cache op by looking its store up. A new store kind is a row
 //! kind in the engine and one `Device` here.
 
@@ -62,13 +63,14 @@ impl Device for LentStore {
     }
 }
 
-/// One device per row of `layout` (blocks of `block` bytes): `ssd` for the local store,
-/// `nic` then `peers[node]` for a region `node` lends (a row whose lender or link is
-/// missing gets an [`Unserved`] device, whose ops fail naming it).
+/// One device per row of `layout` (blocks of `block` bytes): `ssds[0]` for the local
+/// store, `ssds[i]` for cache device `i`, `nic` then `peers[node]` for a region `node`
+/// lends (a row whose device, lender or link is missing gets an [`Unserved`] device,
+/// whose ops fail naming it).
 pub(crate) fn store_devices(
     layout: &StoreLayout,
     block: u64,
-    ssd: &SharedDevice,
+    ssds: &[SharedDevice],
     peers: &[Option<SharedDevice>],
     nic: Option<&SharedDevice>,
 ) -> Vec<Box<dyn Device>> {
@@ -77,7 +79,11 @@ pub(crate) fn store_devices(
             let id = i as cachevisor_engine::StoreId;
             let size = layout.range(id).1 * block;
             match layout.kind(id) {
-                StoreKind::Local => Box::new(ModelStore { dev: ssd.clone(), size }) as Box<dyn Device>,
+                StoreKind::Local => Box::new(ModelStore { dev: ssds[0].clone(), size }) as Box<dyn Device>,
+                StoreKind::Device { index } => match ssds.get(index as usize) {
+                    Some(dev) => Box::new(ModelStore { dev: dev.clone(), size }) as Box<dyn Device>,
+                    None => Box::new(Unserved { what: format!("cache device {index} (no model for it)"), size }),
+                },
                 StoreKind::Lent { node } => match (nic, peers.get(node as usize).and_then(|p| p.as_ref())) {
                     (Some(link), Some(lender)) => {
                         Box::new(LentStore { link: link.clone(), lender: lender.clone(), node, size })
@@ -107,7 +113,7 @@ mod tests {
         let layout = StoreLayout::new(&cfg);
         let (ssd, link, lender) = (model("nvme"), model("remote"), model("nvme"));
         let peers = [None, None, Some(lender.clone())];
-        let devs = store_devices(&layout, 4096, &ssd, &peers, Some(&link));
+        let devs = store_devices(&layout, 4096, std::slice::from_ref(&ssd), &peers, Some(&link));
         assert_eq!(devs.len(), 2);
         assert_eq!((devs[0].size(), devs[1].size()), (32 * 4096, 16 * 4096));
         assert!(devs[1].describe().contains("node 2"), "{}", devs[1].describe());
@@ -118,7 +124,7 @@ mod tests {
         assert_eq!(lender.borrow().bytes_read(), 4096);
         assert_eq!(ssd.borrow().bytes_read(), 4096);
         // Without its lender the row's ops fail, naming it.
-        let devs = store_devices(&layout, 4096, &ssd, &[], None);
+        let devs = store_devices(&layout, 4096, std::slice::from_ref(&ssd), &[], None);
         let e = devs[1].submit(0, 0, Io::Model { write: true, len: 4096 }).unwrap_err();
         assert!(e.to_string().contains("node 2"), "{e}");
     }

@@ -1,0 +1,74 @@
+//! Several cache devices on one host (`devices.ssd_count`): the cache split over them in
+//! equal parts, one allocation, each device its own queue — so a host's layout can be
+//! sized before it is bought.
+
+use cachevisor_sim::scenario::ReplayMode;
+use cachevisor_sim::{simulate, Scenario, SimResult};
+use std::path::PathBuf;
+
+fn shared(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces").join(name)
+}
+
+/// tpcc replayed closed-loop at QD 32 for 30 s of virtual time from a warm start (its
+/// working set fits): nearly every request a cache hit, the cache device the bottleneck.
+fn hits_bound(devices: u32) -> SimResult {
+    let mut s = Scenario::default();
+    s.trace.files = vec![shared("tpcc-small.mqsim.txt")];
+    s.cache.size = "256MiB".into();
+    s.devices.ssd = cachevisor_sim::scenario::DeviceChoice::Preset("860-evo".into());
+    s.devices.backing = cachevisor_sim::scenario::DeviceChoice::Preset("850-pro".into());
+    s.devices.ssd_count = devices;
+    s.replay.mode = ReplayMode::Closed;
+    s.replay.queue_depth = 32;
+    s.replay.repeat_for = Some("30s".into());
+    simulate(&s, &mut |_| {}).unwrap()
+}
+
+#[test]
+fn more_devices_serve_more_hits_and_share_the_writes() {
+    let one = hits_bound(1);
+    let two = hits_bound(2);
+    let four = hits_bound(4);
+    assert_eq!(one.resolved.slots, four.resolved.slots, "one allocation: the same cache in all three");
+    for r in [&one, &two, &four] {
+        assert!(r.total.hit_ratio > 0.98, "hits-bound: {}", r.total.hit_ratio);
+    }
+    // The same virtual time: twice the devices serve nearly twice the requests.
+    let (r1, r2, r4) = (one.total.requests as f64, two.total.requests as f64, four.total.requests as f64);
+    assert!(r2 > 1.7 * r1 && r4 > 1.7 * r2, "requests served: {r1} / {r2} / {r4}");
+    assert!(two.total.latency.mean_us < 0.6 * one.total.latency.mean_us);
+    // Each device's report: its writes, about a quarter each, adding up to the VMs'.
+    let ssds: Vec<_> = four.devices.iter().filter(|d| d.device.starts_with("ssd ")).collect();
+    assert_eq!(ssds.len(), 4);
+    assert!(ssds.iter().enumerate().all(|(i, d)| d.device.ends_with(&format!("#{i}"))), "{ssds:?}");
+    let written: u64 = ssds.iter().map(|d| d.bytes_written).sum();
+    assert_eq!(written, four.total.ssd_write_bytes);
+    for d in &ssds {
+        let share = d.bytes_written as f64 / written as f64;
+        assert!((0.2..0.3).contains(&share), "{} wrote {share:.3} of the bytes", d.device);
+    }
+    let json = four.to_json();
+    assert!(json.contains("\"ssd_count\": 4") && json.contains("\"bytes_written\""), "the result records it");
+    // One device: the result names it as before (no `#0`), and says nothing of a count.
+    assert!(one.devices[0].device == "ssd 860-evo" && !one.to_json().contains("ssd_count"));
+}
+
+#[test]
+fn a_bad_device_count_is_named() {
+    for (n, want) in [(0, "outside 1..=64"), (65, "outside 1..=64")] {
+        let mut s = Scenario::default();
+        s.trace.files = vec![shared("tpcc-small.mqsim.txt")];
+        s.devices.ssd_count = n;
+        let e = simulate(&s, &mut |_| {}).unwrap_err().to_string();
+        assert!(e.contains("devices.ssd_count") && e.contains(want), "{n}: {e}");
+    }
+    let mut s = Scenario::default();
+    s.trace.files = vec![shared("tpcc-small.mqsim.txt")];
+    s.cache.size = "8KiB".into();
+    s.devices.ssd_count = 3;
+    let e = simulate(&s, &mut |_| {}).unwrap_err().to_string();
+    assert!(e.contains("devices.ssd_count: 3 devices for a cache of 2 blocks"), "{e}");
+    let e = toml::from_str::<Scenario>("[devices]\nssd_count = \"two\"\n").unwrap_err().to_string();
+    assert!(e.contains("ssd_count"), "{e}");
+}

@@ -72,6 +72,9 @@ fn print(r: &CacheReport, json: bool) -> anyhow::Result<()> {
     let size = |b: u64| cachevisor_trace::units::format_size(b);
     println!("  size {} (up to {} while running: cache.max_size)", size(r.size_bytes), size(r.max_size_bytes));
     println!("  {} blocks cached, {} dirty", r.cached_blocks, r.dirty_blocks);
+    for d in &r.devices {
+        println!("  device {}: {}, {} blocks cached", d.path, size(d.size_bytes), d.cached_blocks);
+    }
     println!(
         "  metadata {}{}",
         r.metadata,

@@ -243,6 +243,9 @@ pub struct Setup {
     pub ssd: File,
     /// Whether `ssd` was opened O_DIRECT.
     pub direct: bool,
+    /// The cache's other devices (`[[cache.device]]`, stores 1.. of the engine's table),
+    /// each with whether it was opened O_DIRECT.
+    pub devices: Vec<(File, bool)>,
     /// Backing stores by VM id.
     pub backings: Vec<Arc<Backing>>,
     /// vDisk names by VM id.

@@ -71,6 +71,9 @@ pub struct Persistence {
     limit: u64,
     /// The label the cache store carries (`cache_label.rs`), named in every checkpoint.
     label: Option<cachevisor_store::cache_label::Expected>,
+    /// The cache's devices' slots, named in every checkpoint when there are several
+    /// (`Record::CacheDevices`).
+    devices: Vec<u64>,
 }
 
 /// Expands a sector bitmap into one flag per sector.
@@ -110,7 +113,9 @@ pub fn replay(
     let mut feed = |r: Record| -> Result<(), String> {
         match r {
             Record::Target { .. } => Ok(()), // the configuration decides targets at start
-            r @ (Record::Vdisk { .. } | Record::Binding { .. } | Record::CacheLabel(_)) => apply(r),
+            r @ (Record::Vdisk { .. } | Record::Binding { .. } | Record::CacheLabel(_) | Record::CacheDevices(_)) => {
+                apply(r)
+            }
             r @ Record::Free { slot } if (slot as u64) < slots => apply(r),
             Record::Slot { slot, vm, block, valid, dirty, sums }
                 if (slot as u64) < slots && valid.len() == words && dirty.len() == words =>
@@ -216,6 +221,7 @@ impl Persistence {
             bindings: Vec::new(),
             limit: JOURNAL_LIMIT.max(slots * 64),
             label: None,
+            devices: Vec::new(),
         };
         Ok((p, rec))
     }
@@ -244,6 +250,12 @@ impl Persistence {
     /// Names the label the cache store carries in every checkpoint from the next one on.
     pub fn set_label(&mut self, label: cachevisor_store::cache_label::Expected) {
         self.label = Some(label);
+    }
+
+    /// Names the cache's devices (slots on each, in store order) in every checkpoint from
+    /// the next one on; one device is named by the header alone.
+    pub fn set_devices(&mut self, slots: &[u64]) {
+        self.devices = if slots.len() > 1 { slots.to_vec() } else { Vec::new() };
     }
 
     /// The generation the next checkpoint gets.
@@ -421,12 +433,12 @@ impl Persistence {
         sums: SumsOf<'_>,
     ) -> std::io::Result<()> {
         let header = Header { generation: self.header.generation + 1, ..self.header };
-        let (bindings, label) = (self.bindings.clone(), self.label);
+        let (bindings, label, devices) = (self.bindings.clone(), self.label, self.devices.clone());
         // Streamed in 1 MiB pieces (no copy of the slot table); the backing stores and the
         // cache store are synced before the file is renamed into place.
         write_file_atomically(&self.dir.join("checkpoint"), CHECKPOINT_MAGIC, &header, &mut |w| {
             let mut b = Vec::new();
-            vdisk_records(names, targets, &bindings, label, &mut b);
+            vdisk_records(names, targets, &bindings, (label, &devices), &mut b);
             let mut failed: Option<std::io::Error> = None;
             let sync = records(&mut |r| {
                 if r.block.is_some() {
@@ -485,7 +497,7 @@ impl Persistence {
         let header = Header { generation: self.header.generation + 1, ..self.header };
         write_file_atomically(&self.dir.join("checkpoint"), CHECKPOINT_MAGIC, &header, &mut |w| {
             let mut b = Vec::new();
-            vdisk_records(names, targets, &self.bindings, self.label, &mut b);
+            vdisk_records(names, targets, &self.bindings, (self.label, &self.devices), &mut b);
             for slot in 0..self.slots as u32 {
                 if e.slot_block(slot).is_some() {
                     let r = cachevisor_engine::SlotRecord { sealed: e.is_sealed(slot), ..e.record_of(slot) };
@@ -508,11 +520,14 @@ fn vdisk_records(
     names: &[String],
     targets: &[u64],
     bindings: &[Option<cachevisor_store::backing_identity::Identity>],
-    label: Option<cachevisor_store::cache_label::Expected>,
+    (label, devices): (Option<cachevisor_store::cache_label::Expected>, &[u64]),
     b: &mut Vec<u8>,
 ) {
     if let Some(l) = label {
         Record::CacheLabel(l).encode(b);
+    }
+    if !devices.is_empty() {
+        Record::CacheDevices(devices.to_vec()).encode(b);
     }
     for (vm, n) in names.iter().enumerate() {
         Record::Vdisk { vm: vm as u16, name: n.clone() }.encode(b);

@@ -13,6 +13,7 @@ impl DataPath {
             persist,
             ssd,
             direct,
+            devices,
             backings,
             names,
             threads,
@@ -36,6 +37,8 @@ impl DataPath {
         let bs = engine.config().block_size;
         let layout = engine.layout().clone();
         let ssd: store_devices::CacheSlot = Arc::new(RwLock::new(Some(Arc::new(ssd))));
+        let devices: Vec<(store_devices::CacheSlot, bool)> =
+            devices.into_iter().map(|(f, direct)| (Arc::new(RwLock::new(Some(Arc::new(f)))), direct)).collect();
         let n = names.len();
         let core = Core {
             engine,
@@ -68,7 +71,7 @@ impl DataPath {
             wake: Condvar::new(),
             commit_cv: Condvar::new(),
             stores: crate::fault_devices::wrap_stores(
-                store_devices::store_devices(&layout, bs, &ssd, direct, peers.as_ref()),
+                store_devices::store_devices(&layout, bs, (&ssd, direct), &devices, peers.as_ref()),
                 faults.as_ref(),
             ),
             ssd,
@@ -189,6 +192,7 @@ impl DataPath {
             persist,
             ssd,
             direct,
+            devices: Vec::new(),
             backings,
             names,
             threads,

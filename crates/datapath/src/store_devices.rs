@@ -100,13 +100,14 @@ impl super::Shared {
 }
 
 /// One device per row of `layout` (blocks of `block` bytes): `ssd` (the cache file's
-/// slot, `direct` when O_DIRECT) for the local store, for a lent one the device `peers`
-/// opens (the cluster's: a peer's region over NBD), else one that refuses every op.
+/// slot, with whether it is O_DIRECT) for the local store, `devices[i - 1]` likewise for
+/// cache device `i`, for a lent one the device `peers` opens (the cluster's: a peer's
+/// region over NBD), else one that refuses every op.
 pub(super) fn store_devices(
     layout: &StoreLayout,
     block: u64,
-    ssd: &CacheSlot,
-    direct: bool,
+    (ssd, direct): (&CacheSlot, bool),
+    devices: &[(CacheSlot, bool)],
     peers: Option<&Arc<dyn crate::injected::RemoteStores>>,
 ) -> Vec<StoreDevice> {
     (0..layout.len())
@@ -115,10 +116,12 @@ pub(super) fn store_devices(
             let size = layout.range(id).1 * block;
             match layout.kind(id) {
                 StoreKind::Local => Box::new(CacheFile { file: ssd.clone(), direct, size }) as StoreDevice,
-                StoreKind::Device { index } => Box::new(Unserved {
-                    what: format!("cache device {index} (the data path has no file for it)"),
-                    size,
-                }),
+                StoreKind::Device { index } => match devices.get(index as usize - 1) {
+                    Some((file, direct)) => {
+                        Box::new(CacheFile { file: file.clone(), direct: *direct, size }) as StoreDevice
+                    }
+                    None => Box::new(Unserved { what: format!("cache device {index} (no file for it)"), size }),
+                },
                 StoreKind::Lent { node } => peers.and_then(|p| p.device(node, size)).unwrap_or_else(|| {
                     Box::new(Unserved { what: format!("a cache region node {node} lends (no such peer)"), size })
                 }),
@@ -146,7 +149,7 @@ mod tests {
         let cfg = EngineConfig { stores: vec![StoreSpec::lent(3, 16)], ..EngineConfig::with_slots(32) };
         let f = Arc::new(f);
         let slot: CacheSlot = Arc::new(std::sync::RwLock::new(Some(f.clone())));
-        let devs = store_devices(&StoreLayout::new(&cfg), 4096, &slot, false, None);
+        let devs = store_devices(&StoreLayout::new(&cfg), 4096, (&slot, false), &[], None);
         assert_eq!((devs.len(), devs[0].size(), devs[1].size()), (2, 32 * 4096, 16 * 4096));
         assert_eq!(devs[0].submit(7, 8192, Io::Write(&[5u8; 4096])).unwrap(), 7);
         let mut back = [0u8; 4096];

@@ -13,6 +13,7 @@ use cachevisor_policy::registry;
 use cachevisor_trace::VmId;
 use std::sync::{Arc, Mutex, RwLock};
 
+mod cache_devices;
 mod cache_resize;
 mod cache_swap;
 mod cluster_node;
@@ -121,6 +122,9 @@ pub struct Daemon {
     /// vDisks added and removed through the API (serializes those calls).
     overlay: Mutex<crate::vdisk_overlay::Overlay>,
     block_size: u64,
+    /// Slots on the cache's devices after the first (`[[cache.device]]`; fixed while it
+    /// runs): with `DataPath::cache_slots`, the cache's size.
+    more_device_slots: u64,
     resolved: Resolved,
     dp: Arc<DataPath>,
     /// Taken inside the data path's lock (its hooks run there), never around it.
@@ -316,14 +320,24 @@ impl Daemon {
         self.exports().into_iter().find(|e| e.name == name).map(|e| e.id)
     }
 
+    /// The cache's blocks now, over every device.
+    pub(crate) fn cache_blocks(&self) -> u64 {
+        u64::from(self.dp.cache_slots()) + self.more_device_slots
+    }
+
+    /// The most blocks the cache may hold while running, over every device.
+    pub(crate) fn max_cache_blocks(&self) -> u64 {
+        u64::from(self.dp.max_cache_slots()) + self.more_device_slots
+    }
+
     /// The metrics exposition (`/metrics`): latency histograms and the state now.
     pub fn render_metrics(&self) -> String {
         let state = crate::daemon::status::State {
             // Read directly: a scrape takes no engine walk or file stat for them.
             cache: [
                 u64::from(self.dp.cache_state() == cachevisor_datapath::CacheState::Attached),
-                u64::from(self.dp.cache_slots()) * self.block_size,
-                u64::from(self.dp.max_cache_slots()) * self.block_size,
+                self.cache_blocks() * self.block_size,
+                self.max_cache_blocks() * self.block_size,
             ],
             ring: self.dp.ring_counts(),
             congestion: self.dp.with_engine(|e| e.congestion()),
@@ -490,7 +504,12 @@ impl Daemon {
 
 /// The engine configuration of `r`'s cache (checked when `r` was resolved).
 fn engine_config(r: &Resolved) -> EngineConfig {
-    r.cache.engine_config(r.max_slots).expect("checked by Config::resolve")
+    let cfg = r.cache.engine_config(r.max_slots).expect("checked by Config::resolve");
+    if r.device_slots.len() > 1 {
+        cfg.over_devices(&r.device_slots) // the cache's devices, one store each
+    } else {
+        cfg
+    }
 }
 
 /// The controller of `cfg`'s allocator for `r`'s cache, with `engine`'s vDisks enrolled
@@ -499,7 +518,7 @@ fn first_controller(cfg: &Config, r: &Resolved, engine: &mut Engine) -> Result<C
     let alloc = registry::build_with(&r.cache.allocator, &r.cache.params)?;
     // Laid out for `cache.max_size`: the slots past `cache.size` are withheld, and the
     // controller's capacity is the engine's less what is withheld.
-    let mut ctl = Controller::new(alloc, r.max_slots, r.cache.block_size, true);
+    let mut ctl = Controller::new(alloc, r.engine_slots(), r.cache.block_size, true);
     for (i, v) in cfg.vdisk.iter().enumerate() {
         policy::enroll(engine, &mut ctl, i as VmId, v, r.cache.block_size)?;
     }
@@ -509,7 +528,7 @@ fn first_controller(cfg: &Config, r: &Resolved, engine: &mut Engine) -> Result<C
     // the simulator.
     engine.set_cleaner(controller::cleaner_watermarks(
         ctl.allocator(),
-        r.max_slots,
+        r.engine_slots(),
         cfg.cache.partition == PartitionMode::Static,
     ));
     Ok(ctl)

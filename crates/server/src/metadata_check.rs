@@ -126,7 +126,7 @@ pub fn check(dir: &Path) -> Result<Report, String> {
                 seals.remove(&slot);
             }
             Record::CacheLabel(e) => label = Some(e),
-            Record::Target { .. } => {}
+            Record::Target { .. } | Record::CacheDevices(_) => {}
         }
         Ok(())
     };
@@ -232,8 +232,14 @@ fn check_store(
         .map(|v| (v.name.clone().unwrap_or_else(|| format!("VM {}", v.vm)), v.blocks, v.dirty_blocks))
         .collect();
     let found = cachevisor_store::cache_label::read(&path);
-    let verdict =
-        cachevisor_store::cache_label::verdict(&found, expected, report.block_size, &held, &|_| false, (&path, dir));
+    let verdict = cachevisor_store::cache_label::verdict(
+        &found,
+        expected,
+        report.block_size,
+        &held,
+        &|_| false,
+        ("cache.path", &path, dir),
+    );
     let warm = matches!(verdict, Ok(cachevisor_store::cache_label::Verdict::Warm { .. }));
     report.cache_store = Some(match verdict {
         Ok(cachevisor_store::cache_label::Verdict::Warm { .. }) => {

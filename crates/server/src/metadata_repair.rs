@@ -83,10 +83,12 @@ pub fn repair(dir: &Path) -> Result<RepairReport, String> {
     let mut bindings: BTreeMap<u16, cachevisor_store::backing_identity::Identity> = BTreeMap::new();
     let mut seq = 0u64;
     let mut label = None;
+    let mut devices = None;
     let mut apply = |r: Record, report: &mut RepairReport| {
         seq += 1;
         match r {
             Record::CacheLabel(e) => label = Some(e),
+            Record::CacheDevices(d) => devices = Some(d),
             Record::Vdisk { vm, name } => {
                 names.insert(vm, name);
             }
@@ -159,6 +161,9 @@ pub fn repair(dir: &Path) -> Result<RepairReport, String> {
         let mut b = Vec::new();
         if let Some(l) = label {
             Record::CacheLabel(l).encode(&mut b); // the store it describes is the same one
+        }
+        if let Some(d) = devices.take() {
+            Record::CacheDevices(d).encode(&mut b); // so are its devices
         }
         for (&vm, name) in &names {
             Record::Vdisk { vm, name: name.clone() }.encode(&mut b);

@@ -82,6 +82,9 @@ impl OwnFiles {
             dirs.extend(d.map(|d| OwnDir::new(d, key, what)));
         }
         let mut files = vec![(cfg.cache.path.clone(), "the cache store (cache.path)".to_string())];
+        for (i, d) in cfg.cache.device.iter().enumerate() {
+            files.push((d.path.clone(), format!("a cache device (cache.device[{i}].path)")));
+        }
         for (p, key) in [(&l.tls_cert, "listen.tls_cert"), (&l.tls_key, "listen.tls_key"), (&l.tls_ca, "listen.tls_ca")]
         {
             if let Some(p) = p {

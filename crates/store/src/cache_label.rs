@@ -86,6 +86,18 @@ impl Label {
         Ok(Label { id: b[12..28].try_into().expect("16"), generation: u64_at(28), block_size: u64_at(36) })
     }
 
+    /// The identity device `index` of a cache over several devices carries: the cache's
+    /// own for device 0 (`[cache] path`), for each other device the cache's with its index
+    /// folded into the last two bytes — so a device moved to another place in the list,
+    /// or another cache's device, never passes as this one.
+    pub fn device_id(id: &[u8; 16], index: u16) -> [u8; 16] {
+        let mut d = *id;
+        let [a, b] = index.to_le_bytes();
+        d[14] ^= a;
+        d[15] ^= b;
+        d
+    }
+
     /// The identity as text (for messages and `check`).
     pub fn id_text(id: &[u8; 16]) -> String {
         id.iter().map(|b| format!("{b:02x}")).collect()
@@ -153,7 +165,8 @@ pub enum Verdict {
     Cold(Option<String>),
 }
 
-/// Decides what a start does with the store at `path` given its label (`found`), what the
+/// Decides what a start does with the store at `path` (the config's `key` for it,
+/// `cache.path` or `cache.device[i].path`) given its label (`found`), what the
 /// metadata in `meta_dir` names (`expected`: `None` for a new cache, or metadata written
 /// before stores carried labels), and the blocks it records, `(vDisk, blocks, dirty
 /// blocks)` each. Dirty blocks on a store that is not theirs refuse the start — naming
@@ -164,7 +177,7 @@ pub fn verdict(
     block_size: u64,
     held: &[(String, u64, u64)],
     discard: &dyn Fn(&str) -> bool,
-    (path, meta_dir): (&std::path::Path, &std::path::Path),
+    (key, path, meta_dir): (&str, &std::path::Path, &std::path::Path),
 ) -> Result<Verdict, String> {
     let why = match expected {
         Some(e) => match check(found, e, block_size) {
@@ -185,7 +198,7 @@ pub fn verdict(
             .collect();
         let flags: Vec<String> = at_stake.iter().map(|h| format!("--discard-dirty {}", h.0)).collect();
         return Err(format!(
-            "cache.path: {} is not the cache store its metadata ({}) describes: {why}. The metadata records dirty blocks that were only in that store: {}. Serving them would give clients whatever is there now as their data, and write it back over their disks. Put the cache store the metadata belongs to back at cache.path (or point cache.metadata at this store's own metadata) and start again, or start with `{}` to drop them deliberately (what they held is lost; each backing store keeps what was written back before). Nothing was changed.",
+            "{key}: {} is not the cache store its metadata ({}) describes: {why}. The metadata records dirty blocks that were only in that store: {}. Serving them would give clients whatever is there now as their data, and write it back over their disks. Put the cache store the metadata belongs to back at {key} (or point cache.metadata at this store's own metadata) and start again, or start with `{}` to drop them deliberately (what they held is lost; each backing store keeps what was written back before). Nothing was changed.",
             path.display(),
             meta_dir.display(),
             list.join(", "),
@@ -237,7 +250,7 @@ mod tests {
     fn a_foreign_store_with_dirty_blocks_refuses_and_clean_ones_start_cold() {
         let l = Label::new(3, 4096);
         let want = Expected { id: l.id, generation: 3, previous: 2 };
-        let paths = (std::path::Path::new("/c.img"), std::path::Path::new("/c.img.meta"));
+        let paths = ("cache.path", std::path::Path::new("/c.img"), std::path::Path::new("/c.img.meta"));
         let none = |_: &str| false;
         let held = vec![("vm1".to_string(), 10, 4), ("vm2".to_string(), 5, 0)];
         assert_eq!(verdict(&Ok(l), Some(&want), 4096, &held, &none, paths), Ok(Verdict::Warm { id: l.id, found: 3 }));

@@ -124,6 +124,11 @@ pub enum Record {
     /// The label the cache store must carry (`cache_label.rs`): first in every
     /// checkpoint written since labels exist.
     CacheLabel(crate::cache_label::Expected),
+    /// The cache's devices, slots on each in store order (`[cache] path` first, then each
+    /// `[[cache.device]]`): in every checkpoint of a cache over several devices (none:
+    /// one device of the header's slots). Slot ids run over them in this order, so a
+    /// start whose devices differ cannot read the metadata's slots as they were.
+    CacheDevices(Vec<u64>),
     /// `vm`'s partition target in blocks.
     Target {
         /// VM id.
@@ -174,6 +179,12 @@ impl Record {
                 out.extend_from_slice(&e.generation.to_le_bytes());
                 out.extend_from_slice(&e.previous.to_le_bytes());
             }
+            Record::CacheDevices(slots) => {
+                out.push(8);
+                for n in slots {
+                    out.extend_from_slice(&n.to_le_bytes());
+                }
+            }
             Record::Target { vm, blocks } => {
                 out.push(4);
                 out.extend_from_slice(&vm.to_le_bytes());
@@ -215,6 +226,9 @@ impl Record {
                 generation: u64_at(16)?,
                 previous: u64_at(24)?,
             }),
+            8 if !p.is_empty() && p.len().is_multiple_of(8) => {
+                Record::CacheDevices((0..p.len() / 8).map(|i| u64_at(8 * i)).collect::<Option<_>>()?)
+            }
             5 => Record::Binding { vm: u16_at(0)?, identity: crate::backing_identity::Identity::decode(p.get(2..)?)? },
             _ => return None,
         })
@@ -354,6 +368,7 @@ mod tests {
                 }),
             any::<u32>().prop_map(|slot| Record::Free { slot }),
             (any::<u16>(), any::<u64>()).prop_map(|(vm, blocks)| Record::Target { vm, blocks }),
+            prop::collection::vec(any::<u64>(), 1..9).prop_map(Record::CacheDevices),
             (any::<[u8; 16]>(), any::<u64>(), any::<u64>()).prop_map(|(id, generation, previous)| {
                 Record::CacheLabel(crate::cache_label::Expected { id, generation, previous })
             }),

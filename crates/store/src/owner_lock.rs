@@ -34,11 +34,14 @@ pub struct OwnerLock {
     cache: Option<(File, PathBuf)>,
     /// The metadata directory's lock (`None` while it left with a detached cache).
     meta: Option<(File, PathBuf)>,
+    /// The cache's other devices' locks (`[[cache.device]]`).
+    devices: Vec<(File, PathBuf)>,
 }
 
 impl Drop for OwnerLock {
     fn drop(&mut self) {
-        let held: Vec<PathBuf> = [&self.cache, &self.meta].into_iter().flatten().map(|(_, p)| p.clone()).collect();
+        let held: Vec<PathBuf> =
+            [&self.cache, &self.meta].into_iter().flatten().chain(&self.devices).map(|(_, p)| p.clone()).collect();
         HELD.lock().unwrap_or_else(|e| e.into_inner()).retain(|p| !held.contains(p));
     }
 }
@@ -124,7 +127,7 @@ impl OwnerLock {
     pub fn acquire(cache: &Path, meta_dir: &Path) -> Result<OwnerLock, String> {
         parent_must_exist(cache, "cache.path")?;
         parent_must_exist(meta_dir, "cache.metadata")?;
-        let mut owner = OwnerLock { cache: None, meta: None };
+        let mut owner = OwnerLock { cache: None, meta: None, devices: Vec::new() };
         owner.lock_cache(cache, meta_dir)?;
         owner.lock_meta(cache, meta_dir)?;
         Ok(owner)
@@ -145,6 +148,26 @@ impl OwnerLock {
         cachevisor_files::private_files::check_cache_mode(cache, "cache.path")?;
         HELD.lock().unwrap_or_else(|e| e.into_inner()).push(cache.to_path_buf());
         self.cache = Some((cache_file, cache.to_path_buf()));
+        Ok(())
+    }
+
+    /// Locks the cache's device at `path` (`key` names it in errors: `cache.device[i].path`;
+    /// created empty when missing, its parent must exist), as [`Self::lock_cache`] does the
+    /// first: another process using it as a cache store is refused, and so is this one
+    /// while another holds it.
+    pub fn lock_device(&mut self, path: &Path, key: &str, meta_dir: &Path) -> Result<(), String> {
+        parent_must_exist(path, key)?;
+        let f = cachevisor_files::private_files::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| format!("{key}: {}: {e}", path.display()))?;
+        lock(&f, path, meta_dir).map_err(|e| format!("{key}: {e}"))?;
+        cachevisor_files::private_files::check_cache_mode(path, key)?;
+        HELD.lock().unwrap_or_else(|e| e.into_inner()).push(path.to_path_buf());
+        self.devices.push((f, path.to_path_buf()));
         Ok(())
     }
 

@@ -10,10 +10,14 @@ use std::path::PathBuf;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CacheConfig {
-    /// Cache store file.
+    /// Cache store file (the cache's first device).
     pub path: PathBuf,
-    /// Size of the cache.
+    /// Size of the cache on `path`.
     pub size: String,
+    /// More cache devices (`[[cache.device]]`): files or block devices beside `path`, one
+    /// allocation over all (the engine's `device_placement.rs`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub device: Vec<CacheDevice>,
     /// Block size.
     #[serde(default = "default_block")]
     pub block_size: String,
@@ -87,6 +91,16 @@ pub struct CacheConfig {
     /// `shared_budget.rs`); unset: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub write_budget: Option<String>,
+}
+
+/// `[[cache.device]]`: one more cache device.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CacheDevice {
+    /// The file (created when missing) or block device.
+    pub path: PathBuf,
+    /// How much of it the cache uses.
+    pub size: String,
 }
 
 impl CacheConfig {

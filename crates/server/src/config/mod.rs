@@ -67,6 +67,9 @@ pub struct Resolved {
     /// Slots the engine and the metadata are laid out for (`cache.max_size`): those past
     /// `slots` are withheld until a reload grows the cache.
     pub max_slots: u64,
+    /// Slots on each cache device, in store order: `slots` on `cache.path`, then each
+    /// `[[cache.device]]`'s (one entry without any).
+    pub device_slots: Vec<u64>,
     /// Allocation interval in ns.
     pub interval_ns: u64,
     /// A connection reader's poll before it sleeps, ns (`listen.poll`).
@@ -77,6 +80,18 @@ pub struct Resolved {
     pub seal_after_ns: u64,
     /// `api.idle_timeout`, ns (0 without an `[api]` section).
     pub api_idle_timeout_ns: u64,
+}
+
+impl Resolved {
+    /// Slots the engine manages and the metadata is laid out for: every device's with
+    /// several, else `max_slots`.
+    pub fn engine_slots(&self) -> u64 {
+        if self.device_slots.len() > 1 {
+            self.device_slots.iter().sum()
+        } else {
+            self.max_slots
+        }
+    }
 }
 
 impl Config {
@@ -90,6 +105,7 @@ impl Config {
             }
         };
         fix(&mut c.cache.path);
+        c.cache.device.iter_mut().for_each(|d| fix(&mut d.path));
         if let Some(m) = c.cache.metadata.as_mut() {
             fix(m);
         }
@@ -133,6 +149,29 @@ impl Config {
         let text = cachevisor_files::bounded_read::read_to_string(path, cachevisor_files::bounded_read::CONFIG_CAP)
             .map_err(|e| format!("{}: {e}", path.display()))?;
         Config::parse(&text, &path.display().to_string(), path.parent().unwrap_or(Path::new(".")))
+    }
+
+    /// Slots on each cache device (`slots` on `cache.path` first); an error names the
+    /// device and key.
+    fn device_slots(&self, slots: u64, block_size: u64) -> Result<Vec<u64>, String> {
+        let mut all = vec![slots];
+        for (i, d) in self.cache.device.iter().enumerate() {
+            let at = format!("cache.device[{i}]");
+            let bytes = parse_size(&d.size).map_err(|e| format!("{at}.size: {e}"))?;
+            if bytes < block_size || !bytes.is_multiple_of(block_size) {
+                return Err(format!(
+                    "{at}.size: {bytes} bytes is not a whole number of blocks of {block_size} bytes (at least one)"
+                ));
+            }
+            if d.path == self.cache.path {
+                return Err(format!("{at}.path: {} is cache.path itself", d.path.display()));
+            }
+            if let Some(j) = self.cache.device[..i].iter().position(|o| o.path == d.path) {
+                return Err(format!("{at}.path: {} is cache.device[{j}]'s too", d.path.display()));
+            }
+            all.push(bytes / block_size);
+        }
+        Ok(all)
     }
 
     /// Checks every value; the message names the key.
@@ -271,10 +310,28 @@ impl Config {
                 max / block_size
             }
         };
+        let device_slots = self.device_slots(slots, block_size)?;
+        if device_slots.len() > 1 {
+            settings
+                .engine_config(slots)
+                .map(|c| c.over_devices(&device_slots))
+                .and_then(|c| c.validate())
+                .map_err(|e| format!("cache.device: {e}"))?;
+            if max_slots > slots {
+                return Err("cache.max_size: a cache over several devices ([[cache.device]]) is not resized online yet: leave max_size unset".into());
+            }
+            if self.cluster.is_some() {
+                return Err("cache.device: a cluster node ([cluster]) uses one cache device yet".into());
+            }
+            if self.vssd.is_some() {
+                return Err("cache.device: a cache with a vSSD region ([vssd]) uses one cache device yet".into());
+            }
+        }
         Ok(Resolved {
             cache: settings,
             slots,
             max_slots,
+            device_slots,
             interval_ns: interval,
             seal_after_ns,
             poll_ns,

@@ -52,6 +52,10 @@ io_uring = true               # default true: an O_DIRECT cache store's I/O thro
 seal_after = "30s"            # default 30s, 0s or 1s to 1h: a dirty block whose 16 MiB region went this long without a write has its checksums sealed into the metadata (checked after a crash too; the region's next write waits for one commit); 0s = checked while running only
 params = {}                   # default {}: the allocator's parameters over its seed's defaults, e.g. { m = 5.0 } for s-cave (unknown keys are errors)
 
+# [[cache.device]]            # more cache devices beside path (omit for one; shown commented out: not with the [cluster] below): files or block devices, one allocation over all; new blocks go where free slots per queued op are most; not with max_size, [vssd] or [cluster] yet; a change of the list needs a restart, and a start refuses one while dirty blocks are cached (flush first)
+# path = "var/cache2.img"     # required; like [cache] path (its own label: a device emptied or replaced while stopped is refused with dirty blocks on it, its clean blocks dropped)
+# size = "256MiB"             # required; a whole number of blocks
+
 [listen]                      # at least one of tcp, unix and vhost_user
 tcp = "127.0.0.1:10809"       # loopback, or a test namespace address
 unix = "var/cachevisor.sock"  # a unix socket (a stale one is replaced)

@@ -288,3 +288,39 @@ fn classes_and_congestion_thresholds_are_checked_where_they_enter() {
         assert!(e.contains(line.split(' ').next().unwrap()), "{line}: {e}");
     }
 }
+
+#[test]
+fn cache_devices_are_checked_where_they_enter() {
+    let base = "[cache]\npath = \"c.img\"\nsize = \"64MiB\"\n{max}[listen]\ntcp = \"127.0.0.1:1\"\n[[vdisk]]\nname = \"a\"\nbacking = \"a.img\"\nsize = \"1MiB\"\n{devices}";
+    let r = |max: &str, devices: &[(&str, &str)]| {
+        let d: String =
+            devices.iter().map(|(p, s)| format!("[[cache.device]]\npath = \"{p}\"\nsize = \"{s}\"\n")).collect();
+        Config::parse(&base.replace("{max}", max).replace("{devices}", &d), "t", Path::new("/srv"))
+            .and_then(|c| c.resolve().map(|r| (c, r)))
+    };
+    let (c, ok) = r("", &[("d1.img", "32MiB"), ("/nvme/d2", "16MiB")]).unwrap();
+    assert_eq!(ok.device_slots, [16384, 8192, 4096]);
+    assert_eq!((ok.slots, ok.engine_slots()), (16384, 28672), "cache.size stays the first device's");
+    assert_eq!(c.cache.device[0].path, Path::new("/srv/d1.img"), "relative to the config");
+    assert_eq!(r("", &[]).unwrap().1.device_slots, [16384], "one device without any");
+    for (max, devices, why) in [
+        ("", vec![("d1.img", "1000B")], "cache.device[0].size: 1000 bytes is not a whole number of blocks"),
+        ("", vec![("d1.img", "0")], "cache.device[0].size"),
+        ("", vec![("d1.img", "lots")], "cache.device[0].size"),
+        ("", vec![("c.img", "8MiB")], "cache.device[0].path: /srv/c.img is cache.path itself"),
+        ("", vec![("d.img", "8MiB"), ("d.img", "8MiB")], "cache.device[1].path: /srv/d.img is cache.device[0]'s too"),
+        ("max_size = \"128MiB\"\n", vec![("d.img", "8MiB")], "cache.max_size: a cache over several devices"),
+        ("", vec![("d.img", "64TiB")], "cache.device: "),
+    ] {
+        let e = r(max, &devices).unwrap_err();
+        assert!(e.contains(why), "{devices:?}: {e}");
+    }
+    let vssd = base
+        .replace("{max}", "")
+        .replace("{devices}", "[[cache.device]]\npath = \"d.img\"\nsize = \"8MiB\"\n[vssd]\nsize = \"8MiB\"\n");
+    let e = Config::parse(&vssd, "t", Path::new("/srv")).unwrap().resolve().unwrap_err();
+    assert!(e.contains("cache.device: a cache with a vSSD region"), "{e}");
+    let bad = base.replace("{max}", "").replace("{devices}", "[[cache.device]]\npath = \"d.img\"\n");
+    let e = Config::parse(&bad, "t", Path::new("/srv")).unwrap_err();
+    assert!(e.contains("size"), "{e}");
+}

@@ -23,6 +23,9 @@ impl Daemon {
                 max * bs
             ));
         }
+        if self.several_cache_devices() {
+            return Err("cache.size: a cache over several devices ([[cache.device]]) is resized by a restart".into());
+        }
         if self.vssd.is_some() {
             return Err("cache.size: the vSSD region ([vssd]) is laid out after the cache's blocks".into());
         }

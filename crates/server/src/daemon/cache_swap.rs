@@ -67,6 +67,20 @@ pub struct CacheReport {
     /// The cache's shared write budget (`[cache] write_budget`), when set.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub write_budget: Option<cachevisor_engine::SharedBudgetState>,
+    /// Each device of a cache over several (`cache.path`, then each `[[cache.device]]`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<CacheDeviceReport>,
+}
+
+/// One device of a cache over several.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct CacheDeviceReport {
+    /// Its path.
+    pub path: String,
+    /// Bytes of it the cache uses.
+    pub size_bytes: u64,
+    /// Blocks cached on it.
+    pub cached_blocks: u64,
 }
 
 /// The last swap's outcome, for [`CacheReport`].
@@ -87,6 +101,11 @@ fn same_file_system(a: &Path, b: &Path) -> bool {
 }
 
 impl Daemon {
+    /// Whether the cache spans several devices (`[[cache.device]]`).
+    pub(crate) fn several_cache_devices(&self) -> bool {
+        self.dp.with_engine(|e| e.layout().len() > 1 && e.layout().kind(1).is_local())
+    }
+
     /// `cache.path` as configured.
     fn cache_path(&self) -> PathBuf {
         self.file_config.lock().unwrap_or_else(|e| e.into_inner()).cache.path.clone()
@@ -105,8 +124,8 @@ impl Daemon {
             metadata_with_cache: same_file_system(&path, &self.meta_dir),
             path: path.display().to_string(),
             metadata: self.meta_dir.display().to_string(),
-            size_bytes: u64::from(self.dp.cache_slots()) * self.block_size,
-            max_size_bytes: u64::from(self.dp.max_cache_slots()) * self.block_size,
+            size_bytes: self.cache_blocks() * self.block_size,
+            max_size_bytes: self.max_cache_blocks() * self.block_size,
             cached_blocks,
             dirty_blocks,
             detached: last.detached,
@@ -114,7 +133,27 @@ impl Daemon {
             error: last.error.clone(),
             congestion: self.dp.with_engine(|e| e.congestion()),
             write_budget: self.dp.with_engine(|e| e.write_budget()),
+            devices: self.device_reports(),
         }
+    }
+
+    /// Each device's share of a cache over several (none for one device).
+    fn device_reports(&self) -> Vec<CacheDeviceReport> {
+        if !self.several_cache_devices() {
+            return Vec::new();
+        }
+        let cfg = self.file_config.lock().unwrap_or_else(|e| e.into_inner()).cache.clone();
+        let paths = std::iter::once(cfg.path).chain(cfg.device.into_iter().map(|d| d.path));
+        self.dp.with_engine(|e| {
+            paths
+                .enumerate()
+                .map(|(st, p)| CacheDeviceReport {
+                    path: p.display().to_string(),
+                    size_bytes: e.layout().range(st as u16).1 * self.block_size,
+                    cached_blocks: e.store_used(st as u16),
+                })
+                .collect()
+        })
     }
 
     /// Refused while the cache is out (or going), naming what to do.
@@ -139,6 +178,11 @@ impl Daemon {
     }
 
     fn detach_cache_now(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<DetachReport, OpError> {
+        if self.several_cache_devices() {
+            return Err(OpError::Invalid(
+                "the cache spans several devices ([[cache.device]]): a detach takes one device out, not yet built; stop the daemon to replace one".into(),
+            ));
+        }
         if self.vssd.is_some() {
             return Err(OpError::Invalid(
                 "the vSSD region ([vssd]) lives in the cache file: stop the daemon to replace the SSD".into(),

@@ -121,7 +121,7 @@ impl Daemon {
         let mut st = self.snapshots.lock().unwrap_or_else(|e| e.into_inner());
         let seq = st.next_seq;
         // A range of slots at a time under the engine's lock, so requests go on between.
-        let slots = self.dp.max_cache_slots();
+        let slots = self.max_cache_blocks() as u32;
         let mut c = Capture::default();
         for start in (0..slots).step_by(CAPTURE_STEP as usize) {
             self.dp.with_engine(|e| c.add_slots(e, start..start.saturating_add(CAPTURE_STEP)));
@@ -233,7 +233,7 @@ impl Daemon {
                 .filter(|_| only.is_none_or(|o| o.iter().any(|n| n == name)))
                 .map(|vm| self.dp.with_engine(|e| e.disk_blocks(vm)))
         };
-        let cap = (16 * u64::from(self.dp.max_cache_slots())).max(1 << 20);
+        let cap = (16 * self.max_cache_blocks()).max(1 << 20);
         let (history, out_of_range) = snapshot_files::read_history_clipped(from, cfg.snapshots_kept, &end_of, cap)?;
         if let Some(s) = history.iter().find(|s| s.block_size as u64 != self.block_size) {
             return Err(format!(
@@ -253,7 +253,7 @@ impl Daemon {
         // in the engine too).
         let blocks: Vec<u64> =
             set_vm.iter().map(|vm| vm.map_or(0, |vm| self.dp.with_engine(|e| e.disk_blocks(vm)))).collect();
-        let limit = (pacing.limit * f64::from(self.dp.cache_slots())).floor() as usize;
+        let limit = (pacing.limit * self.cache_blocks() as f64).floor() as usize;
         let mut pace = pacing.pace;
         let mut online_skipped = Vec::new();
         let minute_s = cfg.minute_s()?;

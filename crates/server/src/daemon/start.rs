@@ -16,6 +16,7 @@ use cachevisor_store::backing_identity::{Identity, Place};
 use cachevisor_store::journal::Record;
 use cachevisor_store::owner_lock::OwnerLock;
 use cachevisor_trace::units::parse_size;
+use std::path::Path;
 
 /// Choices an operator makes when starting, beyond the config.
 #[derive(Debug, Clone, Default)]
@@ -105,7 +106,10 @@ impl Daemon {
         // path holding a file, a backing among the daemon's own files.
         cfg.resolve().map_err(StartError::Config)?;
         crate::own_files::check_paths(cfg).map_err(StartError::Config)?;
-        let owner = OwnerLock::acquire(&cfg.cache.path, &meta_dir).map_err(StartError::Refused)?;
+        let mut owner = OwnerLock::acquire(&cfg.cache.path, &meta_dir).map_err(StartError::Refused)?;
+        for (i, d) in cfg.cache.device.iter().enumerate() {
+            owner.lock_device(&d.path, &format!("cache.device[{i}].path"), &meta_dir).map_err(StartError::Refused)?;
+        }
         let overlay = crate::vdisk_overlay::Overlay::load(&meta_dir).map_err(StartError::Config)?;
         let file_config = cfg.clone();
         let mut merged = cfg.clone();
@@ -150,6 +154,8 @@ impl Daemon {
             crate::vssd::startup::check_not_dropped(&meta_dir).map_err(StartError::Config)?;
         }
         let mut engine_cfg = engine_config(&r);
+        // The metadata's geometry: every device's slots (or what `max_size` lays out).
+        let meta_slots = r.engine_slots();
         // A cache store per peer this node borrows from, after the local one; blocks there
         // are never dirty.
         let peer_links = cluster.as_ref().filter(|c| !c.peers.is_empty()).map(|c| {
@@ -188,7 +194,8 @@ impl Daemon {
         let mut bound: std::collections::HashMap<VmId, Identity> = Default::default();
         let mut expected_label = None;
         let mut seals = cachevisor_datapath::block_sums::Replayed::default();
-        let (mut persist, rec) = Persistence::open(&meta_dir, r.cache.block_size, r.max_slots, &mut |rep| {
+        let mut recorded_devices = None;
+        let (mut persist, rec) = Persistence::open(&meta_dir, r.cache.block_size, meta_slots, &mut |rep| {
             match rep {
                 Record::Vdisk { vm, name } => {
                     let id = names.iter().position(|n| *n == name).unwrap_or_else(|| {
@@ -217,6 +224,7 @@ impl Daemon {
                     seals.slot(slot, id, block, &dirty, sums);
                 }
                 Record::CacheLabel(e) => expected_label = Some(e),
+                Record::CacheDevices(d) => recorded_devices = Some(d),
                 Record::Target { .. } => {}
             }
             Ok(())
@@ -329,17 +337,28 @@ impl Daemon {
                 tracing::warn!(vdisk = %name, "--discard-dirty names a vDisk the cache does not know");
             }
         }
-        // The cache store must be the one the metadata describes (its label), or its
-        // blocks are not served: refused with dirty ones, dropped when clean.
-        let held: Vec<(String, u64, u64)> = names
-            .iter()
-            .chain(&orphans)
-            .enumerate()
-            .map(|(vm, n)| {
-                let p = engine.partition(vm as VmId);
-                (n.clone(), p.used, p.dirty_blocks)
-            })
-            .collect();
+        // The devices must be those the metadata was written for, in that order
+        // (`cache_devices.rs`): refused with dirty blocks, dropped when clean.
+        let all_names: Vec<String> = names.iter().chain(&orphans).cloned().collect();
+        let mut device_warnings: Vec<String> =
+            super::cache_devices::check_layout(&mut engine, recorded_devices, &r.device_slots, &all_names, &discard)?
+                .into_iter()
+                .collect();
+        // Each device must be the one the metadata describes (its label), or its blocks
+        // are not served: refused with dirty ones, dropped when clean.
+        let device_paths: Vec<&Path> = cfg.cache.device.iter().map(|d| d.path.as_path()).collect();
+        device_warnings.extend(super::cache_devices::check_labels(
+            &mut engine,
+            &device_paths,
+            expected_label.as_ref(),
+            &all_names,
+            &discard,
+            &meta_dir,
+        )?);
+        for w in &device_warnings {
+            tracing::warn!("{w}");
+        }
+        let held = super::cache_devices::held_on(&engine, 0, &all_names);
         let found_label = cachevisor_store::cache_label::read(&cfg.cache.path);
         let verdict = cachevisor_store::cache_label::verdict(
             &found_label,
@@ -347,7 +366,7 @@ impl Daemon {
             r.cache.block_size,
             &held,
             &discard,
-            (&cfg.cache.path, &meta_dir),
+            ("cache.path", &cfg.cache.path, &meta_dir),
         )
         .map_err(StartError::Refused)?;
         let mut cold_start = None;
@@ -364,9 +383,7 @@ impl Daemon {
                     meta_dir.display()
                 )));
             }
-            for vm in 0..held.len() {
-                forget_vm(&mut engine, vm as VmId);
-            }
+            super::cache_devices::forget_store(&mut engine, 0);
             if let Some(why) = why {
                 tracing::warn!("cold start: the cache store is not the one its metadata describes: {why}");
                 cold_start = Some(why.clone());
@@ -422,6 +439,9 @@ impl Daemon {
             };
         let (ssd, direct) = cachevisor_store::backing::open_cache_store(&cfg.cache.path, store_bytes, cfg.cache.direct)
             .map_err(|source| StartError::File { path: cfg.cache.path.display().to_string(), error: source })?;
+        let device_files: Vec<(&Path, u64)> =
+            device_paths.iter().copied().zip(r.device_slots[1..].iter().copied()).collect();
+        let devices = super::cache_devices::open(&device_files, r.cache.block_size, cfg.cache.direct)?;
         let mut recovery =
             Recovery { journal_records: rec.journal_records, torn_tail: rec.torn_tail, ..Recovery::default() };
         for vm in 0..names.len() {
@@ -437,10 +457,20 @@ impl Daemon {
             cachevisor_store::cache_label::Verdict::Warm { id, found } => {
                 (cachevisor_store::cache_label::Label { id, generation, block_size: r.cache.block_size }, found)
             }
+            // The cache's other devices keep their blocks and the cache its identity (their
+            // labels derive from it); the first device's were dropped.
+            cachevisor_store::cache_label::Verdict::Cold(_) if !devices.is_empty() && expected_label.is_some() => {
+                let e = expected_label.expect("matched");
+                (
+                    cachevisor_store::cache_label::Label { id: e.id, generation, block_size: r.cache.block_size },
+                    e.generation,
+                )
+            }
             cachevisor_store::cache_label::Verdict::Cold(_) => {
                 (cachevisor_store::cache_label::Label::new(generation, r.cache.block_size), generation)
             }
         };
+        persist.set_devices(&r.device_slots);
         persist.set_label(cachevisor_store::cache_label::Expected { id: label.id, generation, previous });
         // Blocks sealed before the stop keep their checksums (reads of them are checked).
         let sums = cachevisor_datapath::block_sums::BlockSums::new(r.cache.block_size);
@@ -450,6 +480,10 @@ impl Daemon {
             .map_err(|source| StartError::File { path: meta_dir.display().to_string(), error: source })?;
         cachevisor_store::cache_label::write(&ssd, &label)
             .map_err(|source| StartError::File { path: cfg.cache.path.display().to_string(), error: source })?;
+        super::cache_devices::write_labels(&devices, &device_paths, &label)?;
+        if !device_warnings.is_empty() {
+            cold_start = Some(cold_start.into_iter().chain(device_warnings).collect::<Vec<_>>().join("; "));
+        }
         recovery.cold_start = cold_start;
         if recovery.blocks > 0 {
             tracing::info!(
@@ -476,6 +510,7 @@ impl Daemon {
             persist,
             ssd,
             direct,
+            devices,
             backings,
             names,
             threads,
@@ -566,6 +601,7 @@ impl Daemon {
             exports: RwLock::new(exports),
             overlay: Mutex::new(overlay),
             block_size: r.cache.block_size,
+            more_device_slots: r.device_slots[1..].iter().sum(),
             resolved: r,
             dp,
             policy,

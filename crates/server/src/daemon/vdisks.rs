@@ -282,7 +282,7 @@ impl Daemon {
                 "this cache is one shared pool (cache.partition = \"shared\"): vDisks have no targets to set".into(),
             ));
         }
-        let slots = u64::from(self.dp.cache_slots());
+        let slots = self.cache_blocks();
         if blocks > slots {
             return Err(OpError::Invalid(format!(
                 "blocks: {blocks} is more than the cache holds ({slots} blocks of {} bytes)",

@@ -1,0 +1,189 @@
+//! A cache over several devices (`[cache] path` and `[[cache.device]]`): one allocation
+//! over both, with real NBD clients (fio with crc32c verification, qemu-io patterns);
+//! a SIGKILL and a warm start serving the dirty blocks on each device; and what a start
+//! does when a device changed while the daemon was down — emptied or replaced (its label),
+//! or the device list itself — refused with dirty blocks at stake, naming the device and
+//! the vDisks, the blocks dropped when clean; a second process using a device refused.
+
+use cachevisor_testkit as common;
+
+use common::{bin, destage, qemu_io, qemu_io_ok, s, Daemon, ServeConfig};
+use std::path::Path;
+use std::process::Command;
+
+/// `cache.img` (8 MiB) and `ssd2/dev1.img` (`dev_size`), write-back vDisk vm1 of 32 MiB,
+/// no background write-back (dirty blocks stay in the cache).
+fn write_config(d: &Path, dev_size: Option<&str>) {
+    write_split(d, "8MiB", dev_size)
+}
+
+/// [`write_config`] with `cache.img` of `size`.
+fn write_split(d: &Path, size: &str, dev_size: Option<&str>) {
+    std::fs::create_dir_all(d.join("ssd2")).unwrap();
+    let mut c = ServeConfig::new(size).no_writeback().api().section("prewarm", "snapshot_every", "0").vdisk(
+        "vm1",
+        "vm1.img",
+        &[("size", s("32MiB")), ("write_policy", s("wb"))],
+    );
+    if let Some(size) = dev_size {
+        c = c.array_item("cache.device", &[("path", s("ssd2/dev1.img")), ("size", s(size))]);
+    }
+    c.write(d, "c.toml");
+}
+
+/// `cachevisor cache status --json` of `a`.
+fn cache_status(d: &Path, a: &Daemon) -> serde_json::Value {
+    let o = Command::new(bin())
+        .args(["cache", "status", "--json", "--api", a.api.as_deref().unwrap(), "--token-file"])
+        .arg(d.join("cache.img.meta/api-token"))
+        .env_remove("CACHEVISOR_API_TOKEN")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+/// 12 MiB of patterns: more than either device holds (8 MiB each).
+fn write_patterns(a: &Daemon) {
+    qemu_io_ok(&a.uri("vm1"), &["write -P 0x31 0 6M", "write -P 0x32 6M 6M"]);
+}
+
+/// A daemon on two 8 MiB devices in `d`, the patterns written (dirty, on both).
+fn started_with_patterns(d: &Path) -> Daemon {
+    write_config(d, Some("8MiB"));
+    let a = Daemon::start(d, "c.toml", &[]).unwrap();
+    write_patterns(&a);
+    a
+}
+
+fn reads_back(a: &Daemon) {
+    qemu_io_ok(&a.uri("vm1"), &["read -P 0x31 0 6M", "read -P 0x32 6M 6M"]);
+}
+
+/// Whether the backing file holds only zeros in its first 12 MiB (nothing written back).
+fn backing_untouched(d: &Path) -> bool {
+    let b = std::fs::read(d.join("vm1.img")).unwrap();
+    b[..12 << 20].iter().all(|&x| x == 0)
+}
+
+#[test]
+fn two_devices_are_one_cache_under_verified_writes_and_a_sigkill() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut a = started_with_patterns(d);
+    let st = cache_status(d, &a);
+    assert_eq!(st["size_bytes"].as_u64(), Some(16 << 20), "{st}");
+    let devs = st["devices"].as_array().unwrap();
+    assert_eq!(devs.len(), 2, "{st}");
+    let on: Vec<u64> = devs.iter().map(|v| v["cached_blocks"].as_u64().unwrap()).collect();
+    assert!(on[0] > 0 && on[1] > 0, "both devices hold blocks: {on:?}");
+    assert_eq!(on.iter().sum::<u64>(), st["cached_blocks"].as_u64().unwrap());
+    assert!(st["dirty_blocks"].as_u64().unwrap() >= 3072, "write-back: 12 MiB dirty: {st}");
+    // Each device file carries its blocks after its 4 KiB label.
+    assert_eq!(std::fs::metadata(d.join("ssd2/dev1.img")).unwrap().len(), 4096 + (8 << 20));
+    reads_back(&a);
+    // A SIGKILL with dirty blocks on both devices: the start is warm and serves them.
+    qemu_io_ok(&a.uri("vm1"), &["write -P 0x33 0 2M"]); // the newest write wins
+    a.kill9();
+    assert!(backing_untouched(d), "the patterns are only in the cache");
+    let a = Daemon::start(d, "c.toml", &[]).unwrap();
+    qemu_io_ok(&a.uri("vm1"), &["read -P 0x33 0 2M", "read -P 0x31 2M 4M", "read -P 0x32 6M 6M"]);
+    let st = cache_status(d, &a);
+    let devs = st["devices"].as_array().unwrap();
+    assert!(devs.iter().all(|v| v["cached_blocks"].as_u64().unwrap() > 0), "{st}");
+    assert!(st["dirty_blocks"].as_u64().unwrap() >= 3072, "still dirty after the restart: {st}");
+    // fio's verified random writes over the rest of the disk, through both devices and
+    // past their room (evictions write back).
+    let out = Command::new("fio")
+        .args(["--name=v", "--ioengine=nbd", &format!("--uri={}", a.uri("vm1")), "--rw=randwrite", "--bs=4k"])
+        .args(["--offset=16M", "--size=16M", "--iodepth=8", "--loops=2", "--verify=crc32c", "--verify_fatal=1"])
+        .args(["--do_verify=1", "--output-format=terse"])
+        .output()
+        .expect("fio (apt-get install fio)");
+    assert!(out.status.success(), "fio: {}", String::from_utf8_lossy(&out.stderr));
+    qemu_io_ok(&a.uri("vm1"), &["read -P 0x33 0 2M", "read -P 0x31 2M 4M", "read -P 0x32 6M 6M"]);
+    drop(a);
+}
+
+#[test]
+fn a_device_replaced_while_down_is_refused_with_dirty_blocks_and_dropped_when_clean() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut a = started_with_patterns(d);
+    a.kill9();
+    // The second device emptied while the daemon was down (its file truncated and
+    // extended: zeros where its label and blocks were).
+    let dev = d.join("ssd2/dev1.img");
+    let kept = std::fs::read(&dev).unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&dev).unwrap();
+    f.set_len(0).unwrap();
+    f.set_len(kept.len() as u64).unwrap();
+    drop(f);
+    let e = Daemon::start(d, "c.toml", &[]).err().expect("refused");
+    assert!(
+        e.output.contains("cache.device[0].path")
+            && e.output.contains("`vm1`")
+            && e.output.contains("--discard-dirty vm1")
+            && e.output.contains("Nothing was changed"),
+        "{}",
+        e.output
+    );
+    // Put back: served warm, every byte.
+    std::fs::write(&dev, &kept).unwrap();
+    let a = Daemon::start(d, "c.toml", &[]).unwrap();
+    reads_back(&a);
+    // Written back (all clean), stopped, the device emptied again: its blocks are dropped,
+    // the start says so, and every byte still reads back (from the backing store).
+    let (ok, out) = destage(a.api.as_deref().unwrap(), &d.join("cache.img.meta/api-token"));
+    assert!(ok, "{out}");
+    assert_eq!(cache_status(d, &a)["dirty_blocks"].as_u64(), Some(0));
+    drop(a);
+    std::fs::write(&dev, vec![0u8; kept.len()]).unwrap();
+    let a = Daemon::start(d, "c.toml", &[]).unwrap();
+    let log = a.log();
+    assert!(log.contains("cold start of cache.device[0].path"), "{log}");
+    let st = cache_status(d, &a);
+    let devs = st["devices"].as_array().unwrap();
+    assert_eq!(devs[1]["cached_blocks"].as_u64(), Some(0), "{st}");
+    assert!(devs[0]["cached_blocks"].as_u64().unwrap() > 0, "the first device's blocks stay: {st}");
+    reads_back(&a);
+}
+
+#[test]
+fn a_changed_device_list_is_refused_with_dirty_blocks_and_a_second_process_is_kept_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut a = started_with_patterns(d);
+    // Another daemon with the second device as its cache store: refused, in use.
+    let other = tempfile::tempdir().unwrap();
+    ServeConfig::new("8MiB")
+        .cache("path", d.join("ssd2/dev1.img").display().to_string())
+        .cache("metadata", other.path().join("meta").display().to_string())
+        .vdisk("x", "x.img", &[("size", s("8MiB"))])
+        .write(other.path(), "o.toml");
+    let e = Daemon::start(other.path(), "o.toml", &[]).err().expect("refused");
+    assert!(e.output.contains("in use"), "{}", e.output);
+    a.kill9();
+    // The device resized while down (16 MiB in all either way): refused, naming both lists.
+    write_config(d, Some("4MiB"));
+    let e = Daemon::start(d, "c.toml", &[]).err().expect("refused");
+    assert!(e.output.contains("the cache was written with"), "a different total is the geometry: {}", e.output);
+    // Dropped from the config with dirty blocks on it: refused.
+    write_config(d, None);
+    let e = Daemon::start(d, "c.toml", &[]).err().expect("refused");
+    assert!(e.output.contains("geometry") || e.output.contains("written with"), "{}", e.output);
+    // Back as it was: every byte.
+    write_config(d, Some("8MiB"));
+    let a = Daemon::start(d, "c.toml", &[]).unwrap();
+    reads_back(&a);
+    let (ok, out) = destage(a.api.as_deref().unwrap(), &d.join("cache.img.meta/api-token"));
+    assert!(ok, "{out}");
+    drop(a);
+    // Clean: a different split of the same 16 MiB (12 + 4) starts cold and says so.
+    write_split(d, "12MiB", Some("4MiB"));
+    let a = Daemon::start(d, "c.toml", &[]).unwrap();
+    let log = a.log();
+    assert!(log.contains("the cache's devices changed"), "{log}");
+    reads_back(&a);
+    assert!(!qemu_io(&a.uri("vm1"), &["read -P 0x99 0 4k"]).0, "a wrong pattern fails (the check can fail)");
+}

@@ -1,0 +1,166 @@
+//! The cache's devices at start (`[cache] path` and each `[[cache.device]]`, stores
+//! 0.. of the engine's table, one allocation over all): each locked, checked against
+//! what the metadata says was on it, opened, and labelled.
+//!
+//! What can go wrong while the daemon is down, and what a start does then:
+//! - **the device list changed** (one added, removed, resized or reordered): slot ids run
+//!   over the devices in order (`Record::CacheDevices` in every checkpoint), so the
+//!   metadata's slots no longer name the bytes they did. With dirty blocks recorded the
+//!   start is refused, naming the vDisks and both lists; with clean blocks only, they are
+//!   dropped and the start says so;
+//! - **a device is not the one the metadata describes** (emptied, replaced, another
+//!   cache's, moved to another place in the list): each device carries the cache's label
+//!   with its index folded into the identity (`cache_label::Label::device_id`); a device
+//!   whose label does not match gets the verdict the first device gets
+//!   (`cache_label::verdict`) on the blocks recorded *on it*: refused with dirty ones,
+//!   its clean blocks dropped and the others served.
+
+use super::StartError;
+use cachevisor_engine::{Engine, StoreId};
+use cachevisor_store::cache_label::{self, Expected, Label, Verdict};
+use cachevisor_trace::VmId;
+use std::fs::File;
+use std::path::Path;
+
+/// The config's key for device `st` (`cache.path` for the first).
+pub(super) fn key(st: StoreId) -> String {
+    match st {
+        0 => "cache.path".into(),
+        i => format!("cache.device[{}].path", i - 1),
+    }
+}
+
+/// `(vDisk, blocks, dirty blocks)` of each VM (`names` by VM id) on device `st`.
+pub(super) fn held_on(engine: &Engine, st: StoreId, names: &[String]) -> Vec<(String, u64, u64)> {
+    let mut held: Vec<(String, u64, u64)> = names.iter().map(|n| (n.clone(), 0, 0)).collect();
+    let (first, n) = engine.layout().range(st);
+    for s in first..first + n {
+        let Some((vm, _)) = engine.slot_block(s as u32) else { continue };
+        if let Some(h) = held.get_mut(vm as usize) {
+            h.1 += 1;
+            h.2 += u64::from(engine.slot_dirty(s as u32));
+        }
+    }
+    held
+}
+
+/// Drops every block on device `st` (clean, or dirty ones the operator discarded);
+/// returns how many.
+pub(super) fn forget_store(engine: &mut Engine, st: StoreId) -> u64 {
+    let (first, n) = engine.layout().range(st);
+    (first..first + n).filter(|&s| engine.release_slot(s as u32)).count() as u64
+}
+
+/// Drops every block on every device; returns how many.
+fn forget_all(engine: &mut Engine) -> u64 {
+    (0..engine.layout().len() as StoreId).map(|st| forget_store(engine, st)).sum()
+}
+
+/// Checks the device list the metadata recorded (`None`: one device of `meta_slots`)
+/// against the configured one: changed with dirty blocks recorded (and not each
+/// vDisk's discarded) refuses; changed with clean ones drops them (a warning returned).
+pub(super) fn check_layout(
+    engine: &mut Engine,
+    recorded: Option<Vec<u64>>,
+    configured: &[u64],
+    names: &[String],
+    discard: &dyn Fn(&str) -> bool,
+) -> Result<Option<String>, StartError> {
+    let total: u64 = configured.iter().sum();
+    let recorded = recorded.unwrap_or_else(|| vec![total]);
+    if recorded == configured {
+        return Ok(None);
+    }
+    let list = |d: &[u64]| d.iter().map(|n| format!("{n}")).collect::<Vec<_>>().join(", ");
+    let change = format!(
+        "the cache's devices changed: the metadata was written for {} device(s) of [{}] blocks, the config gives {} of [{}]",
+        recorded.len(),
+        list(&recorded),
+        configured.len(),
+        list(configured)
+    );
+    let held: Vec<(String, u64, u64)> = names
+        .iter()
+        .enumerate()
+        .map(|(vm, n)| {
+            let p = engine.partition(vm as VmId);
+            (n.clone(), p.used, p.dirty_blocks)
+        })
+        .collect();
+    let at_stake: Vec<String> =
+        held.iter().filter(|h| h.2 > 0 && !discard(&h.0)).map(|h| format!("`{}` {} dirty blocks", h.0, h.2)).collect();
+    if !at_stake.is_empty() {
+        return Err(StartError::Refused(format!(
+            "cache.device: {change}, and its slots name blocks by their place over those devices. Dirty blocks only the cache holds: {}. Restore the device list they were written with and start again (then flush, `cachevisor destage`, before changing it), or start with {} to drop them deliberately (what they held is lost). Nothing was changed.",
+            at_stake.join(", "),
+            held.iter()
+                .filter(|h| h.2 > 0 && !discard(&h.0))
+                .map(|h| format!("`--discard-dirty {}`", h.0))
+                .collect::<Vec<_>>()
+                .join(" ")
+        )));
+    }
+    let dropped = forget_all(engine);
+    Ok((dropped > 0).then(|| format!("cold start: {change}: its {dropped} cached blocks were dropped")))
+}
+
+/// The label device `index` must carry, given the cache's (`expected`, device 0's).
+fn expected_on(expected: Option<&Expected>, index: u16) -> Option<Expected> {
+    expected.map(|e| Expected { id: Label::device_id(&e.id, index), ..*e })
+}
+
+/// Checks the label of each device after the first against the metadata's: a device whose
+/// label does not match has its blocks dropped (clean, or discarded) or refuses the start
+/// (dirty). Returns a warning per device dropped.
+pub(super) fn check_labels(
+    engine: &mut Engine,
+    devices: &[&Path],
+    expected: Option<&Expected>,
+    names: &[String],
+    discard: &dyn Fn(&str) -> bool,
+    meta_dir: &Path,
+) -> Result<Vec<String>, StartError> {
+    let block_size = engine.config().block_size;
+    let mut warnings = Vec::new();
+    for (i, path) in devices.iter().enumerate() {
+        let st = i as StoreId + 1;
+        let found = cache_label::read(path);
+        let held = held_on(engine, st, names);
+        let want = expected_on(expected, st);
+        let verdict =
+            cache_label::verdict(&found, want.as_ref(), block_size, &held, discard, (&key(st), path, meta_dir))
+                .map_err(StartError::Refused)?;
+        if let Verdict::Cold(Some(why)) = verdict {
+            forget_store(engine, st);
+            warnings.push(format!("cold start of {}: {why}", key(st)));
+        }
+    }
+    Ok(warnings)
+}
+
+/// Opens each device after the first (`(path, slots)`) for `block_size`-byte blocks after
+/// its label; O_DIRECT as `direct` says, each device on its own.
+pub(super) fn open(
+    devices: &[(&Path, u64)],
+    block_size: u64,
+    direct: cachevisor_store::backing::DirectIo,
+) -> Result<Vec<(File, bool)>, StartError> {
+    devices
+        .iter()
+        .map(|&(path, slots)| {
+            cachevisor_store::backing::open_cache_store(path, cache_label::DATA_OFFSET + slots * block_size, direct)
+                .map_err(|source| StartError::File { path: path.display().to_string(), error: source })
+        })
+        .collect()
+}
+
+/// Writes each device's label (device 0's is `label`, written by the caller): after the
+/// checkpoint naming the generation, as for the first device.
+pub(super) fn write_labels(devices: &[(File, bool)], paths: &[&Path], label: &Label) -> Result<(), StartError> {
+    for (i, ((f, _), path)) in devices.iter().zip(paths).enumerate() {
+        let l = Label { id: Label::device_id(&label.id, i as u16 + 1), ..*label };
+        cache_label::write(f, &l)
+            .map_err(|source| StartError::File { path: path.display().to_string(), error: source })?;
+    }
+    Ok(())
+}

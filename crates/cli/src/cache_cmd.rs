@@ -73,7 +73,8 @@ fn print(r: &CacheReport, json: bool) -> anyhow::Result<()> {
     println!("  size {} (up to {} while running: cache.max_size)", size(r.size_bytes), size(r.max_size_bytes));
     println!("  {} blocks cached, {} dirty", r.cached_blocks, r.dirty_blocks);
     for d in &r.devices {
-        println!("  device {}: {}, {} blocks cached", d.path, size(d.size_bytes), d.cached_blocks);
+        let failed = if d.failed { " — FAILED, dropped (its dirty blocks fail their reads)" } else { "" };
+        println!("  device {}: {}, {} blocks cached{failed}", d.path, size(d.size_bytes), d.cached_blocks);
     }
     println!(
         "  metadata {}{}",

@@ -187,3 +187,53 @@ fn a_changed_device_list_is_refused_with_dirty_blocks_and_a_second_process_is_ke
     reads_back(&a);
     assert!(!qemu_io(&a.uri("vm1"), &["read -P 0x99 0 4k"]).0, "a wrong pattern fails (the check can fail)");
 }
+
+#[test]
+fn a_device_failing_under_a_client_is_dropped_and_its_clean_blocks_are_read_from_the_backing_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir_all(d.join("ssd2")).unwrap();
+    ServeConfig::new("8MiB")
+        .cache("error_threshold", 4)
+        .api()
+        .section("prewarm", "snapshot_every", "0")
+        .vdisk("vm1", "vm1.img", &[("size", s("32MiB")), ("write_policy", s("wt"))])
+        .array_item("cache.device", &[("path", s("ssd2/dev1.img")), ("size", s("8MiB"))])
+        .write(d, "c.toml");
+    let a = Daemon::start(d, "c.toml", &[]).unwrap();
+    write_patterns(&a); // write-through: every block clean, on both devices
+    reads_back(&a);
+    let st = cache_status(d, &a);
+    assert!(st["devices"][1]["cached_blocks"].as_u64().unwrap() > 0, "{st}");
+    // The second device loses its bytes under the daemon (its file cut to nothing): every
+    // read of a block there fails from now on.
+    std::fs::OpenOptions::new().write(true).open(d.join("ssd2/dev1.img")).unwrap().set_len(0).unwrap();
+    // A client reading everything sees every byte: a failed read drops its clean block
+    // and is tried again from the backing store; past 4 errors the device is dropped.
+    reads_back(&a);
+    reads_back(&a);
+    let st = cache_status(d, &a);
+    assert_eq!(st["devices"][1]["failed"].as_bool(), Some(true), "{st}");
+    assert_eq!(st["devices"][1]["cached_blocks"].as_u64(), Some(0), "{st}");
+    assert_eq!(st["devices"][0]["failed"].as_bool(), Some(false), "{st}");
+    let log = a.log();
+    assert!(log.contains("a cache device failed past the error threshold and was dropped"), "{log}");
+    // The vDisk keeps its cache on the first device: not in pass-through, and new blocks
+    // go there.
+    let o = Command::new(bin())
+        .args(["status", "--api", a.api.as_deref().unwrap()])
+        .env_remove("CACHEVISOR_API_TOKEN")
+        .output()
+        .unwrap();
+    // `status` exits 5 when a vDisk runs in pass-through.
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    qemu_io_ok(&a.uri("vm1"), &["write -P 0x41 12M 4M", "read -P 0x41 12M 4M"]);
+    reads_back(&a);
+    assert_eq!(cache_status(d, &a)["devices"][1]["cached_blocks"].as_u64(), Some(0));
+}

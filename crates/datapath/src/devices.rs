@@ -272,6 +272,21 @@ impl Shared {
         );
         let now = self.now();
         core.engine.handle_completion(now, op.handle(), result);
+        for loss in core.engine.take_device_losses() {
+            let dirty: u64 = loss.dirty_blocks.iter().map(|d| d.1).sum();
+            let vdisks: Vec<String> = loss
+                .dirty_blocks
+                .iter()
+                .map(|&(vm, n)| format!("{} {n}", core.names.get(vm as usize).map_or("?", |s| s.as_str())))
+                .collect();
+            tracing::error!(
+                store = loss.store,
+                clean_dropped = loss.clean_blocks,
+                dirty_unreadable = dirty,
+                vdisks = %vdisks.join(", "),
+                "a cache device failed past the error threshold and was dropped: the vDisks keep their cache on the others; its clean blocks were forgotten (read from the backing stores again); its dirty blocks, whose only copy it held, are kept and fail their reads (a restart with the device back serves them)"
+            );
+        }
         self.pump(core);
     }
 }

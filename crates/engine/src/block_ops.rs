@@ -216,6 +216,9 @@ impl Engine {
     ) -> u16 {
         let Some(s) = slot else { return 0 };
         let phase = if write_back && self.writeback(vm, s, r, 0, true, out) > 0 { 2 } else { 0 };
+        if self.dirty.any(s, r) {
+            self.req.keep.push(s); // pinned with the request (`InRequest::keep`)
+        }
         self.invalidate(vm, s, r);
         phase
     }

@@ -367,7 +367,8 @@ impl Engine {
                 continue;
             }
             let owner = key_vm(key);
-            if vm.is_none_or(|v| v == owner) && self.vms[owner as usize].dirty_blocks > 0 {
+            // A poisoned block (`seals.rs`, or on a dropped device) is never written back.
+            if vm.is_none_or(|v| v == owner) && self.vms[owner as usize].dirty_blocks > 0 && !self.poisoned(s) {
                 if !self.flight.pinned(s) {
                     self.writeback(owner, s, (0, spb), 0, false, out);
                 } else if self.dirty.any(s, (0, spb)) {
@@ -401,6 +402,8 @@ impl Engine {
     pub fn check_invariants(&self) -> Result<(), String> {
         let mut used = vec![0u64; self.vms.len()];
         let mut dirty = vec![0u64; self.vms.len()];
+        // Poisoned blocks are never victims: a VM may hold them above its target.
+        let mut poisoned = vec![0u64; self.vms.len()];
         let mut held = vec![vec![0u64; self.stores.len()]; self.vms.len()];
         let mut store_used = vec![0u64; self.stores.len()];
         for s in 0..self.slots.len() as u32 {
@@ -421,6 +424,7 @@ impl Engine {
             if self.dirty.any(s, (0, self.spb)) {
                 dirty[vm] += 1;
             }
+            poisoned[vm] += u64::from(self.poisoned(s));
             for sec in 0..self.spb {
                 if self.dirty.get(s, sec) && !self.valid.get(s, sec) {
                     return Err(format!("slot {s} sector {sec} dirty but not valid"));
@@ -466,7 +470,7 @@ impl Engine {
                 if r.len() as u64 != p.used {
                     return Err(format!("vm {vm}: policy tracks {} slots, VM holds {}", r.len(), p.used));
                 }
-                if p.used > p.target && !p.paced && !self.flight.has_pins() {
+                if p.used > p.target + poisoned[vm] && !p.paced && !self.flight.has_pins() {
                     return Err(format!("vm {vm}: holds {} slots above its target {}", p.used, p.target));
                 }
             }

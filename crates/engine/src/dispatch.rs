@@ -159,6 +159,7 @@ impl Engine {
         let before = if self.dur.on() && req.op == Op::Write { self.vouched_before(&req) } else { Vec::new() };
         self.req.sync = self.classes.take_sync(id);
         self.run_access(now_ns, &req, &mut job.out);
+        std::mem::swap(&mut job.keep, &mut self.req.keep);
         if req.op == Op::Write {
             for op in job.out.ops.iter().filter(|o| o.client && o.kind == crate::output::OpKind::SsdWrite) {
                 self.seals.wrote(op.slot);

@@ -105,6 +105,8 @@ pub struct Engine {
     pub(crate) dur: crate::durability::Durability,
     /// Persistent mode: sealed slots, seal candidates, poisoned slots (see `seals.rs`).
     pub(crate) seals: crate::seals::Seals,
+    /// Each local cache device's errors, and which were dropped (`device_failure.rs`).
+    pub(crate) health: crate::device_failure::DeviceHealth,
     /// The request being processed (its blocks, mode, phases).
     pub(crate) req: InRequest,
     /// Reused buffers.
@@ -155,6 +157,12 @@ pub(crate) struct InRequest {
     /// A write the client asked to be durable at once (set by dispatch for the request
     /// it runs; classification only).
     pub(crate) sync: bool,
+    /// Slots whose dirty sectors it dropped because its own write replaces them on the
+    /// backing store (a write passing through): its job pins them until it retires, so
+    /// no other block takes them meanwhile and a failed write can put those sectors back
+    /// (`repair.rs`; before, a miss could take the freed slot and the sectors' only copy,
+    /// acknowledged earlier, was lost with the failed write).
+    pub(crate) keep: Vec<u32>,
 }
 
 /// Buffers reused from call to call (no allocation per request).
@@ -206,6 +214,7 @@ impl Engine {
             timers: Default::default(),
             dur: Default::default(),
             seals: Default::default(),
+            health: Default::default(),
             req: InRequest::default(),
             scratch: Scratch::default(),
             admission: Vec::new(),
@@ -430,6 +439,7 @@ impl Engine {
     /// [`Self::access`]'s request path (what dispatch runs for a submitted request).
     pub(crate) fn run_access(&mut self, now_ns: u64, req: &Request, out: &mut Output) {
         out.clear();
+        self.req.keep.clear();
         let sync = std::mem::take(&mut self.req.sync);
         if self.check_range(req.vm, req.offset, req.len as u64).is_err() {
             return;

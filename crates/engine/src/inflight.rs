@@ -137,6 +137,8 @@ pub(crate) struct Job {
     /// released early.
     pub(crate) by_key: Vec<u32>,
     pub(crate) groups: HashMap<u64, (u32, u32, u32)>,
+    /// Slots pinned with it beyond its ops' (`InRequest::keep`).
+    pub(crate) keep: Vec<u32>,
 }
 
 impl Job {
@@ -163,6 +165,7 @@ impl Job {
         self.order.clear();
         self.by_key.clear();
         self.groups.clear();
+        self.keep.clear();
         (self.replied, self.failure, self.held) = (false, None, false);
         (self.cursor, self.issued, self.sync_left, self.done) = (0, 0, 0, 0);
         true
@@ -528,7 +531,11 @@ impl Engine {
         }
         // Background jobs of several blocks release each block once its ops succeeded.
         let by_block = job.failure.is_none() && !job.groups.is_empty();
-        if device_error {
+        // With several cache devices, one failing is dropped, not the vDisks' cache
+        // (`device_failure.rs`).
+        let on_device =
+            |e: &mut Engine| matches!(op.loc, crate::output::Location::Cache(st) if e.count_device_store_error(st));
+        if device_error && !on_device(self) {
             self.count_device_error(op.vm);
         }
         match (op.kind, result) {

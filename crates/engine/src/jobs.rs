@@ -37,6 +37,9 @@ impl Engine {
                 self.flight.pin(op.slot);
             }
         }
+        for &s in &job.keep {
+            self.flight.pin(s);
+        }
         if !job.keys.is_sorted() {
             job.keys.sort_unstable();
         }
@@ -120,6 +123,9 @@ impl Engine {
             if !released(k) {
                 self.unbusy(k);
             }
+        }
+        for i in 0..job.keep.len() {
+            self.unpin(job.keep[i]);
         }
         self.settle();
         self.flight.push_event(Event::Retired { req: id, failed: job.failure.is_some() });

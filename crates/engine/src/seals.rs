@@ -161,7 +161,7 @@ impl Engine {
     /// written back).
     #[inline]
     pub(crate) fn poisoned(&self, s: u32) -> bool {
-        self.seals.is_poisoned(s, self.slots.key(s))
+        self.seals.is_poisoned(s, self.slots.key(s)) || self.lost_on_failed_device(s)
     }
 
     /// A cache read of `vm`'s `block` in `slot`, an op of job `job` (its table key),

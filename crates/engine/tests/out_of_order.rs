@@ -45,6 +45,9 @@ enum Step {
     Lend { run: u32, moving: bool },
     /// A lent run (the `run`-th, modulo) given back.
     Return { run: usize },
+    /// Cases with several cache devices: the last one fails every op from now on (it
+    /// is dropped at the error threshold: `device_failure.rs`).
+    DeviceDown,
 }
 
 /// Block ids across the u64 range: those that alias small blocks in a 48-bit key, the key
@@ -134,6 +137,7 @@ fn step() -> impl Strategy<Value = Step> {
             .prop_map(|(vm, what, block, sector, count)| Step::Wild { vm, what, block, sector, count }),
         1 => (0u32..4, any::<bool>()).prop_map(|(run, moving)| Step::Lend { run, moving }),
         1 => any::<usize>().prop_map(|run| Step::Return { run }),
+        1 => Just(Step::DeviceDown),
     ]
 }
 
@@ -143,6 +147,8 @@ struct Driver {
     flying: Vec<DeviceOp>,
     /// Runs withheld (first slot), and whether the model lent them out yet.
     lending: lending::Lending,
+    /// A cache device that fails every op (`Step::DeviceDown`).
+    down: Option<u16>,
 }
 
 lending::impl_lends!(Driver, w);
@@ -199,6 +205,7 @@ impl Driver {
 
     fn complete(&mut self, now: u64, i: usize, fail: bool, torn: u64) -> Result<(), String> {
         let op = self.flying.swap_remove(i);
+        let fail = fail || self.down.is_some_and(|st| op.loc == Location::Cache(st));
         trace(|| format!("complete {op:?} fail={fail}"));
         self.w.execute(&op, fail, torn)?;
         self.e.handle_completion(now, op.handle(), if fail { Err(Failure::Io) } else { Ok(()) });
@@ -219,6 +226,9 @@ struct Setup {
     /// (2 slots each, one allocation, `device_placement.rs`; lent runs stay on the
     /// first device, as vSSD regions do).
     devices: bool,
+    /// An error threshold of 2 (`set_error_threshold`): VMs pass through after device
+    /// errors (with several devices, the device is dropped instead).
+    errors: bool,
     /// Write-back ahead of eviction's window (0: off).
     ahead: u32,
     /// ELICA-Traffic's choice at a full partition too (lent-region cases).
@@ -226,13 +236,18 @@ struct Setup {
 }
 
 fn run(steps: &[Step], setup: Setup) -> Result<(), String> {
-    let Setup { partition, fill, kind, timers, protect, remote, devices, ahead, turnover } = setup;
+    let Setup { partition, fill, kind, timers, protect, remote, devices, errors, ahead, turnover } = setup;
     // With `remote`, half the 8 slots are lent by two other nodes of a cluster (ELICA).
     let (slots, lent) = if remote { (4, vec![StoreSpec::lent(1, 2), StoreSpec::lent(3, 2)]) } else { (8, Vec::new()) };
     let cfg = EngineConfig { partition, fill, replacement: kind, stores: lent, ..EngineConfig::with_slots(slots) };
     let cfg = if devices && !remote { cfg.over_devices(&[8, 2, 2]) } else { cfg };
     let w = DataModel::new(cfg.clone());
-    let mut d = Driver { e: Engine::new(cfg).unwrap(), w, flying: Vec::new(), lending: Default::default() };
+    let mut d = Driver { e: Engine::new(cfg).unwrap(), w, flying: Vec::new(), lending: Default::default(), down: None };
+    if errors || (devices && !remote) {
+        // A VM passes through after 2 device errors; with several cache devices, a
+        // failing device is dropped after 2 instead.
+        d.e.set_error_threshold(2);
+    }
     // Write-back ahead of eviction: its jobs start as backing stores go idle, among the
     // random completions and failures.
     d.e.set_writeback_ahead(ahead);
@@ -304,6 +319,11 @@ fn run(steps: &[Step], setup: Setup) -> Result<(), String> {
                     d.w.unlend(s);
                 }
             }
+            Step::DeviceDown => {
+                if devices && !remote {
+                    d.down = Some(2);
+                }
+            }
             Step::Complete { pick, fail, torn } => {
                 if !d.flying.is_empty() {
                     let n = d.flying.len();
@@ -361,7 +381,12 @@ fn run(steps: &[Step], setup: Setup) -> Result<(), String> {
         if d.e.in_flight() != 0 {
             return Err(format!("{} requests or jobs still in flight with no op running", d.e.in_flight()));
         }
-        if (0..3).all(|vm| d.e.partition(vm).dirty_blocks == 0) {
+        // Dirty blocks left: only those a dropped device held (kept, unreadable, never
+        // written back: `device_failure.rs`).
+        let dirty: u64 = (0..3).map(|vm| d.e.partition(vm).dirty_blocks).sum();
+        let lost: std::collections::BTreeSet<(u32, u64)> =
+            lost_blocks(&d.e, d.down).into_iter().map(|(vm, sector)| (vm, sector / 8)).collect();
+        if dirty == lost.len() as u64 {
             break;
         }
         if round > 3 {
@@ -380,8 +405,43 @@ fn run(steps: &[Step], setup: Setup) -> Result<(), String> {
         return Err(format!("withheld run at slot {first} never emptied with nothing in flight"));
     }
     d.e.check_invariants()?;
-    d.w.check_backing()?;
+    let lost = lost_blocks(&d.e, d.down);
+    d.w.check_backing_except(&|vm, sector| lost.contains(&(vm, sector)))?;
+    // A lost block is never served: a read of it fails (its device fails every op).
+    for &(vm, sector) in &lost {
+        let req = Request { time_ns: 0, vm, op: Op::Read, offset: sector * 512, len: 512 };
+        let id = d.e.submit(u64::MAX / 2, &req);
+        d.w.submitted(id, req);
+        d.pump()?;
+        while !d.flying.is_empty() {
+            d.complete(u64::MAX / 2, 0, false, 0)?;
+            d.pump()?;
+        }
+    }
     Ok(())
+}
+
+/// The dirty sectors (vm, sector) held on dropped cache devices, or on the device that
+/// fails every op (`down`: the last one working is not dropped, its vDisks pass through,
+/// and nothing can read those sectors back).
+fn lost_blocks(e: &Engine, down: Option<u16>) -> Vec<(u32, u64)> {
+    let mut lost = Vec::new();
+    for st in 0..e.layout().len() as u16 {
+        if !e.device_failed(st) && down != Some(st) {
+            continue;
+        }
+        let (first, n) = e.layout().range(st);
+        for slot in first as u32..(first + n) as u32 {
+            let Some((vm, block)) = e.slot_block(slot) else { continue };
+            let spb = (e.config().block_size / 512) as u32;
+            for k in 0..spb {
+                if e.sector_state(slot, k).1 {
+                    lost.push((vm, block * u64::from(spb) + u64::from(k)));
+                }
+            }
+        }
+    }
+    lost
 }
 
 proptest! {
@@ -397,11 +457,12 @@ proptest! {
         protect in any::<bool>(),
         remote in any::<bool>(),
         devices in any::<bool>(),
+        errors in any::<bool>(),
         ahead in prop::sample::select(vec![0u32, 2, 8]),
         turnover in any::<bool>(),
     ) {
         let partition = if shared { PartitionMode::Shared } else { PartitionMode::Static };
         let fill = if fill_block { FillMode::Block } else { FillMode::Request };
-        run(&steps, Setup { partition, fill, kind, timers, protect, remote, devices, ahead, turnover }).map_err(TestCaseError::fail)?;
+        run(&steps, Setup { partition, fill, kind, timers, protect, remote, devices, errors, ahead, turnover }).map_err(TestCaseError::fail)?;
     }
 }

@@ -240,7 +240,10 @@ impl Daemon {
             _ => Arc::new(cachevisor_datapath::vdisk_export::VdiskExport {
                 dp: self.dp.clone(),
                 vm,
-                retry_io: self.peer_links.is_some(),
+                // An EIO is tried again where a failed store's clean blocks are dropped
+                // and read from the backing store: a lost peer's region, one of several
+                // cache devices (the engine's `device_failure.rs`).
+                retry_io: self.peer_links.is_some() || self.several_cache_devices(),
             }),
         }
     }

@@ -81,6 +81,10 @@ pub struct CacheDeviceReport {
     pub size_bytes: u64,
     /// Blocks cached on it.
     pub cached_blocks: u64,
+    /// Dropped after device errors past the threshold (its dirty blocks, kept, fail
+    /// their reads).
+    #[serde(default)]
+    pub failed: bool,
 }
 
 /// The last swap's outcome, for [`CacheReport`].
@@ -151,6 +155,7 @@ impl Daemon {
                     path: p.display().to_string(),
                     size_bytes: e.layout().range(st as u16).1 * self.block_size,
                     cached_blocks: e.store_used(st as u16),
+                    failed: e.device_failed(st as u16),
                 })
                 .collect()
         })

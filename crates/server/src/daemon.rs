@@ -122,9 +122,6 @@ pub struct Daemon {
     /// vDisks added and removed through the API (serializes those calls).
     overlay: Mutex<crate::vdisk_overlay::Overlay>,
     block_size: u64,
-    /// Slots on the cache's devices after the first (`[[cache.device]]`; fixed while it
-    /// runs): with `DataPath::cache_slots`, the cache's size.
-    more_device_slots: u64,
     resolved: Resolved,
     dp: Arc<DataPath>,
     /// Taken inside the data path's lock (its hooks run there), never around it.
@@ -323,14 +320,20 @@ impl Daemon {
         self.exports().into_iter().find(|e| e.name == name).map(|e| e.id)
     }
 
+    /// Slots on the cache's devices after the first (`[[cache.device]]`, fixed while it
+    /// runs).
+    fn more_device_slots(&self) -> u64 {
+        self.resolved.device_slots[1..].iter().sum()
+    }
+
     /// The cache's blocks now, over every device.
     pub(crate) fn cache_blocks(&self) -> u64 {
-        u64::from(self.dp.cache_slots()) + self.more_device_slots
+        u64::from(self.dp.cache_slots()) + self.more_device_slots()
     }
 
     /// The most blocks the cache may hold while running, over every device.
     pub(crate) fn max_cache_blocks(&self) -> u64 {
-        u64::from(self.dp.max_cache_slots()) + self.more_device_slots
+        u64::from(self.dp.max_cache_slots()) + self.more_device_slots()
     }
 
     /// The metrics exposition (`/metrics`): latency histograms and the state now.

@@ -120,6 +120,23 @@ fn lock(f: &File, path: &Path, meta_dir: &Path) -> Result<(), String> {
     }
 }
 
+/// Opens (creating empty when missing, its parent must exist) and locks the cache store
+/// or device at `path` (`key` names it), checks its mode, and notes it held here.
+fn open_locked(path: &Path, key: &str, meta_dir: &Path) -> Result<File, String> {
+    parent_must_exist(path, key)?;
+    let f = cachevisor_files::private_files::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    lock(&f, path, meta_dir)?;
+    cachevisor_files::private_files::check_cache_mode(path, key)?;
+    HELD.lock().unwrap_or_else(|e| e.into_inner()).push(path.to_path_buf());
+    Ok(f)
+}
+
 impl OwnerLock {
     /// Locks the cache store at `cache` (created empty when missing; its contents and size
     /// are left alone) and the metadata directory `meta_dir` (created when missing), then
@@ -136,18 +153,8 @@ impl OwnerLock {
     /// Locks the cache store at `cache` (created empty when missing), its parent must
     /// exist: at start, and when a detached cache is attached again.
     pub fn lock_cache(&mut self, cache: &Path, meta_dir: &Path) -> Result<(), String> {
-        parent_must_exist(cache, "cache.path")?;
-        let cache_file = cachevisor_files::private_files::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(cache)
-            .map_err(|e| format!("{}: {e}", cache.display()))?;
-        lock(&cache_file, cache, meta_dir)?;
-        cachevisor_files::private_files::check_cache_mode(cache, "cache.path")?;
-        HELD.lock().unwrap_or_else(|e| e.into_inner()).push(cache.to_path_buf());
-        self.cache = Some((cache_file, cache.to_path_buf()));
+        let f = open_locked(cache, "cache.path", meta_dir)?;
+        self.cache = Some((f, cache.to_path_buf()));
         Ok(())
     }
 
@@ -156,17 +163,9 @@ impl OwnerLock {
     /// first: another process using it as a cache store is refused, and so is this one
     /// while another holds it.
     pub fn lock_device(&mut self, path: &Path, key: &str, meta_dir: &Path) -> Result<(), String> {
-        parent_must_exist(path, key)?;
-        let f = cachevisor_files::private_files::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .map_err(|e| format!("{key}: {}: {e}", path.display()))?;
-        lock(&f, path, meta_dir).map_err(|e| format!("{key}: {e}"))?;
-        cachevisor_files::private_files::check_cache_mode(path, key)?;
-        HELD.lock().unwrap_or_else(|e| e.into_inner()).push(path.to_path_buf());
+        // Every refusal names the key (`parent_must_exist`'s does already).
+        let f =
+            open_locked(path, key, meta_dir).map_err(|e| if e.starts_with(key) { e } else { format!("{key}: {e}") })?;
         self.devices.push((f, path.to_path_buf()));
         Ok(())
     }

@@ -87,17 +87,14 @@ pub(super) fn check_layout(
             (n.clone(), p.used, p.dirty_blocks)
         })
         .collect();
-    let at_stake: Vec<String> =
-        held.iter().filter(|h| h.2 > 0 && !discard(&h.0)).map(|h| format!("`{}` {} dirty blocks", h.0, h.2)).collect();
+    let at_stake: Vec<&(String, u64, u64)> = held.iter().filter(|h| h.2 > 0 && !discard(&h.0)).collect();
     if !at_stake.is_empty() {
+        let list: Vec<String> = at_stake.iter().map(|h| format!("`{}` {} dirty blocks", h.0, h.2)).collect();
+        let flags: Vec<String> = at_stake.iter().map(|h| format!("`--discard-dirty {}`", h.0)).collect();
         return Err(StartError::Refused(format!(
             "cache.device: {change}, and its slots name blocks by their place over those devices. Dirty blocks only the cache holds: {}. Restore the device list they were written with and start again (then flush, `cachevisor destage`, before changing it), or start with {} to drop them deliberately (what they held is lost). Nothing was changed.",
-            at_stake.join(", "),
-            held.iter()
-                .filter(|h| h.2 > 0 && !discard(&h.0))
-                .map(|h| format!("`--discard-dirty {}`", h.0))
-                .collect::<Vec<_>>()
-                .join(" ")
+            list.join(", "),
+            flags.join(" ")
         )));
     }
     let dropped = forget_all(engine);

@@ -601,7 +601,6 @@ impl Daemon {
             exports: RwLock::new(exports),
             overlay: Mutex::new(overlay),
             block_size: r.cache.block_size,
-            more_device_slots: r.device_slots[1..].iter().sum(),
             resolved: r,
             dp,
             policy,

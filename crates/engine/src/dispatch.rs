@@ -156,7 +156,12 @@ impl Engine {
         if req.op == Op::Write {
             self.pre_states(&req, &mut job);
         }
-        let before = if self.dur.on() && req.op == Op::Write { self.vouched_before(&req) } else { Vec::new() };
+        let before = match req.op {
+            _ if !self.dur.on() => Vec::new(),
+            Op::Write => self.vouched_before(&req),
+            // A read's fill into a sealed slot waits for an unsealing record too.
+            _ => self.sealed_before(&req),
+        };
         self.req.sync = self.classes.take_sync(id);
         self.run_access(now_ns, &req, &mut job.out);
         std::mem::swap(&mut job.keep, &mut self.req.keep);

@@ -22,6 +22,16 @@ impl Engine {
             .collect()
     }
 
+    /// Persistent mode: the sealed slots a read's blocks hold (a fill into one needs an
+    /// unsealing record first, like a client write: `seals.rs`).
+    pub(crate) fn sealed_before(&self, req: &Request) -> Vec<SlotRecord> {
+        self.request_keys(req)
+            .filter_map(|key| self.lookup(req.vm, crate::slot_table::key_block(key)))
+            .filter(|&s| self.seals.is_sealed(s))
+            .map(|s| self.record_of(s))
+            .collect()
+    }
+
     /// The intent records a write's ops need, from the vouched-for slots its blocks held
     /// before the request (`before`) and the sectors the journal may record valid and clean
     /// there: a client cache write into the same slot records the valid sectors it
@@ -29,7 +39,12 @@ impl Engine {
     /// sectors it makes valid are recorded invalid: a crash before it lands leaves nothing
     /// of theirs); a client backing write records those it covers invalid (a crash after
     /// it lands must not leave the old bytes labelled clean in the cache). Dirty sectors
-    /// stay dirty either way.
+    /// stay dirty either way. A fill (the engine's own cache write of bytes read from the
+    /// backing store) into a sealed slot gets the slot's record as it was before: the
+    /// sectors it fills stay invalid until a later record, and the seal's checksums stop
+    /// describing the slot before the fill changes its bytes (before, a read's fill after
+    /// a write around that dropped sealed dirty sectors left the journal's checksums over
+    /// the new bytes: a crash then failed them, found by the crash-consistency model).
     pub(crate) fn intents(&self, before: &[SlotRecord], out: &Output) -> Vec<SlotRecord> {
         use crate::output::OpKind;
         let bs = self.cfg.block_size;
@@ -104,6 +119,17 @@ impl Engine {
                     // store may hold newer bytes.
                     r.valid[w] &= !bit;
                 }
+            }
+        }
+        let fills = out.ops.iter().filter(|o| !o.client && o.kind == OpKind::SsdWrite);
+        for op in fills.filter(|o| self.seals.is_sealed(o.slot)) {
+            let block = Some((op.vm, op.block(bs)));
+            let Some(pre) = before.iter().find(|r| r.slot == op.slot && r.block == block) else { continue };
+            if !needed.contains(&pre.slot) {
+                needed.push(pre.slot);
+            }
+            if !records.iter().any(|r| r.slot == pre.slot) {
+                records.push(pre.clone());
             }
         }
         unseals.retain(|u| !records.iter().any(|r| r.slot == u.slot));

@@ -220,7 +220,7 @@ mod tests {
     use super::*;
 
     fn record(slot: u32, dirty: u64, sealed: bool) -> SlotRecord {
-        SlotRecord { slot, block: Some((0, 1)), valid: vec![0xff], dirty: vec![dirty], sealed }
+        SlotRecord { slot, block: Some((0, 1)), valid: vec![0xff], dirty: vec![dirty], sealed, mirror: false }
     }
 
     #[test]
@@ -262,7 +262,7 @@ mod tests {
         s.prune(&record(2, 0b11, false));
         assert_eq!(s.check(2, 0, &[0u8; 4096]), Some(0));
         assert_eq!(s.check(2, 2, &[0u8; 512]), None, "clean now: forgotten");
-        s.prune(&SlotRecord { slot: 2, block: None, valid: vec![0], dirty: vec![0], sealed: false });
+        s.prune(&SlotRecord { slot: 2, block: None, valid: vec![0], dirty: vec![0], sealed: false, mirror: false });
         assert_eq!((s.slots(), s.check(2, 0, &[0u8; 512])), (0, None));
     }
 }

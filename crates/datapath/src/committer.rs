@@ -174,7 +174,11 @@ fn append_meta(persist: &mut Persistence, meta: &[Record]) -> std::io::Result<()
             Record::Vdisk { vm, name } => persist.record_vdisk(*vm, name)?,
             Record::Binding { vm, identity } => persist.record_binding(*vm, identity)?,
             Record::Target { vm, blocks } => persist.record_target(*vm, *blocks)?,
-            Record::Slot { .. } | Record::Free { .. } | Record::CacheLabel(_) | Record::CacheDevices(_) => {}
+            Record::Slot { .. }
+            | Record::Mirror { .. }
+            | Record::Free { .. }
+            | Record::CacheLabel(_)
+            | Record::CacheDevices(_) => {}
         }
     }
     Ok(())

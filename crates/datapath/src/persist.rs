@@ -554,6 +554,9 @@ pub fn no_sums(_: &cachevisor_engine::SlotRecord) -> Option<Vec<u32>> {
 /// seal carries its dirty sectors' checksums when `sums` knows them all.
 fn slot_record(r: &cachevisor_engine::SlotRecord, sums: SumsOf<'_>) -> Record {
     match r.block {
+        Some((vm, block)) if r.mirror => {
+            Record::Mirror { slot: r.slot, vm: vm as u16, block, sectors: r.valid.clone() }
+        }
         Some((vm, block)) if r.valid.iter().any(|&w| w != 0) => Record::Slot {
             slot: r.slot,
             vm: vm as u16,
@@ -621,6 +624,7 @@ mod tests {
             valid: vec![!0],
             dirty: vec![0],
             sealed: false,
+            mirror: false,
         };
         let e =
             p.commit(&cachevisor_engine::Commit { records: vec![slot], ..c }, &|| Ok(()), &[], &no_sums).unwrap_err();

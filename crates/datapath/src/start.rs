@@ -151,10 +151,16 @@ impl DataPath {
                     engine.restore_slot(slot, vm as VmId, block, &bools(&valid), &bools(&dirty))?;
                     seals.slot(slot, vm as VmId, block, &dirty, sums);
                 }
+                cachevisor_store::journal::Record::Mirror { slot, vm, block, sectors } => {
+                    engine.release_slot(slot);
+                    seals.free(slot);
+                    engine.restore_mirror(slot, vm as VmId, block, &crate::persist::bits_to_bools(&sectors, spb))?;
+                }
                 _ => {}
             }
             Ok(())
         })?;
+        engine.settle_restored_mirrors();
         let sums = crate::block_sums::BlockSums::new(bs);
         seals.apply(&mut engine, &sums);
         let file = |name: &str, len: u64| -> Result<File, String> {

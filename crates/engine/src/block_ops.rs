@@ -160,11 +160,21 @@ impl Engine {
         let Some(s) = slot else {
             return self.write_passing(vm, b, (r.0 as u64 * SECTOR, r.1 as u64 * SECTOR), 0, out);
         };
+        let mut dirty = dirty && !self.writes_through_at(s);
+        // Mirrored dirty data: the copy's slot on another device, or through instead.
+        let mirror = if dirty && self.mirrors.on() { self.mirror_for_write(key, s, out) } else { None };
+        if dirty && self.mirrors.on() && mirror.is_none() {
+            self.mirrors.fell_back();
+            dirty = false;
+        }
         let op = DeviceOp { client: true, ..self.ssd(OpKind::SsdWrite, vm, s, r, phase, true) };
         self.emit(out, op);
         self.valid.set(s, r);
         self.note(s);
-        if dirty && !self.writes_through_at(s) {
+        if let Some(m) = mirror {
+            self.write_mirror(vm, b, m, r, phase, out);
+        }
+        if dirty {
             self.mark_dirty(vm, s, r);
         } else {
             let op = DeviceOp { client: true, ..self.backing(OpKind::BackingWrite, vm, b, r, 0, true) };

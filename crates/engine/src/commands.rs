@@ -440,13 +440,15 @@ impl Engine {
         }
         let limbo = self.dur.limbo_len() as u64;
         let idle = self.withheld.idle_len() as u64;
-        if total + self.free_slots() + limbo + idle != self.slots.len() as u64 {
+        let mirrors = self.mirrors.len() as u64;
+        if total + self.free_slots() + limbo + idle + mirrors != self.slots.len() as u64 {
             return Err(format!(
-                "{total} used + {} free + {limbo} in limbo + {idle} withheld != {} slots",
+                "{total} used + {} free + {limbo} in limbo + {idle} withheld + {mirrors} mirrors != {} slots",
                 self.free_slots(),
                 self.slots.len()
             ));
         }
+        self.check_mirrors()?;
         if let Some(s) = self.withheld.broken(|s| self.slots.key(s) != FREE_KEY) {
             return Err(format!("withheld slot {s} holds a block or is not withheld"));
         }

@@ -37,6 +37,9 @@ pub struct DeviceLoss {
     pub clean_blocks: u64,
     /// `(vm, blocks)`: dirty blocks whose only copy was on the device.
     pub dirty_blocks: Vec<(VmId, u64)>,
+    /// `(vm, blocks)`: dirty blocks on the device served from their mirror on another
+    /// (`dirty_mirror.rs`): nothing lost.
+    pub mirrored_blocks: Vec<(VmId, u64)>,
 }
 
 /// Each local device's error count and whether it was dropped.
@@ -98,9 +101,14 @@ impl Engine {
         self.health.any_failed = true;
         self.set_store_limit(st, 0);
         let (first, n) = self.stores.layout().range(st);
-        let mut loss = DeviceLoss { store: st, clean_blocks: 0, dirty_blocks: Vec::new() };
+        // Mirrors first: dirty blocks here with a copy elsewhere move to it.
+        let mirrored_blocks = if self.mirrors.len() > 0 { self.mirrors_after_drop(st) } else { Vec::new() };
+        let mut loss = DeviceLoss { store: st, clean_blocks: 0, dirty_blocks: Vec::new(), mirrored_blocks };
         for slot in first as u32..(first + n) as u32 {
             let Some((vm, block)) = self.slot_block(slot) else { continue };
+            if self.slot_dirty(slot) && self.has_working_mirror(slot) {
+                continue; // promoted once its ops drain
+            }
             if self.slot_dirty(slot) {
                 match loss.dirty_blocks.iter_mut().find(|(v, _)| *v == vm) {
                     Some((_, b)) => *b += 1,
@@ -111,6 +119,7 @@ impl Engine {
             let held = self.flight.pinned(slot) || self.flight.holds_block(pack_key(vm, block));
             if !held && self.discard(vm, block, (0, self.spb)) {
                 loss.clean_blocks += 1;
+                self.mirror_block_idle(pack_key(vm, block));
             }
         }
         loss
@@ -120,7 +129,10 @@ impl Engine {
     /// nothing can read): poisoned, as `seals.rs` calls it.
     #[inline]
     pub(crate) fn lost_on_failed_device(&self, s: u32) -> bool {
-        self.health.any_failed && self.health.failed(self.store_of(s)) && self.slot_dirty(s)
+        self.health.any_failed
+            && self.health.failed(self.store_of(s))
+            && self.slot_dirty(s)
+            && !self.has_working_mirror(s)
     }
 
     /// Whether local cache device `st` was dropped.
@@ -136,19 +148,19 @@ impl Engine {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use crate::config::{EngineConfig, PartitionMode};
     use crate::inflight::{Event, Failure};
     use crate::output::{Location, OpKind};
     use crate::Engine;
     use cachevisor_trace::{Op, Request};
 
-    fn req(op: Op, block: u64) -> Request {
+    pub(crate) fn req(op: Op, block: u64) -> Request {
         Request { time_ns: 0, vm: 0, op, offset: block * 4096, len: 4096 }
     }
 
     /// Runs `r` to its reply, failing every op on store `bad` (when given); its result.
-    fn run(e: &mut Engine, r: Request, bad: Option<u16>) -> Result<(), Failure> {
+    pub(crate) fn run(e: &mut Engine, r: Request, bad: Option<u16>) -> Result<(), Failure> {
         let id = e.submit(0, &r);
         let mut reply = None;
         loop {

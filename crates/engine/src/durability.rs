@@ -53,6 +53,9 @@ pub struct SlotRecord {
     /// A seal (`seals.rs`): the driver journals a checksum of each dirty sector with it;
     /// any other record of the slot says its checksums no longer hold.
     pub sealed: bool,
+    /// A mirror slot (`dirty_mirror.rs`): the second copy of `block`'s dirty sectors
+    /// (`valid` = `dirty` = the sectors it holds), in no index.
+    pub mirror: bool,
 }
 
 /// Work a driver must make durable, in the order given by the module doc. Its records
@@ -363,7 +366,22 @@ impl Engine {
         // (a block that moved was freed from its old slot in the same or an earlier commit).
         let (mut records, held): (Vec<SlotRecord>, Vec<SlotRecord>) =
             records.into_values().partition(|r| r.block.is_none());
+        // A block's mirror before the block (`dirty_mirror.rs`): no cut commit leaves the
+        // block dirty without its copy.
+        let (mirrors, held): (Vec<SlotRecord>, Vec<SlotRecord>) = held.into_iter().partition(|r| r.mirror);
+        records.extend(mirrors);
         records.extend(held);
+        if !self.mirrors.freed.is_empty() {
+            // Mirror frees last (`dirty_mirror.rs`); entries for slots taken since go.
+            let mut freed = std::mem::take(&mut self.mirrors.freed);
+            freed.retain(|&s| self.slots.key(s) == FREE_KEY && !self.mirrors.is_mirror(s));
+            self.mirrors.freed = freed;
+            let freed = &self.mirrors.freed;
+            let (late, early): (Vec<SlotRecord>, Vec<SlotRecord>) =
+                records.into_iter().partition(|r| r.block.is_none() && freed.contains(&r.slot));
+            records = early;
+            records.extend(late);
+        }
         let seals = self.take_seals(&records);
         records.extend(seals);
         // Freed slots whose free record is in this commit leave limbo when it is durable.
@@ -476,6 +494,18 @@ impl Engine {
         }
     }
 
+    /// Settles slot `s`'s record now (persistent mode, no op in flight on it; else it is
+    /// noted for the next settle).
+    pub(crate) fn settle_slot_now(&mut self, s: u32) {
+        if !self.dur.on || self.flight.pinned(s) {
+            self.note(s);
+            return;
+        }
+        let r = self.record_of(s);
+        self.dur.vouch(s, &clean_valid_bits(&r), true);
+        self.dur.settled.insert(s, r);
+    }
+
     fn settle_changed(&mut self) {
         let mut slots = Vec::new();
         self.take_changed(&mut slots);
@@ -520,6 +550,11 @@ impl Engine {
                 f(SlotRecord { sealed, ..self.record_of(s) });
             }
         }
+        let mut mirrors: Vec<u32> = self.mirrors.slots().map(|(m, _)| m).collect();
+        mirrors.sort_unstable();
+        for m in mirrors {
+            f(self.record_of(m));
+        }
         Syncs {
             backings: self.dur.wrote_back.iter().copied().collect(),
             stores: self.dur.wrote_stores.iter().copied().collect(),
@@ -557,6 +592,9 @@ impl Engine {
 
     /// The journal record of `slot` as the engine holds it now.
     pub fn record_of(&self, slot: u32) -> SlotRecord {
+        if self.mirrors.is_mirror(slot) {
+            return self.mirror_record(slot).expect("a mirror slot has a record");
+        }
         let words = self.spb.div_ceil(64) as usize;
         let mut r = SlotRecord {
             slot,
@@ -564,6 +602,7 @@ impl Engine {
             valid: vec![0; words],
             dirty: vec![0; words],
             sealed: false,
+            mirror: false,
         };
         if self.slots.key(slot) != FREE_KEY {
             for i in 0..self.spb {

@@ -107,6 +107,8 @@ pub struct Engine {
     pub(crate) seals: crate::seals::Seals,
     /// Each local cache device's errors, and which were dropped (`device_failure.rs`).
     pub(crate) health: crate::device_failure::DeviceHealth,
+    /// Mirror slots of dirty blocks (`dirty_mirror.rs`).
+    pub(crate) mirrors: crate::dirty_mirror::DirtyMirrors,
     /// The request being processed (its blocks, mode, phases).
     pub(crate) req: InRequest,
     /// Reused buffers.
@@ -215,6 +217,7 @@ impl Engine {
             dur: Default::default(),
             seals: Default::default(),
             health: Default::default(),
+            mirrors: Default::default(),
             req: InRequest::default(),
             scratch: Scratch::default(),
             admission: Vec::new(),
@@ -503,7 +506,7 @@ impl Engine {
     /// An op on sectors `lo..hi` of `block` (its id is given by [`Self::emit`]).
     #[inline]
     #[allow(clippy::too_many_arguments)]
-    fn op(
+    pub(crate) fn op(
         &self,
         kind: OpKind,
         loc: Location,

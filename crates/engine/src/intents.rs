@@ -94,6 +94,9 @@ impl Engine {
                 }
             };
             let (lo, hi) = op.sectors(bs);
+            // Dirty data mirrored (`dirty_mirror.rs`): the clean sectors are recorded invalid
+            // instead, so a replay never finds them dirty with no copy on another device.
+            let mirrored = ssd && self.mirrors.on();
             let vouched = self.dur.vouched_sectors(pre.slot);
             for i in lo..hi {
                 let (w, bit) = ((i / 64) as usize, 1u64 << (i % 64));
@@ -104,7 +107,9 @@ impl Engine {
                     // changes nothing here.
                     needed.push(pre.slot);
                 }
-                if ssd && r.valid[w] & bit != 0 {
+                if mirrored && r.valid[w] & bit != 0 && r.dirty[w] & bit == 0 {
+                    r.valid[w] &= !bit;
+                } else if ssd && r.valid[w] & bit != 0 {
                     // Valid here: never clean while the write may land. A sector valid
                     // only in the journal's eyes stays invalid: the journal may call it
                     // clean, or may have dropped it already (the vouched bits are a

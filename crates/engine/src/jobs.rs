@@ -179,6 +179,9 @@ impl Engine {
     fn unbusy(&mut self, k: u64) {
         if self.flight.let_go_block(k) {
             self.queue.block_freed(k);
+            if self.mirrors.on() || self.mirrors.len() > 0 {
+                self.mirror_block_idle(k); // a clean block's mirror goes (`dirty_mirror.rs`)
+            }
         }
     }
 
@@ -216,6 +219,16 @@ impl Engine {
             self.shrink.leave_dirty(busy);
         }
         self.run_paced_clean();
+        if self.mirrors.len() > 0 || self.mirrors.on() {
+            // Blocks left with one copy of their dirty data go back first.
+            let single = self.take_single_copies();
+            if !single.is_empty() && !self.flight.held() {
+                let busy = self.write_back_listed(single, |_| true);
+                self.keep_single_copies(busy);
+            } else {
+                self.keep_single_copies(single);
+            }
+        }
         if self.moving.moves_due() && !self.flight.held() {
             self.run_gradual_moves();
         }

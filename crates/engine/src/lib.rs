@@ -37,6 +37,7 @@ pub mod data_model;
 pub mod device;
 mod device_failure;
 mod device_placement;
+mod dirty_mirror;
 mod disk_range;
 mod dispatch;
 mod durability;

@@ -62,6 +62,17 @@ impl Engine {
                 self.discard(op.vm, op.block(bs), op.sectors(bs));
             }
         }
+        // Mirror writes that did not complete (`dirty_mirror.rs`): the sectors they
+        // covered are the mirror's only where the block was dirty before the request.
+        for (i, op) in job.out.ops.iter().enumerate() {
+            if op.kind == OpKind::SsdWrite && !done(i) && self.mirrors.is_mirror(op.slot) {
+                let key = crate::slot_table::pack_key(op.vm, op.block(bs));
+                let spb = self.spb as usize;
+                let before =
+                    job.pre.iter().position(|&(_, k)| k == key).map(|k| &job.pre_dirty[k * spb..(k + 1) * spb]);
+                self.mirror_write_failed(op.slot, op.sectors(bs), before);
+            }
+        }
         // Failed cache reads: their clean sectors go.
         for (i, op) in job.out.ops.iter().enumerate() {
             if op.kind == OpKind::SsdRead && job.state[i] == OpState::Failed {
@@ -104,10 +115,13 @@ impl Engine {
                     }
                 });
             }
-            // Blocks the write brought into the cache keep nothing of it.
+            // Blocks the write brought into a slot keep nothing of it: not cached before, or
+            // cached elsewhere (evicted and taken again by this request, or moved) — by
+            // slot and key, as one may sit in the slot of a block it evicted.
             if client_failed {
                 for b in req.offset / bs..req.end().div_ceil(bs) {
-                    if self.lookup(req.vm, b).is_some_and(|s| !job.pre.iter().any(|p| p.0 == s)) {
+                    let key = crate::slot_table::pack_key(req.vm, b);
+                    if self.lookup(req.vm, b).is_some_and(|s| !job.pre.contains(&(s, key))) {
                         self.discard(req.vm, b, sectors_of(req.offset, req.len as u64, bs, b));
                     }
                 }

@@ -35,7 +35,7 @@ impl Engine {
         // Past a growable engine's tables: they grow to hold it, the slots between free as
         // in a fresh engine (`growable.rs`) — only for a record that is otherwise sound.
         self.grow_tables(slot + 1, 0);
-        if self.slots.key(slot) != FREE_KEY {
+        if self.slots.key(slot) != FREE_KEY || self.mirrors.is_mirror(slot) {
             return Err(format!("slot {slot} is already in use"));
         }
         self.ensure_vm(vm);
@@ -90,6 +90,10 @@ impl Engine {
     /// Empties `slot` whatever it holds (dirty sectors included): replaying metadata where
     /// a later record supersedes an earlier one. Returns whether it held a block.
     pub fn release_slot(&mut self, slot: u32) -> bool {
+        if self.mirrors.is_mirror(slot) {
+            self.drop_mirror_slot(slot);
+            return true;
+        }
         if slot >= self.present() || self.slots.key(slot) == FREE_KEY {
             return false;
         }

@@ -210,7 +210,7 @@ impl Engine {
     /// cached and are queued for a background write-back ([`Engine::run_paced_clean`]) that
     /// leaves them clean for later misses. With none clean, the victim is written back first as usual.
     fn steal_from(&mut self, donor: VmId, sync: bool, out: &mut Output) -> Option<(u32, Evicted)> {
-        let (found, passed) = self.clean_victim(donor);
+        let (found, passed) = self.clean_victim(donor, None);
         self.queue_clean_ahead(donor, passed, found.is_some());
         let Some(s) = found else { return self.evict_from(donor, sync, out) };
         let key = self.slots.key(s);
@@ -232,7 +232,7 @@ impl Engine {
     /// over queued for a background write-back; `None` when none of its next victims is
     /// clean.
     fn steal_clean(&mut self, donor: VmId) -> Option<(u32, Evicted)> {
-        let (found, passed) = self.clean_victim(donor);
+        let (found, passed) = self.clean_victim(donor, None);
         self.queue_clean_ahead(donor, passed, found.is_some());
         let s = found?;
         let key = self.slots.key(s);
@@ -257,7 +257,7 @@ impl Engine {
     /// its next [`VICTIM_SCAN`] victims (the dirty ones passed over stay, queued for
     /// nothing), else — when `dirty_ok` — its victim, written back in `out` first.
     pub(crate) fn take_from_paced(&mut self, donor: VmId, dirty_ok: bool, out: &mut Output) -> Option<u32> {
-        let (found, _) = self.clean_victim(donor);
+        let (found, _) = self.clean_victim(donor, None);
         match found {
             Some(s) => {
                 self.forget(donor, s);
@@ -270,13 +270,14 @@ impl Engine {
 
     /// The first clean block among `donor`'s next [`VICTIM_SCAN`] victims, out of its
     /// policy (`None`: none clean), and the dirty ones passed over (put back, as recent).
-    fn clean_victim(&mut self, donor: VmId) -> (Option<u32>, Vec<u32>) {
+    /// `off`: only one on another store than this one (a mirror slot's: `dirty_mirror.rs`).
+    fn clean_victim(&mut self, donor: VmId, off: Option<crate::stores::StoreId>) -> (Option<u32>, Vec<u32>) {
         let spb = self.spb;
         let mut passed = Vec::new();
         let mut found = None;
         while passed.len() < VICTIM_SCAN {
             let Some(s) = self.unpinned_victim(donor) else { break };
-            if !self.dirty.any(s, (0, spb)) {
+            if !self.dirty.any(s, (0, spb)) && off.is_none_or(|st| self.store_of(s) != st) {
                 found = Some(s);
                 break;
             }
@@ -286,6 +287,15 @@ impl Engine {
             self.with_repl(donor, |r, t| r.insert(t, s));
         }
         (found, passed)
+    }
+
+    /// A clean block of `vm`'s (or the shared policy's) next victims on a working store
+    /// other than `off`, out of its policy (the others passed over go back as recent).
+    pub(crate) fn clean_victim_off(&mut self, vm: VmId, off: crate::stores::StoreId) -> Option<u32> {
+        if self.shared.is_none() && self.vms.get(vm as usize).is_none_or(|p| p.used == 0) {
+            return None;
+        }
+        self.clean_victim(vm, Some(off)).0
     }
 
     /// A VM above its target after a paced shrink, to take a block from

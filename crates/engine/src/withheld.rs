@@ -220,6 +220,10 @@ impl Engine {
         if self.withheld.idle.contains(&s) {
             return;
         }
+        if self.mirrors.is_mirror(s) {
+            self.vacate_mirror(s, out);
+            return;
+        }
         let key = self.slots.key(s);
         if key == FREE_KEY {
             // On a free list, parked (pinned), or on its way there — in limbo or a

@@ -10,7 +10,11 @@
 //! one, and a commit syncs only the stores it names (`Commit::sync_stores`). Without
 //! it, half the runs (odd seeds) have a second cache device of the host's own beside the
 //! first (`StoreKind::Device`, one allocation over both): its writes are durable only
-//! when a commit names it too.
+//! when a commit names it too. A quarter of the runs (seeds 3 mod 4) mirror dirty data
+//! over the two devices (`set_mirror_dirty`), and half of those lose one device with the
+//! crash (every sector of it foreign bytes): the replay pairs mirrors with their blocks,
+//! the device is dropped (`fail_device`, as the daemon does at a start without it), and
+//! every flushed write still reads back.
 //!
 //! Checksums (`seals.rs`): the driver keeps a checksum of each sector it wrote
 //! to a slot (here the written tag itself, an exact one), checks every cache read against
@@ -605,9 +609,17 @@ fn run_checking(
     drain: bool,
 ) -> Result<(), String> {
     let lost = lent && lost;
-    trace(|| format!("run shared={shared} seed={seed} ahead={ahead} replacement={repl:?} lent={lent} lost={lost}"));
+    // Seeds 3 mod 4: dirty data mirrored on the two devices; half of those lose one.
+    let mirror = !lent && seed % 4 == 3;
+    let lose_device = (mirror && (seed >> 2) % 2 == 1).then_some(((seed >> 3) % 2) as StoreId);
+    trace(|| {
+        format!("run shared={shared} seed={seed} ahead={ahead} replacement={repl:?} lent={lent} lost={lost} mirror={mirror} lose_device={lose_device:?}")
+    });
     let mut e = Engine::new(config(shared, repl, lent, seed)).unwrap();
     e.set_lent_write_through(lost);
+    if mirror {
+        e.set_mirror_dirty(true).unwrap();
+    }
     let mut d = Driver {
         m: Machine::new(e.layout().clone()),
         e,
@@ -809,9 +821,19 @@ fn run_checking(
             }
         }
     }
+    if let Some(gone) = lose_device {
+        for ((store, sector), c) in d.m.cache.iter_mut() {
+            if *store == gone {
+                c.synced = Some((u32::MAX, *sector, 0));
+            }
+        }
+    }
     // Recovery: the journal replayed into a new engine.
     let mut e = Engine::new(config(shared, repl, lent, seed)).unwrap();
     e.set_lent_write_through(lost);
+    if mirror {
+        e.set_mirror_dirty(true).unwrap();
+    }
     set_targets(&mut e, lent, &mut out);
     // The driver's checksums after the replay: the newest record of each slot, a seal's.
     let mut sums: HashMap<u32, Sums> = HashMap::new();
@@ -823,6 +845,10 @@ fn run_checking(
         sums.remove(&r.slot);
         if let Some((vm, block)) = r.block {
             let bits = |w: &[u64]| (0..8).map(|i| w[0] >> i & 1 == 1).collect::<Vec<bool>>();
+            if r.mirror {
+                e.restore_mirror(r.slot, vm, block, &bits(&r.valid)).map_err(|x| format!("replay: {x}"))?;
+                continue;
+            }
             e.restore_slot(r.slot, vm, block, &bits(&r.valid), &bits(&r.dirty)).map_err(|x| format!("replay: {x}"))?;
             if r.sealed {
                 e.restore_sealed(r.slot);
@@ -832,6 +858,28 @@ fn run_checking(
             }
         }
     }
+    // Mirrors paired with their blocks; the lost device dropped (its dirty blocks served
+    // from their copies).
+    e.settle_restored_mirrors();
+    trace(|| {
+        let dirty: Vec<String> = (0..e.slot_count() as u32)
+            .filter(|&s| e.slot_dirty(s))
+            .map(|s| format!("{s} {:?} {}", e.slot_block(s), e.slot_mirrored(s)))
+            .collect();
+        format!(
+            "after replay: dirty slots (slot, block, mirrored) {dirty:?}; journal {:?}",
+            d.m.journal.iter().map(|(r, _)| r).collect::<Vec<_>>()
+        )
+    });
+    if let Some(gone) = lose_device {
+        let loss = e.fail_device(gone);
+        trace(|| format!("device {gone} lost: {loss:?}"));
+        if !loss.dirty_blocks.is_empty() {
+            return Err(format!("device {gone} lost with the crash took dirty blocks with it, all mirrored: {loss:?}"));
+        }
+    }
+    let layout = d.m.layout.clone();
+    let on_lost = |slot: u32| lose_device.is_some_and(|g| layout.store_of(slot) == g);
     // The cache store loses or garbles, at random, sectors the journal holds checksums for.
     let mut garbled: BTreeSet<(StoreId, u64)> = BTreeSet::new();
     for (&slot, s) in &sums {
@@ -860,6 +908,9 @@ fn run_checking(
     // eviction can make a read go back in time.
     for slot in 0..e.slot_count() as u32 {
         let Some((vm, block)) = e.slot_block(slot) else { continue };
+        if on_lost(slot) {
+            continue; // dirty with one copy, unreadable: checked below
+        }
         for i in 0..8u64 {
             if e.sector_state(slot, i as u32) == (true, false) {
                 let (st, index) = d.m.layout.index_of(slot);
@@ -890,6 +941,10 @@ fn run_checking(
                 let mut corrupt_own = false;
                 while let Some(op) = e.poll_op() {
                     trace(|| format!("read-back {id}: {op:?}"));
+                    if lose_device.is_some_and(|g| op.loc == Location::Cache(g)) {
+                        e.handle_completion(0, op.handle(), Err(Failure::Io)); // a device gone
+                        continue;
+                    }
                     if op.kind == OpKind::SsdRead && d.m.corrupt(&op, &d.m.sums) {
                         let (lo, hi) = op.sectors(u64::from(SPB) * 512);
                         let (st, base) = (d.m.layout.store_of(op.slot), d.m.layout.offset(&op) / 512);

@@ -229,6 +229,9 @@ struct Setup {
     /// An error threshold of 2 (`set_error_threshold`): VMs pass through after device
     /// errors (with several devices, the device is dropped instead).
     errors: bool,
+    /// With `devices`: dirty data mirrored on two devices (`set_mirror_dirty`): the failing
+    /// device loses nothing.
+    mirror: bool,
     /// Write-back ahead of eviction's window (0: off).
     ahead: u32,
     /// ELICA-Traffic's choice at a full partition too (lent-region cases).
@@ -236,7 +239,7 @@ struct Setup {
 }
 
 fn run(steps: &[Step], setup: Setup) -> Result<(), String> {
-    let Setup { partition, fill, kind, timers, protect, remote, devices, errors, ahead, turnover } = setup;
+    let Setup { partition, fill, kind, timers, protect, remote, devices, errors, mirror, ahead, turnover } = setup;
     // With `remote`, half the 8 slots are lent by two other nodes of a cluster (ELICA).
     let (slots, lent) = if remote { (4, vec![StoreSpec::lent(1, 2), StoreSpec::lent(3, 2)]) } else { (8, Vec::new()) };
     let cfg = EngineConfig { partition, fill, replacement: kind, stores: lent, ..EngineConfig::with_slots(slots) };
@@ -247,6 +250,10 @@ fn run(steps: &[Step], setup: Setup) -> Result<(), String> {
         // A VM passes through after 2 device errors; with several cache devices, a
         // failing device is dropped after 2 instead.
         d.e.set_error_threshold(2);
+    }
+    let mirror = mirror && devices && !remote;
+    if mirror {
+        d.e.set_mirror_dirty(true).unwrap();
     }
     // Write-back ahead of eviction: its jobs start as backing stores go idle, among the
     // random completions and failures.
@@ -396,7 +403,13 @@ fn run(steps: &[Step], setup: Setup) -> Result<(), String> {
         d.pump()?;
     }
     d.lend_ready()?;
-    while !d.flying.is_empty() {
+    for n in 0.. {
+        if d.flying.is_empty() {
+            break;
+        }
+        if n > 100_000 {
+            return Err("ops keep coming with nothing submitted: no rest".into());
+        }
         d.complete(u64::MAX / 2, 0, false, 0)?;
         d.pump()?;
         d.lend_ready()?;
@@ -406,6 +419,11 @@ fn run(steps: &[Step], setup: Setup) -> Result<(), String> {
     }
     d.e.check_invariants()?;
     let lost = lost_blocks(&d.e, d.down);
+    // Random op failures may drop a device too: with two gone, a block and its copy may be.
+    let gone = (0..d.e.layout().len() as u16).filter(|&st| d.e.device_failed(st) || d.down == Some(st)).count();
+    if mirror && gone < 2 && !lost.is_empty() {
+        return Err(format!("mirrored, yet dirty sectors (vm, sector) were lost with the device: {lost:?}"));
+    }
     d.w.check_backing_except(&|vm, sector| lost.contains(&(vm, sector)))?;
     // A lost block is never served: a read of it fails (its device fails every op).
     for &(vm, sector) in &lost {
@@ -433,6 +451,9 @@ fn lost_blocks(e: &Engine, down: Option<u16>) -> Vec<(u32, u64)> {
         let (first, n) = e.layout().range(st);
         for slot in first as u32..(first + n) as u32 {
             let Some((vm, block)) = e.slot_block(slot) else { continue };
+            if e.slot_mirrored(slot) {
+                continue; // its copy on a working device is served once its ops drain
+            }
             let spb = (e.config().block_size / 512) as u32;
             for k in 0..spb {
                 if e.sector_state(slot, k).1 {
@@ -458,11 +479,12 @@ proptest! {
         remote in any::<bool>(),
         devices in any::<bool>(),
         errors in any::<bool>(),
+        mirror in any::<bool>(),
         ahead in prop::sample::select(vec![0u32, 2, 8]),
         turnover in any::<bool>(),
     ) {
         let partition = if shared { PartitionMode::Shared } else { PartitionMode::Static };
         let fill = if fill_block { FillMode::Block } else { FillMode::Request };
-        run(&steps, Setup { partition, fill, kind, timers, protect, remote, devices, errors, ahead, turnover }).map_err(TestCaseError::fail)?;
+        run(&steps, Setup { partition, fill, kind, timers, protect, remote, devices, errors, mirror, ahead, turnover }).map_err(TestCaseError::fail)?;
     }
 }

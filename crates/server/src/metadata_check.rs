@@ -125,6 +125,11 @@ pub fn check(dir: &Path) -> Result<Report, String> {
                 slots.remove(&slot);
                 seals.remove(&slot);
             }
+            // A dirty block's copy on another device: no block of its own.
+            Record::Mirror { slot, .. } => {
+                slots.remove(&slot);
+                seals.remove(&slot);
+            }
             Record::CacheLabel(e) => label = Some(e),
             Record::Target { .. } | Record::CacheDevices(_) => {}
         }

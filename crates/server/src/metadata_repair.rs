@@ -100,6 +100,9 @@ pub fn repair(dir: &Path) -> Result<RepairReport, String> {
             {
                 slots.insert(slot, (seq, r));
             }
+            Record::Mirror { slot, ref sectors, .. } if u64::from(slot) < geometry.slots && sectors.len() == words => {
+                slots.insert(slot, (seq, r));
+            }
             Record::Free { slot } if u64::from(slot) < geometry.slots => {
                 slots.remove(&slot);
             }
@@ -126,14 +129,18 @@ pub fn repair(dir: &Path) -> Result<RepairReport, String> {
             }
         }
     }
-    // A block in two slots: the copy recorded last is the newer.
-    let mut newest: BTreeMap<(u16, u64), (u64, u32)> = BTreeMap::new();
+    // A block in two slots (or with two mirrors): the copy recorded last is the newer.
+    let mut newest: BTreeMap<(bool, u16, u64), (u64, u32)> = BTreeMap::new();
     let mut older = Vec::new();
     for (&slot, (seq, r)) in &slots {
-        let Record::Slot { vm, block, .. } = r else { unreachable!("slots hold slot records") };
-        match newest.insert((*vm, *block), (*seq, slot)) {
+        let (mirror, vm, block) = match r {
+            Record::Slot { vm, block, .. } => (false, vm, block),
+            Record::Mirror { vm, block, .. } => (true, vm, block),
+            _ => unreachable!("slots hold slot and mirror records"),
+        };
+        match newest.insert((mirror, *vm, *block), (*seq, slot)) {
             Some((s, other)) if s > *seq => {
-                newest.insert((*vm, *block), (s, other));
+                newest.insert((mirror, *vm, *block), (s, other));
                 older.push(slot);
             }
             Some((_, other)) => older.push(other),

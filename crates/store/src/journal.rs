@@ -109,6 +109,18 @@ pub enum Record {
         /// order, which a read of them is checked against (`block_sums.rs`).
         sums: Option<Vec<u32>>,
     },
+    /// Slot `slot` is the mirror of `vm`'s `block` on another cache device (type 9,
+    /// `engine/src/dirty_mirror.rs`): the second copy of these dirty sectors.
+    Mirror {
+        /// Slot.
+        slot: u32,
+        /// VM id.
+        vm: u16,
+        /// Block number.
+        block: u64,
+        /// The sectors it holds.
+        sectors: Vec<u64>,
+    },
     /// Slot `slot` holds nothing.
     Free {
         /// Slot.
@@ -164,6 +176,16 @@ impl Record {
                     out.extend_from_slice(&c.to_le_bytes());
                 }
             }
+            Record::Mirror { slot, vm, block, sectors } => {
+                out.push(9);
+                out.extend_from_slice(&slot.to_le_bytes());
+                out.extend_from_slice(&vm.to_le_bytes());
+                out.extend_from_slice(&block.to_le_bytes());
+                out.extend_from_slice(&(sectors.len() as u16).to_le_bytes());
+                for w in sectors {
+                    out.extend_from_slice(&w.to_le_bytes());
+                }
+            }
             Record::Free { slot } => {
                 out.push(3);
                 out.extend_from_slice(&slot.to_le_bytes());
@@ -217,6 +239,18 @@ impl Record {
                     valid: (0..words).map(w).collect::<Option<_>>()?,
                     dirty,
                     sums: (t == 7).then(|| (0..n).map(|i| u32_at(end + 4 * i)).collect::<Option<_>>()).flatten(),
+                }
+            }
+            9 => {
+                let words = u16_at(14)? as usize;
+                if p.len() != 16 + 8 * words {
+                    return None;
+                }
+                Record::Mirror {
+                    slot: u32_at(0)?,
+                    vm: u16_at(4)?,
+                    block: u64_at(6)?,
+                    sectors: (0..words).map(|i| u64_at(16 + 8 * i)).collect::<Option<_>>()?,
                 }
             }
             3 if p.len() == 4 => Record::Free { slot: u32_at(0)? },
@@ -367,6 +401,8 @@ mod tests {
                     Record::Slot { slot, vm, block, dirty, valid: v, sums }
                 }),
             any::<u32>().prop_map(|slot| Record::Free { slot }),
+            (any::<u32>(), any::<u16>(), any::<u64>(), prop::collection::vec(any::<u64>(), 1..4))
+                .prop_map(|(slot, vm, block, sectors)| Record::Mirror { slot, vm, block, sectors }),
             (any::<u16>(), any::<u64>()).prop_map(|(vm, blocks)| Record::Target { vm, blocks }),
             prop::collection::vec(any::<u64>(), 1..9).prop_map(Record::CacheDevices),
             (any::<[u8; 16]>(), any::<u64>(), any::<u64>()).prop_map(|(id, generation, previous)| {

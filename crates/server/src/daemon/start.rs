@@ -223,6 +223,13 @@ impl Daemon {
                     engine.restore_slot(slot, id, block, &bits_to_bools(&valid, spb), &bits_to_bools(&dirty, spb))?;
                     seals.slot(slot, id, block, &dirty, sums);
                 }
+                Record::Mirror { slot, vm, block, sectors } => {
+                    let id = *ids.get(&vm).ok_or(format!("slot {slot}: VM id {vm} has no vDisk name"))?;
+                    engine.release_slot(slot);
+                    seals.free(slot);
+                    let spb = (r.cache.block_size / 512) as u32;
+                    engine.restore_mirror(slot, id, block, &bits_to_bools(&sectors, spb))?;
+                }
                 Record::CacheLabel(e) => expected_label = Some(e),
                 Record::CacheDevices(d) => recorded_devices = Some(d),
                 Record::Target { .. } => {}

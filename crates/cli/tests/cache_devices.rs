@@ -12,7 +12,9 @@ use std::path::Path;
 use std::process::Command;
 
 /// `cache.img` (8 MiB) and `ssd2/dev1.img` (`dev_size`), write-back vDisk vm1 of 32 MiB,
-/// no background write-back (dirty blocks stay in the cache).
+/// no background write-back (dirty blocks stay in the cache), one copy of dirty data
+/// (`mirror_dirty = false`: these tests are about blocks only one device holds;
+/// `cache_mirror.rs` has the mirrored ones).
 fn write_config(d: &Path, dev_size: Option<&str>) {
     write_split(d, "8MiB", dev_size)
 }
@@ -26,21 +28,16 @@ fn write_split(d: &Path, size: &str, dev_size: Option<&str>) {
         &[("size", s("32MiB")), ("write_policy", s("wb"))],
     );
     if let Some(size) = dev_size {
-        c = c.array_item("cache.device", &[("path", s("ssd2/dev1.img")), ("size", s(size))]);
+        c = c
+            .cache("mirror_dirty", false)
+            .array_item("cache.device", &[("path", s("ssd2/dev1.img")), ("size", s(size))]);
     }
     c.write(d, "c.toml");
 }
 
 /// `cachevisor cache status --json` of `a`.
 fn cache_status(d: &Path, a: &Daemon) -> serde_json::Value {
-    let o = Command::new(bin())
-        .args(["cache", "status", "--json", "--api", a.api.as_deref().unwrap(), "--token-file"])
-        .arg(d.join("cache.img.meta/api-token"))
-        .env_remove("CACHEVISOR_API_TOKEN")
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    serde_json::from_slice(&o.stdout).unwrap()
+    common::cache_status_json(a.api.as_deref().unwrap(), &d.join("cache.img.meta"))
 }
 
 /// 12 MiB of patterns: more than either device holds (8 MiB each).

@@ -274,6 +274,7 @@ impl Shared {
         core.engine.handle_completion(now, op.handle(), result);
         for loss in core.engine.take_device_losses() {
             let dirty: u64 = loss.dirty_blocks.iter().map(|d| d.1).sum();
+            let mirrored: u64 = loss.mirrored_blocks.iter().map(|d| d.1).sum();
             let vdisks: Vec<String> = loss
                 .dirty_blocks
                 .iter()
@@ -283,8 +284,9 @@ impl Shared {
                 store = loss.store,
                 clean_dropped = loss.clean_blocks,
                 dirty_unreadable = dirty,
+                dirty_served_from_mirrors = mirrored,
                 vdisks = %vdisks.join(", "),
-                "a cache device failed past the error threshold and was dropped: the vDisks keep their cache on the others; its clean blocks were forgotten (read from the backing stores again); its dirty blocks, whose only copy it held, are kept and fail their reads (a restart with the device back serves them)"
+                "a cache device failed past the error threshold and was dropped: the vDisks keep their cache on the others; its clean blocks were forgotten (read from the backing stores again); its mirrored dirty blocks are served from their copies on the other devices and written back first; dirty blocks whose only copy it held (none when every one was mirrored) are kept and fail their reads (a restart with the device back serves them)"
             );
         }
         self.pump(core);

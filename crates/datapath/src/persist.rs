@@ -117,6 +117,9 @@ pub fn replay(
                 apply(r)
             }
             r @ Record::Free { slot } if (slot as u64) < slots => apply(r),
+            Record::Mirror { slot, vm, block, sectors } if (slot as u64) < slots && sectors.len() == words => {
+                apply(Record::Mirror { slot, vm, block, sectors })
+            }
             Record::Slot { slot, vm, block, valid, dirty, sums }
                 if (slot as u64) < slots && valid.len() == words && dirty.len() == words =>
             {

@@ -125,6 +125,30 @@ impl Engine {
         loss
     }
 
+    /// Empties local device `st` whose bytes are gone (emptied or replaced while a driver
+    /// was down), the device kept in use: its dirty blocks with a mirror on another device
+    /// move to it (`dirty_mirror.rs`), its mirrors go (their blocks written back first),
+    /// and every other block on it is dropped — dirty ones too (the caller decided they
+    /// may go). Returns what that did.
+    pub fn empty_device(&mut self, st: StoreId) -> DeviceLoss {
+        let mirrored_blocks = if self.mirrors.len() > 0 { self.mirrors_after_drop(st) } else { Vec::new() };
+        let mut loss = DeviceLoss { store: st, clean_blocks: 0, dirty_blocks: Vec::new(), mirrored_blocks };
+        let (first, n) = self.stores.layout().range(st);
+        for slot in first as u32..(first + n) as u32 {
+            let Some((vm, _)) = self.slot_block(slot) else { continue };
+            if self.slot_dirty(slot) {
+                match loss.dirty_blocks.iter_mut().find(|(v, _)| *v == vm) {
+                    Some((_, b)) => *b += 1,
+                    None => loss.dirty_blocks.push((vm, 1)),
+                }
+            } else {
+                loss.clean_blocks += 1;
+            }
+            self.release_slot(slot);
+        }
+        loss
+    }
+
     /// Whether slot `s` holds dirty sectors on a dropped device (their only copy, which
     /// nothing can read): poisoned, as `seals.rs` calls it.
     #[inline]

@@ -24,7 +24,7 @@ pub(crate) struct Candidate {
 }
 
 /// The device a new block goes to among `cands` (each with a free slot): the most free
-/// slots per queued op plus one, the lowest store id on a tie; `None` for none.
+/// slots per queued op plus one, the first in `cands`' order on a tie; `None` for none.
 pub(crate) fn choose(cands: impl Iterator<Item = Candidate>) -> Option<StoreId> {
     let mut best: Option<Candidate> = None;
     for c in cands.filter(|c| c.free > 0) {
@@ -44,14 +44,25 @@ pub(crate) fn choose(cands: impl Iterator<Item = Candidate>) -> Option<StoreId> 
 impl Engine {
     /// The local device a block taking a free slot goes to ([`choose`]): every local
     /// store with a free slot and below its cap; `None` when none has one.
+    ///
+    /// With dirty data mirrored (`dirty_mirror.rs`) a tie goes to the device after the
+    /// last one chosen instead: each dirty block takes a slot on two devices, so their
+    /// free counts stay equal, and lowest-first would put every block on the first device
+    /// and every copy on the second (one device serving all the reads).
     pub(crate) fn local_store_for_new_block(&mut self) -> Option<StoreId> {
         self.park_pinned_free();
         let stores = &self.stores;
-        choose(stores.local_ids().filter(|&st| stores.open(st)).map(|st| Candidate {
+        let n = stores.local_ids().end;
+        let start = if self.mirrors.on() { self.mirrors.next_device % n.max(1) } else { 0 };
+        let chosen = choose((0..n).map(|i| (start + i) % n).filter(|&st| stores.open(st)).map(|st| Candidate {
             store: st,
             free: stores.free_count(st),
             queued: stores.queued(st),
-        }))
+        }));
+        if let (true, Some(st)) = (self.mirrors.on(), chosen) {
+            self.mirrors.next_device = (st + 1) % n.max(1);
+        }
+        chosen
     }
 }
 

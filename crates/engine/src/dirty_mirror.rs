@@ -54,8 +54,10 @@ pub(crate) struct DirtyMirrors {
     fallbacks: u64,
     /// Blocks served from their mirror after their device was dropped.
     promoted: u64,
-    /// Mirror writes that failed (their blocks left with one copy).
+    /// Mirror writes that failed.
     failed_writes: u64,
+    /// Where a tie for a new block's device starts (`device_placement.rs`).
+    pub(crate) next_device: crate::stores::StoreId,
     /// Mirror slots let go whose free record goes after the records of the commit it is
     /// in (`durability.rs`): the block's clean record first, so no replay of a cut commit
     /// finds the block dirty and its copy gone.
@@ -237,10 +239,12 @@ impl Engine {
         if let Some(p) = self.lookup(key_vm(key), key_block(key)) {
             self.settle_slot_now(p);
         }
-        self.mirrors.freed.insert(m);
         self.mirrors.of_slot.remove(&m);
         self.note(m);
         self.free_slot(m);
+        if self.dur.on() {
+            self.mirrors.freed.insert(m); // after `free_slot`, which forgets older entries
+        }
     }
 
     /// Mirror slot `m` is withheld (`withheld.rs`): its block is written back (into `out`),

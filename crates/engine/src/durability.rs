@@ -372,10 +372,7 @@ impl Engine {
         records.extend(mirrors);
         records.extend(held);
         if !self.mirrors.freed.is_empty() {
-            // Mirror frees last (`dirty_mirror.rs`); entries for slots taken since go.
-            let mut freed = std::mem::take(&mut self.mirrors.freed);
-            freed.retain(|&s| self.slots.key(s) == FREE_KEY && !self.mirrors.is_mirror(s));
-            self.mirrors.freed = freed;
+            // Mirror frees last (`dirty_mirror.rs`), until one is durable (`handle_commit`).
             let freed = &self.mirrors.freed;
             let (late, early): (Vec<SlotRecord>, Vec<SlotRecord>) =
                 records.into_iter().partition(|r| r.block.is_none() && freed.contains(&r.slot));
@@ -422,6 +419,12 @@ impl Engine {
         match result {
             Ok(()) => {
                 self.dur.durable = epoch;
+                if !self.mirrors.freed.is_empty() {
+                    // Mirror frees durable: those slots are plain free ones from now.
+                    for r in records.iter().filter(|r| r.block.is_none()) {
+                        self.mirrors.freed.remove(&r.slot);
+                    }
+                }
                 self.unseal_durable(&records);
                 self.seal_candidates(&records);
                 // The journal's newest word on these slots (unless a newer record waits).
@@ -567,6 +570,7 @@ impl Engine {
     pub fn checkpoint_done(&mut self) {
         self.dur.wrote_back.clear();
         self.dur.wrote_stores.clear();
+        self.mirrors.freed.clear(); // the journal replaced: no free record pending
         let mut changed = Vec::new();
         self.take_changed(&mut changed);
         // What the checkpoint wrote unsealed (a state newer than the seal).
@@ -616,6 +620,9 @@ impl Engine {
 
     /// A slot that lost its block: the free list, or limbo in persistent mode.
     pub(crate) fn free_slot(&mut self, s: u32) {
+        if !self.mirrors.freed.is_empty() {
+            self.mirrors.freed.remove(&s); // freed as a block's slot now: in commit order
+        }
         if self.dur.on {
             self.dur.limbo_new.push(s);
         } else {

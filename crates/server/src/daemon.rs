@@ -348,6 +348,7 @@ impl Daemon {
             ring: self.dp.ring_counts(),
             congestion: self.dp.with_engine(|e| e.congestion()),
             write_budget: self.dp.with_engine(|e| e.write_budget()),
+            mirror: self.mirror_report(),
             vdisks: self.status(),
             destaged_blocks: self.destaged_blocks(),
             flush_rate_bytes: self.dp.flush_rate_bytes(),

@@ -200,6 +200,19 @@ pub fn destage(api: &str, token_file: &Path) -> (bool, String) {
     cachevisor(&["destage", "--api", api, "--token-file", token_file.to_str().unwrap()])
 }
 
+/// `cachevisor cache status --json` of the daemon whose API is `api` (its token in the
+/// metadata directory `meta`), parsed; panics with the error when it fails.
+pub fn cache_status_json(api: &str, meta: &Path) -> serde_json::Value {
+    let o = Command::new(bin())
+        .args(["cache", "status", "--json", "--api", api, "--token-file"])
+        .arg(meta.join("api-token"))
+        .env_remove("CACHEVISOR_API_TOKEN")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
 /// A loopback TCP port free right now.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()

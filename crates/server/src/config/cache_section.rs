@@ -18,6 +18,12 @@ pub struct CacheConfig {
     /// allocation over all (the engine's `device_placement.rs`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub device: Vec<CacheDevice>,
+    /// Dirty data on two devices (`true`, the default with two or more): a write-back
+    /// write is answered once it is on two devices, so one device lost loses no
+    /// acknowledged write; clean blocks live once (the engine's `dirty_mirror.rs`).
+    /// `false`: one copy. With one device, `true` is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mirror_dirty: Option<bool>,
     /// Block size.
     #[serde(default = "default_block")]
     pub block_size: String,

@@ -70,6 +70,9 @@ pub struct Resolved {
     /// Slots on each cache device, in store order: `slots` on `cache.path`, then each
     /// `[[cache.device]]`'s (one entry without any).
     pub device_slots: Vec<u64>,
+    /// Dirty data mirrored over two devices (`cache.mirror_dirty`, default with two or
+    /// more devices).
+    pub mirror_dirty: bool,
     /// Allocation interval in ns.
     pub interval_ns: u64,
     /// A connection reader's poll before it sleeps, ns (`listen.poll`).
@@ -327,11 +330,19 @@ impl Config {
                 return Err("cache.device: a cache with a vSSD region ([vssd]) uses one cache device yet".into());
             }
         }
+        let mirror_dirty = match (self.cache.mirror_dirty, device_slots.len() > 1) {
+            (Some(true), false) => {
+                return Err("cache.mirror_dirty: mirroring dirty data needs two or more cache devices (add a [[cache.device]]), or leave it unset".into())
+            }
+            (Some(m), _) => m,
+            (None, several) => several,
+        };
         Ok(Resolved {
             cache: settings,
             slots,
             max_slots,
             device_slots,
+            mirror_dirty,
             interval_ns: interval,
             seal_after_ns,
             poll_ns,

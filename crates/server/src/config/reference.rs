@@ -51,6 +51,7 @@ direct = "auto"               # default auto | on | off: O_DIRECT on the cache s
 io_uring = true               # default true: an O_DIRECT cache store's I/O through io_uring where the kernel allows; false: device threads
 seal_after = "30s"            # default 30s, 0s or 1s to 1h: a dirty block whose 16 MiB region went this long without a write has its checksums sealed into the metadata (checked after a crash too; the region's next write waits for one commit); 0s = checked while running only
 params = {}                   # default {}: the allocator's parameters over its seed's defaults, e.g. { m = 5.0 } for s-cave (unknown keys are errors)
+# mirror_dirty = true         # default true with two or more devices ([[cache.device]]; refused with one): a write-back write is answered once on two devices, so one device lost loses no acknowledged write; clean blocks live once; false: one copy
 
 # [[cache.device]]            # more cache devices beside path (omit for one; shown commented out: not with the [cluster] below): files or block devices, one allocation over all; new blocks go where free slots per queued op are most; not with max_size, [vssd] or [cluster] yet; a change of the list needs a restart, and a start refuses one while dirty blocks are cached (flush first)
 # path = "var/cache2.img"     # required; like [cache] path (its own label: a device emptied or replaced while stopped is refused with dirty blocks on it, its clean blocks dropped)

@@ -320,6 +320,12 @@ fn cache_devices_are_checked_where_they_enter() {
         .replace("{devices}", "[[cache.device]]\npath = \"d.img\"\nsize = \"8MiB\"\n[vssd]\nsize = \"8MiB\"\n");
     let e = Config::parse(&vssd, "t", Path::new("/srv")).unwrap().resolve().unwrap_err();
     assert!(e.contains("cache.device: a cache with a vSSD region"), "{e}");
+    // Mirrored dirty data: on by default with two devices, refused with one, off when asked.
+    assert!(ok.mirror_dirty && !r("", &[]).unwrap().1.mirror_dirty);
+    let one = base.replace("{max}", "mirror_dirty = true\n").replace("{devices}", "");
+    let e = Config::parse(&one, "t", Path::new("/srv")).unwrap().resolve().unwrap_err();
+    assert!(e.contains("cache.mirror_dirty: mirroring dirty data needs two or more cache devices"), "{e}");
+    assert!(!r("mirror_dirty = false\n", &[("d.img", "8MiB")]).unwrap().1.mirror_dirty);
     let bad = base.replace("{max}", "").replace("{devices}", "[[cache.device]]\npath = \"d.img\"\n");
     let e = Config::parse(&bad, "t", Path::new("/srv")).unwrap_err();
     assert!(e.contains("size"), "{e}");

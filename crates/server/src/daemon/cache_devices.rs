@@ -30,7 +30,9 @@ pub(super) fn key(st: StoreId) -> String {
     }
 }
 
-/// `(vDisk, blocks, dirty blocks)` of each VM (`names` by VM id) on device `st`.
+/// `(vDisk, blocks, dirty blocks)` of each VM (`names` by VM id) on device `st`; the
+/// dirty ones counted are those only it holds (a mirrored one has its copy on another:
+/// `cache.mirror_dirty`).
 pub(super) fn held_on(engine: &Engine, st: StoreId, names: &[String]) -> Vec<(String, u64, u64)> {
     let mut held: Vec<(String, u64, u64)> = names.iter().map(|n| (n.clone(), 0, 0)).collect();
     let (first, n) = engine.layout().range(st);
@@ -38,10 +40,23 @@ pub(super) fn held_on(engine: &Engine, st: StoreId, names: &[String]) -> Vec<(St
         let Some((vm, _)) = engine.slot_block(s as u32) else { continue };
         if let Some(h) = held.get_mut(vm as usize) {
             h.1 += 1;
-            h.2 += u64::from(engine.slot_dirty(s as u32));
+            h.2 += u64::from(engine.slot_dirty(s as u32) && !engine.slot_mirrored(s as u32));
         }
     }
     held
+}
+
+/// Device `st`'s bytes are not the metadata's (emptied, replaced): its dirty blocks with
+/// a mirror on another device are served from there (and written back first), its
+/// mirrors go, and the rest of its blocks are dropped (the caller refused the start if
+/// dirty ones only it held were at stake, or the operator discarded them). Says what it
+/// did in the log.
+pub(super) fn empty_store(engine: &mut Engine, st: StoreId) {
+    let loss = engine.empty_device(st);
+    let mirrored: u64 = loss.mirrored_blocks.iter().map(|m| m.1).sum();
+    if mirrored > 0 {
+        tracing::warn!(device = %key(st), blocks = mirrored, "dirty blocks of a device that lost its contents are served from their mirrors on the others");
+    }
 }
 
 /// Drops every block on device `st` (clean, or dirty ones the operator discarded);
@@ -128,7 +143,7 @@ pub(super) fn check_labels(
             cache_label::verdict(&found, want.as_ref(), block_size, &held, discard, (&key(st), path, meta_dir))
                 .map_err(StartError::Refused)?;
         if let Verdict::Cold(Some(why)) = verdict {
-            forget_store(engine, st);
+            empty_store(engine, st);
             warnings.push(format!("cold start of {}: {why}", key(st)));
         }
     }

@@ -70,6 +70,22 @@ pub struct CacheReport {
     /// Each device of a cache over several (`cache.path`, then each `[[cache.device]]`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<CacheDeviceReport>,
+    /// Mirrored dirty data (`cache.mirror_dirty`), when on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mirror: Option<MirrorReport>,
+}
+
+/// Mirrored dirty data's figures (`engine/src/dirty_mirror.rs`).
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct MirrorReport {
+    /// Dirty blocks with their copy on another device now.
+    pub mirrored_blocks: u64,
+    /// Write-back writes that went through to the backing store for want of a mirror slot.
+    pub fallbacks: u64,
+    /// Dirty blocks served from their mirror after their device was dropped.
+    pub promoted: u64,
+    /// Mirror writes that failed.
+    pub failed_writes: u64,
 }
 
 /// One device of a cache over several.
@@ -138,7 +154,20 @@ impl Daemon {
             congestion: self.dp.with_engine(|e| e.congestion()),
             write_budget: self.dp.with_engine(|e| e.write_budget()),
             devices: self.device_reports(),
+            mirror: self.mirror_report(),
         }
+    }
+
+    /// Mirrored dirty data's figures, when it is on.
+    pub(crate) fn mirror_report(&self) -> Option<MirrorReport> {
+        self.dp.with_engine(|e| {
+            e.mirror_dirty().then(|| MirrorReport {
+                mirrored_blocks: e.mirrored_blocks(),
+                fallbacks: e.mirror_fallbacks(),
+                promoted: e.mirrors_promoted(),
+                failed_writes: e.mirror_write_failures(),
+            })
+        })
     }
 
     /// Each device's share of a cache over several (none for one device).

@@ -322,7 +322,29 @@ impl Collector for StateCollector {
                 i64::from(self.0.ring.on),
             ),
         ];
-        for (name, help, v) in job_gauges.into_iter().chain(prewarm_gauges).chain(cache_gauges) {
+        let m = self.0.mirror.clone();
+        let mirror_gauges = m.iter().flat_map(|m| {
+            [
+                (
+                    "cachevisor_mirrored_blocks",
+                    "Dirty blocks with their copy on another cache device (cache.mirror_dirty)",
+                    m.mirrored_blocks,
+                ),
+                (
+                    "cachevisor_mirror_fallback_writes",
+                    "Write-back writes that went through to the backing store for want of a mirror slot",
+                    m.fallbacks,
+                ),
+                (
+                    "cachevisor_mirror_promoted_blocks",
+                    "Dirty blocks served from their mirror after their device was dropped",
+                    m.promoted,
+                ),
+                ("cachevisor_mirror_failed_writes", "Mirror writes that failed", m.failed_writes),
+            ]
+            .map(|(n, h, v)| (n, h, v as i64))
+        });
+        for (name, help, v) in job_gauges.into_iter().chain(prewarm_gauges).chain(cache_gauges).chain(mirror_gauges) {
             let g = ConstGauge::new(v);
             g.encode(enc.encode_descriptor(name, help, None, g.metric_type())?)?;
         }

@@ -180,6 +180,9 @@ impl Daemon {
             if r.max_slots > r.slots { Engine::new_growable(engine_cfg, r.slots) } else { Engine::new(engine_cfg) }
                 .map_err(StartError::Config)?;
         engine.set_lent_write_through(true);
+        if r.mirror_dirty {
+            engine.set_mirror_dirty(true).map_err(|e| StartError::Config(format!("cache.mirror_dirty: {e}")))?;
+        }
         engine.set_writeback_ahead(cfg.cache.writeback_ahead);
         let (read, write) = cfg.cache.congestion_thresholds().map_err(StartError::Config)?;
         engine.set_congestion(read, write);
@@ -237,6 +240,12 @@ impl Daemon {
             Ok(())
         })
         .map_err(StartError::Config)?;
+        // Mirror records paired with their blocks; a mirror whose block's record a cut
+        // commit lost becomes the block (`dirty_mirror.rs`).
+        let promoted = engine.settle_restored_mirrors();
+        if promoted > 0 {
+            tracing::info!(blocks = promoted, "dirty blocks recovered from their mirrors on another cache device");
+        }
         let discard = |name: &str| opts.discard_dirty.iter().any(|n| n == name);
         let mut moved_away: Vec<crate::cluster::start_check::MovedAway> = moved
             .iter()
@@ -390,7 +399,7 @@ impl Daemon {
                     meta_dir.display()
                 )));
             }
-            super::cache_devices::forget_store(&mut engine, 0);
+            super::cache_devices::empty_store(&mut engine, 0);
             if let Some(why) = why {
                 tracing::warn!("cold start: the cache store is not the one its metadata describes: {why}");
                 cold_start = Some(why.clone());

@@ -64,6 +64,8 @@ pub struct State {
     pub congestion: Option<cachevisor_engine::CongestionState>,
     /// The cache's shared write budget (`[cache] write_budget`), when set.
     pub write_budget: Option<cachevisor_engine::SharedBudgetState>,
+    /// Mirrored dirty data (`cache.mirror_dirty`), when on.
+    pub mirror: Option<crate::daemon::cache_swap::MirrorReport>,
 }
 
 /// A cluster node's state as gauges (`[cluster]`).

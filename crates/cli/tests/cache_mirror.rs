@@ -1,0 +1,121 @@
+//! Mirrored dirty data over two cache devices (`[cache] mirror_dirty`, on by default with
+//! two or more), with real NBD clients: a write-back write is answered once it is on both
+//! devices, so losing one loses no acknowledged write — the device emptied while the
+//! daemon was down (the start serves its dirty blocks from their mirrors), and a device
+//! failing under a reading client (dropped at the error threshold, its dirty blocks
+//! served from the other device and written back first): every byte reads back, and
+//! fio's crc32c-verified writes go on on the device left.
+
+use cachevisor_testkit as common;
+
+use common::{qemu_io_ok, s, Daemon, ServeConfig};
+use std::path::Path;
+use std::process::Command;
+
+/// `cache.img` and `ssd2/dev1.img` (8 MiB each), write-back vDisk vm1 of 32 MiB, no
+/// background write-back, dirty data mirrored (the default with two devices).
+fn write_config(d: &Path) {
+    std::fs::create_dir_all(d.join("ssd2")).unwrap();
+    ServeConfig::new("8MiB")
+        .no_writeback()
+        // Below the data path's 4 tries of a request that met EIO: a request on the cut
+        // device drops it within its tries, and its last try reads the copy.
+        .cache("error_threshold", 2)
+        .api()
+        .section("prewarm", "snapshot_every", "0")
+        .vdisk("vm1", "vm1.img", &[("size", s("32MiB")), ("write_policy", s("wb"))])
+        .array_item("cache.device", &[("path", s("ssd2/dev1.img")), ("size", s("8MiB"))])
+        .write(d, "c.toml");
+}
+
+/// `cachevisor cache status --json` of `a`.
+fn cache_status(d: &Path, a: &Daemon) -> serde_json::Value {
+    common::cache_status_json(a.api.as_deref().unwrap(), &d.join("cache.img.meta"))
+}
+
+/// 6 MiB of patterns: dirty, twice over, fits the two devices' 16 MiB.
+const WRITE: [&str; 2] = ["write -P 0x51 0 3M", "write -P 0x52 3M 3M"];
+const READ: [&str; 2] = ["read -P 0x51 0 3M", "read -P 0x52 3M 3M"];
+
+/// Empties `path` as a replaced SSD would be: zeros where its label and blocks were.
+fn empty(path: &Path) {
+    let len = std::fs::metadata(path).unwrap().len();
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.set_len(0).unwrap();
+    f.set_len(len).unwrap();
+}
+
+/// Whether the backing file holds only zeros in its first 6 MiB (nothing written back).
+fn backing_untouched(d: &Path) -> bool {
+    std::fs::read(d.join("vm1.img")).unwrap()[..6 << 20].iter().all(|&x| x == 0)
+}
+
+#[test]
+fn a_device_emptied_while_down_loses_no_mirrored_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write_config(d);
+    let mut a = Daemon::start(d, "c.toml", &[]).unwrap();
+    qemu_io_ok(&a.uri("vm1"), &WRITE);
+    let st = cache_status(d, &a);
+    assert!(st["dirty_blocks"].as_u64().unwrap() >= 1536, "6 MiB dirty: {st}");
+    assert_eq!(st["mirror"]["mirrored_blocks"], st["dirty_blocks"], "every dirty block mirrored: {st}");
+    assert_eq!(st["mirror"]["fallbacks"].as_u64(), Some(0), "{st}");
+    let devs = st["devices"].as_array().unwrap();
+    assert!(devs.iter().all(|v| v["cached_blocks"].as_u64().unwrap() > 0), "{st}");
+    a.kill9();
+    assert!(backing_untouched(d), "the patterns are only in the cache");
+    // The second device emptied while the daemon was down: its dirty blocks' copies are
+    // on the first, so the start goes on (with one copy each, written back first).
+    empty(&d.join("ssd2/dev1.img"));
+    let a = Daemon::start(d, "c.toml", &[]).unwrap();
+    let log = a.log();
+    assert!(log.contains("cold start of cache.device[0].path"), "{log}");
+    assert!(log.contains("served from their mirrors"), "{log}");
+    qemu_io_ok(&a.uri("vm1"), &READ);
+    let st = cache_status(d, &a);
+    assert!(st["mirror"]["promoted"].as_u64().unwrap() > 0, "{st}");
+    // Single copies now: written back without waiting for the flusher (it is off).
+    let mut tries = 0;
+    while !std::fs::read(d.join("vm1.img")).unwrap()[..6 << 20].iter().any(|&x| x == 0x51 || x == 0x52) {
+        tries += 1;
+        assert!(tries < 100, "the single copies were not written back: {}", cache_status(d, &a));
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    qemu_io_ok(&a.uri("vm1"), &READ);
+}
+
+#[test]
+fn a_device_failing_under_a_client_loses_no_mirrored_write_and_writes_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write_config(d);
+    let a = Daemon::start(d, "c.toml", &[]).unwrap();
+    qemu_io_ok(&a.uri("vm1"), &WRITE);
+    // The second device cut to nothing under the daemon: every read there fails from now
+    // on (past its end). A client reading everything sees every byte: a read that fails is
+    // tried again, the device is dropped at the threshold, and its dirty blocks are read
+    // from their copies on the first device.
+    std::fs::OpenOptions::new().write(true).open(d.join("ssd2/dev1.img")).unwrap().set_len(0).unwrap();
+    qemu_io_ok(&a.uri("vm1"), &READ);
+    let st = cache_status(d, &a);
+    assert_eq!(st["devices"][1]["failed"].as_bool(), Some(true), "{st}");
+    assert_eq!(st["devices"][0]["failed"].as_bool(), Some(false), "{st}");
+    assert!(st["mirror"]["promoted"].as_u64().unwrap() > 0, "{st}");
+    let log = a.log();
+    assert!(log.contains("dirty_served_from_mirrors"), "{log}");
+    assert!(log.contains("dirty_unreadable=0"), "nothing unreadable: {log}");
+    // Writes go on, on the device left (one copy: through to the backing store): fio's
+    // verified random writes past the patterns.
+    let out = Command::new("fio")
+        .args(["--name=v", "--ioengine=nbd", &format!("--uri={}", a.uri("vm1")), "--rw=randwrite", "--bs=4k"])
+        .args(["--offset=8M", "--size=4M", "--iodepth=8", "--loops=2", "--verify=crc32c", "--verify_fatal=1"])
+        .args(["--do_verify=1", "--output-format=terse"])
+        .output()
+        .expect("fio (apt-get install fio)");
+    assert!(out.status.success(), "fio: {}", String::from_utf8_lossy(&out.stderr));
+    qemu_io_ok(&a.uri("vm1"), &READ);
+    assert!(cache_status(d, &a)["mirror"]["fallbacks"].as_u64().unwrap() > 0);
+    // A wrong pattern fails (the check can fail).
+    assert!(!common::qemu_io(&a.uri("vm1"), &["read -P 0x99 0 4k"]).0);
+}

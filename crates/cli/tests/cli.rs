@@ -467,7 +467,17 @@ fn bench_and_experiment_run_the_lab_binary_or_say_how_to_get_it() {
     let dir = tempfile::tempdir().unwrap();
     let alone = dir.path().join("cachevisor");
     std::fs::copy(env!("CARGO_BIN_EXE_cachevisor"), &alone).unwrap();
-    let o = Command::new(&alone).args(["bench", "sim"]).env("PATH", dir.path()).output().unwrap();
+    // A copy just written may be "busy" for a moment: another test's fork may hold the
+    // write descriptor until it execs (ETXTBSY); tried again after a pause.
+    let o = (0..50)
+        .find_map(|_| match Command::new(&alone).args(["bench", "sim"]).env("PATH", dir.path()).output() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                None
+            }
+            r => Some(r.unwrap()),
+        })
+        .expect("the copied binary runs within 5 s");
     assert_eq!(o.status.code(), Some(1));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("cachevisor-lab") && err.contains("cargo build --release -p cachevisor-lab"), "{err}");

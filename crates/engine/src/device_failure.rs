@@ -42,6 +42,14 @@ pub struct DeviceLoss {
     pub mirrored_blocks: Vec<(VmId, u64)>,
 }
 
+/// One more block of `vm` in a per-vDisk count (`DeviceLoss`'s lists).
+pub(crate) fn count_block(list: &mut Vec<(VmId, u64)>, vm: VmId) {
+    match list.iter_mut().find(|(v, _)| *v == vm) {
+        Some((_, n)) => *n += 1,
+        None => list.push((vm, 1)),
+    }
+}
+
 /// Each local device's error count and whether it was dropped.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct DeviceHealth {
@@ -110,10 +118,7 @@ impl Engine {
                 continue; // promoted once its ops drain
             }
             if self.slot_dirty(slot) {
-                match loss.dirty_blocks.iter_mut().find(|(v, _)| *v == vm) {
-                    Some((_, b)) => *b += 1,
-                    None => loss.dirty_blocks.push((vm, 1)),
-                }
+                count_block(&mut loss.dirty_blocks, vm);
                 continue;
             }
             let held = self.flight.pinned(slot) || self.flight.holds_block(pack_key(vm, block));
@@ -137,10 +142,7 @@ impl Engine {
         for slot in first as u32..(first + n) as u32 {
             let Some((vm, _)) = self.slot_block(slot) else { continue };
             if self.slot_dirty(slot) {
-                match loss.dirty_blocks.iter_mut().find(|(v, _)| *v == vm) {
-                    Some((_, b)) => *b += 1,
-                    None => loss.dirty_blocks.push((vm, 1)),
-                }
+                count_block(&mut loss.dirty_blocks, vm);
             } else {
                 loss.clean_blocks += 1;
             }

@@ -140,7 +140,7 @@ impl Engine {
         self.mirrors.fallbacks
     }
 
-    /// Mirror writes that failed (each left its block with one copy until written back).
+    /// Mirror writes that failed (each failed its request; the mirror is kept).
     pub fn mirror_write_failures(&self) -> u64 {
         self.mirrors.failed_writes
     }
@@ -387,10 +387,7 @@ impl Engine {
                 continue;
             };
             let vm = key_vm(k);
-            match saved.iter_mut().find(|(v, _)| *v == vm) {
-                Some((_, n)) => *n += 1,
-                None => saved.push((vm, 1)),
-            }
+            crate::device_failure::count_block(&mut saved, vm);
             if !self.flight.pinned(p) && !self.flight.holds_block(k) && !self.flight.pinned(m) {
                 self.promote_mirror(k);
             }

@@ -45,6 +45,36 @@ fn empty(path: &Path) {
     f.set_len(len).unwrap();
 }
 
+/// fio's crc32c-verified 4 KiB random writes at queue depth 8 on `uri`, over `extra`'s
+/// range, started (not waited for).
+fn fio_verified(uri: &str, extra: &[&str]) -> Fio {
+    let child = Command::new("fio")
+        .args(["--name=v", "--ioengine=nbd", &format!("--uri={uri}"), "--rw=randwrite", "--bs=4k"])
+        .args(["--iodepth=8", "--verify=crc32c", "--verify_fatal=1", "--do_verify=1", "--output-format=terse"])
+        .args(extra)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("fio (apt-get install fio)");
+    Fio(child)
+}
+
+/// A running fio.
+struct Fio(std::process::Child);
+
+impl Fio {
+    /// Waits for fio and asserts that every write it verified read back.
+    fn wait_ok(self) {
+        let out = self.0.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "fio: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 /// Whether the backing file holds only zeros in its first 6 MiB (nothing written back).
 fn backing_untouched(d: &Path) -> bool {
     std::fs::read(d.join("vm1.img")).unwrap()[..6 << 20].iter().all(|&x| x == 0)
@@ -107,15 +137,38 @@ fn a_device_failing_under_a_client_loses_no_mirrored_write_and_writes_go_on() {
     assert!(log.contains("dirty_unreadable=0"), "nothing unreadable: {log}");
     // Writes go on, on the device left (one copy: through to the backing store): fio's
     // verified random writes past the patterns.
-    let out = Command::new("fio")
-        .args(["--name=v", "--ioengine=nbd", &format!("--uri={}", a.uri("vm1")), "--rw=randwrite", "--bs=4k"])
-        .args(["--offset=8M", "--size=4M", "--iodepth=8", "--loops=2", "--verify=crc32c", "--verify_fatal=1"])
-        .args(["--do_verify=1", "--output-format=terse"])
-        .output()
-        .expect("fio (apt-get install fio)");
-    assert!(out.status.success(), "fio: {}", String::from_utf8_lossy(&out.stderr));
+    fio_verified(&a.uri("vm1"), &["--offset=8M", "--size=4M", "--loops=2"]).wait_ok();
     qemu_io_ok(&a.uri("vm1"), &READ);
     assert!(cache_status(d, &a)["mirror"]["fallbacks"].as_u64().unwrap() > 0);
     // A wrong pattern fails (the check can fail).
     assert!(!common::qemu_io(&a.uri("vm1"), &["read -P 0x99 0 4k"]).0);
+}
+
+#[test]
+fn a_device_cut_under_verified_writes_loses_none_of_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write_config(d);
+    let a = Daemon::start(d, "c.toml", &[]).unwrap();
+    qemu_io_ok(&a.uri("vm1"), &WRITE);
+    // fio writes and verifies 4 MiB past the patterns, slowed so that the cut lands in
+    // its run: 1,024 writes a loop at 1,500 a second, verified after each write phase.
+    let fio = fio_verified(&a.uri("vm1"), &["--offset=8M", "--size=4M", "--loops=3", "--rate_iops=1500"]);
+    let mut tries = 0;
+    while cache_status(d, &a)["dirty_blocks"].as_u64().unwrap() < 1536 + 256 {
+        tries += 1;
+        assert!(tries < 200, "fio wrote nothing: {}", cache_status(d, &a));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // The second device cut under fio: its writes there extend the file again with zeros
+    // between them, so reads there fail (past the end) or fail their checksums (zeros); a
+    // dirty block's copy on the first device serves it either way.
+    std::fs::OpenOptions::new().write(true).open(d.join("ssd2/dev1.img")).unwrap().set_len(0).unwrap();
+    fio.wait_ok();
+    qemu_io_ok(&a.uri("vm1"), &READ);
+    let st = cache_status(d, &a);
+    assert!(st["mirror"]["promoted"].as_u64().unwrap() > 0, "{st}");
+    assert_eq!(st["devices"][1]["failed"].as_bool(), Some(true), "{st}");
+    // fio's last pass verified once more, from a fresh client.
+    fio_verified(&a.uri("vm1"), &["--offset=8M", "--size=4M", "--verify_only"]).wait_ok();
 }

@@ -15,7 +15,10 @@ pub struct VdiskExport {
     pub vm: VmId,
     /// A request that fails with EIO is tried again (4 times): on a node that borrows cache
     /// from peers, a lost peer fails the ops on its region, the engine's repair drops
-    /// those (clean) blocks, and the retry reads the backing store.
+    /// those (clean) blocks, and the retry reads the backing store; with several cache
+    /// devices, a device failing (or returning bytes that fail their checksums) has its
+    /// clean blocks dropped and its mirrored dirty blocks moved to their copies, and the
+    /// retry reads those.
     pub retry_io: bool,
 }
 
@@ -31,8 +34,13 @@ fn submit_retrying(dp: Arc<DataPath>, vm: VmId, offset: u64, cmd: Cmd, sync: boo
         sync,
         here,
         Box::new(move |r| match (r, again) {
-            (Err(ClientError::Io), Some(cmd)) => {
-                tracing::info!(vdisk = vm, offset, "request failed with EIO: trying again");
+            (Err(e @ (ClientError::Io | ClientError::Corrupt)), Some(cmd)) => {
+                tracing::info!(
+                    vdisk = vm,
+                    offset,
+                    corrupt = e == ClientError::Corrupt,
+                    "request failed with EIO: trying again"
+                );
                 submit_retrying(dp2, vm, offset, cmd, sync, false, done, left - 1)
             }
             (r, _) => done(r),

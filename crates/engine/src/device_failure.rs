@@ -187,14 +187,21 @@ pub(crate) mod tests {
 
     /// Runs `r` to its reply, failing every op on store `bad` (when given); its result.
     pub(crate) fn run(e: &mut Engine, r: Request, bad: Option<u16>) -> Result<(), Failure> {
+        run_failing(e, r, bad, Failure::Io)
+    }
+
+    /// [`run`], the ops on `bad` failing with `f` (`Corrupt`: its reads only, as the data
+    /// path checks a read's bytes).
+    fn run_failing(e: &mut Engine, r: Request, bad: Option<u16>, f: Failure) -> Result<(), Failure> {
         let id = e.submit(0, &r);
         let mut reply = None;
         loop {
             let mut progressed = false;
             while let Some(op) = e.poll_op() {
                 progressed = true;
-                let fail = bad.is_some_and(|b| op.loc == Location::Cache(b));
-                e.handle_completion(0, op.handle(), if fail { Err(Failure::Io) } else { Ok(()) });
+                let fail = bad.is_some_and(|b| op.loc == Location::Cache(b))
+                    && (f != Failure::Corrupt || op.kind == OpKind::SsdRead);
+                e.handle_completion(0, op.handle(), if fail { Err(f) } else { Ok(()) });
             }
             while let Some(ev) = e.poll_event() {
                 progressed = true;
@@ -255,6 +262,23 @@ pub(crate) mod tests {
             run(&mut e, req(Op::Read, b), Some(1)).unwrap();
             assert!(e.lookup(0, b).is_none_or(|s| e.layout().store_of(s) == 0));
         }
+        assert_eq!(e.store_used(1), 0);
+        e.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_device_returning_garbage_is_dropped_and_the_vdisk_not_sent_through() {
+        let mut e = two_devices(false);
+        let on1: Vec<u64> = (0..12).filter(|&b| e.lookup(0, b).is_some_and(|s| e.layout().store_of(s) == 1)).collect();
+        // Every read there fails its checksum: the block is dropped (clean), the retry
+        // fills it from the backing store, and three such reads are the threshold.
+        for &b in &on1[..3] {
+            assert!(!e.device_failed(1));
+            assert_eq!(run_failing(&mut e, req(Op::Read, b), Some(1), Failure::Corrupt), Err(Failure::Corrupt));
+            assert_eq!(run(&mut e, req(Op::Read, b), None), Ok(()), "tried again: from the backing store");
+        }
+        assert!(e.device_failed(1), "three bad reads: dropped");
+        assert!(!e.bypassed(0), "not the vDisk's error");
         assert_eq!(e.store_used(1), 0);
         e.check_invariants().unwrap();
     }

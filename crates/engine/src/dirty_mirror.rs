@@ -12,6 +12,9 @@
 //! - the mirror goes back to the free slots once the block is clean (or gone) and nothing
 //!   is in flight on it (a failed write-back puts dirty sectors back first: `repair.rs`);
 //!   it is let go when its block's last job ends (`jobs.rs`), which a write-back always is;
+//! - a read of a dirty block whose bytes fail their checksum moves the block to its
+//!   mirror once its ops end, instead of poisoning it (the read tried again is served
+//!   from the copy);
 //! - a mirror write that fails fails the request and leaves the mirror in place (its
 //!   sectors under the write old or new, as the block's own slot after a failed write);
 //! - a mirror slot comes from another device's free slots, else from a clean victim on
@@ -56,6 +59,8 @@ pub(crate) struct DirtyMirrors {
     promoted: u64,
     /// Mirror writes that failed.
     failed_writes: u64,
+    /// Blocks whose own copy failed its checksum: moved to their mirror once idle.
+    promote: std::collections::HashSet<u64>,
     /// Where a tie for a new block's device starts (`device_placement.rs`).
     pub(crate) next_device: crate::stores::StoreId,
     /// Mirror slots let go whose free record goes after the records of the commit it is
@@ -233,6 +238,7 @@ impl Engine {
     /// Lets `key`'s mirror go (its slot to the free slots, or limbo in persistent mode).
     fn let_mirror_go(&mut self, key: u64) {
         let Some((m, _)) = self.mirrors.by_key.remove(&key) else { return };
+        self.mirrors.promote.remove(&key);
         // The block's record goes in the same commit (a write-back leaves it dirty in
         // the journal otherwise: `Engine::set_lazy_clean`), ahead of the mirror's free:
         // settled now (a read pinning it later would hold a noted record back).
@@ -295,7 +301,7 @@ impl Engine {
             // In flight on the block's slot (a `keep` pin): its record is not settled yet.
             Some(p) if self.flight.pinned(p) => {}
             Some(p) if self.dirty.any(p, (0, self.spb)) => {
-                if self.health.failed(self.store_of(p)) {
+                if self.health.failed(self.store_of(p)) || self.mirrors.promote.remove(&k) {
                     self.promote_mirror(k);
                 }
             }
@@ -320,6 +326,7 @@ impl Engine {
         };
         self.mirrors.by_key.remove(&k);
         self.mirrors.of_slot.remove(&m);
+        self.mirrors.promote.remove(&k);
         if !dirty.contains(&true) {
             self.note(m);
             self.free_slot(m);
@@ -362,6 +369,19 @@ impl Engine {
         if let Some(p) = self.lookup(key_vm(k), key_block(k)).filter(|&p| self.dirty.any(p, (0, self.spb))) {
             self.mirrors.single.push(p);
         }
+    }
+
+    /// A read of slot `s` failed its checksum (`seals.rs`): if it holds a dirty block with
+    /// a copy on a working device, the block moves there once its ops end
+    /// ([`Self::mirror_block_idle`]) and a read tried again (the daemon retries an EIO) is
+    /// served from the copy; returns whether it will (else the slot is poisoned).
+    pub(crate) fn promote_when_idle(&mut self, s: u32) -> bool {
+        if self.mirrors.len() > 0 && self.slot_dirty(s) && self.has_working_mirror(s) {
+            let k = self.slots.key(s);
+            self.mirrors.promote.insert(k);
+            return true;
+        }
+        false
     }
 
     /// Device `st` was dropped: mirrors on it go (their blocks written back first); dirty

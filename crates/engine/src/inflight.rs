@@ -506,7 +506,7 @@ impl Engine {
             self.stores.op_moved(st, true);
         }
         self.seals.at(now_ns);
-        let mut device_error = false;
+        let (mut device_error, mut corrupt) = (false, false);
         match result {
             Ok(()) => {
                 job.state[i] = OpState::Done;
@@ -519,14 +519,16 @@ impl Engine {
                 // An op a stopping driver never ran (`Shutdown`) is not a device error,
                 // nor is one on a region a lost peer lent (its blocks are clean, the
                 // request is tried again from the backing store: the vDisk's own devices
-                // are fine). Nor is a read whose bytes failed their checksum: the block is
-                // lost and poisoned (`seals.rs`), and a client reading it again must not
-                // push its vDisk to pass-through, where overwriting it would need a
-                // write-back of those bytes first.
+                // are fine). A read whose bytes failed their checksum is a device error
+                // only of its device, when there are several (a device returning garbage
+                // is dropped as one returning EIO): the block is lost and poisoned
+                // (`seals.rs`), and a client reading it again must not push its vDisk to
+                // pass-through, where overwriting it would need a write-back of those
+                // bytes first.
                 let lent =
                     matches!(op.loc, crate::output::Location::Cache(st) if !self.stores.layout().kind(st).is_local());
-                device_error =
-                    f != Failure::Shutdown && f != Failure::Corrupt && !(lent && self.stores.lent_write_through());
+                device_error = f != Failure::Shutdown && !(lent && self.stores.lent_write_through());
+                corrupt = f == Failure::Corrupt;
             }
         }
         // Background jobs of several blocks release each block once its ops succeeded.
@@ -535,7 +537,7 @@ impl Engine {
         // (`device_failure.rs`).
         let on_device =
             |e: &mut Engine| matches!(op.loc, crate::output::Location::Cache(st) if e.count_device_store_error(st));
-        if device_error && !on_device(self) {
+        if device_error && !on_device(self) && !corrupt {
             self.count_device_error(op.vm);
         }
         match (op.kind, result) {

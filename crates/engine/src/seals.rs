@@ -172,7 +172,8 @@ impl Engine {
     }
 
     /// Job `job` stopped and was repaired: the slots its reads found corrupt are poisoned
-    /// when they hold the block they were read for.
+    /// when they hold the block they were read for — unless the block is dirty with a
+    /// copy on another device (`dirty_mirror.rs`): it moves there once its ops end.
     pub(crate) fn poison_after_repair(&mut self, job: usize) {
         if self.seals.corrupt_reads.is_empty() {
             return;
@@ -181,7 +182,7 @@ impl Engine {
             std::mem::take(&mut self.seals.corrupt_reads).into_iter().partition(|c| c.0 == job);
         self.seals.corrupt_reads = rest;
         for (_, slot, key) in mine {
-            if self.slots.key(slot) == key {
+            if self.slots.key(slot) == key && !self.promote_when_idle(slot) {
                 self.seals.poisoned.insert(slot, key);
             }
         }

@@ -949,7 +949,11 @@ fn run_checking(
             let mut id = 0;
             // A request whose victim's write-back met garbled bytes fails; the victim is
             // poisoned, and the read tried again takes another (at most one per slot).
+            // A read whose own bytes failed their checksum fails; with the block's copy on
+            // another device (mirrored) the block moved there, and the read tried again
+            // (as the daemon does an EIO) is served from it.
             for _attempt in 0..=e.slot_count() {
+                let before = e.lookup(vm, s / 8);
                 id = e.submit(0, &req);
                 d.m.reqs.insert(id, (req, 0, HashMap::new()));
                 let mut corrupt_own = false;
@@ -972,6 +976,13 @@ fn run_checking(
                         continue;
                     }
                     d.m.execute(&op, false, 0).map_err(|x| format!("after the crash, vm {vm} sector {s}: {x}"))?;
+                    if op.kind == OpKind::SsdWrite {
+                        // Rewritten (a slot a promotion freed, taken again): not garbled now.
+                        let (st, base) = (d.m.layout.store_of(op.slot), d.m.layout.offset(&op) / 512);
+                        for i in 0..u64::from(op.len) / 512 {
+                            garbled.remove(&(st, base + i));
+                        }
+                    }
                     e.handle_completion(0, op.handle(), Ok(()));
                 }
                 while let Some(ev) = e.poll_event() {
@@ -982,7 +993,7 @@ fn run_checking(
                         }
                     }
                 }
-                if result.is_ok() || corrupt_own {
+                if result.is_ok() || (corrupt_own && e.lookup(vm, s / 8) == before) {
                     break;
                 }
             }

@@ -53,8 +53,25 @@ fn started_with_patterns(d: &Path) -> Daemon {
     a
 }
 
+/// [`started_with_patterns`], SIGKILLed: the second device's path and bytes.
+fn killed_with_patterns(d: &Path) -> (std::path::PathBuf, Vec<u8>) {
+    started_with_patterns(d).kill9();
+    let dev = d.join("ssd2/dev1.img");
+    let kept = std::fs::read(&dev).unwrap();
+    (dev, kept)
+}
+
 fn reads_back(a: &Daemon) {
     qemu_io_ok(&a.uri("vm1"), &["read -P 0x31 0 6M", "read -P 0x32 6M 6M"]);
+}
+
+/// A start in `d` is refused for the second device (`why`), naming vm1's dirty blocks,
+/// the way out, and that nothing was changed.
+fn refused_naming_vm1(d: &Path, why: &str) {
+    let e = Daemon::start(d, "c.toml", &[]).err().expect("refused");
+    for part in ["cache.device[0].path", why, "`vm1`", "--discard-dirty vm1", "Nothing was changed"] {
+        assert!(e.output.contains(part), "{part}: {}", e.output);
+    }
 }
 
 /// Whether the backing file holds only zeros in its first 12 MiB (nothing written back).
@@ -106,25 +123,14 @@ fn two_devices_are_one_cache_under_verified_writes_and_a_sigkill() {
 fn a_device_replaced_while_down_is_refused_with_dirty_blocks_and_dropped_when_clean() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let mut a = started_with_patterns(d);
-    a.kill9();
+    let (dev, kept) = killed_with_patterns(d);
     // The second device emptied while the daemon was down (its file truncated and
     // extended: zeros where its label and blocks were).
-    let dev = d.join("ssd2/dev1.img");
-    let kept = std::fs::read(&dev).unwrap();
     let f = std::fs::OpenOptions::new().write(true).open(&dev).unwrap();
     f.set_len(0).unwrap();
     f.set_len(kept.len() as u64).unwrap();
     drop(f);
-    let e = Daemon::start(d, "c.toml", &[]).err().expect("refused");
-    assert!(
-        e.output.contains("cache.device[0].path")
-            && e.output.contains("`vm1`")
-            && e.output.contains("--discard-dirty vm1")
-            && e.output.contains("Nothing was changed"),
-        "{}",
-        e.output
-    );
+    refused_naming_vm1(d, "is not the cache store");
     // Put back: served warm, every byte.
     std::fs::write(&dev, &kept).unwrap();
     let a = Daemon::start(d, "c.toml", &[]).unwrap();
@@ -144,6 +150,31 @@ fn a_device_replaced_while_down_is_refused_with_dirty_blocks_and_dropped_when_cl
     assert_eq!(devs[1]["cached_blocks"].as_u64(), Some(0), "{st}");
     assert!(devs[0]["cached_blocks"].as_u64().unwrap() > 0, "the first device's blocks stay: {st}");
     reads_back(&a);
+}
+
+#[test]
+fn a_device_missing_at_start_with_the_only_copy_of_dirty_blocks_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (dev, kept) = killed_with_patterns(d);
+    std::fs::remove_file(&dev).unwrap();
+    refused_naming_vm1(d, "is missing");
+    assert!(!dev.exists(), "nothing created there");
+    // Put back (as the operator's copy would be: private): served warm, every byte.
+    std::fs::write(&dev, &kept).unwrap();
+    std::fs::set_permissions(&dev, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let mut a = Daemon::start(d, "c.toml", &[]).unwrap();
+    reads_back(&a);
+    a.kill9();
+    // Gone again, its dirty blocks discarded deliberately: the start runs without it;
+    // what the first device holds still reads back.
+    std::fs::remove_file(&dev).unwrap();
+    let a = Daemon::start(d, "c.toml", &["--discard-dirty", "vm1"]).unwrap();
+    assert!(a.log().contains("dropped by --discard-dirty"), "{}", a.log());
+    let st = cache_status(d, &a);
+    assert_eq!(st["devices"][1]["failed"].as_bool(), Some(true), "{st}");
+    let (ok, out) = qemu_io(&a.uri("vm1"), &["read -P 0x31 0 6M", "read -P 0x32 6M 6M"]);
+    assert!(!ok, "the discarded blocks are gone: {out}");
 }
 
 #[test]

@@ -172,3 +172,50 @@ fn a_device_cut_under_verified_writes_loses_none_of_them() {
     // fio's last pass verified once more, from a fresh client.
     fio_verified(&a.uri("vm1"), &["--offset=8M", "--size=4M", "--verify_only"]).wait_ok();
 }
+
+#[test]
+fn a_start_with_a_device_missing_serves_from_the_rest_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write_config(d);
+    let mut a = Daemon::start(d, "c.toml", &[]).unwrap();
+    qemu_io_ok(&a.uri("vm1"), &WRITE);
+    a.kill9();
+    // The second device gone while the daemon was down (a drive that did not come up):
+    // its dirty blocks' copies are on the first, so the start runs without it.
+    let dev = d.join("ssd2/dev1.img");
+    std::fs::remove_file(&dev).unwrap();
+    let mut a = Daemon::start(d, "c.toml", &[]).unwrap();
+    let log = a.log();
+    assert!(log.contains("cache.device[0].path") && log.contains("is missing: the cache runs without it"), "{log}");
+    assert!(!dev.exists(), "not created where the device should be");
+    let st = cache_status(d, &a);
+    assert_eq!(st["devices"][1]["failed"].as_bool(), Some(true), "{st}");
+    assert_eq!(st["devices"][1]["cached_blocks"].as_u64(), Some(0), "{st}");
+    assert!(st["mirror"]["promoted"].as_u64().unwrap() > 0, "{st}");
+    qemu_io_ok(&a.uri("vm1"), &READ);
+    // Writes go on, on the device left (one copy: through).
+    fio_verified(&a.uri("vm1"), &["--offset=8M", "--size=4M"]).wait_ok();
+    qemu_io_ok(&a.uri("vm1"), &READ);
+    // Killed again while it is still missing: the same again, every byte there.
+    a.kill9();
+    let mut a = Daemon::start(d, "c.toml", &[]).unwrap();
+    assert!(a.log().contains("is missing"), "{}", a.log());
+    qemu_io_ok(&a.uri("vm1"), &READ);
+    a.kill9();
+    // An empty device put back: taken (a cold device), used again.
+    std::fs::write(&dev, b"").unwrap();
+    std::fs::set_permissions(&dev, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let a = Daemon::start(d, "c.toml", &[]).unwrap();
+    let st = cache_status(d, &a);
+    assert_eq!(st["devices"][1]["failed"].as_bool(), Some(false), "{st}");
+    qemu_io_ok(&a.uri("vm1"), &READ);
+    // The cache is full of clean blocks: the first write's mirrors free clean slots on
+    // the other device (usable after the next commit: that write goes through), the next
+    // write's mirrors take them.
+    qemu_io_ok(&a.uri("vm1"), &["write -P 0x53 16M 4M", "read -P 0x53 16M 4M"]);
+    qemu_io_ok(&a.uri("vm1"), &["write -P 0x54 20M 4M", "read -P 0x54 20M 4M"]);
+    let st = cache_status(d, &a);
+    assert!(st["devices"][1]["cached_blocks"].as_u64().unwrap() > 0, "{st}");
+    assert!(st["mirror"]["mirrored_blocks"].as_u64().unwrap() > 0, "mirrored again: {st}");
+}

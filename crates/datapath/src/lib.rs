@@ -244,8 +244,9 @@ pub struct Setup {
     /// Whether `ssd` was opened O_DIRECT.
     pub direct: bool,
     /// The cache's other devices (`[[cache.device]]`, stores 1.. of the engine's table),
-    /// each with whether it was opened O_DIRECT.
-    pub devices: Vec<(File, bool)>,
+    /// each with whether it was opened O_DIRECT; `None` for one missing at start (the
+    /// engine has it failed: no op goes there).
+    pub devices: Vec<Option<(File, bool)>>,
     /// Backing stores by VM id.
     pub backings: Vec<Arc<Backing>>,
     /// vDisk names by VM id.

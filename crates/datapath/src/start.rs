@@ -37,8 +37,13 @@ impl DataPath {
         let bs = engine.config().block_size;
         let layout = engine.layout().clone();
         let ssd: store_devices::CacheSlot = Arc::new(RwLock::new(Some(Arc::new(ssd))));
-        let devices: Vec<(store_devices::CacheSlot, bool)> =
-            devices.into_iter().map(|(f, direct)| (Arc::new(RwLock::new(Some(Arc::new(f)))), direct)).collect();
+        let devices: Vec<(store_devices::CacheSlot, bool)> = devices
+            .into_iter()
+            .map(|d| match d {
+                Some((f, direct)) => (Arc::new(RwLock::new(Some(Arc::new(f)))), direct),
+                None => (Arc::new(RwLock::new(None)), false),
+            })
+            .collect();
         let n = names.len();
         let core = Core {
             engine,

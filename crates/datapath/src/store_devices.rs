@@ -26,7 +26,7 @@ pub(super) type CacheSlot = Arc<std::sync::RwLock<Option<Arc<File>>>>;
 /// come: every slot is withheld first).
 pub(super) fn cache_file(slot: &CacheSlot) -> std::io::Result<Arc<File>> {
     slot.read().unwrap_or_else(|p| p.into_inner()).clone().ok_or_else(|| {
-        std::io::Error::new(std::io::ErrorKind::NotConnected, "the cache is detached (cachevisor cache attach)")
+        std::io::Error::new(std::io::ErrorKind::NotConnected, "the cache store is not open: the cache is detached (cachevisor cache attach), or this device was missing at start")
     })
 }
 

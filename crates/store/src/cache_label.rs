@@ -165,6 +165,26 @@ pub enum Verdict {
     Cold(Option<String>),
 }
 
+/// The dirty blocks a start would lose, of `held` (`(vDisk, blocks, dirty blocks)` each)
+/// not in `discard`: `None` when none; else the list a refusal names ("`vm1` 12 blocks
+/// (48.00 KiB), …") and the flags that drop them deliberately ("--discard-dirty vm1 …").
+pub fn dirty_at_stake(
+    held: &[(String, u64, u64)],
+    discard: &dyn Fn(&str) -> bool,
+    block_size: u64,
+) -> Option<(String, String)> {
+    let at_stake: Vec<&(String, u64, u64)> = held.iter().filter(|h| h.2 > 0 && !discard(&h.0)).collect();
+    if at_stake.is_empty() {
+        return None;
+    }
+    let list: Vec<String> = at_stake
+        .iter()
+        .map(|(n, _, d)| format!("`{n}` {d} blocks ({})", cachevisor_trace::units::format_size(d * block_size)))
+        .collect();
+    let flags: Vec<String> = at_stake.iter().map(|h| format!("--discard-dirty {}", h.0)).collect();
+    Some((list.join(", "), flags.join(" ")))
+}
+
 /// Decides what a start does with the store at `path` (the config's `key` for it,
 /// `cache.path` or `cache.device[i].path`) given its label (`found`), what the
 /// metadata in `meta_dir` names (`expected`: `None` for a new cache, or metadata written
@@ -190,19 +210,13 @@ pub fn verdict(
     if blocks == 0 {
         return Ok(Verdict::Cold(expected.map(|_| format!("{}: {why}", path.display()))));
     }
-    let at_stake: Vec<&(String, u64, u64)> = held.iter().filter(|h| h.2 > 0 && !discard(&h.0)).collect();
-    if !at_stake.is_empty() {
-        let list: Vec<String> = at_stake
-            .iter()
-            .map(|(n, _, d)| format!("`{n}` {d} blocks ({})", cachevisor_trace::units::format_size(d * block_size)))
-            .collect();
-        let flags: Vec<String> = at_stake.iter().map(|h| format!("--discard-dirty {}", h.0)).collect();
+    if let Some((list, flags)) = dirty_at_stake(held, discard, block_size) {
         return Err(format!(
             "{key}: {} is not the cache store its metadata ({}) describes: {why}. The metadata records dirty blocks that were only in that store: {}. Serving them would give clients whatever is there now as their data, and write it back over their disks. Put the cache store the metadata belongs to back at {key} (or point cache.metadata at this store's own metadata) and start again, or start with `{}` to drop them deliberately (what they held is lost; each backing store keeps what was written back before). Nothing was changed.",
             path.display(),
             meta_dir.display(),
-            list.join(", "),
-            flags.join(" ")
+            list,
+            flags
         ));
     }
     Ok(Verdict::Cold(Some(format!(

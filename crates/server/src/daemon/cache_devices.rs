@@ -13,7 +13,14 @@
 //!   with its index folded into the identity (`cache_label::Label::device_id`); a device
 //!   whose label does not match gets the verdict the first device gets
 //!   (`cache_label::verdict`) on the blocks recorded *on it*: refused with dirty ones,
-//!   its clean blocks dropped and the others served.
+//!   its clean blocks dropped and the others served;
+//! - **a device is missing** (its path names nothing: a drive that did not come up, a file
+//!   system not mounted) while the metadata was written with it: the start runs without
+//!   it — not created there, failed in the engine (`device_failure.rs`) so nothing is
+//!   placed on it, its clean blocks dropped and its mirrored dirty blocks served from
+//!   their copies — and says so; with dirty blocks only it held, the start is refused,
+//!   naming their vDisks (the first device, which carries the cache's identity, is
+//!   created again as before: its dirty blocks' verdict is the label's).
 
 use super::StartError;
 use cachevisor_engine::{Engine, StoreId};
@@ -102,14 +109,9 @@ pub(super) fn check_layout(
             (n.clone(), p.used, p.dirty_blocks)
         })
         .collect();
-    let at_stake: Vec<&(String, u64, u64)> = held.iter().filter(|h| h.2 > 0 && !discard(&h.0)).collect();
-    if !at_stake.is_empty() {
-        let list: Vec<String> = at_stake.iter().map(|h| format!("`{}` {} dirty blocks", h.0, h.2)).collect();
-        let flags: Vec<String> = at_stake.iter().map(|h| format!("`--discard-dirty {}`", h.0)).collect();
+    if let Some((list, flags)) = cache_label::dirty_at_stake(&held, discard, engine.config().block_size) {
         return Err(StartError::Refused(format!(
-            "cache.device: {change}, and its slots name blocks by their place over those devices. Dirty blocks only the cache holds: {}. Restore the device list they were written with and start again (then flush, `cachevisor destage`, before changing it), or start with {} to drop them deliberately (what they held is lost). Nothing was changed.",
-            list.join(", "),
-            flags.join(" ")
+            "cache.device: {change}, and its slots name blocks by their place over those devices. Dirty blocks only the cache holds: {list}. Restore the device list they were written with and start again (then flush, `cachevisor destage`, before changing it), or start with `{flags}` to drop them deliberately (what they held is lost). Nothing was changed."
         )));
     }
     let dropped = forget_all(engine);
@@ -121,12 +123,50 @@ fn expected_on(expected: Option<&Expected>, index: u16) -> Option<Expected> {
     expected.map(|e| Expected { id: Label::device_id(&e.id, index), ..*e })
 }
 
+/// Whether `path` names nothing (not a file, not a device node, not a dangling link).
+pub(super) fn is_missing(path: &Path) -> bool {
+    std::fs::symlink_metadata(path).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+}
+
+/// Device `st` at `path` is missing (the metadata was written with it): refused when it
+/// held dirty blocks with no copy elsewhere (not each vDisk's discarded); else failed in
+/// the engine, with what that cost. Returns the warning the start logs.
+fn run_without(
+    engine: &mut Engine,
+    st: StoreId,
+    path: &Path,
+    names: &[String],
+    discard: &dyn Fn(&str) -> bool,
+) -> Result<String, StartError> {
+    let held = held_on(engine, st, names);
+    if let Some((list, flags)) = cache_label::dirty_at_stake(&held, discard, engine.config().block_size) {
+        return Err(StartError::Refused(format!(
+            "{}: {} is missing, and the metadata records dirty blocks whose only copy was on it: {list}. Put the device back at that path and start again, or start with `{flags}` to drop them deliberately (what they held is lost; each backing store keeps what was written back before). Nothing was changed.",
+            key(st),
+            path.display(),
+        )));
+    }
+    let loss = engine.empty_device(st);
+    let mirrored: u64 = loss.mirrored_blocks.iter().map(|m| m.1).sum();
+    let discarded: u64 = loss.dirty_blocks.iter().map(|m| m.1).sum();
+    engine.fail_device(st);
+    Ok(format!(
+        "{}: {} is missing: the cache runs without it (FAILED in `cache status`); its {} clean blocks were dropped, {mirrored} mirrored dirty blocks are served from their copies on the other devices and written back first{}. Put a device back at that path (an empty one is taken) and restart to use it again",
+        key(st),
+        path.display(),
+        loss.clean_blocks,
+        if discarded > 0 { format!(", {discarded} dirty blocks dropped by --discard-dirty") } else { String::new() }
+    ))
+}
+
 /// Checks the label of each device after the first against the metadata's: a device whose
 /// label does not match has its blocks dropped (clean, or discarded) or refuses the start
-/// (dirty). Returns a warning per device dropped.
+/// (dirty); one `missing` (see [`is_missing`]; only when the metadata was written for
+/// this device list) is run without. Returns a warning per device dropped.
 pub(super) fn check_labels(
     engine: &mut Engine,
     devices: &[&Path],
+    missing: &[bool],
     expected: Option<&Expected>,
     names: &[String],
     discard: &dyn Fn(&str) -> bool,
@@ -136,6 +176,10 @@ pub(super) fn check_labels(
     let mut warnings = Vec::new();
     for (i, path) in devices.iter().enumerate() {
         let st = i as StoreId + 1;
+        if missing[i] {
+            warnings.push(run_without(engine, st, path, names, discard)?);
+            continue;
+        }
         let found = cache_label::read(path);
         let held = held_on(engine, st, names);
         let want = expected_on(expected, st);
@@ -150,17 +194,22 @@ pub(super) fn check_labels(
     Ok(warnings)
 }
 
-/// Opens each device after the first (`(path, slots)`) for `block_size`-byte blocks after
-/// its label; O_DIRECT as `direct` says, each device on its own.
+/// Opens each device after the first (`(path, slots, missing)`) for `block_size`-byte
+/// blocks after its label; O_DIRECT as `direct` says, each device on its own; a missing
+/// one is left alone (`None`: never created where a drive should be).
 pub(super) fn open(
-    devices: &[(&Path, u64)],
+    devices: &[(&Path, u64, bool)],
     block_size: u64,
     direct: cachevisor_store::backing::DirectIo,
-) -> Result<Vec<(File, bool)>, StartError> {
+) -> Result<Vec<Option<(File, bool)>>, StartError> {
     devices
         .iter()
-        .map(|&(path, slots)| {
+        .map(|&(path, slots, missing)| {
+            if missing {
+                return Ok(None);
+            }
             cachevisor_store::backing::open_cache_store(path, cache_label::DATA_OFFSET + slots * block_size, direct)
+                .map(Some)
                 .map_err(|source| StartError::File { path: path.display().to_string(), error: source })
         })
         .collect()
@@ -168,8 +217,9 @@ pub(super) fn open(
 
 /// Writes each device's label (device 0's is `label`, written by the caller): after the
 /// checkpoint naming the generation, as for the first device.
-pub(super) fn write_labels(devices: &[(File, bool)], paths: &[&Path], label: &Label) -> Result<(), StartError> {
-    for (i, ((f, _), path)) in devices.iter().zip(paths).enumerate() {
+pub(super) fn write_labels(devices: &[Option<(File, bool)>], paths: &[&Path], label: &Label) -> Result<(), StartError> {
+    for (i, (d, path)) in devices.iter().zip(paths).enumerate() {
+        let Some((f, _)) = d else { continue };
         let l = Label { id: Label::device_id(&label.id, i as u16 + 1), ..*label };
         cache_label::write(f, &l)
             .map_err(|source| StartError::File { path: path.display().to_string(), error: source })?;

@@ -107,7 +107,10 @@ impl Daemon {
         cfg.resolve().map_err(StartError::Config)?;
         crate::own_files::check_paths(cfg).map_err(StartError::Config)?;
         let mut owner = OwnerLock::acquire(&cfg.cache.path, &meta_dir).map_err(StartError::Refused)?;
-        for (i, d) in cfg.cache.device.iter().enumerate() {
+        // A device whose path names nothing is not created yet: the metadata may have been
+        // written with it (then the start runs without it: `cache_devices.rs`).
+        let absent: Vec<bool> = cfg.cache.device.iter().map(|d| super::cache_devices::is_missing(&d.path)).collect();
+        for (i, d) in cfg.cache.device.iter().enumerate().filter(|(i, _)| !absent[*i]) {
             owner.lock_device(&d.path, &format!("cache.device[{i}].path"), &meta_dir).map_err(StartError::Refused)?;
         }
         let overlay = crate::vdisk_overlay::Overlay::load(&meta_dir).map_err(StartError::Config)?;
@@ -356,6 +359,9 @@ impl Daemon {
         // The devices must be those the metadata was written for, in that order
         // (`cache_devices.rs`): refused with dirty blocks, dropped when clean.
         let all_names: Vec<String> = names.iter().chain(&orphans).cloned().collect();
+        // A device missing is run without only when the metadata was written with it.
+        let same_list = expected_label.is_some()
+            && recorded_devices.as_deref().unwrap_or(&[r.device_slots.iter().sum::<u64>()]) == r.device_slots;
         let mut device_warnings: Vec<String> =
             super::cache_devices::check_layout(&mut engine, recorded_devices, &r.device_slots, &all_names, &discard)?
                 .into_iter()
@@ -363,9 +369,15 @@ impl Daemon {
         // Each device must be the one the metadata describes (its label), or its blocks
         // are not served: refused with dirty ones, dropped when clean.
         let device_paths: Vec<&Path> = cfg.cache.device.iter().map(|d| d.path.as_path()).collect();
+        let missing: Vec<bool> = absent.iter().map(|&a| a && same_list).collect();
+        // A new device (a new cache, or a changed list) is created now.
+        for (i, d) in cfg.cache.device.iter().enumerate().filter(|(i, _)| absent[*i] && !missing[*i]) {
+            owner.lock_device(&d.path, &format!("cache.device[{i}].path"), &meta_dir).map_err(StartError::Refused)?;
+        }
         device_warnings.extend(super::cache_devices::check_labels(
             &mut engine,
             &device_paths,
+            &missing,
             expected_label.as_ref(),
             &all_names,
             &discard,
@@ -455,8 +467,12 @@ impl Daemon {
             };
         let (ssd, direct) = cachevisor_store::backing::open_cache_store(&cfg.cache.path, store_bytes, cfg.cache.direct)
             .map_err(|source| StartError::File { path: cfg.cache.path.display().to_string(), error: source })?;
-        let device_files: Vec<(&Path, u64)> =
-            device_paths.iter().copied().zip(r.device_slots[1..].iter().copied()).collect();
+        let device_files: Vec<(&Path, u64, bool)> = device_paths
+            .iter()
+            .zip(&r.device_slots[1..])
+            .zip(&missing)
+            .map(|((&p, &slots), &gone)| (p, slots, gone))
+            .collect();
         let devices = super::cache_devices::open(&device_files, r.cache.block_size, cfg.cache.direct)?;
         let mut recovery =
             Recovery { journal_records: rec.journal_records, torn_tail: rec.torn_tail, ..Recovery::default() };

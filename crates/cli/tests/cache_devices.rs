@@ -21,16 +21,23 @@ fn write_config(d: &Path, dev_size: Option<&str>) {
 
 /// [`write_config`] with `cache.img` of `size`.
 fn write_split(d: &Path, size: &str, dev_size: Option<&str>) {
-    std::fs::create_dir_all(d.join("ssd2")).unwrap();
+    let devices: Vec<(&str, &str)> = dev_size.map(|z| ("ssd2/dev1.img", z)).into_iter().collect();
+    write_devices(d, size, &devices);
+}
+
+/// [`write_config`] with `cache.img` of `size` and `devices` (path, size) after it.
+fn write_devices(d: &Path, size: &str, devices: &[(&str, &str)]) {
     let mut c = ServeConfig::new(size).no_writeback().api().section("prewarm", "snapshot_every", "0").vdisk(
         "vm1",
         "vm1.img",
         &[("size", s("32MiB")), ("write_policy", s("wb"))],
     );
-    if let Some(size) = dev_size {
-        c = c
-            .cache("mirror_dirty", false)
-            .array_item("cache.device", &[("path", s("ssd2/dev1.img")), ("size", s(size))]);
+    if !devices.is_empty() {
+        c = c.cache("mirror_dirty", false);
+    }
+    for (path, size) in devices {
+        std::fs::create_dir_all(d.join(path).parent().unwrap()).unwrap();
+        c = c.array_item("cache.device", &[("path", s(path)), ("size", s(size))]);
     }
     c.write(d, "c.toml");
 }
@@ -68,8 +75,16 @@ fn reads_back(a: &Daemon) {
 /// A start in `d` is refused for the second device (`why`), naming vm1's dirty blocks,
 /// the way out, and that nothing was changed.
 fn refused_naming_vm1(d: &Path, why: &str) {
+    refused_naming(d, why);
     let e = Daemon::start(d, "c.toml", &[]).err().expect("refused");
-    for part in ["cache.device[0].path", why, "`vm1`", "--discard-dirty vm1", "Nothing was changed"] {
+    assert!(e.output.contains("cache.device[0].path"), "{}", e.output);
+}
+
+/// A start in `d` is refused (`why`), naming vm1's dirty blocks, the way out, and that
+/// nothing was changed.
+fn refused_naming(d: &Path, why: &str) {
+    let e = Daemon::start(d, "c.toml", &[]).err().expect("refused");
+    for part in [why, "`vm1`", "--discard-dirty vm1", "Nothing was changed"] {
         assert!(e.output.contains(part), "{part}: {}", e.output);
     }
 }
@@ -178,7 +193,7 @@ fn a_device_missing_at_start_with_the_only_copy_of_dirty_blocks_is_refused_by_na
 }
 
 #[test]
-fn a_changed_device_list_is_refused_with_dirty_blocks_and_a_second_process_is_kept_off() {
+fn a_changed_device_list_keeps_the_devices_still_there_warm_and_a_second_process_is_kept_off() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let mut a = started_with_patterns(d);
@@ -192,26 +207,52 @@ fn a_changed_device_list_is_refused_with_dirty_blocks_and_a_second_process_is_ke
     let e = Daemon::start(other.path(), "o.toml", &[]).err().expect("refused");
     assert!(e.output.contains("in use"), "{}", e.output);
     a.kill9();
-    // The device resized while down (16 MiB in all either way): refused, naming both lists.
+    let cached = |a: &Daemon| -> Vec<u64> {
+        let st = cache_status(d, a);
+        st["devices"].as_array().unwrap().iter().map(|v| v["cached_blocks"].as_u64().unwrap()).collect()
+    };
+    // The second device resized while down, or dropped from the config, with dirty blocks
+    // only it held: refused, naming them.
     write_config(d, Some("4MiB"));
-    let e = Daemon::start(d, "c.toml", &[]).err().expect("refused");
-    assert!(e.output.contains("the cache was written with"), "a different total is the geometry: {}", e.output);
-    // Dropped from the config with dirty blocks on it: refused.
+    refused_naming(d, "resized");
     write_config(d, None);
-    let e = Daemon::start(d, "c.toml", &[]).err().expect("refused");
-    assert!(e.output.contains("geometry") || e.output.contains("written with"), "{}", e.output);
-    // Back as it was: every byte.
-    write_config(d, Some("8MiB"));
-    let a = Daemon::start(d, "c.toml", &[]).unwrap();
+    refused_naming(d, "not in the config now");
+    // A third device added while down: the two keep every block (dirty ones too), the new
+    // one joins.
+    write_devices(d, "8MiB", &[("ssd2/dev1.img", "8MiB"), ("ssd3/dev2.img", "4MiB")]);
+    let mut a = Daemon::start(d, "c.toml", &[]).unwrap();
+    let before = cached(&a);
+    assert!(before[0] > 0 && before[1] > 0 && before[2] == 0, "{before:?}");
+    assert!(cache_status(d, &a)["dirty_blocks"].as_u64().unwrap() >= 3072);
     reads_back(&a);
+    qemu_io_ok(&a.uri("vm1"), &["write -P 0x34 16M 2M"]); // lands on the new one too
+    assert!(cached(&a)[2] > 0, "the new device is used: {:?}", cached(&a));
+    a.kill9();
+    // The second and third swapped in the list: each found by its label, its blocks with it.
+    write_devices(d, "8MiB", &[("ssd3/dev2.img", "4MiB"), ("ssd2/dev1.img", "8MiB")]);
+    let a = Daemon::start(d, "c.toml", &[]).unwrap();
+    let after = cached(&a);
+    assert_eq!((after[0], after[2]), (before[0], before[1]), "moved with their devices: {before:?} → {after:?}");
+    assert!(a.log().contains("moved in the list"), "{}", a.log());
+    reads_back(&a);
+    qemu_io_ok(&a.uri("vm1"), &["read -P 0x34 16M 2M"]);
+    // Written back, stopped, the 8 MiB device removed from the config: its clean blocks
+    // are dropped and the start says so; the others stay warm.
     let (ok, out) = destage(a.api.as_deref().unwrap(), &d.join("cache.img.meta/api-token"));
     assert!(ok, "{out}");
     drop(a);
-    // Clean: a different split of the same 16 MiB (12 + 4) starts cold and says so.
-    write_split(d, "12MiB", Some("4MiB"));
+    write_devices(d, "8MiB", &[("ssd3/dev2.img", "4MiB")]);
     let a = Daemon::start(d, "c.toml", &[]).unwrap();
     let log = a.log();
-    assert!(log.contains("the cache's devices changed"), "{log}");
+    assert!(log.contains("the cache's devices changed") && log.contains("clean blocks were dropped"), "{log}");
+    assert_eq!(cached(&a), vec![after[0], after[1]], "the devices still there keep their blocks");
+    reads_back(&a);
+    drop(a);
+    // The first device resized: every recorded device counts as gone (clean: dropped).
+    write_devices(d, "12MiB", &[("ssd3/dev2.img", "4MiB")]);
+    let a = Daemon::start(d, "c.toml", &[]).unwrap();
+    assert!(a.log().contains("the cache's devices changed"), "{}", a.log());
+    assert_eq!(cache_status(d, &a)["cached_blocks"].as_u64(), Some(0));
     reads_back(&a);
     assert!(!qemu_io(&a.uri("vm1"), &["read -P 0x99 0 4k"]).0, "a wrong pattern fails (the check can fail)");
 }

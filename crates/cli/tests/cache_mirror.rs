@@ -12,10 +12,8 @@ use common::{qemu_io_ok, s, Daemon, ServeConfig};
 use std::path::Path;
 use std::process::Command;
 
-/// `cache.img` and `ssd2/dev1.img` (8 MiB each), write-back vDisk vm1 of 32 MiB, no
-/// background write-back, dirty data mirrored (the default with two devices).
-fn write_config(d: &Path) {
-    std::fs::create_dir_all(d.join("ssd2")).unwrap();
+/// `cache.img` (8 MiB), write-back vDisk vm1 of 32 MiB, no background write-back.
+fn base() -> ServeConfig {
     ServeConfig::new("8MiB")
         .no_writeback()
         // Below the data path's 4 tries of a request that met EIO: a request on the cut
@@ -24,8 +22,18 @@ fn write_config(d: &Path) {
         .api()
         .section("prewarm", "snapshot_every", "0")
         .vdisk("vm1", "vm1.img", &[("size", s("32MiB")), ("write_policy", s("wb"))])
-        .array_item("cache.device", &[("path", s("ssd2/dev1.img")), ("size", s("8MiB"))])
-        .write(d, "c.toml");
+}
+
+/// [`base`] and `ssd2/dev1.img` (8 MiB), dirty data mirrored (the default with two
+/// devices).
+fn write_config(d: &Path) {
+    std::fs::create_dir_all(d.join("ssd2")).unwrap();
+    base().array_item("cache.device", &[("path", s("ssd2/dev1.img")), ("size", s("8MiB"))]).write(d, "c.toml");
+}
+
+/// [`base`] alone: the second device out of the list (nothing mirrored from now on).
+fn write_one_device(d: &Path) {
+    base().write(d, "c.toml");
 }
 
 /// `cachevisor cache status --json` of `a`.
@@ -36,6 +44,14 @@ fn cache_status(d: &Path, a: &Daemon) -> serde_json::Value {
 /// 6 MiB of patterns: dirty, twice over, fits the two devices' 16 MiB.
 const WRITE: [&str; 2] = ["write -P 0x51 0 3M", "write -P 0x52 3M 3M"];
 const READ: [&str; 2] = ["read -P 0x51 0 3M", "read -P 0x52 3M 3M"];
+
+/// A daemon on [`write_config`] in `d`, the patterns written (dirty, mirrored), SIGKILLed.
+fn killed_with_mirrored_patterns(d: &Path) {
+    write_config(d);
+    let mut a = Daemon::start(d, "c.toml", &[]).unwrap();
+    qemu_io_ok(&a.uri("vm1"), &WRITE);
+    a.kill9();
+}
 
 /// Empties `path` as a replaced SSD would be: zeros where its label and blocks were.
 fn empty(path: &Path) {
@@ -177,10 +193,7 @@ fn a_device_cut_under_verified_writes_loses_none_of_them() {
 fn a_start_with_a_device_missing_serves_from_the_rest_and_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    write_config(d);
-    let mut a = Daemon::start(d, "c.toml", &[]).unwrap();
-    qemu_io_ok(&a.uri("vm1"), &WRITE);
-    a.kill9();
+    killed_with_mirrored_patterns(d);
     // The second device gone while the daemon was down (a drive that did not come up):
     // its dirty blocks' copies are on the first, so the start runs without it.
     let dev = d.join("ssd2/dev1.img");
@@ -218,4 +231,21 @@ fn a_start_with_a_device_missing_serves_from_the_rest_and_says_so() {
     let st = cache_status(d, &a);
     assert!(st["devices"][1]["cached_blocks"].as_u64().unwrap() > 0, "{st}");
     assert!(st["mirror"]["mirrored_blocks"].as_u64().unwrap() > 0, "mirrored again: {st}");
+}
+
+#[test]
+fn a_device_taken_out_of_the_config_while_down_loses_no_mirrored_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    killed_with_mirrored_patterns(d);
+    // The second device out of the list: its dirty blocks' copies are on the first (the
+    // blocks whose own copy was on the first keep it), so the start goes on, warm.
+    write_one_device(d);
+    let a = Daemon::start(d, "c.toml", &[]).unwrap();
+    let log = a.log();
+    assert!(log.contains("the cache's devices changed") && log.contains("served from their copies"), "{log}");
+    assert!(backing_untouched(d));
+    let st = cache_status(d, &a);
+    assert!(st["dirty_blocks"].as_u64().unwrap() >= 1536, "every dirty block kept: {st}");
+    qemu_io_ok(&a.uri("vm1"), &READ);
 }

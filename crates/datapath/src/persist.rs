@@ -71,9 +71,9 @@ pub struct Persistence {
     limit: u64,
     /// The label the cache store carries (`cache_label.rs`), named in every checkpoint.
     label: Option<cachevisor_store::cache_label::Expected>,
-    /// The cache's devices' slots, named in every checkpoint when there are several
-    /// (`Record::CacheDevices`).
-    devices: Vec<u64>,
+    /// The cache's devices (serial and slots), named in every checkpoint when there are
+    /// several (`Record::CacheDevices`).
+    devices: Vec<cachevisor_store::journal::DeviceRow>,
 }
 
 /// Expands a sector bitmap into one flag per sector.
@@ -83,6 +83,25 @@ pub fn bits_to_bools(words: &[u64], n: u32) -> Vec<bool> {
 
 fn io_err(path: &Path, e: std::io::Error) -> String {
     format!("{}: {e}", path.display())
+}
+
+/// The slots the metadata in `dir` was laid out for (its checkpoint's header, else its
+/// journal's); `None` when it has neither (a new cache).
+pub fn recorded_slots(dir: &Path) -> Result<Option<u64>, String> {
+    for (name, magic) in [("checkpoint", CHECKPOINT_MAGIC), ("journal", JOURNAL_MAGIC)] {
+        let path = dir.join(name);
+        if !path.exists() {
+            continue;
+        }
+        let mut f = cachevisor_files::bounded_read::open_regular(&path).map_err(|e| io_err(&path, e))?;
+        let mut h = [0u8; HEADER_LEN];
+        if f.read_exact(&mut h).is_err() {
+            continue; // a journal cut before its header: nothing in it
+        }
+        let header = Header::decode(&h, magic).map_err(|e| format!("{}: {e}", path.display()))?;
+        return Ok(Some(header.slots));
+    }
+    Ok(None)
 }
 
 /// Replays the metadata in `dir` for a cache of this geometry, record by record, into
@@ -255,10 +274,19 @@ impl Persistence {
         self.label = Some(label);
     }
 
-    /// Names the cache's devices (slots on each, in store order) in every checkpoint from
-    /// the next one on; one device is named by the header alone.
-    pub fn set_devices(&mut self, slots: &[u64]) {
-        self.devices = if slots.len() > 1 { slots.to_vec() } else { Vec::new() };
+    /// Names the cache's devices (serial and slots of each, in store order) in every
+    /// checkpoint from the next one on; one device is named by the header alone.
+    pub fn set_devices(&mut self, rows: &[cachevisor_store::journal::DeviceRow]) {
+        self.devices = if rows.len() > 1 { rows.to_vec() } else { Vec::new() };
+    }
+
+    /// Lays the metadata out for `slots` from the next checkpoint on (the start that
+    /// replayed another layout, `Record::CacheDevices`, writes one next: the journal's
+    /// records until then name no slot).
+    pub fn set_slots(&mut self, slots: u64) {
+        self.slots = slots;
+        self.header.slots = slots;
+        self.limit = JOURNAL_LIMIT.max(slots * 64);
     }
 
     /// The generation the next checkpoint gets.
@@ -523,7 +551,7 @@ fn vdisk_records(
     names: &[String],
     targets: &[u64],
     bindings: &[Option<cachevisor_store::backing_identity::Identity>],
-    (label, devices): (Option<cachevisor_store::cache_label::Expected>, &[u64]),
+    (label, devices): (Option<cachevisor_store::cache_label::Expected>, &[cachevisor_store::journal::DeviceRow]),
     b: &mut Vec<u8>,
 ) {
     if let Some(l) = label {

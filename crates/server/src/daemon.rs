@@ -17,6 +17,7 @@ mod cache_devices;
 mod cache_resize;
 mod cache_swap;
 mod cluster_node;
+mod device_relayout;
 pub(crate) mod metrics;
 mod policy;
 mod prewarming;

@@ -86,13 +86,14 @@ impl Label {
         Ok(Label { id: b[12..28].try_into().expect("16"), generation: u64_at(28), block_size: u64_at(36) })
     }
 
-    /// The identity device `index` of a cache over several devices carries: the cache's
-    /// own for device 0 (`[cache] path`), for each other device the cache's with its index
-    /// folded into the last two bytes — so a device moved to another place in the list,
-    /// or another cache's device, never passes as this one.
-    pub fn device_id(id: &[u8; 16], index: u16) -> [u8; 16] {
+    /// The identity the device of `serial` of a cache over several devices carries: the
+    /// cache's own for serial 0 (`[cache] path`), for each other device the cache's with
+    /// its serial (given once when it joins: `journal::DeviceRow`) folded into the last
+    /// two bytes — so a start finds each device wherever it is in the list, and another
+    /// cache's device never passes as this one's.
+    pub fn device_id(id: &[u8; 16], serial: u16) -> [u8; 16] {
         let mut d = *id;
-        let [a, b] = index.to_le_bytes();
+        let [a, b] = serial.to_le_bytes();
         d[14] ^= a;
         d[15] ^= b;
         d

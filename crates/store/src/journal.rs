@@ -136,11 +136,14 @@ pub enum Record {
     /// The label the cache store must carry (`cache_label.rs`): first in every
     /// checkpoint written since labels exist.
     CacheLabel(crate::cache_label::Expected),
-    /// The cache's devices, slots on each in store order (`[cache] path` first, then each
-    /// `[[cache.device]]`): in every checkpoint of a cache over several devices (none:
-    /// one device of the header's slots). Slot ids run over them in this order, so a
-    /// start whose devices differ cannot read the metadata's slots as they were.
-    CacheDevices(Vec<u64>),
+    /// The cache's devices in store order (`[cache] path` first, then each
+    /// `[[cache.device]]`): each one's serial and slots, in every checkpoint of a cache over
+    /// several devices (none: one device of the header's slots). Slot ids run over them
+    /// in this order; a start whose devices differ finds each by the serial its label
+    /// carries and moves its slots to where it is now (`cachevisor-server`'s
+    /// `device_relayout.rs`). Written as type 10; type 8 (slots only, serial = index) is
+    /// read as written before serials.
+    CacheDevices(Vec<DeviceRow>),
     /// `vm`'s partition target in blocks.
     Target {
         /// VM id.
@@ -148,6 +151,24 @@ pub enum Record {
         /// Blocks.
         blocks: u64,
     },
+}
+
+/// A cache device as the metadata records it ([`Record::CacheDevices`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceRow {
+    /// The number folded into the identity its label carries
+    /// (`cache_label::Label::device_id`): given once, when the device joins the cache, and
+    /// kept wherever it moves in the list (0: the first device).
+    pub serial: u16,
+    /// Its slots.
+    pub slots: u64,
+}
+
+impl DeviceRow {
+    /// Rows of `slots` each, serials their indices (a cache whose devices never moved).
+    pub fn in_order(slots: &[u64]) -> Vec<DeviceRow> {
+        slots.iter().enumerate().map(|(i, &slots)| DeviceRow { serial: i as u16, slots }).collect()
+    }
 }
 
 impl Record {
@@ -201,10 +222,11 @@ impl Record {
                 out.extend_from_slice(&e.generation.to_le_bytes());
                 out.extend_from_slice(&e.previous.to_le_bytes());
             }
-            Record::CacheDevices(slots) => {
-                out.push(8);
-                for n in slots {
-                    out.extend_from_slice(&n.to_le_bytes());
+            Record::CacheDevices(rows) => {
+                out.push(10);
+                for r in rows {
+                    out.extend_from_slice(&r.serial.to_le_bytes());
+                    out.extend_from_slice(&r.slots.to_le_bytes());
                 }
             }
             Record::Target { vm, blocks } => {
@@ -260,9 +282,14 @@ impl Record {
                 generation: u64_at(16)?,
                 previous: u64_at(24)?,
             }),
-            8 if !p.is_empty() && p.len().is_multiple_of(8) => {
-                Record::CacheDevices((0..p.len() / 8).map(|i| u64_at(8 * i)).collect::<Option<_>>()?)
-            }
+            8 if !p.is_empty() && p.len().is_multiple_of(8) => Record::CacheDevices(DeviceRow::in_order(
+                &(0..p.len() / 8).map(|i| u64_at(8 * i)).collect::<Option<Vec<_>>>()?,
+            )),
+            10 if !p.is_empty() && p.len().is_multiple_of(10) => Record::CacheDevices(
+                (0..p.len() / 10)
+                    .map(|i| Some(DeviceRow { serial: u16_at(10 * i)?, slots: u64_at(10 * i + 2)? }))
+                    .collect::<Option<_>>()?,
+            ),
             5 => Record::Binding { vm: u16_at(0)?, identity: crate::backing_identity::Identity::decode(p.get(2..)?)? },
             _ => return None,
         })
@@ -404,7 +431,9 @@ mod tests {
             (any::<u32>(), any::<u16>(), any::<u64>(), prop::collection::vec(any::<u64>(), 1..4))
                 .prop_map(|(slot, vm, block, sectors)| Record::Mirror { slot, vm, block, sectors }),
             (any::<u16>(), any::<u64>()).prop_map(|(vm, blocks)| Record::Target { vm, blocks }),
-            prop::collection::vec(any::<u64>(), 1..9).prop_map(Record::CacheDevices),
+            prop::collection::vec((any::<u16>(), any::<u64>()), 1..9).prop_map(|v| Record::CacheDevices(
+                v.into_iter().map(|(serial, slots)| DeviceRow { serial, slots }).collect()
+            )),
             (any::<[u8; 16]>(), any::<u64>(), any::<u64>()).prop_map(|(id, generation, previous)| {
                 Record::CacheLabel(crate::cache_label::Expected { id, generation, previous })
             }),
@@ -466,6 +495,24 @@ mod tests {
                 prop_assert!(got.len() <= damaged || got[..damaged] == recs[..damaged]);
             }
         }
+    }
+
+    #[test]
+    fn a_device_list_written_before_serials_reads_with_serials_in_order() {
+        let mut buf = Vec::new();
+        frame(&mut buf, |out| {
+            out.push(8);
+            for n in [2048u64, 1024] {
+                out.extend_from_slice(&n.to_le_bytes());
+            }
+        });
+        let (recs, clean) = read_records(&mut &buf[..]).unwrap();
+        assert!(clean);
+        assert_eq!(recs, vec![Record::CacheDevices(DeviceRow::in_order(&[2048, 1024]))]);
+        let rows = vec![DeviceRow { serial: 0, slots: 9 }, DeviceRow { serial: 7, slots: 3 }];
+        let mut b = Vec::new();
+        Record::CacheDevices(rows.clone()).encode(&mut b);
+        assert_eq!(read_records(&mut &b[..]).unwrap().0, vec![Record::CacheDevices(rows)]);
     }
 
     #[test]

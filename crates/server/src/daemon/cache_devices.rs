@@ -3,14 +3,13 @@
 //! what the metadata says was on it, opened, and labelled.
 //!
 //! What can go wrong while the daemon is down, and what a start does then:
-//! - **the device list changed** (one added, removed, resized or reordered): slot ids run
-//!   over the devices in order (`Record::CacheDevices` in every checkpoint), so the
-//!   metadata's slots no longer name the bytes they did. With dirty blocks recorded the
-//!   start is refused, naming the vDisks and both lists; with clean blocks only, they are
-//!   dropped and the start says so;
+//! - **the device list changed** (one added, removed, resized or moved): each recorded
+//!   device is found by its label wherever it is now and its slots move with it
+//!   (`device_relayout.rs`); dirty blocks only a device no longer there held refuse the
+//!   start, naming the vDisks; its clean blocks are dropped and the start says so;
 //! - **a device is not the one the metadata describes** (emptied, replaced, another
-//!   cache's, moved to another place in the list): each device carries the cache's label
-//!   with its index folded into the identity (`cache_label::Label::device_id`); a device
+//!   cache's): each device carries the cache's label with its serial folded into the
+//!   identity (`cache_label::Label::device_id`); a device taken by its place
 //!   whose label does not match gets the verdict the first device gets
 //!   (`cache_label::verdict`) on the blocks recorded *on it*: refused with dirty ones,
 //!   its clean blocks dropped and the others served;
@@ -25,7 +24,6 @@
 use super::StartError;
 use cachevisor_engine::{Engine, StoreId};
 use cachevisor_store::cache_label::{self, Expected, Label, Verdict};
-use cachevisor_trace::VmId;
 use std::fs::File;
 use std::path::Path;
 
@@ -66,61 +64,44 @@ pub(super) fn empty_store(engine: &mut Engine, st: StoreId) {
     }
 }
 
-/// Drops every block on device `st` (clean, or dirty ones the operator discarded);
-/// returns how many.
-pub(super) fn forget_store(engine: &mut Engine, st: StoreId) -> u64 {
-    let (first, n) = engine.layout().range(st);
-    (first..first + n).filter(|&s| engine.release_slot(s as u32)).count() as u64
-}
-
-/// Drops every block on every device; returns how many.
-fn forget_all(engine: &mut Engine) -> u64 {
-    (0..engine.layout().len() as StoreId).map(|st| forget_store(engine, st)).sum()
-}
-
-/// Checks the device list the metadata recorded (`None`: one device of `meta_slots`)
-/// against the configured one: changed with dirty blocks recorded (and not each
-/// vDisk's discarded) refuses; changed with clean ones drops them (a warning returned).
-pub(super) fn check_layout(
-    engine: &mut Engine,
-    recorded: Option<Vec<u64>>,
-    configured: &[u64],
+/// The devices the metadata recorded and the config no longer has (`device_relayout.rs`,
+/// after the replay and the mirrors' settling): dirty blocks only they held (not each
+/// vDisk's discarded) refuse the start, naming the vDisks; otherwise a warning says what
+/// went with them.
+pub(super) fn check_gone(
+    engine: &Engine,
+    relayout: &super::device_relayout::Relayout,
     names: &[String],
     discard: &dyn Fn(&str) -> bool,
 ) -> Result<Option<String>, StartError> {
-    let total: u64 = configured.iter().sum();
-    let recorded = recorded.unwrap_or_else(|| vec![total]);
-    if recorded == configured {
+    let gone = relayout.gone_devices();
+    if gone.is_empty() {
         return Ok(None);
     }
-    let list = |d: &[u64]| d.iter().map(|n| format!("{n}")).collect::<Vec<_>>().join(", ");
+    let losses = relayout.losses(engine, names.len());
     let change = format!(
-        "the cache's devices changed: the metadata was written for {} device(s) of [{}] blocks, the config gives {} of [{}]",
-        recorded.len(),
-        list(&recorded),
-        configured.len(),
-        list(configured)
+        "the cache's devices changed: the metadata was written for devices of [{}] blocks, and its device(s) {} are not in the config now (not found by their labels, or resized)",
+        relayout.recorded_text(),
+        gone.iter().map(|j| format!("#{j}")).collect::<Vec<_>>().join(", ")
     );
-    let held: Vec<(String, u64, u64)> = names
-        .iter()
-        .enumerate()
-        .map(|(vm, n)| {
-            let p = engine.partition(vm as VmId);
-            (n.clone(), p.used, p.dirty_blocks)
-        })
-        .collect();
+    let held: Vec<(String, u64, u64)> =
+        names.iter().zip(&losses).map(|(n, l)| (n.clone(), l.0 + l.1 + l.2, l.2)).collect();
     if let Some((list, flags)) = cache_label::dirty_at_stake(&held, discard, engine.config().block_size) {
         return Err(StartError::Refused(format!(
-            "cache.device: {change}, and its slots name blocks by their place over those devices. Dirty blocks only the cache holds: {list}. Restore the device list they were written with and start again (then flush, `cachevisor destage`, before changing it), or start with `{flags}` to drop them deliberately (what they held is lost). Nothing was changed."
+            "cache.device: {change}. Dirty blocks only those devices held: {list}. Put the devices back in the config (any place in the list: each is found by its label) and start again (then flush, `cachevisor destage`, before removing one), or start with `{flags}` to drop them deliberately (what they held is lost). Nothing was changed."
         )));
     }
-    let dropped = forget_all(engine);
-    Ok((dropped > 0).then(|| format!("cold start: {change}: its {dropped} cached blocks were dropped")))
+    let sum = |f: fn(&(u64, u64, u64)) -> u64| losses.iter().map(f).sum::<u64>();
+    let (clean, mirrored, discarded) = (sum(|l| l.0), sum(|l| l.1), sum(|l| l.2));
+    Ok(Some(format!(
+        "{change}: their {clean} clean blocks were dropped, {mirrored} mirrored dirty blocks are served from their copies{}; the devices still configured keep their blocks",
+        if discarded > 0 { format!(", {discarded} dirty blocks dropped by --discard-dirty") } else { String::new() }
+    )))
 }
 
-/// The label device `index` must carry, given the cache's (`expected`, device 0's).
-fn expected_on(expected: Option<&Expected>, index: u16) -> Option<Expected> {
-    expected.map(|e| Expected { id: Label::device_id(&e.id, index), ..*e })
+/// The label the device of `serial` must carry, given the cache's (`expected`, device 0's).
+fn expected_on(expected: Option<&Expected>, serial: u16) -> Option<Expected> {
+    expected.map(|e| Expected { id: Label::device_id(&e.id, serial), ..*e })
 }
 
 /// Whether `path` names nothing (not a file, not a device node, not a dangling link).
@@ -159,14 +140,16 @@ fn run_without(
     ))
 }
 
-/// Checks the label of each device after the first against the metadata's: a device whose
-/// label does not match has its blocks dropped (clean, or discarded) or refuses the start
-/// (dirty); one `missing` (see [`is_missing`]; only when the metadata was written for
-/// this device list) is run without. Returns a warning per device dropped.
+/// Checks the label of each device after the first that the metadata recorded
+/// (`recorded`; each of `serials`) against the metadata's: a device whose label does not
+/// match has its blocks dropped (clean, or discarded) or refuses the start (dirty); one
+/// `missing` (see [`is_missing`]) is run without. A new device (not recorded) is taken
+/// as it is (emptied: its label is written after the checkpoint). Returns a warning per
+/// device dropped.
 pub(super) fn check_labels(
     engine: &mut Engine,
     devices: &[&Path],
-    missing: &[bool],
+    (serials, recorded, missing): (&[u16], &[bool], &[bool]),
     expected: Option<&Expected>,
     names: &[String],
     discard: &dyn Fn(&str) -> bool,
@@ -180,9 +163,13 @@ pub(super) fn check_labels(
             warnings.push(run_without(engine, st, path, names, discard)?);
             continue;
         }
+        if !recorded[i] {
+            tracing::info!(device = %key(st), path = %path.display(), "a new device joins the cache");
+            continue;
+        }
         let found = cache_label::read(path);
         let held = held_on(engine, st, names);
-        let want = expected_on(expected, st);
+        let want = expected_on(expected, serials[st as usize]);
         let verdict =
             cache_label::verdict(&found, want.as_ref(), block_size, &held, discard, (&key(st), path, meta_dir))
                 .map_err(StartError::Refused)?;
@@ -217,10 +204,15 @@ pub(super) fn open(
 
 /// Writes each device's label (device 0's is `label`, written by the caller): after the
 /// checkpoint naming the generation, as for the first device.
-pub(super) fn write_labels(devices: &[Option<(File, bool)>], paths: &[&Path], label: &Label) -> Result<(), StartError> {
+pub(super) fn write_labels(
+    devices: &[Option<(File, bool)>],
+    paths: &[&Path],
+    serials: &[u16],
+    label: &Label,
+) -> Result<(), StartError> {
     for (i, (d, path)) in devices.iter().zip(paths).enumerate() {
         let Some((f, _)) = d else { continue };
-        let l = Label { id: Label::device_id(&label.id, i as u16 + 1), ..*label };
+        let l = Label { id: Label::device_id(&label.id, serials[i + 1]), ..*label };
         cache_label::write(f, &l)
             .map_err(|source| StartError::File { path: path.display().to_string(), error: source })?;
     }

@@ -200,49 +200,100 @@ impl Daemon {
         let mut bound: std::collections::HashMap<VmId, Identity> = Default::default();
         let mut expected_label = None;
         let mut seals = cachevisor_datapath::block_sums::Replayed::default();
-        let mut recorded_devices = None;
-        let (mut persist, rec) = Persistence::open(&meta_dir, r.cache.block_size, meta_slots, &mut |rep| {
-            match rep {
-                Record::Vdisk { vm, name } => {
-                    let id = names.iter().position(|n| *n == name).unwrap_or_else(|| {
-                        orphans.push(name);
-                        names.len() + orphans.len() - 1
-                    });
-                    ids.insert(vm, id as VmId);
+        // The metadata's slots onto the devices as configured now (`device_relayout.rs`):
+        // each recorded device found by its label wherever it is in the list.
+        let recorded_slots = cachevisor_datapath::persist::recorded_slots(&meta_dir).map_err(StartError::Config)?;
+        let found_labels: Vec<_> =
+            cfg.cache.device.iter().map(|d| cachevisor_store::cache_label::read(&d.path)).collect();
+        let mut relayout: Option<super::device_relayout::Relayout> = None;
+        let layout_for = |recorded: Option<&[cachevisor_store::journal::DeviceRow]>,
+                          expected: Option<&cachevisor_store::cache_label::Expected>| {
+            super::device_relayout::Relayout::for_replay(
+                recorded,
+                recorded_slots.unwrap_or(meta_slots),
+                &r.device_slots,
+                &found_labels,
+                expected,
+                (r.cache.block_size, &meta_dir),
+            )
+        };
+        let (mut persist, rec) =
+            Persistence::open(&meta_dir, r.cache.block_size, recorded_slots.unwrap_or(meta_slots), &mut |rep| {
+                // A record naming a slot: the layout is the recorded one (a single device when
+                // no `CacheDevices` came first).
+                if matches!(rep, Record::Free { .. } | Record::Slot { .. } | Record::Mirror { .. })
+                    && relayout.is_none()
+                {
+                    relayout = Some(layout_for(None, expected_label.as_ref())?);
                 }
-                Record::Binding { vm, identity } => {
-                    let id = *ids.get(&vm).ok_or(format!("backing binding of VM id {vm}, which has no vDisk name"))?;
-                    bound.insert(id, identity);
-                }
-                Record::Free { slot } => {
-                    engine.release_slot(slot);
-                    seals.free(slot);
-                }
-                Record::Slot { slot, vm, block, valid, dirty, sums } => {
-                    let id = *ids.get(&vm).ok_or(format!("slot {slot}: VM id {vm} has no vDisk name"))?;
-                    engine.release_slot(slot);
-                    if let Some(other) = engine.lookup(id, block) {
-                        engine.release_slot(other); // the block moved; the later record wins
-                        seals.free(other);
+                let moved = |slot: u32, relayout: &Option<super::device_relayout::Relayout>| {
+                    relayout.as_ref().expect("laid out above").slot(slot)
+                };
+                match rep {
+                    Record::Vdisk { vm, name } => {
+                        let id = names.iter().position(|n| *n == name).unwrap_or_else(|| {
+                            orphans.push(name);
+                            names.len() + orphans.len() - 1
+                        });
+                        ids.insert(vm, id as VmId);
                     }
-                    let spb = (r.cache.block_size / 512) as u32;
-                    engine.restore_slot(slot, id, block, &bits_to_bools(&valid, spb), &bits_to_bools(&dirty, spb))?;
-                    seals.slot(slot, id, block, &dirty, sums);
+                    Record::Binding { vm, identity } => {
+                        let id =
+                            *ids.get(&vm).ok_or(format!("backing binding of VM id {vm}, which has no vDisk name"))?;
+                        bound.insert(id, identity);
+                    }
+                    Record::Free { slot } => match moved(slot, &relayout) {
+                        Some(slot) => {
+                            engine.release_slot(slot);
+                            seals.free(slot);
+                        }
+                        None => relayout.as_mut().expect("laid out").gone_free(slot),
+                    },
+                    Record::Slot { slot, vm, block, valid, dirty, sums } => {
+                        let id = *ids.get(&vm).ok_or(format!("slot {slot}: VM id {vm} has no vDisk name"))?;
+                        let Some(slot) = moved(slot, &relayout) else {
+                            let dirty = dirty.iter().any(|&w| w != 0);
+                            if let Some(other) =
+                                relayout.as_mut().expect("laid out").gone_block(&mut engine, slot, id, block, dirty)
+                            {
+                                seals.free(other);
+                            }
+                            return Ok(());
+                        };
+                        if let Some(r) = relayout.as_mut() {
+                            r.forget_block(id, block);
+                        }
+                        engine.release_slot(slot);
+                        if let Some(other) = engine.lookup(id, block) {
+                            engine.release_slot(other); // the block moved; the later record wins
+                            seals.free(other);
+                        }
+                        let spb = (r.cache.block_size / 512) as u32;
+                        engine.restore_slot(
+                            slot,
+                            id,
+                            block,
+                            &bits_to_bools(&valid, spb),
+                            &bits_to_bools(&dirty, spb),
+                        )?;
+                        seals.slot(slot, id, block, &dirty, sums);
+                    }
+                    Record::Mirror { slot, vm, block, sectors } => {
+                        let id = *ids.get(&vm).ok_or(format!("slot {slot}: VM id {vm} has no vDisk name"))?;
+                        // A mirror on a gone device: its block keeps one copy.
+                        let Some(slot) = moved(slot, &relayout) else { return Ok(()) };
+                        engine.release_slot(slot);
+                        seals.free(slot);
+                        let spb = (r.cache.block_size / 512) as u32;
+                        engine.restore_mirror(slot, id, block, &bits_to_bools(&sectors, spb))?;
+                    }
+                    Record::CacheLabel(e) => expected_label = Some(e),
+                    Record::CacheDevices(d) => relayout = Some(layout_for(Some(&d), expected_label.as_ref())?),
+                    Record::Target { .. } => {}
                 }
-                Record::Mirror { slot, vm, block, sectors } => {
-                    let id = *ids.get(&vm).ok_or(format!("slot {slot}: VM id {vm} has no vDisk name"))?;
-                    engine.release_slot(slot);
-                    seals.free(slot);
-                    let spb = (r.cache.block_size / 512) as u32;
-                    engine.restore_mirror(slot, id, block, &bits_to_bools(&sectors, spb))?;
-                }
-                Record::CacheLabel(e) => expected_label = Some(e),
-                Record::CacheDevices(d) => recorded_devices = Some(d),
-                Record::Target { .. } => {}
-            }
-            Ok(())
-        })
-        .map_err(StartError::Config)?;
+                Ok(())
+            })
+            .map_err(StartError::Config)?;
         // Mirror records paired with their blocks; a mirror whose block's record a cut
         // commit lost becomes the block (`dirty_mirror.rs`).
         let promoted = engine.settle_restored_mirrors();
@@ -359,17 +410,26 @@ impl Daemon {
         // The devices must be those the metadata was written for, in that order
         // (`cache_devices.rs`): refused with dirty blocks, dropped when clean.
         let all_names: Vec<String> = names.iter().chain(&orphans).cloned().collect();
-        // A device missing is run without only when the metadata was written with it.
-        let same_list = expected_label.is_some()
-            && recorded_devices.as_deref().unwrap_or(&[r.device_slots.iter().sum::<u64>()]) == r.device_slots;
+        // Devices the metadata recorded and the config no longer has (`device_relayout.rs`).
+        let relayout = match relayout {
+            Some(l) => l,
+            None => layout_for(None, expected_label.as_ref()).map_err(StartError::Config)?,
+        };
         let mut device_warnings: Vec<String> =
-            super::cache_devices::check_layout(&mut engine, recorded_devices, &r.device_slots, &all_names, &discard)?
-                .into_iter()
-                .collect();
+            super::cache_devices::check_gone(&engine, &relayout, &all_names, &discard)?.into_iter().collect();
+        if !relayout.identity() {
+            tracing::info!(
+                "the cache's devices moved in the list: each was found by its label, and its blocks moved with it"
+            );
+        }
+        // A device missing is run without only when the metadata was written with it.
+        let recorded_here: Vec<bool> = (1..r.device_slots.len())
+            .map(|i| recorded_slots.is_some() && expected_label.is_some() && relayout.recorded_here(i, &r.device_slots))
+            .collect();
         // Each device must be the one the metadata describes (its label), or its blocks
         // are not served: refused with dirty ones, dropped when clean.
         let device_paths: Vec<&Path> = cfg.cache.device.iter().map(|d| d.path.as_path()).collect();
-        let missing: Vec<bool> = absent.iter().map(|&a| a && same_list).collect();
+        let missing: Vec<bool> = absent.iter().zip(&recorded_here).map(|(&a, &here)| a && here).collect();
         // A new device (a new cache, or a changed list) is created now.
         for (i, d) in cfg.cache.device.iter().enumerate().filter(|(i, _)| absent[*i] && !missing[*i]) {
             owner.lock_device(&d.path, &format!("cache.device[{i}].path"), &meta_dir).map_err(StartError::Refused)?;
@@ -377,7 +437,7 @@ impl Daemon {
         device_warnings.extend(super::cache_devices::check_labels(
             &mut engine,
             &device_paths,
-            &missing,
+            (&relayout.serials, &recorded_here, &missing),
             expected_label.as_ref(),
             &all_names,
             &discard,
@@ -502,7 +562,8 @@ impl Daemon {
                 (cachevisor_store::cache_label::Label::new(generation, r.cache.block_size), generation)
             }
         };
-        persist.set_devices(&r.device_slots);
+        persist.set_slots(meta_slots);
+        persist.set_devices(&relayout.rows_now(&r.device_slots));
         persist.set_label(cachevisor_store::cache_label::Expected { id: label.id, generation, previous });
         // Blocks sealed before the stop keep their checksums (reads of them are checked).
         let sums = cachevisor_datapath::block_sums::BlockSums::new(r.cache.block_size);
@@ -512,7 +573,7 @@ impl Daemon {
             .map_err(|source| StartError::File { path: meta_dir.display().to_string(), error: source })?;
         cachevisor_store::cache_label::write(&ssd, &label)
             .map_err(|source| StartError::File { path: cfg.cache.path.display().to_string(), error: source })?;
-        super::cache_devices::write_labels(&devices, &device_paths, &label)?;
+        super::cache_devices::write_labels(&devices, &device_paths, &relayout.serials, &label)?;
         if !device_warnings.is_empty() {
             cold_start = Some(cold_start.into_iter().chain(device_warnings).collect::<Vec<_>>().join("; "));
         }

@@ -206,12 +206,14 @@ impl Daemon {
         let found_labels: Vec<_> =
             cfg.cache.device.iter().map(|d| cachevisor_store::cache_label::read(&d.path)).collect();
         let mut relayout: Option<super::device_relayout::Relayout> = None;
+        // One device is laid out for `max_size` (a resize withholds slots, `cache_resize.rs`).
+        let layout_slots: Vec<u64> = if r.device_slots.len() > 1 { r.device_slots.clone() } else { vec![meta_slots] };
         let layout_for = |recorded: Option<&[cachevisor_store::journal::DeviceRow]>,
                           expected: Option<&cachevisor_store::cache_label::Expected>| {
             super::device_relayout::Relayout::for_replay(
                 recorded,
                 recorded_slots.unwrap_or(meta_slots),
-                &r.device_slots,
+                &layout_slots,
                 &found_labels,
                 expected,
                 (r.cache.block_size, &meta_dir),

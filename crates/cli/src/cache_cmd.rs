@@ -1,5 +1,6 @@
-//! `cachevisor cache detach | attach | status`: replacing the cache SSD under a running
-//! daemon (`POST /cache/detach`, `/cache/attach`, `GET /cache`). A detach writes every
+//! `cachevisor cache detach | attach | status | remove`: replacing the cache SSD under a
+//! running daemon (`POST /cache/detach`, `/cache/attach`, `GET /cache`), and taking one
+//! of several cache devices out (`POST /cache/devices/remove`). A detach writes every
 //! dirty block back and lets go of the cache file, the vDisks passing through to their
 //! backing stores meanwhile (VMs keep running); it is followed with a progress bar of the
 //! blocks still cached. An attach brings a new, empty cache file in at `cache.path` and
@@ -24,6 +25,21 @@ pub enum CacheCmd {
     /// Show whether the cache is attached, its size (a reload of `cache.size` resizes it
     /// online, up to `cache.max_size`), and its cached and dirty blocks.
     Status(SwapArgs),
+    /// Take one of the cache's devices (`[[cache.device]]`) out under running clients:
+    /// its clean blocks move to the other devices, its dirty ones are written back, then
+    /// its descriptor is closed and it can be pulled. Later starts leave it out.
+    Remove(RemoveArgs),
+}
+
+/// Arguments of `cache remove`.
+#[derive(Debug, Args)]
+#[command(after_help = crate::exit_status::HELP)]
+pub struct RemoveArgs {
+    #[command(flatten)]
+    pub common: SwapArgs,
+    /// The device's path, as `[[cache.device]] path` names it (or any path to the same
+    /// file).
+    pub device: PathBuf,
 }
 
 /// Arguments every `cache` subcommand takes.
@@ -60,7 +76,66 @@ pub fn run(c: CacheCmd) -> anyhow::Result<()> {
         }
         CacheCmd::Detach(a) => detach(a),
         CacheCmd::Attach(a) => attach(a),
+        CacheCmd::Remove(a) => remove(a),
     }
+}
+
+/// The report's entry for the device at `path` (the daemon's spelling, or the same file).
+fn device_of<'a>(
+    r: &'a CacheReport,
+    path: &std::path::Path,
+) -> Option<&'a cachevisor_server::daemon::CacheDeviceReport> {
+    let want = std::fs::canonicalize(path).ok();
+    r.devices.iter().find(|d| {
+        let p = std::path::Path::new(&d.path);
+        p == path || (want.is_some() && std::fs::canonicalize(p).ok() == want)
+    })
+}
+
+fn remove(a: RemoveArgs) -> anyhow::Result<()> {
+    let c = a.common.call;
+    let token = crate::api_token::resolve(&c.token, &c.token_file, "removing a cache device")?;
+    let api = c.api.client()?;
+    let url = api.url("/cache/devices/remove");
+    // The daemon resolves relative paths against its own directory: send it whole.
+    let path = std::path::absolute(&a.device).unwrap_or(a.device.clone());
+    let first: CacheReport = api
+        .post("/cache/devices/remove")
+        .set("Authorization", &format!("Bearer {token}"))
+        .send_json(serde_json::json!({ "path": path }))
+        .map_err(|e| api_error(&url, e))?
+        .into_json()?;
+    let state_url = api.url("/cache");
+    let start = device_of(&first, &path).map_or(1, |d| d.cached_blocks.max(1));
+    let mut bar = Progress::new("emptying the device (blocks)");
+    let mut r = first;
+    let removal = loop {
+        let d = device_of(&r, &path);
+        match d.and_then(|d| d.removal) {
+            Some(x) if x.state == cachevisor_datapath::RemovalState::Removed => break x,
+            Some(_) => bar.update(start.saturating_sub(d.map_or(0, |d| d.cached_blocks)), Some(start)),
+            None => {
+                bar.finish();
+                let why = r.error.clone().unwrap_or_else(|| "the removal stopped (see the daemon's log)".into());
+                return Err(exit(FAILED, why));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        r = api.get("/cache").call().map_err(|e| api_error(&state_url, e))?.into_json()?;
+    };
+    bar.finish();
+    if c.json {
+        return print(&r, true);
+    }
+    println!(
+        "cache device {} removed: {} blocks moved to the other devices, {} written back, {} dropped; its descriptor is closed and it can be pulled",
+        path.display(),
+        removal.moved,
+        removal.written_back,
+        removal.blocks.saturating_sub(removal.moved)
+    );
+    println!("later starts leave it out; take it out of the configuration file too");
+    Ok(())
 }
 
 fn print(r: &CacheReport, json: bool) -> anyhow::Result<()> {
@@ -73,8 +148,13 @@ fn print(r: &CacheReport, json: bool) -> anyhow::Result<()> {
     println!("  size {} (up to {} while running: cache.max_size)", size(r.size_bytes), size(r.max_size_bytes));
     println!("  {} blocks cached, {} dirty", r.cached_blocks, r.dirty_blocks);
     for d in &r.devices {
-        let failed = if d.failed { " — FAILED, dropped (its dirty blocks fail their reads)" } else { "" };
-        println!("  device {}: {}, {} blocks cached{failed}", d.path, size(d.size_bytes), d.cached_blocks);
+        let state = match d.removal.map(|x| x.state) {
+            Some(cachevisor_datapath::RemovalState::Removed) => " — removed (closed; left out at the next start)",
+            Some(cachevisor_datapath::RemovalState::Removing) => " — being removed",
+            None if d.failed => " — FAILED, dropped (its dirty blocks fail their reads)",
+            None => "",
+        };
+        println!("  device {}: {}, {} blocks cached{state}", d.path, size(d.size_bytes), d.cached_blocks);
     }
     println!(
         "  metadata {}{}",

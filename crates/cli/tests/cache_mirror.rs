@@ -8,9 +8,8 @@
 
 use cachevisor_testkit as common;
 
-use common::{qemu_io_ok, s, Daemon, ServeConfig};
+use common::{fio_verified, qemu_io_ok, s, Daemon, ServeConfig};
 use std::path::Path;
-use std::process::Command;
 
 /// `cache.img` (8 MiB), write-back vDisk vm1 of 32 MiB, no background write-back.
 fn base() -> ServeConfig {
@@ -59,36 +58,6 @@ fn empty(path: &Path) {
     let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
     f.set_len(0).unwrap();
     f.set_len(len).unwrap();
-}
-
-/// fio's crc32c-verified 4 KiB random writes at queue depth 8 on `uri`, over `extra`'s
-/// range, started (not waited for).
-fn fio_verified(uri: &str, extra: &[&str]) -> Fio {
-    let child = Command::new("fio")
-        .args(["--name=v", "--ioengine=nbd", &format!("--uri={uri}"), "--rw=randwrite", "--bs=4k"])
-        .args(["--iodepth=8", "--verify=crc32c", "--verify_fatal=1", "--do_verify=1", "--output-format=terse"])
-        .args(extra)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("fio (apt-get install fio)");
-    Fio(child)
-}
-
-/// A running fio.
-struct Fio(std::process::Child);
-
-impl Fio {
-    /// Waits for fio and asserts that every write it verified read back.
-    fn wait_ok(self) {
-        let out = self.0.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "fio: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
 }
 
 /// Whether the backing file holds only zeros in its first 6 MiB (nothing written back).

@@ -40,6 +40,7 @@ mod cache_swap;
 mod checksums;
 mod committer;
 mod control;
+mod device_removal;
 mod devices;
 mod engine_loop;
 mod executors;
@@ -56,6 +57,7 @@ pub use allocation::MAX_EXTENTS;
 pub use cache_hints::{HintCounts, MAX_QUEUED_BLOCKS};
 pub use cache_swap::{CacheState, DetachReport};
 pub use control::DataPathCounts;
+pub use device_removal::{DeviceRemoval, RemovalState};
 pub use executors::RingCounts;
 pub use stats::ExportStats;
 
@@ -173,6 +175,8 @@ struct Core {
     /// Each vDisk's write policy and pass-through before a detach, given back by the
     /// attach.
     saved_modes: Vec<(cachevisor_engine::WritePolicy, bool)>,
+    /// Cache devices being removed or removed (`device_removal.rs`), by store.
+    device_removals: std::collections::BTreeMap<cachevisor_engine::StoreId, DeviceRemoval>,
 }
 
 struct Shared {
@@ -183,6 +187,9 @@ struct Shared {
     commit_cv: Condvar,
     /// The cache file (`None` while detached: `cache_swap.rs`).
     ssd: store_devices::CacheSlot,
+    /// The cache's other devices, store 1.. (`None` when missing at start or removed:
+    /// `device_removal.rs`).
+    device_files: Vec<store_devices::CacheSlot>,
     /// The metadata the committer writes (`committer.rs`; closed while the cache is
     /// detached with its metadata directory).
     persist: Mutex<Persistence>,

@@ -70,6 +70,7 @@ impl DataPath {
             quiet: false,
             cache: CacheState::Attached,
             saved_modes: Vec::new(),
+            device_removals: Default::default(),
         };
         let shared = Arc::new(Shared {
             core: Mutex::new(core),
@@ -80,6 +81,7 @@ impl DataPath {
                 faults.as_ref(),
             ),
             ssd,
+            device_files: devices.iter().map(|d| d.0.clone()).collect(),
             persist: Mutex::new(persist),
             ring_stop: Default::default(),
             local_slots: (layout.range(cachevisor_engine::LOCAL).1 as u32).into(),

@@ -284,6 +284,50 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_device_withheld_whole_moves_its_clean_blocks_writes_back_its_dirty_ones_and_takes_no_more() {
+        // Two devices of 8: blocks 0..6 read, 6..8 written (4 on each, placed in turn).
+        let cfg =
+            EngineConfig { partition: PartitionMode::Shared, ..EngineConfig::with_slots(1) }.over_devices(&[8, 8]);
+        let mut e = Engine::new(cfg).unwrap();
+        for b in 0..8 {
+            run(&mut e, req(if b < 6 { Op::Read } else { Op::Write }, b), None).unwrap();
+        }
+        let (first, n) = e.layout().range(1);
+        let on1 = |e: &Engine| (0..8).filter(|&b| e.lookup(0, b).is_some_and(|s| e.layout().store_of(s) == 1)).count();
+        assert_eq!((on1(&e), e.store_used(0), e.partition(0).dirty_blocks), (4, 4, 2));
+        let mut out = crate::Output::default();
+        let moved = e.withhold_moving(first as u32, n as u32, &mut out).unwrap();
+        assert!(moved > 0, "blocks moved into device 0's free slots");
+        // (Outside persistent mode a dirty block moves too; in it, it is written back.)
+        let mut written_back = 0;
+        loop {
+            for op in out.ops.drain(..) {
+                written_back += u32::from(op.kind == OpKind::BackingWrite);
+                e.handle_completion(0, op.handle(), Ok(()));
+            }
+            while e.poll_event().is_some() {}
+            if e.withhold_step(&mut out) == 0 && out.ops.is_empty() {
+                break;
+            }
+        }
+        assert!(e.withheld_ready(first as u32, n as u32));
+        assert_eq!((on1(&e), e.store_used(1)), (0, 0));
+        assert_eq!(e.partition(0).dirty_blocks + u64::from(written_back), 2, "nothing dirty dropped unwritten");
+        assert_eq!(
+            (0..8).filter(|&b| e.lookup(0, b).is_some()).count() as u32 + written_back,
+            8,
+            "kept or written back"
+        );
+        // New blocks land on device 0 only.
+        for b in 100..120 {
+            run(&mut e, req(Op::Read, b), None).unwrap();
+            assert!(e.lookup(0, b).is_none_or(|s| e.layout().store_of(s) == 0));
+        }
+        assert_eq!(e.store_used(1), 0);
+        e.check_invariants().unwrap();
+    }
+
+    #[test]
     fn a_dirty_block_on_a_dropped_device_is_kept_unreadable_and_never_written_back() {
         let mut e = two_devices(true);
         let dirty1: Vec<u64> =

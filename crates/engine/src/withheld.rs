@@ -109,7 +109,8 @@ impl Engine {
             if key == FREE_KEY || self.flight.pinned(s) || self.block_taken(key) || !self.movable(s) {
                 continue;
             }
-            let Some(d) = self.take_free_of(LOCAL) else { break };
+            // Into a free slot outside the run: on the run's device past it, or another.
+            let Some(d) = self.local_store_for_new_block().and_then(|st| self.take_free_of(st)) else { break };
             self.move_block_to(key_vm(key), s, d, out);
             moved += 1;
         }
@@ -121,13 +122,17 @@ impl Engine {
     }
 
     /// Marks slots `first..first + n` withheld; errors (nothing changed) when the run is
-    /// not inside the local store. Returns the part the tables hold (the slots past them
-    /// are withheld and empty already: `growable.rs`).
+    /// not inside one of the host's cache devices (the local store, or a
+    /// `StoreKind::Device`: a device removed online is withheld whole). Returns the part
+    /// the tables hold (the slots past them are withheld and empty already:
+    /// `growable.rs`).
     fn mark_withheld(&mut self, first: u32, n: u32) -> Result<(u32, u32), String> {
-        let (lo, len) = self.stores.layout().range(LOCAL);
+        let layout = self.stores.layout();
+        let st = if u64::from(first) < layout.total() { layout.store_of(first) } else { LOCAL };
+        let (lo, len) = layout.range(st);
         let end = u64::from(first) + u64::from(n);
-        if u64::from(first) < lo || end > lo + len {
-            return Err(format!("slots {first}..{end} are not all in the local store's {lo}..{}", lo + len));
+        if !layout.kind(st).is_local() || u64::from(first) < lo || end > lo + len {
+            return Err(format!("slots {first}..{end} are not all in one cache device's {lo}..{}", lo + len));
         }
         let held = self.held_part(first, n);
         for s in first..first + held {
@@ -318,7 +323,7 @@ mod tests {
         e.check_invariants().unwrap();
         assert_eq!(
             e.withhold_moving(20, 1, &mut out).unwrap_err(),
-            "slots 20..21 are not all in the local store's 0..16"
+            "slots 20..21 are not all in one cache device's 0..16"
         );
     }
 }

@@ -5,7 +5,7 @@
 //! `GET /destage`), prewarm from a snapshot directory (`POST /prewarm`, progress at
 //! `GET /prewarm`), switch the allocator, set a vSSD's target (`api/vssd_routes.rs`), detach
 //! the cache SSD and attach a new one (`POST /cache/detach`, `/cache/attach`; state at
-//! `GET /cache`) — that need
+//! `GET /cache`), take one of several cache devices out (`api/device_routes.rs`) — that need
 //! `Authorization: Bearer
 //! TOKEN`. Without a configured token a random one is written, readable by the owner
 //! only, to `api-token` in the metadata directory. Inside: the token check (`auth.rs`),
@@ -14,6 +14,7 @@
 
 pub(crate) mod auth;
 pub(crate) mod conns;
+mod device_routes;
 pub(crate) mod tls;
 mod vssd_routes;
 
@@ -283,22 +284,36 @@ async fn cache_state(State(a): State<Api>) -> Response {
 /// refused (vSSDs, a cluster node, not attached).
 async fn detach_cache(State(a): State<Api>) -> Response {
     let d = a.daemon.clone();
+    cache_op_in_background(&a, "cache-detach", move || {
+        let mut logged = std::time::Instant::now();
+        d.detach_cache(&mut |cached, dirty| {
+            if logged.elapsed() > Duration::from_secs(5) {
+                tracing::info!(cached, dirty, "detaching the cache: emptying it");
+                logged = std::time::Instant::now();
+            }
+        })
+        .map(drop)
+    })
+    .await
+}
+
+/// Runs `op` (a cache operation that may take long: a detach, a device removal) on a
+/// thread named `name`: 200 with the cache's state when it is done within 300 ms, its
+/// error, or 202 with the state while it still runs (the caller follows `GET /cache`).
+pub(crate) async fn cache_op_in_background(
+    a: &Api,
+    name: &str,
+    op: impl FnOnce() -> Result<(), crate::daemon::OpError> + Send + 'static,
+) -> Response {
     let (tx, rx) = tokio::sync::oneshot::channel();
     std::thread::Builder::new()
-        .name("cache-detach".into())
+        .name(name.into())
         .spawn(move || {
-            let mut logged = std::time::Instant::now();
-            let r = d.detach_cache(&mut |cached, dirty| {
-                if logged.elapsed() > Duration::from_secs(5) {
-                    tracing::info!(cached, dirty, "detaching the cache: emptying it");
-                    logged = std::time::Instant::now();
-                }
-            });
-            let _ = tx.send(r);
+            let _ = tx.send(op());
         })
-        .expect("spawning the detach thread");
+        .expect("spawning a cache operation's thread");
     match tokio::time::timeout(Duration::from_millis(300), rx).await {
-        Ok(Ok(Ok(_))) => Json(a.daemon.cache_report()).into_response(),
+        Ok(Ok(Ok(()))) => Json(a.daemon.cache_report()).into_response(),
         Ok(Ok(Err(e))) => op_err(e),
         Ok(Err(e)) => err(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
         Err(_) => (StatusCode::ACCEPTED, Json(a.daemon.cache_report())).into_response(),
@@ -459,6 +474,7 @@ pub(crate) fn start(
         .route("/cluster", get(cluster_status))
         .route("/cluster/replicas/{owner}", axum::routing::delete(forget_replica))
         .merge(vssd_routes::routes())
+        .merge(device_routes::routes())
         .layer(axum::middleware::from_fn_with_state(Arc::new(guard), require_token))
         .with_state(Api { daemon });
     std::thread::spawn(move || {

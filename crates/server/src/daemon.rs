@@ -18,6 +18,7 @@ mod cache_resize;
 mod cache_swap;
 mod cluster_node;
 mod device_relayout;
+mod device_remove;
 pub(crate) mod metrics;
 mod policy;
 mod prewarming;
@@ -27,7 +28,7 @@ pub(crate) mod status;
 mod vdisks;
 pub use crate::daemon::status::VdiskStatus;
 pub use crate::export::Export;
-pub use cache_swap::CacheReport;
+pub use cache_swap::{CacheDeviceReport, CacheReport};
 pub use cachevisor_datapath::ExportStats;
 pub use start::StartOptions;
 pub use vdisks::ChangeError;
@@ -167,6 +168,9 @@ pub struct Daemon {
     /// The configuration as last read (before the overlay), what a reload compares with;
     /// held while a reload runs (one at a time).
     file_config: Mutex<Config>,
+    /// The cache's devices by store (`cache.path`, then each `[[cache.device]]` in use
+    /// at start: one removed online stays listed, `device_remove.rs`).
+    cache_devices: Vec<std::path::PathBuf>,
     /// The daemon's own files, which no vDisk added later may be backed by.
     own: crate::own_files::OwnFiles,
     /// What a detached cache's metadata directory held (`cache_swap.rs`); held while a

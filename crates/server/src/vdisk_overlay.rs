@@ -33,6 +33,10 @@ pub(crate) struct Overlay {
     /// vDisks added through the API.
     #[serde(default)]
     pub vdisk: Vec<VdiskConfig>,
+    /// Cache devices (`[[cache.device]]` paths) removed online (`cachevisor cache
+    /// remove`): left out at start until the configuration file no longer lists them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub removed_devices: Vec<PathBuf>,
 }
 
 /// An allocator and its parameters.
@@ -132,6 +136,36 @@ impl Overlay {
             cfg.cache.params = a.params.clone();
         }
         notes
+    }
+
+    /// Leaves the devices removed online out of `cfg`'s `[[cache.device]]` (applied at
+    /// start before the devices are opened); returns a note per device left out.
+    pub(crate) fn apply_devices(&self, cfg: &mut Config) -> Vec<String> {
+        let mut notes = Vec::new();
+        cfg.cache.device.retain(|d| {
+            let gone = self.removed_devices.contains(&d.path);
+            if gone {
+                notes.push(format!(
+                    "cache device {} was removed with `cachevisor cache remove`: left out (take it out of the configuration file)",
+                    d.path.display()
+                ));
+            }
+            !gone
+        });
+        notes
+    }
+
+    /// Notes that cache device `path` was removed online.
+    pub(crate) fn remove_device(&mut self, path: &Path) {
+        if !self.removed_devices.iter().any(|p| p == path) {
+            self.removed_devices.push(path.to_path_buf());
+        }
+    }
+
+    /// Forgets removals of devices `listed` no longer names (the configuration file
+    /// caught up).
+    pub(crate) fn forget_devices_not_in(&mut self, listed: &[PathBuf]) {
+        self.removed_devices.retain(|p| listed.contains(p));
     }
 
     /// Notes `name`'s write policy.

@@ -186,6 +186,13 @@ impl OwnerLock {
             .map_err(|e| format!("{}: {e}", owner_file(meta_dir).display()))
     }
 
+    /// Lets go of the cache's device at `path` (its lock's descriptor closed: a device
+    /// removed online, `cachevisor cache remove`).
+    pub fn release_device(&mut self, path: &Path) {
+        self.devices.retain(|(_, p)| p != path);
+        HELD.lock().unwrap_or_else(|e| e.into_inner()).retain(|h| h != path);
+    }
+
     /// Lets go of the cache store (its descriptor closed: the device can be removed).
     pub fn release_cache(&mut self) {
         if let Some((_, p)) = self.cache.take() {

@@ -11,9 +11,11 @@ pub mod bins;
 pub mod certs;
 pub mod cluster;
 pub mod config;
+pub mod fio;
 pub mod guest_vm;
 pub mod netns;
 pub mod process;
 
 pub use config::{s, strings, ServeConfig};
+pub use fio::fio_verified;
 pub use process::*;

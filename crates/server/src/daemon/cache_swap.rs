@@ -91,7 +91,7 @@ pub struct MirrorReport {
 /// One device of a cache over several.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct CacheDeviceReport {
-    /// Its path.
+    /// Its path (absolute).
     pub path: String,
     /// Bytes of it the cache uses.
     pub size_bytes: u64,
@@ -101,6 +101,9 @@ pub struct CacheDeviceReport {
     /// their reads).
     #[serde(default)]
     pub failed: bool,
+    /// Being removed or removed online (`cachevisor cache remove`), with its figures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub removal: Option<cachevisor_datapath::DeviceRemoval>,
 }
 
 /// The last swap's outcome, for [`CacheReport`].
@@ -175,19 +178,27 @@ impl Daemon {
         if !self.several_cache_devices() {
             return Vec::new();
         }
-        let cfg = self.file_config.lock().unwrap_or_else(|e| e.into_inner()).cache.clone();
-        let paths = std::iter::once(cfg.path).chain(cfg.device.into_iter().map(|d| d.path));
+        let removals: std::collections::BTreeMap<u16, cachevisor_datapath::DeviceRemoval> =
+            self.dp.device_removals().into_iter().collect();
         self.dp.with_engine(|e| {
-            paths
+            self.cache_devices
+                .iter()
                 .enumerate()
                 .map(|(st, p)| CacheDeviceReport {
-                    path: p.display().to_string(),
+                    path: std::path::absolute(p).unwrap_or_else(|_| p.clone()).display().to_string(),
                     size_bytes: e.layout().range(st as u16).1 * self.block_size,
                     cached_blocks: e.store_used(st as u16),
                     failed: e.device_failed(st as u16),
+                    removal: removals.get(&(st as u16)).copied(),
                 })
                 .collect()
         })
+    }
+
+    /// Keeps `e` for [`Self::cache_report`]'s `error` (an operation the API runs in the
+    /// background failed).
+    pub(crate) fn note_cache_error(&self, e: String) {
+        self.swap.lock().unwrap_or_else(|e| e.into_inner()).error = Some(e);
     }
 
     /// Refused while the cache is out (or going), naming what to do.

@@ -95,6 +95,18 @@ impl Daemon {
     /// by the configured allocator, warm with the blocks the metadata holds.
     pub fn start_with(cfg: &Config, opts: &StartOptions) -> Result<Daemon, StartError> {
         let meta_dir = crate::own_files::metadata_dir(cfg);
+        // What a reload compares with: the file as it is.
+        let file_config = cfg.clone();
+        // Cache devices removed online stay out (`device_removal.rs`): the overlay says so
+        // until the file no longer lists them.
+        let mut cfg_devices = cfg.clone();
+        if meta_dir.is_dir() {
+            let overlay = crate::vdisk_overlay::Overlay::load(&meta_dir).map_err(StartError::Config)?;
+            for note in overlay.apply_devices(&mut cfg_devices) {
+                tracing::warn!("{note}");
+            }
+        }
+        let cfg = &cfg_devices;
         // Credentials first: a bad certificate refuses the start before anything is opened.
         let tls = match cfg.listen.tls_credentials().map_err(StartError::Config)? {
             Some(c) => {
@@ -113,8 +125,11 @@ impl Daemon {
         for (i, d) in cfg.cache.device.iter().enumerate().filter(|(i, _)| !absent[*i]) {
             owner.lock_device(&d.path, &format!("cache.device[{i}].path"), &meta_dir).map_err(StartError::Refused)?;
         }
-        let overlay = crate::vdisk_overlay::Overlay::load(&meta_dir).map_err(StartError::Config)?;
-        let file_config = cfg.clone();
+        let mut overlay = crate::vdisk_overlay::Overlay::load(&meta_dir).map_err(StartError::Config)?;
+        let listed: Vec<std::path::PathBuf> = file_config.cache.device.iter().map(|d| d.path.clone()).collect();
+        if overlay.removed_devices.iter().any(|p| !listed.contains(p)) {
+            overlay.change(&meta_dir, |o| o.forget_devices_not_in(&listed)).map_err(StartError::Config)?;
+        }
         let mut merged = cfg.clone();
         for note in overlay.apply(&mut merged) {
             tracing::info!("{note}");
@@ -719,6 +734,9 @@ impl Daemon {
             migrations: std::sync::OnceLock::new(),
             source: opts.source.clone(),
             file_config: Mutex::new(file_config),
+            cache_devices: std::iter::once(cfg.cache.path.clone())
+                .chain(cfg.cache.device.iter().map(|d| d.path.clone()))
+                .collect(),
             own,
             carried: Default::default(),
             swap: Default::default(),

@@ -1,0 +1,107 @@
+//! Taking one of the cache's devices out under running clients (`cachevisor cache remove`,
+//! `POST /cache/devices/remove`): with fio's crc32c-verified writes running and dirty
+//! blocks mirrored over both devices, the removal moves or writes back everything the
+//! device held, closes its descriptor, and every acknowledged byte reads back — then and
+//! after a SIGKILL, when the start leaves the device out although the configuration file
+//! still lists it. Refusals name what is wrong: the first device, one not in the cache,
+//! one removed already.
+
+use cachevisor_testkit as common;
+
+use common::{cachevisor, fio_verified, qemu_io_ok, s, Daemon, ServeConfig};
+use std::path::Path;
+
+/// `cache.img` and `ssd2/dev1.img` (8 MiB each), write-back vDisk vm1 of 32 MiB, no
+/// background write-back, dirty data mirrored (the default with two devices).
+fn write_config(d: &Path, second: bool) {
+    std::fs::create_dir_all(d.join("ssd2")).unwrap();
+    let mut c = ServeConfig::new("8MiB").no_writeback().api().section("prewarm", "snapshot_every", "0").vdisk(
+        "vm1",
+        "vm1.img",
+        &[("size", s("32MiB")), ("write_policy", s("wb"))],
+    );
+    if second {
+        c = c.array_item("cache.device", &[("path", s("ssd2/dev1.img")), ("size", s("8MiB"))]);
+    }
+    c.write(d, "c.toml");
+}
+
+fn cache_status(d: &Path, a: &Daemon) -> serde_json::Value {
+    common::cache_status_json(a.api.as_deref().unwrap(), &d.join("cache.img.meta"))
+}
+
+/// `cachevisor cache remove DEVICE` against `a`: (success, output).
+fn remove(d: &Path, a: &Daemon, device: &Path) -> (bool, String) {
+    let token = d.join("cache.img.meta/api-token");
+    cachevisor(&[
+        "cache",
+        "remove",
+        device.to_str().unwrap(),
+        "--api",
+        a.api.as_deref().unwrap(),
+        "--token-file",
+        token.to_str().unwrap(),
+    ])
+}
+
+/// Whether process `pid` holds a descriptor of `path`.
+fn holds(pid: u32, path: &Path) -> bool {
+    let want = std::fs::canonicalize(path).unwrap();
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .any(|p| p == want)
+}
+
+const WRITE: [&str; 2] = ["write -P 0x61 0 3M", "write -P 0x62 3M 3M"];
+const READ: [&str; 2] = ["read -P 0x61 0 3M", "read -P 0x62 3M 3M"];
+
+#[test]
+fn a_device_removed_under_verified_writes_loses_nothing_and_stays_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write_config(d, true);
+    let mut a = Daemon::start(d, "c.toml", &[]).unwrap();
+    qemu_io_ok(&a.uri("vm1"), &WRITE);
+    let dev = d.join("ssd2/dev1.img");
+    let st = cache_status(d, &a);
+    assert!(st["devices"][1]["cached_blocks"].as_u64().unwrap() > 0, "{st}");
+    assert!(holds(a.pid, &dev));
+    // Refused: the first device, one not in the cache.
+    let (ok, out) = remove(d, &a, &d.join("cache.img"));
+    assert!(!ok && out.contains("carries the cache's identity"), "{out}");
+    let (ok, out) = remove(d, &a, &d.join("nope.img"));
+    assert!(!ok && out.contains("is not one of the cache's devices") && out.contains("dev1.img"), "{out}");
+    // Removed while fio writes and verifies past the patterns.
+    let fio = fio_verified(&a.uri("vm1"), &["--offset=8M", "--size=4M", "--loops=3", "--rate_iops=1500"]);
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    let (ok, out) = remove(d, &a, &dev);
+    assert!(ok && out.contains("removed"), "{out}");
+    fio.wait_ok();
+    qemu_io_ok(&a.uri("vm1"), &READ);
+    let st = cache_status(d, &a);
+    let gone = &st["devices"][1];
+    assert_eq!((gone["removal"]["state"].as_str(), gone["cached_blocks"].as_u64()), (Some("removed"), Some(0)), "{st}");
+    assert!(!holds(a.pid, &dev), "its descriptors are closed");
+    assert!(st["devices"][0]["cached_blocks"].as_u64().unwrap() > 0, "{st}");
+    let (ok, out) = remove(d, &a, &dev);
+    assert!(!ok && out.contains("removed already"), "{out}");
+    // A SIGKILL: the start leaves it out (the file still lists it), every byte there.
+    a.kill9();
+    let mut a = Daemon::start(d, "c.toml", &[]).unwrap();
+    assert!(a.log().contains("was removed with `cachevisor cache remove`"), "{}", a.log());
+    assert!(!holds(a.pid, &dev));
+    qemu_io_ok(&a.uri("vm1"), &READ);
+    fio_verified(&a.uri("vm1"), &["--offset=8M", "--size=4M", "--verify_only"]).wait_ok();
+    a.kill9();
+    // The file catches up (no second device): the overlay forgets the removal, and a
+    // later list with the device again takes it back, empty.
+    write_config(d, false);
+    drop(Daemon::start(d, "c.toml", &[]).unwrap());
+    write_config(d, true);
+    let a = Daemon::start(d, "c.toml", &[]).unwrap();
+    assert!(holds(a.pid, &dev), "taken back");
+    qemu_io_ok(&a.uri("vm1"), &READ);
+    qemu_io_ok(&a.uri("vm1"), &["write -P 0x63 16M 6M", "read -P 0x63 16M 6M"]);
+    assert!(cache_status(d, &a)["devices"][1]["cached_blocks"].as_u64().unwrap() > 0);
+}

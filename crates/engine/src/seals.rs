@@ -157,6 +157,13 @@ impl Engine {
         self.seals.poisoned.iter().filter(|&(&s, &k)| self.slots.key(s) == k).count()
     }
 
+    /// Whether slot `s` holds a block whose bytes cannot be read (they failed their
+    /// checksum, or it is dirty on a dropped device with no copy): never a victim, never
+    /// written back, never emptied from a withheld run.
+    pub fn slot_unreadable(&self, s: u32) -> bool {
+        self.poisoned(s)
+    }
+
     /// Whether slot `s` holds bytes that failed their checksum (never a victim, never
     /// written back).
     #[inline]

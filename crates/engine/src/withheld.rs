@@ -241,7 +241,11 @@ impl Engine {
             }
             return;
         }
-        if self.flight.pinned(s) {
+        // A poisoned block (bytes that failed their checksum, or dirty on a dropped
+        // device: its only copy unreadable) is never written back nor dropped: the run
+        // is not emptied while it holds one (a removal of a device that failed under it
+        // gives up, `withheld_ready` never says yes).
+        if self.flight.pinned(s) || self.poisoned(s) {
             return;
         }
         let vm = key_vm(key);

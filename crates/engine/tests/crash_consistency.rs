@@ -119,7 +119,8 @@ enum Step {
         block: u64,
         len: u32,
     },
-    /// Local slots `2 * run`, `2 * run + 1` withheld (lent out, as to a vSSD region): once
+    /// Local slots `2 * run`, `2 * run + 1` withheld (lent out, as to a vSSD region; runs 4
+    /// and 5 are the second cache device, when there is one: removed online): once
     /// the engine says they are empty, their new user writes its own bytes there, synced;
     /// with `moving`, the run's clean blocks move to free slots outside it first (a cache
     /// shrinking online, `withhold_moving`).
@@ -214,7 +215,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => prop::sample::select(vec![None, Some(16u64 << 10), Some(1 << 20)]).prop_map(|rate| Step::SharedBudget { rate }),
         1 => (0..VMS, prop::sample::select(vec![PrefetchPolicy::None, PrefetchPolicy::Obl, PrefetchPolicy::Amp { max: 4 }, PrefetchPolicy::Auto]))
             .prop_map(|(vm, policy)| Step::Prefetch { vm, policy }),
-        1 => (0u32..4, any::<bool>()).prop_map(|(run, moving)| Step::Lend { run, moving }),
+        1 => (0u32..6, any::<bool>()).prop_map(|(run, moving)| Step::Lend { run, moving }),
         1 => any::<usize>().prop_map(|run| Step::Return { run }),
         1 => Just(Step::LoseLender),
         1 => (0..VMS, 0..MIGRATION_SHARES.len(), prop::sample::select(vec![MigrationScheme::Off, MigrationScheme::Gradual, MigrationScheme::Instant]))
@@ -752,7 +753,14 @@ fn run_checking(
                 d.e.hold_requests(false, now);
             }
             Step::Tick => d.e.handle_timeout(now),
-            Step::Lend { run, moving } => lending::lend(&mut d.e, &mut d.lending, run * RUN, moving).map_err(ctx)?,
+            // Runs 4 and 5: the second cache device (when there is one), withheld whole
+            // as a device removed online is (`cache remove`).
+            Step::Lend { run, moving } if (run + 1) as u64 * RUN as u64 <= d.e.layout().total() => {
+                if run < 4 || d.e.layout().kind(1).is_local() {
+                    lending::lend(&mut d.e, &mut d.lending, run * RUN, moving).map_err(ctx)?
+                }
+            }
+            Step::Lend { .. } => {}
             Step::Return { run } => {
                 for s in lending::give_back(&mut d.e, &mut d.lending, run) {
                     d.m.lent.remove(&s);

@@ -39,7 +39,8 @@ enum Step {
     /// A request, discard or prewarm at a block drawn across the u64 range.
     Wild { vm: u32, what: u8, block: u64, sector: u64, count: u64 },
     /// Local-store slots `2 * run`, `2 * run + 1` withheld (lent out of the cache, as to a
-    /// vSSD region); once the engine says they are empty, the model overwrites them with
+    /// vSSD region; with several devices, runs 4 and 5 are the second and third device
+    /// whole, removed online); once the engine says they are empty, the model overwrites them with
     /// someone else's bytes and fails any engine op on them; with `moving`, the run's
     /// clean blocks move to free slots outside it first (a shrink).
     Lend { run: u32, moving: bool },
@@ -135,7 +136,7 @@ fn step() -> impl Strategy<Value = Step> {
         }),
         2 => (0u32..3, 0u8..4, wild_block(), 0u64..8, 1u64..12)
             .prop_map(|(vm, what, block, sector, count)| Step::Wild { vm, what, block, sector, count }),
-        1 => (0u32..4, any::<bool>()).prop_map(|(run, moving)| Step::Lend { run, moving }),
+        1 => (0u32..6, any::<bool>()).prop_map(|(run, moving)| Step::Lend { run, moving }),
         1 => any::<usize>().prop_map(|run| Step::Return { run }),
         1 => Just(Step::DeviceDown),
     ]
@@ -223,8 +224,9 @@ struct Setup {
     protect: bool,
     remote: bool,
     /// Without `remote`: two more cache devices of the host beside the 8 local slots
-    /// (2 slots each, one allocation, `device_placement.rs`; lent runs stay on the
-    /// first device, as vSSD regions do).
+    /// (2 slots each, one allocation, `device_placement.rs`; a lent run is on the first
+    /// device, as vSSD regions are, or one of the others whole, as a device removed
+    /// online is).
     devices: bool,
     /// An error threshold of 2 (`set_error_threshold`): VMs pass through after device
     /// errors (with several devices, the device is dropped instead).
@@ -317,7 +319,10 @@ fn run(steps: &[Step], setup: Setup) -> Result<(), String> {
                 }
             }
             Step::Lend { run, moving } => {
-                if (run + 1) * RUN <= slots as u32 {
+                // With several devices, runs 4 and 5 are devices 1 and 2 whole: a device
+                // removed online (`cache remove`), its bytes then someone else's.
+                let devices_too = if devices && !remote { 4 } else { 0 };
+                if (run + 1) * RUN <= slots as u32 + devices_too {
                     lending::lend(&mut d.e, &mut d.lending, run * RUN, moving).map_err(ctx)?;
                 }
             }
@@ -414,7 +419,10 @@ fn run(steps: &[Step], setup: Setup) -> Result<(), String> {
         d.pump()?;
         d.lend_ready()?;
     }
-    if let Some((first, _)) = d.lending.iter().find(|(_, &lent)| !lent) {
+    // A run holding an unreadable block (dirty on the dropped device, its only copy) is
+    // never emptied: a removal of a device that failed gives up.
+    let stuck = |first: u32| (first..first + RUN).any(|s| d.e.slot_unreadable(s));
+    if let Some((first, _)) = d.lending.iter().find(|(&first, &lent)| !lent && !stuck(first)) {
         return Err(format!("withheld run at slot {first} never emptied with nothing in flight"));
     }
     d.e.check_invariants()?;

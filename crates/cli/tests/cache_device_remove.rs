@@ -4,7 +4,8 @@
 //! device held, closes its descriptor, and every acknowledged byte reads back — then and
 //! after a SIGKILL, when the start leaves the device out although the configuration file
 //! still lists it. Refusals name what is wrong: the first device, one not in the cache,
-//! one removed already.
+//! one removed already. A reload of a file that no longer lists a device removes it the
+//! same way; one that adds a device is refused by name.
 
 use cachevisor_testkit as common;
 
@@ -53,6 +54,14 @@ fn holds(pid: u32, path: &Path) -> bool {
         .any(|p| p == want)
 }
 
+/// A daemon on both devices in `d`, the patterns written (dirty, mirrored).
+fn started_with_patterns(d: &Path) -> Daemon {
+    write_config(d, true);
+    let a = Daemon::start(d, "c.toml", &[]).unwrap();
+    qemu_io_ok(&a.uri("vm1"), &WRITE);
+    a
+}
+
 const WRITE: [&str; 2] = ["write -P 0x61 0 3M", "write -P 0x62 3M 3M"];
 const READ: [&str; 2] = ["read -P 0x61 0 3M", "read -P 0x62 3M 3M"];
 
@@ -60,9 +69,7 @@ const READ: [&str; 2] = ["read -P 0x61 0 3M", "read -P 0x62 3M 3M"];
 fn a_device_removed_under_verified_writes_loses_nothing_and_stays_out() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    write_config(d, true);
-    let mut a = Daemon::start(d, "c.toml", &[]).unwrap();
-    qemu_io_ok(&a.uri("vm1"), &WRITE);
+    let mut a = started_with_patterns(d);
     let dev = d.join("ssd2/dev1.img");
     let st = cache_status(d, &a);
     assert!(st["devices"][1]["cached_blocks"].as_u64().unwrap() > 0, "{st}");
@@ -104,4 +111,40 @@ fn a_device_removed_under_verified_writes_loses_nothing_and_stays_out() {
     qemu_io_ok(&a.uri("vm1"), &READ);
     qemu_io_ok(&a.uri("vm1"), &["write -P 0x63 16M 6M", "read -P 0x63 16M 6M"]);
     assert!(cache_status(d, &a)["devices"][1]["cached_blocks"].as_u64().unwrap() > 0);
+}
+
+/// `cachevisor reload` against `a`: (success, output).
+fn reload(d: &Path, a: &Daemon) -> (bool, String) {
+    let token = d.join("cache.img.meta/api-token");
+    cachevisor(&["reload", "--api", a.api.as_deref().unwrap(), "--token-file", token.to_str().unwrap()])
+}
+
+#[test]
+fn a_reload_of_a_file_without_a_device_removes_it_and_one_adding_a_device_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut a = started_with_patterns(d);
+    let dev = d.join("ssd2/dev1.img");
+    // The second device out of the file: removed online, under a verifying client.
+    write_config(d, false);
+    let fio = fio_verified(&a.uri("vm1"), &["--offset=8M", "--size=4M", "--loops=2", "--rate_iops=1500"]);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let (ok, out) = reload(d, &a);
+    assert!(ok && out.contains("cache.device") && out.contains("removed"), "{out}");
+    fio.wait_ok();
+    qemu_io_ok(&a.uri("vm1"), &READ);
+    assert!(!holds(a.pid, &dev));
+    assert_eq!(cache_status(d, &a)["devices"][1]["removal"]["state"].as_str(), Some("removed"));
+    // Back in the file: refused by name (a restart takes it back), nothing changed.
+    write_config(d, true);
+    let (ok, out) = reload(d, &a);
+    assert!(!ok && out.contains("cache.device") && out.contains("added") && out.contains("restart"), "{out}");
+    // The file without it again, and a restart: out, every byte there.
+    write_config(d, false);
+    let (ok, out) = reload(d, &a);
+    assert!(ok, "{out}");
+    a.kill9();
+    let a = Daemon::start(d, "c.toml", &[]).unwrap();
+    qemu_io_ok(&a.uri("vm1"), &READ);
+    assert!(!holds(a.pid, &dev));
 }

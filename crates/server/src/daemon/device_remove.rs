@@ -69,6 +69,40 @@ impl Daemon {
         Ok(done)
     }
 
+    /// A reloaded file no longer lists the cache device at `path`: removed online, unless
+    /// it is out already (removed before, or left out at start); what was done, for the
+    /// reload's report. The overlay's note of an earlier removal is forgotten (the file
+    /// says it now).
+    pub(crate) fn remove_file_device(&self, path: &Path) -> Result<Option<String>, String> {
+        let forget = |d: &Daemon| {
+            let mut overlay = d.overlay.lock().unwrap_or_else(|e| e.into_inner());
+            let path = path.to_path_buf();
+            overlay.change(&d.meta_dir, move |o| o.removed_devices.retain(|p| *p != path))
+        };
+        let st = self.cache_devices.iter().position(|p| resolved(p) == resolved(path));
+        let out = st.is_none_or(|st| self.dp.device_removals().iter().any(|(s, _)| usize::from(*s) == st));
+        if out {
+            forget(self)?;
+            return Ok(None);
+        }
+        let mut logged = std::time::Instant::now();
+        let done = self
+            .remove_cache_device(path, &mut |cached, dirty| {
+                if logged.elapsed() > std::time::Duration::from_secs(5) {
+                    tracing::info!(device = %path.display(), cached, dirty, "reload: removing a cache device: emptying it");
+                    logged = std::time::Instant::now();
+                }
+            })
+            .map_err(|e| format!("cache.device {} removed: {e}", path.display()))?;
+        forget(self)?;
+        Ok(Some(format!(
+            "cache.device {} removed: {} blocks moved to the other devices, {} written back",
+            path.display(),
+            done.moved,
+            done.written_back
+        )))
+    }
+
     /// Whether the cache device at `path` can be removed now (the API checks before it
     /// starts the removal in the background).
     pub fn check_device_removal(&self, path: &Path) -> Result<(), OpError> {

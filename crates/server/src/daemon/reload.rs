@@ -2,7 +2,9 @@
 //! `cachevisor reload`). The file is read the way the start read it
 //! ([`ConfigSource`]) and checked whole; then it is compared, key by key, with the file as
 //! last read, and only what the file changed is applied:
-//! - live: `cache.size` within `cache.max_size` (the cache resized first:
+//! - live: a `[[cache.device]]` taken out of the list (removed online:
+//!   `device_remove.rs`; one added or resized waits for a restart),
+//!   `cache.size` within `cache.max_size` (the cache resized first:
 //!   `cache_resize.rs`), vDisks added and removed, a vDisk's `write_policy`, `weight`, `ratio`, `admission`, `write_admission`, `prefetch` and `class`,
 //!   `cache.write_policy` (the vDisks without their own), `cache.allocator`, `cache.params`,
 //!   `cache.interval`, the flusher (`cache.flush_rate`, `cache.writeback_percent`,
@@ -169,6 +171,8 @@ struct Plan {
     classes: Vec<(String, Vec<cachevisor_engine::IoClassSection>)>,
     /// Settings keys (cache and prewarm) with their old and new values.
     settings: Vec<(String, String, String)>,
+    /// Cache devices the file no longer lists.
+    removed_devices: Vec<PathBuf>,
 }
 
 impl Plan {
@@ -178,6 +182,10 @@ impl Plan {
         for t in [&mut a, &mut b] {
             if let Some(t) = t.as_table_mut() {
                 t.remove("vdisk");
+                // The cache's devices: compared by path below.
+                if let Some(c) = t.get_mut("cache").and_then(|c| c.as_table_mut()) {
+                    c.remove("device");
+                }
             }
         }
         let mut keys = Vec::new();
@@ -233,6 +241,28 @@ impl Plan {
         }
         plan.removed =
             old.vdisk.iter().filter(|o| !new.vdisk.iter().any(|v| v.name == o.name)).map(|o| o.name.clone()).collect();
+        // A device the file no longer lists is removed online (`device_remove.rs`); one it
+        // adds, or resizes, waits for a restart (which keeps the cache warm: each device
+        // is found by its label); a new order changes nothing now.
+        for d in &new.cache.device {
+            match old.cache.device.iter().find(|o| o.path == d.path) {
+                None => fixed.push(format!(
+                    "cache.device {} added (adding a cache device online is not built yet; a restart keeps the cache warm)",
+                    d.path.display()
+                )),
+                Some(o) if o.size != d.size => {
+                    fixed.push(format!("cache.device {} size ({} → {})", d.path.display(), o.size, d.size))
+                }
+                Some(_) => {}
+            }
+        }
+        plan.removed_devices = old
+            .cache
+            .device
+            .iter()
+            .filter(|o| !new.cache.device.iter().any(|d| d.path == o.path))
+            .map(|o| o.path.clone())
+            .collect();
         if !fixed.is_empty() {
             return Err(format!(
                 "{} cannot change while the daemon runs: {}. Nothing was changed; restart the daemon to use {}",
@@ -376,6 +406,11 @@ impl Daemon {
             }
             for name in &plan.removed {
                 step(format!("vDisk `{name}` removed"), self.remove_file_vdisk(name))?;
+            }
+            for path in &plan.removed_devices {
+                if let Some(what) = self.remove_file_device(path)? {
+                    step(what, Ok(()))?;
+                }
             }
             if self.tls.is_some() {
                 step("TLS certificates re-read".into(), self.reload_tls())?;

@@ -91,6 +91,7 @@ fn a_device_removed_under_verified_writes_loses_nothing_and_stays_out() {
     assert_eq!((gone["removal"]["state"].as_str(), gone["cached_blocks"].as_u64()), (Some("removed"), Some(0)), "{st}");
     assert!(!holds(a.pid, &dev), "its descriptors are closed");
     assert!(st["devices"][0]["cached_blocks"].as_u64().unwrap() > 0, "{st}");
+    assert_eq!(st["size_bytes"].as_u64(), Some(8 << 20), "the cache is the first device's now: {st}");
     let (ok, out) = remove(d, &a, &dev);
     assert!(!ok && out.contains("removed already"), "{out}");
     // A SIGKILL: the start leaves it out (the file still lists it), every byte there.

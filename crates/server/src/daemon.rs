@@ -328,7 +328,15 @@ impl Daemon {
     /// Slots on the cache's devices after the first (`[[cache.device]]`, fixed while it
     /// runs).
     fn more_device_slots(&self) -> u64 {
-        self.resolved.device_slots[1..].iter().sum()
+        let removed: Vec<u16> = self
+            .dp
+            .device_removals()
+            .into_iter()
+            .filter(|(_, r)| r.state == cachevisor_datapath::RemovalState::Removed)
+            .map(|(st, _)| st)
+            .collect();
+        let slots = self.resolved.device_slots.iter().enumerate().skip(1);
+        slots.filter(|(st, _)| !removed.contains(&(*st as u16))).map(|(_, n)| n).sum()
     }
 
     /// The cache's blocks now, over every device.

@@ -60,6 +60,9 @@ impl Daemon {
         if let Some(o) = self.owner.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
             o.release_device(&path);
         }
+        // The allocator divides the smaller cache now (its pool left out the device's
+        // slots as they were withheld).
+        self.redivide();
         // Out now; kept out at the next start (a failure to note it only means the start
         // takes the device back, empty).
         let mut overlay = self.overlay.lock().unwrap_or_else(|e| e.into_inner());

@@ -1,6 +1,7 @@
-//! `cachevisor cache detach | attach | status | remove`: replacing the cache SSD under a
-//! running daemon (`POST /cache/detach`, `/cache/attach`, `GET /cache`), and taking one
-//! of several cache devices out (`POST /cache/devices/remove`). A detach writes every
+//! `cachevisor cache detach | attach | status | add | remove`: replacing the cache SSD
+//! under a running daemon (`POST /cache/detach`, `/cache/attach`, `GET /cache`), and
+//! adding a cache device or taking one of several out (`POST /cache/devices/add`,
+//! `/cache/devices/remove`). A detach writes every
 //! dirty block back and lets go of the cache file, the vDisks passing through to their
 //! backing stores meanwhile (VMs keep running); it is followed with a progress bar of the
 //! blocks still cached. An attach brings a new, empty cache file in at `cache.path` and
@@ -25,10 +26,26 @@ pub enum CacheCmd {
     /// Show whether the cache is attached, its size (a reload of `cache.size` resizes it
     /// online, up to `cache.max_size`), and its cached and dirty blocks.
     Status(SwapArgs),
+    /// Add a cache device under running clients: the allocators see the larger cache at
+    /// once and new blocks may land on it. Later starts keep it.
+    Add(AddArgs),
     /// Take one of the cache's devices (`[[cache.device]]`) out under running clients:
     /// its clean blocks move to the other devices, its dirty ones are written back, then
     /// its descriptor is closed and it can be pulled. Later starts leave it out.
     Remove(RemoveArgs),
+}
+
+/// Arguments of `cache add`.
+#[derive(Debug, Args)]
+#[command(after_help = crate::exit_status::HELP)]
+pub struct AddArgs {
+    #[command(flatten)]
+    pub common: SwapArgs,
+    /// The file (created when missing, mode 0600) or block device.
+    pub device: PathBuf,
+    /// How much of it the cache uses ("400GiB").
+    #[arg(long)]
+    pub size: String,
 }
 
 /// Arguments of `cache remove`.
@@ -77,6 +94,7 @@ pub fn run(c: CacheCmd) -> anyhow::Result<()> {
         CacheCmd::Detach(a) => detach(a),
         CacheCmd::Attach(a) => attach(a),
         CacheCmd::Remove(a) => remove(a),
+        CacheCmd::Add(a) => add(a),
     }
 }
 
@@ -90,6 +108,27 @@ fn device_of<'a>(
         let p = std::path::Path::new(&d.path);
         p == path || (want.is_some() && std::fs::canonicalize(p).ok() == want)
     })
+}
+
+fn add(a: AddArgs) -> anyhow::Result<()> {
+    let c = a.common.call;
+    let token = crate::api_token::resolve(&c.token, &c.token_file, "adding a cache device")?;
+    let api = c.api.client()?;
+    let url = api.url("/cache/devices/add");
+    let path = std::path::absolute(&a.device).unwrap_or(a.device.clone());
+    let r: serde_json::Value = api
+        .post("/cache/devices/add")
+        .set("Authorization", &format!("Bearer {token}"))
+        .send_json(serde_json::json!({ "path": path, "size": a.size }))
+        .map_err(|e| api_error(&url, e))?
+        .into_json()?;
+    if c.json {
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        return Ok(());
+    }
+    println!("{}", r["added"].as_str().unwrap_or("added"));
+    println!("later starts keep it; add it to the configuration file too");
+    Ok(())
 }
 
 fn remove(a: RemoveArgs) -> anyhow::Result<()> {

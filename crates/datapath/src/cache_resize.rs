@@ -30,7 +30,7 @@ impl DataPath {
 
     /// Slots the local store is laid out for (`cache.max_size` in blocks).
     pub fn max_cache_slots(&self) -> u32 {
-        self.shared.layout.range(cachevisor_engine::LOCAL).1 as u32
+        self.shared.layout().range(cachevisor_engine::LOCAL).1 as u32
     }
 
     /// Shrinks the cache to `to` slots (see the module doc): the tail's clean blocks move

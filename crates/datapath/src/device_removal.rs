@@ -56,10 +56,12 @@ impl DataPath {
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<DeviceRemoval, String> {
         let s = &self.shared;
-        let Some(file) = s.device_files.get(usize::from(st).wrapping_sub(1)) else {
+        let files = s.device_files.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let Some(file) = files.get(usize::from(st).wrapping_sub(1)) else {
             return Err(format!("store {st} is not one of the cache's devices after the first"));
         };
-        let (first, n) = s.layout.range(st);
+        let layout = s.layout();
+        let (first, n) = layout.range(st);
         let (first, n) = (first as u32, n as u32);
         let blocks = {
             let mut core = s.lock();
@@ -78,8 +80,8 @@ impl DataPath {
                         .into(),
                 );
             }
-            let others = (0..s.layout.len() as StoreId)
-                .filter(|&o| o != st && s.layout.kind(o).is_local())
+            let others = (0..layout.len() as StoreId)
+                .filter(|&o| o != st && layout.kind(o).is_local())
                 .any(|o| !core.engine.device_failed(o) && !core.device_removals.contains_key(&o));
             if !others {
                 return Err("it is the last device in use".into());

@@ -62,15 +62,22 @@ impl Shared {
     /// Makes every cache store's completed writes durable (each store's device, named
     /// in the error: today the cache file; a store the daemon does not serve has none).
     pub(super) fn sync_stores(&self) -> std::io::Result<()> {
-        for d in &self.stores {
+        let stores = self.stores.read().unwrap_or_else(|p| p.into_inner()).clone();
+        for d in &stores {
             d.sync().map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", d.describe())))?;
         }
         Ok(())
     }
 
     /// Cache store `st`'s device.
-    fn store(&self, st: cachevisor_engine::StoreId) -> std::io::Result<&super::store_devices::StoreDevice> {
-        self.stores.get(st as usize).ok_or_else(|| std::io::Error::other(format!("no cache store {st}")))
+    fn store(&self, st: cachevisor_engine::StoreId) -> std::io::Result<Arc<super::store_devices::StoreDevice>> {
+        let stores = self.stores.read().unwrap_or_else(|p| p.into_inner());
+        stores.get(st as usize).cloned().ok_or_else(|| std::io::Error::other(format!("no cache store {st}")))
+    }
+
+    /// Where the engine's cache stores' slots are now.
+    pub(super) fn layout(&self) -> Arc<cachevisor_engine::StoreLayout> {
+        self.layout.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// `vm`'s backing store.
@@ -197,7 +204,7 @@ impl Shared {
     fn device_call(&self, run: &[Work]) -> (Vec<OpResult>, Option<u64>) {
         let first = &run[0].op;
         let total: usize = run.iter().map(|w| w.op.len as usize).sum();
-        let at = run_address(run, &self.layout);
+        let at = run_address(run, &self.layout());
         let mut ticket = None;
         let r = if first.kind.is_write() {
             match write_data(run) {
@@ -253,7 +260,7 @@ impl Shared {
                 // A peer's region that fails is lost until the cluster's next allocation
                 // says otherwise: no new block goes there (`Engine::lose_lender`).
                 if let cachevisor_engine::Location::Cache(st) = op.loc {
-                    if let cachevisor_engine::StoreKind::Lent { node } = self.layout.kind(st) {
+                    if let cachevisor_engine::StoreKind::Lent { node } = self.layout().kind(st) {
                         if f != Failure::Shutdown && core.engine.lose_lender(node) {
                             tracing::warn!(
                                 lender = node,

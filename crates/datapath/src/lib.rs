@@ -40,6 +40,7 @@ mod cache_swap;
 mod checksums;
 mod committer;
 mod control;
+mod device_addition;
 mod device_removal;
 mod devices;
 mod engine_loop;
@@ -188,8 +189,8 @@ struct Shared {
     /// The cache file (`None` while detached: `cache_swap.rs`).
     ssd: store_devices::CacheSlot,
     /// The cache's other devices, store 1.. (`None` when missing at start or removed:
-    /// `device_removal.rs`).
-    device_files: Vec<store_devices::CacheSlot>,
+    /// `device_removal.rs`; one more when added online).
+    device_files: RwLock<Vec<store_devices::CacheSlot>>,
     /// The metadata the committer writes (`committer.rs`; closed while the cache is
     /// detached with its metadata directory).
     persist: Mutex<Persistence>,
@@ -200,13 +201,15 @@ struct Shared {
     local_slots: std::sync::atomic::AtomicU32,
     /// The cache file was opened O_DIRECT (I/O through aligned buffers).
     direct: bool,
-    /// One device per row of the engine's store table (`store_devices.rs`).
-    stores: Vec<store_devices::StoreDevice>,
+    /// One device per row of the engine's store table (`store_devices.rs`; a row is
+    /// appended when a device is added online, `device_addition.rs`).
+    stores: RwLock<Vec<Arc<store_devices::StoreDevice>>>,
     /// Backing stores by VM id (`Backing::Removed` once a vDisk is removed).
     backings: RwLock<Vec<Arc<Backing>>>,
     bs: u64,
-    /// Where the engine's cache stores' slots are (one store: the local cache file).
-    layout: cachevisor_engine::StoreLayout,
+    /// Where the engine's cache stores' slots are (one store: the local cache file);
+    /// replaced whole when a device is added ([`Shared::layout`]).
+    layout: RwLock<Arc<cachevisor_engine::StoreLayout>>,
     start: Instant,
     /// Device calls made (reads and writes, a coalesced run counting once).
     calls: AtomicU64,

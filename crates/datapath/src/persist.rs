@@ -269,6 +269,16 @@ impl Persistence {
         self.write_buffered()
     }
 
+    /// The label the cache store carries, as the checkpoints name it.
+    pub fn label(&self) -> Option<cachevisor_store::cache_label::Expected> {
+        self.label
+    }
+
+    /// The cache's devices as the checkpoints name them (empty: one device).
+    pub fn devices(&self) -> &[cachevisor_store::journal::DeviceRow] {
+        &self.devices
+    }
+
     /// Names the label the cache store carries in every checkpoint from the next one on.
     pub fn set_label(&mut self, label: cachevisor_store::cache_label::Expected) {
         self.label = Some(label);

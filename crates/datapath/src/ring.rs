@@ -40,7 +40,7 @@ impl Shared {
         }
         self.calls.fetch_add(1, Relaxed);
         let total: usize = run.iter().map(|w| w.op.len as usize).sum();
-        let at = run_address(run, &self.layout) + cachevisor_store::cache_label::DATA_OFFSET; // after the label
+        let at = run_address(run, &self.layout()) + cachevisor_store::cache_label::DATA_OFFSET; // after the label
         let mut v = self.io_pool.take(total);
         let off = aligned_offset(&v);
         let short = || std::io::Error::other("short transfer on the cache store");

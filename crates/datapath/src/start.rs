@@ -76,19 +76,24 @@ impl DataPath {
             core: Mutex::new(core),
             wake: Condvar::new(),
             commit_cv: Condvar::new(),
-            stores: crate::fault_devices::wrap_stores(
-                store_devices::store_devices(&layout, bs, (&ssd, direct), &devices, peers.as_ref()),
-                faults.as_ref(),
+            stores: RwLock::new(
+                crate::fault_devices::wrap_stores(
+                    store_devices::store_devices(&layout, bs, (&ssd, direct), &devices, peers.as_ref()),
+                    faults.as_ref(),
+                )
+                .into_iter()
+                .map(Arc::new)
+                .collect(),
             ),
             ssd,
-            device_files: devices.iter().map(|d| d.0.clone()).collect(),
+            device_files: RwLock::new(devices.iter().map(|d| d.0.clone()).collect()),
             persist: Mutex::new(persist),
             ring_stop: Default::default(),
             local_slots: (layout.range(cachevisor_engine::LOCAL).1 as u32).into(),
             direct,
             backings: RwLock::new(backings),
             bs,
-            layout,
+            layout: RwLock::new(Arc::new(layout.clone())),
             start: Instant::now(),
             calls: Default::default(),
             checkpoints: Default::default(),

@@ -78,6 +78,12 @@ impl Device for CacheFile {
     }
 }
 
+/// A cache device's file in `file` as a store's device (`size` bytes after its label;
+/// O_DIRECT through aligned buffers when `direct`): a device added online.
+pub(super) fn cache_file_device(file: CacheSlot, direct: bool, size: u64) -> StoreDevice {
+    Box::new(CacheFile { file, direct, size })
+}
+
 /// Whether `op` runs on the cache file (the local store): the io_uring thread's ops
 /// when it runs, every other store's going to the device threads.
 #[inline]

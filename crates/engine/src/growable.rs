@@ -104,7 +104,7 @@ impl Engine {
 
     /// A block index sized for `slots` (rebuilt from the slot table when its size is off
     /// by more than twice: rare, at a resize).
-    fn resize_index(&mut self, slots: u32) {
+    pub(crate) fn resize_index(&mut self, slots: u32) {
         let n = slots as usize;
         if self.index.fits(n) && !self.index.fits(n * 4) {
             return;

@@ -35,6 +35,7 @@ pub mod config;
 pub mod congestion;
 pub mod data_model;
 pub mod device;
+mod device_added;
 mod device_failure;
 mod device_placement;
 mod dirty_mirror;

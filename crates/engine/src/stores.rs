@@ -155,6 +155,16 @@ impl Stores {
         Stores { layout, rows, parked: Default::default(), lent_write_through: false, local }
     }
 
+    /// Appends a cache device's row (`layout`, the table's with it last), its free list
+    /// empty (its slots arrive withheld: `device_added.rs`).
+    pub(crate) fn push_device(&mut self, layout: StoreLayout) {
+        debug_assert_eq!(layout.len(), self.rows.len() + 1);
+        debug_assert_eq!(self.local as usize, self.rows.len(), "devices come first");
+        self.rows.push(Store { free: List::default(), used: 0, limit: u64::MAX, reclaim_cursor: 0, queued: 0 });
+        self.layout = layout;
+        self.local += 1;
+    }
+
     /// Takes `layout` for the table's (a growable engine's: the local store's rows and
     /// free list stay, its slot ids reach further).
     pub(crate) fn relayout(&mut self, layout: StoreLayout) {

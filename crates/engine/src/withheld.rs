@@ -142,6 +142,12 @@ impl Engine {
         Ok((first, held))
     }
 
+    /// Marks slot `s`, empty and on no list, withheld and idle (a device added:
+    /// `device_added.rs`).
+    pub(crate) fn withheld_idle(&mut self, s: u32) {
+        self.withheld.add_idle(s);
+    }
+
     /// Retries emptying the withheld slots that had ops in flight; returns how many are
     /// still not idle.
     pub fn withhold_step(&mut self, out: &mut Output) -> usize {

@@ -17,6 +17,7 @@ mod cache_devices;
 mod cache_resize;
 mod cache_swap;
 mod cluster_node;
+mod device_add;
 mod device_relayout;
 mod device_remove;
 pub(crate) mod metrics;
@@ -170,7 +171,7 @@ pub struct Daemon {
     file_config: Mutex<Config>,
     /// The cache's devices by store (`cache.path`, then each `[[cache.device]]` in use
     /// at start: one removed online stays listed, `device_remove.rs`).
-    cache_devices: Vec<std::path::PathBuf>,
+    cache_devices: Mutex<Vec<std::path::PathBuf>>,
     /// The daemon's own files, which no vDisk added later may be backed by.
     own: crate::own_files::OwnFiles,
     /// What a detached cache's metadata directory held (`cache_swap.rs`); held while a
@@ -335,8 +336,18 @@ impl Daemon {
             .filter(|(_, r)| r.state == cachevisor_datapath::RemovalState::Removed)
             .map(|(st, _)| st)
             .collect();
-        let slots = self.resolved.device_slots.iter().enumerate().skip(1);
-        slots.filter(|(st, _)| !removed.contains(&(*st as u16))).map(|(_, n)| n).sum()
+        self.dp.with_engine(|e| {
+            let l = e.layout();
+            (1..l.len() as u16)
+                .filter(|&st| l.kind(st).is_local() && !removed.contains(&st))
+                .map(|st| l.range(st).1)
+                .sum()
+        })
+    }
+
+    /// The cache's devices by store, as they are now.
+    pub(crate) fn cache_device_paths(&self) -> Vec<std::path::PathBuf> {
+        self.cache_devices.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// The cache's blocks now, over every device.

@@ -239,6 +239,16 @@ pub fn check_paths(cfg: &crate::config::Config) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether `a` and `b` name the same file: equal, or equal once resolved (links and
+/// `..` followed where the file exists, else made absolute against the working
+/// directory) — a device path as the configuration, the overlay and the CLI spell it.
+pub(crate) fn same_path(a: &Path, b: &Path) -> bool {
+    let resolved = |p: &Path| {
+        std::fs::canonicalize(p).unwrap_or_else(|_| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf()))
+    };
+    a == b || resolved(a) == resolved(b)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,6 +8,7 @@
 //! once the daemon runs.
 
 use crate::config::{Config, VdiskConfig};
+use crate::own_files::same_path;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -37,6 +38,10 @@ pub(crate) struct Overlay {
     /// remove`): left out at start until the configuration file no longer lists them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub removed_devices: Vec<PathBuf>,
+    /// Cache devices added online (`cachevisor cache add`): joined at start until the
+    /// configuration file lists them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub added_devices: Vec<crate::config::CacheDevice>,
 }
 
 /// An allocator and its parameters.
@@ -143,7 +148,7 @@ impl Overlay {
     pub(crate) fn apply_devices(&self, cfg: &mut Config) -> Vec<String> {
         let mut notes = Vec::new();
         cfg.cache.device.retain(|d| {
-            let gone = self.removed_devices.contains(&d.path);
+            let gone = self.removed_devices.iter().any(|p| same_path(p, &d.path));
             if gone {
                 notes.push(format!(
                     "cache device {} was removed with `cachevisor cache remove`: left out (take it out of the configuration file)",
@@ -152,12 +157,29 @@ impl Overlay {
             }
             !gone
         });
+        let listed: Vec<PathBuf> = cfg.cache.device.iter().map(|c| c.path.clone()).collect();
+        for d in self.added_devices.iter().filter(|d| !listed.iter().any(|p| same_path(p, &d.path))) {
+            notes.push(format!(
+                "cache device {} ({}) was added with `cachevisor cache add`: joined (add it to the configuration file)",
+                d.path.display(),
+                d.size
+            ));
+            cfg.cache.device.push(d.clone());
+        }
         notes
+    }
+
+    /// Notes that cache device `d` was added online.
+    pub(crate) fn add_device(&mut self, d: crate::config::CacheDevice) {
+        self.removed_devices.retain(|p| !same_path(p, &d.path));
+        self.added_devices.retain(|o| !same_path(&o.path, &d.path));
+        self.added_devices.push(d);
     }
 
     /// Notes that cache device `path` was removed online.
     pub(crate) fn remove_device(&mut self, path: &Path) {
-        if !self.removed_devices.iter().any(|p| p == path) {
+        self.added_devices.retain(|d| !same_path(&d.path, path));
+        if !self.removed_devices.iter().any(|p| same_path(p, path)) {
             self.removed_devices.push(path.to_path_buf());
         }
     }
@@ -165,7 +187,8 @@ impl Overlay {
     /// Forgets removals of devices `listed` no longer names (the configuration file
     /// caught up).
     pub(crate) fn forget_devices_not_in(&mut self, listed: &[PathBuf]) {
-        self.removed_devices.retain(|p| listed.contains(p));
+        self.removed_devices.retain(|p| listed.iter().any(|l| same_path(l, p)));
+        self.added_devices.retain(|d| !listed.iter().any(|l| same_path(l, &d.path)));
     }
 
     /// Notes `name`'s write policy.

@@ -1,4 +1,6 @@
-//! The cache's devices in the HTTP API: `POST /cache/devices/remove` with
+//! The cache's devices in the HTTP API: `POST /cache/devices/add` with `{"path": …,
+//! "size": "400GiB"}` adds one under running clients (`daemon/device_add.rs`: 200 with
+//! what it did and the cache's state, 400 when refused); `POST /cache/devices/remove` with
 //! `{"path": "/mnt/nvme1/cachevisor.img"}` takes one device out under running clients
 //! (`daemon/device_remove.rs`): 200 with the cache's state once it is out, 202 while it
 //! still empties (follow `GET /cache`: the device's `removal.state` goes from `removing`
@@ -8,7 +10,7 @@
 use super::{err, op_err, Api};
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use serde::Deserialize;
@@ -16,7 +18,36 @@ use std::time::Duration;
 
 /// The routes, for the API's router.
 pub(crate) fn routes() -> Router<Api> {
-    Router::new().route("/cache/devices/remove", post(remove))
+    Router::new().route("/cache/devices/add", post(add)).route("/cache/devices/remove", post(remove))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AddBody {
+    /// The file (created when missing) or block device.
+    path: std::path::PathBuf,
+    /// How much of it the cache uses ("400GiB").
+    size: String,
+}
+
+async fn add(State(a): State<Api>, body: axum::body::Bytes) -> Response {
+    let b = match serde_json::from_slice::<AddBody>(&body) {
+        Ok(b) => b,
+        Err(e) => {
+            return err(
+                StatusCode::BAD_REQUEST,
+                format!("the body must be {{\"path\": \"DEVICE\", \"size\": \"SIZE\"}}: {e}"),
+            )
+        }
+    };
+    let d = a.daemon.clone();
+    match tokio::task::spawn_blocking(move || d.add_cache_device(&b.path, &b.size)).await {
+        Ok(Ok(done)) => {
+            axum::Json(serde_json::json!({ "added": done, "cache": a.daemon.cache_report() })).into_response()
+        }
+        Ok(Err(e)) => op_err(e),
+        Err(e) => err(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
 }
 
 #[derive(Deserialize)]

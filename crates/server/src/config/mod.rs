@@ -20,7 +20,7 @@ pub mod vssd_section;
 
 use listen_section::check_group_mode;
 
-pub use cache_section::CacheConfig;
+pub use cache_section::{CacheConfig, CacheDevice};
 pub use cachevisor_store::backing::DirectIo;
 pub use listen_section::{unix_group, unix_mode, ApiConfig, ListenConfig};
 pub use prewarm_section::{LogConfig, PrewarmConfig, SnapshotSchedule};

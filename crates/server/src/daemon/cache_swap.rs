@@ -181,7 +181,7 @@ impl Daemon {
         let removals: std::collections::BTreeMap<u16, cachevisor_datapath::DeviceRemoval> =
             self.dp.device_removals().into_iter().collect();
         self.dp.with_engine(|e| {
-            self.cache_devices
+            self.cache_device_paths()
                 .iter()
                 .enumerate()
                 .map(|(st, p)| CacheDeviceReport {

@@ -8,14 +8,9 @@
 //! configuration file no longer lists it.
 
 use super::{Daemon, OpError};
+use crate::own_files::same_path;
 use cachevisor_datapath::DeviceRemoval;
-use std::path::{Path, PathBuf};
-
-/// `path` as the file system names it (itself when it cannot be resolved: a device
-/// already gone).
-fn resolved(path: &Path) -> PathBuf {
-    std::fs::canonicalize(path).unwrap_or_else(|_| std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()))
-}
+use std::path::Path;
 
 impl Daemon {
     /// The store of the cache device at `path`, refused (naming the devices) when it is
@@ -26,9 +21,9 @@ impl Daemon {
                 "the cache has one device: `cachevisor cache detach` takes it out (every vDisk passes through)".into(),
             ));
         }
-        let want = resolved(path);
-        let Some(st) = self.cache_devices.iter().position(|p| resolved(p) == want) else {
-            let list: Vec<String> = self.cache_devices.iter().map(|p| p.display().to_string()).collect();
+        let devices = self.cache_device_paths();
+        let Some(st) = devices.iter().position(|p| same_path(p, path)) else {
+            let list: Vec<String> = devices.iter().map(|p| p.display().to_string()).collect();
             return Err(OpError::Invalid(format!(
                 "{} is not one of the cache's devices ({})",
                 path.display(),
@@ -52,7 +47,7 @@ impl Daemon {
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<DeviceRemoval, OpError> {
         let st = self.device_store(path)?;
-        let path = self.cache_devices[st as usize].clone();
+        let path = self.cache_device_paths()[st as usize].clone();
         let done = self
             .dp
             .remove_cache_device(st, progress)
@@ -80,9 +75,9 @@ impl Daemon {
         let forget = |d: &Daemon| {
             let mut overlay = d.overlay.lock().unwrap_or_else(|e| e.into_inner());
             let path = path.to_path_buf();
-            overlay.change(&d.meta_dir, move |o| o.removed_devices.retain(|p| *p != path))
+            overlay.change(&d.meta_dir, move |o| o.removed_devices.retain(|p| !same_path(p, &path)))
         };
-        let st = self.cache_devices.iter().position(|p| resolved(p) == resolved(path));
+        let st = self.cache_device_paths().iter().position(|p| same_path(p, path));
         let out = st.is_none_or(|st| self.dp.device_removals().iter().any(|(s, _)| usize::from(*s) == st));
         if out {
             forget(self)?;

@@ -2,8 +2,8 @@
 //! `cachevisor reload`). The file is read the way the start read it
 //! ([`ConfigSource`]) and checked whole; then it is compared, key by key, with the file as
 //! last read, and only what the file changed is applied:
-//! - live: a `[[cache.device]]` taken out of the list (removed online:
-//!   `device_remove.rs`; one added or resized waits for a restart),
+//! - live: a `[[cache.device]]` added to the list or taken out of it (added or removed
+//!   online: `device_add.rs`, `device_remove.rs`; one resized waits for a restart),
 //!   `cache.size` within `cache.max_size` (the cache resized first:
 //!   `cache_resize.rs`), vDisks added and removed, a vDisk's `write_policy`, `weight`, `ratio`, `admission`, `write_admission`, `prefetch` and `class`,
 //!   `cache.write_policy` (the vDisks without their own), `cache.allocator`, `cache.params`,
@@ -173,6 +173,8 @@ struct Plan {
     settings: Vec<(String, String, String)>,
     /// Cache devices the file no longer lists.
     removed_devices: Vec<PathBuf>,
+    /// Cache devices the file lists anew.
+    added_devices: Vec<crate::config::CacheDevice>,
 }
 
 impl Plan {
@@ -241,15 +243,13 @@ impl Plan {
         }
         plan.removed =
             old.vdisk.iter().filter(|o| !new.vdisk.iter().any(|v| v.name == o.name)).map(|o| o.name.clone()).collect();
-        // A device the file no longer lists is removed online (`device_remove.rs`); one it
-        // adds, or resizes, waits for a restart (which keeps the cache warm: each device
-        // is found by its label); a new order changes nothing now.
+        // A device the file no longer lists is removed online (`device_remove.rs`), one it
+        // adds is added (`device_add.rs`); one it resizes waits for a restart (which keeps
+        // the cache warm: each device is found by its label); a new order changes nothing
+        // now.
         for d in &new.cache.device {
             match old.cache.device.iter().find(|o| o.path == d.path) {
-                None => fixed.push(format!(
-                    "cache.device {} added (adding a cache device online is not built yet; a restart keeps the cache warm)",
-                    d.path.display()
-                )),
+                None => plan.added_devices.push(d.clone()),
                 Some(o) if o.size != d.size => {
                     fixed.push(format!("cache.device {} size ({} → {})", d.path.display(), o.size, d.size))
                 }
@@ -316,6 +316,11 @@ impl Daemon {
                 match self.resize_cache(r.cache.cache_bytes) {
                     Ok(done) => step(done, Ok(()))?,
                     Err(e) => step("cache.size".into(), Err(e))?,
+                }
+            }
+            for d in &plan.added_devices {
+                if let Some(what) = self.add_file_device(d, &new.cache)? {
+                    step(what, Ok(()))?;
                 }
             }
             for v in &plan.added {

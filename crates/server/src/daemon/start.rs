@@ -127,7 +127,10 @@ impl Daemon {
         }
         let mut overlay = crate::vdisk_overlay::Overlay::load(&meta_dir).map_err(StartError::Config)?;
         let listed: Vec<std::path::PathBuf> = file_config.cache.device.iter().map(|d| d.path.clone()).collect();
-        if overlay.removed_devices.iter().any(|p| !listed.contains(p)) {
+        let on_list = |p: &std::path::Path| listed.iter().any(|l| crate::own_files::same_path(l, p));
+        let caught_up = overlay.removed_devices.iter().any(|p| !on_list(p))
+            || overlay.added_devices.iter().any(|d| on_list(&d.path));
+        if caught_up {
             overlay.change(&meta_dir, |o| o.forget_devices_not_in(&listed)).map_err(StartError::Config)?;
         }
         let mut merged = cfg.clone();
@@ -734,9 +737,11 @@ impl Daemon {
             migrations: std::sync::OnceLock::new(),
             source: opts.source.clone(),
             file_config: Mutex::new(file_config),
-            cache_devices: std::iter::once(cfg.cache.path.clone())
-                .chain(cfg.cache.device.iter().map(|d| d.path.clone()))
-                .collect(),
+            cache_devices: Mutex::new(
+                std::iter::once(cfg.cache.path.clone())
+                    .chain(cfg.cache.device.iter().map(|d| d.path.clone()))
+                    .collect(),
+            ),
             own,
             carried: Default::default(),
             swap: Default::default(),

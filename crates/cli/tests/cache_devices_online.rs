@@ -1,11 +1,14 @@
-//! Taking one of the cache's devices out under running clients (`cachevisor cache remove`,
-//! `POST /cache/devices/remove`): with fio's crc32c-verified writes running and dirty
-//! blocks mirrored over both devices, the removal moves or writes back everything the
-//! device held, closes its descriptor, and every acknowledged byte reads back — then and
-//! after a SIGKILL, when the start leaves the device out although the configuration file
-//! still lists it. Refusals name what is wrong: the first device, one not in the cache,
-//! one removed already. A reload of a file that no longer lists a device removes it the
-//! same way; one that adds a device is refused by name.
+//! Adding and removing cache devices under running clients (`cachevisor cache add`,
+//! `cache remove`, `POST /cache/devices/add` and `/remove`, a reload of the device list).
+//! Removing: with fio's crc32c-verified writes running and dirty blocks mirrored over
+//! both devices, the removal moves or writes back everything the device held, closes its
+//! descriptor, and every acknowledged byte reads back — then and after a SIGKILL, when
+//! the start leaves the device out although the configuration file still lists it.
+//! Refusals name what is wrong: the first device, one not in the cache, one removed
+//! already. A reload of a file that no longer lists a device removes it the same way.
+//! Adding: a one-device cache with dirty blocks gets a second device under fio's
+//! verified writes; new blocks land on it, dirty data is mirrored from then on, and a
+//! SIGKILL restarts warm on both although the file lists one.
 
 use cachevisor_testkit as common;
 
@@ -121,7 +124,7 @@ fn reload(d: &Path, a: &Daemon) -> (bool, String) {
 }
 
 #[test]
-fn a_reload_of_a_file_without_a_device_removes_it_and_one_adding_a_device_is_refused() {
+fn a_reload_of_a_file_without_a_device_removes_it() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let mut a = started_with_patterns(d);
@@ -136,16 +139,80 @@ fn a_reload_of_a_file_without_a_device_removes_it_and_one_adding_a_device_is_ref
     qemu_io_ok(&a.uri("vm1"), &READ);
     assert!(!holds(a.pid, &dev));
     assert_eq!(cache_status(d, &a)["devices"][1]["removal"]["state"].as_str(), Some("removed"));
-    // Back in the file: refused by name (a restart takes it back), nothing changed.
-    write_config(d, true);
-    let (ok, out) = reload(d, &a);
-    assert!(!ok && out.contains("cache.device") && out.contains("added") && out.contains("restart"), "{out}");
-    // The file without it again, and a restart: out, every byte there.
-    write_config(d, false);
-    let (ok, out) = reload(d, &a);
-    assert!(ok, "{out}");
     a.kill9();
     let a = Daemon::start(d, "c.toml", &[]).unwrap();
     qemu_io_ok(&a.uri("vm1"), &READ);
     assert!(!holds(a.pid, &dev));
+}
+
+/// `cachevisor cache add DEVICE --size SIZE` against `a`: (success, output).
+fn add(d: &Path, a: &Daemon, device: &Path, size: &str) -> (bool, String) {
+    let token = d.join("cache.img.meta/api-token");
+    let (api, token) = (a.api.as_deref().unwrap(), token.to_str().unwrap());
+    cachevisor(&["cache", "add", device.to_str().unwrap(), "--size", size, "--api", api, "--token-file", token])
+}
+
+#[test]
+fn a_device_added_under_verified_writes_takes_new_blocks_mirrors_and_stays_after_a_sigkill() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write_config(d, false);
+    let mut a = Daemon::start(d, "c.toml", &[]).unwrap();
+    qemu_io_ok(&a.uri("vm1"), &WRITE);
+    let dev = d.join("ssd2/dev1.img");
+    // Refused: a size that is no multiple of the block, the cache's own file.
+    let (ok, out) = add(d, &a, &dev, "1000");
+    assert!(!ok && out.contains("multiple of the block size"), "{out}");
+    let (ok, out) = add(d, &a, &d.join("cache.img"), "8MiB");
+    assert!(!ok && out.contains("already"), "{out}");
+    assert!(!dev.exists(), "nothing created by a refusal");
+    // Added while fio writes and verifies past the patterns.
+    let fio = fio_verified(&a.uri("vm1"), &["--offset=8M", "--size=4M", "--loops=3", "--rate_iops=1500"]);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let (ok, out) = add(d, &a, &dev, "8MiB");
+    assert!(ok && out.contains("added") && out.contains("mirrored"), "{out}");
+    fio.wait_ok();
+    qemu_io_ok(&a.uri("vm1"), &READ);
+    assert!(holds(a.pid, &dev));
+    let st = cache_status(d, &a);
+    assert_eq!(st["size_bytes"].as_u64(), Some(16 << 20), "{st}");
+    qemu_io_ok(&a.uri("vm1"), &["write -P 0x64 16M 4M", "read -P 0x64 16M 4M"]);
+    let st = cache_status(d, &a);
+    assert!(st["devices"][1]["cached_blocks"].as_u64().unwrap() > 0, "new blocks land on it: {st}");
+    assert!(st["mirror"]["mirrored_blocks"].as_u64().unwrap() > 0, "mirrored from now on: {st}");
+    let (ok, out) = add(d, &a, &dev, "8MiB");
+    assert!(!ok && out.contains("already"), "{out}");
+    // A SIGKILL: the start keeps it (the file lists one device), warm on both.
+    let on_it = st["devices"][1]["cached_blocks"].as_u64().unwrap();
+    a.kill9();
+    let mut a = Daemon::start(d, "c.toml", &[]).unwrap();
+    assert!(a.log().contains("was added with `cachevisor cache add`"), "{}", a.log());
+    let st = cache_status(d, &a);
+    assert_eq!(st["devices"][1]["cached_blocks"].as_u64(), Some(on_it), "warm on the added device: {st}");
+    qemu_io_ok(&a.uri("vm1"), &READ);
+    qemu_io_ok(&a.uri("vm1"), &["read -P 0x64 16M 4M"]);
+    fio_verified(&a.uri("vm1"), &["--offset=8M", "--size=4M", "--verify_only"]).wait_ok();
+    // The file catches up: a reload has nothing to do, the overlay forgets it.
+    write_config(d, true);
+    let (ok, out) = reload(d, &a);
+    assert!(ok, "{out}");
+    a.kill9();
+    let a = Daemon::start(d, "c.toml", &[]).unwrap();
+    assert!(!a.log().contains("was added with"), "{}", a.log());
+    qemu_io_ok(&a.uri("vm1"), &["read -P 0x64 16M 4M"]);
+}
+
+#[test]
+fn a_reload_of_a_file_with_one_more_device_adds_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write_config(d, false);
+    let a = Daemon::start(d, "c.toml", &[]).unwrap();
+    qemu_io_ok(&a.uri("vm1"), &WRITE);
+    write_config(d, true);
+    let (ok, out) = reload(d, &a);
+    assert!(ok && out.contains("cache.device") && out.contains("added"), "{out}");
+    assert!(holds(a.pid, &d.join("ssd2/dev1.img")));
+    assert_eq!(cache_status(d, &a)["size_bytes"].as_u64(), Some(16 << 20));
+    qemu_io_ok(&a.uri("vm1"), &READ);
 }

@@ -76,9 +76,17 @@ impl DataModel {
     pub fn lend(&mut self, slot: u32) {
         self.lent.insert(slot);
         let spb = self.block_size / 512;
+        let (st, index) = self.layout.index_of(slot);
         for i in 0..spb {
-            self.ssd.insert((Location::Cache(0), u64::from(slot) * spb + i), (VmId::MAX, u64::from(slot), 0));
+            self.ssd.insert((Location::Cache(st), index * spb + i), (VmId::MAX, u64::from(slot), 0));
         }
+    }
+
+    /// The engine's store table grew (a cache device added: `Engine::add_device`): the
+    /// model's devices are laid out as `layout` from now on (the new device holds bytes of
+    /// no VM's).
+    pub fn relayout(&mut self, layout: crate::stores::StoreLayout) {
+        self.layout = layout;
     }
 
     /// Slot `slot` is the engine's again (its bytes stay the other user's).

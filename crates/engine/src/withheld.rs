@@ -106,7 +106,14 @@ impl Engine {
         let mut moved = 0;
         for s in first..first + n {
             let key = self.slots.key(s);
-            if key == FREE_KEY || self.flight.pinned(s) || self.block_taken(key) || !self.movable(s) {
+            // A block with a mirror stays (written back and dropped below): a move could
+            // land it on its mirror's device (`dirty_mirror.rs`).
+            if key == FREE_KEY
+                || self.flight.pinned(s)
+                || self.block_taken(key)
+                || !self.movable(s)
+                || self.slot_mirrored(s)
+            {
                 continue;
             }
             // Into a free slot outside the run: on the run's device past it, or another.

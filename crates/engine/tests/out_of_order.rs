@@ -49,6 +49,10 @@ enum Step {
     /// Cases with several cache devices: the last one fails every op from now on (it
     /// is dropped at the error threshold: `device_failure.rs`).
     DeviceDown,
+    /// Cases with several cache devices: one more device of 2 slots joins (at most two
+    /// more: `Engine::add_device`, its slots returned at once, as the daemon does once the
+    /// new layout is durable).
+    AddDevice,
 }
 
 /// Block ids across the u64 range: those that alias small blocks in a 48-bit key, the key
@@ -139,6 +143,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0u32..6, any::<bool>()).prop_map(|(run, moving)| Step::Lend { run, moving }),
         1 => any::<usize>().prop_map(|run| Step::Return { run }),
         1 => Just(Step::DeviceDown),
+        1 => Just(Step::AddDevice),
     ]
 }
 
@@ -334,6 +339,13 @@ fn run(steps: &[Step], setup: Setup) -> Result<(), String> {
             Step::DeviceDown => {
                 if devices && !remote {
                     d.down = Some(2);
+                }
+            }
+            Step::AddDevice => {
+                if devices && !remote && d.e.layout().len() < 5 {
+                    let (_, first) = d.e.add_device(2).map_err(ctx)?;
+                    d.w.relayout(d.e.layout().clone());
+                    d.e.return_slots(first, 2);
                 }
             }
             Step::Complete { pick, fail, torn } => {

@@ -59,6 +59,9 @@ pub struct SimulateArgs {
     /// Cache devices of that preset the cache is split over, equally (one allocation).
     #[arg(long)]
     pub ssd_count: Option<u32>,
+    /// Dirty data mirrored on two devices (default: on with two or more, as the daemon).
+    #[arg(long)]
+    pub mirror_dirty: Option<bool>,
     /// Backing device preset.
     #[arg(long)]
     pub backing: Option<String>,
@@ -128,6 +131,9 @@ pub fn base_scenario(a: &SimulateArgs) -> anyhow::Result<Scenario> {
     }
     if let Some(n) = a.ssd_count {
         sc.devices.ssd_count = n;
+    }
+    if let Some(m) = a.mirror_dirty {
+        sc.devices.mirror_dirty = Some(m);
     }
     if let Some(m) = &a.mode {
         sc.replay.mode = if m == "open" { ReplayMode::Open } else { ReplayMode::Closed };

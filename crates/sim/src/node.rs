@@ -147,6 +147,9 @@ impl Node {
         if let Some(reserve) = persistent {
             engine.set_persistent(reserve);
         }
+        if devices.mirrors().map_err(SimError::Scenario)? {
+            engine.set_mirror_dirty(true).map_err(|e| SimError::Scenario(format!("devices.mirror_dirty: {e}")))?;
+        }
         let spec = devices.ssd.resolve().map_err(SimError::Scenario)?;
         let ssds: Vec<SharedDevice> =
             (0..n).map(|_| std::rc::Rc::new(std::cell::RefCell::new(Device::new(spec.clone())))).collect();

@@ -168,6 +168,20 @@ pub struct EngineReport {
     /// The cache's shared write budget at the end of the run (only when one is set).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub write_budget: Option<cachevisor_engine::SharedBudgetState>,
+    /// Mirrored dirty data (`devices.mirror_dirty`), when on: dirty blocks with a copy on
+    /// another device at the end, and write-back writes that went through to the backing
+    /// store for want of a mirror slot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mirror: Option<MirrorFigures>,
+}
+
+/// Mirrored dirty data's figures at the end of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct MirrorFigures {
+    /// Dirty blocks with their copy on another device.
+    pub mirrored_blocks: u64,
+    /// Write-back writes that went through for want of a mirror slot.
+    pub fallbacks: u64,
 }
 
 /// Device utilization.
@@ -305,6 +319,10 @@ impl SimResult {
                 written_back_ahead: engine.written_back_ahead(),
                 congestion: engine.congestion(),
                 write_budget: engine.write_budget(),
+                mirror: engine.mirror_dirty().then(|| MirrorFigures {
+                    mirrored_blocks: engine.mirrored_blocks(),
+                    fallbacks: engine.mirror_fallbacks(),
+                }),
             },
             model: Default::default(),
             model_reason: String::new(),
@@ -445,6 +463,12 @@ impl SimResult {
                     format_size(d.bytes_read)
                 ));
             }
+        }
+        if let Some(m) = self.engine.mirror {
+            s.push_str(&format!(
+                "dirty data mirrored on two devices: {} dirty blocks with a copy at the end, {} writes went through for want of a mirror slot\n",
+                m.mirrored_blocks, m.fallbacks
+            ));
         }
         for w in self.saturation_warnings() {
             s.push_str(&format!("warning: {w}\n"));

@@ -23,6 +23,8 @@
 //! backing = "hdd-7200"
 //! backing_layout = "per-vm" # per-vm (one backing device per VM) | shared
 //! ssd_count = 1            # cache devices of the `ssd` model, the cache split equally
+//! mirror_dirty = true      # dirty data on two devices (the daemon's default with two or
+//!                          # more; refused with one)
 //!
 //! [replay]
 //! mode = "closed"          # open (trace timestamps / speedup) | closed (queue_depth per VM)
@@ -244,6 +246,23 @@ pub struct DevicesSection {
     /// (1 ..= 64): each its own queue, one allocation over all (`device_placement.rs`).
     #[serde(skip_serializing_if = "is_one")]
     pub ssd_count: u32,
+    /// Dirty data mirrored on two devices, as the daemon's `cache.mirror_dirty`
+    /// (`dirty_mirror.rs`): unset, on with two or more devices; refused with one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mirror_dirty: Option<bool>,
+}
+
+impl DevicesSection {
+    /// Whether dirty data is mirrored (the daemon's rule); the error names the key.
+    pub fn mirrors(&self) -> Result<bool, String> {
+        match (self.mirror_dirty, self.ssd_count > 1) {
+            (Some(true), false) => {
+                Err("devices.mirror_dirty: mirroring needs two or more devices (devices.ssd_count)".into())
+            }
+            (Some(on), _) => Ok(on),
+            (None, several) => Ok(several),
+        }
+    }
 }
 
 fn is_one(n: &u32) -> bool {
@@ -257,6 +276,7 @@ impl Default for DevicesSection {
             backing: DeviceChoice::Preset("hdd-7200".into()),
             backing_layout: BackingLayout::PerVm,
             ssd_count: 1,
+            mirror_dirty: None,
         }
     }
 }

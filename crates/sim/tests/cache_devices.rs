@@ -19,6 +19,9 @@ fn hits_bound(devices: u32) -> SimResult {
     s.devices.ssd = cachevisor_sim::scenario::DeviceChoice::Preset("860-evo".into());
     s.devices.backing = cachevisor_sim::scenario::DeviceChoice::Preset("850-pro".into());
     s.devices.ssd_count = devices;
+    // One copy of dirty data: this is about the devices' parallelism (mirroring, the
+    // default with two or more, writes each dirty block twice: below).
+    s.devices.mirror_dirty = Some(false);
     s.replay.mode = ReplayMode::Closed;
     s.replay.queue_depth = 32;
     s.replay.repeat_for = Some("30s".into());
@@ -71,4 +74,44 @@ fn a_bad_device_count_is_named() {
     assert!(e.contains("devices.ssd_count: 3 devices for a cache of 2 blocks"), "{e}");
     let e = toml::from_str::<Scenario>("[devices]\nssd_count = \"two\"\n").unwrap_err().to_string();
     assert!(e.contains("ssd_count"), "{e}");
+}
+
+/// tpcc with half its requests written (write-back), replayed closed-loop over two
+/// devices: mirrored or not.
+fn writes_over_two(mirror: Option<bool>) -> SimResult {
+    let mut s = Scenario::default();
+    s.trace.files = vec![shared("tpcc-small.mqsim.txt")];
+    s.cache.size = "64MiB".into();
+    s.cache.write_policy = cachevisor_engine::WritePolicy::Wb;
+    s.devices.ssd_count = 2;
+    s.devices.mirror_dirty = mirror;
+    s.replay.mode = ReplayMode::Closed;
+    s.replay.queue_depth = 8;
+    s.replay.max_requests = 20_000;
+    simulate(&s, &mut |_| {}).unwrap()
+}
+
+#[test]
+fn mirrored_dirty_data_writes_each_dirty_block_twice_and_is_the_default_with_two_devices() {
+    let mirrored = writes_over_two(None);
+    let single = writes_over_two(Some(false));
+    let m = mirrored.engine.mirror.expect("on by default with two devices");
+    assert!(single.engine.mirror.is_none());
+    assert!(m.mirrored_blocks > 0, "{m:?}");
+    assert_eq!(mirrored.total.requests, single.total.requests);
+    // Every write-back write lands on two devices (or goes through when no mirror slot
+    // is free): more SSD bytes written than with one copy.
+    assert!(
+        mirrored.total.ssd_write_bytes > single.total.ssd_write_bytes,
+        "{} vs {}",
+        mirrored.total.ssd_write_bytes,
+        single.total.ssd_write_bytes
+    );
+    assert!(mirrored.table().contains("dirty data mirrored on two devices"), "{}", mirrored.table());
+    // One device: refused by name.
+    let mut s = Scenario::default();
+    s.trace.files = vec![shared("tpcc-small.mqsim.txt")];
+    s.devices.mirror_dirty = Some(true);
+    let e = simulate(&s, &mut |_| {}).unwrap_err().to_string();
+    assert!(e.contains("devices.mirror_dirty") && e.contains("two or more"), "{e}");
 }

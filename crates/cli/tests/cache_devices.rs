@@ -100,6 +100,7 @@ fn two_devices_are_one_cache_under_verified_writes_and_a_sigkill() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let mut a = started_with_patterns(d);
+    assert!(!a.log().contains("devices changed") && !a.log().contains("cold start"), "a new cache: {}", a.log());
     let st = cache_status(d, &a);
     assert_eq!(st["size_bytes"].as_u64(), Some(16 << 20), "{st}");
     let devs = st["devices"].as_array().unwrap();

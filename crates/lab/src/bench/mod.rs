@@ -15,6 +15,8 @@
 //!   (`cluster.rs`).
 //! - `bench cluster-serve`: ELICA on three real daemons with etcd (`cluster_serve.rs`;
 //!   replicated write-back in `cluster_replica.rs`).
+//! - `bench devices`: the cache over 1, 2 and 4 devices and mirrored dirty data's cost
+//!   (`devices.rs`).
 //! - `bench memory`: fills an engine of the given cache size and reports metadata bytes
 //!   per slot and peak RSS.
 
@@ -23,6 +25,7 @@ pub(crate) mod cluster_nodes;
 pub(crate) mod cluster_replica;
 pub(crate) mod cluster_serve;
 pub(crate) mod datapath;
+pub(crate) mod devices;
 pub(crate) mod serve;
 pub(crate) mod sim;
 pub(crate) mod sim_process;
@@ -248,6 +251,21 @@ pub enum BenchCmd {
         #[arg(long, default_value = "out/bench/vhost")]
         dir: PathBuf,
     },
+    /// The cache over 1, 2 and 4 devices, and mirrored dirty data's cost (`devices.rs`).
+    Devices {
+        /// Disk image size, MiB (the cache holds it whole).
+        #[arg(long, default_value_t = 128)]
+        disk_mib: u64,
+        /// Interleaved rounds.
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Seconds per fio run.
+        #[arg(long, default_value_t = 4)]
+        secs: u32,
+        /// Working directory.
+        #[arg(long, default_value = "out/bench/devices")]
+        dir: PathBuf,
+    },
     /// A vSSD's data path (O_DIRECT) against qemu-nbd --cache=none --aio=native, and
     /// resize latency by size.
     Vssd {
@@ -429,6 +447,9 @@ pub fn run(c: BenchCmd) -> anyhow::Result<()> {
         }
         BenchCmd::Vhost { kernel, qsd, ios, rounds, dir } => {
             crate::bench::vhost::run(&crate::bench::vhost::Job { kernel, qsd, ios, rounds }, &dir)
+        }
+        BenchCmd::Devices { disk_mib, rounds, secs, dir } => {
+            crate::bench::devices::run(&crate::bench::devices::Job { disk_mib, rounds, secs }, &dir)
         }
         BenchCmd::Vssd { size_mib, rounds, secs, rw, bs, iodepth, resize_blocks, dir } => {
             let job = crate::bench::vssd::Job { size_mib, rw, bs, iodepth, secs, rounds, resize_blocks };

@@ -120,12 +120,16 @@ impl Relayout {
     /// changed `cache.size`/`max_size` is a resize, not a new device).
     pub(super) fn for_replay(
         recorded: Option<&[DeviceRow]>,
-        recorded_slots: u64,
+        recorded_slots: Option<u64>,
         configured: &[u64],
         found: &[Result<Label, String>],
         expected: Option<&Expected>,
         (block_size, meta_dir): (u64, &std::path::Path),
     ) -> Result<Relayout, String> {
+        // No metadata (a new cache): the devices as configured, nothing to move.
+        let Some(recorded_slots) = recorded_slots else {
+            return Ok(Relayout::plan(&DeviceRow::in_order(configured), configured, found, expected, block_size));
+        };
         let one = [DeviceRow { serial: 0, slots: recorded_slots }];
         let recorded = recorded.unwrap_or(&one);
         if recorded.len() == 1 && configured.len() == 1 && recorded_slots != configured[0] {

@@ -230,7 +230,7 @@ impl Daemon {
                           expected: Option<&cachevisor_store::cache_label::Expected>| {
             super::device_relayout::Relayout::for_replay(
                 recorded,
-                recorded_slots.unwrap_or(meta_slots),
+                recorded_slots,
                 &layout_slots,
                 &found_labels,
                 expected,

@@ -8,11 +8,13 @@
 //! already. A reload of a file that no longer lists a device removes it the same way.
 //! Adding: a one-device cache with dirty blocks gets a second device under fio's
 //! verified writes; new blocks land on it, dirty data is mirrored from then on, and a
-//! SIGKILL restarts warm on both although the file lists one.
+//! SIGKILL restarts warm on both although the file lists one. A device on its own file
+//! system (a tmpfs in a private mount namespace) removed under load can be unmounted at
+//! once (no descriptor of it left open), and a new one mounted there is added back.
 
 use cachevisor_testkit as common;
 
-use common::{cachevisor, fio_verified, qemu_io_ok, s, Daemon, ServeConfig};
+use common::{cachevisor, fio_verified, qemu_io_ok, s, Daemon, ServeConfig, SmallFs};
 use std::path::Path;
 
 /// `cache.img` and `ssd2/dev1.img` (8 MiB each), write-back vDisk vm1 of 32 MiB, no
@@ -36,16 +38,13 @@ fn cache_status(d: &Path, a: &Daemon) -> serde_json::Value {
 
 /// `cachevisor cache remove DEVICE` against `a`: (success, output).
 fn remove(d: &Path, a: &Daemon, device: &Path) -> (bool, String) {
+    remove_at(d, a.api.as_deref().unwrap(), device)
+}
+
+/// `cachevisor cache remove DEVICE` against the API at `api`: (success, output).
+fn remove_at(d: &Path, api: &str, device: &Path) -> (bool, String) {
     let token = d.join("cache.img.meta/api-token");
-    cachevisor(&[
-        "cache",
-        "remove",
-        device.to_str().unwrap(),
-        "--api",
-        a.api.as_deref().unwrap(),
-        "--token-file",
-        token.to_str().unwrap(),
-    ])
+    cachevisor(&["cache", "remove", device.to_str().unwrap(), "--api", api, "--token-file", token.to_str().unwrap()])
 }
 
 /// Whether process `pid` holds a descriptor of `path`.
@@ -215,4 +214,54 @@ fn a_reload_of_a_file_with_one_more_device_adds_it() {
     assert!(holds(a.pid, &d.join("ssd2/dev1.img")));
     assert_eq!(cache_status(d, &a)["size_bytes"].as_u64(), Some(16 << 20));
     qemu_io_ok(&a.uri("vm1"), &READ);
+}
+
+#[test]
+fn a_device_on_its_own_file_system_removed_under_load_can_be_unmounted_and_nothing_is_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write_config(d, true);
+    // The second device is a tmpfs at ssd2/ in a private mount namespace: the unmount
+    // succeeds only when no descriptor of it is open.
+    let mut fs = SmallFs::with_mounts(d, &[("ssd2", "16m")]);
+    let a = fs.serve("c.toml", &[]).unwrap();
+    let api = a.api.clone().unwrap();
+    qemu_io_ok(&a.uri("vm1"), &WRITE);
+    let st = common::cache_status_json(&api, &d.join("cache.img.meta"));
+    assert!(st["devices"][1]["cached_blocks"].as_u64().unwrap() > 0, "{st}");
+    assert_ne!(fs.run("umount ssd2"), 0, "in use: not unmounted");
+    let fio = fio_verified(&a.uri("vm1"), &["--offset=8M", "--size=4M", "--loops=3", "--rate_iops=1500"]);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let (ok, out) = remove_at(d, &api, &d.join("ssd2/dev1.img"));
+    assert!(ok, "{out}");
+    // Pulled while fio still writes: every descriptor of it was closed.
+    assert_eq!(fs.run("umount ssd2"), 0, "unmounting the removed device");
+    fio.wait_ok();
+    qemu_io_ok(&a.uri("vm1"), &READ);
+    // A SIGKILL with the device gone: the start leaves it out, every byte there.
+    assert!(a.signal("KILL", std::time::Duration::from_secs(10)));
+    let b = fs.serve("c.toml", &[]).unwrap();
+    qemu_io_ok(&b.uri("vm1"), &READ);
+    fio_verified(&b.uri("vm1"), &["--offset=8M", "--size=4M", "--verify_only"]).wait_ok();
+    // A new device mounted there and added back online: used again.
+    assert_eq!(fs.run("mount -t tmpfs -o size=16m tmpfs ssd2"), 0);
+    let token = d.join("cache.img.meta/api-token");
+    let api = b.api.clone().unwrap();
+    let dev = d.join("ssd2/dev1.img");
+    let (ok, out) = cachevisor(&[
+        "cache",
+        "add",
+        dev.to_str().unwrap(),
+        "--size",
+        "8MiB",
+        "--api",
+        &api,
+        "--token-file",
+        token.to_str().unwrap(),
+    ]);
+    assert!(ok, "{out}");
+    qemu_io_ok(&b.uri("vm1"), &["write -P 0x65 16M 6M", "read -P 0x65 16M 6M"]);
+    let st = common::cache_status_json(&api, &d.join("cache.img.meta"));
+    assert!(st["devices"][1]["cached_blocks"].as_u64().unwrap() > 0, "{st}");
+    qemu_io_ok(&b.uri("vm1"), &READ);
 }

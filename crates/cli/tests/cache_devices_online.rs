@@ -96,6 +96,15 @@ fn a_device_removed_under_verified_writes_loses_nothing_and_stays_out() {
     assert_eq!(st["size_bytes"].as_u64(), Some(8 << 20), "the cache is the first device's now: {st}");
     let (ok, out) = remove(d, &a, &dev);
     assert!(!ok && out.contains("removed already"), "{out}");
+    // /metrics says so per device.
+    let metrics =
+        ureq::get(&format!("http://{}/metrics", a.api.as_deref().unwrap())).call().unwrap().into_string().unwrap();
+    let value = |name: &str| -> Option<f64> {
+        let l = metrics.lines().find(|l| l.starts_with(name) && l.contains("dev1.img"))?;
+        l.rsplit(' ').next()?.parse().ok()
+    };
+    assert_eq!(value("cachevisor_cache_device_removed{"), Some(1.0), "{metrics}");
+    assert_eq!(value("cachevisor_cache_device_cached_blocks{"), Some(0.0), "{metrics}");
     // A SIGKILL: the start leaves it out (the file still lists it), every byte there.
     a.kill9();
     let mut a = Daemon::start(d, "c.toml", &[]).unwrap();

@@ -373,6 +373,7 @@ impl Daemon {
             congestion: self.dp.with_engine(|e| e.congestion()),
             write_budget: self.dp.with_engine(|e| e.write_budget()),
             mirror: self.mirror_report(),
+            devices: self.device_reports(),
             vdisks: self.status(),
             destaged_blocks: self.destaged_blocks(),
             flush_rate_bytes: self.dp.flush_rate_bytes(),

@@ -174,7 +174,7 @@ impl Daemon {
     }
 
     /// Each device's share of a cache over several (none for one device).
-    fn device_reports(&self) -> Vec<CacheDeviceReport> {
+    pub(crate) fn device_reports(&self) -> Vec<CacheDeviceReport> {
         if !self.several_cache_devices() {
             return Vec::new();
         }

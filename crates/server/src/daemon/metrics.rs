@@ -458,6 +458,35 @@ impl Collector for StateCollector {
                 }
             }
         }
+        if !self.0.devices.is_empty() {
+            // Each cache device of several: its size, blocks, and state (`[[cache.device]]`).
+            type Of = fn(&crate::daemon::cache_swap::CacheDeviceReport) -> f64;
+            let per_device: [(&str, &str, Of); 4] = [
+                ("cachevisor_cache_device_size_bytes", "Bytes of the device the cache uses", |d| d.size_bytes as f64),
+                ("cachevisor_cache_device_cached_blocks", "Blocks cached on the device", |d| d.cached_blocks as f64),
+                (
+                    "cachevisor_cache_device_failed",
+                    "1 once the device was dropped after errors past cache.error_threshold",
+                    |d| f64::from(u8::from(d.failed)),
+                ),
+                (
+                    "cachevisor_cache_device_removed",
+                    "1 once the device was removed online (cachevisor cache remove), 0.5 while it empties",
+                    |d| match d.removal.map(|r| r.state) {
+                        Some(cachevisor_datapath::RemovalState::Removed) => 1.0,
+                        Some(cachevisor_datapath::RemovalState::Removing) => 0.5,
+                        None => 0.0,
+                    },
+                ),
+            ];
+            for (name, help, f) in per_device {
+                let g0 = ConstGauge::new(0f64);
+                let mut m = enc.encode_descriptor(name, help, None, g0.metric_type())?;
+                for d in &self.0.devices {
+                    ConstGauge::new(f(d)).encode(m.encode_family(&vec![("device".to_string(), d.path.clone())])?)?;
+                }
+            }
+        }
         if let Some(c) = &self.0.congestion {
             // Congestion bypass (`congestion.rs`): the cache device's smoothed latency, and
             // whether each direction is congested now.

@@ -66,6 +66,8 @@ pub struct State {
     pub write_budget: Option<cachevisor_engine::SharedBudgetState>,
     /// Mirrored dirty data (`cache.mirror_dirty`), when on.
     pub mirror: Option<crate::daemon::cache_swap::MirrorReport>,
+    /// Each device of a cache over several (none for one).
+    pub devices: Vec<crate::daemon::cache_swap::CacheDeviceReport>,
 }
 
 /// A cluster node's state as gauges (`[cluster]`).

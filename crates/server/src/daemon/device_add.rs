@@ -66,19 +66,26 @@ impl Daemon {
                 return Err(invalid(e.to_string()));
             }
         };
+        // Noted for the next start before any block can land on it: a crash after that
+        // restarts with the device (a crash before the add's checkpoint: as a new one).
+        let mut overlay = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
+        let noted = crate::config::CacheDevice { path: path.clone(), size: size.to_string() };
+        if let Err(e) = overlay.change(&self.meta_dir, |o| o.add_device(noted)) {
+            release();
+            return Err(OpError::Unsaved(e));
+        }
         if let Err(e) = self.dp.add_cache_device(file, direct, slots) {
             release();
+            if let Err(u) = overlay.change(&self.meta_dir, |o| o.added_devices.retain(|d| !same_path(&d.path, &path))) {
+                tracing::error!(device = %path.display(), error = %u, "a failed add stays noted for the next start (which takes the device as a new one)");
+            }
             return Err(invalid(e));
         }
+        drop(overlay);
         self.cache_devices.lock().unwrap_or_else(|e| e.into_inner()).push(path.clone());
         let mirrored = cache.mirror_dirty.is_none()
             && self.dp.with_engine_mut(|e| !e.mirror_dirty() && e.set_mirror_dirty(true).is_ok());
         self.redivide();
-        let mut overlay = self.overlay.lock().unwrap_or_else(|e| e.into_inner());
-        let noted = crate::config::CacheDevice { path: path.clone(), size: size.to_string() };
-        if let Err(e) = overlay.change(&self.meta_dir, |o| o.add_device(noted)) {
-            tracing::error!(device = %path.display(), error = %e, "the added device could not be noted for the next start: add it to the configuration file");
-        }
         Ok(format!(
             "cache device {} added: {} blocks ({}){}",
             path.display(),

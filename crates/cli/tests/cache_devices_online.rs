@@ -173,6 +173,11 @@ fn a_device_added_under_verified_writes_takes_new_blocks_mirrors_and_stays_after
     assert!(!ok && out.contains("multiple of the block size"), "{out}");
     let (ok, out) = add(d, &a, &d.join("cache.img"), "8MiB");
     assert!(!ok && out.contains("already"), "{out}");
+    // 0, and past the slot ids a cache has (2^32 blocks of 4 KiB is 16 TiB).
+    let (ok, out) = add(d, &a, &dev, "0");
+    assert!(!ok && out.contains("positive multiple"), "{out}");
+    let (ok, out) = add(d, &a, &dev, "16TiB");
+    assert!(!ok && out.contains("slot ids"), "{out}");
     assert!(!dev.exists(), "nothing created by a refusal");
     // Added while fio writes and verifies past the patterns.
     let fio = fio_verified(&a.uri("vm1"), &["--offset=8M", "--size=4M", "--loops=3", "--rate_iops=1500"]);

@@ -39,7 +39,8 @@ impl DataPath {
             if rows.is_empty() {
                 rows = DeviceRow::in_order(&[s.layout().range(cachevisor_engine::LOCAL).1]);
             }
-            let serial = rows.iter().map(|r| r.serial).max().unwrap_or(0) + 1;
+            let used: Vec<u16> = rows.iter().map(|r| r.serial).collect();
+            let serial = DeviceRow::next_serial(&used).ok_or("every device serial is taken")?;
             rows.push(DeviceRow { serial, slots });
             let id = Label::device_id(&expected.id, serial);
             (Label { id, generation: expected.generation, block_size: s.bs }, rows)

@@ -165,6 +165,14 @@ pub struct DeviceRow {
 }
 
 impl DeviceRow {
+    /// A serial for a device joining a cache whose devices carry `used`: one past the
+    /// highest, or (past u16's end, from metadata that says so) the lowest free one
+    /// above 0; `None` when every serial is taken.
+    pub fn next_serial(used: &[u16]) -> Option<u16> {
+        let top = used.iter().copied().max().unwrap_or(0);
+        top.checked_add(1).or_else(|| (1..=u16::MAX).find(|s| !used.contains(s)))
+    }
+
     /// Rows of `slots` each, serials their indices (a cache whose devices never moved).
     pub fn in_order(slots: &[u64]) -> Vec<DeviceRow> {
         slots.iter().enumerate().map(|(i, &slots)| DeviceRow { serial: i as u16, slots }).collect()
@@ -495,6 +503,16 @@ mod tests {
                 prop_assert!(got.len() <= damaged || got[..damaged] == recs[..damaged]);
             }
         }
+    }
+
+    #[test]
+    fn a_new_serial_is_past_the_highest_and_never_overflows() {
+        assert_eq!(DeviceRow::next_serial(&[]), Some(1));
+        assert_eq!(DeviceRow::next_serial(&[0, 3, 1]), Some(4));
+        assert_eq!(DeviceRow::next_serial(&[0, u16::MAX - 1]), Some(u16::MAX));
+        assert_eq!(DeviceRow::next_serial(&[0, 1, u16::MAX]), Some(2), "past the end: the lowest free");
+        let all: Vec<u16> = (0..=u16::MAX).collect();
+        assert_eq!(DeviceRow::next_serial(&all), None);
     }
 
     #[test]

@@ -38,6 +38,15 @@ impl Daemon {
             return Err(invalid(format!("size: {bytes} bytes is not a positive multiple of the block size ({bs})")));
         }
         let slots = bytes / bs;
+        // Slot ids are 32-bit over every device: checked before anything is created.
+        let total = self.dp.with_engine(|e| e.slot_count());
+        if slots > u64::from(u32::MAX) - total.min(u64::from(u32::MAX)) {
+            return Err(invalid(format!(
+                "size: {} blocks past the cache's {total} would pass the {} slot ids a cache has",
+                slots,
+                u32::MAX
+            )));
+        }
         let path = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
         let devices = self.cache_device_paths();
         if devices.iter().any(|p| same_path(p, &path)) {

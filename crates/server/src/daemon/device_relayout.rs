@@ -87,14 +87,16 @@ impl Relayout {
                 }
             }
         }
-        let mut next = recorded.iter().map(|r| r.serial).max().unwrap_or(0);
+        let mut used: Vec<u16> = recorded.iter().map(|r| r.serial).collect();
         let serials = (0..configured.len())
             .map(|i| match now.iter().position(|&n| n == Some(i)) {
                 Some(j) => recorded[j].serial,
                 None if i == 0 => 0, // the cache's own identity
                 None => {
-                    next += 1;
-                    next
+                    // Fewer devices than serials (the store table holds < 2^16 rows).
+                    let s = DeviceRow::next_serial(&used).expect("a free serial");
+                    used.push(s);
+                    s
                 }
             })
             .collect();
@@ -262,6 +264,10 @@ mod tests {
         assert_eq!(r.gone_devices(), vec![0, 1, 2]);
         assert_eq!(r.serials, vec![0, 3, 4]);
         // A stale device (a generation the metadata does not accept) is not the one.
+        // Recorded serials at u16's end (metadata that says so): a new one still fits.
+        let top = rows(&[(0, 4), (u16::MAX, 4)]);
+        let r = Relayout::plan(&top, &[4, 4, 4], &[label(&e, u16::MAX), Err("new".into())], Some(&e), 4096);
+        assert_eq!(r.serials, vec![0, u16::MAX, 1]);
         let old = Expected { generation: 2, previous: 1, ..e };
         let r = Relayout::plan(&rec, &[10, 30], &[label(&old, 2)], Some(&e), 4096);
         assert_eq!(r.gone_devices(), vec![1, 2]);

@@ -62,6 +62,14 @@ pub struct SimulateArgs {
     /// Dirty data mirrored on two devices (default: on with two or more, as the daemon).
     #[arg(long)]
     pub mirror_dirty: Option<bool>,
+    /// A RAM tier of this size in front of the cache devices (clean copies of hot
+    /// blocks, as the daemon's `cache.ram`; 0: none).
+    #[arg(long)]
+    pub ram: Option<String>,
+    /// Which SSD hits copy a block into the RAM tier: every-hit (CacheLib's rule) or
+    /// second-hit.
+    #[arg(long, value_parser = |s: &str| s.parse::<cachevisor_engine::RamFill>())]
+    pub ram_fill: Option<cachevisor_engine::RamFill>,
     /// Backing device preset.
     #[arg(long)]
     pub backing: Option<String>,
@@ -134,6 +142,12 @@ pub fn base_scenario(a: &SimulateArgs) -> anyhow::Result<Scenario> {
     }
     if let Some(m) = a.mirror_dirty {
         sc.devices.mirror_dirty = Some(m);
+    }
+    if let Some(r) = &a.ram {
+        sc.devices.ram = Some(r.clone());
+    }
+    if let Some(f) = a.ram_fill {
+        sc.devices.ram_fill = f;
     }
     if let Some(m) = &a.mode {
         sc.replay.mode = if m == "open" { ReplayMode::Open } else { ReplayMode::Closed };

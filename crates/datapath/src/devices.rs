@@ -48,6 +48,7 @@ impl Shared {
         match loc {
             Location::Cache(st) => self.store(st)?.submit(0, at, Io::Read(buf)).map(drop),
             Location::Backing(vm) => self.backing(vm)?.read_at(buf, at),
+            Location::Ram => Err(std::io::Error::other("a RAM-tier op on a device thread (`ram_memory.rs` runs them)")),
         }
     }
 
@@ -56,6 +57,7 @@ impl Shared {
         match loc {
             Location::Cache(st) => self.store(st)?.submit(0, at, Io::Write(data)).map(drop),
             Location::Backing(vm) => self.backing(vm)?.write_at(data, at),
+            Location::Ram => Err(std::io::Error::other("a RAM-tier op on a device thread (`ram_memory.rs` runs them)")),
         }
     }
 

@@ -21,6 +21,10 @@ impl Shared {
         let (mut queued, mut queued_ssd) = (0usize, 0usize);
         loop {
             while let Some(op) = core.engine.poll_op() {
+                if op.loc == cachevisor_engine::Location::Ram {
+                    self.run_ram_op(core, op); // memory: at once, here (`ram_memory.rs`)
+                    continue;
+                }
                 let data = if !op.kind.is_write() {
                     None
                 } else if op.staged {

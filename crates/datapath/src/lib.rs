@@ -49,6 +49,7 @@ mod fault_devices;
 pub mod injected;
 mod logged_writes;
 pub mod persist;
+mod ram_memory;
 mod ring;
 mod start;
 mod stats;
@@ -178,6 +179,8 @@ struct Core {
     saved_modes: Vec<(cachevisor_engine::WritePolicy, bool)>,
     /// Cache devices being removed or removed (`device_removal.rs`), by store.
     device_removals: std::collections::BTreeMap<cachevisor_engine::StoreId, DeviceRemoval>,
+    /// The RAM tier's memory (`ram_memory.rs`; empty without one).
+    ram: ram_memory::RamMemory,
 }
 
 struct Shared {

@@ -45,6 +45,7 @@ impl DataPath {
             })
             .collect();
         let n = names.len();
+        let engine_ram = engine.ram_stats().slots;
         let core = Core {
             engine,
             waiting: HashMap::new(),
@@ -71,6 +72,7 @@ impl DataPath {
             cache: CacheState::Attached,
             saved_modes: Vec::new(),
             device_removals: Default::default(),
+            ram: crate::ram_memory::RamMemory::new(engine_ram, bs),
         };
         let shared = Arc::new(Shared {
             core: Mutex::new(core),

@@ -20,8 +20,17 @@ impl Engine {
         if let Some(s) = self.index.get(key, |x| self.slots.key(x)) {
             self.touch(vm, s);
             if self.valid.all(s, r) {
-                let op = DeviceOp { client: true, ..self.ssd(OpKind::SsdRead, vm, s, r, 0, true) };
-                self.emit(out, op);
+                // The RAM tier first; an SSD hit may fill it from the same read.
+                let ram = self.ram.on() && !self.ram_read(vm, b, s, r, out);
+                let fill = if ram { self.ram_fill_slot(vm, s) } else { None };
+                let op =
+                    DeviceOp { client: true, staged: fill.is_some(), ..self.ssd(OpKind::SsdRead, vm, s, r, 0, true) };
+                if !self.ram.on() || ram {
+                    let read = self.emit(out, op);
+                    if let Some(q) = fill {
+                        self.ram_fill(vm, b, q, r, read, out);
+                    }
+                }
                 out.blocks.push(BlockOutcome { block: b, hit: true, inserted: false, bypassed: false, evicted: None });
                 return;
             }
@@ -273,6 +282,9 @@ impl Engine {
 
     /// Drops sectors `r` of a slot; a slot left with no valid sector is freed.
     pub(crate) fn invalidate(&mut self, vm: VmId, s: u32, r: SectorRange) {
+        if self.ram.on() {
+            self.ram.ssd_changed(s);
+        }
         self.clear_dirty(vm, s, r);
         self.valid.clear(s, r);
         self.note(s);

@@ -3,8 +3,8 @@
 //! produced it). A driver reports each request it submits, executes each device op on
 //! the model when the op completes (in whatever order its devices complete them), and
 //! passes every engine event. Checked: the cache stores never serve a sector of another
-//! block; a staged write writes what its source read returned (a fill, a write-back, a
-//! move between cache stores); a read's reply holds, for each sector, the last
+//! block (nor does the RAM tier); a staged write writes what its source read returned (a
+//! fill, a write-back, a move between cache stores, a RAM copy); a read's reply holds, for each sector, the last
 //! acknowledged write's version (or one of the failed writes after it, whose data is
 //! undefined); after a final flush the backing stores hold every acknowledged write.
 //!
@@ -123,7 +123,18 @@ impl DataModel {
         if op.kind.is_ssd() && op.loc != Location::Cache(self.layout.store_of(op.slot)) {
             return Err(format!("{op:?}: slot {} is in store {}", op.slot, self.layout.store_of(op.slot)));
         }
-        let s0 = if op.kind.is_ssd() { self.layout.offset(op) / 512 } else { 0 };
+        if op.kind.is_ram() != (op.loc == Location::Ram) {
+            return Err(format!("{op:?}: a RAM-tier op is one on the RAM tier"));
+        }
+        // Cache sectors: a store's, or the RAM tier's (a copy of a store's).
+        let cached = op.kind.is_ssd() || op.kind.is_ram();
+        let s0 = if op.kind.is_ssd() {
+            self.layout.offset(op) / 512
+        } else if op.kind.is_ram() {
+            op.ram_offset(self.block_size) / 512
+        } else {
+            0
+        };
         if op.kind.is_ssd() && self.lent.contains(&op.slot) {
             return Err(format!("{op:?}: slot {} is lent out of the cache", op.slot));
         }
@@ -135,7 +146,7 @@ impl DataModel {
             let mut got = Vec::new();
             for i in 0..n {
                 let key = (op.vm, d0 + i);
-                let tag = if op.kind.is_ssd() {
+                let tag = if cached {
                     let t = *self
                         .ssd
                         .get(&(op.loc, s0 + i))
@@ -178,7 +189,7 @@ impl DataModel {
                 }
                 *v
             };
-            if op.kind.is_ssd() {
+            if cached {
                 self.ssd.insert((op.loc, s0 + i), (op.vm, key.1, v));
             } else {
                 self.backing.insert(key, v);

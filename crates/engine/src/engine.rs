@@ -109,6 +109,8 @@ pub struct Engine {
     pub(crate) health: crate::device_failure::DeviceHealth,
     /// Mirror slots of dirty blocks (`dirty_mirror.rs`).
     pub(crate) mirrors: crate::dirty_mirror::DirtyMirrors,
+    /// The RAM tier's copies (`ram_tier.rs`).
+    pub(crate) ram: crate::ram_tier::RamTier,
     /// The request being processed (its blocks, mode, phases).
     pub(crate) req: InRequest,
     /// Reused buffers.
@@ -218,6 +220,7 @@ impl Engine {
             seals: Default::default(),
             health: Default::default(),
             mirrors: Default::default(),
+            ram: Default::default(),
             req: InRequest::default(),
             scratch: Scratch::default(),
             admission: Vec::new(),
@@ -460,6 +463,7 @@ impl Engine {
         let bs = self.cfg.block_size;
         let (first, last) = (req.offset >> self.shift, (req.end() - 1) >> self.shift);
         self.req.blocks = Some((req.vm, first, last, first));
+        self.ram.req_from = self.ram.tick();
         for b in first..=last {
             if let Some(r) = self.req.blocks.as_mut() {
                 r.3 = b;
@@ -561,6 +565,10 @@ impl Engine {
     #[inline(always)]
     pub(crate) fn emit(&mut self, out: &mut Output, op: DeviceOp) -> OpId {
         if op.kind == OpKind::SsdWrite {
+            // A RAM copy of the slot is stale once the write runs (`ram_tier.rs`).
+            if self.ram.on() {
+                self.ram.ssd_changed(op.slot);
+            }
             // A write budget counts every SSD byte its vDisk writes (`write_budget.rs`).
             if let Some(Some(a)) = self.admission.get_mut(op.vm as usize) {
                 a.note_written(self.now_ms, u64::from(op.len));

@@ -527,7 +527,10 @@ impl Engine {
                 // bytes first.
                 let lent =
                     matches!(op.loc, crate::output::Location::Cache(st) if !self.stores.layout().kind(st).is_local());
-                device_error = f != Failure::Shutdown && !(lent && self.stores.lent_write_through());
+                // The RAM tier holds clean copies only: its failure is no device's.
+                device_error = f != Failure::Shutdown
+                    && !(lent && self.stores.lent_write_through())
+                    && op.loc != crate::output::Location::Ram;
                 corrupt = f == Failure::Corrupt;
             }
         }

@@ -6,7 +6,7 @@
 
 use crate::engine::Engine;
 use crate::inflight::{Event, Job, OpState, ReqId};
-use crate::output::{DeviceOp, NO_SLOT};
+use crate::output::{DeviceOp, Location, NO_SLOT};
 use crate::slot_table::pack_key;
 use cachevisor_trace::{Request, VmId};
 
@@ -33,7 +33,9 @@ impl Engine {
             if !(own.0..=own.1).contains(&k) {
                 job.keys.push(k);
             }
-            if op.slot != NO_SLOT {
+            if op.loc == Location::Ram {
+                self.ram_pin(op.slot);
+            } else if op.slot != NO_SLOT {
                 self.flight.pin(op.slot);
             }
         }
@@ -116,7 +118,7 @@ impl Engine {
         let released = |k: u64| !job.groups.is_empty() && job.groups.get(&k).is_some_and(|g| g.2 == 0);
         for op in &job.out.ops {
             if op.slot != NO_SLOT && !released(pack_key(op.vm, op.block(bs))) {
-                self.unpin(op.slot);
+                self.unpin_op(op);
             }
         }
         for &k in &job.keys {
@@ -158,13 +160,22 @@ impl Engine {
         let (at, len) = (g.0 as usize, g.1 as usize);
         for k in at..at + len {
             let job = self.flight.job(key);
-            let slot = job.out.ops[job.by_key[k] as usize].slot;
-            if slot != NO_SLOT {
-                self.unpin(slot);
+            let op = job.out.ops[job.by_key[k] as usize];
+            if op.slot != NO_SLOT {
+                self.unpin_op(&op);
             }
         }
         self.unbusy(block);
         true
+    }
+
+    /// Op `op` ended for good: its slot (a store's, or the RAM tier's) is free of it.
+    fn unpin_op(&mut self, op: &DeviceOp) {
+        if op.loc == Location::Ram {
+            self.ram_unpin(op.slot);
+        } else {
+            self.unpin(op.slot);
+        }
     }
 
     /// One op on slot `s` ended for good: the slot is free of it (and back on the free

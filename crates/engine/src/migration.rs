@@ -265,6 +265,9 @@ impl Engine {
         // The journal may still say `s` holds the block, clean: a write of it to the
         // backing store waits for the commit that frees `s` (as `forget`'s).
         self.dur.left_vouched(key, s);
+        if self.ram.on() {
+            self.ram.ssd_changed(s);
+        }
         self.valid.clear_all(s);
         self.dirty.clear_all(s);
         let slots = &self.slots;

@@ -37,6 +37,11 @@ pub enum Location {
     Cache(crate::stores::StoreId),
     /// The backing store of a vDisk (the op's `vm`).
     Backing(VmId),
+    /// The host's RAM tier (`ram_tier.rs`): clean copies of hot cached blocks in memory.
+    /// The op's `slot` is its RAM slot (0.. the tier's slots, not a store slot); its byte
+    /// offset there is [`DeviceOp::ram_offset`]. Its ops are [`OpKind::RamRead`] and
+    /// [`OpKind::RamWrite`].
+    Ram,
 }
 
 /// Bytes a driver runs as one device call at most ([`DeviceOp::continues`]): a 1 MiB read
@@ -57,16 +62,24 @@ pub enum OpKind {
     BackingRead,
     /// Write to the VM's backing store.
     BackingWrite,
+    /// Read a block's clean copy from the RAM tier ([`Location::Ram`]).
+    RamRead,
+    /// Write a block's clean copy into the RAM tier (staged: what an SSD read returned).
+    RamWrite,
 }
 
 impl OpKind {
-    /// Whether the op targets the SSD.
+    /// Whether the op targets a cache store (an SSD, or a region another node lends).
     pub fn is_ssd(self) -> bool {
         matches!(self, OpKind::SsdRead | OpKind::SsdWrite)
     }
+    /// Whether the op targets the RAM tier.
+    pub fn is_ram(self) -> bool {
+        matches!(self, OpKind::RamRead | OpKind::RamWrite)
+    }
     /// Whether the op writes.
     pub fn is_write(self) -> bool {
-        matches!(self, OpKind::SsdWrite | OpKind::BackingWrite)
+        matches!(self, OpKind::SsdWrite | OpKind::BackingWrite | OpKind::RamWrite)
     }
 }
 
@@ -141,11 +154,19 @@ impl DeviceOp {
     pub fn continues(&self, prev: &DeviceOp, block_size: u64) -> bool {
         self.kind == prev.kind
             && self.loc == prev.loc
-            && if self.kind.is_ssd() {
+            && if self.kind.is_ssd() || self.kind.is_ram() {
                 self.pool_offset(block_size) == prev.pool_offset(block_size) + prev.len as u64
             } else {
                 self.vm == prev.vm && self.disk_addr == prev.disk_addr + prev.len as u64
             }
+    }
+
+    /// RAM-tier ops: the byte offset in the tier's memory (the RAM slot × the block size,
+    /// plus the op's offset inside its block).
+    #[inline]
+    pub fn ram_offset(&self, block_size: u64) -> u64 {
+        debug_assert!(self.kind.is_ram(), "{self:?} is no RAM-tier op");
+        self.pool_offset(block_size)
     }
 
     /// Staged writes: the id of the read op whose bytes they write.

@@ -16,7 +16,8 @@
 //! - a move between cache stores (migration) that did not complete puts the block back in
 //!   the slot it was copied from, which nothing reused while the copy was in flight —
 //!   unless that slot's store takes no block any more (a lost lender) and the block is
-//!   clean: then it is dropped.
+//!   clean: then it is dropped;
+//! - a RAM-tier op that did not complete drops its copy (the SSD still holds the block).
 
 use crate::engine::Engine;
 use crate::inflight::{Job, OpState};
@@ -29,6 +30,13 @@ impl Engine {
         let bs = self.cfg.block_size;
         let done = |i: usize| job.state[i] == OpState::Done;
         let issued = |i: usize| matches!(job.state[i], OpState::Done | OpState::Failed);
+        // RAM-tier ops that did not complete: the copy goes (`ram_tier.rs`; a fill whose
+        // SSD read failed never ran).
+        for (i, op) in job.out.ops.iter().enumerate() {
+            if op.loc == crate::output::Location::Ram && !done(i) {
+                self.ram_op_lost(op.slot);
+            }
+        }
         // Moves between cache stores (`migration.rs`) that did not complete: the block goes
         // back to the slot it was copied from, with its sectors as they are now (nothing
         // changed them: the job held the block), before the rule below would drop them.

@@ -21,6 +21,9 @@ impl Engine {
     #[inline]
     pub(crate) fn forget(&mut self, vm: VmId, s: u32) {
         let key = self.slots.key(s);
+        if self.ram.on() {
+            self.ram.ssd_changed(s);
+        }
         self.dur.left_vouched(key, s);
         let slots = &self.slots;
         self.index.remove(key, s, |x| slots.key(x));

@@ -292,6 +292,8 @@ struct Machine {
     flushes: HashMap<ReqId, HashMap<(u32, u64), u64>>,
     /// Local slots lent out (their user's bytes; no engine op may touch them).
     lent: BTreeSet<u32>,
+    /// The RAM tier's sectors (memory: gone at a crash).
+    ram: HashMap<u64, Tag>,
 }
 
 impl Machine {
@@ -310,6 +312,7 @@ impl Machine {
             floor: HashMap::new(),
             flushes: HashMap::new(),
             lent: BTreeSet::new(),
+            ram: HashMap::new(),
         }
     }
 
@@ -388,6 +391,9 @@ impl Machine {
     fn execute(&mut self, op: &DeviceOp, fail: bool, torn: u64) -> Result<(), String> {
         let n = op.len.div_ceil(512) as u64;
         let d0 = op.disk_addr / 512;
+        if op.kind.is_ram() {
+            return self.execute_ram(op, fail, torn);
+        }
         let (st, s0) = match op.loc {
             Location::Cache(st) if op.kind.is_ssd() => (st, self.layout.offset(op) / 512),
             _ => (0, 0),
@@ -446,6 +452,43 @@ impl Machine {
             } else {
                 self.backing.entry(key).or_default().pending.push(v);
             }
+        }
+        Ok(())
+    }
+}
+
+impl Machine {
+    /// A RAM-tier op: memory, written at once, read back as written (a copy of cached
+    /// bytes: a read of another block's sector is an error).
+    fn execute_ram(&mut self, op: &DeviceOp, fail: bool, torn: u64) -> Result<(), String> {
+        let (n, d0, s0) = (op.len.div_ceil(512) as u64, op.disk_addr / 512, op.ram_offset(u64::from(SPB) * 512) / 512);
+        if op.kind == OpKind::RamRead {
+            if fail {
+                return Ok(());
+            }
+            let mut got = Vec::new();
+            for i in 0..n {
+                let t = *self.ram.get(&(s0 + i)).ok_or(format!("{op:?}: unwritten RAM"))?;
+                if (t.0, t.1) != (op.vm, d0 + i) {
+                    return Err(format!("{op:?}: RAM sector holds {t:?}"));
+                }
+                got.push(t);
+            }
+            if let Some((r, _, data)) = self.reqs.get_mut(&op.req) {
+                for t in &got {
+                    if (r.offset / 512..r.end().div_ceil(512)).contains(&t.1) {
+                        data.insert(t.1, t.2);
+                    }
+                }
+            }
+            self.bufs.insert(op.id, (op.req, got));
+            return Ok(());
+        }
+        let src = op.source_id().ok_or("a RAM write without a source")?;
+        let (_, buf) = self.bufs.get(&src).ok_or(format!("{op:?}: source not read"))?;
+        for i in 0..if fail { torn.min(n) } else { n } {
+            let t = *buf.iter().find(|t| (t.0, t.1) == (op.vm, d0 + i)).ok_or("source lacks the sector")?;
+            self.ram.insert(s0 + i, t);
         }
         Ok(())
     }
@@ -621,6 +664,14 @@ fn run_checking(
     if mirror {
         e.set_mirror_dirty(true).unwrap();
     }
+    // Seeds with bit 5 set: a RAM tier of 3 blocks (every SSD hit fills it, or with bit 6
+    // the second), lost at the crash.
+    let ram = |e: &mut Engine| {
+        if (seed >> 5) % 2 == 1 {
+            e.set_ram_tier(3, if (seed >> 6) % 2 == 1 { RamFill::SecondHit } else { RamFill::EveryHit });
+        }
+    };
+    ram(&mut e);
     let mut d = Driver {
         m: Machine::new(e.layout().clone()),
         e,
@@ -836,12 +887,14 @@ fn run_checking(
             }
         }
     }
-    // Recovery: the journal replayed into a new engine.
+    // Recovery: the journal replayed into a new engine (memory is empty).
+    d.m.ram.clear();
     let mut e = Engine::new(config(shared, repl, lent, seed)).unwrap();
     e.set_lent_write_through(lost);
     if mirror {
         e.set_mirror_dirty(true).unwrap();
     }
+    ram(&mut e);
     set_targets(&mut e, lent, &mut out);
     // The driver's checksums after the replay: the newest record of each slot, a seal's.
     let mut sums: HashMap<u32, Sums> = HashMap::new();

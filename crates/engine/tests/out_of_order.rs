@@ -243,10 +243,28 @@ struct Setup {
     ahead: u32,
     /// ELICA-Traffic's choice at a full partition too (lent-region cases).
     turnover: bool,
+    /// The RAM tier: 0 off, else its slots (filled on every SSD hit, or with
+    /// `ram_second`, on the second).
+    ram: u64,
+    ram_second: bool,
 }
 
 fn run(steps: &[Step], setup: Setup) -> Result<(), String> {
-    let Setup { partition, fill, kind, timers, protect, remote, devices, errors, mirror, ahead, turnover } = setup;
+    let Setup {
+        partition,
+        fill,
+        kind,
+        timers,
+        protect,
+        remote,
+        devices,
+        errors,
+        mirror,
+        ahead,
+        turnover,
+        ram,
+        ram_second,
+    } = setup;
     // With `remote`, half the 8 slots are lent by two other nodes of a cluster (ELICA).
     let (slots, lent) = if remote { (4, vec![StoreSpec::lent(1, 2), StoreSpec::lent(3, 2)]) } else { (8, Vec::new()) };
     let cfg = EngineConfig { partition, fill, replacement: kind, stores: lent, ..EngineConfig::with_slots(slots) };
@@ -266,6 +284,9 @@ fn run(steps: &[Step], setup: Setup) -> Result<(), String> {
     // random completions and failures.
     d.e.set_writeback_ahead(ahead);
     d.e.set_traffic_turnover(turnover);
+    // Clean copies of hot blocks in RAM, dropped as their slots change, its ops among the
+    // random completions and failures.
+    d.e.set_ram_tier(ram, if ram_second { RamFill::SecondHit } else { RamFill::EveryHit });
     // Prewarmed blocks protected from eviction for 50 steps (or until touched).
     d.e.set_prewarm_protection(protect.then_some(50));
     let mut out = Output::default();
@@ -502,9 +523,11 @@ proptest! {
         mirror in any::<bool>(),
         ahead in prop::sample::select(vec![0u32, 2, 8]),
         turnover in any::<bool>(),
+        ram in prop::sample::select(vec![0u64, 0, 2, 5]),
+        ram_second in any::<bool>(),
     ) {
         let partition = if shared { PartitionMode::Shared } else { PartitionMode::Static };
         let fill = if fill_block { FillMode::Block } else { FillMode::Request };
-        run(&steps, Setup { partition, fill, kind, timers, protect, remote, devices, errors, mirror, ahead, turnover }).map_err(TestCaseError::fail)?;
+        run(&steps, Setup { partition, fill, kind, timers, protect, remote, devices, errors, mirror, ahead, turnover, ram, ram_second }).map_err(TestCaseError::fail)?;
     }
 }

@@ -134,6 +134,7 @@ impl World {
                             self.backing.insert(key, v);
                         }
                     }
+                    OpKind::RamRead | OpKind::RamWrite => return Err(format!("{op:?}: no RAM tier here")),
                 }
             }
         }

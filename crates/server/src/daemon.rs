@@ -373,6 +373,7 @@ impl Daemon {
             congestion: self.dp.with_engine(|e| e.congestion()),
             write_budget: self.dp.with_engine(|e| e.write_budget()),
             mirror: self.mirror_report(),
+            ram: self.ram_report(),
             devices: self.device_reports(),
             vdisks: self.status(),
             destaged_blocks: self.destaged_blocks(),
@@ -409,7 +410,10 @@ impl Daemon {
     pub fn status(&self) -> Vec<VdiskStatus> {
         let exports = self.exports();
         let parts: Vec<_> = self.dp.with_engine(|e| {
-            exports.iter().map(|x| (e.partition(x.id), e.written_back_ahead_of(x.id), e.entry_state(x.id))).collect()
+            exports
+                .iter()
+                .map(|x| (e.partition(x.id), (e.written_back_ahead_of(x.id), e.ram_of(x.id)), e.entry_state(x.id)))
+                .collect()
         });
         let shares: Vec<_> = {
             let mut p = self.policy.lock().unwrap_or_else(|p| p.into_inner());
@@ -421,7 +425,7 @@ impl Daemon {
             .into_iter()
             .zip(parts)
             .zip(shares)
-            .map(|((e, (p, ahead, entry)), share)| VdiskStatus {
+            .map(|((e, (p, (ahead, (ram_blocks, ram_hit_blocks)), entry)), share)| VdiskStatus {
                 entry,
                 weight: share.weight,
                 ratio: share.ratio,
@@ -433,6 +437,8 @@ impl Daemon {
                 target_blocks: p.target,
                 dirty_blocks: p.dirty_blocks,
                 written_back_ahead: ahead,
+                ram_blocks,
+                ram_hit_blocks,
                 block_size: self.block_size,
             })
             .collect()

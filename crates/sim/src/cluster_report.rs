@@ -77,6 +77,13 @@ pub struct ClusterNodeStats {
     pub overcommit_peak_blocks: u64,
     /// See `overcommit_peak_blocks`.
     pub overcommit_block_s: f64,
+    /// Block reads its RAM tier served (`devices.ram`; 0 without one).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub ram_hits: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// What a cluster run measured.
@@ -291,6 +298,7 @@ pub(crate) fn result(
             ssd_busy_s: ssds[i].borrow().busy_ns() as f64 / 1e9 / ssds[i].borrow().servers() as f64,
             overcommit_peak_blocks: 0,
             overcommit_block_s: 0.0,
+            ram_hits: 0,
         })
         .collect();
     let (hit_ratio, remote_share, mean_us, p999_us, p9999_us) = figures(&all);

@@ -387,13 +387,14 @@ pub fn simulate_cluster(sc: &Scenario, progress: &mut dyn FnMut(u64)) -> Result<
         node.drain();
     }
     let lent_dirty: u64 = c.nodes.iter().map(|n| lent_dirty_blocks(&n.engine)).sum();
+    let ram_hits: Vec<u64> = c.nodes.iter().map(|n| n.engine.ram_stats().hits).collect();
     let data_check = c.p.cl.verify_data.then(|| verify_after_flush(&mut c.nodes));
     let mut r = result(sc, &c.p, &c.nodes, &c.vms, &c.names, &c.ssds, &c.links, c.allocations, c.solve_s);
     let n = c.allocations.max(1) as f64;
     (r.mean_allocated_blocks, r.mean_remote_blocks) = (c.allocated.0 / n, c.allocated.1 / n);
     r.windows = c.windows;
-    for (n, &(peak, block_s)) in r.nodes.iter_mut().zip(&c.overcommit) {
-        (n.overcommit_peak_blocks, n.overcommit_block_s) = (peak, block_s);
+    for ((n, &(peak, block_s)), &hits) in r.nodes.iter_mut().zip(&c.overcommit).zip(&ram_hits) {
+        (n.overcommit_peak_blocks, n.overcommit_block_s, n.ram_hits) = (peak, block_s, hits);
     }
     r.data_check = data_check;
     r.lent_dirty_blocks = lent_dirty;

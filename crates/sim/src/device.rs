@@ -59,7 +59,7 @@ pub enum DeviceSpec {
 
 impl DeviceSpec {
     /// Names of the built-in presets.
-    pub const PRESETS: [&'static str; 6] = ["860-evo", "850-pro", "nvme", "hdd-7200", "hdd-10k", "remote"];
+    pub const PRESETS: [&'static str; 7] = ["860-evo", "850-pro", "nvme", "hdd-7200", "hdd-10k", "remote", "dram"];
 
     /// A built-in device by name: the seeds' hardware classes, from vendor data sheets.
     pub fn preset(name: &str) -> Result<DeviceSpec, String> {
@@ -88,6 +88,8 @@ impl DeviceSpec {
             "hdd-7200" => hdd(name, 7200, 8_500_000, 180.0),
             "hdd-10k" => hdd(name, 10_000, 4_500_000, 200.0),
             // A remote node's SSD over 10 GbE.
+            // Host memory for the RAM tier: a memcpy's microsecond, many in parallel.
+            "dram" => ssd(name, 64, 1_000, 1_000, 10_000.0, 10_000.0),
             "remote" => DeviceSpec::Link { name: name.into(), channels: 16, latency_ns: 150_000, mbps: 1250.0 },
             _ => return Err(format!("unknown device preset `{name}` (one of {})", Self::PRESETS.join(", "))),
         })

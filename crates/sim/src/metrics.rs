@@ -45,6 +45,10 @@ pub struct VmStats {
     pub cache_client_ops: u64,
     /// See `cache_client_ops`.
     pub cache_client_ops_remote: u64,
+    /// Reads served from the RAM tier (one per block), and bytes copied into it.
+    pub ram_hits: u64,
+    /// See `ram_hits`.
+    pub ram_write_bytes: u64,
     /// Bytes read from / written to this VM's backing store.
     pub backing_read_bytes: u64,
     /// See `backing_read_bytes`.
@@ -76,6 +80,8 @@ impl Default for VmStats {
             remote_write_bytes: 0,
             cache_client_ops: 0,
             cache_client_ops_remote: 0,
+            ram_hits: 0,
+            ram_write_bytes: 0,
             backing_read_bytes: 0,
             backing_write_bytes: 0,
             lat: histogram(),
@@ -104,6 +110,8 @@ impl VmStats {
         self.remote_write_bytes += o.remote_write_bytes;
         self.cache_client_ops += o.cache_client_ops;
         self.cache_client_ops_remote += o.cache_client_ops_remote;
+        self.ram_hits += o.ram_hits;
+        self.ram_write_bytes += o.ram_write_bytes;
         self.backing_read_bytes += o.backing_read_bytes;
         self.backing_write_bytes += o.backing_write_bytes;
         self.lat.add(&o.lat).expect("same bounds");
@@ -223,6 +231,8 @@ impl Metrics {
         match op.kind {
             OpKind::SsdRead => s.ssd_read_bytes += bytes,
             OpKind::SsdWrite => s.ssd_write_bytes += bytes,
+            OpKind::RamRead => s.ram_hits += op.client as u64,
+            OpKind::RamWrite => s.ram_write_bytes += bytes,
             OpKind::BackingRead => s.backing_read_bytes += bytes,
             OpKind::BackingWrite => {
                 s.backing_write_bytes += bytes;

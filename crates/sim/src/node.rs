@@ -53,6 +53,8 @@ pub(crate) struct Node {
     pub(crate) ssd: SharedDevice,
     /// Its other cache devices (`devices.ssd_count`), store `i` on `more_ssds[i - 1]`.
     pub(crate) more_ssds: Vec<SharedDevice>,
+    /// The RAM tier's model (`devices.ram`), when there is one.
+    pub(crate) ram: Option<Device>,
     /// One device per row of the engine's store table (`store_devices.rs`): a cache
     /// op runs on its store's.
     stores: Vec<Box<dyn cachevisor_engine::Device>>,
@@ -150,6 +152,15 @@ impl Node {
         if devices.mirrors().map_err(SimError::Scenario)? {
             engine.set_mirror_dirty(true).map_err(|e| SimError::Scenario(format!("devices.mirror_dirty: {e}")))?;
         }
+        let ram_blocks = devices.ram_blocks(block_size).map_err(SimError::Scenario)?;
+        engine.set_ram_tier(ram_blocks, devices.ram_fill);
+        let ram = if ram_blocks > 0 {
+            let spec =
+                devices.ram_device.resolve().map_err(|e| SimError::Scenario(format!("devices.ram_device: {e}")))?;
+            Some(Device::new(spec))
+        } else {
+            None
+        };
         let spec = devices.ssd.resolve().map_err(SimError::Scenario)?;
         let ssds: Vec<SharedDevice> =
             (0..n).map(|_| std::rc::Rc::new(std::cell::RefCell::new(Device::new(spec.clone())))).collect();
@@ -158,6 +169,7 @@ impl Node {
             engine,
             ssd: ssds[0].clone(),
             more_ssds: ssds[1..].to_vec(),
+            ram,
             backing: Vec::new(),
             metrics: Metrics { local_stores, ..Default::default() },
             layout: devices.backing_layout,
@@ -475,6 +487,10 @@ impl Node {
                     Ok(done) => done,
                     Err(e) => panic!("the simulation's store {st}: {e}"),
                 }
+            }
+            Location::Ram => {
+                let ram = self.ram.as_mut().expect("a RAM op with a RAM tier");
+                ram.submit(now, write, op.ram_offset(self.engine.config().block_size), op.len)
             }
             Location::Backing(_) => {
                 let dev = if self.layout == BackingLayout::PerVm {

@@ -86,6 +86,9 @@ pub struct VmReport {
     pub ssd_read_bytes: u64,
     /// SSD bytes written (endurance).
     pub ssd_write_bytes: u64,
+    /// Of the block reads, the share served from the RAM tier (only with one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ram_read_hit_ratio: Option<f64>,
     /// Backing bytes read.
     pub backing_read_bytes: u64,
     /// Backing bytes written.
@@ -134,6 +137,7 @@ impl VmReport {
             writebacks: s.writebacks,
             ssd_read_bytes: s.ssd_read_bytes,
             ssd_write_bytes: s.ssd_write_bytes,
+            ram_read_hit_ratio: None,
             backing_read_bytes: s.backing_read_bytes,
             backing_write_bytes: s.backing_write_bytes,
             final_used_blocks: used,
@@ -173,6 +177,10 @@ pub struct EngineReport {
     /// store for want of a mirror slot.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mirror: Option<MirrorFigures>,
+    /// The RAM tier (`devices.ram`), when there is one: its slots, copies at the end,
+    /// reads it served, copies written, evicted and dropped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ram: Option<cachevisor_engine::RamStats>,
 }
 
 /// Mirrored dirty data's figures at the end of a run.
@@ -270,7 +278,14 @@ impl SimResult {
         traces: Vec<TraceCounts>,
         ssds: &[std::cell::Ref<'_, Device>],
         backing: &[Device],
+        ram: Option<&Device>,
     ) -> Self {
+        let ram_on = ram.is_some();
+        let ram_ratio = |r: &mut VmReport, s: &VmStats| {
+            if ram_on {
+                r.ram_read_hit_ratio = Some(ratio(s.ram_hits, s.read_blocks));
+            }
+        };
         let empty = VmStats::default();
         let mut total = VmStats::default();
         let (mut used, mut dirty) = (0, 0);
@@ -283,7 +298,10 @@ impl SimResult {
                 let p = engine.partition(i as u32);
                 used += p.used;
                 dirty += p.dirty_blocks;
-                VmReport { entry: engine.entry_state(i as u32), ..VmReport::of(n, s, p.used, p.dirty_blocks) }
+                let mut r =
+                    VmReport { entry: engine.entry_state(i as u32), ..VmReport::of(n, s, p.used, p.dirty_blocks) };
+                ram_ratio(&mut r, s);
+                r
             })
             .collect();
         let md = engine.metadata_bytes() as u64;
@@ -304,6 +322,9 @@ impl SimResult {
                 report(format!("ssd {}{which}", d.spec().name()), d)
             })
             .collect();
+        if let Some(d) = ram {
+            devices.push(report(format!("ram {}", d.spec().name()), d));
+        }
         for (i, d) in backing.iter().enumerate() {
             let who = if backing.len() == 1 { "all".to_string() } else { names.get(i).cloned().unwrap_or_default() };
             devices.push(report(format!("backing {} ({who})", d.spec().name()), d));
@@ -323,6 +344,7 @@ impl SimResult {
                     mirrored_blocks: engine.mirrored_blocks(),
                     fallbacks: engine.mirror_fallbacks(),
                 }),
+                ram: (ram_on).then(|| engine.ram_stats()),
             },
             model: Default::default(),
             model_reason: String::new(),
@@ -330,7 +352,11 @@ impl SimResult {
             traces,
             devices,
             vms,
-            total: VmReport::of("total", &total, used, dirty),
+            total: {
+                let mut t = VmReport::of("total", &total, used, dirty);
+                ram_ratio(&mut t, &total);
+                t
+            },
             windows,
             failover: None,
         }
@@ -468,6 +494,18 @@ impl SimResult {
             s.push_str(&format!(
                 "dirty data mirrored on two devices: {} dirty blocks with a copy at the end, {} writes went through for want of a mirror slot\n",
                 m.mirrored_blocks, m.fallbacks
+            ));
+        }
+        if let Some(r) = self.engine.ram {
+            s.push_str(&format!(
+                "RAM tier of {} blocks ({}): {:.1}% of block reads served from it ({} hits), {} copies written, {} evicted, {} dropped as their blocks changed\n",
+                r.slots,
+                self.scenario.devices.ram_fill_name(),
+                100.0 * self.total.ram_read_hit_ratio.unwrap_or(0.0),
+                r.hits,
+                r.fills,
+                r.evictions,
+                r.dropped
             ));
         }
         for w in self.saturation_warnings() {

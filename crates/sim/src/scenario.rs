@@ -25,6 +25,9 @@
 //! ssd_count = 1            # cache devices of the `ssd` model, the cache split equally
 //! mirror_dirty = true      # dirty data on two devices (the daemon's default with two or
 //!                          # more; refused with one)
+//! ram = "1GiB"             # a RAM tier of clean copies in front of the SSDs (unset: none)
+//! ram_fill = "every-hit"   # every-hit | second-hit: which SSD hits copy a block to RAM
+//! ram_device = "dram"      # the RAM tier's model
 //!
 //! [replay]
 //! mode = "closed"          # open (trace timestamps / speedup) | closed (queue_depth per VM)
@@ -250,6 +253,24 @@ pub struct DevicesSection {
     /// (`dirty_mirror.rs`): unset, on with two or more devices; refused with one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mirror_dirty: Option<bool>,
+    /// A RAM tier in front of the cache devices (`"4GiB"`; unset: none), as the daemon's
+    /// `cache.ram` (`ram_tier.rs`): clean copies of hot blocks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ram: Option<String>,
+    /// When an SSD hit fills the RAM tier: `every-hit` (CacheLib's rule) or `second-hit`.
+    #[serde(skip_serializing_if = "is_every_hit")]
+    pub ram_fill: cachevisor_engine::RamFill,
+    /// The RAM tier's device model (preset `dram`).
+    #[serde(skip_serializing_if = "is_dram")]
+    pub ram_device: DeviceChoice,
+}
+
+fn is_every_hit(f: &cachevisor_engine::RamFill) -> bool {
+    *f == cachevisor_engine::RamFill::EveryHit
+}
+
+fn is_dram(d: &DeviceChoice) -> bool {
+    matches!(d, DeviceChoice::Preset(p) if p == "dram")
 }
 
 impl DevicesSection {
@@ -262,6 +283,27 @@ impl DevicesSection {
             (Some(on), _) => Ok(on),
             (None, several) => Ok(several),
         }
+    }
+
+    /// `ram_fill` as the scenario spells it.
+    pub fn ram_fill_name(&self) -> &'static str {
+        match self.ram_fill {
+            cachevisor_engine::RamFill::EveryHit => "filled on every SSD hit",
+            cachevisor_engine::RamFill::SecondHit => "filled on a block's second SSD hit",
+        }
+    }
+
+    /// The RAM tier's blocks of `block_size` bytes (0: none); the error names the key.
+    pub fn ram_blocks(&self, block_size: u64) -> Result<u64, String> {
+        let Some(s) = &self.ram else { return Ok(0) };
+        let bytes = parse_size(s).map_err(|e| format!("devices.ram: {e}"))?;
+        if bytes == 0 {
+            return Ok(0);
+        }
+        if bytes < block_size {
+            return Err(format!("devices.ram: {s} holds no block of {block_size} bytes"));
+        }
+        Ok(bytes / block_size)
     }
 }
 
@@ -277,6 +319,9 @@ impl Default for DevicesSection {
             backing_layout: BackingLayout::PerVm,
             ssd_count: 1,
             mirror_dirty: None,
+            ram: None,
+            ram_fill: Default::default(),
+            ram_device: DeviceChoice::Preset("dram".into()),
         }
     }
 }

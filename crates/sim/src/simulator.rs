@@ -438,6 +438,7 @@ impl<'a> Run<'a> {
             counts,
             &std::iter::once(&node.ssd).chain(&node.more_ssds).map(|d| d.borrow()).collect::<Vec<_>>(),
             &node.backing,
+            node.ram.as_ref(),
         );
         for (v, &(passes, first)) in r.vms.iter_mut().zip(&self.passes) {
             v.iterations = passes;

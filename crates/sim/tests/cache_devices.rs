@@ -115,3 +115,65 @@ fn mirrored_dirty_data_writes_each_dirty_block_twice_and_is_the_default_with_two
     let e = simulate(&s, &mut |_| {}).unwrap_err().to_string();
     assert!(e.contains("devices.mirror_dirty") && e.contains("two or more"), "{e}");
 }
+
+/// A Zipf(0.9) trace of 200,000 4 KiB reads over 50,000 blocks (200 MiB) in `dir`.
+fn zipf_trace(dir: &std::path::Path) -> PathBuf {
+    use cachevisor_trace::{format::TraceWriter, source::TraceSource, zipf::ZipfSource, Format};
+    let path = dir.join("zipf.oracleGeneral");
+    let mut src = ZipfSource::new(200_000, 50_000, 0.9, 4096, 7).unwrap();
+    let f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+    let mut w = TraceWriter::new(Format::OracleGeneral, Box::new(f), 4096).unwrap();
+    while let Some(r) = src.next_request().unwrap() {
+        w.write(&r, &src.vm_names()[r.vm as usize]).unwrap();
+    }
+    w.finish().unwrap();
+    path
+}
+
+/// The Zipf trace closed-loop at QD 8 through a 256 MiB cache on one 860-evo (it holds
+/// the whole working set) over a flash backing store (misses cost what hits do), with a
+/// RAM tier of `ram` filled by `fill`.
+fn with_ram(trace: &std::path::Path, ram: Option<&str>, fill: cachevisor_engine::RamFill) -> SimResult {
+    let mut s = Scenario::default();
+    s.trace.files = vec![trace.to_path_buf()];
+    s.devices.backing = cachevisor_sim::scenario::DeviceChoice::Preset("850-pro".into());
+    s.cache.size = "256MiB".into();
+    s.devices.ram = ram.map(String::from);
+    s.devices.ram_fill = fill;
+    s.replay.mode = ReplayMode::Closed;
+    s.replay.queue_depth = 8;
+    s.replay.model = cachevisor_sim::model_choice::ModelChoice::Full;
+    simulate(&s, &mut |_| {}).unwrap()
+}
+
+#[test]
+fn a_ram_tier_serves_hot_reads_from_memory_and_spares_the_ssd() {
+    use cachevisor_engine::RamFill;
+    let dir = tempfile::tempdir().unwrap();
+    let zipf = zipf_trace(dir.path());
+    let none = with_ram(&zipf, None, RamFill::EveryHit);
+    let ram = with_ram(&zipf, Some("32MiB"), RamFill::EveryHit);
+    assert!(none.engine.ram.is_none() && none.total.ram_read_hit_ratio.is_none());
+    let stats = ram.engine.ram.expect("a RAM tier");
+    assert_eq!(stats.slots, 8192);
+    assert_eq!(ram.total.read_hit_ratio, none.total.read_hit_ratio, "the tier changes no SSD hit or miss");
+    let share = ram.total.ram_read_hit_ratio.unwrap();
+    assert!(share > 0.3, "hot reads from memory: {share:.3} ({stats:?})");
+    // Reads served from memory are reads the SSD does not do: a lower mean latency, and
+    // fewer SSD bytes read.
+    let (m0, m1) = (none.total.latency.mean_us, ram.total.latency.mean_us);
+    assert!(m1 < 0.85 * m0, "mean {m1:.1} µs with the tier, {m0:.1} without");
+    assert!((ram.total.ssd_read_bytes as f64) < 0.8 * none.total.ssd_read_bytes as f64);
+    let dev = ram.devices.iter().find(|d| d.device == "ram dram").expect("the RAM model's report");
+    assert!(dev.bytes_read > 0 && dev.bytes_written > 0, "{dev:?}");
+    // The same inputs, the same outputs; and a second-hit fill writes fewer copies.
+    assert_eq!(ram.to_json(), with_ram(&zipf, Some("32MiB"), RamFill::EveryHit).to_json());
+    let second = with_ram(&zipf, Some("32MiB"), RamFill::SecondHit).engine.ram.unwrap();
+    assert!(second.fills < stats.fills, "{second:?} vs {stats:?}");
+    // A size that holds no block is named.
+    let mut s = Scenario::default();
+    s.trace.files = vec![zipf];
+    s.devices.ram = Some("1KiB".into());
+    let e = simulate(&s, &mut |_| {}).unwrap_err().to_string();
+    assert!(e.contains("devices.ram: 1KiB holds no block"), "{e}");
+}

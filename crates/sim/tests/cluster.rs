@@ -236,8 +236,13 @@ fn writing(dir: &Path, names: [&str; 3], seed: u64) -> Scenario {
 fn migrations_under_writes_never_serve_stale_data() {
     use cachevisor_sim::cluster_sim::MigrationChoice;
     let dir = tempfile::tempdir().unwrap();
-    for scheme in [MigrationChoice::Gradual, MigrationChoice::Instant] {
+    // The last run with a RAM tier on each node: its copies dropped as blocks move and are
+    // written, its hits checked like every other read.
+    for (scheme, ram) in
+        [(MigrationChoice::Gradual, None), (MigrationChoice::Instant, None), (MigrationChoice::Instant, Some("1MiB"))]
+    {
         let mut s = writing(dir.path(), ["wa", "wb", "wc"], 11);
+        s.devices.ram = ram.map(String::from);
         let cl = s.cluster.as_mut().unwrap();
         cl.migration.scheme = scheme;
         cl.migration.rate = 100.0;
@@ -248,6 +253,8 @@ fn migrations_under_writes_never_serve_stale_data() {
         assert!(d.errors.is_empty(), "{scheme:?}: {:?}", d.errors);
         assert!(d.sectors_checked > 10_000 && d.sectors_flushed > 10_000, "{scheme:?}: {d:?}");
         assert!(m.moved_blocks > 100 && m.cost.started_gradual + m.cost.started_instant > 2, "{scheme:?}: {m:?}");
+        let ram_hits: u64 = r.nodes.iter().map(|n| n.ram_hits).sum();
+        assert_eq!(ram_hits > 100, ram.is_some(), "{scheme:?}: {ram_hits} RAM hits");
     }
 }
 

@@ -24,6 +24,15 @@ pub struct CacheConfig {
     /// `false`: one copy. With one device, `true` is refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mirror_dirty: Option<bool>,
+    /// A RAM tier in front of the cache devices (`"4GiB"`; unset or `"0"`: none): clean
+    /// copies of the hottest cached blocks in memory, never the only copy of anything
+    /// (the engine's `ram_tier.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ram: Option<String>,
+    /// Which SSD hits copy a block into the RAM tier: `every-hit` (the default,
+    /// CacheLib's rule) or `second-hit`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ram_fill: Option<cachevisor_engine::RamFill>,
     /// Block size.
     #[serde(default = "default_block")]
     pub block_size: String,

@@ -73,6 +73,8 @@ pub struct Resolved {
     /// Dirty data mirrored over two devices (`cache.mirror_dirty`, default with two or
     /// more devices).
     pub mirror_dirty: bool,
+    /// The RAM tier's blocks (`cache.ram`; 0: none).
+    pub ram_slots: u64,
     /// Allocation interval in ns.
     pub interval_ns: u64,
     /// A connection reader's poll before it sleeps, ns (`listen.poll`).
@@ -337,12 +339,29 @@ impl Config {
             (Some(m), _) => m,
             (None, several) => several,
         };
+        let ram_slots = match &self.cache.ram {
+            None => 0,
+            Some(s) => {
+                let bytes = parse_size(s).map_err(|e| format!("cache.ram: {e}"))?;
+                if bytes != 0 && bytes < block_size {
+                    return Err(format!("cache.ram: {s} holds no block of block_size ({block_size} bytes)"));
+                }
+                if bytes / block_size >= u64::from(u32::MAX) {
+                    return Err(format!("cache.ram: {s} is more than 2^32 blocks of {block_size} bytes"));
+                }
+                bytes / block_size
+            }
+        };
+        if self.cache.ram_fill.is_some() && ram_slots == 0 {
+            return Err("cache.ram_fill: there is no RAM tier to fill (set cache.ram)".into());
+        }
         Ok(Resolved {
             cache: settings,
             slots,
             max_slots,
             device_slots,
             mirror_dirty,
+            ram_slots,
             interval_ns: interval,
             seal_after_ns,
             poll_ns,

@@ -73,6 +73,10 @@ pub struct CacheReport {
     /// Mirrored dirty data (`cache.mirror_dirty`), when on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mirror: Option<MirrorReport>,
+    /// The RAM tier (`cache.ram`), when there is one: its blocks, the copies it holds,
+    /// reads it served, copies written, evicted and dropped (their block changed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ram: Option<cachevisor_engine::RamStats>,
 }
 
 /// Mirrored dirty data's figures (`engine/src/dirty_mirror.rs`).
@@ -158,7 +162,13 @@ impl Daemon {
             write_budget: self.dp.with_engine(|e| e.write_budget()),
             devices: self.device_reports(),
             mirror: self.mirror_report(),
+            ram: self.ram_report(),
         }
+    }
+
+    /// The RAM tier's figures, when there is one.
+    pub(crate) fn ram_report(&self) -> Option<cachevisor_engine::RamStats> {
+        self.dp.with_engine(|e| Some(e.ram_stats()).filter(|r| r.slots > 0))
     }
 
     /// Mirrored dirty data's figures, when it is on.

@@ -71,7 +71,7 @@ type ReadByOp = fn(&cachevisor_datapath::ExportStats) -> [u64; 2];
 impl Collector for StateCollector {
     fn encode(&self, mut enc: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let status = &self.0.vdisks;
-        let counters: [Metric<ReadStatus<u64>>; 8] = [
+        let counters: [Metric<ReadStatus<u64>>; 9] = [
             ("cachevisor_reads", "Read requests", |s| s.stats.reads),
             ("cachevisor_writes", "Write requests", |s| s.stats.writes),
             ("cachevisor_flushes", "Flush requests", |s| s.stats.flushes),
@@ -88,6 +88,7 @@ impl Collector for StateCollector {
                 "Dirty blocks written back ahead of eviction while the backing store was idle",
                 |s| s.written_back_ahead,
             ),
+            ("cachevisor_ram_hit_blocks", "Block reads served from the RAM tier (cache.ram)", |s| s.ram_hit_blocks),
         ];
         for (name, help, f) in counters {
             let c0 = ConstCounter::new(0u64);
@@ -344,7 +345,41 @@ impl Collector for StateCollector {
             ]
             .map(|(n, h, v)| (n, h, v as i64))
         });
-        for (name, help, v) in job_gauges.into_iter().chain(prewarm_gauges).chain(cache_gauges).chain(mirror_gauges) {
+        let ram = self.0.ram;
+        let ram_gauges = ram.iter().flat_map(|r| {
+            [
+                ("cachevisor_ram_size_blocks", "Blocks the RAM tier holds at most (cache.ram / block size)", r.slots),
+                ("cachevisor_ram_used_blocks", "Blocks with a copy in the RAM tier now", r.used),
+                (
+                    "cachevisor_ram_filled_blocks",
+                    "Copies written into the RAM tier since the start (SSD hits it took)",
+                    r.fills,
+                ),
+                ("cachevisor_ram_evicted_blocks", "RAM copies dropped to make room for another", r.evictions),
+                (
+                    "cachevisor_ram_dropped_blocks",
+                    "RAM copies dropped because their cached block changed (written, evicted, moved)",
+                    r.dropped,
+                ),
+            ]
+            .map(|(n, h, v)| (n, h, v as i64))
+        });
+        let per_vdisk_ram = self.0.vdisks.iter().map(|s| s.ram_blocks).collect::<Vec<_>>();
+        if ram.is_some() {
+            let g0 = ConstGauge::new(0i64);
+            let mut m = enc.encode_descriptor(
+                "cachevisor_ram_blocks",
+                "A vDisk's blocks with a copy in the RAM tier now",
+                None,
+                g0.metric_type(),
+            )?;
+            for (s, &n) in self.0.vdisks.iter().zip(&per_vdisk_ram) {
+                ConstGauge::new(n as i64).encode(m.encode_family(&vec![("vdisk".to_string(), s.name.clone())])?)?;
+            }
+        }
+        for (name, help, v) in
+            job_gauges.into_iter().chain(prewarm_gauges).chain(cache_gauges).chain(mirror_gauges).chain(ram_gauges)
+        {
             let g = ConstGauge::new(v);
             g.encode(enc.encode_descriptor(name, help, None, g.metric_type())?)?;
         }

@@ -205,6 +205,7 @@ impl Daemon {
             engine.set_mirror_dirty(true).map_err(|e| StartError::Config(format!("cache.mirror_dirty: {e}")))?;
         }
         engine.set_writeback_ahead(cfg.cache.writeback_ahead);
+        engine.set_ram_tier(r.ram_slots, cfg.cache.ram_fill.unwrap_or_default());
         let (read, write) = cfg.cache.congestion_thresholds().map_err(StartError::Config)?;
         engine.set_congestion(read, write);
         engine.set_write_budget(cfg.cache.write_budget().map_err(StartError::Config)?);

@@ -25,6 +25,10 @@ pub struct VdiskStatus {
     pub dirty_blocks: u64,
     /// Dirty blocks written back ahead of eviction while the backing store was idle.
     pub written_back_ahead: u64,
+    /// Its blocks with a copy in the RAM tier now (`cache.ram`; 0 without one).
+    pub ram_blocks: u64,
+    /// Block reads the RAM tier served since the start.
+    pub ram_hit_blocks: u64,
     /// Cache block size in bytes (the unit of the block counts).
     pub block_size: u64,
     /// Counters.
@@ -66,6 +70,8 @@ pub struct State {
     pub write_budget: Option<cachevisor_engine::SharedBudgetState>,
     /// Mirrored dirty data (`cache.mirror_dirty`), when on.
     pub mirror: Option<crate::daemon::cache_swap::MirrorReport>,
+    /// The RAM tier (`cache.ram`), when there is one.
+    pub ram: Option<cachevisor_engine::RamStats>,
     /// Each device of a cache over several (none for one).
     pub devices: Vec<crate::daemon::cache_swap::CacheDeviceReport>,
 }

@@ -118,15 +118,9 @@ fn mirrored_dirty_data_writes_each_dirty_block_twice_and_is_the_default_with_two
 
 /// A Zipf(0.9) trace of 200,000 4 KiB reads over 50,000 blocks (200 MiB) in `dir`.
 fn zipf_trace(dir: &std::path::Path) -> PathBuf {
-    use cachevisor_trace::{format::TraceWriter, source::TraceSource, zipf::ZipfSource, Format};
     let path = dir.join("zipf.oracleGeneral");
-    let mut src = ZipfSource::new(200_000, 50_000, 0.9, 4096, 7).unwrap();
-    let f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
-    let mut w = TraceWriter::new(Format::OracleGeneral, Box::new(f), 4096).unwrap();
-    while let Some(r) = src.next_request().unwrap() {
-        w.write(&r, &src.vm_names()[r.vm as usize]).unwrap();
-    }
-    w.finish().unwrap();
+    let mut src = cachevisor_trace::zipf::ZipfSource::new(200_000, 50_000, 0.9, 4096, 7).unwrap();
+    cachevisor_trace::write_file::write_source(&mut src, cachevisor_trace::Format::OracleGeneral, &path, 4096).unwrap();
     path
 }
 

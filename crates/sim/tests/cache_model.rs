@@ -10,7 +10,7 @@ use cachevisor_sim::model_choice::{Model, ModelChoice};
 use cachevisor_sim::scenario::ReplayMode;
 use cachevisor_sim::{simulate, Scenario, SimResult};
 use cachevisor_trace::zipf::ZipfSource;
-use cachevisor_trace::{Format, TraceSource, TraceWriter};
+use cachevisor_trace::Format;
 use std::path::{Path, PathBuf};
 
 fn shared(name: &str) -> PathBuf {
@@ -21,12 +21,7 @@ fn shared(name: &str) -> PathBuf {
 fn zipf_trace(dir: &Path) -> PathBuf {
     let path = dir.join("zipf.oracleGeneral");
     let mut src = ZipfSource::new(60_000, 20_000, 0.9, 4096, 3).unwrap();
-    let f = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
-    let mut w = TraceWriter::new(Format::OracleGeneral, Box::new(f), 4096).unwrap();
-    while let Some(r) = src.next_request().unwrap() {
-        w.write(&r, &src.vm_names()[r.vm as usize]).unwrap();
-    }
-    w.finish().unwrap();
+    cachevisor_trace::write_file::write_source(&mut src, Format::OracleGeneral, &path, 4096).unwrap();
     path
 }
 

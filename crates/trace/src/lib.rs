@@ -19,6 +19,7 @@ pub mod request;
 pub mod source;
 pub mod units;
 pub mod vm_table;
+pub mod write_file;
 pub mod zipf;
 
 pub use error::{Location, TraceError};

@@ -251,7 +251,8 @@ pub enum BenchCmd {
         #[arg(long, default_value = "out/bench/vhost")]
         dir: PathBuf,
     },
-    /// The cache over 1, 2 and 4 devices, and mirrored dirty data's cost (`devices.rs`).
+    /// The cache over 1, 2 and 4 devices, mirrored dirty data's cost, and the RAM tier's
+    /// hits against the SSD's (`devices.rs`).
     Devices {
         /// Disk image size, MiB (the cache holds it whole).
         #[arg(long, default_value_t = 128)]

@@ -204,3 +204,11 @@ def test_a_ray_worker_killed_mid_sweep_has_its_cell_rerun(cli, ray_head, tmp_pat
     on_ray = pd.read_parquet(ray_out / "results.parquet")
     assert on_ray["key"].nunique() == 12
     pd.testing.assert_frame_equal(simulated(on_ray), simulated(pd.read_parquet(local_out / "results.parquet")))
+
+
+def test_the_host_layout_example_expands_to_checked_scenarios():
+    # 3 traces × 3 device counts × with and without a RAM tier; load_spec runs every
+    # cell's scenario through the simulator's own parser.
+    spec = load_spec(REPO / "examples" / "host-layouts.toml")
+    assert len(spec.cells) == 18
+    assert spec.grid_keys == ["devices.ssd_count", "devices.ram"]

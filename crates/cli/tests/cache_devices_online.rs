@@ -76,6 +76,12 @@ fn a_device_removed_under_verified_writes_loses_nothing_and_stays_out() {
     let st = cache_status(d, &a);
     assert!(st["devices"][1]["cached_blocks"].as_u64().unwrap() > 0, "{st}");
     assert!(holds(a.pid, &dev));
+    // Where io_uring runs the cache file's I/O it runs the second device's too (the
+    // descriptor it holds of it is closed by the removal below).
+    let log = a.log();
+    if log.contains("O_DIRECT through io_uring") {
+        assert!(log.contains("through io_uring (O_DIRECT ones in use) devices=2 of=2"), "{log}");
+    }
     // Refused: the first device, one not in the cache.
     let (ok, out) = remove(d, &a, &d.join("cache.img"));
     assert!(!ok && out.contains("carries the cache's identity"), "{out}");

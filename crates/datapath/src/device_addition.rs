@@ -56,7 +56,9 @@ impl DataPath {
             let size = slots * s.bs;
             let device = super::store_devices::cache_file_device(file.clone(), direct, size);
             s.stores.write().unwrap_or_else(|p| p.into_inner()).push(Arc::new(device));
-            s.device_files.write().unwrap_or_else(|p| p.into_inner()).push(file.clone());
+            s.device_files.write().unwrap_or_else(|p| p.into_inner()).push((file.clone(), direct));
+            s.ring_gen[0].fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            s.exec.ring_notify().notify_one(); // the ring opens it
             *s.layout.write().unwrap_or_else(|p| p.into_inner()) = layout;
             s.unlock(core);
             (st, first)

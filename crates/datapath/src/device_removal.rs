@@ -57,7 +57,7 @@ impl DataPath {
     ) -> Result<DeviceRemoval, String> {
         let s = &self.shared;
         let files = s.device_files.read().unwrap_or_else(|p| p.into_inner()).clone();
-        let Some(file) = files.get(usize::from(st).wrapping_sub(1)) else {
+        let Some((file, _)) = files.get(usize::from(st).wrapping_sub(1)) else {
             return Err(format!("store {st} is not one of the cache's devices after the first"));
         };
         let layout = s.layout();
@@ -107,6 +107,7 @@ impl DataPath {
             }
         };
         *file.write().unwrap_or_else(|p| p.into_inner()) = None;
+        s.ring_let_go(); // the io_uring thread's descriptor of it too
         let done = DeviceRemoval {
             state: RemovalState::Removed,
             moved,

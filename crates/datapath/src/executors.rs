@@ -1,6 +1,7 @@
 //! Who runs the engine's device ops: the device threads (`devices.rs`: any op), and the
-//! io_uring thread (`ring.rs`: ops on the local cache file only, when io_uring is
-//! available and no fault-injecting device wraps the cache). The choice and its
+//! io_uring thread (`ring.rs`: ops on the cache devices it serves — the cache file and the
+//! O_DIRECT `[[cache.device]]`s, `Shared::local_only` —, when io_uring is available and no
+//! fault-injecting device wraps the cache; "on the file" below means those). The choice and its
 //! bookkeeping live here alone: whether the ring is on, which queued ops the device
 //! threads may take, how many of the queued ops are theirs, and whom to wake when ops are
 //! queued. One type rather than a trait over two executors: both run at once (the ring
@@ -100,6 +101,11 @@ impl Executors {
         if !on_file {
             self.not_on_file.fetch_add(1, Relaxed);
         }
+    }
+
+    /// The queued ops left to the device threads are `n` (the ring's stores changed).
+    pub(super) fn recount(&self, n: usize) {
+        self.not_on_file.store(n, Relaxed);
     }
 
     /// A queued op was taken to run.

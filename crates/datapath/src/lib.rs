@@ -192,8 +192,16 @@ struct Shared {
     /// The cache file (`None` while detached: `cache_swap.rs`).
     ssd: store_devices::CacheSlot,
     /// The cache's other devices, store 1.. (`None` when missing at start or removed:
-    /// `device_removal.rs`; one more when added online).
-    device_files: RwLock<Vec<store_devices::CacheSlot>>,
+    /// `device_removal.rs`; one more when added online), each with whether it was opened
+    /// O_DIRECT (the io_uring thread serves those).
+    device_files: RwLock<Vec<(store_devices::CacheSlot, bool)>>,
+    /// The device list's generation: bumped when a device is added or removed, so the
+    /// io_uring thread opens or closes its descriptors (`ring.rs`), and the generation it
+    /// has taken in.
+    ring_gen: [std::sync::atomic::AtomicU64; 2],
+    /// Stores whose ops the io_uring thread runs (bit per store id below 64): the cache
+    /// file's, and every O_DIRECT device's once the ring has a descriptor of it.
+    ring_mask: std::sync::atomic::AtomicU64,
     /// The metadata the committer writes (`committer.rs`; closed while the cache is
     /// detached with its metadata directory).
     persist: Mutex<Persistence>,

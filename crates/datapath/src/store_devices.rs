@@ -3,7 +3,8 @@
 //! device for a region another node lends until the daemon has the cluster's NBD client
 //! — and a device thread runs a cache op on its store's device, the committer
 //! syncs every store's. A new store kind is a row kind in the engine and one `Device`
-//! here. (The io_uring thread serves the local store's file only.)
+//! here. (The io_uring thread serves the cache file and the O_DIRECT cache devices:
+//! `ring.rs`.)
 
 use cachevisor_engine::{Device, Io, StoreKind, StoreLayout, Unserved};
 use std::fs::File;
@@ -84,19 +85,21 @@ pub(super) fn cache_file_device(file: CacheSlot, direct: bool, size: u64) -> Sto
     Box::new(CacheFile { file, direct, size })
 }
 
-/// Whether `op` runs on the cache file (the local store): the io_uring thread's ops
-/// when it runs, every other store's going to the device threads.
-#[inline]
-pub(super) fn on_the_cache_file(op: &cachevisor_engine::DeviceOp) -> bool {
-    op.loc == cachevisor_engine::Location::Cache(cachevisor_engine::LOCAL)
-}
-
 impl super::Shared {
-    /// Whether `op` touches the local cache file only: the io_uring thread's, and a
-    /// client thread's with `ssd_only` (a replicated vDisk's client write too: its record
-    /// goes to the log beside it, and its completion waits there, `logged_writes.rs`).
+    /// Whether `op` runs on a cache device of this host the io_uring thread serves (the
+    /// cache file, and every O_DIRECT `[[cache.device]]` once it has a descriptor of it:
+    /// `ring.rs`): the ring's ops when it runs, and a client thread's own with `ssd_only`
+    /// (a replicated vDisk's client write too: its record goes to the log beside it, and
+    /// its completion waits there, `logged_writes.rs`). Every other store's go to the
+    /// device threads.
+    #[inline]
     pub(super) fn local_only(&self, op: &cachevisor_engine::DeviceOp) -> bool {
-        on_the_cache_file(op)
+        match op.loc {
+            cachevisor_engine::Location::Cache(st) => {
+                st < 64 && self.ring_mask.load(std::sync::atomic::Ordering::Relaxed) & (1 << st) != 0
+            }
+            _ => false,
+        }
     }
 
     /// Whether `op` is a client write whose records go to the replica log.

@@ -505,8 +505,7 @@ impl Engine {
             return;
         }
         let r = self.record_of(s);
-        self.dur.vouch(s, &clean_valid_bits(&r), true);
-        self.dur.settled.insert(s, r);
+        self.settled(s, r);
     }
 
     fn settle_changed(&mut self) {
@@ -514,9 +513,22 @@ impl Engine {
         self.take_changed(&mut slots);
         for s in slots {
             let r = self.record_of(s);
-            self.dur.vouch(s, &clean_valid_bits(&r), true);
-            self.dur.settled.insert(s, r);
+            self.settled(s, r);
         }
+    }
+
+    /// Slot `s` settled as `r` (no op in flight on it): its record for the next commit.
+    /// An intent for it taken before is older than this state and goes: a held write's
+    /// own slots are pinned until it runs, so this is a region-mate's unsealing record
+    /// (`seals.rs`), which `r` (unsealed) serves as well — kept, it would put back the
+    /// sectors a write around dropped since (found by the crash-consistency model: a
+    /// flushed write read back older after a crash).
+    fn settled(&mut self, s: u32, r: SlotRecord) {
+        self.dur.vouch(s, &clean_valid_bits(&r), true);
+        if !self.dur.intents.is_empty() {
+            self.dur.intents.retain(|i| i.slot != s);
+        }
+        self.dur.settled.insert(s, r);
     }
 
     /// Holds (or resumes) the dispatch of requests: they wait and commands are not run,

@@ -335,7 +335,11 @@ impl Engine {
     #[inline]
     pub(crate) fn ram_fill_slot(&mut self, vm: VmId, s: u32) -> Option<u32> {
         if let Some(&q) = self.ram.by_ssd.get(&s) {
-            return Some(q); // a copy lacking some sectors: they are added
+            // A copy lacking some sectors: they are added. Touched, so no later block of
+            // this request takes the slot for its own copy (before, one did: two blocks'
+            // bytes in one RAM slot, found by the crash-consistency model).
+            self.ram.touch(q);
+            return Some(q);
         }
         if !self.ram.wants(s) {
             return None;
@@ -509,5 +513,21 @@ mod tests {
         assert_eq!(out.ops.iter().map(|o| o.kind).collect::<Vec<_>>(), [OpKind::SsdRead, OpKind::RamWrite]);
         assert_eq!(out.ops[1].slot, 0, "the same RAM slot");
         assert_eq!(io(&mut e, 0, 1, Op::Read), [OpKind::RamRead]);
+    }
+
+    #[test]
+    fn a_request_never_gives_one_ram_slot_to_two_of_its_blocks() {
+        // One RAM slot holding half of block 1; a read of blocks 1 and 2: block 1's copy
+        // is completed, and block 2 may not take its slot in the same request.
+        let mut e = engine(8, 1, RamFill::EveryHit, &[8]);
+        io(&mut e, 0, 1, Op::Read);
+        io(&mut e, 0, 2, Op::Read);
+        let mut out = Output::default();
+        let half = Request { time_ns: 0, vm: 0, op: Op::Read, offset: BS, len: 2048 };
+        e.access(0, &half, &mut out);
+        assert_eq!(out.ops.iter().filter(|o| o.kind == OpKind::RamWrite).count(), 1);
+        e.access(0, &Request { time_ns: 0, vm: 0, op: Op::Read, offset: BS, len: 2 * BS as u32 }, &mut out);
+        let fills: Vec<u64> = out.ops.iter().filter(|o| o.kind == OpKind::RamWrite).map(|o| o.block(BS)).collect();
+        assert_eq!(fills, [1], "only block 1's copy is written: {:?}", out.ops);
     }
 }

@@ -195,6 +195,18 @@ fn print(r: &CacheReport, json: bool) -> anyhow::Result<()> {
         };
         println!("  device {}: {}, {} blocks cached{state}", d.path, size(d.size_bytes), d.cached_blocks);
     }
+    if let Some(m) = &r.mirror {
+        println!(
+            "  dirty data mirrored: {} blocks with a copy on another device, {} writes went through for want of a mirror slot, {} served from their mirror after a device was dropped, {} mirror writes failed",
+            m.mirrored_blocks, m.fallbacks, m.promoted, m.failed_writes
+        );
+    }
+    if let Some(m) = &r.ram {
+        println!(
+            "  RAM tier: {} blocks, {} held; {} block reads served from it, {} copies written, {} evicted, {} dropped as their blocks changed",
+            m.slots, m.used, m.hits, m.fills, m.evictions, m.dropped
+        );
+    }
     println!(
         "  metadata {}{}",
         r.metadata,

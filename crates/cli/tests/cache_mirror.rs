@@ -76,6 +76,12 @@ fn a_device_emptied_while_down_loses_no_mirrored_write() {
     assert!(st["dirty_blocks"].as_u64().unwrap() >= 1536, "6 MiB dirty: {st}");
     assert_eq!(st["mirror"]["mirrored_blocks"], st["dirty_blocks"], "every dirty block mirrored: {st}");
     assert_eq!(st["mirror"]["fallbacks"].as_u64(), Some(0), "{st}");
+    let human = common::cache_status_text(a.api.as_deref().unwrap(), &d.join("cache.img.meta"));
+    let want = format!(
+        "dirty data mirrored: {} blocks with a copy on another device, 0 writes went through",
+        st["dirty_blocks"]
+    );
+    assert!(human.contains(&want), "{human}");
     let devs = st["devices"].as_array().unwrap();
     assert!(devs.iter().all(|v| v["cached_blocks"].as_u64().unwrap() > 0), "{st}");
     a.kill9();

@@ -51,6 +51,8 @@ fn an_ssd_hit_fills_ram_a_write_drops_the_copy_and_a_kill_loses_nothing() {
     assert_eq!(r["hits"].as_u64(), Some(128), "every block of the second read from RAM: {r}");
     let m = metrics(&a);
     assert_eq!(common::metric(&m, "cachevisor_ram_hit_blocks_total", "vdisk=\"vm1\""), 128.0, "{m}");
+    let human = common::cache_status_text(a.api.as_deref().unwrap(), &d.join("cache.img.meta"));
+    assert!(human.contains("RAM tier: 256 blocks, 128 held; 128 block reads served from it"), "{human}");
     assert_eq!(common::metric(&m, "cachevisor_ram_blocks", "vdisk=\"vm1\""), 128.0, "{m}");
     assert_eq!(common::metric(&m, "cachevisor_ram_size_blocks", ""), 256.0, "{m}");
     // An overwrite of half of it, and a write of a few bytes inside a block: their copies

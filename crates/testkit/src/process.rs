@@ -203,14 +203,24 @@ pub fn destage(api: &str, token_file: &Path) -> (bool, String) {
 /// `cachevisor cache status --json` of the daemon whose API is `api` (its token in the
 /// metadata directory `meta`), parsed; panics with the error when it fails.
 pub fn cache_status_json(api: &str, meta: &Path) -> serde_json::Value {
+    serde_json::from_slice(&cache_status(api, meta, true)).unwrap()
+}
+
+/// `cachevisor cache status` (what an operator reads) of the daemon whose API is `api`.
+pub fn cache_status_text(api: &str, meta: &Path) -> String {
+    String::from_utf8_lossy(&cache_status(api, meta, false)).into_owned()
+}
+
+fn cache_status(api: &str, meta: &Path, json: bool) -> Vec<u8> {
     let o = Command::new(bin())
-        .args(["cache", "status", "--json", "--api", api, "--token-file"])
+        .args(["cache", "status", "--api", api, "--token-file"])
         .arg(meta.join("api-token"))
+        .args(json.then_some("--json"))
         .env_remove("CACHEVISOR_API_TOKEN")
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    serde_json::from_slice(&o.stdout).unwrap()
+    o.stdout
 }
 
 /// A loopback TCP port free right now.

@@ -118,7 +118,12 @@ fn fio_verified_writes_beside_a_reader_hitting_in_ram_read_back_every_byte() {
 fn a_bad_ram_setting_is_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    for (ram, want) in [("100", "cache.ram: 100 holds no block"), ("lots", "cache.ram")] {
+    for (ram, want) in [
+        ("100", "cache.ram: 100 holds no block"),
+        ("lots", "cache.ram"),
+        ("9MiB", "cache.ram: 9MiB is more than the cache (2048 blocks of 4096 bytes)"),
+        ("16TiB", "cache.ram: 16TiB is more than 2^32 blocks"),
+    ] {
         config(d, ram, None);
         let e = Daemon::start(d, "c.toml", &[]).err().expect("refused").output;
         assert!(e.contains(want), "{ram}: {e}");

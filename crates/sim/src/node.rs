@@ -152,7 +152,7 @@ impl Node {
         if devices.mirrors().map_err(SimError::Scenario)? {
             engine.set_mirror_dirty(true).map_err(|e| SimError::Scenario(format!("devices.mirror_dirty: {e}")))?;
         }
-        let ram_blocks = devices.ram_blocks(block_size).map_err(SimError::Scenario)?;
+        let ram_blocks = devices.ram_blocks(block_size, engine.layout().total()).map_err(SimError::Scenario)?;
         engine.set_ram_tier(ram_blocks, devices.ram_fill);
         let ram = if ram_blocks > 0 {
             let spec =

@@ -293,8 +293,9 @@ impl DevicesSection {
         }
     }
 
-    /// The RAM tier's blocks of `block_size` bytes (0: none); the error names the key.
-    pub fn ram_blocks(&self, block_size: u64) -> Result<u64, String> {
+    /// The RAM tier's blocks of `block_size` bytes (0: none), at most the cache's
+    /// `cache_blocks` (an inclusive tier holds no more); the error names the key.
+    pub fn ram_blocks(&self, block_size: u64, cache_blocks: u64) -> Result<u64, String> {
         let Some(s) = &self.ram else { return Ok(0) };
         let bytes = parse_size(s).map_err(|e| format!("devices.ram: {e}"))?;
         if bytes == 0 {
@@ -302,6 +303,11 @@ impl DevicesSection {
         }
         if bytes < block_size {
             return Err(format!("devices.ram: {s} holds no block of {block_size} bytes"));
+        }
+        if bytes / block_size > cache_blocks {
+            return Err(format!(
+                "devices.ram: {s} is more than the cache ({cache_blocks} blocks of {block_size} bytes): the RAM tier holds copies of cached blocks only"
+            ));
         }
         Ok(bytes / block_size)
     }

@@ -170,4 +170,14 @@ fn a_ram_tier_serves_hot_reads_from_memory_and_spares_the_ssd() {
     s.devices.ram = Some("1KiB".into());
     let e = simulate(&s, &mut |_| {}).unwrap_err().to_string();
     assert!(e.contains("devices.ram: 1KiB holds no block"), "{e}");
+    // More than the cache (an inclusive tier holds no more), up to u64's end: named.
+    for big in ["257MiB", "16TiB", "16383PiB"] {
+        s.cache.size = "256MiB".into();
+        s.devices.ram = Some(big.into());
+        let e = simulate(&s, &mut |_| {}).unwrap_err().to_string();
+        assert!(
+            e.contains("devices.ram") && (e.contains("is more than the cache") || e.contains("size")),
+            "{big}: {e}"
+        );
+    }
 }

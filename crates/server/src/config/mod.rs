@@ -349,6 +349,12 @@ impl Config {
                 if bytes / block_size >= u64::from(u32::MAX) {
                     return Err(format!("cache.ram: {s} is more than 2^32 blocks of {block_size} bytes"));
                 }
+                let cache: u64 = device_slots.iter().sum::<u64>().max(max_slots);
+                if bytes / block_size > cache {
+                    return Err(format!(
+                        "cache.ram: {s} is more than the cache ({cache} blocks of {block_size} bytes): the RAM tier holds copies of cached blocks only"
+                    ));
+                }
                 bytes / block_size
             }
         };

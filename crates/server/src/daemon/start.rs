@@ -205,6 +205,7 @@ impl Daemon {
             engine.set_mirror_dirty(true).map_err(|e| StartError::Config(format!("cache.mirror_dirty: {e}")))?;
         }
         engine.set_writeback_ahead(cfg.cache.writeback_ahead);
+        check_ram_fits(r.ram_slots * r.cache.block_size).map_err(StartError::Config)?;
         engine.set_ram_tier(r.ram_slots, cfg.cache.ram_fill.unwrap_or_default());
         let (read, write) = cfg.cache.congestion_thresholds().map_err(StartError::Config)?;
         engine.set_congestion(read, write);
@@ -791,5 +792,43 @@ mod tests {
         prewarm.snapshot_dir = Some(dir.path().to_path_buf());
         let e = check_shared_snapshots(&c("."), &prewarm).unwrap_err();
         assert!(e.contains("cluster.snapshots") && e.contains("prewarm.snapshot_dir"), "{e}");
+    }
+}
+
+/// `cache.ram` of `bytes` against this host's memory (`/proc/meminfo`'s MemTotal): a
+/// tier larger than the host is an operator's typo ("4TiB" for "4GiB"), refused by name
+/// before anything is allocated (unknown memory: no check).
+fn check_ram_fits(bytes: u64) -> Result<(), String> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    let Some(total) = host_memory_bytes() else { return Ok(()) };
+    if bytes >= total {
+        return Err(format!(
+            "cache.ram: {} is more than this host's memory ({}): the RAM tier must fit in memory beside everything else",
+            cachevisor_trace::units::format_size(bytes),
+            cachevisor_trace::units::format_size(total)
+        ));
+    }
+    Ok(())
+}
+
+/// This host's memory in bytes (`MemTotal` of `/proc/meminfo`).
+fn host_memory_bytes() -> Option<u64> {
+    let text = cachevisor_files::bounded_read::read_to_string(std::path::Path::new("/proc/meminfo"), 64 << 10).ok()?;
+    let kib: u64 =
+        text.lines().find_map(|l| l.strip_prefix("MemTotal:"))?.trim().strip_suffix("kB")?.trim().parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+#[cfg(test)]
+mod ram_tests {
+    #[test]
+    fn a_ram_tier_past_the_host_s_memory_is_refused_by_name() {
+        assert!(super::check_ram_fits(0).is_ok() && super::check_ram_fits(4096).is_ok());
+        let total = super::host_memory_bytes().expect("/proc/meminfo");
+        let e = super::check_ram_fits(total).unwrap_err();
+        assert!(e.contains("cache.ram") && e.contains("more than this host's memory"), "{e}");
+        assert!(super::check_ram_fits(u64::MAX).is_err());
     }
 }
